@@ -1,0 +1,96 @@
+/*
+ * admin.c - requests on the admin socket: what operators (gmbctl) ask.
+ *
+ * The admin socket is a separate ROUTER so that its file mode keeps jobs
+ * out; each message is still checked against the uid that sent it, since
+ * the mode alone cannot express `admin_uids`.  Every admin action that
+ * changes something is logged with the uid that asked.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "gmb.h"
+#include "log.h"
+#include "session.h"
+
+int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid) {
+  if (uid == geteuid()) return 1;
+  for (size_t i = 0; i < b->cfg.n_admin_uids; i++)
+    if (b->cfg.admin_uids[i] == uid) return 1;
+  return 0;
+}
+
+struct admin_rows {
+  struct wire_tenant_row *rows;
+  size_t n, cap;
+};
+
+static int admin_row(void *ctx, struct gmb_tenant *t) {
+  struct admin_rows *r = ctx;
+  if (r->n == r->cap) return 1;
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(t->arena, &as);
+  struct wire_tenant_row *row = &r->rows[r->n++];
+  snprintf(row->name, sizeof row->name, "%s", t->name);
+  row->quota = t->quota;
+  row->used = t->used;
+  row->peak = t->peak;
+  row->segments = as.segment_bytes;
+  row->sessions = t->n_sessions;
+  row->allocations = as.allocations;
+  return 0;
+}
+
+static void admin_status(struct gmb_broker *b, struct wire_reply *rep) {
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  rep->kind = WIRE_ADMIN_STATUS;
+  snprintf(rep->u.admin_status.device, sizeof rep->u.admin_status.device,
+           "%s", b->dev->desc);
+  rep->u.admin_status.capacity = ps.capacity;
+  rep->u.admin_status.in_segments = ps.segment_bytes;
+  rep->u.admin_status.in_use = ps.used;
+  rep->u.admin_status.sessions = (uint32_t)gmb__sessions_count(b->sessions);
+  struct admin_rows r = {0};
+  r.cap = gmb__tenants_count(b->tenants);
+  if (r.cap) {
+    r.rows = calloc(r.cap, sizeof *r.rows);
+    if (r.rows == NULL) {
+      rep->kind = WIRE_NONE;
+      rep->status = GMB_E_SYSTEM;
+      snprintf(rep->message, sizeof rep->message, "out of host memory");
+      return;
+    }
+    gmb__tenants_each(b->tenants, admin_row, &r);
+  }
+  rep->u.admin_status.tenants = r.rows; /* freed by gmb__wire_reply_clear */
+  rep->u.admin_status.n_tenants = r.n;
+}
+
+void gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
+                const struct wire_request *req, struct wire_reply *rep) {
+  memset(rep, 0, sizeof *rep);
+  rep->id = req->id;
+  if (!gmb__admin_allowed(b, peer->uid)) {
+    log_warn("admin request from uid %u refused: not an admin uid",
+             (unsigned)peer->uid);
+    rep->status = GMB_E_AUTH;
+    snprintf(rep->message, sizeof rep->message,
+             "uid %u is not an admin of this broker (see admin_uids)",
+             (unsigned)peer->uid);
+    return;
+  }
+  switch (req->kind) {
+    case WIRE_ADMIN_STATUS:
+      admin_status(b, rep);
+      return;
+    default:
+      rep->status = GMB_E_PROTO;
+      snprintf(rep->message, sizeof rep->message,
+               "%s is not an admin request", gmb__wire_kind_name(req->kind));
+      return;
+  }
+}

@@ -1,0 +1,69 @@
+/*
+ * config.h - the broker's configuration: defaults, the INI file (read with
+ * inih) and the command line's overrides.
+ *
+ * Loading never half-succeeds: either the whole file is valid and *out is
+ * filled, or an error names the file and line ("gmb.ini:12: quota: bad
+ * size 'x'") and *out is left as it was.  Unknown sections and keys are
+ * errors, so a typo never silently drops a limit.
+ */
+#ifndef GMB_CONFIG_H
+#define GMB_CONFIG_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define GMB_CONFIG_UIDS_MAX 64
+
+struct gmb_tenant_conf {
+  char name[64];
+  uint64_t quota;     /* 0: no limit */
+  uint64_t reserve;   /* 0: none */
+  int priority;       /* default 0 */
+  uid_t uids[GMB_CONFIG_UIDS_MAX];
+  size_t n_uids;      /* 0: any uid may act as it (unless a token is set) */
+  int has_token;
+  uint8_t token_sha256[32];
+  int line;           /* where its section starts, for messages */
+};
+
+struct gmb_config {
+  char device[64];          /* "auto", "host:SIZE", "cuda:N" */
+  uint64_t capacity;        /* 0: what the device has */
+  uint64_t device_reserve;  /* cuda: bytes left to others */
+  char run_dir[PATH_MAX];   /* "" : gmb__run_dir() */
+  char state[PATH_MAX];     /* "" : no state file */
+  uid_t admin_uids[GMB_CONFIG_UIDS_MAX];
+  size_t n_admin_uids;      /* the broker's own uid is always admin */
+  uint64_t default_quota;   /* for tenants the config does not name */
+  int compaction;           /* 1 auto, 0 off */
+  double compaction_threshold;
+  char metrics_listen[64];  /* "" : no HTTP endpoint */
+  int log_level;            /* GMB_LOG_* */
+  uint32_t heartbeat_ms;    /* period asked of clients whose pid the broker
+                               cannot watch; a session is ended after 3
+                               missed periods */
+  struct gmb_tenant_conf *tenants; /* owned */
+  size_t n_tenants;
+};
+
+/* Fills *c with the defaults (device auto, no limits, log info, heartbeat
+ * 1000 ms, compaction auto at 0.3). */
+void gmb__config_defaults(struct gmb_config *c);
+
+/* Reads `path` on top of the defaults.  0 on success; GMB_E_INVAL (bad
+ * content) or GMB_E_SYSTEM (cannot open) with "FILE:LINE: reason" (or
+ * "FILE: reason") in err. */
+int gmb__config_load(const char *path, struct gmb_config *out, char *err,
+                     size_t errcap);
+
+/* The tenant section named `name`, or NULL. */
+const struct gmb_tenant_conf *gmb__config_tenant(const struct gmb_config *c,
+                                                 const char *name);
+
+/* Releases what *c owns; accepts a zeroed struct. */
+void gmb__config_free(struct gmb_config *c);
+
+#endif /* GMB_CONFIG_H */

@@ -1,0 +1,86 @@
+/*
+ * device.h - the one interface between the broker and the memory it hands
+ * out: a table of functions with two implementations, `host` (POSIX shm,
+ * device_host.c) and `cuda` (the CUDA driver API, a later module).
+ *
+ * A device hands out segments.  Each segment has an import handle: the bytes
+ * a client needs to map it (a shm name for host, a CUipcMemHandle for cuda).
+ * The generic layer here enforces the capacity: the sum of live segment
+ * sizes never passes `capacity`.  Device memory is never read by the broker
+ * except through `copy` (GPU memory cannot be touched from the CPU).
+ */
+#ifndef GMB_DEVICE_H
+#define GMB_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define GMB_DEVICE_HANDLE_MAX 128
+#define GMB_SEGMENT_ALIGN (UINT64_C(2) << 20) /* segments are 2 MiB multiples */
+
+struct gmb_device;
+
+struct gmb_dseg {
+  uint64_t id;   /* the broker's segment id, unique for its lifetime */
+  uint64_t size; /* bytes, a multiple of GMB_SEGMENT_ALIGN */
+  void *priv;    /* the implementation's own state */
+  void *host;    /* host device: the broker's mapping; NULL elsewhere */
+  uint32_t handle_len;
+  uint8_t handle[GMB_DEVICE_HANDLE_MAX];
+};
+
+struct gmb_device_ops {
+  const char *kind; /* "host" or "cuda": how clients import handles */
+  /* Creates a segment of seg->size bytes for seg->id; fills the rest of
+   * *seg.  0, GMB_E_NOMEM or GMB_E_DEVICE. */
+  int (*seg_new)(struct gmb_device *d, struct gmb_dseg *seg);
+  /* Releases a segment.  Clients that still map it keep their mapping
+   * (host) or were told to close it first (cuda). */
+  void (*seg_free)(struct gmb_device *d, struct gmb_dseg *seg);
+  /* Copies len bytes between two segments; the ranges never overlap.
+   * 0 or GMB_E_DEVICE. */
+  int (*copy)(struct gmb_device *d, struct gmb_dseg *dst, uint64_t dst_off,
+              struct gmb_dseg *src, uint64_t src_off, uint64_t len);
+  void (*destroy)(struct gmb_device *d);
+};
+
+struct gmb_device {
+  const struct gmb_device_ops *ops;
+  uint64_t capacity;  /* bytes that segments may total */
+  uint64_t in_use;    /* bytes of live segments */
+  uint64_t segments;  /* count of live segments */
+  char desc[64];      /* "host:1GiB", for logs and status */
+  void *priv;
+};
+
+/*
+ * Opens the device named by `spec` ("host:SIZE", "cuda:N" or "auto").
+ * `capacity` (0: none) caps what the device offers.  On failure returns a
+ * GMB_E_* code and writes a one-line reason into err.
+ */
+int gmb__device_open(const char *spec, uint64_t capacity, uint64_t reserve,
+                     struct gmb_device **out, char *err, size_t errcap);
+void gmb__device_close(struct gmb_device *d); /* accepts NULL */
+
+/* Capacity-checked wrappers over the table. */
+int gmb__device_seg_new(struct gmb_device *d, uint64_t id, uint64_t size,
+                        struct gmb_dseg *out);
+void gmb__device_seg_free(struct gmb_device *d, struct gmb_dseg *seg);
+int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
+                     uint64_t dst_off, struct gmb_dseg *src, uint64_t src_off,
+                     uint64_t len);
+
+/* The host device (device_host.c).  The shm objects are named
+ * /gmb-<broker pid>-<segment id>, mode 0600. */
+int gmb__device_host_open(uint64_t capacity, struct gmb_device **out,
+                          char *err, size_t errcap);
+
+/* Hands a host segment's shm object to uid:gid (fchown on the descriptor the
+ * device keeps open), so that a non-root client of a root broker can open
+ * it.  0, GMB_E_INVAL when `d` is not a host device, GMB_E_SYSTEM when
+ * fchown fails (logged). */
+int gmb__device_host_chown(const struct gmb_device *d,
+                           const struct gmb_dseg *seg, uid_t uid, gid_t gid);
+
+#endif /* GMB_DEVICE_H */

@@ -1,0 +1,407 @@
+/*
+ * dispatch.c - what the broker does with each client request, and the queue
+ * of allocations waiting for memory.
+ *
+ * Every handler checks its input, acts on the pool and the tenant, and fills
+ * a reply; none blocks.  The order for an allocation is: arguments, quota
+ * (refused at once, never waited on), device (refused, or queued when the
+ * caller asked to wait).  The quota is asked before the pool and charged
+ * once the pool said yes; the loop is single-threaded, so nothing can come
+ * between the two, and `used` and `peak` count only memory handed out.
+ *
+ * Waiters are kept in arrival order.  When memory is freed they are tried
+ * in that order; one that fits is served, one that does not keeps its
+ * place.  (Priorities and protection of a large request at the head come
+ * with the operator plane.)
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "gmb.h"
+#include "log.h"
+#include "session.h"
+#include "util.h"
+
+struct gmb_waiter {
+  struct gmb_waiter *next, *prev;
+  struct gmb_session *session;
+  uint64_t req_id;
+  uint64_t size;
+  uint32_t flags;
+  uint64_t deadline_ns; /* UINT64_MAX: for ever */
+};
+
+static void dispatch_fail(struct wire_reply *rep, int status, const char *fmt,
+                          ...) __attribute__((format(printf, 3, 4)));
+
+static void dispatch_fail(struct wire_reply *rep, int status, const char *fmt,
+                          ...) {
+  va_list ap;
+  rep->status = status;
+  rep->kind = WIRE_NONE;
+  va_start(ap, fmt);
+  vsnprintf(rep->message, sizeof rep->message, fmt, ap);
+  va_end(ap);
+}
+
+static void dispatch_handle(struct wire_handle *h, const struct gmb_dseg *d) {
+  h->segment = d->id;
+  h->size = d->size;
+  h->len = d->handle_len;
+  memcpy(h->bytes, d->handle, d->handle_len);
+}
+
+/*
+ * A host segment is a shm object of mode 0600.  A broker running as root
+ * gives it to the uid of each session about to open it, so that a job that
+ * is not root can map it; the client opens it right after the reply, and
+ * opening is the only moment the owner matters.  (Two sessions of one
+ * tenant under different uids, handed the same new segment in the same
+ * instant, could still race; the cuda device has no such issue.)
+ */
+static void dispatch_grant(struct gmb_broker *b, struct gmb_session *s,
+                           const struct gmb_dseg *d) {
+  if (geteuid() != 0 || s->uid == 0 || strcmp(b->dev->ops->kind, "host"))
+    return;
+  gmb__device_host_chown(b->dev, d, s->uid, s->gid);
+}
+
+/* --- hello ------------------------------------------------------------ */
+
+static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
+                          const struct gmb_peer *peer,
+                          const struct wire_request *req,
+                          struct wire_reply *rep) {
+  if (s != NULL) {
+    dispatch_fail(rep, GMB_E_PROTO, "this connection already said Hello "
+                  "(session %" PRIu64 ")", s->id);
+    return 1;
+  }
+  if (req->u.hello.version != WIRE_PROTOCOL_VERSION) {
+    dispatch_fail(rep, GMB_E_PROTO, "protocol version %u is not spoken "
+                  "here; this broker speaks %d", req->u.hello.version,
+                  WIRE_PROTOCOL_VERSION);
+    return 1;
+  }
+  struct gmb_tenant *t = NULL;
+  char why[WIRE_MESSAGE_MAX];
+  int rc = gmb__tenant_admit(b->tenants, req->u.hello.tenant, peer->uid,
+                             req->u.hello.token, req->u.hello.token_len, &t,
+                             why, sizeof why);
+  if (rc) {
+    log_warn("hello from uid %u pid %d refused: %s", (unsigned)peer->uid,
+             (int)peer->pid, why);
+    dispatch_fail(rep, rc, "%s", why);
+    return 1;
+  }
+  s = gmb__session_new(b, peer, t, req->u.hello.client);
+  if (s == NULL) {
+    if (errno == ESRCH) return 0; /* the process is gone already */
+    dispatch_fail(rep, GMB_E_SYSTEM, "cannot create a session: %s",
+                  strerror(errno));
+    return 1;
+  }
+  log_info("session %" PRIu64 " opened: tenant %s, uid %u, pid %d, %s%s",
+           s->id, t->name, (unsigned)s->uid, (int)s->pid, s->client,
+           s->pidfd < 0 ? " (heartbeats)" : "");
+  rep->kind = WIRE_HELLO;
+  rep->u.hello.version = WIRE_PROTOCOL_VERSION;
+  rep->u.hello.session = s->id;
+  snprintf(rep->u.hello.tenant, sizeof rep->u.hello.tenant, "%s", t->name);
+  snprintf(rep->u.hello.device, sizeof rep->u.hello.device, "%s",
+           b->dev->ops->kind);
+  rep->u.hello.heartbeat_ms = s->pidfd < 0 ? b->cfg.heartbeat_ms : 0;
+  return 1;
+}
+
+/* --- alloc ------------------------------------------------------------ */
+
+static void dispatch_nomem(struct gmb_broker *b, struct gmb_session *s,
+                           uint64_t size, struct wire_reply *rep) {
+  struct gmb_pool_stats ps;
+  struct gmb_arena_stats as;
+  char req_s[GMB_SIZE_BUFSZ], cap_s[GMB_SIZE_BUFSZ], out_s[GMB_SIZE_BUFSZ],
+      free_s[GMB_SIZE_BUFSZ], big_s[GMB_SIZE_BUFSZ];
+  gmb__pool_stats(b->pool, &ps);
+  gmb__pool_arena_stats(s->tenant->arena, &as);
+  dispatch_fail(rep, GMB_E_NOMEM,
+                "no room for %s on device %s: %s of its %s are outside "
+                "segments; tenant %s's segments have %s free, the largest "
+                "free range is %s",
+                gmb__size_format(size, req_s, sizeof req_s), b->dev->desc,
+                gmb__size_format(ps.capacity - ps.segment_bytes, out_s,
+                                 sizeof out_s),
+                gmb__size_format(ps.capacity, cap_s, sizeof cap_s),
+                s->tenant->name,
+                gmb__size_format(as.free_total, free_s, sizeof free_s),
+                gmb__size_format(as.largest_free, big_s, sizeof big_s));
+}
+
+/*
+ * Tries to allocate for session s.  Returns 0 with *rep filled, or the
+ * refusal (GMB_E_NOMEM is returned without touching *rep's message so the
+ * caller may queue the request instead).
+ */
+static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
+                              uint64_t size, uint32_t flags,
+                              struct wire_reply *rep) {
+  struct gmb_tenant *t = s->tenant;
+  uint64_t rounded = (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
+  int rc = gmb__tenant_fits(t, rounded);
+  if (rc) {
+    char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
+    dispatch_fail(rep, rc, "tenant %s: %s more would pass its quota of %s "
+                  "(%s in use)", t->name,
+                  gmb__size_format(rounded, r, sizeof r),
+                  gmb__size_format(t->quota, q, sizeof q),
+                  gmb__size_format(t->used, u, sizeof u));
+    return rc;
+  }
+  struct gmb_alloc_info info;
+  rc = gmb__pool_alloc(b->pool, t->arena, size, flags, s, &info);
+  if (rc) {
+    if (rc != GMB_E_NOMEM)
+      dispatch_fail(rep, rc, "allocation of %" PRIu64 " bytes failed: %s",
+                    size, gmb_strerror(rc));
+    return rc;
+  }
+  GMB_ASSERT(info.size == rounded && "pool and broker round differently");
+  rc = gmb__tenant_charge(t, rounded);
+  GMB_ASSERT(rc == 0 && "a size that fit the quota a moment ago");
+  s->allocations++;
+  rep->status = 0;
+  rep->kind = WIRE_ALLOC;
+  rep->u.alloc.id = info.id;
+  rep->u.alloc.size = info.size;
+  rep->u.alloc.segment = info.dseg->id;
+  rep->u.alloc.offset = info.offset;
+  rep->u.alloc.handle.len = 0;
+  int seen = gmb__session_seg_seen(s, info.dseg->id);
+  if (seen == 0) {
+    dispatch_grant(b, s, info.dseg);
+    dispatch_handle(&rep->u.alloc.handle, info.dseg);
+  }
+  /* seen < 0 (no memory to remember it): the client asks with Segment. */
+  return 0;
+}
+
+static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
+                          const struct wire_request *req,
+                          struct wire_reply *rep) {
+  uint64_t size = req->u.alloc.size;
+  uint32_t flags = req->u.alloc.flags;
+  if (size == 0 || size > UINT64_MAX - GMB_POOL_ALIGN) {
+    dispatch_fail(rep, GMB_E_INVAL, "bad allocation size %" PRIu64, size);
+    return 1;
+  }
+  if (flags & ~GMB_MOVABLE) {
+    dispatch_fail(rep, GMB_E_INVAL, "unknown allocation flags 0x%x",
+                  flags & ~GMB_MOVABLE);
+    return 1;
+  }
+  int rc = dispatch_try_alloc(b, s, size, flags, rep);
+  if (rc != GMB_E_NOMEM) return 1;
+  if (req->u.alloc.timeout_ms == 0) {
+    dispatch_nomem(b, s, size, rep);
+    return 1;
+  }
+  struct gmb_waiter *w = calloc(1, sizeof *w);
+  if (w == NULL) {
+    dispatch_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
+                  "host memory");
+    return 1;
+  }
+  w->session = s;
+  w->req_id = req->id;
+  w->size = size;
+  w->flags = flags;
+  w->deadline_ns = req->u.alloc.timeout_ms < 0
+                       ? UINT64_MAX
+                       : gmb__now_ns() +
+                             (uint64_t)req->u.alloc.timeout_ms * 1000000u;
+  w->prev = b->wait_tail;
+  if (b->wait_tail)
+    b->wait_tail->next = w;
+  else
+    b->wait_head = w;
+  b->wait_tail = w;
+  b->n_waiting++;
+  log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for memory (%d ms)",
+            s->id, size, req->u.alloc.timeout_ms);
+  return 0;
+}
+
+static void dispatch_unqueue(struct gmb_broker *b, struct gmb_waiter *w) {
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    b->wait_head = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  else
+    b->wait_tail = w->prev;
+  b->n_waiting--;
+  free(w);
+}
+
+static void dispatch_answer(struct gmb_broker *b, struct gmb_session *s,
+                            struct wire_reply *rep) {
+  gmb__loop_send(b, b->client_sock, s->rid, s->rid_len, rep);
+}
+
+void gmb__dispatch_serve_waiters(struct gmb_broker *b) {
+  struct gmb_waiter *w = b->wait_head, *next;
+  for (; w; w = next) {
+    next = w->next;
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.id = w->req_id;
+    int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep);
+    if (rc == GMB_E_NOMEM) continue;
+    dispatch_answer(b, w->session, &rep);
+    dispatch_unqueue(b, w);
+  }
+}
+
+uint64_t gmb__dispatch_expire_waiters(struct gmb_broker *b, uint64_t now) {
+  uint64_t next_in = UINT64_MAX;
+  struct gmb_waiter *w = b->wait_head, *next;
+  for (; w; w = next) {
+    next = w->next;
+    if (w->deadline_ns <= now) {
+      struct wire_reply rep;
+      memset(&rep, 0, sizeof rep);
+      rep.id = w->req_id;
+      char sz[GMB_SIZE_BUFSZ];
+      dispatch_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
+                    gmb__size_format(w->size, sz, sizeof sz));
+      dispatch_answer(b, w->session, &rep);
+      dispatch_unqueue(b, w);
+    } else if (w->deadline_ns - now < next_in) {
+      next_in = w->deadline_ns - now;
+    }
+  }
+  return next_in;
+}
+
+void gmb__dispatch_drop_waiters(struct gmb_broker *b, struct gmb_session *s) {
+  struct gmb_waiter *w = b->wait_head, *next;
+  for (; w; w = next) {
+    next = w->next;
+    if (w->session == s) dispatch_unqueue(b, w);
+  }
+}
+
+/* --- free, stats, segment ------------------------------------------- */
+
+static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
+                         const struct wire_request *req,
+                         struct wire_reply *rep) {
+  struct gmb_alloc_info info;
+  /* Another session's id gets the same answer as no id at all, so ids
+   * tell a client nothing about other tenants. */
+  if (gmb__pool_find(b->pool, req->u.free.id, &info) != 0 || info.owner != s) {
+    dispatch_fail(rep, GMB_E_NOENT, "no allocation %" PRIu64 " in this "
+                  "session", req->u.free.id);
+    return 1;
+  }
+  int rc = gmb__pool_free(b->pool, req->u.free.id, &info);
+  GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
+  gmb__tenant_uncharge(s->tenant, info.size);
+  s->allocations--;
+  rep->status = 0;
+  gmb__dispatch_serve_waiters(b);
+  return 1;
+}
+
+static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
+                          struct wire_reply *rep) {
+  (void)b;
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(s->tenant->arena, &as);
+  rep->kind = WIRE_STATS;
+  rep->u.stats.quota = s->tenant->quota;
+  rep->u.stats.used = s->tenant->used;
+  rep->u.stats.peak = s->tenant->peak;
+  rep->u.stats.segments = as.segment_bytes;
+  return 1;
+}
+
+static int dispatch_segment(struct gmb_broker *b, struct gmb_session *s,
+                            const struct wire_request *req,
+                            struct wire_reply *rep) {
+  void *tag = NULL;
+  const struct gmb_dseg *d =
+      gmb__pool_segment(b->pool, req->u.segment.segment, &tag);
+  if (d == NULL || tag != s->tenant) {
+    dispatch_fail(rep, GMB_E_NOENT, "no segment %" PRIu64 " for tenant %s",
+                  req->u.segment.segment, s->tenant->name);
+    return 1;
+  }
+  if (gmb__session_seg_seen(s, d->id) < 0) {
+    dispatch_fail(rep, GMB_E_SYSTEM, "out of host memory");
+    return 1;
+  }
+  dispatch_grant(b, s, d);
+  rep->kind = WIRE_SEGMENT;
+  dispatch_handle(&rep->u.segment, d);
+  return 1;
+}
+
+void gmb__dispatch_retire(void *ctx, const struct gmb_dseg *seg,
+                          void *arena_tag) {
+  struct gmb_broker *b = ctx;
+  struct gmb_tenant *t = arena_tag;
+  if (b == NULL || t == NULL) return;
+  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
+    if (!gmb__session_seg_forget(s, seg->id)) continue;
+    struct wire_reply ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = WIRE_EVENT;
+    ev.u.event.kind = WIRE_EVENT_SEGMENT_RETIRED;
+    ev.u.event.segment = seg->id;
+    dispatch_answer(b, s, &ev);
+  }
+}
+
+/* --- entry ------------------------------------------------------------ */
+
+int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
+                  const struct wire_request *req, struct wire_reply *rep) {
+  memset(rep, 0, sizeof *rep);
+  rep->id = req->id;
+  struct gmb_session *s =
+      gmb__session_find(b->sessions, peer->rid, peer->rid_len);
+  if (req->kind == WIRE_HELLO) return dispatch_hello(b, s, peer, req, rep);
+  if (s == NULL) {
+    dispatch_fail(rep, GMB_E_CONN, "no session on this connection: say "
+                  "Hello first (did the broker restart?)");
+    return 1;
+  }
+  s->last_seen_ns = gmb__now_ns();
+  switch (req->kind) {
+    case WIRE_ALLOC:
+      return dispatch_alloc(b, s, req, rep);
+    case WIRE_FREE:
+      return dispatch_free(b, s, req, rep);
+    case WIRE_STATS:
+      return dispatch_stats(b, s, rep);
+    case WIRE_SEGMENT:
+      return dispatch_segment(b, s, req, rep);
+    case WIRE_HEARTBEAT:
+      return 0;
+    case WIRE_BYE:
+      gmb__session_end(b, s, "said goodbye");
+      return 1;
+    default:
+      dispatch_fail(rep, GMB_E_PROTO, "%s is not a client request",
+                    gmb__wire_kind_name(req->kind));
+      return 1;
+  }
+}

@@ -1,0 +1,37 @@
+/*
+ * log.h - the broker's log (stderr, one line an event) and GMB_ASSERT.
+ *
+ * A broken invariant is a bug, not an error: GMB_ASSERT logs file:line and
+ * the condition, then aborts.  Bad input is never asserted on.
+ */
+#ifndef GMB_LOG_H
+#define GMB_LOG_H
+
+enum gmb_log_level {
+  GMB_LOG_ERROR = 0,
+  GMB_LOG_WARN = 1,
+  GMB_LOG_INFO = 2,
+  GMB_LOG_DEBUG = 3,
+};
+
+void gmb__log_set_level(int level);
+int gmb__log_get_level(void);
+/* "error|warn|info|debug" to a level; 0 or GMB_E_INVAL. */
+int gmb__log_level_parse(const char *s, int *out);
+void gmb__log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+_Noreturn void gmb__assert_fail(const char *cond, const char *file, int line);
+
+#define GMB_ASSERT(cond) \
+  ((cond) ? (void)0 : gmb__assert_fail(#cond, __FILE__, __LINE__))
+
+#define log_error(...) gmb__log(GMB_LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) gmb__log(GMB_LOG_WARN, __VA_ARGS__)
+#define log_info(...) gmb__log(GMB_LOG_INFO, __VA_ARGS__)
+#define log_debug(...)                                             \
+  do {                                                             \
+    if (gmb__log_get_level() >= GMB_LOG_DEBUG)                     \
+      gmb__log(GMB_LOG_DEBUG, __VA_ARGS__);                        \
+  } while (0)
+
+#endif /* GMB_LOG_H */

@@ -1,0 +1,190 @@
+/*
+ * session.c - the session table: sessions by routing id, their pidfds and
+ * the segments they mapped.
+ *
+ * Sessions are few compared to allocations (one per client process), so a
+ * red-black tree by routing id is plenty; the loop's poll set is rebuilt
+ * from it when it changes.  Ending a session is the one place where a
+ * client's memory is taken back without its asking: it runs when the
+ * process dies, says Bye, stops heartbeating or the broker stops.
+ */
+#include "session.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "log.h"
+#include "util.h"
+
+static int session_cmp(const struct gmb_session *a,
+                       const struct gmb_session *b) {
+  size_t n = a->rid_len < b->rid_len ? a->rid_len : b->rid_len;
+  int c = memcmp(a->rid, b->rid, n);
+  if (c) return c;
+  return (a->rid_len > b->rid_len) - (a->rid_len < b->rid_len);
+}
+
+RB_HEAD(session_tree, gmb_session);
+RB_GENERATE_STATIC(session_tree, gmb_session, link, session_cmp)
+
+struct gmb_sessions {
+  struct session_tree tree;
+  size_t count;
+};
+
+struct gmb_sessions *gmb__sessions_new(void) {
+  struct gmb_sessions *ss = calloc(1, sizeof *ss);
+  if (ss) RB_INIT(&ss->tree);
+  return ss;
+}
+
+struct gmb_session *gmb__session_find(struct gmb_sessions *ss,
+                                      const uint8_t *rid, size_t rid_len) {
+  struct gmb_session key;
+  key.rid = (uint8_t *)rid;
+  key.rid_len = rid_len;
+  return RB_FIND(session_tree, &ss->tree, &key);
+}
+
+static int session_pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+struct gmb_session *gmb__session_new(struct gmb_broker *b,
+                                     const struct gmb_peer *peer,
+                                     struct gmb_tenant *tenant,
+                                     const char *client) {
+  struct gmb_session *s = calloc(1, sizeof *s);
+  if (s == NULL) return NULL;
+  s->rid = malloc(peer->rid_len ? peer->rid_len : 1);
+  if (s->rid == NULL) {
+    free(s);
+    errno = ENOMEM;
+    return NULL;
+  }
+  memcpy(s->rid, peer->rid, peer->rid_len);
+  s->rid_len = peer->rid_len;
+  s->uid = peer->uid;
+  s->gid = peer->gid;
+  s->pid = peer->pid;
+  s->pidfd = -1;
+  if (peer->pid > 0) {
+    s->pidfd = session_pidfd_open(peer->pid);
+    if (s->pidfd < 0 && errno == ESRCH) {
+      /* It said Hello and died before we looked: nothing to serve. */
+      free(s->rid);
+      free(s);
+      errno = ESRCH;
+      return NULL;
+    }
+    if (s->pidfd < 0)
+      log_warn("cannot watch pid %d (%s): session falls back to heartbeats",
+               (int)peer->pid, strerror(errno));
+  }
+  s->id = ++b->next_session_id;
+  s->tenant = tenant;
+  snprintf(s->client, sizeof s->client, "%s", client ? client : "");
+  s->last_seen_ns = gmb__now_ns();
+  /* Link into the tenant's list. */
+  s->tenant_next = tenant->sessions;
+  if (tenant->sessions) tenant->sessions->tenant_prev = s;
+  tenant->sessions = s;
+  tenant->n_sessions++;
+  RB_INSERT(session_tree, &b->sessions->tree, s);
+  b->sessions->count++;
+  gmb__loop_sessions_changed(b);
+  return s;
+}
+
+void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
+                      const char *why) {
+  struct gmb_tenant *t = s->tenant;
+  gmb__dispatch_drop_waiters(b, s);
+  /* Out of the tenant's list first: segments retired while its memory is
+   * freed are not announced to a session that is going away. */
+  if (s->tenant_prev)
+    s->tenant_prev->tenant_next = s->tenant_next;
+  else
+    t->sessions = s->tenant_next;
+  if (s->tenant_next) s->tenant_next->tenant_prev = s->tenant_prev;
+  t->n_sessions--;
+  uint64_t freed = gmb__pool_free_owner(b->pool, t->arena, s);
+  gmb__tenant_uncharge(t, freed);
+  log_info("session %llu (tenant %s, uid %u, pid %d) ended: %s; %llu bytes "
+           "in %llu allocations freed", (unsigned long long)s->id, t->name,
+           (unsigned)s->uid, (int)s->pid, why, (unsigned long long)freed,
+           (unsigned long long)s->allocations);
+  RB_REMOVE(session_tree, &b->sessions->tree, s);
+  b->sessions->count--;
+  if (s->pidfd >= 0) close(s->pidfd);
+  free(s->segs);
+  free(s->rid);
+  free(s);
+  gmb__loop_sessions_changed(b);
+  if (freed) gmb__dispatch_serve_waiters(b);
+}
+
+void gmb__sessions_destroy(struct gmb_broker *b, struct gmb_sessions *ss) {
+  if (ss == NULL) return;
+  struct gmb_session *s, *next;
+  RB_FOREACH_SAFE(s, session_tree, &ss->tree, next)
+    gmb__session_end(b, s, "the broker is stopping");
+  free(ss);
+}
+
+size_t gmb__sessions_count(const struct gmb_sessions *ss) { return ss->count; }
+
+void gmb__sessions_each(struct gmb_sessions *ss,
+                        void (*fn)(void *ctx, struct gmb_session *s),
+                        void *ctx) {
+  struct gmb_session *s, *next;
+  RB_FOREACH_SAFE(s, session_tree, &ss->tree, next) fn(ctx, s);
+}
+
+/* Index of the first recorded segment >= seg. */
+static size_t session_seg_index(const struct gmb_session *s, uint64_t seg) {
+  size_t lo = 0, hi = s->n_segs;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->segs[mid] < seg)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+int gmb__session_seg_seen(struct gmb_session *s, uint64_t seg) {
+  size_t i = session_seg_index(s, seg);
+  if (i < s->n_segs && s->segs[i] == seg) return 1;
+  if (s->n_segs == s->cap_segs) {
+    size_t cap = s->cap_segs ? s->cap_segs * 2 : 8;
+    uint64_t *n = realloc(s->segs, cap * sizeof *n);
+    if (n == NULL) return -1;
+    s->segs = n;
+    s->cap_segs = cap;
+  }
+  memmove(&s->segs[i + 1], &s->segs[i], (s->n_segs - i) * sizeof *s->segs);
+  s->segs[i] = seg;
+  s->n_segs++;
+  return 0;
+}
+
+int gmb__session_seg_forget(struct gmb_session *s, uint64_t seg) {
+  size_t i = session_seg_index(s, seg);
+  if (i >= s->n_segs || s->segs[i] != seg) return 0;
+  memmove(&s->segs[i], &s->segs[i + 1], (s->n_segs - i - 1) * sizeof *s->segs);
+  s->n_segs--;
+  return 1;
+}

@@ -1,0 +1,70 @@
+/*
+ * session.h - connected clients.
+ *
+ * A session is born from a successful Hello and belongs to one tenant.  It
+ * is found by the ZeroMQ routing id of its connection.  The broker watches
+ * the client's process through a pidfd when it can see the pid, else it
+ * asks for heartbeats.  A session remembers which segments' handles it was
+ * given, so that a retired segment is announced only to those that mapped
+ * it.  Ending a session frees all its allocations and counts them back to
+ * its tenant.
+ */
+#ifndef GMB_SESSION_H
+#define GMB_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rbtree.h"
+#include <sys/types.h>
+
+#include "broker.h"
+
+struct gmb_session {
+  uint64_t id;
+  uint8_t *rid;
+  size_t rid_len;
+  uid_t uid;
+  gid_t gid;
+  pid_t pid;        /* in the broker's pid namespace; 0: unknown */
+  int pidfd;        /* -1: heartbeat mode */
+  uint64_t last_seen_ns;
+  struct gmb_tenant *tenant;
+  struct gmb_session *tenant_next, *tenant_prev;
+  uint64_t *segs;   /* segment ids whose handle it was given, sorted */
+  size_t n_segs, cap_segs;
+  uint64_t allocations; /* live allocation count */
+  char client[64];
+  RB_ENTRY(gmb_session) link; /* the session table, by routing id */
+};
+
+struct gmb_sessions *gmb__sessions_new(void);
+/* Ends every session (no messages sent) and frees the table. */
+void gmb__sessions_destroy(struct gmb_broker *b, struct gmb_sessions *ss);
+
+struct gmb_session *gmb__session_find(struct gmb_sessions *ss,
+                                      const uint8_t *rid, size_t rid_len);
+/* Creates a session for `peer` in `tenant`.  NULL with errno on failure
+ * (ESRCH: the peer's process is already gone). */
+struct gmb_session *gmb__session_new(struct gmb_broker *b,
+                                     const struct gmb_peer *peer,
+                                     struct gmb_tenant *tenant,
+                                     const char *client);
+/* Ends a session: frees its allocations, drops its waiters, removes it.
+ * `why` is logged. */
+void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
+                      const char *why);
+
+size_t gmb__sessions_count(const struct gmb_sessions *ss);
+/* Visits every session; fn may end the session it is given. */
+void gmb__sessions_each(struct gmb_sessions *ss,
+                        void (*fn)(void *ctx, struct gmb_session *s),
+                        void *ctx);
+
+/* 1 when the session was already given segment `seg`'s handle; else
+ * records it and returns 0.  -1 on ENOMEM. */
+int gmb__session_seg_seen(struct gmb_session *s, uint64_t seg);
+/* Forgets segment `seg`; returns 1 when it was recorded. */
+int gmb__session_seg_forget(struct gmb_session *s, uint64_t seg);
+
+#endif /* GMB_SESSION_H */

@@ -1,0 +1,784 @@
+/*
+ * client.c - a session with the broker: gmb_connect, the request/reply
+ * exchange, events, heartbeats, and the public calls built on them.
+ *
+ * One DEALER socket per client, in a ZeroMQ context of its own.  ZeroMQ
+ * sockets are not thread-safe, so `io` guards the socket and every request
+ * holds it from send to reply: exactly one request is in flight per client,
+ * and a reply is matched to it by id (ids increase from 1; a reply with
+ * another id is late for a request that already gave up, and is dropped).
+ * Replies with id 0 are the broker's events, handled while waiting.
+ *
+ * A client becomes dead, for good, when the broker says it is shutting
+ * down or ended the session, when the connection drops (seen through a
+ * socket monitor), or when a reply does not come in time: after that every
+ * call fails at once with GMB_E_CONN and the reason.  Nothing the broker
+ * sends can make the library abort: what does not decode or does not fit
+ * the request is GMB_E_PROTO.
+ *
+ * Lock order: io, then the segment map's rwlock (segmap.c), then hb_mu.
+ * gmb_lock and gmb_unlock take only the segment map's read lock, unless a
+ * segment has to be fetched again.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "endpoint.h"
+#include "gmb.h"
+#include "segmap.h"
+#include "util.h"
+#include "wire.h"
+
+#define CLIENT_WHY_MAX (WIRE_MESSAGE_MAX + 256)
+#define CLIENT_ENDPOINT_MAX 512
+
+struct gmb_client {
+  pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
+  void *ctx, *sock;
+  void *mon; /* PAIR end of the socket monitor; NULL if none */
+  int lost;  /* the monitor saw the connection drop */
+  uint64_t next_id;
+  atomic_int dead;
+  char dead_why[CLIENT_WHY_MAX]; /* written once, before dead is set */
+  int request_timeout_ms;
+  char endpoint[CLIENT_ENDPOINT_MAX];
+  char tenant[WIRE_NAME_MAX + 1];
+  char device[WIRE_DEVICE_MAX];
+  uint64_t session;
+  struct gmb_segmap *map;
+
+  uint32_t hb_ms; /* 0: no heartbeats */
+  uint64_t hb_last_ns;
+  pthread_t hb_thread;
+  int hb_running;
+  pthread_mutex_t hb_mu;
+  pthread_cond_t hb_cv;
+  int hb_stop;
+};
+
+/* --- the calling thread's last failure ------------------------------------ */
+
+static _Thread_local char client_err[CLIENT_WHY_MAX + 32];
+
+static int client_fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int client_fail(int code, const char *fmt, ...) {
+  char why[CLIENT_WHY_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  snprintf(client_err, sizeof client_err, "%s: %s", gmb_err_name(code),
+           why[0] ? why : gmb_strerror(code));
+  return code;
+}
+
+GMB_EXPORT const char *gmb_last_error(gmb_client *c) {
+  (void)c; /* per thread, not per client: a failed connect has no client */
+  return client_err[0] ? client_err : "no error";
+}
+
+/* --- small helpers ---------------------------------------------------------- */
+
+static int client_env_ms(const char *name, int def) {
+  const char *s = getenv(name);
+  if (s == NULL || *s == '\0') return def;
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end != '\0' || v <= 0 || v > 24L * 3600 * 1000) return def;
+  return (int)v;
+}
+
+/* Marks the client dead with the first reason given; later ones are
+ * dropped so the message names the cause, not a consequence.  Holds io. */
+static void client_kill(gmb_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void client_kill(gmb_client *c, const char *fmt, ...) {
+  if (atomic_load(&c->dead)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->dead_why, sizeof c->dead_why, fmt, ap);
+  va_end(ap);
+  atomic_store(&c->dead, 1);
+}
+
+static int client_dead_fail(gmb_client *c) {
+  return client_fail(GMB_E_CONN, "%s", c->dead_why);
+}
+
+/* Sends one encoded request.  Returns 0; 1 with errno set when zmq_send
+ * failed; a GMB_E_* code (explained) when it does not encode.  Holds io. */
+static int client_send(gmb_client *c, struct wire_request *req, int flags) {
+  uint8_t *buf;
+  size_t len;
+  req->id = ++c->next_id;
+  int rc = gmb__wire_request_encode(req, &buf, &len);
+  if (rc) return client_fail(rc, "cannot encode a %s request",
+                             gmb__wire_kind_name(req->kind));
+  rc = zmq_send(c->sock, buf, len, flags);
+  int err = errno;
+  free(buf);
+  errno = err;
+  return rc < 0 ? 1 : 0;
+}
+
+/* Holds io.  Heartbeats are sent by whoever holds the socket when one is
+ * due: the heartbeat thread between calls, the waiting thread during a
+ * long gmb_alloc_wait (which would otherwise starve the heartbeat thread
+ * and get the session ended for silence). */
+static void client_heartbeat_due(gmb_client *c) {
+  if (c->hb_ms == 0 || atomic_load(&c->dead)) return;
+  uint64_t now = gmb__now_ns();
+  if (now - c->hb_last_ns < (uint64_t)c->hb_ms * 1000000u) return;
+  struct wire_request req = {.kind = WIRE_HEARTBEAT};
+  /* A heartbeat that cannot go out now is not a reason to end the client:
+   * a lost connection is reported by the monitor, with its cause. */
+  if (client_send(c, &req, ZMQ_DONTWAIT) == 0) c->hb_last_ns = now;
+}
+
+/* An event pushed by the broker.  Holds io. */
+static void client_event(gmb_client *c, const struct wire_reply *ev) {
+  switch (ev->u.event.kind) {
+    case WIRE_EVENT_SEGMENT_RETIRED:
+      gmb__segmap_retire(c->map, ev->u.event.segment);
+      break;
+    case WIRE_EVENT_SHUTDOWN:
+      client_kill(c, "%s", ev->message[0] ? ev->message
+                                          : "the broker is shutting down");
+      break;
+    case WIRE_EVENT_SESSION_ENDED:
+      client_kill(c, "the broker ended this session: %s",
+                  ev->message[0] ? ev->message : "no reason given");
+      break;
+    default:
+      break; /* a kind from a newer broker: nothing this client must do */
+  }
+}
+
+/* Reads what the socket monitor reported.  Holds io. */
+static void client_monitor(gmb_client *c) {
+  for (;;) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, c->mon, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&m);
+      return;
+    }
+    uint16_t event = 0;
+    int first = zmq_msg_size(&m) >= 6;
+    if (first) memcpy(&event, zmq_msg_data(&m), sizeof event);
+    int more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    while (more) { /* the second frame: the endpoint */
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, c->mon, 0) < 0) more = 0;
+      else more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    }
+    if (first && event == ZMQ_EVENT_DISCONNECTED) c->lost = 1;
+  }
+}
+
+/* 1 when a message waits on the socket.  ZMQ_EVENTS makes the socket
+ * process its pending commands first: a message the I/O thread read
+ * before it saw the connection drop is visible after this. */
+static int client_readable(gmb_client *c) {
+  int ev = 0;
+  size_t len = sizeof ev;
+  return zmq_getsockopt(c->sock, ZMQ_EVENTS, &ev, &len) == 0 &&
+         (ev & ZMQ_POLLIN);
+}
+
+/* A dropped connection ends the client once everything the broker sent
+ * before it went was read: its last words (SHUTDOWN) explain better. */
+static void client_lost_check(gmb_client *c) {
+  if (c->lost && !client_readable(c))
+    client_kill(c, "the broker closed the connection");
+}
+
+/* Takes one message off the socket without waiting.  Returns 1 when there
+ * was none, 0 with *rep decoded, GMB_E_PROTO when it did not decode.
+ * Holds io. */
+static int client_recv(gmb_client *c, struct wire_reply *rep) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+    zmq_msg_close(&m);
+    return 1;
+  }
+  /* One frame per message; anything else is not ours to understand. */
+  int multi = zmq_msg_more(&m);
+  int rc = multi ? GMB_E_PROTO
+                 : gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m),
+                                          rep);
+  zmq_msg_close(&m);
+  while (multi) { /* drop the rest of a multi-frame message */
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, c->sock, 0) < 0) multi = 0;
+    else multi = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+  }
+  if (rc) memset(rep, 0, sizeof *rep);
+  return rc;
+}
+
+/* Handles what arrived since the last call: events, and late replies to
+ * requests that gave up (dropped).  Queued messages count before a
+ * dropped connection, so a broker that said "shutting down" and then
+ * closed is reported as shutting down.  Holds io. */
+static void client_drain(gmb_client *c) {
+  struct wire_reply rep;
+  int rc;
+  if (c->mon) client_monitor(c);
+  while ((rc = client_recv(c, &rep)) != 1) {
+    if (rc == 0 && rep.id == 0 && rep.kind == WIRE_EVENT) client_event(c, &rep);
+    if (rc == 0) gmb__wire_reply_clear(&rep);
+  }
+  client_lost_check(c);
+}
+
+/*
+ * Sends `req` and waits up to wait_ms (negative: for ever) for its reply,
+ * which must have body `expect` when it succeeds.  Holds io.  Returns 0
+ * with *rep filled (the caller clears it), or the failure, explained.
+ */
+static int client_call(gmb_client *c, struct wire_request *req,
+                       enum wire_kind expect, int wait_ms,
+                       struct wire_reply *rep) {
+  memset(rep, 0, sizeof *rep);
+  /* Without this, a request after the broker went away would wait for
+   * the whole timeout while the SHUTDOWN event that explains it sits
+   * unread. */
+  client_drain(c);
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  int rc = client_send(c, req, 0);
+  if (rc < 0) return rc; /* did not encode */
+  if (rc == 1) {
+    int err = errno;
+    client_drain(c); /* the reason may have arrived meanwhile */
+    if (err == EAGAIN)
+      client_kill(c, "could not reach the broker at %s", c->endpoint);
+    else
+      client_kill(c, "send to the broker failed: %s", zmq_strerror(err));
+    return client_dead_fail(c);
+  }
+  if (c->hb_ms) c->hb_last_ns = gmb__now_ns();
+  uint64_t deadline =
+      wait_ms < 0 ? UINT64_MAX : gmb__now_ns() + (uint64_t)wait_ms * 1000000u;
+  for (;;) {
+    zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0},
+                               {c->mon, 0, ZMQ_POLLIN, 0}};
+    long timeout = -1;
+    uint64_t now = gmb__now_ns();
+    if (deadline != UINT64_MAX) {
+      if (now >= deadline) {
+        client_kill(c, "the broker did not answer within %d ms", wait_ms);
+        return client_dead_fail(c);
+      }
+      timeout = (long)((deadline - now + 999999) / 1000000);
+    }
+    if (c->hb_ms && (timeout < 0 || timeout > (long)c->hb_ms))
+      timeout = c->hb_ms;
+    int n = zmq_poll(items, c->mon ? 2 : 1, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      client_kill(c, "poll failed: %s", zmq_strerror(errno));
+      return client_dead_fail(c);
+    }
+    client_heartbeat_due(c);
+    if (!(items[0].revents & ZMQ_POLLIN)) {
+      /* Only with the socket empty: a reply or event queued before the
+       * connection dropped is still read first. */
+      if (c->mon && (items[1].revents & ZMQ_POLLIN)) client_monitor(c);
+      client_lost_check(c);
+      if (atomic_load(&c->dead)) return client_dead_fail(c);
+      continue;
+    }
+    rc = client_recv(c, rep);
+    if (rc == 1) continue;
+    if (rc)
+      return client_fail(GMB_E_PROTO,
+                         "a reply from the broker could not be decoded");
+    if (rep->id == 0) {
+      if (rep->kind == WIRE_EVENT) client_event(c, rep);
+      /* else: the broker's notice that it could not decode something. */
+      gmb__wire_reply_clear(rep);
+      memset(rep, 0, sizeof *rep);
+      if (atomic_load(&c->dead)) return client_dead_fail(c);
+      continue;
+    }
+    if (rep->id != req->id) { /* late answer to a request that gave up */
+      gmb__wire_reply_clear(rep);
+      memset(rep, 0, sizeof *rep);
+      continue;
+    }
+    if (rep->status != 0) {
+      rc = rep->status;
+      client_fail(rc, "%s", rep->message);
+      gmb__wire_reply_clear(rep);
+      return rc;
+    }
+    if (rep->kind != expect) {
+      client_fail(GMB_E_PROTO, "the broker answered a %s request with a %s "
+                  "reply", gmb__wire_kind_name(req->kind),
+                  gmb__wire_kind_name(rep->kind));
+      gmb__wire_reply_clear(rep);
+      return GMB_E_PROTO;
+    }
+    return 0;
+  }
+}
+
+/* --- heartbeats ------------------------------------------------------------- */
+
+static void *client_heartbeat_main(void *arg) {
+  gmb_client *c = arg;
+  pthread_mutex_lock(&c->hb_mu);
+  while (!c->hb_stop) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->hb_ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
+    if (c->hb_stop) break;
+    pthread_mutex_unlock(&c->hb_mu);
+    pthread_mutex_lock(&c->io);
+    client_drain(c); /* events that came between calls */
+    client_heartbeat_due(c);
+    pthread_mutex_unlock(&c->io);
+    pthread_mutex_lock(&c->hb_mu);
+  }
+  pthread_mutex_unlock(&c->hb_mu);
+  return NULL;
+}
+
+static int client_heartbeat_start(gmb_client *c) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int rc = pthread_cond_init(&c->hb_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (rc) return client_fail(GMB_E_SYSTEM, "pthread_cond_init: %s",
+                             strerror(rc));
+  pthread_mutex_init(&c->hb_mu, NULL);
+  c->hb_last_ns = gmb__now_ns();
+  rc = pthread_create(&c->hb_thread, NULL, client_heartbeat_main, c);
+  if (rc) {
+    pthread_cond_destroy(&c->hb_cv);
+    pthread_mutex_destroy(&c->hb_mu);
+    return client_fail(GMB_E_SYSTEM, "cannot start the heartbeat thread: %s",
+                       strerror(rc));
+  }
+  c->hb_running = 1;
+  return 0;
+}
+
+static void client_heartbeat_stop(gmb_client *c) {
+  if (!c->hb_running) return;
+  pthread_mutex_lock(&c->hb_mu);
+  c->hb_stop = 1;
+  pthread_cond_signal(&c->hb_cv);
+  pthread_mutex_unlock(&c->hb_mu);
+  pthread_join(c->hb_thread, NULL);
+  pthread_cond_destroy(&c->hb_cv);
+  pthread_mutex_destroy(&c->hb_mu);
+  c->hb_running = 0;
+}
+
+/* --- connect and disconnect ------------------------------------------------- */
+
+/* The token from $GMB_TOKEN or the file $GMB_TOKEN_FILE (one trailing
+ * newline, as editors write it, is not part of the token). */
+static int client_token(uint8_t *tok, uint32_t *len) {
+  *len = 0;
+  const char *s = getenv("GMB_TOKEN");
+  if (s && *s) {
+    size_t n = strlen(s);
+    if (n > WIRE_TOKEN_MAX)
+      return client_fail(GMB_E_INVAL, "GMB_TOKEN is longer than %d bytes",
+                         WIRE_TOKEN_MAX);
+    memcpy(tok, s, n);
+    *len = (uint32_t)n;
+    return 0;
+  }
+  const char *path = getenv("GMB_TOKEN_FILE");
+  if (path == NULL || *path == '\0') return 0;
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return client_fail(GMB_E_INVAL, "GMB_TOKEN_FILE %s: %s", path,
+                       strerror(errno));
+  char buf[WIRE_TOKEN_MAX + 2];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad)
+    return client_fail(GMB_E_INVAL, "GMB_TOKEN_FILE %s: read error", path);
+  if (n && buf[n - 1] == '\n') n--;
+  if (n && buf[n - 1] == '\r') n--;
+  if (n > WIRE_TOKEN_MAX)
+    return client_fail(GMB_E_INVAL, "GMB_TOKEN_FILE %s: token longer than %d "
+                       "bytes", path, WIRE_TOKEN_MAX);
+  memcpy(tok, buf, n);
+  *len = (uint32_t)n;
+  return 0;
+}
+
+static void client_free(gmb_client *c) {
+  if (c->sock) {
+    if (c->mon) zmq_socket_monitor(c->sock, NULL, 0);
+    zmq_close(c->sock);
+  }
+  if (c->mon) zmq_close(c->mon);
+  if (c->ctx) zmq_ctx_term(c->ctx);
+  gmb__segmap_destroy(c->map);
+  pthread_mutex_destroy(&c->io);
+  free(c);
+}
+
+/* Opens the socket and its monitor.  The monitor is what tells a client
+ * blocked in gmb_alloc_wait for ever that the broker is gone. */
+static int client_open(gmb_client *c, int connect_ms) {
+  int zero = 0;
+  c->ctx = zmq_ctx_new();
+  if (c->ctx == NULL) return client_fail(GMB_E_SYSTEM, "zmq_ctx_new failed");
+  c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+  if (c->sock == NULL)
+    return client_fail(GMB_E_SYSTEM, "zmq_socket: %s", zmq_strerror(errno));
+  zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
+  /* Not ZMQ_IMMEDIATE: with it, libzmq terminates the pipe when the
+   * connection drops and discards what this side had not read yet, which
+   * loses the broker's last words (SHUTDOWN, or the reply to the request
+   * in flight).  The endpoint probe and the monitor do what IMMEDIATE
+   * would: no request waits on a broker that is not there. */
+  zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &zero, sizeof zero);
+  zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &connect_ms, sizeof connect_ms);
+  char mon_ep[64];
+  snprintf(mon_ep, sizeof mon_ep, "inproc://gmb-monitor-%p", (void *)c);
+  if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_DISCONNECTED) == 0) {
+    c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
+    if (c->mon) {
+      zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero);
+      if (zmq_connect(c->mon, mon_ep) != 0) {
+        zmq_close(c->mon);
+        c->mon = NULL;
+      }
+    }
+    if (c->mon == NULL) zmq_socket_monitor(c->sock, NULL, 0);
+  }
+  if (zmq_connect(c->sock, c->endpoint) != 0)
+    return client_fail(GMB_E_CONN, "cannot connect to %s: %s", c->endpoint,
+                       zmq_strerror(errno));
+  return 0;
+}
+
+GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
+                           gmb_client **out) {
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  *out = NULL;
+
+  char hint[CLIENT_ENDPOINT_MAX + 64] = "";
+  char ep[CLIENT_ENDPOINT_MAX];
+  if (endpoint == NULL) endpoint = getenv("GMB_ENDPOINT");
+  if (endpoint == NULL || *endpoint == '\0') {
+    char dir[CLIENT_ENDPOINT_MAX - 32];
+    if (gmb__run_dir(dir, sizeof dir) == NULL ||
+        gmb__endpoint_default(dir, "broker.sock", ep, sizeof ep) == NULL)
+      return client_fail(GMB_E_INVAL, "the run directory's name is too long");
+    snprintf(hint, sizeof hint, "is gmb-broker running? GMB_RUN_DIR=%s", dir);
+    endpoint = ep;
+  } else {
+    snprintf(hint, sizeof hint, "is gmb-broker running?");
+  }
+  if (strlen(endpoint) >= CLIENT_ENDPOINT_MAX)
+    return client_fail(GMB_E_INVAL, "endpoint is too long");
+
+  if (tenant == NULL) tenant = getenv("GMB_TENANT");
+  if (tenant == NULL) tenant = "";
+  if (*tenant && !gmb__name_valid(tenant))
+    return client_fail(GMB_E_INVAL, "bad tenant name \"%.80s\" (1..63 of "
+                       "A-Z a-z 0-9 . _ -, not starting with . or -)", tenant);
+
+  struct wire_request hello = {.kind = WIRE_HELLO};
+  int rc = client_token(hello.u.hello.token, &hello.u.hello.token_len);
+  if (rc) return rc;
+  hello.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(hello.u.hello.tenant, sizeof hello.u.hello.tenant, "%s", tenant);
+  hello.u.hello.pid = (int32_t)getpid();
+  snprintf(hello.u.hello.client, sizeof hello.u.hello.client, "libgmb %s",
+           GMB_VERSION_STRING);
+
+  char why[CLIENT_WHY_MAX];
+  rc = gmb__endpoint_probe(endpoint, hint, why, sizeof why);
+  if (rc) return client_fail(rc, "%s", why);
+
+  gmb_client *c = calloc(1, sizeof *c);
+  if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
+  pthread_mutex_init(&c->io, NULL);
+  snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+  c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
+  c->map = gmb__segmap_new();
+  if (c->map == NULL) {
+    client_free(c);
+    return client_fail(GMB_E_SYSTEM, "out of memory");
+  }
+  int connect_ms = client_env_ms("GMB_CONNECT_TIMEOUT_MS", 5000);
+  rc = client_open(c, connect_ms);
+  struct wire_reply rep;
+  if (rc == 0) {
+    pthread_mutex_lock(&c->io);
+    rc = client_call(c, &hello, WIRE_HELLO, connect_ms, &rep);
+    pthread_mutex_unlock(&c->io);
+  }
+  if (rc == 0 && rep.u.hello.version != WIRE_PROTOCOL_VERSION)
+    rc = client_fail(GMB_E_PROTO, "the broker speaks protocol %u, libgmb %s "
+                     "speaks %d", rep.u.hello.version, GMB_VERSION_STRING,
+                     WIRE_PROTOCOL_VERSION);
+  if (rc) {
+    client_free(c);
+    return rc;
+  }
+  snprintf(c->tenant, sizeof c->tenant, "%s", rep.u.hello.tenant);
+  snprintf(c->device, sizeof c->device, "%s", rep.u.hello.device);
+  c->session = rep.u.hello.session;
+  uint32_t hb_ms = rep.u.hello.heartbeat_ms;
+  gmb__wire_reply_clear(&rep);
+  zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->request_timeout_ms,
+                 sizeof c->request_timeout_ms);
+  if (hb_ms) {
+    c->hb_ms = hb_ms;
+    rc = client_heartbeat_start(c);
+    if (rc) {
+      gmb_disconnect(c);
+      return rc;
+    }
+  }
+  *out = c;
+  return 0;
+}
+
+GMB_EXPORT void gmb_disconnect(gmb_client *c) {
+  if (c == NULL) return;
+  client_heartbeat_stop(c);
+  /* Saying Bye frees the session's memory at once rather than when the
+   * broker notices the process is gone; a broker that does not answer
+   * within a second is not worth waiting for.  The caller's last error
+   * stays what it was: this function cannot fail. */
+  char saved[sizeof client_err];
+  memcpy(saved, client_err, sizeof saved);
+  pthread_mutex_lock(&c->io);
+  if (!atomic_load(&c->dead)) {
+    struct wire_request bye = {.kind = WIRE_BYE};
+    struct wire_reply rep;
+    int bye_ms = 1000;
+    zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &bye_ms, sizeof bye_ms);
+    if (client_call(c, &bye, WIRE_NONE, bye_ms, &rep) == 0)
+      gmb__wire_reply_clear(&rep);
+  }
+  pthread_mutex_unlock(&c->io);
+  memcpy(client_err, saved, sizeof saved);
+  client_free(c);
+}
+
+/* --- allocations -------------------------------------------------------------- */
+
+/* Asks the broker for a segment's handle and maps it.  Holds io. */
+static int client_fetch_segment(gmb_client *c, uint64_t segment) {
+  struct wire_request req = {.kind = WIRE_SEGMENT};
+  struct wire_reply rep;
+  req.u.segment.segment = segment;
+  int rc = client_call(c, &req, WIRE_SEGMENT, c->request_timeout_ms, &rep);
+  if (rc) return rc;
+  if (rep.u.segment.segment != segment)
+    return client_fail(GMB_E_PROTO, "asked for segment %llu, got %llu",
+                       (unsigned long long)segment,
+                       (unsigned long long)rep.u.segment.segment);
+  char why[CLIENT_WHY_MAX];
+  rc = gmb__segmap_map(c->map, c->device, &rep.u.segment, why, sizeof why);
+  return rc ? client_fail(rc, "%s", why) : 0;
+}
+
+/* Gives back an allocation this client could not use, so that it does not
+ * count against the tenant until the session ends.  Best effort; the
+ * failure the caller reports is the one that made it necessary.  Holds io. */
+static void client_undo_alloc(gmb_client *c, uint64_t id) {
+  if (id == 0 || atomic_load(&c->dead)) return;
+  char saved[sizeof client_err];
+  memcpy(saved, client_err, sizeof saved);
+  struct wire_request req = {.kind = WIRE_FREE};
+  struct wire_reply rep;
+  req.u.free.id = id;
+  if (client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep) == 0)
+    gmb__wire_reply_clear(&rep);
+  memcpy(client_err, saved, sizeof saved);
+}
+
+static int client_alloc(gmb_client *c, size_t size, unsigned flags,
+                        int timeout_ms, gmb_id *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  *out = 0;
+  if (size == 0) return client_fail(GMB_E_INVAL, "size 0");
+  if (flags & ~GMB_MOVABLE)
+    return client_fail(GMB_E_INVAL, "unknown flags 0x%x", flags & ~GMB_MOVABLE);
+  if (timeout_ms < 0) timeout_ms = -1;
+
+  struct wire_request req = {.kind = WIRE_ALLOC};
+  req.u.alloc.size = size;
+  req.u.alloc.flags = flags;
+  req.u.alloc.timeout_ms = timeout_ms;
+  /* A waiting request may take its whole wait before the broker answers. */
+  int wait_ms = timeout_ms < 0 ? -1
+                : timeout_ms > INT32_MAX - c->request_timeout_ms
+                    ? INT32_MAX
+                    : timeout_ms + c->request_timeout_ms;
+  struct wire_reply rep;
+  char why[CLIENT_WHY_MAX];
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_ALLOC, wait_ms, &rep);
+  if (rc) goto out;
+  const uint64_t id = rep.u.alloc.id, seg = rep.u.alloc.segment,
+                 off = rep.u.alloc.offset, asize = rep.u.alloc.size;
+  const struct wire_handle *h = &rep.u.alloc.handle;
+  if (id == 0 || asize < size) {
+    rc = client_fail(GMB_E_PROTO, "the broker answered an alloc of %zu bytes "
+                     "with id %llu of %llu bytes", size,
+                     (unsigned long long)id, (unsigned long long)asize);
+    goto undo;
+  }
+  if (h->len) {
+    /* Check the range against the handle before mapping anything. */
+    if (h->segment != seg || off > h->size || asize > h->size - off) {
+      rc = client_fail(GMB_E_PROTO, "allocation %llu: [%llu, +%llu) of "
+                       "segment %llu does not fit the handle of segment %llu "
+                       "(%llu bytes)", (unsigned long long)id,
+                       (unsigned long long)off, (unsigned long long)asize,
+                       (unsigned long long)seg,
+                       (unsigned long long)h->segment,
+                       (unsigned long long)h->size);
+      goto undo;
+    }
+    rc = gmb__segmap_map(c->map, c->device, h, why, sizeof why);
+    if (rc) {
+      client_fail(rc, "%s", why);
+      goto undo;
+    }
+  } else if (!gmb__segmap_has_segment(c->map, seg)) {
+    rc = client_fetch_segment(c, seg);
+    if (rc) goto undo;
+  }
+  rc = gmb__segmap_add(c->map, id, seg, off, asize, flags, why, sizeof why);
+  if (rc) {
+    client_fail(rc, "%s", why);
+    goto undo;
+  }
+  *out = id;
+  goto out;
+undo:
+  client_undo_alloc(c, id);
+out:
+  pthread_mutex_unlock(&c->io);
+  return rc;
+}
+
+GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
+                         gmb_id *out) {
+  return client_alloc(c, size, flags, 0, out);
+}
+
+GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
+                              int timeout_ms, gmb_id *out) {
+  return client_alloc(c, size, flags, timeout_ms, out);
+}
+
+GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  struct wire_request req = {.kind = WIRE_FREE};
+  struct wire_reply rep;
+  req.u.free.id = id;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
+  if (rc == 0) {
+    gmb__wire_reply_clear(&rep);
+    gmb__segmap_remove(c->map, id);
+  }
+  pthread_mutex_unlock(&c->io);
+  return rc;
+}
+
+GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  /* Movable allocations are locked like pinned ones until the broker moves
+   * anything; the lock table of DESIGN.md comes with compaction. */
+  uint64_t seg = 0;
+  int rc = gmb__segmap_lookup(c->map, id, ptr, &seg);
+  if (rc == 1) { /* its segment was retired here: map it again */
+    pthread_mutex_lock(&c->io);
+    rc = gmb__segmap_has_segment(c->map, seg) ? 0
+                                               : client_fetch_segment(c, seg);
+    pthread_mutex_unlock(&c->io);
+    if (rc) return rc; /* explained by client_fetch_segment */
+    rc = gmb__segmap_lookup(c->map, id, ptr, &seg);
+    if (rc == 1)
+      return client_fail(GMB_E_PROTO, "segment %llu was retired again while "
+                         "it was being mapped", (unsigned long long)seg);
+  }
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "allocation %llu is not one of this session",
+                       (unsigned long long)id);
+  if (rc == GMB_E_PROTO)
+    return client_fail(rc, "allocation %llu does not fit its segment",
+                       (unsigned long long)id);
+  return rc;
+}
+
+GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  void *p;
+  uint64_t seg;
+  int rc = gmb__segmap_lookup(c->map, id, &p, &seg);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "allocation %llu is not one of this session",
+                       (unsigned long long)id);
+  return 0; /* pinned (and, for now, movable): nothing to release */
+}
+
+GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
+                                    void *cuda_stream) {
+  (void)id;
+  (void)cuda_stream;
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  return client_fail(GMB_E_DEVICE, "gmb_unlock_on_stream needs the CUDA "
+                     "device");
+}
+
+GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  struct wire_request req = {.kind = WIRE_STATS};
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
+  pthread_mutex_unlock(&c->io);
+  if (rc) return rc;
+  out->quota = rep.u.stats.quota;
+  out->used = rep.u.stats.used;
+  out->peak = rep.u.stats.peak;
+  out->segments = rep.u.stats.segments;
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * endpoint.c - default endpoints and the probe of an ipc:// socket file.
+ *
+ * The probe opens a plain non-blocking AF_UNIX connection and closes it at
+ * once.  The broker's ROUTER accepts it and sees it go before any ZMTP
+ * greeting, which it treats as a peer that left; no session is created.
+ * EAGAIN (the listen backlog is full) means a broker is there but busy,
+ * which is not an error here.
+ */
+#include "endpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "util.h"
+
+char *gmb__endpoint_default(const char *run_dir, const char *name, char *buf,
+                            size_t cap) {
+  char dir[256];
+  if (run_dir == NULL) {
+    run_dir = gmb__run_dir(dir, sizeof dir);
+    if (run_dir == NULL) return NULL;
+  }
+  int n = snprintf(buf, cap, "ipc://%s/%s", run_dir, name);
+  if (n < 0 || (size_t)n >= cap) return NULL;
+  return buf;
+}
+
+static int endpoint_fail(char *why, size_t cap, const char *endpoint,
+                         const char *reason, const char *hint) {
+  if (hint && *hint)
+    snprintf(why, cap, "no broker at %s: %s (%s)", endpoint, reason, hint);
+  else
+    snprintf(why, cap, "no broker at %s: %s", endpoint, reason);
+  return GMB_E_CONN;
+}
+
+int gmb__endpoint_probe(const char *endpoint, const char *hint, char *why,
+                        size_t cap) {
+  if (strncmp(endpoint, "ipc://", 6) != 0) return 0;
+  const char *path = endpoint + 6;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof sa.sun_path)
+    return endpoint_fail(why, cap, endpoint, "path too long for a Unix socket",
+                         NULL);
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    if (errno == EACCES) {
+      snprintf(why, cap, "cannot connect to %s: %s", endpoint, strerror(errno));
+      return GMB_E_CONN;
+    }
+    return endpoint_fail(why, cap, endpoint, strerror(errno), hint);
+  }
+  if (!S_ISSOCK(st.st_mode))
+    return endpoint_fail(why, cap, endpoint, "not a socket", hint);
+
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0; /* cannot probe; let ZeroMQ try */
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  int err = errno;
+  close(fd);
+  if (rc == 0 || err == EAGAIN || err == EINPROGRESS) return 0;
+  if (err == ECONNREFUSED)
+    return endpoint_fail(why, cap, endpoint,
+                         "connection refused: a stale socket file, nothing listens on it", hint);
+  if (err == EACCES || err == EPERM) {
+    snprintf(why, cap, "cannot connect to %s: %s", endpoint, strerror(err));
+    return GMB_E_CONN;
+  }
+  return endpoint_fail(why, cap, endpoint, strerror(err), hint);
+}

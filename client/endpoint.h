@@ -1,0 +1,31 @@
+/*
+ * endpoint.h - where the broker's sockets are, and a quick look at whether
+ * anyone is listening there, for the client library and gmbctl.
+ *
+ * ZeroMQ connects in the background and retries for ever: a missing socket
+ * file, a stale one left by a dead broker or one this uid may not open all
+ * look the same to it (a send that never completes).  Probing the Unix
+ * socket ourselves first turns each of those into a one-line reason at once.
+ */
+#ifndef GMB_ENDPOINT_H
+#define GMB_ENDPOINT_H
+
+#include <stddef.h>
+
+/* "ipc://RUN_DIR/NAME" for NAME "broker.sock" or "admin.sock", with RUN_DIR
+ * from gmb__run_dir() when run_dir is NULL.  Returns buf, or NULL when it
+ * does not fit. */
+char *gmb__endpoint_default(const char *run_dir, const char *name, char *buf,
+                            size_t cap);
+
+/*
+ * For an ipc:// endpoint: 0 when something listens on the socket file,
+ * else GMB_E_CONN with the reason in `why` ("no broker at ipc://...: No such
+ * file or directory (is gmb-broker running? GMB_RUN_DIR=...)").  `hint` is
+ * appended inside that parenthesis when not NULL.  Other transports (tcp://)
+ * are not probed: 0.
+ */
+int gmb__endpoint_probe(const char *endpoint, const char *hint, char *why,
+                        size_t cap);
+
+#endif /* GMB_ENDPOINT_H */

@@ -1,0 +1,174 @@
+/*
+ * job.c - a small client of the broker, for the demo and the tests.
+ *
+ *   job [--tenant T] [--endpoint E] [--hold-ms N] [--touch] SIZE...
+ *
+ * Connects, allocates each SIZE in turn ("256MiB"), optionally writes a
+ * pattern through gmb_lock and reads it back (--touch), prints one line per
+ * allocation and the tenant's figures, holds the memory for --hold-ms
+ * (-1: until killed, which is how the demo shows the broker reclaiming a
+ * dead job's memory), then frees and disconnects.
+ *
+ * Exit status: 0 every allocation succeeded; 3 some were refused (quota,
+ * no memory); 1 the broker could not be reached or the session broke, or a
+ * touched allocation did not read back; 2 usage.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "util.h"
+
+static void job_usage(FILE *f) {
+  fprintf(f,
+          "usage: job [--tenant T] [--endpoint E] [--hold-ms N] [--touch] "
+          "SIZE...\n"
+          "  --tenant T     act as tenant T (default $GMB_TENANT, else the\n"
+          "                 broker's uid-UID)\n"
+          "  --endpoint E   the broker (default $GMB_ENDPOINT, else\n"
+          "                 ipc://$GMB_RUN_DIR/broker.sock)\n"
+          "  --hold-ms N    keep the memory N ms before freeing it; -1: until\n"
+          "                 killed (default 0)\n"
+          "  --touch        write a pattern into each allocation, read it "
+          "back\n"
+          "SIZE: 512MiB, 2GiB, 4096 ...\n"
+          "exit: 0 all allocated, 3 some refused, 1 connection error, 2 "
+          "usage\n");
+}
+
+/* Writes a pattern that depends on the offset and the id, so that two
+ * allocations mapped onto the same bytes would not both read back. */
+static int job_touch(gmb_client *c, gmb_id id, uint64_t size) {
+  void *p;
+  if (gmb_lock(c, id, &p) != 0) return -1;
+  uint64_t *w = p;
+  uint64_t n = size / sizeof *w;
+  for (uint64_t i = 0; i < n; i++) w[i] = (i * 0x9E3779B97F4A7C15ull) ^ id;
+  int bad = 0;
+  for (uint64_t i = 0; i < n; i++)
+    if (w[i] != ((i * 0x9E3779B97F4A7C15ull) ^ id)) bad = 1;
+  gmb_unlock(c, id);
+  return bad ? -1 : 0;
+}
+
+int main(int argc, char **argv) {
+  const char *tenant = NULL, *endpoint = NULL;
+  long hold_ms = 0;
+  int touch = 0, first = argc;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      job_usage(stdout);
+      return 0;
+    } else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
+      tenant = argv[++i];
+    } else if (strcmp(argv[i], "--endpoint") == 0 && i + 1 < argc) {
+      endpoint = argv[++i];
+    } else if (strcmp(argv[i], "--hold-ms") == 0 && i + 1 < argc) {
+      char *end;
+      hold_ms = strtol(argv[++i], &end, 10);
+      if (*end != '\0' || hold_ms < -1) {
+        fprintf(stderr, "job: bad --hold-ms '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--touch") == 0) {
+      touch = 1;
+    } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+      fprintf(stderr, "job: unknown option '%s' (see job --help)\n", argv[i]);
+      return 2;
+    } else {
+      first = i;
+      break;
+    }
+  }
+  int n = argc - first;
+  if (n <= 0) {
+    fprintf(stderr, "job: no SIZE given (see job --help)\n");
+    return 2;
+  }
+  uint64_t *sizes = calloc((size_t)n, sizeof *sizes);
+  gmb_id *ids = calloc((size_t)n, sizeof *ids);
+  if (sizes == NULL || ids == NULL) return 1;
+  for (int k = 0; k < n; k++)
+    if (gmb__size_parse(argv[first + k], &sizes[k]) != 0 || sizes[k] == 0) {
+      fprintf(stderr, "job: bad SIZE '%s'\n", argv[first + k]);
+      return 2;
+    }
+
+  /* The name to print: what we ask for, else what the broker will call us. */
+  char name[80];
+  const char *t = tenant ? tenant : getenv("GMB_TENANT");
+  if (t && *t)
+    snprintf(name, sizeof name, "%s", t);
+  else
+    snprintf(name, sizeof name, "uid-%u", (unsigned)getuid());
+  int pid = (int)getpid();
+
+  gmb_client *c;
+  int rc = gmb_connect(endpoint, tenant, &c);
+  if (rc != 0) {
+    fprintf(stderr, "job[%d] tenant=%s connect -> %s\n", pid, name,
+           gmb_last_error(NULL));
+    fflush(stdout);
+    return 1;
+  }
+  int refused = 0, broken = 0;
+  for (int k = 0; k < n; k++) {
+    char sz[GMB_SIZE_BUFSZ];
+    gmb__size_format(sizes[k], sz, sizeof sz);
+    rc = gmb_alloc(c, (size_t)sizes[k], 0, &ids[k]);
+    if (rc != 0) {
+      printf("job[%d] tenant=%s alloc %s -> %s\n", pid, name, sz,
+             gmb_last_error(c));
+      if (rc == GMB_E_CONN || rc == GMB_E_PROTO)
+        broken = 1;
+      else
+        refused = 1;
+      ids[k] = 0;
+    } else if (touch && job_touch(c, ids[k], sizes[k]) != 0) {
+      printf("job[%d] tenant=%s alloc %s -> id=%llu touch FAILED: %s\n", pid,
+             name, sz, (unsigned long long)ids[k], gmb_last_error(c));
+      broken = 1;
+    } else {
+      printf("job[%d] tenant=%s alloc %s -> id=%llu ok%s\n", pid, name, sz,
+             (unsigned long long)ids[k], touch ? " (touched)" : "");
+    }
+    fflush(stdout);
+  }
+
+  gmb_stats st;
+  if (gmb_tenant_stats(c, &st) == 0) {
+    char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], p[GMB_SIZE_BUFSZ],
+        s[GMB_SIZE_BUFSZ];
+    printf("job[%d] tenant=%s stats quota=%s used=%s peak=%s segments=%s\n",
+           pid, name,
+           st.quota ? gmb__size_format(st.quota, q, sizeof q) : "unlimited",
+           gmb__size_format(st.used, u, sizeof u),
+           gmb__size_format(st.peak, p, sizeof p),
+           gmb__size_format(st.segments, s, sizeof s));
+  } else {
+    printf("job[%d] tenant=%s stats -> %s\n", pid, name, gmb_last_error(c));
+  }
+  fflush(stdout);
+
+  if (hold_ms < 0) {
+    for (;;) pause(); /* until killed: the broker frees what we hold */
+  } else if (hold_ms > 0) {
+    struct timespec ts = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+  }
+  for (int k = 0; k < n; k++)
+    if (ids[k] && gmb_free(c, ids[k]) != 0) {
+      printf("job[%d] tenant=%s free id=%llu -> %s\n", pid, name,
+             (unsigned long long)ids[k], gmb_last_error(c));
+      broken = 1;
+    }
+  gmb_disconnect(c);
+  free(sizes);
+  free(ids);
+  return broken ? 1 : refused ? 3 : 0;
+}

@@ -1,0 +1,415 @@
+/*
+ * gmbctl.c - the operator's command line: a client of the broker's admin
+ * socket (ipc://RUN_DIR/admin.sock).
+ *
+ * Each verb is one entry in ctl_verbs[] and one function; main() only
+ * parses the options every verb shares, finds the verb and runs it.  A verb
+ * sends requests through ctl_call(), which owns the socket, the 5-second
+ * timeout and the one-line explanation of every failure.  Output is for
+ * people by default and JSON (jansson) with --json; sizes read and print as
+ * "512MiB".
+ *
+ * Exit status: 0 success; 1 the broker could not be reached or refused;
+ * 2 a usage error or a verb this broker does not implement yet.  Every
+ * failure is one line on stderr, "gmbctl: reason".
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "endpoint.h"
+#include "gmb.h"
+#include "util.h"
+#include "wire.h"
+
+#define CTL_TIMEOUT_MS 5000
+#define CTL_EXIT_FAIL 1
+#define CTL_EXIT_USAGE 2
+
+struct ctl {
+  char run_dir[256];
+  char endpoint[300];
+  int json;
+  void *zctx, *sock;
+  uint64_t next_id;
+};
+
+struct ctl_verb {
+  const char *name;
+  const char *usage;   /* after "gmbctl " */
+  const char *summary; /* one line for the tool's --help */
+  int (*run)(struct ctl *ctl, const struct ctl_verb *v, int argc, char **argv);
+};
+
+static int ctl_fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int ctl_fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("gmbctl: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return code;
+}
+
+/* --- talking to the broker ------------------------------------------------- */
+
+static int ctl_open(struct ctl *ctl) {
+  if (ctl->sock) return 0;
+  if (gmb__endpoint_default(ctl->run_dir, "admin.sock", ctl->endpoint,
+                            sizeof ctl->endpoint) == NULL)
+    return ctl_fail(CTL_EXIT_FAIL, "run directory name too long");
+  const char *path = ctl->endpoint + strlen("ipc://");
+  /* The admin socket is 0600: say so, rather than time out while ZeroMQ
+   * retries a connect that can never succeed. */
+  struct stat st;
+  int denied = stat(path, &st) == 0
+                   ? faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0
+                   : errno == EACCES;
+  if (denied)
+    return ctl_fail(CTL_EXIT_FAIL, "cannot open %s: %s (the admin socket is "
+                    "for the broker's uid and admin_uids)", ctl->endpoint,
+                    strerror(errno));
+  char why[600], hint[400];
+  snprintf(hint, sizeof hint, "is gmb-broker running? run dir %s",
+           ctl->run_dir);
+  if (gmb__endpoint_probe(ctl->endpoint, hint, why, sizeof why) != 0)
+    return ctl_fail(CTL_EXIT_FAIL, "%s", why);
+  int zero = 0, one = 1, t = CTL_TIMEOUT_MS;
+  ctl->zctx = zmq_ctx_new();
+  ctl->sock = ctl->zctx ? zmq_socket(ctl->zctx, ZMQ_DEALER) : NULL;
+  if (ctl->sock == NULL)
+    return ctl_fail(CTL_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
+  zmq_setsockopt(ctl->sock, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(ctl->sock, ZMQ_IMMEDIATE, &one, sizeof one);
+  zmq_setsockopt(ctl->sock, ZMQ_SNDTIMEO, &t, sizeof t);
+  if (zmq_connect(ctl->sock, ctl->endpoint) != 0)
+    return ctl_fail(CTL_EXIT_FAIL, "cannot connect to %s: %s", ctl->endpoint,
+                    zmq_strerror(errno));
+  return 0;
+}
+
+static void ctl_close(struct ctl *ctl) {
+  if (ctl->sock) zmq_close(ctl->sock);
+  if (ctl->zctx) zmq_ctx_term(ctl->zctx);
+  ctl->sock = ctl->zctx = NULL;
+}
+
+/* Sends `req` and waits for its reply, whose body must be `expect`.
+ * Returns 0 with *rep filled (the caller clears it), or an exit status
+ * after printing why. */
+static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
+                    enum wire_kind expect, struct wire_reply *rep) {
+  int rc = ctl_open(ctl);
+  if (rc) return rc;
+  uint8_t *buf;
+  size_t len;
+  req->id = ++ctl->next_id;
+  if (gmb__wire_request_encode(req, &buf, &len) != 0)
+    return ctl_fail(CTL_EXIT_FAIL, "%s: cannot encode the request", verb);
+  rc = zmq_send(ctl->sock, buf, len, 0);
+  free(buf);
+  if (rc < 0)
+    return ctl_fail(CTL_EXIT_FAIL, "%s: could not reach the broker at %s",
+                    verb, ctl->endpoint);
+  uint64_t deadline = gmb__now_ns() + (uint64_t)CTL_TIMEOUT_MS * 1000000u;
+  for (;;) {
+    uint64_t now = gmb__now_ns();
+    if (now >= deadline) break;
+    zmq_pollitem_t it = {ctl->sock, 0, ZMQ_POLLIN, 0};
+    int n = zmq_poll(&it, 1, (long)((deadline - now) / 1000000u) + 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, ctl->sock, 0) < 0) {
+      zmq_msg_close(&m);
+      continue;
+    }
+    rc = gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), rep);
+    zmq_msg_close(&m);
+    if (rc)
+      return ctl_fail(CTL_EXIT_FAIL, "%s: the broker's reply could not be "
+                      "decoded", verb);
+    if (rep->id != req->id) { /* an event or a stale reply */
+      gmb__wire_reply_clear(rep);
+      continue;
+    }
+    if (rep->status != 0) {
+      rc = ctl_fail(CTL_EXIT_FAIL, "%s: %s: %s", verb,
+                    gmb_err_name(rep->status),
+                    rep->message[0] ? rep->message
+                                    : gmb_strerror(rep->status));
+      gmb__wire_reply_clear(rep);
+      return rc;
+    }
+    if (rep->kind != expect) {
+      gmb__wire_reply_clear(rep);
+      return ctl_fail(CTL_EXIT_FAIL, "%s: the broker answered with a %s "
+                      "reply", verb, gmb__wire_kind_name(rep->kind));
+    }
+    return 0;
+  }
+  return ctl_fail(CTL_EXIT_FAIL, "%s: the broker at %s did not answer within "
+                  "%d ms", verb, ctl->endpoint, CTL_TIMEOUT_MS);
+}
+
+/* --- output ------------------------------------------------------------------ */
+
+static int ctl_json_print(json_t *j) {
+  int rc = json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  json_decref(j);
+  fputc('\n', stdout);
+  return rc == 0 ? 0 : ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
+}
+
+static json_t *ctl_json_tenants(const struct wire_reply *rep) {
+  json_t *arr = json_array();
+  for (size_t i = 0; i < rep->u.admin_status.n_tenants; i++) {
+    const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
+    json_array_append_new(
+        arr, json_pack("{s:s, s:I, s:I, s:I, s:I, s:i, s:I}", "name", t->name,
+                       "quota", (json_int_t)t->quota, "used",
+                       (json_int_t)t->used, "peak", (json_int_t)t->peak,
+                       "segments", (json_int_t)t->segments, "sessions",
+                       (int)t->sessions, "allocations",
+                       (json_int_t)t->allocations));
+  }
+  return arr;
+}
+
+#define CTL_COLS 7
+
+static void ctl_print_tenants(const struct wire_reply *rep) {
+  static const char *head[CTL_COLS] = {"NAME",     "QUOTA",    "USED",  "PEAK",
+                                       "SEGMENTS", "SESSIONS", "ALLOCS"};
+  size_t n = rep->u.admin_status.n_tenants;
+  char(*cell)[CTL_COLS][GMB_SIZE_BUFSZ + WIRE_NAME_MAX] =
+      calloc(n ? n : 1, sizeof *cell);
+  if (cell == NULL) return;
+  size_t w[CTL_COLS];
+  for (int k = 0; k < CTL_COLS; k++) w[k] = strlen(head[k]);
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
+    snprintf(cell[i][0], sizeof cell[i][0], "%s", t->name);
+    if (t->quota)
+      gmb__size_format(t->quota, cell[i][1], sizeof cell[i][1]);
+    else
+      snprintf(cell[i][1], sizeof cell[i][1], "unlimited");
+    gmb__size_format(t->used, cell[i][2], sizeof cell[i][2]);
+    gmb__size_format(t->peak, cell[i][3], sizeof cell[i][3]);
+    gmb__size_format(t->segments, cell[i][4], sizeof cell[i][4]);
+    snprintf(cell[i][5], sizeof cell[i][5], "%u", t->sessions);
+    snprintf(cell[i][6], sizeof cell[i][6], "%llu",
+             (unsigned long long)t->allocations);
+    for (int k = 0; k < CTL_COLS; k++)
+      if (strlen(cell[i][k]) > w[k]) w[k] = strlen(cell[i][k]);
+  }
+  /* Names left-aligned, figures right-aligned, as `df` does. */
+  printf("%-*s", (int)w[0], head[0]);
+  for (int k = 1; k < CTL_COLS; k++) printf("  %*s", (int)w[k], head[k]);
+  putchar('\n');
+  for (size_t i = 0; i < n; i++) {
+    printf("%-*s", (int)w[0], cell[i][0]);
+    for (int k = 1; k < CTL_COLS; k++) printf("  %*s", (int)w[k], cell[i][k]);
+    putchar('\n');
+  }
+  free(cell);
+}
+
+/* --- verbs ------------------------------------------------------------------- */
+
+static int ctl_no_args(const struct ctl_verb *v, int argc, char **argv) {
+  if (argc > 0)
+    return ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' (usage: "
+                    "gmbctl %s)", v->name, argv[0], v->usage);
+  return 0;
+}
+
+static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                      char **argv) {
+  int rc = ctl_no_args(v, argc, argv);
+  if (rc) return rc;
+  struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
+  struct wire_reply rep;
+  rc = ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = json_pack(
+        "{s:s, s:I, s:I, s:I, s:i, s:o}", "device", rep.u.admin_status.device,
+        "capacity", (json_int_t)rep.u.admin_status.capacity, "in_segments",
+        (json_int_t)rep.u.admin_status.in_segments, "in_use",
+        (json_int_t)rep.u.admin_status.in_use, "sessions",
+        (int)rep.u.admin_status.sessions, "tenants", ctl_json_tenants(&rep));
+    gmb__wire_reply_clear(&rep);
+    return ctl_json_print(j);
+  }
+  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
+  printf("device       %s\n", rep.u.admin_status.device);
+  printf("capacity     %s\n",
+         gmb__size_format(rep.u.admin_status.capacity, a, sizeof a));
+  printf("in segments  %s\n",
+         gmb__size_format(rep.u.admin_status.in_segments, b, sizeof b));
+  printf("in use       %s\n",
+         gmb__size_format(rep.u.admin_status.in_use, c, sizeof c));
+  printf("sessions     %u\n\n", rep.u.admin_status.sessions);
+  ctl_print_tenants(&rep);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+static int ctl_tenants(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                       char **argv) {
+  int rc = ctl_no_args(v, argc, argv);
+  if (rc) return rc;
+  struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
+  struct wire_reply rep;
+  rc = ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = json_pack("{s:o}", "tenants", ctl_json_tenants(&rep));
+    gmb__wire_reply_clear(&rep);
+    return ctl_json_print(j);
+  }
+  ctl_print_tenants(&rep);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+/* Verbs of DESIGN.md whose requests the broker does not have yet. */
+static int ctl_not_implemented(struct ctl *ctl, const struct ctl_verb *v,
+                               int argc, char **argv) {
+  (void)ctl;
+  (void)argc;
+  (void)argv;
+  return ctl_fail(CTL_EXIT_USAGE, "%s: not implemented by this broker yet",
+                  v->name);
+}
+
+static const struct ctl_verb ctl_verbs[] = {
+    {"status", "status [--json]",
+     "the device, what is in use, and a row per tenant", ctl_status},
+    {"tenants", "tenants [--json]",
+     "a row per tenant: quota, used, peak, segments, sessions, allocations",
+     ctl_tenants},
+    {"quota", "quota set TENANT SIZE | quota get TENANT",
+     "set or show a tenant's quota", ctl_not_implemented},
+    {"reserve", "reserve set TENANT SIZE | reserve get TENANT",
+     "set or show the memory kept for a tenant", ctl_not_implemented},
+    {"compact", "compact [--tenant T]", "gather free space by moving "
+     "movable allocations", ctl_not_implemented},
+    {"map", "map [--svg FILE]", "draw the device's segments and allocations",
+     ctl_not_implemented},
+    {"snapshot", "snapshot [FILE]", "write the broker's state as JSON",
+     ctl_not_implemented},
+    {"evict", "evict TENANT", "end every session of a tenant",
+     ctl_not_implemented},
+    {"metrics", "metrics", "the broker's metrics (Prometheus text)",
+     ctl_not_implemented},
+    {"reload", "reload", "read the config file again", ctl_not_implemented},
+};
+#define CTL_NVERBS (sizeof ctl_verbs / sizeof ctl_verbs[0])
+
+static void ctl_usage(FILE *f) {
+  fprintf(f,
+          "usage: gmbctl [--run-dir DIR] [--json] VERB [ARGS]\n"
+          "       gmbctl VERB --help | --help | --version\n\n"
+          "Talks to the gmb broker's admin socket, ipc://RUN_DIR/admin.sock\n"
+          "(RUN_DIR: --run-dir, else $GMB_RUN_DIR, else /run/gmb for root,\n"
+          "$XDG_RUNTIME_DIR/gmb, /tmp/gmb-UID).  Sizes read and print as\n"
+          "512MiB, 20GiB; bytes are accepted.\n\nverbs:\n");
+  for (size_t i = 0; i < CTL_NVERBS; i++)
+    fprintf(f, "  %s\n      %s\n", ctl_verbs[i].usage, ctl_verbs[i].summary);
+  fprintf(f,
+          "\noptions:\n"
+          "  --run-dir DIR  the broker's run directory\n"
+          "  --json         machine-readable output\n"
+          "  -h, --help     this text, or a verb's\n"
+          "  --version      the version\n\n"
+          "exit status: 0 success, 1 the broker failed or could not be "
+          "reached,\n2 usage error or a verb this broker does not have yet.\n");
+}
+
+int main(int argc, char **argv) {
+  struct ctl ctl = {.json = 0};
+  int help = 0;
+  const struct ctl_verb *verb = NULL;
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  int nrest = 0;
+  const char *run_dir = NULL;
+  if (rest == NULL) return ctl_fail(CTL_EXIT_FAIL, "out of memory");
+
+  /* Options every verb shares may come before or after the verb; what is
+   * left after the verb is the verb's. */
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--json") == 0) {
+      ctl.json = 1;
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      help = 1;
+    } else if (strcmp(a, "--version") == 0) {
+      printf("gmbctl %s (libgmb %s)\n", GMB_VERSION_STRING, gmb_version());
+      free(rest);
+      return 0;
+    } else if (strcmp(a, "--run-dir") == 0) {
+      if (++i >= argc) {
+        free(rest);
+        return ctl_fail(CTL_EXIT_USAGE, "--run-dir needs a directory");
+      }
+      run_dir = argv[i];
+    } else if (strncmp(a, "--run-dir=", 10) == 0) {
+      run_dir = a + 10;
+    } else if (verb == NULL && a[0] == '-') {
+      free(rest);
+      return ctl_fail(CTL_EXIT_USAGE, "unknown option '%s' (see gmbctl --help)",
+                      a);
+    } else if (verb == NULL) {
+      for (size_t k = 0; k < CTL_NVERBS; k++)
+        if (strcmp(a, ctl_verbs[k].name) == 0) verb = &ctl_verbs[k];
+      if (verb == NULL) {
+        free(rest);
+        return ctl_fail(CTL_EXIT_USAGE, "unknown verb '%s' (see gmbctl --help)",
+                        a);
+      }
+    } else {
+      rest[nrest++] = argv[i];
+    }
+  }
+  if (verb == NULL) {
+    free(rest);
+    if (help) {
+      ctl_usage(stdout);
+      return 0;
+    }
+    return ctl_fail(CTL_EXIT_USAGE, "no verb given (see gmbctl --help)");
+  }
+  if (help) {
+    printf("usage: gmbctl [--run-dir DIR] %s\n  %s\n", verb->usage,
+           verb->summary);
+    free(rest);
+    return 0;
+  }
+  if (run_dir) {
+    if (strlen(run_dir) >= sizeof ctl.run_dir) {
+      free(rest);
+      return ctl_fail(CTL_EXIT_USAGE, "--run-dir: name too long");
+    }
+    snprintf(ctl.run_dir, sizeof ctl.run_dir, "%s", run_dir);
+  } else if (gmb__run_dir(ctl.run_dir, sizeof ctl.run_dir) == NULL) {
+    free(rest);
+    return ctl_fail(CTL_EXIT_FAIL, "the run directory's name is too long");
+  }
+  int rc = verb->run(&ctl, verb, nrest, rest);
+  ctl_close(&ctl);
+  free(rest);
+  return rc;
+}

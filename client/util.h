@@ -1,0 +1,42 @@
+/*
+ * util.h - small pieces shared by the broker, the client library and gmbctl:
+ * sizes as people write them ("512MiB"), the run directory, tenant names.
+ */
+#ifndef GMB_UTIL_H
+#define GMB_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GMB_KIB (UINT64_C(1) << 10)
+#define GMB_MIB (UINT64_C(1) << 20)
+#define GMB_GIB (UINT64_C(1) << 30)
+#define GMB_TIB (UINT64_C(1) << 40)
+
+/*
+ * Parses a size: a decimal number of bytes, or a number followed by a unit
+ * (B, KiB, MiB, GiB, TiB; K/M/G/T and KB/MB/GB/TB mean the same powers of
+ * two, as operators expect of GPU memory).  Spaces between number and unit
+ * are allowed; a fraction is allowed with a unit ("1.5GiB").  Returns 0, or
+ * GMB_E_INVAL for anything else, a negative number or an overflow.
+ */
+int gmb__size_parse(const char *s, uint64_t *out);
+
+/* Writes `v` as the shortest exact form ("512MiB", "3GiB", "1000B") when one
+ * exists, else with two decimals ("1.50GiB").  Returns buf. */
+char *gmb__size_format(uint64_t v, char *buf, size_t cap);
+#define GMB_SIZE_BUFSZ 32
+
+/* The run directory: $GMB_RUN_DIR, else /run/gmb for root, else
+ * $XDG_RUNTIME_DIR/gmb, else /tmp/gmb-UID.  Returns buf, or NULL if the
+ * result does not fit. */
+char *gmb__run_dir(char *buf, size_t cap);
+
+/* 1 when `name` is a valid tenant name: 1..63 of [A-Za-z0-9._-], not
+ * starting with '.' or '-'. */
+int gmb__name_valid(const char *name);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t gmb__now_ns(void);
+
+#endif /* GMB_UTIL_H */

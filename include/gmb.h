@@ -1,0 +1,134 @@
+/*
+ * gmb.h - client library of gmb, the GPU memory broker.
+ *
+ * A process connects to the broker once (gmb_connect), then allocates device
+ * memory through it.  The broker owns the memory; the library maps the
+ * segments that hold this session's allocations into the process and turns
+ * an allocation id into a pointer (gmb_lock).  Every function returns 0 or a
+ * negative GMB_E_* code; gmb_last_error() explains the last failure of the
+ * calling thread in one line.  A gmb_client may be shared by threads.
+ *
+ * The library never aborts on what the broker sends: a reply it cannot
+ * understand is GMB_E_PROTO.
+ */
+#ifndef GMB_H
+#define GMB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GMB_BUILDING) && defined(__GNUC__)
+#define GMB_EXPORT __attribute__((visibility("default")))
+#else
+#define GMB_EXPORT
+#endif
+
+#define GMB_VERSION_MAJOR 0
+#define GMB_VERSION_MINOR 1
+#define GMB_VERSION_PATCH 0
+#define GMB_VERSION_STRING "0.1.0"
+
+/*
+ * The one list of error codes.  It generates the enum below, gmb_strerror()
+ * and gmb_err_name(); the wire protocol's Status enum (proto/gmb.proto) is
+ * checked against it by tests/unit/check_wire.c.  Codes are stable: append,
+ * never renumber.
+ */
+#define GMB_ERRORS(X)                                                        \
+  X(INVAL, 1, "invalid argument")                                            \
+  X(QUOTA, 2, "the tenant's quota does not allow this allocation")           \
+  X(NOMEM, 3, "the device has no room for this allocation")                  \
+  X(AUTH, 4, "not allowed to act as this tenant")                            \
+  X(NOENT, 5, "no such allocation, segment or tenant")                       \
+  X(CONN, 6, "no connection to the broker")                                  \
+  X(TIMEOUT, 7, "timed out")                                                 \
+  X(PROTO, 8, "protocol error: a message could not be understood")           \
+  X(DEVICE, 9, "device error")                                               \
+  X(EVICTED, 10, "the session was evicted by an operator")                   \
+  X(LIMIT, 11, "a broker limit was reached")                                 \
+  X(SYSTEM, 12, "a system call failed")
+
+enum gmb_error {
+  GMB_OK = 0,
+#define GMB_ERROR_ENUM_(name, code, text) GMB_E_##name = -(code),
+  GMB_ERRORS(GMB_ERROR_ENUM_)
+#undef GMB_ERROR_ENUM_
+};
+
+typedef struct gmb_client gmb_client; /* one session; thread-safe */
+typedef uint64_t gmb_id;              /* an allocation; 0 is never valid */
+
+typedef struct gmb_stats { /* one tenant, as the broker sees it now */
+  uint64_t quota;          /* bytes it may hold; 0 = no limit */
+  uint64_t used;           /* bytes of its live allocations */
+  uint64_t peak;           /* highest `used` since the broker started */
+  uint64_t segments;       /* bytes of device segments held for it */
+} gmb_stats;
+
+#define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
+
+/*
+ * Connects to the broker at `endpoint` (NULL: $GMB_ENDPOINT, else
+ * ipc://$GMB_RUN_DIR/broker.sock) as `tenant` (NULL: $GMB_TENANT, else the
+ * broker names it uid-UID).  On success *out is a new session the caller
+ * owns and releases with gmb_disconnect().  GMB_E_CONN when no broker
+ * answers, GMB_E_AUTH when this process may not act as the tenant.
+ */
+GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
+                           gmb_client **out);
+
+/* Ends the session: the broker frees every allocation it still holds and
+ * the segments mapped into this process are unmapped.  Accepts NULL. */
+GMB_EXPORT void gmb_disconnect(gmb_client *c);
+
+/* Allocates `size` bytes (rounded up to 512).  GMB_E_QUOTA when the
+ * tenant's quota would be passed, GMB_E_NOMEM when the device has no room. */
+GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
+                         gmb_id *out);
+
+/* As gmb_alloc, but when the device has no room the request waits up to
+ * timeout_ms (negative: forever) for memory to be freed; GMB_E_TIMEOUT then.
+ * A quota refusal is never waited on. */
+GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
+                              int timeout_ms, gmb_id *out);
+
+/* Frees an allocation of this session.  GMB_E_NOENT if it is not one. */
+GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);
+
+/* Returns in *ptr the address of the allocation in this process.  For a
+ * pinned allocation the address never changes while it lives. */
+GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr);
+
+/* Releases a lock taken with gmb_lock. */
+GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id);
+
+/* Releases the lock when `cuda_stream` reaches this point (CUDA device
+ * only; GMB_E_DEVICE elsewhere). */
+GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
+                                    void *cuda_stream);
+
+/* Fills *out with the figures of this session's tenant. */
+GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out);
+
+/* A static sentence for an error code ("the tenant's quota ..."). */
+GMB_EXPORT const char *gmb_strerror(int err);
+
+/* The code's name ("GMB_E_QUOTA"); "GMB_OK" for 0, "GMB_E_UNKNOWN" else. */
+GMB_EXPORT const char *gmb_err_name(int err);
+
+/* The calling thread's last failure on any client, explained in one line
+ * (the broker's own message where it sent one).  Valid until the thread's
+ * next call into the library.  `c` may be NULL (a failed gmb_connect). */
+GMB_EXPORT const char *gmb_last_error(gmb_client *c);
+
+/* "0.1.0" */
+GMB_EXPORT const char *gmb_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GMB_H */

@@ -1,0 +1,435 @@
+/*
+ * wire.c - encodes and decodes gmb's messages with protobuf-c.
+ *
+ * This is the only file that sees the generated Gmb__* types.  Encoding
+ * builds the protobuf structs on the stack, pointing into the caller's
+ * plain struct, so no field is copied twice.  Decoding unpacks with
+ * protobuf-c (which checks the wire format), then copies into the plain
+ * struct with bounds checks; anything that does not fit is GMB_E_PROTO.
+ */
+#include "wire.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+#include "gmb.pb-c.h"
+
+/* Copies a protobuf string into a fixed field; refuses one that is too long
+ * or holds a NUL (protobuf strings may). */
+static int wire_str_copy(char *dst, size_t cap, const char *src) {
+  if (src == NULL) {
+    dst[0] = '\0';
+    return 0;
+  }
+  size_t n = strnlen(src, cap);
+  if (n >= cap) return GMB_E_PROTO;
+  memcpy(dst, src, n + 1);
+  return 0;
+}
+
+/* A fixed string field the caller filled must end inside its array, or
+ * strlen() in the packer would read past it. */
+#define WIRE_FITS(field) (strnlen((field), sizeof(field)) < sizeof(field))
+
+static int wire_pack(const ProtobufCMessage *m, uint8_t **buf, size_t *len) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *b = malloc(n ? n : 1);
+  if (b == NULL) return GMB_E_SYSTEM;
+  protobuf_c_message_pack(m, b);
+  *buf = b;
+  *len = n;
+  return 0;
+}
+
+int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
+                             size_t *len) {
+  Gmb__Request r = GMB__REQUEST__INIT;
+  Gmb__Hello hello = GMB__HELLO__INIT;
+  Gmb__Alloc alloc = GMB__ALLOC__INIT;
+  Gmb__Free fr = GMB__FREE__INIT;
+  Gmb__Stats stats = GMB__STATS__INIT;
+  Gmb__Segment seg = GMB__SEGMENT__INIT;
+  Gmb__Heartbeat hb = GMB__HEARTBEAT__INIT;
+  Gmb__Bye bye = GMB__BYE__INIT;
+  Gmb__AdminStatus as = GMB__ADMIN_STATUS__INIT;
+
+  r.id = req->id;
+  switch (req->kind) {
+    case WIRE_HELLO:
+      if (req->u.hello.token_len > WIRE_TOKEN_MAX ||
+          !WIRE_FITS(req->u.hello.tenant) || !WIRE_FITS(req->u.hello.client))
+        return GMB_E_INVAL;
+      hello.version = req->u.hello.version;
+      hello.tenant = (char *)req->u.hello.tenant;
+      hello.token.data = (uint8_t *)req->u.hello.token;
+      hello.token.len = req->u.hello.token_len;
+      hello.pid = req->u.hello.pid;
+      hello.client = (char *)req->u.hello.client;
+      r.body_case = GMB__REQUEST__BODY_HELLO;
+      r.hello = &hello;
+      break;
+    case WIRE_ALLOC:
+      alloc.size = req->u.alloc.size;
+      alloc.flags = req->u.alloc.flags;
+      alloc.timeout_ms = req->u.alloc.timeout_ms;
+      r.body_case = GMB__REQUEST__BODY_ALLOC;
+      r.alloc = &alloc;
+      break;
+    case WIRE_FREE:
+      fr.id = req->u.free.id;
+      r.body_case = GMB__REQUEST__BODY_FREE;
+      r.free = &fr;
+      break;
+    case WIRE_STATS:
+      r.body_case = GMB__REQUEST__BODY_STATS;
+      r.stats = &stats;
+      break;
+    case WIRE_SEGMENT:
+      seg.segment = req->u.segment.segment;
+      r.body_case = GMB__REQUEST__BODY_SEGMENT;
+      r.segment = &seg;
+      break;
+    case WIRE_HEARTBEAT:
+      r.body_case = GMB__REQUEST__BODY_HEARTBEAT;
+      r.heartbeat = &hb;
+      break;
+    case WIRE_BYE:
+      r.body_case = GMB__REQUEST__BODY_BYE;
+      r.bye = &bye;
+      break;
+    case WIRE_ADMIN_STATUS:
+      r.body_case = GMB__REQUEST__BODY_ADMIN_STATUS;
+      r.admin_status = &as;
+      break;
+    default:
+      return GMB_E_INVAL;
+  }
+  return wire_pack(&r.base, buf, len);
+}
+
+int gmb__wire_request_decode(const uint8_t *buf, size_t len,
+                             struct wire_request *out) {
+  memset(out, 0, sizeof *out);
+  Gmb__Request *r = gmb__request__unpack(NULL, len, buf);
+  if (r == NULL) return GMB_E_PROTO;
+  int rc = 0;
+  out->id = r->id;
+  switch (r->body_case) {
+    case GMB__REQUEST__BODY_HELLO:
+      out->kind = WIRE_HELLO;
+      out->u.hello.version = r->hello->version;
+      out->u.hello.pid = r->hello->pid;
+      rc = wire_str_copy(out->u.hello.tenant, sizeof out->u.hello.tenant,
+                         r->hello->tenant);
+      if (rc == 0)
+        rc = wire_str_copy(out->u.hello.client, sizeof out->u.hello.client,
+                           r->hello->client);
+      if (rc == 0) {
+        if (r->hello->token.len > WIRE_TOKEN_MAX) {
+          rc = GMB_E_PROTO;
+        } else {
+          out->u.hello.token_len = (uint32_t)r->hello->token.len;
+          if (r->hello->token.len)
+            memcpy(out->u.hello.token, r->hello->token.data,
+                   r->hello->token.len);
+        }
+      }
+      break;
+    case GMB__REQUEST__BODY_ALLOC:
+      out->kind = WIRE_ALLOC;
+      out->u.alloc.size = r->alloc->size;
+      out->u.alloc.flags = r->alloc->flags;
+      out->u.alloc.timeout_ms = r->alloc->timeout_ms;
+      break;
+    case GMB__REQUEST__BODY_FREE:
+      out->kind = WIRE_FREE;
+      out->u.free.id = r->free->id;
+      break;
+    case GMB__REQUEST__BODY_STATS:
+      out->kind = WIRE_STATS;
+      break;
+    case GMB__REQUEST__BODY_SEGMENT:
+      out->kind = WIRE_SEGMENT;
+      out->u.segment.segment = r->segment->segment;
+      break;
+    case GMB__REQUEST__BODY_HEARTBEAT:
+      out->kind = WIRE_HEARTBEAT;
+      break;
+    case GMB__REQUEST__BODY_BYE:
+      out->kind = WIRE_BYE;
+      break;
+    case GMB__REQUEST__BODY_ADMIN_STATUS:
+      out->kind = WIRE_ADMIN_STATUS;
+      break;
+    default:
+      rc = GMB_E_PROTO; /* no body, or one this version does not know */
+      break;
+  }
+  gmb__request__free_unpacked(r, NULL);
+  return rc;
+}
+
+static void wire_handle_out(const struct wire_handle *h, Gmb__SegmentHandle *m) {
+  m->segment = h->segment;
+  m->size = h->size;
+  m->handle.data = (uint8_t *)h->bytes;
+  m->handle.len = h->len;
+}
+
+static int wire_handle_in(const Gmb__SegmentHandle *m, struct wire_handle *h) {
+  if (m->handle.len > WIRE_HANDLE_MAX) return GMB_E_PROTO;
+  h->segment = m->segment;
+  h->size = m->size;
+  h->len = (uint32_t)m->handle.len;
+  if (m->handle.len) memcpy(h->bytes, m->handle.data, m->handle.len);
+  return 0;
+}
+
+int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
+                           size_t *len) {
+  Gmb__Reply r = GMB__REPLY__INIT;
+  Gmb__HelloReply hello = GMB__HELLO_REPLY__INIT;
+  Gmb__AllocReply alloc = GMB__ALLOC_REPLY__INIT;
+  Gmb__SegmentHandle handle = GMB__SEGMENT_HANDLE__INIT;
+  Gmb__StatsReply stats = GMB__STATS_REPLY__INIT;
+  Gmb__Event ev = GMB__EVENT__INIT;
+  Gmb__AdminStatusReply as = GMB__ADMIN_STATUS_REPLY__INIT;
+  Gmb__TenantRow *rows = NULL, **rowp = NULL;
+
+  if (rep->status > 0 || rep->status < -(int)GMB__STATUS__GMB_E_SYSTEM)
+    return GMB_E_INVAL;
+  if (!WIRE_FITS(rep->message)) return GMB_E_INVAL;
+  r.id = rep->id;
+  r.status = (Gmb__Status)(-rep->status);
+  r.message = (char *)rep->message;
+  switch (rep->kind) {
+    case WIRE_NONE:
+      break;
+    case WIRE_HELLO:
+      if (!WIRE_FITS(rep->u.hello.tenant) || !WIRE_FITS(rep->u.hello.device))
+        return GMB_E_INVAL;
+      hello.version = rep->u.hello.version;
+      hello.session = rep->u.hello.session;
+      hello.tenant = (char *)rep->u.hello.tenant;
+      hello.device = (char *)rep->u.hello.device;
+      hello.heartbeat_ms = rep->u.hello.heartbeat_ms;
+      r.body_case = GMB__REPLY__BODY_HELLO;
+      r.hello = &hello;
+      break;
+    case WIRE_ALLOC:
+      if (rep->u.alloc.handle.len > WIRE_HANDLE_MAX) return GMB_E_INVAL;
+      alloc.id = rep->u.alloc.id;
+      alloc.size = rep->u.alloc.size;
+      alloc.segment = rep->u.alloc.segment;
+      alloc.offset = rep->u.alloc.offset;
+      if (rep->u.alloc.handle.len) {
+        wire_handle_out(&rep->u.alloc.handle, &handle);
+        alloc.handle = &handle;
+      }
+      r.body_case = GMB__REPLY__BODY_ALLOC;
+      r.alloc = &alloc;
+      break;
+    case WIRE_STATS:
+      stats.quota = rep->u.stats.quota;
+      stats.used = rep->u.stats.used;
+      stats.peak = rep->u.stats.peak;
+      stats.segments = rep->u.stats.segments;
+      r.body_case = GMB__REPLY__BODY_STATS;
+      r.stats = &stats;
+      break;
+    case WIRE_SEGMENT:
+      if (rep->u.segment.len > WIRE_HANDLE_MAX) return GMB_E_INVAL;
+      wire_handle_out(&rep->u.segment, &handle);
+      r.body_case = GMB__REPLY__BODY_SEGMENT;
+      r.segment = &handle;
+      break;
+    case WIRE_EVENT:
+      ev.kind = (Gmb__EventKind)rep->u.event.kind;
+      ev.segment = rep->u.event.segment;
+      ev.message = (char *)rep->message;
+      r.body_case = GMB__REPLY__BODY_EVENT;
+      r.event = &ev;
+      break;
+    case WIRE_ADMIN_STATUS: {
+      size_t n = rep->u.admin_status.n_tenants;
+      if (!WIRE_FITS(rep->u.admin_status.device) ||
+          (n && rep->u.admin_status.tenants == NULL))
+        return GMB_E_INVAL;
+      for (size_t i = 0; i < n; i++)
+        if (!WIRE_FITS(rep->u.admin_status.tenants[i].name)) return GMB_E_INVAL;
+      as.device = (char *)rep->u.admin_status.device;
+      as.capacity = rep->u.admin_status.capacity;
+      as.in_segments = rep->u.admin_status.in_segments;
+      as.in_use = rep->u.admin_status.in_use;
+      as.sessions = rep->u.admin_status.sessions;
+      if (n) {
+        rows = calloc(n, sizeof *rows);
+        rowp = calloc(n, sizeof *rowp);
+        if (rows == NULL || rowp == NULL) {
+          free(rows);
+          free(rowp);
+          return GMB_E_SYSTEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+          const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
+          gmb__tenant_row__init(&rows[i]);
+          rows[i].name = (char *)t->name;
+          rows[i].quota = t->quota;
+          rows[i].used = t->used;
+          rows[i].peak = t->peak;
+          rows[i].segments = t->segments;
+          rows[i].sessions = t->sessions;
+          rows[i].allocations = t->allocations;
+          rowp[i] = &rows[i];
+        }
+      }
+      as.n_tenants = n;
+      as.tenants = rowp;
+      r.body_case = GMB__REPLY__BODY_ADMIN_STATUS;
+      r.admin_status = &as;
+      break;
+    }
+    default:
+      return GMB_E_INVAL;
+  }
+  int rc = wire_pack(&r.base, buf, len);
+  free(rows);
+  free(rowp);
+  return rc;
+}
+
+static int wire_admin_status_in(const Gmb__AdminStatusReply *as,
+                                struct wire_reply *out) {
+  int rc = wire_str_copy(out->u.admin_status.device,
+                         sizeof out->u.admin_status.device, as->device);
+  if (rc) return rc;
+  out->u.admin_status.capacity = as->capacity;
+  out->u.admin_status.in_segments = as->in_segments;
+  out->u.admin_status.in_use = as->in_use;
+  out->u.admin_status.sessions = as->sessions;
+  if (as->n_tenants == 0) return 0;
+  struct wire_tenant_row *rows = calloc(as->n_tenants, sizeof *rows);
+  if (rows == NULL) return GMB_E_SYSTEM;
+  out->u.admin_status.tenants = rows;
+  out->u.admin_status.n_tenants = as->n_tenants;
+  for (size_t i = 0; i < as->n_tenants; i++) {
+    const Gmb__TenantRow *t = as->tenants[i];
+    rc = wire_str_copy(rows[i].name, sizeof rows[i].name, t->name);
+    if (rc) return rc;
+    rows[i].quota = t->quota;
+    rows[i].used = t->used;
+    rows[i].peak = t->peak;
+    rows[i].segments = t->segments;
+    rows[i].sessions = t->sessions;
+    rows[i].allocations = t->allocations;
+  }
+  return 0;
+}
+
+int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
+                           struct wire_reply *out) {
+  memset(out, 0, sizeof *out);
+  Gmb__Reply *r = gmb__reply__unpack(NULL, len, buf);
+  if (r == NULL) return GMB_E_PROTO;
+  int rc = 0;
+  out->id = r->id;
+  /* A status this version does not know is still a failure; keep it one. */
+  if ((int)r->status < 0 || r->status > GMB__STATUS__GMB_E_SYSTEM)
+    out->status = GMB_E_PROTO;
+  else
+    out->status = -(int)r->status;
+  if (r->message) {
+    /* Reasons are for people: cut a long one rather than refuse it. */
+    strncpy(out->message, r->message, sizeof out->message - 1);
+  }
+  switch (r->body_case) {
+    case GMB__REPLY__BODY__NOT_SET:
+      out->kind = WIRE_NONE;
+      break;
+    case GMB__REPLY__BODY_HELLO:
+      out->kind = WIRE_HELLO;
+      out->u.hello.version = r->hello->version;
+      out->u.hello.session = r->hello->session;
+      out->u.hello.heartbeat_ms = r->hello->heartbeat_ms;
+      rc = wire_str_copy(out->u.hello.tenant, sizeof out->u.hello.tenant,
+                         r->hello->tenant);
+      if (rc == 0)
+        rc = wire_str_copy(out->u.hello.device, sizeof out->u.hello.device,
+                           r->hello->device);
+      break;
+    case GMB__REPLY__BODY_ALLOC:
+      out->kind = WIRE_ALLOC;
+      out->u.alloc.id = r->alloc->id;
+      out->u.alloc.size = r->alloc->size;
+      out->u.alloc.segment = r->alloc->segment;
+      out->u.alloc.offset = r->alloc->offset;
+      if (r->alloc->handle)
+        rc = wire_handle_in(r->alloc->handle, &out->u.alloc.handle);
+      break;
+    case GMB__REPLY__BODY_STATS:
+      out->kind = WIRE_STATS;
+      out->u.stats.quota = r->stats->quota;
+      out->u.stats.used = r->stats->used;
+      out->u.stats.peak = r->stats->peak;
+      out->u.stats.segments = r->stats->segments;
+      break;
+    case GMB__REPLY__BODY_SEGMENT:
+      out->kind = WIRE_SEGMENT;
+      rc = wire_handle_in(r->segment, &out->u.segment);
+      break;
+    case GMB__REPLY__BODY_EVENT:
+      out->kind = WIRE_EVENT;
+      out->u.event.kind = (enum wire_event)r->event->kind;
+      out->u.event.segment = r->event->segment;
+      if (r->event->message && out->message[0] == '\0')
+        strncpy(out->message, r->event->message, sizeof out->message - 1);
+      break;
+    case GMB__REPLY__BODY_ADMIN_STATUS:
+      out->kind = WIRE_ADMIN_STATUS;
+      rc = wire_admin_status_in(r->admin_status, out);
+      break;
+    default:
+      rc = GMB_E_PROTO;
+      break;
+  }
+  gmb__reply__free_unpacked(r, NULL);
+  if (rc) gmb__wire_reply_clear(out);
+  return rc;
+}
+
+void gmb__wire_reply_clear(struct wire_reply *rep) {
+  if (rep->kind == WIRE_ADMIN_STATUS) {
+    free(rep->u.admin_status.tenants);
+    rep->u.admin_status.tenants = NULL;
+    rep->u.admin_status.n_tenants = 0;
+  }
+}
+
+const char *gmb__wire_kind_name(enum wire_kind kind) {
+  switch (kind) {
+    case WIRE_NONE: return "none";
+    case WIRE_HELLO: return "hello";
+    case WIRE_ALLOC: return "alloc";
+    case WIRE_FREE: return "free";
+    case WIRE_STATS: return "stats";
+    case WIRE_SEGMENT: return "segment";
+    case WIRE_HEARTBEAT: return "heartbeat";
+    case WIRE_BYE: return "bye";
+    case WIRE_EVENT: return "event";
+    case WIRE_ADMIN_STATUS: return "admin-status";
+  }
+  return "unknown";
+}
+
+int gmb__wire_status_value(const char *name) {
+  const ProtobufCEnumValue *v =
+      protobuf_c_enum_descriptor_get_value_by_name(&gmb__status__descriptor,
+                                                   name);
+  return v ? v->value : INT_MIN;
+}
+
+size_t gmb__wire_status_count(void) {
+  return gmb__status__descriptor.n_values;
+}

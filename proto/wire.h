@@ -1,0 +1,145 @@
+/*
+ * wire.h - the codec between gmb's plain C messages and the bytes of
+ * proto/gmb.proto.
+ *
+ * Broker and client work on the structs below; only wire.c includes the
+ * generated protobuf-c code.  Decoding never trusts its input: a buffer that
+ * does not parse, a request with no body, a string longer than its field
+ * here or a handle longer than WIRE_HANDLE_MAX is refused with GMB_E_PROTO,
+ * and whatever the decoder allocated is released.
+ */
+#ifndef GMB_WIRE_H
+#define GMB_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WIRE_PROTOCOL_VERSION 1
+#define WIRE_NAME_MAX 63      /* tenant names */
+#define WIRE_TOKEN_MAX 256    /* secret tokens */
+#define WIRE_HANDLE_MAX 128   /* segment import handles */
+#define WIRE_MESSAGE_MAX 512  /* human-readable reasons, with the NUL */
+#define WIRE_DEVICE_MAX 64
+
+enum wire_kind {
+  WIRE_NONE = 0,
+  WIRE_HELLO,
+  WIRE_ALLOC,
+  WIRE_FREE,
+  WIRE_STATS,
+  WIRE_SEGMENT,
+  WIRE_HEARTBEAT,
+  WIRE_BYE,
+  WIRE_EVENT, /* replies only */
+  WIRE_ADMIN_STATUS,
+};
+
+enum wire_event {
+  WIRE_EVENT_NONE = 0,
+  WIRE_EVENT_SEGMENT_RETIRED = 1,
+  WIRE_EVENT_SHUTDOWN = 2,
+  WIRE_EVENT_SESSION_ENDED = 3,
+};
+
+struct wire_handle {
+  uint64_t segment;
+  uint64_t size;
+  uint32_t len; /* 0: no handle */
+  uint8_t bytes[WIRE_HANDLE_MAX];
+};
+
+struct wire_request {
+  uint64_t id;
+  enum wire_kind kind;
+  union {
+    struct {
+      uint32_t version;
+      char tenant[WIRE_NAME_MAX + 1];
+      uint32_t token_len;
+      uint8_t token[WIRE_TOKEN_MAX];
+      int32_t pid;
+      char client[WIRE_DEVICE_MAX];
+    } hello;
+    struct {
+      uint64_t size;
+      uint32_t flags;
+      int32_t timeout_ms;
+    } alloc;
+    struct {
+      uint64_t id;
+    } free;
+    struct {
+      uint64_t segment;
+    } segment;
+  } u;
+};
+
+struct wire_tenant_row {
+  char name[WIRE_NAME_MAX + 1];
+  uint64_t quota, used, peak, segments, allocations;
+  uint32_t sessions;
+};
+
+struct wire_reply {
+  uint64_t id;
+  int status; /* 0 or a negative GMB_E_* */
+  char message[WIRE_MESSAGE_MAX];
+  enum wire_kind kind; /* WIRE_NONE: status (and message) only */
+  union {
+    struct {
+      uint32_t version;
+      uint64_t session;
+      char tenant[WIRE_NAME_MAX + 1];
+      char device[WIRE_DEVICE_MAX];
+      uint32_t heartbeat_ms;
+    } hello;
+    struct {
+      uint64_t id, size, segment, offset;
+      struct wire_handle handle; /* handle.len 0: already sent */
+    } alloc;
+    struct {
+      uint64_t quota, used, peak, segments;
+    } stats;
+    struct wire_handle segment;
+    struct {
+      enum wire_event kind;
+      uint64_t segment;
+    } event; /* the reason is in `message` */
+    struct {
+      char device[WIRE_DEVICE_MAX];
+      uint64_t capacity, in_segments, in_use;
+      uint32_t sessions;
+      size_t n_tenants;
+      struct wire_tenant_row *tenants; /* owned; wire_reply_clear frees */
+    } admin_status;
+  } u;
+};
+
+/*
+ * Encoders write into a malloc'd buffer the caller frees; they return 0, or
+ * GMB_E_INVAL when a field does not fit the protocol.  Decoders fill *out
+ * and return 0 or GMB_E_PROTO.
+ */
+int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
+                             size_t *len);
+int gmb__wire_request_decode(const uint8_t *buf, size_t len,
+                             struct wire_request *out);
+int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
+                           size_t *len);
+int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
+                           struct wire_reply *out);
+/* Frees what a decoded or built reply owns (admin_status.tenants). */
+void gmb__wire_reply_clear(struct wire_reply *rep);
+
+/* The request's kind as a word, for logs: "alloc". */
+const char *gmb__wire_kind_name(enum wire_kind kind);
+
+/* For the test that compares the wire Status enum with GMB_ERRORS: the value
+ * of the Status named `name` ("GMB_E_QUOTA"), or INT32_MIN when none. */
+int gmb__wire_status_value(const char *name);
+
+/* The number of values of the wire Status enum (GMB_OK included), so that
+ * the same test sees a Status the C list lacks. */
+size_t gmb__wire_status_count(void);
+
+#endif /* GMB_WIRE_H */

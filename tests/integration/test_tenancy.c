@@ -1,0 +1,443 @@
+/*
+ * test_tenancy.c - what keeps tenants apart: ids that mean nothing to
+ * another tenant, admission by uid, and a broker that answers malformed
+ * or hostile input with the documented error and goes on serving the
+ * others.
+ *
+ * The uid tests need root (CI runs as root): a child drops to uid 65534
+ * and connects.  Without root only the positive path is tested, and the
+ * test says so on stdout.
+ */
+#include <check.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "harness.h"
+#include "wire.h"
+
+#define MIB (UINT64_C(1) << 20)
+#define NOBODY 65534
+
+static gmb_client *connect_ok(const struct harness_broker *b,
+                              const char *tenant) {
+  gmb_client *c = NULL;
+  int rc = gmb_connect(b->endpoint, tenant, &c);
+  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
+                gmb_last_error(NULL));
+  return c;
+}
+
+static gmb_stats stats_ok(gmb_client *c) {
+  gmb_stats st;
+  memset(&st, 0xff, sizeof st);
+  int rc = gmb_tenant_stats(c, &st);
+  ck_assert_msg(rc == 0, "gmb_tenant_stats = %s: %s", gmb_err_name(rc),
+                gmb_last_error(c));
+  return st;
+}
+
+/* An allocation filled with a pattern derived from its id. */
+static gmb_id alloc_pattern(gmb_client *c, size_t size) {
+  gmb_id id = 0;
+  int rc = gmb_alloc(c, size, 0, &id);
+  ck_assert_msg(rc == 0, "gmb_alloc = %s: %s", gmb_err_name(rc),
+                gmb_last_error(c));
+  void *p = NULL;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  harness_pattern_fill(p, size, id);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  return id;
+}
+
+static void verify_pattern(gmb_client *c, gmb_id id, size_t size) {
+  void *p = NULL;
+  int rc = gmb_lock(c, id, &p);
+  ck_assert_msg(rc == 0, "gmb_lock = %s: %s", gmb_err_name(rc),
+                gmb_last_error(c));
+  long bad = harness_pattern_check(p, size, id);
+  ck_assert_msg(bad < 0, "allocation %llu differs at byte %ld",
+                (unsigned long long)id, bad);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+}
+
+/* --- isolation ------------------------------------------------------------------- */
+
+struct iso_child {
+  const char *endpoint;
+  int go_r;
+  volatile gmb_id *their_id; /* in a MAP_SHARED page */
+};
+
+static int iso_child_main(void *arg) {
+  struct iso_child *a = arg;
+  CHILD_CHECK(harness_pipe_wait(a->go_r, HARNESS_WAIT_MS) == 'g', 10,
+              "no go from the parent");
+  gmb_id theirs = *a->their_id;
+  gmb_client *c = NULL;
+  int rc = gmb_connect(a->endpoint, "beta", &c);
+  CHILD_CHECK(rc == 0, 11, "connect: %s", gmb_last_error(NULL));
+  rc = gmb_free(c, theirs);
+  CHILD_CHECK(rc == GMB_E_NOENT, 12, "free of alpha's id = %s: %s",
+              gmb_err_name(rc), gmb_last_error(c));
+  void *p = NULL;
+  rc = gmb_lock(c, theirs, &p);
+  CHILD_CHECK(rc == GMB_E_NOENT, 13, "lock of alpha's id = %s",
+              gmb_err_name(rc));
+  CHILD_CHECK(gmb_unlock(c, theirs) == GMB_E_NOENT, 14, "unlock of alpha's id");
+  /* beta's figures are its own. */
+  gmb_stats st;
+  rc = gmb_tenant_stats(c, &st);
+  CHILD_CHECK(rc == 0 && st.used == 0 && st.segments == 0, 15,
+              "beta's stats: used %llu segments %llu",
+              (unsigned long long)st.used, (unsigned long long)st.segments);
+  gmb_id mine = 0;
+  rc = gmb_alloc(c, MIB, 0, &mine);
+  CHILD_CHECK(rc == 0, 16, "alloc: %s", gmb_last_error(c));
+  CHILD_CHECK(mine != theirs, 17, "beta was given alpha's id");
+  rc = gmb_lock(c, mine, &p);
+  CHILD_CHECK(rc == 0, 18, "lock: %s", gmb_last_error(c));
+  memset(p, 0xee, MIB); /* scribble over all of ours */
+  rc = gmb_free(c, mine);
+  CHILD_CHECK(rc == 0, 19, "free: %s", gmb_last_error(c));
+  rc = gmb_free(c, mine);
+  CHILD_CHECK(rc == GMB_E_NOENT, 20, "second free = %s", gmb_err_name(rc));
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(isolation) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:128MiB", NULL);
+  int go[2];
+  ck_assert_int_eq(pipe(go), 0);
+  volatile gmb_id *shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE,
+                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne((void *)shared, MAP_FAILED);
+  struct iso_child a = {b.endpoint, go[0], shared};
+  pid_t kid = harness_fork(iso_child_main, &a);
+
+  gmb_client *alpha = connect_ok(&b, "alpha");
+  /* Small, so it sits in a shared small segment like beta's will. */
+  gmb_id id = alloc_pattern(alpha, MIB);
+  gmb_stats before = stats_ok(alpha);
+  *shared = id;
+  ck_assert_int_eq(harness_pipe_send(go[1], 'g'), 0);
+  int st = harness_wait(kid);
+  ck_assert_msg(st == 0, "beta ended with %d (its stderr says why)", st);
+
+  verify_pattern(alpha, id, MIB);
+  gmb_stats after = stats_ok(alpha);
+  ck_assert_uint_eq(after.used, before.used);
+  ck_assert_uint_eq(after.used, MIB);
+  ck_assert_int_eq(gmb_free(alpha, id), 0);
+  gmb_disconnect(alpha);
+  close(go[0]);
+  close(go[1]);
+  munmap((void *)shared, sizeof *shared);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- auth_uid_refused ---------------------------------------------------------- */
+
+struct auth_child {
+  const char *endpoint;
+  const char *tenant; /* NULL: the default uid-UID */
+  int want;           /* expected gmb_connect result */
+  int use;            /* on success: allocate, write and read back */
+};
+
+static int auth_child_main(void *arg) {
+  struct auth_child *a = arg;
+  unsetenv("GMB_TENANT");
+  unsetenv("GMB_TOKEN");
+  unsetenv("GMB_TOKEN_FILE");
+  CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
+  CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
+  CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
+  gmb_client *c = NULL;
+  int rc = gmb_connect(a->endpoint, a->tenant, &c);
+  CHILD_CHECK(rc == a->want, 11, "connect(%s) = %s, want %s: %s",
+              a->tenant ? a->tenant : "(default)", gmb_err_name(rc),
+              gmb_err_name(a->want), gmb_last_error(NULL));
+  if (rc != 0) {
+    char uid[32];
+    snprintf(uid, sizeof uid, "uid %d", NOBODY);
+    CHILD_CHECK(strstr(gmb_last_error(NULL), uid) != NULL, 12,
+                "the refusal does not name %s: %s", uid, gmb_last_error(NULL));
+    return 0;
+  }
+  if (a->use) {
+    /* The segment the broker (root) creates must be usable by this uid. */
+    gmb_id id = 0;
+    rc = gmb_alloc(c, MIB, 0, &id);
+    CHILD_CHECK(rc == 0, 13, "alloc as uid %d: %s", NOBODY,
+                gmb_last_error(c));
+    void *p = NULL;
+    rc = gmb_lock(c, id, &p);
+    CHILD_CHECK(rc == 0, 14, "lock: %s", gmb_last_error(c));
+    harness_pattern_fill(p, MIB, id);
+    CHILD_CHECK(harness_pattern_check(p, MIB, id) < 0, 15, "read back");
+    rc = gmb_free(c, id);
+    CHILD_CHECK(rc == 0, 16, "free: %s", gmb_last_error(c));
+  }
+  gmb_disconnect(c);
+  return 0;
+}
+
+static void auth_run_child(const struct harness_broker *b, const char *tenant,
+                           int want, int use) {
+  struct auth_child a = {b->endpoint, tenant, want, use};
+  pid_t kid = harness_fork(auth_child_main, &a);
+  int st = harness_wait(kid);
+  ck_assert_msg(st == 0, "uid %d connecting as %s: child ended with %d (its "
+                "stderr says why)", NOBODY, tenant ? tenant : "(default)", st);
+}
+
+static void auth_refused_here(const struct harness_broker *b,
+                              const char *tenant, const char *must_name) {
+  gmb_client *c = NULL;
+  int rc = gmb_connect(b->endpoint, tenant, &c);
+  ck_assert_msg(rc == GMB_E_AUTH, "connect(%s) = %s, want GMB_E_AUTH: %s",
+                tenant, gmb_err_name(rc), gmb_last_error(NULL));
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(gmb_last_error(NULL), must_name) != NULL,
+                "the refusal does not name %s: %s", must_name,
+                gmb_last_error(NULL));
+}
+
+START_TEST(auth_uid_refused) {
+  struct harness_broker b;
+  uid_t me = getuid();
+  if (me != 0) {
+    /* Not root: no other uid to act as.  Only what this uid may do. */
+    char cfg[256];
+    snprintf(cfg, sizeof cfg,
+             "[tenant:locked]\nuids = %u\n[tenant:mine]\nuids = %u\n",
+             me == 12345 ? 12346u : 12345u, (unsigned)me);
+    harness_broker_start(&b, "host:64MiB", cfg);
+    char uidstr[32];
+    snprintf(uidstr, sizeof uidstr, "uid %u", (unsigned)me);
+    auth_refused_here(&b, "locked", uidstr);
+    gmb_client *c = connect_ok(&b, "mine");
+    gmb_id id = alloc_pattern(c, MIB);
+    verify_pattern(c, id, MIB);
+    gmb_disconnect(c);
+    c = connect_ok(&b, "fresh-tenant");
+    gmb_disconnect(c);
+    printf("auth_uid_refused: not root, so only this uid's own paths were "
+           "tested (no second uid to act as)\n");
+    harness_broker_stop(&b);
+    return;
+  }
+  harness_broker_start(&b, "host:64MiB",
+                       "[tenant:locked]\nquota = 16MiB\nuids = 12345\n");
+  /* uid 0 is not special: root is not in locked's uids either. */
+  auth_refused_here(&b, "locked", "uid 0");
+  auth_run_child(&b, "locked", GMB_E_AUTH, 0);
+
+  /* A tenant made on first use belongs to the uid that made it. */
+  gmb_client *root = connect_ok(&b, "rootowned");
+  auth_run_child(&b, "rootowned", GMB_E_AUTH, 0);
+  /* ... and, the other way round, one that uid 65534 made is its own. */
+  auth_run_child(&b, "nobodys", 0, 1);
+  auth_refused_here(&b, "nobodys", "uid 0");
+  /* No tenant named: uid-65534, which is that uid's. */
+  auth_run_child(&b, NULL, 0, 0);
+  auth_refused_here(&b, "uid-65534", "uid 0");
+
+  ck_assert_uint_eq(stats_ok(root).used, 0);
+  gmb_disconnect(root);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- bad_input ------------------------------------------------------------------- */
+
+static void send_frame(void *s, const void *buf, size_t len, int more) {
+  ck_assert_int_eq(harness_raw_send(s, buf, len, more), 0);
+}
+
+/* Receives the broker's answer and checks its id and status. */
+static void expect_reply(void *s, uint64_t id, int status, const char *what) {
+  struct wire_reply rep;
+  int rc = harness_raw_recv(s, HARNESS_WAIT_MS, &rep);
+  ck_assert_msg(rc == 0, "%s: no decodable reply (%s)", what,
+                gmb_err_name(rc));
+  ck_assert_msg(rep.id == id, "%s: reply id %llu, want %llu", what,
+                (unsigned long long)rep.id, (unsigned long long)id);
+  ck_assert_msg(rep.status == status, "%s: status %s, want %s (%s)", what,
+                gmb_err_name(rep.status), gmb_err_name(status), rep.message);
+  gmb__wire_reply_clear(&rep);
+}
+
+static void call_expect(void *s, struct wire_request *req, int status,
+                        const char *what) {
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(gmb__wire_request_encode(req, &buf, &len), 0);
+  send_frame(s, buf, len, 0);
+  free(buf);
+  expect_reply(s, req->id, status, what);
+}
+
+static struct wire_request hello_req(uint64_t id, const char *tenant,
+                                     uint32_t version) {
+  struct wire_request r;
+  memset(&r, 0, sizeof r);
+  r.id = id;
+  r.kind = WIRE_HELLO;
+  r.u.hello.version = version;
+  snprintf(r.u.hello.tenant, sizeof r.u.hello.tenant, "%s", tenant);
+  r.u.hello.pid = (int32_t)getpid();
+  snprintf(r.u.hello.client, sizeof r.u.hello.client, "raw test socket");
+  return r;
+}
+
+static struct wire_request alloc_req(uint64_t id, uint64_t size,
+                                     uint32_t flags) {
+  struct wire_request r;
+  memset(&r, 0, sizeof r);
+  r.id = id;
+  r.kind = WIRE_ALLOC;
+  r.u.alloc.size = size;
+  r.u.alloc.flags = flags;
+  return r;
+}
+
+static struct wire_request simple_req(uint64_t id, enum wire_kind kind) {
+  struct wire_request r;
+  memset(&r, 0, sizeof r);
+  r.id = id;
+  r.kind = kind;
+  return r;
+}
+
+START_TEST(bad_input) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:128MiB", NULL);
+  /* Another tenant whose allocation must come through untouched. */
+  gmb_client *keeper = connect_ok(&b, "keeper");
+  gmb_id kid = alloc_pattern(keeper, MIB);
+
+  void *s = harness_raw_open(b.endpoint);
+  /* Garbage (field 0, wire type 7: no protobuf parses it). */
+  static const char garbage[] = "\x07 this is not a protobuf \xff\xfe";
+  send_frame(s, garbage, sizeof garbage - 1, 0);
+  expect_reply(s, 0, GMB_E_PROTO, "garbage");
+  /* An empty frame: a Request without a body. */
+  send_frame(s, "", 0, 0);
+  expect_reply(s, 0, GMB_E_PROTO, "empty frame");
+  /* A multi-part message, even of valid requests, is not a request. */
+  {
+    struct wire_request st = simple_req(3, WIRE_STATS);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(gmb__wire_request_encode(&st, &buf, &len), 0);
+    send_frame(s, buf, len, 1);
+    send_frame(s, buf, len, 0);
+    free(buf);
+    expect_reply(s, 0, GMB_E_PROTO, "multi-part message");
+  }
+  /* Anything but Hello first: no session. */
+  struct wire_request r = simple_req(4, WIRE_STATS);
+  call_expect(s, &r, GMB_E_CONN, "stats before hello");
+  r = alloc_req(5, MIB, 0);
+  call_expect(s, &r, GMB_E_CONN, "alloc before hello");
+  r = hello_req(6, "raw", 99);
+  call_expect(s, &r, GMB_E_PROTO, "hello with protocol version 99");
+  r = hello_req(7, "-bad", WIRE_PROTOCOL_VERSION);
+  call_expect(s, &r, GMB_E_INVAL, "hello with a bad tenant name");
+  r = hello_req(8, "raw", WIRE_PROTOCOL_VERSION);
+  call_expect(s, &r, 0, "hello");
+  r = hello_req(9, "raw", WIRE_PROTOCOL_VERSION);
+  call_expect(s, &r, GMB_E_PROTO, "second hello");
+
+  r = alloc_req(10, 0, 0);
+  call_expect(s, &r, GMB_E_INVAL, "alloc of size 0");
+  r = alloc_req(11, UINT64_MAX, 0);
+  call_expect(s, &r, GMB_E_INVAL, "alloc of UINT64_MAX");
+  r = alloc_req(12, MIB, 0xff);
+  call_expect(s, &r, GMB_E_INVAL, "alloc with flags 0xff");
+  r = alloc_req(13, UINT64_C(1) << 40, 0);
+  call_expect(s, &r, GMB_E_NOMEM, "alloc of 1TiB on a 128MiB device");
+
+  r = simple_req(14, WIRE_FREE);
+  r.u.free.id = 0;
+  call_expect(s, &r, GMB_E_NOENT, "free of id 0");
+  r.id = 15;
+  r.u.free.id = 0x0123456789abcdefull;
+  call_expect(s, &r, GMB_E_NOENT, "free of a random id");
+  r.id = 16;
+  r.u.free.id = kid;
+  call_expect(s, &r, GMB_E_NOENT, "free of another tenant's id");
+  /* No segment handle of another tenant, whatever the id asked. */
+  for (uint64_t seg = 0; seg < 16; seg++) {
+    r = simple_req(17 + seg, WIRE_SEGMENT);
+    r.u.segment.segment = seg;
+    call_expect(s, &r, GMB_E_NOENT, "segment of another tenant");
+  }
+  r = simple_req(40, WIRE_ADMIN_STATUS);
+  call_expect(s, &r, GMB_E_PROTO, "admin request on the client socket");
+  /* Unknown fields are ignored (field 99, varint 1, appended). */
+  {
+    struct wire_request st = simple_req(41, WIRE_STATS);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(gmb__wire_request_encode(&st, &buf, &len), 0);
+    uint8_t *more = malloc(len + 3);
+    memcpy(more, buf, len);
+    memcpy(more + len, "\x98\x06\x01", 3);
+    send_frame(s, more, len + 3, 0);
+    free(more);
+    free(buf);
+    expect_reply(s, 41, 0, "stats with an unknown field");
+  }
+  r = simple_req(42, WIRE_BYE);
+  call_expect(s, &r, 0, "bye");
+  r = simple_req(43, WIRE_STATS);
+  call_expect(s, &r, GMB_E_CONN, "stats after bye");
+  harness_raw_close(s);
+
+  /* Over ZMQ_MAXMSGSIZE: ZeroMQ drops that connection, nothing answers. */
+  void *big = harness_raw_open(b.endpoint);
+  size_t n = 70 * 1024;
+  char *blob = calloc(1, n);
+  send_frame(big, blob, n, 0);
+  free(blob);
+  struct wire_reply rep;
+  int rc = harness_raw_recv(big, 300, &rep);
+  if (rc == 0) gmb__wire_reply_clear(&rep);
+  harness_raw_close(big);
+
+  /* The broker lives and serves: a fresh client, and the keeper. */
+  ck_assert(harness_broker_alive(&b));
+  gmb_client *fresh = connect_ok(&b, "fresh");
+  gmb_id fid = alloc_pattern(fresh, 4 * MIB);
+  verify_pattern(fresh, fid, 4 * MIB);
+  gmb_disconnect(fresh);
+  verify_pattern(keeper, kid, MIB);
+  ck_assert_uint_eq(stats_ok(keeper).used, MIB);
+  gmb_disconnect(keeper);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+static Suite *tenancy_suite(void) {
+  Suite *s = suite_create("tenancy");
+  TCase *tc = tcase_create("tenancy");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, isolation);
+  tcase_add_test(tc, auth_uid_refused);
+  tcase_add_test(tc, bad_input);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return harness_main(tenancy_suite()); }

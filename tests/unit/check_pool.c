@@ -1,0 +1,806 @@
+/*
+ * check_pool.c - the broker's allocator on a real host device.
+ *
+ * Every test builds a 64 MiB host device and a pool over it; teardown
+ * requires gmb__pool_check() == 0 and, after the pool is destroyed, that the
+ * device holds no segment.  The stress test keeps a shadow model of every
+ * live allocation and compares it with the pool after each step.
+ * Knobs: SCALE (multiplies stress sizes), ITER (stress steps), SEED.
+ */
+#include <check.h>
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "gmb.h"
+#include "pool.h"
+#include "util.h"
+
+#define CAP (64 * GMB_MIB)
+#define SEG GMB_POOL_SMALL_SEGMENT
+
+struct retired {
+  uint64_t seg_id;
+  void *tag;
+};
+
+static struct gmb_device *dev;
+static struct gmb_pool *pool;
+static struct retired retired[4096];
+static unsigned nretired;
+static int tag_a, tag_b, tag_c; /* addresses used as arena tags */
+
+static void on_retire(void *ctx, const struct gmb_dseg *seg, void *tag) {
+  ck_assert_ptr_eq(ctx, &nretired);
+  if (nretired < sizeof retired / sizeof retired[0]) {
+    retired[nretired].seg_id = seg->id;
+    retired[nretired].tag = tag;
+  }
+  nretired++;
+}
+
+static void setup(void) {
+  char err[256];
+  ck_assert_int_eq(gmb__device_host_open(CAP, &dev, err, sizeof err), 0);
+  pool = gmb__pool_new(dev, on_retire, &nretired);
+  ck_assert_ptr_nonnull(pool);
+  nretired = 0;
+}
+
+static void teardown(void) {
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  gmb__pool_destroy(pool);
+  ck_assert_uint_eq(dev->in_use, 0);
+  ck_assert_uint_eq(dev->segments, 0);
+  gmb__device_close(dev);
+}
+
+static uint64_t alloc_ok(struct gmb_arena *a, uint64_t size, void *owner,
+                         struct gmb_alloc_info *info) {
+  struct gmb_alloc_info tmp;
+  if (!info) info = &tmp;
+  int rc = gmb__pool_alloc(pool, a, size, 0, owner, info);
+  ck_assert_msg(rc == 0, "alloc %llu: %s", (unsigned long long)size,
+                gmb_err_name(rc));
+  ck_assert_uint_ne(info->id, 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  return info->id;
+}
+
+static void free_ok(uint64_t id) {
+  ck_assert_int_eq(gmb__pool_free(pool, id, NULL), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+}
+
+START_TEST(alloc_zero) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 0, 0, NULL, &info), GMB_E_INVAL);
+  struct gmb_pool_stats st;
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.allocations, 0);
+  ck_assert_uint_eq(st.segments, 0);
+  ck_assert_uint_eq(dev->in_use, 0);
+}
+END_TEST
+
+START_TEST(alloc_overflow) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info info;
+  const uint64_t bad[] = {UINT64_MAX, UINT64_MAX - 510, UINT64_MAX - 511,
+                          UINT64_MAX - GMB_SEGMENT_ALIGN + 2};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ck_assert_int_eq(gmb__pool_alloc(pool, a, bad[i], 0, NULL, &info),
+                     GMB_E_INVAL);
+  /* Rounds fine but no device has it: NOMEM, not INVAL. */
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, UINT64_MAX - GMB_SEGMENT_ALIGN + 1,
+                                   0, NULL, &info),
+                   GMB_E_NOMEM);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, UINT64_C(1) << 62, 0, NULL, &info),
+                   GMB_E_NOMEM);
+  ck_assert_uint_eq(dev->in_use, 0);
+}
+END_TEST
+
+START_TEST(align_512) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  const uint64_t sizes[] = {1, 511, 512, 513, 1000, 1024, 4095};
+  const uint64_t want[] = {512, 512, 512, 1024, 1024, 1024, 4096};
+  uint64_t expect_off = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    struct gmb_alloc_info info;
+    alloc_ok(a, sizes[i], NULL, &info);
+    ck_assert_uint_eq(info.size, want[i]);
+    ck_assert_uint_eq(info.offset % GMB_POOL_ALIGN, 0);
+    ck_assert_uint_eq(info.offset, expect_off); /* packed, in order */
+    expect_off += info.size;
+  }
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.used, expect_off);
+  ck_assert_uint_eq(as.free_total, SEG - expect_off);
+  ck_assert_uint_eq(as.largest_free, SEG - expect_off);
+}
+END_TEST
+
+START_TEST(small_share_segment) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info x, y, z;
+  alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, &x); /* exactly 1 MiB is small */
+  alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, &y);
+  ck_assert_uint_eq(x.dseg->id, y.dseg->id);
+  ck_assert_uint_eq(x.dseg->size, SEG);
+  ck_assert_uint_eq(y.offset, GMB_POOL_SMALL_MAX);
+  alloc_ok(a, 512, NULL, &z); /* the first segment is full */
+  ck_assert_uint_ne(z.dseg->id, x.dseg->id);
+  ck_assert_uint_eq(z.dseg->size, SEG);
+  ck_assert_uint_eq(dev->in_use, 2 * SEG);
+}
+END_TEST
+
+START_TEST(large_rounded_segment) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info x, y, s;
+  alloc_ok(a, GMB_POOL_SMALL_MAX + 1, NULL, &x);
+  ck_assert_uint_eq(x.size, GMB_POOL_SMALL_MAX + 512);
+  ck_assert_uint_eq(x.dseg->size, 2 * GMB_MIB);
+  alloc_ok(a, 3 * GMB_MIB, NULL, &y);
+  ck_assert_uint_eq(y.dseg->size, 4 * GMB_MIB);
+  ck_assert_uint_ne(y.dseg->id, x.dseg->id);
+  /* A small request does not go into a large segment's remainder. */
+  alloc_ok(a, 4096, NULL, &s);
+  ck_assert_uint_ne(s.dseg->id, x.dseg->id);
+  ck_assert_uint_ne(s.dseg->id, y.dseg->id);
+  /* 1 MiB + 512 fits neither remainder (1 MiB in y's segment, 1 MiB - 512
+   * in x's): a new 2 MiB segment. */
+  struct gmb_alloc_info w;
+  alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, &w);
+  ck_assert_uint_ne(w.dseg->id, x.dseg->id);
+  ck_assert_uint_ne(w.dseg->id, y.dseg->id);
+  ck_assert_uint_eq(dev->in_use, 2 * GMB_MIB + 4 * GMB_MIB + SEG + 2 * GMB_MIB);
+}
+END_TEST
+
+START_TEST(large_reuses_remainder) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info x, y;
+  alloc_ok(a, 5 * GMB_MIB / 2, NULL, &x); /* 4 MiB segment, 1.5 MiB left */
+  alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, &y);
+  ck_assert_uint_eq(y.dseg->id, x.dseg->id);
+  ck_assert_uint_eq(y.offset, 5 * GMB_MIB / 2);
+  ck_assert_uint_eq(dev->in_use, 4 * GMB_MIB);
+}
+END_TEST
+
+START_TEST(free_twice) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  uint64_t id = alloc_ok(a, 4096, NULL, NULL);
+  uint64_t keep = alloc_ok(a, 4096, NULL, NULL);
+  free_ok(id);
+  ck_assert_int_eq(gmb__pool_free(pool, id, NULL), GMB_E_NOENT);
+  ck_assert_int_eq(gmb__pool_find(pool, id, NULL), GMB_E_NOENT);
+  struct gmb_pool_stats st;
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.allocations, 1);
+  ck_assert_uint_eq(st.used, 4096);
+  free_ok(keep);
+}
+END_TEST
+
+START_TEST(free_unknown_id) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  uint64_t id = alloc_ok(a, 4096, NULL, NULL);
+  const uint64_t bad[] = {0,
+                          id + (UINT64_C(1) << 32), /* next generation */
+                          id - (UINT64_C(1) << 32), /* generation 0 */
+                          id + 1,                   /* slot never used */
+                          UINT64_MAX,
+                          (UINT64_C(1) << 32) | 0xffffffffu};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(gmb__pool_free(pool, bad[i], NULL), GMB_E_NOENT);
+    ck_assert_int_eq(gmb__pool_find(pool, bad[i], NULL), GMB_E_NOENT);
+  }
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(pool, id, &info), 0);
+  ck_assert_uint_eq(info.id, id);
+  ck_assert_uint_eq(info.size, 4096);
+}
+END_TEST
+
+static int cmp_u64(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+START_TEST(ids_never_reused) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 3000 };
+  uint64_t *ids = malloc(N * sizeof *ids);
+  uint64_t held[4] = {0};
+  for (int i = 0; i < N; i++) {
+    /* A few live at a time so slots are reused in varied orders. */
+    int k = i % 4;
+    if (held[k]) free_ok(held[k]);
+    ids[i] = held[k] = alloc_ok(a, 512u * (1u + (unsigned)(i % 7)), NULL, NULL);
+  }
+  qsort(ids, N, sizeof *ids, cmp_u64);
+  for (int i = 1; i < N; i++) ck_assert_uint_ne(ids[i], ids[i - 1]);
+  ck_assert_uint_ne(ids[0], 0);
+  free(ids);
+}
+END_TEST
+
+struct walk_acc {
+  uint64_t ranges, free_ranges, live, bytes, live_bytes;
+  uint64_t first_free_off, first_free_size;
+  int stop_after;
+};
+
+static int walk_count(void *ctx, const struct gmb_alloc_info *info,
+                      int is_free) {
+  struct walk_acc *w = ctx;
+  w->ranges++;
+  w->bytes += info->size;
+  if (is_free) {
+    ck_assert_uint_eq(info->id, 0);
+    if (w->free_ranges++ == 0) {
+      w->first_free_off = info->offset;
+      w->first_free_size = info->size;
+    }
+  } else {
+    ck_assert_uint_ne(info->id, 0);
+    w->live++;
+    w->live_bytes += info->size;
+  }
+  if (w->stop_after && (int)w->ranges == w->stop_after) return 42;
+  return 0;
+}
+
+START_TEST(coalesce_both_neighbours) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  uint64_t A = alloc_ok(a, 1024, NULL, NULL);
+  uint64_t B = alloc_ok(a, 2048, NULL, NULL);
+  uint64_t C = alloc_ok(a, 4096, NULL, NULL);
+  uint64_t D = alloc_ok(a, 512, NULL, NULL); /* keeps C off the tail */
+  free_ok(A);
+  free_ok(C);
+  struct walk_acc w = {0};
+  gmb__pool_walk(pool, walk_count, &w);
+  ck_assert_uint_eq(w.free_ranges, 3); /* A, C, tail */
+  free_ok(B);                          /* merges with A before and C after */
+  memset(&w, 0, sizeof w);
+  gmb__pool_walk(pool, walk_count, &w);
+  ck_assert_uint_eq(w.free_ranges, 2);
+  ck_assert_uint_eq(w.first_free_off, 0);
+  ck_assert_uint_eq(w.first_free_size, 1024 + 2048 + 4096);
+  ck_assert_uint_eq(w.ranges, 3);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.largest_free, SEG - 1024 - 2048 - 4096 - 512);
+  free_ok(D); /* merges with both sides: segment empty, lingers whole */
+  memset(&w, 0, sizeof w);
+  gmb__pool_walk(pool, walk_count, &w);
+  ck_assert_uint_eq(w.ranges, 1);
+  ck_assert_uint_eq(w.first_free_size, SEG);
+}
+END_TEST
+
+START_TEST(best_fit_picks_smallest) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  /* Holes of 4 KiB, 2 KiB and 8 KiB, separated by live 512-byte ranges. */
+  const uint64_t hole[] = {4096, 2048, 8192};
+  uint64_t hole_id[3], hole_off[3];
+  for (int i = 0; i < 3; i++) {
+    struct gmb_alloc_info info;
+    hole_id[i] = alloc_ok(a, hole[i], NULL, &info);
+    hole_off[i] = info.offset;
+    alloc_ok(a, 512, NULL, NULL);
+  }
+  for (int i = 0; i < 3; i++) free_ok(hole_id[i]);
+  struct gmb_alloc_info info;
+  alloc_ok(a, 2048, NULL, &info);
+  ck_assert_uint_eq(info.offset, hole_off[1]); /* exact fit */
+  alloc_ok(a, 3000, NULL, &info);
+  ck_assert_uint_eq(info.offset, hole_off[0]); /* 4 KiB beats 8 KiB */
+  alloc_ok(a, 5000, NULL, &info);
+  ck_assert_uint_eq(info.offset, hole_off[2]); /* 8 KiB beats the tail */
+  /* 1 KiB is left of the 4 KiB hole, 3 KiB of the 8 KiB one. */
+  alloc_ok(a, 1024, NULL, &info);
+  ck_assert_uint_eq(info.offset, hole_off[0] + 3072);
+
+  /* Equal sizes in one segment: the lowest offset wins. */
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct gmb_alloc_info P, R;
+  alloc_ok(b, 2048, NULL, &P);
+  alloc_ok(b, 512, NULL, NULL);
+  alloc_ok(b, 2048, NULL, &R);
+  alloc_ok(b, 512, NULL, NULL);
+  free_ok(R.id);
+  free_ok(P.id);
+  alloc_ok(b, 2048, NULL, &info);
+  ck_assert_uint_eq(info.offset, P.offset);
+
+  /* Equal sizes in two segments: the lowest segment id wins. */
+  struct gmb_arena *c = gmb__pool_arena_new(pool, &tag_c);
+  struct gmb_alloc_info A1, B1;
+  alloc_ok(c, GMB_POOL_SMALL_MAX, NULL, &A1);
+  alloc_ok(c, GMB_POOL_SMALL_MAX, NULL, NULL);
+  alloc_ok(c, GMB_POOL_SMALL_MAX, NULL, &B1);
+  alloc_ok(c, GMB_POOL_SMALL_MAX, NULL, NULL);
+  ck_assert_uint_lt(A1.dseg->id, B1.dseg->id);
+  uint64_t low_seg = A1.dseg->id;
+  free_ok(B1.id);
+  free_ok(A1.id);
+  alloc_ok(c, GMB_POOL_SMALL_MAX, NULL, &info);
+  ck_assert_uint_eq(info.dseg->id, low_seg);
+  ck_assert_uint_eq(info.offset, 0);
+}
+END_TEST
+
+START_TEST(empty_segment_released) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info info;
+  uint64_t id = alloc_ok(a, 5 * GMB_MIB, NULL, &info);
+  uint64_t seg_id = info.dseg->id;
+  ck_assert_uint_eq(dev->in_use, 6 * GMB_MIB);
+  ck_assert_ptr_nonnull(gmb__pool_segment(pool, seg_id, NULL));
+  struct gmb_alloc_info freed;
+  ck_assert_int_eq(gmb__pool_free(pool, id, &freed), 0);
+  ck_assert_uint_eq(freed.id, id);
+  ck_assert_uint_eq(freed.size, 5 * GMB_MIB);
+  ck_assert_ptr_null(freed.dseg); /* the segment is gone */
+  ck_assert_uint_eq(dev->in_use, 0);
+  ck_assert_uint_eq(nretired, 1);
+  ck_assert_uint_eq(retired[0].seg_id, seg_id);
+  ck_assert_ptr_null(gmb__pool_segment(pool, seg_id, NULL));
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.segments, 0);
+  ck_assert_uint_eq(as.segment_bytes, 0);
+  ck_assert_uint_eq(as.free_total, 0);
+}
+END_TEST
+
+START_TEST(small_segment_lingers_then_trim) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info info;
+  uint64_t id = alloc_ok(a, 4096, NULL, &info);
+  uint64_t seg1 = info.dseg->id;
+  free_ok(id);
+  ck_assert_uint_eq(dev->in_use, SEG); /* lingers */
+  ck_assert_uint_eq(nretired, 0);
+  ck_assert_ptr_nonnull(gmb__pool_segment(pool, seg1, NULL));
+  /* The next small allocation reuses it rather than making a segment. */
+  id = alloc_ok(a, 8192, NULL, &info);
+  ck_assert_uint_eq(info.dseg->id, seg1);
+  ck_assert_uint_eq(dev->in_use, SEG);
+  /* Two segments emptied: only the last one lingers. */
+  uint64_t big = alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, NULL);
+  uint64_t other = alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, &info);
+  uint64_t seg2 = info.dseg->id;
+  ck_assert_uint_ne(seg2, seg1);
+  ck_assert_uint_eq(dev->in_use, 2 * SEG);
+  free_ok(id);
+  free_ok(big); /* seg1 empty: lingers */
+  ck_assert_uint_eq(dev->in_use, 2 * SEG);
+  free_ok(other); /* seg2 empty: lingers, seg1 released */
+  ck_assert_uint_eq(dev->in_use, SEG);
+  ck_assert_uint_eq(nretired, 1);
+  ck_assert_uint_eq(retired[0].seg_id, seg1);
+  ck_assert_ptr_eq(retired[0].tag, &tag_a);
+  ck_assert_uint_eq(gmb__pool_trim(pool), SEG);
+  ck_assert_uint_eq(dev->in_use, 0);
+  ck_assert_uint_eq(nretired, 2);
+  ck_assert_uint_eq(retired[1].seg_id, seg2);
+  ck_assert_uint_eq(gmb__pool_trim(pool), 0);
+}
+END_TEST
+
+static size_t heap_in_use(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+START_TEST(trim_releases_range_chunks) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 9000 }; /* several chunks of range structs */
+  uint64_t *ids = malloc(N * sizeof *ids);
+  for (int i = 0; i < N; i++) ids[i] = alloc_ok(a, 512, NULL, NULL);
+  for (int i = 0; i < N; i += 2) free_ok(ids[i]); /* N/2 holes */
+  for (int i = 1; i < N; i += 2) free_ok(ids[i]);
+  size_t before = heap_in_use();
+  ck_assert_uint_eq(gmb__pool_trim(pool), SEG);
+  size_t after = heap_in_use();
+  /* mallinfo2 reads 0 under AddressSanitizer: only compare real figures. */
+  if (before) ck_assert_uint_ge(before - after, 4 * 2000 * 64);
+  ck_assert_uint_eq(dev->in_use, 0);
+  /* The pool works as before once the chunks are gone. */
+  for (int i = 0; i < 3000; i++) ids[i] = alloc_ok(a, 1024, NULL, NULL);
+  for (int i = 0; i < 3000; i += 3) free_ok(ids[i]);
+  gmb__pool_trim(pool); /* partly used chunks stay */
+  for (int i = 0; i < 3000; i++)
+    if (i % 3) ck_assert_int_eq(gmb__pool_find(pool, ids[i], NULL), 0);
+  free(ids);
+}
+END_TEST
+
+START_TEST(nomem_exact_capacity) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info info;
+  uint64_t id = alloc_ok(a, CAP, NULL, &info);
+  ck_assert_uint_eq(dev->in_use, CAP);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 512, 0, NULL, &info), GMB_E_NOMEM);
+  free_ok(id);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, CAP + 1, 0, NULL, &info),
+                   GMB_E_NOMEM);
+  /* Small segments fill the device exactly too. */
+  uint64_t ids[CAP / SEG];
+  for (unsigned i = 0; i < CAP / SEG; i++) {
+    ids[i] = alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, NULL);
+    alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, NULL);
+  }
+  ck_assert_uint_eq(dev->in_use, CAP);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 512, 0, NULL, &info), GMB_E_NOMEM);
+  free_ok(ids[3]);
+  alloc_ok(a, GMB_POOL_SMALL_MAX, NULL, &info); /* the hole is reused */
+  ck_assert_uint_eq(dev->in_use, CAP);
+  struct gmb_pool_stats st;
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.capacity, CAP);
+  ck_assert_uint_eq(st.used, CAP);
+  ck_assert_uint_eq(st.segments, CAP / SEG);
+}
+END_TEST
+
+START_TEST(lingering_released_under_pressure) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct gmb_alloc_info info;
+  uint64_t id = alloc_ok(a, 4096, NULL, &info);
+  uint64_t seg_a = info.dseg->id;
+  free_ok(id);
+  ck_assert_uint_eq(dev->in_use, SEG);
+  /* b needs the whole device: a's lingering segment must go. */
+  id = alloc_ok(b, CAP, NULL, &info);
+  ck_assert_uint_eq(nretired, 1);
+  ck_assert_uint_eq(retired[0].seg_id, seg_a);
+  ck_assert_ptr_eq(retired[0].tag, &tag_a);
+  ck_assert_uint_eq(dev->in_use, CAP);
+  /* With nothing lingering, pressure is a plain NOMEM. */
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 512, 0, NULL, &info), GMB_E_NOMEM);
+  free_ok(id);
+}
+END_TEST
+
+START_TEST(arenas_never_share_segment) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct gmb_alloc_info x, y;
+  alloc_ok(a, 512, NULL, &x);
+  alloc_ok(b, 512, NULL, &y);
+  ck_assert_uint_ne(x.dseg->id, y.dseg->id);
+  void *tag = NULL;
+  ck_assert_ptr_eq(gmb__pool_segment(pool, x.dseg->id, &tag), x.dseg);
+  ck_assert_ptr_eq(tag, &tag_a);
+  ck_assert_ptr_eq(gmb__pool_segment(pool, y.dseg->id, &tag), y.dseg);
+  ck_assert_ptr_eq(tag, &tag_b);
+  /* A large free range in a does not serve b either. */
+  struct gmb_alloc_info big;
+  uint64_t big_id = alloc_ok(a, 3 * GMB_MIB, NULL, &big);
+  uint64_t big_seg = big.dseg->id;
+  uint64_t keep = alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, NULL);
+  (void)keep;
+  free_ok(big_id);
+  struct gmb_alloc_info z;
+  alloc_ok(b, 2 * GMB_MIB, NULL, &z);
+  ck_assert_uint_ne(z.dseg->id, big_seg);
+  struct gmb_arena_stats sa, sb;
+  gmb__pool_arena_stats(a, &sa);
+  gmb__pool_arena_stats(b, &sb);
+  ck_assert_uint_eq(sa.used, 512 + GMB_POOL_SMALL_MAX + 512);
+  ck_assert_uint_eq(sb.used, 512 + 2 * GMB_MIB);
+}
+END_TEST
+
+START_TEST(free_owner_frees_only_that_owner) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  int x, y;
+  enum { N = 600 };
+  uint64_t ids[N];
+  uint64_t x_bytes = 0;
+  for (int i = 0; i < N; i++) {
+    void *owner = (i % 3 == 0) ? (void *)&x : (void *)&y;
+    /* Mixed sizes over several small and large segments. */
+    uint64_t size =
+        (i % 50 == 0) ? 3 * GMB_MIB / 2 : 512u * (1u + (unsigned)(i % 17));
+    struct gmb_alloc_info info;
+    ids[i] = alloc_ok(a, size, owner, &info);
+    if (owner == &x) x_bytes += info.size;
+  }
+  uint64_t other = alloc_ok(b, 4096, &x, NULL); /* x in another arena */
+  ck_assert_uint_eq(gmb__pool_free_owner(pool, a, &x), x_bytes);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  for (int i = 0; i < N; i++) {
+    struct gmb_alloc_info info;
+    int rc = gmb__pool_find(pool, ids[i], &info);
+    if (i % 3 == 0) {
+      ck_assert_int_eq(rc, GMB_E_NOENT);
+    } else {
+      ck_assert_int_eq(rc, 0);
+      ck_assert_ptr_eq(info.owner, &y);
+    }
+  }
+  ck_assert_int_eq(gmb__pool_find(pool, other, NULL), 0);
+  ck_assert_uint_eq(gmb__pool_free_owner(pool, a, &x), 0);
+  /* Freeing every range of y empties the segments: all released except
+   * one lingering small segment. */
+  gmb__pool_free_owner(pool, a, &y);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.allocations, 0);
+  ck_assert_uint_eq(as.used, 0);
+  ck_assert_uint_eq(as.segments, 1);
+  ck_assert_uint_eq(as.segment_bytes, SEG);
+}
+END_TEST
+
+START_TEST(retire_callback_called) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct gmb_alloc_info x, y, z;
+  alloc_ok(a, 512, NULL, &x);
+  alloc_ok(a, 4 * GMB_MIB, NULL, &y);
+  alloc_ok(b, 512, NULL, &z);
+  uint64_t xs = x.dseg->id, ys = y.dseg->id, zs = z.dseg->id;
+  gmb__pool_arena_destroy(pool, a);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(nretired, 2);
+  int seen_x = 0, seen_y = 0;
+  for (unsigned i = 0; i < nretired; i++) {
+    ck_assert_ptr_eq(retired[i].tag, &tag_a);
+    seen_x += retired[i].seg_id == xs;
+    seen_y += retired[i].seg_id == ys;
+  }
+  ck_assert_int_eq(seen_x, 1);
+  ck_assert_int_eq(seen_y, 1);
+  ck_assert_int_eq(gmb__pool_find(pool, x.id, NULL), GMB_E_NOENT);
+  ck_assert_uint_eq(dev->in_use, SEG);
+  /* The pool's destroy retires what is left. */
+  gmb__pool_destroy(pool);
+  ck_assert_uint_eq(nretired, 3);
+  ck_assert_uint_eq(retired[2].seg_id, zs);
+  ck_assert_ptr_eq(retired[2].tag, &tag_b);
+  ck_assert_uint_eq(dev->in_use, 0);
+  pool = gmb__pool_new(dev, on_retire, &nretired); /* for teardown */
+}
+END_TEST
+
+START_TEST(walk_visits_all) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  uint64_t live_bytes = 0;
+  for (int i = 0; i < 40; i++) {
+    struct gmb_alloc_info info;
+    uint64_t id =
+        alloc_ok(i & 1 ? a : b, 512u * (unsigned)(1 + i * 7), NULL, &info);
+    live_bytes += info.size;
+    if (i % 5 == 0) {
+      free_ok(id);
+      live_bytes -= info.size;
+    }
+  }
+  struct gmb_pool_stats st;
+  gmb__pool_stats(pool, &st);
+  struct walk_acc w = {0};
+  ck_assert_int_eq(gmb__pool_walk(pool, walk_count, &w), 0);
+  ck_assert_uint_eq(w.bytes, st.segment_bytes);
+  ck_assert_uint_eq(w.live, st.allocations);
+  ck_assert_uint_eq(w.live_bytes, live_bytes);
+  ck_assert_uint_eq(st.used, live_bytes);
+  struct walk_acc w2 = {.stop_after = 3};
+  ck_assert_int_eq(gmb__pool_walk(pool, walk_count, &w2), 42);
+  ck_assert_uint_eq(w2.ranges, 3);
+}
+END_TEST
+
+/* ---- seeded random stress against a shadow model ---------------------- */
+
+static unsigned env_uint(const char *name, unsigned dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  return (unsigned)strtoul(s, NULL, 0);
+}
+
+static uint64_t rng_state;
+static uint64_t rng(void) { /* splitmix64 */
+  uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+static uint64_t random_size(void) {
+  uint64_t r = rng() % 100;
+  if (r < 70) return 1 + rng() % 8192;
+  if (r < 90) return 1 + rng() % GMB_POOL_SMALL_MAX;
+  return GMB_POOL_SMALL_MAX + 1 + rng() % (6 * GMB_MIB);
+}
+
+struct shadow {
+  uint64_t id, size;
+  int arena, owner;
+};
+
+START_TEST(random_stress) {
+  unsigned scale = env_uint("SCALE", 1), iter = env_uint("ITER", 3000) * scale;
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns());
+  rng_state = seed;
+  printf("pool random_stress: SEED=%u ITER=%u\n", seed, iter);
+  fflush(stdout);
+  enum { NA = 3, NO = 4 };
+  struct gmb_arena *ar[NA];
+  int owners[NO];
+  for (int i = 0; i < NA; i++) ar[i] = gmb__pool_arena_new(pool, &owners[i]);
+  size_t cap = 1024 * scale, n = 0;
+  struct shadow *live = malloc(cap * sizeof *live);
+  unsigned nomem = 0;
+  for (unsigned step = 0; step < iter; step++) {
+    uint64_t op = rng() % 100;
+    if (op < 55 && n < cap) {
+      int ai = (int)(rng() % NA), oi = (int)(rng() % NO);
+      uint64_t size = random_size();
+      struct gmb_alloc_info info;
+      int rc = gmb__pool_alloc(pool, ar[ai], size, 0, &owners[oi], &info);
+      if (rc == GMB_E_NOMEM) {
+        nomem++;
+      } else {
+        ck_assert_msg(rc == 0, "seed %u step %u: alloc %llu: %s", seed, step,
+                      (unsigned long long)size, gmb_err_name(rc));
+        ck_assert_uint_eq(info.size, (size + 511) & ~UINT64_C(511));
+        ck_assert_uint_le(info.offset + info.size, info.dseg->size);
+        live[n++] = (struct shadow){info.id, info.size, ai, oi};
+      }
+    } else if (op < 95 && n > 0) {
+      size_t k = rng() % n;
+      struct gmb_alloc_info info;
+      ck_assert_int_eq(gmb__pool_free(pool, live[k].id, &info), 0);
+      ck_assert_uint_eq(info.size, live[k].size);
+      ck_assert_ptr_eq(info.owner, &owners[live[k].owner]);
+      live[k] = live[--n];
+    } else if (op < 97) {
+      int ai = (int)(rng() % NA), oi = (int)(rng() % NO);
+      uint64_t want = 0;
+      for (size_t k = 0; k < n;) {
+        if (live[k].arena == ai && live[k].owner == oi) {
+          want += live[k].size;
+          live[k] = live[--n];
+        } else {
+          k++;
+        }
+      }
+      ck_assert_uint_eq(gmb__pool_free_owner(pool, ar[ai], &owners[oi]), want);
+    } else {
+      gmb__pool_trim(pool);
+    }
+    ck_assert_msg(gmb__pool_check(pool) == 0, "seed %u step %u: check", seed,
+                  step);
+    /* Accounting against the shadow model. */
+    uint64_t used[NA] = {0}, cnt[NA] = {0}, total = 0;
+    for (size_t k = 0; k < n; k++) {
+      used[live[k].arena] += live[k].size;
+      cnt[live[k].arena]++;
+      total += live[k].size;
+    }
+    uint64_t seg_bytes = 0;
+    for (int i = 0; i < NA; i++) {
+      struct gmb_arena_stats as;
+      gmb__pool_arena_stats(ar[i], &as);
+      ck_assert_uint_eq(as.used, used[i]);
+      ck_assert_uint_eq(as.allocations, cnt[i]);
+      ck_assert_uint_eq(as.free_total + as.used, as.segment_bytes);
+      ck_assert_uint_le(as.largest_free, as.free_total);
+      seg_bytes += as.segment_bytes;
+    }
+    struct gmb_pool_stats st;
+    gmb__pool_stats(pool, &st);
+    ck_assert_uint_eq(st.used, total);
+    ck_assert_uint_eq(st.allocations, n);
+    ck_assert_uint_eq(st.segment_bytes, seg_bytes);
+    ck_assert_uint_eq(dev->in_use, seg_bytes);
+    if (step % 64 == 0)
+      for (size_t k = 0; k < n; k++)
+        ck_assert_int_eq(gmb__pool_find(pool, live[k].id, NULL), 0);
+  }
+  printf("pool random_stress: %u steps, %zu live at end, %u NOMEM\n", iter, n,
+         nomem);
+  free(live);
+}
+END_TEST
+
+START_TEST(oom_loop_only_nomem) {
+  unsigned scale = env_uint("SCALE", 1);
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 1;
+  rng_state = seed;
+  printf("pool oom_loop_only_nomem: SEED=%u\n", seed - 1);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  size_t cap = 200000, n = 0;
+  uint64_t *ids = malloc(cap * sizeof *ids);
+  for (unsigned round = 0; round < 4 * scale; round++) {
+    unsigned failures = 0;
+    while (failures < 200 && n < cap) {
+      struct gmb_alloc_info info;
+      int rc = gmb__pool_alloc(pool, rng() & 1 ? a : b, random_size(), 0, NULL,
+                               &info);
+      if (rc == 0) {
+        ids[n++] = info.id;
+        continue;
+      }
+      ck_assert_msg(rc == GMB_E_NOMEM, "seed %u: failure %s, not NOMEM", seed,
+                    gmb_err_name(rc));
+      failures++;
+      /* Whatever failed, the device really had no room for a segment of
+       * that class, or the request is larger than what is left. */
+    }
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+    /* Free a random half and go again. */
+    for (size_t k = 0; k < n;) {
+      if (rng() & 1) {
+        ck_assert_int_eq(gmb__pool_free(pool, ids[k], NULL), 0);
+        ids[k] = ids[--n];
+      } else {
+        k++;
+      }
+    }
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+  }
+  while (n) ck_assert_int_eq(gmb__pool_free(pool, ids[--n], NULL), 0);
+  gmb__pool_trim(pool);
+  ck_assert_uint_eq(dev->in_use, 0);
+  free(ids);
+}
+END_TEST
+
+static Suite *pool_suite(void) {
+  Suite *s = suite_create("pool");
+  TCase *tc = tcase_create("pool");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, alloc_zero);
+  tcase_add_test(tc, alloc_overflow);
+  tcase_add_test(tc, align_512);
+  tcase_add_test(tc, small_share_segment);
+  tcase_add_test(tc, large_rounded_segment);
+  tcase_add_test(tc, large_reuses_remainder);
+  tcase_add_test(tc, free_twice);
+  tcase_add_test(tc, free_unknown_id);
+  tcase_add_test(tc, ids_never_reused);
+  tcase_add_test(tc, coalesce_both_neighbours);
+  tcase_add_test(tc, best_fit_picks_smallest);
+  tcase_add_test(tc, empty_segment_released);
+  tcase_add_test(tc, small_segment_lingers_then_trim);
+  tcase_add_test(tc, trim_releases_range_chunks);
+  tcase_add_test(tc, nomem_exact_capacity);
+  tcase_add_test(tc, lingering_released_under_pressure);
+  tcase_add_test(tc, arenas_never_share_segment);
+  tcase_add_test(tc, free_owner_frees_only_that_owner);
+  tcase_add_test(tc, retire_callback_called);
+  tcase_add_test(tc, walk_visits_all);
+  tcase_add_test(tc, random_stress);
+  tcase_add_test(tc, oom_loop_only_nomem);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(pool_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
