@@ -134,14 +134,20 @@ $(B)/bench/%: $(B)/obj/tests/bench/%.o $(CORE_A) $(LIB_A)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
 
-$(B)/gmb.pc: Makefile
-	@mkdir -p $(B)
+# The pkg-config file names PREFIX, so it is written again at install time
+# (a plain `make` writes one for the default PREFIX).
+define write_pc
 	$(Q)printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' \
 	  'includedir=$${prefix}/include' '' 'Name: gmb' \
 	  'Description: client library of the gmb GPU memory broker' \
 	  'Version: 0.1.0' 'Requires.private: libzmq libprotobuf-c' \
 	  'Libs: -L$${libdir} -lgmb' 'Libs.private: -lpthread -lrt' \
-	  'Cflags: -I$${includedir}' > $@
+	  'Cflags: -I$${includedir}' > $(1)
+endef
+
+$(B)/gmb.pc: Makefile
+	@mkdir -p $(B)
+	$(call write_pc,$@)
 
 # Tests: unit tests, then integration tests that start real brokers.  Each
 # binary is a Check suite; tests/run.sh prints a summary line per suite.
@@ -168,7 +174,7 @@ install: $(BROKER_BIN) $(CTL_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 	ln -sf libgmb.so.0 $(DESTDIR)$(PREFIX)/lib/libgmb.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 include/gmb.h $(DESTDIR)$(PREFIX)/include/
-	install -m 0644 $(B)/gmb.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	$(call write_pc,$(DESTDIR)$(PREFIX)/lib/pkgconfig/gmb.pc)
 
 clean:
 	rm -rf build

@@ -84,13 +84,12 @@ static int ctl_open(struct ctl *ctl) {
            ctl->run_dir);
   if (gmb__endpoint_probe(ctl->endpoint, hint, why, sizeof why) != 0)
     return ctl_fail(CTL_EXIT_FAIL, "%s", why);
-  int zero = 0, one = 1, t = CTL_TIMEOUT_MS;
+  int zero = 0, t = CTL_TIMEOUT_MS;
   ctl->zctx = zmq_ctx_new();
   ctl->sock = ctl->zctx ? zmq_socket(ctl->zctx, ZMQ_DEALER) : NULL;
   if (ctl->sock == NULL)
     return ctl_fail(CTL_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
   zmq_setsockopt(ctl->sock, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(ctl->sock, ZMQ_IMMEDIATE, &one, sizeof one);
   zmq_setsockopt(ctl->sock, ZMQ_SNDTIMEO, &t, sizeof t);
   if (zmq_connect(ctl->sock, ctl->endpoint) != 0)
     return ctl_fail(CTL_EXIT_FAIL, "cannot connect to %s: %s", ctl->endpoint,
