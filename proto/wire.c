@@ -54,6 +54,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__Heartbeat hb = GMB__HEARTBEAT__INIT;
   Gmb__Bye bye = GMB__BYE__INIT;
   Gmb__AdminStatus as = GMB__ADMIN_STATUS__INIT;
+  Gmb__AdminCompact ac = GMB__ADMIN_COMPACT__INIT;
 
   r.id = req->id;
   switch (req->kind) {
@@ -102,6 +103,12 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
     case WIRE_ADMIN_STATUS:
       r.body_case = GMB__REQUEST__BODY_ADMIN_STATUS;
       r.admin_status = &as;
+      break;
+    case WIRE_ADMIN_COMPACT:
+      if (!WIRE_FITS(req->u.admin_compact.tenant)) return GMB_E_INVAL;
+      ac.tenant = (char *)req->u.admin_compact.tenant;
+      r.body_case = GMB__REQUEST__BODY_ADMIN_COMPACT;
+      r.admin_compact = &ac;
       break;
     default:
       return GMB_E_INVAL;
@@ -163,6 +170,12 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
     case GMB__REQUEST__BODY_ADMIN_STATUS:
       out->kind = WIRE_ADMIN_STATUS;
       break;
+    case GMB__REQUEST__BODY_ADMIN_COMPACT:
+      out->kind = WIRE_ADMIN_COMPACT;
+      rc = wire_str_copy(out->u.admin_compact.tenant,
+                         sizeof out->u.admin_compact.tenant,
+                         r->admin_compact->tenant);
+      break;
     default:
       rc = GMB_E_PROTO; /* no body, or one this version does not know */
       break;
@@ -176,6 +189,31 @@ static void wire_handle_out(const struct wire_handle *h, Gmb__SegmentHandle *m) 
   m->size = h->size;
   m->handle.data = (uint8_t *)h->bytes;
   m->handle.len = h->len;
+}
+
+static void wire_compact_out(const struct wire_compact_stats *c,
+                             Gmb__CompactStats *m) {
+  m->moves = c->moves;
+  m->bytes_moved = c->bytes_moved;
+  m->segments_released = c->segments_released;
+  m->bytes_released = c->bytes_released;
+  m->skipped_locked = c->skipped_locked;
+  m->skipped_pinned = c->skipped_pinned;
+  m->seconds = c->seconds;
+  m->runs = c->runs;
+}
+
+static void wire_compact_in(const Gmb__CompactStats *m,
+                            struct wire_compact_stats *c) {
+  if (m == NULL) return;
+  c->moves = m->moves;
+  c->bytes_moved = m->bytes_moved;
+  c->segments_released = m->segments_released;
+  c->bytes_released = m->bytes_released;
+  c->skipped_locked = m->skipped_locked;
+  c->skipped_pinned = m->skipped_pinned;
+  c->seconds = m->seconds;
+  c->runs = m->runs;
 }
 
 static int wire_handle_in(const Gmb__SegmentHandle *m, struct wire_handle *h) {
@@ -196,6 +234,9 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__StatsReply stats = GMB__STATS_REPLY__INIT;
   Gmb__Event ev = GMB__EVENT__INIT;
   Gmb__AdminStatusReply as = GMB__ADMIN_STATUS_REPLY__INIT;
+  Gmb__CompactStats cs = GMB__COMPACT_STATS__INIT;
+  Gmb__NoMemory nm = GMB__NO_MEMORY__INIT;
+  char *holders[WIRE_HOLDERS_MAX];
   Gmb__TenantRow *rows = NULL, **rowp = NULL;
 
   if (rep->status > 0 || rep->status < -(int)GMB__STATUS__GMB_E_SYSTEM)
@@ -215,6 +256,9 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       hello.tenant = (char *)rep->u.hello.tenant;
       hello.device = (char *)rep->u.hello.device;
       hello.heartbeat_ms = rep->u.hello.heartbeat_ms;
+      if (!WIRE_FITS(rep->u.hello.lock_table)) return GMB_E_INVAL;
+      hello.lock_table = (char *)rep->u.hello.lock_table;
+      hello.lock_slots = rep->u.hello.lock_slots;
       r.body_case = GMB__REPLY__BODY_HELLO;
       r.hello = &hello;
       break;
@@ -224,6 +268,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       alloc.size = rep->u.alloc.size;
       alloc.segment = rep->u.alloc.segment;
       alloc.offset = rep->u.alloc.offset;
+      alloc.slot = rep->u.alloc.slot;
       if (rep->u.alloc.handle.len) {
         wire_handle_out(&rep->u.alloc.handle, &handle);
         alloc.handle = &handle;
@@ -282,15 +327,42 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
           rows[i].segments = t->segments;
           rows[i].sessions = t->sessions;
           rows[i].allocations = t->allocations;
+          rows[i].free_in_segments = t->free_in_segments;
+          rows[i].largest_free = t->largest_free;
+          rows[i].fragmentation = t->fragmentation;
           rowp[i] = &rows[i];
         }
       }
       as.n_tenants = n;
       as.tenants = rowp;
+      as.fragmentation = rep->u.admin_status.fragmentation;
+      as.largest_free = rep->u.admin_status.largest_free;
+      wire_compact_out(&rep->u.admin_status.compaction, &cs);
+      as.compaction = &cs;
       r.body_case = GMB__REPLY__BODY_ADMIN_STATUS;
       r.admin_status = &as;
       break;
     }
+    case WIRE_ADMIN_COMPACT:
+      wire_compact_out(&rep->u.compact, &cs);
+      r.body_case = GMB__REPLY__BODY_COMPACT;
+      r.compact = &cs;
+      break;
+    case WIRE_NOMEM:
+      if (rep->u.nomem.n_holders > WIRE_HOLDERS_MAX) return GMB_E_INVAL;
+      for (size_t i = 0; i < rep->u.nomem.n_holders; i++) {
+        if (!WIRE_FITS(rep->u.nomem.holders[i])) return GMB_E_INVAL;
+        holders[i] = (char *)rep->u.nomem.holders[i];
+      }
+      nm.request = rep->u.nomem.request;
+      nm.free_total = rep->u.nomem.free_total;
+      nm.largest_free = rep->u.nomem.largest_free;
+      nm.unmovable = rep->u.nomem.unmovable;
+      nm.n_holders = rep->u.nomem.n_holders;
+      nm.holders = holders;
+      r.body_case = GMB__REPLY__BODY_NOMEM;
+      r.nomem = &nm;
+      break;
     default:
       return GMB_E_INVAL;
   }
@@ -309,6 +381,9 @@ static int wire_admin_status_in(const Gmb__AdminStatusReply *as,
   out->u.admin_status.in_segments = as->in_segments;
   out->u.admin_status.in_use = as->in_use;
   out->u.admin_status.sessions = as->sessions;
+  out->u.admin_status.fragmentation = as->fragmentation;
+  out->u.admin_status.largest_free = as->largest_free;
+  wire_compact_in(as->compaction, &out->u.admin_status.compaction);
   if (as->n_tenants == 0) return 0;
   struct wire_tenant_row *rows = calloc(as->n_tenants, sizeof *rows);
   if (rows == NULL) return GMB_E_SYSTEM;
@@ -324,6 +399,9 @@ static int wire_admin_status_in(const Gmb__AdminStatusReply *as,
     rows[i].segments = t->segments;
     rows[i].sessions = t->sessions;
     rows[i].allocations = t->allocations;
+    rows[i].free_in_segments = t->free_in_segments;
+    rows[i].largest_free = t->largest_free;
+    rows[i].fragmentation = t->fragmentation;
   }
   return 0;
 }
@@ -358,6 +436,11 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       if (rc == 0)
         rc = wire_str_copy(out->u.hello.device, sizeof out->u.hello.device,
                            r->hello->device);
+      if (rc == 0)
+        rc = wire_str_copy(out->u.hello.lock_table,
+                           sizeof out->u.hello.lock_table,
+                           r->hello->lock_table);
+      out->u.hello.lock_slots = r->hello->lock_slots;
       break;
     case GMB__REPLY__BODY_ALLOC:
       out->kind = WIRE_ALLOC;
@@ -365,6 +448,7 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.alloc.size = r->alloc->size;
       out->u.alloc.segment = r->alloc->segment;
       out->u.alloc.offset = r->alloc->offset;
+      out->u.alloc.slot = r->alloc->slot;
       if (r->alloc->handle)
         rc = wire_handle_in(r->alloc->handle, &out->u.alloc.handle);
       break;
@@ -389,6 +473,26 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
     case GMB__REPLY__BODY_ADMIN_STATUS:
       out->kind = WIRE_ADMIN_STATUS;
       rc = wire_admin_status_in(r->admin_status, out);
+      break;
+    case GMB__REPLY__BODY_COMPACT:
+      out->kind = WIRE_ADMIN_COMPACT;
+      wire_compact_in(r->compact, &out->u.compact);
+      break;
+    case GMB__REPLY__BODY_NOMEM:
+      out->kind = WIRE_NOMEM;
+      out->u.nomem.request = r->nomem->request;
+      out->u.nomem.free_total = r->nomem->free_total;
+      out->u.nomem.largest_free = r->nomem->largest_free;
+      out->u.nomem.unmovable = r->nomem->unmovable;
+      if (r->nomem->n_holders > WIRE_HOLDERS_MAX) {
+        rc = GMB_E_PROTO;
+        break;
+      }
+      out->u.nomem.n_holders = r->nomem->n_holders;
+      for (size_t i = 0; rc == 0 && i < r->nomem->n_holders; i++)
+        rc = wire_str_copy(out->u.nomem.holders[i],
+                           sizeof out->u.nomem.holders[i],
+                           r->nomem->holders[i]);
       break;
     default:
       rc = GMB_E_PROTO;
@@ -419,6 +523,8 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_BYE: return "bye";
     case WIRE_EVENT: return "event";
     case WIRE_ADMIN_STATUS: return "admin-status";
+    case WIRE_ADMIN_COMPACT: return "admin-compact";
+    case WIRE_NOMEM: return "nomem";
   }
   return "unknown";
 }

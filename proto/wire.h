@@ -32,7 +32,11 @@ enum wire_kind {
   WIRE_BYE,
   WIRE_EVENT, /* replies only */
   WIRE_ADMIN_STATUS,
+  WIRE_ADMIN_COMPACT, /* request: AdminCompact; reply: CompactStats */
+  WIRE_NOMEM,         /* replies only: why GMB_E_NOMEM */
 };
+
+#define WIRE_HOLDERS_MAX 8 /* tenants named in a NoMemory reply */
 
 enum wire_event {
   WIRE_EVENT_NONE = 0,
@@ -71,6 +75,9 @@ struct wire_request {
     struct {
       uint64_t segment;
     } segment;
+    struct {
+      char tenant[WIRE_NAME_MAX + 1]; /* "": every tenant */
+    } admin_compact;
   } u;
 };
 
@@ -78,6 +85,14 @@ struct wire_tenant_row {
   char name[WIRE_NAME_MAX + 1];
   uint64_t quota, used, peak, segments, allocations;
   uint32_t sessions;
+  uint64_t free_in_segments, largest_free;
+  double fragmentation;
+};
+
+struct wire_compact_stats {
+  uint64_t moves, bytes_moved, segments_released, bytes_released;
+  uint64_t skipped_locked, skipped_pinned, runs;
+  double seconds;
 };
 
 struct wire_reply {
@@ -92,10 +107,13 @@ struct wire_reply {
       char tenant[WIRE_NAME_MAX + 1];
       char device[WIRE_DEVICE_MAX];
       uint32_t heartbeat_ms;
+      char lock_table[WIRE_DEVICE_MAX]; /* "": none */
+      uint32_t lock_slots;
     } hello;
     struct {
       uint64_t id, size, segment, offset;
       struct wire_handle handle; /* handle.len 0: already sent */
+      uint32_t slot;             /* movable: lock table slot */
     } alloc;
     struct {
       uint64_t quota, used, peak, segments;
@@ -111,7 +129,16 @@ struct wire_reply {
       uint32_t sessions;
       size_t n_tenants;
       struct wire_tenant_row *tenants; /* owned; wire_reply_clear frees */
+      double fragmentation;
+      uint64_t largest_free;
+      struct wire_compact_stats compaction;
     } admin_status;
+    struct wire_compact_stats compact;
+    struct {
+      uint64_t request, free_total, largest_free, unmovable;
+      size_t n_holders;
+      char holders[WIRE_HOLDERS_MAX][WIRE_NAME_MAX + 1];
+    } nomem; /* status GMB_E_NOMEM, with the reason in `message` */
   } u;
 };
 

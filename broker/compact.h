@@ -1,0 +1,87 @@
+/*
+ * compact.h - defragmentation: moving movable allocations so that free
+ * space is gathered again and emptied segments go back to the device.
+ *
+ * A compaction run is an explicit cursor (struct gmb_compact) that the
+ * broker's loop drives with gmb__compact_step(c, deadline): each step does
+ * work until the deadline and returns, so the loop answers other clients
+ * between steps, even while a large allocation is being copied (copies are
+ * chunked; a chunk never overlaps its destination).  A run covers one
+ * arena or all of them.
+ *
+ * Policy: allocations move out of the least used segments of an arena and
+ * size class into free ranges of fuller segments of the same arena and
+ * class (or to lower offsets of their own segment), so that the least used
+ * segments empty and are released.  A move never goes to a segment that is
+ * less used than its source, so a run ends.  Pinned allocations never move;
+ * movable ones move only when the broker's `claim` hook takes them (their
+ * lock-table slot went 0 -> MOVING, i.e. nobody holds them locked).
+ *
+ * A move either did not happen (target released, allocation where it was)
+ * or is committed: the allocation's id names the new range, the old range
+ * is free (and its segment released if it emptied), and `publish` has told
+ * the owner where it is now.  Between steps the rest of the broker may free
+ * the allocation being moved or end its session: it calls
+ * gmb__compact_forget() first, which abandons that move.
+ */
+#ifndef GMB_COMPACT_H
+#define GMB_COMPACT_H
+
+#include <stdint.h>
+
+#include "pool.h"
+
+struct gmb_compact;
+
+struct gmb_compact_hooks {
+  void *ctx;
+  /* Takes allocation `a` for a move: 1 when taken, 0 when it is locked
+   * (skipped this run). */
+  int (*claim)(void *ctx, const struct gmb_alloc_info *a);
+  /* The move is committed: `moved` is the allocation at its new place.
+   * Publish the new position and let go of the claim. */
+  void (*publish)(void *ctx, const struct gmb_alloc_info *moved);
+  /* The move was abandoned: let go of the claim; nothing moved. */
+  void (*release)(void *ctx, const struct gmb_alloc_info *a);
+};
+
+struct gmb_compact_stats {
+  uint64_t moves;             /* committed moves */
+  uint64_t bytes_moved;
+  uint64_t segments_released; /* segments that emptied and went back */
+  uint64_t bytes_released;
+  uint64_t skipped_locked;    /* movable allocations it could not claim */
+  uint64_t skipped_pinned;    /* pinned allocations in segments it wanted
+                                 to empty */
+  uint64_t ns;                /* time spent inside gmb__compact_step */
+};
+
+/* Starts a run over arena `a`, or over every arena when `a` is NULL.
+ * NULL on ENOMEM.  The hooks are copied. */
+struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
+                                     const struct gmb_compact_hooks *hooks);
+
+/* Works until `deadline_ns` (gmb__now_ns clock); always makes some progress
+ * (at least one chunk of a copy, or one decision).  Returns 1 while there
+ * is more to do, 0 when the run is over. */
+int gmb__compact_step(struct gmb_compact *c, uint64_t deadline_ns);
+
+/* The allocation `id` is about to be freed (or its session ended): if it is
+ * being moved, the move is abandoned (release is NOT called: the caller is
+ * freeing it anyway).  Returns 1 when a move was abandoned. */
+int gmb__compact_forget(struct gmb_compact *c, uint64_t id);
+
+/* The arena is about to be destroyed: stop touching it. */
+void gmb__compact_forget_arena(struct gmb_compact *c, struct gmb_arena *a);
+
+void gmb__compact_stats(const struct gmb_compact *c,
+                        struct gmb_compact_stats *out);
+
+/* Ends a run; a move in flight is abandoned (release is called).  Accepts
+ * NULL. */
+void gmb__compact_destroy(struct gmb_compact *c);
+
+/* 1 - largest / total, 0 when nothing is free. */
+double gmb__fragmentation(uint64_t largest_free, uint64_t total_free);
+
+#endif /* GMB_COMPACT_H */

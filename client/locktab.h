@@ -1,0 +1,71 @@
+/*
+ * locktab.h - the layout of a session's lock table, shared by the broker
+ * and the client library.
+ *
+ * A lock table is a POSIX shm object in host memory, created by the broker
+ * at Hello for one session and mapped by the broker and that session's
+ * process only (mode 0600, owned by the session's uid; the broker unlinks
+ * the name as soon as the client has mapped it).  It has one slot per
+ * movable allocation of the session.  `state` is the only word both sides
+ * write:
+ *
+ *   0 .. GMB_LT_MAX_HOLDERS   that many gmb_lock holders; the allocation
+ *                             is at (segment, offset) and stays there
+ *   GMB_LT_MOVING             the broker is moving it; wait
+ *
+ * Client, gmb_lock:   CAS state n -> n+1 (n not MOVING), acquire; then read
+ *                     segment and offset.  gmb_unlock: atomic decrement,
+ *                     release.
+ * Broker, a move:     CAS state 0 -> MOVING (acquire; a locked allocation is
+ *                     skipped), copy the bytes, write segment and offset,
+ *                     then store 0 (release).
+ * The acquire/release pairs order the plain reads and writes of segment and
+ * offset, so a holder never sees a half-written position, and no move can
+ * start while anybody holds the lock.  Atomics on a shared mapping are
+ * address-free on Linux for these lock-free 32-bit words.
+ *
+ * `id` names the allocation the slot serves (0: a free slot), so a client
+ * can tell a reused slot from its own.
+ */
+#ifndef GMB_LOCKTAB_H
+#define GMB_LOCKTAB_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define GMB_LT_MAGIC UINT64_C(0x31767462_6c626d67) /* "gmblbtv1" */
+#define GMB_LT_VERSION 1u
+#define GMB_LT_MOVING UINT32_C(0x80000000)
+#define GMB_LT_MAX_HOLDERS (GMB_LT_MOVING - 1u)
+#define GMB_LT_DEFAULT_SLOTS 65536u /* 2 MiB of table, sparse until used */
+
+struct gmb_lt_slot {
+  _Atomic uint32_t state; /* holders, or GMB_LT_MOVING */
+  uint32_t reserved;
+  uint64_t id;      /* the allocation; 0 when the slot is free */
+  uint64_t segment; /* where it is now */
+  uint64_t offset;
+};
+
+struct gmb_lt_header {
+  uint64_t magic;   /* GMB_LT_MAGIC */
+  uint32_t version; /* GMB_LT_VERSION */
+  uint32_t slots;   /* number of slots after the header */
+  uint64_t session; /* the session it belongs to */
+  uint8_t reserved[40];
+};
+
+_Static_assert(sizeof(struct gmb_lt_slot) == 32, "lock table slot layout");
+_Static_assert(sizeof(struct gmb_lt_header) == 64, "lock table header layout");
+
+/* Bytes of a table with `slots` slots. */
+static inline uint64_t gmb_lt_bytes(uint32_t slots) {
+  return sizeof(struct gmb_lt_header) +
+         (uint64_t)slots * sizeof(struct gmb_lt_slot);
+}
+
+static inline struct gmb_lt_slot *gmb_lt_slots(struct gmb_lt_header *h) {
+  return (struct gmb_lt_slot *)(h + 1);
+}
+
+#endif /* GMB_LOCKTAB_H */
