@@ -42,7 +42,7 @@ LIBS_ALL = $(PKG_LIBS) -lpthread -lrt -lm -ldl
 
 GEN := $(B)/gen/gmb.pb-c.c
 
-LIB_SRC := $(filter-out client/gmbctl.c client/ctl_%.c,$(wildcard client/*.c)) proto/wire.c
+LIB_SRC := $(filter-out client/gmbctl.c client/ctl_%.c client/replay.c,$(wildcard client/*.c)) proto/wire.c
 CTL_SRC := client/gmbctl.c $(wildcard client/ctl_*.c)
 BROKER_SRC := $(filter-out broker/main.c,$(wildcard broker/*.c))
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
@@ -59,6 +59,8 @@ HARNESS_OBJ := $(call obj,$(HARNESS_SRC))
 
 BROKER_BIN := $(B)/gmb-broker
 CTL_BIN := $(B)/gmbctl
+REPLAY_BIN := $(B)/gmb-replay
+TRACEGEN_BIN := $(B)/bench/tracegen
 LIB_SO := $(B)/libgmb.so
 LIB_A := $(B)/libgmb.a
 CORE_A := $(B)/libgmb-broker.a
@@ -70,7 +72,7 @@ BENCH_BIN := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 .PHONY: all deps check unit integration demo bench install clean gen
 # Keep test and bench objects between runs (they are intermediate files).
 .SECONDARY:
-all: $(BROKER_BIN) $(CTL_BIN) $(LIB_SO) $(LIB_A) $(UNIT_BIN) $(INTEG_BIN) \
+all: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(TRACEGEN_BIN) $(LIB_SO) $(LIB_A) $(UNIT_BIN) $(INTEG_BIN) \
      $(EXAMPLE_BIN) $(BENCH_BIN) $(B)/gmb.pc
 
 # Missing Debian packages are installed (as root) or named (otherwise).
@@ -113,6 +115,17 @@ $(BROKER_BIN): $(B)/obj/broker/main.o $(CORE_A) $(LIB_A)
 $(CTL_BIN): $(call obj,$(CTL_SRC)) $(LIB_A)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
+
+# The trace replayer (DESIGN.md "Trace format"), a client like gmbctl.
+$(REPLAY_BIN): $(B)/obj/client/replay.o $(LIB_A)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
+
+# Writes the fragmentation suite's traces (tests/bench/frag.sh).
+$(TRACEGEN_BIN): $(B)/obj/tests/bench/tracegen.o
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) -lm
 
 $(B)/tests/check_%: $(B)/obj/tests/unit/check_%.o $(CORE_A) $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -157,19 +170,19 @@ check: all
 unit: $(UNIT_BIN)
 	$(Q)sh tests/run.sh $(B) $(UNIT_BIN)
 
-integration: $(INTEG_BIN) $(BROKER_BIN) $(CTL_BIN)
+integration: $(INTEG_BIN) $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN)
 	$(Q)sh tests/run.sh $(B) $(INTEG_BIN)
 
-demo: $(BROKER_BIN) $(CTL_BIN) $(EXAMPLE_BIN)
+demo: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(EXAMPLE_BIN)
 	$(Q)sh deploy/demo/demo.sh $(B)
 
-bench: $(BENCH_BIN) $(BROKER_BIN)
+bench: $(BENCH_BIN) $(BROKER_BIN) $(REPLAY_BIN) $(TRACEGEN_BIN)
 	$(Q)sh tests/bench/run.sh $(B)
 
-install: $(BROKER_BIN) $(CTL_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
+install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib \
 	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 0755 $(BROKER_BIN) $(CTL_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libgmb.so.0
 	ln -sf libgmb.so.0 $(DESTDIR)$(PREFIX)/lib/libgmb.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "compact.h"
 #include "gmb.h"
 #include "log.h"
 #include "session.h"
@@ -41,6 +42,9 @@ static int admin_row(void *ctx, struct gmb_tenant *t) {
   row->segments = as.segment_bytes;
   row->sessions = t->n_sessions;
   row->allocations = as.allocations;
+  row->free_in_segments = as.free_total;
+  row->largest_free = as.largest_free;
+  row->fragmentation = gmb__fragmentation(as.largest_free, as.free_total);
   return 0;
 }
 
@@ -54,6 +58,9 @@ static void admin_status(struct gmb_broker *b, struct wire_reply *rep) {
   rep->u.admin_status.in_segments = ps.segment_bytes;
   rep->u.admin_status.in_use = ps.used;
   rep->u.admin_status.sessions = (uint32_t)gmb__sessions_count(b->sessions);
+  rep->u.admin_status.fragmentation = gmb__defrag_device_fragmentation(
+      b, &rep->u.admin_status.largest_free, NULL);
+  rep->u.admin_status.compaction = b->compact_totals;
   struct admin_rows r = {0};
   r.cap = gmb__tenants_count(b->tenants);
   if (r.cap) {
@@ -70,8 +77,8 @@ static void admin_status(struct gmb_broker *b, struct wire_reply *rep) {
   rep->u.admin_status.n_tenants = r.n;
 }
 
-void gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
-                const struct wire_request *req, struct wire_reply *rep) {
+int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
+               const struct wire_request *req, struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
   rep->id = req->id;
   if (!gmb__admin_allowed(b, peer->uid)) {
@@ -81,16 +88,19 @@ void gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
     snprintf(rep->message, sizeof rep->message,
              "uid %u is not an admin of this broker (see admin_uids)",
              (unsigned)peer->uid);
-    return;
+    return 1;
   }
   switch (req->kind) {
     case WIRE_ADMIN_STATUS:
       admin_status(b, rep);
-      return;
+      return 1;
+    case WIRE_ADMIN_COMPACT:
+      gmb__defrag_admin(b, peer, req); /* answered when the run ends */
+      return 0;
     default:
       rep->status = GMB_E_PROTO;
       snprintf(rep->message, sizeof rep->message,
                "%s is not an admin request", gmb__wire_kind_name(req->kind));
-      return;
+      return 1;
   }
 }

@@ -54,6 +54,8 @@ struct gmb_compact_stats {
   uint64_t skipped_pinned;    /* pinned allocations in segments it wanted
                                  to empty */
   uint64_t ns;                /* time spent inside gmb__compact_step */
+  uint64_t ns_release;        /* of which committing moves that released a
+                                 segment (the device's release dominates) */
 };
 
 /* Starts a run over arena `a`, or over every arena when `a` is NULL.
@@ -71,7 +73,13 @@ int gmb__compact_step(struct gmb_compact *c, uint64_t deadline_ns);
  * freeing it anyway).  Returns 1 when a move was abandoned. */
 int gmb__compact_forget(struct gmb_compact *c, uint64_t id);
 
-/* The arena is about to be destroyed: stop touching it. */
+/* Every allocation of `owner` is about to be freed (its session ended): if
+ * one of them is being moved, the move is abandoned as by
+ * gmb__compact_forget().  Returns 1 when a move was abandoned. */
+int gmb__compact_forget_owner(struct gmb_compact *c, const void *owner);
+
+/* The arena is about to be destroyed: stop touching it.  A move out of it
+ * is abandoned without calling release (its allocations are all going). */
 void gmb__compact_forget_arena(struct gmb_compact *c, struct gmb_arena *a);
 
 void gmb__compact_stats(const struct gmb_compact *c,

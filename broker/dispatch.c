@@ -23,7 +23,9 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "compact.h"
 #include "gmb.h"
+#include "locktab.h"
 #include "log.h"
 #include "session.h"
 #include "util.h"
@@ -35,6 +37,7 @@ struct gmb_waiter {
   uint64_t size;
   uint32_t flags;
   uint64_t deadline_ns; /* UINT64_MAX: for ever */
+  int after_compact;    /* answer GMB_E_NOMEM when the run ends */
 };
 
 static void dispatch_fail(struct wire_reply *rep, int status, const char *fmt,
@@ -107,6 +110,14 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
                   strerror(errno));
     return 1;
   }
+  char err[256];
+  s->lt = gmb__locktab_new(s->id, s->uid, s->gid, GMB_LT_DEFAULT_SLOTS, err,
+                           sizeof err);
+  if (s->lt == NULL) {
+    dispatch_fail(rep, GMB_E_SYSTEM, "cannot create the lock table: %s", err);
+    gmb__session_end(b, s, "no lock table");
+    return 1;
+  }
   log_info("session %" PRIu64 " opened: tenant %s, uid %u, pid %d, %s%s",
            s->id, t->name, (unsigned)s->uid, (int)s->pid, s->client,
            s->pidfd < 0 ? " (heartbeats)" : "");
@@ -117,30 +128,87 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
   snprintf(rep->u.hello.device, sizeof rep->u.hello.device, "%s",
            b->dev->ops->kind);
   rep->u.hello.heartbeat_ms = s->pidfd < 0 ? b->cfg.heartbeat_ms : 0;
+  snprintf(rep->u.hello.lock_table, sizeof rep->u.hello.lock_table, "%s",
+           gmb__locktab_name(s->lt));
+  rep->u.hello.lock_slots = GMB_LT_DEFAULT_SLOTS;
   return 1;
 }
 
 /* --- alloc ------------------------------------------------------------ */
 
+struct dispatch_unmovable {
+  struct gmb_broker *b;
+  uint64_t bytes;
+  struct {
+    struct gmb_tenant *t;
+    uint64_t bytes;
+  } by[WIRE_HOLDERS_MAX];
+  size_t n;
+};
+
+/* Counts the bytes compaction cannot move: pinned, or movable and locked
+ * now; and which tenants hold the most of them. */
+static int dispatch_count_unmovable(void *ctx, const struct gmb_alloc_info *a,
+                                    int is_free) {
+  struct dispatch_unmovable *u = ctx;
+  if (is_free || a->id == 0) return 0;
+  struct gmb_session *s = a->owner;
+  int stuck = !(a->flags & GMB_MOVABLE);
+  if (!stuck && s && s->lt && a->tag)
+    stuck = gmb__locktab_holders(s->lt, a->tag - 1) != 0;
+  if (!stuck || s == NULL) return 0;
+  u->bytes += a->size;
+  size_t i;
+  for (i = 0; i < u->n; i++)
+    if (u->by[i].t == s->tenant) break;
+  if (i == u->n) {
+    if (u->n == WIRE_HOLDERS_MAX) return 0; /* the total still counts */
+    u->by[u->n].t = s->tenant;
+    u->by[u->n].bytes = 0;
+    u->n++;
+  }
+  u->by[i].bytes += a->size;
+  return 0;
+}
+
 static void dispatch_nomem(struct gmb_broker *b, struct gmb_session *s,
                            uint64_t size, struct wire_reply *rep) {
-  struct gmb_pool_stats ps;
-  struct gmb_arena_stats as;
-  char req_s[GMB_SIZE_BUFSZ], cap_s[GMB_SIZE_BUFSZ], out_s[GMB_SIZE_BUFSZ],
-      free_s[GMB_SIZE_BUFSZ], big_s[GMB_SIZE_BUFSZ];
-  gmb__pool_stats(b->pool, &ps);
-  gmb__pool_arena_stats(s->tenant->arena, &as);
+  uint64_t largest = 0, total = 0;
+  gmb__defrag_device_fragmentation(b, &largest, &total);
+  struct dispatch_unmovable u;
+  memset(&u, 0, sizeof u);
+  u.b = b;
+  gmb__pool_walk(b->pool, dispatch_count_unmovable, &u);
+  char req_s[GMB_SIZE_BUFSZ], tot_s[GMB_SIZE_BUFSZ], big_s[GMB_SIZE_BUFSZ],
+      stuck_s[GMB_SIZE_BUFSZ], one[GMB_SIZE_BUFSZ];
+  char holders[256] = "";
+  size_t off = 0;
+  for (size_t i = 0; i < u.n && off < sizeof holders; i++) {
+    int n = snprintf(holders + off, sizeof holders - off, "%s%s %s",
+                     i ? ", " : "", u.by[i].t->name,
+                     gmb__size_format(u.by[i].bytes, one, sizeof one));
+    if (n < 0) break;
+    off += (size_t)n;
+  }
   dispatch_fail(rep, GMB_E_NOMEM,
-                "no room for %s on device %s: %s of its %s are outside "
-                "segments; tenant %s's segments have %s free, the largest "
-                "free range is %s",
+                "no room for %s on %s (tenant %s): %s free in total, the "
+                "largest free range is %s; %s cannot be moved (pinned or "
+                "locked)%s%s%s",
                 gmb__size_format(size, req_s, sizeof req_s), b->dev->desc,
-                gmb__size_format(ps.capacity - ps.segment_bytes, out_s,
-                                 sizeof out_s),
-                gmb__size_format(ps.capacity, cap_s, sizeof cap_s),
-                s->tenant->name,
-                gmb__size_format(as.free_total, free_s, sizeof free_s),
-                gmb__size_format(as.largest_free, big_s, sizeof big_s));
+                s->tenant->name, gmb__size_format(total, tot_s, sizeof tot_s),
+                gmb__size_format(largest, big_s, sizeof big_s),
+                gmb__size_format(u.bytes, stuck_s, sizeof stuck_s),
+                u.n ? ", held by " : "", holders,
+                b->cfg.compaction ? "" : "; compaction is off");
+  rep->kind = WIRE_NOMEM;
+  rep->u.nomem.request = size;
+  rep->u.nomem.free_total = total;
+  rep->u.nomem.largest_free = largest;
+  rep->u.nomem.unmovable = u.bytes;
+  rep->u.nomem.n_holders = u.n;
+  for (size_t i = 0; i < u.n; i++)
+    snprintf(rep->u.nomem.holders[i], sizeof rep->u.nomem.holders[i], "%s",
+             u.by[i].t->name);
 }
 
 /*
@@ -172,9 +240,23 @@ static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
     return rc;
   }
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
+  uint32_t slot = 0;
+  if (flags & GMB_MOVABLE) {
+    rc = gmb__locktab_slot_new(s->lt, info.id, info.dseg->id, info.offset,
+                               &slot);
+    if (rc) {
+      gmb__pool_free(b->pool, info.id, NULL);
+      dispatch_fail(rep, rc, "this session holds as many movable "
+                    "allocations as its lock table has slots (%u)",
+                    GMB_LT_DEFAULT_SLOTS);
+      return rc;
+    }
+    gmb__pool_set_tag(b->pool, info.id, slot + 1);
+  }
   rc = gmb__tenant_charge(t, rounded);
   GMB_ASSERT(rc == 0 && "a size that fit the quota a moment ago");
   s->allocations++;
+  b->pool_ops++;
   rep->status = 0;
   rep->kind = WIRE_ALLOC;
   rep->u.alloc.id = info.id;
@@ -182,6 +264,7 @@ static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
   rep->u.alloc.segment = info.dseg->id;
   rep->u.alloc.offset = info.offset;
   rep->u.alloc.handle.len = 0;
+  rep->u.alloc.slot = slot;
   int seen = gmb__session_seg_seen(s, info.dseg->id);
   if (seen == 0) {
     dispatch_grant(b, s, info.dseg);
@@ -207,24 +290,44 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
   }
   int rc = dispatch_try_alloc(b, s, size, flags, rep);
   if (rc != GMB_E_NOMEM) return 1;
-  if (req->u.alloc.timeout_ms == 0) {
-    dispatch_nomem(b, s, size, rep);
+  /* It fits the device's free total but no free range: compaction can
+   * make room, so the request waits for a run (started now, unless one is
+   * in progress) before it is answered. */
+  uint64_t total = 0, rounded = (size + GMB_POOL_ALIGN - 1) &
+                                ~(uint64_t)(GMB_POOL_ALIGN - 1);
+  gmb__defrag_device_fragmentation(b, NULL, &total);
+  int compact = b->cfg.compaction && total >= rounded;
+  if (req->u.alloc.timeout_ms == 0 && !compact) {
+    dispatch_nomem(b, s, rounded, rep);
     return 1;
   }
-  struct gmb_waiter *w = calloc(1, sizeof *w);
-  if (w == NULL) {
+  if (gmb__dispatch_queue(b, s, req->id, size, flags, req->u.alloc.timeout_ms,
+                          req->u.alloc.timeout_ms == 0) != 0) {
     dispatch_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
                   "host memory");
     return 1;
   }
+  if (compact) gmb__defrag_start(b, NULL, GMB_DEFRAG_REQUEST);
+  if (req->u.alloc.timeout_ms == 0 && b->compacting == NULL) {
+    /* No run could start: answer now rather than never. */
+    gmb__dispatch_compaction_over(b);
+  }
+  return 0;
+}
+
+int gmb__dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
+                        uint64_t req_id, uint64_t size, uint32_t flags,
+                        int timeout_ms, int after_compact) {
+  struct gmb_waiter *w = calloc(1, sizeof *w);
+  if (w == NULL) return GMB_E_SYSTEM;
   w->session = s;
-  w->req_id = req->id;
+  w->req_id = req_id;
   w->size = size;
   w->flags = flags;
-  w->deadline_ns = req->u.alloc.timeout_ms < 0
-                       ? UINT64_MAX
-                       : gmb__now_ns() +
-                             (uint64_t)req->u.alloc.timeout_ms * 1000000u;
+  w->after_compact = after_compact;
+  w->deadline_ns = timeout_ms <= 0 ? UINT64_MAX
+                                   : gmb__now_ns() +
+                                         (uint64_t)timeout_ms * 1000000u;
   w->prev = b->wait_tail;
   if (b->wait_tail)
     b->wait_tail->next = w;
@@ -232,12 +335,14 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     b->wait_head = w;
   b->wait_tail = w;
   b->n_waiting++;
-  log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for memory (%d ms)",
-            s->id, size, req->u.alloc.timeout_ms);
+  if (after_compact) b->n_after_compact++;
+  log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for memory (%d ms%s)",
+            s->id, size, timeout_ms, after_compact ? ", compaction" : "");
   return 0;
 }
 
 static void dispatch_unqueue(struct gmb_broker *b, struct gmb_waiter *w) {
+  if (w->after_compact) b->n_after_compact--;
   if (w->prev)
     w->prev->next = w->next;
   else
@@ -264,6 +369,26 @@ void gmb__dispatch_serve_waiters(struct gmb_broker *b) {
     rep.id = w->req_id;
     int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep);
     if (rc == GMB_E_NOMEM) continue;
+    dispatch_answer(b, w->session, &rep);
+    dispatch_unqueue(b, w);
+  }
+}
+
+void gmb__dispatch_compaction_over(struct gmb_broker *b) {
+  if (b->n_after_compact == 0) return;
+  struct gmb_waiter *w = b->wait_head, *next;
+  for (; w; w = next) {
+    next = w->next;
+    if (!w->after_compact) continue;
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.id = w->req_id;
+    int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep);
+    if (rc == GMB_E_NOMEM)
+      dispatch_nomem(b, w->session,
+                     (w->size + GMB_POOL_ALIGN - 1) &
+                         ~(uint64_t)(GMB_POOL_ALIGN - 1),
+                     &rep);
     dispatch_answer(b, w->session, &rep);
     dispatch_unqueue(b, w);
   }
@@ -311,8 +436,11 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
                   "session", req->u.free.id);
     return 1;
   }
+  gmb__defrag_forget(b, req->u.free.id);
+  if (info.tag) gmb__locktab_slot_free(s->lt, info.tag - 1);
   int rc = gmb__pool_free(b->pool, req->u.free.id, &info);
   GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
+  b->pool_ops++;
   gmb__tenant_uncharge(s->tenant, info.size);
   s->allocations--;
   rep->status = 0;
@@ -385,6 +513,12 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
     return 1;
   }
   s->last_seen_ns = gmb__now_ns();
+  /* The client maps its lock table before its first request after Hello,
+   * so the name can go: nobody else can open it from now on. */
+  if (!s->lt_unlinked) {
+    gmb__locktab_unlink(s->lt);
+    s->lt_unlinked = 1;
+  }
   switch (req->kind) {
     case WIRE_ALLOC:
       return dispatch_alloc(b, s, req, rep);

@@ -31,6 +31,8 @@
 
 #define LOOP_BATCH 256
 #define LOOP_TRIM_NS (2000ull * 1000000ull)
+#define LOOP_FRAG_NS (1000ull * 1000000ull)  /* background check period */
+#define LOOP_COMPACT_NS (2ull * 1000000ull)  /* compaction slice per round */
 
 /* The poll set, rebuilt from the session table when it is dirty. */
 static zmq_pollitem_t *loop_items;
@@ -282,8 +284,8 @@ static int loop_take(struct gmb_broker *b, void *sock, int admin) {
   } else {
     struct wire_reply rep;
     if (admin) {
-      gmb__admin(b, &peer, &req, &rep);
-      gmb__loop_send(b, sock, r, rlen, &rep);
+      if (gmb__admin(b, &peer, &req, &rep))
+        gmb__loop_send(b, sock, r, rlen, &rep);
     } else if (gmb__dispatch(b, &peer, &req, &rep)) {
       gmb__loop_send(b, sock, r, rlen, &rep);
     }
@@ -375,6 +377,7 @@ static void loop_tell_shutdown(void *ctx, struct gmb_session *s) {
 int gmb__loop_run(struct gmb_broker *b) {
   uint64_t next_trim = gmb__now_ns() + LOOP_TRIM_NS;
   uint64_t next_hb = gmb__now_ns() + b->cfg.heartbeat_ms * 1000000ull;
+  uint64_t next_frag = gmb__now_ns() + LOOP_FRAG_NS;
   while (!b->stopping) {
     if (loop_dirty && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
@@ -388,6 +391,10 @@ int gmb__loop_run(struct gmb_broker *b) {
     if (timeout_ms > 1000) timeout_ms = 1000;
     if (loop_dirty) timeout_ms = 0; /* expiring waiters changed nothing of
                                        the poll set, but be safe */
+    /* While compaction has work, poll without sleeping: the loop
+     * alternates between a slice of compaction and the messages that
+     * arrived meanwhile. */
+    if (b->compacting || b->compact_reqs) timeout_ms = 0;
     int rc = zmq_poll(loop_items, (int)loop_n_items, timeout_ms);
     if (rc < 0) {
       if (zmq_errno() == EINTR) continue;
@@ -410,6 +417,14 @@ int gmb__loop_run(struct gmb_broker *b) {
       }
     }
     now = gmb__now_ns();
+    if (b->compacting || b->compact_reqs) {
+      gmb__defrag_tick(b, now + LOOP_COMPACT_NS);
+      now = gmb__now_ns();
+    }
+    if (now >= next_frag) {
+      gmb__defrag_timer(b, now);
+      next_frag = now + LOOP_FRAG_NS;
+    }
     if (now >= next_hb) {
       struct loop_hb h = {b, now};
       gmb__sessions_each(b->sessions, loop_check_heartbeat, &h);
@@ -422,6 +437,7 @@ int gmb__loop_run(struct gmb_broker *b) {
       next_trim = now + LOOP_TRIM_NS;
     }
   }
+  gmb__defrag_shutdown(b);
   gmb__sessions_each(b->sessions, loop_tell_shutdown, b);
   return 0;
 }

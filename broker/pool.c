@@ -11,9 +11,13 @@
  * table instead: slots[i].r points at the range, slots[i].gen is the
  * generation that the range's id carries in its high 32 bits.
  *
- * Memory.  A range is 80 bytes: the tree links and the owner pointer share a
- * union because only free ranges are in a tree and only live ones have an
- * owner.  Ranges come from chunks of POOL_CHUNK_RANGES (no malloc header per
+ * The structures are in pool_impl.h, which compact.c reads (see there for
+ * the rule: only this file writes them).
+ *
+ * Memory.  A range is 80 bytes: the tree links, the owner pointer and tag,
+ * and a move target's list link share a union because only free ranges are
+ * in a tree, only live ones have an owner and only targets are in the list
+ * of moves.  Ranges come from chunks of POOL_CHUNK_RANGES (no malloc header per
  * range, and no malloc call per alloc/free); chunks that hold no range are
  * given back by gmb__pool_trim().  The slot table costs 16 bytes a slot and
  * doubles when full.  Nothing is ever stored in device memory.
@@ -29,6 +33,18 @@
  * shm object or cuMemAlloc region each time; gmb__pool_trim() or a device
  * allocation that fails for want of room releases it.  A lingering segment
  * stays in the free tree as one free range, so the arena reuses it first.
+ * "Empty" means idle: no live range and no move target.  A segment emptied
+ * by a committed move is released at once, whatever its class.
+ *
+ * Moves.  A move target is carved out of a free range (up to two free
+ * pieces stay around it), leaves the free tree, and is listed in p->moves
+ * with a serial that names it to the mover; its source is marked
+ * POOL_MOVING_SRC.  There are few moves in flight (one per compaction
+ * run), so the list is searched linearly.  Commit swaps the target in for
+ * the source in the slot table (or, for a slide that overlaps, moves the
+ * range down and frees the tail); a free of the source, or the end of its
+ * arena, drops the target, so the mover is the only one that can be
+ * surprised, and it finds out from commit/abort returning GMB_E_NOENT.
  *
  * Failure.  Every allocation reserves its slot and range structs before it
  * changes anything, so a failure (GMB_E_INVAL, GMB_E_NOMEM, or a device
@@ -37,37 +53,19 @@
  */
 #include "pool.h"
 
-#include <bsd/sys/queue.h>
-#include <bsd/sys/tree.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gmb.h"
 #include "log.h"
-
-enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_CLASSES = 2 };
+#include "pool_impl.h"
 
 #define POOL_CHUNK_RANGES 2000u /* 160 KB chunks */
 #define POOL_SLOTS_MIN 64u
 #define POOL_SLOT_NONE UINT32_MAX
 
-struct pool_range {
-  struct pool_range *prev, *next; /* address order within the segment */
-  struct gmb_segment *seg;
-  uint64_t offset;
-  uint64_t size;
-  uint32_t flags; /* GMB_RANGE_FREE, or the allocation's flags */
-  uint32_t slot;  /* live: its slot */
-  union {
-    RB_ENTRY(pool_range) node; /* free: in the arena's tree */
-    void *owner;               /* live */
-  } u;
-};
-
 _Static_assert(sizeof(struct pool_range) <= 80,
                "a range stays within 80 bytes (the per-allocation budget)");
-
-RB_HEAD(pool_free_tree, pool_range);
 
 /* One entry of the slot table.  The pointer and the generation share a
  * cache line so that looking an id up costs one miss, not two. */
@@ -75,28 +73,6 @@ struct pool_slot {
   struct pool_range *r; /* NULL: free or retired */
   uint32_t gen;         /* generation of the id the slot hands out next/now */
   uint32_t next_free;   /* free list, when r is NULL */
-};
-
-struct gmb_segment {
-  struct gmb_dseg dseg;
-  struct gmb_arena *arena;
-  struct pool_range *first;
-  RB_ENTRY(gmb_segment) by_id;  /* the pool's tree of segments */
-  LIST_ENTRY(gmb_segment) link; /* the arena's segments */
-  uint64_t used;                /* bytes of live ranges */
-  uint32_t live;                /* count of live ranges */
-  uint32_t cls;
-};
-
-RB_HEAD(pool_seg_tree, gmb_segment);
-
-struct gmb_arena {
-  void *tag;
-  struct pool_free_tree free[POOL_CLASSES];
-  LIST_HEAD(, gmb_segment) segs;
-  LIST_ENTRY(gmb_arena) link;
-  struct gmb_segment *linger; /* an empty small segment kept, or NULL */
-  uint64_t used, allocations, segment_bytes, segments, free_total;
 };
 
 struct pool_chunk {
@@ -120,6 +96,9 @@ struct gmb_pool {
   struct pool_chunk *chunks;
   struct pool_range *range_free; /* linked through `next` */
   uint64_t nchunks, nrange_free;
+
+  struct pool_range *moves; /* move targets in flight, via u.target.next */
+  uint64_t nmoves, next_serial;
 };
 
 static int pool_free_cmp(const struct pool_range *a,
@@ -267,16 +246,31 @@ static uint64_t pool_range_id(const struct gmb_pool *p,
   return (uint64_t)p->slots[r->slot].gen << 32 | r->slot;
 }
 
+static int pool_is_live(const struct pool_range *r) {
+  return !(r->flags & (GMB_RANGE_FREE | GMB_RANGE_TARGET));
+}
+
 static void pool_info(const struct gmb_pool *p, const struct pool_range *r,
                       struct gmb_alloc_info *out) {
-  int is_free = (r->flags & GMB_RANGE_FREE) != 0;
-  out->id = is_free ? 0 : pool_range_id(p, r);
+  int live = pool_is_live(r);
+  out->id = live ? pool_range_id(p, r) : 0;
   out->size = r->size;
   out->offset = r->offset;
-  out->flags = r->flags;
-  out->owner = is_free ? NULL : r->u.owner;
+  out->flags = r->flags & ~POOL_MOVING_SRC;
+  out->tag = live ? r->u.live.tag : 0;
+  out->owner = live ? r->u.live.owner : NULL;
   out->segment = r->seg;
   out->dseg = &r->seg->dseg;
+}
+
+struct pool_range *gmb__pool_range_by_id(const struct gmb_pool *p,
+                                         uint64_t id) {
+  return pool_lookup(p, id);
+}
+
+uint64_t gmb__pool_range_id(const struct gmb_pool *p,
+                            const struct pool_range *r) {
+  return pool_range_id(p, r);
 }
 
 /* ---- segments --------------------------------------------------------- */
@@ -291,6 +285,8 @@ static void pool_tree_remove(struct gmb_arena *a, struct pool_range *r) {
 }
 
 static uint64_t pool_release_lingering(struct gmb_pool *p);
+static void pool_move_drop(struct gmb_pool *p, struct pool_range *t,
+                           int handle_empty);
 
 /* Creates a segment of `size` bytes for arena a, as one free range.  The
  * caller reserved one range struct.  Under device pressure the lingering
@@ -338,6 +334,15 @@ static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
   if (a->linger == s) {
     a->linger = NULL;
     p->lingering--;
+  }
+  /* Only a whole arena's end releases a segment that a move touches (an
+   * idle segment has no target and no live source): drop those moves
+   * first, so no range below is a target or a moving source.  A target
+   * dropped in another segment of the arena leaves it to be released in
+   * turn. */
+  for (struct pool_range *t = p->moves, *tn; t; t = tn) {
+    tn = t->u.target.next;
+    if (t->seg == s || p->slots[t->slot].r->seg == s) pool_move_drop(p, t, 0);
   }
   for (struct pool_range *r = s->first, *nx; r; r = nx) {
     nx = r->next;
@@ -438,12 +443,14 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
     a->free_total += rest->size;
   }
   r->flags = flags;
-  r->u.owner = owner;
+  r->u.live.owner = owner;
+  r->u.live.tag = 0;
   uint64_t id = pool_slot_take(p, r);
   if (s->live++ == 0 && a->linger == s) {
     a->linger = NULL;
     p->lingering--;
   }
+  if (!(flags & GMB_MOVABLE)) s->pinned++;
   s->used += need;
   a->used += need;
   a->allocations++;
@@ -457,20 +464,12 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
   return 0;
 }
 
-/* Frees live range r: slot, accounting, coalescing.  Returns the free range
- * that now covers r's bytes.  The caller deals with an emptied segment. */
-static struct pool_range *pool_range_free(struct gmb_pool *p,
-                                          struct pool_range *r) {
-  struct gmb_segment *s = r->seg;
-  struct gmb_arena *a = s->arena;
-  pool_slot_release(p, r->slot);
-  s->live--;
-  s->used -= r->size;
-  a->used -= r->size;
-  a->allocations--;
-  a->free_total += r->size;
-  p->used -= r->size;
-  p->allocations--;
+/* Makes r (no longer live or target; its counts already adjusted) a free
+ * range: merged with free neighbours and put in the tree.  The arena's
+ * free_total is the caller's.  Returns the free range that covers r. */
+static struct pool_range *pool_coalesce(struct gmb_pool *p,
+                                        struct pool_range *r) {
+  struct gmb_arena *a = r->seg->arena;
   r->flags = GMB_RANGE_FREE;
   struct pool_range *prev = r->prev, *next = r->next;
   if (prev && (prev->flags & GMB_RANGE_FREE)) {
@@ -492,6 +491,38 @@ static struct pool_range *pool_range_free(struct gmb_pool *p,
   return r;
 }
 
+/* Finds the target of the move of live range r (which has POOL_MOVING_SRC). */
+static struct pool_range *pool_move_target_of(const struct gmb_pool *p,
+                                              const struct pool_range *r) {
+  for (struct pool_range *t = p->moves; t; t = t->u.target.next)
+    if (t->slot == r->slot) return t;
+  GMB_ASSERT(0 && "a moving allocation has a target");
+  return NULL;
+}
+
+/* Frees live range r: its move if one is in flight (the target's segment
+ * is dealt with only when handle_empty), slot, accounting, coalescing.
+ * Returns the free range that now covers r's bytes.  The caller deals with
+ * r's segment if it emptied. */
+static struct pool_range *pool_range_free(struct gmb_pool *p,
+                                          struct pool_range *r,
+                                          int handle_empty) {
+  if (r->flags & POOL_MOVING_SRC)
+    pool_move_drop(p, pool_move_target_of(p, r), handle_empty);
+  struct gmb_segment *s = r->seg;
+  struct gmb_arena *a = s->arena;
+  pool_slot_release(p, r->slot);
+  s->live--;
+  if (!(r->flags & GMB_MOVABLE)) s->pinned--;
+  s->used -= r->size;
+  a->used -= r->size;
+  a->allocations--;
+  a->free_total += r->size;
+  p->used -= r->size;
+  p->allocations--;
+  return pool_coalesce(p, r);
+}
+
 int gmb__pool_free(struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *info) {
   struct pool_range *r = pool_lookup(p, id);
@@ -499,8 +530,8 @@ int gmb__pool_free(struct gmb_pool *p, uint64_t id,
   if (info) pool_info(p, r, info);
   struct gmb_segment *s = r->seg;
   struct gmb_arena *a = s->arena;
-  pool_range_free(p, r);
-  if (s->live == 0) {
+  pool_range_free(p, r, 1);
+  if (pool_seg_idle(s)) {
     pool_segment_emptied(p, s);
     if (info && a->linger != s) { /* released: leave nothing dangling */
       info->segment = NULL;
@@ -519,22 +550,240 @@ int gmb__pool_find(const struct gmb_pool *p, uint64_t id,
   return 0;
 }
 
+/* ---- moves ------------------------------------------------------------ */
+
+/* Unlinks target t from the pool's list of moves and clears its source's
+ * mark.  The target's counts are the caller's. */
+static void pool_move_unlink(struct gmb_pool *p, struct pool_range *t) {
+  struct pool_range **pp = &p->moves;
+  while (*pp != t) {
+    GMB_ASSERT(*pp && "a target is in the list of moves");
+    pp = &(*pp)->u.target.next;
+  }
+  *pp = t->u.target.next;
+  p->nmoves--;
+  struct pool_range *src = p->slots[t->slot].r;
+  GMB_ASSERT(src && (src->flags & POOL_MOVING_SRC) &&
+             "a target's allocation is marked moving");
+  src->flags &= ~POOL_MOVING_SRC;
+}
+
+/* Drops move target t: it becomes free.  With handle_empty, a segment
+ * left with nothing in it is released or lingers, as after a free. */
+static void pool_move_drop(struct gmb_pool *p, struct pool_range *t,
+                           int handle_empty) {
+  struct gmb_segment *s = t->seg;
+  struct gmb_arena *a = s->arena;
+  pool_move_unlink(p, t);
+  s->targets--;
+  s->reserved -= t->size;
+  a->moving -= t->size;
+  a->free_total += t->size;
+  pool_coalesce(p, t);
+  if (handle_empty && pool_seg_idle(s) && a->linger != s)
+    pool_segment_emptied(p, s);
+}
+
+static struct pool_range *pool_move_find(const struct gmb_pool *p,
+                                         uint64_t serial) {
+  for (struct pool_range *t = p->moves; t; t = t->u.target.next)
+    if (t->u.target.serial == serial) return t;
+  return NULL;
+}
+
+int gmb__pool_move_begin(struct gmb_pool *p, uint64_t id, uint64_t seg_id,
+                         uint64_t dst_offset, struct gmb_pool_move *out) {
+  struct pool_range *r = pool_lookup(p, id);
+  struct gmb_segment *t = gmb__pool_seg_by_id(p, seg_id);
+  if (!r || !t) return GMB_E_NOENT;
+  /* The range that holds dst_offset. */
+  struct pool_range *fr = t->first;
+  while (fr && fr->offset + fr->size <= dst_offset) fr = fr->next;
+  if (!fr) return GMB_E_INVAL;
+  return gmb__pool_move_begin_at(p, id, fr, dst_offset, out);
+}
+
+int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
+                            struct pool_range *fr, uint64_t dst_offset,
+                            struct gmb_pool_move *out) {
+  struct pool_range *r = pool_lookup(p, id);
+  if (!r) return GMB_E_NOENT;
+  struct gmb_segment *s = r->seg, *t = fr->seg;
+  if ((r->flags & POOL_MOVING_SRC) || t->arena != s->arena ||
+      t->cls != s->cls || dst_offset % GMB_POOL_ALIGN ||
+      (t == s && dst_offset >= r->offset))
+    return GMB_E_INVAL;
+  if (!(fr->flags & GMB_RANGE_FREE) || fr->offset > dst_offset ||
+      fr->offset + fr->size <= dst_offset)
+    return GMB_E_INVAL;
+  uint64_t lo = dst_offset, hi, fr_end = fr->offset + fr->size;
+  if (r->size <= fr_end - lo)
+    hi = lo + r->size;
+  else if (fr->next == r) /* a slide that overlaps its old place */
+    hi = fr_end;
+  else
+    return GMB_E_INVAL;
+  int rc = pool_ranges_reserve(p, 2);
+  if (rc != 0) return rc;
+
+  struct gmb_arena *a = t->arena;
+  pool_tree_remove(a, fr);
+  a->free_total -= fr->size;
+  if (lo > fr->offset) { /* the free piece below stays free */
+    struct pool_range *below = pool_range_get(p);
+    below->seg = t;
+    below->offset = fr->offset;
+    below->size = lo - fr->offset;
+    below->flags = GMB_RANGE_FREE;
+    below->prev = fr->prev;
+    below->next = fr;
+    if (fr->prev)
+      fr->prev->next = below;
+    else
+      t->first = below;
+    fr->prev = below;
+    pool_tree_insert(a, below);
+    a->free_total += below->size;
+  }
+  if (hi < fr_end) { /* and so does the piece above */
+    struct pool_range *above = pool_range_get(p);
+    above->seg = t;
+    above->offset = hi;
+    above->size = fr_end - hi;
+    above->flags = GMB_RANGE_FREE;
+    above->prev = fr;
+    above->next = fr->next;
+    if (fr->next) fr->next->prev = above;
+    fr->next = above;
+    pool_tree_insert(a, above);
+    a->free_total += above->size;
+  }
+  fr->offset = lo;
+  fr->size = hi - lo;
+  fr->flags = GMB_RANGE_TARGET;
+  fr->slot = r->slot;
+  fr->u.target.serial = ++p->next_serial;
+  fr->u.target.next = p->moves;
+  p->moves = fr;
+  p->nmoves++;
+  r->flags |= POOL_MOVING_SRC;
+  if (a->linger == t) { /* no longer empty */
+    a->linger = NULL;
+    p->lingering--;
+  }
+  t->targets++;
+  t->reserved += fr->size;
+  a->moving += fr->size;
+  if (out) {
+    out->serial = fr->u.target.serial;
+    out->id = id;
+    out->size = r->size;
+    out->src = &s->dseg;
+    out->dst = &t->dseg;
+    out->src_offset = r->offset;
+    out->dst_offset = lo;
+  }
+  POOL_DEBUG_CHECK(p);
+  return 0;
+}
+
+int gmb__pool_move_commit(struct gmb_pool *p, const struct gmb_pool_move *m,
+                          struct gmb_alloc_info *moved, uint64_t *released) {
+  if (released) *released = 0;
+  struct pool_range *t = pool_move_find(p, m->serial);
+  if (!t) return GMB_E_NOENT;
+  pool_move_unlink(p, t);
+  struct pool_range *r = p->slots[t->slot].r;
+  struct gmb_segment *ts = t->seg, *s = r->seg;
+  struct gmb_arena *a = s->arena;
+  ts->targets--;
+  ts->reserved -= t->size;
+  a->moving -= t->size;
+  struct pool_range *now;
+  if (t->size < r->size) {
+    /* A slide that overlaps: [t][r] becomes [r][t], t the freed tail. */
+    GMB_ASSERT(t->next == r && ts == s && "an overlapping target is below");
+    uint64_t shift = t->size;
+    r->prev = t->prev;
+    if (t->prev)
+      t->prev->next = r;
+    else
+      s->first = r;
+    t->next = r->next;
+    if (r->next) r->next->prev = t;
+    r->next = t;
+    t->prev = r;
+    r->offset -= shift;
+    t->offset = r->offset + r->size;
+    a->free_total += shift;
+    pool_coalesce(p, t);
+    now = r;
+  } else {
+    /* The target becomes the allocation; the old range is freed. */
+    t->flags = r->flags;
+    t->u.live = r->u.live;
+    t->slot = r->slot;
+    p->slots[t->slot].r = t;
+    ts->live++;
+    ts->used += t->size;
+    if (!(t->flags & GMB_MOVABLE)) ts->pinned++;
+    s->live--;
+    s->used -= r->size;
+    if (!(r->flags & GMB_MOVABLE)) s->pinned--;
+    a->free_total += r->size;
+    pool_coalesce(p, r);
+    now = t;
+    if (pool_seg_idle(s)) {
+      /* Emptied by compaction: released, not lingering. */
+      if (released) *released = s->dseg.size;
+      pool_segment_release(p, s);
+    }
+  }
+  if (moved) {
+    pool_info(p, now, moved);
+  }
+  POOL_DEBUG_CHECK(p);
+  return 0;
+}
+
+int gmb__pool_move_abort(struct gmb_pool *p, const struct gmb_pool_move *m) {
+  struct pool_range *t = pool_move_find(p, m->serial);
+  if (!t) return GMB_E_NOENT;
+  pool_move_drop(p, t, 1);
+  POOL_DEBUG_CHECK(p);
+  return 0;
+}
+
+int gmb__pool_set_tag(struct gmb_pool *p, uint64_t id, uint32_t tag) {
+  struct pool_range *r = pool_lookup(p, id);
+  if (!r) return GMB_E_NOENT;
+  r->u.live.tag = tag;
+  return 0;
+}
+
 uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
                               void *owner) {
   uint64_t bytes = 0;
-  for (struct gmb_segment *s = LIST_FIRST(&a->segs), *nx; s; s = nx) {
-    nx = LIST_NEXT(s, link);
-    uint32_t live_before = s->live;
+  /* Two passes: freeing a moving allocation drops its target, which may
+   * empty another segment of the arena; releasing segments only in the
+   * second pass keeps the first pass's walk valid.  A move within one
+   * segment targets lower offsets, behind the walk. */
+  struct gmb_segment *s, *nx;
+  LIST_FOREACH(s, &a->segs, link) {
     for (struct pool_range *r = s->first; r;) {
-      if ((r->flags & GMB_RANGE_FREE) || r->u.owner != owner) {
+      if (!pool_is_live(r) || r->u.live.owner != owner) {
         r = r->next;
         continue;
       }
       bytes += r->size;
-      /* The merged free range is followed by a live range or nothing. */
-      r = pool_range_free(p, r)->next;
+      /* The merged free range is followed by a live range, a target or
+       * nothing. */
+      r = pool_range_free(p, r, 0)->next;
     }
-    if (live_before && s->live == 0) {
+  }
+  for (s = LIST_FIRST(&a->segs); s; s = nx) {
+    nx = LIST_NEXT(s, link);
+    if (pool_seg_idle(s) && a->linger != s) {
       /* Emptying s may release the arena's lingering segment; it has no
        * live range, so skipping it in this walk loses nothing. */
       if (nx && nx == a->linger) nx = LIST_NEXT(nx, link);
@@ -601,11 +850,40 @@ void gmb__pool_arena_destroy(struct gmb_pool *p, struct gmb_arena *a) {
   POOL_DEBUG_CHECK(p);
 }
 
+struct gmb_device *gmb__pool_device(const struct gmb_pool *p) {
+  return p->dev;
+}
+
+struct gmb_segment *gmb__pool_seg_by_id(const struct gmb_pool *p,
+                                        uint64_t id) {
+  struct gmb_segment key = {.dseg = {.id = id}};
+  return RB_FIND(pool_seg_tree, (struct pool_seg_tree *)&p->segs, &key);
+}
+
+struct gmb_segment *gmb__pool_seg_next(const struct gmb_pool *p,
+                                       const struct gmb_segment *s) {
+  if (!s) return RB_MIN(pool_seg_tree, (struct pool_seg_tree *)&p->segs);
+  return RB_NEXT(pool_seg_tree, (struct pool_seg_tree *)&p->segs,
+                 (struct gmb_segment *)s);
+}
+
+struct pool_range *gmb__pool_fit(const struct gmb_pool *p,
+                                 const struct gmb_arena *a, uint32_t cls,
+                                 uint64_t size, gmb_pool_seg_accept_fn accept,
+                                 void *ctx) {
+  (void)p;
+  struct gmb_segment key_seg = {.dseg = {.id = 0}};
+  struct pool_range key = {.seg = &key_seg, .size = size, .offset = 0};
+  struct pool_free_tree *tree = (struct pool_free_tree *)&a->free[cls];
+  for (struct pool_range *r = RB_NFIND(pool_free_tree, tree, &key); r;
+       r = RB_NEXT(pool_free_tree, tree, r))
+    if (accept(ctx, r->seg)) return r;
+  return NULL;
+}
+
 const struct gmb_dseg *gmb__pool_segment(const struct gmb_pool *p,
                                          uint64_t seg_id, void **arena_tag) {
-  struct gmb_segment key = {.dseg = {.id = seg_id}};
-  struct gmb_segment *s =
-      RB_FIND(pool_seg_tree, (struct pool_seg_tree *)&p->segs, &key);
+  struct gmb_segment *s = gmb__pool_seg_by_id(p, seg_id);
   if (!s) return NULL;
   if (arena_tag) *arena_tag = s->arena->tag;
   return &s->dseg;
@@ -620,6 +898,7 @@ void gmb__pool_arena_stats(const struct gmb_arena *a,
   out->segment_bytes = a->segment_bytes;
   out->segments = a->segments;
   out->free_total = a->free_total;
+  out->moving = a->moving;
   out->largest_free = 0;
   for (int c = 0; c < POOL_CLASSES; c++) {
     struct pool_range *m =
@@ -634,6 +913,23 @@ void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
   out->segments = p->segments;
   out->used = p->used;
   out->allocations = p->allocations;
+  out->free_in_segments = 0;
+  out->largest_free = 0;
+  const struct gmb_arena *a;
+  LIST_FOREACH(a, &p->arenas, link) {
+    struct gmb_arena_stats as;
+    gmb__pool_arena_stats(a, &as);
+    out->free_in_segments += as.free_total;
+    if (as.largest_free > out->largest_free)
+      out->largest_free = as.largest_free;
+  }
+  /* Room for a new segment; lingering ones are released before an
+   * allocation gives up, so their bytes count as room too. */
+  uint64_t room = p->lingering * GMB_POOL_SMALL_SEGMENT;
+  if (p->dev->capacity > p->segment_bytes)
+    room += p->dev->capacity - p->segment_bytes;
+  room &= ~(GMB_SEGMENT_ALIGN - 1);
+  if (room > out->largest_free) out->largest_free = room;
 }
 
 int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx) {
@@ -642,6 +938,7 @@ int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx) {
     for (struct pool_range *r = s->first; r; r = r->next) {
       struct gmb_alloc_info info;
       pool_info(p, r, &info);
+      /* A target: is_free 0 and id 0 (pool_info). */
       int rc = fn(ctx, &info, (r->flags & GMB_RANGE_FREE) != 0);
       if (rc) return rc;
     }
@@ -657,7 +954,7 @@ int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx) {
 
 static int pool_check_segment(const struct gmb_pool *p,
                               const struct gmb_segment *s, uint64_t *nfree,
-                              uint64_t *free_bytes) {
+                              uint64_t *free_bytes, uint64_t *moving) {
   int bad = 0;
   const struct gmb_arena *a = s->arena;
   unsigned long long sid = (unsigned long long)s->dseg.id;
@@ -668,8 +965,8 @@ static int pool_check_segment(const struct gmb_pool *p,
                            : s->dseg.size % GMB_SEGMENT_ALIGN != 0)
     POOL_BAD("pool check: segment %llu has size %llu for its class", sid,
              (unsigned long long)s->dseg.size);
-  uint64_t off = 0, used = 0;
-  uint32_t live = 0;
+  uint64_t off = 0, used = 0, reserved = 0;
+  uint32_t live = 0, pinned = 0, targets = 0;
   const struct pool_range *prev = NULL;
   for (const struct pool_range *r = s->first; r; prev = r, r = r->next) {
     unsigned long long ro = (unsigned long long)r->offset;
@@ -699,13 +996,44 @@ static int pool_check_segment(const struct gmb_pool *p,
                  ro);
       (*nfree)++;
       *free_bytes += r->size;
+    } else if (r->flags & GMB_RANGE_TARGET) {
+      /* Its allocation is live, marked moving, of the same arena and
+       * class, and either as large (elsewhere) or just above it and larger
+       * (a slide that overlaps). */
+      const struct pool_range *src =
+          pool_slot_live(p, r->slot) ? p->slots[r->slot].r : NULL;
+      if (!src || !(src->flags & POOL_MOVING_SRC) || !src->seg ||
+          src->seg->arena != a || src->seg->cls != s->cls ||
+          !(src->size == r->size ||
+            (src->size > r->size && r->next == src)))
+        POOL_BAD("pool check: seg %llu move target %llu has no moving "
+                 "allocation that fits it",
+                 sid, ro);
+      int listed = 0;
+      for (const struct pool_range *t = p->moves; t; t = t->u.target.next)
+        listed += t == r;
+      if (listed != 1)
+        POOL_BAD("pool check: seg %llu move target %llu is listed %d times",
+                 sid, ro, listed);
+      targets++;
+      reserved += r->size;
+      *moving += r->size;
     } else {
       if (!pool_slot_live(p, r->slot) || p->slots[r->slot].r != r)
         POOL_BAD(
             "pool check: seg %llu live range %llu not in the slot "
             "table",
             sid, ro);
+      if (r->flags & POOL_MOVING_SRC) {
+        int n = 0;
+        for (const struct pool_range *t = p->moves; t; t = t->u.target.next)
+          n += t->slot == r->slot;
+        if (n != 1)
+          POOL_BAD("pool check: seg %llu moving range %llu has %d targets",
+                   sid, ro, n);
+      }
       live++;
+      pinned += !(r->flags & GMB_MOVABLE);
       used += r->size;
     }
     off += r->size;
@@ -719,7 +1047,14 @@ static int pool_check_segment(const struct gmb_pool *p,
         "%u/%llu",
         sid, s->live, (unsigned long long)s->used, live,
         (unsigned long long)used);
-  if (live == 0 && a->linger != s)
+  if (targets != s->targets || reserved != s->reserved ||
+      pinned != s->pinned)
+    POOL_BAD(
+        "pool check: seg %llu counts %u targets/%llu reserved/%u pinned, "
+        "ranges say %u/%llu/%u",
+        sid, s->targets, (unsigned long long)s->reserved, s->pinned, targets,
+        (unsigned long long)reserved, pinned);
+  if (live == 0 && targets == 0 && a->linger != s)
     POOL_BAD(
         "pool check: seg %llu is empty but neither released nor "
         "lingering",
@@ -732,7 +1067,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
   uint64_t segs = 0, seg_bytes = 0, used = 0, allocs = 0, lingering = 0;
   const struct gmb_arena *a;
   LIST_FOREACH(a, &p->arenas, link) {
-    uint64_t nfree[POOL_CLASSES] = {0, 0}, free_bytes = 0;
+    uint64_t nfree[POOL_CLASSES] = {0, 0}, free_bytes = 0, moving = 0;
     uint64_t a_segs = 0, a_bytes = 0, a_used = 0, a_allocs = 0;
     const struct gmb_segment *s;
     LIST_FOREACH(s, &a->segs, link) {
@@ -740,7 +1075,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
         POOL_BAD("pool check: segment %llu in another arena's list",
                  (unsigned long long)s->dseg.id);
       uint64_t nf = 0;
-      bad += pool_check_segment(p, s, &nf, &free_bytes);
+      bad += pool_check_segment(p, s, &nf, &free_bytes, &moving);
       nfree[s->cls < POOL_CLASSES ? s->cls : 0] += nf;
       a_segs++;
       a_bytes += s->dseg.size;
@@ -749,7 +1084,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
     }
     if (a->linger) {
       lingering++;
-      if (a->linger->arena != a || a->linger->live != 0 ||
+      if (a->linger->arena != a || !pool_seg_idle(a->linger) ||
           a->linger->cls != POOL_SMALL)
         POOL_BAD(
             "pool check: arena %p lingering segment is not an empty "
@@ -776,17 +1111,19 @@ int gmb__pool_check(const struct gmb_pool *p) {
     }
     if (a_segs != a->segments || a_bytes != a->segment_bytes ||
         a_used != a->used || a_allocs != a->allocations ||
-        free_bytes != a->free_total)
+        free_bytes != a->free_total || moving != a->moving ||
+        a->used + a->free_total + a->moving != a->segment_bytes)
       POOL_BAD(
           "pool check: arena %p totals (segs %llu bytes %llu used %llu "
-          "allocs %llu free %llu) differ from its segments (%llu %llu "
-          "%llu %llu %llu)",
+          "allocs %llu free %llu moving %llu) differ from its segments "
+          "(%llu %llu %llu %llu %llu %llu)",
           a->tag, (unsigned long long)a->segments,
           (unsigned long long)a->segment_bytes, (unsigned long long)a->used,
           (unsigned long long)a->allocations, (unsigned long long)a->free_total,
-          (unsigned long long)a_segs, (unsigned long long)a_bytes,
-          (unsigned long long)a_used, (unsigned long long)a_allocs,
-          (unsigned long long)free_bytes);
+          (unsigned long long)a->moving, (unsigned long long)a_segs,
+          (unsigned long long)a_bytes, (unsigned long long)a_used,
+          (unsigned long long)a_allocs, (unsigned long long)free_bytes,
+          (unsigned long long)moving);
     segs += a_segs;
     seg_bytes += a_bytes;
     used += a_used;
@@ -817,12 +1154,24 @@ int gmb__pool_check(const struct gmb_pool *p) {
     if (!pool_slot_live(p, i)) continue;
     live_slots++;
     const struct pool_range *r = p->slots[i].r;
-    if ((r->flags & GMB_RANGE_FREE) || r->slot != i || !r->seg)
+    if (!pool_is_live(r) || r->slot != i || !r->seg)
       POOL_BAD(
           "pool check: slot %u points at a range that is not its live "
           "allocation",
           i);
   }
+  uint64_t nmoves = 0;
+  for (const struct pool_range *t = p->moves; t; t = t->u.target.next) {
+    nmoves++;
+    if (!(t->flags & GMB_RANGE_TARGET) || !t->seg) {
+      POOL_BAD("pool check: the list of moves holds a range that is not a "
+               "target");
+      break;
+    }
+  }
+  if (nmoves != p->nmoves)
+    POOL_BAD("pool check: %llu moves listed, %llu counted",
+             (unsigned long long)nmoves, (unsigned long long)p->nmoves);
   if (live_slots != p->allocations)
     POOL_BAD("pool check: %llu live slots for %llu allocations",
              (unsigned long long)live_slots,

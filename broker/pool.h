@@ -17,7 +17,17 @@
  * A segment that becomes empty goes back to the device.  The last emptied
  * small segment of each arena lingers (so a job that allocates and frees one
  * buffer in a loop does not create a segment each time) until
- * gmb__pool_trim() or device pressure releases it.
+ * gmb__pool_trim() or device pressure releases it.  A segment emptied by a
+ * move (compaction) is released at once: giving memory back is the point.
+ *
+ * Moves (for compact.c).  gmb__pool_move_begin() reserves a target range
+ * for a live allocation: in another segment of the same arena and class, or
+ * lower in its own segment.  While the move is in flight the target is
+ * neither free (gmb__pool_alloc never hands it out) nor live, and both its
+ * segment and the source's stay (neither counts as empty).  Commit makes
+ * the id name the target and frees the old range; abort frees the target.
+ * Freeing the moving allocation (or its arena) drops the move too, so the
+ * pool stays sound even when the mover is not told.
  *
  * Invariants, checked by gmb__pool_check(): ranges of a segment tile it with
  * no gap or overlap, in address order; no two free ranges are adjacent; the
@@ -39,7 +49,8 @@
 #define GMB_POOL_SMALL_MAX (UINT64_C(1) << 20)      /* 1 MiB */
 #define GMB_POOL_SMALL_SEGMENT (UINT64_C(2) << 20)  /* 2 MiB */
 
-#define GMB_RANGE_FREE 0x100u /* internal flag; GMB_MOVABLE is 0x1 */
+#define GMB_RANGE_FREE 0x100u   /* internal flag; GMB_MOVABLE is 0x1 */
+#define GMB_RANGE_TARGET 0x200u /* a move target in flight (pool_walk) */
 
 struct gmb_pool;
 struct gmb_arena;
@@ -51,6 +62,7 @@ struct gmb_alloc_info {
   uint64_t size;    /* rounded to GMB_POOL_ALIGN */
   uint64_t offset;  /* within the segment */
   uint32_t flags;   /* GMB_MOVABLE */
+  uint32_t tag;     /* the broker's, set by gmb__pool_set_tag; 0 at first */
   void *owner;
   struct gmb_segment *segment;
   const struct gmb_dseg *dseg; /* id and handle of the segment */
@@ -86,9 +98,15 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
 int gmb__pool_free(struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *info);
 
-/* Looks up a live allocation: 0 or GMB_E_NOENT. */
+/* Looks up a live allocation: 0 or GMB_E_NOENT.  During a move it is still
+ * where it was until the move commits. */
 int gmb__pool_find(const struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *out);
+
+/* Sets the 32-bit tag of a live allocation (the broker keeps its lock-table
+ * slot + 1 there; 0 = none).  The tag stays with the allocation when it
+ * moves.  0 or GMB_E_NOENT. */
+int gmb__pool_set_tag(struct gmb_pool *p, uint64_t id, uint32_t tag);
 
 /* Frees every allocation of arena `a` whose owner is `owner`; returns the
  * bytes freed (rounded sizes). */
@@ -110,6 +128,8 @@ struct gmb_arena_stats {
   uint64_t segments;
   uint64_t free_total;    /* free bytes inside its segments */
   uint64_t largest_free;  /* largest free range inside its segments */
+  uint64_t moving;        /* bytes reserved as move targets in flight;
+                             used + free_total + moving = segment_bytes */
 };
 void gmb__pool_arena_stats(const struct gmb_arena *a,
                            struct gmb_arena_stats *out);
@@ -120,14 +140,67 @@ struct gmb_pool_stats {
   uint64_t segments;
   uint64_t used;          /* bytes of live allocations */
   uint64_t allocations;
+  uint64_t free_in_segments; /* free bytes inside all segments */
+  /* The largest single request that could succeed now for SOME arena,
+   * ignoring quotas: the larger of the largest free range in any segment
+   * (it serves only its own arena and class) and the room left for a new
+   * segment: capacity - segment_bytes, plus the lingering empty segments
+   * (released before an allocation gives up), rounded down to 2 MiB.
+   * Device fragmentation is then 1 - largest_free / (capacity - used). */
+  uint64_t largest_free;
 };
 void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out);
 
 /* Visits every range of every segment in address order; `info->id` is 0 for
- * a free range.  Stops when fn returns non-zero and returns that value. */
+ * a free range.  A move target in flight is reported with is_free 0, id 0,
+ * owner NULL and flags GMB_RANGE_TARGET: it is neither free nor live.
+ * Stops when fn returns non-zero and returns that value. */
 typedef int (*gmb_pool_walk_fn)(void *ctx, const struct gmb_alloc_info *info,
                                 int is_free);
 int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx);
+
+/*
+ * A move in flight, filled by gmb__pool_move_begin() and read by the mover.
+ * `src`/`dst` stay valid until the move commits or aborts (neither segment
+ * can be released meanwhile, except with the whole arena).
+ */
+struct gmb_pool_move {
+  uint64_t serial; /* names the move inside the pool; never 0 */
+  uint64_t id;     /* the allocation */
+  uint64_t size;
+  struct gmb_dseg *src, *dst;
+  uint64_t src_offset, dst_offset; /* where it is, where it will be */
+};
+
+/*
+ * Reserves [dst_offset, dst_offset + size) of segment `seg_id` for moving
+ * live allocation `id` there.  The segment must be of the same arena and
+ * class.  Either the range lies inside one free range, or (a slide within
+ * the same segment) the free range just below the allocation covers
+ * [dst_offset, its offset): then the two overlap and the copy must go in
+ * chunks no larger than the shift, lowest first.  Within its own segment
+ * an allocation only moves down.  0, GMB_E_NOENT (no such allocation or
+ * segment), GMB_E_INVAL (a move of it is in flight, another arena or
+ * class, or the range is not free), GMB_E_NOMEM (host memory).
+ */
+int gmb__pool_move_begin(struct gmb_pool *p, uint64_t id, uint64_t seg_id,
+                         uint64_t dst_offset, struct gmb_pool_move *out);
+
+/*
+ * Commits move m after its bytes were copied: the id names the target, the
+ * old range is freed and coalesced, and its segment, if that emptied, is
+ * released at once (retire is called).  `moved` (may be NULL) receives the
+ * allocation at its new place; *released (may be NULL) the bytes of the
+ * segment released, else 0.  GMB_E_NOENT when the move was dropped (its
+ * allocation or arena was freed meanwhile).
+ */
+int gmb__pool_move_commit(struct gmb_pool *p, const struct gmb_pool_move *m,
+                          struct gmb_alloc_info *moved, uint64_t *released);
+
+/* Abandons move m: the target is freed (and its segment released or left
+ * lingering if nothing else is in it).  0, or GMB_E_NOENT when it was
+ * already dropped. */
+int gmb__pool_move_abort(struct gmb_pool *p, const struct gmb_pool_move *m);
 
 /* Returns the number of broken invariants (0 when sound), logging each at
  * error level. */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "gmb.h"
+#include "locktab.h"
 #include "log.h"
 #include "util.h"
 
@@ -119,8 +120,13 @@ void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
     t->sessions = s->tenant_next;
   if (s->tenant_next) s->tenant_next->tenant_prev = s->tenant_prev;
   t->n_sessions--;
+  gmb__defrag_forget_session(b, s);
   uint64_t freed = gmb__pool_free_owner(b->pool, t->arena, s);
   gmb__tenant_uncharge(t, freed);
+  if (freed) b->pool_ops++;
+  /* Locks it held die with it: the table goes, and so do its slots. */
+  gmb__locktab_destroy(s->lt);
+  s->lt = NULL;
   log_info("session %llu (tenant %s, uid %u, pid %d) ended: %s; %llu bytes "
            "in %llu allocations freed", (unsigned long long)s->id, t->name,
            (unsigned)s->uid, (int)s->pid, why, (unsigned long long)freed,

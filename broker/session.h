@@ -20,6 +20,8 @@
 
 #include "broker.h"
 
+struct gmb_locktab;
+
 struct gmb_session {
   uint64_t id;
   uint8_t *rid;
@@ -35,6 +37,8 @@ struct gmb_session {
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
   char client[64];
+  struct gmb_locktab *lt; /* its movable allocations' slots */
+  int lt_unlinked;        /* the table's name is gone (client mapped it) */
   RB_ENTRY(gmb_session) link; /* the session table, by routing id */
 };
 

@@ -19,20 +19,32 @@
  * Lock order: io, then the segment map's rwlock (segmap.c), then hb_mu.
  * gmb_lock and gmb_unlock take only the segment map's read lock, unless a
  * segment has to be fetched again.
+ *
+ * Movable allocations are locked through the session's lock table (the
+ * layout and protocol are in locktab.h), mapped at connect: gmb_lock is a
+ * CAS on the allocation's slot and sends no message, except the first time
+ * the allocation lands in a segment this process has not mapped.  While a
+ * slot is MOVING the caller waits, holding none of the client's mutexes,
+ * so a thread waiting for a move never delays another thread's call.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "endpoint.h"
 #include "gmb.h"
+#include "locktab.h"
 #include "segmap.h"
 #include "util.h"
 #include "wire.h"
@@ -54,6 +66,14 @@ struct gmb_client {
   char device[WIRE_DEVICE_MAX];
   uint64_t session;
   struct gmb_segmap *map;
+
+  /* The lock table; NULL when the broker gave none (movable allocations
+   * are then never moved, and locked like pinned ones). */
+  struct gmb_lt_header *lt;
+  struct gmb_lt_slot *lt_slot;
+  uint32_t lt_slots;
+  size_t lt_bytes;
+  int lock_timeout_ms; /* $GMB_LOCK_TIMEOUT_MS: longest wait for a move */
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint64_t hb_last_ns;
@@ -442,6 +462,7 @@ static void client_free(gmb_client *c) {
   }
   if (c->mon) zmq_close(c->mon);
   if (c->ctx) zmq_ctx_term(c->ctx);
+  if (c->lt) munmap(c->lt, c->lt_bytes);
   gmb__segmap_destroy(c->map);
   pthread_mutex_destroy(&c->io);
   free(c);
@@ -480,6 +501,63 @@ static int client_open(gmb_client *c, int connect_ms) {
   if (zmq_connect(c->sock, c->endpoint) != 0)
     return client_fail(GMB_E_CONN, "cannot connect to %s: %s", c->endpoint,
                        zmq_strerror(errno));
+  return 0;
+}
+
+/*
+ * Maps the lock table the Hello reply names and checks that it is the
+ * table of this session.  The broker unlinks the name at our next request,
+ * so a mapping made now is the only way in.  Returns 0 or the failure,
+ * explained: GMB_E_PROTO for a name, size or header that is not what the
+ * broker announced; GMB_E_SYSTEM when the object cannot be opened or
+ * mapped.
+ */
+static int client_locktab_map(gmb_client *c, const char *name,
+                              uint32_t slots) {
+  if (name[0] != '/' || strchr(name + 1, '/') != NULL)
+    return client_fail(GMB_E_PROTO, "bad lock table name \"%s\"", name);
+  if (slots == 0)
+    return client_fail(GMB_E_PROTO, "lock table %s has 0 slots", name);
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0)
+    return client_fail(GMB_E_SYSTEM, "lock table %s: shm_open: %s", name,
+                       strerror(errno));
+  uint64_t bytes = gmb_lt_bytes(slots);
+  struct stat st;
+  /* Checked before mmap: touching a mapping past the end of a short
+   * object raises SIGBUS in the application. */
+  if (fstat(fd, &st) != 0 || st.st_size < 0 ||
+      (uint64_t)st.st_size < bytes || bytes > SIZE_MAX) {
+    close(fd);
+    return client_fail(GMB_E_PROTO, "lock table %s is smaller than %u slots",
+                       name, slots);
+  }
+  void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED)
+    return client_fail(GMB_E_SYSTEM, "lock table %s: mmap: %s", name,
+                       strerror(err));
+  struct gmb_lt_header *h = p;
+  const char *bad = NULL;
+  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GMB_LT_MAGIC)
+    bad = "magic";
+  else if (h->version != GMB_LT_VERSION)
+    bad = "version";
+  else if (h->slots != slots)
+    bad = "slot count";
+  else if (h->session != c->session)
+    bad = "session";
+  if (bad) {
+    munmap(p, (size_t)bytes);
+    return client_fail(GMB_E_PROTO, "lock table %s: wrong %s in its header",
+                       name, bad);
+  }
+  c->lt = h;
+  c->lt_slot = gmb_lt_slots(h);
+  c->lt_slots = slots;
+  c->lt_bytes = (size_t)bytes;
   return 0;
 }
 
@@ -528,6 +606,7 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   pthread_mutex_init(&c->io, NULL);
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
+  c->lock_timeout_ms = client_env_ms("GMB_LOCK_TIMEOUT_MS", 10000);
   c->map = gmb__segmap_new();
   if (c->map == NULL) {
     client_free(c);
@@ -553,9 +632,26 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   snprintf(c->device, sizeof c->device, "%s", rep.u.hello.device);
   c->session = rep.u.hello.session;
   uint32_t hb_ms = rep.u.hello.heartbeat_ms;
+  char lt_name[sizeof rep.u.hello.lock_table];
+  snprintf(lt_name, sizeof lt_name, "%s", rep.u.hello.lock_table);
+  uint32_t lt_slots = rep.u.hello.lock_slots;
   gmb__wire_reply_clear(&rep);
   zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->request_timeout_ms,
                  sizeof c->request_timeout_ms);
+  if (lt_name[0]) {
+    rc = client_locktab_map(c, lt_name, lt_slots);
+    if (rc) {
+      gmb_disconnect(c); /* says Bye; keeps this thread's last error */
+      return rc;
+    }
+    /* The broker unlinks the table's name at the session's next request;
+     * this one, which needs no reply, makes that now rather than at the
+     * first real call. */
+    struct wire_request hb = {.kind = WIRE_HEARTBEAT};
+    pthread_mutex_lock(&c->io);
+    if (client_send(c, &hb, 0) == 0) c->hb_last_ns = gmb__now_ns();
+    pthread_mutex_unlock(&c->io);
+  }
   if (hb_ms) {
     c->hb_ms = hb_ms;
     rc = client_heartbeat_start(c);
@@ -678,7 +774,22 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
     rc = client_fetch_segment(c, seg);
     if (rc) goto undo;
   }
-  rc = gmb__segmap_add(c->map, id, seg, off, asize, flags, why, sizeof why);
+  uint32_t slot = GMB_SEGMAP_NO_SLOT;
+  if ((flags & GMB_MOVABLE) && c->lt) {
+    slot = rep.u.alloc.slot;
+    uint64_t sid = slot < c->lt_slots
+                       ? __atomic_load_n(&c->lt_slot[slot].id, __ATOMIC_RELAXED)
+                       : 0;
+    if (sid != id) {
+      rc = client_fail(GMB_E_PROTO, "movable allocation %llu: lock table slot "
+                       "%u %s", (unsigned long long)id, slot,
+                       slot < c->lt_slots ? "serves another allocation"
+                                          : "is out of range");
+      goto undo;
+    }
+  }
+  rc = gmb__segmap_add(c->map, id, seg, off, asize, flags, slot, why,
+                       sizeof why);
   if (rc) {
     client_fail(rc, "%s", why);
     goto undo;
@@ -717,12 +828,11 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   return rc;
 }
 
-GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
-  if (atomic_load(&c->dead)) return client_dead_fail(c);
-  /* Movable allocations are locked like pinned ones until the broker moves
-   * anything; the lock table of DESIGN.md comes with compaction. */
+/* --- locks ---------------------------------------------------------------- */
+
+/* Pinned allocations (and movable ones without a lock table): the address
+ * is where the allocation was made and never changes. */
+static int client_lock_pinned(gmb_client *c, gmb_id id, void **ptr) {
   uint64_t seg = 0;
   int rc = gmb__segmap_lookup(c->map, id, ptr, &seg);
   if (rc == 1) { /* its segment was retired here: map it again */
@@ -745,16 +855,175 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   return rc;
 }
 
+static inline void client_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins, then yields, then sleeps (1 us doubling to 1 ms) while the broker
+ * moves the allocation.  Moves are short (a chunked copy), so most waits
+ * end in the spinning or yielding phase; the sleeps keep a long one (a big
+ * allocation, a slow device) from burning a core. */
+#define CLIENT_SPINS 64
+#define CLIENT_YIELDS 16
+
+/*
+ * Takes one hold on slot `s`: CAS state n -> n+1 for any n that is not
+ * MOVING, acquire, so that the position read afterwards is the one the
+ * broker published with its release.  Holds no mutex: waiting for a move
+ * delays nobody else.  Returns 0, or GMB_E_TIMEOUT after lock_timeout_ms of
+ * MOVING, GMB_E_LIMIT at GMB_LT_MAX_HOLDERS, GMB_E_CONN when the session
+ * ended meanwhile, GMB_E_PROTO for a state no broker writes.
+ */
+static int client_hold(gmb_client *c, struct gmb_lt_slot *s, gmb_id id) {
+  uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+  unsigned waits = 0;
+  uint64_t deadline = 0;
+  long sleep_ns = 1000;
+  for (;;) {
+    if (st != GMB_LT_MOVING) {
+      if (st == GMB_LT_MAX_HOLDERS)
+        return client_fail(GMB_E_LIMIT, "allocation %llu is locked %u times",
+                           (unsigned long long)id, st);
+      if (st > GMB_LT_MAX_HOLDERS)
+        return client_fail(GMB_E_PROTO, "allocation %llu: lock table state "
+                           "0x%x is impossible", (unsigned long long)id, st);
+      /* On failure st is reloaded (acquire) and the loop decides again. */
+      if (atomic_compare_exchange_weak_explicit(&s->state, &st, st + 1,
+                                                memory_order_acq_rel,
+                                                memory_order_acquire))
+        return 0;
+      continue;
+    }
+    if (waits < CLIENT_SPINS) {
+      client_cpu_relax();
+    } else if (waits < CLIENT_SPINS + CLIENT_YIELDS) {
+      sched_yield();
+    } else {
+      uint64_t now = gmb__now_ns();
+      if (deadline == 0) {
+        deadline = now + (uint64_t)c->lock_timeout_ms * 1000000u;
+      } else if (now >= deadline) {
+        return client_fail(GMB_E_TIMEOUT, "allocation %llu was still being "
+                           "moved after %d ms", (unsigned long long)id,
+                           c->lock_timeout_ms);
+      }
+      if (atomic_load(&c->dead)) return client_dead_fail(c);
+      struct timespec ts = {0, sleep_ns};
+      nanosleep(&ts, NULL);
+      if (sleep_ns < 1000000) sleep_ns = sleep_ns * 2 > 1000000 ? 1000000
+                                                                : sleep_ns * 2;
+    }
+    waits++;
+    st = atomic_load_explicit(&s->state, memory_order_acquire);
+  }
+}
+
+/*
+ * Gives back one hold: CAS n -> n-1 with release, so that the caller's
+ * accesses to the allocation happen before a move that claims the slot
+ * next.  Never below 0: 1 when there was no hold to give back (a caller's
+ * unbalanced gmb_unlock, or a slot the broker freed), else 0.
+ */
+static int client_unhold(struct gmb_lt_slot *s) {
+  uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+  for (;;) {
+    if (st == 0 || st > GMB_LT_MAX_HOLDERS) return 1;
+    if (atomic_compare_exchange_weak_explicit(&s->state, &st, st - 1,
+                                              memory_order_release,
+                                              memory_order_relaxed))
+      return 0;
+  }
+}
+
+/*
+ * A movable allocation: take a hold, then read where the broker last put
+ * it.  The only message is a Segment request, the first time the
+ * allocation sits in a segment this process has not mapped; the socket
+ * mutex is taken for it only after the hold, never while waiting for one.
+ *
+ * Why a segment we point into is never unmapped under us: the client
+ * unmaps a segment only on EVENT_SEGMENT_RETIRED, and the broker retires
+ * a segment only once it holds no allocation.  Our allocation is in
+ * segment S from our CAS until our unlock: a move needs the CAS 0 ->
+ * MOVING, impossible while our hold keeps the state above 0.  So S is not
+ * empty, hence not retired, during the hold.  Could a retirement of S
+ * from *before* our CAS still be pending in our socket?  Only if S had
+ * been emptied and released before, and then held our allocation again;
+ * but a released segment is never used again (segment ids are not
+ * reused: the pool numbers segments from a counter), so the position we
+ * read names a live segment, and a pending retirement names another one.
+ * The lookup below therefore cannot race with an unmap of the segment it
+ * returns a pointer into.
+ */
+static int client_lock_movable(gmb_client *c, const struct gmb_segmap_entry *e,
+                               void **ptr) {
+  struct gmb_lt_slot *s = &c->lt_slot[e->slot];
+  int rc = client_hold(c, s, e->id);
+  if (rc) return rc;
+  /* Read once: the table is writable by this process, and a value read
+   * twice could differ between the check and the use. */
+  uint64_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
+  uint64_t seg = __atomic_load_n(&s->segment, __ATOMIC_RELAXED);
+  uint64_t off = __atomic_load_n(&s->offset, __ATOMIC_RELAXED);
+  if (sid != e->id) { /* freed by another thread meanwhile: the caller's bug */
+    client_unhold(s);
+    return client_fail(GMB_E_NOENT, "allocation %llu was freed",
+                       (unsigned long long)e->id);
+  }
+  for (int fetched = 0;; fetched = 1) {
+    rc = gmb__segmap_ptr(c->map, seg, off, e->size, ptr);
+    if (rc == 0) return 0;
+    if (rc != 1) {
+      rc = client_fail(GMB_E_PROTO, "allocation %llu: [%llu, +%llu) does not "
+                       "fit segment %llu", (unsigned long long)e->id,
+                       (unsigned long long)off, (unsigned long long)e->size,
+                       (unsigned long long)seg);
+      break;
+    }
+    if (fetched) {
+      rc = client_fail(GMB_E_PROTO, "segment %llu was retired while "
+                       "allocation %llu was locked in it",
+                       (unsigned long long)seg, (unsigned long long)e->id);
+      break;
+    }
+    pthread_mutex_lock(&c->io);
+    rc = gmb__segmap_has_segment(c->map, seg) ? 0
+                                               : client_fetch_segment(c, seg);
+    pthread_mutex_unlock(&c->io);
+    if (rc) break; /* explained by client_fetch_segment */
+  }
+  client_unhold(s);
+  return rc;
+}
+
+GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  struct gmb_segmap_entry e;
+  if (gmb__segmap_get(c->map, id, &e) != 0)
+    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
+                       "session", (unsigned long long)id);
+  if (e.slot == GMB_SEGMAP_NO_SLOT) return client_lock_pinned(c, id, ptr);
+  return client_lock_movable(c, &e, ptr);
+}
+
 GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
-  void *p;
-  uint64_t seg;
-  int rc = gmb__segmap_lookup(c->map, id, &p, &seg);
-  if (rc == GMB_E_NOENT)
-    return client_fail(rc, "allocation %llu is not one of this session",
+  struct gmb_segmap_entry e;
+  if (gmb__segmap_get(c->map, id, &e) != 0)
+    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
+                       "session", (unsigned long long)id);
+  if (e.slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
+  if (client_unhold(&c->lt_slot[e.slot]))
+    return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
                        (unsigned long long)id);
-  return 0; /* pinned (and, for now, movable): nothing to release */
+  return 0;
 }
 
 GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,

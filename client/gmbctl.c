@@ -37,6 +37,7 @@ struct ctl {
   char run_dir[256];
   char endpoint[300];
   int json;
+  int timeout_ms; /* for one reply; 0: CTL_TIMEOUT_MS */
   void *zctx, *sock;
   uint64_t next_id;
 };
@@ -120,7 +121,8 @@ static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
   if (rc < 0)
     return ctl_fail(CTL_EXIT_FAIL, "%s: could not reach the broker at %s",
                     verb, ctl->endpoint);
-  uint64_t deadline = gmb__now_ns() + (uint64_t)CTL_TIMEOUT_MS * 1000000u;
+  int timeout_ms = ctl->timeout_ms ? ctl->timeout_ms : CTL_TIMEOUT_MS;
+  uint64_t deadline = gmb__now_ns() + (uint64_t)timeout_ms * 1000000u;
   for (;;) {
     uint64_t now = gmb__now_ns();
     if (now >= deadline) break;
@@ -159,7 +161,7 @@ static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
     return 0;
   }
   return ctl_fail(CTL_EXIT_FAIL, "%s: the broker at %s did not answer within "
-                  "%d ms", verb, ctl->endpoint, CTL_TIMEOUT_MS);
+                  "%d ms", verb, ctl->endpoint, timeout_ms);
 }
 
 /* --- output ------------------------------------------------------------------ */
@@ -182,6 +184,12 @@ static json_t *ctl_json_tenants(const struct wire_reply *rep) {
                        "segments", (json_int_t)t->segments, "sessions",
                        (int)t->sessions, "allocations",
                        (json_int_t)t->allocations));
+    json_t *row = json_array_get(arr, json_array_size(arr) - 1);
+    json_object_set_new(row, "free_in_segments",
+                        json_integer((json_int_t)t->free_in_segments));
+    json_object_set_new(row, "largest_free",
+                        json_integer((json_int_t)t->largest_free));
+    json_object_set_new(row, "fragmentation", json_real(t->fragmentation));
   }
   return arr;
 }
@@ -234,6 +242,17 @@ static int ctl_no_args(const struct ctl_verb *v, int argc, char **argv) {
   return 0;
 }
 
+static json_t *ctl_json_compact(const struct wire_compact_stats *c) {
+  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I}", "moves",
+                   (json_int_t)c->moves, "bytes_moved",
+                   (json_int_t)c->bytes_moved, "segments_released",
+                   (json_int_t)c->segments_released, "bytes_released",
+                   (json_int_t)c->bytes_released, "skipped_locked",
+                   (json_int_t)c->skipped_locked, "skipped_pinned",
+                   (json_int_t)c->skipped_pinned, "seconds", c->seconds,
+                   "runs", (json_int_t)c->runs);
+}
+
 static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
                       char **argv) {
   int rc = ctl_no_args(v, argc, argv);
@@ -249,6 +268,12 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
         (json_int_t)rep.u.admin_status.in_segments, "in_use",
         (json_int_t)rep.u.admin_status.in_use, "sessions",
         (int)rep.u.admin_status.sessions, "tenants", ctl_json_tenants(&rep));
+    json_object_set_new(j, "largest_free",
+                        json_integer((json_int_t)rep.u.admin_status.largest_free));
+    json_object_set_new(j, "fragmentation",
+                        json_real(rep.u.admin_status.fragmentation));
+    json_object_set_new(j, "compaction",
+                        ctl_json_compact(&rep.u.admin_status.compaction));
     gmb__wire_reply_clear(&rep);
     return ctl_json_print(j);
   }
@@ -260,7 +285,14 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
          gmb__size_format(rep.u.admin_status.in_segments, b, sizeof b));
   printf("in use       %s\n",
          gmb__size_format(rep.u.admin_status.in_use, c, sizeof c));
-  printf("sessions     %u\n\n", rep.u.admin_status.sessions);
+  printf("sessions     %u\n", rep.u.admin_status.sessions);
+  printf("largest free %s (fragmentation %.2f)\n",
+         gmb__size_format(rep.u.admin_status.largest_free, a, sizeof a),
+         rep.u.admin_status.fragmentation);
+  const struct wire_compact_stats *cs = &rep.u.admin_status.compaction;
+  printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n\n",
+         (unsigned long long)cs->runs, (unsigned long long)cs->moves,
+         gmb__size_format(cs->bytes_moved, b, sizeof b), cs->seconds);
   ctl_print_tenants(&rep);
   gmb__wire_reply_clear(&rep);
   return 0;
@@ -281,6 +313,50 @@ static int ctl_tenants(struct ctl *ctl, const struct ctl_verb *v, int argc,
   }
   ctl_print_tenants(&rep);
   gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+static int ctl_compact(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                       char **argv) {
+  struct wire_request req = {.kind = WIRE_ADMIN_COMPACT};
+  for (int i = 0; i < argc; i++) {
+    const char *t = NULL;
+    if (strcmp(argv[i], "--tenant") == 0) {
+      if (++i >= argc)
+        return ctl_fail(CTL_EXIT_USAGE, "%s: --tenant needs a name", v->name);
+      t = argv[i];
+    } else if (strncmp(argv[i], "--tenant=", 9) == 0) {
+      t = argv[i] + 9;
+    } else {
+      return ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' (usage: "
+                      "gmbctl %s)", v->name, argv[i], v->usage);
+    }
+    if (!gmb__name_valid(t))
+      return ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%s'", v->name, t);
+    snprintf(req.u.admin_compact.tenant, sizeof req.u.admin_compact.tenant,
+             "%s", t);
+  }
+  /* A compaction of a large device may take a while; the broker answers
+   * when it is over. */
+  ctl->timeout_ms = 600000;
+  struct wire_reply rep;
+  int rc = ctl_call(ctl, v->name, &req, WIRE_ADMIN_COMPACT, &rep);
+  if (rc) return rc;
+  const struct wire_compact_stats *c = &rep.u.compact;
+  if (ctl->json) return ctl_json_print(ctl_json_compact(c));
+  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ];
+  printf("compacted %s: %llu moves, %s moved, %llu segments (%s) released, "
+         "%.3f s\n",
+         req.u.admin_compact.tenant[0] ? req.u.admin_compact.tenant
+                                       : "every tenant",
+         (unsigned long long)c->moves,
+         gmb__size_format(c->bytes_moved, a, sizeof a),
+         (unsigned long long)c->segments_released,
+         gmb__size_format(c->bytes_released, b, sizeof b), c->seconds);
+  if (c->skipped_locked || c->skipped_pinned)
+    printf("left in place: %llu locked, %llu pinned allocations\n",
+           (unsigned long long)c->skipped_locked,
+           (unsigned long long)c->skipped_pinned);
   return 0;
 }
 
@@ -305,7 +381,7 @@ static const struct ctl_verb ctl_verbs[] = {
     {"reserve", "reserve set TENANT SIZE | reserve get TENANT",
      "set or show the memory kept for a tenant", ctl_not_implemented},
     {"compact", "compact [--tenant T]", "gather free space by moving "
-     "movable allocations", ctl_not_implemented},
+     "movable allocations", ctl_compact},
     {"map", "map [--svg FILE]", "draw the device's segments and allocations",
      ctl_not_implemented},
     {"snapshot", "snapshot [FILE]", "write the broker's state as JSON",

@@ -33,7 +33,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define GMB_LT_MAGIC UINT64_C(0x31767462_6c626d67) /* "gmblbtv1" */
+#define GMB_LT_MAGIC UINT64_C(0x317674626c626d67) /* "gmblbtv1" */
 #define GMB_LT_VERSION 1u
 #define GMB_LT_MOVING UINT32_C(0x80000000)
 #define GMB_LT_MAX_HOLDERS (GMB_LT_MOVING - 1u)

@@ -8,6 +8,10 @@
  * tombstones, so a long-lived client that allocates and frees for hours
  * keeps short probe sequences.
  *
+ * An allocation record keeps where the allocation was made and, for a
+ * movable one, its lock-table slot; where a movable allocation is now is
+ * in the lock table, not here (client.c).
+ *
  * Invariants: a segment record exists exactly while its memory is mapped;
  * an allocation record's range lies inside the segment size it was checked
  * against; all of it is guarded by one rwlock.
@@ -141,6 +145,7 @@ struct segmap_segment {
 struct segmap_alloc {
   uint64_t id, segment, offset, size;
   unsigned flags;
+  uint32_t slot; /* lock-table slot, or GMB_SEGMAP_NO_SLOT */
 };
 
 struct gmb_segmap {
@@ -282,14 +287,14 @@ void gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment) {
 }
 
 int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
-                    uint64_t offset, uint64_t size, unsigned flags, char *why,
-                    size_t cap) {
+                    uint64_t offset, uint64_t size, unsigned flags,
+                    uint32_t slot, char *why, size_t cap) {
   struct segmap_alloc *a = malloc(sizeof *a);
   if (a == NULL) {
     snprintf(why, cap, "out of memory");
     return GMB_E_SYSTEM;
   }
-  *a = (struct segmap_alloc){id, segment, offset, size, flags};
+  *a = (struct segmap_alloc){id, segment, offset, size, flags, slot};
   int rc = 0;
   pthread_rwlock_wrlock(&m->lock);
   struct segmap_segment *s = segmap_table_get(&m->segments, segment);
@@ -349,6 +354,34 @@ int gmb__segmap_lookup(struct gmb_segmap *m, uint64_t id, void **ptr,
       *ptr = s->base + a->offset;
       rc = 0;
     }
+  }
+  pthread_rwlock_unlock(&m->lock);
+  return rc;
+}
+
+int gmb__segmap_get(struct gmb_segmap *m, uint64_t id,
+                    struct gmb_segmap_entry *out) {
+  pthread_rwlock_rdlock(&m->lock);
+  struct segmap_alloc *a = id ? segmap_table_get(&m->allocs, id) : NULL;
+  if (a)
+    *out = (struct gmb_segmap_entry){a->id,   a->segment, a->offset,
+                                     a->size, a->flags,   a->slot};
+  pthread_rwlock_unlock(&m->lock);
+  return a ? 0 : GMB_E_NOENT;
+}
+
+int gmb__segmap_ptr(struct gmb_segmap *m, uint64_t segment, uint64_t offset,
+                    uint64_t size, void **ptr) {
+  int rc;
+  pthread_rwlock_rdlock(&m->lock);
+  struct segmap_segment *s = segmap_table_get(&m->segments, segment);
+  if (s == NULL) {
+    rc = 1;
+  } else if (offset > s->size || size > s->size - offset) {
+    rc = GMB_E_PROTO;
+  } else {
+    *ptr = s->base + offset;
+    rc = 0;
   }
   pthread_rwlock_unlock(&m->lock);
   return rc;

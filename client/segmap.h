@@ -37,22 +37,51 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
  * recorded in it stay; gmb_lock on them maps the segment again. */
 void gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment);
 
+/* The slot of an allocation that has no lock-table slot: pinned, or
+ * movable under a broker that gave the session no lock table (it cannot
+ * move what the client cannot lock). */
+#define GMB_SEGMAP_NO_SLOT UINT32_MAX
+
 /*
- * Records allocation `id` at [offset, offset+size) of a mapped segment.
- * GMB_E_PROTO when the segment is not mapped, the range does not fit in
- * it, or the id is 0 or already recorded.
+ * Records allocation `id` at [offset, offset+size) of a mapped segment,
+ * with its lock-table `slot` (GMB_SEGMAP_NO_SLOT: none).  GMB_E_PROTO when
+ * the segment is not mapped, the range does not fit in it, or the id is 0
+ * or already recorded.
  */
 int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
-                    uint64_t offset, uint64_t size, unsigned flags, char *why,
-                    size_t cap);
+                    uint64_t offset, uint64_t size, unsigned flags,
+                    uint32_t slot, char *why, size_t cap);
+
+/* What the map knows of one allocation.  For one with a slot, segment and
+ * offset are where it was at alloc time; the lock table says where it is
+ * now. */
+struct gmb_segmap_entry {
+  uint64_t id, segment, offset, size;
+  unsigned flags;
+  uint32_t slot;
+};
+
+/* 0 with *out filled, or GMB_E_NOENT when the id is unknown. */
+int gmb__segmap_get(struct gmb_segmap *m, uint64_t id,
+                    struct gmb_segmap_entry *out);
+
+/*
+ * The address of [offset, offset+size) of `segment` in this process: 0
+ * with *ptr set; 1 when the segment is not mapped here; GMB_E_PROTO when
+ * the range does not fit in the segment as mapped.
+ */
+int gmb__segmap_ptr(struct gmb_segmap *m, uint64_t segment, uint64_t offset,
+                    uint64_t size, void **ptr);
 
 /* Forgets allocation `id`: 0, or GMB_E_NOENT when unknown. */
 int gmb__segmap_remove(struct gmb_segmap *m, uint64_t id);
 
 /*
- * The address of allocation `id`: 0 with *ptr set; GMB_E_NOENT when the id
- * is unknown; 1 when it is known but its segment is not mapped here (after
- * a retirement): *segment says which one to map before asking again.
+ * The address of allocation `id` where it was made: 0 with *ptr set;
+ * GMB_E_NOENT when the id is unknown; 1 when it is known but its segment
+ * is not mapped here (after a retirement): *segment says which one to map
+ * before asking again.  Only for allocations without a lock-table slot:
+ * one with a slot may have moved (gmb__segmap_ptr on the slot's position).
  */
 int gmb__segmap_lookup(struct gmb_segmap *m, uint64_t id, void **ptr,
                        uint64_t *segment);

@@ -6,9 +6,14 @@
 # Starts a broker on a 1 GiB host device with deploy/demo/demo.ini (three
 # tenants: llm-a 512MiB, llm-b 256MiB, batch 128MiB) in a temporary run
 # dir, then shows jobs allocating, a quota refusal, a job killed with
-# kill -9 whose memory comes back, and the per-tenant table.  Everything it
-# starts is stopped and its files removed on the way out, whether the demo
-# passed or not.  Exit status 0 when every step did what it says.
+# kill -9 whose memory comes back, and the per-tenant table.  Then the
+# fragmentation scenario: two small brokers (64 MiB), one with compaction
+# off and one with auto, each given the same fragmented device by
+# examples/frag; off refuses a large request that the free total could
+# hold, auto moves allocations and serves it with every byte intact.
+# Everything it starts is stopped and its files removed on the way out,
+# whether the demo passed or not.  Exit status 0 when every step did what
+# it says.
 set -u
 
 B=${1:-build}
@@ -16,7 +21,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BROKER=$B/gmb-broker
 CTL=$B/gmbctl
 JOB=$B/examples/job
-for f in "$BROKER" "$CTL" "$JOB"; do
+FRAG=$B/examples/frag
+for f in "$BROKER" "$CTL" "$JOB" "$FRAG"; do
   if [ ! -x "$f" ]; then
     echo "demo: $f is missing; run 'make' first" >&2
     exit 1
@@ -32,6 +38,7 @@ unset GMB_ENDPOINT GMB_TENANT GMB_TOKEN GMB_TOKEN_FILE
 BROKER_PID=
 HOLD_PID=
 KEEP_PID=
+FRAG_PIDS=
 
 # Stops whatever is still running, in reverse order, and removes the run
 # dir.  Runs on every exit.
@@ -52,6 +59,11 @@ cleanup() {
     # A broker that had to be killed leaves its shared memory segments.
     rm -f /dev/shm/gmb-"$BROKER_PID"-*
   fi
+  for p in $FRAG_PIDS; do
+    kill -TERM "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+    rm -f /dev/shm/gmb-"$p"-*
+  done
   rm -rf "$RUN"
 }
 trap cleanup EXIT
@@ -156,6 +168,55 @@ show "$CTL" tenants || fail "gmbctl tenants failed"
 # --------------------------------------------------------------------------
 step "The device and every tenant (llm-b's job still holds its memory)"
 show "$CTL" status || fail "gmbctl status failed"
+
+# --------------------------------------------------------------------------
+step "Fragmentation: a large request while enough is free in total"
+# Two brokers on 64 MiB host devices, the same but for compaction.  frag
+# fills each with movable 512KiB blocks (pattern in every byte), frees
+# every other one, then asks for 24MiB: 36MiB are free in total, but in
+# 512KiB holes.
+for mode in off auto; do
+  mkdir -p "$RUN/$mode"
+  printf '[broker]\ncompaction = %s\nlog_level = warn\n' "$mode" \
+    >"$RUN/$mode/gmb.ini"
+  "$BROKER" --config "$RUN/$mode/gmb.ini" --run-dir "$RUN/$mode" \
+    --device host:64MiB >"$RUN/$mode/broker.log" 2>&1 &
+  FRAG_PIDS="$FRAG_PIDS $!"
+done
+for mode in off auto; do
+  i=0
+  until [ -S "$RUN/$mode/broker.sock" ]; do
+    [ $i -ge 50 ] && LOG=$RUN/$mode/broker.log &&
+      fail "the compaction=$mode broker did not start in 5 s"
+    sleep 0.1
+    i=$((i + 1))
+  done
+done
+echo "(brokers on host:64MiB with compaction = off and compaction = auto)"
+echo
+echo "compaction = off:"
+show "$FRAG" --endpoint "ipc://$RUN/off/broker.sock" --tenant demo
+rc=$?
+[ $rc -eq 3 ] || { LOG=$RUN/off/broker.log;
+  fail "with compaction off, frag should be refused (exit 3); it exited $rc"; }
+echo "(refused although 36MiB are free: no hole holds 24MiB)"
+echo
+echo "compaction = auto:"
+show "$FRAG" --endpoint "ipc://$RUN/auto/broker.sock" --tenant demo \
+  >"$RUN/auto/frag.out" 2>&1
+rc=$?
+cat "$RUN/auto/frag.out"
+[ $rc -eq 0 ] || { LOG=$RUN/auto/broker.log;
+  fail "with compaction auto, frag should succeed (exit 0); it exited $rc"; }
+grep -q ' [1-9][0-9]* allocations moved, all bytes intact' "$RUN/auto/frag.out" ||
+  { LOG=$RUN/auto/broker.log; fail "with compaction auto, nothing was moved"; }
+echo "(the broker moved blocks while nobody held them locked, released the"
+echo " emptied segments and served the request; every block kept its bytes)"
+for p in $FRAG_PIDS; do
+  kill -TERM "$p" 2>/dev/null
+  wait "$p" 2>/dev/null
+done
+FRAG_PIDS=
 
 # --------------------------------------------------------------------------
 step "Stop: the last job, then the broker (SIGTERM)"

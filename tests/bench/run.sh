@@ -3,11 +3,16 @@
 #
 # Usage: tests/bench/run.sh BUILD_DIR
 # Prints the machine first (figures mean little without it), then runs
-# BUILD_DIR/bench/bench_pool (the allocator alone, in-process) and
-# BUILD_DIR/bench/bench_alloc (allocations through a real broker).  Both run
-# even when the first fails; the exit status is non-zero when either failed
-# or crashed.  Knobs: BENCH_ITER and BENCH_RSS_ALLOCS (bench_alloc; see
-# docs/benchmarks.md), and whatever bench_pool reads.
+# BUILD_DIR/bench/bench_pool (the allocator alone, in-process),
+# BUILD_DIR/bench/bench_alloc (allocations through a real broker),
+# BUILD_DIR/bench/bench_compact (compaction's copy throughput, when built)
+# and the fragmentation suite (tests/bench/frag.sh: traces replayed with
+# gmb-replay, compaction off and auto, and the plot docs/img/frag.png).
+# Each runs even when an earlier one fails; the exit status is non-zero
+# when any failed or crashed.  Knobs: BENCH_ITER and BENCH_RSS_ALLOCS
+# (bench_alloc; see docs/benchmarks.md), whatever bench_pool and
+# bench_compact read, FRAG_* (frag.sh), BENCH_SKIP (names to leave out,
+# e.g. "bench_alloc frag").
 set -u
 B=${1:-build}
 GMB_BUILD_DIR=$B
@@ -17,18 +22,34 @@ cpu=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
 echo "machine: cpu=\"${cpu:-unknown}\" cores=$(nproc) kernel=$(uname -r)"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 
+HERE=$(cd "$(dirname "$0")" && pwd)
 status=0
-for bench in bench_pool bench_alloc; do
-  bin=$B/bench/$bench
+for bench in bench_pool bench_alloc bench_compact frag; do
+  case " ${BENCH_SKIP:-} " in
+    *" $bench "*) echo; echo "== $bench (skipped: BENCH_SKIP)"; continue ;;
+  esac
+  if [ "$bench" = frag ]; then
+    set -- sh "$HERE/frag.sh" "$B"
+  else
+    bin=$B/bench/$bench
+    # bench_compact is built only once the compaction engine is in the tree.
+    if [ "$bench" = bench_compact ] && [ ! -e tests/bench/bench_compact.c ] &&
+       [ ! -x "$bin" ]; then
+      continue
+    fi
+    if [ ! -x "$bin" ]; then
+      echo
+      echo "== $bench"
+      echo "bench: $bin is missing" >&2
+      status=1
+      continue
+    fi
+    set -- "$bin"
+  fi
   echo
   echo "== $bench"
-  if [ ! -x "$bin" ]; then
-    echo "bench: $bin is missing" >&2
-    status=1
-    continue
-  fi
   start=$(date +%s)
-  "$bin"
+  "$@"
   rc=$?
   echo "($bench: exit status $rc, $(( $(date +%s) - start )) s)"
   if [ $rc -ne 0 ]; then

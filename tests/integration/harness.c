@@ -624,6 +624,40 @@ int harness_admin_status(const struct harness_broker *b,
   return rc;
 }
 
+int harness_admin_compact(void *admin_sock, const char *tenant,
+                          struct wire_compact_stats *out) {
+  static uint64_t next_id = 1000;
+  struct wire_request req;
+  struct wire_reply rep;
+  memset(&req, 0, sizeof req);
+  req.id = ++next_id;
+  req.kind = WIRE_ADMIN_COMPACT;
+  snprintf(req.u.admin_compact.tenant, sizeof req.u.admin_compact.tenant,
+           "%s", tenant ? tenant : "");
+  int rc = harness_raw_call(admin_sock, &req, &rep);
+  if (rc) return rc;
+  if (rep.status != 0) rc = rep.status;
+  else if (rep.kind != WIRE_ADMIN_COMPACT || rep.id != req.id) rc = GMB_E_PROTO;
+  else *out = rep.u.compact;
+  gmb__wire_reply_clear(&rep);
+  return rc;
+}
+
+int harness_tenant_row(const struct harness_broker *b, const char *tenant,
+                       struct wire_tenant_row *out) {
+  struct wire_reply rep;
+  int rc = harness_admin_status(b, &rep);
+  if (rc) return rc;
+  rc = GMB_E_NOENT;
+  for (size_t i = 0; i < rep.u.admin_status.n_tenants; i++)
+    if (strcmp(rep.u.admin_status.tenants[i].name, tenant) == 0) {
+      *out = rep.u.admin_status.tenants[i];
+      rc = 0;
+    }
+  gmb__wire_reply_clear(&rep);
+  return rc;
+}
+
 /* --- main ------------------------------------------------------------------- */
 
 int harness_main(Suite *s) {

@@ -162,6 +162,21 @@ int harness_raw_call(void *sock, const struct wire_request *req,
 int harness_admin_status(const struct harness_broker *b,
                          struct wire_reply *rep);
 
+/*
+ * One AdminCompact request on an admin socket opened with
+ * harness_raw_open(b->admin_endpoint): compacts `tenant` ("" or NULL: every
+ * tenant) and fills *out with the run's figures.  0, the broker's status,
+ * GMB_E_TIMEOUT when no reply came within HARNESS_WAIT_MS, or GMB_E_PROTO
+ * for a reply of another kind.
+ */
+int harness_admin_compact(void *admin_sock, const char *tenant,
+                          struct wire_compact_stats *out);
+
+/* The admin status row of `tenant`: 0 with *out filled, GMB_E_NOENT when
+ * the broker lists no such tenant, or the failure of the request. */
+int harness_tenant_row(const struct harness_broker *b, const char *tenant,
+                       struct wire_tenant_row *out);
+
 /* Runs a Check suite (the one suite of a test binary) and returns the exit
  * status for main: 0 when every test passed. */
 int harness_main(Suite *s);

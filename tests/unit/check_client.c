@@ -8,7 +8,13 @@
  * answer to the requests it cares about with garbage, silence, events or
  * lies.  What needs a real broker is in tests/integration.
  *
- * Knobs: ITER (allocations per thread in threads_share_client, default 200).
+ * For movable allocations the test plays the broker's side of the lock
+ * table too: lt_setup() creates a table and the fake names it in its Hello
+ * reply and hands out slot id-1 for each movable allocation; the test then
+ * claims, moves and publishes by hand (the "mover"), as compaction does.
+ *
+ * Knobs: ITER (allocations per thread in threads_share_client, default 200;
+ * lock/unlock pairs per thread in movable_threads_lock_while_moving).
  */
 #include <check.h>
 #include <errno.h>
@@ -26,6 +32,7 @@
 #include <zmq.h>
 
 #include "gmb.h"
+#include "locktab.h"
 #include "wire.h"
 
 #define FAKE_SEG_SIZE (4u << 20)
@@ -56,7 +63,16 @@ struct fake {
   int handle_sent;
   uint64_t offsets[FAKE_MAX_IDS];
 
+  /* the lock table (lt_setup); lt_name "" for none */
+  char lt_name[64];
+  uint32_t lt_slots;
+  struct gmb_lt_header *lt;
+  /* segment 2 (seg2_setup): a second shm, given only on a Segment request */
+  char shm2_name[64];
+  uint8_t *shm2;
+
   /* what it saw */
+  atomic_int n_total; /* every message */
   atomic_int n_hello, n_alloc, n_free, n_stats, n_segment, n_heartbeat, n_bye;
   struct wire_request last_hello, last_alloc, last_free;
   atomic_int step; /* for handlers with a script */
@@ -100,6 +116,17 @@ static void fake_handle_of(struct fake *f, struct wire_handle *h) {
   memcpy(h->bytes, f->shm_name, h->len);
 }
 
+static void fake_handle2_of(struct fake *f, struct wire_handle *h) {
+  h->segment = 2;
+  h->size = FAKE_SEG_SIZE;
+  h->len = (uint32_t)strlen(f->shm2_name);
+  memcpy(h->bytes, f->shm2_name, h->len);
+}
+
+static struct gmb_lt_slot *lt_slot_of(struct fake *f, uint64_t id) {
+  return &gmb_lt_slots(f->lt)[id - 1];
+}
+
 static void fake_default(struct fake *f, const struct wire_request *req) {
   struct wire_reply rep = {.id = req->id};
   switch (req->kind) {
@@ -112,6 +139,9 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
       snprintf(rep.u.hello.device, sizeof rep.u.hello.device, "%s",
                f->device);
       rep.u.hello.heartbeat_ms = f->heartbeat_ms;
+      snprintf(rep.u.hello.lock_table, sizeof rep.u.hello.lock_table, "%s",
+               f->lt_name);
+      rep.u.hello.lock_slots = f->lt_name[0] ? f->lt_slots : 0;
       fake_reply(f, &rep);
       break;
     case WIRE_ALLOC: {
@@ -131,10 +161,25 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
         fake_handle_of(f, &rep.u.alloc.handle);
         f->handle_sent = 1;
       }
+      if ((req->u.alloc.flags & GMB_MOVABLE) && f->lt &&
+          rep.u.alloc.id <= f->lt_slots) {
+        struct gmb_lt_slot *sl = lt_slot_of(f, rep.u.alloc.id);
+        sl->id = rep.u.alloc.id;
+        sl->segment = 1;
+        sl->offset = rep.u.alloc.offset;
+        atomic_store_explicit(&sl->state, 0, memory_order_release);
+        rep.u.alloc.slot = (uint32_t)(rep.u.alloc.id - 1);
+      }
       fake_reply(f, &rep);
       break;
     }
     case WIRE_SEGMENT:
+      if (req->u.segment.segment == 2 && f->shm2) {
+        rep.kind = WIRE_SEGMENT;
+        fake_handle2_of(f, &rep.u.segment);
+        fake_reply(f, &rep);
+        break;
+      }
       if (req->u.segment.segment != 1) {
         fake_status(f, req->id, GMB_E_NOENT, "no such segment");
         break;
@@ -187,6 +232,7 @@ static void *fake_main(void *arg) {
     zmq_msg_close(&id);
     zmq_msg_close(&body);
     if (rc) continue;
+    atomic_fetch_add(&f->n_total, 1);
     switch (req.kind) {
       case WIRE_HELLO: f->last_hello = req; atomic_fetch_add(&f->n_hello, 1); break;
       case WIRE_ALLOC: f->last_alloc = req; atomic_fetch_add(&f->n_alloc, 1); break;
@@ -211,6 +257,7 @@ static void setup(void) {
   unsetenv("GMB_TOKEN_FILE");
   unsetenv("GMB_REQUEST_TIMEOUT_MS");
   unsetenv("GMB_CONNECT_TIMEOUT_MS");
+  unsetenv("GMB_LOCK_TIMEOUT_MS");
   snprintf(F.dir, sizeof F.dir, "/tmp/gmb-check-client-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(F.dir));
   setenv("GMB_RUN_DIR", F.dir, 1);
@@ -246,6 +293,10 @@ static void teardown(void) {
   }
   munmap(F.shm, FAKE_SEG_SIZE);
   shm_unlink(F.shm_name);
+  if (F.lt) munmap(F.lt, gmb_lt_bytes(F.lt_slots));
+  if (F.lt_name[0]) shm_unlink(F.lt_name);
+  if (F.shm2) munmap(F.shm2, FAKE_SEG_SIZE);
+  if (F.shm2_name[0]) shm_unlink(F.shm2_name);
   char path[160];
   snprintf(path, sizeof path, "%s/broker.sock", F.dir);
   unlink(path);
@@ -915,6 +966,462 @@ START_TEST(threads_share_client) {
 }
 END_TEST
 
+/* --- movable allocations and the lock table ---------------------------------- */
+
+/* Creates the lock table the fake's Hello names, for session 1. */
+static void lt_setup(uint32_t slots) {
+  snprintf(F.lt_name, sizeof F.lt_name, "/gmb-check-client-lt-%d",
+           (int)getpid());
+  shm_unlink(F.lt_name);
+  int fd = shm_open(F.lt_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)gmb_lt_bytes(slots)), 0);
+  F.lt = mmap(NULL, gmb_lt_bytes(slots), PROT_READ | PROT_WRITE, MAP_SHARED,
+              fd, 0);
+  ck_assert_ptr_ne(F.lt, MAP_FAILED);
+  close(fd);
+  F.lt_slots = slots;
+  F.lt->magic = GMB_LT_MAGIC;
+  F.lt->version = GMB_LT_VERSION;
+  F.lt->slots = slots;
+  F.lt->session = 1;
+}
+
+/* A second segment, handed out on a Segment request for segment 2. */
+static void seg2_setup(void) {
+  snprintf(F.shm2_name, sizeof F.shm2_name, "/gmb-check-client-2-%d",
+           (int)getpid());
+  shm_unlink(F.shm2_name);
+  int fd = shm_open(F.shm2_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, FAKE_SEG_SIZE), 0);
+  F.shm2 = mmap(NULL, FAKE_SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ck_assert_ptr_ne(F.shm2, MAP_FAILED);
+  close(fd);
+}
+
+/* The mover, as the broker's compaction does it: claim, copy, publish. */
+static int mv_claim(uint64_t id) {
+  uint32_t zero = 0;
+  return atomic_compare_exchange_strong_explicit(
+      &lt_slot_of(&F, id)->state, &zero, GMB_LT_MOVING, memory_order_acq_rel,
+      memory_order_acquire);
+}
+
+static void mv_publish(uint64_t id, uint64_t segment, uint64_t offset) {
+  struct gmb_lt_slot *sl = lt_slot_of(&F, id);
+  sl->segment = segment;
+  sl->offset = offset;
+  atomic_store_explicit(&sl->state, 0, memory_order_release);
+}
+
+static uint32_t lt_state(uint64_t id) {
+  return atomic_load(&lt_slot_of(&F, id)->state);
+}
+
+START_TEST(movable_lock_sends_no_message) {
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 4096, GMB_MOVABLE, &id), 0);
+  ck_assert_uint_eq(F.last_alloc.u.alloc.flags, GMB_MOVABLE);
+  void *p, *q;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_uint_eq(lt_state(id), 1);
+  ck_assert_int_eq(gmb_lock(c, id, &q), 0); /* nested */
+  ck_assert_ptr_eq(p, q);
+  ck_assert_uint_eq(lt_state(id), 2);
+  memset(p, 0x3C, 4096);
+  ck_assert_uint_eq(F.shm[F.offsets[id] + 4095], 0x3C);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_uint_eq(lt_state(id), 0);
+  /* A round trip (Stats) makes sure everything the client sent so far has
+   * reached the fake before counting. */
+  gmb_stats st;
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  int before = atomic_load(&F.n_total);
+  for (int i = 0; i < 1000; i++) {
+    ck_assert_int_eq(gmb_lock(c, id, &q), 0);
+    ck_assert_ptr_eq(q, p);
+    ck_assert_int_eq(gmb_unlock(c, id), 0);
+  }
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  ck_assert_int_eq(atomic_load(&F.n_total), before + 1); /* the Stats only */
+  ck_assert_uint_eq(lt_state(id), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(heartbeat_after_hello_with_lock_table) {
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_stats st;
+  /* No heartbeat period was asked for; the one heartbeat is what lets the
+   * broker unlink the table's name at once. */
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  ck_assert_int_eq(atomic_load(&F.n_heartbeat), 1);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(unlock_not_locked_invalid) {
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), GMB_E_INVAL);
+  ck_assert_uint_eq(lt_state(id), 0); /* never below 0 */
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), GMB_E_INVAL);
+  ck_assert_uint_eq(lt_state(id), 0);
+  /* A slot the broker is moving has no holder to release either. */
+  ck_assert(mv_claim(id));
+  ck_assert_int_eq(gmb_unlock(c, id), GMB_E_INVAL);
+  ck_assert_uint_eq(lt_state(id), GMB_LT_MOVING);
+  mv_publish(id, 1, F.offsets[id]);
+  gmb_disconnect(c);
+}
+END_TEST
+
+struct locker {
+  gmb_client *c;
+  gmb_id id;
+  void *ptr;
+  int rc;
+  atomic_int done;
+};
+
+static void *locker_main(void *arg) {
+  struct locker *l = arg;
+  l->rc = gmb_lock(l->c, l->id, &l->ptr);
+  atomic_store(&l->done, 1);
+  return NULL;
+}
+
+START_TEST(lock_waits_while_moving_then_new_position) {
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id, other;
+  ck_assert_int_eq(gmb_alloc(c, 1024, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(gmb_alloc(c, 1024, 0, &other), 0);
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  memset(p, 0x77, 1024);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+
+  ck_assert(mv_claim(id));
+  struct locker l = {.c = c, .id = id};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, locker_main, &l), 0);
+  /* However long it waits, it must not return while the slot is MOVING;
+   * meanwhile the client serves other calls (no mutex held while waiting). */
+  usleep(30 * 1000);
+  ck_assert_int_eq(atomic_load(&l.done), 0);
+  gmb_stats st;
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  void *po;
+  ck_assert_int_eq(gmb_lock(c, other, &po), 0);
+  ck_assert_int_eq(atomic_load(&l.done), 0);
+  /* The move: copy, poison the old place, publish the new one. */
+  uint64_t from = F.offsets[id], to = 2u << 20;
+  memcpy(F.shm + to, F.shm + from, 1024);
+  memset(F.shm + from, 0xEE, 1024);
+  mv_publish(id, 1, to);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(l.rc, 0);
+  ck_assert_uint_eq((uintptr_t)l.ptr - (uintptr_t)p, to - from);
+  for (int i = 0; i < 1024; i++)
+    ck_assert_uint_eq(((uint8_t *)l.ptr)[i], 0x77);
+  ck_assert_uint_eq(lt_state(id), 1);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(lock_moving_too_long_times_out) {
+  setenv("GMB_LOCK_TIMEOUT_MS", "50", 1);
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  ck_assert(mv_claim(id));
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_TIMEOUT);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "being moved"));
+  ck_assert_uint_eq(lt_state(id), GMB_LT_MOVING); /* untouched */
+  mv_publish(id, 1, F.offsets[id]);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+  unsetenv("GMB_LOCK_TIMEOUT_MS");
+}
+END_TEST
+
+START_TEST(moved_to_unmapped_segment_fetched_once) {
+  lt_setup(64);
+  seg2_setup();
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  ck_assert(mv_claim(id));
+  memset(F.shm2 + 4096, 0x42, 512);
+  mv_publish(id, 2, 4096);
+  void *p, *q;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1);
+  ck_assert_uint_eq(((uint8_t *)p)[511], 0x42);
+  ((uint8_t *)p)[0] = 0x43;
+  ck_assert_uint_eq(F.shm2[4096], 0x43);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &q), 0);
+  ck_assert_ptr_eq(p, q);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1); /* mapped once */
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  /* A segment the broker cannot give: the hold taken is given back. */
+  ck_assert(mv_claim(id));
+  mv_publish(id, 3, 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_NOENT);
+  ck_assert_uint_eq(lt_state(id), 0);
+  /* A position outside the segment: refused, hold given back. */
+  ck_assert(mv_claim(id));
+  mv_publish(id, 1, FAKE_SEG_SIZE - 256);
+  ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_PROTO);
+  ck_assert_uint_eq(lt_state(id), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(alloc_slot_of_another_allocation_proto) {
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id a;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &a), 0);
+  /* With lt_slots 1 the fake writes no slot for id 2 and answers slot 0,
+   * which serves id 1: a reply that names another allocation's slot. */
+  F.lt_slots = 1;
+  gmb_id b = 5;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &b), GMB_E_PROTO);
+  ck_assert_uint_eq(b, 0);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "slot"));
+  ck_assert_int_eq(atomic_load(&F.n_free), 1); /* given back */
+  F.lt_slots = 64;
+  gmb_disconnect(c);
+}
+END_TEST
+
+static int alloc_slot_out_of_range(struct fake *f,
+                                   const struct wire_request *req) {
+  if (req->kind != WIRE_ALLOC) return 0;
+  struct wire_reply rep = {.id = req->id, .kind = WIRE_ALLOC};
+  rep.u.alloc.id = 9;
+  rep.u.alloc.size = 512;
+  rep.u.alloc.segment = 1;
+  rep.u.alloc.offset = 0;
+  rep.u.alloc.slot = 64; /* == lock_slots */
+  fake_handle_of(f, &rep.u.alloc.handle);
+  fake_reply(f, &rep);
+  return 1;
+}
+
+START_TEST(alloc_slot_out_of_range_proto) {
+  lt_setup(64);
+  F.handler = alloc_slot_out_of_range;
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), GMB_E_PROTO);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "out of range"));
+  ck_assert_int_eq(atomic_load(&F.n_free), 1);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(lock_table_bad_magic_proto) {
+  lt_setup(64);
+  F.lt->magic ^= 1;
+  fake_start();
+  gmb_client *c = (gmb_client *)1;
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
+  ck_assert_ptr_null(c);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "magic"));
+  ck_assert_int_eq(atomic_load(&F.n_bye), 1); /* disconnected cleanly */
+}
+END_TEST
+
+START_TEST(lock_table_other_session_proto) {
+  lt_setup(64);
+  F.lt->session = 2;
+  fake_start();
+  gmb_client *c = NULL;
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "session"));
+  F.lt->session = 1;
+  F.lt->slots = 32; /* the header disagrees with the Hello reply */
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "slot count"));
+  F.lt->slots = 64;
+  F.lt_slots = 1u << 20; /* more slots than the object holds */
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "smaller"));
+  F.lt_slots = 64;
+}
+END_TEST
+
+START_TEST(lock_table_missing_fails_connect) {
+  lt_setup(64);
+  shm_unlink(F.lt_name);
+  fake_start();
+  gmb_client *c = NULL;
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_SYSTEM);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "shm_open"));
+  snprintf(F.lt_name, sizeof F.lt_name, "no-slash");
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
+  F.lt_name[0] = '\0';
+}
+END_TEST
+
+/* Threads lock the same and different movable allocations while a mover
+ * thread keeps moving them: every holder sees its allocation's pattern and
+ * a nested lock returns the same address. */
+#define MV_N 8
+#define MV_SIZE 4096
+#define MV_MIN_MOVES 1000
+
+struct mv_worker {
+  gmb_client *c;
+  gmb_id *ids;
+  int iter, tid;
+  long bad, nested_differs, locks;
+};
+
+static atomic_int mv_stop;
+static atomic_long mv_moves;
+
+static void *mv_worker_main(void *arg) {
+  struct mv_worker *w = arg;
+  unsigned r = (unsigned)w->tid * 2654435761u + 1;
+  /* At least iter locks, and on until the mover made MV_MIN_MOVES: the
+   * test proves nothing about moves if there were none. */
+  for (long i = 0; i < w->iter || atomic_load(&mv_moves) < MV_MIN_MOVES;
+       i++) {
+    if (i % 256 == 255) sched_yield(); /* 2 cores: let the mover run */
+    r = r * 1103515245u + 12345u;
+    /* Half the time all threads want allocation 0: the same slot. */
+    int k = (r >> 16) & 1 ? 0 : (int)((r >> 8) % MV_N);
+    void *p, *q;
+    if (gmb_lock(w->c, w->ids[k], &p) != 0) {
+      w->bad++;
+      continue;
+    }
+    uint8_t want = (uint8_t)(0x10 + k);
+    const uint8_t *b = p;
+    if (b[0] != want || b[MV_SIZE / 2] != want || b[MV_SIZE - 1] != want)
+      w->bad++;
+    if (gmb_lock(w->c, w->ids[k], &q) != 0 || q != p) w->nested_differs++;
+    else gmb_unlock(w->c, w->ids[k]);
+    if (gmb_unlock(w->c, w->ids[k]) != 0) w->bad++;
+    w->locks++;
+  }
+  return NULL;
+}
+
+/* Moves allocation k between two places in segment 1: [1 MiB + k*8 KiB]
+ * and [1 MiB + k*8 KiB + 4 KiB], poisoning the place it left. */
+static void *mv_mover_main(void *arg) {
+  gmb_id *ids = arg;
+  unsigned r = 7;
+  while (!atomic_load(&mv_stop)) {
+    r = r * 1103515245u + 12345u;
+    int k = (int)((r >> 8) % MV_N);
+    struct gmb_lt_slot *sl = lt_slot_of(&F, ids[k]);
+    if (!mv_claim(ids[k])) {
+      sched_yield();
+      continue;
+    }
+    uint64_t from = sl->offset;
+    uint64_t base = (1u << 20) + (uint64_t)k * 2 * MV_SIZE;
+    uint64_t to = from == base ? base + MV_SIZE : base;
+    memcpy(F.shm + to, F.shm + from, MV_SIZE);
+    memset(F.shm + from, 0xEE, MV_SIZE);
+    mv_publish(ids[k], 1, to);
+    atomic_fetch_add(&mv_moves, 1);
+    sched_yield();
+  }
+  return NULL;
+}
+
+START_TEST(movable_threads_lock_while_moving) {
+  int iter = getenv("ITER") ? atoi(getenv("ITER")) : 20000;
+  enum { NT = 4 };
+  lt_setup(64);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id ids[MV_N];
+  for (int k = 0; k < MV_N; k++) {
+    ck_assert_int_eq(gmb_alloc(c, MV_SIZE, GMB_MOVABLE, &ids[k]), 0);
+    void *p;
+    ck_assert_int_eq(gmb_lock(c, ids[k], &p), 0);
+    memset(p, 0x10 + k, MV_SIZE);
+    ck_assert_int_eq(gmb_unlock(c, ids[k]), 0);
+  }
+  atomic_store(&mv_stop, 0);
+  atomic_store(&mv_moves, 0);
+  pthread_t mover, t[NT];
+  struct mv_worker w[NT];
+  ck_assert_int_eq(pthread_create(&mover, NULL, mv_mover_main, ids), 0);
+  for (int i = 0; i < NT; i++) {
+    w[i] = (struct mv_worker){c, ids, iter, i, 0, 0, 0};
+    ck_assert_int_eq(pthread_create(&t[i], NULL, mv_worker_main, &w[i]), 0);
+  }
+  for (int i = 0; i < NT; i++) pthread_join(t[i], NULL);
+  /* Every slot is unlocked now: the mover can take each, so a few more
+   * moves are certain before it stops. */
+  long moves_at_end = atomic_load(&mv_moves);
+  while (atomic_load(&mv_moves) < moves_at_end + MV_N) sched_yield();
+  atomic_store(&mv_stop, 1);
+  pthread_join(mover, NULL);
+  for (int i = 0; i < NT; i++) {
+    ck_assert_int_eq(w[i].bad, 0);
+    ck_assert_int_eq(w[i].nested_differs, 0);
+    ck_assert_int_ge(w[i].locks, iter);
+  }
+  for (int k = 0; k < MV_N; k++) {
+    ck_assert_uint_eq(lt_state(ids[k]), 0);
+    void *p;
+    ck_assert_int_eq(gmb_lock(c, ids[k], &p), 0);
+    for (int j = 0; j < MV_SIZE; j++)
+      ck_assert_uint_eq(((uint8_t *)p)[j], 0x10 + k);
+    ck_assert_int_eq(gmb_unlock(c, ids[k]), 0);
+  }
+  ck_assert_int_ge(atomic_load(&mv_moves), MV_MIN_MOVES);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(movable_without_lock_table_is_pinned) {
+  fake_start(); /* a Hello without a lock table */
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_uint_eq((uintptr_t)p % 512, 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0); /* nothing counted */
+  gmb_disconnect(c);
+}
+END_TEST
+
 static Suite *client_suite(void) {
   Suite *s = suite_create("client");
   TCase *tc = tcase_create("connect");
@@ -958,6 +1465,23 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, unlock_on_stream_host_device);
   tcase_add_test(tc, cuda_device_refused_and_given_back);
   tcase_add_test(tc, threads_share_client);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("movable");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, movable_lock_sends_no_message);
+  tcase_add_test(tc, heartbeat_after_hello_with_lock_table);
+  tcase_add_test(tc, unlock_not_locked_invalid);
+  tcase_add_test(tc, lock_waits_while_moving_then_new_position);
+  tcase_add_test(tc, lock_moving_too_long_times_out);
+  tcase_add_test(tc, moved_to_unmapped_segment_fetched_once);
+  tcase_add_test(tc, alloc_slot_of_another_allocation_proto);
+  tcase_add_test(tc, alloc_slot_out_of_range_proto);
+  tcase_add_test(tc, lock_table_bad_magic_proto);
+  tcase_add_test(tc, lock_table_other_session_proto);
+  tcase_add_test(tc, lock_table_missing_fails_connect);
+  tcase_add_test(tc, movable_threads_lock_while_moving);
+  tcase_add_test(tc, movable_without_lock_table_is_pinned);
   suite_add_tcase(s, tc);
   return s;
 }

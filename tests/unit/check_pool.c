@@ -608,6 +608,64 @@ START_TEST(walk_visits_all) {
 }
 END_TEST
 
+START_TEST(tag_set_and_found) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info x, y, got;
+  alloc_ok(a, 4096, NULL, &x);
+  alloc_ok(a, 4096, NULL, &y);
+  ck_assert_uint_eq(x.tag, 0);
+  ck_assert_int_eq(gmb__pool_set_tag(pool, x.id, UINT32_MAX), 0);
+  ck_assert_int_eq(gmb__pool_find(pool, x.id, &got), 0);
+  ck_assert_uint_eq(got.tag, UINT32_MAX);
+  ck_assert_int_eq(gmb__pool_find(pool, y.id, &got), 0);
+  ck_assert_uint_eq(got.tag, 0);
+  free_ok(x.id);
+  ck_assert_int_eq(gmb__pool_set_tag(pool, x.id, 5), GMB_E_NOENT);
+  ck_assert_int_eq(gmb__pool_set_tag(pool, 0, 5), GMB_E_NOENT);
+  /* The slot comes back with a new generation and no tag. */
+  struct gmb_alloc_info z;
+  alloc_ok(a, 4096, NULL, &z);
+  ck_assert_uint_eq(z.tag, 0);
+}
+END_TEST
+
+/* free_in_segments and largest_free, device-wide, over two arenas. */
+START_TEST(device_free_figures) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct gmb_pool_stats st;
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.free_in_segments, 0);
+  ck_assert_uint_eq(st.largest_free, CAP);
+  /* Fill the device with 2 MiB large allocations, then free one in the
+   * middle of a shared large segment of arena b. */
+  struct gmb_alloc_info x, y, big;
+  alloc_ok(a, 100 * 1024, NULL, &x); /* small segment: 2 MiB */
+  alloc_ok(b, 30 * GMB_MIB + 512, NULL, &big); /* 32 MiB segment */
+  alloc_ok(b, GMB_MIB + 1024, NULL, &y);       /* in its remainder */
+  ck_assert_uint_eq(y.dseg->id, big.dseg->id);
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.free_in_segments,
+                    (SEG - x.size) + (32 * GMB_MIB - big.size - y.size));
+  ck_assert_uint_eq(st.largest_free, CAP - 34 * GMB_MIB);
+  free_ok(big.id); /* a 30 MiB hole in b; the device has 30 MiB left */
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.largest_free, big.size);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(b, &as);
+  ck_assert_uint_eq(as.largest_free, big.size);
+  ck_assert_uint_eq(as.moving, 0);
+  ck_assert_uint_eq(as.used + as.free_total, as.segment_bytes);
+  /* What largest_free promises, some arena can have: b, here. */
+  struct gmb_alloc_info got;
+  ck_assert_int_eq(gmb__pool_alloc(pool, b, st.largest_free, 0, NULL, &got),
+                   0);
+  ck_assert_uint_eq(got.dseg->id, big.dseg->id);
+  gmb__pool_stats(pool, &st);
+  ck_assert_uint_eq(st.largest_free, CAP - 34 * GMB_MIB);
+}
+END_TEST
+
 /* ---- seeded random stress against a shadow model ---------------------- */
 
 static unsigned env_uint(const char *name, unsigned dflt) {
@@ -791,6 +849,8 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, free_owner_frees_only_that_owner);
   tcase_add_test(tc, retire_callback_called);
   tcase_add_test(tc, walk_visits_all);
+  tcase_add_test(tc, tag_set_and_found);
+  tcase_add_test(tc, device_free_figures);
   tcase_add_test(tc, random_stress);
   tcase_add_test(tc, oom_loop_only_nomem);
   suite_add_tcase(s, tc);

@@ -1,0 +1,436 @@
+/*
+ * compact.c - the compaction engine (see compact.h for the contract).
+ *
+ * A run is a cursor that moves through three states, one unit of work per
+ * turn of gmb__compact_step()'s loop, checking the deadline between units:
+ *
+ *   PICK  choose the source: the least used segment in scope that the run
+ *         has not visited, that existed when the run began, and that has a
+ *         movable allocation and free space.  Decide how to work it:
+ *         EVACUATE when it holds no pinned allocation and its bytes have
+ *         room in fuller segments of its arena and class (the sum of their
+ *         free bytes, and a place for its largest allocation), so that it
+ *         can empty and be released; else SLIDE.
+ *   SCAN  take the source's next allocation at or above the cursor (one
+ *         decision): find its target (EVACUATE: best fit among the free
+ *         ranges of fuller segments; SLIDE: the lowest free range below it
+ *         that holds it, else the free range just below it if the overlap
+ *         is not too small a shift), claim it through the hooks, reserve
+ *         the target in the pool.  An evacuation that left something
+ *         behind (no room, locked) ends with one SLIDE pass over the same
+ *         segment, so what stays is at least packed down.
+ *   COPY  copy one chunk (at most 4 MiB, and no more than the shift for a
+ *         slide that overlaps, lowest first, so no chunk overlaps its
+ *         destination and nothing is overwritten before it is read); after
+ *         the last, commit and publish.
+ *
+ * What gathers free space: emptying whole segments gives their bytes back
+ * to the device (where any arena and class can use them: a large request
+ * needs exactly that), and sliding packs a segment's allocations down so
+ * its free ranges merge into one at the top.  A move between segments only
+ * goes to a segment at least as full as its source (used + reserved over
+ * size, ties by lower id: a total order), and a slide only goes down, so
+ * sum(used^2 / size) or the sum of offsets strictly grows or falls with
+ * every move: no ping-pong.
+ *
+ * Termination does not depend on the rest of the broker being quiet: each
+ * segment is a source at most once per run, only segments that existed at
+ * the start are sources, and within a source the cursor only moves up (a
+ * decision sets it past the allocation it looked at), so a run makes at
+ * most about two decisions per 512 bytes of those segments, plus the copy
+ * chunks of the moves it decided.
+ *
+ * Between steps the engine keeps no pointer into the pool, only ids
+ * (segment, allocation, move serial) that it looks up again, because the
+ * broker allocates and frees between steps.  It reads the pool's structures
+ * (pool_impl.h) and changes them only through gmb__pool_move_*.  A move in
+ * flight pins its source and target segments (the pool does not count them
+ * empty), and the pool drops it if its allocation is freed behind the
+ * engine's back, which commit/abort then report as GMB_E_NOENT.
+ */
+#include "compact.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+#include "log.h"
+#include "pool_impl.h"
+#include "util.h"
+
+#define COMPACT_CHUNK (UINT64_C(4) << 20)
+/* A slide that overlaps copies size/shift chunks; past this many it is not
+ * worth it (on a GPU each chunk is a copy call). */
+#define COMPACT_SLIDE_MAX_CHUNKS 64u
+
+enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
+enum compact_mode { M_EVACUATE, M_SLIDE };
+
+struct gmb_compact {
+  struct gmb_pool *p;
+  struct gmb_arena *arena; /* scope; NULL: every arena */
+  struct gmb_compact_hooks h;
+  struct gmb_compact_stats st;
+  enum compact_state state;
+  uint64_t max_seg; /* only segments up to this id are sources */
+
+  /* Segments visited: an open-addressing set of ids (never 0). */
+  uint64_t *seen;
+  size_t seen_cap, seen_n;
+
+  /* The source. */
+  uint64_t src;
+  struct gmb_arena *src_arena;
+  enum compact_mode mode;
+  int blocked; /* an evacuation left something behind */
+  uint64_t cursor; /* allocations below it were decided */
+  uint64_t hint;   /* id of the live allocation expected at the cursor */
+
+  /* The move in flight (C_COPY). */
+  struct gmb_pool_move mv;
+  struct gmb_alloc_info claimed;
+  uint64_t copied, chunk;
+  int descending;
+};
+
+/* ---- the set of visited segments -------------------------------------- */
+
+static size_t compact_hash(uint64_t id, size_t cap) {
+  return (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 20) & (cap - 1);
+}
+
+static int compact_seen(const struct gmb_compact *c, uint64_t id) {
+  if (!c->seen_cap) return 0;
+  for (size_t i = compact_hash(id, c->seen_cap);; i = (i + 1) & (c->seen_cap - 1)) {
+    if (c->seen[i] == id) return 1;
+    if (c->seen[i] == 0) return 0;
+  }
+}
+
+/* Adds id to the set: 0, or GMB_E_NOMEM (compact_pick then ends the run,
+ * since without the mark the segment could be picked again). */
+static int compact_mark(struct gmb_compact *c, uint64_t id) {
+  if (2 * (c->seen_n + 1) > c->seen_cap) {
+    size_t cap = c->seen_cap ? 2 * c->seen_cap : 64;
+    uint64_t *ns = calloc(cap, sizeof *ns);
+    if (!ns) return GMB_E_NOMEM;
+    for (size_t j = 0; j < c->seen_cap; j++) {
+      if (!c->seen[j]) continue;
+      size_t i = compact_hash(c->seen[j], cap);
+      while (ns[i]) i = (i + 1) & (cap - 1);
+      ns[i] = c->seen[j];
+    }
+    free(c->seen);
+    c->seen = ns;
+    c->seen_cap = cap;
+  }
+  size_t i = compact_hash(id, c->seen_cap);
+  while (c->seen[i] && c->seen[i] != id) i = (i + 1) & (c->seen_cap - 1);
+  if (!c->seen[i]) {
+    c->seen[i] = id;
+    c->seen_n++;
+  }
+  return 0;
+}
+
+/* ---- policy ----------------------------------------------------------- */
+
+static uint64_t compact_free_bytes(const struct gmb_segment *s) {
+  return s->dseg.size - s->used - s->reserved;
+}
+
+/* 1 when segment a is fuller than b: (used + reserved) / size, ties by
+ * lower id.  A total order: moves between segments only go up it. */
+static int compact_fuller(const struct gmb_segment *a,
+                          const struct gmb_segment *b) {
+  unsigned __int128 x = (unsigned __int128)(a->used + a->reserved) * b->dseg.size;
+  unsigned __int128 y = (unsigned __int128)(b->used + b->reserved) * a->dseg.size;
+  if (x != y) return x > y;
+  return a->dseg.id < b->dseg.id;
+}
+
+static int compact_accept_fuller(void *ctx, const struct gmb_segment *t) {
+  const struct gmb_segment *s = ctx;
+  return t != s && compact_fuller(t, s);
+}
+
+static int compact_live(const struct pool_range *r) {
+  return !(r->flags & (GMB_RANGE_FREE | GMB_RANGE_TARGET));
+}
+
+static int compact_candidate(const struct gmb_compact *c,
+                             const struct gmb_segment *s) {
+  return (!c->arena || s->arena == c->arena) && s->dseg.id <= c->max_seg &&
+         s->live > s->pinned && compact_free_bytes(s) > 0 &&
+         s->targets == 0 && !compact_seen(c, s->dseg.id);
+}
+
+/* EVACUATE when s can empty: nothing pinned, and its bytes have room in
+ * fuller segments of its arena and class, its largest allocation
+ * included.  Locked allocations are found out only when claimed. */
+static enum compact_mode compact_plan(const struct gmb_compact *c,
+                                      struct gmb_segment *s) {
+  if (s->pinned) return M_SLIDE;
+  uint64_t room = 0;
+  const struct gmb_segment *t;
+  LIST_FOREACH(t, &s->arena->segs, link)
+    if (t->cls == s->cls && t != s && compact_fuller(t, s))
+      room += compact_free_bytes(t);
+  if (room < s->used) return M_SLIDE;
+  uint64_t big = 0;
+  for (const struct pool_range *r = s->first; r; r = r->next)
+    if (compact_live(r) && r->size > big) big = r->size;
+  if (!gmb__pool_fit(c->p, s->arena, s->cls, big, compact_accept_fuller, s))
+    return M_SLIDE;
+  return M_EVACUATE;
+}
+
+static void compact_pick(struct gmb_compact *c) {
+  struct gmb_segment *best = NULL, *s;
+  if (c->arena) {
+    LIST_FOREACH(s, &c->arena->segs, link)
+      if (compact_candidate(c, s) && (!best || compact_fuller(best, s)))
+        best = s;
+  } else {
+    for (s = gmb__pool_seg_next(c->p, NULL); s; s = gmb__pool_seg_next(c->p, s))
+      if (compact_candidate(c, s) && (!best || compact_fuller(best, s)))
+        best = s;
+  }
+  if (!best) {
+    c->state = C_DONE;
+    return;
+  }
+  if (compact_mark(c, best->dseg.id) != 0) {
+    /* Without the set the run could come back to this segment: end it
+     * rather than risk not ending. */
+    log_warn("compaction: out of host memory; run ended early");
+    c->state = C_DONE;
+    return;
+  }
+  c->src = best->dseg.id;
+  c->src_arena = best->arena;
+  c->mode = compact_plan(c, best);
+  c->blocked = 0;
+  c->cursor = 0;
+  c->hint = 0;
+  c->st.skipped_pinned += best->pinned;
+  c->state = C_SCAN;
+}
+
+/* SLIDE: the lowest free range below r that holds it, else the free range
+ * just below it when the overlap leaves a shift worth copying. */
+static const struct pool_range *compact_slide_target(
+    const struct pool_range *r) {
+  for (const struct pool_range *f = r->seg->first; f != r; f = f->next)
+    if ((f->flags & GMB_RANGE_FREE) && f->size >= r->size) return f;
+  const struct pool_range *f = r->prev;
+  if (f && (f->flags & GMB_RANGE_FREE) &&
+      f->size * COMPACT_SLIDE_MAX_CHUNKS >= r->size)
+    return f;
+  return NULL;
+}
+
+static void compact_source_done(struct gmb_compact *c) {
+  c->src = 0;
+  c->src_arena = NULL;
+  c->state = C_PICK;
+}
+
+/* One decision about the source's next allocation. */
+static void compact_scan(struct gmb_compact *c) {
+  struct gmb_segment *s = gmb__pool_seg_by_id(c->p, c->src);
+  if (!s) { /* emptied by frees and released */
+    compact_source_done(c);
+    return;
+  }
+  struct pool_range *r = c->hint ? gmb__pool_range_by_id(c->p, c->hint) : NULL;
+  if (r && (r->seg != s || r->offset < c->cursor)) r = NULL;
+  if (!r) {
+    r = s->first;
+    while (r && r->offset < c->cursor) r = r->next;
+  }
+  while (r && !compact_live(r)) r = r->next;
+  if (!r) {
+    if (c->mode == M_EVACUATE && c->blocked) {
+      c->mode = M_SLIDE; /* pack down what stays */
+      c->cursor = 0;
+      c->hint = 0;
+      return;
+    }
+    compact_source_done(c);
+    return;
+  }
+  const struct pool_range *nx = r->next;
+  while (nx && !compact_live(nx)) nx = nx->next;
+  c->hint = nx ? gmb__pool_range_id(c->p, nx) : 0;
+  c->cursor = r->offset + r->size;
+  if (!(r->flags & GMB_MOVABLE) || (r->flags & POOL_MOVING_SRC)) {
+    c->blocked = 1; /* pinned (counted at the pick), or another run's */
+    return;
+  }
+  const struct pool_range *t;
+  if (c->mode == M_EVACUATE)
+    t = gmb__pool_fit(c->p, s->arena, s->cls, r->size, compact_accept_fuller,
+                      s);
+  else
+    t = compact_slide_target(r);
+  if (!t) {
+    c->blocked = 1;
+    return;
+  }
+  uint64_t id = gmb__pool_range_id(c->p, r);
+  struct gmb_alloc_info info;
+  if (gmb__pool_find(c->p, id, &info) != 0) {
+    GMB_ASSERT(0 && "a live range has an id");
+    return;
+  }
+  if (c->h.claim && !c->h.claim(c->h.ctx, &info)) {
+    c->st.skipped_locked++;
+    c->blocked = 1;
+    return;
+  }
+  int rc = gmb__pool_move_begin_at(c->p, id, (struct pool_range *)t,
+                                   t->offset, &c->mv);
+  if (rc != 0) {
+    log_warn("compaction: cannot reserve a target for %#llx: %s",
+             (unsigned long long)id, gmb_err_name(rc));
+    if (c->h.release) c->h.release(c->h.ctx, &info);
+    c->blocked = 1;
+    return;
+  }
+  c->claimed = info;
+  c->copied = 0;
+  c->chunk = COMPACT_CHUNK;
+  c->descending = 0;
+  if (c->mv.src == c->mv.dst) {
+    uint64_t lo = c->mv.src_offset, hi = c->mv.dst_offset;
+    int up = hi > lo;
+    uint64_t shift = up ? hi - lo : lo - hi;
+    if (shift < c->mv.size) { /* overlap: chunks no larger than the shift */
+      if (shift < c->chunk) c->chunk = shift;
+      c->descending = up; /* moving up: copy the top first */
+    }
+  }
+  c->state = C_COPY;
+}
+
+/* Ends the move in flight: abort (with release when `release`). */
+static void compact_abort(struct gmb_compact *c, int release) {
+  gmb__pool_move_abort(c->p, &c->mv);
+  if (release && c->h.release) c->h.release(c->h.ctx, &c->claimed);
+  c->state = C_SCAN;
+}
+
+static void compact_copy(struct gmb_compact *c) {
+  struct gmb_pool_move *m = &c->mv;
+  uint64_t len = m->size - c->copied;
+  if (len > c->chunk) len = c->chunk;
+  uint64_t off = c->descending ? m->size - c->copied - len : c->copied;
+  int rc = gmb__device_copy(gmb__pool_device(c->p), m->dst, m->dst_offset + off,
+                            m->src, m->src_offset + off, len);
+  if (rc != 0) {
+    log_error("compaction: copying %#llx failed (%s); it stays where it is",
+              (unsigned long long)m->id, gmb_err_name(rc));
+    c->blocked = 1;
+    compact_abort(c, 1);
+    return;
+  }
+  c->copied += len;
+  if (c->copied < m->size) return;
+  struct gmb_alloc_info moved;
+  uint64_t released = 0, t0 = gmb__now_ns();
+  rc = gmb__pool_move_commit(c->p, m, &moved, &released);
+  c->state = C_SCAN;
+  if (rc != 0) {
+    /* Its allocation was freed without gmb__compact_forget(): the pool
+     * dropped the move; nobody is left to tell. */
+    log_warn("compaction: move of %#llx vanished before its commit",
+             (unsigned long long)m->id);
+    return;
+  }
+  c->st.moves++;
+  c->st.bytes_moved += m->size;
+  if (released) {
+    c->st.segments_released++;
+    c->st.bytes_released += released;
+    c->st.ns_release += gmb__now_ns() - t0; /* mostly the device's release */
+  }
+  if (c->h.publish) c->h.publish(c->h.ctx, &moved);
+}
+
+/* ---- the contract ----------------------------------------------------- */
+
+struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
+                                     const struct gmb_compact_hooks *hooks) {
+  struct gmb_compact *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->p = p;
+  c->arena = a;
+  if (hooks) c->h = *hooks;
+  c->state = C_PICK;
+  for (struct gmb_segment *s = gmb__pool_seg_next(p, NULL); s;
+       s = gmb__pool_seg_next(p, s))
+    c->max_seg = s->dseg.id; /* id order: the last is the newest */
+  return c;
+}
+
+int gmb__compact_step(struct gmb_compact *c, uint64_t deadline_ns) {
+  if (c->state == C_DONE) return 0;
+  uint64_t t0 = gmb__now_ns(), t = t0;
+  do {
+    switch (c->state) {
+      case C_PICK:
+        compact_pick(c);
+        break;
+      case C_SCAN:
+        compact_scan(c);
+        break;
+      case C_COPY:
+        compact_copy(c);
+        break;
+      case C_DONE:
+        break;
+    }
+    t = gmb__now_ns();
+  } while (c->state != C_DONE && t < deadline_ns);
+  c->st.ns += t - t0;
+  return c->state != C_DONE;
+}
+
+int gmb__compact_forget(struct gmb_compact *c, uint64_t id) {
+  if (!c || c->state != C_COPY || c->mv.id != id) return 0;
+  compact_abort(c, 0);
+  return 1;
+}
+
+int gmb__compact_forget_owner(struct gmb_compact *c, const void *owner) {
+  if (!c || c->state != C_COPY || c->claimed.owner != owner) return 0;
+  compact_abort(c, 0);
+  return 1;
+}
+
+void gmb__compact_forget_arena(struct gmb_compact *c, struct gmb_arena *a) {
+  if (!c) return;
+  if (c->src_arena == a) {
+    if (c->state == C_COPY) compact_abort(c, 0);
+    compact_source_done(c);
+  }
+  if (c->arena == a) c->state = C_DONE;
+}
+
+void gmb__compact_stats(const struct gmb_compact *c,
+                        struct gmb_compact_stats *out) {
+  *out = c->st;
+}
+
+void gmb__compact_destroy(struct gmb_compact *c) {
+  if (!c) return;
+  if (c->state == C_COPY) compact_abort(c, 1);
+  free(c->seen);
+  free(c);
+}
+
+double gmb__fragmentation(uint64_t largest_free, uint64_t total_free) {
+  if (total_free == 0 || largest_free >= total_free) return 0.0;
+  return 1.0 - (double)largest_free / (double)total_free;
+}

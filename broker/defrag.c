@@ -1,0 +1,277 @@
+/*
+ * defrag.c - when the broker compacts, and how a run is driven.
+ *
+ * The engine (compact.c) knows how to move allocations; this module decides
+ * when, and connects it to the rest of the broker:
+ *   - a request that fits the device's free total but no free range starts
+ *     a run and waits for its end (dispatch.c queues it);
+ *   - an operator's AdminCompact starts a run and is answered at its end;
+ *   - fragmentation that stays above `compaction_threshold` for a few
+ *     seconds starts a background run (`compaction = auto`), but not again
+ *     until allocations changed since a run that found nothing to move.
+ * One run at a time.  The loop calls gmb__defrag_tick() between batches of
+ * messages with a deadline a couple of milliseconds away, so clients are
+ * answered while a large compaction copies.
+ *
+ * The engine's hooks go to the lock table of the allocation's session: a
+ * move starts only after CAS 0 -> MOVING on its slot, and ends by
+ * publishing the new place and storing 0.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "compact.h"
+#include "gmb.h"
+#include "locktab.h"
+#include "log.h"
+#include "session.h"
+#include "util.h"
+
+#define DEFRAG_HIGH_FOR_NS (3ull * 1000000000ull) /* background: 3 s above */
+
+struct gmb_defrag_req {
+  struct gmb_defrag_req *next;
+  uint64_t req_id;
+  uint8_t rid[256];
+  size_t rid_len;
+  uid_t uid;
+  struct gmb_tenant *scope;
+  int started; /* its run is the one in progress */
+};
+
+/* --- hooks into the lock tables ---------------------------------------- */
+
+static struct gmb_locktab *defrag_table(const struct gmb_alloc_info *a,
+                                        uint32_t *slot) {
+  struct gmb_session *s = a->owner;
+  if (s == NULL || s->lt == NULL || a->tag == 0) return NULL;
+  *slot = a->tag - 1;
+  return s->lt;
+}
+
+static int defrag_claim(void *ctx, const struct gmb_alloc_info *a) {
+  (void)ctx;
+  uint32_t slot;
+  struct gmb_locktab *lt = defrag_table(a, &slot);
+  if (lt == NULL) return 0; /* not movable through a lock table */
+  return gmb__locktab_claim(lt, slot);
+}
+
+static void defrag_publish(void *ctx, const struct gmb_alloc_info *a) {
+  (void)ctx;
+  uint32_t slot;
+  struct gmb_locktab *lt = defrag_table(a, &slot);
+  GMB_ASSERT(lt != NULL && "a move committed without a claim");
+  gmb__locktab_publish(lt, slot, a->dseg->id, a->offset);
+}
+
+static void defrag_release(void *ctx, const struct gmb_alloc_info *a) {
+  (void)ctx;
+  uint32_t slot;
+  struct gmb_locktab *lt = defrag_table(a, &slot);
+  if (lt) gmb__locktab_release(lt, slot);
+}
+
+/* --- runs ---------------------------------------------------------------- */
+
+void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
+                       int reason) {
+  if (b->compacting) return;
+  struct gmb_compact_hooks hooks = {
+      .ctx = b,
+      .claim = defrag_claim,
+      .publish = defrag_publish,
+      .release = defrag_release,
+  };
+  b->compacting = gmb__compact_new(b->pool, scope ? scope->arena : NULL,
+                                   &hooks);
+  if (b->compacting == NULL) {
+    log_error("cannot start compaction: out of host memory");
+    return;
+  }
+  b->compact_scope = scope;
+  b->compact_reason = reason;
+  b->pool_ops_at_last_run = b->pool_ops;
+  static const char *why[] = {"", "a request that fits the free total",
+                              "an operator", "fragmentation above threshold"};
+  log_info("compaction started (%s) for %s", why[reason],
+           scope ? scope->name : "every tenant");
+}
+
+static void defrag_answer_admin(struct gmb_broker *b,
+                                const struct gmb_compact_stats *st) {
+  struct gmb_defrag_req **pp = &b->compact_reqs;
+  while (*pp) {
+    struct gmb_defrag_req *r = *pp;
+    if (!r->started) {
+      pp = &r->next;
+      continue;
+    }
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.id = r->req_id;
+    rep.kind = WIRE_ADMIN_COMPACT;
+    rep.u.compact.moves = st->moves;
+    rep.u.compact.bytes_moved = st->bytes_moved;
+    rep.u.compact.segments_released = st->segments_released;
+    rep.u.compact.bytes_released = st->bytes_released;
+    rep.u.compact.skipped_locked = st->skipped_locked;
+    rep.u.compact.skipped_pinned = st->skipped_pinned;
+    rep.u.compact.seconds = (double)st->ns / 1e9;
+    rep.u.compact.runs = 1;
+    gmb__loop_send(b, b->admin_sock, r->rid, r->rid_len, &rep);
+    *pp = r->next;
+    free(r);
+  }
+}
+
+/* Starts the run the first queued admin request asked for, if any. */
+static void defrag_next_admin(struct gmb_broker *b) {
+  if (b->compacting || b->compact_reqs == NULL) return;
+  struct gmb_defrag_req *head = b->compact_reqs;
+  gmb__defrag_start(b, head->scope, GMB_DEFRAG_ADMIN);
+  if (b->compacting == NULL) return;
+  /* Every queued request with the same scope is answered by this run. */
+  for (struct gmb_defrag_req *r = head; r; r = r->next)
+    if (r->scope == head->scope) r->started = 1;
+}
+
+static void defrag_finish(struct gmb_broker *b) {
+  struct gmb_compact_stats st;
+  gmb__compact_stats(b->compacting, &st);
+  gmb__compact_destroy(b->compacting);
+  b->compacting = NULL;
+  struct wire_compact_stats *t = &b->compact_totals;
+  t->moves += st.moves;
+  t->bytes_moved += st.bytes_moved;
+  t->segments_released += st.segments_released;
+  t->bytes_released += st.bytes_released;
+  t->skipped_locked += st.skipped_locked;
+  t->skipped_pinned += st.skipped_pinned;
+  t->seconds += (double)st.ns / 1e9;
+  t->runs++;
+  char moved[GMB_SIZE_BUFSZ], freed[GMB_SIZE_BUFSZ];
+  log_info("compaction done: %" PRIu64 " moves, %s moved, %" PRIu64
+           " segments (%s) released, %" PRIu64 " locked and %" PRIu64
+           " pinned allocations left in place, %.3f ms",
+           st.moves, gmb__size_format(st.bytes_moved, moved, sizeof moved),
+           st.segments_released,
+           gmb__size_format(st.bytes_released, freed, sizeof freed),
+           st.skipped_locked, st.skipped_pinned, (double)st.ns / 1e6);
+  if (st.moves == 0) b->pool_ops_at_last_run = b->pool_ops;
+  b->compact_scope = NULL;
+  b->compact_reason = GMB_DEFRAG_NONE;
+  defrag_answer_admin(b, &st);
+  /* Memory came back: serve what waited, then answer what waited only for
+   * this run. */
+  gmb__dispatch_serve_waiters(b);
+  gmb__dispatch_compaction_over(b);
+  defrag_next_admin(b);
+}
+
+int gmb__defrag_tick(struct gmb_broker *b, uint64_t deadline_ns) {
+  if (b->compacting == NULL) {
+    defrag_next_admin(b);
+    if (b->compacting == NULL) return 0;
+  }
+  if (gmb__compact_step(b->compacting, deadline_ns) == 0) defrag_finish(b);
+  return b->compacting != NULL;
+}
+
+double gmb__defrag_device_fragmentation(struct gmb_broker *b,
+                                        uint64_t *largest_free,
+                                        uint64_t *free_total) {
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  uint64_t total = ps.capacity > ps.used ? ps.capacity - ps.used : 0;
+  if (largest_free) *largest_free = ps.largest_free;
+  if (free_total) *free_total = total;
+  return gmb__fragmentation(ps.largest_free, total);
+}
+
+void gmb__defrag_timer(struct gmb_broker *b, uint64_t now) {
+  if (!b->cfg.compaction || b->compacting) {
+    b->frag_high_since_ns = 0;
+    return;
+  }
+  double f = gmb__defrag_device_fragmentation(b, NULL, NULL);
+  if (f <= b->cfg.compaction_threshold) {
+    b->frag_high_since_ns = 0;
+    return;
+  }
+  if (b->frag_high_since_ns == 0) {
+    b->frag_high_since_ns = now;
+    return;
+  }
+  /* A run that found nothing to move is not repeated until the pool
+   * changed: pinned or locked memory does not become movable by itself. */
+  if (now - b->frag_high_since_ns >= DEFRAG_HIGH_FOR_NS &&
+      b->pool_ops != b->pool_ops_at_last_run) {
+    log_info("fragmentation %.2f above %.2f for %llu s", f,
+             b->cfg.compaction_threshold,
+             (unsigned long long)(DEFRAG_HIGH_FOR_NS / 1000000000ull));
+    gmb__defrag_start(b, NULL, GMB_DEFRAG_BACKGROUND);
+    b->frag_high_since_ns = 0;
+  }
+}
+
+void gmb__defrag_admin(struct gmb_broker *b, const struct gmb_peer *peer,
+                       const struct wire_request *req) {
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  rep.id = req->id;
+  struct gmb_tenant *scope = NULL;
+  const char *name = req->u.admin_compact.tenant;
+  if (name[0]) {
+    scope = gmb__tenant_find(b->tenants, name);
+    if (scope == NULL) {
+      rep.status = GMB_E_NOENT;
+      snprintf(rep.message, sizeof rep.message, "no tenant named '%s'", name);
+      gmb__loop_send(b, b->admin_sock, peer->rid, peer->rid_len, &rep);
+      return;
+    }
+  }
+  struct gmb_defrag_req *r = calloc(1, sizeof *r);
+  if (r == NULL || peer->rid_len > sizeof r->rid) {
+    free(r);
+    rep.status = GMB_E_SYSTEM;
+    snprintf(rep.message, sizeof rep.message, "cannot queue the request");
+    gmb__loop_send(b, b->admin_sock, peer->rid, peer->rid_len, &rep);
+    return;
+  }
+  r->req_id = req->id;
+  memcpy(r->rid, peer->rid, peer->rid_len);
+  r->rid_len = peer->rid_len;
+  r->uid = peer->uid;
+  r->scope = scope;
+  struct gmb_defrag_req **pp = &b->compact_reqs;
+  while (*pp) pp = &(*pp)->next;
+  *pp = r;
+  log_info("uid %u asked to compact %s", (unsigned)peer->uid,
+           scope ? scope->name : "every tenant");
+  /* A run already in progress with the same scope answers this one too;
+   * otherwise it starts when the current run ends. */
+  if (b->compacting && b->compact_scope == scope) r->started = 1;
+  defrag_next_admin(b);
+}
+
+void gmb__defrag_forget(struct gmb_broker *b, uint64_t id) {
+  if (b->compacting) gmb__compact_forget(b->compacting, id);
+}
+
+void gmb__defrag_forget_session(struct gmb_broker *b, struct gmb_session *s) {
+  if (b->compacting) gmb__compact_forget_owner(b->compacting, s);
+}
+
+void gmb__defrag_shutdown(struct gmb_broker *b) {
+  gmb__compact_destroy(b->compacting);
+  b->compacting = NULL;
+  while (b->compact_reqs) {
+    struct gmb_defrag_req *r = b->compact_reqs;
+    b->compact_reqs = r->next;
+    free(r);
+  }
+}

@@ -1,0 +1,227 @@
+/*
+ * locktab.c - the broker's side of a session's lock table: the shm object,
+ * its header, and the slots handed out to the session's movable
+ * allocations.
+ *
+ * Owns: the mapping (the client maps the same pages), the name until it is
+ * unlinked, and a private free list.  Invariants: a slot is either in use
+ * (handed out by slot_new, not yet freed) or free; every free slot below
+ * `fresh` is on the free list exactly once; slots at or above `fresh` were
+ * never used and are zero in the mapping (ftruncate zero-fills), so the
+ * table costs pages only for the slots a session has ever had.  Slot
+ * management is O(1): reuse the head of the free list, else the next fresh
+ * slot.
+ *
+ * The bookkeeping stays out of the shared mapping because the session's
+ * process can write there: a client that scribbles on its own table can
+ * hurt only its own data (a move it did not wait for), never the broker's
+ * lists.  For the same reason nothing read from the mapping is asserted
+ * on; a slot index the broker passes that it did not hand out is asserted.
+ *
+ * Memory order (the contract in client/locktab.h): claim is a CAS 0 ->
+ * MOVING with acquire, so the broker's copy starts after every holder's
+ * last access, which each holder published with the release of its
+ * decrement; publish writes the position then stores 0 with release, so a
+ * gmb_lock that acquires the new state reads the new position.
+ */
+#include "locktab.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "log.h"
+
+#define LT_NAME_MAX 64
+#define LT_USED UINT32_MAX        /* next[] of a slot in use */
+#define LT_END (UINT32_MAX - 1u)  /* next[] of the free list's last slot */
+#define LT_SLOTS_MAX (1u << 24)   /* 512 MiB of table: far past any session */
+
+struct gmb_locktab {
+  struct gmb_lt_header *hdr; /* the shared mapping */
+  struct gmb_lt_slot *slot;  /* gmb_lt_slots(hdr) */
+  size_t bytes;
+  uint32_t slots;
+  uint32_t fresh;     /* slots [fresh, slots) were never handed out */
+  uint32_t free_head; /* LT_END: the free list is empty */
+  uint32_t used;
+  uint32_t *next; /* per slot below fresh: LT_USED, or the next free slot */
+  int linked;
+  char name[LT_NAME_MAX];
+};
+
+struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
+                                     uint32_t slots, char *err,
+                                     size_t errcap) {
+  if (slots == 0 || slots > LT_SLOTS_MAX) {
+    snprintf(err, errcap, "lock table: %u slots (1..%u)", slots, LT_SLOTS_MAX);
+    return NULL;
+  }
+  struct gmb_locktab *lt = calloc(1, sizeof *lt);
+  /* calloc of a large array is backed by fresh zero pages: the per-slot
+   * array costs memory only for slots the session uses. */
+  uint32_t *next = calloc(slots, sizeof *next);
+  if (lt == NULL || next == NULL) {
+    free(lt);
+    free(next);
+    snprintf(err, errcap, "lock table: out of memory");
+    return NULL;
+  }
+  lt->next = next;
+  lt->slots = slots;
+  lt->free_head = LT_END;
+  lt->bytes = (size_t)gmb_lt_bytes(slots);
+  int n = snprintf(lt->name, sizeof lt->name, "/gmb-lt-%ld-%llu",
+                   (long)getpid(), (unsigned long long)session_id);
+  GMB_ASSERT(n > 0 && (size_t)n < sizeof lt->name && "lock table name fits");
+
+  /* O_EXCL: an object of that name belongs to a broker with the same pid
+   * in another PID namespace sharing /dev/shm, or to a crashed one; it is
+   * not ours to take over or remove. */
+  int fd = shm_open(lt->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    snprintf(err, errcap, "lock table: shm_open %s: %s", lt->name,
+             strerror(errno));
+    free(lt->next);
+    free(lt);
+    return NULL;
+  }
+  lt->linked = 1;
+  const char *what = NULL;
+  if (geteuid() == 0 && uid != 0 && fchown(fd, uid, gid) != 0)
+    what = "fchown";
+  else if (ftruncate(fd, (off_t)lt->bytes) != 0)
+    what = "ftruncate";
+  if (what == NULL) {
+    void *p = mmap(NULL, lt->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) what = "mmap";
+    else lt->hdr = p;
+  }
+  if (what) {
+    snprintf(err, errcap, "lock table: %s %s: %s", what, lt->name,
+             strerror(errno));
+    close(fd);
+    shm_unlink(lt->name);
+    free(lt->next);
+    free(lt);
+    return NULL;
+  }
+  close(fd);
+  lt->slot = gmb_lt_slots(lt->hdr);
+  lt->hdr->version = GMB_LT_VERSION;
+  lt->hdr->slots = slots;
+  lt->hdr->session = session_id;
+  /* The magic last: a reader that sees it sees a complete header (the
+   * client maps the table only after the Hello reply, so this is belt and
+   * braces). */
+  __atomic_store_n(&lt->hdr->magic, GMB_LT_MAGIC, __ATOMIC_RELEASE);
+  return lt;
+}
+
+const char *gmb__locktab_name(const struct gmb_locktab *lt) {
+  return lt->name;
+}
+
+uint32_t gmb__locktab_slots(const struct gmb_locktab *lt) { return lt->slots; }
+
+uint32_t gmb__locktab_used(const struct gmb_locktab *lt) { return lt->used; }
+
+void gmb__locktab_unlink(struct gmb_locktab *lt) {
+  if (!lt->linked) return;
+  if (shm_unlink(lt->name) != 0 && errno != ENOENT)
+    log_warn("lock table: shm_unlink %s: %s", lt->name, strerror(errno));
+  lt->linked = 0;
+}
+
+/* A slot the broker handed out and has not freed; anything else is a bug
+ * in the broker, never the client's doing. */
+static struct gmb_lt_slot *locktab_slot(const struct gmb_locktab *lt,
+                                        uint32_t slot) {
+  GMB_ASSERT(slot < lt->fresh && lt->next[slot] == LT_USED &&
+             "lock table slot in use");
+  return &lt->slot[slot];
+}
+
+int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
+                          uint64_t segment, uint64_t offset, uint32_t *slot) {
+  GMB_ASSERT(id != 0 && "allocation ids are never 0");
+  uint32_t i;
+  if (lt->free_head != LT_END) {
+    i = lt->free_head;
+    lt->free_head = lt->next[i];
+  } else if (lt->fresh < lt->slots) {
+    i = lt->fresh++;
+  } else {
+    return GMB_E_LIMIT;
+  }
+  lt->next[i] = LT_USED;
+  lt->used++;
+  struct gmb_lt_slot *s = &lt->slot[i];
+  __atomic_store_n(&s->id, id, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->segment, segment, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->offset, offset, __ATOMIC_RELAXED);
+  /* Release: a client that reads the state reads the position too (the
+   * reply that names the slot is sent later anyway). */
+  atomic_store_explicit(&s->state, 0, memory_order_release);
+  *slot = i;
+  return 0;
+}
+
+void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot) {
+  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  /* Holders the client did not unlock lose their lock: the allocation is
+   * gone.  A later gmb_lock of that id fails on the client's side. */
+  __atomic_store_n(&s->id, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->segment, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->offset, 0, __ATOMIC_RELAXED);
+  atomic_store_explicit(&s->state, 0, memory_order_release);
+  lt->next[slot] = lt->free_head;
+  lt->free_head = slot;
+  lt->used--;
+}
+
+int gmb__locktab_claim(struct gmb_locktab *lt, uint32_t slot) {
+  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  uint32_t expect = 0;
+  return atomic_compare_exchange_strong_explicit(
+      &s->state, &expect, GMB_LT_MOVING, memory_order_acq_rel,
+      memory_order_acquire);
+}
+
+void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
+                          uint64_t segment, uint64_t offset) {
+  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  __atomic_store_n(&s->segment, segment, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->offset, offset, __ATOMIC_RELAXED);
+  atomic_store_explicit(&s->state, 0, memory_order_release);
+}
+
+void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot) {
+  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  atomic_store_explicit(&s->state, 0, memory_order_release);
+}
+
+uint32_t gmb__locktab_holders(const struct gmb_locktab *lt, uint32_t slot) {
+  uint32_t st = atomic_load_explicit(&locktab_slot(lt, slot)->state,
+                                     memory_order_relaxed);
+  return st == GMB_LT_MOVING ? 0 : st;
+}
+
+uint64_t gmb__locktab_slot_id(const struct gmb_locktab *lt, uint32_t slot) {
+  return __atomic_load_n(&locktab_slot(lt, slot)->id, __ATOMIC_RELAXED);
+}
+
+void gmb__locktab_destroy(struct gmb_locktab *lt) {
+  if (lt == NULL) return;
+  if (munmap(lt->hdr, lt->bytes) != 0)
+    log_warn("lock table: munmap %s: %s", lt->name, strerror(errno));
+  gmb__locktab_unlink(lt);
+  free(lt->next);
+  free(lt);
+}

@@ -1,0 +1,90 @@
+/*
+ * locktab.h - the broker's side of a session's lock table (the layout and
+ * the protocol are in client/locktab.h).
+ *
+ * One table per session, created at Hello and destroyed when the session
+ * ends.  The broker hands out one slot per movable allocation, claims a
+ * slot (0 -> MOVING) before it moves the allocation, publishes the new
+ * position when the move is committed and releases the claim when it is
+ * abandoned.  Nothing here includes zmq or protobuf.
+ *
+ * The shared words can be written by the session's process, which may be
+ * buggy or hostile: nothing read from the mapping is trusted beyond the
+ * single CAS that decides whether a move may start, and no such value ever
+ * triggers an assertion.  The free list lives in the broker's private
+ * memory for that reason.  A slot index the broker passes that it never
+ * handed out is a broker bug (GMB_ASSERT).
+ */
+#ifndef GMB_BROKER_LOCKTAB_H
+#define GMB_BROKER_LOCKTAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* The shared layout.  By path: "locktab.h" from this directory would be this
+ * very file. */
+#include "../client/locktab.h"
+
+struct gmb_locktab;
+
+/*
+ * Creates the shm object "/gmb-lt-<broker pid>-<session id>" (O_EXCL, mode
+ * 0600) with `slots` slots, maps it and fills its header.  When the broker
+ * runs as root and `uid` is not 0, the object is given to uid:gid so that
+ * the session's process (and no other uid) can open it.  Returns the table,
+ * or NULL with the reason in err (slots 0 or too many, a name that exists
+ * already, a failed system call).
+ */
+struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
+                                     uint32_t slots, char *err, size_t errcap);
+
+/* The shm name, for HelloReply.lock_table; valid while the table lives
+ * (also after gmb__locktab_unlink). */
+const char *gmb__locktab_name(const struct gmb_locktab *lt);
+
+/* Number of slots (HelloReply.lock_slots). */
+uint32_t gmb__locktab_slots(const struct gmb_locktab *lt);
+
+/* Number of slots handed out and not freed. */
+uint32_t gmb__locktab_used(const struct gmb_locktab *lt);
+
+/* Removes the name (the client has mapped it by the session's first
+ * request after Hello); mappings stay valid.  Idempotent. */
+void gmb__locktab_unlink(struct gmb_locktab *lt);
+
+/*
+ * Takes a free slot for allocation `id` (not 0) at (segment, offset), with
+ * no holders.  O(1).  Returns 0 with *slot set, or GMB_E_LIMIT when every
+ * slot is taken.
+ */
+int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
+                          uint64_t segment, uint64_t offset, uint32_t *slot);
+
+/* Gives a slot back (the allocation was freed): state 0, id 0.  O(1).
+ * Whatever the client still holds on it is void. */
+void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot);
+
+/* CAS state 0 -> MOVING: 1 when taken (the allocation may be moved), 0
+ * when somebody holds it locked (or the state is anything but 0). */
+int gmb__locktab_claim(struct gmb_locktab *lt, uint32_t slot);
+
+/* Ends a claim after a committed move: writes the new position, then
+ * stores state 0 with release, so that the next gmb_lock reads it. */
+void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
+                          uint64_t segment, uint64_t offset);
+
+/* Ends a claim after an abandoned move: state 0, position unchanged. */
+void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot);
+
+/* The number of holders of the slot now (0 when unlocked or MOVING); for
+ * explaining why memory could not be moved. */
+uint32_t gmb__locktab_holders(const struct gmb_locktab *lt, uint32_t slot);
+
+/* The allocation id the slot serves (0: free), as the broker wrote it. */
+uint64_t gmb__locktab_slot_id(const struct gmb_locktab *lt, uint32_t slot);
+
+/* Unmaps, unlinks the name if still there, frees.  Accepts NULL. */
+void gmb__locktab_destroy(struct gmb_locktab *lt);
+
+#endif /* GMB_BROKER_LOCKTAB_H */

@@ -1,0 +1,128 @@
+/*
+ * pool_impl.h - the pool's internal structures, shared by pool.c and
+ * compact.c only.  No other file includes it.
+ *
+ * Why compact.c sees them: the compaction engine makes many small decisions
+ * (which segment is least used, which free range of a fuller segment fits,
+ * what lies just below an allocation) that a narrow API would either answer
+ * slowly (a walk per question) or leak anyway.  The boundary is instead:
+ *   - compact.c READS these structures, inside one call of
+ *     gmb__compact_step(), and never keeps a pointer into them across calls:
+ *     between steps it holds segment ids, allocation ids and offsets only,
+ *     and looks them up again (the rest of the broker allocates and frees
+ *     between steps, which recycles range structs and releases segments);
+ *   - only pool.c WRITES them.  Every change compaction makes goes through
+ *     gmb__pool_move_begin/commit/abort (pool.h), which keep the invariants
+ *     that gmb__pool_check() verifies.
+ *
+ * Range kinds (pool_range.flags):
+ *   GMB_RANGE_FREE     free: in its arena's tree for its class
+ *   GMB_RANGE_TARGET   a move target in flight: neither free nor live, in
+ *                      the pool's list of moves, `slot` names the
+ *                      allocation that moves there
+ *   otherwise          live: in the slot table; POOL_MOVING_SRC set while a
+ *                      move of it is in flight
+ */
+#ifndef GMB_POOL_IMPL_H
+#define GMB_POOL_IMPL_H
+
+#include <bsd/sys/queue.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "rbtree.h"
+
+enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_CLASSES = 2 };
+
+/* A live range whose move is in flight.  Never seen outside pool.c and
+ * compact.c: pool_info() masks it out. */
+#define POOL_MOVING_SRC 0x400u
+
+struct pool_range {
+  struct pool_range *prev, *next; /* address order within the segment */
+  struct gmb_segment *seg;
+  uint64_t offset;
+  uint64_t size;
+  uint32_t flags; /* GMB_RANGE_FREE, GMB_RANGE_TARGET, or the allocation's */
+  uint32_t slot;  /* live: its slot; target: the moving allocation's slot */
+  union {
+    RB_ENTRY(pool_range) node; /* free: in the arena's tree */
+    struct {
+      void *owner;
+      uint32_t tag;
+    } live;
+    struct {
+      struct pool_range *next; /* the pool's list of moves in flight */
+      uint64_t serial;         /* names the move (gmb_pool_move.serial) */
+    } target;
+  } u;
+};
+
+RB_HEAD(pool_free_tree, pool_range);
+
+struct gmb_segment {
+  struct gmb_dseg dseg;
+  struct gmb_arena *arena;
+  struct pool_range *first;
+  RB_ENTRY(gmb_segment) by_id;  /* the pool's tree of segments */
+  LIST_ENTRY(gmb_segment) link; /* the arena's segments */
+  uint64_t used;                /* bytes of live ranges */
+  uint64_t reserved;            /* bytes of move targets */
+  uint32_t live;                /* count of live ranges */
+  uint32_t pinned;              /* live ranges without GMB_MOVABLE */
+  uint32_t targets;             /* count of move targets */
+  uint32_t cls;
+};
+
+RB_HEAD(pool_seg_tree, gmb_segment);
+
+struct gmb_arena {
+  void *tag;
+  struct pool_free_tree free[POOL_CLASSES];
+  LIST_HEAD(, gmb_segment) segs;
+  LIST_ENTRY(gmb_arena) link;
+  struct gmb_segment *linger; /* an empty small segment kept, or NULL */
+  uint64_t used, allocations, segment_bytes, segments, free_total;
+  uint64_t moving; /* bytes of move targets in its segments */
+};
+
+/* A segment with neither live ranges nor move targets: it is released or
+ * lingers. */
+static inline int pool_seg_idle(const struct gmb_segment *s) {
+  return s->live == 0 && s->targets == 0;
+}
+
+/* The device the pool's segments come from. */
+struct gmb_device *gmb__pool_device(const struct gmb_pool *p);
+
+/* The segment with id `id`, or NULL. */
+struct gmb_segment *gmb__pool_seg_by_id(const struct gmb_pool *p, uint64_t id);
+
+/* The live range of allocation `id`, or NULL. */
+struct pool_range *gmb__pool_range_by_id(const struct gmb_pool *p,
+                                         uint64_t id);
+
+/* The id of live range r. */
+uint64_t gmb__pool_range_id(const struct gmb_pool *p,
+                            const struct pool_range *r);
+
+/* Best fit: the smallest free range of at least `size` bytes in arena a's
+ * tree for class `cls` whose segment `accept` approves (ties: lowest
+ * segment id, then offset), or NULL.  O(free ranges skipped). */
+typedef int (*gmb_pool_seg_accept_fn)(void *ctx, const struct gmb_segment *s);
+struct pool_range *gmb__pool_fit(const struct gmb_pool *p,
+                                 const struct gmb_arena *a, uint32_t cls,
+                                 uint64_t size, gmb_pool_seg_accept_fn accept,
+                                 void *ctx);
+
+/* gmb__pool_move_begin() for a caller that already holds the range that
+ * contains dst_offset (no walk of the segment to find it). */
+int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
+                            struct pool_range *fr, uint64_t dst_offset,
+                            struct gmb_pool_move *out);
+
+/* The first segment of the pool (id order) after `s` (NULL: the first). */
+struct gmb_segment *gmb__pool_seg_next(const struct gmb_pool *p,
+                                       const struct gmb_segment *s);
+
+#endif /* GMB_POOL_IMPL_H */

@@ -1,0 +1,160 @@
+/*
+ * frag.c - the demo's fragmentation scenario, as one client of the broker.
+ *
+ *   frag [--tenant T] [--endpoint E] [--block SIZE] [--fill SIZE] [--big SIZE]
+ *
+ * Fills the device with movable blocks (--block, default 512KiB, up to
+ * --fill, default 56MiB), writes a pattern into every byte of each through
+ * gmb_lock, frees every other block - so each segment is left half used
+ * and the free space is scattered in block-sized holes - then asks for one
+ * --big allocation (default 24MiB) that no hole can hold although the free
+ * total can.  With compaction off the broker refuses it (GMB_E_NOMEM, with
+ * its figures); with compaction auto it moves blocks to gather the holes
+ * and the request succeeds.  Either way every surviving block is read back
+ * through gmb_lock, and a block whose address changed was moved:
+ *
+ *   frag: 28 allocations moved, all bytes intact
+ *
+ * Exit status: 0 the big request succeeded and every byte is intact; 3 it
+ * was refused (every byte still intact); 1 a block lost its bytes, or the
+ * broker could not be reached; 2 usage.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+#include "util.h"
+
+static void frag_usage(FILE *f) {
+  fprintf(f,
+          "usage: frag [--tenant T] [--endpoint E] [--block SIZE] [--fill "
+          "SIZE] [--big SIZE]\n"
+          "  --block SIZE  the movable blocks that fill the device (512KiB)\n"
+          "  --fill SIZE   how much to fill with them (56MiB)\n"
+          "  --big SIZE    the request that needs the holes gathered (24MiB)\n"
+          "exit: 0 big request served, bytes intact; 3 refused, bytes "
+          "intact;\n      1 bytes lost or no broker; 2 usage\n");
+}
+
+static uint64_t frag_word(uint64_t i, gmb_id id) {
+  return (i * 0x9E3779B97F4A7C15ull) ^ (id * 0xD1B54A32D192ED03ull);
+}
+
+/* Writes (check 0) or checks (check 1) the pattern of block id; *where
+ * receives its address.  Returns 0, 1 when a word differs, or a GMB_E_*. */
+static int frag_pattern(gmb_client *c, gmb_id id, uint64_t size, int check,
+                        void **where) {
+  void *p;
+  int rc = gmb_lock(c, id, &p);
+  if (rc != 0) return rc;
+  uint64_t *w = p, n = size / sizeof *w;
+  int bad = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    if (!check)
+      w[i] = frag_word(i, id);
+    else if (w[i] != frag_word(i, id))
+      bad = 1;
+  }
+  *where = p;
+  gmb_unlock(c, id);
+  return bad;
+}
+
+int main(int argc, char **argv) {
+  const char *tenant = NULL, *endpoint = NULL;
+  uint64_t block = 512 << 10, fill = 56 << 20, big = 24 << 20;
+  for (int i = 1; i < argc; i++) {
+    uint64_t *size = NULL;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      frag_usage(stdout);
+      return 0;
+    } else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
+      tenant = argv[++i];
+    } else if (strcmp(argv[i], "--endpoint") == 0 && i + 1 < argc) {
+      endpoint = argv[++i];
+    } else if (strcmp(argv[i], "--block") == 0) {
+      size = &block;
+    } else if (strcmp(argv[i], "--fill") == 0) {
+      size = &fill;
+    } else if (strcmp(argv[i], "--big") == 0) {
+      size = &big;
+    } else {
+      frag_usage(stderr);
+      return 2;
+    }
+    if (size && (i + 1 >= argc || gmb__size_parse(argv[++i], size) != 0 ||
+                 *size == 0)) {
+      fprintf(stderr, "frag: %s wants a SIZE (e.g. 512KiB)\n", argv[i - 1]);
+      return 2;
+    }
+  }
+  size_t n = (size_t)(fill / block);
+  if (n < 2) {
+    fprintf(stderr, "frag: --fill must hold at least two blocks\n");
+    return 2;
+  }
+  gmb_id *ids = calloc(n, sizeof *ids);
+  void **where = calloc(n, sizeof *where);
+  if (ids == NULL || where == NULL) return 1;
+
+  gmb_client *c;
+  if (gmb_connect(endpoint, tenant, &c) != 0) {
+    fprintf(stderr, "frag: %s\n", gmb_last_error(NULL));
+    return 1;
+  }
+  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], d[GMB_SIZE_BUFSZ];
+  size_t made = 0;
+  for (; made < n; made++) {
+    int rc = gmb_alloc(c, (size_t)block, GMB_MOVABLE, &ids[made]);
+    if (rc == 0) rc = frag_pattern(c, ids[made], block, 0, &where[made]);
+    if (rc != 0) {
+      fprintf(stderr, "frag: block %zu: %s\n", made, gmb_last_error(c));
+      gmb_disconnect(c);
+      return 1;
+    }
+  }
+  for (size_t i = 1; i < made; i += 2) {
+    if (gmb_free(c, ids[i]) != 0) {
+      fprintf(stderr, "frag: free: %s\n", gmb_last_error(c));
+      gmb_disconnect(c);
+      return 1;
+    }
+    ids[i] = 0;
+  }
+  gmb_stats st;
+  if (gmb_tenant_stats(c, &st) == 0)
+    printf("frag: %zu movable blocks of %s written, every other one freed: "
+           "%s in use in %s of segments, holes of %s\n",
+           made, gmb__size_format(block, a, sizeof a),
+           gmb__size_format(st.used, b, sizeof b),
+           gmb__size_format(st.segments, d, sizeof d),
+           gmb__size_format(block, a, sizeof a));
+  gmb_id bigid = 0;
+  int rc = gmb_alloc(c, (size_t)big, 0, &bigid);
+  if (rc == 0)
+    printf("frag: alloc %s -> ok\n", gmb__size_format(big, a, sizeof a));
+  else
+    printf("frag: alloc %s -> %s\n", gmb__size_format(big, a, sizeof a),
+           gmb_last_error(c));
+  /* Every surviving block, read back where it is now. */
+  size_t moved = 0, lost = 0;
+  for (size_t i = 0; i < made; i += 2) {
+    void *now = NULL;
+    int v = frag_pattern(c, ids[i], block, 1, &now);
+    if (v != 0)
+      lost++;
+    else if (now != where[i])
+      moved++;
+  }
+  if (lost)
+    printf("frag: %zu allocations moved, %zu LOST their bytes\n", moved, lost);
+  else
+    printf("frag: %zu allocations moved, all bytes intact\n", moved);
+  if (bigid) gmb_free(c, bigid);
+  gmb_disconnect(c);
+  free(ids);
+  free(where);
+  return lost ? 1 : rc == 0 ? 0 : 3;
+}

@@ -1,0 +1,1200 @@
+/*
+ * replay.c - gmb-replay: replays an allocation trace through a real broker
+ * and counts what failed, and why.
+ *
+ *   gmb-replay --trace FILE [--compaction off|auto] [--json] [--series FILE]
+ *              [--broker PATH] [--verbose]
+ *
+ * The trace format is DESIGN.md's ("Trace format"): `capacity SIZE`,
+ * `quota TENANT SIZE`, `alloc TENANT KEY SIZE [movable]`, `free TENANT KEY`,
+ * `lock TENANT KEY`, `unlock TENANT KEY`, `#` comments.  The whole trace is
+ * parsed and checked first (a KEY allocated twice, freed while locked, or
+ * used before it was allocated is an error at FILE:LINE, exit 2), so that a
+ * replay never stops half-way for a mistake in its input.
+ *
+ * Processes.  The replayer starts a gmb-broker on host:CAPACITY in a private
+ * run dir with a config it writes (one [tenant:T] per quota line, and
+ * `compaction = off|auto`), then forks one client process per tenant, each
+ * with its own session (gmb_connect as that tenant), so tenants are as
+ * separate as real jobs.  The parent walks the trace in order and hands each
+ * operation to its tenant's child over a pipe, then waits for the result:
+ * the broker sees exactly the trace's order, one request at a time.  Only
+ * after the children exist does the parent open its own ZeroMQ context (for
+ * AdminStatus on the admin socket): a ZeroMQ context must not cross fork().
+ *
+ * What is counted.  A failure is any operation the library refused.  A
+ * fragmentation failure is a GMB_E_NOMEM while the free total - capacity
+ * minus the rounded bytes of the live allocations, which the replayer tracks
+ * itself - was at least the rounded request: memory was there, just not in
+ * one piece the broker could use.  An operation on a KEY whose alloc failed
+ * is skipped (counted apart, never sent).  Bytes moved and compaction time
+ * come from the broker's own totals (AdminStatus) at the end.
+ *
+ * Integrity.  Each allocation of 24 bytes or more gets three 8-byte stamps
+ * (start, middle, end) written through gmb_lock when it is made; they are
+ * checked when it is freed and, for what is still live, at the end.  A
+ * compaction that moved an allocation without its bytes shows up as a
+ * corrupted allocation, and the replay exits 1: that is a bug, not a figure.
+ *
+ * Exit status: 0 the replay ran (failures are figures, not errors); 1 the
+ * broker or a client could not run, or bytes were corrupted; 2 usage or a
+ * bad trace.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "gmb.h"
+#include "util.h"
+#include "wire.h"
+
+#define RP_EXIT_FAIL 1
+#define RP_EXIT_USAGE 2
+#define RP_ALIGN 512u          /* the broker's rounding (GMB_POOL_ALIGN) */
+#define RP_TENANTS_MAX 64
+#define RP_SERIES_POINTS 500
+#define RP_WAIT_MS 10000       /* broker start, admin replies, stop */
+#define RP_SKIPPED 1           /* a result: the op was not sent */
+
+enum rp_kind { RP_ALLOC = 1, RP_FREE, RP_LOCK, RP_UNLOCK, RP_VERIFY, RP_QUIT };
+
+static const char *const rp_kind_names[] = {"", "alloc", "free", "lock",
+                                            "unlock", "verify", "quit"};
+
+/* One trace operation; also the command a child reads from its pipe. */
+struct rp_op {
+  uint32_t kind;
+  uint32_t tenant;
+  uint32_t key;   /* index into the key table */
+  uint32_t flags; /* GMB_MOVABLE */
+  uint64_t size;  /* as written in the trace */
+  uint32_t line;
+};
+
+/* A child's answer. */
+struct rp_result {
+  int32_t rc; /* 0, RP_SKIPPED, or a GMB_E_* code */
+  uint32_t corrupt;
+  char msg[WIRE_MESSAGE_MAX];
+};
+
+struct rp_key {
+  char *name; /* "TENANT\0KEY" */
+  uint32_t tenant;
+  uint32_t hash;
+  /* While parsing: 1 when allocated at this point of the trace, and its
+   * lock count; at run time (parent): 1 while live. */
+  uint8_t live;
+  uint32_t locks;
+  uint64_t rounded;
+};
+
+struct rp_tenant {
+  char name[WIRE_NAME_MAX + 1];
+  uint64_t quota;
+  int has_quota;
+  pid_t pid;
+  int cmd_w, res_r; /* parent's ends */
+};
+
+struct rp_trace {
+  uint64_t capacity;
+  struct rp_op *ops;
+  size_t n_ops, cap_ops;
+  struct rp_key *keys;
+  size_t n_keys, cap_keys;
+  uint32_t *slots; /* open addressing: key index + 1, 0 empty */
+  size_t n_slots;
+  struct rp_tenant tenants[RP_TENANTS_MAX];
+  size_t n_tenants;
+};
+
+struct rp_figures {
+  uint64_t operations, skipped, failures, quota_failures, nomem_failures,
+      fragmentation_failures, other_failures, corrupted;
+  uint64_t in_use, peak;
+  uint64_t tenant_in_use[RP_TENANTS_MAX];
+  uint64_t accounting_mismatches; /* tenants whose broker `used` differs */
+  struct wire_compact_stats compaction;
+  uint64_t final_largest_free, final_in_segments;
+  double wall_s;
+  char first_frag[WIRE_MESSAGE_MAX + 128];
+};
+
+static const char *rp_prog = "gmb-replay";
+static volatile sig_atomic_t rp_stop;
+
+static int rp_fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int rp_fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", rp_prog);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return code;
+}
+
+static uint64_t rp_round(uint64_t size) {
+  return (size + RP_ALIGN - 1) & ~(uint64_t)(RP_ALIGN - 1);
+}
+
+/* --- the trace ------------------------------------------------------------ */
+
+static uint32_t rp_hash(const char *t, const char *k) {
+  uint32_t h = 2166136261u; /* FNV-1a over "TENANT\0KEY" */
+  for (; *t; t++) h = (h ^ (uint8_t)*t) * 16777619u;
+  h = (h ^ 0u) * 16777619u;
+  for (; *k; k++) h = (h ^ (uint8_t)*k) * 16777619u;
+  return h;
+}
+
+static int rp_key_grow(struct rp_trace *tr) {
+  size_t n = tr->n_slots ? tr->n_slots * 2 : 1024;
+  uint32_t *s = calloc(n, sizeof *s);
+  if (s == NULL) return -1;
+  for (size_t i = 0; i < tr->n_keys; i++) {
+    size_t j = tr->keys[i].hash & (n - 1);
+    while (s[j]) j = (j + 1) & (n - 1);
+    s[j] = (uint32_t)i + 1;
+  }
+  free(tr->slots);
+  tr->slots = s;
+  tr->n_slots = n;
+  return 0;
+}
+
+/* The index of KEY of tenant t, created when `create`; -1 when absent (or
+ * out of memory, which the caller cannot tell apart: it then fails later
+ * with "never allocated", acceptable for a tool). */
+static long rp_key_find(struct rp_trace *tr, uint32_t t, const char *key,
+                        int create) {
+  const char *tname = tr->tenants[t].name;
+  uint32_t h = rp_hash(tname, key);
+  size_t tl = strlen(tname);
+  if (tr->n_slots) {
+    for (size_t j = h & (tr->n_slots - 1); tr->slots[j];
+         j = (j + 1) & (tr->n_slots - 1)) {
+      struct rp_key *k = &tr->keys[tr->slots[j] - 1];
+      if (k->hash == h && k->tenant == t && strcmp(k->name + tl + 1, key) == 0)
+        return (long)tr->slots[j] - 1;
+    }
+  }
+  if (!create) return -1;
+  if ((tr->n_keys + 1) * 2 > tr->n_slots && rp_key_grow(tr) != 0) return -1;
+  if (tr->n_keys == tr->cap_keys) {
+    size_t n = tr->cap_keys ? tr->cap_keys * 2 : 1024;
+    struct rp_key *k = realloc(tr->keys, n * sizeof *k);
+    if (k == NULL) return -1;
+    tr->keys = k;
+    tr->cap_keys = n;
+  }
+  struct rp_key *k = &tr->keys[tr->n_keys];
+  memset(k, 0, sizeof *k);
+  k->name = malloc(tl + strlen(key) + 2);
+  if (k->name == NULL) return -1;
+  memcpy(k->name, tname, tl + 1);
+  strcpy(k->name + tl + 1, key);
+  k->tenant = t;
+  k->hash = h;
+  size_t j = h & (tr->n_slots - 1);
+  while (tr->slots[j]) j = (j + 1) & (tr->n_slots - 1);
+  tr->slots[j] = (uint32_t)tr->n_keys + 1;
+  return (long)tr->n_keys++;
+}
+
+static const char *rp_key_str(const struct rp_trace *tr, uint32_t k) {
+  const char *n = tr->keys[k].name;
+  return n + strlen(n) + 1;
+}
+
+static long rp_tenant_find(struct rp_trace *tr, const char *name, int create) {
+  for (size_t i = 0; i < tr->n_tenants; i++)
+    if (strcmp(tr->tenants[i].name, name) == 0) return (long)i;
+  if (!create || tr->n_tenants == RP_TENANTS_MAX) return -1;
+  struct rp_tenant *t = &tr->tenants[tr->n_tenants];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->cmd_w = t->res_r = -1;
+  return (long)tr->n_tenants++;
+}
+
+static int rp_push(struct rp_trace *tr, const struct rp_op *op) {
+  if (tr->n_ops == tr->cap_ops) {
+    size_t n = tr->cap_ops ? tr->cap_ops * 2 : 4096;
+    struct rp_op *o = realloc(tr->ops, n * sizeof *o);
+    if (o == NULL) return -1;
+    tr->ops = o;
+    tr->cap_ops = n;
+  }
+  tr->ops[tr->n_ops++] = *op;
+  return 0;
+}
+
+#define RP_TRACE_FAIL(...) \
+  do {                     \
+    rc = rp_fail(RP_EXIT_USAGE, __VA_ARGS__); \
+    goto out;              \
+  } while (0)
+
+/* Parses and checks the whole trace.  0, or an exit status after saying
+ * why at FILE:LINE. */
+static int rp_trace_load(const char *path, struct rp_trace *tr) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return rp_fail(RP_EXIT_USAGE, "cannot open %s: %s", path, strerror(errno));
+  char *line = NULL;
+  size_t cap = 0;
+  unsigned ln = 0;
+  int rc = 0;
+  uint8_t started[RP_TENANTS_MAX] = {0}; /* a tenant's first op was seen */
+  while (getline(&line, &cap, f) >= 0) {
+    ln++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char *w[6];
+    int n = 0;
+    for (char *tok = strtok(line, " \t\r\n"); tok;
+         tok = strtok(NULL, " \t\r\n")) {
+      if (n == 6) RP_TRACE_FAIL("%s:%u: too many words", path, ln);
+      w[n++] = tok;
+    }
+    if (n == 0) continue;
+    if (strcmp(w[0], "capacity") == 0) {
+      if (n != 2) RP_TRACE_FAIL("%s:%u: usage: capacity SIZE", path, ln);
+      if (tr->capacity)
+        RP_TRACE_FAIL("%s:%u: capacity given twice", path, ln);
+      if (tr->n_ops)
+        RP_TRACE_FAIL("%s:%u: capacity must come before the operations",
+                      path, ln);
+      if (gmb__size_parse(w[1], &tr->capacity) != 0 || tr->capacity == 0)
+        RP_TRACE_FAIL("%s:%u: bad SIZE '%s' (e.g. 512MiB)", path, ln, w[1]);
+      continue;
+    }
+    if (strcmp(w[0], "quota") == 0) {
+      if (n != 3) RP_TRACE_FAIL("%s:%u: usage: quota TENANT SIZE", path, ln);
+      if (!gmb__name_valid(w[1]))
+        RP_TRACE_FAIL("%s:%u: bad tenant name '%s'", path, ln, w[1]);
+      long t = rp_tenant_find(tr, w[1], 1);
+      if (t < 0) RP_TRACE_FAIL("%s:%u: more than %d tenants", path, ln,
+                               RP_TENANTS_MAX);
+      if (started[t] || tr->tenants[t].has_quota)
+        RP_TRACE_FAIL("%s:%u: the quota of %s must be given once, before "
+                      "its first operation", path, ln, w[1]);
+      if (gmb__size_parse(w[2], &tr->tenants[t].quota) != 0)
+        RP_TRACE_FAIL("%s:%u: bad SIZE '%s'", path, ln, w[2]);
+      tr->tenants[t].has_quota = 1;
+      continue;
+    }
+    struct rp_op op = {.line = ln};
+    for (uint32_t k = RP_ALLOC; k <= RP_UNLOCK; k++)
+      if (strcmp(w[0], rp_kind_names[k]) == 0) op.kind = k;
+    if (op.kind == 0)
+      RP_TRACE_FAIL("%s:%u: unknown operation '%s' (want capacity, quota, "
+                    "alloc, free, lock or unlock)", path, ln, w[0]);
+    if (op.kind == RP_ALLOC ? (n != 4 && n != 5) : n != 3)
+      RP_TRACE_FAIL("%s:%u: usage: %s", path, ln,
+                    op.kind == RP_ALLOC ? "alloc TENANT KEY SIZE [movable]"
+                                        : op.kind == RP_FREE ? "free TENANT KEY"
+                                        : op.kind == RP_LOCK ? "lock TENANT KEY"
+                                                             : "unlock TENANT KEY");
+    if (!tr->capacity)
+      RP_TRACE_FAIL("%s:%u: 'capacity SIZE' must come first", path, ln);
+    if (!gmb__name_valid(w[1]))
+      RP_TRACE_FAIL("%s:%u: bad tenant name '%s'", path, ln, w[1]);
+    long t = rp_tenant_find(tr, w[1], 1);
+    if (t < 0)
+      RP_TRACE_FAIL("%s:%u: more than %d tenants", path, ln, RP_TENANTS_MAX);
+    started[t] = 1;
+    op.tenant = (uint32_t)t;
+    long k = rp_key_find(tr, (uint32_t)t, w[2], op.kind == RP_ALLOC);
+    if (k < 0 && op.kind == RP_ALLOC)
+      RP_TRACE_FAIL("%s:%u: out of memory", path, ln);
+    if (k < 0 || (op.kind != RP_ALLOC && !tr->keys[k].live))
+      RP_TRACE_FAIL("%s:%u: %s %s: not allocated at this point", path, ln,
+                    w[1], w[2]);
+    struct rp_key *key = &tr->keys[k];
+    op.key = (uint32_t)k;
+    switch (op.kind) {
+      case RP_ALLOC:
+        if (key->live)
+          RP_TRACE_FAIL("%s:%u: %s %s is already allocated", path, ln, w[1],
+                        w[2]);
+        if (gmb__size_parse(w[3], &op.size) != 0 || op.size == 0)
+          RP_TRACE_FAIL("%s:%u: bad SIZE '%s'", path, ln, w[3]);
+        if (n == 5) {
+          if (strcmp(w[4], "movable") != 0)
+            RP_TRACE_FAIL("%s:%u: unknown flag '%s' (want movable)", path, ln,
+                          w[4]);
+          op.flags = GMB_MOVABLE;
+        }
+        key->live = 1;
+        break;
+      case RP_FREE:
+        if (key->locks)
+          RP_TRACE_FAIL("%s:%u: %s %s is freed while locked", path, ln, w[1],
+                        w[2]);
+        key->live = 0;
+        break;
+      case RP_LOCK:
+        key->locks++;
+        break;
+      case RP_UNLOCK:
+        if (key->locks == 0)
+          RP_TRACE_FAIL("%s:%u: %s %s is not locked", path, ln, w[1], w[2]);
+        key->locks--;
+        break;
+    }
+    if (rp_push(tr, &op) != 0) RP_TRACE_FAIL("%s:%u: out of memory", path, ln);
+  }
+  if (ferror(f)) RP_TRACE_FAIL("%s: read error: %s", path, strerror(errno));
+  if (!tr->capacity) RP_TRACE_FAIL("%s: no 'capacity SIZE' line", path);
+  if (tr->n_tenants == 0) RP_TRACE_FAIL("%s: no operations", path);
+out:
+  free(line);
+  fclose(f);
+  for (size_t i = 0; i < tr->n_keys; i++) {
+    tr->keys[i].live = 0;
+    tr->keys[i].locks = 0;
+  }
+  return rc;
+}
+
+static void rp_trace_free(struct rp_trace *tr) {
+  for (size_t i = 0; i < tr->n_keys; i++) free(tr->keys[i].name);
+  free(tr->keys);
+  free(tr->slots);
+  free(tr->ops);
+}
+
+/* --- pipes ------------------------------------------------------------------- */
+
+static int rp_write_all(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int rp_read_all(int fd, void *buf, size_t len) {
+  char *p = buf;
+  while (len) {
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR) {
+      if (rp_stop) return -1;
+      continue;
+    }
+    if (n <= 0) return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* --- a tenant's client process ----------------------------------------------- */
+
+/* The stamp at `pos` of key k: differs per key, per place and per run. */
+static uint64_t rp_stamp(uint32_t k, int pos, uint64_t salt) {
+  uint64_t x = salt ^ ((uint64_t)k << 2 | (uint64_t)pos);
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static void rp_stamp_offsets(uint64_t size, uint64_t off[3]) {
+  off[0] = 0;
+  off[1] = (size / 2) & ~(uint64_t)7;
+  off[2] = (size - 8) & ~(uint64_t)7;
+}
+
+/* Writes (check = 0) or checks (check = 1) the stamps of allocation id.
+ * Returns 0, 1 when a stamp differs, or a GMB_E_* code from gmb_lock. */
+static int rp_stamps(gmb_client *c, gmb_id id, uint32_t k, uint64_t size,
+                     uint64_t salt, int check) {
+  if (size < 24) return 0;
+  void *p;
+  int rc = gmb_lock(c, id, &p);
+  if (rc != 0) return rc;
+  uint64_t off[3];
+  rp_stamp_offsets(size, off);
+  int bad = 0;
+  for (int i = 0; i < 3; i++) {
+    uint64_t v = rp_stamp(k, i, salt);
+    uint64_t *w = (uint64_t *)((char *)p + off[i]);
+    if (!check)
+      *w = v;
+    else if (*w != v)
+      bad = 1;
+  }
+  gmb_unlock(c, id);
+  return bad;
+}
+
+struct rp_child {
+  const struct rp_trace *tr;
+  uint32_t tenant;
+  const char *endpoint;
+  int cmd_r, res_w;
+  uint64_t salt;
+};
+
+static void rp_result_msg(struct rp_result *r, gmb_client *c) {
+  snprintf(r->msg, sizeof r->msg, "%s", gmb_last_error(c));
+}
+
+/* The child's life: connect, then serve commands until RP_QUIT or EOF.
+ * Returns the exit status. */
+static int rp_child_main(const struct rp_child *a) {
+  const struct rp_trace *tr = a->tr;
+  gmb_id *ids = calloc(tr->n_keys ? tr->n_keys : 1, sizeof *ids);
+  uint64_t *sizes = calloc(tr->n_keys ? tr->n_keys : 1, sizeof *sizes);
+  struct rp_result res;
+  memset(&res, 0, sizeof res);
+  gmb_client *c = NULL;
+  if (ids == NULL || sizes == NULL) {
+    res.rc = GMB_E_SYSTEM;
+    snprintf(res.msg, sizeof res.msg, "out of memory");
+  } else {
+    res.rc = gmb_connect(a->endpoint, tr->tenants[a->tenant].name, &c);
+    if (res.rc) rp_result_msg(&res, NULL);
+  }
+  if (rp_write_all(a->res_w, &res, sizeof res) != 0 || res.rc != 0) return 1;
+  struct rp_op op;
+  while (rp_read_all(a->cmd_r, &op, sizeof op) == 0) {
+    memset(&res, 0, sizeof res);
+    uint32_t k = op.key;
+    switch (op.kind) {
+      case RP_ALLOC: {
+        gmb_id id = 0;
+        res.rc = gmb_alloc(c, (size_t)op.size, op.flags, &id);
+        if (res.rc) {
+          rp_result_msg(&res, c);
+          break;
+        }
+        ids[k] = id;
+        sizes[k] = op.size;
+        int s = rp_stamps(c, id, k, op.size, a->salt, 0);
+        if (s < 0) {
+          res.rc = s;
+          rp_result_msg(&res, c);
+        }
+        break;
+      }
+      case RP_FREE:
+        if (ids[k] == 0) {
+          res.rc = RP_SKIPPED;
+          break;
+        }
+        if (rp_stamps(c, ids[k], k, sizes[k], a->salt, 1) != 0) res.corrupt = 1;
+        res.rc = gmb_free(c, ids[k]);
+        if (res.rc)
+          rp_result_msg(&res, c);
+        else
+          ids[k] = 0;
+        break;
+      case RP_LOCK: {
+        void *p;
+        if (ids[k] == 0) {
+          res.rc = RP_SKIPPED;
+          break;
+        }
+        res.rc = gmb_lock(c, ids[k], &p);
+        if (res.rc) rp_result_msg(&res, c);
+        break;
+      }
+      case RP_UNLOCK:
+        if (ids[k] == 0) {
+          res.rc = RP_SKIPPED;
+          break;
+        }
+        res.rc = gmb_unlock(c, ids[k]);
+        if (res.rc) rp_result_msg(&res, c);
+        break;
+      case RP_VERIFY:
+        for (size_t i = 0; i < tr->n_keys; i++)
+          if (ids[i] && rp_stamps(c, ids[i], (uint32_t)i, sizes[i], a->salt,
+                                  1) != 0)
+            res.corrupt++;
+        break;
+      case RP_QUIT:
+        gmb_disconnect(c);
+        free(ids);
+        free(sizes);
+        rp_write_all(a->res_w, &res, sizeof res);
+        return 0;
+      default:
+        res.rc = GMB_E_INVAL;
+        snprintf(res.msg, sizeof res.msg, "unknown command %u", op.kind);
+    }
+    if (rp_write_all(a->res_w, &res, sizeof res) != 0) break;
+  }
+  gmb_disconnect(c);
+  return 1;
+}
+
+/* --- the broker ------------------------------------------------------------- */
+
+struct rp_broker {
+  char dir[64];
+  char config[96];
+  char log[96];
+  char sock[96];
+  char admin[96];
+  char endpoint[128];
+  char admin_endpoint[128];
+  pid_t pid;
+};
+
+/* The gmb-broker to run: --broker, else the one next to this program, else
+ * whatever PATH finds. */
+static void rp_broker_path(const char *opt, char *buf, size_t cap) {
+  if (opt) {
+    snprintf(buf, cap, "%s", opt);
+    return;
+  }
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash) {
+      *slash = '\0';
+      int len = snprintf(buf, cap, "%s/gmb-broker", self);
+      if (len > 0 && (size_t)len < cap && access(buf, X_OK) == 0) return;
+    }
+  }
+  snprintf(buf, cap, "gmb-broker");
+}
+
+static int rp_write_config(const struct rp_broker *b,
+                           const struct rp_trace *tr, const char *compaction) {
+  FILE *f = fopen(b->config, "w");
+  if (f == NULL)
+    return rp_fail(RP_EXIT_FAIL, "cannot write %s: %s", b->config,
+                   strerror(errno));
+  fprintf(f, "; written by gmb-replay\n[broker]\ncompaction = %s\n"
+          "log_level = warn\n", compaction);
+  for (size_t i = 0; i < tr->n_tenants; i++)
+    if (tr->tenants[i].has_quota)
+      fprintf(f, "\n[tenant:%s]\nquota = %llu\n", tr->tenants[i].name,
+              (unsigned long long)tr->tenants[i].quota);
+  if (fclose(f) != 0)
+    return rp_fail(RP_EXIT_FAIL, "cannot write %s: %s", b->config,
+                   strerror(errno));
+  return 0;
+}
+
+static int rp_is_socket(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+static void rp_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void rp_log_tail(const struct rp_broker *b) {
+  FILE *f = fopen(b->log, "r");
+  if (f == NULL) return;
+  char lines[15][512];
+  int n = 0;
+  while (fgets(lines[n % 15], sizeof lines[0], f)) n++;
+  fclose(f);
+  if (n == 0) return;
+  fprintf(stderr, "%s: the broker's last log lines:\n", rp_prog);
+  for (int i = n > 15 ? n - 15 : 0; i < n; i++)
+    fprintf(stderr, "  | %s", lines[i % 15]);
+}
+
+static int rp_broker_start(struct rp_broker *b, const char *bin,
+                           uint64_t capacity) {
+  char device[64];
+  snprintf(device, sizeof device, "host:%llu", (unsigned long long)capacity);
+  b->pid = fork();
+  if (b->pid < 0)
+    return rp_fail(RP_EXIT_FAIL, "fork: %s", strerror(errno));
+  if (b->pid == 0) {
+    /* The broker stops cleanly (SIGTERM) if the replayer dies. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    int fd = open(b->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int null = open("/dev/null", O_RDONLY);
+    if (fd >= 0 && null >= 0) {
+      dup2(null, 0);
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    char *argv[] = {(char *)bin, "--config", b->config, "--run-dir", b->dir,
+                    "--device", device, NULL};
+    execvp(bin, argv);
+    fprintf(stderr, "gmb-replay: cannot run %s: %s\n", bin, strerror(errno));
+    _exit(127);
+  }
+  for (int waited = 0;; waited += 20) {
+    if (rp_is_socket(b->sock) && rp_is_socket(b->admin)) return 0;
+    int st;
+    if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
+      b->pid = 0;
+      rp_log_tail(b);
+      return rp_fail(RP_EXIT_FAIL, "%s exited at start-up (status %d)", bin,
+                     WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+    if (waited >= RP_WAIT_MS || rp_stop) {
+      rp_log_tail(b);
+      return rp_fail(RP_EXIT_FAIL, "%s did not create its sockets in %d ms",
+                     bin, RP_WAIT_MS);
+    }
+    rp_sleep_ms(20);
+  }
+}
+
+/* SIGTERM, then wait; SIGKILL if it does not stop.  Returns 0 when it
+ * exited with status 0. */
+static int rp_broker_stop(struct rp_broker *b) {
+  if (b->pid <= 0) return -1;
+  kill(b->pid, SIGTERM);
+  int st = 0;
+  pid_t w = 0;
+  for (int waited = 0; waited < RP_WAIT_MS; waited += 10) {
+    w = waitpid(b->pid, &st, WNOHANG);
+    if (w == b->pid || (w < 0 && errno != EINTR)) break;
+    rp_sleep_ms(10);
+  }
+  if (w != b->pid) {
+    kill(b->pid, SIGKILL);
+    waitpid(b->pid, &st, 0);
+    rp_fail(0, "the broker did not stop within %d ms of SIGTERM; killed",
+            RP_WAIT_MS);
+    st = 1 << 8;
+  }
+  b->pid = 0;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+  rp_log_tail(b);
+  if (WIFSIGNALED(st))
+    rp_fail(0, "the broker was killed by signal %d", WTERMSIG(st));
+  else
+    rp_fail(0, "the broker exited with status %d", WEXITSTATUS(st));
+  return -1;
+}
+
+static void rp_dir_remove(struct rp_broker *b) {
+  if (!b->dir[0]) return;
+  unlink(b->config);
+  unlink(b->log);
+  unlink(b->sock);
+  unlink(b->admin);
+  if (rmdir(b->dir) != 0)
+    rp_fail(0, "warning: could not remove %s: %s", b->dir, strerror(errno));
+}
+
+/* --- admin status ---------------------------------------------------------- */
+
+struct rp_admin {
+  void *zctx, *sock;
+  uint64_t next_id;
+};
+
+static int rp_admin_open(struct rp_admin *ad, const char *endpoint) {
+  int zero = 0, t = RP_WAIT_MS;
+  ad->zctx = zmq_ctx_new();
+  ad->sock = ad->zctx ? zmq_socket(ad->zctx, ZMQ_DEALER) : NULL;
+  if (ad->sock == NULL)
+    return rp_fail(RP_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
+  zmq_setsockopt(ad->sock, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(ad->sock, ZMQ_SNDTIMEO, &t, sizeof t);
+  if (zmq_connect(ad->sock, endpoint) != 0)
+    return rp_fail(RP_EXIT_FAIL, "cannot connect to %s: %s", endpoint,
+                   zmq_strerror(errno));
+  return 0;
+}
+
+static void rp_admin_close(struct rp_admin *ad) {
+  if (ad->sock) zmq_close(ad->sock);
+  if (ad->zctx) zmq_ctx_term(ad->zctx);
+  ad->sock = ad->zctx = NULL;
+}
+
+/* AdminStatus: 0 with *rep filled (the caller clears it), else -1 after
+ * saying why. */
+static int rp_admin_status(struct rp_admin *ad, struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_STATUS;
+  req.id = ++ad->next_id;
+  uint8_t *buf;
+  size_t len;
+  if (gmb__wire_request_encode(&req, &buf, &len) != 0)
+    return rp_fail(-1, "cannot encode AdminStatus");
+  int rc = zmq_send(ad->sock, buf, len, 0);
+  free(buf);
+  if (rc < 0) return rp_fail(-1, "AdminStatus: %s", zmq_strerror(errno));
+  uint64_t deadline = gmb__now_ns() + (uint64_t)RP_WAIT_MS * 1000000u;
+  while (!rp_stop) {
+    uint64_t now = gmb__now_ns();
+    if (now >= deadline) break;
+    zmq_pollitem_t it = {ad->sock, 0, ZMQ_POLLIN, 0};
+    int n = zmq_poll(&it, 1, (long)((deadline - now) / 1000000u) + 1);
+    if (n <= 0) continue;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, ad->sock, 0) < 0) {
+      zmq_msg_close(&m);
+      continue;
+    }
+    rc = gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), rep);
+    zmq_msg_close(&m);
+    if (rc) return rp_fail(-1, "AdminStatus: a reply could not be decoded");
+    if (rep->id != req.id) {
+      gmb__wire_reply_clear(rep);
+      continue;
+    }
+    if (rep->status != 0 || rep->kind != WIRE_ADMIN_STATUS) {
+      rp_fail(0, "AdminStatus: %s: %s", gmb_err_name(rep->status),
+              rep->message);
+      gmb__wire_reply_clear(rep);
+      return -1;
+    }
+    return 0;
+  }
+  return rp_fail(-1, "AdminStatus: no answer within %d ms", RP_WAIT_MS);
+}
+
+/* --- the replay ------------------------------------------------------------- */
+
+struct rp_opts {
+  const char *trace;
+  const char *compaction;
+  const char *series;
+  const char *broker;
+  int json, verbose;
+};
+
+static void rp_on_signal(int sig) {
+  (void)sig;
+  rp_stop = 1;
+}
+
+/* Sends op to its tenant's child and reads the result: 0 or -1 when the
+ * child is gone. */
+static int rp_call(struct rp_tenant *t, const struct rp_op *op,
+                   struct rp_result *res) {
+  if (rp_write_all(t->cmd_w, op, sizeof *op) != 0) return -1;
+  return rp_read_all(t->res_r, res, sizeof *res);
+}
+
+static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
+                     const struct rp_op *op, const struct rp_result *res,
+                     struct rp_figures *fg) {
+  struct rp_key *k = &tr->keys[op->key];
+  fg->operations++;
+  fg->corrupted += res->corrupt;
+  if (res->rc == RP_SKIPPED) {
+    fg->skipped++;
+    return;
+  }
+  if (res->rc == 0) {
+    if (op->kind == RP_ALLOC) {
+      k->live = 1;
+      k->rounded = rp_round(op->size);
+      fg->in_use += k->rounded;
+      fg->tenant_in_use[op->tenant] += k->rounded;
+      if (fg->in_use > fg->peak) fg->peak = fg->in_use;
+    } else if (op->kind == RP_FREE) {
+      k->live = 0;
+      fg->in_use -= k->rounded;
+      fg->tenant_in_use[op->tenant] -= k->rounded;
+    }
+    return;
+  }
+  fg->failures++;
+  uint64_t need = rp_round(op->size);
+  uint64_t free_total =
+      tr->capacity > fg->in_use ? tr->capacity - fg->in_use : 0;
+  const char *why = "";
+  if (res->rc == GMB_E_QUOTA) {
+    fg->quota_failures++;
+  } else if (res->rc == GMB_E_NOMEM) {
+    fg->nomem_failures++;
+    if (free_total >= need) {
+      fg->fragmentation_failures++;
+      why = " [fragmentation]";
+      if (!fg->first_frag[0])
+        snprintf(fg->first_frag, sizeof fg->first_frag,
+                 "line %u: alloc %s %s -> %s", op->line,
+                 tr->tenants[op->tenant].name, rp_key_str(tr, op->key),
+                 res->msg);
+    }
+  } else {
+    fg->other_failures++;
+  }
+  if (o->verbose) {
+    char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ];
+    fprintf(stderr, "line %u: %s %s %s", op->line, rp_kind_names[op->kind],
+            tr->tenants[op->tenant].name, rp_key_str(tr, op->key));
+    if (op->kind == RP_ALLOC)
+      fprintf(stderr, " %s (free total %s)",
+              gmb__size_format(op->size, a, sizeof a),
+              gmb__size_format(free_total, b, sizeof b));
+    fprintf(stderr, " -> %s%s\n", res->msg[0] ? res->msg
+                                                : gmb_err_name(res->rc), why);
+  }
+}
+
+static int rp_fork_children(struct rp_trace *tr, const struct rp_broker *b) {
+  uint64_t salt = gmb__now_ns() ^ ((uint64_t)getpid() << 32);
+  for (size_t i = 0; i < tr->n_tenants; i++) {
+    int cmd[2], res[2];
+    if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(res, O_CLOEXEC) != 0)
+      return rp_fail(RP_EXIT_FAIL, "pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return rp_fail(RP_EXIT_FAIL, "fork: %s", strerror(errno));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      signal(SIGINT, SIG_IGN); /* the parent stops us with QUIT or EOF */
+      signal(SIGTERM, SIG_DFL);
+      for (size_t j = 0; j < i; j++) { /* older siblings' pipes */
+        close(tr->tenants[j].cmd_w);
+        close(tr->tenants[j].res_r);
+      }
+      close(cmd[1]);
+      close(res[0]);
+      struct rp_child a = {tr, (uint32_t)i, b->endpoint, cmd[0], res[1], salt};
+      _exit(rp_child_main(&a));
+    }
+    close(cmd[0]);
+    close(res[1]);
+    tr->tenants[i].pid = pid;
+    tr->tenants[i].cmd_w = cmd[1];
+    tr->tenants[i].res_r = res[0];
+    struct rp_result r;
+    if (rp_read_all(res[0], &r, sizeof r) != 0)
+      return rp_fail(RP_EXIT_FAIL, "the client of tenant %s died at start",
+                     tr->tenants[i].name);
+    if (r.rc != 0)
+      return rp_fail(RP_EXIT_FAIL, "tenant %s cannot connect: %s",
+                     tr->tenants[i].name, r.msg);
+  }
+  return 0;
+}
+
+/* Tells every child to verify and quit, and waits for them.  Returns the
+ * number of children that did not end well. */
+static int rp_end_children(struct rp_trace *tr, struct rp_figures *fg,
+                           int verify) {
+  int bad = 0;
+  for (size_t i = 0; i < tr->n_tenants; i++) {
+    struct rp_tenant *t = &tr->tenants[i];
+    if (t->pid <= 0) continue;
+    struct rp_result r;
+    struct rp_op op = {.kind = RP_VERIFY, .tenant = (uint32_t)i};
+    if (verify) {
+      if (rp_call(t, &op, &r) == 0)
+        fg->corrupted += r.corrupt;
+      else
+        bad++;
+    }
+    op.kind = RP_QUIT;
+    rp_call(t, &op, &r);
+    close(t->cmd_w);
+    close(t->res_r);
+    t->cmd_w = t->res_r = -1;
+    int st;
+    int waited = 0;
+    while (waitpid(t->pid, &st, WNOHANG) == 0 && waited < RP_WAIT_MS) {
+      rp_sleep_ms(5);
+      waited += 5;
+    }
+    if (waited >= RP_WAIT_MS) {
+      kill(t->pid, SIGKILL);
+      waitpid(t->pid, &st, 0);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+    t->pid = 0;
+  }
+  return bad;
+}
+
+static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
+                     const struct rp_figures *fg) {
+  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ];
+  if (o->json) {
+    json_t *j = json_pack(
+        "{s:s, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+        "trace", o->trace, "compaction", o->compaction, "capacity",
+        (json_int_t)tr->capacity, "tenants", (int)tr->n_tenants, "operations",
+        (json_int_t)fg->operations, "skipped", (json_int_t)fg->skipped,
+        "failures", (json_int_t)fg->failures, "quota_failures",
+        (json_int_t)fg->quota_failures, "nomem_failures",
+        (json_int_t)fg->nomem_failures, "fragmentation_failures",
+        (json_int_t)fg->fragmentation_failures, "other_failures",
+        (json_int_t)fg->other_failures, "peak_bytes_in_use",
+        (json_int_t)fg->peak, "bytes_moved",
+        (json_int_t)fg->compaction.bytes_moved, "compaction_moves",
+        (json_int_t)fg->compaction.moves, "compaction_runs",
+        (json_int_t)fg->compaction.runs, "corrupted",
+        (json_int_t)fg->corrupted, "accounting_mismatches",
+        (json_int_t)fg->accounting_mismatches, "final_largest_free",
+        (json_int_t)fg->final_largest_free, "compaction_seconds",
+        fg->compaction.seconds, "wall_seconds", fg->wall_s);
+    json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    fputc('\n', stdout);
+    json_decref(j);
+    return;
+  }
+  printf("trace                   %s (capacity %s, %zu tenant%s)\n", o->trace,
+         gmb__size_format(tr->capacity, a, sizeof a), tr->n_tenants,
+         tr->n_tenants == 1 ? "" : "s");
+  printf("compaction              %s\n", o->compaction);
+  printf("operations              %llu (%llu skipped: their alloc had "
+         "failed)\n", (unsigned long long)fg->operations,
+         (unsigned long long)fg->skipped);
+  printf("failures                %llu\n", (unsigned long long)fg->failures);
+  printf("  quota                 %llu\n",
+         (unsigned long long)fg->quota_failures);
+  printf("  no memory             %llu\n",
+         (unsigned long long)fg->nomem_failures);
+  printf("    fragmentation       %llu (the free total was enough)\n",
+         (unsigned long long)fg->fragmentation_failures);
+  printf("  other                 %llu\n",
+         (unsigned long long)fg->other_failures);
+  printf("peak bytes in use       %s\n",
+         gmb__size_format(fg->peak, a, sizeof a));
+  printf("bytes moved             %s (%llu moves, %llu runs)\n",
+         gmb__size_format(fg->compaction.bytes_moved, b, sizeof b),
+         (unsigned long long)fg->compaction.moves,
+         (unsigned long long)fg->compaction.runs);
+  printf("compaction seconds      %.3f\n", fg->compaction.seconds);
+  printf("corrupted allocations   %llu\n", (unsigned long long)fg->corrupted);
+  printf("wall seconds            %.2f\n", fg->wall_s);
+  if (fg->first_frag[0])
+    printf("first fragmentation failure:\n  %s\n", fg->first_frag);
+}
+
+static int rp_series_row(struct rp_admin *ad, FILE *f, uint64_t op,
+                         const struct rp_trace *tr,
+                         const struct rp_figures *fg) {
+  struct wire_reply rep;
+  if (rp_admin_status(ad, &rep) != 0) return -1;
+  fprintf(f, "%llu %llu %llu %llu %llu\n", (unsigned long long)op,
+          (unsigned long long)rep.u.admin_status.in_use,
+          (unsigned long long)rep.u.admin_status.largest_free,
+          (unsigned long long)rep.u.admin_status.in_segments,
+          (unsigned long long)(tr->capacity - fg->in_use));
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
+  struct rp_broker b;
+  memset(&b, 0, sizeof b);
+  struct rp_admin ad = {0};
+  struct rp_figures fg;
+  memset(&fg, 0, sizeof fg);
+  FILE *series = NULL;
+  int rc = 0;
+  char bin[PATH_MAX];
+  rp_broker_path(o->broker, bin, sizeof bin);
+
+  snprintf(b.dir, sizeof b.dir, "/tmp/gmb-replay-XXXXXX");
+  if (mkdtemp(b.dir) == NULL) {
+    b.dir[0] = '\0';
+    return rp_fail(RP_EXIT_FAIL, "mkdtemp: %s", strerror(errno));
+  }
+  snprintf(b.config, sizeof b.config, "%s/gmb.ini", b.dir);
+  snprintf(b.log, sizeof b.log, "%s/broker.log", b.dir);
+  snprintf(b.sock, sizeof b.sock, "%s/broker.sock", b.dir);
+  snprintf(b.admin, sizeof b.admin, "%s/admin.sock", b.dir);
+  snprintf(b.endpoint, sizeof b.endpoint, "ipc://%s", b.sock);
+  snprintf(b.admin_endpoint, sizeof b.admin_endpoint, "ipc://%s", b.admin);
+
+  if (o->series && (series = fopen(o->series, "w")) == NULL) {
+    rc = rp_fail(RP_EXIT_USAGE, "cannot write %s: %s", o->series,
+                 strerror(errno));
+    goto out;
+  }
+  rc = rp_write_config(&b, tr, o->compaction);
+  if (rc == 0) rc = rp_broker_start(&b, bin, tr->capacity);
+  if (rc == 0) rc = rp_fork_children(tr, &b);
+  if (rc == 0) rc = rp_admin_open(&ad, b.admin_endpoint);
+  if (rc) goto out;
+
+  size_t every = tr->n_ops / RP_SERIES_POINTS;
+  if (every == 0) every = 1;
+  if (series)
+    fprintf(series, "# %s, compaction %s\n# op bytes_in_use largest_free "
+            "in_segments free_total\n", o->trace, o->compaction);
+  uint64_t t0 = gmb__now_ns();
+  for (size_t i = 0; i < tr->n_ops && !rp_stop; i++) {
+    if (series && i % every == 0 && rp_series_row(&ad, series, i, tr, &fg)) {
+      rc = RP_EXIT_FAIL;
+      goto out;
+    }
+    const struct rp_op *op = &tr->ops[i];
+    struct rp_result res;
+    if (rp_call(&tr->tenants[op->tenant], op, &res) != 0) {
+      rc = rp_fail(RP_EXIT_FAIL, "line %u: the client of tenant %s is gone",
+                   op->line, tr->tenants[op->tenant].name);
+      goto out;
+    }
+    rp_count(o, tr, op, &res, &fg);
+  }
+  if (rp_stop) {
+    rc = rp_fail(RP_EXIT_FAIL, "interrupted");
+    goto out;
+  }
+  fg.wall_s = (double)(gmb__now_ns() - t0) / 1e9;
+  if (series && rp_series_row(&ad, series, tr->n_ops, tr, &fg)) {
+    rc = RP_EXIT_FAIL;
+    goto out;
+  }
+  struct wire_reply rep;
+  if (rp_admin_status(&ad, &rep) != 0) {
+    rc = RP_EXIT_FAIL;
+    goto out;
+  }
+  fg.compaction = rep.u.admin_status.compaction;
+  /* The broker's view of each tenant must be the replayer's: what the
+   * library said was allocated and not yet freed. */
+  for (size_t i = 0; i < rep.u.admin_status.n_tenants; i++) {
+    const struct wire_tenant_row *row = &rep.u.admin_status.tenants[i];
+    long t = rp_tenant_find(tr, row->name, 0);
+    if (t >= 0 && row->used != fg.tenant_in_use[t]) {
+      fg.accounting_mismatches++;
+      rp_fail(0, "tenant %s: the broker counts %llu bytes in use, the "
+              "replay %llu", row->name, (unsigned long long)row->used,
+              (unsigned long long)fg.tenant_in_use[t]);
+    }
+  }
+  fg.final_largest_free = rep.u.admin_status.largest_free;
+  fg.final_in_segments = rep.u.admin_status.in_segments;
+  gmb__wire_reply_clear(&rep);
+  if (rp_end_children(tr, &fg, 1) != 0) {
+    rc = rp_fail(RP_EXIT_FAIL, "a client process did not end well");
+    goto out;
+  }
+  rp_print(o, tr, &fg);
+  if (fg.corrupted)
+    rc = rp_fail(RP_EXIT_FAIL, "%llu allocations did not keep their bytes",
+                 (unsigned long long)fg.corrupted);
+  if (fg.accounting_mismatches)
+    rc = rp_fail(RP_EXIT_FAIL, "the broker's accounting differs from the "
+                 "replay for %llu tenants",
+                 (unsigned long long)fg.accounting_mismatches);
+out:
+  rp_admin_close(&ad);
+  rp_end_children(tr, &fg, 0);
+  if (series && fclose(series) != 0 && rc == 0)
+    rc = rp_fail(RP_EXIT_FAIL, "cannot write %s", o->series);
+  if (b.pid > 0 && rp_broker_stop(&b) != 0 && rc == 0) rc = RP_EXIT_FAIL;
+  rp_dir_remove(&b);
+  return rc;
+}
+
+/* --- main -------------------------------------------------------------------- */
+
+static void rp_usage(FILE *f) {
+  fprintf(f,
+          "usage: gmb-replay --trace FILE [--compaction off|auto] [--json]\n"
+          "                  [--series FILE] [--broker PATH] [--verbose]\n\n"
+          "Replays an allocation trace through a real gmb-broker on the host\n"
+          "device (capacity from the trace), one client process per tenant,\n"
+          "and prints what failed and why.\n\n"
+          "trace lines ('#' starts a comment):\n"
+          "  capacity SIZE                     first; the device's size\n"
+          "  quota TENANT SIZE                 before the tenant's first op\n"
+          "  alloc TENANT KEY SIZE [movable]\n"
+          "  free TENANT KEY\n"
+          "  lock TENANT KEY | unlock TENANT KEY\n\n"
+          "options:\n"
+          "  --trace FILE        the trace to replay\n"
+          "  --compaction MODE   the broker's compaction: auto (default) or "
+          "off\n"
+          "  --json              the figures as JSON\n"
+          "  --series FILE       write 'op bytes_in_use largest_free "
+          "in_segments\n"
+          "                      free_total' about %d times along the trace\n"
+          "  --broker PATH       the gmb-broker to run (default: the one next "
+          "to\n"
+          "                      gmb-replay, else PATH)\n"
+          "  -v, --verbose       one line on stderr per failed operation\n"
+          "  -h, --help          this text\n\n"
+          "A fragmentation failure is GMB_E_NOMEM while capacity minus the\n"
+          "rounded bytes of live allocations was at least the request.\n"
+          "exit: 0 the replay ran (failures are figures), 1 the broker or a\n"
+          "client failed or bytes were corrupted, 2 usage or a bad trace.\n",
+          RP_SERIES_POINTS);
+}
+
+int main(int argc, char **argv) {
+  struct rp_opts o = {.compaction = "auto"};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char **val = NULL;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      rp_usage(stdout);
+      return 0;
+    } else if (strcmp(a, "--json") == 0) {
+      o.json = 1;
+    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+      o.verbose = 1;
+    } else if (strcmp(a, "--trace") == 0) {
+      val = &o.trace;
+    } else if (strcmp(a, "--compaction") == 0) {
+      val = &o.compaction;
+    } else if (strcmp(a, "--series") == 0) {
+      val = &o.series;
+    } else if (strcmp(a, "--broker") == 0) {
+      val = &o.broker;
+    } else {
+      return rp_fail(RP_EXIT_USAGE, "unknown argument '%s' (see --help)", a);
+    }
+    if (val) {
+      if (++i >= argc)
+        return rp_fail(RP_EXIT_USAGE, "%s needs a value", a);
+      *val = argv[i];
+    }
+  }
+  if (o.trace == NULL)
+    return rp_fail(RP_EXIT_USAGE, "--trace FILE is required (see --help)");
+  if (strcmp(o.compaction, "auto") != 0 && strcmp(o.compaction, "off") != 0)
+    return rp_fail(RP_EXIT_USAGE, "--compaction: want off or auto, not '%s'",
+                   o.compaction);
+  struct rp_trace tr;
+  memset(&tr, 0, sizeof tr);
+  int rc = rp_trace_load(o.trace, &tr);
+  if (rc == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = rp_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rc = rp_run(&o, &tr);
+  }
+  rp_trace_free(&tr);
+  return rc;
+}

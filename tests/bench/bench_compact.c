@@ -1,0 +1,165 @@
+/*
+ * bench_compact.c - migration throughput of compaction on the host device,
+ * against plain memcpy/memmove of the same sizes in the same run.
+ *
+ * For each allocation size, an arena is filled with movable allocations
+ * (every byte written, so no page is first touched by the copy), every
+ * other one is freed, and a run compacts it with 2 ms steps as the broker
+ * drives it.  Two throughputs: migration, bytes moved over the time spent
+ * inside gmb__compact_step less the commits that released a segment
+ * (decisions, claims, copies, commits); and end to end, with those
+ * releases (on the host device a release unmaps and frees the shm pages,
+ * which costs more than copying them).  The baseline
+ * copies the same number of blocks of the same size between two buffers
+ * that were written beforehand and are read afterwards (so the compiler
+ * cannot drop the copies), best of three; a second baseline copies them
+ * with gmb__device_copy between two written host segments (shm pages:
+ * what the memory itself allows).  The ratios are migration and
+ * end to end over memcpy; the goal for migration is >= 0.70.
+ * Knobs: MIB (bytes of allocations per size before the frees, default 256).
+ * Output: one "name value" line per figure.  Runs in a few seconds.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compact.h"
+#include "device.h"
+#include "gmb.h"
+#include "log.h"
+#include "pool.h"
+#include "util.h"
+
+static uint64_t env_u64(const char *name, uint64_t dflt) {
+  const char *s = getenv(name);
+  return s && *s ? strtoull(s, NULL, 0) : dflt;
+}
+
+static int claim_all(void *ctx, const struct gmb_alloc_info *a) {
+  (void)ctx;
+  (void)a;
+  return 1;
+}
+
+/* memcpy of n blocks of `size` bytes between touched buffers; GB/s, best
+ * of three.  `sink` keeps the copies observable. */
+static double baseline(uint64_t size, uint64_t n, int overlap,
+                       volatile uint64_t *sink) {
+  size_t len = (size_t)(size * n + size);
+  char *src = malloc(len), *dst = malloc(len);
+  if (!src || !dst) abort();
+  memset(src, 1, len);
+  memset(dst, 2, len);
+  double best = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    uint64_t t0 = gmb__now_ns();
+    for (uint64_t i = 0; i < n; i++) {
+      if (overlap) /* a slide down by size/8 inside one buffer */
+        memmove(src + i * size, src + i * size + size / 8, (size_t)size);
+      else
+        memcpy(dst + i * size, src + i * size, (size_t)size);
+    }
+    uint64_t t1 = gmb__now_ns();
+    uint64_t acc = 0;
+    for (size_t off = 0; off < len; off += 4096)
+      acc += (uint64_t)(unsigned char)dst[off] + (unsigned char)src[off];
+    *sink += acc;
+    double gbs = (double)(size * n) / (double)(t1 - t0);
+    if (gbs > best) best = gbs;
+  }
+  free(src);
+  free(dst);
+  return best;
+}
+
+/* gmb__device_copy of n blocks between two touched host segments: what
+ * the copies alone cost on shm pages; GB/s, best of three. */
+static double baseline_device(struct gmb_device *dev, uint64_t size,
+                              uint64_t n) {
+  uint64_t bytes = (size * n + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+  struct gmb_dseg a, b;
+  if (gmb__device_seg_new(dev, 1u << 30, bytes, &a) != 0 ||
+      gmb__device_seg_new(dev, (1u << 30) + 1, bytes, &b) != 0)
+    return 0;
+  memset(a.host, 1, (size_t)bytes);
+  memset(b.host, 2, (size_t)bytes);
+  double best = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    uint64_t t0 = gmb__now_ns();
+    for (uint64_t i = 0; i < n; i++)
+      gmb__device_copy(dev, &b, i * size, &a, i * size, size);
+    double gbs = (double)(size * n) / (double)(gmb__now_ns() - t0);
+    if (gbs > best) best = gbs;
+  }
+  gmb__device_seg_free(dev, &a);
+  gmb__device_seg_free(dev, &b);
+  return best;
+}
+
+static void bench_size(uint64_t size, uint64_t total, volatile uint64_t *sink) {
+  char err[256];
+  struct gmb_device *dev;
+  if (gmb__device_host_open(2 * total + (64u << 20), &dev, err, sizeof err) !=
+      0) {
+    fprintf(stderr, "bench_compact: %s\n", err);
+    exit(1);
+  }
+  struct gmb_pool *pool = gmb__pool_new(dev, NULL, NULL);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, NULL);
+  uint64_t n = total / size;
+  uint64_t *ids = malloc(n * sizeof *ids);
+  for (uint64_t i = 0; i < n; i++) {
+    struct gmb_alloc_info info;
+    if (gmb__pool_alloc(pool, a, size, GMB_MOVABLE, NULL, &info) != 0) abort();
+    memset((char *)info.dseg->host + info.offset, (int)(i & 0xff),
+           (size_t)size);
+    ids[i] = info.id;
+  }
+  for (uint64_t i = 1; i < n; i += 2) gmb__pool_free(pool, ids[i], NULL);
+  struct gmb_compact_hooks hooks = {.claim = claim_all};
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  while (gmb__compact_step(c, gmb__now_ns() + 2000000)) {
+  }
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  if (gmb__pool_check(pool) != 0) abort();
+  uint64_t mig_ns = st.ns - st.ns_release;
+  double gbs = mig_ns ? (double)st.bytes_moved / (double)mig_ns : 0;
+  double e2e = st.ns ? (double)st.bytes_moved / (double)st.ns : 0;
+  uint64_t blocks = st.bytes_moved / size;
+  double cpy = baseline(size, blocks ? blocks : 1, 0, sink);
+  double mov = baseline(size, blocks ? blocks : 1, 1, sink);
+  double dcp = baseline_device(dev, size, blocks ? blocks : 1);
+  char name[32];
+  gmb__size_format(size, name, sizeof name);
+  printf("compact_%s_moves %llu\n", name, (unsigned long long)st.moves);
+  printf("compact_%s_mib_moved %.1f\n", name,
+         (double)st.bytes_moved / (1u << 20));
+  printf("compact_%s_segments_released %llu\n", name,
+         (unsigned long long)st.segments_released);
+  printf("compact_%s_release_ms %.2f\n", name, (double)st.ns_release / 1e6);
+  printf("compact_%s_migration_gbs %.2f\n", name, gbs);
+  printf("compact_%s_end_to_end_gbs %.2f\n", name, e2e);
+  printf("memcpy_%s_gbs %.2f\n", name, cpy);
+  printf("memmove_%s_gbs %.2f\n", name, mov);
+  printf("device_copy_%s_gbs %.2f\n", name, dcp);
+  printf("compact_%s_migration_ratio_to_memcpy %.2f\n", name,
+         cpy > 0 ? gbs / cpy : 0);
+  printf("compact_%s_end_to_end_ratio_to_memcpy %.2f\n", name,
+         cpy > 0 ? e2e / cpy : 0);
+  free(ids);
+  gmb__pool_destroy(pool);
+  gmb__device_close(dev);
+}
+
+int main(void) {
+  gmb__log_set_level(GMB_LOG_WARN);
+  uint64_t total = env_u64("MIB", 256) << 20;
+  volatile uint64_t sink = 0;
+  const uint64_t sizes[] = {4096, 65536, 512 * 1024, 1024 * 1024};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    bench_size(sizes[i], total, &sink);
+  return sink == 42 ? 1 : 0;
+}

@@ -1,0 +1,225 @@
+/*
+ * test_replay.c - gmb-replay, run as a user runs it: a small trace written
+ * here, replayed through the real broker it starts, its figures read back
+ * from --json and --series.
+ *
+ * The traces are tiny and their outcome is decided by the pool's segment
+ * policy (small requests share 2 MiB segments of one tenant; a large one
+ * needs a segment of its own), so every count below is exact: a quota
+ * refusal is a failure but not a fragmentation failure, a GMB_E_NOMEM is
+ * a fragmentation failure only when the free total could hold it, and an
+ * operation on a key whose alloc failed is skipped.  The counting cases
+ * run with compaction off, so they do not depend on what compaction does;
+ * one case runs the classic half-empty-segments scenario with compaction
+ * auto and requires the request served and every stamp intact.
+ */
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define OUT_CAP 65536
+
+struct replay_run {
+  char trace[64];
+  char series[64];
+  char out[OUT_CAP];
+  int status;
+  json_t *json; /* NULL unless the output held a JSON object */
+};
+
+/* Writes `text` as a trace and runs gmb-replay on it with `mode`. */
+static void replay(struct replay_run *r, const char *text, const char *mode,
+                   int series) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->trace, sizeof r->trace, "/tmp/gmbt-trace-%d", (int)getpid());
+  snprintf(r->series, sizeof r->series, "/tmp/gmbt-series-%d", (int)getpid());
+  harness_write_file(r->trace, text);
+  char bin[256];
+  snprintf(bin, sizeof bin, "%s/gmb-replay", harness_build_dir());
+  char *argv[10] = {bin, "--trace", r->trace, "--compaction", (char *)mode,
+                    "--json"};
+  if (series) {
+    argv[6] = "--series";
+    argv[7] = r->series;
+  }
+  /* The broker it starts checks its pool after every request. */
+  setenv("GMB_BROKER_CHECKS", "1", 1);
+  r->status = harness_run(argv, r->out, sizeof r->out);
+  const char *brace = strchr(r->out, '{');
+  if (brace) {
+    json_error_t err;
+    r->json = json_loads(brace, JSON_DISABLE_EOF_CHECK, &err);
+  }
+  unlink(r->trace);
+}
+
+static void replay_done(struct replay_run *r) {
+  json_decref(r->json);
+  unlink(r->series);
+}
+
+static long long jint(const struct replay_run *r, const char *key) {
+  json_t *v = json_object_get(r->json, key);
+  ck_assert_msg(v != NULL && json_is_integer(v),
+                "key '%s' missing or not an integer in:\n%s", key, r->out);
+  return (long long)json_integer_value(v);
+}
+
+/*
+ * Tenant a: four 512KiB blocks share one 2MiB segment; two are freed.
+ * Tenant q (quota 1MiB): 768KiB, then 512KiB more is over its quota.
+ * Tenant b: 14MiB needs a segment of its own; 12MiB are outside segments
+ * but 16 - 1 - 0.75 = 14.25MiB are free in total: fragmentation.  15MiB
+ * more than the free total: no memory, not fragmentation.
+ */
+static const char counting_trace[] =
+    "# test_replay: counting\n"
+    "capacity 16MiB\n"
+    "quota q 1MiB\n"
+    "alloc a k1 512KiB movable\n"
+    "alloc a k2 512KiB movable\n"
+    "alloc a k3 512KiB movable\n"
+    "alloc a k4 512KiB\n"
+    "alloc q s1 768KiB\n"
+    "alloc q s2 512KiB      # over the quota\n"
+    "lock a k1\n"
+    "unlock a k1\n"
+    "free a k2\n"
+    "free a k3\n"
+    "alloc b big 14MiB movable   # fragmentation\n"
+    "alloc b huge 15MiB          # more than is free at all\n"
+    "free q s2   # skipped: its alloc failed\n"
+    "free b big  # skipped\n"
+    "free q s1\n";
+
+START_TEST(replay_quota_failure_is_not_fragmentation) {
+  struct replay_run r;
+  replay(&r, counting_trace, "off", 1);
+  ck_assert_msg(r.status == 0, "gmb-replay exited %d:\n%s", r.status, r.out);
+  ck_assert_msg(r.json != NULL, "no JSON in:\n%s", r.out);
+  ck_assert_int_eq(jint(&r, "operations"), 15);
+  ck_assert_int_eq(jint(&r, "skipped"), 2);
+  ck_assert_int_eq(jint(&r, "failures"), 3);
+  ck_assert_int_eq(jint(&r, "quota_failures"), 1);
+  ck_assert_int_eq(jint(&r, "nomem_failures"), 2);
+  ck_assert_int_eq(jint(&r, "fragmentation_failures"), 1);
+  ck_assert_int_eq(jint(&r, "other_failures"), 0);
+  ck_assert_int_eq(jint(&r, "corrupted"), 0);
+  ck_assert_int_eq(jint(&r, "tenants"), 3);
+  /* 4 x 512KiB + 768KiB before anything was freed. */
+  ck_assert_int_eq(jint(&r, "peak_bytes_in_use"), 4 * 524288 + 786432);
+  ck_assert_int_eq(jint(&r, "bytes_moved"), 0);
+  json_t *cs = json_object_get(r.json, "compaction_seconds");
+  ck_assert_msg(cs && json_is_number(cs), "compaction_seconds: %s", r.out);
+  ck_assert_msg(json_is_number(json_object_get(r.json, "wall_seconds")),
+                "wall_seconds missing");
+  ck_assert_str_eq(json_string_value(json_object_get(r.json, "compaction")),
+                   "off");
+  replay_done(&r);
+}
+END_TEST
+
+/* --series: a row per operation on a trace this short, plus the end;
+ * columns op, in use, largest free, in segments, free total. */
+START_TEST(replay_series_rows) {
+  struct replay_run r;
+  replay(&r, counting_trace, "off", 1);
+  ck_assert_msg(r.status == 0, "gmb-replay exited %d:\n%s", r.status, r.out);
+  FILE *f = fopen(r.series, "r");
+  ck_assert_msg(f != NULL, "no series file");
+  char line[256];
+  long rows = 0, last_op = -1;
+  unsigned long long op, in_use, largest, segs, free_total, max_use = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (line[0] == '#') continue;
+    ck_assert_int_eq(sscanf(line, "%llu %llu %llu %llu %llu", &op, &in_use,
+                            &largest, &segs, &free_total), 5);
+    ck_assert_int_gt((long)op, last_op);
+    ck_assert_uint_le(in_use, segs);
+    ck_assert_uint_le(free_total, 16ull << 20);
+    if (in_use > max_use) max_use = in_use;
+    last_op = (long)op;
+    rows++;
+  }
+  fclose(f);
+  ck_assert_int_eq(rows, 16); /* before ops 0..14, and 15 at the end */
+  ck_assert_int_eq(last_op, 15);
+  ck_assert_uint_eq(max_use, 4 * 524288 + 786432);
+  replay_done(&r);
+}
+END_TEST
+
+/* A mistake in the trace is named with its line, before any broker runs. */
+START_TEST(replay_bad_trace_line) {
+  struct replay_run r;
+  replay(&r,
+         "capacity 16MiB\n"
+         "alloc a k1 1MiB\n"
+         "free a k2\n",
+         "off", 0);
+  ck_assert_int_eq(r.status, 2);
+  char want[96];
+  snprintf(want, sizeof want, "%s:3:", r.trace);
+  ck_assert_msg(strstr(r.out, want) != NULL, "no '%s' in:\n%s", want, r.out);
+  replay_done(&r);
+  replay(&r, "alloc a k1 1MiB\n", "off", 0);
+  ck_assert_int_eq(r.status, 2);
+  ck_assert_msg(strstr(r.out, "capacity") != NULL, "%s", r.out);
+  replay_done(&r);
+  replay(&r, "capacity 16MiB\nalloc a k1 1MiB\nalloc a k1 1MiB\n", "off", 0);
+  ck_assert_int_eq(r.status, 2);
+  ck_assert_msg(strstr(r.out, "already allocated") != NULL, "%s", r.out);
+  replay_done(&r);
+}
+END_TEST
+
+/*
+ * Seven segments of four 512KiB movable blocks; every other block freed
+ * leaves 7MiB in 14MiB of segments, 2MiB outside.  6MiB fits the 9MiB free
+ * total but no hole: compaction auto must gather the holes, and every
+ * moved block must keep its stamps (a corrupted one makes gmb-replay exit
+ * 1).
+ */
+START_TEST(replay_auto_serves_fragmented_request) {
+  char text[8192];
+  size_t n = (size_t)snprintf(text, sizeof text, "capacity 16MiB\n");
+  for (int i = 0; i < 28; i++)
+    n += (size_t)snprintf(text + n, sizeof text - n,
+                          "alloc a k%d 512KiB movable\n", i);
+  for (int i = 1; i < 28; i += 2)
+    n += (size_t)snprintf(text + n, sizeof text - n, "free a k%d\n", i);
+  snprintf(text + n, sizeof text - n, "alloc a big 6MiB\n");
+  struct replay_run off, on;
+  replay(&off, text, "off", 0);
+  ck_assert_msg(off.status == 0 && off.json, "off: %d\n%s", off.status,
+                off.out);
+  ck_assert_int_eq(jint(&off, "fragmentation_failures"), 1);
+  replay(&on, text, "auto", 0);
+  ck_assert_msg(on.status == 0 && on.json, "auto: %d\n%s", on.status, on.out);
+  ck_assert_int_eq(jint(&on, "failures"), 0);
+  ck_assert_int_eq(jint(&on, "fragmentation_failures"), 0);
+  ck_assert_int_eq(jint(&on, "corrupted"), 0);
+  ck_assert_int_gt(jint(&on, "bytes_moved"), 0);
+  replay_done(&off);
+  replay_done(&on);
+}
+END_TEST
+
+static Suite *replay_suite(void) {
+  Suite *s = suite_create("replay");
+  TCase *tc = tcase_create("replay");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, replay_quota_failure_is_not_fragmentation);
+  tcase_add_test(tc, replay_series_rows);
+  tcase_add_test(tc, replay_bad_trace_line);
+  tcase_add_test(tc, replay_auto_serves_fragmented_request);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return harness_main(replay_suite()); }

@@ -1,0 +1,958 @@
+/*
+ * check_compact.c - the compaction engine on a real host device, so the
+ * bytes that move are real: every allocation a test tracks is filled with
+ * a pattern derived from its id, and the pattern is checked at wherever
+ * gmb__pool_find() says the allocation is now.
+ *
+ * The fixture builds a 256 MiB host device (sparse shm: only what a test
+ * writes costs memory) and a pool; teardown requires gmb__pool_check() == 0
+ * and, after the pool is destroyed, that the device holds no segment.
+ * Runs are driven one unit at a time (deadline 0) with the pool checked
+ * after every step.  The hooks record claims, publishes and releases, and
+ * refuse claims for ids a test marks locked.
+ * Knobs: SCALE (multiplies stress sizes), ITER (stress rounds), SEED.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compact.h"
+#include "device.h"
+#include "gmb.h"
+#include "pool.h"
+#include "util.h"
+
+#define CAP (256 * GMB_MIB)
+#define SEG GMB_POOL_SMALL_SEGMENT
+#define KIB UINT64_C(1024)
+
+static struct gmb_device *dev;
+static struct gmb_pool *pool;
+static int tag_a, tag_b, owner_x, owner_y;
+static unsigned nretired;
+
+/* ---- hooks -------------------------------------------------------------- */
+
+#define MAXLOCKED 256
+static struct {
+  uint64_t locked[MAXLOCKED];
+  unsigned nlocked;
+  unsigned claims, publishes, releases;
+  uint64_t in_flight;      /* id claimed and not yet published/released */
+  uint64_t last_published; /* id */
+  int check_publish;       /* publish must match gmb__pool_find */
+} hk;
+
+static int hk_claim(void *ctx, const struct gmb_alloc_info *a) {
+  ck_assert_ptr_eq(ctx, &hk);
+  ck_assert_uint_eq(hk.in_flight, 0); /* one move at a time */
+  ck_assert_uint_ne(a->id, 0);
+  ck_assert(a->flags & GMB_MOVABLE);
+  for (unsigned i = 0; i < hk.nlocked; i++)
+    if (hk.locked[i] == a->id) return 0;
+  hk.claims++;
+  hk.in_flight = a->id;
+  return 1;
+}
+
+static void hk_publish(void *ctx, const struct gmb_alloc_info *moved) {
+  ck_assert_ptr_eq(ctx, &hk);
+  ck_assert_uint_eq(moved->id, hk.in_flight);
+  if (hk.check_publish) {
+    struct gmb_alloc_info now;
+    ck_assert_int_eq(gmb__pool_find(pool, moved->id, &now), 0);
+    ck_assert_uint_eq(now.offset, moved->offset);
+    ck_assert_uint_eq(now.dseg->id, moved->dseg->id);
+    ck_assert_uint_eq(now.tag, moved->tag);
+  }
+  hk.publishes++;
+  hk.last_published = moved->id;
+  hk.in_flight = 0;
+}
+
+static void hk_release(void *ctx, const struct gmb_alloc_info *a) {
+  ck_assert_ptr_eq(ctx, &hk);
+  ck_assert_uint_eq(a->id, hk.in_flight);
+  hk.releases++;
+  hk.in_flight = 0;
+}
+
+static const struct gmb_compact_hooks hooks = {
+    .ctx = &hk,
+    .claim = hk_claim,
+    .publish = hk_publish,
+    .release = hk_release,
+};
+
+static void on_retire(void *ctx, const struct gmb_dseg *seg, void *tag) {
+  (void)seg;
+  (void)tag;
+  ck_assert_ptr_eq(ctx, &nretired);
+  nretired++;
+}
+
+static void open_pool(uint64_t cap) {
+  char err[256];
+  ck_assert_int_eq(gmb__device_host_open(cap, &dev, err, sizeof err), 0);
+  pool = gmb__pool_new(dev, on_retire, &nretired);
+  ck_assert_ptr_nonnull(pool);
+}
+
+static void close_pool(void) {
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  gmb__pool_destroy(pool);
+  ck_assert_uint_eq(dev->in_use, 0);
+  ck_assert_uint_eq(dev->segments, 0);
+  gmb__device_close(dev);
+  pool = NULL;
+  dev = NULL;
+}
+
+static void setup(void) {
+  memset(&hk, 0, sizeof hk);
+  hk.check_publish = 1;
+  nretired = 0;
+  open_pool(CAP);
+}
+
+static void teardown(void) { close_pool(); }
+
+/* ---- tracked allocations with patterns ---------------------------------- */
+
+struct tracked {
+  uint64_t id, size;
+  int pinned;
+  uint64_t seg, off; /* where it was when last looked at */
+};
+
+static uint64_t pattern_word(uint64_t id, uint64_t k) {
+  return (id * UINT64_C(0x9e3779b97f4a7c15)) ^ (k * UINT64_C(0xbf58476d1ce4e5b9));
+}
+
+static uint64_t *host_of(const struct gmb_alloc_info *info) {
+  return (uint64_t *)((char *)info->dseg->host + info->offset);
+}
+
+static void pattern_fill(const struct gmb_alloc_info *info) {
+  uint64_t *w = host_of(info);
+  for (uint64_t k = 0; k < info->size / 8; k++) w[k] = pattern_word(info->id, k);
+}
+
+static void pattern_check(uint64_t id) {
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(pool, id, &info), 0);
+  const uint64_t *w = host_of(&info);
+  for (uint64_t k = 0; k < info.size / 8; k++)
+    if (w[k] != pattern_word(id, k))
+      ck_abort_msg("allocation %#llx: word %llu of %llu wrong at seg %llu "
+                   "offset %llu",
+                   (unsigned long long)id, (unsigned long long)k,
+                   (unsigned long long)(info.size / 8),
+                   (unsigned long long)info.dseg->id,
+                   (unsigned long long)info.offset);
+}
+
+static struct tracked track(struct gmb_arena *a, uint64_t size, int movable,
+                            void *owner) {
+  struct gmb_alloc_info info;
+  int rc = gmb__pool_alloc(pool, a, size, movable ? GMB_MOVABLE : 0, owner,
+                           &info);
+  ck_assert_msg(rc == 0, "alloc %llu: %s", (unsigned long long)size,
+                gmb_err_name(rc));
+  pattern_fill(&info);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  return (struct tracked){info.id, info.size, !movable, info.dseg->id,
+                          info.offset};
+}
+
+static void where(struct tracked *t) {
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(pool, t->id, &info), 0);
+  t->seg = info.dseg->id;
+  t->off = info.offset;
+}
+
+static void free_ok(uint64_t id) {
+  ck_assert_int_eq(gmb__pool_free(pool, id, NULL), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+}
+
+static double arena_frag(struct gmb_arena *a) {
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  return gmb__fragmentation(as.largest_free, as.free_total);
+}
+
+static uint64_t arena_segments(struct gmb_arena *a) {
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  return as.segments;
+}
+
+/* Drives a run one unit per step to its end, checking the pool after every
+ * step; returns the number of steps (at most max_steps, else fails). */
+static unsigned run_all(struct gmb_compact *c, unsigned max_steps) {
+  unsigned steps = 0;
+  for (;;) {
+    int more = gmb__compact_step(c, 0);
+    steps++;
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+    if (!more) break;
+    ck_assert_msg(steps < max_steps, "run still going after %u steps", steps);
+  }
+  ck_assert_uint_eq(hk.in_flight, 0);
+  return steps;
+}
+
+/* Steps until a move is in flight (a claim was taken); returns its id. */
+static uint64_t step_until_claimed(struct gmb_compact *c) {
+  for (unsigned i = 0; i < 100000 && !hk.in_flight; i++) {
+    ck_assert_int_eq(gmb__compact_step(c, 0), 1);
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+  }
+  ck_assert_uint_ne(hk.in_flight, 0);
+  return hk.in_flight;
+}
+
+struct walk_acc {
+  uint64_t targets, target_bytes, free_bytes, live;
+};
+
+static int walk_count(void *ctx, const struct gmb_alloc_info *info,
+                      int is_free) {
+  struct walk_acc *w = ctx;
+  if (is_free) {
+    w->free_bytes += info->size;
+  } else if (info->flags & GMB_RANGE_TARGET) {
+    ck_assert_uint_eq(info->id, 0);
+    w->targets++;
+    w->target_bytes += info->size;
+  } else {
+    ck_assert_uint_ne(info->id, 0);
+    w->live++;
+  }
+  return 0;
+}
+
+static uint64_t count_targets(void) {
+  struct walk_acc w = {0};
+  gmb__pool_walk(pool, walk_count, &w);
+  return w.targets;
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+/* Small movable allocations of varied sizes fill 8 segments; every other
+ * one is freed; a run moves the rest together, releases segments, lowers
+ * fragmentation, and every pattern is intact at its new place. */
+START_TEST(fragmented_arena_gets_compacted) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 512 };
+  struct tracked t[N];
+  unsigned n = 0;
+  const uint64_t sizes[] = {8 * KIB, 16 * KIB, 24 * KIB, 32 * KIB, 48 * KIB};
+  while (n < N && arena_segments(a) <= 8) {
+    t[n] = track(a, sizes[n % 5], 1, &owner_x);
+    n++;
+  }
+  unsigned kept = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (i % 2)
+      free_ok(t[i].id);
+    else
+      t[kept++] = t[i];
+  }
+  n = kept;
+  uint64_t segs_before = arena_segments(a);
+  double frag_before = arena_frag(a);
+  unsigned retired_before = nretired;
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  ck_assert_ptr_nonnull(c);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  for (unsigned i = 0; i < n; i++) pattern_check(t[i].id);
+  uint64_t segs_after = arena_segments(a);
+  double frag_after = arena_frag(a);
+  printf("compact fragmented: %u allocations, segments %llu -> %llu, "
+         "fragmentation %.3f -> %.3f, %llu moves, %llu bytes\n",
+         n, (unsigned long long)segs_before, (unsigned long long)segs_after,
+         frag_before, frag_after, (unsigned long long)st.moves,
+         (unsigned long long)st.bytes_moved);
+  ck_assert_uint_gt(st.moves, 0);
+  ck_assert_uint_eq(st.moves, hk.publishes);
+  ck_assert_uint_eq(hk.claims, hk.publishes + hk.releases);
+  ck_assert_uint_gt(st.segments_released, 0);
+  ck_assert_uint_eq(segs_after, segs_before - st.segments_released);
+  ck_assert_uint_eq(st.bytes_released, st.segments_released * SEG);
+  ck_assert_uint_eq(nretired - retired_before, st.segments_released);
+  ck_assert(frag_after < frag_before);
+  ck_assert_uint_eq(st.skipped_pinned, 0);
+  ck_assert_uint_eq(st.skipped_locked, 0);
+  /* A second run finds the arena already compact: nothing released. */
+  c = gmb__compact_new(pool, a, &hooks);
+  run_all(c, 1000000);
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(st.segments_released, 0);
+  for (unsigned i = 0; i < n; i++) pattern_check(t[i].id);
+}
+END_TEST
+
+START_TEST(pinned_never_moves) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 400 };
+  struct tracked t[N];
+  for (unsigned i = 0; i < N; i++)
+    t[i] = track(a, (1 + i % 7) * 8 * KIB, i % 5 != 0, &owner_x);
+  unsigned n = 0;
+  for (unsigned i = 0; i < N; i++) {
+    if (i % 3 == 1)
+      free_ok(t[i].id);
+    else
+      t[n++] = t[i];
+  }
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_gt(st.moves, 0);
+  ck_assert_uint_gt(st.skipped_pinned, 0);
+  for (unsigned i = 0; i < n; i++) {
+    struct tracked now = t[i];
+    where(&now);
+    if (t[i].pinned) {
+      ck_assert_uint_eq(now.seg, t[i].seg);
+      ck_assert_uint_eq(now.off, t[i].off);
+    }
+    pattern_check(t[i].id);
+  }
+}
+END_TEST
+
+START_TEST(locked_skipped) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 400 };
+  struct tracked t[N];
+  for (unsigned i = 0; i < N; i++) t[i] = track(a, 16 * KIB, 1, &owner_x);
+  unsigned n = 0;
+  for (unsigned i = 0; i < N; i++) {
+    if (i % 2)
+      free_ok(t[i].id);
+    else
+      t[n++] = t[i];
+  }
+  /* Lock every fifth survivor. */
+  for (unsigned i = 0; i < n; i += 5) hk.locked[hk.nlocked++] = t[i].id;
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_gt(st.moves, 0);
+  ck_assert_uint_gt(st.skipped_locked, 0);
+  ck_assert_uint_eq(st.skipped_pinned, 0);
+  for (unsigned i = 0; i < n; i++) {
+    struct tracked now = t[i];
+    where(&now);
+    if (i % 5 == 0) {
+      ck_assert_uint_eq(now.seg, t[i].seg);
+      ck_assert_uint_eq(now.off, t[i].off);
+    }
+    pattern_check(t[i].id);
+  }
+}
+END_TEST
+
+/* A large segment [free 62.5 MiB][X 64 MiB][D 1 MiB + 512]: X slides down
+ * over its own old place (shift 62.5 MiB, 4 MiB chunks).  Returns X. */
+static struct tracked build_big_slide(struct gmb_arena *a, struct tracked *d) {
+  struct tracked c0 = track(a, 126 * GMB_MIB + GMB_MIB / 2, 1, &owner_x);
+  ck_assert_uint_eq(c0.off, 0);
+  *d = track(a, GMB_MIB + 512, 1, &owner_x); /* in the remainder */
+  ck_assert_uint_eq(d->seg, c0.seg);
+  free_ok(c0.id);
+  struct tracked h = track(a, 62 * GMB_MIB + GMB_MIB / 2, 1, &owner_x);
+  struct tracked x = track(a, 64 * GMB_MIB, 1, &owner_x);
+  ck_assert_uint_eq(h.seg, c0.seg);
+  ck_assert_uint_eq(x.seg, c0.seg);
+  ck_assert_uint_eq(x.off, h.size);
+  free_ok(h.id);
+  return x;
+}
+
+START_TEST(forget_mid_move) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked d, x = build_big_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  ck_assert_uint_eq(step_until_claimed(c), x.id);
+  /* Copy a few chunks, not all. */
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(gmb__compact_step(c, 0), 1);
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+  }
+  ck_assert_uint_eq(count_targets(), 1);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_gt(as.moving, 0);
+  ck_assert_int_eq(gmb__compact_forget(c, d.id), 0); /* not the one moving */
+  ck_assert_int_eq(gmb__compact_forget(c, x.id), 1);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(count_targets(), 0);
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.moving, 0);
+  /* It did not move. */
+  struct tracked now = x;
+  where(&now);
+  ck_assert_uint_eq(now.off, x.off);
+  pattern_check(x.id);
+  free_ok(x.id);
+  hk.in_flight = 0; /* forget does not call release: the caller frees it */
+  run_all(c, 100000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(hk.releases, 0);
+  pattern_check(d.id);
+  /* D slid to the bottom of its segment once X was gone. */
+  where(&d);
+  ck_assert_uint_eq(d.off, 0);
+  ck_assert_uint_eq(st.moves, 1);
+}
+END_TEST
+
+/* The pool drops a move whose allocation is freed without the engine being
+ * told: commit then finds nothing, and nothing is published. */
+START_TEST(free_without_forget_is_survived) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked d, x = build_big_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  ck_assert_uint_eq(step_until_claimed(c), x.id);
+  ck_assert_int_eq(gmb__compact_step(c, 0), 1);
+  free_ok(x.id);
+  ck_assert_uint_eq(count_targets(), 0);
+  hk.in_flight = 0;
+  hk.check_publish = 0;
+  run_all(c, 100000);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(hk.publishes, 1); /* D only */
+  ck_assert_uint_eq(hk.last_published, d.id);
+  pattern_check(d.id);
+}
+END_TEST
+
+static uint64_t rng_state;
+static uint64_t rng(void) { /* splitmix64 */
+  uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+static unsigned env_uint(const char *name, unsigned dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  return (unsigned)strtoul(s, NULL, 0);
+}
+
+/* Random frees and allocations between every step of a run, in the
+ * arena being compacted (so in its source and target segments too). */
+START_TEST(free_between_steps) {
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns());
+  rng_state = seed;
+  printf("compact free_between_steps: SEED=%u\n", seed);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 1200 };
+  struct tracked *t = malloc(N * sizeof *t);
+  unsigned n = 0;
+  for (unsigned i = 0; i < 600; i++)
+    t[n++] = track(a, 512 * (1 + rng() % 96), rng() % 8 != 0, &owner_x);
+  for (unsigned i = 0; i < n;) {
+    if (rng() & 1) {
+      free_ok(t[i].id);
+      t[i] = t[--n];
+    } else {
+      i++;
+    }
+  }
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  unsigned steps = 0;
+  hk.check_publish = 1;
+  for (;;) {
+    int more = gmb__compact_step(c, 0);
+    steps++;
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+    if (!more) break;
+    ck_assert_uint_lt(steps, 1000000);
+    uint64_t op = rng() % 4;
+    if (op == 0 && n > 0) {
+      unsigned k = (unsigned)(rng() % n);
+      if (gmb__compact_forget(c, t[k].id)) hk.in_flight = 0;
+      free_ok(t[k].id);
+      t[k] = t[--n];
+    } else if (op == 1 && n < N) {
+      t[n++] = track(a, 512 * (1 + rng() % 96), rng() % 8 != 0, &owner_x);
+    }
+  }
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(hk.in_flight, 0);
+  for (unsigned i = 0; i < n; i++) pattern_check(t[i].id);
+  free(t);
+}
+END_TEST
+
+START_TEST(overlapping_move_within_segment) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked f0 = track(a, 8 * KIB, 1, &owner_x);
+  struct tracked x = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked y = track(a, 4 * KIB, 0, &owner_x); /* pinned above */
+  ck_assert_uint_eq(x.off, 8 * KIB);
+  ck_assert_int_eq(gmb__pool_set_tag(pool, x.id, 77), 0);
+  free_ok(f0.id);
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  unsigned steps = run_all(c, 1000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(st.moves, 1);
+  ck_assert_uint_eq(st.bytes_moved, 64 * KIB);
+  ck_assert_uint_ge(steps, 8); /* 8 chunks of the 8 KiB shift */
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(pool, x.id, &info), 0);
+  ck_assert_uint_eq(info.offset, 0);
+  ck_assert_uint_eq(info.dseg->id, x.seg);
+  ck_assert_uint_eq(info.tag, 77);
+  pattern_check(x.id);
+  pattern_check(y.id);
+  /* The freed tail merged with the gap below the pinned one. */
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.largest_free, SEG - 64 * KIB - 8 * KIB - 4 * KIB);
+}
+END_TEST
+
+START_TEST(large_allocation_chunked) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked d, x = build_big_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  ck_assert_uint_eq(step_until_claimed(c), x.id);
+  unsigned copy_steps = 0;
+  while (hk.in_flight) {
+    ck_assert_int_eq(gmb__compact_step(c, gmb__now_ns()), 1);
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+    copy_steps++;
+    ck_assert_uint_le(copy_steps, 1000);
+  }
+  /* 64 MiB in chunks of at most 4 MiB: one step each at deadline = now. */
+  ck_assert_uint_ge(copy_steps, 16);
+  ck_assert_uint_eq(hk.last_published, x.id);
+  pattern_check(x.id);
+  where(&x);
+  ck_assert_uint_eq(x.off, 0);
+  run_all(c, 100000);
+  gmb__compact_destroy(c);
+  pattern_check(x.id);
+  pattern_check(d.id);
+}
+END_TEST
+
+START_TEST(one_arena_only) {
+  struct gmb_arena *ar[2] = {gmb__pool_arena_new(pool, &tag_a),
+                             gmb__pool_arena_new(pool, &tag_b)};
+  enum { N = 300 };
+  struct tracked t[2][N];
+  unsigned n[2] = {0, 0};
+  for (unsigned i = 0; i < 2 * N; i++) {
+    int k = i & 1;
+    t[k][n[k]++] = track(ar[k], (1 + i % 5) * 8 * KIB, 1, &owner_x);
+  }
+  for (int k = 0; k < 2; k++) {
+    unsigned m = 0;
+    for (unsigned i = 0; i < n[k]; i++)
+      if (i % 2)
+        free_ok(t[k][i].id);
+      else
+        t[k][m++] = t[k][i];
+    n[k] = m;
+  }
+  uint64_t segs_b = arena_segments(ar[1]);
+  struct gmb_compact *c = gmb__compact_new(pool, ar[0], &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_gt(st.moves, 0);
+  ck_assert_uint_eq(arena_segments(ar[1]), segs_b);
+  for (unsigned i = 0; i < n[1]; i++) {
+    struct tracked now = t[1][i];
+    where(&now);
+    ck_assert_uint_eq(now.seg, t[1][i].seg);
+    ck_assert_uint_eq(now.off, t[1][i].off);
+    pattern_check(now.id);
+  }
+  for (unsigned i = 0; i < n[0]; i++) pattern_check(t[0][i].id);
+}
+END_TEST
+
+START_TEST(release_hook_on_destroy) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked d, x = build_big_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  ck_assert_uint_eq(step_until_claimed(c), x.id);
+  ck_assert_int_eq(gmb__compact_step(c, 0), 1);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(hk.releases, 1);
+  ck_assert_uint_eq(hk.publishes, 0);
+  ck_assert_uint_eq(hk.in_flight, 0);
+  ck_assert_uint_eq(count_targets(), 0);
+  struct tracked now = x;
+  where(&now);
+  ck_assert_uint_eq(now.off, x.off);
+  pattern_check(x.id);
+  gmb__compact_destroy(NULL);
+}
+END_TEST
+
+/* The arena ends during a move out of it: forget_arena, then destroy. */
+START_TEST(forget_arena_mid_move) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct tracked d, x = build_big_slide(a, &d);
+  struct tracked y = track(b, 16 * KIB, 1, &owner_y);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
+  ck_assert_uint_eq(step_until_claimed(c), x.id);
+  ck_assert_int_eq(gmb__compact_step(c, 0), 1);
+  gmb__compact_forget_arena(c, a);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  gmb__pool_arena_destroy(pool, a);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  hk.in_flight = 0;
+  run_all(c, 100000);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(hk.releases, 0);
+  pattern_check(y.id);
+}
+END_TEST
+
+/* The pool alone: an arena destroyed while a move is in flight, without
+ * the engine (the pool drops the move). */
+START_TEST(arena_destroy_drops_move) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked d, x = build_big_slide(a, &d);
+  struct gmb_pool_move m;
+  ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, x.seg, 0, &m), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, x.seg, 0, &m),
+                   GMB_E_INVAL); /* already moving */
+  gmb__pool_arena_destroy(pool, a);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_int_eq(gmb__pool_move_commit(pool, &m, NULL, NULL), GMB_E_NOENT);
+  ck_assert_int_eq(gmb__pool_move_abort(pool, &m), GMB_E_NOENT);
+}
+END_TEST
+
+/* Pool move primitives refuse what they must. */
+START_TEST(move_begin_refuses) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct tracked x = track(a, 16 * KIB, 1, &owner_x);
+  struct tracked y = track(a, 16 * KIB, 1, &owner_x);
+  struct tracked z = track(b, 16 * KIB, 1, &owner_y);
+  struct tracked big = track(a, 4 * GMB_MIB, 1, &owner_x);
+  struct gmb_pool_move m;
+  /* another arena, another class, up within its segment, onto live bytes */
+  ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, z.seg, 64 * KIB, &m),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, big.seg, 0, &m),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, x.seg, 64 * KIB, &m),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, y.id, y.seg, 0, &m),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, 12345, x.seg, 0, &m),
+                   GMB_E_NOENT);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, 999, 0, &m), GMB_E_NOENT);
+  /* A target in the middle of a free range splits it in three; abort
+   * merges it back. */
+  free_ok(x.id);
+  struct gmb_arena_stats mid, after;
+  ck_assert_int_eq(gmb__pool_move_begin(pool, y.id, y.seg, 64 * KIB, &m),
+                   GMB_E_INVAL); /* above itself */
+  struct tracked w = track(a, 16 * KIB, 1, &owner_x); /* takes x's place */
+  ck_assert_uint_eq(w.off, 0);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, w.id, y.seg, 0, &m),
+                   GMB_E_INVAL); /* onto itself */
+  free_ok(y.id);
+  struct tracked v = track(a, 8 * KIB, 1, &owner_x); /* lands at 16K */
+  struct tracked u = track(a, 8 * KIB, 1, &owner_x); /* at 24K */
+  free_ok(w.id);
+  free_ok(v.id);
+  /* [free 24K][u 8K][free...]: u to 4K: splits the free range */
+  ck_assert_int_eq(gmb__pool_move_begin(pool, u.id, u.seg, 4 * KIB, &m), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  gmb__pool_arena_stats(a, &mid);
+  ck_assert_uint_eq(mid.moving, 8 * KIB);
+  ck_assert_uint_eq(mid.used + mid.free_total + mid.moving, mid.segment_bytes);
+  /* The reserved bytes are not handed out: a 20K request does not fit the
+   * 4K and 12K pieces left below u, so it goes above u. */
+  struct gmb_alloc_info q;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 20 * KIB, 0, NULL, &q), 0);
+  ck_assert(q.dseg->id != u.seg || q.offset >= u.off + u.size);
+  ck_assert_int_eq(gmb__pool_move_abort(pool, &m), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  gmb__pool_arena_stats(a, &after);
+  ck_assert_uint_eq(after.moving, 0);
+  ck_assert_int_eq(gmb__pool_move_abort(pool, &m), GMB_E_NOENT);
+  free_ok(q.id);
+  pattern_check(u.id);
+  pattern_check(big.id);
+  pattern_check(z.id);
+}
+END_TEST
+
+/* Seeded random workload: rounds of allocations and frees, then a run with
+ * frees and allocations between its steps; every run ends within a bound
+ * derived from the pool at its start, and every pattern survives. */
+START_TEST(run_terminates) {
+  unsigned scale = env_uint("SCALE", 1), iter = env_uint("ITER", 12) * scale;
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 7;
+  rng_state = seed;
+  printf("compact run_terminates: SEED=%u ITER=%u\n", seed - 7, iter);
+  struct gmb_arena *ar[2] = {gmb__pool_arena_new(pool, &tag_a),
+                             gmb__pool_arena_new(pool, &tag_b)};
+  size_t cap = 1500 * scale, n = 0;
+  struct tracked *t = malloc(cap * sizeof *t);
+  int *arena_of = malloc(cap * sizeof *arena_of);
+  unsigned total_steps = 0, total_moves = 0;
+  for (unsigned round = 0; round < iter; round++) {
+    for (unsigned i = 0; i < 300 * scale && n < cap; i++) {
+      uint64_t r = rng() % 100;
+      uint64_t size = r < 80 ? 512 * (1 + rng() % 64)
+                             : r < 97 ? 512 * (1 + rng() % 2048)
+                                      : GMB_MIB + 512 * (1 + rng() % 4096);
+      int k = (int)(rng() & 1);
+      struct gmb_alloc_info info;
+      int rc = gmb__pool_alloc(pool, ar[k], size,
+                               rng() % 10 ? GMB_MOVABLE : 0, &owner_x, &info);
+      if (rc == GMB_E_NOMEM) continue;
+      ck_assert_int_eq(rc, 0);
+      pattern_fill(&info);
+      t[n] = (struct tracked){info.id, info.size, 0, 0, 0};
+      arena_of[n++] = k;
+    }
+    for (size_t i = 0; i < n;) {
+      if (rng() % 100 < 55) {
+        free_ok(t[i].id);
+        t[i] = t[n - 1];
+        arena_of[i] = arena_of[n - 1];
+        n--;
+      } else {
+        i++;
+      }
+    }
+    /* Bound: at most two decisions per 512 bytes of each segment present
+     * at the start (a cursor that only goes up, two passes), each followed
+     * by at most 65 copy chunks, plus one pick per segment. */
+    struct gmb_pool_stats ps;
+    gmb__pool_stats(pool, &ps);
+    uint64_t bound = 4 + ps.segments + (ps.segment_bytes / 512) * 2 * 66;
+    struct gmb_compact *c =
+        gmb__compact_new(pool, rng() % 3 ? NULL : ar[rng() & 1], &hooks);
+    uint64_t steps = 0;
+    for (;;) {
+      int more = gmb__compact_step(c, 0);
+      steps++;
+      ck_assert_int_eq(gmb__pool_check(pool), 0);
+      if (!more) break;
+      ck_assert_msg(steps <= bound, "seed %u round %u: %llu steps > %llu",
+                    seed - 7, round, (unsigned long long)steps,
+                    (unsigned long long)bound);
+      uint64_t op = rng() % 8;
+      if (op == 0 && n > 0) {
+        size_t k = rng() % n;
+        if (gmb__compact_forget(c, t[k].id)) hk.in_flight = 0;
+        free_ok(t[k].id);
+        t[k] = t[n - 1];
+        arena_of[k] = arena_of[n - 1];
+        n--;
+      } else if (op == 1 && n < cap) {
+        int k = (int)(rng() & 1);
+        struct gmb_alloc_info info;
+        if (gmb__pool_alloc(pool, ar[k], 512 * (1 + rng() % 64), GMB_MOVABLE,
+                            &owner_y, &info) == 0) {
+          pattern_fill(&info);
+          t[n] = (struct tracked){info.id, info.size, 0, 0, 0};
+          arena_of[n++] = k;
+        }
+      }
+    }
+    struct gmb_compact_stats st;
+    gmb__compact_stats(c, &st);
+    gmb__compact_destroy(c);
+    ck_assert_uint_eq(hk.in_flight, 0);
+    total_steps += (unsigned)steps;
+    total_moves += (unsigned)st.moves;
+    for (size_t i = 0; i < n; i++) pattern_check(t[i].id);
+  }
+  printf("compact run_terminates: %u runs, %u steps, %u moves, %zu live\n",
+         iter, total_steps, total_moves, n);
+  free(t);
+  free(arena_of);
+}
+END_TEST
+
+START_TEST(publish_called_once_per_move) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 600 };
+  struct tracked t[N];
+  for (unsigned i = 0; i < N; i++) {
+    t[i] = track(a, (1 + i % 9) * 4 * KIB, 1, &owner_x);
+    ck_assert_int_eq(gmb__pool_set_tag(pool, t[i].id, i + 1), 0);
+  }
+  unsigned n = 0;
+  for (unsigned i = 0; i < N; i++)
+    if (i % 3)
+      free_ok(t[i].id);
+    else
+      t[n++] = t[i];
+  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_gt(st.moves, 0);
+  ck_assert_uint_eq(hk.publishes, st.moves);
+  ck_assert_uint_eq(hk.claims, hk.publishes + hk.releases);
+  uint64_t bytes = 0;
+  for (unsigned i = 0; i < n; i++) {
+    struct gmb_alloc_info info;
+    ck_assert_int_eq(gmb__pool_find(pool, t[i].id, &info), 0);
+    ck_assert_uint_eq(info.tag, 3 * i + 1); /* tags travel with the moves */
+    bytes += info.size;
+    pattern_check(t[i].id);
+  }
+  ck_assert_uint_le(st.bytes_moved, 2 * bytes);
+}
+END_TEST
+
+/* The seed scenario: small and medium movable allocations fill the device,
+ * half are freed here and there; a request larger than any free range but
+ * smaller than the free total fails with GMB_E_NOMEM, and succeeds after a
+ * run. */
+START_TEST(nomem_before_ok_after) {
+  close_pool();
+  open_pool(32 * GMB_MIB);
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 3;
+  rng_state = seed;
+  printf("compact nomem_before_ok_after: SEED=%u\n", seed - 3);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 4000 };
+  struct tracked *t = malloc(N * sizeof *t);
+  unsigned n = 0, failures = 0;
+  while (n < N && failures < 50) {
+    uint64_t size = rng() % 4 ? 512 * (1 + rng() % 32) : 512 * (1 + rng() % 512);
+    struct gmb_alloc_info info;
+    int rc = gmb__pool_alloc(pool, a, size, GMB_MOVABLE, &owner_x, &info);
+    if (rc != 0) {
+      ck_assert_int_eq(rc, GMB_E_NOMEM);
+      failures++;
+      continue;
+    }
+    pattern_fill(&info);
+    t[n++] = (struct tracked){info.id, info.size, 0, 0, 0};
+  }
+  for (unsigned i = 0; i < n;) {
+    if (rng() & 1) {
+      free_ok(t[i].id);
+      t[i] = t[--n];
+    } else {
+      i++;
+    }
+  }
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  uint64_t want = 4 * GMB_MIB;
+  ck_assert_uint_lt(ps.largest_free, want);
+  ck_assert_uint_gt(ps.capacity - ps.used, want);
+  struct gmb_alloc_info big;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, want, GMB_MOVABLE, &owner_x, &big),
+                   GMB_E_NOMEM);
+  double frag_before = gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  gmb__pool_stats(pool, &ps);
+  double frag_after = gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
+  printf("compact nomem_before_ok_after: %u live, %llu moves, %llu segments "
+         "released, device fragmentation %.3f -> %.3f\n",
+         n, (unsigned long long)st.moves,
+         (unsigned long long)st.segments_released, frag_before, frag_after);
+  ck_assert_uint_ge(ps.largest_free, want);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, want, GMB_MOVABLE, &owner_x, &big),
+                   0);
+  ck_assert(frag_after < frag_before);
+  for (unsigned i = 0; i < n; i++) pattern_check(t[i].id);
+  free(t);
+}
+END_TEST
+
+START_TEST(device_stats_figures) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_eq(ps.free_in_segments, 0);
+  ck_assert_uint_eq(ps.largest_free, CAP);
+  struct tracked x = track(a, 3 * GMB_MIB + 512, 1, &owner_x); /* 4 MiB seg */
+  struct tracked y = track(a, 100 * KIB, 1, &owner_x);
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_eq(ps.free_in_segments,
+                    (4 * GMB_MIB - x.size) + (SEG - y.size));
+  ck_assert_uint_eq(ps.largest_free, CAP - 6 * GMB_MIB);
+  free_ok(y.id); /* its small segment lingers: still room */
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_eq(ps.largest_free, CAP - 4 * GMB_MIB);
+  ck_assert_uint_eq(gmb__fragmentation(0, 0), 0.0);
+  ck_assert(gmb__fragmentation(1, 4) == 0.75);
+  ck_assert(gmb__fragmentation(4, 4) == 0.0);
+}
+END_TEST
+
+static Suite *compact_suite(void) {
+  Suite *s = suite_create("compact");
+  TCase *tc = tcase_create("compact");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, fragmented_arena_gets_compacted);
+  tcase_add_test(tc, pinned_never_moves);
+  tcase_add_test(tc, locked_skipped);
+  tcase_add_test(tc, forget_mid_move);
+  tcase_add_test(tc, free_without_forget_is_survived);
+  tcase_add_test(tc, free_between_steps);
+  tcase_add_test(tc, overlapping_move_within_segment);
+  tcase_add_test(tc, large_allocation_chunked);
+  tcase_add_test(tc, one_arena_only);
+  tcase_add_test(tc, release_hook_on_destroy);
+  tcase_add_test(tc, forget_arena_mid_move);
+  tcase_add_test(tc, arena_destroy_drops_move);
+  tcase_add_test(tc, move_begin_refuses);
+  tcase_add_test(tc, run_terminates);
+  tcase_add_test(tc, publish_called_once_per_move);
+  tcase_add_test(tc, nomem_before_ok_after);
+  tcase_add_test(tc, device_stats_figures);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(compact_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
