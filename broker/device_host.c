@@ -122,6 +122,30 @@ static void host_seg_free(struct gmb_device *d, struct gmb_dseg *seg) {
   seg->host = NULL;
 }
 
+/*
+ * The broker maps each segment once, but touches its pages only when it
+ * moves something: the client wrote them through its own mapping.  So a
+ * copy would take a page fault per 4 KiB on both sides, which costs more
+ * than the copy itself; asking the kernel to map the whole range in one
+ * call first (Linux 5.14+) is several times faster.  Where the kernel does
+ * not know the advice, the copy simply faults as before.
+ */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+static void host_populate(const void *addr, uint64_t len, int advice) {
+  static int unsupported;
+  if (unsupported || len == 0) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t a = (uintptr_t)addr & ~(page - 1);
+  uintptr_t end = ((uintptr_t)addr + len + page - 1) & ~(page - 1);
+  if (madvise((void *)a, end - a, advice) != 0 && errno == EINVAL)
+    unsupported = 1;
+}
+
 static int host_copy(struct gmb_device *d, struct gmb_dseg *dst,
                      uint64_t dst_off, struct gmb_dseg *src, uint64_t src_off,
                      uint64_t len) {
@@ -130,8 +154,11 @@ static int host_copy(struct gmb_device *d, struct gmb_dseg *dst,
   GMB_ASSERT((dst->id != src->id || dst_off + len <= src_off ||
               src_off + len <= dst_off) &&
              "host copy ranges overlap");
-  memcpy((char *)dst->host + dst_off, (const char *)src->host + src_off,
-         (size_t)len);
+  char *to = (char *)dst->host + dst_off;
+  const char *from = (const char *)src->host + src_off;
+  host_populate(from, len, MADV_POPULATE_READ);
+  host_populate(to, len, MADV_POPULATE_WRITE);
+  memcpy(to, from, (size_t)len);
   return 0;
 }
 

@@ -85,8 +85,17 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
  * the segments mapped into this process are unmapped.  Accepts NULL. */
 GMB_EXPORT void gmb_disconnect(gmb_client *c);
 
-/* Allocates `size` bytes (rounded up to 512).  GMB_E_QUOTA when the
- * tenant's quota would be passed, GMB_E_NOMEM when the device has no room. */
+/*
+ * Allocates `size` bytes (rounded up to 512).  GMB_E_QUOTA when the
+ * tenant's quota would be passed, at once.  When the device's free total
+ * would hold the request but no free range does, the broker first compacts
+ * (moves unlocked movable allocations) and answers after that; GMB_E_NOMEM
+ * when there is still no room, with gmb_last_error() giving the free total,
+ * the largest free range and the bytes that could not be moved.  With
+ * flags GMB_MOVABLE the broker may move the allocation while it is not
+ * locked: use it only through gmb_lock/gmb_unlock.  GMB_E_LIMIT when the
+ * session holds 65536 movable allocations.
+ */
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out);
 
@@ -99,11 +108,23 @@ GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
 /* Frees an allocation of this session.  GMB_E_NOENT if it is not one. */
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);
 
-/* Returns in *ptr the address of the allocation in this process.  For a
- * pinned allocation the address never changes while it lives. */
+/*
+ * Returns in *ptr the address of the allocation in this process.  For a
+ * pinned allocation the address never changes while it lives.  A movable
+ * allocation stays at that address until the matching gmb_unlock (locks
+ * nest: n locks need n unlocks); the broker moves it only while nobody
+ * holds it.  Locking sends no message to the broker (an atomic
+ * compare-and-swap on this session's lock table), except the first time
+ * the allocation sits in a segment this process has not mapped yet.  If
+ * the broker is moving it right now, gmb_lock waits for the move to end,
+ * up to $GMB_LOCK_TIMEOUT_MS (default 10000): GMB_E_TIMEOUT then.
+ * GMB_E_NOENT for an id that is not this session's, GMB_E_LIMIT when 2^31-1
+ * locks are held on one allocation.
+ */
 GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr);
 
-/* Releases a lock taken with gmb_lock. */
+/* Releases a lock taken with gmb_lock.  GMB_E_INVAL when the movable
+ * allocation is not locked (the count never goes below zero). */
 GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id);
 
 /* Releases the lock when `cuda_stream` reaches this point (CUDA device
