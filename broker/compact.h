@@ -50,7 +50,9 @@ struct gmb_compact_stats {
   uint64_t bytes_moved;
   uint64_t segments_released; /* segments that emptied and went back */
   uint64_t bytes_released;
-  uint64_t skipped_locked;    /* movable allocations it could not claim */
+  uint64_t skipped_locked;    /* claims refused (an allocation refused in
+                                 both passes over its segment, evacuate
+                                 then slide, counts twice) */
   uint64_t skipped_pinned;    /* pinned allocations in segments it wanted
                                  to empty */
   uint64_t ns;                /* time spent inside gmb__compact_step */
@@ -59,7 +61,9 @@ struct gmb_compact_stats {
 };
 
 /* Starts a run over arena `a`, or over every arena when `a` is NULL.
- * NULL on ENOMEM.  The hooks are copied. */
+ * NULL on ENOMEM.  The hooks are copied; any may be NULL (no claim: every
+ * movable allocation is taken).  Only segments that exist now are emptied
+ * or packed by this run (new ones may receive moves). */
 struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
                                      const struct gmb_compact_hooks *hooks);
 

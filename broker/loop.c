@@ -32,7 +32,7 @@
 #define LOOP_BATCH 256
 #define LOOP_TRIM_NS (2000ull * 1000000ull)
 #define LOOP_FRAG_NS (1000ull * 1000000ull)  /* background check period */
-#define LOOP_COMPACT_NS (2ull * 1000000ull)  /* compaction slice per round */
+#define LOOP_COMPACT_NS (1000000ull)  /* compaction slice per round: 1 ms */
 
 /* The poll set, rebuilt from the session table when it is dirty. */
 static zmq_pollitem_t *loop_items;

@@ -16,9 +16,9 @@
  * sends can make the library abort: what does not decode or does not fit
  * the request is GMB_E_PROTO.
  *
- * Lock order: io, then the segment map's rwlock (segmap.c), then hb_mu.
- * gmb_lock and gmb_unlock take only the segment map's read lock, unless a
- * segment has to be fetched again.
+ * Lock order: io, then the segment map's writer mutex (segmap.c), then
+ * hb_mu.  gmb_lock and gmb_unlock take no lock (the segment map's readers
+ * are lock-free), unless a segment has to be fetched again.
  *
  * Movable allocations are locked through the session's lock table (the
  * layout and protocol are in locktab.h), mapped at connect: gmb_lock is a
@@ -831,8 +831,15 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
 /* --- locks ---------------------------------------------------------------- */
 
 /* Pinned allocations (and movable ones without a lock table): the address
- * is where the allocation was made and never changes. */
-static int client_lock_pinned(gmb_client *c, gmb_id id, void **ptr) {
+ * is where the allocation was made and never changes.  gmb_lock has already
+ * resolved it when the segment is mapped (e->ptr); this is the rest. */
+static int client_lock_pinned(gmb_client *c, const struct gmb_segmap_entry *e,
+                              void **ptr) {
+  if (e->ptr) {
+    *ptr = e->ptr;
+    return 0;
+  }
+  const gmb_id id = e->id;
   uint64_t seg = 0;
   int rc = gmb__segmap_lookup(c->map, id, ptr, &seg);
   if (rc == 1) { /* its segment was retired here: map it again */
@@ -974,6 +981,16 @@ static int client_lock_movable(gmb_client *c, const struct gmb_segmap_entry *e,
     return client_fail(GMB_E_NOENT, "allocation %llu was freed",
                        (unsigned long long)e->id);
   }
+  /* The usual case: the segment gmb__segmap_get saw the slot name is the
+   * one it names under our hold, and its mapping from that lookup is still
+   * the mapping (by the argument above, a segment that holds our held
+   * allocation was never retired, so never unmapped since it was mapped).
+   * The range is checked against the mapped size as gmb__segmap_ptr does. */
+  if (e->guess_base && seg == e->guess_segment && off <= e->guess_size &&
+      e->size <= e->guess_size - off) {
+    *ptr = e->guess_base + off;
+    return 0;
+  }
   for (int fetched = 0;; fetched = 1) {
     rc = gmb__segmap_ptr(c->map, seg, off, e->size, ptr);
     if (rc == 0) return 0;
@@ -1005,22 +1022,22 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   struct gmb_segmap_entry e;
-  if (gmb__segmap_get(c->map, id, &e) != 0)
+  if (gmb__segmap_get(c->map, id, c->lt_slot, c->lt_slots, &e) != 0)
     return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
                        "session", (unsigned long long)id);
-  if (e.slot == GMB_SEGMAP_NO_SLOT) return client_lock_pinned(c, id, ptr);
+  if (e.slot == GMB_SEGMAP_NO_SLOT) return client_lock_pinned(c, &e, ptr);
   return client_lock_movable(c, &e, ptr);
 }
 
 GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
-  struct gmb_segmap_entry e;
-  if (gmb__segmap_get(c->map, id, &e) != 0)
+  uint32_t slot;
+  if (gmb__segmap_slot(c->map, id, &slot) != 0)
     return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
                        "session", (unsigned long long)id);
-  if (e.slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
-  if (client_unhold(&c->lt_slot[e.slot]))
+  if (slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
+  if (client_unhold(&c->lt_slot[slot]))
     return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
                        (unsigned long long)id);
   return 0;

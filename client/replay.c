@@ -1056,6 +1056,7 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
     const struct rp_op *op = &tr->ops[i];
     struct rp_result res;
     if (rp_call(&tr->tenants[op->tenant], op, &res) != 0) {
+      if (rp_stop) break;
       rc = rp_fail(RP_EXIT_FAIL, "line %u: the client of tenant %s is gone",
                    op->line, tr->tenants[op->tenant].name);
       goto out;

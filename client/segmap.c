@@ -3,18 +3,53 @@
  *
  * Two tables, both open-addressing hash maps from a 64-bit id to a record
  * (allocation ids and segment ids are never 0, so key 0 marks an empty
- * slot).  Lookups are O(1) because gmb_lock sits on the hot path of every
- * kernel launch.  Deletion shifts later entries back instead of leaving
- * tombstones, so a long-lived client that allocates and frees for hours
- * keeps short probe sequences.
+ * slot).  Lookups are O(1) and take no lock, because gmb_lock and
+ * gmb_unlock sit on the hot path of every kernel launch.  Deletion shifts
+ * later entries back instead of leaving tombstones, so a long-lived client
+ * that allocates and frees for hours keeps short probe sequences.
  *
  * An allocation record keeps where the allocation was made and, for a
  * movable one, its lock-table slot; where a movable allocation is now is
  * in the lock table, not here (client.c).
  *
+ * Concurrency: a sequence lock.  Writers (map, retire, add, remove: rare,
+ * and each already costs a round trip to the broker) serialise on `mu`
+ * and wrap every change readers can see in a write section that makes
+ * `seq` odd before and even after.  Readers take no lock: they read `seq`,
+ * read what they need, and start again when `seq` was odd or changed
+ * meanwhile, so what they return is a snapshot of one moment between
+ * write sections.  A reader may read a half-changed table before it
+ * notices; two rules make that harmless:
+ *
+ *  - A reader never dereferences memory a writer could free or unmap
+ *    while it reads.  Records live inline in the hash arrays (no pointer
+ *    to chase), and an array replaced by a bigger one is kept on a retired
+ *    list until gmb__segmap_destroy (the arrays grow by doubling, so the
+ *    retired ones take less room than the live one).  A segment record is
+ *    its base address and size; readers only compute addresses from them.
+ *  - A reader's probe loop is bounded by the capacity, since a torn view
+ *    may show no empty slot.  Each array carries its capacity, so one load
+ *    of the array pointer gives a consistent (slots, capacity) pair.
+ *
+ * In C11 terms this is the seqlock of Boehm's "Can seqlocks get along with
+ * programming language memory models?" (2012): every shared word that
+ * readers read racily is accessed with __atomic loads and stores, relaxed,
+ * so a torn read is a stale value and never undefined behaviour.  The
+ * writer stores the odd `seq` (relaxed), then a release fence, then its
+ * relaxed data stores, then the even `seq` with release.  The reader
+ * loads `seq` with acquire, its data relaxed, then an acquire fence, then
+ * `seq` again.  If a reader saw any data store of a write section, its
+ * acquire fence synchronises with that section's release fence, so it
+ * sees the odd `seq` (or later) on its re-check and retries; if it saw
+ * none, its first acquire load ordered it after every earlier section.
+ * A new array is filled privately and published with a release store of
+ * the table's pointer that readers load with acquire, so its contents and
+ * capacity are visible to whoever sees the pointer.  On x86-64 all of this
+ * compiles to plain moves; on arm64 to ldar/stlr and dmb ishld.
+ *
  * Invariants: a segment record exists exactly while its memory is mapped;
  * an allocation record's range lies inside the segment size it was checked
- * against; all of it is guarded by one rwlock.
+ * against; a segment record's base and size never change while it exists.
  *
  * A host segment is a POSIX shm object named by the handle; the object's
  * size is checked before mmap, because touching a mapping past the end of
@@ -26,6 +61,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,156 +71,253 @@
 
 #include "gmb.h"
 
-/* --- a u64 -> pointer hash map -------------------------------------------- */
+/* --- records as words --------------------------------------------------- */
 
-struct segmap_table {
-  uint64_t *keys;
-  void **vals;
-  size_t cap; /* a power of two, or 0 */
-  size_t n;
+/* A record is `width` 64-bit words, word 0 its key, so that one table
+ * implementation serves both kinds and every word can be read and written
+ * atomically.  An allocation's slot and size come first: they are what
+ * gmb_lock and gmb_unlock read of a movable one, and the fewer cache lines
+ * a lookup touches the better. */
+enum { SEG_ID, SEG_BASE, SEG_SIZE, SEG_WIDTH };
+enum { AL_ID, AL_FLAGS_SLOT, AL_SIZE, AL_SEGMENT, AL_OFFSET, AL_WIDTH };
+
+#define SEGMAP_MIN_CAP 16
+
+/* --- the sequence lock -------------------------------------------------- */
+
+struct segmap_array {
+  struct segmap_array *older; /* retired arrays; writers only */
+  size_t mask;                /* capacity - 1; fixed before publication */
+  unsigned shift;             /* 64 - log2(capacity), for segmap_hash */
+  uint64_t w[];               /* (mask + 1) * width words */
 };
 
-static size_t segmap_hash(uint64_t k, size_t cap) {
-  /* splitmix64's finaliser: ids are sequential, so spread them. */
-  k ^= k >> 30;
-  k *= UINT64_C(0xbf58476d1ce4e5b9);
-  k ^= k >> 27;
-  k *= UINT64_C(0x94d049bb133111eb);
-  k ^= k >> 31;
-  return (size_t)k & (cap - 1);
+struct segmap_table {
+  struct segmap_array *a; /* release-published, acquire-loaded */
+  size_t n;               /* records; writers only */
+};
+
+struct gmb_segmap {
+  /* Odd during a write section.  It wraps after 2^32 sections; a reader
+   * would have to sleep through exactly that many to be fooled, and each
+   * one costs a round trip to the broker. */
+  unsigned seq;
+  struct segmap_table segments, allocs;
+  pthread_mutex_t mu; /* serialises writers; readers never take it */
+};
+
+static inline void segmap_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
 }
 
-static void *segmap_table_get(const struct segmap_table *t, uint64_t k) {
-  if (t->cap == 0) return NULL;
-  for (size_t i = segmap_hash(k, t->cap);; i = (i + 1) & (t->cap - 1)) {
-    if (t->keys[i] == k) return t->vals[i];
-    if (t->keys[i] == 0) return NULL;
+/* Waits out a write section in progress.  A write section is a few
+ * stores, but its thread can be preempted inside it; after a short spin,
+ * yield the CPU to it.  Out of line, so that the lookups it serves need
+ * no stack frame of their own. */
+__attribute__((noinline, cold)) static unsigned
+segmap_read_wait(const struct gmb_segmap *m) {
+  unsigned s;
+  for (unsigned spins = 0;; spins++) {
+    if (spins < 64)
+      segmap_relax();
+    else
+      sched_yield();
+    s = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
+    if (!(s & 1)) return s;
   }
 }
 
-static int segmap_table_grow(struct segmap_table *t) {
-  size_t cap = t->cap ? t->cap * 2 : 16;
-  uint64_t *keys = calloc(cap, sizeof *keys);
-  void **vals = calloc(cap, sizeof *vals);
-  if (keys == NULL || vals == NULL) {
-    free(keys);
-    free(vals);
-    return GMB_E_SYSTEM;
-  }
-  for (size_t j = 0; j < t->cap; j++) {
-    if (t->keys[j] == 0) continue;
-    size_t i = segmap_hash(t->keys[j], cap);
-    while (keys[i]) i = (i + 1) & (cap - 1);
-    keys[i] = t->keys[j];
-    vals[i] = t->vals[j];
-  }
-  free(t->keys);
-  free(t->vals);
-  t->keys = keys;
-  t->vals = vals;
-  t->cap = cap;
-  return 0;
+static inline unsigned segmap_read_begin(const struct gmb_segmap *m) {
+  unsigned s = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
+  if (__builtin_expect(s & 1, 0)) s = segmap_read_wait(m);
+  return s;
 }
 
-/* The key must not be present. */
-static int segmap_table_put(struct segmap_table *t, uint64_t k, void *v) {
-  if ((t->n + 1) * 4 > t->cap * 3) { /* load factor at most 3/4 */
-    int rc = segmap_table_grow(t);
-    if (rc) return rc;
+/* 1 when what was read since segmap_read_begin returned `s` may be torn. */
+static inline int segmap_read_retry(const struct gmb_segmap *m, unsigned s) {
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  return __builtin_expect(__atomic_load_n(&m->seq, __ATOMIC_RELAXED) != s, 0);
+}
+
+/* Both under mu. */
+static void segmap_write_begin(struct gmb_segmap *m) {
+  __atomic_store_n(&m->seq, m->seq + 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static void segmap_write_end(struct gmb_segmap *m) {
+  __atomic_store_n(&m->seq, m->seq + 1, __ATOMIC_RELEASE);
+}
+
+/* --- a u64 -> inline record hash map ------------------------------------ */
+
+/* Fibonacci hashing: the top bits of k * 2^64/phi.  Ids are sequential,
+ * and for an arithmetic sequence this spreads keys as evenly as a hash
+ * can; it is one multiply, which matters since a gmb_lock + gmb_unlock
+ * pair hashes three times.  A broker that picks colliding ids on purpose
+ * only makes probes longer (they stay bounded). */
+static inline size_t segmap_hash(uint64_t k, unsigned shift) {
+  return (size_t)((k * UINT64_C(0x9e3779b97f4a7c15)) >> shift);
+}
+
+static inline uint64_t segmap_load(const uint64_t *w) {
+  return __atomic_load_n(w, __ATOMIC_RELAXED);
+}
+
+static inline void segmap_store(uint64_t *w, uint64_t v) {
+  __atomic_store_n(w, v, __ATOMIC_RELAXED);
+}
+
+static struct segmap_array *segmap_array_new(size_t cap, size_t width) {
+  struct segmap_array *a =
+      calloc(1, sizeof *a + cap * width * sizeof(uint64_t));
+  if (a == NULL) return NULL;
+  a->mask = cap - 1;
+  a->shift = 64;
+  while (cap > 1) {
+    cap >>= 1;
+    a->shift--;
   }
-  size_t i = segmap_hash(k, t->cap);
-  while (t->keys[i]) i = (i + 1) & (t->cap - 1);
-  t->keys[i] = k;
-  t->vals[i] = v;
+  return a;
+}
+
+/*
+ * The record with key k in `t`, or NULL (always for k = 0, the key of an
+ * empty slot).  Safe in a read section: the array is never freed while the
+ * map exists, and the probe stops after one lap even when a torn view
+ * shows no empty slot.  The caller copies the words out with segmap_load
+ * before checking the sequence.
+ */
+static inline const uint64_t *segmap_find(const struct segmap_table *t,
+                                          size_t width, uint64_t k) {
+  if (k == 0) return NULL;
+  const struct segmap_array *a = __atomic_load_n(&t->a, __ATOMIC_ACQUIRE);
+  size_t mask = a->mask;
+  size_t i = segmap_hash(k, a->shift);
+  for (size_t probes = 0; probes <= mask; probes++, i = (i + 1) & mask) {
+    uint64_t key = segmap_load(&a->w[i * width]);
+    if (key == k) return &a->w[i * width];
+    if (key == 0) return NULL;
+  }
+  return NULL;
+}
+
+/* Places a record in an array no reader can see yet. */
+static void segmap_array_place(struct segmap_array *a, size_t width,
+                               const uint64_t *rec) {
+  size_t i = segmap_hash(rec[0], a->shift);
+  while (a->w[i * width]) i = (i + 1) & a->mask;
+  memcpy(&a->w[i * width], rec, width * sizeof *rec);
+}
+
+/* Adds a record whose key is not present; under mu.  GMB_E_SYSTEM when a
+ * bigger array is needed and cannot be had. */
+static int segmap_put(struct gmb_segmap *m, struct segmap_table *t,
+                      size_t width, const uint64_t *rec) {
+  struct segmap_array *a = t->a;
+  size_t cap = a->mask + 1;
+  if ((t->n + 1) * 4 > cap * 3) { /* load factor at most 3/4 */
+    struct segmap_array *b = segmap_array_new(cap * 2, width);
+    if (b == NULL) return GMB_E_SYSTEM;
+    for (size_t j = 0; j < cap; j++)
+      if (a->w[j * width]) segmap_array_place(b, width, &a->w[j * width]);
+    segmap_array_place(b, width, rec);
+    b->older = a; /* readers may still be in it */
+    segmap_write_begin(m);
+    __atomic_store_n(&t->a, b, __ATOMIC_RELEASE);
+    segmap_write_end(m);
+    t->n++;
+    return 0;
+  }
+  size_t i = segmap_hash(rec[0], a->shift);
+  while (a->w[i * width]) i = (i + 1) & a->mask;
+  segmap_write_begin(m);
+  for (size_t k = 0; k < width; k++) segmap_store(&a->w[i * width + k], rec[k]);
+  segmap_write_end(m);
   t->n++;
   return 0;
 }
 
-/* Removes k and returns its value, or NULL when absent. */
-static void *segmap_table_del(struct segmap_table *t, uint64_t k) {
-  if (t->cap == 0) return NULL;
-  size_t mask = t->cap - 1, i = segmap_hash(k, t->cap);
-  while (t->keys[i] != k) {
-    if (t->keys[i] == 0) return NULL;
+/* Removes key k, copying its record to `out`; under mu.  0, or
+ * GMB_E_NOENT when absent. */
+static int segmap_del(struct gmb_segmap *m, struct segmap_table *t,
+                      size_t width, uint64_t k, uint64_t *out) {
+  struct segmap_array *a = t->a;
+  size_t mask = a->mask, i = segmap_hash(k, a->shift);
+  while (a->w[i * width] != k) {
+    if (a->w[i * width] == 0) return GMB_E_NOENT;
     i = (i + 1) & mask;
   }
-  void *v = t->vals[i];
+  memcpy(out, &a->w[i * width], width * sizeof *out);
+  segmap_write_begin(m);
   /* Backward shift: move up every later entry of the run whose home slot
    * is not between the hole and itself (cyclically). */
   size_t hole = i;
-  for (size_t j = (i + 1) & mask; t->keys[j]; j = (j + 1) & mask) {
-    size_t home = segmap_hash(t->keys[j], t->cap);
+  for (size_t j = (i + 1) & mask; a->w[j * width]; j = (j + 1) & mask) {
+    size_t home = segmap_hash(a->w[j * width], a->shift);
     int movable = hole <= j ? (home <= hole || home > j)
                             : (home <= hole && home > j);
     if (movable) {
-      t->keys[hole] = t->keys[j];
-      t->vals[hole] = t->vals[j];
+      for (size_t w = 0; w < width; w++)
+        segmap_store(&a->w[hole * width + w], a->w[j * width + w]);
       hole = j;
     }
   }
-  t->keys[hole] = 0;
-  t->vals[hole] = NULL;
+  for (size_t w = 0; w < width; w++) segmap_store(&a->w[hole * width + w], 0);
+  segmap_write_end(m);
   t->n--;
-  return v;
+  return 0;
 }
 
 static void segmap_table_free(struct segmap_table *t) {
-  free(t->keys);
-  free(t->vals);
-  memset(t, 0, sizeof *t);
+  for (struct segmap_array *a = t->a, *older; a; a = older) {
+    older = a->older;
+    free(a);
+  }
+  t->a = NULL;
 }
 
 /* --- segments and allocations ------------------------------------------- */
 
-struct segmap_segment {
-  uint64_t id;
-  uint8_t *base;
-  uint64_t size;
-};
-
-struct segmap_alloc {
-  uint64_t id, segment, offset, size;
-  unsigned flags;
-  uint32_t slot; /* lock-table slot, or GMB_SEGMAP_NO_SLOT */
-};
-
-struct gmb_segmap {
-  pthread_rwlock_t lock;
-  struct segmap_table segments; /* id -> struct segmap_segment */
-  struct segmap_table allocs;   /* id -> struct segmap_alloc */
-};
-
 struct gmb_segmap *gmb__segmap_new(void) {
   struct gmb_segmap *m = calloc(1, sizeof *m);
   if (m == NULL) return NULL;
-  if (pthread_rwlock_init(&m->lock, NULL) != 0) {
+  m->segments.a = segmap_array_new(SEGMAP_MIN_CAP, SEG_WIDTH);
+  m->allocs.a = segmap_array_new(SEGMAP_MIN_CAP, AL_WIDTH);
+  if (m->segments.a == NULL || m->allocs.a == NULL ||
+      pthread_mutex_init(&m->mu, NULL) != 0) {
+    segmap_table_free(&m->segments);
+    segmap_table_free(&m->allocs);
     free(m);
     return NULL;
   }
   return m;
 }
 
-static void segmap_segment_free(struct segmap_segment *s) {
-  munmap(s->base, (size_t)s->size);
-  free(s);
-}
-
 void gmb__segmap_destroy(struct gmb_segmap *m) {
   if (m == NULL) return;
-  for (size_t i = 0; i < m->segments.cap; i++)
-    if (m->segments.keys[i]) segmap_segment_free(m->segments.vals[i]);
-  for (size_t i = 0; i < m->allocs.cap; i++)
-    if (m->allocs.keys[i]) free(m->allocs.vals[i]);
+  const struct segmap_array *a = m->segments.a;
+  for (size_t i = 0; i <= a->mask; i++) {
+    const uint64_t *r = &a->w[i * SEG_WIDTH];
+    if (r[SEG_ID]) munmap((void *)(uintptr_t)r[SEG_BASE], (size_t)r[SEG_SIZE]);
+  }
   segmap_table_free(&m->segments);
   segmap_table_free(&m->allocs);
-  pthread_rwlock_destroy(&m->lock);
+  pthread_mutex_destroy(&m->mu);
   free(m);
 }
 
 int gmb__segmap_has_segment(struct gmb_segmap *m, uint64_t segment) {
-  pthread_rwlock_rdlock(&m->lock);
-  int has = segmap_table_get(&m->segments, segment) != NULL;
-  pthread_rwlock_unlock(&m->lock);
+  int has;
+  unsigned s;
+  do {
+    s = segmap_read_begin(m);
+    has = segmap_find(&m->segments, SEG_WIDTH, segment) != NULL;
+  } while (segmap_read_retry(m, s));
   return has;
 }
 
@@ -251,53 +384,43 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
              device, GMB_VERSION_STRING);
     return GMB_E_DEVICE;
   }
-  struct segmap_segment *s = calloc(1, sizeof *s);
-  if (s == NULL) {
-    snprintf(why, cap, "out of memory");
-    return GMB_E_SYSTEM;
-  }
-  int rc = segmap_map_host(h, &s->base, why, cap);
-  if (rc) {
-    free(s);
-    return rc;
-  }
-  s->id = h->segment;
-  s->size = h->size;
-  pthread_rwlock_wrlock(&m->lock);
+  uint8_t *base;
+  int rc = segmap_map_host(h, &base, why, cap);
+  if (rc) return rc;
+  const uint64_t rec[SEG_WIDTH] = {
+      [SEG_ID] = h->segment, [SEG_BASE] = (uintptr_t)base,
+      [SEG_SIZE] = h->size};
+  pthread_mutex_lock(&m->mu);
   /* Another thread may have mapped it meanwhile: keep one mapping. */
-  if (segmap_table_get(&m->segments, s->id) != NULL) {
-    pthread_rwlock_unlock(&m->lock);
-    segmap_segment_free(s);
-    return 0;
-  }
-  rc = segmap_table_put(&m->segments, s->id, s);
-  pthread_rwlock_unlock(&m->lock);
-  if (rc) {
-    segmap_segment_free(s);
-    snprintf(why, cap, "out of memory");
-  }
+  int dup = segmap_find(&m->segments, SEG_WIDTH, h->segment) != NULL;
+  if (!dup) rc = segmap_put(m, &m->segments, SEG_WIDTH, rec);
+  pthread_mutex_unlock(&m->mu);
+  if (dup || rc) munmap(base, (size_t)h->size);
+  if (rc) snprintf(why, cap, "out of memory");
   return rc;
 }
 
 void gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment) {
-  pthread_rwlock_wrlock(&m->lock);
-  struct segmap_segment *s = segmap_table_del(&m->segments, segment);
-  pthread_rwlock_unlock(&m->lock);
-  if (s) segmap_segment_free(s);
+  uint64_t rec[SEG_WIDTH];
+  pthread_mutex_lock(&m->mu);
+  int rc = segment ? segmap_del(m, &m->segments, SEG_WIDTH, segment, rec)
+                   : GMB_E_NOENT;
+  pthread_mutex_unlock(&m->mu);
+  /* After the write section: a reader that still computes an address in
+   * it is one the caller's protocol already excludes (client.c). */
+  if (rc == 0) munmap((void *)(uintptr_t)rec[SEG_BASE], (size_t)rec[SEG_SIZE]);
 }
 
 int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
                     uint64_t offset, uint64_t size, unsigned flags,
                     uint32_t slot, char *why, size_t cap) {
-  struct segmap_alloc *a = malloc(sizeof *a);
-  if (a == NULL) {
-    snprintf(why, cap, "out of memory");
-    return GMB_E_SYSTEM;
-  }
-  *a = (struct segmap_alloc){id, segment, offset, size, flags, slot};
+  const uint64_t rec[AL_WIDTH] = {
+      [AL_ID] = id, [AL_SEGMENT] = segment, [AL_OFFSET] = offset,
+      [AL_SIZE] = size, [AL_FLAGS_SLOT] = (uint64_t)flags << 32 | slot};
   int rc = 0;
-  pthread_rwlock_wrlock(&m->lock);
-  struct segmap_segment *s = segmap_table_get(&m->segments, segment);
+  pthread_mutex_lock(&m->mu);
+  const uint64_t *s = segmap_find(&m->segments, SEG_WIDTH, segment);
+  uint64_t ssize = s ? s[SEG_SIZE] : 0;
   if (id == 0) {
     snprintf(why, cap, "the broker gave allocation id 0");
     rc = GMB_E_PROTO;
@@ -305,91 +428,183 @@ int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
     snprintf(why, cap, "allocation %llu: segment %llu is not mapped",
              (unsigned long long)id, (unsigned long long)segment);
     rc = GMB_E_PROTO;
-  } else if (size == 0 || offset > s->size || size > s->size - offset) {
+  } else if (size == 0 || offset > ssize || size > ssize - offset) {
     snprintf(why, cap,
              "allocation %llu: [%llu, +%llu) is outside segment %llu of "
              "%llu bytes",
              (unsigned long long)id, (unsigned long long)offset,
              (unsigned long long)size, (unsigned long long)segment,
-             (unsigned long long)s->size);
+             (unsigned long long)ssize);
     rc = GMB_E_PROTO;
-  } else if (segmap_table_get(&m->allocs, id) != NULL) {
+  } else if (segmap_find(&m->allocs, AL_WIDTH, id) != NULL) {
     snprintf(why, cap, "allocation %llu was given twice",
              (unsigned long long)id);
     rc = GMB_E_PROTO;
   } else {
-    rc = segmap_table_put(&m->allocs, id, a);
+    rc = segmap_put(m, &m->allocs, AL_WIDTH, rec);
     if (rc) snprintf(why, cap, "out of memory");
   }
-  pthread_rwlock_unlock(&m->lock);
-  if (rc) free(a);
+  pthread_mutex_unlock(&m->mu);
   return rc;
 }
 
 int gmb__segmap_remove(struct gmb_segmap *m, uint64_t id) {
-  pthread_rwlock_wrlock(&m->lock);
-  struct segmap_alloc *a = id ? segmap_table_del(&m->allocs, id) : NULL;
-  pthread_rwlock_unlock(&m->lock);
-  free(a);
-  return a ? 0 : GMB_E_NOENT;
+  uint64_t rec[AL_WIDTH];
+  pthread_mutex_lock(&m->mu);
+  int rc = id ? segmap_del(m, &m->allocs, AL_WIDTH, id, rec) : GMB_E_NOENT;
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+
+/* Where [offset, +size) of the segment record `s` is: 0 with *ptr set, 1
+ * when there is no record, GMB_E_PROTO when the range does not fit (a
+ * segment mapped again smaller than it was checked against).  In a read
+ * section: the words are read once each, so the check and the address use
+ * the same values. */
+static inline int segmap_address(const uint64_t *s, uint64_t offset,
+                                 uint64_t size, void **ptr) {
+  if (s == NULL) return 1;
+  uint64_t base = segmap_load(&s[SEG_BASE]), ssize = segmap_load(&s[SEG_SIZE]);
+  if (offset > ssize || size > ssize - offset) return GMB_E_PROTO;
+  *ptr = (void *)(uintptr_t)(base + offset);
+  return 0;
 }
 
 int gmb__segmap_lookup(struct gmb_segmap *m, uint64_t id, void **ptr,
                        uint64_t *segment) {
   int rc;
-  pthread_rwlock_rdlock(&m->lock);
-  struct segmap_alloc *a = id ? segmap_table_get(&m->allocs, id) : NULL;
-  if (a == NULL) {
-    rc = GMB_E_NOENT;
-  } else {
-    struct segmap_segment *s = segmap_table_get(&m->segments, a->segment);
-    if (s == NULL) {
-      *segment = a->segment;
-      rc = 1;
-    } else if (a->offset > s->size || a->size > s->size - a->offset) {
-      /* Re-mapped with a smaller size than the allocation was checked
-       * against: refuse rather than hand out a pointer past the end. */
-      rc = GMB_E_PROTO;
-    } else {
-      *ptr = s->base + a->offset;
-      rc = 0;
+  unsigned s;
+  void *p = NULL;
+  uint64_t seg = 0;
+  do {
+    s = segmap_read_begin(m);
+    const uint64_t *a = segmap_find(&m->allocs, AL_WIDTH, id);
+    if (a == NULL) {
+      rc = GMB_E_NOENT;
+      continue;
+    }
+    seg = segmap_load(&a[AL_SEGMENT]);
+    rc = segmap_address(segmap_find(&m->segments, SEG_WIDTH, seg),
+                        segmap_load(&a[AL_OFFSET]), segmap_load(&a[AL_SIZE]),
+                        &p);
+  } while (segmap_read_retry(m, s));
+  if (rc == 0) *ptr = p;
+  if (rc == 1) *segment = seg;
+  return rc;
+}
+
+/*
+ * gmb_lock's and gmb_unlock's lookups try once in line and leave waiting
+ * and retrying to a loop out of line: a call inside the fast path would
+ * make it save and restore registers on every call, a tenth of its work.
+ * Each *_once reads one snapshot and may write its outputs from a torn
+ * one; its caller writes them again on retry.
+ */
+static inline int segmap_get_once(const struct gmb_segmap *m, uint64_t id,
+                                  const struct gmb_lt_slot *lt,
+                                  uint32_t nslots,
+                                  struct gmb_segmap_entry *out) {
+  const uint64_t *a = segmap_find(&m->allocs, AL_WIDTH, id);
+  if (a == NULL) return GMB_E_NOENT;
+  uint64_t fs = segmap_load(&a[AL_FLAGS_SLOT]);
+  out->id = id;
+  out->segment = segmap_load(&a[AL_SEGMENT]);
+  out->offset = segmap_load(&a[AL_OFFSET]);
+  out->size = segmap_load(&a[AL_SIZE]);
+  out->flags = (unsigned)(fs >> 32);
+  out->slot = (uint32_t)fs;
+  out->ptr = NULL;
+  out->guess_segment = 0;
+  out->guess_size = 0;
+  out->guess_base = NULL;
+  if (out->slot == GMB_SEGMAP_NO_SLOT) {
+    /* It never moves: resolve its address in the same read section,
+     * which is all gmb_lock needs. */
+    segmap_address(segmap_find(&m->segments, SEG_WIDTH, out->segment),
+                   out->offset, out->size, &out->ptr);
+  } else if (lt != NULL && out->slot < nslots) {
+    /* The slot index is checked here, not only at add time: a torn read
+     * may give any value, and the table must not be overrun. */
+    uint64_t g = __atomic_load_n(&lt[out->slot].segment, __ATOMIC_RELAXED);
+    const uint64_t *r = segmap_find(&m->segments, SEG_WIDTH, g);
+    if (r) {
+      out->guess_segment = g;
+      out->guess_base = (uint8_t *)(uintptr_t)segmap_load(&r[SEG_BASE]);
+      out->guess_size = segmap_load(&r[SEG_SIZE]);
     }
   }
-  pthread_rwlock_unlock(&m->lock);
+  return 0;
+}
+
+__attribute__((noinline)) static int
+segmap_get_slow(const struct gmb_segmap *m, uint64_t id,
+                const struct gmb_lt_slot *lt, uint32_t nslots,
+                struct gmb_segmap_entry *out) {
+  int rc;
+  unsigned s;
+  do {
+    s = segmap_read_begin(m);
+    rc = segmap_get_once(m, id, lt, nslots, out);
+  } while (segmap_read_retry(m, s));
   return rc;
 }
 
 int gmb__segmap_get(struct gmb_segmap *m, uint64_t id,
+                    const struct gmb_lt_slot *lt, uint32_t nslots,
                     struct gmb_segmap_entry *out) {
-  pthread_rwlock_rdlock(&m->lock);
-  struct segmap_alloc *a = id ? segmap_table_get(&m->allocs, id) : NULL;
-  if (a)
-    *out = (struct gmb_segmap_entry){a->id,   a->segment, a->offset,
-                                     a->size, a->flags,   a->slot};
-  pthread_rwlock_unlock(&m->lock);
-  return a ? 0 : GMB_E_NOENT;
+  unsigned s = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
+  if (__builtin_expect(!(s & 1), 1)) {
+    int rc = segmap_get_once(m, id, lt, nslots, out);
+    if (!segmap_read_retry(m, s)) return rc;
+  }
+  return segmap_get_slow(m, id, lt, nslots, out);
+}
+
+static inline int segmap_slot_once(const struct gmb_segmap *m, uint64_t id,
+                                   uint32_t *slot) {
+  const uint64_t *a = segmap_find(&m->allocs, AL_WIDTH, id);
+  if (a == NULL) return GMB_E_NOENT;
+  *slot = (uint32_t)segmap_load(&a[AL_FLAGS_SLOT]);
+  return 0;
+}
+
+__attribute__((noinline)) static int
+segmap_slot_slow(const struct gmb_segmap *m, uint64_t id, uint32_t *slot) {
+  int rc;
+  unsigned s;
+  do {
+    s = segmap_read_begin(m);
+    rc = segmap_slot_once(m, id, slot);
+  } while (segmap_read_retry(m, s));
+  return rc;
+}
+
+int gmb__segmap_slot(struct gmb_segmap *m, uint64_t id, uint32_t *slot) {
+  unsigned s = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
+  if (__builtin_expect(!(s & 1), 1)) {
+    int rc = segmap_slot_once(m, id, slot);
+    if (!segmap_read_retry(m, s)) return rc;
+  }
+  return segmap_slot_slow(m, id, slot);
 }
 
 int gmb__segmap_ptr(struct gmb_segmap *m, uint64_t segment, uint64_t offset,
                     uint64_t size, void **ptr) {
   int rc;
-  pthread_rwlock_rdlock(&m->lock);
-  struct segmap_segment *s = segmap_table_get(&m->segments, segment);
-  if (s == NULL) {
-    rc = 1;
-  } else if (offset > s->size || size > s->size - offset) {
-    rc = GMB_E_PROTO;
-  } else {
-    *ptr = s->base + offset;
-    rc = 0;
-  }
-  pthread_rwlock_unlock(&m->lock);
+  unsigned s;
+  void *p = NULL;
+  do {
+    s = segmap_read_begin(m);
+    rc = segmap_address(segmap_find(&m->segments, SEG_WIDTH, segment), offset,
+                        size, &p);
+  } while (segmap_read_retry(m, s));
+  if (rc == 0) *ptr = p;
   return rc;
 }
 
 size_t gmb__segmap_count(struct gmb_segmap *m) {
-  pthread_rwlock_rdlock(&m->lock);
+  pthread_mutex_lock(&m->mu);
   size_t n = m->allocs.n;
-  pthread_rwlock_unlock(&m->lock);
+  pthread_mutex_unlock(&m->mu);
   return n;
 }

@@ -2,9 +2,10 @@
  * segmap.h - one client's view of its memory: the segments mapped into this
  * process and the allocations that live in them.
  *
- * Internal to the client library.  Thread-safe: lookups (gmb_lock) take a
- * read lock only; changes take the write lock.  The client's socket mutex,
- * when held, is always taken before this lock, never after.
+ * Internal to the client library.  Thread-safe: lookups (gmb_lock,
+ * gmb_unlock) take no lock at all (a sequence lock, segmap.c); changes
+ * serialise on the map's mutex.  The client's socket mutex, when held, is
+ * always taken before that mutex, never after.
  */
 #ifndef GMB_SEGMAP_H
 #define GMB_SEGMAP_H
@@ -12,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "locktab.h"
 #include "wire.h"
 
 struct gmb_segmap;
@@ -59,11 +61,38 @@ struct gmb_segmap_entry {
   uint64_t id, segment, offset, size;
   unsigned flags;
   uint32_t slot;
+  /* Without a slot: its address, when its segment is mapped here and
+   * holds the range; else NULL (gmb__segmap_lookup tells why).  Always
+   * NULL for an allocation with a slot. */
+  void *ptr;
+  /* With a slot, and a lock table given to gmb__segmap_get: the segment
+   * the slot named during the lookup, and where that segment was mapped
+   * then (guess_base NULL: not mapped here, or no guess).  A guess only,
+   * read before any hold: see gmb__segmap_get. */
+  uint64_t guess_segment, guess_size;
+  uint8_t *guess_base;
 };
 
-/* 0 with *out filled, or GMB_E_NOENT when the id is unknown. */
+/*
+ * 0 with *out filled, or GMB_E_NOENT when the id is unknown (*out is then
+ * unspecified).  One consistent snapshot, taken without a lock.
+ *
+ * `lt` (NULL: none) are the session's `nslots` lock-table slots.  With
+ * one, gmb_lock gets everything in a single lookup: for an allocation
+ * with a slot, the segment its slot names at that moment and that
+ * segment's mapping (guess_*).  The slot is read without a hold, so the
+ * guess may be stale or torn; the caller uses it only when the position
+ * it reads under its hold names the same segment.  That is sound because
+ * a segment that holds a held allocation cannot have been unmapped since
+ * the lookup saw it mapped (client.c, client_lock_movable, says why).
+ */
 int gmb__segmap_get(struct gmb_segmap *m, uint64_t id,
+                    const struct gmb_lt_slot *lt, uint32_t nslots,
                     struct gmb_segmap_entry *out);
+
+/* gmb_unlock's lookup: 0 with *slot set (GMB_SEGMAP_NO_SLOT for one
+ * without), or GMB_E_NOENT when the id is unknown. */
+int gmb__segmap_slot(struct gmb_segmap *m, uint64_t id, uint32_t *slot);
 
 /*
  * The address of [offset, offset+size) of `segment` in this process: 0

@@ -77,7 +77,8 @@ static double baseline(uint64_t size, uint64_t n, int overlap,
  * the copies alone cost on shm pages; GB/s, best of three. */
 static double baseline_device(struct gmb_device *dev, uint64_t size,
                               uint64_t n) {
-  uint64_t bytes = (size * n + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+  uint64_t bytes =
+      (size * n + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
   struct gmb_dseg a, b;
   if (gmb__device_seg_new(dev, 1u << 30, bytes, &a) != 0 ||
       gmb__device_seg_new(dev, (1u << 30) + 1, bytes, &b) != 0)

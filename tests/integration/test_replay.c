@@ -110,6 +110,7 @@ START_TEST(replay_quota_failure_is_not_fragmentation) {
   ck_assert_int_eq(jint(&r, "fragmentation_failures"), 1);
   ck_assert_int_eq(jint(&r, "other_failures"), 0);
   ck_assert_int_eq(jint(&r, "corrupted"), 0);
+  ck_assert_int_eq(jint(&r, "accounting_mismatches"), 0);
   ck_assert_int_eq(jint(&r, "tenants"), 3);
   /* 4 x 512KiB + 768KiB before anything was freed. */
   ck_assert_int_eq(jint(&r, "peak_bytes_in_use"), 4 * 524288 + 786432);
@@ -204,6 +205,7 @@ START_TEST(replay_auto_serves_fragmented_request) {
   ck_assert_int_eq(jint(&on, "failures"), 0);
   ck_assert_int_eq(jint(&on, "fragmentation_failures"), 0);
   ck_assert_int_eq(jint(&on, "corrupted"), 0);
+  ck_assert_int_eq(jint(&on, "accounting_mismatches"), 0);
   ck_assert_int_gt(jint(&on, "bytes_moved"), 0);
   replay_done(&off);
   replay_done(&on);

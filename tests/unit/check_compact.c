@@ -128,7 +128,8 @@ struct tracked {
 };
 
 static uint64_t pattern_word(uint64_t id, uint64_t k) {
-  return (id * UINT64_C(0x9e3779b97f4a7c15)) ^ (k * UINT64_C(0xbf58476d1ce4e5b9));
+  return (id * UINT64_C(0x9e3779b97f4a7c15)) ^
+         (k * UINT64_C(0xbf58476d1ce4e5b9));
 }
 
 static uint64_t *host_of(const struct gmb_alloc_info *info) {
@@ -137,7 +138,8 @@ static uint64_t *host_of(const struct gmb_alloc_info *info) {
 
 static void pattern_fill(const struct gmb_alloc_info *info) {
   uint64_t *w = host_of(info);
-  for (uint64_t k = 0; k < info->size / 8; k++) w[k] = pattern_word(info->id, k);
+  for (uint64_t k = 0; k < info->size / 8; k++)
+    w[k] = pattern_word(info->id, k);
 }
 
 static void pattern_check(uint64_t id) {
@@ -146,19 +148,19 @@ static void pattern_check(uint64_t id) {
   const uint64_t *w = host_of(&info);
   for (uint64_t k = 0; k < info.size / 8; k++)
     if (w[k] != pattern_word(id, k))
-      ck_abort_msg("allocation %#llx: word %llu of %llu wrong at seg %llu "
-                   "offset %llu",
-                   (unsigned long long)id, (unsigned long long)k,
-                   (unsigned long long)(info.size / 8),
-                   (unsigned long long)info.dseg->id,
-                   (unsigned long long)info.offset);
+      ck_abort_msg(
+          "allocation %#llx: word %llu of %llu wrong at seg %llu "
+          "offset %llu",
+          (unsigned long long)id, (unsigned long long)k,
+          (unsigned long long)(info.size / 8),
+          (unsigned long long)info.dseg->id, (unsigned long long)info.offset);
 }
 
 static struct tracked track(struct gmb_arena *a, uint64_t size, int movable,
                             void *owner) {
   struct gmb_alloc_info info;
-  int rc = gmb__pool_alloc(pool, a, size, movable ? GMB_MOVABLE : 0, owner,
-                           &info);
+  int rc =
+      gmb__pool_alloc(pool, a, size, movable ? GMB_MOVABLE : 0, owner, &info);
   ck_assert_msg(rc == 0, "alloc %llu: %s", (unsigned long long)size,
                 gmb_err_name(rc));
   pattern_fill(&info);
@@ -277,11 +279,12 @@ START_TEST(fragmented_arena_gets_compacted) {
   for (unsigned i = 0; i < n; i++) pattern_check(t[i].id);
   uint64_t segs_after = arena_segments(a);
   double frag_after = arena_frag(a);
-  printf("compact fragmented: %u allocations, segments %llu -> %llu, "
-         "fragmentation %.3f -> %.3f, %llu moves, %llu bytes\n",
-         n, (unsigned long long)segs_before, (unsigned long long)segs_after,
-         frag_before, frag_after, (unsigned long long)st.moves,
-         (unsigned long long)st.bytes_moved);
+  printf(
+      "compact fragmented: %u allocations, segments %llu -> %llu, "
+      "fragmentation %.3f -> %.3f, %llu moves, %llu bytes\n",
+      n, (unsigned long long)segs_before, (unsigned long long)segs_after,
+      frag_before, frag_after, (unsigned long long)st.moves,
+      (unsigned long long)st.bytes_moved);
   ck_assert_uint_gt(st.moves, 0);
   ck_assert_uint_eq(st.moves, hk.publishes);
   ck_assert_uint_eq(hk.claims, hk.publishes + hk.releases);
@@ -671,8 +674,7 @@ START_TEST(move_begin_refuses) {
                    GMB_E_INVAL);
   ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, x.seg, 64 * KIB, &m),
                    GMB_E_INVAL);
-  ck_assert_int_eq(gmb__pool_move_begin(pool, y.id, y.seg, 0, &m),
-                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, y.id, y.seg, 0, &m), GMB_E_INVAL);
   ck_assert_int_eq(gmb__pool_move_begin(pool, 12345, x.seg, 0, &m),
                    GMB_E_NOENT);
   ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, 999, 0, &m), GMB_E_NOENT);
@@ -681,7 +683,7 @@ START_TEST(move_begin_refuses) {
   free_ok(x.id);
   struct gmb_arena_stats mid, after;
   ck_assert_int_eq(gmb__pool_move_begin(pool, y.id, y.seg, 64 * KIB, &m),
-                   GMB_E_INVAL); /* above itself */
+                   GMB_E_INVAL);                      /* above itself */
   struct tracked w = track(a, 16 * KIB, 1, &owner_x); /* takes x's place */
   ck_assert_uint_eq(w.off, 0);
   ck_assert_int_eq(gmb__pool_move_begin(pool, w.id, y.seg, 0, &m),
@@ -731,13 +733,13 @@ START_TEST(run_terminates) {
   for (unsigned round = 0; round < iter; round++) {
     for (unsigned i = 0; i < 300 * scale && n < cap; i++) {
       uint64_t r = rng() % 100;
-      uint64_t size = r < 80 ? 512 * (1 + rng() % 64)
-                             : r < 97 ? 512 * (1 + rng() % 2048)
-                                      : GMB_MIB + 512 * (1 + rng() % 4096);
+      uint64_t size = r < 80   ? 512 * (1 + rng() % 64)
+                      : r < 97 ? 512 * (1 + rng() % 2048)
+                               : GMB_MIB + 512 * (1 + rng() % 4096);
       int k = (int)(rng() & 1);
       struct gmb_alloc_info info;
-      int rc = gmb__pool_alloc(pool, ar[k], size,
-                               rng() % 10 ? GMB_MOVABLE : 0, &owner_x, &info);
+      int rc = gmb__pool_alloc(pool, ar[k], size, rng() % 10 ? GMB_MOVABLE : 0,
+                               &owner_x, &info);
       if (rc == GMB_E_NOMEM) continue;
       ck_assert_int_eq(rc, 0);
       pattern_fill(&info);
@@ -854,7 +856,8 @@ START_TEST(nomem_before_ok_after) {
   struct tracked *t = malloc(N * sizeof *t);
   unsigned n = 0, failures = 0;
   while (n < N && failures < 50) {
-    uint64_t size = rng() % 4 ? 512 * (1 + rng() % 32) : 512 * (1 + rng() % 512);
+    uint64_t size =
+        rng() % 4 ? 512 * (1 + rng() % 32) : 512 * (1 + rng() % 512);
     struct gmb_alloc_info info;
     int rc = gmb__pool_alloc(pool, a, size, GMB_MOVABLE, &owner_x, &info);
     if (rc != 0) {
@@ -881,18 +884,21 @@ START_TEST(nomem_before_ok_after) {
   struct gmb_alloc_info big;
   ck_assert_int_eq(gmb__pool_alloc(pool, a, want, GMB_MOVABLE, &owner_x, &big),
                    GMB_E_NOMEM);
-  double frag_before = gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
+  double frag_before =
+      gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
   struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
   gmb__compact_destroy(c);
   gmb__pool_stats(pool, &ps);
-  double frag_after = gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
-  printf("compact nomem_before_ok_after: %u live, %llu moves, %llu segments "
-         "released, device fragmentation %.3f -> %.3f\n",
-         n, (unsigned long long)st.moves,
-         (unsigned long long)st.segments_released, frag_before, frag_after);
+  double frag_after =
+      gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
+  printf(
+      "compact nomem_before_ok_after: %u live, %llu moves, %llu segments "
+      "released, device fragmentation %.3f -> %.3f\n",
+      n, (unsigned long long)st.moves, (unsigned long long)st.segments_released,
+      frag_before, frag_after);
   ck_assert_uint_ge(ps.largest_free, want);
   ck_assert_int_eq(gmb__pool_alloc(pool, a, want, GMB_MOVABLE, &owner_x, &big),
                    0);
