@@ -194,11 +194,12 @@ static json_t *ctl_json_tenants(const struct wire_reply *rep) {
   return arr;
 }
 
-#define CTL_COLS 7
+#define CTL_COLS 8
 
 static void ctl_print_tenants(const struct wire_reply *rep) {
-  static const char *head[CTL_COLS] = {"NAME",     "QUOTA",    "USED",  "PEAK",
-                                       "SEGMENTS", "SESSIONS", "ALLOCS"};
+  static const char *head[CTL_COLS] = {"NAME",     "QUOTA",    "USED",
+                                       "PEAK",     "SEGMENTS", "SESSIONS",
+                                       "ALLOCS",   "FRAG"};
   size_t n = rep->u.admin_status.n_tenants;
   char(*cell)[CTL_COLS][GMB_SIZE_BUFSZ + WIRE_NAME_MAX] =
       calloc(n ? n : 1, sizeof *cell);
@@ -218,6 +219,8 @@ static void ctl_print_tenants(const struct wire_reply *rep) {
     snprintf(cell[i][5], sizeof cell[i][5], "%u", t->sessions);
     snprintf(cell[i][6], sizeof cell[i][6], "%llu",
              (unsigned long long)t->allocations);
+    /* 1 - largest free range / free bytes inside its segments. */
+    snprintf(cell[i][7], sizeof cell[i][7], "%.2f", t->fragmentation);
     for (int k = 0; k < CTL_COLS; k++)
       if (strlen(cell[i][k]) > w[k]) w[k] = strlen(cell[i][k]);
   }

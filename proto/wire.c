@@ -55,6 +55,11 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__Bye bye = GMB__BYE__INIT;
   Gmb__AdminStatus as = GMB__ADMIN_STATUS__INIT;
   Gmb__AdminCompact ac = GMB__ADMIN_COMPACT__INIT;
+  Gmb__AdminLimit al = GMB__ADMIN_LIMIT__INIT;
+  Gmb__AdminEvict ae = GMB__ADMIN_EVICT__INIT;
+  Gmb__AdminReload ar = GMB__ADMIN_RELOAD__INIT;
+  Gmb__AdminSnapshot asn = GMB__ADMIN_SNAPSHOT__INIT;
+  Gmb__AdminMetrics am = GMB__ADMIN_METRICS__INIT;
 
   r.id = req->id;
   switch (req->kind) {
@@ -109,6 +114,38 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       ac.tenant = (char *)req->u.admin_compact.tenant;
       r.body_case = GMB__REQUEST__BODY_ADMIN_COMPACT;
       r.admin_compact = &ac;
+      break;
+    case WIRE_ADMIN_QUOTA:
+    case WIRE_ADMIN_RESERVE:
+      if (!WIRE_FITS(req->u.admin_limit.tenant)) return GMB_E_INVAL;
+      al.tenant = (char *)req->u.admin_limit.tenant;
+      al.set = req->u.admin_limit.set != 0;
+      al.value = req->u.admin_limit.value;
+      if (req->kind == WIRE_ADMIN_QUOTA) {
+        r.body_case = GMB__REQUEST__BODY_ADMIN_QUOTA;
+        r.admin_quota = &al;
+      } else {
+        r.body_case = GMB__REQUEST__BODY_ADMIN_RESERVE;
+        r.admin_reserve = &al;
+      }
+      break;
+    case WIRE_ADMIN_EVICT:
+      if (!WIRE_FITS(req->u.admin_evict.tenant)) return GMB_E_INVAL;
+      ae.tenant = (char *)req->u.admin_evict.tenant;
+      r.body_case = GMB__REQUEST__BODY_ADMIN_EVICT;
+      r.admin_evict = &ae;
+      break;
+    case WIRE_ADMIN_RELOAD:
+      r.body_case = GMB__REQUEST__BODY_ADMIN_RELOAD;
+      r.admin_reload = &ar;
+      break;
+    case WIRE_ADMIN_SNAPSHOT:
+      r.body_case = GMB__REQUEST__BODY_ADMIN_SNAPSHOT;
+      r.admin_snapshot = &asn;
+      break;
+    case WIRE_ADMIN_METRICS:
+      r.body_case = GMB__REQUEST__BODY_ADMIN_METRICS;
+      r.admin_metrics = &am;
       break;
     default:
       return GMB_E_INVAL;
@@ -176,6 +213,35 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
                          sizeof out->u.admin_compact.tenant,
                          r->admin_compact->tenant);
       break;
+    case GMB__REQUEST__BODY_ADMIN_QUOTA:
+    case GMB__REQUEST__BODY_ADMIN_RESERVE: {
+      const Gmb__AdminLimit *l = r->body_case == GMB__REQUEST__BODY_ADMIN_QUOTA
+                                     ? r->admin_quota
+                                     : r->admin_reserve;
+      out->kind = r->body_case == GMB__REQUEST__BODY_ADMIN_QUOTA
+                      ? WIRE_ADMIN_QUOTA
+                      : WIRE_ADMIN_RESERVE;
+      out->u.admin_limit.set = l->set;
+      out->u.admin_limit.value = l->value;
+      rc = wire_str_copy(out->u.admin_limit.tenant,
+                         sizeof out->u.admin_limit.tenant, l->tenant);
+      break;
+    }
+    case GMB__REQUEST__BODY_ADMIN_EVICT:
+      out->kind = WIRE_ADMIN_EVICT;
+      rc = wire_str_copy(out->u.admin_evict.tenant,
+                         sizeof out->u.admin_evict.tenant,
+                         r->admin_evict->tenant);
+      break;
+    case GMB__REQUEST__BODY_ADMIN_RELOAD:
+      out->kind = WIRE_ADMIN_RELOAD;
+      break;
+    case GMB__REQUEST__BODY_ADMIN_SNAPSHOT:
+      out->kind = WIRE_ADMIN_SNAPSHOT;
+      break;
+    case GMB__REQUEST__BODY_ADMIN_METRICS:
+      out->kind = WIRE_ADMIN_METRICS;
+      break;
     default:
       rc = GMB_E_PROTO; /* no body, or one this version does not know */
       break;
@@ -225,6 +291,140 @@ static int wire_handle_in(const Gmb__SegmentHandle *m, struct wire_handle *h) {
   return 0;
 }
 
+static void wire_row_out(const struct wire_tenant_row *t, Gmb__TenantRow *r) {
+  gmb__tenant_row__init(r);
+  r->name = (char *)t->name;
+  r->quota = t->quota;
+  r->used = t->used;
+  r->peak = t->peak;
+  r->segments = t->segments;
+  r->sessions = t->sessions;
+  r->allocations = t->allocations;
+  r->free_in_segments = t->free_in_segments;
+  r->largest_free = t->largest_free;
+  r->fragmentation = t->fragmentation;
+  r->reserve = t->reserve;
+  r->priority = t->priority;
+  r->waiting = t->waiting;
+}
+
+static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
+  int rc = wire_str_copy(t->name, sizeof t->name, r->name);
+  t->quota = r->quota;
+  t->used = r->used;
+  t->peak = r->peak;
+  t->segments = r->segments;
+  t->sessions = r->sessions;
+  t->allocations = r->allocations;
+  t->free_in_segments = r->free_in_segments;
+  t->largest_free = r->largest_free;
+  t->fragmentation = r->fragmentation;
+  t->reserve = r->reserve;
+  t->priority = r->priority;
+  t->waiting = r->waiting;
+  return rc;
+}
+
+/* Builds the protobuf of an admin status; *rows and *rowp are the caller's
+ * to free (even on failure). */
+static int wire_status_out(const struct wire_admin_status *st,
+                           Gmb__AdminStatusReply *as, Gmb__CompactStats *cs,
+                           Gmb__TenantRow **rows, Gmb__TenantRow ***rowp) {
+  size_t n = st->n_tenants;
+  if (!WIRE_FITS(st->device) || (n && st->tenants == NULL)) return GMB_E_INVAL;
+  for (size_t i = 0; i < n; i++)
+    if (!WIRE_FITS(st->tenants[i].name)) return GMB_E_INVAL;
+  as->device = (char *)st->device;
+  as->capacity = st->capacity;
+  as->in_segments = st->in_segments;
+  as->in_use = st->in_use;
+  as->sessions = st->sessions;
+  if (n) {
+    *rows = calloc(n, sizeof **rows);
+    *rowp = calloc(n, sizeof **rowp);
+    if (*rows == NULL || *rowp == NULL) return GMB_E_SYSTEM;
+    for (size_t i = 0; i < n; i++) {
+      wire_row_out(&st->tenants[i], &(*rows)[i]);
+      (*rowp)[i] = &(*rows)[i];
+    }
+  }
+  as->n_tenants = n;
+  as->tenants = *rowp;
+  as->fragmentation = st->fragmentation;
+  as->largest_free = st->largest_free;
+  wire_compact_out(&st->compaction, cs);
+  as->compaction = cs;
+  return 0;
+}
+
+/* The protobuf side of a snapshot: arrays the encoder frees after packing. */
+struct wire_snap_out {
+  Gmb__SegmentInfo *segs;
+  Gmb__SegmentInfo **segp;
+  Gmb__RangeInfo **ranges;  /* per segment */
+  Gmb__RangeInfo ***rangep; /* per segment */
+  size_t n;
+};
+
+static void wire_snapshot_out_free(struct wire_snap_out *o) {
+  for (size_t i = 0; i < o->n; i++) {
+    if (o->ranges) free(o->ranges[i]);
+    if (o->rangep) free(o->rangep[i]);
+  }
+  free(o->segs);
+  free(o->segp);
+  free(o->ranges);
+  free(o->rangep);
+  memset(o, 0, sizeof *o);
+}
+
+static int wire_snapshot_out(const struct wire_reply *rep,
+                             Gmb__SnapshotReply *sn, struct wire_snap_out *o) {
+  size_t n = rep->u.snapshot.n_segments;
+  if (n && rep->u.snapshot.segments == NULL) return GMB_E_INVAL;
+  if (n == 0) return 0;
+  o->segs = calloc(n, sizeof *o->segs);
+  o->segp = calloc(n, sizeof *o->segp);
+  o->ranges = calloc(n, sizeof *o->ranges);
+  o->rangep = calloc(n, sizeof *o->rangep);
+  o->n = n;
+  if (!o->segs || !o->segp || !o->ranges || !o->rangep) return GMB_E_SYSTEM;
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_segment_info *si = &rep->u.snapshot.segments[i];
+    if (!WIRE_FITS(si->tenant) || (si->n_ranges && si->ranges == NULL))
+      return GMB_E_INVAL;
+    Gmb__SegmentInfo *m = &o->segs[i];
+    gmb__segment_info__init(m);
+    m->id = si->id;
+    m->size = si->size;
+    m->tenant = (char *)si->tenant;
+    m->small = si->small != 0;
+    if (si->n_ranges) {
+      o->ranges[i] = calloc(si->n_ranges, sizeof *o->ranges[i]);
+      o->rangep[i] = calloc(si->n_ranges, sizeof *o->rangep[i]);
+      if (!o->ranges[i] || !o->rangep[i]) return GMB_E_SYSTEM;
+      for (size_t k = 0; k < si->n_ranges; k++) {
+        const struct wire_range_info *ri = &si->ranges[k];
+        Gmb__RangeInfo *rm = &o->ranges[i][k];
+        gmb__range_info__init(rm);
+        rm->offset = ri->offset;
+        rm->size = ri->size;
+        rm->id = ri->id;
+        rm->movable = ri->movable != 0;
+        rm->locked = ri->locked != 0;
+        rm->session = ri->session;
+        o->rangep[i][k] = rm;
+      }
+    }
+    m->n_ranges = si->n_ranges;
+    m->ranges = o->rangep[i];
+    o->segp[i] = m;
+  }
+  sn->n_segments = n;
+  sn->segments = o->segp;
+  return 0;
+}
+
 int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
                            size_t *len) {
   Gmb__Reply r = GMB__REPLY__INIT;
@@ -236,8 +436,14 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__AdminStatusReply as = GMB__ADMIN_STATUS_REPLY__INIT;
   Gmb__CompactStats cs = GMB__COMPACT_STATS__INIT;
   Gmb__NoMemory nm = GMB__NO_MEMORY__INIT;
+  Gmb__TenantRow row = GMB__TENANT_ROW__INIT;
+  Gmb__EvictReply ev_rep = GMB__EVICT_REPLY__INIT;
+  Gmb__MetricsReply mr = GMB__METRICS_REPLY__INIT;
+  Gmb__SnapshotReply sn = GMB__SNAPSHOT_REPLY__INIT;
+  struct wire_snap_out snap = {0};
   char *holders[WIRE_HOLDERS_MAX];
   Gmb__TenantRow *rows = NULL, **rowp = NULL;
+  int rc;
 
   if (rep->status > 0 || rep->status < -(int)GMB__STATUS__GMB_E_SYSTEM)
     return GMB_E_INVAL;
@@ -297,52 +503,12 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       r.body_case = GMB__REPLY__BODY_EVENT;
       r.event = &ev;
       break;
-    case WIRE_ADMIN_STATUS: {
-      size_t n = rep->u.admin_status.n_tenants;
-      if (!WIRE_FITS(rep->u.admin_status.device) ||
-          (n && rep->u.admin_status.tenants == NULL))
-        return GMB_E_INVAL;
-      for (size_t i = 0; i < n; i++)
-        if (!WIRE_FITS(rep->u.admin_status.tenants[i].name)) return GMB_E_INVAL;
-      as.device = (char *)rep->u.admin_status.device;
-      as.capacity = rep->u.admin_status.capacity;
-      as.in_segments = rep->u.admin_status.in_segments;
-      as.in_use = rep->u.admin_status.in_use;
-      as.sessions = rep->u.admin_status.sessions;
-      if (n) {
-        rows = calloc(n, sizeof *rows);
-        rowp = calloc(n, sizeof *rowp);
-        if (rows == NULL || rowp == NULL) {
-          free(rows);
-          free(rowp);
-          return GMB_E_SYSTEM;
-        }
-        for (size_t i = 0; i < n; i++) {
-          const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
-          gmb__tenant_row__init(&rows[i]);
-          rows[i].name = (char *)t->name;
-          rows[i].quota = t->quota;
-          rows[i].used = t->used;
-          rows[i].peak = t->peak;
-          rows[i].segments = t->segments;
-          rows[i].sessions = t->sessions;
-          rows[i].allocations = t->allocations;
-          rows[i].free_in_segments = t->free_in_segments;
-          rows[i].largest_free = t->largest_free;
-          rows[i].fragmentation = t->fragmentation;
-          rowp[i] = &rows[i];
-        }
-      }
-      as.n_tenants = n;
-      as.tenants = rowp;
-      as.fragmentation = rep->u.admin_status.fragmentation;
-      as.largest_free = rep->u.admin_status.largest_free;
-      wire_compact_out(&rep->u.admin_status.compaction, &cs);
-      as.compaction = &cs;
+    case WIRE_ADMIN_STATUS:
+      rc = wire_status_out(&rep->u.admin_status, &as, &cs, &rows, &rowp);
+      if (rc) return rc;
       r.body_case = GMB__REPLY__BODY_ADMIN_STATUS;
       r.admin_status = &as;
       break;
-    }
     case WIRE_ADMIN_COMPACT:
       wire_compact_out(&rep->u.compact, &cs);
       r.body_case = GMB__REPLY__BODY_COMPACT;
@@ -363,45 +529,93 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       r.body_case = GMB__REPLY__BODY_NOMEM;
       r.nomem = &nm;
       break;
+    case WIRE_TENANT_ROW:
+      if (!WIRE_FITS(rep->u.tenant_row.name)) return GMB_E_INVAL;
+      wire_row_out(&rep->u.tenant_row, &row);
+      r.body_case = GMB__REPLY__BODY_TENANT;
+      r.tenant = &row;
+      break;
+    case WIRE_ADMIN_EVICT:
+      ev_rep.sessions = rep->u.evict.sessions;
+      ev_rep.bytes_freed = rep->u.evict.bytes_freed;
+      r.body_case = GMB__REPLY__BODY_EVICT;
+      r.evict = &ev_rep;
+      break;
+    case WIRE_ADMIN_METRICS:
+      if (rep->u.metrics.text == NULL) return GMB_E_INVAL;
+      mr.text = rep->u.metrics.text;
+      r.body_case = GMB__REPLY__BODY_METRICS;
+      r.metrics = &mr;
+      break;
+    case WIRE_ADMIN_SNAPSHOT:
+      rc = wire_status_out(&rep->u.snapshot.status, &as, &cs, &rows, &rowp);
+      if (rc == 0) rc = wire_snapshot_out(rep, &sn, &snap);
+      if (rc) {
+        free(rows);
+        free(rowp);
+        return rc;
+      }
+      sn.status = &as;
+      r.body_case = GMB__REPLY__BODY_SNAPSHOT;
+      r.snapshot = &sn;
+      break;
     default:
       return GMB_E_INVAL;
   }
-  int rc = wire_pack(&r.base, buf, len);
+  rc = wire_pack(&r.base, buf, len);
   free(rows);
   free(rowp);
+  wire_snapshot_out_free(&snap);
   return rc;
 }
 
-static int wire_admin_status_in(const Gmb__AdminStatusReply *as,
-                                struct wire_reply *out) {
-  int rc = wire_str_copy(out->u.admin_status.device,
-                         sizeof out->u.admin_status.device, as->device);
+static int wire_status_in(const Gmb__AdminStatusReply *as,
+                          struct wire_admin_status *st) {
+  if (as == NULL) return GMB_E_PROTO;
+  int rc = wire_str_copy(st->device, sizeof st->device, as->device);
   if (rc) return rc;
-  out->u.admin_status.capacity = as->capacity;
-  out->u.admin_status.in_segments = as->in_segments;
-  out->u.admin_status.in_use = as->in_use;
-  out->u.admin_status.sessions = as->sessions;
-  out->u.admin_status.fragmentation = as->fragmentation;
-  out->u.admin_status.largest_free = as->largest_free;
-  wire_compact_in(as->compaction, &out->u.admin_status.compaction);
+  st->capacity = as->capacity;
+  st->in_segments = as->in_segments;
+  st->in_use = as->in_use;
+  st->sessions = as->sessions;
+  st->fragmentation = as->fragmentation;
+  st->largest_free = as->largest_free;
+  wire_compact_in(as->compaction, &st->compaction);
   if (as->n_tenants == 0) return 0;
-  struct wire_tenant_row *rows = calloc(as->n_tenants, sizeof *rows);
-  if (rows == NULL) return GMB_E_SYSTEM;
-  out->u.admin_status.tenants = rows;
-  out->u.admin_status.n_tenants = as->n_tenants;
+  st->tenants = calloc(as->n_tenants, sizeof *st->tenants);
+  if (st->tenants == NULL) return GMB_E_SYSTEM;
+  st->n_tenants = as->n_tenants;
   for (size_t i = 0; i < as->n_tenants; i++) {
-    const Gmb__TenantRow *t = as->tenants[i];
-    rc = wire_str_copy(rows[i].name, sizeof rows[i].name, t->name);
+    rc = wire_row_in(as->tenants[i], &st->tenants[i]);
     if (rc) return rc;
-    rows[i].quota = t->quota;
-    rows[i].used = t->used;
-    rows[i].peak = t->peak;
-    rows[i].segments = t->segments;
-    rows[i].sessions = t->sessions;
-    rows[i].allocations = t->allocations;
-    rows[i].free_in_segments = t->free_in_segments;
-    rows[i].largest_free = t->largest_free;
-    rows[i].fragmentation = t->fragmentation;
+  }
+  return 0;
+}
+
+static int wire_snapshot_in(const Gmb__SnapshotReply *sn,
+                            struct wire_reply *out) {
+  int rc = wire_status_in(sn->status, &out->u.snapshot.status);
+  if (rc || sn->n_segments == 0) return rc;
+  struct wire_segment_info *segs = calloc(sn->n_segments, sizeof *segs);
+  if (segs == NULL) return GMB_E_SYSTEM;
+  out->u.snapshot.segments = segs;
+  out->u.snapshot.n_segments = sn->n_segments;
+  for (size_t i = 0; i < sn->n_segments; i++) {
+    const Gmb__SegmentInfo *m = sn->segments[i];
+    segs[i].id = m->id;
+    segs[i].size = m->size;
+    segs[i].small = m->small;
+    rc = wire_str_copy(segs[i].tenant, sizeof segs[i].tenant, m->tenant);
+    if (rc) return rc;
+    if (m->n_ranges == 0) continue;
+    segs[i].ranges = calloc(m->n_ranges, sizeof *segs[i].ranges);
+    if (segs[i].ranges == NULL) return GMB_E_SYSTEM;
+    segs[i].n_ranges = m->n_ranges;
+    for (size_t k = 0; k < m->n_ranges; k++) {
+      const Gmb__RangeInfo *r = m->ranges[k];
+      segs[i].ranges[k] = (struct wire_range_info){
+          r->offset, r->size, r->id, r->session, r->movable, r->locked};
+    }
   }
   return 0;
 }
@@ -472,7 +686,25 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       break;
     case GMB__REPLY__BODY_ADMIN_STATUS:
       out->kind = WIRE_ADMIN_STATUS;
-      rc = wire_admin_status_in(r->admin_status, out);
+      rc = wire_status_in(r->admin_status, &out->u.admin_status);
+      break;
+    case GMB__REPLY__BODY_TENANT:
+      out->kind = WIRE_TENANT_ROW;
+      rc = wire_row_in(r->tenant, &out->u.tenant_row);
+      break;
+    case GMB__REPLY__BODY_EVICT:
+      out->kind = WIRE_ADMIN_EVICT;
+      out->u.evict.sessions = r->evict->sessions;
+      out->u.evict.bytes_freed = r->evict->bytes_freed;
+      break;
+    case GMB__REPLY__BODY_METRICS:
+      out->kind = WIRE_ADMIN_METRICS;
+      out->u.metrics.text = strdup(r->metrics->text ? r->metrics->text : "");
+      if (out->u.metrics.text == NULL) rc = GMB_E_SYSTEM;
+      break;
+    case GMB__REPLY__BODY_SNAPSHOT:
+      out->kind = WIRE_ADMIN_SNAPSHOT;
+      rc = wire_snapshot_in(r->snapshot, out);
       break;
     case GMB__REPLY__BODY_COMPACT:
       out->kind = WIRE_ADMIN_COMPACT;
@@ -504,10 +736,28 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
 }
 
 void gmb__wire_reply_clear(struct wire_reply *rep) {
-  if (rep->kind == WIRE_ADMIN_STATUS) {
-    free(rep->u.admin_status.tenants);
-    rep->u.admin_status.tenants = NULL;
-    rep->u.admin_status.n_tenants = 0;
+  switch (rep->kind) {
+    case WIRE_ADMIN_STATUS:
+      free(rep->u.admin_status.tenants);
+      rep->u.admin_status.tenants = NULL;
+      rep->u.admin_status.n_tenants = 0;
+      break;
+    case WIRE_ADMIN_SNAPSHOT:
+      free(rep->u.snapshot.status.tenants);
+      rep->u.snapshot.status.tenants = NULL;
+      rep->u.snapshot.status.n_tenants = 0;
+      for (size_t i = 0; i < rep->u.snapshot.n_segments; i++)
+        free(rep->u.snapshot.segments[i].ranges);
+      free(rep->u.snapshot.segments);
+      rep->u.snapshot.segments = NULL;
+      rep->u.snapshot.n_segments = 0;
+      break;
+    case WIRE_ADMIN_METRICS:
+      free(rep->u.metrics.text);
+      rep->u.metrics.text = NULL;
+      break;
+    default:
+      break;
   }
 }
 
@@ -525,6 +775,13 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ADMIN_STATUS: return "admin-status";
     case WIRE_ADMIN_COMPACT: return "admin-compact";
     case WIRE_NOMEM: return "nomem";
+    case WIRE_ADMIN_QUOTA: return "admin-quota";
+    case WIRE_ADMIN_RESERVE: return "admin-reserve";
+    case WIRE_TENANT_ROW: return "tenant";
+    case WIRE_ADMIN_EVICT: return "admin-evict";
+    case WIRE_ADMIN_RELOAD: return "admin-reload";
+    case WIRE_ADMIN_SNAPSHOT: return "admin-snapshot";
+    case WIRE_ADMIN_METRICS: return "admin-metrics";
   }
   return "unknown";
 }

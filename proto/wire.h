@@ -34,6 +34,13 @@ enum wire_kind {
   WIRE_ADMIN_STATUS,
   WIRE_ADMIN_COMPACT, /* request: AdminCompact; reply: CompactStats */
   WIRE_NOMEM,         /* replies only: why GMB_E_NOMEM */
+  WIRE_ADMIN_QUOTA,   /* request: AdminLimit; reply: WIRE_TENANT_ROW */
+  WIRE_ADMIN_RESERVE, /* request: AdminLimit; reply: WIRE_TENANT_ROW */
+  WIRE_TENANT_ROW,    /* replies only: one tenant's row */
+  WIRE_ADMIN_EVICT,   /* request: AdminEvict; reply: EvictReply */
+  WIRE_ADMIN_RELOAD,  /* request; the reply is a status and a message */
+  WIRE_ADMIN_SNAPSHOT, /* request; reply: SnapshotReply */
+  WIRE_ADMIN_METRICS, /* request; reply: MetricsReply */
 };
 
 #define WIRE_HOLDERS_MAX 8 /* tenants named in a NoMemory reply */
@@ -43,6 +50,7 @@ enum wire_event {
   WIRE_EVENT_SEGMENT_RETIRED = 1,
   WIRE_EVENT_SHUTDOWN = 2,
   WIRE_EVENT_SESSION_ENDED = 3,
+  WIRE_EVENT_EVICTED = 4,
 };
 
 struct wire_handle {
@@ -78,6 +86,14 @@ struct wire_request {
     struct {
       char tenant[WIRE_NAME_MAX + 1]; /* "": every tenant */
     } admin_compact;
+    struct {
+      char tenant[WIRE_NAME_MAX + 1];
+      int set;        /* 0: read only */
+      uint64_t value; /* the new quota or reservation */
+    } admin_limit;    /* WIRE_ADMIN_QUOTA, WIRE_ADMIN_RESERVE */
+    struct {
+      char tenant[WIRE_NAME_MAX + 1];
+    } admin_evict;
   } u;
 };
 
@@ -87,12 +103,38 @@ struct wire_tenant_row {
   uint32_t sessions;
   uint64_t free_in_segments, largest_free;
   double fragmentation;
+  uint64_t reserve, waiting;
+  int32_t priority;
 };
 
 struct wire_compact_stats {
   uint64_t moves, bytes_moved, segments_released, bytes_released;
   uint64_t skipped_locked, skipped_pinned, runs;
   double seconds;
+};
+
+struct wire_admin_status {
+  char device[WIRE_DEVICE_MAX];
+  uint64_t capacity, in_segments, in_use;
+  uint32_t sessions;
+  size_t n_tenants;
+  struct wire_tenant_row *tenants; /* owned; wire_reply_clear frees */
+  double fragmentation;
+  uint64_t largest_free;
+  struct wire_compact_stats compaction;
+};
+
+struct wire_range_info {
+  uint64_t offset, size, id, session; /* id 0: free */
+  int movable, locked;
+};
+
+struct wire_segment_info {
+  uint64_t id, size;
+  char tenant[WIRE_NAME_MAX + 1];
+  int small;
+  size_t n_ranges;
+  struct wire_range_info *ranges; /* owned */
 };
 
 struct wire_reply {
@@ -123,22 +165,26 @@ struct wire_reply {
       enum wire_event kind;
       uint64_t segment;
     } event; /* the reason is in `message` */
-    struct {
-      char device[WIRE_DEVICE_MAX];
-      uint64_t capacity, in_segments, in_use;
-      uint32_t sessions;
-      size_t n_tenants;
-      struct wire_tenant_row *tenants; /* owned; wire_reply_clear frees */
-      double fragmentation;
-      uint64_t largest_free;
-      struct wire_compact_stats compaction;
-    } admin_status;
+    struct wire_admin_status admin_status;
     struct wire_compact_stats compact;
     struct {
       uint64_t request, free_total, largest_free, unmovable;
       size_t n_holders;
       char holders[WIRE_HOLDERS_MAX][WIRE_NAME_MAX + 1];
     } nomem; /* status GMB_E_NOMEM, with the reason in `message` */
+    struct wire_tenant_row tenant_row;
+    struct {
+      uint32_t sessions;
+      uint64_t bytes_freed;
+    } evict;
+    struct {
+      struct wire_admin_status status;
+      size_t n_segments;
+      struct wire_segment_info *segments; /* owned */
+    } snapshot;
+    struct {
+      char *text; /* owned, NUL-terminated */
+    } metrics;
   } u;
 };
 
