@@ -26,7 +26,7 @@ Q := @
 endif
 
 CC ?= cc
-PKGS := libzmq libprotobuf-c inih libbsd jansson
+PKGS := libzmq libprotobuf-c inih libbsd jansson libcrypto libmicrohttpd
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)

@@ -13,9 +13,16 @@
 
 #include "broker.h"
 #include "compact.h"
+#include "observe.h"
 #include "gmb.h"
 #include "log.h"
 #include "session.h"
+
+int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
+  (void)b;
+  snprintf(err, errcap, "configuration reload is not implemented yet");
+  return GMB_E_INVAL;
+}
 
 int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid) {
   if (uid == geteuid()) return 1;
@@ -97,6 +104,19 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
     case WIRE_ADMIN_COMPACT:
       gmb__defrag_admin(b, peer, req); /* answered when the run ends */
       return 0;
+    case WIRE_ADMIN_SNAPSHOT:
+      gmb__observe_snapshot(b, rep);
+      return 1;
+    case WIRE_ADMIN_METRICS:
+      rep->u.metrics.text = gmb__observe_metrics(b);
+      if (rep->u.metrics.text == NULL) {
+        rep->status = GMB_E_PROTO;
+        snprintf(rep->message, sizeof rep->message,
+                 "metrics are not implemented by this broker yet");
+      } else {
+        rep->kind = WIRE_ADMIN_METRICS;
+      }
+      return 1;
     default:
       rep->status = GMB_E_PROTO;
       snprintf(rep->message, sizeof rep->message,

@@ -29,6 +29,7 @@ struct gmb_sessions;
 struct gmb_waiter;
 struct gmb_compact;
 struct gmb_defrag_req;
+struct gmb_observe;
 
 /* Who sent a message: its ZeroMQ routing id and SO_PEERCRED credentials. */
 struct gmb_peer {
@@ -69,6 +70,8 @@ struct gmb_broker {
   uint64_t frag_high_since_ns;        /* background trigger: 0 = below */
   uint64_t pool_ops;                  /* allocs + frees, to see change */
   uint64_t pool_ops_at_last_run;
+
+  struct gmb_observe *observe;        /* counters for metrics (observe.c) */
 };
 
 enum {
@@ -123,6 +126,9 @@ void gmb__dispatch_retire(void *ctx, const struct gmb_dseg *seg,
  * when the answer comes later (a compaction). */
 int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
                const struct wire_request *req, struct wire_reply *rep);
+/* Reads the config file again (SIGHUP, gmbctl reload): 0, or an error
+ * with the reason in err, in which case the running config is kept. */
+int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap);
 /* 1 when uid may use the admin socket. */
 int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid);
 

@@ -26,6 +26,7 @@
 #include "broker.h"
 #include "gmb.h"
 #include "log.h"
+#include "observe.h"
 #include "session.h"
 #include "util.h"
 
@@ -283,11 +284,13 @@ static int loop_take(struct gmb_broker *b, void *sock, int admin) {
                      "the message does not decode as a gmb Request");
   } else {
     struct wire_reply rep;
+    uint64_t t0 = gmb__now_ns();
     if (admin) {
       if (gmb__admin(b, &peer, &req, &rep))
         gmb__loop_send(b, sock, r, rlen, &rep);
     } else if (gmb__dispatch(b, &peer, &req, &rep)) {
       gmb__loop_send(b, sock, r, rlen, &rep);
+      gmb__observe_request(b, req.kind, rep.status, gmb__now_ns() - t0);
     }
     gmb__wire_reply_clear(&rep);
     if (b->checks && gmb__broker_check(b) != 0)
@@ -359,7 +362,12 @@ static void loop_signal(struct gmb_broker *b) {
       log_info("signal %d: stopping", (int)si.ssi_signo);
       b->stopping = 1;
     } else if (si.ssi_signo == SIGHUP) {
-      log_info("SIGHUP: configuration reload is not supported yet; ignored");
+      char err[512];
+      if (gmb__admin_reload(b, err, sizeof err) == 0)
+        log_info("SIGHUP: configuration reloaded");
+      else
+        log_error("SIGHUP: reload failed, the running configuration is "
+                  "kept: %s", err);
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "broker.h"
 #include "gmb.h"
 #include "log.h"
+#include "observe.h"
 #include "session.h"
 #include "util.h"
 
@@ -124,7 +125,9 @@ int main(int argc, char **argv) {
   b->pool = gmb__pool_new(b->dev, gmb__dispatch_retire, b);
   b->tenants = b->pool ? gmb__tenants_new(b->pool, &b->cfg) : NULL;
   b->sessions = gmb__sessions_new();
-  if (b->pool == NULL || b->tenants == NULL || b->sessions == NULL) {
+  b->observe = gmb__observe_new();
+  if (b->pool == NULL || b->tenants == NULL || b->sessions == NULL ||
+      b->observe == NULL) {
     fprintf(stderr, "gmb-broker: out of memory at start-up\n");
     return 1;
   }
@@ -149,6 +152,7 @@ int main(int argc, char **argv) {
   gmb__pool_destroy(b->pool);
   gmb__device_close(b->dev);
   gmb__loop_close(b);
+  gmb__observe_destroy(b->observe);
   gmb__config_free(&b->cfg);
   log_info("stopped");
   return status;

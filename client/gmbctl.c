@@ -4,7 +4,7 @@
  *
  * Each verb is one entry in ctl_verbs[] and one function; main() only
  * parses the options every verb shares, finds the verb and runs it.  A verb
- * sends requests through ctl_call(), which owns the socket, the 5-second
+ * sends requests through gmb__ctl_call(), which owns the socket, the 5-second
  * timeout and the one-line explanation of every failure.  Output is for
  * people by default and JSON (jansson) with --json; sizes read and print as
  * "512MiB".
@@ -24,35 +24,13 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "ctl.h"
 #include "endpoint.h"
 #include "gmb.h"
 #include "util.h"
 #include "wire.h"
 
-#define CTL_TIMEOUT_MS 5000
-#define CTL_EXIT_FAIL 1
-#define CTL_EXIT_USAGE 2
-
-struct ctl {
-  char run_dir[256];
-  char endpoint[300];
-  int json;
-  int timeout_ms; /* for one reply; 0: CTL_TIMEOUT_MS */
-  void *zctx, *sock;
-  uint64_t next_id;
-};
-
-struct ctl_verb {
-  const char *name;
-  const char *usage;   /* after "gmbctl " */
-  const char *summary; /* one line for the tool's --help */
-  int (*run)(struct ctl *ctl, const struct ctl_verb *v, int argc, char **argv);
-};
-
-static int ctl_fail(int code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static int ctl_fail(int code, const char *fmt, ...) {
+int gmb__ctl_fail(int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fputs("gmbctl: ", stderr);
@@ -68,7 +46,7 @@ static int ctl_open(struct ctl *ctl) {
   if (ctl->sock) return 0;
   if (gmb__endpoint_default(ctl->run_dir, "admin.sock", ctl->endpoint,
                             sizeof ctl->endpoint) == NULL)
-    return ctl_fail(CTL_EXIT_FAIL, "run directory name too long");
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "run directory name too long");
   const char *path = ctl->endpoint + strlen("ipc://");
   /* The admin socket is 0600: say so, rather than time out while ZeroMQ
    * retries a connect that can never succeed. */
@@ -77,23 +55,23 @@ static int ctl_open(struct ctl *ctl) {
                    ? faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0
                    : errno == EACCES;
   if (denied)
-    return ctl_fail(CTL_EXIT_FAIL, "cannot open %s: %s (the admin socket is "
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot open %s: %s (the admin socket is "
                     "for the broker's uid and admin_uids)", ctl->endpoint,
                     strerror(errno));
   char why[600], hint[400];
   snprintf(hint, sizeof hint, "is gmb-broker running? run dir %s",
            ctl->run_dir);
   if (gmb__endpoint_probe(ctl->endpoint, hint, why, sizeof why) != 0)
-    return ctl_fail(CTL_EXIT_FAIL, "%s", why);
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s", why);
   int zero = 0, t = CTL_TIMEOUT_MS;
   ctl->zctx = zmq_ctx_new();
   ctl->sock = ctl->zctx ? zmq_socket(ctl->zctx, ZMQ_DEALER) : NULL;
   if (ctl->sock == NULL)
-    return ctl_fail(CTL_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
   zmq_setsockopt(ctl->sock, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(ctl->sock, ZMQ_SNDTIMEO, &t, sizeof t);
   if (zmq_connect(ctl->sock, ctl->endpoint) != 0)
-    return ctl_fail(CTL_EXIT_FAIL, "cannot connect to %s: %s", ctl->endpoint,
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot connect to %s: %s", ctl->endpoint,
                     zmq_strerror(errno));
   return 0;
 }
@@ -107,7 +85,7 @@ static void ctl_close(struct ctl *ctl) {
 /* Sends `req` and waits for its reply, whose body must be `expect`.
  * Returns 0 with *rep filled (the caller clears it), or an exit status
  * after printing why. */
-static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
+int gmb__ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
                     enum wire_kind expect, struct wire_reply *rep) {
   int rc = ctl_open(ctl);
   if (rc) return rc;
@@ -115,11 +93,11 @@ static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
   size_t len;
   req->id = ++ctl->next_id;
   if (gmb__wire_request_encode(req, &buf, &len) != 0)
-    return ctl_fail(CTL_EXIT_FAIL, "%s: cannot encode the request", verb);
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: cannot encode the request", verb);
   rc = zmq_send(ctl->sock, buf, len, 0);
   free(buf);
   if (rc < 0)
-    return ctl_fail(CTL_EXIT_FAIL, "%s: could not reach the broker at %s",
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: could not reach the broker at %s",
                     verb, ctl->endpoint);
   int timeout_ms = ctl->timeout_ms ? ctl->timeout_ms : CTL_TIMEOUT_MS;
   uint64_t deadline = gmb__now_ns() + (uint64_t)timeout_ms * 1000000u;
@@ -139,14 +117,14 @@ static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
     rc = gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), rep);
     zmq_msg_close(&m);
     if (rc)
-      return ctl_fail(CTL_EXIT_FAIL, "%s: the broker's reply could not be "
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: the broker's reply could not be "
                       "decoded", verb);
     if (rep->id != req->id) { /* an event or a stale reply */
       gmb__wire_reply_clear(rep);
       continue;
     }
     if (rep->status != 0) {
-      rc = ctl_fail(CTL_EXIT_FAIL, "%s: %s: %s", verb,
+      rc = gmb__ctl_fail(CTL_EXIT_FAIL, "%s: %s: %s", verb,
                     gmb_err_name(rep->status),
                     rep->message[0] ? rep->message
                                     : gmb_strerror(rep->status));
@@ -155,25 +133,25 @@ static int ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
     }
     if (rep->kind != expect) {
       gmb__wire_reply_clear(rep);
-      return ctl_fail(CTL_EXIT_FAIL, "%s: the broker answered with a %s "
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: the broker answered with a %s "
                       "reply", verb, gmb__wire_kind_name(rep->kind));
     }
     return 0;
   }
-  return ctl_fail(CTL_EXIT_FAIL, "%s: the broker at %s did not answer within "
+  return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: the broker at %s did not answer within "
                   "%d ms", verb, ctl->endpoint, timeout_ms);
 }
 
 /* --- output ------------------------------------------------------------------ */
 
-static int ctl_json_print(json_t *j) {
+int gmb__ctl_json_print(json_t *j) {
   int rc = json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(j);
   fputc('\n', stdout);
-  return rc == 0 ? 0 : ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
+  return rc == 0 ? 0 : gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
 }
 
-static json_t *ctl_json_tenants(const struct wire_reply *rep) {
+json_t *gmb__ctl_json_tenants(const struct wire_reply *rep) {
   json_t *arr = json_array();
   for (size_t i = 0; i < rep->u.admin_status.n_tenants; i++) {
     const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
@@ -196,7 +174,7 @@ static json_t *ctl_json_tenants(const struct wire_reply *rep) {
 
 #define CTL_COLS 8
 
-static void ctl_print_tenants(const struct wire_reply *rep) {
+void gmb__ctl_print_tenants(const struct wire_reply *rep) {
   static const char *head[CTL_COLS] = {"NAME",     "QUOTA",    "USED",
                                        "PEAK",     "SEGMENTS", "SESSIONS",
                                        "ALLOCS",   "FRAG"};
@@ -238,14 +216,14 @@ static void ctl_print_tenants(const struct wire_reply *rep) {
 
 /* --- verbs ------------------------------------------------------------------- */
 
-static int ctl_no_args(const struct ctl_verb *v, int argc, char **argv) {
+int gmb__ctl_no_args(const struct ctl_verb *v, int argc, char **argv) {
   if (argc > 0)
-    return ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' (usage: "
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' (usage: "
                     "gmbctl %s)", v->name, argv[0], v->usage);
   return 0;
 }
 
-static json_t *ctl_json_compact(const struct wire_compact_stats *c) {
+json_t *gmb__ctl_json_compact(const struct wire_compact_stats *c) {
   return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I}", "moves",
                    (json_int_t)c->moves, "bytes_moved",
                    (json_int_t)c->bytes_moved, "segments_released",
@@ -258,11 +236,11 @@ static json_t *ctl_json_compact(const struct wire_compact_stats *c) {
 
 static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
                       char **argv) {
-  int rc = ctl_no_args(v, argc, argv);
+  int rc = gmb__ctl_no_args(v, argc, argv);
   if (rc) return rc;
   struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
   struct wire_reply rep;
-  rc = ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
   if (rc) return rc;
   if (ctl->json) {
     json_t *j = json_pack(
@@ -270,15 +248,15 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
         "capacity", (json_int_t)rep.u.admin_status.capacity, "in_segments",
         (json_int_t)rep.u.admin_status.in_segments, "in_use",
         (json_int_t)rep.u.admin_status.in_use, "sessions",
-        (int)rep.u.admin_status.sessions, "tenants", ctl_json_tenants(&rep));
+        (int)rep.u.admin_status.sessions, "tenants", gmb__ctl_json_tenants(&rep));
     json_object_set_new(j, "largest_free",
                         json_integer((json_int_t)rep.u.admin_status.largest_free));
     json_object_set_new(j, "fragmentation",
                         json_real(rep.u.admin_status.fragmentation));
     json_object_set_new(j, "compaction",
-                        ctl_json_compact(&rep.u.admin_status.compaction));
+                        gmb__ctl_json_compact(&rep.u.admin_status.compaction));
     gmb__wire_reply_clear(&rep);
-    return ctl_json_print(j);
+    return gmb__ctl_json_print(j);
   }
   char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
   printf("device       %s\n", rep.u.admin_status.device);
@@ -296,25 +274,25 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
   printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n\n",
          (unsigned long long)cs->runs, (unsigned long long)cs->moves,
          gmb__size_format(cs->bytes_moved, b, sizeof b), cs->seconds);
-  ctl_print_tenants(&rep);
+  gmb__ctl_print_tenants(&rep);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
 
 static int ctl_tenants(struct ctl *ctl, const struct ctl_verb *v, int argc,
                        char **argv) {
-  int rc = ctl_no_args(v, argc, argv);
+  int rc = gmb__ctl_no_args(v, argc, argv);
   if (rc) return rc;
   struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
   struct wire_reply rep;
-  rc = ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
   if (rc) return rc;
   if (ctl->json) {
-    json_t *j = json_pack("{s:o}", "tenants", ctl_json_tenants(&rep));
+    json_t *j = json_pack("{s:o}", "tenants", gmb__ctl_json_tenants(&rep));
     gmb__wire_reply_clear(&rep);
-    return ctl_json_print(j);
+    return gmb__ctl_json_print(j);
   }
-  ctl_print_tenants(&rep);
+  gmb__ctl_print_tenants(&rep);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -326,16 +304,16 @@ static int ctl_compact(struct ctl *ctl, const struct ctl_verb *v, int argc,
     const char *t = NULL;
     if (strcmp(argv[i], "--tenant") == 0) {
       if (++i >= argc)
-        return ctl_fail(CTL_EXIT_USAGE, "%s: --tenant needs a name", v->name);
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --tenant needs a name", v->name);
       t = argv[i];
     } else if (strncmp(argv[i], "--tenant=", 9) == 0) {
       t = argv[i] + 9;
     } else {
-      return ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' (usage: "
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' (usage: "
                       "gmbctl %s)", v->name, argv[i], v->usage);
     }
     if (!gmb__name_valid(t))
-      return ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%s'", v->name, t);
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%s'", v->name, t);
     snprintf(req.u.admin_compact.tenant, sizeof req.u.admin_compact.tenant,
              "%s", t);
   }
@@ -343,10 +321,10 @@ static int ctl_compact(struct ctl *ctl, const struct ctl_verb *v, int argc,
    * when it is over. */
   ctl->timeout_ms = 600000;
   struct wire_reply rep;
-  int rc = ctl_call(ctl, v->name, &req, WIRE_ADMIN_COMPACT, &rep);
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_COMPACT, &rep);
   if (rc) return rc;
   const struct wire_compact_stats *c = &rep.u.compact;
-  if (ctl->json) return ctl_json_print(ctl_json_compact(c));
+  if (ctl->json) return gmb__ctl_json_print(gmb__ctl_json_compact(c));
   char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ];
   printf("compacted %s: %llu moves, %s moved, %llu segments (%s) released, "
          "%.3f s\n",
@@ -369,7 +347,7 @@ static int ctl_not_implemented(struct ctl *ctl, const struct ctl_verb *v,
   (void)ctl;
   (void)argc;
   (void)argv;
-  return ctl_fail(CTL_EXIT_USAGE, "%s: not implemented by this broker yet",
+  return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: not implemented by this broker yet",
                   v->name);
 }
 
@@ -424,7 +402,7 @@ int main(int argc, char **argv) {
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   int nrest = 0;
   const char *run_dir = NULL;
-  if (rest == NULL) return ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  if (rest == NULL) return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
 
   /* Options every verb shares may come before or after the verb; what is
    * left after the verb is the verb's. */
@@ -441,21 +419,21 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--run-dir") == 0) {
       if (++i >= argc) {
         free(rest);
-        return ctl_fail(CTL_EXIT_USAGE, "--run-dir needs a directory");
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "--run-dir needs a directory");
       }
       run_dir = argv[i];
     } else if (strncmp(a, "--run-dir=", 10) == 0) {
       run_dir = a + 10;
     } else if (verb == NULL && a[0] == '-') {
       free(rest);
-      return ctl_fail(CTL_EXIT_USAGE, "unknown option '%s' (see gmbctl --help)",
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "unknown option '%s' (see gmbctl --help)",
                       a);
     } else if (verb == NULL) {
       for (size_t k = 0; k < CTL_NVERBS; k++)
         if (strcmp(a, ctl_verbs[k].name) == 0) verb = &ctl_verbs[k];
       if (verb == NULL) {
         free(rest);
-        return ctl_fail(CTL_EXIT_USAGE, "unknown verb '%s' (see gmbctl --help)",
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "unknown verb '%s' (see gmbctl --help)",
                         a);
       }
     } else {
@@ -468,7 +446,7 @@ int main(int argc, char **argv) {
       ctl_usage(stdout);
       return 0;
     }
-    return ctl_fail(CTL_EXIT_USAGE, "no verb given (see gmbctl --help)");
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "no verb given (see gmbctl --help)");
   }
   if (help) {
     printf("usage: gmbctl [--run-dir DIR] %s\n  %s\n", verb->usage,
@@ -479,12 +457,12 @@ int main(int argc, char **argv) {
   if (run_dir) {
     if (strlen(run_dir) >= sizeof ctl.run_dir) {
       free(rest);
-      return ctl_fail(CTL_EXIT_USAGE, "--run-dir: name too long");
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "--run-dir: name too long");
     }
     snprintf(ctl.run_dir, sizeof ctl.run_dir, "%s", run_dir);
   } else if (gmb__run_dir(ctl.run_dir, sizeof ctl.run_dir) == NULL) {
     free(rest);
-    return ctl_fail(CTL_EXIT_FAIL, "the run directory's name is too long");
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "the run directory's name is too long");
   }
   int rc = verb->run(&ctl, verb, nrest, rest);
   ctl_close(&ctl);

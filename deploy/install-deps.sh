@@ -5,7 +5,8 @@
 set -eu
 
 PKGS="build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
-check libsubunit-dev libinih-dev libbsd-dev libjansson-dev"
+check libsubunit-dev libinih-dev libbsd-dev libjansson-dev libssl-dev
+libmicrohttpd-dev"
 
 missing=""
 for p in $PKGS; do
