@@ -4,11 +4,24 @@
  * The admin socket is a separate ROUTER so that its file mode keeps jobs
  * out; each message is still checked against the uid that sent it, since
  * the mode alone cannot express `admin_uids`.  Every admin action that
- * changes something is logged with the uid that asked.
+ * changes something is logged at info with the uid that asked.
+ *
+ * Limits (quota, reserve) change only for tenants that exist, configured or
+ * seen; a change is written to the state file (state.c) before it is
+ * applied, so what is in force is what survives a restart.  The invariant
+ * kept here is reserve <= quota whenever the quota is set: a change that
+ * would break it is refused.  A quota may go below what the tenant holds:
+ * nothing is taken back, its new requests are refused until it frees.
+ *
+ * A reload (SIGHUP or gmbctl reload) is all or nothing: the config file and
+ * the state file are both read before anything is applied, and a file that
+ * does not read leaves the running configuration as it was.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -17,12 +30,8 @@
 #include "gmb.h"
 #include "log.h"
 #include "session.h"
-
-int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
-  (void)b;
-  snprintf(err, errcap, "configuration reload is not implemented yet");
-  return GMB_E_INVAL;
-}
+#include "state.h"
+#include "util.h"
 
 int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid) {
   if (uid == geteuid()) return 1;
@@ -52,6 +61,9 @@ static int admin_row(void *ctx, struct gmb_tenant *t) {
   row->free_in_segments = as.free_total;
   row->largest_free = as.largest_free;
   row->fragmentation = gmb__fragmentation(as.largest_free, as.free_total);
+  row->reserve = t->reserve;
+  row->priority = t->priority;
+  row->waiting = t->waiting;
   return 0;
 }
 
@@ -84,6 +96,332 @@ static void admin_status(struct gmb_broker *b, struct wire_reply *rep) {
   rep->u.admin_status.n_tenants = r.n;
 }
 
+/* --- quota and reserve ------------------------------------------------- */
+
+static int admin_fail(struct wire_reply *rep, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int admin_fail(struct wire_reply *rep, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  rep->kind = WIRE_NONE;
+  rep->status = code;
+  vsnprintf(rep->message, sizeof rep->message, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+/* The tenant a request names, or NULL after filling the refusal. */
+static struct gmb_tenant *admin_tenant(struct gmb_broker *b, const char *name,
+                                       struct wire_reply *rep) {
+  if (!gmb__name_valid(name)) {
+    admin_fail(rep, GMB_E_INVAL, "bad tenant name '%.63s'", name);
+    return NULL;
+  }
+  struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
+  if (t == NULL)
+    admin_fail(rep, GMB_E_NOENT, "no tenant %s (a tenant exists once the "
+               "config names it or a client used it)", name);
+  return t;
+}
+
+static void admin_tenant_row(struct gmb_tenant *t, struct wire_reply *rep) {
+  struct admin_rows r = {.rows = &rep->u.tenant_row, .cap = 1};
+  admin_row(&r, t);
+  rep->kind = WIRE_TENANT_ROW;
+}
+
+struct admin_sum {
+  const struct gmb_tenant *except;
+  uint64_t total;
+};
+
+static int admin_sum_reserve(void *ctx, struct gmb_tenant *t) {
+  struct admin_sum *s = ctx;
+  if (t != s->except) s->total += t->reserve;
+  return 0;
+}
+
+static int admin_limit(struct gmb_broker *b, const struct gmb_peer *peer,
+                       const struct wire_request *req, struct wire_reply *rep,
+                       enum gmb_state_field field) {
+  const char *what = field == GMB_STATE_QUOTA ? "quota" : "reservation";
+  struct gmb_tenant *t = admin_tenant(b, req->u.admin_limit.tenant, rep);
+  if (t == NULL) return 1;
+  if (!req->u.admin_limit.set) {
+    admin_tenant_row(t, rep);
+    return 1;
+  }
+  uint64_t v = req->u.admin_limit.value;
+  char vs[GMB_SIZE_BUFSZ], os[GMB_SIZE_BUFSZ], xs[GMB_SIZE_BUFSZ];
+  if (field == GMB_STATE_QUOTA) {
+    if (v != 0 && v < t->reserve)
+      return admin_fail(rep, GMB_E_INVAL,
+                        "quota %s of %s would be below its reservation %s: "
+                        "lower the reservation first (gmbctl reserve set %s "
+                        "SIZE)", gmb__size_format(v, vs, sizeof vs), t->name,
+                        gmb__size_format(t->reserve, xs, sizeof xs), t->name);
+  } else {
+    if (t->quota != 0 && v > t->quota)
+      return admin_fail(rep, GMB_E_INVAL,
+                        "reservation %s of %s would be above its quota %s: "
+                        "raise the quota first (gmbctl quota set %s SIZE)",
+                        gmb__size_format(v, vs, sizeof vs), t->name,
+                        gmb__size_format(t->quota, xs, sizeof xs), t->name);
+    struct gmb_pool_stats ps;
+    gmb__pool_stats(b->pool, &ps);
+    struct admin_sum sum = {.except = t};
+    gmb__tenants_each(b->tenants, admin_sum_reserve, &sum);
+    if (v > ps.capacity || sum.total > ps.capacity - v)
+      return admin_fail(rep, GMB_E_INVAL,
+                        "reservation %s of %s would bring the reservations "
+                        "to more than the device's %s (others hold %s)",
+                        gmb__size_format(v, vs, sizeof vs), t->name,
+                        gmb__size_format(ps.capacity, xs, sizeof xs),
+                        gmb__size_format(sum.total, os, sizeof os));
+  }
+  uint64_t old = field == GMB_STATE_QUOTA ? t->quota : t->reserve;
+  char err[WIRE_MESSAGE_MAX - 64];
+  int persisted = 0;
+  int rc = gmb__state_set(b, t->name, field, v, &persisted, err, sizeof err);
+  if (rc)
+    return admin_fail(rep, rc, "%s of %s not changed: cannot save the state "
+                      "file: %s", what, t->name, err);
+  if (field == GMB_STATE_QUOTA)
+    gmb__tenant_set_quota(b->tenants, t, v);
+  else
+    gmb__tenant_set_reserve(b->tenants, t, v);
+  if (field == GMB_STATE_QUOTA && v == 0) snprintf(vs, sizeof vs, "unlimited");
+  else gmb__size_format(v, vs, sizeof vs);
+  if (field == GMB_STATE_QUOTA && old == 0) snprintf(os, sizeof os, "unlimited");
+  else gmb__size_format(old, os, sizeof os);
+  char note[256] = "";
+  if (field == GMB_STATE_QUOTA && v != 0 && t->used > v)
+    snprintf(note, sizeof note, "; it holds %s, more than the new quota: "
+             "nothing is taken back, its new requests are refused until it "
+             "frees memory", gmb__size_format(t->used, xs, sizeof xs));
+  if (!persisted)
+    snprintf(note + strlen(note), sizeof note - strlen(note),
+             "; not saved (no state file configured): lost at restart");
+  log_info("uid %u set %s of %s to %s (was %s)%s", (unsigned)peer->uid,
+           field == GMB_STATE_QUOTA ? "quota" : "reserve", t->name, vs, os,
+           note);
+  admin_tenant_row(t, rep);
+  snprintf(rep->message, sizeof rep->message, "%s of %s set to %s (was %s)%s",
+           what, t->name, vs, os, note);
+  /* A smaller reservation leaves room to others that may be waiting. */
+  if (field == GMB_STATE_RESERVE && v < old) gmb__dispatch_serve_waiters(b);
+  return 1;
+}
+
+/* --- evict --------------------------------------------------------------- */
+
+static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
+                       const struct wire_request *req, struct wire_reply *rep) {
+  struct gmb_tenant *t = admin_tenant(b, req->u.admin_evict.tenant, rep);
+  if (t == NULL) return 1;
+  uint64_t before = t->used;
+  uint32_t n = 0;
+  char why[128];
+  snprintf(why, sizeof why, "evicted by uid %u (gmbctl evict %s)",
+           (unsigned)peer->uid, t->name);
+  /* session_end unlinks the session from t->sessions, so take the head
+   * each time; it also drops the session's waiting allocations. */
+  struct gmb_session *s;
+  while ((s = t->sessions) != NULL) {
+    struct wire_reply ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = WIRE_EVENT;
+    ev.u.event.kind = WIRE_EVENT_EVICTED;
+    snprintf(ev.message, sizeof ev.message, "tenant %s was %s", t->name, why);
+    gmb__loop_send(b, b->client_sock, s->rid, s->rid_len, &ev);
+    gmb__session_end(b, s, why);
+    n++;
+  }
+  uint64_t freed = before - t->used;
+  char fs[GMB_SIZE_BUFSZ];
+  log_info("uid %u evicted tenant %s: %u sessions ended, %s freed",
+           (unsigned)peer->uid, t->name, n,
+           gmb__size_format(freed, fs, sizeof fs));
+  rep->kind = WIRE_ADMIN_EVICT;
+  rep->u.evict.sessions = n;
+  rep->u.evict.bytes_freed = freed;
+  snprintf(rep->message, sizeof rep->message,
+           "tenant %s: %u sessions ended, %s freed", t->name, n, fs);
+  return 1;
+}
+
+/* --- reload -------------------------------------------------------------- */
+
+/* Appends to the reload summary (kept short: it goes back to gmbctl). */
+static void admin_note(char *sum, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void admin_note(char *sum, size_t cap, const char *fmt, ...) {
+  size_t n = strlen(sum);
+  if (n + 3 >= cap) return;
+  if (n) {
+    memcpy(sum + n, "; ", 3);
+    n += 2;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sum + n, cap - n, fmt, ap);
+  va_end(ap);
+}
+
+struct admin_hb {
+  size_t n;
+};
+
+static void admin_count_hb(void *ctx, struct gmb_session *s) {
+  struct admin_hb *h = ctx;
+  if (s->pidfd < 0) h->n++;
+}
+
+static mode_t admin_socket_mode(const struct gmb_config *c) {
+  for (size_t i = 0; i < c->n_admin_uids; i++)
+    if (c->admin_uids[i] != geteuid()) return 0666;
+  return 0600;
+}
+
+/* Copies a tenant section onto the tenant (created when new). */
+static int admin_apply_tenant(struct gmb_broker *b,
+                              const struct gmb_tenant_conf *tc, int *created) {
+  struct gmb_tenant *t = gmb__tenant_find(b->tenants, tc->name);
+  *created = 0;
+  if (t == NULL) {
+    char why[256];
+    if (gmb__tenant_admit(b->tenants, tc->name, geteuid(), NULL, 0, &t, why,
+                          sizeof why) != 0) {
+      log_error("reload: cannot create tenant %s: %s", tc->name, why);
+      return -1;
+    }
+    t->has_owner = 0; /* bound by its uids or token, or by first use */
+    t->owner_uid = 0;
+    *created = 1;
+  }
+  t->configured = 1;
+  gmb__tenant_set_quota(b->tenants, t, tc->quota);
+  gmb__tenant_set_reserve(b->tenants, t, tc->reserve);
+  t->priority = tc->priority;
+  memcpy(t->uids, tc->uids, tc->n_uids * sizeof tc->uids[0]);
+  t->n_uids = tc->n_uids;
+  t->has_token = tc->has_token;
+  memcpy(t->token_sha256, tc->token_sha256, sizeof t->token_sha256);
+  return 0;
+}
+
+int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
+  if (b->config_path[0] == '\0') {
+    snprintf(err, errcap, "the broker was started without --config");
+    return GMB_E_INVAL;
+  }
+  struct gmb_config nc;
+  int rc = gmb__config_load(b->config_path, &nc, err, errcap);
+  if (rc) return rc;
+  /* The state path is a restart setting too: read the running one. */
+  rc = gmb__state_reread(b, err, errcap);
+  if (rc) {
+    gmb__config_free(&nc);
+    return rc;
+  }
+  struct gmb_config *oc = &b->cfg;
+  char sum[WIRE_MESSAGE_MAX - 64] = "";
+
+  /* What cannot change without a restart keeps its running value. */
+  /* What cannot change without a restart keeps its running value (which
+   * may have come from a command-line flag rather than the file). */
+  if (strcmp(nc.device, oc->device) != 0)
+    admin_note(sum, sizeof sum, "device: the config says %s, %s runs until "
+               "restart", nc.device, oc->device);
+  if (nc.capacity != oc->capacity || nc.device_reserve != oc->device_reserve)
+    admin_note(sum, sizeof sum, "capacity/device_reserve: kept until restart");
+  if (strcmp(nc.run_dir, oc->run_dir) != 0)
+    admin_note(sum, sizeof sum, "run_dir: kept until restart");
+  if (strcmp(nc.metrics_listen, oc->metrics_listen) != 0)
+    admin_note(sum, sizeof sum, "metrics_listen: kept until restart");
+  if (strcmp(nc.state, oc->state) != 0)
+    admin_note(sum, sizeof sum, "state: path kept until restart");
+  memcpy(nc.device, oc->device, sizeof nc.device);
+  nc.capacity = oc->capacity;
+  nc.device_reserve = oc->device_reserve;
+  memcpy(nc.run_dir, oc->run_dir, sizeof nc.run_dir);
+  memcpy(nc.metrics_listen, oc->metrics_listen, sizeof nc.metrics_listen);
+  memcpy(nc.state, oc->state, sizeof nc.state);
+
+  /* Clients that heartbeat were told the period at Hello; a shorter one
+   * now would end them for silence, so it waits for them to go. */
+  if (nc.heartbeat_ms < oc->heartbeat_ms) {
+    struct admin_hb h = {0};
+    gmb__sessions_each(b->sessions, admin_count_hb, &h);
+    if (h.n) {
+      admin_note(sum, sizeof sum, "heartbeat_ms %u ignored until restart (%zu "
+                 "sessions heartbeat every %u ms)", nc.heartbeat_ms, h.n,
+                 oc->heartbeat_ms);
+      nc.heartbeat_ms = oc->heartbeat_ms;
+    }
+  }
+  if (nc.default_quota != oc->default_quota)
+    admin_note(sum, sizeof sum, "default_quota: kept until restart (the "
+               "tenant registry has no setter yet)");
+
+  size_t created = 0, updated = 0, kept = 0;
+  for (size_t i = 0; i < nc.n_tenants; i++) {
+    int c = 0;
+    if (admin_apply_tenant(b, &nc.tenants[i], &c) != 0) continue;
+    if (c) created++;
+    else updated++;
+  }
+  for (size_t i = 0; i < oc->n_tenants; i++) {
+    if (gmb__config_tenant(&nc, oc->tenants[i].name)) continue;
+    struct gmb_tenant *t = gmb__tenant_find(b->tenants, oc->tenants[i].name);
+    if (t == NULL) continue;
+    t->configured = 0;
+    kept++;
+    log_info("reload: tenant %s is no longer in the config; it keeps running "
+             "with its current limits and uids", t->name);
+  }
+  if (kept)
+    admin_note(sum, sizeof sum, "%zu tenants no longer configured keep their "
+               "limits", kept);
+
+  mode_t om = admin_socket_mode(oc), nm = admin_socket_mode(&nc);
+  if (om != nm && b->admin_path[0] && chmod(b->admin_path, nm) != 0)
+    log_warn("reload: chmod %s %o: %m", b->admin_path, (unsigned)nm);
+  gmb__log_set_level(nc.log_level);
+
+  gmb__config_free(oc);
+  b->cfg = nc;
+  int applied = gmb__state_apply(b);
+  if (applied > 0)
+    admin_note(sum, sizeof sum, "state file overrides %d tenants", applied);
+  /* The summary: what happened first, then the notes. */
+  int n = snprintf(err, errcap, "reloaded %.200s: %zu tenants updated, %zu "
+                   "created", b->config_path, updated, created);
+  if (sum[0] && n > 0 && (size_t)n < errcap)
+    snprintf(err + n, errcap - (size_t)n, "; %s", sum);
+  log_info("%s", err);
+  /* Limits may have grown or reservations shrunk: serve who waits. */
+  gmb__dispatch_serve_waiters(b);
+  return 0;
+}
+
+static int admin_reload(struct gmb_broker *b, const struct gmb_peer *peer,
+                        struct wire_reply *rep) {
+  char msg[WIRE_MESSAGE_MAX];
+  log_info("uid %u asked for a reload of the configuration",
+           (unsigned)peer->uid);
+  int rc = gmb__admin_reload(b, msg, sizeof msg);
+  if (rc) {
+    log_error("reload failed, the running configuration is kept: %s", msg);
+    return admin_fail(rep, rc, "%s (the running configuration is kept)", msg);
+  }
+  rep->kind = WIRE_NONE;
+  snprintf(rep->message, sizeof rep->message, "%s", msg);
+  return 1;
+}
+
 int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
                const struct wire_request *req, struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
@@ -104,6 +442,14 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
     case WIRE_ADMIN_COMPACT:
       gmb__defrag_admin(b, peer, req); /* answered when the run ends */
       return 0;
+    case WIRE_ADMIN_QUOTA:
+      return admin_limit(b, peer, req, rep, GMB_STATE_QUOTA);
+    case WIRE_ADMIN_RESERVE:
+      return admin_limit(b, peer, req, rep, GMB_STATE_RESERVE);
+    case WIRE_ADMIN_EVICT:
+      return admin_evict(b, peer, req, rep);
+    case WIRE_ADMIN_RELOAD:
+      return admin_reload(b, peer, rep);
     case WIRE_ADMIN_SNAPSHOT:
       gmb__observe_snapshot(b, rep);
       return 1;

@@ -9,10 +9,32 @@
  * once the pool said yes; the loop is single-threaded, so nothing can come
  * between the two, and `used` and `peak` count only memory handed out.
  *
- * Waiters are kept in arrival order.  When memory is freed they are tried
- * in that order; one that fits is served, one that does not keeps its
- * place.  (Priorities and protection of a large request at the head come
- * with the operator plane.)
+ * Reservations (tenant.h has the rule): an allocation that made its
+ * tenant's segments grow is checked once the pool said yes, and rolled
+ * back (GMB_E_NOMEM, naming the reservation) when it would leave the
+ * device unable to give another tenant the unused part of its
+ * reservation.  Checking after the pool is exact (the pool decides whether
+ * a segment is made and how large); the rollback releases the segment.
+ *
+ * The wait queue holds gmb_alloc_wait requests that found no room, ordered
+ * by tenant priority (higher first; the priority when the request came),
+ * then arrival.  Whenever memory may have come back (a free, a session's
+ * end, a compaction, a smaller reservation, an expired or dead waiter) it
+ * is served from the head:
+ *   - a waiter that fits is served;
+ *   - the first waiter that does not fit BLOCKS the waiters behind it, so a
+ *     large request is never starved by a stream of smaller ones of equal
+ *     or lower priority; higher priorities are ahead of it anyway;
+ *   - except that a request within its own tenant's reservation is served
+ *     even behind a blocked one: that memory is kept for its tenant, the
+ *     blocked request could never have had it.
+ * A new waiting request joins the queue at its place (and the queue is
+ * served) when a waiter of equal or higher priority is already there, so
+ * it cannot jump the queue either.  A request that does not wait
+ * (timeout 0) is answered at once and is not held back by the queue.
+ * Requests queued only until a compaction run ends (`after_compact`: they
+ * did not ask to wait) never block others: they are tried as memory comes
+ * back and answered GMB_E_NOMEM when the run ends.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -38,7 +60,18 @@ struct gmb_waiter {
   uint32_t flags;
   uint64_t deadline_ns; /* UINT64_MAX: for ever */
   int after_compact;    /* answer GMB_E_NOMEM when the run ends */
+  int priority;         /* its tenant's, when it came */
 };
+
+/* Why an allocation was refused GMB_E_NOMEM. */
+enum {
+  DISPATCH_NO_ROOM = 1,  /* the device has no room (rep's message unset) */
+  DISPATCH_RESERVED,     /* another tenant's reservation (message set) */
+};
+
+static uint64_t dispatch_round(uint64_t size) {
+  return (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
+}
 
 static void dispatch_fail(struct wire_reply *rep, int status, const char *fmt,
                           ...) __attribute__((format(printf, 3, 4)));
@@ -211,16 +244,10 @@ static void dispatch_nomem(struct gmb_broker *b, struct gmb_session *s,
              u.by[i].t->name);
 }
 
-/*
- * Tries to allocate for session s.  Returns 0 with *rep filled, or the
- * refusal (GMB_E_NOMEM is returned without touching *rep's message so the
- * caller may queue the request instead).
- */
-static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
-                              uint64_t size, uint32_t flags,
-                              struct wire_reply *rep) {
-  struct gmb_tenant *t = s->tenant;
-  uint64_t rounded = (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
+/* 0 when `rounded` more bytes fit t's quota, else GMB_E_QUOTA with *rep
+ * filled (and the refusal counted). */
+static int dispatch_quota(struct gmb_tenant *t, uint64_t rounded,
+                          struct wire_reply *rep) {
   int rc = gmb__tenant_fits(t, rounded);
   if (rc) {
     char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
@@ -229,15 +256,55 @@ static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
                   gmb__size_format(rounded, r, sizeof r),
                   gmb__size_format(t->quota, q, sizeof q),
                   gmb__size_format(t->used, u, sizeof u));
-    return rc;
   }
+  return rc;
+}
+
+/*
+ * Tries to allocate for session s.  Returns 0 with *rep filled, or the
+ * refusal.  GMB_E_NOMEM comes with *nomem_why: DISPATCH_NO_ROOM leaves
+ * *rep's message alone so the caller may queue the request or explain
+ * with dispatch_nomem(); DISPATCH_RESERVED has the message set.
+ */
+static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
+                              uint64_t size, uint32_t flags,
+                              struct wire_reply *rep, int *nomem_why) {
+  struct gmb_tenant *t = s->tenant;
+  uint64_t rounded = dispatch_round(size);
+  *nomem_why = 0;
+  int rc = dispatch_quota(t, rounded, rep);
+  if (rc) return rc;
   struct gmb_alloc_info info;
+  uint64_t seg_before = t->segment_bytes;
   rc = gmb__pool_alloc(b->pool, t->arena, size, flags, s, &info);
+  /* The pool may have made a segment for t, or released lingering ones
+   * (the retire callback counted those). */
+  gmb__tenant_segments_sync(b->tenants, t);
   if (rc) {
     if (rc != GMB_E_NOMEM)
       dispatch_fail(rep, rc, "allocation of %" PRIu64 " bytes failed: %s",
                     size, gmb_strerror(rc));
+    else
+      *nomem_why = DISPATCH_NO_ROOM;
     return rc;
+  }
+  if (t->segment_bytes > seg_before) {
+    uint64_t room = b->dev->capacity > b->dev->in_use
+                        ? b->dev->capacity - b->dev->in_use
+                        : 0;
+    char why[WIRE_MESSAGE_MAX];
+    rc = gmb__tenant_reserve_allows(b->tenants, t, rounded, room, why,
+                                    sizeof why);
+    if (rc) {
+      gmb__pool_free(b->pool, info.id, NULL);
+      /* A small segment made for it would linger, counted as t's and
+       * taking room from the reservations: give it back now. */
+      gmb__pool_trim(b->pool);
+      gmb__tenant_segments_sync(b->tenants, t);
+      dispatch_fail(rep, rc, "%s", why);
+      *nomem_why = DISPATCH_RESERVED;
+      return rc;
+    }
   }
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
   uint32_t slot = 0;
@@ -274,6 +341,15 @@ static int dispatch_try_alloc(struct gmb_broker *b, struct gmb_session *s,
   return 0;
 }
 
+/* 1 when a request that asked to wait (not one held only for a
+ * compaction run) of priority >= `priority` is queued. */
+static int dispatch_waits_ahead(const struct gmb_broker *b, int priority) {
+  for (const struct gmb_waiter *w = b->wait_head; w && w->priority >= priority;
+       w = w->next)
+    if (!w->after_compact) return 1;
+  return 0;
+}
+
 static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                           const struct wire_request *req,
                           struct wire_reply *rep) {
@@ -288,27 +364,52 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                   flags & ~GMB_MOVABLE);
     return 1;
   }
-  int rc = dispatch_try_alloc(b, s, size, flags, rep);
+  int timeout_ms = req->u.alloc.timeout_ms;
+  if (timeout_ms != 0 && dispatch_waits_ahead(b, s->tenant->priority)) {
+    /* Others of equal or higher priority wait already: join the queue at
+     * this request's place, then serve it, so no request jumps it.  The
+     * quota is still refused at once: waiting would not help. */
+    if (dispatch_quota(s->tenant, dispatch_round(size), rep)) return 1;
+    if (gmb__dispatch_queue(b, s, req->id, size, flags, timeout_ms, 0) != 0) {
+      dispatch_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
+                    "host memory");
+      return 1;
+    }
+    gmb__dispatch_serve_waiters(b);
+    return 0;
+  }
+  int why = 0;
+  int rc = dispatch_try_alloc(b, s, size, flags, rep, &why);
   if (rc != GMB_E_NOMEM) return 1;
+  if (why == DISPATCH_RESERVED) {
+    /* Compaction cannot help: the room is there, it is kept for others.
+     * Only freed memory (or a smaller reservation) can. */
+    if (timeout_ms == 0) return 1;
+    if (gmb__dispatch_queue(b, s, req->id, size, flags, timeout_ms, 0) != 0) {
+      dispatch_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
+                    "host memory");
+      return 1;
+    }
+    return 0;
+  }
   /* It fits the device's free total but no free range: compaction can
    * make room, so the request waits for a run (started now, unless one is
    * in progress) before it is answered. */
-  uint64_t total = 0, rounded = (size + GMB_POOL_ALIGN - 1) &
-                                ~(uint64_t)(GMB_POOL_ALIGN - 1);
+  uint64_t total = 0, rounded = dispatch_round(size);
   gmb__defrag_device_fragmentation(b, NULL, &total);
   int compact = b->cfg.compaction && total >= rounded;
-  if (req->u.alloc.timeout_ms == 0 && !compact) {
+  if (timeout_ms == 0 && !compact) {
     dispatch_nomem(b, s, rounded, rep);
     return 1;
   }
-  if (gmb__dispatch_queue(b, s, req->id, size, flags, req->u.alloc.timeout_ms,
-                          req->u.alloc.timeout_ms == 0) != 0) {
+  if (gmb__dispatch_queue(b, s, req->id, size, flags, timeout_ms,
+                          timeout_ms == 0) != 0) {
     dispatch_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
                   "host memory");
     return 1;
   }
   if (compact) gmb__defrag_start(b, NULL, GMB_DEFRAG_REQUEST);
-  if (req->u.alloc.timeout_ms == 0 && b->compacting == NULL) {
+  if (timeout_ms == 0 && b->compacting == NULL) {
     /* No run could start: answer now rather than never. */
     gmb__dispatch_compaction_over(b);
   }
@@ -328,21 +429,41 @@ int gmb__dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
   w->deadline_ns = timeout_ms <= 0 ? UINT64_MAX
                                    : gmb__now_ns() +
                                          (uint64_t)timeout_ms * 1000000u;
-  w->prev = b->wait_tail;
-  if (b->wait_tail)
-    b->wait_tail->next = w;
+  w->priority = s->tenant->priority;
+  /* After the last waiter of equal or higher priority: priority first,
+   * then arrival.  Walks from the tail, where equal priorities end. */
+  struct gmb_waiter *after = b->wait_tail;
+  while (after && after->priority < w->priority) after = after->prev;
+  w->prev = after;
+  w->next = after ? after->next : b->wait_head;
+  if (w->next)
+    w->next->prev = w;
+  else
+    b->wait_tail = w;
+  if (after)
+    after->next = w;
   else
     b->wait_head = w;
-  b->wait_tail = w;
   b->n_waiting++;
-  if (after_compact) b->n_after_compact++;
-  log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for memory (%d ms%s)",
-            s->id, size, timeout_ms, after_compact ? ", compaction" : "");
+  s->tenant->waiting++;
+  if (after_compact) {
+    b->n_after_compact++;
+    log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for a "
+              "compaction run", s->id, size);
+  } else {
+    char sz[GMB_SIZE_BUFSZ];
+    log_info("session %" PRIu64 " (tenant %s, priority %d): %s wait for "
+             "memory (timeout %d ms); %zu requests waiting",
+             s->id, s->tenant->name, w->priority,
+             gmb__size_format(size, sz, sizeof sz), timeout_ms, b->n_waiting);
+  }
   return 0;
 }
 
 static void dispatch_unqueue(struct gmb_broker *b, struct gmb_waiter *w) {
   if (w->after_compact) b->n_after_compact--;
+  GMB_ASSERT(w->session->tenant->waiting > 0 && "waiting count drifted");
+  w->session->tenant->waiting--;
   if (w->prev)
     w->prev->next = w->next;
   else
@@ -361,14 +482,23 @@ static void dispatch_answer(struct gmb_broker *b, struct gmb_session *s,
 }
 
 void gmb__dispatch_serve_waiters(struct gmb_broker *b) {
+  int blocked = 0; /* a waiter ahead did not fit: hold back the rest */
   struct gmb_waiter *w = b->wait_head, *next;
   for (; w; w = next) {
     next = w->next;
+    struct gmb_tenant *t = w->session->tenant;
+    if (blocked && !w->after_compact &&
+        !gmb__tenant_within_reserve(t, dispatch_round(w->size)))
+      continue;
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.id = w->req_id;
-    int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep);
-    if (rc == GMB_E_NOMEM) continue;
+    int why = 0;
+    int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep, &why);
+    if (rc == GMB_E_NOMEM) {
+      if (!w->after_compact) blocked = 1;
+      continue;
+    }
     dispatch_answer(b, w->session, &rep);
     dispatch_unqueue(b, w);
   }
@@ -383,12 +513,10 @@ void gmb__dispatch_compaction_over(struct gmb_broker *b) {
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.id = w->req_id;
-    int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep);
-    if (rc == GMB_E_NOMEM)
-      dispatch_nomem(b, w->session,
-                     (w->size + GMB_POOL_ALIGN - 1) &
-                         ~(uint64_t)(GMB_POOL_ALIGN - 1),
-                     &rep);
+    int why = 0;
+    int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep, &why);
+    if (rc == GMB_E_NOMEM && why == DISPATCH_NO_ROOM)
+      dispatch_nomem(b, w->session, dispatch_round(w->size), &rep);
     dispatch_answer(b, w->session, &rep);
     dispatch_unqueue(b, w);
   }
@@ -396,6 +524,7 @@ void gmb__dispatch_compaction_over(struct gmb_broker *b) {
 
 uint64_t gmb__dispatch_expire_waiters(struct gmb_broker *b, uint64_t now) {
   uint64_t next_in = UINT64_MAX;
+  int expired = 0;
   struct gmb_waiter *w = b->wait_head, *next;
   for (; w; w = next) {
     next = w->next;
@@ -407,20 +536,29 @@ uint64_t gmb__dispatch_expire_waiters(struct gmb_broker *b, uint64_t now) {
       dispatch_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
                     gmb__size_format(w->size, sz, sizeof sz));
       dispatch_answer(b, w->session, &rep);
+      expired += !w->after_compact;
       dispatch_unqueue(b, w);
     } else if (w->deadline_ns - now < next_in) {
       next_in = w->deadline_ns - now;
     }
   }
+  /* A waiter that gave up may have been holding back smaller ones. */
+  if (expired) gmb__dispatch_serve_waiters(b);
   return next_in;
 }
 
 void gmb__dispatch_drop_waiters(struct gmb_broker *b, struct gmb_session *s) {
+  int dropped = 0;
   struct gmb_waiter *w = b->wait_head, *next;
   for (; w; w = next) {
     next = w->next;
-    if (w->session == s) dispatch_unqueue(b, w);
+    if (w->session == s) {
+      dropped += !w->after_compact;
+      dispatch_unqueue(b, w);
+    }
   }
+  /* Its requests may have been holding back others'. */
+  if (dropped) gmb__dispatch_serve_waiters(b);
 }
 
 /* --- free, stats, segment ------------------------------------------- */
@@ -487,6 +625,7 @@ void gmb__dispatch_retire(void *ctx, const struct gmb_dseg *seg,
   struct gmb_broker *b = ctx;
   struct gmb_tenant *t = arena_tag;
   if (b == NULL || t == NULL) return;
+  if (b->tenants) gmb__tenant_segment_retired(b->tenants, t, seg->size);
   for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
     if (!gmb__session_seg_forget(s, seg->id)) continue;
     struct wire_reply ev;

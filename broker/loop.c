@@ -433,6 +433,7 @@ int gmb__loop_run(struct gmb_broker *b) {
       gmb__defrag_timer(b, now);
       next_frag = now + LOOP_FRAG_NS;
     }
+    gmb__observe_tick(b, now); /* publishes metrics to HTTP once a second */
     if (now >= next_hb) {
       struct loop_hb h = {b, now};
       gmb__sessions_each(b->sessions, loop_check_heartbeat, &h);

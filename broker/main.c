@@ -15,6 +15,7 @@
 #include "gmb.h"
 #include "log.h"
 #include "observe.h"
+#include "state.h"
 #include "session.h"
 #include "util.h"
 
@@ -131,9 +132,24 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gmb-broker: out of memory at start-up\n");
     return 1;
   }
+  char msg[256];
+  if (gmb__tenants_check_reservations(b->tenants, b->dev->capacity, msg,
+                                      sizeof msg) != 0)
+    log_warn("%s", msg);
+  /* Limits an operator set at run time win over the config; a state file
+   * that does not read is a reason not to start, not to drop them. */
+  if (gmb__state_load(b, err, sizeof err) != 0) {
+    fprintf(stderr, "gmb-broker: state: %s\n", err);
+    return 2;
+  }
   b->start_ns = gmb__now_ns();
   int status = 0;
   if (gmb__loop_open(b, err, sizeof err) != 0) {
+    fprintf(stderr, "gmb-broker: %s\n", err);
+    status = 1;
+  } else if (gmb__observe_serve(b, err, sizeof err) != 0) {
+    /* metrics_listen was asked for and cannot be served: say so now
+     * rather than run without the endpoint an operator relies on. */
     fprintf(stderr, "gmb-broker: %s\n", err);
     status = 1;
   } else {
@@ -153,6 +169,7 @@ int main(int argc, char **argv) {
   gmb__device_close(b->dev);
   gmb__loop_close(b);
   gmb__observe_destroy(b->observe);
+  gmb__state_free();
   gmb__config_free(&b->cfg);
   log_info("stopped");
   return status;

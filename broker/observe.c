@@ -1,41 +1,462 @@
 /*
- * observe.c - placeholder while the operator issue builds snapshots and
- * metrics: every entry point answers that it is not there yet.
+ * observe.c - what the broker shows of itself: the snapshot behind gmbctl
+ * map/snapshot, the counters behind the metrics, and the metrics text for
+ * gmbctl metrics and the HTTP endpoint (docs/metrics.md, docs/snapshot.md).
+ *
+ * Owns: request counters per kind and per refusal, the allocation latency
+ * histogram, and the HTTP endpoint with its publish timer.  All of it runs
+ * on the loop thread; the endpoint's server thread only reads the copy of
+ * the text published through gmb__http_publish().
+ *
+ * Invariants: a snapshot's ranges tile each segment in address order (the
+ * pool walk guarantees it; the snapshot only copies); its status is the
+ * admin status itself (built by admin.c, not rebuilt here), so that map,
+ * snapshot and status never disagree; every counter only grows.
  */
 #include "observe.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "compact.h"
 #include "gmb.h"
+#include "http.h"
+#include "locktab.h"
+#include "log.h"
+#include "session.h"
+#include "tenant.h"
+#include "util.h"
+
+#define OBSERVE_KINDS 32  /* > every enum wire_kind */
+#define OBSERVE_CODES 32  /* > every -GMB_E_* */
+#define OBSERVE_PUBLISH_NS (1000ull * 1000000ull)
+
+/* Upper bounds of the allocation latency buckets, in seconds.  An answer
+ * from the pool takes microseconds; one that created a segment or waited
+ * for compaction, milliseconds to seconds: the buckets span both. */
+static const double observe_le[] = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+    0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,   1,
+    2.5,     5,        10};
+#define OBSERVE_NLE (sizeof observe_le / sizeof observe_le[0])
 
 struct gmb_observe {
-  int unused;
+  uint64_t requests[OBSERVE_KINDS];
+  uint64_t refusals[OBSERVE_CODES]; /* by -status */
+  uint64_t alloc_bucket[OBSERVE_NLE + 1]; /* not cumulative; last: +Inf */
+  uint64_t alloc_count;
+  double alloc_seconds;
+  struct gmb_http *http;
+  uint64_t next_publish_ns; /* 0: publish at the next tick */
 };
 
 struct gmb_observe *gmb__observe_new(void) {
   return calloc(1, sizeof(struct gmb_observe));
 }
 
-void gmb__observe_destroy(struct gmb_observe *o) { free(o); }
+void gmb__observe_destroy(struct gmb_observe *o) {
+  if (o == NULL) return;
+  gmb__http_stop(o->http);
+  free(o);
+}
 
 void gmb__observe_request(struct gmb_broker *b, enum wire_kind kind,
                           int status, uint64_t ns) {
-  (void)b;
-  (void)kind;
-  (void)status;
-  (void)ns;
+  struct gmb_observe *o = b->observe;
+  if (o == NULL) return;
+  if ((unsigned)kind < OBSERVE_KINDS) o->requests[kind]++;
+  if (status < 0 && -status < OBSERVE_CODES) o->refusals[-status]++;
+  if (kind != WIRE_ALLOC) return;
+  double s = (double)ns / 1e9;
+  size_t i = 0;
+  while (i < OBSERVE_NLE && s > observe_le[i]) i++;
+  o->alloc_bucket[i]++;
+  o->alloc_count++;
+  o->alloc_seconds += s;
+}
+
+/* --- snapshot ------------------------------------------------------------ */
+
+struct observe_walk {
+  struct gmb_broker *b;
+  struct wire_segment_info *segs;
+  size_t n, cap;
+  size_t rcap; /* capacity of segs[n - 1].ranges */
+  int oom;
+};
+
+/* A segment is small (one of the shared 2 MiB ones) when it has that size
+ * and nothing in it is larger than a small request: a large request is
+ * over GMB_POOL_SMALL_MAX, and a large segment is never wholly free (it
+ * goes back to the device when it empties; only small ones linger).  The
+ * pool does not export the class; this is exact under those rules. */
+static int observe_small(const struct wire_segment_info *si) {
+  if (si->size != GMB_POOL_SMALL_SEGMENT) return 0;
+  for (size_t k = 0; k < si->n_ranges; k++)
+    if ((si->ranges[k].id || si->ranges[k].locked) &&
+        si->ranges[k].size > GMB_POOL_SMALL_MAX)
+      return 0;
+  return 1;
+}
+
+static int observe_range(void *ctx, const struct gmb_alloc_info *info,
+                         int is_free) {
+  struct observe_walk *w = ctx;
+  struct wire_segment_info *si =
+      w->n ? &w->segs[w->n - 1] : NULL;
+  if (si == NULL || si->id != info->dseg->id) {
+    if (w->n == w->cap) {
+      size_t cap = w->cap ? w->cap * 2 : 16;
+      struct wire_segment_info *s = realloc(w->segs, cap * sizeof *s);
+      if (s == NULL) return w->oom = 1;
+      w->segs = s;
+      w->cap = cap;
+    }
+    si = &w->segs[w->n++];
+    memset(si, 0, sizeof *si);
+    w->rcap = 0;
+    si->id = info->dseg->id;
+    si->size = info->dseg->size;
+    void *tag = NULL;
+    gmb__pool_segment(w->b->pool, si->id, &tag);
+    const struct gmb_tenant *t = tag;
+    snprintf(si->tenant, sizeof si->tenant, "%s", t ? t->name : "");
+  }
+  if (si->n_ranges == w->rcap) {
+    size_t cap = w->rcap ? w->rcap * 2 : 8;
+    struct wire_range_info *r = realloc(si->ranges, cap * sizeof *r);
+    if (r == NULL) return w->oom = 1;
+    si->ranges = r;
+    w->rcap = cap;
+  }
+  struct wire_range_info *ri = &si->ranges[si->n_ranges++];
+  memset(ri, 0, sizeof *ri);
+  ri->offset = info->offset;
+  ri->size = info->size;
+  if (is_free) return 0;
+  if (info->id == 0) {
+    /* A move target in flight: neither free nor an allocation yet.  It
+     * is shown as an id-0 range that is locked (docs/snapshot.md). */
+    ri->locked = 1;
+    return 0;
+  }
+  ri->id = info->id;
+  ri->movable = (info->flags & GMB_MOVABLE) != 0;
+  const struct gmb_session *s = info->owner;
+  if (s) {
+    ri->session = s->id;
+    /* The slot is the allocation's tag - 1 (dispatch.c). */
+    if (ri->movable && info->tag && s->lt)
+      ri->locked = gmb__locktab_holders(s->lt, info->tag - 1) != 0;
+  }
+  return 0;
+}
+
+static void observe_segments_free(struct wire_segment_info *segs, size_t n) {
+  for (size_t i = 0; i < n; i++) free(segs[i].ranges);
+  free(segs);
 }
 
 void gmb__observe_snapshot(struct gmb_broker *b, struct wire_reply *rep) {
-  (void)b;
-  rep->status = GMB_E_PROTO;
-  snprintf(rep->message, sizeof rep->message,
-           "snapshots are not implemented by this broker yet");
+  /* The status is exactly what AdminStatus answers: ask admin.c for it as
+   * the broker's own uid (always an admin), so it is built in one place. */
+  struct gmb_peer self = {.uid = geteuid(), .gid = getegid()};
+  struct wire_request sreq = {.id = rep->id, .kind = WIRE_ADMIN_STATUS};
+  struct wire_reply st;
+  gmb__admin(b, &self, &sreq, &st);
+  if (st.status != 0 || st.kind != WIRE_ADMIN_STATUS) {
+    rep->status = st.status ? st.status : GMB_E_SYSTEM;
+    snprintf(rep->message, sizeof rep->message, "%s", st.message);
+    gmb__wire_reply_clear(&st);
+    return;
+  }
+  struct observe_walk w = {.b = b};
+  gmb__pool_walk(b->pool, observe_range, &w);
+  if (w.oom) {
+    observe_segments_free(w.segs, w.n);
+    gmb__wire_reply_clear(&st);
+    rep->status = GMB_E_SYSTEM;
+    snprintf(rep->message, sizeof rep->message, "out of host memory");
+    return;
+  }
+  for (size_t i = 0; i < w.n; i++) w.segs[i].small = observe_small(&w.segs[i]);
+  rep->kind = WIRE_ADMIN_SNAPSHOT;
+  rep->u.snapshot.status = st.u.admin_status; /* takes its tenants */
+  rep->u.snapshot.segments = w.segs;
+  rep->u.snapshot.n_segments = w.n;
+}
+
+/* --- metrics ------------------------------------------------------------- */
+
+/* Writes a label value escaped as the exposition format wants: backslash,
+ * double quote and newline. */
+static void observe_label(FILE *f, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\')
+      fputs("\\\\", f);
+    else if (*v == '"')
+      fputs("\\\"", f);
+    else if (*v == '\n')
+      fputs("\\n", f);
+    else
+      fputc(*v, f);
+  }
+}
+
+static void observe_head(FILE *f, const char *name, const char *type,
+                         const char *help) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void observe_u64(FILE *f, const char *name, const char *type,
+                        const char *help, uint64_t v) {
+  observe_head(f, name, type, help);
+  fprintf(f, "%s %" PRIu64 "\n", name, v);
+}
+
+static void observe_dbl(FILE *f, const char *name, const char *type,
+                        const char *help, double v) {
+  observe_head(f, name, type, help);
+  fprintf(f, "%s %.9g\n", name, v);
+}
+
+/* One tenant's figures, gathered once so each metric family can list
+ * every tenant (the format wants a family's samples together). */
+struct observe_tenant {
+  const char *name;
+  uint64_t used, quota, reserve, peak, segment_bytes, allocations,
+      refusals_quota;
+  unsigned sessions;
+  double frag;
+};
+
+struct observe_tenants {
+  struct observe_tenant *t;
+  size_t n, cap;
+};
+
+static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
+  struct observe_tenants *r = ctx;
+  if (r->n == r->cap) return 1;
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(t->arena, &as);
+  r->t[r->n++] = (struct observe_tenant){
+      .name = t->name,
+      .used = t->used,
+      .quota = t->quota,
+      .reserve = t->reserve,
+      .peak = t->peak,
+      .segment_bytes = as.segment_bytes,
+      .allocations = as.allocations,
+      .refusals_quota = t->refusals_quota,
+      .sessions = t->n_sessions,
+      .frag = gmb__fragmentation(as.largest_free, as.free_total)};
+  return 0;
+}
+
+enum { OT_USED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS, OT_ALLOCS,
+       OT_SESSIONS, OT_FRAG };
+
+static const struct {
+  const char *name, *help;
+} observe_tenant_family[] = {
+    [OT_USED] = {"gmb_tenant_used_bytes",
+                 "Bytes of the tenant's live allocations (rounded)."},
+    [OT_QUOTA] = {"gmb_tenant_quota_bytes",
+                  "Bytes the tenant may hold; 0 means no limit."},
+    [OT_RESERVE] = {"gmb_tenant_reserve_bytes",
+                    "Bytes kept for the tenant that others may not take."},
+    [OT_PEAK] = {"gmb_tenant_peak_bytes",
+                 "Highest used bytes of the tenant since the broker started."},
+    [OT_SEGMENTS] = {"gmb_tenant_segment_bytes",
+                     "Bytes of device segments held for the tenant."},
+    [OT_ALLOCS] = {"gmb_tenant_allocations",
+                   "Live allocations of the tenant."},
+    [OT_SESSIONS] = {"gmb_tenant_sessions",
+                     "Connected sessions of the tenant."},
+    [OT_FRAG] = {"gmb_tenant_fragmentation_ratio",
+                 "1 - largest free range / free bytes in the tenant's "
+                 "segments; 0 when nothing is free."},
+};
+
+static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
+  for (int k = OT_USED; k <= OT_FRAG; k++) {
+    observe_head(f, observe_tenant_family[k].name, "gauge",
+                 observe_tenant_family[k].help);
+    for (size_t i = 0; i < r->n; i++) {
+      const struct observe_tenant *t = &r->t[i];
+      fprintf(f, "%s{tenant=\"", observe_tenant_family[k].name);
+      observe_label(f, t->name);
+      fputs("\"} ", f);
+      switch (k) {
+        case OT_USED: fprintf(f, "%" PRIu64 "\n", t->used); break;
+        case OT_QUOTA: fprintf(f, "%" PRIu64 "\n", t->quota); break;
+        case OT_RESERVE: fprintf(f, "%" PRIu64 "\n", t->reserve); break;
+        case OT_PEAK: fprintf(f, "%" PRIu64 "\n", t->peak); break;
+        case OT_SEGMENTS: fprintf(f, "%" PRIu64 "\n", t->segment_bytes); break;
+        case OT_ALLOCS: fprintf(f, "%" PRIu64 "\n", t->allocations); break;
+        case OT_SESSIONS: fprintf(f, "%u\n", t->sessions); break;
+        default: fprintf(f, "%.9g\n", t->frag); break;
+      }
+    }
+  }
+  observe_head(f, "gmb_tenant_quota_refusals_total", "counter",
+               "Allocation requests of the tenant refused by its quota.");
+  for (size_t i = 0; i < r->n; i++) {
+    fputs("gmb_tenant_quota_refusals_total{tenant=\"", f);
+    observe_label(f, r->t[i].name);
+    fprintf(f, "\"} %" PRIu64 "\n", r->t[i].refusals_quota);
+  }
+}
+
+/* Client requests the loop answers (a heartbeat has no answer). */
+static const enum wire_kind observe_client_kinds[] = {
+    WIRE_HELLO, WIRE_ALLOC, WIRE_FREE, WIRE_STATS, WIRE_SEGMENT, WIRE_BYE};
+
+static void observe_request_metrics(FILE *f, const struct gmb_observe *o) {
+  observe_head(f, "gmb_requests_total", "counter",
+               "Client requests answered, by kind.");
+  for (size_t i = 0; i < sizeof observe_client_kinds /
+                             sizeof observe_client_kinds[0]; i++) {
+    enum wire_kind k = observe_client_kinds[i];
+    fprintf(f, "gmb_requests_total{kind=\"%s\"} %" PRIu64 "\n",
+            gmb__wire_kind_name(k), o->requests[k]);
+  }
+  observe_head(f, "gmb_refusals_total", "counter",
+               "Client requests answered with an error, by its code "
+               "(GMB_E_QUOTA is reason=\"quota\").");
+  static const struct {
+    int code;
+    const char *reason;
+  } codes[] = {
+#define OBSERVE_CODE_(name, code, text) {code, #name},
+      GMB_ERRORS(OBSERVE_CODE_)
+#undef OBSERVE_CODE_
+  };
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+    if (codes[i].code >= OBSERVE_CODES) continue;
+    fputs("gmb_refusals_total{reason=\"", f);
+    for (const char *c = codes[i].reason; *c; c++)
+      fputc(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c, f);
+    fprintf(f, "\"} %" PRIu64 "\n", o->refusals[codes[i].code]);
+  }
+  observe_head(f, "gmb_alloc_duration_seconds", "histogram",
+               "Time from receiving an allocation request to answering it "
+               "at once (waiting requests are not counted).");
+  uint64_t cum = 0;
+  for (size_t i = 0; i < OBSERVE_NLE; i++) {
+    cum += o->alloc_bucket[i];
+    fprintf(f, "gmb_alloc_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+            observe_le[i], cum);
+  }
+  cum += o->alloc_bucket[OBSERVE_NLE];
+  fprintf(f, "gmb_alloc_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
+          cum);
+  fprintf(f, "gmb_alloc_duration_seconds_sum %.9g\n", o->alloc_seconds);
+  fprintf(f, "gmb_alloc_duration_seconds_count %" PRIu64 "\n",
+          o->alloc_count);
 }
 
 char *gmb__observe_metrics(struct gmb_broker *b) {
-  (void)b;
-  return NULL;
+  static const struct gmb_observe none;
+  const struct gmb_observe *o = b->observe ? b->observe : &none;
+  struct observe_tenants r = {0};
+  r.cap = gmb__tenants_count(b->tenants);
+  if (r.cap && (r.t = calloc(r.cap, sizeof *r.t)) == NULL) return NULL;
+  gmb__tenants_each(b->tenants, observe_tenant_row, &r);
+
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (f == NULL) {
+    free(r.t);
+    return NULL;
+  }
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  uint64_t largest = 0;
+  double frag = gmb__defrag_device_fragmentation(b, &largest, NULL);
+  const struct wire_compact_stats *c = &b->compact_totals;
+
+  observe_head(f, "gmb_build_info", "gauge",
+               "Always 1; the broker's version and device in labels.");
+  fprintf(f, "gmb_build_info{version=\"");
+  observe_label(f, gmb_version());
+  fputs("\",device=\"", f);
+  observe_label(f, b->dev->desc);
+  fputs("\"} 1\n", f);
+  observe_u64(f, "gmb_device_capacity_bytes", "gauge",
+              "Bytes the broker may take from the device.", ps.capacity);
+  observe_u64(f, "gmb_device_segment_bytes", "gauge",
+              "Bytes of device segments held, all tenants.", ps.segment_bytes);
+  observe_u64(f, "gmb_device_segments", "gauge",
+              "Device segments held, all tenants.", ps.segments);
+  observe_u64(f, "gmb_device_used_bytes", "gauge",
+              "Bytes of live allocations, all tenants.", ps.used);
+  observe_u64(f, "gmb_device_allocations", "gauge",
+              "Live allocations, all tenants.", ps.allocations);
+  observe_u64(f, "gmb_device_largest_free_bytes", "gauge",
+              "The largest request that could succeed now for some tenant.",
+              largest);
+  observe_dbl(f, "gmb_device_fragmentation_ratio", "gauge",
+              "1 - largest free / (capacity - used bytes).", frag);
+  observe_u64(f, "gmb_sessions", "gauge", "Connected client sessions.",
+              (uint64_t)gmb__sessions_count(b->sessions));
+  observe_u64(f, "gmb_tenants", "gauge", "Tenants the broker knows.",
+              (uint64_t)r.n);
+  observe_tenant_metrics(f, &r);
+  observe_u64(f, "gmb_wait_queue_length", "gauge",
+              "Allocation requests waiting for memory.",
+              (uint64_t)b->n_waiting);
+  observe_request_metrics(f, o);
+  observe_u64(f, "gmb_compaction_runs_total", "counter",
+              "Compaction runs finished.", c->runs);
+  observe_u64(f, "gmb_compaction_moves_total", "counter",
+              "Allocations moved by compaction.", c->moves);
+  observe_u64(f, "gmb_compaction_moved_bytes_total", "counter",
+              "Bytes moved by compaction.", c->bytes_moved);
+  observe_u64(f, "gmb_compaction_released_bytes_total", "counter",
+              "Bytes of segments that compaction gave back to the device.",
+              c->bytes_released);
+  observe_u64(f, "gmb_compaction_skipped_locked_total", "counter",
+              "Allocations compaction left in place because they were "
+              "locked.", c->skipped_locked);
+  observe_dbl(f, "gmb_compaction_seconds_total", "counter",
+              "Seconds spent in compaction runs.", c->seconds);
+  observe_dbl(f, "gmb_uptime_seconds", "gauge",
+              "Seconds since the broker started.",
+              b->start_ns ? (double)(gmb__now_ns() - b->start_ns) / 1e9 : 0);
+  int bad = ferror(f);
+  fclose(f);
+  free(r.t);
+  if (bad) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* --- HTTP endpoint ---------------------------------------------------------- */
+
+int gmb__observe_serve(struct gmb_broker *b, char *err, size_t errcap) {
+  if (b->cfg.metrics_listen[0] == '\0' || b->observe == NULL) return 0;
+  struct gmb_observe *o = b->observe;
+  int rc = gmb__http_start(b->cfg.metrics_listen, &o->http, err, errcap);
+  if (rc) return rc;
+  log_info("serving metrics on http://%s/metrics", b->cfg.metrics_listen);
+  o->next_publish_ns = 0;
+  return 0;
+}
+
+void gmb__observe_tick(struct gmb_broker *b, uint64_t now_ns) {
+  struct gmb_observe *o = b->observe;
+  if (o == NULL || o->http == NULL || now_ns < o->next_publish_ns) return;
+  o->next_publish_ns = now_ns + OBSERVE_PUBLISH_NS;
+  char *text = gmb__observe_metrics(b);
+  if (text == NULL) return; /* out of memory: the last text stays */
+  gmb__http_publish(o->http, text);
+  free(text);
 }

@@ -1,14 +1,22 @@
 /*
- * tenant.c - the tenant registry, admission (who may act as whom) and
- * quota accounting.
+ * tenant.c - the tenant registry, admission (who may act as whom), quota
+ * accounting and the reservation rule (see tenant.h for the rule).
  *
  * Tenants are kept in a red-black tree by name; a broker serves a handful
  * to a few thousand, and lookups happen once per session, not per request
  * (a session keeps its tenant pointer).  Tenants are never removed while
  * the broker runs, so a session's pointer stays valid.
+ *
+ * The registry keeps `reserve_short`, the sum over tenants of
+ * max(0, reserve - segment_bytes), updated whenever either term of a
+ * tenant changes, so that the reservation rule costs O(1) per allocation.
+ * Every change of `reserve` or `segment_bytes` goes through
+ * tenant_short_update(); gmb__tenant_check() recounts the sum.
  */
 #include "tenant.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "rbtree.h"
 #include <stdio.h>
@@ -38,7 +46,22 @@ struct gmb_tenants {
   size_t count;
   struct gmb_pool *pool;
   uint64_t default_quota;
+  uint64_t reserve_short; /* sum of max(0, reserve - segment_bytes) */
 };
+
+static uint64_t tenant_short(const struct gmb_tenant *t) {
+  return t->reserve > t->segment_bytes ? t->reserve - t->segment_bytes : 0;
+}
+
+/* Sets t's reserve and segment_bytes, keeping the registry's sum. */
+static void tenant_short_update(struct gmb_tenants *ts, struct gmb_tenant *t,
+                                uint64_t reserve, uint64_t segment_bytes) {
+  uint64_t before = tenant_short(t);
+  GMB_ASSERT(before <= ts->reserve_short && "reservation sum drifted");
+  t->reserve = reserve;
+  t->segment_bytes = segment_bytes;
+  ts->reserve_short = ts->reserve_short - before + tenant_short(t);
+}
 
 static struct gmb_tenant *tenant_add(struct gmb_tenants *ts,
                                      const char *name) {
@@ -72,7 +95,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
     }
     t->configured = 1;
     t->quota = tc->quota;
-    t->reserve = tc->reserve;
+    gmb__tenant_set_reserve(ts, t, tc->reserve);
     t->priority = tc->priority;
     memcpy(t->uids, tc->uids, tc->n_uids * sizeof tc->uids[0]);
     t->n_uids = tc->n_uids;
@@ -110,6 +133,24 @@ static int tenant_uid_listed(const struct gmb_tenant *t, uid_t uid) {
   return 0;
 }
 
+/* 1 when the token's SHA-256 is t's token hash.  The comparison takes the
+ * same time whatever the bytes, so it tells an attacker nothing about how
+ * close a guess was. */
+static int tenant_token_proves(const struct gmb_tenant *t,
+                               const uint8_t *token, size_t token_len) {
+  if (!t->has_token || token == NULL || token_len == 0) return 0;
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int md_len = 0;
+  if (EVP_Digest(token, token_len, md, &md_len, EVP_sha256(), NULL) != 1 ||
+      md_len != sizeof t->token_sha256) {
+    log_error("SHA-256 of a Hello token failed: token refused");
+    return 0;
+  }
+  int same = CRYPTO_memcmp(md, t->token_sha256, sizeof t->token_sha256) == 0;
+  OPENSSL_cleanse(md, sizeof md);
+  return same;
+}
+
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap) {
@@ -141,21 +182,24 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return 0;
   }
   if (t->n_uids > 0 || t->has_token) {
-    if (tenant_uid_listed(t, uid)) {
+    if (tenant_uid_listed(t, uid) ||
+        tenant_token_proves(t, token, token_len)) {
       *out = t;
       return 0;
     }
-    (void)token;
-    if (t->has_token && token_len > 0) {
-      /* Token proof needs the SHA-256 comparison that the operator issue
-       * brings; until then a token never proves anything. */
-      snprintf(why, whycap, "uid %u may not act as tenant %s, and token "
-               "authentication is not supported by this broker version",
-               (unsigned)uid, t->name);
-      return GMB_E_AUTH;
-    }
-    snprintf(why, whycap, "uid %u may not act as tenant %s (not in its uids)",
-             (unsigned)uid, t->name);
+    /* Never echo the token: a refusal is logged, and a token sent to the
+     * wrong tenant may well be another tenant's secret. */
+    if (t->has_token && token_len > 0)
+      snprintf(why, whycap, "uid %u may not act as tenant %s: the token "
+               "sent does not match its token_sha256%s", (unsigned)uid,
+               t->name, t->n_uids ? ", and the uid is not in its uids" : "");
+    else if (t->has_token)
+      snprintf(why, whycap, "uid %u may not act as tenant %s: %sno token "
+               "was sent (set GMB_TOKEN or GMB_TOKEN_FILE)", (unsigned)uid,
+               t->name, t->n_uids ? "the uid is not in its uids, and " : "");
+    else
+      snprintf(why, whycap, "uid %u may not act as tenant %s (not in its "
+               "uids)", (unsigned)uid, t->name);
     return GMB_E_AUTH;
   }
   /* Neither uids nor a token: bound to the first uid that used it. */
@@ -197,6 +241,104 @@ void gmb__tenant_uncharge(struct gmb_tenant *t, uint64_t size) {
   t->used -= size;
 }
 
+void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
+                           uint64_t quota) {
+  (void)ts;
+  t->quota = quota;
+}
+
+void gmb__tenant_set_reserve(struct gmb_tenants *ts, struct gmb_tenant *t,
+                             uint64_t reserve) {
+  tenant_short_update(ts, t, reserve, t->segment_bytes);
+}
+
+void gmb__tenant_segments_sync(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  struct gmb_arena_stats st;
+  gmb__pool_arena_stats(t->arena, &st);
+  tenant_short_update(ts, t, t->reserve, st.segment_bytes);
+}
+
+void gmb__tenant_segment_retired(struct gmb_tenants *ts, struct gmb_tenant *t,
+                                 uint64_t bytes) {
+  GMB_ASSERT(bytes <= t->segment_bytes &&
+             "a segment retired that the tenant was not counted for");
+  tenant_short_update(ts, t, t->reserve, t->segment_bytes - bytes);
+}
+
+int gmb__tenant_within_reserve(const struct gmb_tenant *t, uint64_t size) {
+  return t->used <= t->reserve && size <= t->reserve - t->used;
+}
+
+struct tenant_worst {
+  const struct gmb_tenant *except, *worst;
+  uint64_t short_bytes;
+};
+
+static int tenant_find_worst(void *ctx, struct gmb_tenant *t) {
+  struct tenant_worst *w = ctx;
+  if (t != w->except && tenant_short(t) > w->short_bytes) {
+    w->worst = t;
+    w->short_bytes = tenant_short(t);
+  }
+  return 0;
+}
+
+int gmb__tenant_reserve_allows(struct gmb_tenants *ts, struct gmb_tenant *t,
+                               uint64_t size, uint64_t room, char *why,
+                               size_t whycap) {
+  if (gmb__tenant_within_reserve(t, size)) return 0;
+  uint64_t mine = tenant_short(t);
+  GMB_ASSERT(mine <= ts->reserve_short && "reservation sum drifted");
+  uint64_t others = ts->reserve_short - mine;
+  if (room >= others) return 0;
+  t->refusals_reserve++;
+  /* Name the tenant whose reservation is the least backed: that is the
+   * one an operator will want to look at. */
+  struct tenant_worst w = {.except = t, .worst = NULL, .short_bytes = 0};
+  gmb__tenants_each(ts, tenant_find_worst, &w);
+  GMB_ASSERT(w.worst != NULL && "a reservation short with no tenant short");
+  char sz[GMB_SIZE_BUFSZ], res[GMB_SIZE_BUFSZ], un[GMB_SIZE_BUFSZ],
+      rm[GMB_SIZE_BUFSZ], ot[GMB_SIZE_BUFSZ];
+  uint64_t unused =
+      w.worst->reserve > w.worst->used ? w.worst->reserve - w.worst->used : 0;
+  snprintf(why, whycap,
+           "%s more for tenant %s would eat into tenant %s's reservation "
+           "of %s, of which %s still unused (the device would have %s left "
+           "for %s of reservations not yet in segments)",
+           gmb__size_format(size, sz, sizeof sz), t->name, w.worst->name,
+           gmb__size_format(w.worst->reserve, res, sizeof res),
+           gmb__size_format(unused, un, sizeof un),
+           gmb__size_format(room, rm, sizeof rm),
+           gmb__size_format(others, ot, sizeof ot));
+  return GMB_E_NOMEM;
+}
+
+uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts) {
+  return ts->reserve_short;
+}
+
+int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
+                                    char *msg, size_t cap) {
+  uint64_t sum = 0;
+  size_t n = 0;
+  struct tenant_node *nd;
+  RB_FOREACH(nd, tenant_tree, &ts->tree) {
+    if (nd->t.reserve == 0) continue;
+    n++;
+    sum = nd->t.reserve > UINT64_MAX - sum ? UINT64_MAX : sum + nd->t.reserve;
+  }
+  if (msg && cap) msg[0] = '\0';
+  if (sum <= capacity) return 0;
+  char s1[GMB_SIZE_BUFSZ], s2[GMB_SIZE_BUFSZ];
+  if (msg && cap)
+    snprintf(msg, cap, "the reservations of %zu tenants add up to %s, more "
+             "than the device's %s: they cannot all be kept, and the first "
+             "tenants to use theirs get them", n,
+             gmb__size_format(sum, s1, sizeof s1),
+             gmb__size_format(capacity, s2, sizeof s2));
+  return GMB_E_INVAL;
+}
+
 int gmb__tenants_each(struct gmb_tenants *ts,
                       int (*fn)(void *ctx, struct gmb_tenant *t), void *ctx) {
   struct tenant_node *n;
@@ -211,6 +353,7 @@ size_t gmb__tenants_count(const struct gmb_tenants *ts) { return ts->count; }
 
 int gmb__tenant_check(struct gmb_tenants *ts) {
   int bad = 0;
+  uint64_t short_sum = 0;
   struct tenant_node *n;
   RB_FOREACH(n, tenant_tree, &ts->tree) {
     struct gmb_tenant *t = &n->t;
@@ -222,11 +365,24 @@ int gmb__tenant_check(struct gmb_tenants *ts) {
                 (unsigned long long)st.used);
       bad++;
     }
+    if (st.segment_bytes != t->segment_bytes) {
+      log_error("check: tenant %s counts %llu bytes of segments, its arena "
+                "holds %llu", t->name, (unsigned long long)t->segment_bytes,
+                (unsigned long long)st.segment_bytes);
+      bad++;
+    }
+    short_sum += tenant_short(t);
     if (t->peak < t->used) {
       log_error("check: tenant %s peak %llu below used %llu", t->name,
                 (unsigned long long)t->peak, (unsigned long long)t->used);
       bad++;
     }
+  }
+  if (short_sum != ts->reserve_short) {
+    log_error("check: unbacked reservations add up to %llu, the registry "
+              "counts %llu", (unsigned long long)short_sum,
+              (unsigned long long)ts->reserve_short);
+    bad++;
   }
   return bad;
 }

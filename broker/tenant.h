@@ -1,6 +1,7 @@
 /*
- * tenant.h - the tenants: named parties with a quota, the uids (or token)
- * that may act as them, and the arena of the pool that holds their memory.
+ * tenant.h - the tenants: named parties with a quota, a reservation, a
+ * priority, the uids (or token) that may act as them, and the arena of the
+ * pool that holds their memory.
  *
  * The registry owns every tenant.  A tenant named in the config exists from
  * the start; any other is created on first use, owned by the uid that
@@ -9,6 +10,34 @@
  * its arena holds (gmb__tenant_check() verifies it against the pool), and
  * never above `quota` when the quota is set, except after an operator
  * lowered the quota below it.
+ *
+ * Identity.  A tenant that lists uids or a token hash is proved by a
+ * listed uid OR by a Hello token whose SHA-256 equals `token_sha256`
+ * (compared in constant time).  Only the hash is ever kept; a refusal
+ * never repeats the token.  A tenant with neither belongs to the first uid
+ * that used it.
+ *
+ * Reservations.  A tenant's `reserve` is memory the others may not take.
+ * What the device can still give tenant X is the room left for new
+ * segments (capacity - bytes in segments, shared by everyone) plus the
+ * free space inside X's own segments (no one else can use it).  X's
+ * reservation is therefore safe while
+ *     capacity - in_segments >= max(0, reserve_X - segments_X)
+ * (the unused part of the reservation, reserve - used, less X's free space
+ * in its segments, segments - used).  For all tenants at once the room is
+ * shared, so the registry keeps, in O(1) per change, the running sum
+ *     short = sum over X of max(0, reserve_X - segments_X)
+ * of reservations not yet backed by the tenant's own segments.  An
+ * allocation by T that made T's segments grow is refused (GMB_E_NOMEM)
+ * when afterwards
+ *     capacity - in_segments < short - max(0, reserve_T - segments_T)
+ * unless T stays within its own reservation (used_T + size <= reserve_T):
+ * a tenant is never refused for another's reservation while it uses its
+ * own.  An allocation that fits in T's own segments takes nothing from the
+ * device and is never refused for a reservation either.
+ * `segments` mirrors the bytes of the tenant's arena: the broker calls
+ * gmb__tenant_segments_sync() after an allocation and
+ * gmb__tenant_segment_retired() from the pool's retire callback.
  */
 #ifndef GMB_TENANT_H
 #define GMB_TENANT_H
@@ -30,11 +59,14 @@ struct gmb_tenant {
   uint64_t used;     /* bytes of live allocations (rounded) */
   uint64_t peak;     /* highest `used` since start */
   uint64_t refusals_quota; /* requests refused by the quota */
+  uint64_t refusals_reserve; /* refused for another tenant's reservation */
+  uint64_t segment_bytes; /* bytes of its arena's segments (a mirror) */
+  uint64_t waiting;  /* its requests in the wait queue (dispatch.c) */
   int configured;    /* named in the config */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;     /* 0 and !has_token: bound to owner_uid on first use */
   int has_token;
-  uint8_t token_sha256[32];
+  uint8_t token_sha256[32]; /* only the hash: the token is never kept */
   int has_owner;
   uid_t owner_uid;   /* the first uid that connected, for unbound tenants */
   struct gmb_arena *arena;
@@ -54,9 +86,11 @@ struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name);
 
 /*
  * Finds or creates the tenant `name` for a session of uid `uid` that sent
- * `token` (may be empty), and checks that the uid or token may act as it.
+ * `token` (may be empty), and checks that the uid or token may act as it:
+ * a listed uid, or a token whose SHA-256 is the tenant's token_sha256.
  * Returns 0 with *out set, GMB_E_INVAL for a bad name, GMB_E_AUTH with a
- * reason in `why`, GMB_E_LIMIT when too many tenants exist.
+ * reason in `why` (which never contains the token), GMB_E_LIMIT when too
+ * many tenants exist.  The token is hashed and forgotten.
  */
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
@@ -73,13 +107,61 @@ int gmb__tenant_charge(struct gmb_tenant *t, uint64_t size);
 /* Gives back `size` bytes charged before. */
 void gmb__tenant_uncharge(struct gmb_tenant *t, uint64_t size);
 
+/* Sets the quota (0: no limit).  Memory already held above a lowered
+ * quota stays; new requests are refused until usage falls below it. */
+void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
+                           uint64_t quota);
+/* Sets the reservation and updates the registry's sum of unbacked
+ * reservations.  It does not check it against the quota or the device:
+ * the caller (config, admin) does. */
+void gmb__tenant_set_reserve(struct gmb_tenants *ts, struct gmb_tenant *t,
+                             uint64_t reserve);
+
+/* Re-reads the bytes of segments of t's arena (after an allocation, which
+ * may have made a segment). */
+void gmb__tenant_segments_sync(struct gmb_tenants *ts, struct gmb_tenant *t);
+/* A segment of `bytes` of t's arena is about to go back to the device
+ * (the pool's retire callback, which runs before the pool's accounting). */
+void gmb__tenant_segment_retired(struct gmb_tenants *ts, struct gmb_tenant *t,
+                                 uint64_t bytes);
+
+/* 1 when `size` more bytes keep t within its own reservation. */
+int gmb__tenant_within_reserve(const struct gmb_tenant *t, uint64_t size);
+
+/*
+ * The reservation rule, asked after t's allocation of `size` bytes made
+ * its segments grow (t->segment_bytes already counts the new segment; `size`
+ * is not charged yet).  `room` is capacity - bytes in segments, now.
+ * 0 when the others' reservations are still safe (or t is within its own),
+ * else GMB_E_NOMEM with why = "... would eat into tenant X's reservation
+ * of N, of which M still unused" (and the refusal is counted).  O(1) when
+ * allowed; a refusal looks for the tenant to name.
+ */
+int gmb__tenant_reserve_allows(struct gmb_tenants *ts, struct gmb_tenant *t,
+                               uint64_t size, uint64_t room, char *why,
+                               size_t whycap);
+
+/* Sum over tenants of max(0, reserve - segments): reserved bytes that
+ * must still come from the device's room. */
+uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts);
+
+/*
+ * Start-up (and reload) check: GMB_E_INVAL, with a message, when the
+ * reservations add up to more than `capacity` (they cannot all be kept:
+ * the first tenants to use theirs win), else 0.  The broker warns and
+ * runs on.
+ */
+int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
+                                    char *msg, size_t cap);
+
 /* Visits the tenants in name order; stops when fn returns non-zero. */
 int gmb__tenants_each(struct gmb_tenants *ts,
                       int (*fn)(void *ctx, struct gmb_tenant *t), void *ctx);
 size_t gmb__tenants_count(const struct gmb_tenants *ts);
 
-/* Number of broken invariants: `used` of each tenant against its arena,
- * `peak` >= `used`, quota respected unless lowered. */
+/* Number of broken invariants: `used` and `segments` of each tenant
+ * against its arena, `peak` >= `used`, and the sum of unbacked
+ * reservations against a recount. */
 int gmb__tenant_check(struct gmb_tenants *ts);
 
 #endif /* GMB_TENANT_H */

@@ -12,7 +12,8 @@
  * A client becomes dead, for good, when the broker says it is shutting
  * down or ended the session, when the connection drops (seen through a
  * socket monitor), or when a reply does not come in time: after that every
- * call fails at once with GMB_E_CONN and the reason.  Nothing the broker
+ * call fails at once with GMB_E_CONN and the reason (GMB_E_EVICTED when
+ * the broker said an operator evicted the tenant).  Nothing the broker
  * sends can make the library abort: what does not decode or does not fit
  * the request is GMB_E_PROTO.
  *
@@ -60,6 +61,8 @@ struct gmb_client {
   uint64_t next_id;
   atomic_int dead;
   char dead_why[CLIENT_WHY_MAX]; /* written once, before dead is set */
+  int dead_code; /* what every call returns once dead: GMB_E_CONN, or
+                    GMB_E_EVICTED when an operator evicted the tenant */
   int request_timeout_ms;
   char endpoint[CLIENT_ENDPOINT_MAX];
   char tenant[WIRE_NAME_MAX + 1];
@@ -130,11 +133,13 @@ static void client_kill(gmb_client *c, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(c->dead_why, sizeof c->dead_why, fmt, ap);
   va_end(ap);
+  if (c->dead_code == 0) c->dead_code = GMB_E_CONN;
   atomic_store(&c->dead, 1);
 }
 
 static int client_dead_fail(gmb_client *c) {
-  return client_fail(GMB_E_CONN, "%s", c->dead_why);
+  return client_fail(c->dead_code ? c->dead_code : GMB_E_CONN, "%s",
+                     c->dead_why);
 }
 
 /* Sends one encoded request.  Returns 0; 1 with errno set when zmq_send
@@ -180,6 +185,13 @@ static void client_event(gmb_client *c, const struct wire_reply *ev) {
     case WIRE_EVENT_SESSION_ENDED:
       client_kill(c, "the broker ended this session: %s",
                   ev->message[0] ? ev->message : "no reason given");
+      break;
+    case WIRE_EVENT_EVICTED:
+      /* Not a lost connection: an operator ended the session on purpose,
+       * and the caller should not simply reconnect and retry. */
+      if (!atomic_load(&c->dead)) c->dead_code = GMB_E_EVICTED;
+      client_kill(c, "evicted: %s",
+                  ev->message[0] ? ev->message : "by an operator");
       break;
     default:
       break; /* a kind from a newer broker: nothing this client must do */

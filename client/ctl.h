@@ -58,4 +58,22 @@ json_t *gmb__ctl_json_tenants(const struct wire_reply *rep);
 void gmb__ctl_print_tenants(const struct wire_reply *rep);
 json_t *gmb__ctl_json_compact(const struct wire_compact_stats *c);
 
+/* ctl_admin.c: quota, reserve, evict, reload. */
+int gmb__ctl_quota(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                   char **argv);
+int gmb__ctl_reserve(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                     char **argv);
+int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                   char **argv);
+int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                    char **argv);
+
+/* ctl_view.c: map [--svg FILE], snapshot [FILE], metrics. */
+int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                 char **argv);
+int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                      char **argv);
+int gmb__ctl_metrics(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                     char **argv);
+
 #endif /* GMB_CTL_H */

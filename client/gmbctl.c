@@ -341,16 +341,6 @@ static int ctl_compact(struct ctl *ctl, const struct ctl_verb *v, int argc,
   return 0;
 }
 
-/* Verbs of DESIGN.md whose requests the broker does not have yet. */
-static int ctl_not_implemented(struct ctl *ctl, const struct ctl_verb *v,
-                               int argc, char **argv) {
-  (void)ctl;
-  (void)argc;
-  (void)argv;
-  return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: not implemented by this broker yet",
-                  v->name);
-}
-
 static const struct ctl_verb ctl_verbs[] = {
     {"status", "status [--json]",
      "the device, what is in use, and a row per tenant", ctl_status},
@@ -358,20 +348,20 @@ static const struct ctl_verb ctl_verbs[] = {
      "a row per tenant: quota, used, peak, segments, sessions, allocations",
      ctl_tenants},
     {"quota", "quota set TENANT SIZE | quota get TENANT",
-     "set or show a tenant's quota", ctl_not_implemented},
+     "set or show a tenant's quota", gmb__ctl_quota},
     {"reserve", "reserve set TENANT SIZE | reserve get TENANT",
-     "set or show the memory kept for a tenant", ctl_not_implemented},
+     "set or show the memory kept for a tenant", gmb__ctl_reserve},
     {"compact", "compact [--tenant T]", "gather free space by moving "
      "movable allocations", ctl_compact},
     {"map", "map [--svg FILE]", "draw the device's segments and allocations",
-     ctl_not_implemented},
+     gmb__ctl_map},
     {"snapshot", "snapshot [FILE]", "write the broker's state as JSON",
-     ctl_not_implemented},
+     gmb__ctl_snapshot},
     {"evict", "evict TENANT", "end every session of a tenant",
-     ctl_not_implemented},
+     gmb__ctl_evict},
     {"metrics", "metrics", "the broker's metrics (Prometheus text)",
-     ctl_not_implemented},
-    {"reload", "reload", "read the config file again", ctl_not_implemented},
+     gmb__ctl_metrics},
+    {"reload", "reload", "read the config file again", gmb__ctl_reload},
 };
 #define CTL_NVERBS (sizeof ctl_verbs / sizeof ctl_verbs[0])
 

@@ -1,8 +1,10 @@
 /*
- * check_tenant.c - the tenant registry: who may act as a tenant, default
- * tenancy, and exact quota accounting.
+ * check_tenant.c - the tenant registry: who may act as a tenant (uids and
+ * tokens), default tenancy, exact quota accounting, and the reservation
+ * rule with its running sum.
  */
 #include <check.h>
+#include <openssl/evp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +20,50 @@ static struct gmb_pool *pool;
 static struct gmb_tenants *ts;
 static struct gmb_config cfg;
 
+#define MIB (UINT64_C(1) << 20)
+#define N_CONFIGURED 5
+
+/* sha256("abc"), the FIPS 180-2 test vector. */
+static const uint8_t SHA256_ABC[32] = {
+    0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+    0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+    0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+
+static void sha256(const char *s, uint8_t out[32]) {
+  unsigned int n = 0;
+  ck_assert_int_eq(EVP_Digest(s, strlen(s), out, &n, EVP_sha256(), NULL), 1);
+  ck_assert_uint_eq(n, 32);
+}
+
+/* The pool's retire callback, as the broker's: segments going back to the
+ * device are counted off their tenant. */
+static void on_retire(void *ctx, const struct gmb_dseg *seg, void *tag) {
+  (void)ctx;
+  if (ts && tag) gmb__tenant_segment_retired(ts, tag, seg->size);
+}
+
 static void setup_with(uint64_t default_quota) {
   char err[256];
   ck_assert_int_eq(gmb__device_open("host:64MiB", 0, 0, &dev, err, sizeof err),
                    0);
-  pool = gmb__pool_new(dev, NULL, NULL);
+  pool = gmb__pool_new(dev, on_retire, NULL);
   ck_assert_ptr_nonnull(pool);
   gmb__config_defaults(&cfg);
   cfg.default_quota = default_quota;
-  cfg.tenants = calloc(2, sizeof *cfg.tenants);
-  cfg.n_tenants = 2;
+  cfg.tenants = calloc(N_CONFIGURED, sizeof *cfg.tenants);
+  cfg.n_tenants = N_CONFIGURED;
+  /* "tok": a token only.  "both": uid 1001 or the token "s3cret".
+   * "res": 32 MiB kept for it on the 64 MiB device. */
+  strcpy(cfg.tenants[2].name, "tok");
+  cfg.tenants[2].has_token = 1;
+  memcpy(cfg.tenants[2].token_sha256, SHA256_ABC, 32);
+  strcpy(cfg.tenants[3].name, "both");
+  cfg.tenants[3].uids[0] = 1001;
+  cfg.tenants[3].n_uids = 1;
+  cfg.tenants[3].has_token = 1;
+  sha256("s3cret", cfg.tenants[3].token_sha256);
+  strcpy(cfg.tenants[4].name, "res");
+  cfg.tenants[4].reserve = 32 * MIB;
   strcpy(cfg.tenants[0].name, "llm-a");
   cfg.tenants[0].quota = 4096;
   cfg.tenants[0].uids[0] = 1001;
@@ -44,6 +80,7 @@ static void setup(void) { setup_with(0); }
 static void teardown(void) {
   ck_assert_int_eq(gmb__tenant_check(ts), 0);
   gmb__tenants_destroy(ts);
+  ts = NULL;
   ck_assert_int_eq(gmb__pool_check(pool), 0);
   gmb__pool_destroy(pool);
   ck_assert_uint_eq(dev->in_use, 0);
@@ -74,13 +111,70 @@ START_TEST(configured_uid_refused) {
 }
 END_TEST
 
-START_TEST(token_alone_proves_nothing_yet) {
+static int admit_tok(const char *name, uid_t uid, const char *token,
+                     char *why, size_t whycap) {
   struct gmb_tenant *t = NULL;
+  why[0] = '\0';
+  int rc = gmb__tenant_admit(ts, name, uid, (const uint8_t *)token,
+                             token ? strlen(token) : 0, &t, why, whycap);
+  if (rc == 0) ck_assert_str_eq(t->name, name);
+  return rc;
+}
+
+START_TEST(token_right_admits_any_uid) {
   char why[256];
-  const uint8_t tok[] = "secret";
-  ck_assert_int_eq(
-      gmb__tenant_admit(ts, "llm-a", 7, tok, 6, &t, why, sizeof why),
-      GMB_E_AUTH);
+  ck_assert_int_eq(admit_tok("tok", 7, "abc", why, sizeof why), 0);
+  ck_assert_int_eq(admit_tok("tok", 0, "abc", why, sizeof why), 0);
+  /* A token tenant is not bound to the first uid that proved it. */
+  ck_assert_int_eq(admit_tok("tok", 8, "abc", why, sizeof why), 0);
+}
+END_TEST
+
+START_TEST(token_wrong_refused_without_echo) {
+  char why[256];
+  const char *bad = "abd-wrong-secret";
+  ck_assert_int_eq(admit_tok("tok", 7, bad, why, sizeof why), GMB_E_AUTH);
+  ck_assert_ptr_null(strstr(why, bad));
+  ck_assert_ptr_nonnull(strstr(why, "does not match"));
+  /* A prefix or an extension of the right token is not the token. */
+  ck_assert_int_eq(admit_tok("tok", 7, "ab", why, sizeof why), GMB_E_AUTH);
+  ck_assert_int_eq(admit_tok("tok", 7, "abcd", why, sizeof why), GMB_E_AUTH);
+}
+END_TEST
+
+START_TEST(token_empty_refused) {
+  char why[256];
+  ck_assert_int_eq(admit_tok("tok", 7, NULL, why, sizeof why), GMB_E_AUTH);
+  ck_assert_ptr_nonnull(strstr(why, "GMB_TOKEN"));
+  ck_assert_int_eq(admit_tok("tok", 7, "", why, sizeof why), GMB_E_AUTH);
+}
+END_TEST
+
+START_TEST(token_or_uid_for_tenant_with_both) {
+  char why[256];
+  ck_assert_int_eq(admit_tok("both", 1001, NULL, why, sizeof why), 0);
+  ck_assert_int_eq(admit_tok("both", 7, "s3cret", why, sizeof why), 0);
+  /* A listed uid is enough, whatever token it sends. */
+  ck_assert_int_eq(admit_tok("both", 1001, "nope", why, sizeof why), 0);
+  ck_assert_int_eq(admit_tok("both", 7, "s3cret\n", why, sizeof why),
+                   GMB_E_AUTH);
+  ck_assert_ptr_null(strstr(why, "s3cret"));
+  ck_assert_int_eq(admit_tok("both", 7, NULL, why, sizeof why), GMB_E_AUTH);
+  ck_assert_ptr_nonnull(strstr(why, "not in its uids"));
+  /* Another tenant's token proves nothing here. */
+  ck_assert_int_eq(admit_tok("both", 7, "abc", why, sizeof why), GMB_E_AUTH);
+}
+END_TEST
+
+START_TEST(token_proves_nothing_without_token_sha256) {
+  char why[256];
+  /* llm-a lists uids and no token: a token from another uid is refused,
+   * a listed uid needs none. */
+  ck_assert_int_eq(admit_tok("llm-a", 7, "abc", why, sizeof why),
+                   GMB_E_AUTH);
+  ck_assert_ptr_nonnull(strstr(why, "not in its uids"));
+  ck_assert_ptr_null(strstr(why, "abc"));
+  ck_assert_int_eq(admit_tok("llm-a", 1002, NULL, why, sizeof why), 0);
 }
 END_TEST
 
@@ -114,7 +208,7 @@ START_TEST(bad_names_refused) {
   memset(longname, 'a', 64);
   longname[64] = '\0';
   ck_assert_int_eq(admit(longname, 1, &t), GMB_E_INVAL);
-  ck_assert_uint_eq(gmb__tenants_count(ts), 2);
+  ck_assert_uint_eq(gmb__tenants_count(ts), N_CONFIGURED);
 }
 END_TEST
 
@@ -188,6 +282,9 @@ START_TEST(check_sees_drift) {
   ck_assert_int_eq(admit("open", 1, &t), 0);
   struct gmb_alloc_info info;
   ck_assert_int_eq(gmb__pool_alloc(pool, t->arena, 1000, 0, NULL, &info), 0);
+  /* Neither charged nor its segment counted yet: two violations. */
+  ck_assert_int_eq(gmb__tenant_check(ts), 2);
+  gmb__tenant_segments_sync(ts, t);
   ck_assert_int_eq(gmb__tenant_charge(t, info.size), 0);
   ck_assert_int_eq(gmb__tenant_check(ts), 0);
   t->used += 512; /* what a missed uncharge would look like */
@@ -198,13 +295,200 @@ START_TEST(check_sees_drift) {
 }
 END_TEST
 
+/* --- reservations ---------------------------------------------------- */
+
+/* What the broker does for an allocation: pool, segments, the rule (when
+ * the tenant's segments grew), charge.  Returns 0 with *id, or
+ * GMB_E_NOMEM (from the pool or the rule, rolled back). */
+static int res_alloc(struct gmb_tenant *t, uint64_t size, uint64_t *id,
+                     char *why, size_t whycap) {
+  struct gmb_alloc_info info;
+  uint64_t before = t->segment_bytes;
+  int rc = gmb__pool_alloc(pool, t->arena, size, 0, NULL, &info);
+  gmb__tenant_segments_sync(ts, t);
+  if (rc) return rc;
+  if (t->segment_bytes > before) {
+    rc = gmb__tenant_reserve_allows(ts, t, info.size,
+                                    dev->capacity - dev->in_use, why, whycap);
+    if (rc) {
+      ck_assert_int_eq(gmb__pool_free(pool, info.id, NULL), 0);
+      gmb__pool_trim(pool);
+      gmb__tenant_segments_sync(ts, t);
+      return rc;
+    }
+  }
+  ck_assert_int_eq(gmb__tenant_charge(t, info.size), 0);
+  *id = info.id;
+  ck_assert_int_eq(gmb__tenant_check(ts), 0);
+  return 0;
+}
+
+static void res_free(struct gmb_tenant *t, uint64_t id) {
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_free(pool, id, &info), 0);
+  gmb__tenant_uncharge(t, info.size);
+  ck_assert_int_eq(gmb__tenant_check(ts), 0);
+}
+
+START_TEST(reserve_kept_from_others) {
+  struct gmb_tenant *res = NULL, *open = NULL;
+  ck_assert_int_eq(admit("res", 1, &res), 0);
+  ck_assert_int_eq(admit("open", 2, &open), 0);
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 32 * MIB);
+  uint64_t ids[4], id, mine;
+  char why[512];
+  for (int i = 0; i < 4; i++)
+    ck_assert_int_eq(res_alloc(open, 8 * MIB, &ids[i], why, sizeof why), 0);
+  ck_assert_int_eq(res_alloc(open, 8 * MIB, &id, why, sizeof why),
+                   GMB_E_NOMEM);
+  ck_assert_ptr_nonnull(strstr(why, "tenant res's reservation of 32MiB"));
+  ck_assert_ptr_nonnull(strstr(why, "32MiB still unused"));
+  ck_assert_uint_eq(open->refusals_reserve, 1);
+  ck_assert_uint_eq(open->used, 32 * MIB);
+  ck_assert_uint_eq(dev->in_use, 32 * MIB); /* the refusal was rolled back */
+  /* Small requests make a 2 MiB segment: refused the same way, and the
+   * segment made for the attempt does not linger. */
+  ck_assert_int_eq(res_alloc(open, 4096, &id, why, sizeof why), GMB_E_NOMEM);
+  ck_assert_uint_eq(open->segment_bytes, 32 * MIB);
+  /* The reservation's owner gets all of it. */
+  ck_assert_int_eq(res_alloc(res, 32 * MIB, &mine, why, sizeof why), 0);
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 0);
+  res_free(res, mine);
+  for (int i = 0; i < 4; i++) res_free(open, ids[i]);
+}
+END_TEST
+
+START_TEST(reserve_own_never_refused) {
+  /* Reservations adding up to the capacity: each owner still gets its
+   * own, in any order, even though the other's is unused. */
+  struct gmb_tenant *res = NULL, *open = NULL;
+  ck_assert_int_eq(admit("res", 1, &res), 0);
+  ck_assert_int_eq(admit("open", 2, &open), 0);
+  gmb__tenant_set_reserve(ts, open, 32 * MIB);
+  char why[512];
+  ck_assert_int_eq(gmb__tenants_check_reservations(ts, dev->capacity, why,
+                                                   sizeof why), 0);
+  uint64_t a, b, c;
+  ck_assert_int_eq(res_alloc(open, 32 * MIB, &a, why, sizeof why), 0);
+  ck_assert_int_eq(res_alloc(res, 16 * MIB, &b, why, sizeof why), 0);
+  ck_assert_int_eq(res_alloc(res, 16 * MIB, &c, why, sizeof why), 0);
+  res_free(open, a);
+  res_free(res, b);
+  res_free(res, c);
+}
+END_TEST
+
+START_TEST(reserve_counts_free_space_in_own_segments) {
+  struct gmb_tenant *res = NULL, *open = NULL;
+  ck_assert_int_eq(admit("res", 1, &res), 0);
+  ck_assert_int_eq(admit("open", 2, &open), 0);
+  gmb__tenant_set_reserve(ts, res, 8 * MIB);
+  char why[512];
+  /* res fills one small segment, then keeps one 512 KiB allocation: 2 MiB
+   * of segments of which 1.5 MiB free, that it alone can use. */
+  uint64_t small[4];
+  for (int i = 0; i < 4; i++)
+    ck_assert_int_eq(res_alloc(res, 512 * 1024, &small[i], why, sizeof why),
+                     0);
+  ck_assert_uint_eq(res->segment_bytes, 2 * MIB);
+  for (int i = 1; i < 4; i++) res_free(res, small[i]);
+  ck_assert_uint_eq(res->segment_bytes, 2 * MIB);
+  /* 7.5 MiB unused, 6 MiB of it not in res's segments: the others may
+   * have 64 - 2 - 6 = 56 MiB, not 54.5. */
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 6 * MIB);
+  uint64_t ids[7], id;
+  for (int i = 0; i < 7; i++)
+    ck_assert_int_eq(res_alloc(open, 8 * MIB, &ids[i], why, sizeof why), 0);
+  ck_assert_int_eq(res_alloc(open, 2 * MIB, &id, why, sizeof why),
+                   GMB_E_NOMEM);
+  ck_assert_ptr_nonnull(strstr(why, "7680KiB still unused"));
+  /* res gets its 7.5 MiB: 1.5 in its segment, 6 from the device. */
+  uint64_t r1, r2;
+  ck_assert_int_eq(res_alloc(res, 6 * MIB, &r1, why, sizeof why), 0);
+  ck_assert_int_eq(res_alloc(res, 1024 * 1024, &r2, why, sizeof why), 0);
+  res_free(res, r1);
+  res_free(res, r2);
+  res_free(res, small[0]);
+  for (int i = 0; i < 7; i++) res_free(open, ids[i]);
+}
+END_TEST
+
+START_TEST(reserve_exact_limit) {
+  struct gmb_tenant *res = NULL, *open = NULL;
+  ck_assert_int_eq(admit("res", 1, &res), 0);
+  ck_assert_int_eq(admit("open", 2, &open), 0);
+  char why[512];
+  /* The rule itself: room equal to the others' need is enough. */
+  ck_assert_int_eq(gmb__tenant_reserve_allows(ts, open, 512, 32 * MIB, why,
+                                              sizeof why), 0);
+  ck_assert_int_eq(gmb__tenant_reserve_allows(ts, open, 512, 32 * MIB - 1,
+                                              why, sizeof why), GMB_E_NOMEM);
+  /* Its own reservation does not count against it. */
+  ck_assert_int_eq(gmb__tenant_reserve_allows(ts, res, 64 * MIB, 0, why,
+                                              sizeof why), 0);
+  ck_assert_int_eq(gmb__tenant_within_reserve(res, 32 * MIB), 1);
+  ck_assert_int_eq(gmb__tenant_within_reserve(res, 32 * MIB + 1), 0);
+}
+END_TEST
+
+START_TEST(reserve_set_keeps_the_sum) {
+  struct gmb_tenant *res = NULL, *open = NULL;
+  ck_assert_int_eq(admit("res", 1, &res), 0);
+  ck_assert_int_eq(admit("open", 2, &open), 0);
+  uint64_t id;
+  char why[512];
+  ck_assert_int_eq(res_alloc(res, 8 * MIB, &id, why, sizeof why), 0);
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 24 * MIB);
+  gmb__tenant_set_reserve(ts, res, 4 * MIB); /* below what it holds */
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 0);
+  gmb__tenant_set_reserve(ts, open, 10 * MIB);
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 10 * MIB);
+  ck_assert_int_eq(gmb__tenant_check(ts), 0);
+  res_free(res, id); /* its segment goes: the sum follows */
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 14 * MIB);
+  gmb__tenant_set_reserve(ts, open, 0);
+  gmb__tenant_set_quota(ts, open, 123);
+  ck_assert_uint_eq(open->quota, 123);
+  ck_assert_uint_eq(gmb__tenants_reserve_short(ts), 4 * MIB);
+}
+END_TEST
+
+START_TEST(reservations_above_capacity_reported) {
+  struct gmb_tenant *open = NULL;
+  char msg[512];
+  ck_assert_int_eq(admit("open", 2, &open), 0);
+  gmb__tenant_set_reserve(ts, open, 32 * MIB);
+  ck_assert_int_eq(gmb__tenants_check_reservations(ts, 64 * MIB, msg,
+                                                   sizeof msg), 0);
+  ck_assert_str_eq(msg, "");
+  gmb__tenant_set_reserve(ts, open, 32 * MIB + 512);
+  ck_assert_int_eq(gmb__tenants_check_reservations(ts, 64 * MIB, msg,
+                                                   sizeof msg), GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(msg, "2 tenants"));
+}
+END_TEST
+
+START_TEST(check_sees_reserve_drift) {
+  struct gmb_tenant *res = NULL;
+  ck_assert_int_eq(admit("res", 1, &res), 0);
+  res->reserve = 16 * MIB; /* changed behind the registry's back */
+  ck_assert_int_gt(gmb__tenant_check(ts), 0);
+  res->reserve = 32 * MIB;
+  ck_assert_int_eq(gmb__tenant_check(ts), 0);
+}
+END_TEST
+
 static Suite *tenant_suite(void) {
   Suite *s = suite_create("tenant");
   TCase *tc = tcase_create("core");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, configured_uid_admitted);
   tcase_add_test(tc, configured_uid_refused);
-  tcase_add_test(tc, token_alone_proves_nothing_yet);
+  tcase_add_test(tc, token_right_admits_any_uid);
+  tcase_add_test(tc, token_wrong_refused_without_echo);
+  tcase_add_test(tc, token_empty_refused);
+  tcase_add_test(tc, token_or_uid_for_tenant_with_both);
+  tcase_add_test(tc, token_proves_nothing_without_token_sha256);
   tcase_add_test(tc, unnamed_tenant_is_uid_name);
   tcase_add_test(tc, auto_tenant_owned_by_first_uid);
   tcase_add_test(tc, bad_names_refused);
@@ -214,6 +498,13 @@ static Suite *tenant_suite(void) {
   tcase_add_test(tc, quota_lowered_below_used);
   tcase_add_test(tc, default_quota_applies_to_new_tenants);
   tcase_add_test(tc, check_sees_drift);
+  tcase_add_test(tc, reserve_kept_from_others);
+  tcase_add_test(tc, reserve_own_never_refused);
+  tcase_add_test(tc, reserve_counts_free_space_in_own_segments);
+  tcase_add_test(tc, reserve_exact_limit);
+  tcase_add_test(tc, reserve_set_keeps_the_sum);
+  tcase_add_test(tc, reservations_above_capacity_reported);
+  tcase_add_test(tc, check_sees_reserve_drift);
   suite_add_tcase(s, tc);
   return s;
 }

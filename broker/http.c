@@ -1,0 +1,241 @@
+/*
+ * http.c - the metrics endpoint: libmicrohttpd with its own polling thread
+ * serving the text the loop last published.
+ *
+ * Invariants: the server thread reads nothing of the broker but `text`,
+ * which it copies under `mu` into each response (libmicrohttpd's
+ * MUST_COPY), so a publish may replace it at any time; the listening
+ * socket is bound here, before the thread starts, so that a bad or busy
+ * address is an error with its errno rather than a NULL daemon; and the
+ * thread is created with every signal blocked, because the broker takes
+ * SIGTERM/SIGINT through a signalfd and a signal delivered to this thread
+ * would kill the process instead.
+ */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gmb.h"
+
+#define HTTP_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+struct gmb_http {
+  struct MHD_Daemon *d;
+  uint16_t port;
+  pthread_mutex_t mu;
+  char *text; /* NULL until the first publish */
+  size_t len;
+};
+
+int gmb__http_listen_parse(const char *listen, char *host, size_t hostcap,
+                           uint16_t *port, char *err, size_t errcap) {
+  const char *colon, *h = listen;
+  size_t hlen;
+  if (listen[0] == '[') {
+    const char *close = strchr(listen, ']');
+    if (close == NULL || close[1] != ':') {
+      snprintf(err, errcap, "metrics_listen '%s': expected [IPV6]:PORT",
+               listen);
+      return GMB_E_INVAL;
+    }
+    h = listen + 1;
+    hlen = (size_t)(close - h);
+    colon = close + 1;
+  } else {
+    colon = strrchr(listen, ':');
+    if (colon == NULL || memchr(listen, ':', (size_t)(colon - listen))) {
+      snprintf(err, errcap, "metrics_listen '%s': expected HOST:PORT "
+               "(an IPv6 address goes in brackets)", listen);
+      return GMB_E_INVAL;
+    }
+    hlen = (size_t)(colon - listen);
+  }
+  if (hlen == 0 || hlen >= hostcap) {
+    snprintf(err, errcap, "metrics_listen '%s': %s host", listen,
+             hlen ? "too long a" : "no");
+    return GMB_E_INVAL;
+  }
+  char *end;
+  errno = 0;
+  unsigned long p = strtoul(colon + 1, &end, 10);
+  if (colon[1] < '0' || colon[1] > '9' || *end || errno || p > 65535) {
+    snprintf(err, errcap, "metrics_listen '%s': bad port", listen);
+    return GMB_E_INVAL;
+  }
+  memcpy(host, h, hlen);
+  host[hlen] = '\0';
+  *port = (uint16_t)p;
+  return 0;
+}
+
+/* The socket, bound and listening; -1 with the reason in err. */
+static int http_bind(const char *addr, int *family, char *err,
+                     size_t errcap) {
+  char host[256], ports[8];
+  uint16_t port;
+  if (gmb__http_listen_parse(addr, host, sizeof host, &port, err, errcap))
+    return -2;
+  snprintf(ports, sizeof ports, "%u", (unsigned)port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                  *res = NULL;
+  int rc = getaddrinfo(host, ports, &hints, &res);
+  if (rc != 0) {
+    snprintf(err, errcap, "metrics_listen '%s': %s", addr,
+             gai_strerror(rc));
+    return -2;
+  }
+  int fd = -1, saved = 0;
+  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                ai->ai_protocol);
+    if (fd < 0) {
+      saved = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ai->ai_family == AF_INET6) /* [::] means IPv6 only: say what you mean */
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      saved = errno;
+      close(fd);
+      fd = -1;
+      continue;
+    }
+    *family = ai->ai_family;
+  }
+  freeaddrinfo(res);
+  if (fd < 0)
+    snprintf(err, errcap, "metrics_listen '%s': %s", addr,
+             strerror(saved ? saved : EADDRNOTAVAIL));
+  return fd;
+}
+
+static enum MHD_Result http_reply(struct MHD_Connection *conn,
+                                  unsigned int code, const char *body,
+                                  size_t len, enum MHD_ResponseMemoryMode mode,
+                                  const char *allow) {
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(len, (void *)body, mode);
+  if (r == NULL) return MHD_NO;
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          code == MHD_HTTP_OK ? HTTP_CONTENT_TYPE
+                                              : "text/plain; charset=utf-8");
+  if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+  enum MHD_Result ok = MHD_queue_response(conn, code, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+#define HTTP_STATIC(conn, code, text, allow)                            \
+  http_reply(conn, code, text, sizeof text - 1, MHD_RESPMEM_PERSISTENT, \
+             allow)
+
+/* Runs on the server thread. */
+static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn,
+                                   const char *url, const char *method,
+                                   const char *version,
+                                   const char *upload_data,
+                                   size_t *upload_data_size, void **con_cls) {
+  struct gmb_http *h = cls;
+  (void)version;
+  (void)upload_data;
+  (void)upload_data_size;
+  (void)con_cls;
+  if (strcmp(url, "/metrics") != 0)
+    return HTTP_STATIC(conn, MHD_HTTP_NOT_FOUND,
+                       "not found: the metrics are at /metrics\n", NULL);
+  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
+      strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+    return HTTP_STATIC(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
+                       "method not allowed: use GET\n", "GET, HEAD");
+  enum MHD_Result ok;
+  pthread_mutex_lock(&h->mu);
+  if (h->text == NULL)
+    ok = HTTP_STATIC(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+                     "no metrics yet: the broker is starting\n", NULL);
+  else
+    ok = http_reply(conn, MHD_HTTP_OK, h->text, h->len, MHD_RESPMEM_MUST_COPY,
+                    NULL);
+  pthread_mutex_unlock(&h->mu);
+  return ok;
+}
+
+int gmb__http_start(const char *listen, struct gmb_http **out, char *err,
+                    size_t cap) {
+  *out = NULL;
+  int family = AF_INET;
+  int fd = http_bind(listen, &family, err, cap);
+  if (fd < 0) return fd == -2 ? GMB_E_INVAL : GMB_E_SYSTEM;
+  struct gmb_http *h = calloc(1, sizeof *h);
+  if (h == NULL) {
+    close(fd);
+    snprintf(err, cap, "out of host memory");
+    return GMB_E_SYSTEM;
+  }
+  pthread_mutex_init(&h->mu, NULL);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+    h->port = ntohs(ss.ss_family == AF_INET6
+                        ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                        : ((struct sockaddr_in *)&ss)->sin_port);
+  /* The thread inherits this mask. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  h->d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+          (family == AF_INET6 ? MHD_USE_IPv6 : 0),
+      0, NULL, NULL, http_handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
+  int saved = errno;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (h->d == NULL) {
+    close(fd);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+    snprintf(err, cap, "metrics_listen '%s': the HTTP server did not start "
+             "(%s)", listen, strerror(saved));
+    return GMB_E_SYSTEM;
+  }
+  *out = h;
+  return 0;
+}
+
+uint16_t gmb__http_port(const struct gmb_http *h) { return h->port; }
+
+void gmb__http_publish(struct gmb_http *h, const char *text) {
+  size_t len = strlen(text);
+  char *copy = malloc(len + 1);
+  if (copy == NULL) return; /* the last text stays: stale beats none */
+  memcpy(copy, text, len + 1);
+  pthread_mutex_lock(&h->mu);
+  char *old = h->text;
+  h->text = copy;
+  h->len = len;
+  pthread_mutex_unlock(&h->mu);
+  free(old);
+}
+
+void gmb__http_stop(struct gmb_http *h) {
+  if (h == NULL) return;
+  MHD_stop_daemon(h->d); /* joins the thread, closes the socket */
+  pthread_mutex_destroy(&h->mu);
+  free(h->text);
+  free(h);
+}

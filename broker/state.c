@@ -1,0 +1,444 @@
+/*
+ * state.c - the state file: operators' run-time quota and reservation
+ * changes, kept across restarts (the format and the precedence rules are
+ * in state.h).
+ *
+ * The overrides live in one table owned by this module (the broker is one
+ * process with one loop thread, so a module-level table is the broker's).
+ * Invariant: when a state path is set, the table is exactly what the file
+ * says.  A change is made on a copy of the table, the copy is written to
+ * a temporary file in the same directory, fsync'd, renamed over the file
+ * and the directory fsync'd; only then does the copy replace the table.
+ * So a crash at any point leaves the old file or the new one, never a
+ * mixture, and a change the file does not hold is never in force.
+ */
+#include "state.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "gmb.h"
+#include "log.h"
+#include "tenant.h"
+#include "util.h"
+
+struct state_entry {
+  char name[WIRE_NAME_MAX + 1];
+  int has[2];        /* by enum gmb_state_field */
+  uint64_t value[2];
+  int line;          /* where its section starts, for messages */
+};
+
+struct state_table {
+  struct state_entry *e;
+  size_t n;
+};
+
+static struct state_table state_cur;
+
+static void state_table_free(struct state_table *t) {
+  free(t->e);
+  t->e = NULL;
+  t->n = 0;
+}
+
+static struct state_entry *state_find(struct state_table *t,
+                                      const char *name) {
+  for (size_t i = 0; i < t->n; i++)
+    if (strcmp(t->e[i].name, name) == 0) return &t->e[i];
+  return NULL;
+}
+
+static struct state_entry *state_add(struct state_table *t, const char *name) {
+  struct state_entry *e = realloc(t->e, (t->n + 1) * sizeof *e);
+  if (e == NULL) return NULL;
+  t->e = e;
+  e = &t->e[t->n++];
+  memset(e, 0, sizeof *e);
+  snprintf(e->name, sizeof e->name, "%s", name);
+  return e;
+}
+
+static int state_copy(struct state_table *dst, const struct state_table *src) {
+  dst->n = 0;
+  dst->e = NULL;
+  if (src->n == 0) return 0;
+  dst->e = malloc(src->n * sizeof *dst->e);
+  if (dst->e == NULL) return -1;
+  memcpy(dst->e, src->e, src->n * sizeof *dst->e);
+  dst->n = src->n;
+  return 0;
+}
+
+/* ---- reading ------------------------------------------------------------- */
+
+__attribute__((format(printf, 5, 6))) static int state_fail(
+    char *err, size_t errcap, const char *path, int line, const char *fmt,
+    ...) {
+  int n = line > 0 ? snprintf(err, errcap, "%s:%d: ", path, line)
+                   : snprintf(err, errcap, "%s: ", path);
+  if (n >= 0 && (size_t)n < errcap) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + n, errcap - (size_t)n, fmt, ap);
+    va_end(ap);
+  }
+  return GMB_E_INVAL;
+}
+
+/* Cuts a comment (# or ; at the start or after whitespace) and trims. */
+static char *state_strip(char *s) {
+  for (char *p = s; *p; p++)
+    if ((*p == '#' || *p == ';') &&
+        (p == s || isspace((unsigned char)p[-1]))) {
+      *p = '\0';
+      break;
+    }
+  while (isspace((unsigned char)*s)) s++;
+  size_t n = strlen(s);
+  while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
+  return s;
+}
+
+static int state_parse(const char *path, FILE *f, struct state_table *out,
+                       char *err, size_t errcap) {
+  char *buf = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  int line = 0, rc = 0;
+  struct state_entry *cur = NULL;
+  int seen_version = 0;
+  while ((len = getline(&buf, &cap, f)) >= 0) {
+    line++;
+    if ((size_t)len != strlen(buf)) {
+      rc = state_fail(err, errcap, path, line, "NUL byte in line");
+      break;
+    }
+    char *s = state_strip(buf);
+    if (*s == '\0') continue;
+    if (*s == '[') {
+      size_t n = strlen(s);
+      if (s[n - 1] != ']' || strncmp(s, "[tenant:", 8) != 0) {
+        rc = state_fail(err, errcap, path, line,
+                        "bad section '%.80s' (want [tenant:NAME])", s);
+        break;
+      }
+      s[n - 1] = '\0';
+      const char *name = s + 8;
+      if (!gmb__name_valid(name)) {
+        rc = state_fail(err, errcap, path, line, "bad tenant name '%.80s'",
+                        name);
+        break;
+      }
+      struct state_entry *dup = state_find(out, name);
+      if (dup) {
+        rc = state_fail(err, errcap, path, line,
+                        "[tenant:%s] given twice (first at line %d)", name,
+                        dup->line);
+        break;
+      }
+      cur = state_add(out, name);
+      if (cur == NULL) {
+        rc = state_fail(err, errcap, path, line, "out of memory");
+        break;
+      }
+      cur->line = line;
+      continue;
+    }
+    char *eq = strchr(s, '=');
+    if (eq == NULL) {
+      rc = state_fail(err, errcap, path, line,
+                      "syntax error '%.80s' (want key = value or [tenant:NAME])",
+                      s);
+      break;
+    }
+    *eq = '\0';
+    char *key = state_strip(s), *val = state_strip(eq + 1);
+    if (cur == NULL) {
+      if (strcmp(key, "version") != 0) {
+        rc = state_fail(err, errcap, path, line,
+                        "unknown key '%.80s' outside a tenant section", key);
+        break;
+      }
+      if (strcmp(val, "1") != 0) {
+        rc = state_fail(err, errcap, path, line,
+                        "version '%.40s' is not one this broker reads (1)",
+                        val);
+        break;
+      }
+      seen_version = 1;
+      continue;
+    }
+    int field = strcmp(key, "quota") == 0     ? GMB_STATE_QUOTA
+                : strcmp(key, "reserve") == 0 ? GMB_STATE_RESERVE
+                                              : -1;
+    if (field < 0) {
+      rc = state_fail(err, errcap, path, line,
+                      "[tenant:%s] unknown key '%.80s' (want quota or reserve)",
+                      cur->name, key);
+      break;
+    }
+    if (cur->has[field]) {
+      rc = state_fail(err, errcap, path, line, "[tenant:%s] %s given twice",
+                      cur->name, key);
+      break;
+    }
+    uint64_t v;
+    if (gmb__size_parse(val, &v) != 0) {
+      rc = state_fail(err, errcap, path, line,
+                      "[tenant:%s] %s: bad size '%.80s'", cur->name, key, val);
+      break;
+    }
+    cur->has[field] = 1;
+    cur->value[field] = v;
+  }
+  if (rc == 0 && ferror(f))
+    rc = GMB_E_SYSTEM, snprintf(err, errcap, "%s: read error: %s", path,
+                                strerror(errno));
+  free(buf);
+  if (rc == 0 && line > 0 && !seen_version && out->n > 0)
+    rc = state_fail(err, errcap, path, 1, "no 'version = 1' line: not a gmb "
+                    "state file?");
+  for (size_t i = 0; rc == 0 && i < out->n; i++) {
+    const struct state_entry *e = &out->e[i];
+    if (e->has[GMB_STATE_QUOTA] && e->has[GMB_STATE_RESERVE] &&
+        e->value[GMB_STATE_QUOTA] &&
+        e->value[GMB_STATE_RESERVE] > e->value[GMB_STATE_QUOTA])
+      rc = state_fail(err, errcap, path, e->line,
+                      "[tenant:%s] reserve is more than quota", e->name);
+  }
+  if (rc) state_table_free(out);
+  return rc;
+}
+
+/* Reads `path` into *out: 0 (a missing file is an empty table) or an
+ * error. */
+static int state_read(const char *path, struct state_table *out, char *err,
+                      size_t errcap) {
+  out->e = NULL;
+  out->n = 0;
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    if (errno == ENOENT) return 0;
+    snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno));
+    return GMB_E_SYSTEM;
+  }
+  int rc = state_parse(path, f, out, err, errcap);
+  fclose(f);
+  return rc;
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+static int state_write(const char *path, const struct state_table *t,
+                       char *err, size_t errcap) {
+  char tmp[PATH_MAX + 16];
+  if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) {
+    snprintf(err, errcap, "%s: path too long", path);
+    return GMB_E_SYSTEM;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    snprintf(err, errcap, "cannot create a file beside %s: %s", path,
+             strerror(errno));
+    return GMB_E_SYSTEM;
+  }
+  fchmod(fd, 0644); /* limits, not secrets: operators may read them */
+  FILE *f = fdopen(fd, "w");
+  if (f == NULL) {
+    snprintf(err, errcap, "%s: fdopen: %s", tmp, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return GMB_E_SYSTEM;
+  }
+  fprintf(f,
+          "# gmb-broker state: quotas and reservations set at run time with\n"
+          "# gmbctl.  Written by the broker; it overrides the config file's\n"
+          "# values for these tenants (setting a tenant back to its config\n"
+          "# value removes the override).\n"
+          "version = 1\n");
+  for (size_t i = 0; i < t->n; i++) {
+    const struct state_entry *e = &t->e[i];
+    if (!e->has[0] && !e->has[1]) continue;
+    fprintf(f, "\n[tenant:%s]\n", e->name);
+    static const char *const keys[2] = {"quota", "reserve"};
+    for (int k = 0; k < 2; k++) {
+      char h[GMB_SIZE_BUFSZ];
+      if (e->has[k])
+        fprintf(f, "%s = %llu   # %s\n", keys[k],
+                (unsigned long long)e->value[k],
+                e->value[k] == 0 && k == GMB_STATE_QUOTA
+                    ? "unlimited"
+                    : gmb__size_format(e->value[k], h, sizeof h));
+    }
+  }
+  int bad = fflush(f) != 0 || ferror(f) || fsync(fd) != 0;
+  int e1 = errno;
+  if (fclose(f) != 0 && !bad) {
+    bad = 1;
+    e1 = errno;
+  }
+  if (bad) {
+    snprintf(err, errcap, "cannot write %s: %s", tmp, strerror(e1));
+    unlink(tmp);
+    return GMB_E_SYSTEM;
+  }
+  if (rename(tmp, path) != 0) {
+    snprintf(err, errcap, "cannot rename %s to %s: %s", tmp, path,
+             strerror(errno));
+    unlink(tmp);
+    return GMB_E_SYSTEM;
+  }
+  /* The rename is durable only once the directory is. */
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || fsync(dfd) != 0) {
+    /* The new file is in place; only its durability is in doubt. */
+    log_warn("state: cannot fsync directory %s: %s", dir, strerror(errno));
+  }
+  if (dfd >= 0) close(dfd);
+  return 0;
+}
+
+/* ---- applying ------------------------------------------------------------ */
+
+/* The tenant `name`, created (owned by nobody) when it does not exist. */
+static struct gmb_tenant *state_tenant(struct gmb_broker *b,
+                                       const char *name) {
+  struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
+  if (t) return t;
+  /* The registry creates tenants only through admission; undo the owner
+   * it records, so the first uid that really connects owns it. */
+  char why[256];
+  if (gmb__tenant_admit(b->tenants, name, geteuid(), NULL, 0, &t, why,
+                        sizeof why) != 0) {
+    log_error("state: cannot create tenant %s: %s", name, why);
+    return NULL;
+  }
+  t->has_owner = 0;
+  t->owner_uid = 0;
+  log_info("tenant %s created from the state file (owned by the first uid "
+           "to use it)", name);
+  return t;
+}
+
+int gmb__state_apply(struct gmb_broker *b) {
+  int touched = 0, rc = 0;
+  for (size_t i = 0; i < state_cur.n; i++) {
+    const struct state_entry *e = &state_cur.e[i];
+    if (!e->has[0] && !e->has[1]) continue;
+    struct gmb_tenant *t = state_tenant(b, e->name);
+    if (t == NULL) {
+      rc = GMB_E_LIMIT;
+      continue;
+    }
+    if (e->has[GMB_STATE_QUOTA])
+      gmb__tenant_set_quota(b->tenants, t, e->value[GMB_STATE_QUOTA]);
+    if (e->has[GMB_STATE_RESERVE])
+      gmb__tenant_set_reserve(b->tenants, t, e->value[GMB_STATE_RESERVE]);
+    char q[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
+    if (t->quota && t->reserve > t->quota)
+      log_warn("tenant %s: reservation %s is above its quota %s (one comes "
+               "from the config, the other from the state file); fix it "
+               "with gmbctl reserve set or gmbctl quota set", t->name,
+               gmb__size_format(t->reserve, r, sizeof r),
+               gmb__size_format(t->quota, q, sizeof q));
+    touched++;
+  }
+  return rc ? rc : touched;
+}
+
+int gmb__state_load(struct gmb_broker *b, char *err, size_t errcap) {
+  struct state_table t = {0};
+  if (b->cfg.state[0]) {
+    int rc = state_read(b->cfg.state, &t, err, errcap);
+    if (rc) return rc;
+  }
+  state_table_free(&state_cur);
+  state_cur = t;
+  int n = gmb__state_apply(b);
+  if (n < 0) {
+    snprintf(err, errcap, "%s: a tenant it names could not be created",
+             b->cfg.state);
+    return n;
+  }
+  if (b->cfg.state[0])
+    log_info("state: %s applied (%d tenants with run-time limits)",
+             b->cfg.state, n);
+  return 0;
+}
+
+int gmb__state_reread(struct gmb_broker *b, char *err, size_t errcap) {
+  if (b->cfg.state[0] == '\0') return 0; /* memory is all there is */
+  struct state_table t;
+  int rc = state_read(b->cfg.state, &t, err, errcap);
+  if (rc) return rc;
+  state_table_free(&state_cur);
+  state_cur = t;
+  return 0;
+}
+
+int gmb__state_set(struct gmb_broker *b, const char *name,
+                   enum gmb_state_field field, uint64_t value, int *persisted,
+                   char *err, size_t errcap) {
+  GMB_ASSERT((field == GMB_STATE_QUOTA || field == GMB_STATE_RESERVE) &&
+             "a state field without a key");
+  struct state_table next;
+  if (state_copy(&next, &state_cur) != 0) {
+    snprintf(err, errcap, "out of host memory");
+    return GMB_E_SYSTEM;
+  }
+  struct state_entry *e = state_find(&next, name);
+  if (e == NULL && (e = state_add(&next, name)) == NULL) {
+    state_table_free(&next);
+    snprintf(err, errcap, "out of host memory");
+    return GMB_E_SYSTEM;
+  }
+  const struct gmb_tenant_conf *tc = gmb__config_tenant(&b->cfg, name);
+  uint64_t conf = tc == NULL                   ? 0
+                  : field == GMB_STATE_QUOTA   ? tc->quota
+                                               : tc->reserve;
+  /* Back to the config's value: no override, so the config rules again. */
+  if (tc && value == conf) {
+    e->has[field] = 0;
+  } else {
+    e->has[field] = 1;
+    e->value[field] = value;
+  }
+  *persisted = 0;
+  if (b->cfg.state[0]) {
+    int rc = state_write(b->cfg.state, &next, err, errcap);
+    if (rc) {
+      state_table_free(&next);
+      return rc;
+    }
+    *persisted = 1;
+  }
+  state_table_free(&state_cur);
+  state_cur = next;
+  return 0;
+}
+
+int gmb__state_has(const char *name, enum gmb_state_field field) {
+  struct state_entry *e = state_find(&state_cur, name);
+  return e && e->has[field];
+}
+
+void gmb__state_free(void) { state_table_free(&state_cur); }
+

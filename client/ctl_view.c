@@ -1,0 +1,591 @@
+/*
+ * ctl_view.c - gmbctl's views of the broker's memory: `map` (a text map,
+ * or an SVG with --svg), `snapshot` (every segment and range as JSON,
+ * docs/snapshot.md) and `metrics` (the Prometheus text, docs/metrics.md).
+ *
+ * All three read one reply: map and snapshot an AdminSnapshot, metrics an
+ * AdminMetrics.  Nothing here interprets the broker's state beyond drawing
+ * it: the ranges of a segment come in address order and tile it (the
+ * broker's pool guarantees it), and the drawings rely on that only to lay
+ * out; a reply that breaks it draws wrongly but never reads out of bounds.
+ *
+ * The text map gives each segment one line and a bar of CTL_MAP_WIDTH
+ * slices, each the same fraction of its own segment; the SVG scales bar
+ * lengths by the logarithm of segment sizes, so 2 MiB and 2 GiB segments
+ * both stay legible on one page.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl.h"
+#include "gmb.h"
+#include "util.h"
+#include "wire.h"
+
+#define CTL_MAP_WIDTH 64
+#define CTL_SNAPSHOT_FORMAT "gmb-snapshot/1"
+
+/* --- shared -------------------------------------------------------------- */
+
+/* A size for reading at a glance: exact when that is short ("2MiB"), else
+ * three significant digits ("2.25GiB"): gmb__size_format's exact forms
+ * such as "2362304KiB" or "1642MiB" are right but slow to read. */
+static char *view_size(uint64_t v, char *buf, size_t cap) {
+  gmb__size_format(v, buf, cap);
+  if (strspn(buf, "0123456789") <= 3 && strlen(buf) <= 7) return buf;
+  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double d = (double)v;
+  int i = 0;
+  while (i < 4 && d >= 1000.0) {
+    d /= 1024.0;
+    i++;
+  }
+  snprintf(buf, cap, d < 10 ? "%.2f%s" : d < 100 ? "%.1f%s" : "%.0f%s", d,
+           unit[i]);
+  return buf;
+}
+
+static int view_fetch(struct ctl *ctl, const char *verb,
+                      struct wire_reply *rep) {
+  struct wire_request req = {.kind = WIRE_ADMIN_SNAPSHOT};
+  return gmb__ctl_call(ctl, verb, &req, WIRE_ADMIN_SNAPSHOT, rep);
+}
+
+/* "2024-05-01T12:00:00Z" (json) or "2024-05-01 12:00:00 UTC". */
+static void view_time(char *buf, size_t cap, int iso) {
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  strftime(buf, cap, iso ? "%Y-%m-%dT%H:%M:%SZ" : "%Y-%m-%d %H:%M:%S UTC",
+           &tm);
+}
+
+static uint64_t view_seg_used(const struct wire_segment_info *s) {
+  uint64_t u = 0;
+  for (size_t k = 0; k < s->n_ranges; k++)
+    if (s->ranges[k].id) u += s->ranges[k].size;
+  return u;
+}
+
+static uint64_t view_allocations(const struct wire_reply *rep) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < rep->u.snapshot.n_segments; i++)
+    for (size_t k = 0; k < rep->u.snapshot.segments[i].n_ranges; k++)
+      if (rep->u.snapshot.segments[i].ranges[k].id) n++;
+  return n;
+}
+
+/* Segment order for drawings: by tenant, then id, so that a tenant's
+ * segments sit together. */
+static const struct wire_segment_info *view_sort_base;
+static int view_cmp(const void *a, const void *b) {
+  const struct wire_segment_info *x = &view_sort_base[*(const size_t *)a];
+  const struct wire_segment_info *y = &view_sort_base[*(const size_t *)b];
+  int c = strcmp(x->tenant, y->tenant);
+  if (c) return c;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static size_t *view_order(const struct wire_reply *rep) {
+  size_t n = rep->u.snapshot.n_segments;
+  size_t *ord = malloc((n ? n : 1) * sizeof *ord);
+  if (ord == NULL) return NULL;
+  for (size_t i = 0; i < n; i++) ord[i] = i;
+  view_sort_base = rep->u.snapshot.segments;
+  qsort(ord, n, sizeof *ord, view_cmp);
+  return ord;
+}
+
+/* --- snapshot JSON --------------------------------------------------------- */
+
+static json_t *view_json(const struct wire_reply *rep) {
+  const struct wire_admin_status *st = &rep->u.snapshot.status;
+  /* gmb__ctl_json_tenants reads an AdminStatus reply: lend it the rows. */
+  struct wire_reply as = {.kind = WIRE_ADMIN_STATUS};
+  as.u.admin_status = *st;
+  char when[40];
+  view_time(when, sizeof when, 1);
+  json_t *status = json_pack(
+      "{s:s, s:I, s:I, s:I, s:i, s:I, s:f, s:o, s:o}", "device", st->device,
+      "capacity", (json_int_t)st->capacity, "in_segments",
+      (json_int_t)st->in_segments, "in_use", (json_int_t)st->in_use,
+      "sessions", (int)st->sessions, "largest_free",
+      (json_int_t)st->largest_free, "fragmentation", st->fragmentation,
+      "compaction", gmb__ctl_json_compact(&st->compaction), "tenants",
+      gmb__ctl_json_tenants(&as));
+  json_t *segs = json_array();
+  for (size_t i = 0; i < rep->u.snapshot.n_segments; i++) {
+    const struct wire_segment_info *s = &rep->u.snapshot.segments[i];
+    uint64_t used = view_seg_used(s);
+    json_t *ranges = json_array();
+    for (size_t k = 0; k < s->n_ranges; k++) {
+      const struct wire_range_info *r = &s->ranges[k];
+      const char *state =
+          r->id ? "allocated" : r->locked ? "moving" : "free";
+      json_t *jr = json_pack("{s:I, s:I, s:s}", "offset", (json_int_t)r->offset,
+                             "size", (json_int_t)r->size, "state", state);
+      if (r->id) {
+        json_object_set_new(jr, "id", json_integer((json_int_t)r->id));
+        json_object_set_new(jr, "movable", json_boolean(r->movable));
+        json_object_set_new(jr, "locked", json_boolean(r->locked));
+        json_object_set_new(jr, "session",
+                            json_integer((json_int_t)r->session));
+      }
+      json_array_append_new(ranges, jr);
+    }
+    json_array_append_new(
+        segs, json_pack("{s:I, s:I, s:s, s:b, s:I, s:o}", "id",
+                        (json_int_t)s->id, "size", (json_int_t)s->size,
+                        "tenant", s->tenant, "small", s->small, "used",
+                        (json_int_t)used, "ranges", ranges));
+  }
+  return json_pack("{s:s, s:s, s:o, s:o}", "format", CTL_SNAPSHOT_FORMAT,
+                   "taken", when, "status", status, "segments", segs);
+}
+
+/* Writes JSON to `path` through a temporary file and a rename, so a reader
+ * never sees half a snapshot. */
+static int view_json_write(json_t *j, const char *path) {
+  char tmp[4096];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
+  int rc = json_dump_file(j, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (rc == 0) {
+    FILE *f = fopen(tmp, "a"); /* json_dump_file writes no final newline */
+    if (f == NULL || fputc('\n', f) == EOF || fclose(f) != 0) rc = -1;
+  }
+  if (rc != 0 || rename(tmp, path) != 0) {
+    int e = errno;
+    remove(tmp);
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                         strerror(e));
+  }
+  return 0;
+}
+
+int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                      char **argv) {
+  if (argc > 1 || (argc == 1 && argv[0][0] == '-' && argv[0][1]))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' "
+                         "(usage: gmbctl %s)", v->name, argv[argc - 1],
+                         v->usage);
+  const char *path = argc == 1 && strcmp(argv[0], "-") != 0 ? argv[0] : NULL;
+  struct wire_reply rep;
+  int rc = view_fetch(ctl, v->name, &rep);
+  if (rc) return rc;
+  json_t *j = view_json(&rep);
+  size_t nseg = rep.u.snapshot.n_segments;
+  uint64_t nalloc = view_allocations(&rep);
+  gmb__wire_reply_clear(&rep);
+  if (j == NULL) return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  if (path == NULL) return gmb__ctl_json_print(j);
+  rc = view_json_write(j, path);
+  json_decref(j);
+  if (rc) return rc;
+  if (ctl->json)
+    return gmb__ctl_json_print(json_pack("{s:s, s:I, s:I}", "file", path,
+                                         "segments", (json_int_t)nseg,
+                                         "allocations", (json_int_t)nalloc));
+  printf("snapshot of %zu segments, %llu allocations written to %s\n", nseg,
+         (unsigned long long)nalloc, path);
+  return 0;
+}
+
+/* --- text map ----------------------------------------------------------- */
+
+/* The bar of one segment: each slice shows what covers most of it. */
+static void view_bar(const struct wire_segment_info *s, char *bar) {
+  uint64_t freeb[CTL_MAP_WIDTH] = {0}, best[CTL_MAP_WIDTH] = {0};
+  char what[CTL_MAP_WIDTH];
+  memset(what, '.', sizeof what);
+  uint64_t size = s->size ? s->size : 1;
+  unsigned nth = 0; /* allocations so far: neighbours get the next letter */
+  for (size_t k = 0; k < s->n_ranges; k++) {
+    const struct wire_range_info *r = &s->ranges[k];
+    if (r->size == 0 || r->offset >= size) continue;
+    uint64_t end = r->offset + r->size > size ? size : r->offset + r->size;
+    char c;
+    if (r->id) {
+      c = r->locked ? '#'
+                    : (char)((r->movable ? 'a' : 'A') + (char)(nth % 26));
+      nth++;
+    } else {
+      c = r->locked ? '+' : '.';
+    }
+    uint64_t j0 = r->offset * CTL_MAP_WIDTH / size;
+    uint64_t j1 = (end - 1) * CTL_MAP_WIDTH / size;
+    for (uint64_t j = j0; j <= j1 && j < CTL_MAP_WIDTH; j++) {
+      uint64_t lo = j * size / CTL_MAP_WIDTH, hi = (j + 1) * size / CTL_MAP_WIDTH;
+      uint64_t a = r->offset > lo ? r->offset : lo, b = end < hi ? end : hi;
+      uint64_t ov = b > a ? b - a : 0;
+      if (c == '.') {
+        freeb[j] += ov;
+      } else if (ov > best[j]) {
+        best[j] = ov;
+        what[j] = c;
+      }
+    }
+  }
+  for (int j = 0; j < CTL_MAP_WIDTH; j++) {
+    uint64_t len = (uint64_t)(j + 1) * size / CTL_MAP_WIDTH -
+                   (uint64_t)j * size / CTL_MAP_WIDTH;
+    if (best[j] == 0)
+      bar[j] = '.';
+    else if (freeb[j] * 2 > len)
+      bar[j] = ':'; /* mostly free, with something small in it */
+    else
+      bar[j] = what[j];
+  }
+  bar[CTL_MAP_WIDTH] = '\0';
+}
+
+static void view_text(const struct wire_reply *rep, const size_t *ord) {
+  const struct wire_admin_status *st = &rep->u.snapshot.status;
+  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ], when[40];
+  view_time(when, sizeof when, 0);
+  printf("device %s  capacity %s  in segments %s  in use %s  "
+         "fragmentation %.2f  (%s)\n",
+         st->device, view_size(st->capacity, a, sizeof a),
+         view_size(st->in_segments, b, sizeof b),
+         view_size(st->in_use, c, sizeof c), st->fragmentation, when);
+  size_t n = rep->u.snapshot.n_segments, wt = strlen("TENANT"), ws = 4;
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_segment_info *s = &rep->u.snapshot.segments[i];
+    if (strlen(s->tenant) > wt) wt = strlen(s->tenant);
+    if (strlen(gmb__size_format(s->size, a, sizeof a)) > ws) ws = strlen(a);
+  }
+  if (n == 0) {
+    printf("no segments: nothing is allocated\n");
+    return;
+  }
+  printf("%6s  %-*s  %-*s  %4s  %s\n", "SEG", (int)ws, "SIZE", (int)wt,
+         "TENANT", "USED", "MAP (each character 1/64 of its segment)");
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_segment_info *s = &rep->u.snapshot.segments[ord[i]];
+    char bar[CTL_MAP_WIDTH + 1];
+    view_bar(s, bar);
+    uint64_t used = view_seg_used(s);
+    printf("%6llu  %-*s  %-*s  %3d%%  [%s]%s\n", (unsigned long long)s->id,
+           (int)ws, gmb__size_format(s->size, a, sizeof a), (int)wt,
+           s->tenant, s->size ? (int)(used * 100 / s->size) : 0, bar,
+           s->small ? "" : "  large");
+  }
+  printf("legend: A-Z pinned, a-z movable (one letter per allocation, the "
+         "next letter for its neighbour),\n        # locked, + move in "
+         "flight, . free, : mostly free; \"large\": a segment of one or "
+         "more large requests\n");
+}
+
+/* --- SVG map ------------------------------------------------------------ */
+
+static const char *view_palette[] = {"#4e79a7", "#e15759", "#59a14f",
+                                     "#f28e2b", "#b07aa1", "#76b7b2",
+                                     "#edc948", "#9c755f"};
+#define VIEW_NPAL (sizeof view_palette / sizeof view_palette[0])
+
+static void view_xml(FILE *f, const char *s) {
+  for (; *s; s++) {
+    switch (*s) {
+      case '&': fputs("&amp;", f); break;
+      case '<': fputs("&lt;", f); break;
+      case '>': fputs("&gt;", f); break;
+      case '"': fputs("&quot;", f); break;
+      default: fputc(*s, f);
+    }
+  }
+}
+
+/* `hex` mixed with white: t 0 the colour, 1 white. */
+static void view_light(const char *hex, double t, char *out, size_t cap) {
+  unsigned r, g, b;
+  if (sscanf(hex, "#%02x%02x%02x", &r, &g, &b) != 3) r = g = b = 128;
+  snprintf(out, cap, "#%02x%02x%02x", (unsigned)(r + (255 - r) * t + 0.5),
+           (unsigned)(g + (255 - g) * t + 0.5),
+           (unsigned)(b + (255 - b) * t + 0.5));
+}
+
+/* Index of each segment's tenant among the distinct tenants (in order). */
+struct view_tenants {
+  const char *name[64];
+  size_t n;
+};
+
+static size_t view_tenant_index(struct view_tenants *vt, const char *name) {
+  for (size_t i = 0; i < vt->n; i++)
+    if (strcmp(vt->name[i], name) == 0) return i;
+  if (vt->n < 64) vt->name[vt->n++] = name;
+  return vt->n - 1;
+}
+
+#define SVG_W 1160
+#define SVG_X0 170      /* bars start */
+#define SVG_BARMAX 760  /* the largest segment's bar */
+#define SVG_ROW 26
+#define SVG_BARH 18
+#define SVG_TOP 84
+
+static int view_svg(const struct wire_reply *rep, const size_t *ord,
+                    FILE *f) {
+  const struct wire_admin_status *st = &rep->u.snapshot.status;
+  size_t n = rep->u.snapshot.n_segments;
+  uint64_t smin = UINT64_MAX, smax = 0;
+  struct view_tenants vt = {.n = 0};
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_segment_info *s = &rep->u.snapshot.segments[ord[i]];
+    if (s->size < smin) smin = s->size;
+    if (s->size > smax) smax = s->size;
+    view_tenant_index(&vt, s->tenant);
+  }
+  /* The tenants without segments still get a legend entry. */
+  for (size_t i = 0; i < st->n_tenants; i++)
+    view_tenant_index(&vt, st->tenants[i].name);
+  size_t legend_rows = (vt.n + 2) / 3;
+  int h = SVG_TOP + (int)(n ? n : 1) * SVG_ROW + 24 + 28 +
+          (int)legend_rows * 22 + 4;
+  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ], d[GMB_SIZE_BUFSZ],
+      when[40];
+  view_time(when, sizeof when, 0);
+  fprintf(f,
+          "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+          "height=\"%d\" viewBox=\"0 0 %d %d\" "
+          "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" "
+          "font-size=\"12\">\n<title>gmb map of ",
+          SVG_W, h, SVG_W, h);
+  view_xml(f, st->device);
+  fprintf(f, " at %s</title>\n", when);
+  fputs("<defs>\n"
+        "<pattern id=\"hatch\" width=\"6\" height=\"6\" "
+        "patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
+        "<rect width=\"6\" height=\"6\" fill=\"none\"/>"
+        "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#1a1a1a\" "
+        "stroke-width=\"2.2\"/></pattern>\n</defs>\n"
+        "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n", f);
+  fputs("<text x=\"20\" y=\"32\" font-size=\"20\" font-weight=\"bold\">"
+        "gmb memory map \xe2\x80\x94 ", f);
+  view_xml(f, st->device);
+  fprintf(f, " \xe2\x80\x94 %s</text>\n", when);
+  fprintf(f,
+          "<text x=\"20\" y=\"56\" fill=\"#444\">capacity %s \xc2\xb7 in "
+          "segments %s \xc2\xb7 in use %s \xc2\xb7 largest free %s \xc2\xb7 "
+          "fragmentation %.2f \xc2\xb7 %zu segments, %llu allocations, %u "
+          "sessions</text>\n",
+          view_size(st->capacity, a, sizeof a),
+          view_size(st->in_segments, b, sizeof b),
+          view_size(st->in_use, c, sizeof c),
+          view_size(st->largest_free, d, sizeof d), st->fragmentation,
+          n, (unsigned long long)view_allocations(rep), st->sessions);
+  fprintf(f, "<text x=\"%d\" y=\"76\" fill=\"#777\" font-size=\"11\">bar "
+          "length grows with the logarithm of the segment's size; offsets "
+          "within a bar are linear</text>\n", SVG_X0);
+  if (n == 0)
+    fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#777\">no segments: nothing "
+            "is allocated</text>\n", SVG_X0, SVG_TOP + 16);
+  const char *prev = NULL;
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_segment_info *s = &rep->u.snapshot.segments[ord[i]];
+    size_t ti = view_tenant_index(&vt, s->tenant);
+    const char *col = view_palette[ti % VIEW_NPAL];
+    char light[8];
+    view_light(col, 0.55, light, sizeof light);
+    double frac = smax > smin ? 0.22 + 0.78 * log((double)s->size / smin) /
+                                            log((double)smax / smin)
+                              : 1.0;
+    double bw = SVG_BARMAX * frac;
+    int y = SVG_TOP + (int)i * SVG_ROW;
+    if (prev == NULL || strcmp(prev, s->tenant) != 0) {
+      if (prev)
+        fprintf(f, "<line x1=\"20\" x2=\"%d\" y1=\"%d\" y2=\"%d\" "
+                "stroke=\"#ddd\"/>\n", SVG_W - 20, y - 4, y - 4);
+      fprintf(f, "<rect x=\"20\" y=\"%d\" width=\"10\" height=\"%d\" "
+              "fill=\"%s\"/><text x=\"36\" y=\"%d\" font-weight=\"bold\">",
+              y, SVG_BARH, col, y + 13);
+      view_xml(f, s->tenant[0] ? s->tenant : "(none)");
+      fputs("</text>\n", f);
+      prev = s->tenant;
+    }
+    fprintf(f, "<g><title>segment %llu, %s, ", (unsigned long long)s->id,
+            gmb__size_format(s->size, a, sizeof a));
+    view_xml(f, s->tenant);
+    fputs("</title>\n", f);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
+            "fill=\"#f2f2f2\"/>\n", SVG_X0, y, bw, SVG_BARH);
+    for (size_t k = 0; k < s->n_ranges; k++) {
+      const struct wire_range_info *r = &s->ranges[k];
+      if (r->id == 0 && !r->locked) continue; /* free: the background */
+      double x = SVG_X0 + bw * (double)r->offset / (double)s->size;
+      double w = bw * (double)r->size / (double)s->size;
+      if (w < 0.8) w = 0.8; /* a tiny allocation still shows */
+      const char *fill = r->id == 0 ? "#ffffff" : r->movable ? light : col;
+      const char *sep = w >= 3 ? " stroke=\"#ffffff\" stroke-width=\"0.7\"" : "";
+      fprintf(f, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
+              "fill=\"%s\"%s><title>", x, y, w, SVG_BARH, fill, sep);
+      if (r->id)
+        fprintf(f, "allocation %llu: %s at +%s, %s%s, session %llu",
+                (unsigned long long)r->id,
+                gmb__size_format(r->size, a, sizeof a),
+                gmb__size_format(r->offset, b, sizeof b),
+                r->movable ? "movable" : "pinned", r->locked ? ", locked" : "",
+                (unsigned long long)r->session);
+      else
+        fprintf(f, "move in flight: %s", gmb__size_format(r->size, a, sizeof a));
+      fputs("</title></rect>\n", f);
+      if (r->id && r->locked)
+        fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%d\" "
+                "fill=\"url(#hatch)\" stroke=\"#1a1a1a\" stroke-width=\"1.2\"/>"
+                "\n", x + 0.6, y + 0.6, w > 1.2 ? w - 1.2 : w, SVG_BARH - 1);
+      else if (r->id == 0)
+        fprintf(f, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
+                "fill=\"none\" stroke=\"#555\" stroke-dasharray=\"3 2\"/>\n",
+                x + 0.5, y + 1, w > 1 ? w - 1 : w, SVG_BARH - 2);
+    }
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
+            "fill=\"none\" stroke=\"#888\" stroke-width=\"0.8\"/>\n", SVG_X0,
+            y, bw, SVG_BARH);
+    uint64_t used = view_seg_used(s);
+    fprintf(f, "<text x=\"%.1f\" y=\"%d\" fill=\"#333\">seg %llu \xc2\xb7 "
+            "%s \xc2\xb7 %d%% used%s</text>\n</g>\n", SVG_X0 + bw + 8, y + 13,
+            (unsigned long long)s->id, gmb__size_format(s->size, a, sizeof a),
+            s->size ? (int)(used * 100 / s->size) : 0,
+            s->small ? "" : " \xc2\xb7 large");
+  }
+  /* Legend: the kinds of range, then a swatch per tenant. */
+  int y = SVG_TOP + (int)(n ? n : 1) * SVG_ROW + 24;
+  fprintf(f, "<line x1=\"20\" x2=\"%d\" y1=\"%d\" y2=\"%d\" stroke=\"#bbb\"/>"
+          "\n", SVG_W - 20, y - 14, y - 14);
+  const char *c0 = view_palette[0];
+  char l0[8];
+  view_light(c0, 0.55, l0, sizeof l0);
+  fprintf(f,
+          "<text x=\"20\" y=\"%d\" font-weight=\"bold\">legend</text>\n"
+          "<rect x=\"90\" y=\"%d\" width=\"28\" height=\"14\" fill=\"%s\"/>"
+          "<text x=\"124\" y=\"%d\">pinned (never moves)</text>\n"
+          "<rect x=\"270\" y=\"%d\" width=\"28\" height=\"14\" fill=\"%s\"/>"
+          "<text x=\"304\" y=\"%d\">movable</text>\n"
+          "<rect x=\"380\" y=\"%d\" width=\"28\" height=\"14\" fill=\"%s\"/>"
+          "<rect x=\"380.6\" y=\"%d.6\" width=\"26.8\" height=\"13\" "
+          "fill=\"url(#hatch)\" stroke=\"#1a1a1a\" stroke-width=\"1.2\"/>"
+          "<text x=\"414\" y=\"%d\">movable, locked now</text>\n"
+          "<rect x=\"560\" y=\"%d\" width=\"28\" height=\"14\" "
+          "fill=\"#f2f2f2\" stroke=\"#888\" stroke-width=\"0.8\"/>"
+          "<text x=\"594\" y=\"%d\">free</text>\n"
+          "<rect x=\"650\" y=\"%d\" width=\"28\" height=\"14\" fill=\"#fff\" "
+          "stroke=\"#555\" stroke-dasharray=\"3 2\"/>"
+          "<text x=\"684\" y=\"%d\">move in flight</text>\n"
+          "<text x=\"800\" y=\"%d\" fill=\"#777\">colour: tenant</text>\n",
+          y, y - 11, c0, y, y - 11, l0, y, y - 11, l0, y - 11, y, y - 11, y,
+          y - 11, y, y);
+  y += 28;
+  for (size_t i = 0; i < vt.n; i++) {
+    const struct wire_tenant_row *row = NULL;
+    for (size_t k = 0; k < st->n_tenants; k++)
+      if (strcmp(st->tenants[k].name, vt.name[i]) == 0) row = &st->tenants[k];
+    int x = 20 + (int)(i % 3) * 375, yy = y + (int)(i / 3) * 22;
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" "
+            "fill=\"%s\"/><text x=\"%d\" y=\"%d\"><tspan "
+            "font-weight=\"bold\">", x, yy - 11, view_palette[i % VIEW_NPAL],
+            x + 20, yy);
+    view_xml(f, vt.name[i][0] ? vt.name[i] : "(none)");
+    fputs("</tspan>", f);
+    if (row)
+      fprintf(f, "  %s used of %s in segments \xc2\xb7 frag %.2f",
+              view_size(row->used, a, sizeof a),
+              view_size(row->segments, b, sizeof b), row->fragmentation);
+    fputs("</text>\n", f);
+  }
+  fputs("</svg>\n", f);
+  return ferror(f) ? -1 : 0;
+}
+
+static int view_svg_write(const struct wire_reply *rep, const size_t *ord,
+                          const char *path) {
+  if (strcmp(path, "-") == 0)
+    return view_svg(rep, ord, stdout) == 0
+               ? 0
+               : gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the SVG");
+  char tmp[4096];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                         strerror(errno));
+  int rc = view_svg(rep, ord, f);
+  if (fclose(f) != 0) rc = -1;
+  if (rc != 0 || rename(tmp, path) != 0) {
+    int e = errno;
+    remove(tmp);
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                         strerror(e));
+  }
+  return 0;
+}
+
+int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                 char **argv) {
+  const char *svg = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--svg") == 0) {
+      if (++i >= argc)
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --svg needs a file name",
+                             v->name);
+      svg = argv[i];
+    } else if (strncmp(argv[i], "--svg=", 6) == 0 && argv[i][6]) {
+      svg = argv[i] + 6;
+    } else {
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' "
+                           "(usage: gmbctl %s)", v->name, argv[i], v->usage);
+    }
+  }
+  struct wire_reply rep;
+  int rc = view_fetch(ctl, v->name, &rep);
+  if (rc) return rc;
+  size_t *ord = view_order(&rep);
+  if (ord == NULL) {
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  }
+  if (svg) rc = view_svg_write(&rep, ord, svg);
+  if (rc == 0 && ctl->json) {
+    json_t *j = view_json(&rep);
+    rc = j ? gmb__ctl_json_print(j)
+           : gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  } else if (rc == 0 && svg && strcmp(svg, "-") != 0) {
+    printf("map of %zu segments written to %s\n", rep.u.snapshot.n_segments,
+           svg);
+  } else if (rc == 0 && svg == NULL) {
+    view_text(&rep, ord);
+  }
+  free(ord);
+  gmb__wire_reply_clear(&rep);
+  return rc;
+}
+
+/* --- metrics -------------------------------------------------------------- */
+
+int gmb__ctl_metrics(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                     char **argv) {
+  int rc = gmb__ctl_no_args(v, argc, argv);
+  if (rc) return rc;
+  struct wire_request req = {.kind = WIRE_ADMIN_METRICS};
+  struct wire_reply rep;
+  rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_METRICS, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = json_pack("{s:s, s:s}", "format", "prometheus-text/0.0.4",
+                          "text", rep.u.metrics.text);
+    gmb__wire_reply_clear(&rep);
+    return j ? gmb__ctl_json_print(j)
+             : gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  }
+  fputs(rep.u.metrics.text, stdout);
+  gmb__wire_reply_clear(&rep);
+  return fflush(stdout) == 0 ? 0
+                             : gmb__ctl_fail(CTL_EXIT_FAIL,
+                                             "cannot write the output");
+}
