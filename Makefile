@@ -192,4 +192,8 @@ install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 clean:
 	rm -rf build
 
+# Fragments for parts with their own rules (mk/*.mk): the CUDA bundle,
+# the LD_PRELOAD shim and the PyTorch allocator.
+-include $(wildcard mk/*.mk)
+
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -669,6 +669,10 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
       return dispatch_segment(b, s, req, rep);
     case WIRE_HEARTBEAT:
       return 0;
+    case WIRE_SEGMENT_CLOSED:
+      /* Only the cuda device waits for these before freeing a retired
+       * segment; the host device freed it already. */
+      return 0;
     case WIRE_BYE:
       gmb__session_end(b, s, "said goodbye");
       return 1;

@@ -53,6 +53,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__Segment seg = GMB__SEGMENT__INIT;
   Gmb__Heartbeat hb = GMB__HEARTBEAT__INIT;
   Gmb__Bye bye = GMB__BYE__INIT;
+  Gmb__SegmentClosed sc = GMB__SEGMENT_CLOSED__INIT;
   Gmb__AdminStatus as = GMB__ADMIN_STATUS__INIT;
   Gmb__AdminCompact ac = GMB__ADMIN_COMPACT__INIT;
   Gmb__AdminLimit al = GMB__ADMIN_LIMIT__INIT;
@@ -104,6 +105,11 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
     case WIRE_BYE:
       r.body_case = GMB__REQUEST__BODY_BYE;
       r.bye = &bye;
+      break;
+    case WIRE_SEGMENT_CLOSED:
+      sc.segment = req->u.segment.segment;
+      r.body_case = GMB__REQUEST__BODY_SEGMENT_CLOSED;
+      r.segment_closed = &sc;
       break;
     case WIRE_ADMIN_STATUS:
       r.body_case = GMB__REQUEST__BODY_ADMIN_STATUS;
@@ -203,6 +209,10 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       break;
     case GMB__REQUEST__BODY_BYE:
       out->kind = WIRE_BYE;
+      break;
+    case GMB__REQUEST__BODY_SEGMENT_CLOSED:
+      out->kind = WIRE_SEGMENT_CLOSED;
+      out->u.segment.segment = r->segment_closed->segment;
       break;
     case GMB__REQUEST__BODY_ADMIN_STATUS:
       out->kind = WIRE_ADMIN_STATUS;
@@ -782,6 +792,7 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ADMIN_RELOAD: return "admin-reload";
     case WIRE_ADMIN_SNAPSHOT: return "admin-snapshot";
     case WIRE_ADMIN_METRICS: return "admin-metrics";
+    case WIRE_SEGMENT_CLOSED: return "segment-closed";
   }
   return "unknown";
 }

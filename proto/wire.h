@@ -41,6 +41,7 @@ enum wire_kind {
   WIRE_ADMIN_RELOAD,  /* request; the reply is a status and a message */
   WIRE_ADMIN_SNAPSHOT, /* request; reply: SnapshotReply */
   WIRE_ADMIN_METRICS, /* request; reply: MetricsReply */
+  WIRE_SEGMENT_CLOSED, /* request: SegmentClosed; no reply */
 };
 
 #define WIRE_HOLDERS_MAX 8 /* tenants named in a NoMemory reply */
@@ -82,7 +83,7 @@ struct wire_request {
     } free;
     struct {
       uint64_t segment;
-    } segment;
+    } segment; /* WIRE_SEGMENT and WIRE_SEGMENT_CLOSED */
     struct {
       char tenant[WIRE_NAME_MAX + 1]; /* "": every tenant */
     } admin_compact;
