@@ -793,6 +793,7 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ADMIN_SNAPSHOT: return "admin-snapshot";
     case WIRE_ADMIN_METRICS: return "admin-metrics";
     case WIRE_SEGMENT_CLOSED: return "segment-closed";
+    case WIRE_KIND_COUNT: break;
   }
   return "unknown";
 }

@@ -42,6 +42,7 @@ enum wire_kind {
   WIRE_ADMIN_SNAPSHOT, /* request; reply: SnapshotReply */
   WIRE_ADMIN_METRICS, /* request; reply: MetricsReply */
   WIRE_SEGMENT_CLOSED, /* request: SegmentClosed; no reply */
+  WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
 #define WIRE_HOLDERS_MAX 8 /* tenants named in a NoMemory reply */
