@@ -6,7 +6,19 @@
  * A device hands out segments.  Each segment has an import handle: the bytes
  * a client needs to map it (a shm name for host, a CUipcMemHandle for cuda).
  * The generic layer here enforces the capacity: the sum of live segment
- * sizes never passes `capacity`.  Device memory is never read by the broker
+ * sizes never passes `capacity`.
+ *
+ * Two-step retirement (cuda): freeing memory that another process still
+ * has open through an IPC handle is undefined behaviour in CUDA.  So when
+ * the pool retires a segment, the broker first records the sessions it told
+ * (gmb__device_seg_hold, from the pool's retire callback), then the pool
+ * calls gmb__device_seg_free, which for such a device only parks the
+ * segment; the real free comes when the last holder answered SegmentClosed
+ * (gmb__device_seg_closed) or ended (gmb__device_holder_gone).  A parked
+ * segment still occupies the device: it stays in `in_use` and `segments`
+ * until then, and `retiring`/`retiring_bytes` say how much of them waits.
+ * The host device frees at once (clients keep their own mapping of the shm
+ * object safely), so holds are not even recorded for it.  Device memory is never read by the broker
  * except through `copy` (GPU memory cannot be touched from the CPU).
  */
 #ifndef GMB_DEVICE_H
@@ -43,15 +55,22 @@ struct gmb_device_ops {
   int (*copy)(struct gmb_device *d, struct gmb_dseg *dst, uint64_t dst_off,
               struct gmb_dseg *src, uint64_t src_off, uint64_t len);
   void (*destroy)(struct gmb_device *d);
+  /* 1: seg_free must wait until every holder closed its import (cuda). */
+  int free_waits_for_holders;
 };
+
+struct gmb_device_retiring; /* device.c */
 
 struct gmb_device {
   const struct gmb_device_ops *ops;
   uint64_t capacity;  /* bytes that segments may total */
   uint64_t in_use;    /* bytes of live segments */
   uint64_t segments;  /* count of live segments */
+  uint64_t retiring;       /* of those, parked until clients close them */
+  uint64_t retiring_bytes;
   char desc[64];      /* "host:1GiB", for logs and status */
   void *priv;
+  struct gmb_device_retiring *retire_head; /* device.c's list */
 };
 
 /*
@@ -70,6 +89,32 @@ void gmb__device_seg_free(struct gmb_device *d, struct gmb_dseg *seg);
 int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
                      uint64_t dst_off, struct gmb_dseg *src, uint64_t src_off,
                      uint64_t len);
+
+/*
+ * Two-step retirement (see the top of this file).  `holder` is a session
+ * id.  gmb__device_seg_hold records that `holder` was told to close
+ * segment `seg_id` (call it before the pool frees the segment): 0, or
+ * GMB_E_NOMEM when it cannot be recorded (the segment is then freed at once).
+ * A no-op on a device that frees at once.
+ * gmb__device_seg_closed crosses `holder` off; gmb__device_holder_gone
+ * crosses it off every segment (the session ended: its process's mappings
+ * died with it, or it closed them before Bye).  Both return how many
+ * segments they really freed (room appeared: serve waiting allocations).
+ * An unknown segment or holder is ignored (a late or repeated message).
+ */
+int gmb__device_seg_hold(struct gmb_device *d, uint64_t seg_id,
+                         uint64_t holder);
+int gmb__device_seg_closed(struct gmb_device *d, uint64_t seg_id,
+                           uint64_t holder);
+int gmb__device_holder_gone(struct gmb_device *d, uint64_t holder);
+
+/* The CUDA device (device_cuda.c): GPU `index` through the driver API
+ * loaded at run time (client/cudrv.h).  Capacity: what cuMemGetInfo says
+ * is free less `reserve`, capped at `capacity` when non-zero, in 2 MiB
+ * steps.  On failure a GMB_E_* code (GMB_E_DEVICE: no driver, no such GPU)
+ * and one line in err. */
+int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
+                          struct gmb_device **out, char *err, size_t errcap);
 
 /* The host device (device_host.c).  The shm objects are named
  * /gmb-<broker pid>-<segment id>, mode 0600. */

@@ -223,16 +223,25 @@ static void dispatch_nomem(struct gmb_broker *b, struct gmb_session *s,
     if (n < 0) break;
     off += (size_t)n;
   }
+  /* cuda: retired segments still occupy the device until every client
+   * that mapped them said it closed them; say so rather than leave a
+   * "free" figure the device cannot honour. */
+  char retiring[96] = "";
+  if (b->dev->retiring_bytes)
+    snprintf(retiring, sizeof retiring,
+             "; %s in %llu retired segment(s) waits for clients to close it",
+             gmb__size_format(b->dev->retiring_bytes, one, sizeof one),
+             (unsigned long long)b->dev->retiring);
   dispatch_fail(rep, GMB_E_NOMEM,
                 "no room for %s on %s (tenant %s): %s free in total, the "
                 "largest free range is %s; %s cannot be moved (pinned or "
-                "locked)%s%s%s",
+                "locked)%s%s%s%s",
                 gmb__size_format(size, req_s, sizeof req_s), b->dev->desc,
                 s->tenant->name, gmb__size_format(total, tot_s, sizeof tot_s),
                 gmb__size_format(largest, big_s, sizeof big_s),
                 gmb__size_format(u.bytes, stuck_s, sizeof stuck_s),
                 u.n ? ", held by " : "", holders,
-                b->cfg.compaction ? "" : "; compaction is off");
+                b->cfg.compaction ? "" : "; compaction is off", retiring);
   rep->kind = WIRE_NOMEM;
   rep->u.nomem.request = size;
   rep->u.nomem.free_total = total;
@@ -634,6 +643,12 @@ void gmb__dispatch_retire(void *ctx, const struct gmb_dseg *seg,
     ev.u.event.kind = WIRE_EVENT_SEGMENT_RETIRED;
     ev.u.event.segment = seg->id;
     dispatch_answer(b, s, &ev);
+    /* Two-step retirement: a cuda segment is freed only once s closed
+     * it (SegmentClosed) or ended; the host device ignores this. */
+    if (gmb__device_seg_hold(b->dev, seg->id, s->id) != 0)
+      log_error("segment %llu: out of host memory recording that session "
+                "%llu holds it: it is freed at once",
+                (unsigned long long)seg->id, (unsigned long long)s->id);
   }
 }
 
@@ -671,7 +686,9 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
       return 0;
     case WIRE_SEGMENT_CLOSED:
       /* Only the cuda device waits for these before freeing a retired
-       * segment; the host device freed it already. */
+       * segment (the host device freed it already); the free makes room. */
+      if (gmb__device_seg_closed(b->dev, req->u.segment.segment, s->id))
+        gmb__dispatch_serve_waiters(b);
       return 0;
     case WIRE_BYE:
       gmb__session_end(b, s, "said goodbye");

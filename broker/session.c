@@ -131,6 +131,9 @@ void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
            "in %llu allocations freed", (unsigned long long)s->id, t->name,
            (unsigned)s->uid, (int)s->pid, why, (unsigned long long)freed,
            (unsigned long long)s->allocations);
+  /* Retired cuda segments it had yet to close: its process's mappings died
+   * with it (or it closed them before Bye), so it holds them no longer. */
+  int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
   RB_REMOVE(session_tree, &b->sessions->tree, s);
   b->sessions->count--;
   if (s->pidfd >= 0) close(s->pidfd);
@@ -138,7 +141,7 @@ void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
   free(s->rid);
   free(s);
   gmb__loop_sessions_changed(b);
-  if (freed) gmb__dispatch_serve_waiters(b);
+  if (freed || unparked) gmb__dispatch_serve_waiters(b);
 }
 
 void gmb__sessions_destroy(struct gmb_broker *b, struct gmb_sessions *ss) {

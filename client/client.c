@@ -27,6 +27,15 @@
  * the allocation lands in a segment this process has not mapped.  While a
  * slot is MOVING the caller waits, holding none of the client's mutexes,
  * so a thread waiting for a move never delays another thread's call.
+ *
+ * On the cuda device (cuimport.c) the session attaches to the driver and the
+ * device's primary context at connect, segments are IPC imports cached in
+ * the segment map like host mappings, and gmb_lock returns device
+ * pointers.  A retired cuda segment is closed and then reported with a
+ * SegmentClosed request, since the broker may free it only once every
+ * session it was given to has closed it.  gmb_unlock_on_stream queues the
+ * release of a hold on a stream; the lock table then outlives the client
+ * until every such release ran (cuimport.c, gmb__cuda_unmap_later).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +52,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cuimport.h"
 #include "endpoint.h"
 #include "gmb.h"
 #include "locktab.h"
@@ -67,6 +77,7 @@ struct gmb_client {
   char endpoint[CLIENT_ENDPOINT_MAX];
   char tenant[WIRE_NAME_MAX + 1];
   char device[WIRE_DEVICE_MAX];
+  int cuda; /* device is "cuda": attached to the driver (cuimport.c) */
   uint64_t session;
   struct gmb_segmap *map;
 
@@ -177,6 +188,15 @@ static void client_event(gmb_client *c, const struct wire_reply *ev) {
   switch (ev->u.event.kind) {
     case WIRE_EVENT_SEGMENT_RETIRED:
       gmb__segmap_retire(c->map, ev->u.event.segment);
+      if (c->cuda && !atomic_load(&c->dead)) {
+        /* Sent even for a segment never imported here: the broker counts
+         * every session it gave the segment to.  No reply comes.  A send
+         * that fails leaves the segment to be freed when the session
+         * ends, which is the broker's fallback anyway. */
+        struct wire_request closed = {.kind = WIRE_SEGMENT_CLOSED};
+        closed.u.segment.segment = ev->u.event.segment;
+        client_send(c, &closed, 0);
+      }
       break;
     case WIRE_EVENT_SHUTDOWN:
       client_kill(c, "%s", ev->message[0] ? ev->message
@@ -474,7 +494,12 @@ static void client_free(gmb_client *c) {
   }
   if (c->mon) zmq_close(c->mon);
   if (c->ctx) zmq_ctx_term(c->ctx);
-  if (c->lt) munmap(c->lt, c->lt_bytes);
+  /* Host functions queued by gmb_unlock_on_stream may still write into
+   * the lock table; cuimport.c unmaps it once they all ran. */
+  if (c->lt && c->cuda)
+    gmb__cuda_unmap_later(c->lt, c->lt_bytes);
+  else if (c->lt)
+    munmap(c->lt, c->lt_bytes);
   gmb__segmap_destroy(c->map);
   pthread_mutex_destroy(&c->io);
   free(c);
@@ -650,6 +675,18 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   gmb__wire_reply_clear(&rep);
   zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->request_timeout_ms,
                  sizeof c->request_timeout_ms);
+  if (strcmp(c->device, "cuda") == 0) {
+    /* Before anything is imported, and before the lock table is mapped,
+     * so that a table of a cuda session is always unmapped through
+     * cuimport.c.  Device 0 for now: see gmb__cuda_attach. */
+    rc = gmb__cuda_attach(why, sizeof why);
+    if (rc) {
+      client_fail(rc, "the broker's device is cuda: %s", why);
+      gmb_disconnect(c);
+      return rc;
+    }
+    c->cuda = 1;
+  }
   if (lt_name[0]) {
     rc = client_locktab_map(c, lt_name, lt_slots);
     if (rc) {
@@ -686,6 +723,10 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c) {
   char saved[sizeof client_err];
   memcpy(saved, client_err, sizeof saved);
   pthread_mutex_lock(&c->io);
+  /* Imports are closed before Bye: once the session is over the broker
+   * may free the segments, and freeing memory another process still has
+   * open is undefined behaviour in CUDA. */
+  gmb__segmap_unmap_all(c->map);
   if (!atomic_load(&c->dead)) {
     struct wire_request bye = {.kind = WIRE_BYE};
     struct wire_reply rep;
@@ -1055,13 +1096,43 @@ GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
   return 0;
 }
 
+/*
+ * The hold is given back by a host function on the stream (cuimport.c), which
+ * points at the slot's state word; the lock table stays mapped until it
+ * ran, even when the client is disconnected first.  The caller must not
+ * free the allocation before the stream reaches the release: the broker
+ * may give the slot to a new allocation, whose hold the late release
+ * would then drop (as cudaFree of memory a queued kernel still uses is
+ * the caller's bug).
+ */
 GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
                                     void *cuda_stream) {
-  (void)id;
-  (void)cuda_stream;
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  return client_fail(GMB_E_DEVICE, "gmb_unlock_on_stream needs the CUDA "
-                     "device");
+  if (!c->cuda)
+    return client_fail(GMB_E_DEVICE, "gmb_unlock_on_stream needs the CUDA "
+                       "device");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  uint32_t slot;
+  if (gmb__segmap_slot(c->map, id, &slot) != 0)
+    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
+                       "session", (unsigned long long)id);
+  if (slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
+  struct gmb_lt_slot *s = &c->lt_slot[slot];
+  if (__atomic_load_n(&s->id, __ATOMIC_RELAXED) != id)
+    return client_fail(GMB_E_NOENT, "allocation %llu was freed",
+                       (unsigned long long)id);
+  /* A check, not a claim: releases already queued may take the holds the
+   * caller still counts on, which is the caller's own imbalance. */
+  uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+  if (st == 0 || st > GMB_LT_MAX_HOLDERS)
+    return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
+                       (unsigned long long)id);
+  char why[256];
+  int rc = gmb__cuda_release_on_stream(&s->state, cuda_stream, why,
+                                       sizeof why);
+  return rc ? client_fail(rc, "allocation %llu: %s", (unsigned long long)id,
+                          why)
+            : 0;
 }
 
 GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {

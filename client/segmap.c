@@ -47,14 +47,18 @@
  * capacity are visible to whoever sees the pointer.  On x86-64 all of this
  * compiles to plain moves; on arm64 to ldar/stlr and dmb ishld.
  *
- * Invariants: a segment record exists exactly while its memory is mapped;
+ * Invariants: a segment record exists exactly while its memory is mapped
+ * (host: mmap; cuda: an IPC import, cuimport.c, whose device address is the
+ * base: the record and the lookups do not care which);
  * an allocation record's range lies inside the segment size it was checked
  * against; a segment record's base and size never change while it exists.
  *
  * A host segment is a POSIX shm object named by the handle; the object's
  * size is checked before mmap, because touching a mapping past the end of
  * a short object raises SIGBUS in the application, and the library must
- * never crash on what the broker sends.
+ * never crash on what the broker sends.  A cuda segment's size cannot be
+ * checked that way (the driver API the library loads has no query for an
+ * import's extent); it is the broker's word.
  */
 #include "segmap.h"
 
@@ -69,6 +73,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cuimport.h"
 #include "gmb.h"
 
 /* --- records as words --------------------------------------------------- */
@@ -78,7 +83,8 @@
  * atomically.  An allocation's slot and size come first: they are what
  * gmb_lock and gmb_unlock read of a movable one, and the fewer cache lines
  * a lookup touches the better. */
-enum { SEG_ID, SEG_BASE, SEG_SIZE, SEG_WIDTH };
+enum { SEG_ID, SEG_BASE, SEG_SIZE, SEG_KIND, SEG_WIDTH };
+enum { SEG_HOST, SEG_CUDA }; /* SEG_KIND: how the base was obtained */
 enum { AL_ID, AL_FLAGS_SLOT, AL_SIZE, AL_SEGMENT, AL_OFFSET, AL_WIDTH };
 
 #define SEGMAP_MIN_CAP 16
@@ -298,12 +304,20 @@ struct gmb_segmap *gmb__segmap_new(void) {
   return m;
 }
 
+/* Unmaps or closes a segment whose record is gone. */
+static void segmap_release(const uint64_t *rec) {
+  if (rec[SEG_KIND] == SEG_CUDA)
+    gmb__cuda_close(rec[SEG_BASE]);
+  else
+    munmap((void *)(uintptr_t)rec[SEG_BASE], (size_t)rec[SEG_SIZE]);
+}
+
 void gmb__segmap_destroy(struct gmb_segmap *m) {
   if (m == NULL) return;
   const struct segmap_array *a = m->segments.a;
   for (size_t i = 0; i <= a->mask; i++) {
     const uint64_t *r = &a->w[i * SEG_WIDTH];
-    if (r[SEG_ID]) munmap((void *)(uintptr_t)r[SEG_BASE], (size_t)r[SEG_SIZE]);
+    if (r[SEG_ID]) segmap_release(r);
   }
   segmap_table_free(&m->segments);
   segmap_table_free(&m->allocs);
@@ -375,32 +389,33 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
     return GMB_E_PROTO;
   }
   if (gmb__segmap_has_segment(m, h->segment)) return 0;
+  uint64_t rec[SEG_WIDTH] = {[SEG_ID] = h->segment, [SEG_SIZE] = h->size};
+  int rc;
   if (strcmp(device, "cuda") == 0) {
-    snprintf(why, cap, "CUDA client support not built yet");
-    return GMB_E_DEVICE;
-  }
-  if (strcmp(device, "host") != 0) {
+    rec[SEG_KIND] = SEG_CUDA;
+    rc = gmb__cuda_import(h, &rec[SEG_BASE], why, cap);
+  } else if (strcmp(device, "host") == 0) {
+    uint8_t *base = NULL;
+    rec[SEG_KIND] = SEG_HOST;
+    rc = segmap_map_host(h, &base, why, cap);
+    rec[SEG_BASE] = (uintptr_t)base;
+  } else {
     snprintf(why, cap, "the broker's device \"%s\" is unknown to libgmb %s",
              device, GMB_VERSION_STRING);
     return GMB_E_DEVICE;
   }
-  uint8_t *base;
-  int rc = segmap_map_host(h, &base, why, cap);
   if (rc) return rc;
-  const uint64_t rec[SEG_WIDTH] = {
-      [SEG_ID] = h->segment, [SEG_BASE] = (uintptr_t)base,
-      [SEG_SIZE] = h->size};
   pthread_mutex_lock(&m->mu);
   /* Another thread may have mapped it meanwhile: keep one mapping. */
   int dup = segmap_find(&m->segments, SEG_WIDTH, h->segment) != NULL;
   if (!dup) rc = segmap_put(m, &m->segments, SEG_WIDTH, rec);
   pthread_mutex_unlock(&m->mu);
-  if (dup || rc) munmap(base, (size_t)h->size);
+  if (dup || rc) segmap_release(rec);
   if (rc) snprintf(why, cap, "out of memory");
   return rc;
 }
 
-void gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment) {
+int gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment) {
   uint64_t rec[SEG_WIDTH];
   pthread_mutex_lock(&m->mu);
   int rc = segment ? segmap_del(m, &m->segments, SEG_WIDTH, segment, rec)
@@ -408,7 +423,24 @@ void gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment) {
   pthread_mutex_unlock(&m->mu);
   /* After the write section: a reader that still computes an address in
    * it is one the caller's protocol already excludes (client.c). */
-  if (rc == 0) munmap((void *)(uintptr_t)rec[SEG_BASE], (size_t)rec[SEG_SIZE]);
+  if (rc == 0) segmap_release(rec);
+  return rc == 0;
+}
+
+size_t gmb__segmap_unmap_all(struct gmb_segmap *m) {
+  size_t n = 0;
+  for (;;) {
+    uint64_t rec[SEG_WIDTH] = {0};
+    pthread_mutex_lock(&m->mu);
+    const struct segmap_array *a = m->segments.a;
+    uint64_t k = 0;
+    for (size_t i = 0; i <= a->mask && k == 0; i++) k = a->w[i * SEG_WIDTH];
+    int rc = k ? segmap_del(m, &m->segments, SEG_WIDTH, k, rec) : GMB_E_NOENT;
+    pthread_mutex_unlock(&m->mu);
+    if (rc) return n;
+    segmap_release(rec);
+    n++;
+  }
 }
 
 int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,

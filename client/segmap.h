@@ -19,25 +19,33 @@
 struct gmb_segmap;
 
 struct gmb_segmap *gmb__segmap_new(void);
-/* Unmaps every segment and frees the table.  Accepts NULL. */
+/* Unmaps (host) or closes (cuda) every segment and frees the table.
+ * Accepts NULL. */
 void gmb__segmap_destroy(struct gmb_segmap *m);
 
 /* 1 when `segment` is mapped here. */
 int gmb__segmap_has_segment(struct gmb_segmap *m, uint64_t segment);
 
 /*
- * Maps the segment that `h` describes, for a session on `device` ("host";
- * "cuda" is refused with GMB_E_DEVICE until the CUDA client exists).  A
- * segment already mapped is left alone (0).  Returns 0 or GMB_E_PROTO (a
- * handle that makes no sense), GMB_E_DEVICE, GMB_E_SYSTEM, with the reason
- * in `why`.
+ * Maps the segment that `h` describes, for a session on `device`: "host"
+ * (mmap of the shm object the handle names) or "cuda" (an IPC import,
+ * cuimport.c; the session must have attached to the driver).  Either way the
+ * segment's record holds its base address, host or device, and the
+ * lookups below return addresses in it.  A segment already mapped is left
+ * alone (0).  Returns 0 or GMB_E_PROTO (a handle that makes no sense),
+ * GMB_E_DEVICE, GMB_E_SYSTEM, with the reason in `why`.
  */
 int gmb__segmap_map(struct gmb_segmap *m, const char *device,
                     const struct wire_handle *h, char *why, size_t cap);
 
-/* Unmaps and forgets a segment (the broker retired it).  Allocations still
- * recorded in it stay; gmb_lock on them maps the segment again. */
-void gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment);
+/* Unmaps (or closes the import of) and forgets a segment (the broker
+ * retired it).  Allocations still recorded in it stay; gmb_lock on them
+ * maps the segment again.  1 when it was mapped here, else 0. */
+int gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment);
+
+/* Retires every segment mapped here (gmb_disconnect, before Bye);
+ * returns how many there were.  The allocations stay recorded. */
+size_t gmb__segmap_unmap_all(struct gmb_segmap *m);
 
 /* The slot of an allocation that has no lock-table slot: pinned, or
  * movable under a broker that gave the session no lock table (it cannot

@@ -17,6 +17,7 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -682,4 +683,94 @@ int harness_main(Suite *s) {
     failed = 1;
   }
   return failed == 0 ? 0 : 1;
+}
+
+/* --- what most tests repeat ----------------------------------------------- */
+
+gmb_client *harness_connect_ok(const struct harness_broker *b,
+                               const char *tenant) {
+  gmb_client *c = NULL;
+  int rc = gmb_connect(b->endpoint, tenant, &c);
+  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
+                gmb_last_error(NULL));
+  ck_assert_ptr_nonnull(c);
+  return c;
+}
+
+gmb_stats harness_stats_ok(gmb_client *c) {
+  gmb_stats st;
+  memset(&st, 0xff, sizeof st);
+  int rc = gmb_tenant_stats(c, &st);
+  ck_assert_msg(rc == 0, "gmb_tenant_stats = %s: %s", gmb_err_name(rc),
+                gmb_last_error(c));
+  return st;
+}
+
+gmb_id harness_alloc_ok(gmb_client *c, uint64_t size) {
+  gmb_id id = 0;
+  int rc = gmb_alloc(c, size, 0, &id);
+  ck_assert_msg(rc == 0, "gmb_alloc(%llu) = %s: %s", (unsigned long long)size,
+                gmb_err_name(rc), gmb_last_error(c));
+  return id;
+}
+
+uint64_t harness_rnd(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 0x2545f4914f6cdd1dull;
+}
+
+size_t harness_count(const char *hay, const char *needle) {
+  size_t n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++) n++;
+  return n;
+}
+
+#define HARNESS_TOOL_ARGS 12
+
+/* argv = bin, the `pre` prefix, then ap's arguments up to a NULL. */
+static int harness_tool_va(const char *tool, const char *const *pre, int npre,
+                           char *out, size_t cap, va_list ap) {
+  char bin[PATH_MAX];
+  snprintf(bin, sizeof bin, "%s/%s", harness_build_dir(), tool);
+  char *argv[1 + 2 + HARNESS_TOOL_ARGS + 1];
+  int n = 0;
+  argv[n++] = bin;
+  for (int i = 0; i < npre; i++) argv[n++] = (char *)pre[i];
+  char *a;
+  int extra = 0;
+  while ((a = va_arg(ap, char *)) != NULL) {
+    ck_assert_msg(extra++ < HARNESS_TOOL_ARGS, "%s: too many arguments", tool);
+    argv[n++] = a;
+  }
+  argv[n] = NULL;
+  return harness_run(argv, out, cap);
+}
+
+int harness_tool(const char *tool, char *out, size_t cap, ...) {
+  va_list ap;
+  va_start(ap, cap);
+  int rc = harness_tool_va(tool, NULL, 0, out, cap, ap);
+  va_end(ap);
+  return rc;
+}
+
+int harness_ctl(const struct harness_broker *b, char *out, size_t cap, ...) {
+  const char *pre[] = {"--run-dir", b->dir};
+  va_list ap;
+  va_start(ap, cap);
+  int rc = harness_tool_va("gmbctl", pre, 2, out, cap, ap);
+  va_end(ap);
+  return rc;
+}
+
+Suite *harness_suite(const char *name, const char *tcase, double timeout_s,
+                     const TTest *const tests[]) {
+  Suite *s = suite_create(name);
+  TCase *tc = tcase_create(tcase);
+  if (timeout_s > 0) tcase_set_timeout(tc, timeout_s);
+  for (size_t i = 0; tests[i] != NULL; i++) tcase_add_test(tc, tests[i]);
+  suite_add_tcase(s, tc);
+  return s;
 }

@@ -177,6 +177,50 @@ int harness_admin_compact(void *admin_sock, const char *tenant,
 int harness_tenant_row(const struct harness_broker *b, const char *tenant,
                        struct wire_tenant_row *out);
 
+/* --- what most tests repeat ----------------------------------------------- */
+
+/* gmb_connect to broker b as `tenant`; fails the test (with the client's
+ * error) unless it succeeds with a client. */
+gmb_client *harness_connect_ok(const struct harness_broker *b,
+                               const char *tenant);
+
+/* gmb_tenant_stats of c; fails the test unless it succeeds.  The struct
+ * is filled with 0xff first, so a field the call leaves alone shows. */
+gmb_stats harness_stats_ok(gmb_client *c);
+
+/* A pinned allocation of `size` bytes (flags 0); fails the test unless
+ * gmb_alloc succeeds. */
+gmb_id harness_alloc_ok(gmb_client *c, uint64_t size);
+
+/* The next value of a xorshift64* generator with state *s (not 0): cheap,
+ * reproducible randomness for sizes and choices, seeded by the test. */
+uint64_t harness_rnd(uint64_t *s);
+
+/* How many times `needle` occurs in `hay` (overlapping ones counted). */
+size_t harness_count(const char *hay, const char *needle);
+
+/*
+ * Runs the build's program `tool` ("gmb-broker", "gmbctl") with the
+ * arguments that follow, up to a NULL (at most 12), as harness_run:
+ * output in out, the exit status returned.
+ */
+int harness_tool(const char *tool, char *out, size_t cap, ...);
+
+/* As harness_tool, for gmbctl against broker b: "gmbctl --run-dir DIR"
+ * and then the arguments up to a NULL (at most 12). */
+int harness_ctl(const struct harness_broker *b, char *out, size_t cap, ...);
+
+/*
+ * A suite `name` of one test case `tcase` with the tests listed (a
+ * NULL-ended array; see HARNESS_SUITE), each given timeout_s seconds
+ * (0: Check's default, CK_DEFAULT_TIMEOUT).
+ */
+Suite *harness_suite(const char *name, const char *tcase, double timeout_s,
+                     const TTest *const tests[]);
+#define HARNESS_SUITE(name, tcase, timeout_s, ...) \
+  harness_suite((name), (tcase), (timeout_s),     \
+                (const TTest *const[]){__VA_ARGS__, NULL})
+
 /* Runs a Check suite (the one suite of a test binary) and returns the exit
  * status for main: 0 when every test passed. */
 int harness_main(Suite *s);

@@ -24,25 +24,6 @@
 
 #define MIB (UINT64_C(1) << 20)
 
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  ck_assert_ptr_nonnull(c);
-  return c;
-}
-
-static gmb_stats stats_ok(gmb_client *c) {
-  gmb_stats st;
-  memset(&st, 0xff, sizeof st);
-  int rc = gmb_tenant_stats(c, &st);
-  ck_assert_msg(rc == 0, "gmb_tenant_stats = %s: %s", gmb_err_name(rc),
-                gmb_last_error(c));
-  return st;
-}
-
 /* Lines of /proc/self/maps that map a segment of broker `pid`. */
 static int mapped_segments(pid_t pid) {
   char needle[48], line[1024];
@@ -58,14 +39,6 @@ static int mapped_segments(pid_t pid) {
 
 /* --- config_error_exit2 ------------------------------------------------------ */
 
-static int run_broker(char *out, size_t cap, const char *a1, const char *a2,
-                      const char *a3, const char *a4) {
-  char bin[256];
-  snprintf(bin, sizeof bin, "%s/gmb-broker", harness_build_dir());
-  char *argv[] = {bin, (char *)a1, (char *)a2, (char *)a3, (char *)a4, NULL};
-  return harness_run(argv, out, cap);
-}
-
 START_TEST(config_error_exit2) {
   char dir[] = "/tmp/gmbt-cfg-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -75,7 +48,8 @@ START_TEST(config_error_exit2) {
 
   /* An unknown key on line 3: exit 2, and the message says where. */
   harness_write_file(path, "[broker]\ndevice = host:64MiB\nbogus_key = 1\n");
-  int st = run_broker(out, sizeof out, "--config", path, "--run-dir", dir);
+  int st = harness_tool("gmb-broker", out, sizeof out, "--config", path,
+                        "--run-dir", dir, NULL);
   ck_assert_msg(st == 2, "unknown key: status %d, want 2; output:\n%s", st,
                 out);
   snprintf(want, sizeof want, "%s:3:", path);
@@ -83,32 +57,35 @@ START_TEST(config_error_exit2) {
 
   /* A bad size in a tenant section, line 2. */
   harness_write_file(path, "[tenant:x]\nquota = lots\n");
-  st = run_broker(out, sizeof out, "--config", path, "--run-dir", dir);
+  st = harness_tool("gmb-broker", out, sizeof out, "--config", path,
+                    "--run-dir", dir, NULL);
   ck_assert_msg(st == 2, "bad quota: status %d, want 2; output:\n%s", st, out);
   snprintf(want, sizeof want, "%s:2:", path);
   ck_assert_msg(strstr(out, want) != NULL, "no \"%s\" in:\n%s", want, out);
 
   /* A config file that is not there is a config error too. */
   snprintf(path, sizeof path, "%s/missing.ini", dir);
-  st = run_broker(out, sizeof out, "--config", path, "--run-dir", dir);
+  st = harness_tool("gmb-broker", out, sizeof out, "--config", path,
+                    "--run-dir", dir, NULL);
   ck_assert_msg(st == 2, "missing config: status %d, want 2; output:\n%s", st,
                 out);
   ck_assert_msg(strstr(out, path) != NULL, "no \"%s\" in:\n%s", path, out);
 
-  st = run_broker(out, sizeof out, "--bogus", NULL, NULL, NULL);
+  st = harness_tool("gmb-broker", out, sizeof out, "--bogus", NULL);
   ck_assert_msg(st == 2, "--bogus: status %d, want 2; output:\n%s", st, out);
   ck_assert_msg(strstr(out, "--bogus") != NULL, "--bogus not named in:\n%s",
                 out);
 
-  st = run_broker(out, sizeof out, "--device", "host:banana", "--run-dir",
-                  dir);
+  st = harness_tool("gmb-broker", out, sizeof out, "--device", "host:banana",
+                    "--run-dir", dir, NULL);
   ck_assert_msg(st == 2, "bad device: status %d, want 2; output:\n%s", st, out);
 
-  st = run_broker(out, sizeof out, "--log-level", "loud", "--run-dir", dir);
+  st = harness_tool("gmb-broker", out, sizeof out, "--log-level", "loud",
+                    "--run-dir", dir, NULL);
   ck_assert_msg(st == 2, "bad log level: status %d, want 2; output:\n%s", st,
                 out);
 
-  st = run_broker(out, sizeof out, "--help", NULL, NULL, NULL);
+  st = harness_tool("gmb-broker", out, sizeof out, "--help", NULL);
   ck_assert_msg(st == 0, "--help: status %d, want 0; output:\n%s", st, out);
   ck_assert_msg(strstr(out, "usage: gmb-broker") != NULL, "no usage in:\n%s",
                 out);
@@ -256,8 +233,8 @@ START_TEST(kill9_reclaims) {
   ck_assert_msg(harness_pipe_wait(ready[0], HARNESS_WAIT_MS) == 'r',
                 "the child did not allocate (exit %d)", harness_wait(kid));
   /* Another session of the same tenant watches. */
-  gmb_client *obs = connect_ok(&b, "k9");
-  gmb_stats st = stats_ok(obs);
+  gmb_client *obs = harness_connect_ok(&b, "k9");
+  gmb_stats st = harness_stats_ok(obs);
   ck_assert_uint_eq(st.used, 100 * MIB);
   ck_assert_uint_ge(st.segments, 100 * MIB);
 
@@ -267,15 +244,16 @@ START_TEST(kill9_reclaims) {
   double t1 = harness_now_ms();
   ck_assert_int_eq(harness_wait(kid), 128 + SIGKILL);
   ck_assert_msg(ok, "tenant k9 still uses %llu bytes %d ms after its only "
-                "holder was killed", (unsigned long long)stats_ok(obs).used,
+                "holder was killed",
+                (unsigned long long)harness_stats_ok(obs).used,
                 HARNESS_WAIT_MS);
   printf("kill9_reclaims: 100MiB reclaimed %.1f ms after SIGKILL (goal: "
          "under 100 ms; observed, not asserted)\n", t1 - t0);
   /* A 100MiB segment is large: it goes back to the device, too. */
   ck_assert_msg(harness_poll_until(k9_segments_zero, obs, HARNESS_WAIT_MS),
                 "tenant k9 still holds %llu bytes of segments",
-                (unsigned long long)stats_ok(obs).segments);
-  st = stats_ok(obs);
+                (unsigned long long)harness_stats_ok(obs).segments);
+  st = harness_stats_ok(obs);
   ck_assert_uint_eq(st.peak, 100 * MIB);
 
   struct wire_reply rep;
@@ -341,8 +319,8 @@ START_TEST(heartbeat_silence_ends_session) {
                 "the client's pid, not its heartbeats; log:\n%s", log);
   free(log);
 
-  gmb_client *obs = connect_ok(&b, "hb");
-  ck_assert_uint_eq(stats_ok(obs).used, 8 * MIB);
+  gmb_client *obs = harness_connect_ok(&b, "hb");
+  ck_assert_uint_eq(harness_stats_ok(obs).used, 8 * MIB);
   /* A stopped process sends no heartbeats but keeps its socket open. */
   ck_assert_int_eq(kill(kid, SIGSTOP), 0);
   double t0 = harness_now_ms();
@@ -350,7 +328,7 @@ START_TEST(heartbeat_silence_ends_session) {
   double t1 = harness_now_ms();
   ck_assert_int_eq(kill(kid, SIGCONT), 0);
   ck_assert_msg(ok, "the silent session still holds %llu bytes",
-                (unsigned long long)stats_ok(obs).used);
+                (unsigned long long)harness_stats_ok(obs).used);
   printf("heartbeat_silence_ends_session: session ended %.0f ms after its "
          "process stopped (3 periods of 100 ms; observed)\n", t1 - t0);
   log = harness_broker_log(&b);
@@ -383,7 +361,7 @@ END_TEST
 START_TEST(segments_returned) {
   struct harness_broker b;
   harness_broker_start(&b, "host:128MiB", NULL);
-  gmb_client *c = connect_ok(&b, "seg");
+  gmb_client *c = harness_connect_ok(&b, "seg");
 
   /* Large: its segment goes back as soon as the allocation is freed. */
   gmb_id id = 0;
@@ -392,11 +370,11 @@ START_TEST(segments_returned) {
   ck_assert_int_eq(gmb_lock(c, id, &p), 0);
   memset(p, 1, 32 * MIB);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
-  gmb_stats st = stats_ok(c);
+  gmb_stats st = harness_stats_ok(c);
   ck_assert_uint_ge(st.segments, 32 * MIB);
   ck_assert_int_ge(mapped_segments(b.pid), 1);
   ck_assert_int_eq(gmb_free(c, id), 0);
-  st = stats_ok(c);
+  st = harness_stats_ok(c);
   ck_assert_msg(st.segments == 0, "a freed large allocation left %llu bytes "
                 "of segments", (unsigned long long)st.segments);
   /* The broker told this client, which unmapped the segment. */
@@ -406,7 +384,7 @@ START_TEST(segments_returned) {
   ck_assert_int_eq(gmb_alloc(c, 64 * 1024, 0, &id), 0);
   ck_assert_int_eq(gmb_lock(c, id, &p), 0);
   memset(p, 2, 64 * 1024);
-  st = stats_ok(c);
+  st = harness_stats_ok(c);
   ck_assert_uint_eq(st.used, 64 * 1024);
   ck_assert_uint_eq(st.segments, 2 * MIB);
   ck_assert_int_eq(gmb_free(c, id), 0);
@@ -414,7 +392,7 @@ START_TEST(segments_returned) {
   int ok = harness_poll_until(k9_segments_zero, c, HARNESS_WAIT_MS);
   double t1 = harness_now_ms();
   ck_assert_msg(ok, "an idle small segment (%llu bytes) was not trimmed",
-                (unsigned long long)stats_ok(c).segments);
+                (unsigned long long)harness_stats_ok(c).segments);
   printf("segments_returned: idle small segment trimmed after %.0f ms "
          "(observed)\n", t1 - t0);
   /* The retirement reached this client with (or before) that reply. */
@@ -430,17 +408,12 @@ START_TEST(segments_returned) {
 }
 END_TEST
 
-static Suite *broker_suite(void) {
-  Suite *s = suite_create("broker");
-  TCase *tc = tcase_create("lifecycle");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, config_error_exit2);
-  tcase_add_test(tc, broker_stopped);
-  tcase_add_test(tc, kill9_reclaims);
-  tcase_add_test(tc, segments_returned);
-  tcase_add_test(tc, heartbeat_silence_ends_session);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "broker", "lifecycle", 60,
+      config_error_exit2,
+      broker_stopped,
+      kill9_reclaims,
+      segments_returned,
+      heartbeat_silence_ends_session));
 }
-
-int main(void) { return harness_main(broker_suite()); }

@@ -32,23 +32,6 @@
 #define MIB (UINT64_C(1) << 20)
 #define CONFIG "[broker]\ncompaction = off\n"
 
-/* xorshift64*: a small seeded generator per thread. */
-static uint64_t rnd(uint64_t *s) {
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545f4914f6cdd1dull;
-}
-
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  return c;
-}
-
 /* Bytes of buf that differ from the pattern of `seed` (0 when intact). */
 static long bad_bytes(const void *buf, size_t len, uint64_t seed) {
   if (harness_pattern_check(buf, len, seed) < 0) return 0;
@@ -101,7 +84,7 @@ struct kid_thread {
 
 static size_t kid_size(uint64_t *s) {
   /* 512 B .. 32 KiB, all small-class: they share 2 MiB segments. */
-  return (size_t)(1 + rnd(s) % 64) * 512;
+  return (size_t)(1 + harness_rnd(s) % 64) * 512;
 }
 
 /* Allocates entry i anew (movable) and fills it with a fresh pattern.
@@ -163,7 +146,7 @@ static void *kid_thread_main(void *arg) {
   uint64_t s = k->seed * 0x9e3779b97f4a7c15ull + (uint64_t)k->index * 131 +
                (uint64_t)t->tid + 1;
   while (!atomic_load(&k->sh->stop)) {
-    struct kid_entry *e = &k->e[rnd(&s) % (uint64_t)k->n];
+    struct kid_entry *e = &k->e[harness_rnd(&s) % (uint64_t)k->n];
     if (t->tid == 0) {
       /* The churner: free and allocate again with another size, which
        * leaves holes for the next compaction to close. */
@@ -178,8 +161,8 @@ static void *kid_thread_main(void *arg) {
         break;
       }
       atomic_fetch_add(&k->sh->kid[k->index].churns, 1);
-      if (rnd(&s) % 4 == 0) sched_yield();
-    } else if (rnd(&s) % 4 == 0) {
+      if (harness_rnd(&s) % 4 == 0) sched_yield();
+    } else if (harness_rnd(&s) % 4 == 0) {
       pthread_rwlock_wrlock(&e->rw);
       kid_check(k, e, 1);
       pthread_rwlock_unlock(&e->rw);
@@ -429,7 +412,7 @@ END_TEST
 START_TEST(locked_address_survives_compaction) {
   struct harness_broker b;
   harness_broker_start(&b, "host:256MiB", CONFIG);
-  gmb_client *c = connect_ok(&b, "still");
+  gmb_client *c = harness_connect_ok(&b, "still");
   static gmb_id ids[PIN_N];
   static void *before[PIN_N];
   for (int i = 0; i < PIN_N; i++) {
@@ -489,15 +472,10 @@ START_TEST(locked_address_survives_compaction) {
 }
 END_TEST
 
-static Suite *compaction_suite(void) {
-  Suite *s = suite_create("compaction");
-  TCase *tc = tcase_create("locks");
-  tcase_set_timeout(tc, 300);
-  tcase_add_test(tc, locked_address_survives_compaction);
-  tcase_add_test(tc, kill_9_holder_memory_returns);
-  tcase_add_test(tc, locks_hold_under_compaction);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "compaction", "locks", 300,
+      locked_address_survives_compaction,
+      kill_9_holder_memory_returns,
+      locks_hold_under_compaction));
 }
-
-int main(void) { return harness_main(compaction_suite()); }

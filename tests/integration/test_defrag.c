@@ -21,15 +21,6 @@
 #define MIB (UINT64_C(1) << 20)
 #define N_BLOCKS 64
 
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  return c;
-}
-
 /* Fills the device with 1 MiB movable blocks carrying patterns, then frees
  * every other one.  Returns the number kept; ids[] holds them. */
 static int fragment(gmb_client *c, gmb_id *ids, unsigned flags) {
@@ -75,7 +66,7 @@ static const char *config_with(const char *compaction) {
 START_TEST(seed_fails_with_compaction_off) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", config_with("off"));
-  gmb_client *c = connect_ok(&b, "frag");
+  gmb_client *c = harness_connect_ok(&b, "frag");
   gmb_id ids[N_BLOCKS];
   int kept = fragment(c, ids, GMB_MOVABLE);
   gmb_id big = 0;
@@ -95,7 +86,7 @@ END_TEST
 START_TEST(seed_succeeds_with_compaction_auto) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", config_with("auto"));
-  gmb_client *c = connect_ok(&b, "frag");
+  gmb_client *c = harness_connect_ok(&b, "frag");
   gmb_id ids[N_BLOCKS];
   int kept = fragment(c, ids, GMB_MOVABLE);
   gmb_id big = 0;
@@ -120,7 +111,7 @@ END_TEST
 START_TEST(pinned_memory_is_named_in_nomem) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", config_with("auto"));
-  gmb_client *c = connect_ok(&b, "frag");
+  gmb_client *c = harness_connect_ok(&b, "frag");
   gmb_id ids[N_BLOCKS];
   int kept = fragment(c, ids, 0); /* pinned: compaction cannot help */
   gmb_id big = 0;
@@ -138,7 +129,7 @@ END_TEST
 START_TEST(locked_memory_is_not_moved) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", config_with("off"));
-  gmb_client *c = connect_ok(&b, "frag");
+  gmb_client *c = harness_connect_ok(&b, "frag");
   gmb_id ids[N_BLOCKS];
   int kept = fragment(c, ids, GMB_MOVABLE);
   void *before[N_BLOCKS];
@@ -186,30 +177,23 @@ END_TEST
 START_TEST(gmbctl_compact) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", config_with("off"));
-  gmb_client *c = connect_ok(&b, "frag");
+  gmb_client *c = harness_connect_ok(&b, "frag");
   gmb_id ids[N_BLOCKS];
   int kept = fragment(c, ids, GMB_MOVABLE);
-  char ctl[256], out[4096];
-  snprintf(ctl, sizeof ctl, "%s/gmbctl", harness_build_dir());
-  char *argv1[] = {ctl, "--run-dir", b.dir, "compact", "--tenant", "frag",
-                   NULL};
-  int rc = harness_run(argv1, out, sizeof out);
+  char out[4096];
+  int rc = harness_ctl(&b, out, sizeof out, "compact", "--tenant", "frag",
+                       NULL);
   ck_assert_msg(rc == 0, "gmbctl compact: %d: %s", rc, out);
   ck_assert_msg(strstr(out, "compacted frag:") != NULL, "%s", out);
-  char *argv2[] = {ctl, "--run-dir", b.dir, "--json", "compact", NULL};
-  rc = harness_run(argv2, out, sizeof out);
+  rc = harness_ctl(&b, out, sizeof out, "--json", "compact", NULL);
   ck_assert_msg(rc == 0, "gmbctl --json compact: %d: %s", rc, out);
   ck_assert_msg(strstr(out, "\"bytes_moved\"") != NULL, "%s", out);
-  char *argv3[] = {ctl, "--run-dir", b.dir, "compact", "--tenant", NULL};
-  rc = harness_run(argv3, out, sizeof out);
+  rc = harness_ctl(&b, out, sizeof out, "compact", "--tenant", NULL);
   ck_assert_int_eq(rc, 2);
-  char *argv4[] = {ctl, "--run-dir", b.dir, "compact", "--tenant", "ghost",
-                   NULL};
-  rc = harness_run(argv4, out, sizeof out);
+  rc = harness_ctl(&b, out, sizeof out, "compact", "--tenant", "ghost", NULL);
   ck_assert_int_eq(rc, 1);
   ck_assert_msg(strstr(out, "GMB_E_NOENT") != NULL, "%s", out);
-  char *argv5[] = {ctl, "--run-dir", b.dir, "status", NULL};
-  rc = harness_run(argv5, out, sizeof out);
+  rc = harness_ctl(&b, out, sizeof out, "status", NULL);
   ck_assert_int_eq(rc, 0);
   ck_assert_msg(strstr(out, "fragmentation") != NULL, "%s", out);
   verify(c, ids, kept);
@@ -233,7 +217,7 @@ START_TEST(background_compaction_above_threshold) {
   harness_broker_start(&b, "host:64MiB",
                        "[broker]\ncompaction = auto\n"
                        "compaction_threshold = 0.3\n");
-  gmb_client *c = connect_ok(&b, "bg");
+  gmb_client *c = harness_connect_ok(&b, "bg");
   gmb_id ids[N_BLOCKS];
   int kept = fragment(c, ids, GMB_MOVABLE);
   /* 32 holes of 1 MiB, nothing outside segments: fragmentation 0.97.
@@ -245,18 +229,13 @@ START_TEST(background_compaction_above_threshold) {
 }
 END_TEST
 
-static Suite *defrag_suite(void) {
-  Suite *s = suite_create("defrag");
-  TCase *tc = tcase_create("broker");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, seed_fails_with_compaction_off);
-  tcase_add_test(tc, seed_succeeds_with_compaction_auto);
-  tcase_add_test(tc, pinned_memory_is_named_in_nomem);
-  tcase_add_test(tc, locked_memory_is_not_moved);
-  tcase_add_test(tc, gmbctl_compact);
-  tcase_add_test(tc, background_compaction_above_threshold);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "defrag", "broker", 60,
+      seed_fails_with_compaction_off,
+      seed_succeeds_with_compaction_auto,
+      pinned_memory_is_named_in_nomem,
+      locked_memory_is_not_moved,
+      gmbctl_compact,
+      background_compaction_above_threshold));
 }
-
-int main(void) { return harness_main(defrag_suite()); }

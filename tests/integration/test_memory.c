@@ -22,32 +22,6 @@
 
 #define MIB (UINT64_C(1) << 20)
 
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  return c;
-}
-
-static gmb_stats stats_ok(gmb_client *c) {
-  gmb_stats st;
-  memset(&st, 0xff, sizeof st);
-  int rc = gmb_tenant_stats(c, &st);
-  ck_assert_msg(rc == 0, "gmb_tenant_stats = %s: %s", gmb_err_name(rc),
-                gmb_last_error(c));
-  return st;
-}
-
-/* xorshift64*: a small seeded generator per process or thread. */
-static uint64_t rnd(uint64_t *s) {
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545f4914f6cdd1dull;
-}
-
 /* --- quota_race ----------------------------------------------------------------- */
 
 #define RACE_QUOTA (64 * MIB)
@@ -74,7 +48,7 @@ static int race_child_main(void *arg) {
      * quota / 1 MiB blocks, so a refusal must come within that many. */
     int got = 0;
     for (;;) {
-      uint64_t size = (rnd(&s) & 1) ? 3 * MIB : MIB;
+      uint64_t size = (harness_rnd(&s) & 1) ? 3 * MIB : MIB;
       gmb_id id = 0;
       rc = gmb_alloc(c, size, 0, &id);
       if (rc != 0) {
@@ -103,7 +77,7 @@ static int race_child_main(void *arg) {
     }
     /* Free about half, checking that nobody wrote into ours. */
     for (int i = 0; i < n;) {
-      if (rnd(&s) & 1) {
+      if (harness_rnd(&s) & 1) {
         i++;
         continue;
       }
@@ -151,11 +125,11 @@ START_TEST(quota_race) {
     ck_assert_msg(st == 0, "racer %d ended with %d (its stderr says why)", i,
                   st);
   }
-  gmb_client *c = connect_ok(&b, "race");
+  gmb_client *c = harness_connect_ok(&b, "race");
   ck_assert_msg(harness_poll_until(race_used_zero, c, HARNESS_WAIT_MS),
                 "tenant race still uses %llu bytes after every racer ended",
-                (unsigned long long)stats_ok(c).used);
-  gmb_stats st = stats_ok(c);
+                (unsigned long long)harness_stats_ok(c).used);
+  gmb_stats st = harness_stats_ok(c);
   ck_assert_uint_eq(st.quota, RACE_QUOTA);
   ck_assert_uint_le(st.peak, RACE_QUOTA);
   /* Every refusal came with used + (at most 3 MiB) > quota. */
@@ -197,9 +171,9 @@ static int waiter_done(void *arg) {
 START_TEST(alloc_wait) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", "[tenant:w3]\nquota = 8MiB\n");
-  gmb_client *w1 = connect_ok(&b, "w1");
-  gmb_client *w2 = connect_ok(&b, "w2");
-  gmb_client *w3 = connect_ok(&b, "w3");
+  gmb_client *w1 = harness_connect_ok(&b, "w1");
+  gmb_client *w2 = harness_connect_ok(&b, "w2");
+  gmb_client *w3 = harness_connect_ok(&b, "w3");
 
   /* 48 of 64 MiB held: 32 MiB cannot fit until they are freed. */
   gmb_id big = 0;
@@ -219,7 +193,7 @@ START_TEST(alloc_wait) {
   pthread_join(th, NULL);
   ck_assert_msg(w.rc == 0, "gmb_alloc_wait = %s: %s", gmb_err_name(w.rc),
                 w.why);
-  ck_assert_uint_eq(stats_ok(w2).used, 32 * MIB);
+  ck_assert_uint_eq(harness_stats_ok(w2).used, 32 * MIB);
 
   /* Fill the device: 32 + 32 MiB.  A wait for more times out. */
   gmb_id w1b = 0;
@@ -247,15 +221,15 @@ START_TEST(alloc_wait) {
   rc = gmb_alloc(w3, 4 * MIB, 0, &none);
   ck_assert_msg(rc == GMB_E_NOMEM, "alloc within quota, full device = %s: %s",
                 gmb_err_name(rc), gmb_last_error(w3));
-  ck_assert_uint_eq(stats_ok(w3).used, 0);
+  ck_assert_uint_eq(harness_stats_ok(w3).used, 0);
 
   /* The timed-out waiter was dropped: freeing now must not serve it late. */
   ck_assert_int_eq(gmb_free(w1, w1b), 0);
-  ck_assert_uint_eq(stats_ok(w2).used, 32 * MIB);
-  ck_assert_uint_eq(stats_ok(w1).used, 0);
+  ck_assert_uint_eq(harness_stats_ok(w2).used, 32 * MIB);
+  ck_assert_uint_eq(harness_stats_ok(w1).used, 0);
   /* And a wait that can be served at once is. */
   ck_assert_int_eq(gmb_alloc_wait(w2, 16 * MIB, 0, 5000, &none), 0);
-  ck_assert_uint_eq(stats_ok(w2).used, 48 * MIB);
+  ck_assert_uint_eq(harness_stats_ok(w2).used, 48 * MIB);
 
   gmb_disconnect(w1);
   gmb_disconnect(w2);
@@ -329,8 +303,9 @@ static void *ts_main(void *arg) {
   int n = 0;
   for (long cyc = 0; cyc < a->cycles; cyc++) {
     /* Mostly small blocks (shared segments), now and then a large one. */
-    size_t size = (rnd(&s) % 16 == 0) ? (size_t)(3 * MIB / 2)
-                                      : 512 + (size_t)(rnd(&s) % (192 * 1024));
+    size_t size = (harness_rnd(&s) % 16 == 0)
+                      ? (size_t)(3 * MIB / 2)
+                      : 512 + (size_t)(harness_rnd(&s) % (192 * 1024));
     struct ts_block blk = {0, size, ((uint64_t)a->index << 32) | (uint64_t)cyc,
                            NULL};
     int rc = gmb_alloc(a->c, size, 0, &blk.id);
@@ -363,7 +338,7 @@ static void *ts_main(void *arg) {
 START_TEST(threads_share_client) {
   struct harness_broker b;
   harness_broker_start(&b, "host:256MiB", NULL);
-  gmb_client *c = connect_ok(&b, "threads");
+  gmb_client *c = harness_connect_ok(&b, "threads");
   long cycles = 200 * harness_env_long("ITER", 1);
   pthread_t th[TS_THREADS];
   struct ts_arg args[TS_THREADS];
@@ -376,7 +351,7 @@ START_TEST(threads_share_client) {
   for (int i = 0; i < TS_THREADS; i++) pthread_join(th[i], NULL);
   ck_assert_msg(atomic_load(&ts_errors) == 0, "%d failures; first: %s",
                 atomic_load(&ts_errors), ts_first);
-  gmb_stats st = stats_ok(c);
+  gmb_stats st = harness_stats_ok(c);
   ck_assert_uint_eq(st.used, 0);
   ck_assert_uint_gt(st.peak, 0);
   gmb_disconnect(c);
@@ -444,7 +419,7 @@ START_TEST(data_shared_between_processes) {
   struct data_child a = {b.endpoint, sh, go[0]};
   pid_t kid = harness_fork(data_child_main, &a);
 
-  gmb_client *c = connect_ok(&b, "data");
+  gmb_client *c = harness_connect_ok(&b, "data");
   gmb_id id = 0;
   ck_assert_int_eq(gmb_alloc(c, DATA_SIZE, 0, &id), 0);
   void *p = NULL, *p2 = NULL;
@@ -466,9 +441,10 @@ START_TEST(data_shared_between_processes) {
   long bad = harness_pattern_check(p, DATA_SIZE, id);
   ck_assert_msg(bad < 0, "64MiB allocation differs at byte %ld", bad);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
-  ck_assert_uint_eq(stats_ok(c).used, DATA_SIZE); /* the child said Bye */
+  /* The child said Bye. */
+  ck_assert_uint_eq(harness_stats_ok(c).used, DATA_SIZE);
   ck_assert_int_eq(gmb_free(c, id), 0);
-  ck_assert_uint_eq(stats_ok(c).used, 0);
+  ck_assert_uint_eq(harness_stats_ok(c).used, 0);
   ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_NOENT);
   gmb_disconnect(c);
   close(go[0]);
@@ -478,16 +454,11 @@ START_TEST(data_shared_between_processes) {
 }
 END_TEST
 
-static Suite *memory_suite(void) {
-  Suite *s = suite_create("memory");
-  TCase *tc = tcase_create("memory");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, quota_race);
-  tcase_add_test(tc, alloc_wait);
-  tcase_add_test(tc, threads_share_client);
-  tcase_add_test(tc, data_shared_between_processes);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "memory", "memory", 60,
+      quota_race,
+      alloc_wait,
+      threads_share_client,
+      data_shared_between_processes));
 }
-
-int main(void) { return harness_main(memory_suite()); }

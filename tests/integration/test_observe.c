@@ -138,11 +138,7 @@ static void scene_stop(struct scene *s) {
 
 static int gmbctl(const struct scene *s, const char *a1, const char *a2,
                   const char *a3, const char *a4) {
-  char ctl[PATH_MAX];
-  snprintf(ctl, sizeof ctl, "%s/gmbctl", harness_build_dir());
-  char *argv[] = {ctl, "--run-dir", (char *)s->b.dir, (char *)a1, (char *)a2,
-                  (char *)a3, (char *)a4, NULL};
-  return harness_run(argv, out, sizeof out);
+  return harness_ctl(&s->b, out, sizeof out, a1, a2, a3, a4, NULL);
 }
 
 static void status_of(const struct scene *s, struct wire_reply *rep) {
@@ -319,12 +315,6 @@ END_TEST
 
 /* --- map -------------------------------------------------------------------- */
 
-static size_t count_of(const char *hay, const char *needle) {
-  size_t n = 0;
-  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++) n++;
-  return n;
-}
-
 START_TEST(map_text_has_a_line_per_segment) {
   struct scene s;
   scene_start(&s, NULL);
@@ -383,17 +373,18 @@ START_TEST(map_svg_is_an_svg_of_every_tenant) {
   while (isspace((unsigned char)*p)) p++;
   ck_assert_msg(strncmp(p, "<svg", 4) == 0, "root is not <svg>: %.40s", p);
   ck_assert(strstr(p, "xmlns=\"http://www.w3.org/2000/svg\"") != NULL);
-  ck_assert_uint_eq(count_of(svg, "<svg"), 1);
-  ck_assert_uint_eq(count_of(svg, "</svg>"), 1);
-  ck_assert_uint_eq(count_of(svg, "<g>"), count_of(svg, "</g>"));
-  ck_assert_uint_eq(count_of(svg, "<text"), count_of(svg, "</text>"));
-  ck_assert_uint_eq(count_of(svg, "<title>"), count_of(svg, "</title>"));
+  ck_assert_uint_eq(harness_count(svg, "<svg"), 1);
+  ck_assert_uint_eq(harness_count(svg, "</svg>"), 1);
+  ck_assert_uint_eq(harness_count(svg, "<g>"), harness_count(svg, "</g>"));
+  ck_assert_uint_eq(harness_count(svg, "<text"), harness_count(svg, "</text>"));
+  ck_assert_uint_eq(harness_count(svg, "<title>"),
+                    harness_count(svg, "</title>"));
   for (int t = 0; t < 3; t++)
     ck_assert_msg(strstr(svg, tenant_names[t]), "no %s", tenant_names[t]);
   ck_assert(strstr(svg, "url(#hatch)") != NULL); /* the locked ones */
   int live = 0;
   for (int i = 0; i < s.n; i++) live += s.ids[i] != 0;
-  ck_assert_uint_ge(count_of(svg, "allocation "), (size_t)live);
+  ck_assert_uint_ge(harness_count(svg, "allocation "), (size_t)live);
   scene_stop(&s);
 }
 END_TEST
@@ -680,14 +671,12 @@ START_TEST(http_endpoint_serves_metrics) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("observe");
-  TCase *tc = tcase_create("observe");
-  tcase_add_test(tc, snapshot_json_matches_documented_shape);
-  tcase_add_test(tc, snapshot_reply_over_the_wire);
-  tcase_add_test(tc, map_text_has_a_line_per_segment);
-  tcase_add_test(tc, map_svg_is_an_svg_of_every_tenant);
-  tcase_add_test(tc, metrics_text_parses_and_agrees_with_status);
-  tcase_add_test(tc, http_endpoint_serves_metrics);
-  suite_add_tcase(s, tc);
-  return harness_main(s);
+  return harness_main(HARNESS_SUITE(
+      "observe", "observe", 0,
+      snapshot_json_matches_documented_shape,
+      snapshot_reply_over_the_wire,
+      map_text_has_a_line_per_segment,
+      map_svg_is_an_svg_of_every_tenant,
+      metrics_text_parses_and_agrees_with_status,
+      http_endpoint_serves_metrics));
 }

@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,26 +26,8 @@
 #define GIB (UINT64_C(1) << 30)
 #define NOBODY 65534
 
+/* The output of the last gmbctl run (CTL_OK, CTL_FAILS, ctl_as). */
 static char ctl_out[8192];
-
-/* Runs gmbctl against broker b with the given arguments (NULL-ended);
- * returns its exit status, its output in ctl_out. */
-static int ctl(const struct harness_broker *b, ...) {
-  char bin[256];
-  snprintf(bin, sizeof bin, "%s/gmbctl", harness_build_dir());
-  char *argv[16];
-  int n = 0;
-  argv[n++] = bin;
-  argv[n++] = "--run-dir";
-  argv[n++] = (char *)b->dir;
-  va_list ap;
-  va_start(ap, b);
-  char *a;
-  while ((a = va_arg(ap, char *)) != NULL && n < 15) argv[n++] = a;
-  va_end(ap);
-  argv[n] = NULL;
-  return harness_run(argv, ctl_out, sizeof ctl_out);
-}
 
 static int lines(const char *s) {
   int n = 0;
@@ -56,14 +37,14 @@ static int lines(const char *s) {
 
 #define CTL_OK(b, ...)                                                  \
   do {                                                                  \
-    int rc_ = ctl(b, __VA_ARGS__, NULL);                                \
+    int rc_ = harness_ctl(b, ctl_out, sizeof ctl_out, __VA_ARGS__, NULL); \
     ck_assert_msg(rc_ == 0, "gmbctl exited %d: %s", rc_, ctl_out);      \
   } while (0)
 
 /* A failure: exit `code`, one line, containing `needle`. */
 #define CTL_FAILS(code, needle, b, ...)                                       \
   do {                                                                        \
-    int rc_ = ctl(b, __VA_ARGS__, NULL);                                      \
+    int rc_ = harness_ctl(b, ctl_out, sizeof ctl_out, __VA_ARGS__, NULL);      \
     ck_assert_msg(rc_ == (code), "gmbctl exited %d, want %d: %s", rc_,        \
                   (code), ctl_out);                                           \
     ck_assert_msg(lines(ctl_out) == 1, "want one line, got: %s", ctl_out);    \
@@ -83,28 +64,19 @@ static struct wire_tenant_row row_of(const struct harness_broker *b,
   return r;
 }
 
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  return c;
-}
-
-static gmb_id alloc_ok(gmb_client *c, size_t size) {
-  gmb_id id = 0;
-  int rc = gmb_alloc(c, size, 0, &id);
-  ck_assert_msg(rc == 0, "gmb_alloc = %s: %s", gmb_err_name(rc),
-                gmb_last_error(c));
-  return id;
-}
-
 /* A directory for state files that outlives a broker's run dir. */
 static void state_dir(char *dir, size_t cap) {
   char tmpl[] = "/tmp/gmbs-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(tmpl));
   snprintf(dir, cap, "%s", tmpl);
+}
+
+/* A state dir, and a config that keeps its state there and gives tenant
+ * "a" a quota of 8MiB. */
+static void state_conf(char *dir, size_t dcap, char *conf, size_t ccap) {
+  state_dir(dir, dcap);
+  snprintf(conf, ccap,
+           "[broker]\nstate = %s/state\n[tenant:a]\nquota = 8MiB\n", dir);
 }
 
 static void rm_state_dir(const char *dir) {
@@ -229,8 +201,8 @@ END_TEST
 START_TEST(quota_below_usage_refuses_new_requests) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", NULL);
-  gmb_client *c = connect_ok(&b, "heavy");
-  alloc_ok(c, 4 * MIB);
+  gmb_client *c = harness_connect_ok(&b, "heavy");
+  harness_alloc_ok(c, 4 * MIB);
   CTL_OK(&b, "quota", "set", "heavy", "1MiB");
   OUT_HAS("more than the new quota");
   gmb_id id = 0;
@@ -272,11 +244,13 @@ static int waiter_main(void *arg) {
 START_TEST(evict_ends_sessions_frees_memory_at_once) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", NULL);
-  gmb_client *c1 = connect_ok(&b, "ev"), *c2 = connect_ok(&b, "ev");
-  gmb_client *o = connect_ok(&b, "other");
-  alloc_ok(c1, 4 * MIB);
-  alloc_ok(c2, 2 * MIB);
-  alloc_ok(o, 40 * MIB); /* the device is nearly full: the waiter waits */
+  gmb_client *c1 = harness_connect_ok(&b, "ev");
+  gmb_client *c2 = harness_connect_ok(&b, "ev");
+  gmb_client *o = harness_connect_ok(&b, "other");
+  harness_alloc_ok(c1, 4 * MIB);
+  harness_alloc_ok(c2, 2 * MIB);
+  /* The device is nearly full: the waiter waits. */
+  harness_alloc_ok(o, 40 * MIB);
   int p[2];
   ck_assert_int_eq(pipe(p), 0);
   struct waiter_arg wa = {b.endpoint, p[1]};
@@ -307,7 +281,7 @@ START_TEST(evict_ends_sessions_frees_memory_at_once) {
   /* Another tenant is not touched. */
   ck_assert_int_eq(gmb_tenant_stats(o, &st), 0);
   ck_assert_uint_eq(st.used, 40 * MIB);
-  alloc_ok(o, MIB);
+  harness_alloc_ok(o, MIB);
 
   CTL_OK(&b, "--json", "evict", "ev");
   OUT_HAS("\"sessions\": 0");
@@ -403,9 +377,7 @@ END_TEST
 
 START_TEST(state_overrides_config_at_reload) {
   char dir[64], conf[512];
-  state_dir(dir, sizeof dir);
-  snprintf(conf, sizeof conf,
-           "[broker]\nstate = %s/state\n[tenant:a]\nquota = 8MiB\n", dir);
+  state_conf(dir, sizeof dir, conf, sizeof conf);
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", conf);
   CTL_OK(&b, "quota", "set", "a", "20MiB");
@@ -444,12 +416,11 @@ END_TEST
 
 START_TEST(state_survives_restart) {
   char dir[64], conf[512];
-  state_dir(dir, sizeof dir);
-  snprintf(conf, sizeof conf,
-           "[broker]\nstate = %s/state\n[tenant:a]\nquota = 8MiB\n", dir);
+  state_conf(dir, sizeof dir, conf, sizeof conf);
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", conf);
-  gmb_client *c = connect_ok(&b, "seen"); /* a tenant only seen in use */
+  /* A tenant only seen in use. */
+  gmb_client *c = harness_connect_ok(&b, "seen");
   gmb_disconnect(c);
   CTL_OK(&b, "quota", "set", "a", "16MiB");
   CTL_OK(&b, "reserve", "set", "a", "1MiB");
@@ -462,7 +433,7 @@ START_TEST(state_survives_restart) {
   ck_assert_uint_eq(r.reserve, MIB);
   ck_assert_uint_eq(row_of(&b, "seen").quota, 2 * MIB);
   /* Created from the state, owned by the first uid that uses it. */
-  c = connect_ok(&b, "seen");
+  c = harness_connect_ok(&b, "seen");
   gmb_stats st;
   ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
   ck_assert_uint_eq(st.quota, 2 * MIB);
@@ -474,21 +445,16 @@ END_TEST
 
 START_TEST(corrupt_state_refuses_start) {
   char dir[64], conf[512], path[128];
-  state_dir(dir, sizeof dir);
-  snprintf(conf, sizeof conf,
-           "[broker]\nstate = %s/state\n[tenant:a]\nquota = 8MiB\n", dir);
+  state_conf(dir, sizeof dir, conf, sizeof conf);
   snprintf(path, sizeof path, "%s/state", dir);
   harness_write_file(path, "version = 1\n[tenant:a]\nquota = lots\n");
   char cpath[128], run[128];
   snprintf(cpath, sizeof cpath, "%s/gmb.ini", dir);
   snprintf(run, sizeof run, "%s/run", dir);
   harness_write_file(cpath, conf);
-  char bin[256];
-  snprintf(bin, sizeof bin, "%s/gmb-broker", harness_build_dir());
-  char *argv[] = {bin,      "--config", cpath, "--run-dir", run,
-                  "--device", "host:64MiB", NULL};
   char out[4096];
-  int rc = harness_run(argv, out, sizeof out);
+  int rc = harness_tool("gmb-broker", out, sizeof out, "--config", cpath,
+                        "--run-dir", run, "--device", "host:64MiB", NULL);
   ck_assert_msg(rc == 2, "broker with a corrupt state exited %d: %s", rc, out);
   char where[160];
   snprintf(where, sizeof where, "%s:3:", path);
@@ -576,25 +542,20 @@ START_TEST(admin_socket_refused_to_other_uids) {
 }
 END_TEST
 
-static Suite *operator_suite(void) {
-  Suite *s = suite_create("operator");
-  TCase *tc = tcase_create("gmbctl");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, quota_get_set_human_and_json);
-  tcase_add_test(tc, quota_usage_errors_exit_2);
-  tcase_add_test(tc, limit_refusals_exit_1_with_broker_message);
-  tcase_add_test(tc, reserve_get_set_human_and_json);
-  tcase_add_test(tc, quota_below_usage_refuses_new_requests);
-  tcase_add_test(tc, evict_ends_sessions_frees_memory_at_once);
-  tcase_add_test(tc, reload_broken_config_keeps_running_one);
-  tcase_add_test(tc, reload_without_config_is_refused);
-  tcase_add_test(tc, sighup_reloads);
-  tcase_add_test(tc, state_overrides_config_at_reload);
-  tcase_add_test(tc, state_survives_restart);
-  tcase_add_test(tc, corrupt_state_refuses_start);
-  tcase_add_test(tc, admin_socket_refused_to_other_uids);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "operator", "gmbctl", 60,
+      quota_get_set_human_and_json,
+      quota_usage_errors_exit_2,
+      limit_refusals_exit_1_with_broker_message,
+      reserve_get_set_human_and_json,
+      quota_below_usage_refuses_new_requests,
+      evict_ends_sessions_frees_memory_at_once,
+      reload_broken_config_keeps_running_one,
+      reload_without_config_is_refused,
+      sighup_reloads,
+      state_overrides_config_at_reload,
+      state_survives_restart,
+      corrupt_state_refuses_start,
+      admin_socket_refused_to_other_uids));
 }
-
-int main(void) { return harness_main(operator_suite()); }

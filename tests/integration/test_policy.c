@@ -34,28 +34,10 @@ static void sha256_hex(const char *s, char out[65]) {
   for (unsigned i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", md[i]);
 }
 
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  return c;
-}
-
-static gmb_id alloc_ok(gmb_client *c, uint64_t size) {
-  gmb_id id = 0;
-  int rc = gmb_alloc(c, size, 0, &id);
-  ck_assert_msg(rc == 0, "gmb_alloc(%llu) = %s: %s", (unsigned long long)size,
-                gmb_err_name(rc), gmb_last_error(c));
-  return id;
-}
-
 /* How many times `needle` is in the broker's log. */
 static int log_count(const struct harness_broker *b, const char *needle) {
   char *log = harness_broker_log(b);
-  int n = 0;
-  for (const char *p = log; (p = strstr(p, needle)) != NULL; p++) n++;
+  int n = (int)harness_count(log, needle);
   free(log);
   return n;
 }
@@ -168,9 +150,9 @@ START_TEST(reservation_kept_from_others) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB",
                        "[tenant:keep]\nreserve = 32MiB\n[tenant:greedy]\n");
-  gmb_client *g = connect_ok(&b, "greedy");
+  gmb_client *g = harness_connect_ok(&b, "greedy");
   gmb_id ids[4];
-  for (int i = 0; i < 4; i++) ids[i] = alloc_ok(g, 8 * MIB);
+  for (int i = 0; i < 4; i++) ids[i] = harness_alloc_ok(g, 8 * MIB);
   gmb_id none = 0;
   int rc = gmb_alloc(g, 8 * MIB, 0, &none);
   ck_assert_msg(rc == GMB_E_NOMEM, "a 5th 8 MiB = %s: %s", gmb_err_name(rc),
@@ -186,8 +168,8 @@ START_TEST(reservation_kept_from_others) {
   ck_assert_uint_eq(st.segments, 32 * MIB); /* nothing left over */
 
   /* The owner gets its 32 MiB, in one piece. */
-  gmb_client *k = connect_ok(&b, "keep");
-  gmb_id mine = alloc_ok(k, 32 * MIB);
+  gmb_client *k = harness_connect_ok(&b, "keep");
+  gmb_id mine = harness_alloc_ok(k, 32 * MIB);
   /* Beyond its reservation it is refused like anyone: the device is
    * full. */
   ck_assert_int_eq(gmb_alloc(k, 8 * MIB, 0, &none), GMB_E_NOMEM);
@@ -287,9 +269,9 @@ START_TEST(queue_priority_then_arrival) {
   struct queue_test q;
   queue_start(&q, "[tenant:lo]\npriority = 0\n[tenant:mid]\npriority = 5\n"
                   "[tenant:hi]\npriority = 10\n[tenant:fill]\n");
-  gmb_client *f = connect_ok(&q.b, "fill");
+  gmb_client *f = harness_connect_ok(&q.b, "fill");
   gmb_id fill[4];
-  for (int i = 0; i < 4; i++) fill[i] = alloc_ok(f, 16 * MIB);
+  for (int i = 0; i < 4; i++) fill[i] = harness_alloc_ok(f, 16 * MIB);
   /* Arrival: lo '1', lo '2', hi 'H', mid 'M'. */
   queue_waiter(&q, "lo", 16 * MIB, -1, 0, '1', 1);
   queue_waiter(&q, "lo", 16 * MIB, -1, 0, '2', 1);
@@ -312,14 +294,14 @@ START_TEST(queue_head_not_starved_by_smaller) {
   struct queue_test q;
   queue_start(&q, "[tenant:big]\n[tenant:small]\nquota = 16MiB\n"
                   "[tenant:fill]\n");
-  gmb_client *f = connect_ok(&q.b, "fill");
+  gmb_client *f = harness_connect_ok(&q.b, "fill");
   gmb_id fill[8];
-  for (int i = 0; i < 8; i++) fill[i] = alloc_ok(f, 8 * MIB);
+  for (int i = 0; i < 8; i++) fill[i] = harness_alloc_ok(f, 8 * MIB);
   queue_waiter(&q, "big", 32 * MIB, -1, 0, 'B', 1);
   queue_waiter(&q, "small", 8 * MIB, -1, 0, '1', 1);
   /* Behind a held-back head, a request over its quota is still refused
    * at once, not queued. */
-  gmb_client *sq = connect_ok(&q.b, "small");
+  gmb_client *sq = harness_connect_ok(&q.b, "small");
   gmb_id none = 0;
   int rc = gmb_alloc_wait(sq, 24 * MIB, 0, HARNESS_WAIT_MS, &none);
   ck_assert_msg(rc == GMB_E_QUOTA, "over the quota = %s: %s",
@@ -347,12 +329,12 @@ START_TEST(queue_reserved_memory_not_held_back) {
   struct queue_test q;
   queue_start(&q, "[tenant:big]\n[tenant:keep]\nreserve = 8MiB\n"
                   "[tenant:fill]\n");
-  gmb_client *f = connect_ok(&q.b, "fill");
+  gmb_client *f = harness_connect_ok(&q.b, "fill");
   gmb_id fill[6];
-  for (int i = 0; i < 6; i++) fill[i] = alloc_ok(f, 8 * MIB);
+  for (int i = 0; i < 6; i++) fill[i] = harness_alloc_ok(f, 8 * MIB);
   /* 16 MiB free, 8 of them kept for keep: big waits. */
   queue_waiter(&q, "big", 16 * MIB, -1, 0, 'B', 1);
-  gmb_client *k = connect_ok(&q.b, "keep");
+  gmb_client *k = harness_connect_ok(&q.b, "keep");
   gmb_id kid = 0;
   int rc = gmb_alloc_wait(k, 8 * MIB, 0, HARNESS_WAIT_MS, &kid);
   ck_assert_msg(rc == 0, "keep's own 8 MiB = %s: %s", gmb_err_name(rc),
@@ -369,9 +351,9 @@ END_TEST
 START_TEST(queue_timeout_frees_the_way) {
   struct queue_test q;
   queue_start(&q, "[tenant:big]\n[tenant:small]\n[tenant:fill]\n");
-  gmb_client *f = connect_ok(&q.b, "fill");
+  gmb_client *f = harness_connect_ok(&q.b, "fill");
   gmb_id fill[8];
-  for (int i = 0; i < 8; i++) fill[i] = alloc_ok(f, 8 * MIB);
+  for (int i = 0; i < 8; i++) fill[i] = harness_alloc_ok(f, 8 * MIB);
   queue_waiter(&q, "big", 32 * MIB, 1500, GMB_E_TIMEOUT, 'T', 1);
   ck_assert_int_eq(gmb_free(f, fill[0]), 0);
   /* Queued behind the head (or, should the head be gone already, served
@@ -388,9 +370,9 @@ END_TEST
 START_TEST(queue_dead_waiter_leaves) {
   struct queue_test q;
   queue_start(&q, "[tenant:gone]\n[tenant:next]\n[tenant:fill]\n");
-  gmb_client *f = connect_ok(&q.b, "fill");
+  gmb_client *f = harness_connect_ok(&q.b, "fill");
   gmb_id fill[4];
-  for (int i = 0; i < 4; i++) fill[i] = alloc_ok(f, 16 * MIB);
+  for (int i = 0; i < 4; i++) fill[i] = harness_alloc_ok(f, 16 * MIB);
   /* The head wants 32 MiB and holds back 'N' behind it. */
   pid_t gone = queue_waiter(&q, "gone", 32 * MIB, -1, 0, 'G', 1);
   queue_waiter(&q, "next", 16 * MIB, -1, 0, 'N', 1);
@@ -408,26 +390,21 @@ START_TEST(queue_dead_waiter_leaves) {
    * would see memory charged to a session that is gone). */
   ck_assert_int_eq(gmb_free(f, fill[1]), 0);
   ck_assert_int_eq(gmb_free(f, fill[2]), 0);
-  gmb_id later = alloc_ok(f, 32 * MIB);
+  gmb_id later = harness_alloc_ok(f, 32 * MIB);
   ck_assert_int_eq(gmb_free(f, later), 0);
   gmb_disconnect(f);
   queue_end(&q);
 }
 END_TEST
 
-static Suite *policy_suite(void) {
-  Suite *s = suite_create("policy");
-  TCase *tc = tcase_create("core");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, token_and_uid_admission);
-  tcase_add_test(tc, reservation_kept_from_others);
-  tcase_add_test(tc, queue_priority_then_arrival);
-  tcase_add_test(tc, queue_head_not_starved_by_smaller);
-  tcase_add_test(tc, queue_reserved_memory_not_held_back);
-  tcase_add_test(tc, queue_timeout_frees_the_way);
-  tcase_add_test(tc, queue_dead_waiter_leaves);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "policy", "core", 120,
+      token_and_uid_admission,
+      reservation_kept_from_others,
+      queue_priority_then_arrival,
+      queue_head_not_starved_by_smaller,
+      queue_reserved_memory_not_held_back,
+      queue_timeout_frees_the_way,
+      queue_dead_waiter_leaves));
 }
-
-int main(void) { return harness_main(policy_suite()); }

@@ -212,16 +212,11 @@ START_TEST(replay_auto_serves_fragmented_request) {
 }
 END_TEST
 
-static Suite *replay_suite(void) {
-  Suite *s = suite_create("replay");
-  TCase *tc = tcase_create("replay");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, replay_quota_failure_is_not_fragmentation);
-  tcase_add_test(tc, replay_series_rows);
-  tcase_add_test(tc, replay_bad_trace_line);
-  tcase_add_test(tc, replay_auto_serves_fragmented_request);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "replay", "replay", 60,
+      replay_quota_failure_is_not_fragmentation,
+      replay_series_rows,
+      replay_bad_trace_line,
+      replay_auto_serves_fragmented_request));
 }
-
-int main(void) { return harness_main(replay_suite()); }

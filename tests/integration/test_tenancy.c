@@ -24,24 +24,6 @@
 #define MIB (UINT64_C(1) << 20)
 #define NOBODY 65534
 
-static gmb_client *connect_ok(const struct harness_broker *b,
-                              const char *tenant) {
-  gmb_client *c = NULL;
-  int rc = gmb_connect(b->endpoint, tenant, &c);
-  ck_assert_msg(rc == 0, "gmb_connect(%s) = %s: %s", tenant, gmb_err_name(rc),
-                gmb_last_error(NULL));
-  return c;
-}
-
-static gmb_stats stats_ok(gmb_client *c) {
-  gmb_stats st;
-  memset(&st, 0xff, sizeof st);
-  int rc = gmb_tenant_stats(c, &st);
-  ck_assert_msg(rc == 0, "gmb_tenant_stats = %s: %s", gmb_err_name(rc),
-                gmb_last_error(c));
-  return st;
-}
-
 /* An allocation filled with a pattern derived from its id. */
 static gmb_id alloc_pattern(gmb_client *c, size_t size) {
   gmb_id id = 0;
@@ -122,17 +104,17 @@ START_TEST(isolation) {
   struct iso_child a = {b.endpoint, go[0], shared};
   pid_t kid = harness_fork(iso_child_main, &a);
 
-  gmb_client *alpha = connect_ok(&b, "alpha");
+  gmb_client *alpha = harness_connect_ok(&b, "alpha");
   /* Small, so it sits in a shared small segment like beta's will. */
   gmb_id id = alloc_pattern(alpha, MIB);
-  gmb_stats before = stats_ok(alpha);
+  gmb_stats before = harness_stats_ok(alpha);
   *shared = id;
   ck_assert_int_eq(harness_pipe_send(go[1], 'g'), 0);
   int st = harness_wait(kid);
   ck_assert_msg(st == 0, "beta ended with %d (its stderr says why)", st);
 
   verify_pattern(alpha, id, MIB);
-  gmb_stats after = stats_ok(alpha);
+  gmb_stats after = harness_stats_ok(alpha);
   ck_assert_uint_eq(after.used, before.used);
   ck_assert_uint_eq(after.used, MIB);
   ck_assert_int_eq(gmb_free(alpha, id), 0);
@@ -225,11 +207,11 @@ START_TEST(auth_uid_refused) {
     char uidstr[32];
     snprintf(uidstr, sizeof uidstr, "uid %u", (unsigned)me);
     auth_refused_here(&b, "locked", uidstr);
-    gmb_client *c = connect_ok(&b, "mine");
+    gmb_client *c = harness_connect_ok(&b, "mine");
     gmb_id id = alloc_pattern(c, MIB);
     verify_pattern(c, id, MIB);
     gmb_disconnect(c);
-    c = connect_ok(&b, "fresh-tenant");
+    c = harness_connect_ok(&b, "fresh-tenant");
     gmb_disconnect(c);
     printf("auth_uid_refused: not root, so only this uid's own paths were "
            "tested (no second uid to act as)\n");
@@ -243,7 +225,7 @@ START_TEST(auth_uid_refused) {
   auth_run_child(&b, "locked", GMB_E_AUTH, 0);
 
   /* A tenant made on first use belongs to the uid that made it. */
-  gmb_client *root = connect_ok(&b, "rootowned");
+  gmb_client *root = harness_connect_ok(&b, "rootowned");
   auth_run_child(&b, "rootowned", GMB_E_AUTH, 0);
   /* ... and, the other way round, one that uid 65534 made is its own. */
   auth_run_child(&b, "nobodys", 0, 1);
@@ -252,7 +234,7 @@ START_TEST(auth_uid_refused) {
   auth_run_child(&b, NULL, 0, 0);
   auth_refused_here(&b, "uid-65534", "uid 0");
 
-  ck_assert_uint_eq(stats_ok(root).used, 0);
+  ck_assert_uint_eq(harness_stats_ok(root).used, 0);
   gmb_disconnect(root);
   harness_broker_stop(&b);
 }
@@ -323,7 +305,7 @@ START_TEST(bad_input) {
   struct harness_broker b;
   harness_broker_start(&b, "host:128MiB", NULL);
   /* Another tenant whose allocation must come through untouched. */
-  gmb_client *keeper = connect_ok(&b, "keeper");
+  gmb_client *keeper = harness_connect_ok(&b, "keeper");
   gmb_id kid = alloc_pattern(keeper, MIB);
 
   void *s = harness_raw_open(b.endpoint);
@@ -418,26 +400,21 @@ START_TEST(bad_input) {
 
   /* The broker lives and serves: a fresh client, and the keeper. */
   ck_assert(harness_broker_alive(&b));
-  gmb_client *fresh = connect_ok(&b, "fresh");
+  gmb_client *fresh = harness_connect_ok(&b, "fresh");
   gmb_id fid = alloc_pattern(fresh, 4 * MIB);
   verify_pattern(fresh, fid, 4 * MIB);
   gmb_disconnect(fresh);
   verify_pattern(keeper, kid, MIB);
-  ck_assert_uint_eq(stats_ok(keeper).used, MIB);
+  ck_assert_uint_eq(harness_stats_ok(keeper).used, MIB);
   gmb_disconnect(keeper);
   harness_broker_stop(&b);
 }
 END_TEST
 
-static Suite *tenancy_suite(void) {
-  Suite *s = suite_create("tenancy");
-  TCase *tc = tcase_create("tenancy");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, isolation);
-  tcase_add_test(tc, auth_uid_refused);
-  tcase_add_test(tc, bad_input);
-  suite_add_tcase(s, tc);
-  return s;
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "tenancy", "tenancy", 60,
+      isolation,
+      auth_uid_refused,
+      bad_input));
 }
-
-int main(void) { return harness_main(tenancy_suite()); }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "compact.h"
 #include "device.h"
 #include "gmb.h"
@@ -955,10 +956,4 @@ static Suite *compact_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(compact_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(compact_suite()); }

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "gmb.h"
 #include "http.h"
 
@@ -158,7 +159,7 @@ START_TEST(ipv6_loopback) {
 }
 END_TEST
 
-int main(void) {
+static Suite *http_suite(void) {
   Suite *s = suite_create("http");
   TCase *tc = tcase_create("http");
   tcase_add_test(tc, listen_parse_forms);
@@ -167,9 +168,7 @@ int main(void) {
   tcase_add_test(tc, busy_port_is_an_error_with_reason);
   tcase_add_test(tc, ipv6_loopback);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+int main(void) { return check_run(http_suite()); }

@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "../../broker/locktab.h"
 #include "gmb.h"
 
@@ -568,10 +569,4 @@ static Suite *locktab_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(locktab_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+int main(void) { return check_run(locktab_suite()); }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "device.h"
 #include "gmb.h"
 #include "pool.h"
@@ -857,10 +858,4 @@ static Suite *pool_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(pool_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(pool_suite()); }

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "segmap.h"
@@ -549,10 +550,4 @@ static Suite *segmap_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(segmap_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+int main(void) { return check_run(segmap_suite()); }

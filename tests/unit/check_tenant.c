@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "config.h"
 #include "device.h"
 #include "gmb.h"
@@ -509,10 +510,4 @@ static Suite *tenant_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(tenant_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(tenant_suite()); }

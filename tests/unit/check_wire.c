@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_main.h"
 #include "gmb.h"
 #include "wire.h"
 
@@ -881,16 +882,4 @@ static Suite *wire_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(wire_suite());
-#if defined(__SANITIZE_ADDRESS__)
-  /* LeakSanitizer reports when a process exits, and Check does not look at
-   * how a forked test's process exits: run the tests in this process so
-   * that a leak fails the run. */
-  if (getenv("CK_FORK") == NULL) srunner_set_fork_status(sr, CK_NOFORK);
-#endif
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(wire_suite()); }

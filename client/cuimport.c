@@ -1,0 +1,277 @@
+/*
+ * cuimport.c - the client library's side of the CUDA device: the driver, the
+ * primary context, IPC imports and stream-ordered releases (cuimport.h).
+ *
+ * All state is per process and lives for the life of the process once the
+ * driver is loaded: the driver is never unloaded and the primary context
+ * never released, because host functions may still be queued on streams
+ * (their code and data must stay), because re-creating a primary context
+ * costs hundreds of milliseconds, and because the application's own CUDA
+ * code shares that context.  `cuda_mu` guards everything but the pending
+ * counter; it is a leaf lock (nothing else is taken under it), and the
+ * hot paths (gmb_lock, gmb_unlock) never reach this file.
+ *
+ * Contexts.  Imports are made and closed in device 0's primary context,
+ * the one the CUDA runtime (PyTorch, CuPy) uses, so a pointer gmb_lock
+ * returns is valid in the application's kernels.  A thread with no
+ * current context is left with the primary one current (what the runtime
+ * would do on its first call); a thread that has another context current
+ * gets it back after the call.
+ *
+ * Imports are counted per handle (the 64 bytes): two clients in one
+ * process that are given the same segment share one cuIpcOpenMemHandle,
+ * since opening a handle twice in one context is refused by some drivers.
+ *
+ * Stream releases.  The host function given to cuLaunchHostFunc runs on a
+ * driver thread, later, perhaps after the client is gone.  It may not call
+ * CUDA, take the library's locks or allocate, so it does two atomic
+ * operations: it gives back the hold on the lock-table word it was given
+ * and decrements `cuda_pending`, a process-wide count of functions queued
+ * and not run.  A lock table must stay mapped while any function that
+ * points into it may run: gmb_disconnect hands its table to
+ * gmb__cuda_unmap_later, which unmaps it once the count has been seen at
+ * 0 (every function queued before the disconnect has then run).
+ */
+#include "cuimport.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cudrv.h"
+#include "gmb.h"
+#include "locktab.h"
+
+struct cuda_import {
+  struct cuda_import *next;
+  gmb_cu_ipc_handle handle;
+  gmb_cu_ptr base;
+  unsigned refs;
+};
+
+struct cuda_unmap {
+  struct cuda_unmap *next;
+  void *p;
+  size_t len;
+};
+
+static pthread_mutex_t cuda_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gmb_cudrv cuda_drv;
+static int cuda_ready; /* under cuda_mu; set once, never cleared */
+static gmb_cu_device cuda_dev;
+static gmb_cu_ctx cuda_ctx;
+static struct cuda_import *cuda_imports;
+static struct cuda_unmap *cuda_unmaps;
+static _Atomic uint64_t cuda_pending;
+
+static void cuda_err(gmb_cu_result r, const char *call, char *why,
+                     size_t cap) {
+  char buf[160];
+  snprintf(why, cap, "%s: %s", call,
+           gmb__cudrv_strerror(&cuda_drv, r, buf, sizeof buf));
+}
+
+/* Unmaps the deferred lock tables when no host function is pending.  The
+ * acquire load pairs with the functions' release decrements, so their
+ * last accesses to a table happen before its munmap.  Under cuda_mu. */
+static void cuda_sweep(void) {
+  if (cuda_unmaps == NULL ||
+      atomic_load_explicit(&cuda_pending, memory_order_acquire) != 0)
+    return;
+  while (cuda_unmaps) {
+    struct cuda_unmap *u = cuda_unmaps;
+    cuda_unmaps = u->next;
+    munmap(u->p, u->len);
+    free(u);
+  }
+}
+
+int gmb__cuda_attach(char *why, size_t cap) {
+  pthread_mutex_lock(&cuda_mu);
+  cuda_sweep();
+  int rc = 0;
+  if (cuda_ready) goto out;
+  char err[256];
+  rc = gmb__cudrv_load(&cuda_drv, err, sizeof err);
+  if (rc) {
+    snprintf(why, cap, "%s", err);
+    rc = GMB_E_DEVICE;
+    goto out;
+  }
+  /* Ordinal 0 for now: the broker's device index (its --device cuda:N,
+   * as this process numbers devices, which CUDA_VISIBLE_DEVICES may
+   * change) should travel in the Hello reply so that the client imports
+   * into the right device's context. */
+  gmb_cu_result r = cuda_drv.cuDeviceGet(&cuda_dev, 0);
+  if (r == GMB_CU_SUCCESS) {
+    r = cuda_drv.cuDevicePrimaryCtxRetain(&cuda_ctx, cuda_dev);
+    if (r != GMB_CU_SUCCESS) cuda_err(r, "cuDevicePrimaryCtxRetain", why, cap);
+  } else {
+    cuda_err(r, "cuDeviceGet(0)", why, cap);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    gmb__cudrv_unload(&cuda_drv);
+    rc = GMB_E_DEVICE;
+    goto out;
+  }
+  cuda_ready = 1;
+out:
+  if (rc == 0) {
+    /* The connecting thread may go on with driver calls of its own on
+     * the pointers gmb_lock gives: without a context they would fail. */
+    gmb_cu_ctx cur = NULL;
+    if (cuda_drv.cuCtxGetCurrent(&cur) == GMB_CU_SUCCESS && cur == NULL)
+      cuda_drv.cuCtxSetCurrent(cuda_ctx);
+  }
+  pthread_mutex_unlock(&cuda_mu);
+  return rc;
+}
+
+/* Makes the primary context current for an import or a close; *prev is
+ * what to give back to cuda_leave.  Under cuda_mu, after attach. */
+static gmb_cu_result cuda_enter(gmb_cu_ctx *prev) {
+  if (cuda_drv.cuCtxGetCurrent(prev) != GMB_CU_SUCCESS) *prev = NULL;
+  if (*prev == cuda_ctx) return GMB_CU_SUCCESS;
+  return cuda_drv.cuCtxSetCurrent(cuda_ctx);
+}
+
+static void cuda_leave(gmb_cu_ctx prev) {
+  if (prev != NULL && prev != cuda_ctx) cuda_drv.cuCtxSetCurrent(prev);
+}
+
+int gmb__cuda_import(const struct wire_handle *h, uint64_t *base, char *why,
+                     size_t cap) {
+  if (h->len != sizeof(gmb_cu_ipc_handle)) {
+    snprintf(why, cap, "segment %llu: a CUDA IPC handle has %zu bytes, not "
+             "%u", (unsigned long long)h->segment, sizeof(gmb_cu_ipc_handle),
+             h->len);
+    return GMB_E_PROTO;
+  }
+  gmb_cu_ipc_handle handle;
+  memcpy(&handle, h->bytes, sizeof handle);
+  pthread_mutex_lock(&cuda_mu);
+  int rc = 0;
+  if (!cuda_ready) { /* the client attaches at connect; a bug otherwise */
+    snprintf(why, cap, "segment %llu: the CUDA driver is not loaded",
+             (unsigned long long)h->segment);
+    rc = GMB_E_DEVICE;
+    goto out;
+  }
+  for (struct cuda_import *i = cuda_imports; i; i = i->next) {
+    if (memcmp(&i->handle, &handle, sizeof handle) == 0) {
+      i->refs++;
+      *base = i->base;
+      goto out;
+    }
+  }
+  struct cuda_import *i = calloc(1, sizeof *i);
+  if (i == NULL) {
+    snprintf(why, cap, "out of memory");
+    rc = GMB_E_SYSTEM;
+    goto out;
+  }
+  gmb_cu_ctx prev;
+  gmb_cu_result r = cuda_enter(&prev);
+  if (r == GMB_CU_SUCCESS)
+    r = cuda_drv.cuIpcOpenMemHandle(&i->base, handle,
+                                    GMB_CU_IPC_LAZY_ENABLE_PEER_ACCESS);
+  cuda_leave(prev);
+  if (r != GMB_CU_SUCCESS) {
+    char what[64];
+    snprintf(what, sizeof what, "segment %llu: cuIpcOpenMemHandle",
+             (unsigned long long)h->segment);
+    cuda_err(r, what, why, cap);
+    free(i);
+    rc = GMB_E_DEVICE;
+    goto out;
+  }
+  i->handle = handle;
+  i->refs = 1;
+  i->next = cuda_imports;
+  cuda_imports = i;
+  *base = i->base;
+out:
+  pthread_mutex_unlock(&cuda_mu);
+  return rc;
+}
+
+void gmb__cuda_close(uint64_t base) {
+  pthread_mutex_lock(&cuda_mu);
+  for (struct cuda_import **p = &cuda_imports; *p; p = &(*p)->next) {
+    struct cuda_import *i = *p;
+    if (i->base != base) continue;
+    if (--i->refs == 0) {
+      *p = i->next;
+      gmb_cu_ctx prev;
+      if (cuda_enter(&prev) == GMB_CU_SUCCESS)
+        cuda_drv.cuIpcCloseMemHandle(i->base);
+      cuda_leave(prev);
+      free(i);
+    }
+    break;
+  }
+  pthread_mutex_unlock(&cuda_mu);
+}
+
+/* Runs on a driver thread when the stream reaches it: no CUDA, no locks,
+ * no allocation.  Gives back one hold the way gmb_unlock does (release,
+ * never below 0), then says it ran. */
+static void cuda_release_fn(void *arg) {
+  _Atomic uint32_t *state = arg;
+  uint32_t st = atomic_load_explicit(state, memory_order_relaxed);
+  while (st != 0 && st <= GMB_LT_MAX_HOLDERS &&
+         !atomic_compare_exchange_weak_explicit(state, &st, st - 1,
+                                                memory_order_release,
+                                                memory_order_relaxed)) {
+  }
+  atomic_fetch_sub_explicit(&cuda_pending, 1, memory_order_release);
+}
+
+int gmb__cuda_release_on_stream(_Atomic uint32_t *state, void *stream,
+                                char *why, size_t cap) {
+  /* Not under cuda_mu: the launch is the caller's hot-ish path, and the
+   * driver table is immutable once cuda_ready was seen (the client
+   * attached at connect, under the mutex, before it could get here). */
+  gmb_cu_ctx cur = NULL;
+  gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
+  /* A thread without a context gets the primary one, as the runtime
+   * would give it; one with a context keeps it, since the stream is
+   * probably its own. */
+  if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(cuda_ctx);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuCtxSetCurrent", why, cap);
+    return GMB_E_DEVICE;
+  }
+  /* Counted before the launch: the function may run before it returns. */
+  atomic_fetch_add_explicit(&cuda_pending, 1, memory_order_relaxed);
+  r = cuda_drv.cuLaunchHostFunc((gmb_cu_stream)stream, cuda_release_fn,
+                                (void *)state);
+  if (r != GMB_CU_SUCCESS) {
+    atomic_fetch_sub_explicit(&cuda_pending, 1, memory_order_relaxed);
+    cuda_err(r, "cuLaunchHostFunc", why, cap);
+    return GMB_E_DEVICE;
+  }
+  return 0;
+}
+
+void gmb__cuda_unmap_later(void *p, size_t len) {
+  pthread_mutex_lock(&cuda_mu);
+  struct cuda_unmap *u = malloc(sizeof *u);
+  if (u) {
+    u->p = p;
+    u->len = len;
+    u->next = cuda_unmaps;
+    cuda_unmaps = u;
+  }
+  /* Without memory to remember it, the table is left mapped for good:
+   * a leak of address space is better than a host function writing into
+   * an unmapped page of the application. */
+  cuda_sweep();
+  pthread_mutex_unlock(&cuda_mu);
+}
+
+uint64_t gmb__cuda_pending(void) {
+  return atomic_load_explicit(&cuda_pending, memory_order_acquire);
+}

@@ -1,0 +1,75 @@
+"""gmb_torch - PyTorch's CUDA memory from the gmb broker.
+
+    import gmb_torch
+    gmb_torch.enable()        # before the first CUDA tensor
+
+enable() loads libgmb-torch.so and makes it PyTorch's CUDA allocator
+(torch.cuda.memory.CUDAPluggableAllocator).  Every tensor's memory is then a
+pinned allocation of this process's tenant ($GMB_TENANT, $GMB_ENDPOINT as for
+any gmb client).  See docs/pytorch.md.
+"""
+import os
+
+__all__ = ["enable", "library_path", "last_error"]
+
+_LIB_NAME = "libgmb-torch.so"
+_enabled_path = None
+
+
+def library_path():
+    """Where libgmb-torch.so is: $GMB_TORCH_LIB, else next to this module,
+    else PREFIX/lib for the usual prefixes.  Raises FileNotFoundError."""
+    env = os.environ.get("GMB_TORCH_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise FileNotFoundError("GMB_TORCH_LIB=%s: no such file" % env)
+        return os.path.abspath(env)
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, _LIB_NAME),
+                  # PREFIX/share/gmb/python -> PREFIX/lib (make install)
+                  os.path.normpath(os.path.join(here, "..", "..", "..", "lib",
+                                                _LIB_NAME)),
+                  "/usr/local/lib/" + _LIB_NAME, "/usr/lib/" + _LIB_NAME]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError("%s not found (looked in: %s); set GMB_TORCH_LIB"
+                            % (_LIB_NAME, ", ".join(candidates)))
+
+
+def enable(path=None):
+    """Makes gmb PyTorch's CUDA allocator for this process.  Call it before
+    any CUDA tensor exists: PyTorch cannot change allocators afterwards.
+    Calling it again with the same library does nothing.  Returns the
+    library's path."""
+    global _enabled_path
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("gmb_torch needs PyTorch (import torch failed: %s)"
+                          % e) from e
+    path = os.path.abspath(path) if path else library_path()
+    if _enabled_path is not None:
+        if _enabled_path == path:
+            return path
+        raise RuntimeError("gmb_torch is already enabled with %s"
+                           % _enabled_path)
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "gmb_torch.enable() must run before CUDA is initialised (before "
+            "the first CUDA tensor, torch.cuda.init() or a CUDA call); "
+            "call it right after `import torch`")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        path, "gmb_torch_alloc", "gmb_torch_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+    _enabled_path = path
+    return path
+
+
+def last_error():
+    """The last refusal libgmb-torch.so recorded in this process ("no error"
+    when none), e.g. after an allocation failed over the tenant's quota."""
+    import ctypes
+    lib = ctypes.CDLL(_enabled_path or library_path())
+    lib.gmb_torch_last_error.restype = ctypes.c_char_p
+    return lib.gmb_torch_last_error().decode("utf-8", "replace")

@@ -1,0 +1,264 @@
+/*
+ * preload.c - libgmb-preload.so: LD_PRELOAD it into an unmodified CUDA
+ * program and its cudaMalloc / cudaFree / cudaMemGetInfo (runtime API) and
+ * cuMemAlloc_v2 / cuMemFree_v2 / cuMemGetInfo_v2 (driver API) go to the
+ * broker.  docs/preload.md is the user's page; its limits section says
+ * what is not intercepted.
+ *
+ * Every allocation is pinned (a raw device pointer must never move) and
+ * comes from one process-wide session (shim.c).  The pointer returned is
+ * gmb_lock's: a device address on a cuda broker, a host address on the
+ * host device.  A pointer this library did not give out (allocated by the
+ * real function before or beside us) is passed to the real free function,
+ * found with dlsym(RTLD_NEXT).
+ *
+ * When no broker answers, $GMB_PRELOAD_FALLBACK decides: `refuse`
+ * (default) fails every allocation with the out-of-memory code, as a GPU
+ * that is full would; `passthrough` calls the real function, and refuses
+ * when there is none.  Either way one line on stderr says why, once per
+ * process.  This library never aborts its host program.
+ *
+ * The CUDA types are declared here (both enums are int-sized, CUdeviceptr
+ * is unsigned long long) so the library builds without the toolkit.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+#include "shim.h"
+
+typedef int cudaError_t;
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+/* The codes this library returns (cuda_runtime_api.h / cuda.h values). */
+#define PRE_CUDA_SUCCESS 0
+#define PRE_CUDA_INVALID_VALUE 1    /* cudaErrorInvalidValue, CUDA_ERROR_INVALID_VALUE */
+#define PRE_CUDA_OUT_OF_MEMORY 2    /* cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY */
+#define PRE_CUDA_NOT_INITIALIZED 3  /* cudaErrorInitializationError, CUDA_ERROR_NOT_INITIALIZED */
+#define PRE_CUDA_NOT_SUPPORTED 801  /* cudaErrorNotSupported, CUDA_ERROR_NOT_SUPPORTED */
+
+GMB_SHIM_API cudaError_t cudaMalloc(void **devPtr, size_t size);
+GMB_SHIM_API cudaError_t cudaFree(void *devPtr);
+GMB_SHIM_API cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
+GMB_SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+GMB_SHIM_API CUresult cuMemFree_v2(CUdeviceptr dptr);
+GMB_SHIM_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+
+typedef int (*pre_alloc_fn)(void **p, size_t size);
+typedef int (*pre_free_fn)(void *p);
+typedef int (*pre_info_fn)(size_t *free, size_t *total);
+typedef int (*pre_cualloc_fn)(CUdeviceptr *p, size_t size);
+typedef int (*pre_cufree_fn)(CUdeviceptr p);
+
+/* The real functions, when a library after us defines them. */
+static struct {
+  pthread_once_t once;
+  pre_alloc_fn cudaMalloc;
+  pre_free_fn cudaFree;
+  pre_info_fn cudaMemGetInfo;
+  pre_cualloc_fn cuMemAlloc;
+  pre_cufree_fn cuMemFree;
+  pre_info_fn cuMemGetInfo;
+} pre_real = {.once = PTHREAD_ONCE_INIT};
+
+static void pre_real_load(void) {
+  /* A cast through void* is how POSIX says dlsym results are used. */
+  *(void **)&pre_real.cudaMalloc = dlsym(RTLD_NEXT, "cudaMalloc");
+  *(void **)&pre_real.cudaFree = dlsym(RTLD_NEXT, "cudaFree");
+  *(void **)&pre_real.cudaMemGetInfo = dlsym(RTLD_NEXT, "cudaMemGetInfo");
+  *(void **)&pre_real.cuMemAlloc = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+  *(void **)&pre_real.cuMemFree = dlsym(RTLD_NEXT, "cuMemFree_v2");
+  *(void **)&pre_real.cuMemGetInfo = dlsym(RTLD_NEXT, "cuMemGetInfo_v2");
+}
+
+static void pre_real_get(void) { pthread_once(&pre_real.once, pre_real_load); }
+
+/* --- policy and messages ---------------------------------------------------- */
+
+enum pre_fallback { PRE_REFUSE, PRE_PASSTHROUGH };
+
+static enum pre_fallback pre_fallback(void) {
+  const char *s = getenv("GMB_PRELOAD_FALLBACK");
+  if (s && !strcmp(s, "passthrough")) return PRE_PASSTHROUGH;
+  static atomic_int warned;
+  if (s && *s && strcmp(s, "refuse") && !atomic_exchange(&warned, 1))
+    fprintf(stderr, "gmb-preload: GMB_PRELOAD_FALLBACK=%s is neither refuse "
+            "nor passthrough; refusing\n", s);
+  return PRE_REFUSE;
+}
+
+/* One line, once per process, for the no-broker case; `what` is the
+ * function that met it. */
+static void pre_say_unbrokered(const char *what, const char *why,
+                               int passing) {
+  static atomic_int said;
+  if (atomic_exchange(&said, 1)) return;
+  if (passing)
+    fprintf(stderr, "gmb-preload: no broker (%s); %s and the others pass "
+            "through to the real CUDA functions (GMB_PRELOAD_FALLBACK="
+            "passthrough)\n", why, what);
+  else
+    fprintf(stderr, "gmb-preload: no broker (%s); %s refused with "
+            "out-of-memory%s\n", why, what,
+            pre_fallback() == PRE_PASSTHROUGH
+                ? " (GMB_PRELOAD_FALLBACK=passthrough, but this process "
+                  "has no real function to pass to)"
+                : " (GMB_PRELOAD_FALLBACK=refuse)");
+}
+
+static void pre_say_refused(const char *what, size_t size, int rc,
+                            gmb_client *c) {
+  if (!gmb__shim_env_flag("GMB_PRELOAD_VERBOSE")) return;
+  fprintf(stderr, "gmb-preload: %s(%zu) refused: %s\n", what, size,
+          rc ? gmb_last_error(c) : "?");
+}
+
+/* The broker's answer as a CUDA code: every refusal of an allocation is
+ * "out of memory" to the program, which is what it knows how to handle. */
+static int pre_code(int rc) {
+  if (rc == 0) return PRE_CUDA_SUCCESS;
+  if (rc == GMB_E_INVAL) return PRE_CUDA_INVALID_VALUE;
+  return PRE_CUDA_OUT_OF_MEMORY;
+}
+
+/* --- allocation, both APIs ------------------------------------------------- */
+
+/* The session, or NULL with the fallback decided: *pass is 1 when the
+ * caller should call its real function (which it has checked exists). */
+static gmb_client *pre_session(const char *what, int have_real, int *pass,
+                               int *code) {
+  const char *why = NULL;
+  gmb_client *c = gmb__shim_client(&why);
+  *pass = 0;
+  if (c) return c;
+  if (gmb__shim_forked()) {
+    static atomic_int said;
+    if (!atomic_exchange(&said, 1))
+      fprintf(stderr, "gmb-preload: %s: %s\n", what, why);
+    *code = PRE_CUDA_NOT_INITIALIZED;
+    return NULL;
+  }
+  int passing = pre_fallback() == PRE_PASSTHROUGH && have_real;
+  pre_say_unbrokered(what, why, passing);
+  *pass = passing;
+  *code = PRE_CUDA_OUT_OF_MEMORY;
+  return NULL;
+}
+
+static int pre_alloc(int drv, void **out, size_t size) {
+  const char *what = drv ? "cuMemAlloc_v2" : "cudaMalloc";
+  int pass, code;
+  pre_real_get();
+  int have = drv ? pre_real.cuMemAlloc != NULL : pre_real.cudaMalloc != NULL;
+  gmb_client *c = pre_session(what, have, &pass, &code);
+  if (pass) {
+    if (!drv) return pre_real.cudaMalloc(out, size);
+    CUdeviceptr d = 0;
+    int r = pre_real.cuMemAlloc(&d, size);
+    if (r == 0) *out = (void *)(uintptr_t)d;
+    return r;
+  }
+  if (c == NULL) return code;
+  int rc = gmb__shim_alloc(c, size, out);
+  if (rc) pre_say_refused(what, size, rc, c);
+  return pre_code(rc);
+}
+
+/* A pointer we gave goes back to the broker, after the device finished
+ * with it (cudaFree synchronises too); any other goes to the real free. */
+static int pre_free(int drv, void *p) {
+  const char *what = drv ? "cuMemFree_v2" : "cudaFree";
+  pre_real_get();
+  if (gmb__shim_owns(p)) {
+    const char *why;
+    gmb_client *c = gmb__shim_client(&why);
+    if (c == NULL) return PRE_CUDA_NOT_INITIALIZED; /* a fork child */
+    gmb__shim_sync(NULL);
+    int rc = gmb__shim_free(c, p);
+    /* The session is gone (broker stopped): the memory went with it. */
+    if (rc == GMB_E_CONN || rc == GMB_E_EVICTED || rc == 0) return 0;
+    if (gmb__shim_env_flag("GMB_PRELOAD_VERBOSE"))
+      fprintf(stderr, "gmb-preload: %s(%p): %s\n", what, p,
+              gmb_last_error(c));
+    return PRE_CUDA_INVALID_VALUE;
+  }
+  if (!drv && pre_real.cudaFree) return pre_real.cudaFree(p);
+  if (drv && pre_real.cuMemFree)
+    return pre_real.cuMemFree((CUdeviceptr)(uintptr_t)p);
+  return PRE_CUDA_INVALID_VALUE;
+}
+
+/*
+ * Free and total as the program should see them: its tenant's quota as
+ * total and quota - used as free.  With no quota the device's own figures
+ * are the only honest ones: the real function's when there is one, else
+ * CUDA_ERROR_NOT_SUPPORTED (the broker's public API does not tell a client
+ * the device's capacity).
+ */
+static int pre_info(const char *what, pre_info_fn real, size_t *freep,
+                    size_t *totalp) {
+  if (freep == NULL || totalp == NULL) return PRE_CUDA_INVALID_VALUE;
+  int pass, code;
+  gmb_client *c = pre_session(what, real != NULL, &pass, &code);
+  if (pass) return real(freep, totalp);
+  if (c == NULL) return code;
+  gmb_stats st;
+  int rc = gmb_tenant_stats(c, &st);
+  if (rc) {
+    pre_say_refused(what, 0, rc, c);
+    return PRE_CUDA_NOT_INITIALIZED;
+  }
+  if (st.quota == 0) {
+    if (real) return real(freep, totalp);
+    *freep = *totalp = 0;
+    return PRE_CUDA_NOT_SUPPORTED;
+  }
+  *totalp = (size_t)st.quota;
+  *freep = st.used < st.quota ? (size_t)(st.quota - st.used) : 0;
+  return 0;
+}
+
+/* --- the interposed functions ----------------------------------------------- */
+
+cudaError_t cudaMalloc(void **devPtr, size_t size) {
+  if (devPtr == NULL) return PRE_CUDA_INVALID_VALUE;
+  if (size == 0) { /* as cudart: success, and no memory */
+    *devPtr = NULL;
+    return PRE_CUDA_SUCCESS;
+  }
+  return pre_alloc(0, devPtr, size);
+}
+
+cudaError_t cudaFree(void *devPtr) {
+  if (devPtr == NULL) return PRE_CUDA_SUCCESS;
+  return pre_free(0, devPtr);
+}
+
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  pre_real_get();
+  return pre_info("cudaMemGetInfo", pre_real.cudaMemGetInfo, free, total);
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+  if (dptr == NULL || bytesize == 0) return PRE_CUDA_INVALID_VALUE; /* as cuda.h */
+  void *p = NULL;
+  int r = pre_alloc(1, &p, bytesize);
+  if (r == 0) *dptr = (CUdeviceptr)(uintptr_t)p;
+  return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  if (dptr == 0) return PRE_CUDA_SUCCESS;
+  return pre_free(1, (void *)(uintptr_t)dptr);
+}
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+  pre_real_get();
+  return pre_info("cuMemGetInfo_v2", pre_real.cuMemGetInfo, free, total);
+}

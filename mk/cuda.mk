@@ -1,0 +1,49 @@
+# The CUDA device's test double and the GPU bundle (issue 5).
+#
+#   $(B)/fakecuda/libcuda.so.1   a fake CUDA driver on POSIX shm
+#                                (tests/fakecuda/fakecuda.c), loaded by the
+#                                tests through $GMB_LIBCUDA
+#   make gpu-bundle              build/lib/: the shared libraries the
+#                                binaries need that a GPU machine lacks
+#                                (GPU.md); tests/gpu/run.sh points
+#                                LD_LIBRARY_PATH at it
+
+FAKECUDA_SO := $(B)/fakecuda/libcuda.so.1
+
+# Never sanitized (it is dlopen()ed into plain binaries too) and -z nodelete:
+# its helper thread must outlive a dlclose().
+$(FAKECUDA_SO): tests/fakecuda/fakecuda.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Wshadow -Werror \
+	  -fPIC -fvisibility=hidden -shared -Wl,-z,nodelete \
+	  -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread -lrt
+
+all: $(FAKECUDA_SO)
+# The suites that load it find it by path: make sure it exists first.
+$(B)/tests/check_cudrv $(B)/tests/check_device_cuda $(B)/tests/test_cuda: | $(FAKECUDA_SO)
+
+# Where the toolkit is installed, tests/fakecuda/cudrv_abi.c holds cudrv.h's
+# types to cuda.h's with static asserts; check_cudrv is not linked until it
+# compiled.  Elsewhere that check is skipped (check_cudrv says so).
+CUDA_HOME ?= /usr/local/cuda
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
+CUDRV_ABI_OBJ := $(B)/obj/tests/fakecuda/cudrv_abi.o
+$(CUDRV_ABI_OBJ): CFLAGS += -DGMB_CUDA_H='"$(CUDA_HOME)/include/cuda.h"'
+$(B)/obj/tests/unit/check_cudrv.o: CFLAGS += -DGMB_HAVE_CUDA_H
+$(B)/tests/check_cudrv: | $(CUDRV_ABI_OBJ)
+endif
+
+# GPU tests (tests/gpu/*.c): plain C against libgmb and cudrv, so they
+# build here; they only run where a GPU is (tests/gpu/run.sh).
+GPU_SRC := $(wildcard tests/gpu/*.c)
+GPU_BIN := $(patsubst tests/gpu/%.c,$(B)/gpu/%,$(GPU_SRC))
+$(B)/gpu/%: $(B)/obj/tests/gpu/%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
+all: $(GPU_BIN)
+
+.PHONY: gpu-bundle
+gpu-bundle: all
+	$(Q)sh tests/gpu/bundle.sh $(B)

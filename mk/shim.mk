@@ -1,0 +1,48 @@
+# mk/shim.mk - the LD_PRELOAD shim (libgmb-preload.so), the PyTorch
+# allocator (libgmb-torch.so) and the small programs their tests run.
+#
+# The sources live in client/shim/, out of the Makefile's client/*.c
+# wildcard, so they never land in libgmb.  Each .so carries a private copy
+# of the client library (libgmb.a); --exclude-libs keeps its gmb_* symbols
+# hidden, so a program that links libgmb.so itself is not interposed on.
+
+SHIM_COMMON := $(call obj,client/shim/shim.c)
+PRELOAD_SO := $(B)/libgmb-preload.so
+TORCH_SO := $(B)/libgmb-torch.so
+PRELOAD_PROG := $(B)/preload/cuda_prog
+PRELOAD_FAKE := $(B)/preload/libfakecudart.so
+
+all: $(PRELOAD_SO) $(TORCH_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE)
+
+$(PRELOAD_SO): $(call obj,client/shim/preload.c) $(SHIM_COMMON) $(LIB_A)
+	@echo "  LD      $@"
+	$(Q)$(CC) -shared -Wl,-soname,libgmb-preload.so -o $@ \
+	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL $(LDFLAGS_ALL) $(LIBS_ALL)
+
+$(TORCH_SO): $(call obj,client/shim/torch.c) $(SHIM_COMMON) $(LIB_A)
+	@echo "  LD      $@"
+	$(Q)$(CC) -shared -Wl,-soname,libgmb-torch.so -o $@ \
+	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL $(LDFLAGS_ALL) $(LIBS_ALL)
+
+# Linked against nothing that defines the CUDA functions (they are weak in
+# it): only the preloaded library provides them.
+$(PRELOAD_PROG): $(call obj,tests/preload/cuda_prog.c)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) -ldl
+
+$(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -shared -o $@ $^ $(LDFLAGS_ALL)
+
+# The integration tests run these at run time (order-only: not linked in).
+$(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN)
+$(B)/tests/test_torch: | $(TORCH_SO) $(BROKER_BIN)
+
+install: install-shim
+.PHONY: install-shim
+install-shim: $(PRELOAD_SO) $(TORCH_SO)
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/gmb/python
+	install -m 0755 $(PRELOAD_SO) $(TORCH_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 client/python/gmb_torch.py $(DESTDIR)$(PREFIX)/share/gmb/python/

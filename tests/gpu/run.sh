@@ -1,0 +1,113 @@
+#!/bin/bash
+# run.sh [BUILD] - the GPU tests (GPU.md step 3), for the device machine:
+#
+#   set -o pipefail; bash tests/gpu/run.sh 2>&1 | tee $OUT/gpu.log
+#
+# after `make gpu-bundle` here and `run` with carry ["build"].  Starts
+# gmb-broker --device cuda:0, runs the driver-level figures
+# (build/gpu/gpu_figures: cuMemAlloc latency, cuIpcOpenMemHandle cost,
+# cuMemcpyDtoD GB/s, an IPC round trip with checked bytes), clients of two
+# tenants with quotas, a kill -9 reclaim, a compaction, the PyTorch and
+# preload parts when their libraries exist, and stops the broker; then
+# checks the broker's log for device errors.  Prints FIGURE lines and one
+# PASS/FAIL/SKIP line per part; exits 0 only when nothing failed.
+# Without a GPU it says "no GPU" and exits 2 at once.  REHEARSE=1 with
+# GMB_LIBCUDA=build/fakecuda/libcuda.so.1 rehearses it on the fake driver.
+set -u
+B=${1:-build}
+export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# REHEARSE=1: a dry run here on the fake driver ($GMB_LIBCUDA kept, no
+# nvidia-smi); figures are then meaningless.
+[ "${REHEARSE:-0}" = 1 ] || unset GMB_LIBCUDA
+fails=0
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; fails=$((fails + 1)); }
+skip() { echo "SKIP $*"; }
+
+if [ "${REHEARSE:-0}" = 1 ]; then nvidia-smi() { echo "fake GPU (rehearsal)"; }
+elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "run.sh: no GPU (nvidia-smi finds none): nothing to test here" >&2
+  exit 2
+fi
+for f in gmb-broker gmbctl gpu/gpu_figures examples/job; do
+  [ -x "$B/$f" ] || { echo "run.sh: $B/$f missing: run make gpu-bundle first" >&2; exit 1; }
+done
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+echo "FIGURE nvidia-smi $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+
+# 1. The driver itself, without the broker.
+if "$B/gpu/gpu_figures"; then pass "driver figures and IPC round trip"; else fail "gpu_figures"; fi
+
+# 2. A broker on cuda:0 with two tenants.
+RUN=$(mktemp -d /tmp/gmb-gpu-XXXXXX)
+cat > "$RUN/gmb.ini" <<INI
+[broker]
+device = cuda:0
+capacity = 8GiB
+device_reserve = 1GiB
+run_dir = $RUN
+
+[tenant:a]
+quota = 4GiB
+
+[tenant:b]
+quota = 2GiB
+INI
+"$B/gmb-broker" --config "$RUN/gmb.ini" --log-level info >"$RUN/broker.log" 2>&1 &
+BROKER=$!
+for _ in $(seq 100); do [ -S "$RUN/broker.sock" ] && break; sleep 0.1; done
+if ! kill -0 $BROKER 2>/dev/null; then
+  fail "broker did not start:"; cat "$RUN/broker.log"; exit 1
+fi
+ctl() { "$B/gmbctl" --run-dir "$RUN" "$@"; }
+ctl status && pass "broker status" || fail "gmbctl status"
+ctl status | grep -q "cuda:0" && pass "status names cuda:0" || fail "status does not name cuda:0"
+export GMB_ENDPOINT="ipc://$RUN/broker.sock"
+
+# Several clients of two tenants allocating real device memory at once.
+pids=()
+for i in 1 2 3; do "$B/examples/job" --tenant a --hold-ms 500 256MiB 64MiB 1MiB & pids+=($!); done
+for i in 1 2; do "$B/examples/job" --tenant b --hold-ms 500 512MiB 4MiB & pids+=($!); done
+ok=1; for p in "${pids[@]}"; do wait "$p" || ok=0; done
+[ $ok = 1 ] && pass "5 clients, 2 tenants" || fail "concurrent clients"
+
+# Quota: tenant b (2GiB) is refused 3GiB (exit 3).
+"$B/examples/job" --tenant b 3GiB; rc=$?
+[ $rc = 3 ] && pass "quota refuses 3GiB to b" || fail "quota: job exited $rc, want 3"
+
+# kill -9 reclaim: a job holding 1GiB dies; its memory comes back.
+"$B/examples/job" --tenant a --hold-ms -1 1GiB & victim=$!
+sleep 1; kill -9 $victim; wait $victim 2>/dev/null
+sleep 1
+ctl tenants 2>/dev/null | tee "$RUN/tenants.txt"
+"$B/examples/job" --tenant a 3GiB && pass "kill -9 reclaim (3GiB fits again)" || fail "reclaim after kill -9"
+
+# Compaction over real device memory: fragment, then compact.  Bytes are
+# checked by the client library's CUDA tests (device pointers cannot be
+# touched from the CPU, so job --touch is not used here).
+if [ -x "$B/examples/frag" ]; then
+  "$B/examples/frag" --tenant a >"$RUN/frag.txt" 2>&1 && pass "frag example" || { fail "frag example"; cat "$RUN/frag.txt"; }
+fi
+ctl compact && pass "gmbctl compact" || fail "gmbctl compact"
+
+# Client-side CUDA tests of the other modules, when built.
+for t in "$B"/gpu/gpu_client*; do
+  [ -x "$t" ] || continue
+  "$t" && pass "$(basename "$t")" || fail "$(basename "$t")"
+done
+if [ -f "$B/libgmb-torch.so" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  if [ -f tests/gpu/torch_job.py ]; then
+    GMB_TENANT=a python3 tests/gpu/torch_job.py "$B/libgmb-torch.so" && pass "PyTorch job" || fail "PyTorch job"
+  else skip "PyTorch: no tests/gpu/torch_job.py"; fi
+else skip "PyTorch: libgmb-torch.so or torch.cuda missing"; fi
+if [ -f "$B/libgmb-preload.so" ] && [ -x "$B/gpu/preload_app" ]; then
+  GMB_TENANT=a LD_PRELOAD="$PWD/$B/libgmb-preload.so" "$B/gpu/preload_app" && pass "preload app" || fail "preload app"
+else skip "preload: libgmb-preload.so or build/gpu/preload_app missing"; fi
+
+nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed 's/^/FIGURE memory.used_with_broker /'
+kill -TERM $BROKER; wait $BROKER; rc=$?
+[ $rc = 0 ] && pass "broker stopped cleanly" || fail "broker exit status $rc"
+if grep -E "error|cuMemFree|ASSERT" "$RUN/broker.log"; then fail "errors in the broker log"; else pass "broker log clean"; fi
+tail -n 20 "$RUN/broker.log"
+echo "run.sh: $fails failure(s)"
+[ $fails = 0 ]

@@ -1,0 +1,325 @@
+/*
+ * test_preload.c - libgmb-preload.so in an unmodified program: build/
+ * preload/cuda_prog (tests/preload/cuda_prog.c) declares the CUDA
+ * functions and links nothing that defines them; run with LD_PRELOAD, its
+ * cudaMalloc / cuMemAlloc_v2 and the rest reach a real broker on the host
+ * device.  The test talks to the program line by line through pipes
+ * (commands in, return codes out) and checks the broker's admin figures
+ * between steps.
+ *
+ * The pass-through cases preload build/preload/libfakecudart.so second:
+ * it stands for libcudart/libcuda, so dlsym(RTLD_NEXT) finds "real"
+ * functions.  Real cudart interposition needs a GPU (docs/preload.md).
+ *
+ * Under SAN=1 the program and the library carry ASan, whose runtime must
+ * come first in the process: the test finds the libasan it runs with
+ * itself and puts it first in LD_PRELOAD.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <link.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "harness.h"
+
+#define MIB (UINT64_C(1) << 20)
+#define PRE_QUOTA (8 * MIB)
+#define FAKE_FREE (UINT64_C(3) << 30) /* tests/preload/fake_cudart.c */
+#define FAKE_TOTAL (UINT64_C(5) << 30)
+
+static const char *pre_config = "[tenant:pre]\nquota = 8MiB\n";
+
+struct prog {
+  pid_t pid;
+  int in, out; /* its stdin (we write), its stdout (we read) */
+  char err_path[128];
+};
+
+/* --- the LD_PRELOAD line ---------------------------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+static int pre_find_asan(struct dl_phdr_info *info, size_t size, void *data) {
+  (void)size;
+  if (info->dlpi_name && strstr(info->dlpi_name, "libasan.so")) {
+    snprintf(data, PATH_MAX, "%s", info->dlpi_name);
+    return 1;
+  }
+  return 0;
+}
+#endif
+
+/* "[libasan] build/libgmb-preload.so [fake]" */
+static void pre_preload_line(char *buf, size_t cap, int with_fake) {
+  const char *bd = harness_build_dir();
+  char asan[PATH_MAX] = "";
+#if defined(__SANITIZE_ADDRESS__)
+  dl_iterate_phdr(pre_find_asan, asan);
+#endif
+  snprintf(buf, cap, "%s%s%s/libgmb-preload.so%s%s%s", asan, asan[0] ? " " : "",
+           bd, with_fake ? " " : "", with_fake ? bd : "",
+           with_fake ? "/preload/libfakecudart.so" : "");
+}
+
+/* --- the program -------------------------------------------------------------- */
+
+/* Starts cuda_prog with LD_PRELOAD and the env pairs given (NULL value:
+ * unset), stderr to a file of its own under /tmp. */
+static void prog_start(struct prog *p, int with_fake,
+                       const char *const env[]) {
+  static int seq;
+  int to[2], from[2];
+  ck_assert_int_eq(pipe(to), 0);
+  ck_assert_int_eq(pipe(from), 0);
+  snprintf(p->err_path, sizeof p->err_path, "/tmp/gmbp-%d-%d.err",
+           (int)getpid(), seq++);
+  char preload[2 * PATH_MAX + 128];
+  pre_preload_line(preload, sizeof preload, with_fake);
+  char prog[PATH_MAX], fake[PATH_MAX];
+  snprintf(prog, sizeof prog, "%s/preload/cuda_prog", harness_build_dir());
+  snprintf(fake, sizeof fake, "%s/preload/libfakecudart.so", harness_build_dir());
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    int e = open(p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (e >= 0) dup2(e, 2);
+    close(to[1]);
+    close(from[0]);
+    unsetenv("GMB_PRELOAD_FALLBACK");
+    unsetenv("GMB_PRELOAD_VERBOSE");
+    setenv("CUDA_PROG_REAL", fake, 1);
+    for (int i = 0; env[i]; i += 2) {
+      if (env[i + 1])
+        setenv(env[i], env[i + 1], 1);
+      else
+        unsetenv(env[i]);
+    }
+    setenv("LD_PRELOAD", preload, 1);
+    execl(prog, prog, (char *)NULL);
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  p->pid = pid;
+  p->in = to[1];
+  p->out = from[0];
+}
+
+/* Sends one command and returns its one-line answer (static buffer). */
+static const char *prog_cmd(struct prog *p, const char *cmd) {
+  static char line[256];
+  char buf[128];
+  int n = snprintf(buf, sizeof buf, "%s\n", cmd);
+  ck_assert_int_eq(write(p->in, buf, (size_t)n), n);
+  size_t len = 0;
+  for (;;) {
+    struct pollfd pf = {p->out, POLLIN, 0};
+    int r = poll(&pf, 1, HARNESS_WAIT_MS);
+    ck_assert_msg(r == 1, "cuda_prog did not answer \"%s\"", cmd);
+    char c;
+    ssize_t k = read(p->out, &c, 1);
+    ck_assert_msg(k == 1, "cuda_prog ended during \"%s\" (see %s)", cmd,
+                  p->err_path);
+    if (c == '\n') break;
+    if (len + 1 < sizeof line) line[len++] = c;
+  }
+  line[len] = '\0';
+  return line;
+}
+
+static void prog_expect(struct prog *p, const char *cmd, const char *want) {
+  const char *got = prog_cmd(p, cmd);
+  ck_assert_msg(strcmp(got, want) == 0, "\"%s\" answered \"%s\", want \"%s\"",
+                cmd, got, want);
+}
+
+/* Ends the program (closing stdin, or "exit": no frees), waits for it, and
+ * returns its stderr (the caller frees). */
+static char *prog_end(struct prog *p, int abrupt) {
+  if (abrupt) ck_assert_int_eq(write(p->in, "exit\n", 5), 5);
+  close(p->in);
+  int st = harness_wait(p->pid);
+  close(p->out);
+  ck_assert_msg(st == 0, "cuda_prog exited with %d", st);
+  FILE *f = fopen(p->err_path, "r");
+  ck_assert_ptr_nonnull(f);
+  char *text = calloc(1, 8192);
+  size_t n = fread(text, 1, 8191, f);
+  text[n] = '\0';
+  fclose(f);
+  unlink(p->err_path);
+  return text;
+}
+
+static uint64_t pre_used(const struct harness_broker *b, const char *tenant) {
+  struct wire_tenant_row row;
+  int rc = harness_tenant_row(b, tenant, &row);
+  ck_assert_msg(rc == 0, "tenant row of %s: %s", tenant, gmb_err_name(rc));
+  return row.used;
+}
+
+/* --- with a broker --------------------------------------------------------------- */
+
+START_TEST(preload_alloc_free_both_apis) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", pre_config);
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
+  prog_expect(&p, "rt_malloc 0 1048576", "0");
+  prog_expect(&p, "drv_malloc 1 2097152", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 3 * MIB);
+  prog_expect(&p, "fill 0 1048576 7", "0");
+  prog_expect(&p, "fill 1 2097152 9", "0");
+  prog_expect(&p, "check 0 1048576 7", "0");
+  prog_expect(&p, "check 1 2097152 9", "0");
+  /* Quota as total, quota - used as free, through both APIs. */
+  char want[64];
+  snprintf(want, sizeof want, "0 %llu %llu",
+           (unsigned long long)(PRE_QUOTA - 3 * MIB),
+           (unsigned long long)PRE_QUOTA);
+  prog_expect(&p, "rt_info", want);
+  prog_expect(&p, "drv_info", want);
+  prog_expect(&p, "rt_free 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
+  prog_expect(&p, "drv_free 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  prog_expect(&p, "rt_free_null", "0");
+  /* cudaMalloc(0) succeeds with no memory; freeing its NULL is fine. */
+  prog_expect(&p, "rt_malloc 2 0", "0");
+  prog_expect(&p, "rt_free 2", "0");
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+}
+END_TEST
+
+START_TEST(preload_quota_refusal_is_error_2) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", pre_config);
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre",
+      "GMB_PRELOAD_VERBOSE", "1", NULL});
+  prog_expect(&p, "rt_malloc 0 6291456", "0");
+  prog_expect(&p, "rt_malloc 1 4194304", "2"); /* cudaErrorMemoryAllocation */
+  prog_expect(&p, "drv_malloc 1 4194304", "2"); /* CUDA_ERROR_OUT_OF_MEMORY */
+  char want[64];
+  snprintf(want, sizeof want, "0 %llu %llu", (unsigned long long)(2 * MIB),
+           (unsigned long long)PRE_QUOTA);
+  prog_expect(&p, "rt_info", want);
+  prog_expect(&p, "rt_malloc 1 2097152", "0"); /* exactly up to the quota */
+  ck_assert_uint_eq(pre_used(&b, "pre"), PRE_QUOTA);
+  /* Exit without freeing: the broker takes the memory back. */
+  char *err = prog_end(&p, 1);
+  ck_assert_msg(harness_count(err, "GMB_E_QUOTA") == 2,
+                "want two quota lines on stderr, got:\n%s", err);
+  free(err);
+  int freed = 0;
+  for (int i = 0; i < HARNESS_WAIT_MS / 20 && !freed; i++) {
+    freed = pre_used(&b, "pre") == 0;
+    if (!freed) harness_sleep_ms(20);
+  }
+  ck_assert_msg(freed, "the dead program's memory was not returned");
+  harness_broker_stop(&b);
+}
+END_TEST
+
+START_TEST(preload_foreign_pointer_and_unlimited_info) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", pre_config);
+  /* An unlimited tenant, and no real function: no honest total. */
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
+  prog_expect(&p, "rt_info", "801 0 0"); /* cudaErrorNotSupported */
+  prog_expect(&p, "rt_malloc 0 4096", "0");
+  ck_assert_uint_eq(pre_used(&b, "open"), 4096);
+  free(prog_end(&p, 0));
+  /* With a "real" library behind: its figures, and its pointers go back
+   * to it. */
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
+  char want[64];
+  snprintf(want, sizeof want, "0 %llu %llu", (unsigned long long)FAKE_FREE,
+           (unsigned long long)FAKE_TOTAL);
+  prog_expect(&p, "rt_info", want);
+  prog_expect(&p, "drv_info", want);
+  prog_expect(&p, "real_malloc 0 4096", "0");
+  prog_expect(&p, "rt_malloc 1 8192", "0");
+  prog_expect(&p, "rt_free 0", "0"); /* the fake's: passed through */
+  ck_assert_uint_eq(pre_used(&b, "open"), 8192);
+  prog_expect(&p, "rt_free 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "open"), 0);
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- without a broker --------------------------------------------------------------- */
+
+static const char *no_endpoint = "ipc:///nonexistent-gmb/broker.sock";
+
+START_TEST(preload_no_broker_refuses) {
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){"GMB_ENDPOINT", no_endpoint,
+                                               NULL});
+  prog_expect(&p, "rt_malloc 0 4096", "2");
+  prog_expect(&p, "drv_malloc 0 4096", "2");
+  prog_expect(&p, "rt_info", "2 1 1");
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "gmb-preload: no broker") == 1 &&
+                    strstr(err, "GMB_PRELOAD_FALLBACK=refuse"),
+                "want one line naming the fallback, got:\n%s", err);
+  free(err);
+}
+END_TEST
+
+START_TEST(preload_passthrough_without_real_refuses) {
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_ENDPOINT", no_endpoint, "GMB_PRELOAD_FALLBACK", "passthrough",
+      NULL});
+  prog_expect(&p, "rt_malloc 0 4096", "2");
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(strstr(err, "no real function"),
+                "want a line saying there is nothing to pass to, got:\n%s",
+                err);
+  free(err);
+  /* With a real library behind, the same program runs on it. */
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", no_endpoint, "GMB_PRELOAD_FALLBACK", "passthrough",
+      NULL});
+  prog_expect(&p, "rt_malloc 0 4096", "0");
+  prog_expect(&p, "drv_malloc 1 4096", "0");
+  prog_expect(&p, "fill 0 4096 3", "0");
+  prog_expect(&p, "rt_free 0", "0");
+  prog_expect(&p, "drv_free 1", "0");
+  char want[64];
+  snprintf(want, sizeof want, "0 %llu %llu", (unsigned long long)FAKE_FREE,
+           (unsigned long long)FAKE_TOTAL);
+  prog_expect(&p, "rt_info", want);
+  err = prog_end(&p, 0);
+  ck_assert_msg(strstr(err, "pass through"), "stderr:\n%s", err);
+  free(err);
+}
+END_TEST
+
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "preload", "preload", 60,
+      preload_alloc_free_both_apis,
+      preload_quota_refusal_is_error_2,
+      preload_foreign_pointer_and_unlimited_info,
+      preload_no_broker_refuses,
+      preload_passthrough_without_real_refuses));
+}

@@ -1,0 +1,313 @@
+/*
+ * test_torch.c - libgmb-torch.so driven the way PyTorch's
+ * CUDAPluggableAllocator drives it: dlopen the library, look up
+ * gmb_torch_alloc / gmb_torch_free / gmb_torch_last_error, allocate and
+ * free with sizes, devices and streams, against a real broker on the host
+ * device.
+ *
+ * Each scenario runs in a child process (harness_fork): the library keeps
+ * one session per process, made at its first allocation, so a fresh
+ * process per scenario is what a fresh PyTorch job is.  The child checks
+ * the broker's figures through a session of its own of the same tenant
+ * (gmb_tenant_stats counts the tenant, not the session).  What needs a GPU
+ * (PyTorch itself, device pointers, stream synchronisation) is named in
+ * docs/pytorch.md.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "harness.h"
+
+#define MIB (UINT64_C(1) << 20)
+#define TORCH_QUOTA (8 * MIB)
+
+typedef void *(*torch_alloc_fn)(ssize_t size, int device, void *stream);
+typedef void (*torch_free_fn)(void *ptr, ssize_t size, int device,
+                              void *stream);
+typedef const char *(*torch_err_fn)(void);
+
+struct torch_lib {
+  void *h;
+  torch_alloc_fn alloc;
+  torch_free_fn free;
+  torch_err_fn last_error;
+};
+
+struct torch_args {
+  const char *endpoint; /* NULL: a broker that is not there */
+  const char *tenant;
+  long iter;
+};
+
+/* In a child: loads the library (as CUDAPluggableAllocator does, by path
+ * and symbol names).  0, or a message on stderr and -1. */
+static int torch_load(struct torch_lib *t, const struct torch_args *a) {
+  if (a->endpoint)
+    setenv("GMB_ENDPOINT", a->endpoint, 1);
+  else
+    setenv("GMB_ENDPOINT", "ipc:///nonexistent-gmb/broker.sock", 1);
+  setenv("GMB_TENANT", a->tenant, 1);
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/libgmb-torch.so", harness_build_dir());
+  t->h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (t->h == NULL) {
+    fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+    return -1;
+  }
+  *(void **)&t->alloc = dlsym(t->h, "gmb_torch_alloc");
+  *(void **)&t->free = dlsym(t->h, "gmb_torch_free");
+  *(void **)&t->last_error = dlsym(t->h, "gmb_torch_last_error");
+  if (!t->alloc || !t->free || !t->last_error) {
+    fprintf(stderr, "%s lacks a gmb_torch_* symbol\n", path);
+    return -1;
+  }
+  return 0;
+}
+
+/* The tenant's bytes in use, through a session of the child's own. */
+static long long torch_used(const struct torch_args *a) {
+  gmb_client *c = NULL;
+  if (gmb_connect(a->endpoint, a->tenant, &c)) return -1;
+  gmb_stats st;
+  long long r = gmb_tenant_stats(c, &st) ? -1 : (long long)st.used;
+  gmb_disconnect(c);
+  return r;
+}
+
+static void torch_run(int (*fn)(void *), struct torch_args *a) {
+  pid_t pid = harness_fork(fn, a);
+  ck_assert_int_eq(harness_wait(pid), 0);
+}
+
+static const char *torch_config =
+    "[tenant:torch]\nquota = 8MiB\n";
+
+/* --- sizes -------------------------------------------------------------- */
+
+static int sizes_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  void *stream = (void *)0x1234; /* PyTorch passes its current stream */
+  /* Size 0: NULL, as PyTorch's own allocator; its DataPtr is then empty
+   * and free is never called with it. */
+  CHILD_CHECK(t.alloc(0, 0, stream) == NULL, 11, "alloc(0) gave memory");
+  CHILD_CHECK(t.alloc(-5, 0, stream) == NULL, 11, "alloc(-5) gave memory");
+  static const ssize_t sizes[] = {1, 511, 512, 513, 4096, (ssize_t)MIB + 1};
+  enum { N = sizeof sizes / sizeof sizes[0] };
+  void *p[N];
+  uint64_t want = 0;
+  for (int i = 0; i < N; i++) {
+    p[i] = t.alloc(sizes[i], 0, stream);
+    CHILD_CHECK(p[i] != NULL, 12, "alloc(%zd): %s", sizes[i], t.last_error());
+    CHILD_CHECK(((uintptr_t)p[i] & 511) == 0, 13, "%p not 512-aligned", p[i]);
+    for (int j = 0; j < i; j++)
+      CHILD_CHECK(p[j] != p[i], 14, "alloc %d and %d both gave %p", j, i, p[i]);
+    want += ((uint64_t)sizes[i] + 511) & ~UINT64_C(511);
+    harness_pattern_fill(p[i], (size_t)sizes[i], (uint64_t)i + 1);
+  }
+  long long used = torch_used(a);
+  CHILD_CHECK(used == (long long)want, 15, "broker says %lld used, want %llu",
+              used, (unsigned long long)want);
+  for (int i = 0; i < N; i++) {
+    long bad = harness_pattern_check(p[i], (size_t)sizes[i], (uint64_t)i + 1);
+    CHILD_CHECK(bad < 0, 16, "allocation %d differs at byte %ld", i, bad);
+  }
+  t.free(NULL, 0, 0, stream); /* nothing happens */
+  for (int i = 0; i < N; i++) t.free(p[i], sizes[i], 0, stream);
+  used = torch_used(a);
+  CHILD_CHECK(used == 0, 17, "broker says %lld used after freeing all", used);
+  CHILD_CHECK(strcmp(t.last_error(), "no error") == 0, 18,
+              "a failure was recorded: %s", t.last_error());
+  return 0;
+}
+
+START_TEST(torch_sizes_and_zero) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  struct torch_args a = {b.endpoint, "torch", 1};
+  torch_run(sizes_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- quota --------------------------------------------------------------- */
+
+static int quota_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  void *big = t.alloc((ssize_t)(6 * MIB), 0, NULL);
+  CHILD_CHECK(big != NULL, 11, "alloc 6MiB: %s", t.last_error());
+  CHILD_CHECK(t.alloc((ssize_t)(4 * MIB), 0, NULL) == NULL, 12,
+              "4MiB more than an 8MiB quota allows was given");
+  CHILD_CHECK(strstr(t.last_error(), "GMB_E_QUOTA") != NULL, 13,
+              "last error: %s", t.last_error());
+  /* Exactly up to the quota is allowed. */
+  void *rest = t.alloc((ssize_t)(2 * MIB), 0, NULL);
+  CHILD_CHECK(rest != NULL, 14, "the last 2MiB of the quota: %s",
+              t.last_error());
+  t.free(big, (ssize_t)(6 * MIB), 0, NULL);
+  void *again = t.alloc((ssize_t)(4 * MIB), 0, NULL);
+  CHILD_CHECK(again != NULL, 15, "4MiB after freeing 6MiB: %s",
+              t.last_error());
+  long long used = torch_used(a);
+  CHILD_CHECK(used == (long long)(6 * MIB), 16, "used %lld, want 6MiB", used);
+  return 0; /* exits holding 6MiB: the broker must take it back */
+}
+
+START_TEST(torch_quota_returns_null) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  struct torch_args a = {b.endpoint, "torch", 1};
+  torch_run(quota_main, &a);
+  /* The child died holding memory: its session's allocations go back. */
+  struct wire_tenant_row row;
+  int freed = 0;
+  for (int i = 0; i < HARNESS_WAIT_MS / 20 && !freed; i++) {
+    ck_assert_int_eq(harness_tenant_row(&b, "torch", &row), 0);
+    freed = row.used == 0;
+    if (!freed) harness_sleep_ms(20);
+  }
+  ck_assert_msg(freed, "tenant torch still uses %llu bytes after its "
+                "process exited", (unsigned long long)row.used);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- no broker, foreign pointers ------------------------------------------ */
+
+static int nobroker_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  CHILD_CHECK(t.alloc(4096, 0, NULL) == NULL, 11, "memory without a broker");
+  CHILD_CHECK(strstr(t.last_error(), "no broker") != NULL, 12,
+              "last error: %s", t.last_error());
+  return 0;
+}
+
+START_TEST(torch_no_broker_returns_null) {
+  struct torch_args a = {NULL, "torch", 1};
+  torch_run(nobroker_main, &a);
+}
+END_TEST
+
+static int foreign_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  void *p = t.alloc(4096, 0, NULL);
+  CHILD_CHECK(p != NULL, 11, "alloc: %s", t.last_error());
+  char local[64];
+  t.free(local, sizeof local, 0, NULL); /* not ours: ignored, recorded */
+  CHILD_CHECK(strstr(t.last_error(), "not a pointer") != NULL, 12,
+              "last error: %s", t.last_error());
+  t.free(p, 4096, 0, NULL);
+  t.free(p, 4096, 0, NULL); /* twice: the second is not ours any more */
+  CHILD_CHECK(torch_used(a) == 0, 13, "used after free");
+  return 0;
+}
+
+START_TEST(torch_free_foreign_and_twice) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  struct torch_args a = {b.endpoint, "torch", 1};
+  torch_run(foreign_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- threads ------------------------------------------------------------------ */
+
+#define TH_THREADS 4
+#define TH_HELD 8
+
+struct th_arg {
+  struct torch_lib *t;
+  int index;
+  long rounds;
+  atomic_int *fail;
+};
+
+/* Each thread keeps up to TH_HELD allocations, each filled with a pattern
+ * of its own, and checks every one before freeing it: two threads given
+ * the same bytes, or a map that returned the wrong id, shows as a
+ * mismatch or as a tenant that does not end at 0. */
+static void *th_main(void *arg) {
+  struct th_arg *a = arg;
+  uint64_t s = 0x5eedu + (uint64_t)a->index * 7919u;
+  void *p[TH_HELD] = {0};
+  size_t sz[TH_HELD] = {0};
+  uint64_t seed[TH_HELD] = {0};
+  for (long r = 0; r < a->rounds; r++) {
+    int k = (int)(harness_rnd(&s) % TH_HELD);
+    if (p[k]) {
+      if (harness_pattern_check(p[k], sz[k], seed[k]) >= 0) atomic_store(a->fail, 1);
+      a->t->free(p[k], (ssize_t)sz[k], 0, NULL);
+      p[k] = NULL;
+    } else {
+      sz[k] = 1 + harness_rnd(&s) % (64 * 1024);
+      p[k] = a->t->alloc((ssize_t)sz[k], 0, NULL);
+      if (p[k] == NULL) {
+        atomic_store(a->fail, 2);
+        break;
+      }
+      seed[k] = harness_rnd(&s) | 1;
+      harness_pattern_fill(p[k], sz[k], seed[k]);
+    }
+  }
+  for (int k = 0; k < TH_HELD; k++)
+    if (p[k]) {
+      if (harness_pattern_check(p[k], sz[k], seed[k]) >= 0) atomic_store(a->fail, 1);
+      a->t->free(p[k], (ssize_t)sz[k], 0, NULL);
+    }
+  return NULL;
+}
+
+static int threads_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  atomic_int fail = 0;
+  pthread_t th[TH_THREADS];
+  struct th_arg ta[TH_THREADS];
+  for (int i = 0; i < TH_THREADS; i++) {
+    ta[i] = (struct th_arg){&t, i, 200 * a->iter, &fail};
+    CHILD_CHECK(pthread_create(&th[i], NULL, th_main, &ta[i]) == 0, 11,
+                "pthread_create");
+  }
+  for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
+  CHILD_CHECK(atomic_load(&fail) == 0, 12, "failure %d: %s",
+              atomic_load(&fail), t.last_error());
+  long long used = torch_used(a);
+  CHILD_CHECK(used == 0, 13, "used %lld after every thread freed all", used);
+  return 0;
+}
+
+START_TEST(torch_threads_share_session) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", "[tenant:torch]\nquota = 32MiB\n");
+  struct torch_args a = {b.endpoint, "torch", harness_env_long("ITER", 1)};
+  torch_run(threads_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "torch", "torch", 60,
+      torch_sizes_and_zero,
+      torch_quota_returns_null,
+      torch_no_broker_returns_null,
+      torch_free_foreign_and_twice,
+      torch_threads_share_session));
+}

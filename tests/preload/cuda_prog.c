@@ -1,0 +1,123 @@
+/*
+ * cuda_prog.c - an "unmodified CUDA program" for tests/integration/
+ * test_preload.c.  It declares the CUDA functions itself (weak, so it links
+ * against nothing that defines them) and runs them as libgmb-preload.so,
+ * LD_PRELOADed, provides them.
+ *
+ * It reads one command a line on stdin and answers one line on stdout:
+ *   rt_malloc SLOT SIZE | drv_malloc SLOT SIZE     -> "RC"
+ *   rt_free SLOT | drv_free SLOT | rt_free_null     -> "RC"
+ *   rt_info | drv_info                              -> "RC FREE TOTAL"
+ *   fill SLOT SIZE SEED | check SLOT SIZE SEED      -> "0" or "bad OFFSET"
+ *   real_malloc SLOT SIZE   cudaMalloc of the library named by
+ *                           $CUDA_PROG_REAL (not the interposed one) -> "RC"
+ *   exit                    ends without freeing anything
+ * "nofunc NAME" when a function is not there (nothing was preloaded).
+ */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int cudaError_t;
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+extern cudaError_t cudaMalloc(void **devPtr, size_t size) __attribute__((weak));
+extern cudaError_t cudaFree(void *devPtr) __attribute__((weak));
+extern cudaError_t cudaMemGetInfo(size_t *free, size_t *total) __attribute__((weak));
+extern CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) __attribute__((weak));
+extern CUresult cuMemFree_v2(CUdeviceptr dptr) __attribute__((weak));
+extern CUresult cuMemGetInfo_v2(size_t *free, size_t *total) __attribute__((weak));
+
+#define PROG_SLOTS 64
+
+static void *prog_slot[PROG_SLOTS];
+
+static unsigned char prog_byte(size_t i, unsigned long seed) {
+  uint64_t x = (i + 1) * UINT64_C(0x9E3779B97F4A7C15) ^ seed;
+  return (unsigned char)(x >> 29);
+}
+
+#define NEED(f)                          \
+  if (!(f)) {                            \
+    printf("nofunc %s\n", #f);           \
+    continue;                            \
+  }
+
+int main(void) {
+  char line[256], cmd[32];
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  while (fgets(line, sizeof line, stdin)) {
+    unsigned slot = 0;
+    unsigned long long size = 0;
+    unsigned long seed = 0;
+    if (sscanf(line, "%31s %u %llu %lu", cmd, &slot, &size, &seed) < 1)
+      continue;
+    if (slot >= PROG_SLOTS) slot = 0;
+    if (!strcmp(cmd, "rt_malloc")) {
+      NEED(cudaMalloc);
+      printf("%d\n", cudaMalloc(&prog_slot[slot], (size_t)size));
+    } else if (!strcmp(cmd, "drv_malloc")) {
+      NEED(cuMemAlloc_v2);
+      CUdeviceptr d = 0;
+      int rc = cuMemAlloc_v2(&d, (size_t)size);
+      prog_slot[slot] = (void *)(uintptr_t)d;
+      printf("%d\n", rc);
+    } else if (!strcmp(cmd, "rt_free")) {
+      NEED(cudaFree);
+      printf("%d\n", cudaFree(prog_slot[slot]));
+      prog_slot[slot] = NULL;
+    } else if (!strcmp(cmd, "drv_free")) {
+      NEED(cuMemFree_v2);
+      printf("%d\n", cuMemFree_v2((CUdeviceptr)(uintptr_t)prog_slot[slot]));
+      prog_slot[slot] = NULL;
+    } else if (!strcmp(cmd, "rt_free_null")) {
+      NEED(cudaFree);
+      printf("%d\n", cudaFree(NULL));
+    } else if (!strcmp(cmd, "rt_info") || !strcmp(cmd, "drv_info")) {
+      size_t fr = 1, tot = 1;
+      int rc;
+      if (cmd[0] == 'r') {
+        NEED(cudaMemGetInfo);
+        rc = cudaMemGetInfo(&fr, &tot);
+      } else {
+        NEED(cuMemGetInfo_v2);
+        rc = cuMemGetInfo_v2(&fr, &tot);
+      }
+      printf("%d %zu %zu\n", rc, fr, tot);
+    } else if (!strcmp(cmd, "fill") || !strcmp(cmd, "check")) {
+      /* On the host device the pointer is host memory. */
+      unsigned char *p = prog_slot[slot];
+      long bad = -1;
+      for (size_t i = 0; i < size && p; i++) {
+        if (cmd[0] == 'f')
+          p[i] = prog_byte(i, seed);
+        else if (p[i] != prog_byte(i, seed)) {
+          bad = (long)i;
+          break;
+        }
+      }
+      if (p == NULL) bad = -2;
+      if (bad == -1)
+        printf("0\n");
+      else
+        printf("bad %ld\n", bad);
+    } else if (!strcmp(cmd, "real_malloc")) {
+      const char *lib = getenv("CUDA_PROG_REAL");
+      void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+      cudaError_t (*f)(void **, size_t) = NULL;
+      if (h) *(void **)&f = dlsym(h, "cudaMalloc");
+      NEED(f);
+      printf("%d\n", f(&prog_slot[slot], (size_t)size));
+    } else if (!strcmp(cmd, "exit")) {
+      fflush(stdout);
+      _exit(0);
+    } else {
+      printf("unknown %s\n", cmd);
+    }
+  }
+  return 0;
+}

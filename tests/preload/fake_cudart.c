@@ -1,0 +1,49 @@
+/*
+ * fake_cudart.c - a stand-in for libcudart/libcuda in tests: the "real"
+ * functions libgmb-preload.so passes through to when it is preloaded
+ * first and this library second (LD_PRELOAD="gmb-preload fake").
+ * Allocations are malloc'd host memory; cudaMemGetInfo reports the fixed
+ * figures FAKE_FREE / FAKE_TOTAL so a test can tell whose answer it got.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#define FAKE_FREE ((size_t)3 << 30)
+#define FAKE_TOTAL ((size_t)5 << 30)
+#define FAKE_API __attribute__((visibility("default")))
+
+FAKE_API int cudaMalloc(void **p, size_t size);
+FAKE_API int cudaFree(void *p);
+FAKE_API int cudaMemGetInfo(size_t *fr, size_t *tot);
+FAKE_API int cuMemAlloc_v2(unsigned long long *p, size_t size);
+FAKE_API int cuMemFree_v2(unsigned long long p);
+FAKE_API int cuMemGetInfo_v2(size_t *fr, size_t *tot);
+
+int cudaMalloc(void **p, size_t size) {
+  *p = malloc(size ? size : 1);
+  return *p ? 0 : 2;
+}
+
+int cudaFree(void *p) {
+  free(p);
+  return 0;
+}
+
+int cudaMemGetInfo(size_t *fr, size_t *tot) {
+  *fr = FAKE_FREE;
+  *tot = FAKE_TOTAL;
+  return 0;
+}
+
+int cuMemAlloc_v2(unsigned long long *p, size_t size) {
+  void *q = malloc(size ? size : 1);
+  *p = (unsigned long long)(uintptr_t)q;
+  return q ? 0 : 2;
+}
+
+int cuMemFree_v2(unsigned long long p) {
+  free((void *)(uintptr_t)p);
+  return 0;
+}
+
+int cuMemGetInfo_v2(size_t *fr, size_t *tot) { return cudaMemGetInfo(fr, tot); }
