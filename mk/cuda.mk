@@ -21,7 +21,8 @@ $(FAKECUDA_SO): tests/fakecuda/fakecuda.c
 
 all: $(FAKECUDA_SO)
 # The suites that load it find it by path: make sure it exists first.
-$(B)/tests/check_cudrv $(B)/tests/check_device_cuda $(B)/tests/test_cuda: | $(FAKECUDA_SO)
+$(B)/tests/check_cudrv $(B)/tests/check_device_cuda $(B)/tests/test_cuda \
+  $(B)/tests/check_client_cuda: | $(FAKECUDA_SO)
 
 # Where the toolkit is installed, tests/fakecuda/cudrv_abi.c holds cudrv.h's
 # types to cuda.h's with static asserts; check_cudrv is not linked until it
