@@ -4,20 +4,44 @@
  * inherits from this process), and the device choices a broker makes at
  * start-up without a driver.
  *
- * Broker side only for now: the client's CUDA import path (another module)
- * adds the end-to-end cases (allocate, write through gmb_lock, compaction
- * moves bytes, retirement waits for SegmentClosed, $FAKECUDA_LOG stays
- * empty).
+ * End to end (the cuda_* tests): real client processes import the
+ * broker's segments through the fake driver, where a "device pointer" is a
+ * host address, so the tests write and read device memory directly.  The
+ * fake's own check does the rest: a cuMemFree of memory another living
+ * process still has open is appended to $FAKECUDA_LOG (and makes the broker
+ * exit 86, which harness_broker_stop fails on), so every end-to-end test
+ * ends with that log empty.  What the device really holds is counted from
+ * outside: each cuMemAlloc of the broker is one /dev/shm/fakecuda-PID-N
+ * object until its cuMemFree, so a segment the pool released but the device
+ * parked (clients still have it open) is still there, and one freed is not.
+ *
+ * Clients that import run in forked children, never in the test process
+ * after a fork: a child would inherit the parent's import list (cuimport.c)
+ * while the fake forgets the parent's imports in a child.  Children wait on
+ * pipes, never on time; a segment's retirement is made to wait by
+ * SIGSTOPping the child that holds it (a stopped process is alive for the
+ * fake's check, and the broker, which watches the pid, keeps its session).
  */
 #include <check.h>
+#include <dirent.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "cudrv.h"
+#include "cuimport.h"
 #include "gmb.h"
 #include "harness.h"
+
+#define KIB (UINT64_C(1) << 10)
+#define MIB (UINT64_C(1) << 20)
 
 static char out[8192];
 
@@ -109,9 +133,568 @@ START_TEST(auto_picks_fake_gpu) {
 }
 END_TEST
 
+/* --- end to end: real clients on the fake driver ------------------------ */
+
+static char cuda_log_path[64];
+
+/* A broker on cuda:0 over the fake driver with `total` bytes of device
+ * memory, and an empty $FAKECUDA_LOG that the broker and every client
+ * (forked from this process) append to. */
+static void cuda_start(struct harness_broker *b, const char *total,
+                       const char *config) {
+  use_fake();
+  setenv("FAKECUDA_TOTAL", total, 1);
+  snprintf(cuda_log_path, sizeof cuda_log_path, "/tmp/gmbt-fakelog-XXXXXX");
+  int fd = mkstemp(cuda_log_path);
+  ck_assert_msg(fd >= 0, "mkstemp %s", cuda_log_path);
+  close(fd);
+  setenv("FAKECUDA_LOG", cuda_log_path, 1);
+  harness_broker_start(b, "cuda:0", config);
+}
+
+/* How many cuMemAlloc regions broker `pid` holds now (see the top). */
+static int cuda_device_objects(pid_t pid) {
+  char prefix[48];
+  int n = snprintf(prefix, sizeof prefix, "fakecuda-%ld-", (long)pid);
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return -1;
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    count += strncmp(e->d_name, prefix, (size_t)n) == 0;
+  closedir(d);
+  return count;
+}
+
+/* $FAKECUDA_LOG so far (NUL-terminated; the caller frees it). */
+static char *cuda_log(void) {
+  FILE *f = fopen(cuda_log_path, "r");
+  ck_assert_msg(f != NULL, "no %s", cuda_log_path);
+  char *buf = calloc(1, 8192);
+  ck_assert_ptr_nonnull(buf);
+  size_t n = fread(buf, 1, 8191, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static void cuda_assert_log_empty(void) {
+  char *log = cuda_log();
+  ck_assert_msg(log[0] == '\0', "the fake driver saw memory freed while a "
+                "process still had it open:\n%s", log);
+  free(log);
+}
+
+struct cuda_want {
+  struct harness_broker *b;
+  int objects;        /* device regions the broker should hold */
+  uint64_t segments;  /* and bytes in the pool's segments */
+};
+
+static int cuda_device_is(void *arg) {
+  struct cuda_want *w = arg;
+  if (cuda_device_objects(w->b->pid) != w->objects) return 0;
+  struct wire_reply rep;
+  if (harness_admin_status(w->b, &rep) != 0) return 0;
+  int ok = rep.u.admin_status.in_segments == w->segments;
+  gmb__wire_reply_clear(&rep);
+  return ok;
+}
+
+/* Waits until the broker holds `objects` device regions and `segments`
+ * bytes of pool segments; fails the test, saying what it saw, if not. */
+static void cuda_wait_device(struct harness_broker *b, int objects,
+                             uint64_t segments) {
+  struct cuda_want w = {b, objects, segments};
+  if (harness_poll_until(cuda_device_is, &w, HARNESS_WAIT_MS)) return;
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_admin_status(b, &rep), 0);
+  uint64_t in = rep.u.admin_status.in_segments;
+  gmb__wire_reply_clear(&rep);
+  ck_abort_msg("want %d device regions and %llu bytes in segments, have %d "
+               "and %llu", objects, (unsigned long long)segments,
+               cuda_device_objects(b->pid), (unsigned long long)in);
+}
+
+/* Stops the broker (which fails unless it exits 0: the fake makes it exit
+ * 86 after a free while open), then checks that it freed every region and
+ * that nobody's free met an open import. */
+static void cuda_finish(struct harness_broker *b) {
+  char *log = harness_broker_log(b);
+  ck_assert_msg(strstr(log, "never said they closed") == NULL, "%s", log);
+  free(log);
+  pid_t pid = harness_broker_stop(b);
+  ck_assert_int_eq(cuda_device_objects(pid), 0);
+  cuda_assert_log_empty();
+  unlink(cuda_log_path);
+}
+
+/* Locks `id`, fills it with the pattern of `seed` through the pointer and
+ * unlocks it. */
+static int cuda_fill(gmb_client *c, gmb_id id, uint64_t size, uint64_t seed) {
+  void *p = NULL;
+  int rc = gmb_lock(c, id, &p);
+  if (rc) return rc;
+  if (p == NULL) return GMB_E_PROTO;
+  harness_pattern_fill(p, size, seed);
+  return gmb_unlock(c, id);
+}
+
+/* Locks `id` and checks the pattern of `seed`: 0, the lock's error, or 1
+ * on a mismatch (said on stderr). */
+static int cuda_check(gmb_client *c, gmb_id id, uint64_t size, uint64_t seed,
+                      void **where) {
+  void *p = NULL;
+  int rc = gmb_lock(c, id, &p);
+  if (rc) return rc;
+  long bad = harness_pattern_check(p, size, seed);
+  if (where) *where = p;
+  gmb_unlock(c, id);
+  if (bad >= 0) {
+    fprintf(stderr, "allocation %llu (seed %llu) differs at byte %ld\n",
+            (unsigned long long)id, (unsigned long long)seed, bad);
+    return 1;
+  }
+  return 0;
+}
+
+/* The parent's side of a step: waits for `want` from the children's pipe;
+ * on anything else, fails with child `pid`'s end. */
+static void cuda_step(int fd, char want, pid_t pid) {
+  int got = harness_pipe_wait(fd, HARNESS_WAIT_MS);
+  if (got == want) return;
+  int rc = harness_wait(pid);
+  ck_abort_msg("waited for '%c' from child %d, got %d; the child ended with "
+               "%d (its stderr is above)", want, (int)pid, got, rc);
+}
+
+/* --- cuda_clients_share_memory -------------------------------------------- */
+
+struct share {
+  char endpoint[128];
+  int up[2];      /* children -> test: one byte a step */
+  int go[3][2];   /* test -> child i */
+  gmb_id a_pinned, a_movable, b_movable;
+};
+
+#define SHARE_A_PINNED (4 * MIB)
+#define SHARE_SMALL (256 * KIB)
+
+/* Each session of `c` other than the owner: none of `ids` is usable. */
+static int share_foreign(gmb_client *c, const gmb_id *ids, int n) {
+  for (int i = 0; i < n; i++) {
+    void *p = NULL;
+    CHILD_CHECK(gmb_lock(c, ids[i], &p) == GMB_E_NOENT, 20, "lock %d", i);
+    CHILD_CHECK(p == NULL, 21, "lock %d set a pointer", i);
+    CHILD_CHECK(gmb_unlock(c, ids[i]) == GMB_E_NOENT, 22, "unlock %d", i);
+    CHILD_CHECK(gmb_unlock_on_stream(c, ids[i], NULL) == GMB_E_NOENT, 23,
+                "unlock_on_stream %d", i);
+    CHILD_CHECK(gmb_free(c, ids[i]) == GMB_E_NOENT, 24, "free %d: %s", i,
+                gmb_last_error(c));
+  }
+  return 0;
+}
+
+static int share_child_a(void *arg) {
+  struct share *s = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(s->endpoint, "alpha", &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_alloc(c, SHARE_A_PINNED, 0, &s->a_pinned) == 0, 3, "%s",
+              gmb_last_error(c));
+  CHILD_CHECK(gmb_alloc(c, SHARE_SMALL, GMB_MOVABLE, &s->a_movable) == 0, 4,
+              "%s", gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, s->a_pinned, SHARE_A_PINNED, 11) == 0, 5, "%s",
+              gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, s->a_movable, SHARE_SMALL, 12) == 0, 6, "%s",
+              gmb_last_error(c));
+  harness_pipe_send(s->up[1], 'a');
+  CHILD_CHECK(harness_pipe_wait(s->go[0][0], HARNESS_WAIT_MS) == 'v', 7,
+              "no go");
+  /* B wrote its block next to ours, in the segment we have open too. */
+  CHILD_CHECK(cuda_check(c, s->a_pinned, SHARE_A_PINNED, 11, NULL) == 0, 8,
+              "pinned");
+  CHILD_CHECK(cuda_check(c, s->a_movable, SHARE_SMALL, 12, NULL) == 0, 9,
+              "movable");
+  gmb_stats st;
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == 0, 10, "%s", gmb_last_error(c));
+  CHILD_CHECK(st.used == SHARE_A_PINNED + 2 * SHARE_SMALL, 11, "used %llu",
+              (unsigned long long)st.used);
+  CHILD_CHECK(gmb_free(c, s->a_pinned) == 0, 12, "%s", gmb_last_error(c));
+  CHILD_CHECK(gmb_free(c, s->a_movable) == 0, 13, "%s", gmb_last_error(c));
+  gmb_disconnect(c);
+  return 0;
+}
+
+static int share_child_b(void *arg) {
+  struct share *s = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(s->endpoint, "alpha", &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  gmb_id theirs[] = {s->a_pinned, s->a_movable};
+  int rc = share_foreign(c, theirs, 2);
+  if (rc) return rc;
+  CHILD_CHECK(gmb_alloc(c, SHARE_SMALL, GMB_MOVABLE, &s->b_movable) == 0, 3,
+              "%s", gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, s->b_movable, SHARE_SMALL, 21) == 0, 4, "%s",
+              gmb_last_error(c));
+  gmb_stats st;
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == 0, 5, "%s", gmb_last_error(c));
+  CHILD_CHECK(st.used == SHARE_A_PINNED + 2 * SHARE_SMALL, 6, "used %llu",
+              (unsigned long long)st.used);
+  /* One small segment holds A's block and ours. */
+  CHILD_CHECK(st.segments == SHARE_A_PINNED + 2 * MIB, 7, "segments %llu",
+              (unsigned long long)st.segments);
+  harness_pipe_send(s->up[1], 'b');
+  CHILD_CHECK(harness_pipe_wait(s->go[1][0], HARNESS_WAIT_MS) == 'v', 8,
+              "no go");
+  CHILD_CHECK(cuda_check(c, s->b_movable, SHARE_SMALL, 21, NULL) == 0, 9,
+              "movable");
+  CHILD_CHECK(gmb_free(c, s->b_movable) == 0, 10, "%s", gmb_last_error(c));
+  gmb_disconnect(c);
+  return 0;
+}
+
+static int share_child_c(void *arg) {
+  struct share *s = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(s->endpoint, "beta", &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  gmb_stats st;
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == 0, 3, "%s", gmb_last_error(c));
+  CHILD_CHECK(st.used == 0 && st.segments == 0, 4, "used %llu segments %llu",
+              (unsigned long long)st.used, (unsigned long long)st.segments);
+  gmb_id theirs[] = {s->a_pinned, s->a_movable, s->b_movable};
+  int rc = share_foreign(c, theirs, 3);
+  if (rc) return rc;
+  gmb_id mine = 0;
+  CHILD_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &mine) == 0, 5, "%s",
+              gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, mine, MIB, 31) == 0, 6, "%s", gmb_last_error(c));
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == 0, 7, "%s", gmb_last_error(c));
+  /* A segment of its own: tenants never share one. */
+  CHILD_CHECK(st.used == MIB && st.segments == 2 * MIB, 8,
+              "used %llu segments %llu", (unsigned long long)st.used,
+              (unsigned long long)st.segments);
+  harness_pipe_send(s->up[1], 'c');
+  CHILD_CHECK(harness_pipe_wait(s->go[2][0], HARNESS_WAIT_MS) == 'v', 9,
+              "no go");
+  CHILD_CHECK(cuda_check(c, mine, MIB, 31, NULL) == 0, 10, "movable");
+  CHILD_CHECK(gmb_free(c, mine) == 0, 11, "%s", gmb_last_error(c));
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_clients_share_memory) {
+  struct harness_broker b;
+  cuda_start(&b, "256m", NULL);
+  struct share *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(s, MAP_FAILED);
+  memset(s, 0, sizeof *s);
+  snprintf(s->endpoint, sizeof s->endpoint, "%s", b.endpoint);
+  ck_assert_int_eq(pipe(s->up), 0);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(pipe(s->go[i]), 0);
+  /* One after the other: B and C are handed the ids A made. */
+  pid_t a = harness_fork(share_child_a, s);
+  cuda_step(s->up[0], 'a', a);
+  pid_t bb = harness_fork(share_child_b, s);
+  cuda_step(s->up[0], 'b', bb);
+  pid_t c = harness_fork(share_child_c, s);
+  cuda_step(s->up[0], 'c', c);
+
+  struct wire_tenant_row row;
+  ck_assert_int_eq(harness_tenant_row(&b, "alpha", &row), 0);
+  ck_assert_uint_eq(row.used, SHARE_A_PINNED + 2 * SHARE_SMALL);
+  ck_assert_uint_eq(row.segments, SHARE_A_PINNED + 2 * MIB);
+  ck_assert_uint_eq(row.sessions, 2);
+  ck_assert_uint_eq(row.allocations, 3);
+  ck_assert_int_eq(harness_tenant_row(&b, "beta", &row), 0);
+  ck_assert_uint_eq(row.used, MIB);
+  ck_assert_uint_eq(row.segments, 2 * MIB);
+  ck_assert_uint_eq(row.sessions, 1);
+  /* Three segments on the device: A's large one, alpha's small, beta's. */
+  ck_assert_int_eq(cuda_device_objects(b.pid), 3);
+
+  pid_t kids[] = {a, bb, c};
+  for (int i = 0; i < 3; i++) harness_pipe_send(s->go[i][1], 'v');
+  for (int i = 0; i < 3; i++)
+    ck_assert_msg(harness_wait(kids[i]) == 0, "child %d failed", i);
+  /* Everything freed and closed: the small segments linger until the
+   * broker trims them, and are then freed, nobody holding them. */
+  cuda_wait_device(&b, 0, 0);
+  munmap(s, sizeof *s);
+  cuda_finish(&b);
+}
+END_TEST
+
+/* --- cuda_compaction_moves_bytes ------------------------------------------ */
+
+#define N_BLOCKS 64
+
+START_TEST(cuda_compaction_moves_bytes) {
+  /* test_defrag's seed on the GPU: 64 MiB of device filled with 1 MiB
+   * movable blocks, every other one freed, then 8 MiB asked for. */
+  struct harness_broker b;
+  cuda_start(&b, "64m",
+             "[broker]\ncompaction = auto\ncompaction_threshold = 0.99\n"
+             "[tenant:frag]\nquota = 1GiB\n");
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_admin_status(&b, &rep), 0);
+  ck_assert_uint_eq(rep.u.admin_status.capacity, 64 * MIB);
+  gmb__wire_reply_clear(&rep);
+  gmb_client *c = harness_connect_ok(&b, "frag");
+  gmb_id all[N_BLOCKS], ids[N_BLOCKS / 2];
+  void *before[N_BLOCKS / 2];
+  for (int i = 0; i < N_BLOCKS; i++) {
+    int rc = gmb_alloc(c, MIB, GMB_MOVABLE, &all[i]);
+    ck_assert_msg(rc == 0, "fill %d: %s", i, gmb_last_error(c));
+    ck_assert_int_eq(cuda_fill(c, all[i], MIB, (uint64_t)i + 1), 0);
+  }
+  ck_assert_int_eq(cuda_device_objects(b.pid), N_BLOCKS / 2);
+  int kept = 0;
+  for (int i = 0; i < N_BLOCKS; i++) {
+    if (i % 2 == 0) ck_assert_int_eq(gmb_free(c, all[i]), 0);
+    else ids[kept++] = all[i];
+  }
+  for (int k = 0; k < kept; k++)
+    ck_assert_int_eq(cuda_check(c, ids[k], MIB, (uint64_t)(2 * k + 1) + 1,
+                                &before[k]),
+                     0);
+  gmb_id big = 0;
+  int rc = gmb_alloc(c, 8 * MIB, 0, &big);
+  ck_assert_msg(rc == 0, "8 MiB after fragmentation: %s", gmb_last_error(c));
+  ck_assert_int_eq(harness_admin_status(&b, &rep), 0);
+  ck_assert_uint_ge(rep.u.admin_status.compaction.moves, 1);
+  ck_assert_uint_ge(rep.u.admin_status.compaction.segments_released, 4);
+  gmb__wire_reply_clear(&rep);
+  /* Every block where the broker now says it is, with its bytes: the
+   * moves copied device memory, not just the pool's records. */
+  int moved = 0;
+  for (int k = 0; k < kept; k++) {
+    void *p = NULL;
+    ck_assert_int_eq(cuda_check(c, ids[k], MIB, (uint64_t)(2 * k + 1) + 1,
+                                &p),
+                     0);
+    moved += p != before[k];
+  }
+  ck_assert_int_ge(moved, 1);
+  ck_assert_int_eq(cuda_fill(c, big, 8 * MIB, 99), 0);
+  ck_assert_int_eq(cuda_check(c, big, 8 * MIB, 99, NULL), 0);
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  for (int k = 0; k < kept; k++) ck_assert_int_eq(gmb_free(c, ids[k]), 0);
+  gmb_disconnect(c);
+  cuda_wait_device(&b, 0, 0);
+  cuda_finish(&b);
+}
+END_TEST
+
+/* --- cuda_retirement_waits_for_close -------------------------------------- */
+
+struct ret {
+  char endpoint[128];
+  int up[2], go[2];
+};
+
+#define RET_BLOCKS 6
+
+static int ret_child(void *arg) {
+  struct ret *s = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(s->endpoint, "ret", &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  /* A segment emptied by a free, while this process has it open. */
+  gmb_id big = 0;
+  CHILD_CHECK(gmb_alloc(c, 4 * MIB, 0, &big) == 0, 3, "%s",
+              gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, big, 4 * MIB, 1) == 0, 4, "%s", gmb_last_error(c));
+  CHILD_CHECK(gmb_free(c, big) == 0, 5, "%s", gmb_last_error(c));
+  harness_pipe_send(s->up[1], 'f');
+  CHILD_CHECK(harness_pipe_wait(s->go[0], HARNESS_WAIT_MS) == 'n', 6,
+              "no go");
+  /* Three small segments of two blocks; one hole in each of the first
+   * two, so that a compaction empties one of them. */
+  gmb_id id[RET_BLOCKS];
+  for (int i = 0; i < RET_BLOCKS; i++) {
+    CHILD_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0, 7, "%s",
+                gmb_last_error(c));
+    CHILD_CHECK(cuda_fill(c, id[i], MIB, 10 + (uint64_t)i) == 0, 8, "%s",
+                gmb_last_error(c));
+  }
+  CHILD_CHECK(gmb_free(c, id[0]) == 0, 9, "%s", gmb_last_error(c));
+  CHILD_CHECK(gmb_free(c, id[3]) == 0, 9, "%s", gmb_last_error(c));
+  harness_pipe_send(s->up[1], 'r');
+  CHILD_CHECK(harness_pipe_wait(s->go[0], HARNESS_WAIT_MS) == 'g', 10,
+              "no go");
+  /* Moved while this process was stopped: the bytes moved with them. */
+  for (int i = 1; i < RET_BLOCKS; i++) {
+    if (i == 3) continue;
+    CHILD_CHECK(cuda_check(c, id[i], MIB, 10 + (uint64_t)i, NULL) == 0, 11,
+                "block %d: %s", i, gmb_last_error(c));
+  }
+  /* One block left in each of two segments: another compaction empties
+   * one, which this process then never closes (it is killed). */
+  CHILD_CHECK(gmb_free(c, id[2]) == 0, 12, "%s", gmb_last_error(c));
+  CHILD_CHECK(gmb_free(c, id[4]) == 0, 12, "%s", gmb_last_error(c));
+  harness_pipe_send(s->up[1], 'v');
+  harness_pipe_wait(s->go[0], HARNESS_WAIT_MS * 3); /* killed meanwhile */
+  return 99;
+}
+
+/* Stops child `pid` and waits until it is stopped. */
+static void ret_stop(pid_t pid) {
+  ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+  ck_assert_msg(WIFSTOPPED(st), "child %d: status %#x", (int)pid, st);
+}
+
+static struct wire_compact_stats ret_compact(struct harness_broker *b) {
+  void *adm = harness_raw_open(b->admin_endpoint);
+  struct wire_compact_stats cs;
+  memset(&cs, 0, sizeof cs);
+  int rc = harness_admin_compact(adm, "ret", &cs);
+  harness_raw_close(adm);
+  ck_assert_msg(rc == 0, "AdminCompact: %s", gmb_err_name(rc));
+  return cs;
+}
+
+START_TEST(cuda_retirement_waits_for_close) {
+  struct harness_broker b;
+  cuda_start(&b, "256m", "[broker]\ncompaction = off\n");
+  struct ret *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(s, MAP_FAILED);
+  memset(s, 0, sizeof *s);
+  snprintf(s->endpoint, sizeof s->endpoint, "%s", b.endpoint);
+  ck_assert_int_eq(pipe(s->up), 0);
+  ck_assert_int_eq(pipe(s->go), 0);
+  pid_t y = harness_fork(ret_child, s);
+
+  /* 1. The large segment its free emptied goes once the client closed it
+   * (SegmentClosed): its session lives on, so nothing else frees it. */
+  cuda_step(s->up[0], 'f', y);
+  cuda_wait_device(&b, 0, 0);
+  ck_assert_int_eq(waitpid(y, NULL, WNOHANG), 0);
+  ck_assert_int_eq(harness_pipe_send(s->go[1], 'n'), 0);
+
+  /* 2. A segment emptied by compaction while the client that has it open
+   * is stopped: released by the pool, still on the device. */
+  cuda_step(s->up[0], 'r', y);
+  ck_assert_int_eq(cuda_device_objects(b.pid), 3);
+  ret_stop(y);
+  struct wire_compact_stats cs = ret_compact(&b);
+  ck_assert_uint_ge(cs.moves, 1);
+  ck_assert_uint_eq(cs.segments_released, 1);
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_admin_status(&b, &rep), 0);
+  ck_assert_uint_eq(rep.u.admin_status.in_segments, 4 * MIB);
+  gmb__wire_reply_clear(&rep);
+  ck_assert_int_eq(cuda_device_objects(b.pid), 3); /* parked, not freed */
+  cuda_assert_log_empty();
+  /* Running again, it reads the retirement, closes, says so: freed. */
+  ck_assert_int_eq(kill(y, SIGCONT), 0);
+  cuda_wait_device(&b, 2, 4 * MIB);
+
+  /* 3. Parked again, and then the holder is killed: its session's end
+   * frees what it never closed. */
+  ck_assert_int_eq(harness_pipe_send(s->go[1], 'g'), 0);
+  cuda_step(s->up[0], 'v', y);
+  ret_stop(y);
+  cs = ret_compact(&b);
+  ck_assert_uint_eq(cs.moves, 1);
+  ck_assert_uint_eq(cs.segments_released, 1);
+  ck_assert_int_eq(cuda_device_objects(b.pid), 2);
+  ck_assert_int_eq(kill(y, SIGKILL), 0);
+  ck_assert_int_eq(harness_wait(y), 128 + SIGKILL);
+  cuda_wait_device(&b, 0, 0);
+  struct wire_tenant_row row;
+  ck_assert_int_eq(harness_tenant_row(&b, "ret", &row), 0);
+  ck_assert_uint_eq(row.sessions, 0);
+  ck_assert_uint_eq(row.used, 0);
+  munmap(s, sizeof *s);
+  cuda_finish(&b);
+}
+END_TEST
+
+/* --- cuda_unlock_on_stream ------------------------------------------------ */
+
+static atomic_int stream_gate;
+
+/* Work on the stream that ends only when the test says so (or after the
+ * bound, so that a failing test cannot hang the driver's thread). */
+static void stream_blocker(void *user) {
+  (void)user;
+  double end = harness_now_ms() + 3 * HARNESS_WAIT_MS;
+  while (!atomic_load(&stream_gate) && harness_now_ms() < end)
+    harness_sleep_ms(1);
+}
+
+START_TEST(cuda_unlock_on_stream) {
+  struct harness_broker b;
+  cuda_start(&b, "256m", "[broker]\ncompaction = off\n");
+  gmb_client *c = harness_connect_ok(&b, "st");
+  /* Two small segments with one block each after the frees: a compaction
+   * moves one block into the other's segment, unless both are locked. */
+  gmb_id id[4];
+  for (int i = 0; i < 4; i++) {
+    id[i] = 0;
+    ck_assert_int_eq(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]), 0);
+    ck_assert_int_eq(cuda_fill(c, id[i], MIB, 40 + (uint64_t)i), 0);
+  }
+  ck_assert_int_eq(gmb_free(c, id[0]), 0);
+  ck_assert_int_eq(gmb_free(c, id[3]), 0);
+  /* Not locked, not ours: refused. */
+  ck_assert_int_eq(gmb_unlock_on_stream(c, id[1], NULL), GMB_E_INVAL);
+  ck_assert_int_eq(gmb_unlock_on_stream(c, id[0], NULL), GMB_E_NOENT);
+
+  struct gmb_cudrv drv;
+  memset(&drv, 0, sizeof drv);
+  char err[256];
+  ck_assert_msg(gmb__cudrv_load(&drv, err, sizeof err) == 0, "%s", err);
+  atomic_store(&stream_gate, 0);
+  ck_assert_int_eq(drv.cuLaunchHostFunc(NULL, stream_blocker, NULL),
+                   GMB_CU_SUCCESS);
+  void *p1 = NULL, *p2 = NULL;
+  ck_assert_int_eq(gmb_lock(c, id[1], &p1), 0);
+  ck_assert_int_eq(gmb_lock(c, id[2], &p2), 0);
+  ck_assert_int_eq(gmb_unlock_on_stream(c, id[1], NULL), 0);
+  ck_assert_int_eq(gmb_unlock_on_stream(c, id[2], NULL), 0);
+  ck_assert_uint_eq(gmb__cuda_pending(), 2);
+
+  /* The stream has not reached the releases: both still locked. */
+  struct wire_compact_stats cs = {0};
+  void *adm = harness_raw_open(b.admin_endpoint);
+  ck_assert_int_eq(harness_admin_compact(adm, "st", &cs), 0);
+  ck_assert_uint_eq(cs.moves, 0);
+  ck_assert_uint_ge(cs.skipped_locked, 1);
+  ck_assert_uint_eq(gmb__cuda_pending(), 2);
+
+  atomic_store(&stream_gate, 1);
+  ck_assert_int_eq(drv.cuStreamSynchronize(NULL), GMB_CU_SUCCESS);
+  ck_assert_uint_eq(gmb__cuda_pending(), 0);
+  ck_assert_int_eq(harness_admin_compact(adm, "st", &cs), 0);
+  ck_assert_uint_eq(cs.moves, 1);
+  ck_assert_uint_eq(cs.segments_released, 1);
+  harness_raw_close(adm);
+  void *q1 = NULL, *q2 = NULL;
+  ck_assert_int_eq(cuda_check(c, id[1], MIB, 41, &q1), 0);
+  ck_assert_int_eq(cuda_check(c, id[2], MIB, 42, &q2), 0);
+  ck_assert_msg(q1 != p1 || q2 != p2, "nothing moved");
+  /* The holds are all given back: one more unlock is refused. */
+  ck_assert_int_eq(gmb_unlock(c, id[1]), GMB_E_INVAL);
+  ck_assert_int_eq(gmb_unlock(c, id[2]), GMB_E_INVAL);
+  gmb_disconnect(c);
+  cuda_wait_device(&b, 0, 0);
+  cuda_finish(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cuda", "broker", 30, no_driver_exits_with_one_line,
       no_gpu_exits_with_one_line, auto_without_driver_says_host,
-      cuda0_on_fake_driver_status, auto_picks_fake_gpu));
+      cuda0_on_fake_driver_status, auto_picks_fake_gpu,
+      cuda_clients_share_memory, cuda_compaction_moves_bytes,
+      cuda_retirement_waits_for_close, cuda_unlock_on_stream));
 }
