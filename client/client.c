@@ -62,6 +62,11 @@
 
 #define CLIENT_WHY_MAX (WIRE_MESSAGE_MAX + 256)
 #define CLIENT_ENDPOINT_MAX 512
+/* How often a cuda session without heartbeats reads its events: a retired
+ * segment stays on the device until this process closed it, and an
+ * application that only locks and unlocks sends nothing that would read
+ * the retirement otherwise. */
+#define CLIENT_CUDA_DRAIN_MS 100u
 
 struct gmb_client {
   pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
@@ -90,6 +95,7 @@ struct gmb_client {
   int lock_timeout_ms; /* $GMB_LOCK_TIMEOUT_MS: longest wait for a move */
 
   uint32_t hb_ms; /* 0: no heartbeats */
+  uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
   uint64_t hb_last_ns;
   pthread_t hb_thread;
   int hb_running;
@@ -400,7 +406,7 @@ static void *client_heartbeat_main(void *arg) {
   while (!c->hb_stop) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->hb_ms * 1000000u;
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * 1000000u;
     ts.tv_sec += (time_t)(ns / 1000000000u);
     ts.tv_nsec = (long)(ns % 1000000000u);
     pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
@@ -701,8 +707,12 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     if (client_send(c, &hb, 0) == 0) c->hb_last_ns = gmb__now_ns();
     pthread_mutex_unlock(&c->io);
   }
-  if (hb_ms) {
+  /* A cuda session runs the thread without heartbeats too (the broker
+   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS. */
+  uint32_t tick_ms = hb_ms ? hb_ms : c->cuda ? CLIENT_CUDA_DRAIN_MS : 0;
+  if (tick_ms) {
     c->hb_ms = hb_ms;
+    c->tick_ms = tick_ms;
     rc = client_heartbeat_start(c);
     if (rc) {
       gmb_disconnect(c);

@@ -216,6 +216,34 @@ static void cuda_wait_device(struct harness_broker *b, int objects,
                cuda_device_objects(b->pid), (unsigned long long)in);
 }
 
+static int cuda_settled(void *arg) {
+  struct harness_broker *b = arg;
+  struct wire_reply rep;
+  if (harness_admin_status(b, &rep) != 0) return 0;
+  uint64_t in = rep.u.admin_status.in_segments;
+  int ok = rep.u.admin_status.in_use == 0 &&
+           (uint64_t)cuda_device_objects(b->pid) * 2 * MIB == in;
+  gmb__wire_reply_clear(&rep);
+  return ok;
+}
+
+/* Waits until nothing is allocated and the device holds exactly the
+ * pool's segments, all 2 MiB ones: nothing parked for a client any more
+ * (the broker's trim may or may not have taken the lingering small ones
+ * yet, and the test need not wait for it). */
+static void cuda_wait_settled(struct harness_broker *b) {
+  if (harness_poll_until(cuda_settled, b, HARNESS_WAIT_MS)) return;
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_admin_status(b, &rep), 0);
+  uint64_t in = rep.u.admin_status.in_segments;
+  uint64_t used = rep.u.admin_status.in_use;
+  gmb__wire_reply_clear(&rep);
+  ck_abort_msg("want nothing allocated and every device region in a pool "
+               "segment: %llu bytes allocated, %llu in segments, %d device "
+               "regions", (unsigned long long)used, (unsigned long long)in,
+               cuda_device_objects(b->pid));
+}
+
 /* Stops the broker (which fails unless it exits 0: the fake makes it exit
  * 86 after a free while open), then checks that it freed every region and
  * that nobody's free met an open import. */
@@ -316,9 +344,10 @@ static int share_child_a(void *arg) {
               "pinned");
   CHILD_CHECK(cuda_check(c, s->a_movable, SHARE_SMALL, 12, NULL) == 0, 9,
               "movable");
+  /* B may have freed its block by now: only ours are sure to count. */
   gmb_stats st;
   CHILD_CHECK(gmb_tenant_stats(c, &st) == 0, 10, "%s", gmb_last_error(c));
-  CHILD_CHECK(st.used == SHARE_A_PINNED + 2 * SHARE_SMALL, 11, "used %llu",
+  CHILD_CHECK(st.used >= SHARE_A_PINNED + SHARE_SMALL, 11, "used %llu",
               (unsigned long long)st.used);
   CHILD_CHECK(gmb_free(c, s->a_pinned) == 0, 12, "%s", gmb_last_error(c));
   CHILD_CHECK(gmb_free(c, s->a_movable) == 0, 13, "%s", gmb_last_error(c));
@@ -420,9 +449,9 @@ START_TEST(cuda_clients_share_memory) {
   for (int i = 0; i < 3; i++) harness_pipe_send(s->go[i][1], 'v');
   for (int i = 0; i < 3; i++)
     ck_assert_msg(harness_wait(kids[i]) == 0, "child %d failed", i);
-  /* Everything freed and closed: the small segments linger until the
-   * broker trims them, and are then freed, nobody holding them. */
-  cuda_wait_device(&b, 0, 0);
+  /* Everything freed and closed: nothing parked (the small segments may
+   * linger until the broker trims them). */
+  cuda_wait_settled(&b);
   munmap(s, sizeof *s);
   cuda_finish(&b);
 }
@@ -431,6 +460,14 @@ END_TEST
 /* --- cuda_compaction_moves_bytes ------------------------------------------ */
 
 #define N_BLOCKS 64
+
+static int compaction_ran(void *arg) {
+  struct wire_reply rep;
+  if (harness_admin_status(arg, &rep) != 0) return 0;
+  int ran = rep.u.admin_status.compaction.runs > 0;
+  gmb__wire_reply_clear(&rep);
+  return ran;
+}
 
 START_TEST(cuda_compaction_moves_bytes) {
   /* test_defrag's seed on the GPU: 64 MiB of device filled with 1 MiB
@@ -464,6 +501,9 @@ START_TEST(cuda_compaction_moves_bytes) {
   gmb_id big = 0;
   int rc = gmb_alloc(c, 8 * MIB, 0, &big);
   ck_assert_msg(rc == 0, "8 MiB after fragmentation: %s", gmb_last_error(c));
+  /* The request may be served before the run ends (when this client's
+   * SegmentClosed frees parked segments), and the totals come at its end. */
+  ck_assert(harness_poll_until(compaction_ran, &b, HARNESS_WAIT_MS));
   ck_assert_int_eq(harness_admin_status(&b, &rep), 0);
   ck_assert_uint_ge(rep.u.admin_status.compaction.moves, 1);
   ck_assert_uint_ge(rep.u.admin_status.compaction.segments_released, 4);
@@ -484,7 +524,7 @@ START_TEST(cuda_compaction_moves_bytes) {
   ck_assert_int_eq(gmb_free(c, big), 0);
   for (int k = 0; k < kept; k++) ck_assert_int_eq(gmb_free(c, ids[k]), 0);
   gmb_disconnect(c);
-  cuda_wait_device(&b, 0, 0);
+  cuda_wait_settled(&b);
   cuda_finish(&b);
 }
 END_TEST
@@ -602,7 +642,7 @@ START_TEST(cuda_retirement_waits_for_close) {
   cuda_step(s->up[0], 'v', y);
   ret_stop(y);
   cs = ret_compact(&b);
-  ck_assert_uint_eq(cs.moves, 1);
+  ck_assert_uint_ge(cs.moves, 1);
   ck_assert_uint_eq(cs.segments_released, 1);
   ck_assert_int_eq(cuda_device_objects(b.pid), 2);
   ck_assert_int_eq(kill(y, SIGKILL), 0);
@@ -674,7 +714,7 @@ START_TEST(cuda_unlock_on_stream) {
   ck_assert_int_eq(drv.cuStreamSynchronize(NULL), GMB_CU_SUCCESS);
   ck_assert_uint_eq(gmb__cuda_pending(), 0);
   ck_assert_int_eq(harness_admin_compact(adm, "st", &cs), 0);
-  ck_assert_uint_eq(cs.moves, 1);
+  ck_assert_uint_ge(cs.moves, 1);
   ck_assert_uint_eq(cs.segments_released, 1);
   harness_raw_close(adm);
   void *q1 = NULL, *q2 = NULL;
@@ -685,7 +725,7 @@ START_TEST(cuda_unlock_on_stream) {
   ck_assert_int_eq(gmb_unlock(c, id[1]), GMB_E_INVAL);
   ck_assert_int_eq(gmb_unlock(c, id[2]), GMB_E_INVAL);
   gmb_disconnect(c);
-  cuda_wait_device(&b, 0, 0);
+  cuda_wait_settled(&b);
   cuda_finish(&b);
 }
 END_TEST
