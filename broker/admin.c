@@ -75,6 +75,7 @@ static void admin_status(struct gmb_broker *b, struct wire_reply *rep) {
            "%s", b->dev->desc);
   rep->u.admin_status.capacity = ps.capacity;
   rep->u.admin_status.in_segments = ps.segment_bytes;
+  rep->u.admin_status.retiring = b->dev->retiring_bytes;
   rep->u.admin_status.in_use = ps.used;
   rep->u.admin_status.sessions = (uint32_t)gmb__sessions_count(b->sessions);
   rep->u.admin_status.fragmentation = gmb__defrag_device_fragmentation(

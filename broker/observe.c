@@ -394,6 +394,9 @@ char *gmb__observe_metrics(struct gmb_broker *b) {
               "Bytes of device segments held, all tenants.", ps.segment_bytes);
   observe_u64(f, "gmb_device_segments", "gauge",
               "Device segments held, all tenants.", ps.segments);
+  observe_u64(f, "gmb_device_retiring_bytes", "gauge",
+              "Bytes of retired segments that clients have not closed yet.",
+              b->dev->retiring_bytes);
   observe_u64(f, "gmb_device_used_bytes", "gauge",
               "Bytes of live allocations, all tenants.", ps.used);
   observe_u64(f, "gmb_device_allocations", "gauge",

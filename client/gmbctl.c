@@ -253,6 +253,8 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
                         json_integer((json_int_t)rep.u.admin_status.largest_free));
     json_object_set_new(j, "fragmentation",
                         json_real(rep.u.admin_status.fragmentation));
+    json_object_set_new(j, "retiring",
+                        json_integer((json_int_t)rep.u.admin_status.retiring));
     json_object_set_new(j, "compaction",
                         gmb__ctl_json_compact(&rep.u.admin_status.compaction));
     gmb__wire_reply_clear(&rep);
@@ -267,6 +269,9 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
   printf("in use       %s\n",
          gmb__size_format(rep.u.admin_status.in_use, c, sizeof c));
   printf("sessions     %u\n", rep.u.admin_status.sessions);
+  if (rep.u.admin_status.retiring)
+    printf("retiring     %s (retired segments that clients still have open)\n",
+           gmb__size_format(rep.u.admin_status.retiring, c, sizeof c));
   printf("largest free %s (fragmentation %.2f)\n",
          gmb__size_format(rep.u.admin_status.largest_free, a, sizeof a),
          rep.u.admin_status.fragmentation);

@@ -362,6 +362,7 @@ static int wire_status_out(const struct wire_admin_status *st,
   as->tenants = *rowp;
   as->fragmentation = st->fragmentation;
   as->largest_free = st->largest_free;
+  as->retiring = st->retiring;
   wire_compact_out(&st->compaction, cs);
   as->compaction = cs;
   return 0;
@@ -590,6 +591,7 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
   st->sessions = as->sessions;
   st->fragmentation = as->fragmentation;
   st->largest_free = as->largest_free;
+  st->retiring = as->retiring;
   wire_compact_in(as->compaction, &st->compaction);
   if (as->n_tenants == 0) return 0;
   st->tenants = calloc(as->n_tenants, sizeof *st->tenants);

@@ -124,6 +124,7 @@ struct wire_admin_status {
   double fragmentation;
   uint64_t largest_free;
   struct wire_compact_stats compaction;
+  uint64_t retiring; /* bytes parked until clients close them (cuda) */
 };
 
 struct wire_range_info {

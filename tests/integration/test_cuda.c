@@ -629,6 +629,8 @@ START_TEST(cuda_retirement_waits_for_close) {
   struct wire_reply rep;
   ck_assert_int_eq(harness_admin_status(&b, &rep), 0);
   ck_assert_uint_eq(rep.u.admin_status.in_segments, 4 * MIB);
+  /* The parked segment is reported to operators as retiring. */
+  ck_assert_uint_eq(rep.u.admin_status.retiring, 2 * MIB);
   gmb__wire_reply_clear(&rep);
   ck_assert_int_eq(cuda_device_objects(b.pid), 3); /* parked, not freed */
   cuda_assert_log_empty();
