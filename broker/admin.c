@@ -330,7 +330,6 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   struct gmb_config *oc = &b->cfg;
   char sum[WIRE_MESSAGE_MAX - 64] = "";
 
-  /* What cannot change without a restart keeps its running value. */
   /* What cannot change without a restart keeps its running value (which
    * may have come from a command-line flag rather than the file). */
   if (strcmp(nc.device, oc->device) != 0)
@@ -390,6 +389,8 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   mode_t om = admin_socket_mode(oc), nm = admin_socket_mode(&nc);
   if (om != nm && b->admin_path[0] && chmod(b->admin_path, nm) != 0)
     log_warn("reload: chmod %s %o: %m", b->admin_path, (unsigned)nm);
+  /* A --log-level flag wins over the file, at reload as at start. */
+  if (b->flag_log_level >= 0) nc.log_level = b->flag_log_level;
   gmb__log_set_level(nc.log_level);
 
   gmb__config_free(oc);

@@ -58,6 +58,7 @@ struct gmb_broker {
   uint64_t next_session_id;
   uint64_t start_ns;
   int checks;  /* run the consistency checks after each request (tests) */
+  int flag_log_level; /* --log-level, or -1: the config's applies */
 
   /* Compaction (defrag.c): the run in progress, what asked for it, and
    * the totals since start. */

@@ -49,6 +49,7 @@
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
+#include "observe.h"
 #include "session.h"
 #include "util.h"
 
@@ -59,6 +60,7 @@ struct gmb_waiter {
   uint64_t size;
   uint32_t flags;
   uint64_t deadline_ns; /* UINT64_MAX: for ever */
+  uint64_t queued_ns;   /* when it came, for the latency metrics */
   int after_compact;    /* answer GMB_E_NOMEM when the run ends */
   int priority;         /* its tenant's, when it came */
 };
@@ -435,6 +437,7 @@ int gmb__dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
   w->size = size;
   w->flags = flags;
   w->after_compact = after_compact;
+  w->queued_ns = gmb__now_ns();
   w->deadline_ns = timeout_ms <= 0 ? UINT64_MAX
                                    : gmb__now_ns() +
                                          (uint64_t)timeout_ms * 1000000u;
@@ -490,6 +493,16 @@ static void dispatch_answer(struct gmb_broker *b, struct gmb_session *s,
   gmb__loop_send(b, b->client_sock, s->rid, s->rid_len, rep);
 }
 
+/* A waiter is answered at last: its reply, and its time since it came in
+ * the metrics (the loop counts only the requests it answers at once). */
+static void dispatch_answer_waiter(struct gmb_broker *b,
+                                   const struct gmb_waiter *w,
+                                   struct wire_reply *rep) {
+  dispatch_answer(b, w->session, rep);
+  gmb__observe_request(b, WIRE_ALLOC, rep->status,
+                       gmb__now_ns() - w->queued_ns);
+}
+
 void gmb__dispatch_serve_waiters(struct gmb_broker *b) {
   int blocked = 0; /* a waiter ahead did not fit: hold back the rest */
   struct gmb_waiter *w = b->wait_head, *next;
@@ -508,7 +521,7 @@ void gmb__dispatch_serve_waiters(struct gmb_broker *b) {
       if (!w->after_compact) blocked = 1;
       continue;
     }
-    dispatch_answer(b, w->session, &rep);
+    dispatch_answer_waiter(b, w, &rep);
     dispatch_unqueue(b, w);
   }
 }
@@ -526,7 +539,7 @@ void gmb__dispatch_compaction_over(struct gmb_broker *b) {
     int rc = dispatch_try_alloc(b, w->session, w->size, w->flags, &rep, &why);
     if (rc == GMB_E_NOMEM && why == DISPATCH_NO_ROOM)
       dispatch_nomem(b, w->session, dispatch_round(w->size), &rep);
-    dispatch_answer(b, w->session, &rep);
+    dispatch_answer_waiter(b, w, &rep);
     dispatch_unqueue(b, w);
   }
 }
@@ -544,7 +557,7 @@ uint64_t gmb__dispatch_expire_waiters(struct gmb_broker *b, uint64_t now) {
       char sz[GMB_SIZE_BUFSZ];
       dispatch_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
                     gmb__size_format(w->size, sz, sizeof sz));
-      dispatch_answer(b, w->session, &rep);
+      dispatch_answer_waiter(b, w, &rep);
       expired += !w->after_compact;
       dispatch_unqueue(b, w);
     } else if (w->deadline_ns - now < next_in) {

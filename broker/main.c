@@ -101,6 +101,7 @@ int main(int argc, char **argv) {
             "info or debug\n", level);
     return 2;
   }
+  b->flag_log_level = level ? b->cfg.log_level : -1;
   gmb__log_set_level(b->cfg.log_level);
   const char *chk = getenv("GMB_BROKER_CHECKS");
   b->checks = chk && strcmp(chk, "1") == 0;

@@ -344,8 +344,8 @@ static void observe_request_metrics(FILE *f, const struct gmb_observe *o) {
     fprintf(f, "\"} %" PRIu64 "\n", o->refusals[codes[i].code]);
   }
   observe_head(f, "gmb_alloc_duration_seconds", "histogram",
-               "Time from receiving an allocation request to answering it "
-               "at once (waiting requests are not counted).");
+               "Time from receiving an allocation request to answering it, "
+               "waits included.");
   uint64_t cum = 0;
   for (size_t i = 0; i < OBSERVE_NLE; i++) {
     cum += o->alloc_bucket[i];

@@ -670,6 +670,30 @@ START_TEST(http_endpoint_serves_metrics) {
 }
 END_TEST
 
+/* A request that waited is counted when it is answered: here one that
+ * timed out, so it shows as an alloc request and a timeout refusal. */
+START_TEST(metrics_count_waited_requests) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:16MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "waiter");
+  gmb_id big = 0, more = 0;
+  ck_assert_int_eq(gmb_alloc(c, 12 * MIB, 0, &big), 0);
+  ck_assert_int_eq(gmb_alloc_wait(c, 8 * MIB, 0, 100, &more), GMB_E_TIMEOUT);
+  static char text[65536];
+  int rc = harness_ctl(&b, text, sizeof text, "metrics", NULL);
+  ck_assert_msg(rc == 0, "gmbctl metrics: %d: %s", rc, text);
+  ck_assert_msg(strstr(text, "gmb_requests_total{kind=\"alloc\"} 2\n"),
+                "%s", text);
+  ck_assert_msg(strstr(text, "gmb_refusals_total{reason=\"timeout\"} 1\n"),
+                "%s", text);
+  ck_assert_msg(strstr(text, "gmb_alloc_duration_seconds_count 2\n"), "%s",
+                text);
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "observe", "observe", 0,
@@ -678,5 +702,6 @@ int main(void) {
       map_text_has_a_line_per_segment,
       map_svg_is_an_svg_of_every_tenant,
       metrics_text_parses_and_agrees_with_status,
-      http_endpoint_serves_metrics));
+      http_endpoint_serves_metrics,
+      metrics_count_waited_requests));
 }
