@@ -1092,13 +1092,21 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   return client_lock_movable(c, &e, ptr);
 }
 
+/* The lock-table slot of one of this session's allocations
+ * (GMB_SEGMAP_NO_SLOT for a pinned one): 0 or GMB_E_NOENT, explained. */
+static int client_slot_of(gmb_client *c, gmb_id id, uint32_t *slot) {
+  if (gmb__segmap_slot(c->map, id, slot) != 0)
+    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
+                       "session", (unsigned long long)id);
+  return 0;
+}
+
 GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   uint32_t slot;
-  if (gmb__segmap_slot(c->map, id, &slot) != 0)
-    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
-                       "session", (unsigned long long)id);
+  int rc = client_slot_of(c, id, &slot);
+  if (rc) return rc;
   if (slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
   if (client_unhold(&c->lt_slot[slot]))
     return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
@@ -1123,9 +1131,8 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
                        "device");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   uint32_t slot;
-  if (gmb__segmap_slot(c->map, id, &slot) != 0)
-    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
-                       "session", (unsigned long long)id);
+  int rc = client_slot_of(c, id, &slot);
+  if (rc) return rc;
   if (slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
   struct gmb_lt_slot *s = &c->lt_slot[slot];
   if (__atomic_load_n(&s->id, __ATOMIC_RELAXED) != id)
@@ -1138,7 +1145,7 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
     return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
                        (unsigned long long)id);
   char why[256];
-  int rc = gmb__cuda_release_on_stream(&s->state, cuda_stream, why,
+  rc = gmb__cuda_release_on_stream(&s->state, cuda_stream, why,
                                        sizeof why);
   return rc ? client_fail(rc, "allocation %llu: %s", (unsigned long long)id,
                           why)

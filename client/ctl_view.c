@@ -148,17 +148,20 @@ static json_t *view_json(const struct wire_reply *rep) {
                    "taken", when, "status", status, "segments", segs);
 }
 
-/* Writes JSON to `path` through a temporary file and a rename, so a reader
- * never sees half a snapshot. */
-static int view_json_write(json_t *j, const char *path) {
+/* Writes `path` through a temporary file and a rename, so a reader never
+ * sees half a file: fn writes the content into the open file and returns
+ * 0 or -1. */
+static int view_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
+                             void *ctx) {
   char tmp[4096];
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
     return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
-  int rc = json_dump_file(j, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-  if (rc == 0) {
-    FILE *f = fopen(tmp, "a"); /* json_dump_file writes no final newline */
-    if (f == NULL || fputc('\n', f) == EOF || fclose(f) != 0) rc = -1;
-  }
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                         strerror(errno));
+  int rc = fn(f, ctx);
+  if (fclose(f) != 0) rc = -1;
   if (rc != 0 || rename(tmp, path) != 0) {
     int e = errno;
     remove(tmp);
@@ -166,6 +169,15 @@ static int view_json_write(json_t *j, const char *path) {
                          strerror(e));
   }
   return 0;
+}
+
+static int view_json_fn(FILE *f, void *ctx) {
+  if (json_dumpf(ctx, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) return -1;
+  return fputc('\n', f) == EOF ? -1 : 0;
+}
+
+static int view_json_write(json_t *j, const char *path) {
+  return view_write_atomic(path, view_json_fn, j);
 }
 
 int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
@@ -502,28 +514,24 @@ static int view_svg(const struct wire_reply *rep, const size_t *ord,
   return ferror(f) ? -1 : 0;
 }
 
+struct view_svg_ctx {
+  const struct wire_reply *rep;
+  const size_t *ord;
+};
+
+static int view_svg_fn(FILE *f, void *ctx) {
+  const struct view_svg_ctx *c = ctx;
+  return view_svg(c->rep, c->ord, f);
+}
+
 static int view_svg_write(const struct wire_reply *rep, const size_t *ord,
                           const char *path) {
   if (strcmp(path, "-") == 0)
     return view_svg(rep, ord, stdout) == 0
                ? 0
                : gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the SVG");
-  char tmp[4096];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
-  FILE *f = fopen(tmp, "w");
-  if (f == NULL)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                         strerror(errno));
-  int rc = view_svg(rep, ord, f);
-  if (fclose(f) != 0) rc = -1;
-  if (rc != 0 || rename(tmp, path) != 0) {
-    int e = errno;
-    remove(tmp);
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                         strerror(e));
-  }
-  return 0;
+  struct view_svg_ctx c = {rep, ord};
+  return view_write_atomic(path, view_svg_fn, &c);
 }
 
 int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
