@@ -39,4 +39,14 @@ int gmb__name_valid(const char *name);
 /* Monotonic clock in nanoseconds. */
 uint64_t gmb__now_ns(void);
 
+/* splitmix64: the next value of the stream whose state is *s.  The seeded
+ * tests, benchmarks and trace generator share it, so a seed means the same
+ * sequence everywhere. */
+static inline uint64_t gmb__splitmix64(uint64_t *s) {
+  uint64_t z = (*s += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
 #endif /* GMB_UTIL_H */

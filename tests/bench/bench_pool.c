@@ -25,12 +25,7 @@
 #include "util.h"
 
 static uint64_t rng_state;
-static uint64_t rng(void) { /* splitmix64 */
-  uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return z ^ (z >> 31);
-}
+static uint64_t rng(void) { return gmb__splitmix64(&rng_state); }
 
 static uint64_t bench_size(void) { return 512 + rng() % (4096 - 512 + 1); }
 

@@ -42,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 #define KIB (UINT64_C(1) << 10)
 #define MIB (UINT64_C(1) << 20)
 
@@ -49,12 +51,7 @@
 
 static uint64_t tg_state;
 
-static uint64_t tg_next(void) {
-  uint64_t z = (tg_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+static uint64_t tg_next(void) { return gmb__splitmix64(&tg_state); }
 
 /* Uniform in [0, 1). */
 static double tg_unit(void) { return (double)(tg_next() >> 11) * 0x1.0p-53; }

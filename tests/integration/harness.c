@@ -15,6 +15,7 @@
  * Raw ZeroMQ sockets share one context per process, made on first use.
  */
 #include "harness.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <stdarg.h>
@@ -117,12 +118,7 @@ static char *harness_read_file(const char *path) {
 }
 
 /* splitmix64: patterns that differ for every seed and every word. */
-static uint64_t harness_mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+static uint64_t harness_mix(uint64_t x) { return gmb__splitmix64(&x); }
 
 void harness_pattern_fill(void *buf, size_t len, uint64_t seed) {
   uint8_t *p = buf;

@@ -31,6 +31,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "fake_router.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "wire.h"
@@ -81,16 +82,11 @@ struct fake {
 static struct fake F;
 
 static void fake_send(struct fake *f, const void *buf, size_t len) {
-  zmq_send(f->router, f->peer, f->peer_len, ZMQ_SNDMORE);
-  zmq_send(f->router, buf, len, 0);
+  fake_router_send(f->router, f->peer, f->peer_len, buf, len);
 }
 
 static void fake_reply(struct fake *f, const struct wire_reply *rep) {
-  uint8_t *buf;
-  size_t len;
-  ck_assert_int_eq(gmb__wire_reply_encode(rep, &buf, &len), 0);
-  fake_send(f, buf, len);
-  free(buf);
+  fake_router_reply(f->router, f->peer, f->peer_len, rep);
 }
 
 static void fake_status(struct fake *f, uint64_t id, int status,
@@ -216,22 +212,10 @@ static void *fake_main(void *arg) {
       f->router = NULL;
       return NULL;
     }
-    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, 10) <= 0) continue;
-    zmq_msg_t id, body;
-    zmq_msg_init(&id);
-    zmq_msg_init(&body);
-    zmq_msg_recv(&id, f->router, 0);
-    zmq_msg_recv(&body, f->router, 0);
-    f->peer_len = zmq_msg_size(&id);
-    if (f->peer_len > sizeof f->peer) f->peer_len = sizeof f->peer;
-    memcpy(f->peer, zmq_msg_data(&id), f->peer_len);
     struct wire_request req;
-    int rc = gmb__wire_request_decode(zmq_msg_data(&body), zmq_msg_size(&body),
-                                      &req);
-    zmq_msg_close(&id);
-    zmq_msg_close(&body);
-    if (rc) continue;
+    if (!fake_router_recv(f->router, f->peer, sizeof f->peer, &f->peer_len,
+                          &req))
+      continue;
     atomic_fetch_add(&f->n_total, 1);
     switch (req.kind) {
       case WIRE_HELLO: f->last_hello = req; atomic_fetch_add(&f->n_hello, 1); break;
@@ -276,11 +260,7 @@ static void setup(void) {
 
 /* Starts the fake; a test sets F's fields and handler first. */
 static void fake_start(void) {
-  F.ctx = zmq_ctx_new();
-  F.router = zmq_socket(F.ctx, ZMQ_ROUTER);
-  int zero = 0;
-  zmq_setsockopt(F.router, ZMQ_LINGER, &zero, sizeof zero);
-  ck_assert_int_eq(zmq_bind(F.router, F.endpoint), 0);
+  F.router = fake_router_open(&F.ctx, F.endpoint);
   ck_assert_int_eq(pthread_create(&F.thread, NULL, fake_main, &F), 0);
 }
 

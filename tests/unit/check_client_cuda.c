@@ -33,6 +33,7 @@
 
 #include "cuimport.h"
 #include "cudrv.h"
+#include "fake_router.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "wire.h"
@@ -179,12 +180,7 @@ static int openers(int seg) {
 /* --- the fake broker -------------------------------------------------------- */
 
 static void fk_reply(struct fk *f, const struct wire_reply *rep) {
-  uint8_t *buf;
-  size_t len;
-  ck_assert_int_eq(gmb__wire_reply_encode(rep, &buf, &len), 0);
-  zmq_send(f->router, f->peer, f->peer_len, ZMQ_SNDMORE);
-  zmq_send(f->router, buf, len, 0);
-  free(buf);
+  fake_router_reply(f->router, f->peer, f->peer_len, rep);
 }
 
 static void fk_handle(struct fk *f, uint64_t seg, struct wire_handle *h) {
@@ -268,22 +264,10 @@ static void fk_default(struct fk *f, const struct wire_request *req) {
 static void *fk_main(void *arg) {
   struct fk *f = arg;
   while (!atomic_load(&f->stop)) {
-    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, 10) <= 0) continue;
-    zmq_msg_t id, body;
-    zmq_msg_init(&id);
-    zmq_msg_init(&body);
-    zmq_msg_recv(&id, f->router, 0);
-    zmq_msg_recv(&body, f->router, 0);
-    f->peer_len = zmq_msg_size(&id);
-    if (f->peer_len > sizeof f->peer) f->peer_len = sizeof f->peer;
-    memcpy(f->peer, zmq_msg_data(&id), f->peer_len);
     struct wire_request req;
-    int rc = gmb__wire_request_decode(zmq_msg_data(&body), zmq_msg_size(&body),
-                                      &req);
-    zmq_msg_close(&id);
-    zmq_msg_close(&body);
-    if (rc) continue;
+    if (!fake_router_recv(f->router, f->peer, sizeof f->peer, &f->peer_len,
+                          &req))
+      continue;
     switch (req.kind) {
       case WIRE_ALLOC: atomic_fetch_add(&f->n_alloc, 1); break;
       case WIRE_SEGMENT: atomic_fetch_add(&f->n_segment, 1); break;
@@ -301,11 +285,7 @@ static void *fk_main(void *arg) {
 }
 
 static void fk_start(void) {
-  F.ctx = zmq_ctx_new();
-  F.router = zmq_socket(F.ctx, ZMQ_ROUTER);
-  int zero = 0;
-  zmq_setsockopt(F.router, ZMQ_LINGER, &zero, sizeof zero);
-  ck_assert_int_eq(zmq_bind(F.router, F.endpoint), 0);
+  F.router = fake_router_open(&F.ctx, F.endpoint);
   ck_assert_int_eq(pthread_create(&F.thread, NULL, fk_main, &F), 0);
 }
 
