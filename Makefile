@@ -34,90 +34,133 @@ CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
 OPT ?= -O2 -g
 WARN := -Wall -Wextra -Wstrict-prototypes -Wshadow -Werror
+# INC is each part's own include path (below): a file includes its own
+# part's headers, the shared ones (proto/) and the public one (include/),
+# and nothing else compiles (docs/architecture.md, tests/layout.sh).
 CFLAGS_ALL = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING $(OPT) $(WARN) -fPIC \
-  -fvisibility=hidden $(SANFLAGS) -MMD -MP \
-  -Iinclude -Iclient -Iproto -Ibroker -I$(B)/gen $(PKG_CFLAGS) $(CFLAGS)
+  -fvisibility=hidden $(SANFLAGS) -MMD -MP $(INC) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
 LIBS_ALL = $(PKG_LIBS) -lpthread -lrt -lm -ldl
 
-GEN := $(B)/gen/gmb.pb-c.c
+# --- the parts, each an explicit list of sources --------------------------
+#
+#   proto/        shared by every side: wire codec, errors, util, driver
+#                 loader, endpoints, lock-table layout  -> libgmb-common.a
+#   broker/       gmb-broker (main.c) over libgmb-broker.a
+#   client/lib/   the client library                    -> libgmb.a/.so
+#   client/admin/ the admin socket's client, for gmbctl and gmb-replay
+#   client/gmbctl/, client/replay/, client/shim/, client/examples/
+COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
+  proto/endpoint.c
+# The broker by layer, top down (docs/architecture.md).
+BROKER_SRC := broker/loop.c \
+  broker/dispatch.c broker/admin.c broker/http.c \
+  broker/core.c \
+  broker/defrag.c broker/observe.c broker/waitq.c broker/alloc.c \
+  broker/session.c broker/tenant.c broker/compact.c broker/locktab.c \
+  broker/statefile.c broker/reply.c \
+  broker/pool.c \
+  broker/device.c broker/device_host.c broker/device_cuda.c \
+  broker/config.c broker/log.c
+BROKER_MAIN := broker/main.c
+LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c
 
-LIB_SRC := $(filter-out client/gmbctl.c client/ctl_%.c client/replay.c,$(wildcard client/*.c)) proto/wire.c
-CTL_SRC := client/gmbctl.c $(wildcard client/ctl_*.c)
-BROKER_SRC := $(filter-out broker/main.c,$(wildcard broker/*.c))
+COMMON_INC := -Iinclude -Iproto -I$(B)/gen
+BROKER_INC := -Iinclude -Iproto -Ibroker
+LIB_INC := -Iinclude -Iproto -Iclient/lib
+$(B)/obj/proto/%.o: INC = $(COMMON_INC)
+$(B)/obj/broker/%.o: INC = $(BROKER_INC)
+$(B)/obj/client/lib/%.o: INC = $(LIB_INC)
+
+# Tests include the part they test: broker modules, the library, or only
+# the shared code.
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
+LIB_UNITS := check_client check_client_cuda check_segmap
+COMMON_UNITS := check_wire check_util check_cudrv
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
-HARNESS_SRC := $(wildcard tests/integration/harness.c)
-EXAMPLE_SRC := $(wildcard client/examples/*.c)
+HARNESS_SRC := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
+LIB_BENCHES := bench_alloc
+$(B)/obj/tests/unit/%.o: INC = $(BROKER_INC)
+$(foreach u,$(LIB_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(LIB_INC)))
+$(foreach u,$(COMMON_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(COMMON_INC)))
+$(B)/obj/tests/integration/%.o: INC = $(LIB_INC)
+$(B)/obj/tests/bench/%.o: INC = $(BROKER_INC)
+$(foreach u,$(LIB_BENCHES),$(eval $(B)/obj/tests/bench/$(u).o: INC = $(LIB_INC)))
+$(B)/obj/tests/bench/tracegen.o: INC = $(COMMON_INC)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 GEN_OBJ := $(B)/obj/gen/gmb.pb-c.o
-LIB_OBJ := $(call obj,$(LIB_SRC)) $(GEN_OBJ)
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(GEN_OBJ)
 BROKER_OBJ := $(call obj,$(BROKER_SRC))
+LIB_OBJ := $(call obj,$(LIB_SRC))
 HARNESS_OBJ := $(call obj,$(HARNESS_SRC))
 
 BROKER_BIN := $(B)/gmb-broker
-CTL_BIN := $(B)/gmbctl
-REPLAY_BIN := $(B)/gmb-replay
 TRACEGEN_BIN := $(B)/bench/tracegen
-LIB_SO := $(B)/libgmb.so
+COMMON_A := $(B)/libgmb-common.a
+BROKER_A := $(B)/libgmb-broker.a
 LIB_A := $(B)/libgmb.a
-CORE_A := $(B)/libgmb-broker.a
+LIB_SO := $(B)/libgmb.so.0
+LIB_SO_LINK := $(B)/libgmb.so
 UNIT_BIN := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BIN := $(patsubst tests/integration/%.c,$(B)/tests/%,$(INTEG_SRC))
-EXAMPLE_BIN := $(patsubst client/examples/%.c,$(B)/examples/%,$(EXAMPLE_SRC))
 BENCH_BIN := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps check unit integration demo bench install clean gen
+.PHONY: all deps check unit integration demo bench install clean gen layout
 # Keep test and bench objects between runs (they are intermediate files).
 .SECONDARY:
-all: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(TRACEGEN_BIN) $(LIB_SO) $(LIB_A) $(UNIT_BIN) $(INTEG_BIN) \
-     $(EXAMPLE_BIN) $(BENCH_BIN) $(B)/gmb.pc
+all: $(BROKER_BIN) $(TRACEGEN_BIN) $(LIB_SO) $(LIB_SO_LINK) $(LIB_A) \
+     $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) $(B)/gmb.pc
 
 # Missing Debian packages are installed (as root) or named (otherwise).
 deps:
 	$(Q)sh deploy/install-deps.sh
 
-$(B)/gen/gmb.pb-c.c $(B)/gen/gmb.pb-c.h: proto/gmb.proto | deps
+# One run of protoc-c makes both files (a grouped target).
+$(B)/gen/gmb.pb-c.c $(B)/gen/gmb.pb-c.h &: proto/gmb.proto | deps
 	@mkdir -p $(B)/gen
 	@echo "  PROTOC  $<"
 	$(Q)protoc-c --proto_path=proto --c_out=$(B)/gen $<
-gen: $(GEN)
+gen: $(B)/gen/gmb.pb-c.c
 
-# Every object waits for the generated header (order-only).
-$(B)/obj/%.o: %.c | $(B)/gen/gmb.pb-c.h
+$(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
 
+# Only the wire codec includes the generated header.
+$(call obj,$(COMMON_SRC)): | $(B)/gen/gmb.pb-c.h
+
+$(GEN_OBJ): INC = $(COMMON_INC)
 $(GEN_OBJ): $(B)/gen/gmb.pb-c.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(filter-out -Wshadow -Wstrict-prototypes,$(CFLAGS_ALL)) -c $< -o $@
 
-$(LIB_A): $(LIB_OBJ)
+$(COMMON_A): $(COMMON_OBJ)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(LIB_SO): $(LIB_OBJ)
+$(BROKER_A): $(BROKER_OBJ)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+# The library carries the shared code it uses: libgmb.a and libgmb.so
+# stand alone, as installed.
+$(LIB_A): $(LIB_OBJ) $(COMMON_OBJ)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(LIB_OBJ) $(COMMON_OBJ)
 	@echo "  LD      $@"
 	$(Q)$(CC) -shared -Wl,-soname,libgmb.so.0 -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
 
-$(CORE_A): $(BROKER_OBJ)
-	@echo "  AR      $@"
-	$(Q)rm -f $@ && ar rcs $@ $^
+# The name a linker looks for (-lgmb); the run-time loader wants the soname.
+$(LIB_SO_LINK): $(LIB_SO)
+	$(Q)ln -sf libgmb.so.0 $@
 
-$(BROKER_BIN): $(B)/obj/broker/main.o $(CORE_A) $(LIB_A)
-	@echo "  LD      $@"
-	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
-
-$(CTL_BIN): $(call obj,$(CTL_SRC)) $(LIB_A)
-	@echo "  LD      $@"
-	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
-
-# The trace replayer (DESIGN.md "Trace format"), a client like gmbctl.
-$(REPLAY_BIN): $(B)/obj/client/replay.o $(LIB_A)
+$(BROKER_BIN): $(call obj,$(BROKER_MAIN)) $(BROKER_A) $(COMMON_A)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
 
@@ -127,25 +170,37 @@ $(TRACEGEN_BIN): $(B)/obj/tests/bench/tracegen.o
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) -lm
 
-$(B)/tests/check_%: $(B)/obj/tests/unit/check_%.o $(CORE_A) $(LIB_A)
+# Each suite links the part it tests and nothing of the other side.
+$(B)/tests/check_%: $(B)/obj/tests/unit/check_%.o $(BROKER_A) $(COMMON_A)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CHECK_LIBS) $(LIBS_ALL)
+# link PROGRAM, OBJECT, ARCHIVES: a program of another part than its
+# directory's pattern rule assumes.
+define link
+$(1): $(2) $(3)
+	@mkdir -p $$(dir $$@)
+	@echo "  LD      $$@"
+	$$(Q)$$(CC) -o $$@ $$^ $$(LDFLAGS_ALL) $$(CHECK_LIBS) $$(LIBS_ALL)
+endef
+$(foreach u,$(LIB_UNITS),$(eval $(call link,$(B)/tests/$(u),$(B)/obj/tests/unit/$(u).o,$(LIB_A))))
+$(foreach u,$(COMMON_UNITS),$(eval $(call link,$(B)/tests/$(u),$(B)/obj/tests/unit/$(u).o,$(COMMON_A))))
 
 $(B)/tests/test_%: $(B)/obj/tests/integration/test_%.o $(HARNESS_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CHECK_LIBS) $(LIBS_ALL)
 
-$(B)/examples/%: $(B)/obj/client/examples/%.o $(LIB_A)
+$(B)/bench/%: $(B)/obj/tests/bench/%.o $(BROKER_A) $(COMMON_A)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
+$(foreach u,$(LIB_BENCHES),$(eval $(call link,$(B)/bench/$(u),$(B)/obj/tests/bench/$(u).o,$(LIB_A))))
 
-$(B)/bench/%: $(B)/obj/tests/bench/%.o $(CORE_A) $(LIB_A)
-	@mkdir -p $(dir $@)
-	@echo "  LD      $@"
-	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
+# Fragments for parts with their own rules (mk/*.mk): the tools beside the
+# library, the CUDA bundle, the LD_PRELOAD shim and the PyTorch allocator.
+# Before the targets below, whose prerequisites name their programs.
+include $(sort $(wildcard mk/*.mk))
 
 # The pkg-config file names PREFIX, so it is written again at install time
 # (a plain `make` writes one for the default PREFIX).
@@ -162,10 +217,14 @@ $(B)/gmb.pc: Makefile
 	@mkdir -p $(B)
 	$(call write_pc,$@)
 
-# Tests: unit tests, then integration tests that start real brokers.  Each
-# binary is a Check suite; tests/run.sh prints a summary line per suite.
+# Tests: the tree's own checks (the layering rules and their self-test, a
+# second make that has nothing to do, the examples built against an
+# installed library), unit tests, then integration tests that start real
+# brokers.  Each is a suite; tests/run.sh prints a summary line.
+TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
+  tests/install.sh
 check: all
-	$(Q)sh tests/run.sh $(B) $(UNIT_BIN) $(INTEG_BIN)
+	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN)
 
 unit: $(UNIT_BIN)
 	$(Q)sh tests/run.sh $(B) $(UNIT_BIN)
@@ -191,9 +250,5 @@ install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 
 clean:
 	rm -rf build
-
-# Fragments for parts with their own rules (mk/*.mk): the CUDA bundle,
-# the LD_PRELOAD shim and the PyTorch allocator.
--include $(wildcard mk/*.mk)
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

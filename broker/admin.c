@@ -7,7 +7,7 @@
  * changes something is logged at info with the uid that asked.
  *
  * Limits (quota, reserve) change only for tenants that exist, configured or
- * seen; a change is written to the state file (state.c) before it is
+ * seen; a change is written to the state file (statefile.c) before it is
  * applied, so what is in force is what survives a restart.  The invariant
  * kept here is reserve <= quota whenever the quota is set: a change that
  * would break it is refused.  A quota may go below what the tenant holds:
@@ -24,111 +24,45 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "broker.h"
-#include "compact.h"
-#include "observe.h"
+#include "admin.h"
+
+#include "core.h"
+#include "defrag.h"
 #include "gmb.h"
 #include "log.h"
+#include "observe.h"
+#include "reply.h"
 #include "session.h"
-#include "state.h"
+#include "statefile.h"
 #include "util.h"
+#include "waitq.h"
 
-int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid) {
+/* 1 when uid may use the admin socket. */
+static int admin_allowed(const struct gmb_broker *b, uid_t uid) {
   if (uid == geteuid()) return 1;
   for (size_t i = 0; i < b->cfg.n_admin_uids; i++)
     if (b->cfg.admin_uids[i] == uid) return 1;
   return 0;
 }
 
-struct admin_rows {
-  struct wire_tenant_row *rows;
-  size_t n, cap;
-};
-
-static int admin_row(void *ctx, struct gmb_tenant *t) {
-  struct admin_rows *r = ctx;
-  if (r->n == r->cap) return 1;
-  struct gmb_arena_stats as;
-  gmb__pool_arena_stats(t->arena, &as);
-  struct wire_tenant_row *row = &r->rows[r->n++];
-  snprintf(row->name, sizeof row->name, "%s", t->name);
-  row->quota = t->quota;
-  row->used = t->used;
-  row->peak = t->peak;
-  row->segments = as.segment_bytes;
-  row->sessions = t->n_sessions;
-  row->allocations = as.allocations;
-  row->free_in_segments = as.free_total;
-  row->largest_free = as.largest_free;
-  row->fragmentation = gmb__fragmentation(as.largest_free, as.free_total);
-  row->reserve = t->reserve;
-  row->priority = t->priority;
-  row->waiting = t->waiting;
-  return 0;
-}
-
-static void admin_status(struct gmb_broker *b, struct wire_reply *rep) {
-  struct gmb_pool_stats ps;
-  gmb__pool_stats(b->pool, &ps);
-  rep->kind = WIRE_ADMIN_STATUS;
-  snprintf(rep->u.admin_status.device, sizeof rep->u.admin_status.device,
-           "%s", b->dev->desc);
-  rep->u.admin_status.capacity = ps.capacity;
-  rep->u.admin_status.in_segments = ps.segment_bytes;
-  rep->u.admin_status.retiring = b->dev->retiring_bytes;
-  rep->u.admin_status.in_use = ps.used;
-  rep->u.admin_status.sessions = (uint32_t)gmb__sessions_count(b->sessions);
-  rep->u.admin_status.fragmentation = gmb__defrag_device_fragmentation(
-      b, &rep->u.admin_status.largest_free, NULL);
-  rep->u.admin_status.compaction = b->compact_totals;
-  struct admin_rows r = {0};
-  r.cap = gmb__tenants_count(b->tenants);
-  if (r.cap) {
-    r.rows = calloc(r.cap, sizeof *r.rows);
-    if (r.rows == NULL) {
-      rep->kind = WIRE_NONE;
-      rep->status = GMB_E_SYSTEM;
-      snprintf(rep->message, sizeof rep->message, "out of host memory");
-      return;
-    }
-    gmb__tenants_each(b->tenants, admin_row, &r);
-  }
-  rep->u.admin_status.tenants = r.rows; /* freed by gmb__wire_reply_clear */
-  rep->u.admin_status.n_tenants = r.n;
-}
-
 /* --- quota and reserve ------------------------------------------------- */
-
-static int admin_fail(struct wire_reply *rep, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int admin_fail(struct wire_reply *rep, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  rep->kind = WIRE_NONE;
-  rep->status = code;
-  vsnprintf(rep->message, sizeof rep->message, fmt, ap);
-  va_end(ap);
-  return 1;
-}
 
 /* The tenant a request names, or NULL after filling the refusal. */
 static struct gmb_tenant *admin_tenant(struct gmb_broker *b, const char *name,
                                        struct wire_reply *rep) {
   if (!gmb__name_valid(name)) {
-    admin_fail(rep, GMB_E_INVAL, "bad tenant name '%.63s'", name);
+    gmb__reply_fail(rep, GMB_E_INVAL, "bad tenant name '%.63s'", name);
     return NULL;
   }
   struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
   if (t == NULL)
-    admin_fail(rep, GMB_E_NOENT, "no tenant %s (a tenant exists once the "
-               "config names it or a client used it)", name);
+    gmb__reply_fail(rep, GMB_E_NOENT, "no tenant %s (a tenant exists once the "
+                    "config names it or a client used it)", name);
   return t;
 }
 
 static void admin_tenant_row(struct gmb_tenant *t, struct wire_reply *rep) {
-  struct admin_rows r = {.rows = &rep->u.tenant_row, .cap = 1};
-  admin_row(&r, t);
+  gmb__observe_tenant_row(t, &rep->u.tenant_row);
   rep->kind = WIRE_TENANT_ROW;
 }
 
@@ -157,37 +91,41 @@ static int admin_limit(struct gmb_broker *b, const struct gmb_peer *peer,
   char vs[GMB_SIZE_BUFSZ], os[GMB_SIZE_BUFSZ], xs[GMB_SIZE_BUFSZ];
   if (field == GMB_STATE_QUOTA) {
     if (v != 0 && v < t->reserve)
-      return admin_fail(rep, GMB_E_INVAL,
-                        "quota %s of %s would be below its reservation %s: "
-                        "lower the reservation first (gmbctl reserve set %s "
-                        "SIZE)", gmb__size_format(v, vs, sizeof vs), t->name,
-                        gmb__size_format(t->reserve, xs, sizeof xs), t->name);
+      return gmb__reply_fail(
+          rep, GMB_E_INVAL,
+          "quota %s of %s would be below its reservation %s: lower the "
+          "reservation first (gmbctl reserve set %s SIZE)",
+          gmb__size_format(v, vs, sizeof vs), t->name,
+          gmb__size_format(t->reserve, xs, sizeof xs), t->name);
   } else {
     if (t->quota != 0 && v > t->quota)
-      return admin_fail(rep, GMB_E_INVAL,
-                        "reservation %s of %s would be above its quota %s: "
-                        "raise the quota first (gmbctl quota set %s SIZE)",
-                        gmb__size_format(v, vs, sizeof vs), t->name,
-                        gmb__size_format(t->quota, xs, sizeof xs), t->name);
+      return gmb__reply_fail(
+          rep, GMB_E_INVAL,
+          "reservation %s of %s would be above its quota %s: raise the quota "
+          "first (gmbctl quota set %s SIZE)",
+          gmb__size_format(v, vs, sizeof vs), t->name,
+          gmb__size_format(t->quota, xs, sizeof xs), t->name);
     struct gmb_pool_stats ps;
     gmb__pool_stats(b->pool, &ps);
     struct admin_sum sum = {.except = t};
     gmb__tenants_each(b->tenants, admin_sum_reserve, &sum);
     if (v > ps.capacity || sum.total > ps.capacity - v)
-      return admin_fail(rep, GMB_E_INVAL,
-                        "reservation %s of %s would bring the reservations "
-                        "to more than the device's %s (others hold %s)",
-                        gmb__size_format(v, vs, sizeof vs), t->name,
-                        gmb__size_format(ps.capacity, xs, sizeof xs),
-                        gmb__size_format(sum.total, os, sizeof os));
+      return gmb__reply_fail(
+          rep, GMB_E_INVAL,
+          "reservation %s of %s would bring the reservations to more than "
+          "the device's %s (others hold %s)",
+          gmb__size_format(v, vs, sizeof vs), t->name,
+          gmb__size_format(ps.capacity, xs, sizeof xs),
+          gmb__size_format(sum.total, os, sizeof os));
   }
   uint64_t old = field == GMB_STATE_QUOTA ? t->quota : t->reserve;
   char err[WIRE_MESSAGE_MAX - 64];
   int persisted = 0;
-  int rc = gmb__state_set(b, t->name, field, v, &persisted, err, sizeof err);
+  int rc =
+      gmb__statefile_set(b, t->name, field, v, &persisted, err, sizeof err);
   if (rc)
-    return admin_fail(rep, rc, "%s of %s not changed: cannot save the state "
-                      "file: %s", what, t->name, err);
+    return gmb__reply_fail(rep, rc, "%s of %s not changed: cannot save the "
+                           "state file: %s", what, t->name, err);
   if (field == GMB_STATE_QUOTA)
     gmb__tenant_set_quota(b->tenants, t, v);
   else
@@ -211,7 +149,7 @@ static int admin_limit(struct gmb_broker *b, const struct gmb_peer *peer,
   snprintf(rep->message, sizeof rep->message, "%s of %s set to %s (was %s)%s",
            what, t->name, vs, os, note);
   /* A smaller reservation leaves room to others that may be waiting. */
-  if (field == GMB_STATE_RESERVE && v < old) gmb__dispatch_serve_waiters(b);
+  if (field == GMB_STATE_RESERVE && v < old) gmb__waitq_serve(b);
   return 1;
 }
 
@@ -230,13 +168,10 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
    * each time; it also drops the session's waiting allocations. */
   struct gmb_session *s;
   while ((s = t->sessions) != NULL) {
-    struct wire_reply ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = WIRE_EVENT;
-    ev.u.event.kind = WIRE_EVENT_EVICTED;
-    snprintf(ev.message, sizeof ev.message, "tenant %s was %s", t->name, why);
-    gmb__loop_send(b, b->client_sock, s->rid, s->rid_len, &ev);
-    gmb__session_end(b, s, why);
+    char msg[WIRE_MESSAGE_MAX];
+    snprintf(msg, sizeof msg, "tenant %s was %s", t->name, why);
+    gmb__reply_event(b, s, WIRE_EVENT_EVICTED, 0, msg);
+    gmb__core_session_end(b, s, why);
     n++;
   }
   uint64_t freed = before - t->used;
@@ -280,12 +215,6 @@ static void admin_count_hb(void *ctx, struct gmb_session *s) {
   if (s->pidfd < 0) h->n++;
 }
 
-static mode_t admin_socket_mode(const struct gmb_config *c) {
-  for (size_t i = 0; i < c->n_admin_uids; i++)
-    if (c->admin_uids[i] != geteuid()) return 0666;
-  return 0600;
-}
-
 /* Copies a tenant section onto the tenant (created when new). */
 static int admin_apply_tenant(struct gmb_broker *b,
                               const struct gmb_tenant_conf *tc, int *created) {
@@ -322,7 +251,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   int rc = gmb__config_load(b->config_path, &nc, err, errcap);
   if (rc) return rc;
   /* The state path is a restart setting too: read the running one. */
-  rc = gmb__state_reread(b, err, errcap);
+  rc = gmb__statefile_reread(b, err, errcap);
   if (rc) {
     gmb__config_free(&nc);
     return rc;
@@ -386,7 +315,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
     admin_note(sum, sizeof sum, "%zu tenants no longer configured keep their "
                "limits", kept);
 
-  mode_t om = admin_socket_mode(oc), nm = admin_socket_mode(&nc);
+  mode_t om = gmb__config_admin_mode(oc), nm = gmb__config_admin_mode(&nc);
   if (om != nm && b->admin_path[0] && chmod(b->admin_path, nm) != 0)
     log_warn("reload: chmod %s %o: %m", b->admin_path, (unsigned)nm);
   /* A --log-level flag wins over the file, at reload as at start. */
@@ -395,7 +324,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
 
   gmb__config_free(oc);
   b->cfg = nc;
-  int applied = gmb__state_apply(b);
+  int applied = gmb__statefile_apply(b);
   if (applied > 0)
     admin_note(sum, sizeof sum, "state file overrides %d tenants", applied);
   /* The summary: what happened first, then the notes. */
@@ -405,7 +334,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err + n, errcap - (size_t)n, "; %s", sum);
   log_info("%s", err);
   /* Limits may have grown or reservations shrunk: serve who waits. */
-  gmb__dispatch_serve_waiters(b);
+  gmb__waitq_serve(b);
   return 0;
 }
 
@@ -417,7 +346,8 @@ static int admin_reload(struct gmb_broker *b, const struct gmb_peer *peer,
   int rc = gmb__admin_reload(b, msg, sizeof msg);
   if (rc) {
     log_error("reload failed, the running configuration is kept: %s", msg);
-    return admin_fail(rep, rc, "%s (the running configuration is kept)", msg);
+    return gmb__reply_fail(rep, rc, "%s (the running configuration is kept)",
+                           msg);
   }
   rep->kind = WIRE_NONE;
   snprintf(rep->message, sizeof rep->message, "%s", msg);
@@ -428,7 +358,7 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
                const struct wire_request *req, struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
   rep->id = req->id;
-  if (!gmb__admin_allowed(b, peer->uid)) {
+  if (!admin_allowed(b, peer->uid)) {
     log_warn("admin request from uid %u refused: not an admin uid",
              (unsigned)peer->uid);
     rep->status = GMB_E_AUTH;
@@ -439,7 +369,7 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
   }
   switch (req->kind) {
     case WIRE_ADMIN_STATUS:
-      admin_status(b, rep);
+      gmb__observe_status(b, rep);
       return 1;
     case WIRE_ADMIN_COMPACT:
       gmb__defrag_admin(b, peer, req); /* answered when the run ends */

@@ -440,7 +440,3 @@ void gmb__compact_destroy(struct gmb_compact *c) {
   free(c);
 }
 
-double gmb__fragmentation(uint64_t largest_free, uint64_t total_free) {
-  if (total_free == 0 || largest_free >= total_free) return 0.0;
-  return 1.0 - (double)largest_free / (double)total_free;
-}

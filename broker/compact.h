@@ -93,7 +93,4 @@ void gmb__compact_stats(const struct gmb_compact *c,
  * NULL. */
 void gmb__compact_destroy(struct gmb_compact *c);
 
-/* 1 - largest / total, 0 when nothing is free. */
-double gmb__fragmentation(uint64_t largest_free, uint64_t total_free);
-
 #endif /* GMB_COMPACT_H */

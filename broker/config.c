@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gmb.h"
 #include "log.h"
@@ -554,4 +555,10 @@ void gmb__config_free(struct gmb_config *c) {
   free(c->tenants);
   c->tenants = NULL;
   c->n_tenants = 0;
+}
+
+mode_t gmb__config_admin_mode(const struct gmb_config *c) {
+  for (size_t i = 0; i < c->n_admin_uids; i++)
+    if (c->admin_uids[i] != geteuid()) return 0666;
+  return 0600;
 }

@@ -66,4 +66,9 @@ const struct gmb_tenant_conf *gmb__config_tenant(const struct gmb_config *c,
 /* Releases what *c owns; accepts a zeroed struct. */
 void gmb__config_free(struct gmb_config *c);
 
+/* The admin socket's file mode: 0600 unless admin_uids names a uid other
+ * than the broker's, in which case the per-message uid check is what keeps
+ * others out (0666). */
+mode_t gmb__config_admin_mode(const struct gmb_config *c);
+
 #endif /* GMB_CONFIG_H */

@@ -4,7 +4,7 @@
  * The engine (compact.c) knows how to move allocations; this module decides
  * when, and connects it to the rest of the broker:
  *   - a request that fits the device's free total but no free range starts
- *     a run and waits for its end (dispatch.c queues it);
+ *     a run and waits for its end (dispatch.c queues it in waitq.c);
  *   - an operator's AdminCompact starts a run and is answered at its end;
  *   - fragmentation that stays above `compaction_threshold` for a few
  *     seconds starts a background run (`compaction = auto`), but not again
@@ -15,22 +15,26 @@
  *
  * The engine's hooks go to the lock table of the allocation's session: a
  * move starts only after CAS 0 -> MOVING on its slot, and ends by
- * publishing the new place and storing 0.
+ * publishing the new place and storing 0.  When a run ends, its admin
+ * requests are answered through the sender and the wait queue is served.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "defrag.h"
+
 #include "compact.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
+#include "reply.h"
 #include "session.h"
 #include "util.h"
+#include "waitq.h"
 
-#define DEFRAG_HIGH_FOR_NS (3ull * 1000000000ull) /* background: 3 s above */
+#define DEFRAG_HIGH_FOR_NS (3 * GMB_NS_PER_S) /* background: 3 s above */
 
 struct gmb_defrag_req {
   struct gmb_defrag_req *next;
@@ -44,18 +48,10 @@ struct gmb_defrag_req {
 
 /* --- hooks into the lock tables ---------------------------------------- */
 
-static struct gmb_locktab *defrag_table(const struct gmb_alloc_info *a,
-                                        uint32_t *slot) {
-  struct gmb_session *s = a->owner;
-  if (s == NULL || s->lt == NULL || a->tag == 0) return NULL;
-  *slot = a->tag - 1;
-  return s->lt;
-}
-
 static int defrag_claim(void *ctx, const struct gmb_alloc_info *a) {
   (void)ctx;
   uint32_t slot;
-  struct gmb_locktab *lt = defrag_table(a, &slot);
+  struct gmb_locktab *lt = gmb__session_slot(a, &slot);
   if (lt == NULL) return 0; /* not movable through a lock table */
   return gmb__locktab_claim(lt, slot);
 }
@@ -63,7 +59,7 @@ static int defrag_claim(void *ctx, const struct gmb_alloc_info *a) {
 static void defrag_publish(void *ctx, const struct gmb_alloc_info *a) {
   (void)ctx;
   uint32_t slot;
-  struct gmb_locktab *lt = defrag_table(a, &slot);
+  struct gmb_locktab *lt = gmb__session_slot(a, &slot);
   GMB_ASSERT(lt != NULL && "a move committed without a claim");
   gmb__locktab_publish(lt, slot, a->dseg->id, a->offset);
 }
@@ -71,7 +67,7 @@ static void defrag_publish(void *ctx, const struct gmb_alloc_info *a) {
 static void defrag_release(void *ctx, const struct gmb_alloc_info *a) {
   (void)ctx;
   uint32_t slot;
-  struct gmb_locktab *lt = defrag_table(a, &slot);
+  struct gmb_locktab *lt = gmb__session_slot(a, &slot);
   if (lt) gmb__locktab_release(lt, slot);
 }
 
@@ -122,7 +118,7 @@ static void defrag_answer_admin(struct gmb_broker *b,
     rep.u.compact.skipped_pinned = st->skipped_pinned;
     rep.u.compact.seconds = (double)st->ns / 1e9;
     rep.u.compact.runs = 1;
-    gmb__loop_send(b, b->admin_sock, r->rid, r->rid_len, &rep);
+    gmb__reply_send(b, GMB_SOCK_ADMIN, r->rid, r->rid_len, &rep);
     *pp = r->next;
     free(r);
   }
@@ -167,8 +163,8 @@ static void defrag_finish(struct gmb_broker *b) {
   defrag_answer_admin(b, &st);
   /* Memory came back: serve what waited, then answer what waited only for
    * this run. */
-  gmb__dispatch_serve_waiters(b);
-  gmb__dispatch_compaction_over(b);
+  gmb__waitq_serve(b);
+  gmb__waitq_compaction_over(b);
   defrag_next_admin(b);
 }
 
@@ -181,15 +177,8 @@ int gmb__defrag_tick(struct gmb_broker *b, uint64_t deadline_ns) {
   return b->compacting != NULL;
 }
 
-double gmb__defrag_device_fragmentation(struct gmb_broker *b,
-                                        uint64_t *largest_free,
-                                        uint64_t *free_total) {
-  struct gmb_pool_stats ps;
-  gmb__pool_stats(b->pool, &ps);
-  uint64_t total = ps.capacity > ps.used ? ps.capacity - ps.used : 0;
-  if (largest_free) *largest_free = ps.largest_free;
-  if (free_total) *free_total = total;
-  return gmb__fragmentation(ps.largest_free, total);
+int gmb__defrag_busy(const struct gmb_broker *b) {
+  return b->compacting != NULL || b->compact_reqs != NULL;
 }
 
 void gmb__defrag_timer(struct gmb_broker *b, uint64_t now) {
@@ -197,7 +186,7 @@ void gmb__defrag_timer(struct gmb_broker *b, uint64_t now) {
     b->frag_high_since_ns = 0;
     return;
   }
-  double f = gmb__defrag_device_fragmentation(b, NULL, NULL);
+  double f = gmb__pool_fragmentation(b->pool, NULL, NULL);
   if (f <= b->cfg.compaction_threshold) {
     b->frag_high_since_ns = 0;
     return;
@@ -212,7 +201,7 @@ void gmb__defrag_timer(struct gmb_broker *b, uint64_t now) {
       b->pool_ops != b->pool_ops_at_last_run) {
     log_info("fragmentation %.2f above %.2f for %llu s", f,
              b->cfg.compaction_threshold,
-             (unsigned long long)(DEFRAG_HIGH_FOR_NS / 1000000000ull));
+             (unsigned long long)(DEFRAG_HIGH_FOR_NS / GMB_NS_PER_S));
     gmb__defrag_start(b, NULL, GMB_DEFRAG_BACKGROUND);
     b->frag_high_since_ns = 0;
   }
@@ -230,7 +219,7 @@ void gmb__defrag_admin(struct gmb_broker *b, const struct gmb_peer *peer,
     if (scope == NULL) {
       rep.status = GMB_E_NOENT;
       snprintf(rep.message, sizeof rep.message, "no tenant named '%s'", name);
-      gmb__loop_send(b, b->admin_sock, peer->rid, peer->rid_len, &rep);
+      gmb__reply_send(b, GMB_SOCK_ADMIN, peer->rid, peer->rid_len, &rep);
       return;
     }
   }
@@ -239,7 +228,7 @@ void gmb__defrag_admin(struct gmb_broker *b, const struct gmb_peer *peer,
     free(r);
     rep.status = GMB_E_SYSTEM;
     snprintf(rep.message, sizeof rep.message, "cannot queue the request");
-    gmb__loop_send(b, b->admin_sock, peer->rid, peer->rid_len, &rep);
+    gmb__reply_send(b, GMB_SOCK_ADMIN, peer->rid, peer->rid_len, &rep);
     return;
   }
   r->req_id = req->id;
@@ -262,7 +251,8 @@ void gmb__defrag_forget(struct gmb_broker *b, uint64_t id) {
   if (b->compacting) gmb__compact_forget(b->compacting, id);
 }
 
-void gmb__defrag_forget_session(struct gmb_broker *b, struct gmb_session *s) {
+void gmb__defrag_forget_session(struct gmb_broker *b,
+                                const struct gmb_session *s) {
   if (b->compacting) gmb__compact_forget_owner(b->compacting, s);
 }
 

@@ -1,7 +1,7 @@
 /*
  * device.h - the one interface between the broker and the memory it hands
  * out: a table of functions with two implementations, `host` (POSIX shm,
- * device_host.c) and `cuda` (the CUDA driver API, a later module).
+ * device_host.c) and `cuda` (the CUDA driver API, device_cuda.c).
  *
  * A device hands out segments.  Each segment has an import handle: the bytes
  * a client needs to map it (a shm name for host, a CUipcMemHandle for cuda).
@@ -55,6 +55,11 @@ struct gmb_device_ops {
   int (*copy)(struct gmb_device *d, struct gmb_dseg *dst, uint64_t dst_off,
               struct gmb_dseg *src, uint64_t src_off, uint64_t len);
   void (*destroy)(struct gmb_device *d);
+  /* Lets a client process of uid:gid open the segment's handle (host: the
+   * shm object's owner); NULL when handles need no owner (cuda).  0 or
+   * GMB_E_SYSTEM. */
+  int (*grant)(struct gmb_device *d, const struct gmb_dseg *seg, uid_t uid,
+               gid_t gid);
   /* 1: seg_free must wait until every holder closed its import (cuda). */
   int free_waits_for_holders;
 };
@@ -90,6 +95,12 @@ int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
                      uint64_t dst_off, struct gmb_dseg *src, uint64_t src_off,
                      uint64_t len);
 
+/* Lets the client process of uid:gid open segment `seg` before it is
+ * handed the segment's handle (ops->grant; nothing when NULL).  0 or
+ * GMB_E_SYSTEM (logged). */
+int gmb__device_grant(struct gmb_device *d, const struct gmb_dseg *seg,
+                      uid_t uid, gid_t gid);
+
 /*
  * Two-step retirement (see the top of this file).  `holder` is a session
  * id.  gmb__device_seg_hold records that `holder` was told to close
@@ -109,7 +120,7 @@ int gmb__device_seg_closed(struct gmb_device *d, uint64_t seg_id,
 int gmb__device_holder_gone(struct gmb_device *d, uint64_t holder);
 
 /* The CUDA device (device_cuda.c): GPU `index` through the driver API
- * loaded at run time (client/cudrv.h).  Capacity: what cuMemGetInfo says
+ * loaded at run time (proto/cudrv.h).  Capacity: what cuMemGetInfo says
  * is free less `reserve`, capped at `capacity` when non-zero, in 2 MiB
  * steps.  On failure a GMB_E_* code (GMB_E_DEVICE: no driver, no such GPU)
  * and one line in err. */
@@ -120,12 +131,5 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
  * /gmb-<broker pid>-<segment id>, mode 0600. */
 int gmb__device_host_open(uint64_t capacity, struct gmb_device **out,
                           char *err, size_t errcap);
-
-/* Hands a host segment's shm object to uid:gid (fchown on the descriptor the
- * device keeps open), so that a non-root client of a root broker can open
- * it.  0, GMB_E_INVAL when `d` is not a host device, GMB_E_SYSTEM when
- * fchown fails (logged). */
-int gmb__device_host_chown(const struct gmb_device *d,
-                           const struct gmb_dseg *seg, uid_t uid, gid_t gid);
 
 #endif /* GMB_DEVICE_H */

@@ -1,6 +1,6 @@
 /*
  * device_cuda.c - the cuda device: GPU N through the CUDA driver API,
- * loaded at run time (client/cudrv.h), so one broker binary runs with and
+ * loaded at run time (proto/cudrv.h), so one broker binary runs with and
  * without a GPU.
  *
  * A segment is one cuMemAlloc region (a 2 MiB multiple, device.c checks),

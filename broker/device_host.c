@@ -16,11 +16,12 @@
  * Ownership: the object belongs to the broker's euid with mode 0600.  When
  * the broker runs as root and clients do not, a client cannot open it until
  * the broker hands it over, which the broker does when it knows the tenant's
- * uid (gmb__device_host_chown()).  For that the shm descriptor stays open for
- * the segment's life (in seg->priv); the soft RLIMIT_NOFILE is raised to the
- * hard limit when the device opens, since one descriptor per segment is more
- * than the usual 1024.  vm.max_map_count (65530 by default) also bounds the
- * number of segments, one mapping each.
+ * uid (host_grant(), through gmb__device_grant()).  For that the shm
+ * descriptor stays open for the segment's life (in seg->priv); the soft
+ * RLIMIT_NOFILE is raised to the hard limit when the device opens, since
+ * one descriptor per segment is more than the usual 1024.
+ * vm.max_map_count (65530 by default) also bounds the number of segments,
+ * one mapping each.
  *
  * Release: seg_free unmaps, unlinks and closes.  A client that still maps
  * the segment keeps its pages until it unmaps; the name is gone at once, so
@@ -162,6 +163,28 @@ static int host_copy(struct gmb_device *d, struct gmb_dseg *dst,
   return 0;
 }
 
+/*
+ * A broker running as root gives the object to the uid of each session
+ * about to open it, so that a job that is not root can map it; the client
+ * opens it right after the reply, and opening is the only moment the owner
+ * matters.  (Two sessions of one tenant under different uids, handed the
+ * same new segment in the same instant, could still race.)  A broker that
+ * is not root serves its own uid only, and root clients need nothing.
+ */
+static int host_grant(struct gmb_device *d, const struct gmb_dseg *seg,
+                      uid_t uid, gid_t gid) {
+  (void)d;
+  const struct host_seg *hs = seg->priv;
+  if (geteuid() != 0 || uid == 0 || hs == NULL) return 0;
+  if (fchown(hs->fd, uid, gid) != 0) {
+    log_error("host device: fchown segment %llu to %ld:%ld: %s",
+              (unsigned long long)seg->id, (long)uid, (long)gid,
+              strerror(errno));
+    return GMB_E_SYSTEM;
+  }
+  return 0;
+}
+
 static void host_destroy(struct gmb_device *d) {
   free(d->priv);
   free(d);
@@ -173,6 +196,7 @@ static const struct gmb_device_ops host_ops = {
     .seg_free = host_seg_free,
     .copy = host_copy,
     .destroy = host_destroy,
+    .grant = host_grant,
 };
 
 /* One descriptor per segment: lift the soft limit as far as allowed. */
@@ -213,19 +237,5 @@ int gmb__device_host_open(uint64_t capacity, struct gmb_device **out, char *err,
            gmb__size_format(capacity, sz, sizeof sz));
   host_raise_nofile();
   *out = d;
-  return 0;
-}
-
-int gmb__device_host_chown(const struct gmb_device *d,
-                           const struct gmb_dseg *seg, uid_t uid, gid_t gid) {
-  if (d->ops != &host_ops) return GMB_E_INVAL; /* cuda: nothing to own */
-  const struct host_seg *hs = seg->priv;
-  if (!hs) return GMB_E_INVAL;
-  if (fchown(hs->fd, uid, gid) != 0) {
-    log_error("host device: fchown segment %llu to %ld:%ld: %s",
-              (unsigned long long)seg->id, (long)uid, (long)gid,
-              strerror(errno));
-    return GMB_E_SYSTEM;
-  }
   return 0;
 }

@@ -18,7 +18,7 @@
  * lists.  For the same reason nothing read from the mapping is asserted
  * on; a slot index the broker passes that it did not hand out is asserted.
  *
- * Memory order (the contract in client/locktab.h): claim is a CAS 0 ->
+ * Memory order (the contract in proto/locktab_layout.h): claim is a CAS 0 ->
  * MOVING with acquire, so the broker's copy starts after every holder's
  * last access, which each holder published with the release of its
  * decrement; publish writes the position then stores 0 with release, so a
@@ -44,8 +44,8 @@
 #define LT_SLOTS_MAX (1u << 24)   /* 512 MiB of table: far past any session */
 
 struct gmb_locktab {
-  struct gmb_lt_header *hdr; /* the shared mapping */
-  struct gmb_lt_slot *slot;  /* gmb_lt_slots(hdr) */
+  struct gmb__lt_header *hdr; /* the shared mapping */
+  struct gmb__lt_slot *slot;  /* gmb__lt_slots(hdr) */
   size_t bytes;
   uint32_t slots;
   uint32_t fresh;     /* slots [fresh, slots) were never handed out */
@@ -76,7 +76,7 @@ struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
   lt->next = next;
   lt->slots = slots;
   lt->free_head = LT_END;
-  lt->bytes = (size_t)gmb_lt_bytes(slots);
+  lt->bytes = (size_t)gmb__lt_bytes(slots);
   int n = snprintf(lt->name, sizeof lt->name, "/gmb-lt-%ld-%llu",
                    (long)getpid(), (unsigned long long)session_id);
   GMB_ASSERT(n > 0 && (size_t)n < sizeof lt->name && "lock table name fits");
@@ -113,7 +113,7 @@ struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
     return NULL;
   }
   close(fd);
-  lt->slot = gmb_lt_slots(lt->hdr);
+  lt->slot = gmb__lt_slots(lt->hdr);
   lt->hdr->version = GMB_LT_VERSION;
   lt->hdr->slots = slots;
   lt->hdr->session = session_id;
@@ -141,7 +141,7 @@ void gmb__locktab_unlink(struct gmb_locktab *lt) {
 
 /* A slot the broker handed out and has not freed; anything else is a bug
  * in the broker, never the client's doing. */
-static struct gmb_lt_slot *locktab_slot(const struct gmb_locktab *lt,
+static struct gmb__lt_slot *locktab_slot(const struct gmb_locktab *lt,
                                         uint32_t slot) {
   GMB_ASSERT(slot < lt->fresh && lt->next[slot] == LT_USED &&
              "lock table slot in use");
@@ -162,7 +162,7 @@ int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
   }
   lt->next[i] = LT_USED;
   lt->used++;
-  struct gmb_lt_slot *s = &lt->slot[i];
+  struct gmb__lt_slot *s = &lt->slot[i];
   __atomic_store_n(&s->id, id, __ATOMIC_RELAXED);
   __atomic_store_n(&s->segment, segment, __ATOMIC_RELAXED);
   __atomic_store_n(&s->offset, offset, __ATOMIC_RELAXED);
@@ -174,7 +174,7 @@ int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
 }
 
 void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot) {
-  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  struct gmb__lt_slot *s = locktab_slot(lt, slot);
   /* Holders the client did not unlock lose their lock: the allocation is
    * gone.  A later gmb_lock of that id fails on the client's side. */
   __atomic_store_n(&s->id, 0, __ATOMIC_RELAXED);
@@ -187,7 +187,7 @@ void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot) {
 }
 
 int gmb__locktab_claim(struct gmb_locktab *lt, uint32_t slot) {
-  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  struct gmb__lt_slot *s = locktab_slot(lt, slot);
   uint32_t expect = 0;
   return atomic_compare_exchange_strong_explicit(
       &s->state, &expect, GMB_LT_MOVING, memory_order_acq_rel,
@@ -196,14 +196,14 @@ int gmb__locktab_claim(struct gmb_locktab *lt, uint32_t slot) {
 
 void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
                           uint64_t segment, uint64_t offset) {
-  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  struct gmb__lt_slot *s = locktab_slot(lt, slot);
   __atomic_store_n(&s->segment, segment, __ATOMIC_RELAXED);
   __atomic_store_n(&s->offset, offset, __ATOMIC_RELAXED);
   atomic_store_explicit(&s->state, 0, memory_order_release);
 }
 
 void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot) {
-  struct gmb_lt_slot *s = locktab_slot(lt, slot);
+  struct gmb__lt_slot *s = locktab_slot(lt, slot);
   atomic_store_explicit(&s->state, 0, memory_order_release);
 }
 

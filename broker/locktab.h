@@ -1,6 +1,6 @@
 /*
  * locktab.h - the broker's side of a session's lock table (the layout and
- * the protocol are in client/locktab.h).
+ * the protocol are in proto/locktab_layout.h).
  *
  * One table per session, created at Hello and destroyed when the session
  * ends.  The broker hands out one slot per movable allocation, claims a
@@ -22,11 +22,20 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* The shared layout.  By path: "locktab.h" from this directory would be this
- * very file. */
-#include "../client/locktab.h"
+#include "locktab_layout.h" /* the shared layout (proto/) */
 
 struct gmb_locktab;
+
+/* The pool tag of a movable allocation names its slot: tag 0 is "no slot"
+ * (a pinned allocation), slot n is tag n + 1.  Only these two convert. */
+static inline uint32_t gmb__locktab_tag(uint32_t slot) { return slot + 1; }
+
+/* 1 with *slot set when `tag` names a slot; 0 for a pinned allocation. */
+static inline int gmb__locktab_tag_slot(uint32_t tag, uint32_t *slot) {
+  if (tag == 0) return 0;
+  *slot = tag - 1;
+  return 1;
+}
 
 /*
  * Creates the shm object "/gmb-lt-<broker pid>-<session id>" (O_EXCL, mode

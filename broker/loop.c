@@ -1,13 +1,17 @@
 /*
  * loop.c - the broker's one event loop: two ROUTER sockets, a signalfd, a
- * pidfd per watched client, and timers (waiter deadlines, heartbeats, trim).
+ * pidfd per watched client, the metrics endpoint, and timers (waiter
+ * deadlines, heartbeats, compaction, trim, metrics).
  *
- * zmq_poll waits on all of them.  The poll set is rebuilt only when the
- * session table changed; while a batch of messages is handled, sessions
- * may end, so pidfd results of a stale poll set are ignored (poll is level
- * triggered: a dead process is still readable on the next round).  A batch
- * of at most LOOP_BATCH messages per socket is taken per round so that one
- * busy client cannot starve the others or the timers.
+ * zmq_poll waits on all of them.  The poll set (struct gmb_loop) is rebuilt
+ * only when the session table's generation changed; while a batch of
+ * messages is handled, sessions may end, so pidfd results of a stale poll
+ * set are ignored (poll is level triggered: a dead process is still
+ * readable on the next round).  A batch of at most LOOP_BATCH messages per
+ * socket is taken per round so that one busy client cannot starve the
+ * others or the timers.  Messages are decoded here and handed to their
+ * handler (dispatch.c, admin.c); replies leave through the sender
+ * (reply.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,27 +27,49 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "broker.h"
+#include "loop.h"
+
+#include "admin.h"
+#include "core.h"
+#include "defrag.h"
+#include "dispatch.h"
 #include "gmb.h"
+#include "http.h"
 #include "log.h"
 #include "observe.h"
+#include "reply.h"
 #include "session.h"
 #include "util.h"
+#include "waitq.h"
 
 #define LOOP_BATCH 256
-#define LOOP_TRIM_NS (2000ull * 1000000ull)
-#define LOOP_FRAG_NS (1000ull * 1000000ull)  /* background check period */
-#define LOOP_COMPACT_NS (1000000ull)  /* compaction slice per round: 1 ms */
+#define LOOP_TRIM_NS (2000 * GMB_NS_PER_MS)
+#define LOOP_FRAG_NS (1000 * GMB_NS_PER_MS)    /* background check period */
+#define LOOP_COMPACT_NS GMB_NS_PER_MS          /* compaction slice: 1 ms */
+#define LOOP_PUBLISH_NS (1000 * GMB_NS_PER_MS) /* metrics to HTTP */
 
-/* The poll set, rebuilt from the session table when it is dirty. */
-static zmq_pollitem_t *loop_items;
-static struct gmb_session **loop_item_sessions;
-static size_t loop_n_items, loop_cap_items;
-static int loop_dirty = 1;
+/* The poll set's fixed slots; the sessions' pidfds follow. */
+enum {
+  LOOP_SLOT_CLIENT, /* the client socket */
+  LOOP_SLOT_ADMIN,  /* the admin socket */
+  LOOP_SLOT_SIGNAL, /* the signalfd */
+  LOOP_SLOTS_FIXED
+};
 
-void gmb__loop_sessions_changed(struct gmb_broker *b) {
-  (void)b;
-  loop_dirty = 1;
+struct gmb_loop {
+  zmq_pollitem_t *items;
+  struct gmb_session **item_sessions; /* by slot; NULL for fixed slots */
+  size_t n_items, cap_items;
+  int built;           /* the set matches the table of generation `gen` */
+  uint64_t gen;
+  int sigfd;
+  struct gmb_http *http; /* the metrics endpoint, or NULL */
+  uint64_t next_publish_ns;
+};
+
+/* The poll set is stale when sessions came or went since it was built. */
+static int loop_stale(const struct gmb_broker *b) {
+  return !b->loop->built || b->loop->gen != gmb__sessions_gen(b->sessions);
 }
 
 /* Refuses to start over a live broker; removes a stale socket file. */
@@ -129,6 +155,12 @@ static void *loop_router(struct gmb_broker *b, const char *path, mode_t mode,
 }
 
 int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
+  b->loop = calloc(1, sizeof *b->loop);
+  if (b->loop == NULL) {
+    snprintf(err, errcap, "out of host memory");
+    return GMB_E_SYSTEM;
+  }
+  b->loop->sigfd = -1;
   int rc = loop_mkdir_p(b->run_dir, err, errcap);
   if (rc) return rc;
   int n1 = snprintf(b->client_path, sizeof b->client_path, "%s/broker.sock",
@@ -151,8 +183,8 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
   sigaddset(&set, SIGHUP);
   sigprocmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
-  b->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (b->sigfd < 0) {
+  b->loop->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (b->loop->sigfd < 0) {
     snprintf(err, errcap, "signalfd: %s", strerror(errno));
     return GMB_E_SYSTEM;
   }
@@ -162,19 +194,25 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     return GMB_E_SYSTEM;
   }
-  /* The admin socket is 0600 unless admin_uids names another uid, in which
-   * case the per-message uid check is what keeps others out. */
-  mode_t admin_mode = 0600;
-  for (size_t i = 0; i < b->cfg.n_admin_uids; i++)
-    if (b->cfg.admin_uids[i] != geteuid()) admin_mode = 0666;
   b->client_sock = loop_router(b, b->client_path, 0666, err, errcap);
   if (b->client_sock == NULL) return GMB_E_SYSTEM;
-  b->admin_sock = loop_router(b, b->admin_path, admin_mode, err, errcap);
+  b->admin_sock = loop_router(b, b->admin_path,
+                              gmb__config_admin_mode(&b->cfg), err, errcap);
   if (b->admin_sock == NULL) return GMB_E_SYSTEM;
+  /* metrics_listen was asked for and cannot be served: say so now rather
+   * than run without the endpoint an operator relies on.  The server's
+   * thread starts after the signal mask is set, so it never sees one. */
+  if (b->cfg.metrics_listen[0]) {
+    rc = gmb__http_start(b->cfg.metrics_listen, &b->loop->http, err, errcap);
+    if (rc) return rc;
+    log_info("serving metrics on http://%s/metrics", b->cfg.metrics_listen);
+  }
   return 0;
 }
 
 void gmb__loop_close(struct gmb_broker *b) {
+  struct gmb_loop *l = b->loop;
+  if (l) gmb__http_stop(l->http);
   if (b->client_sock) zmq_close(b->client_sock);
   if (b->admin_sock) zmq_close(b->admin_sock);
   b->client_sock = b->admin_sock = NULL;
@@ -182,31 +220,12 @@ void gmb__loop_close(struct gmb_broker *b) {
   b->zctx = NULL;
   if (b->client_path[0]) unlink(b->client_path);
   if (b->admin_path[0]) unlink(b->admin_path);
-  if (b->sigfd >= 0) close(b->sigfd);
-  b->sigfd = -1;
-  free(loop_items);
-  free(loop_item_sessions);
-  loop_items = NULL;
-  loop_item_sessions = NULL;
-  loop_n_items = loop_cap_items = 0;
-  loop_dirty = 1;
-}
-
-void gmb__loop_send(struct gmb_broker *b, void *sock, const uint8_t *rid,
-                    size_t rid_len, const struct wire_reply *rep) {
-  (void)b;
-  uint8_t *buf = NULL;
-  size_t len = 0;
-  int rc = gmb__wire_reply_encode(rep, &buf, &len);
-  if (rc) {
-    log_error("cannot encode a reply: %s", gmb_strerror(rc));
-    return;
-  }
-  if (zmq_send(sock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-      zmq_send(sock, buf, len, ZMQ_DONTWAIT) < 0)
-    log_debug("reply %" PRIu64 " dropped: %s", rep->id,
-              zmq_strerror(zmq_errno()));
-  free(buf);
+  if (l == NULL) return;
+  if (l->sigfd >= 0) close(l->sigfd);
+  free(l->items);
+  free(l->item_sessions);
+  free(l);
+  b->loop = NULL;
 }
 
 /* "localhost:UID:GID:PID" (libzmq, from SO_PEERCRED): the last three. */
@@ -234,18 +253,19 @@ static int loop_peer_creds(zmq_msg_t *m, struct gmb_peer *p) {
   return 0;
 }
 
-static void loop_reply_error(struct gmb_broker *b, void *sock,
+static void loop_reply_error(struct gmb_broker *b, enum gmb_socket which,
                              const uint8_t *rid, size_t rid_len, int status,
                              const char *msg) {
   struct wire_reply rep;
   memset(&rep, 0, sizeof rep);
-  rep.status = status;
-  snprintf(rep.message, sizeof rep.message, "%s", msg);
-  gmb__loop_send(b, sock, rid, rid_len, &rep);
+  gmb__reply_fail(&rep, status, "%s", msg);
+  gmb__reply_send(b, which, rid, rid_len, &rep);
 }
 
-/* Takes one message off `sock`; 0 when one was handled, -1 when none. */
-static int loop_take(struct gmb_broker *b, void *sock, int admin) {
+/* Takes one message off socket `which`; 0 when one was handled, -1 when
+ * none. */
+static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
+  void *sock = which == GMB_SOCK_ADMIN ? b->admin_sock : b->client_sock;
   zmq_msg_t rid, body;
   zmq_msg_init(&rid);
   if (zmq_msg_recv(&rid, sock, ZMQ_DONTWAIT) < 0) {
@@ -270,30 +290,31 @@ static int loop_take(struct gmb_broker *b, void *sock, int admin) {
   struct gmb_peer peer = {.rid = r, .rid_len = rlen};
   struct wire_request req;
   if (extra) {
-    loop_reply_error(b, sock, r, rlen, GMB_E_PROTO,
+    loop_reply_error(b, which, r, rlen, GMB_E_PROTO,
                      "a request is one frame; multi-part message dropped");
   } else if (loop_peer_creds(&body, &peer) != 0) {
     log_warn("message without peer credentials dropped");
-    loop_reply_error(b, sock, r, rlen, GMB_E_AUTH,
+    loop_reply_error(b, which, r, rlen, GMB_E_AUTH,
                      "the broker cannot tell who sent this message");
   } else if (gmb__wire_request_decode(zmq_msg_data(&body),
                                       zmq_msg_size(&body), &req) != 0) {
     log_warn("undecodable message (%zu bytes) from uid %u pid %d",
              zmq_msg_size(&body), (unsigned)peer.uid, (int)peer.pid);
-    loop_reply_error(b, sock, r, rlen, GMB_E_PROTO,
+    loop_reply_error(b, which, r, rlen, GMB_E_PROTO,
                      "the message does not decode as a gmb Request");
   } else {
     struct wire_reply rep;
     uint64_t t0 = gmb__now_ns();
-    if (admin) {
+    if (which == GMB_SOCK_ADMIN) {
       if (gmb__admin(b, &peer, &req, &rep))
-        gmb__loop_send(b, sock, r, rlen, &rep);
+        gmb__reply_send(b, which, r, rlen, &rep);
     } else if (gmb__dispatch(b, &peer, &req, &rep)) {
-      gmb__loop_send(b, sock, r, rlen, &rep);
-      gmb__observe_request(b, req.kind, rep.status, gmb__now_ns() - t0);
+      gmb__reply_send(b, which, r, rlen, &rep);
+      gmb__observe_request(b->observe, req.kind, rep.status,
+                           gmb__now_ns() - t0);
     }
     gmb__wire_reply_clear(&rep);
-    if (b->checks && gmb__broker_check(b) != 0)
+    if (b->checks && gmb__core_check(b) != 0)
       GMB_ASSERT(!"consistency check failed after a request");
   }
   zmq_msg_close(&body);
@@ -301,44 +322,41 @@ static int loop_take(struct gmb_broker *b, void *sock, int admin) {
   return 0;
 }
 
-struct loop_collect {
-  size_t n;
-};
-
 static void loop_add_session(void *ctx, struct gmb_session *s) {
-  struct loop_collect *c = ctx;
+  struct gmb_loop *l = ctx;
   if (s->pidfd < 0) return;
-  loop_items[c->n].socket = NULL;
-  loop_items[c->n].fd = s->pidfd;
-  loop_items[c->n].events = ZMQ_POLLIN;
-  loop_items[c->n].revents = 0;
-  loop_item_sessions[c->n] = s;
-  c->n++;
+  zmq_pollitem_t *it = &l->items[l->n_items];
+  memset(it, 0, sizeof *it);
+  it->fd = s->pidfd;
+  it->events = ZMQ_POLLIN;
+  l->item_sessions[l->n_items++] = s;
 }
 
 static int loop_rebuild(struct gmb_broker *b) {
-  size_t want = 3 + gmb__sessions_count(b->sessions);
-  if (want > loop_cap_items) {
+  struct gmb_loop *l = b->loop;
+  size_t want = LOOP_SLOTS_FIXED + gmb__sessions_count(b->sessions);
+  if (want > l->cap_items) {
     size_t cap = want * 2;
-    zmq_pollitem_t *it = realloc(loop_items, cap * sizeof *it);
+    zmq_pollitem_t *it = realloc(l->items, cap * sizeof *it);
     if (it == NULL) return -1;
-    loop_items = it;
-    struct gmb_session **ss = realloc(loop_item_sessions, cap * sizeof *ss);
+    l->items = it;
+    struct gmb_session **ss = realloc(l->item_sessions, cap * sizeof *ss);
     if (ss == NULL) return -1;
-    loop_item_sessions = ss;
-    loop_cap_items = cap;
+    l->item_sessions = ss;
+    l->cap_items = cap;
   }
-  memset(loop_items, 0, 3 * sizeof *loop_items);
-  loop_items[0].socket = b->client_sock;
-  loop_items[0].events = ZMQ_POLLIN;
-  loop_items[1].socket = b->admin_sock;
-  loop_items[1].events = ZMQ_POLLIN;
-  loop_items[2].fd = b->sigfd;
-  loop_items[2].events = ZMQ_POLLIN;
-  struct loop_collect c = {3};
-  gmb__sessions_each(b->sessions, loop_add_session, &c);
-  loop_n_items = c.n;
-  loop_dirty = 0;
+  memset(l->items, 0, LOOP_SLOTS_FIXED * sizeof *l->items);
+  memset(l->item_sessions, 0, LOOP_SLOTS_FIXED * sizeof *l->item_sessions);
+  l->items[LOOP_SLOT_CLIENT].socket = b->client_sock;
+  l->items[LOOP_SLOT_CLIENT].events = ZMQ_POLLIN;
+  l->items[LOOP_SLOT_ADMIN].socket = b->admin_sock;
+  l->items[LOOP_SLOT_ADMIN].events = ZMQ_POLLIN;
+  l->items[LOOP_SLOT_SIGNAL].fd = l->sigfd;
+  l->items[LOOP_SLOT_SIGNAL].events = ZMQ_POLLIN;
+  l->n_items = LOOP_SLOTS_FIXED;
+  gmb__sessions_each(b->sessions, loop_add_session, l);
+  l->gen = gmb__sessions_gen(b->sessions);
+  l->built = 1;
   return 0;
 }
 
@@ -350,14 +368,14 @@ struct loop_hb {
 static void loop_check_heartbeat(void *ctx, struct gmb_session *s) {
   struct loop_hb *h = ctx;
   if (s->pidfd >= 0) return;
-  uint64_t limit = 3ull * h->b->cfg.heartbeat_ms * 1000000ull;
+  uint64_t limit = 3 * h->b->cfg.heartbeat_ms * GMB_NS_PER_MS;
   if (h->now - s->last_seen_ns > limit)
-    gmb__session_end(h->b, s, "heartbeats stopped");
+    gmb__core_session_end(h->b, s, "heartbeats stopped");
 }
 
 static void loop_signal(struct gmb_broker *b) {
   struct signalfd_siginfo si;
-  while (read(b->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+  while (read(b->loop->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
     if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
       log_info("signal %d: stopping", (int)si.ssi_signo);
       b->stopping = 1;
@@ -373,59 +391,67 @@ static void loop_signal(struct gmb_broker *b) {
 }
 
 static void loop_tell_shutdown(void *ctx, struct gmb_session *s) {
-  struct gmb_broker *b = ctx;
-  struct wire_reply ev;
-  memset(&ev, 0, sizeof ev);
-  ev.kind = WIRE_EVENT;
-  ev.u.event.kind = WIRE_EVENT_SHUTDOWN;
-  snprintf(ev.message, sizeof ev.message, "the broker is shutting down");
-  gmb__loop_send(b, b->client_sock, s->rid, s->rid_len, &ev);
+  gmb__reply_event(ctx, s, WIRE_EVENT_SHUTDOWN, 0,
+                   "the broker is shutting down");
+}
+
+/* About once a second (and at the first round) the metrics text goes to
+ * the HTTP endpoint, whose thread serves only that copy. */
+static void loop_publish(struct gmb_broker *b, uint64_t now) {
+  struct gmb_loop *l = b->loop;
+  if (l->http == NULL || now < l->next_publish_ns) return;
+  l->next_publish_ns = now + LOOP_PUBLISH_NS;
+  char *text = gmb__observe_metrics(b);
+  if (text == NULL) return; /* out of memory: the last text stays */
+  gmb__http_publish(l->http, text);
+  free(text);
 }
 
 int gmb__loop_run(struct gmb_broker *b) {
+  struct gmb_loop *l = b->loop;
+  uint64_t hb_ns = b->cfg.heartbeat_ms * GMB_NS_PER_MS;
   uint64_t next_trim = gmb__now_ns() + LOOP_TRIM_NS;
-  uint64_t next_hb = gmb__now_ns() + b->cfg.heartbeat_ms * 1000000ull;
+  uint64_t next_hb = gmb__now_ns() + hb_ns;
   uint64_t next_frag = gmb__now_ns() + LOOP_FRAG_NS;
   while (!b->stopping) {
-    if (loop_dirty && loop_rebuild(b) != 0) {
+    if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
       return 1;
     }
     uint64_t now = gmb__now_ns();
-    uint64_t wait_ns = gmb__dispatch_expire_waiters(b, now);
+    uint64_t wait_ns = gmb__waitq_expire(b, now);
     if (next_trim - now < wait_ns) wait_ns = next_trim > now ? next_trim - now : 0;
     if (next_hb > now && next_hb - now < wait_ns) wait_ns = next_hb - now;
-    long timeout_ms = (long)(wait_ns / 1000000u) + 1;
+    long timeout_ms = (long)(wait_ns / GMB_NS_PER_MS) + 1;
     if (timeout_ms > 1000) timeout_ms = 1000;
-    if (loop_dirty) timeout_ms = 0; /* expiring waiters changed nothing of
-                                       the poll set, but be safe */
+    /* Expiring waiters may have ended nothing, but be safe: a stale set is
+     * rebuilt first. */
+    if (loop_stale(b)) timeout_ms = 0;
     /* While compaction has work, poll without sleeping: the loop
      * alternates between a slice of compaction and the messages that
      * arrived meanwhile. */
-    if (b->compacting || b->compact_reqs) timeout_ms = 0;
-    int rc = zmq_poll(loop_items, (int)loop_n_items, timeout_ms);
+    if (gmb__defrag_busy(b)) timeout_ms = 0;
+    int rc = zmq_poll(l->items, (int)l->n_items, timeout_ms);
     if (rc < 0) {
       if (zmq_errno() == EINTR) continue;
       log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
       return 1;
     }
-    if (loop_items[2].revents & ZMQ_POLLIN) loop_signal(b);
-    /* Sessions that end in this round make the pidfd results stale. */
-    int stale = 0;
+    if (l->items[LOOP_SLOT_SIGNAL].revents & ZMQ_POLLIN) loop_signal(b);
     for (int i = 0; i < LOOP_BATCH; i++)
-      if (loop_take(b, b->client_sock, 0) != 0) break;
+      if (loop_take(b, GMB_SOCK_CLIENT) != 0) break;
     for (int i = 0; i < LOOP_BATCH; i++)
-      if (loop_take(b, b->admin_sock, 1) != 0) break;
-    stale = loop_dirty;
-    if (!stale) {
-      for (size_t i = 3; i < loop_n_items; i++) {
-        if (!(loop_items[i].revents & ZMQ_POLLIN)) continue;
-        gmb__session_end(b, loop_item_sessions[i], "its process exited");
+      if (loop_take(b, GMB_SOCK_ADMIN) != 0) break;
+    /* Sessions that ended in this round make the pidfd results stale. */
+    if (!loop_stale(b)) {
+      for (size_t i = LOOP_SLOTS_FIXED; i < l->n_items; i++) {
+        if (!(l->items[i].revents & ZMQ_POLLIN)) continue;
+        gmb__core_session_end(b, l->item_sessions[i], "its process exited");
         break; /* the set is stale now; the next round sees the rest */
       }
     }
     now = gmb__now_ns();
-    if (b->compacting || b->compact_reqs) {
+    if (gmb__defrag_busy(b)) {
       gmb__defrag_tick(b, now + LOOP_COMPACT_NS);
       now = gmb__now_ns();
     }
@@ -433,11 +459,11 @@ int gmb__loop_run(struct gmb_broker *b) {
       gmb__defrag_timer(b, now);
       next_frag = now + LOOP_FRAG_NS;
     }
-    gmb__observe_tick(b, now); /* publishes metrics to HTTP once a second */
+    loop_publish(b, now);
     if (now >= next_hb) {
       struct loop_hb h = {b, now};
       gmb__sessions_each(b->sessions, loop_check_heartbeat, &h);
-      next_hb = now + b->cfg.heartbeat_ms * 1000000ull;
+      next_hb = now + hb_ns;
     }
     if (now >= next_trim) {
       uint64_t freed = gmb__pool_trim(b->pool);

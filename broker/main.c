@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "core.h"
 #include "gmb.h"
 #include "log.h"
-#include "observe.h"
-#include "state.h"
-#include "session.h"
+#include "loop.h"
+#include "statefile.h"
 #include "util.h"
 
 static void main_usage(FILE *f) {
@@ -39,10 +39,6 @@ static void main_usage(FILE *f) {
           "  -V, --version         print the version\n"
           "\n"
           "Flags override the config file.\n");
-}
-
-int gmb__broker_check(struct gmb_broker *b) {
-  return gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants);
 }
 
 int main(int argc, char **argv) {
@@ -84,7 +80,6 @@ int main(int argc, char **argv) {
 
   static struct gmb_broker broker;
   struct gmb_broker *b = &broker;
-  b->sigfd = -1;
   char err[1024];
   gmb__config_defaults(&b->cfg);
   if (config) {
@@ -117,40 +112,26 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  int rc = gmb__device_open(b->cfg.device, b->cfg.capacity,
-                            b->cfg.device_reserve, &b->dev, err, sizeof err);
+  int rc = gmb__core_open(b, err, sizeof err);
+  if (rc == 0) {
+    /* Limits an operator set at run time win over the config; a state
+     * file that does not read is a reason not to start, not to drop them. */
+    char why[sizeof err - 16];
+    rc = gmb__statefile_load(b, why, sizeof why);
+    if (rc) {
+      snprintf(err, sizeof err, "state: %s", why);
+      rc = GMB_E_INVAL;
+    }
+  }
   if (rc) {
-    fprintf(stderr, "gmb-broker: device %s: %s\n", b->cfg.device, err);
+    fprintf(stderr, "gmb-broker: %s\n", err);
+    gmb__core_close(b);
     gmb__config_free(&b->cfg);
     return rc == GMB_E_INVAL ? 2 : 1;
-  }
-  b->pool = gmb__pool_new(b->dev, gmb__dispatch_retire, b);
-  b->tenants = b->pool ? gmb__tenants_new(b->pool, &b->cfg) : NULL;
-  b->sessions = gmb__sessions_new();
-  b->observe = gmb__observe_new();
-  if (b->pool == NULL || b->tenants == NULL || b->sessions == NULL ||
-      b->observe == NULL) {
-    fprintf(stderr, "gmb-broker: out of memory at start-up\n");
-    return 1;
-  }
-  char msg[256];
-  if (gmb__tenants_check_reservations(b->tenants, b->dev->capacity, msg,
-                                      sizeof msg) != 0)
-    log_warn("%s", msg);
-  /* Limits an operator set at run time win over the config; a state file
-   * that does not read is a reason not to start, not to drop them. */
-  if (gmb__state_load(b, err, sizeof err) != 0) {
-    fprintf(stderr, "gmb-broker: state: %s\n", err);
-    return 2;
   }
   b->start_ns = gmb__now_ns();
   int status = 0;
   if (gmb__loop_open(b, err, sizeof err) != 0) {
-    fprintf(stderr, "gmb-broker: %s\n", err);
-    status = 1;
-  } else if (gmb__observe_serve(b, err, sizeof err) != 0) {
-    /* metrics_listen was asked for and cannot be served: say so now
-     * rather than run without the endpoint an operator relies on. */
     fprintf(stderr, "gmb-broker: %s\n", err);
     status = 1;
   } else {
@@ -163,14 +144,8 @@ int main(int argc, char **argv) {
   }
   /* Sessions were told; now end them, release every segment, and remove
    * the socket files. */
-  gmb__sessions_destroy(b, b->sessions);
-  b->sessions = NULL;
-  gmb__tenants_destroy(b->tenants);
-  gmb__pool_destroy(b->pool);
-  gmb__device_close(b->dev);
+  gmb__core_close(b);
   gmb__loop_close(b);
-  gmb__observe_destroy(b->observe);
-  gmb__state_free();
   gmb__config_free(&b->cfg);
   log_info("stopped");
   return status;

@@ -1,17 +1,17 @@
 /*
- * observe.c - what the broker shows of itself: the snapshot behind gmbctl
- * map/snapshot, the counters behind the metrics, and the metrics text for
- * gmbctl metrics and the HTTP endpoint (docs/metrics.md, docs/snapshot.md).
+ * observe.c - what the broker shows of itself: the admin status, the
+ * snapshot behind gmbctl map/snapshot, the counters behind the metrics, and
+ * the metrics text for gmbctl metrics and the HTTP endpoint
+ * (docs/metrics.md, docs/snapshot.md).
  *
- * Owns: request counters per kind and per refusal, the allocation latency
- * histogram, and the HTTP endpoint with its publish timer.  All of it runs
- * on the loop thread; the endpoint's server thread only reads the copy of
- * the text published through gmb__http_publish().
+ * Owns: request counters per kind and per refusal and the allocation
+ * latency histogram.  All of it runs on the loop thread; the loop publishes
+ * the text to the HTTP endpoint (http.c).
  *
  * Invariants: a snapshot's ranges tile each segment in address order (the
- * pool walk guarantees it; the snapshot only copies); its status is the
- * admin status itself (built by admin.c, not rebuilt here), so that map,
- * snapshot and status never disagree; every counter only grows.
+ * pool walk guarantees it; the snapshot only copies); its status is built
+ * by the same function as the admin status, so that map, snapshot and
+ * status never disagree; every counter only grows.
  */
 #include "observe.h"
 
@@ -19,12 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "compact.h"
 #include "gmb.h"
-#include "http.h"
-#include "locktab.h"
 #include "log.h"
 #include "session.h"
 #include "tenant.h"
@@ -32,7 +28,6 @@
 
 #define OBSERVE_KINDS 32  /* > every enum wire_kind */
 #define OBSERVE_CODES 32  /* > every -GMB_E_* */
-#define OBSERVE_PUBLISH_NS (1000ull * 1000000ull)
 
 /* Upper bounds of the allocation latency buckets, in seconds.  An answer
  * from the pool takes microseconds; one that created a segment or waited
@@ -49,23 +44,16 @@ struct gmb_observe {
   uint64_t alloc_bucket[OBSERVE_NLE + 1]; /* not cumulative; last: +Inf */
   uint64_t alloc_count;
   double alloc_seconds;
-  struct gmb_http *http;
-  uint64_t next_publish_ns; /* 0: publish at the next tick */
 };
 
 struct gmb_observe *gmb__observe_new(void) {
   return calloc(1, sizeof(struct gmb_observe));
 }
 
-void gmb__observe_destroy(struct gmb_observe *o) {
-  if (o == NULL) return;
-  gmb__http_stop(o->http);
-  free(o);
-}
+void gmb__observe_destroy(struct gmb_observe *o) { free(o); }
 
-void gmb__observe_request(struct gmb_broker *b, enum wire_kind kind,
+void gmb__observe_request(struct gmb_observe *o, enum wire_kind kind,
                           int status, uint64_t ns) {
-  struct gmb_observe *o = b->observe;
   if (o == NULL) return;
   if ((unsigned)kind < OBSERVE_KINDS) o->requests[kind]++;
   if (status < 0 && -status < OBSERVE_CODES) o->refusals[-status]++;
@@ -76,6 +64,70 @@ void gmb__observe_request(struct gmb_broker *b, enum wire_kind kind,
   o->alloc_bucket[i]++;
   o->alloc_count++;
   o->alloc_seconds += s;
+}
+
+/* --- status ------------------------------------------------------------- */
+
+void gmb__observe_tenant_row(struct gmb_tenant *t,
+                             struct wire_tenant_row *row) {
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(t->arena, &as);
+  memset(row, 0, sizeof *row);
+  snprintf(row->name, sizeof row->name, "%s", t->name);
+  row->quota = t->quota;
+  row->used = t->used;
+  row->peak = t->peak;
+  row->segments = as.segment_bytes;
+  row->sessions = t->n_sessions;
+  row->allocations = as.allocations;
+  row->free_in_segments = as.free_total;
+  row->largest_free = as.largest_free;
+  row->fragmentation = gmb__fragmentation(as.largest_free, as.free_total);
+  row->reserve = t->reserve;
+  row->priority = t->priority;
+  row->waiting = t->waiting;
+}
+
+struct observe_rows {
+  struct wire_tenant_row *rows;
+  size_t n, cap;
+};
+
+static int observe_row(void *ctx, struct gmb_tenant *t) {
+  struct observe_rows *r = ctx;
+  if (r->n == r->cap) return 1;
+  gmb__observe_tenant_row(t, &r->rows[r->n++]);
+  return 0;
+}
+
+void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  rep->kind = WIRE_ADMIN_STATUS;
+  snprintf(rep->u.admin_status.device, sizeof rep->u.admin_status.device,
+           "%s", b->dev->desc);
+  rep->u.admin_status.capacity = ps.capacity;
+  rep->u.admin_status.in_segments = ps.segment_bytes;
+  rep->u.admin_status.retiring = b->dev->retiring_bytes;
+  rep->u.admin_status.in_use = ps.used;
+  rep->u.admin_status.sessions = (uint32_t)gmb__sessions_count(b->sessions);
+  rep->u.admin_status.fragmentation = gmb__pool_fragmentation(
+      b->pool, &rep->u.admin_status.largest_free, NULL);
+  rep->u.admin_status.compaction = b->compact_totals;
+  struct observe_rows r = {0};
+  r.cap = gmb__tenants_count(b->tenants);
+  if (r.cap) {
+    r.rows = calloc(r.cap, sizeof *r.rows);
+    if (r.rows == NULL) {
+      rep->kind = WIRE_NONE;
+      rep->status = GMB_E_SYSTEM;
+      snprintf(rep->message, sizeof rep->message, "out of host memory");
+      return;
+    }
+    gmb__tenants_each(b->tenants, observe_row, &r);
+  }
+  rep->u.admin_status.tenants = r.rows; /* freed by gmb__wire_reply_clear */
+  rep->u.admin_status.n_tenants = r.n;
 }
 
 /* --- snapshot ------------------------------------------------------------ */
@@ -146,12 +198,8 @@ static int observe_range(void *ctx, const struct gmb_alloc_info *info,
   ri->id = info->id;
   ri->movable = (info->flags & GMB_MOVABLE) != 0;
   const struct gmb_session *s = info->owner;
-  if (s) {
-    ri->session = s->id;
-    /* The slot is the allocation's tag - 1 (dispatch.c). */
-    if (ri->movable && info->tag && s->lt)
-      ri->locked = gmb__locktab_holders(s->lt, info->tag - 1) != 0;
-  }
+  if (s) ri->session = s->id;
+  if (ri->movable) ri->locked = gmb__session_alloc_locked(info);
   return 0;
 }
 
@@ -161,12 +209,10 @@ static void observe_segments_free(struct wire_segment_info *segs, size_t n) {
 }
 
 void gmb__observe_snapshot(struct gmb_broker *b, struct wire_reply *rep) {
-  /* The status is exactly what AdminStatus answers: ask admin.c for it as
-   * the broker's own uid (always an admin), so it is built in one place. */
-  struct gmb_peer self = {.uid = geteuid(), .gid = getegid()};
-  struct wire_request sreq = {.id = rep->id, .kind = WIRE_ADMIN_STATUS};
+  /* The status is exactly what AdminStatus answers. */
   struct wire_reply st;
-  gmb__admin(b, &self, &sreq, &st);
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(b, &st);
   if (st.status != 0 || st.kind != WIRE_ADMIN_STATUS) {
     rep->status = st.status ? st.status : GMB_E_SYSTEM;
     snprintf(rep->message, sizeof rep->message, "%s", st.message);
@@ -378,7 +424,7 @@ char *gmb__observe_metrics(struct gmb_broker *b) {
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   uint64_t largest = 0;
-  double frag = gmb__defrag_device_fragmentation(b, &largest, NULL);
+  double frag = gmb__pool_fragmentation(b->pool, &largest, NULL);
   const struct wire_compact_stats *c = &b->compact_totals;
 
   observe_head(f, "gmb_build_info", "gauge",
@@ -413,7 +459,7 @@ char *gmb__observe_metrics(struct gmb_broker *b) {
   observe_tenant_metrics(f, &r);
   observe_u64(f, "gmb_wait_queue_length", "gauge",
               "Allocation requests waiting for memory.",
-              (uint64_t)b->n_waiting);
+              (uint64_t)b->waitq.n);
   observe_request_metrics(f, o);
   observe_u64(f, "gmb_compaction_runs_total", "counter",
               "Compaction runs finished.", c->runs);
@@ -440,26 +486,4 @@ char *gmb__observe_metrics(struct gmb_broker *b) {
     return NULL;
   }
   return text;
-}
-
-/* --- HTTP endpoint ---------------------------------------------------------- */
-
-int gmb__observe_serve(struct gmb_broker *b, char *err, size_t errcap) {
-  if (b->cfg.metrics_listen[0] == '\0' || b->observe == NULL) return 0;
-  struct gmb_observe *o = b->observe;
-  int rc = gmb__http_start(b->cfg.metrics_listen, &o->http, err, errcap);
-  if (rc) return rc;
-  log_info("serving metrics on http://%s/metrics", b->cfg.metrics_listen);
-  o->next_publish_ns = 0;
-  return 0;
-}
-
-void gmb__observe_tick(struct gmb_broker *b, uint64_t now_ns) {
-  struct gmb_observe *o = b->observe;
-  if (o == NULL || o->http == NULL || now_ns < o->next_publish_ns) return;
-  o->next_publish_ns = now_ns + OBSERVE_PUBLISH_NS;
-  char *text = gmb__observe_metrics(b);
-  if (text == NULL) return; /* out of memory: the last text stays */
-  gmb__http_publish(o->http, text);
-  free(text);
 }

@@ -932,6 +932,21 @@ void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
   if (room > out->largest_free) out->largest_free = room;
 }
 
+double gmb__fragmentation(uint64_t largest_free, uint64_t total_free) {
+  if (total_free == 0 || largest_free >= total_free) return 0.0;
+  return 1.0 - (double)largest_free / (double)total_free;
+}
+
+double gmb__pool_fragmentation(const struct gmb_pool *p,
+                               uint64_t *largest_free, uint64_t *free_total) {
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(p, &ps);
+  uint64_t total = ps.capacity > ps.used ? ps.capacity - ps.used : 0;
+  if (largest_free) *largest_free = ps.largest_free;
+  if (free_total) *free_total = total;
+  return gmb__fragmentation(ps.largest_free, total);
+}
+
 int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx) {
   struct gmb_segment *s;
   RB_FOREACH(s, pool_seg_tree, (struct pool_seg_tree *)&p->segs) {

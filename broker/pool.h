@@ -151,6 +151,15 @@ struct gmb_pool_stats {
 };
 void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out);
 
+/* 1 - largest / total, 0 when nothing is free. */
+double gmb__fragmentation(uint64_t largest_free, uint64_t total_free);
+
+/* The device's fragmentation as the pool sees it: 1 - the largest range a
+ * request could get now / what is not allocated (capacity - used).  Either
+ * out pointer may be NULL. */
+double gmb__pool_fragmentation(const struct gmb_pool *p,
+                               uint64_t *largest_free, uint64_t *free_total);
+
 /* Visits every range of every segment in address order; `info->id` is 0 for
  * a free range.  A move target in flight is reported with is_free 0, id 0,
  * owner NULL and flags GMB_RANGE_TARGET: it is neither free nor live.

@@ -3,10 +3,8 @@
  * the segments they mapped.
  *
  * Sessions are few compared to allocations (one per client process), so a
- * red-black tree by routing id is plenty; the loop's poll set is rebuilt
- * from it when it changes.  Ending a session is the one place where a
- * client's memory is taken back without its asking: it runs when the
- * process dies, says Bye, stops heartbeating or the broker stops.
+ * red-black tree by routing id is plenty; the loop rebuilds its poll set
+ * from it when the generation changed.
  */
 #include "session.h"
 
@@ -36,6 +34,7 @@ RB_GENERATE_STATIC(session_tree, gmb_session, link, session_cmp)
 struct gmb_sessions {
   struct session_tree tree;
   size_t count;
+  uint64_t gen; /* bumped at every insert and removal */
 };
 
 struct gmb_sessions *gmb__sessions_new(void) {
@@ -104,55 +103,57 @@ struct gmb_session *gmb__session_new(struct gmb_broker *b,
   tenant->n_sessions++;
   RB_INSERT(session_tree, &b->sessions->tree, s);
   b->sessions->count++;
-  gmb__loop_sessions_changed(b);
+  b->sessions->gen++;
   return s;
 }
 
-void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
-                      const char *why) {
+void gmb__session_detach(struct gmb_session *s) {
   struct gmb_tenant *t = s->tenant;
-  gmb__dispatch_drop_waiters(b, s);
-  /* Out of the tenant's list first: segments retired while its memory is
-   * freed are not announced to a session that is going away. */
   if (s->tenant_prev)
     s->tenant_prev->tenant_next = s->tenant_next;
-  else
+  else if (t->sessions == s)
     t->sessions = s->tenant_next;
+  else
+    return; /* detached already */
   if (s->tenant_next) s->tenant_next->tenant_prev = s->tenant_prev;
+  s->tenant_next = s->tenant_prev = NULL;
   t->n_sessions--;
-  gmb__defrag_forget_session(b, s);
-  uint64_t freed = gmb__pool_free_owner(b->pool, t->arena, s);
-  gmb__tenant_uncharge(t, freed);
-  if (freed) b->pool_ops++;
-  /* Locks it held die with it: the table goes, and so do its slots. */
-  gmb__locktab_destroy(s->lt);
-  s->lt = NULL;
-  log_info("session %llu (tenant %s, uid %u, pid %d) ended: %s; %llu bytes "
-           "in %llu allocations freed", (unsigned long long)s->id, t->name,
-           (unsigned)s->uid, (int)s->pid, why, (unsigned long long)freed,
-           (unsigned long long)s->allocations);
-  /* Retired cuda segments it had yet to close: its process's mappings died
-   * with it (or it closed them before Bye), so it holds them no longer. */
-  int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
-  RB_REMOVE(session_tree, &b->sessions->tree, s);
-  b->sessions->count--;
+}
+
+void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s) {
+  gmb__session_detach(s);
+  RB_REMOVE(session_tree, &ss->tree, s);
+  ss->count--;
+  ss->gen++;
   if (s->pidfd >= 0) close(s->pidfd);
   free(s->segs);
   free(s->rid);
   free(s);
-  gmb__loop_sessions_changed(b);
-  if (freed || unparked) gmb__dispatch_serve_waiters(b);
 }
 
-void gmb__sessions_destroy(struct gmb_broker *b, struct gmb_sessions *ss) {
+void gmb__sessions_destroy(struct gmb_sessions *ss) {
   if (ss == NULL) return;
-  struct gmb_session *s, *next;
-  RB_FOREACH_SAFE(s, session_tree, &ss->tree, next)
-    gmb__session_end(b, s, "the broker is stopping");
+  GMB_ASSERT(ss->count == 0 && "sessions are ended before the table goes");
   free(ss);
 }
 
 size_t gmb__sessions_count(const struct gmb_sessions *ss) { return ss->count; }
+
+uint64_t gmb__sessions_gen(const struct gmb_sessions *ss) { return ss->gen; }
+
+struct gmb_locktab *gmb__session_slot(const struct gmb_alloc_info *a,
+                                      uint32_t *slot) {
+  const struct gmb_session *s = a->owner;
+  if (s == NULL || s->lt == NULL || !gmb__locktab_tag_slot(a->tag, slot))
+    return NULL;
+  return s->lt;
+}
+
+int gmb__session_alloc_locked(const struct gmb_alloc_info *a) {
+  uint32_t slot;
+  struct gmb_locktab *lt = gmb__session_slot(a, &slot);
+  return lt != NULL && gmb__locktab_holders(lt, slot) != 0;
+}
 
 void gmb__sessions_each(struct gmb_sessions *ss,
                         void (*fn)(void *ctx, struct gmb_session *s),

@@ -6,8 +6,11 @@
  * the client's process through a pidfd when it can see the pid, else it
  * asks for heartbeats.  A session remembers which segments' handles it was
  * given, so that a retired segment is announced only to those that mapped
- * it.  Ending a session frees all its allocations and counts them back to
- * its tenant.
+ * it.  This module keeps the table; ending a session (freeing its memory,
+ * dropping its waiters, telling the device) is core.c's, which calls
+ * gmb__session_detach and gmb__session_free at the right moments.  The
+ * table's generation changes whenever a session comes or goes, so the loop
+ * knows when to rebuild its poll set without being called from here.
  */
 #ifndef GMB_SESSION_H
 #define GMB_SESSION_H
@@ -15,10 +18,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rbtree.h"
 #include <sys/types.h>
 
 #include "broker.h"
+#include "pool.h"
+#include "rbtree.h"
 
 struct gmb_locktab;
 
@@ -43,8 +47,9 @@ struct gmb_session {
 };
 
 struct gmb_sessions *gmb__sessions_new(void);
-/* Ends every session (no messages sent) and frees the table. */
-void gmb__sessions_destroy(struct gmb_broker *b, struct gmb_sessions *ss);
+/* Frees the table, which must be empty (core.c ends every session first).
+ * Accepts NULL. */
+void gmb__sessions_destroy(struct gmb_sessions *ss);
 
 struct gmb_session *gmb__session_find(struct gmb_sessions *ss,
                                       const uint8_t *rid, size_t rid_len);
@@ -54,16 +59,26 @@ struct gmb_session *gmb__session_new(struct gmb_broker *b,
                                      const struct gmb_peer *peer,
                                      struct gmb_tenant *tenant,
                                      const char *client);
-/* Ends a session: frees its allocations, drops its waiters, removes it.
- * `why` is logged. */
-void gmb__session_end(struct gmb_broker *b, struct gmb_session *s,
-                      const char *why);
+/* Takes s out of its tenant's list of sessions (the first step of ending
+ * it: segments retired from now on are not announced to it). */
+void gmb__session_detach(struct gmb_session *s);
+/* Removes s from the table and frees it (its pidfd is closed). */
+void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s);
 
 size_t gmb__sessions_count(const struct gmb_sessions *ss);
+/* Changes whenever a session is added or removed. */
+uint64_t gmb__sessions_gen(const struct gmb_sessions *ss);
 /* Visits every session; fn may end the session it is given. */
 void gmb__sessions_each(struct gmb_sessions *ss,
                         void (*fn)(void *ctx, struct gmb_session *s),
                         void *ctx);
+
+/* The lock table and slot of a movable allocation (its owner is the
+ * session), or NULL when it has none: pinned, or no table. */
+struct gmb_locktab *gmb__session_slot(const struct gmb_alloc_info *a,
+                                      uint32_t *slot);
+/* 1 when a movable allocation is locked by its client right now. */
+int gmb__session_alloc_locked(const struct gmb_alloc_info *a);
 
 /* 1 when the session was already given segment `seg`'s handle; else
  * records it and returns 0.  -1 on ENOMEM. */

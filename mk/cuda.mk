@@ -1,4 +1,4 @@
-# The CUDA device's test double and the GPU bundle (issue 5).
+# The CUDA device's test double and the GPU bundle.
 #
 #   $(B)/fakecuda/libcuda.so.1   a fake CUDA driver on POSIX shm
 #                                (tests/fakecuda/fakecuda.c), loaded by the
@@ -30,6 +30,7 @@ $(B)/tests/check_cudrv $(B)/tests/check_device_cuda $(B)/tests/test_cuda \
 CUDA_HOME ?= /usr/local/cuda
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
 CUDRV_ABI_OBJ := $(B)/obj/tests/fakecuda/cudrv_abi.o
+$(CUDRV_ABI_OBJ): INC = $(COMMON_INC)
 $(CUDRV_ABI_OBJ): CFLAGS += -DGMB_CUDA_H='"$(CUDA_HOME)/include/cuda.h"'
 $(B)/obj/tests/unit/check_cudrv.o: CFLAGS += -DGMB_HAVE_CUDA_H
 $(B)/tests/check_cudrv: | $(CUDRV_ABI_OBJ)
@@ -39,6 +40,7 @@ endif
 # build here; they only run where a GPU is (tests/gpu/run.sh).
 GPU_SRC := $(wildcard tests/gpu/*.c)
 GPU_BIN := $(patsubst tests/gpu/%.c,$(B)/gpu/%,$(GPU_SRC))
+$(B)/obj/tests/gpu/%.o: INC = $(LIB_INC)
 $(B)/gpu/%: $(B)/obj/tests/gpu/%.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"

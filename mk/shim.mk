@@ -1,10 +1,12 @@
 # mk/shim.mk - the LD_PRELOAD shim (libgmb-preload.so), the PyTorch
 # allocator (libgmb-torch.so) and the small programs their tests run.
 #
-# The sources live in client/shim/, out of the Makefile's client/*.c
-# wildcard, so they never land in libgmb.  Each .so carries a private copy
-# of the client library (libgmb.a); --exclude-libs keeps its gmb_* symbols
-# hidden, so a program that links libgmb.so itself is not interposed on.
+# The shims use the public API only (gmb.h).  Each .so carries a private
+# copy of the client library (libgmb.a); --exclude-libs keeps its gmb_*
+# symbols hidden, so a program that links libgmb.so itself is not
+# interposed on.
+
+$(B)/obj/client/shim/%.o: INC = -Iinclude -Iclient/shim
 
 SHIM_COMMON := $(call obj,client/shim/shim.c)
 PRELOAD_SO := $(B)/libgmb-preload.so

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Runs test binaries (Check suites), each in turn, and ends with one summary
-# line: "N passed, N failed".  Usage: tests/run.sh BUILD_DIR BIN...
+# Runs test binaries (Check suites) and check scripts (*.sh, run with the
+# build dir as their argument), each in turn, and ends with one summary
+# line: "N passed, N failed".  Usage: tests/run.sh BUILD_DIR BIN|SCRIPT...
 # Every suite runs even when an earlier one fails; the exit status is 1 when
 # any failed.  CK_DEFAULT_TIMEOUT guards against a hung test.
 B=$1
@@ -21,7 +22,11 @@ for t in "$@"; do
   case "$B:$(basename "$t")" in
     */san:check_*|san:check_*) fork=no ;;
   esac
-  if env ${fork:+CK_FORK=$fork} "$t"; then
+  case "$t" in
+    *.sh) set -- sh "$t" "$B" ;;
+    *) set -- env ${fork:+CK_FORK=$fork} "$t" ;;
+  esac
+  if "$@"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "gmb.h"
-#include "util.h"
+#include "size.h"
 
 static void frag_usage(FILE *f) {
   fprintf(f,
@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
       frag_usage(stderr);
       return 2;
     }
-    if (size && (i + 1 >= argc || gmb__size_parse(argv[++i], size) != 0 ||
+    if (size && (i + 1 >= argc || size_parse(argv[++i], size) != 0 ||
                  *size == 0)) {
       fprintf(stderr, "frag: %s wants a SIZE (e.g. 512KiB)\n", argv[i - 1]);
       return 2;
@@ -97,29 +97,30 @@ int main(int argc, char **argv) {
   }
   gmb_id *ids = calloc(n, sizeof *ids);
   void **where = calloc(n, sizeof *where);
-  if (ids == NULL || where == NULL) return 1;
-
-  gmb_client *c;
+  gmb_client *c = NULL;
+  int rc = 1;
+  size_t lost = 0;
+  if (ids == NULL || where == NULL) goto out;
   if (gmb_connect(endpoint, tenant, &c) != 0) {
     fprintf(stderr, "frag: %s\n", gmb_last_error(NULL));
-    return 1;
+    goto out;
   }
-  char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], d[GMB_SIZE_BUFSZ];
+  char a[SIZE_BUFSZ], b[SIZE_BUFSZ], d[SIZE_BUFSZ];
   size_t made = 0;
   for (; made < n; made++) {
-    int rc = gmb_alloc(c, (size_t)block, GMB_MOVABLE, &ids[made]);
+    rc = gmb_alloc(c, (size_t)block, GMB_MOVABLE, &ids[made]);
     if (rc == 0) rc = frag_pattern(c, ids[made], block, 0, &where[made]);
     if (rc != 0) {
       fprintf(stderr, "frag: block %zu: %s\n", made, gmb_last_error(c));
-      gmb_disconnect(c);
-      return 1;
+      rc = 1;
+      goto out;
     }
   }
   for (size_t i = 1; i < made; i += 2) {
     if (gmb_free(c, ids[i]) != 0) {
       fprintf(stderr, "frag: free: %s\n", gmb_last_error(c));
-      gmb_disconnect(c);
-      return 1;
+      rc = 1;
+      goto out;
     }
     ids[i] = 0;
   }
@@ -127,19 +128,19 @@ int main(int argc, char **argv) {
   if (gmb_tenant_stats(c, &st) == 0)
     printf("frag: %zu movable blocks of %s written, every other one freed: "
            "%s in use in %s of segments, holes of %s\n",
-           made, gmb__size_format(block, a, sizeof a),
-           gmb__size_format(st.used, b, sizeof b),
-           gmb__size_format(st.segments, d, sizeof d),
-           gmb__size_format(block, a, sizeof a));
+           made, size_format(block, a, sizeof a),
+           size_format(st.used, b, sizeof b),
+           size_format(st.segments, d, sizeof d),
+           size_format(block, a, sizeof a));
   gmb_id bigid = 0;
-  int rc = gmb_alloc(c, (size_t)big, 0, &bigid);
+  rc = gmb_alloc(c, (size_t)big, 0, &bigid);
   if (rc == 0)
-    printf("frag: alloc %s -> ok\n", gmb__size_format(big, a, sizeof a));
+    printf("frag: alloc %s -> ok\n", size_format(big, a, sizeof a));
   else
-    printf("frag: alloc %s -> %s\n", gmb__size_format(big, a, sizeof a),
+    printf("frag: alloc %s -> %s\n", size_format(big, a, sizeof a),
            gmb_last_error(c));
   /* Every surviving block, read back where it is now. */
-  size_t moved = 0, lost = 0;
+  size_t moved = 0;
   for (size_t i = 0; i < made; i += 2) {
     void *now = NULL;
     int v = frag_pattern(c, ids[i], block, 1, &now);
@@ -153,8 +154,10 @@ int main(int argc, char **argv) {
   else
     printf("frag: %zu allocations moved, all bytes intact\n", moved);
   if (bigid) gmb_free(c, bigid);
+  rc = lost ? 1 : rc == 0 ? 0 : 3;
+out:
   gmb_disconnect(c);
   free(ids);
   free(where);
-  return lost ? 1 : rc == 0 ? 0 : 3;
+  return rc;
 }

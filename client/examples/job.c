@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "gmb.h"
-#include "util.h"
+#include "size.h"
 
 static void job_usage(FILE *f) {
   fprintf(f,
@@ -91,12 +91,17 @@ int main(int argc, char **argv) {
   }
   uint64_t *sizes = calloc((size_t)n, sizeof *sizes);
   gmb_id *ids = calloc((size_t)n, sizeof *ids);
-  if (sizes == NULL || ids == NULL) return 1;
-  for (int k = 0; k < n; k++)
-    if (gmb__size_parse(argv[first + k], &sizes[k]) != 0 || sizes[k] == 0) {
+  int rc = sizes && ids ? 0 : 1;
+  for (int k = 0; k < n && rc == 0; k++)
+    if (size_parse(argv[first + k], &sizes[k]) != 0 || sizes[k] == 0) {
       fprintf(stderr, "job: bad SIZE '%s'\n", argv[first + k]);
-      return 2;
+      rc = 2;
     }
+  if (rc) {
+    free(sizes);
+    free(ids);
+    return rc;
+  }
 
   /* The name to print: what we ask for, else what the broker will call us. */
   char name[80];
@@ -108,17 +113,19 @@ int main(int argc, char **argv) {
   int pid = (int)getpid();
 
   gmb_client *c;
-  int rc = gmb_connect(endpoint, tenant, &c);
+  rc = gmb_connect(endpoint, tenant, &c);
   if (rc != 0) {
     fprintf(stderr, "job[%d] tenant=%s connect -> %s\n", pid, name,
            gmb_last_error(NULL));
     fflush(stdout);
+    free(sizes);
+    free(ids);
     return 1;
   }
   int refused = 0, broken = 0;
   for (int k = 0; k < n; k++) {
-    char sz[GMB_SIZE_BUFSZ];
-    gmb__size_format(sizes[k], sz, sizeof sz);
+    char sz[SIZE_BUFSZ];
+    size_format(sizes[k], sz, sizeof sz);
     rc = gmb_alloc(c, (size_t)sizes[k], 0, &ids[k]);
     if (rc != 0) {
       printf("job[%d] tenant=%s alloc %s -> %s\n", pid, name, sz,
@@ -141,14 +148,14 @@ int main(int argc, char **argv) {
 
   gmb_stats st;
   if (gmb_tenant_stats(c, &st) == 0) {
-    char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], p[GMB_SIZE_BUFSZ],
-        s[GMB_SIZE_BUFSZ];
+    char q[SIZE_BUFSZ], u[SIZE_BUFSZ], p[SIZE_BUFSZ],
+        s[SIZE_BUFSZ];
     printf("job[%d] tenant=%s stats quota=%s used=%s peak=%s segments=%s\n",
            pid, name,
-           st.quota ? gmb__size_format(st.quota, q, sizeof q) : "unlimited",
-           gmb__size_format(st.used, u, sizeof u),
-           gmb__size_format(st.peak, p, sizeof p),
-           gmb__size_format(st.segments, s, sizeof s));
+           st.quota ? size_format(st.quota, q, sizeof q) : "unlimited",
+           size_format(st.used, u, sizeof u),
+           size_format(st.peak, p, sizeof p),
+           size_format(st.segments, s, sizeof s));
   } else {
     printf("job[%d] tenant=%s stats -> %s\n", pid, name, gmb_last_error(c));
   }

@@ -1,5 +1,5 @@
 /*
- * cudrv_abi.c - compile-time check of client/cudrv.h against the toolkit's
+ * cudrv_abi.c - compile-time check of proto/cudrv.h against the toolkit's
  * cuda.h (mk/cuda.mk compiles it only where cuda.h is installed; the object
  * is not linked anywhere).  A separate translation unit because cuda.h's
  * macros (#define cuMemAlloc cuMemAlloc_v2) would rename the members of

@@ -1,7 +1,7 @@
 /*
  * gpu_figures.c - the driver-level figures of GPU.md on a real GPU (run by
  * tests/gpu/run.sh; builds anywhere, since it loads the driver through
- * client/cudrv like gmb does): cuMemAlloc latency, cuIpcOpenMemHandle cost
+ * proto/cudrv like gmb does): cuMemAlloc latency, cuIpcOpenMemHandle cost
  * in another process, plain cuMemcpyDtoD GB/s (the ceiling for the broker's
  * migration), and an IPC round trip whose bytes are checked with
  * cuMemcpyDtoH.  Exit 0 when every check passed; 2 when no GPU answered.

@@ -33,7 +33,7 @@
 
 #include "fake_router.h"
 #include "gmb.h"
-#include "locktab.h"
+#include "locktab_layout.h"
 #include "wire.h"
 
 #define FAKE_SEG_SIZE (4u << 20)
@@ -67,7 +67,7 @@ struct fake {
   /* the lock table (lt_setup); lt_name "" for none */
   char lt_name[64];
   uint32_t lt_slots;
-  struct gmb_lt_header *lt;
+  struct gmb__lt_header *lt;
   /* segment 2 (seg2_setup): a second shm, given only on a Segment request */
   char shm2_name[64];
   uint8_t *shm2;
@@ -119,8 +119,8 @@ static void fake_handle2_of(struct fake *f, struct wire_handle *h) {
   memcpy(h->bytes, f->shm2_name, h->len);
 }
 
-static struct gmb_lt_slot *lt_slot_of(struct fake *f, uint64_t id) {
-  return &gmb_lt_slots(f->lt)[id - 1];
+static struct gmb__lt_slot *lt_slot_of(struct fake *f, uint64_t id) {
+  return &gmb__lt_slots(f->lt)[id - 1];
 }
 
 static void fake_default(struct fake *f, const struct wire_request *req) {
@@ -159,7 +159,7 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
       }
       if ((req->u.alloc.flags & GMB_MOVABLE) && f->lt &&
           rep.u.alloc.id <= f->lt_slots) {
-        struct gmb_lt_slot *sl = lt_slot_of(f, rep.u.alloc.id);
+        struct gmb__lt_slot *sl = lt_slot_of(f, rep.u.alloc.id);
         sl->id = rep.u.alloc.id;
         sl->segment = 1;
         sl->offset = rep.u.alloc.offset;
@@ -273,7 +273,7 @@ static void teardown(void) {
   }
   munmap(F.shm, FAKE_SEG_SIZE);
   shm_unlink(F.shm_name);
-  if (F.lt) munmap(F.lt, gmb_lt_bytes(F.lt_slots));
+  if (F.lt) munmap(F.lt, gmb__lt_bytes(F.lt_slots));
   if (F.lt_name[0]) shm_unlink(F.lt_name);
   if (F.shm2) munmap(F.shm2, FAKE_SEG_SIZE);
   if (F.shm2_name[0]) shm_unlink(F.shm2_name);
@@ -959,8 +959,8 @@ static void lt_setup(uint32_t slots) {
   shm_unlink(F.lt_name);
   int fd = shm_open(F.lt_name, O_RDWR | O_CREAT | O_EXCL, 0600);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, (off_t)gmb_lt_bytes(slots)), 0);
-  F.lt = mmap(NULL, gmb_lt_bytes(slots), PROT_READ | PROT_WRITE, MAP_SHARED,
+  ck_assert_int_eq(ftruncate(fd, (off_t)gmb__lt_bytes(slots)), 0);
+  F.lt = mmap(NULL, gmb__lt_bytes(slots), PROT_READ | PROT_WRITE, MAP_SHARED,
               fd, 0);
   ck_assert_ptr_ne(F.lt, MAP_FAILED);
   close(fd);
@@ -993,7 +993,7 @@ static int mv_claim(uint64_t id) {
 }
 
 static void mv_publish(uint64_t id, uint64_t segment, uint64_t offset) {
-  struct gmb_lt_slot *sl = lt_slot_of(&F, id);
+  struct gmb__lt_slot *sl = lt_slot_of(&F, id);
   sl->segment = segment;
   sl->offset = offset;
   atomic_store_explicit(&sl->state, 0, memory_order_release);
@@ -1327,7 +1327,7 @@ static void *mv_mover_main(void *arg) {
   while (!atomic_load(&mv_stop)) {
     r = r * 1103515245u + 12345u;
     int k = (int)((r >> 8) % MV_N);
-    struct gmb_lt_slot *sl = lt_slot_of(&F, ids[k]);
+    struct gmb__lt_slot *sl = lt_slot_of(&F, ids[k]);
     if (!mv_claim(ids[k])) {
       sched_yield();
       continue;

@@ -35,7 +35,7 @@
 #include "cudrv.h"
 #include "fake_router.h"
 #include "gmb.h"
-#include "locktab.h"
+#include "locktab_layout.h"
 #include "wire.h"
 
 #define SEG_SIZE (4u << 20)
@@ -72,7 +72,7 @@ struct fk {
   uint64_t next_offset, next_id;
 
   char lt_name[64];
-  struct gmb_lt_header *lt;
+  struct gmb__lt_header *lt;
 
   atomic_int n_alloc, n_segment, n_bye, n_closed;
   _Atomic uint64_t last_closed;
@@ -227,7 +227,7 @@ static void fk_default(struct fk *f, const struct wire_request *req) {
         f->handle_sent = 1;
       }
       if ((req->u.alloc.flags & GMB_MOVABLE) && f->lt) {
-        struct gmb_lt_slot *sl = &gmb_lt_slots(f->lt)[rep.u.alloc.id - 1];
+        struct gmb__lt_slot *sl = &gmb__lt_slots(f->lt)[rep.u.alloc.id - 1];
         sl->id = rep.u.alloc.id;
         sl->segment = 1;
         sl->offset = rep.u.alloc.offset;
@@ -296,8 +296,8 @@ static void lt_setup(void) {
   shm_unlink(F.lt_name);
   int fd = shm_open(F.lt_name, O_RDWR | O_CREAT | O_EXCL, 0600);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, (off_t)gmb_lt_bytes(LT_SLOTS)), 0);
-  F.lt = mmap(NULL, gmb_lt_bytes(LT_SLOTS), PROT_READ | PROT_WRITE,
+  ck_assert_int_eq(ftruncate(fd, (off_t)gmb__lt_bytes(LT_SLOTS)), 0);
+  F.lt = mmap(NULL, gmb__lt_bytes(LT_SLOTS), PROT_READ | PROT_WRITE,
               MAP_SHARED, fd, 0);
   ck_assert_ptr_ne(F.lt, MAP_FAILED);
   close(fd);
@@ -308,7 +308,7 @@ static void lt_setup(void) {
 }
 
 static uint32_t lt_state(gmb_id id) {
-  return atomic_load(&gmb_lt_slots(F.lt)[id - 1].state);
+  return atomic_load(&gmb__lt_slots(F.lt)[id - 1].state);
 }
 
 /* Mappings of the lock table in this process (/proc/self/maps). */
@@ -352,7 +352,7 @@ static void teardown(void) {
   }
   for (size_t s = 0; s < NSEG; s++)
     if (F.view[s]) munmap(F.view[s], FAKE_HDR + SEG_SIZE);
-  if (F.lt) munmap(F.lt, gmb_lt_bytes(LT_SLOTS));
+  if (F.lt) munmap(F.lt, gmb__lt_bytes(LT_SLOTS));
   if (F.lt_name[0]) shm_unlink(F.lt_name);
   char path[192];
   snprintf(path, sizeof path, "%s/broker.sock", F.dir);

@@ -1,5 +1,5 @@
 /*
- * check_cudrv.c - client/cudrv.c: loading the CUDA driver at run time.
+ * check_cudrv.c - proto/cudrv.c: loading the CUDA driver at run time.
  *
  * The loader is tested against the fake driver (tests/fakecuda/, path in
  * $FAKECUDA_SO or build/fakecuda/libcuda.so.1) and against no driver at

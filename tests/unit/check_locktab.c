@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
-#include "../../broker/locktab.h"
+#include "locktab.h"
 #include "gmb.h"
 
 static uint64_t next_session = 1000;
@@ -71,10 +71,10 @@ static void teardown(void) {
 
 /* Maps a table by name the way the client does; NULL on failure with
  * errno set. */
-static struct gmb_lt_header *lt_map(const char *name, uint32_t slots) {
+static struct gmb__lt_header *lt_map(const char *name, uint32_t slots) {
   int fd = shm_open(name, O_RDWR, 0);
   if (fd < 0) return NULL;
-  void *p = mmap(NULL, gmb_lt_bytes(slots), PROT_READ | PROT_WRITE,
+  void *p = mmap(NULL, gmb__lt_bytes(slots), PROT_READ | PROT_WRITE,
                  MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);
@@ -84,7 +84,7 @@ static struct gmb_lt_header *lt_map(const char *name, uint32_t slots) {
 
 /* --- the client's side of the protocol, as client.c does it -------------- */
 
-static void cli_lock(struct gmb_lt_slot *s) {
+static void cli_lock(struct gmb__lt_slot *s) {
   uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
   for (;;) {
     if (st == GMB_LT_MOVING) {
@@ -99,7 +99,7 @@ static void cli_lock(struct gmb_lt_slot *s) {
   }
 }
 
-static void cli_unlock(struct gmb_lt_slot *s) {
+static void cli_unlock(struct gmb__lt_slot *s) {
   atomic_fetch_sub_explicit(&s->state, 1, memory_order_release);
 }
 
@@ -119,18 +119,18 @@ START_TEST(new_fills_header_and_name) {
   ck_assert_int_eq(fstat(fd, &st), 0);
   close(fd);
   ck_assert_uint_eq(st.st_mode & 0777, 0600);
-  ck_assert_uint_eq((uint64_t)st.st_size, gmb_lt_bytes(16));
-  struct gmb_lt_header *h = lt_map(want, 16);
+  ck_assert_uint_eq((uint64_t)st.st_size, gmb__lt_bytes(16));
+  struct gmb__lt_header *h = lt_map(want, 16);
   ck_assert_ptr_nonnull(h);
   ck_assert_uint_eq(h->magic, GMB_LT_MAGIC);
   ck_assert_uint_eq(h->version, GMB_LT_VERSION);
   ck_assert_uint_eq(h->slots, 16);
   ck_assert_uint_eq(h->session, next_session);
   for (uint32_t i = 0; i < 16; i++) {
-    ck_assert_uint_eq(atomic_load(&gmb_lt_slots(h)[i].state), 0);
-    ck_assert_uint_eq(gmb_lt_slots(h)[i].id, 0);
+    ck_assert_uint_eq(atomic_load(&gmb__lt_slots(h)[i].state), 0);
+    ck_assert_uint_eq(gmb__lt_slots(h)[i].id, 0);
   }
-  munmap(h, gmb_lt_bytes(16));
+  munmap(h, gmb__lt_bytes(16));
 }
 END_TEST
 
@@ -159,19 +159,19 @@ END_TEST
 
 START_TEST(slot_new_writes_position) {
   lt = lt_new(8);
-  struct gmb_lt_header *h = lt_map(gmb__locktab_name(lt), 8);
+  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 8);
   ck_assert_ptr_nonnull(h);
   uint32_t slot = 99;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 42, 3, 4096, &slot), 0);
   ck_assert_uint_lt(slot, 8);
-  struct gmb_lt_slot *s = &gmb_lt_slots(h)[slot];
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
   ck_assert_uint_eq(s->id, 42);
   ck_assert_uint_eq(s->segment, 3);
   ck_assert_uint_eq(s->offset, 4096);
   ck_assert_uint_eq(atomic_load(&s->state), 0);
   ck_assert_uint_eq(gmb__locktab_slot_id(lt, slot), 42);
   ck_assert_uint_eq(gmb__locktab_used(lt), 1);
-  munmap(h, gmb_lt_bytes(8));
+  munmap(h, gmb__lt_bytes(8));
 }
 END_TEST
 
@@ -199,17 +199,17 @@ END_TEST
 
 START_TEST(free_list_reuse_resets_slot) {
   lt = lt_new(64);
-  struct gmb_lt_header *h = lt_map(gmb__locktab_name(lt), 64);
+  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 64);
   ck_assert_ptr_nonnull(h);
   uint32_t a, b, c;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 1, 1, 0, &a), 0);
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 2, 1, 512, &b), 0);
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 3, 1, 1024, &c), 0);
   /* A client that freed without unlocking: the slot is reset anyway. */
-  atomic_store(&gmb_lt_slots(h)[b].state, 3);
+  atomic_store(&gmb__lt_slots(h)[b].state, 3);
   gmb__locktab_slot_free(lt, b);
-  ck_assert_uint_eq(atomic_load(&gmb_lt_slots(h)[b].state), 0);
-  ck_assert_uint_eq(gmb_lt_slots(h)[b].id, 0);
+  ck_assert_uint_eq(atomic_load(&gmb__lt_slots(h)[b].state), 0);
+  ck_assert_uint_eq(gmb__lt_slots(h)[b].id, 0);
   gmb__locktab_slot_free(lt, a);
   /* Freed slots are reused before fresh ones: no table growth in a
    * session that allocates and frees for hours. */
@@ -221,8 +221,8 @@ START_TEST(free_list_reuse_resets_slot) {
   ck_assert_uint_ne(z, a);
   ck_assert_uint_ne(z, b);
   ck_assert_uint_ne(z, c);
-  ck_assert_uint_eq(gmb_lt_slots(h)[x].id, 4);
-  ck_assert_uint_eq(gmb_lt_slots(h)[y].id, 5);
+  ck_assert_uint_eq(gmb__lt_slots(h)[x].id, 4);
+  ck_assert_uint_eq(gmb__lt_slots(h)[y].id, 5);
   ck_assert_uint_eq(gmb__locktab_used(lt), 4);
   /* Many rounds of new/free stay within the slots touched so far. */
   for (int i = 0; i < 1000; i++) {
@@ -231,17 +231,17 @@ START_TEST(free_list_reuse_resets_slot) {
     ck_assert_uint_le(s, 4);
     gmb__locktab_slot_free(lt, s);
   }
-  munmap(h, gmb_lt_bytes(64));
+  munmap(h, gmb__lt_bytes(64));
 }
 END_TEST
 
 START_TEST(claim_refused_while_locked) {
   lt = lt_new(4);
-  struct gmb_lt_header *h = lt_map(gmb__locktab_name(lt), 4);
+  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 4);
   ck_assert_ptr_nonnull(h);
   uint32_t slot;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 7, 1, 512, &slot), 0);
-  struct gmb_lt_slot *s = &gmb_lt_slots(h)[slot];
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
   cli_lock(s);
   cli_lock(s);
   ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 2);
@@ -256,17 +256,17 @@ START_TEST(claim_refused_while_locked) {
   ck_assert_uint_eq(atomic_load(&s->state), GMB_LT_MOVING);
   ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 0);
   ck_assert_int_eq(gmb__locktab_claim(lt, slot), 0); /* not twice */
-  munmap(h, gmb_lt_bytes(4));
+  munmap(h, gmb__lt_bytes(4));
 }
 END_TEST
 
 START_TEST(publish_moves_release_keeps) {
   lt = lt_new(4);
-  struct gmb_lt_header *h = lt_map(gmb__locktab_name(lt), 4);
+  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 4);
   ck_assert_ptr_nonnull(h);
   uint32_t slot;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 7, 1, 512, &slot), 0);
-  struct gmb_lt_slot *s = &gmb_lt_slots(h)[slot];
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
   ck_assert_int_eq(gmb__locktab_claim(lt, slot), 1);
   gmb__locktab_publish(lt, slot, 9, 8192);
   ck_assert_uint_eq(atomic_load(&s->state), 0);
@@ -280,7 +280,7 @@ START_TEST(publish_moves_release_keeps) {
   ck_assert_uint_eq(s->offset, 8192);
   cli_lock(s); /* lockable again */
   ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 1);
-  munmap(h, gmb_lt_bytes(4));
+  munmap(h, gmb__lt_bytes(4));
 }
 END_TEST
 
@@ -288,7 +288,7 @@ START_TEST(unlink_name_gone_mappings_work) {
   lt = lt_new(4);
   char name[64];
   snprintf(name, sizeof name, "%s", gmb__locktab_name(lt));
-  struct gmb_lt_header *h = lt_map(name, 4);
+  struct gmb__lt_header *h = lt_map(name, 4);
   ck_assert_ptr_nonnull(h);
   gmb__locktab_unlink(lt);
   errno = 0;
@@ -299,7 +299,7 @@ START_TEST(unlink_name_gone_mappings_work) {
   /* Both mappings still share the pages. */
   uint32_t slot;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 5, 2, 1024, &slot), 0);
-  struct gmb_lt_slot *s = &gmb_lt_slots(h)[slot];
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
   ck_assert_uint_eq(s->id, 5);
   cli_lock(s);
   ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 1);
@@ -308,7 +308,7 @@ START_TEST(unlink_name_gone_mappings_work) {
   ck_assert_int_eq(gmb__locktab_claim(lt, slot), 1);
   gmb__locktab_publish(lt, slot, 3, 0);
   ck_assert_uint_eq(s->segment, 3);
-  munmap(h, gmb_lt_bytes(4));
+  munmap(h, gmb__lt_bytes(4));
 }
 END_TEST
 
@@ -389,12 +389,12 @@ struct hammer_child {
 };
 
 static int hammer_child_main(struct hammer_child *a) {
-  struct gmb_lt_header *h = lt_map(a->name, a->slots);
+  struct gmb__lt_header *h = lt_map(a->name, a->slots);
   if (h == NULL) return 2;
   if (h->magic != GMB_LT_MAGIC) return 3;
   struct hammer *hm = a->hm;
   atomic_store(&hm->child_ready, 1);
-  struct gmb_lt_slot *s = &gmb_lt_slots(h)[a->slot];
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[a->slot];
   uint64_t last_off = UINT64_MAX;
   /* At least `iter` locks, and at least 50 moves seen between them, so
    * that the test proves something about moves (the parent keeps
@@ -494,7 +494,7 @@ static int open_as(const char *name, uid_t uid, gid_t gid) {
       _exit(200);
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) _exit(errno ? errno : 201);
-    struct gmb_lt_header *h = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE,
+    struct gmb__lt_header *h = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE,
                                    MAP_SHARED, fd, 0);
     _exit(h == MAP_FAILED ? 202 : h->magic == GMB_LT_MAGIC ? 0 : 203);
   }

@@ -31,7 +31,7 @@
 
 #include "check_main.h"
 #include "gmb.h"
-#include "locktab.h"
+#include "locktab_layout.h"
 #include "segmap.h"
 #include "wire.h"
 
@@ -296,7 +296,7 @@ END_TEST
 START_TEST(guess_follows_the_slot) {
   struct wire_handle h = make_object(SEG2, 8192, 8192);
   ck_assert_int_eq(gmb__segmap_map(m, "host", &h, why, sizeof why), 0);
-  struct gmb_lt_slot lt[8];
+  struct gmb__lt_slot lt[8];
   memset(lt, 0, sizeof lt);
   ck_assert_int_eq(gmb__segmap_add(m, 9, SEG1, 0, 64, GMB_MOVABLE, 5, why,
                                    sizeof why), 0);
@@ -394,7 +394,7 @@ static void reader_wrong(struct readers *r, const char *fmt, uint64_t id,
 /* Every lookup gmb_lock and gmb_unlock make, over and over. */
 static void *reader_main(void *arg) {
   struct readers *r = arg;
-  struct gmb_lt_slot lt[4096];
+  struct gmb__lt_slot lt[4096];
   memset(lt, 0, sizeof lt);
   for (size_t i = 0; i < 4096; i++) lt[i].segment = i % 2 ? SEG1 : SEG2;
   uint64_t x = 0;

@@ -1,5 +1,5 @@
 /*
- * check_util.c - client/util.c: sizes as people write them, tenant names
+ * check_util.c - proto/util.c: sizes as people write them, tenant names
  * and the run directory.
  *
  * Sizes are the operator's interface to quotas, so both directions are

@@ -1,6 +1,6 @@
 /*
  * check_wire.c - the codec of proto/wire.c and the error list of
- * client/error.c.
+ * proto/error.c.
  *
  * Every request and reply kind must come back from encode -> decode with
  * every field equal; the wire Status enum must be the GMB_ERRORS list, no
@@ -810,7 +810,7 @@ START_TEST(kind_names) {
 }
 END_TEST
 
-/* ---- client/error.c ------------------------------------------------------ */
+/* ---- proto/error.c ------------------------------------------------------ */
 
 START_TEST(error_names_and_texts) {
   ck_assert_str_eq(gmb_err_name(GMB_OK), "GMB_OK");

@@ -55,7 +55,7 @@
 #include "cuimport.h"
 #include "endpoint.h"
 #include "gmb.h"
-#include "locktab.h"
+#include "locktab_layout.h"
 #include "segmap.h"
 #include "util.h"
 #include "wire.h"
@@ -88,8 +88,8 @@ struct gmb_client {
 
   /* The lock table; NULL when the broker gave none (movable allocations
    * are then never moved, and locked like pinned ones). */
-  struct gmb_lt_header *lt;
-  struct gmb_lt_slot *lt_slot;
+  struct gmb__lt_header *lt;
+  struct gmb__lt_slot *lt_slot;
   uint32_t lt_slots;
   size_t lt_bytes;
   int lock_timeout_ms; /* $GMB_LOCK_TIMEOUT_MS: longest wait for a move */
@@ -182,7 +182,7 @@ static int client_send(gmb_client *c, struct wire_request *req, int flags) {
 static void client_heartbeat_due(gmb_client *c) {
   if (c->hb_ms == 0 || atomic_load(&c->dead)) return;
   uint64_t now = gmb__now_ns();
-  if (now - c->hb_last_ns < (uint64_t)c->hb_ms * 1000000u) return;
+  if (now - c->hb_last_ns < (uint64_t)c->hb_ms * GMB_NS_PER_MS) return;
   struct wire_request req = {.kind = WIRE_HEARTBEAT};
   /* A heartbeat that cannot go out now is not a reason to end the client:
    * a lost connection is reported by the monitor, with its cause. */
@@ -332,8 +332,9 @@ static int client_call(gmb_client *c, struct wire_request *req,
     return client_dead_fail(c);
   }
   if (c->hb_ms) c->hb_last_ns = gmb__now_ns();
-  uint64_t deadline =
-      wait_ms < 0 ? UINT64_MAX : gmb__now_ns() + (uint64_t)wait_ms * 1000000u;
+  uint64_t deadline = wait_ms < 0 ? UINT64_MAX
+                                  : gmb__now_ns() +
+                                        (uint64_t)wait_ms * GMB_NS_PER_MS;
   for (;;) {
     zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0},
                                {c->mon, 0, ZMQ_POLLIN, 0}};
@@ -344,7 +345,7 @@ static int client_call(gmb_client *c, struct wire_request *req,
         client_kill(c, "the broker did not answer within %d ms", wait_ms);
         return client_dead_fail(c);
       }
-      timeout = (long)((deadline - now + 999999) / 1000000);
+      timeout = (long)((deadline - now + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS);
     }
     if (c->hb_ms && (timeout < 0 || timeout > (long)c->hb_ms))
       timeout = c->hb_ms;
@@ -406,9 +407,9 @@ static void *client_heartbeat_main(void *arg) {
   while (!c->hb_stop) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * 1000000u;
-    ts.tv_sec += (time_t)(ns / 1000000000u);
-    ts.tv_nsec = (long)(ns % 1000000000u);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
+    ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
+    ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
     pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_mu);
@@ -565,7 +566,7 @@ static int client_locktab_map(gmb_client *c, const char *name,
   if (fd < 0)
     return client_fail(GMB_E_SYSTEM, "lock table %s: shm_open: %s", name,
                        strerror(errno));
-  uint64_t bytes = gmb_lt_bytes(slots);
+  uint64_t bytes = gmb__lt_bytes(slots);
   struct stat st;
   /* Checked before mmap: touching a mapping past the end of a short
    * object raises SIGBUS in the application. */
@@ -582,7 +583,7 @@ static int client_locktab_map(gmb_client *c, const char *name,
   if (p == MAP_FAILED)
     return client_fail(GMB_E_SYSTEM, "lock table %s: mmap: %s", name,
                        strerror(err));
-  struct gmb_lt_header *h = p;
+  struct gmb__lt_header *h = p;
   const char *bad = NULL;
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GMB_LT_MAGIC)
     bad = "magic";
@@ -598,7 +599,7 @@ static int client_locktab_map(gmb_client *c, const char *name,
                        name, bad);
   }
   c->lt = h;
-  c->lt_slot = gmb_lt_slots(h);
+  c->lt_slot = gmb__lt_slots(h);
   c->lt_slots = slots;
   c->lt_bytes = (size_t)bytes;
   return 0;
@@ -948,7 +949,7 @@ static inline void client_cpu_relax(void) {
  * MOVING, GMB_E_LIMIT at GMB_LT_MAX_HOLDERS, GMB_E_CONN when the session
  * ended meanwhile, GMB_E_PROTO for a state no broker writes.
  */
-static int client_hold(gmb_client *c, struct gmb_lt_slot *s, gmb_id id) {
+static int client_hold(gmb_client *c, struct gmb__lt_slot *s, gmb_id id) {
   uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
   unsigned waits = 0;
   uint64_t deadline = 0;
@@ -975,7 +976,7 @@ static int client_hold(gmb_client *c, struct gmb_lt_slot *s, gmb_id id) {
     } else {
       uint64_t now = gmb__now_ns();
       if (deadline == 0) {
-        deadline = now + (uint64_t)c->lock_timeout_ms * 1000000u;
+        deadline = now + (uint64_t)c->lock_timeout_ms * GMB_NS_PER_MS;
       } else if (now >= deadline) {
         return client_fail(GMB_E_TIMEOUT, "allocation %llu was still being "
                            "moved after %d ms", (unsigned long long)id,
@@ -984,8 +985,9 @@ static int client_hold(gmb_client *c, struct gmb_lt_slot *s, gmb_id id) {
       if (atomic_load(&c->dead)) return client_dead_fail(c);
       struct timespec ts = {0, sleep_ns};
       nanosleep(&ts, NULL);
-      if (sleep_ns < 1000000) sleep_ns = sleep_ns * 2 > 1000000 ? 1000000
-                                                                : sleep_ns * 2;
+      if (sleep_ns < (long)GMB_NS_PER_MS)
+        sleep_ns = sleep_ns * 2 > (long)GMB_NS_PER_MS ? (long)GMB_NS_PER_MS
+                                                      : sleep_ns * 2;
     }
     waits++;
     st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -998,7 +1000,7 @@ static int client_hold(gmb_client *c, struct gmb_lt_slot *s, gmb_id id) {
  * next.  Never below 0: 1 when there was no hold to give back (a caller's
  * unbalanced gmb_unlock, or a slot the broker freed), else 0.
  */
-static int client_unhold(struct gmb_lt_slot *s) {
+static int client_unhold(struct gmb__lt_slot *s) {
   uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
   for (;;) {
     if (st == 0 || st > GMB_LT_MAX_HOLDERS) return 1;
@@ -1031,7 +1033,7 @@ static int client_unhold(struct gmb_lt_slot *s) {
  */
 static int client_lock_movable(gmb_client *c, const struct gmb_segmap_entry *e,
                                void **ptr) {
-  struct gmb_lt_slot *s = &c->lt_slot[e->slot];
+  struct gmb__lt_slot *s = &c->lt_slot[e->slot];
   int rc = client_hold(c, s, e->id);
   if (rc) return rc;
   /* Read once: the table is writable by this process, and a value read
@@ -1134,7 +1136,7 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
   int rc = client_slot_of(c, id, &slot);
   if (rc) return rc;
   if (slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
-  struct gmb_lt_slot *s = &c->lt_slot[slot];
+  struct gmb__lt_slot *s = &c->lt_slot[slot];
   if (__atomic_load_n(&s->id, __ATOMIC_RELAXED) != id)
     return client_fail(GMB_E_NOENT, "allocation %llu was freed",
                        (unsigned long long)id);

@@ -533,7 +533,7 @@ int gmb__segmap_lookup(struct gmb_segmap *m, uint64_t id, void **ptr,
  * one; its caller writes them again on retry.
  */
 static inline int segmap_get_once(const struct gmb_segmap *m, uint64_t id,
-                                  const struct gmb_lt_slot *lt,
+                                  const struct gmb__lt_slot *lt,
                                   uint32_t nslots,
                                   struct gmb_segmap_entry *out) {
   const uint64_t *a = segmap_find(&m->allocs, AL_WIDTH, id);
@@ -570,7 +570,7 @@ static inline int segmap_get_once(const struct gmb_segmap *m, uint64_t id,
 
 __attribute__((noinline)) static int
 segmap_get_slow(const struct gmb_segmap *m, uint64_t id,
-                const struct gmb_lt_slot *lt, uint32_t nslots,
+                const struct gmb__lt_slot *lt, uint32_t nslots,
                 struct gmb_segmap_entry *out) {
   int rc;
   unsigned s;
@@ -582,7 +582,7 @@ segmap_get_slow(const struct gmb_segmap *m, uint64_t id,
 }
 
 int gmb__segmap_get(struct gmb_segmap *m, uint64_t id,
-                    const struct gmb_lt_slot *lt, uint32_t nslots,
+                    const struct gmb__lt_slot *lt, uint32_t nslots,
                     struct gmb_segmap_entry *out) {
   unsigned s = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
   if (__builtin_expect(!(s & 1), 1)) {

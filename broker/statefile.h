@@ -1,5 +1,5 @@
 /*
- * state.h - the broker's run-time state file: quotas and reservations an
+ * statefile.h - the broker's run-time state file: quotas and reservations an
  * operator set with gmbctl, kept across restarts.
  *
  * The file is the `state` path of [broker] ("" : changes last until the
@@ -23,13 +23,14 @@
  * Values are bytes or sizes ("20GiB"); a tenant section may hold either
  * key or both.  Anything else is an error that names FILE:LINE.
  */
-#ifndef GMB_STATE_H
-#define GMB_STATE_H
+#ifndef GMB_STATEFILE_H
+#define GMB_STATEFILE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 struct gmb_broker;
+struct gmb_statefile;
 
 enum gmb_state_field { GMB_STATE_QUOTA = 0, GMB_STATE_RESERVE = 1 };
 
@@ -42,20 +43,20 @@ enum gmb_state_field { GMB_STATE_QUOTA = 0, GMB_STATE_RESERVE = 1 };
  * and the broker must not start: dropping an operator's limits silently
  * is worse than not starting.
  */
-int gmb__state_load(struct gmb_broker *b, char *err, size_t errcap);
+int gmb__statefile_load(struct gmb_broker *b, char *err, size_t errcap);
 
 /*
  * For a reload: reads the state file again (or keeps the in-memory
  * overrides when there is no state path) without applying it.  0, or an
- * error as gmb__state_load; the caller then keeps the running config.
+ * error as gmb__statefile_load; the caller then keeps the running config.
  */
-int gmb__state_reread(struct gmb_broker *b, char *err, size_t errcap);
+int gmb__statefile_reread(struct gmb_broker *b, char *err, size_t errcap);
 
-/* Applies the overrides (the ones gmb__state_reread read, if it was called
+/* Applies the overrides (the ones gmb__statefile_reread read, if it was called
  * since) to the tenants, creating the missing ones.  Returns how many
  * tenants it touched, or GMB_E_LIMIT when a tenant could not be created
  * (logged). */
-int gmb__state_apply(struct gmb_broker *b);
+int gmb__statefile_apply(struct gmb_broker *b);
 
 /*
  * Records that an operator set `field` of tenant `name` to `value`, and
@@ -64,14 +65,11 @@ int gmb__state_apply(struct gmb_broker *b);
  * recorded either (the caller must not apply the change).  Without a state
  * path the override is kept in memory only, and *persisted is 0.
  */
-int gmb__state_set(struct gmb_broker *b, const char *name,
-                   enum gmb_state_field field, uint64_t value, int *persisted,
-                   char *err, size_t errcap);
+int gmb__statefile_set(struct gmb_broker *b, const char *name,
+                       enum gmb_state_field field, uint64_t value,
+                       int *persisted, char *err, size_t errcap);
 
-/* 1 when the state holds an override of `field` for `name`. */
-int gmb__state_has(const char *name, enum gmb_state_field field);
+/* Frees the in-memory overrides (b->statefile, at exit).  Accepts NULL. */
+void gmb__statefile_free(struct gmb_statefile *sf);
 
-/* Frees the in-memory overrides (at exit). */
-void gmb__state_free(void);
-
-#endif /* GMB_STATE_H */
+#endif /* GMB_STATEFILE_H */

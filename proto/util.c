@@ -131,5 +131,5 @@ int gmb__name_valid(const char *name) {
 uint64_t gmb__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  return (uint64_t)ts.tv_sec * GMB_NS_PER_S + (uint64_t)ts.tv_nsec;
 }

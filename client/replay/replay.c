@@ -55,8 +55,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <zmq.h>
 
+#include "admin_rpc.h"
 #include "gmb.h"
 #include "util.h"
 #include "wire.h"
@@ -711,74 +711,15 @@ static void rp_dir_remove(struct rp_broker *b) {
 
 /* --- admin status ---------------------------------------------------------- */
 
-struct rp_admin {
-  void *zctx, *sock;
-  uint64_t next_id;
-};
-
-static int rp_admin_open(struct rp_admin *ad, const char *endpoint) {
-  int zero = 0, t = RP_WAIT_MS;
-  ad->zctx = zmq_ctx_new();
-  ad->sock = ad->zctx ? zmq_socket(ad->zctx, ZMQ_DEALER) : NULL;
-  if (ad->sock == NULL)
-    return rp_fail(RP_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
-  zmq_setsockopt(ad->sock, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(ad->sock, ZMQ_SNDTIMEO, &t, sizeof t);
-  if (zmq_connect(ad->sock, endpoint) != 0)
-    return rp_fail(RP_EXIT_FAIL, "cannot connect to %s: %s", endpoint,
-                   zmq_strerror(errno));
+/* AdminStatus through admin_rpc.c: 0 with *rep filled (the caller clears
+ * it), else -1 after saying why. */
+static int rp_admin_status(struct admin_rpc *ad, struct wire_reply *rep) {
+  struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
+  char why[ADMIN_RPC_WHY_MAX];
+  if (gmb__admin_rpc_call(ad, &req, WIRE_ADMIN_STATUS, 0, rep, why,
+                          sizeof why) != 0)
+    return rp_fail(-1, "AdminStatus: %s", why);
   return 0;
-}
-
-static void rp_admin_close(struct rp_admin *ad) {
-  if (ad->sock) zmq_close(ad->sock);
-  if (ad->zctx) zmq_ctx_term(ad->zctx);
-  ad->sock = ad->zctx = NULL;
-}
-
-/* AdminStatus: 0 with *rep filled (the caller clears it), else -1 after
- * saying why. */
-static int rp_admin_status(struct rp_admin *ad, struct wire_reply *rep) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_ADMIN_STATUS;
-  req.id = ++ad->next_id;
-  uint8_t *buf;
-  size_t len;
-  if (gmb__wire_request_encode(&req, &buf, &len) != 0)
-    return rp_fail(-1, "cannot encode AdminStatus");
-  int rc = zmq_send(ad->sock, buf, len, 0);
-  free(buf);
-  if (rc < 0) return rp_fail(-1, "AdminStatus: %s", zmq_strerror(errno));
-  uint64_t deadline = gmb__now_ns() + (uint64_t)RP_WAIT_MS * 1000000u;
-  while (!rp_stop) {
-    uint64_t now = gmb__now_ns();
-    if (now >= deadline) break;
-    zmq_pollitem_t it = {ad->sock, 0, ZMQ_POLLIN, 0};
-    int n = zmq_poll(&it, 1, (long)((deadline - now) / 1000000u) + 1);
-    if (n <= 0) continue;
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, ad->sock, 0) < 0) {
-      zmq_msg_close(&m);
-      continue;
-    }
-    rc = gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), rep);
-    zmq_msg_close(&m);
-    if (rc) return rp_fail(-1, "AdminStatus: a reply could not be decoded");
-    if (rep->id != req.id) {
-      gmb__wire_reply_clear(rep);
-      continue;
-    }
-    if (rep->status != 0 || rep->kind != WIRE_ADMIN_STATUS) {
-      rp_fail(0, "AdminStatus: %s: %s", gmb_err_name(rep->status),
-              rep->message);
-      gmb__wire_reply_clear(rep);
-      return -1;
-    }
-    return 0;
-  }
-  return rp_fail(-1, "AdminStatus: no answer within %d ms", RP_WAIT_MS);
 }
 
 /* --- the replay ------------------------------------------------------------- */
@@ -994,7 +935,7 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
     printf("first fragmentation failure:\n  %s\n", fg->first_frag);
 }
 
-static int rp_series_row(struct rp_admin *ad, FILE *f, uint64_t op,
+static int rp_series_row(struct admin_rpc *ad, FILE *f, uint64_t op,
                          const struct rp_trace *tr,
                          const struct rp_figures *fg) {
   struct wire_reply rep;
@@ -1011,7 +952,7 @@ static int rp_series_row(struct rp_admin *ad, FILE *f, uint64_t op,
 static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
   struct rp_broker b;
   memset(&b, 0, sizeof b);
-  struct rp_admin ad = {0};
+  struct admin_rpc *ad = NULL;
   struct rp_figures fg;
   memset(&fg, 0, sizeof fg);
   FILE *series = NULL;
@@ -1039,8 +980,14 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
   rc = rp_write_config(&b, tr, o->compaction);
   if (rc == 0) rc = rp_broker_start(&b, bin, tr->capacity);
   if (rc == 0) rc = rp_fork_children(tr, &b);
-  if (rc == 0) rc = rp_admin_open(&ad, b.admin_endpoint);
   if (rc) goto out;
+  char why[ADMIN_RPC_WHY_MAX];
+  if (gmb__admin_rpc_open(b.admin_endpoint, RP_WAIT_MS, NULL, &ad, why,
+                          sizeof why) != 0) {
+    rc = rp_fail(RP_EXIT_FAIL, "%s", why);
+    goto out;
+  }
+  gmb__admin_rpc_set_stop(ad, &rp_stop);
 
   size_t every = tr->n_ops / RP_SERIES_POINTS;
   if (every == 0) every = 1;
@@ -1049,7 +996,7 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
             "in_segments free_total\n", o->trace, o->compaction);
   uint64_t t0 = gmb__now_ns();
   for (size_t i = 0; i < tr->n_ops && !rp_stop; i++) {
-    if (series && i % every == 0 && rp_series_row(&ad, series, i, tr, &fg)) {
+    if (series && i % every == 0 && rp_series_row(ad, series, i, tr, &fg)) {
       rc = RP_EXIT_FAIL;
       goto out;
     }
@@ -1068,12 +1015,12 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
     goto out;
   }
   fg.wall_s = (double)(gmb__now_ns() - t0) / 1e9;
-  if (series && rp_series_row(&ad, series, tr->n_ops, tr, &fg)) {
+  if (series && rp_series_row(ad, series, tr->n_ops, tr, &fg)) {
     rc = RP_EXIT_FAIL;
     goto out;
   }
   struct wire_reply rep;
-  if (rp_admin_status(&ad, &rep) != 0) {
+  if (rp_admin_status(ad, &rep) != 0) {
     rc = RP_EXIT_FAIL;
     goto out;
   }
@@ -1106,7 +1053,7 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
                  "replay for %llu tenants",
                  (unsigned long long)fg.accounting_mismatches);
 out:
-  rp_admin_close(&ad);
+  gmb__admin_rpc_close(ad);
   rp_end_children(tr, &fg, 0);
   if (series && fclose(series) != 0 && rc == 0)
     rc = rp_fail(RP_EXIT_FAIL, "cannot write %s", o->series);

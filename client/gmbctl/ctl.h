@@ -11,9 +11,9 @@
 #define GMB_CTL_H
 
 #include <jansson.h>
-#include <stdint.h>
 #include <stdio.h>
 
+#include "admin_rpc.h"
 #include "wire.h"
 
 #define CTL_TIMEOUT_MS 5000
@@ -22,11 +22,9 @@
 
 struct ctl {
   char run_dir[256];
-  char endpoint[300];
   int json;
-  int timeout_ms; /* for one reply; 0: CTL_TIMEOUT_MS */
-  void *zctx, *sock;
-  uint64_t next_id;
+  int timeout_ms;        /* for one reply; 0: CTL_TIMEOUT_MS */
+  struct admin_rpc *rpc; /* NULL until the first gmb__ctl_call */
 };
 
 struct ctl_verb {
@@ -53,9 +51,8 @@ int gmb__ctl_json_print(json_t *j);
 /* CTL_EXIT_USAGE with a message when the verb got arguments. */
 int gmb__ctl_no_args(const struct ctl_verb *v, int argc, char **argv);
 
-/* The tenants of an admin status, as a JSON array / as a table. */
+/* The tenants of an admin status, as a JSON array. */
 json_t *gmb__ctl_json_tenants(const struct wire_reply *rep);
-void gmb__ctl_print_tenants(const struct wire_reply *rep);
 json_t *gmb__ctl_json_compact(const struct wire_compact_stats *c);
 
 /* ctl_admin.c: quota, reserve, evict, reload. */

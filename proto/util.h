@@ -1,6 +1,7 @@
 /*
- * util.h - small pieces shared by the broker, the client library and gmbctl:
- * sizes as people write them ("512MiB"), the run directory, tenant names.
+ * util.h - small pieces shared by the broker, the client library and the
+ * tools: sizes as people write them ("512MiB"), the run directory, tenant
+ * names, the clock.
  */
 #ifndef GMB_UTIL_H
 #define GMB_UTIL_H
@@ -12,6 +13,9 @@
 #define GMB_MIB (UINT64_C(1) << 20)
 #define GMB_GIB (UINT64_C(1) << 30)
 #define GMB_TIB (UINT64_C(1) << 40)
+
+#define GMB_NS_PER_MS UINT64_C(1000000)
+#define GMB_NS_PER_S UINT64_C(1000000000)
 
 /*
  * Parses a size: a decimal number of bytes, or a number followed by a unit

@@ -4,8 +4,9 @@
  *
  * Each verb is one entry in ctl_verbs[] and one function; main() only
  * parses the options every verb shares, finds the verb and runs it.  A verb
- * sends requests through gmb__ctl_call(), which owns the socket, the 5-second
- * timeout and the one-line explanation of every failure.  Output is for
+ * sends requests through gmb__ctl_call(), which opens the admin socket
+ * (client/admin/admin_rpc.c) on first use, with a 5-second timeout, and
+ * prints the one-line explanation of every failure.  Output is for
  * people by default and JSON (jansson) with --json; sizes read and print as
  * "512MiB".
  *
@@ -13,17 +14,13 @@
  * 2 a usage error or a verb this broker does not implement yet.  Every
  * failure is one line on stderr, "gmbctl: reason".
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zmq.h>
 
+#include "admin_rpc.h"
 #include "ctl.h"
 #include "endpoint.h"
 #include "gmb.h"
@@ -42,104 +39,26 @@ int gmb__ctl_fail(int code, const char *fmt, ...) {
 
 /* --- talking to the broker ------------------------------------------------- */
 
-static int ctl_open(struct ctl *ctl) {
-  if (ctl->sock) return 0;
-  if (gmb__endpoint_default(ctl->run_dir, "admin.sock", ctl->endpoint,
-                            sizeof ctl->endpoint) == NULL)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "run directory name too long");
-  const char *path = ctl->endpoint + strlen("ipc://");
-  /* The admin socket is 0600: say so, rather than time out while ZeroMQ
-   * retries a connect that can never succeed. */
-  struct stat st;
-  int denied = stat(path, &st) == 0
-                   ? faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0
-                   : errno == EACCES;
-  if (denied)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot open %s: %s (the admin socket is "
-                    "for the broker's uid and admin_uids)", ctl->endpoint,
-                    strerror(errno));
-  char why[600], hint[400];
-  snprintf(hint, sizeof hint, "is gmb-broker running? run dir %s",
-           ctl->run_dir);
-  if (gmb__endpoint_probe(ctl->endpoint, hint, why, sizeof why) != 0)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s", why);
-  int zero = 0, t = CTL_TIMEOUT_MS;
-  ctl->zctx = zmq_ctx_new();
-  ctl->sock = ctl->zctx ? zmq_socket(ctl->zctx, ZMQ_DEALER) : NULL;
-  if (ctl->sock == NULL)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "zmq: %s", zmq_strerror(errno));
-  zmq_setsockopt(ctl->sock, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(ctl->sock, ZMQ_SNDTIMEO, &t, sizeof t);
-  if (zmq_connect(ctl->sock, ctl->endpoint) != 0)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot connect to %s: %s", ctl->endpoint,
-                    zmq_strerror(errno));
-  return 0;
-}
-
-static void ctl_close(struct ctl *ctl) {
-  if (ctl->sock) zmq_close(ctl->sock);
-  if (ctl->zctx) zmq_ctx_term(ctl->zctx);
-  ctl->sock = ctl->zctx = NULL;
-}
-
-/* Sends `req` and waits for its reply, whose body must be `expect`.
- * Returns 0 with *rep filled (the caller clears it), or an exit status
- * after printing why. */
+/* Opens the admin socket on the first call; every failure is one line
+ * "gmbctl: VERB: reason" (the reasons are admin_rpc.c's). */
 int gmb__ctl_call(struct ctl *ctl, const char *verb, struct wire_request *req,
-                    enum wire_kind expect, struct wire_reply *rep) {
-  int rc = ctl_open(ctl);
-  if (rc) return rc;
-  uint8_t *buf;
-  size_t len;
-  req->id = ++ctl->next_id;
-  if (gmb__wire_request_encode(req, &buf, &len) != 0)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: cannot encode the request", verb);
-  rc = zmq_send(ctl->sock, buf, len, 0);
-  free(buf);
-  if (rc < 0)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: could not reach the broker at %s",
-                    verb, ctl->endpoint);
-  int timeout_ms = ctl->timeout_ms ? ctl->timeout_ms : CTL_TIMEOUT_MS;
-  uint64_t deadline = gmb__now_ns() + (uint64_t)timeout_ms * 1000000u;
-  for (;;) {
-    uint64_t now = gmb__now_ns();
-    if (now >= deadline) break;
-    zmq_pollitem_t it = {ctl->sock, 0, ZMQ_POLLIN, 0};
-    int n = zmq_poll(&it, 1, (long)((deadline - now) / 1000000u) + 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, ctl->sock, 0) < 0) {
-      zmq_msg_close(&m);
-      continue;
-    }
-    rc = gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), rep);
-    zmq_msg_close(&m);
-    if (rc)
-      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: the broker's reply could not be "
-                      "decoded", verb);
-    if (rep->id != req->id) { /* an event or a stale reply */
-      gmb__wire_reply_clear(rep);
-      continue;
-    }
-    if (rep->status != 0) {
-      rc = gmb__ctl_fail(CTL_EXIT_FAIL, "%s: %s: %s", verb,
-                    gmb_err_name(rep->status),
-                    rep->message[0] ? rep->message
-                                    : gmb_strerror(rep->status));
-      gmb__wire_reply_clear(rep);
-      return rc;
-    }
-    if (rep->kind != expect) {
-      gmb__wire_reply_clear(rep);
-      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: the broker answered with a %s "
-                      "reply", verb, gmb__wire_kind_name(rep->kind));
-    }
-    return 0;
+                  enum wire_kind expect, struct wire_reply *rep) {
+  char why[ADMIN_RPC_WHY_MAX];
+  if (ctl->rpc == NULL) {
+    char endpoint[300], hint[400];
+    if (gmb__endpoint_default(ctl->run_dir, "admin.sock", endpoint,
+                              sizeof endpoint) == NULL)
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "run directory name too long");
+    snprintf(hint, sizeof hint, "is gmb-broker running? run dir %s",
+             ctl->run_dir);
+    if (gmb__admin_rpc_open(endpoint, CTL_TIMEOUT_MS, hint, &ctl->rpc, why,
+                            sizeof why) != 0)
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s", why);
   }
-  return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: the broker at %s did not answer within "
-                  "%d ms", verb, ctl->endpoint, timeout_ms);
+  if (gmb__admin_rpc_call(ctl->rpc, req, expect, ctl->timeout_ms, rep, why,
+                          sizeof why) != 0)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: %s", verb, why);
+  return 0;
 }
 
 /* --- output ------------------------------------------------------------------ */
@@ -174,7 +93,8 @@ json_t *gmb__ctl_json_tenants(const struct wire_reply *rep) {
 
 #define CTL_COLS 8
 
-void gmb__ctl_print_tenants(const struct wire_reply *rep) {
+/* The tenants of an admin status, as a table. */
+static void ctl_print_tenants(const struct wire_reply *rep) {
   static const char *head[CTL_COLS] = {"NAME",     "QUOTA",    "USED",
                                        "PEAK",     "SEGMENTS", "SESSIONS",
                                        "ALLOCS",   "FRAG"};
@@ -234,13 +154,19 @@ json_t *gmb__ctl_json_compact(const struct wire_compact_stats *c) {
                    "runs", (json_int_t)c->runs);
 }
 
-static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
-                      char **argv) {
+/* status and tenants: no arguments, one AdminStatus. */
+static int ctl_admin_status(struct ctl *ctl, const struct ctl_verb *v,
+                            int argc, char **argv, struct wire_reply *rep) {
   int rc = gmb__ctl_no_args(v, argc, argv);
   if (rc) return rc;
   struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
+  return gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, rep);
+}
+
+static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                      char **argv) {
   struct wire_reply rep;
-  rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  int rc = ctl_admin_status(ctl, v, argc, argv, &rep);
   if (rc) return rc;
   if (ctl->json) {
     json_t *j = json_pack(
@@ -279,25 +205,22 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
   printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n\n",
          (unsigned long long)cs->runs, (unsigned long long)cs->moves,
          gmb__size_format(cs->bytes_moved, b, sizeof b), cs->seconds);
-  gmb__ctl_print_tenants(&rep);
+  ctl_print_tenants(&rep);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
 
 static int ctl_tenants(struct ctl *ctl, const struct ctl_verb *v, int argc,
                        char **argv) {
-  int rc = gmb__ctl_no_args(v, argc, argv);
-  if (rc) return rc;
-  struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
   struct wire_reply rep;
-  rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  int rc = ctl_admin_status(ctl, v, argc, argv, &rep);
   if (rc) return rc;
   if (ctl->json) {
     json_t *j = json_pack("{s:o}", "tenants", gmb__ctl_json_tenants(&rep));
     gmb__wire_reply_clear(&rep);
     return gmb__ctl_json_print(j);
   }
-  gmb__ctl_print_tenants(&rep);
+  ctl_print_tenants(&rep);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -460,7 +383,7 @@ int main(int argc, char **argv) {
     return gmb__ctl_fail(CTL_EXIT_FAIL, "the run directory's name is too long");
   }
   int rc = verb->run(&ctl, verb, nrest, rest);
-  ctl_close(&ctl);
+  gmb__admin_rpc_close(ctl.rpc);
   free(rest);
   return rc;
 }

@@ -42,7 +42,7 @@
 
 #include "cudrv.h"
 #include "gmb.h"
-#include "locktab.h"
+#include "locktab_layout.h"
 
 struct cuda_import {
   struct cuda_import *next;

@@ -1,10 +1,9 @@
 /*
- * state.c - the state file: operators' run-time quota and reservation
+ * statefile.c - the state file: operators' run-time quota and reservation
  * changes, kept across restarts (the format and the precedence rules are
- * in state.h).
+ * in statefile.h).
  *
- * The overrides live in one table owned by this module (the broker is one
- * process with one loop thread, so a module-level table is the broker's).
+ * The overrides live in one table, b->statefile, owned by this module.
  * Invariant: when a state path is set, the table is exactly what the file
  * says.  A change is made on a copy of the table, the copy is written to
  * a temporary file in the same directory, fsync'd, renamed over the file
@@ -12,7 +11,7 @@
  * So a crash at any point leaves the old file or the new one, never a
  * mixture, and a change the file does not hold is never in force.
  */
-#include "state.h"
+#include "statefile.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -42,7 +41,15 @@ struct state_table {
   size_t n;
 };
 
-static struct state_table state_cur;
+struct gmb_statefile {
+  struct state_table cur;
+};
+
+/* The broker's table, made on first use; NULL out of host memory. */
+static struct state_table *state_cur(struct gmb_broker *b) {
+  if (b->statefile == NULL) b->statefile = calloc(1, sizeof *b->statefile);
+  return b->statefile ? &b->statefile->cur : NULL;
+}
 
 static void state_table_free(struct state_table *t) {
   free(t->e);
@@ -338,10 +345,11 @@ static struct gmb_tenant *state_tenant(struct gmb_broker *b,
   return t;
 }
 
-int gmb__state_apply(struct gmb_broker *b) {
+int gmb__statefile_apply(struct gmb_broker *b) {
   int touched = 0, rc = 0;
-  for (size_t i = 0; i < state_cur.n; i++) {
-    const struct state_entry *e = &state_cur.e[i];
+  const struct state_table *cur = state_cur(b);
+  for (size_t i = 0; cur && i < cur->n; i++) {
+    const struct state_entry *e = &cur->e[i];
     if (!e->has[0] && !e->has[1]) continue;
     struct gmb_tenant *t = state_tenant(b, e->name);
     if (t == NULL) {
@@ -364,15 +372,20 @@ int gmb__state_apply(struct gmb_broker *b) {
   return rc ? rc : touched;
 }
 
-int gmb__state_load(struct gmb_broker *b, char *err, size_t errcap) {
+int gmb__statefile_load(struct gmb_broker *b, char *err, size_t errcap) {
   struct state_table t = {0};
+  struct state_table *cur = state_cur(b);
+  if (cur == NULL) {
+    snprintf(err, errcap, "out of host memory");
+    return GMB_E_SYSTEM;
+  }
   if (b->cfg.state[0]) {
     int rc = state_read(b->cfg.state, &t, err, errcap);
     if (rc) return rc;
   }
-  state_table_free(&state_cur);
-  state_cur = t;
-  int n = gmb__state_apply(b);
+  state_table_free(cur);
+  *cur = t;
+  int n = gmb__statefile_apply(b);
   if (n < 0) {
     snprintf(err, errcap, "%s: a tenant it names could not be created",
              b->cfg.state);
@@ -384,23 +397,29 @@ int gmb__state_load(struct gmb_broker *b, char *err, size_t errcap) {
   return 0;
 }
 
-int gmb__state_reread(struct gmb_broker *b, char *err, size_t errcap) {
+int gmb__statefile_reread(struct gmb_broker *b, char *err, size_t errcap) {
   if (b->cfg.state[0] == '\0') return 0; /* memory is all there is */
+  struct state_table *cur = state_cur(b);
+  if (cur == NULL) {
+    snprintf(err, errcap, "out of host memory");
+    return GMB_E_SYSTEM;
+  }
   struct state_table t;
   int rc = state_read(b->cfg.state, &t, err, errcap);
   if (rc) return rc;
-  state_table_free(&state_cur);
-  state_cur = t;
+  state_table_free(cur);
+  *cur = t;
   return 0;
 }
 
-int gmb__state_set(struct gmb_broker *b, const char *name,
-                   enum gmb_state_field field, uint64_t value, int *persisted,
-                   char *err, size_t errcap) {
+int gmb__statefile_set(struct gmb_broker *b, const char *name,
+                       enum gmb_state_field field, uint64_t value,
+                       int *persisted, char *err, size_t errcap) {
   GMB_ASSERT((field == GMB_STATE_QUOTA || field == GMB_STATE_RESERVE) &&
              "a state field without a key");
+  struct state_table *cur = state_cur(b);
   struct state_table next;
-  if (state_copy(&next, &state_cur) != 0) {
+  if (cur == NULL || state_copy(&next, cur) != 0) {
     snprintf(err, errcap, "out of host memory");
     return GMB_E_SYSTEM;
   }
@@ -430,15 +449,14 @@ int gmb__state_set(struct gmb_broker *b, const char *name,
     }
     *persisted = 1;
   }
-  state_table_free(&state_cur);
-  state_cur = next;
+  state_table_free(cur);
+  *cur = next;
   return 0;
 }
 
-int gmb__state_has(const char *name, enum gmb_state_field field) {
-  struct state_entry *e = state_find(&state_cur, name);
-  return e && e->has[field];
+void gmb__statefile_free(struct gmb_statefile *sf) {
+  if (sf == NULL) return;
+  state_table_free(&sf->cur);
+  free(sf);
 }
-
-void gmb__state_free(void) { state_table_free(&state_cur); }
 

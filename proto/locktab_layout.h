@@ -1,6 +1,6 @@
 /*
- * locktab.h - the layout of a session's lock table, shared by the broker
- * and the client library.
+ * locktab_layout.h - the layout of a session's lock table, shared by the
+ * broker and the client library.
  *
  * A lock table is a POSIX shm object in host memory, created by the broker
  * at Hello for one session and mapped by the broker and that session's
@@ -27,8 +27,8 @@
  * `id` names the allocation the slot serves (0: a free slot), so a client
  * can tell a reused slot from its own.
  */
-#ifndef GMB_LOCKTAB_H
-#define GMB_LOCKTAB_H
+#ifndef GMB_LOCKTAB_LAYOUT_H
+#define GMB_LOCKTAB_LAYOUT_H
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -39,7 +39,7 @@
 #define GMB_LT_MAX_HOLDERS (GMB_LT_MOVING - 1u)
 #define GMB_LT_DEFAULT_SLOTS 65536u /* 2 MiB of table, sparse until used */
 
-struct gmb_lt_slot {
+struct gmb__lt_slot {
   _Atomic uint32_t state; /* holders, or GMB_LT_MOVING */
   uint32_t reserved;
   uint64_t id;      /* the allocation; 0 when the slot is free */
@@ -47,7 +47,7 @@ struct gmb_lt_slot {
   uint64_t offset;
 };
 
-struct gmb_lt_header {
+struct gmb__lt_header {
   uint64_t magic;   /* GMB_LT_MAGIC */
   uint32_t version; /* GMB_LT_VERSION */
   uint32_t slots;   /* number of slots after the header */
@@ -55,17 +55,17 @@ struct gmb_lt_header {
   uint8_t reserved[40];
 };
 
-_Static_assert(sizeof(struct gmb_lt_slot) == 32, "lock table slot layout");
-_Static_assert(sizeof(struct gmb_lt_header) == 64, "lock table header layout");
+_Static_assert(sizeof(struct gmb__lt_slot) == 32, "lock table slot layout");
+_Static_assert(sizeof(struct gmb__lt_header) == 64, "lock table header layout");
 
 /* Bytes of a table with `slots` slots. */
-static inline uint64_t gmb_lt_bytes(uint32_t slots) {
-  return sizeof(struct gmb_lt_header) +
-         (uint64_t)slots * sizeof(struct gmb_lt_slot);
+static inline uint64_t gmb__lt_bytes(uint32_t slots) {
+  return sizeof(struct gmb__lt_header) +
+         (uint64_t)slots * sizeof(struct gmb__lt_slot);
 }
 
-static inline struct gmb_lt_slot *gmb_lt_slots(struct gmb_lt_header *h) {
-  return (struct gmb_lt_slot *)(h + 1);
+static inline struct gmb__lt_slot *gmb__lt_slots(struct gmb__lt_header *h) {
+  return (struct gmb__lt_slot *)(h + 1);
 }
 
-#endif /* GMB_LOCKTAB_H */
+#endif /* GMB_LOCKTAB_LAYOUT_H */

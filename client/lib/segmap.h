@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "locktab.h"
+#include "locktab_layout.h"
 #include "wire.h"
 
 struct gmb_segmap;
@@ -95,7 +95,7 @@ struct gmb_segmap_entry {
  * the lookup saw it mapped (client.c, client_lock_movable, says why).
  */
 int gmb__segmap_get(struct gmb_segmap *m, uint64_t id,
-                    const struct gmb_lt_slot *lt, uint32_t nslots,
+                    const struct gmb__lt_slot *lt, uint32_t nslots,
                     struct gmb_segmap_entry *out);
 
 /* gmb_unlock's lookup: 0 with *slot set (GMB_SEGMAP_NO_SLOT for one

@@ -1,0 +1,194 @@
+/*
+ * alloc.c - giving a session memory (alloc.h has the order and the rules).
+ */
+#include "alloc.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gmb.h"
+#include "locktab.h"
+#include "log.h"
+#include "reply.h"
+#include "util.h"
+
+uint64_t gmb__alloc_round(uint64_t size) {
+  return (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
+}
+
+void gmb__alloc_handle(struct gmb_broker *b, const struct gmb_session *s,
+                       const struct gmb_dseg *d, struct wire_handle *h) {
+  gmb__device_grant(b->dev, d, s->uid, s->gid);
+  h->segment = d->id;
+  h->size = d->size;
+  h->len = d->handle_len;
+  memcpy(h->bytes, d->handle, d->handle_len);
+}
+
+struct alloc_unmovable {
+  uint64_t bytes;
+  struct {
+    struct gmb_tenant *t;
+    uint64_t bytes;
+  } by[WIRE_HOLDERS_MAX];
+  size_t n;
+};
+
+/* Counts the bytes compaction cannot move: pinned, or movable and locked
+ * now; and which tenants hold the most of them. */
+static int alloc_count_unmovable(void *ctx, const struct gmb_alloc_info *a,
+                                 int is_free) {
+  struct alloc_unmovable *u = ctx;
+  if (is_free || a->id == 0) return 0;
+  struct gmb_session *s = a->owner;
+  if (s == NULL) return 0;
+  if ((a->flags & GMB_MOVABLE) && !gmb__session_alloc_locked(a)) return 0;
+  u->bytes += a->size;
+  size_t i;
+  for (i = 0; i < u->n; i++)
+    if (u->by[i].t == s->tenant) break;
+  if (i == u->n) {
+    if (u->n == WIRE_HOLDERS_MAX) return 0; /* the total still counts */
+    u->by[u->n].t = s->tenant;
+    u->by[u->n].bytes = 0;
+    u->n++;
+  }
+  u->by[i].bytes += a->size;
+  return 0;
+}
+
+void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
+                        uint64_t rounded, struct wire_reply *rep) {
+  uint64_t largest = 0, total = 0;
+  gmb__pool_fragmentation(b->pool, &largest, &total);
+  struct alloc_unmovable u;
+  memset(&u, 0, sizeof u);
+  gmb__pool_walk(b->pool, alloc_count_unmovable, &u);
+  char req_s[GMB_SIZE_BUFSZ], tot_s[GMB_SIZE_BUFSZ], big_s[GMB_SIZE_BUFSZ],
+      stuck_s[GMB_SIZE_BUFSZ], one[GMB_SIZE_BUFSZ];
+  char holders[256] = "";
+  size_t off = 0;
+  for (size_t i = 0; i < u.n && off < sizeof holders; i++) {
+    int n = snprintf(holders + off, sizeof holders - off, "%s%s %s",
+                     i ? ", " : "", u.by[i].t->name,
+                     gmb__size_format(u.by[i].bytes, one, sizeof one));
+    if (n < 0) break;
+    off += (size_t)n;
+  }
+  /* cuda: retired segments still occupy the device until every client
+   * that mapped them said it closed them; say so rather than leave a
+   * "free" figure the device cannot honour. */
+  char retiring[96] = "";
+  if (b->dev->retiring_bytes)
+    snprintf(retiring, sizeof retiring,
+             "; %s in %llu retired segment(s) waits for clients to close it",
+             gmb__size_format(b->dev->retiring_bytes, one, sizeof one),
+             (unsigned long long)b->dev->retiring);
+  gmb__reply_fail(rep, GMB_E_NOMEM,
+                  "no room for %s on %s (tenant %s): %s free in total, the "
+                  "largest free range is %s; %s cannot be moved (pinned or "
+                  "locked)%s%s%s%s",
+                  gmb__size_format(rounded, req_s, sizeof req_s),
+                  b->dev->desc, s->tenant->name,
+                  gmb__size_format(total, tot_s, sizeof tot_s),
+                  gmb__size_format(largest, big_s, sizeof big_s),
+                  gmb__size_format(u.bytes, stuck_s, sizeof stuck_s),
+                  u.n ? ", held by " : "", holders,
+                  b->cfg.compaction ? "" : "; compaction is off", retiring);
+  rep->kind = WIRE_NOMEM;
+  rep->u.nomem.request = rounded;
+  rep->u.nomem.free_total = total;
+  rep->u.nomem.largest_free = largest;
+  rep->u.nomem.unmovable = u.bytes;
+  rep->u.nomem.n_holders = u.n;
+  for (size_t i = 0; i < u.n; i++)
+    snprintf(rep->u.nomem.holders[i], sizeof rep->u.nomem.holders[i], "%s",
+             u.by[i].t->name);
+}
+
+int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
+                     struct wire_reply *rep) {
+  int rc = gmb__tenant_fits(t, rounded);
+  if (rc) {
+    char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
+    gmb__reply_fail(rep, rc, "tenant %s: %s more would pass its quota of %s "
+                    "(%s in use)", t->name,
+                    gmb__size_format(rounded, r, sizeof r),
+                    gmb__size_format(t->quota, q, sizeof q),
+                    gmb__size_format(t->used, u, sizeof u));
+  }
+  return rc;
+}
+
+int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
+                   uint32_t flags, struct wire_reply *rep,
+                   enum gmb_nomem_why *why) {
+  struct gmb_tenant *t = s->tenant;
+  uint64_t rounded = gmb__alloc_round(size);
+  *why = GMB_NOMEM_NONE;
+  int rc = gmb__alloc_quota(t, rounded, rep);
+  if (rc) return rc;
+  struct gmb_alloc_info info;
+  uint64_t seg_before = t->segment_bytes;
+  rc = gmb__pool_alloc(b->pool, t->arena, size, flags, s, &info);
+  /* The pool may have made a segment for t, or released lingering ones
+   * (the retire callback counted those). */
+  gmb__tenant_segments_sync(b->tenants, t);
+  if (rc) {
+    if (rc != GMB_E_NOMEM)
+      gmb__reply_fail(rep, rc, "allocation of %" PRIu64 " bytes failed: %s",
+                      size, gmb_strerror(rc));
+    else
+      *why = GMB_NOMEM_NO_ROOM;
+    return rc;
+  }
+  if (t->segment_bytes > seg_before) {
+    uint64_t room = b->dev->capacity > b->dev->in_use
+                        ? b->dev->capacity - b->dev->in_use
+                        : 0;
+    char msg[WIRE_MESSAGE_MAX];
+    rc = gmb__tenant_reserve_allows(b->tenants, t, rounded, room, msg,
+                                    sizeof msg);
+    if (rc) {
+      gmb__pool_free(b->pool, info.id, NULL);
+      /* A small segment made for it would linger, counted as t's and
+       * taking room from the reservations: give it back now. */
+      gmb__pool_trim(b->pool);
+      gmb__tenant_segments_sync(b->tenants, t);
+      gmb__reply_fail(rep, rc, "%s", msg);
+      *why = GMB_NOMEM_RESERVED;
+      return rc;
+    }
+  }
+  GMB_ASSERT(info.size == rounded && "pool and broker round differently");
+  uint32_t slot = 0;
+  if (flags & GMB_MOVABLE) {
+    rc = gmb__locktab_slot_new(s->lt, info.id, info.dseg->id, info.offset,
+                               &slot);
+    if (rc) {
+      gmb__pool_free(b->pool, info.id, NULL);
+      gmb__reply_fail(rep, rc, "this session holds as many movable "
+                      "allocations as its lock table has slots (%u)",
+                      GMB_LT_DEFAULT_SLOTS);
+      return rc;
+    }
+    gmb__pool_set_tag(b->pool, info.id, gmb__locktab_tag(slot));
+  }
+  rc = gmb__tenant_charge(t, rounded);
+  GMB_ASSERT(rc == 0 && "a size that fit the quota a moment ago");
+  s->allocations++;
+  b->pool_ops++;
+  rep->status = 0;
+  rep->kind = WIRE_ALLOC;
+  rep->u.alloc.id = info.id;
+  rep->u.alloc.size = info.size;
+  rep->u.alloc.segment = info.dseg->id;
+  rep->u.alloc.offset = info.offset;
+  rep->u.alloc.handle.len = 0;
+  rep->u.alloc.slot = slot;
+  /* < 0 (no memory to remember it): the client asks with Segment. */
+  if (gmb__session_seg_seen(s, info.dseg->id) == 0)
+    gmb__alloc_handle(b, s, info.dseg, &rep->u.alloc.handle);
+  return 0;
+}

@@ -1,0 +1,66 @@
+/*
+ * alloc.h - giving a session memory: the one path every allocation takes,
+ * whether it is answered at once (dispatch.c) or after waiting (waitq.c).
+ *
+ * The order is: quota (refused at once, never waited on), then the pool,
+ * then the reservations.  The quota is asked before the pool and charged
+ * once the pool said yes; the loop is single-threaded, so nothing can come
+ * between the two, and `used` and `peak` count only memory handed out.
+ *
+ * Reservations (tenant.h has the rule): an allocation that made its
+ * tenant's segments grow is checked once the pool said yes, and rolled
+ * back (GMB_E_NOMEM, naming the reservation) when it would leave the
+ * device unable to give another tenant the unused part of its
+ * reservation.  Checking after the pool is exact (the pool decides whether
+ * a segment is made and how large); the rollback releases the segment.
+ *
+ * A movable allocation gets a slot in its session's lock table, whose
+ * number the pool keeps as the allocation's tag (locktab.h).
+ */
+#ifndef GMB_ALLOC_H
+#define GMB_ALLOC_H
+
+#include <stdint.h>
+
+#include "broker.h"
+#include "session.h"
+#include "wire.h"
+
+/* Why an allocation was refused GMB_E_NOMEM. */
+enum gmb_nomem_why {
+  GMB_NOMEM_NONE = 0,
+  GMB_NOMEM_NO_ROOM,  /* the device has no room (rep's message unset) */
+  GMB_NOMEM_RESERVED, /* another tenant's reservation (message set) */
+};
+
+/* `size` as the pool and the quota count it. */
+uint64_t gmb__alloc_round(uint64_t size);
+
+/* 0 when `rounded` more bytes fit t's quota, else GMB_E_QUOTA with *rep
+ * filled. */
+int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
+                     struct wire_reply *rep);
+
+/*
+ * Tries to allocate `size` bytes with `flags` for session s.  Returns 0 with
+ * *rep the Alloc reply (and the segment's handle when s had not been given
+ * it yet), or the refusal in *rep.  GMB_E_NOMEM comes with *why:
+ * GMB_NOMEM_NO_ROOM leaves *rep's message alone so the caller may queue the
+ * request or explain with gmb__alloc_explain(); GMB_NOMEM_RESERVED has the
+ * message set.
+ */
+int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
+                   uint32_t flags, struct wire_reply *rep,
+                   enum gmb_nomem_why *why);
+
+/* Fills *rep with GMB_E_NOMEM and the broker's explanation for a request
+ * of `rounded` bytes: free total, largest range, what cannot be moved and
+ * which tenants hold it. */
+void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
+                        uint64_t rounded, struct wire_reply *rep);
+
+/* Fills *h with segment d's handle after letting s's process open it. */
+void gmb__alloc_handle(struct gmb_broker *b, const struct gmb_session *s,
+                       const struct gmb_dseg *d, struct wire_handle *h);
+
+#endif /* GMB_ALLOC_H */

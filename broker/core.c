@@ -1,0 +1,112 @@
+/*
+ * core.c - the broker's life cycle (core.h).
+ *
+ * Order matters when a session ends: it leaves its tenant's list first, so
+ * that segments retired while its memory is freed are not announced to a
+ * session that is going away; its moves are abandoned before its memory is
+ * freed, so compaction never commits a move of freed memory.
+ */
+#include "core.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "defrag.h"
+#include "gmb.h"
+#include "locktab.h"
+#include "log.h"
+#include "observe.h"
+#include "reply.h"
+#include "statefile.h"
+#include "util.h"
+#include "waitq.h"
+
+/* The pool's retire callback: a segment of tenant `arena_tag` goes back to
+ * the device.  Sessions that mapped it are told, and on a device that frees
+ * only once every holder closed it (cuda), recorded as holders. */
+static void core_retire(void *ctx, const struct gmb_dseg *seg,
+                        void *arena_tag) {
+  struct gmb_broker *b = ctx;
+  struct gmb_tenant *t = arena_tag;
+  if (b == NULL || t == NULL) return;
+  if (b->tenants) gmb__tenant_segment_retired(b->tenants, t, seg->size);
+  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
+    if (!gmb__session_seg_forget(s, seg->id)) continue;
+    gmb__reply_event(b, s, WIRE_EVENT_SEGMENT_RETIRED, seg->id, NULL);
+    if (gmb__device_seg_hold(b->dev, seg->id, s->id) != 0)
+      log_error("segment %llu: out of host memory recording that session "
+                "%llu holds it: it is freed at once",
+                (unsigned long long)seg->id, (unsigned long long)s->id);
+  }
+}
+
+int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
+  char why[512];
+  int rc = gmb__device_open(b->cfg.device, b->cfg.capacity,
+                            b->cfg.device_reserve, &b->dev, why, sizeof why);
+  if (rc) {
+    snprintf(err, errcap, "device %s: %s", b->cfg.device, why);
+    return rc;
+  }
+  b->pool = gmb__pool_new(b->dev, core_retire, b);
+  b->tenants = b->pool ? gmb__tenants_new(b->pool, &b->cfg) : NULL;
+  b->sessions = gmb__sessions_new();
+  b->observe = gmb__observe_new();
+  if (b->pool == NULL || b->tenants == NULL || b->sessions == NULL ||
+      b->observe == NULL) {
+    snprintf(err, errcap, "out of memory at start-up");
+    return GMB_E_SYSTEM;
+  }
+  if (gmb__tenants_check_reservations(b->tenants, b->dev->capacity, why,
+                                      sizeof why) != 0)
+    log_warn("%s", why);
+  return 0;
+}
+
+static void core_end_stopping(void *ctx, struct gmb_session *s) {
+  gmb__core_session_end(ctx, s, "the broker is stopping");
+}
+
+void gmb__core_close(struct gmb_broker *b) {
+  if (b->sessions) gmb__sessions_each(b->sessions, core_end_stopping, b);
+  gmb__sessions_destroy(b->sessions);
+  b->sessions = NULL;
+  gmb__tenants_destroy(b->tenants);
+  b->tenants = NULL;
+  gmb__pool_destroy(b->pool);
+  b->pool = NULL;
+  gmb__device_close(b->dev);
+  b->dev = NULL;
+  gmb__observe_destroy(b->observe);
+  b->observe = NULL;
+  gmb__statefile_free(b->statefile);
+  b->statefile = NULL;
+}
+
+void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
+                           const char *why) {
+  struct gmb_tenant *t = s->tenant;
+  gmb__waitq_drop_session(b, s);
+  gmb__session_detach(s);
+  gmb__defrag_forget_session(b, s);
+  uint64_t freed = gmb__pool_free_owner(b->pool, t->arena, s);
+  gmb__tenant_uncharge(t, freed);
+  if (freed) b->pool_ops++;
+  /* Locks it held die with it: the table goes, and so do its slots. */
+  gmb__locktab_destroy(s->lt);
+  s->lt = NULL;
+  log_info("session %" PRIu64 " (tenant %s, uid %u, pid %d) ended: %s; %"
+           PRIu64 " bytes in %" PRIu64 " allocations freed", s->id, t->name,
+           (unsigned)s->uid, (int)s->pid, why, freed, s->allocations);
+  /* Retired cuda segments it had yet to close: its process's mappings died
+   * with it (or it closed them before Bye), so it holds them no longer. */
+  int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
+  gmb__session_free(b->sessions, s);
+  if (freed || unparked) gmb__waitq_serve(b);
+}
+
+int gmb__core_check(struct gmb_broker *b) {
+  return gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants);
+}

@@ -1,0 +1,43 @@
+/*
+ * core.h - the broker's life cycle: what it is made of at start-up, how a
+ * session ends, the consistency checks, and the clean stop.
+ *
+ * Ending a session is the one place where a client's memory is taken back
+ * without its asking: it runs when the process dies, says Bye, stops
+ * heartbeating, is evicted, or the broker stops.  It touches every layer
+ * below (wait queue, compaction, pool, tenant, lock table, device), which
+ * is why it lives here, above the services, rather than in session.c.
+ */
+#ifndef GMB_CORE_H
+#define GMB_CORE_H
+
+#include <stddef.h>
+
+#include "broker.h"
+#include "session.h"
+
+/*
+ * Opens b->cfg's device and makes the pool, the tenants, the session table
+ * and the metrics counters.  0, or a GMB_E_* code with a one-line reason in
+ * err (GMB_E_INVAL: the device spec is wrong).  On failure what was made is
+ * left for gmb__core_close.
+ */
+int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap);
+
+/* Ends every session (no messages sent), then frees the tenants, the pool,
+ * the device, the counters and the state file's table.  Safe on a
+ * partly opened broker. */
+void gmb__core_close(struct gmb_broker *b);
+
+/* Ends session s: drops its waiters, stops moving its memory, frees its
+ * allocations (counted back to its tenant), destroys its lock table,
+ * releases its holds on retired segments, and serves the wait queue when
+ * memory came back.  `why` is logged.  s is freed. */
+void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
+                           const char *why);
+
+/* Consistency checks of the pool and the tenants; returns the number of
+ * violations (0: all is well). */
+int gmb__core_check(struct gmb_broker *b);
+
+#endif /* GMB_CORE_H */

@@ -1,0 +1,59 @@
+/*
+ * waitq.h - allocations waiting for memory.
+ *
+ * The queue holds gmb_alloc_wait requests that found no room, ordered by
+ * tenant priority (higher first; the priority when the request came), then
+ * arrival.  Whenever memory may have come back (a free, a session's end, a
+ * compaction, a smaller reservation, an expired or dead waiter) it is
+ * served from the head:
+ *   - a waiter that fits is served;
+ *   - the first waiter that does not fit BLOCKS the waiters behind it, so a
+ *     large request is never starved by a stream of smaller ones of equal
+ *     or lower priority; higher priorities are ahead of it anyway;
+ *   - except that a request within its own tenant's reservation is served
+ *     even behind a blocked one: that memory is kept for its tenant, the
+ *     blocked request could never have had it.
+ * A new waiting request joins the queue at its place (and the queue is
+ * served) when a waiter of equal or higher priority is already there, so it
+ * cannot jump the queue either.  Requests queued only until a compaction
+ * run ends (`after_compact`: they did not ask to wait) never block others:
+ * they are tried as memory comes back and answered GMB_E_NOMEM when the run
+ * ends.  A waiter's answer leaves through the sender (reply.c) and is
+ * counted in the metrics with its time in the queue.
+ *
+ * The queue itself is b->waitq (broker.h); every waiter belongs to a live
+ * session and is counted in its tenant's `waiting`.
+ */
+#ifndef GMB_WAITQ_H
+#define GMB_WAITQ_H
+
+#include <stdint.h>
+
+#include "broker.h"
+#include "session.h"
+
+/* Queues request `req_id` of session s.  timeout_ms <= 0: no deadline.
+ * `after_compact`: answered (GMB_E_NOMEM if it still does not fit) when the
+ * compaction run in progress ends.  0, or GMB_E_SYSTEM out of host memory. */
+int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
+                   uint64_t req_id, uint64_t size, uint32_t flags,
+                   int timeout_ms, int after_compact);
+
+/* 1 when a request that asked to wait (not one held only for a compaction
+ * run) of priority >= `priority` is queued. */
+int gmb__waitq_ahead(const struct gmb_broker *b, int priority);
+
+/* Memory may have come back: serve what fits, in order. */
+void gmb__waitq_serve(struct gmb_broker *b);
+
+/* The compaction run ended: answer the waiters that waited only for it. */
+void gmb__waitq_compaction_over(struct gmb_broker *b);
+
+/* Answers GMB_E_TIMEOUT to waiters past their deadline; returns the
+ * nanoseconds until the next deadline (UINT64_MAX: none). */
+uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now);
+
+/* Drops the waiters of a session that is ending (no reply: it is gone). */
+void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s);
+
+#endif /* GMB_WAITQ_H */

@@ -1,0 +1,61 @@
+/*
+ * admin_rpc.h - a client of the broker's admin socket, for the tools that
+ * speak the admin protocol (gmbctl, gmb-replay).
+ *
+ * One handle is one ZeroMQ context and one DEALER connected to an admin
+ * endpoint, with one request in flight at a time.  Every function returns
+ * 0 or a negative GMB_E_* code with a one-line reason in `why` (no prefix,
+ * no newline); it prints nothing and exits nothing, so each tool says the
+ * reason in its own voice.  ADMIN_RPC_WHY_MAX bytes hold any reason.
+ *
+ * A ZeroMQ context must not cross fork(): open the handle in the process
+ * that uses it, after any fork.
+ */
+#ifndef GMB_ADMIN_RPC_H
+#define GMB_ADMIN_RPC_H
+
+#include <signal.h>
+#include <stddef.h>
+
+#include "wire.h"
+
+#define ADMIN_RPC_WHY_MAX 1024
+
+struct admin_rpc;
+
+/*
+ * Connects to `endpoint` ("ipc://RUN_DIR/admin.sock").  An ipc:// socket
+ * file this uid may not write, or one nobody listens on, fails at once
+ * (GMB_E_CONN) instead of leaving ZeroMQ to retry for ever; `hint`, when not
+ * NULL, goes into the latter reason ("is gmb-broker running? ...").
+ * `timeout_ms` bounds each send and is the default wait for a reply.
+ * Returns 0 with *out set (the caller closes it with gmb__admin_rpc_close),
+ * GMB_E_CONN, or GMB_E_SYSTEM when ZeroMQ or memory fails.
+ */
+int gmb__admin_rpc_open(const char *endpoint, int timeout_ms, const char *hint,
+                        struct admin_rpc **out, char *why, size_t cap);
+
+/* A wait for a reply gives up as soon as *flag is nonzero (a flag that a
+ * signal handler sets); NULL, the default: only the timeout ends it. */
+void gmb__admin_rpc_set_stop(struct admin_rpc *rpc,
+                             const volatile sig_atomic_t *flag);
+
+/*
+ * Sends `req` (its id is set here) and waits up to `timeout_ms` (0: the
+ * handle's default) for the reply with the same id; replies to other ids
+ * are dropped.  Returns 0 with *rep filled and of kind `expect` (the caller
+ * clears it with gmb__wire_reply_clear).  Else *rep needs no clearing and
+ * the code is the broker's own when it refused ("GMB_E_NOENT: no tenant
+ * x"), GMB_E_PROTO for a reply that does not decode or is of another kind,
+ * GMB_E_CONN when the send fails, GMB_E_INVAL when the request does not
+ * encode, GMB_E_TIMEOUT when no reply came in time or the stop flag was
+ * set.
+ */
+int gmb__admin_rpc_call(struct admin_rpc *rpc, struct wire_request *req,
+                        enum wire_kind expect, int timeout_ms,
+                        struct wire_reply *rep, char *why, size_t cap);
+
+/* Closes the socket and the context; accepts NULL. */
+void gmb__admin_rpc_close(struct admin_rpc *rpc);
+
+#endif /* GMB_ADMIN_RPC_H */

@@ -1,0 +1,191 @@
+/*
+ * broker_fixture.h - a whole broker in the test's process, without sockets,
+ * for the suites of the modules above the pool (dispatch, waitq, session,
+ * statefile, core).
+ *
+ * fx_open() builds the broker the way main.c does (core.c on a host
+ * device, then the state file), with the consistency checks on, and points
+ * the sender at a tap that records every reply and event instead of
+ * sending it.  Clients are plain routing ids: fx_hello() opens a session
+ * for one through the real Hello handler.  Peers have pid 0 (not visible),
+ * so sessions heartbeat rather than hold a pidfd.  fx_close() requires
+ * gmb__core_check() == 0 before it tears everything down through
+ * gmb__core_close(), so every test ends with a consistency check.
+ *
+ * Replies the tap records are shallow copies: scalar fields and messages
+ * are valid, pointers inside (admin tables) are not.
+ */
+#ifndef GMB_BROKER_FIXTURE_H
+#define GMB_BROKER_FIXTURE_H
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "core.h"
+#include "dispatch.h"
+#include "gmb.h"
+#include "session.h"
+#include "statefile.h"
+
+#define FX_MAX_SENT 256
+
+struct fx_sent {
+  enum gmb_socket sock;
+  char rid[32];
+  struct wire_reply rep;
+};
+
+struct fx {
+  struct gmb_broker b;
+  struct fx_sent sent[FX_MAX_SENT];
+  size_t n_sent;
+  uint64_t next_req;
+  char dir[64]; /* scratch dir for config and state files */
+};
+
+static void fx_tap(void *ctx, enum gmb_socket sock, const uint8_t *rid,
+                   size_t rid_len, const struct wire_reply *rep) {
+  struct fx *f = ctx;
+  ck_assert_msg(f->n_sent < FX_MAX_SENT, "the tap is full");
+  struct fx_sent *s = &f->sent[f->n_sent++];
+  s->sock = sock;
+  snprintf(s->rid, sizeof s->rid, "%.*s", (int)rid_len, (const char *)rid);
+  s->rep = *rep;
+}
+
+/* Writes `text` to the scratch dir's file `name`; its path in path. */
+static inline void fx_write(struct fx *f, const char *name, const char *text,
+                            char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s", f->dir, name);
+  FILE *fp = fopen(path, "w");
+  ck_assert_ptr_nonnull(fp);
+  fputs(text, fp);
+  ck_assert_int_eq(fclose(fp), 0);
+}
+
+/*
+ * A broker on `device` ("host:64MiB") with the config text `ini` (NULL:
+ * defaults only; "[broker]\ncompaction = off\n" and tenant sections are
+ * typical).  A `state` line in the text may name "@STATE@", which becomes
+ * a file in the fixture's scratch dir.
+ */
+static inline void fx_open_ini(struct fx *f, const char *device,
+                               const char *ini) {
+  memset(f, 0, sizeof *f);
+  snprintf(f->dir, sizeof f->dir, "/tmp/gmb-fx-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(f->dir));
+  struct gmb_broker *b = &f->b;
+  char err[1024];
+  gmb__config_defaults(&b->cfg);
+  if (ini) {
+    /* "@STATE@" stands for DIR/state. */
+    char text[4096], path[256];
+    const char *at = strstr(ini, "@STATE@");
+    if (at)
+      snprintf(text, sizeof text, "%.*s%s/state%s", (int)(at - ini), ini,
+               f->dir, at + 7);
+    else
+      snprintf(text, sizeof text, "%s", ini);
+    fx_write(f, "gmb.ini", text, path, sizeof path);
+    snprintf(b->config_path, sizeof b->config_path, "%s", path);
+    ck_assert_msg(gmb__config_load(path, &b->cfg, err, sizeof err) == 0,
+                  "config: %s", err);
+  }
+  snprintf(b->cfg.device, sizeof b->cfg.device, "%s", device);
+  b->flag_log_level = -1;
+  b->checks = 1;
+  b->reply_tap = fx_tap;
+  b->reply_tap_ctx = f;
+  ck_assert_msg(gmb__core_open(b, err, sizeof err) == 0, "core: %s", err);
+  ck_assert_msg(gmb__statefile_load(b, err, sizeof err) == 0, "state: %s",
+                err);
+  f->next_req = 1;
+}
+
+static inline void fx_open(struct fx *f) { fx_open_ini(f, "host:64MiB", NULL); }
+
+static inline void fx_close(struct fx *f) {
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  gmb__core_close(&f->b);
+  gmb__config_free(&f->b.cfg);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static inline struct gmb_peer fx_peer(const char *rid, uid_t uid) {
+  struct gmb_peer p = {.rid = (const uint8_t *)rid, .rid_len = strlen(rid),
+                       .uid = uid, .gid = uid, .pid = 0};
+  return p;
+}
+
+/* Sends request `req` (its id is set here) from client `rid` as `uid`.
+ * Returns what gmb__dispatch returned (1: *rep is the answer now). */
+static inline int fx_request(struct fx *f, const char *rid, uid_t uid,
+                             struct wire_request *req,
+                             struct wire_reply *rep) {
+  struct gmb_peer p = fx_peer(rid, uid);
+  req->id = f->next_req++;
+  int now = gmb__dispatch(&f->b, &p, req, rep);
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  return now;
+}
+
+/* Opens a session for client `rid` as `uid` in `tenant` ("" : uid-UID);
+ * returns it. */
+static inline struct gmb_session *fx_hello(struct fx *f, const char *rid,
+                                           uid_t uid, const char *tenant) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  snprintf(req.u.hello.client, sizeof req.u.hello.client, "fixture");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "hello: %s", rep.message);
+  ck_assert_int_eq(rep.kind, WIRE_HELLO);
+  struct gmb_session *s =
+      gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid));
+  ck_assert_ptr_nonnull(s);
+  return s;
+}
+
+/* An Alloc request; returns gmb__dispatch's answer-now flag. */
+static inline int fx_alloc(struct fx *f, const char *rid, uid_t uid,
+                           uint64_t size, uint32_t flags, int timeout_ms,
+                           struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ALLOC;
+  req.u.alloc.size = size;
+  req.u.alloc.flags = flags;
+  req.u.alloc.timeout_ms = timeout_ms;
+  return fx_request(f, rid, uid, &req, rep);
+}
+
+/* Frees allocation `id`; returns the reply's status. */
+static inline int fx_free(struct fx *f, const char *rid, uid_t uid,
+                          uint64_t id) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_FREE;
+  req.u.free.id = id;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  return rep.status;
+}
+
+/* The last reply or event the tap recorded for client `rid`, or NULL. */
+static inline const struct fx_sent *fx_last_to(const struct fx *f,
+                                               const char *rid) {
+  for (size_t i = f->n_sent; i-- > 0;)
+    if (strcmp(f->sent[i].rid, rid) == 0) return &f->sent[i];
+  return NULL;
+}
+
+#endif /* GMB_BROKER_FIXTURE_H */
