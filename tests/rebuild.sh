@@ -12,7 +12,9 @@ case "$B" in
 esac
 # `make -n` prints what it would run; the dependency check (deploy/
 # install-deps.sh, a phony prerequisite by design) is the only allowed line.
-todo=$(env -u MAKEFLAGS -u MFLAGS ${MAKE:-make} -n all SAN="$san" 2>&1 |
+# Run as a make of its own (not a sub-make of `make check`).
+todo=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL ${MAKE:-make} \
+  --no-print-directory -n all SAN="$san" 2>&1 |
   grep -v '^sh deploy/install-deps.sh$' || true)
 if [ -n "$todo" ]; then
   echo "rebuild: a second make after a full build would still run:" >&2
