@@ -335,7 +335,7 @@ static struct gmb_tenant *state_tenant(struct gmb_broker *b,
   char why[256];
   if (gmb__tenant_admit(b->tenants, name, geteuid(), NULL, 0, &t, why,
                         sizeof why) != 0) {
-    log_error("state: cannot create tenant %s: %s", name, why);
+    log_error("state: %s", why); /* it names the tenant */
     return NULL;
   }
   t->has_owner = 0;

@@ -39,9 +39,11 @@ enum gmb_state_field { GMB_STATE_QUOTA = 0, GMB_STATE_RESERVE = 1 };
  * top of the tenants the config made; a tenant named only in the state is
  * created, owned by nobody until first use.  Call once, right after
  * gmb__tenants_new.  0, or GMB_E_INVAL ("FILE:LINE: reason") /
- * GMB_E_SYSTEM ("FILE: reason") in err, in which case nothing was applied
- * and the broker must not start: dropping an operator's limits silently
- * is worse than not starting.
+ * GMB_E_SYSTEM ("FILE: reason") in err, in which case nothing was applied,
+ * or GMB_E_LIMIT when a tenant it names cannot be created (the registry is
+ * full; the overrides before it were applied).  Either way the broker must
+ * not start: dropping an operator's limits silently is worse than not
+ * starting.
  */
 int gmb__statefile_load(struct gmb_broker *b, char *err, size_t errcap);
 

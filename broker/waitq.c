@@ -152,26 +152,27 @@ void gmb__waitq_compaction_over(struct gmb_broker *b) {
 }
 
 uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
-  uint64_t next_in = UINT64_MAX;
   int expired = 0;
   struct gmb_waiter *w = b->waitq.head, *next;
   for (; w; w = next) {
     next = w->next;
-    if (w->deadline_ns <= now) {
-      struct wire_reply rep;
-      memset(&rep, 0, sizeof rep);
-      rep.id = w->req_id;
-      char sz[GMB_SIZE_BUFSZ];
-      gmb__reply_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
-                      gmb__size_format(w->size, sz, sizeof sz));
-      expired += !w->after_compact;
-      waitq_answer(b, w, &rep);
-    } else if (w->deadline_ns - now < next_in) {
-      next_in = w->deadline_ns - now;
-    }
+    if (w->deadline_ns > now) continue;
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.id = w->req_id;
+    char sz[GMB_SIZE_BUFSZ];
+    gmb__reply_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
+                    gmb__size_format(w->size, sz, sizeof sz));
+    expired += !w->after_compact;
+    waitq_answer(b, w, &rep);
   }
   /* A waiter that gave up may have been holding back smaller ones. */
   if (expired) gmb__waitq_serve(b);
+  /* The next deadline among those still waiting (none: no deadline). */
+  uint64_t next_in = UINT64_MAX;
+  for (w = b->waitq.head; w; w = w->next)
+    if (w->deadline_ns != UINT64_MAX && w->deadline_ns - now < next_in)
+      next_in = w->deadline_ns - now;
   return next_in;
 }
 

@@ -1,0 +1,1002 @@
+/*
+ * check_waitq.c - the wait queue: allocations waiting for memory, served
+ * by priority then arrival, with a blocked head holding back the smaller
+ * requests behind it except those within their tenant's reservation.
+ *
+ * A whole broker runs on an 8 MiB host device with compaction off
+ * (broker_fixture.h).  Requests reach the queue through Alloc with a
+ * timeout (fx_alloc), or are put there with gmb__waitq_add() when a test
+ * needs what dispatch does not make (waiters held only for a compaction
+ * run, deadlines known to the test).  Every size is a multiple of 2 MiB,
+ * so each allocation has a large segment of its own and "fits" means
+ * "the device has that much left".  Answers are read from the tap, by the
+ * request id they carry; the queue's counters (b->waitq.n, .after_compact,
+ * each tenant's `waiting`) are checked as the queue changes.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker_fixture.h"
+#include "check_main.h"
+#include "observe.h"
+#include "tenant.h"
+#include "util.h"
+#include "waitq.h"
+
+#define MIB GMB_MIB
+#define DEV "host:8MiB"
+#define NO_COMPACT "[broker]\ncompaction = off\n"
+#define LONG_MS 60000 /* a deadline no test reaches */
+
+/* ---- helpers ---------------------------------------------------------- */
+
+/* An allocation answered at once; returns its id. */
+static uint64_t hold(struct fx *f, const char *rid, uid_t uid,
+                     uint64_t size) {
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, rid, uid, size, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "hold %s: %s", rid, rep.message);
+  ck_assert_int_eq(rep.kind, WIRE_ALLOC);
+  return rep.u.alloc.id;
+}
+
+/* An Alloc that waits (not answered now); returns its request id. */
+static uint64_t wait_for(struct fx *f, const char *rid, uid_t uid,
+                         uint64_t size, int timeout_ms) {
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ck_assert_msg(fx_alloc(f, rid, uid, size, 0, timeout_ms, &rep) == 0,
+                "answered at once: status %d %s", rep.status, rep.message);
+  return f->next_req - 1;
+}
+
+/* Answers the tap recorded: replies, not events (a free that gives a
+ * segment back tells its mappers with an event). */
+static size_t n_answers(const struct fx *f) {
+  size_t n = 0;
+  for (size_t i = 0; i < f->n_sent; i++)
+    n += f->sent[i].rep.kind != WIRE_EVENT;
+  return n;
+}
+
+/* The i-th answer the tap recorded. */
+static const struct wire_reply *answer(const struct fx *f, size_t i,
+                                       const char **rid) {
+  size_t left = i;
+  for (size_t k = 0; k < f->n_sent; k++) {
+    if (f->sent[k].rep.kind == WIRE_EVENT) continue;
+    if (left-- == 0) {
+      ck_assert_int_eq(f->sent[k].sock, GMB_SOCK_CLIENT);
+      if (rid) *rid = f->sent[k].rid;
+      return &f->sent[k].rep;
+    }
+  }
+  ck_abort_msg("no answer %zu: %zu in all", i, n_answers(f));
+  return NULL;
+}
+
+/* Answers to client `rid`. */
+static size_t sent_to(const struct fx *f, const char *rid) {
+  size_t n = 0;
+  for (size_t i = 0; i < f->n_sent; i++)
+    n += f->sent[i].rep.kind != WIRE_EVENT && strcmp(f->sent[i].rid, rid) == 0;
+  return n;
+}
+
+/* The i-th answer is `rid`'s request `req_id` failing with `status`. */
+static const struct wire_reply *assert_failed_at(const struct fx *f, size_t i,
+                                                 const char *rid,
+                                                 uint64_t req_id,
+                                                 int status) {
+  const char *to;
+  const struct wire_reply *r = answer(f, i, &to);
+  ck_assert_str_eq(to, rid);
+  ck_assert_uint_eq(r->id, req_id);
+  ck_assert_int_eq(r->status, status);
+  return r;
+}
+
+/* The i-th answer is `rid`'s request `req_id` served with `size` bytes. */
+static void assert_served_at(const struct fx *f, size_t i, const char *rid,
+                             uint64_t req_id, uint64_t size) {
+  const char *to;
+  const struct wire_reply *r = answer(f, i, &to);
+  ck_assert_str_eq(to, rid);
+  ck_assert_uint_eq(r->id, req_id);
+  ck_assert_msg(r->status == 0, "%s: %s", rid, r->message);
+  ck_assert_int_eq(r->kind, WIRE_ALLOC);
+  ck_assert_uint_eq(r->u.alloc.size, size);
+  ck_assert_uint_ne(r->u.alloc.id, 0);
+}
+
+/* The 8 MiB device filled by client `rid` with four 2 MiB allocations. */
+static void fill(struct fx *f, const char *rid, uid_t uid, uint64_t ids[4]) {
+  for (int i = 0; i < 4; i++) ids[i] = hold(f, rid, uid, 2 * MIB);
+  ck_assert_uint_eq(f->b.dev->in_use, 8 * MIB);
+}
+
+static void free_ok(struct fx *f, const char *rid, uid_t uid, uint64_t id) {
+  ck_assert_int_eq(fx_free(f, rid, uid, id), 0);
+}
+
+/* ---- order -------------------------------------------------------------- */
+
+START_TEST(fifo_within_priority) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "");
+  struct gmb_session *b = fx_hello(&f, "b", 1002, "");
+  fx_hello(&f, "c", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rb = wait_for(&f, "b", 1002, 2 * MIB, LONG_MS);
+  uint64_t rc = wait_for(&f, "c", 1003, 2 * MIB, LONG_MS);
+  ck_assert_uint_eq(f.b.waitq.n, 2);
+  ck_assert_uint_eq(b->tenant->waiting, 1);
+  ck_assert_uint_eq(a->tenant->waiting, 0);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  free_ok(&f, "a", 1001, ids[0]); /* room for one: the first to come */
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "b", rb, 2 * MIB);
+  ck_assert_uint_eq(b->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  free_ok(&f, "a", 1001, ids[1]);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 1, "c", rc, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_ptr_null(f.b.waitq.head);
+  ck_assert_ptr_null(f.b.waitq.tail);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(fifo_all_served_by_one_free) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_hello(&f, "c", 1003, "");
+  uint64_t big = hold(&f, "a", 1001, 8 * MIB);
+  uint64_t rb = wait_for(&f, "b", 1002, 2 * MIB, LONG_MS);
+  uint64_t rc = wait_for(&f, "c", 1003, 4 * MIB, LONG_MS);
+  uint64_t rb2 = wait_for(&f, "b", 1002, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, big); /* 8 MiB back: all three, in order */
+  ck_assert_uint_eq(n_answers(&f), 3);
+  assert_served_at(&f, 0, "b", rb, 2 * MIB);
+  assert_served_at(&f, 1, "c", rc, 4 * MIB);
+  assert_served_at(&f, 2, "b", rb2, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+#define PRIO_INI                                                          \
+  NO_COMPACT "[tenant:lo]\nuids = 1002\n"                                 \
+             "[tenant:hi]\nuids = 1003\npriority = 10\n"
+
+START_TEST(priority_higher_served_first) {
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  ck_assert_int_eq(hi->tenant->priority, 10);
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rlo = wait_for(&f, "lo", 1002, 2 * MIB, LONG_MS);
+  uint64_t rhi = wait_for(&f, "hi", 1003, 2 * MIB, LONG_MS);
+  ck_assert_uint_eq(lo->tenant->waiting, 1);
+  ck_assert_uint_eq(hi->tenant->waiting, 1);
+  free_ok(&f, "a", 1001, ids[0]); /* the later, higher one goes first */
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "hi", rhi, 2 * MIB);
+  ck_assert_uint_eq(sent_to(&f, "lo"), 0);
+  free_ok(&f, "a", 1001, ids[1]);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 1, "lo", rlo, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(priority_not_held_back_by_lower) {
+  /* A blocked low-priority head does not hold back a higher request: it
+   * is answered at once when it fits. */
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "lo", 1002, "lo");
+  fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "lo", 1002, 4 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 0); /* 2 MiB free: lo still blocked */
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "hi", 1003, 2 * MIB, 0, LONG_MS, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.id, f.next_req - 1);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(priority_lower_joins_behind_higher) {
+  /* A low request that would fit waits while a higher one is queued. */
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rhi = wait_for(&f, "hi", 1003, 4 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]); /* 2 MiB: not enough for hi */
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  uint64_t rlo = wait_for(&f, "lo", 1002, 2 * MIB, LONG_MS);
+  ck_assert_uint_eq(lo->tenant->waiting, 1);
+  ck_assert_uint_eq(f.b.waitq.n, 2);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  free_ok(&f, "a", 1001, ids[1]); /* 4 MiB: hi, then nothing for lo */
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "hi", rhi, 4 * MIB);
+  free_ok(&f, "a", 1001, ids[2]);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 1, "lo", rlo, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(priority_kept_from_arrival) {
+  /* A waiter keeps the priority its tenant had when it came. */
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rlo = wait_for(&f, "lo", 1002, 2 * MIB, LONG_MS);
+  lo->tenant->priority = 20; /* an operator's change, after it queued */
+  uint64_t rhi = wait_for(&f, "hi", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "hi", rhi, 2 * MIB);
+  free_ok(&f, "a", 1001, ids[1]);
+  assert_served_at(&f, 1, "lo", rlo, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- blocking ----------------------------------------------------------- */
+
+START_TEST(blocked_head_holds_back_smaller) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  fx_hello(&f, "small", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rbig = wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  uint64_t rsmall = wait_for(&f, "small", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]); /* 2 MiB would do for small: held */
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 2);
+  ck_assert_uint_eq(f.b.dev->in_use, 6 * MIB);
+  free_ok(&f, "a", 1001, ids[1]); /* 4 MiB: big first, small waits on */
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "big", rbig, 4 * MIB);
+  free_ok(&f, "a", 1001, ids[2]);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 1, "small", rsmall, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(blocked_head_new_waiter_cannot_jump) {
+  /* Room for a newcomer that asks to wait: it queues behind the blocked
+   * head all the same. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  struct gmb_session *small = fx_hello(&f, "small", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rbig = wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  uint64_t rsmall = wait_for(&f, "small", 1003, 2 * MIB, LONG_MS);
+  ck_assert_uint_eq(small->tenant->waiting, 1);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  free_ok(&f, "a", 1001, ids[1]);
+  assert_served_at(&f, 0, "big", rbig, 4 * MIB);
+  free_ok(&f, "a", 1001, ids[2]);
+  assert_served_at(&f, 1, "small", rsmall, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(blocked_head_nowait_request_answered_at_once) {
+  /* A request that does not wait is not held back by the queue. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  fx_hello(&f, "now", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  hold(&f, "now", 1003, 2 * MIB);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(quota_refused_at_once_when_queue_busy) {
+  /* Waiting would not help a request above the quota: refused at once,
+   * even with others queued ahead. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT "[tenant:q]\nuids = 1003\nquota = 2MiB\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  struct gmb_session *q = fx_hello(&f, "q", 1003, "q");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "q", 1003, 4 * MIB, 0, LONG_MS, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(q->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  fx_close(&f);
+}
+END_TEST
+
+#define RES_INI NO_COMPACT "[tenant:res]\nuids = 1003\nreserve = 2MiB\n"
+
+START_TEST(reserve_served_behind_blocked) {
+  struct fx f;
+  fx_open_ini(&f, DEV, RES_INI);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  struct gmb_session *res = fx_hello(&f, "res", 1003, "res");
+  /* 6 MiB is all the others may take: 2 MiB is kept for res. */
+  for (int i = 0; i < 3; i++) hold(&f, "a", 1001, 2 * MIB);
+  wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  /* res comes after big, so it joins the queue, but its request is
+   * within its reservation: served behind the blocked head. */
+  uint64_t rres = wait_for(&f, "res", 1003, 2 * MIB, LONG_MS);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "res", rres, 2 * MIB);
+  ck_assert_uint_eq(res->tenant->used, 2 * MIB);
+  ck_assert_uint_eq(res->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  ck_assert_uint_eq(sent_to(&f, "big"), 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(reserve_beyond_it_held_back) {
+  /* The same tenant asking for more than its reservation is held back
+   * like anyone else. */
+  struct fx f;
+  fx_open_ini(&f, DEV, RES_INI);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  struct gmb_session *res = fx_hello(&f, "res", 1003, "res");
+  uint64_t ids[3];
+  for (int i = 0; i < 3; i++) ids[i] = hold(&f, "a", 1001, 2 * MIB);
+  uint64_t rbig = wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  /* 4 MiB free, but 2 of it kept for res: big is still blocked. */
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  /* res's 4 MiB would be allowed (past its reservation, it eats into no
+   * one's) but waits behind big. */
+  uint64_t rres = wait_for(&f, "res", 1003, 4 * MIB, LONG_MS);
+  ck_assert_uint_eq(res->tenant->waiting, 1);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  free_ok(&f, "a", 1001, ids[1]); /* big's turn; then 2 MiB left */
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "big", rbig, 4 * MIB);
+  ck_assert_uint_eq(res->tenant->waiting, 1);
+  free_ok(&f, "a", 1001, ids[2]); /* 4 MiB free: res at last */
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 1, "res", rres, 4 * MIB);
+  ck_assert_uint_eq(res->tenant->waiting, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(quota_lowered_while_waiting_answered_quota) {
+  /* A waiter the quota no longer allows is answered with the refusal
+   * when its turn comes, and holds no one back. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *q = fx_hello(&f, "q", 1002, "");
+  fx_hello(&f, "c", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rq = wait_for(&f, "q", 1002, 4 * MIB, LONG_MS);
+  uint64_t rc = wait_for(&f, "c", 1003, 2 * MIB, LONG_MS);
+  gmb__tenant_set_quota(f.b.tenants, q->tenant, 2 * MIB);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  const struct wire_reply *r = assert_failed_at(&f, 0, "q", rq, GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(r->message, "quota"));
+  assert_served_at(&f, 1, "c", rc, 2 * MIB);
+  ck_assert_uint_eq(q->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(answers_counted_in_metrics) {
+  /* The loop counts what it answers at once; the queue counts its own. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_hello(&f, "c", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "b", 1002, 2 * MIB, LONG_MS);
+  wait_for(&f, "c", 1003, 4 * MIB, 10);
+  free_ok(&f, "a", 1001, ids[0]);
+  gmb__waitq_expire(&f.b, gmb__now_ns() + 100 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  char *m = gmb__observe_metrics(&f.b);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_ptr_nonnull(strstr(m, "\ngmb_requests_total{kind=\"alloc\"} 2\n"));
+  ck_assert_ptr_nonnull(
+      strstr(m, "\ngmb_refusals_total{reason=\"timeout\"} 1\n"));
+  ck_assert_ptr_nonnull(strstr(m, "\ngmb_alloc_duration_seconds_count 2\n"));
+  free(m);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- waiters held for a compaction run ---------------------------------- */
+
+START_TEST(after_compact_never_blocks) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1002, "");
+  fx_hello(&f, "y", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 77, 4 * MIB, 0, 0, 1), 0);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 1);
+  ck_assert_uint_eq(x->tenant->waiting, 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 0);
+  uint64_t ry = wait_for(&f, "y", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]); /* x first, does not fit, blocks not */
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "y", ry, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 1);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(after_compact_not_held_back) {
+  /* Tried as memory comes back, even behind a blocked waiter. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 78, 2 * MIB, 0, 0, 1), 0);
+  ck_assert_ptr_ne(f.b.waitq.tail, f.b.waitq.head);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "x", 78, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 0);
+  ck_assert_uint_eq(x->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(after_compact_over_answers_nomem) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1002, "");
+  fx_hello(&f, "w", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rw = wait_for(&f, "w", 1003, 2 * MIB, LONG_MS);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 79, 4 * MIB, 0, 0, 1), 0);
+  gmb__waitq_compaction_over(&f.b);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  const struct wire_reply *r = assert_failed_at(&f, 0, "x", 79, GMB_E_NOMEM);
+  ck_assert_int_eq(r->kind, WIRE_NOMEM);
+  ck_assert_uint_eq(r->u.nomem.request, 4 * MIB);
+  ck_assert_uint_eq(r->u.nomem.free_total, 0);
+  ck_assert_uint_eq(r->u.nomem.unmovable, 8 * MIB);
+  ck_assert_uint_eq(r->u.nomem.n_holders, 1);
+  ck_assert_str_eq(r->u.nomem.holders[0], "uid-1001");
+  ck_assert_ptr_nonnull(strstr(r->message, "no room for 4MiB"));
+  ck_assert_ptr_nonnull(strstr(r->message, "compaction is off"));
+  ck_assert_uint_eq(f.b.waitq.after_compact, 0);
+  ck_assert_uint_eq(x->tenant->waiting, 0);
+  /* The one that asked to wait is not answered by the run's end. */
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  ck_assert_uint_eq(sent_to(&f, "w"), 0);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 1, "w", rw, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(after_compact_over_serves_what_fits) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1002, "");
+  struct gmb_session *y = fx_hello(&f, "y", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  free_ok(&f, "a", 1001, ids[0]);
+  /* Queued with room there and not served (as when a run made room):
+   * the run's end tries each in order. */
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 80, 2 * MIB, 0, 0, 1), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, y, 81, 4 * MIB, 0, 0, 1), 0);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 2);
+  gmb__waitq_compaction_over(&f.b);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 0, "x", 80, 2 * MIB);
+  const struct wire_reply *r = assert_failed_at(&f, 1, "y", 81, GMB_E_NOMEM);
+  ck_assert_int_eq(r->kind, WIRE_NOMEM);
+  ck_assert_uint_eq(r->u.nomem.request, 4 * MIB);
+  ck_assert_uint_eq(r->u.nomem.free_total, 0); /* x took the 2 MiB */
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 0);
+  ck_assert_uint_eq(x->tenant->waiting, 0);
+  ck_assert_uint_eq(y->tenant->waiting, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(after_compact_over_reserved_names_reservation) {
+  /* Room on the device, but kept for another tenant: the answer at the
+   * run's end names the reservation instead of explaining the device. */
+  struct fx f;
+  fx_open_ini(&f, DEV, RES_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1002, "");
+  fx_hello(&f, "res", 1003, "res");
+  hold(&f, "a", 1001, 2 * MIB);
+  hold(&f, "a", 1001, 2 * MIB);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 82, 4 * MIB, 0, 0, 1), 0);
+  gmb__waitq_compaction_over(&f.b);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  const struct wire_reply *r = assert_failed_at(&f, 0, "x", 82, GMB_E_NOMEM);
+  ck_assert_int_ne(r->kind, WIRE_NOMEM);
+  ck_assert_ptr_nonnull(strstr(r->message, "res"));
+  ck_assert_ptr_nonnull(strstr(r->message, "reservation"));
+  ck_assert_uint_eq(x->tenant->segment_bytes, 0); /* rolled back */
+  ck_assert_uint_eq(f.b.dev->in_use, 4 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(after_compact_over_with_none_is_noop) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  fx_hello(&f, "w", 1002, "");
+  wait_for(&f, "w", 1002, 2 * MIB, LONG_MS);
+  gmb__waitq_compaction_over(&f.b);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(nowait_nomem_with_compaction_off_answered_at_once) {
+  /* Through dispatch: no wait asked, compaction off, so no run to wait
+   * for: refused at once with the explanation, nothing queued. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(rep.kind, WIRE_NOMEM);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- deadlines ---------------------------------------------------------- */
+
+START_TEST(expire_empty_queue) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  ck_assert_uint_eq(gmb__waitq_expire(&f.b, gmb__now_ns()), UINT64_MAX);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(expire_answers_timeout_and_next_deadline) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *b = fx_hello(&f, "b", 1002, "");
+  fx_hello(&f, "c", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t t0 = gmb__now_ns();
+  uint64_t rb = wait_for(&f, "b", 1002, 2 * MIB, 1000);
+  uint64_t rc = wait_for(&f, "c", 1003, 2 * MIB, 3000);
+  uint64_t t1 = gmb__now_ns();
+  /* Nothing is due yet: the next deadline is b's, about a second away. */
+  uint64_t next = gmb__waitq_expire(&f.b, t1);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_le(next, 1000 * GMB_NS_PER_MS);
+  ck_assert_uint_ge(next, 1000 * GMB_NS_PER_MS - (t1 - t0));
+  /* Past b's deadline: b answered, c's is next, a second later. */
+  next = gmb__waitq_expire(&f.b, t1 + 2000 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  const struct wire_reply *r = assert_failed_at(&f, 0, "b", rb, GMB_E_TIMEOUT);
+  ck_assert_ptr_nonnull(strstr(r->message, "no room for 2MiB"));
+  ck_assert_uint_eq(b->tenant->waiting, 0);
+  ck_assert_uint_le(next, 1000 * GMB_NS_PER_MS);
+  ck_assert_uint_ge(next, 1000 * GMB_NS_PER_MS - (t1 - t0));
+  /* Exactly at c's deadline: due.  None is left. */
+  next = gmb__waitq_expire(&f.b, t1 + 3000 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(next, UINT64_MAX);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_failed_at(&f, 1, "c", rc, GMB_E_TIMEOUT);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(expire_no_deadline_never_due) {
+  /* timeout_ms <= 0: no deadline.  It never expires, and a waiter with a
+   * deadline behind it still sets the next one. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *w = fx_hello(&f, "w", 1002, "");
+  fx_hello(&f, "d", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "w", 1002, 2 * MIB, -1);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, w, 95, 2 * MIB, 0, 0, 0), 0);
+  uint64_t t0 = gmb__now_ns();
+  uint64_t rd = wait_for(&f, "d", 1003, 2 * MIB, 500);
+  uint64_t t1 = gmb__now_ns();
+  uint64_t next = gmb__waitq_expire(&f.b, t1);
+  ck_assert_uint_le(next, 500 * GMB_NS_PER_MS);
+  ck_assert_uint_ge(next, 500 * GMB_NS_PER_MS - (t1 - t0));
+  uint64_t year = 365ull * 24 * 3600 * 1000 * GMB_NS_PER_MS;
+  next = gmb__waitq_expire(&f.b, t0 + year);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_failed_at(&f, 0, "d", rd, GMB_E_TIMEOUT);
+  /* Only the two without a deadline are left: nothing due for ages
+   * (waitq.h promises UINT64_MAX; see expire_no_deadline_is_none). */
+  ck_assert_uint_gt(next, year);
+  ck_assert_uint_eq(f.b.waitq.n, 2);
+  ck_assert_uint_eq(w->tenant->waiting, 2);
+  fx_close(&f);
+}
+END_TEST
+
+/* A waiter without a deadline is no deadline: UINT64_MAX, as waitq.h
+ * says (not UINT64_MAX - now). */
+START_TEST(expire_no_deadline_is_none) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "w", 1002, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "w", 1002, 2 * MIB, -1);
+  ck_assert_uint_eq(gmb__waitq_expire(&f.b, gmb__now_ns()), UINT64_MAX);
+  fx_close(&f);
+}
+END_TEST
+
+/* When expiring a blocking waiter lets the ones behind it be served, the
+ * next deadline is taken after the serve: not that of a waiter just
+ * served. */
+START_TEST(expire_next_deadline_of_served_waiter) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "big", 1002, "");
+  fx_hello(&f, "small", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "big", 1002, 4 * MIB, 100);
+  wait_for(&f, "small", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  uint64_t next = gmb__waitq_expire(&f.b, gmb__now_ns() + 200 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(next, UINT64_MAX);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(expire_blocking_waiter_serves_behind) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *big = fx_hello(&f, "big", 1002, "");
+  fx_hello(&f, "small", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t rbig = wait_for(&f, "big", 1002, 4 * MIB, 100);
+  uint64_t rsmall = wait_for(&f, "small", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  gmb__waitq_expire(&f.b, gmb__now_ns() + 200 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_failed_at(&f, 0, "big", rbig, GMB_E_TIMEOUT);
+  assert_served_at(&f, 1, "small", rsmall, 2 * MIB);
+  ck_assert_uint_eq(big->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(expire_after_compact_waiter) {
+  /* One held for a run may have a deadline too; it times out. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1002, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 91, 2 * MIB, 0, 50, 1), 0);
+  gmb__waitq_expire(&f.b, gmb__now_ns() + 100 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_failed_at(&f, 0, "x", 91, GMB_E_TIMEOUT);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- sessions that end --------------------------------------------------- */
+
+START_TEST(drop_session_only_its_waiters) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1002, "");
+  struct gmb_session *x2 = fx_hello(&f, "x2", 1002, ""); /* same tenant */
+  struct gmb_session *y = fx_hello(&f, "y", 1003, "");
+  ck_assert_ptr_eq(x->tenant, x2->tenant);
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "x", 1002, 2 * MIB, LONG_MS);
+  uint64_t ry = wait_for(&f, "y", 1003, 2 * MIB, LONG_MS);
+  wait_for(&f, "x", 1002, 2 * MIB, LONG_MS);
+  uint64_t rx2 = wait_for(&f, "x2", 1002, 2 * MIB, LONG_MS);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 92, 2 * MIB, 0, 0, 1), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, y, 93, 2 * MIB, 0, 0, 1), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 6);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 2);
+  ck_assert_uint_eq(x->tenant->waiting, 4);
+  ck_assert_uint_eq(y->tenant->waiting, 2);
+  gmb__waitq_drop_session(&f.b, x);
+  ck_assert_uint_eq(n_answers(&f), 0); /* no reply: it is gone */
+  ck_assert_uint_eq(f.b.waitq.n, 3);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 1);
+  ck_assert_uint_eq(x->tenant->waiting, 1);
+  ck_assert_uint_eq(y->tenant->waiting, 2);
+  /* The rest still in order: y, x2, then y's held one. */
+  free_ok(&f, "a", 1001, ids[0]);
+  assert_served_at(&f, 0, "y", ry, 2 * MIB);
+  free_ok(&f, "a", 1001, ids[1]);
+  assert_served_at(&f, 1, "x2", rx2, 2 * MIB);
+  free_ok(&f, "a", 1001, ids[2]);
+  assert_served_at(&f, 2, "y", 93, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 0);
+  ck_assert_uint_eq(sent_to(&f, "x"), 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(drop_session_without_waiters) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "");
+  gmb__waitq_drop_session(&f.b, a); /* empty queue */
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  fx_hello(&f, "w", 1002, "");
+  wait_for(&f, "w", 1002, 2 * MIB, LONG_MS);
+  gmb__waitq_drop_session(&f.b, a);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(drop_session_blocking_serves_behind) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *big = fx_hello(&f, "big", 1002, "");
+  fx_hello(&f, "small", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "big", 1002, 4 * MIB, LONG_MS);
+  uint64_t rsmall = wait_for(&f, "small", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  gmb__waitq_drop_session(&f.b, big);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "small", rsmall, 2 * MIB);
+  ck_assert_uint_eq(big->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(session_end_frees_and_serves) {
+  /* Through core: a session that ends gives its memory back to the queue
+   * and takes its own waiters with it. */
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "w", 1002, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "a", 1001, 2 * MIB, LONG_MS);
+  uint64_t rw = wait_for(&f, "w", 1002, 8 * MIB, LONG_MS);
+  struct gmb_tenant *ta = a->tenant;
+  ck_assert_uint_eq(ta->waiting, 1);
+  gmb__core_session_end(&f.b, a, "test");
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  ck_assert_uint_eq(ta->waiting, 0);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "w", rw, 8 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- ahead --------------------------------------------------------------- */
+
+START_TEST(ahead_empty) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, -100), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 100), 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(ahead_equal_or_higher_priority) {
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, lo, 100, 2 * MIB, 0, 0, 0), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, -1), 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 1), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, hi, 101, 2 * MIB, 0, 0, 0), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 11), 0);
+  gmb__waitq_drop_session(&f.b, hi);
+  gmb__waitq_drop_session(&f.b, lo);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(ahead_ignores_after_compact) {
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  /* Only held for a run, at any priority: nothing is ahead. */
+  ck_assert_int_eq(gmb__waitq_add(&f.b, hi, 102, 2 * MIB, 0, 0, 1), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 0);
+  /* A real waiter behind it (lower priority) is seen past it. */
+  ck_assert_int_eq(gmb__waitq_add(&f.b, lo, 103, 2 * MIB, 0, 0, 0), 0);
+  ck_assert_ptr_ne(f.b.waitq.tail, f.b.waitq.head);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 1), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 0);
+  fx_close(&f);
+}
+END_TEST
+
+static Suite *waitq_suite(void) {
+  Suite *s = suite_create("waitq");
+  TCase *tc = tcase_create("order");
+  tcase_add_test(tc, fifo_within_priority);
+  tcase_add_test(tc, fifo_all_served_by_one_free);
+  tcase_add_test(tc, priority_higher_served_first);
+  tcase_add_test(tc, priority_not_held_back_by_lower);
+  tcase_add_test(tc, priority_lower_joins_behind_higher);
+  tcase_add_test(tc, priority_kept_from_arrival);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("blocking");
+  tcase_add_test(tc, blocked_head_holds_back_smaller);
+  tcase_add_test(tc, blocked_head_new_waiter_cannot_jump);
+  tcase_add_test(tc, blocked_head_nowait_request_answered_at_once);
+  tcase_add_test(tc, quota_refused_at_once_when_queue_busy);
+  tcase_add_test(tc, reserve_served_behind_blocked);
+  tcase_add_test(tc, reserve_beyond_it_held_back);
+  tcase_add_test(tc, quota_lowered_while_waiting_answered_quota);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("after_compact");
+  tcase_add_test(tc, after_compact_never_blocks);
+  tcase_add_test(tc, after_compact_not_held_back);
+  tcase_add_test(tc, after_compact_over_answers_nomem);
+  tcase_add_test(tc, after_compact_over_serves_what_fits);
+  tcase_add_test(tc, after_compact_over_reserved_names_reservation);
+  tcase_add_test(tc, after_compact_over_with_none_is_noop);
+  tcase_add_test(tc, nowait_nomem_with_compaction_off_answered_at_once);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("expire");
+  tcase_add_test(tc, expire_empty_queue);
+  tcase_add_test(tc, expire_answers_timeout_and_next_deadline);
+  tcase_add_test(tc, expire_no_deadline_never_due);
+  tcase_add_test(tc, expire_no_deadline_is_none);
+  tcase_add_test(tc, expire_next_deadline_of_served_waiter);
+  tcase_add_test(tc, expire_blocking_waiter_serves_behind);
+  tcase_add_test(tc, expire_after_compact_waiter);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("sessions");
+  tcase_add_test(tc, drop_session_only_its_waiters);
+  tcase_add_test(tc, drop_session_without_waiters);
+  tcase_add_test(tc, drop_session_blocking_serves_behind);
+  tcase_add_test(tc, session_end_frees_and_serves);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("ahead");
+  tcase_add_test(tc, ahead_empty);
+  tcase_add_test(tc, ahead_equal_or_higher_priority);
+  tcase_add_test(tc, ahead_ignores_after_compact);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("metrics");
+  tcase_add_test(tc, answers_counted_in_metrics);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return check_run(waitq_suite()); }
