@@ -135,6 +135,7 @@ int gmb__device_seg_new(struct gmb_device *d, uint64_t id, uint64_t size,
   memset(out, 0, sizeof *out);
   out->id = id;
   out->size = size;
+  out->fd = -1;
   int rc = d->ops->seg_new(d, out);
   if (rc != 0) return rc;
   d->in_use += size;

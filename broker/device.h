@@ -38,6 +38,11 @@ struct gmb_dseg {
   uint64_t size; /* bytes, a multiple of GMB_SEGMENT_ALIGN */
   void *priv;    /* the implementation's own state */
   void *host;    /* host device: the broker's mapping; NULL elsewhere */
+  /* The segment's shareable descriptor (host: its memfd; cuda: the POSIX
+   * fd of its cuMemCreate handle), owned by the device and closed by
+   * seg_free; the descriptor channel sends copies of it (SCM_RIGHTS).
+   * -1: the device shares by handle bytes instead (being retired). */
+  int fd;
   uint32_t handle_len;
   uint8_t handle[GMB_DEVICE_HANDLE_MAX];
 };
