@@ -77,6 +77,7 @@ struct gmb_broker {
   void *reply_tap_ctx;
   struct gmb_loop *loop; /* the poll set and timers (loop.c) */
   volatile int stopping;
+  int closing; /* core.c is tearing down: nothing is sent any more */
   uint64_t next_session_id;
   uint64_t start_ns;
   int checks;  /* run the consistency checks after each request (tests) */

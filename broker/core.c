@@ -70,6 +70,9 @@ static void core_end_stopping(void *ctx, struct gmb_session *s) {
 }
 
 void gmb__core_close(struct gmb_broker *b) {
+  /* Waiters get no answer and mapped segments no retirement events: the
+   * sessions were told the broker stops, and are ended one by one. */
+  b->closing = 1;
   if (b->sessions) gmb__sessions_each(b->sessions, core_end_stopping, b);
   gmb__sessions_destroy(b->sessions);
   b->sessions = NULL;

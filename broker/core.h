@@ -24,9 +24,10 @@
  */
 int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap);
 
-/* Ends every session (no messages sent), then frees the tenants, the pool,
- * the device, the counters and the state file's table.  Safe on a
- * partly opened broker. */
+/* Ends every session, then frees the tenants, the pool, the device, the
+ * counters and the state file's table.  From here on nothing is sent
+ * (b->closing): not the answers of waiters that the freed memory would
+ * serve, nor retirement events.  Safe on a partly opened broker. */
 void gmb__core_close(struct gmb_broker *b);
 
 /* Ends session s: drops its waiters, stops moving its memory, frees its

@@ -235,6 +235,17 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                     "Hello first (did the broker restart?)");
     return 1;
   }
+  /* A routing id names a connection, and a connection one process: a
+   * message whose credentials are not its session's is not the session's
+   * (DESIGN.md, "Protocol and sockets"). */
+  if (peer->uid != s->uid ||
+      (peer->pid > 0 && s->pid > 0 && peer->pid != s->pid)) {
+    log_warn("message for session %" PRIu64 " (uid %u pid %d) from uid %u "
+             "pid %d refused", s->id, (unsigned)s->uid, (int)s->pid,
+             (unsigned)peer->uid, (int)peer->pid);
+    return gmb__reply_fail(rep, GMB_E_AUTH, "this connection's session "
+                           "belongs to another process");
+  }
   s->last_seen_ns = gmb__now_ns();
   /* The client maps its lock table before its first request after Hello,
    * so the name can go: nobody else can open it from now on. */

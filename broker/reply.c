@@ -17,6 +17,9 @@
 void gmb__reply_send(struct gmb_broker *b, enum gmb_socket sock,
                      const uint8_t *rid, size_t rid_len,
                      const struct wire_reply *rep) {
+  /* The sessions were told the broker stops; what their teardown frees
+   * or retires is nobody's business any more. */
+  if (b->closing) return;
   if (b->reply_tap) {
     b->reply_tap(b->reply_tap_ctx, sock, rid, rid_len, rep);
     return;

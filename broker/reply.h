@@ -19,7 +19,8 @@
 #include "wire.h"
 
 /* Sends `rep` to the peer with routing id `rid` on socket `sock` (or to
- * b->reply_tap when one is set).  Never blocks. */
+ * b->reply_tap when one is set).  Never blocks.  Nothing is sent once the
+ * broker is closing (b->closing, set by gmb__core_close). */
 void gmb__reply_send(struct gmb_broker *b, enum gmb_socket sock,
                      const uint8_t *rid, size_t rid_len,
                      const struct wire_reply *rep);

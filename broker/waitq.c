@@ -113,6 +113,7 @@ static void waitq_answer(struct gmb_broker *b, struct gmb_waiter *w,
 }
 
 void gmb__waitq_serve(struct gmb_broker *b) {
+  if (b->closing) return; /* the waiters are dropped with their sessions */
   int blocked = 0; /* a waiter ahead did not fit: hold back the rest */
   struct gmb_waiter *w = b->waitq.head, *next;
   for (; w; w = next) {
