@@ -51,10 +51,11 @@ LIBS_ALL = $(PKG_LIBS) -lpthread -lrt -lm -ldl
 #   client/admin/ the admin socket's client, for gmbctl and gmb-replay
 #   client/gmbctl/, client/replay/, client/shim/, client/examples/
 COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
+  proto/fdpass.c \
   proto/endpoint.c
 # The broker by layer, top down (docs/architecture.md).
 BROKER_SRC := broker/loop.c \
-  broker/dispatch.c broker/admin.c broker/http.c \
+  broker/dispatch.c broker/admin.c broker/http.c broker/fdchan.c \
   broker/core.c \
   broker/defrag.c broker/observe.c broker/waitq.c broker/alloc.c \
   broker/session.c broker/tenant.c broker/compact.c broker/locktab.c \
@@ -63,7 +64,8 @@ BROKER_SRC := broker/loop.c \
   broker/device.c broker/device_host.c broker/device_cuda.c \
   broker/config.c broker/log.c
 BROKER_MAIN := broker/main.c
-LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c
+LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
+  client/lib/fdclient.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -76,11 +78,11 @@ $(B)/obj/client/lib/%.o: INC = $(LIB_INC)
 # the shared code.
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
 LIB_UNITS := check_client check_client_cuda check_segmap
-COMMON_UNITS := check_wire check_util check_cudrv
+COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
-LIB_BENCHES := bench_alloc
+LIB_BENCHES := bench_alloc bench_import
 $(B)/obj/tests/unit/%.o: INC = $(BROKER_INC)
 $(foreach u,$(LIB_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(LIB_INC)))
 $(foreach u,$(COMMON_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(COMMON_INC)))
@@ -108,8 +110,10 @@ INTEG_BIN := $(patsubst tests/integration/%.c,$(B)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 
 .PHONY: all deps check unit integration demo bench install clean gen layout
-# Keep test and bench objects between runs (they are intermediate files).
-.SECONDARY:
+# Keep the objects that only pattern rules name (tests, benchmarks) between
+# runs.  Not a bare .SECONDARY: that would also let make skip a missing
+# object of an archive whenever the archive is newer than its source.
+.PRECIOUS: $(B)/obj/%.o
 all: $(BROKER_BIN) $(TRACEGEN_BIN) $(LIB_SO) $(LIB_SO_LINK) $(LIB_A) \
      $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) $(B)/gmb.pc
 

@@ -17,15 +17,6 @@ uint64_t gmb__alloc_round(uint64_t size) {
   return (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
 }
 
-void gmb__alloc_handle(struct gmb_broker *b, const struct gmb_session *s,
-                       const struct gmb_dseg *d, struct wire_handle *h) {
-  gmb__device_grant(b->dev, d, s->uid, s->gid);
-  h->segment = d->id;
-  h->size = d->size;
-  h->len = d->handle_len;
-  memcpy(h->bytes, d->handle, d->handle_len);
-}
-
 struct alloc_unmovable {
   uint64_t bytes;
   struct {
@@ -185,10 +176,8 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   rep->u.alloc.size = info.size;
   rep->u.alloc.segment = info.dseg->id;
   rep->u.alloc.offset = info.offset;
-  rep->u.alloc.handle.len = 0;
   rep->u.alloc.slot = slot;
-  /* < 0 (no memory to remember it): the client asks with Segment. */
-  if (gmb__session_seg_seen(s, info.dseg->id) == 0)
-    gmb__alloc_handle(b, s, info.dseg, &rep->u.alloc.handle);
+  /* The client fetches the segment's descriptor from the descriptor
+   * channel when it has not mapped the segment yet (fdchan.c). */
   return 0;
 }

@@ -43,8 +43,7 @@ int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
 
 /*
  * Tries to allocate `size` bytes with `flags` for session s.  Returns 0 with
- * *rep the Alloc reply (and the segment's handle when s had not been given
- * it yet), or the refusal in *rep.  GMB_E_NOMEM comes with *why:
+ * *rep the Alloc reply, or the refusal in *rep.  GMB_E_NOMEM comes with *why:
  * GMB_NOMEM_NO_ROOM leaves *rep's message alone so the caller may queue the
  * request or explain with gmb__alloc_explain(); GMB_NOMEM_RESERVED has the
  * message set.
@@ -58,9 +57,5 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
  * which tenants hold it. */
 void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
                         uint64_t rounded, struct wire_reply *rep);
-
-/* Fills *h with segment d's handle after letting s's process open it. */
-void gmb__alloc_handle(struct gmb_broker *b, const struct gmb_session *s,
-                       const struct gmb_dseg *d, struct wire_handle *h);
 
 #endif /* GMB_ALLOC_H */

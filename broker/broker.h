@@ -34,6 +34,7 @@ struct gmb_defrag_req;
 struct gmb_observe;
 struct gmb_loop;
 struct gmb_statefile;
+struct gmb_fdchan;
 
 /* Who sent a message: its ZeroMQ routing id and SO_PEERCRED credentials. */
 struct gmb_peer {
@@ -66,6 +67,7 @@ struct gmb_broker {
   char run_dir[PATH_MAX];
   char client_path[PATH_MAX]; /* the socket files */
   char admin_path[PATH_MAX];
+  char fd_path[PATH_MAX];     /* the descriptor channel (fdchan.c) */
   struct gmb_device *dev;
   struct gmb_pool *pool;
   struct gmb_tenants *tenants;
@@ -76,6 +78,7 @@ struct gmb_broker {
   gmb_reply_tap reply_tap;
   void *reply_tap_ctx;
   struct gmb_loop *loop; /* the poll set and timers (loop.c) */
+  struct gmb_fdchan *fdchan; /* descriptor channel connections (fdchan.c) */
   volatile int stopping;
   int closing; /* core.c is tearing down: nothing is sent any more */
   uint64_t next_session_id;

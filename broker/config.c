@@ -231,12 +231,13 @@ static int cfg_listen(struct cfg_parse *p, const char *key, const char *v) {
 enum {
   K_DEVICE, K_CAPACITY, K_DEVICE_RESERVE, K_RUN_DIR, K_STATE, K_ADMIN_UIDS,
   K_DEFAULT_QUOTA, K_COMPACTION, K_COMPACTION_THRESHOLD, K_METRICS_LISTEN,
-  K_LOG_LEVEL, K_HEARTBEAT_MS,
+  K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
     "state",         "admin_uids", "default_quota",        "compaction",
     "compaction_threshold", "metrics_listen", "log_level", "heartbeat_ms",
+    "shutdown_grace_ms",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY };
@@ -288,6 +289,10 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
     case K_HEARTBEAT_MS:
       if (!cfg_int(p, key, v, 100, 60000, &x)) return 0;
       c->heartbeat_ms = (uint32_t)x;
+      return 1;
+    case K_SHUTDOWN_GRACE_MS:
+      if (!cfg_int(p, key, v, 0, 60000, &x)) return 0;
+      c->shutdown_grace_ms = (uint32_t)x;
       return 1;
   }
   GMB_ASSERT(0 && "a broker key without a case");
@@ -481,6 +486,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->compaction_threshold = 0.3;
   c->log_level = GMB_LOG_INFO;
   c->heartbeat_ms = 1000;
+  c->shutdown_grace_ms = 2000;
 }
 
 /*

@@ -45,6 +45,8 @@ struct gmb_config {
   uint32_t heartbeat_ms;    /* period asked of clients whose pid the broker
                                cannot watch; a session is ended after 3
                                missed periods */
+  uint32_t shutdown_grace_ms; /* at a stop, how long sessions that still
+                               map retiring segments get to unmap them */
   struct gmb_tenant_conf *tenants; /* owned */
   size_t n_tenants;
 };

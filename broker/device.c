@@ -177,11 +177,6 @@ static void device_retiring_drop(struct gmb_device *d,
   free(r);
 }
 
-int gmb__device_grant(struct gmb_device *d, const struct gmb_dseg *seg,
-                      uid_t uid, gid_t gid) {
-  return d->ops->grant ? d->ops->grant(d, seg, uid, gid) : 0;
-}
-
 int gmb__device_seg_hold(struct gmb_device *d, uint64_t seg_id,
                          uint64_t holder) {
   if (!d->ops->free_waits_for_holders) return 0;

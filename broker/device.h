@@ -1,25 +1,31 @@
 /*
  * device.h - the one interface between the broker and the memory it hands
- * out: a table of functions with two implementations, `host` (POSIX shm,
- * device_host.c) and `cuda` (the CUDA driver API, device_cuda.c).
+ * out: a table of functions with two implementations, `host` (sealed
+ * memfds, device_host.c) and `cuda` (the CUDA driver API, device_cuda.c).
  *
- * A device hands out segments.  Each segment has an import handle: the bytes
- * a client needs to map it (a shm name for host, a CUipcMemHandle for cuda).
- * The generic layer here enforces the capacity: the sum of live segment
- * sizes never passes `capacity`.
+ * A device hands out segments.  Each segment has a shareable descriptor
+ * (`fd`): what a client needs to map it, sent over the descriptor channel
+ * (fdpass.h) to the sessions of the segment's tenant only.  Memory shared
+ * by descriptor is reference counted by the kernel (memfd) or the driver
+ * (CUDA virtual memory handles): when the broker releases a segment, a
+ * process that still maps it keeps its pages until it unmaps, so nothing is
+ * ever reused under a client, whether it is alive, evicted or dying.  The
+ * generic layer here enforces the capacity: the sum of live segment sizes
+ * never passes `capacity`.
  *
- * Two-step retirement (cuda): freeing memory that another process still
- * has open through an IPC handle is undefined behaviour in CUDA.  So when
- * the pool retires a segment, the broker first records the sessions it told
+ * Two-step retirement (cuda): a retired segment's memory stays in use on
+ * the GPU while clients map it, so the broker keeps counting it.  When the
+ * pool retires a segment, the broker first records the sessions it told
  * (gmb__device_seg_hold, from the pool's retire callback), then the pool
  * calls gmb__device_seg_free, which for such a device only parks the
  * segment; the real free comes when the last holder answered SegmentClosed
  * (gmb__device_seg_closed) or ended (gmb__device_holder_gone).  A parked
  * segment still occupies the device: it stays in `in_use` and `segments`
  * until then, and `retiring`/`retiring_bytes` say how much of them waits.
- * The host device frees at once (clients keep their own mapping of the shm
- * object safely), so holds are not even recorded for it.  Device memory is never read by the broker
- * except through `copy` (GPU memory cannot be touched from the CPU).
+ * The host device frees at once (holds are not even recorded for it): its
+ * pages are the host's, and a client's mapping keeps only what it touched.
+ * Device memory is never read by the broker except through `copy` (GPU
+ * memory cannot be touched from the CPU).
  */
 #ifndef GMB_DEVICE_H
 #define GMB_DEVICE_H
@@ -28,7 +34,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define GMB_DEVICE_HANDLE_MAX 128
 #define GMB_SEGMENT_ALIGN (UINT64_C(2) << 20) /* segments are 2 MiB multiples */
 
 struct gmb_device;
@@ -40,11 +45,8 @@ struct gmb_dseg {
   void *host;    /* host device: the broker's mapping; NULL elsewhere */
   /* The segment's shareable descriptor (host: its memfd; cuda: the POSIX
    * fd of its cuMemCreate handle), owned by the device and closed by
-   * seg_free; the descriptor channel sends copies of it (SCM_RIGHTS).
-   * -1: the device shares by handle bytes instead (being retired). */
+   * seg_free; the descriptor channel sends copies of it (SCM_RIGHTS). */
   int fd;
-  uint32_t handle_len;
-  uint8_t handle[GMB_DEVICE_HANDLE_MAX];
 };
 
 struct gmb_device_ops {
@@ -60,11 +62,6 @@ struct gmb_device_ops {
   int (*copy)(struct gmb_device *d, struct gmb_dseg *dst, uint64_t dst_off,
               struct gmb_dseg *src, uint64_t src_off, uint64_t len);
   void (*destroy)(struct gmb_device *d);
-  /* Lets a client process of uid:gid open the segment's handle (host: the
-   * shm object's owner); NULL when handles need no owner (cuda).  0 or
-   * GMB_E_SYSTEM. */
-  int (*grant)(struct gmb_device *d, const struct gmb_dseg *seg, uid_t uid,
-               gid_t gid);
   /* 1: seg_free must wait until every holder closed its import (cuda). */
   int free_waits_for_holders;
 };
@@ -100,12 +97,6 @@ int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
                      uint64_t dst_off, struct gmb_dseg *src, uint64_t src_off,
                      uint64_t len);
 
-/* Lets the client process of uid:gid open segment `seg` before it is
- * handed the segment's handle (ops->grant; nothing when NULL).  0 or
- * GMB_E_SYSTEM (logged). */
-int gmb__device_grant(struct gmb_device *d, const struct gmb_dseg *seg,
-                      uid_t uid, gid_t gid);
-
 /*
  * Two-step retirement (see the top of this file).  `holder` is a session
  * id.  gmb__device_seg_hold records that `holder` was told to close
@@ -132,8 +123,7 @@ int gmb__device_holder_gone(struct gmb_device *d, uint64_t holder);
 int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
                           struct gmb_device **out, char *err, size_t errcap);
 
-/* The host device (device_host.c).  The shm objects are named
- * /gmb-<broker pid>-<segment id>, mode 0600. */
+/* The host device (device_host.c): segments are sealed memfds. */
 int gmb__device_host_open(uint64_t capacity, struct gmb_device **out,
                           char *err, size_t errcap);
 

@@ -3,20 +3,45 @@
  * loaded at run time (proto/cudrv.h), so one broker binary runs with and
  * without a GPU.
  *
- * A segment is one cuMemAlloc region (a 2 MiB multiple, device.c checks),
- * exported with cuIpcGetMemHandle: the 64 bytes are the import handle that
- * clients pass to cuIpcOpenMemHandle.  The broker never touches device
- * memory except through `copy`, a cuMemcpyDtoDAsync on the broker's own
- * stream followed by a synchronize: the loop thread waits for it, which is
- * what lets the compactor commit a move once copy returns.  Ranges never
- * overlap (device.c refuses them; the compactor copies an overlapping slide
- * in chunks no larger than the shift), because the driver does not promise
+ * Segments come from the virtual memory management (VMM) API and are
+ * shared as POSIX file descriptors:
+ *
+ *   seg_new   cuMemCreate (pinned memory on this GPU, a multiple of the
+ *             allocation granularity, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+ *             requested), cuMemExportToShareableHandle into seg->fd, and a
+ *             mapping of the broker's own (cuMemAddressReserve, cuMemMap,
+ *             cuMemSetAccess) for the compaction copies.  A client maps
+ *             a segment from a copy of seg->fd sent over the descriptor
+ *             channel: cuMemImportFromShareableHandle + reserve + map on
+ *             its side (client/lib/cuimport.c).
+ *   seg_free  cuMemUnmap, cuMemAddressFree, cuMemRelease, close(seg->fd).
+ *
+ * Lifetimes.  The driver counts references to physical memory: it is
+ * freed when every handle to it is released, every mapping of it unmapped
+ * and every descriptor of it closed, in every process.  So seg_free gives
+ * back only the broker's references, and a client that still maps the
+ * segment (evicted, stopped, slow to read its events) keeps its memory
+ * valid until it unmaps or dies; nothing is ever undefined behaviour.  The
+ * ops still set free_waits_for_holders: device.c keeps counting a retired
+ * segment ("retiring") until every session that mapped it said it unmapped
+ * it or is gone, because until then the GPU really holds those bytes and
+ * the broker must not promise them to anyone else.  seg->fd is owned here
+ * from seg_new to seg_free; the descriptor channel sends copies of it.
+ *
+ * The broker never touches device memory except through `copy`, a
+ * cuMemcpyDtoDAsync between its own mappings on its own stream followed by
+ * a synchronize: the loop thread waits for it, which is what lets the
+ * compactor commit a move once copy returns.  Ranges never overlap
+ * (device.c refuses them; the compactor copies an overlapping slide in
+ * chunks no larger than the shift), because the driver does not promise
  * memmove semantics.
  *
- * Freeing: a segment a client still has open must not be cuMemFree'd (UB in
- * CUDA), so these ops set free_waits_for_holders and device.c parks retired
- * segments until every session that was given the handle closed it (see
- * device.h); seg_free here is the real cuMemFree.
+ * At open the device must support VMM and POSIX-fd handles (device
+ * attributes), and its minimum allocation granularity must divide the
+ * 2 MiB segment unit (GMB_SEGMENT_ALIGN; it is 2 MiB on every NVIDIA GPU
+ * so far): otherwise the open fails with one line naming what is missing,
+ * rather than rounding segments up and wasting memory the pool would not
+ * see.
  *
  * Context: the device's primary context is retained at open and made
  * current on the loop thread, the only thread that calls these ops.
@@ -24,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cudrv.h"
 #include "device.h"
@@ -31,19 +57,18 @@
 #include "log.h"
 #include "util.h"
 
-#define CUDA_OOM 2                  /* CUDA_ERROR_OUT_OF_MEMORY */
-#define CUDA_STREAM_NON_BLOCKING 1u /* no implicit sync with stream 0 */
-
 struct cuda_device {
   struct gmb_cudrv drv;
   int index;
   gmb_cu_device dev;
   gmb_cu_ctx ctx;
   gmb_cu_stream stream; /* the broker's copies */
+  uint64_t granularity; /* divides GMB_SEGMENT_ALIGN */
 };
 
 struct cuda_seg {
-  gmb_cu_ptr ptr;
+  gmb_cu_mem_handle handle; /* released by seg_free */
+  gmb_cu_ptr va;            /* the broker's mapping, for copies */
 };
 
 static const char *cuda_err(const struct cuda_device *cd, gmb_cu_result r,
@@ -51,50 +76,102 @@ static const char *cuda_err(const struct cuda_device *cd, gmb_cu_result r,
   return gmb__cudrv_strerror(&cd->drv, r, buf, cap);
 }
 
+static struct gmb_cu_mem_prop cuda_prop(const struct cuda_device *cd) {
+  struct gmb_cu_mem_prop p;
+  memset(&p, 0, sizeof p);
+  p.type = GMB_CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.requested_handle_types = GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p.location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = cd->index;
+  return p;
+}
+
 static int cuda_seg_new(struct gmb_device *d, struct gmb_dseg *seg) {
   struct cuda_device *cd = d->priv;
   char why[160];
-  struct cuda_seg *cs = malloc(sizeof *cs);
+  size_t size = (size_t)seg->size;
+  GMB_ASSERT(seg->size % cd->granularity == 0 &&
+             "segment size not a multiple of the granularity");
+  struct cuda_seg *cs = calloc(1, sizeof *cs);
   if (!cs) return GMB_E_NOMEM;
-  gmb_cu_result r = cd->drv.cuMemAlloc(&cs->ptr, (size_t)seg->size);
+  struct gmb_cu_mem_prop prop = cuda_prop(cd);
+  gmb_cu_result r = cd->drv.cuMemCreate(&cs->handle, size, &prop, 0);
   if (r != GMB_CU_SUCCESS) {
     /* Out of memory is an answer, not a fault: another process on the GPU
      * may hold what cuMemGetInfo showed free at start-up. */
-    if (r == CUDA_OOM)
-      log_warn("%s: cuMemAlloc of %llu bytes: %s", d->desc,
+    if (r == GMB_CU_ERROR_OUT_OF_MEMORY)
+      log_warn("%s: cuMemCreate of %llu bytes: %s", d->desc,
                (unsigned long long)seg->size, cuda_err(cd, r, why, sizeof why));
     else
-      log_error("%s: cuMemAlloc of %llu bytes: %s", d->desc,
+      log_error("%s: cuMemCreate of %llu bytes: %s", d->desc,
                 (unsigned long long)seg->size,
                 cuda_err(cd, r, why, sizeof why));
     free(cs);
-    return r == CUDA_OOM ? GMB_E_NOMEM : GMB_E_DEVICE;
+    return r == GMB_CU_ERROR_OUT_OF_MEMORY ? GMB_E_NOMEM : GMB_E_DEVICE;
   }
-  gmb_cu_ipc_handle h;
-  r = cd->drv.cuIpcGetMemHandle(&h, cs->ptr);
+  int fd = -1;
+  int reserved = 0, mapped = 0;
+  const char *step = "cuMemExportToShareableHandle";
+  r = cd->drv.cuMemExportToShareableHandle(
+      &fd, cs->handle, GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuMemAddressReserve";
+    r = cd->drv.cuMemAddressReserve(&cs->va, size, (size_t)cd->granularity,
+                                    0, 0);
+  }
+  if (r == GMB_CU_SUCCESS) {
+    reserved = 1;
+    step = "cuMemMap";
+    r = cd->drv.cuMemMap(cs->va, size, 0, cs->handle, 0);
+  }
+  if (r == GMB_CU_SUCCESS) {
+    mapped = 1;
+    struct gmb_cu_access_desc rw = {
+        {GMB_CU_MEM_LOCATION_TYPE_DEVICE, cd->index},
+        GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    step = "cuMemSetAccess";
+    r = cd->drv.cuMemSetAccess(cs->va, size, &rw, 1);
+  }
   if (r != GMB_CU_SUCCESS) {
-    log_error("%s: cuIpcGetMemHandle: %s", d->desc,
-              cuda_err(cd, r, why, sizeof why));
-    cd->drv.cuMemFree(cs->ptr);
+    log_error("%s: segment %llu of %llu bytes: %s: %s", d->desc,
+              (unsigned long long)seg->id, (unsigned long long)seg->size,
+              step, cuda_err(cd, r, why, sizeof why));
+    if (mapped) cd->drv.cuMemUnmap(cs->va, size);
+    if (reserved) cd->drv.cuMemAddressFree(cs->va, size);
+    cd->drv.cuMemRelease(cs->handle);
+    if (fd >= 0) close(fd);
     free(cs);
-    return GMB_E_DEVICE;
+    return r == GMB_CU_ERROR_OUT_OF_MEMORY ? GMB_E_NOMEM : GMB_E_DEVICE;
   }
-  _Static_assert(sizeof h <= GMB_DEVICE_HANDLE_MAX, "IPC handle fits");
   seg->priv = cs;
   seg->host = NULL;
-  seg->handle_len = (uint32_t)sizeof h;
-  memcpy(seg->handle, &h, sizeof h);
+  seg->fd = fd;
   return 0;
 }
 
 static void cuda_seg_free(struct gmb_device *d, struct gmb_dseg *seg) {
   struct cuda_device *cd = d->priv;
   struct cuda_seg *cs = seg->priv;
+  size_t size = (size_t)seg->size;
   char why[160];
-  gmb_cu_result r = cd->drv.cuMemFree(cs->ptr);
+  const char *step = "cuMemUnmap";
+  gmb_cu_result r = cd->drv.cuMemUnmap(cs->va, size);
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuMemAddressFree";
+    r = cd->drv.cuMemAddressFree(cs->va, size);
+  }
   if (r != GMB_CU_SUCCESS)
-    log_error("%s: cuMemFree of segment %llu: %s", d->desc,
+    log_error("%s: segment %llu: %s: %s", d->desc,
+              (unsigned long long)seg->id, step,
+              cuda_err(cd, r, why, sizeof why));
+  /* The handle goes whatever the mapping did: leaking it would keep the
+   * memory for the life of the broker. */
+  r = cd->drv.cuMemRelease(cs->handle);
+  if (r != GMB_CU_SUCCESS)
+    log_error("%s: segment %llu: cuMemRelease: %s", d->desc,
               (unsigned long long)seg->id, cuda_err(cd, r, why, sizeof why));
+  if (seg->fd >= 0) close(seg->fd);
+  seg->fd = -1;
   free(cs);
   seg->priv = NULL;
 }
@@ -106,8 +183,8 @@ static int cuda_copy(struct gmb_device *d, struct gmb_dseg *dst,
   GMB_ASSERT((dst->id != src->id || dst_off + len <= src_off ||
               src_off + len <= dst_off) &&
              "cuda copy ranges overlap");
-  gmb_cu_ptr to = ((struct cuda_seg *)dst->priv)->ptr + dst_off;
-  gmb_cu_ptr from = ((struct cuda_seg *)src->priv)->ptr + src_off;
+  gmb_cu_ptr to = ((struct cuda_seg *)dst->priv)->va + dst_off;
+  gmb_cu_ptr from = ((struct cuda_seg *)src->priv)->va + src_off;
   char why[160];
   gmb_cu_result r =
       cd->drv.cuMemcpyDtoDAsync(to, from, (size_t)len, cd->stream);
@@ -138,6 +215,60 @@ static const struct gmb_device_ops cuda_ops = {
     .destroy = cuda_destroy,
     .free_waits_for_holders = 1,
 };
+
+/* What the device must support for segments to be shared as descriptors:
+ * 0, or GMB_E_DEVICE with the missing attribute named in err. */
+static int cuda_check_support(struct cuda_device *cd, const char *name,
+                              char *err, size_t errcap) {
+  static const struct {
+    int attr;
+    const char *attr_name, *what;
+  } need[] = {
+      {GMB_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+       "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+       "the virtual memory management API"},
+      {GMB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+       "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
+       "memory shared as POSIX file descriptors"},
+  };
+  char why[160];
+  for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+    int v = 0;
+    gmb_cu_result r = cd->drv.cuDeviceGetAttribute(&v, need[i].attr, cd->dev);
+    if (r != GMB_CU_SUCCESS) {
+      snprintf(err, errcap, "cuda:%d (%s): cuDeviceGetAttribute(%s): %s",
+               cd->index, name, need[i].attr_name,
+               cuda_err(cd, r, why, sizeof why));
+      return GMB_E_DEVICE;
+    }
+    if (v == 0) {
+      snprintf(err, errcap,
+               "cuda:%d (%s) does not support %s (%s is 0): gmb needs it to "
+               "share memory between processes",
+               cd->index, name, need[i].what, need[i].attr_name);
+      return GMB_E_DEVICE;
+    }
+  }
+  struct gmb_cu_mem_prop prop = cuda_prop(cd);
+  size_t g = 0;
+  gmb_cu_result r = cd->drv.cuMemGetAllocationGranularity(
+      &g, &prop, GMB_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != GMB_CU_SUCCESS) {
+    snprintf(err, errcap, "cuda:%d (%s): cuMemGetAllocationGranularity: %s",
+             cd->index, name, cuda_err(cd, r, why, sizeof why));
+    return GMB_E_DEVICE;
+  }
+  if (g == 0 || GMB_SEGMENT_ALIGN % g != 0) {
+    char gs[GMB_SIZE_BUFSZ];
+    snprintf(err, errcap,
+             "cuda:%d (%s): allocation granularity %s does not divide the "
+             "2MiB segment unit",
+             cd->index, name, gmb__size_format(g, gs, sizeof gs));
+    return GMB_E_DEVICE;
+  }
+  cd->granularity = g;
+  return 0;
+}
 
 int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
                           struct gmb_device **out, char *err, size_t errcap) {
@@ -186,8 +317,14 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
     goto cu_fail;
   step = "cuCtxSetCurrent";
   if ((r = cd->drv.cuCtxSetCurrent(cd->ctx)) != GMB_CU_SUCCESS) goto cu_fail;
+  /* With the context current: the queries need none, but nothing is lost
+   * by asking from where the segments will be made. */
+  if ((rc = cuda_check_support(cd, name, err, errcap)) != 0) {
+    cuda_destroy(d);
+    return rc;
+  }
   step = "cuStreamCreate";
-  if ((r = cd->drv.cuStreamCreate(&cd->stream, CUDA_STREAM_NON_BLOCKING)) !=
+  if ((r = cd->drv.cuStreamCreate(&cd->stream, GMB_CU_STREAM_NON_BLOCKING)) !=
       GMB_CU_SUCCESS)
     goto cu_fail;
   size_t free_b = 0, total = 0;
@@ -212,12 +349,15 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
   }
   d->capacity = cap;
   snprintf(d->desc, sizeof d->desc, "cuda:%d (%s)", index, name);
-  char c[GMB_SIZE_BUFSZ], t[GMB_SIZE_BUFSZ], f2[GMB_SIZE_BUFSZ];
-  log_info("cuda:%d: %s, driver %d (%s): %s total, %s free, offering %s",
+  char c[GMB_SIZE_BUFSZ], t[GMB_SIZE_BUFSZ], f2[GMB_SIZE_BUFSZ],
+      g[GMB_SIZE_BUFSZ];
+  log_info("cuda:%d: %s, driver %d (%s): %s total, %s free, offering %s; "
+           "VMM segments shared as descriptors, granularity %s",
            index, name, cd->drv.version, cd->drv.path,
            gmb__size_format(total, t, sizeof t),
            gmb__size_format(free_b, f2, sizeof f2),
-           gmb__size_format(cap, c, sizeof c));
+           gmb__size_format(cap, c, sizeof c),
+           gmb__size_format(cd->granularity, g, sizeof g));
   *out = d;
   return 0;
 

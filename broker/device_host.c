@@ -1,31 +1,33 @@
 /*
- * device_host.c - the host device: each segment is a POSIX shared memory
- * object, /gmb-<broker pid>-<segment id>, mode 0600, mapped MAP_SHARED into
- * the broker.  A client imports a segment by shm_open()ing the name (the
- * handle is the name's bytes, without a NUL) and mapping it; both see the
- * same pages, so every feature built on real bytes (migration, client
- * death) works on any Linux machine.
+ * device_host.c - the host device: each segment is a memfd of the
+ * segment's size, mapped MAP_SHARED into the broker, and handed to clients
+ * as that descriptor (the descriptor channel, fdpass.h).  Both see the same
+ * pages, so every feature built on real bytes (migration, client death)
+ * works on any Linux machine, exactly as on a GPU that shares by
+ * descriptor.
  *
- * Memory: ftruncate() on tmpfs makes a sparse object, so a segment costs
- * nothing until its pages are written, and capacity is a promise checked by
- * device.c rather than memory taken at start-up.  Only written pages count
- * against /dev/shm's size; a write past that fails with SIGBUS in whichever
- * process touches the page, so the operator should keep the capacity within
- * `df /dev/shm`.
+ * Nothing has a name: there is no object in /dev/shm for another process
+ * to open, and the size of a container's /dev/shm does not matter (memfds
+ * live on the kernel's internal tmpfs; as for any shared memory, a page is
+ * charged to the memory cgroup of the process that first touches it).
+ * Each memfd is sealed against shrinking and growing (F_SEAL_SHRINK |
+ * F_SEAL_GROW, and F_SEAL_SEAL so the seals stay): a client holding the
+ * descriptor cannot truncate it and make the broker fault (SIGBUS) when it
+ * next copies.
  *
- * Ownership: the object belongs to the broker's euid with mode 0600.  When
- * the broker runs as root and clients do not, a client cannot open it until
- * the broker hands it over, which the broker does when it knows the tenant's
- * uid (host_grant(), through gmb__device_grant()).  For that the shm
- * descriptor stays open for the segment's life (in seg->priv); the soft
- * RLIMIT_NOFILE is raised to the hard limit when the device opens, since
- * one descriptor per segment is more than the usual 1024.
- * vm.max_map_count (65530 by default) also bounds the number of segments,
- * one mapping each.
+ * Memory: ftruncate() makes a sparse file, so a segment costs nothing until
+ * its pages are written, and capacity is a promise checked by device.c
+ * rather than memory taken at start-up.
  *
- * Release: seg_free unmaps, unlinks and closes.  A client that still maps
- * the segment keeps its pages until it unmaps; the name is gone at once, so
- * no new client can open a retired segment.
+ * Descriptors: one per segment stays open for the segment's life (it is
+ * what the descriptor channel sends); the soft RLIMIT_NOFILE is raised to
+ * the hard limit when the device opens, since one descriptor per segment
+ * is more than the usual 1024.  vm.max_map_count (65530 by default) also
+ * bounds the number of segments, one mapping each.
+ *
+ * Release: seg_free unmaps and closes.  A client that still maps the
+ * segment keeps its pages until it unmaps: the memory is reference counted
+ * by the kernel, so a retired segment is never reused under anybody.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -42,19 +44,6 @@
 #include "log.h"
 #include "util.h"
 
-struct host_device {
-  pid_t pid; /* part of every segment name */
-};
-
-struct host_seg {
-  int fd; /* kept open so the broker can fchown the object later */
-};
-
-static void host_seg_name(const struct gmb_dseg *seg, char *buf, size_t cap) {
-  GMB_ASSERT(seg->handle_len < cap && "shm name longer than the buffer");
-  memcpy(buf, seg->handle, seg->handle_len);
-  buf[seg->handle_len] = '\0';
-}
 
 /* An exhausted resource is NOMEM; anything else is a device error. */
 static int host_errno_code(int e) {
@@ -63,63 +52,42 @@ static int host_errno_code(int e) {
 }
 
 static int host_seg_new(struct gmb_device *d, struct gmb_dseg *seg) {
-  struct host_device *hd = d->priv;
-  char name[64];
-  int n = snprintf(name, sizeof name, "/gmb-%ld-%llu", (long)hd->pid,
-                   (unsigned long long)seg->id);
-  GMB_ASSERT(n > 0 && (size_t)n < sizeof name && "shm name fits");
-
-  struct host_seg *hs = malloc(sizeof *hs);
-  if (!hs) return GMB_E_NOMEM;
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  (void)d;
+  char name[48];
+  snprintf(name, sizeof name, "gmb-seg-%llu", (unsigned long long)seg->id);
+  const char *what = NULL;
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    what = "memfd_create";
+  else if (ftruncate(fd, (off_t)seg->size) != 0)
+    what = "ftruncate";
+  else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
+    what = "sealing";
+  void *p = MAP_FAILED;
+  if (what == NULL) {
+    p = mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) what = "mmap";
+  }
+  if (what) {
     int e = errno;
-    /* EEXIST: a broker with the same pid (another PID namespace sharing
-     * /dev/shm) or a stale object of a crashed one.  Neither is ours to
-     * remove. */
-    log_error("host device: shm_open %s: %s", name, strerror(e));
-    free(hs);
+    log_error("host device: segment %llu (%llu bytes): %s: %s",
+              (unsigned long long)seg->id, (unsigned long long)seg->size,
+              what, strerror(e));
+    if (fd >= 0) close(fd);
     return e == EMFILE || e == ENFILE ? GMB_E_DEVICE : host_errno_code(e);
   }
-  if (ftruncate(fd, (off_t)seg->size) != 0) {
-    int e = errno;
-    log_error("host device: ftruncate %s to %llu: %s", name,
-              (unsigned long long)seg->size, strerror(e));
-    shm_unlink(name);
-    close(fd);
-    free(hs);
-    return host_errno_code(e);
-  }
-  void *p = mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    log_error("host device: mmap %s (%llu bytes): %s", name,
-              (unsigned long long)seg->size, strerror(e));
-    shm_unlink(name);
-    close(fd);
-    free(hs);
-    return host_errno_code(e);
-  }
-  hs->fd = fd;
-  seg->priv = hs;
+  seg->fd = fd;
   seg->host = p;
-  seg->handle_len = (uint32_t)n;
-  memcpy(seg->handle, name, (size_t)n);
   return 0;
 }
 
 static void host_seg_free(struct gmb_device *d, struct gmb_dseg *seg) {
   (void)d;
-  struct host_seg *hs = seg->priv;
-  char name[GMB_DEVICE_HANDLE_MAX + 1];
-  host_seg_name(seg, name, sizeof name);
   if (munmap(seg->host, seg->size) != 0)
-    log_error("host device: munmap %s: %s", name, strerror(errno));
-  if (shm_unlink(name) != 0)
-    log_error("host device: shm_unlink %s: %s", name, strerror(errno));
-  close(hs->fd);
-  free(hs);
-  seg->priv = NULL;
+    log_error("host device: munmap segment %llu: %s",
+              (unsigned long long)seg->id, strerror(errno));
+  close(seg->fd);
+  seg->fd = -1;
   seg->host = NULL;
 }
 
@@ -163,32 +131,7 @@ static int host_copy(struct gmb_device *d, struct gmb_dseg *dst,
   return 0;
 }
 
-/*
- * A broker running as root gives the object to the uid of each session
- * about to open it, so that a job that is not root can map it; the client
- * opens it right after the reply, and opening is the only moment the owner
- * matters.  (Two sessions of one tenant under different uids, handed the
- * same new segment in the same instant, could still race.)  A broker that
- * is not root serves its own uid only, and root clients need nothing.
- */
-static int host_grant(struct gmb_device *d, const struct gmb_dseg *seg,
-                      uid_t uid, gid_t gid) {
-  (void)d;
-  const struct host_seg *hs = seg->priv;
-  if (geteuid() != 0 || uid == 0 || hs == NULL) return 0;
-  if (fchown(hs->fd, uid, gid) != 0) {
-    log_error("host device: fchown segment %llu to %ld:%ld: %s",
-              (unsigned long long)seg->id, (long)uid, (long)gid,
-              strerror(errno));
-    return GMB_E_SYSTEM;
-  }
-  return 0;
-}
-
-static void host_destroy(struct gmb_device *d) {
-  free(d->priv);
-  free(d);
-}
+static void host_destroy(struct gmb_device *d) { free(d); }
 
 static const struct gmb_device_ops host_ops = {
     .kind = "host",
@@ -196,7 +139,6 @@ static const struct gmb_device_ops host_ops = {
     .seg_free = host_seg_free,
     .copy = host_copy,
     .destroy = host_destroy,
-    .grant = host_grant,
 };
 
 /* One descriptor per segment: lift the soft limit as far as allowed. */
@@ -221,17 +163,12 @@ int gmb__device_host_open(uint64_t capacity, struct gmb_device **out, char *err,
     return GMB_E_INVAL;
   }
   struct gmb_device *d = calloc(1, sizeof *d);
-  struct host_device *hd = calloc(1, sizeof *hd);
-  if (!d || !hd) {
-    free(d);
-    free(hd);
+  if (!d) {
     if (err && errcap) snprintf(err, errcap, "host device: out of memory");
     return GMB_E_NOMEM;
   }
-  hd->pid = getpid();
   d->ops = &host_ops;
   d->capacity = capacity;
-  d->priv = hd;
   char sz[GMB_SIZE_BUFSZ];
   snprintf(d->desc, sizeof d->desc, "host:%s",
            gmb__size_format(capacity, sz, sizeof sz));

@@ -70,8 +70,7 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
     return 1;
   }
   char err[256];
-  s->lt = gmb__locktab_new(s->id, s->uid, s->gid, GMB_LT_DEFAULT_SLOTS, err,
-                           sizeof err);
+  s->lt = gmb__locktab_new(s->id, GMB_LT_DEFAULT_SLOTS, err, sizeof err);
   if (s->lt == NULL) {
     gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot create the lock table: %s", err);
     gmb__core_session_end(b, s, "no lock table");
@@ -87,9 +86,10 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
   snprintf(rep->u.hello.device, sizeof rep->u.hello.device, "%s",
            b->dev->ops->kind);
   rep->u.hello.heartbeat_ms = s->pidfd < 0 ? b->cfg.heartbeat_ms : 0;
-  snprintf(rep->u.hello.lock_table, sizeof rep->u.hello.lock_table, "%s",
-           gmb__locktab_name(s->lt));
   rep->u.hello.lock_slots = GMB_LT_DEFAULT_SLOTS;
+  _Static_assert(sizeof s->secret == WIRE_SECRET_MAX, "secret fits");
+  rep->u.hello.fd_secret_len = sizeof s->secret;
+  memcpy(rep->u.hello.fd_secret, s->secret, sizeof s->secret);
   return 1;
 }
 
@@ -161,7 +161,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
   return 0;
 }
 
-/* --- free, stats, segment ------------------------------------------- */
+/* --- free, stats ----------------------------------------------------- */
 
 static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
                          const struct wire_request *req,
@@ -201,32 +201,15 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
   return 1;
 }
 
-static int dispatch_segment(struct gmb_broker *b, struct gmb_session *s,
-                            const struct wire_request *req,
-                            struct wire_reply *rep) {
-  void *tag = NULL;
-  const struct gmb_dseg *d =
-      gmb__pool_segment(b->pool, req->u.segment.segment, &tag);
-  if (d == NULL || tag != s->tenant) {
-    gmb__reply_fail(rep, GMB_E_NOENT, "no segment %" PRIu64 " for tenant %s",
-                    req->u.segment.segment, s->tenant->name);
-    return 1;
-  }
-  if (gmb__session_seg_seen(s, d->id) < 0) {
-    gmb__reply_fail(rep, GMB_E_SYSTEM, "out of host memory");
-    return 1;
-  }
-  rep->kind = WIRE_SEGMENT;
-  gmb__alloc_handle(b, s, d, &rep->u.segment);
-  return 1;
-}
-
 /* --- entry ------------------------------------------------------------ */
 
 int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                   const struct wire_request *req, struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
   rep->id = req->id;
+  /* Stopping: what is there may leave, nothing new comes. */
+  if (b->stopping && (req->kind == WIRE_HELLO || req->kind == WIRE_ALLOC))
+    return gmb__reply_fail(rep, GMB_E_CONN, "the broker is shutting down");
   struct gmb_session *s =
       gmb__session_find(b->sessions, peer->rid, peer->rid_len);
   if (req->kind == WIRE_HELLO) return dispatch_hello(b, s, peer, req, rep);
@@ -247,12 +230,6 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                            "belongs to another process");
   }
   s->last_seen_ns = gmb__now_ns();
-  /* The client maps its lock table before its first request after Hello,
-   * so the name can go: nobody else can open it from now on. */
-  if (!s->lt_unlinked) {
-    gmb__locktab_unlink(s->lt);
-    s->lt_unlinked = 1;
-  }
   switch (req->kind) {
     case WIRE_ALLOC:
       return dispatch_alloc(b, s, req, rep);
@@ -260,8 +237,6 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
       return dispatch_free(b, s, req, rep);
     case WIRE_STATS:
       return dispatch_stats(b, s, rep);
-    case WIRE_SEGMENT:
-      return dispatch_segment(b, s, req, rep);
     case WIRE_HEARTBEAT:
       return 0;
     case WIRE_SEGMENT_CLOSED:

@@ -1,10 +1,12 @@
 /*
- * locktab.c - the broker's side of a session's lock table: the shm object,
- * its header, and the slots handed out to the session's movable
- * allocations.
+ * locktab.c - the broker's side of a session's lock table: the memfd, its
+ * header, and the slots handed out to the session's movable allocations.
  *
- * Owns: the mapping (the client maps the same pages), the name until it is
- * unlinked, and a private free list.  Invariants: a slot is either in use
+ * Owns: the memfd and its mapping (the client maps the same pages, from
+ * the descriptor the descriptor channel gave it), and a private free list.
+ * The memfd has no name anywhere, and is sealed against shrinking and
+ * growing, so no process that holds it can truncate it under the broker
+ * (a mapping past the end of a file raises SIGBUS in whoever touches it).  Invariants: a slot is either in use
  * (handed out by slot_new, not yet freed) or free; every free slot below
  * `fresh` is on the free list exactly once; slots at or above `fresh` were
  * never used and are zero in the mapping (ftruncate zero-fills), so the
@@ -38,7 +40,6 @@
 #include "gmb.h"
 #include "log.h"
 
-#define LT_NAME_MAX 64
 #define LT_USED UINT32_MAX        /* next[] of a slot in use */
 #define LT_END (UINT32_MAX - 1u)  /* next[] of the free list's last slot */
 #define LT_SLOTS_MAX (1u << 24)   /* 512 MiB of table: far past any session */
@@ -52,13 +53,11 @@ struct gmb_locktab {
   uint32_t free_head; /* LT_END: the free list is empty */
   uint32_t used;
   uint32_t *next; /* per slot below fresh: LT_USED, or the next free slot */
-  int linked;
-  char name[LT_NAME_MAX];
+  int fd;         /* the sealed memfd */
 };
 
-struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
-                                     uint32_t slots, char *err,
-                                     size_t errcap) {
+struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uint32_t slots,
+                                     char *err, size_t errcap) {
   if (slots == 0 || slots > LT_SLOTS_MAX) {
     snprintf(err, errcap, "lock table: %u slots (1..%u)", slots, LT_SLOTS_MAX);
     return NULL;
@@ -77,67 +76,48 @@ struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
   lt->slots = slots;
   lt->free_head = LT_END;
   lt->bytes = (size_t)gmb__lt_bytes(slots);
-  int n = snprintf(lt->name, sizeof lt->name, "/gmb-lt-%ld-%llu",
-                   (long)getpid(), (unsigned long long)session_id);
-  GMB_ASSERT(n > 0 && (size_t)n < sizeof lt->name && "lock table name fits");
-
-  /* O_EXCL: an object of that name belongs to a broker with the same pid
-   * in another PID namespace sharing /dev/shm, or to a crashed one; it is
-   * not ours to take over or remove. */
-  int fd = shm_open(lt->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    snprintf(err, errcap, "lock table: shm_open %s: %s", lt->name,
-             strerror(errno));
-    free(lt->next);
-    free(lt);
-    return NULL;
-  }
-  lt->linked = 1;
+  char name[48];
+  snprintf(name, sizeof name, "gmb-lt-%llu", (unsigned long long)session_id);
   const char *what = NULL;
-  if (geteuid() == 0 && uid != 0 && fchown(fd, uid, gid) != 0)
-    what = "fchown";
-  else if (ftruncate(fd, (off_t)lt->bytes) != 0)
+  lt->fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (lt->fd < 0)
+    what = "memfd_create";
+  else if (ftruncate(lt->fd, (off_t)lt->bytes) != 0)
     what = "ftruncate";
+  else if (fcntl(lt->fd, F_ADD_SEALS,
+                 F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    what = "sealing";
   if (what == NULL) {
-    void *p = mmap(NULL, lt->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p =
+        mmap(NULL, lt->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, lt->fd, 0);
     if (p == MAP_FAILED) what = "mmap";
     else lt->hdr = p;
   }
   if (what) {
-    snprintf(err, errcap, "lock table: %s %s: %s", what, lt->name,
-             strerror(errno));
-    close(fd);
-    shm_unlink(lt->name);
+    snprintf(err, errcap, "lock table: %s: %s", what, strerror(errno));
+    if (lt->fd >= 0) close(lt->fd);
     free(lt->next);
     free(lt);
     return NULL;
   }
-  close(fd);
   lt->slot = gmb__lt_slots(lt->hdr);
   lt->hdr->version = GMB_LT_VERSION;
   lt->hdr->slots = slots;
   lt->hdr->session = session_id;
   /* The magic last: a reader that sees it sees a complete header (the
-   * client maps the table only after the Hello reply, so this is belt and
+   * client maps the table only after it was sent, so this is belt and
    * braces). */
   __atomic_store_n(&lt->hdr->magic, GMB_LT_MAGIC, __ATOMIC_RELEASE);
   return lt;
 }
 
-const char *gmb__locktab_name(const struct gmb_locktab *lt) {
-  return lt->name;
-}
+int gmb__locktab_fd(const struct gmb_locktab *lt) { return lt->fd; }
+
+uint64_t gmb__locktab_bytes(const struct gmb_locktab *lt) { return lt->bytes; }
 
 uint32_t gmb__locktab_slots(const struct gmb_locktab *lt) { return lt->slots; }
 
 uint32_t gmb__locktab_used(const struct gmb_locktab *lt) { return lt->used; }
-
-void gmb__locktab_unlink(struct gmb_locktab *lt) {
-  if (!lt->linked) return;
-  if (shm_unlink(lt->name) != 0 && errno != ENOENT)
-    log_warn("lock table: shm_unlink %s: %s", lt->name, strerror(errno));
-  lt->linked = 0;
-}
 
 /* A slot the broker handed out and has not freed; anything else is a bug
  * in the broker, never the client's doing. */
@@ -220,8 +200,9 @@ uint64_t gmb__locktab_slot_id(const struct gmb_locktab *lt, uint32_t slot) {
 void gmb__locktab_destroy(struct gmb_locktab *lt) {
   if (lt == NULL) return;
   if (munmap(lt->hdr, lt->bytes) != 0)
-    log_warn("lock table: munmap %s: %s", lt->name, strerror(errno));
-  gmb__locktab_unlink(lt);
+    log_warn("lock table of session %llu: munmap: %s",
+             (unsigned long long)lt->hdr->session, strerror(errno));
+  close(lt->fd);
   free(lt->next);
   free(lt);
 }

@@ -38,29 +38,26 @@ static inline int gmb__locktab_tag_slot(uint32_t tag, uint32_t *slot) {
 }
 
 /*
- * Creates the shm object "/gmb-lt-<broker pid>-<session id>" (O_EXCL, mode
- * 0600) with `slots` slots, maps it and fills its header.  When the broker
- * runs as root and `uid` is not 0, the object is given to uid:gid so that
- * the session's process (and no other uid) can open it.  Returns the table,
- * or NULL with the reason in err (slots 0 or too many, a name that exists
- * already, a failed system call).
+ * Creates a session's table with `slots` slots: a memfd sealed against
+ * shrinking and growing, mapped, its header filled.  The session's process
+ * gets it only as a descriptor (the descriptor channel), so no other
+ * process can open it.  Returns the table, or NULL with the reason in err
+ * (slots 0 or too many, a failed system call).
  */
-struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uid_t uid, gid_t gid,
-                                     uint32_t slots, char *err, size_t errcap);
+struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uint32_t slots,
+                                     char *err, size_t errcap);
 
-/* The shm name, for HelloReply.lock_table; valid while the table lives
- * (also after gmb__locktab_unlink). */
-const char *gmb__locktab_name(const struct gmb_locktab *lt);
+/* The table's memfd (owned by the table), to send to its client. */
+int gmb__locktab_fd(const struct gmb_locktab *lt);
+
+/* The table's size in bytes: gmb__lt_bytes(slots). */
+uint64_t gmb__locktab_bytes(const struct gmb_locktab *lt);
 
 /* Number of slots (HelloReply.lock_slots). */
 uint32_t gmb__locktab_slots(const struct gmb_locktab *lt);
 
 /* Number of slots handed out and not freed. */
 uint32_t gmb__locktab_used(const struct gmb_locktab *lt);
-
-/* Removes the name (the client has mapped it by the session's first
- * request after Hello); mappings stay valid.  Idempotent. */
-void gmb__locktab_unlink(struct gmb_locktab *lt);
 
 /*
  * Takes a free slot for allocation `id` (not 0) at (segment, offset), with
@@ -93,7 +90,8 @@ uint32_t gmb__locktab_holders(const struct gmb_locktab *lt, uint32_t slot);
 /* The allocation id the slot serves (0: free), as the broker wrote it. */
 uint64_t gmb__locktab_slot_id(const struct gmb_locktab *lt, uint32_t slot);
 
-/* Unmaps, unlinks the name if still there, frees.  Accepts NULL. */
+/* Unmaps, closes the memfd (the client's mapping stays its own), frees.
+ * Accepts NULL. */
 void gmb__locktab_destroy(struct gmb_locktab *lt);
 
 #endif /* GMB_BROKER_LOCKTAB_H */

@@ -33,6 +33,8 @@
 #include "core.h"
 #include "defrag.h"
 #include "dispatch.h"
+#include "fdchan.h"
+#include "fdpass.h"
 #include "gmb.h"
 #include "http.h"
 #include "log.h"
@@ -48,20 +50,30 @@
 #define LOOP_COMPACT_NS GMB_NS_PER_MS          /* compaction slice: 1 ms */
 #define LOOP_PUBLISH_NS (1000 * GMB_NS_PER_MS) /* metrics to HTTP */
 
-/* The poll set's fixed slots; the sessions' pidfds follow. */
+/* The poll set's fixed slots; then per session its pidfd and its
+ * descriptor channel, then the connections that have not authenticated. */
 enum {
-  LOOP_SLOT_CLIENT, /* the client socket */
-  LOOP_SLOT_ADMIN,  /* the admin socket */
-  LOOP_SLOT_SIGNAL, /* the signalfd */
+  LOOP_SLOT_CLIENT,   /* the client socket */
+  LOOP_SLOT_ADMIN,    /* the admin socket */
+  LOOP_SLOT_SIGNAL,   /* the signalfd */
+  LOOP_SLOT_FDLISTEN, /* the descriptor channel's listener */
   LOOP_SLOTS_FIXED
+};
+
+/* What a slot past the fixed ones watches. */
+enum loop_watch { LOOP_PIDFD, LOOP_FDCONN, LOOP_PENDING };
+
+struct loop_item {
+  enum loop_watch what;
+  void *ptr; /* the session, or fdchan.c's pending connection */
 };
 
 struct gmb_loop {
   zmq_pollitem_t *items;
-  struct gmb_session **item_sessions; /* by slot; NULL for fixed slots */
+  struct loop_item *watch; /* by slot; unused for the fixed slots */
   size_t n_items, cap_items;
-  int built;           /* the set matches the table of generation `gen` */
-  uint64_t gen;
+  int built;     /* the set matches these generations: */
+  uint64_t gen, fd_gen; /* the session table's, the pending connections' */
   int sigfd;
   struct gmb_http *http; /* the metrics endpoint, or NULL */
   uint64_t next_publish_ns;
@@ -69,11 +81,14 @@ struct gmb_loop {
 
 /* The poll set is stale when sessions came or went since it was built. */
 static int loop_stale(const struct gmb_broker *b) {
-  return !b->loop->built || b->loop->gen != gmb__sessions_gen(b->sessions);
+  return !b->loop->built || b->loop->gen != gmb__sessions_gen(b->sessions) ||
+         b->loop->fd_gen != gmb__fdchan_gen(b);
 }
 
-/* Refuses to start over a live broker; removes a stale socket file. */
-static int loop_claim_path(const char *path, char *err, size_t errcap) {
+/* Refuses to start over a live broker; removes a stale socket file.
+ * `type` is the socket type a live owner would accept. */
+static int loop_claim_path(const char *path, int type, char *err,
+                           size_t errcap) {
   struct sockaddr_un sa;
   if (strlen(path) >= sizeof sa.sun_path) {
     snprintf(err, errcap, "socket path too long (%zu bytes, max %zu): %s",
@@ -87,7 +102,7 @@ static int loop_claim_path(const char *path, char *err, size_t errcap) {
              path);
     return GMB_E_INVAL;
   }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     snprintf(err, errcap, "socket: %s", strerror(errno));
     return GMB_E_SYSTEM;
@@ -154,6 +169,39 @@ static void *loop_router(struct gmb_broker *b, const char *path, mode_t mode,
   return s;
 }
 
+/* The descriptor channel's socket: anyone may connect (0666), as to the
+ * client socket; a connection proves its session before it gets anything
+ * (fdchan.c). */
+static int loop_fd_listen(struct gmb_broker *b, char *err, size_t errcap) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(err, errcap, "socket: %s", strerror(errno));
+    return GMB_E_SYSTEM;
+  }
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, b->fd_path, strlen(b->fd_path) + 1);
+  mode_t old = umask(0077);
+  int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+  umask(old);
+  const char *what = rc != 0                             ? "bind"
+                     : chmod(b->fd_path, 0666) != 0      ? "chmod"
+                     : listen(fd, GMB_FDCHAN_PENDING) != 0 ? "listen"
+                                                           : NULL;
+  if (what) {
+    snprintf(err, errcap, "%s %s: %s", what, b->fd_path, strerror(errno));
+    close(fd);
+    return GMB_E_SYSTEM;
+  }
+  if (gmb__fdchan_open(b, fd) != 0) {
+    snprintf(err, errcap, "out of host memory");
+    close(fd);
+    return GMB_E_SYSTEM;
+  }
+  return 0;
+}
+
 int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
   b->loop = calloc(1, sizeof *b->loop);
   if (b->loop == NULL) {
@@ -167,13 +215,16 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
                     b->run_dir);
   int n2 = snprintf(b->admin_path, sizeof b->admin_path, "%s/admin.sock",
                     b->run_dir);
-  if (n1 < 0 || n2 < 0 || (size_t)n1 >= sizeof b->client_path ||
-      (size_t)n2 >= sizeof b->admin_path) {
+  int n3 = snprintf(b->fd_path, sizeof b->fd_path, "%s/%s", b->run_dir,
+                    GMB_FD_SOCKET);
+  if (n1 < 0 || n2 < 0 || n3 < 0 || (size_t)n1 >= sizeof b->client_path ||
+      (size_t)n2 >= sizeof b->admin_path || (size_t)n3 >= sizeof b->fd_path) {
     snprintf(err, errcap, "run dir path too long: %s", b->run_dir);
     return GMB_E_INVAL;
   }
-  if ((rc = loop_claim_path(b->client_path, err, errcap)) ||
-      (rc = loop_claim_path(b->admin_path, err, errcap)))
+  if ((rc = loop_claim_path(b->client_path, SOCK_STREAM, err, errcap)) ||
+      (rc = loop_claim_path(b->admin_path, SOCK_STREAM, err, errcap)) ||
+      (rc = loop_claim_path(b->fd_path, SOCK_SEQPACKET, err, errcap)))
     return rc;
 
   sigset_t set;
@@ -199,6 +250,7 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
   b->admin_sock = loop_router(b, b->admin_path,
                               gmb__config_admin_mode(&b->cfg), err, errcap);
   if (b->admin_sock == NULL) return GMB_E_SYSTEM;
+  if ((rc = loop_fd_listen(b, err, errcap)) != 0) return rc;
   /* metrics_listen was asked for and cannot be served: say so now rather
    * than run without the endpoint an operator relies on.  The server's
    * thread starts after the signal mask is set, so it never sees one. */
@@ -218,12 +270,14 @@ void gmb__loop_close(struct gmb_broker *b) {
   b->client_sock = b->admin_sock = NULL;
   if (b->zctx) zmq_ctx_term(b->zctx);
   b->zctx = NULL;
+  gmb__fdchan_close(b);
   if (b->client_path[0]) unlink(b->client_path);
   if (b->admin_path[0]) unlink(b->admin_path);
+  if (b->fd_path[0]) unlink(b->fd_path);
   if (l == NULL) return;
   if (l->sigfd >= 0) close(l->sigfd);
   free(l->items);
-  free(l->item_sessions);
+  free(l->watch);
   free(l);
   b->loop = NULL;
 }
@@ -322,42 +376,80 @@ static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
   return 0;
 }
 
-static void loop_add_session(void *ctx, struct gmb_session *s) {
-  struct gmb_loop *l = ctx;
-  if (s->pidfd < 0) return;
+static void loop_add(struct gmb_loop *l, int fd, enum loop_watch what,
+                     void *ptr) {
   zmq_pollitem_t *it = &l->items[l->n_items];
   memset(it, 0, sizeof *it);
-  it->fd = s->pidfd;
+  it->fd = fd;
   it->events = ZMQ_POLLIN;
-  l->item_sessions[l->n_items++] = s;
+  l->watch[l->n_items].what = what;
+  l->watch[l->n_items].ptr = ptr;
+  l->n_items++;
+}
+
+static void loop_add_session(void *ctx, struct gmb_session *s) {
+  struct gmb_loop *l = ctx;
+  if (s->pidfd >= 0) loop_add(l, s->pidfd, LOOP_PIDFD, s);
+  if (s->fdconn >= 0) loop_add(l, s->fdconn, LOOP_FDCONN, s);
+}
+
+static void loop_add_pending(void *ctx, int fd, void *conn) {
+  loop_add(ctx, fd, LOOP_PENDING, conn);
 }
 
 static int loop_rebuild(struct gmb_broker *b) {
   struct gmb_loop *l = b->loop;
-  size_t want = LOOP_SLOTS_FIXED + gmb__sessions_count(b->sessions);
+  size_t want = LOOP_SLOTS_FIXED + 2 * gmb__sessions_count(b->sessions) +
+                GMB_FDCHAN_PENDING;
   if (want > l->cap_items) {
     size_t cap = want * 2;
     zmq_pollitem_t *it = realloc(l->items, cap * sizeof *it);
     if (it == NULL) return -1;
     l->items = it;
-    struct gmb_session **ss = realloc(l->item_sessions, cap * sizeof *ss);
-    if (ss == NULL) return -1;
-    l->item_sessions = ss;
+    struct loop_item *w = realloc(l->watch, cap * sizeof *w);
+    if (w == NULL) return -1;
+    l->watch = w;
     l->cap_items = cap;
   }
   memset(l->items, 0, LOOP_SLOTS_FIXED * sizeof *l->items);
-  memset(l->item_sessions, 0, LOOP_SLOTS_FIXED * sizeof *l->item_sessions);
   l->items[LOOP_SLOT_CLIENT].socket = b->client_sock;
   l->items[LOOP_SLOT_CLIENT].events = ZMQ_POLLIN;
   l->items[LOOP_SLOT_ADMIN].socket = b->admin_sock;
   l->items[LOOP_SLOT_ADMIN].events = ZMQ_POLLIN;
   l->items[LOOP_SLOT_SIGNAL].fd = l->sigfd;
   l->items[LOOP_SLOT_SIGNAL].events = ZMQ_POLLIN;
+  l->items[LOOP_SLOT_FDLISTEN].fd = gmb__fdchan_listener(b);
+  l->items[LOOP_SLOT_FDLISTEN].events = ZMQ_POLLIN;
   l->n_items = LOOP_SLOTS_FIXED;
   gmb__sessions_each(b->sessions, loop_add_session, l);
+  gmb__fdchan_each_pending(b, loop_add_pending, l);
   l->gen = gmb__sessions_gen(b->sessions);
+  l->fd_gen = gmb__fdchan_gen(b);
   l->built = 1;
   return 0;
+}
+
+/* The first watched descriptor that is ready: a process gone, a
+ * connection to read.  One per round: handling it may end sessions, which
+ * makes the rest of the poll set stale. */
+static void loop_watched(struct gmb_broker *b, uint64_t now) {
+  struct gmb_loop *l = b->loop;
+  if (l->items[LOOP_SLOT_FDLISTEN].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
+    gmb__fdchan_accept(b, now);
+  for (size_t i = LOOP_SLOTS_FIXED; i < l->n_items && !loop_stale(b); i++) {
+    if (!(l->items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) continue;
+    switch (l->watch[i].what) {
+      case LOOP_PIDFD:
+        gmb__core_session_end(b, l->watch[i].ptr, "its process exited");
+        break;
+      case LOOP_FDCONN:
+        gmb__fdchan_session_ready(b, l->watch[i].ptr);
+        break;
+      case LOOP_PENDING:
+        gmb__fdchan_pending_ready(b, l->watch[i].ptr);
+        break;
+    }
+  }
 }
 
 struct loop_hb {
@@ -367,6 +459,9 @@ struct loop_hb {
 
 static void loop_check_heartbeat(void *ctx, struct gmb_session *s) {
   struct loop_hb *h = ctx;
+  /* A process the broker cannot see (another PID namespace) heartbeats
+   * even with its descriptor channel open: the channel tells that it
+   * exited, the heartbeats that it still runs. */
   if (s->pidfd >= 0) return;
   uint64_t limit = 3 * h->b->cfg.heartbeat_ms * GMB_NS_PER_MS;
   if (h->now - s->last_seen_ns > limit)
@@ -377,8 +472,10 @@ static void loop_signal(struct gmb_broker *b) {
   struct signalfd_siginfo si;
   while (read(b->loop->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
     if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-      log_info("signal %d: stopping", (int)si.ssi_signo);
-      b->stopping = 1;
+      /* A second one cuts short the wait for clients at the stop. */
+      log_info("signal %d: stopping%s", (int)si.ssi_signo,
+               b->stopping ? " now" : "");
+      b->stopping++;
     } else if (si.ssi_signo == SIGHUP) {
       char err[512];
       if (gmb__admin_reload(b, err, sizeof err) == 0)
@@ -407,6 +504,48 @@ static void loop_publish(struct gmb_broker *b, uint64_t now) {
   free(text);
 }
 
+/*
+ * After the sessions were told the broker stops.  On a device that counts
+ * a retired segment until every holder unmapped it (cuda), the clients get
+ * shutdown_grace_ms to say goodbye or exit while the loop serves their
+ * Bye, SegmentClosed and hang-ups (new sessions and allocations are
+ * refused).  They keep what they map either way (the driver counts
+ * references); the wait lets the GPU's memory go back in order.  A second
+ * SIGTERM or SIGINT ends it.
+ */
+static void loop_drain(struct gmb_broker *b) {
+  struct gmb_loop *l = b->loop;
+  size_t left = gmb__sessions_count(b->sessions);
+  if (!b->dev->ops->free_waits_for_holders || b->cfg.shutdown_grace_ms == 0 ||
+      left == 0)
+    return;
+  log_info("waiting up to %u ms for %zu sessions to unmap their segments",
+           b->cfg.shutdown_grace_ms, left);
+  uint64_t deadline =
+      gmb__now_ns() + (uint64_t)b->cfg.shutdown_grace_ms * GMB_NS_PER_MS;
+  for (;;) {
+    uint64_t now = gmb__now_ns();
+    left = gmb__sessions_count(b->sessions);
+    if (left == 0 || now >= deadline || b->stopping > 1) break;
+    if (loop_stale(b) && loop_rebuild(b) != 0) break;
+    long timeout_ms = (long)((deadline - now) / GMB_NS_PER_MS) + 1;
+    if (timeout_ms > 100) timeout_ms = 100;
+    if (zmq_poll(l->items, (int)l->n_items, timeout_ms) < 0) {
+      if (zmq_errno() == EINTR) continue;
+      break;
+    }
+    if (l->items[LOOP_SLOT_SIGNAL].revents & ZMQ_POLLIN) loop_signal(b);
+    for (int i = 0; i < LOOP_BATCH; i++)
+      if (loop_take(b, GMB_SOCK_CLIENT) != 0) break;
+    if (!loop_stale(b)) loop_watched(b, gmb__now_ns());
+  }
+  if (left)
+    log_info("%zu sessions still hold segments; stopping without them",
+             left);
+  else
+    log_info("every session is gone");
+}
+
 int gmb__loop_run(struct gmb_broker *b) {
   struct gmb_loop *l = b->loop;
   uint64_t hb_ns = b->cfg.heartbeat_ms * GMB_NS_PER_MS;
@@ -420,6 +559,8 @@ int gmb__loop_run(struct gmb_broker *b) {
     }
     uint64_t now = gmb__now_ns();
     uint64_t wait_ns = gmb__waitq_expire(b, now);
+    uint64_t fd_ns = gmb__fdchan_expire(b, now);
+    if (fd_ns < wait_ns) wait_ns = fd_ns;
     if (next_trim - now < wait_ns) wait_ns = next_trim > now ? next_trim - now : 0;
     if (next_hb > now && next_hb - now < wait_ns) wait_ns = next_hb - now;
     long timeout_ms = (long)(wait_ns / GMB_NS_PER_MS) + 1;
@@ -442,14 +583,9 @@ int gmb__loop_run(struct gmb_broker *b) {
       if (loop_take(b, GMB_SOCK_CLIENT) != 0) break;
     for (int i = 0; i < LOOP_BATCH; i++)
       if (loop_take(b, GMB_SOCK_ADMIN) != 0) break;
-    /* Sessions that ended in this round make the pidfd results stale. */
-    if (!loop_stale(b)) {
-      for (size_t i = LOOP_SLOTS_FIXED; i < l->n_items; i++) {
-        if (!(l->items[i].revents & ZMQ_POLLIN)) continue;
-        gmb__core_session_end(b, l->item_sessions[i], "its process exited");
-        break; /* the set is stale now; the next round sees the rest */
-      }
-    }
+    /* Sessions that ended in this round make the results stale: poll is
+     * level triggered, the next round sees what is still ready. */
+    if (!loop_stale(b)) loop_watched(b, gmb__now_ns());
     now = gmb__now_ns();
     if (gmb__defrag_busy(b)) {
       gmb__defrag_tick(b, now + LOOP_COMPACT_NS);
@@ -474,5 +610,6 @@ int gmb__loop_run(struct gmb_broker *b) {
   }
   gmb__defrag_shutdown(b);
   gmb__sessions_each(b->sessions, loop_tell_shutdown, b);
+  loop_drain(b);
   return 0;
 }

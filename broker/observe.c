@@ -360,7 +360,7 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
 
 /* Client requests the loop answers (a heartbeat has no answer). */
 static const enum wire_kind observe_client_kinds[] = {
-    WIRE_HELLO, WIRE_ALLOC, WIRE_FREE, WIRE_STATS, WIRE_SEGMENT, WIRE_BYE};
+    WIRE_HELLO, WIRE_ALLOC, WIRE_FREE, WIRE_STATS, WIRE_BYE};
 
 static void observe_request_metrics(FILE *f, const struct gmb_observe *o) {
   observe_head(f, "gmb_requests_total", "counter",

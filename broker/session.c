@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -51,6 +52,13 @@ struct gmb_session *gmb__session_find(struct gmb_sessions *ss,
   return RB_FIND(session_tree, &ss->tree, &key);
 }
 
+struct gmb_session *gmb__session_by_id(struct gmb_sessions *ss, uint64_t id) {
+  struct gmb_session *s;
+  RB_FOREACH(s, session_tree, &ss->tree)
+    if (s->id == id) return s;
+  return NULL;
+}
+
 static int session_pidfd_open(pid_t pid) {
 #ifdef SYS_pidfd_open
   return (int)syscall(SYS_pidfd_open, pid, 0);
@@ -79,6 +87,15 @@ struct gmb_session *gmb__session_new(struct gmb_broker *b,
   s->gid = peer->gid;
   s->pid = peer->pid;
   s->pidfd = -1;
+  s->fdconn = -1;
+  ssize_t got = getrandom(s->secret, sizeof s->secret, 0);
+  if (got != (ssize_t)sizeof s->secret) {
+    int e = errno;
+    free(s->rid);
+    free(s);
+    errno = e ? e : EIO;
+    return NULL;
+  }
   if (peer->pid > 0) {
     s->pidfd = session_pidfd_open(peer->pid);
     if (s->pidfd < 0 && errno == ESRCH) {
@@ -120,12 +137,19 @@ void gmb__session_detach(struct gmb_session *s) {
   t->n_sessions--;
 }
 
+void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
+                             int fd) {
+  s->fdconn = fd;
+  ss->gen++; /* the loop polls the channel */
+}
+
 void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s) {
   gmb__session_detach(s);
   RB_REMOVE(session_tree, &ss->tree, s);
   ss->count--;
   ss->gen++;
   if (s->pidfd >= 0) close(s->pidfd);
+  if (s->fdconn >= 0) close(s->fdconn);
   free(s->segs);
   free(s->rid);
   free(s);

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include "broker.h"
+#include "fdpass.h"
 #include "pool.h"
 #include "rbtree.h"
 
@@ -33,7 +34,9 @@ struct gmb_session {
   uid_t uid;
   gid_t gid;
   pid_t pid;        /* in the broker's pid namespace; 0: unknown */
-  int pidfd;        /* -1: heartbeat mode */
+  int pidfd;        /* -1: heartbeat mode (unless fdconn watches it) */
+  int fdconn;       /* its descriptor channel (fdchan.c); -1: none yet */
+  uint8_t secret[GMB_FD_SECRET_LEN]; /* proves it on the channel */
   uint64_t last_seen_ns;
   struct gmb_tenant *tenant;
   struct gmb_session *tenant_next, *tenant_prev;
@@ -42,7 +45,6 @@ struct gmb_session {
   uint64_t allocations; /* live allocation count */
   char client[64];
   struct gmb_locktab *lt; /* its movable allocations' slots */
-  int lt_unlinked;        /* the table's name is gone (client mapped it) */
   RB_ENTRY(gmb_session) link; /* the session table, by routing id */
 };
 
@@ -53,8 +55,11 @@ void gmb__sessions_destroy(struct gmb_sessions *ss);
 
 struct gmb_session *gmb__session_find(struct gmb_sessions *ss,
                                       const uint8_t *rid, size_t rid_len);
-/* Creates a session for `peer` in `tenant`.  NULL with errno on failure
- * (ESRCH: the peer's process is already gone). */
+/* The session with id `id`, or NULL.  O(sessions). */
+struct gmb_session *gmb__session_by_id(struct gmb_sessions *ss, uint64_t id);
+/* Creates a session for `peer` in `tenant`, with a fresh random secret for
+ * its descriptor channel.  NULL with errno on failure (ESRCH: the peer's
+ * process is already gone). */
 struct gmb_session *gmb__session_new(struct gmb_broker *b,
                                      const struct gmb_peer *peer,
                                      struct gmb_tenant *tenant,
@@ -62,7 +67,11 @@ struct gmb_session *gmb__session_new(struct gmb_broker *b,
 /* Takes s out of its tenant's list of sessions (the first step of ending
  * it: segments retired from now on are not announced to it). */
 void gmb__session_detach(struct gmb_session *s);
-/* Removes s from the table and frees it (its pidfd is closed). */
+/* Gives s its descriptor channel `fd` (the session owns it from now on). */
+void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
+                             int fd);
+/* Removes s from the table and frees it (its pidfd and its descriptor
+ * channel are closed). */
 void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s);
 
 size_t gmb__sessions_count(const struct gmb_sessions *ss);

@@ -1,8 +1,8 @@
 # The CUDA device's test double and the GPU bundle.
 #
-#   $(B)/fakecuda/libcuda.so.1   a fake CUDA driver on POSIX shm
-#                                (tests/fakecuda/fakecuda.c), loaded by the
-#                                tests through $GMB_LIBCUDA
+#   $(B)/fakecuda/libcuda.so.1   a fake CUDA driver (a test double) on
+#                                memfd (tests/fakecuda/fakecuda.c), loaded
+#                                by the tests through $GMB_LIBCUDA
 #   make gpu-bundle              build/lib/: the shared libraries the
 #                                binaries need that a GPU machine lacks
 #                                (GPU.md); tests/gpu/run.sh points
@@ -11,18 +11,18 @@
 FAKECUDA_SO := $(B)/fakecuda/libcuda.so.1
 
 # Never sanitized (it is dlopen()ed into plain binaries too) and -z nodelete:
-# its helper thread must outlive a dlclose().
+# its stream threads must outlive a dlclose().
 $(FAKECUDA_SO): tests/fakecuda/fakecuda.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Wshadow -Werror \
 	  -fPIC -fvisibility=hidden -shared -Wl,-z,nodelete \
-	  -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread -lrt
+	  -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 
 all: $(FAKECUDA_SO)
 # The suites that load it find it by path: make sure it exists first.
 $(B)/tests/check_cudrv $(B)/tests/check_device_cuda $(B)/tests/test_cuda \
-  $(B)/tests/check_client_cuda: | $(FAKECUDA_SO)
+  $(B)/tests/check_client_cuda $(B)/tests/check_fakecuda: | $(FAKECUDA_SO)
 
 # Where the toolkit is installed, tests/fakecuda/cudrv_abi.c holds cudrv.h's
 # types to cuda.h's with static asserts; check_cudrv is not linked until it

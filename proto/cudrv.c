@@ -4,8 +4,8 @@
  * One path in: dlopen() the library, find cuGetProcAddress and ask it for
  * every entry point by its base name ("cuMemAlloc") with cudaVersion 12000.
  * The driver then hands back the ABI that a program built against the 12.0
- * header would have called (cuMemAlloc_v2, cuIpcOpenMemHandle_v2,
- * cuDevicePrimaryCtxRelease_v2, ...), which is the ABI the prototypes in
+ * header would have called (cuMemAlloc_v2, cuMemGetInfo_v2,
+ * cuDevicePrimaryCtxRelease_v2, ...; the VMM entry points have one version), which is the ABI the prototypes in
  * cudrv.h describe.  Looking names up with dlsym() instead would give the
  * oldest ABI (cuMemAlloc with a 32-bit size), so dlsym() is used only for
  * cuGetProcAddress itself.
@@ -61,9 +61,17 @@ static const struct {
     CUDRV_ENTRY(cuStreamSynchronize),
     CUDRV_ENTRY(cuStreamDestroy),
     CUDRV_ENTRY(cuLaunchHostFunc),
-    CUDRV_ENTRY(cuIpcGetMemHandle),
-    CUDRV_ENTRY(cuIpcOpenMemHandle),
-    CUDRV_ENTRY(cuIpcCloseMemHandle),
+    CUDRV_ENTRY(cuDeviceGetAttribute),
+    CUDRV_ENTRY(cuMemGetAllocationGranularity),
+    CUDRV_ENTRY(cuMemCreate),
+    CUDRV_ENTRY(cuMemRelease),
+    CUDRV_ENTRY(cuMemExportToShareableHandle),
+    CUDRV_ENTRY(cuMemImportFromShareableHandle),
+    CUDRV_ENTRY(cuMemAddressReserve),
+    CUDRV_ENTRY(cuMemAddressFree),
+    CUDRV_ENTRY(cuMemMap),
+    CUDRV_ENTRY(cuMemUnmap),
+    CUDRV_ENTRY(cuMemSetAccess),
     CUDRV_ENTRY(cuGetErrorName),
     CUDRV_ENTRY(cuGetErrorString),
 };

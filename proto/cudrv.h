@@ -7,11 +7,18 @@
  * cuGetProcAddress (the versioned one the header's macros would pick), so
  * a newer driver gives the ABI this code was written for.  The types are
  * declared here rather than taken from cuda.h, so that gmb builds where the
- * toolkit is not installed; tests/unit/check_cudrv.c checks them against
- * cuda.h where it is.
+ * toolkit is not installed; tests/fakecuda/cudrv_abi.c checks them against
+ * cuda.h with static asserts where it is (sizes, offsets, values).
+ *
+ * Device memory is shared between processes only through the virtual
+ * memory management API with POSIX file descriptors (cuMemCreate,
+ * cuMemExportToShareableHandle, cuMemImportFromShareableHandle): the
+ * legacy cuIpc* handles are not used (their lifetime rules and their need
+ * of a shared PID namespace make them unfit for containers).  cuMemAlloc
+ * stays for scratch memory that is never shared (tests, GPU figures).
  *
  * $GMB_LIBCUDA names another library to load instead (tests load a fake
- * driver built on shared memory, tests/fakecuda/).
+ * driver built on memfd, tests/fakecuda/).
  */
 #ifndef GMB_CUDRV_H
 #define GMB_CUDRV_H
@@ -24,13 +31,53 @@ typedef unsigned long long gmb_cu_ptr;  /* CUdeviceptr */
 typedef int gmb_cu_device;              /* CUdevice */
 typedef struct gmb_cu_ctx_st *gmb_cu_ctx;       /* CUcontext */
 typedef struct gmb_cu_stream_st *gmb_cu_stream; /* CUstream */
-typedef struct {
-  char reserved[64];
-} gmb_cu_ipc_handle;                    /* CUipcMemHandle */
 typedef void (*gmb_cu_host_fn)(void *user);     /* CUhostFn */
 
+/* The virtual memory management (VMM) API.  A generic allocation handle
+ * names physical memory (cuMemCreate, or an import); it is mapped into a
+ * range of virtual addresses reserved apart (cuMemAddressReserve, cuMemMap)
+ * and made accessible (cuMemSetAccess).  The physical memory is freed when
+ * every handle to it is released, every mapping of it unmapped and every
+ * shareable descriptor of it closed, in every process. */
+typedef unsigned long long gmb_cu_mem_handle; /* CUmemGenericAllocationHandle */
+
+struct gmb_cu_mem_location { /* CUmemLocation */
+  int type;                  /* CUmemLocationType */
+  int id;                    /* the device ordinal for a device location */
+};
+
+struct gmb_cu_mem_prop {        /* CUmemAllocationProp */
+  int type;                     /* CUmemAllocationType */
+  int requested_handle_types;   /* CUmemAllocationHandleType, a bit set */
+  struct gmb_cu_mem_location location;
+  void *win32_handle_meta_data; /* Windows only; NULL */
+  struct {
+    unsigned char compression_type;
+    unsigned char gpu_direct_rdma_capable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } alloc_flags;
+};
+
+struct gmb_cu_access_desc { /* CUmemAccessDesc */
+  struct gmb_cu_mem_location location;
+  int flags; /* CUmemAccess_flags */
+};
+
 #define GMB_CU_SUCCESS 0
-#define GMB_CU_IPC_LAZY_ENABLE_PEER_ACCESS 0x1u
+#define GMB_CU_ERROR_INVALID_VALUE 1
+#define GMB_CU_ERROR_OUT_OF_MEMORY 2
+#define GMB_CU_ERROR_NOT_INITIALIZED 3
+#define GMB_CU_ERROR_INVALID_CONTEXT 201
+#define GMB_CU_ERROR_NOT_SUPPORTED 801
+#define GMB_CU_STREAM_NON_BLOCKING 0x1u
+#define GMB_CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define GMB_CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define GMB_CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
+#define GMB_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define GMB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 
 struct gmb_cudrv {
   void *lib;
@@ -58,10 +105,32 @@ struct gmb_cudrv {
   gmb_cu_result (*cuStreamDestroy)(gmb_cu_stream s);
   gmb_cu_result (*cuLaunchHostFunc)(gmb_cu_stream s, gmb_cu_host_fn fn,
                                     void *user);
-  gmb_cu_result (*cuIpcGetMemHandle)(gmb_cu_ipc_handle *h, gmb_cu_ptr p);
-  gmb_cu_result (*cuIpcOpenMemHandle)(gmb_cu_ptr *p, gmb_cu_ipc_handle h,
-                                      unsigned flags);
-  gmb_cu_result (*cuIpcCloseMemHandle)(gmb_cu_ptr p);
+  gmb_cu_result (*cuDeviceGetAttribute)(int *v, int attrib, gmb_cu_device d);
+  gmb_cu_result (*cuMemGetAllocationGranularity)(
+      size_t *granularity, const struct gmb_cu_mem_prop *prop, int option);
+  gmb_cu_result (*cuMemCreate)(gmb_cu_mem_handle *h, size_t size,
+                               const struct gmb_cu_mem_prop *prop,
+                               unsigned long long flags);
+  gmb_cu_result (*cuMemRelease)(gmb_cu_mem_handle h);
+  /* For a POSIX-fd handle type, `shareable` points to an int that receives
+   * a new descriptor, which the caller owns. */
+  gmb_cu_result (*cuMemExportToShareableHandle)(void *shareable,
+                                                gmb_cu_mem_handle h, int type,
+                                                unsigned long long flags);
+  /* For a POSIX-fd handle type, `os_handle` is the descriptor itself,
+   * (void *)(uintptr_t)fd; the caller keeps it (and closes it). */
+  gmb_cu_result (*cuMemImportFromShareableHandle)(gmb_cu_mem_handle *h,
+                                                  void *os_handle, int type);
+  gmb_cu_result (*cuMemAddressReserve)(gmb_cu_ptr *p, size_t size,
+                                       size_t alignment, gmb_cu_ptr addr,
+                                       unsigned long long flags);
+  gmb_cu_result (*cuMemAddressFree)(gmb_cu_ptr p, size_t size);
+  gmb_cu_result (*cuMemMap)(gmb_cu_ptr p, size_t size, size_t offset,
+                            gmb_cu_mem_handle h, unsigned long long flags);
+  gmb_cu_result (*cuMemUnmap)(gmb_cu_ptr p, size_t size);
+  gmb_cu_result (*cuMemSetAccess)(gmb_cu_ptr p, size_t size,
+                                  const struct gmb_cu_access_desc *desc,
+                                  size_t count);
   gmb_cu_result (*cuGetErrorName)(gmb_cu_result r, const char **s);
   gmb_cu_result (*cuGetErrorString)(gmb_cu_result r, const char **s);
 };
@@ -70,7 +139,7 @@ struct gmb_cudrv {
  * Loads the driver ($GMB_LIBCUDA, else libcuda.so.1), resolves every entry
  * point and calls cuInit(0).  0, or GMB_E_DEVICE with one line in err
  * ("no CUDA driver: libcuda.so.1: cannot open shared object file", "the
- * driver lacks cuIpcGetMemHandle", "cuInit: CUDA_ERROR_NO_DEVICE: ...").
+ * driver ... lacks cuMemCreate", "cuInit: CUDA_ERROR_NO_DEVICE: ...").
  */
 int gmb__cudrv_load(struct gmb_cudrv *d, char *err, size_t errcap);
 void gmb__cudrv_unload(struct gmb_cudrv *d); /* accepts a zeroed struct */

@@ -50,7 +50,6 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__Alloc alloc = GMB__ALLOC__INIT;
   Gmb__Free fr = GMB__FREE__INIT;
   Gmb__Stats stats = GMB__STATS__INIT;
-  Gmb__Segment seg = GMB__SEGMENT__INIT;
   Gmb__Heartbeat hb = GMB__HEARTBEAT__INIT;
   Gmb__Bye bye = GMB__BYE__INIT;
   Gmb__SegmentClosed sc = GMB__SEGMENT_CLOSED__INIT;
@@ -92,11 +91,6 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
     case WIRE_STATS:
       r.body_case = GMB__REQUEST__BODY_STATS;
       r.stats = &stats;
-      break;
-    case WIRE_SEGMENT:
-      seg.segment = req->u.segment.segment;
-      r.body_case = GMB__REQUEST__BODY_SEGMENT;
-      r.segment = &seg;
       break;
     case WIRE_HEARTBEAT:
       r.body_case = GMB__REQUEST__BODY_HEARTBEAT;
@@ -200,10 +194,6 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
     case GMB__REQUEST__BODY_STATS:
       out->kind = WIRE_STATS;
       break;
-    case GMB__REQUEST__BODY_SEGMENT:
-      out->kind = WIRE_SEGMENT;
-      out->u.segment.segment = r->segment->segment;
-      break;
     case GMB__REQUEST__BODY_HEARTBEAT:
       out->kind = WIRE_HEARTBEAT;
       break;
@@ -260,13 +250,6 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   return rc;
 }
 
-static void wire_handle_out(const struct wire_handle *h, Gmb__SegmentHandle *m) {
-  m->segment = h->segment;
-  m->size = h->size;
-  m->handle.data = (uint8_t *)h->bytes;
-  m->handle.len = h->len;
-}
-
 static void wire_compact_out(const struct wire_compact_stats *c,
                              Gmb__CompactStats *m) {
   m->moves = c->moves;
@@ -290,15 +273,6 @@ static void wire_compact_in(const Gmb__CompactStats *m,
   c->skipped_pinned = m->skipped_pinned;
   c->seconds = m->seconds;
   c->runs = m->runs;
-}
-
-static int wire_handle_in(const Gmb__SegmentHandle *m, struct wire_handle *h) {
-  if (m->handle.len > WIRE_HANDLE_MAX) return GMB_E_PROTO;
-  h->segment = m->segment;
-  h->size = m->size;
-  h->len = (uint32_t)m->handle.len;
-  if (m->handle.len) memcpy(h->bytes, m->handle.data, m->handle.len);
-  return 0;
 }
 
 static void wire_row_out(const struct wire_tenant_row *t, Gmb__TenantRow *r) {
@@ -441,7 +415,6 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__Reply r = GMB__REPLY__INIT;
   Gmb__HelloReply hello = GMB__HELLO_REPLY__INIT;
   Gmb__AllocReply alloc = GMB__ALLOC_REPLY__INIT;
-  Gmb__SegmentHandle handle = GMB__SEGMENT_HANDLE__INIT;
   Gmb__StatsReply stats = GMB__STATS_REPLY__INIT;
   Gmb__Event ev = GMB__EVENT__INIT;
   Gmb__AdminStatusReply as = GMB__ADMIN_STATUS_REPLY__INIT;
@@ -473,23 +446,19 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       hello.tenant = (char *)rep->u.hello.tenant;
       hello.device = (char *)rep->u.hello.device;
       hello.heartbeat_ms = rep->u.hello.heartbeat_ms;
-      if (!WIRE_FITS(rep->u.hello.lock_table)) return GMB_E_INVAL;
-      hello.lock_table = (char *)rep->u.hello.lock_table;
+      if (rep->u.hello.fd_secret_len > WIRE_SECRET_MAX) return GMB_E_INVAL;
       hello.lock_slots = rep->u.hello.lock_slots;
+      hello.fd_secret.data = (uint8_t *)rep->u.hello.fd_secret;
+      hello.fd_secret.len = rep->u.hello.fd_secret_len;
       r.body_case = GMB__REPLY__BODY_HELLO;
       r.hello = &hello;
       break;
     case WIRE_ALLOC:
-      if (rep->u.alloc.handle.len > WIRE_HANDLE_MAX) return GMB_E_INVAL;
       alloc.id = rep->u.alloc.id;
       alloc.size = rep->u.alloc.size;
       alloc.segment = rep->u.alloc.segment;
       alloc.offset = rep->u.alloc.offset;
       alloc.slot = rep->u.alloc.slot;
-      if (rep->u.alloc.handle.len) {
-        wire_handle_out(&rep->u.alloc.handle, &handle);
-        alloc.handle = &handle;
-      }
       r.body_case = GMB__REPLY__BODY_ALLOC;
       r.alloc = &alloc;
       break;
@@ -500,12 +469,6 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       stats.segments = rep->u.stats.segments;
       r.body_case = GMB__REPLY__BODY_STATS;
       r.stats = &stats;
-      break;
-    case WIRE_SEGMENT:
-      if (rep->u.segment.len > WIRE_HANDLE_MAX) return GMB_E_INVAL;
-      wire_handle_out(&rep->u.segment, &handle);
-      r.body_case = GMB__REPLY__BODY_SEGMENT;
-      r.segment = &handle;
       break;
     case WIRE_EVENT:
       ev.kind = (Gmb__EventKind)rep->u.event.kind;
@@ -662,11 +625,15 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       if (rc == 0)
         rc = wire_str_copy(out->u.hello.device, sizeof out->u.hello.device,
                            r->hello->device);
-      if (rc == 0)
-        rc = wire_str_copy(out->u.hello.lock_table,
-                           sizeof out->u.hello.lock_table,
-                           r->hello->lock_table);
       out->u.hello.lock_slots = r->hello->lock_slots;
+      if (r->hello->fd_secret.len > WIRE_SECRET_MAX) {
+        rc = GMB_E_PROTO;
+      } else {
+        out->u.hello.fd_secret_len = (uint32_t)r->hello->fd_secret.len;
+        if (r->hello->fd_secret.len)
+          memcpy(out->u.hello.fd_secret, r->hello->fd_secret.data,
+                 r->hello->fd_secret.len);
+      }
       break;
     case GMB__REPLY__BODY_ALLOC:
       out->kind = WIRE_ALLOC;
@@ -675,8 +642,6 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.alloc.segment = r->alloc->segment;
       out->u.alloc.offset = r->alloc->offset;
       out->u.alloc.slot = r->alloc->slot;
-      if (r->alloc->handle)
-        rc = wire_handle_in(r->alloc->handle, &out->u.alloc.handle);
       break;
     case GMB__REPLY__BODY_STATS:
       out->kind = WIRE_STATS;
@@ -684,10 +649,6 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.stats.used = r->stats->used;
       out->u.stats.peak = r->stats->peak;
       out->u.stats.segments = r->stats->segments;
-      break;
-    case GMB__REPLY__BODY_SEGMENT:
-      out->kind = WIRE_SEGMENT;
-      rc = wire_handle_in(r->segment, &out->u.segment);
       break;
     case GMB__REPLY__BODY_EVENT:
       out->kind = WIRE_EVENT;
@@ -780,7 +741,6 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ALLOC: return "alloc";
     case WIRE_FREE: return "free";
     case WIRE_STATS: return "stats";
-    case WIRE_SEGMENT: return "segment";
     case WIRE_HEARTBEAT: return "heartbeat";
     case WIRE_BYE: return "bye";
     case WIRE_EVENT: return "event";

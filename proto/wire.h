@@ -14,11 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WIRE_PROTOCOL_VERSION 1
+#define WIRE_PROTOCOL_VERSION 2
 #define WIRE_NAME_MAX 63      /* tenant names */
 #define WIRE_TOKEN_MAX 256    /* secret tokens */
-#define WIRE_HANDLE_MAX 128   /* segment import handles */
 #define WIRE_MESSAGE_MAX 512  /* human-readable reasons, with the NUL */
+#define WIRE_SECRET_MAX 32    /* HelloReply.fd_secret (GMB_FD_SECRET_LEN) */
 #define WIRE_DEVICE_MAX 64
 
 enum wire_kind {
@@ -27,7 +27,6 @@ enum wire_kind {
   WIRE_ALLOC,
   WIRE_FREE,
   WIRE_STATS,
-  WIRE_SEGMENT,
   WIRE_HEARTBEAT,
   WIRE_BYE,
   WIRE_EVENT, /* replies only */
@@ -53,13 +52,6 @@ enum wire_event {
   WIRE_EVENT_SHUTDOWN = 2,
   WIRE_EVENT_SESSION_ENDED = 3,
   WIRE_EVENT_EVICTED = 4,
-};
-
-struct wire_handle {
-  uint64_t segment;
-  uint64_t size;
-  uint32_t len; /* 0: no handle */
-  uint8_t bytes[WIRE_HANDLE_MAX];
 };
 
 struct wire_request {
@@ -152,18 +144,17 @@ struct wire_reply {
       char tenant[WIRE_NAME_MAX + 1];
       char device[WIRE_DEVICE_MAX];
       uint32_t heartbeat_ms;
-      char lock_table[WIRE_DEVICE_MAX]; /* "": none */
       uint32_t lock_slots;
+      uint32_t fd_secret_len; /* WIRE_SECRET_MAX, or 0: none */
+      uint8_t fd_secret[WIRE_SECRET_MAX];
     } hello;
     struct {
       uint64_t id, size, segment, offset;
-      struct wire_handle handle; /* handle.len 0: already sent */
       uint32_t slot;             /* movable: lock table slot */
     } alloc;
     struct {
       uint64_t quota, used, peak, segments;
     } stats;
-    struct wire_handle segment;
     struct {
       enum wire_event kind;
       uint64_t segment;

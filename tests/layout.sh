@@ -75,7 +75,7 @@ GEN_USERS='proto/*.c'
 LAYERS='
 8  main      main
 7  loop      loop
-6  handlers  dispatch admin http
+6  handlers  dispatch admin http fdchan
 5  core      core
 4  services  defrag observe waitq alloc
 3  state     broker session tenant compact locktab statefile reply

@@ -21,19 +21,24 @@
  * hb_mu.  gmb_lock and gmb_unlock take no lock (the segment map's readers
  * are lock-free), unless a segment has to be fetched again.
  *
+ * Segments and the lock table come as descriptors over the descriptor
+ * channel (fdclient.c, beside the ZeroMQ socket), proved at connect with
+ * the secret of the Hello reply; the channel is used under `io` like the
+ * socket.
+ *
  * Movable allocations are locked through the session's lock table (the
- * layout and protocol are in locktab.h), mapped at connect: gmb_lock is a
+ * layout and protocol are in locktab_layout.h), mapped at connect: gmb_lock is a
  * CAS on the allocation's slot and sends no message, except the first time
  * the allocation lands in a segment this process has not mapped.  While a
  * slot is MOVING the caller waits, holding none of the client's mutexes,
  * so a thread waiting for a move never delays another thread's call.
  *
  * On the cuda device (cuimport.c) the session attaches to the driver and the
- * device's primary context at connect, segments are IPC imports cached in
- * the segment map like host mappings, and gmb_lock returns device
- * pointers.  A retired cuda segment is closed and then reported with a
- * SegmentClosed request, since the broker may free it only once every
- * session it was given to has closed it.  gmb_unlock_on_stream queues the
+ * device's primary context at connect, segments are virtual-memory imports
+ * cached in the segment map like host mappings, and gmb_lock returns device
+ * pointers.  A retired cuda segment is unmapped and then reported with a
+ * SegmentClosed request, since the broker counts it as in use until every
+ * session it was given to has unmapped it.  gmb_unlock_on_stream queues the
  * release of a hold on a stream; the lock table then outlives the client
  * until every such release ran (cuimport.c, gmb__cuda_unmap_later).
  */
@@ -54,6 +59,8 @@
 
 #include "cuimport.h"
 #include "endpoint.h"
+#include "fdclient.h"
+#include "fdpass.h"
 #include "gmb.h"
 #include "locktab_layout.h"
 #include "segmap.h"
@@ -84,6 +91,7 @@ struct gmb_client {
   char device[WIRE_DEVICE_MAX];
   int cuda; /* device is "cuda": attached to the driver (cuimport.c) */
   uint64_t session;
+  int fdsock; /* the descriptor channel (fdclient.c); -1: none */
   struct gmb_segmap *map;
 
   /* The lock table; NULL when the broker gave none (movable allocations
@@ -501,6 +509,7 @@ static void client_free(gmb_client *c) {
   }
   if (c->mon) zmq_close(c->mon);
   if (c->ctx) zmq_ctx_term(c->ctx);
+  if (c->fdsock >= 0) close(c->fdsock);
   /* Host functions queued by gmb_unlock_on_stream may still write into
    * the lock table; cuimport.c unmaps it once they all ran. */
   if (c->lt && c->cuda)
@@ -549,40 +558,32 @@ static int client_open(gmb_client *c, int connect_ms) {
 }
 
 /*
- * Maps the lock table the Hello reply names and checks that it is the
- * table of this session.  The broker unlinks the name at our next request,
- * so a mapping made now is the only way in.  Returns 0 or the failure,
- * explained: GMB_E_PROTO for a name, size or header that is not what the
- * broker announced; GMB_E_SYSTEM when the object cannot be opened or
- * mapped.
+ * Maps the lock table whose descriptor the descriptor channel gave (of
+ * `bytes` bytes, as the broker said) and checks that it is the table of
+ * this session with `slots` slots.  Returns 0 or the failure, explained:
+ * GMB_E_PROTO for a size or header that is not what the broker announced;
+ * GMB_E_SYSTEM when it cannot be mapped.  The caller closes fd.
  */
-static int client_locktab_map(gmb_client *c, const char *name,
+static int client_locktab_map(gmb_client *c, int fd, uint64_t bytes,
                               uint32_t slots) {
-  if (name[0] != '/' || strchr(name + 1, '/') != NULL)
-    return client_fail(GMB_E_PROTO, "bad lock table name \"%s\"", name);
   if (slots == 0)
-    return client_fail(GMB_E_PROTO, "lock table %s has 0 slots", name);
-  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0)
-    return client_fail(GMB_E_SYSTEM, "lock table %s: shm_open: %s", name,
-                       strerror(errno));
-  uint64_t bytes = gmb__lt_bytes(slots);
+    return client_fail(GMB_E_PROTO, "the lock table has 0 slots");
+  if (bytes != gmb__lt_bytes(slots) || bytes > SIZE_MAX)
+    return client_fail(GMB_E_PROTO, "a lock table of %llu bytes cannot "
+                       "hold %u slots", (unsigned long long)bytes, slots);
   struct stat st;
-  /* Checked before mmap: touching a mapping past the end of a short
-   * object raises SIGBUS in the application. */
+  /* Checked before mmap: touching a mapping past the end of a short file
+   * raises SIGBUS in the application. */
+  int seals = fcntl(fd, F_GET_SEALS);
   if (fstat(fd, &st) != 0 || st.st_size < 0 ||
-      (uint64_t)st.st_size < bytes || bytes > SIZE_MAX) {
-    close(fd);
-    return client_fail(GMB_E_PROTO, "lock table %s is smaller than %u slots",
-                       name, slots);
-  }
+      (uint64_t)st.st_size < bytes || seals < 0 || !(seals & F_SEAL_SHRINK))
+    return client_fail(GMB_E_PROTO, "the lock table's descriptor is shorter "
+                       "than %u slots or not sealed", slots);
   void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                  0);
-  int err = errno;
-  close(fd);
   if (p == MAP_FAILED)
-    return client_fail(GMB_E_SYSTEM, "lock table %s: mmap: %s", name,
-                       strerror(err));
+    return client_fail(GMB_E_SYSTEM, "lock table: mmap: %s",
+                       strerror(errno));
   struct gmb__lt_header *h = p;
   const char *bad = NULL;
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GMB_LT_MAGIC)
@@ -595,8 +596,8 @@ static int client_locktab_map(gmb_client *c, const char *name,
     bad = "session";
   if (bad) {
     munmap(p, (size_t)bytes);
-    return client_fail(GMB_E_PROTO, "lock table %s: wrong %s in its header",
-                       name, bad);
+    return client_fail(GMB_E_PROTO, "lock table: wrong %s in its header",
+                       bad);
   }
   c->lt = h;
   c->lt_slot = gmb__lt_slots(h);
@@ -648,6 +649,7 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   gmb_client *c = calloc(1, sizeof *c);
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
   pthread_mutex_init(&c->io, NULL);
+  c->fdsock = -1;
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
   c->lock_timeout_ms = client_env_ms("GMB_LOCK_TIMEOUT_MS", 10000);
@@ -676,9 +678,10 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   snprintf(c->device, sizeof c->device, "%s", rep.u.hello.device);
   c->session = rep.u.hello.session;
   uint32_t hb_ms = rep.u.hello.heartbeat_ms;
-  char lt_name[sizeof rep.u.hello.lock_table];
-  snprintf(lt_name, sizeof lt_name, "%s", rep.u.hello.lock_table);
   uint32_t lt_slots = rep.u.hello.lock_slots;
+  uint8_t secret[GMB_FD_SECRET_LEN];
+  int have_secret = rep.u.hello.fd_secret_len == sizeof secret;
+  if (have_secret) memcpy(secret, rep.u.hello.fd_secret, sizeof secret);
   gmb__wire_reply_clear(&rep);
   zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->request_timeout_ms,
                  sizeof c->request_timeout_ms);
@@ -694,19 +697,26 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     }
     c->cuda = 1;
   }
-  if (lt_name[0]) {
-    rc = client_locktab_map(c, lt_name, lt_slots);
-    if (rc) {
-      gmb_disconnect(c); /* says Bye; keeps this thread's last error */
-      return rc;
-    }
-    /* The broker unlinks the table's name at the session's next request;
-     * this one, which needs no reply, makes that now rather than at the
-     * first real call. */
-    struct wire_request hb = {.kind = WIRE_HEARTBEAT};
-    pthread_mutex_lock(&c->io);
-    if (client_send(c, &hb, 0) == 0) c->hb_last_ns = gmb__now_ns();
-    pthread_mutex_unlock(&c->io);
+  /* The descriptor channel: the lock table now, segments as they come. */
+  int lt_fd = -1;
+  uint64_t lt_bytes = 0;
+  rc = have_secret ? gmb__fdclient_connect(c->endpoint, c->session, secret,
+                                           connect_ms, &c->fdsock, &lt_fd,
+                                           &lt_bytes, why, sizeof why)
+                   : GMB_E_PROTO;
+  if (!have_secret) snprintf(why, sizeof why, "the Hello reply has no secret "
+                             "for the descriptor channel");
+  if (rc == 0) {
+    /* From now on its requests wait as long as the socket's. */
+    gmb__fdclient_timeout(c->fdsock, c->request_timeout_ms);
+    rc = client_locktab_map(c, lt_fd, lt_bytes, lt_slots);
+    close(lt_fd);
+  } else {
+    client_fail(rc, "%s", why);
+  }
+  if (rc) {
+    gmb_disconnect(c); /* says Bye; keeps this thread's last error */
+    return rc;
   }
   /* A cuda session runs the thread without heartbeats too (the broker
    * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS. */
@@ -753,19 +763,19 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c) {
 
 /* --- allocations -------------------------------------------------------------- */
 
-/* Asks the broker for a segment's handle and maps it.  Holds io. */
+/* Gets a segment's descriptor from the descriptor channel and maps it.
+ * Holds io. */
 static int client_fetch_segment(gmb_client *c, uint64_t segment) {
-  struct wire_request req = {.kind = WIRE_SEGMENT};
-  struct wire_reply rep;
-  req.u.segment.segment = segment;
-  int rc = client_call(c, &req, WIRE_SEGMENT, c->request_timeout_ms, &rep);
-  if (rc) return rc;
-  if (rep.u.segment.segment != segment)
-    return client_fail(GMB_E_PROTO, "asked for segment %llu, got %llu",
-                       (unsigned long long)segment,
-                       (unsigned long long)rep.u.segment.segment);
   char why[CLIENT_WHY_MAX];
-  rc = gmb__segmap_map(c->map, c->device, &rep.u.segment, why, sizeof why);
+  int fd = -1;
+  uint64_t size = 0;
+  int rc = gmb__fdclient_segment(&c->fdsock, segment, &fd, &size, why,
+                                 sizeof why);
+  if (rc == 0) {
+    rc = gmb__segmap_map(c->map, c->device, segment, size, fd, why,
+                         sizeof why);
+    close(fd);
+  }
   return rc ? client_fail(rc, "%s", why) : 0;
 }
 
@@ -810,31 +820,15 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   if (rc) goto out;
   const uint64_t id = rep.u.alloc.id, seg = rep.u.alloc.segment,
                  off = rep.u.alloc.offset, asize = rep.u.alloc.size;
-  const struct wire_handle *h = &rep.u.alloc.handle;
   if (id == 0 || asize < size) {
     rc = client_fail(GMB_E_PROTO, "the broker answered an alloc of %zu bytes "
                      "with id %llu of %llu bytes", size,
                      (unsigned long long)id, (unsigned long long)asize);
     goto undo;
   }
-  if (h->len) {
-    /* Check the range against the handle before mapping anything. */
-    if (h->segment != seg || off > h->size || asize > h->size - off) {
-      rc = client_fail(GMB_E_PROTO, "allocation %llu: [%llu, +%llu) of "
-                       "segment %llu does not fit the handle of segment %llu "
-                       "(%llu bytes)", (unsigned long long)id,
-                       (unsigned long long)off, (unsigned long long)asize,
-                       (unsigned long long)seg,
-                       (unsigned long long)h->segment,
-                       (unsigned long long)h->size);
-      goto undo;
-    }
-    rc = gmb__segmap_map(c->map, c->device, h, why, sizeof why);
-    if (rc) {
-      client_fail(rc, "%s", why);
-      goto undo;
-    }
-  } else if (!gmb__segmap_has_segment(c->map, seg)) {
+  /* A segment this process has not mapped yet: its descriptor now (the
+   * range is checked against the segment's size by gmb__segmap_add). */
+  if (!gmb__segmap_has_segment(c->map, seg)) {
     rc = client_fetch_segment(c, seg);
     if (rc) goto undo;
   }
@@ -1013,9 +1007,10 @@ static int client_unhold(struct gmb__lt_slot *s) {
 
 /*
  * A movable allocation: take a hold, then read where the broker last put
- * it.  The only message is a Segment request, the first time the
- * allocation sits in a segment this process has not mapped; the socket
- * mutex is taken for it only after the hold, never while waiting for one.
+ * it.  The only message is a request for a segment's descriptor on the
+ * descriptor channel, the first time the allocation sits in a segment
+ * this process has not mapped; the io mutex is taken for it only after
+ * the hold, never while waiting for one.
  *
  * Why a segment we point into is never unmapped under us: the client
  * unmaps a segment only on EVENT_SEGMENT_RETIRED, and the broker retires

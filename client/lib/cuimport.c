@@ -1,6 +1,7 @@
 /*
  * cuimport.c - the client library's side of the CUDA device: the driver, the
- * primary context, IPC imports and stream-ordered releases (cuimport.h).
+ * primary context, imports of segments from their descriptors and
+ * stream-ordered releases (cuimport.h).
  *
  * All state is per process and lives for the life of the process once the
  * driver is loaded: the driver is never unloaded and the primary context
@@ -18,9 +19,17 @@
  * would do on its first call); a thread that has another context current
  * gets it back after the call.
  *
- * Imports are counted per handle (the 64 bytes): two clients in one
- * process that are given the same segment share one cuIpcOpenMemHandle,
- * since opening a handle twice in one context is refused by some drivers.
+ * Imports.  A segment comes as a POSIX file descriptor of the broker's
+ * cuMemCreate allocation.  Importing it gives a handle; the library
+ * reserves a range of device addresses, maps the handle there, grants the
+ * device read/write access and releases the handle at once, so that the
+ * mapping is the only reference this process keeps: unmapping it (close)
+ * is all it takes to give the memory back, and a process that dies with
+ * it mapped gives it back too.  The driver counts references to physical
+ * memory across processes, so the broker may release its own at any time
+ * without this mapping becoming undefined.  Imports are not shared: the
+ * driver allows one allocation to be mapped twice in a process, and the
+ * caller (segmap.c) keeps one mapping per segment per client.
  *
  * Stream releases.  The host function given to cuLaunchHostFunc runs on a
  * driver thread, later, perhaps after the client is gone.  It may not call
@@ -38,18 +47,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #include "cudrv.h"
 #include "gmb.h"
 #include "locktab_layout.h"
-
-struct cuda_import {
-  struct cuda_import *next;
-  gmb_cu_ipc_handle handle;
-  gmb_cu_ptr base;
-  unsigned refs;
-};
 
 struct cuda_unmap {
   struct cuda_unmap *next;
@@ -60,9 +63,10 @@ struct cuda_unmap {
 static pthread_mutex_t cuda_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gmb_cudrv cuda_drv;
 static int cuda_ready; /* under cuda_mu; set once, never cleared */
+static pid_t cuda_pid;  /* the process that attached */
 static gmb_cu_device cuda_dev;
 static gmb_cu_ctx cuda_ctx;
-static struct cuda_import *cuda_imports;
+static uint64_t cuda_granularity; /* for device 0's segments; set with ready */
 static struct cuda_unmap *cuda_unmaps;
 static _Atomic uint64_t cuda_pending;
 
@@ -88,10 +92,33 @@ static void cuda_sweep(void) {
   }
 }
 
+/* Makes the primary context current for an import or a close; *prev is
+ * what to give back to cuda_leave.  Under cuda_mu, once cuda_ctx is
+ * retained. */
+static gmb_cu_result cuda_enter(gmb_cu_ctx *prev) {
+  if (cuda_drv.cuCtxGetCurrent(prev) != GMB_CU_SUCCESS) *prev = NULL;
+  if (*prev == cuda_ctx) return GMB_CU_SUCCESS;
+  return cuda_drv.cuCtxSetCurrent(cuda_ctx);
+}
+
+static void cuda_leave(gmb_cu_ctx prev) {
+  if (prev != NULL && prev != cuda_ctx) cuda_drv.cuCtxSetCurrent(prev);
+}
+
 int gmb__cuda_attach(char *why, size_t cap) {
   pthread_mutex_lock(&cuda_mu);
   cuda_sweep();
   int rc = 0;
+  /* A child forked after its parent attached inherits cuda_ready, but
+   * CUDA does not work in it (the driver refuses every call): say why at
+   * connect rather than at the first import. */
+  if (cuda_ready && cuda_pid != getpid()) {
+    snprintf(why, cap, "this process was forked after CUDA started in its "
+             "parent, and CUDA does not work in such a child: fork before "
+             "any CUDA call, or exec");
+    pthread_mutex_unlock(&cuda_mu);
+    return GMB_E_DEVICE;
+  }
   if (cuda_ready) goto out;
   char err[256];
   rc = gmb__cudrv_load(&cuda_drv, err, sizeof err);
@@ -111,12 +138,37 @@ int gmb__cuda_attach(char *why, size_t cap) {
   } else {
     cuda_err(r, "cuDeviceGet(0)", why, cap);
   }
+  if (r == GMB_CU_SUCCESS) {
+    /* Imports reserve address ranges aligned to it. */
+    struct gmb_cu_mem_prop prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = GMB_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requested_handle_types = GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t g = 0;
+    gmb_cu_ctx prev;
+    r = cuda_enter(&prev);
+    if (r == GMB_CU_SUCCESS)
+      r = cuda_drv.cuMemGetAllocationGranularity(
+          &g, &prop, GMB_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    cuda_leave(prev);
+    if (r != GMB_CU_SUCCESS) {
+      cuda_err(r, "cuMemGetAllocationGranularity", why, cap);
+    } else if (g == 0) {
+      snprintf(why, cap, "cuMemGetAllocationGranularity: 0");
+      r = GMB_CU_ERROR_NOT_SUPPORTED;
+    }
+    cuda_granularity = g;
+    if (r != GMB_CU_SUCCESS) cuda_drv.cuDevicePrimaryCtxRelease(cuda_dev);
+  }
   if (r != GMB_CU_SUCCESS) {
     gmb__cudrv_unload(&cuda_drv);
     rc = GMB_E_DEVICE;
     goto out;
   }
   cuda_ready = 1;
+  cuda_pid = getpid();
 out:
   if (rc == 0) {
     /* The connecting thread may go on with driver calls of its own on
@@ -129,88 +181,83 @@ out:
   return rc;
 }
 
-/* Makes the primary context current for an import or a close; *prev is
- * what to give back to cuda_leave.  Under cuda_mu, after attach. */
-static gmb_cu_result cuda_enter(gmb_cu_ctx *prev) {
-  if (cuda_drv.cuCtxGetCurrent(prev) != GMB_CU_SUCCESS) *prev = NULL;
-  if (*prev == cuda_ctx) return GMB_CU_SUCCESS;
-  return cuda_drv.cuCtxSetCurrent(cuda_ctx);
-}
-
-static void cuda_leave(gmb_cu_ctx prev) {
-  if (prev != NULL && prev != cuda_ctx) cuda_drv.cuCtxSetCurrent(prev);
-}
-
-int gmb__cuda_import(const struct wire_handle *h, uint64_t *base, char *why,
+int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
                      size_t cap) {
-  if (h->len != sizeof(gmb_cu_ipc_handle)) {
-    snprintf(why, cap, "segment %llu: a CUDA IPC handle has %zu bytes, not "
-             "%u", (unsigned long long)h->segment, sizeof(gmb_cu_ipc_handle),
-             h->len);
-    return GMB_E_PROTO;
-  }
-  gmb_cu_ipc_handle handle;
-  memcpy(&handle, h->bytes, sizeof handle);
   pthread_mutex_lock(&cuda_mu);
   int rc = 0;
   if (!cuda_ready) { /* the client attaches at connect; a bug otherwise */
-    snprintf(why, cap, "segment %llu: the CUDA driver is not loaded",
-             (unsigned long long)h->segment);
+    snprintf(why, cap, "the CUDA driver is not loaded");
     rc = GMB_E_DEVICE;
     goto out;
   }
-  for (struct cuda_import *i = cuda_imports; i; i = i->next) {
-    if (memcmp(&i->handle, &handle, sizeof handle) == 0) {
-      i->refs++;
-      *base = i->base;
-      goto out;
-    }
+  if (fd < 0) {
+    snprintf(why, cap, "no descriptor for the segment");
+    rc = GMB_E_PROTO;
+    goto out;
   }
-  struct cuda_import *i = calloc(1, sizeof *i);
-  if (i == NULL) {
-    snprintf(why, cap, "out of memory");
-    rc = GMB_E_SYSTEM;
+  if (size == 0 || size > SIZE_MAX || size % cuda_granularity != 0) {
+    snprintf(why, cap, "a segment of %llu bytes is not a multiple of the "
+             "allocation granularity %llu", (unsigned long long)size,
+             (unsigned long long)cuda_granularity);
+    rc = GMB_E_PROTO;
     goto out;
   }
   gmb_cu_ctx prev;
+  gmb_cu_mem_handle h = 0;
+  gmb_cu_ptr va = 0;
+  int imported = 0, reserved = 0, mapped = 0;
+  const char *step = "cuCtxSetCurrent";
   gmb_cu_result r = cuda_enter(&prev);
-  if (r == GMB_CU_SUCCESS)
-    r = cuda_drv.cuIpcOpenMemHandle(&i->base, handle,
-                                    GMB_CU_IPC_LAZY_ENABLE_PEER_ACCESS);
-  cuda_leave(prev);
-  if (r != GMB_CU_SUCCESS) {
-    char what[64];
-    snprintf(what, sizeof what, "segment %llu: cuIpcOpenMemHandle",
-             (unsigned long long)h->segment);
-    cuda_err(r, what, why, cap);
-    free(i);
-    rc = GMB_E_DEVICE;
-    goto out;
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuMemImportFromShareableHandle";
+    r = cuda_drv.cuMemImportFromShareableHandle(
+        &h, (void *)(uintptr_t)fd, GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   }
-  i->handle = handle;
-  i->refs = 1;
-  i->next = cuda_imports;
-  cuda_imports = i;
-  *base = i->base;
+  if (r == GMB_CU_SUCCESS) {
+    imported = 1;
+    step = "cuMemAddressReserve";
+    r = cuda_drv.cuMemAddressReserve(&va, (size_t)size,
+                                     (size_t)cuda_granularity, 0, 0);
+  }
+  if (r == GMB_CU_SUCCESS) {
+    reserved = 1;
+    step = "cuMemMap";
+    r = cuda_drv.cuMemMap(va, (size_t)size, 0, h, 0);
+  }
+  if (r == GMB_CU_SUCCESS) {
+    mapped = 1;
+    struct gmb_cu_access_desc rw = {{GMB_CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                                    GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    step = "cuMemSetAccess";
+    r = cuda_drv.cuMemSetAccess(va, (size_t)size, &rw, 1);
+  }
+  if (r == GMB_CU_SUCCESS) {
+    imported = 0; /* the mapping keeps the memory */
+    step = "cuMemRelease";
+    r = cuda_drv.cuMemRelease(h);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, step, why, cap);
+    if (mapped) cuda_drv.cuMemUnmap(va, (size_t)size);
+    if (reserved) cuda_drv.cuMemAddressFree(va, (size_t)size);
+    if (imported) cuda_drv.cuMemRelease(h);
+    rc = GMB_E_DEVICE;
+  } else {
+    *base = va;
+  }
+  cuda_leave(prev);
 out:
   pthread_mutex_unlock(&cuda_mu);
   return rc;
 }
 
-void gmb__cuda_close(uint64_t base) {
+void gmb__cuda_close(uint64_t base, uint64_t size) {
   pthread_mutex_lock(&cuda_mu);
-  for (struct cuda_import **p = &cuda_imports; *p; p = &(*p)->next) {
-    struct cuda_import *i = *p;
-    if (i->base != base) continue;
-    if (--i->refs == 0) {
-      *p = i->next;
-      gmb_cu_ctx prev;
-      if (cuda_enter(&prev) == GMB_CU_SUCCESS)
-        cuda_drv.cuIpcCloseMemHandle(i->base);
-      cuda_leave(prev);
-      free(i);
-    }
-    break;
+  gmb_cu_ctx prev;
+  if (cuda_ready && cuda_enter(&prev) == GMB_CU_SUCCESS) {
+    if (cuda_drv.cuMemUnmap(base, (size_t)size) == GMB_CU_SUCCESS)
+      cuda_drv.cuMemAddressFree(base, (size_t)size);
+    cuda_leave(prev);
   }
   pthread_mutex_unlock(&cuda_mu);
 }

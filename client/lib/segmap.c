@@ -48,17 +48,18 @@
  * compiles to plain moves; on arm64 to ldar/stlr and dmb ishld.
  *
  * Invariants: a segment record exists exactly while its memory is mapped
- * (host: mmap; cuda: an IPC import, cuimport.c, whose device address is the
- * base: the record and the lookups do not care which);
+ * (host: mmap; cuda: a virtual-memory import, cuimport.c, whose device
+ * address is the base: the record and the lookups do not care which);
  * an allocation record's range lies inside the segment size it was checked
  * against; a segment record's base and size never change while it exists.
  *
- * A host segment is a POSIX shm object named by the handle; the object's
- * size is checked before mmap, because touching a mapping past the end of
- * a short object raises SIGBUS in the application, and the library must
- * never crash on what the broker sends.  A cuda segment's size cannot be
- * checked that way (the driver API the library loads has no query for an
- * import's extent); it is the broker's word.
+ * A host segment is a memfd the broker sent over the descriptor channel.
+ * Its size is checked before mmap, and so is its seal against shrinking:
+ * touching a mapping past the end of a file raises SIGBUS in the
+ * application, other processes of the tenant hold the same descriptor, and
+ * the library must never crash on what it is sent.  A cuda segment's size
+ * cannot be checked that way (the driver API the library loads has no
+ * query for an import's extent); it is the broker's word.
  */
 #include "segmap.h"
 
@@ -307,7 +308,7 @@ struct gmb_segmap *gmb__segmap_new(void) {
 /* Unmaps or closes a segment whose record is gone. */
 static void segmap_release(const uint64_t *rec) {
   if (rec[SEG_KIND] == SEG_CUDA)
-    gmb__cuda_close(rec[SEG_BASE]);
+    gmb__cuda_close(rec[SEG_BASE], rec[SEG_SIZE]);
   else
     munmap((void *)(uintptr_t)rec[SEG_BASE], (size_t)rec[SEG_SIZE]);
 }
@@ -335,45 +336,27 @@ int gmb__segmap_has_segment(struct gmb_segmap *m, uint64_t segment) {
   return has;
 }
 
-/* Opens and maps a host segment; the caller holds no lock (mmap is slow
+/* Maps a host segment's memfd; the caller holds no lock (mmap is slow
  * and needs none). */
-static int segmap_map_host(const struct wire_handle *h, uint8_t **base,
-                           char *why, size_t cap) {
-  char name[WIRE_HANDLE_MAX + 1];
-  if (memchr(h->bytes, '\0', h->len) != NULL) {
-    snprintf(why, cap, "segment %llu: handle is not a shm name",
-             (unsigned long long)h->segment);
-    return GMB_E_PROTO;
-  }
-  memcpy(name, h->bytes, h->len);
-  name[h->len] = '\0';
-  if (name[0] != '/' || strchr(name + 1, '/') != NULL) {
-    snprintf(why, cap, "segment %llu: bad shm name \"%s\"",
-             (unsigned long long)h->segment, name);
-    return GMB_E_PROTO;
-  }
-  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    snprintf(why, cap, "segment %llu: shm_open %s: %s",
-             (unsigned long long)h->segment, name, strerror(errno));
-    return GMB_E_SYSTEM;
-  }
+static int segmap_map_host(uint64_t segment, uint64_t size, int fd,
+                           uint8_t **base, char *why, size_t cap) {
   struct stat st;
-  if (fstat(fd, &st) != 0 || st.st_size < 0 ||
-      (uint64_t)st.st_size < h->size) {
-    snprintf(why, cap, "segment %llu: shm object %s is smaller than %llu bytes",
-             (unsigned long long)h->segment, name,
-             (unsigned long long)h->size);
-    close(fd);
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size < size) {
+    snprintf(why, cap, "segment %llu: its descriptor holds fewer than %llu "
+             "bytes", (unsigned long long)segment, (unsigned long long)size);
     return GMB_E_PROTO;
   }
-  void *p = mmap(NULL, (size_t)h->size, PROT_READ | PROT_WRITE, MAP_SHARED,
-                 fd, 0);
-  int err = errno;
-  close(fd);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    snprintf(why, cap, "segment %llu: its descriptor is not sealed against "
+             "shrinking", (unsigned long long)segment);
+    return GMB_E_PROTO;
+  }
+  void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                 0);
   if (p == MAP_FAILED) {
-    snprintf(why, cap, "segment %llu: mmap %s: %s",
-             (unsigned long long)h->segment, name, strerror(err));
+    snprintf(why, cap, "segment %llu: mmap: %s", (unsigned long long)segment,
+             strerror(errno));
     return GMB_E_SYSTEM;
   }
   *base = p;
@@ -381,23 +364,27 @@ static int segmap_map_host(const struct wire_handle *h, uint8_t **base,
 }
 
 int gmb__segmap_map(struct gmb_segmap *m, const char *device,
-                    const struct wire_handle *h, char *why, size_t cap) {
-  if (h->segment == 0 || h->size == 0 || h->len == 0 ||
-      h->len > WIRE_HANDLE_MAX || h->size > SIZE_MAX) {
-    snprintf(why, cap, "segment %llu: empty or impossible handle",
-             (unsigned long long)h->segment);
+                    uint64_t segment, uint64_t size, int fd, char *why,
+                    size_t cap) {
+  if (segment == 0 || size == 0 || size > SIZE_MAX || fd < 0) {
+    snprintf(why, cap, "segment %llu: empty or impossible",
+             (unsigned long long)segment);
     return GMB_E_PROTO;
   }
-  if (gmb__segmap_has_segment(m, h->segment)) return 0;
-  uint64_t rec[SEG_WIDTH] = {[SEG_ID] = h->segment, [SEG_SIZE] = h->size};
+  if (gmb__segmap_has_segment(m, segment)) return 0;
+  uint64_t rec[SEG_WIDTH] = {[SEG_ID] = segment, [SEG_SIZE] = size};
   int rc;
   if (strcmp(device, "cuda") == 0) {
     rec[SEG_KIND] = SEG_CUDA;
-    rc = gmb__cuda_import(h, &rec[SEG_BASE], why, cap);
+    char cwhy[256];
+    rc = gmb__cuda_import(fd, size, &rec[SEG_BASE], cwhy, sizeof cwhy);
+    if (rc)
+      snprintf(why, cap, "segment %llu: %s", (unsigned long long)segment,
+               cwhy);
   } else if (strcmp(device, "host") == 0) {
     uint8_t *base = NULL;
     rec[SEG_KIND] = SEG_HOST;
-    rc = segmap_map_host(h, &base, why, cap);
+    rc = segmap_map_host(segment, size, fd, &base, why, cap);
     rec[SEG_BASE] = (uintptr_t)base;
   } else {
     snprintf(why, cap, "the broker's device \"%s\" is unknown to libgmb %s",
@@ -407,7 +394,7 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
   if (rc) return rc;
   pthread_mutex_lock(&m->mu);
   /* Another thread may have mapped it meanwhile: keep one mapping. */
-  int dup = segmap_find(&m->segments, SEG_WIDTH, h->segment) != NULL;
+  int dup = segmap_find(&m->segments, SEG_WIDTH, segment) != NULL;
   if (!dup) rc = segmap_put(m, &m->segments, SEG_WIDTH, rec);
   pthread_mutex_unlock(&m->mu);
   if (dup || rc) segmap_release(rec);

@@ -14,7 +14,6 @@
 #include <stdint.h>
 
 #include "locktab_layout.h"
-#include "wire.h"
 
 struct gmb_segmap;
 
@@ -27,16 +26,18 @@ void gmb__segmap_destroy(struct gmb_segmap *m);
 int gmb__segmap_has_segment(struct gmb_segmap *m, uint64_t segment);
 
 /*
- * Maps the segment that `h` describes, for a session on `device`: "host"
- * (mmap of the shm object the handle names) or "cuda" (an IPC import,
- * cuimport.c; the session must have attached to the driver).  Either way the
- * segment's record holds its base address, host or device, and the
- * lookups below return addresses in it.  A segment already mapped is left
- * alone (0).  Returns 0 or GMB_E_PROTO (a handle that makes no sense),
+ * Maps segment `segment` of `size` bytes from its descriptor `fd` (which
+ * the caller keeps and closes), for a session on `device`: "host" (mmap of
+ * the memfd) or "cuda" (a virtual-memory import, cuimport.c; the session
+ * must have attached to the driver).  Either way the segment's record holds
+ * its base address, host or device, and the lookups below return addresses
+ * in it.  A segment already mapped is left alone (0).  Returns 0 or
+ * GMB_E_PROTO (a descriptor that is not what the broker said),
  * GMB_E_DEVICE, GMB_E_SYSTEM, with the reason in `why`.
  */
 int gmb__segmap_map(struct gmb_segmap *m, const char *device,
-                    const struct wire_handle *h, char *why, size_t cap);
+                    uint64_t segment, uint64_t size, int fd, char *why,
+                    size_t cap);
 
 /* Unmaps (or closes the import of) and forgets a segment (the broker
  * retired it).  Allocations still recorded in it stay; gmb_lock on them

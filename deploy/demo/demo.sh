@@ -56,13 +56,10 @@ cleanup() {
     done
     kill -KILL "$BROKER_PID" 2>/dev/null
     wait "$BROKER_PID" 2>/dev/null
-    # A broker that had to be killed leaves its shared memory segments.
-    rm -f /dev/shm/gmb-"$BROKER_PID"-*
   fi
   for p in $FRAG_PIDS; do
     kill -TERM "$p" 2>/dev/null
     wait "$p" 2>/dev/null
-    rm -f /dev/shm/gmb-"$p"-*
   done
   rm -rf "$RUN"
 }
@@ -107,7 +104,8 @@ printf '$ %s/gmb-broker --config deploy/demo/demo.ini --run-dir %s &\n' "$B" "$R
 "$BROKER" --config "$HERE/demo.ini" --run-dir "$RUN" >"$LOG" 2>&1 &
 BROKER_PID=$!
 i=0
-until [ -S "$RUN/broker.sock" ] && [ -S "$RUN/admin.sock" ]; do
+until [ -S "$RUN/broker.sock" ] && [ -S "$RUN/admin.sock" ] &&
+  [ -S "$RUN/fd.sock" ]; do
   kill -0 "$BROKER_PID" 2>/dev/null || fail "gmb-broker exited at start-up"
   [ $i -ge 50 ] && fail "gmb-broker did not create its sockets in 5 s"
   sleep 0.1
@@ -149,9 +147,9 @@ printf '$ kill -9 %s\n' "$HOLD_PID"
 kill -KILL "$HOLD_PID"
 wait "$HOLD_PID" 2>/dev/null
 HOLD_PID=
-# The broker watches each client's pid (pidfd) and ends a dead one's
-# session at once, freeing what it held; poll (for at most 5 s) until
-# gmbctl shows llm-a's USED back at 0B.
+# The broker watches each client's pid (pidfd) and its descriptor channel
+# and ends a dead one's session at once, freeing what it held; poll (for at
+# most 5 s) until gmbctl shows llm-a's USED back at 0B.
 i=0
 while :; do
   used=$("$CTL" tenants 2>&1 |
@@ -185,7 +183,7 @@ for mode in off auto; do
 done
 for mode in off auto; do
   i=0
-  until [ -S "$RUN/$mode/broker.sock" ]; do
+  until [ -S "$RUN/$mode/broker.sock" ] && [ -S "$RUN/$mode/fd.sock" ]; do
     [ $i -ge 50 ] && LOG=$RUN/$mode/broker.log &&
       fail "the compaction=$mode broker did not start in 5 s"
     sleep 0.1
@@ -235,7 +233,9 @@ wait "$BROKER_PID"
 rc=$?
 BROKER_PID=
 [ $rc -eq 0 ] || fail "gmb-broker exited with status $rc after SIGTERM"
-[ -e "$RUN/broker.sock" ] && fail "gmb-broker left $RUN/broker.sock behind"
+for s in broker.sock admin.sock fd.sock; do
+  [ -e "$RUN/$s" ] && fail "gmb-broker left $RUN/$s behind"
+done
 echo "broker stopped cleanly (exit status 0, sockets removed)"
 echo
 echo "demo: done"

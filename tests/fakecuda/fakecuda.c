@@ -1,43 +1,105 @@
 /*
  * fakecuda.c - a TEST DOUBLE of the CUDA driver (libcuda.so.1), not a
  * product.  It lets gmb's cuda device and its CUDA client path run, across
- * processes, on machines without a GPU.  Built into
- * build/fakecuda/libcuda.so.1 (mk/cuda.mk) and loaded through
- * $GMB_LIBCUDA.
+ * processes, on machines without a GPU, and it behaves like the real driver
+ * where code can go wrong.  Built into build/fakecuda/libcuda.so.1
+ * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  Only cuGetProcAddress is
+ * exported; the entry points are those of the CUDA 12.0 ABI.
  *
  * What it models, and how:
- * - Device memory is POSIX shared memory.  cuMemAlloc creates an object
- *   /fakecuda-<pid>-<n> of one header page plus the size, and maps it; the
- *   "device pointer" is the host address of the data in this process, so a
- *   test may read and write device memory with plain loads and stores.
- * - cuIpcGetMemHandle writes the object's name and size into the 64 bytes;
- *   cuIpcOpenMemHandle maps it in the opening process and, like the real
- *   driver, refuses to open one handle twice in one process
- *   (CUDA_ERROR_ALREADY_MAPPED) or to open the process's own allocation.
- * - Misuse the design guards against is caught loudly: freeing an
- *   allocation that another living process still has open is undefined
- *   behaviour with the real driver.  The header page keeps the pids that
- *   have the allocation open; cuMemFree prints
- *   "FAKECUDA: freed while still open in pid N" on stderr, appends the line
- *   to $FAKECUDA_LOG when set, and makes the process exit with status 86 at
- *   exit.  A pid that is gone (or a zombie) no longer holds it: a dead
- *   process's mappings die with it, as with the real driver.
- * - cuMemcpyDtoD/DtoDAsync are memcpy over ranges that must lie inside one
- *   known allocation or import each, and must not overlap
- *   (CUDA_ERROR_INVALID_VALUE): the real driver does not promise memmove.
- * - Async work (cuMemcpyDtoDAsync, cuLaunchHostFunc) runs later, in order,
- *   on one helper thread; cuStreamSynchronize and the synchronous copies
- *   wait for it.  Streams are otherwise dummies (one queue for all).
- * - cuMemGetInfo reports $FAKECUDA_TOTAL (default 1GiB, suffixes k/m/g)
- *   minus what this process allocated.  $FAKECUDA_DEVICES (default 1) is
- *   the device count; 0 makes cuInit fail with CUDA_ERROR_NO_DEVICE.
- *   $FAKECUDA_MISSING names one entry point cuGetProcAddress pretends not
- *   to have (tests of the loader's error path).
+ *
+ * - Physical memory is a memfd.  cuMemCreate makes one of a header page
+ *   (magic, allocation id, size, device, handle types) plus the size,
+ *   sealed against growing and shrinking; the generic allocation handle is
+ *   a number of this process that names it.  cuMemExportToShareableHandle
+ *   (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, requested at create) gives a
+ *   dup of the memfd, which the caller owns; cuMemImportFromShareableHandle
+ *   (the fd passed as (void *)(uintptr_t)fd, kept by the caller) reads the
+ *   header and gives a new handle.  An fd that is not such a memfd is
+ *   CUDA_ERROR_INVALID_VALUE.
+ *
+ * - Device addresses are NOT CPU addresses.  cuMemAddressReserve reserves a
+ *   range of this process's address space with PROT_NONE (so a CPU load or
+ *   store at a device address faults, as it would on a GPU); cuMemMap
+ *   records that [ptr, ptr+size) shows an allocation and maps the memfd's
+ *   data privately elsewhere in the fake (a "view"); cuMemSetAccess grants
+ *   access.  Data moves only through cuMemcpy* (HtoD, DtoH, DtoD, DtoDAsync),
+ *   which translate device addresses through the table of mappings to the
+ *   views.  A copy must lie inside one mapping that has access (read for a
+ *   source, read/write for a destination), and a device-to-device copy's
+ *   ranges must not overlap in memory (the driver does not promise memmove):
+ *   CUDA_ERROR_INVALID_VALUE otherwise.  cuMemAlloc/cuMemFree are scratch
+ *   memory made the same way (not exportable).  Tests may count a
+ *   process's mappings of an allocation: each view shows in
+ *   /proc/<pid>/maps as "/memfd:fakecuda-<id>", the name the allocation's
+ *   descriptors link to in /proc/<pid>/fd.
+ *
+ * - Release is reference counted, as in the real driver: an allocation
+ *   lives in a process while a handle to it is unreleased or a mapping of it
+ *   exists; cuMemRelease of a mapped allocation is fine, the mapping keeps
+ *   the memory.  Across processes the memfd lives while any process maps it
+ *   or holds a descriptor of it (the kernel does that).
+ *
+ * - cuMemGetInfo is device-wide: what every process using the fake device
+ *   holds.  Each device is a small accounting file, $FAKECUDA_DIR/device<N>
+ *   (default directory /tmp/fakecuda-<uid>, made 0700), mapped shared by
+ *   every process: a table of allocations (id, size, the processes holding
+ *   it).  A process holds an allocation while it has a handle or mapping of
+ *   it.  Processes are told apart by slots in that file, each held with a
+ *   POSIX record lock for the life of the process: the kernel drops the
+ *   lock when the process dies, so a killed process's memory comes back
+ *   without anyone's help, in any PID namespace that shares the directory.
+ *   The table is changed under a record lock on its first byte.  One known
+ *   gap: memory only a descriptor refers to (an fd in flight on a socket)
+ *   is not counted until a process imports it again.  $FAKECUDA_TOTAL
+ *   (default 1GiB, suffixes k/m/g) is each device's size; cuMemCreate
+ *   beyond it is CUDA_ERROR_OUT_OF_MEMORY.  Tests point $FAKECUDA_DIR at a
+ *   directory of their own, so that suites do not share a device.
+ *
+ * - The current context is per thread (cuCtxSetCurrent/cuCtxGetCurrent are
+ *   thread-local).  Every call that needs a context (memory, copies,
+ *   streams) fails with CUDA_ERROR_INVALID_CONTEXT on a thread with none
+ *   current; that includes the VMM calls, which may be stricter than the
+ *   real driver, never laxer.  cuCtxCreate/cuCtxDestroy make contexts other
+ *   than the primary one (tests stand for an application's own context).
+ *
+ * - cuInit records the pid.  In a child forked after the parent called
+ *   cuInit, every call (cuInit included) fails with
+ *   CUDA_ERROR_NOT_INITIALIZED: the real driver cannot be used across
+ *   fork(), so code must fork before touching CUDA, or exec.
+ *
+ * - Each stream has its own queue and worker thread: work on one stream
+ *   runs in order, streams are independent, cuStreamSynchronize waits for
+ *   its stream only.  The NULL (legacy) stream is one more such queue; the
+ *   synchronous copies wait for it first.  Not modelled: the legacy
+ *   stream's implicit synchronisation with other blocking streams.
+ *   cuStreamDestroy waits for its stream's work.  An async copy keeps the
+ *   view it copies from and to, so an unmap that races it is harmless here.
+ *
+ * - Misuse the real driver answers with an error or undefined behaviour is
+ *   caught loudly: cuMemRelease of an unknown or released handle, cuMemMap
+ *   at a misaligned address or size, over a mapped range or outside a
+ *   reservation, cuMemUnmap or cuMemSetAccess of a range that is not whole
+ *   mappings, cuMemAddressFree of a range still mapped or not reserved, a
+ *   copy outside mapped, accessible memory.  Each returns
+ *   CUDA_ERROR_INVALID_VALUE and writes "FAKECUDA: misuse: ..." to
+ *   $FAKECUDA_LOG (appended) when set, else to stderr.
+ *
+ * - Device attributes: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+ *   and CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED are
+ *   1, or 0 with $FAKECUDA_NO_VMM=1 / $FAKECUDA_NO_POSIX_FD=1 (cuMemCreate
+ *   then answers CUDA_ERROR_NOT_SUPPORTED); other attributes are
+ *   CUDA_ERROR_INVALID_VALUE.  The allocation granularity is 2 MiB, or
+ *   $FAKECUDA_GRANULARITY (a multiple of the page size).
+ *   $FAKECUDA_DEVICES (default 1, at most 8) is the device count; 0 makes
+ *   cuInit fail with CUDA_ERROR_NO_DEVICE.  $FAKECUDA_MISSING names one
+ *   entry point cuGetProcAddress pretends not to have.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,12 +110,32 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* The CUDA 12.0 types this double implements (cuda.h spells them the same
+ * way; proto/cudrv.h's mirror of them is checked against cuda.h). */
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
 typedef void (*CUhostFn)(void *);
 typedef struct {
-  char reserved[64];
-} CUipcMemHandle;
+  int type;
+  int id;
+} CUmemLocation;
+typedef struct {
+  int type;
+  int requestedHandleTypes;
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+  CUmemLocation location;
+  int flags;
+} CUmemAccessDesc;
 
 enum {
   CUDA_SUCCESS = 0,
@@ -62,149 +144,30 @@ enum {
   CUDA_ERROR_NOT_INITIALIZED = 3,
   CUDA_ERROR_NO_DEVICE = 100,
   CUDA_ERROR_INVALID_DEVICE = 101,
-  CUDA_ERROR_ALREADY_MAPPED = 208,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_OPERATING_SYSTEM = 304,
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
-#define FAKE_HDR 4096u
-#define FAKE_OPENERS 64
-#define FAKE_MAX 8192
-#define FAKE_EXIT_BAD 86
-#define FAKE_MAGIC 0x4b41464544554341ULL /* "ACUDEFAK" */
-
-struct fake_hdr {
-  uint64_t magic;
-  uint64_t size;
-  int32_t owner;
-  int32_t openers[FAKE_OPENERS]; /* pids that have it open; 0: free slot */
+enum {
+  FAKE_ALLOC_PINNED = 1,       /* CU_MEM_ALLOCATION_TYPE_PINNED */
+  FAKE_HANDLE_POSIX_FD = 1,    /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+  FAKE_LOCATION_DEVICE = 1,    /* CU_MEM_LOCATION_TYPE_DEVICE */
+  FAKE_ACCESS_READ = 1,        /* CU_MEM_ACCESS_FLAGS_PROT_READ */
+  FAKE_ACCESS_READWRITE = 3,   /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+  FAKE_ATTR_VMM = 102,         /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+  FAKE_ATTR_POSIX_FD = 103,    /* ..._HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_... */
 };
 
-struct fake_map {
-  int used;
-  int imported;      /* 1: cuIpcOpenMemHandle, 0: cuMemAlloc */
-  char *base;        /* the mapping, header first */
-  uint64_t size;     /* data bytes */
-  char name[48];
-};
+#define FAKE_MAX_DEV 8
+#define FAKE_MAX_CTX 64
+#define FAKE_HDR 4096u                      /* memfd header page */
+#define FAKE_MAGIC 0x4b41464544554341ULL    /* "ACUDEFAK" */
+#define FAKE_DEFAULT_GRANULARITY (UINT64_C(2) << 20)
 
-static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct fake_map fake_maps[FAKE_MAX];
-static uint64_t fake_allocated;
-static unsigned long fake_seq;
-static int fake_inited;
-static int fake_bad;
-static void *fake_ctx_current;
-
-/* --- the async queue -------------------------------------------------- */
-
-struct fake_work {
-  CUhostFn fn; /* NULL: a copy */
-  void *user;
-  void *dst;
-  const void *src;
-  size_t n;
-  struct fake_work *next;
-};
-
-static pthread_mutex_t fake_qmu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t fake_qcv = PTHREAD_COND_INITIALIZER;
-static struct fake_work *fake_qhead, *fake_qtail;
-static int fake_qbusy;
-static int fake_qthread; /* started in this process */
-
-static void *fake_worker(void *arg) {
-  (void)arg;
-  pthread_mutex_lock(&fake_qmu);
-  for (;;) {
-    while (!fake_qhead) pthread_cond_wait(&fake_qcv, &fake_qmu);
-    struct fake_work *w = fake_qhead;
-    fake_qhead = w->next;
-    if (!fake_qhead) fake_qtail = NULL;
-    fake_qbusy = 1;
-    pthread_mutex_unlock(&fake_qmu);
-    if (w->fn)
-      w->fn(w->user);
-    else
-      memcpy(w->dst, w->src, w->n);
-    free(w);
-    pthread_mutex_lock(&fake_qmu);
-    fake_qbusy = 0;
-    pthread_cond_broadcast(&fake_qcv);
-  }
-  return NULL;
-}
-
-/* A forked child has no worker and must not inherit a held lock.  It also
- * forgets its parent's allocations and imports (their pages stay mapped but
- * are not its own): the real driver cannot be used across fork() at all, so
- * a child that uses the fake starts afresh, like a new process. */
-static void fake_atfork_child(void) {
-  memset(fake_maps, 0, sizeof fake_maps);
-  fake_allocated = 0;
-  pthread_mutex_init(&fake_qmu, NULL);
-  pthread_cond_init(&fake_qcv, NULL);
-  pthread_mutex_init(&fake_mu, NULL);
-  fake_qhead = fake_qtail = NULL;
-  fake_qbusy = 0;
-  fake_qthread = 0;
-}
-
-static CUresult fake_enqueue(struct fake_work *w) {
-  pthread_mutex_lock(&fake_qmu);
-  if (!fake_qthread) {
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &a, fake_worker, NULL) != 0) {
-      pthread_attr_destroy(&a);
-      pthread_mutex_unlock(&fake_qmu);
-      free(w);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    pthread_attr_destroy(&a);
-    fake_qthread = 1;
-  }
-  w->next = NULL;
-  if (fake_qtail)
-    fake_qtail->next = w;
-  else
-    fake_qhead = w;
-  fake_qtail = w;
-  pthread_cond_broadcast(&fake_qcv);
-  pthread_mutex_unlock(&fake_qmu);
-  return CUDA_SUCCESS;
-}
-
-static void fake_drain(void) {
-  pthread_mutex_lock(&fake_qmu);
-  while (fake_qhead || fake_qbusy) pthread_cond_wait(&fake_qcv, &fake_qmu);
-  pthread_mutex_unlock(&fake_qmu);
-}
-
-/* --- helpers ---------------------------------------------------------- */
-
-static void fake_exit_check(void) {
-  if (fake_bad) {
-    fflush(stderr);
-    _exit(FAKE_EXIT_BAD);
-  }
-}
-
-static void fake_report(const char *fmt, long a, const char *name) {
-  char line[256];
-  snprintf(line, sizeof line, fmt, a, name);
-  fprintf(stderr, "%s\n", line);
-  const char *log = getenv("FAKECUDA_LOG");
-  if (log && *log) {
-    FILE *f = fopen(log, "a");
-    if (f) {
-      fprintf(f, "%s (in pid %ld)\n", line, (long)getpid());
-      fclose(f);
-    }
-  }
-}
+/* --- environment and reports ------------------------------------------ */
 
 static uint64_t fake_env_size(const char *name, uint64_t dflt) {
   const char *v = getenv(name);
@@ -220,339 +183,1300 @@ static uint64_t fake_env_size(const char *name, uint64_t dflt) {
   return n;
 }
 
-/* 1 when pid is alive and not a zombie. */
-static int fake_pid_alive(int pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *p = strrchr(buf, ')');
-  return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+static int fake_env_flag(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
 }
 
-/* The map holding [p, p+n) in this process; NULL when none does.  Called
- * with fake_mu held. */
-static struct fake_map *fake_find(uintptr_t p, size_t n) {
-  for (int i = 0; i < FAKE_MAX; i++) {
-    struct fake_map *m = &fake_maps[i];
-    if (!m->used) continue;
-    uintptr_t lo = (uintptr_t)m->base + FAKE_HDR;
-    if (p >= lo && p - lo <= m->size && n <= m->size - (p - lo)) return m;
+static uint64_t fake_total(void) {
+  return fake_env_size("FAKECUDA_TOTAL", UINT64_C(1) << 30);
+}
+
+static uint64_t fake_granularity(void) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  uint64_t g = fake_env_size("FAKECUDA_GRANULARITY", FAKE_DEFAULT_GRANULARITY);
+  if (g < page) g = page;
+  return g - g % page;
+}
+
+static int fake_devices(void) {
+  uint64_t n = fake_env_size("FAKECUDA_DEVICES", 1);
+  return n > FAKE_MAX_DEV ? FAKE_MAX_DEV : (int)n;
+}
+
+static void fake_misuse(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static void fake_misuse(const char *fmt, ...) {
+  char line[320];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  const char *log = getenv("FAKECUDA_LOG");
+  FILE *f = log && *log ? fopen(log, "a") : NULL;
+  fprintf(f ? f : stderr, "FAKECUDA: misuse: %s (pid %ld)\n", line,
+          (long)getpid());
+  if (f) fclose(f);
+}
+
+/* --- initialisation, fork and contexts -------------------------------- */
+
+/* Everything below is guarded by fake_mu, except the streams (their own
+ * locks), the views' reference counts (atomic) and fake_cur (per thread). */
+static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
+static pid_t fake_pid; /* cuInit's process; 0 before cuInit */
+
+struct fake_ctx {
+  int live;
+  int dev;
+};
+/* [0, FAKE_MAX_DEV): the primary contexts; the rest cuCtxCreate's. */
+static struct fake_ctx fake_ctxs[FAKE_MAX_CTX];
+static __thread struct fake_ctx *fake_cur;
+
+/* CUDA_SUCCESS when this process called cuInit and is not a child forked
+ * since: the real driver refuses a forked child everything. */
+static CUresult fake_ready(void) {
+  pid_t p = __atomic_load_n(&fake_pid, __ATOMIC_ACQUIRE);
+  if (p == 0 || p != getpid()) return CUDA_ERROR_NOT_INITIALIZED;
+  return CUDA_SUCCESS;
+}
+
+/* fake_ready, and a context current on this thread (*dev: its device). */
+static CUresult fake_need_ctx(int *dev) {
+  CUresult r = fake_ready();
+  if (r) return r;
+  struct fake_ctx *c = fake_cur;
+  if (c == NULL || !__atomic_load_n(&c->live, __ATOMIC_ACQUIRE))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (dev) *dev = c->dev;
+  return CUDA_SUCCESS;
+}
+
+static int fake_ctx_valid(const struct fake_ctx *c) {
+  return c >= fake_ctxs && c < fake_ctxs + FAKE_MAX_CTX &&
+         __atomic_load_n(&c->live, __ATOMIC_ACQUIRE);
+}
+
+/* --- the device-wide accounting file ---------------------------------- */
+
+#define ACCT_MAGIC 0x31544341454b4146ULL /* "FAKEACT1" */
+#define ACCT_PROCS 1024
+#define ACCT_RECS 4096
+#define ACCT_HOLDERS 32
+#define ACCT_MUTEX_BYTE 0
+#define ACCT_SLOT_BYTE 4096 /* + slot: locked by the process in that slot */
+#define ACCT_MAX_FILES 8
+
+struct acct_rec {
+  uint64_t id;   /* 0: free */
+  uint64_t size;
+  uint64_t holders[ACCT_HOLDERS]; /* (slot + 1) << 32 | generation; 0 free */
+};
+
+struct acct_file {
+  uint64_t magic;
+  uint64_t next_id;
+  uint32_t gen[ACCT_PROCS]; /* bumped each time a process takes the slot */
+  struct acct_rec rec[ACCT_RECS];
+};
+
+struct fake_acct {
+  char path[256];
+  int fd;              /* never closed: that would drop our record locks */
+  struct acct_file *f;
+  int slot;
+  uint32_t gen;
+};
+
+static struct fake_acct fake_accts[ACCT_MAX_FILES];
+static int fake_naccts;
+
+static int acct_lock_byte(int fd, int cmd, short type, off_t at) {
+  struct flock l = {.l_type = type, .l_whence = SEEK_SET, .l_start = at,
+                    .l_len = 1};
+  int rc;
+  do rc = fcntl(fd, cmd, &l);
+  while (rc != 0 && errno == EINTR && cmd == F_SETLKW);
+  return rc;
+}
+
+static void acct_lock(struct fake_acct *a) {
+  acct_lock_byte(a->fd, F_SETLKW, F_WRLCK, ACCT_MUTEX_BYTE);
+}
+static void acct_unlock(struct fake_acct *a) {
+  acct_lock_byte(a->fd, F_SETLK, F_UNLCK, ACCT_MUTEX_BYTE);
+}
+
+/* The accounting file of device `dev`, opened (and a process slot taken in
+ * it) on first use.  NULL, said on stderr, when it cannot be. */
+static struct fake_acct *acct_get(int dev) {
+  char path[256];
+  const char *dir = getenv("FAKECUDA_DIR");
+  char dflt[64];
+  if (!dir || !*dir) {
+    snprintf(dflt, sizeof dflt, "/tmp/fakecuda-%ld", (long)getuid());
+    dir = dflt;
   }
+  snprintf(path, sizeof path, "%s/device%d", dir, dev);
+  for (int i = 0; i < fake_naccts; i++)
+    if (strcmp(fake_accts[i].path, path) == 0) return &fake_accts[i];
+  if (fake_naccts == ACCT_MAX_FILES) {
+    fprintf(stderr, "FAKECUDA: too many accounting files\n");
+    return NULL;
+  }
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    fprintf(stderr, "FAKECUDA: mkdir %s: %s\n", dir, strerror(errno));
+    return NULL;
+  }
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "FAKECUDA: open %s: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  struct fake_acct *a = &fake_accts[fake_naccts];
+  snprintf(a->path, sizeof a->path, "%s", path);
+  a->fd = fd;
+  acct_lock(a);
+  struct stat st;
+  if (fstat(fd, &st) != 0 ||
+      ((size_t)st.st_size < sizeof(struct acct_file) &&
+       ftruncate(fd, (off_t)sizeof(struct acct_file)) != 0)) {
+    fprintf(stderr, "FAKECUDA: size %s: %s\n", path, strerror(errno));
+    acct_unlock(a);
+    close(fd); /* nothing of ours is locked in it yet */
+    return NULL;
+  }
+  void *m = mmap(NULL, sizeof(struct acct_file), PROT_READ | PROT_WRITE,
+                 MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    fprintf(stderr, "FAKECUDA: mmap %s: %s\n", path, strerror(errno));
+    acct_unlock(a);
+    close(fd);
+    return NULL;
+  }
+  a->f = m;
+  if (a->f->magic != ACCT_MAGIC) {
+    memset(a->f, 0, sizeof *a->f);
+    a->f->magic = ACCT_MAGIC;
+  }
+  a->slot = -1;
+  for (int i = 0; i < ACCT_PROCS && a->slot < 0; i++)
+    if (acct_lock_byte(fd, F_SETLK, F_WRLCK, ACCT_SLOT_BYTE + i) == 0) {
+      a->slot = i;
+      a->gen = ++a->f->gen[i];
+      if (a->gen == 0) a->gen = ++a->f->gen[i];
+    }
+  acct_unlock(a);
+  if (a->slot < 0) {
+    fprintf(stderr, "FAKECUDA: %s: more than %d processes\n", path,
+            ACCT_PROCS);
+    munmap(m, sizeof(struct acct_file));
+    close(fd);
+    return NULL;
+  }
+  fake_naccts++;
+  return a;
+}
+
+static uint64_t acct_me(const struct fake_acct *a) {
+  return (uint64_t)(a->slot + 1) << 32 | a->gen;
+}
+
+/* 1 when the process `holder` names is alive.  `seen` caches the answer
+ * per slot for one pass (0 unknown, 1 alive, 2 dead).  Under acct_lock. */
+static int acct_alive(struct fake_acct *a, uint64_t holder, uint8_t *seen) {
+  uint32_t slot = (uint32_t)(holder >> 32) - 1;
+  uint32_t gen = (uint32_t)holder;
+  if (slot >= ACCT_PROCS || a->f->gen[slot] != gen) return 0;
+  if ((int)slot == a->slot) return 1;
+  if (seen[slot] == 0) {
+    struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                      .l_start = ACCT_SLOT_BYTE + slot, .l_len = 1};
+    int locked = fcntl(a->fd, F_GETLK, &l) == 0 && l.l_type != F_UNLCK;
+    seen[slot] = locked ? 1 : 2;
+  }
+  return seen[slot] == 1;
+}
+
+/* Drops dead holders and records nobody holds; returns the bytes held on
+ * the device.  Under acct_lock. */
+static uint64_t acct_prune(struct fake_acct *a) {
+  static uint8_t seen[ACCT_PROCS]; /* under fake_mu */
+  memset(seen, 0, sizeof seen);
+  uint64_t used = 0;
+  for (int i = 0; i < ACCT_RECS; i++) {
+    struct acct_rec *r = &a->f->rec[i];
+    if (r->id == 0) continue;
+    int n = 0;
+    for (int h = 0; h < ACCT_HOLDERS; h++) {
+      if (r->holders[h] && !acct_alive(a, r->holders[h], seen))
+        r->holders[h] = 0;
+      n += r->holders[h] != 0;
+    }
+    if (n == 0)
+      memset(r, 0, sizeof *r);
+    else
+      used += r->size;
+  }
+  return used;
+}
+
+static struct acct_rec *acct_find(struct fake_acct *a, uint64_t id) {
+  for (int i = 0; i < ACCT_RECS; i++)
+    if (a->f->rec[i].id == id) return &a->f->rec[i];
   return NULL;
 }
 
-static struct fake_map *fake_slot(void) {
-  for (int i = 0; i < FAKE_MAX; i++)
-    if (!fake_maps[i].used) return &fake_maps[i];
+/* Adds this process as a holder of allocation `id` (recording the
+ * allocation when nobody holds it any more).  0 or -1 (table full). */
+static int acct_hold(struct fake_acct *a, uint64_t id, uint64_t size) {
+  struct acct_rec *r = acct_find(a, id);
+  if (!r) {
+    r = acct_find(a, 0);
+    if (!r) return -1;
+    r->id = id;
+    r->size = size;
+  }
+  uint64_t me = acct_me(a);
+  for (int h = 0; h < ACCT_HOLDERS; h++)
+    if (r->holders[h] == me) return 0;
+  for (int h = 0; h < ACCT_HOLDERS; h++)
+    if (r->holders[h] == 0) {
+      r->holders[h] = me;
+      return 0;
+    }
+  return -1;
+}
+
+static void acct_drop(struct fake_acct *a, uint64_t id) {
+  acct_lock(a);
+  struct acct_rec *r = acct_find(a, id);
+  if (r) {
+    uint64_t me = acct_me(a);
+    int n = 0;
+    for (int h = 0; h < ACCT_HOLDERS; h++) {
+      if (r->holders[h] == me) r->holders[h] = 0;
+      n += r->holders[h] != 0;
+    }
+    if (n == 0) memset(r, 0, sizeof *r);
+  }
+  acct_unlock(a);
+}
+
+/* --- allocations, handles, reservations, mappings --------------------- */
+
+struct fake_hdr { /* the first bytes of each memfd */
+  uint64_t magic;
+  uint64_t id;
+  uint64_t size;
+  int32_t dev;
+  int32_t handle_types;
+};
+
+struct fake_alloc { /* physical memory this process holds */
+  struct fake_alloc *next;
+  struct fake_acct *acct;
+  uint64_t id, size;
+  int dev, handle_types;
+  int fd;        /* the memfd (private to the fake) */
+  unsigned refs; /* unreleased handles + mappings */
+};
+
+struct fake_handle {
+  struct fake_handle *next;
+  CUmemGenericAllocationHandle value;
+  struct fake_alloc *a;
+};
+
+struct fake_res {
+  struct fake_res *next;
+  uintptr_t base;
+  size_t size;
+};
+
+struct fake_view { /* the fake's own CPU mapping of a mapped allocation */
+  char *cpu;
+  size_t len;
+  atomic_uint refs; /* the mapping + queued async copies */
+};
+
+struct fake_map {
+  struct fake_map *next;
+  uintptr_t base;
+  size_t size;
+  struct fake_alloc *a;
+  struct fake_view *view;
+  int access; /* CUmemAccess_flags granted; 0 until cuMemSetAccess */
+};
+
+struct fake_scratch { /* cuMemAlloc */
+  struct fake_scratch *next;
+  uintptr_t ptr;
+  size_t size;
+};
+
+static struct fake_alloc *fake_allocs;
+static struct fake_handle *fake_handles;
+static struct fake_res *fake_reservations;
+static struct fake_map *fake_maps;
+static struct fake_scratch *fake_scratches;
+static CUmemGenericAllocationHandle fake_next_handle = 0x1000;
+
+static void view_unref(struct fake_view *v) {
+  if (atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel) == 1) {
+    munmap(v->cpu, v->len);
+    free(v);
+  }
+}
+
+static void alloc_unref(struct fake_alloc *a) {
+  if (--a->refs > 0) return;
+  for (struct fake_alloc **p = &fake_allocs; *p; p = &(*p)->next)
+    if (*p == a) {
+      *p = a->next;
+      break;
+    }
+  close(a->fd);
+  acct_drop(a->acct, a->id);
+  free(a);
+}
+
+static struct fake_handle *handle_find(CUmemGenericAllocationHandle v) {
+  for (struct fake_handle *h = fake_handles; h; h = h->next)
+    if (h->value == v) return h;
   return NULL;
 }
 
-static int fake_valid(CUdeviceptr p, size_t n) {
+static CUresult handle_new(struct fake_alloc *a,
+                           CUmemGenericAllocationHandle *out) {
+  struct fake_handle *h = calloc(1, sizeof *h);
+  if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+  h->value = fake_next_handle++;
+  h->a = a;
+  a->refs++;
+  h->next = fake_handles;
+  fake_handles = h;
+  *out = h->value;
+  return CUDA_SUCCESS;
+}
+
+/* A new allocation of `size` bytes on `dev`, counted on the device. */
+static CUresult alloc_create(int dev, uint64_t size, int types,
+                             struct fake_alloc **out) {
+  struct fake_acct *acct = acct_get(dev);
+  if (!acct) return CUDA_ERROR_OPERATING_SYSTEM;
+  struct fake_alloc *a = calloc(1, sizeof *a);
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  acct_lock(acct);
+  uint64_t used = acct_prune(acct);
+  uint64_t total = fake_total();
+  if (used > total || size > total - used) {
+    acct_unlock(acct);
+    free(a);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  uint64_t id = ++acct->f->next_id;
+  if (acct_hold(acct, id, size) != 0) {
+    acct_unlock(acct);
+    free(a);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  acct_unlock(acct);
+  a->acct = acct;
+  a->id = id;
+  a->size = size;
+  a->dev = dev;
+  a->handle_types = types;
+  char name[48];
+  snprintf(name, sizeof name, "fakecuda-%llu", (unsigned long long)id);
+  a->fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  struct fake_hdr hdr = {FAKE_MAGIC, id, size, dev, types};
+  if (a->fd < 0 || ftruncate(a->fd, (off_t)(FAKE_HDR + size)) != 0 ||
+      pwrite(a->fd, &hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr ||
+      fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+          0) {
+    if (a->fd >= 0) close(a->fd);
+    acct_drop(acct, id);
+    free(a);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->next = fake_allocs;
+  fake_allocs = a;
+  *out = a;
+  return CUDA_SUCCESS;
+}
+
+static struct fake_res *res_containing(uintptr_t p, size_t n) {
+  for (struct fake_res *r = fake_reservations; r; r = r->next)
+    if (p >= r->base && p - r->base <= r->size && n <= r->size - (p - r->base))
+      return r;
+  return NULL;
+}
+
+/* The mapping that holds all of [p, p+n); NULL when none does. */
+static struct fake_map *map_containing(uintptr_t p, size_t n) {
+  for (struct fake_map *m = fake_maps; m; m = m->next)
+    if (p >= m->base && p - m->base < m->size && n <= m->size - (p - m->base))
+      return m;
+  return NULL;
+}
+
+/* 1 when [p, p+n) is exactly a run of whole mappings. */
+static int maps_cover_exactly(uintptr_t p, size_t n) {
+  size_t covered = 0;
+  for (struct fake_map *m = fake_maps; m; m = m->next) {
+    if (m->base + m->size <= p || m->base >= p + n) continue;
+    if (m->base < p || m->base + m->size > p + n) return 0; /* partial */
+    covered += m->size;
+  }
+  return covered == n && n > 0;
+}
+
+static CUresult reserve(size_t size, size_t align, uintptr_t *out) {
+  size_t span = size + align;
+  char *p = mmap(NULL, span, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  uintptr_t base = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+  if (base > (uintptr_t)p) munmap(p, base - (uintptr_t)p);
+  uintptr_t end = (uintptr_t)p + span;
+  if (end > base + size) munmap((void *)(base + size), end - (base + size));
+  struct fake_res *r = calloc(1, sizeof *r);
+  if (!r) {
+    munmap((void *)base, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  r->base = base;
+  r->size = size;
+  r->next = fake_reservations;
+  fake_reservations = r;
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+static CUresult map_new(uintptr_t p, size_t size, struct fake_alloc *a) {
+  struct fake_map *m = calloc(1, sizeof *m);
+  struct fake_view *v = calloc(1, sizeof *v);
+  void *cpu = MAP_FAILED;
+  if (m && v)
+    cpu = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd,
+               FAKE_HDR);
+  if (cpu == MAP_FAILED) {
+    free(m);
+    free(v);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  v->cpu = cpu;
+  v->len = size;
+  atomic_init(&v->refs, 1);
+  m->base = p;
+  m->size = size;
+  m->a = a;
+  m->view = v;
+  a->refs++;
+  m->next = fake_maps;
+  fake_maps = m;
+  return CUDA_SUCCESS;
+}
+
+static void map_remove(struct fake_map *m) {
+  for (struct fake_map **p = &fake_maps; *p; p = &(*p)->next)
+    if (*p == m) {
+      *p = m->next;
+      break;
+    }
+  view_unref(m->view);
+  alloc_unref(m->a);
+  free(m);
+}
+
+static CUresult unmap_range(uintptr_t p, size_t n) {
+  if (!maps_cover_exactly(p, n)) {
+    fake_misuse("cuMemUnmap(%#lx, %zu): not a run of whole mappings",
+                (unsigned long)p, n);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (struct fake_map *m = fake_maps, *next; m; m = next) {
+    next = m->next;
+    if (m->base >= p && m->base < p + n) map_remove(m);
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult address_free(uintptr_t p, size_t n) {
+  struct fake_res **pp = &fake_reservations;
+  for (; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == p) break;
+  if (!*pp || (*pp)->size != n) {
+    fake_misuse("cuMemAddressFree(%#lx, %zu): no such reservation",
+                (unsigned long)p, n);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (struct fake_map *m = fake_maps; m; m = m->next)
+    if (m->base >= p && m->base < p + n) {
+      fake_misuse("cuMemAddressFree(%#lx, %zu): still mapped at %#lx",
+                  (unsigned long)p, n, (unsigned long)m->base);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  struct fake_res *r = *pp;
+  *pp = r->next;
+  munmap((void *)r->base, r->size);
+  free(r);
+  return CUDA_SUCCESS;
+}
+
+static CUresult release(CUmemGenericAllocationHandle v) {
+  for (struct fake_handle **p = &fake_handles; *p; p = &(*p)->next)
+    if ((*p)->value == v) {
+      struct fake_handle *h = *p;
+      *p = h->next;
+      alloc_unref(h->a);
+      free(h);
+      return CUDA_SUCCESS;
+    }
+  fake_misuse("cuMemRelease(%#llx): not a live handle (released twice?)", v);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* --- streams ------------------------------------------------------------ */
+
+struct fake_work {
+  struct fake_work *next;
+  CUhostFn fn; /* NULL: a copy */
+  void *user;
+  char *dst;
+  const char *src;
+  size_t n;
+  struct fake_view *vdst, *vsrc; /* held until the copy ran; may be NULL */
+};
+
+struct fake_stream {
+  struct fake_stream *next; /* fake_streams, under fake_mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct fake_work *head, *tail;
+  int busy, stop, started;
+  pthread_t thread;
+};
+
+static struct fake_stream fake_null_stream = {
+    .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+static struct fake_stream *fake_streams; /* created ones, under fake_mu */
+
+static void *stream_worker(void *arg) {
+  struct fake_stream *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+    if (!s->head) break; /* stopped and drained */
+    struct fake_work *w = s->head;
+    s->head = w->next;
+    if (!s->head) s->tail = NULL;
+    s->busy = 1;
+    pthread_mutex_unlock(&s->mu);
+    if (w->fn)
+      w->fn(w->user);
+    else
+      memcpy(w->dst, w->src, w->n);
+    if (w->vdst) view_unref(w->vdst);
+    if (w->vsrc) view_unref(w->vsrc);
+    free(w);
+    pthread_mutex_lock(&s->mu);
+    s->busy = 0;
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+static CUresult stream_enqueue(struct fake_stream *s, struct fake_work *w) {
+  pthread_mutex_lock(&s->mu);
+  if (!s->started) {
+    if (pthread_create(&s->thread, NULL, stream_worker, s) != 0) {
+      pthread_mutex_unlock(&s->mu);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s->started = 1;
+  }
+  w->next = NULL;
+  if (s->tail)
+    s->tail->next = w;
+  else
+    s->head = w;
+  s->tail = w;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return CUDA_SUCCESS;
+}
+
+static void stream_sync(struct fake_stream *s) {
+  pthread_mutex_lock(&s->mu);
+  while (s->head || s->busy) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* The stream a handle names: NULL and the legacy/per-thread handles (0x1,
+ * 0x2) are the NULL stream; otherwise a live created stream. */
+static struct fake_stream *stream_of(void *handle) {
+  if ((uintptr_t)handle <= 2) return &fake_null_stream;
   pthread_mutex_lock(&fake_mu);
-  int ok = fake_find((uintptr_t)p, n) != NULL;
+  struct fake_stream *s = fake_streams;
+  while (s && s != handle) s = s->next;
   pthread_mutex_unlock(&fake_mu);
-  return ok;
+  return s;
 }
 
-/* --- the API ---------------------------------------------------------- */
+/* --- copies ------------------------------------------------------------- */
+
+/* Where device range [p, p+n) lies in the fake's views, for reading
+ * (want = FAKE_ACCESS_READ) or writing (FAKE_ACCESS_READWRITE).  With
+ * `hold`, *view is referenced for the caller.  Under fake_mu. */
+static CUresult translate(CUdeviceptr p, size_t n, int want, const char *call,
+                          char **cpu, struct fake_map **map,
+                          struct fake_view **hold) {
+  struct fake_map *m = map_containing((uintptr_t)p, n);
+  if (!m) {
+    fake_misuse("%s: [%#llx, +%zu) is not inside one mapping", call, p, n);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if ((m->access & want) != want) {
+    fake_misuse("%s: [%#llx, +%zu) is mapped without %s access "
+                "(cuMemSetAccess)", call, p, n,
+                want == FAKE_ACCESS_READ ? "read" : "read/write");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *cpu = m->view->cpu + ((uintptr_t)p - m->base);
+  if (map) *map = m;
+  if (hold) {
+    atomic_fetch_add_explicit(&m->view->refs, 1, memory_order_relaxed);
+    *hold = m->view;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* 1 when two device ranges share memory (the same allocation, overlapping
+ * offsets, through whichever mappings). */
+static int overlap(const struct fake_map *a, CUdeviceptr pa,
+                   const struct fake_map *b, CUdeviceptr pb, size_t n) {
+  if (a->a->acct != b->a->acct || a->a->id != b->a->id) return 0;
+  uint64_t oa = pa - a->base, ob = pb - b->base; /* both views start at 0 */
+  return oa < ob + n && ob < oa + n;
+}
+
+static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
+                          void *stream, int async) {
+  int dev;
+  CUresult r = fake_need_ctx(&dev);
+  if (r) return r;
+  if (n == 0) return CUDA_SUCCESS;
+  struct fake_stream *s = stream_of(async ? stream : NULL);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  const char *call = async ? "cuMemcpyDtoDAsync" : "cuMemcpyDtoD";
+  char *d, *sp;
+  struct fake_map *md, *ms;
+  struct fake_view *vd = NULL, *vs = NULL;
+  pthread_mutex_lock(&fake_mu);
+  r = translate(dst, n, FAKE_ACCESS_READWRITE, call, &d, &md,
+                async ? &vd : NULL);
+  if (!r) r = translate(src, n, FAKE_ACCESS_READ, call, &sp, &ms,
+                        async ? &vs : NULL);
+  if (!r && overlap(md, dst, ms, src, n)) {
+    fake_misuse("%s: [%#llx, +%zu) and [%#llx, +%zu) overlap", call, dst, n,
+                src, n);
+    r = CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  if (r) {
+    if (vd) view_unref(vd);
+    if (vs) view_unref(vs);
+    return r;
+  }
+  if (!async) {
+    /* Synchronous copies are ordered after the legacy stream's work; the
+     * mappings cannot go meanwhile but by the application's own race. */
+    stream_sync(&fake_null_stream);
+    memcpy(d, sp, n);
+    return CUDA_SUCCESS;
+  }
+  struct fake_work *w = calloc(1, sizeof *w);
+  if (!w) {
+    view_unref(vd);
+    view_unref(vs);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  w->dst = d;
+  w->src = sp;
+  w->n = n;
+  w->vdst = vd;
+  w->vsrc = vs;
+  r = stream_enqueue(s, w);
+  if (r) {
+    view_unref(vd);
+    view_unref(vs);
+    free(w);
+  }
+  return r;
+}
+
+/* --- the API: initialisation, devices, contexts ------------------------ */
 
 static CUresult fake_cuInit(unsigned flags) {
+  pid_t me = getpid();
+  pid_t p = __atomic_load_n(&fake_pid, __ATOMIC_ACQUIRE);
+  if (p != 0 && p != me) return CUDA_ERROR_NOT_INITIALIZED; /* forked */
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (fake_env_size("FAKECUDA_DEVICES", 1) == 0) return CUDA_ERROR_NO_DEVICE;
-  fake_inited = 1;
+  if (fake_devices() == 0) return CUDA_ERROR_NO_DEVICE;
+  __atomic_store_n(&fake_pid, me, __ATOMIC_RELEASE);
   return CUDA_SUCCESS;
 }
 
 static CUresult fake_cuDriverGetVersion(int *v) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
   *v = 12000;
   return CUDA_SUCCESS;
 }
 
 static CUresult fake_cuDeviceGetCount(int *n) {
-  if (!fake_inited) return CUDA_ERROR_NOT_INITIALIZED;
-  *n = (int)fake_env_size("FAKECUDA_DEVICES", 1);
+  CUresult r = fake_ready();
+  if (r) return r;
+  *n = fake_devices();
   return CUDA_SUCCESS;
 }
 
-static CUresult fake_cuDeviceGet(int *d, int ordinal) {
-  int n;
-  CUresult r = fake_cuDeviceGetCount(&n);
+static CUresult fake_device_ok(int d) {
+  CUresult r = fake_ready();
   if (r) return r;
-  if (ordinal < 0 || ordinal >= n) return CUDA_ERROR_INVALID_DEVICE;
+  return d >= 0 && d < fake_devices() ? CUDA_SUCCESS
+                                      : CUDA_ERROR_INVALID_DEVICE;
+}
+
+static CUresult fake_cuDeviceGet(int *d, int ordinal) {
+  CUresult r = fake_device_ok(ordinal);
+  if (r) return r;
   *d = ordinal;
   return CUDA_SUCCESS;
 }
 
 static CUresult fake_cuDeviceGetName(char *name, int len, int d) {
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
   if (len <= 0) return CUDA_ERROR_INVALID_VALUE;
   snprintf(name, (size_t)len, "fakecuda %d", d);
   return CUDA_SUCCESS;
 }
 
-static char fake_ctx_obj;
+static CUresult fake_cuDeviceGetAttribute(int *v, int attr, int d) {
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  switch (attr) {
+    case FAKE_ATTR_VMM:
+      *v = !fake_env_flag("FAKECUDA_NO_VMM");
+      return CUDA_SUCCESS;
+    case FAKE_ATTR_POSIX_FD:
+      *v = !fake_env_flag("FAKECUDA_NO_POSIX_FD");
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE; /* not modelled */
+  }
+}
+
 static CUresult fake_cuDevicePrimaryCtxRetain(void **c, int d) {
-  (void)d;
-  if (!fake_inited) return CUDA_ERROR_NOT_INITIALIZED;
-  *c = &fake_ctx_obj;
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  __atomic_store_n(&fake_ctxs[d].live, 1, __ATOMIC_RELEASE);
+  fake_ctxs[d].dev = d;
+  *c = &fake_ctxs[d];
   return CUDA_SUCCESS;
 }
+
 static CUresult fake_cuDevicePrimaryCtxRelease(int d) {
-  (void)d;
+  /* The primary context stays usable: gmb never resets it, and a count of
+   * retains would only matter to a reset. */
+  return fake_device_ok(d);
+}
+
+static CUresult fake_cuCtxCreate(void **c, unsigned flags, int d) {
+  (void)flags;
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_ctx *found = NULL;
+  for (int i = FAKE_MAX_DEV; i < FAKE_MAX_CTX && !found; i++)
+    if (!fake_ctxs[i].live) found = &fake_ctxs[i];
+  if (found) {
+    found->dev = d;
+    __atomic_store_n(&found->live, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  if (!found) return CUDA_ERROR_OUT_OF_MEMORY;
+  fake_cur = found; /* a new context is made current, as cuCtxCreate does */
+  *c = found;
   return CUDA_SUCCESS;
 }
+
+static CUresult fake_cuCtxDestroy(void *c) {
+  CUresult r = fake_ready();
+  if (r) return r;
+  struct fake_ctx *x = c;
+  if (!fake_ctx_valid(x) || x < fake_ctxs + FAKE_MAX_DEV)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  __atomic_store_n(&x->live, 0, __ATOMIC_RELEASE);
+  if (fake_cur == x) fake_cur = NULL;
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuCtxSetCurrent(void *c) {
-  fake_ctx_current = c;
+  CUresult r = fake_ready();
+  if (r) return r;
+  if (c != NULL && !fake_ctx_valid(c)) return CUDA_ERROR_INVALID_CONTEXT;
+  fake_cur = c;
   return CUDA_SUCCESS;
 }
+
 static CUresult fake_cuCtxGetCurrent(void **c) {
-  *c = fake_ctx_current;
+  CUresult r = fake_ready();
+  if (r) return r;
+  *c = fake_cur;
   return CUDA_SUCCESS;
 }
+
+/* --- the API: memory ----------------------------------------------------- */
 
 static CUresult fake_cuMemGetInfo(size_t *free_b, size_t *total) {
-  uint64_t t = fake_env_size("FAKECUDA_TOTAL", UINT64_C(1) << 30);
+  int dev;
+  CUresult r = fake_need_ctx(&dev);
+  if (r) return r;
   pthread_mutex_lock(&fake_mu);
-  uint64_t a = fake_allocated;
+  struct fake_acct *a = acct_get(dev);
+  if (!a) {
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  acct_lock(a);
+  uint64_t used = acct_prune(a);
+  acct_unlock(a);
   pthread_mutex_unlock(&fake_mu);
+  uint64_t t = fake_total();
   *total = (size_t)t;
-  *free_b = (size_t)(t > a ? t - a : 0);
+  *free_b = (size_t)(t > used ? t - used : 0);
   return CUDA_SUCCESS;
 }
 
-static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t bytes) {
-  if (!fake_inited) return CUDA_ERROR_NOT_INITIALIZED;
-  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t t = fake_env_size("FAKECUDA_TOTAL", UINT64_C(1) << 30);
-  pthread_mutex_lock(&fake_mu);
-  struct fake_map *m = fake_slot();
-  if (!m || fake_allocated + bytes > t) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  snprintf(m->name, sizeof m->name, "/fakecuda-%ld-%lu", (long)getpid(),
-           ++fake_seq);
-  int fd = shm_open(m->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  void *b = MAP_FAILED;
-  if (ftruncate(fd, (off_t)(FAKE_HDR + bytes)) == 0)
-    b = mmap(NULL, FAKE_HDR + bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-             0);
-  close(fd);
-  if (b == MAP_FAILED) {
-    shm_unlink(m->name);
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  struct fake_hdr *h = b;
-  h->magic = FAKE_MAGIC;
-  h->size = bytes;
-  h->owner = (int32_t)getpid();
-  m->used = 1;
-  m->imported = 0;
-  m->base = b;
-  m->size = bytes;
-  fake_allocated += bytes;
-  *p = (CUdeviceptr)(uintptr_t)(m->base + FAKE_HDR);
-  pthread_mutex_unlock(&fake_mu);
+static CUresult fake_prop_ok(const CUmemAllocationProp *prop) {
+  if (!prop || prop->type != FAKE_ALLOC_PINNED ||
+      prop->location.type != FAKE_LOCATION_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (prop->location.id < 0 || prop->location.id >= fake_devices())
+    return CUDA_ERROR_INVALID_DEVICE;
   return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuMemGetAllocationGranularity(
+    size_t *g, const CUmemAllocationProp *prop, int option) {
+  CUresult r = fake_ready();
+  if (r) return r;
+  if (!g || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = fake_prop_ok(prop)) != 0) return r;
+  *g = (size_t)fake_granularity();
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                                 const CUmemAllocationProp *prop,
+                                 unsigned long long flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!h || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = fake_prop_ok(prop)) != 0) return r;
+  if (fake_env_flag("FAKECUDA_NO_VMM")) return CUDA_ERROR_NOT_SUPPORTED;
+  int types = prop->requestedHandleTypes;
+  if (types & ~FAKE_HANDLE_POSIX_FD) return CUDA_ERROR_NOT_SUPPORTED;
+  if ((types & FAKE_HANDLE_POSIX_FD) && fake_env_flag("FAKECUDA_NO_POSIX_FD"))
+    return CUDA_ERROR_NOT_SUPPORTED;
+  uint64_t g = fake_granularity();
+  if (size == 0 || size % g != 0) {
+    fake_misuse("cuMemCreate(%zu): not a multiple of the granularity %llu",
+                size, (unsigned long long)g);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_lock(&fake_mu);
+  struct fake_alloc *a;
+  r = alloc_create(prop->location.id, size, types, &a);
+  if (!r) {
+    r = handle_new(a, h);
+    if (r) {
+      a->refs = 1;
+      alloc_unref(a);
+    }
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  r = release(h);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemExportToShareableHandle(
+    void *out, CUmemGenericAllocationHandle h, int type,
+    unsigned long long flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!out || flags != 0 || type != FAKE_HANDLE_POSIX_FD)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_handle *x = handle_find(h);
+  if (!x) {
+    fake_misuse("cuMemExportToShareableHandle(%#llx): not a live handle", h);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (!(x->a->handle_types & FAKE_HANDLE_POSIX_FD)) {
+    r = CUDA_ERROR_INVALID_VALUE; /* not requested at cuMemCreate */
+  } else {
+    int fd = fcntl(x->a->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+      r = CUDA_ERROR_OPERATING_SYSTEM;
+    else
+      *(int *)out = fd;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemImportFromShareableHandle(
+    CUmemGenericAllocationHandle *h, void *os_handle, int type) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!h || type != FAKE_HANDLE_POSIX_FD) return CUDA_ERROR_INVALID_VALUE;
+  if (fake_env_flag("FAKECUDA_NO_VMM")) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = (int)(uintptr_t)os_handle;
+  struct fake_hdr hdr;
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 ||
+      pread(fd, &hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr ||
+      hdr.magic != FAKE_MAGIC || hdr.dev < 0 || hdr.dev >= fake_devices() ||
+      (uint64_t)st.st_size != FAKE_HDR + hdr.size)
+    return CUDA_ERROR_INVALID_VALUE; /* not memory of this driver */
+  pthread_mutex_lock(&fake_mu);
+  struct fake_acct *acct = acct_get(hdr.dev);
+  if (!acct) {
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  struct fake_alloc *a = fake_allocs;
+  while (a && !(a->acct == acct && a->id == hdr.id)) a = a->next;
+  if (a) {
+    r = handle_new(a, h);
+    pthread_mutex_unlock(&fake_mu);
+    return r;
+  }
+  a = calloc(1, sizeof *a);
+  if (!a) {
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  acct_lock(acct);
+  acct_prune(acct);
+  int held = a->fd >= 0 ? acct_hold(acct, hdr.id, hdr.size) : -1;
+  acct_unlock(acct);
+  if (held != 0) {
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->acct = acct;
+  a->id = hdr.id;
+  a->size = hdr.size;
+  a->dev = hdr.dev;
+  a->handle_types = hdr.handle_types;
+  a->next = fake_allocs;
+  fake_allocs = a;
+  r = handle_new(a, h);
+  if (r) {
+    a->refs = 1;
+    alloc_unref(a);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemAddressReserve(CUdeviceptr *p, size_t size,
+                                         size_t align, CUdeviceptr addr,
+                                         unsigned long long flags) {
+  (void)addr; /* a hint; the kernel picks */
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (!p || flags != 0 || size == 0 || size % page != 0 ||
+      (align & (align - 1)) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  size_t g = (size_t)fake_granularity();
+  if (align < g) align = g;
+  uintptr_t base;
+  pthread_mutex_lock(&fake_mu);
+  r = reserve(size, align, &base);
+  pthread_mutex_unlock(&fake_mu);
+  if (!r) *p = (CUdeviceptr)base;
+  return r;
+}
+
+static CUresult fake_cuMemAddressFree(CUdeviceptr p, size_t size) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  r = address_free((uintptr_t)p, size);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemMap(CUdeviceptr p, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle h,
+                              unsigned long long flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t g = fake_granularity();
+  pthread_mutex_lock(&fake_mu);
+  struct fake_handle *x = handle_find(h);
+  if (!x) {
+    fake_misuse("cuMemMap(%#llx): %#llx is not a live handle", p, h);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (p % g || size % g || size == 0 || offset != 0) {
+    fake_misuse("cuMemMap(%#llx, %zu, offset %zu): address and size must be "
+                "multiples of the granularity %llu, offset 0",
+                p, size, offset, (unsigned long long)g);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (size > x->a->size) {
+    fake_misuse("cuMemMap(%#llx, %zu): the allocation has %llu bytes", p,
+                size, (unsigned long long)x->a->size);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (!res_containing((uintptr_t)p, size)) {
+    fake_misuse("cuMemMap(%#llx, %zu): not inside one reservation", p, size);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    for (struct fake_map *m = fake_maps; m && !r; m = m->next)
+      if (m->base < p + size && p < m->base + m->size) {
+        fake_misuse("cuMemMap(%#llx, %zu): already mapped at %#lx", p, size,
+                    (unsigned long)m->base);
+        r = CUDA_ERROR_INVALID_VALUE;
+      }
+    if (!r) r = map_new((uintptr_t)p, size, x->a);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemUnmap(CUdeviceptr p, size_t size) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  r = unmap_range((uintptr_t)p, size);
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+static CUresult fake_cuMemSetAccess(CUdeviceptr p, size_t size,
+                                    const CUmemAccessDesc *desc,
+                                    size_t count) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  int flags = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != FAKE_LOCATION_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].location.id < 0 || desc[i].location.id >= fake_devices())
+      return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags != 0 && desc[i].flags != FAKE_ACCESS_READ &&
+        desc[i].flags != FAKE_ACCESS_READWRITE)
+      return CUDA_ERROR_INVALID_VALUE;
+    flags = desc[i].flags; /* one device is modelled: the last one wins */
+  }
+  pthread_mutex_lock(&fake_mu);
+  if (!maps_cover_exactly((uintptr_t)p, size)) {
+    fake_misuse("cuMemSetAccess(%#llx, %zu): not a run of whole mappings", p,
+                size);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    for (struct fake_map *m = fake_maps; m; m = m->next)
+      if (m->base >= p && m->base < p + size) m->access = flags;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* cuMemAlloc: a mapped, accessible allocation that is never exported. */
+static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t bytes) {
+  int dev;
+  CUresult r = fake_need_ctx(&dev);
+  if (r) return r;
+  if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t g = fake_granularity();
+  size_t size = (size_t)((bytes + g - 1) / g * g);
+  struct fake_scratch *s = calloc(1, sizeof *s);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_alloc *a = NULL;
+  uintptr_t base = 0;
+  r = alloc_create(dev, size, 0, &a);
+  if (!r) {
+    a->refs = 1; /* the handle's reference, released below */
+    r = reserve(size, (size_t)g, &base);
+    if (!r) r = map_new(base, size, a);
+    if (r && base) address_free(base, size);
+    alloc_unref(a);
+  }
+  if (!r) {
+    fake_maps->access = FAKE_ACCESS_READWRITE; /* the new mapping */
+    s->ptr = base;
+    s->size = size;
+    s->next = fake_scratches;
+    fake_scratches = s;
+    *p = base;
+  } else {
+    free(s);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
 }
 
 static CUresult fake_cuMemFree(CUdeviceptr p) {
-  fake_drain();
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (p == 0) return CUDA_SUCCESS;
   pthread_mutex_lock(&fake_mu);
-  struct fake_map *m = fake_find((uintptr_t)p, 0);
-  if (!m || m->imported || (uintptr_t)p != (uintptr_t)m->base + FAKE_HDR) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_INVALID_VALUE;
+  struct fake_scratch **pp = &fake_scratches;
+  while (*pp && (*pp)->ptr != p) pp = &(*pp)->next;
+  if (!*pp) {
+    fake_misuse("cuMemFree(%#llx): not from cuMemAlloc", p);
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    struct fake_scratch *s = *pp;
+    *pp = s->next;
+    unmap_range(s->ptr, s->size);
+    address_free(s->ptr, s->size);
+    free(s);
   }
-  struct fake_hdr *h = (struct fake_hdr *)m->base;
-  for (int i = 0; i < FAKE_OPENERS; i++) {
-    int pid = __atomic_load_n(&h->openers[i], __ATOMIC_SEQ_CST);
-    if (pid && fake_pid_alive(pid)) {
-      fake_report("FAKECUDA: freed while still open in pid %ld (%s)", pid,
-                  m->name);
-      fake_bad = 1;
-    }
-  }
-  shm_unlink(m->name);
-  munmap(m->base, FAKE_HDR + m->size);
-  fake_allocated -= m->size;
-  memset(m, 0, sizeof *m);
   pthread_mutex_unlock(&fake_mu);
-  return CUDA_SUCCESS;
+  return r;
 }
 
-static CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *hd, CUdeviceptr p) {
-  pthread_mutex_lock(&fake_mu);
-  struct fake_map *m = fake_find((uintptr_t)p, 0);
-  if (!m || m->imported || (uintptr_t)p != (uintptr_t)m->base + FAKE_HDR) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  memset(hd, 0, sizeof *hd);
-  memcpy(hd->reserved, m->name, strlen(m->name));
-  memcpy(hd->reserved + 48, &m->size, sizeof m->size);
-  pthread_mutex_unlock(&fake_mu);
-  return CUDA_SUCCESS;
-}
-
-static CUresult fake_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle hd,
-                                        unsigned flags) {
-  (void)flags;
-  if (!fake_inited) return CUDA_ERROR_NOT_INITIALIZED;
-  char name[48];
-  memcpy(name, hd.reserved, sizeof name);
-  name[sizeof name - 1] = '\0';
-  uint64_t size;
-  memcpy(&size, hd.reserved + 48, sizeof size);
-  if (strncmp(name, "/fakecuda-", 10) != 0) return CUDA_ERROR_INVALID_HANDLE;
-  pthread_mutex_lock(&fake_mu);
-  for (int i = 0; i < FAKE_MAX; i++)
-    if (fake_maps[i].used && strcmp(fake_maps[i].name, name) == 0) {
-      pthread_mutex_unlock(&fake_mu);
-      return CUDA_ERROR_ALREADY_MAPPED;
-    }
-  struct fake_map *m = fake_slot();
-  if (!m) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  int fd = shm_open(name, O_RDWR, 0);
-  if (fd < 0) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_INVALID_HANDLE; /* freed already, or never existed */
-  }
-  void *b = mmap(NULL, FAKE_HDR + size, PROT_READ | PROT_WRITE, MAP_SHARED,
-                 fd, 0);
-  close(fd);
-  if (b == MAP_FAILED) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_INVALID_HANDLE;
-  }
-  struct fake_hdr *h = b;
-  int slot = -1;
-  for (int i = 0; i < FAKE_OPENERS && slot < 0; i++) {
-    int32_t zero = 0;
-    if (__atomic_compare_exchange_n(&h->openers[i], &zero,
-                                    (int32_t)getpid(), 0, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST))
-      slot = i;
-  }
-  if (h->magic != FAKE_MAGIC || h->size != size || slot < 0) {
-    if (slot >= 0) __atomic_store_n(&h->openers[slot], 0, __ATOMIC_SEQ_CST);
-    munmap(b, FAKE_HDR + size);
-    pthread_mutex_unlock(&fake_mu);
-    return slot < 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_HANDLE;
-  }
-  m->used = 1;
-  m->imported = 1;
-  m->base = b;
-  m->size = size;
-  snprintf(m->name, sizeof m->name, "%s", name);
-  *p = (CUdeviceptr)(uintptr_t)(m->base + FAKE_HDR);
-  pthread_mutex_unlock(&fake_mu);
-  return CUDA_SUCCESS;
-}
-
-static CUresult fake_cuIpcCloseMemHandle(CUdeviceptr p) {
-  fake_drain();
-  pthread_mutex_lock(&fake_mu);
-  struct fake_map *m = fake_find((uintptr_t)p, 0);
-  if (!m || !m->imported || (uintptr_t)p != (uintptr_t)m->base + FAKE_HDR) {
-    pthread_mutex_unlock(&fake_mu);
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  struct fake_hdr *h = (struct fake_hdr *)m->base;
-  int32_t me = (int32_t)getpid();
-  for (int i = 0; i < FAKE_OPENERS; i++) {
-    int32_t want = me;
-    if (__atomic_compare_exchange_n(&h->openers[i], &want, 0, 0,
-                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-      break;
-  }
-  munmap(m->base, FAKE_HDR + m->size);
-  memset(m, 0, sizeof *m);
-  pthread_mutex_unlock(&fake_mu);
-  return CUDA_SUCCESS;
-}
-
-static int fake_overlap(CUdeviceptr a, CUdeviceptr b, size_t n) {
-  return a < b + n && b < a + n;
-}
+/* --- the API: copies ----------------------------------------------------- */
 
 static CUresult fake_cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-  if (n == 0) return CUDA_SUCCESS;
-  if (!fake_valid(dst, n) || !fake_valid(src, n) || fake_overlap(dst, src, n))
-    return CUDA_ERROR_INVALID_VALUE;
-  fake_drain();
-  memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
-  return CUDA_SUCCESS;
+  return copy_dtod(dst, src, n, NULL, 0);
 }
 
 static CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
                                        size_t n, void *stream) {
-  (void)stream;
-  if (n == 0) return CUDA_SUCCESS;
-  if (!fake_valid(dst, n) || !fake_valid(src, n) || fake_overlap(dst, src, n))
-    return CUDA_ERROR_INVALID_VALUE;
-  struct fake_work *w = calloc(1, sizeof *w);
-  if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
-  w->dst = (void *)(uintptr_t)dst;
-  w->src = (const void *)(uintptr_t)src;
-  w->n = n;
-  return fake_enqueue(w);
+  return copy_dtod(dst, src, n, stream, 1);
 }
 
 static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
-  if (!fake_valid(dst, n)) return CUDA_ERROR_INVALID_VALUE;
-  fake_drain();
-  memcpy((void *)(uintptr_t)dst, src, n);
+  if (!src) return CUDA_ERROR_INVALID_VALUE;
+  char *d;
+  pthread_mutex_lock(&fake_mu);
+  r = translate(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD", &d, NULL, NULL);
+  pthread_mutex_unlock(&fake_mu);
+  if (r) return r;
+  stream_sync(&fake_null_stream);
+  memcpy(d, src, n);
   return CUDA_SUCCESS;
 }
 
 static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
-  if (!fake_valid(src, n)) return CUDA_ERROR_INVALID_VALUE;
-  fake_drain();
-  memcpy(dst, (const void *)(uintptr_t)src, n);
+  if (!dst) return CUDA_ERROR_INVALID_VALUE;
+  char *s;
+  pthread_mutex_lock(&fake_mu);
+  r = translate(src, n, FAKE_ACCESS_READ, "cuMemcpyDtoH", &s, NULL, NULL);
+  pthread_mutex_unlock(&fake_mu);
+  if (r) return r;
+  stream_sync(&fake_null_stream);
+  memcpy(dst, s, n);
   return CUDA_SUCCESS;
 }
 
-static char fake_stream_obj;
-static CUresult fake_cuStreamCreate(void **s, unsigned flags) {
-  (void)flags;
-  *s = &fake_stream_obj;
-  return CUDA_SUCCESS;
-}
-static CUresult fake_cuStreamSynchronize(void *s) {
-  (void)s;
-  fake_drain();
-  return CUDA_SUCCESS;
-}
-static CUresult fake_cuStreamDestroy(void *s) {
-  (void)s;
-  fake_drain();
+/* --- the API: streams ---------------------------------------------------- */
+
+static CUresult fake_cuStreamCreate(void **out, unsigned flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!out || (flags & ~1u)) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_stream *s = calloc(1, sizeof *s);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  pthread_mutex_lock(&fake_mu);
+  s->next = fake_streams;
+  fake_streams = s;
+  pthread_mutex_unlock(&fake_mu);
+  *out = s;
   return CUDA_SUCCESS;
 }
 
-static CUresult fake_cuLaunchHostFunc(void *s, CUhostFn fn, void *user) {
-  (void)s;
+static CUresult fake_cuStreamSynchronize(void *h) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  struct fake_stream *s = stream_of(h);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  stream_sync(s);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuStreamDestroy(void *h) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if ((uintptr_t)h <= 2) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_stream **pp = &fake_streams;
+  while (*pp && *pp != h) pp = &(*pp)->next;
+  struct fake_stream *s = *pp;
+  if (s) *pp = s->next;
+  pthread_mutex_unlock(&fake_mu);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  /* The real driver lets queued work finish after it returns; here it
+   * finishes before. */
+  pthread_mutex_lock(&s->mu);
+  s->stop = 1;
+  pthread_cond_broadcast(&s->cv);
+  int started = s->started;
+  pthread_mutex_unlock(&s->mu);
+  if (started) pthread_join(s->thread, NULL);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuLaunchHostFunc(void *h, CUhostFn fn, void *user) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
   if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_stream *s = stream_of(h);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
   struct fake_work *w = calloc(1, sizeof *w);
   if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
   w->fn = fn;
   w->user = user;
-  return fake_enqueue(w);
+  r = stream_enqueue(s, w);
+  if (r) free(w);
+  return r;
 }
+
+/* --- error strings and the entry-point table ----------------------------- */
 
 static const struct {
   CUresult r;
@@ -567,11 +1491,15 @@ static const struct {
      "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE",
      "invalid device ordinal"},
-    {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED",
-     "resource already mapped"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT",
+     "invalid device context"},
+    {CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM",
+     "OS call failed or operation not supported on this OS"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE",
      "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
+     "operation not supported"},
 };
 
 static CUresult fake_error_lookup(CUresult r, const char **s, int text) {
@@ -600,11 +1528,24 @@ static const struct {
     FAKE_FN(cuDeviceGetCount),
     FAKE_FN(cuDeviceGet),
     FAKE_FN(cuDeviceGetName),
+    FAKE_FN(cuDeviceGetAttribute),
     FAKE_FN(cuDevicePrimaryCtxRetain),
     FAKE_FN(cuDevicePrimaryCtxRelease),
+    FAKE_FN(cuCtxCreate),
+    FAKE_FN(cuCtxDestroy),
     FAKE_FN(cuCtxSetCurrent),
     FAKE_FN(cuCtxGetCurrent),
     FAKE_FN(cuMemGetInfo),
+    FAKE_FN(cuMemGetAllocationGranularity),
+    FAKE_FN(cuMemCreate),
+    FAKE_FN(cuMemRelease),
+    FAKE_FN(cuMemExportToShareableHandle),
+    FAKE_FN(cuMemImportFromShareableHandle),
+    FAKE_FN(cuMemAddressReserve),
+    FAKE_FN(cuMemAddressFree),
+    FAKE_FN(cuMemMap),
+    FAKE_FN(cuMemUnmap),
+    FAKE_FN(cuMemSetAccess),
     FAKE_FN(cuMemAlloc),
     FAKE_FN(cuMemFree),
     FAKE_FN(cuMemcpyDtoD),
@@ -615,9 +1556,6 @@ static const struct {
     FAKE_FN(cuStreamSynchronize),
     FAKE_FN(cuStreamDestroy),
     FAKE_FN(cuLaunchHostFunc),
-    FAKE_FN(cuIpcGetMemHandle),
-    FAKE_FN(cuIpcOpenMemHandle),
-    FAKE_FN(cuIpcCloseMemHandle),
     FAKE_FN(cuGetErrorName),
     FAKE_FN(cuGetErrorString),
 };
@@ -646,9 +1584,4 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
                                  unsigned long long flags) {
   return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
-}
-
-__attribute__((constructor)) static void fake_load(void) {
-  pthread_atfork(NULL, NULL, fake_atfork_child);
-  atexit(fake_exit_check);
 }

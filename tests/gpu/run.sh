@@ -5,8 +5,9 @@
 #
 # after `make gpu-bundle` here and `run` with carry ["build"].  Starts
 # gmb-broker --device cuda:0, runs the driver-level figures
-# (build/gpu/gpu_figures: cuMemAlloc latency, cuIpcOpenMemHandle cost,
-# cuMemcpyDtoD GB/s, an IPC round trip with checked bytes), clients of two
+# (build/gpu/gpu_figures: cuMemAlloc latency, a VMM segment's cost, the
+# import + map of an exported descriptor in another process at 2 MiB,
+# 256 MiB and 8 GiB with checked bytes, cuMemcpyDtoD GB/s), clients of two
 # tenants with quotas, a kill -9 reclaim, a compaction, the PyTorch and
 # preload parts when their libraries exist, and stops the broker; then
 # checks the broker's log for device errors.  Prints FIGURE lines and one
@@ -36,7 +37,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 echo "FIGURE nvidia-smi $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
 
 # 1. The driver itself, without the broker.
-if "$B/gpu/gpu_figures"; then pass "driver figures and IPC round trip"; else fail "gpu_figures"; fi
+if "$B/gpu/gpu_figures"; then pass "driver figures and descriptor imports"; else fail "gpu_figures"; fi
 
 # 2. A broker on cuda:0 with two tenants.
 RUN=$(mktemp -d /tmp/gmb-gpu-XXXXXX)
@@ -107,7 +108,7 @@ else skip "preload: libgmb-preload.so or build/gpu/preload_app missing"; fi
 nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed 's/^/FIGURE memory.used_with_broker /'
 kill -TERM $BROKER; wait $BROKER; rc=$?
 [ $rc = 0 ] && pass "broker stopped cleanly" || fail "broker exit status $rc"
-if grep -E "error|cuMemFree|ASSERT" "$RUN/broker.log"; then fail "errors in the broker log"; else pass "broker log clean"; fi
+if grep -E "error|ASSERT" "$RUN/broker.log"; then fail "errors in the broker log"; else pass "broker log clean"; fi
 tail -n 20 "$RUN/broker.log"
 echo "run.sh: $fails failure(s)"
 [ $fails = 0 ]

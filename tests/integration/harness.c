@@ -362,10 +362,21 @@ static int harness_broker_ready(void *arg) {
   if (!harness_broker_alive(b)) return -1;
   struct stat st;
   if (stat(b->sock_path, &st) != 0) return 0;
-  gmb_client *c = NULL;
-  if (gmb_connect(b->endpoint, "harness-probe", &c) != 0) return 0;
-  gmb_disconnect(c);
-  return 1;
+  /* In a child: connecting to a cuda broker loads the CUDA driver, and a
+   * test process that did could fork no client any more (the driver
+   * refuses a child forked after cuInit). */
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) return 0;
+  if (pid == 0) {
+    gmb_client *c = NULL;
+    if (gmb_connect(b->endpoint, "harness-probe", &c) != 0) _exit(1);
+    gmb_disconnect(c);
+    _exit(0);
+  }
+  int wst;
+  if (waitpid(pid, &wst, 0) != pid) return 0;
+  return WIFEXITED(wst) && WEXITSTATUS(wst) == 0;
 }
 
 void harness_broker_start(struct harness_broker *b, const char *device,
@@ -404,6 +415,14 @@ void harness_broker_start_opts(struct harness_broker *b, const char *device,
 }
 
 pid_t harness_broker_stop(struct harness_broker *b) {
+  pid_t pid = harness_broker_stop_keep_dir(b);
+  harness_rm_rf(b->dir);
+  return pid;
+}
+
+void harness_broker_rm_dir(struct harness_broker *b) { harness_rm_rf(b->dir); }
+
+pid_t harness_broker_stop_keep_dir(struct harness_broker *b) {
   ck_assert_msg(harness_broker_alive(b), "the broker died during the test "
                 "(a failed consistency check aborts it; see its log above)");
   pid_t pid = b->pid;
@@ -433,7 +452,6 @@ pid_t harness_broker_stop(struct harness_broker *b) {
     ck_abort_msg("the broker exited with status %d after SIGTERM, want 0",
                  WEXITSTATUS(st));
   }
-  harness_rm_rf(b->dir);
   return pid;
 }
 

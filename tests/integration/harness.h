@@ -76,6 +76,10 @@ int harness_broker_alive(struct harness_broker *b);
  * Removes the run dir.  Returns the broker's pid (for shm checks).
  */
 pid_t harness_broker_stop(struct harness_broker *b);
+/* As harness_broker_stop, keeping the run dir (and the log in it) for the
+ * test to read; harness_broker_rm_dir removes it then. */
+pid_t harness_broker_stop_keep_dir(struct harness_broker *b);
+void harness_broker_rm_dir(struct harness_broker *b);
 
 /* The broker's log so far, NUL-terminated; the caller frees it. */
 char *harness_broker_log(const struct harness_broker *b);

@@ -24,10 +24,12 @@
 
 #define MIB (UINT64_C(1) << 20)
 
-/* Lines of /proc/self/maps that map a segment of broker `pid`. */
+/* Lines of /proc/self/maps that map a segment of a host broker (the memfds
+ * are named gmb-seg-ID; `pid` is the broker's, for the logs only). */
 static int mapped_segments(pid_t pid) {
+  (void)pid;
   char needle[48], line[1024];
-  snprintf(needle, sizeof needle, "/gmb-%ld-", (long)pid);
+  snprintf(needle, sizeof needle, "/memfd:gmb-seg-");
   FILE *f = fopen("/proc/self/maps", "r");
   if (f == NULL) return 0;
   int n = 0;

@@ -4,27 +4,32 @@
  * inherits from this process), and the device choices a broker makes at
  * start-up without a driver.
  *
- * End to end (the cuda_* tests): real client processes import the
- * broker's segments through the fake driver, where a "device pointer" is a
- * host address, so the tests write and read device memory directly.  The
- * fake's own check does the rest: a cuMemFree of memory another living
- * process still has open is appended to $FAKECUDA_LOG (and makes the broker
- * exit 86, which harness_broker_stop fails on), so every end-to-end test
- * ends with that log empty.  What the device really holds is counted from
- * outside: each cuMemAlloc of the broker is one /dev/shm/fakecuda-PID-N
- * object until its cuMemFree, so a segment the pool released but the device
- * parked (clients still have it open) is still there, and one freed is not.
+ * End to end (the cuda_* tests): real client processes map the broker's
+ * segments through the fake driver, which behaves like a GPU where it
+ * matters: a device address is not a CPU address, so the tests write and
+ * read device memory with cuMemcpyHtoD/DtoH through the pointers gmb_lock
+ * gives.  Each broker gets a fake device of its own ($FAKECUDA_DIR); the
+ * fake reports misuse of the driver (a bad unmap, a copy outside mapped
+ * memory, ...) to $FAKECUDA_LOG, so every end-to-end test ends with that
+ * log empty, and with nothing left on the device once the broker and its
+ * clients are gone (cuMemGetInfo is device-wide).  What the broker holds
+ * is counted from outside: the fake maps each mapping's bytes as
+ * "memfd:fakecuda-<id>" in its process, and the broker maps each of its
+ * segments once (for copies) until seg_free, so a segment the pool
+ * released but the device parked (a client has not said it unmapped it)
+ * is still in /proc/<broker>/maps, and one freed is not.
  *
- * Clients that import run in forked children, never in the test process
- * after a fork: a child would inherit the parent's import list (cuimport.c)
- * while the fake forgets the parent's imports in a child.  Children wait on
- * pipes, never on time; a segment's retirement is made to wait by
- * SIGSTOPping the child that holds it (a stopped process is alive for the
- * fake's check, and the broker, which watches the pid, keeps its session).
+ * Clients run in forked children, forked before the test process touches
+ * CUDA (the driver, real or fake, refuses a child forked after cuInit).
+ * Children wait on pipes, never on time; a segment's retirement is made to
+ * wait by SIGSTOPping the child that holds it (the broker, which watches
+ * the pid, keeps its session, and the stopped child never says it
+ * unmapped).  An evicted client that still runs keeps its mapping, and
+ * its bytes, whatever the broker hands out afterwards.
  */
 #include <check.h>
-#include <dirent.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -136,14 +141,18 @@ END_TEST
 /* --- end to end: real clients on the fake driver ------------------------ */
 
 static char cuda_log_path[64];
+static char cuda_dev_dir[64];
 
-/* A broker on cuda:0 over the fake driver with `total` bytes of device
+/* A broker on cuda:0 over a fake device of its own with `total` bytes of
  * memory, and an empty $FAKECUDA_LOG that the broker and every client
  * (forked from this process) append to. */
 static void cuda_start(struct harness_broker *b, const char *total,
                        const char *config) {
   use_fake();
   setenv("FAKECUDA_TOTAL", total, 1);
+  snprintf(cuda_dev_dir, sizeof cuda_dev_dir, "/tmp/gmbt-fakedev-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(cuda_dev_dir));
+  setenv("FAKECUDA_DIR", cuda_dev_dir, 1);
   snprintf(cuda_log_path, sizeof cuda_log_path, "/tmp/gmbt-fakelog-XXXXXX");
   int fd = mkstemp(cuda_log_path);
   ck_assert_msg(fd >= 0, "mkstemp %s", cuda_log_path);
@@ -152,18 +161,56 @@ static void cuda_start(struct harness_broker *b, const char *total,
   harness_broker_start(b, "cuda:0", config);
 }
 
-/* How many cuMemAlloc regions broker `pid` holds now (see the top). */
+/* How many segments broker `pid` holds on the device now: the distinct
+ * fake allocations it maps (see the top); -1 when it is gone. */
 static int cuda_device_objects(pid_t pid) {
-  char prefix[48];
-  int n = snprintf(prefix, sizeof prefix, "fakecuda-%ld-", (long)pid);
-  DIR *d = opendir("/dev/shm");
-  if (d == NULL) return -1;
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/proc/%ld/maps", (long)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return -1;
+  unsigned long long seen[256];
   int count = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    count += strncmp(e->d_name, prefix, (size_t)n) == 0;
-  closedir(d);
+  while (fgets(line, sizeof line, f)) {
+    const char *m = strstr(line, "memfd:fakecuda-");
+    if (m == NULL) continue;
+    unsigned long long id = strtoull(m + 15, NULL, 10);
+    int dup = 0;
+    for (int i = 0; i < count && !dup; i++) dup = seen[i] == id;
+    if (!dup && count < 256) seen[count++] = id;
+  }
+  fclose(f);
   return count;
+}
+
+/* The test process's own handle on the driver, loaded at its first use in
+ * a process (the test process only after it forked its last client). */
+static struct gmb_cudrv cuda_drv;
+
+static struct gmb_cudrv *cuda_driver(void) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&mu);
+  if (cuda_drv.lib == NULL) {
+    char err[256];
+    if (gmb__cudrv_load(&cuda_drv, err, sizeof err) != 0) {
+      fprintf(stderr, "test_cuda: %s\n", err);
+      memset(&cuda_drv, 0, sizeof cuda_drv);
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return cuda_drv.lib ? &cuda_drv : NULL;
+}
+
+/* Bytes the fake device holds for every process, or -1. */
+static long long cuda_device_used(void) {
+  struct gmb_cudrv *d = cuda_driver();
+  gmb_cu_ctx ctx, cur = NULL;
+  size_t fr, tot;
+  if (d == NULL || d->cuCtxGetCurrent(&cur) != 0) return -1;
+  if (cur == NULL && (d->cuDevicePrimaryCtxRetain(&ctx, 0) != 0 ||
+                      d->cuCtxSetCurrent(ctx) != 0))
+    return -1;
+  if (d->cuMemGetInfo(&fr, &tot) != 0) return -1;
+  return (long long)(tot - fr);
 }
 
 /* $FAKECUDA_LOG so far (NUL-terminated; the caller frees it). */
@@ -244,40 +291,84 @@ static void cuda_wait_settled(struct harness_broker *b) {
                cuda_device_objects(b->pid));
 }
 
-/* Stops the broker (which fails unless it exits 0: the fake makes it exit
- * 86 after a free while open), then checks that it freed every region and
- * that nobody's free met an open import. */
+/* Once the broker and every client are gone: nothing is left on the
+ * device and nobody misused the driver; the fake device goes. */
+static void cuda_device_done(void) {
+  ck_assert_int_eq(cuda_device_used(), 0);
+  cuda_assert_log_empty();
+  unlink(cuda_log_path);
+  char acct[96];
+  snprintf(acct, sizeof acct, "%s/device0", cuda_dev_dir);
+  unlink(acct);
+  rmdir(cuda_dev_dir);
+}
+
+/* Stops the broker (which fails unless it exits 0), then checks that
+ * nothing is left on the device and that nobody misused the driver.
+ * Every client of the test has ended by then. */
 static void cuda_finish(struct harness_broker *b) {
   char *log = harness_broker_log(b);
   ck_assert_msg(strstr(log, "never said they closed") == NULL, "%s", log);
   free(log);
-  pid_t pid = harness_broker_stop(b);
-  ck_assert_int_eq(cuda_device_objects(pid), 0);
-  cuda_assert_log_empty();
-  unlink(cuda_log_path);
+  harness_broker_stop(b);
+  cuda_device_done();
 }
 
-/* Locks `id`, fills it with the pattern of `seed` through the pointer and
- * unlocks it. */
+/* Locks `id`, fills it with the pattern of `seed` by a copy to the
+ * pointer (cuMemcpyHtoD: it is a device address) and unlocks it. */
 static int cuda_fill(gmb_client *c, gmb_id id, uint64_t size, uint64_t seed) {
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(size);
+  if (d == NULL || buf == NULL) {
+    free(buf);
+    return GMB_E_DEVICE;
+  }
+  harness_pattern_fill(buf, size, seed);
   void *p = NULL;
   int rc = gmb_lock(c, id, &p);
-  if (rc) return rc;
-  if (p == NULL) return GMB_E_PROTO;
-  harness_pattern_fill(p, size, seed);
-  return gmb_unlock(c, id);
+  if (rc == 0 && p == NULL) rc = GMB_E_PROTO;
+  if (rc == 0) {
+    gmb_cu_result r = d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, size);
+    if (r != GMB_CU_SUCCESS) {
+      fprintf(stderr, "allocation %llu: cuMemcpyHtoD: error %d\n",
+              (unsigned long long)id, r);
+      rc = GMB_E_DEVICE;
+    }
+    int urc = gmb_unlock(c, id);
+    if (rc == 0) rc = urc;
+  }
+  free(buf);
+  return rc;
 }
 
-/* Locks `id` and checks the pattern of `seed`: 0, the lock's error, or 1
- * on a mismatch (said on stderr). */
+/* Locks `id` and checks the pattern of `seed` by a copy from the pointer:
+ * 0, the lock's or the copy's error, or 1 on a mismatch (said on
+ * stderr). */
 static int cuda_check(gmb_client *c, gmb_id id, uint64_t size, uint64_t seed,
                       void **where) {
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(size);
+  if (d == NULL || buf == NULL) {
+    free(buf);
+    return GMB_E_DEVICE;
+  }
   void *p = NULL;
   int rc = gmb_lock(c, id, &p);
-  if (rc) return rc;
-  long bad = harness_pattern_check(p, size, seed);
+  if (rc) {
+    free(buf);
+    return rc;
+  }
+  gmb_cu_result r = d->cuMemcpyDtoH(buf, (gmb_cu_ptr)(uintptr_t)p, size);
   if (where) *where = p;
   gmb_unlock(c, id);
+  if (r != GMB_CU_SUCCESS) {
+    fprintf(stderr, "allocation %llu: cuMemcpyDtoH: error %d\n",
+            (unsigned long long)id, r);
+    free(buf);
+    return GMB_E_DEVICE;
+  }
+  long bad = harness_pattern_check(buf, size, seed);
+  free(buf);
   if (bad >= 0) {
     fprintf(stderr, "allocation %llu (seed %llu) differs at byte %ld\n",
             (unsigned long long)id, (unsigned long long)seed, bad);
@@ -690,12 +781,10 @@ START_TEST(cuda_unlock_on_stream) {
   ck_assert_int_eq(gmb_unlock_on_stream(c, id[1], NULL), GMB_E_INVAL);
   ck_assert_int_eq(gmb_unlock_on_stream(c, id[0], NULL), GMB_E_NOENT);
 
-  struct gmb_cudrv drv;
-  memset(&drv, 0, sizeof drv);
-  char err[256];
-  ck_assert_msg(gmb__cudrv_load(&drv, err, sizeof err) == 0, "%s", err);
+  struct gmb_cudrv *drv = cuda_driver();
+  ck_assert_ptr_nonnull(drv);
   atomic_store(&stream_gate, 0);
-  ck_assert_int_eq(drv.cuLaunchHostFunc(NULL, stream_blocker, NULL),
+  ck_assert_int_eq(drv->cuLaunchHostFunc(NULL, stream_blocker, NULL),
                    GMB_CU_SUCCESS);
   void *p1 = NULL, *p2 = NULL;
   ck_assert_int_eq(gmb_lock(c, id[1], &p1), 0);
@@ -713,7 +802,7 @@ START_TEST(cuda_unlock_on_stream) {
   ck_assert_uint_eq(gmb__cuda_pending(), 2);
 
   atomic_store(&stream_gate, 1);
-  ck_assert_int_eq(drv.cuStreamSynchronize(NULL), GMB_CU_SUCCESS);
+  ck_assert_int_eq(drv->cuStreamSynchronize(NULL), GMB_CU_SUCCESS);
   ck_assert_uint_eq(gmb__cuda_pending(), 0);
   ck_assert_int_eq(harness_admin_compact(adm, "st", &cs), 0);
   ck_assert_uint_ge(cs.moves, 1);
@@ -732,11 +821,168 @@ START_TEST(cuda_unlock_on_stream) {
 }
 END_TEST
 
+/* --- cuda_evicted_process_keeps_its_bytes -------------------------------- */
+
+struct evict_kid {
+  char endpoint[128];
+  int up_w, go_r;
+};
+
+/* The victim: writes its memory, keeps the device pointer, is evicted
+ * meanwhile, and then reads its memory through that pointer: its own
+ * bytes, whatever the broker gave to others since. */
+static int evict_child(void *arg) {
+  struct evict_kid *k = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(k->endpoint, "victim", &c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id = 0;
+  CHILD_CHECK(gmb_alloc(c, 32 * MIB, 0, &id) == 0, 11, "alloc: %s",
+              gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, id, 32 * MIB, 11) == 0, 12, "fill");
+  void *p = NULL;
+  CHILD_CHECK(gmb_lock(c, id, &p) == 0, 13, "lock: %s", gmb_last_error(c));
+  CHILD_CHECK(harness_pipe_send(k->up_w, 'a') == 0, 14, "pipe");
+  CHILD_CHECK(harness_pipe_wait(k->go_r, HARNESS_WAIT_MS) == 'g', 15,
+              "no go");
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(32 * MIB);
+  CHILD_CHECK(d && buf, 16, "no driver or memory");
+  gmb_cu_result r = d->cuMemcpyDtoH(buf, (gmb_cu_ptr)(uintptr_t)p, 32 * MIB);
+  CHILD_CHECK(r == GMB_CU_SUCCESS, 17, "cuMemcpyDtoH: %d", r);
+  long bad = harness_pattern_check(buf, 32 * MIB, 11);
+  CHILD_CHECK(bad < 0, 18, "byte %ld of its memory changed under it", bad);
+  free(buf);
+  gmb_stats st;
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == GMB_E_EVICTED, 19,
+              "not told it was evicted: %s", gmb_last_error(c));
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_evicted_process_keeps_its_bytes) {
+  struct harness_broker b;
+  cuda_start(&b, "256m", NULL);
+  int up[2], go[2];
+  ck_assert_int_eq(pipe(up), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  struct evict_kid k = {.up_w = up[1], .go_r = go[0]};
+  snprintf(k.endpoint, sizeof k.endpoint, "%s", b.endpoint);
+  pid_t kid = harness_fork(evict_child, &k);
+  cuda_step(up[0], 'a', kid);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "evict", "victim", NULL),
+                   0);
+  /* The broker released the victim's segment; another tenant takes memory
+   * and writes every byte of it. */
+  gmb_client *c = harness_connect_ok(&b, "next");
+  gmb_id id = harness_alloc_ok(c, 64 * MIB);
+  ck_assert_int_eq(cuda_fill(c, id, 64 * MIB, 99), 0);
+  ck_assert_int_eq(harness_pipe_send(go[1], 'g'), 0);
+  ck_assert_msg(harness_wait(kid) == 0, "the evicted child failed (its "
+                "stderr says why)");
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  close(up[0]);
+  close(up[1]);
+  close(go[0]);
+  close(go[1]);
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
+/* --- cuda_stop_waits_for_clients ----------------------------------------- */
+
+struct stop_kid {
+  char endpoint[128];
+  int up_w, go_r;
+};
+
+/* Holds 8 MiB (mapped) until told to go, then disconnects (unmaps, Bye). */
+static int stop_child(void *arg) {
+  struct stop_kid *k = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(k->endpoint, "stay", &c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id = 0;
+  CHILD_CHECK(gmb_alloc(c, 8 * MIB, 0, &id) == 0, 11, "alloc: %s",
+              gmb_last_error(c));
+  CHILD_CHECK(cuda_fill(c, id, 8 * MIB, 5) == 0, 12, "fill");
+  CHILD_CHECK(harness_pipe_send(k->up_w, 'a') == 0, 13, "pipe");
+  if (harness_pipe_wait(k->go_r, HARNESS_WAIT_MS) == 'g') gmb_disconnect(c);
+  else for (;;) pause(); /* killed with the test */
+  return 0;
+}
+
+struct log_has {
+  const struct harness_broker *b;
+  const char *what;
+};
+
+static int log_has(void *arg) {
+  struct log_has *h = arg;
+  char *log = harness_broker_log(h->b);
+  int yes = strstr(log, h->what) != NULL;
+  free(log);
+  return yes;
+}
+
+/* At SIGTERM the broker waits (shutdown_grace_ms) for the sessions that
+ * still map its segments, serving their goodbyes meanwhile, and refuses
+ * new sessions; a second SIGTERM ends the wait, and it exits 0. */
+START_TEST(cuda_stop_waits_for_clients) {
+  struct harness_broker b;
+  cuda_start(&b, "256m", "[broker]\nshutdown_grace_ms = 60000\n");
+  struct stop_kid k[2];
+  int up[2], go[2][2];
+  ck_assert_int_eq(pipe(up), 0);
+  pid_t kids[2];
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(pipe(go[i]), 0);
+    snprintf(k[i].endpoint, sizeof k[i].endpoint, "%s", b.endpoint);
+    k[i].up_w = up[1];
+    k[i].go_r = go[i][0];
+    kids[i] = harness_fork(stop_child, &k[i]);
+    cuda_step(up[0], 'a', kids[i]);
+  }
+  ck_assert_int_eq(kill(b.pid, SIGTERM), 0);
+  struct log_has h = {&b, "waiting up to 60000 ms for 2 sessions"};
+  ck_assert_msg(harness_poll_until(log_has, &h, HARNESS_WAIT_MS),
+                "the broker did not wait for its sessions");
+  /* Nothing new while it stops. */
+  gmb_client *late = NULL;
+  ck_assert_int_ne(gmb_connect(b.endpoint, "late", &late), 0);
+  /* One client leaves; its goodbye is served during the wait. */
+  ck_assert_int_eq(harness_pipe_send(go[0][1], 'g'), 0);
+  ck_assert_int_eq(harness_wait(kids[0]), 0);
+  h.what = "said goodbye";
+  ck_assert_msg(harness_poll_until(log_has, &h, HARNESS_WAIT_MS),
+                "the goodbye was not served while stopping");
+  ck_assert(harness_broker_alive(&b)); /* still waiting for the other */
+  /* The second SIGTERM (harness_broker_stop's) ends the wait. */
+  harness_broker_stop_keep_dir(&b);
+  h.what = "1 sessions still hold segments";
+  ck_assert_msg(log_has(&h), "no word of the session left behind");
+  harness_broker_rm_dir(&b);
+  /* It kept its mapping past the broker; once it unmaps, all is back. */
+  ck_assert_int_eq(harness_pipe_send(go[1][1], 'g'), 0);
+  ck_assert_int_eq(harness_wait(kids[1]), 0);
+  cuda_device_done();
+  for (int i = 0; i < 2; i++) {
+    close(go[i][0]);
+    close(go[i][1]);
+  }
+  close(up[0]);
+  close(up[1]);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cuda", "broker", 30, no_driver_exits_with_one_line,
       no_gpu_exits_with_one_line, auto_without_driver_says_host,
       cuda0_on_fake_driver_status, auto_picks_fake_gpu,
       cuda_clients_share_memory, cuda_compaction_moves_bytes,
-      cuda_retirement_waits_for_close, cuda_unlock_on_stream));
+      cuda_retirement_waits_for_close, cuda_unlock_on_stream,
+      cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients));
 }

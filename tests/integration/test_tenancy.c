@@ -1,24 +1,39 @@
 /*
  * test_tenancy.c - what keeps tenants apart: ids that mean nothing to
- * another tenant, admission by uid, and a broker that answers malformed
- * or hostile input with the documented error and goes on serving the
- * others.
+ * another tenant, admission by uid, descriptors of memory given only to
+ * the sessions of the tenant that owns it, and a broker that answers
+ * malformed or hostile input with the documented error and goes on
+ * serving the others.
+ *
+ * The descriptor channel (fd.sock in the run dir, proto/fdpass.h) is
+ * spoken raw here, as an attacker would: a legitimate session (a raw
+ * ZeroMQ Hello gives its id and secret) asks for another tenant's
+ * segments, and processes that are no session's guess ids and secrets,
+ * or hold a real session's secret under another uid.
  *
  * The uid tests need root (CI runs as root): a child drops to uid 65534
  * and connects.  Without root only the positive path is tested, and the
  * test says so on stdout.
  */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "gmb.h"
 #include "harness.h"
+#include "locktab_layout.h"
 #include "wire.h"
 
 #define MIB (UINT64_C(1) << 20)
@@ -301,6 +316,126 @@ static struct wire_request simple_req(uint64_t id, enum wire_kind kind) {
   return r;
 }
 
+/* --- the descriptor channel, raw ---------------------------------------- */
+
+/* A raw Hello on ZeroMQ socket s: the session's id and its secret for the
+ * descriptor channel (what libgmb keeps to itself). */
+struct raw_session {
+  uint64_t id;
+  uint8_t secret[GMB_FD_SECRET_LEN];
+  uint32_t lock_slots;
+};
+
+static struct raw_session raw_hello(void *s, uint64_t req_id,
+                                    const char *tenant) {
+  struct wire_request r = hello_req(req_id, tenant, WIRE_PROTOCOL_VERSION);
+  struct wire_reply rep;
+  int rc = harness_raw_call(s, &r, &rep);
+  ck_assert_msg(rc == 0, "hello: %s", gmb_err_name(rc));
+  ck_assert_msg(rep.status == 0, "hello: %s", rep.message);
+  ck_assert_int_eq(rep.kind, WIRE_HELLO);
+  ck_assert_uint_eq(rep.u.hello.fd_secret_len, GMB_FD_SECRET_LEN);
+  struct raw_session out;
+  out.id = rep.u.hello.session;
+  memcpy(out.secret, rep.u.hello.fd_secret, GMB_FD_SECRET_LEN);
+  out.lock_slots = rep.u.hello.lock_slots;
+  gmb__wire_reply_clear(&rep);
+  return out;
+}
+
+/* A connection to broker dir's fd.sock; -errno when connect fails.  Does
+ * not use Check: children call it too. */
+static int fd_connect(const char *dir) {
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  int n = snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%s", dir,
+                   GMB_FD_SOCKET);
+  if (n < 0 || (size_t)n >= sizeof sa.sun_path) return -ENAMETOOLONG;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+/* Sends one request and waits (HARNESS_WAIT_MS) for its reply: 0 with
+ * *rep and its descriptor in *fd (-1: none), or -errno (-ETIMEDOUT, or
+ * -EPIPE when the broker hung up instead).  No Check either. */
+static int fd_call(int sock, uint32_t op, uint64_t session, uint64_t segment,
+                   const uint8_t *secret, struct gmb_fd_rep *rep, int *fd) {
+  struct gmb_fd_req req;
+  memset(&req, 0, sizeof req);
+  req.magic = GMB_FD_MAGIC;
+  req.op = op;
+  req.session = session;
+  req.segment = segment;
+  if (secret) memcpy(req.secret, secret, GMB_FD_SECRET_LEN);
+  *fd = -1;
+  int rc = gmb__fd_send(sock, &req, sizeof req, -1, 0);
+  if (rc) return rc;
+  struct pollfd p = {.fd = sock, .events = POLLIN};
+  if (poll(&p, 1, HARNESS_WAIT_MS) != 1) return -ETIMEDOUT;
+  ssize_t n = gmb__fd_recv(sock, rep, sizeof *rep, fd, 0);
+  if (n == 0) return -EPIPE;
+  if (n < 0) return (int)n;
+  if ((size_t)n != sizeof *rep || rep->magic != GMB_FD_MAGIC) return -EPROTO;
+  rep->message[sizeof rep->message - 1] = '\0';
+  return 0;
+}
+
+/* 1 when the broker closed the connection (within HARNESS_WAIT_MS). */
+static int fd_hung_up(int sock) {
+  struct pollfd p = {.fd = sock, .events = POLLIN};
+  if (poll(&p, 1, HARNESS_WAIT_MS) != 1) return 0;
+  char buf[sizeof(struct gmb_fd_rep)];
+  int fd = -1;
+  ssize_t n = gmb__fd_recv(sock, buf, sizeof buf, &fd, 0);
+  if (fd >= 0) close(fd);
+  return n == 0 || n == -ECONNRESET;
+}
+
+/* AUTH on a new connection that must be refused GMB_E_AUTH, with no
+ * descriptor, and closed; the refusal's text in msg.  0, or a code saying
+ * what went wrong (children report it). */
+static int fd_auth_refused(const char *dir, uint64_t session,
+                           const uint8_t *secret, char *msg, size_t cap) {
+  int sock = fd_connect(dir);
+  if (sock < 0) return 1;
+  struct gmb_fd_rep rep;
+  int fd = -1;
+  int rc = fd_call(sock, GMB_FD_AUTH, session, 0, secret, &rep, &fd);
+  int code = rc != 0                   ? 2
+             : rep.status != GMB_E_AUTH ? 3
+             : fd >= 0                  ? 4
+             : !fd_hung_up(sock)        ? 5
+                                        : 0;
+  if (fd >= 0) close(fd);
+  if (rc == 0 && msg) snprintf(msg, cap, "%s", rep.message);
+  close(sock);
+  return code;
+}
+
+/* The id of a segment of `tenant`, from the admin snapshot; 0 if none. */
+static uint64_t segment_of_tenant(const struct harness_broker *b,
+                                  const char *tenant) {
+  void *admin = harness_raw_open(b->admin_endpoint);
+  struct wire_request r = simple_req(1, WIRE_ADMIN_SNAPSHOT);
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_raw_call(admin, &r, &rep), 0);
+  ck_assert_msg(rep.status == 0, "snapshot: %s", rep.message);
+  uint64_t seg = 0;
+  for (size_t i = 0; i < rep.u.snapshot.n_segments && seg == 0; i++)
+    if (strcmp(rep.u.snapshot.segments[i].tenant, tenant) == 0)
+      seg = rep.u.snapshot.segments[i].id;
+  gmb__wire_reply_clear(&rep);
+  harness_raw_close(admin);
+  return seg;
+}
+
 START_TEST(bad_input) {
   struct harness_broker b;
   harness_broker_start(&b, "host:128MiB", NULL);
@@ -336,8 +471,7 @@ START_TEST(bad_input) {
   call_expect(s, &r, GMB_E_PROTO, "hello with protocol version 99");
   r = hello_req(7, "-bad", WIRE_PROTOCOL_VERSION);
   call_expect(s, &r, GMB_E_INVAL, "hello with a bad tenant name");
-  r = hello_req(8, "raw", WIRE_PROTOCOL_VERSION);
-  call_expect(s, &r, 0, "hello");
+  struct raw_session raw = raw_hello(s, 8, "raw");
   r = hello_req(9, "raw", WIRE_PROTOCOL_VERSION);
   call_expect(s, &r, GMB_E_PROTO, "second hello");
 
@@ -359,11 +493,53 @@ START_TEST(bad_input) {
   r.id = 16;
   r.u.free.id = kid;
   call_expect(s, &r, GMB_E_NOENT, "free of another tenant's id");
-  /* No segment handle of another tenant, whatever the id asked. */
-  for (uint64_t seg = 0; seg < 16; seg++) {
-    r = simple_req(17 + seg, WIRE_SEGMENT);
-    r.u.segment.segment = seg;
-    call_expect(s, &r, GMB_E_NOENT, "segment of another tenant");
+  /* The descriptor channel: the session proves itself, and gets its own
+   * segment's descriptor and nothing of another tenant's, whatever the id
+   * asked (keeper's real segment, or guesses). */
+  int ch = fd_connect(b.dir);
+  ck_assert_msg(ch >= 0, "connect fd.sock: %s", strerror(-ch));
+  struct gmb_fd_rep frep;
+  int fd = -1;
+  ck_assert_int_eq(
+      fd_call(ch, GMB_FD_AUTH, raw.id, 0, raw.secret, &frep, &fd), 0);
+  ck_assert_msg(frep.status == 0, "auth: %s", frep.message);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_uint_eq(frep.size, gmb__lt_bytes(raw.lock_slots));
+  close(fd);
+  struct wire_reply arep;
+  r = alloc_req(17, MIB, 0);
+  ck_assert_int_eq(harness_raw_call(s, &r, &arep), 0);
+  ck_assert_msg(arep.status == 0, "alloc: %s", arep.message);
+  uint64_t own = arep.u.alloc.segment;
+  gmb__wire_reply_clear(&arep);
+  ck_assert_int_eq(fd_call(ch, GMB_FD_SEGMENT, raw.id, own, NULL, &frep, &fd),
+                   0);
+  ck_assert_msg(frep.status == 0, "own segment: %s", frep.message);
+  ck_assert_int_ge(fd, 0);
+  struct stat sb;
+  ck_assert_int_eq(fstat(fd, &sb), 0);
+  ck_assert_uint_eq((uint64_t)sb.st_size, frep.size);
+  errno = 0;
+  ck_assert_int_eq(ftruncate(fd, 0), -1); /* sealed */
+  ck_assert_int_eq(errno, EPERM);
+  close(fd);
+  uint64_t keepers = segment_of_tenant(&b, "keeper");
+  ck_assert_uint_ne(keepers, 0);
+  ck_assert_uint_ne(keepers, own);
+  for (uint64_t seg = 0; seg < 18; seg++) {
+    uint64_t ask = seg == 17 ? keepers : seg == 16 ? UINT64_MAX : seg;
+    if (ask == own) continue;
+    ck_assert_int_eq(
+        fd_call(ch, GMB_FD_SEGMENT, raw.id, ask, NULL, &frep, &fd), 0);
+    ck_assert_msg(frep.status == GMB_E_NOENT,
+                  "segment %llu: status %s (%s)", (unsigned long long)ask,
+                  gmb_err_name(frep.status), frep.message);
+    ck_assert_int_eq(fd, -1);
+    /* The same words for keeper's segment as for one that is nobody's. */
+    char want[GMB_FD_MESSAGE_MAX];
+    snprintf(want, sizeof want, "no segment %llu for tenant raw",
+             (unsigned long long)ask);
+    ck_assert_str_eq(frep.message, want);
   }
   r = simple_req(40, WIRE_ADMIN_STATUS);
   call_expect(s, &r, GMB_E_PROTO, "admin request on the client socket");
@@ -386,6 +562,9 @@ START_TEST(bad_input) {
   r = simple_req(43, WIRE_STATS);
   call_expect(s, &r, GMB_E_CONN, "stats after bye");
   harness_raw_close(s);
+  /* Its session ended with Bye: so did its descriptor channel. */
+  ck_assert_int_eq(fd_hung_up(ch), 1);
+  close(ch);
 
   /* Over ZMQ_MAXMSGSIZE: ZeroMQ drops that connection, nothing answers. */
   void *big = harness_raw_open(b.endpoint);
@@ -411,10 +590,128 @@ START_TEST(bad_input) {
 }
 END_TEST
 
+/* --- fd_channel_attacks -------------------------------------------------------- */
+
+struct attacker {
+  const char *dir;
+  uint64_t stolen_id; /* a real session's id and secret, other uid */
+  const uint8_t *stolen_secret;
+  uint64_t max_id;
+};
+
+/* Guesses: every session id up to max_id with a zero and a made-up secret;
+ * then, if given, a real session's id and secret. */
+static int attack(const struct attacker *a) {
+  uint8_t made_up[GMB_FD_SECRET_LEN];
+  for (size_t i = 0; i < sizeof made_up; i++) made_up[i] = (uint8_t)(i * 7);
+  char first[GMB_FD_MESSAGE_MAX] = "", msg[GMB_FD_MESSAGE_MAX];
+  for (uint64_t id = 0; id <= a->max_id; id++) {
+    for (int k = 0; k < 2; k++) {
+      static const uint8_t zero[GMB_FD_SECRET_LEN];
+      int code = fd_auth_refused(a->dir, id, k ? made_up : zero, msg,
+                                 sizeof msg);
+      CHILD_CHECK(code == 0, 20 + code, "session %llu guessed: refusal "
+                  "step %d failed", (unsigned long long)id, code);
+      if (!first[0]) snprintf(first, sizeof first, "%s", msg);
+      CHILD_CHECK(strcmp(first, msg) == 0, 30, "refusals differ: '%s' / '%s'",
+                  first, msg);
+    }
+  }
+  if (a->stolen_secret) {
+    int code = fd_auth_refused(a->dir, a->stolen_id, a->stolen_secret, msg,
+                               sizeof msg);
+    CHILD_CHECK(code == 0, 40 + code, "a real secret from uid %d: refusal "
+                "step %d failed", (int)geteuid(), code);
+    CHILD_CHECK(strcmp(first, msg) == 0, 50, "refusals differ: '%s' / '%s'",
+                first, msg);
+  }
+  return 0;
+}
+
+static int attacker_main(void *arg) {
+  CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
+  CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
+  CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
+  return attack(arg);
+}
+
+/* A process that is no session's gets nothing from the descriptor
+ * channel: guessed session ids and secrets, and (as another uid) even a
+ * real session's id and secret, are refused alike, and the connection is
+ * closed; the sessions it aimed at go on. */
+START_TEST(fd_channel_attacks) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *victim = harness_connect_ok(&b, "victim");
+  gmb_id vid = alloc_pattern(victim, MIB);
+  void *s = harness_raw_open(b.endpoint);
+  struct raw_session raw = raw_hello(s, 1, "raw");
+  /* While sessions hold memory, /dev/shm has nothing of this broker's. */
+  ck_assert_int_eq(harness_shm_leftovers(b.pid), 0);
+
+  /* From this uid: guesses. */
+  struct attacker a = {b.dir, 0, NULL, raw.id + 4};
+  ck_assert_int_eq(attack(&a), 0);
+  if (geteuid() == 0) {
+    /* From another uid: guesses, and the raw session's real secret. */
+    a.stolen_id = raw.id;
+    a.stolen_secret = raw.secret;
+    pid_t kid = harness_fork(attacker_main, &a);
+    int st = harness_wait(kid);
+    ck_assert_msg(st == 0, "uid %d attacking: child ended with %d (its "
+                  "stderr says why)", NOBODY, st);
+  } else {
+    printf("fd_channel_attacks: not root, so no process of another uid "
+           "tried a stolen secret\n");
+  }
+  /* No lockout: the real session proves itself after all that. */
+  int ch = fd_connect(b.dir);
+  ck_assert_int_ge(ch, 0);
+  struct gmb_fd_rep rep;
+  int fd = -1;
+  ck_assert_int_eq(fd_call(ch, GMB_FD_AUTH, raw.id, 0, raw.secret, &rep, &fd),
+                   0);
+  ck_assert_msg(rep.status == 0, "auth: %s", rep.message);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  /* ...and only once: a second channel for it is refused. */
+  int ch2 = fd_connect(b.dir);
+  ck_assert_int_ge(ch2, 0);
+  ck_assert_int_eq(
+      fd_call(ch2, GMB_FD_AUTH, raw.id, 0, raw.secret, &rep, &fd), 0);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  ck_assert_int_eq(fd, -1);
+  ck_assert_int_eq(fd_hung_up(ch2), 1);
+  close(ch2);
+  /* The victim's memory was never anybody else's. */
+  verify_pattern(victim, vid, MIB);
+  ck_assert_int_eq(gmb_free(victim, vid), 0);
+  gmb_disconnect(victim);
+  /* The raw session's channel closing ends it (its process is gone, as
+   * far as the broker can tell). */
+  close(ch);
+  struct wire_request r = simple_req(2, WIRE_STATS);
+  struct wire_reply zrep;
+  int alive = 1;
+  for (int i = 0; i < 200 && alive; i++) {
+    r.id = 2 + (uint64_t)i;
+    ck_assert_int_eq(harness_raw_call(s, &r, &zrep), 0);
+    alive = zrep.status == 0;
+    gmb__wire_reply_clear(&zrep);
+    if (alive) harness_sleep_ms(10);
+  }
+  ck_assert_msg(!alive, "the raw session outlived its descriptor channel");
+  harness_raw_close(s);
+  ck_assert(harness_broker_alive(&b));
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "tenancy", "tenancy", 60,
       isolation,
       auth_uid_refused,
-      bad_input));
+      bad_input,
+      fd_channel_attacks));
 }

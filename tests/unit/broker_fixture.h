@@ -14,22 +14,34 @@
  *
  * Replies the tap records are shallow copies: scalar fields and messages
  * are valid, pointers inside (admin tables) are not.
+ *
+ * Below fx_last_to are the helpers the suites share: a small device with
+ * compaction off, plain requests, Hello with any version, an allocation
+ * that must succeed, a tenant by name, ending a session, mapping a
+ * session's lock table from its descriptor as its client does, and the
+ * process's open descriptors and gmb names in /dev/shm, to prove that
+ * nothing leaks and nothing is named.
  */
 #ifndef GMB_BROKER_FIXTURE_H
 #define GMB_BROKER_FIXTURE_H
 
 #include <check.h>
+#include <dirent.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "broker.h"
 #include "core.h"
 #include "dispatch.h"
 #include "gmb.h"
+#include "locktab.h"
 #include "session.h"
 #include "statefile.h"
+#include "tenant.h"
 
 #define FX_MAX_SENT 256
 
@@ -186,6 +198,110 @@ static inline const struct fx_sent *fx_last_to(const struct fx *f,
   for (size_t i = f->n_sent; i-- > 0;)
     if (strcmp(f->sent[i].rid, rid) == 0) return &f->sent[i];
   return NULL;
+}
+
+/* --- shared helpers ----------------------------------------------------- */
+
+/* Compaction off, so that a request that finds no room is answered (or
+ * queued) without a compaction run. */
+#define FX_INI_OFF "[broker]\ncompaction = off\n"
+
+/* A broker on an 8 MiB host device with compaction off. */
+static inline void fx_open_small(struct fx *f) {
+  fx_open_ini(f, "host:8MiB", FX_INI_OFF);
+}
+
+/* A request of `kind` with no body; returns gmb__dispatch's answer-now
+ * flag. */
+static inline int fx_plain(struct fx *f, const char *rid, uid_t uid,
+                           enum wire_kind kind, struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = kind;
+  return fx_request(f, rid, uid, &req, rep);
+}
+
+/* A Hello of protocol `version` that may be refused (fx_hello requires
+ * success); returns gmb__dispatch's answer-now flag. */
+static inline int fx_hello_as(struct fx *f, const char *rid, uid_t uid,
+                              const char *tenant, uint32_t version,
+                              struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = version;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  snprintf(req.u.hello.client, sizeof req.u.hello.client, "check");
+  return fx_request(f, rid, uid, &req, rep);
+}
+
+/* Allocates without waiting and requires success; returns the reply. */
+static inline struct wire_reply fx_must_alloc(struct fx *f, const char *rid,
+                                              uid_t uid, uint64_t size,
+                                              uint32_t flags) {
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, rid, uid, size, flags, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "alloc %" PRIu64 ": %s", size, rep.message);
+  ck_assert_int_eq(rep.kind, WIRE_ALLOC);
+  return rep;
+}
+
+/* The tenant called `name`, which must exist. */
+static inline struct gmb_tenant *fx_tenant(struct fx *f, const char *name) {
+  struct gmb_tenant *t = gmb__tenant_find(f->b.tenants, name);
+  ck_assert_msg(t != NULL, "no tenant %s", name);
+  return t;
+}
+
+/* Ends session s as the broker does, then checks the pool and tenants. */
+static inline void fx_end(struct fx *f, struct gmb_session *s) {
+  gmb__core_session_end(&f->b, s, "test");
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+}
+
+/* Maps `bytes` of descriptor fd read-write and shared, as a client maps
+ * what the descriptor channel gave it. */
+static inline void *fx_map_fd(int fd, uint64_t bytes) {
+  void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                 0);
+  ck_assert_msg(p != MAP_FAILED, "mmap fd %d (%" PRIu64 " bytes)", fd, bytes);
+  return p;
+}
+
+/* Maps s's lock table from its descriptor (the one AUTH sends a copy
+ * of). */
+static inline struct gmb__lt_header *fx_map_locktab(struct gmb_session *s) {
+  ck_assert_ptr_nonnull(s->lt);
+  return fx_map_fd(gmb__locktab_fd(s->lt), gmb__locktab_bytes(s->lt));
+}
+
+static inline void fx_unmap_locktab(struct gmb__lt_header *h) {
+  ck_assert_int_eq(munmap(h, gmb__lt_bytes(h->slots)), 0);
+}
+
+/* The number of descriptors this process has open. */
+static inline int fx_count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* The number of names in /dev/shm that start with "gmb" (version 1 named
+ * its segments and lock tables there; version 2 names nothing). */
+static inline int fx_shm_names(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
+  closedir(d);
+  return n;
 }
 
 #endif /* GMB_BROKER_FIXTURE_H */

@@ -1,26 +1,36 @@
 /*
  * check_client.c - the client library against a fake broker.
  *
- * The fake is a ROUTER socket in a thread of the test, bound in a fresh
- * temporary directory and driven by hand with the wire codec: by default it
- * answers like a well-behaved broker on the host device (one shm segment
- * the test creates, handed out bump by bump), and each test replaces the
- * answer to the requests it cares about with garbage, silence, events or
- * lies.  What needs a real broker is in tests/integration.
+ * The fake is a ROUTER socket and a descriptor channel (fd.sock, a
+ * SOCK_SEQPACKET listener: proto/fdpass.h) in one thread of the test,
+ * bound in a fresh temporary directory and driven by hand with the wire
+ * codec and fake_router.h: by default it answers like a well-behaved broker
+ * on the host device (one segment, a sealed memfd the test creates, handed
+ * out bump by bump; its descriptor given on the channel), and each test
+ * replaces the answer to the requests it cares about, on either socket,
+ * with garbage, silence, events or lies.  What needs a real broker is in
+ * tests/integration.
  *
- * For movable allocations the test plays the broker's side of the lock
- * table too: lt_setup() creates a table and the fake names it in its Hello
- * reply and hands out slot id-1 for each movable allocation; the test then
- * claims, moves and publishes by hand (the "mover"), as compaction does.
+ * Every session has a lock table: the fake's Hello reply gives a secret
+ * and the slot count, and its channel answers AUTH with a sealed memfd
+ * that setup() creates for session 1.  It hands out slot id-1 for each
+ * movable allocation; the test then claims, moves and publishes by hand
+ * (the "mover"), as compaction does.
+ *
+ * The fake is in this process, so the descriptors the client receives are
+ * in the same table as the fake's: count_fds() shows whether the library
+ * closes what it was sent.  Nothing is created in /dev/shm.
  *
  * Knobs: ITER (allocations per thread in threads_share_client, default 200;
  * lock/unlock pairs per thread in movable_threads_lock_while_moving).
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,54 +38,74 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "fake_router.h"
+#include "fdpass.h"
 #include "gmb.h"
 #include "locktab_layout.h"
 #include "wire.h"
 
 #define FAKE_SEG_SIZE (4u << 20)
 #define FAKE_MAX_IDS 8192
+#define FAKE_LT_SLOTS 64
+#define FAKE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
 struct fake;
 /* Returns 1 when it answered (or chose silence), 0 for the default. */
 typedef int (*fake_handler)(struct fake *f, const struct wire_request *req);
+/* The same for a request on the descriptor channel's connection `conn`. */
+typedef int (*fake_fd_handler)(struct fake *f, int conn,
+                               const struct gmb_fd_req *req);
 
 struct fake {
   char dir[64];
   char endpoint[128];
   void *ctx;
   void *_Atomic router; /* NULL once the fake closed it */
+  struct fake_fdchan ch;
+  int no_channel; /* set before fake_start: no fd.sock at all */
   pthread_t thread;
   atomic_int stop;
-  atomic_int close_now; /* the thread closes its socket and exits */
+  atomic_int close_now; /* the thread closes its sockets and exits */
   fake_handler handler;
+  fake_fd_handler fd_handler;
   uint8_t peer[256];
   size_t peer_len;
 
   /* the default answers */
   char device[WIRE_DEVICE_MAX];
   uint32_t heartbeat_ms;
-  char shm_name[64]; /* segment 1 */
-  uint8_t *shm;      /* the test's own mapping of it */
+  uint64_t session;    /* in the Hello reply (1) */
+  uint8_t secret[GMB_FD_SECRET_LEN];
+  uint32_t secret_len; /* in the Hello reply: GMB_FD_SECRET_LEN */
+  uint8_t hello_secret_xor; /* the Hello reply's secret[0] differs by it */
+  int seg1_fd;         /* segment 1, a sealed memfd */
+  uint8_t *seg1;       /* the test's own mapping of it */
   uint64_t next_offset, next_id;
-  int handle_sent;
   uint64_t offsets[FAKE_MAX_IDS];
 
-  /* the lock table (lt_setup); lt_name "" for none */
-  char lt_name[64];
+  /* the lock table (setup): a sealed memfd of FAKE_LT_SLOTS slots, for
+   * session 1; lt_slots is what the Hello reply says (and what the alloc
+   * default believes), lt_size what the AUTH reply says (0: the size of
+   * lt_slots slots) */
+  int lt_fd;
   uint32_t lt_slots;
+  uint64_t lt_size;
   struct gmb__lt_header *lt;
-  /* segment 2 (seg2_setup): a second shm, given only on a Segment request */
-  char shm2_name[64];
-  uint8_t *shm2;
+  /* segment 2 (seg2_setup): a second memfd, given only when asked for */
+  int seg2_fd;
+  uint8_t *seg2;
 
   /* what it saw */
-  atomic_int n_total; /* every message */
-  atomic_int n_hello, n_alloc, n_free, n_stats, n_segment, n_heartbeat, n_bye;
+  atomic_int n_total; /* every message on the ZeroMQ socket */
+  atomic_int n_hello, n_alloc, n_free, n_stats, n_heartbeat, n_bye;
+  atomic_int n_auth, n_segment; /* requests on the descriptor channel */
   struct wire_request last_hello, last_alloc, last_free;
+  struct gmb_fd_req last_auth, last_segment;
+  struct ucred auth_cred; /* SO_PEERCRED of the connection that sent AUTH */
   atomic_int step; /* for handlers with a script */
 };
 
@@ -105,20 +135,6 @@ static void fake_event(struct fake *f, enum wire_event kind, uint64_t segment,
   fake_reply(f, &rep);
 }
 
-static void fake_handle_of(struct fake *f, struct wire_handle *h) {
-  h->segment = 1;
-  h->size = FAKE_SEG_SIZE;
-  h->len = (uint32_t)strlen(f->shm_name);
-  memcpy(h->bytes, f->shm_name, h->len);
-}
-
-static void fake_handle2_of(struct fake *f, struct wire_handle *h) {
-  h->segment = 2;
-  h->size = FAKE_SEG_SIZE;
-  h->len = (uint32_t)strlen(f->shm2_name);
-  memcpy(h->bytes, f->shm2_name, h->len);
-}
-
 static struct gmb__lt_slot *lt_slot_of(struct fake *f, uint64_t id) {
   return &gmb__lt_slots(f->lt)[id - 1];
 }
@@ -129,15 +145,16 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
     case WIRE_HELLO:
       rep.kind = WIRE_HELLO;
       rep.u.hello.version = WIRE_PROTOCOL_VERSION;
-      rep.u.hello.session = 1;
+      rep.u.hello.session = f->session;
       snprintf(rep.u.hello.tenant, sizeof rep.u.hello.tenant, "%s",
                req->u.hello.tenant[0] ? req->u.hello.tenant : "uid-1000");
       snprintf(rep.u.hello.device, sizeof rep.u.hello.device, "%s",
                f->device);
       rep.u.hello.heartbeat_ms = f->heartbeat_ms;
-      snprintf(rep.u.hello.lock_table, sizeof rep.u.hello.lock_table, "%s",
-               f->lt_name);
-      rep.u.hello.lock_slots = f->lt_name[0] ? f->lt_slots : 0;
+      rep.u.hello.lock_slots = f->lt_slots;
+      rep.u.hello.fd_secret_len = f->secret_len;
+      memcpy(rep.u.hello.fd_secret, f->secret, f->secret_len);
+      rep.u.hello.fd_secret[0] ^= f->hello_secret_xor;
       fake_reply(f, &rep);
       break;
     case WIRE_ALLOC: {
@@ -153,12 +170,7 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
       rep.u.alloc.offset = f->next_offset;
       f->offsets[rep.u.alloc.id] = f->next_offset;
       f->next_offset += size;
-      if (!f->handle_sent) {
-        fake_handle_of(f, &rep.u.alloc.handle);
-        f->handle_sent = 1;
-      }
-      if ((req->u.alloc.flags & GMB_MOVABLE) && f->lt &&
-          rep.u.alloc.id <= f->lt_slots) {
+      if ((req->u.alloc.flags & GMB_MOVABLE) && rep.u.alloc.id <= f->lt_slots) {
         struct gmb__lt_slot *sl = lt_slot_of(f, rep.u.alloc.id);
         sl->id = rep.u.alloc.id;
         sl->segment = 1;
@@ -169,21 +181,6 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
       fake_reply(f, &rep);
       break;
     }
-    case WIRE_SEGMENT:
-      if (req->u.segment.segment == 2 && f->shm2) {
-        rep.kind = WIRE_SEGMENT;
-        fake_handle2_of(f, &rep.u.segment);
-        fake_reply(f, &rep);
-        break;
-      }
-      if (req->u.segment.segment != 1) {
-        fake_status(f, req->id, GMB_E_NOENT, "no such segment");
-        break;
-      }
-      rep.kind = WIRE_SEGMENT;
-      fake_handle_of(f, &rep.u.segment);
-      fake_reply(f, &rep);
-      break;
     case WIRE_STATS:
       rep.kind = WIRE_STATS;
       rep.u.stats.quota = 1u << 30;
@@ -201,6 +198,52 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
   }
 }
 
+/* The channel as the broker keeps it: AUTH with this session's secret
+ * gets the lock table; SEGMENT gets segment 1 (or 2 when set up) on an
+ * authenticated connection, else a refusal and no descriptor. */
+static void fake_fd_default(struct fake *f, int conn,
+                            const struct gmb_fd_req *req) {
+  int *authed = fake_fdchan_tag(&f->ch, conn);
+  if (authed == NULL) return;
+  if (req->magic != GMB_FD_MAGIC) {
+    fake_fdchan_drop(&f->ch, conn);
+    return;
+  }
+  switch (req->op) {
+    case GMB_FD_AUTH:
+      if (req->session != f->session ||
+          memcmp(req->secret, f->secret, GMB_FD_SECRET_LEN) != 0) {
+        fake_fdchan_reply(conn, GMB_FD_AUTH, GMB_E_AUTH, 0, 0, -1,
+                          "no session with that secret");
+        break;
+      }
+      *authed = 1;
+      fake_fdchan_reply(conn, GMB_FD_AUTH, 0, 0,
+                        f->lt_size ? f->lt_size : gmb__lt_bytes(f->lt_slots),
+                        f->lt_fd, NULL);
+      break;
+    case GMB_FD_SEGMENT:
+      if (!*authed) {
+        fake_fdchan_reply(conn, GMB_FD_SEGMENT, GMB_E_AUTH, req->segment, 0,
+                          -1, "not authenticated");
+      } else if (req->segment == 1 || (req->segment == 2 && f->seg2)) {
+        fake_fdchan_reply(conn, GMB_FD_SEGMENT, 0, req->segment,
+                          FAKE_SEG_SIZE,
+                          req->segment == 1 ? f->seg1_fd : f->seg2_fd, NULL);
+      } else {
+        char msg[64];
+        snprintf(msg, sizeof msg, "segment %llu is not this tenant's",
+                 (unsigned long long)req->segment);
+        fake_fdchan_reply(conn, GMB_FD_SEGMENT, GMB_E_NOENT, req->segment, 0,
+                          -1, msg);
+      }
+      break;
+    default:
+      fake_fdchan_reply(conn, req->op, GMB_E_PROTO, 0, 0, -1, "bad op");
+      break;
+  }
+}
+
 static void *fake_main(void *arg) {
   struct fake *f = arg;
   while (!atomic_load(&f->stop)) {
@@ -209,32 +252,95 @@ static void *fake_main(void *arg) {
       int linger = 2000;
       zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof linger);
       zmq_close(f->router);
+      fake_fdchan_close(&f->ch);
       f->router = NULL;
       return NULL;
     }
-    struct wire_request req;
-    if (!fake_router_recv(f->router, f->peer, sizeof f->peer, &f->peer_len,
-                          &req))
+    struct fake_msg m;
+    enum fake_got got = fake_poll(f->router, &f->ch, f->peer, sizeof f->peer,
+                                  &f->peer_len, &m);
+    if (got == FAKE_GOT_FD) {
+      if (m.fdreq.op == GMB_FD_AUTH) {
+        f->last_auth = m.fdreq;
+        const struct ucred *cr = fake_fdchan_cred(&f->ch, m.conn);
+        if (cr) f->auth_cred = *cr;
+        atomic_fetch_add(&f->n_auth, 1);
+      } else if (m.fdreq.op == GMB_FD_SEGMENT) {
+        f->last_segment = m.fdreq;
+        atomic_fetch_add(&f->n_segment, 1);
+      }
+      if (f->fd_handler && f->fd_handler(f, m.conn, &m.fdreq)) continue;
+      fake_fd_default(f, m.conn, &m.fdreq);
       continue;
+    }
+    if (got != FAKE_GOT_WIRE) continue;
+    const struct wire_request *req = &m.req;
     atomic_fetch_add(&f->n_total, 1);
-    switch (req.kind) {
-      case WIRE_HELLO: f->last_hello = req; atomic_fetch_add(&f->n_hello, 1); break;
-      case WIRE_ALLOC: f->last_alloc = req; atomic_fetch_add(&f->n_alloc, 1); break;
-      case WIRE_FREE: f->last_free = req; atomic_fetch_add(&f->n_free, 1); break;
+    switch (req->kind) {
+      case WIRE_HELLO: f->last_hello = *req; atomic_fetch_add(&f->n_hello, 1); break;
+      case WIRE_ALLOC: f->last_alloc = *req; atomic_fetch_add(&f->n_alloc, 1); break;
+      case WIRE_FREE: f->last_free = *req; atomic_fetch_add(&f->n_free, 1); break;
       case WIRE_STATS: atomic_fetch_add(&f->n_stats, 1); break;
-      case WIRE_SEGMENT: atomic_fetch_add(&f->n_segment, 1); break;
       case WIRE_HEARTBEAT: atomic_fetch_add(&f->n_heartbeat, 1); break;
       case WIRE_BYE: atomic_fetch_add(&f->n_bye, 1); break;
       default: break;
     }
-    if (f->handler && f->handler(f, &req)) continue;
-    fake_default(f, &req);
+    if (f->handler && f->handler(f, req)) continue;
+    fake_default(f, req);
   }
   return NULL;
 }
 
+/* Open descriptors of this process (the fake's and the client's). */
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* Waits (up to 2 s) for the process to hold `want` descriptors again: the
+ * fake's side of a connection closes when its thread sees the hang-up,
+ * and ZeroMQ's when its I/O thread does.  Returns the last count. */
+static int fds_settle(int want) {
+  int n = count_fds();
+  for (int i = 0; i < 200 && n != want; i++) {
+    usleep(10 * 1000);
+    n = count_fds();
+  }
+  return n;
+}
+
+/* The lock table (FAKE_LT_SLOTS slots, for session 1), as the broker
+ * makes it: a memfd sealed against shrinking and growing. */
+static void lt_setup(void) {
+  uint64_t bytes = gmb__lt_bytes(FAKE_LT_SLOTS);
+  F.lt_fd = fake_memfd("gmb-check-client-lt", bytes, FAKE_SEALS);
+  F.lt = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, F.lt_fd, 0);
+  ck_assert_ptr_ne(F.lt, MAP_FAILED);
+  F.lt_slots = FAKE_LT_SLOTS;
+  F.lt->magic = GMB_LT_MAGIC;
+  F.lt->version = GMB_LT_VERSION;
+  F.lt->slots = FAKE_LT_SLOTS;
+  F.lt->session = 1;
+}
+
+/* A second segment, given on the channel when asked for segment 2. */
+static void seg2_setup(void) {
+  F.seg2_fd = fake_memfd("gmb-check-client-seg2", FAKE_SEG_SIZE, FAKE_SEALS);
+  F.seg2 = mmap(NULL, FAKE_SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                F.seg2_fd, 0);
+  ck_assert_ptr_ne(F.seg2, MAP_FAILED);
+}
+
 static void setup(void) {
   memset(&F, 0, sizeof F);
+  fake_fdchan_init(&F.ch);
+  F.lt_fd = F.seg1_fd = F.seg2_fd = -1;
   unsetenv("GMB_ENDPOINT");
   unsetenv("GMB_TENANT");
   unsetenv("GMB_TOKEN");
@@ -247,20 +353,25 @@ static void setup(void) {
   setenv("GMB_RUN_DIR", F.dir, 1);
   snprintf(F.endpoint, sizeof F.endpoint, "ipc://%s/broker.sock", F.dir);
   snprintf(F.device, sizeof F.device, "host");
-  snprintf(F.shm_name, sizeof F.shm_name, "/gmb-check-client-%d",
-           (int)getpid());
-  shm_unlink(F.shm_name);
-  int fd = shm_open(F.shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, FAKE_SEG_SIZE), 0);
-  F.shm = mmap(NULL, FAKE_SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ck_assert_ptr_ne(F.shm, MAP_FAILED);
-  close(fd);
+  F.session = 1;
+  F.secret_len = GMB_FD_SECRET_LEN;
+  for (int i = 0; i < GMB_FD_SECRET_LEN; i++)
+    F.secret[i] = (uint8_t)(0x5b ^ (i * 37) ^ getpid());
+  F.seg1_fd = fake_memfd("gmb-check-client-seg1", FAKE_SEG_SIZE, FAKE_SEALS);
+  F.seg1 = mmap(NULL, FAKE_SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                F.seg1_fd, 0);
+  ck_assert_ptr_ne(F.seg1, MAP_FAILED);
+  lt_setup();
 }
 
-/* Starts the fake; a test sets F's fields and handler first. */
+/* Starts the fake; a test sets F's fields and handlers first.  An
+ * endpoint with a wildcard port (tcp://127.0.0.1:*) becomes the bound one. */
 static void fake_start(void) {
+  if (!F.no_channel) fake_fdchan_listen(&F.ch, F.dir);
   F.router = fake_router_open(&F.ctx, F.endpoint);
+  size_t len = sizeof F.endpoint;
+  ck_assert_int_eq(zmq_getsockopt(F.router, ZMQ_LAST_ENDPOINT, F.endpoint,
+                                  &len), 0);
   ck_assert_int_eq(pthread_create(&F.thread, NULL, fake_main, &F), 0);
 }
 
@@ -271,12 +382,13 @@ static void teardown(void) {
     if (F.router) zmq_close(F.router);
     zmq_ctx_term(F.ctx);
   }
-  munmap(F.shm, FAKE_SEG_SIZE);
-  shm_unlink(F.shm_name);
-  if (F.lt) munmap(F.lt, gmb__lt_bytes(F.lt_slots));
-  if (F.lt_name[0]) shm_unlink(F.lt_name);
-  if (F.shm2) munmap(F.shm2, FAKE_SEG_SIZE);
-  if (F.shm2_name[0]) shm_unlink(F.shm2_name);
+  fake_fdchan_close(&F.ch);
+  munmap(F.seg1, FAKE_SEG_SIZE);
+  close(F.seg1_fd);
+  munmap(F.lt, gmb__lt_bytes(FAKE_LT_SLOTS));
+  close(F.lt_fd);
+  if (F.seg2) munmap(F.seg2, FAKE_SEG_SIZE);
+  if (F.seg2_fd >= 0) close(F.seg2_fd);
   char path[160];
   snprintf(path, sizeof path, "%s/broker.sock", F.dir);
   unlink(path);
@@ -609,7 +721,6 @@ static int alloc_too_far(struct fake *f, const struct wire_request *req) {
   rep.u.alloc.size = 8192;
   rep.u.alloc.segment = 1;
   rep.u.alloc.offset = FAKE_SEG_SIZE - 4096;
-  fake_handle_of(f, &rep.u.alloc.handle);
   fake_reply(f, &rep);
   return 1;
 }
@@ -621,7 +732,10 @@ START_TEST(alloc_outside_segment_proto) {
   gmb_id id = 77;
   ck_assert_int_eq(gmb_alloc(c, 8192, 0, &id), GMB_E_PROTO);
   ck_assert_uint_eq(id, 0);
-  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "does not fit"));
+  /* The segment's descriptor was fetched, and its size is what the range
+   * is checked against. */
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "outside segment 1"));
   /* The allocation it could not use was given back. */
   ck_assert_int_eq(atomic_load(&F.n_free), 1);
   ck_assert_uint_eq(F.last_free.u.free.id, 9);
@@ -637,7 +751,6 @@ static int alloc_short(struct fake *f, const struct wire_request *req) {
   rep.u.alloc.id = 3;
   rep.u.alloc.size = 512; /* less than asked */
   rep.u.alloc.segment = 1;
-  fake_handle_of(f, &rep.u.alloc.handle);
   fake_reply(f, &rep);
   return 1;
 }
@@ -648,30 +761,33 @@ START_TEST(alloc_smaller_than_asked_proto) {
   gmb_client *c = connect_ok();
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), GMB_E_PROTO);
+  ck_assert_int_eq(atomic_load(&F.n_free), 1);
   gmb_disconnect(c);
 }
 END_TEST
 
-static int alloc_bad_handle(struct fake *f, const struct wire_request *req) {
+static int alloc_in_segment_5(struct fake *f, const struct wire_request *req) {
   if (req->kind != WIRE_ALLOC) return 0;
   struct wire_reply rep = {.id = req->id, .kind = WIRE_ALLOC};
   rep.u.alloc.id = 4;
   rep.u.alloc.size = 512;
-  rep.u.alloc.segment = 1;
-  fake_handle_of(f, &rep.u.alloc.handle);
-  /* Claims more than the shm object holds: mapping it would SIGBUS. */
-  rep.u.alloc.handle.size = 2 * FAKE_SEG_SIZE;
+  rep.u.alloc.segment = 5; /* the channel will not give it */
   fake_reply(f, &rep);
   return 1;
 }
 
-START_TEST(alloc_handle_larger_than_shm_proto) {
-  F.handler = alloc_bad_handle;
+START_TEST(alloc_in_segment_refused_on_channel) {
+  F.handler = alloc_in_segment_5;
   fake_start();
   gmb_client *c = connect_ok();
-  gmb_id id;
-  ck_assert_int_eq(gmb_alloc(c, 512, 0, &id), GMB_E_PROTO);
-  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "smaller than"));
+  gmb_id id = 77;
+  ck_assert_int_eq(gmb_alloc(c, 512, 0, &id), GMB_E_NOENT);
+  ck_assert_uint_eq(id, 0);
+  ck_assert_str_eq(gmb_last_error(c),
+                   "GMB_E_NOENT: segment 5 is not this tenant's");
+  ck_assert_uint_eq(F.last_segment.segment, 5);
+  ck_assert_int_eq(atomic_load(&F.n_free), 1);
+  ck_assert_uint_eq(F.last_free.u.free.id, 4);
   gmb_disconnect(c);
 }
 END_TEST
@@ -683,14 +799,17 @@ static int retire_on_stats(struct fake *f, const struct wire_request *req) {
   return 1;
 }
 
-START_TEST(alloc_maps_shm_and_lock_points_into_it) {
+START_TEST(alloc_maps_segment_and_lock_points_into_it) {
   F.handler = retire_on_stats;
   fake_start();
   gmb_client *c = connect_ok();
+  ck_assert_int_eq(atomic_load(&F.n_segment), 0); /* nothing asked yet */
   gmb_id a, b;
-  ck_assert_int_eq(gmb_alloc(c, 1000, 0, &a), 0); /* carries the handle */
-  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &b), 0); /* no handle */
-  ck_assert_int_eq(atomic_load(&F.n_segment), 0); /* the mapping was cached */
+  ck_assert_int_eq(gmb_alloc(c, 1000, 0, &a), 0); /* asks for segment 1 */
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1);
+  ck_assert_uint_eq(F.last_segment.segment, 1);
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &b), 0);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1); /* the mapping was cached */
   void *pa, *pb;
   ck_assert_int_eq(gmb_lock(c, a, &pa), 0);
   ck_assert_int_eq(gmb_lock(c, b, &pb), 0);
@@ -699,10 +818,10 @@ START_TEST(alloc_maps_shm_and_lock_points_into_it) {
   /* Bytes written by the client are in the test's own mapping. */
   memset(pa, 0xA5, 1000);
   memset(pb, 0x5A, 512);
-  for (int i = 0; i < 1000; i++) ck_assert_uint_eq(F.shm[F.offsets[a] + i], 0xA5);
-  for (int i = 0; i < 512; i++) ck_assert_uint_eq(F.shm[F.offsets[b] + i], 0x5A);
+  for (int i = 0; i < 1000; i++) ck_assert_uint_eq(F.seg1[F.offsets[a] + i], 0xA5);
+  for (int i = 0; i < 512; i++) ck_assert_uint_eq(F.seg1[F.offsets[b] + i], 0x5A);
   /* ... and the other way round. */
-  F.shm[F.offsets[b] + 7] = 0x11;
+  F.seg1[F.offsets[b] + 7] = 0x11;
   ck_assert_uint_eq(((uint8_t *)pb)[7], 0x11);
   ck_assert_int_eq(gmb_unlock(c, a), 0);
   ck_assert_int_eq(gmb_unlock(c, b), 0);
@@ -711,19 +830,44 @@ START_TEST(alloc_maps_shm_and_lock_points_into_it) {
   gmb_stats st;
   ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
   ck_assert_int_eq(gmb_lock(c, b, &pb), 0);
-  ck_assert_int_eq(atomic_load(&F.n_segment), 1);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 2);
   ck_assert_uint_eq(((uint8_t *)pb)[7], 0x11);
+  ck_assert_int_eq(gmb_unlock(c, b), 0);
+  /* A pinned allocation too. */
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  ck_assert_int_eq(gmb_lock(c, a, &pa), 0);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 3);
+  ck_assert_uint_eq(((uint8_t *)pa)[999], 0xA5);
 
-  /* Retired again: an alloc in it without a handle asks for the segment. */
+  /* Retired again: an alloc in it asks for the segment. */
   ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
   gmb_id d;
   ck_assert_int_eq(gmb_alloc(c, 512, 0, &d), 0);
-  ck_assert_int_eq(atomic_load(&F.n_segment), 2);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 4);
 
   ck_assert_int_eq(gmb_free(c, a), 0);
   ck_assert_uint_eq(F.last_free.u.free.id, a);
   ck_assert_int_eq(gmb_lock(c, a, &pa), GMB_E_NOENT);
   ck_assert_int_eq(gmb_unlock(c, a), GMB_E_NOENT);
+  gmb_disconnect(c);
+}
+END_TEST
+
+START_TEST(fetched_descriptors_are_closed) {
+  F.handler = retire_on_stats;
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, 0, &id), 0);
+  int before = count_fds();
+  gmb_stats st;
+  void *p;
+  for (int i = 0; i < 50; i++) {
+    ck_assert_int_eq(gmb_tenant_stats(c, &st), 0); /* retires segment 1 */
+    ck_assert_int_eq(gmb_lock(c, id, &p), 0);      /* fetched again */
+  }
+  ck_assert_int_eq(atomic_load(&F.n_segment), 51);
+  ck_assert_int_eq(count_fds(), before);
   gmb_disconnect(c);
 }
 END_TEST
@@ -940,8 +1084,8 @@ START_TEST(threads_share_client) {
       ck_assert_int_eq(gmb_lock(c, id, &p), 0);
       ck_assert_ptr_eq(p, (uint8_t *)p); /* silence */
       uint8_t want = (uint8_t)((i * 31 + k) & 0xff);
-      ck_assert_uint_eq(F.shm[F.offsets[id]], want);
-      ck_assert_uint_eq(F.shm[F.offsets[id] + 511], want);
+      ck_assert_uint_eq(F.seg1[F.offsets[id]], want);
+      ck_assert_uint_eq(F.seg1[F.offsets[id] + 511], want);
       ck_assert_uint_eq(((uint8_t *)p)[100], want);
     }
     free(w[i].ids);
@@ -951,38 +1095,6 @@ START_TEST(threads_share_client) {
 END_TEST
 
 /* --- movable allocations and the lock table ---------------------------------- */
-
-/* Creates the lock table the fake's Hello names, for session 1. */
-static void lt_setup(uint32_t slots) {
-  snprintf(F.lt_name, sizeof F.lt_name, "/gmb-check-client-lt-%d",
-           (int)getpid());
-  shm_unlink(F.lt_name);
-  int fd = shm_open(F.lt_name, O_RDWR | O_CREAT | O_EXCL, 0600);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, (off_t)gmb__lt_bytes(slots)), 0);
-  F.lt = mmap(NULL, gmb__lt_bytes(slots), PROT_READ | PROT_WRITE, MAP_SHARED,
-              fd, 0);
-  ck_assert_ptr_ne(F.lt, MAP_FAILED);
-  close(fd);
-  F.lt_slots = slots;
-  F.lt->magic = GMB_LT_MAGIC;
-  F.lt->version = GMB_LT_VERSION;
-  F.lt->slots = slots;
-  F.lt->session = 1;
-}
-
-/* A second segment, handed out on a Segment request for segment 2. */
-static void seg2_setup(void) {
-  snprintf(F.shm2_name, sizeof F.shm2_name, "/gmb-check-client-2-%d",
-           (int)getpid());
-  shm_unlink(F.shm2_name);
-  int fd = shm_open(F.shm2_name, O_RDWR | O_CREAT | O_EXCL, 0600);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, FAKE_SEG_SIZE), 0);
-  F.shm2 = mmap(NULL, FAKE_SEG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ck_assert_ptr_ne(F.shm2, MAP_FAILED);
-  close(fd);
-}
 
 /* The mover, as the broker's compaction does it: claim, copy, publish. */
 static int mv_claim(uint64_t id) {
@@ -1004,7 +1116,6 @@ static uint32_t lt_state(uint64_t id) {
 }
 
 START_TEST(movable_lock_sends_no_message) {
-  lt_setup(64);
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id;
@@ -1017,7 +1128,7 @@ START_TEST(movable_lock_sends_no_message) {
   ck_assert_ptr_eq(p, q);
   ck_assert_uint_eq(lt_state(id), 2);
   memset(p, 0x3C, 4096);
-  ck_assert_uint_eq(F.shm[F.offsets[id] + 4095], 0x3C);
+  ck_assert_uint_eq(F.seg1[F.offsets[id] + 4095], 0x3C);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
   ck_assert_uint_eq(lt_state(id), 0);
@@ -1038,21 +1149,7 @@ START_TEST(movable_lock_sends_no_message) {
 }
 END_TEST
 
-START_TEST(heartbeat_after_hello_with_lock_table) {
-  lt_setup(64);
-  fake_start();
-  gmb_client *c = connect_ok();
-  gmb_stats st;
-  /* No heartbeat period was asked for; the one heartbeat is what lets the
-   * broker unlink the table's name at once. */
-  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
-  ck_assert_int_eq(atomic_load(&F.n_heartbeat), 1);
-  gmb_disconnect(c);
-}
-END_TEST
-
 START_TEST(unlock_not_locked_invalid) {
-  lt_setup(64);
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id;
@@ -1089,7 +1186,6 @@ static void *locker_main(void *arg) {
 }
 
 START_TEST(lock_waits_while_moving_then_new_position) {
-  lt_setup(64);
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id, other;
@@ -1115,8 +1211,8 @@ START_TEST(lock_waits_while_moving_then_new_position) {
   ck_assert_int_eq(atomic_load(&l.done), 0);
   /* The move: copy, poison the old place, publish the new one. */
   uint64_t from = F.offsets[id], to = 2u << 20;
-  memcpy(F.shm + to, F.shm + from, 1024);
-  memset(F.shm + from, 0xEE, 1024);
+  memcpy(F.seg1 + to, F.seg1 + from, 1024);
+  memset(F.seg1 + from, 0xEE, 1024);
   mv_publish(id, 1, to);
   pthread_join(t, NULL);
   ck_assert_int_eq(l.rc, 0);
@@ -1131,7 +1227,6 @@ END_TEST
 
 START_TEST(lock_moving_too_long_times_out) {
   setenv("GMB_LOCK_TIMEOUT_MS", "50", 1);
-  lt_setup(64);
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id;
@@ -1150,30 +1245,34 @@ START_TEST(lock_moving_too_long_times_out) {
 END_TEST
 
 START_TEST(moved_to_unmapped_segment_fetched_once) {
-  lt_setup(64);
   seg2_setup();
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1); /* segment 1 */
   ck_assert(mv_claim(id));
-  memset(F.shm2 + 4096, 0x42, 512);
+  memset(F.seg2 + 4096, 0x42, 512);
   mv_publish(id, 2, 4096);
   void *p, *q;
   ck_assert_int_eq(gmb_lock(c, id, &p), 0);
-  ck_assert_int_eq(atomic_load(&F.n_segment), 1);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 2);
+  ck_assert_uint_eq(F.last_segment.segment, 2);
   ck_assert_uint_eq(((uint8_t *)p)[511], 0x42);
   ((uint8_t *)p)[0] = 0x43;
-  ck_assert_uint_eq(F.shm2[4096], 0x43);
+  ck_assert_uint_eq(F.seg2[4096], 0x43);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
   ck_assert_int_eq(gmb_lock(c, id, &q), 0);
   ck_assert_ptr_eq(p, q);
-  ck_assert_int_eq(atomic_load(&F.n_segment), 1); /* mapped once */
+  ck_assert_int_eq(atomic_load(&F.n_segment), 2); /* mapped once */
   ck_assert_int_eq(gmb_unlock(c, id), 0);
   /* A segment the broker cannot give: the hold taken is given back. */
   ck_assert(mv_claim(id));
   mv_publish(id, 3, 0);
   ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_NOENT);
+  ck_assert_str_eq(gmb_last_error(c),
+                   "GMB_E_NOENT: segment 3 is not this tenant's");
+  ck_assert_uint_eq(F.last_segment.segment, 3);
   ck_assert_uint_eq(lt_state(id), 0);
   /* A position outside the segment: refused, hold given back. */
   ck_assert(mv_claim(id));
@@ -1185,7 +1284,6 @@ START_TEST(moved_to_unmapped_segment_fetched_once) {
 END_TEST
 
 START_TEST(alloc_slot_of_another_allocation_proto) {
-  lt_setup(64);
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id a;
@@ -1212,13 +1310,11 @@ static int alloc_slot_out_of_range(struct fake *f,
   rep.u.alloc.segment = 1;
   rep.u.alloc.offset = 0;
   rep.u.alloc.slot = 64; /* == lock_slots */
-  fake_handle_of(f, &rep.u.alloc.handle);
   fake_reply(f, &rep);
   return 1;
 }
 
 START_TEST(alloc_slot_out_of_range_proto) {
-  lt_setup(64);
   F.handler = alloc_slot_out_of_range;
   fake_start();
   gmb_client *c = connect_ok();
@@ -1231,7 +1327,6 @@ START_TEST(alloc_slot_out_of_range_proto) {
 END_TEST
 
 START_TEST(lock_table_bad_magic_proto) {
-  lt_setup(64);
   F.lt->magic ^= 1;
   fake_start();
   gmb_client *c = (gmb_client *)1;
@@ -1239,11 +1334,17 @@ START_TEST(lock_table_bad_magic_proto) {
   ck_assert_ptr_null(c);
   ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "magic"));
   ck_assert_int_eq(atomic_load(&F.n_bye), 1); /* disconnected cleanly */
+  F.lt->magic ^= 1;
+  F.lt->version++;
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "wrong version"));
+  F.lt->version--;
+  c = connect_ok();
+  gmb_disconnect(c);
 }
 END_TEST
 
 START_TEST(lock_table_other_session_proto) {
-  lt_setup(64);
   F.lt->session = 2;
   fake_start();
   gmb_client *c = NULL;
@@ -1253,24 +1354,16 @@ START_TEST(lock_table_other_session_proto) {
   F.lt->slots = 32; /* the header disagrees with the Hello reply */
   ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
   ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "slot count"));
-  F.lt->slots = 64;
-  F.lt_slots = 1u << 20; /* more slots than the object holds */
+  F.lt->slots = FAKE_LT_SLOTS;
+  /* More slots than the descriptor holds, its size announced as theirs:
+   * mapping them all would SIGBUS at the last ones. */
+  F.lt_slots = 1u << 20;
   ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
-  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "smaller"));
-  F.lt_slots = 64;
-}
-END_TEST
-
-START_TEST(lock_table_missing_fails_connect) {
-  lt_setup(64);
-  shm_unlink(F.lt_name);
-  fake_start();
-  gmb_client *c = NULL;
-  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_SYSTEM);
-  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "shm_open"));
-  snprintf(F.lt_name, sizeof F.lt_name, "no-slash");
-  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_PROTO);
-  F.lt_name[0] = '\0';
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL),
+                               "shorter than 1048576 slots"));
+  F.lt_slots = FAKE_LT_SLOTS;
+  ck_assert_int_eq(atomic_load(&F.n_bye), 3);
+  ck_assert_int_eq(atomic_load(&F.n_auth), 3);
 }
 END_TEST
 
@@ -1335,8 +1428,8 @@ static void *mv_mover_main(void *arg) {
     uint64_t from = sl->offset;
     uint64_t base = (1u << 20) + (uint64_t)k * 2 * MV_SIZE;
     uint64_t to = from == base ? base + MV_SIZE : base;
-    memcpy(F.shm + to, F.shm + from, MV_SIZE);
-    memset(F.shm + from, 0xEE, MV_SIZE);
+    memcpy(F.seg1 + to, F.seg1 + from, MV_SIZE);
+    memset(F.seg1 + from, 0xEE, MV_SIZE);
     mv_publish(ids[k], 1, to);
     atomic_fetch_add(&mv_moves, 1);
     sched_yield();
@@ -1347,7 +1440,6 @@ static void *mv_mover_main(void *arg) {
 START_TEST(movable_threads_lock_while_moving) {
   int iter = getenv("ITER") ? atoi(getenv("ITER")) : 20000;
   enum { NT = 4 };
-  lt_setup(64);
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id ids[MV_N];
@@ -1392,19 +1484,556 @@ START_TEST(movable_threads_lock_while_moving) {
 }
 END_TEST
 
-START_TEST(movable_without_lock_table_is_pinned) {
-  fake_start(); /* a Hello without a lock table */
+/* --- the descriptor channel -------------------------------------------------- */
+
+START_TEST(connect_proves_session_on_channel) {
+  /* A session id that needs all 64 bits, in the Hello reply and the
+   * lock table's header alike. */
+  F.session = UINT64_C(0x0123456789abcdef);
+  F.lt->session = F.session;
+  fake_start();
   gmb_client *c = connect_ok();
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 1);
+  ck_assert_int_eq(atomic_load(&F.n_auth), 1);
+  const struct gmb_fd_req *a = &F.last_auth;
+  ck_assert_uint_eq(a->magic, GMB_FD_MAGIC);
+  ck_assert_uint_eq(a->op, GMB_FD_AUTH);
+  ck_assert_uint_eq(a->session, F.session);
+  ck_assert_int_eq(memcmp(a->secret, F.secret, GMB_FD_SECRET_LEN), 0);
+  /* The channel is this process's (what the broker checks the uid of). */
+  ck_assert_int_eq(F.auth_cred.pid, (int)getpid());
+  ck_assert_int_eq((int)F.auth_cred.uid, (int)getuid());
+  /* Connecting sends nothing more on the ZeroMQ socket than the Hello: a
+   * Stats round trip is the second message. */
+  gmb_stats st;
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  ck_assert_int_eq(atomic_load(&F.n_total), 2);
+  ck_assert_int_eq(atomic_load(&F.n_heartbeat), 0);
+  /* Segments are asked for by id on the same connection. */
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 1);
+  const struct gmb_fd_req *s = &F.last_segment;
+  ck_assert_uint_eq(s->magic, GMB_FD_MAGIC);
+  ck_assert_uint_eq(s->op, GMB_FD_SEGMENT);
+  ck_assert_uint_eq(s->segment, 1);
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 1);
+  /* The lock table the channel gave is shared with the fake. */
   void *p;
   ck_assert_int_eq(gmb_lock(c, id, &p), 0);
-  ck_assert_uint_eq((uintptr_t)p % 512, 0);
+  ck_assert_uint_eq(atomic_load(&lt_slot_of(&F, id)->state), 1);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
-  ck_assert_int_eq(gmb_unlock(c, id), 0); /* nothing counted */
+  ck_assert_uint_eq(atomic_load(&lt_slot_of(&F, id)->state), 0);
   gmb_disconnect(c);
 }
 END_TEST
+
+START_TEST(disconnect_hangs_up_channel) {
+  fake_start();
+  int before = count_fds();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 512, 0, &id), 0);
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, hangups), 0);
+  gmb_disconnect(c);
+  /* The broker learns from the hang-up that the process let go. */
+  while (FAKE_FDCHAN_COUNT(&F.ch, hangups) < 1) usleep(1000);
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 1);
+  /* Nothing of the client is left open: the channel, the lock table's
+   * and the segment's descriptors. */
+  ck_assert_int_eq(fds_settle(before), before);
+}
+END_TEST
+
+/* Connect fails after the Hello: Bye was said, no client is returned, the
+ * channel (if any) was hung up, and nothing the client opened or was sent
+ * is left open. */
+static void connect_fails_cleanly(int want, const char *why, int before) {
+  gmb_client *c = (gmb_client *)&c;
+  int rc = gmb_connect(F.endpoint, "team-a", &c);
+  ck_assert_msg(rc == want, "connect gave %d: %s", rc, gmb_last_error(NULL));
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(gmb_last_error(NULL), why), "\"%s\" lacks \"%s\"",
+                gmb_last_error(NULL), why);
+  ck_assert_int_eq(atomic_load(&F.n_bye), 1);
+  int accepted = FAKE_FDCHAN_COUNT(&F.ch, accepted);
+  while (FAKE_FDCHAN_COUNT(&F.ch, closed) < accepted) usleep(1000);
+  ck_assert_int_eq(fds_settle(before), before);
+}
+
+START_TEST(hello_without_secret_proto) {
+  F.secret_len = 0;
+  fake_start();
+  connect_fails_cleanly(GMB_E_PROTO, "no secret", count_fds());
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 0); /* never tried */
+}
+END_TEST
+
+START_TEST(hello_short_secret_proto) {
+  F.secret_len = GMB_FD_SECRET_LEN / 2;
+  fake_start();
+  connect_fails_cleanly(GMB_E_PROTO, "no secret", count_fds());
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 0);
+}
+END_TEST
+
+START_TEST(hello_zero_lock_slots_proto) {
+  /* Every session has a lock table now; a Hello without one is not from
+   * a broker of this protocol. */
+  F.lt_slots = 0;
+  F.lt_size = gmb__lt_bytes(FAKE_LT_SLOTS);
+  fake_start();
+  connect_fails_cleanly(GMB_E_PROTO, "0 slots", count_fds());
+}
+END_TEST
+
+START_TEST(channel_missing_fails_connect) {
+  F.no_channel = 1; /* a broker.sock without an fd.sock beside it */
+  fake_start();
+  connect_fails_cleanly(GMB_E_CONN, "cannot reach the descriptor channel",
+                        count_fds());
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "/fd.sock"));
+}
+END_TEST
+
+START_TEST(channel_needs_ipc_endpoint) {
+  /* A broker reached over tcp:// cannot pass descriptors. */
+  snprintf(F.endpoint, sizeof F.endpoint, "tcp://127.0.0.1:*");
+  fake_start();
+  ck_assert_ptr_null(strstr(F.endpoint, "*"));
+  connect_fails_cleanly(GMB_E_CONN, "ipc://", count_fds());
+  ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 0);
+}
+END_TEST
+
+static int fd_silent_auth(struct fake *f, int conn,
+                          const struct gmb_fd_req *req) {
+  (void)f;
+  (void)conn;
+  return req->op == GMB_FD_AUTH;
+}
+
+START_TEST(channel_silent_auth_times_out) {
+  setenv("GMB_CONNECT_TIMEOUT_MS", "200", 1);
+  F.fd_handler = fd_silent_auth;
+  fake_start();
+  connect_fails_cleanly(GMB_E_TIMEOUT, "no answer in time", count_fds());
+  ck_assert_int_eq(atomic_load(&F.n_auth), 1);
+}
+END_TEST
+
+START_TEST(channel_wrong_secret_refused) {
+  /* The Hello reply gives a secret the channel does not take: the
+   * refusal, and its reason, reach the application. */
+  F.hello_secret_xor = 0x80;
+  fake_start();
+  connect_fails_cleanly(GMB_E_AUTH, "GMB_E_AUTH: no session with that secret",
+                        count_fds());
+  ck_assert_int_eq(atomic_load(&F.n_auth), 1);
+  ck_assert_uint_eq(F.last_auth.secret[0], F.secret[0] ^ 0x80);
+  ck_assert_int_eq(memcmp(F.last_auth.secret + 1, F.secret + 1,
+                          GMB_FD_SECRET_LEN - 1), 0);
+}
+END_TEST
+
+/* Lies on the channel.  The fake's answer to the first request of
+ * operation `lie_op` is replaced by `lie`; everything else is answered by
+ * the default, so the test also sees the client go on afterwards. */
+enum lie {
+  LIE_SHORT_REPLY,     /* fewer bytes than a reply */
+  LIE_LONG_REPLY,      /* more bytes than a reply */
+  LIE_MAGIC,           /* another magic */
+  LIE_OP,              /* the other operation's reply */
+  LIE_STATUS,          /* a positive status, no GMB_E_* code */
+  LIE_NO_FD,           /* status 0 and no descriptor */
+  LIE_FD_WITH_REFUSAL, /* a refusal, with a descriptor */
+  LIE_TWO_FDS,         /* two descriptors */
+  LIE_OTHER_SEGMENT,   /* the reply names another segment */
+  LIE_SIZE,            /* announces lie_size bytes */
+  LIE_FD,              /* sends lie_fd (made by the test) */
+  LIE_REFUSAL,         /* refuses with lie_status and a message */
+  LIE_CLOSE,           /* closes the connection */
+  LIE_UNKNOWN_STATUS,  /* a negative status that is no GMB_E_* code */
+  LIE_EMPTY,           /* a message of 0 bytes, with a descriptor */
+  LIE_REFUSAL_LONG,    /* a refusal whose message fills its field */
+};
+
+/* What LIE_FD sends. */
+enum lie_fd { FD_NONE, FD_SHORT, FD_UNSEALED, FD_PIPE, FD_WRITE_SEALED };
+
+#define LIE_SIZE_ZERO INT64_MIN
+
+/* What the client must do after the lie. */
+enum after {
+  AFTER_WORKS, /* go on: the channel is in step, the next fetch works */
+  AFTER_CONN,  /* every fetch fails with GMB_E_CONN (the channel is gone) */
+  AFTER_ANY,   /* either (the client may or may not give up the channel) */
+};
+
+struct lie_case {
+  const char *name;
+  enum lie lie;
+  enum lie_fd fd;
+  int64_t size; /* LIE_SIZE: bytes more than the truth (negative: fewer;
+                   LIE_SIZE_ZERO: 0 bytes) */
+  int rc, rc2;  /* what the call gives: rc, or rc2 when not 0 */
+  const char *why;
+  enum after after;
+};
+
+static enum lie lie_now;
+static uint32_t lie_op;
+static uint64_t lie_size;
+static int lie_fd = -1, lie_pipe[2] = {-1, -1};
+
+static int fd_lie(struct fake *f, int conn, const struct gmb_fd_req *req) {
+  if (req->op != lie_op || atomic_fetch_add(&f->step, 1) != 0) return 0;
+  int auth = req->op == GMB_FD_AUTH;
+  struct gmb_fd_rep rep;
+  memset(&rep, 0, sizeof rep);
+  rep.magic = GMB_FD_MAGIC;
+  rep.op = req->op;
+  rep.segment = req->segment;
+  rep.size = auth ? gmb__lt_bytes(f->lt_slots) : FAKE_SEG_SIZE;
+  int fds[2];
+  fds[0] = fds[1] = auth ? f->lt_fd : f->seg1_fd;
+  int nfd = 1;
+  size_t len = sizeof rep;
+  switch (lie_now) {
+    case LIE_SHORT_REPLY: len = offsetof(struct gmb_fd_rep, message); break;
+    case LIE_LONG_REPLY: len = sizeof rep + 64; break;
+    case LIE_MAGIC: rep.magic = GMB_FD_MAGIC ^ 0x01000000; break;
+    case LIE_OP: rep.op = auth ? GMB_FD_SEGMENT : GMB_FD_AUTH; break;
+    case LIE_STATUS: rep.status = 5; nfd = 0; break;
+    case LIE_NO_FD: nfd = 0; break;
+    case LIE_FD_WITH_REFUSAL:
+      rep.status = GMB_E_NOENT;
+      snprintf(rep.message, sizeof rep.message, "no");
+      break;
+    case LIE_TWO_FDS: nfd = 2; break;
+    case LIE_OTHER_SEGMENT: rep.segment = req->segment + 1; break;
+    case LIE_SIZE: rep.size = lie_size; break;
+    case LIE_FD: fds[0] = lie_fd; break;
+    case LIE_REFUSAL:
+      rep.status = auth ? GMB_E_AUTH : GMB_E_NOENT;
+      snprintf(rep.message, sizeof rep.message, "%s",
+               auth ? "no session with that secret"
+                    : "not a segment of this tenant");
+      nfd = 0;
+      break;
+    case LIE_CLOSE:
+      fake_fdchan_drop(&f->ch, conn);
+      return 1;
+    case LIE_UNKNOWN_STATUS:
+      rep.status = -1000;
+      snprintf(rep.message, sizeof rep.message, "from a newer broker");
+      nfd = 0;
+      break;
+    case LIE_EMPTY: len = 0; break;
+    case LIE_REFUSAL_LONG:
+      rep.status = auth ? GMB_E_AUTH : GMB_E_NOENT;
+      memset(rep.message, 'x', sizeof rep.message); /* no NUL */
+      nfd = 0;
+      break;
+  }
+  uint8_t buf[sizeof rep + 64];
+  memset(buf, 0xEE, sizeof buf);
+  memcpy(buf, &rep, sizeof rep < len ? sizeof rep : len);
+  fake_fdchan_send_fds(conn, buf, len, fds, nfd);
+  return 1;
+}
+
+/* A memfd for LIE_FD of `bytes`, sealed with `seals`; for AUTH it begins
+ * with the true lock table's header, so that only what the case changes
+ * is wrong with it. */
+static int lie_memfd(uint32_t op, uint64_t bytes, unsigned seals) {
+  int fd = fake_memfd("gmb-lie", bytes, 0);
+  if (op == GMB_FD_AUTH)
+    ck_assert_int_eq(pwrite(fd, F.lt, sizeof *F.lt, 0), (ssize_t)sizeof *F.lt);
+  if (seals) ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, seals), 0);
+  return fd;
+}
+
+/* Makes what case `lc` sends for operation `op` (whose true size is
+ * `size`), and installs the lie; lie_teardown closes it. */
+static void lie_setup(const struct lie_case *lc, uint32_t op, uint64_t size) {
+  lie_now = lc->lie;
+  lie_op = op;
+  lie_size = lc->size == LIE_SIZE_ZERO ? 0 : size + (uint64_t)lc->size;
+  lie_fd = -1;
+  switch (lc->fd) {
+    case FD_NONE: break;
+    case FD_SHORT: lie_fd = lie_memfd(op, size / 2, FAKE_SEALS); break;
+    case FD_UNSEALED: lie_fd = lie_memfd(op, size, 0); break;
+    case FD_WRITE_SEALED:
+      lie_fd = lie_memfd(op, size, FAKE_SEALS | F_SEAL_WRITE);
+      break;
+    case FD_PIPE:
+      ck_assert_int_eq(pipe2(lie_pipe, O_CLOEXEC), 0);
+      lie_fd = lie_pipe[0];
+      break;
+  }
+  F.fd_handler = fd_lie;
+}
+
+static void lie_teardown(void) {
+  if (lie_pipe[0] >= 0) {
+    close(lie_pipe[0]);
+    close(lie_pipe[1]);
+  } else if (lie_fd >= 0) {
+    close(lie_fd);
+  }
+  lie_fd = lie_pipe[0] = lie_pipe[1] = -1;
+  teardown();
+}
+
+static const struct lie_case auth_lies[] = {
+    {"short reply", LIE_SHORT_REPLY, FD_NONE, 0, GMB_E_PROTO, 0,
+     "wrong size", AFTER_WORKS},
+    {"long reply", LIE_LONG_REPLY, FD_NONE, 0, GMB_E_PROTO, 0,
+     "descriptor channel: Protocol error", AFTER_WORKS},
+    {"magic", LIE_MAGIC, FD_NONE, 0, GMB_E_PROTO, 0, "wrong magic",
+     AFTER_WORKS},
+    {"op", LIE_OP, FD_NONE, 0, GMB_E_PROTO, 0, "wrong operation",
+     AFTER_WORKS},
+    {"status", LIE_STATUS, FD_NONE, 0, GMB_E_PROTO, 0, "wrong status",
+     AFTER_WORKS},
+    {"no descriptor", LIE_NO_FD, FD_NONE, 0, GMB_E_PROTO, 0,
+     "wrong missing descriptor", AFTER_WORKS},
+    {"descriptor with refusal", LIE_FD_WITH_REFUSAL, FD_NONE, 0, GMB_E_PROTO,
+     0, "wrong descriptor", AFTER_WORKS},
+    {"two descriptors", LIE_TWO_FDS, FD_NONE, 0, GMB_E_PROTO, 0,
+     "descriptor channel: Protocol error", AFTER_WORKS},
+    {"size not of the slots", LIE_SIZE, FD_NONE, 64, GMB_E_PROTO, 0,
+     "cannot hold 64 slots", AFTER_WORKS},
+    {"size smaller than the slots", LIE_SIZE, FD_NONE, -64, GMB_E_PROTO, 0,
+     "cannot hold 64 slots", AFTER_WORKS},
+    {"size 0", LIE_SIZE, FD_NONE, LIE_SIZE_ZERO, GMB_E_PROTO, 0,
+     "cannot hold 64 slots", AFTER_WORKS},
+    /* More slots than the descriptor holds: SIGBUS at the last ones. */
+    {"short descriptor", LIE_FD, FD_SHORT, 0, GMB_E_PROTO, 0,
+     "shorter than 64 slots or not sealed", AFTER_WORKS},
+    /* Could be truncated under the mapping by whoever holds it. */
+    {"unsealed descriptor", LIE_FD, FD_UNSEALED, 0, GMB_E_PROTO, 0,
+     "shorter than 64 slots or not sealed", AFTER_WORKS},
+    {"a pipe", LIE_FD, FD_PIPE, 0, GMB_E_PROTO, 0,
+     "shorter than 64 slots or not sealed", AFTER_WORKS},
+    {"write-sealed descriptor", LIE_FD, FD_WRITE_SEALED, 0, GMB_E_SYSTEM, 0,
+     "lock table: mmap", AFTER_WORKS},
+    {"refusal", LIE_REFUSAL, FD_NONE, 0, GMB_E_AUTH, 0,
+     "GMB_E_AUTH: no session with that secret", AFTER_WORKS},
+    {"refusal with an unterminated message", LIE_REFUSAL_LONG, FD_NONE, 0,
+     GMB_E_AUTH, 0, "GMB_E_AUTH: xxxxxxxx", AFTER_WORKS},
+    {"hang-up", LIE_CLOSE, FD_NONE, 0, GMB_E_CONN, 0,
+     "the broker closed the descriptor channel", AFTER_CONN},
+    /* gmb.h: every function returns 0 or a GMB_E_* code; the ZeroMQ path
+     * makes a status it does not know GMB_E_PROTO (wire.c). */
+    {"unknown status", LIE_UNKNOWN_STATUS, FD_NONE, 0, GMB_E_PROTO, 0,
+     "GMB_E_PROTO", AFTER_WORKS},
+    /* recvmsg gives 0 for it, as for a hang-up; its descriptor must be
+     * closed all the same. */
+    {"empty message with a descriptor", LIE_EMPTY, FD_NONE, 0, GMB_E_CONN,
+     GMB_E_PROTO, "descriptor channel", AFTER_ANY},
+};
+
+/* Open descriptors of this process whose file is memfd `name`: the fake
+ * keeps one of each it made; more means the client kept one it was sent. */
+static int count_memfds(const char *name) {
+  char want[96];
+  snprintf(want, sizeof want, "/memfd:%s ", name);
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char path[300], target[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, target, sizeof target - 1);
+    if (len <= 0) continue;
+    target[len] = '\0';
+    if (strncmp(target, want, strlen(want)) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+/* Whatever the channel answers to AUTH, a connect that cannot use it
+ * fails with its reason, says Bye, and leaves nothing open. */
+START_TEST(auth_reply_lie) {
+  const struct lie_case *lc = &auth_lies[_i];
+  lie_setup(lc, GMB_FD_AUTH, gmb__lt_bytes(FAKE_LT_SLOTS));
+  fake_start();
+  int before = count_fds();
+  gmb_client *c = (gmb_client *)&c;
+  int rc = gmb_connect(F.endpoint, "team-a", &c);
+  ck_assert_msg(rc == lc->rc || (lc->rc2 && rc == lc->rc2),
+                "%s: connect gave %d: %s", lc->name, rc,
+                gmb_last_error(NULL));
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(gmb_last_error(NULL), lc->why), "%s: \"%s\" lacks "
+                "\"%s\"", lc->name, gmb_last_error(NULL), lc->why);
+  ck_assert_int_eq(atomic_load(&F.n_bye), 1);
+  ck_assert_msg(count_memfds("gmb-check-client-lt") == 1,
+                "%s: the client kept the lock table's descriptor", lc->name);
+  while (FAKE_FDCHAN_COUNT(&F.ch, closed) < 1) usleep(1000);
+  if (lc->lie != LIE_CLOSE) /* the client hung up */
+    ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, hangups), 1);
+  ck_assert_msg(fds_settle(before) == before, "%s: %d descriptors open, "
+                "%d before", lc->name, count_fds(), before);
+  /* The next connect is answered truly, and works. */
+  c = connect_ok();
+  gmb_id id;
+  void *p;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_uint_eq(atomic_load(&lt_slot_of(&F, id)->state), 1);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
+static const struct lie_case segment_lies[] = {
+    {"short reply", LIE_SHORT_REPLY, FD_NONE, 0, GMB_E_PROTO, 0,
+     "wrong size", AFTER_WORKS},
+    {"long reply", LIE_LONG_REPLY, FD_NONE, 0, GMB_E_PROTO, 0,
+     "descriptor channel: Protocol error", AFTER_WORKS},
+    {"magic", LIE_MAGIC, FD_NONE, 0, GMB_E_PROTO, 0, "wrong magic",
+     AFTER_WORKS},
+    {"op", LIE_OP, FD_NONE, 0, GMB_E_PROTO, 0, "wrong operation",
+     AFTER_WORKS},
+    {"status", LIE_STATUS, FD_NONE, 0, GMB_E_PROTO, 0, "wrong status",
+     AFTER_WORKS},
+    {"no descriptor", LIE_NO_FD, FD_NONE, 0, GMB_E_PROTO, 0,
+     "wrong missing descriptor", AFTER_WORKS},
+    {"descriptor with refusal", LIE_FD_WITH_REFUSAL, FD_NONE, 0, GMB_E_PROTO,
+     0, "wrong descriptor", AFTER_WORKS},
+    {"two descriptors", LIE_TWO_FDS, FD_NONE, 0, GMB_E_PROTO, 0,
+     "descriptor channel: Protocol error", AFTER_WORKS},
+    {"another segment", LIE_OTHER_SEGMENT, FD_NONE, 0, GMB_E_PROTO, 0,
+     "asked for segment 1's descriptor, got 2's", AFTER_WORKS},
+    /* Claims more than the descriptor holds: mapping it would SIGBUS. */
+    {"size larger than the descriptor", LIE_SIZE, FD_NONE, FAKE_SEG_SIZE,
+     GMB_E_PROTO, 0, "holds fewer than 8388608 bytes", AFTER_WORKS},
+    {"size 0", LIE_SIZE, FD_NONE, LIE_SIZE_ZERO, GMB_E_PROTO, 0,
+     "empty or impossible", AFTER_WORKS},
+    {"short descriptor", LIE_FD, FD_SHORT, 0, GMB_E_PROTO, 0,
+     "holds fewer than 4194304 bytes", AFTER_WORKS},
+    /* Could be truncated under the mapping by whoever holds it. */
+    {"unsealed descriptor", LIE_FD, FD_UNSEALED, 0, GMB_E_PROTO, 0,
+     "not sealed against shrinking", AFTER_WORKS},
+    {"a pipe", LIE_FD, FD_PIPE, 0, GMB_E_PROTO, 0,
+     "segment 1: its descriptor", AFTER_WORKS},
+    {"write-sealed descriptor", LIE_FD, FD_WRITE_SEALED, 0, GMB_E_SYSTEM, 0,
+     "segment 1: mmap", AFTER_WORKS},
+    {"refusal", LIE_REFUSAL, FD_NONE, 0, GMB_E_NOENT, 0,
+     "GMB_E_NOENT: not a segment of this tenant", AFTER_WORKS},
+    {"refusal with an unterminated message", LIE_REFUSAL_LONG, FD_NONE, 0,
+     GMB_E_NOENT, 0, "GMB_E_NOENT: xxxxxxxx", AFTER_WORKS},
+    /* Every later fetch fails too, and no SIGPIPE kills the process. */
+    {"hang-up", LIE_CLOSE, FD_NONE, 0, GMB_E_CONN, 0,
+     "the broker closed the descriptor channel", AFTER_CONN},
+    /* gmb.h: every function returns 0 or a GMB_E_* code; the ZeroMQ path
+     * makes a status it does not know GMB_E_PROTO (wire.c). */
+    {"unknown status", LIE_UNKNOWN_STATUS, FD_NONE, 0, GMB_E_PROTO, 0,
+     "GMB_E_PROTO", AFTER_WORKS},
+    /* recvmsg gives 0 for it, as for a hang-up; its descriptor must be
+     * closed all the same. */
+    {"empty message with a descriptor", LIE_EMPTY, FD_NONE, 0, GMB_E_CONN,
+     GMB_E_PROTO, "descriptor channel", AFTER_ANY},
+};
+
+/* Whatever the channel answers to SEGMENT, the allocation fails with its
+ * reason and is given back, whatever was sent is closed, and the client
+ * goes on as lc->after says. */
+START_TEST(segment_reply_lie) {
+  const struct lie_case *lc = &segment_lies[_i];
+  lie_setup(lc, GMB_FD_SEGMENT, FAKE_SEG_SIZE);
+  fake_start();
+  gmb_client *c = connect_ok();
+  int before = count_fds();
+  gmb_id id = 77;
+  int rc = gmb_alloc(c, 512, 0, &id);
+  ck_assert_msg(rc == lc->rc || (lc->rc2 && rc == lc->rc2),
+                "%s: alloc gave %d: %s", lc->name, rc, gmb_last_error(c));
+  ck_assert_uint_eq(id, 0);
+  ck_assert_msg(strstr(gmb_last_error(c), lc->why), "%s: \"%s\" lacks \"%s\"",
+                lc->name, gmb_last_error(c), lc->why);
+  ck_assert_int_eq(atomic_load(&F.n_free), 1); /* given back */
+  ck_assert_uint_eq(F.last_free.u.free.id, 1);
+  ck_assert_msg(count_memfds("gmb-check-client-seg1") == 1,
+                "%s: the client kept a descriptor it was sent", lc->name);
+  if (lc->after == AFTER_WORKS)
+    ck_assert_msg(count_fds() == before, "%s: %d descriptors open, %d before",
+                  lc->name, count_fds(), before);
+  if (lc->after == AFTER_CONN) /* both ends are closed */
+    ck_assert_int_eq(fds_settle(before - 2), before - 2);
+  for (int i = 0; i < 2; i++) {
+    rc = gmb_alloc(c, 512, 0, &id);
+    if (lc->after == AFTER_CONN || (lc->after == AFTER_ANY && rc != 0)) {
+      ck_assert_msg(rc == GMB_E_CONN, "%s: then alloc gave %d: %s", lc->name,
+                    rc, gmb_last_error(c));
+      continue;
+    }
+    ck_assert_msg(rc == 0, "%s: then alloc gave %d: %s", lc->name, rc,
+                  gmb_last_error(c));
+    void *p;
+    ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+    memset(p, 0x6B, 512);
+    ck_assert_uint_eq(F.seg1[F.offsets[id] + 511], 0x6B);
+    ck_assert_int_eq(gmb_unlock(c, id), 0);
+  }
+  if (lc->after == AFTER_WORKS) ck_assert_int_eq(count_fds(), before);
+  if (lc->after == AFTER_CONN) ck_assert_int_eq(count_fds(), before - 2);
+  ck_assert_int_eq(count_memfds("gmb-check-client-seg1"), 1);
+  gmb_disconnect(c);
+}
+END_TEST
+
+static int fd_late_segment(struct fake *f, int conn,
+                           const struct gmb_fd_req *req) {
+  if (req->op != GMB_FD_SEGMENT || atomic_fetch_add(&f->step, 1) != 0)
+    return 0;
+  usleep(600 * 1000); /* past the client's 300 ms */
+  fake_fd_default(f, conn, req);
+  return 1;
+}
+
+/* A fetch that timed out must not leave its late answer to be taken for
+ * the answer to the next one. */
+START_TEST(late_segment_reply_not_taken_for_next) {
+  /* The channel's requests wait as long as the socket's. */
+  setenv("GMB_REQUEST_TIMEOUT_MS", "300", 1);
+  seg2_setup();
+  F.fd_handler = fd_late_segment;
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id a = 77, b;
+  ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &a), GMB_E_TIMEOUT);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "no answer in time"));
+  ck_assert_int_eq(atomic_load(&F.n_free), 1);
+  /* Whatever the client makes of the late reply, a later fetch must get
+   * what it asked for, or fail for good with GMB_E_CONN. */
+  int rc = gmb_alloc(c, 512, GMB_MOVABLE, &b);
+  ck_assert_msg(rc == 0 || rc == GMB_E_CONN, "alloc gave %d: %s", rc,
+                gmb_last_error(c));
+  if (rc == 0) {
+    ck_assert(mv_claim(b));
+    memset(F.seg2 + 8192, 0x2C, 512);
+    mv_publish(b, 2, 8192);
+    void *p;
+    rc = gmb_lock(c, b, &p);
+    ck_assert_msg(rc == 0 || rc == GMB_E_CONN, "lock gave %d: %s", rc,
+                  gmb_last_error(c));
+    if (rc == 0) {
+      ck_assert_uint_eq(((uint8_t *)p)[511], 0x2C);
+      ck_assert_int_eq(gmb_unlock(c, b), 0);
+    }
+  }
+  gmb_disconnect(c);
+}
+END_TEST
+
+#define LIES_OF(t) ((int)(sizeof(t) / sizeof((t)[0])))
 
 static Suite *client_suite(void) {
   Suite *s = suite_create("client");
@@ -1441,8 +2070,9 @@ static Suite *client_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, alloc_outside_segment_proto);
   tcase_add_test(tc, alloc_smaller_than_asked_proto);
-  tcase_add_test(tc, alloc_handle_larger_than_shm_proto);
-  tcase_add_test(tc, alloc_maps_shm_and_lock_points_into_it);
+  tcase_add_test(tc, alloc_in_segment_refused_on_channel);
+  tcase_add_test(tc, alloc_maps_segment_and_lock_points_into_it);
+  tcase_add_test(tc, fetched_descriptors_are_closed);
   tcase_add_test(tc, free_noent_passes_through);
   tcase_add_test(tc, alloc_refusal_passes_through);
   tcase_add_test(tc, alloc_bad_arguments_invalid);
@@ -1454,7 +2084,6 @@ static Suite *client_suite(void) {
   tc = tcase_create("movable");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, movable_lock_sends_no_message);
-  tcase_add_test(tc, heartbeat_after_hello_with_lock_table);
   tcase_add_test(tc, unlock_not_locked_invalid);
   tcase_add_test(tc, lock_waits_while_moving_then_new_position);
   tcase_add_test(tc, lock_moving_too_long_times_out);
@@ -1463,9 +2092,27 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, alloc_slot_out_of_range_proto);
   tcase_add_test(tc, lock_table_bad_magic_proto);
   tcase_add_test(tc, lock_table_other_session_proto);
-  tcase_add_test(tc, lock_table_missing_fails_connect);
   tcase_add_test(tc, movable_threads_lock_while_moving);
-  tcase_add_test(tc, movable_without_lock_table_is_pinned);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("channel");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, connect_proves_session_on_channel);
+  tcase_add_test(tc, disconnect_hangs_up_channel);
+  tcase_add_test(tc, hello_without_secret_proto);
+  tcase_add_test(tc, hello_short_secret_proto);
+  tcase_add_test(tc, hello_zero_lock_slots_proto);
+  tcase_add_test(tc, channel_missing_fails_connect);
+  tcase_add_test(tc, channel_needs_ipc_endpoint);
+  tcase_add_test(tc, channel_silent_auth_times_out);
+  tcase_add_test(tc, channel_wrong_secret_refused);
+  tcase_add_test(tc, late_segment_reply_not_taken_for_next);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("channel lies");
+  tcase_add_checked_fixture(tc, setup, lie_teardown);
+  tcase_add_loop_test(tc, auth_reply_lie, 0, LIES_OF(auth_lies));
+  tcase_add_loop_test(tc, segment_reply_lie, 0, LIES_OF(segment_lies));
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,8 +1,11 @@
 /*
- * check_device_host.c - the device layer and its host (POSIX shm)
- * implementation: segments are real shared memory that a second process
- * can map by name, copies move bytes, the capacity holds, and device specs
- * that mean nothing are refused with a clear reason.
+ * check_device_host.c - the device layer and its host (memfd)
+ * implementation: each segment is a memfd with a descriptor of its own
+ * (seg->fd), sealed against shrinking and growing, mapped by the broker
+ * (seg->host) and by a client from a copy of the descriptor (SCM_RIGHTS,
+ * as the descriptor channel sends it), closed at seg_free, and never
+ * named in /dev/shm; copies move bytes, the capacity holds, and device
+ * specs that mean nothing are refused with a clear reason.
  */
 #include <check.h>
 #include <errno.h>
@@ -11,12 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check_main.h"
 #include "device.h"
+#include "fdpass.h"
 #include "gmb.h"
 #include "util.h"
 
@@ -31,35 +38,90 @@ static struct gmb_device *open_ok(const char *spec, uint64_t capacity) {
   return d;
 }
 
-/* Maps a segment the way a client does: by the name in its handle. */
+/* The number of descriptors this process has open. */
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* Names in /dev/shm that start with "gmb" (version 1's segments were
+ * /gmb-PID-ID; nothing may be named now). */
+static int shm_names(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
+  closedir(d);
+  return n;
+}
+
+/* A copy of seg's descriptor as a client receives it: sent with
+ * SCM_RIGHTS over a socket pair. */
+static int fd_passed(const struct gmb_dseg *seg) {
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
+                   0);
+  char msg = 'S';
+  ck_assert_int_eq(gmb__fd_send(sv[0], &msg, 1, seg->fd, 0), 0);
+  int fd = -1;
+  char got = 0;
+  ck_assert_int_eq(gmb__fd_recv(sv[1], &got, 1, &fd, 0), 1);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_ne(fd, seg->fd);
+  close(sv[0]);
+  close(sv[1]);
+  return fd;
+}
+
+/* Maps a segment the way a client does: from a copy of its descriptor,
+ * which is a sealed file of the segment's size. */
 static void *client_map(const struct gmb_dseg *seg) {
-  char name[GMB_DEVICE_HANDLE_MAX + 1];
-  ck_assert_uint_lt(seg->handle_len, sizeof name);
-  memcpy(name, seg->handle, seg->handle_len);
-  name[seg->handle_len] = '\0';
-  int fd = shm_open(name, O_RDWR, 0);
-  ck_assert_msg(fd >= 0, "shm_open %s: %s", name, strerror(errno));
+  int fd = fd_passed(seg);
   struct stat st;
   ck_assert_int_eq(fstat(fd, &st), 0);
+  ck_assert(S_ISREG(st.st_mode));
   ck_assert_uint_eq((uint64_t)st.st_size, seg->size);
-  ck_assert_uint_eq(st.st_mode & 0777, 0600);
+  ck_assert_int_eq(fcntl(fd, F_GET_SEALS),
+                   F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   void *p = mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ck_assert_ptr_ne(p, MAP_FAILED);
   close(fd);
   return p;
 }
 
+/* 1 when descriptor fd is the memfd called `name`. */
+static int fd_is_memfd(int fd, const char *name) {
+  char path[64], link[256], want[128];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < 0) return 0;
+  link[n] = '\0';
+  snprintf(want, sizeof want, "/memfd:%s ", name);
+  return strncmp(link, want, strlen(want)) == 0;
+}
+
 START_TEST(segment_visible_to_second_mapping) {
+  int shm_before = shm_names();
   struct gmb_device *d = open_ok("host:8MiB", 0);
   ck_assert_str_eq(d->ops->kind, "host");
+  int fds_before = count_fds();
   struct gmb_dseg seg;
   ck_assert_int_eq(gmb__device_seg_new(d, 7, SEG, &seg), 0);
   ck_assert_uint_eq(seg.id, 7);
   ck_assert_ptr_nonnull(seg.host);
-  char want[64];
-  snprintf(want, sizeof want, "/gmb-%ld-7", (long)getpid());
-  ck_assert_uint_eq(seg.handle_len, strlen(want));
-  ck_assert_int_eq(memcmp(seg.handle, want, seg.handle_len), 0);
+  ck_assert_int_ge(seg.fd, 0);
+  ck_assert_int_eq(fd_is_memfd(seg.fd, "gmb-seg-7"), 1);
+  ck_assert_int_eq(fcntl(seg.fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  ck_assert_int_eq(count_fds(), fds_before + 1);
+  ck_assert_int_eq(shm_names(), shm_before);
 
   unsigned char *b = seg.host;
   for (uint64_t i = 0; i < SEG; i += 4096) b[i] = (unsigned char)(i >> 12);
@@ -71,16 +133,143 @@ START_TEST(segment_visible_to_second_mapping) {
   c[100] = 0x5A; /* and the other way round */
   ck_assert_uint_eq(b[100], 0x5A);
 
-  /* After seg_free the name is gone but the client's mapping still works. */
+  /* After seg_free the descriptor is closed but the client's mapping still
+   * works (the kernel counts its references). */
+  int fd = seg.fd;
   gmb__device_seg_free(d, &seg);
-  char name[64];
-  memcpy(name, want, strlen(want) + 1);
-  errno = 0;
-  ck_assert_int_eq(shm_open(name, O_RDWR, 0), -1);
-  ck_assert_int_eq(errno, ENOENT);
+  ck_assert_int_eq(seg.fd, -1);
+  ck_assert_ptr_null(seg.host);
+  ck_assert_int_eq(fd_is_memfd(fd, "gmb-seg-7"), 0);
+  ck_assert_int_eq(count_fds(), fds_before);
   ck_assert_uint_eq(c[SEG - 1], 0xAB);
   munmap(c, SEG);
   ck_assert_uint_eq(d->in_use, 0);
+  gmb__device_close(d);
+  ck_assert_int_eq(shm_names(), shm_before);
+}
+END_TEST
+
+/* seg->fd is the segment: a mapping of it (the broker's own descriptor)
+ * reads and writes the same bytes as seg->host, at every offset. */
+START_TEST(fd_maps_same_bytes_as_host) {
+  struct gmb_device *d = open_ok("host:16MiB", 0);
+  struct gmb_dseg seg;
+  ck_assert_int_eq(gmb__device_seg_new(d, 3, 2 * SEG, &seg), 0);
+  unsigned char *h = seg.host;
+  unsigned char *m = mmap(NULL, seg.size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                          seg.fd, 0);
+  ck_assert_ptr_ne(m, MAP_FAILED);
+  ck_assert_ptr_ne(m, h); /* two mappings... */
+  for (uint64_t i = 0; i < seg.size; i += 4093) h[i] = (unsigned char)(i * 13);
+  for (uint64_t i = 0; i < seg.size; i += 4093)
+    ck_assert_uint_eq(m[i], (unsigned char)(i * 13)); /* ...one memory */
+  m[seg.size - 1] = 0xC3;
+  ck_assert_uint_eq(h[seg.size - 1], 0xC3);
+  /* A copy through the device lands in both views. */
+  memset(h, 0x11, 4096);
+  ck_assert_int_eq(gmb__device_copy(d, &seg, SEG, &seg, 0, 4096), 0);
+  ck_assert_uint_eq(m[SEG], 0x11);
+  ck_assert_uint_eq(m[SEG + 4095], 0x11);
+  /* And what pread sees through the descriptor is the same too. */
+  unsigned char byte = 0;
+  ck_assert_int_eq(pread(seg.fd, &byte, 1, (off_t)seg.size - 1), 1);
+  ck_assert_uint_eq(byte, 0xC3);
+  munmap(m, seg.size);
+  gmb__device_seg_free(d, &seg);
+  gmb__device_close(d);
+}
+END_TEST
+
+/* Whoever holds a segment's descriptor (any client of its tenant) cannot
+ * resize it: shrinking would make the broker's next copy fault (SIGBUS). */
+START_TEST(segment_sealed_against_resize) {
+  struct gmb_device *d = open_ok("host:8MiB", 0);
+  struct gmb_dseg seg;
+  ck_assert_int_eq(gmb__device_seg_new(d, 9, SEG, &seg), 0);
+  int fds[2] = {seg.fd, fd_passed(&seg)};
+  for (int i = 0; i < 2; i++) {
+    int fd = fds[i];
+    ck_assert_int_eq(fcntl(fd, F_GET_SEALS),
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    static const off_t sizes[] = {0, 4096, SEG - 1, SEG + 1, 2 * SEG};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      errno = 0;
+      ck_assert_int_eq(ftruncate(fd, sizes[k]), -1);
+      ck_assert_int_eq(errno, EPERM);
+    }
+    errno = 0;
+    ck_assert_int_eq(fallocate(fd, 0, SEG, 4096), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+    ck_assert_int_eq(errno, EPERM);
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    ck_assert_uint_eq((uint64_t)st.st_size, SEG);
+  }
+  close(fds[1]);
+  /* The broker still reads and writes all of it. */
+  ((unsigned char *)seg.host)[SEG - 1] = 1;
+  ck_assert_int_eq(gmb__device_copy(d, &seg, 0, &seg, SEG - 4096, 4096), 0);
+  gmb__device_seg_free(d, &seg);
+  gmb__device_close(d);
+}
+END_TEST
+
+/* One descriptor per live segment, each closed at seg_free, and none of
+ * them named in /dev/shm. */
+START_TEST(one_fd_per_segment_closed_at_free) {
+  int shm_before = shm_names();
+  struct gmb_device *d = open_ok("host:64MiB", 0);
+  int fds_before = count_fds();
+  enum { N = 20 };
+  struct gmb_dseg s[N];
+  for (int i = 0; i < N; i++) {
+    ck_assert_int_eq(gmb__device_seg_new(d, (uint64_t)i + 100, SEG, &s[i]), 0);
+    for (int j = 0; j < i; j++) ck_assert_int_ne(s[i].fd, s[j].fd);
+  }
+  ck_assert_int_eq(count_fds(), fds_before + N);
+  ck_assert_int_eq(shm_names(), shm_before);
+  /* Every other one, then the rest. */
+  for (int i = 0; i < N; i += 2) gmb__device_seg_free(d, &s[i]);
+  ck_assert_int_eq(count_fds(), fds_before + N / 2);
+  for (int i = 1; i < N; i += 2) gmb__device_seg_free(d, &s[i]);
+  ck_assert_int_eq(count_fds(), fds_before);
+  /* A refused segment opens nothing either. */
+  struct gmb_dseg big;
+  ck_assert_int_eq(gmb__device_seg_new(d, 1, 128 * GMB_MIB, &big),
+                   GMB_E_NOMEM);
+  ck_assert_int_eq(count_fds(), fds_before);
+  gmb__device_close(d);
+  ck_assert_int_eq(shm_names(), shm_before);
+}
+END_TEST
+
+/* A segment's descriptor does not leak into programs the broker would
+ * start (close-on-exec), and a copy a client gets is its own (closing it
+ * leaves the broker's). */
+START_TEST(fd_closed_on_exec) {
+  struct gmb_device *d = open_ok("host:8MiB", 0);
+  struct gmb_dseg seg;
+  ck_assert_int_eq(gmb__device_seg_new(d, 1, SEG, &seg), 0);
+  fflush(stderr);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char cmd[64];
+    /* exit 0 when the descriptor is not open in the new program */
+    snprintf(cmd, sizeof cmd, "test ! -e /proc/self/fd/%d", seg.fd);
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  ck_assert_int_eq(WEXITSTATUS(status), 0);
+  int copy = fd_passed(&seg);
+  close(copy);
+  ck_assert_int_ne(fcntl(seg.fd, F_GETFD), -1);
+  gmb__device_seg_free(d, &seg);
   gmb__device_close(d);
 }
 END_TEST
@@ -194,28 +383,9 @@ START_TEST(bad_specs_refused) {
 }
 END_TEST
 
-/* A root broker hands a segment to the client's uid; any other broker
- * serves its own uid only and leaves the owner alone. */
-START_TEST(grant_owner) {
-  struct gmb_device *d = open_ok("host:4MiB", 0);
-  struct gmb_dseg s;
-  ck_assert_int_eq(gmb__device_seg_new(d, 1, SEG, &s), 0);
-  char path[64 + GMB_DEVICE_HANDLE_MAX];
-  snprintf(path, sizeof path, "/dev/shm/%.*s", (int)s.handle_len,
-           (const char *)s.handle);
-  uid_t to = geteuid() == 0 ? 65534 : geteuid();
-  ck_assert_int_eq(gmb__device_grant(d, &s, to, 65534), 0);
-  struct stat st;
-  ck_assert_int_eq(stat(path, &st), 0);
-  ck_assert_uint_eq(st.st_uid, to);
-  gmb__device_seg_free(d, &s);
-  gmb__device_close(d);
-}
-END_TEST
-
 START_TEST(segments_are_sparse) {
   /* A big device costs nothing until written: 1 GiB of segments, touched
-   * on one page each, must not need 1 GiB of /dev/shm. */
+   * on one page each, must not need 1 GiB of memory. */
   struct gmb_device *d = open_ok("host:1GiB", 0);
   enum { N = 512 };
   static struct gmb_dseg s[N];
@@ -224,14 +394,9 @@ START_TEST(segments_are_sparse) {
     ((char *)s[i].host)[0] = 1;
   }
   ck_assert_uint_eq(d->in_use, GMB_GIB);
-  char name[GMB_DEVICE_HANDLE_MAX + 1];
-  memcpy(name, s[0].handle, s[0].handle_len);
-  name[s[0].handle_len] = '\0';
-  int fd = shm_open(name, O_RDONLY, 0);
-  ck_assert_int_ge(fd, 0);
   struct stat st;
-  ck_assert_int_eq(fstat(fd, &st), 0);
-  close(fd);
+  ck_assert_int_eq(fstat(s[0].fd, &st), 0);
+  ck_assert_uint_eq((uint64_t)st.st_size, SEG);
   ck_assert_uint_lt((uint64_t)st.st_blocks * 512, SEG); /* one page used */
   for (int i = 0; i < N; i++) gmb__device_seg_free(d, &s[i]);
   gmb__device_close(d);
@@ -246,7 +411,10 @@ static Suite *device_host_suite(void) {
   tcase_add_test(tc, capacity_enforced);
   tcase_add_test(tc, auto_falls_back_to_host);
   tcase_add_test(tc, bad_specs_refused);
-  tcase_add_test(tc, grant_owner);
+  tcase_add_test(tc, fd_maps_same_bytes_as_host);
+  tcase_add_test(tc, segment_sealed_against_resize);
+  tcase_add_test(tc, one_fd_per_segment_closed_at_free);
+  tcase_add_test(tc, fd_closed_on_exec);
   tcase_add_test(tc, segments_are_sparse);
   suite_add_tcase(s, tc);
   return s;

@@ -3,29 +3,29 @@
  * dispatch.h with a whole broker on a host device (broker_fixture.h).
  *
  * Covers Hello (protocol version, a second Hello on one connection, tenant
- * admission, the default uid-UID tenant, the reply's fields and the lock
- * table's name going at the first request), requests before Hello and
- * kinds that are not client requests, Alloc's argument checks (size 0,
- * sizes that overflow when rounded, unknown flags), the quota at its exact
- * limit, segment handles given once per session and segment, lock-table
- * slots for movable allocations (and a full table), the two kinds of
- * GMB_E_NOMEM (no room, with its NoMemory body; another tenant's
- * reservation, with its message), Free's answers for ids that are not the
- * session's, Stats, Segment across tenants, Heartbeat and SegmentClosed
- * (no reply), Bye, and the ends of a waiting allocation (served after a
- * free, timed out, or dropped with its session).  Every test ends with
+ * admission, the default uid-UID tenant, the reply's fields: a secret for
+ * the descriptor channel, its own for each session, and no name of
+ * anything in /dev/shm), requests before Hello and kinds that are not
+ * client requests, Alloc's argument checks (size 0, sizes that overflow
+ * when rounded, unknown flags), the quota at its exact limit, Alloc replies
+ * that name a segment of the tenant and give nothing else (descriptors
+ * come from the descriptor channel, check_fdchan.c, which also records
+ * the segments a session was given), lock-table slots for movable
+ * allocations (and a full table), the two kinds of GMB_E_NOMEM (no room,
+ * with its NoMemory body; another tenant's reservation, with its message),
+ * Free's answers for ids that are not the session's, Stats, Heartbeat and
+ * SegmentClosed (no reply), Bye, and the ends of a waiting allocation
+ * (served after a free, timed out, or dropped with its session).  Every test ends with
  * fx_close(), which requires the pool and tenants to be consistent;
  * fx_request() checks them after every request as well.  Tests of known
  * broker bugs are at the end, built only with -DGMB_CHECK_KNOWN_BUGS.
  */
 #include <check.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "alloc.h"
@@ -37,66 +37,27 @@
 #include "util.h"
 #include "waitq.h"
 
-#define MIB (UINT64_C(1) << 20)
+#define MIB GMB_MIB
 
-/* Two tenants on an 8 MiB device, compaction off so that a request that
- * finds no room is answered (or queued) without a compaction run. */
-static const char *const INI_OFF = "[broker]\ncompaction = off\n";
-
-static void open_small(struct fx *f) { fx_open_ini(f, "host:8MiB", INI_OFF); }
-
-/* A request of `kind` with no body; returns gmb__dispatch's answer-now
- * flag. */
-static int plain(struct fx *f, const char *rid, uid_t uid,
-                 enum wire_kind kind, struct wire_reply *rep) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = kind;
-  return fx_request(f, rid, uid, &req, rep);
+/* The session whose routing id is `rid`. */
+static struct gmb_session *session_of(struct fx *f, const char *rid) {
+  struct gmb_session *s =
+      gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid));
+  ck_assert_ptr_nonnull(s);
+  return s;
 }
 
-static int hello_as(struct fx *f, const char *rid, uid_t uid,
-                    const char *tenant, uint32_t version,
-                    struct wire_reply *rep) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_HELLO;
-  req.u.hello.version = version;
-  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
-  snprintf(req.u.hello.client, sizeof req.u.hello.client, "check");
-  return fx_request(f, rid, uid, &req, rep);
-}
-
-static int segment_req(struct fx *f, const char *rid, uid_t uid,
-                       uint64_t seg, struct wire_reply *rep) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_SEGMENT;
-  req.u.segment.segment = seg;
-  return fx_request(f, rid, uid, &req, rep);
-}
-
-/* Allocates and requires success; returns the reply. */
-static struct wire_reply must_alloc(struct fx *f, const char *rid, uid_t uid,
-                                    uint64_t size, uint32_t flags) {
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(f, rid, uid, size, flags, 0, &rep), 1);
-  ck_assert_msg(rep.status == 0, "alloc %" PRIu64 ": %s", size, rep.message);
-  ck_assert_int_eq(rep.kind, WIRE_ALLOC);
-  return rep;
-}
-
-static struct gmb_tenant *tenant(struct fx *f, const char *name) {
-  struct gmb_tenant *t = gmb__tenant_find(f->b.tenants, name);
-  ck_assert_ptr_nonnull(t);
-  return t;
-}
-
-static int shm_exists(const char *name) {
-  int fd = shm_open(name, O_RDONLY, 0);
-  if (fd < 0) return 0;
-  close(fd);
-  return 1;
+/* Segment `seg` must be live, `size` bytes, with a descriptor, and of
+ * tenant t. */
+static void check_segment_of(struct fx *f, uint64_t seg, uint64_t size,
+                             const struct gmb_tenant *t) {
+  void *tag = NULL;
+  const struct gmb_dseg *d = gmb__pool_segment(f->b.pool, seg, &tag);
+  ck_assert_ptr_nonnull(d);
+  ck_assert_uint_eq(d->id, seg);
+  ck_assert_uint_eq(d->size, size);
+  ck_assert_ptr_eq(tag, t);
+  ck_assert_int_ge(d->fd, 0);
 }
 
 /* --- hello ------------------------------------------------------------ */
@@ -105,7 +66,7 @@ START_TEST(hello_default_tenant_is_uid_name) {
   struct fx f;
   fx_open(&f);
   struct wire_reply rep;
-  ck_assert_int_eq(hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
+  ck_assert_int_eq(fx_hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
                    1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_int_eq(rep.kind, WIRE_HELLO);
@@ -115,18 +76,20 @@ START_TEST(hello_default_tenant_is_uid_name) {
   /* pid 0: the broker cannot watch the process, so it asks for beats. */
   ck_assert_uint_eq(rep.u.hello.heartbeat_ms, f.b.cfg.heartbeat_ms);
   ck_assert_uint_eq(rep.u.hello.lock_slots, GMB_LT_DEFAULT_SLOTS);
-  ck_assert_uint_gt(strlen(rep.u.hello.lock_table), 0);
-  struct gmb_session *s =
-      gmb__session_find(f.b.sessions, (const uint8_t *)"a", 1);
-  ck_assert_ptr_nonnull(s);
+  struct gmb_session *s = session_of(&f, "a");
   ck_assert_uint_eq(rep.u.hello.session, s->id);
-  ck_assert_ptr_eq(s->tenant, tenant(&f, "uid-1001"));
+  /* The secret that proves the session on the descriptor channel. */
+  ck_assert_uint_eq(rep.u.hello.fd_secret_len, GMB_FD_SECRET_LEN);
+  ck_assert_mem_eq(rep.u.hello.fd_secret, s->secret, GMB_FD_SECRET_LEN);
+  ck_assert_int_eq(s->fdconn, -1); /* no channel until it proves itself */
+  ck_assert_ptr_nonnull(s->lt);
+  ck_assert_ptr_eq(s->tenant, fx_tenant(&f, "uid-1001"));
   ck_assert_uint_eq(s->tenant->n_sessions, 1);
   ck_assert_str_eq(s->client, "check");
   ck_assert_int_eq(s->pidfd, -1);
   /* A second client of the same uid joins the same tenant, another
    * session. */
-  ck_assert_int_eq(hello_as(&f, "b", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
+  ck_assert_int_eq(fx_hello_as(&f, "b", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
                    1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_uint_ne(rep.u.hello.session, s->id);
@@ -142,7 +105,7 @@ START_TEST(hello_wrong_version) {
   static const uint32_t bad[] = {0, WIRE_PROTOCOL_VERSION + 1, UINT32_MAX};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     struct wire_reply rep;
-    ck_assert_int_eq(hello_as(&f, "a", 1001, "", bad[i], &rep), 1);
+    ck_assert_int_eq(fx_hello_as(&f, "a", 1001, "", bad[i], &rep), 1);
     ck_assert_int_eq(rep.status, GMB_E_PROTO);
     ck_assert_int_eq(rep.kind, WIRE_NONE);
     ck_assert_ptr_nonnull(strstr(rep.message, "protocol version"));
@@ -159,12 +122,12 @@ START_TEST(hello_twice_on_one_connection) {
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
   uint64_t gen = gmb__sessions_gen(f.b.sessions);
   struct wire_reply rep;
-  ck_assert_int_eq(hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
+  ck_assert_int_eq(fx_hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
                    1);
   ck_assert_int_eq(rep.status, GMB_E_PROTO);
   ck_assert_int_eq(rep.kind, WIRE_NONE);
   /* Even as another tenant: the connection has its session already. */
-  ck_assert_int_eq(hello_as(&f, "a", 1002, "other", WIRE_PROTOCOL_VERSION,
+  ck_assert_int_eq(fx_hello_as(&f, "a", 1002, "other", WIRE_PROTOCOL_VERSION,
                             &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_PROTO);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 1);
@@ -180,28 +143,28 @@ START_TEST(hello_uid_not_listed_refused) {
   struct fx f;
   fx_open_ini(&f, "host:64MiB", "[tenant:llm-a]\nuids = 1001,1003\n");
   struct wire_reply rep;
-  ck_assert_int_eq(hello_as(&f, "x", 1002, "llm-a", WIRE_PROTOCOL_VERSION,
+  ck_assert_int_eq(fx_hello_as(&f, "x", 1002, "llm-a", WIRE_PROTOCOL_VERSION,
                             &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
   ck_assert_int_eq(rep.kind, WIRE_NONE);
   ck_assert_uint_gt(strlen(rep.message), 0);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 0);
-  ck_assert_uint_eq(tenant(&f, "llm-a")->n_sessions, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "llm-a")->n_sessions, 0);
   /* uid 0 is not special. */
-  ck_assert_int_eq(hello_as(&f, "r", 0, "llm-a", WIRE_PROTOCOL_VERSION, &rep),
+  ck_assert_int_eq(fx_hello_as(&f, "r", 0, "llm-a", WIRE_PROTOCOL_VERSION, &rep),
                    1);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
   /* Listed uids are admitted. */
-  ck_assert_int_eq(hello_as(&f, "a", 1001, "llm-a", WIRE_PROTOCOL_VERSION,
+  ck_assert_int_eq(fx_hello_as(&f, "a", 1001, "llm-a", WIRE_PROTOCOL_VERSION,
                             &rep), 1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_str_eq(rep.u.hello.tenant, "llm-a");
-  ck_assert_int_eq(hello_as(&f, "c", 1003, "llm-a", WIRE_PROTOCOL_VERSION,
+  ck_assert_int_eq(fx_hello_as(&f, "c", 1003, "llm-a", WIRE_PROTOCOL_VERSION,
                             &rep), 1);
   ck_assert_int_eq(rep.status, 0);
-  ck_assert_uint_eq(tenant(&f, "llm-a")->n_sessions, 2);
+  ck_assert_uint_eq(fx_tenant(&f, "llm-a")->n_sessions, 2);
   /* The refused connection may try again, rightly this time. */
-  ck_assert_int_eq(hello_as(&f, "x", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
+  ck_assert_int_eq(fx_hello_as(&f, "x", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
                    1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_str_eq(rep.u.hello.tenant, "uid-1001");
@@ -215,15 +178,15 @@ START_TEST(hello_unbound_tenant_owned_by_first_uid) {
   fx_hello(&f, "a", 1001, "shared");
   fx_hello(&f, "a2", 1001, "");
   struct wire_reply rep;
-  ck_assert_int_eq(hello_as(&f, "b", 1002, "shared", WIRE_PROTOCOL_VERSION,
+  ck_assert_int_eq(fx_hello_as(&f, "b", 1002, "shared", WIRE_PROTOCOL_VERSION,
                             &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
   /* Another uid cannot slip into uid-1001 by naming it either. */
-  ck_assert_int_eq(hello_as(&f, "b", 1002, "uid-1001", WIRE_PROTOCOL_VERSION,
+  ck_assert_int_eq(fx_hello_as(&f, "b", 1002, "uid-1001", WIRE_PROTOCOL_VERSION,
                             &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 2);
-  ck_assert_uint_eq(tenant(&f, "shared")->n_sessions, 1);
+  ck_assert_uint_eq(fx_tenant(&f, "shared")->n_sessions, 1);
   fx_close(&f);
 }
 END_TEST
@@ -234,7 +197,7 @@ START_TEST(hello_bad_tenant_name) {
   static const char *const bad[] = {"-x", ".x", "a b", "a/b"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     struct wire_reply rep;
-    ck_assert_int_eq(hello_as(&f, "a", 1001, bad[i], WIRE_PROTOCOL_VERSION,
+    ck_assert_int_eq(fx_hello_as(&f, "a", 1001, bad[i], WIRE_PROTOCOL_VERSION,
                               &rep), 1);
     ck_assert_int_eq(rep.status, GMB_E_INVAL);
   }
@@ -244,23 +207,46 @@ START_TEST(hello_bad_tenant_name) {
 }
 END_TEST
 
-START_TEST(hello_lock_table_unlinked_at_first_request) {
+/* Each session has a secret of its own (32 random bytes): knowing one's
+ * own proves nothing about another's.  And a session's memory has no name
+ * anybody could open: the lock table and the segments are descriptors. */
+START_TEST(hello_secret_per_session_nothing_named) {
+  int shm_before = fx_shm_names();
   struct fx f;
   fx_open(&f);
-  struct gmb_session *s = fx_hello(&f, "a", 1001, "");
-  char name[128];
-  snprintf(name, sizeof name, "%s", gmb__locktab_name(s->lt));
-  /* Until its first request the client may map it by name... */
-  ck_assert_int_eq(shm_exists(name), 1);
-  ck_assert_int_eq(s->lt_unlinked, 0);
+  enum { N = 4 };
+  static const char *const rids[N] = {"a", "b", "c", "d"};
+  uint8_t secret[N][GMB_FD_SECRET_LEN];
+  for (int i = 0; i < N; i++) {
+    struct wire_reply rep;
+    /* Two of the same uid and tenant, two of another. */
+    uid_t uid = i < 2 ? 1001 : 1002;
+    ck_assert_int_eq(
+        fx_hello_as(&f, rids[i], uid, "", WIRE_PROTOCOL_VERSION, &rep), 1);
+    ck_assert_int_eq(rep.status, 0);
+    ck_assert_uint_eq(rep.u.hello.fd_secret_len, GMB_FD_SECRET_LEN);
+    memcpy(secret[i], rep.u.hello.fd_secret, GMB_FD_SECRET_LEN);
+    struct gmb_session *s = session_of(&f, rids[i]);
+    ck_assert_mem_eq(s->secret, secret[i], GMB_FD_SECRET_LEN);
+    static const uint8_t zero[GMB_FD_SECRET_LEN];
+    ck_assert_int_ne(memcmp(secret[i], zero, GMB_FD_SECRET_LEN), 0);
+    for (int j = 0; j < i; j++)
+      ck_assert_int_ne(memcmp(secret[i], secret[j], GMB_FD_SECRET_LEN), 0);
+    /* The lock table is a descriptor of the broker's, for the channel. */
+    ck_assert_int_ge(gmb__locktab_fd(s->lt), 0);
+    ck_assert_uint_eq(gmb__locktab_bytes(s->lt),
+                      gmb__lt_bytes(GMB_LT_DEFAULT_SLOTS));
+  }
+  /* Requests do not change a session's secret. */
   struct wire_reply rep;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_HEARTBEAT, &rep), 0);
-  /* ...then nobody can. */
-  ck_assert_int_eq(shm_exists(name), 0);
-  ck_assert_int_eq(s->lt_unlinked, 1);
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_HEARTBEAT, &rep), 0);
+  fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "c", 1002, 3 * MIB, 0);
+  ck_assert_mem_eq(session_of(&f, "a")->secret, secret[0], GMB_FD_SECRET_LEN);
+  /* Sessions, lock tables and segments, and nothing in /dev/shm. */
+  ck_assert_int_eq(fx_shm_names(), shm_before);
   fx_close(&f);
+  ck_assert_int_eq(fx_shm_names(), shm_before);
 }
 END_TEST
 
@@ -268,20 +254,20 @@ START_TEST(request_before_hello) {
   struct fx f;
   fx_open(&f);
   static const enum wire_kind kinds[] = {
-      WIRE_ALLOC,     WIRE_FREE, WIRE_STATS,          WIRE_SEGMENT,
-      WIRE_HEARTBEAT, WIRE_BYE,  WIRE_SEGMENT_CLOSED, WIRE_ADMIN_STATUS};
+      WIRE_ALLOC, WIRE_FREE,           WIRE_STATS,       WIRE_HEARTBEAT,
+      WIRE_BYE,   WIRE_SEGMENT_CLOSED, WIRE_ADMIN_STATUS};
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
     struct wire_reply rep;
-    ck_assert_int_eq(plain(&f, "a", 1001, kinds[i], &rep), 1);
+    ck_assert_int_eq(fx_plain(&f, "a", 1001, kinds[i], &rep), 1);
     ck_assert_int_eq(rep.status, GMB_E_CONN);
     ck_assert_int_eq(rep.kind, WIRE_NONE);
   }
   /* Another connection's session does not count for this one. */
   fx_hello(&f, "b", 1001, "");
   struct wire_reply rep;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_CONN);
-  ck_assert_int_eq(plain(&f, "bb", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "bb", 1001, WIRE_STATS, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_CONN);
   ck_assert_uint_eq(f.n_sent, 0);
   fx_close(&f);
@@ -297,7 +283,7 @@ START_TEST(admin_kind_is_not_a_client_request) {
       WIRE_ADMIN_EVICT,  WIRE_ADMIN_RELOAD,  WIRE_NONE, WIRE_EVENT};
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
     struct wire_reply rep;
-    ck_assert_int_eq(plain(&f, "a", 1001, kinds[i], &rep), 1);
+    ck_assert_int_eq(fx_plain(&f, "a", 1001, kinds[i], &rep), 1);
     ck_assert_int_eq(rep.status, GMB_E_PROTO);
   }
   /* The session goes on. */
@@ -353,7 +339,7 @@ END_TEST
 
 START_TEST(alloc_larger_than_device) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, UINT64_C(1) << 40, 0, 0, &rep), 1);
@@ -367,7 +353,7 @@ START_TEST(alloc_larger_than_device) {
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
   ck_assert_uint_eq(rep.u.nomem.request, 8 * MIB + 512);
   /* The whole device, exactly. */
-  rep = must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  rep = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
   ck_assert_uint_eq(rep.u.alloc.size, 8 * MIB);
   fx_close(&f);
 }
@@ -400,10 +386,10 @@ START_TEST(quota_exact_limit) {
   struct gmb_tenant *t = s->tenant;
   ck_assert_uint_eq(t->quota, 5 * MIB);
   /* 3 MiB large + 1 MiB + 1 MiB - 512 + 1 byte (rounded to 512). */
-  must_alloc(&f, "a", 1001, 3 * MIB, 0);
-  must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
-  must_alloc(&f, "a", 1001, MIB - 512, 0);
-  struct wire_reply last = must_alloc(&f, "a", 1001, 1, 0);
+  fx_must_alloc(&f, "a", 1001, 3 * MIB, 0);
+  fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "a", 1001, MIB - 512, 0);
+  struct wire_reply last = fx_must_alloc(&f, "a", 1001, 1, 0);
   ck_assert_uint_eq(last.u.alloc.size, 512);
   ck_assert_uint_eq(t->used, 5 * MIB);
   ck_assert_uint_eq(t->peak, 5 * MIB);
@@ -425,7 +411,7 @@ START_TEST(quota_exact_limit) {
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_uint_eq(t->waiting, 0);
   struct wire_reply rep;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_uint_eq(rep.u.stats.used, 5 * MIB);
   ck_assert_uint_eq(rep.u.stats.peak, 5 * MIB);
   ck_assert_uint_eq(s->allocations, 4);
@@ -433,7 +419,7 @@ START_TEST(quota_exact_limit) {
   ck_assert_int_eq(fx_free(&f, "a", 1001, last.u.alloc.id), 0);
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, 513, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
-  must_alloc(&f, "a", 1001, 512, 0);
+  fx_must_alloc(&f, "a", 1001, 512, 0);
   ck_assert_uint_eq(t->used, 5 * MIB);
   fx_close(&f);
 }
@@ -444,8 +430,8 @@ START_TEST(quota_shared_by_sessions_of_a_tenant) {
   fx_open_ini(&f, "host:64MiB", "[tenant:q]\nquota = 2MiB\n");
   fx_hello(&f, "a", 1001, "q");
   fx_hello(&f, "b", 1001, "q");
-  must_alloc(&f, "a", 1001, MIB, 0);
-  must_alloc(&f, "b", 1001, MIB, 0);
+  fx_must_alloc(&f, "a", 1001, MIB, 0);
+  fx_must_alloc(&f, "b", 1001, MIB, 0);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, 512, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
@@ -453,49 +439,56 @@ START_TEST(quota_shared_by_sessions_of_a_tenant) {
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
   /* Another tenant is not held to q's quota. */
   fx_hello(&f, "c", 1002, "");
-  must_alloc(&f, "c", 1002, 4 * MIB, 0);
+  fx_must_alloc(&f, "c", 1002, 4 * MIB, 0);
   fx_close(&f);
 }
 END_TEST
 
-START_TEST(alloc_handle_once_per_segment) {
+/* An Alloc reply names the segment and offset, and nothing else: the
+ * client asks the descriptor channel for a segment it has not mapped, and
+ * only that records the segment as given to the session (check_fdchan.c).
+ * Segments are the tenant's own. */
+START_TEST(alloc_reply_names_segment_only) {
   struct fx f;
   fx_open(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
   /* Two 1 MiB requests share one 2 MiB small segment. */
-  struct wire_reply r1 = must_alloc(&f, "a", 1001, MIB, 0);
-  ck_assert_uint_gt(r1.u.alloc.handle.len, 0);
-  ck_assert_uint_eq(r1.u.alloc.handle.segment, r1.u.alloc.segment);
-  ck_assert_uint_eq(r1.u.alloc.handle.size, 2 * MIB);
-  struct wire_reply r2 = must_alloc(&f, "a", 1001, MIB, 0);
+  struct wire_reply r1 = fx_must_alloc(&f, "a", 1001, MIB, 0);
+  check_segment_of(&f, r1.u.alloc.segment, 2 * MIB, s->tenant);
+  struct wire_reply r2 = fx_must_alloc(&f, "a", 1001, MIB, 0);
   ck_assert_uint_eq(r2.u.alloc.segment, r1.u.alloc.segment);
   ck_assert_uint_ne(r2.u.alloc.offset, r1.u.alloc.offset);
-  ck_assert_uint_eq(r2.u.alloc.handle.len, 0);
   ck_assert_uint_ne(r2.u.alloc.id, r1.u.alloc.id);
-  /* The segment is full: the next one comes with its own handle. */
-  struct wire_reply r3 = must_alloc(&f, "a", 1001, 512, 0);
+  /* The segment is full: the next one comes from another segment. */
+  struct wire_reply r3 = fx_must_alloc(&f, "a", 1001, 512, 0);
   ck_assert_uint_ne(r3.u.alloc.segment, r1.u.alloc.segment);
-  ck_assert_uint_gt(r3.u.alloc.handle.len, 0);
-  ck_assert_uint_eq(s->n_segs, 2);
-  /* A large request gets a segment of its own, with its handle. */
-  struct wire_reply r4 = must_alloc(&f, "a", 1001, 3 * MIB, 0);
-  ck_assert_uint_gt(r4.u.alloc.handle.len, 0);
-  ck_assert_uint_eq(r4.u.alloc.handle.size, 4 * MIB);
+  check_segment_of(&f, r3.u.alloc.segment, 2 * MIB, s->tenant);
+  /* A large request gets a segment of its own. */
+  struct wire_reply r4 = fx_must_alloc(&f, "a", 1001, 3 * MIB, 0);
+  check_segment_of(&f, r4.u.alloc.segment, 4 * MIB, s->tenant);
   ck_assert_uint_eq(r4.u.alloc.offset, 0);
-  /* Another session of the same tenant has not mapped the segment: it is
-   * given the handle again, once. */
+  /* Allocating gives no descriptor, so nothing is recorded as given. */
+  ck_assert_uint_eq(s->n_segs, 0);
+  /* Another session of the same tenant is served from the same segment;
+   * another tenant never is. */
   ck_assert_int_eq(fx_free(&f, "a", 1001, r2.u.alloc.id), 0);
-  fx_hello(&f, "b", 1001, "");
-  struct wire_reply r5 = must_alloc(&f, "b", 1001, MIB, 0);
+  struct gmb_session *s2 = fx_hello(&f, "b", 1001, "");
+  struct wire_reply r5 = fx_must_alloc(&f, "b", 1001, MIB, 0);
   ck_assert_uint_eq(r5.u.alloc.segment, r1.u.alloc.segment);
-  ck_assert_uint_gt(r5.u.alloc.handle.len, 0);
-  ck_assert_mem_eq(r5.u.alloc.handle.bytes, r1.u.alloc.handle.bytes,
-                   r1.u.alloc.handle.len);
-  /* And the first session, which has it, is not given it again. */
+  ck_assert_uint_eq(s2->n_segs, 0);
+  struct gmb_session *o = fx_hello(&f, "o", 1002, "");
+  struct wire_reply r6 = fx_must_alloc(&f, "o", 1002, 512, 0);
+  ck_assert_uint_ne(r6.u.alloc.segment, r1.u.alloc.segment);
+  ck_assert_uint_ne(r6.u.alloc.segment, r3.u.alloc.segment);
+  check_segment_of(&f, r6.u.alloc.segment, 2 * MIB, o->tenant);
+  /* A segment recorded as given (by the channel) stays recorded across
+   * allocations in it. */
+  ck_assert_int_eq(gmb__session_seg_seen(s, r1.u.alloc.segment), 0);
   ck_assert_int_eq(fx_free(&f, "b", 1001, r5.u.alloc.id), 0);
-  struct wire_reply r6 = must_alloc(&f, "a", 1001, MIB, 0);
-  ck_assert_uint_eq(r6.u.alloc.segment, r1.u.alloc.segment);
-  ck_assert_uint_eq(r6.u.alloc.handle.len, 0);
+  struct wire_reply r7 = fx_must_alloc(&f, "a", 1001, MIB, 0);
+  ck_assert_uint_eq(r7.u.alloc.segment, r1.u.alloc.segment);
+  ck_assert_uint_eq(s->n_segs, 1);
+  ck_assert_int_eq(gmb__session_seg_seen(s, r1.u.alloc.segment), 1);
   fx_close(&f);
 }
 END_TEST
@@ -504,7 +497,7 @@ START_TEST(alloc_movable_gets_slot) {
   struct fx f;
   fx_open(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
-  struct wire_reply pinned = must_alloc(&f, "a", 1001, 4096, 0);
+  struct wire_reply pinned = fx_must_alloc(&f, "a", 1001, 4096, 0);
   ck_assert_uint_eq(gmb__locktab_used(s->lt), 0);
   struct gmb_alloc_info info;
   ck_assert_int_eq(gmb__pool_find(f.b.pool, pinned.u.alloc.id, &info), 0);
@@ -512,7 +505,7 @@ START_TEST(alloc_movable_gets_slot) {
   uint64_t ids[3];
   uint32_t slots[3];
   for (int i = 0; i < 3; i++) {
-    struct wire_reply r = must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
+    struct wire_reply r = fx_must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
     ids[i] = r.u.alloc.id;
     slots[i] = r.u.alloc.slot;
     ck_assert_uint_eq(gmb__locktab_slot_id(s->lt, slots[i]), ids[i]);
@@ -526,7 +519,7 @@ START_TEST(alloc_movable_gets_slot) {
    * reused for the next one. */
   ck_assert_int_eq(fx_free(&f, "a", 1001, ids[1]), 0);
   ck_assert_uint_eq(gmb__locktab_used(s->lt), 2);
-  struct wire_reply r = must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
+  struct wire_reply r = fx_must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
   ck_assert_uint_eq(r.u.alloc.slot, slots[1]);
   ck_assert_uint_eq(gmb__locktab_slot_id(s->lt, slots[1]), r.u.alloc.id);
   /* Freeing a pinned one leaves the slots alone. */
@@ -534,7 +527,7 @@ START_TEST(alloc_movable_gets_slot) {
   ck_assert_uint_eq(gmb__locktab_used(s->lt), 3);
   /* Each session has its own table: b's first slot is not a's. */
   struct gmb_session *sb = fx_hello(&f, "b", 1002, "");
-  struct wire_reply rb = must_alloc(&f, "b", 1002, 4096, GMB_MOVABLE);
+  struct wire_reply rb = fx_must_alloc(&f, "b", 1002, 4096, GMB_MOVABLE);
   ck_assert_uint_eq(gmb__locktab_used(sb->lt), 1);
   ck_assert_uint_eq(gmb__locktab_slot_id(sb->lt, rb.u.alloc.slot),
                     rb.u.alloc.id);
@@ -581,9 +574,9 @@ START_TEST(alloc_movable_lock_table_full) {
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_uint_eq(t->used, used);
   /* Pinned memory needs no slot; a freed movable one gives its slot. */
-  must_alloc(&f, "a", 1001, 512, 0);
+  fx_must_alloc(&f, "a", 1001, 512, 0);
   ck_assert_int_eq(fx_free(&f, "a", 1001, first), 0);
-  must_alloc(&f, "a", 1001, 512, GMB_MOVABLE);
+  fx_must_alloc(&f, "a", 1001, 512, GMB_MOVABLE);
   ck_assert_uint_eq(gmb__locktab_used(s->lt), GMB_LT_DEFAULT_SLOTS);
   fx_close(&f);
 }
@@ -591,10 +584,10 @@ END_TEST
 
 START_TEST(alloc_nomem_full_device) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "b", 1002, "");
-  must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
   size_t sent = f.n_sent;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 0, &rep), 1);
@@ -610,15 +603,15 @@ START_TEST(alloc_nomem_full_device) {
   /* Answered at once: nothing queued, nothing sent through the tap. */
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_uint_eq(f.n_sent, sent);
-  ck_assert_uint_eq(tenant(&f, "uid-1002")->used, 0);
-  ck_assert_uint_eq(tenant(&f, "uid-1002")->segment_bytes, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1002")->used, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1002")->segment_bytes, 0);
   fx_close(&f);
 }
 END_TEST
 
 START_TEST(alloc_nomem_fragmented) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "b", 1002, "");
   /* a: four 1 MiB, movable, in two small segments; b: 4 MiB.  Then a frees
@@ -626,8 +619,8 @@ START_TEST(alloc_nomem_fragmented) {
    * a may use either. */
   uint64_t ids[4];
   for (int i = 0; i < 4; i++)
-    ids[i] = must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE).u.alloc.id;
-  must_alloc(&f, "b", 1002, 4 * MIB, 0);
+    ids[i] = fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE).u.alloc.id;
+  fx_must_alloc(&f, "b", 1002, 4 * MIB, 0);
   ck_assert_int_eq(fx_free(&f, "a", 1001, ids[0]), 0);
   ck_assert_int_eq(fx_free(&f, "a", 1001, ids[2]), 0);
   struct wire_reply rep;
@@ -651,14 +644,14 @@ START_TEST(alloc_nomem_names_each_holder_once) {
   /* The NoMemory body names each holding tenant once, even with several
    * sessions. */
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a1", 1001, "");
   fx_hello(&f, "a2", 1001, "");
   fx_hello(&f, "b", 1002, "");
   fx_hello(&f, "c", 1003, "");
-  must_alloc(&f, "a1", 1001, 2 * MIB + 1, 0);
-  must_alloc(&f, "b", 1002, 2 * MIB, 0);
-  must_alloc(&f, "a2", 1001, 2 * MIB, 0);
+  fx_must_alloc(&f, "a1", 1001, 2 * MIB + 1, 0);
+  fx_must_alloc(&f, "b", 1002, 2 * MIB, 0);
+  fx_must_alloc(&f, "a2", 1001, 2 * MIB, 0);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "c", 1003, 2 * MIB, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
@@ -684,7 +677,7 @@ START_TEST(alloc_nomem_for_reservation) {
               "[tenant:r]\nreserve = 6MiB\nuids = 2000\n");
   struct gmb_session *a = fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "r", 2000, "r");
-  must_alloc(&f, "a", 1001, 2 * MIB, 0);
+  fx_must_alloc(&f, "a", 1001, 2 * MIB, 0);
   uint64_t seg_bytes = a->tenant->segment_bytes;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, 512, 0, 0, &rep), 1);
@@ -699,7 +692,7 @@ START_TEST(alloc_nomem_for_reservation) {
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, 512, 0, 1000, &rep), 0);
   ck_assert_uint_eq(f.b.waitq.n, 1);
   /* r takes its own in full meanwhile. */
-  must_alloc(&f, "r", 2000, 6 * MIB, 0);
+  fx_must_alloc(&f, "r", 2000, 6 * MIB, 0);
   gmb__waitq_expire(&f.b, UINT64_MAX - 1);
   ck_assert_ptr_nonnull(fx_last_to(&f, "a"));
   ck_assert_int_eq(fx_last_to(&f, "a")->rep.status, GMB_E_TIMEOUT);
@@ -714,8 +707,8 @@ START_TEST(free_own) {
   struct fx f;
   fx_open(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
-  struct wire_reply r1 = must_alloc(&f, "a", 1001, MIB, 0);
-  struct wire_reply r2 = must_alloc(&f, "a", 1001, 3 * MIB, GMB_MOVABLE);
+  struct wire_reply r1 = fx_must_alloc(&f, "a", 1001, MIB, 0);
+  struct wire_reply r2 = fx_must_alloc(&f, "a", 1001, 3 * MIB, GMB_MOVABLE);
   ck_assert_uint_eq(s->allocations, 2);
   ck_assert_uint_eq(s->tenant->used, 4 * MIB);
   struct wire_reply rep;
@@ -745,7 +738,7 @@ START_TEST(free_others_id_is_noent) {
   fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "a2", 1001, ""); /* a's tenant, another session */
   fx_hello(&f, "b", 1002, "");  /* another tenant */
-  struct wire_reply ra = must_alloc(&f, "a", 1001, MIB, 0);
+  struct wire_reply ra = fx_must_alloc(&f, "a", 1001, MIB, 0);
   uint64_t id = ra.u.alloc.id, made_up = id ^ (UINT64_C(1) << 40);
   ck_assert_int_eq(gmb__pool_find(f.b.pool, made_up, NULL), GMB_E_NOENT);
   static const struct {
@@ -778,7 +771,7 @@ START_TEST(free_others_id_is_noent) {
   /* The allocation is still a's. */
   struct gmb_alloc_info info;
   ck_assert_int_eq(gmb__pool_find(f.b.pool, id, &info), 0);
-  ck_assert_uint_eq(tenant(&f, "uid-1001")->used, MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1001")->used, MIB);
   ck_assert_int_eq(fx_free(&f, "a", 1001, id), 0);
   fx_close(&f);
 }
@@ -788,8 +781,8 @@ START_TEST(free_twice) {
   struct fx f;
   fx_open(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
-  uint64_t keep = must_alloc(&f, "a", 1001, 4096, 0).u.alloc.id;
-  uint64_t id = must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE).u.alloc.id;
+  uint64_t keep = fx_must_alloc(&f, "a", 1001, 4096, 0).u.alloc.id;
+  uint64_t id = fx_must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE).u.alloc.id;
   ck_assert_int_eq(fx_free(&f, "a", 1001, id), 0);
   ck_assert_int_eq(fx_free(&f, "a", 1001, id), GMB_E_NOENT);
   /* The second free took nothing off the books. */
@@ -799,7 +792,7 @@ START_TEST(free_twice) {
   /* Neither does the id 0, never an allocation's. */
   ck_assert_int_eq(fx_free(&f, "a", 1001, 0), GMB_E_NOENT);
   /* A new allocation does not revive the old id. */
-  uint64_t id2 = must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE).u.alloc.id;
+  uint64_t id2 = fx_must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE).u.alloc.id;
   ck_assert_uint_ne(id2, id);
   ck_assert_int_eq(fx_free(&f, "a", 1001, id), GMB_E_NOENT);
   ck_assert_int_eq(fx_free(&f, "a", 1001, id2), 0);
@@ -809,7 +802,7 @@ START_TEST(free_twice) {
 }
 END_TEST
 
-/* --- stats, segment --------------------------------------------------- */
+/* --- stats ----------------------------------------------------------- */
 
 START_TEST(stats_used_peak_quota) {
   struct fx f;
@@ -817,94 +810,38 @@ START_TEST(stats_used_peak_quota) {
   fx_hello(&f, "a", 1001, "q");
   fx_hello(&f, "a2", 1001, "q");
   struct wire_reply rep;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_int_eq(rep.kind, WIRE_STATS);
   ck_assert_uint_eq(rep.u.stats.quota, 16 * MIB);
   ck_assert_uint_eq(rep.u.stats.used, 0);
   ck_assert_uint_eq(rep.u.stats.peak, 0);
   ck_assert_uint_eq(rep.u.stats.segments, 0);
-  uint64_t small = must_alloc(&f, "a", 1001, 1000, 0).u.alloc.id;
-  uint64_t big = must_alloc(&f, "a2", 1001, 3 * MIB, 0).u.alloc.id;
+  uint64_t small = fx_must_alloc(&f, "a", 1001, 1000, 0).u.alloc.id;
+  uint64_t big = fx_must_alloc(&f, "a2", 1001, 3 * MIB, 0).u.alloc.id;
   /* The tenant's figures, whichever of its sessions asks. */
   for (int i = 0; i < 2; i++) {
-    ck_assert_int_eq(plain(&f, i ? "a2" : "a", 1001, WIRE_STATS, &rep), 1);
+    ck_assert_int_eq(fx_plain(&f, i ? "a2" : "a", 1001, WIRE_STATS, &rep), 1);
     ck_assert_uint_eq(rep.u.stats.used, 1024 + 3 * MIB);
     ck_assert_uint_eq(rep.u.stats.peak, 1024 + 3 * MIB);
     ck_assert_uint_eq(rep.u.stats.segments, 2 * MIB + 4 * MIB);
   }
   ck_assert_int_eq(fx_free(&f, "a2", 1001, big), 0);
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_uint_eq(rep.u.stats.used, 1024);
   ck_assert_uint_eq(rep.u.stats.peak, 1024 + 3 * MIB);
   ck_assert_uint_eq(rep.u.stats.segments, 2 * MIB); /* large: released */
   ck_assert_int_eq(fx_free(&f, "a", 1001, small), 0);
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_uint_eq(rep.u.stats.used, 0);
   ck_assert_uint_eq(rep.u.stats.peak, 1024 + 3 * MIB);
   /* Another tenant sees its own figures only. */
   fx_hello(&f, "b", 1002, "");
-  ck_assert_int_eq(plain(&f, "b", 1002, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "b", 1002, WIRE_STATS, &rep), 1);
   ck_assert_uint_eq(rep.u.stats.quota, 0);
   ck_assert_uint_eq(rep.u.stats.used, 0);
   ck_assert_uint_eq(rep.u.stats.peak, 0);
   ck_assert_uint_eq(rep.u.stats.segments, 0);
-  fx_close(&f);
-}
-END_TEST
-
-START_TEST(segment_own_and_others) {
-  struct fx f;
-  fx_open(&f);
-  struct gmb_session *sa = fx_hello(&f, "a", 1001, "");
-  struct gmb_session *sa2 = fx_hello(&f, "a2", 1001, "");
-  fx_hello(&f, "b", 1002, "");
-  struct wire_reply ra = must_alloc(&f, "a", 1001, MIB, 0);
-  uint64_t seg = ra.u.alloc.segment;
-  /* Its own segment, asked again (a client that lost the handle). */
-  struct wire_reply rep;
-  ck_assert_int_eq(segment_req(&f, "a", 1001, seg, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
-  ck_assert_int_eq(rep.kind, WIRE_SEGMENT);
-  ck_assert_uint_eq(rep.u.segment.segment, seg);
-  ck_assert_uint_eq(rep.u.segment.size, 2 * MIB);
-  ck_assert_uint_eq(rep.u.segment.len, ra.u.alloc.handle.len);
-  ck_assert_mem_eq(rep.u.segment.bytes, ra.u.alloc.handle.bytes,
-                   ra.u.alloc.handle.len);
-  ck_assert_uint_eq(sa->n_segs, 1);
-  /* Another session of the tenant may map it (and is recorded as having
-   * it, so a later allocation there comes without the handle). */
-  ck_assert_uint_eq(sa2->n_segs, 0);
-  ck_assert_int_eq(segment_req(&f, "a2", 1001, seg, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
-  ck_assert_uint_eq(rep.u.segment.segment, seg);
-  ck_assert_uint_eq(sa2->n_segs, 1);
-  struct wire_reply ra2 = must_alloc(&f, "a2", 1001, 4096, 0);
-  ck_assert_uint_eq(ra2.u.alloc.segment, seg);
-  ck_assert_uint_eq(ra2.u.alloc.handle.len, 0);
-  /* Another tenant's segment gets the answer of one that does not
-   * exist. */
-  struct wire_reply made_up;
-  ck_assert_int_eq(segment_req(&f, "b", 1002, seg, &rep), 1);
-  ck_assert_int_eq(segment_req(&f, "b", 1002, seg + 1000, &made_up), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOENT);
-  ck_assert_int_eq(made_up.status, GMB_E_NOENT);
-  ck_assert_int_eq(rep.kind, WIRE_NONE);
-  ck_assert_int_eq(made_up.kind, WIRE_NONE);
-  char want[WIRE_MESSAGE_MAX];
-  snprintf(want, sizeof want, "no segment %" PRIu64 " for tenant uid-1002",
-           seg);
-  ck_assert_str_eq(rep.message, want);
-  ck_assert_int_eq(segment_req(&f, "a", 1001, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOENT);
-  /* A segment released to the device is gone for its tenant too. */
-  uint64_t big = must_alloc(&f, "a", 1001, 4 * MIB, 0).u.alloc.id;
-  struct gmb_alloc_info info;
-  ck_assert_int_eq(gmb__pool_find(f.b.pool, big, &info), 0);
-  uint64_t bigseg = info.dseg->id;
-  ck_assert_int_eq(fx_free(&f, "a", 1001, big), 0);
-  ck_assert_int_eq(segment_req(&f, "a", 1001, bigseg, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOENT);
   fx_close(&f);
 }
 END_TEST
@@ -917,12 +854,12 @@ START_TEST(heartbeat_and_segment_closed_have_no_reply) {
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
   s->last_seen_ns = 1;
   struct wire_reply rep;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_HEARTBEAT, &rep), 0);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_HEARTBEAT, &rep), 0);
   ck_assert_uint_gt(s->last_seen_ns, 1);
   ck_assert_uint_eq(f.n_sent, 0);
   /* Any request counts as a sign of life. */
   s->last_seen_ns = 1;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_uint_gt(s->last_seen_ns, 1);
   /* SegmentClosed has no reply either (the host device waits for none). */
   struct wire_request req;
@@ -937,17 +874,17 @@ END_TEST
 
 START_TEST(bye_ends_session_and_frees) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "a2", 1001, "");
   struct gmb_tenant *t = s->tenant;
-  must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
-  must_alloc(&f, "a", 1001, 3 * MIB, 0);
-  uint64_t other = must_alloc(&f, "a2", 1001, 4096, 0).u.alloc.id;
+  fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "a", 1001, 3 * MIB, 0);
+  uint64_t other = fx_must_alloc(&f, "a2", 1001, 4096, 0).u.alloc.id;
   ck_assert_uint_eq(t->used, 4 * MIB + 4096);
   uint64_t gen = gmb__sessions_gen(f.b.sessions);
   struct wire_reply rep;
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"a", 1));
   ck_assert_uint_ne(gmb__sessions_gen(f.b.sessions), gen);
@@ -956,18 +893,18 @@ START_TEST(bye_ends_session_and_frees) {
   /* Only its own memory went. */
   ck_assert_uint_eq(t->used, 4096);
   ck_assert_int_eq(gmb__pool_find(f.b.pool, other, NULL), 0);
-  ck_assert_int_eq(plain(&f, "a2", 1001, WIRE_BYE, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a2", 1001, WIRE_BYE, &rep), 1);
   ck_assert_uint_eq(t->used, 0);
   ck_assert_uint_eq(t->n_sessions, 0);
   ck_assert_ptr_null(t->sessions);
   /* The connection has no session any more: the next request must say
    * Hello again, and may. */
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_CONN);
-  ck_assert_int_eq(plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_CONN);
   fx_hello(&f, "a", 1001, "");
-  must_alloc(&f, "a", 1001, 8 * MIB, 0); /* all of the device came back */
+  fx_must_alloc(&f, "a", 1001, 8 * MIB, 0); /* all of the device came back */
   fx_close(&f);
 }
 END_TEST
@@ -976,10 +913,10 @@ END_TEST
 
 START_TEST(wait_served_after_free) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   struct gmb_session *sb = fx_hello(&f, "b", 1002, "");
-  uint64_t big = must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
+  uint64_t big = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, GMB_MOVABLE, 60000, &rep), 0);
   uint64_t req_id = f.next_req - 1;
@@ -995,7 +932,7 @@ START_TEST(wait_served_after_free) {
   ck_assert_int_eq(got->rep.status, 0);
   ck_assert_int_eq(got->rep.kind, WIRE_ALLOC);
   ck_assert_uint_eq(got->rep.u.alloc.size, MIB);
-  ck_assert_uint_gt(got->rep.u.alloc.handle.len, 0);
+  check_segment_of(&f, got->rep.u.alloc.segment, 2 * MIB, sb->tenant);
   ck_assert_uint_eq(gmb__locktab_slot_id(sb->lt, got->rep.u.alloc.slot),
                     got->rep.u.alloc.id);
   ck_assert_uint_eq(f.b.waitq.n, 0);
@@ -1010,10 +947,10 @@ END_TEST
 
 START_TEST(wait_times_out) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   struct gmb_session *sb = fx_hello(&f, "b", 1002, "");
-  must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 5000, &rep), 0);
   uint64_t req_id = f.next_req - 1;
@@ -1044,10 +981,10 @@ END_TEST
 
 START_TEST(wait_forever_never_expires) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "b", 1002, "");
-  uint64_t big = must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
+  uint64_t big = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, -1, &rep), 0);
   uint64_t year = UINT64_C(365) * 24 * 3600 * 1000000000;
@@ -1066,11 +1003,11 @@ START_TEST(wait_does_not_hold_back_no_wait_request) {
   /* A request that does not wait is answered at once, even while others
    * wait; one that waits joins the queue behind them. */
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "b", 1002, "");
   fx_hello(&f, "c", 1003, "");
-  uint64_t six = must_alloc(&f, "a", 1001, 6 * MIB, 0).u.alloc.id;
+  uint64_t six = fx_must_alloc(&f, "a", 1001, 6 * MIB, 0).u.alloc.id;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 60000, &rep), 0);
   ck_assert_uint_eq(f.b.waitq.n, 1);
@@ -1097,14 +1034,14 @@ END_TEST
 
 START_TEST(wait_ends_with_bye_of_waiter) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   struct gmb_session *sb = fx_hello(&f, "b", 1002, "");
   struct gmb_tenant *tb = sb->tenant;
-  uint64_t big = must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
+  uint64_t big = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 60000, &rep), 0);
-  ck_assert_int_eq(plain(&f, "b", 1002, WIRE_BYE, &rep), 1);
+  ck_assert_int_eq(fx_plain(&f, "b", 1002, WIRE_BYE, &rep), 1);
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_uint_eq(tb->waiting, 0);
   /* The memory that comes back goes to nobody. */
@@ -1123,12 +1060,12 @@ START_TEST(credentials_checked_per_message) {
   struct fx f;
   fx_open(&f);
   fx_hello(&f, "a", 1001, "");
-  uint64_t id = must_alloc(&f, "a", 1001, MIB, 0).u.alloc.id;
+  uint64_t id = fx_must_alloc(&f, "a", 1001, MIB, 0).u.alloc.id;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "a", 1002, MIB, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
   ck_assert_int_eq(fx_free(&f, "a", 1002, id), GMB_E_AUTH);
-  ck_assert_uint_eq(tenant(&f, "uid-1001")->used, MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1001")->used, MIB);
   fx_close(&f);
 }
 END_TEST
@@ -1152,10 +1089,10 @@ START_TEST(bug_default_tenant_squatted) {
   struct fx f;
   fx_open(&f);
   struct wire_reply rep;
-  ck_assert_int_eq(hello_as(&f, "evil", 1002, "uid-1001",
+  ck_assert_int_eq(fx_hello_as(&f, "evil", 1002, "uid-1001",
                             WIRE_PROTOCOL_VERSION, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
-  ck_assert_int_eq(hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
+  ck_assert_int_eq(fx_hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION, &rep),
                    1);
   ck_assert_int_eq(rep.status, 0);
   ck_assert_str_eq(rep.u.hello.tenant, "uid-1001");
@@ -1169,7 +1106,7 @@ END_TEST
  * even on an empty device.  It should be refused GMB_E_NOMEM at once. */
 START_TEST(bug_wait_larger_than_device_queued) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   fx_hello(&f, "b", 1002, "");
   struct wire_reply rep;
@@ -1194,7 +1131,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, hello_uid_not_listed_refused);
   tcase_add_test(tc, hello_unbound_tenant_owned_by_first_uid);
   tcase_add_test(tc, hello_bad_tenant_name);
-  tcase_add_test(tc, hello_lock_table_unlinked_at_first_request);
+  tcase_add_test(tc, hello_secret_per_session_nothing_named);
   tcase_add_test(tc, request_before_hello);
   tcase_add_test(tc, credentials_checked_per_message);
   tcase_add_test(tc, admin_kind_is_not_a_client_request);
@@ -1207,7 +1144,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, alloc_unknown_flags);
   tcase_add_test(tc, quota_exact_limit);
   tcase_add_test(tc, quota_shared_by_sessions_of_a_tenant);
-  tcase_add_test(tc, alloc_handle_once_per_segment);
+  tcase_add_test(tc, alloc_reply_names_segment_only);
   tcase_add_test(tc, alloc_movable_gets_slot);
   tcase_add_test(tc, alloc_movable_lock_table_full);
   tcase_add_test(tc, alloc_nomem_full_device);
@@ -1222,9 +1159,8 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, free_twice);
   suite_add_tcase(s, tc);
 
-  tc = tcase_create("stats_segment");
+  tc = tcase_create("stats");
   tcase_add_test(tc, stats_used_peak_quota);
-  tcase_add_test(tc, segment_own_and_others);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("heartbeat_bye");

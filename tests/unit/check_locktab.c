@@ -2,13 +2,18 @@
  * check_locktab.c - the broker's side of a session's lock table, alone and
  * against a second process that locks the way the client library does.
  *
- * Each test makes a table for a made-up session id (unique per test, so a
- * table a failed test left behind never collides) and destroys it; the
- * teardown checks that no "/gmb-lt-<pid>-*" name is left in /dev/shm.  The
- * two-process test forks a child that maps the table by name before it is
- * unlinked and hammers one slot with the client's CAS loops, while the
- * parent claims, "copies" and publishes like a compaction; both report what
- * they saw through a shared anonymous mapping.
+ * A table is a memfd: no name anywhere, sealed against shrinking and
+ * growing (and against more seals), mapped by the broker and by its client
+ * from a copy of its descriptor.  Each test makes a table for a made-up
+ * session id and destroys it; the teardown checks that the process has as
+ * many descriptors open as before the test (the memfd was closed) and that
+ * no gmb name appeared in /dev/shm.  Clients map the table from the
+ * descriptor; the tests do the same, from the broker's descriptor or from
+ * a copy sent over a socket with SCM_RIGHTS (proto/fdpass.h), as the
+ * descriptor channel does.  The two-process test hands a forked child the
+ * table that way; the child hammers one slot with the client's CAS loops
+ * while the parent claims, "copies" and publishes like a compaction; both
+ * report what they saw through a shared anonymous mapping.
  *
  * Knobs: ITER (locks the child takes in hammer tests, default 20000).
  */
@@ -24,62 +29,107 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "check_main.h"
+#include "fdpass.h"
 #include "locktab.h"
 #include "gmb.h"
 
 static uint64_t next_session = 1000;
 static struct gmb_locktab *lt;
+static int fds_before, shm_before;
 
 static struct gmb_locktab *lt_new(uint32_t slots) {
   char err[256] = "";
-  struct gmb_locktab *t =
-      gmb__locktab_new(++next_session, getuid(), getgid(), slots, err,
-                       sizeof err);
+  struct gmb_locktab *t = gmb__locktab_new(++next_session, slots, err,
+                                           sizeof err);
   ck_assert_msg(t != NULL, "%s", err);
   return t;
 }
 
-/* Names of this process's lock tables still in /dev/shm. */
-static int lt_leftovers(void) {
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "gmb-lt-%ld-", (long)getpid());
+/* The number of descriptors this process has open. */
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* Names in /dev/shm that start with "gmb" (version 1's lock tables were
+ * /gmb-lt-PID-SESSION; nothing may be named now). */
+static int shm_names(void) {
   DIR *d = opendir("/dev/shm");
   if (d == NULL) return 0;
   int n = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL)
-    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-      fprintf(stderr, "left over: /dev/shm/%s\n", e->d_name);
-      n++;
-    }
+    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
   closedir(d);
   return n;
 }
 
-static void setup(void) { lt = NULL; }
+static void setup(void) {
+  lt = NULL;
+  fds_before = count_fds();
+  shm_before = shm_names();
+}
 
 static void teardown(void) {
   gmb__locktab_destroy(lt);
   lt = NULL;
-  ck_assert_int_eq(lt_leftovers(), 0);
+  ck_assert_int_eq(count_fds(), fds_before);
+  ck_assert_int_eq(shm_names(), shm_before);
 }
 
-/* Maps a table by name the way the client does; NULL on failure with
- * errno set. */
-static struct gmb__lt_header *lt_map(const char *name, uint32_t slots) {
-  int fd = shm_open(name, O_RDWR, 0);
-  if (fd < 0) return NULL;
+/* Maps a table from a descriptor the way the client does; NULL on failure
+ * with errno set. */
+static struct gmb__lt_header *lt_map_fd(int fd, uint32_t slots) {
   void *p = mmap(NULL, gmb__lt_bytes(slots), PROT_READ | PROT_WRITE,
                  MAP_SHARED, fd, 0);
-  int err = errno;
-  close(fd);
-  errno = err;
   return p == MAP_FAILED ? NULL : p;
+}
+
+/* Maps table t from the broker's own descriptor. */
+static struct gmb__lt_header *lt_map(const struct gmb_locktab *t) {
+  return lt_map_fd(gmb__locktab_fd(t), gmb__locktab_slots(t));
+}
+
+/* A copy of t's descriptor as a client receives it: sent with SCM_RIGHTS
+ * over a socket pair (a new descriptor for the same open file). */
+static int lt_fd_passed(const struct gmb_locktab *t) {
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
+                   0);
+  char msg = 'L';
+  ck_assert_int_eq(gmb__fd_send(sv[0], &msg, 1, gmb__locktab_fd(t), 0), 0);
+  int fd = -1;
+  char got = 0;
+  ck_assert_int_eq(gmb__fd_recv(sv[1], &got, 1, &fd, 0), 1);
+  ck_assert_int_eq(got, 'L');
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_ne(fd, gmb__locktab_fd(t));
+  close(sv[0]);
+  close(sv[1]);
+  return fd;
+}
+
+/* 1 when descriptor fd is the memfd called `name`. */
+static int fd_is_memfd(int fd, const char *name) {
+  char path[64], link[256], want[128];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < 0) return 0;
+  link[n] = '\0';
+  snprintf(want, sizeof want, "/memfd:%s ", name);
+  return strncmp(link, want, strlen(want)) == 0;
 }
 
 /* --- the client's side of the protocol, as client.c does it -------------- */
@@ -105,22 +155,26 @@ static void cli_unlock(struct gmb__lt_slot *s) {
 
 /* --- one process -------------------------------------------------------- */
 
-START_TEST(new_fills_header_and_name) {
+START_TEST(new_fills_header_and_fd) {
   lt = lt_new(16);
-  char want[64];
-  snprintf(want, sizeof want, "/gmb-lt-%ld-%llu", (long)getpid(),
-           (unsigned long long)next_session);
-  ck_assert_str_eq(gmb__locktab_name(lt), want);
   ck_assert_uint_eq(gmb__locktab_slots(lt), 16);
   ck_assert_uint_eq(gmb__locktab_used(lt), 0);
-  int fd = shm_open(want, O_RDONLY, 0);
+  ck_assert_uint_eq(gmb__locktab_bytes(lt), gmb__lt_bytes(16));
+  int fd = gmb__locktab_fd(lt);
   ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(count_fds(), fds_before + 1);
+  /* A memfd (its name is a label for /proc, not a path anyone opens),
+   * closed on exec, of the table's size. */
+  char label[64];
+  snprintf(label, sizeof label, "gmb-lt-%llu",
+           (unsigned long long)next_session);
+  ck_assert_int_eq(fd_is_memfd(fd, label), 1);
+  ck_assert_int_eq(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
   struct stat st;
   ck_assert_int_eq(fstat(fd, &st), 0);
-  close(fd);
-  ck_assert_uint_eq(st.st_mode & 0777, 0600);
+  ck_assert(S_ISREG(st.st_mode));
   ck_assert_uint_eq((uint64_t)st.st_size, gmb__lt_bytes(16));
-  struct gmb__lt_header *h = lt_map(want, 16);
+  struct gmb__lt_header *h = lt_map(lt);
   ck_assert_ptr_nonnull(h);
   ck_assert_uint_eq(h->magic, GMB_LT_MAGIC);
   ck_assert_uint_eq(h->version, GMB_LT_VERSION);
@@ -136,30 +190,127 @@ END_TEST
 
 START_TEST(new_zero_slots_refused) {
   char err[256] = "";
-  ck_assert_ptr_null(gmb__locktab_new(++next_session, getuid(), getgid(), 0,
-                                      err, sizeof err));
+  ck_assert_ptr_null(gmb__locktab_new(++next_session, 0, err, sizeof err));
   ck_assert_ptr_nonnull(strstr(err, "slots"));
-  ck_assert_ptr_null(gmb__locktab_new(++next_session, getuid(), getgid(),
-                                      UINT32_MAX, err, sizeof err));
+  err[0] = '\0';
+  ck_assert_ptr_null(gmb__locktab_new(++next_session, UINT32_MAX, err,
+                                      sizeof err));
+  ck_assert_ptr_nonnull(strstr(err, "slots"));
+  /* Nothing was opened for a refused table (the teardown counts). */
 }
 END_TEST
 
-START_TEST(new_same_session_twice_exists) {
+/* Nothing is named, so nothing collides: two tables for one session id
+ * (two brokers of the same pid in PID namespaces, say) are two tables. */
+START_TEST(new_same_session_twice_independent) {
   lt = lt_new(4);
   char err[256] = "";
-  ck_assert_ptr_null(gmb__locktab_new(next_session, getuid(), getgid(), 4,
-                                      err, sizeof err));
-  ck_assert_ptr_nonnull(strstr(err, "exists"));
-  /* The failed attempt did not remove the first table's name. */
-  int fd = shm_open(gmb__locktab_name(lt), O_RDONLY, 0);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
+  struct gmb_locktab *t2 = gmb__locktab_new(next_session, 4, err, sizeof err);
+  ck_assert_msg(t2 != NULL, "%s", err);
+  ck_assert_int_ne(gmb__locktab_fd(t2), gmb__locktab_fd(lt));
+  uint32_t s1, s2;
+  ck_assert_int_eq(gmb__locktab_slot_new(lt, 11, 1, 0, &s1), 0);
+  ck_assert_int_eq(gmb__locktab_slot_new(t2, 22, 1, 0, &s2), 0);
+  struct gmb__lt_header *h1 = lt_map(lt), *h2 = lt_map(t2);
+  ck_assert_ptr_nonnull(h1);
+  ck_assert_ptr_nonnull(h2);
+  ck_assert_uint_eq(gmb__lt_slots(h1)[s1].id, 11);
+  ck_assert_uint_eq(gmb__lt_slots(h2)[s2].id, 22);
+  munmap(h1, gmb__lt_bytes(4));
+  munmap(h2, gmb__lt_bytes(4));
+  gmb__locktab_destroy(t2);
+}
+END_TEST
+
+/* A client holds a descriptor of the table: if it could truncate it, the
+ * broker's next write to a slot past the new end would fault (SIGBUS).
+ * Seals forbid shrinking and growing, on every descriptor of the file
+ * (a copy passed with SCM_RIGHTS, or a new open of /proc/self/fd/N), and
+ * forbid removing or adding seals. */
+START_TEST(sealed_against_resize) {
+  lt = lt_new(64);
+  uint64_t bytes = gmb__locktab_bytes(lt);
+  int fds[3];
+  fds[0] = gmb__locktab_fd(lt);
+  fds[1] = lt_fd_passed(lt);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fds[0]);
+  fds[2] = open(path, O_RDWR | O_CLOEXEC);
+  ck_assert_int_ge(fds[2], 0);
+  for (int i = 0; i < 3; i++) {
+    int fd = fds[i];
+    ck_assert_int_eq(fcntl(fd, F_GET_SEALS),
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fd, 0), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fd, (off_t)bytes - 1), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fd, (off_t)bytes + 4096), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fd, (off_t)bytes * 2), -1);
+    ck_assert_int_eq(errno, EPERM);
+    /* Growing by writing past the end, or by fallocate, is refused too. */
+    errno = 0;
+    ck_assert_int_eq(pwrite(fd, "x", 1, (off_t)bytes), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(fallocate(fd, 0, (off_t)bytes, 4096), -1);
+    ck_assert_int_eq(errno, EPERM);
+    /* No more seals (F_SEAL_WRITE would stop the broker's own writes). */
+    errno = 0;
+    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+    ck_assert_int_eq(errno, EPERM);
+    /* Resizing to the same size is no change, and allowed. */
+    ck_assert_int_eq(ftruncate(fd, (off_t)bytes), 0);
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    ck_assert_uint_eq((uint64_t)st.st_size, bytes);
+  }
+  /* The broker's table is whole and still works. */
+  uint32_t slot;
+  ck_assert_int_eq(gmb__locktab_slot_new(lt, 9, 1, 0, &slot), 0);
+  close(fds[1]);
+  close(fds[2]);
+}
+END_TEST
+
+/* The descriptor a client receives maps the broker's pages: what one side
+ * writes the other reads, both ways. */
+START_TEST(passed_fd_maps_same_pages) {
+  lt = lt_new(8);
+  int fd = lt_fd_passed(lt);
+  struct gmb__lt_header *h = lt_map_fd(fd, 8);
+  ck_assert_ptr_nonnull(h);
+  close(fd); /* the mapping stays */
+  ck_assert_uint_eq(h->magic, GMB_LT_MAGIC);
+  ck_assert_uint_eq(h->session, next_session);
+  uint32_t slot;
+  ck_assert_int_eq(gmb__locktab_slot_new(lt, 31, 4, 1024, &slot), 0);
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
+  ck_assert_uint_eq(s->id, 31);
+  ck_assert_uint_eq(s->segment, 4);
+  ck_assert_uint_eq(s->offset, 1024);
+  cli_lock(s);
+  ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 1);
+  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 0);
+  cli_unlock(s);
+  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 1);
+  ck_assert_uint_eq(atomic_load(&s->state), GMB_LT_MOVING);
+  gmb__locktab_publish(lt, slot, 5, 2048);
+  ck_assert_uint_eq(s->segment, 5);
+  ck_assert_uint_eq(s->offset, 2048);
+  ck_assert_uint_eq(atomic_load(&s->state), 0);
+  munmap(h, gmb__lt_bytes(8));
 }
 END_TEST
 
 START_TEST(slot_new_writes_position) {
   lt = lt_new(8);
-  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 8);
+  struct gmb__lt_header *h = lt_map(lt);
   ck_assert_ptr_nonnull(h);
   uint32_t slot = 99;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 42, 3, 4096, &slot), 0);
@@ -199,7 +350,7 @@ END_TEST
 
 START_TEST(free_list_reuse_resets_slot) {
   lt = lt_new(64);
-  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 64);
+  struct gmb__lt_header *h = lt_map(lt);
   ck_assert_ptr_nonnull(h);
   uint32_t a, b, c;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 1, 1, 0, &a), 0);
@@ -237,7 +388,7 @@ END_TEST
 
 START_TEST(claim_refused_while_locked) {
   lt = lt_new(4);
-  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 4);
+  struct gmb__lt_header *h = lt_map(lt);
   ck_assert_ptr_nonnull(h);
   uint32_t slot;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 7, 1, 512, &slot), 0);
@@ -262,7 +413,7 @@ END_TEST
 
 START_TEST(publish_moves_release_keeps) {
   lt = lt_new(4);
-  struct gmb__lt_header *h = lt_map(gmb__locktab_name(lt), 4);
+  struct gmb__lt_header *h = lt_map(lt);
   ck_assert_ptr_nonnull(h);
   uint32_t slot;
   ck_assert_int_eq(gmb__locktab_slot_new(lt, 7, 1, 512, &slot), 0);
@@ -284,46 +435,49 @@ START_TEST(publish_moves_release_keeps) {
 }
 END_TEST
 
-START_TEST(unlink_name_gone_mappings_work) {
-  lt = lt_new(4);
-  char name[64];
-  snprintf(name, sizeof name, "%s", gmb__locktab_name(lt));
-  struct gmb__lt_header *h = lt_map(name, 4);
-  ck_assert_ptr_nonnull(h);
-  gmb__locktab_unlink(lt);
-  errno = 0;
-  ck_assert_int_lt(shm_open(name, O_RDWR, 0), 0);
-  ck_assert_int_eq(errno, ENOENT);
-  gmb__locktab_unlink(lt); /* idempotent */
-  ck_assert_str_eq(gmb__locktab_name(lt), name); /* still names it */
-  /* Both mappings still share the pages. */
-  uint32_t slot;
-  ck_assert_int_eq(gmb__locktab_slot_new(lt, 5, 2, 1024, &slot), 0);
-  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
-  ck_assert_uint_eq(s->id, 5);
-  cli_lock(s);
-  ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 1);
-  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 0);
-  cli_unlock(s);
-  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 1);
-  gmb__locktab_publish(lt, slot, 3, 0);
-  ck_assert_uint_eq(s->segment, 3);
-  munmap(h, gmb__lt_bytes(4));
+/* Many tables, and not one name in /dev/shm (the teardown checks again
+ * after they are gone). */
+START_TEST(nothing_in_dev_shm) {
+  enum { N = 16 };
+  struct gmb_locktab *t[N];
+  for (int i = 0; i < N; i++) t[i] = lt_new(64);
+  ck_assert_int_eq(shm_names(), shm_before);
+  ck_assert_int_eq(count_fds(), fds_before + N);
+  for (int i = 0; i < N; i++) gmb__locktab_destroy(t[i]);
+  ck_assert_int_eq(count_fds(), fds_before);
 }
 END_TEST
 
-START_TEST(destroy_unlinks_and_accepts_null) {
+/* destroy closes the broker's descriptor; a client's mapping (and a
+ * client's copy of the descriptor) stays its own. */
+START_TEST(destroy_closes_fd_mappings_stay) {
   gmb__locktab_destroy(NULL);
   struct gmb_locktab *t = lt_new(4);
-  char name[64];
-  snprintf(name, sizeof name, "%s", gmb__locktab_name(t));
+  uint64_t session = next_session;
+  uint32_t slot;
+  ck_assert_int_eq(gmb__locktab_slot_new(t, 5, 2, 1024, &slot), 0);
+  int copy = lt_fd_passed(t);
+  struct gmb__lt_header *h = lt_map(t);
+  ck_assert_ptr_nonnull(h);
+  int fd = gmb__locktab_fd(t);
+  char label[64];
+  snprintf(label, sizeof label, "gmb-lt-%llu", (unsigned long long)session);
+  ck_assert_int_eq(count_fds(), fds_before + 2);
   gmb__locktab_destroy(t);
-  errno = 0;
-  ck_assert_int_lt(shm_open(name, O_RDONLY, 0), 0);
-  ck_assert_int_eq(errno, ENOENT);
-  t = lt_new(4);
-  gmb__locktab_unlink(t);
-  gmb__locktab_destroy(t); /* after an unlink: nothing left to remove */
+  ck_assert_int_eq(count_fds(), fds_before + 1);
+  ck_assert_int_eq(fd_is_memfd(fd, label), 0);
+  ck_assert_int_eq(fd_is_memfd(copy, label), 1);
+  /* Both the old mapping and a new one from the copy read the table. */
+  ck_assert_uint_eq(h->session, session);
+  ck_assert_uint_eq(gmb__lt_slots(h)[slot].id, 5);
+  struct gmb__lt_header *h2 = lt_map_fd(copy, 4);
+  ck_assert_ptr_nonnull(h2);
+  ck_assert_uint_eq(gmb__lt_slots(h2)[slot].offset, 1024);
+  atomic_fetch_add(&gmb__lt_slots(h2)[slot].state, 1);
+  ck_assert_uint_eq(atomic_load(&gmb__lt_slots(h)[slot].state), 1);
+  munmap(h, gmb__lt_bytes(4));
+  munmap(h2, gmb__lt_bytes(4));
+  close(copy);
 }
 END_TEST
 
@@ -382,14 +536,18 @@ struct hammer {
 };
 
 struct hammer_child {
-  const char *name;
+  int sock; /* the table's descriptor comes on it, as from the channel */
   uint32_t slots, slot;
   long iter;
   struct hammer *hm;
 };
 
 static int hammer_child_main(struct hammer_child *a) {
-  struct gmb__lt_header *h = lt_map(a->name, a->slots);
+  char msg;
+  int fd = -1;
+  if (gmb__fd_recv(a->sock, &msg, 1, &fd, 0) != 1 || fd < 0) return 5;
+  struct gmb__lt_header *h = lt_map_fd(fd, a->slots);
+  close(fd);
   if (h == NULL) return 2;
   if (h->magic != GMB_LT_MAGIC) return 3;
   struct hammer *hm = a->hm;
@@ -433,20 +591,29 @@ START_TEST(two_processes_claim_never_overlaps_a_hold) {
   for (int i = 1; i < HAMMER_WORDS; i++)
     atomic_store(&hm->data[i], HAMMER_POISON);
 
-  struct hammer_child arg = {gmb__locktab_name(lt), 8, slot, iter, hm};
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
+                   0);
+  struct hammer_child arg = {sv[1], 8, slot, iter, hm};
   fflush(stderr);
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
-  if (pid == 0) _exit(hammer_child_main(&arg));
-  /* The child maps the table by name; unlinking after that, as the broker
-   * does at the session's next request, must not disturb it. */
+  if (pid == 0) {
+    close(sv[0]);
+    _exit(hammer_child_main(&arg));
+  }
+  close(sv[1]);
+  /* The child gets the table as a client does: a copy of the descriptor
+   * over a socket, after the fork. */
+  char msg = 'T';
+  ck_assert_int_eq(gmb__fd_send(sv[0], &msg, 1, gmb__locktab_fd(lt), 0), 0);
+  close(sv[0]);
   while (!atomic_load(&hm->child_ready)) {
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid)
       ck_abort_msg("child exited early with %d", WEXITSTATUS(status));
     sched_yield();
   }
-  gmb__locktab_unlink(lt);
 
   uint64_t off = 0;
   int status = 0;
@@ -482,20 +649,23 @@ START_TEST(two_processes_claim_never_overlaps_a_hold) {
 }
 END_TEST
 
-/* --- ownership (root only) ------------------------------------------------ */
+/* --- other users (root only) ---------------------------------------------- */
 
-/* In a child: become uid:gid and try to open `name` read-write.  Exits 0
- * when it opened, else with the errno. */
-static int open_as(const char *name, uid_t uid, gid_t gid) {
+/* In a child: become uid:gid and try to open the broker's (this process's)
+ * descriptor `fd` through /proc, the only path to a memfd.  Exits 0 when
+ * it opened and mapped the table, else with the errno. */
+static int open_as(pid_t broker, int fd, uid_t uid, gid_t gid) {
   fflush(stderr);
   pid_t pid = fork();
   if (pid == 0) {
     if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
       _exit(200);
-    int fd = shm_open(name, O_RDWR, 0);
-    if (fd < 0) _exit(errno ? errno : 201);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/fd/%d", (long)broker, fd);
+    int f = open(path, O_RDWR);
+    if (f < 0) _exit(errno ? errno : 201);
     struct gmb__lt_header *h = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE,
-                                   MAP_SHARED, fd, 0);
+                                   MAP_SHARED, f, 0);
     _exit(h == MAP_FAILED ? 202 : h->magic == GMB_LT_MAGIC ? 0 : 203);
   }
   int status;
@@ -503,39 +673,21 @@ static int open_as(const char *name, uid_t uid, gid_t gid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
 }
 
-START_TEST(other_uid_cannot_map_table) {
+/* A table has no name: a process of another uid has no path to it but the
+ * broker's /proc/PID/fd, which the kernel closes to other uids. */
+START_TEST(other_uid_cannot_open_table) {
   if (geteuid() != 0) {
-    fprintf(stderr, "other_uid_cannot_map_table: skipped: needs root to "
-            "create tables for other uids\n");
+    fprintf(stderr, "other_uid_cannot_open_table: skipped: needs root to "
+            "run a process of another uid\n");
     return;
   }
-  char err[256] = "";
-  lt = gmb__locktab_new(++next_session, 65534, 65534, 16, err, sizeof err);
-  ck_assert_msg(lt != NULL, "%s", err);
-  const char *name = gmb__locktab_name(lt);
-  int fd = shm_open(name, O_RDONLY, 0);
-  ck_assert_int_ge(fd, 0);
-  struct stat st;
-  ck_assert_int_eq(fstat(fd, &st), 0);
-  close(fd);
-  ck_assert_uint_eq(st.st_uid, 65534);
-  ck_assert_uint_eq(st.st_gid, 65534);
-  ck_assert_uint_eq(st.st_mode & 0777, 0600);
-  /* The session's own uid maps it; another session's uid may not. */
-  ck_assert_int_eq(open_as(name, 65534, 65534), 0);
-  ck_assert_int_eq(open_as(name, 65533, 65533), EACCES);
-  ck_assert_int_eq(open_as(name, 65533, 65534), EACCES); /* not by group */
-}
-END_TEST
-
-START_TEST(root_session_table_stays_root) {
-  lt = lt_new(4); /* for this process's own uid */
-  int fd = shm_open(gmb__locktab_name(lt), O_RDONLY, 0);
-  ck_assert_int_ge(fd, 0);
-  struct stat st;
-  ck_assert_int_eq(fstat(fd, &st), 0);
-  close(fd);
-  ck_assert_uint_eq(st.st_uid, geteuid());
+  lt = lt_new(16);
+  int fd = gmb__locktab_fd(lt);
+  /* The broker's own uid can, which proves the path is right... */
+  ck_assert_int_eq(open_as(getpid(), fd, 0, 0), 0);
+  /* ...and no other uid can, whatever its group. */
+  ck_assert_int_eq(open_as(getpid(), fd, 65534, 65534), EACCES);
+  ck_assert_int_eq(open_as(getpid(), fd, 65534, 0), EACCES);
 }
 END_TEST
 
@@ -543,13 +695,14 @@ static Suite *locktab_suite(void) {
   Suite *s = suite_create("locktab");
   TCase *tc = tcase_create("table");
   tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, new_fills_header_and_name);
+  tcase_add_test(tc, new_fills_header_and_fd);
   tcase_add_test(tc, new_zero_slots_refused);
-  tcase_add_test(tc, new_same_session_twice_exists);
-  tcase_add_test(tc, unlink_name_gone_mappings_work);
-  tcase_add_test(tc, destroy_unlinks_and_accepts_null);
-  tcase_add_test(tc, root_session_table_stays_root);
-  tcase_add_test(tc, other_uid_cannot_map_table);
+  tcase_add_test(tc, new_same_session_twice_independent);
+  tcase_add_test(tc, sealed_against_resize);
+  tcase_add_test(tc, passed_fd_maps_same_pages);
+  tcase_add_test(tc, nothing_in_dev_shm);
+  tcase_add_test(tc, destroy_closes_fd_mappings_stay);
+  tcase_add_test(tc, other_uid_cannot_open_table);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("slots");

@@ -7,8 +7,11 @@
  * prefix of another, bytes that are not text), the table's count and
  * generation, visiting every session while ending them, watching the
  * client's process (pidfd) or asking for heartbeats, the sorted set of
- * segments a session was given, and each step of ending a session: its
- * allocations freed and uncharged, its lock table destroyed, its waiters
+ * segments a session was given, its descriptor channel and secret (a
+ * fresh secret per session; the channel closed with the session), and
+ * each step of ending a session: its allocations freed and uncharged, its
+ * lock table destroyed (its memfd closed, a client's mapping still its
+ * own), its waiters
  * dropped without a reply, others' waiters served with the memory that
  * came back, its tenant's list of sessions kept whole whichever session
  * goes, and the segments retired meanwhile announced only to those that
@@ -23,7 +26,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <inttypes.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,13 +39,10 @@
 #include "locktab.h"
 #include "pool.h"
 #include "tenant.h"
+#include "util.h"
 #include "waitq.h"
 
-#define MIB (UINT64_C(1) << 20)
-
-static const char *const INI_OFF = "[broker]\ncompaction = off\n";
-
-static void open_small(struct fx *f) { fx_open_ini(f, "host:8MiB", INI_OFF); }
+#define MIB GMB_MIB
 
 /* A session made by the table alone, without Hello (so without a lock
  * table), for routing id `rid` of `len` bytes in uid's default tenant. */
@@ -59,18 +61,6 @@ static struct gmb_session *find(struct fx *f, const void *rid, size_t len) {
   return gmb__session_find(f->b.sessions, rid, len);
 }
 
-static struct wire_reply must_alloc(struct fx *f, const char *rid, uid_t uid,
-                                    uint64_t size, uint32_t flags) {
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(f, rid, uid, size, flags, 0, &rep), 1);
-  ck_assert_msg(rep.status == 0, "alloc: %s", rep.message);
-  return rep;
-}
-
-static void end(struct fx *f, struct gmb_session *s) {
-  gmb__core_session_end(&f->b, s, "test");
-  ck_assert_int_eq(gmb__core_check(&f->b), 0);
-}
 
 /* The tenant's list of sessions, walked both ways, must hold exactly n
  * sessions with consistent links; returns the head. */
@@ -95,27 +85,16 @@ static int tenant_has(const struct gmb_tenant *t, const struct gmb_session *x) {
   return 0;
 }
 
-/* Maps s's lock table as its client does (before its first request after
- * Hello, while the name exists). */
-static struct gmb__lt_header *map_locktab(struct gmb_session *s) {
-  int fd = shm_open(gmb__locktab_name(s->lt), O_RDWR, 0);
-  ck_assert_int_ge(fd, 0);
-  void *p = mmap(NULL, gmb__lt_bytes(gmb__locktab_slots(s->lt)),
-                 PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ck_assert_ptr_ne(p, MAP_FAILED);
-  return p;
-}
-
-static void unmap_locktab(struct gmb__lt_header *h) {
-  ck_assert_int_eq(munmap(h, gmb__lt_bytes(h->slots)), 0);
-}
-
-static int shm_exists(const char *name) {
-  int fd = shm_open(name, O_RDONLY, 0);
-  if (fd < 0) return 0;
-  close(fd);
-  return 1;
+/* 1 when descriptor fd is open and is the memfd called `name` (a
+ * descriptor number alone may be reused by the next open). */
+static int fd_is_memfd(int fd, const char *name) {
+  char path[64], link[256], want[128];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < 0) return 0;
+  link[n] = '\0';
+  snprintf(want, sizeof want, "/memfd:%s ", name);
+  return strncmp(link, want, strlen(want)) == 0;
 }
 
 static int pidfd_works(void) {
@@ -161,7 +140,7 @@ START_TEST(find_by_routing_id) {
   ck_assert_ptr_null(find(&f, "b\0", 2));
   ck_assert_ptr_null(find(&f, "\xff\xff", 2));
   /* Ending one leaves the others findable. */
-  end(&f, s[1]); /* "ab", between "a" and "abc" */
+  fx_end(&f, s[1]); /* "ab", between "a" and "abc" */
   ck_assert_ptr_null(find(&f, "ab", 2));
   ck_assert_ptr_eq(find(&f, "a", 1), s[0]);
   ck_assert_ptr_eq(find(&f, "abc", 3), s[2]);
@@ -221,7 +200,7 @@ START_TEST(new_watches_a_live_pid) {
   ck_assert_int_ge(fd, 0);
   ck_assert_int_ne(fcntl(fd, F_GETFD), -1);
   /* The pidfd closes with the session. */
-  end(&f, s);
+  fx_end(&f, s);
   errno = 0;
   ck_assert_int_eq(fcntl(fd, F_GETFD), -1);
   ck_assert_int_eq(errno, EBADF);
@@ -244,8 +223,8 @@ START_TEST(new_for_a_dead_pid_is_esrch) {
   ck_assert_int_eq(errno, ESRCH);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 0);
   ck_assert_uint_eq(gmb__sessions_gen(f.b.sessions), gen);
-  ck_assert_uint_eq(gmb__tenant_find(f.b.tenants, "uid-1001")->n_sessions, 0);
-  ck_assert_ptr_null(gmb__tenant_find(f.b.tenants, "uid-1001")->sessions);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1001")->n_sessions, 0);
+  ck_assert_ptr_null(fx_tenant(&f, "uid-1001")->sessions);
   /* Through Hello: no session and no reply (nobody to answer). */
   struct wire_request req;
   memset(&req, 0, sizeof req);
@@ -275,25 +254,90 @@ START_TEST(gen_changes_on_add_and_remove) {
   ck_assert_uint_ne(g2, g0);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 2);
   /* Requests, allocations and refused Hellos are not comings or goings. */
-  must_alloc(&f, "a", 1001, MIB, 0);
+  fx_must_alloc(&f, "a", 1001, MIB, 0);
   struct wire_reply rep;
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_HELLO;
-  req.u.hello.version = WIRE_PROTOCOL_VERSION;
-  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
+  ck_assert_int_eq(fx_hello_as(&f, "a", 1001, "", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_PROTO);
   ck_assert_uint_eq(gmb__sessions_gen(f.b.sessions), g2);
-  end(&f, a);
+  fx_end(&f, a);
   uint64_t g3 = gmb__sessions_gen(f.b.sessions);
   ck_assert_uint_ne(g3, g2);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 1);
-  end(&f, b);
+  fx_end(&f, b);
   uint64_t g4 = gmb__sessions_gen(f.b.sessions);
   ck_assert_uint_ne(g4, g3);
   /* Back to no sessions is not back to the first generation. */
   ck_assert_uint_ne(g4, g0);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* Each session gets its own random secret for the descriptor channel,
+ * and no channel until it proves itself there. */
+START_TEST(new_has_secret_and_no_channel) {
+  struct fx f;
+  fx_open(&f);
+  enum { N = 8 };
+  struct gmb_session *s[N];
+  static const uint8_t zero[GMB_FD_SECRET_LEN];
+  for (int i = 0; i < N; i++) {
+    char rid[8];
+    snprintf(rid, sizeof rid, "r%d", i);
+    s[i] = raw_session(&f, rid, strlen(rid), 1001, 0);
+    ck_assert_ptr_nonnull(s[i]);
+    ck_assert_int_eq(s[i]->fdconn, -1);
+    ck_assert_int_ne(memcmp(s[i]->secret, zero, GMB_FD_SECRET_LEN), 0);
+    for (int j = 0; j < i; j++)
+      ck_assert_int_ne(memcmp(s[i]->secret, s[j]->secret, GMB_FD_SECRET_LEN),
+                       0);
+  }
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(by_id) {
+  struct fx f;
+  fx_open(&f);
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "");
+  struct gmb_session *b = raw_session(&f, "b", 1, 1002, 0);
+  struct gmb_session *c = fx_hello(&f, "c", 1001, "");
+  ck_assert_ptr_eq(gmb__session_by_id(f.b.sessions, a->id), a);
+  ck_assert_ptr_eq(gmb__session_by_id(f.b.sessions, b->id), b);
+  ck_assert_ptr_eq(gmb__session_by_id(f.b.sessions, c->id), c);
+  /* Ids that no session has: 0, past the last, and one that ended. */
+  ck_assert_ptr_null(gmb__session_by_id(f.b.sessions, 0));
+  ck_assert_ptr_null(gmb__session_by_id(f.b.sessions, c->id + 1));
+  ck_assert_ptr_null(gmb__session_by_id(f.b.sessions, UINT64_MAX));
+  uint64_t bid = b->id;
+  fx_end(&f, b);
+  ck_assert_ptr_null(gmb__session_by_id(f.b.sessions, bid));
+  ck_assert_ptr_eq(gmb__session_by_id(f.b.sessions, a->id), a);
+  ck_assert_ptr_eq(gmb__session_by_id(f.b.sessions, c->id), c);
+  fx_close(&f);
+}
+END_TEST
+
+/* The session owns its channel's descriptor from set_fdconn on (the loop
+ * polls it: the generation changes) and closes it when it ends: the peer
+ * sees the hang-up. */
+START_TEST(fdconn_owned_and_closed_at_end) {
+  struct fx f;
+  fx_open(&f);
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "");
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
+                   0);
+  uint64_t gen = gmb__sessions_gen(f.b.sessions);
+  gmb__session_set_fdconn(f.b.sessions, a, sv[0]);
+  ck_assert_int_eq(a->fdconn, sv[0]);
+  ck_assert_uint_ne(gmb__sessions_gen(f.b.sessions), gen);
+  ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 1);
+  fx_end(&f, a);
+  char byte;
+  ck_assert_int_eq(recv(sv[1], &byte, 1, MSG_DONTWAIT), 0); /* EOF */
+  close(sv[1]);
   fx_close(&f);
 }
 END_TEST
@@ -337,7 +381,7 @@ START_TEST(each_may_end_every_session) {
   static const char *const rids[] = {"c", "a", "bb", "b", "ab", "d"};
   for (size_t i = 0; i < 6; i++) {
     fx_hello(&f, rids[i], 1001 + (uid_t)(i % 2), "");
-    must_alloc(&f, rids[i], 1001 + (uid_t)(i % 2), MIB, i % 3 ? GMB_MOVABLE
+    fx_must_alloc(&f, rids[i], 1001 + (uid_t)(i % 2), MIB, i % 3 ? GMB_MOVABLE
                                                              : 0);
   }
   struct visit v = {.f = &f, .end_every = 1};
@@ -345,8 +389,8 @@ START_TEST(each_may_end_every_session) {
   ck_assert_uint_eq(v.n, 6);
   ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 0);
   ck_assert_int_eq(gmb__core_check(&f.b), 0);
-  struct gmb_tenant *t1 = gmb__tenant_find(f.b.tenants, "uid-1001");
-  struct gmb_tenant *t2 = gmb__tenant_find(f.b.tenants, "uid-1002");
+  struct gmb_tenant *t1 = fx_tenant(&f, "uid-1001");
+  struct gmb_tenant *t2 = fx_tenant(&f, "uid-1002");
   ck_assert_uint_eq(t1->used, 0);
   ck_assert_uint_eq(t2->used, 0);
   check_tenant_list(t1, 0);
@@ -375,7 +419,7 @@ START_TEST(each_may_end_some_sessions) {
     else
       ck_assert_ptr_nonnull(s);
   }
-  check_tenant_list(gmb__tenant_find(f.b.tenants, "uid-1001"), 4);
+  check_tenant_list(fx_tenant(&f, "uid-1001"), 4);
   fx_close(&f);
 }
 END_TEST
@@ -466,19 +510,19 @@ START_TEST(end_frees_and_uncharges) {
   fx_hello(&f, "b", 1002, "");
   struct gmb_tenant *t = a->tenant;
   uint64_t ids[4];
-  ids[0] = must_alloc(&f, "a", 1001, MIB, 0).u.alloc.id;
-  ids[1] = must_alloc(&f, "a", 1001, 1000, GMB_MOVABLE).u.alloc.id;
-  ids[2] = must_alloc(&f, "a", 1001, 5 * MIB, GMB_MOVABLE).u.alloc.id;
-  ids[3] = must_alloc(&f, "a", 1001, 3 * MIB, 0).u.alloc.id;
-  uint64_t keep = must_alloc(&f, "a2", 1001, 4096, 0).u.alloc.id;
-  uint64_t other = must_alloc(&f, "b", 1002, MIB, 0).u.alloc.id;
+  ids[0] = fx_must_alloc(&f, "a", 1001, MIB, 0).u.alloc.id;
+  ids[1] = fx_must_alloc(&f, "a", 1001, 1000, GMB_MOVABLE).u.alloc.id;
+  ids[2] = fx_must_alloc(&f, "a", 1001, 5 * MIB, GMB_MOVABLE).u.alloc.id;
+  ids[3] = fx_must_alloc(&f, "a", 1001, 3 * MIB, 0).u.alloc.id;
+  uint64_t keep = fx_must_alloc(&f, "a2", 1001, 4096, 0).u.alloc.id;
+  uint64_t other = fx_must_alloc(&f, "b", 1002, MIB, 0).u.alloc.id;
   ck_assert_uint_eq(a->allocations, 4);
   ck_assert_uint_eq(t->used, 9 * MIB + 1024 + 4096);
   uint64_t peak = t->peak, ops = f.b.pool_ops;
   struct gmb_pool_stats ps;
   gmb__pool_stats(f.b.pool, &ps);
   ck_assert_uint_eq(ps.allocations, 6);
-  end(&f, a);
+  fx_end(&f, a);
   ck_assert_ptr_null(find(&f, "a", 1));
   ck_assert_uint_eq(t->used, 4096);
   ck_assert_uint_eq(t->peak, peak);
@@ -490,9 +534,9 @@ START_TEST(end_frees_and_uncharges) {
   gmb__pool_stats(f.b.pool, &ps);
   ck_assert_uint_eq(ps.allocations, 2);
   ck_assert_uint_eq(ps.used, 4096 + MIB);
-  ck_assert_uint_eq(gmb__tenant_find(f.b.tenants, "uid-1002")->used, MIB);
-  end(&f, find(&f, "b", 1));
-  end(&f, find(&f, "a2", 2));
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1002")->used, MIB);
+  fx_end(&f, find(&f, "b", 1));
+  fx_end(&f, find(&f, "a2", 2));
   ck_assert_uint_eq(t->used, 0);
   fx_close(&f);
 }
@@ -501,19 +545,30 @@ END_TEST
 START_TEST(end_destroys_lock_table) {
   struct fx f;
   fx_open(&f);
-  /* Ended before its first request: the name is still there until the
-   * table goes. */
+  /* The table is a memfd of the broker's until the session ends; then
+   * the broker's descriptor is closed (and nothing was ever named). */
+  int shm_before = fx_shm_names();
   struct gmb_session *a = fx_hello(&f, "a", 1001, "");
-  char name[128];
-  snprintf(name, sizeof name, "%s", gmb__locktab_name(a->lt));
-  ck_assert_int_eq(shm_exists(name), 1);
-  end(&f, a);
-  ck_assert_int_eq(shm_exists(name), 0);
+  int fd = gmb__locktab_fd(a->lt);
+  char name[64];
+  snprintf(name, sizeof name, "gmb-lt-%" PRIu64, a->id);
+  ck_assert_int_eq(fd_is_memfd(fd, name), 1);
+  /* A client's mapping (made from the descriptor) outlives the session. */
+  struct gmb__lt_header *ha = fx_map_locktab(a);
+  uint64_t id = a->id;
+  int fds = fx_count_fds();
+  fx_end(&f, a);
+  ck_assert_int_eq(fd_is_memfd(fd, name), 0);
+  ck_assert_int_eq(fx_count_fds(), fds - 1);
+  ck_assert_uint_eq(ha->magic, GMB_LT_MAGIC);
+  ck_assert_uint_eq(ha->session, id);
+  fx_unmap_locktab(ha);
+  ck_assert_int_eq(fx_shm_names(), shm_before);
   /* Ended while its client holds a movable allocation locked: the lock
    * dies with the session, and the memory is freed all the same. */
   struct gmb_session *b = fx_hello(&f, "b", 1001, "");
-  struct gmb__lt_header *h = map_locktab(b);
-  struct wire_reply r = must_alloc(&f, "b", 1001, MIB, GMB_MOVABLE);
+  struct gmb__lt_header *h = fx_map_locktab(b);
+  struct wire_reply r = fx_must_alloc(&f, "b", 1001, MIB, GMB_MOVABLE);
   struct gmb__lt_slot *slot = &gmb__lt_slots(h)[r.u.alloc.slot];
   ck_assert_uint_eq(slot->id, r.u.alloc.id);
   atomic_fetch_add(&slot->state, 1);
@@ -521,28 +576,28 @@ START_TEST(end_destroys_lock_table) {
   ck_assert_int_eq(gmb__pool_find(f.b.pool, r.u.alloc.id, &info), 0);
   ck_assert_int_eq(gmb__session_alloc_locked(&info), 1);
   struct gmb_tenant *t = b->tenant;
-  end(&f, b);
+  fx_end(&f, b);
   ck_assert_uint_eq(t->used, 0);
   ck_assert_int_eq(gmb__pool_find(f.b.pool, r.u.alloc.id, NULL), GMB_E_NOENT);
-  unmap_locktab(h);
+  fx_unmap_locktab(h);
   fx_close(&f);
 }
 END_TEST
 
 START_TEST(end_drops_own_waiters) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   struct gmb_session *b = fx_hello(&f, "b", 1002, "");
   struct gmb_tenant *tb = b->tenant;
-  uint64_t big = must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
+  uint64_t big = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 60000, &rep), 0);
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, GMB_MOVABLE, -1, &rep), 0);
   ck_assert_uint_eq(f.b.waitq.n, 2);
   ck_assert_uint_eq(tb->waiting, 2);
   size_t sent = f.n_sent;
-  end(&f, b);
+  fx_end(&f, b);
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_ptr_null(f.b.waitq.head);
   ck_assert_ptr_null(f.b.waitq.tail);
@@ -559,16 +614,16 @@ END_TEST
 
 START_TEST(end_serves_others_waiters) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   struct gmb_session *a = fx_hello(&f, "a", 1001, "");
   struct gmb_session *b = fx_hello(&f, "b", 1002, "");
-  must_alloc(&f, "a", 1001, 4 * MIB, 0);
-  must_alloc(&f, "a", 1001, 4 * MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, GMB_MOVABLE);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, 6 * MIB, 0, 60000, &rep), 0);
   uint64_t req_id = f.next_req - 1;
   ck_assert_ptr_null(fx_last_to(&f, "b"));
-  end(&f, a);
+  fx_end(&f, a);
   const struct fx_sent *got = fx_last_to(&f, "b");
   ck_assert_ptr_nonnull(got);
   ck_assert_uint_eq(got->rep.id, req_id);
@@ -589,18 +644,18 @@ START_TEST(end_of_blocking_waiter_serves_those_behind) {
   /* b's large request blocks c's small one behind it; when b goes, c is
    * served from the room that was there all along. */
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
   struct gmb_session *b = fx_hello(&f, "b", 1002, "");
   struct gmb_session *c = fx_hello(&f, "c", 1003, "");
-  must_alloc(&f, "a", 1001, 6 * MIB, 0);
+  fx_must_alloc(&f, "a", 1001, 6 * MIB, 0);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 60000, &rep), 0);
   ck_assert_int_eq(fx_alloc(&f, "c", 1003, MIB, 0, 60000, &rep), 0);
   uint64_t c_req = f.next_req - 1;
   ck_assert_uint_eq(f.b.waitq.n, 2);
   ck_assert_ptr_null(fx_last_to(&f, "c"));
-  end(&f, b);
+  fx_end(&f, b);
   const struct fx_sent *got = fx_last_to(&f, "c");
   ck_assert_ptr_nonnull(got);
   ck_assert_uint_eq(got->rep.id, c_req);
@@ -621,11 +676,11 @@ static void end_one_of_three(int k) {
   struct gmb_session *s[3];
   for (int i = 0; i < 3; i++) {
     s[i] = fx_hello(&f, rids[i], 1001, "");
-    must_alloc(&f, rids[i], 1001, (uint64_t)(i + 1) * 4096, 0);
+    fx_must_alloc(&f, rids[i], 1001, (uint64_t)(i + 1) * 4096, 0);
   }
   struct gmb_tenant *t = s[0]->tenant;
   check_tenant_list(t, 3);
-  end(&f, s[k]);
+  fx_end(&f, s[k]);
   check_tenant_list(t, 2);
   for (int i = 0; i < 3; i++)
     if (i != k) ck_assert_int_eq(tenant_has(t, s[i]), 1);
@@ -634,7 +689,7 @@ static void end_one_of_three(int k) {
   unsigned left = 2;
   for (int i = 0; i < 3; i++) {
     if (i == k) continue;
-    end(&f, s[i]);
+    fx_end(&f, s[i]);
     check_tenant_list(t, --left);
   }
   ck_assert_ptr_null(t->sessions);
@@ -667,7 +722,7 @@ START_TEST(detach_twice_is_harmless) {
   }
   /* Ending detaches again; still nothing counted twice. */
   for (int i = 0; i < 3; i++) {
-    end(&f, s[i]);
+    fx_end(&f, s[i]);
     check_tenant_list(t, 0);
   }
   fx_close(&f);
@@ -682,18 +737,14 @@ START_TEST(end_retired_segment_told_to_those_who_stay) {
   fx_hello(&f, "a3", 1001, "");
   /* a's large allocation has a segment of its own; a2 mapped it too, a3
    * never did. */
-  struct wire_reply r = must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  struct wire_reply r = fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
   uint64_t seg = r.u.alloc.segment;
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_SEGMENT;
-  req.u.segment.segment = seg;
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_request(&f, "a2", 1001, &req, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
+  /* What the descriptor channel records when it sends a2 the segment's
+   * descriptor (check_fdchan.c). */
+  ck_assert_int_eq(gmb__session_seg_seen(a2, seg), 0);
   ck_assert_uint_eq(a2->n_segs, 1);
   size_t sent = f.n_sent;
-  end(&f, a);
+  fx_end(&f, a);
   /* Its end released the segment: a2 is told, once; a (gone) and a3
    * (never mapped it) are not. */
   ck_assert_uint_eq(f.n_sent, sent + 1);
@@ -716,7 +767,7 @@ START_TEST(slot_pinned_has_none) {
   struct fx f;
   fx_open(&f);
   fx_hello(&f, "a", 1001, "");
-  uint64_t id = must_alloc(&f, "a", 1001, 4096, 0).u.alloc.id;
+  uint64_t id = fx_must_alloc(&f, "a", 1001, 4096, 0).u.alloc.id;
   struct gmb_alloc_info info;
   ck_assert_int_eq(gmb__pool_find(f.b.pool, id, &info), 0);
   uint32_t slot = 77;
@@ -730,10 +781,10 @@ START_TEST(slot_movable_and_locked) {
   struct fx f;
   fx_open(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
-  struct gmb__lt_header *h = map_locktab(s);
+  struct gmb__lt_header *h = fx_map_locktab(s);
   ck_assert_uint_eq(h->session, s->id);
-  struct wire_reply r1 = must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
-  struct wire_reply r2 = must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
+  struct wire_reply r1 = fx_must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
+  struct wire_reply r2 = fx_must_alloc(&f, "a", 1001, 4096, GMB_MOVABLE);
   struct gmb_alloc_info i1, i2;
   ck_assert_int_eq(gmb__pool_find(f.b.pool, r1.u.alloc.id, &i1), 0);
   ck_assert_int_eq(gmb__pool_find(f.b.pool, r2.u.alloc.id, &i2), 0);
@@ -772,7 +823,7 @@ START_TEST(slot_movable_and_locked) {
   ck_assert_int_eq(fx_free(&f, "a", 1001, r1.u.alloc.id), 0);
   ck_assert_uint_eq(atomic_load(&w->state), 0);
   ck_assert_uint_eq(w->id, 0);
-  unmap_locktab(h);
+  fx_unmap_locktab(h);
   fx_close(&f);
 }
 END_TEST
@@ -803,12 +854,12 @@ START_TEST(locked_movable_cannot_be_moved) {
   /* The NoMemory explanation counts a movable allocation as stuck while
    * its client holds it locked, and names its tenant. */
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   struct gmb_session *a = fx_hello(&f, "a", 1001, "");
-  struct gmb__lt_header *h = map_locktab(a);
+  struct gmb__lt_header *h = fx_map_locktab(a);
   fx_hello(&f, "b", 1002, "");
-  struct wire_reply r1 = must_alloc(&f, "a", 1001, 4 * MIB, GMB_MOVABLE);
-  must_alloc(&f, "a", 1001, 4 * MIB, GMB_MOVABLE);
+  struct wire_reply r1 = fx_must_alloc(&f, "a", 1001, 4 * MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, GMB_MOVABLE);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
@@ -823,7 +874,7 @@ START_TEST(locked_movable_cannot_be_moved) {
   ck_assert_uint_eq(rep.u.nomem.n_holders, 1);
   ck_assert_str_eq(rep.u.nomem.holders[0], "uid-1001");
   atomic_fetch_sub(&w->state, 1);
-  unmap_locktab(h);
+  fx_unmap_locktab(h);
   fx_close(&f);
 }
 END_TEST
@@ -835,17 +886,14 @@ END_TEST
  * sessions that mapped them. */
 START_TEST(close_sends_nothing) {
   struct fx f;
-  open_small(&f);
+  fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
-  fx_hello(&f, "a2", 1001, "");
+  struct gmb_session *a2 = fx_hello(&f, "a2", 1001, "");
   fx_hello(&f, "b", 1002, "");
-  struct wire_reply r = must_alloc(&f, "a", 1001, 8 * MIB, 0);
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_SEGMENT;
-  req.u.segment.segment = r.u.alloc.segment;
+  struct wire_reply r = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  /* a2 was given the segment's descriptor (the channel records it). */
+  ck_assert_int_eq(gmb__session_seg_seen(a2, r.u.alloc.segment), 0);
   struct wire_reply rep;
-  ck_assert_int_eq(fx_request(&f, "a2", 1001, &req, &rep), 1);
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, -1, &rep), 0);
   size_t sent = f.n_sent;
   /* fx_close, with a look at the tap between close and the rest. */
@@ -869,6 +917,9 @@ static Suite *session_suite(void) {
   tcase_add_test(tc, new_watches_a_live_pid);
   tcase_add_test(tc, new_for_a_dead_pid_is_esrch);
   tcase_add_test(tc, gen_changes_on_add_and_remove);
+  tcase_add_test(tc, new_has_secret_and_no_channel);
+  tcase_add_test(tc, by_id);
+  tcase_add_test(tc, fdconn_owned_and_closed_at_end);
   tcase_add_test(tc, each_visits_every_session_once);
   tcase_add_test(tc, each_may_end_every_session);
   tcase_add_test(tc, each_may_end_some_sessions);

@@ -131,7 +131,7 @@ START_TEST(request_alloc_roundtrip) {
 }
 END_TEST
 
-START_TEST(request_free_segment_roundtrip) {
+START_TEST(request_free_segment_closed_roundtrip) {
   struct wire_request in, out;
   memset(&in, 0, sizeof in);
   in.id = 8;
@@ -142,7 +142,7 @@ START_TEST(request_free_segment_roundtrip) {
 
   memset(&in, 0, sizeof in);
   in.id = 9;
-  in.kind = WIRE_SEGMENT;
+  in.kind = WIRE_SEGMENT_CLOSED;
   in.u.segment.segment = 12345;
   req_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.segment.segment, 12345);
@@ -226,17 +226,49 @@ START_TEST(reply_hello_roundtrip) {
   memset(in.u.hello.tenant, 'y', WIRE_NAME_MAX);
   strcpy(in.u.hello.device, "cuda");
   in.u.hello.heartbeat_ms = 1000;
+  in.u.hello.lock_slots = 4096;
+  in.u.hello.fd_secret_len = WIRE_SECRET_MAX;
+  for (unsigned i = 0; i < WIRE_SECRET_MAX; i++)
+    in.u.hello.fd_secret[i] = (uint8_t)(i * 37); /* includes a 0 byte */
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.hello.version, WIRE_PROTOCOL_VERSION);
   ck_assert_uint_eq(out.u.hello.session, UINT64_MAX - 1);
   ck_assert_str_eq(out.u.hello.tenant, in.u.hello.tenant);
   ck_assert_str_eq(out.u.hello.device, "cuda");
   ck_assert_uint_eq(out.u.hello.heartbeat_ms, 1000);
+  ck_assert_uint_eq(out.u.hello.lock_slots, 4096);
+  ck_assert_uint_eq(out.u.hello.fd_secret_len, WIRE_SECRET_MAX);
+  ck_assert_mem_eq(out.u.hello.fd_secret, in.u.hello.fd_secret,
+                   WIRE_SECRET_MAX);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+
+  /* No secret (a broker without a descriptor channel): none arrives. */
+  in.u.hello.fd_secret_len = 0;
+  memset(in.u.hello.fd_secret, 0, sizeof in.u.hello.fd_secret);
+  rep_roundtrip(&in, &out);
+  ck_assert_uint_eq(out.u.hello.fd_secret_len, 0);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
 
-START_TEST(reply_alloc_with_and_without_handle) {
+/* Version 2: segments and lock tables travel as descriptors (fd.sock); the
+ * codec's constant, the .proto's enum and the fd channel agree. */
+START_TEST(protocol_version_2) {
+  ck_assert_int_eq(WIRE_PROTOCOL_VERSION, 2);
+  ck_assert_int_eq(WIRE_SECRET_MAX, 32);
+  /* A Hello of version 2 arrives as such. */
+  struct wire_request r;
+  struct pb hello = {.n = 0}, p = {.n = 0};
+  pb_uint(&hello, 1, 2);
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 2, &hello);
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &r), 0);
+  ck_assert_int_eq(r.kind, WIRE_HELLO);
+  ck_assert_uint_eq(r.u.hello.version, 2);
+}
+END_TEST
+
+START_TEST(reply_alloc_roundtrip) {
   struct wire_reply in, out;
   memset(&in, 0, sizeof in);
   in.id = 2;
@@ -245,33 +277,18 @@ START_TEST(reply_alloc_with_and_without_handle) {
   in.u.alloc.size = 512;
   in.u.alloc.segment = 5;
   in.u.alloc.offset = UINT64_C(1) << 40;
-  in.u.alloc.handle.segment = 5;
-  in.u.alloc.handle.size = 2 << 20;
-  in.u.alloc.handle.len = WIRE_HANDLE_MAX;
-  for (unsigned i = 0; i < WIRE_HANDLE_MAX; i++)
-    in.u.alloc.handle.bytes[i] = (uint8_t)(255 - i);
+  in.u.alloc.slot = UINT32_MAX - 1;
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.alloc.id, 77);
   ck_assert_uint_eq(out.u.alloc.size, 512);
   ck_assert_uint_eq(out.u.alloc.segment, 5);
   ck_assert_uint_eq(out.u.alloc.offset, UINT64_C(1) << 40);
-  ck_assert_uint_eq(out.u.alloc.handle.segment, 5);
-  ck_assert_uint_eq(out.u.alloc.handle.size, 2 << 20);
-  ck_assert_uint_eq(out.u.alloc.handle.len, WIRE_HANDLE_MAX);
-  ck_assert_mem_eq(out.u.alloc.handle.bytes, in.u.alloc.handle.bytes,
-                   WIRE_HANDLE_MAX);
-  ck_assert_mem_eq(&out, &in, sizeof in);
-
-  /* handle.len 0: the segment was sent before; no handle travels. */
-  memset(&in.u.alloc.handle, 0, sizeof in.u.alloc.handle);
-  rep_roundtrip(&in, &out);
-  ck_assert_uint_eq(out.u.alloc.handle.len, 0);
-  ck_assert_uint_eq(out.u.alloc.handle.segment, 0);
+  ck_assert_uint_eq(out.u.alloc.slot, UINT32_MAX - 1);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
 
-START_TEST(reply_stats_segment_roundtrip) {
+START_TEST(reply_stats_roundtrip) {
   struct wire_reply in, out;
   memset(&in, 0, sizeof in);
   in.id = 4;
@@ -285,20 +302,6 @@ START_TEST(reply_stats_segment_roundtrip) {
   ck_assert_uint_eq(out.u.stats.used, 1);
   ck_assert_uint_eq(out.u.stats.peak, UINT64_MAX);
   ck_assert_uint_eq(out.u.stats.segments, 2 << 20);
-  ck_assert_mem_eq(&out, &in, sizeof in);
-
-  memset(&in, 0, sizeof in);
-  in.id = 5;
-  in.kind = WIRE_SEGMENT;
-  in.u.segment.segment = 9;
-  in.u.segment.size = 4 << 20;
-  in.u.segment.len = 14;
-  memcpy(in.u.segment.bytes, "/gmb-1234-9\0\0x", 14);
-  rep_roundtrip(&in, &out);
-  ck_assert_uint_eq(out.u.segment.segment, 9);
-  ck_assert_uint_eq(out.u.segment.size, 4 << 20);
-  ck_assert_uint_eq(out.u.segment.len, 14);
-  ck_assert_mem_eq(out.u.segment.bytes, "/gmb-1234-9\0\0x", 14);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
@@ -402,13 +405,11 @@ START_TEST(reply_encode_refuses) {
   in.status = 0;
   in.kind = (enum wire_kind)99;
   ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
-  /* A handle longer than its array would read past it. */
-  in.kind = WIRE_SEGMENT;
-  in.u.segment.len = WIRE_HANDLE_MAX + 1;
+  /* A secret longer than its array would read past it. */
+  in.kind = WIRE_HELLO;
+  in.u.hello.fd_secret_len = WIRE_SECRET_MAX + 1;
   ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
-  memset(&in.u, 0, sizeof in.u);
-  in.kind = WIRE_ALLOC;
-  in.u.alloc.handle.len = WIRE_HANDLE_MAX + 1;
+  in.u.hello.fd_secret_len = UINT32_MAX;
   ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
   /* Strings that fill their arrays with no NUL. */
   memset(&in.u, 0, sizeof in.u);
@@ -498,11 +499,8 @@ static void rep_sane(const struct wire_reply *r) {
   ck_assert_int_ge(r->status, GMB_E_SYSTEM);
   ck_assert_uint_lt(strnlen(r->message, sizeof r->message), sizeof r->message);
   switch (r->kind) {
-    case WIRE_ALLOC:
-      ck_assert_uint_le(r->u.alloc.handle.len, WIRE_HANDLE_MAX);
-      break;
-    case WIRE_SEGMENT:
-      ck_assert_uint_le(r->u.segment.len, WIRE_HANDLE_MAX);
+    case WIRE_HELLO:
+      ck_assert_uint_le(r->u.hello.fd_secret_len, WIRE_SECRET_MAX);
       break;
     case WIRE_ADMIN_STATUS:
       ck_assert(r->u.admin_status.n_tenants == 0 ||
@@ -604,39 +602,86 @@ START_TEST(decode_token_257_refused) {
 }
 END_TEST
 
-static int segment_reply_with(size_t handle_len, int in_alloc) {
-  uint8_t h[WIRE_HANDLE_MAX + 8];
-  struct pb sh = {.n = 0}, alloc = {.n = 0}, p = {.n = 0};
+/* A HelloReply whose fd_secret (field 8) is secret_len bytes. */
+static int hello_reply_with(size_t secret_len) {
+  uint8_t sec[WIRE_SECRET_MAX + 8];
+  struct pb hello = {.n = 0}, p = {.n = 0};
   struct wire_reply r;
-  memset(h, 0x5a, sizeof h);
-  ck_assert_uint_le(handle_len, sizeof h);
-  pb_uint(&sh, 1, 3);
-  pb_uint(&sh, 2, 2 << 20);
-  pb_bytes(&sh, 3, h, handle_len);
+  memset(sec, 0x5a, sizeof sec);
+  ck_assert_uint_le(secret_len, sizeof sec);
+  pb_uint(&hello, 1, WIRE_PROTOCOL_VERSION);
+  pb_uint(&hello, 2, 42);
+  pb_uint(&hello, 7, 64);
+  pb_bytes(&hello, 8, sec, secret_len);
   pb_uint(&p, 1, 11);
-  if (in_alloc) {
-    pb_uint(&alloc, 1, 99);
-    pb_sub(&alloc, 5, &sh);
-    pb_sub(&p, 5, &alloc);
-  } else {
-    pb_sub(&p, 7, &sh);
-  }
+  pb_sub(&p, 4, &hello);
   int rc = gmb__wire_reply_decode(p.b, p.n, &r);
   if (rc == 0) {
-    const struct wire_handle *wh = in_alloc ? &r.u.alloc.handle : &r.u.segment;
-    ck_assert_uint_eq(wh->len, handle_len);
-    ck_assert_uint_eq(wh->segment, 3);
-    ck_assert_mem_eq(wh->bytes, h, handle_len);
+    ck_assert_int_eq(r.kind, WIRE_HELLO);
+    ck_assert_uint_eq(r.u.hello.session, 42);
+    ck_assert_uint_eq(r.u.hello.lock_slots, 64);
+    ck_assert_uint_eq(r.u.hello.fd_secret_len, secret_len);
+    ck_assert_mem_eq(r.u.hello.fd_secret, sec, secret_len);
   }
   gmb__wire_reply_clear(&r);
   return rc;
 }
 
-START_TEST(decode_handle_129_refused) {
-  ck_assert_int_eq(segment_reply_with(WIRE_HANDLE_MAX, 0), 0);
-  ck_assert_int_eq(segment_reply_with(WIRE_HANDLE_MAX + 1, 0), GMB_E_PROTO);
-  ck_assert_int_eq(segment_reply_with(WIRE_HANDLE_MAX, 1), 0);
-  ck_assert_int_eq(segment_reply_with(WIRE_HANDLE_MAX + 1, 1), GMB_E_PROTO);
+START_TEST(decode_secret_33_refused) {
+  ck_assert_int_eq(hello_reply_with(0), 0);
+  ck_assert_int_eq(hello_reply_with(1), 0);
+  ck_assert_int_eq(hello_reply_with(WIRE_SECRET_MAX), 0);
+  ck_assert_int_eq(hello_reply_with(WIRE_SECRET_MAX + 1), GMB_E_PROTO);
+  ck_assert_int_eq(hello_reply_with(WIRE_SECRET_MAX + 8), GMB_E_PROTO);
+}
+END_TEST
+
+/* What version 1 sent is gone from version 2: a Segment request (Request
+ * field 6) is a request without a body; a SegmentHandle reply (Reply field
+ * 7), an Alloc reply's handle (AllocReply field 5) and a Hello reply's shm
+ * name (HelloReply field 6) are unknown fields, ignored. */
+START_TEST(decode_version_1_messages) {
+  struct wire_request q;
+  struct pb seg = {.n = 0}, p = {.n = 0};
+  pb_uint(&seg, 1, 3);
+  pb_uint(&p, 1, 9);
+  pb_sub(&p, 6, &seg);
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &q), GMB_E_PROTO);
+
+  struct pb sh = {.n = 0}, alloc = {.n = 0}, hello = {.n = 0};
+  pb_uint(&sh, 1, 3);
+  pb_uint(&sh, 2, 2 << 20);
+  pb_bytes(&sh, 3, "/gmb-1-3", 8);
+  struct wire_reply r;
+  p.n = 0;
+  pb_uint(&p, 1, 11);
+  pb_sub(&p, 7, &sh);
+  ck_assert_int_eq(gmb__wire_reply_decode(p.b, p.n, &r), 0);
+  ck_assert_uint_eq(r.id, 11);
+  ck_assert_int_eq(r.kind, WIRE_NONE);
+
+  pb_uint(&alloc, 1, 99);
+  pb_uint(&alloc, 3, 3);
+  pb_sub(&alloc, 5, &sh);
+  p.n = 0;
+  pb_uint(&p, 1, 12);
+  pb_sub(&p, 5, &alloc);
+  ck_assert_int_eq(gmb__wire_reply_decode(p.b, p.n, &r), 0);
+  ck_assert_int_eq(r.kind, WIRE_ALLOC);
+  ck_assert_uint_eq(r.u.alloc.id, 99);
+  ck_assert_uint_eq(r.u.alloc.segment, 3);
+
+  pb_uint(&hello, 1, 1);
+  pb_bytes(&hello, 6, "/gmb-lt-1-1", 11);
+  pb_uint(&hello, 7, 8);
+  p.n = 0;
+  pb_uint(&p, 1, 13);
+  pb_sub(&p, 4, &hello);
+  ck_assert_int_eq(gmb__wire_reply_decode(p.b, p.n, &r), 0);
+  ck_assert_int_eq(r.kind, WIRE_HELLO);
+  ck_assert_uint_eq(r.u.hello.version, 1);
+  ck_assert_uint_eq(r.u.hello.lock_slots, 8);
+  ck_assert_uint_eq(r.u.hello.fd_secret_len, 0);
 }
 END_TEST
 
@@ -769,9 +814,26 @@ START_TEST(decode_mutated_messages) {
   uint8_t *qbuf;
   size_t qlen;
   ck_assert_int_eq(gmb__wire_request_encode(&req, &qbuf, &qlen), 0);
+  /* A Hello reply with its secret: a length byte mutated may claim more
+   * bytes than fd_secret holds. */
+  struct wire_reply hrep;
+  memset(&hrep, 0, sizeof hrep);
+  hrep.id = 7;
+  hrep.kind = WIRE_HELLO;
+  hrep.u.hello.version = WIRE_PROTOCOL_VERSION;
+  hrep.u.hello.session = 3;
+  strcpy(hrep.u.hello.tenant, "t");
+  strcpy(hrep.u.hello.device, "host");
+  hrep.u.hello.lock_slots = 64;
+  hrep.u.hello.fd_secret_len = WIRE_SECRET_MAX;
+  memset(hrep.u.hello.fd_secret, 0xcd, WIRE_SECRET_MAX);
+  uint8_t *hbuf;
+  size_t hlen;
+  ck_assert_int_eq(gmb__wire_reply_encode(&hrep, &hbuf, &hlen), 0);
   uint8_t b[256];
   ck_assert_uint_le(rlen, sizeof b);
   ck_assert_uint_le(qlen, sizeof b);
+  ck_assert_uint_le(hlen, sizeof b);
   for (unsigned long i = 0; i < iter; i++) {
     memcpy(b, rbuf, rlen);
     for (int k = 0; k < 3; k++)
@@ -781,9 +843,14 @@ START_TEST(decode_mutated_messages) {
     for (int k = 0; k < 3; k++)
       b[rnd_next(&seed) % qlen] = (uint8_t)rnd_next(&seed);
     decode_req_any(b, qlen);
+    memcpy(b, hbuf, hlen);
+    for (int k = 0; k < 3; k++)
+      b[rnd_next(&seed) % hlen] = (uint8_t)rnd_next(&seed);
+    decode_rep_any(b, hlen);
   }
   free(rbuf);
   free(qbuf);
+  free(hbuf);
 }
 END_TEST
 
@@ -844,13 +911,14 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, request_hello_roundtrip);
   tcase_add_test(tc, request_hello_empty_fields);
   tcase_add_test(tc, request_alloc_roundtrip);
-  tcase_add_test(tc, request_free_segment_roundtrip);
+  tcase_add_test(tc, request_free_segment_closed_roundtrip);
   tcase_add_test(tc, request_empty_bodies_roundtrip);
   tcase_add_test(tc, request_encode_refuses);
   tcase_add_test(tc, reply_status_only_every_code);
   tcase_add_test(tc, reply_hello_roundtrip);
-  tcase_add_test(tc, reply_alloc_with_and_without_handle);
-  tcase_add_test(tc, reply_stats_segment_roundtrip);
+  tcase_add_test(tc, protocol_version_2);
+  tcase_add_test(tc, reply_alloc_roundtrip);
+  tcase_add_test(tc, reply_stats_roundtrip);
   tcase_add_test(tc, reply_event_roundtrip);
   tcase_add_test(tc, reply_admin_status_rows_roundtrip);
   tcase_add_test(tc, reply_admin_status_no_rows);
@@ -872,7 +940,8 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, decode_request_without_body);
   tcase_add_test(tc, decode_tenant_name_64_refused);
   tcase_add_test(tc, decode_token_257_refused);
-  tcase_add_test(tc, decode_handle_129_refused);
+  tcase_add_test(tc, decode_secret_33_refused);
+  tcase_add_test(tc, decode_version_1_messages);
   tcase_add_test(tc, decode_admin_row_name_too_long_frees_rows);
   tcase_add_test(tc, decode_long_message_is_cut);
   tcase_add_test(tc, decode_truncated_messages);

@@ -1,0 +1,487 @@
+/*
+ * test_fdshare.c - memory shared as descriptors, end to end: a real broker
+ * on the host device, real client processes, and raw clients that do what
+ * a hostile local user would with what they are given.
+ *
+ * What it shows: nothing of gmb's appears in /dev/shm while clients hold
+ * memory; the broker's descriptors come back to their idle count when the
+ * sessions end; what a client receives is sealed (ftruncate, shrinking or
+ * growing, fails), so the broker keeps serving and compacting; a process
+ * of another uid that knows a session's id and secret still gets nothing;
+ * a client in another PID namespace than the broker's allocates, writes,
+ * reads, and is reclaimed when killed (its descriptor channel hangs up);
+ * and an evicted process that still runs keeps its own bytes, never
+ * another tenant's.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fdpass.h"
+#include "gmb.h"
+#include "harness.h"
+
+#define MIB (UINT64_C(1) << 20)
+
+/* Entries of /dev/shm whose name contains "gmb". */
+static int shm_gmb_entries(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strstr(e->d_name, "gmb")) n++;
+  closedir(d);
+  return n;
+}
+
+/* Open descriptors of process pid. */
+static int fd_count(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/fd", (long)pid);
+  DIR *d = opendir(path);
+  if (d == NULL) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory stream's own */
+}
+
+/* --- a raw session: ZeroMQ Hello, then the descriptor channel ------------ */
+
+struct raw {
+  void *sock;
+  uint64_t session;
+  uint8_t secret[GMB_FD_SECRET_LEN];
+  uint64_t next_id;
+};
+
+static void raw_hello(struct raw *r, const struct harness_broker *b,
+                      const char *tenant) {
+  memset(r, 0, sizeof *r);
+  r->sock = harness_raw_open(b->endpoint);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = ++r->next_id;
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_raw_call(r->sock, &req, &rep), 0);
+  ck_assert_msg(rep.status == 0, "hello: %s", rep.message);
+  ck_assert_uint_eq(rep.u.hello.fd_secret_len, GMB_FD_SECRET_LEN);
+  r->session = rep.u.hello.session;
+  memcpy(r->secret, rep.u.hello.fd_secret, GMB_FD_SECRET_LEN);
+  gmb__wire_reply_clear(&rep);
+}
+
+/* A pinned allocation; returns its segment. */
+static uint64_t raw_alloc(struct raw *r, uint64_t size) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = ++r->next_id;
+  req.kind = WIRE_ALLOC;
+  req.u.alloc.size = size;
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_raw_call(r->sock, &req, &rep), 0);
+  ck_assert_msg(rep.status == 0, "alloc: %s", rep.message);
+  uint64_t seg = rep.u.alloc.segment;
+  gmb__wire_reply_clear(&rep);
+  return seg;
+}
+
+/* A connection to the run dir's fd.sock (blocking). */
+static int fd_connect(const struct harness_broker *b) {
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(s, 0);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%s", b->dir, GMB_FD_SOCKET);
+  ck_assert_msg(connect(s, (struct sockaddr *)&sa, sizeof sa) == 0,
+                "connect %s: %s", sa.sun_path, strerror(errno));
+  return s;
+}
+
+/* One request on the channel; the reply's status, and its descriptor in
+ * *fd (-1: none). */
+static int fd_call(int s, uint32_t op, uint64_t session, const uint8_t *secret,
+                   uint64_t segment, int *fd, struct gmb_fd_rep *rep) {
+  struct gmb_fd_req req;
+  memset(&req, 0, sizeof req);
+  req.magic = GMB_FD_MAGIC;
+  req.op = op;
+  req.session = session;
+  req.segment = segment;
+  if (secret) memcpy(req.secret, secret, GMB_FD_SECRET_LEN);
+  if (gmb__fd_send(s, &req, sizeof req, -1, 0) != 0) return INT32_MIN;
+  ssize_t n = gmb__fd_recv(s, rep, sizeof *rep, fd, 0);
+  if (n != (ssize_t)sizeof *rep) return INT32_MIN;
+  return rep->status;
+}
+
+/* --- nothing_in_dev_shm ---------------------------------------------------- */
+
+START_TEST(nothing_in_dev_shm) {
+  int before = shm_gmb_entries();
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c1 = harness_connect_ok(&b, "a");
+  gmb_client *c2 = harness_connect_ok(&b, "b");
+  gmb_id small = harness_alloc_ok(c1, 256 * 1024);
+  gmb_id big = harness_alloc_ok(c2, 8 * MIB);
+  gmb_id mov = 0;
+  ck_assert_int_eq(gmb_alloc(c1, MIB, GMB_MOVABLE, &mov), 0);
+  void *p1 = NULL, *p2 = NULL, *p3 = NULL;
+  ck_assert_int_eq(gmb_lock(c1, small, &p1), 0);
+  ck_assert_int_eq(gmb_lock(c2, big, &p2), 0);
+  ck_assert_int_eq(gmb_lock(c1, mov, &p3), 0);
+  memset(p1, 1, 256 * 1024);
+  memset(p2, 2, 8 * MIB);
+  memset(p3, 3, MIB);
+  /* Segments, lock tables, all mapped and written: none has a name. */
+  ck_assert_int_eq(shm_gmb_entries(), before);
+  gmb_unlock(c1, mov);
+  gmb_disconnect(c1);
+  gmb_disconnect(c2);
+  pid_t pid = harness_broker_stop(&b);
+  ck_assert_int_eq(harness_shm_leftovers(pid), 0);
+  ck_assert_int_eq(shm_gmb_entries(), before);
+}
+END_TEST
+
+/* --- descriptors_back_to_idle ---------------------------------------------- */
+
+struct fd_idle {
+  pid_t pid;
+  int idle;
+};
+
+static int fd_back_to_idle(void *arg) {
+  struct fd_idle *f = arg;
+  return fd_count(f->pid) == f->idle;
+}
+
+START_TEST(descriptors_back_to_idle) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:128MiB", NULL);
+  /* The broker's count with no session (the start-up probe has gone). */
+  gmb_client *probe = harness_connect_ok(&b, "t");
+  gmb_disconnect(probe);
+  harness_sleep_ms(200);
+  struct fd_idle f = {b.pid, fd_count(b.pid)};
+  ck_assert_int_gt(f.idle, 0);
+  enum { N = 4 };
+  gmb_client *c[N];
+  for (int i = 0; i < N; i++) {
+    c[i] = harness_connect_ok(&b, "t");
+    harness_alloc_ok(c[i], 4 * MIB);     /* a segment of its own */
+    harness_alloc_ok(c[i], 64 * 1024);   /* in a shared small segment */
+  }
+  int busy = fd_count(b.pid);
+  /* A channel per session and a descriptor per segment, at least. */
+  ck_assert_int_ge(busy, f.idle + 2 * N);
+  for (int i = 0; i < N; i++) gmb_disconnect(c[i]);
+  ck_assert_msg(harness_poll_until(fd_back_to_idle, &f, HARNESS_WAIT_MS),
+                "the broker holds %d descriptors, %d when idle",
+                fd_count(b.pid), f.idle);
+  printf("descriptors_back_to_idle: broker %d idle, %d with %d sessions, "
+         "back to %d\n", f.idle, busy, N, fd_count(b.pid));
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- sealed_against_truncation --------------------------------------------- */
+
+START_TEST(sealed_against_truncation) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  struct raw r;
+  raw_hello(&r, &b, "mallory");
+  uint64_t seg = raw_alloc(&r, 4 * MIB);
+  int s = fd_connect(&b);
+  struct gmb_fd_rep rep;
+  int lt = -1, sfd = -1;
+  ck_assert_int_eq(fd_call(s, GMB_FD_AUTH, r.session, r.secret, 0, &lt, &rep),
+                   0);
+  ck_assert_int_ge(lt, 0);
+  ck_assert_int_eq(fd_call(s, GMB_FD_SEGMENT, 0, NULL, seg, &sfd, &rep), 0);
+  ck_assert_int_ge(sfd, 0);
+  ck_assert_uint_eq(rep.size, 4 * MIB);
+  /* What a hostile client would do to crash the broker with SIGBUS at its
+   * next copy: the seals say no, shrinking or growing. */
+  int fds[2] = {lt, sfd};
+  for (int i = 0; i < 2; i++) {
+    struct stat st;
+    ck_assert_int_eq(fstat(fds[i], &st), 0);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fds[i], 0), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fds[i], st.st_size * 2), -1);
+    ck_assert_int_eq(errno, EPERM);
+    ck_assert_int_eq(fcntl(fds[i], F_ADD_SEALS, 0), -1); /* F_SEAL_SEAL */
+  }
+  /* The broker is fine: it compacts (touching segments) and serves. */
+  void *adm = harness_raw_open(b.admin_endpoint);
+  struct wire_compact_stats cs;
+  ck_assert_int_eq(harness_admin_compact(adm, NULL, &cs), 0);
+  harness_raw_close(adm);
+  gmb_client *c = harness_connect_ok(&b, "other");
+  gmb_id id = harness_alloc_ok(c, 8 * MIB);
+  void *p = NULL;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  memset(p, 7, 8 * MIB);
+  gmb_disconnect(c);
+  close(lt);
+  close(sfd);
+  close(s);
+  harness_raw_close(r.sock);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- other_uid_gets_nothing ------------------------------------------------ */
+
+struct thief {
+  const struct harness_broker *b;
+  uint64_t session, segment;
+  uint8_t secret[GMB_FD_SECRET_LEN];
+};
+
+/* As uid 65534, with the session's id and secret (the worst case: they
+ * leaked): the channel refuses it, and a SEGMENT without a proved session
+ * gets nothing either. */
+static int thief_main(void *arg) {
+  struct thief *t = arg;
+  CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, 10, "setuid: %s",
+              strerror(errno));
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%s", t->b->dir,
+           GMB_FD_SOCKET);
+  CHILD_CHECK(connect(s, (struct sockaddr *)&sa, sizeof sa) == 0, 11,
+              "connect: %s", strerror(errno));
+  struct gmb_fd_rep rep;
+  int fd = -1;
+  int st = fd_call(s, GMB_FD_AUTH, t->session, t->secret, 0, &fd, &rep);
+  CHILD_CHECK(st == GMB_E_AUTH && fd < 0, 12, "auth as another uid: %d", st);
+  close(s);
+  s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  CHILD_CHECK(connect(s, (struct sockaddr *)&sa, sizeof sa) == 0, 13,
+              "connect: %s", strerror(errno));
+  st = fd_call(s, GMB_FD_SEGMENT, 0, NULL, t->segment, &fd, &rep);
+  CHILD_CHECK(st == GMB_E_PROTO && fd < 0, 14, "segment unproved: %d", st);
+  close(s);
+  return 0;
+}
+
+START_TEST(other_uid_gets_nothing) {
+  if (geteuid() != 0) {
+    printf("other_uid_gets_nothing: skipped: needs root to act as another "
+           "uid\n");
+    return;
+  }
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  struct raw r;
+  raw_hello(&r, &b, "victim");
+  struct thief t = {.b = &b, .session = r.session};
+  memcpy(t.secret, r.secret, sizeof t.secret);
+  t.segment = raw_alloc(&r, 4 * MIB);
+  pid_t kid = harness_fork(thief_main, &t);
+  ck_assert_int_eq(harness_wait(kid), 0);
+  /* The victim's own channel still opens (the thief's attempt did not
+   * take it). */
+  int s = fd_connect(&b);
+  struct gmb_fd_rep rep;
+  int lt = -1;
+  ck_assert_int_eq(fd_call(s, GMB_FD_AUTH, r.session, r.secret, 0, &lt, &rep),
+                   0);
+  close(lt);
+  close(s);
+  harness_raw_close(r.sock);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- client_in_another_pid_namespace --------------------------------------- */
+
+struct nsclient {
+  const char *endpoint;
+  int ready_w; /* sends 'r' once it wrote and read back */
+};
+
+static int nsclient_work(struct nsclient *a) {
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "ns", &c) == 0, 20, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id = 0;
+  CHILD_CHECK(gmb_alloc(c, 8 * MIB, 0, &id) == 0, 21, "alloc: %s",
+              gmb_last_error(c));
+  void *p = NULL;
+  CHILD_CHECK(gmb_lock(c, id, &p) == 0, 22, "lock: %s", gmb_last_error(c));
+  harness_pattern_fill(p, 8 * MIB, 42);
+  CHILD_CHECK(harness_pattern_check(p, 8 * MIB, 42) < 0, 23, "read back");
+  CHILD_CHECK(harness_pipe_send(a->ready_w, 'r') == 0, 24, "pipe");
+  for (;;) pause(); /* until killed */
+}
+
+/* Outside: makes a PID namespace and runs the client as its first
+ * process; reports the client's pid (as seen from here) on the pipe. */
+static int nsclient_main(void *arg) {
+  struct nsclient *a = arg;
+  CHILD_CHECK(unshare(CLONE_NEWPID) == 0, 30, "unshare: %s", strerror(errno));
+  pid_t kid = fork();
+  if (kid == 0) {
+    /* The namespace's first process dies with this one. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    _exit(nsclient_work(a));
+  }
+  CHILD_CHECK(kid > 0, 31, "fork: %s", strerror(errno));
+  int st;
+  waitpid(kid, &st, 0);
+  return 0;
+}
+
+struct used_zero {
+  const struct harness_broker *b;
+};
+
+static int ns_used_zero(void *arg) {
+  struct used_zero *u = arg;
+  struct wire_tenant_row row;
+  return harness_tenant_row(u->b, "ns", &row) == 0 && row.used == 0;
+}
+
+START_TEST(client_in_another_pid_namespace) {
+  if (geteuid() != 0 || !harness_pidns_possible()) {
+    printf("client_in_another_pid_namespace: skipped: PID namespaces need "
+           "root\n");
+    return;
+  }
+  /* The broker in a PID namespace of its own and the client in another:
+   * neither sees the other's pid.  Heartbeats are slow (a minute), so a
+   * quick reclaim can only come from the descriptor channel's hang-up. */
+  struct harness_broker b;
+  harness_broker_start_opts(&b, "host:64MiB",
+                            "[broker]\nheartbeat_ms = 60000\n", HARNESS_PIDNS);
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  struct nsclient a = {b.endpoint, ready[1]};
+  pid_t outer = harness_fork(nsclient_main, &a);
+  ck_assert_msg(harness_pipe_wait(ready[0], HARNESS_WAIT_MS) == 'r',
+                "the client in its namespace did not allocate, write and "
+                "read (exit %d)", harness_wait(outer));
+  struct wire_tenant_row row;
+  ck_assert_int_eq(harness_tenant_row(&b, "ns", &row), 0);
+  ck_assert_uint_eq(row.used, 8 * MIB);
+  /* Killing the outer process kills the namespace's first process (its
+   * parent-death signal), which is the client. */
+  double t0 = harness_now_ms();
+  ck_assert_int_eq(kill(outer, SIGKILL), 0);
+  harness_wait(outer);
+  struct used_zero u = {&b};
+  ck_assert_msg(harness_poll_until(ns_used_zero, &u, HARNESS_WAIT_MS),
+                "the killed client's memory was not reclaimed");
+  printf("client_in_another_pid_namespace: reclaimed %.0f ms after kill -9 "
+         "(heartbeats every 60 s; observed)\n", harness_now_ms() - t0);
+  char *log = harness_broker_log(&b);
+  ck_assert_msg(strstr(log, "descriptor channel closed") != NULL,
+                "reclaimed for another reason; log:\n%s", log);
+  free(log);
+  close(ready[0]);
+  close(ready[1]);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- evicted_process_keeps_its_bytes --------------------------------------- */
+
+struct evictee {
+  const char *endpoint;
+  int ready_w, go_r;
+};
+
+static int evictee_main(void *arg) {
+  struct evictee *a = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "victim", &c) == 0, 40, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id = 0;
+  CHILD_CHECK(gmb_alloc(c, 32 * MIB, 0, &id) == 0, 41, "alloc: %s",
+              gmb_last_error(c));
+  void *p = NULL;
+  CHILD_CHECK(gmb_lock(c, id, &p) == 0, 42, "lock: %s", gmb_last_error(c));
+  harness_pattern_fill(p, 32 * MIB, 7);
+  CHILD_CHECK(harness_pipe_send(a->ready_w, 'r') == 0, 43, "pipe");
+  /* Evicted meanwhile, and its memory given to another tenant, which
+   * wrote all of it. */
+  CHILD_CHECK(harness_pipe_wait(a->go_r, HARNESS_WAIT_MS) == 'g', 44,
+              "no go");
+  long bad = harness_pattern_check(p, 32 * MIB, 7);
+  CHILD_CHECK(bad < 0, 45, "byte %ld of its memory changed under it", bad);
+  gmb_stats st;
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == GMB_E_EVICTED, 46,
+              "not told it was evicted: %s", gmb_last_error(c));
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(evicted_process_keeps_its_bytes) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  int ready[2], go[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  struct evictee a = {b.endpoint, ready[1], go[0]};
+  pid_t kid = harness_fork(evictee_main, &a);
+  ck_assert_msg(harness_pipe_wait(ready[0], HARNESS_WAIT_MS) == 'r',
+                "the victim did not allocate (exit %d)", harness_wait(kid));
+  char out[4096];
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "evict", "victim", NULL),
+                   0);
+  /* The whole device for another tenant, every byte written. */
+  gmb_client *c = harness_connect_ok(&b, "next");
+  gmb_id id = harness_alloc_ok(c, 64 * MIB);
+  void *p = NULL;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  memset(p, 0xee, 64 * MIB);
+  ck_assert_int_eq(harness_pipe_send(go[1], 'g'), 0);
+  int st = harness_wait(kid);
+  ck_assert_msg(st == 0, "the evicted child ended with %d (its stderr says "
+                "why)", st);
+  gmb_disconnect(c);
+  close(ready[0]);
+  close(ready[1]);
+  close(go[0]);
+  close(go[1]);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "fdshare", "descriptors", 60, nothing_in_dev_shm,
+      descriptors_back_to_idle, sealed_against_truncation,
+      other_uid_gets_nothing, client_in_another_pid_namespace,
+      evicted_process_keeps_its_bytes));
+}
