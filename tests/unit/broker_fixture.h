@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "check_main.h"
 #include "core.h"
 #include "dispatch.h"
 #include "gmb.h"
@@ -279,29 +280,10 @@ static inline void fx_unmap_locktab(struct gmb__lt_header *h) {
   ck_assert_int_eq(munmap(h, gmb__lt_bytes(h->slots)), 0);
 }
 
-/* The number of descriptors this process has open. */
-static inline int fx_count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own */
-}
+/* The number of descriptors this process has open (check_main.h). */
+static inline int fx_count_fds(void) { return check_count_fds(); }
 
-/* The number of names in /dev/shm that start with "gmb" (version 1 named
- * its segments and lock tables there; version 2 names nothing). */
-static inline int fx_shm_names(void) {
-  DIR *d = opendir("/dev/shm");
-  if (d == NULL) return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
-  closedir(d);
-  return n;
-}
+/* The number of gmb names in /dev/shm (check_main.h). */
+static inline int fx_shm_names(void) { return check_shm_names(); }
 
 #endif /* GMB_BROKER_FIXTURE_H */

@@ -18,7 +18,7 @@
  * (the "mover"), as compaction does.
  *
  * The fake is in this process, so the descriptors the client receives are
- * in the same table as the fake's: count_fds() shows whether the library
+ * in the same table as the fake's: check_count_fds() shows whether the library
  * closes what it was sent.  Nothing is created in /dev/shm.
  *
  * Knobs: ITER (allocations per thread in threads_share_client, default 200;
@@ -42,6 +42,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "check_main.h"
 #include "fake_router.h"
 #include "fdpass.h"
 #include "gmb.h"
@@ -291,26 +292,14 @@ static void *fake_main(void *arg) {
   return NULL;
 }
 
-/* Open descriptors of this process (the fake's and the client's). */
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  if (d == NULL) return -1;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own */
-}
-
 /* Waits (up to 2 s) for the process to hold `want` descriptors again: the
  * fake's side of a connection closes when its thread sees the hang-up,
  * and ZeroMQ's when its I/O thread does.  Returns the last count. */
 static int fds_settle(int want) {
-  int n = count_fds();
+  int n = check_count_fds();
   for (int i = 0; i < 200 && n != want; i++) {
     usleep(10 * 1000);
-    n = count_fds();
+    n = check_count_fds();
   }
   return n;
 }
@@ -859,7 +848,7 @@ START_TEST(fetched_descriptors_are_closed) {
   gmb_client *c = connect_ok();
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 512, 0, &id), 0);
-  int before = count_fds();
+  int before = check_count_fds();
   gmb_stats st;
   void *p;
   for (int i = 0; i < 50; i++) {
@@ -867,7 +856,7 @@ START_TEST(fetched_descriptors_are_closed) {
     ck_assert_int_eq(gmb_lock(c, id, &p), 0);      /* fetched again */
   }
   ck_assert_int_eq(atomic_load(&F.n_segment), 51);
-  ck_assert_int_eq(count_fds(), before);
+  ck_assert_int_eq(check_count_fds(), before);
   gmb_disconnect(c);
 }
 END_TEST
@@ -1530,7 +1519,7 @@ END_TEST
 
 START_TEST(disconnect_hangs_up_channel) {
   fake_start();
-  int before = count_fds();
+  int before = check_count_fds();
   gmb_client *c = connect_ok();
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 512, 0, &id), 0);
@@ -1564,7 +1553,7 @@ static void connect_fails_cleanly(int want, const char *why, int before) {
 START_TEST(hello_without_secret_proto) {
   F.secret_len = 0;
   fake_start();
-  connect_fails_cleanly(GMB_E_PROTO, "no secret", count_fds());
+  connect_fails_cleanly(GMB_E_PROTO, "no secret", check_count_fds());
   ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 0); /* never tried */
 }
 END_TEST
@@ -1572,7 +1561,7 @@ END_TEST
 START_TEST(hello_short_secret_proto) {
   F.secret_len = GMB_FD_SECRET_LEN / 2;
   fake_start();
-  connect_fails_cleanly(GMB_E_PROTO, "no secret", count_fds());
+  connect_fails_cleanly(GMB_E_PROTO, "no secret", check_count_fds());
   ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 0);
 }
 END_TEST
@@ -1583,7 +1572,7 @@ START_TEST(hello_zero_lock_slots_proto) {
   F.lt_slots = 0;
   F.lt_size = gmb__lt_bytes(FAKE_LT_SLOTS);
   fake_start();
-  connect_fails_cleanly(GMB_E_PROTO, "0 slots", count_fds());
+  connect_fails_cleanly(GMB_E_PROTO, "0 slots", check_count_fds());
 }
 END_TEST
 
@@ -1591,7 +1580,7 @@ START_TEST(channel_missing_fails_connect) {
   F.no_channel = 1; /* a broker.sock without an fd.sock beside it */
   fake_start();
   connect_fails_cleanly(GMB_E_CONN, "cannot reach the descriptor channel",
-                        count_fds());
+                        check_count_fds());
   ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "/fd.sock"));
 }
 END_TEST
@@ -1601,7 +1590,7 @@ START_TEST(channel_needs_ipc_endpoint) {
   snprintf(F.endpoint, sizeof F.endpoint, "tcp://127.0.0.1:*");
   fake_start();
   ck_assert_ptr_null(strstr(F.endpoint, "*"));
-  connect_fails_cleanly(GMB_E_CONN, "ipc://", count_fds());
+  connect_fails_cleanly(GMB_E_CONN, "ipc://", check_count_fds());
   ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, accepted), 0);
 }
 END_TEST
@@ -1617,7 +1606,7 @@ START_TEST(channel_silent_auth_times_out) {
   setenv("GMB_CONNECT_TIMEOUT_MS", "200", 1);
   F.fd_handler = fd_silent_auth;
   fake_start();
-  connect_fails_cleanly(GMB_E_TIMEOUT, "no answer in time", count_fds());
+  connect_fails_cleanly(GMB_E_TIMEOUT, "no answer in time", check_count_fds());
   ck_assert_int_eq(atomic_load(&F.n_auth), 1);
 }
 END_TEST
@@ -1628,7 +1617,7 @@ START_TEST(channel_wrong_secret_refused) {
   F.hello_secret_xor = 0x80;
   fake_start();
   connect_fails_cleanly(GMB_E_AUTH, "GMB_E_AUTH: no session with that secret",
-                        count_fds());
+                        check_count_fds());
   ck_assert_int_eq(atomic_load(&F.n_auth), 1);
   ck_assert_uint_eq(F.last_auth.secret[0], F.secret[0] ^ 0x80);
   ck_assert_int_eq(memcmp(F.last_auth.secret + 1, F.secret + 1,
@@ -1863,7 +1852,7 @@ START_TEST(auth_reply_lie) {
   const struct lie_case *lc = &auth_lies[_i];
   lie_setup(lc, GMB_FD_AUTH, gmb__lt_bytes(FAKE_LT_SLOTS));
   fake_start();
-  int before = count_fds();
+  int before = check_count_fds();
   gmb_client *c = (gmb_client *)&c;
   int rc = gmb_connect(F.endpoint, "team-a", &c);
   ck_assert_msg(rc == lc->rc || (lc->rc2 && rc == lc->rc2),
@@ -1879,7 +1868,7 @@ START_TEST(auth_reply_lie) {
   if (lc->lie != LIE_CLOSE) /* the client hung up */
     ck_assert_int_eq(FAKE_FDCHAN_COUNT(&F.ch, hangups), 1);
   ck_assert_msg(fds_settle(before) == before, "%s: %d descriptors open, "
-                "%d before", lc->name, count_fds(), before);
+                "%d before", lc->name, check_count_fds(), before);
   /* The next connect is answered truly, and works. */
   c = connect_ok();
   gmb_id id;
@@ -1950,7 +1939,7 @@ START_TEST(segment_reply_lie) {
   lie_setup(lc, GMB_FD_SEGMENT, FAKE_SEG_SIZE);
   fake_start();
   gmb_client *c = connect_ok();
-  int before = count_fds();
+  int before = check_count_fds();
   gmb_id id = 77;
   int rc = gmb_alloc(c, 512, 0, &id);
   ck_assert_msg(rc == lc->rc || (lc->rc2 && rc == lc->rc2),
@@ -1963,8 +1952,8 @@ START_TEST(segment_reply_lie) {
   ck_assert_msg(count_memfds("gmb-check-client-seg1") == 1,
                 "%s: the client kept a descriptor it was sent", lc->name);
   if (lc->after == AFTER_WORKS)
-    ck_assert_msg(count_fds() == before, "%s: %d descriptors open, %d before",
-                  lc->name, count_fds(), before);
+    ck_assert_msg(check_count_fds() == before, "%s: %d descriptors open, %d before",
+                  lc->name, check_count_fds(), before);
   if (lc->after == AFTER_CONN) /* both ends are closed */
     ck_assert_int_eq(fds_settle(before - 2), before - 2);
   for (int i = 0; i < 2; i++) {
@@ -1982,8 +1971,8 @@ START_TEST(segment_reply_lie) {
     ck_assert_uint_eq(F.seg1[F.offsets[id] + 511], 0x6B);
     ck_assert_int_eq(gmb_unlock(c, id), 0);
   }
-  if (lc->after == AFTER_WORKS) ck_assert_int_eq(count_fds(), before);
-  if (lc->after == AFTER_CONN) ck_assert_int_eq(count_fds(), before - 2);
+  if (lc->after == AFTER_WORKS) ck_assert_int_eq(check_count_fds(), before);
+  if (lc->after == AFTER_CONN) ck_assert_int_eq(check_count_fds(), before - 2);
   ck_assert_int_eq(count_memfds("gmb-check-client-seg1"), 1);
   gmb_disconnect(c);
 }

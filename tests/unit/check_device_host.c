@@ -38,31 +38,6 @@ static struct gmb_device *open_ok(const char *spec, uint64_t capacity) {
   return d;
 }
 
-/* The number of descriptors this process has open. */
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own */
-}
-
-/* Names in /dev/shm that start with "gmb" (version 1's segments were
- * /gmb-PID-ID; nothing may be named now). */
-static int shm_names(void) {
-  DIR *d = opendir("/dev/shm");
-  if (d == NULL) return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
-  closedir(d);
-  return n;
-}
-
 /* A copy of seg's descriptor as a client receives it: sent with
  * SCM_RIGHTS over a socket pair. */
 static int fd_passed(const struct gmb_dseg *seg) {
@@ -109,10 +84,10 @@ static int fd_is_memfd(int fd, const char *name) {
 }
 
 START_TEST(segment_visible_to_second_mapping) {
-  int shm_before = shm_names();
+  int shm_before = check_shm_names();
   struct gmb_device *d = open_ok("host:8MiB", 0);
   ck_assert_str_eq(d->ops->kind, "host");
-  int fds_before = count_fds();
+  int fds_before = check_count_fds();
   struct gmb_dseg seg;
   ck_assert_int_eq(gmb__device_seg_new(d, 7, SEG, &seg), 0);
   ck_assert_uint_eq(seg.id, 7);
@@ -120,8 +95,8 @@ START_TEST(segment_visible_to_second_mapping) {
   ck_assert_int_ge(seg.fd, 0);
   ck_assert_int_eq(fd_is_memfd(seg.fd, "gmb-seg-7"), 1);
   ck_assert_int_eq(fcntl(seg.fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
-  ck_assert_int_eq(count_fds(), fds_before + 1);
-  ck_assert_int_eq(shm_names(), shm_before);
+  ck_assert_int_eq(check_count_fds(), fds_before + 1);
+  ck_assert_int_eq(check_shm_names(), shm_before);
 
   unsigned char *b = seg.host;
   for (uint64_t i = 0; i < SEG; i += 4096) b[i] = (unsigned char)(i >> 12);
@@ -140,12 +115,12 @@ START_TEST(segment_visible_to_second_mapping) {
   ck_assert_int_eq(seg.fd, -1);
   ck_assert_ptr_null(seg.host);
   ck_assert_int_eq(fd_is_memfd(fd, "gmb-seg-7"), 0);
-  ck_assert_int_eq(count_fds(), fds_before);
+  ck_assert_int_eq(check_count_fds(), fds_before);
   ck_assert_uint_eq(c[SEG - 1], 0xAB);
   munmap(c, SEG);
   ck_assert_uint_eq(d->in_use, 0);
   gmb__device_close(d);
-  ck_assert_int_eq(shm_names(), shm_before);
+  ck_assert_int_eq(check_shm_names(), shm_before);
 }
 END_TEST
 
@@ -219,29 +194,29 @@ END_TEST
 /* One descriptor per live segment, each closed at seg_free, and none of
  * them named in /dev/shm. */
 START_TEST(one_fd_per_segment_closed_at_free) {
-  int shm_before = shm_names();
+  int shm_before = check_shm_names();
   struct gmb_device *d = open_ok("host:64MiB", 0);
-  int fds_before = count_fds();
+  int fds_before = check_count_fds();
   enum { N = 20 };
   struct gmb_dseg s[N];
   for (int i = 0; i < N; i++) {
     ck_assert_int_eq(gmb__device_seg_new(d, (uint64_t)i + 100, SEG, &s[i]), 0);
     for (int j = 0; j < i; j++) ck_assert_int_ne(s[i].fd, s[j].fd);
   }
-  ck_assert_int_eq(count_fds(), fds_before + N);
-  ck_assert_int_eq(shm_names(), shm_before);
+  ck_assert_int_eq(check_count_fds(), fds_before + N);
+  ck_assert_int_eq(check_shm_names(), shm_before);
   /* Every other one, then the rest. */
   for (int i = 0; i < N; i += 2) gmb__device_seg_free(d, &s[i]);
-  ck_assert_int_eq(count_fds(), fds_before + N / 2);
+  ck_assert_int_eq(check_count_fds(), fds_before + N / 2);
   for (int i = 1; i < N; i += 2) gmb__device_seg_free(d, &s[i]);
-  ck_assert_int_eq(count_fds(), fds_before);
+  ck_assert_int_eq(check_count_fds(), fds_before);
   /* A refused segment opens nothing either. */
   struct gmb_dseg big;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 128 * GMB_MIB, &big),
                    GMB_E_NOMEM);
-  ck_assert_int_eq(count_fds(), fds_before);
+  ck_assert_int_eq(check_count_fds(), fds_before);
   gmb__device_close(d);
-  ck_assert_int_eq(shm_names(), shm_before);
+  ck_assert_int_eq(check_shm_names(), shm_before);
 }
 END_TEST
 

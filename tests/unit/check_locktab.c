@@ -51,42 +51,17 @@ static struct gmb_locktab *lt_new(uint32_t slots) {
   return t;
 }
 
-/* The number of descriptors this process has open. */
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own */
-}
-
-/* Names in /dev/shm that start with "gmb" (version 1's lock tables were
- * /gmb-lt-PID-SESSION; nothing may be named now). */
-static int shm_names(void) {
-  DIR *d = opendir("/dev/shm");
-  if (d == NULL) return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
-  closedir(d);
-  return n;
-}
-
 static void setup(void) {
   lt = NULL;
-  fds_before = count_fds();
-  shm_before = shm_names();
+  fds_before = check_count_fds();
+  shm_before = check_shm_names();
 }
 
 static void teardown(void) {
   gmb__locktab_destroy(lt);
   lt = NULL;
-  ck_assert_int_eq(count_fds(), fds_before);
-  ck_assert_int_eq(shm_names(), shm_before);
+  ck_assert_int_eq(check_count_fds(), fds_before);
+  ck_assert_int_eq(check_shm_names(), shm_before);
 }
 
 /* Maps a table from a descriptor the way the client does; NULL on failure
@@ -162,7 +137,7 @@ START_TEST(new_fills_header_and_fd) {
   ck_assert_uint_eq(gmb__locktab_bytes(lt), gmb__lt_bytes(16));
   int fd = gmb__locktab_fd(lt);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(count_fds(), fds_before + 1);
+  ck_assert_int_eq(check_count_fds(), fds_before + 1);
   /* A memfd (its name is a label for /proc, not a path anyone opens),
    * closed on exec, of the table's size. */
   char label[64];
@@ -441,10 +416,10 @@ START_TEST(nothing_in_dev_shm) {
   enum { N = 16 };
   struct gmb_locktab *t[N];
   for (int i = 0; i < N; i++) t[i] = lt_new(64);
-  ck_assert_int_eq(shm_names(), shm_before);
-  ck_assert_int_eq(count_fds(), fds_before + N);
+  ck_assert_int_eq(check_shm_names(), shm_before);
+  ck_assert_int_eq(check_count_fds(), fds_before + N);
   for (int i = 0; i < N; i++) gmb__locktab_destroy(t[i]);
-  ck_assert_int_eq(count_fds(), fds_before);
+  ck_assert_int_eq(check_count_fds(), fds_before);
 }
 END_TEST
 
@@ -462,9 +437,9 @@ START_TEST(destroy_closes_fd_mappings_stay) {
   int fd = gmb__locktab_fd(t);
   char label[64];
   snprintf(label, sizeof label, "gmb-lt-%llu", (unsigned long long)session);
-  ck_assert_int_eq(count_fds(), fds_before + 2);
+  ck_assert_int_eq(check_count_fds(), fds_before + 2);
   gmb__locktab_destroy(t);
-  ck_assert_int_eq(count_fds(), fds_before + 1);
+  ck_assert_int_eq(check_count_fds(), fds_before + 1);
   ck_assert_int_eq(fd_is_memfd(fd, label), 0);
   ck_assert_int_eq(fd_is_memfd(copy, label), 1);
   /* Both the old mapping and a new one from the copy read the table. */

@@ -1,6 +1,8 @@
 /*
- * check_main.h - the main() of every unit suite: check_run() runs the one
- * suite of a check_* binary and gives main its exit status.
+ * check_main.h - what every unit suite shares: check_run() runs the one
+ * suite of a check_* binary and gives main its exit status, and two probes
+ * of the process (its open descriptors, and gmb's names in /dev/shm) for
+ * the suites that prove nothing leaks and nothing is named.
  *
  * Under AddressSanitizer the tests run in this process (CK_NOFORK) unless
  * CK_FORK says otherwise: LeakSanitizer reports when a process exits, and
@@ -12,7 +14,9 @@
 #define GMB_CHECK_MAIN_H
 
 #include <check.h>
+#include <dirent.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Runs s (the runner frees it); EXIT_SUCCESS when every test passed. */
 static inline int check_run(Suite *s) {
@@ -24,6 +28,31 @@ static inline int check_run(Suite *s) {
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* The number of descriptors this process has open. */
+static inline int check_count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* The number of names in /dev/shm that start with "gmb" (protocol version
+ * 1 named segments and lock tables there; nothing is named now). */
+static inline int check_shm_names(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strncmp(e->d_name, "gmb", 3) == 0) n++;
+  closedir(d);
+  return n;
 }
 
 #endif /* GMB_CHECK_MAIN_H */

@@ -56,18 +56,6 @@ static int fds_before;
 #define MAX_FDS 16
 static int fds[MAX_FDS], n_fds;
 
-/* Open descriptors of this process. */
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  if (d == NULL) return -1;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own */
-}
-
 /* A memfd of `bytes` with `seals` added (0: none), as the broker makes a
  * segment (SEALS_BROKER); the teardown closes it. */
 static int make_memfd(uint64_t bytes, unsigned seals) {
@@ -84,7 +72,7 @@ static int seg1_fd;
 
 static void setup(void) {
   n_fds = 0;
-  fds_before = count_fds();
+  fds_before = check_count_fds();
   m = gmb__segmap_new();
   ck_assert_ptr_nonnull(m);
   seg1_fd = make_memfd(SEG_SIZE, SEALS_BROKER);
@@ -99,7 +87,7 @@ static void teardown(void) {
     ck_assert_msg(close(fds[i]) == 0, "descriptor %d was closed by the map",
                   fds[i]);
   n_fds = 0;
-  ck_assert_int_eq(count_fds(), fds_before);
+  ck_assert_int_eq(check_count_fds(), fds_before);
 }
 
 static uint8_t *seg_base(uint64_t segment) {
