@@ -72,6 +72,11 @@ typedef int (*fk_handler)(struct fk *f, const struct wire_request *req);
 typedef int (*fk_fd_handler)(struct fk *f, int conn,
                              const struct gmb_fd_req *req);
 
+/* The fake driver's UUID of physical device 0 (and 1): "FAKECUDA", then
+ * zeros with the device in the last byte. */
+#define FAKE_UUID0 "GPU-46414b45-4355-4441-0000-000000000000"
+#define FAKE_UUID1 "GPU-46414b45-4355-4441-0000-000000000001"
+
 struct fk {
   char dir[64], endpoint[128], log[128];
   void *ctx, *router;
@@ -101,6 +106,7 @@ struct fk {
   int other_fd;        /* -1: the segment's own */
   uint64_t other_size; /* 0: SEG_SIZE */
 
+  char uuid[48]; /* the GPU the Hello reply names; "": FAKE_UUID0 */
   atomic_int n_alloc, n_free, n_bye, n_closed;
   atomic_int n_auth, n_segment; /* requests on the descriptor channel */
   _Atomic uint64_t last_segment, last_closed;
@@ -389,6 +395,8 @@ static void fk_default(struct fk *f, const struct wire_request *req) {
       rep.u.hello.session = 1;
       snprintf(rep.u.hello.tenant, sizeof rep.u.hello.tenant, "team-a");
       snprintf(rep.u.hello.device, sizeof rep.u.hello.device, "cuda");
+      snprintf(rep.u.hello.device_uuid, sizeof rep.u.hello.device_uuid, "%s",
+               f->uuid[0] ? f->uuid : FAKE_UUID0);
       rep.u.hello.lock_slots = LT_SLOTS;
       rep.u.hello.fd_secret_len = GMB_FD_SECRET_LEN;
       memcpy(rep.u.hello.fd_secret, f->secret, GMB_FD_SECRET_LEN);
@@ -675,9 +683,12 @@ END_TEST
 START_TEST(cuda_import_maps_descriptor) {
   exporter_start();
   char why[256] = "";
-  ck_assert_msg(gmb__cuda_attach(why, sizeof why) == 0, "%s", why);
+  int ord = -1;
+  ck_assert_msg(gmb__cuda_attach(FAKE_UUID0, &ord, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_int_eq(ord, 0);
   uint64_t a = 0, b = 0;
-  ck_assert_msg(gmb__cuda_import(F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
+  ck_assert_msg(gmb__cuda_import(0, F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
                 "%s", why);
   ck_assert_uint_ne(a, 0);
   ck_assert_int_eq(openers(1), 1);
@@ -690,16 +701,16 @@ START_TEST(cuda_import_maps_descriptor) {
   dev_fill((void *)(uintptr_t)a, 0x5c, 100);
   /* No de-duplication: a second import is a second mapping, with the same
    * bytes at another address. */
-  ck_assert_msg(gmb__cuda_import(F.fd[0], SEG_SIZE, &b, why, sizeof why) == 0,
+  ck_assert_msg(gmb__cuda_import(0, F.fd[0], SEG_SIZE, &b, why, sizeof why) == 0,
                 "%s", why);
   ck_assert_uint_ne(a, b);
   ck_assert_int_eq(openers(1), 2);
   dev_read(got, (void *)(uintptr_t)b, 101);
   ck_assert_uint_eq(got[99], 0x5c);
   ck_assert_uint_eq(got[100], pattern(0, 100));
-  gmb__cuda_close(a, SEG_SIZE);
+  gmb__cuda_close(0, a, SEG_SIZE);
   ck_assert_int_eq(openers(1), 1);
-  gmb__cuda_close(b, SEG_SIZE);
+  gmb__cuda_close(0, b, SEG_SIZE);
   ck_assert_int_eq(openers(1), 0);
   gmb__cudrv_unload(&test_drv);
   /* The caller keeps its descriptor: it still imports. */
@@ -711,26 +722,29 @@ END_TEST
 START_TEST(cuda_import_refuses_what_is_no_segment) {
   exporter_start();
   char why[256] = "";
-  ck_assert_msg(gmb__cuda_attach(why, sizeof why) == 0, "%s", why);
+  int ord = -1;
+  ck_assert_msg(gmb__cuda_attach(FAKE_UUID0, &ord, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_int_eq(ord, 0);
   uint64_t a = 0;
-  ck_assert_int_eq(gmb__cuda_import(-1, SEG_SIZE, &a, why, sizeof why),
+  ck_assert_int_eq(gmb__cuda_import(0, -1, SEG_SIZE, &a, why, sizeof why),
                    GMB_E_PROTO);
   ck_assert_msg(strstr(why, "descriptor") != NULL, "%s", why);
-  ck_assert_int_eq(gmb__cuda_import(F.fd[0], 0, &a, why, sizeof why),
+  ck_assert_int_eq(gmb__cuda_import(0, F.fd[0], 0, &a, why, sizeof why),
                    GMB_E_PROTO);
-  ck_assert_int_eq(gmb__cuda_import(F.fd[0], SEG_SIZE - 4096, &a, why,
+  ck_assert_int_eq(gmb__cuda_import(0, F.fd[0], SEG_SIZE - 4096, &a, why,
                                     sizeof why),
                    GMB_E_PROTO);
   ck_assert_msg(strstr(why, "granularity") != NULL, "%s", why);
   /* Bigger than the allocation: the driver refuses the mapping. */
-  ck_assert_int_eq(gmb__cuda_import(F.fd[0], 2 * SEG_SIZE, &a, why,
+  ck_assert_int_eq(gmb__cuda_import(0, F.fd[0], 2 * SEG_SIZE, &a, why,
                                     sizeof why),
                    GMB_E_DEVICE);
   ck_assert_msg(strstr(why, "cuMemMap") != NULL, "%s", why);
   /* A descriptor that is not device memory. */
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(gmb__cuda_import(fd, SEG_SIZE, &a, why, sizeof why),
+  ck_assert_int_eq(gmb__cuda_import(0, fd, SEG_SIZE, &a, why, sizeof why),
                    GMB_E_DEVICE);
   ck_assert_msg(strstr(why, "cuMemImportFromShareableHandle") != NULL, "%s",
                 why);
@@ -1318,7 +1332,10 @@ END_TEST
 START_TEST(client_forked_after_attach_fails_clearly) {
   exporter_start();
   char why[256] = "";
-  ck_assert_msg(gmb__cuda_attach(why, sizeof why) == 0, "%s", why);
+  int ord = -1;
+  ck_assert_msg(gmb__cuda_attach(FAKE_UUID0, &ord, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_int_eq(ord, 0);
   /* Forked before the fake's threads start: a child forked while other
    * threads run may inherit their locks held (the sanitizers' allocator
    * deadlocks so).  It waits for the fake, then connects. */
@@ -1360,9 +1377,9 @@ START_TEST(client_forked_after_attach_fails_clearly) {
   ck_assert_int_eq(ld(&F.n_bye), 1);
   /* This process still imports. */
   uint64_t a = 0;
-  ck_assert_msg(gmb__cuda_import(F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
+  ck_assert_msg(gmb__cuda_import(0, F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
                 "%s", why);
-  gmb__cuda_close(a, SEG_SIZE);
+  gmb__cuda_close(0, a, SEG_SIZE);
   exporter_finish();
 }
 END_TEST
