@@ -170,6 +170,14 @@ GMB_EXPORT int gmb_write(gmb_client *c, gmb_id id, size_t off,
 GMB_EXPORT int gmb_read(gmb_client *c, gmb_id id, size_t off, void *dst,
                         size_t n);
 
+/* 1 when `cuda_stream` (NULL: the legacy default stream) is being captured
+ * into a CUDA graph (cuStreamIsCapturing), 0 when not; GMB_E_DEVICE on the
+ * host device or when the driver cannot tell.  Synchronising during a
+ * capture invalidates it, and memory freed during one may be used by the
+ * graph at every replay: callers that free on behalf of others (the torch
+ * allocator) ask first. */
+GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream);
+
 /* What the broker's device is, and which GPU of this process it is. */
 GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out);
 

@@ -1246,3 +1246,14 @@ GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out) {
   snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "%.31s", c->device_pci);
   return 0;
 }
+
+GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (!c->cuda)
+    return client_fail(GMB_E_DEVICE, "gmb_stream_capturing needs the CUDA "
+                       "device");
+  char why[256];
+  int rc = gmb__cuda_capturing(c->cuda_ordinal, cuda_stream, why, sizeof why);
+  if (rc < 0) return client_fail(rc, "%s", why);
+  return rc;
+}

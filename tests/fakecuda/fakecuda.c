@@ -110,7 +110,9 @@
  *   CU_DEVICE_ATTRIBUTE_COMPUTE_MODE (only reported, not enforced).
  *
  * - cuCtxSynchronize waits for every stream of this process (the context's
- *   work).  cuStreamIsCapturing answers CU_STREAM_CAPTURE_STATUS_NONE, or
+ *   work); while $FAKECUDA_CAPTURING is set it fails with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real one does during a
+ *   capture.  cuStreamIsCapturing answers CU_STREAM_CAPTURE_STATUS_NONE, or
  *   ACTIVE for the streams named in $FAKECUDA_CAPTURING ("all", or "null"
  *   for the legacy stream): tests stand for a graph capture with it.
  */
@@ -168,6 +170,7 @@ enum {
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
 };
 
 enum {
@@ -1574,6 +1577,10 @@ static CUresult fake_cuLaunchHostFunc(void *h, CUhostFn fn, void *user) {
 static CUresult fake_cuCtxSynchronize(void) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  /* As the real driver in the global capture mode: no synchronising while
+   * a stream captures. */
+  const char *cap = getenv("FAKECUDA_CAPTURING");
+  if (cap && *cap) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   stream_sync(&fake_null_stream);
   /* Under fake_mu, so that no stream is destroyed meanwhile; the stream
    * workers never take it. */
@@ -1620,6 +1627,9 @@ static const struct {
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
      "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
 };
 
 static CUresult fake_error_lookup(CUresult r, const char **s, int text) {
