@@ -76,6 +76,11 @@ struct gmb_device {
   uint64_t retiring;       /* of those, parked until clients close them */
   uint64_t retiring_bytes;
   char desc[64];      /* "host:1GiB", for logs and status */
+  /* cuda: the GPU's identity, told to clients in the Hello reply so that
+   * each finds the GPU under its own ordinal (containers renumber them):
+   * "GPU-xxxxxxxx-..." and "0000:17:00.0".  Empty on the host device. */
+  char uuid[48];
+  char pci_bus_id[32];
   void *priv;
   struct gmb_device_retiring *retire_head; /* device.c's list */
 };

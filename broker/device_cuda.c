@@ -311,6 +311,44 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
   if ((r = cd->drv.cuDeviceGetName(name, (int)sizeof name, cd->dev)) !=
       GMB_CU_SUCCESS)
     goto cu_fail;
+  /* Who the GPU is, for clients that number it otherwise (containers,
+   * CUDA_VISIBLE_DEVICES): its UUID travels in every Hello reply. */
+  struct gmb_cu_uuid uuid;
+  step = "cuDeviceGetUuid";
+  if ((r = cd->drv.cuDeviceGetUuid(&uuid, cd->dev)) != GMB_CU_SUCCESS)
+    goto cu_fail;
+  gmb__cudrv_uuid_str(&uuid, d->uuid, sizeof d->uuid);
+  step = "cuDeviceGetPCIBusId";
+  if ((r = cd->drv.cuDeviceGetPCIBusId(d->pci_bus_id,
+                                       (int)sizeof d->pci_bus_id, cd->dev)) !=
+      GMB_CU_SUCCESS)
+    goto cu_fail;
+  /* In EXCLUSIVE_PROCESS mode the broker's own context would be the only
+   * one the GPU allows: every client's import would fail.  PROHIBITED
+   * allows none at all. */
+  int mode = 0;
+  step = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)";
+  if ((r = cd->drv.cuDeviceGetAttribute(&mode,
+                                        GMB_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
+                                        cd->dev)) != GMB_CU_SUCCESS)
+    goto cu_fail;
+  if (mode == GMB_CU_COMPUTEMODE_EXCLUSIVE_PROCESS ||
+      mode == GMB_CU_COMPUTEMODE_PROHIBITED) {
+    snprintf(err, errcap,
+             "cuda:%d (%s, %s) is in compute mode %s: %s; set it to DEFAULT "
+             "(nvidia-smi -i %s -c DEFAULT)",
+             index, name, d->uuid,
+             mode == GMB_CU_COMPUTEMODE_EXCLUSIVE_PROCESS
+                 ? "EXCLUSIVE_PROCESS"
+                 : "PROHIBITED",
+             mode == GMB_CU_COMPUTEMODE_EXCLUSIVE_PROCESS
+                 ? "only one process may use it, so the broker would lock "
+                   "every client out"
+                 : "no process may use it",
+             d->uuid);
+    cuda_destroy(d);
+    return GMB_E_DEVICE;
+  }
   step = "cuDevicePrimaryCtxRetain";
   if ((r = cd->drv.cuDevicePrimaryCtxRetain(&cd->ctx, cd->dev)) !=
       GMB_CU_SUCCESS)
@@ -351,9 +389,9 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
   snprintf(d->desc, sizeof d->desc, "cuda:%d (%s)", index, name);
   char c[GMB_SIZE_BUFSZ], t[GMB_SIZE_BUFSZ], f2[GMB_SIZE_BUFSZ],
       g[GMB_SIZE_BUFSZ];
-  log_info("cuda:%d: %s, driver %d (%s): %s total, %s free, offering %s; "
-           "VMM segments shared as descriptors, granularity %s",
-           index, name, cd->drv.version, cd->drv.path,
+  log_info("cuda:%d: %s (%s, PCI %s), driver %d (%s): %s total, %s free, "
+           "offering %s; VMM segments shared as descriptors, granularity %s",
+           index, name, d->uuid, d->pci_bus_id, cd->drv.version, cd->drv.path,
            gmb__size_format(total, t, sizeof t),
            gmb__size_format(free_b, f2, sizeof f2),
            gmb__size_format(cap, c, sizeof c),

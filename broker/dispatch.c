@@ -85,6 +85,10 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
   snprintf(rep->u.hello.tenant, sizeof rep->u.hello.tenant, "%s", t->name);
   snprintf(rep->u.hello.device, sizeof rep->u.hello.device, "%s",
            b->dev->ops->kind);
+  snprintf(rep->u.hello.device_uuid, sizeof rep->u.hello.device_uuid, "%s",
+           b->dev->uuid);
+  snprintf(rep->u.hello.device_pci, sizeof rep->u.hello.device_pci, "%s",
+           b->dev->pci_bus_id);
   rep->u.hello.heartbeat_ms = s->pidfd < 0 ? b->cfg.heartbeat_ms : 0;
   rep->u.hello.lock_slots = GMB_LT_DEFAULT_SLOTS;
   _Static_assert(sizeof s->secret == WIRE_SECRET_MAX, "secret fits");

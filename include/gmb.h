@@ -71,6 +71,14 @@ typedef struct gmb_stats { /* one tenant, as the broker sees it now */
 
 #define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
 
+typedef struct gmb_device_info { /* the broker's device, as this process sees it */
+  char kind[16];       /* "cuda" (a GPU) or "host" (shared host memory) */
+  int ordinal;         /* cuda: the GPU's ordinal in this process (it may
+                          differ from the broker's); -1 on the host device */
+  char uuid[48];       /* cuda: "GPU-xxxxxxxx-...", as nvidia-smi -L shows */
+  char pci_bus_id[32]; /* cuda: "0000:17:00.0" */
+} gmb_device_info;
+
 /*
  * Connects to the broker at `endpoint` (NULL: $GMB_ENDPOINT, else
  * ipc://$GMB_RUN_DIR/broker.sock) as `tenant` (NULL: $GMB_TENANT, else the
@@ -105,7 +113,13 @@ GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
 GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
                               int timeout_ms, gmb_id *out);
 
-/* Frees an allocation of this session.  GMB_E_NOENT if it is not one. */
+/* Frees an allocation of this session.  GMB_E_NOENT if it is not one.  On
+ * a GPU it first waits for the device as cudaFree does (cuCtxSynchronize
+ * in the GPU's primary context), since kernels still queued may use the
+ * memory and the broker may hand it to another tenant or move its
+ * neighbours once it has it back.  When that wait fails (the context
+ * faulted, a graph capture is in progress) nothing is freed:
+ * GMB_E_DEVICE, explained; the memory goes back when the session ends. */
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);
 
 /*
@@ -123,14 +137,49 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);
  */
 GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr);
 
-/* Releases a lock taken with gmb_lock.  GMB_E_INVAL when the movable
- * allocation is not locked (the count never goes below zero). */
+/*
+ * Releases a lock taken with gmb_lock, at once, on the CPU: the broker may
+ * move a movable allocation from then on.  The caller's contract: every
+ * use of the pointer is finished, including GPU work (kernels, copies)
+ * queued on it, or the move would copy stale bytes while a kernel writes
+ * the old place.  With work still queued use gmb_unlock_on_stream, or
+ * synchronise the stream first.  GMB_E_INVAL when the movable allocation
+ * is not locked (the count never goes below zero).
+ */
 GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id);
 
-/* Releases the lock when `cuda_stream` reaches this point (CUDA device
- * only; GMB_E_DEVICE elsewhere). */
+/* Releases the lock when `cuda_stream` reaches this point (a host function
+ * queued with cuLaunchHostFunc), so the CPU never waits for the GPU.  CUDA
+ * device only; GMB_E_DEVICE elsewhere.  GMB_E_INVAL while the stream is
+ * being captured into a CUDA graph: the release would be recorded into
+ * the graph and run at every replay, never now; unlock after the capture.
+ * If the context faults before the stream reaches the release, the driver
+ * never runs it: the hold stays until the session ends, and the
+ * allocation does not move meanwhile. */
 GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
                                     void *cuda_stream);
+
+/* Copies n bytes from host memory `src` into the allocation at byte `off`
+ * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the
+ * copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU, whose memory
+ * the CPU cannot touch through the pointer.  Synchronous.  GMB_E_INVAL
+ * when [off, off+n) is not inside the allocation, GMB_E_DEVICE when the
+ * driver refused the copy. */
+GMB_EXPORT int gmb_write(gmb_client *c, gmb_id id, size_t off,
+                         const void *src, size_t n);
+GMB_EXPORT int gmb_read(gmb_client *c, gmb_id id, size_t off, void *dst,
+                        size_t n);
+
+/* 1 when `cuda_stream` (NULL: the legacy default stream) is being captured
+ * into a CUDA graph (cuStreamIsCapturing), 0 when not; GMB_E_DEVICE on the
+ * host device or when the driver cannot tell.  Synchronising during a
+ * capture invalidates it, and memory freed during one may be used by the
+ * graph at every replay: callers that free on behalf of others (the torch
+ * allocator) ask first. */
+GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream);
+
+/* What the broker's device is, and which GPU of this process it is. */
+GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out);
 
 /* Fills *out with the figures of this session's tenant. */
 GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out);

@@ -13,18 +13,34 @@ PRELOAD_SO := $(B)/libgmb-preload.so
 TORCH_SO := $(B)/libgmb-torch.so
 PRELOAD_PROG := $(B)/preload/cuda_prog
 PRELOAD_FAKE := $(B)/preload/libfakecudart.so
+TORCH_THROW_PROG := $(B)/preload/torch_throw_prog
 
-all: $(PRELOAD_SO) $(TORCH_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE)
+all: $(PRELOAD_SO) $(TORCH_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(TORCH_THROW_PROG)
+
+# gmb_torch_alloc is C++ (it throws; see torch_throw.cc): compiled with
+# the C++ compiler, and the library links libstdc++.
+CXX ?= g++
+TORCH_THROW_OBJ := $(B)/obj/client/shim/torch_throw.o
+$(TORCH_THROW_OBJ): client/shim/torch_throw.cc
+	@mkdir -p $(dir $@)
+	@echo "  CXX     $<"
+	$(Q)$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror -fPIC \
+	  -fvisibility=hidden $(SANFLAGS) -c -o $@ $<
+
+$(TORCH_THROW_PROG): tests/preload/torch_throw_prog.cc
+	@mkdir -p $(dir $@)
+	@echo "  CXX     $<"
+	$(Q)$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror $(SANFLAGS) -o $@ $< -ldl
 
 $(PRELOAD_SO): $(call obj,client/shim/preload.c) $(SHIM_COMMON) $(LIB_A)
 	@echo "  LD      $@"
 	$(Q)$(CC) -shared -Wl,-soname,libgmb-preload.so -o $@ \
 	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL $(LDFLAGS_ALL) $(LIBS_ALL)
 
-$(TORCH_SO): $(call obj,client/shim/torch.c) $(SHIM_COMMON) $(LIB_A)
+$(TORCH_SO): $(call obj,client/shim/torch.c) $(TORCH_THROW_OBJ) $(SHIM_COMMON) $(LIB_A)
 	@echo "  LD      $@"
 	$(Q)$(CC) -shared -Wl,-soname,libgmb-torch.so -o $@ \
-	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL $(LDFLAGS_ALL) $(LIBS_ALL)
+	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL $(LDFLAGS_ALL) $(LIBS_ALL) -lstdc++
 
 # Linked against nothing that defines the CUDA functions (they are weak in
 # it): only the preloaded library provides them.
@@ -40,7 +56,7 @@ $(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
 
 # The integration tests run these at run time (order-only: not linked in).
 $(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN)
-$(B)/tests/test_torch: | $(TORCH_SO) $(BROKER_BIN)
+$(B)/tests/test_torch: | $(TORCH_SO) $(TORCH_THROW_PROG) $(BROKER_BIN)
 
 install: install-shim
 .PHONY: install-shim

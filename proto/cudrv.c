@@ -46,10 +46,13 @@ static const struct {
     CUDRV_ENTRY(cuDeviceGetCount),
     CUDRV_ENTRY(cuDeviceGet),
     CUDRV_ENTRY(cuDeviceGetName),
+    CUDRV_ENTRY(cuDeviceGetUuid),
+    CUDRV_ENTRY(cuDeviceGetPCIBusId),
     CUDRV_ENTRY(cuDevicePrimaryCtxRetain),
     CUDRV_ENTRY(cuDevicePrimaryCtxRelease),
     CUDRV_ENTRY(cuCtxSetCurrent),
     CUDRV_ENTRY(cuCtxGetCurrent),
+    CUDRV_ENTRY(cuCtxSynchronize),
     CUDRV_ENTRY(cuMemGetInfo),
     CUDRV_ENTRY(cuMemAlloc),
     CUDRV_ENTRY(cuMemFree),
@@ -60,6 +63,7 @@ static const struct {
     CUDRV_ENTRY(cuStreamCreate),
     CUDRV_ENTRY(cuStreamSynchronize),
     CUDRV_ENTRY(cuStreamDestroy),
+    CUDRV_ENTRY(cuStreamIsCapturing),
     CUDRV_ENTRY(cuLaunchHostFunc),
     CUDRV_ENTRY(cuDeviceGetAttribute),
     CUDRV_ENTRY(cuMemGetAllocationGranularity),
@@ -170,5 +174,16 @@ const char *gmb__cudrv_strerror(const struct gmb_cudrv *d, gmb_cu_result r,
     snprintf(buf, cap, "%s", name);
   else
     snprintf(buf, cap, "CUDA error %d", r);
+  return buf;
+}
+
+const char *gmb__cudrv_uuid_str(const struct gmb_cu_uuid *u, char *buf,
+                                size_t cap) {
+  const unsigned char *b = (const unsigned char *)u->bytes;
+  snprintf(buf, cap,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+           "%02x%02x%02x%02x%02x%02x",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
+           b[11], b[12], b[13], b[14], b[15]);
   return buf;
 }

@@ -78,6 +78,22 @@ struct gmb_cu_access_desc { /* CUmemAccessDesc */
 #define GMB_CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
 #define GMB_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
 #define GMB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+#define GMB_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE 20
+#define GMB_CU_COMPUTEMODE_DEFAULT 0
+#define GMB_CU_COMPUTEMODE_PROHIBITED 2
+#define GMB_CU_COMPUTEMODE_EXCLUSIVE_PROCESS 3
+#define GMB_CU_STREAM_CAPTURE_STATUS_NONE 0
+#define GMB_CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define GMB_CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+
+/* CUuuid: a GPU's identity, the same in every process and container
+ * whatever ordinal it has there. */
+struct gmb_cu_uuid {
+  char bytes[16];
+};
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (as nvidia-smi -L prints it)
+ * and its NUL. */
+#define GMB_CU_UUID_STR 41
 
 struct gmb_cudrv {
   void *lib;
@@ -88,10 +104,13 @@ struct gmb_cudrv {
   gmb_cu_result (*cuDeviceGetCount)(int *n);
   gmb_cu_result (*cuDeviceGet)(gmb_cu_device *d, int ordinal);
   gmb_cu_result (*cuDeviceGetName)(char *name, int len, gmb_cu_device d);
+  gmb_cu_result (*cuDeviceGetUuid)(struct gmb_cu_uuid *uuid, gmb_cu_device d);
+  gmb_cu_result (*cuDeviceGetPCIBusId)(char *bus, int len, gmb_cu_device d);
   gmb_cu_result (*cuDevicePrimaryCtxRetain)(gmb_cu_ctx *c, gmb_cu_device d);
   gmb_cu_result (*cuDevicePrimaryCtxRelease)(gmb_cu_device d);
   gmb_cu_result (*cuCtxSetCurrent)(gmb_cu_ctx c);
   gmb_cu_result (*cuCtxGetCurrent)(gmb_cu_ctx *c);
+  gmb_cu_result (*cuCtxSynchronize)(void);
   gmb_cu_result (*cuMemGetInfo)(size_t *free, size_t *total);
   gmb_cu_result (*cuMemAlloc)(gmb_cu_ptr *p, size_t bytes);
   gmb_cu_result (*cuMemFree)(gmb_cu_ptr p);
@@ -103,6 +122,8 @@ struct gmb_cudrv {
   gmb_cu_result (*cuStreamCreate)(gmb_cu_stream *s, unsigned flags);
   gmb_cu_result (*cuStreamSynchronize)(gmb_cu_stream s);
   gmb_cu_result (*cuStreamDestroy)(gmb_cu_stream s);
+  /* *status: GMB_CU_STREAM_CAPTURE_STATUS_* (CUstreamCaptureStatus). */
+  gmb_cu_result (*cuStreamIsCapturing)(gmb_cu_stream s, int *status);
   gmb_cu_result (*cuLaunchHostFunc)(gmb_cu_stream s, gmb_cu_host_fn fn,
                                     void *user);
   gmb_cu_result (*cuDeviceGetAttribute)(int *v, int attrib, gmb_cu_device d);
@@ -143,6 +164,11 @@ struct gmb_cudrv {
  */
 int gmb__cudrv_load(struct gmb_cudrv *d, char *err, size_t errcap);
 void gmb__cudrv_unload(struct gmb_cudrv *d); /* accepts a zeroed struct */
+
+/* A UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" into buf (at least
+ * GMB_CU_UUID_STR bytes); returns buf. */
+const char *gmb__cudrv_uuid_str(const struct gmb_cu_uuid *u, char *buf,
+                                size_t cap);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" into buf; returns buf. */
 const char *gmb__cudrv_strerror(const struct gmb_cudrv *d, gmb_cu_result r,

@@ -439,12 +439,16 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
     case WIRE_NONE:
       break;
     case WIRE_HELLO:
-      if (!WIRE_FITS(rep->u.hello.tenant) || !WIRE_FITS(rep->u.hello.device))
+      if (!WIRE_FITS(rep->u.hello.tenant) || !WIRE_FITS(rep->u.hello.device) ||
+          !WIRE_FITS(rep->u.hello.device_uuid) ||
+          !WIRE_FITS(rep->u.hello.device_pci))
         return GMB_E_INVAL;
       hello.version = rep->u.hello.version;
       hello.session = rep->u.hello.session;
       hello.tenant = (char *)rep->u.hello.tenant;
       hello.device = (char *)rep->u.hello.device;
+      hello.device_uuid = (char *)rep->u.hello.device_uuid;
+      hello.device_pci = (char *)rep->u.hello.device_pci;
       hello.heartbeat_ms = rep->u.hello.heartbeat_ms;
       if (rep->u.hello.fd_secret_len > WIRE_SECRET_MAX) return GMB_E_INVAL;
       hello.lock_slots = rep->u.hello.lock_slots;
@@ -625,6 +629,14 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       if (rc == 0)
         rc = wire_str_copy(out->u.hello.device, sizeof out->u.hello.device,
                            r->hello->device);
+      if (rc == 0)
+        rc = wire_str_copy(out->u.hello.device_uuid,
+                           sizeof out->u.hello.device_uuid,
+                           r->hello->device_uuid);
+      if (rc == 0)
+        rc = wire_str_copy(out->u.hello.device_pci,
+                           sizeof out->u.hello.device_pci,
+                           r->hello->device_pci);
       out->u.hello.lock_slots = r->hello->lock_slots;
       if (r->hello->fd_secret.len > WIRE_SECRET_MAX) {
         rc = GMB_E_PROTO;

@@ -143,6 +143,8 @@ struct wire_reply {
       uint64_t session;
       char tenant[WIRE_NAME_MAX + 1];
       char device[WIRE_DEVICE_MAX];
+      char device_uuid[WIRE_DEVICE_MAX]; /* cuda: "GPU-..."; else "" */
+      char device_pci[WIRE_DEVICE_MAX];  /* cuda: "0000:17:00.0"; else "" */
       uint32_t heartbeat_ms;
       uint32_t lock_slots;
       uint32_t fd_secret_len; /* WIRE_SECRET_MAX, or 0: none */

@@ -4,14 +4,14 @@
  *   frag [--tenant T] [--endpoint E] [--block SIZE] [--fill SIZE] [--big SIZE]
  *
  * Fills the device with movable blocks (--block, default 512KiB, up to
- * --fill, default 56MiB), writes a pattern into every byte of each through
- * gmb_lock, frees every other block - so each segment is left half used
+ * --fill, default 56MiB), writes a pattern into every byte of each with
+ * gmb_write (a copy: on a GPU the CPU cannot touch device memory), frees every other block - so each segment is left half used
  * and the free space is scattered in block-sized holes - then asks for one
  * --big allocation (default 24MiB) that no hole can hold although the free
  * total can.  With compaction off the broker refuses it (GMB_E_NOMEM, with
  * its figures); with compaction auto it moves blocks to gather the holes
  * and the request succeeds.  Either way every surviving block is read back
- * through gmb_lock, and a block whose address changed was moved:
+ * with gmb_read, and a block whose address (gmb_lock's) changed was moved:
  *
  *   frag: 28 allocations moved, all bytes intact
  *
@@ -43,23 +43,32 @@ static uint64_t frag_word(uint64_t i, gmb_id id) {
 }
 
 /* Writes (check 0) or checks (check 1) the pattern of block id; *where
- * receives its address.  Returns 0, 1 when a word differs, or a GMB_E_*. */
+ * receives its address.  Returns 0, 1 when a word differs, or a GMB_E_*.
+ * The bytes go through gmb_write/gmb_read (copies): on a GPU the address
+ * is a device address, which the CPU cannot dereference. */
 static int frag_pattern(gmb_client *c, gmb_id id, uint64_t size, int check,
                         void **where) {
-  void *p;
-  int rc = gmb_lock(c, id, &p);
-  if (rc != 0) return rc;
-  uint64_t *w = p, n = size / sizeof *w;
-  int bad = 0;
-  for (uint64_t i = 0; i < n; i++) {
-    if (!check)
-      w[i] = frag_word(i, id);
-    else if (w[i] != frag_word(i, id))
-      bad = 1;
+  uint64_t n = size / sizeof(uint64_t);
+  uint64_t *w = malloc(n * sizeof *w);
+  if (w == NULL) return GMB_E_SYSTEM;
+  int rc = 0;
+  if (!check) {
+    for (uint64_t i = 0; i < n; i++) w[i] = frag_word(i, id);
+    rc = gmb_write(c, id, 0, w, n * sizeof *w);
+  } else {
+    rc = gmb_read(c, id, 0, w, n * sizeof *w);
+    for (uint64_t i = 0; rc == 0 && i < n; i++)
+      if (w[i] != frag_word(i, id)) rc = 1;
   }
+  free(w);
+  if (rc < 0) return rc;
+  /* Where it is now (a lock pins it only for the look). */
+  void *p = NULL;
+  int lr = gmb_lock(c, id, &p);
+  if (lr != 0) return lr;
   *where = p;
   gmb_unlock(c, id);
-  return bad;
+  return rc;
 }
 
 int main(int argc, char **argv) {

@@ -4,7 +4,7 @@
  *   job [--tenant T] [--endpoint E] [--hold-ms N] [--touch] SIZE...
  *
  * Connects, allocates each SIZE in turn ("256MiB"), optionally writes a
- * pattern through gmb_lock and reads it back (--touch), prints one line per
+ * pattern with gmb_write and reads it back with gmb_read (--touch), prints one line per
  * allocation and the tenant's figures, holds the memory for --hold-ms
  * (-1: until killed, which is how the demo shows the broker reclaiming a
  * dead job's memory), then frees and disconnects.
@@ -41,17 +41,30 @@ static void job_usage(FILE *f) {
 }
 
 /* Writes a pattern that depends on the offset and the id, so that two
- * allocations mapped onto the same bytes would not both read back. */
+ * allocations mapped onto the same bytes would not both read back.  The
+ * bytes travel by gmb_write/gmb_read, 4 MiB at a time: on a GPU the
+ * allocation's address is a device address, which the CPU cannot touch. */
+#define JOB_CHUNK ((uint64_t)4 << 20)
 static int job_touch(gmb_client *c, gmb_id id, uint64_t size) {
-  void *p;
-  if (gmb_lock(c, id, &p) != 0) return -1;
-  uint64_t *w = p;
-  uint64_t n = size / sizeof *w;
-  for (uint64_t i = 0; i < n; i++) w[i] = (i * 0x9E3779B97F4A7C15ull) ^ id;
+  uint64_t *w = malloc(JOB_CHUNK);
+  if (w == NULL) return -1;
   int bad = 0;
-  for (uint64_t i = 0; i < n; i++)
-    if (w[i] != ((i * 0x9E3779B97F4A7C15ull) ^ id)) bad = 1;
-  gmb_unlock(c, id);
+  for (int check = 0; check < 2 && !bad; check++)
+    for (uint64_t at = 0; at + sizeof *w <= size && !bad; at += JOB_CHUNK) {
+      uint64_t len = size - at < JOB_CHUNK ? size - at : JOB_CHUNK;
+      uint64_t n = len / sizeof *w, first = at / sizeof *w;
+      len = n * sizeof *w;
+      if (!check) {
+        for (uint64_t i = 0; i < n; i++)
+          w[i] = ((first + i) * 0x9E3779B97F4A7C15ull) ^ id;
+        bad = gmb_write(c, id, (size_t)at, w, (size_t)len) != 0;
+      } else {
+        bad = gmb_read(c, id, (size_t)at, w, (size_t)len) != 0;
+        for (uint64_t i = 0; i < n && !bad; i++)
+          bad = w[i] != (((first + i) * 0x9E3779B97F4A7C15ull) ^ id);
+      }
+    }
+  free(w);
   return bad ? -1 : 0;
 }
 

@@ -90,6 +90,9 @@ struct gmb_client {
   char tenant[WIRE_NAME_MAX + 1];
   char device[WIRE_DEVICE_MAX];
   int cuda; /* device is "cuda": attached to the driver (cuimport.c) */
+  int cuda_ordinal; /* cuda: the broker's GPU as this process numbers it */
+  char device_uuid[WIRE_DEVICE_MAX]; /* cuda: "GPU-..." */
+  char device_pci[WIRE_DEVICE_MAX];
   uint64_t session;
   int fdsock; /* the descriptor channel (fdclient.c); -1: none */
   struct gmb_segmap *map;
@@ -676,6 +679,10 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   }
   snprintf(c->tenant, sizeof c->tenant, "%s", rep.u.hello.tenant);
   snprintf(c->device, sizeof c->device, "%s", rep.u.hello.device);
+  snprintf(c->device_uuid, sizeof c->device_uuid, "%s",
+           rep.u.hello.device_uuid);
+  snprintf(c->device_pci, sizeof c->device_pci, "%s", rep.u.hello.device_pci);
+  c->cuda_ordinal = -1;
   c->session = rep.u.hello.session;
   uint32_t hb_ms = rep.u.hello.heartbeat_ms;
   uint32_t lt_slots = rep.u.hello.lock_slots;
@@ -688,14 +695,18 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   if (strcmp(c->device, "cuda") == 0) {
     /* Before anything is imported, and before the lock table is mapped,
      * so that a table of a cuda session is always unmapped through
-     * cuimport.c.  Device 0 for now: see gmb__cuda_attach. */
-    rc = gmb__cuda_attach(why, sizeof why);
+     * cuimport.c.  The GPU is found by the UUID the broker gave: its
+     * ordinal here may differ from the broker's. */
+    rc = gmb__cuda_attach(c->device_uuid, &c->cuda_ordinal, why, sizeof why);
     if (rc) {
-      client_fail(rc, "the broker's device is cuda: %s", why);
+      client_fail(rc, "the broker's device is cuda (%s%s%s): %s",
+                  c->device_uuid[0] ? c->device_uuid : "no UUID",
+                  c->device_pci[0] ? ", PCI " : "", c->device_pci, why);
       gmb_disconnect(c);
       return rc;
     }
     c->cuda = 1;
+    gmb__segmap_set_cuda(c->map, c->cuda_ordinal);
   }
   /* The descriptor channel: the lock table now, segments as they come. */
   int lt_fd = -1;
@@ -873,6 +884,18 @@ GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
 
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (c->cuda) {
+    /* As cudaFree: kernels queued on the memory may still use it, and
+     * once the broker has it back it may copy it or give it to another
+     * tenant.  A wait that failed (a fault, a graph capture in progress)
+     * keeps the allocation: it goes back when the session ends. */
+    char why[256];
+    int rc = gmb__cuda_sync(c->cuda_ordinal, why, sizeof why);
+    if (rc)
+      return client_fail(rc, "allocation %llu not freed: the device's work "
+                         "could not be waited for (%s)",
+                         (unsigned long long)id, why);
+  }
   struct wire_request req = {.kind = WIRE_FREE};
   struct wire_reply rep;
   req.u.free.id = id;
@@ -1142,8 +1165,8 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
     return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
                        (unsigned long long)id);
   char why[256];
-  rc = gmb__cuda_release_on_stream(&s->state, cuda_stream, why,
-                                       sizeof why);
+  rc = gmb__cuda_release_on_stream(c->cuda_ordinal, &s->state, cuda_stream,
+                                   why, sizeof why);
   return rc ? client_fail(rc, "allocation %llu: %s", (unsigned long long)id,
                           why)
             : 0;
@@ -1164,4 +1187,73 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   out->segments = rep.u.stats.segments;
   gmb__wire_reply_clear(&rep);
   return 0;
+}
+
+/* --- copies and the device ------------------------------------------------ */
+
+/* Copies between host memory and [off, off+n) of allocation id, locked for
+ * the copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU (device
+ * memory cannot be touched by the CPU). */
+static int client_copy(gmb_client *c, gmb_id id, size_t off, void *host,
+                       size_t n, int to_device) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (host == NULL && n) return client_fail(GMB_E_INVAL, "buffer is NULL");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  struct gmb_segmap_entry e;
+  if (gmb__segmap_get(c->map, id, c->lt_slot, c->lt_slots, &e) != 0)
+    return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
+                       "session", (unsigned long long)id);
+  if (off > e.size || n > e.size - off)
+    return client_fail(GMB_E_INVAL, "[%zu, +%zu) is not inside allocation "
+                       "%llu of %llu bytes", off, n, (unsigned long long)id,
+                       (unsigned long long)e.size);
+  void *p;
+  int rc = gmb_lock(c, id, &p);
+  if (rc) return rc;
+  if (n && c->cuda) {
+    char why[256];
+    rc = gmb__cuda_copy(c->cuda_ordinal, (uint64_t)(uintptr_t)p + off, host,
+                        n, to_device, why, sizeof why);
+    if (rc)
+      client_fail(rc, "allocation %llu: %s", (unsigned long long)id, why);
+  } else if (n) {
+    if (to_device)
+      memcpy((char *)p + off, host, n);
+    else
+      memcpy(host, (const char *)p + off, n);
+  }
+  gmb_unlock(c, id);
+  return rc;
+}
+
+GMB_EXPORT int gmb_write(gmb_client *c, gmb_id id, size_t off,
+                         const void *src, size_t n) {
+  return client_copy(c, id, off, (void *)(uintptr_t)src, n, 1);
+}
+
+GMB_EXPORT int gmb_read(gmb_client *c, gmb_id id, size_t off, void *dst,
+                        size_t n) {
+  return client_copy(c, id, off, dst, n, 0);
+}
+
+GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  memset(out, 0, sizeof *out);
+  snprintf(out->kind, sizeof out->kind, "%.15s", c->device);
+  out->ordinal = c->cuda ? c->cuda_ordinal : -1;
+  snprintf(out->uuid, sizeof out->uuid, "%.47s", c->device_uuid);
+  snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "%.31s", c->device_pci);
+  return 0;
+}
+
+GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (!c->cuda)
+    return client_fail(GMB_E_DEVICE, "gmb_stream_capturing needs the CUDA "
+                       "device");
+  char why[256];
+  int rc = gmb__cuda_capturing(c->cuda_ordinal, cuda_stream, why, sizeof why);
+  if (rc < 0) return client_fail(rc, "%s", why);
+  return rc;
 }

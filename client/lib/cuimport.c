@@ -12,9 +12,17 @@
  * counter; it is a leaf lock (nothing else is taken under it), and the
  * hot paths (gmb_lock, gmb_unlock) never reach this file.
  *
- * Contexts.  Imports are made and closed in device 0's primary context,
- * the one the CUDA runtime (PyTorch, CuPy) uses, so a pointer gmb_lock
- * returns is valid in the application's kernels.  A thread with no
+ * Devices.  A broker names its GPU by UUID (the Hello reply); ordinals
+ * differ between processes (CUDA_VISIBLE_DEVICES, containers), so
+ * gmb__cuda_attach looks for the ordinal of this process whose
+ * cuDeviceGetUuid is that UUID, and refuses when none is: importing on
+ * another GPU would fail or, worse, map remote memory over the bus.  Each
+ * device a session uses gets its record here (primary context,
+ * granularity), kept for the life of the process.
+ *
+ * Contexts.  Imports are made and closed in that device's primary
+ * context, the one the CUDA runtime (PyTorch, CuPy) uses, so a pointer
+ * gmb_lock returns is valid in the application's kernels.  A thread with no
  * current context is left with the primary one current (what the runtime
  * would do on its first call); a thread that has another context current
  * gets it back after the call.
@@ -60,13 +68,19 @@ struct cuda_unmap {
   size_t len;
 };
 
+/* One device this process imports on, by its ordinal here. */
+struct cuda_dev {
+  int ready; /* retained; set once, never cleared */
+  gmb_cu_device dev;
+  gmb_cu_ctx ctx;
+  uint64_t granularity;
+};
+
 static pthread_mutex_t cuda_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gmb_cudrv cuda_drv;
-static int cuda_ready; /* under cuda_mu; set once, never cleared */
-static pid_t cuda_pid;  /* the process that attached */
-static gmb_cu_device cuda_dev;
-static gmb_cu_ctx cuda_ctx;
-static uint64_t cuda_granularity; /* for device 0's segments; set with ready */
+static int cuda_loaded; /* under cuda_mu; set once, never cleared */
+static pid_t cuda_pid;  /* the process that loaded the driver */
+static struct cuda_dev cuda_devs[GMB_CUDA_MAX_DEVICES];
 static struct cuda_unmap *cuda_unmaps;
 static _Atomic uint64_t cuda_pending;
 
@@ -92,101 +106,163 @@ static void cuda_sweep(void) {
   }
 }
 
-/* Makes the primary context current for an import or a close; *prev is
- * what to give back to cuda_leave.  Under cuda_mu, once cuda_ctx is
- * retained. */
-static gmb_cu_result cuda_enter(gmb_cu_ctx *prev) {
+/* The record of an attached ordinal, or NULL (a caller's bug: every
+ * ordinal the library passes came from gmb__cuda_attach). */
+static struct cuda_dev *cuda_dev_of(int ordinal) {
+  if (ordinal < 0 || ordinal >= GMB_CUDA_MAX_DEVICES) return NULL;
+  struct cuda_dev *d = &cuda_devs[ordinal];
+  return __atomic_load_n(&d->ready, __ATOMIC_ACQUIRE) ? d : NULL;
+}
+
+/* Makes the device's primary context current for a call; *prev is what
+ * to give back to cuda_leave.  Once the device is ready. */
+static gmb_cu_result cuda_enter(const struct cuda_dev *d, gmb_cu_ctx *prev) {
   if (cuda_drv.cuCtxGetCurrent(prev) != GMB_CU_SUCCESS) *prev = NULL;
-  if (*prev == cuda_ctx) return GMB_CU_SUCCESS;
-  return cuda_drv.cuCtxSetCurrent(cuda_ctx);
+  if (*prev == d->ctx) return GMB_CU_SUCCESS;
+  return cuda_drv.cuCtxSetCurrent(d->ctx);
 }
 
-static void cuda_leave(gmb_cu_ctx prev) {
-  if (prev != NULL && prev != cuda_ctx) cuda_drv.cuCtxSetCurrent(prev);
+static void cuda_leave(const struct cuda_dev *d, gmb_cu_ctx prev) {
+  if (prev != NULL && prev != d->ctx) cuda_drv.cuCtxSetCurrent(prev);
 }
 
-int gmb__cuda_attach(char *why, size_t cap) {
+/* Finds the ordinal whose UUID is `uuid`; under cuda_mu, driver loaded.
+ * 0 with *ordinal, or GMB_E_DEVICE explained (the GPUs seen listed). */
+static int cuda_find(const char *uuid, int *ordinal, char *why, size_t cap) {
+  int n = 0;
+  gmb_cu_result r = cuda_drv.cuDeviceGetCount(&n);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuDeviceGetCount", why, cap);
+    return GMB_E_DEVICE;
+  }
+  char seen[512] = "";
+  size_t used = 0;
+  for (int i = 0; i < n; i++) {
+    gmb_cu_device dev;
+    struct gmb_cu_uuid u;
+    char s[GMB_CU_UUID_STR];
+    if (cuda_drv.cuDeviceGet(&dev, i) != GMB_CU_SUCCESS ||
+        cuda_drv.cuDeviceGetUuid(&u, dev) != GMB_CU_SUCCESS)
+      continue;
+    gmb__cudrv_uuid_str(&u, s, sizeof s);
+    if (strcmp(s, uuid) == 0) {
+      if (i >= GMB_CUDA_MAX_DEVICES) break;
+      *ordinal = i;
+      return 0;
+    }
+    if (used < sizeof seen) {
+      int k = snprintf(seen + used, sizeof seen - used, "%s%d=%s",
+                       used ? ", " : "", i, s);
+      if (k > 0) used += (size_t)k;
+    }
+  }
+  snprintf(why, cap, "the broker's GPU %s is not visible to this process "
+           "(it sees %d GPU%s%s%s%s); check CUDA_VISIBLE_DEVICES / "
+           "NVIDIA_VISIBLE_DEVICES, or connect to the broker of a GPU it "
+           "sees", uuid, n, n == 1 ? "" : "s", n ? ": " : "", seen,
+           used >= sizeof seen ? "..." : "");
+  return GMB_E_DEVICE;
+}
+
+/* Retains ordinal `o`'s primary context and reads its granularity; under
+ * cuda_mu. */
+static int cuda_dev_open(int o, char *why, size_t cap) {
+  struct cuda_dev *d = &cuda_devs[o];
+  if (d->ready) return 0;
+  gmb_cu_result r = cuda_drv.cuDeviceGet(&d->dev, o);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuDeviceGet", why, cap);
+    return GMB_E_DEVICE;
+  }
+  r = cuda_drv.cuDevicePrimaryCtxRetain(&d->ctx, d->dev);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuDevicePrimaryCtxRetain", why, cap);
+    return GMB_E_DEVICE;
+  }
+  /* Imports reserve address ranges aligned to it. */
+  struct gmb_cu_mem_prop prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = GMB_CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requested_handle_types = GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = o;
+  size_t g = 0;
+  gmb_cu_ctx prev;
+  r = cuda_enter(d, &prev);
+  if (r == GMB_CU_SUCCESS)
+    r = cuda_drv.cuMemGetAllocationGranularity(
+        &g, &prop, GMB_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  cuda_leave(d, prev);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuMemGetAllocationGranularity", why, cap);
+  } else if (g == 0) {
+    snprintf(why, cap, "cuMemGetAllocationGranularity: 0");
+    r = GMB_CU_ERROR_NOT_SUPPORTED;
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_drv.cuDevicePrimaryCtxRelease(d->dev);
+    return GMB_E_DEVICE;
+  }
+  d->granularity = g;
+  __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+int gmb__cuda_attach(const char *uuid, int *ordinal, char *why, size_t cap) {
   pthread_mutex_lock(&cuda_mu);
   cuda_sweep();
   int rc = 0;
-  /* A child forked after its parent attached inherits cuda_ready, but
+  /* A child forked after its parent attached inherits cuda_loaded, but
    * CUDA does not work in it (the driver refuses every call): say why at
    * connect rather than at the first import. */
-  if (cuda_ready && cuda_pid != getpid()) {
+  if (cuda_loaded && cuda_pid != getpid()) {
     snprintf(why, cap, "this process was forked after CUDA started in its "
              "parent, and CUDA does not work in such a child: fork before "
              "any CUDA call, or exec");
     pthread_mutex_unlock(&cuda_mu);
     return GMB_E_DEVICE;
   }
-  if (cuda_ready) goto out;
-  char err[256];
-  rc = gmb__cudrv_load(&cuda_drv, err, sizeof err);
-  if (rc) {
-    snprintf(why, cap, "%s", err);
-    rc = GMB_E_DEVICE;
-    goto out;
+  if (uuid == NULL || strncmp(uuid, "GPU-", 4) != 0) {
+    snprintf(why, cap, "the broker did not say which GPU it serves (no GPU "
+             "UUID in its Hello reply): an older broker? Imports on a GPU "
+             "guessed by ordinal could land on another one");
+    pthread_mutex_unlock(&cuda_mu);
+    return GMB_E_DEVICE;
   }
-  /* Ordinal 0 for now: the broker's device index (its --device cuda:N,
-   * as this process numbers devices, which CUDA_VISIBLE_DEVICES may
-   * change) should travel in the Hello reply so that the client imports
-   * into the right device's context. */
-  gmb_cu_result r = cuda_drv.cuDeviceGet(&cuda_dev, 0);
-  if (r == GMB_CU_SUCCESS) {
-    r = cuda_drv.cuDevicePrimaryCtxRetain(&cuda_ctx, cuda_dev);
-    if (r != GMB_CU_SUCCESS) cuda_err(r, "cuDevicePrimaryCtxRetain", why, cap);
-  } else {
-    cuda_err(r, "cuDeviceGet(0)", why, cap);
-  }
-  if (r == GMB_CU_SUCCESS) {
-    /* Imports reserve address ranges aligned to it. */
-    struct gmb_cu_mem_prop prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = GMB_CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requested_handle_types = GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    prop.location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    size_t g = 0;
-    gmb_cu_ctx prev;
-    r = cuda_enter(&prev);
-    if (r == GMB_CU_SUCCESS)
-      r = cuda_drv.cuMemGetAllocationGranularity(
-          &g, &prop, GMB_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    cuda_leave(prev);
-    if (r != GMB_CU_SUCCESS) {
-      cuda_err(r, "cuMemGetAllocationGranularity", why, cap);
-    } else if (g == 0) {
-      snprintf(why, cap, "cuMemGetAllocationGranularity: 0");
-      r = GMB_CU_ERROR_NOT_SUPPORTED;
+  if (!cuda_loaded) {
+    char err[256];
+    rc = gmb__cudrv_load(&cuda_drv, err, sizeof err);
+    if (rc) {
+      snprintf(why, cap, "%s", err);
+      rc = GMB_E_DEVICE;
+      goto out;
     }
-    cuda_granularity = g;
-    if (r != GMB_CU_SUCCESS) cuda_drv.cuDevicePrimaryCtxRelease(cuda_dev);
+    cuda_loaded = 1;
+    cuda_pid = getpid();
   }
-  if (r != GMB_CU_SUCCESS) {
-    gmb__cudrv_unload(&cuda_drv);
-    rc = GMB_E_DEVICE;
-    goto out;
-  }
-  cuda_ready = 1;
-  cuda_pid = getpid();
-out:
+  int o = -1;
+  rc = cuda_find(uuid, &o, why, cap);
+  if (rc == 0) rc = cuda_dev_open(o, why, cap);
   if (rc == 0) {
+    *ordinal = o;
     /* The connecting thread may go on with driver calls of its own on
      * the pointers gmb_lock gives: without a context they would fail. */
     gmb_cu_ctx cur = NULL;
     if (cuda_drv.cuCtxGetCurrent(&cur) == GMB_CU_SUCCESS && cur == NULL)
-      cuda_drv.cuCtxSetCurrent(cuda_ctx);
+      cuda_drv.cuCtxSetCurrent(cuda_devs[o].ctx);
   }
+out:
   pthread_mutex_unlock(&cuda_mu);
   return rc;
 }
 
-int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
-                     size_t cap) {
+int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
+                     char *why, size_t cap) {
   pthread_mutex_lock(&cuda_mu);
   int rc = 0;
-  if (!cuda_ready) { /* the client attaches at connect; a bug otherwise */
-    snprintf(why, cap, "the CUDA driver is not loaded");
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) { /* the client attaches at connect; a bug otherwise */
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
     rc = GMB_E_DEVICE;
     goto out;
   }
@@ -195,10 +271,10 @@ int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
     rc = GMB_E_PROTO;
     goto out;
   }
-  if (size == 0 || size > SIZE_MAX || size % cuda_granularity != 0) {
+  if (size == 0 || size > SIZE_MAX || size % d->granularity != 0) {
     snprintf(why, cap, "a segment of %llu bytes is not a multiple of the "
              "allocation granularity %llu", (unsigned long long)size,
-             (unsigned long long)cuda_granularity);
+             (unsigned long long)d->granularity);
     rc = GMB_E_PROTO;
     goto out;
   }
@@ -207,7 +283,7 @@ int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
   gmb_cu_ptr va = 0;
   int imported = 0, reserved = 0, mapped = 0;
   const char *step = "cuCtxSetCurrent";
-  gmb_cu_result r = cuda_enter(&prev);
+  gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
     step = "cuMemImportFromShareableHandle";
     r = cuda_drv.cuMemImportFromShareableHandle(
@@ -217,7 +293,7 @@ int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
     imported = 1;
     step = "cuMemAddressReserve";
     r = cuda_drv.cuMemAddressReserve(&va, (size_t)size,
-                                     (size_t)cuda_granularity, 0, 0);
+                                     (size_t)d->granularity, 0, 0);
   }
   if (r == GMB_CU_SUCCESS) {
     reserved = 1;
@@ -226,7 +302,7 @@ int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
   }
   if (r == GMB_CU_SUCCESS) {
     mapped = 1;
-    struct gmb_cu_access_desc rw = {{GMB_CU_MEM_LOCATION_TYPE_DEVICE, 0},
+    struct gmb_cu_access_desc rw = {{GMB_CU_MEM_LOCATION_TYPE_DEVICE, ordinal},
                                     GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     step = "cuMemSetAccess";
     r = cuda_drv.cuMemSetAccess(va, (size_t)size, &rw, 1);
@@ -245,21 +321,94 @@ int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
   } else {
     *base = va;
   }
-  cuda_leave(prev);
+  cuda_leave(d, prev);
 out:
   pthread_mutex_unlock(&cuda_mu);
   return rc;
 }
 
-void gmb__cuda_close(uint64_t base, uint64_t size) {
+void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size) {
   pthread_mutex_lock(&cuda_mu);
   gmb_cu_ctx prev;
-  if (cuda_ready && cuda_enter(&prev) == GMB_CU_SUCCESS) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
     if (cuda_drv.cuMemUnmap(base, (size_t)size) == GMB_CU_SUCCESS)
       cuda_drv.cuMemAddressFree(base, (size_t)size);
-    cuda_leave(prev);
+    cuda_leave(d, prev);
   }
   pthread_mutex_unlock(&cuda_mu);
+}
+
+int gmb__cuda_sync(int ordinal, char *why, size_t cap) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) {
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+    return GMB_E_DEVICE;
+  }
+  /* Not under cuda_mu: a wait may be long, and the driver table and the
+   * device record are immutable once ready. */
+  gmb_cu_ctx prev;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  const char *step = "cuCtxSetCurrent";
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuCtxSynchronize";
+    r = cuda_drv.cuCtxSynchronize();
+    cuda_leave(d, prev);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, step, why, cap);
+    return GMB_E_DEVICE;
+  }
+  return 0;
+}
+
+int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
+                   int to_device, char *why, size_t cap) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) {
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+    return GMB_E_DEVICE;
+  }
+  gmb_cu_ctx prev;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  const char *step = "cuCtxSetCurrent";
+  if (r == GMB_CU_SUCCESS) {
+    step = to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH";
+    r = to_device ? cuda_drv.cuMemcpyHtoD(dev, host, n)
+                  : cuda_drv.cuMemcpyDtoH(host, dev, n);
+    cuda_leave(d, prev);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, step, why, cap);
+    return GMB_E_DEVICE;
+  }
+  return 0;
+}
+
+int gmb__cuda_capturing(int ordinal, void *stream, char *why, size_t cap) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) {
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+    return GMB_E_DEVICE;
+  }
+  gmb_cu_ctx cur = NULL;
+  gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
+  if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(d->ctx);
+  int st = GMB_CU_STREAM_CAPTURE_STATUS_NONE;
+  if (r == GMB_CU_SUCCESS)
+    r = cuda_drv.cuStreamIsCapturing((gmb_cu_stream)stream, &st);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuStreamIsCapturing", why, cap);
+    return GMB_E_DEVICE;
+  }
+  if (st != GMB_CU_STREAM_CAPTURE_STATUS_NONE) {
+    snprintf(why, cap, "the stream is being captured into a CUDA graph%s",
+             st == GMB_CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                 ? " (the capture was invalidated)"
+                 : "");
+    return 1;
+  }
+  return 0;
 }
 
 /* Runs on a driver thread when the stream reaches it: no CUDA, no locks,
@@ -276,20 +425,40 @@ static void cuda_release_fn(void *arg) {
   atomic_fetch_sub_explicit(&cuda_pending, 1, memory_order_release);
 }
 
-int gmb__cuda_release_on_stream(_Atomic uint32_t *state, void *stream,
-                                char *why, size_t cap) {
+int gmb__cuda_release_on_stream(int ordinal, _Atomic uint32_t *state,
+                                void *stream, char *why, size_t cap) {
   /* Not under cuda_mu: the launch is the caller's hot-ish path, and the
-   * driver table is immutable once cuda_ready was seen (the client
+   * driver table is immutable once the device was seen ready (the client
    * attached at connect, under the mutex, before it could get here). */
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) {
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+    return GMB_E_DEVICE;
+  }
   gmb_cu_ctx cur = NULL;
   gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
   /* A thread without a context gets the primary one, as the runtime
    * would give it; one with a context keeps it, since the stream is
    * probably its own. */
-  if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(cuda_ctx);
+  if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(d->ctx);
   if (r != GMB_CU_SUCCESS) {
     cuda_err(r, "cuCtxSetCurrent", why, cap);
     return GMB_E_DEVICE;
+  }
+  /* Inside a graph capture the host function would be recorded into the
+   * graph, run on every replay and never at capture: the hold would be
+   * given back at the wrong times, or not at all. */
+  int st = GMB_CU_STREAM_CAPTURE_STATUS_NONE;
+  r = cuda_drv.cuStreamIsCapturing((gmb_cu_stream)stream, &st);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuStreamIsCapturing", why, cap);
+    return GMB_E_DEVICE;
+  }
+  if (st != GMB_CU_STREAM_CAPTURE_STATUS_NONE) {
+    snprintf(why, cap, "the stream is being captured into a CUDA graph: a "
+             "release recorded there would run at every replay, never now; "
+             "unlock after the capture");
+    return GMB_E_INVAL;
   }
   /* Counted before the launch: the function may run before it returns. */
   atomic_fetch_add_explicit(&cuda_pending, 1, memory_order_relaxed);

@@ -16,46 +16,77 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Devices a process can import on (ordinals 0 .. this - 1). */
+#define GMB_CUDA_MAX_DEVICES 64
+
 /*
- * Loads the driver, retains device 0's primary context and reads its
- * allocation granularity, once per process, and makes that context
- * current on a calling thread that has none (one with a context of its
- * own keeps it).  A failure is not remembered (the
- * next call tries again).  0, or GMB_E_DEVICE with one line in `why`
- * naming the library or the call that failed.
+ * Loads the driver once per process, finds the ordinal of this process
+ * whose GPU has `uuid` ("GPU-xxxxxxxx-...", from the broker's Hello
+ * reply), retains its primary context and reads its allocation
+ * granularity (once per device), and makes that context current on a
+ * calling thread that has none (one with a context of its own keeps it).
+ * 0 with *ordinal set, or GMB_E_DEVICE with one line in `why`: no driver,
+ * no UUID given, no GPU of that UUID visible here (the GPUs seen are
+ * listed), a driver call that failed, or a fork child of a process that
+ * attached.  A failure is not remembered (the next call tries again).
  */
-int gmb__cuda_attach(char *why, size_t cap);
+int gmb__cuda_attach(const char *uuid, int *ordinal, char *why, size_t cap);
 
 /*
  * Imports the allocation descriptor `fd` names (a POSIX fd exported by the
  * broker; the caller keeps it and closes it) and maps all `size` bytes of
- * it in the primary context: cuMemImportFromShareableHandle, a reservation
- * of `size` bytes aligned to the allocation granularity
- * (cuMemAddressReserve), cuMemMap, read/write access for the device
- * (cuMemSetAccess), then cuMemRelease of the handle (the mapping keeps the
- * memory).  0 with *base set to the device address; GMB_E_PROTO for a
- * descriptor or size that cannot be a segment (fd < 0, size 0 or not a
- * multiple of the granularity); GMB_E_DEVICE when the driver refuses (the
- * call is named in `why`).  No de-duplication: two imports of one
- * allocation in one process are two mappings, each closed on its own.
+ * it in the primary context of device `ordinal` (attached):
+ * cuMemImportFromShareableHandle, a reservation of `size` bytes aligned to
+ * the allocation granularity (cuMemAddressReserve), cuMemMap, read/write
+ * access for the device (cuMemSetAccess), then cuMemRelease of the handle
+ * (the mapping keeps the memory).  0 with *base set to the device address;
+ * GMB_E_PROTO for a descriptor or size that cannot be a segment (fd < 0,
+ * size 0 or not a multiple of the granularity); GMB_E_DEVICE when the
+ * driver refuses (the call is named in `why`).  No de-duplication: two
+ * imports of one allocation in one process are two mappings, each closed
+ * on its own.
  */
-int gmb__cuda_import(int fd, uint64_t size, uint64_t *base, char *why,
-                     size_t cap);
+int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
+                     char *why, size_t cap);
 
 /* Unmaps an import made by gmb__cuda_import (cuMemUnmap, then
  * cuMemAddressFree of its `size` bytes at `base`).  A failure is dropped:
  * there is nothing the caller could do about it. */
-void gmb__cuda_close(uint64_t base, uint64_t size);
+void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size);
+
+/*
+ * Waits for all work of device `ordinal`'s primary context
+ * (cuCtxSynchronize with it current; the caller's context is given back),
+ * as cudaFree does before it frees.  0, or GMB_E_DEVICE explained: the
+ * work did not finish (a fault, a capture in progress), so the memory it
+ * used must not be handed back.
+ */
+int gmb__cuda_sync(int ordinal, char *why, size_t cap);
+
+/* Copies n bytes between host memory and device address `dev` (to_device:
+ * cuMemcpyHtoD, else cuMemcpyDtoH) in device `ordinal`'s primary context.
+ * 0 or GMB_E_DEVICE explained. */
+int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
+                   int to_device, char *why, size_t cap);
+
+/* 1 when `stream` is being captured into a graph (cuStreamIsCapturing;
+ * why says so), 0 when not, GMB_E_DEVICE when the driver cannot tell. */
+int gmb__cuda_capturing(int ordinal, void *stream, char *why, size_t cap);
 
 /*
  * Enqueues on `stream` (NULL: the legacy default stream) a host function
  * that gives back one hold of the lock-table word `state` when the stream
  * reaches it.  The word must stay mapped until the function ran: see
- * gmb__cuda_unmap_later.  0, or GMB_E_DEVICE (explained) when the driver
- * refused; the hold is then still taken.
+ * gmb__cuda_unmap_later.  0; GMB_E_INVAL (explained) while the stream is
+ * being captured into a graph (the function would be recorded into the
+ * graph and run at every replay instead of now); GMB_E_DEVICE when the
+ * driver refused.  On failure the hold is still taken.  A host function
+ * is not run when the context has faulted (the driver drops queued work):
+ * the hold then stays until the session ends, and the allocation never
+ * moves meanwhile.
  */
-int gmb__cuda_release_on_stream(_Atomic uint32_t *state, void *stream,
-                                char *why, size_t cap);
+int gmb__cuda_release_on_stream(int ordinal, _Atomic uint32_t *state,
+                                void *stream, char *why, size_t cap);
 
 /*
  * Unmaps [p, p+len) (a lock table) now when no host function of

@@ -85,7 +85,9 @@
  * gmb_lock and gmb_unlock read of a movable one, and the fewer cache lines
  * a lookup touches the better. */
 enum { SEG_ID, SEG_BASE, SEG_SIZE, SEG_KIND, SEG_WIDTH };
-enum { SEG_HOST, SEG_CUDA }; /* SEG_KIND: how the base was obtained */
+/* SEG_KIND: how the base was obtained: SEG_HOST (mmap), or SEG_CUDA plus
+ * the ordinal of the CUDA device it was imported on. */
+enum { SEG_HOST, SEG_CUDA };
 enum { AL_ID, AL_FLAGS_SLOT, AL_SIZE, AL_SEGMENT, AL_OFFSET, AL_WIDTH };
 
 #define SEGMAP_MIN_CAP 16
@@ -111,6 +113,7 @@ struct gmb_segmap {
   unsigned seq;
   struct segmap_table segments, allocs;
   pthread_mutex_t mu; /* serialises writers; readers never take it */
+  int cuda_ordinal;   /* the CUDA device cuda segments are imported on */
 };
 
 static inline void segmap_relax(void) {
@@ -290,6 +293,10 @@ static void segmap_table_free(struct segmap_table *t) {
 
 /* --- segments and allocations ------------------------------------------- */
 
+void gmb__segmap_set_cuda(struct gmb_segmap *m, int ordinal) {
+  m->cuda_ordinal = ordinal;
+}
+
 struct gmb_segmap *gmb__segmap_new(void) {
   struct gmb_segmap *m = calloc(1, sizeof *m);
   if (m == NULL) return NULL;
@@ -307,8 +314,9 @@ struct gmb_segmap *gmb__segmap_new(void) {
 
 /* Unmaps or closes a segment whose record is gone. */
 static void segmap_release(const uint64_t *rec) {
-  if (rec[SEG_KIND] == SEG_CUDA)
-    gmb__cuda_close(rec[SEG_BASE], rec[SEG_SIZE]);
+  if (rec[SEG_KIND] >= SEG_CUDA)
+    gmb__cuda_close((int)(rec[SEG_KIND] - SEG_CUDA), rec[SEG_BASE],
+                    rec[SEG_SIZE]);
   else
     munmap((void *)(uintptr_t)rec[SEG_BASE], (size_t)rec[SEG_SIZE]);
 }
@@ -375,9 +383,10 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
   uint64_t rec[SEG_WIDTH] = {[SEG_ID] = segment, [SEG_SIZE] = size};
   int rc;
   if (strcmp(device, "cuda") == 0) {
-    rec[SEG_KIND] = SEG_CUDA;
+    rec[SEG_KIND] = SEG_CUDA + (uint64_t)m->cuda_ordinal;
     char cwhy[256];
-    rc = gmb__cuda_import(fd, size, &rec[SEG_BASE], cwhy, sizeof cwhy);
+    rc = gmb__cuda_import(m->cuda_ordinal, fd, size, &rec[SEG_BASE], cwhy,
+                          sizeof cwhy);
     if (rc)
       snprintf(why, cap, "segment %llu: %s", (unsigned long long)segment,
                cwhy);

@@ -18,6 +18,11 @@
 struct gmb_segmap;
 
 struct gmb_segmap *gmb__segmap_new(void);
+
+/* The CUDA device (this process's ordinal, gmb__cuda_attach's) that
+ * segments of a "cuda" broker are imported on; set before the first
+ * gmb__segmap_map.  0 until set. */
+void gmb__segmap_set_cuda(struct gmb_segmap *m, int ordinal);
 /* Unmaps (host) or closes (cuda) every segment and frees the table.
  * Accepts NULL. */
 void gmb__segmap_destroy(struct gmb_segmap *m);

@@ -12,6 +12,10 @@
  * real function before or beside us) is passed to the real free function,
  * found with dlsym(RTLD_NEXT).
  *
+ * A broker whose device is the host (not a GPU) counts as no broker: its
+ * memory is host memory, which kernels cannot use (shim.c; tests set
+ * GMB_SHIM_ALLOW_HOST=1 to run on it).
+ *
  * When no broker answers, $GMB_PRELOAD_FALLBACK decides: `refuse`
  * (default) fails every allocation with the out-of-memory code, as a GPU
  * that is full would; `passthrough` calls the real function, and refuses
@@ -179,7 +183,8 @@ static int pre_free(int drv, void *p) {
     const char *why;
     gmb_client *c = gmb__shim_client(&why);
     if (c == NULL) return PRE_CUDA_NOT_INITIALIZED; /* a fork child */
-    gmb__shim_sync(NULL);
+    /* gmb_free waits for the GPU (cuCtxSynchronize in the primary
+     * context, as cudaFree); when the wait fails nothing is freed. */
     int rc = gmb__shim_free(c, p);
     /* The session is gone (broker stopped): the memory went with it. */
     if (rc == GMB_E_CONN || rc == GMB_E_EVICTED || rc == 0) return 0;
@@ -236,7 +241,12 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 }
 
 cudaError_t cudaFree(void *devPtr) {
-  if (devPtr == NULL) return PRE_CUDA_SUCCESS;
+  if (devPtr == NULL) {
+    /* Programs call cudaFree(0) to create the runtime's context: the real
+     * one must see it.  Without one, it is a success, as in cudart. */
+    pre_real_get();
+    return pre_real.cudaFree ? pre_real.cudaFree(NULL) : PRE_CUDA_SUCCESS;
+  }
   return pre_free(0, devPtr);
 }
 

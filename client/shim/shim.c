@@ -15,7 +15,6 @@
  * pointer gmb_lock returned (512-byte aligned, so never 0 or 1, which mark
  * empty and deleted slots); `used + deleted` stays under 3/4 of `cap`.
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,15 +45,38 @@ static pthread_mutex_t shim_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct shim_slot *shim_tab;
 static size_t shim_cap, shim_used, shim_deleted;
 
+static int shim_ordinal = -1;
+
 static void shim_connect(void) {
   shim_pid = getpid();
   gmb_client *c = NULL;
   int rc = gmb_connect(NULL, NULL, &c);
-  if (rc == 0) {
-    shim_client = c;
+  if (rc != 0) {
+    snprintf(shim_why, sizeof shim_why, "%s", gmb_last_error(NULL));
     return;
   }
-  snprintf(shim_why, sizeof shim_why, "%s", gmb_last_error(NULL));
+  gmb_device_info di;
+  rc = gmb_device_get(c, &di);
+  if (rc == 0 && strcmp(di.kind, "cuda") != 0 &&
+      !gmb__shim_env_flag("GMB_SHIM_ALLOW_HOST")) {
+    snprintf(shim_why, sizeof shim_why,
+             "GMB_E_DEVICE: the broker serves the %s device, not a GPU: its "
+             "memory is host memory, which CUDA kernels cannot use",
+             di.kind);
+    gmb_disconnect(c);
+    return;
+  }
+  if (rc != 0) {
+    snprintf(shim_why, sizeof shim_why, "%s", gmb_last_error(c));
+    gmb_disconnect(c);
+    return;
+  }
+  shim_ordinal = di.ordinal;
+  shim_client = c;
+}
+
+int gmb__shim_device(void) {
+  return shim_client ? shim_ordinal : -1;
 }
 
 int gmb__shim_forked(void) {
@@ -169,27 +191,19 @@ int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr) {
 int gmb__shim_free(gmb_client *c, void *ptr) {
   gmb_id id;
   if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id)) return GMB_E_NOENT;
-  return gmb_free(c, id);
+  int rc = gmb_free(c, id);
+  /* Not freed (the wait for the GPU failed, the broker refused): still
+   * ours, still allocated.  A dead session took the memory with it. */
+  if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED && rc != GMB_E_NOENT &&
+      shim_put(ptr, id) != 0)
+    rc = GMB_E_SYSTEM;
+  return rc;
 }
 
-/* --- the driver, when one is loaded --------------------------------------- */
-
-typedef int (*shim_stream_sync_fn)(void *stream);
-typedef int (*shim_ctx_sync_fn)(void);
-
-void gmb__shim_sync(void *stream) {
-  /* RTLD_NOLOAD: a process with CUDA work in flight has the driver loaded
-   * already; one without (the host device) has nothing to wait for. */
-  void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (lib == NULL) return;
-  if (stream) {
-    shim_stream_sync_fn f = (shim_stream_sync_fn)dlsym(lib, "cuStreamSynchronize");
-    if (f) f(stream);
-  } else {
-    shim_ctx_sync_fn f = (shim_ctx_sync_fn)dlsym(lib, "cuCtxSynchronize");
-    if (f) f();
-  }
-  dlclose(lib);
+int gmb__shim_keep(void *ptr) {
+  gmb_id id;
+  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id)) return GMB_E_NOENT;
+  return 0;
 }
 
 int gmb__shim_env_flag(const char *name) {

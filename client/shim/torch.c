@@ -8,15 +8,34 @@
  * stream.  Allocations are pinned (a tensor holds a raw pointer) and come
  * from one process-wide session (shim.c).
  *
- * The contract, read from PyTorch's CUDAPluggableAllocator.cpp: malloc
- * stores whatever alloc returns in its metadata map and builds the tensor's
- * DataPtr from it; it does not check for NULL.  So an allocation that the
- * broker refuses returns NULL, with the reason kept for
- * gmb_torch_last_error() (and printed when GMB_TORCH_VERBOSE=1); size 0
- * returns NULL too, as PyTorch's own caching allocator does, and a NULL
- * DataPtr is never passed to free.  free may come on any thread.
+ * The contract, read from PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
+ * (the 2.x sources): malloc calls alloc_fn_ and stores whatever it returns
+ * in its metadata map, building the tensor's DataPtr from it, without a
+ * check for NULL; the call is made through a std::function from C++,
+ * before any lock is taken.  So a refusal must not return NULL (the tensor
+ * would get address 0 and the first kernel kill the context): the entry
+ * point PyTorch calls, gmb_torch_alloc, is C++ (torch_throw.cc) and throws
+ * std::runtime_error, which PyTorch's Python bindings turn into a
+ * RuntimeError naming the reason.  This file is its C core,
+ * gmb_torch_alloc_nothrow, which returns NULL with the reason kept for
+ * gmb_torch_last_error() (C callers and tests use it).  Size 0 returns
+ * NULL without an error, as PyTorch's own caching allocator does, and a
+ * NULL DataPtr is never passed to free.  free may come on any thread.
+ *
+ * Devices: the process's session serves the GPU whose UUID its broker
+ * named; an allocation for another device is refused (one broker serves
+ * one GPU; routing each device to its own broker is not done yet).
+ *
+ * Free: gmb_free waits for the GPU (cuCtxSynchronize in the primary
+ * context) before handing the bytes back; when the wait fails the memory
+ * stays allocated.  During a CUDA graph capture on the allocation's stream
+ * a synchronisation would invalidate the capture, and the graph may use
+ * the memory at every replay, for as long as it lives, which the allocator
+ * cannot see: such memory is kept, never handed back, until the process
+ * ends (gmb_torch_kept() counts it).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
@@ -24,7 +43,9 @@
 #include "gmb.h"
 #include "shim.h"
 
-GMB_SHIM_API void *gmb_torch_alloc(ssize_t size, int device, void *stream);
+GMB_SHIM_API void *gmb_torch_alloc_nothrow(ssize_t size, int device,
+                                           void *stream);
+GMB_SHIM_API unsigned long long gmb_torch_kept(void);
 GMB_SHIM_API void gmb_torch_free(void *ptr, ssize_t size, int device,
                                  void *stream);
 GMB_SHIM_API const char *gmb_torch_last_error(void);
@@ -43,14 +64,25 @@ static void torch_fail(const char *fmt1, long long a, const char *why) {
   pthread_mutex_unlock(&torch_err_mu);
 }
 
-void *gmb_torch_alloc(ssize_t size, int device, void *stream) {
-  (void)device; /* the broker serves one device: the session's */
+static _Atomic unsigned long long torch_kept;
+
+unsigned long long gmb_torch_kept(void) { return torch_kept; }
+
+void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
   (void)stream; /* pinned memory is usable on every stream */
   if (size <= 0) return NULL;
   const char *why = NULL;
   gmb_client *c = gmb__shim_client(&why);
   if (c == NULL) {
     torch_fail("gmb_torch_alloc(%lld): no broker: %s", (long long)size, why);
+    return NULL;
+  }
+  int mine = gmb__shim_device();
+  if (mine >= 0 && device >= 0 && device != mine) {
+    char b[160];
+    snprintf(b, sizeof b, "GMB_E_DEVICE: the broker serves cuda:%d of this "
+             "process, not cuda:%d (one broker per GPU)", mine, device);
+    torch_fail("gmb_torch_alloc(%lld): %s", (long long)size, b);
     return NULL;
   }
   void *p = NULL;
@@ -72,9 +104,17 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     torch_fail("gmb_torch_free(%lld): %s", (long long)size, why);
     return;
   }
-  /* Kernels queued on the allocation's stream may still use it: wait for
-   * them before another tensor can be given the same bytes. */
-  gmb__shim_sync(stream);
+  /* During a graph capture: keep the memory (see the top). */
+  if (gmb__shim_device() >= 0 && gmb_stream_capturing(c, stream) == 1 &&
+      gmb__shim_keep(ptr) == 0) {
+    torch_kept += (unsigned long long)(size > 0 ? size : 0);
+    torch_fail("gmb_torch_free(%lld): %s", (long long)size,
+               "freed during a CUDA graph capture: kept until the process "
+               "ends, since the graph may use it at every replay");
+    return;
+  }
+  /* gmb_free waits for the GPU's queued work first; it frees nothing
+   * when that wait fails. */
   int rc = gmb__shim_free(c, ptr);
   if (rc == GMB_E_NOENT)
     torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave "

@@ -85,6 +85,20 @@ SAME_VALUE(GMB_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
            CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
 SAME_VALUE(GMB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
            CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
+SAME_VALUE(GMB_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
+           CU_DEVICE_ATTRIBUTE_COMPUTE_MODE);
+SAME_VALUE(GMB_CU_COMPUTEMODE_DEFAULT, CU_COMPUTEMODE_DEFAULT);
+SAME_VALUE(GMB_CU_COMPUTEMODE_PROHIBITED, CU_COMPUTEMODE_PROHIBITED);
+SAME_VALUE(GMB_CU_COMPUTEMODE_EXCLUSIVE_PROCESS,
+           CU_COMPUTEMODE_EXCLUSIVE_PROCESS);
+SAME_VALUE(GMB_CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_CAPTURE_STATUS_NONE);
+SAME_VALUE(GMB_CU_STREAM_CAPTURE_STATUS_ACTIVE,
+           CU_STREAM_CAPTURE_STATUS_ACTIVE);
+SAME_VALUE(GMB_CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+           CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+SAME_SIZE(int, CUstreamCaptureStatus);
+SAME_SIZE(struct gmb_cu_uuid, CUuuid);
+SAME_OFFSET(struct gmb_cu_uuid, bytes, CUuuid, bytes);
 SAME_VALUE(0, CU_GET_PROC_ADDRESS_DEFAULT);
 /* The other error codes the fake driver (tests/fakecuda) returns. */
 SAME_VALUE(100, CUDA_ERROR_NO_DEVICE);
@@ -111,6 +125,11 @@ ABI(cuStreamDestroy, cuStreamDestroy, CUstream);
 ABI(cuStreamCreate, cuStreamCreate, CUstream *, unsigned int);
 ABI(cuLaunchHostFunc, cuLaunchHostFunc, CUstream, CUhostFn, void *);
 ABI(cuDeviceGetName, cuDeviceGetName, char *, int, CUdevice);
+ABI(cuDeviceGetUuid, cuDeviceGetUuid, CUuuid *, CUdevice);
+ABI(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, char *, int, CUdevice);
+ABI(cuCtxSynchronize, cuCtxSynchronize, void);
+ABI(cuStreamIsCapturing, cuStreamIsCapturing, CUstream,
+    CUstreamCaptureStatus *);
 ABI(cuDeviceGetAttribute, cuDeviceGetAttribute, int *, CUdevice_attribute,
     CUdevice);
 ABI(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, size_t *,

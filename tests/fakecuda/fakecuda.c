@@ -94,6 +94,27 @@
  *   $FAKECUDA_DEVICES (default 1, at most 8) is the device count; 0 makes
  *   cuInit fail with CUDA_ERROR_NO_DEVICE.  $FAKECUDA_MISSING names one
  *   entry point cuGetProcAddress pretends not to have.
+ *
+ * - Device identity, as containers see it.  Each physical device p has its
+ *   own UUID (cuDeviceGetUuid: "FAKECUDA" then p in the last bytes, shown
+ *   as GPU-46414b45-4355-4441-0000-00000000000p) and PCI bus id
+ *   (cuDeviceGetPCIBusId: 0000:1p:00.0).  $FAKECUDA_VISIBLE, a comma list
+ *   of physical devices ("1,0"), renumbers them as CUDA_VISIBLE_DEVICES
+ *   does: ordinal i is physical device VISIBLE[i], and the others are not
+ *   seen at all (the count is the list's length).  A CUdevice is the
+ *   physical index; contexts, accounting files and memory are per
+ *   physical device, so two processes with different lists share the same
+ *   device memory.  Memory of a device this process cannot see does not
+ *   import (CUDA_ERROR_INVALID_DEVICE).  $FAKECUDA_COMPUTE_MODE (0 default,
+ *   2 prohibited, 3 exclusive process) is every device's
+ *   CU_DEVICE_ATTRIBUTE_COMPUTE_MODE (only reported, not enforced).
+ *
+ * - cuCtxSynchronize waits for every stream of this process (the context's
+ *   work); while $FAKECUDA_CAPTURING is set it fails with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real one does during a
+ *   capture.  cuStreamIsCapturing answers CU_STREAM_CAPTURE_STATUS_NONE, or
+ *   ACTIVE for the streams named in $FAKECUDA_CAPTURING ("all", or "null"
+ *   for the legacy stream): tests stand for a graph capture with it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -149,6 +170,7 @@ enum {
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
 };
 
 enum {
@@ -157,6 +179,7 @@ enum {
   FAKE_LOCATION_DEVICE = 1,    /* CU_MEM_LOCATION_TYPE_DEVICE */
   FAKE_ACCESS_READ = 1,        /* CU_MEM_ACCESS_FLAGS_PROT_READ */
   FAKE_ACCESS_READWRITE = 3,   /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+  FAKE_ATTR_COMPUTE_MODE = 20, /* CU_DEVICE_ATTRIBUTE_COMPUTE_MODE */
   FAKE_ATTR_VMM = 102,         /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
   FAKE_ATTR_POSIX_FD = 103,    /* ..._HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_... */
 };
@@ -199,9 +222,56 @@ static uint64_t fake_granularity(void) {
   return g - g % page;
 }
 
-static int fake_devices(void) {
+/* Physical devices: $FAKECUDA_DEVICES. */
+static int fake_phys_devices(void) {
   uint64_t n = fake_env_size("FAKECUDA_DEVICES", 1);
   return n > FAKE_MAX_DEV ? FAKE_MAX_DEV : (int)n;
+}
+
+/* The physical devices this process sees, in ordinal order: map[i] for
+ * ordinal i.  Returns the count.  $FAKECUDA_VISIBLE stops at the first
+ * entry that names no physical device, as CUDA_VISIBLE_DEVICES does. */
+static int fake_visible(int map[FAKE_MAX_DEV]) {
+  int phys = fake_phys_devices();
+  const char *v = getenv("FAKECUDA_VISIBLE");
+  if (!v) {
+    for (int i = 0; i < phys; i++) map[i] = i;
+    return phys;
+  }
+  int n = 0;
+  while (*v && n < FAKE_MAX_DEV) {
+    char *end;
+    long p = strtol(v, &end, 10);
+    if (end == v || p < 0 || p >= phys) break;
+    for (int i = 0; i < n; i++)
+      if (map[i] == p) return n; /* a repeat ends the list */
+    map[n++] = (int)p;
+    v = *end == ',' ? end + 1 : end;
+    if (*end != ',') break;
+  }
+  return n;
+}
+
+/* Devices this process sees (the count cuDeviceGetCount gives). */
+static int fake_devices(void) {
+  int map[FAKE_MAX_DEV];
+  return fake_visible(map);
+}
+
+/* The physical device of ordinal `o`, or -1. */
+static int fake_ordinal_phys(int o) {
+  int map[FAKE_MAX_DEV];
+  int n = fake_visible(map);
+  return o >= 0 && o < n ? map[o] : -1;
+}
+
+/* 1 when physical device `p` is visible here. */
+static int fake_phys_visible(int p) {
+  int map[FAKE_MAX_DEV];
+  int n = fake_visible(map);
+  for (int i = 0; i < n; i++)
+    if (map[i] == p) return 1;
+  return 0;
 }
 
 static void fake_misuse(const char *fmt, ...)
@@ -947,14 +1017,34 @@ static CUresult fake_cuDeviceGetCount(int *n) {
 static CUresult fake_device_ok(int d) {
   CUresult r = fake_ready();
   if (r) return r;
-  return d >= 0 && d < fake_devices() ? CUDA_SUCCESS
-                                      : CUDA_ERROR_INVALID_DEVICE;
+  return fake_phys_visible(d) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 static CUresult fake_cuDeviceGet(int *d, int ordinal) {
-  CUresult r = fake_device_ok(ordinal);
+  CUresult r = fake_ready();
   if (r) return r;
-  *d = ordinal;
+  int p = fake_ordinal_phys(ordinal);
+  if (p < 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = p; /* a CUdevice is the physical device */
+  return CUDA_SUCCESS;
+}
+
+/* CUuuid: 16 bytes. */
+static CUresult fake_cuDeviceGetUuid(unsigned char *uuid, int d) {
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  memset(uuid, 0, 16);
+  memcpy(uuid, "FAKECUDA", 8);
+  uuid[15] = (unsigned char)d;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceGetPCIBusId(char *bus, int len, int d) {
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  if (!bus || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  snprintf(bus, (size_t)len, "0000:%02x:00.0", 0x10 + d);
   return CUDA_SUCCESS;
 }
 
@@ -975,6 +1065,9 @@ static CUresult fake_cuDeviceGetAttribute(int *v, int attr, int d) {
       return CUDA_SUCCESS;
     case FAKE_ATTR_POSIX_FD:
       *v = !fake_env_flag("FAKECUDA_NO_POSIX_FD");
+      return CUDA_SUCCESS;
+    case FAKE_ATTR_COMPUTE_MODE:
+      *v = (int)fake_env_size("FAKECUDA_COMPUTE_MODE", 0);
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE; /* not modelled */
@@ -1067,7 +1160,7 @@ static CUresult fake_prop_ok(const CUmemAllocationProp *prop) {
   if (!prop || prop->type != FAKE_ALLOC_PINNED ||
       prop->location.type != FAKE_LOCATION_DEVICE)
     return CUDA_ERROR_INVALID_VALUE;
-  if (prop->location.id < 0 || prop->location.id >= fake_devices())
+  if (fake_ordinal_phys(prop->location.id) < 0)
     return CUDA_ERROR_INVALID_DEVICE;
   return CUDA_SUCCESS;
 }
@@ -1102,7 +1195,7 @@ static CUresult fake_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
   }
   pthread_mutex_lock(&fake_mu);
   struct fake_alloc *a;
-  r = alloc_create(prop->location.id, size, types, &a);
+  r = alloc_create(fake_ordinal_phys(prop->location.id), size, types, &a);
   if (!r) {
     r = handle_new(a, h);
     if (r) {
@@ -1159,9 +1252,12 @@ static CUresult fake_cuMemImportFromShareableHandle(
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0 ||
       pread(fd, &hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr ||
-      hdr.magic != FAKE_MAGIC || hdr.dev < 0 || hdr.dev >= fake_devices() ||
+      hdr.magic != FAKE_MAGIC || hdr.dev < 0 ||
+      hdr.dev >= fake_phys_devices() ||
       (uint64_t)st.st_size != FAKE_HDR + hdr.size)
     return CUDA_ERROR_INVALID_VALUE; /* not memory of this driver */
+  if (!fake_phys_visible(hdr.dev))
+    return CUDA_ERROR_INVALID_DEVICE; /* a GPU this process cannot see */
   pthread_mutex_lock(&fake_mu);
   struct fake_acct *acct = acct_get(hdr.dev);
   if (!acct) {
@@ -1292,7 +1388,7 @@ static CUresult fake_cuMemSetAccess(CUdeviceptr p, size_t size,
   for (size_t i = 0; i < count; i++) {
     if (desc[i].location.type != FAKE_LOCATION_DEVICE)
       return CUDA_ERROR_INVALID_VALUE;
-    if (desc[i].location.id < 0 || desc[i].location.id >= fake_devices())
+    if (fake_ordinal_phys(desc[i].location.id) < 0)
       return CUDA_ERROR_INVALID_DEVICE;
     if (desc[i].flags != 0 && desc[i].flags != FAKE_ACCESS_READ &&
         desc[i].flags != FAKE_ACCESS_READWRITE)
@@ -1476,6 +1572,37 @@ static CUresult fake_cuLaunchHostFunc(void *h, CUhostFn fn, void *user) {
   return r;
 }
 
+/* Waits for every stream of this process: the legacy one and the created
+ * ones (all in "the context" here). */
+static CUresult fake_cuCtxSynchronize(void) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  /* As the real driver in the global capture mode: no synchronising while
+   * a stream captures. */
+  const char *cap = getenv("FAKECUDA_CAPTURING");
+  if (cap && *cap) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  stream_sync(&fake_null_stream);
+  /* Under fake_mu, so that no stream is destroyed meanwhile; the stream
+   * workers never take it. */
+  pthread_mutex_lock(&fake_mu);
+  for (struct fake_stream *s = fake_streams; s; s = s->next) stream_sync(s);
+  pthread_mutex_unlock(&fake_mu);
+  return CUDA_SUCCESS;
+}
+
+/* CUstreamCaptureStatus: 0 none, 1 active. */
+static CUresult fake_cuStreamIsCapturing(void *h, int *status) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_stream *s = stream_of(h);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  const char *v = getenv("FAKECUDA_CAPTURING");
+  *status = v && (strcmp(v, "all") == 0 ||
+                  (strcmp(v, "null") == 0 && s == &fake_null_stream));
+  return CUDA_SUCCESS;
+}
+
 /* --- error strings and the entry-point table ----------------------------- */
 
 static const struct {
@@ -1500,6 +1627,9 @@ static const struct {
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
      "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
 };
 
 static CUresult fake_error_lookup(CUresult r, const char **s, int text) {
@@ -1528,6 +1658,10 @@ static const struct {
     FAKE_FN(cuDeviceGetCount),
     FAKE_FN(cuDeviceGet),
     FAKE_FN(cuDeviceGetName),
+    FAKE_FN(cuDeviceGetUuid),
+    FAKE_FN(cuDeviceGetPCIBusId),
+    FAKE_FN(cuCtxSynchronize),
+    FAKE_FN(cuStreamIsCapturing),
     FAKE_FN(cuDeviceGetAttribute),
     FAKE_FN(cuDevicePrimaryCtxRetain),
     FAKE_FN(cuDevicePrimaryCtxRelease),

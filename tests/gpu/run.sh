@@ -4,7 +4,8 @@
 #   set -o pipefail; bash tests/gpu/run.sh 2>&1 | tee $OUT/gpu.log
 #
 # after `make gpu-bundle` here and `run` with carry ["build"].  Starts
-# gmb-broker --device cuda:0, runs the driver-level figures
+# gmb-broker --device cuda:0 (and cuda:1 when there is one), runs the
+# driver-level figures
 # (build/gpu/gpu_figures: cuMemAlloc latency, a VMM segment's cost, the
 # import + map of an exported descriptor in another process at 2 MiB,
 # 256 MiB and 8 GiB with checked bytes, cuMemcpyDtoD GB/s), clients of two
@@ -63,12 +64,17 @@ fi
 ctl() { "$B/gmbctl" --run-dir "$RUN" "$@"; }
 ctl status && pass "broker status" || fail "gmbctl status"
 ctl status | grep -q "cuda:0" && pass "status names cuda:0" || fail "status does not name cuda:0"
+# Identity: the broker names the GPU by the UUID nvidia-smi gives it.
+uuid0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 2>/dev/null | head -1)
+if [ -n "$uuid0" ] && grep -q "$uuid0" "$RUN/broker.log"; then pass "broker names $uuid0"
+else fail "broker log does not name the GPU's UUID ($uuid0)"; fi
 export GMB_ENDPOINT="ipc://$RUN/broker.sock"
 
 # Several clients of two tenants allocating real device memory at once.
 pids=()
-for i in 1 2 3; do "$B/examples/job" --tenant a --hold-ms 500 256MiB 64MiB 1MiB & pids+=($!); done
-for i in 1 2; do "$B/examples/job" --tenant b --hold-ms 500 512MiB 4MiB & pids+=($!); done
+# --touch writes and reads every byte by copies (gmb_write/gmb_read).
+for i in 1 2 3; do "$B/examples/job" --tenant a --touch --hold-ms 500 256MiB 64MiB 1MiB & pids+=($!); done
+for i in 1 2; do "$B/examples/job" --tenant b --touch --hold-ms 500 512MiB 4MiB & pids+=($!); done
 ok=1; for p in "${pids[@]}"; do wait "$p" || ok=0; done
 [ $ok = 1 ] && pass "5 clients, 2 tenants" || fail "concurrent clients"
 
@@ -83,9 +89,9 @@ sleep 1
 ctl tenants 2>/dev/null | tee "$RUN/tenants.txt"
 "$B/examples/job" --tenant a 3GiB && pass "kill -9 reclaim (3GiB fits again)" || fail "reclaim after kill -9"
 
-# Compaction over real device memory: fragment, then compact.  Bytes are
-# checked by the client library's CUDA tests (device pointers cannot be
-# touched from the CPU, so job --touch is not used here).
+# Compaction over real device memory: frag fills movable blocks by copies,
+# frees every other one, asks for a large range and reads every surviving
+# block back by copies after the moves.
 if [ -x "$B/examples/frag" ]; then
   "$B/examples/frag" --tenant a >"$RUN/frag.txt" 2>&1 && pass "frag example" || { fail "frag example"; cat "$RUN/frag.txt"; }
 fi
@@ -96,14 +102,31 @@ for t in "$B"/gpu/gpu_client*; do
   [ -x "$t" ] || continue
   "$t" && pass "$(basename "$t")" || fail "$(basename "$t")"
 done
+# PyTorch through the allocator: math in broker memory, the OOM path as a
+# RuntimeError, a graph capture (tests/gpu/torch_job.py).
 if [ -f "$B/libgmb-torch.so" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  if [ -f tests/gpu/torch_job.py ]; then
-    GMB_TENANT=a python3 tests/gpu/torch_job.py "$B/libgmb-torch.so" && pass "PyTorch job" || fail "PyTorch job"
-  else skip "PyTorch: no tests/gpu/torch_job.py"; fi
+  GMB_TENANT=a timeout 180 python3 tests/gpu/torch_job.py "$PWD/$B/libgmb-torch.so" && pass "PyTorch job" || fail "PyTorch job"
 else skip "PyTorch: libgmb-torch.so or torch.cuda missing"; fi
-if [ -f "$B/libgmb-preload.so" ] && [ -x "$B/gpu/preload_app" ]; then
-  GMB_TENANT=a LD_PRELOAD="$PWD/$B/libgmb-preload.so" "$B/gpu/preload_app" && pass "preload app" || fail "preload app"
-else skip "preload: libgmb-preload.so or build/gpu/preload_app missing"; fi
+# An unmodified program built with nvcc -cudart shared under the preload.
+APP="$RUN/preload_app"
+if command -v nvcc >/dev/null 2>&1; then nvcc -cudart shared -o "$APP" tests/gpu/preload_app.cu || fail "nvcc preload_app"; fi
+if [ -f "$B/libgmb-preload.so" ] && [ -x "$APP" ]; then
+  GMB_TENANT=a GMB_PRELOAD_VERBOSE=1 LD_PRELOAD="$PWD/$B/libgmb-preload.so" "$APP" && pass "preload app" || fail "preload app"
+else skip "preload: libgmb-preload.so or nvcc missing"; fi
+
+# A second GPU, if any: its own broker and run dir; a client that sees it
+# as its ordinal 0 (CUDA_VISIBLE_DEVICES=1) finds it by UUID.
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  RUN1=$(mktemp -d /tmp/gmb-gpu1-XXXXXX)
+  "$B/gmb-broker" --device cuda:1 --run-dir "$RUN1" >"$RUN1/broker.log" 2>&1 & B1=$!
+  for _ in $(seq 100); do [ -S "$RUN1/broker.sock" ] && break; sleep 0.1; done
+  CUDA_VISIBLE_DEVICES=1 GMB_ENDPOINT="ipc://$RUN1/broker.sock" "$B/examples/job" --touch 256MiB \
+    && pass "second GPU by UUID under CUDA_VISIBLE_DEVICES=1" || fail "second GPU"
+  CUDA_VISIBLE_DEVICES=0 GMB_ENDPOINT="ipc://$RUN1/broker.sock" "$B/examples/job" 1MiB; rc=$?
+  [ $rc = 1 ] && pass "GPU 1's broker refused where only GPU 0 is visible" || fail "wrong-GPU client: exit $rc, want 1"
+  kill -TERM $B1; wait $B1 || fail "second broker exit status"
+  rm -rf "$RUN1"
+else skip "second GPU: only one"; fi
 
 nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed 's/^/FIGURE memory.used_with_broker /'
 kill -TERM $BROKER; wait $BROKER; rc=$?

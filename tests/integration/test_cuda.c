@@ -977,6 +977,134 @@ START_TEST(cuda_stop_waits_for_clients) {
 }
 END_TEST
 
+/* The examples write and read their allocations with gmb_write/gmb_read:
+ * on a GPU (here the fake, where a device address faults from the CPU)
+ * job --touch and frag must run as on the host device. */
+START_TEST(cuda_examples_touch_device_memory) {
+  struct harness_broker b;
+  cuda_start(&b, "64m",
+             "[broker]\ncompaction = auto\n[tenant:demo]\nquota = 1GiB\n");
+  setenv("GMB_ENDPOINT", b.endpoint, 1);
+  int rc = harness_tool("examples/job", out, sizeof out, "--tenant", "demo",
+                        "--touch", "4MiB", "100000", NULL);
+  ck_assert_msg(rc == 0, "job --touch: %d\n%s", rc, out);
+  ck_assert_int_eq((int)harness_count(out, "(touched)"), 2);
+  rc = harness_tool("examples/frag", out, sizeof out, "--tenant", "demo",
+                    "--fill", "40MiB", "--big", "16MiB", NULL);
+  ck_assert_msg(rc == 0, "frag: %d\n%s", rc, out);
+  ck_assert_msg(strstr(out, "all bytes intact") != NULL, "%s", out);
+  unsetenv("GMB_ENDPOINT");
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
+/* gmb_write/gmb_read copy through the driver, inside the allocation only,
+ * and gmb_device_get names the GPU by its UUID and this process's
+ * ordinal.  In a child: the test process must not start CUDA. */
+static int rw_child(void *arg) {
+  struct harness_broker *b = arg;
+  gmb_client *c = NULL;
+  if (gmb_connect(b->endpoint, "rw", &c) != 0) return 2;
+  gmb_device_info di;
+  if (gmb_device_get(c, &di) != 0 || strcmp(di.kind, "cuda") != 0 ||
+      di.ordinal != 0 ||
+      strcmp(di.uuid, "GPU-46414b45-4355-4441-0000-000000000000") != 0 ||
+      strcmp(di.pci_bus_id, "0000:10:00.0") != 0)
+    return 3;
+  gmb_id id;
+  if (gmb_alloc(c, 3 * KIB, GMB_MOVABLE, &id) != 0) return 4;
+  char in[1024], back[1024];
+  for (size_t i = 0; i < sizeof in; i++) in[i] = (char)(i * 7 + 1);
+  if (gmb_write(c, id, 2 * KIB, in, sizeof in) != 0) return 5;
+  memset(back, 0, sizeof back);
+  if (gmb_read(c, id, 2 * KIB, back, sizeof back) != 0) return 6;
+  if (memcmp(in, back, sizeof in) != 0) return 7;
+  /* One byte past the end: refused, nothing copied. */
+  if (gmb_write(c, id, 2 * KIB + 1, in, sizeof in) != GMB_E_INVAL) return 8;
+  void *p;
+  if (gmb_lock(c, id, &p) != 0) return 9;
+  /* Unlocked again by the copies: the lock count is the caller's. */
+  if (gmb_unlock(c, id) != 0 || gmb_unlock(c, id) != GMB_E_INVAL) return 10;
+  if (gmb_free(c, id) != 0) return 11;
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_read_write_copy) {
+  struct harness_broker b;
+  cuda_start(&b, "64m", "[tenant:rw]\nquota = 1GiB\n");
+  pid_t pid = harness_fork(rw_child, &b);
+  ck_assert_int_eq(harness_wait(pid), 0);
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
+/* Containers renumber GPUs: with physical GPUs 0 and 1, a broker on its
+ * cuda:0 (physical 0) and a client that sees them as "1,0" imports on its
+ * ordinal 1; a client that sees only physical 1 is refused, naming the
+ * broker's GPU and the ones it sees. */
+static int visible_child(void *arg) {
+  struct harness_broker *b = arg;
+  setenv("FAKECUDA_VISIBLE", "1,0", 1);
+  gmb_client *c = NULL;
+  if (gmb_connect(b->endpoint, "rw", &c) != 0) {
+    fprintf(stderr, "%s\n", gmb_last_error(NULL));
+    return 2;
+  }
+  gmb_device_info di;
+  if (gmb_device_get(c, &di) != 0 || di.ordinal != 1) return 3;
+  gmb_id id;
+  char in[512] = "renumbered", back[512] = "";
+  if (gmb_alloc(c, 512, 0, &id) != 0 || gmb_write(c, id, 0, in, 512) != 0 ||
+      gmb_read(c, id, 0, back, 512) != 0 || strcmp(back, in) != 0)
+    return 4;
+  gmb_disconnect(c);
+  return 0;
+}
+
+static int invisible_child(void *arg) {
+  struct harness_broker *b = arg;
+  setenv("FAKECUDA_VISIBLE", "1", 1);
+  gmb_client *c = NULL;
+  int rc = gmb_connect(b->endpoint, "rw", &c);
+  const char *why = gmb_last_error(NULL);
+  if (rc != GMB_E_DEVICE) return 2;
+  if (!strstr(why, "GPU-46414b45-4355-4441-0000-000000000000 is not visible") ||
+      !strstr(why, "0=GPU-46414b45-4355-4441-0000-000000000001")) {
+    fprintf(stderr, "%s\n", why);
+    return 3;
+  }
+  return 0;
+}
+
+START_TEST(cuda_client_finds_gpu_by_uuid) {
+  struct harness_broker b;
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  cuda_start(&b, "64m", "[tenant:rw]\nquota = 1GiB\n");
+  setenv("FAKECUDA_DEVICES", "2", 1); /* use_fake unset it */
+  ck_assert_int_eq(harness_wait(harness_fork(visible_child, &b)), 0);
+  ck_assert_int_eq(harness_wait(harness_fork(invisible_child, &b)), 0);
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+  unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
+/* EXCLUSIVE_PROCESS would lock every client out: the broker refuses to
+ * start, naming the mode. */
+START_TEST(exclusive_process_refused_at_start) {
+  use_fake();
+  setenv("FAKECUDA_COMPUTE_MODE", "3", 1);
+  int rc = harness_tool("gmb-broker", out, sizeof out, "--run-dir",
+                        "/nonexistent-run-dir", "--device", "cuda:0", NULL);
+  unsetenv("FAKECUDA_COMPUTE_MODE");
+  ck_assert_int_ne(rc, 0);
+  ck_assert_msg(strstr(out, "EXCLUSIVE_PROCESS") != NULL, "%s", out);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cuda", "broker", 30, no_driver_exits_with_one_line,
@@ -984,5 +1112,7 @@ int main(void) {
       cuda0_on_fake_driver_status, auto_picks_fake_gpu,
       cuda_clients_share_memory, cuda_compaction_moves_bytes,
       cuda_retirement_waits_for_close, cuda_unlock_on_stream,
-      cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients));
+      cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
+      cuda_examples_touch_device_memory, cuda_read_write_copy,
+      cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start));
 }

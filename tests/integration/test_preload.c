@@ -97,6 +97,9 @@ static void prog_start(struct prog *p, int with_fake,
     close(from[0]);
     unsetenv("GMB_PRELOAD_FALLBACK");
     unsetenv("GMB_PRELOAD_VERBOSE");
+    /* The brokers here serve the host device, which the shim refuses
+     * unless told it is a test (preload_host_broker_refused unsets it). */
+    setenv("GMB_SHIM_ALLOW_HOST", "1", 1);
     setenv("CUDA_PROG_REAL", fake, 1);
     for (int i = 0; env[i]; i += 2) {
       if (env[i + 1])
@@ -260,7 +263,44 @@ START_TEST(preload_foreign_pointer_and_unlimited_info) {
   ck_assert_uint_eq(pre_used(&b, "open"), 8192);
   prog_expect(&p, "rt_free 1", "0");
   ck_assert_uint_eq(pre_used(&b, "open"), 0);
-  free(prog_end(&p, 0));
+  /* cudaFree(NULL) creates cudart's context: the real one must get it. */
+  prog_expect(&p, "rt_free_null", "0");
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "fake-cudart: cudaFree(NULL)") == 1,
+                "cudaFree(NULL) not passed through:\n%s", err);
+  free(err);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* A broker on the host device hands out host memory: not for cudaMalloc.
+ * Refused as if there were no broker, or passed through when the
+ * fallback says so. */
+START_TEST(preload_host_broker_refused) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", pre_config);
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open",
+      "GMB_SHIM_ALLOW_HOST", NULL, NULL});
+  prog_expect(&p, "rt_malloc 0 4096", "2");
+  prog_expect(&p, "drv_malloc 1 4096", "2");
+  ck_assert_uint_eq(pre_used(&b, "open"), 0);
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "gmb-preload: no broker") == 1 &&
+                    strstr(err, "the broker serves the host device, not a GPU"),
+                "want one line saying why, got:\n%s", err);
+  free(err);
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open",
+      "GMB_SHIM_ALLOW_HOST", NULL, "GMB_PRELOAD_FALLBACK", "passthrough",
+      NULL});
+  prog_expect(&p, "rt_malloc 0 4096", "0"); /* the fake's */
+  ck_assert_uint_eq(pre_used(&b, "open"), 0);
+  prog_expect(&p, "rt_free 0", "0");
+  err = prog_end(&p, 0);
+  ck_assert_msg(strstr(err, "pass through"), "%s", err);
+  free(err);
   harness_broker_stop(&b);
 }
 END_TEST
@@ -319,7 +359,7 @@ int main(void) {
       "preload", "preload", 60,
       preload_alloc_free_both_apis,
       preload_quota_refusal_is_error_2,
-      preload_foreign_pointer_and_unlimited_info,
+      preload_foreign_pointer_and_unlimited_info, preload_host_broker_refused,
       preload_no_broker_refuses,
       preload_passthrough_without_real_refuses));
 }

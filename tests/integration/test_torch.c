@@ -45,6 +45,7 @@ struct torch_args {
   const char *endpoint; /* NULL: a broker that is not there */
   const char *tenant;
   long iter;
+  int no_host; /* leave GMB_SHIM_ALLOW_HOST unset */
 };
 
 /* In a child: loads the library (as CUDAPluggableAllocator does, by path
@@ -55,6 +56,9 @@ static int torch_load(struct torch_lib *t, const struct torch_args *a) {
   else
     setenv("GMB_ENDPOINT", "ipc:///nonexistent-gmb/broker.sock", 1);
   setenv("GMB_TENANT", a->tenant, 1);
+  /* The brokers here serve the host device, which the library refuses
+   * unless told it is a test (torch_host_broker_refused unsets it). */
+  if (!a->no_host) setenv("GMB_SHIM_ALLOW_HOST", "1", 1);
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/libgmb-torch.so", harness_build_dir());
   t->h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -62,7 +66,9 @@ static int torch_load(struct torch_lib *t, const struct torch_args *a) {
     fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
     return -1;
   }
-  *(void **)&t->alloc = dlsym(t->h, "gmb_torch_alloc");
+  /* The C entry point: gmb_torch_alloc itself throws (C++) on a refusal,
+   * which a C caller cannot catch; torch_alloc_throws runs it. */
+  *(void **)&t->alloc = dlsym(t->h, "gmb_torch_alloc_nothrow");
   *(void **)&t->free = dlsym(t->h, "gmb_torch_free");
   *(void **)&t->last_error = dlsym(t->h, "gmb_torch_last_error");
   if (!t->alloc || !t->free || !t->last_error) {
@@ -133,7 +139,7 @@ static int sizes_main(void *arg) {
 START_TEST(torch_sizes_and_zero) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", torch_config);
-  struct torch_args a = {b.endpoint, "torch", 1};
+  struct torch_args a = {b.endpoint, "torch", 1, 0};
   torch_run(sizes_main, &a);
   harness_broker_stop(&b);
 }
@@ -167,7 +173,7 @@ static int quota_main(void *arg) {
 START_TEST(torch_quota_returns_null) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", torch_config);
-  struct torch_args a = {b.endpoint, "torch", 1};
+  struct torch_args a = {b.endpoint, "torch", 1, 0};
   torch_run(quota_main, &a);
   /* The child died holding memory: its session's allocations go back. */
   struct wire_tenant_row row;
@@ -196,7 +202,7 @@ static int nobroker_main(void *arg) {
 }
 
 START_TEST(torch_no_broker_returns_null) {
-  struct torch_args a = {NULL, "torch", 1};
+  struct torch_args a = {NULL, "torch", 1, 0};
   torch_run(nobroker_main, &a);
 }
 END_TEST
@@ -220,7 +226,7 @@ static int foreign_main(void *arg) {
 START_TEST(torch_free_foreign_and_twice) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", torch_config);
-  struct torch_args a = {b.endpoint, "torch", 1};
+  struct torch_args a = {b.endpoint, "torch", 1, 0};
   torch_run(foreign_main, &a);
   harness_broker_stop(&b);
 }
@@ -296,8 +302,59 @@ static int threads_main(void *arg) {
 START_TEST(torch_threads_share_session) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", "[tenant:torch]\nquota = 32MiB\n");
-  struct torch_args a = {b.endpoint, "torch", harness_env_long("ITER", 1)};
+  struct torch_args a = {b.endpoint, "torch", harness_env_long("ITER", 1), 0};
   torch_run(threads_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* What PyTorch calls: a refusal is an exception naming the reason, never a
+ * NULL pointer (PyTorch would make a tensor at address 0 of it). */
+START_TEST(torch_refusal_throws) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  char lib[PATH_MAX], prog[PATH_MAX], big[32];
+  snprintf(lib, sizeof lib, "%s/libgmb-torch.so", harness_build_dir());
+  snprintf(prog, sizeof prog, "%s/preload/torch_throw_prog",
+           harness_build_dir());
+  snprintf(big, sizeof big, "%llu", (unsigned long long)(TORCH_QUOTA + 512));
+  setenv("GMB_ENDPOINT", b.endpoint, 1);
+  setenv("GMB_TENANT", "torch", 1);
+  setenv("GMB_SHIM_ALLOW_HOST", "1", 1);
+  char out[2048];
+  char *argv[] = {prog, lib, big, "GMB_E_QUOTA", NULL};
+  int rc = harness_run(argv, out, sizeof out);
+  ck_assert_msg(rc == 0, "%d: %s", rc, out);
+  ck_assert_msg(strstr(out, "threw: gmb: out of memory:") != NULL, "%s", out);
+  /* A success returns the pointer (exit 1: "returned"). */
+  char *ok[] = {prog, lib, "4096", "GMB_E_QUOTA", NULL};
+  rc = harness_run(ok, out, sizeof out);
+  ck_assert_msg(rc == 1 && strstr(out, "returned 0x"), "%d: %s", rc, out);
+  unsetenv("GMB_SHIM_ALLOW_HOST");
+  unsetenv("GMB_ENDPOINT");
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* A broker on the host device gives host memory, which PyTorch's kernels
+ * cannot use: refused, with the reason. */
+static int host_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  unsetenv("GMB_SHIM_ALLOW_HOST");
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  CHILD_CHECK(t.alloc(4096, 0, NULL) == NULL, 11, "host memory handed out");
+  CHILD_CHECK(strstr(t.last_error(), "not a GPU") != NULL, 12,
+              "last error: %s", t.last_error());
+  CHILD_CHECK(torch_used(a) == 0, 13, "used");
+  return 0;
+}
+
+START_TEST(torch_host_broker_refused) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  struct torch_args a = {b.endpoint, "torch", 1, 1};
+  torch_run(host_main, &a);
   harness_broker_stop(&b);
 }
 END_TEST
@@ -309,5 +366,6 @@ int main(void) {
       torch_quota_returns_null,
       torch_no_broker_returns_null,
       torch_free_foreign_and_twice,
-      torch_threads_share_session));
+      torch_threads_share_session, torch_refusal_throws,
+      torch_host_broker_refused));
 }

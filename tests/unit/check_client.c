@@ -78,6 +78,7 @@ struct fake {
 
   /* the default answers */
   char device[WIRE_DEVICE_MAX];
+  int no_uuid; /* a cuda Hello reply without the GPU's UUID */
   uint32_t heartbeat_ms;
   uint64_t session;    /* in the Hello reply (1) */
   uint8_t secret[GMB_FD_SECRET_LEN];
@@ -151,6 +152,9 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
                req->u.hello.tenant[0] ? req->u.hello.tenant : "uid-1000");
       snprintf(rep.u.hello.device, sizeof rep.u.hello.device, "%s",
                f->device);
+      if (strcmp(f->device, "cuda") == 0 && !f->no_uuid)
+        snprintf(rep.u.hello.device_uuid, sizeof rep.u.hello.device_uuid,
+                 "GPU-46414b45-4355-4441-0000-000000000000");
       rep.u.hello.heartbeat_ms = f->heartbeat_ms;
       rep.u.hello.lock_slots = f->lt_slots;
       rep.u.hello.fd_secret_len = f->secret_len;
@@ -945,6 +949,21 @@ START_TEST(cuda_device_without_driver_refused) {
   unsetenv("GMB_LIBCUDA");
   ck_assert_ptr_null(c);
   ck_assert_msg(strstr(gmb_last_error(NULL), "/nonexistent/libcuda.so.1"),
+                "%s", gmb_last_error(NULL));
+  ck_assert_int_eq(atomic_load(&F.n_bye), 1);
+}
+END_TEST
+
+/* A cuda broker that does not say which GPU it serves: refused before any
+ * driver is loaded, since an ordinal guessed here may name another GPU. */
+START_TEST(cuda_device_without_uuid_refused) {
+  snprintf(F.device, sizeof F.device, "cuda");
+  F.no_uuid = 1;
+  fake_start();
+  gmb_client *c = (gmb_client *)&c;
+  ck_assert_int_eq(gmb_connect(F.endpoint, "team-a", &c), GMB_E_DEVICE);
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(gmb_last_error(NULL), "did not say which GPU"),
                 "%s", gmb_last_error(NULL));
   ck_assert_int_eq(atomic_load(&F.n_bye), 1);
 }
@@ -2067,6 +2086,7 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, alloc_bad_arguments_invalid);
   tcase_add_test(tc, unlock_on_stream_host_device);
   tcase_add_test(tc, cuda_device_without_driver_refused);
+  tcase_add_test(tc, cuda_device_without_uuid_refused);
   tcase_add_test(tc, threads_share_client);
   suite_add_tcase(s, tc);
 

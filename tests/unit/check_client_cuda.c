@@ -72,6 +72,13 @@ typedef int (*fk_handler)(struct fk *f, const struct wire_request *req);
 typedef int (*fk_fd_handler)(struct fk *f, int conn,
                              const struct gmb_fd_req *req);
 
+/* The fake driver's UUID of physical device 0 (and 1): "FAKECUDA", then
+ * zeros with the device in the last byte. */
+#define FAKE_UUID0 "GPU-46414b45-4355-4441-0000-000000000000"
+#define FAKE_UUID1 "GPU-46414b45-4355-4441-0000-000000000001"
+
+static atomic_int gate; /* block_stream's: 1 once the stream may go on */
+
 struct fk {
   char dir[64], endpoint[128], log[128];
   void *ctx, *router;
@@ -101,7 +108,9 @@ struct fk {
   int other_fd;        /* -1: the segment's own */
   uint64_t other_size; /* 0: SEG_SIZE */
 
+  char uuid[48]; /* the GPU the Hello reply names; "": FAKE_UUID0 */
   atomic_int n_alloc, n_free, n_bye, n_closed;
+  atomic_int watch_gate, free_early; /* a Free that came before the gate */
   atomic_int n_auth, n_segment; /* requests on the descriptor channel */
   _Atomic uint64_t last_segment, last_closed;
   atomic_int openers_at_bye; /* this process's imports of segment 1 */
@@ -389,6 +398,8 @@ static void fk_default(struct fk *f, const struct wire_request *req) {
       rep.u.hello.session = 1;
       snprintf(rep.u.hello.tenant, sizeof rep.u.hello.tenant, "team-a");
       snprintf(rep.u.hello.device, sizeof rep.u.hello.device, "cuda");
+      snprintf(rep.u.hello.device_uuid, sizeof rep.u.hello.device_uuid, "%s",
+               f->uuid[0] ? f->uuid : FAKE_UUID0);
       rep.u.hello.lock_slots = LT_SLOTS;
       rep.u.hello.fd_secret_len = GMB_FD_SECRET_LEN;
       memcpy(rep.u.hello.fd_secret, f->secret, GMB_FD_SECRET_LEN);
@@ -516,7 +527,11 @@ static void *fk_main(void *arg) {
     const struct wire_request *req = &m.req;
     switch (req->kind) {
       case WIRE_ALLOC: atomic_fetch_add(&f->n_alloc, 1); break;
-      case WIRE_FREE: atomic_fetch_add(&f->n_free, 1); break;
+      case WIRE_FREE:
+        atomic_fetch_add(&f->n_free, 1);
+        if (atomic_load(&f->watch_gate) && !atomic_load(&gate))
+          atomic_fetch_add(&f->free_early, 1);
+        break;
       case WIRE_BYE: atomic_fetch_add(&f->n_bye, 1); break;
       case WIRE_SEGMENT_CLOSED: {
         uint64_t seg = req->u.segment.segment;
@@ -675,9 +690,12 @@ END_TEST
 START_TEST(cuda_import_maps_descriptor) {
   exporter_start();
   char why[256] = "";
-  ck_assert_msg(gmb__cuda_attach(why, sizeof why) == 0, "%s", why);
+  int ord = -1;
+  ck_assert_msg(gmb__cuda_attach(FAKE_UUID0, &ord, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_int_eq(ord, 0);
   uint64_t a = 0, b = 0;
-  ck_assert_msg(gmb__cuda_import(F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
+  ck_assert_msg(gmb__cuda_import(0, F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
                 "%s", why);
   ck_assert_uint_ne(a, 0);
   ck_assert_int_eq(openers(1), 1);
@@ -690,16 +708,16 @@ START_TEST(cuda_import_maps_descriptor) {
   dev_fill((void *)(uintptr_t)a, 0x5c, 100);
   /* No de-duplication: a second import is a second mapping, with the same
    * bytes at another address. */
-  ck_assert_msg(gmb__cuda_import(F.fd[0], SEG_SIZE, &b, why, sizeof why) == 0,
+  ck_assert_msg(gmb__cuda_import(0, F.fd[0], SEG_SIZE, &b, why, sizeof why) == 0,
                 "%s", why);
   ck_assert_uint_ne(a, b);
   ck_assert_int_eq(openers(1), 2);
   dev_read(got, (void *)(uintptr_t)b, 101);
   ck_assert_uint_eq(got[99], 0x5c);
   ck_assert_uint_eq(got[100], pattern(0, 100));
-  gmb__cuda_close(a, SEG_SIZE);
+  gmb__cuda_close(0, a, SEG_SIZE);
   ck_assert_int_eq(openers(1), 1);
-  gmb__cuda_close(b, SEG_SIZE);
+  gmb__cuda_close(0, b, SEG_SIZE);
   ck_assert_int_eq(openers(1), 0);
   gmb__cudrv_unload(&test_drv);
   /* The caller keeps its descriptor: it still imports. */
@@ -711,26 +729,29 @@ END_TEST
 START_TEST(cuda_import_refuses_what_is_no_segment) {
   exporter_start();
   char why[256] = "";
-  ck_assert_msg(gmb__cuda_attach(why, sizeof why) == 0, "%s", why);
+  int ord = -1;
+  ck_assert_msg(gmb__cuda_attach(FAKE_UUID0, &ord, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_int_eq(ord, 0);
   uint64_t a = 0;
-  ck_assert_int_eq(gmb__cuda_import(-1, SEG_SIZE, &a, why, sizeof why),
+  ck_assert_int_eq(gmb__cuda_import(0, -1, SEG_SIZE, &a, why, sizeof why),
                    GMB_E_PROTO);
   ck_assert_msg(strstr(why, "descriptor") != NULL, "%s", why);
-  ck_assert_int_eq(gmb__cuda_import(F.fd[0], 0, &a, why, sizeof why),
+  ck_assert_int_eq(gmb__cuda_import(0, F.fd[0], 0, &a, why, sizeof why),
                    GMB_E_PROTO);
-  ck_assert_int_eq(gmb__cuda_import(F.fd[0], SEG_SIZE - 4096, &a, why,
+  ck_assert_int_eq(gmb__cuda_import(0, F.fd[0], SEG_SIZE - 4096, &a, why,
                                     sizeof why),
                    GMB_E_PROTO);
   ck_assert_msg(strstr(why, "granularity") != NULL, "%s", why);
   /* Bigger than the allocation: the driver refuses the mapping. */
-  ck_assert_int_eq(gmb__cuda_import(F.fd[0], 2 * SEG_SIZE, &a, why,
+  ck_assert_int_eq(gmb__cuda_import(0, F.fd[0], 2 * SEG_SIZE, &a, why,
                                     sizeof why),
                    GMB_E_DEVICE);
   ck_assert_msg(strstr(why, "cuMemMap") != NULL, "%s", why);
   /* A descriptor that is not device memory. */
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(gmb__cuda_import(fd, SEG_SIZE, &a, why, sizeof why),
+  ck_assert_int_eq(gmb__cuda_import(0, fd, SEG_SIZE, &a, why, sizeof why),
                    GMB_E_DEVICE);
   ck_assert_msg(strstr(why, "cuMemImportFromShareableHandle") != NULL, "%s",
                 why);
@@ -1064,6 +1085,130 @@ static void unblock_stream_and_sync(void) {
   gmb__cudrv_unload(&test_drv);
 }
 
+struct free_arg {
+  gmb_client *c;
+  gmb_id id;
+  int rc;
+};
+
+static void *free_thread(void *arg) {
+  struct free_arg *a = arg;
+  a->rc = gmb_free(a->c, a->id);
+  return NULL;
+}
+
+/* gmb_free waits for the device as cudaFree does: with work queued on the
+ * stream, the Free reaches the broker only after the stream got past it. */
+START_TEST(free_waits_for_queued_work) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  struct free_arg a = {c, 0, -100};
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &a.id), 0);
+  atomic_store(&F.watch_gate, 1);
+  block_stream();
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, free_thread, &a), 0);
+  struct timespec ts = {0, 20 * 1000000}; /* a chance to free too early */
+  nanosleep(&ts, NULL);
+  unblock_stream_and_sync();
+  pthread_join(t, NULL);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_int_eq(ld(&F.n_free), 1);
+  ck_assert_int_eq(ld(&F.free_early), 0);
+  gmb_disconnect(c);
+  exporter_finish();
+}
+END_TEST
+
+/* When the wait fails (here: a graph capture, during which the driver
+ * refuses to synchronise) nothing is handed back; later it is. */
+START_TEST(free_not_sent_when_wait_fails) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), 0);
+  setenv("FAKECUDA_CAPTURING", "all", 1);
+  ck_assert_int_eq(gmb_free(c, id), GMB_E_DEVICE);
+  ck_assert_msg(strstr(gmb_last_error(c), "not freed") &&
+                    strstr(gmb_last_error(c),
+                           "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
+                "%s", gmb_last_error(c));
+  ck_assert_int_eq(ld(&F.n_free), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, NULL), 1);
+  unsetenv("FAKECUDA_CAPTURING");
+  ck_assert_int_eq(gmb_stream_capturing(c, NULL), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  ck_assert_int_eq(ld(&F.n_free), 1);
+  gmb_disconnect(c);
+  exporter_finish();
+}
+END_TEST
+
+/* A release recorded into a graph would run at every replay and never
+ * now: refused while the stream captures, nothing queued, hold kept. */
+START_TEST(unlock_on_stream_refused_during_capture) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  void *p;
+  ck_assert_int_eq(gmb_alloc(c, 4096, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  uint64_t pending0 = gmb__cuda_pending();
+  setenv("FAKECUDA_CAPTURING", "all", 1);
+  ck_assert_int_eq(gmb_unlock_on_stream(c, id, NULL), GMB_E_INVAL);
+  unsetenv("FAKECUDA_CAPTURING");
+  ck_assert_msg(strstr(gmb_last_error(c), "captured into a CUDA graph"), "%s",
+                gmb_last_error(c));
+  ck_assert_uint_eq(gmb__cuda_pending(), pending0);
+  ck_assert_uint_eq(lt_state(id), 1);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+  exporter_finish();
+}
+END_TEST
+
+/* The contract of gmb_unlock_on_stream with queued work: a copy queued on
+ * the stream into a locked movable allocation, then the release.  Until
+ * the stream has run both, the broker's claim of the slot (CAS 0 ->
+ * MOVING, done here as the broker does it) fails, so a move can never
+ * copy the allocation while the queued copy still writes it; after, the
+ * claim succeeds and the bytes are the copy's. */
+START_TEST(move_claim_waits_for_queued_work) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  gmb_id id, src;
+  void *p, *s;
+  ck_assert_int_eq(gmb_alloc(c, 4096, GMB_MOVABLE, &id), 0);
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &src), 0);
+  char pat[4096], back[4096];
+  for (size_t i = 0; i < sizeof pat; i++) pat[i] = (char)(i * 13 + 5);
+  ck_assert_int_eq(gmb_write(c, src, 0, pat, sizeof pat), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(gmb_lock(c, src, &s), 0);
+  block_stream();
+  ck_assert_int_eq(test_drv.cuMemcpyDtoDAsync((gmb_cu_ptr)(uintptr_t)p,
+                                              (gmb_cu_ptr)(uintptr_t)s,
+                                              sizeof pat, NULL),
+                   0);
+  ck_assert_int_eq(gmb_unlock_on_stream(c, id, NULL), 0);
+  _Atomic uint32_t *state = &gmb__lt_slots(F.lt)[id - 1].state;
+  uint32_t zero = 0;
+  ck_assert(!atomic_compare_exchange_strong(state, &zero, GMB_LT_MOVING));
+  unblock_stream_and_sync();
+  zero = 0;
+  ck_assert(atomic_compare_exchange_strong(state, &zero, GMB_LT_MOVING));
+  atomic_store(state, 0); /* the "move" ends where it began */
+  ck_assert_int_eq(gmb_read(c, id, 0, back, sizeof back), 0);
+  ck_assert_mem_eq(back, pat, sizeof pat);
+  gmb_disconnect(c);
+  exporter_finish();
+}
+END_TEST
+
 /* --- a broker that lies about its memory ---------------------------------------- */
 
 /* The descriptor is not device memory: the alloc fails with the driver's
@@ -1318,7 +1463,10 @@ END_TEST
 START_TEST(client_forked_after_attach_fails_clearly) {
   exporter_start();
   char why[256] = "";
-  ck_assert_msg(gmb__cuda_attach(why, sizeof why) == 0, "%s", why);
+  int ord = -1;
+  ck_assert_msg(gmb__cuda_attach(FAKE_UUID0, &ord, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_int_eq(ord, 0);
   /* Forked before the fake's threads start: a child forked while other
    * threads run may inherit their locks held (the sanitizers' allocator
    * deadlocks so).  It waits for the fake, then connects. */
@@ -1360,9 +1508,9 @@ START_TEST(client_forked_after_attach_fails_clearly) {
   ck_assert_int_eq(ld(&F.n_bye), 1);
   /* This process still imports. */
   uint64_t a = 0;
-  ck_assert_msg(gmb__cuda_import(F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
+  ck_assert_msg(gmb__cuda_import(0, F.fd[0], SEG_SIZE, &a, why, sizeof why) == 0,
                 "%s", why);
-  gmb__cuda_close(a, SEG_SIZE);
+  gmb__cuda_close(0, a, SEG_SIZE);
   exporter_finish();
 }
 END_TEST
@@ -1403,6 +1551,10 @@ static Suite *client_cuda_suite(void) {
   tc = tcase_create("stream");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, unlock_on_stream_releases_when_stream_runs);
+  tcase_add_test(tc, free_waits_for_queued_work);
+  tcase_add_test(tc, free_not_sent_when_wait_fails);
+  tcase_add_test(tc, unlock_on_stream_refused_during_capture);
+  tcase_add_test(tc, move_claim_waits_for_queued_work);
   tcase_add_test(tc, unlock_on_stream_outlives_disconnect);
   suite_add_tcase(s, tc);
 

@@ -225,6 +225,8 @@ START_TEST(reply_hello_roundtrip) {
   in.u.hello.session = UINT64_MAX - 1;
   memset(in.u.hello.tenant, 'y', WIRE_NAME_MAX);
   strcpy(in.u.hello.device, "cuda");
+  strcpy(in.u.hello.device_uuid, "GPU-46414b45-4355-4441-0000-000000000001");
+  strcpy(in.u.hello.device_pci, "0000:11:00.0");
   in.u.hello.heartbeat_ms = 1000;
   in.u.hello.lock_slots = 4096;
   in.u.hello.fd_secret_len = WIRE_SECRET_MAX;
@@ -235,6 +237,9 @@ START_TEST(reply_hello_roundtrip) {
   ck_assert_uint_eq(out.u.hello.session, UINT64_MAX - 1);
   ck_assert_str_eq(out.u.hello.tenant, in.u.hello.tenant);
   ck_assert_str_eq(out.u.hello.device, "cuda");
+  ck_assert_str_eq(out.u.hello.device_uuid,
+                   "GPU-46414b45-4355-4441-0000-000000000001");
+  ck_assert_str_eq(out.u.hello.device_pci, "0000:11:00.0");
   ck_assert_uint_eq(out.u.hello.heartbeat_ms, 1000);
   ck_assert_uint_eq(out.u.hello.lock_slots, 4096);
   ck_assert_uint_eq(out.u.hello.fd_secret_len, WIRE_SECRET_MAX);
@@ -248,6 +253,20 @@ START_TEST(reply_hello_roundtrip) {
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.hello.fd_secret_len, 0);
   ck_assert_mem_eq(&out, &in, sizeof in);
+
+  /* The host device has no GPU identity: empty strings arrive empty. */
+  memset(in.u.hello.device_uuid, 0, sizeof in.u.hello.device_uuid);
+  memset(in.u.hello.device_pci, 0, sizeof in.u.hello.device_pci);
+  rep_roundtrip(&in, &out);
+  ck_assert_str_eq(out.u.hello.device_uuid, "");
+  ck_assert_str_eq(out.u.hello.device_pci, "");
+  ck_assert_mem_eq(&out, &in, sizeof in);
+
+  /* A UUID that does not fit its field is not sent. */
+  memset(in.u.hello.device_uuid, 'u', sizeof in.u.hello.device_uuid);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
 }
 END_TEST
 
