@@ -437,17 +437,19 @@ check_modules() {
 # --- check 3: symbols and archives ------------------------------------------
 #
 # Lists the objects under BUILD_DIR/obj/DIR, relative to BUILD_DIR, leaving
-# out stale ones whose source file is gone (a renamed module leaves its old
+# out stale ones whose source file (.c, or .cc for the C++ entry point of
+# the torch allocator) is gone (a renamed module leaves its old
 # object behind until make clean; it is no part of any product).
 list_objects() {
   [ -d "$B/obj/$1" ] || return 0
   (cd "$B" && find "obj/$1" -type f -name '*.o') | LC_ALL=C sort |
   while IFS= read -r o; do
     src=${o#obj/}
-    src=${src%.o}.c
-    if [ -f "$src" ]; then
+    src=${src%.o}
+    if [ -f "$src.c" ] || [ -f "$src.cc" ]; then
       echo "$o"
     else
+      src=$src.c
       note "skipping $B_SHOW/$o: $src no longer exists (a stale object)" >> "$tmp/notes"
     fi
   done
