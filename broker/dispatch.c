@@ -157,7 +157,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                     "host memory");
     return 1;
   }
-  if (compact) gmb__defrag_start(b, NULL, GMB_DEFRAG_REQUEST);
+  if (compact) gmb__defrag_request(b, rounded);
   if (timeout_ms == 0 && b->compacting == NULL) {
     /* No run could start: answer now rather than never. */
     gmb__waitq_compaction_over(b);
