@@ -324,6 +324,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
 
   gmb__config_free(oc);
   b->cfg = nc;
+  gmb__pool_set_grouping(b->pool, b->cfg.compaction);
   int applied = gmb__statefile_apply(b);
   if (applied > 0)
     admin_note(sum, sizeof sum, "state file overrides %d tenants", applied);

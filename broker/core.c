@@ -51,6 +51,7 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
     return rc;
   }
   b->pool = gmb__pool_new(b->dev, core_retire, b);
+  if (b->pool) gmb__pool_set_grouping(b->pool, b->cfg.compaction);
   b->tenants = b->pool ? gmb__tenants_new(b->pool, &b->cfg) : NULL;
   b->sessions = gmb__sessions_new();
   b->observe = gmb__observe_new();

@@ -103,6 +103,7 @@ struct gmb_pool {
 
   struct pool_range *moves; /* move targets in flight, via u.target.next */
   uint64_t nmoves, next_serial;
+  int grouping; /* rule 2 applies (compaction on); else best fit in both */
 };
 
 static int pool_free_cmp(const struct pool_range *a,
@@ -446,6 +447,18 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
     struct gmb_segment key_seg = {.dseg = {.id = 0}};
     struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
     r = RB_NFIND(pool_free_tree, &a->free[cls], &key);
+    if (!p->grouping) {
+      /* Without compaction nothing is ever moved, so grouping by mobility
+       * buys nothing and costs a second partly used segment: the best fit
+       * in either class (a pinned allocation makes its segment pinned). */
+      uint32_t other = cls == POOL_SMALL_PINNED ? POOL_SMALL_MOVABLE
+                                                : POOL_SMALL_PINNED;
+      struct pool_range *o = RB_NFIND(pool_free_tree, &a->free[other], &key);
+      if (o && (!r || o->size < r->size)) {
+        r = o;
+        if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
+      }
+    }
     if (!r && a->linger) {
       pool_seg_reclass(a->linger, cls);
       r = a->linger->first;
@@ -871,8 +884,11 @@ struct gmb_pool *gmb__pool_new(struct gmb_device *dev,
   RB_INIT(&p->segs);
   p->next_seg_id = 1;
   p->slot_free = POOL_SLOT_NONE;
+  p->grouping = 1;
   return p;
 }
+
+void gmb__pool_set_grouping(struct gmb_pool *p, int on) { p->grouping = on; }
 
 void gmb__pool_destroy(struct gmb_pool *p) {
   if (!p) return;

@@ -34,7 +34,9 @@
  *      other class's segments rather than fail; a pinned one makes that
  *      segment pinned.  Being served beats a purer layout, and compaction
  *      (rule 3) keeps the movable allocations that land in pinned segments
- *      movable.
+ *      movable.  Grouping pays only when something is moved: with
+ *      compaction off (gmb__pool_set_grouping(p, 0)) a small request takes
+ *      the best fit in either class.
  *   3. Compaction may fill the holes of PINNED segments with movable
  *      allocations (the fallback direction Linux also allows): those
  *      segments cannot go back to the device anyway, so their free bytes
@@ -121,6 +123,10 @@ struct gmb_pool *gmb__pool_new(struct gmb_device *dev,
                                gmb_pool_retire_fn retire, void *ctx);
 /* Releases every segment (calling retire for each).  Accepts NULL. */
 void gmb__pool_destroy(struct gmb_pool *p);
+
+/* Mobility grouping (rule 2) on (the default) or off: the broker turns it
+ * off while compaction is off, since nothing is moved then. */
+void gmb__pool_set_grouping(struct gmb_pool *p, int on);
 
 /* An arena per tenant; `tag` is returned to the retire callback. */
 struct gmb_arena *gmb__pool_arena_new(struct gmb_pool *p, void *tag);

@@ -286,6 +286,29 @@ START_TEST(mobility_grouping) {
 }
 END_TEST
 
+/* Without compaction (grouping off) nothing is moved, so a small request
+ * takes the best fit in either class: pinned and movable share a segment,
+ * which then counts as pinned, and no second segment is made. */
+START_TEST(grouping_off_shares_segments) {
+  gmb__pool_set_grouping(pool, 0);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info m1, p1, m2;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, GMB_MOVABLE, NULL, &m1), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, 0, NULL, &p1), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, GMB_MOVABLE, NULL, &m2), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(p1.dseg->id, m1.dseg->id);
+  ck_assert_uint_eq(m2.dseg->id, m1.dseg->id);
+  ck_assert_uint_eq(dev->in_use, SEG);
+  /* The pinned one goes: the segment is movable again, still shared. */
+  free_ok(p1.id);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  free_ok(m1.id);
+  free_ok(m2.id);
+  gmb__pool_set_grouping(pool, 1);
+}
+END_TEST
+
 START_TEST(free_twice) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   uint64_t id = alloc_ok(a, 4096, NULL, NULL);
@@ -945,6 +968,7 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, large_own_segment);
   tcase_add_test(tc, large_never_refused_with_room);
   tcase_add_test(tc, mobility_grouping);
+  tcase_add_test(tc, grouping_off_shares_segments);
   tcase_add_test(tc, free_twice);
   tcase_add_test(tc, free_unknown_id);
   tcase_add_test(tc, ids_never_reused);
