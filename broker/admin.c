@@ -215,20 +215,31 @@ static void admin_count_hb(void *ctx, struct gmb_session *s) {
   if (s->pidfd < 0) h->n++;
 }
 
-/* Copies a tenant section onto the tenant (created when new). */
+/* 1 when session s may still act as t under t's (new) uids or token. */
+static int admin_session_admitted(const struct gmb_tenant *t,
+                                  const struct gmb_session *s) {
+  if (gmb__tenant_uid_listed(t, s->uid)) return 1;
+  return s->by_token && t->has_token &&
+         memcmp(s->token_sha256, t->token_sha256, sizeof t->token_sha256) == 0;
+}
+
+/* Copies a tenant section onto the tenant (created when new).  When the
+ * section proves the tenant by uids or a token, the sessions that joined
+ * it otherwise (its first user's, before an operator named it; or a uid or
+ * token the section no longer lists) end: a name an operator configures
+ * is the configured parties' only.  Returns the number of sessions ended,
+ * or -1 when the tenant cannot be created. */
 static int admin_apply_tenant(struct gmb_broker *b,
                               const struct gmb_tenant_conf *tc, int *created) {
   struct gmb_tenant *t = gmb__tenant_find(b->tenants, tc->name);
   *created = 0;
   if (t == NULL) {
-    char why[256];
-    if (gmb__tenant_admit(b->tenants, tc->name, geteuid(), NULL, 0, &t, why,
-                          sizeof why) != 0) {
-      log_error("reload: cannot create tenant %s: %s", tc->name, why);
+    t = gmb__tenant_create(b->tenants, tc->name);
+    if (t == NULL) {
+      log_error("reload: cannot create tenant %s: the registry is full",
+                tc->name);
       return -1;
     }
-    t->has_owner = 0; /* bound by its uids or token, or by first use */
-    t->owner_uid = 0;
     *created = 1;
   }
   t->configured = 1;
@@ -239,7 +250,24 @@ static int admin_apply_tenant(struct gmb_broker *b,
   t->n_uids = tc->n_uids;
   t->has_token = tc->has_token;
   memcpy(t->token_sha256, tc->token_sha256, sizeof t->token_sha256);
-  return 0;
+  if (t->n_uids == 0 && !t->has_token) return 0;
+  t->has_owner = 0;
+  t->owner_uid = 0;
+  int ended = 0;
+  struct gmb_session *s = t->sessions, *next;
+  for (; s; s = next) {
+    next = s->tenant_next;
+    if (admin_session_admitted(t, s)) continue;
+    char msg[WIRE_MESSAGE_MAX];
+    snprintf(msg, sizeof msg, "tenant %s is configured now, and this "
+             "process's uid %u (or token) is not among its uids or token",
+             t->name, (unsigned)s->uid);
+    gmb__reply_event(b, s, WIRE_EVENT_EVICTED, 0, msg);
+    gmb__core_session_end(b, s, "reload: its uid or token no longer proves "
+                          "the tenant");
+    ended++;
+  }
+  return ended;
 }
 
 int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
@@ -295,13 +323,18 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
     admin_note(sum, sizeof sum, "default_quota: kept until restart (the "
                "tenant registry has no setter yet)");
 
-  size_t created = 0, updated = 0, kept = 0;
+  size_t created = 0, updated = 0, kept = 0, ended = 0;
   for (size_t i = 0; i < nc.n_tenants; i++) {
     int c = 0;
-    if (admin_apply_tenant(b, &nc.tenants[i], &c) != 0) continue;
+    int n = admin_apply_tenant(b, &nc.tenants[i], &c);
+    if (n < 0) continue;
+    ended += (size_t)n;
     if (c) created++;
     else updated++;
   }
+  if (ended)
+    admin_note(sum, sizeof sum, "%zu sessions ended: their uid or token no "
+               "longer proves their tenant", ended);
   for (size_t i = 0; i < oc->n_tenants; i++) {
     if (gmb__config_tenant(&nc, oc->tenants[i].name)) continue;
     struct gmb_tenant *t = gmb__tenant_find(b->tenants, oc->tenants[i].name);

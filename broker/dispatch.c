@@ -69,6 +69,12 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
                     strerror(errno));
     return 1;
   }
+  /* How it proved the tenant, so that a reload that changes the tenant's
+   * uids or token can tell whether the session still may act as it. */
+  if (t->has_token && !gmb__tenant_uid_listed(t, peer->uid)) {
+    s->by_token = 1;
+    memcpy(s->token_sha256, t->token_sha256, sizeof s->token_sha256);
+  }
   char err[256];
   s->lt = gmb__locktab_new(s->id, GMB_LT_DEFAULT_SLOTS, err, sizeof err);
   if (s->lt == NULL) {
@@ -95,6 +101,22 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
 
 /* --- alloc ------------------------------------------------------------ */
 
+/* 1 with *rep filled when `size` is more than the whole device: no free
+ * can ever make room for it, and queued it would head the queue for ever,
+ * holding back everyone behind it. */
+static int dispatch_never_fits(struct gmb_broker *b, struct gmb_session *s,
+                               uint64_t size, struct wire_reply *rep) {
+  uint64_t rounded = gmb__alloc_round(size);
+  if (rounded <= b->dev->capacity) return 0;
+  char sz[GMB_SIZE_BUFSZ], cap[GMB_SIZE_BUFSZ];
+  gmb__alloc_explain(b, s, rounded, rep);
+  snprintf(rep->message, sizeof rep->message, "%s is more than the whole "
+           "device (%s on %s): waiting cannot help",
+           gmb__size_format(rounded, sz, sizeof sz),
+           gmb__size_format(b->dev->capacity, cap, sizeof cap), b->dev->desc);
+  return 1;
+}
+
 static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                           const struct wire_request *req,
                           struct wire_reply *rep) {
@@ -115,6 +137,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
      * this request's place, then serve it, so no request jumps it.  The
      * quota is still refused at once: waiting would not help. */
     if (gmb__alloc_quota(s->tenant, gmb__alloc_round(size), rep)) return 1;
+    if (dispatch_never_fits(b, s, size, rep)) return 1;
     if (gmb__waitq_add(b, s, req->id, size, flags, timeout_ms, 0) != 0) {
       gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
                       "host memory");
@@ -147,6 +170,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     gmb__alloc_explain(b, s, rounded, rep);
     return 1;
   }
+  if (!compact && dispatch_never_fits(b, s, size, rep)) return 1;
   if (gmb__waitq_add(b, s, req->id, size, flags, timeout_ms,
                           timeout_ms == 0) != 0) {
     gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "

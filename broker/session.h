@@ -43,6 +43,8 @@ struct gmb_session {
   uint64_t *segs;   /* segment ids whose handle it was given, sorted */
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
+  int by_token;     /* its Hello proved the tenant with a token, not a uid */
+  uint8_t token_sha256[32]; /* the hash it matched (by_token only) */
   char client[64];
   struct gmb_locktab *lt; /* its movable allocations' slots */
   RB_ENTRY(gmb_session) link; /* the session table, by routing id */

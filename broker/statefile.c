@@ -330,16 +330,11 @@ static struct gmb_tenant *state_tenant(struct gmb_broker *b,
                                        const char *name) {
   struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
   if (t) return t;
-  /* The registry creates tenants only through admission; undo the owner
-   * it records, so the first uid that really connects owns it. */
-  char why[256];
-  if (gmb__tenant_admit(b->tenants, name, geteuid(), NULL, 0, &t, why,
-                        sizeof why) != 0) {
-    log_error("state: %s", why); /* it names the tenant */
+  t = gmb__tenant_create(b->tenants, name);
+  if (t == NULL) {
+    log_error("state: cannot create tenant %s: the registry is full", name);
     return NULL;
   }
-  t->has_owner = 0;
-  t->owner_uid = 0;
   log_info("tenant %s created from the state file (owned by the first uid "
            "to use it)", name);
   return t;

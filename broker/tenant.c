@@ -119,6 +119,15 @@ void gmb__tenants_destroy(struct gmb_tenants *ts) {
   free(ts);
 }
 
+struct gmb_tenant *gmb__tenant_create(struct gmb_tenants *ts,
+                                      const char *name) {
+  struct gmb_tenant *t = gmb__tenant_find(ts, name);
+  if (t) return t;
+  t = tenant_add(ts, name);
+  if (t) t->quota = ts->default_quota;
+  return t;
+}
+
 struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name) {
   struct tenant_node key;
   if (strlen(name) >= sizeof key.t.name) return NULL;
@@ -127,10 +136,26 @@ struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name) {
   return n ? &n->t : NULL;
 }
 
-static int tenant_uid_listed(const struct gmb_tenant *t, uid_t uid) {
+int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid) {
   for (size_t i = 0; i < t->n_uids; i++)
     if (t->uids[i] == uid) return 1;
   return 0;
+}
+
+int gmb__tenant_default_uid(const char *name, uid_t *uid) {
+  if (strncmp(name, "uid-", 4) != 0) return 0;
+  const char *d = name + 4;
+  /* Canonical decimal only: "uid-01001" is not uid 1001's name, and is
+   * nobody's default either. */
+  if (d[0] < '0' || d[0] > '9' || (d[0] == '0' && d[1] != '\0')) return 0;
+  uint64_t v = 0;
+  for (; *d; d++) {
+    if (*d < '0' || *d > '9') return 0;
+    v = v * 10 + (uint64_t)(*d - '0');
+    if (v > UINT32_MAX) return 0;
+  }
+  *uid = (uid_t)v;
+  return 1;
 }
 
 /* 1 when the token's SHA-256 is t's token hash.  The comparison takes the
@@ -166,6 +191,16 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return GMB_E_INVAL;
   }
   struct gmb_tenant *t = gmb__tenant_find(ts, name);
+  /* A default name belongs to its uid: uid-N is nobody's but uid N's
+   * unless the config says otherwise (then its uids or token decide). */
+  uid_t named;
+  if ((t == NULL || !t->configured) && gmb__tenant_default_uid(name, &named) &&
+      named != uid) {
+    snprintf(why, whycap, "uid %u may not act as tenant %s: that name is the "
+             "default tenant of uid %u", (unsigned)uid, name,
+             (unsigned)named);
+    return GMB_E_AUTH;
+  }
   if (t == NULL) {
     t = tenant_add(ts, name);
     if (t == NULL) {
@@ -182,7 +217,7 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return 0;
   }
   if (t->n_uids > 0 || t->has_token) {
-    if (tenant_uid_listed(t, uid) ||
+    if (gmb__tenant_uid_listed(t, uid) ||
         tenant_token_proves(t, token, token_len)) {
       *out = t;
       return 0;

@@ -5,7 +5,9 @@
  *
  * The registry owns every tenant.  A tenant named in the config exists from
  * the start; any other is created on first use, owned by the uid that
- * connected first, with the config's default_quota.  `used` is the sum of
+ * connected first, with the config's default_quota.  A default name,
+ * "uid-N", is uid N's alone unless the config names it: no other uid can
+ * take it first.  `used` is the sum of
  * the rounded sizes of the tenant's live allocations, always equal to what
  * its arena holds (gmb__tenant_check() verifies it against the pool), and
  * never above `quota` when the quota is set, except after an operator
@@ -84,6 +86,14 @@ void gmb__tenants_destroy(struct gmb_tenants *ts);
 
 struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name);
 
+/* The tenant `name`, created when new with the default quota and no
+ * owner (the first uid that connects as it owns it, unless the caller
+ * gives it uids or a token): for the config at reload and the state file,
+ * which name tenants no session asked for.  NULL when the registry is full
+ * or out of memory. */
+struct gmb_tenant *gmb__tenant_create(struct gmb_tenants *ts,
+                                      const char *name);
+
 /*
  * Finds or creates the tenant `name` for a session of uid `uid` that sent
  * `token` (may be empty), and checks that the uid or token may act as it:
@@ -95,6 +105,13 @@ struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name);
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap);
+
+/* 1 when uid is one of t's configured uids. */
+int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid);
+/* 1 with *uid set when `name` is a default tenant's name, "uid-N" (N in
+ * canonical decimal): that name is uid N's alone unless the config names
+ * it (gmb__tenant_admit). */
+int gmb__tenant_default_uid(const char *name, uid_t *uid);
 
 /* 0 when `size` more bytes fit the tenant's quota, else GMB_E_QUOTA (and
  * the refusal is counted). */

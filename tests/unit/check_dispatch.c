@@ -17,8 +17,8 @@
  * SegmentClosed (no reply), Bye, and the ends of a waiting allocation
  * (served after a free, timed out, or dropped with its session).  Every test ends with
  * fx_close(), which requires the pool and tenants to be consistent;
- * fx_request() checks them after every request as well.  Tests of known
- * broker bugs are at the end, built only with -DGMB_CHECK_KNOWN_BUGS.
+ * fx_request() checks them after every request as well.  The tests of
+ * issue 12's items are at the end.
  */
 #include <check.h>
 #include <errno.h>
@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "alloc.h"
 #include "broker_fixture.h"
 #include "check_main.h"
@@ -1071,21 +1072,12 @@ START_TEST(credentials_checked_per_message) {
 END_TEST
 
 
-/* --- known broker bugs ----------------------------------------------- */
+/* --- issue 12: squatting and impossible waits ---------------------- */
 
-/*
- * These fail against the broker as it is; they are built only with
- * -DGMB_CHECK_KNOWN_BUGS, so that the suite stays green until the broker
- * is fixed, then they move up with the others.
- */
-#ifdef GMB_CHECK_KNOWN_BUGS
-
-/* BUG: the default tenant "uid-N" is created by whoever names it first.
- * uid 1002 saying Hello as "uid-1001" becomes its owner, and uid 1001's
- * own default Hello is refused GMB_E_AUTH from then on: any local user
- * can lock any other out of the broker.  A name of the form uid-N should
- * be admitted for uid N only. */
-START_TEST(bug_default_tenant_squatted) {
+/* Issue 12, item 4: the default tenant "uid-N" was created by whoever
+ * named it first, so uid 1002 saying Hello as "uid-1001" locked uid 1001
+ * out.  A name of the form uid-N is admitted for uid N only. */
+START_TEST(default_tenant_not_squatted) {
   struct fx f;
   fx_open(&f);
   struct wire_reply rep;
@@ -1100,11 +1092,11 @@ START_TEST(bug_default_tenant_squatted) {
 }
 END_TEST
 
-/* BUG: a waiting request larger than the whole device is queued (for ever
- * with timeout -1) although no free can ever make room, and, being first
- * in the queue, it blocks every later request of equal or lower priority,
- * even on an empty device.  It should be refused GMB_E_NOMEM at once. */
-START_TEST(bug_wait_larger_than_device_queued) {
+/* Issue 12, item 5: a waiting request larger than the whole device was
+ * queued (for ever with timeout -1) although no free can ever make room,
+ * and, first in the queue, it blocked every later request of equal or
+ * lower priority, even on an empty device.  It is refused at once. */
+START_TEST(wait_larger_than_device_refused) {
   struct fx f;
   fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
@@ -1113,14 +1105,57 @@ START_TEST(bug_wait_larger_than_device_queued) {
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, 16 * MIB, 0, -1, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
   ck_assert_uint_eq(f.b.waitq.n, 0);
-  /* What it does instead: b's 1 MiB on the empty device waits too. */
+  /* And b's 1 MiB on the empty device is served at once. */
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 1000, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
   fx_close(&f);
 }
 END_TEST
 
-#endif /* GMB_CHECK_KNOWN_BUGS */
+
+/* Issue 12, item 4: a name an operator configures at reload is the
+ * configured parties' only: a session that took the name first (an unbound
+ * name then) ends with an eviction event, one of a listed uid stays. */
+START_TEST(reload_configured_name_ends_squatter) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[tenant:other]\n");
+  struct gmb_session *sq = fx_hello(&f, "squat", 1003, "llm-b");
+  fx_must_alloc(&f, "squat", 1003, MIB, 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_hello_as(&f, "own", 1002, "llm-b", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_AUTH); /* 1003 owns it now */
+  ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 1);
+  struct gmb_tenant *t = sq->tenant;
+  ck_assert_uint_eq(t->n_sessions, 1);
+  char path[256], msg[512];
+  fx_write(&f, "gmb.ini", "[tenant:other]\n[tenant:llm-b]\nuids = 1002\n"
+           "reserve = 8MiB\n", path, sizeof path);
+  ck_assert_msg(gmb__admin_reload(&f.b, msg, sizeof msg) == 0, "%s", msg);
+  ck_assert_ptr_nonnull(strstr(msg, "1 sessions ended"));
+  /* The squatter is gone, told why, and its memory with it. */
+  ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"squat",
+                                       5));
+  const struct fx_sent *ev = fx_last_to(&f, "squat");
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(ev->rep.kind, WIRE_EVENT);
+  ck_assert_ptr_eq(fx_tenant(&f, "llm-b"), t);
+  ck_assert_uint_eq(t->n_sessions, 0);
+  ck_assert_uint_eq(t->used, 0);
+  /* The configured uid gets it; the squatter's uid no more. */
+  ck_assert_int_eq(fx_hello_as(&f, "own", 1002, "llm-b", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(fx_hello_as(&f, "squat", 1003, "llm-b",
+                               WIRE_PROTOCOL_VERSION, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_AUTH);
+  /* A second reload keeps the listed uid's session. */
+  ck_assert_msg(gmb__admin_reload(&f.b, msg, sizeof msg) == 0, "%s", msg);
+  ck_assert_ptr_null(strstr(msg, "sessions ended"));
+  ck_assert_uint_eq(t->n_sessions, 1);
+  fx_close(&f);
+}
+END_TEST
 
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
@@ -1176,12 +1211,11 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, wait_ends_with_bye_of_waiter);
   suite_add_tcase(s, tc);
 
-#ifdef GMB_CHECK_KNOWN_BUGS
-  tc = tcase_create("known_bugs");
-  tcase_add_test(tc, bug_default_tenant_squatted);
-  tcase_add_test(tc, bug_wait_larger_than_device_queued);
+  tc = tcase_create("issue12");
+  tcase_add_test(tc, default_tenant_not_squatted);
+  tcase_add_test(tc, wait_larger_than_device_refused);
+  tcase_add_test(tc, reload_configured_name_ends_squatter);
   suite_add_tcase(s, tc);
-#endif
   return s;
 }
 
