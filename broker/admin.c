@@ -270,6 +270,61 @@ static int admin_apply_tenant(struct gmb_broker *b,
   return ended;
 }
 
+/* The reservations a reload would leave in force: each tenant's from the
+ * state file if it overrides it, else from the new config if it names the
+ * tenant, else what the tenant has now (tenants no longer configured keep
+ * theirs).  Summed over the tenants that exist, those the new config
+ * names and those the state file names. */
+struct admin_resv {
+  struct gmb_broker *b;
+  const struct gmb_config *nc;
+  uint64_t sum;
+};
+
+static uint64_t admin_resv_of(struct admin_resv *r, const char *name,
+                              uint64_t now) {
+  uint64_t v;
+  if (gmb__statefile_lookup(r->b, name, GMB_STATE_RESERVE, &v)) return v;
+  const struct gmb_tenant_conf *tc = gmb__config_tenant(r->nc, name);
+  return tc ? tc->reserve : now;
+}
+
+static void admin_resv_add(struct admin_resv *r, uint64_t v) {
+  r->sum = v > UINT64_MAX - r->sum ? UINT64_MAX : r->sum + v;
+}
+
+static int admin_resv_tenant(void *ctx, struct gmb_tenant *t) {
+  struct admin_resv *r = ctx;
+  admin_resv_add(r, admin_resv_of(r, t->name, t->reserve));
+  return 0;
+}
+
+static void admin_resv_state(void *ctx, const char *name) {
+  struct admin_resv *r = ctx;
+  if (gmb__tenant_find(r->b->tenants, name) ||
+      gmb__config_tenant(r->nc, name))
+    return; /* counted already */
+  admin_resv_add(r, admin_resv_of(r, name, 0));
+}
+
+static int admin_reload_reservations(struct gmb_broker *b,
+                                     const struct gmb_config *nc, char *err,
+                                     size_t errcap) {
+  struct admin_resv r = {b, nc, 0};
+  gmb__tenants_each(b->tenants, admin_resv_tenant, &r);
+  for (size_t i = 0; i < nc->n_tenants; i++)
+    if (gmb__tenant_find(b->tenants, nc->tenants[i].name) == NULL)
+      admin_resv_add(&r, admin_resv_of(&r, nc->tenants[i].name, 0));
+  gmb__statefile_each(b, admin_resv_state, &r);
+  if (r.sum <= b->dev->capacity) return 0;
+  char s1[GMB_SIZE_BUFSZ], s2[GMB_SIZE_BUFSZ];
+  snprintf(err, errcap, "the reservations would add up to %s (config and "
+           "state file), more than the device's %s: not reloaded",
+           gmb__size_format(r.sum, s1, sizeof s1),
+           gmb__size_format(b->dev->capacity, s2, sizeof s2));
+  return GMB_E_INVAL;
+}
+
 int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   if (b->config_path[0] == '\0') {
     snprintf(err, errcap, "the broker was started without --config");
@@ -280,6 +335,13 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   if (rc) return rc;
   /* The state path is a restart setting too: read the running one. */
   rc = gmb__statefile_reread(b, err, errcap);
+  if (rc) {
+    gmb__config_free(&nc);
+    return rc;
+  }
+  /* The same check as at start, but before anything is applied: a
+   * reload is all or nothing. */
+  rc = admin_reload_reservations(b, &nc, err, errcap);
   if (rc) {
     gmb__config_free(&nc);
     return rc;
@@ -357,6 +419,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
 
   gmb__config_free(oc);
   b->cfg = nc;
+  gmb__tenants_set_limits(b->tenants, &b->cfg);
   int applied = gmb__statefile_apply(b);
   if (applied > 0)
     admin_note(sum, sizeof sum, "state file overrides %d tenants", applied);

@@ -557,6 +557,7 @@ int gmb__loop_run(struct gmb_broker *b) {
       log_error("out of host memory building the poll set");
       return 1;
     }
+    gmb__core_reap(b, 0); /* default tenants idle since a session ended */
     uint64_t now = gmb__now_ns();
     uint64_t wait_ns = gmb__waitq_expire(b, now);
     uint64_t fd_ns = gmb__fdchan_expire(b, now);

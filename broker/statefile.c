@@ -340,6 +340,21 @@ static struct gmb_tenant *state_tenant(struct gmb_broker *b,
   return t;
 }
 
+int gmb__statefile_lookup(struct gmb_broker *b, const char *name,
+                          enum gmb_state_field field, uint64_t *value) {
+  struct state_table *cur = b->statefile ? &b->statefile->cur : NULL;
+  const struct state_entry *e = cur ? state_find(cur, name) : NULL;
+  if (e == NULL || !e->has[field]) return 0;
+  *value = e->value[field];
+  return 1;
+}
+
+void gmb__statefile_each(struct gmb_broker *b,
+                         void (*fn)(void *ctx, const char *name), void *ctx) {
+  struct state_table *cur = b->statefile ? &b->statefile->cur : NULL;
+  for (size_t i = 0; cur && i < cur->n; i++) fn(ctx, cur->e[i].name);
+}
+
 int gmb__statefile_apply(struct gmb_broker *b) {
   int touched = 0, rc = 0;
   const struct state_table *cur = state_cur(b);

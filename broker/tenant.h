@@ -100,7 +100,8 @@ struct gmb_tenant *gmb__tenant_create(struct gmb_tenants *ts,
  * a listed uid, or a token whose SHA-256 is the tenant's token_sha256.
  * Returns 0 with *out set, GMB_E_INVAL for a bad name, GMB_E_AUTH with a
  * reason in `why` (which never contains the token), GMB_E_LIMIT when too
- * many tenants exist.  The token is hashed and forgotten.
+ * many tenants exist or uid made max_tenants_per_uid by first use already
+ * (its own default name uid-UID never counts).  The token is hashed and forgotten.
  */
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
@@ -158,6 +159,9 @@ int gmb__tenant_reserve_allows(struct gmb_tenants *ts, struct gmb_tenant *t,
                                uint64_t size, uint64_t room, char *why,
                                size_t whycap);
 
+/* How many tenants have a reservation now.  O(1). */
+size_t gmb__tenants_reserving(const struct gmb_tenants *ts);
+
 /* Sum over tenants of max(0, reserve - segments): reserved bytes that
  * must still come from the device's room. */
 uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts);
@@ -171,10 +175,32 @@ uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts);
 int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
                                     char *msg, size_t cap);
 
+/* Takes the limits a reload may change (max_tenants_per_uid). */
+void gmb__tenants_set_limits(struct gmb_tenants *ts,
+                             const struct gmb_config *cfg);
+
+/* 1 when t was made by first use (not configured) and holds nothing: no
+ * session, no allocation, no waiter, and no limit an operator set (its
+ * quota is the default, no reservation, priority 0).  `named` 0: only a
+ * default tenant (uid-N) counts, which loses nothing by going (its name is
+ * its uid's anyway, and the next session makes it again, the same); 1:
+ * any, which loses the first uid's ownership of its name. */
+int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
+                     int named);
+/* Removes idle tenant t (gmb__tenant_idle): its arena's empty segments go
+ * back to the device, and t is freed. */
+void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t);
+
+/* Removes every idle tenant (gmb__tenant_idle with `named`); returns how
+ * many.  O(tenants). */
+size_t gmb__tenants_reap(struct gmb_tenants *ts, int named);
+
 /* Visits the tenants in name order; stops when fn returns non-zero. */
 int gmb__tenants_each(struct gmb_tenants *ts,
                       int (*fn)(void *ctx, struct gmb_tenant *t), void *ctx);
 size_t gmb__tenants_count(const struct gmb_tenants *ts);
+/* 1 when the registry holds as many tenants as it may (4096). */
+int gmb__tenants_full(const struct gmb_tenants *ts);
 
 /* Number of broken invariants: `used` and `segments` of each tenant
  * against its arena, `peak` >= `used`, and the sum of unbacked
