@@ -29,6 +29,7 @@
 #include "core.h"
 #include "defrag.h"
 #include "gmb.h"
+#include "locktab.h"
 #include "log.h"
 #include "observe.h"
 #include "reply.h"
@@ -171,9 +172,16 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
     char msg[WIRE_MESSAGE_MAX];
     snprintf(msg, sizeof msg, "tenant %s was %s", t->name, why);
     gmb__reply_event(b, s, WIRE_EVENT_EVICTED, 0, msg);
+    if (s->lt) gmb__locktab_evict(s->lt);
     gmb__core_session_end(b, s, why);
     n++;
   }
+  /* The evicted processes may still run and write the memory they mapped:
+   * none of the tenant's segments may serve anyone again.  They are empty
+   * now; the one the pool keeps lingering goes back to the device too
+   * (its pages stay the evicted processes' own until they unmap them). */
+  gmb__pool_trim(b->pool);
+  gmb__tenant_segments_sync(b->tenants, t);
   uint64_t freed = before - t->used;
   char fs[GMB_SIZE_BUFSZ];
   log_info("uid %u evicted tenant %s: %u sessions ended, %s freed",
@@ -263,9 +271,15 @@ static int admin_apply_tenant(struct gmb_broker *b,
              "process's uid %u (or token) is not among its uids or token",
              t->name, (unsigned)s->uid);
     gmb__reply_event(b, s, WIRE_EVENT_EVICTED, 0, msg);
+    if (s->lt) gmb__locktab_evict(s->lt);
     gmb__core_session_end(b, s, "reload: its uid or token no longer proves "
                           "the tenant");
     ended++;
+  }
+  /* As after an eviction: no emptied segment they mapped serves again. */
+  if (ended) {
+    gmb__pool_trim(b->pool);
+    gmb__tenant_segments_sync(b->tenants, t);
   }
   return ended;
 }

@@ -1081,6 +1081,11 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
+  /* An eviction is seen here before (or without) its event: the broker
+   * set the word in the lock table before it ended the session. */
+  if (c->lt && atomic_load_explicit(&c->lt->evicted, memory_order_acquire))
+    return client_fail(GMB_E_EVICTED, "this session was evicted by an "
+                       "operator: its memory is no longer its own");
   struct gmb_segmap_entry e;
   if (gmb__segmap_get(c->map, id, c->lt_slot, c->lt_slots, &e) != 0)
     return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "

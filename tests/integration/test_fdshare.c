@@ -569,10 +569,81 @@ START_TEST(evicted_process_keeps_its_bytes) {
 }
 END_TEST
 
+/* --- evicted_writer_spares_next_session ----------------------------------- */
+
+struct scribbler {
+  const char *endpoint;
+  int ready_w, go_r;
+};
+
+/* Holds 1 MiB of tenant "scrib" (a small segment, the kind the pool keeps
+ * lingering), is evicted, sees it in gmb_lock, and writes all over the
+ * memory it still maps, as a process that did not notice would. */
+static int scribbler_main(void *arg) {
+  struct scribbler *a = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "scrib", &c) == 0, 50, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id = 0;
+  CHILD_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id) == 0, 51, "alloc: %s",
+              gmb_last_error(c));
+  void *p = NULL;
+  CHILD_CHECK(gmb_lock(c, id, &p) == 0, 52, "lock: %s", gmb_last_error(c));
+  CHILD_CHECK(harness_pipe_send(a->ready_w, 'r') == 0, 53, "pipe");
+  CHILD_CHECK(harness_pipe_wait(a->go_r, HARNESS_WAIT_MS) == 'g', 54,
+              "no go");
+  void *q = NULL;
+  int rc = gmb_lock(c, id, &q);
+  CHILD_CHECK(rc == GMB_E_EVICTED, 55, "gmb_lock after the eviction = %s",
+              gmb_err_name(rc));
+  memset(p, 0xff, MIB);
+  CHILD_CHECK(harness_pipe_send(a->ready_w, 'w') == 0, 56, "pipe");
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(evicted_writer_spares_next_session) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  int ready[2], go[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  struct scribbler a = {b.endpoint, ready[1], go[0]};
+  pid_t kid = harness_fork(scribbler_main, &a);
+  ck_assert_msg(harness_pipe_wait(ready[0], HARNESS_WAIT_MS) == 'r',
+                "the scribbler did not allocate (exit %d)", harness_wait(kid));
+  char out[4096];
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "evict", "scrib", NULL),
+                   0);
+  /* The tenant's next session: the same size, the same kind of segment. */
+  gmb_client *c = harness_connect_ok(&b, "scrib");
+  gmb_id id = 0;
+  ck_assert_int_eq(gmb_alloc(c, MIB, GMB_MOVABLE, &id), 0);
+  void *p = NULL;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  harness_pattern_fill(p, MIB, 9);
+  ck_assert_int_eq(harness_pipe_send(go[1], 'g'), 0);
+  ck_assert_msg(harness_pipe_wait(ready[0], HARNESS_WAIT_MS) == 'w',
+                "the scribbler did not write (exit %d)", harness_wait(kid));
+  long bad = harness_pattern_check(p, MIB, 9);
+  ck_assert_msg(bad < 0, "byte %ld of the next session's memory was "
+                "written by the evicted process", bad);
+  int st = harness_wait(kid);
+  ck_assert_msg(st == 0, "the scribbler ended with %d", st);
+  gmb_disconnect(c);
+  close(ready[0]);
+  close(ready[1]);
+  close(go[0]);
+  close(go[1]);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "fdshare", "descriptors", 60, nothing_in_dev_shm,
       descriptors_back_to_idle, sealed_against_truncation,
       other_uid_gets_nothing, client_in_another_pid_namespace,
-      broker_kill9_restart_same_pid, evicted_process_keeps_its_bytes));
+      broker_kill9_restart_same_pid, evicted_process_keeps_its_bytes,
+      evicted_writer_spares_next_session));
 }

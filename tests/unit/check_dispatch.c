@@ -1389,6 +1389,51 @@ START_TEST(start_check_counts_state_file) {
 }
 END_TEST
 
+/* Issue 12, item 12: an evicted process kept writing its memory, and the
+ * tenant's next session found its bytes overwritten: gmb_lock sends no
+ * message, so the process never saw the eviction, and the segment the pool
+ * kept lingering served the next session.  The lock table's `evicted`
+ * word says it at once (the client's mapping outlives the broker's), and
+ * none of the tenant's segments serves again. */
+START_TEST(evict_sets_word_and_retires_segments) {
+  struct fx f;
+  fx_open(&f);
+  struct gmb_session *s = fx_hello(&f, "v", 1001, "victim");
+  struct gmb_tenant *t = s->tenant;
+  struct gmb__lt_header *h = fx_map_locktab(s);
+  ck_assert_uint_eq(atomic_load(&h->evicted), 0);
+  uint64_t small = fx_must_alloc(&f, "v", 1001, MIB, GMB_MOVABLE).u.alloc.id;
+  uint64_t seg = 0;
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(f.b.pool, small, &info), 0);
+  seg = info.dseg->id;
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = 77;
+  req.kind = WIRE_ADMIN_EVICT;
+  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant,
+           "victim");
+  struct gmb_peer peer = fx_peer("ctl", geteuid());
+  struct wire_reply rep;
+  ck_assert_int_eq(gmb__admin(&f.b, &peer, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.u.evict.sessions, 1);
+  /* The word, in the client's mapping, with the session gone. */
+  ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"v", 1));
+  ck_assert_uint_eq(atomic_load(&h->evicted), GMB_LT_EVICTED);
+  /* Its segment went back to the device, lingering or not. */
+  ck_assert_ptr_null(gmb__pool_segment(f.b.pool, seg, NULL));
+  ck_assert_uint_eq(t->segment_bytes, 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 0);
+  /* The tenant's next session gets another segment. */
+  fx_hello(&f, "v2", 1001, "victim");
+  struct wire_reply r2 = fx_must_alloc(&f, "v2", 1001, MIB, 0);
+  ck_assert_uint_ne(r2.u.alloc.segment, seg);
+  fx_unmap_locktab(h);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
   TCase *tc = tcase_create("hello");
@@ -1454,6 +1499,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, waiters_capped_per_session_and_tenant);
   tcase_add_test(tc, reload_reservations_over_device_refused);
   tcase_add_test(tc, start_check_counts_state_file);
+  tcase_add_test(tc, evict_sets_word_and_retires_segments);
   suite_add_tcase(s, tc);
   return s;
 }
