@@ -33,6 +33,7 @@
 #include "core.h"
 #include "defrag.h"
 #include "dispatch.h"
+#include "endpoint.h"
 #include "fdchan.h"
 #include "fdpass.h"
 #include "gmb.h"
@@ -210,6 +211,16 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
   }
   b->loop->sigfd = -1;
   int rc = loop_mkdir_p(b->run_dir, err, errcap);
+  if (rc == 0) {
+    /* Clients send tokens to the sockets made here: a dir another user
+     * owns or may write to could hold an impostor's socket next. */
+    char why[512];
+    rc = gmb__run_dir_trusted(b->run_dir, geteuid(), why, sizeof why);
+    if (rc) {
+      snprintf(err, errcap, "run dir refused: %s", why);
+      return GMB_E_SYSTEM;
+    }
+  }
   if (rc) return rc;
   int n1 = snprintf(b->client_path, sizeof b->client_path, "%s/broker.sock",
                     b->run_dir);

@@ -645,6 +645,16 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   char why[CLIENT_WHY_MAX];
   rc = gmb__endpoint_probe(endpoint, hint, why, sizeof why);
   if (rc) return client_fail(rc, "%s", why);
+  /* A token goes only to a broker this uid can trust to be the broker:
+   * its run dir and socket are root's or ours, and nobody else may put
+   * a socket there. */
+  if (hello.u.hello.token_len > 0) {
+    rc = gmb__endpoint_trusted(endpoint, geteuid(), why, sizeof why);
+    if (rc) {
+      explicit_bzero(hello.u.hello.token, sizeof hello.u.hello.token);
+      return client_fail(rc, "token not sent: %s", why);
+    }
+  }
 
   gmb_client *c = calloc(1, sizeof *c);
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
