@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -563,6 +564,7 @@ int gmb__loop_run(struct gmb_broker *b) {
   uint64_t next_trim = gmb__now_ns() + LOOP_TRIM_NS;
   uint64_t next_hb = gmb__now_ns() + hb_ns;
   uint64_t next_frag = gmb__now_ns() + LOOP_FRAG_NS;
+  uint64_t trimmed_gen = 0;
   while (!b->stopping) {
     if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
@@ -617,6 +619,13 @@ int gmb__loop_run(struct gmb_broker *b) {
       uint64_t freed = gmb__pool_trim(b->pool);
       if (freed)
         log_debug("trim: %" PRIu64 " bytes of idle segments released", freed);
+      /* Sessions came and went: give the heap's free pages back, so the
+       * broker's RSS returns near its base after a burst of clients. */
+      uint64_t gen = gmb__sessions_gen(b->sessions);
+      if (gen != trimmed_gen) {
+        malloc_trim(0);
+        trimmed_gen = gen;
+      }
       next_trim = now + LOOP_TRIM_NS;
     }
   }
