@@ -121,6 +121,10 @@ int main(int argc, char **argv) {
     if (rc) {
       snprintf(err, sizeof err, "state: %s", why);
       rc = GMB_E_INVAL;
+    } else if (gmb__core_reservations(b, why, sizeof why) != 0) {
+      /* After the state file: its overrides count too.  A warning, not a
+       * refusal: a GPU's capacity can be less than at the last start. */
+      log_warn("%s", why);
     }
   }
   if (rc) {

@@ -648,6 +648,16 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   char why[CLIENT_WHY_MAX];
   rc = gmb__endpoint_probe(endpoint, hint, why, sizeof why);
   if (rc) return client_fail(rc, "%s", why);
+  /* A token goes only to a broker this uid can trust to be the broker:
+   * its run dir and socket are root's or ours, and nobody else may put
+   * a socket there. */
+  if (hello.u.hello.token_len > 0) {
+    rc = gmb__endpoint_trusted(endpoint, geteuid(), why, sizeof why);
+    if (rc) {
+      explicit_bzero(hello.u.hello.token, sizeof hello.u.hello.token);
+      return client_fail(rc, "token not sent: %s", why);
+    }
+  }
 
   gmb_client *c = calloc(1, sizeof *c);
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
@@ -1104,6 +1114,11 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
+  /* An eviction is seen here before (or without) its event: the broker
+   * set the word in the lock table before it ended the session. */
+  if (c->lt && atomic_load_explicit(&c->lt->evicted, memory_order_acquire))
+    return client_fail(GMB_E_EVICTED, "this session was evicted by an "
+                       "operator: its memory is no longer its own");
   struct gmb_segmap_entry e;
   if (gmb__segmap_get(c->map, id, c->lt_slot, c->lt_slots, &e) != 0)
     return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "

@@ -612,6 +612,30 @@ START_TEST(decode_tenant_name_64_refused) {
 }
 END_TEST
 
+/* Issue 12, item 13: a NUL inside a name was read as a shorter name
+ * ("alice\0x" became "alice").  Names are bytes on the wire: refused. */
+START_TEST(decode_nul_in_names_refused) {
+  struct pb hello = {.n = 0}, p = {.n = 0};
+  pb_uint(&hello, 1, WIRE_PROTOCOL_VERSION);
+  pb_bytes(&hello, 2, "alice\0x", 7);
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 2, &hello);
+  struct wire_request r;
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &r), GMB_E_PROTO);
+  /* In the client's free text too. */
+  struct pb h2 = {.n = 0}, p2 = {.n = 0};
+  pb_uint(&h2, 1, WIRE_PROTOCOL_VERSION);
+  pb_bytes(&h2, 2, "alice", 5);
+  pb_bytes(&h2, 5, "lib\0gmb", 7);
+  pb_uint(&p2, 1, 1);
+  pb_sub(&p2, 2, &h2);
+  ck_assert_int_eq(gmb__wire_request_decode(p2.b, p2.n, &r), GMB_E_PROTO);
+  /* The same names without the NUL decode, as strings did. */
+  ck_assert_int_eq(hello_with("alice", 0, &r), 0);
+  ck_assert_str_eq(r.u.hello.tenant, "alice");
+}
+END_TEST
+
 START_TEST(decode_token_257_refused) {
   struct wire_request r;
   ck_assert_int_eq(hello_with("t", WIRE_TOKEN_MAX, &r), 0);
@@ -958,6 +982,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, decode_empty_buffer);
   tcase_add_test(tc, decode_request_without_body);
   tcase_add_test(tc, decode_tenant_name_64_refused);
+  tcase_add_test(tc, decode_nul_in_names_refused);
   tcase_add_test(tc, decode_token_257_refused);
   tcase_add_test(tc, decode_secret_33_refused);
   tcase_add_test(tc, decode_version_1_messages);
