@@ -231,13 +231,13 @@ static int cfg_listen(struct cfg_parse *p, const char *key, const char *v) {
 enum {
   K_DEVICE, K_CAPACITY, K_DEVICE_RESERVE, K_RUN_DIR, K_STATE, K_ADMIN_UIDS,
   K_DEFAULT_QUOTA, K_COMPACTION, K_COMPACTION_THRESHOLD, K_METRICS_LISTEN,
-  K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS,
+  K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_RUN_DIR_PER_GPU,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
     "state",         "admin_uids", "default_quota",        "compaction",
     "compaction_threshold", "metrics_listen", "log_level", "heartbeat_ms",
-    "shutdown_grace_ms",
+    "shutdown_grace_ms", "run_dir_per_gpu",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY };
@@ -293,6 +293,17 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
     case K_SHUTDOWN_GRACE_MS:
       if (!cfg_int(p, key, v, 0, 60000, &x)) return 0;
       c->shutdown_grace_ms = (uint32_t)x;
+      return 1;
+    case K_RUN_DIR_PER_GPU:
+      if (!strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "true") ||
+          !strcmp(v, "1"))
+        c->run_dir_per_gpu = 1;
+      else if (!strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "false") ||
+               !strcmp(v, "0"))
+        c->run_dir_per_gpu = 0;
+      else
+        return cfg_fail(p, p->line, "%s %s: bad value '%s' (want yes or no)",
+                        p->sec_label, key, v);
       return 1;
   }
   GMB_ASSERT(0 && "a broker key without a case");
