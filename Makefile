@@ -65,7 +65,7 @@ BROKER_SRC := broker/loop.c \
   broker/config.c broker/log.c
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
-  client/lib/fdclient.c
+  client/lib/fdclient.c client/lib/gpu.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -226,6 +226,7 @@ $(B)/gmb.pc: Makefile
 # installed library), unit tests, then integration tests that start real
 # brokers.  Each is a suite; tests/run.sh prints a summary line.
 TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
+  tests/entrypoint.sh tests/torch_py.sh \
   tests/install.sh
 check: all
 	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN)

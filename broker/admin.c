@@ -380,6 +380,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   nc.capacity = oc->capacity;
   nc.device_reserve = oc->device_reserve;
   memcpy(nc.run_dir, oc->run_dir, sizeof nc.run_dir);
+  nc.run_dir_per_gpu = oc->run_dir_per_gpu;
   memcpy(nc.metrics_listen, oc->metrics_listen, sizeof nc.metrics_listen);
   memcpy(nc.state, oc->state, sizeof nc.state);
 

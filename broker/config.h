@@ -34,6 +34,8 @@ struct gmb_config {
   uint64_t capacity;        /* 0: what the device has */
   uint64_t device_reserve;  /* cuda: bytes left to others */
   char run_dir[PATH_MAX];   /* "" : gmb__run_dir() */
+  int run_dir_per_gpu;      /* 1: sockets in RUN_DIR/UUID, state file
+                               STATE.UUID, metrics port + N (cuda:N) */
   char state[PATH_MAX];     /* "" : no state file */
   uid_t admin_uids[GMB_CONFIG_UIDS_MAX];
   size_t n_admin_uids;      /* the broker's own uid is always admin */

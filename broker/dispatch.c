@@ -264,7 +264,6 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
 
 static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
                           struct wire_reply *rep) {
-  (void)b;
   struct gmb_arena_stats as;
   gmb__pool_arena_stats(s->tenant->arena, &as);
   rep->kind = WIRE_STATS;
@@ -272,6 +271,12 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
   rep->u.stats.used = s->tenant->used;
   rep->u.stats.peak = s->tenant->peak;
   rep->u.stats.segments = as.segment_bytes;
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  rep->u.stats.device_capacity = ps.capacity;
+  rep->u.stats.device_segments = ps.segment_bytes;
+  rep->u.stats.device_used = ps.used;
+  rep->u.stats.free_in_segments = as.free_total;
   return 1;
 }
 

@@ -492,6 +492,10 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       stats.used = rep->u.stats.used;
       stats.peak = rep->u.stats.peak;
       stats.segments = rep->u.stats.segments;
+      stats.device_capacity = rep->u.stats.device_capacity;
+      stats.device_segments = rep->u.stats.device_segments;
+      stats.device_used = rep->u.stats.device_used;
+      stats.free_in_segments = rep->u.stats.free_in_segments;
       r.body_case = GMB__REPLY__BODY_STATS;
       r.stats = &stats;
       break;
@@ -682,6 +686,10 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.stats.used = r->stats->used;
       out->u.stats.peak = r->stats->peak;
       out->u.stats.segments = r->stats->segments;
+      out->u.stats.device_capacity = r->stats->device_capacity;
+      out->u.stats.device_segments = r->stats->device_segments;
+      out->u.stats.device_used = r->stats->device_used;
+      out->u.stats.free_in_segments = r->stats->free_in_segments;
       break;
     case GMB__REPLY__BODY_EVENT:
       out->kind = WIRE_EVENT;

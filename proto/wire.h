@@ -156,6 +156,8 @@ struct wire_reply {
     } alloc;
     struct {
       uint64_t quota, used, peak, segments;
+      uint64_t device_capacity, device_segments, device_used,
+          free_in_segments;
     } stats;
     struct {
       enum wire_event kind;

@@ -57,6 +57,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "client.h"
 #include "cuimport.h"
 #include "endpoint.h"
 #include "fdclient.h"
@@ -131,6 +132,15 @@ static int client_fail(int code, const char *fmt, ...) {
   snprintf(client_err, sizeof client_err, "%s: %s", gmb_err_name(code),
            why[0] ? why : gmb_strerror(code));
   return code;
+}
+
+int gmb__client_fail(int code, const char *fmt, ...) {
+  char why[CLIENT_WHY_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  return client_fail(code, "%s", why);
 }
 
 GMB_EXPORT const char *gmb_last_error(gmb_client *c) {
@@ -1200,6 +1210,23 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   out->used = rep.u.stats.used;
   out->peak = rep.u.stats.peak;
   out->segments = rep.u.stats.segments;
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  struct wire_request req = {.kind = WIRE_STATS};
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
+  pthread_mutex_unlock(&c->io);
+  if (rc) return rc;
+  out->capacity = rep.u.stats.device_capacity;
+  out->segments = rep.u.stats.device_segments;
+  out->used = rep.u.stats.device_used;
+  out->free_in_segments = rep.u.stats.free_in_segments;
   gmb__wire_reply_clear(&rep);
   return 0;
 }

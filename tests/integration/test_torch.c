@@ -359,9 +359,65 @@ START_TEST(torch_host_broker_refused) {
 }
 END_TEST
 
+/* --- several GPUs: one broker each -------------------------------------------- */
+
+static const struct harness_broker *mg_b[2];
+
+static long long mg_used(int i) {
+  struct wire_tenant_row row;
+  int rc = harness_tenant_row(mg_b[i], "torch", &row);
+  return rc == GMB_E_NOENT ? 0 : rc ? -1 : (long long)row.used;
+}
+
+/* PyTorch names the device of every allocation: each goes to the broker
+ * of that GPU (the process sees the two renumbered, "1,0"), each free to
+ * the broker that gave it; a device with no broker is refused. */
+static int devices_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  setenv("FAKECUDA_VISIBLE", "1,0,2", 1);
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  void *p0 = t.alloc(4096, 0, NULL); /* physical 1 */
+  CHILD_CHECK(p0 != NULL, 11, "alloc on 0: %s", t.last_error());
+  void *p1 = t.alloc(8192, 1, NULL); /* physical 0 */
+  CHILD_CHECK(p1 != NULL, 12, "alloc on 1: %s", t.last_error());
+  CHILD_CHECK(mg_used(1) == 4096 && mg_used(0) == 8192, 13,
+              "physical 0 holds %lld, physical 1 %lld", mg_used(0),
+              mg_used(1));
+  CHILD_CHECK(t.alloc(4096, 2, NULL) == NULL, 14, "memory on a GPU without "
+              "a broker");
+  CHILD_CHECK(strstr(t.last_error(), "no broker for cuda:2") &&
+                  strstr(t.last_error(), HARNESS_FAKE_UUID(2)),
+              15, "last error: %s", t.last_error());
+  t.free(p0, 4096, 0, NULL);
+  CHILD_CHECK(mg_used(1) == 0 && mg_used(0) == 8192, 16, "after a free");
+  t.free(p1, 8192, 1, NULL);
+  CHILD_CHECK(mg_used(0) == 0, 17, "after both frees");
+  return 0;
+}
+
+START_TEST(torch_routes_by_device) {
+  struct harness_gpus g;
+  harness_fake_gpus(&g, 3);
+  struct harness_broker b0, b1;
+  harness_broker_start_gpu(&b0, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           torch_config);
+  harness_broker_start_gpu(&b1, g.base, "cuda:1", HARNESS_FAKE_UUID(1),
+                           torch_config);
+  mg_b[0] = &b0;
+  mg_b[1] = &b1;
+  struct torch_args a = {NULL, "torch", 1, 1};
+  torch_run(devices_main, &a);
+  harness_broker_stop(&b0);
+  harness_broker_stop(&b1);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "torch", "torch", 60,
+      torch_routes_by_device,
       torch_sizes_and_zero,
       torch_quota_returns_null,
       torch_no_broker_returns_null,

@@ -316,11 +316,19 @@ START_TEST(reply_stats_roundtrip) {
   in.u.stats.used = 1;
   in.u.stats.peak = UINT64_MAX;
   in.u.stats.segments = 2 << 20;
+  in.u.stats.device_capacity = UINT64_C(70) << 30;
+  in.u.stats.device_segments = 6 << 20;
+  in.u.stats.device_used = 3;
+  in.u.stats.free_in_segments = (2 << 20) - 1;
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.stats.quota, 20 * (UINT64_C(1) << 30));
   ck_assert_uint_eq(out.u.stats.used, 1);
   ck_assert_uint_eq(out.u.stats.peak, UINT64_MAX);
   ck_assert_uint_eq(out.u.stats.segments, 2 << 20);
+  ck_assert_uint_eq(out.u.stats.device_capacity, UINT64_C(70) << 30);
+  ck_assert_uint_eq(out.u.stats.device_segments, 6 << 20);
+  ck_assert_uint_eq(out.u.stats.device_used, 3);
+  ck_assert_uint_eq(out.u.stats.free_in_segments, (2 << 20) - 1);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
