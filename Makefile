@@ -5,7 +5,7 @@
 #   make check SAN=1  the same under AddressSanitizer + UBSan (build/san/)
 #   make demo       a broker on the host device with a short demo
 #   make bench      benchmarks (figures in docs/benchmarks.md)
-#   make install PREFIX=/usr/local   binaries, libraries, header, gmb.pc
+#   make install PREFIX=/usr/local   binaries, libraries, header, gmb.pc, docs
 #   make clean
 #   V=1             show full commands
 
@@ -251,6 +251,9 @@ install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 include/gmb.h $(DESTDIR)$(PREFIX)/include/
 	$(call write_pc,$(DESTDIR)$(PREFIX)/lib/pkgconfig/gmb.pc)
+	install -d $(DESTDIR)$(PREFIX)/share/doc/gmb
+	install -m 0644 README.md docs/*.md deploy/gmb.ini.example \
+	  $(DESTDIR)$(PREFIX)/share/doc/gmb/
 
 clean:
 	rm -rf build
