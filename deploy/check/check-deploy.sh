@@ -418,6 +418,9 @@ else
   fi
   cleanup
 fi
+# Each build leaves its build stage behind (vfs keeps whole copies): keep
+# only the tagged images.
+[ -z "$engine" ] && "${P[@]}" image prune -f >/dev/null 2>&1
 
 section "result"
 [ "$skipped" -gt 0 ] && echo "check-deploy: $skipped checks were SKIPPED (reasons above): they did not pass"
