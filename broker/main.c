@@ -5,10 +5,14 @@
  * Exit status: 0 after a clean stop, 1 when the broker cannot start (device,
  * run dir, sockets), 2 for a usage or config error.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -19,6 +23,32 @@
 #include "loop.h"
 #include "statefile.h"
 #include "util.h"
+
+/* systemd's readiness protocol (sd_notify(3)) written out, so that the
+ * broker needs no libsystemd: one datagram to the Unix socket that
+ * $NOTIFY_SOCKET names ('@' first: the abstract namespace).  Without the
+ * variable it does nothing; a failure is logged and otherwise ignored
+ * (systemd then reports that the service never became ready). */
+static void main_notify(const char *msg) {
+  const char *path = getenv("NOTIFY_SOCKET");
+  if (path == NULL || *path == '\0') return;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  size_t n = strlen(path);
+  if ((path[0] != '/' && path[0] != '@') || n >= sizeof sa.sun_path) {
+    log_warn("NOTIFY_SOCKET=%s: not a Unix socket path; not notifying", path);
+    return;
+  }
+  memcpy(sa.sun_path, path, n);
+  if (path[0] == '@') sa.sun_path[0] = '\0';
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 ||
+      sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n)) < 0)
+    log_warn("sd_notify %s to %s: %s", msg, path, strerror(errno));
+  if (fd >= 0) close(fd);
+}
 
 static void main_usage(FILE *f) {
   fprintf(f,
@@ -241,7 +271,9 @@ int main(int argc, char **argv) {
              "clients ipc://%s, admin ipc://%s", gmb_version(), b->dev->desc,
              gmb__size_format(b->dev->capacity, cap, sizeof cap),
              b->cfg.n_tenants, b->client_path, b->admin_path);
+    main_notify("READY=1");
     status = gmb__loop_run(b);
+    main_notify("STOPPING=1");
   }
   /* Sessions were told; now end them, release every segment, and remove
    * the socket files. */
