@@ -256,6 +256,7 @@ install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 	$(call write_pc,$(DESTDIR)$(PREFIX)/lib/pkgconfig/gmb.pc)
 	install -d $(DESTDIR)$(PREFIX)/share/doc/gmb
 	install -m 0644 README.md docs/*.md deploy/gmb.ini.example \
+	  deploy/grafana/gmb-dashboard.json \
 	  $(DESTDIR)$(PREFIX)/share/doc/gmb/
 
 # The deployment files, built and run as an operator would: podman builds

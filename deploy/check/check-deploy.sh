@@ -157,6 +157,31 @@ else
   skip "kubernetes-models schemas" "node and the npm packages are not there (log: $W/npm.log)"
 fi
 
+# The Grafana dashboard: JSON, and every metric it queries is one the
+# broker serves (docs/metrics.md lists them).
+if have python3; then
+  if out=$(python3 - deploy/grafana/gmb-dashboard.json docs/metrics.md <<'PY' 2>&1
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+known = set(re.findall(r"`(gmb_[a-z_]+)", open(sys.argv[2]).read()))
+used = set()
+for p in d["panels"]:
+    for t in p["targets"]:
+        used |= set(re.findall(r"\b(gmb_[a-z_]+?)(?:_bucket)?\b", t["expr"]))
+missing = sorted(m for m in used if m not in known)
+if missing:
+    sys.exit("unknown metrics: " + " ".join(missing))
+print("%d panels, %d metrics" % (len(d["panels"]), len(used)))
+PY
+  ); then
+    ok "Grafana dashboard deploy/grafana/gmb-dashboard.json" "$out"
+  else
+    bad "Grafana dashboard deploy/grafana/gmb-dashboard.json" "$out"
+  fi
+else
+  skip "Grafana dashboard" "python3 is not there"
+fi
+
 UNIT=deploy/systemd/gmb-broker.service
 if have systemd-analyze; then
   root=$W/sysroot
