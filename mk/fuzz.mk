@@ -14,7 +14,7 @@
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FZ := build/fuzz
-FUZZ_TARGETS ?= dispatch config statefile replay
+FUZZ_TARGETS ?= dispatch config statefile replay fdchan
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
   -fno-omit-frame-pointer
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING -O1 -g -Wall -Wextra \
