@@ -1229,6 +1229,9 @@ static void rp_usage(FILE *f) {
           RP_SERIES_POINTS);
 }
 
+/* tests/fuzz/fuzz_replay.c includes this file without its main, to fuzz
+ * the trace parser. */
+#ifndef GMB_REPLAY_NO_MAIN
 int main(int argc, char **argv) {
   struct rp_opts o = {.compaction = "auto"};
   for (int i = 1; i < argc; i++) {
@@ -1278,3 +1281,4 @@ int main(int argc, char **argv) {
   rp_trace_free(&tr);
   return rc;
 }
+#endif /* GMB_REPLAY_NO_MAIN */

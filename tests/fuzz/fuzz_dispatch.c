@@ -1,0 +1,170 @@
+/*
+ * fuzz_dispatch.c - libFuzzer target: a client's or an operator's bytes,
+ * decoded by the wire codec (proto/wire.c) and handled by a whole broker
+ * in this process (broker/dispatch.c, broker/admin.c and everything below
+ * them), the way the loop does it (loop.c, loop_take) but without sockets:
+ * the sender is tapped, as in tests/unit/broker_fixture.h.  Between two
+ * messages one slice of a compaction in progress runs, as in the loop.
+ *
+ * An input is a sequence of records, each one message:
+ *
+ *   byte 0    who: bits 0-1 the client (routing ids "a".."d", uids 1000,
+ *             1000, 1001 and 4242, an admin uid), bit 2 the admin socket
+ *             instead of the client socket; 0xff is not a message but
+ *             "time passes": waiting requests expire, the compaction
+ *             timer fires, and the loop's reaping of idle default tenants
+ *   bytes 1-2 the frame's length, little-endian (cut to what is left)
+ *   then      the frame, decoded with gmb__wire_request_decode
+ *
+ * Each input gets a fresh broker (config from a file in a scratch dir, so
+ * that reload reads it again; a 16 MiB host device; small limits, so the
+ * refusals are reached).  After every message, and after the compaction
+ * that an admin compact starts has run to its end, the broker's
+ * consistency check (gmb__core_check, pool and tenants) must be 0; at the
+ * end of the input the broker is closed, which must free everything
+ * (ASan's leak check).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "admin.h"
+#include "broker.h"
+#include "config.h"
+#include "core.h"
+#include "defrag.h"
+#include "dispatch.h"
+#include "fuzz.h"
+#include "gmb.h"
+#include "log.h"
+#include "statefile.h"
+#include "util.h"
+#include "waitq.h"
+#include "wire.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len);
+
+static char fz_ini[128];
+static uint64_t fz_sent;
+
+static const char *const fz_rids[4] = {"a", "b", "c", "d"};
+static const uid_t fz_uids[4] = {1000, 1000, 1001, 4242};
+
+static const char fz_config[] =
+    "[broker]\n"
+    "admin_uids = 4242\n"
+    "max_sessions = 6\n"
+    "max_sessions_per_uid = 3\n"
+    "max_tenants_per_uid = 3\n"
+    "max_waiters_per_session = 3\n"
+    "max_waiters_per_tenant = 5\n"
+    "compaction_threshold = 0.2\n"
+    "[tenant:llm-a]\n"
+    "quota = 8MiB\n"
+    "uids = 1000\n"
+    "[tenant:batch]\n"
+    "quota = 6MiB\n"
+    "reserve = 2MiB\n"
+    "priority = 5\n"
+    "[tenant:tok]\n"
+    "token_sha256 = "
+    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n";
+
+static void fz_tap(void *ctx, enum gmb_socket sock, const uint8_t *rid,
+                   size_t rid_len, const struct wire_reply *rep) {
+  (void)ctx;
+  (void)sock;
+  FZ_ASSERT(rid_len > 0 && rid != NULL);
+  FZ_ASSERT(rep->status <= 0);
+  FZ_ASSERT(fz_terminated(rep->message, sizeof rep->message));
+  fz_sent++;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  gmb__log_set_level(GMB_LOG_ERROR);
+  char dir[64] = "/tmp/gmb-fuzz-XXXXXX";
+  FZ_ASSERT(mkdtemp(dir) != NULL);
+  snprintf(fz_ini, sizeof fz_ini, "%s/gmb.ini", dir);
+  FILE *f = fopen(fz_ini, "w");
+  FZ_ASSERT(f != NULL);
+  fputs(fz_config, f);
+  FZ_ASSERT(fclose(f) == 0);
+  return 0;
+}
+
+/* Runs a compaction in progress to its end, as the loop's ticks would. */
+static void fz_settle(struct gmb_broker *b) {
+  for (int i = 0; i < 100000 && gmb__defrag_busy(b); i++)
+    gmb__defrag_tick(b, gmb__now_ns() + 1000000);
+  FZ_ASSERT(!gmb__defrag_busy(b));
+  FZ_ASSERT(gmb__core_check(b) == 0);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
+  struct gmb_broker *b = calloc(1, sizeof *b);
+  FZ_ASSERT(b != NULL);
+  char err[1024];
+  gmb__config_defaults(&b->cfg);
+  FZ_ASSERT(gmb__config_load(fz_ini, &b->cfg, err, sizeof err) == 0);
+  snprintf(b->config_path, sizeof b->config_path, "%s", fz_ini);
+  snprintf(b->cfg.device, sizeof b->cfg.device, "host:16MiB");
+  b->flag_log_level = -1;
+  b->checks = 1;
+  b->reply_tap = fz_tap;
+  FZ_ASSERT(gmb__core_open(b, err, sizeof err) == 0);
+  FZ_ASSERT(gmb__statefile_load(b, err, sizeof err) == 0);
+
+  size_t at = 0;
+  while (at < len) {
+    uint8_t who = data[at++];
+    if (who == 0xff) {
+      uint64_t later = gmb__now_ns() + UINT64_C(3600) * 1000000000u;
+      gmb__waitq_expire(b, later);
+      gmb__defrag_timer(b, later);
+      fz_settle(b);
+      gmb__core_reap(b, 0);
+      FZ_ASSERT(gmb__core_check(b) == 0);
+      continue;
+    }
+    size_t n = 0;
+    if (at < len) n = data[at++];
+    if (at < len) n |= (size_t)data[at++] << 8;
+    if (n > len - at) n = len - at;
+    const uint8_t *frame = data + at;
+    at += n;
+    unsigned c = who & 3u;
+    struct gmb_peer peer = {.rid = (const uint8_t *)fz_rids[c],
+                            .rid_len = 1, .uid = fz_uids[c],
+                            .gid = fz_uids[c], .pid = 0};
+    struct wire_request req;
+    if (gmb__wire_request_decode(frame, n, &req) != 0) continue;
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    int now;
+    if (who & 4u) {
+      now = gmb__admin(b, &peer, &req, &rep);
+    } else {
+      now = gmb__dispatch(b, &peer, &req, &rep);
+    }
+    if (now) fz_tap(NULL, (who & 4u) ? GMB_SOCK_ADMIN : GMB_SOCK_CLIENT,
+                    peer.rid, peer.rid_len, &rep);
+    gmb__wire_reply_clear(&rep);
+    FZ_ASSERT(gmb__core_check(b) == 0);
+    /* The loop runs one slice of a compaction in progress between
+     * messages, so requests arrive while allocations are moving. */
+    if (gmb__defrag_busy(b)) {
+      gmb__defrag_tick(b, gmb__now_ns() + 1000000);
+      FZ_ASSERT(gmb__core_check(b) == 0);
+    }
+  }
+  fz_settle(b);
+  gmb__defrag_shutdown(b);
+  gmb__core_close(b);
+  gmb__config_free(&b->cfg);
+  free(b);
+  return 0;
+}

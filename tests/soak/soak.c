@@ -1,0 +1,598 @@
+/*
+ * soak.c - the soak with faults (issue 12): a real broker on the host
+ * device, several tenants' client processes doing real work against it,
+ * and an operator that keeps breaking things, for SOAK_SECONDS (default
+ * 60).  `make soak SOAK_SECONDS=N` runs it; CI runs a short round.
+ *
+ * The clients (SOAK_TENANTS tenants x SOAK_CLIENTS processes each) loop:
+ * allocate (pinned or movable, 512 B .. 1 MiB, now and then 2 MiB), write
+ * a pattern that depends on the allocation, verify it when they lock it
+ * again (movable ones may have been moved by compaction in between),
+ * verify it again before they free it.  What they believe they hold
+ * (rounded to 512 B) and every mismatching byte are kept in a shared page.
+ * A client whose session is lost (evicted, broker gone, killed broker)
+ * counts it, forgets its allocations and connects again, to the broker's
+ * current endpoint.
+ *
+ * The faults, at random every few hundred milliseconds: kill -9 of a
+ * client (a new one takes its place), SIGSTOP of a client (SIGCONT some
+ * time later), `gmbctl evict` of a tenant, `gmbctl reload` of a config
+ * whose quota changed, `gmbctl compact`, and now and then a broker
+ * restart (SIGTERM, which must exit 0, or kill -9), except in the last
+ * third, so that the last broker carries load before the final checks.
+ *
+ * Checkpoints (every SOAK_SECONDS/6, at least 5 s, and at the end): every
+ * stopped client continued, every client paused between two operations
+ * after verifying all it holds and asking the broker whether its session
+ * still stands; then the admin status's `used` of each tenant must equal
+ * the sum its clients believe they hold (polled: killed clients' sessions
+ * end as the broker notices), and no byte may be corrupted.  At the end
+ * the clients disconnect and exit, and the broker's descriptors
+ * (/proc/PID/fd) must come back to at most its idle count plus 2, and its
+ * RSS to at most its idle RSS plus 16 MiB (the trim timer gives heap
+ * back), within HARNESS_WAIT_MS.  It prints operations and faults per
+ * kind, and fails on any violation.  No check is on a duration.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "harness.h"
+#include "wire.h"
+
+#define SOAK_MAX_TENANTS 8
+#define SOAK_MAX_CLIENTS 32
+#define SOAK_MAX_HELD 48 /* allocations per client */
+#define SOAK_ALIGN 512u
+
+struct soak_slot {
+  atomic_int pause, paused, quit;
+  atomic_uint_fast64_t held; /* rounded bytes the client believes it holds */
+  atomic_uint_fast64_t ops, allocs, frees, locks, refusals, lost, corrupt;
+  pid_t pid;
+  int tenant;
+  int stopped; /* parent: SIGSTOPped, not yet continued */
+  double cont_at;
+};
+
+struct soak_shared {
+  atomic_uint_fast64_t gen; /* odd while the endpoint is being rewritten */
+  char endpoint[128];
+  int n_slots;
+  struct soak_slot slot[SOAK_MAX_CLIENTS];
+};
+
+static struct soak_shared *sh;
+
+static const char *soak_tenant_name(int t, char *buf, size_t cap) {
+  snprintf(buf, cap, "soak%d", t);
+  return buf;
+}
+
+/* --- the client --------------------------------------------------------- */
+
+struct soak_alloc {
+  gmb_id id;
+  uint64_t size, rounded, seed;
+};
+
+struct soak_client {
+  int idx;
+  struct soak_slot *me;
+  gmb_client *c;
+  struct soak_alloc a[SOAK_MAX_HELD];
+  int n;
+  uint64_t rng;
+};
+
+static void soak_endpoint(char *buf, size_t cap) {
+  for (;;) {
+    uint64_t g = atomic_load(&sh->gen);
+    if (g & 1) {
+      harness_sleep_ms(1);
+      continue;
+    }
+    snprintf(buf, cap, "%s", sh->endpoint);
+    if (atomic_load(&sh->gen) == g) return;
+  }
+}
+
+/* The session is gone (or must be treated as gone): what it held is the
+ * broker's to free, not ours. */
+static void soak_lose(struct soak_client *k) {
+  atomic_fetch_add(&k->me->lost, 1);
+  atomic_store(&k->me->held, 0);
+  k->n = 0;
+  gmb_disconnect(k->c);
+  k->c = NULL;
+}
+
+/* Locks allocation i, checks its pattern, unlocks.  0, or -1 when the
+ * session is lost (then forgotten). */
+static int soak_verify(struct soak_client *k, int i) {
+  void *p;
+  int rc = gmb_lock(k->c, k->a[i].id, &p);
+  if (rc != 0) {
+    soak_lose(k);
+    return -1;
+  }
+  atomic_fetch_add(&k->me->locks, 1);
+  long bad = harness_pattern_check(p, k->a[i].size, k->a[i].seed);
+  if (bad >= 0) {
+    const uint8_t *b = p;
+    uint64_t n = 0;
+    uint8_t *exp = malloc(k->a[i].size);
+    if (exp) {
+      harness_pattern_fill(exp, k->a[i].size, k->a[i].seed);
+      for (uint64_t j = 0; j < k->a[i].size; j++) n += b[j] != exp[j];
+      free(exp);
+    } else {
+      n = 1;
+    }
+    fprintf(stderr, "soak: client %d: allocation %" PRIu64 " (%" PRIu64
+            " bytes): %" PRIu64 " corrupted bytes, first at %ld\n", k->idx,
+            (uint64_t)k->a[i].id, k->a[i].size, n, bad);
+    atomic_fetch_add(&k->me->corrupt, n);
+  }
+  gmb_unlock(k->c, k->a[i].id);
+  return 0;
+}
+
+static void soak_op(struct soak_client *k) {
+  uint64_t r = harness_rnd(&k->rng);
+  int what = (int)(r % 100);
+  if (what < 45 && k->n < SOAK_MAX_HELD) {
+    uint64_t size = (harness_rnd(&k->rng) % 16 == 0)
+                        ? (UINT64_C(2) << 20)
+                        : 512 + harness_rnd(&k->rng) % (UINT64_C(1) << 20);
+    unsigned flags = (r >> 8) & 1 ? GMB_MOVABLE : 0;
+    gmb_id id;
+    int rc = gmb_alloc(k->c, size, flags, &id);
+    if (rc == GMB_E_QUOTA || rc == GMB_E_NOMEM || rc == GMB_E_LIMIT) {
+      atomic_fetch_add(&k->me->refusals, 1);
+      return;
+    }
+    if (rc != 0) {
+      soak_lose(k);
+      return;
+    }
+    struct soak_alloc *a = &k->a[k->n++];
+    a->id = id;
+    a->size = size;
+    a->rounded = (size + SOAK_ALIGN - 1) & ~(uint64_t)(SOAK_ALIGN - 1);
+    a->seed = harness_rnd(&k->rng);
+    atomic_fetch_add(&k->me->held, a->rounded);
+    atomic_fetch_add(&k->me->allocs, 1);
+    void *p;
+    if (gmb_lock(k->c, id, &p) != 0) {
+      soak_lose(k);
+      return;
+    }
+    harness_pattern_fill(p, size, a->seed);
+    gmb_unlock(k->c, id);
+  } else if (what < 75 && k->n > 0) {
+    int i = (int)(harness_rnd(&k->rng) % (uint64_t)k->n);
+    if (soak_verify(k, i) != 0) return;
+    int rc = gmb_free(k->c, k->a[i].id);
+    if (rc != 0) {
+      soak_lose(k);
+      return;
+    }
+    atomic_fetch_sub(&k->me->held, k->a[i].rounded);
+    atomic_fetch_add(&k->me->frees, 1);
+    k->a[i] = k->a[--k->n];
+  } else if (k->n > 0) {
+    soak_verify(k, (int)(harness_rnd(&k->rng) % (uint64_t)k->n));
+  }
+}
+
+static int soak_client_main(void *arg) {
+  struct soak_client k;
+  memset(&k, 0, sizeof k);
+  k.idx = (int)(intptr_t)arg;
+  k.me = &sh->slot[k.idx];
+  k.rng = (uint64_t)getpid() * 0x9e3779b97f4a7c15u | 1;
+  char tenant[32], ep[128];
+  soak_tenant_name(k.me->tenant, tenant, sizeof tenant);
+  for (;;) {
+    if (atomic_load(&k.me->pause)) {
+      /* A checkpoint: verify everything, and make sure the session still
+       * stands (an eviction is seen here at the latest). */
+      for (int i = k.n - 1; k.c && i >= 0; i--)
+        if (soak_verify(&k, i) != 0) break;
+      gmb_stats st;
+      if (k.c && gmb_tenant_stats(k.c, &st) != 0) soak_lose(&k);
+      if (atomic_load(&k.me->quit)) {
+        if (k.c) gmb_disconnect(k.c);
+        atomic_store(&k.me->held, 0);
+        atomic_store(&k.me->paused, 1);
+        return 0;
+      }
+      atomic_store(&k.me->paused, 1);
+      while (atomic_load(&k.me->pause)) harness_sleep_ms(1);
+      atomic_store(&k.me->paused, 0);
+      continue;
+    }
+    if (k.c == NULL) {
+      soak_endpoint(ep, sizeof ep);
+      if (gmb_connect(ep, tenant, &k.c) != 0) {
+        k.c = NULL;
+        harness_sleep_ms(20);
+        continue;
+      }
+    }
+    soak_op(&k);
+    atomic_fetch_add(&k.me->ops, 1);
+    if (atomic_load(&k.me->ops) % 8 == 0) harness_sleep_ms(1);
+  }
+}
+
+/* --- the operator -------------------------------------------------------- */
+
+enum soak_fault {
+  F_KILL, F_STOP, F_EVICT, F_RELOAD, F_COMPACT, F_RESTART_TERM,
+  F_RESTART_KILL, F_COUNT
+};
+static const char *const soak_fault_names[F_COUNT] = {
+    "kill -9 client", "SIGSTOP client", "gmbctl evict", "gmbctl reload",
+    "gmbctl compact", "broker restart (SIGTERM)", "broker restart (kill -9)"};
+
+struct soak {
+  struct harness_broker b;
+  char config[1024];
+  int tenants, clients_per;
+  uint64_t faults[F_COUNT];
+  uint64_t violations, checkpoints;
+  uint64_t rng;
+  int quota_toggle;
+  int base_fds;
+  long base_rss_kib;
+  /* Figures of clients that were killed (their slots are reused). */
+  uint64_t dead_ops, dead_allocs, dead_frees, dead_locks, dead_refusals,
+      dead_lost, dead_corrupt;
+};
+
+static int soak_count_fds(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+static long soak_rss_kib(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return -1;
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  fclose(f);
+  return kib;
+}
+
+static void soak_write_config(struct soak *s) {
+  char *p = s->config;
+  size_t cap = sizeof s->config;
+  int n = snprintf(p, cap, "[broker]\ncompaction = auto\n"
+                   "compaction_threshold = 0.2\n");
+  for (int t = 0; t < s->tenants; t++) {
+    int last = t == s->tenants - 1;
+    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n", t,
+                  last && s->quota_toggle ? "12MiB" : "24MiB");
+  }
+}
+
+static void soak_publish(const char *endpoint) {
+  atomic_fetch_add(&sh->gen, 1);
+  snprintf(sh->endpoint, sizeof sh->endpoint, "%s", endpoint);
+  atomic_fetch_add(&sh->gen, 1);
+}
+
+static void soak_broker_start(struct soak *s) {
+  soak_write_config(s);
+  harness_broker_start(&s->b, "host:160MiB", s->config);
+  soak_publish(s->b.endpoint);
+  s->base_fds = soak_count_fds(s->b.pid);
+  s->base_rss_kib = soak_rss_kib(s->b.pid);
+}
+
+static void soak_spawn(struct soak *s, int i) {
+  struct soak_slot *m = &sh->slot[i];
+  atomic_store(&m->pause, 0);
+  atomic_store(&m->paused, 0);
+  atomic_store(&m->quit, 0);
+  atomic_store(&m->held, 0);
+  m->stopped = 0;
+  m->tenant = i % s->tenants;
+  m->pid = harness_fork(soak_client_main, (void *)(intptr_t)i);
+}
+
+static void soak_continue_all(void) {
+  for (int i = 0; i < sh->n_slots; i++)
+    if (sh->slot[i].stopped) {
+      kill(sh->slot[i].pid, SIGCONT);
+      sh->slot[i].stopped = 0;
+    }
+}
+
+static void soak_violation(struct soak *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void soak_violation(struct soak *s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "soak: VIOLATION: ");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  s->violations++;
+}
+
+static int soak_all_paused(void *arg) {
+  (void)arg;
+  for (int i = 0; i < sh->n_slots; i++)
+    if (!atomic_load(&sh->slot[i].paused)) return 0;
+  return 1;
+}
+
+struct soak_acct {
+  struct soak *s;
+  uint64_t used[SOAK_MAX_TENANTS], want[SOAK_MAX_TENANTS];
+};
+
+static int soak_accounting_exact(void *arg) {
+  struct soak_acct *a = arg;
+  for (int t = 0; t < a->s->tenants; t++) {
+    char name[32];
+    struct wire_tenant_row row;
+    a->want[t] = 0;
+    for (int i = 0; i < sh->n_slots; i++)
+      if (sh->slot[i].tenant == t) a->want[t] += atomic_load(&sh->slot[i].held);
+    int rc = harness_tenant_row(&a->s->b, soak_tenant_name(t, name,
+                                                           sizeof name), &row);
+    /* A tenant nobody used since the last restart may not be listed. */
+    a->used[t] = rc == 0 ? row.used : rc == GMB_E_NOENT ? 0 : UINT64_MAX;
+  }
+  for (int t = 0; t < a->s->tenants; t++)
+    if (a->used[t] != a->want[t]) return 0;
+  return 1;
+}
+
+static uint64_t soak_corrupt(struct soak *s) {
+  uint64_t n = s->dead_corrupt;
+  for (int i = 0; i < sh->n_slots; i++) n += atomic_load(&sh->slot[i].corrupt);
+  return n;
+}
+
+/* Pauses every client (continued first), checks, resumes unless `quit`. */
+static void soak_checkpoint(struct soak *s, int quit) {
+  soak_continue_all();
+  for (int i = 0; i < sh->n_slots; i++) {
+    atomic_store(&sh->slot[i].quit, quit);
+    atomic_store(&sh->slot[i].pause, 1);
+  }
+  if (!harness_poll_until(soak_all_paused, NULL, HARNESS_WAIT_MS))
+    soak_violation(s, "checkpoint %" PRIu64 ": clients did not pause",
+                   s->checkpoints);
+  struct soak_acct a = {.s = s};
+  if (!harness_poll_until(soak_accounting_exact, &a, HARNESS_WAIT_MS))
+    for (int t = 0; t < s->tenants; t++)
+      if (a.used[t] != a.want[t])
+        soak_violation(s, "checkpoint %" PRIu64 ": tenant soak%d: the broker "
+                       "counts %" PRIu64 " bytes used, its clients hold %"
+                       PRIu64, s->checkpoints, t, a.used[t], a.want[t]);
+  uint64_t bad = soak_corrupt(s);
+  if (bad)
+    soak_violation(s, "checkpoint %" PRIu64 ": %" PRIu64 " corrupted bytes "
+                   "so far", s->checkpoints, bad);
+  s->checkpoints++;
+  printf("soak: checkpoint %" PRIu64 ": accounting %s, %" PRIu64
+         " corrupted bytes\n", s->checkpoints,
+         soak_accounting_exact(&a) ? "exact" : "WRONG", bad);
+  fflush(stdout);
+  if (!quit)
+    for (int i = 0; i < sh->n_slots; i++) atomic_store(&sh->slot[i].pause, 0);
+}
+
+static void soak_reap_dead(struct soak *s, int i) {
+  struct soak_slot *m = &sh->slot[i];
+  s->dead_ops += atomic_load(&m->ops);
+  s->dead_allocs += atomic_load(&m->allocs);
+  s->dead_frees += atomic_load(&m->frees);
+  s->dead_locks += atomic_load(&m->locks);
+  s->dead_refusals += atomic_load(&m->refusals);
+  s->dead_lost += atomic_load(&m->lost);
+  s->dead_corrupt += atomic_load(&m->corrupt);
+  atomic_store(&m->ops, 0);
+  atomic_store(&m->allocs, 0);
+  atomic_store(&m->frees, 0);
+  atomic_store(&m->locks, 0);
+  atomic_store(&m->refusals, 0);
+  atomic_store(&m->lost, 0);
+  atomic_store(&m->corrupt, 0);
+}
+
+static void soak_fault(struct soak *s, double now, double end, double start,
+                       double *last_restart) {
+  int i = (int)(harness_rnd(&s->rng) % (uint64_t)sh->n_slots);
+  struct soak_slot *m = &sh->slot[i];
+  char out[4096], name[32];
+  int what = (int)(harness_rnd(&s->rng) % 100);
+  double span = end - start;
+  if (what < 18) {
+    if (m->stopped) kill(m->pid, SIGCONT);
+    kill(m->pid, SIGKILL);
+    harness_wait(m->pid);
+    soak_reap_dead(s, i);
+    soak_spawn(s, i);
+    s->faults[F_KILL]++;
+  } else if (what < 36) {
+    if (!m->stopped) {
+      kill(m->pid, SIGSTOP);
+      m->stopped = 1;
+      m->cont_at = now + 50 + (double)(harness_rnd(&s->rng) % 1000);
+      s->faults[F_STOP]++;
+    }
+  } else if (what < 50) {
+    int t = (int)(harness_rnd(&s->rng) % (uint64_t)s->tenants);
+    int rc = harness_ctl(&s->b, out, sizeof out, "evict",
+                         soak_tenant_name(t, name, sizeof name), NULL);
+    /* A tenant with no session since the last restart is unknown. */
+    if (rc != 0 && strstr(out, "no tenant") == NULL &&
+        strstr(out, "GMB_E_NOENT") == NULL)
+      soak_violation(s, "gmbctl evict exited %d: %s", rc, out);
+    s->faults[F_EVICT]++;
+  } else if (what < 64) {
+    s->quota_toggle = !s->quota_toggle;
+    soak_write_config(s);
+    harness_write_file(s->b.config_path, s->config);
+    int rc = harness_ctl(&s->b, out, sizeof out, "reload", NULL);
+    if (rc != 0) soak_violation(s, "gmbctl reload exited %d: %s", rc, out);
+    s->faults[F_RELOAD]++;
+  } else if (what < 76) {
+    int rc = harness_ctl(&s->b, out, sizeof out, "compact", NULL);
+    if (rc != 0) soak_violation(s, "gmbctl compact exited %d: %s", rc, out);
+    s->faults[F_COMPACT]++;
+  } else if (what < 80 && now - *last_restart > span / 5 &&
+             now < start + span * 2 / 3) {
+    *last_restart = now;
+    if (harness_rnd(&s->rng) & 1) {
+      harness_broker_stop(&s->b); /* fails the test unless it exits 0 */
+      s->faults[F_RESTART_TERM]++;
+    } else {
+      /* Keep the log short: reaping a killed broker dumps it. */
+      if (truncate(s->b.log_path, 0) != 0) perror("truncate");
+      kill(s->b.pid, SIGKILL);
+      while (harness_broker_alive(&s->b)) harness_sleep_ms(5);
+      harness_broker_rm_dir(&s->b);
+      s->faults[F_RESTART_KILL]++;
+    }
+    soak_broker_start(s);
+  }
+}
+
+START_TEST(soak_with_faults) {
+  struct soak s;
+  memset(&s, 0, sizeof s);
+  long secs = harness_env_long("SOAK_SECONDS", 60);
+  s.tenants = (int)harness_env_long("SOAK_TENANTS", 3);
+  s.clients_per = (int)harness_env_long("SOAK_CLIENTS", 2);
+  ck_assert_int_ge(s.tenants, 1);
+  ck_assert_int_le(s.tenants, SOAK_MAX_TENANTS);
+  ck_assert_int_le(s.tenants * s.clients_per, SOAK_MAX_CLIENTS);
+  s.rng = (uint64_t)harness_env_long("SOAK_SEED", 12) | 1;
+  /* A client waits for a broker that is gone for at most this long. */
+  setenv("GMB_CONNECT_TIMEOUT_MS", "2000", 1);
+  setenv("GMB_REQUEST_TIMEOUT_MS", "3000", 1);
+  sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(sh, MAP_FAILED);
+  memset(sh, 0, sizeof *sh);
+  sh->n_slots = s.tenants * s.clients_per;
+  soak_broker_start(&s);
+  printf("soak: %ld s, %d tenants x %d clients, broker idle: %d "
+         "descriptors, RSS %ld KiB\n", secs, s.tenants, s.clients_per,
+         s.base_fds, s.base_rss_kib);
+  for (int i = 0; i < sh->n_slots; i++) soak_spawn(&s, i);
+
+  double start = harness_now_ms(), end = start + (double)secs * 1000;
+  double every = (double)(secs * 1000 / 6 > 5000 ? secs * 1000 / 6 : 5000);
+  double next_cp = start + every, last_restart = start;
+  while (harness_now_ms() < end) {
+    double now = harness_now_ms();
+    for (int i = 0; i < sh->n_slots; i++)
+      if (sh->slot[i].stopped && now >= sh->slot[i].cont_at) {
+        kill(sh->slot[i].pid, SIGCONT);
+        sh->slot[i].stopped = 0;
+      }
+    if (now >= next_cp) {
+      soak_checkpoint(&s, 0);
+      next_cp = harness_now_ms() + every;
+      continue;
+    }
+    soak_fault(&s, now, end, start, &last_restart);
+    harness_sleep_ms(100 + (int)(harness_rnd(&s.rng) % 300));
+  }
+  soak_checkpoint(&s, 1); /* the last one: clients disconnect and exit */
+  for (int i = 0; i < sh->n_slots; i++) {
+    int rc = harness_wait(sh->slot[i].pid);
+    if (rc != 0) soak_violation(&s, "client %d exited %d", i, rc);
+  }
+
+  /* The broker after load: descriptors and RSS back near idle. */
+  pid_t bp = s.b.pid;
+  double deadline = harness_now_ms() + HARNESS_WAIT_MS;
+  int fds;
+  long rss;
+  for (;;) {
+    fds = soak_count_fds(bp);
+    rss = soak_rss_kib(bp);
+    if ((fds <= s.base_fds + 2 && rss <= s.base_rss_kib + 16 * 1024) ||
+        harness_now_ms() > deadline)
+      break;
+    harness_sleep_ms(50);
+  }
+  if (fds > s.base_fds + 2)
+    soak_violation(&s, "broker descriptors: %d after the clients ended, %d "
+                   "when idle", fds, s.base_fds);
+  if (rss > s.base_rss_kib + 16 * 1024)
+    soak_violation(&s, "broker RSS: %ld KiB after load, %ld KiB when idle",
+                   rss, s.base_rss_kib);
+
+  uint64_t ops = s.dead_ops, allocs = s.dead_allocs, frees = s.dead_frees,
+           locks = s.dead_locks, refusals = s.dead_refusals,
+           lost = s.dead_lost;
+  for (int i = 0; i < sh->n_slots; i++) {
+    ops += atomic_load(&sh->slot[i].ops);
+    allocs += atomic_load(&sh->slot[i].allocs);
+    frees += atomic_load(&sh->slot[i].frees);
+    locks += atomic_load(&sh->slot[i].locks);
+    refusals += atomic_load(&sh->slot[i].refusals);
+    lost += atomic_load(&sh->slot[i].lost);
+  }
+  uint64_t nfaults = 0;
+  printf("soak: operations %" PRIu64 " (allocs %" PRIu64 ", frees %" PRIu64
+         ", locks with a pattern check %" PRIu64 ", refused %" PRIu64
+         "), sessions lost and reopened %" PRIu64 "\n", ops, allocs, frees,
+         locks, refusals, lost);
+  for (int f = 0; f < F_COUNT; f++) {
+    printf("soak: fault %-26s %" PRIu64 "\n", soak_fault_names[f],
+           s.faults[f]);
+    nfaults += s.faults[f];
+  }
+  printf("soak: %" PRIu64 " faults, %" PRIu64 " checkpoints, %" PRIu64
+         " corrupted bytes, broker at the end: %d descriptors (idle %d), "
+         "RSS %ld KiB (idle %ld KiB)\n", nfaults, s.checkpoints,
+         soak_corrupt(&s), fds, s.base_fds, rss, s.base_rss_kib);
+  printf("soak: %" PRIu64 " violations\n", s.violations);
+  fflush(stdout);
+  harness_broker_stop(&s.b);
+  ck_assert_uint_gt(allocs, 0);
+  ck_assert_uint_eq(s.violations, 0);
+  munmap(sh, sizeof *sh);
+}
+END_TEST
+
+int main(void) {
+  long secs = harness_env_long("SOAK_SECONDS", 60);
+  return harness_main(HARNESS_SUITE("soak", "faults", (double)secs + 300,
+                                    soak_with_faults));
+}
