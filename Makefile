@@ -65,7 +65,7 @@ BROKER_SRC := broker/loop.c \
   broker/config.c broker/log.c
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
-  client/lib/fdclient.c
+  client/lib/fdclient.c client/lib/cache.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -77,7 +77,7 @@ $(B)/obj/client/lib/%.o: INC = $(LIB_INC)
 # Tests include the part they test: broker modules, the library, or only
 # the shared code.
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
-LIB_UNITS := check_client check_client_cuda check_segmap
+LIB_UNITS := check_client check_client_cuda check_segmap check_cache
 COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c

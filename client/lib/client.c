@@ -41,6 +41,14 @@
  * session it was given to has unmapped it.  gmb_unlock_on_stream queues the
  * release of a hold on a stream; the lock table then outlives the client
  * until every such release ran (cuimport.c, gmb__cuda_unmap_later).
+ *
+ * gmb_malloc_async/gmb_free_async go through the session's cache
+ * (cache.c), whose slabs are pinned allocations of this session made and
+ * freed with the ordinary requests; a hit takes no mutex of the client's
+ * and sends nothing.  On a GPU the cache records and queries events
+ * (cuimport.c).  A slab freed by the cache is not waited for (the cache
+ * gives back only slabs no stream's work can still use); the cache's
+ * records are freed at disconnect, after the Bye that frees its slabs.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +65,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cache.h"
 #include "cuimport.h"
 #include "endpoint.h"
 #include "fdclient.h"
@@ -96,6 +105,7 @@ struct gmb_client {
   uint64_t session;
   int fdsock; /* the descriptor channel (fdclient.c); -1: none */
   struct gmb_segmap *map;
+  struct gmb_cache *cache; /* gmb_malloc_async's; made at connect */
 
   /* The lock table; NULL when the broker gave none (movable allocations
    * are then never moved, and locked like pinned ones). */
@@ -410,6 +420,8 @@ static int client_call(gmb_client *c, struct wire_request *req,
   }
 }
 
+static struct gmb_cache *client_cache_new(gmb_client *c);
+
 /* --- heartbeats ------------------------------------------------------------- */
 
 static void *client_heartbeat_main(void *arg) {
@@ -520,6 +532,7 @@ static void client_free(gmb_client *c) {
   else if (c->lt)
     munmap(c->lt, c->lt_bytes);
   gmb__segmap_destroy(c->map);
+  gmb__cache_destroy(c->cache);
   pthread_mutex_destroy(&c->io);
   free(c);
 }
@@ -729,6 +742,12 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     gmb_disconnect(c); /* says Bye; keeps this thread's last error */
     return rc;
   }
+  c->cache = client_cache_new(c);
+  if (c->cache == NULL) {
+    client_fail(GMB_E_SYSTEM, "out of memory");
+    gmb_disconnect(c);
+    return GMB_E_SYSTEM;
+  }
   /* A cuda session runs the thread without heartbeats too (the broker
    * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS. */
   uint32_t tick_ms = hb_ms ? hb_ms : c->cuda ? CLIENT_CUDA_DRAIN_MS : 0;
@@ -882,9 +901,10 @@ GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
   return client_alloc(c, size, flags, timeout_ms, out);
 }
 
-GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (c->cuda) {
+/* Frees allocation id; waits for the device first when `sync` (see
+ * gmb_free). */
+static int client_free_id(gmb_client *c, gmb_id id, int sync) {
+  if (sync && c->cuda) {
     /* As cudaFree: kernels queued on the memory may still use it, and
      * once the broker has it back it may copy it or give it to another
      * tenant.  A wait that failed (a fault, a graph capture in progress)
@@ -907,6 +927,11 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   }
   pthread_mutex_unlock(&c->io);
   return rc;
+}
+
+GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  return client_free_id(c, id, 1);
 }
 
 /* --- locks ---------------------------------------------------------------- */
@@ -1185,6 +1210,7 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   out->used = rep.u.stats.used;
   out->peak = rep.u.stats.peak;
   out->segments = rep.u.stats.segments;
+  out->cached = gmb__cache_cached(c->cache);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -1256,4 +1282,115 @@ GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream) {
   int rc = gmb__cuda_capturing(c->cuda_ordinal, cuda_stream, why, sizeof why);
   if (rc < 0) return client_fail(rc, "%s", why);
   return rc;
+}
+
+/* --- the stream-ordered cache ---------------------------------------------- */
+
+/* The cache's backend: pinned allocations of this session.  A slab is
+ * locked once, for its address (pinned: no hold is taken, nothing moves). */
+static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
+                             uintptr_t *base) {
+  gmb_client *c = ctx;
+  gmb_id a;
+  if (size > SIZE_MAX)
+    return client_fail(GMB_E_INVAL, "a slab of %llu bytes",
+                       (unsigned long long)size);
+  int rc = client_alloc(c, (size_t)size, 0, 0, &a);
+  if (rc) return rc;
+  void *p;
+  rc = gmb_lock(c, a, &p);
+  if (rc) {
+    client_free_id(c, a, 0);
+    return rc;
+  }
+  *id = a;
+  *base = (uintptr_t)p;
+  return 0;
+}
+
+/* No wait for the device: the cache frees only slabs that no stream's
+ * work can use any more.  A failure keeps the slab until the session's
+ * end, as the broker frees it then. */
+static void client_slab_free(void *ctx, uint64_t id) {
+  char saved[sizeof client_err];
+  memcpy(saved, client_err, sizeof saved);
+  client_free_id(ctx, id, 0);
+  memcpy(client_err, saved, sizeof saved);
+}
+
+static int client_ev_new(void *ctx, void **ev) {
+  gmb_client *c = ctx;
+  char why[256];
+  int rc = gmb__cuda_event_new(c->cuda_ordinal, ev, why, sizeof why);
+  return rc ? client_fail(rc, "%s", why) : 0;
+}
+
+static int client_ev_record(void *ctx, void *ev, void *stream) {
+  gmb_client *c = ctx;
+  char why[256];
+  int rc = gmb__cuda_event_record(c->cuda_ordinal, ev, stream, why,
+                                  sizeof why);
+  return rc ? client_fail(rc, "%s", why) : 0;
+}
+
+static int client_ev_query(void *ctx, void *ev) {
+  return gmb__cuda_event_query(((gmb_client *)ctx)->cuda_ordinal, ev);
+}
+
+static void client_ev_destroy(void *ctx, void *ev) {
+  gmb__cuda_event_destroy(((gmb_client *)ctx)->cuda_ordinal, ev);
+}
+
+static struct gmb_cache *client_cache_new(gmb_client *c) {
+  struct gmb_cache_ops ops = {.ctx = c,
+                              .slab_alloc = client_slab_alloc,
+                              .slab_free = client_slab_free};
+  if (c->cuda) {
+    ops.event_new = client_ev_new;
+    ops.event_record = client_ev_record;
+    ops.event_query = client_ev_query;
+    ops.event_destroy = client_ev_destroy;
+  }
+  return gmb__cache_new(&ops, 0);
+}
+
+GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
+                                void **ptr) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
+  *ptr = NULL;
+  if (size == 0) return client_fail(GMB_E_INVAL, "size 0");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "%zu bytes is more than the cache serves", size);
+  if (rc == GMB_E_SYSTEM)
+    return client_fail(rc, "out of host memory for the cache's records");
+  return rc; /* a slab's failure, explained by client_alloc */
+}
+
+GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return 0; /* as free(NULL) */
+  int rc = gmb__cache_free(c->cache, ptr, stream);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "%p is not a block gmb_malloc_async gave", ptr);
+  if (rc == GMB_E_INVAL && !c->cuda)
+    return client_fail(rc, "%p is already free (a double free)", ptr);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "%p is already free, or the stream took no event "
+                       "(%s)", ptr, gmb_last_error(c));
+  if (rc) return client_fail(rc, "%p not freed: %s", ptr, gmb_last_error(c));
+  return 0;
+}
+
+GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  return gmb__cache_trim(c->cache, keep_bytes, NULL);
+}
+
+/* For tests and benchmarks (not exported): the cache's counters. */
+void gmb__client_cache_counters(gmb_client *c,
+                                struct gmb_cache_counters *out) {
+  gmb__cache_counters(c ? c->cache : NULL, out);
 }
