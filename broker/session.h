@@ -43,6 +43,7 @@ struct gmb_session {
   uint64_t *segs;   /* segment ids whose handle it was given, sorted */
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
+  uint64_t cached_free; /* free in its cache, as its last request said */
   char client[64];
   struct gmb_locktab *lt; /* its movable allocations' slots */
   RB_ENTRY(gmb_session) link; /* the session table, by routing id */

@@ -68,8 +68,10 @@ typedef struct gmb_stats { /* one tenant, as the broker sees it now */
                               caches included) */
   uint64_t peak;           /* highest `used` since the broker started */
   uint64_t segments;       /* bytes of device segments held for it */
-  uint64_t cached;         /* of `used`: held free in this session's cache
-                              (gmb_malloc_async), which gmb_trim gives back */
+  uint64_t cached;         /* of `used`: held free in the caches of the
+                              tenant's sessions (gmb_malloc_async), as each
+                              last reported it; gmb_trim gives back this
+                              session's */
 } gmb_stats;
 
 #define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
@@ -226,7 +228,7 @@ GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream);
 GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out);
 
 /* Fills *out with the figures of this session's tenant, as the broker
- * sees them, and `cached` from this session's cache. */
+ * sees them (`cached`: with this session's figure as of this call). */
 GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out);
 
 /* A static sentence for an error code ("the tenant's quota ..."). */

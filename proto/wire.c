@@ -150,6 +150,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
     default:
       return GMB_E_INVAL;
   }
+  r.cached_free = req->cached_free;
   return wire_pack(&r.base, buf, len);
 }
 
@@ -160,6 +161,7 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   if (r == NULL) return GMB_E_PROTO;
   int rc = 0;
   out->id = r->id;
+  out->cached_free = r->cached_free;
   switch (r->body_case) {
     case GMB__REQUEST__BODY_HELLO:
       out->kind = WIRE_HELLO;
@@ -471,12 +473,14 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       stats.used = rep->u.stats.used;
       stats.peak = rep->u.stats.peak;
       stats.segments = rep->u.stats.segments;
+      stats.cached = rep->u.stats.cached;
       r.body_case = GMB__REPLY__BODY_STATS;
       r.stats = &stats;
       break;
     case WIRE_EVENT:
       ev.kind = (Gmb__EventKind)rep->u.event.kind;
       ev.segment = rep->u.event.segment;
+      ev.bytes = rep->u.event.bytes;
       ev.message = (char *)rep->message;
       r.body_case = GMB__REPLY__BODY_EVENT;
       r.event = &ev;
@@ -661,11 +665,13 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.stats.used = r->stats->used;
       out->u.stats.peak = r->stats->peak;
       out->u.stats.segments = r->stats->segments;
+      out->u.stats.cached = r->stats->cached;
       break;
     case GMB__REPLY__BODY_EVENT:
       out->kind = WIRE_EVENT;
       out->u.event.kind = (enum wire_event)r->event->kind;
       out->u.event.segment = r->event->segment;
+      out->u.event.bytes = r->event->bytes;
       if (r->event->message && out->message[0] == '\0')
         strncpy(out->message, r->event->message, sizeof out->message - 1);
       break;

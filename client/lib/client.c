@@ -83,6 +83,11 @@
  * application that only locks and unlocks sends nothing that would read
  * the retirement otherwise. */
 #define CLIENT_CUDA_DRAIN_MS 100u
+/* The library thread's longest period: how often it reads events (a TRIM
+ * is answered within about this) and reports a change of the cache's
+ * free bytes when nothing else carried it (at most one Heartbeat per
+ * period: the report is rate-limited by this). */
+#define CLIENT_REPORT_MS 100u
 
 struct gmb_client {
   pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
@@ -114,6 +119,12 @@ struct gmb_client {
   uint32_t lt_slots;
   size_t lt_bytes;
   int lock_timeout_ms; /* $GMB_LOCK_TIMEOUT_MS: longest wait for a move */
+
+  /* Bytes a TRIM event asked for, not given back yet: the event is read
+   * holding io, and giving slabs back needs io, so the library thread
+   * does it after (client_trim_asked). */
+  _Atomic uint64_t trim_want;
+  uint64_t reported; /* the cached_free the last request carried; io */
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -186,6 +197,10 @@ static int client_send(gmb_client *c, struct wire_request *req, int flags) {
   uint8_t *buf;
   size_t len;
   req->id = ++c->next_id;
+  /* The cache's free bytes ride on every request (heartbeats included):
+   * the broker learns them without a message of their own. */
+  req->cached_free = gmb__cache_cached(c->cache);
+  c->reported = req->cached_free;
   int rc = gmb__wire_request_encode(req, &buf, &len);
   if (rc) return client_fail(rc, "cannot encode a %s request",
                              gmb__wire_kind_name(req->kind));
@@ -208,6 +223,17 @@ static void client_heartbeat_due(gmb_client *c) {
   /* A heartbeat that cannot go out now is not a reason to end the client:
    * a lost connection is reported by the monitor, with its cause. */
   if (client_send(c, &req, ZMQ_DONTWAIT) == 0) c->hb_last_ns = now;
+}
+
+/* Tells the broker the cache's free bytes when they changed since the
+ * last request carried them: a Heartbeat (no reply) with the figure.
+ * Holds io. */
+static void client_report_due(gmb_client *c) {
+  if (atomic_load(&c->dead) || gmb__cache_cached(c->cache) == c->reported)
+    return;
+  struct wire_request req = {.kind = WIRE_HEARTBEAT};
+  if (client_send(c, &req, ZMQ_DONTWAIT) == 0 && c->hb_ms)
+    c->hb_last_ns = gmb__now_ns();
 }
 
 /* An event pushed by the broker.  Holds io. */
@@ -239,6 +265,16 @@ static void client_event(gmb_client *c, const struct wire_reply *ev) {
       if (!atomic_load(&c->dead)) c->dead_code = GMB_E_EVICTED;
       client_kill(c, "evicted: %s",
                   ev->message[0] ? ev->message : "by an operator");
+      break;
+    case WIRE_EVENT_TRIM:
+      /* The broker wants cached memory back for another request.  Done
+       * by the library thread once io is free; woken now. */
+      atomic_store(&c->trim_want, ev->u.event.bytes ? ev->u.event.bytes : 1);
+      if (c->hb_running) {
+        pthread_mutex_lock(&c->hb_mu);
+        pthread_cond_signal(&c->hb_cv);
+        pthread_mutex_unlock(&c->hb_mu);
+      }
       break;
     default:
       break; /* a kind from a newer broker: nothing this client must do */
@@ -422,24 +458,37 @@ static int client_call(gmb_client *c, struct wire_request *req,
 
 static struct gmb_cache *client_cache_new(gmb_client *c);
 
+/* Answers a TRIM event: gives back up to the bytes asked of what the
+ * cache holds free (wholly free slabs, largest first).  Holds nothing. */
+static void client_trim_asked(gmb_client *c) {
+  uint64_t want = atomic_exchange(&c->trim_want, 0);
+  if (want == 0 || c->cache == NULL) return;
+  uint64_t cached = gmb__cache_cached(c->cache);
+  gmb__cache_trim(c->cache, cached > want ? cached - want : 0, NULL);
+}
+
 /* --- heartbeats ------------------------------------------------------------- */
 
 static void *client_heartbeat_main(void *arg) {
   gmb_client *c = arg;
   pthread_mutex_lock(&c->hb_mu);
   while (!c->hb_stop) {
+    if (atomic_load(&c->trim_want) == 0) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
     ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
     ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
     pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
+    }
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_mu);
     pthread_mutex_lock(&c->io);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
+    client_report_due(c);
     pthread_mutex_unlock(&c->io);
+    client_trim_asked(c);
     pthread_mutex_lock(&c->hb_mu);
   }
   pthread_mutex_unlock(&c->hb_mu);
@@ -749,8 +798,10 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     return GMB_E_SYSTEM;
   }
   /* A cuda session runs the thread without heartbeats too (the broker
-   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS. */
-  uint32_t tick_ms = hb_ms ? hb_ms : c->cuda ? CLIENT_CUDA_DRAIN_MS : 0;
+   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS; and
+   * every session runs it for its cache (CLIENT_REPORT_MS). */
+  uint32_t tick_ms = c->cuda ? CLIENT_CUDA_DRAIN_MS : CLIENT_REPORT_MS;
+  if (hb_ms && hb_ms < tick_ms) tick_ms = hb_ms;
   if (tick_ms) {
     c->hb_ms = hb_ms;
     c->tick_ms = tick_ms;
@@ -1210,7 +1261,10 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   out->used = rep.u.stats.used;
   out->peak = rep.u.stats.peak;
   out->segments = rep.u.stats.segments;
-  out->cached = gmb__cache_cached(c->cache);
+  /* The broker's sum over the tenant's sessions (this one's as this
+   * request reported it); an older broker sends 0: this session's then. */
+  out->cached = rep.u.stats.cached ? rep.u.stats.cached
+                                   : gmb__cache_cached(c->cache);
   gmb__wire_reply_clear(&rep);
   return 0;
 }

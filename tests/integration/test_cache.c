@@ -127,6 +127,32 @@ START_TEST(quota_with_cache) {
 }
 END_TEST
 
+/* A session's cached free bytes reach the broker on what it sends anyway
+ * (its heartbeats, here): another session of the tenant sees them in its
+ * stats, without the first one making a call. */
+static int other_sees_cached(void *arg) {
+  return harness_stats_ok(arg).cached == 12 * MIB;
+}
+
+START_TEST(cached_reported_to_the_broker) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", NULL);
+  gmb_client *a = harness_connect_ok(&b, "shared");
+  gmb_client *o = harness_connect_ok(&b, "shared");
+  void *p;
+  ck_assert_int_eq(gmb_malloc_async(a, 12 * MIB, NULL, &p), 0);
+  ck_assert_int_eq(gmb_free_async(a, p, NULL), 0);
+  ck_assert_msg(harness_poll_until(other_sees_cached, o, HARNESS_WAIT_MS),
+                "the other session sees %llu cached bytes",
+                (unsigned long long)harness_stats_ok(o).cached);
+  ck_assert_uint_eq(harness_stats_ok(o).used, 12 * MIB);
+  gmb_disconnect(a);
+  ck_assert_uint_eq(harness_stats_ok(o).cached, 0);
+  gmb_disconnect(o);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 struct killed_arg {
   const char *endpoint;
   int ready;
@@ -177,5 +203,6 @@ int main(void) {
       hits_send_nothing_and_count_as_used,
       bad_pointers_change_nothing,
       quota_with_cache,
+      cached_reported_to_the_broker,
       killed_client_with_cache_reclaimed));
 }
