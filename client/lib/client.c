@@ -125,6 +125,7 @@ struct gmb_client {
    * does it after (client_trim_asked). */
   _Atomic uint64_t trim_want;
   uint64_t reported; /* the cached_free the last request carried; io */
+  atomic_int cache_thread; /* the library thread runs for the cache */
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -798,10 +799,12 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     return GMB_E_SYSTEM;
   }
   /* A cuda session runs the thread without heartbeats too (the broker
-   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS; and
-   * every session runs it for its cache (CLIENT_REPORT_MS). */
-  uint32_t tick_ms = c->cuda ? CLIENT_CUDA_DRAIN_MS : CLIENT_REPORT_MS;
-  if (hb_ms && hb_ms < tick_ms) tick_ms = hb_ms;
+   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS.  A
+   * session that uses the cache gets it at its first gmb_malloc_async
+   * (client_cache_thread), and not before: a process that never caches
+   * keeps the threads it had (fewer threads to be caught by a fork). */
+  c->hb_ms = hb_ms;
+  uint32_t tick_ms = hb_ms ? hb_ms : c->cuda ? CLIENT_CUDA_DRAIN_MS : 0;
   if (tick_ms) {
     c->hb_ms = hb_ms;
     c->tick_ms = tick_ms;
@@ -1408,6 +1411,30 @@ static struct gmb_cache *client_cache_new(gmb_client *c) {
   return gmb__cache_new(&ops, 0);
 }
 
+/* The library thread, at most every CLIENT_REPORT_MS, for a session that
+ * caches: it reports the cache's free bytes and answers TRIM events while
+ * the application is idle.  Started once, at the first gmb_malloc_async
+ * (a flag read without a lock makes the usual case free). */
+static int client_cache_thread(gmb_client *c) {
+  if (atomic_load_explicit(&c->cache_thread, memory_order_acquire)) return 0;
+  int rc = 0;
+  pthread_mutex_lock(&c->io);
+  if (!atomic_load(&c->cache_thread)) {
+    if (c->hb_running) {
+      pthread_mutex_lock(&c->hb_mu);
+      if (c->tick_ms > CLIENT_REPORT_MS) c->tick_ms = CLIENT_REPORT_MS;
+      pthread_mutex_unlock(&c->hb_mu);
+    } else {
+      c->tick_ms = CLIENT_REPORT_MS;
+      rc = client_heartbeat_start(c);
+    }
+    if (rc == 0) atomic_store_explicit(&c->cache_thread, 1,
+                                       memory_order_release);
+  }
+  pthread_mutex_unlock(&c->io);
+  return rc;
+}
+
 GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
                                 void **ptr) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
@@ -1415,6 +1442,8 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
   *ptr = NULL;
   if (size == 0) return client_fail(GMB_E_INVAL, "size 0");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
+  int trc = client_cache_thread(c);
+  if (trc) return trc; /* explained */
   int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
   if (rc == GMB_E_INVAL)
     return client_fail(rc, "%zu bytes is more than the cache serves", size);
