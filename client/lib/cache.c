@@ -10,7 +10,10 @@
  * free and is split for later large requests.  Allocation is best fit
  * within a size class (bins of four sub-classes per power of two, so a
  * block is at most 25% above the best one), splitting what is left over;
- * a free coalesces with free neighbours of its slab.
+ * a free coalesces with free neighbours of its slab.  A large request no
+ * cached block can serve first gives back the arena's wholly free large
+ * slabs smaller than itself (they could never serve it), so that a cache
+ * of growing requests does not keep every slab it outgrew.
  *
  * Streams: a free block remembers the stream it was freed on and, where
  * streams count (a GPU), an event recorded on that stream at the free.
@@ -442,6 +445,37 @@ restart:
   return NULL;
 }
 
+/* On a miss of the large pool: gives back this arena's wholly free, ready
+ * large slabs smaller than `need` (none of them could serve it), up to
+ * `limit` bytes, so that the cache grows by the new slab less what it
+ * could not use.  Without this, a pattern of growing requests would keep
+ * every smaller slab it ever made.  Takes and releases a's lock. */
+static void cache_drop_small(struct gmb_cache *k, struct cache_arena *a,
+                             uint64_t need, uint64_t limit) {
+  uint64_t done = 0;
+  while (done < limit) {
+    pthread_mutex_lock(&a->mu);
+    struct cache_slab *pick = NULL;
+    for (struct cache_slab *s = a->slabs; s; s = s->next) {
+      struct cache_block *b = s->first;
+      if (s->pool == CACHE_POOL_LARGE && s->size < need && b->free &&
+          b->next == NULL && b->ev == NULL &&
+          (pick == NULL || s->size > pick->size))
+        pick = s;
+    }
+    if (pick == NULL) {
+      pthread_mutex_unlock(&a->mu);
+      return;
+    }
+    uint64_t id = pick->id, size = pick->size;
+    cache_bin_remove(a, pick->first);
+    cache_slab_unlink(k, a, pick);
+    pthread_mutex_unlock(&a->mu);
+    k->ops.slab_free(k->ops.ctx, id);
+    done += size;
+  }
+}
+
 static _Atomic unsigned cache_next_thread;
 static _Thread_local unsigned cache_thread; /* 0: not numbered yet */
 
@@ -484,6 +518,7 @@ int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
                       : cache_round(need, GMB_CACHE_LARGE_ROUND);
   uint64_t id = 0;
   uintptr_t base = 0;
+  if (pool == CACHE_POOL_LARGE) cache_drop_small(k, a, need, slab);
   int rc = k->ops.slab_alloc(k->ops.ctx, slab, &id, &base);
   if (rc == GMB_E_QUOTA || rc == GMB_E_NOMEM) {
     uint64_t released = 0;

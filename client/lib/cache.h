@@ -74,7 +74,8 @@ void gmb__cache_destroy(struct gmb_cache *k);
 /*
  * A block of at least `size` bytes usable on `stream` at once: a free block
  * freed on the same stream, or one whose free's event completed, or a new
- * slab.  0 with *ptr; GMB_E_INVAL for size 0 or past GMB_CACHE_MAX; the
+ * slab (for a large request, after giving back the wholly free large slabs
+ * smaller than it).  0 with *ptr; GMB_E_INVAL for size 0 or past GMB_CACHE_MAX; the
  * slab_alloc's code when no slab could be had even after giving every
  * wholly free slab back and trying again once (GMB_E_QUOTA, GMB_E_NOMEM).
  */

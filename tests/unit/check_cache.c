@@ -259,6 +259,31 @@ START_TEST(large_own_slab_cached_and_split) {
 }
 END_TEST
 
+/* A large request no cached slab can serve gives back the wholly free
+ * large slabs smaller than it before asking for its own. */
+START_TEST(large_miss_drops_smaller_free_slabs) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  void *a, *b, *c;
+  ck_assert_int_eq(gmb__cache_alloc(k, 2 * MIB, NULL, &a), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 3 * MIB, NULL, &b), 0);
+  ck_assert_int_eq(gmb__cache_free(k, a, NULL), 0);
+  /* b's slab is in use: it stays; a's is free and smaller than 4 MiB. */
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &c), 0);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  ck_assert_uint_eq(be.frees, 1);
+  ck_assert_uint_eq(be.held, 7 * MIB);
+  /* A request the cache can serve drops nothing. */
+  ck_assert_int_eq(gmb__cache_free(k, b, NULL), 0);
+  void *d;
+  ck_assert_int_eq(gmb__cache_alloc(k, 2 * MIB, NULL, &d), 0);
+  ck_assert_uint_eq(be.frees, 1);
+  ck_assert_int_eq(gmb__cache_free(k, c, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, d, NULL), 0);
+  done(k);
+}
+END_TEST
+
 /* Steady state: the same pattern again makes no backend call. */
 START_TEST(hit_makes_no_backend_call) {
   be_reset();
@@ -552,6 +577,7 @@ static Suite *suite(void) {
   tcase_add_test(t, small_share_a_slab);
   tcase_add_test(t, large_own_slab_cached_and_split);
   tcase_add_test(t, hit_makes_no_backend_call);
+  tcase_add_test(t, large_miss_drops_smaller_free_slabs);
   tcase_add_test(t, same_stream_reuses_at_once);
   tcase_add_test(t, other_stream_waits_for_event);
   tcase_add_test(t, merge_across_streams_after_event);
