@@ -5,7 +5,8 @@
 #   make check SAN=1  the same under AddressSanitizer + UBSan (build/san/)
 #   make demo       a broker on the host device with a short demo
 #   make bench      benchmarks (figures in docs/benchmarks.md)
-#   make install PREFIX=/usr/local   binaries, libraries, header, gmb.pc
+#   make check-deploy  image, containers, compose, Kubernetes, systemd (root)
+#   make install PREFIX=/usr/local   binaries, libraries, header, gmb.pc, docs
 #   make clean
 #   V=1             show full commands
 
@@ -65,7 +66,7 @@ BROKER_SRC := broker/loop.c \
   broker/config.c broker/log.c
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
-  client/lib/fdclient.c client/lib/cache.c
+  client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -109,7 +110,8 @@ UNIT_BIN := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BIN := $(patsubst tests/integration/%.c,$(B)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps check unit integration demo bench install clean gen layout
+.PHONY: all deps check unit integration demo bench install clean gen layout \
+  check-deploy
 # Keep the objects that only pattern rules name (tests, benchmarks) between
 # runs.  Not a bare .SECONDARY: that would also let make skip a missing
 # object of an archive whenever the archive is newer than its source.
@@ -226,6 +228,7 @@ $(B)/gmb.pc: Makefile
 # installed library), unit tests, then integration tests that start real
 # brokers.  Each is a suite; tests/run.sh prints a summary line.
 TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
+  tests/entrypoint.sh tests/torch_py.sh \
   tests/install.sh
 check: all
 	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN)
@@ -251,6 +254,18 @@ install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 include/gmb.h $(DESTDIR)$(PREFIX)/include/
 	$(call write_pc,$(DESTDIR)$(PREFIX)/lib/pkgconfig/gmb.pc)
+	install -d $(DESTDIR)$(PREFIX)/share/doc/gmb
+	install -m 0644 README.md docs/*.md deploy/gmb.ini.example \
+	  deploy/grafana/gmb-dashboard.json \
+	  $(DESTDIR)$(PREFIX)/share/doc/gmb/
+
+# The deployment files, built and run as an operator would: podman builds
+# the image on a debootstrap base and runs a broker and two jobs in
+# containers; compose, Kubernetes and systemd files are validated
+# (deploy/check/check-deploy.sh, docs/deploy.md).  Needs root; says what
+# it skipped and why.
+check-deploy:
+	$(Q)bash deploy/check/check-deploy.sh $(B)
 
 clean:
 	rm -rf build

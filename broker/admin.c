@@ -29,6 +29,7 @@
 #include "core.h"
 #include "defrag.h"
 #include "gmb.h"
+#include "locktab.h"
 #include "log.h"
 #include "observe.h"
 #include "reply.h"
@@ -171,9 +172,16 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
     char msg[WIRE_MESSAGE_MAX];
     snprintf(msg, sizeof msg, "tenant %s was %s", t->name, why);
     gmb__reply_event(b, s, WIRE_EVENT_EVICTED, 0, msg);
+    if (s->lt) gmb__locktab_evict(s->lt);
     gmb__core_session_end(b, s, why);
     n++;
   }
+  /* The evicted processes may still run and write the memory they mapped:
+   * none of the tenant's segments may serve anyone again.  They are empty
+   * now; the one the pool keeps lingering goes back to the device too
+   * (its pages stay the evicted processes' own until they unmap them). */
+  gmb__pool_trim(b->pool);
+  gmb__tenant_segments_sync(b->tenants, t);
   uint64_t freed = before - t->used;
   char fs[GMB_SIZE_BUFSZ];
   log_info("uid %u evicted tenant %s: %u sessions ended, %s freed",
@@ -215,20 +223,31 @@ static void admin_count_hb(void *ctx, struct gmb_session *s) {
   if (s->pidfd < 0) h->n++;
 }
 
-/* Copies a tenant section onto the tenant (created when new). */
+/* 1 when session s may still act as t under t's (new) uids or token. */
+static int admin_session_admitted(const struct gmb_tenant *t,
+                                  const struct gmb_session *s) {
+  if (gmb__tenant_uid_listed(t, s->uid)) return 1;
+  return s->by_token && t->has_token &&
+         memcmp(s->token_sha256, t->token_sha256, sizeof t->token_sha256) == 0;
+}
+
+/* Copies a tenant section onto the tenant (created when new).  When the
+ * section proves the tenant by uids or a token, the sessions that joined
+ * it otherwise (its first user's, before an operator named it; or a uid or
+ * token the section no longer lists) end: a name an operator configures
+ * is the configured parties' only.  Returns the number of sessions ended,
+ * or -1 when the tenant cannot be created. */
 static int admin_apply_tenant(struct gmb_broker *b,
                               const struct gmb_tenant_conf *tc, int *created) {
   struct gmb_tenant *t = gmb__tenant_find(b->tenants, tc->name);
   *created = 0;
   if (t == NULL) {
-    char why[256];
-    if (gmb__tenant_admit(b->tenants, tc->name, geteuid(), NULL, 0, &t, why,
-                          sizeof why) != 0) {
-      log_error("reload: cannot create tenant %s: %s", tc->name, why);
+    t = gmb__tenant_create(b->tenants, tc->name);
+    if (t == NULL) {
+      log_error("reload: cannot create tenant %s: the registry is full",
+                tc->name);
       return -1;
     }
-    t->has_owner = 0; /* bound by its uids or token, or by first use */
-    t->owner_uid = 0;
     *created = 1;
   }
   t->configured = 1;
@@ -239,7 +258,85 @@ static int admin_apply_tenant(struct gmb_broker *b,
   t->n_uids = tc->n_uids;
   t->has_token = tc->has_token;
   memcpy(t->token_sha256, tc->token_sha256, sizeof t->token_sha256);
+  if (t->n_uids == 0 && !t->has_token) return 0;
+  t->has_owner = 0;
+  t->owner_uid = 0;
+  int ended = 0;
+  struct gmb_session *s = t->sessions, *next;
+  for (; s; s = next) {
+    next = s->tenant_next;
+    if (admin_session_admitted(t, s)) continue;
+    char msg[WIRE_MESSAGE_MAX];
+    snprintf(msg, sizeof msg, "tenant %s is configured now, and this "
+             "process's uid %u (or token) is not among its uids or token",
+             t->name, (unsigned)s->uid);
+    gmb__reply_event(b, s, WIRE_EVENT_EVICTED, 0, msg);
+    if (s->lt) gmb__locktab_evict(s->lt);
+    gmb__core_session_end(b, s, "reload: its uid or token no longer proves "
+                          "the tenant");
+    ended++;
+  }
+  /* As after an eviction: no emptied segment they mapped serves again. */
+  if (ended) {
+    gmb__pool_trim(b->pool);
+    gmb__tenant_segments_sync(b->tenants, t);
+  }
+  return ended;
+}
+
+/* The reservations a reload would leave in force: each tenant's from the
+ * state file if it overrides it, else from the new config if it names the
+ * tenant, else what the tenant has now (tenants no longer configured keep
+ * theirs).  Summed over the tenants that exist, those the new config
+ * names and those the state file names. */
+struct admin_resv {
+  struct gmb_broker *b;
+  const struct gmb_config *nc;
+  uint64_t sum;
+};
+
+static uint64_t admin_resv_of(struct admin_resv *r, const char *name,
+                              uint64_t now) {
+  uint64_t v;
+  if (gmb__statefile_lookup(r->b, name, GMB_STATE_RESERVE, &v)) return v;
+  const struct gmb_tenant_conf *tc = gmb__config_tenant(r->nc, name);
+  return tc ? tc->reserve : now;
+}
+
+static void admin_resv_add(struct admin_resv *r, uint64_t v) {
+  r->sum = v > UINT64_MAX - r->sum ? UINT64_MAX : r->sum + v;
+}
+
+static int admin_resv_tenant(void *ctx, struct gmb_tenant *t) {
+  struct admin_resv *r = ctx;
+  admin_resv_add(r, admin_resv_of(r, t->name, t->reserve));
   return 0;
+}
+
+static void admin_resv_state(void *ctx, const char *name) {
+  struct admin_resv *r = ctx;
+  if (gmb__tenant_find(r->b->tenants, name) ||
+      gmb__config_tenant(r->nc, name))
+    return; /* counted already */
+  admin_resv_add(r, admin_resv_of(r, name, 0));
+}
+
+static int admin_reload_reservations(struct gmb_broker *b,
+                                     const struct gmb_config *nc, char *err,
+                                     size_t errcap) {
+  struct admin_resv r = {b, nc, 0};
+  gmb__tenants_each(b->tenants, admin_resv_tenant, &r);
+  for (size_t i = 0; i < nc->n_tenants; i++)
+    if (gmb__tenant_find(b->tenants, nc->tenants[i].name) == NULL)
+      admin_resv_add(&r, admin_resv_of(&r, nc->tenants[i].name, 0));
+  gmb__statefile_each(b, admin_resv_state, &r);
+  if (r.sum <= b->dev->capacity) return 0;
+  char s1[GMB_SIZE_BUFSZ], s2[GMB_SIZE_BUFSZ];
+  snprintf(err, errcap, "the reservations would add up to %s (config and "
+           "state file), more than the device's %s: not reloaded",
+           gmb__size_format(r.sum, s1, sizeof s1),
+           gmb__size_format(b->dev->capacity, s2, sizeof s2));
+  return GMB_E_INVAL;
 }
 
 int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
@@ -252,6 +349,13 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   if (rc) return rc;
   /* The state path is a restart setting too: read the running one. */
   rc = gmb__statefile_reread(b, err, errcap);
+  if (rc) {
+    gmb__config_free(&nc);
+    return rc;
+  }
+  /* The same check as at start, but before anything is applied: a
+   * reload is all or nothing. */
+  rc = admin_reload_reservations(b, &nc, err, errcap);
   if (rc) {
     gmb__config_free(&nc);
     return rc;
@@ -276,6 +380,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   nc.capacity = oc->capacity;
   nc.device_reserve = oc->device_reserve;
   memcpy(nc.run_dir, oc->run_dir, sizeof nc.run_dir);
+  nc.run_dir_per_gpu = oc->run_dir_per_gpu;
   memcpy(nc.metrics_listen, oc->metrics_listen, sizeof nc.metrics_listen);
   memcpy(nc.state, oc->state, sizeof nc.state);
 
@@ -295,13 +400,18 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
     admin_note(sum, sizeof sum, "default_quota: kept until restart (the "
                "tenant registry has no setter yet)");
 
-  size_t created = 0, updated = 0, kept = 0;
+  size_t created = 0, updated = 0, kept = 0, ended = 0;
   for (size_t i = 0; i < nc.n_tenants; i++) {
     int c = 0;
-    if (admin_apply_tenant(b, &nc.tenants[i], &c) != 0) continue;
+    int n = admin_apply_tenant(b, &nc.tenants[i], &c);
+    if (n < 0) continue;
+    ended += (size_t)n;
     if (c) created++;
     else updated++;
   }
+  if (ended)
+    admin_note(sum, sizeof sum, "%zu sessions ended: their uid or token no "
+               "longer proves their tenant", ended);
   for (size_t i = 0; i < oc->n_tenants; i++) {
     if (gmb__config_tenant(&nc, oc->tenants[i].name)) continue;
     struct gmb_tenant *t = gmb__tenant_find(b->tenants, oc->tenants[i].name);
@@ -324,6 +434,8 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
 
   gmb__config_free(oc);
   b->cfg = nc;
+  gmb__pool_set_grouping(b->pool, b->cfg.compaction);
+  gmb__tenants_set_limits(b->tenants, &b->cfg);
   int applied = gmb__statefile_apply(b);
   if (applied > 0)
     admin_note(sum, sizeof sum, "state file overrides %d tenants", applied);

@@ -159,9 +159,12 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
                                &slot);
     if (rc) {
       gmb__pool_free(b->pool, info.id, NULL);
-      gmb__reply_fail(rep, rc, "this session holds as many movable "
-                      "allocations as its lock table has slots (%u)",
-                      GMB_LT_DEFAULT_SLOTS);
+      if (rc == GMB_E_LIMIT)
+        gmb__reply_fail(rep, rc, "this session holds as many movable "
+                        "allocations as its lock table has slots (%u)",
+                        GMB_LT_DEFAULT_SLOTS);
+      else
+        gmb__reply_fail(rep, rc, "no lock-table slot: out of host memory");
       return rc;
     }
     gmb__pool_set_tag(b->pool, info.id, gmb__locktab_tag(slot));

@@ -50,6 +50,8 @@ struct gmb_waitq {
   struct gmb_waiter *head, *tail;
   size_t n;             /* all of them */
   size_t after_compact; /* of n, those held only until a compaction ends */
+  uint64_t next_deadline_ns; /* no waiter expires before (0: look) */
+  struct gmb_waiter *last_added; /* for gmb__waitq_joined; NULL: none */
 };
 
 /* Which socket a reply leaves by (reply.c). */
@@ -98,7 +100,19 @@ struct gmb_broker {
   uint64_t pool_ops_at_last_run;
 
   struct gmb_observe *observe;        /* counters for metrics (observe.c) */
+
+  /* Limits (issue 12).  fd_sessions_max: the sessions RLIMIT_NOFILE leaves
+   * room for (core.c; 0: not computed, no limit of its own). */
+  uint32_t fd_sessions_max;
+  int reap_pending; /* a session ended: idle tenants may go (core.c) */
 };
+
+/* Descriptors a session costs the broker: its ZeroMQ connection, its
+ * pidfd, its descriptor channel and its lock table's memfd. */
+#define GMB_FDS_PER_SESSION 4
+/* Descriptors kept for everything else: sockets, listeners, signalfd,
+ * the metrics thread, pending descriptor-channel connections, files. */
+#define GMB_FDS_RESERVED 512
 
 enum {
   GMB_DEFRAG_NONE = 0,

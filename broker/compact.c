@@ -4,16 +4,19 @@
  * A run is a cursor that moves through three states, one unit of work per
  * turn of gmb__compact_step()'s loop, checking the deadline between units:
  *
- *   PICK  choose the source: the least used segment in scope that the run
- *         has not visited, that existed when the run began, and that has a
- *         movable allocation and free space.  Decide how to work it:
- *         EVACUATE when it holds no pinned allocation and its bytes have
- *         room in fuller segments of its arena and class (the sum of their
- *         free bytes, and a place for its largest allocation), so that it
- *         can empty and be released; else SLIDE.
+ *   PICK  choose the source: the least used movable small segment in
+ *         scope that the run has not visited in this pass, that existed
+ *         when the run began, and that has free space (a goal run first
+ *         checks whether its room is there, and ends if so).  Decide how
+ *         to work it: EVACUATE when no allocation of it is locked and its
+ *         bytes have room in fuller small segments of its arena (the sum
+ *         of their free bytes, and a place for its largest allocation), so
+ *         that it can empty and be released; else SLIDE (a run without a
+ *         goal, or a goal run's packing pass) or leave it (SKIP).
  *   SCAN  take the source's next allocation at or above the cursor (one
- *         decision): find its target (EVACUATE: best fit among the free
- *         ranges of fuller segments; SLIDE: the lowest free range below it
+ *         decision): find its target (EVACUATE: the best fit among the
+ *         holes of pinned segments, else among the free ranges of fuller
+ *         movable segments; SLIDE: the lowest free range below it
  *         that holds it, else the free range just below it if the overlap
  *         is not too small a shift), claim it through the hooks, reserve
  *         the target in the pool.  An evacuation that left something
@@ -34,10 +37,10 @@
  * every move: no ping-pong.
  *
  * Termination does not depend on the rest of the broker being quiet: each
- * segment is a source at most once per run, only segments that existed at
+ * segment is a source at most once per pass (at most three passes), only segments that existed at
  * the start are sources, and within a source the cursor only moves up (a
  * decision sets it past the allocation it looked at), so a run makes at
- * most about two decisions per 512 bytes of those segments, plus the copy
+ * most about two decisions per 512 bytes of those segments per pass, plus the copy
  * chunks of the moves it decided.
  *
  * Between steps the engine keeps no pointer into the pool, only ids
@@ -72,7 +75,13 @@
 #define COMPACT_SLIDE_MAX_CHUNKS 64u
 
 enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
-enum compact_mode { M_EVACUATE, M_SLIDE };
+enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP };
+/* A run with a goal makes up to three passes over the segments, each
+ * visiting a segment at most once: evacuate what can empty; pack every
+ * segment down (slide) so its free bytes are one range at its top; then
+ * evacuate again into those ranges.  It ends as soon as the room is there. */
+enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
+       COMPACT_PASSES };
 
 struct gmb_compact {
   struct gmb_pool *p;
@@ -81,6 +90,8 @@ struct gmb_compact {
   struct gmb_compact_stats st;
   enum compact_state state;
   uint64_t max_seg; /* only segments up to this id are sources */
+  uint64_t goal;    /* device room wanted (bytes); 0: a whole run */
+  int pass;         /* goal runs: COMPACT_PASS_* */
 
   /* Segments visited: an open-addressing set of ids (never 0). */
   uint64_t *seen;
@@ -99,6 +110,7 @@ struct gmb_compact {
   struct gmb_alloc_info claimed;
   uint64_t copied, chunk;
   int descending;
+  int overlap; /* a slide over its own old place */
 };
 
 /* ---- the set of visited segments -------------------------------------- */
@@ -148,10 +160,13 @@ static uint64_t compact_free_bytes(const struct gmb_segment *s) {
   return s->dseg.size - s->used - s->reserved;
 }
 
-/* 1 when segment a is fuller than b: (used + reserved) / size, ties by
- * lower id.  A total order: moves between segments only go up it. */
+/* 1 when segment a is fuller than b: a pinned segment (it cannot empty)
+ * above any movable one, then (used + reserved) / size, ties by lower id.
+ * A total order: moves between segments only go up it. */
 static int compact_fuller(const struct gmb_segment *a,
                           const struct gmb_segment *b) {
+  int ap = a->cls == POOL_SMALL_PINNED, bp = b->cls == POOL_SMALL_PINNED;
+  if (ap != bp) return ap;
   unsigned __int128 x =
       (unsigned __int128)(a->used + a->reserved) * b->dseg.size;
   unsigned __int128 y =
@@ -169,34 +184,83 @@ static int compact_live(const struct pool_range *r) {
   return !(r->flags & (GMB_RANGE_FREE | GMB_RANGE_TARGET));
 }
 
+/* Sources are movable small segments (mobility grouping keeps pinned
+ * allocations out of them); large allocations have a segment each and
+ * never move. */
 static int compact_candidate(const struct gmb_compact *c,
                              const struct gmb_segment *s) {
   return (!c->arena || s->arena == c->arena) && s->dseg.id <= c->max_seg &&
-         s->live > s->pinned && compact_free_bytes(s) > 0 && s->targets == 0 &&
+         s->cls == POOL_SMALL_MOVABLE && s->live > 0 &&
+         compact_free_bytes(s) > 0 && s->targets == 0 &&
          !compact_seen(c, s->dseg.id);
 }
 
-/* EVACUATE when s can empty: nothing pinned, and its bytes have room in
- * fuller segments of its arena and class, its largest allocation
- * included.  Locked allocations are found out only when claimed. */
+/* A free range for `size` bytes out of s in a fuller small segment of its
+ * arena: pinned segments' holes first (they can never be given back), then
+ * the best fit among movable segments. */
+static const struct pool_range *compact_fit(const struct gmb_compact *c,
+                                            struct gmb_segment *s,
+                                            uint64_t size) {
+  const struct pool_range *t =
+      gmb__pool_fit(c->p, s->arena, POOL_SMALL_PINNED, size,
+                    compact_accept_fuller, s);
+  if (!t)
+    t = gmb__pool_fit(c->p, s->arena, POOL_SMALL_MOVABLE, size,
+                      compact_accept_fuller, s);
+  return t;
+}
+
+/* 1 when a live allocation of s is held locked now (the claim would be
+ * refused): such a segment cannot empty in this run, so it counts as
+ * pinned for the run's decisions. */
+static int compact_has_locked(const struct gmb_compact *c,
+                              const struct gmb_segment *s) {
+  if (!c->h.locked) return 0;
+  for (const struct pool_range *r = s->first; r; r = r->next) {
+    if (!compact_live(r)) continue;
+    struct gmb_alloc_info info;
+    if (gmb__pool_find(c->p, gmb__pool_range_id(c->p, r), &info) == 0 &&
+        c->h.locked(c->h.ctx, &info))
+      return 1;
+  }
+  return 0;
+}
+
+/* EVACUATE when s can empty: nothing locked, and its bytes have room in
+ * fuller small segments of its arena, its largest allocation included.
+ * Otherwise SLIDE (pack it down), except in a goal run's evacuation
+ * passes, where a segment that cannot empty is left alone (SKIP): sliding
+ * it gives no room back. */
 static enum compact_mode compact_plan(const struct gmb_compact *c,
                                       struct gmb_segment *s) {
-  if (s->pinned) return M_SLIDE;
+  if (c->goal && c->pass == COMPACT_PASS_SLIDE) return M_SLIDE;
+  enum compact_mode no = c->goal ? M_SKIP : M_SLIDE;
   uint64_t room = 0;
   const struct gmb_segment *t;
   LIST_FOREACH(t, &s->arena->segs, link)
-  if (t->cls == s->cls && t != s && compact_fuller(t, s))
+  if (pool_cls_small(t->cls) && t != s && compact_fuller(t, s))
     room += compact_free_bytes(t);
-  if (room < s->used) return M_SLIDE;
+  if (room < s->used) return no;
   uint64_t big = 0;
   for (const struct pool_range *r = s->first; r; r = r->next)
     if (compact_live(r) && r->size > big) big = r->size;
-  if (!gmb__pool_fit(c->p, s->arena, s->cls, big, compact_accept_fuller, s))
-    return M_SLIDE;
+  if (!compact_fit(c, s, big)) return no;
+  if (compact_has_locked(c, s)) return no;
   return M_EVACUATE;
 }
 
+/* 1 when a goal run has what it came for. */
+static int compact_goal_met(const struct gmb_compact *c) {
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(c->p, &ps);
+  return ps.room >= c->goal;
+}
+
 static void compact_pick(struct gmb_compact *c) {
+  if (c->goal && compact_goal_met(c)) {
+    c->state = C_DONE;
+    return;
+  }
   struct gmb_segment *best = NULL, *s;
   if (c->arena) {
     LIST_FOREACH(s, &c->arena->segs, link)
@@ -205,6 +269,13 @@ static void compact_pick(struct gmb_compact *c) {
     for (s = gmb__pool_seg_next(c->p, NULL); s; s = gmb__pool_seg_next(c->p, s))
       if (compact_candidate(c, s) && (!best || compact_fuller(best, s)))
         best = s;
+  }
+  if (!best && c->goal && c->pass + 1 < COMPACT_PASSES) {
+    /* Another pass: every segment may be visited again. */
+    c->pass++;
+    if (c->seen) memset(c->seen, 0, c->seen_cap * sizeof *c->seen);
+    c->seen_n = 0;
+    return;
   }
   if (!best) {
     c->state = C_DONE;
@@ -220,10 +291,14 @@ static void compact_pick(struct gmb_compact *c) {
   c->src = best->dseg.id;
   c->src_arena = best->arena;
   c->mode = compact_plan(c, best);
+  if (c->mode == M_SKIP) {
+    c->src = 0;
+    c->src_arena = NULL;
+    return;
+  }
   c->blocked = 0;
   c->cursor = 0;
   c->hint = 0;
-  c->st.skipped_pinned += best->pinned;
   c->state = C_SCAN;
 }
 
@@ -280,8 +355,7 @@ static void compact_scan(struct gmb_compact *c) {
   }
   const struct pool_range *t;
   if (c->mode == M_EVACUATE)
-    t = gmb__pool_fit(c->p, s->arena, s->cls, r->size, compact_accept_fuller,
-                      s);
+    t = compact_fit(c, s, r->size);
   else
     t = compact_slide_target(r);
   if (!t) {
@@ -312,12 +386,14 @@ static void compact_scan(struct gmb_compact *c) {
   c->copied = 0;
   c->chunk = COMPACT_CHUNK;
   c->descending = 0;
+  c->overlap = 0;
   if (c->mv.src == c->mv.dst) {
     uint64_t lo = c->mv.src_offset, hi = c->mv.dst_offset;
     int up = hi > lo;
     uint64_t shift = up ? hi - lo : lo - hi;
     if (shift < c->mv.size) { /* overlap: chunks no larger than the shift */
       if (shift < c->chunk) c->chunk = shift;
+      c->overlap = 1;
       c->descending = up; /* moving up: copy the top first */
     }
   }
@@ -371,16 +447,20 @@ static void compact_copy(struct gmb_compact *c) {
 /* ---- the contract ----------------------------------------------------- */
 
 struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
+                                     uint64_t goal,
                                      const struct gmb_compact_hooks *hooks) {
   struct gmb_compact *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->p = p;
   c->arena = a;
+  c->goal = goal;
   if (hooks) c->h = *hooks;
   c->state = C_PICK;
   for (struct gmb_segment *s = gmb__pool_seg_next(p, NULL); s;
-       s = gmb__pool_seg_next(p, s))
+       s = gmb__pool_seg_next(p, s)) {
     c->max_seg = s->dseg.id; /* id order: the last is the newest */
+    if (!a || s->arena == a) c->st.skipped_pinned += s->pinned;
+  }
   return c;
 }
 
@@ -428,6 +508,10 @@ void gmb__compact_forget_arena(struct gmb_compact *c, struct gmb_arena *a) {
   if (c->arena == a) c->state = C_DONE;
 }
 
+void gmb__compact_add_goal(struct gmb_compact *c, uint64_t bytes) {
+  if (c->goal) c->goal += bytes;
+}
+
 void gmb__compact_stats(const struct gmb_compact *c,
                         struct gmb_compact_stats *out) {
   *out = c->st;
@@ -435,6 +519,13 @@ void gmb__compact_stats(const struct gmb_compact *c,
 
 void gmb__compact_destroy(struct gmb_compact *c) {
   if (!c) return;
+  /* A slide that overlaps its old place has overwritten the start of it
+   * once more than the shift was copied: the old range no longer holds
+   * the allocation, so the move is finished (at most a 1 MiB copy), not
+   * abandoned.  Any other move leaves its source intact and is
+   * abandoned. */
+  while (c->state == C_COPY && c->overlap && c->copied > 0)
+    compact_copy(c);
   if (c->state == C_COPY) compact_abort(c, 1);
   free(c->seen);
   free(c);

@@ -9,13 +9,27 @@
  * chunked; a chunk never overlaps its destination).  A run covers one
  * arena or all of them.
  *
- * Policy: allocations move out of the least used segments of an arena and
- * size class into free ranges of fuller segments of the same arena and
- * class (or to lower offsets of their own segment), so that the least used
- * segments empty and are released.  A move never goes to a segment that is
- * less used than its source, so a run ends.  Pinned allocations never move;
- * movable ones move only when the broker's `claim` hook takes them (their
- * lock-table slot went 0 -> MOVING, i.e. nobody holds them locked).
+ * Policy: allocations move out of the least used movable small segments
+ * of an arena into free ranges of fuller small segments of the same arena
+ * (the holes of pinned segments first: those can never be given back), or
+ * to lower offsets of their own segment, so that the least used segments
+ * empty and are released.  A move never goes to a segment that is less
+ * used than its source, so a run ends.  Pinned allocations never move, and
+ * mobility grouping (pool.h) keeps them out of movable segments; movable
+ * ones move only when the broker's `claim` hook takes them (their
+ * lock-table slot went 0 -> MOVING, i.e. nobody holds them locked).  A
+ * segment that holds a locked allocation when the run looks at it counts
+ * as pinned for that run: it is not emptied (its other allocations would
+ * move for nothing), only packed down in a run without a goal.  Large
+ * allocations have a segment each and never move.
+ *
+ * A run with a goal (a request waits for that much device room) stops as
+ * soon as the room is there, emptying the least used segments first, so
+ * it moves the fewest bytes that give the room back; before it gives up it
+ * packs every segment down (a slide within the segment, for allocations
+ * larger than the holes between them) and tries to empty segments again.
+ * A run without a goal (an operator's, the background one) visits every
+ * segment once.
  *
  * A move either did not happen (target released, allocation where it was)
  * or is committed: the allocation's id names the new range, the old range
@@ -43,6 +57,9 @@ struct gmb_compact_hooks {
   void (*publish)(void *ctx, const struct gmb_alloc_info *moved);
   /* The move was abandoned: let go of the claim; nothing moved. */
   void (*release)(void *ctx, const struct gmb_alloc_info *a);
+  /* 1 when `a` is held locked now (a claim would be refused); takes
+   * nothing.  NULL: locks are found out only by claiming. */
+  int (*locked)(void *ctx, const struct gmb_alloc_info *a);
 };
 
 struct gmb_compact_stats {
@@ -53,19 +70,26 @@ struct gmb_compact_stats {
   uint64_t skipped_locked;    /* claims refused (an allocation refused in
                                  both passes over its segment, evacuate
                                  then slide, counts twice) */
-  uint64_t skipped_pinned;    /* pinned allocations in segments it wanted
-                                 to empty */
+  uint64_t skipped_pinned;    /* pinned allocations in its scope when it
+                                 began (they never move) */
   uint64_t ns;                /* time spent inside gmb__compact_step */
   uint64_t ns_release;        /* of which committing moves that released a
                                  segment (the device's release dominates) */
 };
 
 /* Starts a run over arena `a`, or over every arena when `a` is NULL.
- * NULL on ENOMEM.  The hooks are copied; any may be NULL (no claim: every
- * movable allocation is taken).  Only segments that exist now are emptied
- * or packed by this run (new ones may receive moves). */
+ * `goal`: the device room (gmb_pool_stats.room) the run is for; it ends
+ * once that much is there; 0: a whole run.  NULL on ENOMEM.  The hooks are
+ * copied; any may be NULL (no claim: every movable allocation is taken).
+ * Only segments that exist now are emptied or packed by this run (new ones
+ * may receive moves). */
 struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
+                                     uint64_t goal,
                                      const struct gmb_compact_hooks *hooks);
+
+/* Another request waits for this run: it wants `bytes` more room.  No-op
+ * for a run without a goal (it does all it can anyway). */
+void gmb__compact_add_goal(struct gmb_compact *c, uint64_t bytes);
 
 /* Works until `deadline_ns` (gmb__now_ns clock); always makes some progress
  * (at least one chunk of a copy, or one decision).  Returns 1 while there

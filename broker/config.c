@@ -51,7 +51,7 @@ struct cfg_parse {
   char sec_label[80];      /* "[broker]", "[tenant:llm-a]" for messages */
   int broker_line;         /* where [broker] was seen; 0: not yet */
   int key_in_section;      /* inih's prev_name is set: see cfg_reader */
-  int seen_line[16];       /* per key of the current section: line or 0 */
+  int seen_line[32];       /* per key of the current section: line or 0 */
   int err_line;            /* 0 while there is no error */
   char *err;
   size_t errcap;
@@ -231,13 +231,17 @@ static int cfg_listen(struct cfg_parse *p, const char *key, const char *v) {
 enum {
   K_DEVICE, K_CAPACITY, K_DEVICE_RESERVE, K_RUN_DIR, K_STATE, K_ADMIN_UIDS,
   K_DEFAULT_QUOTA, K_COMPACTION, K_COMPACTION_THRESHOLD, K_METRICS_LISTEN,
-  K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS,
+  K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
+  K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
+  K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
     "state",         "admin_uids", "default_quota",        "compaction",
     "compaction_threshold", "metrics_listen", "log_level", "heartbeat_ms",
-    "shutdown_grace_ms",
+    "shutdown_grace_ms", "max_sessions", "max_sessions_per_uid",
+    "max_tenants_per_uid", "max_waiters_per_session",
+    "max_waiters_per_tenant", "run_dir_per_gpu",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY };
@@ -293,6 +297,37 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
     case K_SHUTDOWN_GRACE_MS:
       if (!cfg_int(p, key, v, 0, 60000, &x)) return 0;
       c->shutdown_grace_ms = (uint32_t)x;
+      return 1;
+    case K_MAX_SESSIONS:
+      if (!cfg_int(p, key, v, 1, 1000000, &x)) return 0;
+      c->max_sessions = (uint32_t)x;
+      return 1;
+    case K_MAX_SESSIONS_PER_UID:
+      if (!cfg_int(p, key, v, 1, 1000000, &x)) return 0;
+      c->max_sessions_per_uid = (uint32_t)x;
+      return 1;
+    case K_MAX_TENANTS_PER_UID:
+      if (!cfg_int(p, key, v, 1, 4096, &x)) return 0;
+      c->max_tenants_per_uid = (uint32_t)x;
+      return 1;
+    case K_MAX_WAITERS_PER_SESSION:
+      if (!cfg_int(p, key, v, 1, 1000000, &x)) return 0;
+      c->max_waiters_per_session = (uint32_t)x;
+      return 1;
+    case K_MAX_WAITERS_PER_TENANT:
+      if (!cfg_int(p, key, v, 1, 1000000, &x)) return 0;
+      c->max_waiters_per_tenant = (uint32_t)x;
+      return 1;
+    case K_RUN_DIR_PER_GPU:
+      if (!strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "true") ||
+          !strcmp(v, "1"))
+        c->run_dir_per_gpu = 1;
+      else if (!strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "false") ||
+               !strcmp(v, "0"))
+        c->run_dir_per_gpu = 0;
+      else
+        return cfg_fail(p, p->line, "%s %s: bad value '%s' (want yes or no)",
+                        p->sec_label, key, v);
       return 1;
   }
   GMB_ASSERT(0 && "a broker key without a case");
@@ -487,6 +522,11 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->log_level = GMB_LOG_INFO;
   c->heartbeat_ms = 1000;
   c->shutdown_grace_ms = 2000;
+  c->max_sessions = 4096;
+  c->max_sessions_per_uid = 1024;
+  c->max_tenants_per_uid = 16;
+  c->max_waiters_per_session = 64;
+  c->max_waiters_per_tenant = 1024;
 }
 
 /*

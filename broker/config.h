@@ -34,6 +34,8 @@ struct gmb_config {
   uint64_t capacity;        /* 0: what the device has */
   uint64_t device_reserve;  /* cuda: bytes left to others */
   char run_dir[PATH_MAX];   /* "" : gmb__run_dir() */
+  int run_dir_per_gpu;      /* 1: sockets in RUN_DIR/UUID, state file
+                               STATE.UUID, metrics port + N (cuda:N) */
   char state[PATH_MAX];     /* "" : no state file */
   uid_t admin_uids[GMB_CONFIG_UIDS_MAX];
   size_t n_admin_uids;      /* the broker's own uid is always admin */
@@ -47,6 +49,14 @@ struct gmb_config {
                                missed periods */
   uint32_t shutdown_grace_ms; /* at a stop, how long sessions that still
                                map retiring segments get to unmap them */
+  /* Limits on what clients can make the broker hold (issue 12): each is
+   * refused with GMB_E_LIMIT past its value, and the broker serves on. */
+  uint32_t max_sessions;          /* sessions in all (lowered at start to
+                                     what RLIMIT_NOFILE allows) */
+  uint32_t max_sessions_per_uid;
+  uint32_t max_tenants_per_uid;   /* tenants a uid made by first use */
+  uint32_t max_waiters_per_session; /* gmb_alloc_wait requests queued */
+  uint32_t max_waiters_per_tenant;
   struct gmb_tenant_conf *tenants; /* owned */
   size_t n_tenants;
 };

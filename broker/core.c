@@ -8,10 +8,12 @@
  */
 #include "core.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "defrag.h"
 #include "gmb.h"
@@ -42,6 +44,70 @@ static void core_retire(void *ctx, const struct gmb_dseg *seg,
   }
 }
 
+/* Raises RLIMIT_NOFILE to what the broker may need: every session's
+ * descriptors, one per segment the device can hold, and a reserve; then
+ * records how many sessions fit what it got.  Running out of descriptors
+ * must never happen: libzmq aborts when accept() fails with EMFILE. */
+static void core_fd_budget(struct gmb_broker *b) {
+  uint64_t segs = b->dev->capacity / GMB_MIB / 2 + 1; /* 2 MiB at least */
+  uint64_t want = GMB_FDS_RESERVED + segs +
+                  (uint64_t)b->cfg.max_sessions * GMB_FDS_PER_SESSION;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    log_warn("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    return;
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    struct rlimit nl = rl;
+    nl.rlim_cur = want;
+    if (nl.rlim_max != RLIM_INFINITY && nl.rlim_max < want)
+      nl.rlim_max = want; /* allowed with CAP_SYS_RESOURCE */
+    if (setrlimit(RLIMIT_NOFILE, &nl) != 0 && rl.rlim_cur < rl.rlim_max) {
+      nl = rl;
+      nl.rlim_cur = rl.rlim_max; /* as far as the hard limit goes */
+      if (setrlimit(RLIMIT_NOFILE, &nl) != 0)
+        log_warn("setrlimit(RLIMIT_NOFILE, %llu): %s",
+                 (unsigned long long)nl.rlim_cur, strerror(errno));
+    }
+    getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  uint64_t have = rl.rlim_cur == RLIM_INFINITY ? want : rl.rlim_cur;
+  uint64_t fit = have > GMB_FDS_RESERVED + segs
+                     ? (have - GMB_FDS_RESERVED - segs) / GMB_FDS_PER_SESSION
+                     : 0;
+  if (fit < 1) fit = 1;
+  if (fit > UINT32_MAX) fit = UINT32_MAX;
+  b->fd_sessions_max = (uint32_t)fit;
+  if (fit < b->cfg.max_sessions)
+    log_warn("RLIMIT_NOFILE is %llu: room for %llu sessions, not the %u of "
+             "max_sessions (each costs %d descriptors, and %llu are kept "
+             "for segments); raise the limit (LimitNOFILE=) to serve more",
+             (unsigned long long)have, (unsigned long long)fit,
+             b->cfg.max_sessions, GMB_FDS_PER_SESSION,
+             (unsigned long long)segs);
+}
+
+uint32_t gmb__core_max_sessions(const struct gmb_broker *b) {
+  uint32_t m = b->cfg.max_sessions;
+  if (b->fd_sessions_max && b->fd_sessions_max < m) m = b->fd_sessions_max;
+  return m;
+}
+
+size_t gmb__core_reap(struct gmb_broker *b, int named) {
+  if ((!b->reap_pending && !named) || b->closing) return 0;
+  /* A compaction run or an admin request may name a tenant: wait. */
+  if (b->compacting || b->compact_reqs) return 0;
+  b->reap_pending = 0;
+  size_t n = gmb__tenants_reap(b->tenants, named);
+  if (n) log_debug("%zu idle tenants made by first use went away", n);
+  return n;
+}
+
+int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap) {
+  return gmb__tenants_check_reservations(b->tenants, b->dev->capacity, msg,
+                                         cap);
+}
+
 int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
   char why[512];
   int rc = gmb__device_open(b->cfg.device, b->cfg.capacity,
@@ -51,6 +117,7 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
     return rc;
   }
   b->pool = gmb__pool_new(b->dev, core_retire, b);
+  if (b->pool) gmb__pool_set_grouping(b->pool, b->cfg.compaction);
   b->tenants = b->pool ? gmb__tenants_new(b->pool, &b->cfg) : NULL;
   b->sessions = gmb__sessions_new();
   b->observe = gmb__observe_new();
@@ -59,9 +126,7 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "out of memory at start-up");
     return GMB_E_SYSTEM;
   }
-  if (gmb__tenants_check_reservations(b->tenants, b->dev->capacity, why,
-                                      sizeof why) != 0)
-    log_warn("%s", why);
+  core_fd_budget(b);
   return 0;
 }
 
@@ -107,6 +172,7 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
    * with it (or it closed them before Bye), so it holds them no longer. */
   int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
   gmb__session_free(b->sessions, s);
+  if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
   if (freed || unparked) gmb__waitq_serve(b);
 }
 

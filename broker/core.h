@@ -41,4 +41,21 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
  * violations (0: all is well). */
 int gmb__core_check(struct gmb_broker *b);
 
+/* GMB_E_INVAL with a message when the tenants' reservations add up to more
+ * than the device (they cannot all be kept), else 0.  main.c asks it once
+ * the state file is applied (and warns); a reload refuses a configuration
+ * that fails it before anything is applied (admin.c). */
+int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap);
+
+/* The sessions the broker admits in all: max_sessions, or fewer when
+ * RLIMIT_NOFILE could not be raised far enough for them (core_open). */
+uint32_t gmb__core_max_sessions(const struct gmb_broker *b);
+
+/* Removes the tenants made by first use that are idle now
+ * (gmb__tenant_idle): with `named` 0 the default ones (uid-N), when a
+ * session's end made some so; with `named` 1 every idle one (the registry
+ * is full).  The loop calls it between messages, never while a compaction
+ * run or an admin request may name a tenant.  Returns how many went. */
+size_t gmb__core_reap(struct gmb_broker *b, int named);
+
 #endif /* GMB_CORE_H */

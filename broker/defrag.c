@@ -4,7 +4,10 @@
  * The engine (compact.c) knows how to move allocations; this module decides
  * when, and connects it to the rest of the broker:
  *   - a request that fits the device's free total but no free range starts
- *     a run and waits for its end (dispatch.c queues it in waitq.c);
+ *     a run with a goal (the room its segment needs: the run ends as soon
+ *     as that much is free, so it moves no more than it must) and waits for
+ *     its end (dispatch.c queues it in waitq.c); a second such request
+ *     while the run goes adds its room to the goal;
  *   - an operator's AdminCompact starts a run and is answered at its end;
  *   - fragmentation that stays above `compaction_threshold` for a few
  *     seconds starts a background run (`compaction = auto`), but not again
@@ -71,18 +74,24 @@ static void defrag_release(void *ctx, const struct gmb_alloc_info *a) {
   if (lt) gmb__locktab_release(lt, slot);
 }
 
+static int defrag_locked(void *ctx, const struct gmb_alloc_info *a) {
+  (void)ctx;
+  return gmb__session_alloc_locked(a);
+}
+
 /* --- runs ---------------------------------------------------------------- */
 
-void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
-                       int reason) {
+static void defrag_begin(struct gmb_broker *b, struct gmb_tenant *scope,
+                         int reason, uint64_t goal) {
   if (b->compacting) return;
   struct gmb_compact_hooks hooks = {
       .ctx = b,
       .claim = defrag_claim,
       .publish = defrag_publish,
       .release = defrag_release,
+      .locked = defrag_locked,
   };
-  b->compacting = gmb__compact_new(b->pool, scope ? scope->arena : NULL,
+  b->compacting = gmb__compact_new(b->pool, scope ? scope->arena : NULL, goal,
                                    &hooks);
   if (b->compacting == NULL) {
     log_error("cannot start compaction: out of host memory");
@@ -95,6 +104,23 @@ void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
                               "an operator", "fragmentation above threshold"};
   log_info("compaction started (%s) for %s", why[reason],
            scope ? scope->name : "every tenant");
+}
+
+void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
+                       int reason) {
+  defrag_begin(b, scope, reason, 0);
+}
+
+void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded) {
+  /* The room a segment for it takes: its own (large) or a small one. */
+  uint64_t goal = GMB_POOL_SMALL_SEGMENT;
+  if (rounded > GMB_POOL_SMALL_MAX)
+    goal = (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+  if (b->compacting) {
+    gmb__compact_add_goal(b->compacting, goal);
+    return;
+  }
+  defrag_begin(b, NULL, GMB_DEFRAG_REQUEST, goal);
 }
 
 static void defrag_answer_admin(struct gmb_broker *b,

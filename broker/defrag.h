@@ -18,6 +18,10 @@
  * `reason` is a GMB_DEFRAG_*. */
 void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
                        int reason);
+/* A request of `rounded` bytes found no room: starts a run (or widens the
+ * one in progress) whose goal is the device room a segment for it needs;
+ * the run ends as soon as that room is there. */
+void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded);
 /* Works on the run in progress until `deadline_ns`; finishes it when it is
  * over (answers its admin requests and the allocations that waited for
  * it).  Returns 1 while a run is in progress. */

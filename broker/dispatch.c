@@ -34,6 +34,9 @@
 #include "util.h"
 #include "waitq.h"
 
+/* Warnings a client can cause at will are rate-limited (log.h). */
+static struct gmb_log_rl dispatch_rl_limit, dispatch_rl_hello, dispatch_rl_cred;
+
 /* --- hello ------------------------------------------------------------ */
 
 static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
@@ -51,14 +54,46 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
                     WIRE_PROTOCOL_VERSION);
     return 1;
   }
+  /* Every session costs descriptors and memory: the broker admits so
+   * many in all and per uid, refuses the next with GMB_E_LIMIT, and serves
+   * the others on (issue 12). */
+  uint32_t max = gmb__core_max_sessions(b);
+  if (gmb__sessions_count(b->sessions) >= max) {
+    if (gmb__log_allow(&dispatch_rl_limit))
+      log_warn("hello from uid %u refused: the broker holds %u sessions, its "
+               "limit%s", (unsigned)peer->uid, max,
+               gmb__log_suppressed(&dispatch_rl_limit));
+    gmb__reply_fail(rep, GMB_E_LIMIT, "the broker holds %u sessions, its "
+                    "limit (max_sessions, and what RLIMIT_NOFILE allows)",
+                    max);
+    return 1;
+  }
+  uint32_t mine = gmb__sessions_of_uid(b->sessions, peer->uid);
+  if (mine >= b->cfg.max_sessions_per_uid) {
+    if (gmb__log_allow(&dispatch_rl_limit))
+      log_warn("hello from uid %u refused: it holds %u sessions, its "
+               "limit%s", (unsigned)peer->uid, mine,
+               gmb__log_suppressed(&dispatch_rl_limit));
+    gmb__reply_fail(rep, GMB_E_LIMIT, "uid %u holds %u sessions, its limit "
+                    "(max_sessions_per_uid)", (unsigned)peer->uid, mine);
+    return 1;
+  }
   struct gmb_tenant *t = NULL;
   char why[WIRE_MESSAGE_MAX];
   int rc = gmb__tenant_admit(b->tenants, req->u.hello.tenant, peer->uid,
                              req->u.hello.token, req->u.hello.token_len, &t,
                              why, sizeof why);
+  /* The registry is full: idle tenants made by first use make room (their
+   * first uids lose their claim to the names), then one more try. */
+  if (rc == GMB_E_LIMIT && gmb__tenants_full(b->tenants) &&
+      gmb__core_reap(b, 1) > 0)
+    rc = gmb__tenant_admit(b->tenants, req->u.hello.tenant, peer->uid,
+                           req->u.hello.token, req->u.hello.token_len, &t,
+                           why, sizeof why);
   if (rc) {
-    log_warn("hello from uid %u pid %d refused: %s", (unsigned)peer->uid,
-             (int)peer->pid, why);
+    if (gmb__log_allow(&dispatch_rl_hello))
+      log_warn("hello from uid %u pid %d refused: %s%s", (unsigned)peer->uid,
+               (int)peer->pid, why, gmb__log_suppressed(&dispatch_rl_hello));
     gmb__reply_fail(rep, rc, "%s", why);
     return 1;
   }
@@ -68,6 +103,12 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
     gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot create a session: %s",
                     strerror(errno));
     return 1;
+  }
+  /* How it proved the tenant, so that a reload that changes the tenant's
+   * uids or token can tell whether the session still may act as it. */
+  if (t->has_token && !gmb__tenant_uid_listed(t, peer->uid)) {
+    s->by_token = 1;
+    memcpy(s->token_sha256, t->token_sha256, sizeof s->token_sha256);
   }
   char err[256];
   s->lt = gmb__locktab_new(s->id, GMB_LT_DEFAULT_SLOTS, err, sizeof err);
@@ -99,6 +140,42 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
 
 /* --- alloc ------------------------------------------------------------ */
 
+/* 1 with *rep filled when `size` is more than the whole device: no free
+ * can ever make room for it, and queued it would head the queue for ever,
+ * holding back everyone behind it. */
+static int dispatch_never_fits(struct gmb_broker *b, struct gmb_session *s,
+                               uint64_t size, struct wire_reply *rep) {
+  uint64_t rounded = gmb__alloc_round(size);
+  if (rounded <= b->dev->capacity) return 0;
+  char sz[GMB_SIZE_BUFSZ], cap[GMB_SIZE_BUFSZ];
+  gmb__alloc_explain(b, s, rounded, rep);
+  snprintf(rep->message, sizeof rep->message, "%s is more than the whole "
+           "device (%s on %s): waiting cannot help",
+           gmb__size_format(rounded, sz, sizeof sz),
+           gmb__size_format(b->dev->capacity, cap, sizeof cap), b->dev->desc);
+  return 1;
+}
+
+/* Queues the request (gmb__waitq_add): 0, or 1 with the refusal in *rep
+ * (too many waiting: GMB_E_LIMIT; out of host memory). */
+static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
+                          const struct wire_request *req, uint64_t size,
+                          uint32_t flags, int timeout_ms, int after_compact,
+                          struct wire_reply *rep) {
+  int rc = gmb__waitq_add(b, s, req->id, size, flags, timeout_ms,
+                          after_compact);
+  if (rc == GMB_E_LIMIT)
+    gmb__reply_fail(rep, rc, "not queued: %u requests of this session and "
+                    "%" PRIu64 " of tenant %s wait already (limits %u and "
+                    "%u: max_waiters_per_session, max_waiters_per_tenant)",
+                    s->waiting, s->tenant->waiting, s->tenant->name,
+                    b->cfg.max_waiters_per_session,
+                    b->cfg.max_waiters_per_tenant);
+  else if (rc)
+    gmb__reply_fail(rep, rc, "cannot queue the request: out of host memory");
+  return rc != 0;
+}
+
 static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                           const struct wire_request *req,
                           struct wire_reply *rep) {
@@ -119,12 +196,9 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
      * this request's place, then serve it, so no request jumps it.  The
      * quota is still refused at once: waiting would not help. */
     if (gmb__alloc_quota(s->tenant, gmb__alloc_round(size), rep)) return 1;
-    if (gmb__waitq_add(b, s, req->id, size, flags, timeout_ms, 0) != 0) {
-      gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
-                      "host memory");
-      return 1;
-    }
-    gmb__waitq_serve(b);
+    if (dispatch_never_fits(b, s, size, rep)) return 1;
+    if (dispatch_queue(b, s, req, size, flags, timeout_ms, 0, rep)) return 1;
+    gmb__waitq_joined(b);
     return 0;
   }
   enum gmb_nomem_why why;
@@ -134,11 +208,9 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     /* Compaction cannot help: the room is there, it is kept for others.
      * Only freed memory (or a smaller reservation) can. */
     if (timeout_ms == 0) return 1;
-    if (gmb__waitq_add(b, s, req->id, size, flags, timeout_ms, 0) != 0) {
-      gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
-                      "host memory");
-      return 1;
-    }
+    memset(rep, 0, sizeof *rep);
+    rep->id = req->id;
+    if (dispatch_queue(b, s, req, size, flags, timeout_ms, 0, rep)) return 1;
     return 0;
   }
   /* It fits the device's free total but no free range: compaction can
@@ -151,13 +223,11 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     gmb__alloc_explain(b, s, rounded, rep);
     return 1;
   }
-  if (gmb__waitq_add(b, s, req->id, size, flags, timeout_ms,
-                          timeout_ms == 0) != 0) {
-    gmb__reply_fail(rep, GMB_E_SYSTEM, "cannot queue the request: out of "
-                    "host memory");
+  if (!compact && dispatch_never_fits(b, s, size, rep)) return 1;
+  if (dispatch_queue(b, s, req, size, flags, timeout_ms, timeout_ms == 0,
+                     rep))
     return 1;
-  }
-  if (compact) gmb__defrag_start(b, NULL, GMB_DEFRAG_REQUEST);
+  if (compact) gmb__defrag_request(b, rounded);
   if (timeout_ms == 0 && b->compacting == NULL) {
     /* No run could start: answer now rather than never. */
     gmb__waitq_compaction_over(b);
@@ -194,7 +264,6 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
 
 static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
                           struct wire_reply *rep) {
-  (void)b;
   struct gmb_arena_stats as;
   gmb__pool_arena_stats(s->tenant->arena, &as);
   rep->kind = WIRE_STATS;
@@ -202,6 +271,12 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
   rep->u.stats.used = s->tenant->used;
   rep->u.stats.peak = s->tenant->peak;
   rep->u.stats.segments = as.segment_bytes;
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  rep->u.stats.device_capacity = ps.capacity;
+  rep->u.stats.device_segments = ps.segment_bytes;
+  rep->u.stats.device_used = ps.used;
+  rep->u.stats.free_in_segments = as.free_total;
   /* As each session last reported it; never more than is used. */
   uint64_t cached = 0;
   for (const struct gmb_session *o = s->tenant->sessions; o; o = o->tenant_next)
@@ -232,9 +307,11 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
    * (DESIGN.md, "Protocol and sockets"). */
   if (peer->uid != s->uid ||
       (peer->pid > 0 && s->pid > 0 && peer->pid != s->pid)) {
-    log_warn("message for session %" PRIu64 " (uid %u pid %d) from uid %u "
-             "pid %d refused", s->id, (unsigned)s->uid, (int)s->pid,
-             (unsigned)peer->uid, (int)peer->pid);
+    if (gmb__log_allow(&dispatch_rl_cred))
+      log_warn("message for session %" PRIu64 " (uid %u pid %d) from uid %u "
+               "pid %d refused%s", s->id, (unsigned)s->uid, (int)s->pid,
+               (unsigned)peer->uid, (int)peer->pid,
+               gmb__log_suppressed(&dispatch_rl_cred));
     return gmb__reply_fail(rep, GMB_E_AUTH, "this connection's session "
                            "belongs to another process");
   }

@@ -15,6 +15,7 @@
 #include "fdchan.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@ struct fdchan_pending {
 
 struct gmb_fdchan {
   int listen_fd;
+  int spare_fd; /* /dev/null, closed to accept-and-close at EMFILE */
   uint64_t gen;
   size_t n_pending;
   struct fdchan_pending pending[GMB_FDCHAN_PENDING];
@@ -48,6 +50,7 @@ int gmb__fdchan_open(struct gmb_broker *b, int listen_fd) {
   struct gmb_fdchan *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return GMB_E_SYSTEM;
   ch->listen_fd = listen_fd;
+  ch->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++) ch->pending[i].fd = -1;
   b->fdchan = ch;
   return 0;
@@ -59,6 +62,7 @@ void gmb__fdchan_close(struct gmb_broker *b) {
   for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++)
     if (ch->pending[i].fd >= 0) close(ch->pending[i].fd);
   if (ch->listen_fd >= 0) close(ch->listen_fd);
+  if (ch->spare_fd >= 0) close(ch->spare_fd);
   free(ch);
   b->fdchan = NULL;
 }
@@ -88,11 +92,26 @@ static void fdchan_drop_pending(struct gmb_fdchan *ch,
   ch->gen++;
 }
 
+static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth;
+
 void gmb__fdchan_accept(struct gmb_broker *b, uint64_t now) {
   struct gmb_fdchan *ch = b->fdchan;
   if (ch == NULL) return;
   for (int i = 0; i < FDCHAN_ACCEPT_BATCH; i++) {
     int fd = accept4(ch->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && ch->spare_fd >= 0) {
+      /* Out of descriptors: the connection would stay queued and the
+       * listener readable for ever (a busy loop).  Accept it on the spare
+       * descriptor and close it: the client sees a hang-up and retries. */
+      close(ch->spare_fd);
+      fd = accept4(ch->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+      if (fd >= 0) close(fd);
+      ch->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (gmb__log_allow(&fdchan_rl_emfile))
+        log_warn("descriptor channel: out of descriptors: a connection "
+                 "refused%s", gmb__log_suppressed(&fdchan_rl_emfile));
+      continue;
+    }
     if (fd < 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
           errno != ECONNABORTED)
@@ -187,9 +206,11 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
   struct gmb_session *s = gmb__session_by_id(b->sessions, req.session);
   if (s == NULL || !have_cred || cred.uid != s->uid ||
       !fdchan_secret_eq(req.secret, s->secret)) {
-    log_warn("descriptor channel: uid %ld pid %ld failed to prove session %"
-             PRIu64, have_cred ? (long)cred.uid : -1L,
-             have_cred ? (long)cred.pid : -1L, req.session);
+    if (gmb__log_allow(&fdchan_rl_auth))
+      log_warn("descriptor channel: uid %ld pid %ld failed to prove session "
+               "%" PRIu64 "%s", have_cred ? (long)cred.uid : -1L,
+               have_cred ? (long)cred.pid : -1L, req.session,
+               gmb__log_suppressed(&fdchan_rl_auth));
     fdchan_reply(p->fd, GMB_FD_AUTH, GMB_E_AUTH, 0, 0, -1,
                  "no such session for this process (wrong id, secret or "
                  "uid)");

@@ -11,8 +11,9 @@
  * `fresh` is on the free list exactly once; slots at or above `fresh` were
  * never used and are zero in the mapping (ftruncate zero-fills), so the
  * table costs pages only for the slots a session has ever had.  Slot
- * management is O(1): reuse the head of the free list, else the next fresh
- * slot.
+ * management is O(1) (amortized: the private next[] array doubles as
+ * fresh slots are first used): reuse the head of the free list, else the
+ * next fresh slot.
  *
  * The bookkeeping stays out of the shared mapping because the session's
  * process can write there: a client that scribbles on its own table can
@@ -53,8 +54,11 @@ struct gmb_locktab {
   uint32_t free_head; /* LT_END: the free list is empty */
   uint32_t used;
   uint32_t *next; /* per slot below fresh: LT_USED, or the next free slot */
+  uint32_t cap_next; /* entries of next[]: grows with fresh, doubling */
   int fd;         /* the sealed memfd */
 };
+
+#define LT_NEXT_MIN 64u
 
 struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uint32_t slots,
                                      char *err, size_t errcap) {
@@ -63,9 +67,12 @@ struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uint32_t slots,
     return NULL;
   }
   struct gmb_locktab *lt = calloc(1, sizeof *lt);
-  /* calloc of a large array is backed by fresh zero pages: the per-slot
-   * array costs memory only for slots the session uses. */
-  uint32_t *next = calloc(slots, sizeof *next);
+  /* The per-slot array grows with the slots a session has used: an idle
+   * session costs LT_NEXT_MIN entries, not `slots` (a calloc of 256 KiB
+   * comes from the heap once glibc raised its mmap threshold, and is then
+   * written whole: 157 KiB per idle session, issue 12). */
+  uint32_t cap = slots < LT_NEXT_MIN ? slots : LT_NEXT_MIN;
+  uint32_t *next = malloc(cap * sizeof *next);
   if (lt == NULL || next == NULL) {
     free(lt);
     free(next);
@@ -73,6 +80,7 @@ struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uint32_t slots,
     return NULL;
   }
   lt->next = next;
+  lt->cap_next = cap;
   lt->slots = slots;
   lt->free_head = LT_END;
   lt->bytes = (size_t)gmb__lt_bytes(slots);
@@ -136,6 +144,14 @@ int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
     i = lt->free_head;
     lt->free_head = lt->next[i];
   } else if (lt->fresh < lt->slots) {
+    if (lt->fresh == lt->cap_next) {
+      uint32_t cap = lt->cap_next > lt->slots / 2 ? lt->slots
+                                                  : lt->cap_next * 2;
+      uint32_t *n = realloc(lt->next, (size_t)cap * sizeof *n);
+      if (n == NULL) return GMB_E_SYSTEM;
+      lt->next = n;
+      lt->cap_next = cap;
+    }
     i = lt->fresh++;
   } else {
     return GMB_E_LIMIT;
@@ -185,6 +201,11 @@ void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
 void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot) {
   struct gmb__lt_slot *s = locktab_slot(lt, slot);
   atomic_store_explicit(&s->state, 0, memory_order_release);
+}
+
+void gmb__locktab_evict(struct gmb_locktab *lt) {
+  atomic_store_explicit(&lt->hdr->evicted, GMB_LT_EVICTED,
+                        memory_order_release);
 }
 
 uint32_t gmb__locktab_holders(const struct gmb_locktab *lt, uint32_t slot) {

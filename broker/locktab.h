@@ -61,8 +61,8 @@ uint32_t gmb__locktab_used(const struct gmb_locktab *lt);
 
 /*
  * Takes a free slot for allocation `id` (not 0) at (segment, offset), with
- * no holders.  O(1).  Returns 0 with *slot set, or GMB_E_LIMIT when every
- * slot is taken.
+ * no holders.  O(1) amortized.  Returns 0 with *slot set, GMB_E_LIMIT when
+ * every slot is taken, or GMB_E_SYSTEM out of host memory.
  */
 int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
                           uint64_t segment, uint64_t offset, uint32_t *slot);
@@ -82,6 +82,11 @@ void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
 
 /* Ends a claim after an abandoned move: state 0, position unchanged. */
 void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot);
+
+/* Marks the table's session evicted (the header's `evicted` word), for
+ * its process to see in gmb_lock without a message.  Before the session
+ * ends: the client keeps its own mapping of the table afterwards. */
+void gmb__locktab_evict(struct gmb_locktab *lt);
 
 /* The number of holders of the slot now (0 when unlocked or MOVING); for
  * explaining why memory could not be moved. */

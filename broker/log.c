@@ -1,7 +1,8 @@
 /*
  * log.c - writes the broker's log to stderr: a UTC timestamp, the level and
  * the message, one line each, written with a single write so that lines of
- * a broker and its test clients never interleave mid-line.
+ * a broker and its test clients never interleave mid-line.  Control
+ * characters in a message are escaped, so a line is always one line.
  */
 #include "log.h"
 
@@ -31,8 +32,32 @@ int gmb__log_level_parse(const char *s, int *out) {
   return GMB_E_INVAL;
 }
 
+/* Copies `msg` to `out` (at most cap - 1 bytes, NUL-terminated) with every
+ * control character written as \xHH: a message carries text that clients
+ * chose (a client name, a tenant name), and a newline or an escape
+ * sequence in it must not forge a line or repaint the operator's
+ * terminal.  Returns the bytes written. */
+static size_t log_escape(char *out, size_t cap, const char *msg) {
+  static const char hex[] = "0123456789abcdef";
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)msg; *p; p++) {
+    if (*p < 0x20 || *p == 0x7f) {
+      if (o + 4 >= cap) break;
+      out[o++] = '\\';
+      out[o++] = 'x';
+      out[o++] = hex[*p >> 4];
+      out[o++] = hex[*p & 15];
+    } else {
+      if (o + 1 >= cap) break;
+      out[o++] = (char)*p;
+    }
+  }
+  out[o] = '\0';
+  return o;
+}
+
 static void log_vwrite(int level, const char *fmt, va_list ap) {
-  char line[1024];
+  char line[1024], msg[1024];
   struct timeval tv;
   struct tm tm;
   gettimeofday(&tv, NULL);
@@ -43,13 +68,38 @@ static void log_vwrite(int level, const char *fmt, va_list ap) {
                    tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000), (int)getpid(),
                    log_names[level]);
   if (n < 0) return;
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
-  if (m < 0) return;
-  size_t len = (size_t)n + (size_t)m;
-  if (len > sizeof line - 2) len = sizeof line - 2;
+  if (vsnprintf(msg, sizeof msg, fmt, ap) < 0) return;
+  size_t len = (size_t)n + log_escape(line + n, sizeof line - (size_t)n - 1,
+                                      msg);
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w; /* nowhere left to report a failed log write */
+}
+
+int gmb__log_allow(struct gmb_log_rl *rl) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  if (rl->window_ns == 0 || now - rl->window_ns >= 1000000000u) {
+    rl->window_ns = now ? now : 1;
+    rl->in_window = 0;
+    rl->report += rl->suppressed;
+    rl->suppressed = 0;
+  }
+  if (rl->in_window < GMB_LOG_RL_BURST) {
+    rl->in_window++;
+    return 1;
+  }
+  rl->suppressed++;
+  return 0;
+}
+
+const char *gmb__log_suppressed(struct gmb_log_rl *rl) {
+  if (rl->report == 0) return "";
+  snprintf(rl->note, sizeof rl->note, " (and %llu more like it, not logged)",
+           (unsigned long long)rl->report);
+  rl->report = 0;
+  return rl->note;
 }
 
 void gmb__log(int level, const char *fmt, ...) {

@@ -7,6 +7,8 @@
 #ifndef GMB_LOG_H
 #define GMB_LOG_H
 
+#include <stdint.h>
+
 enum gmb_log_level {
   GMB_LOG_ERROR = 0,
   GMB_LOG_WARN = 1,
@@ -20,6 +22,27 @@ int gmb__log_get_level(void);
 int gmb__log_level_parse(const char *s, int *out);
 void gmb__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/*
+ * Rate limits for what clients can make the broker log at will (refused
+ * Hellos, waiting requests, failed proofs): at most GMB_LOG_RL_BURST lines
+ * a second per limiter; the next line allowed says how many were left out.
+ *   static struct gmb_log_rl rl;
+ *   if (gmb__log_allow(&rl)) log_warn("...%s", ..., gmb__log_suppressed(&rl));
+ * A zeroed struct is ready.  Only the loop thread logs through one.
+ */
+#define GMB_LOG_RL_BURST 10
+struct gmb_log_rl {
+  uint64_t window_ns;   /* start of the current second */
+  uint32_t in_window;   /* lines allowed in it */
+  uint64_t suppressed;  /* lines left out in it */
+  uint64_t report;      /* left out before, not yet reported */
+  char note[64];
+};
+/* 1 when a line may be written now (and counts it), else 0. */
+int gmb__log_allow(struct gmb_log_rl *rl);
+/* "" or " (and N more like it, not logged)", for the line allowed. */
+const char *gmb__log_suppressed(struct gmb_log_rl *rl);
+
 _Noreturn void gmb__assert_fail(const char *cond, const char *file, int line);
 
 #define GMB_ASSERT(cond) \

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 #include "core.h"
 #include "defrag.h"
 #include "dispatch.h"
+#include "endpoint.h"
 #include "fdchan.h"
 #include "fdpass.h"
 #include "gmb.h"
@@ -210,6 +212,16 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
   }
   b->loop->sigfd = -1;
   int rc = loop_mkdir_p(b->run_dir, err, errcap);
+  if (rc == 0) {
+    /* Clients send tokens to the sockets made here: a dir another user
+     * owns or may write to could hold an impostor's socket next. */
+    char why[512];
+    rc = gmb__run_dir_trusted(b->run_dir, geteuid(), why, sizeof why);
+    if (rc) {
+      snprintf(err, errcap, "run dir refused: %s", why);
+      return GMB_E_SYSTEM;
+    }
+  }
   if (rc) return rc;
   int n1 = snprintf(b->client_path, sizeof b->client_path, "%s/broker.sock",
                     b->run_dir);
@@ -552,11 +564,13 @@ int gmb__loop_run(struct gmb_broker *b) {
   uint64_t next_trim = gmb__now_ns() + LOOP_TRIM_NS;
   uint64_t next_hb = gmb__now_ns() + hb_ns;
   uint64_t next_frag = gmb__now_ns() + LOOP_FRAG_NS;
+  uint64_t trimmed_gen = 0;
   while (!b->stopping) {
     if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
       return 1;
     }
+    gmb__core_reap(b, 0); /* default tenants idle since a session ended */
     uint64_t now = gmb__now_ns();
     uint64_t wait_ns = gmb__waitq_expire(b, now);
     uint64_t fd_ns = gmb__fdchan_expire(b, now);
@@ -605,6 +619,13 @@ int gmb__loop_run(struct gmb_broker *b) {
       uint64_t freed = gmb__pool_trim(b->pool);
       if (freed)
         log_debug("trim: %" PRIu64 " bytes of idle segments released", freed);
+      /* Sessions came and went: give the heap's free pages back, so the
+       * broker's RSS returns near its base after a burst of clients. */
+      uint64_t gen = gmb__sessions_gen(b->sessions);
+      if (gen != trimmed_gen) {
+        malloc_trim(0);
+        trimmed_gen = gen;
+      }
       next_trim = now + LOOP_TRIM_NS;
     }
   }

@@ -2,7 +2,10 @@
  * pool.c - the broker's allocator (see pool.h for the contract).
  *
  * Layout.  A segment (struct gmb_segment) is one device segment owned by one
- * arena and one size class.  Its bytes are tiled by ranges (struct
+ * arena and of one class: small movable, small pinned or large (pool.h has
+ * the placement rules; pool_seg_reclass() moves a small segment's free
+ * ranges to the other tree when its first pinned allocation arrives or its
+ * last one goes).  Its bytes are tiled by ranges (struct
  * pool_range) kept in a doubly linked list in address order: every byte of
  * the segment is in exactly one range, live or free, and no two free ranges
  * touch (they are merged when the second one is freed).  Free ranges also sit
@@ -32,7 +35,8 @@
  * last emptied) so that a loop of alloc/free does not create and destroy a
  * shm object or cuMemAlloc region each time; gmb__pool_trim() or a device
  * allocation that fails for want of room releases it.  A lingering segment
- * stays in the free tree as one free range, so the arena reuses it first.
+ * stays in the movable tree as one free range, so the arena reuses it first
+ * (a pinned request that finds no pinned range takes it over).
  * "Empty" means idle: no live range and no move target.  A segment emptied
  * by a committed move is released at once, whatever its class.
  *
@@ -99,6 +103,7 @@ struct gmb_pool {
 
   struct pool_range *moves; /* move targets in flight, via u.target.next */
   uint64_t nmoves, next_serial;
+  int grouping; /* rule 2 applies (compaction on); else best fit in both */
 };
 
 static int pool_free_cmp(const struct pool_range *a,
@@ -284,6 +289,21 @@ static void pool_tree_remove(struct gmb_arena *a, struct pool_range *r) {
   RB_REMOVE(pool_free_tree, &a->free[r->seg->cls], r);
 }
 
+/* Moves small segment s to class `cls` (its free ranges change trees):
+ * O(ranges of s), and only when its first pinned allocation comes or its
+ * last one goes. */
+static void pool_seg_reclass(struct gmb_segment *s, uint32_t cls) {
+  struct gmb_arena *a = s->arena;
+  if (s->cls == cls) return;
+  GMB_ASSERT(pool_cls_small(s->cls) && pool_cls_small(cls) &&
+             "only small segments change class");
+  for (struct pool_range *r = s->first; r; r = r->next)
+    if (r->flags & GMB_RANGE_FREE) pool_tree_remove(a, r);
+  s->cls = cls;
+  for (struct pool_range *r = s->first; r; r = r->next)
+    if (r->flags & GMB_RANGE_FREE) pool_tree_insert(a, r);
+}
+
 static uint64_t pool_release_lingering(struct gmb_pool *p);
 static void pool_move_drop(struct gmb_pool *p, struct pool_range *t,
                            int handle_empty);
@@ -373,7 +393,7 @@ static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
  * (small class), releasing the arena's previous lingering one. */
 static void pool_segment_emptied(struct gmb_pool *p, struct gmb_segment *s) {
   struct gmb_arena *a = s->arena;
-  if (s->cls != POOL_SMALL) {
+  if (!pool_cls_small(s->cls)) {
     pool_segment_release(p, s);
     return;
   }
@@ -404,7 +424,9 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
       (flags & GMB_RANGE_FREE))
     return GMB_E_INVAL;
   uint64_t need = (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
-  uint32_t cls = need <= GMB_POOL_SMALL_MAX ? POOL_SMALL : POOL_LARGE;
+  uint32_t cls = need > GMB_POOL_SMALL_MAX ? POOL_LARGE
+                 : (flags & GMB_MOVABLE)   ? POOL_SMALL_MOVABLE
+                                           : POOL_SMALL_PINNED;
   uint64_t segsize = GMB_POOL_SMALL_SEGMENT;
   if (cls == POOL_LARGE) {
     if (need > UINT64_MAX - (GMB_SEGMENT_ALIGN - 1)) return GMB_E_INVAL;
@@ -416,14 +438,52 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
   if (rc == 0) rc = pool_slot_reserve(p);
   if (rc != 0) return rc;
 
-  struct gmb_segment key_seg = {.dseg = {.id = 0}};
-  struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
-  struct pool_range *r = RB_NFIND(pool_free_tree, &a->free[cls], &key);
+  /* Placement (pool.h): a large allocation gets a segment of its own; a
+   * small one the best fit among the free ranges of its class (pinned with
+   * pinned, movable with movable), else the arena's lingering segment,
+   * else a new segment. */
+  struct pool_range *r = NULL;
+  if (cls != POOL_LARGE) {
+    struct gmb_segment key_seg = {.dseg = {.id = 0}};
+    struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
+    r = RB_NFIND(pool_free_tree, &a->free[cls], &key);
+    if (!p->grouping) {
+      /* Without compaction nothing is ever moved, so grouping by mobility
+       * buys nothing and costs a second partly used segment: the best fit
+       * in either class (a pinned allocation makes its segment pinned). */
+      uint32_t other = cls == POOL_SMALL_PINNED ? POOL_SMALL_MOVABLE
+                                                : POOL_SMALL_PINNED;
+      struct pool_range *o = RB_NFIND(pool_free_tree, &a->free[other], &key);
+      if (o && (!r || o->size < r->size)) {
+        r = o;
+        if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
+      }
+    }
+    if (!r && a->linger) {
+      pool_seg_reclass(a->linger, cls);
+      r = a->linger->first;
+    }
+  }
   if (!r) {
     struct gmb_segment *s;
     rc = pool_segment_new(p, a, cls, segsize, &s);
+    if (rc == GMB_E_NOMEM && cls != POOL_LARGE) {
+      /* The device is full: fall back to the other class's free ranges
+       * rather than refuse (placement rule 2's last resort).  A pinned
+       * allocation makes that segment pinned. */
+      uint32_t other = cls == POOL_SMALL_PINNED ? POOL_SMALL_MOVABLE
+                                                : POOL_SMALL_PINNED;
+      struct gmb_segment key_seg = {.dseg = {.id = 0}};
+      struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
+      r = RB_NFIND(pool_free_tree, &a->free[other], &key);
+      if (r) {
+        if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
+        rc = 0;
+      }
+    } else if (rc == 0) {
+      r = s->first;
+    }
     if (rc != 0) return rc;
-    r = s->first;
   }
   struct gmb_segment *s = r->seg;
   pool_tree_remove(a, r);
@@ -520,7 +580,12 @@ static struct pool_range *pool_range_free(struct gmb_pool *p,
   a->free_total += r->size;
   p->used -= r->size;
   p->allocations--;
-  return pool_coalesce(p, r);
+  struct pool_range *f = pool_coalesce(p, r);
+  /* Its last pinned allocation gone, the segment is movable again (and
+   * compaction may empty it). */
+  if (s->cls == POOL_SMALL_PINNED && s->pinned == 0)
+    pool_seg_reclass(s, POOL_SMALL_MOVABLE);
+  return f;
 }
 
 int gmb__pool_free(struct gmb_pool *p, uint64_t id,
@@ -609,8 +674,13 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
   struct pool_range *r = pool_lookup(p, id);
   if (!r) return GMB_E_NOENT;
   struct gmb_segment *s = r->seg, *t = fr->seg;
-  if ((r->flags & POOL_MOVING_SRC) || t->arena != s->arena ||
-      t->cls != s->cls || dst_offset % GMB_POOL_ALIGN ||
+  /* Only movable small allocations move, into small segments of their
+   * arena (of either class: compaction may fill a pinned segment's holes,
+   * pool.h).  A large allocation is its own segment: moving it would
+   * gather nothing. */
+  if ((r->flags & POOL_MOVING_SRC) || !(r->flags & GMB_MOVABLE) ||
+      t->arena != s->arena || !pool_cls_small(s->cls) ||
+      !pool_cls_small(t->cls) || dst_offset % GMB_POOL_ALIGN ||
       (t == s && dst_offset >= r->offset))
     return GMB_E_INVAL;
   if (!(fr->flags & GMB_RANGE_FREE) || fr->offset > dst_offset ||
@@ -814,8 +884,11 @@ struct gmb_pool *gmb__pool_new(struct gmb_device *dev,
   RB_INIT(&p->segs);
   p->next_seg_id = 1;
   p->slot_free = POOL_SLOT_NONE;
+  p->grouping = 1;
   return p;
 }
+
+void gmb__pool_set_grouping(struct gmb_pool *p, int on) { p->grouping = on; }
 
 void gmb__pool_destroy(struct gmb_pool *p) {
   if (!p) return;
@@ -900,7 +973,10 @@ void gmb__pool_arena_stats(const struct gmb_arena *a,
   out->free_total = a->free_total;
   out->moving = a->moving;
   out->largest_free = 0;
+  /* The slack above a large allocation serves nobody: only small free
+   * ranges count. */
   for (int c = 0; c < POOL_CLASSES; c++) {
+    if (!pool_cls_small((uint32_t)c)) continue;
     struct pool_range *m =
         RB_MAX(pool_free_tree, (struct pool_free_tree *)&a->free[c]);
     if (m && m->size > out->largest_free) out->largest_free = m->size;
@@ -924,11 +1000,15 @@ void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
       out->largest_free = as.largest_free;
   }
   /* Room for a new segment; lingering ones are released before an
-   * allocation gives up, so their bytes count as room too. */
+   * allocation gives up, so their bytes count as room too.  The device's
+   * count includes segments it still waits to free (cuda's retiring
+   * ones): they are no room yet. */
   uint64_t room = p->lingering * GMB_POOL_SMALL_SEGMENT;
-  if (p->dev->capacity > p->segment_bytes)
-    room += p->dev->capacity - p->segment_bytes;
+  uint64_t taken = p->dev->in_use > p->segment_bytes ? p->dev->in_use
+                                                     : p->segment_bytes;
+  if (p->dev->capacity > taken) room += p->dev->capacity - taken;
   room &= ~(GMB_SEGMENT_ALIGN - 1);
+  out->room = room;
   if (room > out->largest_free) out->largest_free = room;
 }
 
@@ -976,10 +1056,12 @@ static int pool_check_segment(const struct gmb_pool *p,
   if (RB_FIND(pool_seg_tree, (struct pool_seg_tree *)&p->segs,
               (struct gmb_segment *)s) != s)
     POOL_BAD("pool check: segment %llu missing from the id tree", sid);
-  if (s->cls == POOL_SMALL ? s->dseg.size != GMB_POOL_SMALL_SEGMENT
-                           : s->dseg.size % GMB_SEGMENT_ALIGN != 0)
+  if (pool_cls_small(s->cls) ? s->dseg.size != GMB_POOL_SMALL_SEGMENT
+                              : s->dseg.size % GMB_SEGMENT_ALIGN != 0)
     POOL_BAD("pool check: segment %llu has size %llu for its class", sid,
              (unsigned long long)s->dseg.size);
+  if (s->cls >= POOL_CLASSES)
+    POOL_BAD("pool check: segment %llu has class %u", sid, s->cls);
   uint64_t off = 0, used = 0, reserved = 0;
   uint32_t live = 0, pinned = 0, targets = 0;
   const struct pool_range *prev = NULL;
@@ -1018,7 +1100,8 @@ static int pool_check_segment(const struct gmb_pool *p,
       const struct pool_range *src =
           pool_slot_live(p, r->slot) ? p->slots[r->slot].r : NULL;
       if (!src || !(src->flags & POOL_MOVING_SRC) || !src->seg ||
-          src->seg->arena != a || src->seg->cls != s->cls ||
+          src->seg->arena != a || !pool_cls_small(src->seg->cls) ||
+          !pool_cls_small(s->cls) || !(src->flags & GMB_MOVABLE) ||
           !(src->size == r->size ||
             (src->size > r->size && r->next == src)))
         POOL_BAD("pool check: seg %llu move target %llu has no moving "
@@ -1069,6 +1152,15 @@ static int pool_check_segment(const struct gmb_pool *p,
         "ranges say %u/%llu/%u",
         sid, s->targets, (unsigned long long)s->reserved, s->pinned, targets,
         (unsigned long long)reserved, pinned);
+  /* Mobility grouping: a small segment's class says whether it holds a
+   * pinned allocation; a large one holds exactly one allocation. */
+  if (pool_cls_small(s->cls) &&
+      s->cls != (pinned ? POOL_SMALL_PINNED : POOL_SMALL_MOVABLE))
+    POOL_BAD("pool check: seg %llu has class %u with %u pinned allocations",
+             sid, s->cls, pinned);
+  if (!pool_cls_small(s->cls) && (live != 1 || targets != 0))
+    POOL_BAD("pool check: large seg %llu holds %u allocations and %u move "
+             "targets (one allocation each)", sid, live, targets);
   if (live == 0 && targets == 0 && a->linger != s)
     POOL_BAD(
         "pool check: seg %llu is empty but neither released nor "
@@ -1082,7 +1174,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
   uint64_t segs = 0, seg_bytes = 0, used = 0, allocs = 0, lingering = 0;
   const struct gmb_arena *a;
   LIST_FOREACH(a, &p->arenas, link) {
-    uint64_t nfree[POOL_CLASSES] = {0, 0}, free_bytes = 0, moving = 0;
+    uint64_t nfree[POOL_CLASSES] = {0}, free_bytes = 0, moving = 0;
     uint64_t a_segs = 0, a_bytes = 0, a_used = 0, a_allocs = 0;
     const struct gmb_segment *s;
     LIST_FOREACH(s, &a->segs, link) {
@@ -1100,7 +1192,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
     if (a->linger) {
       lingering++;
       if (a->linger->arena != a || !pool_seg_idle(a->linger) ||
-          a->linger->cls != POOL_SMALL)
+          a->linger->cls != POOL_SMALL_MOVABLE)
         POOL_BAD(
             "pool check: arena %p lingering segment is not an empty "
             "small segment of its own",

@@ -4,25 +4,69 @@
  *
  * The pool owns every segment and every range.  A segment belongs to one
  * arena (one tenant) so that tenants never share a segment: a client that
- * maps a segment can read all of it.  Requests of up to GMB_POOL_SMALL_MAX
- * bytes share small segments of GMB_POOL_SMALL_SEGMENT bytes; larger ones go
- * to large segments, rounded up to the 2 MiB segment alignment.  Within an
- * arena and size class the free range chosen is the best fit (smallest that
- * fits, then lowest segment id and offset), found in O(log n) in a
- * red-black tree keyed by size.  Address neighbours are a doubly linked list
- * per segment, so a freed range coalesces with both neighbours in O(1).
- * Live allocations are found by id in O(1) through a slot table; an id is
- * (generation << 32 | slot), never 0 and never reused while the pool lives.
+ * maps a segment can read all of it.
+ *
+ * Placement rules (the anti-fragmentation design; docs/benchmarks.md
+ * measures it):
+ *   1. Large allocations never fragment.  A request over GMB_POOL_SMALL_MAX
+ *      gets a segment of its own, rounded up to the 2 MiB segment alignment
+ *      and released when it is freed.  Device memory is paged (2 MiB) and
+ *      shared by descriptor, so a large segment needs free capacity, not a
+ *      contiguous device range: it is served whenever the device's
+ *      unsegmented capacity plus the lingering empty segments (released
+ *      first) covers it.  The slack above it serves nothing and is not
+ *      counted as a free range.  Large allocations never move.
+ *   2. Mobility grouping (Linux's pageblock migratetypes): small requests
+ *      share small segments of GMB_POOL_SMALL_SEGMENT bytes, and a pinned
+ *      allocation never lands in a segment with movable ones placed by
+ *      allocation: small segments are of class PINNED (it holds a pinned
+ *      allocation) or MOVABLE (it holds none), each class with its own free
+ *      tree per arena.  Pinned requests take the best fit among pinned
+ *      segments (smallest range that fits, then lowest segment id and
+ *      offset: they pack densely and low), else the arena's lingering
+ *      segment, else a new one; movable requests the same among movable
+ *      segments.  So a movable segment can always be emptied by moving its
+ *      allocations (unless a client holds one locked), and compaction's
+ *      work is never blocked by a pinned block that happened to land there.
+ *      A segment whose last pinned allocation is freed becomes movable.
+ *      Last resort, when the device has no room for a new segment (after
+ *      the lingering ones went back): a request takes the best fit in the
+ *      other class's segments rather than fail; a pinned one makes that
+ *      segment pinned.  Being served beats a purer layout, and compaction
+ *      (rule 3) keeps the movable allocations that land in pinned segments
+ *      movable.  Grouping pays only when something is moved: with
+ *      compaction off (gmb__pool_set_grouping(p, 0)) a small request takes
+ *      the best fit in either class.
+ *   3. Compaction may fill the holes of PINNED segments with movable
+ *      allocations (the fallback direction Linux also allows): those
+ *      segments cannot go back to the device anyway, so their free bytes
+ *      are the cheapest place for what would otherwise keep a movable
+ *      segment alive.  The reverse never happens.
+ *   4. What a tenant's segments may keep empty: the free ranges of its
+ *      small segments, and one lingering empty small segment, which is
+ *      released before any request is refused.  When the device is full,
+ *      compaction (compact.c) empties movable segments until the room a
+ *      waiting request needs exists; what stays free inside a tenant's
+ *      segments is then less than one segment per tenant and class plus
+ *      the holes between pinned and locked allocations that nothing of that
+ *      tenant fits.
+ * Within an arena and class the best fit is found in O(log n) in a
+ * red-black tree keyed by size.  Address neighbours are a doubly linked
+ * list per segment, so a freed range coalesces with both neighbours in
+ * O(1).  Live allocations are found by id in O(1) through a slot table; an
+ * id is (generation << 32 | slot), never 0 and never reused while the pool
+ * lives.
  *
  * A segment that becomes empty goes back to the device.  The last emptied
  * small segment of each arena lingers (so a job that allocates and frees one
  * buffer in a loop does not create a segment each time) until
- * gmb__pool_trim() or device pressure releases it.  A segment emptied by a
- * move (compaction) is released at once: giving memory back is the point.
+ * gmb__pool_trim() or device pressure releases it; it serves the next small
+ * request of either class.  A segment emptied by a move (compaction) is
+ * released at once: giving memory back is the point.
  *
  * Moves (for compact.c).  gmb__pool_move_begin() reserves a target range
- * for a live allocation: in another segment of the same arena and class, or
- * lower in its own segment.  While the move is in flight the target is
+ * for a live movable small allocation: in another small segment of the same
+ * arena (either class), or lower in its own segment.  While the move is in flight the target is
  * neither free (gmb__pool_alloc never hands it out) nor live, and both its
  * segment and the source's stay (neither counts as empty).  Commit makes
  * the id name the target and frees the old range; abort frees the target.
@@ -31,8 +75,10 @@
  *
  * Invariants, checked by gmb__pool_check(): ranges of a segment tile it with
  * no gap or overlap, in address order; no two free ranges are adjacent; the
- * free tree holds exactly the free ranges; per-segment, per-arena and
- * device totals add up.
+ * free trees hold exactly the free ranges, each in its segment's class; a
+ * small segment is PINNED exactly when it holds a pinned allocation; a large
+ * segment holds exactly one allocation; per-segment, per-arena and device
+ * totals add up.
  *
  * The pool knows nothing of ZeroMQ, protobuf or sessions: an allocation
  * carries an opaque `owner` pointer that the broker uses for its session.
@@ -77,6 +123,10 @@ struct gmb_pool *gmb__pool_new(struct gmb_device *dev,
                                gmb_pool_retire_fn retire, void *ctx);
 /* Releases every segment (calling retire for each).  Accepts NULL. */
 void gmb__pool_destroy(struct gmb_pool *p);
+
+/* Mobility grouping (rule 2) on (the default) or off: the broker turns it
+ * off while compaction is off, since nothing is moved then. */
+void gmb__pool_set_grouping(struct gmb_pool *p, int on);
 
 /* An arena per tenant; `tag` is returned to the retire callback. */
 struct gmb_arena *gmb__pool_arena_new(struct gmb_pool *p, void *tag);
@@ -142,12 +192,15 @@ struct gmb_pool_stats {
   uint64_t allocations;
   uint64_t free_in_segments; /* free bytes inside all segments */
   /* The largest single request that could succeed now for SOME arena,
-   * ignoring quotas: the larger of the largest free range in any segment
-   * (it serves only its own arena and class) and the room left for a new
-   * segment: capacity - segment_bytes, plus the lingering empty segments
-   * (released before an allocation gives up), rounded down to 2 MiB.
+   * ignoring quotas: the larger of the largest free range in any small
+   * segment (it serves only its own arena) and `room`.
    * Device fragmentation is then 1 - largest_free / (capacity - used). */
   uint64_t largest_free;
+  /* The room for new segments alone: capacity - the device's bytes in use
+   * (segments, and retiring ones on cuda) plus the lingering segments,
+   * rounded down to 2 MiB.  A large request of that
+   * size or less succeeds (placement rule 1). */
+  uint64_t room;
 };
 void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out);
 
@@ -183,14 +236,16 @@ struct gmb_pool_move {
 
 /*
  * Reserves [dst_offset, dst_offset + size) of segment `seg_id` for moving
- * live allocation `id` there.  The segment must be of the same arena and
- * class.  Either the range lies inside one free range, or (a slide within
- * the same segment) the free range just below the allocation covers
- * [dst_offset, its offset): then the two overlap and the copy must go in
- * chunks no larger than the shift, lowest first.  Within its own segment
+ * live allocation `id` there.  The allocation must be movable and small,
+ * the segment small and of the same arena.  Either the range lies inside
+ * one free range, or (a slide within the same segment) the free range just
+ * below the allocation covers [dst_offset, its offset): then the two
+ * overlap and the copy must go in chunks no larger than the shift, lowest
+ * first.  Within its own segment
  * an allocation only moves down.  0, GMB_E_NOENT (no such allocation or
- * segment), GMB_E_INVAL (a move of it is in flight, another arena or
- * class, or the range is not free), GMB_E_NOMEM (host memory).
+ * segment), GMB_E_INVAL (a move of it is in flight, another arena, the
+ * allocation pinned or large, or the range not free), GMB_E_NOMEM (host
+ * memory).
  */
 int gmb__pool_move_begin(struct gmb_pool *p, uint64_t id, uint64_t seg_id,
                          uint64_t dst_offset, struct gmb_pool_move *out);

@@ -32,7 +32,19 @@
 #include "pool.h"
 #include "rbtree.h"
 
-enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_CLASSES = 2 };
+/* Size and mobility classes: a segment is of exactly one, and each arena
+ * has a free tree per class.  A small segment is POOL_SMALL_PINNED while it
+ * holds a pinned allocation, else POOL_SMALL_MOVABLE (pool.c moves its free
+ * ranges between the two trees when that changes).  A large segment holds
+ * one allocation. */
+enum {
+  POOL_SMALL_MOVABLE = 0,
+  POOL_SMALL_PINNED = 1,
+  POOL_LARGE = 2,
+  POOL_CLASSES = 3
+};
+
+static inline int pool_cls_small(uint32_t cls) { return cls != POOL_LARGE; }
 
 /* A live range whose move is in flight.  Never seen outside pool.c and
  * compact.c: pool_info() masks it out. */

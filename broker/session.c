@@ -32,11 +32,76 @@ static int session_cmp(const struct gmb_session *a,
 RB_HEAD(session_tree, gmb_session);
 RB_GENERATE_STATIC(session_tree, gmb_session, link, session_cmp)
 
+/* Sessions per uid, sorted by uid, for max_sessions_per_uid: one entry
+ * per uid with a session (uids are few; a binary search finds one). */
+struct session_uid {
+  uid_t uid;
+  uint32_t n;
+};
+
 struct gmb_sessions {
   struct session_tree tree;
   size_t count;
   uint64_t gen; /* bumped at every insert and removal */
+  struct session_uid *uids;
+  size_t n_uids, cap_uids;
 };
+
+static size_t session_uid_index(const struct gmb_sessions *ss, uid_t uid) {
+  size_t lo = 0, hi = ss->n_uids;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (ss->uids[mid].uid < uid)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+uint32_t gmb__sessions_of_uid(const struct gmb_sessions *ss, uid_t uid) {
+  size_t i = session_uid_index(ss, uid);
+  return i < ss->n_uids && ss->uids[i].uid == uid ? ss->uids[i].n : 0;
+}
+
+/* Makes room for uid's entry (before the session is linked anywhere, so
+ * that running out of memory leaves nothing half done).  0 or -1. */
+static int session_uid_reserve(struct gmb_sessions *ss, uid_t uid) {
+  size_t i = session_uid_index(ss, uid);
+  if (i < ss->n_uids && ss->uids[i].uid == uid) return 0;
+  if (ss->n_uids == ss->cap_uids) {
+    size_t cap = ss->cap_uids ? ss->cap_uids * 2 : 16;
+    struct session_uid *n = realloc(ss->uids, cap * sizeof *n);
+    if (n == NULL) return -1;
+    ss->uids = n;
+    ss->cap_uids = cap;
+  }
+  memmove(&ss->uids[i + 1], &ss->uids[i], (ss->n_uids - i) * sizeof *ss->uids);
+  ss->uids[i].uid = uid;
+  ss->uids[i].n = 0;
+  ss->n_uids++;
+  return 0;
+}
+
+/* Forgets uid's entry when it counts nobody (a session that failed to
+ * start). */
+static void session_uid_trim(struct gmb_sessions *ss, uid_t uid) {
+  size_t i = session_uid_index(ss, uid);
+  if (i >= ss->n_uids || ss->uids[i].uid != uid || ss->uids[i].n > 0) return;
+  memmove(&ss->uids[i], &ss->uids[i + 1],
+          (ss->n_uids - i - 1) * sizeof *ss->uids);
+  ss->n_uids--;
+}
+
+static void session_uid_drop(struct gmb_sessions *ss, uid_t uid) {
+  size_t i = session_uid_index(ss, uid);
+  GMB_ASSERT(i < ss->n_uids && ss->uids[i].uid == uid && ss->uids[i].n > 0 &&
+             "a session's uid is counted");
+  if (--ss->uids[i].n > 0) return;
+  memmove(&ss->uids[i], &ss->uids[i + 1],
+          (ss->n_uids - i - 1) * sizeof *ss->uids);
+  ss->n_uids--;
+}
 
 struct gmb_sessions *gmb__sessions_new(void) {
   struct gmb_sessions *ss = calloc(1, sizeof *ss);
@@ -69,10 +134,10 @@ static int session_pidfd_open(pid_t pid) {
 #endif
 }
 
-struct gmb_session *gmb__session_new(struct gmb_broker *b,
-                                     const struct gmb_peer *peer,
-                                     struct gmb_tenant *tenant,
-                                     const char *client) {
+static struct gmb_session *session_new(struct gmb_broker *b,
+                                       const struct gmb_peer *peer,
+                                       struct gmb_tenant *tenant,
+                                       const char *client) {
   struct gmb_session *s = calloc(1, sizeof *s);
   if (s == NULL) return NULL;
   s->rid = malloc(peer->rid_len ? peer->rid_len : 1);
@@ -119,8 +184,26 @@ struct gmb_session *gmb__session_new(struct gmb_broker *b,
   tenant->sessions = s;
   tenant->n_sessions++;
   RB_INSERT(session_tree, &b->sessions->tree, s);
+  b->sessions->uids[session_uid_index(b->sessions, s->uid)].n++;
   b->sessions->count++;
   b->sessions->gen++;
+  return s;
+}
+
+struct gmb_session *gmb__session_new(struct gmb_broker *b,
+                                     const struct gmb_peer *peer,
+                                     struct gmb_tenant *tenant,
+                                     const char *client) {
+  if (session_uid_reserve(b->sessions, peer->uid) != 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  struct gmb_session *s = session_new(b, peer, tenant, client);
+  if (s == NULL) {
+    int e = errno;
+    session_uid_trim(b->sessions, peer->uid);
+    errno = e;
+  }
   return s;
 }
 
@@ -146,6 +229,7 @@ void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
 void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s) {
   gmb__session_detach(s);
   RB_REMOVE(session_tree, &ss->tree, s);
+  session_uid_drop(ss, s->uid);
   ss->count--;
   ss->gen++;
   if (s->pidfd >= 0) close(s->pidfd);
@@ -158,6 +242,7 @@ void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s) {
 void gmb__sessions_destroy(struct gmb_sessions *ss) {
   if (ss == NULL) return;
   GMB_ASSERT(ss->count == 0 && "sessions are ended before the table goes");
+  free(ss->uids);
   free(ss);
 }
 

@@ -44,6 +44,9 @@ struct gmb_session {
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
   uint64_t cached_free; /* free in its cache, as its last request said */
+  uint32_t waiting; /* its requests in the wait queue (waitq.c) */
+  int by_token;     /* its Hello proved the tenant with a token, not a uid */
+  uint8_t token_sha256[32]; /* the hash it matched (by_token only) */
   char client[64];
   struct gmb_locktab *lt; /* its movable allocations' slots */
   RB_ENTRY(gmb_session) link; /* the session table, by routing id */
@@ -76,6 +79,8 @@ void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
 void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s);
 
 size_t gmb__sessions_count(const struct gmb_sessions *ss);
+/* The sessions of uid `uid` now (max_sessions_per_uid).  O(log uids). */
+uint32_t gmb__sessions_of_uid(const struct gmb_sessions *ss, uid_t uid);
 /* Changes whenever a session is added or removed. */
 uint64_t gmb__sessions_gen(const struct gmb_sessions *ss);
 /* Visits every session; fn may end the session it is given. */

@@ -330,19 +330,29 @@ static struct gmb_tenant *state_tenant(struct gmb_broker *b,
                                        const char *name) {
   struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
   if (t) return t;
-  /* The registry creates tenants only through admission; undo the owner
-   * it records, so the first uid that really connects owns it. */
-  char why[256];
-  if (gmb__tenant_admit(b->tenants, name, geteuid(), NULL, 0, &t, why,
-                        sizeof why) != 0) {
-    log_error("state: %s", why); /* it names the tenant */
+  t = gmb__tenant_create(b->tenants, name);
+  if (t == NULL) {
+    log_error("state: cannot create tenant %s: the registry is full", name);
     return NULL;
   }
-  t->has_owner = 0;
-  t->owner_uid = 0;
   log_info("tenant %s created from the state file (owned by the first uid "
            "to use it)", name);
   return t;
+}
+
+int gmb__statefile_lookup(struct gmb_broker *b, const char *name,
+                          enum gmb_state_field field, uint64_t *value) {
+  struct state_table *cur = b->statefile ? &b->statefile->cur : NULL;
+  const struct state_entry *e = cur ? state_find(cur, name) : NULL;
+  if (e == NULL || !e->has[field]) return 0;
+  *value = e->value[field];
+  return 1;
+}
+
+void gmb__statefile_each(struct gmb_broker *b,
+                         void (*fn)(void *ctx, const char *name), void *ctx) {
+  struct state_table *cur = b->statefile ? &b->statefile->cur : NULL;
+  for (size_t i = 0; cur && i < cur->n; i++) fn(ctx, cur->e[i].name);
 }
 
 int gmb__statefile_apply(struct gmb_broker *b) {

@@ -71,6 +71,14 @@ int gmb__statefile_set(struct gmb_broker *b, const char *name,
                        enum gmb_state_field field, uint64_t value,
                        int *persisted, char *err, size_t errcap);
 
+/* 1 with *value set when the overrides (as last read) set `field` of
+ * tenant `name`; else 0.  O(overrides). */
+int gmb__statefile_lookup(struct gmb_broker *b, const char *name,
+                          enum gmb_state_field field, uint64_t *value);
+/* Visits the name of every tenant the overrides mention. */
+void gmb__statefile_each(struct gmb_broker *b,
+                         void (*fn)(void *ctx, const char *name), void *ctx);
+
 /* Frees the in-memory overrides (b->statefile, at exit).  Accepts NULL. */
 void gmb__statefile_free(struct gmb_statefile *sf);
 

@@ -4,8 +4,12 @@
  *
  * Tenants are kept in a red-black tree by name; a broker serves a handful
  * to a few thousand, and lookups happen once per session, not per request
- * (a session keeps its tenant pointer).  Tenants are never removed while
- * the broker runs, so a session's pointer stays valid.
+ * (a session keeps its tenant pointer).  A default tenant (uid-N) is
+ * removed (gmb__tenant_remove, driven by core.c) once it is idle: no
+ * session, no memory, no waiter, no limit an operator set; nothing else
+ * points to it then, so a session's pointer stays valid.  Other tenants
+ * made by first use stay (their first uid owns them), unless the registry
+ * is full: then idle ones go too.
  *
  * The registry keeps `reserve_short`, the sum over tenants of
  * max(0, reserve - segment_bytes), updated whenever either term of a
@@ -19,6 +23,7 @@
 #include <openssl/evp.h>
 
 #include "rbtree.h"
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +52,8 @@ struct gmb_tenants {
   struct gmb_pool *pool;
   uint64_t default_quota;
   uint64_t reserve_short; /* sum of max(0, reserve - segment_bytes) */
+  uint32_t max_per_uid;   /* tenants a uid may make by first use; 0: any */
+  size_t reserving;       /* tenants with a reservation */
 };
 
 static uint64_t tenant_short(const struct gmb_tenant *t) {
@@ -58,6 +65,7 @@ static void tenant_short_update(struct gmb_tenants *ts, struct gmb_tenant *t,
                                 uint64_t reserve, uint64_t segment_bytes) {
   uint64_t before = tenant_short(t);
   GMB_ASSERT(before <= ts->reserve_short && "reservation sum drifted");
+  ts->reserving = ts->reserving - (t->reserve > 0) + (reserve > 0);
   t->reserve = reserve;
   t->segment_bytes = segment_bytes;
   ts->reserve_short = ts->reserve_short - before + tenant_short(t);
@@ -86,6 +94,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
   RB_INIT(&ts->tree);
   ts->pool = pool;
   ts->default_quota = cfg->default_quota;
+  ts->max_per_uid = cfg->max_tenants_per_uid;
   for (size_t i = 0; i < cfg->n_tenants; i++) {
     const struct gmb_tenant_conf *tc = &cfg->tenants[i];
     struct gmb_tenant *t = tenant_add(ts, tc->name);
@@ -119,6 +128,15 @@ void gmb__tenants_destroy(struct gmb_tenants *ts) {
   free(ts);
 }
 
+struct gmb_tenant *gmb__tenant_create(struct gmb_tenants *ts,
+                                      const char *name) {
+  struct gmb_tenant *t = gmb__tenant_find(ts, name);
+  if (t) return t;
+  t = tenant_add(ts, name);
+  if (t) t->quota = ts->default_quota;
+  return t;
+}
+
 struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name) {
   struct tenant_node key;
   if (strlen(name) >= sizeof key.t.name) return NULL;
@@ -127,10 +145,26 @@ struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name) {
   return n ? &n->t : NULL;
 }
 
-static int tenant_uid_listed(const struct gmb_tenant *t, uid_t uid) {
+int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid) {
   for (size_t i = 0; i < t->n_uids; i++)
     if (t->uids[i] == uid) return 1;
   return 0;
+}
+
+int gmb__tenant_default_uid(const char *name, uid_t *uid) {
+  if (strncmp(name, "uid-", 4) != 0) return 0;
+  const char *d = name + 4;
+  /* Canonical decimal only: "uid-01001" is not uid 1001's name, and is
+   * nobody's default either. */
+  if (d[0] < '0' || d[0] > '9' || (d[0] == '0' && d[1] != '\0')) return 0;
+  uint64_t v = 0;
+  for (; *d; d++) {
+    if (*d < '0' || *d > '9') return 0;
+    v = v * 10 + (uint64_t)(*d - '0');
+    if (v > UINT32_MAX) return 0;
+  }
+  *uid = (uid_t)v;
+  return 1;
 }
 
 /* 1 when the token's SHA-256 is t's token hash.  The comparison takes the
@@ -151,6 +185,61 @@ static int tenant_token_proves(const struct gmb_tenant *t,
   return same;
 }
 
+/* Tenants made by uid's first use and not configured since, its own
+ * default name aside.  O(tenants): asked only when a tenant is made. */
+static uint32_t tenant_made_by(struct gmb_tenants *ts, uid_t uid) {
+  uint32_t n = 0;
+  uid_t named;
+  struct tenant_node *nd;
+  RB_FOREACH(nd, tenant_tree, &ts->tree) {
+    const struct gmb_tenant *t = &nd->t;
+    if (t->configured || !t->has_owner || t->owner_uid != uid) continue;
+    if (gmb__tenant_default_uid(t->name, &named)) continue;
+    n++;
+  }
+  return n;
+}
+
+void gmb__tenants_set_limits(struct gmb_tenants *ts,
+                             const struct gmb_config *cfg) {
+  ts->max_per_uid = cfg->max_tenants_per_uid;
+}
+
+int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
+                     int named) {
+  uid_t u;
+  if (!named && !gmb__tenant_default_uid(t->name, &u)) return 0;
+  return !t->configured && t->n_sessions == 0 && t->used == 0 &&
+         t->waiting == 0 && t->reserve == 0 && t->priority == 0 &&
+         t->quota == ts->default_quota;
+}
+
+void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  GMB_ASSERT(t->n_sessions == 0 && t->sessions == NULL && t->used == 0 &&
+             t->waiting == 0 && "a tenant removed while it holds something");
+  struct tenant_node *n =
+      (struct tenant_node *)((char *)t - offsetof(struct tenant_node, t));
+  /* Its empty segments go back to the device (the retire callback counts
+   * them off t while it still exists). */
+  gmb__pool_arena_destroy(ts->pool, t->arena);
+  t->arena = NULL;
+  GMB_ASSERT(tenant_short(t) == 0 && "an idle tenant has no reservation");
+  RB_REMOVE(tenant_tree, &ts->tree, n);
+  ts->count--;
+  free(n);
+}
+
+size_t gmb__tenants_reap(struct gmb_tenants *ts, int named) {
+  size_t n = 0;
+  struct tenant_node *nd, *next;
+  RB_FOREACH_SAFE(nd, tenant_tree, &ts->tree, next) {
+    if (!gmb__tenant_idle(ts, &nd->t, named)) continue;
+    gmb__tenant_remove(ts, &nd->t);
+    n++;
+  }
+  return n;
+}
+
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap) {
@@ -166,7 +255,26 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return GMB_E_INVAL;
   }
   struct gmb_tenant *t = gmb__tenant_find(ts, name);
+  /* A default name belongs to its uid: uid-N is nobody's but uid N's
+   * unless the config says otherwise (then its uids or token decide). */
+  uid_t named;
+  if ((t == NULL || !t->configured) && gmb__tenant_default_uid(name, &named) &&
+      named != uid) {
+    snprintf(why, whycap, "uid %u may not act as tenant %s: that name is the "
+             "default tenant of uid %u", (unsigned)uid, name,
+             (unsigned)named);
+    return GMB_E_AUTH;
+  }
   if (t == NULL) {
+    /* A uid's own default name never counts: it can always connect. */
+    if (ts->max_per_uid && !gmb__tenant_default_uid(name, &named) &&
+        tenant_made_by(ts, uid) >= ts->max_per_uid) {
+      snprintf(why, whycap, "cannot create tenant %s: uid %u made %u tenants "
+               "by first use, its limit (max_tenants_per_uid); they go away "
+               "once they have no session and no memory", name,
+               (unsigned)uid, ts->max_per_uid);
+      return GMB_E_LIMIT;
+    }
     t = tenant_add(ts, name);
     if (t == NULL) {
       snprintf(why, whycap, "cannot create tenant %s: the broker holds %d "
@@ -182,7 +290,7 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return 0;
   }
   if (t->n_uids > 0 || t->has_token) {
-    if (tenant_uid_listed(t, uid) ||
+    if (gmb__tenant_uid_listed(t, uid) ||
         tenant_token_proves(t, token, token_len)) {
       *out = t;
       return 0;
@@ -313,6 +421,10 @@ int gmb__tenant_reserve_allows(struct gmb_tenants *ts, struct gmb_tenant *t,
   return GMB_E_NOMEM;
 }
 
+size_t gmb__tenants_reserving(const struct gmb_tenants *ts) {
+  return ts->reserving;
+}
+
 uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts) {
   return ts->reserve_short;
 }
@@ -350,6 +462,10 @@ int gmb__tenants_each(struct gmb_tenants *ts,
 }
 
 size_t gmb__tenants_count(const struct gmb_tenants *ts) { return ts->count; }
+
+int gmb__tenants_full(const struct gmb_tenants *ts) {
+  return ts->count >= TENANTS_MAX;
+}
 
 int gmb__tenant_check(struct gmb_tenants *ts) {
   int bad = 0;

@@ -5,7 +5,9 @@
  *
  * The registry owns every tenant.  A tenant named in the config exists from
  * the start; any other is created on first use, owned by the uid that
- * connected first, with the config's default_quota.  `used` is the sum of
+ * connected first, with the config's default_quota.  A default name,
+ * "uid-N", is uid N's alone unless the config names it: no other uid can
+ * take it first.  `used` is the sum of
  * the rounded sizes of the tenant's live allocations, always equal to what
  * its arena holds (gmb__tenant_check() verifies it against the pool), and
  * never above `quota` when the quota is set, except after an operator
@@ -84,17 +86,33 @@ void gmb__tenants_destroy(struct gmb_tenants *ts);
 
 struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name);
 
+/* The tenant `name`, created when new with the default quota and no
+ * owner (the first uid that connects as it owns it, unless the caller
+ * gives it uids or a token): for the config at reload and the state file,
+ * which name tenants no session asked for.  NULL when the registry is full
+ * or out of memory. */
+struct gmb_tenant *gmb__tenant_create(struct gmb_tenants *ts,
+                                      const char *name);
+
 /*
  * Finds or creates the tenant `name` for a session of uid `uid` that sent
  * `token` (may be empty), and checks that the uid or token may act as it:
  * a listed uid, or a token whose SHA-256 is the tenant's token_sha256.
  * Returns 0 with *out set, GMB_E_INVAL for a bad name, GMB_E_AUTH with a
  * reason in `why` (which never contains the token), GMB_E_LIMIT when too
- * many tenants exist.  The token is hashed and forgotten.
+ * many tenants exist or uid made max_tenants_per_uid by first use already
+ * (its own default name uid-UID never counts).  The token is hashed and forgotten.
  */
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap);
+
+/* 1 when uid is one of t's configured uids. */
+int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid);
+/* 1 with *uid set when `name` is a default tenant's name, "uid-N" (N in
+ * canonical decimal): that name is uid N's alone unless the config names
+ * it (gmb__tenant_admit). */
+int gmb__tenant_default_uid(const char *name, uid_t *uid);
 
 /* 0 when `size` more bytes fit the tenant's quota, else GMB_E_QUOTA (and
  * the refusal is counted). */
@@ -141,6 +159,9 @@ int gmb__tenant_reserve_allows(struct gmb_tenants *ts, struct gmb_tenant *t,
                                uint64_t size, uint64_t room, char *why,
                                size_t whycap);
 
+/* How many tenants have a reservation now.  O(1). */
+size_t gmb__tenants_reserving(const struct gmb_tenants *ts);
+
 /* Sum over tenants of max(0, reserve - segments): reserved bytes that
  * must still come from the device's room. */
 uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts);
@@ -154,10 +175,32 @@ uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts);
 int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
                                     char *msg, size_t cap);
 
+/* Takes the limits a reload may change (max_tenants_per_uid). */
+void gmb__tenants_set_limits(struct gmb_tenants *ts,
+                             const struct gmb_config *cfg);
+
+/* 1 when t was made by first use (not configured) and holds nothing: no
+ * session, no allocation, no waiter, and no limit an operator set (its
+ * quota is the default, no reservation, priority 0).  `named` 0: only a
+ * default tenant (uid-N) counts, which loses nothing by going (its name is
+ * its uid's anyway, and the next session makes it again, the same); 1:
+ * any, which loses the first uid's ownership of its name. */
+int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
+                     int named);
+/* Removes idle tenant t (gmb__tenant_idle): its arena's empty segments go
+ * back to the device, and t is freed. */
+void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t);
+
+/* Removes every idle tenant (gmb__tenant_idle with `named`); returns how
+ * many.  O(tenants). */
+size_t gmb__tenants_reap(struct gmb_tenants *ts, int named);
+
 /* Visits the tenants in name order; stops when fn returns non-zero. */
 int gmb__tenants_each(struct gmb_tenants *ts,
                       int (*fn)(void *ctx, struct gmb_tenant *t), void *ctx);
 size_t gmb__tenants_count(const struct gmb_tenants *ts);
+/* 1 when the registry holds as many tenants as it may (4096). */
+int gmb__tenants_full(const struct gmb_tenants *ts);
 
 /* Number of broken invariants: `used` and `segments` of each tenant
  * against its arena, `peak` >= `used`, and the sum of unbacked

@@ -3,8 +3,12 @@
  *
  * A doubly linked list in serving order; inserting walks from the tail,
  * where a new waiter of equal priority ends up, so the common case is
- * O(1).  Serving walks the whole list, since a waiter within its
- * reservation may be served behind a blocked one.
+ * O(1).  Serving walks the list behind a blocked waiter only while a
+ * waiter there could still be served (a tenant has a reservation, or a
+ * request waits for a compaction run); a request that joins tries the
+ * head and itself only (gmb__waitq_joined); the earliest deadline is
+ * cached, so the loop's timer does not walk the queue either.  Waiters
+ * are capped per session and per tenant (max_waiters_per_*).
  */
 #include "waitq.h"
 
@@ -32,10 +36,21 @@ struct gmb_waiter {
   int priority;         /* its tenant's, when it came */
 };
 
+static struct gmb_log_rl waitq_rl_add, waitq_rl_limit;
+
 int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact) {
   struct gmb_waitq *q = &b->waitq;
+  if (s->waiting >= b->cfg.max_waiters_per_session ||
+      s->tenant->waiting >= b->cfg.max_waiters_per_tenant) {
+    if (gmb__log_allow(&waitq_rl_limit))
+      log_warn("session %" PRIu64 " (tenant %s): a request not queued: %u "
+               "of the session's and %" PRIu64 " of the tenant's wait "
+               "already%s", s->id, s->tenant->name, s->waiting,
+               s->tenant->waiting, gmb__log_suppressed(&waitq_rl_limit));
+    return GMB_E_LIMIT;
+  }
   struct gmb_waiter *w = calloc(1, sizeof *w);
   if (w == NULL) return GMB_E_SYSTEM;
   w->session = s;
@@ -63,17 +78,22 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
   else
     q->head = w;
   q->n++;
+  q->last_added = w;
   s->tenant->waiting++;
+  s->waiting++;
+  if (w->deadline_ns < q->next_deadline_ns)
+    q->next_deadline_ns = w->deadline_ns;
   if (after_compact) {
     q->after_compact++;
     log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for a "
               "compaction run", s->id, size);
-  } else {
+  } else if (gmb__log_allow(&waitq_rl_add)) {
     char sz[GMB_SIZE_BUFSZ];
     log_info("session %" PRIu64 " (tenant %s, priority %d): %s wait for "
-             "memory (timeout %d ms); %zu requests waiting",
+             "memory (timeout %d ms); %zu requests waiting%s",
              s->id, s->tenant->name, w->priority,
-             gmb__size_format(size, sz, sizeof sz), timeout_ms, q->n);
+             gmb__size_format(size, sz, sizeof sz), timeout_ms, q->n,
+             gmb__log_suppressed(&waitq_rl_add));
   }
   return 0;
 }
@@ -88,8 +108,11 @@ int gmb__waitq_ahead(const struct gmb_broker *b, int priority) {
 static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
   struct gmb_waitq *q = &b->waitq;
   if (w->after_compact) q->after_compact--;
-  GMB_ASSERT(w->session->tenant->waiting > 0 && "waiting count drifted");
+  if (q->last_added == w) q->last_added = NULL;
+  GMB_ASSERT(w->session->tenant->waiting > 0 && w->session->waiting > 0 &&
+             "waiting count drifted");
   w->session->tenant->waiting--;
+  w->session->waiting--;
   if (w->prev)
     w->prev->next = w->next;
   else
@@ -118,6 +141,12 @@ void gmb__waitq_serve(struct gmb_broker *b) {
   struct gmb_waiter *w = b->waitq.head, *next;
   for (; w; w = next) {
     next = w->next;
+    /* Behind a blocked waiter only requests within their reservation (or
+     * held for a compaction run) may be served: with none of either, the
+     * rest of the queue need not be looked at. */
+    if (blocked && b->waitq.after_compact == 0 &&
+        gmb__tenants_reserving(b->tenants) == 0)
+      break;
     struct gmb_tenant *t = w->session->tenant;
     if (blocked && !w->after_compact &&
         !gmb__tenant_within_reserve(t, gmb__alloc_round(w->size)))
@@ -133,6 +162,44 @@ void gmb__waitq_serve(struct gmb_broker *b) {
     }
     waitq_answer(b, w, &rep);
   }
+}
+
+/* Tries waiter w: 1 when it was answered (served, or refused other than
+ * for room), 0 when it still does not fit. */
+static int waitq_try(struct gmb_broker *b, struct gmb_waiter *w) {
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  rep.id = w->req_id;
+  enum gmb_nomem_why why;
+  int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
+  if (rc == GMB_E_NOMEM) return 0;
+  waitq_answer(b, w, &rep);
+  return 1;
+}
+
+void gmb__waitq_joined(struct gmb_broker *b) {
+  struct gmb_waitq *q = &b->waitq;
+  struct gmb_waiter *w = q->last_added;
+  if (b->closing || w == NULL) return;
+  q->last_added = NULL;
+  /* Every event that gives memory back serves the whole queue, so the
+   * waiters ahead of w did not fit when it came, and nothing changed since
+   * but w's arrival: unless the head fits now (then serve everyone), only
+   * w may be served, and only within its own reservation, as
+   * gmb__waitq_serve would do.  O(1) rather than a walk per request. */
+  struct gmb_waiter *head = q->head;
+  while (head && head->after_compact) head = head->next;
+  if (head == NULL) return;
+  if (head == w) {
+    waitq_try(b, w);
+    return;
+  }
+  if (waitq_try(b, head)) {
+    gmb__waitq_serve(b);
+    return;
+  }
+  if (gmb__tenant_within_reserve(w->session->tenant, gmb__alloc_round(w->size)))
+    waitq_try(b, w);
 }
 
 void gmb__waitq_compaction_over(struct gmb_broker *b) {
@@ -153,6 +220,14 @@ void gmb__waitq_compaction_over(struct gmb_broker *b) {
 }
 
 uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
+  /* The loop asks at every round: before the earliest deadline there is
+   * nothing to do and no need to walk the queue.  The cached deadline may
+   * be early (its waiter was served meanwhile): then one walk finds the
+   * true one. */
+  if (b->waitq.next_deadline_ns > now)
+    return b->waitq.next_deadline_ns == UINT64_MAX
+               ? UINT64_MAX
+               : b->waitq.next_deadline_ns - now;
   int expired = 0;
   struct gmb_waiter *w = b->waitq.head, *next;
   for (; w; w = next) {
@@ -170,11 +245,11 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
   /* A waiter that gave up may have been holding back smaller ones. */
   if (expired) gmb__waitq_serve(b);
   /* The next deadline among those still waiting (none: no deadline). */
-  uint64_t next_in = UINT64_MAX;
+  uint64_t next_at = UINT64_MAX;
   for (w = b->waitq.head; w; w = w->next)
-    if (w->deadline_ns != UINT64_MAX && w->deadline_ns - now < next_in)
-      next_in = w->deadline_ns - now;
-  return next_in;
+    if (w->deadline_ns < next_at) next_at = w->deadline_ns;
+  b->waitq.next_deadline_ns = next_at;
+  return next_at == UINT64_MAX ? UINT64_MAX : next_at - now;
 }
 
 void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {

@@ -34,7 +34,9 @@
 
 /* Queues request `req_id` of session s.  timeout_ms <= 0: no deadline.
  * `after_compact`: answered (GMB_E_NOMEM if it still does not fit) when the
- * compaction run in progress ends.  0, or GMB_E_SYSTEM out of host memory. */
+ * compaction run in progress ends.  0, GMB_E_LIMIT when the session or its
+ * tenant has max_waiters_per_session / _per_tenant queued already, or
+ * GMB_E_SYSTEM out of host memory. */
 int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact);
@@ -42,6 +44,11 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
 /* 1 when a request that asked to wait (not one held only for a compaction
  * run) of priority >= `priority` is queued. */
 int gmb__waitq_ahead(const struct gmb_broker *b, int priority);
+
+/* A request just queued (gmb__waitq_add) behind others of equal or
+ * higher priority: serves it if the rules allow now, without walking the
+ * queue (and the whole queue if memory came back unnoticed). */
+void gmb__waitq_joined(struct gmb_broker *b);
 
 /* Memory may have come back: serve what fits, in order. */
 void gmb__waitq_serve(struct gmb_broker *b);

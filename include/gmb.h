@@ -94,6 +94,28 @@ typedef struct gmb_device_info { /* the broker's device, as this process sees it
 GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
                            gmb_client **out);
 
+/*
+ * Connects to the broker of one GPU, on a host that runs one broker per GPU
+ * (docs/deploy.md).  `gpu` names the GPU: its UUID ("GPU-xxxxxxxx-..."),
+ * or its CUDA ordinal in this process ("cuda:N" or "N", mapped to its
+ * UUID through the driver), or NULL for the calling thread's current
+ * device (gmb_gpu_current).  The broker is looked for at
+ * $GMB_RUN_DIR/UUID/broker.sock (a broker started with
+ * --run-dir-per-gpu), then at the default endpoint ($GMB_ENDPOINT, else
+ * $GMB_RUN_DIR/broker.sock), which is kept only when its broker serves that
+ * GPU.  GMB_E_CONN when no broker serves it (the message names where it
+ * looked and what the default broker serves), GMB_E_DEVICE when the GPU
+ * cannot be found (no driver, no such ordinal) or a broker in the GPU's
+ * own run dir serves another one; else as gmb_connect.
+ */
+GMB_EXPORT int gmb_connect_gpu(const char *gpu, const char *tenant,
+                               gmb_client **out);
+
+/* The calling thread's current CUDA device as this process numbers it:
+ * the device of its current context (cuCtxGetDevice), or 0 when it has
+ * none, as the CUDA runtime would use.  0, or GMB_E_DEVICE (no driver). */
+GMB_EXPORT int gmb_gpu_current(int *ordinal);
+
 /* Ends the session: the broker frees every allocation it still holds and
  * the segments mapped into this process are unmapped.  Accepts NULL. */
 GMB_EXPORT void gmb_disconnect(gmb_client *c);
@@ -226,6 +248,20 @@ GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream);
 
 /* What the broker's device is, and which GPU of this process it is. */
 GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out);
+
+typedef struct gmb_device_stats { /* the broker's device, as its pool sees it */
+  uint64_t capacity;  /* bytes the broker may hold on the device */
+  uint64_t segments;  /* bytes of device segments it holds, all tenants */
+  uint64_t used;      /* bytes of live allocations, all tenants */
+  uint64_t free_in_segments; /* free bytes inside this tenant's segments
+                                (segments serve one tenant each) */
+} gmb_device_stats;
+
+/* Fills *out with the figures of the broker's device.  What this session's
+ * tenant could still get, quota aside, is about capacity - segments (room
+ * for new segments) + free_in_segments; other tenants' reservations may
+ * take some of the room.  A broker older than these fields answers 0s. */
+GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out);
 
 /* Fills *out with the figures of this session's tenant, as the broker
  * sees them (`cached`: with this session's figure as of this call). */

@@ -52,6 +52,7 @@ static const struct {
     CUDRV_ENTRY(cuDevicePrimaryCtxRelease),
     CUDRV_ENTRY(cuCtxSetCurrent),
     CUDRV_ENTRY(cuCtxGetCurrent),
+    CUDRV_ENTRY(cuCtxGetDevice),
     CUDRV_ENTRY(cuCtxSynchronize),
     CUDRV_ENTRY(cuMemGetInfo),
     CUDRV_ENTRY(cuMemAlloc),

@@ -113,6 +113,7 @@ struct gmb_cudrv {
   gmb_cu_result (*cuDevicePrimaryCtxRelease)(gmb_cu_device d);
   gmb_cu_result (*cuCtxSetCurrent)(gmb_cu_ctx c);
   gmb_cu_result (*cuCtxGetCurrent)(gmb_cu_ctx *c);
+  gmb_cu_result (*cuCtxGetDevice)(gmb_cu_device *d);
   gmb_cu_result (*cuCtxSynchronize)(void);
   gmb_cu_result (*cuMemGetInfo)(size_t *free, size_t *total);
   gmb_cu_result (*cuMemAlloc)(gmb_cu_ptr *p, size_t bytes);

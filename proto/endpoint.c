@@ -80,3 +80,64 @@ int gmb__endpoint_probe(const char *endpoint, const char *hint, char *why,
   }
   return endpoint_fail(why, cap, endpoint, strerror(err), hint);
 }
+
+/* 0 when `path` (lstat: not followed) is owned by root or `uid`, else
+ * GMB_E_AUTH with the reason; `dir`: it must also be a directory nobody
+ * else may write to. */
+static int endpoint_owned(const char *path, uid_t uid, int dir, char *why,
+                          size_t cap) {
+  struct stat st;
+  if (lstat(path, &st) != 0) {
+    snprintf(why, cap, "%s: %s", path, strerror(errno));
+    return GMB_E_CONN;
+  }
+  if (st.st_uid != 0 && st.st_uid != uid) {
+    snprintf(why, cap, "%s belongs to uid %u, neither root nor uid %u: it "
+             "may not be the broker's", path, (unsigned)st.st_uid,
+             (unsigned)uid);
+    return GMB_E_AUTH;
+  }
+  if (dir && !S_ISDIR(st.st_mode)) {
+    snprintf(why, cap, "%s is not a directory", path);
+    return GMB_E_AUTH;
+  }
+  if (dir && (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    snprintf(why, cap, "%s is writable by others (mode %03o): anyone could "
+             "put a socket there", path, (unsigned)(st.st_mode & 0777));
+    return GMB_E_AUTH;
+  }
+  if (!dir && !S_ISSOCK(st.st_mode)) {
+    snprintf(why, cap, "%s is not a socket", path);
+    return GMB_E_AUTH;
+  }
+  return 0;
+}
+
+int gmb__run_dir_trusted(const char *dir, uid_t uid, char *why, size_t cap) {
+  return endpoint_owned(dir, uid, 1, why, cap);
+}
+
+int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
+                          size_t cap) {
+  if (strncmp(endpoint, "ipc://", 6) != 0) return 0;
+  const char *path = endpoint + 6;
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
+  size_t n = strlen(path);
+  if (n >= sizeof dir) {
+    snprintf(why, cap, "endpoint path too long");
+    return GMB_E_INVAL;
+  }
+  memcpy(dir, path, n + 1);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL) {
+    dir[0] = '.';
+    dir[1] = '\0';
+  } else if (slash == dir) {
+    dir[1] = '\0';
+  } else {
+    *slash = '\0';
+  }
+  int rc = endpoint_owned(dir, uid, 1, why, cap);
+  if (rc == 0) rc = endpoint_owned(path, uid, 0, why, cap);
+  return rc;
+}

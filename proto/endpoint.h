@@ -11,6 +11,7 @@
 #define GMB_ENDPOINT_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* "ipc://RUN_DIR/NAME" for NAME "broker.sock" or "admin.sock", with RUN_DIR
  * from gmb__run_dir() when run_dir is NULL.  Returns buf, or NULL when it
@@ -27,5 +28,18 @@ char *gmb__endpoint_default(const char *run_dir, const char *name, char *buf,
  */
 int gmb__endpoint_probe(const char *endpoint, const char *hint, char *why,
                         size_t cap);
+
+/*
+ * Before a client sends its token (issue 12): 0 when the run dir of an
+ * ipc:// endpoint is a directory owned by root or `uid` that no one else
+ * may write to, and the socket file in it is a socket owned by root or
+ * `uid`; else GMB_E_AUTH (or GMB_E_CONN when missing) with the reason.
+ * Another user could otherwise make the fallback run dir (/tmp/gmb-UID)
+ * first and listen there for tokens.  Other transports: 0.
+ */
+int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
+                          size_t cap);
+/* The same check of a run dir alone, for the broker at start. */
+int gmb__run_dir_trusted(const char *dir, uid_t uid, char *why, size_t cap);
 
 #endif /* GMB_ENDPOINT_H */

@@ -2,10 +2,10 @@
  * locktab_layout.h - the layout of a session's lock table, shared by the
  * broker and the client library.
  *
- * A lock table is a POSIX shm object in host memory, created by the broker
- * at Hello for one session and mapped by the broker and that session's
- * process only (mode 0600, owned by the session's uid; the broker unlinks
- * the name as soon as the client has mapped it).  It has one slot per
+ * A lock table is a sealed memfd in host memory, created by the broker at
+ * Hello for one session and mapped by the broker and that session's
+ * process only (the process gets it as a descriptor on the descriptor
+ * channel; it has no name anyone could open).  It has one slot per
  * movable allocation of the session.  `state` is the only word both sides
  * write:
  *
@@ -52,8 +52,16 @@ struct gmb__lt_header {
   uint32_t version; /* GMB_LT_VERSION */
   uint32_t slots;   /* number of slots after the header */
   uint64_t session; /* the session it belongs to */
-  uint8_t reserved[40];
+  _Atomic uint32_t evicted; /* GMB_LT_EVICTED once the session was evicted */
+  uint32_t reserved0;
+  uint8_t reserved[32];
 };
+
+/* The header's `evicted` word: the broker stores it (release) before it
+ * ends a session an operator evicted, so gmb_lock, which sends no message,
+ * sees the eviction at once (acquire) and fails GMB_E_EVICTED.  Zero in
+ * tables of brokers that never set it. */
+#define GMB_LT_EVICTED UINT32_C(1)
 
 _Static_assert(sizeof(struct gmb__lt_slot) == 32, "lock table slot layout");
 _Static_assert(sizeof(struct gmb__lt_header) == 64, "lock table header layout");

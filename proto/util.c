@@ -116,6 +116,26 @@ char *gmb__run_dir(char *buf, size_t cap) {
   return buf;
 }
 
+int gmb__gpu_uuid_valid(const char *s) {
+  if (s == NULL || (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0))
+    return 0;
+  size_t n = 4;
+  for (const char *p = s + 4; *p; p++, n++)
+    if (n >= 63 || !(isxdigit((unsigned char)*p) || *p == '-')) return 0;
+  return n > 4;
+}
+
+char *gmb__run_dir_gpu(const char *base, const char *uuid, char *buf,
+                       size_t cap) {
+  char dir[256];
+  if (!gmb__gpu_uuid_valid(uuid)) return NULL;
+  if (base == NULL && (base = gmb__run_dir(dir, sizeof dir)) == NULL)
+    return NULL;
+  int n = snprintf(buf, cap, "%s/%s", base, uuid);
+  if (n < 0 || (size_t)n >= cap) return NULL;
+  return buf;
+}
+
 int gmb__name_valid(const char *name) {
   size_t n = 0;
   if (name == NULL || name[0] == '\0' || name[0] == '.' || name[0] == '-')

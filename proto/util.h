@@ -36,6 +36,18 @@ char *gmb__size_format(uint64_t v, char *buf, size_t cap);
  * result does not fit. */
 char *gmb__run_dir(char *buf, size_t cap);
 
+/* 1 when `s` reads as a GPU's UUID as the driver and nvidia-smi write it
+ * ("GPU-" or "MIG-", then hex digits and dashes, under 64 characters), so
+ * it can name a directory without reaching outside its parent. */
+int gmb__gpu_uuid_valid(const char *s);
+
+/* The run dir of the broker of GPU `uuid` on a host with one broker per
+ * GPU: BASE/UUID, BASE the run directory (gmb__run_dir() when base is
+ * NULL).  Returns buf, or NULL when uuid is not a UUID or the result does
+ * not fit. */
+char *gmb__run_dir_gpu(const char *base, const char *uuid, char *buf,
+                       size_t cap);
+
 /* 1 when `name` is a valid tenant name: 1..63 of [A-Za-z0-9._-], not
  * starting with '.' or '-'. */
 int gmb__name_valid(const char *name);

@@ -29,6 +29,27 @@ static int wire_str_copy(char *dst, size_t cap, const char *src) {
   return 0;
 }
 
+/* A name sent as bytes (gmb.proto): it must fit `cap` with its NUL and
+ * hold no NUL of its own, or a longer name would pass for a shorter one. */
+static int wire_name_copy(char *dst, size_t cap, ProtobufCBinaryData src) {
+  if (src.len == 0 || src.data == NULL) {
+    dst[0] = '\0';
+    return 0;
+  }
+  if (src.len >= cap || memchr(src.data, '\0', src.len) != NULL)
+    return GMB_E_PROTO;
+  memcpy(dst, src.data, src.len);
+  dst[src.len] = '\0';
+  return 0;
+}
+
+static ProtobufCBinaryData wire_name(const char *s) {
+  ProtobufCBinaryData b;
+  b.data = (uint8_t *)s;
+  b.len = strlen(s);
+  return b;
+}
+
 /* A fixed string field the caller filled must end inside its array, or
  * strlen() in the packer would read past it. */
 #define WIRE_FITS(field) (strnlen((field), sizeof(field)) < sizeof(field))
@@ -68,11 +89,11 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
           !WIRE_FITS(req->u.hello.tenant) || !WIRE_FITS(req->u.hello.client))
         return GMB_E_INVAL;
       hello.version = req->u.hello.version;
-      hello.tenant = (char *)req->u.hello.tenant;
+      hello.tenant = wire_name(req->u.hello.tenant);
       hello.token.data = (uint8_t *)req->u.hello.token;
       hello.token.len = req->u.hello.token_len;
       hello.pid = req->u.hello.pid;
-      hello.client = (char *)req->u.hello.client;
+      hello.client = wire_name(req->u.hello.client);
       r.body_case = GMB__REQUEST__BODY_HELLO;
       r.hello = &hello;
       break;
@@ -111,14 +132,14 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       break;
     case WIRE_ADMIN_COMPACT:
       if (!WIRE_FITS(req->u.admin_compact.tenant)) return GMB_E_INVAL;
-      ac.tenant = (char *)req->u.admin_compact.tenant;
+      ac.tenant = wire_name(req->u.admin_compact.tenant);
       r.body_case = GMB__REQUEST__BODY_ADMIN_COMPACT;
       r.admin_compact = &ac;
       break;
     case WIRE_ADMIN_QUOTA:
     case WIRE_ADMIN_RESERVE:
       if (!WIRE_FITS(req->u.admin_limit.tenant)) return GMB_E_INVAL;
-      al.tenant = (char *)req->u.admin_limit.tenant;
+      al.tenant = wire_name(req->u.admin_limit.tenant);
       al.set = req->u.admin_limit.set != 0;
       al.value = req->u.admin_limit.value;
       if (req->kind == WIRE_ADMIN_QUOTA) {
@@ -131,7 +152,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       break;
     case WIRE_ADMIN_EVICT:
       if (!WIRE_FITS(req->u.admin_evict.tenant)) return GMB_E_INVAL;
-      ae.tenant = (char *)req->u.admin_evict.tenant;
+      ae.tenant = wire_name(req->u.admin_evict.tenant);
       r.body_case = GMB__REQUEST__BODY_ADMIN_EVICT;
       r.admin_evict = &ae;
       break;
@@ -167,11 +188,11 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       out->kind = WIRE_HELLO;
       out->u.hello.version = r->hello->version;
       out->u.hello.pid = r->hello->pid;
-      rc = wire_str_copy(out->u.hello.tenant, sizeof out->u.hello.tenant,
-                         r->hello->tenant);
+      rc = wire_name_copy(out->u.hello.tenant, sizeof out->u.hello.tenant,
+                          r->hello->tenant);
       if (rc == 0)
-        rc = wire_str_copy(out->u.hello.client, sizeof out->u.hello.client,
-                           r->hello->client);
+        rc = wire_name_copy(out->u.hello.client, sizeof out->u.hello.client,
+                            r->hello->client);
       if (rc == 0) {
         if (r->hello->token.len > WIRE_TOKEN_MAX) {
           rc = GMB_E_PROTO;
@@ -211,9 +232,9 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       break;
     case GMB__REQUEST__BODY_ADMIN_COMPACT:
       out->kind = WIRE_ADMIN_COMPACT;
-      rc = wire_str_copy(out->u.admin_compact.tenant,
-                         sizeof out->u.admin_compact.tenant,
-                         r->admin_compact->tenant);
+      rc = wire_name_copy(out->u.admin_compact.tenant,
+                          sizeof out->u.admin_compact.tenant,
+                          r->admin_compact->tenant);
       break;
     case GMB__REQUEST__BODY_ADMIN_QUOTA:
     case GMB__REQUEST__BODY_ADMIN_RESERVE: {
@@ -225,15 +246,15 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
                       : WIRE_ADMIN_RESERVE;
       out->u.admin_limit.set = l->set;
       out->u.admin_limit.value = l->value;
-      rc = wire_str_copy(out->u.admin_limit.tenant,
-                         sizeof out->u.admin_limit.tenant, l->tenant);
+      rc = wire_name_copy(out->u.admin_limit.tenant,
+                          sizeof out->u.admin_limit.tenant, l->tenant);
       break;
     }
     case GMB__REQUEST__BODY_ADMIN_EVICT:
       out->kind = WIRE_ADMIN_EVICT;
-      rc = wire_str_copy(out->u.admin_evict.tenant,
-                         sizeof out->u.admin_evict.tenant,
-                         r->admin_evict->tenant);
+      rc = wire_name_copy(out->u.admin_evict.tenant,
+                          sizeof out->u.admin_evict.tenant,
+                          r->admin_evict->tenant);
       break;
     case GMB__REQUEST__BODY_ADMIN_RELOAD:
       out->kind = WIRE_ADMIN_RELOAD;
@@ -474,6 +495,10 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       stats.peak = rep->u.stats.peak;
       stats.segments = rep->u.stats.segments;
       stats.cached = rep->u.stats.cached;
+      stats.device_capacity = rep->u.stats.device_capacity;
+      stats.device_segments = rep->u.stats.device_segments;
+      stats.device_used = rep->u.stats.device_used;
+      stats.free_in_segments = rep->u.stats.free_in_segments;
       r.body_case = GMB__REPLY__BODY_STATS;
       r.stats = &stats;
       break;
@@ -666,6 +691,10 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.stats.peak = r->stats->peak;
       out->u.stats.segments = r->stats->segments;
       out->u.stats.cached = r->stats->cached;
+      out->u.stats.device_capacity = r->stats->device_capacity;
+      out->u.stats.device_segments = r->stats->device_segments;
+      out->u.stats.device_used = r->stats->device_used;
+      out->u.stats.free_in_segments = r->stats->free_in_segments;
       break;
     case GMB__REPLY__BODY_EVENT:
       out->kind = WIRE_EVENT;

@@ -159,6 +159,8 @@ struct wire_reply {
     struct {
       uint64_t quota, used, peak, segments;
       uint64_t cached; /* of used: free in the tenant's sessions' caches */
+      uint64_t device_capacity, device_segments, device_used,
+          free_in_segments;
     } stats;
     struct {
       enum wire_event kind;

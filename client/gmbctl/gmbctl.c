@@ -22,6 +22,7 @@
 
 #include "admin_rpc.h"
 #include "ctl.h"
+#include "cudrv.h"
 #include "endpoint.h"
 #include "gmb.h"
 #include "util.h"
@@ -293,9 +294,39 @@ static const struct ctl_verb ctl_verbs[] = {
 };
 #define CTL_NVERBS (sizeof ctl_verbs / sizeof ctl_verbs[0])
 
+/* --gpu: the UUID `gpu` names (itself, or ordinal N's through the driver)
+ * into uuid.  0, or the exit status after a one-line reason. */
+static int ctl_gpu_uuid(const char *gpu, char *uuid, size_t cap) {
+  if (gmb__gpu_uuid_valid(gpu)) {
+    snprintf(uuid, cap, "%s", gpu);
+    return 0;
+  }
+  char *end;
+  long n = strtol(gpu, &end, 10);
+  if (*gpu == '\0' || *end != '\0' || n < 0)
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "--gpu %s: want a GPU's UUID "
+                         "(GPU-...) or a CUDA ordinal", gpu);
+  struct gmb_cudrv d;
+  char err[512];
+  if (gmb__cudrv_load(&d, err, sizeof err) != 0)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "--gpu %s: %s", gpu, err);
+  int count = 0;
+  gmb_cu_device dev;
+  struct gmb_cu_uuid u;
+  int ok = d.cuDeviceGetCount(&count) == GMB_CU_SUCCESS && n < count &&
+           d.cuDeviceGet(&dev, (int)n) == GMB_CU_SUCCESS &&
+           d.cuDeviceGetUuid(&u, dev) == GMB_CU_SUCCESS;
+  if (ok) gmb__cudrv_uuid_str(&u, uuid, cap);
+  gmb__cudrv_unload(&d);
+  if (!ok)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "--gpu %s: no such GPU (the driver "
+                         "sees %d)", gpu, count);
+  return 0;
+}
+
 static void ctl_usage(FILE *f) {
   fprintf(f,
-          "usage: gmbctl [--run-dir DIR] [--json] VERB [ARGS]\n"
+          "usage: gmbctl [--run-dir DIR] [--gpu UUID|N] [--json] VERB [ARGS]\n"
           "       gmbctl VERB --help | --help | --version\n\n"
           "Talks to the gmb broker's admin socket, ipc://RUN_DIR/admin.sock\n"
           "(RUN_DIR: --run-dir, else $GMB_RUN_DIR, else /run/gmb for root,\n"
@@ -306,6 +337,9 @@ static void ctl_usage(FILE *f) {
   fprintf(f,
           "\noptions:\n"
           "  --run-dir DIR  the broker's run directory\n"
+          "  --gpu UUID|N   the broker of that GPU, on a host with one broker\n"
+          "                 per GPU: RUN_DIR/UUID (N: this process's CUDA\n"
+          "                 ordinal N, whose UUID the driver gives)\n"
           "  --json         machine-readable output\n"
           "  -h, --help     this text, or a verb's\n"
           "  --version      the version\n\n"
@@ -319,7 +353,7 @@ int main(int argc, char **argv) {
   const struct ctl_verb *verb = NULL;
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   int nrest = 0;
-  const char *run_dir = NULL;
+  const char *run_dir = NULL, *gpu = NULL;
   if (rest == NULL) return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
 
   /* Options every verb shares may come before or after the verb; what is
@@ -342,6 +376,14 @@ int main(int argc, char **argv) {
       run_dir = argv[i];
     } else if (strncmp(a, "--run-dir=", 10) == 0) {
       run_dir = a + 10;
+    } else if (strcmp(a, "--gpu") == 0) {
+      if (++i >= argc) {
+        free(rest);
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "--gpu needs a UUID or ordinal");
+      }
+      gpu = argv[i];
+    } else if (strncmp(a, "--gpu=", 6) == 0) {
+      gpu = a + 6;
     } else if (verb == NULL && a[0] == '-') {
       free(rest);
       return gmb__ctl_fail(CTL_EXIT_USAGE, "unknown option '%s' (see gmbctl --help)",
@@ -381,6 +423,18 @@ int main(int argc, char **argv) {
   } else if (gmb__run_dir(ctl.run_dir, sizeof ctl.run_dir) == NULL) {
     free(rest);
     return gmb__ctl_fail(CTL_EXIT_FAIL, "the run directory's name is too long");
+  }
+  if (gpu) {
+    char uuid[64], dir[sizeof ctl.run_dir];
+    int rc = ctl_gpu_uuid(gpu, uuid, sizeof uuid);
+    if (rc == 0 && gmb__run_dir_gpu(ctl.run_dir, uuid, dir, sizeof dir) == NULL)
+      rc = gmb__ctl_fail(CTL_EXIT_USAGE, "--gpu: the run directory's name is "
+                         "too long");
+    if (rc) {
+      free(rest);
+      return rc;
+    }
+    memcpy(ctl.run_dir, dir, sizeof dir);
   }
   int rc = verb->run(&ctl, verb, nrest, rest);
   gmb__admin_rpc_close(ctl.rpc);

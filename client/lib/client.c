@@ -66,6 +66,7 @@
 #include <zmq.h>
 
 #include "cache.h"
+#include "client.h"
 #include "cuimport.h"
 #include "endpoint.h"
 #include "fdclient.h"
@@ -153,6 +154,15 @@ static int client_fail(int code, const char *fmt, ...) {
   snprintf(client_err, sizeof client_err, "%s: %s", gmb_err_name(code),
            why[0] ? why : gmb_strerror(code));
   return code;
+}
+
+int gmb__client_fail(int code, const char *fmt, ...) {
+  char why[CLIENT_WHY_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  return client_fail(code, "%s", why);
 }
 
 GMB_EXPORT const char *gmb_last_error(gmb_client *c) {
@@ -711,6 +721,16 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   char why[CLIENT_WHY_MAX];
   rc = gmb__endpoint_probe(endpoint, hint, why, sizeof why);
   if (rc) return client_fail(rc, "%s", why);
+  /* A token goes only to a broker this uid can trust to be the broker:
+   * its run dir and socket are root's or ours, and nobody else may put
+   * a socket there. */
+  if (hello.u.hello.token_len > 0) {
+    rc = gmb__endpoint_trusted(endpoint, geteuid(), why, sizeof why);
+    if (rc) {
+      explicit_bzero(hello.u.hello.token, sizeof hello.u.hello.token);
+      return client_fail(rc, "token not sent: %s", why);
+    }
+  }
 
   gmb_client *c = calloc(1, sizeof *c);
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
@@ -1183,6 +1203,11 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
+  /* An eviction is seen here before (or without) its event: the broker
+   * set the word in the lock table before it ended the session. */
+  if (c->lt && atomic_load_explicit(&c->lt->evicted, memory_order_acquire))
+    return client_fail(GMB_E_EVICTED, "this session was evicted by an "
+                       "operator: its memory is no longer its own");
   struct gmb_segmap_entry e;
   if (gmb__segmap_get(c->map, id, c->lt_slot, c->lt_slots, &e) != 0)
     return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
@@ -1268,6 +1293,23 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
    * request reported it); an older broker sends 0: this session's then. */
   out->cached = rep.u.stats.cached ? rep.u.stats.cached
                                    : gmb__cache_cached(c->cache);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  struct wire_request req = {.kind = WIRE_STATS};
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
+  pthread_mutex_unlock(&c->io);
+  if (rc) return rc;
+  out->capacity = rep.u.stats.device_capacity;
+  out->segments = rep.u.stats.device_segments;
+  out->used = rep.u.stats.device_used;
+  out->free_in_segments = rep.u.stats.free_in_segments;
   gmb__wire_reply_clear(&rep);
   return 0;
 }

@@ -556,3 +556,94 @@ void gmb__cuda_event_destroy(int ordinal, void *ev) {
     cuda_leave(d, prev);
   }
 }
+
+/* --- which GPU: ordinals, UUIDs, the current device ----------------------- */
+
+/* Loads the driver once per process (under cuda_mu); 0 or GMB_E_DEVICE
+ * explained, as gmb__cuda_attach does. */
+static int cuda_load_locked(char *why, size_t cap) {
+  if (cuda_loaded && cuda_pid != getpid()) {
+    snprintf(why, cap, "this process was forked after CUDA started in its "
+             "parent, and CUDA does not work in such a child: fork before "
+             "any CUDA call, or exec");
+    return GMB_E_DEVICE;
+  }
+  if (cuda_loaded) return 0;
+  char err[256];
+  if (gmb__cudrv_load(&cuda_drv, err, sizeof err) != 0) {
+    snprintf(why, cap, "%s", err);
+    return GMB_E_DEVICE;
+  }
+  cuda_loaded = 1;
+  cuda_pid = getpid();
+  return 0;
+}
+
+int gmb__cuda_uuid_of(int ordinal, char *uuid, size_t ucap, char *why,
+                      size_t cap) {
+  pthread_mutex_lock(&cuda_mu);
+  int rc = cuda_load_locked(why, cap);
+  int n = 0;
+  gmb_cu_device dev;
+  struct gmb_cu_uuid u;
+  gmb_cu_result r = GMB_CU_SUCCESS;
+  if (rc == 0 && (r = cuda_drv.cuDeviceGetCount(&n)) != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuDeviceGetCount", why, cap);
+    rc = GMB_E_DEVICE;
+  }
+  if (rc == 0 && (ordinal < 0 || ordinal >= n)) {
+    snprintf(why, cap, "no GPU cuda:%d in this process (it sees %d)", ordinal,
+             n);
+    rc = GMB_E_DEVICE;
+  }
+  if (rc == 0 && ((r = cuda_drv.cuDeviceGet(&dev, ordinal)) != GMB_CU_SUCCESS ||
+                  (r = cuda_drv.cuDeviceGetUuid(&u, dev)) != GMB_CU_SUCCESS)) {
+    cuda_err(r, "cuDeviceGetUuid", why, cap);
+    rc = GMB_E_DEVICE;
+  }
+  if (rc == 0) {
+    char s[GMB_CU_UUID_STR];
+    snprintf(uuid, ucap, "%s", gmb__cudrv_uuid_str(&u, s, sizeof s));
+  }
+  pthread_mutex_unlock(&cuda_mu);
+  return rc;
+}
+
+int gmb__cuda_current(int *ordinal, char *why, size_t cap) {
+  pthread_mutex_lock(&cuda_mu);
+  int rc = cuda_load_locked(why, cap);
+  gmb_cu_ctx cur = NULL;
+  gmb_cu_device dev = 0;
+  gmb_cu_result r = GMB_CU_SUCCESS;
+  if (rc == 0 && (r = cuda_drv.cuCtxGetCurrent(&cur)) != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuCtxGetCurrent", why, cap);
+    rc = GMB_E_DEVICE;
+  }
+  if (rc == 0 && cur == NULL) {
+    *ordinal = 0; /* what the CUDA runtime uses on such a thread */
+    goto out;
+  }
+  if (rc == 0 && (r = cuda_drv.cuCtxGetDevice(&dev)) != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuCtxGetDevice", why, cap);
+    rc = GMB_E_DEVICE;
+  }
+  /* A CUdevice is a handle, not necessarily the ordinal: look it up. */
+  int n = 0;
+  if (rc == 0 && cuda_drv.cuDeviceGetCount(&n) == GMB_CU_SUCCESS) {
+    for (int i = 0; i < n; i++) {
+      gmb_cu_device d;
+      if (cuda_drv.cuDeviceGet(&d, i) == GMB_CU_SUCCESS && d == dev) {
+        *ordinal = i;
+        goto out;
+      }
+    }
+  }
+  if (rc == 0) {
+    snprintf(why, cap, "the current context's device is none of the %d this "
+             "process sees", n);
+    rc = GMB_E_DEVICE;
+  }
+out:
+  pthread_mutex_unlock(&cuda_mu);
+  return rc;
+}

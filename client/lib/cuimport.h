@@ -108,6 +108,17 @@ int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
 int gmb__cuda_event_query(int ordinal, void *ev);
 void gmb__cuda_event_destroy(int ordinal, void *ev);
 
+/* The UUID ("GPU-...") of this process's GPU `ordinal`, through the
+ * driver (loaded here if need be).  0, or GMB_E_DEVICE explained (no
+ * driver, no such ordinal, a fork child). */
+int gmb__cuda_uuid_of(int ordinal, char *uuid, size_t ucap, char *why,
+                      size_t cap);
+
+/* The calling thread's current device as this process numbers it: the
+ * device of its current context (cuCtxGetDevice), or 0 when it has none
+ * (the device the CUDA runtime uses then).  0 or GMB_E_DEVICE explained. */
+int gmb__cuda_current(int *ordinal, char *why, size_t cap);
+
 /* Host functions enqueued and not yet run (for tests). */
 uint64_t gmb__cuda_pending(void);
 

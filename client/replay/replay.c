@@ -27,8 +27,13 @@
  * minus the rounded bytes of the live allocations, which the replayer tracks
  * itself - was at least the rounded request: memory was there, just not in
  * one piece the broker could use.  An operation on a KEY whose alloc failed
- * is skipped (counted apart, never sent).  Bytes moved and compaction time
- * come from the broker's own totals (AdminStatus) at the end.
+ * is skipped (counted apart, never sent).  Of the fragmentation failures,
+ * the page-bound ones are those that no allocator keeping each tenant in
+ * 2 MiB pages of its own could have served (rp_page_bound).  Bytes moved
+ * and compaction time come from the broker's own totals (AdminStatus) at
+ * the end.  Two baselines are computed from the trace alone, with a
+ * perfect allocator: static slices of the device per tenant, and one
+ * shared pool with quotas and no fragmentation, the floor (rp_baselines).
  *
  * Integrity.  Each allocation of 24 bytes or more gets three 8-byte stamps
  * (start, middle, end) written through gmb_lock when it is made; they are
@@ -68,6 +73,8 @@
 #define RP_SERIES_POINTS 500
 #define RP_WAIT_MS 10000       /* broker start, admin replies, stop */
 #define RP_SKIPPED 1           /* a result: the op was not sent */
+#define RP_SMALL_MAX (UINT64_C(1) << 20) /* the broker's small requests */
+#define RP_PAGE (UINT64_C(2) << 20)      /* its segments' granularity */
 
 enum rp_kind { RP_ALLOC = 1, RP_FREE, RP_LOCK, RP_UNLOCK, RP_VERIFY, RP_QUIT };
 
@@ -125,8 +132,15 @@ struct rp_trace {
 struct rp_figures {
   uint64_t operations, skipped, failures, quota_failures, nomem_failures,
       fragmentation_failures, other_failures, corrupted;
+  uint64_t page_bound_failures; /* of the fragmentation failures */
   uint64_t in_use, peak;
   uint64_t tenant_in_use[RP_TENANTS_MAX];
+  /* Per tenant: rounded bytes of live small allocations, and the 2 MiB
+   * pages its live large ones take (for the page bound). */
+  uint64_t tenant_small[RP_TENANTS_MAX], tenant_large[RP_TENANTS_MAX];
+  struct rp_baseline {
+    uint64_t failures, quota_failures, nomem_failures;
+  } base_static, base_shared;
   uint64_t accounting_mismatches; /* tenants whose broker `used` differs */
   struct wire_compact_stats compaction;
   uint64_t final_largest_free, final_in_segments;
@@ -152,6 +166,10 @@ static int rp_fail(int code, const char *fmt, ...) {
 
 static uint64_t rp_round(uint64_t size) {
   return (size + RP_ALIGN - 1) & ~(uint64_t)(RP_ALIGN - 1);
+}
+
+static uint64_t rp_pages(uint64_t bytes) {
+  return (bytes + RP_PAGE - 1) & ~(RP_PAGE - 1);
 }
 
 /* --- the trace ------------------------------------------------------------ */
@@ -745,6 +763,91 @@ static int rp_call(struct rp_tenant *t, const struct rp_op *op,
   return rp_read_all(t->res_r, res, sizeof *res);
 }
 
+/* 1 when no allocator that keeps each tenant in 2 MiB pages of its own
+ * (the broker's segments; a GPU's granularity) could have served a
+ * request of `need` bytes from tenant t now: the pages that the live
+ * allocations take at the very least (each tenant's small bytes packed
+ * perfectly, each large allocation in its own pages), plus the pages the
+ * request adds, pass the capacity.  Such a failure counts as
+ * fragmentation (the free total was enough) but no compaction can avoid
+ * it. */
+static int rp_page_bound(const struct rp_trace *tr, const struct rp_figures *fg,
+                         uint32_t t, uint64_t need) {
+  uint64_t pages = 0;
+  for (size_t i = 0; i < tr->n_tenants; i++)
+    pages += rp_pages(fg->tenant_small[i]) + fg->tenant_large[i];
+  uint64_t more = need > RP_SMALL_MAX
+                      ? rp_pages(need)
+                      : rp_pages(fg->tenant_small[t] + need) -
+                            rp_pages(fg->tenant_small[t]);
+  return pages + more > tr->capacity;
+}
+
+/* The two baselines, computed from the trace alone with a perfect
+ * allocator (every request that fits its budget is served; no segments,
+ * no fragmentation):
+ *   static  each tenant owns a fixed slice of the device (what hosts do
+ *           without a broker: MIG, per-process memory fractions): its
+ *           quota when the quotas fit the device, else a share of the
+ *           capacity in proportion to its quota (tenants without a quota
+ *           weigh as much as the largest quota);
+ *   shared  one pool for all with the quotas: refused only past a quota
+ *           (GMB_E_QUOTA) or past the capacity.  The floor: nothing a
+ *           broker does can refuse less.
+ * Each keeps its own set of live keys (what it refused is never freed). */
+static void rp_baselines(struct rp_trace *tr, struct rp_figures *fg) {
+  uint64_t qmax = 0, qsum = 0;
+  for (size_t i = 0; i < tr->n_tenants; i++)
+    if (tr->tenants[i].has_quota && tr->tenants[i].quota > qmax)
+      qmax = tr->tenants[i].quota;
+  if (qmax == 0) qmax = tr->capacity;
+  uint64_t slice[RP_TENANTS_MAX], quota[RP_TENANTS_MAX];
+  for (size_t i = 0; i < tr->n_tenants; i++) {
+    quota[i] = tr->tenants[i].has_quota && tr->tenants[i].quota
+                   ? tr->tenants[i].quota
+                   : UINT64_MAX;
+    qsum += quota[i] == UINT64_MAX ? qmax : quota[i];
+  }
+  for (size_t i = 0; i < tr->n_tenants; i++) {
+    uint64_t w = quota[i] == UINT64_MAX ? qmax : quota[i];
+    slice[i] = qsum <= tr->capacity
+                   ? w
+                   : (uint64_t)((double)tr->capacity * (double)w /
+                                (double)qsum);
+  }
+  for (int which = 0; which < 2; which++) {
+    struct rp_baseline *bl = which ? &fg->base_shared : &fg->base_static;
+    /* The rounded size of each live key, 0 when not live. */
+    uint64_t *live = calloc(tr->n_keys ? tr->n_keys : 1, sizeof *live);
+    uint64_t used[RP_TENANTS_MAX] = {0}, total = 0;
+    if (live == NULL) return;
+    for (size_t i = 0; i < tr->n_ops; i++) {
+      const struct rp_op *op = &tr->ops[i];
+      uint32_t t = op->tenant;
+      uint64_t r = rp_round(op->size);
+      if (op->kind == RP_ALLOC) {
+        if (quota[t] != UINT64_MAX && used[t] + r > quota[t]) {
+          bl->failures++;
+          bl->quota_failures++;
+        } else if (which ? total + r > tr->capacity : used[t] + r > slice[t]) {
+          bl->failures++;
+          bl->nomem_failures++;
+        } else {
+          live[op->key] = r;
+          used[t] += r;
+          total += r;
+        }
+      } else if (op->kind == RP_FREE && live[op->key]) {
+        r = live[op->key];
+        live[op->key] = 0;
+        used[t] -= r;
+        total -= r;
+      }
+    }
+    free(live);
+  }
+}
+
 static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
                      const struct rp_op *op, const struct rp_result *res,
                      struct rp_figures *fg) {
@@ -761,11 +864,19 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
       k->rounded = rp_round(op->size);
       fg->in_use += k->rounded;
       fg->tenant_in_use[op->tenant] += k->rounded;
+      if (k->rounded <= RP_SMALL_MAX)
+        fg->tenant_small[op->tenant] += k->rounded;
+      else
+        fg->tenant_large[op->tenant] += rp_pages(k->rounded);
       if (fg->in_use > fg->peak) fg->peak = fg->in_use;
     } else if (op->kind == RP_FREE) {
       k->live = 0;
       fg->in_use -= k->rounded;
       fg->tenant_in_use[op->tenant] -= k->rounded;
+      if (k->rounded <= RP_SMALL_MAX)
+        fg->tenant_small[op->tenant] -= k->rounded;
+      else
+        fg->tenant_large[op->tenant] -= rp_pages(k->rounded);
     }
     return;
   }
@@ -781,6 +892,10 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
     if (free_total >= need) {
       fg->fragmentation_failures++;
       why = " [fragmentation]";
+      if (rp_page_bound(tr, fg, op->tenant, need)) {
+        fg->page_bound_failures++;
+        why = " [fragmentation, page bound]";
+      }
       if (!fg->first_frag[0])
         snprintf(fg->first_frag, sizeof fg->first_frag,
                  "line %u: alloc %s %s -> %s", op->line,
@@ -884,7 +999,7 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
   if (o->json) {
     json_t *j = json_pack(
         "{s:s, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
-        "s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+        "s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I}",
         "trace", o->trace, "compaction", o->compaction, "capacity",
         (json_int_t)tr->capacity, "tenants", (int)tr->n_tenants, "operations",
         (json_int_t)fg->operations, "skipped", (json_int_t)fg->skipped,
@@ -900,7 +1015,14 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
         (json_int_t)fg->corrupted, "accounting_mismatches",
         (json_int_t)fg->accounting_mismatches, "final_largest_free",
         (json_int_t)fg->final_largest_free, "compaction_seconds",
-        fg->compaction.seconds, "wall_seconds", fg->wall_s);
+        fg->compaction.seconds, "wall_seconds", fg->wall_s,
+        "page_bound_failures", (json_int_t)fg->page_bound_failures,
+        "baseline_static_failures", (json_int_t)fg->base_static.failures,
+        "baseline_static_quota_failures",
+        (json_int_t)fg->base_static.quota_failures,
+        "baseline_shared_failures", (json_int_t)fg->base_shared.failures,
+        "baseline_shared_quota_failures",
+        (json_int_t)fg->base_shared.quota_failures);
     json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     fputc('\n', stdout);
     json_decref(j);
@@ -920,8 +1042,17 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
          (unsigned long long)fg->nomem_failures);
   printf("    fragmentation       %llu (the free total was enough)\n",
          (unsigned long long)fg->fragmentation_failures);
+  printf("      page bound        %llu (no allocator with per-tenant 2 MiB "
+         "pages could serve them)\n",
+         (unsigned long long)fg->page_bound_failures);
   printf("  other                 %llu\n",
          (unsigned long long)fg->other_failures);
+  printf("baseline: static slices %llu failures (%llu quota)\n",
+         (unsigned long long)fg->base_static.failures,
+         (unsigned long long)fg->base_static.quota_failures);
+  printf("baseline: shared, ideal %llu failures (%llu quota)\n",
+         (unsigned long long)fg->base_shared.failures,
+         (unsigned long long)fg->base_shared.quota_failures);
   printf("peak bytes in use       %s\n",
          gmb__size_format(fg->peak, a, sizeof a));
   printf("bytes moved             %s (%llu moves, %llu runs)\n",
@@ -1044,6 +1175,7 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
     rc = rp_fail(RP_EXIT_FAIL, "a client process did not end well");
     goto out;
   }
+  rp_baselines(tr, &fg);
   rp_print(o, tr, &fg);
   if (fg.corrupted)
     rc = rp_fail(RP_EXIT_FAIL, "%llu allocations did not keep their bytes",

@@ -6,7 +6,9 @@
  * what is not intercepted.
  *
  * Every allocation is pinned (a raw device pointer must never move) and
- * comes from one process-wide session (shim.c).  The pointer returned is
+ * comes from the session of the calling thread's current device (shim.c:
+ * one per device, each with the broker of that GPU, found by its UUID);
+ * a free goes to the session the pointer came from.  The pointer returned is
  * gmb_lock's: a device address on a cuda broker, a host address on the
  * host device.  A pointer this library did not give out (allocated by the
  * real function before or beside us) is passed to the real free function,
@@ -180,12 +182,12 @@ static int pre_free(int drv, void *p) {
   const char *what = drv ? "cuMemFree_v2" : "cudaFree";
   pre_real_get();
   if (gmb__shim_owns(p)) {
-    const char *why;
-    gmb_client *c = gmb__shim_client(&why);
-    if (c == NULL) return PRE_CUDA_NOT_INITIALIZED; /* a fork child */
-    /* gmb_free waits for the GPU (cuCtxSynchronize in the primary
+    if (gmb__shim_forked()) return PRE_CUDA_NOT_INITIALIZED;
+    gmb_client *c = gmb__shim_owner(p);
+    /* To the session it came from, whatever device is current now.
+     * gmb_free waits for the GPU (cuCtxSynchronize in the primary
      * context, as cudaFree); when the wait fails nothing is freed. */
-    int rc = gmb__shim_free(c, p);
+    int rc = gmb__shim_free(p);
     /* The session is gone (broker stopped): the memory went with it. */
     if (rc == GMB_E_CONN || rc == GMB_E_EVICTED || rc == 0) return 0;
     if (gmb__shim_env_flag("GMB_PRELOAD_VERBOSE"))
@@ -200,11 +202,16 @@ static int pre_free(int drv, void *p) {
 }
 
 /*
- * Free and total as the program should see them: its tenant's quota as
- * total and quota - used as free.  With no quota the device's own figures
- * are the only honest ones: the real function's when there is one, else
- * CUDA_ERROR_NOT_SUPPORTED (the broker's public API does not tell a client
- * the device's capacity).
+ * Free and total as the program should see them.  With a quota: the
+ * tenant's view, the quota as total and quota - used as free.  Without:
+ * what the broker could still give the tenant, since cudaMalloc goes
+ * there: the device's free memory (the real function's figure; it does
+ * not count what the broker's segments hold free, which is the tenant's
+ * to use), capped by the broker's room for new segments (capacity -
+ * segments: it never takes more of the device), plus the free bytes in
+ * the tenant's own segments; total is the device's.  Without a real
+ * function the broker's figures alone: room + free in segments, and its
+ * capacity as total.
  */
 static int pre_info(const char *what, pre_info_fn real, size_t *freep,
                     size_t *totalp) {
@@ -219,13 +226,31 @@ static int pre_info(const char *what, pre_info_fn real, size_t *freep,
     pre_say_refused(what, 0, rc, c);
     return PRE_CUDA_NOT_INITIALIZED;
   }
-  if (st.quota == 0) {
-    if (real) return real(freep, totalp);
-    *freep = *totalp = 0;
-    return PRE_CUDA_NOT_SUPPORTED;
+  if (st.quota != 0) {
+    *totalp = (size_t)st.quota;
+    *freep = st.used < st.quota ? (size_t)(st.quota - st.used) : 0;
+    return 0;
   }
-  *totalp = (size_t)st.quota;
-  *freep = st.used < st.quota ? (size_t)(st.quota - st.used) : 0;
+  gmb_device_stats ds;
+  rc = gmb_device_stats_get(c, &ds);
+  if (rc) {
+    pre_say_refused(what, 0, rc, c);
+    return PRE_CUDA_NOT_INITIALIZED;
+  }
+  /* Figures from the broker are not trusted to add up: no wrap-around. */
+  uint64_t room = ds.capacity > ds.segments ? ds.capacity - ds.segments : 0;
+  uint64_t total = ds.capacity;
+  if (real) {
+    size_t rf = 0, rt = 0;
+    int r = real(&rf, &rt);
+    if (r != 0) return r;
+    if ((uint64_t)rf < room) room = rf;
+    total = rt;
+  }
+  uint64_t fr = room + ds.free_in_segments;
+  if (fr < room || fr > total) fr = total;
+  *freep = (size_t)fr;
+  *totalp = (size_t)total;
   return 0;
 }
 

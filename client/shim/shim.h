@@ -1,10 +1,11 @@
 /*
  * shim.h - what libgmb-preload.so and libgmb-torch.so share: one
- * process-wide session, made at first use, and the map from the pointers
- * they handed out to the broker's allocation ids.
+ * session per device of the process (one broker serves one GPU), each made
+ * at first use, and the map from the pointers they handed out to the
+ * broker's allocation ids and the sessions they came from.
  *
  * Each of the two libraries links its own copy (the symbols stay hidden),
- * so a process that loads both holds two sessions of the same tenant; they
+ * so a process that loads both holds two sessions per device; they
  * never see each other's pointers.
  */
 #ifndef GMB_SHIM_H
@@ -18,28 +19,43 @@
 /* Exported entry points of the shims (the archives' symbols stay hidden). */
 #define GMB_SHIM_API __attribute__((visibility("default")))
 
+/* Devices a process's shims keep sessions for (ordinals 0 .. this - 1). */
+#define GMB_SHIM_MAX_DEVICES 64
+
 /*
- * The process-wide session, connected once (pthread_once) with
- * $GMB_ENDPOINT / $GMB_TENANT as gmb_connect reads them.  Returns it, or
- * NULL when no broker answered; *why (may be NULL) then holds the reason
- * ("GMB_E_CONN: no broker at ..."), valid for the life of the process.
- * In a child made by fork() after the session was made it returns NULL
- * with a reason that says so: the parent's ZeroMQ context must not be
- * used there (as CUDA itself forbids using a context across fork).
+ * The session for device `device` of this process (its CUDA ordinal; -1:
+ * the calling thread's current device, gmb_gpu_current), connected at the
+ * first request for that device: the broker of that GPU, found by its
+ * UUID (gmb_connect_gpu: $GMB_RUN_DIR/UUID/broker.sock, else the default
+ * broker when it serves that GPU).  The default broker ($GMB_ENDPOINT /
+ * $GMB_TENANT as gmb_connect reads them) is connected once, first, and
+ * serves its own GPU.  Returns the session, or NULL when that device has
+ * no broker; *why (may be NULL) then holds the reason ("GMB_E_CONN: no
+ * broker for GPU ..."), valid for the life of the process.  *resolved
+ * (may be NULL) receives the device used.  In a child made by fork()
+ * after the first session it returns NULL with a reason that says so:
+ * the parent's ZeroMQ context must not be used there (as CUDA itself
+ * forbids using a context across fork).
+ *
  * A broker whose device is not a GPU (`host`) is no broker for a shim:
  * cudaMalloc and PyTorch expect device pointers, and host addresses given
- * to kernels would fault.  The session is closed and NULL returned with
- * that reason, unless $GMB_SHIM_ALLOW_HOST=1 (for tests of the shims on
- * machines without a GPU; the pointers are then host memory).
+ * to kernels would fault.  It is refused with that reason, unless
+ * $GMB_SHIM_ALLOW_HOST=1 (for tests of the shims on machines without a
+ * GPU): then that one session serves every device.
  */
+gmb_client *gmb__shim_session(int device, int *resolved, const char **why);
+
+/* gmb__shim_session for the calling thread's current device. */
 gmb_client *gmb__shim_client(const char **why);
 
 /* 1 when the calling process is a fork() child of the one that connected. */
 int gmb__shim_forked(void);
 
-/* The session's GPU as this process numbers it (gmb_device_get's
- * ordinal), or -1 (no session, or a host device allowed for tests). */
-int gmb__shim_device(void);
+/* 1 when a host-device broker serves every device (GMB_SHIM_ALLOW_HOST). */
+int gmb__shim_host(void);
+
+/* The session a pointer of ours came from, or NULL. */
+gmb_client *gmb__shim_owner(const void *ptr);
 
 /*
  * A pinned allocation of `size` bytes (> 0) through the session: *ptr is
@@ -49,13 +65,36 @@ int gmb__shim_device(void);
  */
 int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr);
 
-/* Frees what gmb__shim_alloc gave.  GMB_E_NOENT, touching nothing, for a
- * pointer that is not one of ours; else gmb_free's result.  gmb_free
+/* Frees what gmb__shim_alloc gave, through the session it came from.
+ * GMB_E_NOENT, touching nothing, for a pointer that is not one of ours;
+ * else gmb_free's result.  gmb_free
  * waits for the GPU first (cuCtxSynchronize in the primary context, as
  * cudaFree); when that wait or the free fails (other than a session that
  * is gone) the pointer stays ours and the memory allocated: it is never
  * handed back while the GPU may still use it. */
-int gmb__shim_free(gmb_client *c, void *ptr);
+int gmb__shim_free(void *ptr);
+
+/*
+ * The stream-ordered cache's path (libgmb-torch.so): gmb_malloc_async on
+ * session c and `stream`, the pointer remembered (with its session) as
+ * gmb__shim_alloc's are, so that a free finds its session whatever
+ * device is current.  0 or the GMB_E_* code, explained by
+ * gmb_last_error(c).
+ */
+int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
+                           void **ptr);
+
+/* Frees what gmb__shim_malloc_async gave: gmb_free_async on the session it
+ * came from (never waits; the block is reusable on `stream` at once, on
+ * others once its work ran).  GMB_E_NOENT, touching nothing, for a
+ * pointer that is not one of ours; else gmb_free_async's result (the
+ * pointer stays ours when that fails, other than a session that is gone). */
+int gmb__shim_free_async(void *ptr, void *stream);
+
+/* gmb_trim(keep_bytes) on every session this shim holds (each device's,
+ * or the one host session).  0 (also when there is none yet), or the
+ * first failure's GMB_E_* code. */
+int gmb__shim_trim_all(size_t keep_bytes);
 
 /* Forgets ptr without freeing it (memory a CUDA graph may still use):
  * it stays allocated until the session ends.  0 or GMB_E_NOENT. */

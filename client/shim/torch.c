@@ -5,15 +5,16 @@
  *
  * PyTorch hands every device allocation of the process to gmb_torch_alloc
  * and gives it back with gmb_torch_free, passing the same size, device and
- * stream.  Both go through the session's stream-ordered cache
- * (gmb_malloc_async / gmb_free_async on PyTorch's stream), as PyTorch's
- * own caching allocator would serve them: a tensor made and dropped in a
- * steady loop sends no message and the free never waits for the GPU (the
- * block is reusable at once on its stream, on others once an event
- * recorded at the free completed).  Blocks are pinned (a tensor holds a
- * raw pointer) and come from one process-wide session (shim.c).
- * gmb_torch_empty_cache (gmb_torch.empty_cache()) gives the cache's free
- * slabs back to the broker, as torch.cuda.empty_cache() does.
+ * stream.  Allocations come from the session of the device PyTorch names
+ * (shim.c: one per device, each with the broker of that GPU) and go
+ * through that session's stream-ordered cache (gmb_malloc_async /
+ * gmb_free_async on PyTorch's stream), as PyTorch's own caching allocator
+ * would serve them: a tensor made and dropped in a steady loop sends no
+ * message and the free never waits for the GPU (the block is reusable at
+ * once on its stream, on others once an event recorded at the free
+ * completed).  Blocks are pinned (a tensor holds a raw pointer).
+ * gmb_torch_empty_cache (gmb_torch.empty_cache()) gives every session's
+ * free cached slabs back to its broker, as torch.cuda.empty_cache() does.
  *
  * The contract, read from PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
  * (the 2.x sources): malloc calls alloc_fn_ and stores whatever it returns
@@ -29,9 +30,10 @@
  * NULL without an error, as PyTorch's own caching allocator does, and a
  * NULL DataPtr is never passed to free.  free may come on any thread.
  *
- * Devices: the process's session serves the GPU whose UUID its broker
- * named; an allocation for another device is refused (one broker serves
- * one GPU; routing each device to its own broker is not done yet).
+ * Devices: `device` is PyTorch's index, the process's CUDA ordinal; its
+ * allocation goes to the broker of that GPU, found by the GPU's UUID
+ * (gmb_connect_gpu), and a device without a broker is refused with the
+ * reason.  A free goes to the session the pointer came from.
  *
  * Free: never waits.  During a CUDA graph capture on the allocation's
  * stream the graph may use the memory at every replay, for as long as it
@@ -69,6 +71,15 @@ static void torch_fail(const char *fmt1, long long a, const char *why) {
   pthread_mutex_unlock(&torch_err_mu);
 }
 
+static void torch_fail2(const char *fmt, long long a, const char *b,
+                        const char *why) {
+  pthread_mutex_lock(&torch_err_mu);
+  snprintf(torch_err, sizeof torch_err, fmt, a, b, why);
+  if (gmb__shim_env_flag("GMB_TORCH_VERBOSE"))
+    fprintf(stderr, "gmb-torch: %s\n", torch_err);
+  pthread_mutex_unlock(&torch_err_mu);
+}
+
 static _Atomic unsigned long long torch_kept;
 
 unsigned long long gmb_torch_kept(void) { return torch_kept; }
@@ -76,21 +87,17 @@ unsigned long long gmb_torch_kept(void) { return torch_kept; }
 void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
   if (size <= 0) return NULL;
   const char *why = NULL;
-  gmb_client *c = gmb__shim_client(&why);
+  int dev = device;
+  gmb_client *c = gmb__shim_session(device < 0 ? -1 : device, &dev, &why);
   if (c == NULL) {
-    torch_fail("gmb_torch_alloc(%lld): no broker: %s", (long long)size, why);
-    return NULL;
-  }
-  int mine = gmb__shim_device();
-  if (mine >= 0 && device >= 0 && device != mine) {
-    char b[160];
-    snprintf(b, sizeof b, "GMB_E_DEVICE: the broker serves cuda:%d of this "
-             "process, not cuda:%d (one broker per GPU)", mine, device);
-    torch_fail("gmb_torch_alloc(%lld): %s", (long long)size, b);
+    char b[48];
+    snprintf(b, sizeof b, "cuda:%d", dev);
+    torch_fail2("gmb_torch_alloc(%lld): no broker for %s: %s",
+                (long long)size, b, why);
     return NULL;
   }
   void *p = NULL;
-  int rc = gmb_malloc_async(c, (size_t)size, stream, &p);
+  int rc = gmb__shim_malloc_async(c, (size_t)size, stream, &p);
   if (rc) {
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                gmb_last_error(c));
@@ -100,27 +107,34 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
 }
 
 void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  (void)device;
+  (void)device; /* the pointer knows its session */
   if (ptr == NULL) return;
-  const char *why = NULL;
-  gmb_client *c = gmb__shim_client(&why);
+  if (gmb__shim_forked()) {
+    torch_fail("gmb_torch_free(%lld): %s", (long long)size,
+               "GMB_E_CONN: a fork() child may not use its parent's session");
+    return;
+  }
+  gmb_client *c = gmb__shim_owner(ptr);
   if (c == NULL) {
-    torch_fail("gmb_torch_free(%lld): %s", (long long)size, why);
+    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
+               "or one freed already (%s)", (long long)size, "ignored");
     return;
   }
   /* During a graph capture: keep the memory (see the top). */
-  if (gmb__shim_device() >= 0 && gmb_stream_capturing(c, stream) == 1) {
+  if (!gmb__shim_host() && gmb_stream_capturing(c, stream) == 1 &&
+      gmb__shim_keep(ptr) == 0) {
     torch_kept += (unsigned long long)(size > 0 ? size : 0);
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
                "freed during a CUDA graph capture: kept until the process "
                "ends, since the graph may use it at every replay");
     return;
   }
-  /* Reusable at once on `stream`; on others after its work ran. */
-  int rc = gmb_free_async(c, ptr, stream);
+  /* Reusable at once on `stream`; on others after its work ran.  A
+   * failure frees nothing. */
+  int rc = gmb__shim_free_async(ptr, stream);
   if (rc == GMB_E_NOENT)
-    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave "
-               "(%s)", (long long)size, "ignored");
+    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
+               "or one freed already (%s)", (long long)size, "ignored");
   else if (rc == GMB_E_INVAL)
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
                gmb_last_error(c));
@@ -137,11 +151,6 @@ const char *gmb_torch_last_error(void) {
   return torch_err_copy;
 }
 
-/* torch.cuda.empty_cache(): the cache's wholly free slabs go back to the
- * broker.  0, or the GMB_E_* code when there is no session. */
-int gmb_torch_empty_cache(void) {
-  const char *why = NULL;
-  gmb_client *c = gmb__shim_client(&why);
-  if (c == NULL) return GMB_E_CONN;
-  return gmb_trim(c, 0);
-}
+/* torch.cuda.empty_cache(): every session's wholly free cached slabs go
+ * back to its broker (each device's).  0, or the first GMB_E_* code. */
+int gmb_torch_empty_cache(void) { return gmb__shim_trim_all(0); }

@@ -119,7 +119,7 @@ static void bench_size(uint64_t size, uint64_t total, volatile uint64_t *sink) {
   }
   for (uint64_t i = 1; i < n; i += 2) gmb__pool_free(pool, ids[i], NULL);
   struct gmb_compact_hooks hooks = {.claim = claim_all};
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   while (gmb__compact_step(c, gmb__now_ns() + 2000000)) {
   }
   struct gmb_compact_stats st;

@@ -1,6 +1,9 @@
 #!/bin/sh
-# frag.sh - the fragmentation suite: four traces, each replayed through a
-# real broker with compaction off and auto.
+# frag.sh - the fragmentation suite: five traces, each replayed through a
+# real broker with compaction off and auto, beside two baselines computed
+# from the same trace with a perfect allocator (gmb-replay): static slices
+# per tenant, and one shared pool with quotas and no fragmentation (the
+# floor).
 #
 # Usage: tests/bench/frag.sh BUILD_DIR
 #
@@ -14,14 +17,14 @@
 # skipped with a message (the table still counts).
 #
 # Knobs: FRAG_SEED (default 1), FRAG_SCALE (operations, default 1),
-# FRAG_TRACES (default "llm train mixed adversarial"), FRAG_PLOT, FRAG_PNG.
+# FRAG_TRACES (default "llm train mixed adversarial kv"), FRAG_PLOT, FRAG_PNG.
 # Exit status: non-zero when a replay did not run (a failure inside a
 # replay is a figure, not an error) or the plot was asked for and failed.
 set -u
 B=${1:-build}
 SEED=${FRAG_SEED:-1}
 SCALE=${FRAG_SCALE:-1}
-TRACES=${FRAG_TRACES:-llm train mixed adversarial}
+TRACES=${FRAG_TRACES:-llm train mixed adversarial kv}
 PLOT=${FRAG_PLOT:-adversarial}
 PNG=${FRAG_PNG:-docs/img/frag.png}
 REPLAY=$B/gmb-replay
@@ -47,8 +50,8 @@ mib() {
 }
 
 status=0
-printf '%-12s %-5s %7s %9s %9s %10s %12s %13s\n' trace mode ops failures \
-  frag_fail peak_MiB moved_MiB compaction_s
+printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %12s %13s\n' trace mode ops \
+  failures frag_fail page static floor peak_MiB moved_MiB compaction_s
 for t in $TRACES; do
   trace=$OUT/$t.trace
   if ! "$GEN" --seed "$SEED" --scale "$SCALE" "$t" >"$trace"; then
@@ -66,16 +69,21 @@ for t in $TRACES; do
       status=1
       continue
     fi
-    printf '%-12s %-5s %7s %9s %9s %10s %12s %13s\n' "$t" "$mode" \
+    printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %12s %13s\n' "$t" "$mode" \
       "$(jget "$json" operations)" "$(jget "$json" failures)" \
       "$(jget "$json" fragmentation_failures)" \
+      "$(jget "$json" page_bound_failures)" \
+      "$(jget "$json" baseline_static_failures)" \
+      "$(jget "$json" baseline_shared_failures)" \
       "$(mib "$(jget "$json" peak_bytes_in_use)")" \
       "$(mib "$(jget "$json" bytes_moved)")" \
       "$(jget "$json" compaction_seconds | awk '{ printf "%.3f", $1 }')"
   done
 done
 echo "(failures include quota refusals; frag_fail: GMB_E_NOMEM while the"
-echo " free total was enough; JSON and series in $OUT)"
+echo " free total was enough; page: of those, the ones no allocator with"
+echo " per-tenant 2 MiB pages could serve; static, floor: the baselines'"
+echo " failures; JSON and series in $OUT)"
 
 # --- the plot ----------------------------------------------------------------
 off=$OUT/$PLOT.off.series

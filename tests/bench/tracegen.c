@@ -2,7 +2,7 @@
  * tracegen.c - writes the allocation traces of the fragmentation suite
  * (tests/bench/frag.sh) in gmb-replay's format.
  *
- *   tracegen [--seed N] [--scale X] llm|train|mixed|adversarial > FILE
+ *   tracegen [--seed N] [--scale X] llm|train|mixed|adversarial|kv > FILE
  *
  * Every trace is a function of (kind, seed, scale) only: the random numbers
  * come from a splitmix64 of our own, never from rand() or awk, so the same
@@ -29,6 +29,10 @@
  *   adversarial  rounds of interleaved small and larger allocations that
  *                fill the device, then every other one freed, then requests
  *                larger than any hole.
+ *   kv           three servers with paged KV caches under quotas that sum
+ *                to more than the device: each request's blocks are of one
+ *                size, 64 KiB to 1 MiB, and 15 % of the blocks are pinned;
+ *                activation buffers (4-16 MiB) come between.
  * Most allocations are movable; weights, optimizer state and a few small
  * buffers are pinned.  Each generator keeps what it holds under a budget,
  * so a failure in the replay is the broker's, not the trace asking for more
@@ -96,7 +100,8 @@ static void tg_op(const char *op, const char *t, const char *key) {
 struct llm_req {
   uint32_t id;
   int blocks, target;
-  int pinned; /* holds a small pinned buffer too */
+  int pinned;     /* holds a small pinned buffer too */
+  uint64_t block; /* its KV block size */
 };
 
 struct llm {
@@ -109,6 +114,8 @@ struct llm {
   uint32_t next_id, acts;
   uint64_t iter;
   double burst; /* chance that a request asks past the budget (quota) */
+  int paged;    /* each request picks its block size: 64 KiB - 1 MiB */
+  double pinned_p; /* chance that a KV block is pinned */
 };
 
 static void llm_key(char *k, size_t cap, uint32_t id, int j) {
@@ -133,7 +140,7 @@ static void llm_finish(struct llm *g, int i) {
   for (int j = r->blocks - 1; j >= 0; j--) {
     llm_key(k, sizeof k, r->id, j);
     tg_op("free", g->t, k);
-    g->live -= g->block;
+    g->live -= r->block;
   }
   if (r->pinned) {
     llm_key(k, sizeof k, r->id, -1);
@@ -144,11 +151,14 @@ static void llm_finish(struct llm *g, int i) {
 }
 
 static int llm_grow(struct llm *g, struct llm_req *r, int force) {
-  if (!force && g->live + g->block > g->budget) return 0;
+  if (!force && g->live + r->block > g->budget) return 0;
   char k[32];
   llm_key(k, sizeof k, r->id, r->blocks++);
-  tg_alloc(g->t, k, g->block, 1);
-  g->live += g->block;
+  /* Only the paged trace draws here, so the other traces keep their
+   * bytes. */
+  int pinned = g->pinned_p > 0 && tg_unit() < g->pinned_p;
+  tg_alloc(g->t, k, r->block, !pinned);
+  g->live += r->block;
   return 1;
 }
 
@@ -162,6 +172,9 @@ static void llm_step(struct llm *g) {
     struct llm_req *r = &g->reqs[g->n];
     double u = tg_unit();
     r->id = g->next_id++;
+    r->block = g->block;
+    if (g->paged) /* 64 KiB .. 1 MiB, powers of two */
+      r->block = (64 * KIB) << tg_range(0, 4);
     r->target = 1 + (int)((g->max_blocks - 1) * u * u);
     r->blocks = 0;
     r->pinned = tg_unit() < 0.05;
@@ -169,7 +182,7 @@ static void llm_step(struct llm *g) {
     int burst = tg_unit() < g->burst;
     if (burst) /* a long prompt that does not look at the budget */
       r->target = prompt = g->max_blocks;
-    uint64_t need = (uint64_t)prompt * g->block + (r->pinned ? 64 * KIB : 0);
+    uint64_t need = (uint64_t)prompt * r->block + (r->pinned ? 64 * KIB : 0);
     if (burst || g->live + need <= g->budget) {
       g->n++;
       if (r->pinned) {
@@ -387,6 +400,41 @@ static void trace_mixed(double scale) {
   train_end(&c);
 }
 
+/* Three servers with paged KV caches: each request's blocks are one size
+ * from 64 KiB to 1 MiB, 15 % of them pinned (blocks registered with a
+ * NIC or another process), on a device smaller than the quotas' sum. */
+static void trace_kv(double scale) {
+  printf("capacity 144MiB\nquota kv-a 96MiB\nquota kv-b 80MiB\n"
+         "quota kv-c 64MiB\n");
+  struct llm a = {.t = "kv-a", .budget = 92 * MIB, .block = 64 * KIB,
+                  .lo = 2, .hi = 20, .period = 600, .max_blocks = 24,
+                  .act_min = 4 * MIB, .act_max = 16 * MIB, .burst = 0.03,
+                  .paged = 1, .pinned_p = 0.15};
+  struct llm b = {.t = "kv-b", .budget = 76 * MIB, .block = 64 * KIB,
+                  .lo = 2, .hi = 24, .period = 800, .max_blocks = 24,
+                  .act_min = 4 * MIB, .act_max = 12 * MIB, .burst = 0.03,
+                  .paged = 1, .pinned_p = 0.15};
+  struct llm c = {.t = "kv-c", .budget = 60 * MIB, .block = 64 * KIB,
+                  .lo = 2, .hi = 16, .period = 1000, .max_blocks = 24,
+                  .act_min = 4 * MIB, .act_max = 8 * MIB, .burst = 0.03,
+                  .paged = 1, .pinned_p = 0.15};
+  llm_init(&a, 1, 12 * MIB);
+  llm_init(&b, 1, 8 * MIB);
+  llm_init(&c, 1, 6 * MIB);
+  while (tg_ops < (uint64_t)(18000 * scale)) {
+    double u = tg_unit();
+    if (u < 0.4)
+      llm_step(&a);
+    else if (u < 0.75)
+      llm_step(&b);
+    else
+      llm_step(&c);
+  }
+  llm_end(&a);
+  llm_end(&b);
+  llm_end(&c);
+}
+
 static void trace_adversarial(double scale) {
   const uint64_t cap = 128 * MIB;
   printf("capacity 128MiB\n");
@@ -449,7 +497,7 @@ static void trace_adversarial(double scale) {
 
 static void tg_usage(FILE *f) {
   fprintf(f, "usage: tracegen [--seed N] [--scale X] "
-             "llm|train|mixed|adversarial > FILE\n");
+             "llm|train|mixed|adversarial|kv > FILE\n");
 }
 
 int main(int argc, char **argv) {
@@ -490,6 +538,8 @@ int main(int argc, char **argv) {
     trace_mixed(scale);
   else if (strcmp(kind, "adversarial") == 0)
     trace_adversarial(scale);
+  else if (strcmp(kind, "kv") == 0)
+    trace_kv(scale);
   else {
     fprintf(stderr, "tracegen: unknown trace '%s'\n", kind);
     return 2;

@@ -134,6 +134,7 @@ ABI(cuDeviceGetName, cuDeviceGetName, char *, int, CUdevice);
 ABI(cuDeviceGetUuid, cuDeviceGetUuid, CUuuid *, CUdevice);
 ABI(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, char *, int, CUdevice);
 ABI(cuCtxSynchronize, cuCtxSynchronize, void);
+ABI(cuCtxGetDevice, cuCtxGetDevice, CUdevice *);
 ABI(cuStreamIsCapturing, cuStreamIsCapturing, CUstream,
     CUstreamCaptureStatus *);
 ABI(cuDeviceGetAttribute, cuDeviceGetAttribute, int *, CUdevice_attribute,

@@ -1170,6 +1170,16 @@ static CUresult fake_cuCtxGetCurrent(void **c) {
   return CUDA_SUCCESS;
 }
 
+/* The current context's CUdevice (the physical device, as cuDeviceGet
+ * gives it); CUDA_ERROR_INVALID_CONTEXT on a thread with none. */
+static CUresult fake_cuCtxGetDevice(int *d) {
+  int dev;
+  CUresult r = fake_need_ctx(&dev);
+  if (r) return r;
+  *d = dev;
+  return CUDA_SUCCESS;
+}
+
 /* --- the API: memory ----------------------------------------------------- */
 
 static CUresult fake_cuMemGetInfo(size_t *free_b, size_t *total) {
@@ -1761,6 +1771,7 @@ static const struct {
     FAKE_FN(cuCtxDestroy),
     FAKE_FN(cuCtxSetCurrent),
     FAKE_FN(cuCtxGetCurrent),
+    FAKE_FN(cuCtxGetDevice),
     FAKE_FN(cuMemGetInfo),
     FAKE_FN(cuMemGetAllocationGranularity),
     FAKE_FN(cuMemCreate),

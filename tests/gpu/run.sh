@@ -106,6 +106,9 @@ done
 # RuntimeError, a graph capture (tests/gpu/torch_job.py).
 if [ -f "$B/libgmb-torch.so" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   GMB_TENANT=a timeout 180 python3 tests/gpu/torch_job.py "$PWD/$B/libgmb-torch.so" && pass "PyTorch job" || fail "PyTorch job"
+  # What the pluggable allocator cannot do (memory stats, multiprocessing
+  # sharing): its own broker, in a run dir of its own.
+  GMB_TENANT=pytest timeout 120 python3 -B tests/python/test_gmb_torch.py "$B" && pass "PyTorch unsupported features" || fail "PyTorch unsupported features"
 else skip "PyTorch: libgmb-torch.so or torch.cuda missing"; fi
 # An unmodified program built with nvcc -cudart shared under the preload.
 APP="$RUN/preload_app"

@@ -274,7 +274,8 @@ static void harness_exec_broker(const struct harness_broker *b) {
   int n = 0;
   argv[n++] = bin;
   argv[n++] = "--run-dir";
-  argv[n++] = (char *)b->dir;
+  argv[n++] = (char *)(b->base_dir[0] ? b->base_dir : b->dir);
+  if (b->base_dir[0]) argv[n++] = "--run-dir-per-gpu";
   argv[n++] = "--device";
   argv[n++] = (char *)b->device;
   if (b->config_path[0]) {
@@ -412,6 +413,71 @@ void harness_broker_start_opts(struct harness_broker *b, const char *device,
   int ready = harness_poll_until(harness_broker_ready, b, HARNESS_WAIT_MS);
   ck_assert_msg(ready == 1, "broker on %s did not come up (%s); see its log "
                 "above", b->device, ready < 0 ? "it exited" : "no answer");
+}
+
+void harness_broker_start_gpu(struct harness_broker *b, const char *base,
+                              const char *device, const char *uuid,
+                              const char *config) {
+  memset(b, 0, sizeof *b);
+  snprintf(b->base_dir, sizeof b->base_dir, "%s", base);
+  ck_assert_int_lt(strlen(base) + strlen(uuid) + 1, sizeof b->dir);
+  snprintf(b->dir, sizeof b->dir, "%s/%s", base, uuid);
+  snprintf(b->sock_path, sizeof b->sock_path, "%s/broker.sock", b->dir);
+  snprintf(b->admin_path, sizeof b->admin_path, "%s/admin.sock", b->dir);
+  snprintf(b->endpoint, sizeof b->endpoint, "ipc://%s", b->sock_path);
+  snprintf(b->admin_endpoint, sizeof b->admin_endpoint, "ipc://%s",
+           b->admin_path);
+  snprintf(b->log_path, sizeof b->log_path, "%s/%s.log", base, uuid);
+  snprintf(b->device, sizeof b->device, "%s", device);
+  if (config) {
+    snprintf(b->config_path, sizeof b->config_path, "%s/%s.ini", base, uuid);
+    harness_write_file(b->config_path, config);
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+  if (pid == 0) harness_broker_child(b, 0);
+  b->pid = pid;
+  harness_register(b);
+  int ready = harness_poll_until(harness_broker_ready, b, HARNESS_WAIT_MS);
+  ck_assert_msg(ready == 1, "broker on %s did not come up (%s); see its log "
+                "above", b->device, ready < 0 ? "it exited" : "no answer");
+}
+
+void harness_fake_gpus(struct harness_gpus *g, int n) {
+  static char path[PATH_MAX];
+  char cwd[PATH_MAX / 2];
+  const char *bd = harness_build_dir();
+  if (bd[0] == '/')
+    snprintf(path, sizeof path, "%s/fakecuda/libcuda.so.1", bd);
+  else {
+    ck_assert_ptr_ne(getcwd(cwd, sizeof cwd), NULL);
+    snprintf(path, sizeof path, "%s/%s/fakecuda/libcuda.so.1", cwd, bd);
+  }
+  ck_assert_msg(access(path, R_OK) == 0, "no fake driver at %s", path);
+  memset(g, 0, sizeof *g);
+  g->n = n;
+  char num[16];
+  snprintf(num, sizeof num, "%d", n);
+  setenv("GMB_LIBCUDA", path, 1);
+  setenv("FAKECUDA_TOTAL", "128m", 1);
+  setenv("FAKECUDA_DEVICES", num, 1);
+  unsetenv("FAKECUDA_VISIBLE");
+  unsetenv("GMB_ENDPOINT");
+  snprintf(g->dev_dir, sizeof g->dev_dir, "/tmp/gmbt-fakedev-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g->dev_dir));
+  setenv("FAKECUDA_DIR", g->dev_dir, 1);
+  snprintf(g->base, sizeof g->base, "/tmp/gmbt-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(g->base));
+  ck_assert_int_eq(chmod(g->base, 0755), 0);
+  setenv("GMB_RUN_DIR", g->base, 1);
+}
+
+void harness_fake_gpus_done(struct harness_gpus *g) {
+  harness_rm_rf(g->base);
+  harness_rm_rf(g->dev_dir);
+  unsetenv("GMB_RUN_DIR");
+  unsetenv("FAKECUDA_DEVICES");
 }
 
 pid_t harness_broker_stop(struct harness_broker *b) {

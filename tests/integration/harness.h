@@ -43,6 +43,8 @@ struct harness_broker {
   char log_path[96];
   char config_path[96];    /* "" without a config */
   char device[64];
+  char base_dir[64];       /* per-GPU brokers: --run-dir BASE
+                              --run-dir-per-gpu, dir = BASE/UUID */
 };
 
 /*
@@ -63,6 +65,37 @@ void harness_broker_start(struct harness_broker *b, const char *device,
 #define HARNESS_PIDNS 0x1u
 void harness_broker_start_opts(struct harness_broker *b, const char *device,
                                const char *config, unsigned opts);
+
+/*
+ * A broker of one GPU on a host with several (--run-dir-per-gpu): started
+ * with --run-dir `base` (a directory the test made) on `device`
+ * ("cuda:N"), it makes its sockets in BASE/UUID, `uuid` being the GPU's
+ * (the test knows it: the fake driver's are fixed).  Its log and config
+ * go to BASE/UUID.log and BASE/UUID.ini; harness_broker_stop removes
+ * BASE/UUID only.
+ */
+void harness_broker_start_gpu(struct harness_broker *b, const char *base,
+                              const char *device, const char *uuid,
+                              const char *config);
+
+/* The fake driver's UUID of physical GPU p (0..7; tests/fakecuda). */
+#define HARNESS_FAKE_UUID(p) "GPU-46414b45-4355-4441-0000-00000000000" #p
+
+/*
+ * A host with `n` GPUs of the fake driver, for per-GPU brokers: sets
+ * GMB_LIBCUDA (build/fakecuda/libcuda.so.1), FAKECUDA_DEVICES=n,
+ * FAKECUDA_TOTAL=128m, FAKECUDA_DIR (a directory of its own, dev_dir) and
+ * GMB_RUN_DIR (an empty run dir, base, mode 0755); unsets
+ * FAKECUDA_VISIBLE and GMB_ENDPOINT.  harness_fake_gpus_done removes
+ * both directories (after the brokers stopped).
+ */
+struct harness_gpus {
+  int n;
+  char base[64];
+  char dev_dir[64];
+};
+void harness_fake_gpus(struct harness_gpus *g, int n);
+void harness_fake_gpus_done(struct harness_gpus *g);
 
 /* 1 when this process may make a PID namespace (for HARNESS_PIDNS). */
 int harness_pidns_possible(void);

@@ -127,10 +127,12 @@ static int stop_child_main(void *arg) {
   harness_pattern_fill(p, 8 * MIB, id);
   CHILD_CHECK(harness_pipe_send(a->ready_w, 'r') == 0, 13, "pipe");
   if (a->blocked) {
-    /* More than the device holds: queued until the broker goes away, which
-     * must end the wait with GMB_E_CONN rather than leave it for ever. */
+    /* The whole device, while the others hold some of it: queued until
+     * the broker goes away, which must end the wait with GMB_E_CONN
+     * rather than leave it for ever.  (More than the device would be
+     * refused at once: waiting could not help.) */
     gmb_id big = 0;
-    rc = gmb_alloc_wait(c, 200 * MIB, 0, -1, &big);
+    rc = gmb_alloc_wait(c, 128 * MIB, 0, -1, &big);
     CHILD_CHECK(rc == GMB_E_CONN, 14, "blocked alloc_wait = %s: %s",
                 gmb_err_name(rc), gmb_last_error(c));
   } else {

@@ -240,21 +240,31 @@ END_TEST
 START_TEST(preload_foreign_pointer_and_unlimited_info) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", pre_config);
-  /* An unlimited tenant, and no real function: no honest total. */
+  /* An unlimited tenant, and no real function: the broker's figures, its
+   * capacity as total and what the tenant could still get as free. */
   struct prog p;
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
-  prog_expect(&p, "rt_info", "801 0 0"); /* cudaErrorNotSupported */
+  char want[64];
+  snprintf(want, sizeof want, "0 %llu %llu", (unsigned long long)(64 * MIB),
+           (unsigned long long)(64 * MIB));
+  prog_expect(&p, "rt_info", want);
   prog_expect(&p, "rt_malloc 0 4096", "0");
   ck_assert_uint_eq(pre_used(&b, "open"), 4096);
+  /* A 2 MiB segment holds the 4 KiB: the rest of it is still the
+   * tenant's to use. */
+  snprintf(want, sizeof want, "0 %llu %llu",
+           (unsigned long long)(64 * MIB - 4096),
+           (unsigned long long)(64 * MIB));
+  prog_expect(&p, "drv_info", want);
   free(prog_end(&p, 0));
-  /* With a "real" library behind: its figures, and its pointers go back
-   * to it. */
+  /* With a "real" library behind: its figures (the device's free memory
+   * is more than the broker's room, which caps it), and its pointers go
+   * back to it. */
   prog_start(&p, 1, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
-  char want[64];
-  snprintf(want, sizeof want, "0 %llu %llu", (unsigned long long)FAKE_FREE,
-           (unsigned long long)FAKE_TOTAL);
+  snprintf(want, sizeof want, "0 %llu %llu",
+           (unsigned long long)(64 * MIB), (unsigned long long)FAKE_TOTAL);
   prog_expect(&p, "rt_info", want);
   prog_expect(&p, "drv_info", want);
   prog_expect(&p, "real_malloc 0 4096", "0");
@@ -269,6 +279,43 @@ START_TEST(preload_foreign_pointer_and_unlimited_info) {
   ck_assert_msg(harness_count(err, "fake-cudart: cudaFree(NULL)") == 1,
                 "cudaFree(NULL) not passed through:\n%s", err);
   free(err);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* A tenant without a quota sizes itself from free memory: the device's
+ * free memory (here the stand-in cudart's 3 GiB, less than the broker's
+ * room) plus what the tenant's segments hold free, which the device's
+ * figure does not count.  With a quota: the quota's view. */
+START_TEST(preload_meminfo_device_free_plus_pool) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:4GiB", pre_config);
+  struct prog p;
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
+  char want[64];
+  snprintf(want, sizeof want, "0 %llu %llu", (unsigned long long)FAKE_FREE,
+           (unsigned long long)FAKE_TOTAL);
+  prog_expect(&p, "rt_info", want);
+  prog_expect(&p, "rt_malloc 0 4096", "0");
+  prog_expect(&p, "drv_malloc 1 8192", "0");
+  snprintf(want, sizeof want, "0 %llu %llu",
+           (unsigned long long)(FAKE_FREE + 2 * MIB - 4096 - 8192),
+           (unsigned long long)FAKE_TOTAL);
+  prog_expect(&p, "rt_info", want);
+  prog_expect(&p, "drv_info", want);
+  prog_expect(&p, "rt_free 0", "0");
+  prog_expect(&p, "drv_free 1", "0");
+  free(prog_end(&p, 0));
+  /* The quota's view wins over every device figure. */
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
+  prog_expect(&p, "rt_malloc 0 4096", "0");
+  snprintf(want, sizeof want, "0 %llu %llu",
+           (unsigned long long)(PRE_QUOTA - 4096),
+           (unsigned long long)PRE_QUOTA);
+  prog_expect(&p, "rt_info", want);
+  free(prog_end(&p, 0));
   harness_broker_stop(&b);
 }
 END_TEST
@@ -354,9 +401,79 @@ START_TEST(preload_passthrough_without_real_refuses) {
 }
 END_TEST
 
+/* --- several GPUs: one broker each -------------------------------------------- */
+
+/*
+ * Two fake GPUs, a broker on each (--run-dir-per-gpu), and the program
+ * sees them renumbered ("1,0"): each cudaMalloc / cuMemAlloc goes to the
+ * broker of the device current at the call (cudaSetDevice), each free to
+ * the broker that gave the pointer, whatever device is current then.  A
+ * third GPU has no broker: refused with error 2 and a line naming it, or
+ * passed through when the fallback says so.
+ */
+START_TEST(preload_routes_by_current_device) {
+  struct harness_gpus g;
+  harness_fake_gpus(&g, 3);
+  struct harness_broker b0, b1;
+  harness_broker_start_gpu(&b0, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           pre_config);
+  harness_broker_start_gpu(&b1, g.base, "cuda:1", HARNESS_FAKE_UUID(1),
+                           pre_config);
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_TENANT", "pre", "FAKECUDA_VISIBLE", "1,0,2",
+      "GMB_SHIM_ALLOW_HOST", NULL, NULL});
+  prog_expect(&p, "set_device 0", "0"); /* physical 1 */
+  prog_expect(&p, "rt_malloc 0 4096", "0");
+  ck_assert_uint_eq(pre_used(&b1, "pre"), 4096);
+  prog_expect(&p, "set_device 1", "0"); /* physical 0 */
+  prog_expect(&p, "drv_malloc 1 8192", "0");
+  prog_expect(&p, "rt_malloc 2 512", "0");
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 8192 + 512);
+  ck_assert_uint_eq(pre_used(&b1, "pre"), 4096);
+  /* Freed while the other device is current: back to its own broker. */
+  prog_expect(&p, "rt_free 0", "0");
+  ck_assert_uint_eq(pre_used(&b1, "pre"), 0);
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 8192 + 512);
+  prog_expect(&p, "set_device 2", "0"); /* physical 2: no broker */
+  prog_expect(&p, "rt_malloc 3 4096", "2");
+  prog_expect(&p, "set_device 0", "0");
+  prog_expect(&p, "drv_free 1", "0");
+  prog_expect(&p, "rt_free 2", "0");
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 0);
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "gmb-preload: no broker") == 1 &&
+                    strstr(err, "no broker for GPU " HARNESS_FAKE_UUID(2)),
+                "want one line naming the GPU without a broker, got:\n%s",
+                err);
+  free(err);
+  /* The same GPU with the fallback on pass-through: the real function. */
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_TENANT", "pre", "GMB_PRELOAD_FALLBACK", "passthrough",
+      "GMB_SHIM_ALLOW_HOST", NULL, NULL});
+  prog_expect(&p, "set_device 2", "0");
+  prog_expect(&p, "rt_malloc 0 4096", "0"); /* the fake cudart's */
+  prog_expect(&p, "set_device 0", "0");
+  prog_expect(&p, "rt_malloc 1 4096", "0"); /* the broker's */
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 4096);
+  prog_expect(&p, "set_device 2", "0");
+  prog_expect(&p, "rt_free 0", "0");
+  prog_expect(&p, "rt_free 1", "0");
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 0);
+  err = prog_end(&p, 0);
+  ck_assert_msg(strstr(err, "pass through"), "%s", err);
+  free(err);
+  harness_broker_stop(&b0);
+  harness_broker_stop(&b1);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "preload", "preload", 60,
+      preload_routes_by_current_device,
+      preload_meminfo_device_free_plus_pool,
       preload_alloc_free_both_apis,
       preload_quota_refusal_is_error_2,
       preload_foreign_pointer_and_unlimited_info, preload_host_broker_refused,

@@ -707,11 +707,95 @@ START_TEST(fd_channel_attacks) {
 }
 END_TEST
 
+/* --- run_dir_squatted ------------------------------------------------------- */
+
+/* Issue 12, item 10: another user made the fallback run dir first and a
+ * socket in it, and the client sent its token there.  A client sends a
+ * token only to a run dir owned by root or itself that no one else may
+ * write to, holding a socket owned by root or itself; and the broker
+ * refuses to start in a dir that fails the same check. */
+static int squat_listen(const char *dir) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(s, 0);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/broker.sock", dir);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(listen(s, 8), 0);
+  return s;
+}
+
+/* Whatever the impostor received on its socket, within a short while. */
+static size_t squat_heard(int s, char *buf, size_t cap) {
+  struct pollfd p = {s, POLLIN, 0};
+  if (poll(&p, 1, 500) <= 0) return 0;
+  int c = accept(s, NULL, NULL);
+  if (c < 0) return 0;
+  size_t got = 0;
+  for (;;) {
+    struct pollfd q = {c, POLLIN, 0};
+    if (poll(&q, 1, 500) <= 0) break;
+    ssize_t n = read(c, buf + got, cap - got);
+    if (n <= 0) break;
+    got += (size_t)n;
+    if (got == cap) break;
+  }
+  close(c);
+  return got;
+}
+
+START_TEST(run_dir_squatted) {
+  char dir[] = "/tmp/gmbsq-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char endpoint[128];
+  snprintf(endpoint, sizeof endpoint, "ipc://%s/broker.sock", dir);
+  setenv("GMB_TOKEN", "the-secret-token", 1);
+  char buf[4096];
+  /* Writable by others: anyone could have put that socket there. */
+  ck_assert_int_eq(chmod(dir, 0777), 0);
+  int s = squat_listen(dir);
+  gmb_client *c = NULL;
+  int rc = gmb_connect(endpoint, "t", &c);
+  ck_assert_msg(rc == GMB_E_AUTH, "connect = %s: %s", gmb_err_name(rc),
+                gmb_last_error(NULL));
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "token not sent"));
+  size_t n = squat_heard(s, buf, sizeof buf);
+  ck_assert_ptr_null(memmem(buf, n, "the-secret-token", 16));
+  ck_assert_uint_eq(n, 0);
+  /* Owned by another user, even with a sane mode. */
+  if (geteuid() == 0) {
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    ck_assert_int_eq(chown(dir, 65534, 65534), 0);
+    rc = gmb_connect(endpoint, "t", &c);
+    ck_assert_int_eq(rc, GMB_E_AUTH);
+    ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "uid 65534"));
+    ck_assert_uint_eq(squat_heard(s, buf, sizeof buf), 0);
+    ck_assert_int_eq(chown(dir, 0, 0), 0);
+  }
+  close(s);
+  unsetenv("GMB_TOKEN");
+  /* The broker will not start there either. */
+  ck_assert_int_eq(chmod(dir, 0777), 0);
+  char bin[PATH_MAX], out[4096];
+  snprintf(bin, sizeof bin, "%s/gmb-broker", harness_build_dir());
+  char *argv[] = {bin, "--device", "host:8MiB", "--run-dir", dir, NULL};
+  int st = harness_run(argv, out, sizeof out);
+  ck_assert_msg(st == 1, "broker in a world-writable run dir: exit %d: %s",
+                st, out);
+  ck_assert_ptr_nonnull(strstr(out, "writable by others"));
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "tenancy", "tenancy", 60,
       isolation,
       auth_uid_refused,
       bad_input,
-      fd_channel_attacks));
+      fd_channel_attacks,
+      run_dir_squatted));
 }

@@ -6,7 +6,7 @@
  * device.
  *
  * Each scenario runs in a child process (harness_fork): the library keeps
- * one session per process, made at its first allocation, so a fresh
+ * one session per device, made at its first allocation, so a fresh
  * process per scenario is what a fresh PyTorch job is.  The child checks
  * the broker's figures through a session of its own of the same tenant
  * (gmb_tenant_stats counts the tenant, not the session).  What needs a GPU
@@ -235,9 +235,10 @@ static int foreign_main(void *arg) {
   CHILD_CHECK(strstr(t.last_error(), "not a pointer") != NULL, 12,
               "last error: %s", t.last_error());
   t.free(p, 4096, 0, NULL);
-  t.free(p, 4096, 0, NULL); /* twice: refused, recorded */
-  CHILD_CHECK(strstr(t.last_error(), "double free") != NULL, 14,
-              "last error: %s", t.last_error());
+  t.free(p, 4096, 0, NULL); /* twice: not ours any more: ignored, recorded */
+  CHILD_CHECK(strstr(t.last_error(), "gmb_torch_free(4096)") != NULL &&
+                  strstr(t.last_error(), "freed already") != NULL,
+              14, "last error: %s", t.last_error());
   CHILD_CHECK(t.empty_cache() == 0, 15, "empty_cache");
   CHILD_CHECK(torch_used(a) == 0, 13, "used after free");
   return 0;
@@ -380,9 +381,92 @@ START_TEST(torch_host_broker_refused) {
 }
 END_TEST
 
+/* --- several GPUs: one broker each -------------------------------------------- */
+
+static const struct harness_broker *mg_b[2];
+
+static long long mg_used(int i) {
+  struct wire_tenant_row row;
+  int rc = harness_tenant_row(mg_b[i], "torch", &row);
+  return rc == GMB_E_NOENT ? 0 : rc ? -1 : (long long)row.used;
+}
+
+/* empty_cache until physical GPU `i` holds `want` for the tenant: a free
+ * records an event on the (fake) GPU's stream and a trim never waits for
+ * it, so the slab comes back once that stream ran past it.  0 or -1. */
+static int mg_trim_until(const struct torch_lib *t, int i, long long want) {
+  for (int n = 0; n < 250; n++) {
+    if (t->empty_cache() != 0) return -1;
+    if (mg_used(i) == want) return 0;
+    harness_sleep_ms(20);
+  }
+  return -1;
+}
+
+/* PyTorch names the device of every allocation: each goes to the broker
+ * of that GPU (the process sees the two renumbered, "1,0"), through the
+ * cache of that device's session, each free to the cache of the session
+ * that gave it, and empty_cache trims every session; a device with no
+ * broker is refused. */
+static int devices_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  setenv("FAKECUDA_VISIBLE", "1,0,2", 1);
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  void *p0 = t.alloc(4096, 0, NULL); /* physical 1 */
+  CHILD_CHECK(p0 != NULL, 11, "alloc on 0: %s", t.last_error());
+  void *p1 = t.alloc(8192, 1, NULL); /* physical 0 */
+  CHILD_CHECK(p1 != NULL, 12, "alloc on 1: %s", t.last_error());
+  /* Each through the cache of its device's session: a 2 MiB shared slab
+   * from each GPU's broker. */
+  CHILD_CHECK(mg_used(1) == (long long)(2 * MIB) &&
+                  mg_used(0) == (long long)(2 * MIB),
+              13, "physical 0 holds %lld, physical 1 %lld", mg_used(0),
+              mg_used(1));
+  CHILD_CHECK(t.alloc(4096, 2, NULL) == NULL, 14, "memory on a GPU without "
+              "a broker");
+  CHILD_CHECK(strstr(t.last_error(), "no broker for cuda:2") &&
+                  strstr(t.last_error(), HARNESS_FAKE_UUID(2)),
+              15, "last error: %s", t.last_error());
+  /* p0 freed into device 0's cache (whatever device is current), then
+   * every session's free slabs given back: physical 1's only. */
+  t.free(p0, 4096, 0, NULL);
+  CHILD_CHECK(mg_used(1) == (long long)(2 * MIB), 18, "cached after a free");
+  CHILD_CHECK(mg_trim_until(&t, 1, 0) == 0, 19, "empty_cache: %s",
+              t.last_error());
+  CHILD_CHECK(mg_used(1) == 0 && mg_used(0) == (long long)(2 * MIB), 16,
+              "after a free and empty_cache: physical 0 holds %lld, "
+              "physical 1 %lld", mg_used(0), mg_used(1));
+  t.free(p1, 8192, 1, NULL);
+  CHILD_CHECK(mg_trim_until(&t, 0, 0) == 0, 17, "after both frees and "
+              "empty_cache: physical 0 holds %lld", mg_used(0));
+  CHILD_CHECK(strstr(t.last_error(), "no broker for cuda:2") != NULL, 21,
+              "a failure was recorded: %s", t.last_error());
+  return 0;
+}
+
+START_TEST(torch_routes_by_device) {
+  struct harness_gpus g;
+  harness_fake_gpus(&g, 3);
+  struct harness_broker b0, b1;
+  harness_broker_start_gpu(&b0, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           torch_config);
+  harness_broker_start_gpu(&b1, g.base, "cuda:1", HARNESS_FAKE_UUID(1),
+                           torch_config);
+  mg_b[0] = &b0;
+  mg_b[1] = &b1;
+  struct torch_args a = {NULL, "torch", 1, 1};
+  torch_run(devices_main, &a);
+  harness_broker_stop(&b0);
+  harness_broker_stop(&b1);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "torch", "torch", 60,
+      torch_routes_by_device,
       torch_sizes_and_zero,
       torch_quota_returns_null,
       torch_no_broker_returns_null,

@@ -11,6 +11,9 @@
  *   fill SLOT SIZE SEED | check SLOT SIZE SEED      -> "0" or "bad OFFSET"
  *   real_malloc SLOT SIZE   cudaMalloc of the library named by
  *                           $CUDA_PROG_REAL (not the interposed one) -> "RC"
+ *   set_device N            makes ordinal N's primary context current, as
+ *                           cudaSetDevice does, through the driver named by
+ *                           $GMB_LIBCUDA (the fake in tests)     -> "RC"
  *   exit                    ends without freeing anything
  * "nofunc NAME" when a function is not there (nothing was preloaded).
  */
@@ -33,6 +36,30 @@ extern CUresult cuMemFree_v2(CUdeviceptr dptr) __attribute__((weak));
 extern CUresult cuMemGetInfo_v2(size_t *free, size_t *total) __attribute__((weak));
 
 #define PROG_SLOTS 64
+
+typedef int (*prog_gpa_fn)(const char *sym, void **pfn, int ver,
+                           unsigned long long flags, int *status);
+
+/* cudaSetDevice(n) through the driver: -1 when there is none. */
+static int prog_set_device(int n) {
+  const char *lib = getenv("GMB_LIBCUDA");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+  prog_gpa_fn gpa = NULL;
+  if (h) *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+  if (gpa == NULL) return -1;
+  int (*init)(unsigned) = NULL, (*get)(int *, int) = NULL;
+  int (*retain)(void **, int) = NULL, (*set)(void *) = NULL;
+  if (gpa("cuInit", (void **)&init, 12000, 0, NULL) ||
+      gpa("cuDeviceGet", (void **)&get, 12000, 0, NULL) ||
+      gpa("cuDevicePrimaryCtxRetain", (void **)&retain, 12000, 0, NULL) ||
+      gpa("cuCtxSetCurrent", (void **)&set, 12000, 0, NULL))
+    return -1;
+  int dev, rc;
+  void *ctx;
+  if ((rc = init(0)) || (rc = get(&dev, n)) || (rc = retain(&ctx, dev)))
+    return rc;
+  return set(ctx);
+}
 
 static void *prog_slot[PROG_SLOTS];
 
@@ -112,6 +139,8 @@ int main(void) {
       if (h) *(void **)&f = dlsym(h, "cudaMalloc");
       NEED(f);
       printf("%d\n", f(&prog_slot[slot], (size_t)size));
+    } else if (!strcmp(cmd, "set_device")) {
+      printf("%d\n", prog_set_device((int)slot));
     } else if (!strcmp(cmd, "exit")) {
       fflush(stdout);
       _exit(0);

@@ -49,4 +49,10 @@ int cuMemFree_v2(unsigned long long p) {
   return 0;
 }
 
-int cuMemGetInfo_v2(size_t *fr, size_t *tot) { return cudaMemGetInfo(fr, tot); }
+/* Not through cudaMemGetInfo: that symbol is the preloaded library's,
+ * which would then answer for the "real" one. */
+int cuMemGetInfo_v2(size_t *fr, size_t *tot) {
+  *fr = FAKE_FREE;
+  *tot = FAKE_TOTAL;
+  return 0;
+}

@@ -2036,26 +2036,44 @@ START_TEST(segment_reply_lie) {
 }
 END_TEST
 
+/* The first SEGMENT request is held, unanswered, without blocking the
+ * fake (which goes on serving the ZeroMQ side); the test sends its answer
+ * once the client gave up on it. */
+static struct {
+  struct fake *f;
+  int conn;
+  struct gmb_fd_req req;
+  atomic_int held;
+} late;
+
 static int fd_late_segment(struct fake *f, int conn,
                            const struct gmb_fd_req *req) {
   if (req->op != GMB_FD_SEGMENT || atomic_fetch_add(&f->step, 1) != 0)
     return 0;
-  usleep(600 * 1000); /* past the client's 300 ms */
-  fake_fd_default(f, conn, req);
+  late.f = f;
+  late.conn = conn;
+  late.req = *req;
+  atomic_store(&late.held, 1);
   return 1;
 }
 
 /* A fetch that timed out must not leave its late answer to be taken for
  * the answer to the next one. */
 START_TEST(late_segment_reply_not_taken_for_next) {
-  /* The channel's requests wait as long as the socket's. */
-  setenv("GMB_REQUEST_TIMEOUT_MS", "300", 1);
+  /* The channel's requests wait as long as the socket's (long enough for
+   * the fake's ZeroMQ answers on a loaded machine; the held one never
+   * comes in time). */
+  setenv("GMB_REQUEST_TIMEOUT_MS", "1000", 1);
+  atomic_store(&late.held, 0);
   seg2_setup();
   F.fd_handler = fd_late_segment;
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id a = 77, b;
   ck_assert_int_eq(gmb_alloc(c, 512, GMB_MOVABLE, &a), GMB_E_TIMEOUT);
+  /* Now the late answer comes. */
+  ck_assert_int_eq(atomic_load(&late.held), 1);
+  fake_fd_default(late.f, late.conn, &late.req);
   ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "no answer in time"));
   ck_assert_int_eq(atomic_load(&F.n_free), 1);
   /* Whatever the client makes of the late reply, a later fetch must get

@@ -80,11 +80,19 @@ static void hk_release(void *ctx, const struct gmb_alloc_info *a) {
   hk.in_flight = 0;
 }
 
+static int hk_locked(void *ctx, const struct gmb_alloc_info *a) {
+  ck_assert_ptr_eq(ctx, &hk);
+  for (unsigned i = 0; i < hk.nlocked; i++)
+    if (hk.locked[i] == a->id) return 1;
+  return 0;
+}
+
 static const struct gmb_compact_hooks hooks = {
     .ctx = &hk,
     .claim = hk_claim,
     .publish = hk_publish,
     .release = hk_release,
+    .locked = hk_locked,
 };
 
 static void on_retire(void *ctx, const struct gmb_dseg *seg, void *tag) {
@@ -271,7 +279,7 @@ START_TEST(fragmented_arena_gets_compacted) {
   uint64_t segs_before = arena_segments(a);
   double frag_before = arena_frag(a);
   unsigned retired_before = nretired;
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   ck_assert_ptr_nonnull(c);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
@@ -297,7 +305,7 @@ START_TEST(fragmented_arena_gets_compacted) {
   ck_assert_uint_eq(st.skipped_pinned, 0);
   ck_assert_uint_eq(st.skipped_locked, 0);
   /* A second run finds the arena already compact: nothing released. */
-  c = gmb__compact_new(pool, a, &hooks);
+  c = gmb__compact_new(pool, a, 0, &hooks);
   run_all(c, 1000000);
   gmb__compact_stats(c, &st);
   gmb__compact_destroy(c);
@@ -319,7 +327,7 @@ START_TEST(pinned_never_moves) {
     else
       t[n++] = t[i];
   }
-  struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
@@ -352,7 +360,7 @@ START_TEST(locked_skipped) {
   }
   /* Lock every fifth survivor. */
   for (unsigned i = 0; i < n; i += 5) hk.locked[hk.nlocked++] = t[i].id;
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
@@ -372,30 +380,27 @@ START_TEST(locked_skipped) {
 }
 END_TEST
 
-/* A large segment [free 62.5 MiB][X 64 MiB][D 1 MiB + 512]: X slides down
- * over its own old place (shift 62.5 MiB, 4 MiB chunks).  Returns X. */
-static struct tracked build_big_slide(struct gmb_arena *a, struct tracked *d) {
-  struct tracked c0 = track(a, 126 * GMB_MIB + GMB_MIB / 2, 1, &owner_x);
-  ck_assert_uint_eq(c0.off, 0);
-  *d = track(a, GMB_MIB + 512, 1, &owner_x); /* in the remainder */
-  ck_assert_uint_eq(d->seg, c0.seg);
-  free_ok(c0.id);
-  struct tracked h = track(a, 62 * GMB_MIB + GMB_MIB / 2, 1, &owner_x);
-  struct tracked x = track(a, 64 * GMB_MIB, 1, &owner_x);
-  ck_assert_uint_eq(h.seg, c0.seg);
-  ck_assert_uint_eq(x.seg, c0.seg);
-  ck_assert_uint_eq(x.off, h.size);
+/* A small segment [free 1 MiB][X 960 KiB][D 64 KiB]: the arena has no
+ * other segment, so X slides down into the free range below it, a copy of
+ * four chunks (256 KiB at most each).  Returns X. */
+static struct tracked build_slide(struct gmb_arena *a, struct tracked *d) {
+  struct tracked h = track(a, GMB_MIB, 1, &owner_x);
+  struct tracked x = track(a, 960 * KIB, 1, &owner_x);
+  *d = track(a, 64 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(h.off, 0);
+  ck_assert_uint_eq(x.off, GMB_MIB);
+  ck_assert_uint_eq(d->seg, x.seg);
   free_ok(h.id);
   return x;
 }
 
 START_TEST(forget_mid_move) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked d, x = build_big_slide(a, &d);
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct tracked d, x = build_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   ck_assert_uint_eq(step_until_claimed(c), x.id);
   /* Copy a few chunks, not all. */
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 2; i++) {
     ck_assert_int_eq(gmb__compact_step(c, 0), 1);
     ck_assert_int_eq(gmb__pool_check(pool), 0);
   }
@@ -433,8 +438,8 @@ END_TEST
  * told: commit then finds nothing, and nothing is published. */
 START_TEST(free_without_forget_is_survived) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked d, x = build_big_slide(a, &d);
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct tracked d, x = build_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   ck_assert_uint_eq(step_until_claimed(c), x.id);
   ck_assert_int_eq(gmb__compact_step(c, 0), 1);
   free_ok(x.id);
@@ -478,7 +483,7 @@ START_TEST(free_between_steps) {
       i++;
     }
   }
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   unsigned steps = 0;
   hk.check_publish = 1;
   for (;;) {
@@ -504,15 +509,18 @@ START_TEST(free_between_steps) {
 }
 END_TEST
 
+/* y is locked, so its segment cannot empty: x slides down over its own
+ * old place rather than leave for another segment. */
 START_TEST(overlapping_move_within_segment) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   struct tracked f0 = track(a, 8 * KIB, 1, &owner_x);
   struct tracked x = track(a, 64 * KIB, 1, &owner_x);
-  struct tracked y = track(a, 4 * KIB, 0, &owner_x); /* pinned above */
+  struct tracked y = track(a, 4 * KIB, 1, &owner_x); /* locked, above */
+  hk.locked[hk.nlocked++] = y.id;
   ck_assert_uint_eq(x.off, 8 * KIB);
   ck_assert_int_eq(gmb__pool_set_tag(pool, x.id, 77), 0);
   free_ok(f0.id);
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   unsigned steps = run_all(c, 1000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
@@ -534,10 +542,38 @@ START_TEST(overlapping_move_within_segment) {
 }
 END_TEST
 
-START_TEST(large_allocation_chunked) {
+/* A run ended in the middle of a slide that overlaps its old place: the
+ * chunks already copied overwrote the start of the old range, so the move
+ * is finished rather than abandoned, and the bytes are intact. */
+START_TEST(destroy_mid_overlapping_slide) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked d, x = build_big_slide(a, &d);
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct tracked f0 = track(a, 8 * KIB, 1, &owner_x);
+  struct tracked x = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked y = track(a, 4 * KIB, 1, &owner_x);
+  hk.locked[hk.nlocked++] = y.id;
+  free_ok(f0.id);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
+  ck_assert_uint_eq(step_until_claimed(c), x.id);
+  for (int i = 0; i < 3; i++) { /* 3 of the 8 chunks */
+    ck_assert_int_eq(gmb__compact_step(c, 0), 1);
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+  }
+  gmb__compact_destroy(c);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(hk.in_flight, 0);
+  ck_assert_uint_eq(hk.publishes, 1);
+  ck_assert_uint_eq(count_targets(), 0);
+  where(&x);
+  ck_assert_uint_eq(x.off, 0);
+  pattern_check(x.id);
+  pattern_check(y.id);
+}
+END_TEST
+
+START_TEST(slide_chunked) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked d, x = build_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   ck_assert_uint_eq(step_until_claimed(c), x.id);
   unsigned copy_steps = 0;
   while (hk.in_flight) {
@@ -546,8 +582,9 @@ START_TEST(large_allocation_chunked) {
     copy_steps++;
     ck_assert_uint_le(copy_steps, 1000);
   }
-  /* 64 MiB in chunks of at most 4 MiB: one step each at deadline = now. */
-  ck_assert_uint_ge(copy_steps, 16);
+  /* 960 KiB in chunks of at most 256 KiB: one step each at deadline =
+   * now. */
+  ck_assert_uint_ge(copy_steps, 4);
   ck_assert_uint_eq(hk.last_published, x.id);
   pattern_check(x.id);
   where(&x);
@@ -579,7 +616,7 @@ START_TEST(one_arena_only) {
     n[k] = m;
   }
   uint64_t segs_b = arena_segments(ar[1]);
-  struct gmb_compact *c = gmb__compact_new(pool, ar[0], &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, ar[0], 0, &hooks);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
@@ -599,8 +636,8 @@ END_TEST
 
 START_TEST(release_hook_on_destroy) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked d, x = build_big_slide(a, &d);
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct tracked d, x = build_slide(a, &d);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   ck_assert_uint_eq(step_until_claimed(c), x.id);
   ck_assert_int_eq(gmb__compact_step(c, 0), 1);
   gmb__compact_destroy(c);
@@ -620,9 +657,9 @@ END_TEST
 START_TEST(forget_arena_mid_move) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
-  struct tracked d, x = build_big_slide(a, &d);
+  struct tracked d, x = build_slide(a, &d);
   struct tracked y = track(b, 16 * KIB, 1, &owner_y);
-  struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
   ck_assert_uint_eq(step_until_claimed(c), x.id);
   ck_assert_int_eq(gmb__compact_step(c, 0), 1);
   gmb__compact_forget_arena(c, a);
@@ -641,7 +678,7 @@ END_TEST
  * the engine (the pool drops the move). */
 START_TEST(arena_destroy_drops_move) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked d, x = build_big_slide(a, &d);
+  struct tracked d, x = build_slide(a, &d);
   struct gmb_pool_move m;
   ck_assert_int_eq(gmb__pool_move_begin(pool, x.id, x.seg, 0, &m), 0);
   ck_assert_int_eq(gmb__pool_check(pool), 0);
@@ -759,7 +796,7 @@ START_TEST(run_terminates) {
     gmb__pool_stats(pool, &ps);
     uint64_t bound = 4 + ps.segments + (ps.segment_bytes / 512) * 2 * 66;
     struct gmb_compact *c =
-        gmb__compact_new(pool, rng() % 3 ? NULL : ar[rng() & 1], &hooks);
+        gmb__compact_new(pool, rng() % 3 ? NULL : ar[rng() & 1], 0, &hooks);
     uint64_t steps = 0;
     for (;;) {
       int more = gmb__compact_step(c, 0);
@@ -817,7 +854,7 @@ START_TEST(publish_called_once_per_move) {
       free_ok(t[i].id);
     else
       t[n++] = t[i];
-  struct gmb_compact *c = gmb__compact_new(pool, a, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
@@ -882,7 +919,7 @@ START_TEST(nomem_before_ok_after) {
                    GMB_E_NOMEM);
   double frag_before =
       gmb__fragmentation(ps.largest_free, ps.capacity - ps.used);
-  struct gmb_compact *c = gmb__compact_new(pool, NULL, &hooks);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
   run_all(c, 1000000);
   struct gmb_compact_stats st;
   gmb__compact_stats(c, &st);
@@ -925,6 +962,119 @@ START_TEST(device_stats_figures) {
 }
 END_TEST
 
+/* A run with a goal ends once the room is there: it empties the least
+ * used segments first and leaves the rest, so it moves less than a whole
+ * run; a whole run afterwards still finds work. */
+START_TEST(goal_run_stops_early) {
+  close_pool();
+  open_pool(40 * GMB_MIB);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  enum { N = 512 };
+  struct tracked t[N];
+  unsigned n = 0;
+  while (n < N && arena_segments(a) <= 16) {
+    t[n] = track(a, 64 * KIB, 1, &owner_x);
+    n++;
+  }
+  unsigned kept = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (i % 2)
+      free_ok(t[i].id);
+    else
+      t[kept++] = t[i];
+  }
+  n = kept;
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  uint64_t goal = ps.room + 4 * GMB_MIB;
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, goal, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_ge(ps.room, goal);
+  ck_assert_uint_ge(st.segments_released, 2);
+  ck_assert_uint_le(st.segments_released, 3);
+  ck_assert_uint_le(st.bytes_moved, 3 * GMB_MIB);
+  c = gmb__compact_new(pool, NULL, 0, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats all;
+  gmb__compact_stats(c, &all);
+  gmb__compact_destroy(c);
+  ck_assert_uint_gt(all.segments_released, 0);
+  for (unsigned i = 0; i < n; i++) pattern_check(t[i].id);
+}
+END_TEST
+
+/* Placement rule 3: the holes of a pinned segment are the first place a
+ * sparse movable segment is emptied into. */
+START_TEST(pinned_holes_filled_first) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked p = track(a, 64 * KIB, 0, &owner_x);
+  struct tracked m[3];
+  for (int i = 0; i < 3; i++) m[i] = track(a, 64 * KIB, 1, &owner_x);
+  ck_assert_uint_ne(m[0].seg, p.seg);
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
+  run_all(c, 100000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(st.moves, 3);
+  ck_assert_uint_eq(st.segments_released, 1);
+  ck_assert_uint_eq(st.skipped_pinned, 1);
+  for (int i = 0; i < 3; i++) {
+    where(&m[i]);
+    ck_assert_uint_eq(m[i].seg, p.seg);
+    pattern_check(m[i].id);
+  }
+  where(&p);
+  ck_assert_uint_eq(p.off, 0);
+  pattern_check(p.id);
+  ck_assert_uint_eq(arena_segments(a), 1);
+}
+END_TEST
+
+/* A segment holding a locked allocation cannot empty: none of its
+ * allocations leaves it, although the holes of a fuller segment could take
+ * them all (they would move for nothing). */
+START_TEST(locked_segment_not_emptied) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked fill[32], lk, sp[2];
+  for (int i = 0; i < 32; i++) fill[i] = track(a, 64 * KIB, 1, &owner_x);
+  lk = track(a, 64 * KIB, 1, &owner_x);
+  sp[0] = track(a, 64 * KIB, 1, &owner_x);
+  sp[1] = track(a, 64 * KIB, 1, &owner_x);
+  ck_assert_uint_ne(lk.seg, fill[0].seg);
+  ck_assert_uint_eq(sp[1].seg, lk.seg);
+  for (int i = 0; i < 32; i += 2) free_ok(fill[i].id); /* 1 MiB of holes */
+  hk.locked[hk.nlocked++] = lk.id;
+  struct gmb_compact *c = gmb__compact_new(pool, a, 0, &hooks);
+  run_all(c, 100000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(st.segments_released, 0);
+  for (int i = 0; i < 2; i++) {
+    struct tracked now = sp[i];
+    where(&now);
+    ck_assert_uint_eq(now.seg, lk.seg);
+    pattern_check(sp[i].id);
+  }
+  pattern_check(lk.id);
+  /* Unlocked, the same segment empties into the holes. */
+  hk.nlocked = 0;
+  c = gmb__compact_new(pool, a, 0, &hooks);
+  run_all(c, 100000);
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(st.segments_released, 1);
+  ck_assert_uint_eq(st.moves, 3);
+  for (int i = 1; i < 32; i += 2) pattern_check(fill[i].id);
+  pattern_check(lk.id);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -937,7 +1087,8 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, free_without_forget_is_survived);
   tcase_add_test(tc, free_between_steps);
   tcase_add_test(tc, overlapping_move_within_segment);
-  tcase_add_test(tc, large_allocation_chunked);
+  tcase_add_test(tc, slide_chunked);
+  tcase_add_test(tc, destroy_mid_overlapping_slide);
   tcase_add_test(tc, one_arena_only);
   tcase_add_test(tc, release_hook_on_destroy);
   tcase_add_test(tc, forget_arena_mid_move);
@@ -947,6 +1098,9 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, publish_called_once_per_move);
   tcase_add_test(tc, nomem_before_ok_after);
   tcase_add_test(tc, device_stats_figures);
+  tcase_add_test(tc, goal_run_stops_early);
+  tcase_add_test(tc, pinned_holes_filled_first);
+  tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);
   return s;
 }

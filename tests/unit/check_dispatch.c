@@ -17,8 +17,8 @@
  * SegmentClosed (no reply), Bye, and the ends of a waiting allocation
  * (served after a free, timed out, or dropped with its session).  Every test ends with
  * fx_close(), which requires the pool and tenants to be consistent;
- * fx_request() checks them after every request as well.  Tests of known
- * broker bugs are at the end, built only with -DGMB_CHECK_KNOWN_BUGS.
+ * fx_request() checks them after every request as well.  The tests of
+ * issue 12's items are at the end.
  */
 #include <check.h>
 #include <errno.h>
@@ -26,11 +26,14 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "alloc.h"
 #include "broker_fixture.h"
 #include "check_main.h"
+#include "core.h"
 #include "locktab.h"
 #include "pool.h"
 #include "tenant.h"
@@ -1071,21 +1074,12 @@ START_TEST(credentials_checked_per_message) {
 END_TEST
 
 
-/* --- known broker bugs ----------------------------------------------- */
+/* --- issue 12: squatting and impossible waits ---------------------- */
 
-/*
- * These fail against the broker as it is; they are built only with
- * -DGMB_CHECK_KNOWN_BUGS, so that the suite stays green until the broker
- * is fixed, then they move up with the others.
- */
-#ifdef GMB_CHECK_KNOWN_BUGS
-
-/* BUG: the default tenant "uid-N" is created by whoever names it first.
- * uid 1002 saying Hello as "uid-1001" becomes its owner, and uid 1001's
- * own default Hello is refused GMB_E_AUTH from then on: any local user
- * can lock any other out of the broker.  A name of the form uid-N should
- * be admitted for uid N only. */
-START_TEST(bug_default_tenant_squatted) {
+/* Issue 12, item 4: the default tenant "uid-N" was created by whoever
+ * named it first, so uid 1002 saying Hello as "uid-1001" locked uid 1001
+ * out.  A name of the form uid-N is admitted for uid N only. */
+START_TEST(default_tenant_not_squatted) {
   struct fx f;
   fx_open(&f);
   struct wire_reply rep;
@@ -1100,11 +1094,11 @@ START_TEST(bug_default_tenant_squatted) {
 }
 END_TEST
 
-/* BUG: a waiting request larger than the whole device is queued (for ever
- * with timeout -1) although no free can ever make room, and, being first
- * in the queue, it blocks every later request of equal or lower priority,
- * even on an empty device.  It should be refused GMB_E_NOMEM at once. */
-START_TEST(bug_wait_larger_than_device_queued) {
+/* Issue 12, item 5: a waiting request larger than the whole device was
+ * queued (for ever with timeout -1) although no free can ever make room,
+ * and, first in the queue, it blocked every later request of equal or
+ * lower priority, even on an empty device.  It is refused at once. */
+START_TEST(wait_larger_than_device_refused) {
   struct fx f;
   fx_open_small(&f);
   fx_hello(&f, "a", 1001, "");
@@ -1113,14 +1107,332 @@ START_TEST(bug_wait_larger_than_device_queued) {
   ck_assert_int_eq(fx_alloc(&f, "a", 1001, 16 * MIB, 0, -1, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
   ck_assert_uint_eq(f.b.waitq.n, 0);
-  /* What it does instead: b's 1 MiB on the empty device waits too. */
+  /* And b's 1 MiB on the empty device is served at once. */
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 1000, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
   fx_close(&f);
 }
 END_TEST
 
-#endif /* GMB_CHECK_KNOWN_BUGS */
+
+/* Issue 12, item 4: a name an operator configures at reload is the
+ * configured parties' only: a session that took the name first (an unbound
+ * name then) ends with an eviction event, one of a listed uid stays. */
+START_TEST(reload_configured_name_ends_squatter) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[tenant:other]\n");
+  struct gmb_session *sq = fx_hello(&f, "squat", 1003, "llm-b");
+  fx_must_alloc(&f, "squat", 1003, MIB, 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_hello_as(&f, "own", 1002, "llm-b", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_AUTH); /* 1003 owns it now */
+  ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 1);
+  struct gmb_tenant *t = sq->tenant;
+  ck_assert_uint_eq(t->n_sessions, 1);
+  char path[256], msg[512];
+  fx_write(&f, "gmb.ini", "[tenant:other]\n[tenant:llm-b]\nuids = 1002\n"
+           "reserve = 8MiB\n", path, sizeof path);
+  ck_assert_msg(gmb__admin_reload(&f.b, msg, sizeof msg) == 0, "%s", msg);
+  ck_assert_ptr_nonnull(strstr(msg, "1 sessions ended"));
+  /* The squatter is gone, told why, and its memory with it. */
+  ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"squat",
+                                       5));
+  const struct fx_sent *ev = fx_last_to(&f, "squat");
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(ev->rep.kind, WIRE_EVENT);
+  ck_assert_ptr_eq(fx_tenant(&f, "llm-b"), t);
+  ck_assert_uint_eq(t->n_sessions, 0);
+  ck_assert_uint_eq(t->used, 0);
+  /* The configured uid gets it; the squatter's uid no more. */
+  ck_assert_int_eq(fx_hello_as(&f, "own", 1002, "llm-b", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(fx_hello_as(&f, "squat", 1003, "llm-b",
+                               WIRE_PROTOCOL_VERSION, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_AUTH);
+  /* A second reload keeps the listed uid's session. */
+  ck_assert_msg(gmb__admin_reload(&f.b, msg, sizeof msg) == 0, "%s", msg);
+  ck_assert_ptr_null(strstr(msg, "sessions ended"));
+  ck_assert_uint_eq(t->n_sessions, 1);
+  fx_close(&f);
+}
+END_TEST
+
+/* Issue 12, item 2: sessions are capped per uid and in all; the one past
+ * a cap is refused GMB_E_LIMIT with the reason, and the others are served
+ * on.  Ending a session makes room again. */
+START_TEST(sessions_capped_per_uid_and_total) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB",
+              "[broker]\nmax_sessions = 4\nmax_sessions_per_uid = 2\n");
+  struct wire_reply rep;
+  fx_hello(&f, "a1", 1001, "");
+  fx_hello(&f, "a2", 1001, "");
+  ck_assert_int_eq(fx_hello_as(&f, "a3", 1001, "", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "max_sessions_per_uid"));
+  /* Another tenant of the same uid counts the same: the uid holds them. */
+  ck_assert_int_eq(fx_hello_as(&f, "a3", 1001, "other",
+                               WIRE_PROTOCOL_VERSION, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  fx_hello(&f, "b1", 1002, "");
+  fx_hello(&f, "b2", 1002, "");
+  ck_assert_int_eq(fx_hello_as(&f, "c1", 1003, "", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "max_sessions"));
+  ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), 4);
+  /* The broker serves the sessions it has. */
+  fx_must_alloc(&f, "a1", 1001, MIB, 0);
+  fx_must_alloc(&f, "b2", 1002, MIB, GMB_MOVABLE);
+  /* One goes: its uid, and anyone, may come. */
+  ck_assert_int_eq(fx_plain(&f, "a2", 1001, WIRE_BYE, &rep), 1);
+  ck_assert_uint_eq(gmb__sessions_of_uid(f.b.sessions, 1001), 1);
+  fx_hello(&f, "c1", 1003, "");
+  ck_assert_uint_eq(gmb__sessions_of_uid(f.b.sessions, 1003), 1);
+  ck_assert_uint_eq(gmb__sessions_of_uid(f.b.sessions, 1004), 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* Issue 12, item 2: RLIMIT_NOFILE is raised to what max_sessions needs (4
+ * descriptors each, and one per segment the device can hold), or the
+ * sessions admitted are lowered to what the limit allows: running out of
+ * descriptors aborts libzmq. */
+START_TEST(fd_limit_raised_or_sessions_lowered) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\nmax_sessions = 30000\n");
+  struct rlimit rl;
+  ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  uint64_t segs = 64 / 2 + 1;
+  uint64_t need = GMB_FDS_RESERVED + segs + 30000ull * GMB_FDS_PER_SESSION;
+  if (rl.rlim_cur >= need) {
+    ck_assert_uint_eq(gmb__core_max_sessions(&f.b), 30000);
+  } else {
+    /* Not allowed to raise it so far: fewer sessions, never more than the
+     * descriptors allow. */
+    uint32_t m = gmb__core_max_sessions(&f.b);
+    ck_assert_uint_lt(m, 30000);
+    ck_assert_uint_le(GMB_FDS_RESERVED + segs +
+                          (uint64_t)m * GMB_FDS_PER_SESSION,
+                      rl.rlim_cur);
+  }
+  /* Never below what it was (20000 here, unless a container forbids
+   * raising the hard limit, as CAP_SYS_RESOURCE may). */
+  ck_assert_uint_ge(rl.rlim_cur, 1024);
+  fx_close(&f);
+}
+END_TEST
+
+static int tenant_exists(struct fx *f, const char *name) {
+  return gmb__tenant_find(f->b.tenants, name) != NULL;
+}
+
+/* Issue 12, item 3: one uid filled the registry with tenants made by first
+ * use, and then no new uid could get a tenant.  A uid may make
+ * max_tenants_per_uid named ones (its own default name aside); a default
+ * tenant (uid-N) goes away once it has no session and no memory; and when
+ * the registry is full, idle named ones make room. */
+START_TEST(default_tenants_reaped_and_capped) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\nmax_tenants_per_uid = 3\n"
+              "[tenant:conf]\n");
+  struct wire_reply rep;
+  fx_hello(&f, "t1", 1001, "t1");
+  fx_hello(&f, "t2", 1001, "t2");
+  fx_hello(&f, "t3", 1001, "t3");
+  ck_assert_int_eq(fx_hello_as(&f, "t4", 1001, "t4", WIRE_PROTOCOL_VERSION,
+                               &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "max_tenants_per_uid"));
+  ck_assert(!tenant_exists(&f, "t4"));
+  /* Its own default name and configured tenants do not count; nor does
+   * another uid care. */
+  fx_hello(&f, "d", 1001, "");
+  fx_hello(&f, "c", 1001, "conf");
+  fx_hello(&f, "o", 1002, "o1");
+  /* A named tenant stays after its session (its first uid owns it). */
+  ck_assert_int_eq(fx_plain(&f, "t1", 1001, WIRE_BYE, &rep), 1);
+  gmb__core_reap(&f.b, 0);
+  ck_assert(tenant_exists(&f, "t1"));
+  /* A default tenant goes with its last session and its memory. */
+  fx_hello(&f, "u", 2000, "");
+  fx_must_alloc(&f, "u", 2000, 3 * MIB, GMB_MOVABLE);
+  ck_assert_int_eq(fx_plain(&f, "u", 2000, WIRE_BYE, &rep), 1);
+  ck_assert(tenant_exists(&f, "uid-2000")); /* removed between messages */
+  gmb__core_reap(&f.b, 0);
+  ck_assert(!tenant_exists(&f, "uid-2000"));
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  /* Many uids come and go: the registry does not grow. */
+  size_t before = gmb__tenants_count(f.b.tenants);
+  for (uid_t u = 3000; u < 3300; u++) {
+    fx_hello(&f, "n", u, "");
+    ck_assert_int_eq(fx_plain(&f, "n", u, WIRE_BYE, &rep), 1);
+    gmb__core_reap(&f.b, 0);
+  }
+  ck_assert_uint_eq(gmb__tenants_count(f.b.tenants), before);
+  /* A configured tenant stays without sessions. */
+  ck_assert_int_eq(fx_plain(&f, "c", 1001, WIRE_BYE, &rep), 1);
+  gmb__core_reap(&f.b, 1);
+  ck_assert(tenant_exists(&f, "conf"));
+  ck_assert(!tenant_exists(&f, "t1")); /* idle and named: asked to go */
+  ck_assert(tenant_exists(&f, "t2")); /* a session holds it */
+  fx_close(&f);
+}
+END_TEST
+
+/* The registry full of idle named tenants (one uid's, made one by one):
+ * a new uid still gets its tenant, idle ones make room. */
+START_TEST(registry_full_idle_make_room) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\nmax_tenants_per_uid = 4096\n");
+  f.b.checks = 0;
+  struct wire_reply rep;
+  for (int i = 0; !gmb__tenants_full(f.b.tenants); i++) {
+    char name[16];
+    snprintf(name, sizeof name, "n%d", i);
+    ck_assert_int_le(i, 5000);
+    fx_hello(&f, "n", 1001, name);
+    ck_assert_int_eq(fx_plain(&f, "n", 1001, WIRE_BYE, &rep), 1);
+  }
+  f.b.checks = 1;
+  fx_hello(&f, "new", 1002, "");
+  ck_assert(tenant_exists(&f, "uid-1002"));
+  ck_assert_uint_lt(gmb__tenants_count(f.b.tenants), 10);
+  fx_close(&f);
+}
+END_TEST
+
+/* Issue 12, item 6: 177,000 queued requests in 90 s.  Waiters are capped
+ * per session and per tenant: the excess is refused at once, GMB_E_LIMIT,
+ * and those queued are served as before. */
+START_TEST(waiters_capped_per_session_and_tenant) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", "[broker]\ncompaction = off\n"
+              "max_waiters_per_session = 2\nmax_waiters_per_tenant = 3\n");
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *b1 = fx_hello(&f, "b1", 1002, "");
+  fx_hello(&f, "b2", 1002, "");
+  fx_hello(&f, "c", 1003, "");
+  uint64_t all = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0).u.alloc.id;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b1", 1002, MIB, 0, 60000, &rep), 0);
+  ck_assert_int_eq(fx_alloc(&f, "b1", 1002, MIB, 0, 60000, &rep), 0);
+  ck_assert_int_eq(fx_alloc(&f, "b1", 1002, MIB, 0, 60000, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "max_waiters_per_session"));
+  ck_assert_uint_eq(b1->waiting, 2);
+  ck_assert_int_eq(fx_alloc(&f, "b2", 1002, MIB, 0, 60000, &rep), 0);
+  ck_assert_int_eq(fx_alloc(&f, "b2", 1002, MIB, 0, 60000, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_LIMIT); /* the tenant's 3 */
+  ck_assert_int_eq(fx_alloc(&f, "c", 1003, MIB, 0, 60000, &rep), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 4);
+  /* Memory comes back: the four are served, in order. */
+  ck_assert_int_eq(fx_free(&f, "a", 1001, all), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(b1->waiting, 0);
+  ck_assert_int_eq(fx_last_to(&f, "c")->rep.status, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* Issue 12, item 11: a reload accepted reservations larger than the
+ * device, silently.  It is refused (the running configuration stays), as
+ * gmbctl reserve set is; the state file's overrides count too. */
+START_TEST(reload_reservations_over_device_refused) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\nstate = @STATE@\n"
+              "[tenant:a]\nreserve = 16MiB\n[tenant:b]\n");
+  char path[256], msg[512], state[256];
+  snprintf(state, sizeof state, "%s/state", f.dir);
+  fx_write(&f, "gmb.ini", "[broker]\nstate = x\n[tenant:a]\nreserve = 48MiB\n"
+           "[tenant:b]\nreserve = 32MiB\n", path, sizeof path);
+  ck_assert_int_eq(gmb__admin_reload(&f.b, msg, sizeof msg), GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(msg, "reservations"));
+  ck_assert_uint_eq(fx_tenant(&f, "a")->reserve, 16 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "b")->reserve, 0);
+  /* The config fits, the state file's override for b does not. */
+  fx_write(&f, "gmb.ini", "[tenant:a]\nreserve = 32MiB\n[tenant:b]\n", path,
+           sizeof path);
+  fx_write(&f, "state", "version = 1\n[tenant:b]\nreserve = 40MiB\n", path,
+           sizeof path);
+  ck_assert_int_eq(gmb__admin_reload(&f.b, msg, sizeof msg), GMB_E_INVAL);
+  ck_assert_uint_eq(fx_tenant(&f, "a")->reserve, 16 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "b")->reserve, 0);
+  fx_write(&f, "state", "version = 1\n[tenant:b]\nreserve = 8MiB\n", path,
+           sizeof path);
+  ck_assert_msg(gmb__admin_reload(&f.b, msg, sizeof msg) == 0, "%s", msg);
+  ck_assert_uint_eq(fx_tenant(&f, "a")->reserve, 32 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "b")->reserve, 8 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* Issue 12, item 11: the start-up check ran before the state file, so the
+ * state's overrides escaped it.  gmb__core_reservations sees them. */
+START_TEST(start_check_counts_state_file) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\nstate = @STATE@\n"
+              "[tenant:a]\nreserve = 32MiB\n");
+  char msg[512], path[256];
+  ck_assert_int_eq(gmb__core_reservations(&f.b, msg, sizeof msg), 0);
+  fx_write(&f, "state", "version = 1\n[tenant:b]\nreserve = 40MiB\n", path,
+           sizeof path);
+  ck_assert_int_eq(gmb__statefile_reread(&f.b, msg, sizeof msg), 0);
+  ck_assert_int_eq(gmb__statefile_apply(&f.b), 1);
+  ck_assert_int_eq(gmb__core_reservations(&f.b, msg, sizeof msg),
+                   GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(msg, "cannot all be kept"));
+  fx_close(&f);
+}
+END_TEST
+
+/* Issue 12, item 12: an evicted process kept writing its memory, and the
+ * tenant's next session found its bytes overwritten: gmb_lock sends no
+ * message, so the process never saw the eviction, and the segment the pool
+ * kept lingering served the next session.  The lock table's `evicted`
+ * word says it at once (the client's mapping outlives the broker's), and
+ * none of the tenant's segments serves again. */
+START_TEST(evict_sets_word_and_retires_segments) {
+  struct fx f;
+  fx_open(&f);
+  struct gmb_session *s = fx_hello(&f, "v", 1001, "victim");
+  struct gmb_tenant *t = s->tenant;
+  struct gmb__lt_header *h = fx_map_locktab(s);
+  ck_assert_uint_eq(atomic_load(&h->evicted), 0);
+  uint64_t small = fx_must_alloc(&f, "v", 1001, MIB, GMB_MOVABLE).u.alloc.id;
+  uint64_t seg = 0;
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(f.b.pool, small, &info), 0);
+  seg = info.dseg->id;
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = 77;
+  req.kind = WIRE_ADMIN_EVICT;
+  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant,
+           "victim");
+  struct gmb_peer peer = fx_peer("ctl", geteuid());
+  struct wire_reply rep;
+  ck_assert_int_eq(gmb__admin(&f.b, &peer, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.u.evict.sessions, 1);
+  /* The word, in the client's mapping, with the session gone. */
+  ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"v", 1));
+  ck_assert_uint_eq(atomic_load(&h->evicted), GMB_LT_EVICTED);
+  /* Its segment went back to the device, lingering or not. */
+  ck_assert_ptr_null(gmb__pool_segment(f.b.pool, seg, NULL));
+  ck_assert_uint_eq(t->segment_bytes, 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 0);
+  /* The tenant's next session gets another segment. */
+  fx_hello(&f, "v2", 1001, "victim");
+  struct wire_reply r2 = fx_must_alloc(&f, "v2", 1001, MIB, 0);
+  ck_assert_uint_ne(r2.u.alloc.segment, seg);
+  fx_unmap_locktab(h);
+  fx_close(&f);
+}
+END_TEST
 
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
@@ -1176,12 +1488,19 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, wait_ends_with_bye_of_waiter);
   suite_add_tcase(s, tc);
 
-#ifdef GMB_CHECK_KNOWN_BUGS
-  tc = tcase_create("known_bugs");
-  tcase_add_test(tc, bug_default_tenant_squatted);
-  tcase_add_test(tc, bug_wait_larger_than_device_queued);
+  tc = tcase_create("issue12");
+  tcase_add_test(tc, default_tenant_not_squatted);
+  tcase_add_test(tc, wait_larger_than_device_refused);
+  tcase_add_test(tc, reload_configured_name_ends_squatter);
+  tcase_add_test(tc, sessions_capped_per_uid_and_total);
+  tcase_add_test(tc, fd_limit_raised_or_sessions_lowered);
+  tcase_add_test(tc, default_tenants_reaped_and_capped);
+  tcase_add_test(tc, registry_full_idle_make_room);
+  tcase_add_test(tc, waiters_capped_per_session_and_tenant);
+  tcase_add_test(tc, reload_reservations_over_device_refused);
+  tcase_add_test(tc, start_check_counts_state_file);
+  tcase_add_test(tc, evict_sets_word_and_retires_segments);
   suite_add_tcase(s, tc);
-#endif
   return s;
 }
 

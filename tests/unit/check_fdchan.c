@@ -768,6 +768,81 @@ START_TEST(segment_other_tenant_noent) {
 }
 END_TEST
 
+/* Issue 12, item 8: two tenants proved by tokens under one uid (root
+ * containers, the documented setup) cannot reach each other's memory.
+ * The uid is the same, so nothing but the session decides: a session is
+ * given its own lock table and its own tenant's segments only, and a
+ * token proves its own tenant only. */
+#define TOKEN_A "secret-a"
+#define TOKEN_B "secret-b"
+#define INI_TOKENS                                                          \
+  "[tenant:job-a]\ntoken_sha256 = "                                        \
+  "8766b9cb08e6040b704f1e3ee1e186efccf2635b1d2634d6525333007e6aeae1\n"     \
+  "[tenant:job-b]\ntoken_sha256 = "                                        \
+  "ff492ef788c89b555e6f738b33d2422f57dbb6656af2402155672c5f123a90af\n"
+
+static int hello_token(struct chan *c, const char *rid, const char *tenant,
+                       const char *token, struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  req.u.hello.token_len = (uint32_t)strlen(token);
+  memcpy(req.u.hello.token, token, strlen(token));
+  fx_request(&c->f, rid, geteuid(), &req, rep);
+  return rep->status;
+}
+
+START_TEST(same_uid_token_tenants_apart) {
+  struct chan c;
+  chan_open_ini(&c, "host:64MiB", INI_TOKENS);
+  uid_t me = geteuid();
+  struct wire_reply rep;
+  /* A token proves its own tenant only, whatever the uid. */
+  ck_assert_int_eq(hello_token(&c, "x", "job-b", TOKEN_A, &rep), GMB_E_AUTH);
+  ck_assert_int_eq(hello_token(&c, "a", "job-a", TOKEN_A, &rep), 0);
+  ck_assert_int_eq(hello_token(&c, "b", "job-b", TOKEN_B, &rep), 0);
+  struct gmb_session *a = gmb__session_find(c.f.b.sessions,
+                                            (const uint8_t *)"a", 1);
+  struct gmb_session *b = gmb__session_find(c.f.b.sessions,
+                                            (const uint8_t *)"b", 1);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_uint_eq(a->uid, b->uid);
+  ck_assert_ptr_ne(a->tenant, b->tenant);
+  uint64_t segb = fx_must_alloc(&c.f, "b", me, MIB, GMB_MOVABLE).u.alloc.segment;
+  uint64_t sega = fx_must_alloc(&c.f, "a", me, MIB, 0).u.alloc.segment;
+  /* a's process proves a, then asks for b's segment: nothing. */
+  int sa = cli_connect(&c);
+  accept_all(&c);
+  cli_auth(sa, a);
+  serve_pending(&c);
+  int lt = -1;
+  struct gmb_fd_rep r = cli_reply(sa, &lt);
+  ck_assert_int_eq(r.status, 0);
+  ck_assert_int_ge(lt, 0);
+  close(lt);
+  cli_segment(sa, b->id, segb);
+  ck_assert_int_eq(serve_session(&c, a->id), 1);
+  cli_refused(sa, GMB_E_NOENT);
+  ck_assert_uint_eq(a->n_segs, 0);
+  close(must_segment(&c, sa, a, sega, 2 * MIB));
+  /* Nor b's lock table: b's id with a's secret (the same uid) is refused,
+   * and so is a second channel for a. */
+  int sx = cli_connect(&c);
+  accept_all(&c);
+  struct gmb_fd_req req = req_of(GMB_FD_AUTH, b->id, 0, a->secret);
+  cli_send(sx, &req, -1);
+  serve_pending(&c);
+  cli_refused(sx, GMB_E_AUTH);
+  close(sx);
+  ck_assert_int_eq(b->fdconn, -1);
+  close(sa);
+  chan_close(&c);
+}
+END_TEST
+
 START_TEST(unknown_op_proto_session_lives) {
   struct chan c;
   chan_open(&c);
@@ -1199,6 +1274,7 @@ static Suite *fdchan_suite(void) {
   tc = tcase_create("segment");
   tcase_add_test(tc, segment_own_maps_broker_pages);
   tcase_add_test(tc, segment_other_tenant_noent);
+  tcase_add_test(tc, same_uid_token_tenants_apart);
   tcase_add_test(tc, unknown_op_proto_session_lives);
   suite_add_tcase(s, tc);
 

@@ -165,14 +165,147 @@ START_TEST(large_rounded_segment) {
 }
 END_TEST
 
-START_TEST(large_reuses_remainder) {
+/* Placement rule 1: a large allocation is a segment of its own, even when
+ * another large segment's slack could hold it; freeing it gives the
+ * segment back, and the slack is never counted as a free range. */
+START_TEST(large_own_segment) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   struct gmb_alloc_info x, y;
-  alloc_ok(a, 5 * GMB_MIB / 2, NULL, &x); /* 4 MiB segment, 1.5 MiB left */
+  alloc_ok(a, 5 * GMB_MIB / 2, NULL, &x); /* 4 MiB segment, 1.5 MiB slack */
   alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, &y);
-  ck_assert_uint_eq(y.dseg->id, x.dseg->id);
-  ck_assert_uint_eq(y.offset, 5 * GMB_MIB / 2);
-  ck_assert_uint_eq(dev->in_use, 4 * GMB_MIB);
+  ck_assert_uint_ne(y.dseg->id, x.dseg->id);
+  ck_assert_uint_eq(y.offset, 0);
+  ck_assert_uint_eq(dev->in_use, 6 * GMB_MIB);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.largest_free, 0);
+  ck_assert_uint_eq(as.free_total, 6 * GMB_MIB - x.size - y.size);
+  free_ok(x.id);
+  ck_assert_uint_eq(dev->in_use, 2 * GMB_MIB);
+  ck_assert_uint_eq(nretired, 1);
+}
+END_TEST
+
+/* Placement rule 1, seeded: large allocations of many sizes come and go in
+ * two arenas beside small ones; whenever the room the pool reports covers
+ * a request's segment, the request succeeds, and a refusal is only ever
+ * GMB_E_NOMEM with the room short of it. */
+START_TEST(large_never_refused_with_room) {
+  unsigned seed = (unsigned)gmb__now_ns();
+  const char *e = getenv("SEED");
+  if (e && *e) seed = (unsigned)strtoul(e, NULL, 0);
+  uint64_t st = seed;
+  printf("pool large_never_refused_with_room: SEED=%u\n", seed);
+  struct gmb_arena *ar[2] = {gmb__pool_arena_new(pool, &tag_a),
+                             gmb__pool_arena_new(pool, &tag_b)};
+  enum { N = 256 };
+  uint64_t ids[N] = {0};
+  unsigned served = 0, refused = 0;
+  for (unsigned step = 0; step < 4000; step++) {
+    unsigned k = (unsigned)(gmb__splitmix64(&st) % N);
+    if (ids[k]) {
+      free_ok(ids[k]);
+      ids[k] = 0;
+      continue;
+    }
+    int small = gmb__splitmix64(&st) % 3 == 0;
+    uint64_t size = small ? 512 + gmb__splitmix64(&st) % GMB_POOL_SMALL_MAX
+                          : GMB_POOL_SMALL_MAX + 1 +
+                                gmb__splitmix64(&st) % (9 * GMB_MIB);
+    uint32_t flags = gmb__splitmix64(&st) & 1 ? GMB_MOVABLE : 0;
+    struct gmb_pool_stats ps;
+    gmb__pool_stats(pool, &ps);
+    uint64_t seg = (size + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+    struct gmb_alloc_info info;
+    int rc = gmb__pool_alloc(pool, ar[k & 1], size, flags, NULL, &info);
+    ck_assert_int_eq(gmb__pool_check(pool), 0);
+    if (rc == 0) {
+      ids[k] = info.id;
+      served++;
+      continue;
+    }
+    ck_assert_int_eq(rc, GMB_E_NOMEM);
+    refused++;
+    if (!small)
+      ck_assert_msg(ps.room < seg, "seed %u: %llu refused with room %llu",
+                    seed, (unsigned long long)size,
+                    (unsigned long long)ps.room);
+  }
+  ck_assert_uint_gt(served, 0);
+  ck_assert_uint_gt(refused, 0); /* the device did fill up */
+}
+END_TEST
+
+/* Placement rule 2: pinned and movable small allocations never share a
+ * segment by allocation; a segment whose last pinned allocation goes takes
+ * movable ones again; a pinned request takes over the lingering segment. */
+START_TEST(mobility_grouping) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info m1, p1, m2, p2, m3;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, GMB_MOVABLE, NULL, &m1), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, 0, NULL, &p1), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, GMB_MOVABLE, NULL, &m2), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 8192, 0, NULL, &p2), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_ne(p1.dseg->id, m1.dseg->id);
+  ck_assert_uint_eq(m2.dseg->id, m1.dseg->id);
+  ck_assert_uint_eq(p2.dseg->id, p1.dseg->id);
+  ck_assert_uint_eq(p2.offset, 4096); /* packed low */
+  /* The pinned segment empties and lingers; the next pinned request takes
+   * it over rather than making a segment. */
+  uint64_t pseg = p1.dseg->id;
+  free_ok(p1.id);
+  free_ok(p2.id);
+  ck_assert_uint_eq(dev->in_use, 2 * SEG);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, 0, NULL, &p1), 0);
+  ck_assert_uint_eq(p1.dseg->id, pseg);
+  ck_assert_uint_eq(dev->in_use, 2 * SEG);
+  /* Fill the movable segment; the next movable request makes a new
+   * segment, never the pinned one's free space. */
+  uint64_t fill[16];
+  unsigned nf = 0;
+  struct gmb_alloc_info f;
+  while (gmb__pool_alloc(pool, a, 128 * 1024, GMB_MOVABLE, NULL, &f) == 0 &&
+         f.dseg->id == m1.dseg->id)
+    fill[nf++] = f.id;
+  ck_assert_uint_ne(f.dseg->id, pseg);
+  ck_assert_uint_ne(f.dseg->id, m1.dseg->id);
+  fill[nf++] = f.id;
+  /* The pinned one goes: its segment lingers as a movable one, and the
+   * next movable request that does not fit elsewhere finds it. */
+  free_ok(p1.id);
+  struct gmb_alloc_info m4;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, GMB_POOL_SMALL_MAX, GMB_MOVABLE,
+                                   NULL, &m3), 0);
+  ck_assert_uint_eq(m3.dseg->id, f.dseg->id); /* best fit: the new one */
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, GMB_POOL_SMALL_MAX, GMB_MOVABLE,
+                                   NULL, &m4), 0);
+  ck_assert_uint_eq(m4.dseg->id, pseg);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  for (unsigned i = 0; i < nf; i++) free_ok(fill[i]);
+}
+END_TEST
+
+/* Without compaction (grouping off) nothing is moved, so a small request
+ * takes the best fit in either class: pinned and movable share a segment,
+ * which then counts as pinned, and no second segment is made. */
+START_TEST(grouping_off_shares_segments) {
+  gmb__pool_set_grouping(pool, 0);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info m1, p1, m2;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, GMB_MOVABLE, NULL, &m1), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, 0, NULL, &p1), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 4096, GMB_MOVABLE, NULL, &m2), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(p1.dseg->id, m1.dseg->id);
+  ck_assert_uint_eq(m2.dseg->id, m1.dseg->id);
+  ck_assert_uint_eq(dev->in_use, SEG);
+  /* The pinned one goes: the segment is movable again, still shared. */
+  free_ok(p1.id);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  free_ok(m1.id);
+  free_ok(m2.id);
+  gmb__pool_set_grouping(pool, 1);
 }
 END_TEST
 
@@ -638,32 +771,34 @@ START_TEST(device_free_figures) {
   gmb__pool_stats(pool, &st);
   ck_assert_uint_eq(st.free_in_segments, 0);
   ck_assert_uint_eq(st.largest_free, CAP);
-  /* Fill the device with 2 MiB large allocations, then free one in the
-   * middle of a shared large segment of arena b. */
+  ck_assert_uint_eq(st.room, CAP);
   struct gmb_alloc_info x, y, big;
   alloc_ok(a, 100 * 1024, NULL, &x); /* small segment: 2 MiB */
   alloc_ok(b, 30 * GMB_MIB + 512, NULL, &big); /* 32 MiB segment */
-  alloc_ok(b, GMB_MIB + 1024, NULL, &y);       /* in its remainder */
-  ck_assert_uint_eq(y.dseg->id, big.dseg->id);
+  alloc_ok(b, GMB_MIB + 1024, NULL, &y);       /* a 2 MiB one of its own */
+  ck_assert_uint_ne(y.dseg->id, big.dseg->id);
   gmb__pool_stats(pool, &st);
-  ck_assert_uint_eq(st.free_in_segments,
-                    (SEG - x.size) + (32 * GMB_MIB - big.size - y.size));
-  ck_assert_uint_eq(st.largest_free, CAP - 34 * GMB_MIB);
-  free_ok(big.id); /* a 30 MiB hole in b; the device has 30 MiB left */
+  ck_assert_uint_eq(st.free_in_segments, (SEG - x.size) +
+                                             (32 * GMB_MIB - big.size) +
+                                             (2 * GMB_MIB - y.size));
+  ck_assert_uint_eq(st.largest_free, CAP - 36 * GMB_MIB);
+  ck_assert_uint_eq(st.room, CAP - 36 * GMB_MIB);
+  free_ok(big.id); /* its segment goes back at once */
   gmb__pool_stats(pool, &st);
-  ck_assert_uint_eq(st.largest_free, big.size);
+  ck_assert_uint_eq(st.room, CAP - 4 * GMB_MIB);
+  ck_assert_uint_eq(st.largest_free, st.room);
   struct gmb_arena_stats as;
   gmb__pool_arena_stats(b, &as);
-  ck_assert_uint_eq(as.largest_free, big.size);
+  ck_assert_uint_eq(as.largest_free, 0); /* slack is no free range */
   ck_assert_uint_eq(as.moving, 0);
   ck_assert_uint_eq(as.used + as.free_total, as.segment_bytes);
   /* What largest_free promises, some arena can have: b, here. */
   struct gmb_alloc_info got;
   ck_assert_int_eq(gmb__pool_alloc(pool, b, st.largest_free, 0, NULL, &got),
                    0);
-  ck_assert_uint_eq(got.dseg->id, big.dseg->id);
   gmb__pool_stats(pool, &st);
-  ck_assert_uint_eq(st.largest_free, CAP - 34 * GMB_MIB);
+  ck_assert_uint_eq(st.room, 0);
+  ck_assert_uint_eq(st.largest_free, SEG - x.size);
 }
 END_TEST
 
@@ -830,7 +965,10 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, align_512);
   tcase_add_test(tc, small_share_segment);
   tcase_add_test(tc, large_rounded_segment);
-  tcase_add_test(tc, large_reuses_remainder);
+  tcase_add_test(tc, large_own_segment);
+  tcase_add_test(tc, large_never_refused_with_room);
+  tcase_add_test(tc, mobility_grouping);
+  tcase_add_test(tc, grouping_off_shares_segments);
   tcase_add_test(tc, free_twice);
   tcase_add_test(tc, free_unknown_id);
   tcase_add_test(tc, ids_never_reused);

@@ -316,11 +316,21 @@ START_TEST(reply_stats_roundtrip) {
   in.u.stats.used = 1;
   in.u.stats.peak = UINT64_MAX;
   in.u.stats.segments = 2 << 20;
+  in.u.stats.device_capacity = UINT64_C(70) << 30;
+  in.u.stats.device_segments = 6 << 20;
+  in.u.stats.device_used = 3;
+  in.u.stats.free_in_segments = (2 << 20) - 1;
+  in.u.stats.cached = 5 << 20; /* field 5 beside main's 16-19 */
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.stats.quota, 20 * (UINT64_C(1) << 30));
   ck_assert_uint_eq(out.u.stats.used, 1);
   ck_assert_uint_eq(out.u.stats.peak, UINT64_MAX);
   ck_assert_uint_eq(out.u.stats.segments, 2 << 20);
+  ck_assert_uint_eq(out.u.stats.device_capacity, UINT64_C(70) << 30);
+  ck_assert_uint_eq(out.u.stats.device_segments, 6 << 20);
+  ck_assert_uint_eq(out.u.stats.device_used, 3);
+  ck_assert_uint_eq(out.u.stats.free_in_segments, (2 << 20) - 1);
+  ck_assert_uint_eq(out.u.stats.cached, 5 << 20);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
@@ -645,6 +655,30 @@ START_TEST(decode_tenant_name_64_refused) {
   name = str_of(1000);
   ck_assert_int_eq(hello_with(name, 0, &r), GMB_E_PROTO);
   free(name);
+}
+END_TEST
+
+/* Issue 12, item 13: a NUL inside a name was read as a shorter name
+ * ("alice\0x" became "alice").  Names are bytes on the wire: refused. */
+START_TEST(decode_nul_in_names_refused) {
+  struct pb hello = {.n = 0}, p = {.n = 0};
+  pb_uint(&hello, 1, WIRE_PROTOCOL_VERSION);
+  pb_bytes(&hello, 2, "alice\0x", 7);
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 2, &hello);
+  struct wire_request r;
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &r), GMB_E_PROTO);
+  /* In the client's free text too. */
+  struct pb h2 = {.n = 0}, p2 = {.n = 0};
+  pb_uint(&h2, 1, WIRE_PROTOCOL_VERSION);
+  pb_bytes(&h2, 2, "alice", 5);
+  pb_bytes(&h2, 5, "lib\0gmb", 7);
+  pb_uint(&p2, 1, 1);
+  pb_sub(&p2, 2, &h2);
+  ck_assert_int_eq(gmb__wire_request_decode(p2.b, p2.n, &r), GMB_E_PROTO);
+  /* The same names without the NUL decode, as strings did. */
+  ck_assert_int_eq(hello_with("alice", 0, &r), 0);
+  ck_assert_str_eq(r.u.hello.tenant, "alice");
 }
 END_TEST
 
@@ -995,6 +1029,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, decode_empty_buffer);
   tcase_add_test(tc, decode_request_without_body);
   tcase_add_test(tc, decode_tenant_name_64_refused);
+  tcase_add_test(tc, decode_nul_in_names_refused);
   tcase_add_test(tc, decode_token_257_refused);
   tcase_add_test(tc, decode_secret_33_refused);
   tcase_add_test(tc, decode_version_1_messages);

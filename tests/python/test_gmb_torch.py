@@ -1,0 +1,150 @@
+"""test_gmb_torch.py - what client/python/gmb_torch.py does, including when a
+program calls the PyTorch features a CUDAPluggableAllocator cannot provide
+(docs/pytorch.md, "What the pluggable allocator cannot do").
+
+    python3 tests/python/test_gmb_torch.py BUILD_DIR
+
+Without PyTorch only the tests that need none run (enable() raises
+ImportError, library_path() honours GMB_TORCH_LIB); the others are skipped
+and the reason printed.  With PyTorch and a GPU the test starts its own
+broker (BUILD_DIR/gmb-broker --device cuda:0 in a run dir of its own),
+enables the allocator once, makes a tensor in broker memory and calls each
+feature: the statistics (memory_stats, memory_allocated,
+max_memory_allocated, reset_peak_memory_stats, memory_snapshot,
+_record_memory_history) must raise RuntimeError naming what the pluggable
+allocator does not support, sharing a CUDA tensor the way
+torch.multiprocessing does (reduce_tensor) must raise RuntimeError, and
+empty_cache() must do nothing; after each the tensor's bytes are intact.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.normpath(os.path.join(HERE, "..", ".."))
+BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                        os.environ.get("GMB_BUILD_DIR", "build"))
+sys.path.insert(0, os.path.join(TOP, "client", "python"))
+import gmb_torch  # noqa: E402
+
+try:
+    import torch
+    HAVE_TORCH = True
+    WHY_NOT = None
+    if not torch.cuda.is_available():
+        WHY_NOT = "PyTorch has no CUDA device here"
+except ImportError as e:
+    torch = None
+    HAVE_TORCH = False
+    WHY_NOT = "PyTorch is not installed (%s)" % e
+
+
+class WithoutTorch(unittest.TestCase):
+    @unittest.skipIf(HAVE_TORCH, "PyTorch is installed")
+    def test_enable_needs_torch(self):
+        with self.assertRaises(ImportError) as cm:
+            gmb_torch.enable(os.path.join(BUILD, "libgmb-torch.so"))
+        self.assertIn("gmb_torch needs PyTorch", str(cm.exception))
+
+    def test_library_path_env(self):
+        old = os.environ.get("GMB_TORCH_LIB")
+        try:
+            os.environ["GMB_TORCH_LIB"] = "/nonexistent/libgmb-torch.so"
+            with self.assertRaises(FileNotFoundError):
+                gmb_torch.library_path()
+            lib = os.path.join(BUILD, "libgmb-torch.so")
+            if os.path.isfile(lib):
+                os.environ["GMB_TORCH_LIB"] = lib
+                self.assertEqual(gmb_torch.library_path(), lib)
+        finally:
+            if old is None:
+                os.environ.pop("GMB_TORCH_LIB", None)
+            else:
+                os.environ["GMB_TORCH_LIB"] = old
+
+
+@unittest.skipIf(WHY_NOT is not None, WHY_NOT or "")
+class UnsupportedFeatures(unittest.TestCase):
+    broker = None
+    run_dir = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.run_dir = tempfile.mkdtemp(prefix="gmbpy-")
+        os.chmod(cls.run_dir, 0o755)
+        cls.log = open(os.path.join(cls.run_dir, "broker.log"), "w")
+        cls.broker = subprocess.Popen(
+            [os.path.join(BUILD, "gmb-broker"), "--device", "cuda:0",
+             "--run-dir", cls.run_dir], stdout=cls.log, stderr=cls.log)
+        sock = os.path.join(cls.run_dir, "broker.sock")
+        for _ in range(200):  # a bounded wait for a condition
+            if os.path.exists(sock) or cls.broker.poll() is not None:
+                break
+            time.sleep(0.05)
+        if not os.path.exists(sock):
+            raise unittest.SkipTest("no broker on cuda:0 came up; see %s"
+                                    % cls.log.name)
+        os.environ["GMB_ENDPOINT"] = "ipc://" + sock
+        os.environ.setdefault("GMB_TENANT", "pytest")
+        gmb_torch.enable(os.path.join(BUILD, "libgmb-torch.so"))
+        cls.x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.broker is not None:
+            cls.broker.terminate()
+            cls.broker.wait(timeout=30)
+        if cls.run_dir:
+            shutil.rmtree(cls.run_dir, ignore_errors=True)
+
+    def intact(self):
+        self.assertEqual(float(self.x[-1].item()), float((1 << 20) - 1))
+
+    def refused(self, fn):
+        with self.assertRaises(RuntimeError) as cm:
+            fn()
+        msg = str(cm.exception)
+        self.assertTrue("CUDAPluggableAllocator" in msg or
+                        "does not yet support" in msg or
+                        "not supported" in msg, msg)
+        print("  %s: RuntimeError: %s" % (getattr(fn, "__name__", fn),
+                                          msg.splitlines()[0]))
+        self.intact()
+
+    def test_memory_stats(self):
+        self.refused(torch.cuda.memory_stats)
+
+    def test_memory_allocated(self):
+        self.refused(torch.cuda.memory_allocated)
+
+    def test_max_memory_allocated(self):
+        self.refused(torch.cuda.max_memory_allocated)
+
+    def test_reset_peak_memory_stats(self):
+        self.refused(torch.cuda.reset_peak_memory_stats)
+
+    def test_memory_snapshot(self):
+        self.refused(torch.cuda.memory_snapshot)
+
+    def test_record_memory_history(self):
+        self.refused(lambda: torch.cuda.memory._record_memory_history())
+
+    def test_multiprocessing_sharing(self):
+        from torch.multiprocessing.reductions import reduce_tensor
+        self.refused(lambda: reduce_tensor(self.x))
+
+    def test_empty_cache_does_nothing(self):
+        torch.cuda.empty_cache()
+        self.intact()
+
+
+if __name__ == "__main__":
+    if WHY_NOT is not None:
+        print("test_gmb_torch: the tests that need PyTorch with CUDA are "
+              "skipped: %s" % WHY_NOT, flush=True)
+    r = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    sys.exit(0 if r.wasSuccessful() else 1)
