@@ -66,7 +66,7 @@ BROKER_SRC := broker/loop.c \
   broker/config.c broker/log.c
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
-  client/lib/fdclient.c client/lib/gpu.c
+  client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -78,12 +78,12 @@ $(B)/obj/client/lib/%.o: INC = $(LIB_INC)
 # Tests include the part they test: broker modules, the library, or only
 # the shared code.
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
-LIB_UNITS := check_client check_client_cuda check_segmap
+LIB_UNITS := check_client check_client_cuda check_segmap check_cache
 COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
-LIB_BENCHES := bench_alloc bench_import
+LIB_BENCHES := bench_alloc bench_import bench_cache
 $(B)/obj/tests/unit/%.o: INC = $(BROKER_INC)
 $(foreach u,$(LIB_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(LIB_INC)))
 $(foreach u,$(COMMON_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(COMMON_INC)))

@@ -277,6 +277,11 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
   rep->u.stats.device_segments = ps.segment_bytes;
   rep->u.stats.device_used = ps.used;
   rep->u.stats.free_in_segments = as.free_total;
+  /* As each session last reported it; never more than is used. */
+  uint64_t cached = 0;
+  for (const struct gmb_session *o = s->tenant->sessions; o; o = o->tenant_next)
+    cached += o->cached_free;
+  rep->u.stats.cached = cached < s->tenant->used ? cached : s->tenant->used;
   return 1;
 }
 
@@ -311,6 +316,7 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                            "belongs to another process");
   }
   s->last_seen_ns = gmb__now_ns();
+  s->cached_free = req->cached_free; /* piggy-backed on every request */
   switch (req->kind) {
     case WIRE_ALLOC:
       return dispatch_alloc(b, s, req, rep);

@@ -43,6 +43,7 @@ struct gmb_session {
   uint64_t *segs;   /* segment ids whose handle it was given, sorted */
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
+  uint64_t cached_free; /* free in its cache, as its last request said */
   uint32_t waiting; /* its requests in the wait queue (waitq.c) */
   int by_token;     /* its Hello proved the tenant with a token, not a uid */
   uint8_t token_sha256[32]; /* the hash it matched (by_token only) */

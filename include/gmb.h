@@ -64,9 +64,14 @@ typedef uint64_t gmb_id;              /* an allocation; 0 is never valid */
 
 typedef struct gmb_stats { /* one tenant, as the broker sees it now */
   uint64_t quota;          /* bytes it may hold; 0 = no limit */
-  uint64_t used;           /* bytes of its live allocations */
+  uint64_t used;           /* bytes of its live allocations (the slabs of
+                              caches included) */
   uint64_t peak;           /* highest `used` since the broker started */
   uint64_t segments;       /* bytes of device segments held for it */
+  uint64_t cached;         /* of `used`: held free in the caches of the
+                              tenant's sessions (gmb_malloc_async), as each
+                              last reported it; gmb_trim gives back this
+                              session's */
 } gmb_stats;
 
 #define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
@@ -181,6 +186,47 @@ GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id);
 GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
                                     void *cuda_stream);
 
+/*
+ * The fast path: a stream-ordered cache in this process, like
+ * cudaMallocAsync.  gmb_malloc_async returns in *ptr a block of at least
+ * `size` bytes (rounded up to 512), usable on `stream` (a CUstream; NULL:
+ * the legacy default stream; ignored on the host device).  It comes from
+ * the session's cache of pinned allocations ("slabs", which count against
+ * the tenant's quota like any allocation): requests up to 1 MiB share
+ * slabs of 2 MiB, larger ones get a slab of their own that stays cached
+ * after the free.  A request the cache can serve sends no message.  When
+ * a new slab meets the quota or a full device, the cache first gives its
+ * wholly free slabs back and tries once more: GMB_E_QUOTA or GMB_E_NOMEM
+ * then, explained.  GMB_E_INVAL for size 0.  The block is the caller's
+ * until gmb_free_async; the session's end frees it with everything else.
+ * Blocks are pinned (they never move) and are not gmb_id allocations:
+ * gmb_lock, gmb_free and gmb_read/write do not take them.
+ */
+GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
+                                void **ptr);
+
+/*
+ * Gives a block of gmb_malloc_async back to the cache, never waiting: it
+ * is reusable at once by requests on `stream`, and by requests on other
+ * streams once the work queued on `stream` before this call finished (an
+ * event recorded now).  So the caller may free as soon as the work that
+ * uses the block is queued on `stream`.  0 for ptr NULL.  GMB_E_NOENT for
+ * a pointer the cache did not give; GMB_E_INVAL for one already freed, or
+ * (on a GPU) for a stream that takes no event (destroyed): the block is
+ * then still the caller's.  Nothing changes on an error.
+ */
+GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream);
+
+/*
+ * Gives back to the broker the cache's slabs that are wholly free and
+ * that no stream's work can still use (their frees' events completed),
+ * largest first, until at most keep_bytes stay cached free; like
+ * cudaMemPoolTrimTo, or torch.cuda.empty_cache() with keep_bytes 0.
+ * Never waits for the device.  Returns 0 (what could not be given back
+ * shows in gmb_stats.cached).
+ */
+GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes);
+
 /* Copies n bytes from host memory `src` into the allocation at byte `off`
  * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the
  * copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU, whose memory
@@ -217,7 +263,8 @@ typedef struct gmb_device_stats { /* the broker's device, as its pool sees it */
  * take some of the room.  A broker older than these fields answers 0s. */
 GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out);
 
-/* Fills *out with the figures of this session's tenant. */
+/* Fills *out with the figures of this session's tenant, as the broker
+ * sees them (`cached`: with this session's figure as of this call). */
 GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out);
 
 /* A static sentence for an error code ("the tenant's quota ..."). */

@@ -32,6 +32,7 @@ typedef int gmb_cu_device;              /* CUdevice */
 typedef struct gmb_cu_ctx_st *gmb_cu_ctx;       /* CUcontext */
 typedef struct gmb_cu_stream_st *gmb_cu_stream; /* CUstream */
 typedef void (*gmb_cu_host_fn)(void *user);     /* CUhostFn */
+typedef struct gmb_cu_event_st *gmb_cu_event;   /* CUevent */
 
 /* The virtual memory management (VMM) API.  A generic allocation handle
  * names physical memory (cuMemCreate, or an import); it is mapped into a
@@ -69,6 +70,8 @@ struct gmb_cu_access_desc { /* CUmemAccessDesc */
 #define GMB_CU_ERROR_OUT_OF_MEMORY 2
 #define GMB_CU_ERROR_NOT_INITIALIZED 3
 #define GMB_CU_ERROR_INVALID_CONTEXT 201
+#define GMB_CU_ERROR_NOT_READY 600
+#define GMB_CU_EVENT_DISABLE_TIMING 0x2u
 #define GMB_CU_ERROR_NOT_SUPPORTED 801
 #define GMB_CU_STREAM_NON_BLOCKING 0x1u
 #define GMB_CU_MEM_ALLOCATION_TYPE_PINNED 0x1
@@ -127,6 +130,12 @@ struct gmb_cudrv {
   gmb_cu_result (*cuStreamIsCapturing)(gmb_cu_stream s, int *status);
   gmb_cu_result (*cuLaunchHostFunc)(gmb_cu_stream s, gmb_cu_host_fn fn,
                                     void *user);
+  /* Events (the stream-ordered cache): cuEventQuery answers
+   * GMB_CU_ERROR_NOT_READY while the work before the last record runs. */
+  gmb_cu_result (*cuEventCreate)(gmb_cu_event *e, unsigned flags);
+  gmb_cu_result (*cuEventRecord)(gmb_cu_event e, gmb_cu_stream s);
+  gmb_cu_result (*cuEventQuery)(gmb_cu_event e);
+  gmb_cu_result (*cuEventDestroy)(gmb_cu_event e);
   gmb_cu_result (*cuDeviceGetAttribute)(int *v, int attrib, gmb_cu_device d);
   gmb_cu_result (*cuMemGetAllocationGranularity)(
       size_t *granularity, const struct gmb_cu_mem_prop *prop, int option);

@@ -171,6 +171,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
     default:
       return GMB_E_INVAL;
   }
+  r.cached_free = req->cached_free;
   return wire_pack(&r.base, buf, len);
 }
 
@@ -181,6 +182,7 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   if (r == NULL) return GMB_E_PROTO;
   int rc = 0;
   out->id = r->id;
+  out->cached_free = r->cached_free;
   switch (r->body_case) {
     case GMB__REQUEST__BODY_HELLO:
       out->kind = WIRE_HELLO;
@@ -492,6 +494,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       stats.used = rep->u.stats.used;
       stats.peak = rep->u.stats.peak;
       stats.segments = rep->u.stats.segments;
+      stats.cached = rep->u.stats.cached;
       stats.device_capacity = rep->u.stats.device_capacity;
       stats.device_segments = rep->u.stats.device_segments;
       stats.device_used = rep->u.stats.device_used;
@@ -502,6 +505,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
     case WIRE_EVENT:
       ev.kind = (Gmb__EventKind)rep->u.event.kind;
       ev.segment = rep->u.event.segment;
+      ev.bytes = rep->u.event.bytes;
       ev.message = (char *)rep->message;
       r.body_case = GMB__REPLY__BODY_EVENT;
       r.event = &ev;
@@ -686,6 +690,7 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.stats.used = r->stats->used;
       out->u.stats.peak = r->stats->peak;
       out->u.stats.segments = r->stats->segments;
+      out->u.stats.cached = r->stats->cached;
       out->u.stats.device_capacity = r->stats->device_capacity;
       out->u.stats.device_segments = r->stats->device_segments;
       out->u.stats.device_used = r->stats->device_used;
@@ -695,6 +700,7 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->kind = WIRE_EVENT;
       out->u.event.kind = (enum wire_event)r->event->kind;
       out->u.event.segment = r->event->segment;
+      out->u.event.bytes = r->event->bytes;
       if (r->event->message && out->message[0] == '\0')
         strncpy(out->message, r->event->message, sizeof out->message - 1);
       break;

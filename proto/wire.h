@@ -52,11 +52,13 @@ enum wire_event {
   WIRE_EVENT_SHUTDOWN = 2,
   WIRE_EVENT_SESSION_ENDED = 3,
   WIRE_EVENT_EVICTED = 4,
+  WIRE_EVENT_TRIM = 5, /* give u.event.bytes of cached memory back */
 };
 
 struct wire_request {
   uint64_t id;
   enum wire_kind kind;
+  uint64_t cached_free; /* the sender's cache's free bytes (any kind) */
   union {
     struct {
       uint32_t version;
@@ -156,12 +158,14 @@ struct wire_reply {
     } alloc;
     struct {
       uint64_t quota, used, peak, segments;
+      uint64_t cached; /* of used: free in the tenant's sessions' caches */
       uint64_t device_capacity, device_segments, device_used,
           free_in_segments;
     } stats;
     struct {
       enum wire_event kind;
       uint64_t segment;
+      uint64_t bytes; /* WIRE_EVENT_TRIM */
     } event; /* the reason is in `message` */
     struct wire_admin_status admin_status;
     struct wire_compact_stats compact;

@@ -41,6 +41,14 @@
  * session it was given to has unmapped it.  gmb_unlock_on_stream queues the
  * release of a hold on a stream; the lock table then outlives the client
  * until every such release ran (cuimport.c, gmb__cuda_unmap_later).
+ *
+ * gmb_malloc_async/gmb_free_async go through the session's cache
+ * (cache.c), whose slabs are pinned allocations of this session made and
+ * freed with the ordinary requests; a hit takes no mutex of the client's
+ * and sends nothing.  On a GPU the cache records and queries events
+ * (cuimport.c).  A slab freed by the cache is not waited for (the cache
+ * gives back only slabs no stream's work can still use); the cache's
+ * records are freed at disconnect, after the Bye that frees its slabs.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +65,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cache.h"
 #include "client.h"
 #include "cuimport.h"
 #include "endpoint.h"
@@ -75,6 +84,11 @@
  * application that only locks and unlocks sends nothing that would read
  * the retirement otherwise. */
 #define CLIENT_CUDA_DRAIN_MS 100u
+/* The library thread's longest period: how often it reads events (a TRIM
+ * is answered within about this) and reports a change of the cache's
+ * free bytes when nothing else carried it (at most one Heartbeat per
+ * period: the report is rate-limited by this). */
+#define CLIENT_REPORT_MS 100u
 
 struct gmb_client {
   pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
@@ -97,6 +111,7 @@ struct gmb_client {
   uint64_t session;
   int fdsock; /* the descriptor channel (fdclient.c); -1: none */
   struct gmb_segmap *map;
+  struct gmb_cache *cache; /* gmb_malloc_async's; made at connect */
 
   /* The lock table; NULL when the broker gave none (movable allocations
    * are then never moved, and locked like pinned ones). */
@@ -105,6 +120,13 @@ struct gmb_client {
   uint32_t lt_slots;
   size_t lt_bytes;
   int lock_timeout_ms; /* $GMB_LOCK_TIMEOUT_MS: longest wait for a move */
+
+  /* Bytes a TRIM event asked for, not given back yet: the event is read
+   * holding io, and giving slabs back needs io, so the library thread
+   * does it after (client_trim_asked). */
+  _Atomic uint64_t trim_want;
+  uint64_t reported; /* the cached_free the last request carried; io */
+  atomic_int cache_thread; /* the library thread runs for the cache */
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -186,6 +208,10 @@ static int client_send(gmb_client *c, struct wire_request *req, int flags) {
   uint8_t *buf;
   size_t len;
   req->id = ++c->next_id;
+  /* The cache's free bytes ride on every request (heartbeats included):
+   * the broker learns them without a message of their own. */
+  req->cached_free = gmb__cache_cached(c->cache);
+  c->reported = req->cached_free;
   int rc = gmb__wire_request_encode(req, &buf, &len);
   if (rc) return client_fail(rc, "cannot encode a %s request",
                              gmb__wire_kind_name(req->kind));
@@ -208,6 +234,17 @@ static void client_heartbeat_due(gmb_client *c) {
   /* A heartbeat that cannot go out now is not a reason to end the client:
    * a lost connection is reported by the monitor, with its cause. */
   if (client_send(c, &req, ZMQ_DONTWAIT) == 0) c->hb_last_ns = now;
+}
+
+/* Tells the broker the cache's free bytes when they changed since the
+ * last request carried them: a Heartbeat (no reply) with the figure.
+ * Holds io. */
+static void client_report_due(gmb_client *c) {
+  if (atomic_load(&c->dead) || gmb__cache_cached(c->cache) == c->reported)
+    return;
+  struct wire_request req = {.kind = WIRE_HEARTBEAT};
+  if (client_send(c, &req, ZMQ_DONTWAIT) == 0 && c->hb_ms)
+    c->hb_last_ns = gmb__now_ns();
 }
 
 /* An event pushed by the broker.  Holds io. */
@@ -239,6 +276,16 @@ static void client_event(gmb_client *c, const struct wire_reply *ev) {
       if (!atomic_load(&c->dead)) c->dead_code = GMB_E_EVICTED;
       client_kill(c, "evicted: %s",
                   ev->message[0] ? ev->message : "by an operator");
+      break;
+    case WIRE_EVENT_TRIM:
+      /* The broker wants cached memory back for another request.  Done
+       * by the library thread once io is free; woken now. */
+      atomic_store(&c->trim_want, ev->u.event.bytes ? ev->u.event.bytes : 1);
+      if (c->hb_running) {
+        pthread_mutex_lock(&c->hb_mu);
+        pthread_cond_signal(&c->hb_cv);
+        pthread_mutex_unlock(&c->hb_mu);
+      }
       break;
     default:
       break; /* a kind from a newer broker: nothing this client must do */
@@ -420,24 +467,39 @@ static int client_call(gmb_client *c, struct wire_request *req,
   }
 }
 
+static struct gmb_cache *client_cache_new(gmb_client *c);
+
+/* Answers a TRIM event: gives back up to the bytes asked of what the
+ * cache holds free (wholly free slabs, largest first).  Holds nothing. */
+static void client_trim_asked(gmb_client *c) {
+  uint64_t want = atomic_exchange(&c->trim_want, 0);
+  if (want == 0 || c->cache == NULL) return;
+  uint64_t cached = gmb__cache_cached(c->cache);
+  gmb__cache_trim(c->cache, cached > want ? cached - want : 0, NULL);
+}
+
 /* --- heartbeats ------------------------------------------------------------- */
 
 static void *client_heartbeat_main(void *arg) {
   gmb_client *c = arg;
   pthread_mutex_lock(&c->hb_mu);
   while (!c->hb_stop) {
+    if (atomic_load(&c->trim_want) == 0) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
     ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
     ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
     pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
+    }
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_mu);
     pthread_mutex_lock(&c->io);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
+    client_report_due(c);
     pthread_mutex_unlock(&c->io);
+    client_trim_asked(c);
     pthread_mutex_lock(&c->hb_mu);
   }
   pthread_mutex_unlock(&c->hb_mu);
@@ -530,6 +592,7 @@ static void client_free(gmb_client *c) {
   else if (c->lt)
     munmap(c->lt, c->lt_bytes);
   gmb__segmap_destroy(c->map);
+  gmb__cache_destroy(c->cache);
   pthread_mutex_destroy(&c->io);
   free(c);
 }
@@ -749,8 +812,18 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     gmb_disconnect(c); /* says Bye; keeps this thread's last error */
     return rc;
   }
+  c->cache = client_cache_new(c);
+  if (c->cache == NULL) {
+    client_fail(GMB_E_SYSTEM, "out of memory");
+    gmb_disconnect(c);
+    return GMB_E_SYSTEM;
+  }
   /* A cuda session runs the thread without heartbeats too (the broker
-   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS. */
+   * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS.  A
+   * session that uses the cache gets it at its first gmb_malloc_async
+   * (client_cache_thread), and not before: a process that never caches
+   * keeps the threads it had (fewer threads to be caught by a fork). */
+  c->hb_ms = hb_ms;
   uint32_t tick_ms = hb_ms ? hb_ms : c->cuda ? CLIENT_CUDA_DRAIN_MS : 0;
   if (tick_ms) {
     c->hb_ms = hb_ms;
@@ -902,9 +975,10 @@ GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
   return client_alloc(c, size, flags, timeout_ms, out);
 }
 
-GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (c->cuda) {
+/* Frees allocation id; waits for the device first when `sync` (see
+ * gmb_free). */
+static int client_free_id(gmb_client *c, gmb_id id, int sync) {
+  if (sync && c->cuda) {
     /* As cudaFree: kernels queued on the memory may still use it, and
      * once the broker has it back it may copy it or give it to another
      * tenant.  A wait that failed (a fault, a graph capture in progress)
@@ -927,6 +1001,11 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   }
   pthread_mutex_unlock(&c->io);
   return rc;
+}
+
+GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  return client_free_id(c, id, 1);
 }
 
 /* --- locks ---------------------------------------------------------------- */
@@ -1210,6 +1289,10 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   out->used = rep.u.stats.used;
   out->peak = rep.u.stats.peak;
   out->segments = rep.u.stats.segments;
+  /* The broker's sum over the tenant's sessions (this one's as this
+   * request reported it); an older broker sends 0: this session's then. */
+  out->cached = rep.u.stats.cached ? rep.u.stats.cached
+                                   : gmb__cache_cached(c->cache);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -1298,4 +1381,141 @@ GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream) {
   int rc = gmb__cuda_capturing(c->cuda_ordinal, cuda_stream, why, sizeof why);
   if (rc < 0) return client_fail(rc, "%s", why);
   return rc;
+}
+
+/* --- the stream-ordered cache ---------------------------------------------- */
+
+/* The cache's backend: pinned allocations of this session.  A slab is
+ * locked once, for its address (pinned: no hold is taken, nothing moves). */
+static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
+                             uintptr_t *base) {
+  gmb_client *c = ctx;
+  gmb_id a;
+  if (size > SIZE_MAX)
+    return client_fail(GMB_E_INVAL, "a slab of %llu bytes",
+                       (unsigned long long)size);
+  int rc = client_alloc(c, (size_t)size, 0, 0, &a);
+  if (rc) return rc;
+  void *p;
+  rc = gmb_lock(c, a, &p);
+  if (rc) {
+    client_free_id(c, a, 0);
+    return rc;
+  }
+  *id = a;
+  *base = (uintptr_t)p;
+  return 0;
+}
+
+/* No wait for the device: the cache frees only slabs that no stream's
+ * work can use any more.  A failure keeps the slab until the session's
+ * end, as the broker frees it then. */
+static void client_slab_free(void *ctx, uint64_t id) {
+  char saved[sizeof client_err];
+  memcpy(saved, client_err, sizeof saved);
+  client_free_id(ctx, id, 0);
+  memcpy(client_err, saved, sizeof saved);
+}
+
+static int client_ev_new(void *ctx, void **ev) {
+  gmb_client *c = ctx;
+  char why[256];
+  int rc = gmb__cuda_event_new(c->cuda_ordinal, ev, why, sizeof why);
+  return rc ? client_fail(rc, "%s", why) : 0;
+}
+
+static int client_ev_record(void *ctx, void *ev, void *stream) {
+  gmb_client *c = ctx;
+  char why[256];
+  int rc = gmb__cuda_event_record(c->cuda_ordinal, ev, stream, why,
+                                  sizeof why);
+  return rc ? client_fail(rc, "%s", why) : 0;
+}
+
+static int client_ev_query(void *ctx, void *ev) {
+  return gmb__cuda_event_query(((gmb_client *)ctx)->cuda_ordinal, ev);
+}
+
+static void client_ev_destroy(void *ctx, void *ev) {
+  gmb__cuda_event_destroy(((gmb_client *)ctx)->cuda_ordinal, ev);
+}
+
+static struct gmb_cache *client_cache_new(gmb_client *c) {
+  struct gmb_cache_ops ops = {.ctx = c,
+                              .slab_alloc = client_slab_alloc,
+                              .slab_free = client_slab_free};
+  if (c->cuda) {
+    ops.event_new = client_ev_new;
+    ops.event_record = client_ev_record;
+    ops.event_query = client_ev_query;
+    ops.event_destroy = client_ev_destroy;
+  }
+  return gmb__cache_new(&ops, 0);
+}
+
+/* The library thread, at most every CLIENT_REPORT_MS, for a session that
+ * caches: it reports the cache's free bytes and answers TRIM events while
+ * the application is idle.  Started once, at the first gmb_malloc_async
+ * (a flag read without a lock makes the usual case free). */
+static int client_cache_thread(gmb_client *c) {
+  if (atomic_load_explicit(&c->cache_thread, memory_order_acquire)) return 0;
+  int rc = 0;
+  pthread_mutex_lock(&c->io);
+  if (!atomic_load(&c->cache_thread)) {
+    if (c->hb_running) {
+      pthread_mutex_lock(&c->hb_mu);
+      if (c->tick_ms > CLIENT_REPORT_MS) c->tick_ms = CLIENT_REPORT_MS;
+      pthread_mutex_unlock(&c->hb_mu);
+    } else {
+      c->tick_ms = CLIENT_REPORT_MS;
+      rc = client_heartbeat_start(c);
+    }
+    if (rc == 0) atomic_store_explicit(&c->cache_thread, 1,
+                                       memory_order_release);
+  }
+  pthread_mutex_unlock(&c->io);
+  return rc;
+}
+
+GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
+                                void **ptr) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
+  *ptr = NULL;
+  if (size == 0) return client_fail(GMB_E_INVAL, "size 0");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  int trc = client_cache_thread(c);
+  if (trc) return trc; /* explained */
+  int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "%zu bytes is more than the cache serves", size);
+  if (rc == GMB_E_SYSTEM)
+    return client_fail(rc, "out of host memory for the cache's records");
+  return rc; /* a slab's failure, explained by client_alloc */
+}
+
+GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return 0; /* as free(NULL) */
+  int rc = gmb__cache_free(c->cache, ptr, stream);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "%p is not a block gmb_malloc_async gave", ptr);
+  if (rc == GMB_E_INVAL && !c->cuda)
+    return client_fail(rc, "%p is already free (a double free)", ptr);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "%p is already free, or the stream took no event "
+                       "(%s)", ptr, gmb_last_error(c));
+  if (rc) return client_fail(rc, "%p not freed: %s", ptr, gmb_last_error(c));
+  return 0;
+}
+
+GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  return gmb__cache_trim(c->cache, keep_bytes, NULL);
+}
+
+/* For tests and benchmarks (not exported): the cache's counters. */
+void gmb__client_cache_counters(gmb_client *c,
+                                struct gmb_cache_counters *out) {
+  gmb__cache_counters(c ? c->cache : NULL, out);
 }

@@ -492,6 +492,71 @@ uint64_t gmb__cuda_pending(void) {
   return atomic_load_explicit(&cuda_pending, memory_order_acquire);
 }
 
+/* --- events (the stream-ordered cache) ------------------------------------ */
+
+int gmb__cuda_event_new(int ordinal, void **ev, char *why, size_t cap) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) {
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+    return GMB_E_DEVICE;
+  }
+  gmb_cu_ctx prev;
+  gmb_cu_event e = NULL;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  if (r == GMB_CU_SUCCESS) {
+    r = cuda_drv.cuEventCreate(&e, GMB_CU_EVENT_DISABLE_TIMING);
+    cuda_leave(d, prev);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuEventCreate", why, cap);
+    return GMB_E_DEVICE;
+  }
+  *ev = e;
+  return 0;
+}
+
+int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
+                           size_t cap) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) {
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+    return GMB_E_DEVICE;
+  }
+  gmb_cu_ctx prev;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  if (r == GMB_CU_SUCCESS) {
+    r = cuda_drv.cuEventRecord((gmb_cu_event)ev, (gmb_cu_stream)stream);
+    cuda_leave(d, prev);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuEventRecord on the stream", why, cap);
+    return GMB_E_INVAL;
+  }
+  return 0;
+}
+
+int gmb__cuda_event_query(int ordinal, void *ev) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL) return GMB_E_DEVICE;
+  gmb_cu_ctx prev;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  if (r == GMB_CU_SUCCESS) {
+    r = cuda_drv.cuEventQuery((gmb_cu_event)ev);
+    cuda_leave(d, prev);
+  }
+  if (r == GMB_CU_SUCCESS) return 1;
+  return r == GMB_CU_ERROR_NOT_READY ? 0 : GMB_E_DEVICE;
+}
+
+void gmb__cuda_event_destroy(int ordinal, void *ev) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  gmb_cu_ctx prev;
+  if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
+    cuda_drv.cuEventDestroy((gmb_cu_event)ev);
+    cuda_leave(d, prev);
+  }
+}
+
 /* --- which GPU: ordinals, UUIDs, the current device ----------------------- */
 
 /* Loads the driver once per process (under cuda_mu); 0 or GMB_E_DEVICE

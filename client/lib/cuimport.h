@@ -95,6 +95,19 @@ int gmb__cuda_release_on_stream(int ordinal, _Atomic uint32_t *state,
  */
 void gmb__cuda_unmap_later(void *p, size_t len);
 
+/* Events for the stream-ordered cache (cache.c), in device `ordinal`'s
+ * primary context.  event_new: 0 with *ev (cuEventCreate, no timing) or
+ * GMB_E_DEVICE.  event_record: 0, or GMB_E_INVAL when the stream does
+ * not take it (destroyed, invalid), explained.  event_query: 1 when the
+ * work before the last record finished, 0 when not yet, GMB_E_DEVICE when
+ * the driver cannot tell (a fault).  event_destroy may be called with
+ * records pending. */
+int gmb__cuda_event_new(int ordinal, void **ev, char *why, size_t cap);
+int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
+                           size_t cap);
+int gmb__cuda_event_query(int ordinal, void *ev);
+void gmb__cuda_event_destroy(int ordinal, void *ev);
+
 /* The UUID ("GPU-...") of this process's GPU `ordinal`, through the
  * driver (loaded here if need be).  0, or GMB_E_DEVICE explained (no
  * driver, no such ordinal, a fork child). */

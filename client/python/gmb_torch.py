@@ -10,7 +10,7 @@ any gmb client).  See docs/pytorch.md.
 """
 import os
 
-__all__ = ["enable", "library_path", "last_error"]
+__all__ = ["enable", "library_path", "last_error", "empty_cache"]
 
 _LIB_NAME = "libgmb-torch.so"
 _enabled_path = None
@@ -73,3 +73,13 @@ def last_error():
     lib = ctypes.CDLL(_enabled_path or library_path())
     lib.gmb_torch_last_error.restype = ctypes.c_char_p
     return lib.gmb_torch_last_error().decode("utf-8", "replace")
+
+
+def empty_cache():
+    """Gives the free memory this process's gmb cache holds back to the
+    broker (gmb_trim), for other jobs; call it beside
+    torch.cuda.empty_cache(), which a pluggable allocator does not reach.
+    Returns 0, or a negative GMB_E_* code when there is no session."""
+    import ctypes
+    lib = ctypes.CDLL(_enabled_path or library_path())
+    return lib.gmb_torch_empty_cache()

@@ -16,7 +16,7 @@
  * the memory whatever device is current then, in an open-addressing table under one mutex.  The broker's
  * round trip on each alloc and free costs far more than the mutex, so a
  * lock-free table would buy nothing measurable.  Invariants: a key is a
- * pointer gmb_lock returned (512-byte aligned, so never 0 or 1, which mark
+ * pointer gmb_lock or gmb_malloc_async returned (512-byte aligned, so never 0 or 1, which mark
  * empty and deleted slots); `used + deleted` stays under 3/4 of `cap`.
  */
 #include <pthread.h>
@@ -293,6 +293,52 @@ int gmb__shim_free(void *ptr) {
       shim_put(ptr, id, c) != 0)
     rc = GMB_E_SYSTEM;
   return rc;
+}
+
+int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
+                           void **ptr) {
+  void *p = NULL;
+  int rc = gmb_malloc_async(c, size, stream, &p);
+  if (rc) return rc;
+  /* id 0: a block of the session's cache, not an allocation of its own. */
+  if ((uintptr_t)p <= SHIM_DELETED) rc = GMB_E_PROTO;
+  else rc = shim_put(p, 0, c);
+  if (rc) {
+    gmb_free_async(c, p, stream);
+    return rc;
+  }
+  *ptr = p;
+  return 0;
+}
+
+int gmb__shim_free_async(void *ptr, void *stream) {
+  gmb_id id;
+  gmb_client *c;
+  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c))
+    return GMB_E_NOENT;
+  int rc = gmb_free_async(c, ptr, stream);
+  /* Not freed (the stream took no event): still ours, still in use.  A
+   * dead session took the memory with it. */
+  if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED && rc != GMB_E_NOENT &&
+      shim_put(ptr, id, c) != 0)
+    rc = GMB_E_SYSTEM;
+  return rc;
+}
+
+int gmb__shim_trim_all(size_t keep_bytes) {
+  pthread_once(&shim_once, shim_start);
+  if (gmb__shim_forked()) return GMB_E_CONN;
+  if (shim_host) return gmb_trim(shim_host, keep_bytes);
+  int first = 0;
+  for (int d = 0; d < GMB_SHIM_MAX_DEVICES; d++) {
+    pthread_mutex_lock(&shim_conn_mu);
+    gmb_client *c = shim_devs[d].c;
+    pthread_mutex_unlock(&shim_conn_mu);
+    if (c == NULL) continue;
+    int rc = gmb_trim(c, keep_bytes);
+    if (rc && first == 0) first = rc;
+  }
+  return first;
 }
 
 int gmb__shim_keep(void *ptr) {

@@ -74,6 +74,28 @@ int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr);
  * handed back while the GPU may still use it. */
 int gmb__shim_free(void *ptr);
 
+/*
+ * The stream-ordered cache's path (libgmb-torch.so): gmb_malloc_async on
+ * session c and `stream`, the pointer remembered (with its session) as
+ * gmb__shim_alloc's are, so that a free finds its session whatever
+ * device is current.  0 or the GMB_E_* code, explained by
+ * gmb_last_error(c).
+ */
+int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
+                           void **ptr);
+
+/* Frees what gmb__shim_malloc_async gave: gmb_free_async on the session it
+ * came from (never waits; the block is reusable on `stream` at once, on
+ * others once its work ran).  GMB_E_NOENT, touching nothing, for a
+ * pointer that is not one of ours; else gmb_free_async's result (the
+ * pointer stays ours when that fails, other than a session that is gone). */
+int gmb__shim_free_async(void *ptr, void *stream);
+
+/* gmb_trim(keep_bytes) on every session this shim holds (each device's,
+ * or the one host session).  0 (also when there is none yet), or the
+ * first failure's GMB_E_* code. */
+int gmb__shim_trim_all(size_t keep_bytes);
+
 /* Forgets ptr without freeing it (memory a CUDA graph may still use):
  * it stays allocated until the session ends.  0 or GMB_E_NOENT. */
 int gmb__shim_keep(void *ptr);

@@ -5,9 +5,16 @@
  *
  * PyTorch hands every device allocation of the process to gmb_torch_alloc
  * and gives it back with gmb_torch_free, passing the same size, device and
- * stream.  Allocations are pinned (a tensor holds a raw pointer) and come
- * from the session of the device PyTorch names (shim.c: one per device,
- * each with the broker of that GPU).
+ * stream.  Allocations come from the session of the device PyTorch names
+ * (shim.c: one per device, each with the broker of that GPU) and go
+ * through that session's stream-ordered cache (gmb_malloc_async /
+ * gmb_free_async on PyTorch's stream), as PyTorch's own caching allocator
+ * would serve them: a tensor made and dropped in a steady loop sends no
+ * message and the free never waits for the GPU (the block is reusable at
+ * once on its stream, on others once an event recorded at the free
+ * completed).  Blocks are pinned (a tensor holds a raw pointer).
+ * gmb_torch_empty_cache (gmb_torch.empty_cache()) gives every session's
+ * free cached slabs back to its broker, as torch.cuda.empty_cache() does.
  *
  * The contract, read from PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
  * (the 2.x sources): malloc calls alloc_fn_ and stores whatever it returns
@@ -28,13 +35,10 @@
  * (gmb_connect_gpu), and a device without a broker is refused with the
  * reason.  A free goes to the session the pointer came from.
  *
- * Free: gmb_free waits for the GPU (cuCtxSynchronize in the primary
- * context) before handing the bytes back; when the wait fails the memory
- * stays allocated.  During a CUDA graph capture on the allocation's stream
- * a synchronisation would invalidate the capture, and the graph may use
- * the memory at every replay, for as long as it lives, which the allocator
- * cannot see: such memory is kept, never handed back, until the process
- * ends (gmb_torch_kept() counts it).
+ * Free: never waits.  During a CUDA graph capture on the allocation's
+ * stream the graph may use the memory at every replay, for as long as it
+ * lives, which the allocator cannot see: such memory is kept, never handed
+ * back to the cache, until the process ends (gmb_torch_kept() counts it).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,6 +55,7 @@ GMB_SHIM_API unsigned long long gmb_torch_kept(void);
 GMB_SHIM_API void gmb_torch_free(void *ptr, ssize_t size, int device,
                                  void *stream);
 GMB_SHIM_API const char *gmb_torch_last_error(void);
+GMB_SHIM_API int gmb_torch_empty_cache(void);
 
 /* The last failure of the process (not the thread: PyTorch reports an OOM
  * on whichever thread asks, often not the allocating one). */
@@ -80,7 +85,6 @@ static _Atomic unsigned long long torch_kept;
 unsigned long long gmb_torch_kept(void) { return torch_kept; }
 
 void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
-  (void)stream; /* pinned memory is usable on every stream */
   if (size <= 0) return NULL;
   const char *why = NULL;
   int dev = device;
@@ -93,7 +97,7 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
     return NULL;
   }
   void *p = NULL;
-  int rc = gmb__shim_alloc(c, (size_t)size, &p);
+  int rc = gmb__shim_malloc_async(c, (size_t)size, stream, &p);
   if (rc) {
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                gmb_last_error(c));
@@ -112,8 +116,8 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   }
   gmb_client *c = gmb__shim_owner(ptr);
   if (c == NULL) {
-    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave "
-               "(%s)", (long long)size, "ignored");
+    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
+               "or one freed already (%s)", (long long)size, "ignored");
     return;
   }
   /* During a graph capture: keep the memory (see the top). */
@@ -125,12 +129,15 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
                "ends, since the graph may use it at every replay");
     return;
   }
-  /* gmb_free waits for the GPU's queued work first; it frees nothing
-   * when that wait fails. */
-  int rc = gmb__shim_free(ptr);
+  /* Reusable at once on `stream`; on others after its work ran.  A
+   * failure frees nothing. */
+  int rc = gmb__shim_free_async(ptr, stream);
   if (rc == GMB_E_NOENT)
-    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave "
-               "(%s)", (long long)size, "ignored");
+    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
+               "or one freed already (%s)", (long long)size, "ignored");
+  else if (rc == GMB_E_INVAL)
+    torch_fail("gmb_torch_free(%lld): %s", (long long)size,
+               gmb_last_error(c));
   else if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED)
     torch_fail("gmb_torch_free(%lld): %s", (long long)size, gmb_last_error(c));
 }
@@ -143,3 +150,7 @@ const char *gmb_torch_last_error(void) {
   pthread_mutex_unlock(&torch_err_mu);
   return torch_err_copy;
 }
+
+/* torch.cuda.empty_cache(): every session's wholly free cached slabs go
+ * back to its broker (each device's).  0, or the first GMB_E_* code. */
+int gmb_torch_empty_cache(void) { return gmb__shim_trim_all(0); }

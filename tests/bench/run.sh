@@ -6,6 +6,7 @@
 # BUILD_DIR/bench/bench_pool (the allocator alone, in-process),
 # BUILD_DIR/bench/bench_alloc (allocations through a real broker),
 # BUILD_DIR/bench/bench_import (a host segment's import: descriptor + map),
+# BUILD_DIR/bench/bench_cache (the client cache beside a round trip),
 # BUILD_DIR/bench/bench_compact (compaction's copy throughput, when built)
 # and the fragmentation suite (tests/bench/frag.sh: traces replayed with
 # gmb-replay, compaction off and auto, and the plot docs/img/frag.png).
@@ -25,7 +26,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 status=0
-for bench in bench_pool bench_alloc bench_import bench_compact frag; do
+for bench in bench_pool bench_alloc bench_import bench_cache bench_compact frag; do
   case " ${BENCH_SKIP:-} " in
     *" $bench "*) echo; echo "== $bench (skipped: BENCH_SKIP)"; continue ;;
   esac

@@ -105,6 +105,8 @@ SAME_VALUE(100, CUDA_ERROR_NO_DEVICE);
 SAME_VALUE(101, CUDA_ERROR_INVALID_DEVICE);
 SAME_VALUE(400, CUDA_ERROR_INVALID_HANDLE);
 SAME_VALUE(500, CUDA_ERROR_NOT_FOUND);
+SAME_VALUE(GMB_CU_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+SAME_VALUE(GMB_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
 
 /* The macros map the names cudrv.c asks for to the ABI cudrv.h describes:
  * each real function must convert to the member's pointer type with the
@@ -124,6 +126,10 @@ ABI(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, CUcontext *, CUdevice);
 ABI(cuStreamDestroy, cuStreamDestroy, CUstream);
 ABI(cuStreamCreate, cuStreamCreate, CUstream *, unsigned int);
 ABI(cuLaunchHostFunc, cuLaunchHostFunc, CUstream, CUhostFn, void *);
+ABI(cuEventCreate, cuEventCreate, CUevent *, unsigned int);
+ABI(cuEventRecord, cuEventRecord, CUevent, CUstream);
+ABI(cuEventQuery, cuEventQuery, CUevent);
+ABI(cuEventDestroy, cuEventDestroy, CUevent);
 ABI(cuDeviceGetName, cuDeviceGetName, char *, int, CUdevice);
 ABI(cuDeviceGetUuid, cuDeviceGetUuid, CUuuid *, CUdevice);
 ABI(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, char *, int, CUdevice);

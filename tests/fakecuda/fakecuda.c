@@ -115,6 +115,12 @@
  *   capture.  cuStreamIsCapturing answers CU_STREAM_CAPTURE_STATUS_NONE, or
  *   ACTIVE for the streams named in $FAKECUDA_CAPTURING ("all", or "null"
  *   for the legacy stream): tests stand for a graph capture with it.
+ *
+ * - Events: cuEventRecord queues a mark on its stream (the NULL stream or
+ *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one);
+ *   cuEventQuery answers CUDA_ERROR_NOT_READY until the stream ran past
+ *   the event's last record.  An event destroyed with records pending is
+ *   freed when they ran.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -169,6 +175,7 @@ enum {
   CUDA_ERROR_OPERATING_SYSTEM = 304,
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
 };
@@ -811,9 +818,12 @@ static CUresult release(CUmemGenericAllocationHandle v) {
 
 /* --- streams ------------------------------------------------------------ */
 
+struct fake_event;
 struct fake_work {
   struct fake_work *next;
-  CUhostFn fn; /* NULL: a copy */
+  struct fake_event *ev; /* an event's record: completes it */
+  uint64_t gen;
+  CUhostFn fn; /* NULL: a copy (or an event's record) */
   void *user;
   char *dst;
   const char *src;
@@ -834,6 +844,30 @@ static struct fake_stream fake_null_stream = {
     .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static struct fake_stream *fake_streams; /* created ones, under fake_mu */
 
+/* An event: the generation of its last record, and the highest one a
+ * stream reached.  Referenced by its handle and by every queued record,
+ * so destroying it with records pending is safe (as in CUDA). */
+struct fake_event {
+  uint32_t magic;
+  _Atomic uint64_t recorded, completed;
+  _Atomic int refs;
+};
+#define FAKE_EVENT_MAGIC 0x45564e54u
+
+static void event_unref(struct fake_event *e) {
+  if (atomic_fetch_sub(&e->refs, 1) == 1) {
+    e->magic = 0;
+    free(e);
+  }
+}
+
+static void event_fire(struct fake_event *e, uint64_t gen) {
+  uint64_t c = atomic_load(&e->completed);
+  while (c < gen && !atomic_compare_exchange_weak(&e->completed, &c, gen)) {
+  }
+  event_unref(e);
+}
+
 static void *stream_worker(void *arg) {
   struct fake_stream *s = arg;
   pthread_mutex_lock(&s->mu);
@@ -845,7 +879,9 @@ static void *stream_worker(void *arg) {
     if (!s->head) s->tail = NULL;
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
-    if (w->fn)
+    if (w->ev)
+      event_fire(w->ev, w->gen);
+    else if (w->fn)
       w->fn(w->user);
     else
       memcpy(w->dst, w->src, w->n);
@@ -1582,6 +1618,60 @@ static CUresult fake_cuLaunchHostFunc(void *h, CUhostFn fn, void *user) {
   return r;
 }
 
+/* Events: cuEventRecord queues a mark on the stream; cuEventQuery is
+ * CUDA_SUCCESS once the stream ran past the last record (or when the
+ * event was never recorded), CUDA_ERROR_NOT_READY before. */
+static CUresult fake_cuEventCreate(void **out, unsigned flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!out || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_event *e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  e->magic = FAKE_EVENT_MAGIC;
+  atomic_store(&e->refs, 1);
+  *out = e;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuEventRecord(void *h, void *stream) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  struct fake_event *e = h;
+  if (!e || e->magic != FAKE_EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  struct fake_stream *s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  struct fake_work *w = calloc(1, sizeof *w);
+  if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
+  w->ev = e;
+  w->gen = atomic_fetch_add(&e->recorded, 1) + 1;
+  atomic_fetch_add(&e->refs, 1);
+  r = stream_enqueue(s, w);
+  if (r) {
+    atomic_fetch_sub(&e->refs, 1);
+    free(w);
+  }
+  return r;
+}
+
+static CUresult fake_cuEventQuery(void *h) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  struct fake_event *e = h;
+  if (!e || e->magic != FAKE_EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  return atomic_load(&e->completed) >= atomic_load(&e->recorded)
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_NOT_READY;
+}
+
+static CUresult fake_cuEventDestroy(void *h) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  struct fake_event *e = h;
+  if (!e || e->magic != FAKE_EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  event_unref(e);
+  return CUDA_SUCCESS;
+}
+
 /* Waits for every stream of this process: the legacy one and the created
  * ones (all in "the context" here). */
 static CUresult fake_cuCtxSynchronize(void) {
@@ -1635,6 +1725,8 @@ static const struct {
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE",
      "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY",
+     "device not ready"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
      "operation not supported"},
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -1701,6 +1793,10 @@ static const struct {
     FAKE_FN(cuStreamSynchronize),
     FAKE_FN(cuStreamDestroy),
     FAKE_FN(cuLaunchHostFunc),
+    FAKE_FN(cuEventCreate),
+    FAKE_FN(cuEventRecord),
+    FAKE_FN(cuEventQuery),
+    FAKE_FN(cuEventDestroy),
     FAKE_FN(cuGetErrorName),
     FAKE_FN(cuGetErrorString),
 };

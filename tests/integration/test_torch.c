@@ -6,7 +6,7 @@
  * device.
  *
  * Each scenario runs in a child process (harness_fork): the library keeps
- * one session per process, made at its first allocation, so a fresh
+ * one session per device, made at its first allocation, so a fresh
  * process per scenario is what a fresh PyTorch job is.  The child checks
  * the broker's figures through a session of its own of the same tenant
  * (gmb_tenant_stats counts the tenant, not the session).  What needs a GPU
@@ -33,12 +33,14 @@ typedef void *(*torch_alloc_fn)(ssize_t size, int device, void *stream);
 typedef void (*torch_free_fn)(void *ptr, ssize_t size, int device,
                               void *stream);
 typedef const char *(*torch_err_fn)(void);
+typedef int (*torch_empty_fn)(void);
 
 struct torch_lib {
   void *h;
   torch_alloc_fn alloc;
   torch_free_fn free;
   torch_err_fn last_error;
+  torch_empty_fn empty_cache; /* gmb_torch.empty_cache() */
 };
 
 struct torch_args {
@@ -71,7 +73,8 @@ static int torch_load(struct torch_lib *t, const struct torch_args *a) {
   *(void **)&t->alloc = dlsym(t->h, "gmb_torch_alloc_nothrow");
   *(void **)&t->free = dlsym(t->h, "gmb_torch_free");
   *(void **)&t->last_error = dlsym(t->h, "gmb_torch_last_error");
-  if (!t->alloc || !t->free || !t->last_error) {
+  *(void **)&t->empty_cache = dlsym(t->h, "gmb_torch_empty_cache");
+  if (!t->alloc || !t->free || !t->last_error || !t->empty_cache) {
     fprintf(stderr, "%s lacks a gmb_torch_* symbol\n", path);
     return -1;
   }
@@ -120,17 +123,25 @@ static int sizes_main(void *arg) {
     want += ((uint64_t)sizes[i] + 511) & ~UINT64_C(511);
     harness_pattern_fill(p[i], (size_t)sizes[i], (uint64_t)i + 1);
   }
+  /* The cache's slabs: a shared 2 MiB slab for the small ones, one of
+   * its own (rounded to 512 KiB) for the large one. */
   long long used = torch_used(a);
-  CHILD_CHECK(used == (long long)want, 15, "broker says %lld used, want %llu",
-              used, (unsigned long long)want);
+  CHILD_CHECK(used == (long long)(2 * MIB + 3 * MIB / 2), 15,
+              "broker says %lld used (%llu asked)", used,
+              (unsigned long long)want);
   for (int i = 0; i < N; i++) {
     long bad = harness_pattern_check(p[i], (size_t)sizes[i], (uint64_t)i + 1);
     CHILD_CHECK(bad < 0, 16, "allocation %d differs at byte %ld", i, bad);
   }
   t.free(NULL, 0, 0, stream); /* nothing happens */
   for (int i = 0; i < N; i++) t.free(p[i], sizes[i], 0, stream);
+  /* Freed into the cache: still the tenant's until empty_cache. */
   used = torch_used(a);
-  CHILD_CHECK(used == 0, 17, "broker says %lld used after freeing all", used);
+  CHILD_CHECK(used == (long long)(2 * MIB + 3 * MIB / 2), 17,
+              "broker says %lld used after freeing all into the cache", used);
+  CHILD_CHECK(t.empty_cache() == 0, 19, "empty_cache");
+  used = torch_used(a);
+  CHILD_CHECK(used == 0, 17, "broker says %lld used after empty_cache", used);
   CHILD_CHECK(strcmp(t.last_error(), "no error") == 0, 18,
               "a failure was recorded: %s", t.last_error());
   return 0;
@@ -162,11 +173,17 @@ static int quota_main(void *arg) {
   CHILD_CHECK(rest != NULL, 14, "the last 2MiB of the quota: %s",
               t.last_error());
   t.free(big, (ssize_t)(6 * MIB), 0, NULL);
+  /* From the cached 6 MiB, with no message: its other 2 MiB stay cached
+   * (the tenant's), so the quota is still full. */
   void *again = t.alloc((ssize_t)(4 * MIB), 0, NULL);
   CHILD_CHECK(again != NULL, 15, "4MiB after freeing 6MiB: %s",
               t.last_error());
   long long used = torch_used(a);
-  CHILD_CHECK(used == (long long)(6 * MIB), 16, "used %lld, want 6MiB", used);
+  CHILD_CHECK(used == (long long)(8 * MIB), 16, "used %lld, want 8MiB", used);
+  /* 2 MiB more: the cached 2 MiB are part of a slab in use, so the
+   * cache cannot give them back, and the quota refuses. */
+  CHILD_CHECK(t.alloc((ssize_t)(3 * MIB), 0, NULL) == NULL, 17,
+              "3MiB over a full quota");
   return 0; /* exits holding 6MiB: the broker must take it back */
 }
 
@@ -218,7 +235,11 @@ static int foreign_main(void *arg) {
   CHILD_CHECK(strstr(t.last_error(), "not a pointer") != NULL, 12,
               "last error: %s", t.last_error());
   t.free(p, 4096, 0, NULL);
-  t.free(p, 4096, 0, NULL); /* twice: the second is not ours any more */
+  t.free(p, 4096, 0, NULL); /* twice: not ours any more: ignored, recorded */
+  CHILD_CHECK(strstr(t.last_error(), "gmb_torch_free(4096)") != NULL &&
+                  strstr(t.last_error(), "freed already") != NULL,
+              14, "last error: %s", t.last_error());
+  CHILD_CHECK(t.empty_cache() == 0, 15, "empty_cache");
   CHILD_CHECK(torch_used(a) == 0, 13, "used after free");
   return 0;
 }
@@ -294,6 +315,7 @@ static int threads_main(void *arg) {
   for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
   CHILD_CHECK(atomic_load(&fail) == 0, 12, "failure %d: %s",
               atomic_load(&fail), t.last_error());
+  CHILD_CHECK(t.empty_cache() == 0, 14, "empty_cache");
   long long used = torch_used(a);
   CHILD_CHECK(used == 0, 13, "used %lld after every thread freed all", used);
   return 0;
@@ -369,9 +391,23 @@ static long long mg_used(int i) {
   return rc == GMB_E_NOENT ? 0 : rc ? -1 : (long long)row.used;
 }
 
+/* empty_cache until physical GPU `i` holds `want` for the tenant: a free
+ * records an event on the (fake) GPU's stream and a trim never waits for
+ * it, so the slab comes back once that stream ran past it.  0 or -1. */
+static int mg_trim_until(const struct torch_lib *t, int i, long long want) {
+  for (int n = 0; n < 250; n++) {
+    if (t->empty_cache() != 0) return -1;
+    if (mg_used(i) == want) return 0;
+    harness_sleep_ms(20);
+  }
+  return -1;
+}
+
 /* PyTorch names the device of every allocation: each goes to the broker
- * of that GPU (the process sees the two renumbered, "1,0"), each free to
- * the broker that gave it; a device with no broker is refused. */
+ * of that GPU (the process sees the two renumbered, "1,0"), through the
+ * cache of that device's session, each free to the cache of the session
+ * that gave it, and empty_cache trims every session; a device with no
+ * broker is refused. */
 static int devices_main(void *arg) {
   struct torch_args *a = arg;
   struct torch_lib t;
@@ -381,18 +417,31 @@ static int devices_main(void *arg) {
   CHILD_CHECK(p0 != NULL, 11, "alloc on 0: %s", t.last_error());
   void *p1 = t.alloc(8192, 1, NULL); /* physical 0 */
   CHILD_CHECK(p1 != NULL, 12, "alloc on 1: %s", t.last_error());
-  CHILD_CHECK(mg_used(1) == 4096 && mg_used(0) == 8192, 13,
-              "physical 0 holds %lld, physical 1 %lld", mg_used(0),
+  /* Each through the cache of its device's session: a 2 MiB shared slab
+   * from each GPU's broker. */
+  CHILD_CHECK(mg_used(1) == (long long)(2 * MIB) &&
+                  mg_used(0) == (long long)(2 * MIB),
+              13, "physical 0 holds %lld, physical 1 %lld", mg_used(0),
               mg_used(1));
   CHILD_CHECK(t.alloc(4096, 2, NULL) == NULL, 14, "memory on a GPU without "
               "a broker");
   CHILD_CHECK(strstr(t.last_error(), "no broker for cuda:2") &&
                   strstr(t.last_error(), HARNESS_FAKE_UUID(2)),
               15, "last error: %s", t.last_error());
+  /* p0 freed into device 0's cache (whatever device is current), then
+   * every session's free slabs given back: physical 1's only. */
   t.free(p0, 4096, 0, NULL);
-  CHILD_CHECK(mg_used(1) == 0 && mg_used(0) == 8192, 16, "after a free");
+  CHILD_CHECK(mg_used(1) == (long long)(2 * MIB), 18, "cached after a free");
+  CHILD_CHECK(mg_trim_until(&t, 1, 0) == 0, 19, "empty_cache: %s",
+              t.last_error());
+  CHILD_CHECK(mg_used(1) == 0 && mg_used(0) == (long long)(2 * MIB), 16,
+              "after a free and empty_cache: physical 0 holds %lld, "
+              "physical 1 %lld", mg_used(0), mg_used(1));
   t.free(p1, 8192, 1, NULL);
-  CHILD_CHECK(mg_used(0) == 0, 17, "after both frees");
+  CHILD_CHECK(mg_trim_until(&t, 0, 0) == 0, 17, "after both frees and "
+              "empty_cache: physical 0 holds %lld", mg_used(0));
+  CHILD_CHECK(strstr(t.last_error(), "no broker for cuda:2") != NULL, 21,
+              "a failure was recorded: %s", t.last_error());
   return 0;
 }
 

@@ -1026,6 +1026,45 @@ START_TEST(no_heartbeats_when_not_asked) {
 }
 END_TEST
 
+/* The cache's free bytes ride on heartbeats; a TRIM event is answered by
+ * the library thread while the application makes no call at all. */
+static _Atomic uint64_t trim_seen_cached, trim_last_cached;
+static atomic_int trim_sent;
+
+static int trim_on_heartbeat(struct fake *f, const struct wire_request *req) {
+  if (req->kind != WIRE_HEARTBEAT) return 0;
+  atomic_store(&trim_last_cached, req->cached_free);
+  if (req->cached_free && !atomic_load(&trim_sent)) {
+    atomic_store(&trim_seen_cached, req->cached_free);
+    struct wire_reply ev = {.id = 0, .kind = WIRE_EVENT};
+    ev.u.event.kind = WIRE_EVENT_TRIM;
+    ev.u.event.bytes = 1u << 20;
+    fake_reply(f, &ev);
+    atomic_store(&trim_sent, 1);
+  }
+  return 1;
+}
+
+START_TEST(trim_event_answered_by_idle_client) {
+  F.heartbeat_ms = 10;
+  F.handler = trim_on_heartbeat;
+  fake_start();
+  gmb_client *c = connect_ok();
+  void *p;
+  ck_assert_int_eq(gmb_malloc_async(c, 3u << 20, NULL, &p), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  /* Idle from here: no call until the slab went back (Check's timeout
+   * fails the test otherwise). */
+  while (atomic_load(&F.n_free) < 1) usleep(5000);
+  ck_assert_uint_eq(atomic_load(&trim_seen_cached), 3u << 20);
+  while (atomic_load(&trim_last_cached) != 0) usleep(5000);
+  gmb_stats st;
+  ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
+  ck_assert_uint_eq(st.cached, 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
 static void *last_error_thread(void *arg) {
   (void)arg;
   return (void *)gmb_last_error(NULL);
@@ -2090,6 +2129,7 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, heartbeats_sent_when_asked);
   tcase_add_test(tc, heartbeats_continue_during_long_wait);
   tcase_add_test(tc, no_heartbeats_when_not_asked);
+  tcase_add_test(tc, trim_event_answered_by_idle_client);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("alloc");

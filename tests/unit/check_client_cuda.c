@@ -1123,6 +1123,54 @@ END_TEST
 
 /* When the wait fails (here: a graph capture, during which the driver
  * refuses to synchronise) nothing is handed back; later it is. */
+/* The stream-ordered cache on a GPU: gmb_free_async returns at once with
+ * the stream's work still queued (the test would hang otherwise); the
+ * block is not given to another stream until that work ran, and is given
+ * then; a destroyed stream takes no event and the block stays the
+ * caller's.  No Free reaches the broker. */
+START_TEST(free_async_ordered_by_event) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  void *p, *q, *r;
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, NULL, &p), 0);
+  block_stream(); /* the legacy stream waits at the gate */
+  gmb_cu_stream s2, s3;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s2, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s3, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  /* Same stream: at once.  Then freed again on it. */
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, NULL, &q), 0);
+  ck_assert_ptr_eq(q, p);
+  ck_assert_int_eq(gmb_free_async(c, q, NULL), 0);
+  /* Another stream: not while the legacy stream's work is queued.  The
+   * fake broker has room for two small slabs: q fills the second, and
+   * then nothing is left for s2 but the block it must not have. */
+  void *x, *y, *z;
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, s2, &q), 0);
+  ck_assert_ptr_ne(q, p);
+  ck_assert_int_eq(gmb_malloc_async(c, 1 << 20, s2, &x), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 960 << 10, s2, &y), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, s2, &z), GMB_E_NOMEM);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s3), 0);
+  ck_assert_int_eq(gmb_free_async(c, q, s3), GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "cuEventRecord"));
+  atomic_store(&gate, 1);
+  ck_assert_int_eq(test_drv.cuStreamSynchronize(NULL), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, s2, &r), 0);
+  ck_assert_ptr_eq(r, p);
+  ck_assert_int_eq(gmb_free_async(c, r, s2), 0);
+  ck_assert_int_eq(gmb_free_async(c, q, s2), 0);
+  ck_assert_int_eq(gmb_free_async(c, x, s2), 0);
+  ck_assert_int_eq(gmb_free_async(c, y, s2), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s2), 0);
+  gmb__cudrv_unload(&test_drv);
+  ck_assert_int_eq(ld(&F.n_free), 0);
+  gmb_disconnect(c);
+  exporter_finish();
+}
+END_TEST
+
 START_TEST(free_not_sent_when_wait_fails) {
   exporter_start();
   fk_start();
@@ -1552,6 +1600,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, unlock_on_stream_releases_when_stream_runs);
   tcase_add_test(tc, free_waits_for_queued_work);
+  tcase_add_test(tc, free_async_ordered_by_event);
   tcase_add_test(tc, free_not_sent_when_wait_fails);
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
   tcase_add_test(tc, move_claim_waits_for_queued_work);

@@ -131,7 +131,8 @@ START_TEST(fake_missing_entry_point_named) {
       "cuMemAddressReserve",           "cuMemAddressFree",
       "cuMemMap",                      "cuMemUnmap",
       "cuMemSetAccess",                "cuMemcpyDtoDAsync",
-      "cuLaunchHostFunc",
+      "cuLaunchHostFunc",              "cuEventRecord",
+      "cuEventQuery",
   };
   setenv("GMB_LIBCUDA", fake_path(), 1);
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

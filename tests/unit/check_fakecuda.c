@@ -506,6 +506,43 @@ START_TEST(streams_are_ordered_and_independent) {
 }
 END_TEST
 
+/* An event is not ready until its stream ran past its last record; one
+ * never recorded is ready; a record on a destroyed stream is refused; an
+ * event destroyed with its record pending is harmless. */
+START_TEST(events_follow_their_stream) {
+  up();
+  gmb_cu_stream s;
+  gmb_cu_event e, e2;
+  ck_assert_int_eq(D.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(D.cuEventCreate(&e, GMB_CU_EVENT_DISABLE_TIMING), 0);
+  ck_assert_int_eq(D.cuEventCreate(&e2, GMB_CU_EVENT_DISABLE_TIMING), 0);
+  ck_assert_int_eq(D.cuEventQuery(e), GMB_CU_SUCCESS);
+  atomic_store(&gate, 0);
+  ck_assert_int_eq(D.cuLaunchHostFunc(s, gate_fn, NULL), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, s), 0);
+  ck_assert_int_eq(D.cuEventRecord(e2, s), 0);
+  ck_assert_int_eq(D.cuEventQuery(e), GMB_CU_ERROR_NOT_READY);
+  ck_assert_int_eq(D.cuEventDestroy(e2), 0); /* its record still queued */
+  /* Another stream's record is independent of s. */
+  gmb_cu_event n;
+  ck_assert_int_eq(D.cuEventCreate(&n, 0), 0);
+  ck_assert_int_eq(D.cuEventRecord(n, NULL), 0);
+  ck_assert_int_eq(D.cuStreamSynchronize(NULL), 0);
+  ck_assert_int_eq(D.cuEventQuery(n), GMB_CU_SUCCESS);
+  ck_assert_int_eq(D.cuEventQuery(e), GMB_CU_ERROR_NOT_READY);
+  atomic_store(&gate, 1);
+  ck_assert_int_eq(D.cuStreamSynchronize(s), 0);
+  ck_assert_int_eq(D.cuEventQuery(e), GMB_CU_SUCCESS);
+  gmb_cu_stream dead;
+  ck_assert_int_eq(D.cuStreamCreate(&dead, 0), 0);
+  ck_assert_int_eq(D.cuStreamDestroy(dead), 0);
+  ck_assert_int_ne(D.cuEventRecord(e, dead), 0);
+  ck_assert_int_eq(D.cuEventDestroy(e), 0);
+  ck_assert_int_eq(D.cuEventDestroy(n), 0);
+  ck_assert_int_eq(D.cuStreamDestroy(s), 0);
+}
+END_TEST
+
 /* --- memory across processes ------------------------------------------------- */
 
 START_TEST(meminfo_is_device_wide_across_processes) {
@@ -815,6 +852,7 @@ static Suite *fakecuda_suite(void) {
   tcase_add_test(tc, context_is_per_thread);
   tcase_add_test(tc, fork_after_init_is_refused);
   tcase_add_test(tc, streams_are_ordered_and_independent);
+  tcase_add_test(tc, events_follow_their_stream);
   suite_add_tcase(s, tc);
   tc = tcase_create("processes");
   tcase_add_test(tc, meminfo_is_device_wide_across_processes);

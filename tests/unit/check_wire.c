@@ -320,6 +320,7 @@ START_TEST(reply_stats_roundtrip) {
   in.u.stats.device_segments = 6 << 20;
   in.u.stats.device_used = 3;
   in.u.stats.free_in_segments = (2 << 20) - 1;
+  in.u.stats.cached = 5 << 20; /* field 5 beside main's 16-19 */
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.stats.quota, 20 * (UINT64_C(1) << 30));
   ck_assert_uint_eq(out.u.stats.used, 1);
@@ -329,6 +330,7 @@ START_TEST(reply_stats_roundtrip) {
   ck_assert_uint_eq(out.u.stats.device_segments, 6 << 20);
   ck_assert_uint_eq(out.u.stats.device_used, 3);
   ck_assert_uint_eq(out.u.stats.free_in_segments, (2 << 20) - 1);
+  ck_assert_uint_eq(out.u.stats.cached, 5 << 20);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
@@ -353,6 +355,42 @@ START_TEST(reply_event_roundtrip) {
   ck_assert_int_eq(out.u.event.kind, WIRE_EVENT_SESSION_ENDED);
   ck_assert_int_eq(out.status, GMB_E_EVICTED);
   ck_assert_mem_eq(&out, &in, sizeof in);
+}
+END_TEST
+
+/* The cache's report rides on any request; the tenant's sum comes back
+ * in Stats; a trim event says how many bytes. */
+START_TEST(cache_fields_roundtrip) {
+  struct wire_request in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 9;
+  in.kind = WIRE_HEARTBEAT;
+  in.cached_free = (UINT64_C(3) << 30) + 512;
+  req_roundtrip(&in, &out);
+  ck_assert_uint_eq(out.cached_free, (UINT64_C(3) << 30) + 512);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+  in.kind = WIRE_ALLOC;
+  in.u.alloc.size = 4096;
+  req_roundtrip(&in, &out);
+  ck_assert_uint_eq(out.cached_free, (UINT64_C(3) << 30) + 512);
+
+  struct wire_reply r, o;
+  memset(&r, 0, sizeof r);
+  r.id = 5;
+  r.kind = WIRE_STATS;
+  r.u.stats.used = 10 << 20;
+  r.u.stats.cached = 6 << 20;
+  rep_roundtrip(&r, &o);
+  ck_assert_uint_eq(o.u.stats.cached, 6 << 20);
+  ck_assert_mem_eq(&o, &r, sizeof r);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_EVENT;
+  r.u.event.kind = WIRE_EVENT_TRIM;
+  r.u.event.bytes = UINT64_MAX;
+  rep_roundtrip(&r, &o);
+  ck_assert_int_eq(o.u.event.kind, WIRE_EVENT_TRIM);
+  ck_assert_uint_eq(o.u.event.bytes, UINT64_MAX);
+  ck_assert_mem_eq(&o, &r, sizeof r);
 }
 END_TEST
 
@@ -971,6 +1009,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, reply_alloc_roundtrip);
   tcase_add_test(tc, reply_stats_roundtrip);
   tcase_add_test(tc, reply_event_roundtrip);
+  tcase_add_test(tc, cache_fields_roundtrip);
   tcase_add_test(tc, reply_admin_status_rows_roundtrip);
   tcase_add_test(tc, reply_admin_status_no_rows);
   tcase_add_test(tc, reply_encode_refuses);

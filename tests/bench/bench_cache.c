@@ -1,0 +1,303 @@
+/*
+ * bench_cache.c - what an alloc+free pair costs through the client's
+ * stream-ordered cache (gmb_malloc_async + gmb_free_async), beside a raw
+ * ZeroMQ round trip and beside the uncached path the shims took before
+ * the cache (gmb_alloc + gmb_lock ... gmb_free: two requests).
+ *
+ * A real gmb-broker runs on the host device ($GMB_BUILD_DIR/gmb-broker) in
+ * a temporary run dir.  Two patterns, each through a fresh session:
+ *   - transformer: 24 layers x 3 activations of 512 B..8 MiB (log-uniform,
+ *     fixed per layer: every step asks the same sizes), each with a
+ *     temporary of the same size made and freed beside it; the
+ *     activations are freed in reverse after the step.  BENCH_STEPS (20)
+ *     steps after 2 of warm-up;
+ *   - serving: requests that come and go: up to 64 live, each holding a
+ *     block of 64 KiB..16 MiB (log-uniform), BENCH_OPS (20000) arrivals
+ *     or departures after 2000 of warm-up.
+ * For each: the median and p99 of a pair (the alloc's time plus its
+ * free's), the hit rate in the measured phase, and the peak of the cache's
+ * slab bytes over the peak of the bytes handed out (what the cache
+ * wastes).  The uncached path runs the transformer pattern for
+ * BENCH_STEPS/4 steps; the raw round trip is BENCH_RTT (20000) messages of
+ * a bare DEALER to a ROUTER in a forked process that answers at once.
+ *
+ * Output: "key=value" lines (docs/benchmarks.md).  Exit status 0, or 1
+ * when anything failed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cache.h"
+#include "gmb.h"
+
+static char dir[64], endpoint[128];
+static pid_t broker = -1, echo = -1;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static long env_long(const char *name, long def) {
+  const char *s = getenv(name);
+  return s && *s ? strtol(s, NULL, 10) : def;
+}
+
+static void cleanup(void) {
+  if (echo > 0) kill(echo, SIGKILL), waitpid(echo, NULL, 0);
+  if (broker > 0) kill(broker, SIGTERM), waitpid(broker, NULL, 0);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (dir[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static void die(const char *what, const char *why) {
+  fprintf(stderr, "bench_cache: %s: %s\n", what, why);
+  cleanup();
+  exit(1);
+}
+
+static uint64_t rng_state = 7;
+static uint64_t rnd(void) {
+  uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+static size_t log_uniform(double lo, double hi) {
+  double u = (double)(rnd() >> 11) / 9007199254740992.0;
+  return (size_t)exp(log(lo) + u * (log(hi) - log(lo)));
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+static void stats(uint64_t *v, size_t n, double *med, double *p99) {
+  qsort(v, n, sizeof *v, cmp_u64);
+  *med = (double)v[n / 2];
+  *p99 = (double)v[(size_t)((double)n * 0.99)];
+}
+
+static void broker_start(void) {
+  const char *b = getenv("GMB_BUILD_DIR");
+  char bin[512];
+  snprintf(bin, sizeof bin, "%s/gmb-broker", b && *b ? b : "build");
+  broker = fork();
+  if (broker == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open("/dev/null", O_WRONLY);
+    if (fd >= 0) dup2(fd, 2);
+    execl(bin, "gmb-broker", "--device", "host:2GiB", "--run-dir", dir,
+          "--log-level", "error", (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 500; i++) {
+    gmb_client *c;
+    if (gmb_connect(endpoint, "bench", &c) == 0) {
+      gmb_disconnect(c);
+      return;
+    }
+    usleep(20000);
+  }
+  die("gmb-broker", "did not start");
+}
+
+/* --- the raw round trip --------------------------------------------------- */
+
+static double raw_rtt(long n, double *p99) {
+  char ep[160];
+  snprintf(ep, sizeof ep, "ipc://%s/echo.sock", dir);
+  echo = fork();
+  if (echo == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    void *ctx = zmq_ctx_new(), *r = zmq_socket(ctx, ZMQ_ROUTER);
+    if (zmq_bind(r, ep) != 0) _exit(1);
+    for (;;) {
+      zmq_msg_t id, m;
+      zmq_msg_init(&id);
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&id, r, 0) < 0 || zmq_msg_recv(&m, r, 0) < 0) _exit(1);
+      zmq_msg_send(&id, r, ZMQ_SNDMORE);
+      zmq_msg_send(&m, r, 0);
+    }
+  }
+  void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+  zmq_connect(d, ep);
+  char buf[64] = {0};
+  uint64_t *v = malloc((size_t)n * sizeof *v);
+  for (long i = -1000; i < n; i++) {
+    uint64_t t0 = now_ns();
+    if (zmq_send(d, buf, 24, 0) < 0 || zmq_recv(d, buf, sizeof buf, 0) < 0)
+      die("raw round trip", zmq_strerror(errno));
+    if (i >= 0) v[i] = now_ns() - t0;
+  }
+  int zero = 0;
+  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_close(d);
+  zmq_ctx_term(ctx);
+  double med;
+  stats(v, (size_t)n, &med, p99);
+  free(v);
+  kill(echo, SIGKILL);
+  waitpid(echo, NULL, 0);
+  echo = -1;
+  return med;
+}
+
+/* --- the two paths ---------------------------------------------------------- */
+
+struct path {
+  gmb_client *c;
+  int cached;
+  gmb_id ids[256]; /* uncached: the id of each live slot */
+};
+
+static void *p_alloc(struct path *p, int slot, size_t n) {
+  void *ptr = NULL;
+  if (p->cached) {
+    if (gmb_malloc_async(p->c, n, NULL, &ptr)) die("malloc_async", gmb_last_error(p->c));
+  } else {
+    if (gmb_alloc(p->c, n, 0, &p->ids[slot]) || gmb_lock(p->c, p->ids[slot], &ptr))
+      die("alloc", gmb_last_error(p->c));
+  }
+  return ptr;
+}
+
+static void p_free(struct path *p, int slot, void *ptr) {
+  int rc = p->cached ? gmb_free_async(p->c, ptr, NULL)
+                     : gmb_free(p->c, p->ids[slot]);
+  if (rc) die("free", gmb_last_error(p->c));
+}
+
+/* --- the patterns ------------------------------------------------------------ */
+
+#define LAYERS 24
+#define ACTS (LAYERS * 3)
+
+static size_t tf_sizes[ACTS];
+
+/* One step: alloc each activation and a temporary beside it (freed at
+ * once); then the activations in reverse.  Pairs are timed. */
+static size_t tf_step(struct path *p, uint64_t *v, size_t at) {
+  void *act[ACTS];
+  uint64_t ta[ACTS];
+  for (int i = 0; i < ACTS; i++) {
+    uint64_t t0 = now_ns();
+    act[i] = p_alloc(p, i, tf_sizes[i]);
+    ta[i] = now_ns() - t0;
+    t0 = now_ns();
+    void *tmp = p_alloc(p, ACTS + i, tf_sizes[i]);
+    uint64_t tt = now_ns() - t0;
+    t0 = now_ns();
+    p_free(p, ACTS + i, tmp);
+    if (v) v[at++] = tt + (now_ns() - t0);
+  }
+  for (int i = ACTS - 1; i >= 0; i--) {
+    uint64_t t0 = now_ns();
+    p_free(p, i, act[i]);
+    if (v) v[at++] = ta[i] + (now_ns() - t0);
+  }
+  return at;
+}
+
+static void counters(gmb_client *c, struct gmb_cache_counters *k) {
+  gmb__client_cache_counters(c, k);
+}
+
+static void run_transformer(int cached, long steps, double rtt) {
+  struct path p = {.cached = cached};
+  if (gmb_connect(endpoint, "bench", &p.c)) die("connect", gmb_last_error(NULL));
+  for (int w = 0; w < 2; w++) tf_step(&p, NULL, 0);
+  struct gmb_cache_counters k0, k1;
+  counters(p.c, &k0);
+  uint64_t *v = malloc((size_t)steps * 2 * ACTS * sizeof *v);
+  size_t n = 0;
+  for (long s = 0; s < steps; s++) n = tf_step(&p, v, n);
+  counters(p.c, &k1);
+  double med, p99;
+  stats(v, n, &med, &p99);
+  const char *name = cached ? "cache" : "uncached";
+  printf("transformer.%s pairs=%zu median_ns=%.0f p99_ns=%.0f "
+         "median_over_rtt=%.4f\n", name, n, med, p99, med / rtt);
+  if (cached) {
+    uint64_t h = k1.hits - k0.hits, m = k1.misses - k0.misses;
+    printf("transformer.cache hit_rate=%.4f peak_slab_bytes=%llu "
+           "peak_in_use=%llu peak_ratio=%.3f\n",
+           (double)h / (double)(h + m ? h + m : 1),
+           (unsigned long long)k1.peak_slab_bytes,
+           (unsigned long long)k1.peak_in_use,
+           (double)k1.peak_slab_bytes / (double)k1.peak_in_use);
+  }
+  free(v);
+  gmb_disconnect(p.c);
+}
+
+static void run_serving(long ops, double rtt) {
+  struct path p = {.cached = 1};
+  if (gmb_connect(endpoint, "bench", &p.c)) die("connect", gmb_last_error(NULL));
+  enum { LIVE = 64 };
+  void *live[LIVE] = {0};
+  uint64_t born[LIVE] = {0};
+  uint64_t *v = malloc((size_t)ops * sizeof *v);
+  size_t n = 0;
+  struct gmb_cache_counters k0 = {0}, k1;
+  for (long i = -2000; i < ops; i++) {
+    if (i == 0) counters(p.c, &k0);
+    int j = (int)(rnd() % LIVE);
+    if (live[j]) {
+      uint64_t t0 = now_ns();
+      p_free(&p, j, live[j]);
+      if (i >= 0 && n < (size_t)ops) v[n++] = born[j] + (now_ns() - t0);
+      live[j] = NULL;
+    } else {
+      size_t sz = log_uniform(64 * 1024.0, 16 * 1048576.0);
+      uint64_t t0 = now_ns();
+      live[j] = p_alloc(&p, j, sz);
+      born[j] = now_ns() - t0;
+    }
+  }
+  counters(p.c, &k1);
+  double med, p99;
+  stats(v, n, &med, &p99);
+  uint64_t h = k1.hits - k0.hits, m = k1.misses - k0.misses;
+  printf("serving.cache pairs=%zu median_ns=%.0f p99_ns=%.0f "
+         "median_over_rtt=%.4f hit_rate=%.4f peak_slab_bytes=%llu "
+         "peak_in_use=%llu peak_ratio=%.3f\n",
+         n, med, p99, med / rtt, (double)h / (double)(h + m ? h + m : 1),
+         (unsigned long long)k1.peak_slab_bytes,
+         (unsigned long long)k1.peak_in_use,
+         (double)k1.peak_slab_bytes / (double)k1.peak_in_use);
+  free(v);
+  gmb_disconnect(p.c);
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "/tmp/gmb-bench-cache-XXXXXX");
+  if (mkdtemp(dir) == NULL) die("mkdtemp", strerror(errno));
+  snprintf(endpoint, sizeof endpoint, "ipc://%s/broker.sock", dir);
+  long steps = env_long("BENCH_STEPS", 20), ops = env_long("BENCH_OPS", 20000);
+  long rtt_n = env_long("BENCH_RTT", 20000);
+  for (int i = 0; i < ACTS; i++) tf_sizes[i] = log_uniform(512.0, 8 * 1048576.0);
+  broker_start();
+  double rtt_p99, rtt = raw_rtt(rtt_n, &rtt_p99);
+  printf("raw_rtt median_ns=%.0f p99_ns=%.0f\n", rtt, rtt_p99);
+  run_transformer(1, steps, rtt);
+  run_transformer(0, steps / 4 > 0 ? steps / 4 : 1, rtt);
+  run_serving(ops, rtt);
+  printf("elastic=not_measured (the broker does not yet ask caches back)\n");
+  cleanup();
+  return 0;
+}
