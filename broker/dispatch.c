@@ -176,6 +176,37 @@ static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
   return rc != 0;
 }
 
+/* A quota refusal while the tenant's other sessions hold cached free
+ * memory (as they last reported it): each is asked to give back its share
+ * of what is missing (EVENT_TRIM, answered by its library thread), and
+ * the refusal says so, so that the caller's library may try again shortly
+ * (the cache's slab requests do, for a bounded time).  The broker does not
+ * hold the request: the quota stays exact at every moment. */
+static void dispatch_ask_caches(struct gmb_broker *b, struct gmb_session *s,
+                                uint64_t size, struct wire_reply *rep) {
+  struct gmb_tenant *t = s->tenant;
+  uint64_t need = gmb__alloc_round(size);
+  if (t->quota == 0 || t->used + need <= t->quota) return;
+  uint64_t missing = t->used + need - t->quota, asked = 0;
+  for (struct gmb_session *o = t->sessions; o && asked < missing;
+       o = o->tenant_next) {
+    if (o == s || o->cached_free == 0) continue;
+    struct wire_reply ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = WIRE_EVENT;
+    ev.u.event.kind = WIRE_EVENT_TRIM;
+    ev.u.event.bytes = o->cached_free < missing - asked ? o->cached_free
+                                                        : missing - asked;
+    asked += ev.u.event.bytes;
+    gmb__reply_to_session(b, o, &ev);
+  }
+  if (asked == 0) return;
+  size_t n = strlen(rep->message);
+  snprintf(rep->message + n, sizeof rep->message - n,
+           "; %" PRIu64 " cached bytes asked back from the tenant's other "
+           "sessions", asked);
+}
+
 static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                           const struct wire_request *req,
                           struct wire_reply *rep) {
@@ -203,6 +234,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
   }
   enum gmb_nomem_why why;
   int rc = gmb__alloc_try(b, s, size, flags, rep, &why);
+  if (rc == GMB_E_QUOTA) dispatch_ask_caches(b, s, size, rep);
   if (rc != GMB_E_NOMEM) return 1;
   if (why == GMB_NOMEM_RESERVED) {
     /* Compaction cannot help: the room is there, it is kept for others.

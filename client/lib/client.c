@@ -88,7 +88,7 @@
  * is answered within about this) and reports a change of the cache's
  * free bytes when nothing else carried it (at most one Heartbeat per
  * period: the report is rate-limited by this). */
-#define CLIENT_REPORT_MS 100u
+#define CLIENT_REPORT_MS 20u
 
 struct gmb_client {
   pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
@@ -1395,6 +1395,21 @@ static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
     return client_fail(GMB_E_INVAL, "a slab of %llu bytes",
                        (unsigned long long)size);
   int rc = client_alloc(c, (size_t)size, 0, 0, &a);
+  /* The broker asked the tenant's other sessions for their cached memory:
+   * their library threads give it back within about CLIENT_REPORT_MS;
+   * try again for up to $GMB_CACHE_ASK_WAIT_MS (default 250). */
+  uint64_t deadline = 0;
+  while (rc == GMB_E_QUOTA && strstr(client_err, "asked back") != NULL) {
+    uint64_t now = gmb__now_ns();
+    if (deadline == 0)
+      deadline = now + (uint64_t)client_env_ms("GMB_CACHE_ASK_WAIT_MS", 250) *
+                           GMB_NS_PER_MS;
+    else if (now >= deadline)
+      break;
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    rc = client_alloc(c, (size_t)size, 0, 0, &a);
+  }
   if (rc) return rc;
   void *p;
   rc = gmb_lock(c, a, &p);

@@ -153,6 +153,44 @@ START_TEST(cached_reported_to_the_broker) {
 }
 END_TEST
 
+/* A tenant's quota held by another process's cache: the broker asks that
+ * session to give it back, its library thread does (while it makes no
+ * call), and the cache's request is served on a retry. */
+static int quota_sees_cached(void *arg) {
+  return harness_stats_ok(arg).cached == 12 * MIB;
+}
+
+START_TEST(quota_held_by_other_cache_asked_back) {
+  setenv("GMB_CACHE_ASK_WAIT_MS", "5000", 1); /* a bound, not a figure */
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", "[tenant:q2]\nquota = 16MiB\n");
+  gmb_client *a = harness_connect_ok(&b, "q2");
+  gmb_client *o = harness_connect_ok(&b, "q2");
+  void *p, *q;
+  ck_assert_int_eq(gmb_malloc_async(a, 12 * MIB, NULL, &p), 0);
+  ck_assert_int_eq(gmb_free_async(a, p, NULL), 0);
+  ck_assert(harness_poll_until(quota_sees_cached, o, HARNESS_WAIT_MS));
+  /* 12 + 8 > 16: refused at first, a's cache asked, then served. */
+  int rc = gmb_malloc_async(o, 8 * MIB, NULL, &q);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(o));
+  gmb_stats st = harness_stats_ok(o);
+  ck_assert_uint_le(st.used, 16 * MIB);
+  ck_assert_uint_le(st.peak, 16 * MIB);
+  struct gmb_cache_counters ka;
+  gmb__client_cache_counters(a, &ka);
+  ck_assert_uint_eq(ka.slab_frees, 1);
+  /* A plain gmb_alloc is refused at once, the reason saying what was done
+   * (nothing cached is left to ask for here). */
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(a, 12 * MIB, 0, &id), GMB_E_QUOTA);
+  ck_assert_int_eq(gmb_free_async(o, q, NULL), 0);
+  gmb_disconnect(a);
+  gmb_disconnect(o);
+  harness_broker_stop(&b);
+  unsetenv("GMB_CACHE_ASK_WAIT_MS");
+}
+END_TEST
+
 struct killed_arg {
   const char *endpoint;
   int ready;
@@ -204,5 +242,6 @@ int main(void) {
       bad_pointers_change_nothing,
       quota_with_cache,
       cached_reported_to_the_broker,
+      quota_held_by_other_cache_asked_back,
       killed_client_with_cache_reclaimed));
 }
