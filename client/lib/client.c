@@ -1276,14 +1276,22 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
             : 0;
 }
 
-GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
+/* One Stats request: the tenant's and the device's figures in *rep (the
+ * caller clears it), or the failure, explained. */
+static int client_stats(gmb_client *c, const void *out,
+                        struct wire_reply *rep) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
   struct wire_request req = {.kind = WIRE_STATS};
-  struct wire_reply rep;
   pthread_mutex_lock(&c->io);
-  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
+  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, rep);
   pthread_mutex_unlock(&c->io);
+  return rc;
+}
+
+GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
+  struct wire_reply rep;
+  int rc = client_stats(c, out, &rep);
   if (rc) return rc;
   out->quota = rep.u.stats.quota;
   out->used = rep.u.stats.used;
@@ -1298,13 +1306,8 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
 }
 
 GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
-  struct wire_request req = {.kind = WIRE_STATS};
   struct wire_reply rep;
-  pthread_mutex_lock(&c->io);
-  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
-  pthread_mutex_unlock(&c->io);
+  int rc = client_stats(c, out, &rep);
   if (rc) return rc;
   out->capacity = rep.u.stats.device_capacity;
   out->segments = rep.u.stats.device_segments;
