@@ -114,6 +114,16 @@ static struct cuda_dev *cuda_dev_of(int ordinal) {
   return __atomic_load_n(&d->ready, __ATOMIC_ACQUIRE) ? d : NULL;
 }
 
+/* As cuda_dev_of, with the reason in why when the ordinal is not
+ * attached. */
+static const struct cuda_dev *cuda_dev_attached(int ordinal, char *why,
+                                                size_t cap) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d == NULL)
+    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+  return d;
+}
+
 /* Makes the device's primary context current for a call; *prev is what
  * to give back to cuda_leave.  Once the device is ready. */
 static gmb_cu_result cuda_enter(const struct cuda_dev *d, gmb_cu_ctx *prev) {
@@ -260,9 +270,9 @@ int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
                      char *why, size_t cap) {
   pthread_mutex_lock(&cuda_mu);
   int rc = 0;
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) { /* the client attaches at connect; a bug otherwise */
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
+  /* The client attaches at connect; a bug otherwise. */
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) {
     rc = GMB_E_DEVICE;
     goto out;
   }
@@ -340,11 +350,8 @@ void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size) {
 }
 
 int gmb__cuda_sync(int ordinal, char *why, size_t cap) {
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) {
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
-    return GMB_E_DEVICE;
-  }
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
   /* Not under cuda_mu: a wait may be long, and the driver table and the
    * device record are immutable once ready. */
   gmb_cu_ctx prev;
@@ -364,11 +371,8 @@ int gmb__cuda_sync(int ordinal, char *why, size_t cap) {
 
 int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
                    int to_device, char *why, size_t cap) {
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) {
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
-    return GMB_E_DEVICE;
-  }
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
   gmb_cu_ctx prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   const char *step = "cuCtxSetCurrent";
@@ -386,11 +390,8 @@ int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
 }
 
 int gmb__cuda_capturing(int ordinal, void *stream, char *why, size_t cap) {
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) {
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
-    return GMB_E_DEVICE;
-  }
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
   gmb_cu_ctx cur = NULL;
   gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
   if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(d->ctx);
@@ -430,11 +431,8 @@ int gmb__cuda_release_on_stream(int ordinal, _Atomic uint32_t *state,
   /* Not under cuda_mu: the launch is the caller's hot-ish path, and the
    * driver table is immutable once the device was seen ready (the client
    * attached at connect, under the mutex, before it could get here). */
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) {
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
-    return GMB_E_DEVICE;
-  }
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
   gmb_cu_ctx cur = NULL;
   gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
   /* A thread without a context gets the primary one, as the runtime
@@ -495,11 +493,8 @@ uint64_t gmb__cuda_pending(void) {
 /* --- events (the stream-ordered cache) ------------------------------------ */
 
 int gmb__cuda_event_new(int ordinal, void **ev, char *why, size_t cap) {
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) {
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
-    return GMB_E_DEVICE;
-  }
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
   gmb_cu_ctx prev;
   gmb_cu_event e = NULL;
   gmb_cu_result r = cuda_enter(d, &prev);
@@ -517,11 +512,8 @@ int gmb__cuda_event_new(int ordinal, void **ev, char *why, size_t cap) {
 
 int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
                            size_t cap) {
-  const struct cuda_dev *d = cuda_dev_of(ordinal);
-  if (d == NULL) {
-    snprintf(why, cap, "CUDA device %d is not attached", ordinal);
-    return GMB_E_DEVICE;
-  }
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
   gmb_cu_ctx prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
