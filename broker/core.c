@@ -44,12 +44,33 @@ static void core_retire(void *ctx, const struct gmb_dseg *seg,
   }
 }
 
+void gmb__core_fd_split(uint64_t have, uint64_t segs, uint32_t max_sessions,
+                        uint32_t *sessions, uint64_t *seg_max) {
+  uint64_t reserve = have / 4 < GMB_FDS_RESERVED ? have / 4 : GMB_FDS_RESERVED;
+  uint64_t avail = have - reserve;
+  uint64_t n = max_sessions;
+  if (segs > avail || n > (avail - segs) / GMB_FDS_PER_SESSION) {
+    uint64_t after_segs = segs < avail ? (avail - segs) / GMB_FDS_PER_SESSION
+                                       : 0;
+    uint64_t half = avail / 2 / GMB_FDS_PER_SESSION;
+    uint64_t fit = after_segs > half ? after_segs : half;
+    if (fit < n) n = fit;
+  }
+  if (n < 1) n = 1;
+  uint64_t left = avail > n * GMB_FDS_PER_SESSION
+                      ? avail - n * GMB_FDS_PER_SESSION
+                      : 1;
+  *sessions = (uint32_t)n;
+  *seg_max = left >= segs ? 0 : left;
+}
+
 /* Raises RLIMIT_NOFILE to what the broker may need: every session's
  * descriptors, one per segment the device can hold, and a reserve; then
- * records how many sessions fit what it got.  Running out of descriptors
- * must never happen: libzmq aborts when accept() fails with EMFILE. */
+ * shares out what it got (gmb__core_fd_split).  Running out of
+ * descriptors must never happen: libzmq aborts when accept() fails with
+ * EMFILE. */
 static void core_fd_budget(struct gmb_broker *b) {
-  uint64_t segs = b->dev->capacity / GMB_MIB / 2 + 1; /* 2 MiB at least */
+  uint64_t segs = b->dev->capacity / GMB_SEGMENT_ALIGN + 1;
   uint64_t want = GMB_FDS_RESERVED + segs +
                   (uint64_t)b->cfg.max_sessions * GMB_FDS_PER_SESSION;
   struct rlimit rl;
@@ -72,19 +93,24 @@ static void core_fd_budget(struct gmb_broker *b) {
     getrlimit(RLIMIT_NOFILE, &rl);
   }
   uint64_t have = rl.rlim_cur == RLIM_INFINITY ? want : rl.rlim_cur;
-  uint64_t fit = have > GMB_FDS_RESERVED + segs
-                     ? (have - GMB_FDS_RESERVED - segs) / GMB_FDS_PER_SESSION
-                     : 0;
-  if (fit < 1) fit = 1;
-  if (fit > UINT32_MAX) fit = UINT32_MAX;
-  b->fd_sessions_max = (uint32_t)fit;
-  if (fit < b->cfg.max_sessions)
-    log_warn("RLIMIT_NOFILE is %llu: room for %llu sessions, not the %u of "
-             "max_sessions (each costs %d descriptors, and %llu are kept "
-             "for segments); raise the limit (LimitNOFILE=) to serve more",
-             (unsigned long long)have, (unsigned long long)fit,
+  uint32_t sessions;
+  uint64_t seg_max;
+  gmb__core_fd_split(have, segs, b->cfg.max_sessions, &sessions, &seg_max);
+  b->fd_sessions_max = sessions;
+  b->dev->seg_max = seg_max;
+  if (sessions < b->cfg.max_sessions || seg_max) {
+    char segcap[64] = "";
+    if (seg_max)
+      snprintf(segcap, sizeof segcap, ", and at most %llu segments at a time",
+               (unsigned long long)seg_max);
+    log_warn("RLIMIT_NOFILE is %llu, less than the %llu that %u sessions "
+             "(max_sessions, %d descriptors each) and %llu segments (%s in "
+             "2 MiB pieces) need: %u sessions admitted%s; raise the limit "
+             "(LimitNOFILE=, --ulimit nofile=) to serve more",
+             (unsigned long long)have, (unsigned long long)want,
              b->cfg.max_sessions, GMB_FDS_PER_SESSION,
-             (unsigned long long)segs);
+             (unsigned long long)segs, b->dev->desc, sessions, segcap);
+  }
 }
 
 uint32_t gmb__core_max_sessions(const struct gmb_broker *b) {

@@ -51,6 +51,21 @@ int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap);
  * RLIMIT_NOFILE could not be raised far enough for them (core_open). */
 uint32_t gmb__core_max_sessions(const struct gmb_broker *b);
 
+/*
+ * How `have` descriptors (RLIMIT_NOFILE) are shared out.  Each segment
+ * holds one (its memfd or exported CUDA handle), each session
+ * GMB_FDS_PER_SESSION, and the rest of the broker up to GMB_FDS_RESERVED
+ * (a quarter of `have` when that is less).  When everything fits, every
+ * configured session is admitted and segments are not capped (*seg_max
+ * 0).  Otherwise sessions get what the worst case of `segs` segments
+ * leaves, but never less than half of what is left after the reserve, and
+ * segments are capped at the remainder: a broker under a low limit
+ * (docker's 1024) serves fewer, smaller jobs instead of one.  Pure, for
+ * the tests; the sum never exceeds `have` when `have` is at least 16.
+ */
+void gmb__core_fd_split(uint64_t have, uint64_t segs, uint32_t max_sessions,
+                        uint32_t *sessions, uint64_t *seg_max);
+
 /* Removes the tenants made by first use that are idle now
  * (gmb__tenant_idle): with `named` 0 the default ones (uid-N), when a
  * session's end made some so; with `named` 1 every idle one (the registry

@@ -132,6 +132,16 @@ int gmb__device_seg_new(struct gmb_device *d, uint64_t id, uint64_t size,
   if (size == 0 || size % GMB_SEGMENT_ALIGN != 0) return GMB_E_INVAL;
   /* Written so that it cannot overflow: in_use <= capacity always. */
   if (size > d->capacity - d->in_use) return GMB_E_NOMEM;
+  if (d->seg_max && d->segments >= d->seg_max) {
+    /* Once, then every 1024th: a full device is asked often. */
+    if (d->seg_max_refused++ % 1024 == 0)
+      log_warn("%s: %llu segments, the most the descriptor limit leaves "
+               "room for: a new one is refused as out of memory (%llu so "
+               "far); raise RLIMIT_NOFILE", d->desc,
+               (unsigned long long)d->segments,
+               (unsigned long long)d->seg_max_refused);
+    return GMB_E_NOMEM;
+  }
   memset(out, 0, sizeof *out);
   out->id = id;
   out->size = size;

@@ -75,6 +75,10 @@ struct gmb_device {
   uint64_t segments;  /* count of live segments */
   uint64_t retiring;       /* of those, parked until clients close them */
   uint64_t retiring_bytes;
+  /* Live segments allowed at once, retiring ones included (0: no cap):
+   * each holds a descriptor, and RLIMIT_NOFILE may be low (core.c). */
+  uint64_t seg_max;
+  uint64_t seg_max_refused; /* segments refused for it, for the log */
   char desc[64];      /* "host:1GiB", for logs and status */
   /* cuda: the GPU's identity, told to clients in the Hello reply so that
    * each finds the GPU under its own ordinal (containers renumber them):

@@ -44,6 +44,10 @@ struct gmb_session {
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
   uint64_t cached_free; /* free in its cache, as its last request said */
+  /* Asks to give cached memory back (EVENT_TRIM): how many were sent,
+   * and how many it left unanswered past the broker's wait bound (its
+   * cached_free did not go down in time), for gmbctl and metrics. */
+  uint64_t trim_asks, trim_ignored;
   uint32_t waiting; /* its requests in the wait queue (waitq.c) */
   int by_token;     /* its Hello proved the tenant with a token, not a uid */
   uint8_t token_sha256[32]; /* the hash it matched (by_token only) */

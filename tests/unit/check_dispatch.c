@@ -25,8 +25,10 @@
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "admin.h"
@@ -34,6 +36,7 @@
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "core.h"
+#include "device.h"
 #include "locktab.h"
 #include "pool.h"
 #include "tenant.h"
@@ -1215,14 +1218,97 @@ START_TEST(fd_limit_raised_or_sessions_lowered) {
      * descriptors allow. */
     uint32_t m = gmb__core_max_sessions(&f.b);
     ck_assert_uint_lt(m, 30000);
-    ck_assert_uint_le(GMB_FDS_RESERVED + segs +
-                          (uint64_t)m * GMB_FDS_PER_SESSION,
-                      rl.rlim_cur);
+    uint64_t cap = f.b.dev->seg_max ? f.b.dev->seg_max : segs;
+    ck_assert_uint_le(cap + (uint64_t)m * GMB_FDS_PER_SESSION, rl.rlim_cur);
   }
   /* Never below what it was (20000 here, unless a container forbids
    * raising the hard limit, as CAP_SYS_RESOURCE may). */
   ck_assert_uint_ge(rl.rlim_cur, 1024);
   fx_close(&f);
+}
+END_TEST
+
+/* The share-out of a descriptor limit: never more than the limit, every
+ * configured session when everything fits, and under docker's 1024 with
+ * a 1 GiB device (513 segments at worst, CI's check-deploy) dozens of
+ * sessions rather than one. */
+START_TEST(fd_split_shares_out_the_limit) {
+  static const struct {
+    uint64_t have, segs;
+    uint32_t max_sessions;
+  } cases[] = {
+      {1024, 513, 4096},     {1024, 33, 4096},    {1024, 33, 4},
+      {20000, 513, 4096},    {1u << 20, 72000, 4096}, {1024, 72000, 4096},
+      {16, 513, 4096},       {4096, 0, 1},        {65536, 513, 4096},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint32_t n;
+    uint64_t seg_max;
+    gmb__core_fd_split(cases[i].have, cases[i].segs, cases[i].max_sessions,
+                       &n, &seg_max);
+    uint64_t segs = seg_max ? seg_max : cases[i].segs;
+    ck_assert_uint_ge(n, 1);
+    ck_assert_uint_le(n, cases[i].max_sessions);
+    ck_assert_msg(segs + (uint64_t)n * GMB_FDS_PER_SESSION <= cases[i].have,
+                  "case %zu: %u sessions and %llu segments exceed %llu", i, n,
+                  (unsigned long long)segs,
+                  (unsigned long long)cases[i].have);
+    uint64_t full = GMB_FDS_RESERVED + cases[i].segs +
+                    (uint64_t)cases[i].max_sessions * GMB_FDS_PER_SESSION;
+    if (cases[i].have >= full) {
+      ck_assert_uint_eq(n, cases[i].max_sessions);
+      ck_assert_uint_eq(seg_max, 0);
+    }
+  }
+  uint32_t n;
+  uint64_t seg_max;
+  gmb__core_fd_split(1024, 513, 4096, &n, &seg_max);
+  ck_assert_uint_ge(n, 64);
+  ck_assert_uint_ge(seg_max, 256); /* 512 MiB or more in 2 MiB pieces */
+}
+END_TEST
+
+/* The broker under `--ulimit nofile=1024:1024` (no CAP_SYS_RESOURCE) on a
+ * 1 GiB host device: two jobs connect, and the segment cap refuses a
+ * segment as out of memory instead of running out of descriptors.  In a
+ * child, since a lowered hard limit cannot be raised again. */
+START_TEST(fd_limit_1024_admits_many_sessions) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    struct rlimit rl = {1024, 1024};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(10);
+    struct fx f;
+    fx_open_ini(&f, "host:1GiB", "");
+    uint32_t m = gmb__core_max_sessions(&f.b);
+    if (m < 64) _exit(11);
+    uint64_t cap = f.b.dev->seg_max;
+    if (cap == 0 || cap + (uint64_t)m * GMB_FDS_PER_SESSION > 1024) _exit(12);
+    /* Fill the cap with the smallest segments; the next is refused. */
+    struct gmb_dseg *segs = calloc(cap + 1, sizeof *segs);
+    if (!segs) _exit(13);
+    for (uint64_t i = 0; i < cap; i++)
+      if (gmb__device_seg_new(f.b.dev, 1000 + i, GMB_SEGMENT_ALIGN,
+                              &segs[i]) != 0)
+        _exit(14);
+    if (gmb__device_seg_new(f.b.dev, 1000 + cap, GMB_SEGMENT_ALIGN,
+                            &segs[cap]) != GMB_E_NOMEM)
+      _exit(15);
+    gmb__device_seg_free(f.b.dev, &segs[0]);
+    if (gmb__device_seg_new(f.b.dev, 1000 + cap, GMB_SEGMENT_ALIGN,
+                            &segs[0]) != 0)
+      _exit(16);
+    for (uint64_t i = 0; i < cap; i++)
+      gmb__device_seg_free(f.b.dev, &segs[i]);
+    free(segs);
+    fx_close(&f);
+    _exit(0);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "child under nofile 1024: status %d (see the _exit codes)",
+                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 END_TEST
 
@@ -1494,6 +1580,8 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, reload_configured_name_ends_squatter);
   tcase_add_test(tc, sessions_capped_per_uid_and_total);
   tcase_add_test(tc, fd_limit_raised_or_sessions_lowered);
+  tcase_add_test(tc, fd_split_shares_out_the_limit);
+  tcase_add_test(tc, fd_limit_1024_admits_many_sessions);
   tcase_add_test(tc, default_tenants_reaped_and_capped);
   tcase_add_test(tc, registry_full_idle_make_room);
   tcase_add_test(tc, waiters_capped_per_session_and_tenant);
