@@ -309,11 +309,7 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
   rep->u.stats.device_segments = ps.segment_bytes;
   rep->u.stats.device_used = ps.used;
   rep->u.stats.free_in_segments = as.free_total;
-  /* As each session last reported it; never more than is used. */
-  uint64_t cached = 0;
-  for (const struct gmb_session *o = s->tenant->sessions; o; o = o->tenant_next)
-    cached += o->cached_free;
-  rep->u.stats.cached = cached < s->tenant->used ? cached : s->tenant->used;
+  rep->u.stats.cached = gmb__tenant_cached(s->tenant);
   return 1;
 }
 

@@ -59,6 +59,13 @@ static size_t session_uid_index(const struct gmb_sessions *ss, uid_t uid) {
   return lo;
 }
 
+uint64_t gmb__tenant_cached(const struct gmb_tenant *t) {
+  uint64_t cached = 0;
+  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
+    cached += o->cached_free;
+  return cached < t->used ? cached : t->used;
+}
+
 uint32_t gmb__sessions_of_uid(const struct gmb_sessions *ss, uid_t uid) {
   size_t i = session_uid_index(ss, uid);
   return i < ss->n_uids && ss->uids[i].uid == uid ? ss->uids[i].n : 0;

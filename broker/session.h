@@ -85,6 +85,10 @@ void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s);
 size_t gmb__sessions_count(const struct gmb_sessions *ss);
 /* The sessions of uid `uid` now (max_sessions_per_uid).  O(log uids). */
 uint32_t gmb__sessions_of_uid(const struct gmb_sessions *ss, uid_t uid);
+
+/* The free bytes in the caches of tenant t's sessions, as each last
+ * reported them; never more than the tenant uses. */
+uint64_t gmb__tenant_cached(const struct gmb_tenant *t);
 /* Changes whenever a session is added or removed. */
 uint64_t gmb__sessions_gen(const struct gmb_sessions *ss);
 /* Visits every session; fn may end the session it is given. */
