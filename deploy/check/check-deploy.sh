@@ -25,6 +25,10 @@
 #            is refused at its quota (GMB_E_QUOTA), a wrong token is
 #            refused (GMB_E_AUTH), the killed job's memory comes back, and
 #            the broker stops cleanly (exit status 0).
+#   docker   a private dockerd (Debian's docker.io, its own socket and data
+#            root under $GMB_DEPLOY_STORE/docker) builds the image with
+#            the legacy builder and with BuildKit, and runs each with no
+#            arguments; stopped afterwards.
 #
 # Each check prints "check-deploy: NAME: ok", "... FAILED: why" or
 # "... SKIPPED: why" (a tool that cannot be installed, or an engine that
@@ -446,6 +450,112 @@ fi
 # Each build leaves its build stage behind (vfs keeps whole copies): keep
 # only the tagged images.
 [ -z "$engine" ] && "${P[@]}" image prune -f >/dev/null 2>&1
+
+# --- Docker's two builders ------------------------------------------------
+# The image must build with Docker's legacy builder (which reads the root
+# .dockerignore, not Dockerfile.dockerignore) and with BuildKit as well as
+# with buildah above.  A private dockerd (Debian's docker.io 20.10) on its
+# own socket and data root, bridge-less, is started for it and stopped
+# after: the machine's own Docker, if any, is not touched.  The Debian CLI
+# (/usr/bin/docker) is used: it speaks BuildKit without the buildx plugin.
+section "image: Docker's legacy builder and BuildKit (a private dockerd)"
+DS=$STORE/docker
+dockerd_pid=""
+docker_stop() {
+  if [ -n "$dockerd_pid" ]; then
+    "${D[@]}" rm -f "$TAG-dk-legacy" "$TAG-dk-buildkit" >/dev/null 2>&1
+    "${D[@]}" system prune -af >/dev/null 2>&1
+    kill "$dockerd_pid" 2>/dev/null
+    for ((i = 0; i < 100; i++)); do
+      kill -0 "$dockerd_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    dockerd_pid=""
+    # dockerd leaves its default network namespace mounted.
+    umount "$DS/exec/netns/default" 2>/dev/null
+  fi
+}
+trap 'cleanup; docker_stop' EXIT
+dk=""
+dcli=/usr/bin/docker
+[ -x "$dcli" ] || dcli=$(command -v docker || true)
+if [ "$(id -u)" != 0 ]; then
+  dk="not root: a private dockerd needs root"
+elif ! have dockerd || [ -z "$dcli" ]; then
+  dk="dockerd is not installed (Debian package docker.io)"
+elif [ -z "$engine" ] && [ -f "$base" ]; then
+  :
+else
+  dk="no Debian base image (${engine:-no debootstrap base})"
+fi
+if [ -z "$dk" ]; then
+  mkdir -p "$DS/data" "$DS/exec"
+  D=("$dcli" -H "unix://$DS/docker.sock")
+  dockerd --host "unix://$DS/docker.sock" --data-root "$DS/data" \
+    --exec-root "$DS/exec" --pidfile "$DS/dockerd.pid" --iptables=false \
+    --ip6tables=false --bridge=none >"$W/dockerd.log" 2>&1 &
+  dockerd_pid=$!
+  for ((i = 0; i < 300; i++)); do
+    "${D[@]}" info >/dev/null 2>&1 && break
+    kill -0 "$dockerd_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! "${D[@]}" info >/dev/null 2>&1; then
+    dk="dockerd cannot run here: $(tail -n 2 "$W/dockerd.log" | tr '\n' ' ')"
+    docker_stop
+  elif ! out=$("${D[@]}" import "$base" debian:12 2>&1) ||
+       ! out=$("${D[@]}" tag debian:12 debian:12-slim 2>&1); then
+    dk="docker import of the Debian base failed: $out"
+    docker_stop
+  fi
+fi
+if [ -n "$dk" ]; then
+  skip "docker build (legacy builder, BuildKit)" "$dk"
+else
+  dver=$("${D[@]}" version --format '{{.Server.Version}}' 2>/dev/null)
+  for kit in legacy buildkit; do
+    t0=$(date +%s)
+    if [ $kit = legacy ]; then
+      flags=(); export_kit=0
+    else
+      flags=(--progress plain); export_kit=1
+    fi
+    if DOCKER_BUILDKIT=$export_kit timeout 1800 "${D[@]}" build "${flags[@]}" \
+         --network host -f deploy/container/Dockerfile -t "gmb-check:$kit" . \
+         >"$W/docker-$kit.log" 2>&1; then
+      secs=$(( $(date +%s) - t0 ))
+      size=$("${D[@]}" image inspect --format '{{.Size}}' "gmb-check:$kit")
+      # What the builder was sent: the root .dockerignore keeps build/ and
+      # .git out (the legacy builder once sent 27 MB with them).
+      ctx=$(sed -n 's/.*Sending build context to Docker daemon *//p; s/.*transferring context: \([0-9.]*[kMG]*B\) .*done.*/\1/p' \
+              "$W/docker-$kit.log" | tail -n 1)
+      # And the image runs: no arguments, read-only root, 1024 descriptors.
+      name=$TAG-dk-$kit
+      if "${D[@]}" run -d --name "$name" --network none --read-only \
+           "${U[@]}" "gmb-check:$kit" >/dev/null 2>"$W/docker-$kit.err"; then
+        for ((i = 0; i < 200; i++)); do
+          "${D[@]}" logs "$name" 2>&1 | grep -q " ready: " && break
+          sleep 0.1
+        done
+        st=$("${D[@]}" exec "$name" gmbctl status 2>&1)
+        uid=$("${D[@]}" exec "$name" id -u 2>&1)
+      else
+        st=$(cat "$W/docker-$kit.err"); uid=""
+      fi
+      if echo "$st" | grep -q '^capacity' && [ "$uid" = 10001 ]; then
+        ok "docker $dver build ($kit builder) and run" \
+           "$secs s; context ${ctx:-?}; image $((size / 1048576)) MiB; runs as uid $uid"
+      else
+        bad "docker $dver build ($kit builder) and run" \
+            "built, but the container: uid '$uid'; $(echo "$st" | tail -n 2); $("${D[@]}" logs "$name" 2>&1 | tail -n 3)"
+      fi
+      "${D[@]}" rm -f "$name" >/dev/null 2>&1
+    else
+      bad "docker $dver build ($kit builder)" "log: $W/docker-$kit.log: $(tail -n 5 "$W/docker-$kit.log")"
+    fi
+  done
+  docker_stop
+fi
 
 section "result"
 [ "$skipped" -gt 0 ] && echo "check-deploy: $skipped checks were SKIPPED (reasons above): they did not pass"
