@@ -63,7 +63,7 @@ BROKER_SRC := broker/loop.c \
   broker/statefile.c broker/reply.c \
   broker/pool.c \
   broker/device.c broker/device_host.c broker/device_cuda.c \
-  broker/config.c broker/log.c
+  broker/config.c broker/log.c broker/connguard.c
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
   client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c

@@ -434,6 +434,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
 
   gmb__config_free(oc);
   b->cfg = nc;
+  gmb__core_conn_limits(b);
   gmb__pool_set_grouping(b->pool, b->cfg.compaction);
   gmb__tenants_set_limits(b->tenants, &b->cfg);
   int applied = gmb__statefile_apply(b);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "connguard.h"
 #include "defrag.h"
 #include "gmb.h"
 #include "locktab.h"
@@ -111,6 +112,16 @@ static void core_fd_budget(struct gmb_broker *b) {
              b->cfg.max_sessions, GMB_FDS_PER_SESSION,
              (unsigned long long)segs, b->dev->desc, sessions, segcap);
   }
+}
+
+void gmb__core_conn_limits(struct gmb_broker *b) {
+  uint64_t total = (uint64_t)gmb__core_max_sessions(b) + GMB_CONN_UNNAMED;
+  uint64_t per_uid =
+      (uint64_t)b->cfg.max_sessions_per_uid + GMB_CONN_UNNAMED_PER_UID;
+  /* Under a low descriptor limit, one uid must not take every place. */
+  if (per_uid > total / 2) per_uid = total / 2 ? total / 2 : 1;
+  gmb__connguard_limits(total > UINT32_MAX ? UINT32_MAX : (uint32_t)total,
+                        per_uid > UINT32_MAX ? UINT32_MAX : (uint32_t)per_uid);
 }
 
 uint32_t gmb__core_max_sessions(const struct gmb_broker *b) {

@@ -51,6 +51,15 @@ int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap);
  * RLIMIT_NOFILE could not be raised far enough for them (core_open). */
 uint32_t gmb__core_max_sessions(const struct gmb_broker *b);
 
+/* Sets the connection guard's caps (connguard.h) from the sessions the
+ * broker admits: max sessions plus GMB_CONN_UNNAMED connections that have
+ * not said Hello yet, and per uid max_sessions_per_uid plus
+ * GMB_CONN_UNNAMED_PER_UID, but never more than half of the total.  At
+ * start and after a reload. */
+void gmb__core_conn_limits(struct gmb_broker *b);
+#define GMB_CONN_UNNAMED 64
+#define GMB_CONN_UNNAMED_PER_UID 16
+
 /*
  * How `have` descriptors (RLIMIT_NOFILE) are shared out.  Each segment
  * holds one (its memfd or exported CUDA handle), each session

@@ -31,6 +31,7 @@
 #include "loop.h"
 
 #include "admin.h"
+#include "connguard.h"
 #include "core.h"
 #include "defrag.h"
 #include "dispatch.h"
@@ -252,6 +253,12 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
     return GMB_E_SYSTEM;
   }
 
+  /* Before the sockets: libzmq accepts connections from then on. */
+  if (gmb__connguard_init(b->client_path) != 0)
+    log_warn("connections are not counted (%s): a flood of connections to "
+             "%s could exhaust the broker's descriptors", strerror(errno),
+             b->client_path);
+  gmb__core_conn_limits(b);
   b->zctx = zmq_ctx_new();
   if (b->zctx == NULL) {
     snprintf(err, errcap, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -558,6 +565,24 @@ static void loop_drain(struct gmb_broker *b) {
     log_info("every session is gone");
 }
 
+/* Says, at most every LOOP_TRIM_NS, how many connections the guard
+ * refused since it last said (connguard.h: it counts in libzmq's thread,
+ * which must not log). */
+static void loop_report_refused(struct gmb_connguard_stats *last) {
+  struct gmb_connguard_stats st;
+  gmb__connguard_stats(&st);
+  uint64_t total = st.refused_total - last->refused_total;
+  uint64_t uid = st.refused_uid - last->refused_uid;
+  uint64_t fds = st.refused_fds - last->refused_fds;
+  if (total || uid || fds)
+    log_warn("refused %" PRIu64 " client connections: %" PRIu64 " past the "
+             "limit in all, %" PRIu64 " past a uid's limit, %" PRIu64
+             " with no descriptor left (%u counted now; see max_sessions, "
+             "max_sessions_per_uid)",
+             total + uid + fds, total, uid, fds, st.connections);
+  *last = st;
+}
+
 int gmb__loop_run(struct gmb_broker *b) {
   struct gmb_loop *l = b->loop;
   uint64_t hb_ns = b->cfg.heartbeat_ms * GMB_NS_PER_MS;
@@ -565,6 +590,7 @@ int gmb__loop_run(struct gmb_broker *b) {
   uint64_t next_hb = gmb__now_ns() + hb_ns;
   uint64_t next_frag = gmb__now_ns() + LOOP_FRAG_NS;
   uint64_t trimmed_gen = 0;
+  struct gmb_connguard_stats refused = {0};
   while (!b->stopping) {
     if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
@@ -626,6 +652,7 @@ int gmb__loop_run(struct gmb_broker *b) {
         malloc_trim(0);
         trimmed_gen = gen;
       }
+      loop_report_refused(&refused);
       next_trim = now + LOOP_TRIM_NS;
     }
   }

@@ -790,6 +790,101 @@ START_TEST(run_dir_squatted) {
 }
 END_TEST
 
+/* --- a flood of bare connections ------------------------------------- */
+
+struct flood {
+  const char *path; /* the client socket */
+  int n;            /* connections to open */
+  int as_nobody;
+  int ready[2], done[2]; /* child -> parent: opened; parent -> child: go */
+};
+
+static int flood_main(void *arg) {
+  struct flood *f = arg;
+  if (f->as_nobody) {
+    CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
+    CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
+    CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
+  }
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", f->path);
+  int opened = 0;
+  for (int i = 0; i < f->n; i++) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break; /* our own descriptor limit: enough */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+      close(fd);
+      continue; /* the listen backlog is full for a moment */
+    }
+    opened++;
+  }
+  CHILD_CHECK(opened > 0, 11, "no connection opened");
+  harness_pipe_send(f->ready[1], 'r');
+  CHILD_CHECK(harness_pipe_wait(f->done[0], HARNESS_WAIT_MS) == 'g', 12,
+              "no word from the test");
+  return 0; /* exit closes them all */
+}
+
+static int log_has_refused(void *arg) {
+  char *log = harness_broker_log(arg);
+  int yes = log && strstr(log, "refused") && strstr(log, "client connections");
+  free(log);
+  return yes;
+}
+
+/* libzmq accepts every connection to broker.sock in its own thread and
+ * aborted the broker when accept() met EMFILE (issue 12, item 2): a local
+ * user opening ~1,000 bare connections stopped every tenant's broker.  Now
+ * connections are counted and capped, in all and per uid: the broker
+ * lives, the flood's uid cannot take every place, the operator's admin
+ * socket answers during the flood, and once it ends clients connect. */
+static void flood_run(struct harness_broker *b, int as_nobody) {
+  struct flood f = {b->sock_path, 600, as_nobody, {-1, -1}, {-1, -1}};
+  ck_assert_int_eq(pipe(f.ready), 0);
+  ck_assert_int_eq(pipe(f.done), 0);
+  pid_t kid = harness_fork(flood_main, &f);
+  ck_assert_int_eq(harness_pipe_wait(f.ready[0], HARNESS_WAIT_MS), 'r');
+  ck_assert_int_eq(harness_broker_alive(b), 1);
+  /* The operator gets in during the flood. */
+  struct wire_reply st;
+  ck_assert_int_eq(harness_admin_status(b, &st), 0);
+  gmb__wire_reply_clear(&st);
+  if (as_nobody) {
+    /* Another uid's client is served while nobody floods. */
+    gmb_client *c = harness_connect_ok(b, "victim");
+    gmb_id id = harness_alloc_ok(c, MIB);
+    ck_assert_int_eq(gmb_free(c, id), 0);
+    gmb_disconnect(c);
+  }
+  ck_assert_msg(harness_poll_until(log_has_refused, b, HARNESS_WAIT_MS),
+                "the broker did not say it refused connections");
+  harness_pipe_send(f.done[1], 'g');
+  ck_assert_int_eq(harness_wait(kid), 0);
+  /* After the flood, every uid connects again. */
+  gmb_client *c = harness_connect_ok(b, "after");
+  gmb_disconnect(c);
+  ck_assert_int_eq(harness_broker_alive(b), 1);
+  close(f.ready[0]);
+  close(f.ready[1]);
+  close(f.done[0]);
+  close(f.done[1]);
+}
+
+START_TEST(connection_flood) {
+  struct harness_broker b;
+  /* 20 sessions: room for 84 connections, 20 of one uid. */
+  harness_broker_start(&b, "host:64MiB",
+                       "[broker]\nmax_sessions = 20\n"
+                       "max_sessions_per_uid = 4\n");
+  flood_run(&b, 0); /* this uid (root: only the total caps it) */
+  if (geteuid() == 0)
+    flood_run(&b, 1); /* nobody: its uid's cap */
+  else
+    printf("connection_flood: not root, so no flood from another uid\n");
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "tenancy", "tenancy", 60,
@@ -797,5 +892,6 @@ int main(void) {
       auth_uid_refused,
       bad_input,
       fd_channel_attacks,
-      run_dir_squatted));
+      run_dir_squatted,
+      connection_flood));
 }

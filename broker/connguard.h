@@ -1,0 +1,49 @@
+/*
+ * connguard.h - a bound on the connections libzmq accepts for the broker.
+ *
+ * libzmq accepts a client's connection in its I/O thread as soon as it
+ * arrives, before the broker sees any message, and aborts the process when
+ * accept() fails with EMFILE (ipc_listener.cpp, libzmq 4.3).  A local user
+ * who opens a thousand bare connections to broker.sock would stop the
+ * broker of every tenant.  The broker therefore defines accept() and
+ * accept4() itself (an executable's definitions come before libc's for
+ * the libraries it loads), and close() to see connections end, and:
+ *   - refuses (closes at once, ECONNABORTED to libzmq, which carries on) a
+ *     Unix-socket connection past `total_max` connections in all, or past
+ *     `per_uid_max` of its peer's uid (SO_PEERCRED; root is not capped per
+ *     uid, only in all);
+ *   - when accept() meets EMFILE or ENFILE anyway, takes the connection on
+ *     a spare descriptor and closes it, so that libzmq never sees either.
+ * Only connections to the client socket count: the admin socket stays
+ * the operator's way in during a flood, the descriptor channel caps its
+ * own, and other descriptors (files, memfds, the metrics endpoint's TCP
+ * connections) pass through untouched.
+ *
+ * A bare connection that never completes ZeroMQ's handshake is dropped by
+ * libzmq after ZMQ_HANDSHAKE_IVL; one that completes it but never says
+ * Hello holds its place until it goes: the per-uid cap keeps one uid from
+ * holding every place.
+ */
+#ifndef GMB_CONNGUARD_H
+#define GMB_CONNGUARD_H
+
+#include <stdint.h>
+
+/* Starts counting the connections to the Unix socket at `path` (the
+ * client socket; call before it is bound): sizes the table by the
+ * RLIMIT_NOFILE now in force and opens the spare descriptor.  0, or -1
+ * with errno (the guard then stays off and accept() passes through). */
+int gmb__connguard_init(const char *path);
+/* The caps; 0: none.  Safe at any time (a reload lowers them: the
+ * connections above stay until they end). */
+void gmb__connguard_limits(uint32_t total_max, uint32_t per_uid_max);
+
+struct gmb_connguard_stats {
+  uint32_t connections;   /* counted now */
+  uint64_t refused_total; /* past total_max */
+  uint64_t refused_uid;   /* past per_uid_max */
+  uint64_t refused_fds;   /* accept() met EMFILE/ENFILE */
+};
+void gmb__connguard_stats(struct gmb_connguard_stats *out);
+
+#endif
