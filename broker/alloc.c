@@ -172,6 +172,7 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   rc = gmb__tenant_charge(t, rounded);
   GMB_ASSERT(rc == 0 && "a size that fit the quota a moment ago");
   s->allocations++;
+  s->used += rounded;
   b->pool_ops++;
   rep->status = 0;
   rep->kind = WIRE_ALLOC;

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "observe.h"
 #include "reply.h"
+#include "session.h"
 #include "statefile.h"
 #include "util.h"
 #include "waitq.h"
@@ -213,6 +214,13 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
   if (freed || unparked) gmb__waitq_serve(b);
 }
 
+static int core_check_sessions(void *ctx, struct gmb_tenant *t) {
+  *(int *)ctx += gmb__tenant_sessions_check(t);
+  return 0;
+}
+
 int gmb__core_check(struct gmb_broker *b) {
-  return gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants);
+  int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants);
+  gmb__tenants_each(b->tenants, core_check_sessions, &bad);
+  return bad;
 }

@@ -289,6 +289,7 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
   b->pool_ops++;
   gmb__tenant_uncharge(s->tenant, info.size);
   s->allocations--;
+  s->used -= info.size;
   rep->status = 0;
   gmb__waitq_serve(b);
   return 1;

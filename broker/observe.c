@@ -86,17 +86,53 @@ void gmb__observe_tenant_row(struct gmb_tenant *t,
   row->reserve = t->reserve;
   row->priority = t->priority;
   row->waiting = t->waiting;
+  row->cached = gmb__tenant_cached(t);
+  gmb__tenant_trim_totals(t, &row->trim_asks, &row->trim_ignored);
 }
 
 struct observe_rows {
   struct wire_tenant_row *rows;
   size_t n, cap;
+  struct wire_session_row *srows;
+  size_t ns, scap;
 };
 
+static void observe_session_row(const struct gmb_session *s,
+                                struct wire_session_row *row) {
+  memset(row, 0, sizeof *row);
+  row->id = s->id;
+  snprintf(row->tenant, sizeof row->tenant, "%s", s->tenant->name);
+  row->uid = (uint32_t)s->uid;
+  row->pid = (int32_t)s->pid;
+  snprintf(row->client, sizeof row->client, "%s", s->client);
+  row->allocations = s->allocations;
+  row->used = s->used;
+  row->cached = gmb__session_cached(s);
+  row->trim_asks = s->trim_asks;
+  row->trim_ignored = s->trim_ignored;
+  row->waiting = s->waiting;
+}
+
+static int observe_session_cmp(const void *a, const void *b) {
+  const struct wire_session_row *x = a, *y = b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* A tenant's row, then its sessions' rows (by id; its list is newest
+ * first).  The tables were sized from the registries' counts, which
+ * nothing changes meanwhile (one thread). */
 static int observe_row(void *ctx, struct gmb_tenant *t) {
   struct observe_rows *r = ctx;
   if (r->n == r->cap) return 1;
-  gmb__observe_tenant_row(t, &r->rows[r->n++]);
+  struct wire_tenant_row *row = &r->rows[r->n++];
+  gmb__observe_tenant_row(t, row);
+  size_t first = r->ns;
+  for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
+    GMB_ASSERT(r->ns < r->scap && "every session is in the table");
+    observe_session_row(s, &r->srows[r->ns++]);
+  }
+  qsort(r->srows + first, r->ns - first, sizeof *r->srows,
+        observe_session_cmp);
   return 0;
 }
 
@@ -114,20 +150,29 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
   rep->u.admin_status.fragmentation = gmb__pool_fragmentation(
       b->pool, &rep->u.admin_status.largest_free, NULL);
   rep->u.admin_status.compaction = b->compact_totals;
+  /* Every session is listed: their number is bounded by max_sessions
+   * (admission refuses the next), a few dozen bytes each. */
   struct observe_rows r = {0};
   r.cap = gmb__tenants_count(b->tenants);
-  if (r.cap) {
-    r.rows = calloc(r.cap, sizeof *r.rows);
-    if (r.rows == NULL) {
-      rep->kind = WIRE_NONE;
-      rep->status = GMB_E_SYSTEM;
-      snprintf(rep->message, sizeof rep->message, "out of host memory");
-      return;
-    }
-    gmb__tenants_each(b->tenants, observe_row, &r);
+  r.scap = gmb__sessions_count(b->sessions);
+  if ((r.cap && (r.rows = calloc(r.cap, sizeof *r.rows)) == NULL) ||
+      (r.scap && (r.srows = calloc(r.scap, sizeof *r.srows)) == NULL)) {
+    free(r.rows);
+    rep->kind = WIRE_NONE;
+    rep->status = GMB_E_SYSTEM;
+    snprintf(rep->message, sizeof rep->message, "out of host memory");
+    return;
   }
-  rep->u.admin_status.tenants = r.rows; /* freed by gmb__wire_reply_clear */
+  if (r.cap) gmb__tenants_each(b->tenants, observe_row, &r);
+  GMB_ASSERT(r.ns == r.scap && "each session belongs to a listed tenant");
+  uint64_t cached = 0;
+  for (size_t i = 0; i < r.n; i++) cached += r.rows[i].cached;
+  rep->u.admin_status.cached = cached;
+  /* Freed by gmb__wire_reply_clear. */
+  rep->u.admin_status.tenants = r.rows;
   rep->u.admin_status.n_tenants = r.n;
+  rep->u.admin_status.session_rows = r.srows;
+  rep->u.admin_status.n_sessions = r.ns;
 }
 
 /* --- snapshot ------------------------------------------------------------ */
@@ -274,7 +319,7 @@ static void observe_dbl(FILE *f, const char *name, const char *type,
 struct observe_tenant {
   const char *name;
   uint64_t used, quota, reserve, peak, segment_bytes, allocations,
-      refusals_quota;
+      refusals_quota, cached, trim_asks, trim_ignored;
   unsigned sessions;
   double frag;
 };
@@ -298,19 +343,26 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
       .segment_bytes = as.segment_bytes,
       .allocations = as.allocations,
       .refusals_quota = t->refusals_quota,
+      .cached = gmb__tenant_cached(t),
       .sessions = t->n_sessions,
       .frag = gmb__fragmentation(as.largest_free, as.free_total)};
+  struct observe_tenant *o = &r->t[r->n - 1];
+  gmb__tenant_trim_totals(t, &o->trim_asks, &o->trim_ignored);
   return 0;
 }
 
-enum { OT_USED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS, OT_ALLOCS,
-       OT_SESSIONS, OT_FRAG };
+enum { OT_USED, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
+       OT_ALLOCS, OT_SESSIONS, OT_FRAG };
 
 static const struct {
   const char *name, *help;
 } observe_tenant_family[] = {
     [OT_USED] = {"gmb_tenant_used_bytes",
                  "Bytes of the tenant's live allocations (rounded)."},
+    [OT_CACHED] = {"gmb_tenant_cached_bytes",
+                   "Of the tenant's used bytes, those free in its sessions' "
+                   "caches (as each last reported), which it could give "
+                   "back."},
     [OT_QUOTA] = {"gmb_tenant_quota_bytes",
                   "Bytes the tenant may hold; 0 means no limit."},
     [OT_RESERVE] = {"gmb_tenant_reserve_bytes",
@@ -339,6 +391,7 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
       fputs("\"} ", f);
       switch (k) {
         case OT_USED: fprintf(f, "%" PRIu64 "\n", t->used); break;
+        case OT_CACHED: fprintf(f, "%" PRIu64 "\n", t->cached); break;
         case OT_QUOTA: fprintf(f, "%" PRIu64 "\n", t->quota); break;
         case OT_RESERVE: fprintf(f, "%" PRIu64 "\n", t->reserve); break;
         case OT_PEAK: fprintf(f, "%" PRIu64 "\n", t->peak); break;
@@ -355,6 +408,25 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
     fputs("gmb_tenant_quota_refusals_total{tenant=\"", f);
     observe_label(f, r->t[i].name);
     fprintf(f, "\"} %" PRIu64 "\n", r->t[i].refusals_quota);
+  }
+  /* Per tenant, not per session: sessions come and go, and a label per
+   * session would make a series per process.  Ended sessions' asks stay
+   * in their tenant's totals. */
+  observe_head(f, "gmb_trim_asks_total", "counter",
+               "Asks to give cached memory back (EVENT_TRIM) sent to the "
+               "tenant's sessions.");
+  for (size_t i = 0; i < r->n; i++) {
+    fputs("gmb_trim_asks_total{tenant=\"", f);
+    observe_label(f, r->t[i].name);
+    fprintf(f, "\"} %" PRIu64 "\n", r->t[i].trim_asks);
+  }
+  observe_head(f, "gmb_trim_ignored_total", "counter",
+               "Asks to give cached memory back that the tenant's sessions "
+               "left unanswered past the broker's bound.");
+  for (size_t i = 0; i < r->n; i++) {
+    fputs("gmb_trim_ignored_total{tenant=\"", f);
+    observe_label(f, r->t[i].name);
+    fprintf(f, "\"} %" PRIu64 "\n", r->t[i].trim_ignored);
   }
 }
 

@@ -27,8 +27,9 @@ void gmb__observe_destroy(struct gmb_observe *o); /* accepts NULL */
 void gmb__observe_request(struct gmb_observe *o, enum wire_kind kind,
                           int status, uint64_t ns);
 
-/* Fills *rep (kind WIRE_ADMIN_STATUS): the device, the totals and one row
- * per tenant; on failure a status and a message. */
+/* Fills *rep (kind WIRE_ADMIN_STATUS): the device, the totals, one row
+ * per tenant and one per session (by tenant, then id: every session, at
+ * most max_sessions); on failure a status and a message. */
 void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep);
 
 /* One tenant's row of the status. */

@@ -59,11 +59,48 @@ static size_t session_uid_index(const struct gmb_sessions *ss, uid_t uid) {
   return lo;
 }
 
+uint64_t gmb__session_cached(const struct gmb_session *s) {
+  return s->cached_free < s->used ? s->cached_free : s->used;
+}
+
 uint64_t gmb__tenant_cached(const struct gmb_tenant *t) {
   uint64_t cached = 0;
   for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
-    cached += o->cached_free;
+    cached += gmb__session_cached(o);
   return cached < t->used ? cached : t->used;
+}
+
+void gmb__tenant_trim_totals(const struct gmb_tenant *t, uint64_t *asks,
+                             uint64_t *ignored) {
+  uint64_t a = t->trim_asks_ended, i = t->trim_ignored_ended;
+  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next) {
+    a += o->trim_asks;
+    i += o->trim_ignored;
+  }
+  *asks = a;
+  *ignored = i;
+}
+
+int gmb__tenant_sessions_check(const struct gmb_tenant *t) {
+  uint64_t used = 0;
+  unsigned n = 0;
+  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next) {
+    used += o->used;
+    n++;
+  }
+  int bad = 0;
+  if (used != t->used) {
+    log_error("session check: tenant %s uses %llu bytes, its sessions hold "
+              "%llu", t->name, (unsigned long long)t->used,
+              (unsigned long long)used);
+    bad++;
+  }
+  if (n != t->n_sessions) {
+    log_error("session check: tenant %s counts %u sessions, its list has %u",
+              t->name, t->n_sessions, n);
+    bad++;
+  }
+  return bad;
 }
 
 uint32_t gmb__sessions_of_uid(const struct gmb_sessions *ss, uid_t uid) {
@@ -225,6 +262,8 @@ void gmb__session_detach(struct gmb_session *s) {
   if (s->tenant_next) s->tenant_next->tenant_prev = s->tenant_prev;
   s->tenant_next = s->tenant_prev = NULL;
   t->n_sessions--;
+  t->trim_asks_ended += s->trim_asks;
+  t->trim_ignored_ended += s->trim_ignored;
 }
 
 void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,

@@ -43,6 +43,7 @@ struct gmb_session {
   uint64_t *segs;   /* segment ids whose handle it was given, sorted */
   size_t n_segs, cap_segs;
   uint64_t allocations; /* live allocation count */
+  uint64_t used;        /* bytes of them (rounded), charged to its tenant */
   uint64_t cached_free; /* free in its cache, as its last request said */
   /* Asks to give cached memory back (EVENT_TRIM): how many were sent,
    * and how many it left unanswered past the broker's wait bound (its
@@ -73,7 +74,8 @@ struct gmb_session *gmb__session_new(struct gmb_broker *b,
                                      struct gmb_tenant *tenant,
                                      const char *client);
 /* Takes s out of its tenant's list of sessions (the first step of ending
- * it: segments retired from now on are not announced to it). */
+ * it: segments retired from now on are not announced to it).  Its trim
+ * counters join the tenant's totals of ended sessions. */
 void gmb__session_detach(struct gmb_session *s);
 /* Gives s its descriptor channel `fd` (the session owns it from now on). */
 void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
@@ -86,9 +88,22 @@ size_t gmb__sessions_count(const struct gmb_sessions *ss);
 /* The sessions of uid `uid` now (max_sessions_per_uid).  O(log uids). */
 uint32_t gmb__sessions_of_uid(const struct gmb_sessions *ss, uid_t uid);
 
-/* The free bytes in the caches of tenant t's sessions, as each last
- * reported them; never more than the tenant uses. */
+/* The free bytes in s's cache, as it last reported them, capped at what
+ * it holds: a report can never count memory the session does not have. */
+uint64_t gmb__session_cached(const struct gmb_session *s);
+/* The free bytes in the caches of tenant t's sessions (the sum of
+ * gmb__session_cached); never more than the tenant uses. */
 uint64_t gmb__tenant_cached(const struct gmb_tenant *t);
+/* The asks to give cached memory back (EVENT_TRIM) that tenant t's
+ * sessions were sent, and those they left unanswered, since the broker
+ * started: its live sessions' counters plus those its ended sessions
+ * left in the tenant (gmb__session_detach folds them in), so the totals
+ * never go down while the tenant exists. */
+void gmb__tenant_trim_totals(const struct gmb_tenant *t, uint64_t *asks,
+                             uint64_t *ignored);
+/* Number of broken invariants of tenant t's sessions: the bytes they hold
+ * add up to the tenant's `used`, their count to its n_sessions. */
+int gmb__tenant_sessions_check(const struct gmb_tenant *t);
 /* Changes whenever a session is added or removed. */
 uint64_t gmb__sessions_gen(const struct gmb_sessions *ss);
 /* Visits every session; fn may end the session it is given. */

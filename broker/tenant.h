@@ -64,6 +64,11 @@ struct gmb_tenant {
   uint64_t refusals_reserve; /* refused for another tenant's reservation */
   uint64_t segment_bytes; /* bytes of its arena's segments (a mirror) */
   uint64_t waiting;  /* its requests in the wait queue (dispatch.c) */
+  /* EVENT_TRIM asks its ended sessions were sent and left unanswered
+   * (their gmb_session counters, folded in as each left the tenant's
+   * list), so that per-tenant totals survive sessions
+   * (gmb__tenant_trim_totals adds the live ones). */
+  uint64_t trim_asks_ended, trim_ignored_ended;
   int configured;    /* named in the config */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;     /* 0 and !has_token: bound to owner_uid on first use */

@@ -313,6 +313,9 @@ static void wire_row_out(const struct wire_tenant_row *t, Gmb__TenantRow *r) {
   r->reserve = t->reserve;
   r->priority = t->priority;
   r->waiting = t->waiting;
+  r->cached = t->cached;
+  r->trim_asks = t->trim_asks;
+  r->trim_ignored = t->trim_ignored;
 }
 
 static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
@@ -329,34 +332,102 @@ static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
   t->reserve = r->reserve;
   t->priority = r->priority;
   t->waiting = r->waiting;
+  t->cached = r->cached;
+  t->trim_asks = r->trim_asks;
+  t->trim_ignored = r->trim_ignored;
   return rc;
 }
 
-/* Builds the protobuf of an admin status; *rows and *rowp are the caller's
- * to free (even on failure). */
+static void wire_session_out(const struct wire_session_row *w,
+                             Gmb__SessionRow *r) {
+  gmb__session_row__init(r);
+  r->id = w->id;
+  r->tenant = (char *)w->tenant;
+  r->uid = w->uid;
+  r->pid = w->pid;
+  r->client = (char *)w->client;
+  r->allocations = w->allocations;
+  r->used = w->used;
+  r->cached = w->cached;
+  r->trim_asks = w->trim_asks;
+  r->trim_ignored = w->trim_ignored;
+  r->waiting = w->waiting;
+}
+
+static int wire_session_in(const Gmb__SessionRow *r,
+                           struct wire_session_row *w) {
+  int rc = wire_str_copy(w->tenant, sizeof w->tenant, r->tenant);
+  if (rc == 0) rc = wire_str_copy(w->client, sizeof w->client, r->client);
+  w->id = r->id;
+  w->uid = r->uid;
+  w->pid = r->pid;
+  w->allocations = r->allocations;
+  w->used = r->used;
+  w->cached = r->cached;
+  w->trim_asks = r->trim_asks;
+  w->trim_ignored = r->trim_ignored;
+  w->waiting = r->waiting;
+  return rc;
+}
+
+/* The protobuf side of an admin status: arrays the encoder frees after
+ * packing (wire_status_out_free). */
+struct wire_status_arrays {
+  Gmb__TenantRow *rows, **rowp;
+  Gmb__SessionRow *srows, **srowp;
+};
+
+static void wire_status_out_free(struct wire_status_arrays *o) {
+  free(o->rows);
+  free(o->rowp);
+  free(o->srows);
+  free(o->srowp);
+  memset(o, 0, sizeof *o);
+}
+
+/* Builds the protobuf of an admin status; what it allocates is in *o, the
+ * caller's to free (even on failure). */
 static int wire_status_out(const struct wire_admin_status *st,
                            Gmb__AdminStatusReply *as, Gmb__CompactStats *cs,
-                           Gmb__TenantRow **rows, Gmb__TenantRow ***rowp) {
-  size_t n = st->n_tenants;
-  if (!WIRE_FITS(st->device) || (n && st->tenants == NULL)) return GMB_E_INVAL;
+                           struct wire_status_arrays *o) {
+  size_t n = st->n_tenants, ns = st->n_sessions;
+  if (!WIRE_FITS(st->device) || (n && st->tenants == NULL) ||
+      (ns && st->session_rows == NULL))
+    return GMB_E_INVAL;
   for (size_t i = 0; i < n; i++)
     if (!WIRE_FITS(st->tenants[i].name)) return GMB_E_INVAL;
+  for (size_t i = 0; i < ns; i++)
+    if (!WIRE_FITS(st->session_rows[i].tenant) ||
+        !WIRE_FITS(st->session_rows[i].client))
+      return GMB_E_INVAL;
   as->device = (char *)st->device;
   as->capacity = st->capacity;
   as->in_segments = st->in_segments;
   as->in_use = st->in_use;
   as->sessions = st->sessions;
   if (n) {
-    *rows = calloc(n, sizeof **rows);
-    *rowp = calloc(n, sizeof **rowp);
-    if (*rows == NULL || *rowp == NULL) return GMB_E_SYSTEM;
+    o->rows = calloc(n, sizeof *o->rows);
+    o->rowp = calloc(n, sizeof *o->rowp);
+    if (o->rows == NULL || o->rowp == NULL) return GMB_E_SYSTEM;
     for (size_t i = 0; i < n; i++) {
-      wire_row_out(&st->tenants[i], &(*rows)[i]);
-      (*rowp)[i] = &(*rows)[i];
+      wire_row_out(&st->tenants[i], &o->rows[i]);
+      o->rowp[i] = &o->rows[i];
     }
   }
   as->n_tenants = n;
-  as->tenants = *rowp;
+  as->tenants = o->rowp;
+  if (ns) {
+    o->srows = calloc(ns, sizeof *o->srows);
+    o->srowp = calloc(ns, sizeof *o->srowp);
+    if (o->srows == NULL || o->srowp == NULL) return GMB_E_SYSTEM;
+    for (size_t i = 0; i < ns; i++) {
+      wire_session_out(&st->session_rows[i], &o->srows[i]);
+      o->srowp[i] = &o->srows[i];
+    }
+  }
+  as->n_session_rows = ns;
+  as->session_rows = o->srowp;
+  as->cached = st->cached;
   as->fragmentation = st->fragmentation;
   as->largest_free = st->largest_free;
   as->retiring = st->retiring;
@@ -449,7 +520,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__SnapshotReply sn = GMB__SNAPSHOT_REPLY__INIT;
   struct wire_snap_out snap = {0};
   char *holders[WIRE_HOLDERS_MAX];
-  Gmb__TenantRow *rows = NULL, **rowp = NULL;
+  struct wire_status_arrays sta = {0};
   int rc;
 
   if (rep->status > 0 || rep->status < -(int)GMB__STATUS__GMB_E_SYSTEM)
@@ -511,8 +582,11 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       r.event = &ev;
       break;
     case WIRE_ADMIN_STATUS:
-      rc = wire_status_out(&rep->u.admin_status, &as, &cs, &rows, &rowp);
-      if (rc) return rc;
+      rc = wire_status_out(&rep->u.admin_status, &as, &cs, &sta);
+      if (rc) {
+        wire_status_out_free(&sta);
+        return rc;
+      }
       r.body_case = GMB__REPLY__BODY_ADMIN_STATUS;
       r.admin_status = &as;
       break;
@@ -555,11 +629,11 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       r.metrics = &mr;
       break;
     case WIRE_ADMIN_SNAPSHOT:
-      rc = wire_status_out(&rep->u.snapshot.status, &as, &cs, &rows, &rowp);
+      rc = wire_status_out(&rep->u.snapshot.status, &as, &cs, &sta);
       if (rc == 0) rc = wire_snapshot_out(rep, &sn, &snap);
       if (rc) {
-        free(rows);
-        free(rowp);
+        wire_status_out_free(&sta);
+        wire_snapshot_out_free(&snap);
         return rc;
       }
       sn.status = &as;
@@ -570,8 +644,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       return GMB_E_INVAL;
   }
   rc = wire_pack(&r.base, buf, len);
-  free(rows);
-  free(rowp);
+  wire_status_out_free(&sta);
   wire_snapshot_out_free(&snap);
   return rc;
 }
@@ -588,14 +661,25 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
   st->fragmentation = as->fragmentation;
   st->largest_free = as->largest_free;
   st->retiring = as->retiring;
+  st->cached = as->cached;
   wire_compact_in(as->compaction, &st->compaction);
-  if (as->n_tenants == 0) return 0;
-  st->tenants = calloc(as->n_tenants, sizeof *st->tenants);
-  if (st->tenants == NULL) return GMB_E_SYSTEM;
-  st->n_tenants = as->n_tenants;
-  for (size_t i = 0; i < as->n_tenants; i++) {
-    rc = wire_row_in(as->tenants[i], &st->tenants[i]);
-    if (rc) return rc;
+  if (as->n_tenants) {
+    st->tenants = calloc(as->n_tenants, sizeof *st->tenants);
+    if (st->tenants == NULL) return GMB_E_SYSTEM;
+    st->n_tenants = as->n_tenants;
+    for (size_t i = 0; i < as->n_tenants; i++) {
+      rc = wire_row_in(as->tenants[i], &st->tenants[i]);
+      if (rc) return rc;
+    }
+  }
+  if (as->n_session_rows) {
+    st->session_rows = calloc(as->n_session_rows, sizeof *st->session_rows);
+    if (st->session_rows == NULL) return GMB_E_SYSTEM;
+    st->n_sessions = as->n_session_rows;
+    for (size_t i = 0; i < as->n_session_rows; i++) {
+      rc = wire_session_in(as->session_rows[i], &st->session_rows[i]);
+      if (rc) return rc;
+    }
   }
   return 0;
 }
@@ -755,17 +839,22 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
   return rc;
 }
 
+static void wire_status_clear(struct wire_admin_status *st) {
+  free(st->tenants);
+  st->tenants = NULL;
+  st->n_tenants = 0;
+  free(st->session_rows);
+  st->session_rows = NULL;
+  st->n_sessions = 0;
+}
+
 void gmb__wire_reply_clear(struct wire_reply *rep) {
   switch (rep->kind) {
     case WIRE_ADMIN_STATUS:
-      free(rep->u.admin_status.tenants);
-      rep->u.admin_status.tenants = NULL;
-      rep->u.admin_status.n_tenants = 0;
+      wire_status_clear(&rep->u.admin_status);
       break;
     case WIRE_ADMIN_SNAPSHOT:
-      free(rep->u.snapshot.status.tenants);
-      rep->u.snapshot.status.tenants = NULL;
-      rep->u.snapshot.status.n_tenants = 0;
+      wire_status_clear(&rep->u.snapshot.status);
       for (size_t i = 0; i < rep->u.snapshot.n_segments; i++)
         free(rep->u.snapshot.segments[i].ranges);
       free(rep->u.snapshot.segments);

@@ -101,6 +101,21 @@ struct wire_tenant_row {
   double fragmentation;
   uint64_t reserve, waiting;
   int32_t priority;
+  uint64_t cached; /* of used: free in its sessions' caches */
+  uint64_t trim_asks, trim_ignored; /* since start, ended sessions too */
+};
+
+/* One session in the admin status. */
+struct wire_session_row {
+  uint64_t id;
+  char tenant[WIRE_NAME_MAX + 1];
+  uint32_t uid;
+  int32_t pid; /* in the broker's pid namespace; 0: unknown */
+  char client[WIRE_DEVICE_MAX];
+  uint64_t allocations, used;
+  uint64_t cached; /* of used: free in its cache, as last reported */
+  uint64_t trim_asks, trim_ignored;
+  uint32_t waiting;
 };
 
 struct wire_compact_stats {
@@ -119,6 +134,9 @@ struct wire_admin_status {
   uint64_t largest_free;
   struct wire_compact_stats compaction;
   uint64_t retiring; /* bytes parked until clients close them (cuda) */
+  uint64_t cached;   /* of in_use: free in the clients' caches */
+  size_t n_sessions;
+  struct wire_session_row *session_rows; /* owned; wire_reply_clear frees */
 };
 
 struct wire_range_info {
@@ -203,7 +221,8 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
                            size_t *len);
 int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
                            struct wire_reply *out);
-/* Frees what a decoded or built reply owns (admin_status.tenants). */
+/* Frees what a decoded or built reply owns (the admin status's tenant and
+ * session rows, a snapshot's segments, the metrics text). */
 void gmb__wire_reply_clear(struct wire_reply *rep);
 
 /* The request's kind as a word, for logs: "alloc". */

@@ -1,8 +1,8 @@
 /*
  * ctl.h - what gmbctl's verbs share: the session with the admin socket,
  * errors, and output helpers.  gmbctl.c has main() and the verb table;
- * verbs live in gmbctl.c (status, tenants, compact), ctl_admin.c (quota,
- * reserve, evict, reload) and ctl_view.c (map, snapshot, metrics).
+ * verbs live in gmbctl.c (status, tenants, sessions, compact), ctl_admin.c
+ * (quota, reserve, evict, reload) and ctl_view.c (map, snapshot, metrics).
  *
  * Every verb returns gmbctl's exit status: 0, CTL_EXIT_FAIL after printing
  * one line "gmbctl: reason" on stderr (gmb__ctl_fail), or CTL_EXIT_USAGE.
@@ -51,8 +51,13 @@ int gmb__ctl_json_print(json_t *j);
 /* CTL_EXIT_USAGE with a message when the verb got arguments. */
 int gmb__ctl_no_args(const struct ctl_verb *v, int argc, char **argv);
 
+/* An admin status as JSON: the object of `gmbctl status --json`, also a
+ * snapshot's "status" (docs/snapshot.md). */
+json_t *gmb__ctl_json_status(const struct wire_admin_status *st);
 /* The tenants of an admin status, as a JSON array. */
-json_t *gmb__ctl_json_tenants(const struct wire_reply *rep);
+json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st);
+/* One session's row, as a JSON object. */
+json_t *gmb__ctl_json_session(const struct wire_session_row *r);
 json_t *gmb__ctl_json_compact(const struct wire_compact_stats *c);
 
 /* ctl_admin.c: quota, reserve, evict, reload. */

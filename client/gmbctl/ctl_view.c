@@ -104,20 +104,10 @@ static size_t *view_order(const struct wire_reply *rep) {
 /* --- snapshot JSON --------------------------------------------------------- */
 
 static json_t *view_json(const struct wire_reply *rep) {
-  const struct wire_admin_status *st = &rep->u.snapshot.status;
-  /* gmb__ctl_json_tenants reads an AdminStatus reply: lend it the rows. */
-  struct wire_reply as = {.kind = WIRE_ADMIN_STATUS};
-  as.u.admin_status = *st;
   char when[40];
   view_time(when, sizeof when, 1);
-  json_t *status = json_pack(
-      "{s:s, s:I, s:I, s:I, s:i, s:I, s:f, s:o, s:o}", "device", st->device,
-      "capacity", (json_int_t)st->capacity, "in_segments",
-      (json_int_t)st->in_segments, "in_use", (json_int_t)st->in_use,
-      "sessions", (int)st->sessions, "largest_free",
-      (json_int_t)st->largest_free, "fragmentation", st->fragmentation,
-      "compaction", gmb__ctl_json_compact(&st->compaction), "tenants",
-      gmb__ctl_json_tenants(&as));
+  /* The status is `gmbctl status --json`'s object, field for field. */
+  json_t *status = gmb__ctl_json_status(&rep->u.snapshot.status);
   json_t *segs = json_array();
   for (size_t i = 0; i < rep->u.snapshot.n_segments; i++) {
     const struct wire_segment_info *s = &rep->u.snapshot.segments[i];
@@ -256,15 +246,38 @@ static void view_bar(const struct wire_segment_info *s, char *bar) {
   bar[CTL_MAP_WIDTH] = '\0';
 }
 
+/* Each tenant's totals under the map: what its segments hold, and how
+ * much of that its sessions' caches keep free (allocated in the map, yet
+ * theirs to give back). */
+static void view_text_tenants(const struct wire_admin_status *st) {
+  int wt = (int)strlen("TENANT");
+  for (size_t i = 0; i < st->n_tenants; i++)
+    if ((int)strlen(st->tenants[i].name) > wt)
+      wt = (int)strlen(st->tenants[i].name);
+  printf("\n%-*s  %9s  %9s  %9s  %4s\n", wt, "TENANT", "SEGMENTS", "USED",
+         "CACHED", "FRAG");
+  for (size_t i = 0; i < st->n_tenants; i++) {
+    const struct wire_tenant_row *t = &st->tenants[i];
+    char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
+    printf("%-*s  %9s  %9s  %9s  %4.2f\n", wt, t->name,
+           view_size(t->segments, a, sizeof a), view_size(t->used, b, sizeof b),
+           view_size(t->cached, c, sizeof c), t->fragmentation);
+  }
+  printf("CACHED: of USED, free in the tenant's sessions' caches "
+         "(gmbctl sessions shows whose)\n");
+}
+
 static void view_text(const struct wire_reply *rep, const size_t *ord) {
   const struct wire_admin_status *st = &rep->u.snapshot.status;
   char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ], when[40];
   view_time(when, sizeof when, 0);
-  printf("device %s  capacity %s  in segments %s  in use %s  "
+  char d[GMB_SIZE_BUFSZ];
+  printf("device %s  capacity %s  in segments %s  in use %s  cached %s  "
          "fragmentation %.2f  (%s)\n",
          st->device, view_size(st->capacity, a, sizeof a),
          view_size(st->in_segments, b, sizeof b),
-         view_size(st->in_use, c, sizeof c), st->fragmentation, when);
+         view_size(st->in_use, c, sizeof c), view_size(st->cached, d, sizeof d),
+         st->fragmentation, when);
   size_t n = rep->u.snapshot.n_segments, wt = strlen("TENANT"), ws = 4;
   for (size_t i = 0; i < n; i++) {
     const struct wire_segment_info *s = &rep->u.snapshot.segments[i];
@@ -291,6 +304,7 @@ static void view_text(const struct wire_reply *rep, const size_t *ord) {
          "next letter for its neighbour),\n        # locked, + move in "
          "flight, . free, : mostly free; \"large\": a segment of one or "
          "more large requests\n");
+  view_text_tenants(st);
 }
 
 /* --- SVG map ------------------------------------------------------------ */
@@ -508,6 +522,8 @@ static int view_svg(const struct wire_reply *rep, const size_t *ord,
       fprintf(f, "  %s used of %s in segments \xc2\xb7 frag %.2f",
               view_size(row->used, a, sizeof a),
               view_size(row->segments, b, sizeof b), row->fragmentation);
+    if (row && row->cached)
+      fprintf(f, " \xc2\xb7 %s cached", view_size(row->cached, a, sizeof a));
     fputs("</text>\n", f);
   }
   fputs("</svg>\n", f);

@@ -71,10 +71,10 @@ int gmb__ctl_json_print(json_t *j) {
   return rc == 0 ? 0 : gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
 }
 
-json_t *gmb__ctl_json_tenants(const struct wire_reply *rep) {
+json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st) {
   json_t *arr = json_array();
-  for (size_t i = 0; i < rep->u.admin_status.n_tenants; i++) {
-    const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
+  for (size_t i = 0; i < st->n_tenants; i++) {
+    const struct wire_tenant_row *t = &st->tenants[i];
     json_array_append_new(
         arr, json_pack("{s:s, s:I, s:I, s:I, s:I, s:i, s:I}", "name", t->name,
                        "quota", (json_int_t)t->quota, "used",
@@ -88,51 +88,145 @@ json_t *gmb__ctl_json_tenants(const struct wire_reply *rep) {
     json_object_set_new(row, "largest_free",
                         json_integer((json_int_t)t->largest_free));
     json_object_set_new(row, "fragmentation", json_real(t->fragmentation));
+    json_object_set_new(row, "cached", json_integer((json_int_t)t->cached));
+    json_object_set_new(row, "trim_asks",
+                        json_integer((json_int_t)t->trim_asks));
+    json_object_set_new(row, "trim_ignored",
+                        json_integer((json_int_t)t->trim_ignored));
   }
   return arr;
 }
 
-#define CTL_COLS 8
+json_t *gmb__ctl_json_session(const struct wire_session_row *r) {
+  json_t *j = json_pack("{s:I, s:s, s:I, s:i, s:s, s:I, s:I, s:I}", "id",
+                        (json_int_t)r->id, "tenant", r->tenant, "uid",
+                        (json_int_t)r->uid, "pid", (int)r->pid, "client",
+                        r->client, "allocations", (json_int_t)r->allocations,
+                        "used", (json_int_t)r->used, "cached",
+                        (json_int_t)r->cached);
+  json_object_set_new(j, "trim_asks", json_integer((json_int_t)r->trim_asks));
+  json_object_set_new(j, "trim_ignored",
+                      json_integer((json_int_t)r->trim_ignored));
+  json_object_set_new(j, "waiting", json_integer((json_int_t)r->waiting));
+  return j;
+}
 
-/* The tenants of an admin status, as a table. */
-static void ctl_print_tenants(const struct wire_reply *rep) {
-  static const char *head[CTL_COLS] = {"NAME",     "QUOTA",    "USED",
-                                       "PEAK",     "SEGMENTS", "SESSIONS",
-                                       "ALLOCS",   "FRAG"};
-  size_t n = rep->u.admin_status.n_tenants;
-  char(*cell)[CTL_COLS][GMB_SIZE_BUFSZ + WIRE_NAME_MAX] =
-      calloc(n ? n : 1, sizeof *cell);
-  if (cell == NULL) return;
-  size_t w[CTL_COLS];
-  for (int k = 0; k < CTL_COLS; k++) w[k] = strlen(head[k]);
-  for (size_t i = 0; i < n; i++) {
-    const struct wire_tenant_row *t = &rep->u.admin_status.tenants[i];
-    snprintf(cell[i][0], sizeof cell[i][0], "%s", t->name);
-    if (t->quota)
-      gmb__size_format(t->quota, cell[i][1], sizeof cell[i][1]);
-    else
-      snprintf(cell[i][1], sizeof cell[i][1], "unlimited");
-    gmb__size_format(t->used, cell[i][2], sizeof cell[i][2]);
-    gmb__size_format(t->peak, cell[i][3], sizeof cell[i][3]);
-    gmb__size_format(t->segments, cell[i][4], sizeof cell[i][4]);
-    snprintf(cell[i][5], sizeof cell[i][5], "%u", t->sessions);
-    snprintf(cell[i][6], sizeof cell[i][6], "%llu",
-             (unsigned long long)t->allocations);
-    /* 1 - largest free range / free bytes inside its segments. */
-    snprintf(cell[i][7], sizeof cell[i][7], "%.2f", t->fragmentation);
-    for (int k = 0; k < CTL_COLS; k++)
-      if (strlen(cell[i][k]) > w[k]) w[k] = strlen(cell[i][k]);
+json_t *gmb__ctl_json_status(const struct wire_admin_status *st) {
+  json_t *j = json_pack(
+      "{s:s, s:I, s:I, s:I, s:I, s:i, s:o}", "device", st->device, "capacity",
+      (json_int_t)st->capacity, "in_segments", (json_int_t)st->in_segments,
+      "in_use", (json_int_t)st->in_use, "cached", (json_int_t)st->cached,
+      "sessions", (int)st->sessions, "tenants", gmb__ctl_json_tenants(st));
+  json_object_set_new(j, "largest_free",
+                      json_integer((json_int_t)st->largest_free));
+  json_object_set_new(j, "fragmentation", json_real(st->fragmentation));
+  json_object_set_new(j, "retiring", json_integer((json_int_t)st->retiring));
+  json_object_set_new(j, "compaction", gmb__ctl_json_compact(&st->compaction));
+  json_t *rows = json_array();
+  for (size_t i = 0; i < st->n_sessions; i++)
+    json_array_append_new(rows, gmb__ctl_json_session(&st->session_rows[i]));
+  json_object_set_new(j, "session_rows", rows);
+  return j;
+}
+
+/* Prints a table of `ncols` columns (at most CTL_MAXCOLS): head[] their
+ * titles, cells[r * ncols + k] the text of row r, column k.  align[k] is
+ * 'l' for names, left-aligned, or 'r' for figures, right-aligned, as `df`
+ * does; a left-aligned last column is not padded (free text). */
+#define CTL_MAXCOLS 16
+#define CTL_CELL 80
+static void ctl_table(int ncols, const char *const *head, const char *align,
+                      char (*cells)[CTL_CELL], size_t nrows) {
+  size_t w[CTL_MAXCOLS];
+  if (ncols > CTL_MAXCOLS) ncols = CTL_MAXCOLS;
+  for (int k = 0; k < ncols; k++) {
+    w[k] = strlen(head[k]);
+    for (size_t r = 0; r < nrows; r++)
+      if (strlen(cells[r * ncols + k]) > w[k])
+        w[k] = strlen(cells[r * ncols + k]);
   }
-  /* Names left-aligned, figures right-aligned, as `df` does. */
-  printf("%-*s", (int)w[0], head[0]);
-  for (int k = 1; k < CTL_COLS; k++) printf("  %*s", (int)w[k], head[k]);
-  putchar('\n');
-  for (size_t i = 0; i < n; i++) {
-    printf("%-*s", (int)w[0], cell[i][0]);
-    for (int k = 1; k < CTL_COLS; k++) printf("  %*s", (int)w[k], cell[i][k]);
+  for (size_t r = 0; r <= nrows; r++) {
+    for (int k = 0; k < ncols; k++) {
+      const char *c = r == 0 ? head[k] : cells[(r - 1) * ncols + k];
+      const char *sep = k ? "  " : "";
+      if (align[k] == 'l' && k == ncols - 1)
+        printf("%s%s", sep, c);
+      else if (align[k] == 'l')
+        printf("%s%-*s", sep, (int)w[k], c);
+      else
+        printf("%s%*s", sep, (int)w[k], c);
+    }
     putchar('\n');
   }
+}
+
+#define CTL_COLS 9
+
+/* The tenants of an admin status, as a table. */
+static void ctl_print_tenants(const struct wire_admin_status *st) {
+  static const char *const head[CTL_COLS] = {
+      "NAME",     "QUOTA",    "USED",   "CACHED", "PEAK",
+      "SEGMENTS", "SESSIONS", "ALLOCS", "FRAG"};
+  size_t n = st->n_tenants;
+  char(*cell)[CTL_CELL] = calloc((n ? n : 1) * CTL_COLS, sizeof *cell);
+  if (cell == NULL) return;
+  for (size_t i = 0; i < n; i++) {
+    const struct wire_tenant_row *t = &st->tenants[i];
+    char(*c)[CTL_CELL] = &cell[i * CTL_COLS];
+    snprintf(c[0], sizeof c[0], "%s", t->name);
+    if (t->quota)
+      gmb__size_format(t->quota, c[1], sizeof c[1]);
+    else
+      snprintf(c[1], sizeof c[1], "unlimited");
+    gmb__size_format(t->used, c[2], sizeof c[2]);
+    /* Of USED: free in its sessions' caches, which they could give back. */
+    gmb__size_format(t->cached, c[3], sizeof c[3]);
+    gmb__size_format(t->peak, c[4], sizeof c[4]);
+    gmb__size_format(t->segments, c[5], sizeof c[5]);
+    snprintf(c[6], sizeof c[6], "%u", t->sessions);
+    snprintf(c[7], sizeof c[7], "%llu", (unsigned long long)t->allocations);
+    /* 1 - largest free range / free bytes inside its segments. */
+    snprintf(c[8], sizeof c[8], "%.2f", t->fragmentation);
+  }
+  ctl_table(CTL_COLS, head, "lrrrrrrrr", cell, n);
   free(cell);
+}
+
+#define CTL_SCOLS 10
+
+/* Sessions of an admin status (those of `tenant` only, unless NULL), as a
+ * table; the client's free text last.  Returns how many it printed. */
+static size_t ctl_print_sessions(const struct wire_admin_status *st,
+                                 const char *tenant) {
+  static const char *const head[CTL_SCOLS] = {
+      "ID",     "TENANT", "UID",       "PID",     "ALLOCS",
+      "USED",   "CACHED", "TRIM-ASKS", "IGNORED", "CLIENT"};
+  size_t n = 0;
+  char(*cell)[CTL_CELL] = calloc((st->n_sessions ? st->n_sessions : 1) * CTL_SCOLS,
+                           sizeof *cell);
+  if (cell == NULL) return 0;
+  for (size_t i = 0; i < st->n_sessions; i++) {
+    const struct wire_session_row *r = &st->session_rows[i];
+    if (tenant && strcmp(r->tenant, tenant) != 0) continue;
+    char(*c)[CTL_CELL] = &cell[n++ * CTL_SCOLS];
+    snprintf(c[0], sizeof c[0], "%llu", (unsigned long long)r->id);
+    snprintf(c[1], sizeof c[1], "%s", r->tenant);
+    snprintf(c[2], sizeof c[2], "%u", r->uid);
+    /* 0: the broker cannot see the pid (another PID namespace). */
+    if (r->pid > 0)
+      snprintf(c[3], sizeof c[3], "%d", (int)r->pid);
+    else
+      snprintf(c[3], sizeof c[3], "-");
+    snprintf(c[4], sizeof c[4], "%llu", (unsigned long long)r->allocations);
+    gmb__size_format(r->used, c[5], sizeof c[5]);
+    gmb__size_format(r->cached, c[6], sizeof c[6]);
+    snprintf(c[7], sizeof c[7], "%llu", (unsigned long long)r->trim_asks);
+    snprintf(c[8], sizeof c[8], "%llu", (unsigned long long)r->trim_ignored);
+    snprintf(c[9], sizeof c[9], "%s", r->client[0] ? r->client : "-");
+  }
+  if (n) ctl_table(CTL_SCOLS, head, "rlrrrrrrrl", cell, n);
+  free(cell);
+  return n;
 }
 
 /* --- verbs ------------------------------------------------------------------- */
@@ -169,44 +263,31 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
   struct wire_reply rep;
   int rc = ctl_admin_status(ctl, v, argc, argv, &rep);
   if (rc) return rc;
+  const struct wire_admin_status *st = &rep.u.admin_status;
   if (ctl->json) {
-    json_t *j = json_pack(
-        "{s:s, s:I, s:I, s:I, s:i, s:o}", "device", rep.u.admin_status.device,
-        "capacity", (json_int_t)rep.u.admin_status.capacity, "in_segments",
-        (json_int_t)rep.u.admin_status.in_segments, "in_use",
-        (json_int_t)rep.u.admin_status.in_use, "sessions",
-        (int)rep.u.admin_status.sessions, "tenants", gmb__ctl_json_tenants(&rep));
-    json_object_set_new(j, "largest_free",
-                        json_integer((json_int_t)rep.u.admin_status.largest_free));
-    json_object_set_new(j, "fragmentation",
-                        json_real(rep.u.admin_status.fragmentation));
-    json_object_set_new(j, "retiring",
-                        json_integer((json_int_t)rep.u.admin_status.retiring));
-    json_object_set_new(j, "compaction",
-                        gmb__ctl_json_compact(&rep.u.admin_status.compaction));
+    json_t *j = gmb__ctl_json_status(st);
     gmb__wire_reply_clear(&rep);
     return gmb__ctl_json_print(j);
   }
   char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
-  printf("device       %s\n", rep.u.admin_status.device);
-  printf("capacity     %s\n",
-         gmb__size_format(rep.u.admin_status.capacity, a, sizeof a));
-  printf("in segments  %s\n",
-         gmb__size_format(rep.u.admin_status.in_segments, b, sizeof b));
-  printf("in use       %s\n",
-         gmb__size_format(rep.u.admin_status.in_use, c, sizeof c));
-  printf("sessions     %u\n", rep.u.admin_status.sessions);
-  if (rep.u.admin_status.retiring)
+  printf("device       %s\n", st->device);
+  printf("capacity     %s\n", gmb__size_format(st->capacity, a, sizeof a));
+  printf("in segments  %s\n", gmb__size_format(st->in_segments, b, sizeof b));
+  printf("in use       %s\n", gmb__size_format(st->in_use, c, sizeof c));
+  printf("cached       %s (of in use: free in the clients' caches, "
+         "which they give back when asked)\n",
+         gmb__size_format(st->cached, a, sizeof a));
+  printf("sessions     %u\n", st->sessions);
+  if (st->retiring)
     printf("retiring     %s (retired segments that clients still have open)\n",
-           gmb__size_format(rep.u.admin_status.retiring, c, sizeof c));
+           gmb__size_format(st->retiring, c, sizeof c));
   printf("largest free %s (fragmentation %.2f)\n",
-         gmb__size_format(rep.u.admin_status.largest_free, a, sizeof a),
-         rep.u.admin_status.fragmentation);
-  const struct wire_compact_stats *cs = &rep.u.admin_status.compaction;
+         gmb__size_format(st->largest_free, a, sizeof a), st->fragmentation);
+  const struct wire_compact_stats *cs = &st->compaction;
   printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n\n",
          (unsigned long long)cs->runs, (unsigned long long)cs->moves,
          gmb__size_format(cs->bytes_moved, b, sizeof b), cs->seconds);
-  ctl_print_tenants(&rep);
+  ctl_print_tenants(st);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -217,11 +298,67 @@ static int ctl_tenants(struct ctl *ctl, const struct ctl_verb *v, int argc,
   int rc = ctl_admin_status(ctl, v, argc, argv, &rep);
   if (rc) return rc;
   if (ctl->json) {
-    json_t *j = json_pack("{s:o}", "tenants", gmb__ctl_json_tenants(&rep));
+    json_t *j =
+        json_pack("{s:o}", "tenants", gmb__ctl_json_tenants(&rep.u.admin_status));
     gmb__wire_reply_clear(&rep);
     return gmb__ctl_json_print(j);
   }
-  ctl_print_tenants(&rep);
+  ctl_print_tenants(&rep.u.admin_status);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+/* sessions [--tenant T]: every session (or one tenant's), from the admin
+ * status. */
+static int ctl_sessions(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                        char **argv) {
+  const char *tenant = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--tenant") == 0) {
+      if (++i >= argc)
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --tenant needs a name",
+                             v->name);
+      tenant = argv[i];
+    } else if (strncmp(argv[i], "--tenant=", 9) == 0) {
+      tenant = argv[i] + 9;
+    } else {
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' "
+                           "(usage: gmbctl %s)", v->name, argv[i], v->usage);
+    }
+    if (!gmb__name_valid(tenant))
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
+                           v->name, tenant);
+  }
+  struct wire_request req = {.kind = WIRE_ADMIN_STATUS};
+  struct wire_reply rep;
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_STATUS, &rep);
+  if (rc) return rc;
+  const struct wire_admin_status *st = &rep.u.admin_status;
+  if (tenant) {
+    size_t i = 0;
+    while (i < st->n_tenants && strcmp(st->tenants[i].name, tenant) != 0) i++;
+    if (i == st->n_tenants) {
+      gmb__wire_reply_clear(&rep);
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: GMB_E_NOENT: no tenant %s",
+                           v->name, tenant);
+    }
+  }
+  if (ctl->json) {
+    json_t *rows = json_array();
+    for (size_t i = 0; i < st->n_sessions; i++)
+      if (tenant == NULL || strcmp(st->session_rows[i].tenant, tenant) == 0)
+        json_array_append_new(rows,
+                              gmb__ctl_json_session(&st->session_rows[i]));
+    json_t *j = json_pack("{s:o}", "sessions", rows);
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_json_print(j);
+  }
+  if (ctl_print_sessions(st, tenant) == 0) {
+    if (tenant)
+      printf("no sessions of tenant %s\n", tenant);
+    else
+      printf("no sessions\n");
+  }
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -274,8 +411,11 @@ static const struct ctl_verb ctl_verbs[] = {
     {"status", "status [--json]",
      "the device, what is in use, and a row per tenant", ctl_status},
     {"tenants", "tenants [--json]",
-     "a row per tenant: quota, used, peak, segments, sessions, allocations",
-     ctl_tenants},
+     "a row per tenant: quota, used, cached, peak, segments, sessions, "
+     "allocations", ctl_tenants},
+    {"sessions", "sessions [--tenant T] [--json]",
+     "a row per client session: tenant, uid, pid, used, cached, trim asks",
+     ctl_sessions},
     {"quota", "quota set TENANT SIZE | quota get TENANT",
      "set or show a tenant's quota", gmb__ctl_quota},
     {"reserve", "reserve set TENANT SIZE | reserve get TENANT",

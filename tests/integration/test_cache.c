@@ -3,10 +3,13 @@
  * gmb_free_async, gmb_trim) against a real broker on the host device:
  * what the broker sees of it (slabs count as the tenant's memory), that
  * a hit asks the broker nothing, that a quota makes the cache give its
- * own memory back and try again, that bad pointers change nothing, and
- * that a process killed with a full cache is reclaimed like any other.
+ * own memory back and try again, that bad pointers change nothing, that
+ * a process killed with a full cache is reclaimed like any other, and what
+ * the operator sees of caches: cached bytes per tenant and per session in
+ * `gmbctl tenants`, `sessions`, `status`, `map` and the metrics.
  */
 #include <check.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -235,6 +238,230 @@ START_TEST(killed_client_with_cache_reclaimed) {
 }
 END_TEST
 
+/* --- what the operator sees of caches ------------------------------------ */
+
+struct cache_kid {
+  const char *endpoint, *tenant;
+  uint64_t pinned; /* a gmb_alloc held (0: none) */
+  uint64_t cached; /* a gmb_malloc_async block, freed: the cache keeps it */
+  int ready;
+};
+
+/* A client process whose cache holds `cached` free bytes beside `pinned`
+ * bytes in use; it waits to be killed. */
+static int cache_kid_main(void *arg) {
+  struct cache_kid *k = arg;
+  gmb_client *c;
+  int rc = gmb_connect(k->endpoint, k->tenant, &c);
+  CHILD_CHECK(rc == 0, 2, "connect %s: %s", k->tenant, gmb_last_error(NULL));
+  gmb_id id;
+  if (k->pinned) {
+    rc = gmb_alloc(c, k->pinned, 0, &id);
+    CHILD_CHECK(rc == 0, 3, "alloc: %s", gmb_last_error(c));
+  }
+  if (k->cached) {
+    void *p;
+    rc = gmb_malloc_async(c, k->cached, NULL, &p);
+    CHILD_CHECK(rc == 0, 4, "malloc_async: %s", gmb_last_error(c));
+    CHILD_CHECK(gmb_free_async(c, p, NULL) == 0, 5, "free_async: %s",
+                gmb_last_error(c));
+  }
+  harness_pipe_send(k->ready, 'r');
+  for (;;) pause();
+}
+
+static char ctl_out[65536];
+
+/* `gmbctl --json ARGS...` against b, parsed; fails the test unless it
+ * exits 0 with JSON.  The caller frees the result. */
+static json_t *ctl_json(const struct harness_broker *b, const char *verb,
+                        const char *arg1, const char *arg2) {
+  int rc = harness_ctl(b, ctl_out, sizeof ctl_out, "--json", verb, arg1, arg2,
+                       NULL);
+  ck_assert_msg(rc == 0, "gmbctl %s: %d: %s", verb, rc, ctl_out);
+  json_error_t err;
+  json_t *j = json_loads(ctl_out, 0, &err);
+  ck_assert_msg(j != NULL, "gmbctl %s: not JSON (%s): %s", verb, err.text,
+                ctl_out);
+  return j;
+}
+
+static json_int_t jget(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  ck_assert_msg(json_is_integer(v), "\"%s\" is not an integer", key);
+  return json_integer_value(v);
+}
+
+/* The row of `gmbctl tenants --json` named `name`, or NULL. */
+static json_t *tenant_json(json_t *j, const char *name) {
+  size_t i;
+  json_t *t;
+  json_array_foreach(json_object_get(j, "tenants"), i, t) {
+    const char *n = json_string_value(json_object_get(t, "name"));
+    if (n && strcmp(n, name) == 0) return t;
+  }
+  return NULL;
+}
+
+struct cached_want {
+  const struct harness_broker *b;
+  const char *tenant;
+  json_int_t cached;
+  size_t sessions; /* rows of gmbctl sessions --json */
+};
+
+/* Until the caches' reports (on their library threads' heartbeats) have
+ * reached the broker, or a session's end has. */
+static int tenant_cached_is(void *arg) {
+  struct cached_want *w = arg;
+  json_t *j = ctl_json(w->b, "tenants", NULL, NULL);
+  json_t *t = tenant_json(j, w->tenant);
+  int ok = t && jget(t, "cached") == w->cached;
+  json_decref(j);
+  if (!ok) return 0;
+  j = ctl_json(w->b, "sessions", NULL, NULL);
+  ok = json_array_size(json_object_get(j, "sessions")) == w->sessions;
+  json_decref(j);
+  return ok;
+}
+
+/* The sample `name{tenant="t"}` of `gmbctl metrics`; fails the test when
+ * there is none. */
+static unsigned long long metric_of(const struct harness_broker *b,
+                                    const char *name, const char *tenant) {
+  static char text[262144];
+  int rc = harness_ctl(b, text, sizeof text, "metrics", NULL);
+  ck_assert_msg(rc == 0, "gmbctl metrics: %d: %.2000s", rc, text);
+  char want[160];
+  snprintf(want, sizeof want, "\n%s{tenant=\"%s\"} ", name, tenant);
+  const char *p = strstr(text, want);
+  ck_assert_msg(p != NULL, "no %s{tenant=\"%s\"} in the metrics", name,
+                tenant);
+  return strtoull(p + strlen(want), NULL, 10);
+}
+
+START_TEST(cached_shown_per_tenant_and_session) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", "[tenant:cache-a]\nquota = 64MiB\n");
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  /* cache-a: one process holds 4 MiB and caches 12 MiB, another caches
+   * 8 MiB; cache-b: one process holds 2 MiB and caches nothing. */
+  struct cache_kid kids[3] = {
+      {b.endpoint, "cache-a", 4 * MIB, 12 * MIB, fds[1]},
+      {b.endpoint, "cache-a", 0, 8 * MIB, fds[1]},
+      {b.endpoint, "cache-b", 2 * MIB, 0, fds[1]},
+  };
+  pid_t pid[3];
+  for (int i = 0; i < 3; i++) {
+    pid[i] = harness_fork(cache_kid_main, &kids[i]);
+    ck_assert_int_eq(harness_pipe_wait(fds[0], HARNESS_WAIT_MS), 'r');
+  }
+  struct cached_want w = {&b, "cache-a", (json_int_t)(20 * MIB), 3};
+  ck_assert_msg(harness_poll_until(tenant_cached_is, &w, HARNESS_WAIT_MS),
+                "cache-a never showed 20MiB cached in 3 sessions: %s",
+                ctl_out);
+
+  /* gmbctl tenants --json: cached is part of used. */
+  json_t *j = ctl_json(&b, "tenants", NULL, NULL);
+  json_t *ta = tenant_json(j, "cache-a"), *tb = tenant_json(j, "cache-b");
+  ck_assert_ptr_nonnull(ta);
+  ck_assert_ptr_nonnull(tb);
+  ck_assert_int_eq(jget(ta, "used"), (json_int_t)(24 * MIB));
+  ck_assert_int_eq(jget(ta, "cached"), (json_int_t)(20 * MIB));
+  ck_assert_int_eq(jget(ta, "trim_asks"), 0); /* no quota was pressed */
+  ck_assert_int_eq(jget(tb, "used"), (json_int_t)(2 * MIB));
+  ck_assert_int_eq(jget(tb, "cached"), 0);
+  json_decref(j);
+
+  /* gmbctl sessions --json: one row per process, found by its pid. */
+  j = ctl_json(&b, "sessions", NULL, NULL);
+  json_t *rows = json_object_get(j, "sessions");
+  ck_assert_uint_eq(json_array_size(rows), 3);
+  for (int i = 0; i < 3; i++) {
+    json_t *r = NULL, *x;
+    size_t k;
+    json_array_foreach(rows, k, x) if (jget(x, "pid") == pid[i]) r = x;
+    ck_assert_msg(r != NULL, "no session of pid %d: %s", (int)pid[i], ctl_out);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "tenant")),
+                     kids[i].tenant);
+    ck_assert_int_eq(jget(r, "uid"), (json_int_t)getuid());
+    ck_assert_int_eq(jget(r, "cached"), (json_int_t)kids[i].cached);
+    ck_assert_int_eq(jget(r, "used"),
+                     (json_int_t)(kids[i].pinned + kids[i].cached));
+    ck_assert_int_eq(jget(r, "allocations"),
+                     (kids[i].pinned != 0) + (kids[i].cached != 0));
+    ck_assert_int_eq(jget(r, "trim_asks"), 0);
+    ck_assert_int_eq(jget(r, "trim_ignored"), 0);
+    const char *client = json_string_value(json_object_get(r, "client"));
+    ck_assert_msg(client && strncmp(client, "libgmb", 6) == 0, "client %s",
+                  client ? client : "(none)");
+  }
+  json_decref(j);
+  /* --tenant keeps one tenant's; the status has the same rows. */
+  j = ctl_json(&b, "sessions", "--tenant", "cache-b");
+  rows = json_object_get(j, "sessions");
+  ck_assert_uint_eq(json_array_size(rows), 1);
+  ck_assert_int_eq(jget(json_array_get(rows, 0), "pid"), pid[2]);
+  json_decref(j);
+  j = ctl_json(&b, "status", NULL, NULL);
+  ck_assert_int_eq(jget(j, "cached"), (json_int_t)(20 * MIB));
+  ck_assert_uint_eq(json_array_size(json_object_get(j, "session_rows")), 3);
+  json_decref(j);
+  /* A snapshot's status is the same object (docs/snapshot.md). */
+  j = ctl_json(&b, "snapshot", NULL, NULL);
+  json_t *sst = json_object_get(j, "status");
+  ck_assert_int_eq(jget(sst, "cached"), (json_int_t)(20 * MIB));
+  ck_assert_uint_eq(json_array_size(json_object_get(sst, "session_rows")), 3);
+  ck_assert_int_eq(jget(tenant_json(sst, "cache-a"), "cached"),
+                   (json_int_t)(20 * MIB));
+  json_decref(j);
+
+  /* The text forms. */
+  ck_assert_int_eq(harness_ctl(&b, ctl_out, sizeof ctl_out, "status", NULL),
+                   0);
+  ck_assert_msg(strstr(ctl_out, "\ncached       20MiB ") != NULL, "%s",
+                ctl_out);
+  ck_assert_msg(strstr(ctl_out, " CACHED ") != NULL, "%s", ctl_out);
+  ck_assert_int_eq(harness_ctl(&b, ctl_out, sizeof ctl_out, "sessions",
+                               "--tenant", "cache-a", NULL), 0);
+  ck_assert_uint_eq(harness_count(ctl_out, "\n"), 3); /* head + 2 rows */
+  ck_assert_msg(strstr(ctl_out, "12MiB") && strstr(ctl_out, "8MiB") &&
+                    !strstr(ctl_out, "cache-b"),
+                "%s", ctl_out);
+  ck_assert_int_eq(harness_ctl(&b, ctl_out, sizeof ctl_out, "map", NULL), 0);
+  const char *line = strstr(ctl_out, "\ncache-a ");
+  ck_assert_msg(line != NULL, "no summary line of cache-a: %s", ctl_out);
+  ck_assert_msg(strstr(line, "20MiB") != NULL &&
+                    strstr(line, "20MiB") < strchr(line + 1, '\n'),
+                "%s", ctl_out);
+
+  /* The metrics, per tenant. */
+  ck_assert_uint_eq(metric_of(&b, "gmb_tenant_cached_bytes", "cache-a"),
+                    20 * MIB);
+  ck_assert_uint_eq(metric_of(&b, "gmb_tenant_cached_bytes", "cache-b"), 0);
+  ck_assert_uint_eq(metric_of(&b, "gmb_trim_asks_total", "cache-a"), 0);
+  ck_assert_uint_eq(metric_of(&b, "gmb_trim_ignored_total", "cache-a"), 0);
+
+  /* A process that dies takes its cached bytes and its row with it. */
+  kill(pid[1], SIGKILL);
+  ck_assert_int_eq(harness_wait(pid[1]), 128 + SIGKILL);
+  w.cached = (json_int_t)(12 * MIB);
+  w.sessions = 2;
+  ck_assert_msg(harness_poll_until(tenant_cached_is, &w, HARNESS_WAIT_MS),
+                "cache-a still shows its dead session's cache: %s", ctl_out);
+  ck_assert_uint_eq(metric_of(&b, "gmb_tenant_cached_bytes", "cache-a"),
+                    12 * MIB);
+  for (int i = 0; i < 3; i += 2) {
+    kill(pid[i], SIGKILL);
+    ck_assert_int_eq(harness_wait(pid[i]), 128 + SIGKILL);
+  }
+  close(fds[0]);
+  close(fds[1]);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cache", "cache", 60,
@@ -243,5 +470,6 @@ int main(void) {
       quota_with_cache,
       cached_reported_to_the_broker,
       quota_held_by_other_cache_asked_back,
-      killed_client_with_cache_reclaimed));
+      killed_client_with_cache_reclaimed,
+      cached_shown_per_tenant_and_session));
 }

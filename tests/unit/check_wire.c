@@ -458,6 +458,110 @@ START_TEST(reply_admin_status_no_rows) {
 }
 END_TEST
 
+/* Issue 11: cached bytes per tenant and a row per session travel in the
+ * admin status, in a snapshot's status too; every field survives. */
+static void fill_sessions(struct wire_session_row *srows, size_t n) {
+  memset(srows, 0, n * sizeof *srows);
+  for (unsigned i = 0; i < n; i++) {
+    srows[i].id = 100 + i;
+    snprintf(srows[i].tenant, sizeof srows[i].tenant, "tenant-%u", i % 2);
+    srows[i].uid = 1000 + i;
+    srows[i].pid = i == 0 ? 0 : (int32_t)(4000 + i); /* 0: not visible */
+    snprintf(srows[i].client, sizeof srows[i].client, "libgmb 0.%u", i);
+    srows[i].allocations = i * 10 + 1;
+    srows[i].used = (i + 1) * (UINT64_C(1) << 32);
+    srows[i].cached = i * (UINT64_C(1) << 31);
+    srows[i].trim_asks = i * 7 + 2;
+    srows[i].trim_ignored = i;
+    srows[i].waiting = i + 3;
+  }
+  memset(srows[n - 1].client, 'c', WIRE_DEVICE_MAX - 1); /* the longest */
+}
+
+START_TEST(reply_admin_status_sessions_roundtrip) {
+  struct wire_tenant_row rows[2];
+  struct wire_session_row srows[3];
+  memset(rows, 0, sizeof rows);
+  for (unsigned i = 0; i < 2; i++) {
+    snprintf(rows[i].name, sizeof rows[i].name, "tenant-%u", i);
+    rows[i].used = UINT64_C(9) << 32;
+    rows[i].cached = (i + 1) * (UINT64_C(1) << 31);
+    rows[i].trim_asks = UINT64_MAX - i;
+    rows[i].trim_ignored = i + 1;
+  }
+  fill_sessions(srows, 3);
+  struct wire_reply in, out;
+  memset(&in, 0, sizeof in);
+  in.kind = WIRE_ADMIN_STATUS;
+  strcpy(in.u.admin_status.device, "host:64GiB");
+  in.u.admin_status.sessions = 3;
+  in.u.admin_status.cached = UINT64_C(3) << 31;
+  in.u.admin_status.n_tenants = 2;
+  in.u.admin_status.tenants = rows;
+  in.u.admin_status.n_sessions = 3;
+  in.u.admin_status.session_rows = srows;
+  rep_roundtrip(&in, &out);
+  ck_assert_uint_eq(out.u.admin_status.cached, UINT64_C(3) << 31);
+  ck_assert_uint_eq(out.u.admin_status.n_tenants, 2);
+  ck_assert_mem_eq(out.u.admin_status.tenants, rows, sizeof rows);
+  ck_assert_uint_eq(out.u.admin_status.n_sessions, 3);
+  ck_assert_ptr_ne(out.u.admin_status.session_rows, srows);
+  for (unsigned i = 0; i < 3; i++) {
+    const struct wire_session_row *r = &out.u.admin_status.session_rows[i];
+    ck_assert_uint_eq(r->id, srows[i].id);
+    ck_assert_str_eq(r->tenant, srows[i].tenant);
+    ck_assert_str_eq(r->client, srows[i].client);
+    ck_assert_int_eq(r->pid, srows[i].pid);
+    ck_assert_uint_eq(r->used, srows[i].used);
+    ck_assert_uint_eq(r->cached, srows[i].cached);
+    ck_assert_uint_eq(r->trim_asks, srows[i].trim_asks);
+    ck_assert_uint_eq(r->trim_ignored, srows[i].trim_ignored);
+  }
+  ck_assert_mem_eq(out.u.admin_status.session_rows, srows, sizeof srows);
+  gmb__wire_reply_clear(&out);
+  ck_assert_ptr_null(out.u.admin_status.session_rows);
+  ck_assert_uint_eq(out.u.admin_status.n_sessions, 0);
+
+  /* The snapshot's status is the same message. */
+  memset(&in, 0, sizeof in);
+  in.kind = WIRE_ADMIN_SNAPSHOT;
+  strcpy(in.u.snapshot.status.device, "host:64GiB");
+  in.u.snapshot.status.n_sessions = 3;
+  in.u.snapshot.status.session_rows = srows;
+  in.u.snapshot.status.cached = 5;
+  rep_roundtrip(&in, &out);
+  ck_assert_uint_eq(out.u.snapshot.status.cached, 5);
+  ck_assert_uint_eq(out.u.snapshot.status.n_sessions, 3);
+  ck_assert_mem_eq(out.u.snapshot.status.session_rows, srows, sizeof srows);
+  gmb__wire_reply_clear(&out);
+  ck_assert_ptr_null(out.u.snapshot.status.session_rows);
+}
+END_TEST
+
+START_TEST(reply_encode_refuses_bad_session_rows) {
+  struct wire_session_row srow;
+  fill_sessions(&srow, 1);
+  struct wire_reply in;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  memset(&in, 0, sizeof in);
+  in.kind = WIRE_ADMIN_STATUS;
+  in.u.admin_status.n_sessions = 1;
+  in.u.admin_status.session_rows = NULL; /* rows promised, none given */
+  ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
+  in.u.admin_status.session_rows = &srow;
+  memset(srow.client, 'c', sizeof srow.client); /* no NUL */
+  ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
+  fill_sessions(&srow, 1);
+  memset(srow.tenant, 't', sizeof srow.tenant);
+  ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), GMB_E_INVAL);
+  ck_assert_ptr_null(buf);
+  fill_sessions(&srow, 1);
+  ck_assert_int_eq(gmb__wire_reply_encode(&in, &buf, &len), 0);
+  free(buf);
+}
+END_TEST
+
 START_TEST(reply_encode_refuses) {
   struct wire_reply in;
   uint8_t *buf = NULL;
@@ -774,6 +878,29 @@ START_TEST(decode_version_1_messages) {
 }
 END_TEST
 
+/* A session row whose client name is too long, after good ones: refused,
+ * and what was copied is freed (ASan). */
+START_TEST(decode_session_row_client_too_long_frees_rows) {
+  struct pb as = {.n = 0}, p = {.n = 0};
+  char *longname = str_of(WIRE_DEVICE_MAX);
+  pb_bytes(&as, 1, "host:1GiB", 9);
+  for (int i = 0; i < 3; i++) {
+    struct pb row = {.n = 0};
+    const char *client = i == 2 ? longname : "ok";
+    pb_uint(&row, 1, (uint64_t)i + 1);
+    pb_bytes(&row, 2, "t", 1);
+    pb_bytes(&row, 5, client, strlen(client));
+    pb_sub(&as, 12, &row);
+  }
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 20, &as);
+  struct wire_reply r;
+  ck_assert_int_eq(gmb__wire_reply_decode(p.b, p.n, &r), GMB_E_PROTO);
+  ck_assert_ptr_null(r.u.admin_status.session_rows);
+  free(longname);
+}
+END_TEST
+
 /* A bad row after good ones: the rows already copied must be freed (ASan). */
 START_TEST(decode_admin_row_name_too_long_frees_rows) {
   struct pb as = {.n = 0}, p = {.n = 0};
@@ -1012,6 +1139,8 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, cache_fields_roundtrip);
   tcase_add_test(tc, reply_admin_status_rows_roundtrip);
   tcase_add_test(tc, reply_admin_status_no_rows);
+  tcase_add_test(tc, reply_admin_status_sessions_roundtrip);
+  tcase_add_test(tc, reply_encode_refuses_bad_session_rows);
   tcase_add_test(tc, reply_encode_refuses);
   tcase_add_test(tc, reply_clear_on_other_kinds_is_noop);
   tcase_add_test(tc, kind_names);
@@ -1034,6 +1163,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, decode_secret_33_refused);
   tcase_add_test(tc, decode_version_1_messages);
   tcase_add_test(tc, decode_admin_row_name_too_long_frees_rows);
+  tcase_add_test(tc, decode_session_row_client_too_long_frees_rows);
   tcase_add_test(tc, decode_long_message_is_cut);
   tcase_add_test(tc, decode_truncated_messages);
   tcase_add_test(tc, decode_random_bytes);
