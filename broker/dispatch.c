@@ -179,7 +179,7 @@ static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
 /* A quota refusal while the tenant's other sessions hold cached free
  * memory (as they last reported it): each is asked to give back its share
  * of what is missing (EVENT_TRIM, answered by its library thread), and
- * the refusal says so, so that the caller's library may try again shortly
+ * the refusal says so (Reply.asked_back, and its text), so that the caller's library may try again shortly
  * (the cache's slab requests do, for a bounded time).  The broker does not
  * hold the request: the quota stays exact at every moment. */
 static void dispatch_ask_caches(struct gmb_broker *b, struct gmb_session *s,
@@ -201,6 +201,7 @@ static void dispatch_ask_caches(struct gmb_broker *b, struct gmb_session *s,
     gmb__reply_to_session(b, o, &ev);
   }
   if (asked == 0) return;
+  rep->asked_back = asked;
   size_t n = strlen(rep->message);
   snprintf(rep->message + n, sizeof rep->message - n,
            "; %" PRIu64 " cached bytes asked back from the tenant's other "
