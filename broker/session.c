@@ -61,8 +61,11 @@ static size_t session_uid_index(const struct gmb_sessions *ss, uid_t uid) {
 
 uint64_t gmb__tenant_cached(const struct gmb_tenant *t) {
   uint64_t cached = 0;
+  /* Saturating: the figures are the clients' word, and a sum that wrapped
+   * would understate them. */
   for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
-    cached += o->cached_free;
+    cached = o->cached_free > UINT64_MAX - cached ? UINT64_MAX
+                                                  : cached + o->cached_free;
   return cached < t->used ? cached : t->used;
 }
 

@@ -64,6 +64,9 @@ struct gmb_tenant {
   uint64_t refusals_reserve; /* refused for another tenant's reservation */
   uint64_t segment_bytes; /* bytes of its arena's segments (a mirror) */
   uint64_t waiting;  /* its requests in the wait queue (dispatch.c) */
+  uint64_t cache_asked; /* bytes its sessions were asked to give back from
+                           their caches and have not answered yet
+                           (reclaim.c: the sum of their ask_bytes) */
   int configured;    /* named in the config */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;     /* 0 and !has_token: bound to owner_uid on first use */
