@@ -207,5 +207,6 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
 }
 
 int gmb__core_check(struct gmb_broker *b) {
-  return gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants);
+  return gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
+         gmb__reclaim_check(b);
 }

@@ -336,3 +336,40 @@ void gmb__reclaim_forget_session(struct gmb_broker *b, struct gmb_session *s) {
   s->cached_free = 0;
   if (s->ask_bytes) reclaim_close(b, s);
 }
+
+/* --- the consistency check ---------------------------------------------- */
+
+struct reclaim_count {
+  uint32_t asks, caching;
+  uint64_t bytes;
+  int bad;
+};
+
+static void reclaim_count_one(void *ctx, struct gmb_session *o) {
+  struct reclaim_count *c = ctx;
+  c->asks += o->ask_bytes > 0;
+  c->bytes += o->ask_bytes;
+  c->caching += o->cached_free > 0;
+  c->bad += (o->ask_bytes > 0) != (o->ask_until_ns > 0);
+}
+
+static int reclaim_tenant_sum(void *ctx, struct gmb_tenant *t) {
+  struct reclaim_count *c = ctx;
+  uint64_t sum = 0;
+  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
+    sum += o->ask_bytes;
+  c->bad += sum != t->cache_asked;
+  return 0;
+}
+
+int gmb__reclaim_check(struct gmb_broker *b) {
+  struct reclaim_count c = {0, 0, 0, 0};
+  if (b->sessions == NULL || b->tenants == NULL) return 0;
+  gmb__sessions_each(b->sessions, reclaim_count_one, &c);
+  gmb__tenants_each(b->tenants, reclaim_tenant_sum, &c);
+  c.bad += c.asks != b->reclaim.asks;
+  c.bad += c.bytes != b->reclaim.ask_bytes;
+  c.bad += c.caching != b->reclaim.caching;
+  if (c.bad) log_error("reclaim: %d violations of the ask sums", c.bad);
+  return c.bad;
+}

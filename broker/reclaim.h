@@ -83,4 +83,9 @@ uint64_t gmb__reclaim_expire(struct gmb_broker *b, uint64_t now);
  * gmb__reclaim_settle once its memory was freed. */
 void gmb__reclaim_forget_session(struct gmb_broker *b, struct gmb_session *s);
 
+/* The number of broken invariants: the asks' count and bytes, each
+ * tenant's cache_asked and the count of caching sessions against a
+ * recount from the sessions, and an ask without a deadline. */
+int gmb__reclaim_check(struct gmb_broker *b);
+
 #endif /* GMB_RECLAIM_H */
