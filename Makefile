@@ -58,7 +58,8 @@ COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
 BROKER_SRC := broker/loop.c \
   broker/dispatch.c broker/admin.c broker/http.c broker/fdchan.c \
   broker/core.c \
-  broker/defrag.c broker/observe.c broker/waitq.c broker/alloc.c \
+  broker/reclaim.c broker/defrag.c broker/observe.c broker/waitq.c \
+  broker/alloc.c \
   broker/session.c broker/tenant.c broker/compact.c broker/locktab.c \
   broker/statefile.c broker/reply.c \
   broker/pool.c \

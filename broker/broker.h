@@ -52,6 +52,18 @@ struct gmb_waitq {
   size_t after_compact; /* of n, those held only until a compaction ends */
   uint64_t next_deadline_ns; /* no waiter expires before (0: look) */
   struct gmb_waiter *last_added; /* for gmb__waitq_joined; NULL: none */
+  size_t held;          /* of n, those held while caches are asked back */
+  size_t held_nowait;   /* of held, requests that did not ask to wait */
+  uint64_t next_hold_ns; /* no hold ends before (0: look) */
+};
+
+/* Cached memory asked back from the clients' caches (reclaim.c). */
+struct gmb_reclaim {
+  uint32_t caching;     /* sessions whose cached_free is not 0 */
+  uint32_t asks;        /* asks in flight (sessions with ask_bytes) */
+  uint64_t ask_bytes;   /* the bytes they ask */
+  uint64_t next_ns;     /* no ask ends before (UINT64_MAX: none) */
+  uint64_t asks_total, ignored_total; /* since start */
 };
 
 /* Which socket a reply leaves by (reply.c). */
@@ -76,6 +88,7 @@ struct gmb_broker {
   struct gmb_sessions *sessions;
   struct gmb_statefile *statefile; /* the overrides an operator set */
   struct gmb_waitq waitq;
+  struct gmb_reclaim reclaim;
   void *zctx, *client_sock, *admin_sock;
   gmb_reply_tap reply_tap;
   void *reply_tap_ctx;

@@ -233,7 +233,7 @@ enum {
   K_DEFAULT_QUOTA, K_COMPACTION, K_COMPACTION_THRESHOLD, K_METRICS_LISTEN,
   K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
-  K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU,
+  K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -241,7 +241,7 @@ static const char *const cfg_broker_keys[] = {
     "compaction_threshold", "metrics_listen", "log_level", "heartbeat_ms",
     "shutdown_grace_ms", "max_sessions", "max_sessions_per_uid",
     "max_tenants_per_uid", "max_waiters_per_session",
-    "max_waiters_per_tenant", "run_dir_per_gpu",
+    "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY };
@@ -317,6 +317,12 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
     case K_MAX_WAITERS_PER_TENANT:
       if (!cfg_int(p, key, v, 1, 1000000, &x)) return 0;
       c->max_waiters_per_tenant = (uint32_t)x;
+      return 1;
+    case K_TRIM_WAIT_MS:
+      /* A held request's reply must come well before the client's own
+       * request timeout (GMB_REQUEST_TIMEOUT_MS, 10 s by default). */
+      if (!cfg_int(p, key, v, 0, 5000, &x)) return 0;
+      c->trim_wait_ms = (uint32_t)x;
       return 1;
     case K_RUN_DIR_PER_GPU:
       if (!strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "true") ||
@@ -527,6 +533,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->max_tenants_per_uid = 16;
   c->max_waiters_per_session = 64;
   c->max_waiters_per_tenant = 1024;
+  c->trim_wait_ms = 100;
 }
 
 /*

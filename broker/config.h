@@ -57,6 +57,9 @@ struct gmb_config {
   uint32_t max_tenants_per_uid;   /* tenants a uid made by first use */
   uint32_t max_waiters_per_session; /* gmb_alloc_wait requests queued */
   uint32_t max_waiters_per_tenant;
+  uint32_t trim_wait_ms;    /* how long a request that found the device
+                               full is held while other sessions' caches
+                               are asked back (0: they are not asked) */
   struct gmb_tenant_conf *tenants; /* owned */
   size_t n_tenants;
 };

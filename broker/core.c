@@ -21,6 +21,7 @@
 #include "locktab.h"
 #include "log.h"
 #include "observe.h"
+#include "reclaim.h"
 #include "reply.h"
 #include "session.h"
 #include "statefile.h"
@@ -194,6 +195,7 @@ void gmb__core_close(struct gmb_broker *b) {
 void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why) {
   struct gmb_tenant *t = s->tenant;
+  gmb__reclaim_forget_session(b, s);
   gmb__waitq_drop_session(b, s);
   gmb__session_detach(s);
   gmb__defrag_forget_session(b, s);
@@ -212,6 +214,8 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
   gmb__session_free(b->sessions, s);
   if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
   if (freed || unparked) gmb__waitq_serve(b);
+  /* Its ask was the last in flight: held requests need not wait on. */
+  gmb__reclaim_settle(b);
 }
 
 static int core_check_sessions(void *ctx, struct gmb_tenant *t) {
@@ -220,7 +224,8 @@ static int core_check_sessions(void *ctx, struct gmb_tenant *t) {
 }
 
 int gmb__core_check(struct gmb_broker *b) {
-  int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants);
+  int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
+            gmb__reclaim_check(b);
   gmb__tenants_each(b->tenants, core_check_sessions, &bad);
   return bad;
 }

@@ -37,9 +37,9 @@ void gmb__core_close(struct gmb_broker *b);
 void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why);
 
-/* Consistency checks of the pool, the tenants, and each tenant's sessions
- * against it (bytes held, count); returns the number of violations (0: all
- * is well). */
+/* Consistency checks of the pool, the tenants, each tenant's sessions
+ * against it (bytes held, count) and the cache asks; returns the number of
+ * violations (0: all is well). */
 int gmb__core_check(struct gmb_broker *b);
 
 /* GMB_E_INVAL with a message when the tenants' reservations add up to more

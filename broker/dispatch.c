@@ -5,7 +5,9 @@
  * a reply; none blocks.  An allocation goes through alloc.c (quota, pool,
  * reservations); one that finds no room is refused, or queued in the wait
  * queue (waitq.c) when the caller asked to wait or when a compaction run
- * (defrag.c) may make room.  A request that does not wait (timeout 0) is
+ * (defrag.c) may make room; one that found the device full while other
+ * sessions' caches hold free memory is first held while they are asked
+ * for it (reclaim.c).  A request that does not wait (timeout 0) is
  * answered at once and is not held back by the queue; one that waits joins
  * the queue behind requests of equal or higher priority (waitq.h has the
  * order).
@@ -29,6 +31,7 @@
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
+#include "reclaim.h"
 #include "reply.h"
 #include "session.h"
 #include "util.h"
@@ -177,30 +180,19 @@ static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
 }
 
 /* A quota refusal while the tenant's other sessions hold cached free
- * memory (as they last reported it): each is asked to give back its share
- * of what is missing (EVENT_TRIM, answered by its library thread), and
- * the refusal says so, so that the caller's library may try again shortly
- * (the cache's slab requests do, for a bounded time).  The broker does not
+ * memory (as they last reported it): they are asked to give back what is
+ * missing (reclaim.c), and the refusal says so, in Reply.asked_back and
+ * in its text, so that the caller's library may try again shortly (the
+ * cache's slab requests do, for a bounded time).  The broker does not
  * hold the request: the quota stays exact at every moment. */
 static void dispatch_ask_caches(struct gmb_broker *b, struct gmb_session *s,
                                 uint64_t size, struct wire_reply *rep) {
   struct gmb_tenant *t = s->tenant;
   uint64_t need = gmb__alloc_round(size);
   if (t->quota == 0 || t->used + need <= t->quota) return;
-  uint64_t missing = t->used + need - t->quota, asked = 0;
-  for (struct gmb_session *o = t->sessions; o && asked < missing;
-       o = o->tenant_next) {
-    if (o == s || o->cached_free == 0) continue;
-    struct wire_reply ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = WIRE_EVENT;
-    ev.u.event.kind = WIRE_EVENT_TRIM;
-    ev.u.event.bytes = o->cached_free < missing - asked ? o->cached_free
-                                                        : missing - asked;
-    asked += ev.u.event.bytes;
-    gmb__reply_to_session(b, o, &ev);
-  }
+  uint64_t asked = gmb__reclaim_quota(b, s, t->used + need - t->quota);
   if (asked == 0) return;
+  rep->asked_back = asked;
   size_t n = strlen(rep->message);
   snprintf(rep->message + n, sizeof rep->message - n,
            "; %" PRIu64 " cached bytes asked back from the tenant's other "
@@ -245,6 +237,11 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     if (dispatch_queue(b, s, req, size, flags, timeout_ms, 0, rep)) return 1;
     return 0;
   }
+  /* The device is full while other sessions' caches hold free memory:
+   * they are asked for it first (cheaper than moving memory), and the
+   * request is held until it comes back or trim_wait_ms passed; then it
+   * meets what follows here (reclaim.h). */
+  if (gmb__reclaim_hold(b, s, req->id, size, flags, timeout_ms)) return 0;
   /* It fits the device's free total but no free range: compaction can
    * make room, so the request waits for a run (started now, unless one is
    * in progress) before it is answered. */
@@ -316,6 +313,35 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
 
 /* --- entry ------------------------------------------------------------ */
 
+/* A request of session s, whose credentials were checked. */
+static int dispatch_request(struct gmb_broker *b, struct gmb_session *s,
+                            const struct wire_request *req,
+                            struct wire_reply *rep) {
+  switch (req->kind) {
+    case WIRE_ALLOC:
+      return dispatch_alloc(b, s, req, rep);
+    case WIRE_FREE:
+      return dispatch_free(b, s, req, rep);
+    case WIRE_STATS:
+      return dispatch_stats(b, s, rep);
+    case WIRE_HEARTBEAT:
+      return 0;
+    case WIRE_SEGMENT_CLOSED:
+      /* Only the cuda device waits for these before freeing a retired
+       * segment (the host device freed it already); the free makes room. */
+      if (gmb__device_seg_closed(b->dev, req->u.segment.segment, s->id))
+        gmb__waitq_serve(b);
+      return 0;
+    case WIRE_BYE:
+      gmb__core_session_end(b, s, "said goodbye");
+      return 1;
+    default:
+      gmb__reply_fail(rep, GMB_E_PROTO, "%s is not a client request",
+                      gmb__wire_kind_name(req->kind));
+      return 1;
+  }
+}
+
 int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                   const struct wire_request *req, struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
@@ -345,28 +371,11 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                            "belongs to another process");
   }
   s->last_seen_ns = gmb__now_ns();
-  s->cached_free = req->cached_free; /* piggy-backed on every request */
-  switch (req->kind) {
-    case WIRE_ALLOC:
-      return dispatch_alloc(b, s, req, rep);
-    case WIRE_FREE:
-      return dispatch_free(b, s, req, rep);
-    case WIRE_STATS:
-      return dispatch_stats(b, s, rep);
-    case WIRE_HEARTBEAT:
-      return 0;
-    case WIRE_SEGMENT_CLOSED:
-      /* Only the cuda device waits for these before freeing a retired
-       * segment (the host device freed it already); the free makes room. */
-      if (gmb__device_seg_closed(b->dev, req->u.segment.segment, s->id))
-        gmb__waitq_serve(b);
-      return 0;
-    case WIRE_BYE:
-      gmb__core_session_end(b, s, "said goodbye");
-      return 1;
-    default:
-      gmb__reply_fail(rep, GMB_E_PROTO, "%s is not a client request",
-                      gmb__wire_kind_name(req->kind));
-      return 1;
-  }
+  /* Piggy-backed on every request; a Heartbeat may answer a trim. */
+  int answered =
+      gmb__reclaim_heard(b, s, req->cached_free, req->trim_answered);
+  int now = dispatch_request(b, s, req, rep);
+  /* After the request: what it brought back is counted first. */
+  if (answered) gmb__reclaim_settle(b);
+  return now;
 }

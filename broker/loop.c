@@ -42,6 +42,7 @@
 #include "http.h"
 #include "log.h"
 #include "observe.h"
+#include "reclaim.h"
 #include "reply.h"
 #include "session.h"
 #include "util.h"
@@ -601,6 +602,9 @@ int gmb__loop_run(struct gmb_broker *b) {
     uint64_t wait_ns = gmb__waitq_expire(b, now);
     uint64_t fd_ns = gmb__fdchan_expire(b, now);
     if (fd_ns < wait_ns) wait_ns = fd_ns;
+    /* Asks of caches that ran out, and requests held for them. */
+    uint64_t ask_ns = gmb__reclaim_expire(b, now);
+    if (ask_ns < wait_ns) wait_ns = ask_ns;
     if (next_trim - now < wait_ns) wait_ns = next_trim > now ? next_trim - now : 0;
     if (next_hb > now && next_hb - now < wait_ns) wait_ns = next_hb - now;
     long timeout_ms = (long)(wait_ns / GMB_NS_PER_MS) + 1;

@@ -65,6 +65,8 @@ uint64_t gmb__session_cached(const struct gmb_session *s) {
 
 uint64_t gmb__tenant_cached(const struct gmb_tenant *t) {
   uint64_t cached = 0;
+  /* Each capped at what its session holds, so the sum (at most the
+   * tenant's bytes) cannot wrap however large the clients' figures. */
   for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
     cached += gmb__session_cached(o);
   return cached < t->used ? cached : t->used;

@@ -49,6 +49,12 @@ struct gmb_session {
    * and how many it left unanswered past the broker's wait bound (its
    * cached_free did not go down in time), for gmbctl and metrics. */
   uint64_t trim_asks, trim_ignored;
+  /* The ask in flight, at most one (reclaim.c): its bytes (0: none), when
+   * the broker stops waiting for it, and the cached_free the session had
+   * reported then.  A session that left asks unanswered is not asked again
+   * before ask_skip_ns (ask_ignored_run asks in a row: the pause doubles). */
+  uint64_t ask_bytes, ask_until_ns, ask_cached, ask_skip_ns;
+  uint32_t ask_ignored_run;
   uint32_t waiting; /* its requests in the wait queue (waitq.c) */
   int by_token;     /* its Hello proved the tenant with a token, not a uid */
   uint8_t token_sha256[32]; /* the hash it matched (by_token only) */

@@ -69,6 +69,9 @@ struct gmb_tenant {
    * list), so that per-tenant totals survive sessions
    * (gmb__tenant_trim_totals adds the live ones). */
   uint64_t trim_asks_ended, trim_ignored_ended;
+  uint64_t cache_asked; /* bytes its sessions were asked to give back from
+                           their caches and have not answered yet
+                           (reclaim.c: the sum of their ask_bytes) */
   int configured;    /* named in the config */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;     /* 0 and !has_token: bound to owner_uid on first use */

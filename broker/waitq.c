@@ -9,6 +9,12 @@
  * head and itself only (gmb__waitq_joined); the earliest deadline is
  * cached, so the loop's timer does not walk the queue either.  Waiters
  * are capped per session and per tenant (max_waiters_per_*).
+ *
+ * A request may also be held while other sessions' caches are asked to
+ * give memory back (reclaim.c): `held` until hold_until_ns at most.  One
+ * that did not ask to wait (`nowait`) never blocks others, like a waiter
+ * of a compaction run; when its hold ends it falls through to what it
+ * would have met without the hold (a compaction run, or GMB_E_NOMEM).
  */
 #include "waitq.h"
 
@@ -33,14 +39,25 @@ struct gmb_waiter {
   uint64_t deadline_ns; /* UINT64_MAX: for ever */
   uint64_t queued_ns;   /* when it came, for the latency metrics */
   int after_compact;    /* answer GMB_E_NOMEM when the run ends */
+  int held;             /* held while caches are asked back */
+  int nowait;           /* held: the request did not ask to wait */
+  uint64_t hold_until_ns; /* held: the hold ends then at the latest */
   int priority;         /* its tenant's, when it came */
 };
 
+/* A waiter that never holds back those behind it: it did not ask to wait
+ * (held for a compaction run, or while caches are asked back). */
+static int waitq_nonblocking(const struct gmb_waiter *w) {
+  return w->after_compact || (w->held && w->nowait);
+}
+
 static struct gmb_log_rl waitq_rl_add, waitq_rl_limit;
 
-int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
-                   uint64_t req_id, uint64_t size, uint32_t flags,
-                   int timeout_ms, int after_compact) {
+/* gmb__waitq_add and gmb__waitq_hold: hold_until_ns 0 is no hold. */
+static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
+                        uint64_t req_id, uint64_t size, uint32_t flags,
+                        int timeout_ms, int after_compact,
+                        uint64_t hold_until_ns) {
   struct gmb_waitq *q = &b->waitq;
   if (s->waiting >= b->cfg.max_waiters_per_session ||
       s->tenant->waiting >= b->cfg.max_waiters_per_tenant) {
@@ -63,6 +80,14 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                        ? UINT64_MAX
                        : w->queued_ns + (uint64_t)timeout_ms * GMB_NS_PER_MS;
   w->priority = s->tenant->priority;
+  if (hold_until_ns) {
+    w->held = 1;
+    w->nowait = timeout_ms == 0;
+    w->hold_until_ns = hold_until_ns;
+    q->held++;
+    q->held_nowait += (size_t)w->nowait;
+    if (hold_until_ns < q->next_hold_ns) q->next_hold_ns = hold_until_ns;
+  }
   /* After the last waiter of equal or higher priority: priority first,
    * then arrival. */
   struct gmb_waiter *after = q->tail;
@@ -87,6 +112,9 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
     q->after_compact++;
     log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for a "
               "compaction run", s->id, size);
+  } else if (hold_until_ns) {
+    log_debug("session %" PRIu64 ": %" PRIu64 " bytes held while caches "
+              "are asked back", s->id, size);
   } else if (gmb__log_allow(&waitq_rl_add)) {
     char sz[GMB_SIZE_BUFSZ];
     log_info("session %" PRIu64 " (tenant %s, priority %d): %s wait for "
@@ -98,16 +126,41 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
   return 0;
 }
 
+int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
+                   uint64_t req_id, uint64_t size, uint32_t flags,
+                   int timeout_ms, int after_compact) {
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, after_compact,
+                      0);
+}
+
+int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
+                    uint64_t req_id, uint64_t size, uint32_t flags,
+                    int timeout_ms, uint64_t until_ns) {
+  GMB_ASSERT(until_ns != 0 && "a hold ends some time");
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns);
+}
+
 int gmb__waitq_ahead(const struct gmb_broker *b, int priority) {
   for (const struct gmb_waiter *w = b->waitq.head;
        w && w->priority >= priority; w = w->next)
-    if (!w->after_compact) return 1;
+    if (!waitq_nonblocking(w)) return 1;
   return 0;
+}
+
+/* w's hold is over (it stays queued, or is about to be answered). */
+static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
+  if (!w->held) return;
+  GMB_ASSERT(q->held > 0 && q->held_nowait >= (size_t)w->nowait &&
+             "held counts drifted");
+  q->held--;
+  q->held_nowait -= (size_t)w->nowait;
+  w->held = 0;
 }
 
 static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
   struct gmb_waitq *q = &b->waitq;
   if (w->after_compact) q->after_compact--;
+  waitq_unhold(q, w);
   if (q->last_added == w) q->last_added = NULL;
   GMB_ASSERT(w->session->tenant->waiting > 0 && w->session->waiting > 0 &&
              "waiting count drifted");
@@ -145,10 +198,10 @@ void gmb__waitq_serve(struct gmb_broker *b) {
      * held for a compaction run) may be served: with none of either, the
      * rest of the queue need not be looked at. */
     if (blocked && b->waitq.after_compact == 0 &&
-        gmb__tenants_reserving(b->tenants) == 0)
+        b->waitq.held_nowait == 0 && gmb__tenants_reserving(b->tenants) == 0)
       break;
     struct gmb_tenant *t = w->session->tenant;
-    if (blocked && !w->after_compact &&
+    if (blocked && !waitq_nonblocking(w) &&
         !gmb__tenant_within_reserve(t, gmb__alloc_round(w->size)))
       continue;
     struct wire_reply rep;
@@ -157,7 +210,7 @@ void gmb__waitq_serve(struct gmb_broker *b) {
     enum gmb_nomem_why why;
     int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
     if (rc == GMB_E_NOMEM) {
-      if (!w->after_compact) blocked = 1;
+      if (!waitq_nonblocking(w)) blocked = 1;
       continue;
     }
     waitq_answer(b, w, &rep);
@@ -188,7 +241,7 @@ void gmb__waitq_joined(struct gmb_broker *b) {
    * w may be served, and only within its own reservation, as
    * gmb__waitq_serve would do.  O(1) rather than a walk per request. */
   struct gmb_waiter *head = q->head;
-  while (head && head->after_compact) head = head->next;
+  while (head && waitq_nonblocking(head)) head = head->next;
   if (head == NULL) return;
   if (head == w) {
     waitq_try(b, w);
@@ -239,7 +292,7 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
     char sz[GMB_SIZE_BUFSZ];
     gmb__reply_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
                     gmb__size_format(w->size, sz, sizeof sz));
-    expired += !w->after_compact;
+    expired += !waitq_nonblocking(w);
     waitq_answer(b, w, &rep);
   }
   /* A waiter that gave up may have been holding back smaller ones. */
@@ -258,10 +311,55 @@ void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {
   for (; w; w = next) {
     next = w->next;
     if (w->session == s) {
-      dropped += !w->after_compact;
+      dropped += !waitq_nonblocking(w);
       waitq_remove(b, w);
     }
   }
   /* Its requests may have been holding back others'. */
   if (dropped) gmb__waitq_serve(b);
+}
+
+uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
+                              void (*compact)(void *ctx, uint64_t rounded),
+                              void *ctx) {
+  struct gmb_waitq *q = &b->waitq;
+  if (q->held == 0) return UINT64_MAX;
+  if (!all && q->next_hold_ns > now) return q->next_hold_ns - now;
+  uint64_t total = 0, next_at = UINT64_MAX;
+  gmb__pool_fragmentation(b->pool, NULL, &total);
+  struct gmb_waiter *w = q->head, *next;
+  for (; w; w = next) {
+    next = w->next;
+    if (!w->held) continue;
+    if (!all && w->hold_until_ns > now) {
+      if (w->hold_until_ns < next_at) next_at = w->hold_until_ns;
+      continue;
+    }
+    waitq_unhold(q, w);
+    uint64_t rounded = gmb__alloc_round(w->size);
+    /* What the request would have met without the hold (dispatch.c):
+     * compaction when it fits the device's free total. */
+    int may_compact = b->cfg.compaction && total >= rounded;
+    if (!w->nowait) {
+      /* It waits on, in its place, for its own deadline. */
+      if (may_compact) compact(ctx, rounded);
+      continue;
+    }
+    /* Memory may have come back without a serve (the pool's lingering
+     * segments released by its timer): one more try. */
+    if (waitq_try(b, w)) continue;
+    if (may_compact) {
+      w->after_compact = 1;
+      q->after_compact++;
+      compact(ctx, rounded);
+      continue;
+    }
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.id = w->req_id;
+    gmb__alloc_explain(b, w->session, rounded, &rep);
+    waitq_answer(b, w, &rep);
+  }
+  q->next_hold_ns = next_at;
+  return next_at == UINT64_MAX ? UINT64_MAX : next_at - now;
 }

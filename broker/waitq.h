@@ -18,8 +18,10 @@
  * cannot jump the queue either.  Requests queued only until a compaction
  * run ends (`after_compact`: they did not ask to wait) never block others:
  * they are tried as memory comes back and answered GMB_E_NOMEM when the run
- * ends.  A waiter's answer leaves through the sender (reply.c) and is
- * counted in the metrics with its time in the queue.
+ * ends.  Requests held while caches are asked back (reclaim.c) are
+ * served as memory comes back like the others; held ones that did not ask
+ * to wait never block either.  A waiter's answer leaves through the sender
+ * (reply.c) and is counted in the metrics with its time in the queue.
  *
  * The queue itself is b->waitq (broker.h); every waiter belongs to a live
  * session and is counted in its tenant's `waiting`.
@@ -41,8 +43,31 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact);
 
+/* Queues request `req_id` of session s held while other sessions' caches
+ * are asked to give memory back (reclaim.c), until `until_ns` at most
+ * (gmb__waitq_hold_over ends the hold).  timeout_ms 0: the request did not
+ * ask to wait, and never holds back others while held; else it is an
+ * ordinary waiter with its deadline.  0, GMB_E_LIMIT or GMB_E_SYSTEM as
+ * gmb__waitq_add. */
+int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
+                    uint64_t req_id, uint64_t size, uint32_t flags,
+                    int timeout_ms, uint64_t until_ns);
+
+/* Ends the holds that are due at `now` (every hold when `all`: no ask is
+ * in flight any more).  A held request that did not ask to wait is tried
+ * once more, then falls through as it would have without the hold: it
+ * waits for a compaction run when compaction is on and it fits the
+ * device's free total (compact(ctx, rounded) is called, and the caller
+ * starts the run), else it is answered GMB_E_NOMEM with the explanation.
+ * One that asked to wait stays queued (compact() called likewise).
+ * Returns the nanoseconds until the next hold ends (UINT64_MAX: none). */
+uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
+                              void (*compact)(void *ctx, uint64_t rounded),
+                              void *ctx);
+
 /* 1 when a request that asked to wait (not one held only for a compaction
- * run) of priority >= `priority` is queued. */
+ * run or, without waiting, for cache asks) of priority >= `priority` is
+ * queued. */
 int gmb__waitq_ahead(const struct gmb_broker *b, int priority);
 
 /* A request just queued (gmb__waitq_add) behind others of equal or

@@ -172,6 +172,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       return GMB_E_INVAL;
   }
   r.cached_free = req->cached_free;
+  r.trim_answered = req->trim_answered != 0;
   return wire_pack(&r.base, buf, len);
 }
 
@@ -183,6 +184,7 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   int rc = 0;
   out->id = r->id;
   out->cached_free = r->cached_free;
+  out->trim_answered = r->trim_answered != 0;
   switch (r->body_case) {
     case GMB__REQUEST__BODY_HELLO:
       out->kind = WIRE_HELLO;
@@ -529,6 +531,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   r.id = rep->id;
   r.status = (Gmb__Status)(-rep->status);
   r.message = (char *)rep->message;
+  r.asked_back = rep->asked_back;
   switch (rep->kind) {
     case WIRE_NONE:
       break;
@@ -728,6 +731,7 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
     /* Reasons are for people: cut a long one rather than refuse it. */
     strncpy(out->message, r->message, sizeof out->message - 1);
   }
+  out->asked_back = r->asked_back;
   switch (r->body_case) {
     case GMB__REPLY__BODY__NOT_SET:
       out->kind = WIRE_NONE;

@@ -59,6 +59,7 @@ struct wire_request {
   uint64_t id;
   enum wire_kind kind;
   uint64_t cached_free; /* the sender's cache's free bytes (any kind) */
+  int trim_answered;    /* this answers the last EVENT_TRIM (a Heartbeat) */
   union {
     struct {
       uint32_t version;
@@ -156,6 +157,7 @@ struct wire_reply {
   uint64_t id;
   int status; /* 0 or a negative GMB_E_* */
   char message[WIRE_MESSAGE_MAX];
+  uint64_t asked_back; /* GMB_E_QUOTA: cached bytes asked of other sessions */
   enum wire_kind kind; /* WIRE_NONE: status (and message) only */
   union {
     struct {

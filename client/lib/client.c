@@ -473,9 +473,22 @@ static struct gmb_cache *client_cache_new(gmb_client *c);
  * cache holds free (wholly free slabs, largest first).  Holds nothing. */
 static void client_trim_asked(gmb_client *c) {
   uint64_t want = atomic_exchange(&c->trim_want, 0);
-  if (want == 0 || c->cache == NULL) return;
-  uint64_t cached = gmb__cache_cached(c->cache);
-  gmb__cache_trim(c->cache, cached > want ? cached - want : 0, NULL);
+  if (want == 0) return;
+  if (c->cache) {
+    uint64_t cached = gmb__cache_cached(c->cache);
+    gmb__cache_trim(c->cache, cached > want ? cached - want : 0, NULL);
+  }
+  /* The answer, after the slabs' Frees (each waited for its reply): the
+   * broker stops waiting for this session, whatever it could give (a
+   * slab with a block in use, or stream work not done, stays).  A
+   * request it holds meanwhile is then served or falls through at once,
+   * not at the end of the broker's bound. */
+  struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
+  pthread_mutex_lock(&c->io);
+  if (!atomic_load(&c->dead) && client_send(c, &req, ZMQ_DONTWAIT) == 0 &&
+      c->hb_ms)
+    c->hb_last_ns = gmb__now_ns();
+  pthread_mutex_unlock(&c->io);
 }
 
 /* --- heartbeats ------------------------------------------------------------- */
@@ -898,8 +911,12 @@ static void client_undo_alloc(gmb_client *c, uint64_t id) {
   memcpy(client_err, saved, sizeof saved);
 }
 
+/* *asked_back (may be NULL): what a GMB_E_QUOTA refusal says the broker
+ * asked the tenant's other sessions to give back (Reply.asked_back), else
+ * 0. */
 static int client_alloc(gmb_client *c, size_t size, unsigned flags,
-                        int timeout_ms, gmb_id *out) {
+                        int timeout_ms, gmb_id *out, uint64_t *asked_back) {
+  if (asked_back) *asked_back = 0;
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
   *out = 0;
@@ -921,7 +938,11 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   char why[CLIENT_WHY_MAX];
   pthread_mutex_lock(&c->io);
   int rc = client_call(c, &req, WIRE_ALLOC, wait_ms, &rep);
-  if (rc) goto out;
+  if (rc) {
+    /* client_call zeroed rep before it sent: set only by the broker. */
+    if (asked_back && rc == GMB_E_QUOTA) *asked_back = rep.asked_back;
+    goto out;
+  }
   const uint64_t id = rep.u.alloc.id, seg = rep.u.alloc.segment,
                  off = rep.u.alloc.offset, asize = rep.u.alloc.size;
   if (id == 0 || asize < size) {
@@ -967,12 +988,12 @@ out:
 
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out) {
-  return client_alloc(c, size, flags, 0, out);
+  return client_alloc(c, size, flags, 0, out, NULL);
 }
 
 GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
                               int timeout_ms, gmb_id *out) {
-  return client_alloc(c, size, flags, timeout_ms, out);
+  return client_alloc(c, size, flags, timeout_ms, out, NULL);
 }
 
 /* Frees allocation id; waits for the device first when `sync` (see
@@ -1397,12 +1418,15 @@ static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
   if (size > SIZE_MAX)
     return client_fail(GMB_E_INVAL, "a slab of %llu bytes",
                        (unsigned long long)size);
-  int rc = client_alloc(c, (size_t)size, 0, 0, &a);
-  /* The broker asked the tenant's other sessions for their cached memory:
-   * their library threads give it back within about CLIENT_REPORT_MS;
-   * try again for up to $GMB_CACHE_ASK_WAIT_MS (default 250). */
+  uint64_t asked = 0;
+  int rc = client_alloc(c, (size_t)size, 0, 0, &a, &asked);
+  /* The broker asked the tenant's other sessions for their cached memory
+   * (Reply.asked_back; a full device is handled in the broker, which
+   * holds the request itself): their library threads give it back within
+   * about CLIENT_REPORT_MS; try again for up to $GMB_CACHE_ASK_WAIT_MS
+   * (default 250). */
   uint64_t deadline = 0;
-  while (rc == GMB_E_QUOTA && strstr(client_err, "asked back") != NULL) {
+  while (rc == GMB_E_QUOTA && asked > 0) {
     uint64_t now = gmb__now_ns();
     if (deadline == 0)
       deadline = now + (uint64_t)client_env_ms("GMB_CACHE_ASK_WAIT_MS", 250) *
@@ -1411,7 +1435,7 @@ static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
       break;
     struct timespec ts = {0, 5 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    rc = client_alloc(c, (size_t)size, 0, 0, &a);
+    rc = client_alloc(c, (size_t)size, 0, 0, &a, &asked);
   }
   if (rc) return rc;
   void *p;

@@ -11,7 +11,8 @@
  *   byte 0    who: bits 0-1 the client (routing ids "a".."d", uids 1000,
  *             1000, 1001 and 4242, an admin uid), bit 2 the admin socket
  *             instead of the client socket; 0xff is not a message but
- *             "time passes": waiting requests expire, the compaction
+ *             "time passes": waiting requests expire, asks of caches run
+ *             out (and held requests fall through), the compaction
  *             timer fires, and the loop's reaping of idle default tenants
  *   bytes 1-2 the frame's length, little-endian (cut to what is left)
  *   then      the frame, decoded with gmb__wire_request_decode
@@ -38,6 +39,7 @@
 #include "fuzz.h"
 #include "gmb.h"
 #include "log.h"
+#include "reclaim.h"
 #include "statefile.h"
 #include "util.h"
 #include "waitq.h"
@@ -124,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
     if (who == 0xff) {
       uint64_t later = gmb__now_ns() + UINT64_C(3600) * 1000000000u;
       gmb__waitq_expire(b, later);
+      gmb__reclaim_expire(b, later);
       gmb__defrag_timer(b, later);
       fz_settle(b);
       gmb__core_reap(b, 0);

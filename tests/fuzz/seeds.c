@@ -78,6 +78,17 @@ static void plain(int who, enum wire_kind kind) {
   rec(who, &r);
 }
 
+/* A Heartbeat carrying the cache's free bytes and, when `answered`, the
+ * answer to the last EVENT_TRIM. */
+static void cached(int who, uint64_t bytes, int answered) {
+  struct wire_request r;
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_HEARTBEAT;
+  r.cached_free = bytes;
+  r.trim_answered = answered;
+  rec(who, &r);
+}
+
 static void admin_limit(enum wire_kind kind, const char *tenant, int set,
                         uint64_t value) {
   struct wire_request r;
@@ -170,6 +181,28 @@ int main(int argc, char **argv) {
   plain(A | ADMIN, WIRE_ADMIN_STATUS); /* not an admin uid */
   admin_limit(WIRE_ADMIN_QUOTA, "llm-a", 1, 1 << 20);
   admin_named(WIRE_ADMIN_EVICT, "uid-4242");
+  fclose(out);
+
+  /* Caches asked back: a full device (c's requests held while a is
+   * asked), a quota (b refused, a's ask on its way), a's free and answer,
+   * then an ask left unanswered (b) as time passes. */
+  open_seed(dir, "cache_asked");
+  hello(A, "llm-a", NULL);
+  hello(B, "llm-a", NULL);
+  hello(C, "", NULL);
+  alloc(A, 6 << 20, 0, 0);
+  cached(A, 6 << 20, 0);
+  alloc(C, 8 << 20, 0, 0);
+  alloc(C, 4 << 20, 0, 0);
+  alloc(C, 4 << 20, 0, 2000);
+  alloc(B, 4 << 20, 0, 0);
+  freeid(A, 1);
+  cached(A, 0, 1);
+  tick();
+  alloc(B, 2 << 20, 0, 0);
+  cached(B, 2 << 20, 0);
+  alloc(C, 4 << 20, 0, 0);
+  tick();
   fclose(out);
   return 0;
 }

@@ -4,8 +4,11 @@
  * what the broker sees of it (slabs count as the tenant's memory), that
  * a hit asks the broker nothing, that a quota makes the cache give its
  * own memory back and try again, that bad pointers change nothing, that
- * a process killed with a full cache is reclaimed like any other, and what
- * the operator sees of caches: cached bytes per tenant and per session in
+ * a process killed with a full cache is reclaimed like any other, the
+ * elastic cases: a quota, or a full device, held by another process's
+ * idle cache, which its library thread gives back when the broker asks
+ * (and a process that cannot answer: killed, or stopped), and what the
+ * operator sees of caches: cached bytes per tenant and per session in
  * `gmbctl tenants`, `sessions`, `status`, `map` and the metrics.
  */
 #include <check.h>
@@ -166,7 +169,10 @@ static int quota_sees_cached(void *arg) {
 START_TEST(quota_held_by_other_cache_asked_back) {
   setenv("GMB_CACHE_ASK_WAIT_MS", "5000", 1); /* a bound, not a figure */
   struct harness_broker b;
-  harness_broker_start(&b, "host:256MiB", "[tenant:q2]\nquota = 16MiB\n");
+  /* The broker's bound too: a loaded machine may take longer than the
+   * default 100 ms to run the other session's library thread. */
+  harness_broker_start(&b, "host:256MiB", "[broker]\ntrim_wait_ms = 5000\n"
+                       "[tenant:q2]\nquota = 16MiB\n");
   gmb_client *a = harness_connect_ok(&b, "q2");
   gmb_client *o = harness_connect_ok(&b, "q2");
   void *p, *q;
@@ -462,6 +468,188 @@ START_TEST(cached_shown_per_tenant_and_session) {
 }
 END_TEST
 
+/* --- a full device: other tenants' caches asked back ---------------------- */
+
+/* A process of tenant `tenant` that caches `bytes` (one slab, all free)
+ * and then idles: it never calls the library again.  Its library thread
+ * is all that can answer the broker. */
+struct cacher_arg {
+  const char *endpoint;
+  const char *tenant;
+  uint64_t bytes;
+  int ready;
+};
+
+static int cacher_child(void *arg) {
+  struct cacher_arg *a = arg;
+  gmb_client *c;
+  void *p;
+  CHILD_CHECK(gmb_connect(a->endpoint, a->tenant, &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_malloc_async(c, a->bytes, NULL, &p) == 0, 3, "%s",
+              gmb_last_error(c));
+  CHILD_CHECK(gmb_free_async(c, p, NULL) == 0, 4, "%s", gmb_last_error(c));
+  harness_pipe_send(a->ready, 'r');
+  for (;;) pause();
+}
+
+struct cacher {
+  pid_t pid;
+  int fds[2];
+  gmb_client *watch; /* a session of its tenant: sees its figures */
+};
+
+static int watch_sees_cached(void *arg) {
+  struct cacher *k = arg;
+  return harness_stats_ok(k->watch).cached == 48 * MIB;
+}
+
+/* Starts a cacher of 48 MiB as tenant `tenant` and waits until the broker
+ * knows its cache's figure. */
+static void cacher_start(struct cacher *k, struct harness_broker *b,
+                         const char *tenant) {
+  ck_assert_int_eq(pipe(k->fds), 0);
+  static struct cacher_arg a;
+  a = (struct cacher_arg){b->endpoint, tenant, 48 * MIB, 0};
+  a.ready = k->fds[1];
+  k->pid = harness_fork(cacher_child, &a);
+  ck_assert_int_eq(harness_pipe_wait(k->fds[0], HARNESS_WAIT_MS), 'r');
+  k->watch = harness_connect_ok(b, tenant);
+  ck_assert_msg(harness_poll_until(watch_sees_cached, k, HARNESS_WAIT_MS),
+                "the broker sees %llu cached bytes of tenant %s",
+                (unsigned long long)harness_stats_ok(k->watch).cached, tenant);
+}
+
+static void cacher_end(struct cacher *k) {
+  if (k->pid > 0) {
+    kill(k->pid, SIGKILL);
+    harness_wait(k->pid);
+  }
+  gmb_disconnect(k->watch);
+  close(k->fds[0]);
+  close(k->fds[1]);
+}
+
+static int watch_sees_nothing_used(void *arg) {
+  return harness_stats_ok(((struct cacher *)arg)->watch).used == 0;
+}
+
+/* Two tenants on a 64 MiB device: A caches 48 MiB and idles; B's plain
+ * gmb_alloc of 32 MiB finds the device full, and is served once A's
+ * library thread gave the memory back (the broker held the request
+ * meanwhile rather than refuse it). */
+START_TEST(full_device_idle_cache_of_other_tenant_given_back) {
+  struct harness_broker b;
+  /* A bound no loaded machine reaches: the test proves the memory comes
+   * back, not how fast (the answer ends the hold anyway). */
+  harness_broker_start(&b, "host:64MiB", "[broker]\ntrim_wait_ms = 5000\n");
+  struct cacher a;
+  cacher_start(&a, &b, "ea");
+  gmb_client *c = harness_connect_ok(&b, "eb");
+  gmb_id id;
+  int rc = gmb_alloc(c, 32 * MIB, 0, &id);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(c));
+  /* A's slab went back to the device; B holds its 32 MiB. */
+  ck_assert_uint_eq(harness_stats_ok(a.watch).used, 0);
+  ck_assert_uint_eq(harness_stats_ok(a.watch).cached, 0);
+  ck_assert_uint_eq(harness_stats_ok(c).used, 32 * MIB);
+  char *log = harness_broker_log(&b);
+  ck_assert_ptr_nonnull(strstr(log, "asked to give back"));
+  ck_assert_ptr_null(strstr(log, "did not give back"));
+  free(log);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  cacher_end(&a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+struct asker_arg {
+  const char *endpoint;
+};
+
+/* B, in a process of its own: 0 when its 32 MiB were served. */
+static int asker_child(void *arg) {
+  struct asker_arg *a = arg;
+  gmb_client *c;
+  gmb_id id;
+  CHILD_CHECK(gmb_connect(a->endpoint, "eb", &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_alloc(c, 32 * MIB, 0, &id) == 0, 3, "%s",
+              gmb_last_error(c));
+  gmb_disconnect(c);
+  return 0;
+}
+
+static int log_says_asked(void *arg) {
+  char *log = harness_broker_log(arg);
+  int yes = strstr(log, "asked to give back") != NULL;
+  free(log);
+  return yes;
+}
+
+/* The asked process cannot answer (stopped) and is then killed -9 with
+ * its cache full while B's request is held: its memory is reclaimed as
+ * any dead process's, and that serves B before the bound. */
+START_TEST(full_device_asked_process_killed) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", "[broker]\ntrim_wait_ms = 5000\n");
+  struct cacher a;
+  cacher_start(&a, &b, "ea");
+  ck_assert_int_eq(kill(a.pid, SIGSTOP), 0);
+  struct asker_arg q = {b.endpoint};
+  pid_t asker = harness_fork(asker_child, &q);
+  ck_assert(harness_poll_until(log_says_asked, &b, HARNESS_WAIT_MS));
+  ck_assert_int_eq(kill(a.pid, SIGKILL), 0);
+  ck_assert_int_eq(harness_wait(a.pid), 128 + SIGKILL);
+  a.pid = 0;
+  ck_assert_int_eq(harness_wait(asker), 0);
+  ck_assert_uint_eq(harness_stats_ok(a.watch).used, 0);
+  char *log = harness_broker_log(&b);
+  ck_assert_ptr_null(strstr(log, "did not give back"));
+  free(log);
+  cacher_end(&a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* A process that ignores the ask (stopped with SIGSTOP): B's request
+ * falls through after the bound to the refusal it would have had, and
+ * the broker names the session in its log and runs on.  Let go, the
+ * process answers late, and B is served. */
+START_TEST(full_device_ignored_ask_falls_through) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL); /* the default bound */
+  struct cacher a;
+  cacher_start(&a, &b, "ea");
+  ck_assert_int_eq(kill(a.pid, SIGSTOP), 0);
+  gmb_client *c = harness_connect_ok(&b, "eb");
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 32 * MIB, 0, &id), GMB_E_NOMEM);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "no room for 32MiB"));
+  ck_assert(harness_broker_alive(&b));
+  char *log = harness_broker_log(&b);
+  char who[64];
+  snprintf(who, sizeof who, "pid %d) did not give back", (int)a.pid);
+  ck_assert_msg(strstr(log, who) != NULL, "the log does not say '%s'", who);
+  ck_assert_uint_eq(harness_count(log, "asked to give back"), 1);
+  free(log);
+  /* Still stopped: refused again, cleanly (whether the pause check_reclaim
+   * tests is over by now depends on the machine's load). */
+  ck_assert_int_eq(gmb_alloc(c, 32 * MIB, 0, &id), GMB_E_NOMEM);
+  ck_assert(harness_broker_alive(&b));
+  /* Let go, its library thread reads the ask and gives the slab back. */
+  ck_assert_int_eq(kill(a.pid, SIGCONT), 0);
+  ck_assert(harness_poll_until(watch_sees_nothing_used, &a, HARNESS_WAIT_MS));
+  int rc = gmb_alloc(c, 32 * MIB, 0, &id);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(c));
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  cacher_end(&a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cache", "cache", 60,
@@ -471,5 +659,8 @@ int main(void) {
       cached_reported_to_the_broker,
       quota_held_by_other_cache_asked_back,
       killed_client_with_cache_reclaimed,
-      cached_shown_per_tenant_and_session));
+      cached_shown_per_tenant_and_session,
+      full_device_idle_cache_of_other_tenant_given_back,
+      full_device_asked_process_killed,
+      full_device_ignored_ask_falls_through));
 }

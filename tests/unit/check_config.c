@@ -114,6 +114,7 @@ START_TEST(design_example_parses) {
   ck_assert_str_eq(c.metrics_listen, "127.0.0.1:9464");
   ck_assert_int_eq(c.log_level, GMB_LOG_INFO);
   ck_assert_uint_eq(c.heartbeat_ms, 1000);
+  ck_assert_uint_eq(c.trim_wait_ms, 100); /* not in the file: the default */
   ck_assert_uint_eq(c.n_tenants, 1);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "llm-a");
   ck_assert_ptr_nonnull(t);
@@ -186,6 +187,7 @@ START_TEST(every_other_value_parses) {
           "metrics_listen = [::1]:65535\n"
           "log_level = debug\n"
           "heartbeat_ms = 100\n"
+          "trim_wait_ms = 0\n"
           "\n"
           "[tenant:b]\n"
           "quota = 1GiB\n"
@@ -208,6 +210,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_str_eq(c.metrics_listen, "[::1]:65535");
   ck_assert_int_eq(c.log_level, GMB_LOG_DEBUG);
   ck_assert_uint_eq(c.heartbeat_ms, 100);
+  ck_assert_uint_eq(c.trim_wait_ms, 0); /* 0: caches are not asked */
   ck_assert_uint_eq(c.n_tenants, 2);
   const struct gmb_tenant_conf *b = gmb__config_tenant(&c, "b");
   ck_assert_ptr_nonnull(b);
@@ -219,7 +222,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_uint_eq(b->token_sha256[31], 0x08);
   ck_assert_uint_eq(b->n_uids, 1);
   ck_assert_uint_eq(b->uids[0], 0);
-  ck_assert_int_eq(b->line, 13);
+  ck_assert_int_eq(b->line, 14);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "c");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 0);
@@ -519,6 +522,11 @@ START_TEST(err_bad_integers) {
   load_bad("[broker]\nheartbeat_ms = 99\n", 2, "heartbeat_ms: bad value '99'");
   teardown();
   load_bad("[broker]\nheartbeat_ms = 60001\n", 2, "want an integer 100..60000");
+  teardown();
+  load_bad("[broker]\ntrim_wait_ms = 5001\n", 2, "trim_wait_ms: bad value "
+           "'5001' (want an integer 0..5000)");
+  teardown();
+  load_bad("[broker]\ntrim_wait_ms = -1\n", 2, "trim_wait_ms: bad value");
   teardown();
   load_bad("[tenant:a]\npriority = 101\n", 2, "priority: bad value '101'");
   teardown();

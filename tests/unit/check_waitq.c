@@ -11,7 +11,9 @@
  * so each allocation has a large segment of its own and "fits" means
  * "the device has that much left".  Answers are read from the tap, by the
  * request id they carry; the queue's counters (b->waitq.n, .after_compact,
- * each tenant's `waiting`) are checked as the queue changes.
+ * each tenant's `waiting`) are checked as the queue changes.  Requests
+ * held while caches are asked back (gmb__waitq_hold, reclaim.c) are
+ * covered at the end; check_reclaim.c drives them through the asks.
  */
 #include <check.h>
 #include <stdint.h>
@@ -939,6 +941,79 @@ START_TEST(ahead_ignores_after_compact) {
 }
 END_TEST
 
+/* ---- held while caches are asked back (gmb__waitq_hold) ----------------- */
+
+static void no_compaction(void *ctx, uint64_t rounded) {
+  (void)rounded;
+  ck_abort_msg("compaction is off: no run may be asked for (%p)", ctx);
+}
+
+/* A held request that did not ask to wait is not ahead of anyone, does not
+ * hold back the waiter behind it, and is served by a free like any
+ * waiter; one that asked to wait is an ordinary waiter. */
+START_TEST(held_nowait_never_blocks) {
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t until = gmb__now_ns() + LONG_MS * GMB_NS_PER_MS;
+  /* hi: 6 MiB, held without waiting; lo: 2 MiB, waiting behind it. */
+  ck_assert_int_eq(gmb__waitq_hold(&f.b, hi, 201, 6 * MIB, 0, 0, until), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, lo, 202, 2 * MIB, 0, LONG_MS, 0), 0);
+  ck_assert_uint_eq(f.b.waitq.held, 1);
+  ck_assert_uint_eq(f.b.waitq.held_nowait, 1);
+  /* 2 MiB come back: lo is served past hi, which still does not fit. */
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "lo", 202, 2 * MIB);
+  /* 6 more: hi is served, and its hold is counted off. */
+  for (int i = 1; i < 4; i++) free_ok(&f, "a", 1001, ids[i]);
+  assert_served_at(&f, 1, "hi", 201, 6 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  ck_assert_uint_eq(f.b.waitq.held_nowait, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* When a hold ends: one that did not ask to wait and still does not fit is
+ * answered GMB_E_NOMEM with the explanation (compaction off); one that
+ * asked to wait stays queued; a hold not due yet stays; `all` ends it. */
+START_TEST(hold_over_falls_through) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "");
+  struct gmb_session *b = fx_hello(&f, "b", 1002, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t now = gmb__now_ns();
+  ck_assert_int_eq(gmb__waitq_hold(&f.b, b, 301, 2 * MIB, 0, 0, now + 10), 0);
+  ck_assert_int_eq(
+      gmb__waitq_hold(&f.b, b, 302, 2 * MIB, 0, LONG_MS, now + 10), 0);
+  ck_assert_int_eq(gmb__waitq_hold(&f.b, a, 303, 2 * MIB, 0, 0, now + 1000),
+                   0);
+  uint64_t next = gmb__waitq_hold_over(&f.b, now + 10, 0, no_compaction, &f);
+  ck_assert_uint_eq(next, 990);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  const struct wire_reply *r = assert_failed_at(&f, 0, "b", 301, GMB_E_NOMEM);
+  ck_assert_int_eq(r->kind, WIRE_NOMEM);
+  ck_assert_uint_eq(f.b.waitq.n, 2);
+  ck_assert_uint_eq(f.b.waitq.held, 1);
+  ck_assert_uint_eq(gmb__waitq_hold_over(&f.b, now + 10, 1, no_compaction, &f),
+                    UINT64_MAX);
+  assert_failed_at(&f, 1, "a", 303, GMB_E_NOMEM);
+  ck_assert_uint_eq(f.b.waitq.n, 1); /* b's 302 waits on */
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  free_ok(&f, "a", 1001, ids[0]);
+  assert_served_at(&f, 2, "b", 302, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *waitq_suite(void) {
   Suite *s = suite_create("waitq");
   TCase *tc = tcase_create("order");
@@ -991,6 +1066,11 @@ static Suite *waitq_suite(void) {
   tcase_add_test(tc, ahead_empty);
   tcase_add_test(tc, ahead_equal_or_higher_priority);
   tcase_add_test(tc, ahead_ignores_after_compact);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("held");
+  tcase_add_test(tc, held_nowait_never_blocks);
+  tcase_add_test(tc, hold_over_falls_through);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("metrics");

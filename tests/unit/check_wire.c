@@ -394,6 +394,39 @@ START_TEST(cache_fields_roundtrip) {
 }
 END_TEST
 
+/* A trim's answer rides on a Heartbeat; a quota refusal says, in a field
+ * and not only in its text, how many cached bytes were asked back. */
+START_TEST(trim_answer_and_asked_back_roundtrip) {
+  struct wire_request in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 3;
+  in.kind = WIRE_HEARTBEAT;
+  in.cached_free = 512;
+  in.trim_answered = 1;
+  req_roundtrip(&in, &out);
+  ck_assert_int_eq(out.trim_answered, 1);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+  in.trim_answered = 0;
+  req_roundtrip(&in, &out);
+  ck_assert_int_eq(out.trim_answered, 0);
+
+  struct wire_reply r, o;
+  memset(&r, 0, sizeof r);
+  r.id = 8;
+  r.status = GMB_E_QUOTA;
+  strcpy(r.message, "over quota; 1 cached bytes asked back");
+  r.asked_back = (UINT64_C(3) << 29) + 512;
+  rep_roundtrip(&r, &o);
+  ck_assert_int_eq(o.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(o.asked_back, (UINT64_C(3) << 29) + 512);
+  ck_assert_mem_eq(&o, &r, sizeof r);
+  /* Absent (an older broker): 0, whatever the text says. */
+  r.asked_back = 0;
+  rep_roundtrip(&r, &o);
+  ck_assert_uint_eq(o.asked_back, 0);
+}
+END_TEST
+
 START_TEST(reply_admin_status_rows_roundtrip) {
   struct wire_tenant_row rows[3];
   struct wire_reply in, out;
@@ -1137,6 +1170,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, reply_stats_roundtrip);
   tcase_add_test(tc, reply_event_roundtrip);
   tcase_add_test(tc, cache_fields_roundtrip);
+  tcase_add_test(tc, trim_answer_and_asked_back_roundtrip);
   tcase_add_test(tc, reply_admin_status_rows_roundtrip);
   tcase_add_test(tc, reply_admin_status_no_rows);
   tcase_add_test(tc, reply_admin_status_sessions_roundtrip);

@@ -1,0 +1,375 @@
+/*
+ * reclaim.c - asking the clients' caches for memory back (reclaim.h has
+ * the rules and the bounds).
+ *
+ * An ask is opened (reclaim_open) and closed (reclaim_close) in one place
+ * each, which keep the three sums in step: the session's ask_bytes, its
+ * tenant's cache_asked, and b->reclaim's count and bytes.  Choosing whom
+ * to ask for a full device walks the sessions once and sorts those that
+ * qualify (O(s log s) per request that found no room, beside the pool
+ * walk that explaining a refusal costs anyway); the timer walks them only
+ * when an ask runs out.
+ */
+#include "reclaim.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "defrag.h"
+#include "gmb.h"
+#include "log.h"
+#include "pool.h"
+#include "reply.h"
+#include "util.h"
+#include "waitq.h"
+
+/* A session that leaves an ask unanswered is not asked again for this
+ * long, doubled for each further one in a row, up to the maximum. */
+#define RECLAIM_PAUSE_NS GMB_NS_PER_S
+#define RECLAIM_PAUSE_MAX_NS (60 * GMB_NS_PER_S)
+
+static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
+
+/* --- one ask --------------------------------------------------------------- */
+
+static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
+                         uint64_t bytes, uint64_t until_ns) {
+  GMB_ASSERT(o->ask_bytes == 0 && bytes > 0 && "one ask per session");
+  struct gmb_reclaim *r = &b->reclaim;
+  o->ask_bytes = bytes;
+  o->ask_until_ns = until_ns;
+  o->ask_cached = o->cached_free;
+  o->trim_asks++;
+  o->tenant->cache_asked += bytes;
+  if (r->asks == 0 || until_ns < r->next_ns) r->next_ns = until_ns;
+  r->asks++;
+  r->ask_bytes += bytes;
+  r->asks_total++;
+  struct wire_reply ev;
+  memset(&ev, 0, sizeof ev);
+  ev.kind = WIRE_EVENT;
+  ev.u.event.kind = WIRE_EVENT_TRIM;
+  ev.u.event.bytes = bytes;
+  gmb__reply_to_session(b, o, &ev);
+}
+
+static void reclaim_close(struct gmb_broker *b, struct gmb_session *o) {
+  struct gmb_reclaim *r = &b->reclaim;
+  GMB_ASSERT(o->ask_bytes > 0 && r->asks > 0 && r->ask_bytes >= o->ask_bytes &&
+             o->tenant->cache_asked >= o->ask_bytes && "ask sums drifted");
+  o->tenant->cache_asked -= o->ask_bytes;
+  r->asks--;
+  r->ask_bytes -= o->ask_bytes;
+  o->ask_bytes = 0;
+  o->ask_until_ns = 0;
+}
+
+/* May o be asked for the sake of session s (NULL: of nobody in
+ * particular) now? */
+static int reclaim_askable(const struct gmb_session *o,
+                           const struct gmb_session *s, uint64_t now) {
+  /* A session with requests in the wait queue is blocked in that call,
+   * holding its connection: its library could not answer. */
+  return o != s && o->cached_free > 0 && o->ask_bytes == 0 &&
+         now >= o->ask_skip_ns && o->waiting == 0;
+}
+
+/* --- a full device ------------------------------------------------------- */
+
+/* The device room that session s's request of `rounded` bytes lacks: the
+ * segment it needs, plus what the other tenants' reservations keep (unless
+ * s stays within its own), less the room for new segments now. */
+static uint64_t reclaim_missing(struct gmb_broker *b,
+                                const struct gmb_tenant *t, uint64_t rounded) {
+  uint64_t want = GMB_POOL_SMALL_SEGMENT;
+  if (rounded > GMB_POOL_SMALL_MAX)
+    want = (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+  if (!gmb__tenant_within_reserve(t, rounded)) {
+    uint64_t all = gmb__tenants_reserve_short(b->tenants);
+    uint64_t own = t->reserve > t->segment_bytes ? t->reserve - t->segment_bytes
+                                                 : 0;
+    want += all > own ? all - own : 0;
+  }
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  return want > ps.room ? want - ps.room : 0;
+}
+
+struct reclaim_pick {
+  struct gmb_session **v;
+  size_t n, cap;
+  const struct gmb_session *s;
+  uint64_t now;
+};
+
+static void reclaim_collect(void *ctx, struct gmb_session *o) {
+  struct reclaim_pick *p = ctx;
+  if (p->n < p->cap && reclaim_askable(o, p->s, p->now)) p->v[p->n++] = o;
+}
+
+/* Lowest tenant priority first, then the largest cache; the session id
+ * makes the order total. */
+static int reclaim_cmp(const void *x, const void *y) {
+  const struct gmb_session *a = *(struct gmb_session *const *)x;
+  const struct gmb_session *c = *(struct gmb_session *const *)y;
+  if (a->tenant->priority != c->tenant->priority)
+    return a->tenant->priority < c->tenant->priority ? -1 : 1;
+  if (a->cached_free != c->cached_free)
+    return a->cached_free > c->cached_free ? -1 : 1;
+  return (a->id > c->id) - (a->id < c->id);
+}
+
+/* What may be asked of o now for session s: its cached bytes, within what
+ * its tenant holds and has not been asked for, and for another tenant
+ * never below that tenant's reservation. */
+static uint64_t reclaim_allowance(const struct gmb_session *o,
+                                  const struct gmb_session *s) {
+  const struct gmb_tenant *t = o->tenant;
+  uint64_t held = t->used > t->cache_asked ? t->used - t->cache_asked : 0;
+  uint64_t floor = t == s->tenant ? 0 : t->reserve;
+  uint64_t allow = held > floor ? held - floor : 0;
+  return o->cached_free < allow ? o->cached_free : allow;
+}
+
+int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
+                      uint64_t req_id, uint64_t size, uint32_t flags,
+                      int timeout_ms) {
+  struct gmb_reclaim *r = &b->reclaim;
+  if (b->cfg.trim_wait_ms == 0 || b->closing) return 0;
+  uint64_t rounded = gmb__alloc_round(size);
+  /* More than the whole device: no cache can make room for it. */
+  if (rounded > b->dev->capacity) return 0;
+  uint64_t missing = reclaim_missing(b, s->tenant, rounded);
+  if (missing == 0) return 0; /* not for want of room: nothing to ask */
+  /* Bytes asked already and not answered yet are on their way, except
+   * what s itself was asked: it cannot answer while this request waits. */
+  uint64_t coming = r->ask_bytes - s->ask_bytes;
+  uint64_t need = missing > coming ? missing - coming : 0;
+  uint64_t now = gmb__now_ns();
+  struct reclaim_pick p = {.s = s, .now = now};
+  uint64_t *bytes = NULL;
+  uint64_t planned = 0;
+  if (need > 0) {
+    if (r->caching == 0) return 0;
+    p.cap = gmb__sessions_count(b->sessions);
+    p.v = malloc(p.cap * sizeof *p.v);
+    bytes = malloc(p.cap * sizeof *bytes);
+    if (p.v == NULL || bytes == NULL) {
+      free(p.v);
+      free(bytes);
+      return 0;
+    }
+    gmb__sessions_each(b->sessions, reclaim_collect, &p);
+    qsort(p.v, p.n, sizeof *p.v, reclaim_cmp);
+    /* The plan, charged to the tenants as it is made so that two sessions
+     * of one tenant are not both asked down to its reservation; undone
+     * when it cannot cover what is missing. */
+    size_t k = 0;
+    for (size_t i = 0; i < p.n && planned < need; i++) {
+      uint64_t x = reclaim_allowance(p.v[i], s);
+      if (x > need - planned) x = need - planned;
+      if (x == 0) continue;
+      p.v[k] = p.v[i];
+      bytes[k++] = x;
+      p.v[i]->tenant->cache_asked += x;
+      planned += x;
+    }
+    p.n = k;
+    for (size_t i = 0; i < p.n; i++) p.v[i]->tenant->cache_asked -= bytes[i];
+  }
+  uint64_t until = now + (uint64_t)b->cfg.trim_wait_ms * GMB_NS_PER_MS;
+  /* Nothing is asked, and nobody disturbed, unless the caches can cover
+   * what is missing; nor when the request cannot be held (its session's
+   * or tenant's waiters are at their limit). */
+  int held = planned >= need && (need > 0 || coming > 0) &&
+             gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;
+  if (held) {
+    char sz[GMB_SIZE_BUFSZ], want[GMB_SIZE_BUFSZ];
+    for (size_t i = 0; i < p.n; i++) {
+      struct gmb_session *o = p.v[i];
+      reclaim_open(b, o, bytes[i], until);
+      if (gmb__log_allow(&reclaim_rl_ask))
+        log_info("session %" PRIu64 " (tenant %s, priority %d) asked to give "
+                 "back %s of its cache for session %" PRIu64 " (tenant %s): "
+                 "the device has no room for %s%s", o->id, o->tenant->name,
+                 o->tenant->priority,
+                 gmb__size_format(bytes[i], sz, sizeof sz), s->id,
+                 s->tenant->name,
+                 gmb__size_format(rounded, want, sizeof want),
+                 gmb__log_suppressed(&reclaim_rl_ask));
+    }
+  }
+  free(p.v);
+  free(bytes);
+  return held;
+}
+
+/* --- a quota ------------------------------------------------------------- */
+
+uint64_t gmb__reclaim_quota(struct gmb_broker *b, struct gmb_session *s,
+                            uint64_t missing) {
+  struct gmb_tenant *t = s->tenant;
+  if (b->cfg.trim_wait_ms == 0 || b->closing) return 0;
+  uint64_t coming = t->cache_asked - s->ask_bytes; /* its other sessions' */
+  uint64_t need = missing > coming ? missing - coming : 0, asked = 0;
+  uint64_t now = gmb__now_ns();
+  uint64_t until = now + (uint64_t)b->cfg.trim_wait_ms * GMB_NS_PER_MS;
+  for (struct gmb_session *o = t->sessions; o && asked < need;
+       o = o->tenant_next) {
+    if (!reclaim_askable(o, s, now)) continue;
+    uint64_t x = o->cached_free < need - asked ? o->cached_free : need - asked;
+    reclaim_open(b, o, x, until);
+    asked += x;
+  }
+  return asked + coming;
+}
+
+/* --- answers, ends and the timer --------------------------------------- */
+
+int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
+                       uint64_t cached_free, int answered) {
+  b->reclaim.caching -= s->cached_free > 0;
+  b->reclaim.caching += cached_free > 0;
+  s->cached_free = cached_free;
+  if (!answered || s->ask_bytes == 0) return 0;
+  /* It gave nothing (every slab has a block in use, or stream work not
+   * done): not asked again for a while, though it is not counted as
+   * ignoring the ask. */
+  if (cached_free >= s->ask_cached)
+    s->ask_skip_ns = gmb__now_ns() + RECLAIM_PAUSE_NS;
+  s->ask_ignored_run = 0;
+  reclaim_close(b, s);
+  return 1;
+}
+
+/* The holds' compaction runs (gmb__waitq_hold_over's callback). */
+struct reclaim_runs {
+  struct gmb_broker *b;
+  int n;
+};
+
+static void reclaim_compact(void *ctx, uint64_t rounded) {
+  struct reclaim_runs *c = ctx;
+  gmb__defrag_request(c->b, rounded);
+  c->n++;
+}
+
+static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
+                                  int all) {
+  struct reclaim_runs c = {b, 0};
+  uint64_t next = gmb__waitq_hold_over(b, now, all, reclaim_compact, &c);
+  /* No run could start: answer now rather than never (as dispatch.c). */
+  if (c.n && b->compacting == NULL) gmb__waitq_compaction_over(b);
+  return next;
+}
+
+void gmb__reclaim_settle(struct gmb_broker *b) {
+  if (b->reclaim.asks != 0 || b->waitq.held == 0 || b->closing) return;
+  reclaim_hold_over(b, gmb__now_ns(), 1);
+}
+
+/* o's ask ran out: counted and logged unless its cache shrank meanwhile
+ * (a library that gave back without saying so). */
+static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
+                            uint64_t now) {
+  uint64_t asked = o->ask_bytes;
+  reclaim_close(b, o);
+  if (o->cached_free < o->ask_cached) {
+    o->ask_ignored_run = 0;
+    return;
+  }
+  o->trim_ignored++;
+  b->reclaim.ignored_total++;
+  if (o->ask_ignored_run < 63) o->ask_ignored_run++;
+  uint64_t pause = RECLAIM_PAUSE_NS;
+  for (uint32_t i = 1; i < o->ask_ignored_run && pause < RECLAIM_PAUSE_MAX_NS;
+       i++)
+    pause *= 2;
+  if (pause > RECLAIM_PAUSE_MAX_NS) pause = RECLAIM_PAUSE_MAX_NS;
+  o->ask_skip_ns = now + pause;
+  if (gmb__log_allow(&reclaim_rl_ignored)) {
+    char a[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
+    log_warn("session %" PRIu64 " (tenant %s, uid %u, pid %d) did not give "
+             "back cached memory within %u ms (asked %s of the %s it reports "
+             "cached; %" PRIu64 " of %" PRIu64 " asks ignored): not asked "
+             "again for %" PRIu64 " s%s", o->id, o->tenant->name,
+             (unsigned)o->uid, (int)o->pid, b->cfg.trim_wait_ms,
+             gmb__size_format(asked, a, sizeof a),
+             gmb__size_format(o->cached_free, c, sizeof c), o->trim_ignored,
+             o->trim_asks, pause / GMB_NS_PER_S,
+             gmb__log_suppressed(&reclaim_rl_ignored));
+  }
+}
+
+struct reclaim_due {
+  struct gmb_broker *b;
+  uint64_t now, next;
+};
+
+static void reclaim_expire_one(void *ctx, struct gmb_session *o) {
+  struct reclaim_due *d = ctx;
+  if (o->ask_bytes == 0) return;
+  if (o->ask_until_ns <= d->now)
+    reclaim_ran_out(d->b, o, d->now);
+  else if (o->ask_until_ns < d->next)
+    d->next = o->ask_until_ns;
+}
+
+uint64_t gmb__reclaim_expire(struct gmb_broker *b, uint64_t now) {
+  struct gmb_reclaim *r = &b->reclaim;
+  if (r->asks && r->next_ns <= now) {
+    struct reclaim_due d = {b, now, UINT64_MAX};
+    gmb__sessions_each(b->sessions, reclaim_expire_one, &d);
+    r->next_ns = d.next;
+  }
+  uint64_t next = r->asks ? (r->next_ns > now ? r->next_ns - now : 0)
+                          : UINT64_MAX;
+  uint64_t hold = reclaim_hold_over(b, now, r->asks == 0);
+  return hold < next ? hold : next;
+}
+
+void gmb__reclaim_forget_session(struct gmb_broker *b, struct gmb_session *s) {
+  b->reclaim.caching -= s->cached_free > 0;
+  s->cached_free = 0;
+  if (s->ask_bytes) reclaim_close(b, s);
+}
+
+/* --- the consistency check ---------------------------------------------- */
+
+struct reclaim_count {
+  uint32_t asks, caching;
+  uint64_t bytes;
+  int bad;
+};
+
+static void reclaim_count_one(void *ctx, struct gmb_session *o) {
+  struct reclaim_count *c = ctx;
+  c->asks += o->ask_bytes > 0;
+  c->bytes += o->ask_bytes;
+  c->caching += o->cached_free > 0;
+  c->bad += (o->ask_bytes > 0) != (o->ask_until_ns > 0);
+}
+
+static int reclaim_tenant_sum(void *ctx, struct gmb_tenant *t) {
+  struct reclaim_count *c = ctx;
+  uint64_t sum = 0;
+  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
+    sum += o->ask_bytes;
+  c->bad += sum != t->cache_asked;
+  return 0;
+}
+
+int gmb__reclaim_check(struct gmb_broker *b) {
+  struct reclaim_count c = {0, 0, 0, 0};
+  if (b->sessions == NULL || b->tenants == NULL) return 0;
+  gmb__sessions_each(b->sessions, reclaim_count_one, &c);
+  gmb__tenants_each(b->tenants, reclaim_tenant_sum, &c);
+  c.bad += c.asks != b->reclaim.asks;
+  c.bad += c.bytes != b->reclaim.ask_bytes;
+  c.bad += c.caching != b->reclaim.caching;
+  if (c.bad) log_error("reclaim: %d violations of the ask sums", c.bad);
+  return c.bad;
+}

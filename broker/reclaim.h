@@ -1,0 +1,91 @@
+/*
+ * reclaim.h - asking the clients' caches for memory back.
+ *
+ * Every session reports the free bytes of its cache (Request.cached_free,
+ * on whatever it sends).  When memory is short the broker asks sessions to
+ * give some back: the event EVENT_TRIM with a number of bytes, which the
+ * client's library thread answers without the application calling in, by
+ * freeing wholly free slabs (ordinary Free requests) and then a Heartbeat
+ * with `trim_answered` set.
+ *
+ *   - The device is full (a request found no room): the sessions of every
+ *     tenant, the requester's other sessions included, are candidates,
+ *     lowest tenant priority first, then the largest cache.  Another
+ *     tenant is never asked below its reservation (its used minus what it
+ *     was asked stays >= its reserve).  The request is held in the wait
+ *     queue (waitq.h) and served as the memory comes back; when every ask
+ *     was answered, or b->cfg.trim_wait_ms passed, it falls through to
+ *     what it would have met without the asks (a compaction run, the
+ *     queue, or GMB_E_NOMEM).  Nothing is asked, and nothing held, unless
+ *     the candidates can cover what is missing.
+ *   - A quota is held by the tenant's other sessions' caches: they are
+ *     asked, and the refusal says how much (Reply.asked_back); the quota
+ *     stays exact, nothing is held (the caller's library tries again).
+ *
+ * Bounds a client cannot lift: at most one ask in flight per session (a
+ * session asked already is not asked again until it answered or its ask
+ * ran out); an ask runs out after trim_wait_ms, and the session is then
+ * counted (trim_ignored) and logged, and not asked again for a pause that
+ * doubles with each ask it leaves unanswered in a row (1 s to 60 s); a
+ * session that has requests in the wait queue is not asked (its library
+ * is blocked in that very call and could not answer); held requests count
+ * against max_waiters_per_session/_per_tenant like any waiter.
+ *
+ * The state is b->reclaim (broker.h), the sessions' ask_* fields
+ * (session.h) and each tenant's cache_asked (tenant.h): cache_asked is
+ * the sum of its sessions' ask_bytes, b->reclaim.asks and .ask_bytes the
+ * count and sum over all sessions, b->reclaim.caching the number of
+ * sessions whose cached_free is not 0.
+ */
+#ifndef GMB_RECLAIM_H
+#define GMB_RECLAIM_H
+
+#include <stdint.h>
+
+#include "broker.h"
+#include "session.h"
+
+/* A request of session s arrived carrying `cached_free` and, when
+ * `answered`, the answer to the last ask.  Records the figure; closes the
+ * ask in flight when answered.  Returns 1 when an ask was closed: the
+ * caller calls gmb__reclaim_settle once it handled the request. */
+int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
+                       uint64_t cached_free, int answered);
+
+/* When no ask is in flight any more, the held requests fall through now
+ * rather than at the end of their bound. */
+void gmb__reclaim_settle(struct gmb_broker *b);
+
+/* Session s's request `req_id` of `size` bytes found no room on the
+ * device (GMB_NOMEM_NO_ROOM).  Asks other sessions' caches for what is
+ * missing and holds the request (gmb__waitq_hold) for trim_wait_ms at
+ * most.  Returns 1 when it is held (answered later), 0 when nothing was
+ * asked or it could not be held: the caller goes on as without. */
+int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
+                      uint64_t req_id, uint64_t size, uint32_t flags,
+                      int timeout_ms);
+
+/* Session s's request passes its tenant's quota by `missing` bytes: asks
+ * the tenant's other sessions' caches for them.  Returns the bytes asked
+ * now or still in flight from those sessions (0: none), for
+ * Reply.asked_back. */
+uint64_t gmb__reclaim_quota(struct gmb_broker *b, struct gmb_session *s,
+                            uint64_t missing);
+
+/* The loop's timer: asks that ran out (counted in their session's
+ * trim_ignored unless its cached_free went down meanwhile, and logged),
+ * and held requests whose hold ended.  Returns the nanoseconds until the
+ * next of either (UINT64_MAX: none). */
+uint64_t gmb__reclaim_expire(struct gmb_broker *b, uint64_t now);
+
+/* Session s is ending: its ask in flight and its cached bytes are
+ * forgotten (not counted as ignored: its memory comes back anyway).  Call
+ * gmb__reclaim_settle once its memory was freed. */
+void gmb__reclaim_forget_session(struct gmb_broker *b, struct gmb_session *s);
+
+/* The number of broken invariants: the asks' count and bytes, each
+ * tenant's cache_asked and the count of caching sessions against a
+ * recount from the sessions, and an ask without a deadline. */
+int gmb__reclaim_check(struct gmb_broker *b);
+
+#endif /* GMB_RECLAIM_H */

@@ -1,0 +1,608 @@
+/*
+ * check_reclaim.c - asking the clients' caches for memory back
+ * (reclaim.h): whom the broker asks when the device is full (lowest
+ * priority first, then the largest cache; never another tenant below its
+ * reservation; never a session already asked, paused, or blocked in a
+ * wait), that the request is held and served when the memory comes back,
+ * that it falls through when the asks are answered empty-handed or run
+ * out (the ones that ran out counted in trim_ignored, and the session
+ * paused), the quota case's Reply.asked_back, and a session that ends
+ * with an ask in flight.
+ *
+ * A whole broker on a host device (broker_fixture.h), compaction off
+ * unless a test says otherwise.  A "cache" here is an allocation of a
+ * session that reports it free (a Heartbeat with cached_free), as the
+ * library's slabs are; "giving it back" is freeing it, then a Heartbeat
+ * with trim_answered, as the library's thread does.  Every size is a
+ * multiple of 2 MiB, so each allocation has a segment of its own and the
+ * device's room is exact.  No test measures time: the bound is passed by
+ * calling the loop's timer (gmb__reclaim_expire) with a `now` beyond it.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker_fixture.h"
+#include "check_main.h"
+#include "defrag.h"
+#include "reclaim.h"
+#include "tenant.h"
+#include "util.h"
+#include "waitq.h"
+
+#define MIB GMB_MIB
+#define LONG_MS 60000 /* a deadline no test reaches */
+
+/* ---- helpers ---------------------------------------------------------- */
+
+/* An allocation answered at once; returns its id. */
+static uint64_t hold(struct fx *f, const char *rid, uid_t uid,
+                     uint64_t size) {
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, rid, uid, size, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "hold %s: %s", rid, rep.message);
+  return rep.u.alloc.id;
+}
+
+/* A Heartbeat from `rid` reporting `cached` free bytes in its cache and,
+ * when `answered`, answering the last trim. */
+static void report(struct fx *f, const char *rid, uid_t uid, uint64_t cached,
+                   int answered) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.cached_free = cached;
+  req.trim_answered = answered;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+}
+
+/* `rid` holds `size` bytes, all free in its cache; returns the id. */
+static uint64_t cache(struct fx *f, const char *rid, uid_t uid,
+                      uint64_t size) {
+  uint64_t id = hold(f, rid, uid, size);
+  report(f, rid, uid, size, 0);
+  return id;
+}
+
+/* An Alloc that is not answered at once (held or queued); returns its
+ * request id. */
+static uint64_t held(struct fx *f, const char *rid, uid_t uid, uint64_t size,
+                     int timeout_ms) {
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ck_assert_msg(fx_alloc(f, rid, uid, size, 0, timeout_ms, &rep) == 0,
+                "answered at once: status %d %s", rep.status, rep.message);
+  return f->next_req - 1;
+}
+
+/* The TRIM events sent to `rid`, and the bytes of the last one. */
+static size_t trims_to(const struct fx *f, const char *rid, uint64_t *last) {
+  size_t n = 0;
+  for (size_t i = 0; i < f->n_sent; i++) {
+    const struct fx_sent *s = &f->sent[i];
+    if (s->rep.kind != WIRE_EVENT || s->rep.u.event.kind != WIRE_EVENT_TRIM ||
+        strcmp(s->rid, rid) != 0)
+      continue;
+    n++;
+    if (last) *last = s->rep.u.event.bytes;
+  }
+  return n;
+}
+
+/* The order of the TRIM events: the rid of the k-th one. */
+static const char *trim_rid(const struct fx *f, size_t k) {
+  for (size_t i = 0; i < f->n_sent; i++) {
+    const struct fx_sent *s = &f->sent[i];
+    if (s->rep.kind == WIRE_EVENT && s->rep.u.event.kind == WIRE_EVENT_TRIM &&
+        k-- == 0)
+      return s->rid;
+  }
+  ck_abort_msg("fewer TRIM events than asked for");
+  return NULL;
+}
+
+/* The answer to request `req_id` of `rid`, or NULL when none was sent. */
+static const struct wire_reply *answer_to(const struct fx *f, const char *rid,
+                                          uint64_t req_id) {
+  for (size_t i = 0; i < f->n_sent; i++) {
+    const struct fx_sent *s = &f->sent[i];
+    if (s->rep.kind != WIRE_EVENT && s->rep.id == req_id &&
+        strcmp(s->rid, rid) == 0)
+      return &s->rep;
+  }
+  return NULL;
+}
+
+static void assert_served(const struct fx *f, const char *rid,
+                          uint64_t req_id, uint64_t size) {
+  const struct wire_reply *r = answer_to(f, rid, req_id);
+  ck_assert_msg(r != NULL, "%s's request %llu not answered", rid,
+                (unsigned long long)req_id);
+  ck_assert_msg(r->status == 0, "%s: %s", rid, r->message);
+  ck_assert_int_eq(r->kind, WIRE_ALLOC);
+  ck_assert_uint_eq(r->u.alloc.size, size);
+}
+
+static struct gmb_session *sess(struct fx *f, const char *rid) {
+  struct gmb_session *s =
+      gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid));
+  ck_assert_ptr_nonnull(s);
+  return s;
+}
+
+/* The loop's timer, called as if `ms` milliseconds had passed. */
+static void timer_after(struct fx *f, uint64_t ms) {
+  gmb__reclaim_expire(&f->b, gmb__now_ns() + ms * GMB_NS_PER_MS);
+}
+
+/* Past the bound of every ask and hold made so far. */
+static void timer_past_bound(struct fx *f) {
+  timer_after(f, f->b.cfg.trim_wait_ms + 1);
+}
+
+/* The sums reclaim.h keeps, recounted from the sessions. */
+static void check_sums(struct fx *f) {
+  uint32_t asks = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < sizeof "abcdefgh" - 1; i++) {
+    char rid[2] = {"abcdefgh"[i], 0};
+    struct gmb_session *s =
+        gmb__session_find(f->b.sessions, (const uint8_t *)rid, 1);
+    if (s == NULL) continue;
+    asks += s->ask_bytes > 0;
+    bytes += s->ask_bytes;
+  }
+  ck_assert_uint_eq(f->b.reclaim.asks, asks);
+  ck_assert_uint_eq(f->b.reclaim.ask_bytes, bytes);
+}
+
+/* Two tenants on an 8 MiB device, compaction off: a (uid 1001) and b
+ * (uid 1002). */
+static void open_two(struct fx *f) {
+  fx_open_ini(f, "host:8MiB", FX_INI_OFF);
+  fx_hello(f, "a", 1001, "");
+  fx_hello(f, "b", 1002, "");
+}
+
+/* ---- the device is full --------------------------------------------------- */
+
+/* a caches 6 MiB and idles; b asks 4 MiB of the 8 MiB device: a is asked
+ * for the 2 MiB missing, b's request is held (not refused), and served by
+ * a's free.  a's answer then closes the ask. */
+START_TEST(full_device_asks_cache_and_serves_on_free) {
+  struct fx f;
+  open_two(&f);
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, 0);
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_uint_eq(sess(&f, "a")->trim_asks, 1);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1001")->cache_asked, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.held, 1);
+  ck_assert_uint_eq(f.b.waitq.held_nowait, 1);
+  check_sums(&f);
+  /* The library gives the slab back: b is served by the free. */
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  report(&f, "a", 1001, 0, 1);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1001")->cache_asked, 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  ck_assert_uint_eq(sess(&f, "a")->ask_skip_ns, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* The order: lowest tenant priority first, then the largest cache; a
+ * tenant of higher priority is asked only for what the lower ones could
+ * not give. */
+START_TEST(order_lowest_priority_then_largest_cache) {
+  struct fx f;
+  fx_open_ini(&f, "host:32MiB",
+              FX_INI_OFF
+              "[tenant:low]\nuids = 1001\npriority = -10\n"
+              "[tenant:mid]\nuids = 1002\npriority = 0\n"
+              "[tenant:high]\nuids = 1003\npriority = 10\n"
+              "[tenant:req]\nuids = 1004\npriority = 5\n");
+  fx_hello(&f, "a", 1003, "high");
+  fx_hello(&f, "b", 1001, "low");
+  fx_hello(&f, "c", 1001, "low");
+  fx_hello(&f, "d", 1002, "mid");
+  fx_hello(&f, "e", 1004, "req");
+  cache(&f, "a", 1003, 8 * MIB); /* high: the largest cache of all */
+  cache(&f, "b", 1001, 4 * MIB); /* low */
+  cache(&f, "c", 1001, 6 * MIB); /* low, larger */
+  cache(&f, "d", 1002, 8 * MIB); /* mid */
+  /* 26 MiB held, 6 MiB of room: 18 MiB lacks 12. */
+  held(&f, "e", 1004, 18 * MIB, 0);
+  ck_assert_str_eq(trim_rid(&f, 0), "c");
+  ck_assert_str_eq(trim_rid(&f, 1), "b");
+  ck_assert_str_eq(trim_rid(&f, 2), "d");
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "c", &bytes), 1);
+  ck_assert_uint_eq(bytes, 6 * MIB);
+  ck_assert_uint_eq(trims_to(&f, "b", &bytes), 1);
+  ck_assert_uint_eq(bytes, 4 * MIB);
+  ck_assert_uint_eq(trims_to(&f, "d", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_asks, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* Another tenant is never asked below its reservation: keep (reserve
+ * 6 MiB) holds 8 MiB of cache and gives at most 2; the rest comes from
+ * the next tenant in order. */
+START_TEST(reservation_never_asked_below) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF
+              "[tenant:keep]\nuids = 1001\nreserve = 6MiB\npriority = -10\n"
+              "[tenant:other]\nuids = 1002\n"
+              "[tenant:req]\nuids = 1003\n");
+  fx_hello(&f, "a", 1001, "keep");
+  fx_hello(&f, "b", 1002, "other");
+  fx_hello(&f, "c", 1003, "req");
+  cache(&f, "a", 1001, 8 * MIB);
+  cache(&f, "b", 1002, 4 * MIB);
+  /* 12 MiB held, 4 of room: 8 MiB lacks 4. */
+  held(&f, "c", 1003, 8 * MIB, 0);
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB); /* 8 used - 6 reserved */
+  ck_assert_uint_eq(trims_to(&f, "b", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  struct gmb_tenant *keep = fx_tenant(&f, "keep");
+  ck_assert_uint_ge(keep->used - keep->cache_asked, keep->reserve);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* When what may be asked cannot cover what is missing, nobody is asked
+ * and the request is refused at once, as without caches. */
+START_TEST(nothing_asked_when_caches_cannot_cover) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF
+              "[tenant:keep]\nuids = 1001\nreserve = 6MiB\n"
+              "[tenant:req]\nuids = 1003\n");
+  fx_hello(&f, "a", 1001, "keep");
+  fx_hello(&f, "c", 1003, "req");
+  cache(&f, "a", 1001, 8 * MIB);
+  hold(&f, "c", 1003, 4 * MIB);
+  /* 12 MiB held, 4 of room: 8 MiB lacks 4, keep may give only 2. */
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "c", 1003, 8 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(rep.asked_back, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_asks, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* A cache figure beyond what the session's tenant holds is not believed:
+ * asks are bounded by the memory there really is. */
+START_TEST(cached_free_beyond_used_not_believed) {
+  struct fx f;
+  open_two(&f);
+  hold(&f, "a", 1001, 2 * MIB);
+  report(&f, "a", 1001, UINT64_MAX, 0);
+  hold(&f, "b", 1002, 4 * MIB);
+  /* 6 MiB held, 2 of room: 6 MiB lacks 4; a holds only 2. */
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 6 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  /* The tenant's sum is capped too (gmb_stats.cached), and does not wrap
+   * with a second session's figure. */
+  fx_hello(&f, "c", 1001, "");
+  report(&f, "c", 1001, 1, 0);
+  ck_assert_uint_eq(gmb__tenant_cached(fx_tenant(&f, "uid-1001")), 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* A session that ignores the ask: the held request falls through after the
+ * bound (here GMB_E_NOMEM: compaction is off), the session's trim_ignored
+ * counts it, and it is not asked again before its pause ends; a second
+ * ignored ask doubles the pause. */
+START_TEST(ignored_ask_falls_through_after_bound) {
+  struct fx f;
+  open_two(&f);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, 0);
+  struct gmb_session *a = sess(&f, "a");
+  /* Before the bound the timer changes nothing. */
+  timer_after(&f, 0);
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  ck_assert_uint_eq(f.b.reclaim.asks, 1);
+  uint64_t t0 = gmb__now_ns();
+  timer_past_bound(&f);
+  const struct wire_reply *rep = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_NOMEM);
+  ck_assert_int_eq(rep->kind, WIRE_NOMEM);
+  ck_assert_uint_eq(a->trim_asks, 1);
+  ck_assert_uint_eq(a->trim_ignored, 1);
+  ck_assert_uint_eq(f.b.reclaim.ignored_total, 1);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_gt(a->ask_skip_ns, t0);
+  /* Paused: the next request is refused at once, a not asked. */
+  struct wire_reply now;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 0, &now), 1);
+  ck_assert_int_eq(now.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(a->trim_asks, 1);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* Once the pause is over (as if it passed), asked again; ignored again,
+   * the pause doubles. */
+  a->ask_skip_ns = 0;
+  held(&f, "b", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(a->trim_asks, 2);
+  uint64_t now_ns = gmb__now_ns() + (f.b.cfg.trim_wait_ms + 1) * GMB_NS_PER_MS;
+  gmb__reclaim_expire(&f.b, now_ns);
+  ck_assert_uint_eq(a->trim_ignored, 2);
+  ck_assert_uint_eq(a->ask_ignored_run, 2);
+  ck_assert_uint_eq(a->ask_skip_ns - now_ns, 2 * GMB_NS_PER_S);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* One ask in flight per session: a second request that finds the device
+ * full while a's ask is out does not ask a again.  One that lacks more
+ * than is on its way is refused at once (nobody else to ask); one that
+ * the bytes on their way cover is held too, and both held requests are
+ * served by a's free. */
+START_TEST(one_ask_in_flight_per_session) {
+  struct fx f;
+  open_two(&f);
+  fx_hello(&f, "c", 1002, "");
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r1 = held(&f, "b", 1002, 4 * MIB, 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "c", 1002, 6 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  uint64_t r2 = held(&f, "c", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_uint_eq(sess(&f, "a")->trim_asks, 1);
+  ck_assert_uint_eq(f.b.waitq.held, 2);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r1, 4 * MIB);
+  assert_served(&f, "c", r2, 4 * MIB);
+  report(&f, "a", 1001, 0, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* An answer that gave nothing back ends the hold at once (no wait for the
+ * bound); it is not counted as ignored, but the session is paused. */
+START_TEST(empty_answer_ends_hold_at_once) {
+  struct fx f;
+  open_two(&f);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, 0);
+  report(&f, "a", 1001, 6 * MIB, 1);
+  const struct wire_reply *rep = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_NOMEM);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  ck_assert_uint_gt(sess(&f, "a")->ask_skip_ns, 0);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* A request that asked to wait, held for an ask that runs out, waits on
+ * in its place for its own deadline, and is served by a later free. */
+START_TEST(waiting_request_waits_on_after_bound) {
+  struct fx f;
+  open_two(&f);
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, LONG_MS);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* It holds back others like any waiter. */
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  timer_past_bound(&f);
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r, 4 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* A session with requests in the wait queue is blocked in that call (its
+ * library could not answer): it is not asked. */
+START_TEST(waiting_session_not_asked) {
+  struct fx f;
+  open_two(&f);
+  fx_hello(&f, "c", 1002, "");
+  cache(&f, "a", 1001, 6 * MIB);
+  /* a also waits for 4 MiB: the device cannot give it. */
+  uint64_t ra = held(&f, "a", 1001, 4 * MIB, LONG_MS);
+  ck_assert_uint_eq(sess(&f, "a")->waiting, 1);
+  /* Its figure, as its Alloc would have carried it. */
+  report(&f, "a", 1001, 6 * MIB, 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  (void)ra;
+  fx_close(&f);
+}
+END_TEST
+
+/* The session asked dies (or ends any other way) with its ask in flight:
+ * its memory serves the held request, and it is not counted as ignoring
+ * the ask. */
+START_TEST(asked_session_ends) {
+  struct fx f;
+  open_two(&f);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(f.b.reclaim.asks, 1);
+  fx_end(&f, sess(&f, "a"));
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  ck_assert_uint_eq(f.b.reclaim.ask_bytes, 0);
+  ck_assert_uint_eq(f.b.reclaim.ignored_total, 0);
+  ck_assert_uint_eq(f.b.reclaim.caching, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "uid-1001")->cache_asked, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* The requester ends while held: its request goes with it, and the ask
+ * runs out as any other. */
+START_TEST(held_requester_ends) {
+  struct fx f;
+  open_two(&f);
+  cache(&f, "a", 1001, 6 * MIB);
+  held(&f, "b", 1002, 4 * MIB, 0);
+  fx_end(&f, sess(&f, "b"));
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  ck_assert_uint_eq(f.b.reclaim.asks, 1);
+  timer_past_bound(&f);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* trim_wait_ms = 0: caches are never asked, the request is refused at
+ * once. */
+START_TEST(trim_wait_zero_never_asks) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", "[broker]\ncompaction = off\n"
+                               "trim_wait_ms = 0\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  cache(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* With compaction on, a held request that still does not fit when the
+ * bound passes but fits the device's free total waits for a compaction
+ * run, as it would have without the ask, and the run serves it. */
+START_TEST(falls_through_to_compaction) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", NULL);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  /* b: two small segments of movable 512 KiB pieces, every other one
+   * freed: 2 MiB free in holes, no room for a new segment. */
+  uint64_t ids[8];
+  for (int i = 0; i < 8; i++) {
+    struct wire_reply rep = fx_must_alloc(&f, "b", 1002, 512 * 1024,
+                                          GMB_MOVABLE);
+    ids[i] = rep.u.alloc.id;
+  }
+  for (int i = 0; i < 8; i += 2)
+    ck_assert_int_eq(fx_free(&f, "b", 1002, ids[i]), 0);
+  cache(&f, "a", 1001, 4 * MIB);
+  ck_assert_uint_eq(f.b.dev->in_use, 8 * MIB);
+  uint64_t r = held(&f, "b", 1002, 2 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_ptr_null(f.b.compacting); /* asks first: cheaper than moving */
+  timer_past_bound(&f);
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  ck_assert_ptr_nonnull(f.b.compacting);
+  ck_assert_uint_eq(f.b.waitq.after_compact, 1);
+  while (gmb__defrag_tick(&f.b, UINT64_MAX)) {
+  }
+  assert_served(&f, "b", r, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- the quota --------------------------------------------------------- */
+
+/* A quota held by another session's cache: refused at once, with the
+ * bytes asked back in Reply.asked_back (and the text); a second refusal
+ * while the ask is out asks nothing more and reports the bytes on their
+ * way; the ask runs out like any other. */
+START_TEST(quota_refusal_says_asked_back) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", FX_INI_OFF "[tenant:q]\nquota = 8MiB\n");
+  fx_hello(&f, "a", 1001, "q");
+  fx_hello(&f, "b", 1001, "q");
+  cache(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(rep.asked_back, 2 * MIB);
+  ck_assert_ptr_nonnull(strstr(rep.message, "asked back"));
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(rep.asked_back, 2 * MIB);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_uint_eq(f.b.waitq.n, 0); /* a quota is never held */
+  timer_past_bound(&f);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
+  /* Paused, a is not asked: the refusal promises nothing. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(rep.asked_back, 0);
+  ck_assert_ptr_null(strstr(rep.message, "asked back"));
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+static Suite *reclaim_suite(void) {
+  Suite *s = suite_create("reclaim");
+  TCase *tc = tcase_create("device");
+  tcase_add_test(tc, full_device_asks_cache_and_serves_on_free);
+  tcase_add_test(tc, order_lowest_priority_then_largest_cache);
+  tcase_add_test(tc, reservation_never_asked_below);
+  tcase_add_test(tc, nothing_asked_when_caches_cannot_cover);
+  tcase_add_test(tc, cached_free_beyond_used_not_believed);
+  tcase_add_test(tc, trim_wait_zero_never_asks);
+  tcase_add_test(tc, falls_through_to_compaction);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("bounds");
+  tcase_add_test(tc, ignored_ask_falls_through_after_bound);
+  tcase_add_test(tc, one_ask_in_flight_per_session);
+  tcase_add_test(tc, empty_answer_ends_hold_at_once);
+  tcase_add_test(tc, waiting_request_waits_on_after_bound);
+  tcase_add_test(tc, waiting_session_not_asked);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("sessions");
+  tcase_add_test(tc, asked_session_ends);
+  tcase_add_test(tc, held_requester_ends);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("quota");
+  tcase_add_test(tc, quota_refusal_says_asked_back);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return check_run(reclaim_suite()); }
