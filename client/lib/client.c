@@ -1527,6 +1527,19 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
   return 0;
 }
 
+GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  int rc = gmb__cache_record_stream(c->cache, ptr, stream);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "%p is not a block gmb_malloc_async gave", ptr);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "%p is already free, or the stream is the "
+                       "per-thread default stream (name the stream itself)",
+                       ptr);
+  if (rc) return client_fail(rc, "out of host memory for the cache's records");
+  return 0;
+}
+
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   return gmb__cache_trim(c->cache, keep_bytes, NULL);
