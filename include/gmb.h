@@ -248,6 +248,21 @@ GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream);
  */
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes);
 
+typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
+  uint64_t hits;        /* requests served from cached slabs: no message */
+  uint64_t misses;      /* requests that needed a new slab from the broker */
+  uint64_t slab_allocs; /* slabs the broker gave (each one request) */
+  uint64_t slab_frees;  /* slabs given back (trims, quota or device full) */
+  uint64_t held;        /* bytes of the slabs held now: the tenant's */
+  uint64_t in_use;      /* bytes handed out now, each request rounded to 512 */
+  uint64_t cached;      /* of `held`: free, what gmb_trim may give back */
+  uint64_t peak_held, peak_in_use; /* the highest since the session began */
+} gmb_cache_stats;
+
+/* Fills *out with the figures of this session's cache, as this process
+ * counts them (no message).  0, or GMB_E_INVAL for a NULL argument. */
+GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out);
+
 /* Copies n bytes from host memory `src` into the allocation at byte `off`
  * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the
  * copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU, whose memory

@@ -1545,6 +1545,20 @@ GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
   return gmb__cache_trim(c->cache, keep_bytes, NULL);
 }
 
+GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
+  if (c == NULL || out == NULL)
+    return client_fail(GMB_E_INVAL, "client or out is NULL");
+  struct gmb_cache_counters k;
+  gmb__cache_counters(c->cache, &k);
+  *out = (gmb_cache_stats){.hits = k.hits, .misses = k.misses,
+                           .slab_allocs = k.slab_allocs,
+                           .slab_frees = k.slab_frees, .held = k.slab_bytes,
+                           .in_use = k.in_use, .cached = k.cached,
+                           .peak_held = k.peak_slab_bytes,
+                           .peak_in_use = k.peak_in_use};
+  return 0;
+}
+
 /* For tests and benchmarks (not exported): the cache's counters. */
 void gmb__client_cache_counters(gmb_client *c,
                                 struct gmb_cache_counters *out) {
