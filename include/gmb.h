@@ -189,8 +189,10 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
 /*
  * The fast path: a stream-ordered cache in this process, like
  * cudaMallocAsync.  gmb_malloc_async returns in *ptr a block of at least
- * `size` bytes (rounded up to 512), usable on `stream` (a CUstream; NULL:
- * the legacy default stream; ignored on the host device).  It comes from
+ * `size` bytes (rounded up to 512), usable on `stream` (a CUstream; NULL
+ * or CU_STREAM_LEGACY: the legacy default stream; CU_STREAM_PER_THREAD:
+ * the calling thread's default stream, a different one on each thread;
+ * ignored on the host device).  It comes from
  * the session's cache of pinned allocations ("slabs", which count against
  * the tenant's quota like any allocation): requests up to 1 MiB share
  * slabs of 2 MiB, larger ones get a slab of their own that stays cached
@@ -218,6 +220,25 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
 GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream);
 
 /*
+ * Says that work queued on `stream` uses a block of gmb_malloc_async too,
+ * besides the stream it will be freed on (as torch.Tensor.record_stream,
+ * for a tensor made on one stream and used on another).  Its
+ * gmb_free_async then records an event on each such stream as well, and
+ * the block is reused by no stream, its own included, until the work
+ * queued on each of them before the free has finished; after that it is
+ * as any block freed on the free's stream.  Recording the stream the
+ * block is then freed on, or one stream twice, adds nothing.  Never waits
+ * and sends no message.  0 (also on the host device, where streams do
+ * not count); GMB_E_NOENT for a pointer the cache did not give,
+ * GMB_E_INVAL for one already freed or for the per-thread default stream
+ * (CU_STREAM_PER_THREAD: which thread's it is cannot be told at the free;
+ * name the stream itself).  At the free, a recorded stream that takes no
+ * event (destroyed) makes gmb_free_async fail with GMB_E_INVAL, and the
+ * block is still the caller's.
+ */
+GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream);
+
+/*
  * Gives back to the broker the cache's slabs that are wholly free and
  * that no stream's work can still use (their frees' events completed),
  * largest first, until at most keep_bytes stay cached free; like
@@ -226,6 +247,21 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream);
  * shows in gmb_stats.cached).
  */
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes);
+
+typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
+  uint64_t hits;        /* requests served from cached slabs: no message */
+  uint64_t misses;      /* requests that needed a new slab from the broker */
+  uint64_t slab_allocs; /* slabs the broker gave (each one request) */
+  uint64_t slab_frees;  /* slabs given back (trims, quota or device full) */
+  uint64_t held;        /* bytes of the slabs held now: the tenant's */
+  uint64_t in_use;      /* bytes handed out now, each request rounded to 512 */
+  uint64_t cached;      /* of `held`: free, what gmb_trim may give back */
+  uint64_t peak_held, peak_in_use; /* the highest since the session began */
+} gmb_cache_stats;
+
+/* Fills *out with the figures of this session's cache, as this process
+ * counts them (no message).  0, or GMB_E_INVAL for a NULL argument. */
+GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out);
 
 /* Copies n bytes from host memory `src` into the allocation at byte `off`
  * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the

@@ -26,6 +26,21 @@
  * the order of the records on each stream.  Without event functions (the
  * host device) every free block is ready.
  *
+ * Stream handles as CUDA spells them: 0x1 (CU_STREAM_LEGACY) is the
+ * legacy default stream, the same as NULL, and is stored as NULL; 0x2
+ * (CU_STREAM_PER_THREAD) names a different stream on every thread, so a
+ * block freed on it remembers the freeing thread too, and is "the same
+ * stream" only for that thread.
+ *
+ * Other streams (gmb__cache_record_stream, torch's record_stream): a
+ * handed-out block may name streams other than the one it will be freed
+ * on that use it too.  Its free then records an event on each of them as
+ * well and parks the block *pending* (in its arena's pending list, not in
+ * the hash, not in a bin, still counted as handed out) until every one of
+ * those events completed; it then becomes a free block of its free's
+ * stream and event as any other.  Pending blocks are looked at before each
+ * allocation of their arena and by the trim.
+ *
  * Invariants (gmb__cache_check counts violations of each):
  *  - the blocks of a slab tile it: the first starts at its base, each
  *    starts where the previous ends, the last ends at its end; sizes are
@@ -34,8 +49,11 @@
  *  - every free block is in exactly the bin list of its size in its
  *    slab's pool, and bin lists hold nothing else; the bitmap has a bit
  *    for exactly the non-empty bins;
- *  - every handed-out block is in its arena's hash once, nothing else is;
- *  - an event's reference count is the number of free blocks that name it;
+ *  - every handed-out block is in its arena's hash once, or (pending) in
+ *    its arena's pending list once, and nothing else is in either; only
+ *    a pending block has an event while not free;
+ *  - an event's reference count is the number of free or pending blocks
+ *    that name it (a pending block's waits name their own events once);
  *  - the arena's byte counts are the sums of its slabs and blocks, and the
  *    cache's totals the sums over its arenas.
  *
@@ -68,6 +86,9 @@
 #define CACHE_SCAN_MAX 64
 #define CACHE_DEFAULT_ARENAS 4
 #define CACHE_HASH_MIN 64
+/* CUDA's pseudo handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
+#define CACHE_STREAM_LEGACY ((void *)(uintptr_t)0x1)
+#define CACHE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
 struct cache_event {
   void *h;     /* the backend's event */
@@ -84,11 +105,19 @@ struct cache_block {
   uint64_t req; /* handed out: the request, rounded to 512 */
   struct cache_slab *slab;
   struct cache_block *prev, *next;   /* the slab's blocks, address order */
-  struct cache_block *fprev, *fnext; /* free: its bin list */
+  struct cache_block *fprev, *fnext; /* free: its bin list;
+                                        pending: the arena's pending list */
   struct cache_block *hnext;         /* handed out: its hash chain */
-  void *stream;                      /* free: the stream of the free */
-  struct cache_event *ev;            /* free and not ready: its event */
+  void *stream;                      /* free, pending: the stream of the free */
+  unsigned thread;                   /* ... its thread, for 0x2 */
+  struct cache_event *ev;            /* free and not ready, pending: its event */
+  /* Handed out: other streams that use it (record_stream); pending: the
+   * events recorded on them at the free that have not completed yet. */
+  void **uses;
+  struct cache_event **waits;
+  uint32_t n_uses, cap_uses, n_waits;
   int free;
+  int pending;
 };
 
 struct cache_slab {
@@ -111,6 +140,8 @@ struct cache_arena {
   struct cache_slab *slabs;
   struct cache_block **hash; /* handed-out blocks by address */
   size_t hash_cap, hash_n;
+  struct cache_block *pending; /* freed, waiting for their other streams */
+  size_t pending_n;
   struct cache_event *spare_events;
   uint64_t seq;
   uint64_t slab_bytes, slabs_n, in_use_blocks, in_use_req;
@@ -125,6 +156,34 @@ struct gmb_cache {
   _Atomic uint64_t slab_bytes, in_use, blocks_out;
   _Atomic uint64_t peak_in_use, peak_slab_bytes;
 };
+
+/* --- threads and streams ---------------------------------------------- */
+
+static _Atomic unsigned cache_next_thread;
+static _Thread_local unsigned cache_thread; /* 0: not numbered yet */
+
+/* The calling thread's number (from 1). */
+static unsigned cache_me(void) {
+  if (cache_thread == 0)
+    cache_thread = atomic_fetch_add(&cache_next_thread, 1) + 1;
+  return cache_thread;
+}
+
+static unsigned cache_arena_of(const struct gmb_cache *k) {
+  return cache_me() % k->n;
+}
+
+/* The handle the cache keeps for `stream`: the legacy stream is NULL
+ * whichever way it was named. */
+static void *cache_stream(void *stream) {
+  return stream == CACHE_STREAM_LEGACY ? NULL : stream;
+}
+
+/* 1 when (s1 of thread t1) and (s2 of thread t2) are one stream: the
+ * per-thread default stream is a different one on every thread. */
+static int cache_same_stream(void *s1, unsigned t1, void *s2, unsigned t2) {
+  return s1 == s2 && (s1 != CACHE_STREAM_PER_THREAD || t1 == t2);
+}
 
 /* --- sizes and bins --------------------------------------------------- */
 
@@ -249,7 +308,9 @@ static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
  * it may now merge with its neighbours. */
 static int cache_usable(struct gmb_cache *k, struct cache_arena *a,
                         struct cache_block *b, void *stream, int *promoted) {
-  if (b->ev == NULL || b->stream == stream) return 1;
+  if (b->ev == NULL || cache_same_stream(b->stream, b->thread, stream,
+                                         cache_me()))
+    return 1;
   if (!cache_promote(k, a, b)) return 0;
   *promoted = 1;
   return 1;
@@ -261,7 +322,7 @@ static int cache_mergeable(const struct cache_block *x,
                            const struct cache_block *y) {
   if (!x->free || !y->free) return 0;
   if (x->ev == NULL || y->ev == NULL) return 1;
-  return x->stream == y->stream;
+  return cache_same_stream(x->stream, x->thread, y->stream, y->thread);
 }
 
 /* Merges free block `y` (x's next neighbour) into x; neither is in a bin.
@@ -272,6 +333,7 @@ static void cache_merge(struct gmb_cache *k, struct cache_arena *a,
     cache_event_unref(k, a, x->ev);
     x->ev = y->ev;
     x->stream = y->stream;
+    x->thread = y->thread;
   } else {
     cache_event_unref(k, a, y->ev);
   }
@@ -390,6 +452,7 @@ static int cache_take(struct gmb_cache *k, struct cache_arena *a,
       r->slab = b->slab;
       r->free = 1;
       r->stream = b->stream;
+      r->thread = b->thread;
       r->ev = b->ev;
       if (r->ev) r->ev->refs++;
       r->prev = b;
@@ -476,26 +539,21 @@ static void cache_drop_small(struct gmb_cache *k, struct cache_arena *a,
   }
 }
 
-static _Atomic unsigned cache_next_thread;
-static _Thread_local unsigned cache_thread; /* 0: not numbered yet */
-
-static unsigned cache_arena_of(const struct gmb_cache *k) {
-  if (cache_thread == 0)
-    cache_thread = atomic_fetch_add(&cache_next_thread, 1) + 1;
-  return cache_thread % k->n;
-}
+static void cache_pending_poll(struct gmb_cache *k, struct cache_arena *a);
 
 int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
                      void **ptr) {
   if (k == NULL || ptr == NULL) return GMB_E_INVAL;
   *ptr = NULL;
   if (size == 0 || (uint64_t)size > GMB_CACHE_MAX) return GMB_E_INVAL;
-  if (k->ops.event_query == NULL) stream = NULL; /* streams ignored */
+  /* Streams ignored without events (the host device). */
+  stream = k->ops.event_query == NULL ? NULL : cache_stream(stream);
   uint64_t need = cache_round(size, GMB_CACHE_ALIGN);
   int pool = need <= GMB_CACHE_SMALL_MAX ? CACHE_POOL_SMALL : CACHE_POOL_LARGE;
   struct cache_arena *a = &k->arena[cache_arena_of(k)];
 
   pthread_mutex_lock(&a->mu);
+  if (a->pending) cache_pending_poll(k, a);
   struct cache_block *b = cache_find(k, a, pool, need, stream);
   if (b) {
     int rc = cache_take(k, a, b, need);
@@ -541,64 +599,160 @@ int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
 
 /* --- freeing ----------------------------------------------------------- */
 
-/* 1 when p lies in a free block of one of a's slabs: a double free (the
- * block freed first may have merged with a neighbour since, so p need
- * not start a block any more).  Holds a's lock. */
+/* 1 when p lies in a free or pending block of one of a's slabs: a double
+ * free (the block freed first may have merged with a neighbour since, so
+ * p need not start a block any more).  Holds a's lock. */
 static int cache_is_free_block(struct cache_arena *a, uintptr_t p) {
   for (struct cache_slab *s = a->slabs; s; s = s->next) {
     if (p < s->base || p - s->base >= s->size) continue;
     for (struct cache_block *b = s->first; b; b = b->next)
-      if (p >= b->ptr && p - b->ptr < b->size) return b->free;
+      if (p >= b->ptr && p - b->ptr < b->size) return b->free || b->pending;
     return 0;
   }
   return 0;
 }
 
-/* Frees block b (taken out of the hash) of arena a on `stream`.  Holds
- * a's lock.  0, or the event's failure with b put back in the hash. */
-static int cache_release(struct gmb_cache *k, struct cache_arena *a,
-                         struct cache_block *b, void *stream) {
-  struct cache_event *e = NULL;
-  if (k->ops.event_record) {
-    e = a->spare_events;
-    if (e) {
-      a->spare_events = e->next;
-    } else {
-      e = calloc(1, sizeof *e);
-      int rc = e ? k->ops.event_new(k->ops.ctx, &e->h) : GMB_E_SYSTEM;
-      if (rc) {
-        free(e);
-        cache_hash_put(a, b);
-        return rc;
-      }
-    }
-    int rc = k->ops.event_record(k->ops.ctx, e->h, stream);
+/* An event of the arena recorded on `stream` now: 0 with *out (one
+ * reference, the next sequence number), or the backend's code with
+ * nothing changed.  Holds a's lock. */
+static int cache_event_record(struct gmb_cache *k, struct cache_arena *a,
+                              void *stream, struct cache_event **out) {
+  struct cache_event *e = a->spare_events;
+  if (e) {
+    a->spare_events = e->next;
+  } else {
+    e = calloc(1, sizeof *e);
+    int rc = e ? k->ops.event_new(k->ops.ctx, &e->h) : GMB_E_SYSTEM;
     if (rc) {
-      e->next = a->spare_events;
-      a->spare_events = e;
-      cache_hash_put(a, b);
+      free(e);
       return rc;
     }
-    e->refs = 1;
-    e->seq = ++a->seq;
-    e->next = NULL;
   }
+  int rc = k->ops.event_record(k->ops.ctx, e->h, stream);
+  if (rc) {
+    e->next = a->spare_events;
+    a->spare_events = e;
+    return rc;
+  }
+  e->refs = 1;
+  e->seq = ++a->seq;
+  e->next = NULL;
+  *out = e;
+  return 0;
+}
+
+static void cache_uses_clear(struct cache_block *b) {
+  free(b->uses);
+  b->uses = NULL;
+  b->n_uses = b->cap_uses = 0;
+}
+
+/* A pending block whose waits all completed becomes a free block of its
+ * free's stream and event.  Holds a's lock. */
+static void cache_pending_release(struct gmb_cache *k, struct cache_arena *a,
+                                  struct cache_block *b) {
+  if (b->fprev)
+    b->fprev->fnext = b->fnext;
+  else
+    a->pending = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+  a->pending_n--;
+  free(b->waits);
+  b->waits = NULL;
+  b->n_waits = 0;
+  b->pending = 0;
   a->in_use_blocks -= b->size;
   a->in_use_req -= b->req;
   cache_totals(k, 0, -(int64_t)b->req, -(int64_t)b->size);
   b->free = 1;
   b->req = 0;
+  cache_coalesce(k, a, b);
+}
+
+/* Looks at a's pending blocks: drops the waits that completed and
+ * releases the blocks that wait for nothing more.  Never waits.  Holds
+ * a's lock. */
+static void cache_pending_poll(struct gmb_cache *k, struct cache_arena *a) {
+  struct cache_block *b = a->pending;
+  while (b) {
+    struct cache_block *next = b->fnext;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < b->n_waits; i++) {
+      struct cache_event *e = b->waits[i];
+      if (k->ops.event_query(k->ops.ctx, e->h) == 1)
+        cache_event_unref(k, a, e);
+      else
+        b->waits[n++] = e;
+    }
+    b->n_waits = n;
+    if (n == 0) cache_pending_release(k, a, b);
+    b = next;
+  }
+}
+
+/* Frees block b (taken out of the hash) of arena a on `stream` (as the
+ * cache keeps it).  Holds a's lock.  0, or an event's failure with b put
+ * back in the hash and nothing else changed. */
+static int cache_release(struct gmb_cache *k, struct cache_arena *a,
+                         struct cache_block *b, void *stream) {
+  struct cache_event *e = NULL;
+  unsigned me = cache_me();
+  if (k->ops.event_record == NULL) cache_uses_clear(b);
+  /* The other streams that use it first: an event on each (the free's
+   * own stream needs none beyond the free's). */
+  struct cache_event **waits = NULL;
+  uint32_t nw = 0;
+  int rc = 0;
+  if (b->n_uses) {
+    waits = calloc(b->n_uses, sizeof *waits);
+    if (waits == NULL) rc = GMB_E_SYSTEM;
+    for (uint32_t i = 0; rc == 0 && i < b->n_uses; i++) {
+      if (cache_same_stream(b->uses[i], me, stream, me)) continue;
+      rc = cache_event_record(k, a, b->uses[i], &waits[nw]);
+      if (rc == 0) nw++;
+    }
+  }
+  if (rc == 0 && k->ops.event_record) rc = cache_event_record(k, a, stream, &e);
+  if (rc) {
+    for (uint32_t i = 0; i < nw; i++) cache_event_unref(k, a, waits[i]);
+    free(waits);
+    cache_hash_put(a, b);
+    return rc;
+  }
+  cache_uses_clear(b);
   b->stream = e ? stream : NULL;
+  b->thread = me;
   b->ev = e;
+  if (nw) {
+    /* Pending: still counted as handed out until its other streams ran
+     * past the free. */
+    b->pending = 1;
+    b->waits = waits;
+    b->n_waits = nw;
+    b->fprev = NULL;
+    b->fnext = a->pending;
+    if (a->pending) a->pending->fprev = b;
+    a->pending = b;
+    a->pending_n++;
+    return 0;
+  }
+  free(waits);
+  a->in_use_blocks -= b->size;
+  a->in_use_req -= b->req;
+  cache_totals(k, 0, -(int64_t)b->req, -(int64_t)b->size);
+  b->free = 1;
+  b->req = 0;
   cache_coalesce(k, a, b);
   return 0;
 }
 
-int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream) {
-  if (k == NULL) return GMB_E_INVAL;
-  if (ptr == NULL) return GMB_E_NOENT;
-  if (k->ops.event_query == NULL) stream = NULL;
-  uintptr_t p = (uintptr_t)ptr;
+/* Takes the handed-out block at p out of its arena's hash, with that
+ * arena's lock held (the caller unlocks *ap).  NULL with no lock held when
+ * no arena handed it out; then *dup says whether p lies in free or
+ * pending memory (a double free). */
+static struct cache_block *cache_lookup(struct gmb_cache *k, uintptr_t p,
+                                        struct cache_arena **ap, int *dup) {
   unsigned first = cache_arena_of(k);
   /* The calling thread's arena first: most blocks are freed by the thread
    * that took them. */
@@ -607,20 +761,65 @@ int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream) {
     pthread_mutex_lock(&a->mu);
     struct cache_block *b = cache_hash_take(a, p);
     if (b) {
-      int rc = cache_release(k, a, b, stream);
-      pthread_mutex_unlock(&a->mu);
-      return rc;
+      *ap = a;
+      return b;
     }
     pthread_mutex_unlock(&a->mu);
   }
   /* Not handed out: say whether it is a double free (slow; errors only). */
-  int dup = 0;
-  for (unsigned j = 0; j < k->n && !dup; j++) {
+  *dup = 0;
+  for (unsigned j = 0; j < k->n && !*dup; j++) {
     pthread_mutex_lock(&k->arena[j].mu);
-    dup = cache_is_free_block(&k->arena[j], p);
+    *dup = cache_is_free_block(&k->arena[j], p);
     pthread_mutex_unlock(&k->arena[j].mu);
   }
-  return dup ? GMB_E_INVAL : GMB_E_NOENT;
+  return NULL;
+}
+
+int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream) {
+  if (k == NULL) return GMB_E_INVAL;
+  if (ptr == NULL) return GMB_E_NOENT;
+  stream = k->ops.event_query == NULL ? NULL : cache_stream(stream);
+  struct cache_arena *a;
+  int dup;
+  struct cache_block *b = cache_lookup(k, (uintptr_t)ptr, &a, &dup);
+  if (b == NULL) return dup ? GMB_E_INVAL : GMB_E_NOENT;
+  int rc = cache_release(k, a, b, stream);
+  pthread_mutex_unlock(&a->mu);
+  return rc;
+}
+
+int gmb__cache_record_stream(struct gmb_cache *k, void *ptr, void *stream) {
+  if (k == NULL) return GMB_E_INVAL;
+  if (ptr == NULL) return GMB_E_NOENT;
+  stream = cache_stream(stream);
+  if (stream == CACHE_STREAM_PER_THREAD) return GMB_E_INVAL;
+  struct cache_arena *a;
+  int dup;
+  struct cache_block *b = cache_lookup(k, (uintptr_t)ptr, &a, &dup);
+  if (b == NULL) return dup ? GMB_E_INVAL : GMB_E_NOENT;
+  int rc = 0;
+  /* Streams do not count on the host device: nothing to remember. */
+  if (k->ops.event_record) {
+    uint32_t i = 0;
+    while (i < b->n_uses && b->uses[i] != stream) i++;
+    if (i == b->n_uses) {
+      if (b->n_uses == b->cap_uses) {
+        uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 2;
+        void **u = realloc(b->uses, cap * sizeof *u);
+        if (u == NULL) {
+          rc = GMB_E_SYSTEM;
+        } else {
+          b->uses = u;
+          b->cap_uses = cap;
+        }
+      }
+      if (rc == 0) b->uses[b->n_uses++] = stream;
+    }
+  }
+  cache_hash_put(a, b);
+  pthread_mutex_unlock(&a->mu);
+  return rc;
 }
 
 /* --- trimming ------------------------------------------------------------ */
@@ -635,6 +834,7 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, uint64_t *released) {
       /* The largest wholly free, ready slab of this arena; its id is
        * given back with no lock held. */
       pthread_mutex_lock(&a->mu);
+      if (a->pending) cache_pending_poll(k, a);
       uint64_t cached = atomic_load(&k->slab_bytes) -
                         atomic_load(&k->blocks_out);
       struct cache_slab *best = NULL;
@@ -711,6 +911,13 @@ void gmb__cache_destroy(struct gmb_cache *k) {
           b->ev->next = dead;
           dead = b->ev;
         }
+        for (uint32_t w = 0; w < b->n_waits; w++)
+          if (--b->waits[w]->refs == 0) {
+            b->waits[w]->next = dead;
+            dead = b->waits[w];
+          }
+        free(b->waits);
+        free(b->uses);
         free(b);
         b = nb;
       }
@@ -770,7 +977,7 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
                              uint64_t *out_sum) {
   int bad = 0;
   uint64_t slab_bytes = 0, slabs = 0, in_blocks = 0, in_req = 0, nfree = 0,
-           nout = 0;
+           nout = 0, npend = 0;
   for (struct cache_slab *s = a->slabs; s; s = s->next) {
     if (s->next && s->next->prev != s) CACHE_BAD("arena %u: slab list links", ai);
     slab_bytes += s->size;
@@ -802,15 +1009,34 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
                                  (unsigned long)b->ptr);
         if (b->ev && b->ev->refs == 0)
           CACHE_BAD("arena %u: event with no references", ai);
+        if (b->pending || b->n_waits || b->n_uses)
+          CACHE_BAD("arena %u: free block %#lx with waits or uses", ai,
+                    (unsigned long)b->ptr);
       } else {
         nout++;
         in_blocks += b->size;
         in_req += b->req;
-        if (b->ev) CACHE_BAD("arena %u: handed-out block with an event", ai);
         if (b->req == 0 || b->req > b->size)
           CACHE_BAD("arena %u: block %#lx: request %llu of %llu", ai,
                     (unsigned long)b->ptr, (unsigned long long)b->req,
                     (unsigned long long)b->size);
+        if (b->pending) {
+          npend++;
+          struct cache_block *x = a->pending;
+          while (x && x != b) x = x->fnext;
+          if (x == NULL) CACHE_BAD("arena %u: pending block %#lx not in the "
+                                   "pending list", ai, (unsigned long)b->ptr);
+          if (b->n_waits == 0 || b->n_uses)
+            CACHE_BAD("arena %u: pending block %#lx waits for %u, uses %u",
+                      ai, (unsigned long)b->ptr, b->n_waits, b->n_uses);
+          for (uint32_t w = 0; w < b->n_waits; w++)
+            if (b->waits[w] == NULL || b->waits[w]->refs != 1)
+              CACHE_BAD("arena %u: pending block %#lx: wait %u", ai,
+                        (unsigned long)b->ptr, w);
+          continue;
+        }
+        if (b->ev) CACHE_BAD("arena %u: handed-out block with an event", ai);
+        if (b->n_waits) CACHE_BAD("arena %u: handed-out block with waits", ai);
         size_t h = a->hash_cap ? cache_hash_of(b->ptr, a->hash_cap) : 0;
         struct cache_block *x = a->hash_cap ? a->hash[h] : NULL;
         while (x && x != b) x = x->hnext;
@@ -845,17 +1071,25 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
   if (inbins != nfree)
     CACHE_BAD("arena %u: %llu blocks in bins, %llu free", ai,
               (unsigned long long)inbins, (unsigned long long)nfree);
-  if (a->hash_n != nout)
-    CACHE_BAD("arena %u: hash holds %zu, %llu handed out", ai, a->hash_n,
-              (unsigned long long)nout);
+  if (a->hash_n != nout - npend)
+    CACHE_BAD("arena %u: hash holds %zu, %llu handed out, %llu of them "
+              "pending", ai, a->hash_n, (unsigned long long)nout,
+              (unsigned long long)npend);
+  uint64_t inlist = 0;
+  for (struct cache_block *b = a->pending; b && inlist <= npend; b = b->fnext)
+    inlist++;
+  if (inlist != npend || a->pending_n != npend)
+    CACHE_BAD("arena %u: pending list holds %llu (counted %zu), %llu pending",
+              ai, (unsigned long long)inlist, a->pending_n,
+              (unsigned long long)npend);
   /* Event references: count the blocks naming each event. */
   for (struct cache_slab *s = a->slabs; s; s = s->next)
     for (struct cache_block *b = s->first; b; b = b->next) {
-      if (!b->free || b->ev == NULL) continue;
+      if (!(b->free || b->pending) || b->ev == NULL) continue;
       uint32_t n = 0;
       for (struct cache_slab *t = a->slabs; t; t = t->next)
         for (struct cache_block *c = t->first; c; c = c->next)
-          n += c->free && c->ev == b->ev;
+          n += (c->free || c->pending) && c->ev == b->ev;
       if (n != b->ev->refs)
         CACHE_BAD("arena %u: event named by %u blocks has %u references",
                   ai, n, b->ev->refs);

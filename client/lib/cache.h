@@ -28,6 +28,8 @@ struct gmb_cache_ops {
    * use it.  A failure is dropped: the session's end frees it anyway. */
   void (*slab_free)(void *ctx, uint64_t id);
   /* Events; all four NULL when streams are ignored (the host device).
+   * Streams are CUstream handles: NULL and 0x1 name the legacy default
+   * stream, 0x2 the calling thread's per-thread default stream.
    * event_new: 0 with *ev, or a GMB_E_* code.  event_record: 0, or
    * GMB_E_INVAL when the stream cannot take it (destroyed, capturing).
    * event_query: 1 when the work before the record finished, 0 when not
@@ -84,12 +86,26 @@ int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
 
 /*
  * Frees a block: reusable at once on `stream`, on others once the event
- * recorded now on `stream` completed.  Never waits.  GMB_E_NOENT for a
+ * recorded now on `stream` completed; a block that other streams use
+ * (gmb__cache_record_stream) first waits, pending, until the events
+ * recorded now on each of them completed.  Never waits.  GMB_E_NOENT for a
  * pointer the cache did not hand out; GMB_E_INVAL for one already free
  * (it lies in free cached memory: a double free) or for a stream that
  * takes no event (the block then stays handed out).  Nothing changes on an error.
  */
 int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream);
+
+/*
+ * Says that work queued on `stream` (besides the stream the block will be
+ * freed on) uses the handed-out block at ptr, as torch's record_stream:
+ * its free then keeps it pending, reusable by no stream, until that work
+ * (as queued at the free) finished.  0 (also on a cache without events,
+ * where streams do not count); GMB_E_NOENT for a pointer the cache did
+ * not hand out, GMB_E_INVAL for one already free or for the per-thread
+ * default stream (0x2: which thread's it is cannot be told at the free),
+ * GMB_E_SYSTEM when out of memory.  Nothing changes on an error.
+ */
+int gmb__cache_record_stream(struct gmb_cache *k, void *ptr, void *stream);
 
 /*
  * Gives back to the backend every slab that is wholly free and that no

@@ -1551,9 +1551,36 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
   return 0;
 }
 
+GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  int rc = gmb__cache_record_stream(c->cache, ptr, stream);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "%p is not a block gmb_malloc_async gave", ptr);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "%p is already free, or the stream is the "
+                       "per-thread default stream (name the stream itself)",
+                       ptr);
+  if (rc) return client_fail(rc, "out of host memory for the cache's records");
+  return 0;
+}
+
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   return gmb__cache_trim(c->cache, keep_bytes, NULL);
+}
+
+GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
+  if (c == NULL || out == NULL)
+    return client_fail(GMB_E_INVAL, "client or out is NULL");
+  struct gmb_cache_counters k;
+  gmb__cache_counters(c->cache, &k);
+  *out = (gmb_cache_stats){.hits = k.hits, .misses = k.misses,
+                           .slab_allocs = k.slab_allocs,
+                           .slab_frees = k.slab_frees, .held = k.slab_bytes,
+                           .in_use = k.in_use, .cached = k.cached,
+                           .peak_held = k.peak_slab_bytes,
+                           .peak_in_use = k.peak_in_use};
+  return 0;
 }
 
 /* For tests and benchmarks (not exported): the cache's counters. */

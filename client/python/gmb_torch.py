@@ -5,15 +5,30 @@
 
 enable() loads libgmb-torch.so and makes it PyTorch's CUDA allocator
 (torch.cuda.memory.CUDAPluggableAllocator).  Every tensor's memory is then a
-pinned allocation of this process's tenant ($GMB_TENANT, $GMB_ENDPOINT as for
-any gmb client).  See docs/pytorch.md.
+block of this process's gmb cache, in memory of its tenant ($GMB_TENANT,
+$GMB_ENDPOINT as for any gmb client).  Beyond allocation and free, the
+pluggable allocator's hooks are given gmb's functions where PyTorch has them
+(HOOKS): torch.cuda.empty_cache(), set_per_process_memory_fraction() and
+Tensor.record_stream() then reach gmb.  See docs/pytorch.md.
 """
 import os
 
-__all__ = ["enable", "library_path", "last_error", "empty_cache"]
+__all__ = ["enable", "library_path", "last_error", "empty_cache", "hooks",
+           "HOOKS"]
 
 _LIB_NAME = "libgmb-torch.so"
 _enabled_path = None
+_wired = {}
+
+# PyTorch's setter on the pluggable allocator -> the function of
+# libgmb-torch.so it is given (C signatures as PyTorch calls them:
+# void(int), void(), void(double, int), void(void *, cudaStream_t)).
+HOOKS = (
+    ("set_init_fn", "gmb_torch_init"),
+    ("set_reset_fn", "gmb_torch_reset"),
+    ("set_memory_fraction_fn", "gmb_torch_set_memory_fraction"),
+    ("set_record_stream_fn", "gmb_torch_record_stream"),
+)
 
 
 def library_path():
@@ -61,9 +76,38 @@ def enable(path=None):
             "call it right after `import torch`")
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         path, "gmb_torch_alloc", "gmb_torch_free")
+    wired = _wire_hooks(alloc, path)
     torch.cuda.memory.change_current_allocator(alloc)
     _enabled_path = path
+    _wired.clear()
+    _wired.update(wired)
     return path
+
+
+def _wire_hooks(alloc, path):
+    """Gives each of PyTorch's hooks in HOOKS its libgmb-torch.so function,
+    before the allocator is installed (the init hook runs at CUDA's lazy
+    initialisation, after that).  A PyTorch without a setter skips it.
+    Returns {setter: True when wired, False when this PyTorch lacks it}."""
+    import ctypes
+    raw = alloc.allocator()
+    lib = ctypes.CDLL(path)
+    wired = {}
+    for setter, symbol in HOOKS:
+        fn = getattr(raw, setter, None)
+        if fn is None:
+            wired[setter] = False
+            continue
+        fn(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+        wired[setter] = True
+    return wired
+
+
+def hooks():
+    """Which of PyTorch's allocator hooks enable() wired in this process:
+    {setter name: True, or False when this PyTorch lacks the setter}; empty
+    before enable()."""
+    return dict(_wired)
 
 
 def last_error():
@@ -77,9 +121,11 @@ def last_error():
 
 def empty_cache():
     """Gives the free memory this process's gmb cache holds back to the
-    broker (gmb_trim), for other jobs; call it beside
-    torch.cuda.empty_cache(), which a pluggable allocator does not reach.
-    Returns 0, or a negative GMB_E_* code when there is no session."""
+    broker (gmb_trim(c, 0) on each device's session), for other jobs.
+    torch.cuda.empty_cache() does the same through the reset hook once
+    enable() wired it; this call also works without PyTorch's CUDA
+    initialised, and tells the outcome.  Returns 0, or a negative GMB_E_*
+    code when a session's trim failed."""
     import ctypes
     lib = ctypes.CDLL(_enabled_path or library_path())
     return lib.gmb_torch_empty_cache()

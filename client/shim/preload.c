@@ -1,9 +1,29 @@
 /*
  * preload.c - libgmb-preload.so: LD_PRELOAD it into an unmodified CUDA
- * program and its cudaMalloc / cudaFree / cudaMemGetInfo (runtime API) and
- * cuMemAlloc_v2 / cuMemFree_v2 / cuMemGetInfo_v2 (driver API) go to the
- * broker.  docs/preload.md is the user's page; its limits section says
- * what is not intercepted.
+ * program and its cudaMalloc / cudaFree / cudaMemGetInfo /
+ * cudaMallocAsync / cudaFreeAsync (runtime API) and cuMemAlloc_v2 /
+ * cuMemFree_v2 / cuMemGetInfo_v2 / cuMemAllocAsync / cuMemFreeAsync
+ * (driver API; the stream-ordered ones also as the _ptsz variants a
+ * program built for per-thread default streams calls) go to the broker.
+ * docs/preload.md is the user's page; its limits section says what is not
+ * intercepted.
+ *
+ * cudaMalloc is a broker allocation of its own (gmb_alloc); cudaMallocAsync
+ * is gmb_malloc_async, the session's stream-ordered cache, and its
+ * cudaFreeAsync gmb_free_async on the stream named: no message, no wait.
+ * Streams as CUDA names them: 0 is the legacy default stream, or the
+ * thread's per-thread default stream in the _ptsz variants (passed on as
+ * CU_STREAM_PER_THREAD).  The two kinds of pointer may be freed either
+ * way, as CUDA allows: cudaFreeAsync of cudaMalloc's memory is gmb_free
+ * (it waits for the device), and cudaFree of cudaMallocAsync's first
+ * waits for the device as cudaFree does (the real cudaDeviceSynchronize /
+ * cuCtxSynchronize, when the process has one) and then gives the block
+ * back on the legacy stream.  Memory a stream-ordered allocation got while
+ * its stream was being captured into a CUDA graph, or freed during a
+ * capture, is kept until the process ends: the graph uses it at every
+ * replay (docs/preload.md).  cudaMallocFromPoolAsync is not interposed:
+ * memory of a pool the program made has that pool's properties, which
+ * only CUDA gives; its pointers reach cudaFreeAsync, which passes them on.
  *
  * Every allocation is pinned (a raw device pointer must never move) and
  * comes from the session of the calling thread's current device (shim.c:
@@ -41,6 +61,10 @@
 typedef int cudaError_t;
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
+typedef void *cudaStream_t; /* struct CUstream_st *, as CUstream */
+
+/* cuda.h's CU_STREAM_PER_THREAD: what stream 0 means in a _ptsz call. */
+#define PRE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
 /* The codes this library returns (cuda_runtime_api.h / cuda.h values). */
 #define PRE_CUDA_SUCCESS 0
@@ -55,14 +79,35 @@ GMB_SHIM_API cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 GMB_SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 GMB_SHIM_API CUresult cuMemFree_v2(CUdeviceptr dptr);
 GMB_SHIM_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+GMB_SHIM_API cudaError_t cudaMallocAsync(void **devPtr, size_t size,
+                                         cudaStream_t stream);
+GMB_SHIM_API cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size,
+                                              cudaStream_t stream);
+GMB_SHIM_API cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream);
+GMB_SHIM_API cudaError_t cudaFreeAsync_ptsz(void *devPtr,
+                                            cudaStream_t stream);
+GMB_SHIM_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
+                                      cudaStream_t stream);
+GMB_SHIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                           cudaStream_t stream);
+GMB_SHIM_API CUresult cuMemFreeAsync(CUdeviceptr dptr, cudaStream_t stream);
+GMB_SHIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr,
+                                          cudaStream_t stream);
 
 typedef int (*pre_alloc_fn)(void **p, size_t size);
 typedef int (*pre_free_fn)(void *p);
 typedef int (*pre_info_fn)(size_t *free, size_t *total);
 typedef int (*pre_cualloc_fn)(CUdeviceptr *p, size_t size);
 typedef int (*pre_cufree_fn)(CUdeviceptr p);
+typedef int (*pre_alloc_async_fn)(void **p, size_t size, cudaStream_t s);
+typedef int (*pre_free_async_fn)(void *p, cudaStream_t s);
+typedef int (*pre_cualloc_async_fn)(CUdeviceptr *p, size_t size,
+                                    cudaStream_t s);
+typedef int (*pre_cufree_async_fn)(CUdeviceptr p, cudaStream_t s);
+typedef int (*pre_sync_fn)(void);
 
-/* The real functions, when a library after us defines them. */
+/* The real functions, when a library after us defines them.  The
+ * stream-ordered ones by [ptsz]: 0 the plain name, 1 the _ptsz one. */
 static struct {
   pthread_once_t once;
   pre_alloc_fn cudaMalloc;
@@ -71,6 +116,11 @@ static struct {
   pre_cualloc_fn cuMemAlloc;
   pre_cufree_fn cuMemFree;
   pre_info_fn cuMemGetInfo;
+  pre_alloc_async_fn cudaMallocAsync[2];
+  pre_free_async_fn cudaFreeAsync[2];
+  pre_cualloc_async_fn cuMemAllocAsync[2];
+  pre_cufree_async_fn cuMemFreeAsync[2];
+  pre_sync_fn cudaDeviceSynchronize, cuCtxSynchronize;
 } pre_real = {.once = PTHREAD_ONCE_INIT};
 
 static void pre_real_load(void) {
@@ -81,6 +131,20 @@ static void pre_real_load(void) {
   *(void **)&pre_real.cuMemAlloc = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
   *(void **)&pre_real.cuMemFree = dlsym(RTLD_NEXT, "cuMemFree_v2");
   *(void **)&pre_real.cuMemGetInfo = dlsym(RTLD_NEXT, "cuMemGetInfo_v2");
+  *(void **)&pre_real.cudaMallocAsync[0] = dlsym(RTLD_NEXT, "cudaMallocAsync");
+  *(void **)&pre_real.cudaMallocAsync[1] =
+      dlsym(RTLD_NEXT, "cudaMallocAsync_ptsz");
+  *(void **)&pre_real.cudaFreeAsync[0] = dlsym(RTLD_NEXT, "cudaFreeAsync");
+  *(void **)&pre_real.cudaFreeAsync[1] = dlsym(RTLD_NEXT, "cudaFreeAsync_ptsz");
+  *(void **)&pre_real.cuMemAllocAsync[0] = dlsym(RTLD_NEXT, "cuMemAllocAsync");
+  *(void **)&pre_real.cuMemAllocAsync[1] =
+      dlsym(RTLD_NEXT, "cuMemAllocAsync_ptsz");
+  *(void **)&pre_real.cuMemFreeAsync[0] = dlsym(RTLD_NEXT, "cuMemFreeAsync");
+  *(void **)&pre_real.cuMemFreeAsync[1] =
+      dlsym(RTLD_NEXT, "cuMemFreeAsync_ptsz");
+  *(void **)&pre_real.cudaDeviceSynchronize =
+      dlsym(RTLD_NEXT, "cudaDeviceSynchronize");
+  *(void **)&pre_real.cuCtxSynchronize = dlsym(RTLD_NEXT, "cuCtxSynchronize");
 }
 
 static void pre_real_get(void) { pthread_once(&pre_real.once, pre_real_load); }
@@ -176,29 +240,121 @@ static int pre_alloc(int drv, void **out, size_t size) {
   return pre_code(rc);
 }
 
+/* A block of the cache that a graph may use (allocated or freed during a
+ * capture of its stream) is kept until the process ends: 1 when p was
+ * kept so. */
+static int pre_keep_for_graph(gmb_client *c, void *p, unsigned tag,
+                              void *stream) {
+  if (!(tag & GMB_SHIM_TAG_GRAPH) &&
+      (gmb__shim_host() || gmb_stream_capturing(c, stream) != 1))
+    return 0;
+  return gmb__shim_keep(p) == 0;
+}
+
+/* A free's outcome as CUDA's code: the session gone (broker stopped) took
+ * the memory with it, a success. */
+static int pre_free_code(const char *what, void *p, int rc, gmb_client *c) {
+  if (rc == GMB_E_CONN || rc == GMB_E_EVICTED || rc == 0) return 0;
+  if (gmb__shim_env_flag("GMB_PRELOAD_VERBOSE"))
+    fprintf(stderr, "gmb-preload: %s(%p): %s\n", what, p, gmb_last_error(c));
+  return PRE_CUDA_INVALID_VALUE;
+}
+
 /* A pointer we gave goes back to the broker, after the device finished
  * with it (cudaFree synchronises too); any other goes to the real free. */
 static int pre_free(int drv, void *p) {
   const char *what = drv ? "cuMemFree_v2" : "cudaFree";
   pre_real_get();
-  if (gmb__shim_owns(p)) {
+  unsigned tag = 0;
+  int kind = gmb__shim_is_async(p, &tag);
+  if (kind >= 0) {
     if (gmb__shim_forked()) return PRE_CUDA_NOT_INITIALIZED;
     gmb_client *c = gmb__shim_owner(p);
+    if (kind == 1) {
+      /* cudaMallocAsync's memory: wait for the device as cudaFree does
+       * (the real synchronisation, when the process has one), then give
+       * the block back on the legacy stream. */
+      if (pre_keep_for_graph(c, p, tag, NULL)) return 0;
+      pre_sync_fn sync = drv ? pre_real.cuCtxSynchronize
+                             : pre_real.cudaDeviceSynchronize;
+      int r = sync ? sync() : 0;
+      if (r != 0) return r;
+      return pre_free_code(what, p, gmb__shim_free_async(p, NULL), c);
+    }
     /* To the session it came from, whatever device is current now.
      * gmb_free waits for the GPU (cuCtxSynchronize in the primary
      * context, as cudaFree); when the wait fails nothing is freed. */
-    int rc = gmb__shim_free(p);
-    /* The session is gone (broker stopped): the memory went with it. */
-    if (rc == GMB_E_CONN || rc == GMB_E_EVICTED || rc == 0) return 0;
-    if (gmb__shim_env_flag("GMB_PRELOAD_VERBOSE"))
-      fprintf(stderr, "gmb-preload: %s(%p): %s\n", what, p,
-              gmb_last_error(c));
-    return PRE_CUDA_INVALID_VALUE;
+    return pre_free_code(what, p, gmb__shim_free(p), c);
   }
   if (!drv && pre_real.cudaFree) return pre_real.cudaFree(p);
   if (drv && pre_real.cuMemFree)
     return pre_real.cuMemFree((CUdeviceptr)(uintptr_t)p);
   return PRE_CUDA_INVALID_VALUE;
+}
+
+/* --- the stream-ordered calls, both APIs ---------------------------------- */
+
+/* The stream a call means: 0 in a _ptsz call is the thread's per-thread
+ * default stream. */
+static void *pre_stream(int ptsz, cudaStream_t s) {
+  return ptsz && s == NULL ? PRE_STREAM_PER_THREAD : s;
+}
+
+static int pre_alloc_async(int drv, int ptsz, void **out, size_t size,
+                           cudaStream_t stream) {
+  static const char *const names[2][2] = {
+      {"cudaMallocAsync", "cudaMallocAsync_ptsz"},
+      {"cuMemAllocAsync", "cuMemAllocAsync_ptsz"}};
+  const char *what = names[drv][ptsz];
+  int pass, code;
+  pre_real_get();
+  int have = drv ? pre_real.cuMemAllocAsync[ptsz] != NULL
+                 : pre_real.cudaMallocAsync[ptsz] != NULL;
+  gmb_client *c = pre_session(what, have, &pass, &code);
+  if (pass) {
+    if (!drv) return pre_real.cudaMallocAsync[ptsz](out, size, stream);
+    CUdeviceptr d = 0;
+    int r = pre_real.cuMemAllocAsync[ptsz](&d, size, stream);
+    if (r == 0) *out = (void *)(uintptr_t)d;
+    return r;
+  }
+  if (c == NULL) return code;
+  void *s = pre_stream(ptsz, stream);
+  /* Allocated while the stream is captured: the graph uses it at every
+   * replay, so it is never reused (pre_keep_for_graph at the free). */
+  unsigned tag = !gmb__shim_host() && gmb_stream_capturing(c, s) == 1
+                     ? GMB_SHIM_TAG_GRAPH
+                     : 0;
+  int rc = gmb__shim_malloc_async(c, size, s, tag, out);
+  if (rc) pre_say_refused(what, size, rc, c);
+  return pre_code(rc);
+}
+
+static int pre_free_async(int drv, int ptsz, void *p, cudaStream_t stream) {
+  static const char *const names[2][2] = {
+      {"cudaFreeAsync", "cudaFreeAsync_ptsz"},
+      {"cuMemFreeAsync", "cuMemFreeAsync_ptsz"}};
+  const char *what = names[drv][ptsz];
+  pre_real_get();
+  unsigned tag = 0;
+  int kind = gmb__shim_is_async(p, &tag);
+  if (kind < 0) {
+    /* Not ours (the real allocator's, a pool's, NULL): CUDA's answer. */
+    if (!drv && pre_real.cudaFreeAsync[ptsz])
+      return pre_real.cudaFreeAsync[ptsz](p, stream);
+    if (drv && pre_real.cuMemFreeAsync[ptsz])
+      return pre_real.cuMemFreeAsync[ptsz]((CUdeviceptr)(uintptr_t)p, stream);
+    return p == NULL ? PRE_CUDA_SUCCESS : PRE_CUDA_INVALID_VALUE;
+  }
+  if (gmb__shim_forked()) return PRE_CUDA_NOT_INITIALIZED;
+  gmb_client *c = gmb__shim_owner(p);
+  /* cudaMalloc's memory freed stream-ordered (CUDA allows it): gmb_free,
+   * which waits for the device first. */
+  if (kind == 0) return pre_free_code(what, p, gmb__shim_free(p), c);
+  void *s = pre_stream(ptsz, stream);
+  if (pre_keep_for_graph(c, p, tag, s)) return 0;
+  /* Reusable at once on that stream, on others once its work ran. */
+  return pre_free_code(what, p, gmb__shim_free_async(p, s), c);
 }
 
 /*
@@ -296,4 +452,60 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
   pre_real_get();
   return pre_info("cuMemGetInfo_v2", pre_real.cuMemGetInfo, free, total);
+}
+
+/* Size 0 as the synchronous calls: the runtime's succeeds with no memory,
+ * the driver's is an invalid value. */
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {
+  if (devPtr == NULL) return PRE_CUDA_INVALID_VALUE;
+  if (size == 0) {
+    *devPtr = NULL;
+    return PRE_CUDA_SUCCESS;
+  }
+  return pre_alloc_async(0, 0, devPtr, size, stream);
+}
+
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size,
+                                 cudaStream_t stream) {
+  if (devPtr == NULL) return PRE_CUDA_INVALID_VALUE;
+  if (size == 0) {
+    *devPtr = NULL;
+    return PRE_CUDA_SUCCESS;
+  }
+  return pre_alloc_async(0, 1, devPtr, size, stream);
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
+  return pre_free_async(0, 0, devPtr, stream);
+}
+
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t stream) {
+  return pre_free_async(0, 1, devPtr, stream);
+}
+
+static CUresult pre_cu_alloc_async(int ptsz, CUdeviceptr *dptr, size_t n,
+                                   cudaStream_t stream) {
+  if (dptr == NULL || n == 0) return PRE_CUDA_INVALID_VALUE;
+  void *p = NULL;
+  int r = pre_alloc_async(1, ptsz, &p, n, stream);
+  if (r == 0) *dptr = (CUdeviceptr)(uintptr_t)p;
+  return r;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
+                         cudaStream_t stream) {
+  return pre_cu_alloc_async(0, dptr, bytesize, stream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                              cudaStream_t stream) {
+  return pre_cu_alloc_async(1, dptr, bytesize, stream);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, cudaStream_t stream) {
+  return pre_free_async(1, 0, (void *)(uintptr_t)dptr, stream);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, cudaStream_t stream) {
+  return pre_free_async(1, 1, (void *)(uintptr_t)dptr, stream);
 }

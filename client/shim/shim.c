@@ -11,8 +11,8 @@
  * decided that one time; a broker started later is not seen by this
  * process.
  *
- * The map holds pointer -> (allocation id, session) for every live
- * allocation the shim gave out, so a free goes to the broker that gave
+ * The map holds pointer -> (allocation id, session, tag) for every live
+ * allocation the shim gave out (id 0 for a block of a session's cache), so a free goes to the broker that gave
  * the memory whatever device is current then, in an open-addressing table under one mutex.  The broker's
  * round trip on each alloc and free costs far more than the mutex, so a
  * lock-free table would buy nothing measurable.  Invariants: a key is a
@@ -33,8 +33,9 @@
 
 struct shim_slot {
   uintptr_t key;
-  gmb_id id;
+  gmb_id id;     /* 0: a block of the session's cache (gmb_malloc_async) */
   gmb_client *c; /* the session it came from */
+  unsigned tag;  /* GMB_SHIM_TAG_* */
 };
 
 /* One session per device of this process, connected at the first
@@ -214,7 +215,7 @@ static int shim_grow(void) {
   return 0;
 }
 
-static int shim_put(void *ptr, gmb_id id, gmb_client *c) {
+static int shim_put(void *ptr, gmb_id id, gmb_client *c, unsigned tag) {
   pthread_mutex_lock(&shim_mu);
   int rc = 0;
   if ((shim_used + shim_deleted + 1) * 4 > shim_cap * 3) rc = shim_grow();
@@ -225,20 +226,23 @@ static int shim_put(void *ptr, gmb_id id, gmb_client *c) {
     s->key = (uintptr_t)ptr;
     s->id = id;
     s->c = c;
+    s->tag = tag;
   }
   pthread_mutex_unlock(&shim_mu);
   return rc;
 }
 
-/* Removes ptr; its id in *id, its session in *c.  0, or GMB_E_NOENT when
- * it is not there. */
-static int shim_take(const void *ptr, gmb_id *id, gmb_client **c) {
+/* Removes ptr; its id in *id, its session in *c, its tag in *tag.  0, or
+ * GMB_E_NOENT when it is not there. */
+static int shim_take(const void *ptr, gmb_id *id, gmb_client **c,
+                     unsigned *tag) {
   pthread_mutex_lock(&shim_mu);
   struct shim_slot *s = shim_find((uintptr_t)ptr, 0);
   int rc = GMB_E_NOENT;
   if (s) {
     *id = s->id;
     *c = s->c;
+    *tag = s->tag;
     s->key = SHIM_DELETED;
     shim_used--;
     shim_deleted++;
@@ -252,6 +256,16 @@ int gmb__shim_owns(const void *ptr) {
   if ((uintptr_t)ptr <= SHIM_DELETED) return 0;
   pthread_mutex_lock(&shim_mu);
   int r = shim_find((uintptr_t)ptr, 0) != NULL;
+  pthread_mutex_unlock(&shim_mu);
+  return r;
+}
+
+int gmb__shim_is_async(const void *ptr, unsigned *tag) {
+  if ((uintptr_t)ptr <= SHIM_DELETED) return -1;
+  pthread_mutex_lock(&shim_mu);
+  struct shim_slot *s = shim_find((uintptr_t)ptr, 0);
+  int r = s ? s->id == 0 : -1;
+  if (s && tag) *tag = s->tag;
   pthread_mutex_unlock(&shim_mu);
   return r;
 }
@@ -272,7 +286,7 @@ int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr) {
   void *p = NULL;
   rc = gmb_lock(c, id, &p); /* pinned: never moves, nothing to unlock */
   if (rc == 0 && (uintptr_t)p <= SHIM_DELETED) rc = GMB_E_PROTO;
-  if (rc == 0) rc = shim_put(p, id, c);
+  if (rc == 0) rc = shim_put(p, id, c, 0);
   if (rc) {
     gmb_free(c, id);
     return rc;
@@ -284,25 +298,30 @@ int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr) {
 int gmb__shim_free(void *ptr) {
   gmb_id id;
   gmb_client *c;
-  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c))
+  unsigned tag;
+  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c, &tag))
     return GMB_E_NOENT;
+  if (id == 0) { /* a block of the cache: put back, not this path's */
+    if (shim_put(ptr, id, c, tag) != 0) return GMB_E_SYSTEM;
+    return GMB_E_INVAL;
+  }
   int rc = gmb_free(c, id);
   /* Not freed (the wait for the GPU failed, the broker refused): still
    * ours, still allocated.  A dead session took the memory with it. */
   if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED && rc != GMB_E_NOENT &&
-      shim_put(ptr, id, c) != 0)
+      shim_put(ptr, id, c, tag) != 0)
     rc = GMB_E_SYSTEM;
   return rc;
 }
 
 int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
-                           void **ptr) {
+                           unsigned tag, void **ptr) {
   void *p = NULL;
   int rc = gmb_malloc_async(c, size, stream, &p);
   if (rc) return rc;
   /* id 0: a block of the session's cache, not an allocation of its own. */
   if ((uintptr_t)p <= SHIM_DELETED) rc = GMB_E_PROTO;
-  else rc = shim_put(p, 0, c);
+  else rc = shim_put(p, 0, c, tag);
   if (rc) {
     gmb_free_async(c, p, stream);
     return rc;
@@ -314,13 +333,18 @@ int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
 int gmb__shim_free_async(void *ptr, void *stream) {
   gmb_id id;
   gmb_client *c;
-  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c))
+  unsigned tag;
+  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c, &tag))
     return GMB_E_NOENT;
+  if (id != 0) { /* gmb__shim_alloc's: put back, not this path's */
+    if (shim_put(ptr, id, c, tag) != 0) return GMB_E_SYSTEM;
+    return GMB_E_INVAL;
+  }
   int rc = gmb_free_async(c, ptr, stream);
   /* Not freed (the stream took no event): still ours, still in use.  A
    * dead session took the memory with it. */
   if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED && rc != GMB_E_NOENT &&
-      shim_put(ptr, id, c) != 0)
+      shim_put(ptr, id, c, tag) != 0)
     rc = GMB_E_SYSTEM;
   return rc;
 }
@@ -344,7 +368,8 @@ int gmb__shim_trim_all(size_t keep_bytes) {
 int gmb__shim_keep(void *ptr) {
   gmb_id id;
   gmb_client *c;
-  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c))
+  unsigned tag;
+  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c, &tag))
     return GMB_E_NOENT;
   return 0;
 }

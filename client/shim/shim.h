@@ -67,6 +67,7 @@ int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr);
 
 /* Frees what gmb__shim_alloc gave, through the session it came from.
  * GMB_E_NOENT, touching nothing, for a pointer that is not one of ours;
+ * GMB_E_INVAL, touching nothing, for one of gmb__shim_malloc_async's;
  * else gmb_free's result.  gmb_free
  * waits for the GPU first (cuCtxSynchronize in the primary context, as
  * cudaFree); when that wait or the free fails (other than a session that
@@ -74,20 +75,30 @@ int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr);
  * handed back while the GPU may still use it. */
 int gmb__shim_free(void *ptr);
 
+/* Tags a pointer of the map may carry (gmb__shim_is_async). */
+#define GMB_SHIM_TAG_GRAPH 0x1u /* allocated during a CUDA graph capture */
+
 /*
- * The stream-ordered cache's path (libgmb-torch.so): gmb_malloc_async on
- * session c and `stream`, the pointer remembered (with its session) as
+ * The stream-ordered cache's path (libgmb-torch.so, and cudaMallocAsync in
+ * libgmb-preload.so): gmb_malloc_async on session c and `stream`, the
+ * pointer remembered (with its session and `tag`, GMB_SHIM_TAG_*) as
  * gmb__shim_alloc's are, so that a free finds its session whatever
  * device is current.  0 or the GMB_E_* code, explained by
  * gmb_last_error(c).
  */
 int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
-                           void **ptr);
+                           unsigned tag, void **ptr);
+
+/* 1 when ptr is one of gmb__shim_malloc_async's (a block of a session's
+ * cache), 0 when it is gmb__shim_alloc's, -1 when it is not ours; *tag
+ * (may be NULL) receives its tag. */
+int gmb__shim_is_async(const void *ptr, unsigned *tag);
 
 /* Frees what gmb__shim_malloc_async gave: gmb_free_async on the session it
  * came from (never waits; the block is reusable on `stream` at once, on
  * others once its work ran).  GMB_E_NOENT, touching nothing, for a
- * pointer that is not one of ours; else gmb_free_async's result (the
+ * pointer that is not one of ours; GMB_E_INVAL, touching nothing, for one
+ * of gmb__shim_alloc's; else gmb_free_async's result (the
  * pointer stays ours when that fails, other than a session that is gone). */
 int gmb__shim_free_async(void *ptr, void *stream);
 

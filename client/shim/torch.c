@@ -35,13 +35,31 @@
  * (gmb_connect_gpu), and a device without a broker is refused with the
  * reason.  A free goes to the session the pointer came from.
  *
- * Free: never waits.  During a CUDA graph capture on the allocation's
- * stream the graph may use the memory at every replay, for as long as it
- * lives, which the allocator cannot see: such memory is kept, never handed
- * back to the cache, until the process ends (gmb_torch_kept() counts it).
+ * Free: never waits.  Memory a CUDA graph may use at every replay, for as
+ * long as it lives, which the allocator cannot see, is kept, never handed
+ * back to the cache, until the process ends (gmb_torch_kept() counts it):
+ * a block allocated while its stream was being captured (tagged at the
+ * allocation), and any block freed while its stream is being captured.
+ *
+ * PyTorch's other hooks (CUDAPluggableAllocator's set_*_fn, given function
+ * pointers by client/python/gmb_torch.py; docs/pytorch.md lists them all
+ * and why some are left unset):
+ *  - init (gmb_torch_init): the device count, at CUDA's lazy init; a
+ *    device index past it is refused.
+ *  - reset (gmb_torch_reset): what torch.cuda.empty_cache() calls; every
+ *    session's wholly free cached slabs go back (gmb_trim(c, 0)).
+ *  - memory fraction (gmb_torch_set_memory_fraction):
+ *    torch.cuda.set_per_process_memory_fraction(f, d); an allocation that
+ *    would take this process's bytes in use on device d past f times the
+ *    broker's capacity of that GPU is refused, as PyTorch's own allocator
+ *    refuses past f times the device's memory.
+ *  - record stream (gmb_torch_record_stream): Tensor.record_stream(s);
+ *    gmb_record_stream, so the block is reused by no stream until the
+ *    work queued on s before its free has finished.
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
@@ -56,6 +74,10 @@ GMB_SHIM_API void gmb_torch_free(void *ptr, ssize_t size, int device,
                                  void *stream);
 GMB_SHIM_API const char *gmb_torch_last_error(void);
 GMB_SHIM_API int gmb_torch_empty_cache(void);
+GMB_SHIM_API void gmb_torch_init(int device_count);
+GMB_SHIM_API void gmb_torch_reset(void);
+GMB_SHIM_API void gmb_torch_set_memory_fraction(double fraction, int device);
+GMB_SHIM_API void gmb_torch_record_stream(void *ptr, void *stream);
 
 /* The last failure of the process (not the thread: PyTorch reports an OOM
  * on whichever thread asks, often not the allocating one). */
@@ -84,10 +106,91 @@ static _Atomic unsigned long long torch_kept;
 
 unsigned long long gmb_torch_kept(void) { return torch_kept; }
 
+/* What PyTorch told the init hook (0: not called). */
+static _Atomic int torch_devices;
+
+/* Per device: this process's bytes in use through this allocator (each
+ * request rounded to 512, as the cache counts it), and the memory
+ * fraction's limit.  `fraction` < 0: none; `limit` is computed from it at
+ * the next allocation (it needs the device's session), 0 meanwhile. */
+static struct {
+  _Atomic uint64_t in_use;
+  _Atomic double fraction;
+  _Atomic uint64_t limit;
+} torch_dev[GMB_SHIM_MAX_DEVICES];
+static pthread_once_t torch_dev_once = PTHREAD_ONCE_INIT;
+
+static void torch_dev_init(void) {
+  for (int d = 0; d < GMB_SHIM_MAX_DEVICES; d++)
+    atomic_store(&torch_dev[d].fraction, -1.0);
+}
+
+static uint64_t torch_round(ssize_t size) {
+  return ((uint64_t)size + 511) & ~UINT64_C(511);
+}
+
+void gmb_torch_init(int device_count) {
+  atomic_store(&torch_devices, device_count > 0 ? device_count : 0);
+}
+
+void gmb_torch_set_memory_fraction(double fraction, int device) {
+  pthread_once(&torch_dev_once, torch_dev_init);
+  if (device < 0 || device >= GMB_SHIM_MAX_DEVICES || !(fraction >= 0.0) ||
+      fraction > 1.0) {
+    torch_fail("gmb_torch_set_memory_fraction: device %lld, %s",
+               (long long)device, "a fraction outside [0, 1] or a device "
+               "past the shims' limit: ignored");
+    return;
+  }
+  atomic_store(&torch_dev[device].limit, 0);
+  atomic_store(&torch_dev[device].fraction, fraction);
+}
+
+/* Takes `need` bytes of device d's share under its memory fraction: 0, or
+ * -1 (with the reason recorded) when the fraction's limit would be
+ * passed.  The bytes are counted either way when there is no fraction. */
+static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size) {
+  if (d < 0 || d >= GMB_SHIM_MAX_DEVICES) return 0;
+  pthread_once(&torch_dev_once, torch_dev_init);
+  double f = atomic_load(&torch_dev[d].fraction);
+  uint64_t was = atomic_fetch_add(&torch_dev[d].in_use, need);
+  if (f < 0) return 0;
+  uint64_t limit = atomic_load(&torch_dev[d].limit);
+  if (limit == 0 && f > 0) {
+    gmb_device_stats ds;
+    if (gmb_device_stats_get(c, &ds) == 0) {
+      limit = (uint64_t)((double)ds.capacity * f);
+      if (limit == 0) limit = 1; /* computed: 0 means "not yet" */
+      atomic_store(&torch_dev[d].limit, limit);
+    }
+  }
+  if (limit != 0 && was + need <= limit) return 0;
+  atomic_fetch_sub(&torch_dev[d].in_use, need);
+  char why[256];
+  snprintf(why, sizeof why, "GMB_E_QUOTA: past this process's memory "
+           "fraction of cuda:%d (%g of the broker's capacity: %llu bytes; "
+           "%llu in use)", d, f, (unsigned long long)limit,
+           (unsigned long long)was);
+  torch_fail("gmb_torch_alloc(%lld): %s", (long long)size, why);
+  return -1;
+}
+
+static void torch_give(int d, ssize_t size) {
+  if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
+  atomic_fetch_sub(&torch_dev[d].in_use, torch_round(size));
+}
+
 void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
   if (size <= 0) return NULL;
   const char *why = NULL;
   int dev = device;
+  int n = atomic_load(&torch_devices);
+  if (n > 0 && device >= n) {
+    torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
+               "GMB_E_DEVICE: a device index past the count PyTorch gave "
+               "the init hook");
+    return NULL;
+  }
   gmb_client *c = gmb__shim_session(device < 0 ? -1 : device, &dev, &why);
   if (c == NULL) {
     char b[48];
@@ -96,9 +199,16 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
                 (long long)size, b, why);
     return NULL;
   }
+  if (torch_take(c, dev, torch_round(size), size) != 0) return NULL;
+  /* Memory allocated while its stream is captured into a graph is used by
+   * the graph at every replay: tagged, it is never reused (see the top). */
+  unsigned tag = !gmb__shim_host() && gmb_stream_capturing(c, stream) == 1
+                     ? GMB_SHIM_TAG_GRAPH
+                     : 0;
   void *p = NULL;
-  int rc = gmb__shim_malloc_async(c, (size_t)size, stream, &p);
+  int rc = gmb__shim_malloc_async(c, (size_t)size, stream, tag, &p);
   if (rc) {
+    torch_give(dev, size);
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                gmb_last_error(c));
     return NULL;
@@ -120,18 +230,29 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
                "or one freed already (%s)", (long long)size, "ignored");
     return;
   }
-  /* During a graph capture: keep the memory (see the top). */
-  if (!gmb__shim_host() && gmb_stream_capturing(c, stream) == 1 &&
+  /* Allocated during a graph capture, or freed during one: keep the
+   * memory (see the top). */
+  unsigned tag = 0;
+  gmb__shim_is_async(ptr, &tag);
+  int graph = (tag & GMB_SHIM_TAG_GRAPH) != 0;
+  if ((graph || (!gmb__shim_host() && gmb_stream_capturing(c, stream) == 1)) &&
       gmb__shim_keep(ptr) == 0) {
     torch_kept += (unsigned long long)(size > 0 ? size : 0);
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
-               "freed during a CUDA graph capture: kept until the process "
-               "ends, since the graph may use it at every replay");
+               graph ? "allocated during a CUDA graph capture: kept until "
+                       "the process ends, since the graph may use it at "
+                       "every replay"
+                     : "freed during a CUDA graph capture: kept until the "
+                       "process ends, since the graph may use it at every "
+                       "replay");
     return;
   }
-  /* Reusable at once on `stream`; on others after its work ran.  A
+  /* Reusable at once on `stream`; on others after its work ran (and, for
+   * a block record_stream named other streams for, after theirs).  A
    * failure frees nothing. */
   int rc = gmb__shim_free_async(ptr, stream);
+  if (rc == 0 || rc == GMB_E_CONN || rc == GMB_E_EVICTED)
+    torch_give(device, size);
   if (rc == GMB_E_NOENT)
     torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
                "or one freed already (%s)", (long long)size, "ignored");
@@ -151,6 +272,27 @@ const char *gmb_torch_last_error(void) {
   return torch_err_copy;
 }
 
-/* torch.cuda.empty_cache(): every session's wholly free cached slabs go
+/* gmb_torch.empty_cache(): every session's wholly free cached slabs go
  * back to its broker (each device's).  0, or the first GMB_E_* code. */
 int gmb_torch_empty_cache(void) { return gmb__shim_trim_all(0); }
+
+/* torch.cuda.empty_cache() (the reset hook): the same, with nothing to
+ * return (a failure is kept for gmb_torch_last_error). */
+void gmb_torch_reset(void) {
+  int rc = gmb__shim_trim_all(0);
+  if (rc)
+    torch_fail("gmb_torch_reset(%lld): %s", 0, gmb_err_name(rc));
+}
+
+void gmb_torch_record_stream(void *ptr, void *stream) {
+  if (ptr == NULL) return;
+  gmb_client *c = gmb__shim_owner(ptr);
+  if (c == NULL || gmb__shim_is_async(ptr, NULL) != 1) {
+    torch_fail("gmb_torch_record_stream(%lld): %s", 0,
+               "not a pointer gmb_torch_alloc gave, or one freed already "
+               "(ignored)");
+    return;
+  }
+  int rc = gmb_record_stream(c, ptr, stream);
+  if (rc) torch_fail("gmb_torch_record_stream(%lld): %s", 0, gmb_last_error(c));
+}

@@ -1,9 +1,13 @@
 #!/bin/sh
 # frag.sh - the fragmentation suite: five traces, each replayed through a
-# real broker with compaction off and auto, beside two baselines computed
-# from the same trace with a perfect allocator (gmb-replay): static slices
-# per tenant, and one shared pool with quotas and no fragmentation (the
-# floor).
+# real broker with compaction off and auto, and once more through each
+# client's cache (gmb-replay --cache, compaction auto: what the torch
+# allocator and cudaMallocAsync do), beside two baselines computed from the
+# same trace with a perfect allocator (gmb-replay): static slices per
+# tenant, and one shared pool with quotas and no fragmentation (the floor).
+# The cache's rows add the bytes its slabs held at the peak (held_MiB,
+# against peak_MiB in use), its hit rate and the broker requests it made
+# (reqs; one per alloc and free without it).
 #
 # Usage: tests/bench/frag.sh BUILD_DIR
 #
@@ -50,8 +54,9 @@ mib() {
 }
 
 status=0
-printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %12s %13s\n' trace mode ops \
-  failures frag_fail page static floor peak_MiB moved_MiB compaction_s
+printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %10s %6s %7s %12s %13s\n' \
+  trace mode ops failures frag_fail page static floor peak_MiB held_MiB \
+  hit% reqs moved_MiB compaction_s
 for t in $TRACES; do
   trace=$OUT/$t.trace
   if ! "$GEN" --seed "$SEED" --scale "$SCALE" "$t" >"$trace"; then
@@ -59,23 +64,36 @@ for t in $TRACES; do
     status=1
     continue
   fi
-  for mode in off auto; do
+  for mode in off auto cache; do
     json=$OUT/$t.$mode.json
     series=$OUT/$t.$mode.series
-    if ! "$REPLAY" --trace "$trace" --compaction "$mode" --json \
+    if [ "$mode" = cache ]; then
+      set -- --compaction auto --cache
+    else
+      set -- --compaction "$mode"
+    fi
+    if ! "$REPLAY" --trace "$trace" "$@" --json \
         --series "$series" >"$json" 2>"$OUT/$t.$mode.err"; then
       echo "frag: gmb-replay $t ($mode) failed:" >&2
       sed 's/^/  | /' "$OUT/$t.$mode.err" >&2
       status=1
       continue
     fi
-    printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %12s %13s\n' "$t" "$mode" \
+    if [ "$mode" = cache ]; then
+      hit=$(jget "$json" cache_hit_rate | awk '{ printf "%.1f", 100 * $1 }')
+    else
+      hit=-
+    fi
+    printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %10s %6s %7s %12s %13s\n' \
+      "$t" "$mode" \
       "$(jget "$json" operations)" "$(jget "$json" failures)" \
       "$(jget "$json" fragmentation_failures)" \
       "$(jget "$json" page_bound_failures)" \
       "$(jget "$json" baseline_static_failures)" \
       "$(jget "$json" baseline_shared_failures)" \
       "$(mib "$(jget "$json" peak_bytes_in_use)")" \
+      "$(mib "$(jget "$json" peak_bytes_held)")" "$hit" \
+      "$(jget "$json" broker_requests)" \
       "$(mib "$(jget "$json" bytes_moved)")" \
       "$(jget "$json" compaction_seconds | awk '{ printf "%.3f", $1 }')"
   done
@@ -83,7 +101,9 @@ done
 echo "(failures include quota refusals; frag_fail: GMB_E_NOMEM while the"
 echo " free total was enough; page: of those, the ones no allocator with"
 echo " per-tenant 2 MiB pages could serve; static, floor: the baselines'"
-echo " failures; JSON and series in $OUT)"
+echo " failures; held: bytes of the caches' slabs at their peak (in use"
+echo " without the cache); hit%: requests the cache served without a slab;"
+echo " reqs: alloc/free requests to the broker; JSON and series in $OUT)"
 
 # --- the plot ----------------------------------------------------------------
 off=$OUT/$PLOT.off.series

@@ -77,6 +77,48 @@ START_TEST(hits_send_nothing_and_count_as_used) {
 }
 END_TEST
 
+/* gmb_cache_stats_get tells what the cache's own counters say, and the
+ * broker agrees on the bytes held; gmb_record_stream's refusals (the
+ * host device ignores streams, so it is otherwise a no-op here). */
+START_TEST(cache_stats_and_record_stream) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "cache");
+  gmb_cache_stats cs;
+  ck_assert_int_eq(gmb_cache_stats_get(c, NULL), GMB_E_INVAL);
+  ck_assert_int_eq(gmb_cache_stats_get(NULL, &cs), GMB_E_INVAL);
+  round_trip(c, 7);
+  round_trip(c, 8);
+  void *p;
+  ck_assert_int_eq(gmb_malloc_async(c, 3000, NULL, &p), 0);
+  ck_assert_int_eq(gmb_cache_stats_get(c, &cs), 0);
+  struct gmb_cache_counters k = counters(c);
+  ck_assert_uint_eq(cs.hits, k.hits);
+  ck_assert_uint_eq(cs.misses, k.misses);
+  ck_assert_uint_eq(cs.hits + cs.misses, 17);
+  ck_assert_uint_eq(cs.slab_allocs, k.slab_allocs);
+  ck_assert_uint_eq(cs.held, k.slab_bytes);
+  ck_assert_uint_eq(cs.in_use, 3072);
+  ck_assert_uint_eq(cs.cached, k.cached);
+  ck_assert_uint_eq(cs.peak_held, k.peak_slab_bytes);
+  ck_assert_uint_ge(cs.peak_in_use, (uint64_t)(8 + 3 + 2 + 1) * MIB);
+  ck_assert_uint_eq(harness_stats_ok(c).used, cs.held);
+  int x;
+  ck_assert_int_eq(gmb_record_stream(c, &x, NULL), GMB_E_NOENT);
+  ck_assert_int_eq(gmb_record_stream(c, p, (void *)(uintptr_t)2),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb_record_stream(c, p, (void *)(uintptr_t)0x1234), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  ck_assert_int_eq(gmb_record_stream(c, p, NULL), GMB_E_INVAL);
+  ck_assert_int_eq(gmb_trim(c, 0), 0);
+  ck_assert_int_eq(gmb_cache_stats_get(c, &cs), 0);
+  ck_assert_uint_eq(cs.held, 0);
+  ck_assert_uint_eq(cs.slab_frees, cs.slab_allocs);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 START_TEST(bad_pointers_change_nothing) {
   struct harness_broker b;
   harness_broker_start(&b, "host:256MiB", NULL);
@@ -653,7 +695,7 @@ END_TEST
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cache", "cache", 60,
-      hits_send_nothing_and_count_as_used,
+      hits_send_nothing_and_count_as_used, cache_stats_and_record_stream,
       bad_pointers_change_nothing,
       quota_with_cache,
       cached_reported_to_the_broker,

@@ -352,6 +352,155 @@ START_TEST(preload_host_broker_refused) {
 }
 END_TEST
 
+/* --- the stream-ordered calls -------------------------------------------------------- */
+
+/*
+ * cudaMallocAsync / cuMemAllocAsync (and the _ptsz variants) come from the
+ * session's cache: a 2 MiB slab of the tenant serves the small ones, a
+ * free gives the block back to the cache (the tenant keeps the slab), a
+ * hit sends nothing.  Either kind of pointer may be freed either way.  At
+ * the quota the cache gives its free slabs back before it refuses.
+ */
+START_TEST(preload_async_alloc_free) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", pre_config);
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
+  prog_expect(&p, "rt_malloc_async 0 4096 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB); /* a small slab */
+  prog_expect(&p, "fill 0 4096 5", "0");
+  prog_expect(&p, "check 0 4096 5", "0");
+  prog_expect(&p, "dup 0 9", "0");
+  prog_expect(&p, "rt_free_async 0 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB); /* cached */
+  /* Freed twice: not ours any more, and no real function: error 1. */
+  prog_expect(&p, "rt_free_async 9 0", "1");
+  prog_expect(&p, "rt_malloc_async_ptsz 1 8192 0", "0"); /* a hit */
+  prog_expect(&p, "drv_malloc_async 2 2097153 1", "0");  /* a large slab */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  prog_expect(&p, "fill 2 2097153 6", "0");
+  prog_expect(&p, "check 2 2097153 6", "0");
+  prog_expect(&p, "rt_free_async_ptsz 1 0", "0");
+  prog_expect(&p, "drv_free_async 2 2", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  /* cudaMalloc's memory freed with cudaFreeAsync: back to the broker at
+   * once; cudaMallocAsync's freed with cudaFree: back to the cache. */
+  prog_expect(&p, "rt_malloc 3 1048576", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 3 * MIB + 5 * MIB / 2);
+  prog_expect(&p, "rt_free_async 3 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  prog_expect(&p, "rt_malloc_async 4 4096 0", "0");
+  prog_expect(&p, "rt_free 4", "0");
+  prog_expect(&p, "drv_malloc_async 4 4096 0", "0");
+  prog_expect(&p, "drv_free 4", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  /* Size 0 as the synchronous calls; a NULL free is a success. */
+  prog_expect(&p, "rt_malloc_async 5 0 0", "0");
+  prog_expect(&p, "drv_malloc_async 5 0 0", "1");
+  prog_expect(&p, "rt_free_async_null", "0");
+  /* 7 MiB: the cached 4.5 MiB must go back first (8 MiB quota); then
+   * 2 MiB more is over the quota. */
+  prog_expect(&p, "rt_malloc_async 6 7340032 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 7 * MIB);
+  prog_expect(&p, "rt_malloc_async 7 2097152 0", "2");
+  prog_expect(&p, "fill 6 7340032 8", "0");
+  prog_expect(&p, "check 6 7340032 8", "0");
+  /* Exit holding it: the broker takes it back. */
+  free(prog_end(&p, 1));
+  int freed = 0;
+  for (int i = 0; i < HARNESS_WAIT_MS / 20 && !freed; i++) {
+    freed = pre_used(&b, "pre") == 0;
+    if (!freed) harness_sleep_ms(20);
+  }
+  ck_assert_msg(freed, "the dead program's cache was not returned");
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* With a real library behind: a foreign pointer's stream-ordered free
+ * reaches it, cudaFree of cudaMallocAsync's memory first waits for the
+ * device through it (cudaDeviceSynchronize, or cuCtxSynchronize for
+ * cuMemFree), and without a broker the passthrough fallback uses its
+ * cudaMallocAsync. */
+START_TEST(preload_async_real_functions) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", pre_config);
+  struct prog p;
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
+  prog_expect(&p, "real_malloc 0 4096", "0");
+  prog_expect(&p, "rt_free_async 0 0", "0");
+  prog_expect(&p, "rt_malloc_async 1 4096 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
+  prog_expect(&p, "rt_free 1", "0");
+  prog_expect(&p, "drv_malloc_async 2 4096 0", "0");
+  prog_expect(&p, "drv_free 2", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "fake-cudart: cudaFreeAsync") == 1 &&
+                    harness_count(err, "fake-cudart: cudaDeviceSynchronize") ==
+                        1 &&
+                    harness_count(err, "fake-cudart: cuCtxSynchronize") == 1 &&
+                    harness_count(err, "fake-cudart: cudaMallocAsync") == 0,
+                "stderr:\n%s", err);
+  free(err);
+  prog_start(&p, 1, (const char *const[]){
+      "GMB_ENDPOINT", "ipc:///nonexistent-gmb/broker.sock",
+      "GMB_PRELOAD_FALLBACK", "passthrough", NULL});
+  prog_expect(&p, "rt_malloc_async 0 4096 0", "0");
+  prog_expect(&p, "fill 0 4096 3", "0");
+  prog_expect(&p, "rt_free_async 0 0", "0");
+  err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "fake-cudart: cudaMallocAsync") == 1 &&
+                    harness_count(err, "fake-cudart: cudaFreeAsync") == 1 &&
+                    strstr(err, "pass through"),
+                "stderr:\n%s", err);
+  free(err);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* On a (fake) GPU: memory cudaMallocAsync gave while its stream was being
+ * captured into a graph is kept after its free (the graph uses it at
+ * every replay), so it is never handed out again; so is memory freed
+ * during a capture.  Outside a capture a freed block is reused. */
+START_TEST(preload_async_graph_capture_keeps) {
+  struct harness_gpus g;
+  harness_fake_gpus(&g, 1);
+  struct harness_broker b;
+  harness_broker_start_gpu(&b, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           pre_config);
+  struct prog p;
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_TENANT", "pre", "GMB_SHIM_ALLOW_HOST", NULL, NULL});
+  prog_expect(&p, "set_device 0", "0");
+  prog_expect(&p, "rt_malloc_async 0 4096 0", "0");
+  prog_expect(&p, "dup 0 10", "0");
+  prog_expect(&p, "rt_free_async 0 0", "0");
+  prog_expect(&p, "rt_malloc_async 1 4096 0", "0");
+  prog_expect(&p, "same 1 10", "1"); /* same stream: reused at once */
+  prog_expect(&p, "capture on", "0");
+  prog_expect(&p, "rt_malloc_async 2 4096 0", "0");
+  prog_expect(&p, "dup 2 11", "0");
+  prog_expect(&p, "rt_free_async 1 0", "0"); /* during the capture: kept */
+  prog_expect(&p, "capture off", "0");
+  prog_expect(&p, "rt_free_async 2 0", "0"); /* a graph's: kept */
+  prog_expect(&p, "rt_malloc_async 3 4096 0", "0");
+  prog_expect(&p, "same 3 10", "0");
+  prog_expect(&p, "same 3 11", "0");
+  prog_expect(&p, "rt_malloc_async 4 4096 0", "0");
+  prog_expect(&p, "same 4 10", "0");
+  prog_expect(&p, "same 4 11", "0");
+  prog_expect(&p, "rt_free_async 3 0", "0");
+  prog_expect(&p, "rt_free_async 4 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 /* --- without a broker --------------------------------------------------------------- */
 
 static const char *no_endpoint = "ipc:///nonexistent-gmb/broker.sock";
@@ -473,6 +622,9 @@ int main(void) {
   return harness_main(HARNESS_SUITE(
       "preload", "preload", 60,
       preload_routes_by_current_device,
+      preload_async_alloc_free,
+      preload_async_real_functions,
+      preload_async_graph_capture_keeps,
       preload_meminfo_device_free_plus_pool,
       preload_alloc_free_both_apis,
       preload_quota_refusal_is_error_2,

@@ -32,9 +32,10 @@ struct replay_run {
   json_t *json; /* NULL unless the output held a JSON object */
 };
 
-/* Writes `text` as a trace and runs gmb-replay on it with `mode`. */
-static void replay(struct replay_run *r, const char *text, const char *mode,
-                   int series) {
+/* Writes `text` as a trace and runs gmb-replay on it with `mode`, and
+ * with --cache when `cache`. */
+static void replay_ex(struct replay_run *r, const char *text, const char *mode,
+                      int series, int cache) {
   memset(r, 0, sizeof *r);
   snprintf(r->trace, sizeof r->trace, "/tmp/gmbt-trace-%d", (int)getpid());
   snprintf(r->series, sizeof r->series, "/tmp/gmbt-series-%d", (int)getpid());
@@ -43,10 +44,12 @@ static void replay(struct replay_run *r, const char *text, const char *mode,
   snprintf(bin, sizeof bin, "%s/gmb-replay", harness_build_dir());
   char *argv[10] = {bin, "--trace", r->trace, "--compaction", (char *)mode,
                     "--json"};
+  int n = 6;
   if (series) {
-    argv[6] = "--series";
-    argv[7] = r->series;
+    argv[n++] = "--series";
+    argv[n++] = r->series;
   }
+  if (cache) argv[n++] = "--cache";
   /* The broker it starts checks its pool after every request. */
   setenv("GMB_BROKER_CHECKS", "1", 1);
   r->status = harness_run(argv, r->out, sizeof r->out);
@@ -56,6 +59,11 @@ static void replay(struct replay_run *r, const char *text, const char *mode,
     r->json = json_loads(brace, JSON_DISABLE_EOF_CHECK, &err);
   }
   unlink(r->trace);
+}
+
+static void replay(struct replay_run *r, const char *text, const char *mode,
+                   int series) {
+  replay_ex(r, text, mode, series, 0);
 }
 
 static void replay_done(struct replay_run *r) {
@@ -212,11 +220,97 @@ START_TEST(replay_auto_serves_fragmented_request) {
 }
 END_TEST
 
+/*
+ * --cache: the same trace through each client's cache gives the same
+ * figures (operations, failures, peak in use) and the broker's bytes for
+ * each tenant are the slabs its cache holds.  Tenant a: two 512 KiB
+ * blocks share a 2 MiB slab and 3 MiB gets a slab of its own; b's 1 MiB
+ * gets a 2 MiB slab.  Every later request is served from what was freed
+ * (k4 in k1's place, j2 in j1's, k5 in k3's slab): 4 hits, 3 misses, 3
+ * broker requests instead of 11 (7 allocs, 4 frees), and the slabs held
+ * peak at 7 MiB for 4.75 MiB in use.
+ */
+static const char cache_trace[] =
+    "capacity 64MiB\n"
+    "alloc a k1 512KiB\n"
+    "alloc a k2 512KiB movable\n"
+    "alloc a k3 3MiB\n"
+    "free a k1\n"
+    "alloc a k4 256KiB\n"
+    "alloc b j1 1MiB\n"
+    "free b j1\n"
+    "alloc b j2 1MiB\n"
+    "lock a k3\n"
+    "unlock a k3\n"
+    "free a k3\n"
+    "alloc a k5 3MiB\n"
+    "free a k2\n";
+
+START_TEST(replay_cache_same_accounting) {
+  struct replay_run plain, cached;
+  replay_ex(&plain, cache_trace, "off", 0, 0);
+  ck_assert_msg(plain.status == 0 && plain.json, "%d:\n%s", plain.status,
+                plain.out);
+  replay_ex(&cached, cache_trace, "off", 0, 1);
+  ck_assert_msg(cached.status == 0 && cached.json, "%d:\n%s", cached.status,
+                cached.out);
+  static const char *const same[] = {"operations", "skipped", "failures",
+                                     "peak_bytes_in_use", "corrupted",
+                                     "accounting_mismatches",
+                                     "uncached_requests"};
+  for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+    ck_assert_msg(jint(&plain, same[i]) == jint(&cached, same[i]),
+                  "%s: %lld without the cache, %lld with it", same[i],
+                  jint(&plain, same[i]), jint(&cached, same[i]));
+  ck_assert_int_eq(jint(&cached, "operations"), 13);
+  ck_assert_int_eq(jint(&cached, "failures"), 0);
+  ck_assert_int_eq(jint(&cached, "accounting_mismatches"), 0);
+  ck_assert_int_eq(jint(&cached, "peak_bytes_in_use"), 4980736);
+  ck_assert(json_is_true(json_object_get(cached.json, "cache")));
+  ck_assert(json_is_false(json_object_get(plain.json, "cache")));
+  ck_assert_int_eq(jint(&cached, "cache_hits"), 4);
+  ck_assert_int_eq(jint(&cached, "cache_misses"), 3);
+  ck_assert_int_eq(jint(&cached, "cache_slab_allocs"), 3);
+  ck_assert_int_eq(jint(&cached, "broker_requests"), 3);
+  ck_assert_int_eq(jint(&cached, "uncached_requests"), 11);
+  ck_assert_int_eq(jint(&plain, "broker_requests"), 11);
+  ck_assert_int_eq(jint(&cached, "peak_bytes_held"), 7 << 20);
+  ck_assert_int_eq(jint(&plain, "peak_bytes_held"), 4980736);
+  replay_done(&plain);
+  replay_done(&cached);
+}
+END_TEST
+
+/* What the cache costs: its slabs count against the quota, so a tenant
+ * whose quota is below a small slab (2 MiB) cannot have 768 KiB through
+ * it, which it can without. */
+START_TEST(replay_cache_slab_counts_against_quota) {
+  static const char text[] = "capacity 16MiB\n"
+                             "quota q 1MiB\n"
+                             "alloc q s1 768KiB\n"
+                             "free q s1\n";
+  struct replay_run plain, cached;
+  replay_ex(&plain, text, "off", 0, 0);
+  replay_ex(&cached, text, "off", 0, 1);
+  ck_assert_msg(plain.status == 0 && cached.status == 0 && plain.json &&
+                    cached.json, "%s\n%s", plain.out, cached.out);
+  ck_assert_int_eq(jint(&plain, "failures"), 0);
+  ck_assert_int_eq(jint(&cached, "failures"), 1);
+  ck_assert_int_eq(jint(&cached, "quota_failures"), 1);
+  ck_assert_int_eq(jint(&cached, "skipped"), 1);
+  ck_assert_int_eq(jint(&cached, "accounting_mismatches"), 0);
+  replay_done(&plain);
+  replay_done(&cached);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "replay", "replay", 60,
       replay_quota_failure_is_not_fragmentation,
       replay_series_rows,
       replay_bad_trace_line,
-      replay_auto_serves_fragmented_request));
+      replay_auto_serves_fragmented_request,
+      replay_cache_same_accounting,
+      replay_cache_slab_counts_against_quota));
 }

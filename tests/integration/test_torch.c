@@ -463,9 +463,181 @@ START_TEST(torch_routes_by_device) {
 }
 END_TEST
 
+/* --- PyTorch's other hooks, on a (fake) GPU --------------------------------- */
+
+/* The fake driver, through the child's own handle (the library loaded the
+ * same one): streams in the primary context, a gate that holds a stream. */
+struct hk_drv {
+  int (*stream_create)(void **s, unsigned flags);
+  int (*stream_sync)(void *s);
+  int (*host_func)(void *s, void (*fn)(void *), void *arg);
+};
+
+static atomic_int hk_gate;
+
+static void hk_gate_fn(void *arg) {
+  (void)arg;
+  while (!atomic_load(&hk_gate)) harness_sleep_ms(1);
+}
+
+typedef int (*hk_gpa_fn)(const char *sym, void **pfn, int ver,
+                         unsigned long long flags, int *status);
+
+/* 0 with the primary context of ordinal 0 current in this thread. */
+static int hk_drv_load(struct hk_drv *d) {
+  const char *lib = getenv("GMB_LIBCUDA");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+  hk_gpa_fn gpa = NULL;
+  if (h) *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+  if (gpa == NULL) return -1;
+  int (*init)(unsigned) = NULL, (*get)(int *, int) = NULL;
+  int (*retain)(void **, int) = NULL, (*set)(void *) = NULL;
+  if (gpa("cuInit", (void **)&init, 12000, 0, NULL) ||
+      gpa("cuDeviceGet", (void **)&get, 12000, 0, NULL) ||
+      gpa("cuDevicePrimaryCtxRetain", (void **)&retain, 12000, 0, NULL) ||
+      gpa("cuCtxSetCurrent", (void **)&set, 12000, 0, NULL) ||
+      gpa("cuStreamCreate", (void **)&d->stream_create, 12000, 0, NULL) ||
+      gpa("cuStreamSynchronize", (void **)&d->stream_sync, 12000, 0, NULL) ||
+      gpa("cuLaunchHostFunc", (void **)&d->host_func, 12000, 0, NULL))
+    return -1;
+  int dev;
+  void *ctx;
+  if (init(0) || get(&dev, 0) || retain(&ctx, dev) || set(ctx)) return -1;
+  return 0;
+}
+
+struct hk_lib {
+  struct torch_lib t;
+  void (*init)(int);
+  void (*reset)(void);
+  void (*fraction)(double, int);
+  void (*record)(void *, void *);
+  unsigned long long (*kept)(void);
+};
+
+static const struct harness_broker *hk_b;
+
+/* The tenant's bytes in use on the GPU's broker. */
+static long long hk_used(void) {
+  struct wire_tenant_row row;
+  int rc = harness_tenant_row(hk_b, "torch", &row);
+  return rc == GMB_E_NOENT ? 0 : rc ? -1 : (long long)row.used;
+}
+
+/*
+ * What PyTorch calls, in its order: init at CUDA's lazy initialisation,
+ * alloc on the current stream, record_stream when a tensor is used on a
+ * second stream, free with the allocation's stream, empty_cache (the
+ * reset hook), set_per_process_memory_fraction, and an allocation during
+ * a graph capture.
+ */
+static int hooks_main(void *arg) {
+  struct torch_args *a = arg;
+  struct hk_lib k;
+  struct hk_drv d;
+  CHILD_CHECK(torch_load(&k.t, a) == 0, 10, "load");
+  *(void **)&k.init = dlsym(k.t.h, "gmb_torch_init");
+  *(void **)&k.reset = dlsym(k.t.h, "gmb_torch_reset");
+  *(void **)&k.fraction = dlsym(k.t.h, "gmb_torch_set_memory_fraction");
+  *(void **)&k.record = dlsym(k.t.h, "gmb_torch_record_stream");
+  *(void **)&k.kept = dlsym(k.t.h, "gmb_torch_kept");
+  CHILD_CHECK(k.init && k.reset && k.fraction && k.record && k.kept, 11,
+              "a hook's symbol is missing");
+  CHILD_CHECK(hk_drv_load(&d) == 0, 12, "the fake driver");
+  void *s1, *s2;
+  CHILD_CHECK(d.stream_create(&s1, 1) == 0 && d.stream_create(&s2, 1) == 0,
+              13, "cuStreamCreate");
+  k.init(1); /* CUDA's lazy init: one device */
+
+  /* record_stream: used on s2, freed on s1, while s2 is held. */
+  atomic_store(&hk_gate, 0);
+  CHILD_CHECK(d.host_func(s2, hk_gate_fn, NULL) == 0, 14, "host func");
+  void *p = k.t.alloc(64 * 1024, 0, s1);
+  CHILD_CHECK(p != NULL, 15, "alloc: %s", k.t.last_error());
+  k.record(p, s2);
+  k.t.free(p, 64 * 1024, 0, s1);
+  CHILD_CHECK(strcmp(k.t.last_error(), "no error") == 0, 16, "%s",
+              k.t.last_error());
+  void *q = k.t.alloc(64 * 1024, 0, s1);
+  CHILD_CHECK(q != NULL && q != p, 17, "a block s2 may still use was "
+              "reused on s1 (%p, %p)", p, q);
+  atomic_store(&hk_gate, 1);
+  CHILD_CHECK(d.stream_sync(s2) == 0, 18, "sync s2");
+  void *r = k.t.alloc(64 * 1024, 0, s1);
+  CHILD_CHECK(r == p, 19, "once s2 ran past the free the block is s1's "
+              "again (%p, not %p)", r, p);
+  k.t.free(q, 64 * 1024, 0, s1);
+  k.t.free(r, 64 * 1024, 0, s1);
+  k.record((char *)p + 512, s2); /* not ours: ignored, recorded */
+  CHILD_CHECK(strstr(k.t.last_error(), "gmb_torch_record_stream"), 20, "%s",
+              k.t.last_error());
+
+  /* torch.cuda.empty_cache(): the reset hook gives the slab back once the
+   * streams ran past the frees. */
+  CHILD_CHECK(d.stream_sync(s1) == 0, 21, "sync s1");
+  CHILD_CHECK(hk_used() == (long long)(2 * MIB), 22, "used %lld", hk_used());
+  k.reset();
+  CHILD_CHECK(hk_used() == 0, 23, "after the reset hook: used %lld",
+              hk_used());
+
+  /* set_per_process_memory_fraction: 0 refuses everything, with the
+   * reason; a fraction of 6 MiB of the capacity lets 4 MiB in, not 4 MiB
+   * more, until the first is freed. */
+  gmb_client *own = NULL;
+  gmb_device_stats ds;
+  CHILD_CHECK(gmb_connect_gpu("cuda:0", a->tenant, &own) == 0 &&
+                  gmb_device_stats_get(own, &ds) == 0 && ds.capacity > 0,
+              24, "device stats: %s", gmb_last_error(own));
+  gmb_disconnect(own);
+  k.fraction(0.0, 0);
+  CHILD_CHECK(k.t.alloc(4096, 0, s1) == NULL &&
+                  strstr(k.t.last_error(), "memory fraction of cuda:0"),
+              25, "fraction 0: %s", k.t.last_error());
+  k.fraction((double)(6 * MIB) / (double)ds.capacity, 0);
+  p = k.t.alloc((ssize_t)(4 * MIB), 0, s1);
+  CHILD_CHECK(p != NULL, 26, "4MiB under the fraction: %s", k.t.last_error());
+  CHILD_CHECK(k.t.alloc((ssize_t)(4 * MIB), 0, s1) == NULL, 27,
+              "8MiB over a 6MiB fraction");
+  k.t.free(p, (ssize_t)(4 * MIB), 0, s1);
+  p = k.t.alloc((ssize_t)(4 * MIB), 0, s1);
+  CHILD_CHECK(p != NULL, 28, "4MiB after the free: %s", k.t.last_error());
+  k.t.free(p, (ssize_t)(4 * MIB), 0, s1);
+  k.fraction(1.0, 0);
+
+  /* Allocated during a graph capture, freed after it: the graph may still
+   * use it at every replay, so it is kept, never reused. */
+  setenv("FAKECUDA_CAPTURING", "all", 1);
+  void *g = k.t.alloc(8192, 0, s1);
+  unsetenv("FAKECUDA_CAPTURING");
+  CHILD_CHECK(g != NULL, 29, "alloc during a capture: %s", k.t.last_error());
+  k.t.free(g, 8192, 0, s1);
+  CHILD_CHECK(k.kept() == 8192 &&
+                  strstr(k.t.last_error(), "allocated during a CUDA graph"),
+              30, "kept %llu: %s", k.kept(), k.t.last_error());
+  void *h2 = k.t.alloc(8192, 0, s1);
+  CHILD_CHECK(h2 != NULL && h2 != g, 31, "a graph's block was reused");
+  k.t.free(h2, 8192, 0, s1);
+  return 0;
+}
+
+START_TEST(torch_hooks_in_pytorch_order) {
+  struct harness_gpus g;
+  harness_fake_gpus(&g, 1);
+  struct harness_broker b;
+  harness_broker_start_gpu(&b, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           torch_config);
+  hk_b = &b;
+  struct torch_args a = {NULL, "torch", 1, 1};
+  torch_run(hooks_main, &a);
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "torch", "torch", 60,
+      torch_hooks_in_pytorch_order,
       torch_routes_by_device,
       torch_sizes_and_zero,
       torch_quota_returns_null,

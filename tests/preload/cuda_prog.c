@@ -14,6 +14,16 @@
  *   set_device N            makes ordinal N's primary context current, as
  *                           cudaSetDevice does, through the driver named by
  *                           $GMB_LIBCUDA (the fake in tests)     -> "RC"
+ *   rt_malloc_async SLOT SIZE STREAM | rt_malloc_async_ptsz ... |
+ *   drv_malloc_async SLOT SIZE STREAM                            -> "RC"
+ *   rt_free_async SLOT STREAM | rt_free_async_ptsz SLOT STREAM |
+ *   drv_free_async SLOT STREAM | rt_free_async_null              -> "RC"
+ *                           (STREAM a number: 0 the default stream, 1
+ *                           cudaStreamLegacy, 2 cudaStreamPerThread)
+ *   dup FROM TO             slot TO holds slot FROM's pointer too -> "0"
+ *   same A B                "1" when slots A and B hold one pointer, else "0"
+ *   capture on|off          sets or unsets FAKECUDA_CAPTURING=all: the fake
+ *                           driver's streams are being captured   -> "0"
  *   exit                    ends without freeing anything
  * "nofunc NAME" when a function is not there (nothing was preloaded).
  */
@@ -34,6 +44,12 @@ extern cudaError_t cudaMemGetInfo(size_t *free, size_t *total) __attribute__((we
 extern CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) __attribute__((weak));
 extern CUresult cuMemFree_v2(CUdeviceptr dptr) __attribute__((weak));
 extern CUresult cuMemGetInfo_v2(size_t *free, size_t *total) __attribute__((weak));
+extern cudaError_t cudaMallocAsync(void **p, size_t n, void *s) __attribute__((weak));
+extern cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, void *s) __attribute__((weak));
+extern cudaError_t cudaFreeAsync(void *p, void *s) __attribute__((weak));
+extern cudaError_t cudaFreeAsync_ptsz(void *p, void *s) __attribute__((weak));
+extern CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, void *s) __attribute__((weak));
+extern CUresult cuMemFreeAsync(CUdeviceptr d, void *s) __attribute__((weak));
 
 #define PROG_SLOTS 64
 
@@ -139,6 +155,50 @@ int main(void) {
       if (h) *(void **)&f = dlsym(h, "cudaMalloc");
       NEED(f);
       printf("%d\n", f(&prog_slot[slot], (size_t)size));
+    } else if (!strcmp(cmd, "rt_malloc_async")) {
+      NEED(cudaMallocAsync);
+      printf("%d\n", cudaMallocAsync(&prog_slot[slot], (size_t)size,
+                                     (void *)(uintptr_t)seed));
+    } else if (!strcmp(cmd, "rt_malloc_async_ptsz")) {
+      NEED(cudaMallocAsync_ptsz);
+      printf("%d\n", cudaMallocAsync_ptsz(&prog_slot[slot], (size_t)size,
+                                          (void *)(uintptr_t)seed));
+    } else if (!strcmp(cmd, "drv_malloc_async")) {
+      NEED(cuMemAllocAsync);
+      CUdeviceptr d = 0;
+      int rc = cuMemAllocAsync(&d, (size_t)size, (void *)(uintptr_t)seed);
+      prog_slot[slot] = (void *)(uintptr_t)d;
+      printf("%d\n", rc);
+    } else if (!strcmp(cmd, "rt_free_async")) {
+      NEED(cudaFreeAsync);
+      printf("%d\n", cudaFreeAsync(prog_slot[slot], (void *)(uintptr_t)size));
+      prog_slot[slot] = NULL;
+    } else if (!strcmp(cmd, "rt_free_async_ptsz")) {
+      NEED(cudaFreeAsync_ptsz);
+      printf("%d\n", cudaFreeAsync_ptsz(prog_slot[slot],
+                                        (void *)(uintptr_t)size));
+      prog_slot[slot] = NULL;
+    } else if (!strcmp(cmd, "drv_free_async")) {
+      NEED(cuMemFreeAsync);
+      printf("%d\n", cuMemFreeAsync((CUdeviceptr)(uintptr_t)prog_slot[slot],
+                                    (void *)(uintptr_t)size));
+      prog_slot[slot] = NULL;
+    } else if (!strcmp(cmd, "rt_free_async_null")) {
+      NEED(cudaFreeAsync);
+      printf("%d\n", cudaFreeAsync(NULL, NULL));
+    } else if (!strcmp(cmd, "dup")) {
+      prog_slot[size < PROG_SLOTS ? size : 0] = prog_slot[slot];
+      printf("0\n");
+    } else if (!strcmp(cmd, "same")) {
+      printf("%d\n", prog_slot[slot] == prog_slot[size < PROG_SLOTS ? size : 0]);
+    } else if (!strcmp(cmd, "capture")) {
+      char onoff[8] = "";
+      sscanf(line, "%*s %7s", onoff);
+      if (!strcmp(onoff, "on"))
+        setenv("FAKECUDA_CAPTURING", "all", 1);
+      else
+        unsetenv("FAKECUDA_CAPTURING");
+      printf("0\n");
     } else if (!strcmp(cmd, "set_device")) {
       printf("%d\n", prog_set_device((int)slot));
     } else if (!strcmp(cmd, "exit")) {

@@ -4,6 +4,8 @@
  * first and this library second (LD_PRELOAD="gmb-preload fake").
  * Allocations are malloc'd host memory; cudaMemGetInfo reports the fixed
  * figures FAKE_FREE / FAKE_TOTAL so a test can tell whose answer it got.
+ * The stream-ordered calls and the synchronisations say on stderr that
+ * they arrived ("fake-cudart: cudaFreeAsync"), for the same reason.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +21,12 @@ FAKE_API int cudaMemGetInfo(size_t *fr, size_t *tot);
 FAKE_API int cuMemAlloc_v2(unsigned long long *p, size_t size);
 FAKE_API int cuMemFree_v2(unsigned long long p);
 FAKE_API int cuMemGetInfo_v2(size_t *fr, size_t *tot);
+FAKE_API int cudaMallocAsync(void **p, size_t size, void *stream);
+FAKE_API int cudaFreeAsync(void *p, void *stream);
+FAKE_API int cuMemAllocAsync(unsigned long long *p, size_t size, void *stream);
+FAKE_API int cuMemFreeAsync(unsigned long long p, void *stream);
+FAKE_API int cudaDeviceSynchronize(void);
+FAKE_API int cuCtxSynchronize(void);
 
 int cudaMalloc(void **p, size_t size) {
   *p = malloc(size ? size : 1);
@@ -54,5 +62,44 @@ int cuMemFree_v2(unsigned long long p) {
 int cuMemGetInfo_v2(size_t *fr, size_t *tot) {
   *fr = FAKE_FREE;
   *tot = FAKE_TOTAL;
+  return 0;
+}
+
+int cudaMallocAsync(void **p, size_t size, void *stream) {
+  (void)stream;
+  fputs("fake-cudart: cudaMallocAsync\n", stderr);
+  *p = malloc(size ? size : 1);
+  return *p ? 0 : 2;
+}
+
+int cudaFreeAsync(void *p, void *stream) {
+  (void)stream;
+  fputs("fake-cudart: cudaFreeAsync\n", stderr);
+  free(p);
+  return 0;
+}
+
+int cuMemAllocAsync(unsigned long long *p, size_t size, void *stream) {
+  (void)stream;
+  fputs("fake-cudart: cuMemAllocAsync\n", stderr);
+  void *q = malloc(size ? size : 1);
+  *p = (unsigned long long)(uintptr_t)q;
+  return q ? 0 : 2;
+}
+
+int cuMemFreeAsync(unsigned long long p, void *stream) {
+  (void)stream;
+  fputs("fake-cudart: cuMemFreeAsync\n", stderr);
+  free((void *)(uintptr_t)p);
+  return 0;
+}
+
+int cudaDeviceSynchronize(void) {
+  fputs("fake-cudart: cudaDeviceSynchronize\n", stderr);
+  return 0;
+}
+
+int cuCtxSynchronize(void) {
+  fputs("fake-cudart: cuCtxSynchronize\n", stderr);
   return 0;
 }

@@ -13,8 +13,13 @@ feature: the statistics (memory_stats, memory_allocated,
 max_memory_allocated, reset_peak_memory_stats, memory_snapshot,
 _record_memory_history) must raise RuntimeError naming what the pluggable
 allocator does not support, sharing a CUDA tensor the way
-torch.multiprocessing does (reduce_tensor) must raise RuntimeError, and
-empty_cache() must do nothing; after each the tensor's bytes are intact.
+torch.multiprocessing does (reduce_tensor) must raise RuntimeError; after
+each the tensor's bytes are intact.  The hooks gmb_torch.enable() wires
+are used as PyTorch users do: torch.cuda.empty_cache() gives the cache's
+free slabs back (the tenant's bytes in use, read through libgmb.so, drop),
+set_per_process_memory_fraction(0) refuses an allocation and 1 allows it
+again, and Tensor.record_stream() records no error and leaks nothing.
+Without PyTorch, the library must still export every function HOOKS names.
 """
 import os
 import shutil
@@ -49,6 +54,18 @@ class WithoutTorch(unittest.TestCase):
         with self.assertRaises(ImportError) as cm:
             gmb_torch.enable(os.path.join(BUILD, "libgmb-torch.so"))
         self.assertIn("gmb_torch needs PyTorch", str(cm.exception))
+
+    def test_library_exports_every_hook(self):
+        import ctypes
+        lib_path = os.path.join(BUILD, "libgmb-torch.so")
+        if not os.path.isfile(lib_path):
+            self.skipTest("%s is not built" % lib_path)
+        lib = ctypes.CDLL(lib_path)
+        for name in ["gmb_torch_alloc", "gmb_torch_free",
+                     "gmb_torch_empty_cache", "gmb_torch_last_error"] + \
+                [sym for _, sym in gmb_torch.HOOKS]:
+            self.assertTrue(hasattr(lib, name), name)
+        self.assertEqual(gmb_torch.hooks(), {})
 
     def test_library_path_env(self):
         old = os.environ.get("GMB_TORCH_LIB")
@@ -137,8 +154,68 @@ class UnsupportedFeatures(unittest.TestCase):
         from torch.multiprocessing.reductions import reduce_tensor
         self.refused(lambda: reduce_tensor(self.x))
 
-    def test_empty_cache_does_nothing(self):
+    def used(self):
+        """The tenant's bytes in use, as the broker counts them."""
+        import ctypes
+
+        class Stats(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_uint64) for n in
+                        ("quota", "used", "peak", "segments", "cached")]
+        lib = ctypes.CDLL(os.path.join(BUILD, "libgmb.so"))
+        c = ctypes.c_void_p()
+        self.assertEqual(lib.gmb_connect(
+            os.environ["GMB_ENDPOINT"].encode(),
+            os.environ["GMB_TENANT"].encode(), ctypes.byref(c)), 0)
+        st = Stats()
+        rc = lib.gmb_tenant_stats(c, ctypes.byref(st))
+        lib.gmb_disconnect(c)
+        self.assertEqual(rc, 0)
+        return st.used
+
+    def test_hooks_wired(self):
+        wired = gmb_torch.hooks()
+        self.assertEqual(sorted(wired), sorted(s for s, _ in gmb_torch.HOOKS))
+        print("  hooks: %s" % wired)
+        self.assertTrue(wired["set_reset_fn"], wired)
+
+    def test_empty_cache_gives_back(self):
+        y = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        before = self.used()
+        del y
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        self.assertLess(self.used(), before)
+        self.intact()
+
+    def test_memory_fraction(self):
+        torch.cuda.set_per_process_memory_fraction(0.0)
+        try:
+            with self.assertRaises(RuntimeError) as cm:
+                torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            self.assertIn("memory fraction", str(cm.exception))
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+        z = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        del z
+        self.intact()
+
+    def test_record_stream(self):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = self.used()
+        s2 = torch.cuda.Stream()
+        y = torch.ones(16 << 20, dtype=torch.uint8, device="cuda")
+        s2.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s2):
+            w = y * 2
+        y.record_stream(s2)
+        del y
+        self.assertNotIn("record_stream", gmb_torch.last_error())
+        s2.synchronize()
+        del w
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self.assertLessEqual(self.used(), base)
         self.intact()
 
 

@@ -92,9 +92,15 @@ static int ev_new(void *ctx, void **ev) {
   if (*ev) be.events_live++;
   return *ev ? 0 : GMB_E_SYSTEM;
 }
+/* The legacy default stream (NULL) and the per-thread one (0x2; one
+ * stands for every thread's here: the tests complete it as a whole). */
+static struct fake_stream legacy, per_thread;
+
 static int ev_record(void *ctx, void *ev, void *stream) {
   (void)ctx;
-  struct fake_stream *s = stream;
+  struct fake_stream *s = stream == NULL                  ? &legacy
+                          : stream == (void *)(uintptr_t)2 ? &per_thread
+                                                           : stream;
   struct fake_event *e = ev;
   if (s == NULL || s->destroyed) return GMB_E_INVAL;
   be.records++;
@@ -374,6 +380,163 @@ START_TEST(merge_across_streams_after_event) {
 }
 END_TEST
 
+/* CUDA's names for the default streams (cuda.h). */
+#define LEGACY ((void *)(uintptr_t)0x1)
+#define PER_THREAD ((void *)(uintptr_t)0x2)
+
+/* NULL and CU_STREAM_LEGACY are one stream: freed on one, reused at once
+ * on the other. */
+START_TEST(legacy_stream_is_null) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&stream_ops, 1);
+  void *p, *q;
+  ck_assert_int_eq(gmb__cache_alloc(k, 8192, NULL, &p), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p, LEGACY), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 8192, NULL, &q), 0);
+  ck_assert_ptr_eq(q, p);
+  ck_assert_uint_eq(be.queries, 0);
+  ck_assert_int_eq(gmb__cache_free(k, q, NULL), 0);
+  legacy.completed = legacy.recorded;
+  done(k);
+}
+END_TEST
+
+/* The per-thread default stream is another stream on every thread: a
+ * block freed on it by one thread waits for its event before another
+ * thread's per-thread stream may have it; the freeing thread reuses it at
+ * once. */
+static void *other_thread_alloc(void *arg) {
+  void **out = arg;
+  if (gmb__cache_alloc(out[0], 4 * MIB, PER_THREAD, &out[1])) out[1] = NULL;
+  return NULL;
+}
+
+START_TEST(per_thread_stream_is_per_thread) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&stream_ops, 1);
+  void *p, *q;
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, PER_THREAD, &p), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p, PER_THREAD), 0);
+  void *arg[2] = {k, NULL};
+  pthread_t t;
+  pthread_create(&t, NULL, other_thread_alloc, arg);
+  pthread_join(t, NULL);
+  ck_assert_ptr_nonnull(arg[1]);
+  ck_assert_ptr_ne(arg[1], p); /* this thread's stream has not run yet */
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, PER_THREAD, &q), 0);
+  ck_assert_ptr_eq(q, p); /* its own stream: at once */
+  ck_assert_int_eq(gmb__cache_free(k, q, PER_THREAD), 0);
+  ck_assert_int_eq(gmb__cache_free(k, arg[1], PER_THREAD), 0);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  per_thread.completed = per_thread.recorded;
+  done(k);
+}
+END_TEST
+
+/* record_stream: a block used on s2 too is reused by no stream, its own
+ * included, until s2 ran past the free; then as any block freed on s1. */
+START_TEST(record_stream_waits_for_other_stream) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&stream_ops, 1);
+  struct fake_stream s1 = {0}, s2 = {0};
+  void *p, *q, *r;
+  ck_assert_int_eq(gmb__cache_alloc(k, 64 * 1024, &s1, &p), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &s2), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &s2), 0); /* once */
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &s1), 0); /* its own */
+  ck_assert_int_eq(gmb__cache_free(k, p, &s1), 0);
+  ck_assert_uint_eq(be.records, 2); /* s2, then the free's on s1 */
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  /* Pending: counted as in use, not as cached, not given back. */
+  struct gmb_cache_counters c;
+  gmb__cache_counters(k, &c);
+  ck_assert_uint_eq(c.in_use, 64 * 1024);
+  ck_assert_uint_eq(gmb__cache_cached(k), GMB_CACHE_SMALL_SLAB - 64 * 1024);
+  ck_assert_int_eq(gmb__cache_free(k, p, &s1), GMB_E_INVAL); /* twice */
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &s2), GMB_E_INVAL);
+  ck_assert_int_eq(gmb__cache_alloc(k, 64 * 1024, &s1, &q), 0);
+  ck_assert_ptr_ne(q, p); /* not even on s1 */
+  ck_assert_int_eq(gmb__cache_alloc(k, 64 * 1024, &s2, &r), 0);
+  ck_assert_ptr_ne(r, p);
+  ck_assert_int_eq(gmb__cache_free(k, r, &s2), 0);
+  /* s1 done is not enough. */
+  s1.completed = s1.recorded;
+  ck_assert_int_eq(gmb__cache_alloc(k, 64 * 1024, &s1, &r), 0);
+  ck_assert_ptr_ne(r, p);
+  ck_assert_int_eq(gmb__cache_free(k, r, &s1), 0);
+  /* s2 ran past the free: p is a block freed on s1 like any other. */
+  s2.completed = s2.recorded;
+  ck_assert_int_eq(gmb__cache_alloc(k, 64 * 1024, &s1, &r), 0);
+  ck_assert_ptr_eq(r, p);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  ck_assert_int_eq(gmb__cache_free(k, r, &s1), 0);
+  ck_assert_int_eq(gmb__cache_free(k, q, &s1), 0);
+  s1.completed = s1.recorded;
+  s2.completed = s2.recorded;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, NULL), 0);
+  ck_assert_uint_eq(be.held, 0);
+  done(k);
+}
+END_TEST
+
+/* The trim gives back a slab whose pending block's streams ran, and not
+ * one whose did not; destroying a cache with a pending block leaks no
+ * event. */
+START_TEST(record_stream_trim_and_destroy) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&stream_ops, 1);
+  struct fake_stream s1 = {0}, s2 = {0}, s3 = {0};
+  void *p, *q;
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, &s1, &p), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, &s1, &q), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &s2), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &s3), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(k, q, &s2), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p, &s1), 0);
+  ck_assert_int_eq(gmb__cache_free(k, q, &s1), 0);
+  s1.completed = s1.recorded;
+  s2.completed = s2.recorded;
+  uint64_t rel = 0;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, &rel), 0);
+  ck_assert_uint_eq(rel, 4 * MIB); /* q's; p still waits for s3 */
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  done(k); /* p pending: its events freed all the same */
+}
+END_TEST
+
+/* record_stream's refusals change nothing; on a cache without events it
+ * is accepted and means nothing. */
+START_TEST(record_stream_errors) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&stream_ops, 1);
+  struct fake_stream s1 = {0}, dead = {.destroyed = 1};
+  void *p;
+  int x;
+  ck_assert_int_eq(gmb__cache_record_stream(k, &x, &s1), GMB_E_NOENT);
+  ck_assert_int_eq(gmb__cache_alloc(k, 4096, &s1, &p), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, PER_THREAD), GMB_E_INVAL);
+  /* A recorded stream that takes no event at the free: the block stays
+   * handed out (its free's own event is not recorded either). */
+  ck_assert_int_eq(gmb__cache_record_stream(k, p, &dead), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p, &s1), GMB_E_INVAL);
+  ck_assert_uint_eq(be.records, 0);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  struct gmb_cache_counters c;
+  gmb__cache_counters(k, &c);
+  ck_assert_uint_eq(c.in_use, 4096);
+  dead.destroyed = 0; /* (a stream the test revives: the free goes on) */
+  ck_assert_int_eq(gmb__cache_free(k, p, &s1), 0);
+  done(k);
+  struct gmb_cache *h = gmb__cache_new(&host_ops, 1);
+  ck_assert_int_eq(gmb__cache_alloc(h, 4096, NULL, &p), 0);
+  ck_assert_int_eq(gmb__cache_record_stream(h, p, &s1), 0);
+  ck_assert_int_eq(gmb__cache_free(h, p, NULL), 0);
+  ck_assert_int_eq(gmb__cache_alloc(h, 4096, NULL, &p), 0); /* at once */
+  ck_assert_int_eq(gmb__cache_free(h, p, NULL), 0);
+  done(h);
+}
+END_TEST
+
 /* --- quotas ------------------------------------------------------------ */
 
 START_TEST(quota_trims_and_retries_once) {
@@ -435,7 +598,42 @@ struct live {
   size_t n;
   unsigned char tag;
   struct fake_stream *s;
+  unsigned uses; /* streams recorded with gmb__cache_record_stream, a bit each */
 };
+
+/* Memory a stream's queued work may still touch: [p, p+n) until the
+ * stream completed past `at`.  A block handed out on another stream must
+ * not overlap one (the model of the GPU the events stand for). */
+struct shadow {
+  uintptr_t p;
+  size_t n;
+  struct fake_stream *s;
+  uint64_t at;
+};
+#define NSHADOWS 4096
+static struct shadow shadows[NSHADOWS];
+static unsigned nshadows;
+
+static void shadow_add(void *p, size_t n, struct fake_stream *s) {
+  if (nshadows < NSHADOWS)
+    shadows[nshadows++] = (struct shadow){(uintptr_t)p, n, s, s->recorded};
+}
+
+/* Drops what completed; returns the index of a shadow that forbids
+ * handing [p, p+n) out on stream s, or -1. */
+static int shadow_conflict(void *p, size_t n, struct fake_stream *s) {
+  int hit = -1;
+  unsigned k = 0;
+  for (unsigned i = 0; i < nshadows; i++) {
+    struct shadow *x = &shadows[i];
+    if (x->s->completed >= x->at) continue;
+    shadows[k++] = *x;
+    if (x->s != s && x->p < (uintptr_t)p + n && (uintptr_t)p < x->p + x->n)
+      hit = (int)k - 1;
+  }
+  nshadows = k;
+  return hit;
+}
 
 static size_t stress_size(uint64_t *rng, uint64_t scale) {
   uint64_t r = gmb__splitmix64(rng);
@@ -456,7 +654,9 @@ static void stress(const struct gmb_cache_ops *ops, uint64_t quota) {
   enum { NLIVE = 96, NSTREAMS = 3 };
   struct live live[NLIVE] = {{0}};
   struct fake_stream streams[NSTREAMS] = {{0}};
+  int events = ops->event_record != NULL;
   uint64_t rng = seed;
+  nshadows = 0;
   for (uint64_t step = 0; step < iter; step++) {
     uint64_t r = gmb__splitmix64(&rng);
     struct live *l = &live[r % NLIVE];
@@ -476,13 +676,24 @@ static void stress(const struct gmb_cache_ops *ops, uint64_t quota) {
                       (unsigned long long)step, n, gmb_err_name(rc));
         QUIET_EQ(p, NULL);
       } else {
+        int c = events ? shadow_conflict(p, n, s) : -1;
+        QUIET_MSG(c < 0, "step %llu: %p+%zu handed out on stream %d while "
+                  "stream %d's work may use %#lx+%zu", (unsigned long long)step,
+                  p, n, (int)(s - streams),
+                  c < 0 ? -1 : (int)(shadows[c].s - streams),
+                  c < 0 ? 0ul : (unsigned long)shadows[c].p,
+                  c < 0 ? (size_t)0 : shadows[c].n);
         l->p = p;
         l->n = n;
         l->tag = (unsigned char)(step | 1);
         l->s = s;
+        l->uses = 0;
         memset(p, l->tag, n);
       }
-    } else {
+    } else if (events && op == 2) {
+      /* Another stream uses it too (record_stream). */
+      QUIET_EQ(gmb__cache_record_stream(k, l->p, s), 0);
+      l->uses |= 1u << (s - streams);
       for (size_t i = 0; i < l->n; i += 509)
         QUIET_MSG(l->p[i] == l->tag, "step %llu: block %p overwritten",
                       (unsigned long long)step, (void *)l->p);
@@ -490,6 +701,11 @@ static void stress(const struct gmb_cache_ops *ops, uint64_t quota) {
       /* Usually on the stream it was used on, sometimes on another. */
       struct fake_stream *fs = (r >> 40) % 4 ? l->s : s;
       QUIET_EQ(gmb__cache_free(k, l->p, fs), 0);
+      if (events) {
+        shadow_add(l->p, l->n, fs);
+        for (int i = 0; i < NSTREAMS; i++)
+          if (l->uses & (1u << i)) shadow_add(l->p, l->n, &streams[i]);
+      }
       if ((r >> 44) % 8 == 0)
         QUIET_EQ(gmb__cache_free(k, l->p, fs), GMB_E_INVAL);
       l->p = NULL;
@@ -581,6 +797,11 @@ static Suite *suite(void) {
   tcase_add_test(t, same_stream_reuses_at_once);
   tcase_add_test(t, other_stream_waits_for_event);
   tcase_add_test(t, merge_across_streams_after_event);
+  tcase_add_test(t, legacy_stream_is_null);
+  tcase_add_test(t, per_thread_stream_is_per_thread);
+  tcase_add_test(t, record_stream_waits_for_other_stream);
+  tcase_add_test(t, record_stream_trim_and_destroy);
+  tcase_add_test(t, record_stream_errors);
   tcase_add_test(t, quota_trims_and_retries_once);
   tcase_add_test(t, trim_keeps_what_is_asked);
   tcase_add_test(t, stress_host);
