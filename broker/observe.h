@@ -37,8 +37,8 @@ void gmb__observe_tenant_row(struct gmb_tenant *t,
 
 /* Ranges in one page of a snapshot when the request names no limit, and
  * the most one page holds whatever it asks (docs/snapshot.md). */
-#define GMB_SNAPSHOT_PAGE_DEFAULT 8192u
-#define GMB_SNAPSHOT_PAGE_MAX 65536u
+#define GMB_SNAPSHOT_PAGE_DEFAULT 4096u
+#define GMB_SNAPSHOT_PAGE_MAX 32768u
 
 /*
  * Fills *rep (kind WIRE_ADMIN_SNAPSHOT) with one page of the snapshot: up
