@@ -32,7 +32,10 @@
  *                               stall of the broker's loop a client saw
  * and, as a check that the file is whole, the number of "allocated"
  * ranges in it (snap.file_allocs, to equal snap.allocs plus the probe's
- * one at most).  Nothing is asserted about times.
+ * one at most).  Last, snap.page_rtt: the whole snapshot read again over
+ * a bare admin socket, each page timed from request to reply (median and
+ * worst): what one page costs the broker's loop, at most.  Nothing is
+ * asserted about times.
  *
  * The same binary measures an older build: GMB_BUILD_DIR=DIR runs DIR's
  * broker and gmbctl (leave BENCH_SNAP_PAGE unset for a gmbctl without
@@ -310,6 +313,57 @@ static void snap_probe_stats(const struct snap_probe *pr, uint64_t from,
 
 /* --- the snapshot ---------------------------------------------------------- */
 
+/* Reads the whole snapshot over a bare admin DEALER, pages of `limit`
+ * (0: the broker's default), timing each request to its reply: an upper
+ * bound of the loop's time per page (the transport and this decoder
+ * included).  A broker without pages answers everything at once: one
+ * "page".  Prints the pages, the median and the worst. */
+static void snap_raw_pages(uint32_t limit) {
+  void *ctx = zmq_ctx_new();
+  void *d = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0, tmo = 60000;
+  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  char ep[160];
+  snprintf(ep, sizeof ep, "ipc://%s/admin.sock", snap_dir);
+  if (zmq_connect(d, ep) != 0) snap_die("connect %s", ep);
+  size_t cap = 1024, n = 0;
+  uint64_t *ns = malloc(cap * sizeof *ns), seg = 0, off = 0, id = 1;
+  if (ns == NULL) snap_die("out of memory");
+  do {
+    struct wire_request req = {.id = id++, .kind = WIRE_ADMIN_SNAPSHOT};
+    req.u.admin_snapshot.segment = seg;
+    req.u.admin_snapshot.offset = off;
+    req.u.admin_snapshot.limit = limit;
+    uint64_t t0 = snap_now();
+    snap_send(d, &req);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, d, 0) < 0) snap_die("admin recv: %s", zmq_strerror(errno));
+    struct wire_reply rep;
+    if (gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), &rep) != 0)
+      snap_die("a page did not decode");
+    zmq_msg_close(&m);
+    if (n == cap) {
+      cap *= 2;
+      ns = realloc(ns, cap * sizeof *ns);
+      if (ns == NULL) snap_die("out of memory");
+    }
+    ns[n++] = snap_now() - t0;
+    if (rep.status != 0) snap_die("page refused: %s", rep.message);
+    seg = rep.u.snapshot.next_segment;
+    off = rep.u.snapshot.next_offset;
+    gmb__wire_reply_clear(&rep);
+  } while (seg);
+  qsort(ns, n, sizeof *ns, snap_cmp_u64);
+  printf("snap.page_rtt pages=%zu median_ms=%.3f max_ms=%.3f (limit %u, bare "
+         "admin requests: the loop's time per page and the transport)\n",
+         n, (double)ns[n / 2] / 1e6, (double)ns[n - 1] / 1e6, limit);
+  free(ns);
+  zmq_close(d);
+  zmq_ctx_term(ctx);
+}
+
 /* Counts "allocated" ranges in the file, reading it in blocks. */
 static uint64_t snap_count_allocated(const char *path) {
   FILE *f = fopen(path, "r");
@@ -441,6 +495,7 @@ int main(void) {
   if (in_file < (uint64_t)count || in_file > (uint64_t)count + 1)
     snap_die("the file holds %" PRIu64 " allocated ranges, not %ld", in_file,
              count);
+  snap_raw_pages(page ? (uint32_t)atol(page) : 0);
   munmap(pr, sizeof *pr);
   zmq_close(sock);
   zmq_ctx_term(zctx);
