@@ -10,9 +10,9 @@
  * readable on the next round).  A batch of at most LOOP_BATCH messages per
  * socket is taken per round so that one busy client cannot starve the
  * others or the timers; on the admin socket LOOP_ADMIN_BATCH, because an
- * admin request (a snapshot page) may cost milliseconds.  Messages are decoded here and handed to their
- * handler (dispatch.c, admin.c); replies leave through the sender
- * (reply.c).
+ * admin request (a snapshot page) may cost a millisecond or more.
+ * Messages are decoded here and handed to their handler (dispatch.c,
+ * admin.c); replies leave through the sender (reply.c).
  */
 #include <errno.h>
 #include <fcntl.h>
