@@ -84,7 +84,7 @@ COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
-LIB_BENCHES := bench_alloc bench_import bench_cache
+LIB_BENCHES := bench_alloc bench_import bench_cache bench_snapshot
 $(B)/obj/tests/unit/%.o: INC = $(BROKER_INC)
 $(foreach u,$(LIB_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(LIB_INC)))
 $(foreach u,$(COMMON_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(COMMON_INC)))
@@ -243,7 +243,7 @@ integration: $(INTEG_BIN) $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN)
 demo: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(EXAMPLE_BIN)
 	$(Q)sh deploy/demo/demo.sh $(B)
 
-bench: $(BENCH_BIN) $(BROKER_BIN) $(REPLAY_BIN) $(TRACEGEN_BIN)
+bench: $(BENCH_BIN) $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(TRACEGEN_BIN)
 	$(Q)sh tests/bench/run.sh $(B)
 
 install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc

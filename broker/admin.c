@@ -496,7 +496,9 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
     case WIRE_ADMIN_RELOAD:
       return admin_reload(b, peer, rep);
     case WIRE_ADMIN_SNAPSHOT:
-      gmb__observe_snapshot(b, rep);
+      gmb__observe_snapshot(b, req->u.admin_snapshot.segment,
+                            req->u.admin_snapshot.offset,
+                            req->u.admin_snapshot.limit, rep);
       return 1;
     case WIRE_ADMIN_METRICS:
       rep->u.metrics.text = gmb__observe_metrics(b);

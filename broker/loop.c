@@ -9,9 +9,10 @@
  * set are ignored (poll is level triggered: a dead process is still
  * readable on the next round).  A batch of at most LOOP_BATCH messages per
  * socket is taken per round so that one busy client cannot starve the
- * others or the timers.  Messages are decoded here and handed to their
- * handler (dispatch.c, admin.c); replies leave through the sender
- * (reply.c).
+ * others or the timers; on the admin socket LOOP_ADMIN_BATCH, because an
+ * admin request (a snapshot page) may cost a millisecond or more.
+ * Messages are decoded here and handed to their handler (dispatch.c,
+ * admin.c); replies leave through the sender (reply.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +50,14 @@
 #include "waitq.h"
 
 #define LOOP_BATCH 256
+/* Admin tools send one request at a time; a page of a snapshot costs up to
+ * a few milliseconds, so a client that pipelines pages gets a few per
+ * round, and the clients' requests are served in between. */
+#define LOOP_ADMIN_BATCH 4
+/* Replies queued for one admin connection that does not read them: beyond
+ * this the sender drops them (reply.c), so a client that asks for pages
+ * and never reads holds at most this many in the broker. */
+#define LOOP_ADMIN_SNDHWM 8
 #define LOOP_TRIM_NS (2000 * GMB_NS_PER_MS)
 #define LOOP_FRAG_NS (1000 * GMB_NS_PER_MS)    /* background check period */
 #define LOOP_COMPACT_NS GMB_NS_PER_MS          /* compaction slice: 1 ms */
@@ -141,7 +150,7 @@ fail:
 }
 
 static void *loop_router(struct gmb_broker *b, const char *path, mode_t mode,
-                         char *err, size_t errcap) {
+                         int sndhwm, char *err, size_t errcap) {
   void *s = zmq_socket(b->zctx, ZMQ_ROUTER);
   if (s == NULL) {
     snprintf(err, errcap, "zmq_socket: %s", zmq_strerror(zmq_errno()));
@@ -153,6 +162,7 @@ static void *loop_router(struct gmb_broker *b, const char *path, mode_t mode,
   zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
   zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
   zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+  if (sndhwm > 0) zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
   char ep[PATH_MAX + 8];
   snprintf(ep, sizeof ep, "ipc://%s", path);
   /* Bind under a tight umask, then open up as wanted: no window in which
@@ -265,10 +275,11 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     return GMB_E_SYSTEM;
   }
-  b->client_sock = loop_router(b, b->client_path, 0666, err, errcap);
+  b->client_sock = loop_router(b, b->client_path, 0666, 0, err, errcap);
   if (b->client_sock == NULL) return GMB_E_SYSTEM;
-  b->admin_sock = loop_router(b, b->admin_path,
-                              gmb__config_admin_mode(&b->cfg), err, errcap);
+  b->admin_sock =
+      loop_router(b, b->admin_path, gmb__config_admin_mode(&b->cfg),
+                  LOOP_ADMIN_SNDHWM, err, errcap);
   if (b->admin_sock == NULL) return GMB_E_SYSTEM;
   if ((rc = loop_fd_listen(b, err, errcap)) != 0) return rc;
   /* metrics_listen was asked for and cannot be served: say so now rather
@@ -625,7 +636,7 @@ int gmb__loop_run(struct gmb_broker *b) {
     if (l->items[LOOP_SLOT_SIGNAL].revents & ZMQ_POLLIN) loop_signal(b);
     for (int i = 0; i < LOOP_BATCH; i++)
       if (loop_take(b, GMB_SOCK_CLIENT) != 0) break;
-    for (int i = 0; i < LOOP_BATCH; i++)
+    for (int i = 0; i < LOOP_ADMIN_BATCH; i++)
       if (loop_take(b, GMB_SOCK_ADMIN) != 0) break;
     /* Sessions that ended in this round make the results stale: poll is
      * level triggered, the next round sees what is still ready. */

@@ -9,9 +9,11 @@
  * the text to the HTTP endpoint (http.c).
  *
  * Invariants: a snapshot's ranges tile each segment in address order (the
- * pool walk guarantees it; the snapshot only copies); its status is built
- * by the same function as the admin status, so that map, snapshot and
- * status never disagree; every counter only grows.
+ * pool walk guarantees it; the snapshot only copies); a page holds at most
+ * its limit of ranges, so what one request makes the broker allocate and
+ * how long it holds the loop are bounded whatever the pool's size; its
+ * status is built by the same function as the admin status, so that map,
+ * snapshot and status never disagree; every counter only grows.
  */
 #include "observe.h"
 
@@ -177,33 +179,21 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
 
 /* --- snapshot ------------------------------------------------------------ */
 
-struct observe_walk {
-  struct gmb_broker *b;
+/* One page being filled by the pool's walk. */
+struct observe_page {
   struct wire_segment_info *segs;
   size_t n, cap;
-  size_t rcap; /* capacity of segs[n - 1].ranges */
+  size_t rcap;       /* capacity of segs[n - 1].ranges */
+  uint32_t ranges;   /* in the page so far */
+  uint32_t limit;
   int oom;
 };
 
-/* A segment is small (one of the shared 2 MiB ones) when it has that size
- * and nothing in it is larger than a small request: a large request is
- * over GMB_POOL_SMALL_MAX, and a large segment is never wholly free (it
- * goes back to the device when it empties; only small ones linger).  The
- * pool does not export the class; this is exact under those rules. */
-static int observe_small(const struct wire_segment_info *si) {
-  if (si->size != GMB_POOL_SMALL_SEGMENT) return 0;
-  for (size_t k = 0; k < si->n_ranges; k++)
-    if ((si->ranges[k].id || si->ranges[k].locked) &&
-        si->ranges[k].size > GMB_POOL_SMALL_MAX)
-      return 0;
-  return 1;
-}
-
 static int observe_range(void *ctx, const struct gmb_alloc_info *info,
                          int is_free) {
-  struct observe_walk *w = ctx;
-  struct wire_segment_info *si =
-      w->n ? &w->segs[w->n - 1] : NULL;
+  struct observe_page *w = ctx;
+  if (w->ranges == w->limit) return 1; /* full: this range opens the next */
+  struct wire_segment_info *si = w->n ? &w->segs[w->n - 1] : NULL;
   if (si == NULL || si->id != info->dseg->id) {
     if (w->n == w->cap) {
       size_t cap = w->cap ? w->cap * 2 : 16;
@@ -215,21 +205,25 @@ static int observe_range(void *ctx, const struct gmb_alloc_info *info,
     si = &w->segs[w->n++];
     memset(si, 0, sizeof *si);
     w->rcap = 0;
-    si->id = info->dseg->id;
-    si->size = info->dseg->size;
-    void *tag = NULL;
-    gmb__pool_segment(w->b->pool, si->id, &tag);
-    const struct gmb_tenant *t = tag;
+    struct gmb_segment_view v;
+    gmb__pool_segment_view(info->segment, &v);
+    const struct gmb_tenant *t = v.arena_tag;
+    si->id = v.dseg->id;
+    si->size = v.dseg->size;
+    si->used = v.used;
+    si->small = v.small;
     snprintf(si->tenant, sizeof si->tenant, "%s", t ? t->name : "");
   }
   if (si->n_ranges == w->rcap) {
     size_t cap = w->rcap ? w->rcap * 2 : 8;
+    if (cap > w->limit) cap = w->limit;
     struct wire_range_info *r = realloc(si->ranges, cap * sizeof *r);
     if (r == NULL) return w->oom = 1;
     si->ranges = r;
     w->rcap = cap;
   }
   struct wire_range_info *ri = &si->ranges[si->n_ranges++];
+  w->ranges++;
   memset(ri, 0, sizeof *ri);
   ri->offset = info->offset;
   ri->size = info->size;
@@ -253,19 +247,55 @@ static void observe_segments_free(struct wire_segment_info *segs, size_t n) {
   free(segs);
 }
 
-void gmb__observe_snapshot(struct gmb_broker *b, struct wire_reply *rep) {
-  /* The status is exactly what AdminStatus answers. */
+/* 0 when (segment, offset) is a cursor a page could have named; else the
+ * refusal is in *rep.  A segment released since is fine: the walk goes on
+ * at the next one. */
+static int observe_cursor(struct gmb_broker *b, uint64_t segment,
+                          uint64_t offset, struct wire_reply *rep) {
+  uint64_t last = 0;
+  gmb__pool_changes(b->pool, &last);
+  const char *why = NULL;
+  if (segment == 0 && offset != 0)
+    why = "an offset needs a segment";
+  else if (offset % GMB_POOL_ALIGN)
+    why = "its offset is not a multiple of 512";
+  else if (segment > last)
+    why = "it names a segment that was never made";
+  if (why == NULL && segment) {
+    const struct gmb_dseg *d = gmb__pool_segment(b->pool, segment, NULL);
+    if (d && offset >= d->size) why = "its offset is past its segment's end";
+  }
+  if (why == NULL) return 0;
+  rep->status = GMB_E_INVAL;
+  snprintf(rep->message, sizeof rep->message,
+           "bad snapshot cursor (segment %" PRIu64 ", offset %" PRIu64
+           "): %s; start at (0, 0) and follow each page's next cursor",
+           segment, offset, why);
+  return GMB_E_INVAL;
+}
+
+void gmb__observe_snapshot(struct gmb_broker *b, uint64_t segment,
+                           uint64_t offset, uint32_t limit,
+                           struct wire_reply *rep) {
+  if (observe_cursor(b, segment, offset, rep)) return;
+  if (limit == 0) limit = GMB_SNAPSHOT_PAGE_DEFAULT;
+  if (limit > GMB_SNAPSHOT_PAGE_MAX) limit = GMB_SNAPSHOT_PAGE_MAX;
+  /* The first page's status is exactly what AdminStatus answers. */
   struct wire_reply st;
   memset(&st, 0, sizeof st);
-  gmb__observe_status(b, &st);
-  if (st.status != 0 || st.kind != WIRE_ADMIN_STATUS) {
-    rep->status = st.status ? st.status : GMB_E_SYSTEM;
-    snprintf(rep->message, sizeof rep->message, "%s", st.message);
-    gmb__wire_reply_clear(&st);
-    return;
+  if (segment == 0) {
+    gmb__observe_status(b, &st);
+    if (st.status != 0 || st.kind != WIRE_ADMIN_STATUS) {
+      rep->status = st.status ? st.status : GMB_E_SYSTEM;
+      snprintf(rep->message, sizeof rep->message, "%s", st.message);
+      gmb__wire_reply_clear(&st);
+      return;
+    }
   }
-  struct observe_walk w = {.b = b};
-  gmb__pool_walk(b->pool, observe_range, &w);
+  struct observe_page w = {.limit = limit};
+  uint64_t next_seg = 0, next_off = 0;
+  gmb__pool_walk_from(b->pool, segment, offset, observe_range, &w, &next_seg,
+                      &next_off);
   if (w.oom) {
     observe_segments_free(w.segs, w.n);
     gmb__wire_reply_clear(&st);
@@ -273,11 +303,17 @@ void gmb__observe_snapshot(struct gmb_broker *b, struct wire_reply *rep) {
     snprintf(rep->message, sizeof rep->message, "out of host memory");
     return;
   }
-  for (size_t i = 0; i < w.n; i++) w.segs[i].small = observe_small(&w.segs[i]);
   rep->kind = WIRE_ADMIN_SNAPSHOT;
-  rep->u.snapshot.status = st.u.admin_status; /* takes its tenants */
+  if (segment == 0) {
+    rep->u.snapshot.has_status = 1;
+    rep->u.snapshot.status = st.u.admin_status; /* takes its tenants */
+  }
   rep->u.snapshot.segments = w.segs;
   rep->u.snapshot.n_segments = w.n;
+  rep->u.snapshot.next_segment = next_seg;
+  rep->u.snapshot.next_offset = next_off;
+  rep->u.snapshot.changes = gmb__pool_changes(b->pool, NULL);
+  rep->u.snapshot.limit = limit;
 }
 
 /* --- metrics ------------------------------------------------------------- */

@@ -36,10 +36,28 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep);
 void gmb__observe_tenant_row(struct gmb_tenant *t,
                              struct wire_tenant_row *row);
 
-/* Fills *rep (kind WIRE_ADMIN_SNAPSHOT): the admin status and every
- * segment with its ranges in address order.  On failure, a status and a
- * message. */
-void gmb__observe_snapshot(struct gmb_broker *b, struct wire_reply *rep);
+/* Ranges in one page of a snapshot when the request names no limit, and
+ * the most one page holds whatever it asks (docs/snapshot.md). */
+#define GMB_SNAPSHOT_PAGE_DEFAULT 4096u
+#define GMB_SNAPSHOT_PAGE_MAX 32768u
+
+/*
+ * Fills *rep (kind WIRE_ADMIN_SNAPSHOT) with one page of the snapshot: up
+ * to `limit` ranges (0: GMB_SNAPSHOT_PAGE_DEFAULT; above
+ * GMB_SNAPSHOT_PAGE_MAX: that) in (segment id, offset) order, from the
+ * cursor (segment, offset) on (pool.h, gmb__pool_walk_from); a segment
+ * whose ranges do not all fit is split, the rest opening the next page.
+ * The page names the next page's cursor (next_segment 0: none) and the
+ * pool's change counter; the first page ((0, 0)) also the admin status,
+ * taken at the same instant.  A cursor that no reply could have named (an
+ * offset without a segment, off the 512-byte grid, past its segment's end,
+ * or a segment id never issued) is refused with GMB_E_INVAL; on failure,
+ * a status and a message.  What one call allocates is bounded by the
+ * limit: a few hundred bytes a range, freed once the reply is sent.
+ */
+void gmb__observe_snapshot(struct gmb_broker *b, uint64_t segment,
+                           uint64_t offset, uint32_t limit,
+                           struct wire_reply *rep);
 
 /* The metrics as Prometheus text (exposition format 0.0.4); a malloc'd
  * string the caller frees, or NULL when out of memory. */

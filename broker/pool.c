@@ -103,6 +103,8 @@ struct gmb_pool {
 
   struct pool_range *moves; /* move targets in flight, via u.target.next */
   uint64_t nmoves, next_serial;
+  uint64_t changes; /* gmb__pool_changes(): bumped by every change a walk
+                       would see */
   int grouping; /* rule 2 applies (compaction on); else best fit in both */
 };
 
@@ -351,6 +353,7 @@ static int pool_segment_new(struct gmb_pool *p, struct gmb_arena *a,
  * ones are dropped from the slot table and the accounting). */
 static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
   struct gmb_arena *a = s->arena;
+  p->changes++;
   if (a->linger == s) {
     a->linger = NULL;
     p->lingering--;
@@ -516,6 +519,7 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
   a->allocations++;
   p->used += need;
   p->allocations++;
+  p->changes++;
   if (out) {
     pool_info(p, r, out);
     out->id = id;
@@ -530,6 +534,7 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
 static struct pool_range *pool_coalesce(struct gmb_pool *p,
                                         struct pool_range *r) {
   struct gmb_arena *a = r->seg->arena;
+  p->changes++; /* every free, drop and commit ends here */
   r->flags = GMB_RANGE_FREE;
   struct pool_range *prev = r->prev, *next = r->next;
   if (prev && (prev->flags & GMB_RANGE_FREE)) {
@@ -737,6 +742,7 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
   p->moves = fr;
   p->nmoves++;
   r->flags |= POOL_MOVING_SRC;
+  p->changes++;
   if (a->linger == t) { /* no longer empty */
     a->linger = NULL;
     p->lingering--;
@@ -1028,17 +1034,48 @@ double gmb__pool_fragmentation(const struct gmb_pool *p,
 }
 
 int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx) {
-  struct gmb_segment *s;
-  RB_FOREACH(s, pool_seg_tree, (struct pool_seg_tree *)&p->segs) {
-    for (struct pool_range *r = s->first; r; r = r->next) {
+  return gmb__pool_walk_from(p, 0, 0, fn, ctx, NULL, NULL);
+}
+
+int gmb__pool_walk_from(const struct gmb_pool *p, uint64_t seg_id,
+                        uint64_t offset, gmb_pool_walk_fn fn, void *ctx,
+                        uint64_t *next_seg, uint64_t *next_offset) {
+  if (next_seg) *next_seg = 0;
+  if (next_offset) *next_offset = 0;
+  struct pool_seg_tree *segs = (struct pool_seg_tree *)&p->segs;
+  struct gmb_segment key = {.dseg = {.id = seg_id}};
+  for (struct gmb_segment *s = RB_NFIND(pool_seg_tree, segs, &key); s;
+       s = RB_NEXT(pool_seg_tree, segs, s)) {
+    struct pool_range *r = s->first;
+    /* Within the cursor's own segment, the ranges below it were seen. */
+    if (s->dseg.id == seg_id)
+      while (r && r->offset < offset) r = r->next;
+    for (; r; r = r->next) {
       struct gmb_alloc_info info;
       pool_info(p, r, &info);
       /* A target: is_free 0 and id 0 (pool_info). */
       int rc = fn(ctx, &info, (r->flags & GMB_RANGE_FREE) != 0);
-      if (rc) return rc;
+      if (rc) {
+        if (next_seg) *next_seg = s->dseg.id;
+        if (next_offset) *next_offset = r->offset;
+        return rc;
+      }
     }
   }
   return 0;
+}
+
+void gmb__pool_segment_view(const struct gmb_segment *s,
+                            struct gmb_segment_view *out) {
+  out->dseg = &s->dseg;
+  out->arena_tag = s->arena->tag;
+  out->used = s->used;
+  out->small = pool_cls_small(s->cls);
+}
+
+uint64_t gmb__pool_changes(const struct gmb_pool *p, uint64_t *last_seg_id) {
+  if (last_seg_id) *last_seg_id = p->next_seg_id - 1;
+  return p->changes;
 }
 
 #define POOL_BAD(...)       \

@@ -222,6 +222,43 @@ typedef int (*gmb_pool_walk_fn)(void *ctx, const struct gmb_alloc_info *info,
 int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx);
 
 /*
+ * The same walk from a cursor, for a caller that visits the pool a slice
+ * at a time between requests (the paged snapshot): it starts at the first
+ * range at or above `offset` in the segment `seg_id`, or, when that
+ * segment is gone, at the first range of the next segment in id order
+ * ((0, 0): the beginning).  When fn returns non-zero the walk stops BEFORE
+ * that range (fn's return is its refusal to take it) and *next_seg,
+ * *next_offset (either may be NULL) name it, the cursor to resume from;
+ * they are 0 when the walk reached the end.  Returns what fn returned, or
+ * 0.  Cost: O(log segments) to find the start, the ranges of that segment
+ * below `offset` (a segment holds at most size / GMB_POOL_ALIGN ranges),
+ * then one step per range visited.
+ */
+int gmb__pool_walk_from(const struct gmb_pool *p, uint64_t seg_id,
+                        uint64_t offset, gmb_pool_walk_fn fn, void *ctx,
+                        uint64_t *next_seg, uint64_t *next_offset);
+
+/* What a walk may ask about the segment of a range it visits
+ * (info->segment), in O(1). */
+struct gmb_segment_view {
+  const struct gmb_dseg *dseg; /* id and size */
+  void *arena_tag;             /* its arena's tag (the broker's tenant) */
+  uint64_t used;               /* bytes of its live allocations */
+  int small;                   /* a shared small-request segment; 0: one
+                                  large request's own */
+};
+void gmb__pool_segment_view(const struct gmb_segment *s,
+                            struct gmb_segment_view *out);
+
+/* A counter that grows with every change a walk could see: an allocation
+ * made, freed or moved (a move begun, committed or dropped), a segment
+ * created or released.  Equal values before and after mean that nothing
+ * the walk reports changed in between, except `locked`, which lives in the
+ * clients' lock tables.  *last_seg_id (may be NULL) receives the highest
+ * segment id issued so far (ids are 1, 2, ... and never reused; 0: none). */
+uint64_t gmb__pool_changes(const struct gmb_pool *p, uint64_t *last_seg_id);
+
+/*
  * A move in flight, filled by gmb__pool_move_begin() and read by the mover.
  * `src`/`dst` stay valid until the move commits or aborts (neither segment
  * can be released meanwhile, except with the whole arena).

@@ -8,7 +8,7 @@
 # (tests/install.sh builds them against the installed library).
 
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/ctl_admin.c \
-  client/gmbctl/ctl_view.c
+  client/gmbctl/ctl_snapshot.c client/gmbctl/ctl_view.c
 REPLAY_SRC := client/replay/replay.c
 ADMIN_SRC := client/admin/admin_rpc.c
 EXAMPLE_SRC := client/examples/job.c client/examples/frag.c

@@ -161,6 +161,9 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       r.admin_reload = &ar;
       break;
     case WIRE_ADMIN_SNAPSHOT:
+      asn.segment = req->u.admin_snapshot.segment;
+      asn.offset = req->u.admin_snapshot.offset;
+      asn.limit = req->u.admin_snapshot.limit;
       r.body_case = GMB__REQUEST__BODY_ADMIN_SNAPSHOT;
       r.admin_snapshot = &asn;
       break;
@@ -263,6 +266,9 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       break;
     case GMB__REQUEST__BODY_ADMIN_SNAPSHOT:
       out->kind = WIRE_ADMIN_SNAPSHOT;
+      out->u.admin_snapshot.segment = r->admin_snapshot->segment;
+      out->u.admin_snapshot.offset = r->admin_snapshot->offset;
+      out->u.admin_snapshot.limit = r->admin_snapshot->limit;
       break;
     case GMB__REQUEST__BODY_ADMIN_METRICS:
       out->kind = WIRE_ADMIN_METRICS;
@@ -480,6 +486,7 @@ static int wire_snapshot_out(const struct wire_reply *rep,
     m->size = si->size;
     m->tenant = (char *)si->tenant;
     m->small = si->small != 0;
+    m->used = si->used;
     if (si->n_ranges) {
       o->ranges[i] = calloc(si->n_ranges, sizeof *o->ranges[i]);
       o->rangep[i] = calloc(si->n_ranges, sizeof *o->rangep[i]);
@@ -504,6 +511,15 @@ static int wire_snapshot_out(const struct wire_reply *rep,
   sn->n_segments = n;
   sn->segments = o->segp;
   return 0;
+}
+
+/* The page's own fields (the segments are wire_snapshot_out's). */
+static void wire_page_out(const struct wire_reply *rep,
+                          Gmb__SnapshotReply *sn) {
+  sn->next_segment = rep->u.snapshot.next_segment;
+  sn->next_offset = rep->u.snapshot.next_offset;
+  sn->changes = rep->u.snapshot.changes;
+  sn->limit = rep->u.snapshot.limit;
 }
 
 int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
@@ -632,14 +648,17 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       r.metrics = &mr;
       break;
     case WIRE_ADMIN_SNAPSHOT:
-      rc = wire_status_out(&rep->u.snapshot.status, &as, &cs, &sta);
+      rc = 0;
+      if (rep->u.snapshot.has_status)
+        rc = wire_status_out(&rep->u.snapshot.status, &as, &cs, &sta);
       if (rc == 0) rc = wire_snapshot_out(rep, &sn, &snap);
       if (rc) {
         wire_status_out_free(&sta);
         wire_snapshot_out_free(&snap);
         return rc;
       }
-      sn.status = &as;
+      if (rep->u.snapshot.has_status) sn.status = &as;
+      wire_page_out(rep, &sn);
       r.body_case = GMB__REPLY__BODY_SNAPSHOT;
       r.snapshot = &sn;
       break;
@@ -689,7 +708,15 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
 
 static int wire_snapshot_in(const Gmb__SnapshotReply *sn,
                             struct wire_reply *out) {
-  int rc = wire_status_in(sn->status, &out->u.snapshot.status);
+  out->u.snapshot.next_segment = sn->next_segment;
+  out->u.snapshot.next_offset = sn->next_offset;
+  out->u.snapshot.changes = sn->changes;
+  out->u.snapshot.limit = sn->limit;
+  int rc = 0;
+  if (sn->status) { /* the first page */
+    out->u.snapshot.has_status = 1;
+    rc = wire_status_in(sn->status, &out->u.snapshot.status);
+  }
   if (rc || sn->n_segments == 0) return rc;
   struct wire_segment_info *segs = calloc(sn->n_segments, sizeof *segs);
   if (segs == NULL) return GMB_E_SYSTEM;
@@ -700,6 +727,7 @@ static int wire_snapshot_in(const Gmb__SnapshotReply *sn,
     segs[i].id = m->id;
     segs[i].size = m->size;
     segs[i].small = m->small;
+    segs[i].used = m->used;
     rc = wire_str_copy(segs[i].tenant, sizeof segs[i].tenant, m->tenant);
     if (rc) return rc;
     if (m->n_ranges == 0) continue;

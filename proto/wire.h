@@ -91,6 +91,10 @@ struct wire_request {
     struct {
       char tenant[WIRE_NAME_MAX + 1];
     } admin_evict;
+    struct {
+      uint64_t segment, offset; /* the cursor; (0, 0): the first page */
+      uint32_t limit;           /* ranges per page; 0: the default */
+    } admin_snapshot;
   } u;
 };
 
@@ -147,6 +151,7 @@ struct wire_range_info {
 
 struct wire_segment_info {
   uint64_t id, size;
+  uint64_t used; /* bytes of all its allocations, in this page or not */
   char tenant[WIRE_NAME_MAX + 1];
   int small;
   size_t n_ranges;
@@ -200,10 +205,14 @@ struct wire_reply {
       uint64_t bytes_freed;
     } evict;
     struct {
+      int has_status; /* the first page: `status` is filled */
       struct wire_admin_status status;
       size_t n_segments;
       struct wire_segment_info *segments; /* owned */
-    } snapshot;
+      uint64_t next_segment, next_offset; /* next_segment 0: the last */
+      uint64_t changes; /* the pool's change counter at this page */
+      uint32_t limit;   /* ranges per page, as applied */
+    } snapshot; /* one page of a snapshot */
     struct {
       char *text; /* owned, NUL-terminated */
     } metrics;

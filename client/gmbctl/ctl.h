@@ -2,7 +2,8 @@
  * ctl.h - what gmbctl's verbs share: the session with the admin socket,
  * errors, and output helpers.  gmbctl.c has main() and the verb table;
  * verbs live in gmbctl.c (status, tenants, sessions, compact), ctl_admin.c
- * (quota, reserve, evict, reload) and ctl_view.c (map, snapshot, metrics).
+ * (quota, reserve, evict, reload), ctl_snapshot.c (snapshot, and the
+ * reading of a snapshot page by page) and ctl_view.c (map, metrics).
  *
  * Every verb returns gmbctl's exit status: 0, CTL_EXIT_FAIL after printing
  * one line "gmbctl: reason" on stderr (gmb__ctl_fail), or CTL_EXIT_USAGE.
@@ -11,6 +12,7 @@
 #define GMB_CTL_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "admin_rpc.h"
@@ -70,11 +72,64 @@ int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
 int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
                     char **argv);
 
-/* ctl_view.c: map [--svg FILE], snapshot [FILE], metrics. */
-int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
-                 char **argv);
+/* ctl_snapshot.c: a snapshot read page by page (docs/snapshot.md). */
+
+/* What the reader has read, once it is done. */
+struct ctl_pages_total {
+  unsigned pages;
+  int consistent; /* every page had the same change counter */
+  uint64_t segments, allocations;
+};
+
+/*
+ * What a view does with the pages as they arrive; any callback may be
+ * NULL.  Each returns 0, or non-zero to stop the reading (a negative value
+ * for a write that failed, else an exit status after saying why).  The
+ * pointers are valid during the call only.
+ *   status  the admin status, from the first page, before any segment
+ *   begin   a segment: its header and its ranges in this page; `split`:
+ *           more of them follow in the next page (`used` is then the
+ *           broker's figure, not the sum of these ranges)
+ *   more    more ranges of the segment that began last
+ *   end     that segment is over
+ *   finish  every page was read
+ */
+struct ctl_pages_sink {
+  int (*status)(void *ctx, const struct wire_admin_status *st);
+  int (*begin)(void *ctx, const struct wire_segment_info *s, int split);
+  int (*more)(void *ctx, const struct wire_segment_info *s);
+  int (*end)(void *ctx);
+  int (*finish)(void *ctx, const struct ctl_pages_total *total);
+  void *ctx;
+};
+
+/* Reads the snapshot a page of `limit` ranges at a time (0: the broker's
+ * default), handing each page to the sinks before asking for the next.
+ * 0 with *total filled, else what a sink or gmb__ctl_call returned. */
+int gmb__ctl_pages(struct ctl *ctl, const char *verb, uint32_t limit,
+                   const struct ctl_pages_sink *sinks, size_t n_sinks,
+                   struct ctl_pages_total *total);
+
+/* --page N or --page=N at argv[*i]: 1 with *limit set and *i on its last
+ * word, 0 when argv[*i] is something else, or minus the exit status after
+ * a usage message. */
+int gmb__ctl_page_opt(const struct ctl_verb *v, int argc, char **argv,
+                      int *i, uint32_t *limit);
+
+/* A sink that writes the gmb-snapshot/1 document to f as pages arrive. */
+struct ctl_json_writer {
+  FILE *f;
+  uint64_t segments, ranges; /* written so far; ranges: of this segment */
+};
+void gmb__ctl_json_writer(struct ctl_json_writer *w, FILE *f,
+                          struct ctl_pages_sink *sink);
+
 int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
                       char **argv);
+
+/* ctl_view.c: map [--svg FILE] [--page N], metrics. */
+int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                 char **argv);
 int gmb__ctl_metrics(struct ctl *ctl, const struct ctl_verb *v, int argc,
                      char **argv);
 

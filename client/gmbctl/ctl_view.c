@@ -1,13 +1,17 @@
 /*
  * ctl_view.c - gmbctl's views of the broker's memory: `map` (a text map,
- * or an SVG with --svg), `snapshot` (every segment and range as JSON,
- * docs/snapshot.md) and `metrics` (the Prometheus text, docs/metrics.md).
+ * or an SVG with --svg; with --json the snapshot document) and `metrics`
+ * (the Prometheus text, docs/metrics.md).
  *
- * All three read one reply: map and snapshot an AdminSnapshot, metrics an
- * AdminMetrics.  Nothing here interprets the broker's state beyond drawing
- * it: the ranges of a segment come in address order and tile it (the
- * broker's pool guarantees it), and the drawings rely on that only to lay
- * out; a reply that breaks it draws wrongly but never reads out of bounds.
+ * The map reads a snapshot page by page (ctl_snapshot.c) and keeps what
+ * its drawing needs: the text map one line per segment (its bar is
+ * summed up as the ranges arrive, so no range is kept), the SVG every
+ * range, because it draws each allocation and lays rows out by tenant
+ * only once all are known (docs/snapshot.md says so).  Nothing here
+ * interprets the broker's state beyond drawing it: the ranges of a segment
+ * come in address order and tile it (the broker's pool guarantees it), and
+ * the drawings rely on that only to lay out; a reply that breaks it draws
+ * wrongly but never reads out of bounds.
  *
  * The text map gives each segment one line and a bar of CTL_MAP_WIDTH
  * slices, each the same fraction of its own segment; the SVG scales bar
@@ -28,7 +32,6 @@
 #include "wire.h"
 
 #define CTL_MAP_WIDTH 64
-#define CTL_SNAPSHOT_FORMAT "gmb-snapshot/1"
 
 /* --- shared -------------------------------------------------------------- */
 
@@ -48,12 +51,6 @@ static char *view_size(uint64_t v, char *buf, size_t cap) {
   snprintf(buf, cap, d < 10 ? "%.2f%s" : d < 100 ? "%.1f%s" : "%.0f%s", d,
            unit[i]);
   return buf;
-}
-
-static int view_fetch(struct ctl *ctl, const char *verb,
-                      struct wire_reply *rep) {
-  struct wire_request req = {.kind = WIRE_ADMIN_SNAPSHOT};
-  return gmb__ctl_call(ctl, verb, &req, WIRE_ADMIN_SNAPSHOT, rep);
 }
 
 /* "2024-05-01T12:00:00Z" (json) or "2024-05-01 12:00:00 UTC". */
@@ -101,147 +98,62 @@ static size_t *view_order(const struct wire_reply *rep) {
   return ord;
 }
 
-/* --- snapshot JSON --------------------------------------------------------- */
-
-static json_t *view_json(const struct wire_reply *rep) {
-  char when[40];
-  view_time(when, sizeof when, 1);
-  /* The status is `gmbctl status --json`'s object, field for field. */
-  json_t *status = gmb__ctl_json_status(&rep->u.snapshot.status);
-  json_t *segs = json_array();
-  for (size_t i = 0; i < rep->u.snapshot.n_segments; i++) {
-    const struct wire_segment_info *s = &rep->u.snapshot.segments[i];
-    uint64_t used = view_seg_used(s);
-    json_t *ranges = json_array();
-    for (size_t k = 0; k < s->n_ranges; k++) {
-      const struct wire_range_info *r = &s->ranges[k];
-      const char *state =
-          r->id ? "allocated" : r->locked ? "moving" : "free";
-      json_t *jr = json_pack("{s:I, s:I, s:s}", "offset", (json_int_t)r->offset,
-                             "size", (json_int_t)r->size, "state", state);
-      if (r->id) {
-        json_object_set_new(jr, "id", json_integer((json_int_t)r->id));
-        json_object_set_new(jr, "movable", json_boolean(r->movable));
-        json_object_set_new(jr, "locked", json_boolean(r->locked));
-        json_object_set_new(jr, "session",
-                            json_integer((json_int_t)r->session));
-      }
-      json_array_append_new(ranges, jr);
-    }
-    json_array_append_new(
-        segs, json_pack("{s:I, s:I, s:s, s:b, s:I, s:o}", "id",
-                        (json_int_t)s->id, "size", (json_int_t)s->size,
-                        "tenant", s->tenant, "small", s->small, "used",
-                        (json_int_t)used, "ranges", ranges));
-  }
-  return json_pack("{s:s, s:s, s:o, s:o}", "format", CTL_SNAPSHOT_FORMAT,
-                   "taken", when, "status", status, "segments", segs);
-}
-
-/* Writes `path` through a temporary file and a rename, so a reader never
- * sees half a file: fn writes the content into the open file and returns
- * 0 or -1. */
-static int view_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
-                             void *ctx) {
-  char tmp[4096];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
-  FILE *f = fopen(tmp, "w");
-  if (f == NULL)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                         strerror(errno));
-  int rc = fn(f, ctx);
-  if (fclose(f) != 0) rc = -1;
-  if (rc != 0 || rename(tmp, path) != 0) {
-    int e = errno;
-    remove(tmp);
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                         strerror(e));
-  }
-  return 0;
-}
-
-static int view_json_fn(FILE *f, void *ctx) {
-  if (json_dumpf(ctx, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) return -1;
-  return fputc('\n', f) == EOF ? -1 : 0;
-}
-
-static int view_json_write(json_t *j, const char *path) {
-  return view_write_atomic(path, view_json_fn, j);
-}
-
-int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
-                      char **argv) {
-  if (argc > 1 || (argc == 1 && argv[0][0] == '-' && argv[0][1]))
-    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: unexpected argument '%s' "
-                         "(usage: gmbctl %s)", v->name, argv[argc - 1],
-                         v->usage);
-  const char *path = argc == 1 && strcmp(argv[0], "-") != 0 ? argv[0] : NULL;
-  struct wire_reply rep;
-  int rc = view_fetch(ctl, v->name, &rep);
-  if (rc) return rc;
-  json_t *j = view_json(&rep);
-  size_t nseg = rep.u.snapshot.n_segments;
-  uint64_t nalloc = view_allocations(&rep);
-  gmb__wire_reply_clear(&rep);
-  if (j == NULL) return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
-  if (path == NULL) return gmb__ctl_json_print(j);
-  rc = view_json_write(j, path);
-  json_decref(j);
-  if (rc) return rc;
-  if (ctl->json)
-    return gmb__ctl_json_print(json_pack("{s:s, s:I, s:I}", "file", path,
-                                         "segments", (json_int_t)nseg,
-                                         "allocations", (json_int_t)nalloc));
-  printf("snapshot of %zu segments, %llu allocations written to %s\n", nseg,
-         (unsigned long long)nalloc, path);
-  return 0;
-}
-
 /* --- text map ----------------------------------------------------------- */
 
-/* The bar of one segment: each slice shows what covers most of it. */
-static void view_bar(const struct wire_segment_info *s, char *bar) {
-  uint64_t freeb[CTL_MAP_WIDTH] = {0}, best[CTL_MAP_WIDTH] = {0};
+/* The bar of one segment, summed up range by range: each slice shows what
+ * covers most of it. */
+struct view_bar {
+  uint64_t size;
+  uint64_t freeb[CTL_MAP_WIDTH], best[CTL_MAP_WIDTH];
   char what[CTL_MAP_WIDTH];
-  memset(what, '.', sizeof what);
-  uint64_t size = s->size ? s->size : 1;
-  unsigned nth = 0; /* allocations so far: neighbours get the next letter */
-  for (size_t k = 0; k < s->n_ranges; k++) {
-    const struct wire_range_info *r = &s->ranges[k];
-    if (r->size == 0 || r->offset >= size) continue;
-    uint64_t end = r->offset + r->size > size ? size : r->offset + r->size;
-    char c;
-    if (r->id) {
-      c = r->locked ? '#'
-                    : (char)((r->movable ? 'a' : 'A') + (char)(nth % 26));
-      nth++;
-    } else {
-      c = r->locked ? '+' : '.';
-    }
-    uint64_t j0 = r->offset * CTL_MAP_WIDTH / size;
-    uint64_t j1 = (end - 1) * CTL_MAP_WIDTH / size;
-    for (uint64_t j = j0; j <= j1 && j < CTL_MAP_WIDTH; j++) {
-      uint64_t lo = j * size / CTL_MAP_WIDTH, hi = (j + 1) * size / CTL_MAP_WIDTH;
-      uint64_t a = r->offset > lo ? r->offset : lo, b = end < hi ? end : hi;
-      uint64_t ov = b > a ? b - a : 0;
-      if (c == '.') {
-        freeb[j] += ov;
-      } else if (ov > best[j]) {
-        best[j] = ov;
-        what[j] = c;
-      }
+  unsigned nth; /* allocations so far: neighbours get the next letter */
+};
+
+static void view_bar_start(struct view_bar *b, uint64_t size) {
+  memset(b, 0, sizeof *b);
+  memset(b->what, '.', sizeof b->what);
+  b->size = size ? size : 1;
+}
+
+static void view_bar_add(struct view_bar *b, const struct wire_range_info *r) {
+  uint64_t size = b->size;
+  if (r->size == 0 || r->offset >= size) return;
+  uint64_t end = r->offset + r->size > size || r->offset + r->size < r->offset
+                     ? size
+                     : r->offset + r->size;
+  char c;
+  if (r->id) {
+    c = r->locked ? '#' : (char)((r->movable ? 'a' : 'A') + (char)(b->nth % 26));
+    b->nth++;
+  } else {
+    c = r->locked ? '+' : '.';
+  }
+  uint64_t j0 = r->offset * CTL_MAP_WIDTH / size;
+  uint64_t j1 = (end - 1) * CTL_MAP_WIDTH / size;
+  for (uint64_t j = j0; j <= j1 && j < CTL_MAP_WIDTH; j++) {
+    uint64_t lo = j * size / CTL_MAP_WIDTH, hi = (j + 1) * size / CTL_MAP_WIDTH;
+    uint64_t a = r->offset > lo ? r->offset : lo, e = end < hi ? end : hi;
+    uint64_t ov = e > a ? e - a : 0;
+    if (c == '.') {
+      b->freeb[j] += ov;
+    } else if (ov > b->best[j]) {
+      b->best[j] = ov;
+      b->what[j] = c;
     }
   }
+}
+
+static void view_bar_done(const struct view_bar *b, char *bar) {
+  uint64_t size = b->size;
   for (int j = 0; j < CTL_MAP_WIDTH; j++) {
     uint64_t len = (uint64_t)(j + 1) * size / CTL_MAP_WIDTH -
                    (uint64_t)j * size / CTL_MAP_WIDTH;
-    if (best[j] == 0)
+    if (b->best[j] == 0)
       bar[j] = '.';
-    else if (freeb[j] * 2 > len)
+    else if (b->freeb[j] * 2 > len)
       bar[j] = ':'; /* mostly free, with something small in it */
     else
-      bar[j] = what[j];
+      bar[j] = b->what[j];
   }
   bar[CTL_MAP_WIDTH] = '\0';
 }
@@ -267,8 +179,126 @@ static void view_text_tenants(const struct wire_admin_status *st) {
          "(gmbctl sessions shows whose)\n");
 }
 
-static void view_text(const struct wire_reply *rep, const size_t *ord) {
-  const struct wire_admin_status *st = &rep->u.snapshot.status;
+/* One line of the text map: all the map keeps of a segment. */
+struct view_line {
+  uint64_t id, size, used;
+  int small;
+  char tenant[WIRE_NAME_MAX + 1];
+  char bar[CTL_MAP_WIDTH + 1];
+};
+
+/* What `map` keeps while the pages arrive: the status, and a line per
+ * segment (text) or every segment with its ranges (SVG). */
+struct view_map {
+  int svg;
+  struct wire_admin_status st; /* a copy: its tenants are ours */
+  struct view_line *lines;
+  struct wire_segment_info *segs; /* SVG: ranges are ours */
+  size_t n, cap;
+  struct view_bar bar; /* text: of the open segment */
+};
+
+static int view_grow(void **arr, size_t *cap, size_t n, size_t elem) {
+  if (n < *cap) return 0;
+  size_t c = *cap ? *cap * 2 : 64;
+  void *p = realloc(*arr, c * elem);
+  if (p == NULL) return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  *arr = p;
+  *cap = c;
+  return 0;
+}
+
+static int view_map_status(void *ctx, const struct wire_admin_status *st) {
+  struct view_map *m = ctx;
+  m->st = *st;
+  m->st.tenants = NULL;
+  m->st.n_tenants = 0;
+  m->st.session_rows = NULL; /* the page's, freed with it; not drawn */
+  m->st.n_sessions = 0;
+  if (st->n_tenants) {
+    m->st.tenants = malloc(st->n_tenants * sizeof *st->tenants);
+    if (m->st.tenants == NULL)
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+    memcpy(m->st.tenants, st->tenants, st->n_tenants * sizeof *st->tenants);
+    m->st.n_tenants = st->n_tenants;
+  }
+  return 0;
+}
+
+/* SVG: appends s's ranges to the segment kept last. */
+static int view_map_keep_ranges(struct view_map *m,
+                                const struct wire_segment_info *s) {
+  struct wire_segment_info *k = &m->segs[m->n - 1];
+  if (s->n_ranges == 0) return 0;
+  struct wire_range_info *r =
+      realloc(k->ranges, (k->n_ranges + s->n_ranges) * sizeof *r);
+  if (r == NULL) return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  memcpy(r + k->n_ranges, s->ranges, s->n_ranges * sizeof *r);
+  k->ranges = r;
+  k->n_ranges += s->n_ranges;
+  return 0;
+}
+
+static int view_map_more(void *ctx, const struct wire_segment_info *s) {
+  struct view_map *m = ctx;
+  if (m->svg) return view_map_keep_ranges(m, s);
+  struct view_line *l = &m->lines[m->n - 1];
+  for (size_t k = 0; k < s->n_ranges; k++) {
+    view_bar_add(&m->bar, &s->ranges[k]);
+    if (s->ranges[k].id) l->used += s->ranges[k].size;
+  }
+  return 0;
+}
+
+static int view_map_begin(void *ctx, const struct wire_segment_info *s,
+                          int split) {
+  (void)split;
+  struct view_map *m = ctx;
+  if (m->svg) {
+    int rc = view_grow((void **)&m->segs, &m->cap, m->n, sizeof *m->segs);
+    if (rc) return rc;
+    m->segs[m->n] = *s;
+    m->segs[m->n].ranges = NULL;
+    m->segs[m->n].n_ranges = 0;
+    m->n++;
+    return view_map_keep_ranges(m, s);
+  }
+  int rc = view_grow((void **)&m->lines, &m->cap, m->n, sizeof *m->lines);
+  if (rc) return rc;
+  struct view_line *l = &m->lines[m->n++];
+  memset(l, 0, sizeof *l);
+  l->id = s->id;
+  l->size = s->size;
+  l->small = s->small;
+  snprintf(l->tenant, sizeof l->tenant, "%s", s->tenant);
+  view_bar_start(&m->bar, s->size);
+  return view_map_more(m, s);
+}
+
+static int view_map_end(void *ctx) {
+  struct view_map *m = ctx;
+  if (!m->svg) view_bar_done(&m->bar, m->lines[m->n - 1].bar);
+  return 0;
+}
+
+static void view_map_free(struct view_map *m) {
+  free(m->st.tenants);
+  free(m->lines);
+  for (size_t i = 0; m->svg && i < m->n; i++) free(m->segs[i].ranges);
+  free(m->segs);
+}
+
+/* Segment order for drawings: by tenant, then id, so that a tenant's
+ * segments sit together. */
+static int view_line_cmp(const void *a, const void *b) {
+  const struct view_line *x = a, *y = b;
+  int c = strcmp(x->tenant, y->tenant);
+  if (c) return c;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void view_text(struct view_map *m, const struct ctl_pages_total *t) {
+  const struct wire_admin_status *st = &m->st;
   char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ], when[40];
   view_time(when, sizeof when, 0);
   char d[GMB_SIZE_BUFSZ];
@@ -278,11 +308,12 @@ static void view_text(const struct wire_reply *rep, const size_t *ord) {
          view_size(st->in_segments, b, sizeof b),
          view_size(st->in_use, c, sizeof c), view_size(st->cached, d, sizeof d),
          st->fragmentation, when);
-  size_t n = rep->u.snapshot.n_segments, wt = strlen("TENANT"), ws = 4;
+  size_t n = m->n, wt = strlen("TENANT"), ws = 4;
+  qsort(m->lines, n, sizeof *m->lines, view_line_cmp);
   for (size_t i = 0; i < n; i++) {
-    const struct wire_segment_info *s = &rep->u.snapshot.segments[i];
-    if (strlen(s->tenant) > wt) wt = strlen(s->tenant);
-    if (strlen(gmb__size_format(s->size, a, sizeof a)) > ws) ws = strlen(a);
+    const struct view_line *l = &m->lines[i];
+    if (strlen(l->tenant) > wt) wt = strlen(l->tenant);
+    if (strlen(gmb__size_format(l->size, a, sizeof a)) > ws) ws = strlen(a);
   }
   if (n == 0) {
     printf("no segments: nothing is allocated\n");
@@ -291,19 +322,19 @@ static void view_text(const struct wire_reply *rep, const size_t *ord) {
   printf("%6s  %-*s  %-*s  %4s  %s\n", "SEG", (int)ws, "SIZE", (int)wt,
          "TENANT", "USED", "MAP (each character 1/64 of its segment)");
   for (size_t i = 0; i < n; i++) {
-    const struct wire_segment_info *s = &rep->u.snapshot.segments[ord[i]];
-    char bar[CTL_MAP_WIDTH + 1];
-    view_bar(s, bar);
-    uint64_t used = view_seg_used(s);
-    printf("%6llu  %-*s  %-*s  %3d%%  [%s]%s\n", (unsigned long long)s->id,
-           (int)ws, gmb__size_format(s->size, a, sizeof a), (int)wt,
-           s->tenant, s->size ? (int)(used * 100 / s->size) : 0, bar,
-           s->small ? "" : "  large");
+    const struct view_line *l = &m->lines[i];
+    printf("%6llu  %-*s  %-*s  %3d%%  [%s]%s\n", (unsigned long long)l->id,
+           (int)ws, gmb__size_format(l->size, a, sizeof a), (int)wt,
+           l->tenant, l->size ? (int)(l->used * 100 / l->size) : 0, l->bar,
+           l->small ? "" : "  large");
   }
   printf("legend: A-Z pinned, a-z movable (one letter per allocation, the "
          "next letter for its neighbour),\n        # locked, + move in "
          "flight, . free, : mostly free; \"large\": a segment of one or "
          "more large requests\n");
+  if (!t->consistent)
+    printf("note: read in %u pages while the broker's memory changed: the "
+           "lines are not one instant\n", t->pages);
   view_text_tenants(st);
 }
 
@@ -530,6 +561,29 @@ static int view_svg(const struct wire_reply *rep, const size_t *ord,
   return ferror(f) ? -1 : 0;
 }
 
+/* Writes `path` through a temporary file and a rename, so a reader never
+ * sees half a file: fn writes the content into the open file and returns
+ * 0 or -1. */
+static int view_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
+                             void *ctx) {
+  char tmp[4096];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                         strerror(errno));
+  int rc = fn(f, ctx);
+  if (fclose(f) != 0) rc = -1;
+  if (rc != 0 || rename(tmp, path) != 0) {
+    int e = errno;
+    remove(tmp);
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                         strerror(e));
+  }
+  return 0;
+}
+
 struct view_svg_ctx {
   const struct wire_reply *rep;
   const size_t *ord;
@@ -553,7 +607,11 @@ static int view_svg_write(const struct wire_reply *rep, const size_t *ord,
 int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
                  char **argv) {
   const char *svg = NULL;
+  uint32_t limit = 0;
   for (int i = 0; i < argc; i++) {
+    int rc = gmb__ctl_page_opt(v, argc, argv, &i, &limit);
+    if (rc < 0) return -rc;
+    if (rc > 0) continue;
     if (strcmp(argv[i], "--svg") == 0) {
       if (++i >= argc)
         return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --svg needs a file name",
@@ -566,27 +624,41 @@ int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
                            "(usage: gmbctl %s)", v->name, argv[i], v->usage);
     }
   }
-  struct wire_reply rep;
-  int rc = view_fetch(ctl, v->name, &rep);
-  if (rc) return rc;
-  size_t *ord = view_order(&rep);
-  if (ord == NULL) {
-    gmb__wire_reply_clear(&rep);
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+  /* What the pages go to: the SVG's collection and, with --json, the
+   * document on stdout; else the text map's lines. */
+  struct view_map m = {.svg = svg != NULL};
+  struct ctl_pages_sink sinks[2];
+  size_t n = 0;
+  struct ctl_json_writer w;
+  if (svg || !ctl->json)
+    sinks[n++] = (struct ctl_pages_sink){.status = view_map_status,
+                                         .begin = view_map_begin,
+                                         .more = view_map_more,
+                                         .end = view_map_end,
+                                         .ctx = &m};
+  if (ctl->json) gmb__ctl_json_writer(&w, stdout, &sinks[n++]);
+  struct ctl_pages_total t;
+  int rc = gmb__ctl_pages(ctl, v->name, limit, sinks, n, &t);
+  if (rc < 0) rc = gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
+  if (rc == 0 && svg) {
+    /* The drawing reads a whole snapshot: lend it the collection. */
+    struct wire_reply rep = {.kind = WIRE_ADMIN_SNAPSHOT};
+    rep.u.snapshot.has_status = 1;
+    rep.u.snapshot.status = m.st;
+    rep.u.snapshot.segments = m.segs;
+    rep.u.snapshot.n_segments = m.n;
+    size_t *ord = view_order(&rep);
+    rc = ord ? view_svg_write(&rep, ord, svg)
+             : gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
+    free(ord);
+    if (rc == 0 && !ctl->json && strcmp(svg, "-") != 0)
+      printf("map of %zu segments written to %s\n", m.n, svg);
+  } else if (rc == 0 && !ctl->json) {
+    view_text(&m, &t);
   }
-  if (svg) rc = view_svg_write(&rep, ord, svg);
-  if (rc == 0 && ctl->json) {
-    json_t *j = view_json(&rep);
-    rc = j ? gmb__ctl_json_print(j)
-           : gmb__ctl_fail(CTL_EXIT_FAIL, "out of memory");
-  } else if (rc == 0 && svg && strcmp(svg, "-") != 0) {
-    printf("map of %zu segments written to %s\n", rep.u.snapshot.n_segments,
-           svg);
-  } else if (rc == 0 && svg == NULL) {
-    view_text(&rep, ord);
-  }
-  free(ord);
-  gmb__wire_reply_clear(&rep);
+  view_map_free(&m);
+  if (rc == 0 && fflush(stdout) != 0)
+    rc = gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
   return rc;
 }
 

@@ -422,9 +422,10 @@ static const struct ctl_verb ctl_verbs[] = {
      "set or show the memory kept for a tenant", gmb__ctl_reserve},
     {"compact", "compact [--tenant T]", "gather free space by moving "
      "movable allocations", ctl_compact},
-    {"map", "map [--svg FILE]", "draw the device's segments and allocations",
-     gmb__ctl_map},
-    {"snapshot", "snapshot [FILE]", "write the broker's state as JSON",
+    {"map", "map [--svg FILE] [--page N]",
+     "draw the device's segments and allocations", gmb__ctl_map},
+    {"snapshot", "snapshot [--page N] [FILE]",
+     "write the broker's state as JSON (read N ranges a page)",
      gmb__ctl_snapshot},
     {"evict", "evict TENANT", "end every session of a tenant",
      gmb__ctl_evict},

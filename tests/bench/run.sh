@@ -7,13 +7,14 @@
 # BUILD_DIR/bench/bench_alloc (allocations through a real broker),
 # BUILD_DIR/bench/bench_import (a host segment's import: descriptor + map),
 # BUILD_DIR/bench/bench_cache (the client cache beside a round trip),
-# BUILD_DIR/bench/bench_compact (compaction's copy throughput, when built)
+# BUILD_DIR/bench/bench_compact (compaction's copy throughput, when built),
+# BUILD_DIR/bench/bench_snapshot (gmbctl snapshot of a million allocations)
 # and the fragmentation suite (tests/bench/frag.sh: traces replayed with
 # gmb-replay, compaction off and auto, and the plot docs/img/frag.png).
 # Each runs even when an earlier one fails; the exit status is non-zero
 # when any failed or crashed.  Knobs: BENCH_ITER and BENCH_RSS_ALLOCS
 # (bench_alloc; see docs/benchmarks.md), whatever bench_pool and
-# bench_compact read, FRAG_* (frag.sh), BENCH_SKIP (names to leave out,
+# bench_compact read, BENCH_SNAP_* (bench_snapshot), FRAG_* (frag.sh), BENCH_SKIP (names to leave out,
 # e.g. "bench_alloc frag").
 set -u
 B=${1:-build}
@@ -26,7 +27,8 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 status=0
-for bench in bench_pool bench_alloc bench_import bench_cache bench_compact frag; do
+for bench in bench_pool bench_alloc bench_import bench_cache bench_compact \
+    bench_snapshot frag; do
   case " ${BENCH_SKIP:-} " in
     *" $bench "*) echo; echo "== $bench (skipped: BENCH_SKIP)"; continue ;;
   esac

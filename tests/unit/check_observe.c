@@ -301,7 +301,7 @@ START_TEST(snapshot_status_has_sessions_and_cached) {
   scene_open(&s);
   struct wire_reply rep;
   memset(&rep, 0, sizeof rep);
-  gmb__observe_snapshot(&s.f.b, &rep);
+  gmb__observe_snapshot(&s.f.b, 0, 0, 0, &rep); /* the first page */
   ck_assert_msg(rep.status == 0, "snapshot: %s", rep.message);
   const struct wire_admin_status *st = &rep.u.snapshot.status;
   ck_assert_uint_eq(st->cached, 13 * MIB);

@@ -742,6 +742,160 @@ START_TEST(walk_visits_all) {
 }
 END_TEST
 
+/* Where a walk was: (segment id, offset) of each range it visited. */
+struct walk_trace {
+  uint64_t seg[512], off[512];
+  int n, limit; /* limit: take this many, then refuse (0: no limit) */
+};
+
+static int walk_trace_fn(void *ctx, const struct gmb_alloc_info *info,
+                         int is_free) {
+  (void)is_free;
+  struct walk_trace *t = ctx;
+  if (t->limit && t->n == t->limit) return 7;
+  ck_assert_int_lt(t->n, 512);
+  t->seg[t->n] = info->dseg->id;
+  t->off[t->n] = info->offset;
+  t->n++;
+  return 0;
+}
+
+/* Sliced walks, each from the cursor where the last one stopped, visit
+ * every range exactly once and in the order of one whole walk; the cursor
+ * names the first range not visited. */
+START_TEST(walk_from_resumes_where_it_stopped) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  for (int i = 0; i < 60; i++) {
+    uint64_t id = alloc_ok(i % 3 ? a : b, 512u * (unsigned)(1 + i % 9 * 50),
+                           NULL, NULL);
+    if (i % 4 == 1) free_ok(id); /* free ranges between live ones */
+  }
+  alloc_ok(a, 3 * SEG, NULL, NULL); /* a large segment too */
+  struct walk_trace all = {.n = 0};
+  ck_assert_int_eq(gmb__pool_walk(pool, walk_trace_fn, &all), 0);
+  ck_assert_int_gt(all.n, 20);
+  static const int slices[] = {1, 3, 7, 1000};
+  for (size_t k = 0; k < sizeof slices / sizeof slices[0]; k++) {
+    uint64_t seg = 0, off = 0;
+    int seen = 0, walks = 0;
+    do {
+      struct walk_trace t = {.limit = slices[k]};
+      int rc = gmb__pool_walk_from(pool, seg, off, walk_trace_fn, &t, &seg,
+                                   &off);
+      walks++;
+      for (int i = 0; i < t.n; i++, seen++) {
+        ck_assert_int_lt(seen, all.n);
+        ck_assert_uint_eq(t.seg[i], all.seg[seen]);
+        ck_assert_uint_eq(t.off[i], all.off[seen]);
+      }
+      if (rc == 0) {
+        ck_assert_uint_eq(seg, 0);
+        ck_assert_uint_eq(off, 0);
+        break;
+      }
+      ck_assert_int_eq(rc, 7);
+      ck_assert_int_eq(t.n, slices[k]);
+      ck_assert_int_lt(seen, all.n); /* stopped before a range: it exists */
+      ck_assert_uint_eq(seg, all.seg[seen]);
+      ck_assert_uint_eq(off, all.off[seen]);
+    } while (walks < 1000);
+    ck_assert_int_eq(seen, all.n);
+  }
+}
+END_TEST
+
+/* A cursor in a segment that went away resumes at the next segment; one
+ * past every segment visits nothing. */
+START_TEST(walk_from_released_segment_goes_on) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_alloc_info x, y, z;
+  alloc_ok(a, 4096, NULL, &x);
+  alloc_ok(a, 3 * SEG, NULL, &y); /* a large segment of its own */
+  alloc_ok(a, 5 * SEG, NULL, &z);
+  uint64_t gone = y.dseg->id;
+  free_ok(y.id); /* a large segment is released at once */
+  ck_assert_ptr_null(gmb__pool_segment(pool, gone, NULL));
+  struct walk_trace t = {.n = 0};
+  ck_assert_int_eq(
+      gmb__pool_walk_from(pool, gone, 4096, walk_trace_fn, &t, NULL, NULL), 0);
+  ck_assert_int_ge(t.n, 1);
+  ck_assert_uint_eq(t.seg[0], z.dseg->id);
+  ck_assert_uint_eq(t.off[0], 0);
+  /* An offset in the middle of a range skips that range. */
+  struct walk_trace u = {.n = 0};
+  gmb__pool_walk_from(pool, x.dseg->id, 512, walk_trace_fn, &u, NULL, NULL);
+  ck_assert_uint_eq(u.seg[0], x.dseg->id);
+  ck_assert_uint_eq(u.off[0], 4096);
+  uint64_t last = 0;
+  gmb__pool_changes(pool, &last);
+  ck_assert_uint_ge(last, z.dseg->id);
+  struct walk_trace v = {.n = 0};
+  ck_assert_int_eq(gmb__pool_walk_from(pool, last + 1, 0, walk_trace_fn, &v,
+                                       NULL, NULL), 0);
+  ck_assert_int_eq(v.n, 0);
+}
+END_TEST
+
+/* The change counter moves with every change a walk could see, and only
+ * then. */
+START_TEST(changes_count_what_a_walk_sees) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  uint64_t last = 99, c0 = gmb__pool_changes(pool, &last);
+  ck_assert_uint_eq(last, 0); /* no segment yet */
+  struct gmb_alloc_info x, y;
+  alloc_ok(a, 4096, NULL, &x);
+  uint64_t c1 = gmb__pool_changes(pool, &last);
+  ck_assert_uint_gt(c1, c0);
+  ck_assert_uint_eq(last, x.dseg->id);
+  alloc_ok(a, 8192, NULL, &y);
+  uint64_t c2 = gmb__pool_changes(pool, NULL);
+  ck_assert_uint_gt(c2, c1);
+  /* Reading changes nothing. */
+  struct gmb_alloc_info got;
+  struct gmb_pool_stats st;
+  struct walk_trace t = {.n = 0};
+  ck_assert_int_eq(gmb__pool_find(pool, x.id, &got), 0);
+  gmb__pool_stats(pool, &st);
+  gmb__pool_walk(pool, walk_trace_fn, &t);
+  ck_assert_int_eq(gmb__pool_set_tag(pool, x.id, 3), 0);
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 0, 0, NULL, NULL), GMB_E_INVAL);
+  ck_assert_int_eq(gmb__pool_free(pool, 12345, NULL), GMB_E_NOENT);
+  ck_assert_uint_eq(gmb__pool_changes(pool, NULL), c2);
+  free_ok(x.id);
+  uint64_t c3 = gmb__pool_changes(pool, NULL);
+  ck_assert_uint_gt(c3, c2);
+  free_ok(y.id); /* the segment empties and lingers */
+  uint64_t c4 = gmb__pool_changes(pool, NULL);
+  ck_assert_uint_gt(c4, c3);
+  ck_assert_uint_eq(gmb__pool_trim(pool), SEG); /* released */
+  ck_assert_uint_gt(gmb__pool_changes(pool, NULL), c4);
+}
+END_TEST
+
+/* A walk's segment view: its id and size, tenant tag, used bytes, class. */
+START_TEST(segment_view_of_small_and_large) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct gmb_arena *b = gmb__pool_arena_new(pool, &tag_b);
+  struct gmb_alloc_info x, y, big;
+  alloc_ok(a, 1000, NULL, &x); /* rounded to 1024 */
+  alloc_ok(a, 4096, NULL, &y);
+  alloc_ok(b, 1536 * 1024, NULL, &big); /* large, though it fits 2 MiB */
+  struct gmb_segment_view v;
+  gmb__pool_segment_view(x.segment, &v);
+  ck_assert_uint_eq(v.dseg->id, x.dseg->id);
+  ck_assert_uint_eq(v.dseg->size, SEG);
+  ck_assert_ptr_eq(v.arena_tag, &tag_a);
+  ck_assert_uint_eq(v.used, 1024 + 4096);
+  ck_assert_int_eq(v.small, 1);
+  gmb__pool_segment_view(big.segment, &v);
+  ck_assert_ptr_eq(v.arena_tag, &tag_b);
+  ck_assert_uint_eq(v.dseg->size, SEG);
+  ck_assert_uint_eq(v.used, 1536 * 1024);
+  ck_assert_int_eq(v.small, 0);
+}
+END_TEST
+
 START_TEST(tag_set_and_found) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   struct gmb_alloc_info x, y, got;
@@ -983,6 +1137,10 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, free_owner_frees_only_that_owner);
   tcase_add_test(tc, retire_callback_called);
   tcase_add_test(tc, walk_visits_all);
+  tcase_add_test(tc, walk_from_resumes_where_it_stopped);
+  tcase_add_test(tc, walk_from_released_segment_goes_on);
+  tcase_add_test(tc, changes_count_what_a_walk_sees);
+  tcase_add_test(tc, segment_view_of_small_and_large);
   tcase_add_test(tc, tag_set_and_found);
   tcase_add_test(tc, device_free_figures);
   tcase_add_test(tc, random_stress);

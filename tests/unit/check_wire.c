@@ -478,6 +478,108 @@ START_TEST(reply_admin_status_rows_roundtrip) {
 }
 END_TEST
 
+/* A snapshot page's cursor and limit, at their extremes, arrive as sent;
+ * a request from a version without them (an empty body, as an old gmbctl
+ * sends) reads as the first page at the default limit. */
+START_TEST(request_snapshot_cursor_roundtrip) {
+  struct wire_request in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 11;
+  in.kind = WIRE_ADMIN_SNAPSHOT;
+  in.u.admin_snapshot.segment = UINT64_MAX;
+  in.u.admin_snapshot.offset = UINT64_C(1) << 40;
+  in.u.admin_snapshot.limit = UINT32_MAX;
+  req_roundtrip(&in, &out);
+  ck_assert_uint_eq(out.u.admin_snapshot.segment, UINT64_MAX);
+  ck_assert_uint_eq(out.u.admin_snapshot.offset, UINT64_C(1) << 40);
+  ck_assert_uint_eq(out.u.admin_snapshot.limit, UINT32_MAX);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+
+  struct pb body = {.n = 0}, p = {.n = 0};
+  pb_uint(&p, 1, 12);
+  pb_sub(&p, 26, &body); /* AdminSnapshot {} */
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &out), 0);
+  ck_assert_int_eq(out.kind, WIRE_ADMIN_SNAPSHOT);
+  ck_assert_uint_eq(out.u.admin_snapshot.segment, 0);
+  ck_assert_uint_eq(out.u.admin_snapshot.offset, 0);
+  ck_assert_uint_eq(out.u.admin_snapshot.limit, 0);
+}
+END_TEST
+
+/* Pages of a snapshot: the first carries the status, a later one none
+ * (and decodes without it); segments, ranges and the page's cursor, change
+ * counter and limit arrive as sent. */
+START_TEST(reply_snapshot_pages_roundtrip) {
+  struct wire_range_info r0[2] = {
+      {.offset = 0, .size = 4096, .id = UINT64_C(0x100000002), .session = 9,
+       .movable = 1, .locked = 1},
+      {.offset = 4096, .size = (2u << 20) - 4096}};
+  struct wire_segment_info seg[2];
+  memset(seg, 0, sizeof seg);
+  seg[0] = (struct wire_segment_info){.id = 3, .size = 2u << 20, .used = 4096,
+                                      .small = 1, .n_ranges = 2,
+                                      .ranges = r0};
+  strcpy(seg[0].tenant, "llm-a");
+  seg[1] = (struct wire_segment_info){.id = 4, .size = 2u << 20,
+                                      .used = 1u << 20, .small = 1};
+  strcpy(seg[1].tenant, "llm-a"); /* no range in this page: all next page */
+  struct wire_tenant_row row;
+  memset(&row, 0, sizeof row);
+  strcpy(row.name, "llm-a");
+  struct wire_reply in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 21;
+  in.kind = WIRE_ADMIN_SNAPSHOT;
+  in.u.snapshot.has_status = 1;
+  strcpy(in.u.snapshot.status.device, "host:1GiB");
+  in.u.snapshot.status.n_tenants = 1;
+  in.u.snapshot.status.tenants = &row;
+  in.u.snapshot.segments = seg;
+  in.u.snapshot.n_segments = 2;
+  in.u.snapshot.next_segment = 4;
+  in.u.snapshot.next_offset = 512;
+  in.u.snapshot.changes = UINT64_MAX;
+  in.u.snapshot.limit = 3;
+  rep_roundtrip(&in, &out);
+  ck_assert_int_eq(out.u.snapshot.has_status, 1);
+  ck_assert_str_eq(out.u.snapshot.status.device, "host:1GiB");
+  ck_assert_uint_eq(out.u.snapshot.status.n_tenants, 1);
+  ck_assert_uint_eq(out.u.snapshot.next_segment, 4);
+  ck_assert_uint_eq(out.u.snapshot.next_offset, 512);
+  ck_assert_uint_eq(out.u.snapshot.changes, UINT64_MAX);
+  ck_assert_uint_eq(out.u.snapshot.limit, 3);
+  ck_assert_uint_eq(out.u.snapshot.n_segments, 2);
+  for (int i = 0; i < 2; i++) {
+    const struct wire_segment_info *o = &out.u.snapshot.segments[i];
+    ck_assert_uint_eq(o->id, seg[i].id);
+    ck_assert_uint_eq(o->size, seg[i].size);
+    ck_assert_uint_eq(o->used, seg[i].used);
+    ck_assert_int_eq(o->small, 1);
+    ck_assert_str_eq(o->tenant, "llm-a");
+    ck_assert_uint_eq(o->n_ranges, seg[i].n_ranges);
+  }
+  ck_assert_mem_eq(out.u.snapshot.segments[0].ranges, r0, sizeof r0);
+  ck_assert_ptr_null(out.u.snapshot.segments[1].ranges);
+  gmb__wire_reply_clear(&out);
+
+  /* The last page: no status, no next cursor. */
+  in.u.snapshot.has_status = 0;
+  in.u.snapshot.status.n_tenants = 0;
+  in.u.snapshot.status.tenants = NULL;
+  in.u.snapshot.next_segment = in.u.snapshot.next_offset = 0;
+  in.u.snapshot.n_segments = 1;
+  rep_roundtrip(&in, &out);
+  ck_assert_int_eq(out.u.snapshot.has_status, 0);
+  ck_assert_str_eq(out.u.snapshot.status.device, "");
+  ck_assert_ptr_null(out.u.snapshot.status.tenants);
+  ck_assert_uint_eq(out.u.snapshot.next_segment, 0);
+  ck_assert_uint_eq(out.u.snapshot.n_segments, 1);
+  ck_assert_uint_eq(out.u.snapshot.segments[0].n_ranges, 2);
+  gmb__wire_reply_clear(&out);
+  ck_assert_ptr_null(out.u.snapshot.segments);
+}
+END_TEST
+
 START_TEST(reply_admin_status_no_rows) {
   struct wire_reply in, out;
   memset(&in, 0, sizeof in);
@@ -555,9 +657,10 @@ START_TEST(reply_admin_status_sessions_roundtrip) {
   ck_assert_ptr_null(out.u.admin_status.session_rows);
   ck_assert_uint_eq(out.u.admin_status.n_sessions, 0);
 
-  /* The snapshot's status is the same message. */
+  /* The snapshot's status (on its first page) is the same message. */
   memset(&in, 0, sizeof in);
   in.kind = WIRE_ADMIN_SNAPSHOT;
+  in.u.snapshot.has_status = 1;
   strcpy(in.u.snapshot.status.device, "host:64GiB");
   in.u.snapshot.status.n_sessions = 3;
   in.u.snapshot.status.session_rows = srows;
@@ -1175,6 +1278,8 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, reply_admin_status_no_rows);
   tcase_add_test(tc, reply_admin_status_sessions_roundtrip);
   tcase_add_test(tc, reply_encode_refuses_bad_session_rows);
+  tcase_add_test(tc, request_snapshot_cursor_roundtrip);
+  tcase_add_test(tc, reply_snapshot_pages_roundtrip);
   tcase_add_test(tc, reply_encode_refuses);
   tcase_add_test(tc, reply_clear_on_other_kinds_is_noop);
   tcase_add_test(tc, kind_names);
