@@ -37,7 +37,7 @@
  * every move: no ping-pong.
  *
  * Termination does not depend on the rest of the broker being quiet: each
- * segment is a source at most once per pass (at most three passes), only segments that existed at
+ * segment is a source at most once per pass (at most four passes), only segments that existed at
  * the start are sources, and within a source the cursor only moves up (a
  * decision sets it past the allocation it looked at), so a run makes at
  * most about two decisions per 512 bytes of those segments per pass, plus the copy
@@ -76,12 +76,21 @@
 
 enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
 enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP };
-/* A run with a goal makes up to three passes over the segments, each
+/* A run with a goal makes up to four passes over the segments, each
  * visiting a segment at most once: evacuate what can empty; pack every
  * segment down (slide) so its free bytes are one range at its top; then
- * evacuate again into those ranges.  It ends as soon as the room is there. */
+ * evacuate again into those ranges; last, evacuate into any segment of
+ * the arena, emptier ones too (COMPACT_PASS_ANY), a segment whose blocks
+ * all have a place there (compact_can_empty): the order "only to fuller
+ * segments" keeps runs without a goal from undoing each other, but it
+ * also leaves a 1 MiB block in a 1.6 MiB segment when the only 1 MiB hole
+ * is in a segment holding just 1 MiB.  A goal run ends as soon as the room
+ * is there, so it cannot go back and forth. */
 enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
-       COMPACT_PASSES };
+       COMPACT_PASS_ANY, COMPACT_PASSES };
+/* What compact_can_empty looks at, at most: the largest free ranges of
+ * the arena (a bound on its work; fewer holes only make it say no). */
+#define COMPACT_PLAN_HOLES 1024u
 
 struct gmb_compact {
   struct gmb_pool *p;
@@ -180,6 +189,17 @@ static int compact_accept_fuller(void *ctx, const struct gmb_segment *t) {
   return t != s && compact_fuller(t, s);
 }
 
+/* COMPACT_PASS_ANY: any other segment that holds something (an empty one
+ * is about to go back to the device: filling it gives nothing). */
+static int compact_accept_other(void *ctx, const struct gmb_segment *t) {
+  const struct gmb_segment *s = ctx;
+  return t != s && t->live > 0;
+}
+
+static int compact_any(const struct gmb_compact *c) {
+  return c->goal && c->pass == COMPACT_PASS_ANY;
+}
+
 static int compact_live(const struct pool_range *r) {
   return !(r->flags & (GMB_RANGE_FREE | GMB_RANGE_TARGET));
 }
@@ -201,12 +221,12 @@ static int compact_candidate(const struct gmb_compact *c,
 static const struct pool_range *compact_fit(const struct gmb_compact *c,
                                             struct gmb_segment *s,
                                             uint64_t size) {
+  int (*accept)(void *, const struct gmb_segment *) =
+      compact_any(c) ? compact_accept_other : compact_accept_fuller;
   const struct pool_range *t =
-      gmb__pool_fit(c->p, s->arena, POOL_SMALL_PINNED, size,
-                    compact_accept_fuller, s);
+      gmb__pool_fit(c->p, s->arena, POOL_SMALL_PINNED, size, accept, s);
   if (!t)
-    t = gmb__pool_fit(c->p, s->arena, POOL_SMALL_MOVABLE, size,
-                      compact_accept_fuller, s);
+    t = gmb__pool_fit(c->p, s->arena, POOL_SMALL_MOVABLE, size, accept, s);
   return t;
 }
 
@@ -231,10 +251,72 @@ static int compact_has_locked(const struct gmb_compact *c,
  * Otherwise SLIDE (pack it down), except in a goal run's evacuation
  * passes, where a segment that cannot empty is left alone (SKIP): sliding
  * it gives no room back. */
+static int compact_desc(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* COMPACT_PASS_ANY: 1 when every live allocation of s has a place in the
+ * free ranges of the arena's other non-empty small segments, placed
+ * largest first, each in the smallest hole that holds it (what the moves
+ * will do, near enough: compact_fit takes pinned segments' holes first).
+ * Looks at the COMPACT_PLAN_HOLES largest holes at most; 0 when out of
+ * host memory. */
+static int compact_can_empty(const struct gmb_segment *s) {
+  uint64_t *holes = malloc(COMPACT_PLAN_HOLES * sizeof *holes);
+  uint64_t *blocks = malloc(s->live * sizeof *blocks + 1);
+  int ok = holes != NULL && blocks != NULL;
+  size_t nh = 0, nb = 0;
+  const struct gmb_segment *t;
+  LIST_FOREACH(t, &s->arena->segs, link) {
+    if (!ok || !pool_cls_small(t->cls) || !compact_accept_other((void *)s, t))
+      continue;
+    for (const struct pool_range *r = t->first; r; r = r->next) {
+      if (!(r->flags & GMB_RANGE_FREE)) continue;
+      if (nh < COMPACT_PLAN_HOLES) {
+        holes[nh++] = r->size;
+        continue;
+      }
+      /* Full: keep the largest (replace the smallest kept). */
+      size_t m = 0;
+      for (size_t i = 1; i < nh; i++)
+        if (holes[i] < holes[m]) m = i;
+      if (r->size > holes[m]) holes[m] = r->size;
+    }
+  }
+  for (const struct pool_range *r = s->first; ok && r; r = r->next)
+    if (compact_live(r) && nb < s->live) blocks[nb++] = r->size;
+  if (ok) {
+    qsort(holes, nh, sizeof *holes, compact_desc);
+    qsort(blocks, nb, sizeof *blocks, compact_desc);
+    for (size_t i = 0; ok && i < nb; i++) {
+      /* The smallest hole that holds it: holes are sorted largest first. */
+      size_t best = nh;
+      for (size_t k = 0; k < nh && holes[k] >= blocks[i]; k++) best = k;
+      if (best == nh) ok = 0;
+      else holes[best] -= blocks[i];
+      /* Keep the order: the shrunk hole sinks to its place. */
+      for (size_t k = best; ok && k + 1 < nh && holes[k] < holes[k + 1]; k++) {
+        uint64_t x = holes[k];
+        holes[k] = holes[k + 1];
+        holes[k + 1] = x;
+      }
+    }
+  }
+  free(holes);
+  free(blocks);
+  return ok;
+}
+
 static enum compact_mode compact_plan(const struct gmb_compact *c,
                                       struct gmb_segment *s) {
   if (c->goal && c->pass == COMPACT_PASS_SLIDE) return M_SLIDE;
   enum compact_mode no = c->goal ? M_SKIP : M_SLIDE;
+  if (compact_any(c)) {
+    if (s->pinned || compact_has_locked(c, s) || !compact_can_empty(s))
+      return no;
+    return M_EVACUATE;
+  }
   uint64_t room = 0;
   const struct gmb_segment *t;
   LIST_FOREACH(t, &s->arena->segs, link)

@@ -1075,6 +1075,58 @@ START_TEST(locked_segment_not_emptied) {
 }
 END_TEST
 
+/* The last pass of a goal run may fill an emptier segment (issue 14, the
+ * kv trace): on a full device, S1 holds one 1 MiB block and a 1 MiB hole;
+ * S2 holds 1 MiB + 256 + 256 + 64 KiB with a 448 KiB hole; S3, S4 and S5
+ * each have one hole (256, 256, 64 KiB).  Moving only to fuller segments
+ * empties nothing: S1's block has no hole of 1 MiB in a fuller segment,
+ * nor has S2's.  S2 can empty into all the others together (its 1 MiB
+ * into S1's hole), which gives the goal's 2 MiB back, and that is what the
+ * run does: one segment released, S2's 1 MiB now in S1. */
+START_TEST(goal_run_fills_emptier_segment) {
+  close_pool();
+  open_pool(5 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked s1[2], s2[5], s3[8], s4[8], s5[32];
+  for (int i = 0; i < 2; i++) s1[i] = track(a, 1024 * KIB, 1, &owner_x);
+  const uint64_t s2_sizes[5] = {1024 * KIB, 256 * KIB, 256 * KIB, 64 * KIB,
+                                448 * KIB};
+  for (int i = 0; i < 5; i++) s2[i] = track(a, s2_sizes[i], 1, &owner_x);
+  for (int i = 0; i < 8; i++) s3[i] = track(a, 256 * KIB, 1, &owner_x);
+  for (int i = 0; i < 8; i++) s4[i] = track(a, 256 * KIB, 1, &owner_x);
+  for (int i = 0; i < 32; i++) s5[i] = track(a, 64 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(arena_segments(a), 5);
+  ck_assert_uint_ne(s1[0].seg, s2[0].seg);
+  ck_assert_uint_eq(s2[4].seg, s2[0].seg);
+  free_ok(s1[1].id);
+  free_ok(s2[4].id);
+  free_ok(s3[3].id);
+  free_ok(s4[3].id);
+  free_ok(s5[5].id);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_eq(ps.room, 0);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_ge(ps.room, SEG);
+  ck_assert_uint_eq(st.segments_released, 1);
+  /* S2's 1600 KiB, and the slide pass's packing of the holes before. */
+  ck_assert_uint_ge(st.bytes_moved, 1600 * KIB);
+  where(&s2[0]);
+  ck_assert_uint_eq(s2[0].seg, s1[0].seg); /* the 1 MiB went to S1 */
+  pattern_check(s1[0].id);
+  for (int i = 0; i < 4; i++) pattern_check(s2[i].id);
+  for (int i = 0; i < 8; i++)
+    if (i != 3) pattern_check(s3[i].id), pattern_check(s4[i].id);
+  for (int i = 0; i < 32; i++)
+    if (i != 5) pattern_check(s5[i].id);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1099,6 +1151,7 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, nomem_before_ok_after);
   tcase_add_test(tc, device_stats_figures);
   tcase_add_test(tc, goal_run_stops_early);
+  tcase_add_test(tc, goal_run_fills_emptier_segment);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);
