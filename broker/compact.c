@@ -37,7 +37,7 @@
  * every move: no ping-pong.
  *
  * Termination does not depend on the rest of the broker being quiet: each
- * segment is a source at most once per pass (at most four passes), only segments that existed at
+ * segment is a source at most once per pass (at most five passes), only segments that existed at
  * the start are sources, and within a source the cursor only moves up (a
  * decision sets it past the allocation it looked at), so a run makes at
  * most about two decisions per 512 bytes of those segments per pass, plus the copy
@@ -76,19 +76,23 @@
 
 enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
 enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP };
-/* A run with a goal makes up to four passes over the segments, each
+/* A run with a goal makes up to five passes over the segments, each
  * visiting a segment at most once: evacuate what can empty; pack every
  * segment down (slide) so its free bytes are one range at its top; then
- * evacuate again into those ranges; last, evacuate into any segment of
+ * evacuate again into those ranges; then evacuate into any segment of
  * the arena, emptier ones too (COMPACT_PASS_ANY), a segment whose blocks
- * all have a place there (compact_can_empty): the order "only to fuller
+ * all have a place there (compact_can_move); last, for a run that also
+ * takes a hole in one arena as its goal (gmb__compact_add_hole), move the
+ * blocks at the top of one of that arena's segments elsewhere, the same
+ * way, so that the top becomes the hole (COMPACT_PASS_HOLE).  The order
+ * "only to fuller
  * segments" keeps runs without a goal from undoing each other, but it
  * also leaves a 1 MiB block in a 1.6 MiB segment when the only 1 MiB hole
  * is in a segment holding just 1 MiB.  A goal run ends as soon as the room
  * is there, so it cannot go back and forth. */
 enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
-       COMPACT_PASS_ANY, COMPACT_PASSES };
-/* What compact_can_empty looks at, at most: the largest free ranges of
+       COMPACT_PASS_ANY, COMPACT_PASS_HOLE, COMPACT_PASSES };
+/* What compact_can_move looks at, at most: the largest free ranges of
  * the arena (a bound on its work; fewer holes only make it say no). */
 #define COMPACT_PLAN_HOLES 1024u
 
@@ -100,6 +104,9 @@ struct gmb_compact {
   enum compact_state state;
   uint64_t max_seg; /* only segments up to this id are sources */
   uint64_t goal;    /* device room wanted (bytes); 0: a whole run */
+  struct gmb_arena *hole_arena; /* or a free range of hole_size in it */
+  uint64_t hole_size;
+  uint64_t plan_cursor; /* where compact_plan says the scan starts */
   int pass;         /* goal runs: COMPACT_PASS_* */
 
   /* Segments visited: an open-addressing set of ids (never 0). */
@@ -197,7 +204,7 @@ static int compact_accept_other(void *ctx, const struct gmb_segment *t) {
 }
 
 static int compact_any(const struct gmb_compact *c) {
-  return c->goal && c->pass == COMPACT_PASS_ANY;
+  return c->goal && (c->pass == COMPACT_PASS_ANY || c->pass == COMPACT_PASS_HOLE);
 }
 
 static int compact_live(const struct pool_range *r) {
@@ -256,13 +263,14 @@ static int compact_desc(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* COMPACT_PASS_ANY: 1 when every live allocation of s has a place in the
+/* COMPACT_PASS_ANY and _HOLE: 1 when every live allocation of s that
+ * ends above offset `from` (0: all of them) has a place in the
  * free ranges of the arena's other non-empty small segments, placed
  * largest first, each in the smallest hole that holds it (what the moves
  * will do, near enough: compact_fit takes pinned segments' holes first).
  * Looks at the COMPACT_PLAN_HOLES largest holes at most; 0 when out of
  * host memory. */
-static int compact_can_empty(const struct gmb_segment *s) {
+static int compact_can_move(const struct gmb_segment *s, uint64_t from) {
   uint64_t *holes = malloc(COMPACT_PLAN_HOLES * sizeof *holes);
   uint64_t *blocks = malloc(s->live * sizeof *blocks + 1);
   int ok = holes != NULL && blocks != NULL;
@@ -285,7 +293,8 @@ static int compact_can_empty(const struct gmb_segment *s) {
     }
   }
   for (const struct pool_range *r = s->first; ok && r; r = r->next)
-    if (compact_live(r) && nb < s->live) blocks[nb++] = r->size;
+    if (compact_live(r) && r->offset + r->size > from && nb < s->live)
+      blocks[nb++] = r->size;
   if (ok) {
     qsort(holes, nh, sizeof *holes, compact_desc);
     qsort(blocks, nb, sizeof *blocks, compact_desc);
@@ -308,13 +317,30 @@ static int compact_can_empty(const struct gmb_segment *s) {
   return ok;
 }
 
-static enum compact_mode compact_plan(const struct gmb_compact *c,
+static enum compact_mode compact_plan(struct gmb_compact *c,
                                       struct gmb_segment *s) {
   if (c->goal && c->pass == COMPACT_PASS_SLIDE) return M_SLIDE;
   enum compact_mode no = c->goal ? M_SKIP : M_SLIDE;
-  if (compact_any(c)) {
-    if (s->pinned || compact_has_locked(c, s) || !compact_can_empty(s))
+  if (c->goal && c->pass == COMPACT_PASS_ANY) {
+    if (s->pinned || compact_has_locked(c, s) || !compact_can_move(s, 0))
       return no;
+    return M_EVACUATE;
+  }
+  if (c->goal && c->pass == COMPACT_PASS_HOLE) {
+    /* The top hole_size bytes of s, made free: the allocations that reach
+     * into them move elsewhere (the slide pass packed s down, so the top
+     * is where its free bytes are). */
+    if (s->arena != c->hole_arena || s->dseg.size < c->hole_size ||
+        compact_has_locked(c, s))
+      return no;
+    uint64_t from = s->dseg.size - c->hole_size;
+    const struct pool_range *r = s->first;
+    while (r && r->offset + r->size <= from) r = r->next;
+    if (r == NULL) return no; /* already free: the goal check sees it */
+    if (!compact_can_move(s, from)) return no;
+    for (const struct pool_range *q = r; q; q = q->next)
+      if (compact_live(q) && !(q->flags & GMB_MOVABLE)) return no;
+    c->plan_cursor = r->offset;
     return M_EVACUATE;
   }
   uint64_t room = 0;
@@ -335,7 +361,11 @@ static enum compact_mode compact_plan(const struct gmb_compact *c,
 static int compact_goal_met(const struct gmb_compact *c) {
   struct gmb_pool_stats ps;
   gmb__pool_stats(c->p, &ps);
-  return ps.room >= c->goal;
+  if (ps.room >= c->goal) return 1;
+  if (c->hole_arena == NULL) return 0;
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(c->hole_arena, &as);
+  return as.largest_free >= c->hole_size;
 }
 
 static void compact_pick(struct gmb_compact *c) {
@@ -379,7 +409,8 @@ static void compact_pick(struct gmb_compact *c) {
     return;
   }
   c->blocked = 0;
-  c->cursor = 0;
+  c->cursor = c->plan_cursor;
+  c->plan_cursor = 0;
   c->hint = 0;
   c->state = C_SCAN;
 }
@@ -588,10 +619,20 @@ void gmb__compact_forget_arena(struct gmb_compact *c, struct gmb_arena *a) {
     compact_source_done(c);
   }
   if (c->arena == a) c->state = C_DONE;
+  if (c->hole_arena == a) c->hole_arena = NULL;
 }
 
 void gmb__compact_add_goal(struct gmb_compact *c, uint64_t bytes) {
   if (c->goal) c->goal += bytes;
+}
+
+void gmb__compact_add_hole(struct gmb_compact *c, struct gmb_arena *a,
+                           uint64_t size) {
+  if (!c->goal || c->hole_arena || a == NULL || size == 0 ||
+      size > GMB_POOL_SMALL_MAX)
+    return;
+  c->hole_arena = a;
+  c->hole_size = size;
 }
 
 void gmb__compact_stats(const struct gmb_compact *c,

@@ -91,6 +91,14 @@ struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
  * for a run without a goal (it does all it can anyway). */
 void gmb__compact_add_goal(struct gmb_compact *c, uint64_t bytes);
 
+/* A goal run may also end when arena `a` has a small free range of `size`
+ * bytes (a small request of a tenant whose segments have room in total
+ * but no hole for it): the run's last pass (COMPACT_PASS_HOLE) moves the
+ * blocks at the top of one of a's segments elsewhere to make that hole.
+ * One such goal per run (the first kept); no-op without a goal. */
+void gmb__compact_add_hole(struct gmb_compact *c, struct gmb_arena *a,
+                           uint64_t size);
+
 /* Works until `deadline_ns` (gmb__now_ns clock); always makes some progress
  * (at least one chunk of a copy, or one decision).  Returns 1 while there
  * is more to do, 0 when the run is over. */

@@ -111,16 +111,20 @@ void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
   defrag_begin(b, scope, reason, 0);
 }
 
-void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded) {
+void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
+                         struct gmb_tenant *t) {
   /* The room a segment for it takes: its own (large) or a small one. */
   uint64_t goal = GMB_POOL_SMALL_SEGMENT;
   if (rounded > GMB_POOL_SMALL_MAX)
     goal = (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
   if (b->compacting) {
     gmb__compact_add_goal(b->compacting, goal);
-    return;
+  } else {
+    defrag_begin(b, NULL, GMB_DEFRAG_REQUEST, goal);
   }
-  defrag_begin(b, NULL, GMB_DEFRAG_REQUEST, goal);
+  /* Or a hole for it in its tenant's own segments. */
+  if (b->compacting && t && rounded <= GMB_POOL_SMALL_MAX)
+    gmb__compact_add_hole(b->compacting, t->arena, rounded);
 }
 
 static void defrag_answer_admin(struct gmb_broker *b,

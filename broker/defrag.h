@@ -18,10 +18,13 @@
  * `reason` is a GMB_DEFRAG_*. */
 void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
                        int reason);
-/* A request of `rounded` bytes found no room: starts a run (or widens the
- * one in progress) whose goal is the device room a segment for it needs;
- * the run ends as soon as that room is there. */
-void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded);
+/* A request of `rounded` bytes of tenant `t` (NULL: not known) found no
+ * room: starts a run (or widens the one in progress) whose goal is the
+ * device room a segment for it needs, or, for a small request, a free
+ * range of its size in t's own segments; the run ends as soon as either
+ * is there. */
+void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
+                         struct gmb_tenant *t);
 /* Works on the run in progress until `deadline_ns`; finishes it when it is
  * over (answers its admin requests and the allocations that waited for
  * it).  Returns 1 while a run is in progress. */

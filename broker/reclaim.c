@@ -253,7 +253,7 @@ struct reclaim_runs {
 
 static void reclaim_compact(void *ctx, uint64_t rounded) {
   struct reclaim_runs *c = ctx;
-  gmb__defrag_request(c->b, rounded);
+  gmb__defrag_request(c->b, rounded, NULL);
   c->n++;
 }
 

@@ -1127,6 +1127,52 @@ START_TEST(goal_run_fills_emptier_segment) {
 }
 END_TEST
 
+/* A goal run may also end with a hole in the requester's own segments
+ * (gmb__compact_add_hole): on a full device, arena A's two segments each
+ * hold seven 256 KiB blocks and a 256 KiB hole at the top; A wants
+ * 512 KiB.  No segment can empty (2 MiB of room is out of reach), and
+ * without the hole goal the run ends with A's largest hole at 256 KiB;
+ * with it, the block under one segment's top hole moves into the other's
+ * hole, and A has its 512 KiB. */
+START_TEST(goal_run_makes_a_hole) {
+  close_pool();
+  open_pool(2 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked t[16];
+  for (int i = 0; i < 16; i++) t[i] = track(a, 256 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(arena_segments(a), 2);
+  free_ok(t[7].id);
+  free_ok(t[15].id);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.largest_free, 256 * KIB);
+  /* Without the hole goal: nothing to gain. */
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  run_all(c, 1000000);
+  gmb__compact_destroy(c);
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.largest_free, 256 * KIB);
+  /* With it. */
+  c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  gmb__compact_add_hole(c, a, 512 * KIB);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_ge(as.largest_free, 512 * KIB);
+  ck_assert_uint_eq(st.segments_released, 0);
+  ck_assert_uint_ge(st.moves, 1);
+  for (int i = 0; i < 16; i++)
+    if (i != 7 && i != 15) pattern_check(t[i].id);
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 512 * KIB, GMB_MOVABLE, &owner_x,
+                                   &info),
+                   0);
+  ck_assert_int_eq(gmb__pool_free(pool, info.id, NULL), 0);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1152,6 +1198,7 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, device_stats_figures);
   tcase_add_test(tc, goal_run_stops_early);
   tcase_add_test(tc, goal_run_fills_emptier_segment);
+  tcase_add_test(tc, goal_run_makes_a_hole);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);
