@@ -133,8 +133,9 @@ static int observe_row(void *ctx, struct gmb_tenant *t) {
     GMB_ASSERT(r->ns < r->scap && "every session is in the table");
     observe_session_row(s, &r->srows[r->ns++]);
   }
-  qsort(r->srows + first, r->ns - first, sizeof *r->srows,
-        observe_session_cmp);
+  if (r->ns > first) /* srows is NULL while there is no session */
+    qsort(r->srows + first, r->ns - first, sizeof *r->srows,
+          observe_session_cmp);
   return 0;
 }
 
