@@ -56,6 +56,14 @@ int gmb__ctl_no_args(const struct ctl_verb *v, int argc, char **argv);
 /* An admin status as JSON: the object of `gmbctl status --json`, also a
  * snapshot's "status" (docs/snapshot.md). */
 json_t *gmb__ctl_json_status(const struct wire_admin_status *st);
+
+/* Writes `path` through a temporary file and a rename, so that a reader
+ * never sees half a file, nor one whose writing failed: fn writes into the
+ * open file and returns 0, -1 on a write error (reported here, with
+ * errno), or an exit status after reporting the failure itself.  Returns
+ * gmbctl's exit status. */
+int gmb__ctl_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
+                          void *ctx);
 /* The tenants of an admin status, as a JSON array. */
 json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st);
 /* One session's row, as a JSON object. */

@@ -299,6 +299,20 @@ static int snapshot_to(struct ctl *ctl, const char *verb, uint32_t limit,
   return rc;
 }
 
+/* gmb__ctl_write_atomic's writer for `gmbctl snapshot FILE`. */
+struct snapshot_file {
+  struct ctl *ctl;
+  const char *verb;
+  uint32_t limit;
+  const char *path;
+  struct ctl_pages_total *total;
+};
+
+static int snapshot_file_fn(FILE *f, void *ctx) {
+  struct snapshot_file *sf = ctx;
+  return snapshot_to(sf->ctl, sf->verb, sf->limit, f, sf->path, sf->total);
+}
+
 int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
                       char **argv) {
   const char *path = NULL;
@@ -318,24 +332,9 @@ int gmb__ctl_snapshot(struct ctl *ctl, const struct ctl_verb *v, int argc,
                                        &total);
   /* Through a temporary file and a rename, so a reader never sees half a
    * snapshot, nor a snapshot that failed halfway. */
-  char tmp[4096];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
-  FILE *f = fopen(tmp, "w");
-  if (f == NULL)
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                         strerror(errno));
-  int rc = snapshot_to(ctl, v->name, limit, f, path, &total);
-  if (fclose(f) != 0 && rc == 0)
-    rc = gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                       strerror(errno));
-  if (rc == 0 && rename(tmp, path) != 0)
-    rc = gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                       strerror(errno));
-  if (rc) {
-    remove(tmp);
-    return rc;
-  }
+  struct snapshot_file sf = {ctl, v->name, limit, path, &total};
+  int rc = gmb__ctl_write_atomic(path, snapshot_file_fn, &sf);
+  if (rc) return rc;
   if (ctl->json)
     return gmb__ctl_json_print(json_pack(
         "{s:s, s:I, s:I, s:i, s:b}", "file", path, "segments",

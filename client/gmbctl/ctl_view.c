@@ -561,11 +561,8 @@ static int view_svg(const struct wire_reply *rep, const size_t *ord,
   return ferror(f) ? -1 : 0;
 }
 
-/* Writes `path` through a temporary file and a rename, so a reader never
- * sees half a file: fn writes the content into the open file and returns
- * 0 or -1. */
-static int view_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
-                             void *ctx) {
+int gmb__ctl_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
+                          void *ctx) {
   char tmp[4096];
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
     return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: name too long", path);
@@ -574,14 +571,14 @@ static int view_write_atomic(const char *path, int (*fn)(FILE *f, void *ctx),
     return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
                          strerror(errno));
   int rc = fn(f, ctx);
-  if (fclose(f) != 0) rc = -1;
-  if (rc != 0 || rename(tmp, path) != 0) {
-    int e = errno;
-    remove(tmp);
-    return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
-                         strerror(e));
-  }
-  return 0;
+  if (fclose(f) != 0 && rc == 0) rc = -1;
+  if (rc == 0 && rename(tmp, path) != 0) rc = -1;
+  if (rc == 0) return 0;
+  int e = errno;
+  remove(tmp);
+  if (rc > 0) return rc; /* fn said why */
+  return gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write %s: %s", path,
+                       strerror(e ? e : EIO));
 }
 
 struct view_svg_ctx {
@@ -601,7 +598,7 @@ static int view_svg_write(const struct wire_reply *rep, const size_t *ord,
                ? 0
                : gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the SVG");
   struct view_svg_ctx c = {rep, ord};
-  return view_write_atomic(path, view_svg_fn, &c);
+  return gmb__ctl_write_atomic(path, view_svg_fn, &c);
 }
 
 int gmb__ctl_map(struct ctl *ctl, const struct ctl_verb *v, int argc,
