@@ -18,6 +18,7 @@
 #include "observe.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -366,6 +367,20 @@ struct observe_tenants {
   size_t n, cap;
 };
 
+/* A per-tenant counter family: the uint64_t at `field` of each row. */
+static void observe_tenant_counter(FILE *f, const struct observe_tenants *r,
+                                   const char *name, const char *help,
+                                   size_t field) {
+  observe_head(f, name, "counter", help);
+  for (size_t i = 0; i < r->n; i++) {
+    uint64_t v;
+    memcpy(&v, (const char *)&r->t[i] + field, sizeof v);
+    fprintf(f, "%s{tenant=\"", name);
+    observe_label(f, r->t[i].name);
+    fprintf(f, "\"} %" PRIu64 "\n", v);
+  }
+}
+
 static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
   struct observe_tenants *r = ctx;
   if (r->n == r->cap) return 1;
@@ -439,32 +454,21 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
       }
     }
   }
-  observe_head(f, "gmb_tenant_quota_refusals_total", "counter",
-               "Allocation requests of the tenant refused by its quota.");
-  for (size_t i = 0; i < r->n; i++) {
-    fputs("gmb_tenant_quota_refusals_total{tenant=\"", f);
-    observe_label(f, r->t[i].name);
-    fprintf(f, "\"} %" PRIu64 "\n", r->t[i].refusals_quota);
-  }
+  observe_tenant_counter(f, r, "gmb_tenant_quota_refusals_total",
+                         "Allocation requests of the tenant refused by its "
+                         "quota.",
+                         offsetof(struct observe_tenant, refusals_quota));
   /* Per tenant, not per session: sessions come and go, and a label per
    * session would make a series per process.  Ended sessions' asks stay
    * in their tenant's totals. */
-  observe_head(f, "gmb_trim_asks_total", "counter",
-               "Asks to give cached memory back (EVENT_TRIM) sent to the "
-               "tenant's sessions.");
-  for (size_t i = 0; i < r->n; i++) {
-    fputs("gmb_trim_asks_total{tenant=\"", f);
-    observe_label(f, r->t[i].name);
-    fprintf(f, "\"} %" PRIu64 "\n", r->t[i].trim_asks);
-  }
-  observe_head(f, "gmb_trim_ignored_total", "counter",
-               "Asks to give cached memory back that the tenant's sessions "
-               "left unanswered past the broker's bound.");
-  for (size_t i = 0; i < r->n; i++) {
-    fputs("gmb_trim_ignored_total{tenant=\"", f);
-    observe_label(f, r->t[i].name);
-    fprintf(f, "\"} %" PRIu64 "\n", r->t[i].trim_ignored);
-  }
+  observe_tenant_counter(f, r, "gmb_trim_asks_total",
+                         "Asks to give cached memory back (EVENT_TRIM) sent "
+                         "to the tenant's sessions.",
+                         offsetof(struct observe_tenant, trim_asks));
+  observe_tenant_counter(f, r, "gmb_trim_ignored_total",
+                         "Asks to give cached memory back that the tenant's "
+                         "sessions left unanswered past the broker's bound.",
+                         offsetof(struct observe_tenant, trim_ignored));
 }
 
 /* Client requests the loop answers (a heartbeat has no answer). */
