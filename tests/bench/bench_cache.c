@@ -434,6 +434,7 @@ int main(void) {
   snprintf(dir, sizeof dir, "/tmp/gmb-bench-cache-XXXXXX");
   if (mkdtemp(dir) == NULL) die("mkdtemp", strerror(errno));
   snprintf(endpoint, sizeof endpoint, "ipc://%s/broker.sock", dir);
+  rng_state = (uint64_t)env_long("BENCH_SEED", 7); /* the sizes drawn */
   long steps = env_long("BENCH_STEPS", 20), ops = env_long("BENCH_OPS", 20000);
   long rtt_n = env_long("BENCH_RTT", 20000);
   for (int i = 0; i < ACTS; i++) tf_sizes[i] = log_uniform(512.0, 8 * 1048576.0);
