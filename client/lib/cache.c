@@ -426,6 +426,27 @@ static void cache_slab_unlink(struct gmb_cache *k, struct cache_arena *a,
   free(s);
 }
 
+/* 1 when slab s is one free block that waits for no stream work: it can
+ * go back to the backend. */
+static int cache_slab_idle(const struct cache_slab *s) {
+  const struct cache_block *b = s->first;
+  return b->free && b->next == NULL && b->ev == NULL;
+}
+
+/* Gives idle slab s of arena a (whose lock is held) back to the backend:
+ * unlinks it, drops the lock, and frees it with no lock held (a message
+ * to the broker).  Returns its size. */
+static uint64_t cache_slab_give_back(struct gmb_cache *k,
+                                     struct cache_arena *a,
+                                     struct cache_slab *s) {
+  uint64_t id = s->id, size = s->size;
+  cache_bin_remove(a, s->first);
+  cache_slab_unlink(k, a, s);
+  pthread_mutex_unlock(&a->mu);
+  k->ops.slab_free(k->ops.ctx, id);
+  return size;
+}
+
 /* --- handing out ------------------------------------------------------- */
 
 /* Takes free block b (in no bin) for a request of `req` bytes (need:
@@ -519,23 +540,15 @@ static void cache_drop_small(struct gmb_cache *k, struct cache_arena *a,
   while (done < limit) {
     pthread_mutex_lock(&a->mu);
     struct cache_slab *pick = NULL;
-    for (struct cache_slab *s = a->slabs; s; s = s->next) {
-      struct cache_block *b = s->first;
-      if (s->pool == CACHE_POOL_LARGE && s->size < need && b->free &&
-          b->next == NULL && b->ev == NULL &&
-          (pick == NULL || s->size > pick->size))
+    for (struct cache_slab *s = a->slabs; s; s = s->next)
+      if (s->pool == CACHE_POOL_LARGE && s->size < need &&
+          cache_slab_idle(s) && (pick == NULL || s->size > pick->size))
         pick = s;
-    }
     if (pick == NULL) {
       pthread_mutex_unlock(&a->mu);
       return;
     }
-    uint64_t id = pick->id, size = pick->size;
-    cache_bin_remove(a, pick->first);
-    cache_slab_unlink(k, a, pick);
-    pthread_mutex_unlock(&a->mu);
-    k->ops.slab_free(k->ops.ctx, id);
-    done += size;
+    done += cache_slab_give_back(k, a, pick);
   }
 }
 
@@ -839,10 +852,9 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, uint64_t *released) {
                         atomic_load(&k->blocks_out);
       struct cache_slab *best = NULL;
       for (struct cache_slab *s = a->slabs; s; s = s->next) {
-        struct cache_block *b = s->first;
         /* A slab of blocks whose events all completed is one block once
          * they are made ready: promote, then look at the whole. */
-        for (struct cache_block *x = b; x; x = x->next) {
+        for (struct cache_block *x = s->first; x; x = x->next) {
           /* Merging may give x a neighbour's event that completed
            * too: promote until it waits for nothing or for work that is
            * not done. */
@@ -851,21 +863,14 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, uint64_t *released) {
             x = cache_coalesce(k, a, x);
           }
         }
-        b = s->first;
-        if (b->free && b->next == NULL && b->ev == NULL &&
-            (best == NULL || s->size > best->size))
+        if (cache_slab_idle(s) && (best == NULL || s->size > best->size))
           best = s;
       }
       if (best == NULL || cached <= keep) {
         pthread_mutex_unlock(&a->mu);
         break;
       }
-      uint64_t id = best->id, size = best->size;
-      cache_bin_remove(a, best->first);
-      cache_slab_unlink(k, a, best);
-      pthread_mutex_unlock(&a->mu);
-      k->ops.slab_free(k->ops.ctx, id);
-      done += size;
+      done += cache_slab_give_back(k, a, best);
     }
   }
   if (released) *released = done;

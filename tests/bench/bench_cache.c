@@ -306,10 +306,9 @@ static void run_serving(long ops, double rtt) {
   gmb_disconnect(p.c);
 }
 
-/* The elastic case, through a quota: job A (a process) caches 1.5 GiB
- * and idles; job B, of the same tenant with a 2 GiB quota, asks 1 GiB.
- * Timed: B's gmb_malloc_async, from the call to its return. */
-static void run_elastic(void) {
+/* Job A of the elastic cases: a process of tenant `tenant` that caches
+ * 1.5 GiB and then idles (it never calls the library again). */
+static pid_t elastic_job_a(const char *tenant) {
   int fds[2];
   if (pipe(fds)) die("pipe", strerror(errno));
   pid_t a = fork();
@@ -318,7 +317,7 @@ static void run_elastic(void) {
     gmb_client *c;
     void *p;
     char ok = 'x';
-    if (gmb_connect(endpoint, "elastic", &c) == 0 &&
+    if (gmb_connect(endpoint, tenant, &c) == 0 &&
         gmb_malloc_async(c, (size_t)3 << 29, NULL, &p) == 0 &&
         gmb_free_async(c, p, NULL) == 0)
       ok = 'r';
@@ -327,6 +326,16 @@ static void run_elastic(void) {
   }
   char r = 0;
   if (read(fds[0], &r, 1) != 1 || r != 'r') die("elastic", "job A failed");
+  close(fds[0]);
+  close(fds[1]);
+  return a;
+}
+
+/* The elastic case, through a quota: job A (a process) caches 1.5 GiB
+ * and idles; job B, of the same tenant with a 2 GiB quota, asks 1 GiB.
+ * Timed: B's gmb_malloc_async, from the call to its return. */
+static void run_elastic(void) {
+  pid_t a = elastic_job_a("elastic");
   gmb_client *b;
   if (gmb_connect(endpoint, "elastic", &b)) die("connect", gmb_last_error(NULL));
   gmb_stats st;
@@ -345,34 +354,8 @@ static void run_elastic(void) {
   gmb_disconnect(b);
   kill(a, SIGKILL);
   waitpid(a, NULL, 0);
-  close(fds[0]);
-  close(fds[1]);
 }
 
-/* Job A of the full-device case: tenant "job-a", 1.5 GiB cached, then
- * idle (it never calls the library again). */
-static pid_t elastic_job_a(void) {
-  int fds[2];
-  if (pipe(fds)) die("pipe", strerror(errno));
-  pid_t a = fork();
-  if (a == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    gmb_client *c;
-    void *p;
-    char ok = 'x';
-    if (gmb_connect(endpoint, "job-a", &c) == 0 &&
-        gmb_malloc_async(c, (size_t)3 << 29, NULL, &p) == 0 &&
-        gmb_free_async(c, p, NULL) == 0)
-      ok = 'r';
-    if (write(fds[1], &ok, 1) != 1) _exit(1);
-    for (;;) pause();
-  }
-  char r = 0;
-  if (read(fds[0], &r, 1) != 1 || r != 'r') die("elastic.device", "job A failed");
-  close(fds[0]);
-  close(fds[1]);
-  return a;
-}
 
 /* The elastic case through a full device: A (tenant job-a) caches 1.5 GiB
  * of the 2 GiB device and idles; B (tenant job-b) asks 1 GiB.  Timed: B's
@@ -387,7 +370,7 @@ static void run_elastic_device(double rtt) {
   uint64_t *v = malloc((size_t)runs * sizeof *v);
   for (int cached = 0; cached < 2; cached++) {
     for (long i = 0; i < runs; i++) {
-      pid_t a = elastic_job_a();
+      pid_t a = elastic_job_a("job-a");
       gmb_stats st;
       int seen = 0;
       for (int k = 0; k < 2500 && !seen; k++) { /* A's report arrived */
