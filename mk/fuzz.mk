@@ -18,7 +18,8 @@ FUZZ_TARGETS ?= dispatch config statefile replay fdchan
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
   -fno-omit-frame-pointer
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING -O1 -g -Wall -Wextra \
-  -Wno-unused-parameter $(FUZZ_SAN) -fsanitize=fuzzer-no-link $(FZ_INC) \
+  -Wno-unused-parameter $(FUZZ_SAN) -fsanitize=fuzzer-no-link \
+  -fsanitize-coverage-ignorelist=tests/fuzz/coverage-ignore.txt $(FZ_INC) \
   $(PKG_CFLAGS)
 
 FZ_COMMON_OBJ := $(patsubst %.c,$(FZ)/obj/%.o,$(COMMON_SRC)) \
@@ -50,7 +51,7 @@ $(FZ)/obj/gen/gmb.pb-c.o: $(FZ)/gen/gmb.pb-c.c
 	@echo "  CLANG   $<"
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
-$(FZ)/obj/%.o: %.c | $(FZ)/gen/gmb.pb-c.h
+$(FZ)/obj/%.o: %.c tests/fuzz/coverage-ignore.txt | $(FZ)/gen/gmb.pb-c.h
 	@mkdir -p $(dir $@)
 	@echo "  CLANG   $<"
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@

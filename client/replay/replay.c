@@ -31,9 +31,10 @@
  * the page-bound ones are those that no allocator keeping each tenant in
  * 2 MiB pages of its own could have served (rp_page_bound).  Bytes moved
  * and compaction time come from the broker's own totals (AdminStatus) at
- * the end.  Two baselines are computed from the trace alone, with a
- * perfect allocator: static slices of the device per tenant, and one
- * shared pool with quotas and no fragmentation, the floor (rp_baselines).
+ * the end.  Three baselines are computed from the trace alone, with a
+ * perfect allocator: static slices of the device per tenant, one shared
+ * pool with quotas and no fragmentation (the floor), and that pool with
+ * each tenant in 2 MiB pages of its own (the paged floor) (rp_baselines).
  *
  * The cache (--cache).  Each child then allocates with gmb_malloc_async
  * and frees with gmb_free_async on one stream (the legacy one; the host
@@ -172,7 +173,7 @@ struct rp_figures {
   uint64_t tenant_small[RP_TENANTS_MAX], tenant_large[RP_TENANTS_MAX];
   struct rp_baseline {
     uint64_t failures, quota_failures, nomem_failures;
-  } base_static, base_shared;
+  } base_static, base_shared, base_paged;
   uint64_t accounting_mismatches; /* tenants whose broker `used` differs */
   struct wire_compact_stats compaction;
   uint64_t final_largest_free, final_in_segments;
@@ -865,29 +866,35 @@ static int rp_call(struct rp_tenant *t, const struct rp_op *op,
   return rp_read_all(t->res_r, res, sizeof *res);
 }
 
-/* 1 when no allocator that keeps each tenant in 2 MiB pages of its own
- * (the broker's segments; a GPU's granularity) could have served a
- * request of `need` bytes from tenant t now: the pages that the live
- * allocations take at the very least (each tenant's small bytes packed
- * perfectly, each large allocation in its own pages), plus the pages the
- * request adds, pass the capacity.  Such a failure counts as
- * fragmentation (the free total was enough) but no compaction can avoid
- * it. */
-static int rp_page_bound(const struct rp_trace *tr, const struct rp_figures *fg,
-                         uint32_t t, uint64_t need) {
-  uint64_t pages = 0;
-  for (size_t i = 0; i < tr->n_tenants; i++)
-    pages += rp_pages(fg->tenant_small[i]) + fg->tenant_large[i];
-  uint64_t more = need > RP_SMALL_MAX
-                      ? rp_pages(need)
-                      : rp_pages(fg->tenant_small[t] + need) -
-                            rp_pages(fg->tenant_small[t]);
-  return pages + more > tr->capacity;
+/* The bytes of 2 MiB pages that a request of r bytes from tenant t would
+ * bring the device to, for an allocator that keeps each tenant in pages of
+ * its own (the broker's segments; a GPU's granularity) and is perfect
+ * otherwise: each tenant's small bytes (small[u], n tenants) packed
+ * densely, each large allocation in pages of its own (large: their pages,
+ * all tenants). */
+static uint64_t rp_paged(const uint64_t *small, size_t n, uint64_t large,
+                         uint32_t t, uint64_t r) {
+  uint64_t pages = large + (r > RP_SMALL_MAX ? rp_pages(r) : 0);
+  for (size_t u = 0; u < n; u++)
+    pages += rp_pages(small[u] + (u == t && r <= RP_SMALL_MAX ? r : 0));
+  return pages;
 }
 
-/* The two baselines, computed from the trace alone with a perfect
- * allocator (every request that fits its budget is served; no segments,
- * no fragmentation):
+/* 1 when no allocator that keeps each tenant in 2 MiB pages of its own
+ * could have served a request of `need` bytes from tenant t now (rp_paged
+ * passes the capacity).  Such a failure counts as fragmentation (the free
+ * total was enough) but no compaction can avoid it. */
+static int rp_page_bound(const struct rp_trace *tr, const struct rp_figures *fg,
+                         uint32_t t, uint64_t need) {
+  uint64_t large = 0;
+  for (size_t i = 0; i < tr->n_tenants; i++) large += fg->tenant_large[i];
+  return rp_paged(fg->tenant_small, tr->n_tenants, large, t, need) >
+         tr->capacity;
+}
+
+/* The three baselines, computed from the trace alone with a perfect
+ * allocator (every request that fits its budget is served; no
+ * fragmentation):
  *   static  each tenant owns a fixed slice of the device (what hosts do
  *           without a broker: MIG, per-process memory fractions): its
  *           quota when the quotas fit the device, else a share of the
@@ -895,7 +902,12 @@ static int rp_page_bound(const struct rp_trace *tr, const struct rp_figures *fg,
  *           weigh as much as the largest quota);
  *   shared  one pool for all with the quotas: refused only past a quota
  *           (GMB_E_QUOTA) or past the capacity.  The floor: nothing a
- *           broker does can refuse less.
+ *           broker does can refuse less;
+ *   paged   the same pool, but each tenant in 2 MiB pages of its own,
+ *           packed perfectly (rp_paged): refused past a quota or when
+ *           the pages pass the capacity.  The floor of any broker that
+ *           isolates tenants on a GPU (a client can read all of a page
+ *           it maps), so of this one.
  * Each keeps its own set of live keys (what it refused is never freed). */
 static void rp_baselines(struct rp_trace *tr, struct rp_figures *fg) {
   uint64_t qmax = 0, qsum = 0;
@@ -917,33 +929,54 @@ static void rp_baselines(struct rp_trace *tr, struct rp_figures *fg) {
                    : (uint64_t)((double)tr->capacity * (double)w /
                                 (double)qsum);
   }
-  for (int which = 0; which < 2; which++) {
-    struct rp_baseline *bl = which ? &fg->base_shared : &fg->base_static;
+  struct rp_baseline *const bls[3] = {&fg->base_static, &fg->base_shared,
+                                       &fg->base_paged};
+  for (int which = 0; which < 3; which++) {
+    struct rp_baseline *bl = bls[which];
     /* The rounded size of each live key, 0 when not live. */
     uint64_t *live = calloc(tr->n_keys ? tr->n_keys : 1, sizeof *live);
     uint64_t used[RP_TENANTS_MAX] = {0}, total = 0;
+    /* paged: each tenant's small bytes, and the pages of the large ones
+     * (all tenants). */
+    uint64_t small[RP_TENANTS_MAX] = {0}, large = 0;
     if (live == NULL) return;
     for (size_t i = 0; i < tr->n_ops; i++) {
       const struct rp_op *op = &tr->ops[i];
       uint32_t t = op->tenant;
       uint64_t r = rp_round(op->size);
       if (op->kind == RP_ALLOC) {
+        int over;
+        if (which == 0) {
+          over = used[t] + r > slice[t];
+        } else if (which == 1) {
+          over = total + r > tr->capacity;
+        } else {
+          over = rp_paged(small, tr->n_tenants, large, t, r) > tr->capacity;
+        }
         if (quota[t] != UINT64_MAX && used[t] + r > quota[t]) {
           bl->failures++;
           bl->quota_failures++;
-        } else if (which ? total + r > tr->capacity : used[t] + r > slice[t]) {
+        } else if (over) {
           bl->failures++;
           bl->nomem_failures++;
         } else {
           live[op->key] = r;
           used[t] += r;
           total += r;
+          if (r > RP_SMALL_MAX)
+            large += rp_pages(r);
+          else
+            small[t] += r;
         }
       } else if (op->kind == RP_FREE && live[op->key]) {
         r = live[op->key];
         live[op->key] = 0;
         used[t] -= r;
         total -= r;
+        if (r > RP_SMALL_MAX)
+          large -= rp_pages(r);
+        else
+          small[t] -= r;
       }
     }
     free(live);
@@ -1208,6 +1241,10 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
         "baseline_shared_failures", (json_int_t)fg->base_shared.failures,
         "baseline_shared_quota_failures",
         (json_int_t)fg->base_shared.quota_failures);
+    json_object_set_new(j, "baseline_paged_failures",
+                        json_integer((json_int_t)fg->base_paged.failures));
+    json_object_set_new(j, "baseline_paged_quota_failures",
+                        json_integer((json_int_t)fg->base_paged.quota_failures));
     json_object_set_new(j, "cache", json_boolean(o->cache));
     json_object_set_new(j, "peak_bytes_held", json_integer((json_int_t)cs.peak_held));
     json_object_set_new(j, "cache_hits", json_integer((json_int_t)cs.hits));
@@ -1252,6 +1289,10 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
   printf("baseline: shared, ideal %llu failures (%llu quota)\n",
          (unsigned long long)fg->base_shared.failures,
          (unsigned long long)fg->base_shared.quota_failures);
+  printf("baseline: shared, paged %llu failures (%llu quota; each tenant "
+         "in 2 MiB pages of its own)\n",
+         (unsigned long long)fg->base_paged.failures,
+         (unsigned long long)fg->base_paged.quota_failures);
   printf("peak bytes in use       %s\n",
          gmb__size_format(fg->peak, a, sizeof a));
   if (o->cache) {

@@ -2,9 +2,11 @@
 # frag.sh - the fragmentation suite: five traces, each replayed through a
 # real broker with compaction off and auto, and once more through each
 # client's cache (gmb-replay --cache, compaction auto: what the torch
-# allocator and cudaMallocAsync do), beside two baselines computed from the
+# allocator and cudaMallocAsync do), beside three baselines computed from the
 # same trace with a perfect allocator (gmb-replay): static slices per
-# tenant, and one shared pool with quotas and no fragmentation (the floor).
+# tenant, one shared pool with quotas and no fragmentation (the floor), and
+# that pool with each tenant in 2 MiB pages of its own (paged: the floor of
+# a broker that isolates tenants, as this one must on a GPU).
 # The cache's rows add the bytes its slabs held at the peak (held_MiB,
 # against peak_MiB in use), its hit rate and the broker requests it made
 # (reqs; one per alloc and free without it).
@@ -54,8 +56,8 @@ mib() {
 }
 
 status=0
-printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %10s %6s %7s %12s %13s\n' \
-  trace mode ops failures frag_fail page static floor peak_MiB held_MiB \
+printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %6s %10s %10s %6s %7s %12s %13s\n' \
+  trace mode ops failures frag_fail page static floor paged peak_MiB held_MiB \
   hit% reqs moved_MiB compaction_s
 for t in $TRACES; do
   trace=$OUT/$t.trace
@@ -84,13 +86,14 @@ for t in $TRACES; do
     else
       hit=-
     fi
-    printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %10s %10s %6s %7s %12s %13s\n' \
+    printf '%-12s %-5s %7s %9s %9s %6s %7s %6s %6s %10s %10s %6s %7s %12s %13s\n' \
       "$t" "$mode" \
       "$(jget "$json" operations)" "$(jget "$json" failures)" \
       "$(jget "$json" fragmentation_failures)" \
       "$(jget "$json" page_bound_failures)" \
       "$(jget "$json" baseline_static_failures)" \
       "$(jget "$json" baseline_shared_failures)" \
+      "$(jget "$json" baseline_paged_failures)" \
       "$(mib "$(jget "$json" peak_bytes_in_use)")" \
       "$(mib "$(jget "$json" peak_bytes_held)")" "$hit" \
       "$(jget "$json" broker_requests)" \
@@ -100,8 +103,10 @@ for t in $TRACES; do
 done
 echo "(failures include quota refusals; frag_fail: GMB_E_NOMEM while the"
 echo " free total was enough; page: of those, the ones no allocator with"
-echo " per-tenant 2 MiB pages could serve; static, floor: the baselines'"
-echo " failures; held: bytes of the caches' slabs at their peak (in use"
+echo " per-tenant 2 MiB pages could serve; static, floor, paged: the"
+echo " baselines' failures (paged: the floor with each tenant in 2 MiB"
+echo " pages of its own, what a broker that isolates tenants can reach);"
+echo " held: bytes of the caches' slabs at their peak (in use"
 echo " without the cache); hit%: requests the cache served without a slab;"
 echo " reqs: alloc/free requests to the broker; JSON and series in $OUT)"
 

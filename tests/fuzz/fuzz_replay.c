@@ -1,6 +1,6 @@
 /*
  * fuzz_replay.c - libFuzzer target: gmb-replay's trace parser
- * (client/replay/replay.c, rp_trace_load) and the two baselines it
+ * (client/replay/replay.c, rp_trace_load) and the three baselines it
  * computes from a trace alone (rp_baselines), on any bytes as the trace.
  *
  * replay.c is included here without its main (GMB_REPLAY_NO_MAIN), so the
@@ -37,6 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
     rp_baselines(&tr, &fg);
     FZ_ASSERT(fg.base_static.failures <= tr.n_ops);
     FZ_ASSERT(fg.base_shared.failures <= tr.n_ops);
+    FZ_ASSERT(fg.base_paged.failures <= tr.n_ops);
   } else {
     FZ_ASSERT(rc == RP_EXIT_USAGE);
   }

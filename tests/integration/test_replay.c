@@ -133,6 +133,41 @@ START_TEST(replay_quota_failure_is_not_fragmentation) {
 }
 END_TEST
 
+/*
+ * Three tenants of 512KiB each on a 4MiB device: 1.5MiB in use, but each
+ * tenant needs a 2MiB page of its own, so the third is refused whatever
+ * the allocator (page bound).  The floor (one byte-exact pool) refuses
+ * nothing; the paged floor refuses exactly that one, and so does the
+ * broker, with compaction off and auto.
+ */
+static const char paged_trace[] =
+    "# test_replay: paged floor\n"
+    "capacity 4MiB\n"
+    "alloc a k1 512KiB movable\n"
+    "alloc b k1 512KiB movable\n"
+    "alloc c k1 512KiB movable   # page bound\n"
+    "free a k1\n"
+    "alloc c k2 512KiB movable   # a's page went back: served\n";
+
+START_TEST(replay_page_bound_meets_paged_floor) {
+  const char *modes[2] = {"off", "auto"};
+  for (int m = 0; m < 2; m++) {
+    struct replay_run r;
+    replay(&r, paged_trace, modes[m], 0);
+    ck_assert_msg(r.status == 0, "gmb-replay exited %d:\n%s", r.status, r.out);
+    ck_assert_msg(r.json != NULL, "no JSON in:\n%s", r.out);
+    ck_assert_int_eq(jint(&r, "failures"), 1);
+    ck_assert_int_eq(jint(&r, "fragmentation_failures"), 1);
+    ck_assert_int_eq(jint(&r, "page_bound_failures"), 1);
+    ck_assert_int_eq(jint(&r, "baseline_shared_failures"), 0);
+    ck_assert_int_eq(jint(&r, "baseline_paged_failures"), 1);
+    ck_assert_int_eq(jint(&r, "baseline_paged_quota_failures"), 0);
+    ck_assert_int_eq(jint(&r, "corrupted"), 0);
+    replay_done(&r);
+  }
+}
+END_TEST
+
 /* --series: a row per operation on a trace this short, plus the end;
  * columns op, in use, largest free, in segments, free total. */
 START_TEST(replay_series_rows) {
@@ -308,6 +343,7 @@ int main(void) {
   return harness_main(HARNESS_SUITE(
       "replay", "replay", 60,
       replay_quota_failure_is_not_fragmentation,
+      replay_page_bound_meets_paged_floor,
       replay_series_rows,
       replay_bad_trace_line,
       replay_auto_serves_fragmented_request,
