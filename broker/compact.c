@@ -107,6 +107,7 @@ struct gmb_compact {
   struct gmb_arena *hole_arena; /* or a free range of hole_size in it */
   uint64_t hole_size;
   uint64_t plan_cursor; /* where compact_plan says the scan starts */
+  uint64_t plan_stop;   /* ... and ends (0: the segment's end) */
   int pass;         /* goal runs: COMPACT_PASS_* */
 
   /* Segments visited: an open-addressing set of ids (never 0). */
@@ -119,6 +120,7 @@ struct gmb_compact {
   enum compact_mode mode;
   int blocked;     /* an evacuation left something behind */
   uint64_t cursor; /* allocations below it were decided */
+  uint64_t stop;   /* allocations from it on stay (0: none) */
   uint64_t hint;   /* id of the live allocation expected at the cursor */
 
   /* The move in flight (C_COPY). */
@@ -213,12 +215,14 @@ static int compact_live(const struct pool_range *r) {
 
 /* Sources are movable small segments (mobility grouping keeps pinned
  * allocations out of them); large allocations have a segment each and
- * never move. */
+ * never move.  A full segment gives nothing by being packed or emptied
+ * into fuller ones, but the last two passes may empty it into emptier
+ * segments' holes, or make its top the hole. */
 static int compact_candidate(const struct gmb_compact *c,
                              const struct gmb_segment *s) {
   return (!c->arena || s->arena == c->arena) && s->dseg.id <= c->max_seg &&
          s->cls == POOL_SMALL_MOVABLE && s->live > 0 &&
-         compact_free_bytes(s) > 0 && s->targets == 0 &&
+         (compact_free_bytes(s) > 0 || compact_any(c)) && s->targets == 0 &&
          !compact_seen(c, s->dseg.id);
 }
 
@@ -264,13 +268,14 @@ static int compact_desc(const void *a, const void *b) {
 }
 
 /* COMPACT_PASS_ANY and _HOLE: 1 when every live allocation of s that
- * ends above offset `from` (0: all of them) has a place in the
+ * reaches into [from, to) has a place in the
  * free ranges of the arena's other non-empty small segments, placed
  * largest first, each in the smallest hole that holds it (what the moves
  * will do, near enough: compact_fit takes pinned segments' holes first).
  * Looks at the COMPACT_PLAN_HOLES largest holes at most; 0 when out of
  * host memory. */
-static int compact_can_move(const struct gmb_segment *s, uint64_t from) {
+static int compact_can_move(const struct gmb_segment *s, uint64_t from,
+                            uint64_t to) {
   uint64_t *holes = malloc(COMPACT_PLAN_HOLES * sizeof *holes);
   uint64_t *blocks = malloc(s->live * sizeof *blocks + 1);
   int ok = holes != NULL && blocks != NULL;
@@ -293,7 +298,8 @@ static int compact_can_move(const struct gmb_segment *s, uint64_t from) {
     }
   }
   for (const struct pool_range *r = s->first; ok && r; r = r->next)
-    if (compact_live(r) && r->offset + r->size > from && nb < s->live)
+    if (compact_live(r) && r->offset + r->size > from && r->offset < to &&
+        nb < s->live)
       blocks[nb++] = r->size;
   if (ok) {
     qsort(holes, nh, sizeof *holes, compact_desc);
@@ -317,30 +323,90 @@ static int compact_can_move(const struct gmb_segment *s, uint64_t from) {
   return ok;
 }
 
+/* 1 when allocation r (live) may move now: movable, not moving, and not
+ * held locked. */
+static int compact_may_move(const struct gmb_compact *c,
+                            const struct pool_range *r) {
+  if (!(r->flags & GMB_MOVABLE) || (r->flags & POOL_MOVING_SRC)) return 0;
+  if (!c->h.locked) return 1;
+  struct gmb_alloc_info info;
+  return gmb__pool_find(c->p, gmb__pool_range_id(c->p, r), &info) == 0 &&
+         !c->h.locked(c->h.ctx, &info);
+}
+
+/* The bytes to move to make [from, from + hole_size) of s free: the live
+ * allocations that reach into it; UINT64_MAX when one may not move, or a
+ * move's target is there.  *first: the first range that reaches in. */
+static uint64_t compact_window_cost(const struct gmb_compact *c,
+                                    const struct gmb_segment *s, uint64_t from,
+                                    const struct pool_range **first) {
+  uint64_t to = from + c->hole_size, bytes = 0;
+  *first = NULL;
+  for (const struct pool_range *r = s->first; r && r->offset < to;
+       r = r->next) {
+    if (r->offset + r->size <= from || (r->flags & GMB_RANGE_FREE)) continue;
+    if ((r->flags & GMB_RANGE_TARGET) || !compact_may_move(c, r))
+      return UINT64_MAX;
+    if (*first == NULL) *first = r;
+    bytes += r->size;
+  }
+  return bytes;
+}
+
+/* COMPACT_PASS_HOLE: picks where in s the hole is made: of the windows of
+ * hole_size bytes that start where a range of s starts (or end at its
+ * end), the one that moves the fewest bytes, holds nothing pinned or
+ * locked, and whose allocations all have a place in the arena's other
+ * segments (compact_can_move).  A KV cache's segment is often full of
+ * blocks half the request's size or less: two small ones somewhere in the
+ * middle may have places where the top's larger one has none.  Sets the
+ * scan's bounds and returns 1, or 0 when no window will do. */
+static int compact_hole_window(struct gmb_compact *c,
+                               const struct gmb_segment *s) {
+  enum { TRIES = 4 };
+  uint64_t size = c->hole_size, tried_below = 0;
+  for (int k = 0; k < TRIES; k++) {
+    /* The cheapest window not tried yet (costs above tried_below). */
+    uint64_t best = UINT64_MAX, best_from = 0;
+    const struct pool_range *best_first = NULL;
+    for (const struct pool_range *r = s->first;; r = r->next) {
+      uint64_t from = r ? r->offset : s->dseg.size - size;
+      if (from + size <= s->dseg.size) {
+        const struct pool_range *first;
+        uint64_t cost = compact_window_cost(c, s, from, &first);
+        if (cost > tried_below && cost < best) {
+          best = cost;
+          best_from = from;
+          best_first = first;
+        }
+      }
+      if (r == NULL) break;
+    }
+    if (best == UINT64_MAX) return 0;
+    if (compact_can_move(s, best_from, best_from + size)) {
+      c->plan_cursor = best_first->offset;
+      c->plan_stop = best_from + size;
+      return 1;
+    }
+    tried_below = best;
+  }
+  return 0;
+}
+
 static enum compact_mode compact_plan(struct gmb_compact *c,
                                       struct gmb_segment *s) {
   if (c->goal && c->pass == COMPACT_PASS_SLIDE) return M_SLIDE;
   enum compact_mode no = c->goal ? M_SKIP : M_SLIDE;
   if (c->goal && c->pass == COMPACT_PASS_ANY) {
-    if (s->pinned || compact_has_locked(c, s) || !compact_can_move(s, 0))
+    if (s->pinned || compact_has_locked(c, s) ||
+        !compact_can_move(s, 0, UINT64_MAX))
       return no;
     return M_EVACUATE;
   }
   if (c->goal && c->pass == COMPACT_PASS_HOLE) {
-    /* The top hole_size bytes of s, made free: the allocations that reach
-     * into them move elsewhere (the slide pass packed s down, so the top
-     * is where its free bytes are). */
     if (s->arena != c->hole_arena || s->dseg.size < c->hole_size ||
-        compact_has_locked(c, s))
+        !compact_hole_window(c, s))
       return no;
-    uint64_t from = s->dseg.size - c->hole_size;
-    const struct pool_range *r = s->first;
-    while (r && r->offset + r->size <= from) r = r->next;
-    if (r == NULL) return no; /* already free: the goal check sees it */
-    if (!compact_can_move(s, from)) return no;
-    for (const struct pool_range *q = r; q; q = q->next)
-      if (compact_live(q) && !(q->flags & GMB_MOVABLE)) return no;
-    c->plan_cursor = r->offset;
     return M_EVACUATE;
   }
   uint64_t room = 0;
@@ -410,7 +476,9 @@ static void compact_pick(struct gmb_compact *c) {
   }
   c->blocked = 0;
   c->cursor = c->plan_cursor;
+  c->stop = c->plan_stop;
   c->plan_cursor = 0;
+  c->plan_stop = 0;
   c->hint = 0;
   c->state = C_SCAN;
 }
@@ -448,10 +516,12 @@ static void compact_scan(struct gmb_compact *c) {
     while (r && r->offset < c->cursor) r = r->next;
   }
   while (r && !compact_live(r)) r = r->next;
+  if (r && c->stop && r->offset >= c->stop) r = NULL;
   if (!r) {
     if (c->mode == M_EVACUATE && c->blocked) {
       c->mode = M_SLIDE; /* pack down what stays */
       c->cursor = 0;
+      c->stop = 0;
       c->hint = 0;
       return;
     }

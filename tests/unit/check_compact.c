@@ -1173,6 +1173,52 @@ START_TEST(goal_run_makes_a_hole) {
 }
 END_TEST
 
+/*
+ * The hole where it is cheapest, in a full segment.  A's movable segment
+ * is full: 64 KiB, 64 KiB, 1 MiB, 896 KiB; its pinned segment has two
+ * 64 KiB holes between pinned blocks; the device has no room for a third
+ * segment.  A wants 128 KiB.  The top 128 KiB lie inside the 896 KiB block,
+ * which has no place anywhere; the bottom two blocks fit the two holes, and
+ * moving them makes the hole.  A full segment must be a source for the
+ * hole pass, and the window is not only the top.
+ */
+START_TEST(goal_run_hole_in_the_cheapest_window) {
+  close_pool();
+  open_pool(2 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  static const uint64_t sizes[4] = {64 * KIB, 64 * KIB, 1024 * KIB,
+                                    896 * KIB};
+  struct tracked mv[4], pin[32];
+  for (int i = 0; i < 4; i++) mv[i] = track(a, sizes[i], 1, &owner_x);
+  for (int i = 0; i < 32; i++) pin[i] = track(a, 64 * KIB, 0, &owner_x);
+  ck_assert_uint_eq(arena_segments(a), 2);
+  free_ok(pin[3].id);
+  free_ok(pin[10].id);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.largest_free, 64 * KIB);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  gmb__compact_add_hole(c, a, 128 * KIB);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_ge(as.largest_free, 128 * KIB);
+  /* The two small blocks, nothing else. */
+  ck_assert_uint_eq(st.moves, 2);
+  ck_assert_uint_eq(st.bytes_moved, 128 * KIB);
+  for (int i = 0; i < 4; i++) pattern_check(mv[i].id);
+  for (int i = 0; i < 32; i++)
+    if (i != 3 && i != 10) pattern_check(pin[i].id);
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 128 * KIB, GMB_MOVABLE, &owner_x,
+                                   &info),
+                   0);
+  ck_assert_int_eq(gmb__pool_free(pool, info.id, NULL), 0);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1199,6 +1245,7 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, goal_run_stops_early);
   tcase_add_test(tc, goal_run_fills_emptier_segment);
   tcase_add_test(tc, goal_run_makes_a_hole);
+  tcase_add_test(tc, goal_run_hole_in_the_cheapest_window);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);
