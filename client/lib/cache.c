@@ -10,10 +10,28 @@
  * free and is split for later large requests.  Allocation is best fit
  * within a size class (bins of four sub-classes per power of two, so a
  * block is at most 25% above the best one), splitting what is left over;
- * a free coalesces with free neighbours of its slab.  A large request no
- * cached block can serve first gives back the arena's wholly free large
- * slabs smaller than itself (they could never serve it), so that a cache
- * of growing requests does not keep every slab it outgrew.
+ * a free coalesces with free neighbours of its slab.
+ *
+ * What the cache holds beyond what is handed out is free memory in two
+ * forms: wholly free ("idle") slabs, which can go back to the broker, and
+ * holes beside blocks in use, which cannot.  Three rules keep the holes
+ * few and the idle slabs within a bound (docs/benchmarks.md, bench_cache,
+ * has what each gave):
+ *  - a block comes from a slab that has blocks in use when one fits, and
+ *    cuts a wholly free slab only when none does (cache_find): the idle
+ *    slab stays whole, able to serve a request as large as itself or to
+ *    go back;
+ *  - the rest of a block cut from a free block lies beside the neighbour
+ *    in use, not against the slab's edge (cache_split), so that the
+ *    neighbour's free makes one hole of the two;
+ *  - a request no cached block can serve first gives back idle slabs
+ *    (cache_shed): for a large request, the large ones smaller than
+ *    itself (they could never serve it; a cache of growing requests
+ *    would otherwise keep every slab it outgrew); then, largest first,
+ *    any while the slabs with the new one would pass the arena's peak of
+ *    bytes in use by more than the slack (GMB_CACHE_SLACK_PCT percent
+ *    plus GMB_CACHE_SLACK_FLOOR).  Only a miss grows the slab bytes, so a
+ *    miss is where their peak is bounded; a hit and a free send nothing.
  *
  * Streams: a free block remembers the stream it was freed on and, where
  * streams count (a GPU), an event recorded on that stream at the free.
@@ -145,6 +163,7 @@ struct cache_arena {
   struct cache_event *spare_events;
   uint64_t seq;
   uint64_t slab_bytes, slabs_n, in_use_blocks, in_use_req;
+  uint64_t peak_req; /* the most in_use_req ever was: the slack's measure */
   uint64_t hits, misses, slab_allocs, slab_frees;
 };
 
@@ -449,9 +468,46 @@ static uint64_t cache_slab_give_back(struct gmb_cache *k,
 
 /* --- handing out ------------------------------------------------------- */
 
+/* Splits the rest of free block b (in no bin, already marked handed out)
+ * off as a free block that keeps b's stream and event, leaving b `need`
+ * bytes.  The rest goes beside the neighbour in use, not against the
+ * slab's edge: when b ends its slab after a block in use, b is cut from
+ * the end ([in use][rest][b]), so that the neighbour's free merges with
+ * the rest into one hole; cut from the start ([in use][b][rest]) the two
+ * would stay apart until b too is freed.  When out of memory b keeps the
+ * rest (waste, not an error). */
+static void cache_split(struct gmb_cache *k, struct cache_arena *a,
+                        struct cache_block *b, uint64_t need) {
+  struct cache_block *r = calloc(1, sizeof *r);
+  if (r == NULL) return;
+  r->size = b->size - need;
+  r->slab = b->slab;
+  r->free = 1;
+  r->stream = b->stream;
+  r->thread = b->thread;
+  r->ev = b->ev;
+  if (r->ev) r->ev->refs++;
+  if (b->prev && b->next == NULL) {
+    r->ptr = b->ptr;
+    b->ptr += r->size;
+    r->prev = b->prev;
+    r->next = b;
+    b->prev->next = r;
+    b->prev = r;
+  } else {
+    r->ptr = b->ptr + need;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next) b->next->prev = r;
+    b->next = r;
+  }
+  b->size = need;
+  cache_coalesce(k, a, r); /* a neighbour may be free and ready */
+}
+
 /* Takes free block b (in no bin) for a request of `req` bytes (need:
- * rounded to 512): splits off the rest as a free block that keeps b's
- * stream and event, and records b as handed out.  0 or GMB_E_SYSTEM. */
+ * rounded to 512): splits off the rest (cache_split; b may then start
+ * further on) and records b as handed out.  0 or GMB_E_SYSTEM. */
 static int cache_take(struct gmb_cache *k, struct cache_arena *a,
                       struct cache_block *b, uint64_t need) {
   if (a->hash_n >= a->hash_cap && cache_hash_grow(a) != 0) {
@@ -459,31 +515,12 @@ static int cache_take(struct gmb_cache *k, struct cache_arena *a,
     return GMB_E_SYSTEM;
   }
   b->free = 0; /* before the rest is split off: it must not merge back */
-  uint64_t rest = b->size - need;
   /* A large block keeps a small rest: it could serve only large
    * requests, and in the large pool a sliver is waste either way. */
   uint64_t min_rest = b->slab->pool == CACHE_POOL_SMALL
                           ? GMB_CACHE_ALIGN
                           : GMB_CACHE_LARGE_ROUND;
-  if (rest >= min_rest) {
-    struct cache_block *r = calloc(1, sizeof *r);
-    if (r) {
-      r->ptr = b->ptr + need;
-      r->size = rest;
-      r->slab = b->slab;
-      r->free = 1;
-      r->stream = b->stream;
-      r->thread = b->thread;
-      r->ev = b->ev;
-      if (r->ev) r->ev->refs++;
-      r->prev = b;
-      r->next = b->next;
-      if (b->next) b->next->prev = r;
-      b->next = r;
-      b->size = need;
-      cache_coalesce(k, a, r); /* the next one may be free and ready */
-    }
-  }
+  if (b->size - need >= min_rest) cache_split(k, a, b, need);
   cache_event_unref(k, a, b->ev);
   b->ev = NULL;
   b->stream = NULL;
@@ -491,17 +528,30 @@ static int cache_take(struct gmb_cache *k, struct cache_arena *a,
   cache_hash_put(a, b);
   a->in_use_blocks += b->size;
   a->in_use_req += need;
+  if (a->in_use_req > a->peak_req) a->peak_req = a->in_use_req;
   cache_totals(k, 0, (int64_t)need, (int64_t)b->size);
   return 0;
 }
 
+/* 1 when free block b is its slab's only block: the slab is wholly free. */
+static int cache_block_whole(const struct cache_block *b) {
+  return b->prev == NULL && b->next == NULL;
+}
+
 /* The best free block of `pool` for `need` bytes usable on `stream`,
- * taken out of its bin; NULL when none. */
+ * taken out of its bin; NULL when none.  Best: the smallest in the first
+ * bin that has one, among blocks of slabs that have a block in use; a
+ * wholly free slab (the smallest that fits) only when no such block
+ * fits.  Cutting a wholly free slab pins it for as long as the block
+ * lives, while one left whole can serve a request as large as itself or
+ * go back (cache_shed, the trim); a hole beside blocks in use can do
+ * neither. */
 static struct cache_block *cache_find(struct gmb_cache *k,
                                       struct cache_arena *a, int pool,
                                       uint64_t need, void *stream) {
   struct cache_pool *p = &a->pool[pool];
-restart:
+restart:;
+  struct cache_block *whole = NULL;
   for (unsigned i = cache_bin_next(p, cache_bin(need)); i < CACHE_BINS;
        i = cache_bin_next(p, i + 1)) {
     struct cache_block *best = NULL;
@@ -519,36 +569,73 @@ restart:
         cache_coalesce(k, a, b);
         goto restart;
       }
-      best = b;
+      if (!cache_block_whole(b))
+        best = b;
+      else if (whole == NULL || b->size < whole->size)
+        whole = b;
     }
     if (best) {
       cache_bin_remove(a, best);
       return best;
     }
   }
-  return NULL;
+  if (whole) cache_bin_remove(a, whole);
+  return whole;
 }
 
-/* On a miss of the large pool: gives back this arena's wholly free, ready
- * large slabs smaller than `need` (none of them could serve it), up to
- * `limit` bytes, so that the cache grows by the new slab less what it
- * could not use.  Without this, a pattern of growing requests would keep
- * every smaller slab it ever made.  Takes and releases a's lock. */
-static void cache_drop_small(struct gmb_cache *k, struct cache_arena *a,
-                             uint64_t need, uint64_t limit) {
-  uint64_t done = 0;
-  while (done < limit) {
+/* The largest idle slab of arena a smaller than `below`, of `pool` or,
+ * for -1, of either; NULL when none.  Holds a's lock. */
+static struct cache_slab *cache_largest_idle(struct cache_arena *a, int pool,
+                                             uint64_t below) {
+  struct cache_slab *pick = NULL;
+  for (struct cache_slab *s = a->slabs; s; s = s->next)
+    if ((pool < 0 || s->pool == pool) && s->size < below &&
+        cache_slab_idle(s) && (pick == NULL || s->size > pick->size))
+      pick = s;
+  return pick;
+}
+
+/* 1 when arena a, grown by a slab of `slab` bytes for a request of `need`
+ * bytes, would hold more than its slack allows: GMB_CACHE_SLACK_PCT
+ * percent over the most it ever handed out (this request counted), plus
+ * GMB_CACHE_SLACK_FLOOR.  Holds a's lock. */
+static int cache_over_slack(const struct cache_arena *a, uint64_t need,
+                            uint64_t slab) {
+  uint64_t peak = a->in_use_req + need;
+  if (a->peak_req > peak) peak = a->peak_req;
+  return a->slab_bytes + slab >
+         peak + peak / 100 * GMB_CACHE_SLACK_PCT + GMB_CACHE_SLACK_FLOOR;
+}
+
+/* On a miss, before asking for a slab of `slab` bytes for `need`: gives
+ * back this arena's idle slabs, first (a large request) the large ones
+ * smaller than `need`, up to `slab` bytes: none of them could serve it,
+ * and without this a pattern of growing requests would keep every
+ * smaller slab it ever made; then, largest first, any while the arena
+ * is over its slack (cache_over_slack).  The slack bounds the cache's
+ * peak directly, as a fraction of the program's own peak: the peak of
+ * slab bytes is made on a miss, so a miss is where to look.  A cap on
+ * the free bytes after each free, against the bytes in use at that
+ * moment, would give back what a program that frees everything between
+ * steps (a training loop) needs again at once.  Takes and releases a's
+ * lock; each slab goes back with no lock held. */
+static void cache_shed(struct gmb_cache *k, struct cache_arena *a, int pool,
+                       uint64_t need, uint64_t slab) {
+  uint64_t dropped = 0;
+  for (;;) {
     pthread_mutex_lock(&a->mu);
     struct cache_slab *pick = NULL;
-    for (struct cache_slab *s = a->slabs; s; s = s->next)
-      if (s->pool == CACHE_POOL_LARGE && s->size < need &&
-          cache_slab_idle(s) && (pick == NULL || s->size > pick->size))
-        pick = s;
+    if (pool == CACHE_POOL_LARGE && dropped < slab)
+      pick = cache_largest_idle(a, CACHE_POOL_LARGE, need);
+    int drop = pick != NULL;
+    if (pick == NULL && cache_over_slack(a, need, slab))
+      pick = cache_largest_idle(a, -1, UINT64_MAX);
     if (pick == NULL) {
       pthread_mutex_unlock(&a->mu);
       return;
     }
-    done += cache_slab_give_back(k, a, pick);
+    uint64_t size = cache_slab_give_back(k, a, pick);
+    if (drop) dropped += size;
   }
 }
 
@@ -589,7 +676,7 @@ int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
                       : cache_round(need, GMB_CACHE_LARGE_ROUND);
   uint64_t id = 0;
   uintptr_t base = 0;
-  if (pool == CACHE_POOL_LARGE) cache_drop_small(k, a, need, slab);
+  cache_shed(k, a, pool, need, slab);
   int rc = k->ops.slab_alloc(k->ops.ctx, slab, &id, &base);
   if (rc == GMB_E_QUOTA || rc == GMB_E_NOMEM) {
     uint64_t released = 0;
@@ -1106,6 +1193,10 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
               (unsigned long long)slabs, (unsigned long long)slab_bytes,
               (unsigned long long)a->slabs_n,
               (unsigned long long)a->slab_bytes);
+  if (a->peak_req < a->in_use_req)
+    CACHE_BAD("arena %u: peak in use %llu below in use %llu", ai,
+              (unsigned long long)a->peak_req,
+              (unsigned long long)a->in_use_req);
   if (in_blocks != a->in_use_blocks || in_req != a->in_use_req)
     CACHE_BAD("arena %u: handed out %llu (%llu asked), counted %llu (%llu)",
               ai, (unsigned long long)in_blocks, (unsigned long long)in_req,

@@ -49,6 +49,13 @@ struct gmb_cache_ops {
 #define GMB_CACHE_SMALL_MAX (UINT64_C(1) << 20)
 #define GMB_CACHE_SMALL_SLAB (UINT64_C(2) << 20)
 #define GMB_CACHE_LARGE_ROUND (UINT64_C(512) << 10)
+/* The slack: on a miss, before asking for a new slab, the cache gives
+ * back wholly free slabs while its slabs (the new one counted) would pass
+ * the most it ever handed out by more than GMB_CACHE_SLACK_PCT percent
+ * plus GMB_CACHE_SLACK_FLOOR (a floor, so that a small cache is not
+ * churned). */
+#define GMB_CACHE_SLACK_PCT 20
+#define GMB_CACHE_SLACK_FLOOR (4 * GMB_CACHE_SMALL_SLAB)
 /* The largest request: past it, sizes would overflow the rounding. */
 #define GMB_CACHE_MAX (UINT64_C(1) << 46)
 
@@ -76,10 +83,11 @@ void gmb__cache_destroy(struct gmb_cache *k);
 /*
  * A block of at least `size` bytes usable on `stream` at once: a free block
  * freed on the same stream, or one whose free's event completed, or a new
- * slab (for a large request, after giving back the wholly free large slabs
- * smaller than it).  0 with *ptr; GMB_E_INVAL for size 0 or past GMB_CACHE_MAX; the
- * slab_alloc's code when no slab could be had even after giving every
- * wholly free slab back and trying again once (GMB_E_QUOTA, GMB_E_NOMEM).
+ * slab (after giving back, for a large request, the wholly free large
+ * slabs smaller than it, and any wholly free slabs past the slack).  0
+ * with *ptr; GMB_E_INVAL for size 0 or past GMB_CACHE_MAX; the slab_alloc's
+ * code when no slab could be had even after giving every wholly free slab
+ * back and trying again once (GMB_E_QUOTA, GMB_E_NOMEM).
  */
 int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
                      void **ptr);

@@ -239,13 +239,14 @@ START_TEST(large_own_slab_cached_and_split) {
   ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
   ck_assert_uint_eq(be.frees, 0); /* cached */
   ck_assert_uint_eq(gmb__cache_cached(k), 8 * MIB);
-  /* Two large requests from the cached slab, no message. */
+  /* Two large requests from the cached slab, no message; the second is
+   * cut from the end of the rest, which follows q (cut_rest_beside_...). */
   ck_assert_int_eq(gmb__cache_alloc(k, 3 * MIB, NULL, &q), 0);
   ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &r), 0);
   ck_assert_int_eq(gmb__cache_check(k), 0);
   ck_assert_uint_eq(be.allocs, 1);
   ck_assert_ptr_eq(q, p);
-  ck_assert_ptr_eq(r, (char *)p + 3 * MIB);
+  ck_assert_ptr_eq(r, (char *)p + 4 * MIB);
   /* A small request never takes from the large pool. */
   void *s;
   ck_assert_int_eq(gmb__cache_alloc(k, 4096, NULL, &s), 0);
@@ -286,6 +287,103 @@ START_TEST(large_miss_drops_smaller_free_slabs) {
   ck_assert_uint_eq(be.frees, 1);
   ck_assert_int_eq(gmb__cache_free(k, c, NULL), 0);
   ck_assert_int_eq(gmb__cache_free(k, d, NULL), 0);
+  done(k);
+}
+END_TEST
+
+/* A block cut from a free block that ends its slab after a block in use
+ * takes the slab's end, so that the rest lies beside that block: when it
+ * is freed, the two make one hole, which serves a request neither could
+ * alone. */
+START_TEST(cut_rest_beside_the_block_in_use) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  void *p, *q, *r, *s;
+  ck_assert_int_eq(gmb__cache_alloc(k, 8 * MIB, NULL, &p), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 3 * MIB, NULL, &q), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &r), 0);
+  /* [q 3][rest 1][r 4], not [q 3][r 4][rest 1]. */
+  ck_assert_ptr_eq(q, p);
+  ck_assert_ptr_eq(r, (char *)p + 4 * MIB);
+  ck_assert_int_eq(gmb__cache_free(k, q, NULL), 0);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  /* q's 3 MiB and the rest's 1 MiB: one free block of 4 MiB. */
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &s), 0);
+  ck_assert_ptr_eq(s, p);
+  ck_assert_uint_eq(be.allocs, 1);
+  ck_assert_int_eq(gmb__cache_free(k, r, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, s, NULL), 0);
+  done(k);
+}
+END_TEST
+
+/* A request that fits both a hole of a slab in use and a wholly free slab
+ * takes the hole, even when the free slab fits it better: the free slab
+ * stays whole, to be given back. */
+START_TEST(slab_in_use_before_wholly_free) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  void *x, *y, *z, *w;
+  ck_assert_int_eq(gmb__cache_alloc(k, 8 * MIB, NULL, &x), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &z), 0);
+  ck_assert_int_eq(gmb__cache_free(k, x, NULL), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 3 * MIB, NULL, &y), 0);
+  ck_assert_ptr_eq(y, x); /* x's slab was the only one free */
+  ck_assert_int_eq(gmb__cache_free(k, z, NULL), 0);
+  /* 4 MiB: z's slab (wholly free, 4 MiB) or x's hole (5 MiB). */
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &w), 0);
+  ck_assert_ptr_eq(w, (char *)x + 4 * MIB);
+  ck_assert_uint_eq(be.allocs, 2);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  /* z's slab is still whole: the trim gives it back. */
+  uint64_t rel = 0;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, &rel), 0);
+  ck_assert_uint_eq(rel, 4 * MIB);
+  ck_assert_int_eq(gmb__cache_free(k, y, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, w, NULL), 0);
+  done(k);
+}
+END_TEST
+
+/* The slack (GMB_CACHE_SLACK_PCT, GMB_CACHE_SLACK_FLOOR): after every
+ * miss, while wholly free slabs are left, the cache holds at most the
+ * slack over its peak of bytes in use.  64 MiB of large slabs are cached
+ * and free; then small requests, which they cannot serve, ask for new
+ * slabs: the large ones go back, largest first, as the small pool
+ * grows past the slack, and only as far as it must. */
+START_TEST(miss_gives_back_past_the_slack) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  void *big[8], *small[40];
+  for (int i = 0; i < 8; i++)
+    ck_assert_int_eq(gmb__cache_alloc(k, 8 * MIB, NULL, &big[i]), 0);
+  for (int i = 0; i < 8; i++)
+    ck_assert_int_eq(gmb__cache_free(k, big[i], NULL), 0);
+  struct gmb_cache_counters c;
+  gmb__cache_counters(k, &c);
+  ck_assert_uint_eq(c.peak_in_use, 64 * MIB);
+  ck_assert_uint_eq(c.cached, 64 * MIB);
+  const uint64_t cap = 64 * MIB + 64 * MIB / 100 * GMB_CACHE_SLACK_PCT +
+                       GMB_CACHE_SLACK_FLOOR;
+  for (int i = 0; i < 40; i++) {
+    unsigned frees = be.frees;
+    ck_assert_int_eq(gmb__cache_alloc(k, 1 * MIB, NULL, &small[i]), 0);
+    gmb__cache_counters(k, &c);
+    ck_assert_uint_eq(c.peak_in_use, 64 * MIB);
+    ck_assert_uint_le(c.slab_bytes, cap);
+    /* No more went back than needed: one slab fewer would not do. */
+    if (be.frees > frees) {
+      ck_assert_uint_eq(be.frees, frees + 1);
+      ck_assert_uint_gt(c.slab_bytes + 8 * MIB, cap);
+    }
+    ck_assert_int_eq(gmb__cache_check(k), 0);
+  }
+  /* 40 MiB of small slabs beside 64 MiB: 3 of the 8 large went back. */
+  ck_assert_uint_eq(c.slab_bytes, 40 * MIB + 5 * 8 * MIB);
+  ck_assert_uint_eq(be.frees, 3);
+  for (int i = 0; i < 40; i++)
+    ck_assert_int_eq(gmb__cache_free(k, small[i], NULL), 0);
   done(k);
 }
 END_TEST
@@ -794,6 +892,9 @@ static Suite *suite(void) {
   tcase_add_test(t, large_own_slab_cached_and_split);
   tcase_add_test(t, hit_makes_no_backend_call);
   tcase_add_test(t, large_miss_drops_smaller_free_slabs);
+  tcase_add_test(t, cut_rest_beside_the_block_in_use);
+  tcase_add_test(t, slab_in_use_before_wholly_free);
+  tcase_add_test(t, miss_gives_back_past_the_slack);
   tcase_add_test(t, same_stream_reuses_at_once);
   tcase_add_test(t, other_stream_waits_for_event);
   tcase_add_test(t, merge_across_streams_after_event);
