@@ -334,61 +334,99 @@ static int compact_may_move(const struct gmb_compact *c,
          !c->h.locked(c->h.ctx, &info);
 }
 
-/* The bytes to move to make [from, from + hole_size) of s free: the live
- * allocations that reach into it; UINT64_MAX when one may not move, or a
- * move's target is there.  *first: the first range that reaches in. */
-static uint64_t compact_window_cost(const struct gmb_compact *c,
-                                    const struct gmb_segment *s, uint64_t from,
-                                    const struct pool_range **first) {
-  uint64_t to = from + c->hole_size, bytes = 0;
-  *first = NULL;
-  for (const struct pool_range *r = s->first; r && r->offset < to;
-       r = r->next) {
-    if (r->offset + r->size <= from || (r->flags & GMB_RANGE_FREE)) continue;
-    if ((r->flags & GMB_RANGE_TARGET) || !compact_may_move(c, r))
-      return UINT64_MAX;
-    if (*first == NULL) *first = r;
-    bytes += r->size;
+/* What a range weighs in a window of the hole pass: the bytes a move of
+ * it costs, or, for one that may not move (or a move's target), a block
+ * of the window (*bad). */
+static uint64_t compact_range_weight(const struct gmb_compact *c,
+                                     const struct pool_range *r, int *bad) {
+  *bad = 0;
+  if (r->flags & GMB_RANGE_FREE) return 0;
+  if ((r->flags & GMB_RANGE_TARGET) || !compact_may_move(c, r)) {
+    *bad = 1;
+    return 0;
   }
-  return bytes;
+  return r->size;
 }
 
-/* COMPACT_PASS_HOLE: picks where in s the hole is made: of the windows of
- * hole_size bytes that start where a range of s starts (or end at its
- * end), the one that moves the fewest bytes, holds nothing pinned or
- * locked, and whose allocations all have a place in the arena's other
- * segments (compact_can_move).  A KV cache's segment is often full of
- * blocks half the request's size or less: two small ones somewhere in the
- * middle may have places where the top's larger one has none.  Sets the
- * scan's bounds and returns 1, or 0 when no window will do. */
+/* The windows the hole pass weighs, at most (the cheapest of a segment). */
+#define COMPACT_HOLE_WINDOWS 4
+
+struct compact_window {
+  uint64_t cost, from;
+  const struct pool_range *first; /* the first range that reaches in */
+};
+
+/* Keeps w among the n (<= COMPACT_HOLE_WINDOWS) cheapest in `best`,
+ * ordered by cost, then offset. */
+static void compact_window_keep(struct compact_window *best, size_t *n,
+                                const struct compact_window *w) {
+  size_t k = *n;
+  if (k == COMPACT_HOLE_WINDOWS) {
+    if (best[k - 1].cost <= w->cost) return;
+    k--;
+  } else {
+    (*n)++;
+  }
+  while (k > 0 && best[k - 1].cost > w->cost) {
+    best[k] = best[k - 1];
+    k--;
+  }
+  best[k] = *w;
+}
+
+/* COMPACT_PASS_HOLE: picks where in s the hole is made.  Of the windows
+ * of hole_size bytes that start where a range of s starts (or end at its
+ * end) and hold nothing pinned or locked, the cheapest few (bytes to
+ * move) are tried in order: the first whose allocations all have a place
+ * in the arena's other segments (compact_can_move) is taken.  A KV
+ * cache's segment is often full of blocks half the request's size or
+ * less: two small ones somewhere in the middle may have places where the
+ * top's larger one has none, and a 1 MiB block may have none where four
+ * 256 KiB ones beside it have.  One walk over the ranges (the window
+ * slides: what enters at its end is added, what leaves at its start
+ * taken off), so a segment of thousands of small allocations costs no
+ * more than a few passes over them.  Sets the scan's bounds and returns 1,
+ * or 0 when no window will do. */
 static int compact_hole_window(struct gmb_compact *c,
                                const struct gmb_segment *s) {
-  enum { TRIES = 4 };
-  uint64_t size = c->hole_size, tried_below = 0;
-  for (int k = 0; k < TRIES; k++) {
-    /* The cheapest window not tried yet (costs above tried_below). */
-    uint64_t best = UINT64_MAX, best_from = 0;
-    const struct pool_range *best_first = NULL;
-    for (const struct pool_range *r = s->first;; r = r->next) {
-      uint64_t from = r ? r->offset : s->dseg.size - size;
-      if (from + size <= s->dseg.size) {
-        const struct pool_range *first;
-        uint64_t cost = compact_window_cost(c, s, from, &first);
-        if (cost > tried_below && cost < best) {
-          best = cost;
-          best_from = from;
-          best_first = first;
-        }
-      }
-      if (r == NULL) break;
+  uint64_t size = c->hole_size;
+  struct compact_window best[COMPACT_HOLE_WINDOWS];
+  size_t n = 0;
+  uint64_t bytes = 0;
+  unsigned bad = 0;
+  int b;
+  const struct pool_range *hi = s->first;
+  for (const struct pool_range *lo = s->first; lo; lo = lo->next) {
+    uint64_t to = lo->offset + size;
+    if (to > s->dseg.size) break;
+    for (; hi && hi->offset < to; hi = hi->next) {
+      bytes += compact_range_weight(c, hi, &b);
+      bad += (unsigned)b;
     }
-    if (best == UINT64_MAX) return 0;
-    if (compact_can_move(s, best_from, best_from + size)) {
-      c->plan_cursor = best_first->offset;
-      c->plan_stop = best_from + size;
-      return 1;
+    if (bad == 0 && bytes > 0) {
+      struct compact_window w = {bytes, lo->offset, lo};
+      compact_window_keep(best, &n, &w);
     }
-    tried_below = best;
+    bytes -= compact_range_weight(c, lo, &b);
+    bad -= (unsigned)b;
+  }
+  /* The top: it may start inside a range. */
+  uint64_t from = s->dseg.size - size;
+  struct compact_window top = {0, from, NULL};
+  bad = 0;
+  for (const struct pool_range *r = s->first; r; r = r->next) {
+    if (r->offset + r->size <= from) continue;
+    if (top.first == NULL) top.first = r;
+    top.cost += compact_range_weight(c, r, &b);
+    bad += (unsigned)b;
+  }
+  if (bad == 0 && top.cost > 0 && top.first->offset != from)
+    compact_window_keep(best, &n, &top);
+  for (size_t k = 0; k < n; k++) {
+    if (!compact_can_move(s, best[k].from, best[k].from + size)) continue;
+    c->plan_cursor = best[k].first->offset;
+    c->plan_stop = best[k].from + size;
+    return 1;
   }
   return 0;
 }

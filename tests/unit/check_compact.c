@@ -1219,6 +1219,39 @@ START_TEST(goal_run_hole_in_the_cheapest_window) {
 }
 END_TEST
 
+/*
+ * Two windows that cost the same: A's full movable segment is a 1 MiB
+ * block and four 256 KiB ones; A's pinned segment has four 256 KiB holes
+ * between pinned blocks.  A wants 1 MiB.  The bottom window (the 1 MiB
+ * block) has no place to go; the top one (the four) has: the hole pass
+ * must go on to the next window of the same cost.
+ */
+START_TEST(goal_run_hole_tries_windows_of_equal_cost) {
+  close_pool();
+  open_pool(2 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked big = track(a, 1024 * KIB, 1, &owner_x), mv[4], pin[8];
+  for (int i = 0; i < 4; i++) mv[i] = track(a, 256 * KIB, 1, &owner_x);
+  for (int i = 0; i < 8; i++) pin[i] = track(a, 256 * KIB, 0, &owner_x);
+  ck_assert_uint_eq(arena_segments(a), 2);
+  for (int i = 0; i < 8; i += 2) free_ok(pin[i].id);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  gmb__compact_add_hole(c, a, 1024 * KIB);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_ge(as.largest_free, 1024 * KIB);
+  ck_assert_uint_eq(st.moves, 4);
+  ck_assert_uint_eq(st.bytes_moved, 1024 * KIB);
+  pattern_check(big.id);
+  for (int i = 0; i < 4; i++) pattern_check(mv[i].id);
+  for (int i = 1; i < 8; i += 2) pattern_check(pin[i].id);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1246,6 +1279,7 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, goal_run_fills_emptier_segment);
   tcase_add_test(tc, goal_run_makes_a_hole);
   tcase_add_test(tc, goal_run_hole_in_the_cheapest_window);
+  tcase_add_test(tc, goal_run_hole_tries_windows_of_equal_cost);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);
