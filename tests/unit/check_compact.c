@@ -1127,6 +1127,22 @@ START_TEST(goal_run_fills_emptier_segment) {
 }
 END_TEST
 
+/* A goal run for a segment of room and a hole of `size` bytes in arena a,
+ * run to its end: its figures, and a's largest free range after it. */
+static struct gmb_compact_stats hole_run(struct gmb_arena *a, uint64_t size,
+                                         uint64_t *largest_free) {
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  gmb__compact_add_hole(c, a, size);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  *largest_free = as.largest_free;
+  return st;
+}
+
 /* A goal run may also end with a hole in the requester's own segments
  * (gmb__compact_add_hole): on a full device, arena A's two segments each
  * hold seven 256 KiB blocks and a 256 KiB hole at the top; A wants
@@ -1153,13 +1169,7 @@ START_TEST(goal_run_makes_a_hole) {
   gmb__pool_arena_stats(a, &as);
   ck_assert_uint_eq(as.largest_free, 256 * KIB);
   /* With it. */
-  c = gmb__compact_new(pool, NULL, SEG, &hooks);
-  gmb__compact_add_hole(c, a, 512 * KIB);
-  run_all(c, 1000000);
-  struct gmb_compact_stats st;
-  gmb__compact_stats(c, &st);
-  gmb__compact_destroy(c);
-  gmb__pool_arena_stats(a, &as);
+  struct gmb_compact_stats st = hole_run(a, 512 * KIB, &as.largest_free);
   ck_assert_uint_ge(as.largest_free, 512 * KIB);
   ck_assert_uint_eq(st.segments_released, 0);
   ck_assert_uint_ge(st.moves, 1);
@@ -1197,13 +1207,7 @@ START_TEST(goal_run_hole_in_the_cheapest_window) {
   struct gmb_arena_stats as;
   gmb__pool_arena_stats(a, &as);
   ck_assert_uint_eq(as.largest_free, 64 * KIB);
-  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
-  gmb__compact_add_hole(c, a, 128 * KIB);
-  run_all(c, 1000000);
-  struct gmb_compact_stats st;
-  gmb__compact_stats(c, &st);
-  gmb__compact_destroy(c);
-  gmb__pool_arena_stats(a, &as);
+  struct gmb_compact_stats st = hole_run(a, 128 * KIB, &as.largest_free);
   ck_assert_uint_ge(as.largest_free, 128 * KIB);
   /* The two small blocks, nothing else. */
   ck_assert_uint_eq(st.moves, 2);
@@ -1235,15 +1239,9 @@ START_TEST(goal_run_hole_tries_windows_of_equal_cost) {
   for (int i = 0; i < 8; i++) pin[i] = track(a, 256 * KIB, 0, &owner_x);
   ck_assert_uint_eq(arena_segments(a), 2);
   for (int i = 0; i < 8; i += 2) free_ok(pin[i].id);
-  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
-  gmb__compact_add_hole(c, a, 1024 * KIB);
-  run_all(c, 1000000);
-  struct gmb_compact_stats st;
-  gmb__compact_stats(c, &st);
-  gmb__compact_destroy(c);
-  struct gmb_arena_stats as;
-  gmb__pool_arena_stats(a, &as);
-  ck_assert_uint_ge(as.largest_free, 1024 * KIB);
+  uint64_t largest;
+  struct gmb_compact_stats st = hole_run(a, 1024 * KIB, &largest);
+  ck_assert_uint_ge(largest, 1024 * KIB);
   ck_assert_uint_eq(st.moves, 4);
   ck_assert_uint_eq(st.bytes_moved, 1024 * KIB);
   pattern_check(big.id);
