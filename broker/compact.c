@@ -83,9 +83,10 @@ enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP };
  * the arena, emptier ones too (COMPACT_PASS_ANY), a segment whose blocks
  * all have a place there (compact_can_move); last, for a run that also
  * takes a hole in one arena as its goal (gmb__compact_add_hole), move the
- * blocks at the top of one of that arena's segments elsewhere, the same
- * way, so that the top becomes the hole (COMPACT_PASS_HOLE).  The order
- * "only to fuller
+ * blocks of a window of one of that arena's segments elsewhere, the same
+ * way, so that the window becomes the hole (COMPACT_PASS_HOLE, the
+ * cheapest windows first: compact_hole_window).  The last two passes take
+ * full segments too.  The order "only to fuller
  * segments" keeps runs without a goal from undoing each other, but it
  * also leaves a 1 MiB block in a 1.6 MiB segment when the only 1 MiB hole
  * is in a segment holding just 1 MiB.  A goal run ends as soon as the room

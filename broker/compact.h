@@ -94,7 +94,9 @@ void gmb__compact_add_goal(struct gmb_compact *c, uint64_t bytes);
 /* A goal run may also end when arena `a` has a small free range of `size`
  * bytes (a small request of a tenant whose segments have room in total
  * but no hole for it): the run's last pass (COMPACT_PASS_HOLE) moves the
- * blocks at the top of one of a's segments elsewhere to make that hole.
+ * blocks of the cheapest window of one of a's segments (fewest bytes,
+ * nothing pinned or locked, every block with a place) elsewhere to make
+ * that hole.
  * One such goal per run (the first kept); no-op without a goal. */
 void gmb__compact_add_hole(struct gmb_compact *c, struct gmb_arena *a,
                            uint64_t size);
