@@ -18,6 +18,8 @@ uint64_t gmb__alloc_round(uint64_t size) {
 }
 
 struct alloc_unmovable {
+  const struct gmb_tenant *me;
+  uint64_t others_free; /* free bytes in other tenants' segments */
   uint64_t bytes;
   struct {
     struct gmb_tenant *t;
@@ -27,11 +29,19 @@ struct alloc_unmovable {
 };
 
 /* Counts the bytes compaction cannot move: pinned, or movable and locked
- * now; and which tenants hold the most of them. */
+ * now; and which tenants hold the most of them.  And the free bytes in
+ * other tenants' segments, which the requester can never use as they are
+ * (a client may read all of a segment it maps). */
 static int alloc_count_unmovable(void *ctx, const struct gmb_alloc_info *a,
                                  int is_free) {
   struct alloc_unmovable *u = ctx;
-  if (is_free || a->id == 0) return 0;
+  if (is_free) {
+    struct gmb_segment_view v;
+    gmb__pool_segment_view(a->segment, &v);
+    if (v.arena_tag != u->me) u->others_free += a->size;
+    return 0;
+  }
+  if (a->id == 0) return 0;
   struct gmb_session *s = a->owner;
   if (s == NULL) return 0;
   if ((a->flags & GMB_MOVABLE) && !gmb__session_alloc_locked(a)) return 0;
@@ -55,6 +65,7 @@ void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
   gmb__pool_fragmentation(b->pool, &largest, &total);
   struct alloc_unmovable u;
   memset(&u, 0, sizeof u);
+  u.me = s->tenant;
   gmb__pool_walk(b->pool, alloc_count_unmovable, &u);
   char req_s[GMB_SIZE_BUFSZ], tot_s[GMB_SIZE_BUFSZ], big_s[GMB_SIZE_BUFSZ],
       stuck_s[GMB_SIZE_BUFSZ], one[GMB_SIZE_BUFSZ];
@@ -70,6 +81,13 @@ void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
   /* cuda: retired segments still occupy the device until every client
    * that mapped them said it closed them; say so rather than leave a
    * "free" figure the device cannot honour. */
+  /* Free bytes in other tenants' segments serve this tenant only once
+   * compaction empties a whole segment of theirs back to the device. */
+  char others[128] = "";
+  if (u.others_free)
+    snprintf(others, sizeof others, "; %s of the free bytes lie in other "
+             "tenants' segments", gmb__size_format(u.others_free, one,
+                                                   sizeof one));
   char retiring[96] = "";
   if (b->dev->retiring_bytes)
     snprintf(retiring, sizeof retiring,
@@ -79,13 +97,13 @@ void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
   gmb__reply_fail(rep, GMB_E_NOMEM,
                   "no room for %s on %s (tenant %s): %s free in total, the "
                   "largest free range is %s; %s cannot be moved (pinned or "
-                  "locked)%s%s%s%s",
+                  "locked)%s%s%s%s%s",
                   gmb__size_format(rounded, req_s, sizeof req_s),
                   b->dev->desc, s->tenant->name,
                   gmb__size_format(total, tot_s, sizeof tot_s),
                   gmb__size_format(largest, big_s, sizeof big_s),
                   gmb__size_format(u.bytes, stuck_s, sizeof stuck_s),
-                  u.n ? ", held by " : "", holders,
+                  u.n ? ", held by " : "", holders, others,
                   b->cfg.compaction ? "" : "; compaction is off", retiring);
   rep->kind = WIRE_NOMEM;
   rep->u.nomem.request = rounded;

@@ -606,6 +606,7 @@ START_TEST(alloc_nomem_full_device) {
   ck_assert_uint_eq(rep.u.nomem.n_holders, 1);
   ck_assert_str_eq(rep.u.nomem.holders[0], "uid-1001");
   ck_assert_ptr_nonnull(strstr(rep.message, "compaction is off"));
+  ck_assert_ptr_null(strstr(rep.message, "other tenants' segments"));
   /* Answered at once: nothing queued, nothing sent through the tap. */
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_uint_eq(f.n_sent, sent);
@@ -640,6 +641,9 @@ START_TEST(alloc_nomem_fragmented) {
   ck_assert_uint_eq(rep.u.nomem.unmovable, 4 * MIB);
   ck_assert_uint_eq(rep.u.nomem.n_holders, 1);
   ck_assert_str_eq(rep.u.nomem.holders[0], "uid-1002");
+  /* All of it is a's: the message says so. */
+  ck_assert_msg(strstr(rep.message, "; 2MiB of the free bytes lie in other "
+                       "tenants' segments") != NULL, "%s", rep.message);
   ck_assert_uint_eq(f.b.waitq.n, 0);
   ck_assert_ptr_null(f.b.compacting);
   fx_close(&f);
