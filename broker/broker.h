@@ -104,6 +104,7 @@ struct gmb_broker {
   /* Compaction (defrag.c): the run in progress, what asked for it, and
    * the totals since start. */
   struct gmb_compact *compacting;
+  uint64_t compact_begun;             /* runs begun; the last one's number */
   struct gmb_tenant *compact_scope;   /* NULL: every tenant */
   int compact_reason;                 /* GMB_DEFRAG_* */
   struct gmb_defrag_req *compact_reqs; /* admin requests, in order */

@@ -88,7 +88,9 @@ struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
                                      const struct gmb_compact_hooks *hooks);
 
 /* Another request waits for this run: it wants `bytes` more room.  No-op
- * for a run without a goal (it does all it can anyway). */
+ * for a run without a goal, which never makes room for one request (a
+ * request that joins it gets a goal run of its own when it ends: defrag.c,
+ * gmb__waitq_compaction_over). */
 void gmb__compact_add_goal(struct gmb_compact *c, uint64_t bytes);
 
 /* A goal run may also end when arena `a` has a small free range of `size`

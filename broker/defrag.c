@@ -97,6 +97,7 @@ static void defrag_begin(struct gmb_broker *b, struct gmb_tenant *scope,
     log_error("cannot start compaction: out of host memory");
     return;
   }
+  b->compact_begun++;
   b->compact_scope = scope;
   b->compact_reason = reason;
   b->pool_ops_at_last_run = b->pool_ops;
@@ -111,8 +112,11 @@ void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
   defrag_begin(b, scope, reason, 0);
 }
 
-void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
-                         struct gmb_tenant *t) {
+/* Starts a goal run for a request of `rounded` bytes of tenant t, or
+ * widens the run in progress (its goal and, when it has none yet, its
+ * hole). */
+static void defrag_for(struct gmb_broker *b, uint64_t rounded,
+                       struct gmb_tenant *t) {
   /* The room a segment for it takes: its own (large) or a small one. */
   uint64_t goal = GMB_POOL_SMALL_SEGMENT;
   if (rounded > GMB_POOL_SMALL_MAX)
@@ -125,6 +129,26 @@ void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
   /* Or a hole for it in its tenant's own segments. */
   if (b->compacting && t && rounded <= GMB_POOL_SMALL_MAX)
     gmb__compact_add_hole(b->compacting, t->arena, rounded);
+}
+
+uint64_t gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
+                             struct gmb_tenant *t) {
+  int late = b->compacting != NULL;
+  defrag_for(b, rounded, t);
+  if (b->compacting == NULL) return 0;
+  /* Joining a run part-way, it may not be what the run tries for: it gets
+   * the next (gmb__waitq_compaction_over) if this one does not serve it. */
+  return late ? b->compact_begun + 1 : b->compact_begun;
+}
+
+/* gmb__waitq_compaction_over's `again`: a run for a waiter that joined
+ * the run that just ended part-way; the first begins it, the others widen
+ * it, all from its start. */
+static uint64_t defrag_again(void *ctx, uint64_t rounded,
+                             struct gmb_tenant *t) {
+  struct gmb_broker *b = ctx;
+  defrag_for(b, rounded, t);
+  return b->compacting ? b->compact_begun : 0;
 }
 
 static void defrag_answer_admin(struct gmb_broker *b,
@@ -194,7 +218,7 @@ static void defrag_finish(struct gmb_broker *b) {
   /* Memory came back: serve what waited, then answer what waited only for
    * this run. */
   gmb__waitq_serve(b);
-  gmb__waitq_compaction_over(b);
+  gmb__waitq_compaction_over(b, b->compact_begun, defrag_again, b);
   defrag_next_admin(b);
 }
 

@@ -22,9 +22,12 @@ void gmb__defrag_start(struct gmb_broker *b, struct gmb_tenant *scope,
  * room: starts a run (or widens the one in progress) whose goal is the
  * device room a segment for it needs, or, for a small request, a free
  * range of its size in t's own segments; the run ends as soon as either
- * is there. */
-void gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
-                         struct gmb_tenant *t);
+ * is there.  Returns the number of the run that will have tried for it
+ * (for gmb__waitq_compact_run): this one when it began it, else the
+ * next, which a request that joined part-way gets when this one ends and
+ * it still does not fit; 0 when no run could start. */
+uint64_t gmb__defrag_request(struct gmb_broker *b, uint64_t rounded,
+                             struct gmb_tenant *t);
 /* Works on the run in progress until `deadline_ns`; finishes it when it is
  * over (answers its admin requests and the allocations that waited for
  * it).  Returns 1 while a run is in progress. */

@@ -256,10 +256,11 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
   if (dispatch_queue(b, s, req, size, flags, timeout_ms, timeout_ms == 0,
                      rep))
     return 1;
-  if (compact) gmb__defrag_request(b, rounded, s->tenant);
+  if (compact)
+    gmb__waitq_compact_run(b, gmb__defrag_request(b, rounded, s->tenant));
   if (timeout_ms == 0 && b->compacting == NULL) {
     /* No run could start: answer now rather than never. */
-    gmb__waitq_compaction_over(b);
+    gmb__waitq_compaction_over(b, UINT64_MAX, NULL, NULL);
   }
   return 0;
 }

@@ -251,10 +251,11 @@ struct reclaim_runs {
   int n;
 };
 
-static void reclaim_compact(void *ctx, uint64_t rounded) {
+static uint64_t reclaim_compact(void *ctx, uint64_t rounded,
+                                struct gmb_tenant *t) {
   struct reclaim_runs *c = ctx;
-  gmb__defrag_request(c->b, rounded, NULL);
   c->n++;
+  return gmb__defrag_request(c->b, rounded, t);
 }
 
 static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
@@ -262,7 +263,8 @@ static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
   struct reclaim_runs c = {b, 0};
   uint64_t next = gmb__waitq_hold_over(b, now, all, reclaim_compact, &c);
   /* No run could start: answer now rather than never (as dispatch.c). */
-  if (c.n && b->compacting == NULL) gmb__waitq_compaction_over(b);
+  if (c.n && b->compacting == NULL)
+    gmb__waitq_compaction_over(b, UINT64_MAX, NULL, NULL);
   return next;
 }
 

@@ -39,6 +39,7 @@ struct gmb_waiter {
   uint64_t deadline_ns; /* UINT64_MAX: for ever */
   uint64_t queued_ns;   /* when it came, for the latency metrics */
   int after_compact;    /* answer GMB_E_NOMEM when the run ends */
+  uint64_t run;         /* the compaction run that tries for it; 0: none */
   int held;             /* held while caches are asked back */
   int nowait;           /* held: the request did not ask to wait */
   uint64_t hold_until_ns; /* held: the hold ends then at the latest */
@@ -255,12 +256,33 @@ void gmb__waitq_joined(struct gmb_broker *b) {
     waitq_try(b, w);
 }
 
-void gmb__waitq_compaction_over(struct gmb_broker *b) {
+void gmb__waitq_compact_run(struct gmb_broker *b, uint64_t run) {
+  if (b->waitq.last_added) b->waitq.last_added->run = run;
+}
+
+void gmb__waitq_compaction_over(struct gmb_broker *b, uint64_t done,
+                                gmb_waitq_compact_fn again, void *ctx) {
+  struct gmb_waiter *w, *next;
+  /* A request that joined a run part-way may have come after the passes
+   * that would have made its room, or the run had no goal (an operator's,
+   * or the background trigger's, which never move blocks to emptier
+   * segments or make holes): it gets one run of its own, begun now,
+   * before it is answered.  Each waiter at most once (its run is then the
+   * new one), so a stream of requests cannot keep the others from their
+   * answers for more than the next run. */
+  if (again) {
+    for (w = b->waitq.head; w; w = next) {
+      next = w->next;
+      if (w->run <= done || w->held) continue;
+      if (w->after_compact && waitq_try(b, w)) continue;
+      w->run = again(ctx, gmb__alloc_round(w->size), w->session->tenant);
+      if (w->run == 0) w->run = done; /* none could start: answered below */
+    }
+  }
   if (b->waitq.after_compact == 0) return;
-  struct gmb_waiter *w = b->waitq.head, *next;
-  for (; w; w = next) {
+  for (w = b->waitq.head; w; w = next) {
     next = w->next;
-    if (!w->after_compact) continue;
+    if (!w->after_compact || w->run > done) continue;
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.id = w->req_id;
@@ -320,8 +342,7 @@ void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {
 }
 
 uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
-                              void (*compact)(void *ctx, uint64_t rounded),
-                              void *ctx) {
+                              gmb_waitq_compact_fn compact, void *ctx) {
   struct gmb_waitq *q = &b->waitq;
   if (q->held == 0) return UINT64_MAX;
   if (!all && q->next_hold_ns > now) return q->next_hold_ns - now;
@@ -342,7 +363,7 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
     int may_compact = b->cfg.compaction && total >= rounded;
     if (!w->nowait) {
       /* It waits on, in its place, for its own deadline. */
-      if (may_compact) compact(ctx, rounded);
+      if (may_compact) w->run = compact(ctx, rounded, w->session->tenant);
       continue;
     }
     /* Memory may have come back without a serve (the pool's lingering
@@ -351,7 +372,7 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
     if (may_compact) {
       w->after_compact = 1;
       q->after_compact++;
-      compact(ctx, rounded);
+      w->run = compact(ctx, rounded, w->session->tenant);
       continue;
     }
     struct wire_reply rep;

@@ -61,9 +61,15 @@ int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
  * starts the run), else it is answered GMB_E_NOMEM with the explanation.
  * One that asked to wait stays queued (compact() called likewise).
  * Returns the nanoseconds until the next hold ends (UINT64_MAX: none). */
+/* How the queue asks for a compaction run for a waiter of `rounded` bytes
+ * of tenant t (defrag.c is above the queue): returns the number of the run
+ * that will have tried for it (b->compact_begun's count), 0 when none
+ * could start. */
+typedef uint64_t (*gmb_waitq_compact_fn)(void *ctx, uint64_t rounded,
+                                         struct gmb_tenant *t);
+
 uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
-                              void (*compact)(void *ctx, uint64_t rounded),
-                              void *ctx);
+                              gmb_waitq_compact_fn compact, void *ctx);
 
 /* 1 when a request that asked to wait (not one held only for a compaction
  * run or, without waiting, for cache asks) of priority >= `priority` is
@@ -78,8 +84,18 @@ void gmb__waitq_joined(struct gmb_broker *b);
 /* Memory may have come back: serve what fits, in order. */
 void gmb__waitq_serve(struct gmb_broker *b);
 
-/* The compaction run ended: answer the waiters that waited only for it. */
-void gmb__waitq_compaction_over(struct gmb_broker *b);
+/* The request just queued (gmb__waitq_add) is tried for by compaction run
+ * number `run` (what gmb__defrag_request returned; 0: none). */
+void gmb__waitq_compact_run(struct gmb_broker *b, uint64_t run);
+
+/* Compaction run number `done` ended (UINT64_MAX: none could start).  A
+ * waiter that joined it part-way (its run is later) and still does not
+ * fit gets a run of its own: again(ctx, ...) starts it or widens the one
+ * it just started, once per waiter (again NULL: none).  Then the waiters
+ * that waited only for a run up to `done` are answered: served if they
+ * fit now, else GMB_E_NOMEM with the explanation. */
+void gmb__waitq_compaction_over(struct gmb_broker *b, uint64_t done,
+                                gmb_waitq_compact_fn again, void *ctx);
 
 /* Answers GMB_E_TIMEOUT to waiters past their deadline; returns the
  * nanoseconds until the next deadline (UINT64_MAX: none). */

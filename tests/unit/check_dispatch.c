@@ -36,6 +36,7 @@
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "core.h"
+#include "defrag.h"
 #include "device.h"
 #include "locktab.h"
 #include "pool.h"
@@ -675,6 +676,44 @@ START_TEST(alloc_nomem_names_each_holder_once) {
   }
   ck_assert_int_eq(saw_a, 1);
   ck_assert_int_eq(saw_b, 1);
+  fx_close(&f);
+}
+END_TEST
+
+/* A request that comes while an operator's run (no goal: it never makes
+ * a hole for anyone) is under way: when that run ends and the request
+ * still does not fit, it gets a goal run of its own before it is
+ * answered.  a holds 4 MiB pinned; b's two segments hold seven 256 KiB
+ * movable blocks each and a 256 KiB hole at the top; the 8 MiB device is
+ * full.  b wants 512 KiB: only a goal run's hole pass makes it. */
+START_TEST(alloc_during_operator_run_gets_a_run_of_its_own) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", NULL);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  uint64_t ids[16];
+  for (int i = 0; i < 16; i++)
+    ids[i] = fx_must_alloc(&f, "b", 1002, 256 * 1024, GMB_MOVABLE).u.alloc.id;
+  ck_assert_int_eq(fx_free(&f, "b", 1002, ids[7]), 0);
+  ck_assert_int_eq(fx_free(&f, "b", 1002, ids[15]), 0);
+  gmb__defrag_start(&f.b, NULL, GMB_DEFRAG_ADMIN);
+  ck_assert_ptr_nonnull(f.b.compacting);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 512 * 1024, GMB_MOVABLE, 0, &rep),
+                   0);
+  size_t sent = f.n_sent;
+  while (gmb__defrag_tick(&f.b, UINT64_MAX)) {
+  }
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  /* The operator's run, then b's own (begun as the first ended). */
+  ck_assert_uint_eq(f.b.compact_totals.runs, 2);
+  const struct fx_sent *m = fx_last_to(&f, "b");
+  ck_assert_uint_gt(f.n_sent, sent);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_msg(m->rep.status == 0, "%s", m->rep.message);
+  ck_assert_int_eq(m->rep.kind, WIRE_ALLOC);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
   fx_close(&f);
 }
 END_TEST
@@ -1553,6 +1592,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, alloc_nomem_fragmented);
   tcase_add_test(tc, alloc_nomem_names_each_holder_once);
   tcase_add_test(tc, alloc_nomem_for_reservation);
+  tcase_add_test(tc, alloc_during_operator_run_gets_a_run_of_its_own);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("free");

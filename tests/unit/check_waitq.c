@@ -520,7 +520,7 @@ START_TEST(after_compact_over_answers_nomem) {
   fill(&f, "a", 1001, ids);
   uint64_t rw = wait_for(&f, "w", 1003, 2 * MIB, LONG_MS);
   ck_assert_int_eq(gmb__waitq_add(&f.b, x, 79, 4 * MIB, 0, 0, 1), 0);
-  gmb__waitq_compaction_over(&f.b);
+  gmb__waitq_compaction_over(&f.b, UINT64_MAX, NULL, NULL);
   ck_assert_uint_eq(n_answers(&f), 1);
   const struct wire_reply *r = assert_failed_at(&f, 0, "x", 79, GMB_E_NOMEM);
   ck_assert_int_eq(r->kind, WIRE_NOMEM);
@@ -557,7 +557,7 @@ START_TEST(after_compact_over_serves_what_fits) {
   ck_assert_int_eq(gmb__waitq_add(&f.b, x, 80, 2 * MIB, 0, 0, 1), 0);
   ck_assert_int_eq(gmb__waitq_add(&f.b, y, 81, 4 * MIB, 0, 0, 1), 0);
   ck_assert_uint_eq(f.b.waitq.after_compact, 2);
-  gmb__waitq_compaction_over(&f.b);
+  gmb__waitq_compaction_over(&f.b, UINT64_MAX, NULL, NULL);
   ck_assert_uint_eq(n_answers(&f), 2);
   assert_served_at(&f, 0, "x", 80, 2 * MIB);
   const struct wire_reply *r = assert_failed_at(&f, 1, "y", 81, GMB_E_NOMEM);
@@ -583,7 +583,7 @@ START_TEST(after_compact_over_reserved_names_reservation) {
   hold(&f, "a", 1001, 2 * MIB);
   hold(&f, "a", 1001, 2 * MIB);
   ck_assert_int_eq(gmb__waitq_add(&f.b, x, 82, 4 * MIB, 0, 0, 1), 0);
-  gmb__waitq_compaction_over(&f.b);
+  gmb__waitq_compaction_over(&f.b, UINT64_MAX, NULL, NULL);
   ck_assert_uint_eq(n_answers(&f), 1);
   const struct wire_reply *r = assert_failed_at(&f, 0, "x", 82, GMB_E_NOMEM);
   ck_assert_int_ne(r->kind, WIRE_NOMEM);
@@ -604,7 +604,7 @@ START_TEST(after_compact_over_with_none_is_noop) {
   fill(&f, "a", 1001, ids);
   fx_hello(&f, "w", 1002, "");
   wait_for(&f, "w", 1002, 2 * MIB, LONG_MS);
-  gmb__waitq_compaction_over(&f.b);
+  gmb__waitq_compaction_over(&f.b, UINT64_MAX, NULL, NULL);
   ck_assert_uint_eq(n_answers(&f), 0);
   ck_assert_uint_eq(f.b.waitq.n, 1);
   fx_close(&f);
@@ -943,9 +943,12 @@ END_TEST
 
 /* ---- held while caches are asked back (gmb__waitq_hold) ----------------- */
 
-static void no_compaction(void *ctx, uint64_t rounded) {
+static uint64_t no_compaction(void *ctx, uint64_t rounded,
+                              struct gmb_tenant *t) {
   (void)rounded;
+  (void)t;
   ck_abort_msg("compaction is off: no run may be asked for (%p)", ctx);
+  return 0;
 }
 
 /* A held request that did not ask to wait is not ahead of anyone, does not
