@@ -207,7 +207,8 @@ static int compact_accept_other(void *ctx, const struct gmb_segment *t) {
 }
 
 static int compact_any(const struct gmb_compact *c) {
-  return c->goal && (c->pass == COMPACT_PASS_ANY || c->pass == COMPACT_PASS_HOLE);
+  return c->goal &&
+         (c->pass == COMPACT_PASS_ANY || c->pass == COMPACT_PASS_HOLE);
 }
 
 static int compact_live(const struct pool_range *r) {
@@ -218,7 +219,7 @@ static int compact_live(const struct pool_range *r) {
  * allocations out of them); large allocations have a segment each and
  * never move.  A full segment gives nothing by being packed or emptied
  * into fuller ones, but the last two passes may empty it into emptier
- * segments' holes, or make its top the hole. */
+ * segments' holes, or make a window of it the hole. */
 static int compact_candidate(const struct gmb_compact *c,
                              const struct gmb_segment *s) {
   return (!c->arena || s->arena == c->arena) && s->dseg.id <= c->max_seg &&
@@ -242,19 +243,22 @@ static const struct pool_range *compact_fit(const struct gmb_compact *c,
   return t;
 }
 
-/* 1 when a live allocation of s is held locked now (the claim would be
- * refused): such a segment cannot empty in this run, so it counts as
- * pinned for the run's decisions. */
+/* 1 when live allocation r is held locked now (its claim would be
+ * refused). */
+static int compact_locked(const struct gmb_compact *c,
+                          const struct pool_range *r) {
+  if (!c->h.locked) return 0;
+  struct gmb_alloc_info info;
+  return gmb__pool_find(c->p, gmb__pool_range_id(c->p, r), &info) == 0 &&
+         c->h.locked(c->h.ctx, &info);
+}
+
+/* 1 when a live allocation of s is held locked now: such a segment cannot
+ * empty in this run, so it counts as pinned for the run's decisions. */
 static int compact_has_locked(const struct gmb_compact *c,
                               const struct gmb_segment *s) {
-  if (!c->h.locked) return 0;
-  for (const struct pool_range *r = s->first; r; r = r->next) {
-    if (!compact_live(r)) continue;
-    struct gmb_alloc_info info;
-    if (gmb__pool_find(c->p, gmb__pool_range_id(c->p, r), &info) == 0 &&
-        c->h.locked(c->h.ctx, &info))
-      return 1;
-  }
+  for (const struct pool_range *r = s->first; r; r = r->next)
+    if (compact_live(r) && compact_locked(c, r)) return 1;
   return 0;
 }
 
@@ -328,11 +332,8 @@ static int compact_can_move(const struct gmb_segment *s, uint64_t from,
  * held locked. */
 static int compact_may_move(const struct gmb_compact *c,
                             const struct pool_range *r) {
-  if (!(r->flags & GMB_MOVABLE) || (r->flags & POOL_MOVING_SRC)) return 0;
-  if (!c->h.locked) return 1;
-  struct gmb_alloc_info info;
-  return gmb__pool_find(c->p, gmb__pool_range_id(c->p, r), &info) == 0 &&
-         !c->h.locked(c->h.ctx, &info);
+  return (r->flags & GMB_MOVABLE) && !(r->flags & POOL_MOVING_SRC) &&
+         !compact_locked(c, r);
 }
 
 /* What a range weighs in a window of the hole pass: the bytes a move of
