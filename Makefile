@@ -60,7 +60,8 @@ BROKER_SRC := broker/loop.c \
   broker/core.c \
   broker/reclaim.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
-  broker/session.c broker/tenant.c broker/compact.c broker/locktab.c \
+  broker/session.c broker/tenant.c broker/compact.c broker/repack.c \
+  broker/locktab.c \
   broker/statefile.c broker/reply.c \
   broker/pool.c \
   broker/device.c broker/device_host.c broker/device_cuda.c \

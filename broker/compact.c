@@ -37,7 +37,8 @@
  * every move: no ping-pong.
  *
  * Termination does not depend on the rest of the broker being quiet: each
- * segment is a source at most once per pass (at most five passes), only segments that existed at
+ * segment is a source at most once per pass (at most six passes, the last
+ * a bounded number of planned chains), only segments that existed at
  * the start are sources, and within a source the cursor only moves up (a
  * decision sets it past the allocation it looked at), so a run makes at
  * most about two decisions per 512 bytes of those segments per pass, plus the copy
@@ -59,6 +60,7 @@
 #include "gmb.h"
 #include "log.h"
 #include "pool_impl.h"
+#include "repack.h"
 #include "util.h"
 
 /* The largest copy between two deadline checks.  The loop gives
@@ -75,7 +77,7 @@
 #define COMPACT_SLIDE_MAX_CHUNKS 64u
 
 enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
-enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP };
+enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP, M_PLAN };
 /* A run with a goal makes up to five passes over the segments, each
  * visiting a segment at most once: evacuate what can empty; pack every
  * segment down (slide) so its free bytes are one range at its top; then
@@ -86,13 +88,24 @@ enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP };
  * blocks of a window of one of that arena's segments elsewhere, the same
  * way, so that the window becomes the hole (COMPACT_PASS_HOLE, the
  * cheapest windows first: compact_hole_window).  The last two passes take
- * full segments too.  The order "only to fuller
+ * full segments too.  Then, still short of the room, the run plans chains
+ * of moves (COMPACT_PASS_REPACK, repack.c): a segment whose blocks fit no
+ * hole empties when windows of their size are made for them in other
+ * segments first; it carries out up to COMPACT_REPACK_PLANS such plans,
+ * each emptying one segment: a new one after each that is done, or that
+ * the broker's frees, allocations and locks spoiled (a step finds its
+ * allocation gone or its target taken); it ends when it finds none.  The order "only to fuller
  * segments" keeps runs without a goal from undoing each other, but it
  * also leaves a 1 MiB block in a 1.6 MiB segment when the only 1 MiB hole
  * is in a segment holding just 1 MiB.  A goal run ends as soon as the room
  * is there, so it cannot go back and forth. */
 enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
-       COMPACT_PASS_ANY, COMPACT_PASS_HOLE, COMPACT_PASSES };
+       COMPACT_PASS_ANY, COMPACT_PASS_HOLE, COMPACT_PASS_REPACK,
+       COMPACT_PASSES };
+/* COMPACT_PASS_REPACK: plans per run, at most, and the work one planning
+ * may do (ranges visited, all arenas together: about a millisecond). */
+#define COMPACT_REPACK_PLANS 16u
+#define COMPACT_REPACK_BUDGET (UINT64_C(1) << 20)
 /* What compact_can_move looks at, at most: the largest free ranges of
  * the arena (a bound on its work; fewer holes only make it say no). */
 #define COMPACT_PLAN_HOLES 1024u
@@ -110,6 +123,11 @@ struct gmb_compact {
   uint64_t plan_cursor; /* where compact_plan says the scan starts */
   uint64_t plan_stop;   /* ... and ends (0: the segment's end) */
   int pass;         /* goal runs: COMPACT_PASS_* */
+
+  /* COMPACT_PASS_REPACK: the plan carried out, and its next step. */
+  struct gmb_repack_plan plan;
+  size_t plan_next;
+  unsigned plans; /* made in this run */
 
   /* Segments visited: an open-addressing set of ids (never 0). */
   uint64_t *seen;
@@ -474,9 +492,101 @@ static int compact_goal_met(const struct gmb_compact *c) {
   return as.largest_free >= c->hole_size;
 }
 
+/* ---- COMPACT_PASS_REPACK ------------------------------------------------ */
+
+static int compact_movable(void *ctx, const struct pool_range *r) {
+  return compact_may_move(ctx, r);
+}
+
+/* Keeps plan pl of arena a when it moves fewer bytes than the one kept. */
+static void compact_repack_keep(struct gmb_compact *c, struct gmb_arena *a,
+                                int rc, struct gmb_repack_plan *pl) {
+  if (rc < 0) log_warn("compaction: out of host memory planning a repack");
+  if (rc == 1 && (c->plan.n == 0 || pl->bytes < c->plan.bytes)) {
+    gmb__repack_plan_clear(&c->plan);
+    c->plan = *pl;
+    c->src_arena = a;
+    *pl = (struct gmb_repack_plan){0};
+  } else {
+    gmb__repack_plan_clear(pl);
+  }
+}
+
+/* Plans the next chain (repack.c): the one that moves the fewest bytes of
+ * those that empty a segment of an arena in scope and, for a run with a
+ * hole goal, the one that makes the hole.  Ends the run when none is
+ * found, or after COMPACT_REPACK_PLANS plans. */
+static void compact_repack_pick(struct gmb_compact *c) {
+  gmb__repack_plan_clear(&c->plan);
+  c->plan_next = 0;
+  if (c->plans == COMPACT_REPACK_PLANS) {
+    c->state = C_DONE;
+    return;
+  }
+  uint64_t budget = COMPACT_REPACK_BUDGET;
+  struct gmb_repack_plan pl = {0};
+  if (c->hole_arena) {
+    int rc = gmb__repack_plan(c->p, c->hole_arena, c->max_seg, c->hole_size,
+                              compact_movable, c, &budget, &pl);
+    compact_repack_keep(c, c->hole_arena, rc, &pl);
+  }
+  struct gmb_arena *a = c->arena ? c->arena : gmb__pool_arena_next(c->p, NULL);
+  for (; a; a = c->arena ? NULL : gmb__pool_arena_next(c->p, a)) {
+    int rc = gmb__repack_plan(c->p, a, c->max_seg, 0, compact_movable, c,
+                              &budget, &pl);
+    compact_repack_keep(c, a, rc, &pl);
+  }
+  if (c->plan.n == 0) {
+    c->state = C_DONE;
+    return;
+  }
+  c->plans++;
+  c->mode = M_PLAN;
+  c->blocked = 0;
+  c->state = C_SCAN;
+}
+
+/* The free range of s that holds [off, off + size), or NULL. */
+static struct pool_range *compact_free_at(struct gmb_segment *s, uint64_t off,
+                                          uint64_t size) {
+  for (struct pool_range *r = s->first; r && r->offset <= off; r = r->next)
+    if ((r->flags & GMB_RANGE_FREE) && off + size <= r->offset + r->size)
+      return r;
+  return NULL;
+}
+
+static void compact_begin(struct gmb_compact *c, struct pool_range *r,
+                          const struct pool_range *t, uint64_t dst_offset);
+static void compact_source_done(struct gmb_compact *c);
+
+/* The plan's next step.  When the plan is done, or the pool changed under
+ * it (the allocation gone or moved, its target taken, a claim refused, a
+ * copy failed), back to the pick, which plans again. */
+static void compact_plan_step(struct gmb_compact *c) {
+  if (c->blocked || c->plan_next == c->plan.n) {
+    compact_source_done(c);
+    return;
+  }
+  const struct gmb_repack_step *st = &c->plan.steps[c->plan_next++];
+  struct pool_range *r = gmb__pool_range_by_id(c->p, st->id);
+  struct gmb_segment *d = gmb__pool_seg_by_id(c->p, st->dst_seg);
+  struct pool_range *t =
+      d ? compact_free_at(d, st->dst_offset, st->size) : NULL;
+  if (!r || !t || r->seg->dseg.id != st->src_seg || r->size != st->size ||
+      r->seg->arena != d->arena || !compact_may_move(c, r)) {
+    c->blocked = 1;
+    return;
+  }
+  compact_begin(c, r, t, st->dst_offset);
+}
+
 static void compact_pick(struct gmb_compact *c) {
   if (c->goal && compact_goal_met(c)) {
     c->state = C_DONE;
+    return;
+  }
+  if (c->goal && c->pass == COMPACT_PASS_REPACK) {
+    compact_repack_pick(c);
     return;
   }
   struct gmb_segment *best = NULL, *s;
@@ -544,6 +654,10 @@ static void compact_source_done(struct gmb_compact *c) {
 
 /* One decision about the source's next allocation. */
 static void compact_scan(struct gmb_compact *c) {
+  if (c->mode == M_PLAN) {
+    compact_plan_step(c);
+    return;
+  }
   struct gmb_segment *s = gmb__pool_seg_by_id(c->p, c->src);
   if (!s) { /* emptied by frees and released */
     compact_source_done(c);
@@ -585,6 +699,13 @@ static void compact_scan(struct gmb_compact *c) {
     c->blocked = 1;
     return;
   }
+  compact_begin(c, r, t, t->offset);
+}
+
+/* Claims r and reserves its target at dst_offset inside free range t, and
+ * on to the copy; else marks the source blocked. */
+static void compact_begin(struct gmb_compact *c, struct pool_range *r,
+                          const struct pool_range *t, uint64_t dst_offset) {
   uint64_t id = gmb__pool_range_id(c->p, r);
   struct gmb_alloc_info info;
   if (gmb__pool_find(c->p, id, &info) != 0) {
@@ -596,8 +717,8 @@ static void compact_scan(struct gmb_compact *c) {
     c->blocked = 1;
     return;
   }
-  int rc = gmb__pool_move_begin_at(c->p, id, (struct pool_range *)t, t->offset,
-                                   &c->mv);
+  int rc = gmb__pool_move_begin_at(c->p, id, (struct pool_range *)t,
+                                   dst_offset, &c->mv);
   if (rc != 0) {
     log_warn("compaction: cannot reserve a target for %#llx: %s",
              (unsigned long long)id, gmb_err_name(rc));
@@ -760,6 +881,7 @@ void gmb__compact_destroy(struct gmb_compact *c) {
   while (c->state == C_COPY && c->overlap && c->copied > 0)
     compact_copy(c);
   if (c->state == C_COPY) compact_abort(c, 1);
+  gmb__repack_plan_clear(&c->plan);
   free(c->seen);
   free(c);
 }

@@ -946,6 +946,11 @@ struct gmb_segment *gmb__pool_seg_next(const struct gmb_pool *p,
                  (struct gmb_segment *)s);
 }
 
+struct gmb_arena *gmb__pool_arena_next(const struct gmb_pool *p,
+                                       const struct gmb_arena *a) {
+  return a ? LIST_NEXT(a, link) : LIST_FIRST(&p->arenas);
+}
+
 struct pool_range *gmb__pool_fit(const struct gmb_pool *p,
                                  const struct gmb_arena *a, uint32_t cls,
                                  uint64_t size, gmb_pool_seg_accept_fn accept,

@@ -1,6 +1,7 @@
 /*
  * pool_impl.h - the pool's internal structures, shared by pool.c and
- * compact.c only.  No other file includes it.
+ * the compaction engine (compact.c, and repack.c, its planner) only.  No
+ * other file includes it.
  *
  * Why compact.c sees them: the compaction engine makes many small decisions
  * (which segment is least used, which free range of a fuller segment fits,
@@ -132,6 +133,10 @@ struct pool_range *gmb__pool_fit(const struct gmb_pool *p,
 int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
                             struct pool_range *fr, uint64_t dst_offset,
                             struct gmb_pool_move *out);
+
+/* The pool's arena after `a` (NULL: the first), or NULL. */
+struct gmb_arena *gmb__pool_arena_next(const struct gmb_pool *p,
+                                       const struct gmb_arena *a);
 
 /* The first segment of the pool (id order) after `s` (NULL: the first). */
 struct gmb_segment *gmb__pool_seg_next(const struct gmb_pool *p,

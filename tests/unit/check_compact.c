@@ -1250,6 +1250,161 @@ START_TEST(goal_run_hole_tries_windows_of_equal_cost) {
 }
 END_TEST
 
+/* ---- COMPACT_PASS_REPACK ------------------------------------------------ */
+
+/* The layout of the repack tests, on a full device of five segments, all
+ * of arena a (KiB): S1 and S2 hold 1024 + 512 + 64 and a 448 hole; S3, S4
+ * and S5 hold 1024 + 512 and a 512 hole.  No segment can empty into holes
+ * (no hole holds a 1 MiB block), so every pass before the repack ends
+ * with nothing.  A chain does it: S4's 512 into S5's hole, which leaves
+ * S4's top 1 MiB free for S3's 1 MiB; S1's 64 into S2's hole, which leaves
+ * S1's top 512 free for S3's 512.  S3 empties and goes back. */
+struct repack_layout {
+  struct tracked big[5], mid[5], small[2];
+};
+
+static struct gmb_arena *repack_layout(struct repack_layout *l) {
+  close_pool();
+  open_pool(5 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked filler[5];
+  for (int i = 0; i < 5; i++) {
+    l->big[i] = track(a, 1024 * KIB, 1, &owner_x);
+    l->mid[i] = track(a, 512 * KIB, 1, &owner_x);
+    if (i < 2) l->small[i] = track(a, 64 * KIB, 1, &owner_x);
+    filler[i] = track(a, (i < 2 ? 448 : 512) * KIB, 1, &owner_x);
+    ck_assert_uint_eq(l->mid[i].seg, l->big[i].seg);
+    ck_assert_uint_eq(filler[i].seg, l->big[i].seg);
+    if (i > 0) ck_assert_uint_ne(l->big[i].seg, l->big[i - 1].seg);
+  }
+  for (int i = 0; i < 5; i++) free_ok(filler[i].id);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_eq(ps.room, 0);
+  return a;
+}
+
+static void repack_layout_check(const struct repack_layout *l) {
+  for (int i = 0; i < 5; i++) {
+    pattern_check(l->big[i].id);
+    pattern_check(l->mid[i].id);
+  }
+  for (int i = 0; i < 2; i++) pattern_check(l->small[i].id);
+}
+
+START_TEST(goal_run_repacks_a_chain) {
+  struct repack_layout l;
+  repack_layout(&l);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_ge(ps.room, SEG);
+  ck_assert_uint_eq(st.segments_released, 1);
+  /* The four moves of the chain, nothing else. */
+  ck_assert_uint_eq(st.moves, 4);
+  ck_assert_uint_eq(st.bytes_moved, (512 + 1024 + 64 + 512) * KIB);
+  ck_assert_ptr_null(gmb__pool_segment(pool, l.big[2].seg, NULL));
+  repack_layout_check(&l);
+}
+END_TEST
+
+/* A locked block is never part of a chain: with S4's 512 locked, S4 has
+ * no window, and the chain goes through S5's instead (S5's 512 into S4's
+ * hole). */
+START_TEST(goal_run_repack_leaves_locked_blocks) {
+  struct repack_layout l;
+  repack_layout(&l);
+  hk.locked[hk.nlocked++] = l.mid[3].id;
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  run_all(c, 1000000);
+  struct gmb_compact_stats st;
+  gmb__compact_stats(c, &st);
+  gmb__compact_destroy(c);
+  ck_assert_uint_eq(st.segments_released, 1);
+  struct tracked now = l.mid[3];
+  where(&now);
+  ck_assert_uint_eq(now.seg, l.mid[3].seg);
+  ck_assert_uint_eq(now.off, l.mid[3].off);
+  repack_layout_check(&l);
+}
+END_TEST
+
+/* The broker frees between steps: once the chain's first move is in
+ * flight, the block of its last step (S3's 512) is freed.  The step that
+ * finds it gone drops the plan; the run ends soundly, with S3 gone all
+ * the same (its 1 MiB moved out, its 512 freed). */
+START_TEST(goal_run_repack_survives_a_free) {
+  struct repack_layout l;
+  repack_layout(&l);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+  step_until_claimed(c);
+  ck_assert_int_eq(gmb__compact_forget(c, l.mid[2].id), 0);
+  free_ok(l.mid[2].id);
+  run_all(c, 1000000);
+  gmb__compact_destroy(c);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(pool, &ps);
+  ck_assert_uint_ge(ps.room, SEG);
+  ck_assert_ptr_null(gmb__pool_segment(pool, l.big[2].seg, NULL));
+  for (int i = 0; i < 5; i++) {
+    pattern_check(l.big[i].id);
+    if (i != 2) pattern_check(l.mid[i].id);
+  }
+  for (int i = 0; i < 2; i++) pattern_check(l.small[i].id);
+}
+END_TEST
+
+/*
+ * A hole two links deep (units of 64 KiB; P pinned, m movable, . free).
+ * Three pinned segments on a full device:
+ *   S1: P2 m6 .2 P16 P6   A wants 512 KiB (8): the only window without
+ *                         a pinned block is [2, 10), whose m6 fits no hole
+ *   S2: P2 m4 .2 P16 P8   a window of 6 for it: [2, 8), whose m4 ...
+ *   S3: P2 .4 P16 P10     ... fits S3's hole
+ * The hole pass takes only movable segments and one link; the repack
+ * moves the m4, then the m6, and A has its 512 KiB.
+ */
+START_TEST(goal_run_repack_makes_a_hole_two_links_deep) {
+  close_pool();
+  open_pool(3 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  gmb__pool_set_grouping(pool, 0); /* lay the segments out in order */
+  static const int units[3][5] = {{2, 6, 2, 16, 6}, {2, 4, 2, 16, 8},
+                                  {2, 4, 16, 10, 0}};
+  /* Which of each row are movable blocks (1) and which are freed (2). */
+  static const int kind[3][5] = {{0, 1, 2, 0, 0}, {0, 1, 2, 0, 0},
+                                 {0, 2, 0, 0, 0}};
+  struct tracked t[3][5];
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 5 && units[i][j]; j++) {
+      t[i][j] = track(a, (uint64_t)units[i][j] * 64 * KIB, kind[i][j] != 0,
+                      &owner_x);
+      ck_assert_uint_eq(t[i][j].seg, t[i][0].seg);
+    }
+  gmb__pool_set_grouping(pool, 1);
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 5 && units[i][j]; j++)
+      if (kind[i][j] == 2) free_ok(t[i][j].id);
+  uint64_t largest;
+  struct gmb_compact_stats st = hole_run(a, 512 * KIB, &largest);
+  ck_assert_uint_ge(largest, 512 * KIB);
+  ck_assert_uint_eq(st.moves, 2);
+  ck_assert_uint_eq(st.bytes_moved, 10 * 64 * KIB);
+  struct tracked m6 = t[0][1], m4 = t[1][1];
+  where(&m6);
+  where(&m4);
+  ck_assert_uint_eq(m6.seg, t[1][0].seg);
+  ck_assert_uint_eq(m4.seg, t[2][0].seg);
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 5 && units[i][j]; j++)
+      if (kind[i][j] != 2) pattern_check(t[i][j].id);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1278,6 +1433,10 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, goal_run_makes_a_hole);
   tcase_add_test(tc, goal_run_hole_in_the_cheapest_window);
   tcase_add_test(tc, goal_run_hole_tries_windows_of_equal_cost);
+  tcase_add_test(tc, goal_run_repacks_a_chain);
+  tcase_add_test(tc, goal_run_repack_leaves_locked_blocks);
+  tcase_add_test(tc, goal_run_repack_survives_a_free);
+  tcase_add_test(tc, goal_run_repack_makes_a_hole_two_links_deep);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);

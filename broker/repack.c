@@ -1,0 +1,540 @@
+/*
+ * repack.c - plans a chain of moves that empties one small segment of an
+ * arena (see repack.h for the contract).
+ *
+ * The model.  The planner copies the arena's small segments into plain
+ * arrays (struct rk_seg: ranges in address order that tile the segment,
+ * each free, fixed or movable) and plays the moves on that copy: a block
+ * placed takes a piece of a free range, a block moved away leaves a free
+ * range that merges with free neighbours, as in the pool.  Fixed ranges
+ * are pinned or locked allocations and move targets in flight; they are
+ * never moved and no window covers them.  So the model agrees with the
+ * pool as long as the pool does not change, and every step it records
+ * lands in a range that is free when the steps before it are done.
+ *
+ * Placing a block is the engine's best fit (compact_fit): the smallest
+ * free range that holds it, pinned segments' holes first (those segments
+ * cannot go back to the device anyway), then lower segment id and offset.
+ * A block of the victim that has no such place gets a window: of the
+ * windows of its size that start where a range starts (or end at a
+ * segment's end), hold nothing fixed and not all of their segment's
+ * blocks, the REPACK_WINDOWS cheapest (bytes to move) are tried in turn on
+ * a copy; the first whose blocks all find places outside the window's
+ * segment and the victim is kept.  One level of chain only: the window's
+ * blocks go into holes that exist, never into windows of their own, which
+ * bounds a plan at about two moves per block of the victim plus the
+ * window's blocks.
+ */
+#include "repack.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+
+/* The windows tried for one block, cheapest first, and how deep a chain
+ * goes: a block's window, the windows of that window's blocks, and no
+ * further. */
+#define REPACK_WINDOWS 4u
+#define REPACK_DEPTH 2u
+
+enum { RK_FREE, RK_FIXED, RK_MOVABLE };
+
+struct rk_range {
+  uint64_t off, size;
+  uint64_t id; /* RK_MOVABLE: the allocation; else 0 */
+  int kind;
+};
+
+struct rk_seg {
+  uint64_t id, size;
+  int pinned;         /* of class PINNED: its holes are taken first */
+  struct rk_range *r; /* address order, tiling the segment */
+  size_t n, cap;
+  size_t movable, fixed; /* counts of those kinds */
+  uint64_t moving;       /* bytes of its movable ranges */
+};
+
+struct rk_model {
+  struct rk_seg *s;
+  size_t n;
+};
+
+/* The segments a chain may not use: the victim, and the segments whose
+ * windows the chain is making (at most REPACK_DEPTH + 1). */
+struct rk_excl {
+  uint64_t id[REPACK_DEPTH + 2];
+  size_t n;
+};
+
+static int rk_excluded(const struct rk_excl *x, uint64_t id) {
+  for (size_t i = 0; i < x->n; i++)
+    if (x->id[i] == id) return 1;
+  return 0;
+}
+
+struct rk_planner {
+  uint64_t *budget;
+  int stop;  /* the budget ran out, or host memory did */
+  int nomem; /* host memory did */
+};
+
+/* Counts n units of work; 0 (and stop) once the budget is spent. */
+static int rk_spend(struct rk_planner *pl, uint64_t n) {
+  if (pl->stop) return 0;
+  if (*pl->budget < n) {
+    *pl->budget = 0;
+    pl->stop = 1;
+    return 0;
+  }
+  *pl->budget -= n;
+  return 1;
+}
+
+static void rk_nomem(struct rk_planner *pl) {
+  pl->stop = 1;
+  pl->nomem = 1;
+}
+
+/* ---- the model --------------------------------------------------------- */
+
+static void rk_model_free(struct rk_model *m) {
+  for (size_t i = 0; i < m->n; i++) free(m->s[i].r);
+  free(m->s);
+  m->s = NULL;
+  m->n = 0;
+}
+
+static int rk_seg_reserve(struct rk_planner *pl, struct rk_seg *s,
+                          size_t want) {
+  if (want <= s->cap) return 1;
+  size_t cap = s->cap ? s->cap : 8;
+  while (cap < want) cap *= 2;
+  struct rk_range *r = realloc(s->r, cap * sizeof *r);
+  if (!r) {
+    rk_nomem(pl);
+    return 0;
+  }
+  s->r = r;
+  s->cap = cap;
+  return 1;
+}
+
+static int rk_build(struct rk_planner *pl, const struct gmb_pool *p,
+                    const struct gmb_arena *a, gmb_repack_movable_fn movable,
+                    void *ctx, struct rk_model *m) {
+  const struct gmb_segment *s;
+  size_t n = 0;
+  LIST_FOREACH(s, &a->segs, link) n += pool_cls_small(s->cls);
+  m->s = calloc(n ? n : 1, sizeof *m->s);
+  if (!m->s) {
+    rk_nomem(pl);
+    return 0;
+  }
+  LIST_FOREACH(s, &a->segs, link) {
+    if (!pool_cls_small(s->cls)) continue;
+    struct rk_seg *ms = &m->s[m->n++];
+    ms->id = s->dseg.id;
+    ms->size = s->dseg.size;
+    ms->pinned = s->cls == POOL_SMALL_PINNED;
+    for (const struct pool_range *r = s->first; r; r = r->next) {
+      if (!rk_spend(pl, 1) || !rk_seg_reserve(pl, ms, ms->n + 1)) return 0;
+      struct rk_range *x = &ms->r[ms->n++];
+      x->off = r->offset;
+      x->size = r->size;
+      x->id = 0;
+      if (r->flags & GMB_RANGE_FREE) {
+        x->kind = RK_FREE;
+      } else if (!(r->flags & GMB_RANGE_TARGET) && movable(ctx, r)) {
+        x->kind = RK_MOVABLE;
+        x->id = gmb__pool_range_id(p, r);
+        ms->movable++;
+        ms->moving += r->size;
+      } else {
+        x->kind = RK_FIXED;
+        ms->fixed++;
+      }
+    }
+  }
+  return 1;
+}
+
+static int rk_copy(struct rk_planner *pl, struct rk_model *dst,
+                   const struct rk_model *src) {
+  dst->s = calloc(src->n ? src->n : 1, sizeof *dst->s);
+  dst->n = 0;
+  if (!dst->s) {
+    rk_nomem(pl);
+    return 0;
+  }
+  for (size_t i = 0; i < src->n; i++) {
+    const struct rk_seg *a = &src->s[i];
+    struct rk_seg *b = &dst->s[dst->n++];
+    *b = *a;
+    b->r = NULL;
+    b->cap = 0;
+    if (!rk_spend(pl, a->n) || !rk_seg_reserve(pl, b, a->n + 2)) {
+      b->n = 0;
+      return 0;
+    }
+    memcpy(b->r, a->r, a->n * sizeof *a->r);
+  }
+  return 1;
+}
+
+static struct rk_seg *rk_seg(struct rk_model *m, uint64_t id) {
+  for (size_t i = 0; i < m->n; i++)
+    if (m->s[i].id == id) return &m->s[i];
+  return NULL;
+}
+
+/* The index of s's range holding allocation id, or s->n. */
+static size_t rk_find(const struct rk_seg *s, uint64_t id) {
+  size_t j = 0;
+  while (j < s->n && !(s->r[j].kind == RK_MOVABLE && s->r[j].id == id)) j++;
+  return j;
+}
+
+/* Range j of s becomes free and merges with free neighbours. */
+static void rk_release(struct rk_seg *s, size_t j) {
+  struct rk_range *r = s->r;
+  s->movable--;
+  s->moving -= r[j].size;
+  r[j].kind = RK_FREE;
+  r[j].id = 0;
+  if (j + 1 < s->n && r[j + 1].kind == RK_FREE) {
+    r[j].size += r[j + 1].size;
+    memmove(&r[j + 1], &r[j + 2], (s->n - j - 2) * sizeof *r);
+    s->n--;
+  }
+  if (j > 0 && r[j - 1].kind == RK_FREE) {
+    r[j - 1].size += r[j].size;
+    memmove(&r[j], &r[j + 1], (s->n - j - 1) * sizeof *r);
+    s->n--;
+  }
+}
+
+/* Allocation id of `size` bytes takes [off, off + size) of s, which lies
+ * in one free range.  0 when it does not (a bug in the caller) or out of
+ * memory. */
+static int rk_carve(struct rk_planner *pl, struct rk_seg *s, uint64_t off,
+                    uint64_t size, uint64_t id) {
+  size_t j = 0;
+  while (j < s->n && !(s->r[j].kind == RK_FREE && s->r[j].off <= off &&
+                       off + size <= s->r[j].off + s->r[j].size))
+    j++;
+  if (j == s->n || !rk_seg_reserve(pl, s, s->n + 2)) return 0;
+  struct rk_range fr = s->r[j];
+  struct rk_range piece[3];
+  size_t k = 0;
+  if (fr.off < off)
+    piece[k++] = (struct rk_range){fr.off, off - fr.off, 0, RK_FREE};
+  piece[k++] = (struct rk_range){off, size, id, RK_MOVABLE};
+  if (off + size < fr.off + fr.size)
+    piece[k++] = (struct rk_range){off + size, fr.off + fr.size - off - size,
+                                   0, RK_FREE};
+  memmove(&s->r[j + k], &s->r[j + 1], (s->n - j - 1) * sizeof *s->r);
+  memcpy(&s->r[j], piece, k * sizeof *piece);
+  s->n += k - 1;
+  s->movable++;
+  s->moving += size;
+  return 1;
+}
+
+/* 1 when free range r of s is a better fit than b of bs (NULL: none yet):
+ * pinned segments first, then the smaller range, the lower segment id and
+ * offset. */
+static int rk_better(const struct rk_seg *s, const struct rk_range *r,
+                     const struct rk_seg *bs, const struct rk_range *b) {
+  if (!b) return 1;
+  if (s->pinned != bs->pinned) return s->pinned;
+  if (r->size != b->size) return r->size < b->size;
+  if (s->id != bs->id) return s->id < bs->id;
+  return r->off < b->off;
+}
+
+/* Best fit for `size` bytes outside the segments of x: sets *seg, *off;
+ * 0 when nothing holds it. */
+static int rk_fit(struct rk_planner *pl, struct rk_model *m, uint64_t size,
+                  const struct rk_excl *x, struct rk_seg **seg,
+                  uint64_t *off) {
+  const struct rk_range *best = NULL;
+  struct rk_seg *bs = NULL;
+  for (size_t i = 0; i < m->n; i++) {
+    struct rk_seg *s = &m->s[i];
+    if (rk_excluded(x, s->id) || !rk_spend(pl, s->n)) continue;
+    for (size_t j = 0; j < s->n; j++) {
+      const struct rk_range *r = &s->r[j];
+      if (r->kind == RK_FREE && r->size >= size && rk_better(s, r, bs, best)) {
+        best = r;
+        bs = s;
+      }
+    }
+  }
+  if (!best) return 0;
+  *seg = bs;
+  *off = best->off;
+  return 1;
+}
+
+static int rk_push(struct rk_planner *pl, struct gmb_repack_plan *plan,
+                   const struct gmb_repack_step *st) {
+  if (plan->n == plan->cap) {
+    size_t cap = plan->cap ? 2 * plan->cap : 16;
+    struct gmb_repack_step *ns = realloc(plan->steps, cap * sizeof *ns);
+    if (!ns) {
+      rk_nomem(pl);
+      return 0;
+    }
+    plan->steps = ns;
+    plan->cap = cap;
+  }
+  plan->steps[plan->n++] = *st;
+  plan->bytes += st->size;
+  return 1;
+}
+
+/* Moves the block at index j of `from` to [off, off + size) of `to` in
+ * the model and records the step. */
+static int rk_move(struct rk_planner *pl, struct gmb_repack_plan *plan,
+                   struct rk_seg *from, size_t j, struct rk_seg *to,
+                   uint64_t off) {
+  if (j >= from->n) return 0;
+  struct gmb_repack_step st = {from->r[j].id, from->r[j].size, from->id,
+                               to->id, off};
+  if (!rk_carve(pl, to, off, st.size, st.id) || !rk_push(pl, plan, &st))
+    return 0;
+  rk_release(from, rk_find(from, st.id));
+  return 1;
+}
+
+/* ---- places ------------------------------------------------------------- */
+
+/* A block to place: allocation id (0: none, the hole goal's window) of
+ * `size` bytes, in segment src. */
+struct rk_block {
+  uint64_t id, size, src;
+};
+
+struct rk_window {
+  uint64_t cost, seg, lo;
+};
+
+/* The cost of the window [lo, lo + size) of s, whose first range is j:
+ * the bytes of its movable blocks; UINT64_MAX when it holds a fixed one,
+ * no block, or every block of a segment without fixed ones (s would empty
+ * and go back to the device before the block could land there). */
+static uint64_t rk_window_cost(struct rk_planner *pl, const struct rk_seg *s,
+                               size_t j, uint64_t lo, uint64_t size) {
+  uint64_t cost = 0;
+  size_t blocks = 0;
+  for (size_t k = j; k < s->n && s->r[k].off < lo + size; k++) {
+    if (!rk_spend(pl, 1) || s->r[k].kind == RK_FIXED) return UINT64_MAX;
+    if (s->r[k].kind == RK_MOVABLE) {
+      cost += s->r[k].size;
+      blocks++;
+    }
+  }
+  return blocks == 0 || (blocks == s->movable && s->fixed == 0) ? UINT64_MAX
+                                                               : cost;
+}
+
+/* Keeps w among the n (<= REPACK_WINDOWS) cheapest in best, by cost. */
+static void rk_window_keep(struct rk_window *best, size_t *n,
+                           const struct rk_window *w) {
+  size_t k = *n;
+  if (k == REPACK_WINDOWS) {
+    if (best[k - 1].cost <= w->cost) return;
+    k--;
+  } else {
+    (*n)++;
+  }
+  while (k > 0 && best[k - 1].cost > w->cost) {
+    best[k] = best[k - 1];
+    k--;
+  }
+  best[k] = *w;
+}
+
+/* The cheapest windows of `size` bytes outside x: those that start where
+ * a range starts, and the top one of each segment.  Returns how many. */
+static size_t rk_windows(struct rk_planner *pl, const struct rk_model *m,
+                         uint64_t size, const struct rk_excl *x,
+                         struct rk_window *best) {
+  size_t n = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const struct rk_seg *s = &m->s[i];
+    if (rk_excluded(x, s->id) || s->size < size) continue;
+    uint64_t top = s->size - size;
+    for (size_t j = 0; j < s->n && s->r[j].off <= top; j++) {
+      uint64_t lo[2] = {s->r[j].off, top};
+      int tops = top > s->r[j].off && top < s->r[j].off + s->r[j].size;
+      for (int k = 0; k <= tops; k++) {
+        struct rk_window w = {rk_window_cost(pl, s, j, lo[k], size), s->id,
+                              lo[k]};
+        if (w.cost != UINT64_MAX) rk_window_keep(best, &n, &w);
+      }
+    }
+  }
+  return n;
+}
+
+static int rk_desc(const void *a, const void *b) {
+  const struct rk_range *x = a, *y = b;
+  if (x->size != y->size) return x->size < y->size ? 1 : -1;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int rk_place(struct rk_planner *pl, struct rk_model *m,
+                    const struct rk_block *b, const struct rk_excl *x,
+                    unsigned depth, struct gmb_repack_plan *plan);
+
+/* Tries window w for block b on a copy of *m: the window's blocks get
+ * places of their own (largest first; outside x and w's segment, one
+ * level less deep), then b moves into it.  On success *m becomes the copy
+ * and the steps are added to plan. */
+static int rk_window_try(struct rk_planner *pl, struct rk_model *m,
+                         const struct rk_block *b, const struct rk_excl *x,
+                         unsigned depth, const struct rk_window *w,
+                         struct gmb_repack_plan *plan) {
+  struct rk_model t = {0};
+  struct gmb_repack_plan steps = {0};
+  struct rk_range *mv = NULL;
+  struct rk_excl xs = *x;
+  xs.id[xs.n++] = w->seg;
+  int ok = rk_copy(pl, &t, m);
+  struct rk_seg *s = ok ? rk_seg(&t, w->seg) : NULL;
+  size_t nmv = 0;
+  ok = s != NULL;
+  if (ok) {
+    mv = malloc(s->n * sizeof *mv);
+    if (!mv) rk_nomem(pl);
+    ok = mv != NULL;
+    for (size_t j = 0; ok && j < s->n; j++)
+      if (s->r[j].kind == RK_MOVABLE && s->r[j].off < w->lo + b->size &&
+          s->r[j].off + s->r[j].size > w->lo)
+        mv[nmv++] = s->r[j];
+    if (ok) qsort(mv, nmv, sizeof *mv, rk_desc);
+  }
+  for (size_t i = 0; ok && i < nmv; i++) {
+    struct rk_block wb = {mv[i].id, mv[i].size, w->seg};
+    ok = rk_place(pl, &t, &wb, &xs, depth - 1, &steps);
+  }
+  if (ok && b->id) {
+    struct rk_seg *from = rk_seg(&t, b->src), *to = rk_seg(&t, w->seg);
+    ok = from && to && rk_move(pl, &steps, from, rk_find(from, b->id), to,
+                               w->lo);
+  }
+  for (size_t i = 0; ok && i < steps.n; i++)
+    ok = rk_push(pl, plan, &steps.steps[i]);
+  free(mv);
+  gmb__repack_plan_clear(&steps);
+  if (ok) {
+    rk_model_free(m);
+    *m = t;
+  } else {
+    rk_model_free(&t);
+  }
+  return ok;
+}
+
+/* Finds block b a place outside x and records the steps that take it
+ * there: the best fit among free ranges, else (depth > 0) a window made
+ * for it.  The hole goal's block (id 0) always takes a window. */
+static int rk_place(struct rk_planner *pl, struct rk_model *m,
+                    const struct rk_block *b, const struct rk_excl *x,
+                    unsigned depth, struct gmb_repack_plan *plan) {
+  struct rk_seg *to;
+  uint64_t off;
+  if (b->id && rk_fit(pl, m, b->size, x, &to, &off)) {
+    struct rk_seg *from = rk_seg(m, b->src);
+    return from && rk_move(pl, plan, from, rk_find(from, b->id), to, off);
+  }
+  if (depth == 0 || pl->stop) return 0;
+  struct rk_window best[REPACK_WINDOWS];
+  size_t n = rk_windows(pl, m, b->size, x, best);
+  for (size_t k = 0; k < n && !pl->stop; k++)
+    if (rk_window_try(pl, m, b, x, depth, &best[k], plan)) return 1;
+  return 0;
+}
+
+/* ---- the plan ----------------------------------------------------------- */
+
+/* Plans the emptying of victim v in model m (which the plan changes). */
+static int rk_empty(struct rk_planner *pl, struct rk_model *m, uint64_t v,
+                    struct gmb_repack_plan *plan) {
+  struct rk_seg *vs = rk_seg(m, v);
+  size_t nb = 0;
+  struct rk_range *blocks = malloc(vs->n * sizeof *blocks);
+  if (!blocks) {
+    rk_nomem(pl);
+    return 0;
+  }
+  for (size_t j = 0; j < vs->n; j++)
+    if (vs->r[j].kind == RK_MOVABLE) blocks[nb++] = vs->r[j];
+  qsort(blocks, nb, sizeof *blocks, rk_desc);
+  struct rk_excl x = {{v}, 1};
+  int ok = 1;
+  for (size_t i = 0; ok && i < nb; i++) {
+    struct rk_block b = {blocks[i].id, blocks[i].size, v};
+    ok = rk_place(pl, m, &b, &x, REPACK_DEPTH, plan);
+  }
+  free(blocks);
+  return ok && !pl->stop;
+}
+
+struct rk_victim {
+  uint64_t moving, id;
+};
+
+static int rk_victim_cmp(const void *a, const void *b) {
+  const struct rk_victim *x = a, *y = b;
+  if (x->moving != y->moving) return x->moving < y->moving ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
+                     uint64_t max_seg, uint64_t hole,
+                     gmb_repack_movable_fn movable, void *ctx,
+                     uint64_t *budget, struct gmb_repack_plan *out) {
+  struct rk_planner pl = {budget, 0, 0};
+  struct rk_model base = {0};
+  struct rk_victim *vict = NULL;
+  size_t nv = 0;
+  int found = 0;
+  if (rk_build(&pl, p, a, movable, ctx, &base) && hole == 0) {
+    vict = malloc((base.n ? base.n : 1) * sizeof *vict);
+    if (!vict) rk_nomem(&pl);
+    for (size_t i = 0; vict && i < base.n; i++) {
+      const struct rk_seg *s = &base.s[i];
+      if (!s->pinned && s->fixed == 0 && s->movable > 0 && s->id <= max_seg)
+        vict[nv++] = (struct rk_victim){s->moving, s->id};
+    }
+    if (vict) qsort(vict, nv, sizeof *vict, rk_victim_cmp);
+  }
+  if (hole && !pl.stop) {
+    struct rk_block b = {0, hole, 0};
+    struct rk_excl none = {{0}, 0};
+    found = rk_place(&pl, &base, &b, &none, REPACK_DEPTH, out) && !pl.stop;
+  }
+  for (size_t i = 0; !found && !pl.stop && i < nv && i < GMB_REPACK_VICTIMS;
+       i++) {
+    struct rk_model w = {0};
+    if (rk_copy(&pl, &w, &base) && rk_empty(&pl, &w, vict[i].id, out)) {
+      out->victim = vict[i].id;
+      found = 1;
+    } else {
+      gmb__repack_plan_clear(out);
+    }
+    rk_model_free(&w);
+  }
+  if (!found || pl.nomem) gmb__repack_plan_clear(out);
+  free(vict);
+  rk_model_free(&base);
+  return pl.nomem ? GMB_E_NOMEM : found;
+}
+
+void gmb__repack_plan_clear(struct gmb_repack_plan *plan) {
+  free(plan->steps);
+  memset(plan, 0, sizeof *plan);
+}

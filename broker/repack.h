@@ -1,0 +1,74 @@
+/*
+ * repack.h - a plan of moves that empties one small segment of an arena
+ * when no single round of moves into holes can (compact.c's last goal
+ * pass, COMPACT_PASS_REPACK).
+ *
+ * The case: a tenant's segments on a full device each hold a 1 MiB or
+ * 512 KiB block, a few smaller ones and a hole of 100-450 KiB.  The holes
+ * add up to more than a segment, but none holds a block of 512 KiB, so no
+ * segment can empty by moving its blocks into holes, and a request that
+ * needs a fresh segment is refused with megabytes free.  A repack plans a
+ * chain instead: for each block of the segment to empty (the victim) that
+ * fits no hole, it picks a window of the block's size in another segment
+ * whose smaller blocks do have places elsewhere, moves those first, then
+ * the block into the window.  Victims are movable segments that hold
+ * nothing pinned, locked or in flight, least used first.
+ *
+ * The planner works on a copy of the arena's layout (a model) and never
+ * changes the pool.  The caller carries the steps out in order, each a
+ * gmb__pool_move_begin() into a range that the steps before it left free;
+ * no step moves an allocation within its own segment, and no step empties
+ * a segment other than the victim (so none releases a segment that a later
+ * step targets).  When the pool changed in between (a free, an
+ * allocation, a lock), a step finds its allocation gone or its target
+ * taken, and the caller drops the rest of the plan.
+ *
+ * Cost: the work is counted in ranges visited against a budget the caller
+ * gives; a plan that would pass it is not made (an arena of a hundred
+ * thousand tiny allocations simply gets no repack).
+ */
+#ifndef GMB_REPACK_H
+#define GMB_REPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool_impl.h"
+
+struct gmb_repack_step {
+  uint64_t id; /* the allocation */
+  uint64_t size;
+  uint64_t src_seg;             /* where it is */
+  uint64_t dst_seg, dst_offset; /* where it goes */
+};
+
+struct gmb_repack_plan {
+  struct gmb_repack_step *steps;
+  size_t n, cap;
+  uint64_t victim; /* the segment it empties */
+  uint64_t bytes;  /* the bytes it moves */
+};
+
+/* 1 when live range r may move now (movable, not moving, not locked). */
+typedef int (*gmb_repack_movable_fn)(void *ctx, const struct pool_range *r);
+
+/*
+ * hole 0: plans the emptying of one small segment of arena a, of id at
+ * most max_seg; tries the least used candidates in turn (at most
+ * GMB_REPACK_VICTIMS) and keeps the first plan found.  hole > 0: plans a
+ * free range of `hole` bytes in a's segments instead (a window made as for
+ * a block of that size; victim 0).  *budget loses the
+ * ranges visited.  Returns 1 with *out filled (it must be empty; clear it
+ * with gmb__repack_plan_clear), 0 when there is no plan or the budget ran
+ * out, GMB_E_NOMEM when out of host memory.
+ */
+#define GMB_REPACK_VICTIMS 8u
+int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
+                     uint64_t max_seg, uint64_t hole,
+                     gmb_repack_movable_fn movable, void *ctx,
+                     uint64_t *budget, struct gmb_repack_plan *out);
+
+/* Frees the steps and empties the plan.  Accepts an empty one. */
+void gmb__repack_plan_clear(struct gmb_repack_plan *plan);
+
+#endif /* GMB_REPACK_H */
