@@ -102,10 +102,9 @@ enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP, M_PLAN };
 enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
        COMPACT_PASS_ANY, COMPACT_PASS_HOLE, COMPACT_PASS_REPACK,
        COMPACT_PASSES };
-/* COMPACT_PASS_REPACK: plans per run, at most, and the work one planning
- * may do (ranges visited, all arenas together: about a millisecond). */
+/* COMPACT_PASS_REPACK: plans per run, at most (each planning may do
+ * GMB_REPACK_BUDGET of work). */
 #define COMPACT_REPACK_PLANS 16u
-#define COMPACT_REPACK_BUDGET (UINT64_C(1) << 20)
 /* What compact_can_move looks at, at most: the largest free ranges of
  * the arena (a bound on its work; fewer holes only make it say no). */
 #define COMPACT_PLAN_HOLES 1024u
@@ -523,7 +522,7 @@ static void compact_repack_pick(struct gmb_compact *c) {
     c->state = C_DONE;
     return;
   }
-  uint64_t budget = COMPACT_REPACK_BUDGET;
+  uint64_t budget = GMB_REPACK_BUDGET;
   struct gmb_repack_plan pl = {0};
   if (c->hole_arena) {
     int rc = gmb__repack_plan(c->p, c->hole_arena, c->max_seg, c->hole_size,

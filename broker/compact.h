@@ -27,7 +27,11 @@
  * soon as the room is there, emptying the least used segments first, so
  * it moves the fewest bytes that give the room back; before it gives up it
  * packs every segment down (a slide within the segment, for allocations
- * larger than the holes between them) and tries to empty segments again.
+ * larger than the holes between them) and tries to empty segments again,
+ * into any segment, and last by planned chains of moves (repack.h: a
+ * block that fits no hole goes into a window that moves of smaller blocks
+ * clear first).  A planning is one step of bounded work
+ * (GMB_REPACK_BUDGET), not a slice of the deadline.
  * A run without a goal (an operator's, the background one) visits every
  * segment once.
  *

@@ -14,16 +14,27 @@
  *
  * Placing a block is the engine's best fit (compact_fit): the smallest
  * free range that holds it, pinned segments' holes first (those segments
- * cannot go back to the device anyway), then lower segment id and offset.
- * A block of the victim that has no such place gets a window: of the
- * windows of its size that start where a range starts (or end at a
- * segment's end), hold nothing fixed and not all of their segment's
- * blocks, the REPACK_WINDOWS cheapest (bytes to move) are tried in turn on
- * a copy; the first whose blocks all find places outside the window's
- * segment and the victim is kept.  One level of chain only: the window's
- * blocks go into holes that exist, never into windows of their own, which
- * bounds a plan at about two moves per block of the victim plus the
- * window's blocks.
+ * cannot go back to the device anyway), then the smaller range, lower
+ * segment id and offset.  A block that has no such place gets a window:
+ * of the windows of its size that start where a range starts (or end at
+ * a segment's end) and hold nothing fixed, the REPACK_WINDOWS cheapest
+ * (bytes to move) are tried in turn on a copy of the model.  A window's
+ * blocks need places of their own first, outside its segment and every
+ * segment the chain already uses: a free range, or (one level deeper, at
+ * most REPACK_DEPTH levels) a window again.  The first window that works
+ * is kept.  A window never holds all the blocks of a segment without
+ * fixed ones: that segment would empty and go back to the device before
+ * the block could land in it.
+ *
+ * Emptying a segment places its blocks largest first; of the
+ * GMB_REPACK_VICTIMS least used candidates, the plan that moves the
+ * fewest bytes is kept.  A hole for a waiting request is a window for a
+ * block that does not exist: its blocks move, and nothing moves in.
+ *
+ * Work: each window tried copies the model (its ranges), and each fit
+ * visits the ranges outside the chain's segments, so a plan costs at most
+ * about (REPACK_WINDOWS * blocks per window)^REPACK_DEPTH copies per
+ * block; the budget cuts it off long before that on a large arena.
  */
 #include "repack.h"
 
@@ -517,14 +528,17 @@ int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
     struct rk_excl none = {{0}, 0};
     found = rk_place(&pl, &base, &b, &none, REPACK_DEPTH, out) && !pl.stop;
   }
-  for (size_t i = 0; !found && !pl.stop && i < nv && i < GMB_REPACK_VICTIMS;
-       i++) {
+  for (size_t i = 0; !pl.stop && i < nv && i < GMB_REPACK_VICTIMS; i++) {
     struct rk_model w = {0};
-    if (rk_copy(&pl, &w, &base) && rk_empty(&pl, &w, vict[i].id, out)) {
+    struct gmb_repack_plan cand = {0};
+    if (rk_copy(&pl, &w, &base) && rk_empty(&pl, &w, vict[i].id, &cand) &&
+        (!found || cand.bytes < out->bytes)) {
+      gmb__repack_plan_clear(out);
+      *out = cand;
       out->victim = vict[i].id;
       found = 1;
     } else {
-      gmb__repack_plan_clear(out);
+      gmb__repack_plan_clear(&cand);
     }
     rk_model_free(&w);
   }

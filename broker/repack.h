@@ -63,6 +63,9 @@ typedef int (*gmb_repack_movable_fn)(void *ctx, const struct pool_range *r);
  * out, GMB_E_NOMEM when out of host memory.
  */
 #define GMB_REPACK_VICTIMS 8u
+/* The budget compaction gives one planning, all arenas together (ranges
+ * visited; tests/bench/bench_compact.c measures what it costs). */
+#define GMB_REPACK_BUDGET (UINT64_C(1) << 18)
 int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
                      uint64_t max_seg, uint64_t hole,
                      gmb_repack_movable_fn movable, void *ctx,

@@ -16,6 +16,14 @@
  * with gmb__device_copy between two written host segments (shm pages:
  * what the memory itself allows).  The ratios are migration and
  * end to end over memcpy; the goal for migration is >= 0.70.
+ *
+ * Then the repack planner's worst case (repack.c, the last goal pass): an
+ * arena of 4 KiB blocks beside one 1 MiB block per segment, with a 4 KiB
+ * hole every 32 blocks, where the plan for the 1 MiB block of the least
+ * used segment would need a window's 224 blocks each placed by a scan of
+ * every range: the planning spends its whole budget (GMB_REPACK_BUDGET)
+ * and gives up.  Its time against one walk of the pool (gmb__pool_walk,
+ * every range once): what one goal run may add to the loop's latency.
  * Knobs: MIB (bytes of allocations per size before the frees, default 256).
  * Output: one "name value" line per figure.  Runs in a few seconds.
  */
@@ -29,6 +37,8 @@
 #include "gmb.h"
 #include "log.h"
 #include "pool.h"
+#include "pool_impl.h"
+#include "repack.h"
 #include "util.h"
 
 static uint64_t env_u64(const char *name, uint64_t dflt) {
@@ -155,6 +165,61 @@ static void bench_size(uint64_t size, uint64_t total, volatile uint64_t *sink) {
   gmb__device_close(dev);
 }
 
+static int movable_all(void *ctx, const struct pool_range *r) {
+  (void)ctx;
+  return (r->flags & GMB_MOVABLE) != 0;
+}
+
+static int walk_count(void *ctx, const struct gmb_alloc_info *info,
+                      int is_free) {
+  (void)info;
+  (void)is_free;
+  ++*(uint64_t *)ctx;
+  return 0;
+}
+
+static void bench_repack(uint64_t total) {
+  struct gmb_device *dev;
+  char err[256];
+  if (gmb__device_host_open(total, &dev, err, sizeof err) != 0) {
+    fprintf(stderr, "bench_compact: %s\n", err);
+    exit(1);
+  }
+  struct gmb_pool *p = gmb__pool_new(dev, NULL, NULL);
+  struct gmb_arena *a = p ? gmb__pool_arena_new(p, NULL) : NULL;
+  if (!a) exit(1);
+  uint64_t segs = total / GMB_POOL_SMALL_SEGMENT;
+  struct gmb_alloc_info info;
+  for (uint64_t s = 0; s < segs; s++) {
+    if (gmb__pool_alloc(p, a, 1 << 20, GMB_MOVABLE, NULL, &info) != 0) exit(1);
+    for (unsigned k = 0; k < 256; k++) {
+      if (gmb__pool_alloc(p, a, 4096, GMB_MOVABLE, NULL, &info) != 0) exit(1);
+      /* A hole every 32 blocks, one fewer in the last segment (the least
+       * used, the victim). */
+      if (k % 32 == 31 || (s + 1 == segs && k == 0))
+        gmb__pool_free(p, info.id, NULL);
+    }
+  }
+  uint64_t budget = GMB_REPACK_BUDGET, ranges = 0;
+  struct gmb_repack_plan plan = {0};
+  uint64_t t0 = gmb__now_ns();
+  int rc = gmb__repack_plan(p, a, UINT64_MAX, 0, movable_all, NULL, &budget,
+                            &plan);
+  uint64_t t1 = gmb__now_ns();
+  gmb__pool_walk(p, walk_count, &ranges);
+  uint64_t t2 = gmb__now_ns();
+  printf("repack_ranges %llu\n", (unsigned long long)ranges);
+  printf("repack_plan_found %d\n", rc);
+  printf("repack_budget_left %llu\n", (unsigned long long)budget);
+  printf("repack_plan_ms %.2f\n", (double)(t1 - t0) / 1e6);
+  printf("repack_walk_ms %.2f\n", (double)(t2 - t1) / 1e6);
+  printf("repack_plan_ratio_to_walk %.1f\n",
+         (double)(t1 - t0) / (double)(t2 - t1 ? t2 - t1 : 1));
+  gmb__repack_plan_clear(&plan);
+  gmb__pool_destroy(p);
+  gmb__device_close(dev);
+}
+
 int main(void) {
   gmb__log_set_level(GMB_LOG_WARN);
   uint64_t total = env_u64("MIB", 256) << 20;
@@ -162,5 +227,6 @@ int main(void) {
   const uint64_t sizes[] = {4096, 65536, 512 * 1024, 1024 * 1024};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     bench_size(sizes[i], total, &sink);
+  bench_repack(total);
   return sink == 42 ? 1 : 0;
 }
