@@ -38,11 +38,11 @@
  *
  * Termination does not depend on the rest of the broker being quiet: each
  * segment is a source at most once per pass (at most six passes, the last
- * a bounded number of planned chains), only segments that existed at
- * the start are sources, and within a source the cursor only moves up (a
+ * a bounded number of planned chains), only segments that existed at the
+ * start are sources, and within a source the cursor only moves up (a
  * decision sets it past the allocation it looked at), so a run makes at
- * most about two decisions per 512 bytes of those segments per pass, plus the copy
- * chunks of the moves it decided.
+ * most about two decisions per 512 bytes of those segments per pass, plus
+ * the copy chunks of the moves it decided.
  *
  * Between steps the engine keeps no pointer into the pool, only ids
  * (segment, allocation, move serial) that it looks up again, because the
@@ -78,7 +78,7 @@
 
 enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
 enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP, M_PLAN };
-/* A run with a goal makes up to five passes over the segments, each
+/* A run with a goal makes up to six passes over the segments, each
  * visiting a segment at most once: evacuate what can empty; pack every
  * segment down (slide) so its free bytes are one range at its top; then
  * evacuate again into those ranges; then evacuate into any segment of
@@ -91,12 +91,13 @@ enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP, M_PLAN };
  * full segments too.  Then, still short of the room, the run plans chains
  * of moves (COMPACT_PASS_REPACK, repack.c): a segment whose blocks fit no
  * hole empties when windows of their size are made for them in other
- * segments first; it carries out up to COMPACT_REPACK_PLANS such plans,
- * each emptying one segment: a new one after each that is done, or that
- * the broker's frees, allocations and locks spoiled (a step finds its
- * allocation gone or its target taken); it ends when it finds none.  The order "only to fuller
- * segments" keeps runs without a goal from undoing each other, but it
- * also leaves a 1 MiB block in a 1.6 MiB segment when the only 1 MiB hole
+ * segments first, or the hole is made two links deep; the plan that moves
+ * the fewest bytes is carried out.  Up to COMPACT_REPACK_PLANS plans, a
+ * new one after each that is done or that the broker's frees,
+ * allocations and locks spoiled (a step finds its allocation gone or its
+ * target taken); the run ends when it finds none.  The order "only to
+ * fuller segments" keeps runs without a goal from undoing each other, but
+ * it also leaves a 1 MiB block in a 1.6 MiB segment when the only 1 MiB hole
  * is in a segment holding just 1 MiB.  A goal run ends as soon as the room
  * is there, so it cannot go back and forth. */
 enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
@@ -367,32 +368,6 @@ static uint64_t compact_range_weight(const struct gmb_compact *c,
   return r->size;
 }
 
-/* The windows the hole pass weighs, at most (the cheapest of a segment). */
-#define COMPACT_HOLE_WINDOWS 4
-
-struct compact_window {
-  uint64_t cost, from;
-  const struct pool_range *first; /* the first range that reaches in */
-};
-
-/* Keeps w among the n (<= COMPACT_HOLE_WINDOWS) cheapest in `best`,
- * ordered by cost, then offset. */
-static void compact_window_keep(struct compact_window *best, size_t *n,
-                                const struct compact_window *w) {
-  size_t k = *n;
-  if (k == COMPACT_HOLE_WINDOWS) {
-    if (best[k - 1].cost <= w->cost) return;
-    k--;
-  } else {
-    (*n)++;
-  }
-  while (k > 0 && best[k - 1].cost > w->cost) {
-    best[k] = best[k - 1];
-    k--;
-  }
-  best[k] = *w;
-}
-
 /* COMPACT_PASS_HOLE: picks where in s the hole is made.  Of the windows
  * of hole_size bytes that start where a range of s starts (or end at its
  * end) and hold nothing pinned or locked, the cheapest few (bytes to
@@ -409,7 +384,7 @@ static void compact_window_keep(struct compact_window *best, size_t *n,
 static int compact_hole_window(struct gmb_compact *c,
                                const struct gmb_segment *s) {
   uint64_t size = c->hole_size;
-  struct compact_window best[COMPACT_HOLE_WINDOWS];
+  struct gmb_repack_window best[GMB_REPACK_WINDOWS];
   size_t n = 0;
   uint64_t bytes = 0;
   unsigned bad = 0;
@@ -423,28 +398,30 @@ static int compact_hole_window(struct gmb_compact *c,
       bad += (unsigned)b;
     }
     if (bad == 0 && bytes > 0) {
-      struct compact_window w = {bytes, lo->offset, lo};
-      compact_window_keep(best, &n, &w);
+      struct gmb_repack_window w = {bytes, s->dseg.id, lo->offset};
+      gmb__repack_window_keep(best, &n, &w);
     }
     bytes -= compact_range_weight(c, lo, &b);
     bad -= (unsigned)b;
   }
   /* The top: it may start inside a range. */
-  uint64_t from = s->dseg.size - size;
-  struct compact_window top = {0, from, NULL};
+  struct gmb_repack_window top = {0, s->dseg.id, s->dseg.size - size};
+  const struct pool_range *first = NULL; /* the first range that reaches in */
   bad = 0;
   for (const struct pool_range *r = s->first; r; r = r->next) {
-    if (r->offset + r->size <= from) continue;
-    if (top.first == NULL) top.first = r;
+    if (r->offset + r->size <= top.lo) continue;
+    if (first == NULL) first = r;
     top.cost += compact_range_weight(c, r, &b);
     bad += (unsigned)b;
   }
-  if (bad == 0 && top.cost > 0 && top.first->offset != from)
-    compact_window_keep(best, &n, &top);
+  if (bad == 0 && top.cost > 0 && first->offset != top.lo)
+    gmb__repack_window_keep(best, &n, &top);
   for (size_t k = 0; k < n; k++) {
-    if (!compact_can_move(s, best[k].from, best[k].from + size)) continue;
-    c->plan_cursor = best[k].first->offset;
-    c->plan_stop = best[k].from + size;
+    if (!compact_can_move(s, best[k].lo, best[k].lo + size)) continue;
+    first = s->first;
+    while (first->offset + first->size <= best[k].lo) first = first->next;
+    c->plan_cursor = first->offset;
+    c->plan_stop = best[k].lo + size;
     return 1;
   }
   return 0;

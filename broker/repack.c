@@ -17,7 +17,7 @@
  * cannot go back to the device anyway), then the smaller range, lower
  * segment id and offset.  A block that has no such place gets a window:
  * of the windows of its size that start where a range starts (or end at
- * a segment's end) and hold nothing fixed, the REPACK_WINDOWS cheapest
+ * a segment's end) and hold nothing fixed, the GMB_REPACK_WINDOWS cheapest
  * (bytes to move) are tried in turn on a copy of the model.  A window's
  * blocks need places of their own first, outside its segment and every
  * segment the chain already uses: a free range, or (one level deeper, at
@@ -33,7 +33,7 @@
  *
  * Work: each window tried copies the model (its ranges), and each fit
  * visits the ranges outside the chain's segments, so a plan costs at most
- * about (REPACK_WINDOWS * blocks per window)^REPACK_DEPTH copies per
+ * about (GMB_REPACK_WINDOWS * blocks per window)^REPACK_DEPTH copies per
  * block; the budget cuts it off long before that on a large arena.
  */
 #include "repack.h"
@@ -43,10 +43,9 @@
 
 #include "gmb.h"
 
-/* The windows tried for one block, cheapest first, and how deep a chain
- * goes: a block's window, the windows of that window's blocks, and no
- * further. */
-#define REPACK_WINDOWS 4u
+/* How deep a chain goes: a block's window, the windows of that window's
+ * blocks, and no further.  GMB_REPACK_WINDOWS windows are tried for a
+ * block, cheapest first. */
 #define REPACK_DEPTH 2u
 
 enum { RK_FREE, RK_FIXED, RK_MOVABLE };
@@ -242,8 +241,8 @@ static int rk_carve(struct rk_planner *pl, struct rk_seg *s, uint64_t off,
     piece[k++] = (struct rk_range){fr.off, off - fr.off, 0, RK_FREE};
   piece[k++] = (struct rk_range){off, size, id, RK_MOVABLE};
   if (off + size < fr.off + fr.size)
-    piece[k++] = (struct rk_range){off + size, fr.off + fr.size - off - size,
-                                   0, RK_FREE};
+    piece[k++] = (struct rk_range){off + size, fr.off + fr.size - off - size, 0,
+                                   RK_FREE};
   memmove(&s->r[j + k], &s->r[j + 1], (s->n - j - 1) * sizeof *s->r);
   memcpy(&s->r[j], piece, k * sizeof *piece);
   s->n += k - 1;
@@ -267,8 +266,7 @@ static int rk_better(const struct rk_seg *s, const struct rk_range *r,
 /* Best fit for `size` bytes outside the segments of x: sets *seg, *off;
  * 0 when nothing holds it. */
 static int rk_fit(struct rk_planner *pl, struct rk_model *m, uint64_t size,
-                  const struct rk_excl *x, struct rk_seg **seg,
-                  uint64_t *off) {
+                  const struct rk_excl *x, struct rk_seg **seg, uint64_t *off) {
   const struct rk_range *best = NULL;
   struct rk_seg *bs = NULL;
   for (size_t i = 0; i < m->n; i++) {
@@ -311,8 +309,8 @@ static int rk_move(struct rk_planner *pl, struct gmb_repack_plan *plan,
                    struct rk_seg *from, size_t j, struct rk_seg *to,
                    uint64_t off) {
   if (j >= from->n) return 0;
-  struct gmb_repack_step st = {from->r[j].id, from->r[j].size, from->id,
-                               to->id, off};
+  struct gmb_repack_step st = {from->r[j].id, from->r[j].size, from->id, to->id,
+                               off};
   if (!rk_carve(pl, to, off, st.size, st.id) || !rk_push(pl, plan, &st))
     return 0;
   rk_release(from, rk_find(from, st.id));
@@ -325,10 +323,6 @@ static int rk_move(struct rk_planner *pl, struct gmb_repack_plan *plan,
  * `size` bytes, in segment src. */
 struct rk_block {
   uint64_t id, size, src;
-};
-
-struct rk_window {
-  uint64_t cost, seg, lo;
 };
 
 /* The cost of the window [lo, lo + size) of s, whose first range is j:
@@ -347,14 +341,13 @@ static uint64_t rk_window_cost(struct rk_planner *pl, const struct rk_seg *s,
     }
   }
   return blocks == 0 || (blocks == s->movable && s->fixed == 0) ? UINT64_MAX
-                                                               : cost;
+                                                                : cost;
 }
 
-/* Keeps w among the n (<= REPACK_WINDOWS) cheapest in best, by cost. */
-static void rk_window_keep(struct rk_window *best, size_t *n,
-                           const struct rk_window *w) {
+void gmb__repack_window_keep(struct gmb_repack_window *best, size_t *n,
+                             const struct gmb_repack_window *w) {
   size_t k = *n;
-  if (k == REPACK_WINDOWS) {
+  if (k == GMB_REPACK_WINDOWS) {
     if (best[k - 1].cost <= w->cost) return;
     k--;
   } else {
@@ -371,7 +364,7 @@ static void rk_window_keep(struct rk_window *best, size_t *n,
  * a range starts, and the top one of each segment.  Returns how many. */
 static size_t rk_windows(struct rk_planner *pl, const struct rk_model *m,
                          uint64_t size, const struct rk_excl *x,
-                         struct rk_window *best) {
+                         struct gmb_repack_window *best) {
   size_t n = 0;
   for (size_t i = 0; i < m->n; i++) {
     const struct rk_seg *s = &m->s[i];
@@ -381,9 +374,9 @@ static size_t rk_windows(struct rk_planner *pl, const struct rk_model *m,
       uint64_t lo[2] = {s->r[j].off, top};
       int tops = top > s->r[j].off && top < s->r[j].off + s->r[j].size;
       for (int k = 0; k <= tops; k++) {
-        struct rk_window w = {rk_window_cost(pl, s, j, lo[k], size), s->id,
-                              lo[k]};
-        if (w.cost != UINT64_MAX) rk_window_keep(best, &n, &w);
+        struct gmb_repack_window w = {rk_window_cost(pl, s, j, lo[k], size),
+                                      s->id, lo[k]};
+        if (w.cost != UINT64_MAX) gmb__repack_window_keep(best, &n, &w);
       }
     }
   }
@@ -406,7 +399,7 @@ static int rk_place(struct rk_planner *pl, struct rk_model *m,
  * and the steps are added to plan. */
 static int rk_window_try(struct rk_planner *pl, struct rk_model *m,
                          const struct rk_block *b, const struct rk_excl *x,
-                         unsigned depth, const struct rk_window *w,
+                         unsigned depth, const struct gmb_repack_window *w,
                          struct gmb_repack_plan *plan) {
   struct rk_model t = {0};
   struct gmb_repack_plan steps = {0};
@@ -433,8 +426,8 @@ static int rk_window_try(struct rk_planner *pl, struct rk_model *m,
   }
   if (ok && b->id) {
     struct rk_seg *from = rk_seg(&t, b->src), *to = rk_seg(&t, w->seg);
-    ok = from && to && rk_move(pl, &steps, from, rk_find(from, b->id), to,
-                               w->lo);
+    ok = from && to &&
+         rk_move(pl, &steps, from, rk_find(from, b->id), to, w->lo);
   }
   for (size_t i = 0; ok && i < steps.n; i++)
     ok = rk_push(pl, plan, &steps.steps[i]);
@@ -462,7 +455,7 @@ static int rk_place(struct rk_planner *pl, struct rk_model *m,
     return from && rk_move(pl, plan, from, rk_find(from, b->id), to, off);
   }
   if (depth == 0 || pl->stop) return 0;
-  struct rk_window best[REPACK_WINDOWS];
+  struct gmb_repack_window best[GMB_REPACK_WINDOWS];
   size_t n = rk_windows(pl, m, b->size, x, best);
   for (size_t k = 0; k < n && !pl->stop; k++)
     if (rk_window_try(pl, m, b, x, depth, &best[k], plan)) return 1;
@@ -506,8 +499,8 @@ static int rk_victim_cmp(const void *a, const void *b) {
 
 int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
                      uint64_t max_seg, uint64_t hole,
-                     gmb_repack_movable_fn movable, void *ctx,
-                     uint64_t *budget, struct gmb_repack_plan *out) {
+                     gmb_repack_movable_fn movable, void *ctx, uint64_t *budget,
+                     struct gmb_repack_plan *out) {
   struct rk_planner pl = {budget, 0, 0};
   struct rk_model base = {0};
   struct rk_victim *vict = NULL;

@@ -71,6 +71,19 @@ int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
                      gmb_repack_movable_fn movable, void *ctx,
                      uint64_t *budget, struct gmb_repack_plan *out);
 
+/* A window of a segment: [lo, lo + size) of segment seg, weighed by the
+ * bytes of the blocks that would move out of it.  compact.c's hole pass
+ * weighs windows too. */
+#define GMB_REPACK_WINDOWS 4u
+struct gmb_repack_window {
+  uint64_t cost, seg, lo;
+};
+
+/* Keeps w among the *n (<= GMB_REPACK_WINDOWS) cheapest in best, in order
+ * of cost; of equal costs the first kept stays first. */
+void gmb__repack_window_keep(struct gmb_repack_window *best, size_t *n,
+                             const struct gmb_repack_window *w);
+
 /* Frees the steps and empties the plan.  Accepts an empty one. */
 void gmb__repack_plan_clear(struct gmb_repack_plan *plan);
 
