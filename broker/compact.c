@@ -106,6 +106,8 @@ enum { COMPACT_PASS_EVACUATE, COMPACT_PASS_SLIDE, COMPACT_PASS_AGAIN,
 /* COMPACT_PASS_REPACK: plans per run, at most (each planning may do
  * GMB_REPACK_BUDGET of work). */
 #define COMPACT_REPACK_PLANS 16u
+/* The allocations found locked that a run remembers, at most. */
+#define COMPACT_LOCKED_MAX 4096u
 /* What compact_can_move looks at, at most: the largest free ranges of
  * the arena (a bound on its work; fewer holes only make it say no). */
 #define COMPACT_PLAN_HOLES 1024u
@@ -123,6 +125,10 @@ struct gmb_compact {
   uint64_t plan_cursor; /* where compact_plan says the scan starts */
   uint64_t plan_stop;   /* ... and ends (0: the segment's end) */
   int pass;         /* goal runs: COMPACT_PASS_* */
+
+  /* Allocations the run found locked (compact_saw_locked). */
+  uint64_t *locked_ids;
+  size_t nlocked, locked_cap;
 
   /* COMPACT_PASS_REPACK: the plan carried out, and its next step. */
   struct gmb_repack_plan plan;
@@ -197,12 +203,14 @@ static uint64_t compact_free_bytes(const struct gmb_segment *s) {
   return s->dseg.size - s->used - s->reserved;
 }
 
-/* 1 when segment a is fuller than b: a pinned segment (it cannot empty)
- * above any movable one, then (used + reserved) / size, ties by lower id.
- * A total order: moves between segments only go up it. */
+/* 1 when segment a is fuller than b: a pinned segment (it cannot empty),
+ * or one that holds a lock held across runs (it counts as pinned), above
+ * any other, then (used + reserved) / size, ties by lower id.  A total
+ * order: moves between segments only go up it. */
 static int compact_fuller(const struct gmb_segment *a,
                           const struct gmb_segment *b) {
-  int ap = a->cls == POOL_SMALL_PINNED, bp = b->cls == POOL_SMALL_PINNED;
+  int ap = a->cls == POOL_SMALL_PINNED || a->held,
+      bp = b->cls == POOL_SMALL_PINNED || b->held;
   if (ap != bp) return ap;
   unsigned __int128 x =
       (unsigned __int128)(a->used + a->reserved) * b->dseg.size;
@@ -246,34 +254,87 @@ static int compact_candidate(const struct gmb_compact *c,
          !compact_seen(c, s->dseg.id);
 }
 
+/* What compact_fit passes its accept function. */
+struct compact_fit_ctx {
+  int (*accept)(void *, const struct gmb_segment *);
+  struct gmb_segment *s;
+};
+
+static int compact_accept_held(void *ctx, const struct gmb_segment *t) {
+  const struct compact_fit_ctx *f = ctx;
+  return t->held && f->accept(f->s, t);
+}
+
 /* A free range for `size` bytes out of s in a fuller small segment of its
  * arena: pinned segments' holes first (they can never be given back), then
- * the best fit among movable segments. */
+ * those of segments that hold a lock held across runs (nor those, as long
+ * as it lasts), then the best fit among movable segments. */
 static const struct pool_range *compact_fit(const struct gmb_compact *c,
                                             struct gmb_segment *s,
                                             uint64_t size) {
-  int (*accept)(void *, const struct gmb_segment *) =
-      compact_any(c) ? compact_accept_other : compact_accept_fuller;
+  struct compact_fit_ctx f = {
+      compact_any(c) ? compact_accept_other : compact_accept_fuller, s};
   const struct pool_range *t =
-      gmb__pool_fit(c->p, s->arena, POOL_SMALL_PINNED, size, accept, s);
+      gmb__pool_fit(c->p, s->arena, POOL_SMALL_PINNED, size, f.accept, s);
+  if (!t && s->arena->held)
+    t = gmb__pool_fit(c->p, s->arena, POOL_SMALL_MOVABLE, size,
+                      compact_accept_held, &f);
   if (!t)
-    t = gmb__pool_fit(c->p, s->arena, POOL_SMALL_MOVABLE, size, accept, s);
+    t = gmb__pool_fit(c->p, s->arena, POOL_SMALL_MOVABLE, size, f.accept, s);
   return t;
 }
 
+/* Remembers that the run found allocation id locked (up to
+ * COMPACT_LOCKED_MAX of them): when the run ends, the pool notes it
+ * (gmb__pool_note_lock), and one found locked by two runs in a row counts
+ * as pinned for placement. */
+static void compact_saw_locked(struct gmb_compact *c, uint64_t id) {
+  if (c->nlocked == c->locked_cap) {
+    size_t cap = c->locked_cap ? 2 * c->locked_cap : 16;
+    uint64_t *n = cap <= COMPACT_LOCKED_MAX
+                      ? realloc(c->locked_ids, cap * sizeof *n)
+                      : NULL;
+    if (!n) return;
+    c->locked_ids = n;
+    c->locked_cap = cap;
+  }
+  c->locked_ids[c->nlocked++] = id;
+}
+
 /* 1 when live allocation r is held locked now (its claim would be
- * refused). */
-static int compact_locked(const struct gmb_compact *c,
-                          const struct pool_range *r) {
+ * refused).  Either way the pool hears of it: found free, r's lock notes
+ * go at once; found locked, at the run's end. */
+static int compact_locked(struct gmb_compact *c, const struct pool_range *r) {
   if (!c->h.locked) return 0;
   struct gmb_alloc_info info;
-  return gmb__pool_find(c->p, gmb__pool_range_id(c->p, r), &info) == 0 &&
-         c->h.locked(c->h.ctx, &info);
+  uint64_t id = gmb__pool_range_id(c->p, r);
+  if (gmb__pool_find(c->p, id, &info) != 0) return 0;
+  if (!c->h.locked(c->h.ctx, &info)) {
+    gmb__pool_note_lock(c->p, r, 0);
+    return 0;
+  }
+  compact_saw_locked(c, id);
+  return 1;
+}
+
+static int compact_id_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The run is over: each allocation it found locked, once, is noted. */
+static void compact_note_locks(struct gmb_compact *c) {
+  qsort(c->locked_ids, c->nlocked, sizeof *c->locked_ids, compact_id_cmp);
+  for (size_t i = 0; i < c->nlocked; i++) {
+    if (i > 0 && c->locked_ids[i] == c->locked_ids[i - 1]) continue;
+    const struct pool_range *r = gmb__pool_range_by_id(c->p, c->locked_ids[i]);
+    if (r) gmb__pool_note_lock(c->p, r, 1);
+  }
 }
 
 /* 1 when a live allocation of s is held locked now: such a segment cannot
  * empty in this run, so it counts as pinned for the run's decisions. */
-static int compact_has_locked(const struct gmb_compact *c,
+static int compact_has_locked(struct gmb_compact *c,
                               const struct gmb_segment *s) {
   for (const struct pool_range *r = s->first; r; r = r->next)
     if (compact_live(r) && compact_locked(c, r)) return 1;
@@ -348,7 +409,7 @@ static int compact_can_move(const struct gmb_segment *s, uint64_t from,
 
 /* 1 when allocation r (live) may move now: movable, not moving, and not
  * held locked. */
-static int compact_may_move(const struct gmb_compact *c,
+static int compact_may_move(struct gmb_compact *c,
                             const struct pool_range *r) {
   return (r->flags & GMB_MOVABLE) && !(r->flags & POOL_MOVING_SRC) &&
          !compact_locked(c, r);
@@ -357,7 +418,7 @@ static int compact_may_move(const struct gmb_compact *c,
 /* What a range weighs in a window of the hole pass: the bytes a move of
  * it costs, or, for one that may not move (or a move's target), a block
  * of the window (*bad). */
-static uint64_t compact_range_weight(const struct gmb_compact *c,
+static uint64_t compact_range_weight(struct gmb_compact *c,
                                      const struct pool_range *r, int *bad) {
   *bad = 0;
   if (r->flags & GMB_RANGE_FREE) return 0;
@@ -690,9 +751,11 @@ static void compact_begin(struct gmb_compact *c, struct pool_range *r,
   }
   if (c->h.claim && !c->h.claim(c->h.ctx, &info)) {
     c->st.skipped_locked++;
+    compact_saw_locked(c, id);
     c->blocked = 1;
     return;
   }
+  gmb__pool_note_lock(c->p, r, 0); /* claimed: its lock is free */
   int rc = gmb__pool_move_begin_at(c->p, id, (struct pool_range *)t,
                                    dst_offset, &c->mv);
   if (rc != 0) {
@@ -780,6 +843,10 @@ struct gmb_compact *gmb__compact_new(struct gmb_pool *p, struct gmb_arena *a,
        s = gmb__pool_seg_next(p, s)) {
     c->max_seg = s->dseg.id; /* id order: the last is the newest */
     if (!a || s->arena == a) c->st.skipped_pinned += s->pinned;
+    /* A segment held by a lock (it counts as pinned) is looked at again
+     * first: the lock may be free by now, and then the segment is like
+     * any other in this run's order. */
+    if ((!a || s->arena == a) && s->held) compact_has_locked(c, s);
   }
   return c;
 }
@@ -857,6 +924,8 @@ void gmb__compact_destroy(struct gmb_compact *c) {
   while (c->state == C_COPY && c->overlap && c->copied > 0)
     compact_copy(c);
   if (c->state == C_COPY) compact_abort(c, 1);
+  compact_note_locks(c);
+  free(c->locked_ids);
   gmb__repack_plan_clear(&c->plan);
   free(c->seen);
   free(c);

@@ -20,7 +20,12 @@
  * lock-table slot went 0 -> MOVING, i.e. nobody holds them locked).  A
  * segment that holds a locked allocation when the run looks at it counts
  * as pinned for that run: it is not emptied (its other allocations would
- * move for nothing), only packed down in a run without a goal.  Large
+ * move for nothing), only packed down in a run without a goal.  When a
+ * second run in a row finds the same allocation locked, the pool notes
+ * the lock as held (gmb__pool_note_lock) and the segment counts as pinned
+ * beyond the run (pool.h rule 2): it ranks with the pinned ones, fullest,
+ * and moves fill its holes first, until a run (each looks at such
+ * segments when it starts) finds the lock free.  Large
  * allocations have a segment each and never move.
  *
  * A run with a goal (a request waits for that much device room) stops as

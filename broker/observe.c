@@ -356,7 +356,8 @@ static void observe_dbl(FILE *f, const char *name, const char *type,
  * every tenant (the format wants a family's samples together). */
 struct observe_tenant {
   const char *name;
-  uint64_t used, quota, reserve, peak, segment_bytes, allocations,
+  uint64_t used, quota, reserve, peak, segment_bytes, held_segments,
+      allocations,
       refusals_quota, cached, trim_asks, trim_ignored;
   unsigned sessions;
   double frag;
@@ -393,6 +394,7 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
       .reserve = t->reserve,
       .peak = t->peak,
       .segment_bytes = as.segment_bytes,
+      .held_segments = as.held_segments,
       .allocations = as.allocations,
       .refusals_quota = t->refusals_quota,
       .cached = gmb__tenant_cached(t),
@@ -404,7 +406,7 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
 }
 
 enum { OT_USED, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
-       OT_ALLOCS, OT_SESSIONS, OT_FRAG };
+       OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG };
 
 static const struct {
   const char *name, *help;
@@ -423,6 +425,10 @@ static const struct {
                  "Highest used bytes of the tenant since the broker started."},
     [OT_SEGMENTS] = {"gmb_tenant_segment_bytes",
                      "Bytes of device segments held for the tenant."},
+    [OT_HELD] = {"gmb_tenant_held_segments",
+                 "The tenant's movable segments that count as pinned: two "
+                 "compaction runs in a row found one of its allocations "
+                 "locked."},
     [OT_ALLOCS] = {"gmb_tenant_allocations",
                    "Live allocations of the tenant."},
     [OT_SESSIONS] = {"gmb_tenant_sessions",
@@ -448,6 +454,7 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
         case OT_RESERVE: fprintf(f, "%" PRIu64 "\n", t->reserve); break;
         case OT_PEAK: fprintf(f, "%" PRIu64 "\n", t->peak); break;
         case OT_SEGMENTS: fprintf(f, "%" PRIu64 "\n", t->segment_bytes); break;
+        case OT_HELD: fprintf(f, "%" PRIu64 "\n", t->held_segments); break;
         case OT_ALLOCS: fprintf(f, "%" PRIu64 "\n", t->allocations); break;
         case OT_SESSIONS: fprintf(f, "%u\n", t->sessions); break;
         default: fprintf(f, "%.9g\n", t->frag); break;

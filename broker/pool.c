@@ -263,7 +263,7 @@ static void pool_info(const struct gmb_pool *p, const struct pool_range *r,
   out->id = live ? pool_range_id(p, r) : 0;
   out->size = r->size;
   out->offset = r->offset;
-  out->flags = r->flags & ~POOL_MOVING_SRC;
+  out->flags = r->flags & ~(POOL_MOVING_SRC | POOL_LOCK_SEEN | POOL_LOCK_HELD);
   out->tag = live ? r->u.live.tag : 0;
   out->owner = live ? r->u.live.owner : NULL;
   out->segment = r->seg;
@@ -304,6 +304,29 @@ static void pool_seg_reclass(struct gmb_segment *s, uint32_t cls) {
   s->cls = cls;
   for (struct pool_range *r = s->first; r; r = r->next)
     if (r->flags & GMB_RANGE_FREE) pool_tree_insert(a, r);
+}
+
+/* Clears live range r's lock notes (POOL_LOCK_*), with its segment's and
+ * arena's counts. */
+static void pool_held_drop(struct pool_range *r) {
+  struct gmb_segment *s = r->seg;
+  if ((r->flags & POOL_LOCK_HELD) && --s->held == 0) s->arena->held--;
+  r->flags &= ~(POOL_LOCK_SEEN | POOL_LOCK_HELD);
+}
+
+void gmb__pool_note_lock(struct gmb_pool *p, const struct pool_range *cr,
+                         int locked) {
+  struct pool_range *r = (struct pool_range *)cr; /* ours to write */
+  (void)p;
+  if (!pool_is_live(r)) return;
+  if (!locked) {
+    pool_held_drop(r);
+  } else if ((r->flags & POOL_LOCK_SEEN) && !(r->flags & POOL_LOCK_HELD)) {
+    r->flags |= POOL_LOCK_HELD;
+    if (r->seg->held++ == 0) r->seg->arena->held++;
+  } else {
+    r->flags |= POOL_LOCK_SEEN;
+  }
 }
 
 static uint64_t pool_release_lingering(struct gmb_pool *p);
@@ -421,6 +444,24 @@ static uint64_t pool_release_lingering(struct gmb_pool *p) {
 
 /* ---- allocation ------------------------------------------------------- */
 
+/* A pinned request with no pinned range: the best fit among the free
+ * ranges of movable segments that hold a lock held across compaction
+ * runs (they count as pinned: pool.h rule 2), which then becomes pinned;
+ * or NULL.  Visits the arena's segments and the ranges of those. */
+static struct pool_range *pool_fit_held(struct gmb_arena *a, uint64_t need) {
+  struct pool_range *best = NULL;
+  struct gmb_segment *s;
+  LIST_FOREACH(s, &a->segs, link) {
+    if (!s->held || s->cls != POOL_SMALL_MOVABLE) continue;
+    for (struct pool_range *r = s->first; r; r = r->next)
+      if ((r->flags & GMB_RANGE_FREE) && r->size >= need &&
+          (!best || pool_free_cmp(r, best) < 0))
+        best = r;
+  }
+  if (best) pool_seg_reclass(best->seg, POOL_SMALL_PINNED);
+  return best;
+}
+
 int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
                     uint32_t flags, void *owner, struct gmb_alloc_info *out) {
   if (size == 0 || size > UINT64_MAX - (GMB_POOL_ALIGN - 1) ||
@@ -462,6 +503,7 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
         if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
       }
     }
+    if (!r && cls == POOL_SMALL_PINNED && a->held) r = pool_fit_held(a, need);
     if (!r && a->linger) {
       pool_seg_reclass(a->linger, cls);
       r = a->linger->first;
@@ -577,6 +619,7 @@ static struct pool_range *pool_range_free(struct gmb_pool *p,
   struct gmb_segment *s = r->seg;
   struct gmb_arena *a = s->arena;
   pool_slot_release(p, r->slot);
+  pool_held_drop(r);
   s->live--;
   if (!(r->flags & GMB_MOVABLE)) s->pinned--;
   s->used -= r->size;
@@ -795,7 +838,9 @@ int gmb__pool_move_commit(struct gmb_pool *p, const struct gmb_pool_move *m,
     pool_coalesce(p, t);
     now = r;
   } else {
-    /* The target becomes the allocation; the old range is freed. */
+    /* The target becomes the allocation; the old range is freed.  (A
+     * move was claimed, so its lock was free: nothing of it is held.) */
+    pool_held_drop(r);
     t->flags = r->flags;
     t->u.live = r->u.live;
     t->slot = r->slot;
@@ -983,6 +1028,7 @@ void gmb__pool_arena_stats(const struct gmb_arena *a,
   out->segments = a->segments;
   out->free_total = a->free_total;
   out->moving = a->moving;
+  out->held_segments = a->held;
   out->largest_free = 0;
   /* The slack above a large allocation serves nobody: only small free
    * ranges count. */
@@ -1105,7 +1151,7 @@ static int pool_check_segment(const struct gmb_pool *p,
   if (s->cls >= POOL_CLASSES)
     POOL_BAD("pool check: segment %llu has class %u", sid, s->cls);
   uint64_t off = 0, used = 0, reserved = 0;
-  uint32_t live = 0, pinned = 0, targets = 0;
+  uint32_t live = 0, pinned = 0, targets = 0, held = 0;
   const struct pool_range *prev = NULL;
   for (const struct pool_range *r = s->first; r; prev = r, r = r->next) {
     unsigned long long ro = (unsigned long long)r->offset;
@@ -1174,6 +1220,10 @@ static int pool_check_segment(const struct gmb_pool *p,
       }
       live++;
       pinned += !(r->flags & GMB_MOVABLE);
+      held += (r->flags & POOL_LOCK_HELD) != 0;
+      if ((r->flags & POOL_LOCK_HELD) && !(r->flags & POOL_LOCK_SEEN))
+        POOL_BAD("pool check: seg %llu range %llu held but never seen locked",
+                 sid, ro);
       used += r->size;
     }
     off += r->size;
@@ -1187,6 +1237,9 @@ static int pool_check_segment(const struct gmb_pool *p,
         "%u/%llu",
         sid, s->live, (unsigned long long)s->used, live,
         (unsigned long long)used);
+  if (held != s->held)
+    POOL_BAD("pool check: seg %llu counts %u held ranges, ranges say %u", sid,
+             s->held, held);
   if (targets != s->targets || reserved != s->reserved ||
       pinned != s->pinned)
     POOL_BAD(
@@ -1217,7 +1270,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
   const struct gmb_arena *a;
   LIST_FOREACH(a, &p->arenas, link) {
     uint64_t nfree[POOL_CLASSES] = {0}, free_bytes = 0, moving = 0;
-    uint64_t a_segs = 0, a_bytes = 0, a_used = 0, a_allocs = 0;
+    uint64_t a_segs = 0, a_bytes = 0, a_used = 0, a_allocs = 0, a_held = 0;
     const struct gmb_segment *s;
     LIST_FOREACH(s, &a->segs, link) {
       if (s->arena != a)
@@ -1227,6 +1280,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
       bad += pool_check_segment(p, s, &nf, &free_bytes, &moving);
       nfree[s->cls < POOL_CLASSES ? s->cls : 0] += nf;
       a_segs++;
+      a_held += s->held > 0;
       a_bytes += s->dseg.size;
       a_used += s->used;
       a_allocs += s->live;
@@ -1258,6 +1312,11 @@ int gmb__pool_check(const struct gmb_pool *p) {
             "have %llu free",
             a->tag, c, (unsigned long long)n, (unsigned long long)nfree[c]);
     }
+    if (a_held != a->held)
+      POOL_BAD("pool check: arena %p counts %llu segments with held locks, "
+               "its segments %llu",
+               a->tag, (unsigned long long)a->held,
+               (unsigned long long)a_held);
     if (a_segs != a->segments || a_bytes != a->segment_bytes ||
         a_used != a->used || a_allocs != a->allocations ||
         free_bytes != a->free_total || moving != a->moving ||

@@ -23,9 +23,12 @@
  *      allocation) or MOVABLE (it holds none), each class with its own free
  *      tree per arena.  Pinned requests take the best fit among pinned
  *      segments (smallest range that fits, then lowest segment id and
- *      offset: they pack densely and low), else the arena's lingering
- *      segment, else a new one; movable requests the same among movable
- *      segments.  So a movable segment can always be emptied by moving its
+ *      offset: they pack densely and low), else the best fit in a movable
+ *      segment that holds a lock held across compaction runs (two runs in
+ *      a row found it locked, none free in between: it counts as pinned,
+ *      and the pinned allocation makes it pinned), else the arena's
+ *      lingering segment, else a new one; movable requests the same among
+ *      movable segments.  So a movable segment can always be emptied by moving its
  *      allocations (unless a client holds one locked), and compaction's
  *      work is never blocked by a pinned block that happened to land there.
  *      A segment whose last pinned allocation is freed becomes movable.
@@ -181,6 +184,9 @@ struct gmb_arena_stats {
   uint64_t largest_free;  /* largest free range inside its segments */
   uint64_t moving;        /* bytes reserved as move targets in flight;
                              used + free_total + moving = segment_bytes */
+  uint64_t held_segments; /* movable segments that count as pinned: they
+                             hold a lock that two compaction runs in a row
+                             found held (rule 2) */
 };
 void gmb__pool_arena_stats(const struct gmb_arena *a,
                            struct gmb_arena_stats *out);

@@ -50,6 +50,15 @@ static inline int pool_cls_small(uint32_t cls) { return cls != POOL_LARGE; }
 /* A live range whose move is in flight.  Never seen outside pool.c and
  * compact.c: pool_info() masks it out. */
 #define POOL_MOVING_SRC 0x400u
+/* What compaction runs found of a live movable range's lock
+ * (gmb__pool_note_lock): POOL_LOCK_SEEN, a run found it locked;
+ * POOL_LOCK_HELD, a later run found it locked again, and no run found it
+ * free in between: a lock held across runs.  Such a range counts as
+ * pinned for placement (its segment's `held`): pinned requests may take
+ * that segment's holes, and moves fill them first.  Masked out of
+ * pool_info() too. */
+#define POOL_LOCK_SEEN 0x800u
+#define POOL_LOCK_HELD 0x1000u
 
 struct pool_range {
   struct pool_range *prev, *next; /* address order within the segment */
@@ -85,6 +94,7 @@ struct gmb_segment {
   uint32_t pinned;              /* live ranges without GMB_MOVABLE */
   uint32_t targets;             /* count of move targets */
   uint32_t cls;
+  uint32_t held;                /* live ranges with POOL_LOCK_HELD */
 };
 
 RB_HEAD(pool_seg_tree, gmb_segment);
@@ -97,6 +107,7 @@ struct gmb_arena {
   struct gmb_segment *linger; /* an empty small segment kept, or NULL */
   uint64_t used, allocations, segment_bytes, segments, free_total;
   uint64_t moving; /* bytes of move targets in its segments */
+  uint64_t held;   /* its segments whose `held` is not 0 */
 };
 
 /* A segment with neither live ranges nor move targets: it is released or
@@ -133,6 +144,13 @@ struct pool_range *gmb__pool_fit(const struct gmb_pool *p,
 int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
                             struct pool_range *fr, uint64_t dst_offset,
                             struct gmb_pool_move *out);
+
+/* What a compaction run found of live range r's lock: locked 0, free at
+ * that moment (POOL_LOCK_SEEN and _HELD go); 1, the run that found it
+ * locked has ended (SEEN becomes HELD, else SEEN is set).  Call it once
+ * per run for a range it found locked. */
+void gmb__pool_note_lock(struct gmb_pool *p, const struct pool_range *r,
+                         int locked);
 
 /* The pool's arena after `a` (NULL: the first), or NULL. */
 struct gmb_arena *gmb__pool_arena_next(const struct gmb_pool *p,

@@ -1405,6 +1405,122 @@ START_TEST(goal_run_repack_makes_a_hole_two_links_deep) {
 }
 END_TEST
 
+/* The held segments of arena a (pool.h rule 2). */
+static uint64_t arena_held(struct gmb_arena *a) {
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  return as.held_segments;
+}
+
+/*
+ * A lock held across runs counts as pinned (issue 14, item 1).  S1 holds
+ * L (locked) and A, 64 KiB each; S2 is fuller, with a 384 KiB hole.  Each
+ * run would empty S1 into S2 but finds L locked.  After the first run
+ * nothing is held; after the second, S1 is, and a pinned request takes
+ * S1's hole rather than a segment of its own.  Then C (256 KiB) in a
+ * third segment moves into S1's hole, not S2's (which fits it better),
+ * and S2 empties into S1 too: S1 ranks as a pinned segment, the fullest
+ * kind, which cannot go back to the device anyway.
+ */
+START_TEST(lock_held_across_runs_counts_as_pinned) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked l = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked am = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked x1 = track(a, 1024 * KIB, 1, &owner_x);
+  struct tracked x2 = track(a, 896 * KIB, 1, &owner_x);
+  struct tracked b1 = track(a, 1024 * KIB, 1, &owner_x);
+  struct tracked b2 = track(a, 640 * KIB, 1, &owner_x);
+  struct tracked y = track(a, 384 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(x2.seg, l.seg);
+  ck_assert_uint_ne(b1.seg, l.seg);
+  ck_assert_uint_eq(y.seg, b1.seg);
+  free_ok(x1.id);
+  free_ok(x2.id);
+  free_ok(y.id);
+  hk.locked[hk.nlocked++] = l.id;
+  for (int run = 1; run <= 2; run++) {
+    struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
+    run_all(c, 100000);
+    struct gmb_compact_stats st;
+    gmb__compact_stats(c, &st);
+    gmb__compact_destroy(c);
+    ck_assert_uint_eq(st.moves, 0);
+    ck_assert_uint_eq(arena_held(a), run == 2);
+  }
+  struct tracked p = track(a, 64 * KIB, 0, &owner_x);
+  ck_assert_uint_eq(p.seg, l.seg);
+  free_ok(p.id);
+  /* A third segment for C, the holes filled meanwhile. */
+  x1 = track(a, 1024 * KIB, 1, &owner_x);
+  x2 = track(a, 896 * KIB, 1, &owner_x);
+  y = track(a, 384 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(x2.seg, l.seg);
+  ck_assert_uint_eq(y.seg, b1.seg);
+  struct tracked cm = track(a, 256 * KIB, 1, &owner_x);
+  struct tracked z = track(a, 1024 * KIB, 1, &owner_x);
+  ck_assert_uint_ne(cm.seg, l.seg);
+  ck_assert_uint_ne(cm.seg, b1.seg);
+  free_ok(x1.id);
+  free_ok(x2.id);
+  free_ok(y.id);
+  free_ok(z.id);
+  struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
+  run_all(c, 100000);
+  gmb__compact_destroy(c);
+  where(&cm);
+  where(&b1);
+  where(&b2);
+  ck_assert_uint_eq(cm.seg, l.seg);
+  ck_assert_uint_eq(b1.seg, l.seg);
+  ck_assert_uint_eq(b2.seg, l.seg);
+  ck_assert_uint_eq(arena_segments(a), 1);
+  ck_assert_uint_eq(arena_held(a), 1);
+  pattern_check(l.id);
+  pattern_check(am.id);
+  pattern_check(cm.id);
+  pattern_check(b1.id);
+  pattern_check(b2.id);
+}
+END_TEST
+
+/* Found free by a run, a held lock is forgotten: S1 (L and A) is held
+ * after two runs that found L locked; L unlocked, the third run empties
+ * S1 into S2's hole as it would have at first. */
+START_TEST(held_lock_found_free_is_forgotten) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked l = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked am = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked x1 = track(a, 1024 * KIB, 1, &owner_x);
+  struct tracked x2 = track(a, 896 * KIB, 1, &owner_x);
+  struct tracked b1 = track(a, 1024 * KIB, 1, &owner_x);
+  struct tracked b2 = track(a, 640 * KIB, 1, &owner_x);
+  struct tracked y = track(a, 384 * KIB, 1, &owner_x);
+  ck_assert_uint_ne(b1.seg, l.seg);
+  free_ok(x1.id);
+  free_ok(x2.id);
+  free_ok(y.id);
+  hk.locked[hk.nlocked++] = l.id;
+  for (int run = 1; run <= 3; run++) {
+    if (run == 3) hk.nlocked = 0;
+    struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
+    run_all(c, 100000);
+    struct gmb_compact_stats st;
+    gmb__compact_stats(c, &st);
+    gmb__compact_destroy(c);
+    ck_assert_uint_eq(arena_held(a), run == 2);
+    ck_assert_uint_eq(st.segments_released, run == 3);
+  }
+  where(&l);
+  where(&am);
+  ck_assert_uint_eq(l.seg, b1.seg);
+  ck_assert_uint_eq(am.seg, b1.seg);
+  pattern_check(l.id);
+  pattern_check(am.id);
+  pattern_check(b1.id);
+  pattern_check(b2.id);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1437,6 +1553,8 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, goal_run_repack_leaves_locked_blocks);
   tcase_add_test(tc, goal_run_repack_survives_a_free);
   tcase_add_test(tc, goal_run_repack_makes_a_hole_two_links_deep);
+  tcase_add_test(tc, lock_held_across_runs_counts_as_pinned);
+  tcase_add_test(tc, held_lock_found_free_is_forgotten);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
   suite_add_tcase(s, tc);
