@@ -324,6 +324,7 @@ static int compact_id_cmp(const void *a, const void *b) {
 
 /* The run is over: each allocation it found locked, once, is noted. */
 static void compact_note_locks(struct gmb_compact *c) {
+  if (c->nlocked == 0) return;
   qsort(c->locked_ids, c->nlocked, sizeof *c->locked_ids, compact_id_cmp);
   for (size_t i = 0; i < c->nlocked; i++) {
     if (i > 0 && c->locked_ids[i] == c->locked_ids[i - 1]) continue;
