@@ -1412,6 +1412,30 @@ static uint64_t arena_held(struct gmb_arena *a) {
   return as.held_segments;
 }
 
+/* The held-lock tests' layout in arena a: S1 holds L (locked) and A, 64
+ * KiB each, and a 1920 KiB hole; S2 holds B1 and B2 (1 MiB, 640 KiB) and
+ * a 384 KiB hole. */
+struct held_layout {
+  struct tracked l, am, b1, b2;
+};
+
+static void held_layout(struct gmb_arena *a, struct held_layout *h) {
+  h->l = track(a, 64 * KIB, 1, &owner_x);
+  h->am = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked x1 = track(a, 1024 * KIB, 1, &owner_x);
+  struct tracked x2 = track(a, 896 * KIB, 1, &owner_x);
+  h->b1 = track(a, 1024 * KIB, 1, &owner_x);
+  h->b2 = track(a, 640 * KIB, 1, &owner_x);
+  struct tracked y = track(a, 384 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(x2.seg, h->l.seg);
+  ck_assert_uint_ne(h->b1.seg, h->l.seg);
+  ck_assert_uint_eq(y.seg, h->b1.seg);
+  free_ok(x1.id);
+  free_ok(x2.id);
+  free_ok(y.id);
+  hk.locked[hk.nlocked++] = h->l.id;
+}
+
 /*
  * A lock held across runs counts as pinned (issue 14, item 1).  S1 holds
  * L (locked) and A, 64 KiB each; S2 is fuller, with a 384 KiB hole.  Each
@@ -1424,20 +1448,10 @@ static uint64_t arena_held(struct gmb_arena *a) {
  */
 START_TEST(lock_held_across_runs_counts_as_pinned) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked l = track(a, 64 * KIB, 1, &owner_x);
-  struct tracked am = track(a, 64 * KIB, 1, &owner_x);
-  struct tracked x1 = track(a, 1024 * KIB, 1, &owner_x);
-  struct tracked x2 = track(a, 896 * KIB, 1, &owner_x);
-  struct tracked b1 = track(a, 1024 * KIB, 1, &owner_x);
-  struct tracked b2 = track(a, 640 * KIB, 1, &owner_x);
-  struct tracked y = track(a, 384 * KIB, 1, &owner_x);
-  ck_assert_uint_eq(x2.seg, l.seg);
-  ck_assert_uint_ne(b1.seg, l.seg);
-  ck_assert_uint_eq(y.seg, b1.seg);
-  free_ok(x1.id);
-  free_ok(x2.id);
-  free_ok(y.id);
-  hk.locked[hk.nlocked++] = l.id;
+  struct held_layout h;
+  held_layout(a, &h);
+  struct tracked l = h.l, am = h.am, b1 = h.b1, b2 = h.b2;
+  struct tracked x1, x2, y;
   for (int run = 1; run <= 2; run++) {
     struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
     run_all(c, 100000);
@@ -1488,18 +1502,9 @@ END_TEST
  * S1 into S2's hole as it would have at first. */
 START_TEST(held_lock_found_free_is_forgotten) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct tracked l = track(a, 64 * KIB, 1, &owner_x);
-  struct tracked am = track(a, 64 * KIB, 1, &owner_x);
-  struct tracked x1 = track(a, 1024 * KIB, 1, &owner_x);
-  struct tracked x2 = track(a, 896 * KIB, 1, &owner_x);
-  struct tracked b1 = track(a, 1024 * KIB, 1, &owner_x);
-  struct tracked b2 = track(a, 640 * KIB, 1, &owner_x);
-  struct tracked y = track(a, 384 * KIB, 1, &owner_x);
-  ck_assert_uint_ne(b1.seg, l.seg);
-  free_ok(x1.id);
-  free_ok(x2.id);
-  free_ok(y.id);
-  hk.locked[hk.nlocked++] = l.id;
+  struct held_layout h;
+  held_layout(a, &h);
+  struct tracked l = h.l, am = h.am, b1 = h.b1, b2 = h.b2;
   for (int run = 1; run <= 3; run++) {
     if (run == 3) hk.nlocked = 0;
     struct gmb_compact *c = gmb__compact_new(pool, NULL, 0, &hooks);
