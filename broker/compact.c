@@ -480,9 +480,7 @@ static int compact_hole_window(struct gmb_compact *c,
     gmb__repack_window_keep(best, &n, &top);
   for (size_t k = 0; k < n; k++) {
     if (!compact_can_move(s, best[k].lo, best[k].lo + size)) continue;
-    first = s->first;
-    while (first->offset + first->size <= best[k].lo) first = first->next;
-    c->plan_cursor = first->offset;
+    c->plan_cursor = gmb__pool_range_at(s, best[k].lo)->offset;
     c->plan_stop = best[k].lo + size;
     return 1;
   }
@@ -587,10 +585,10 @@ static void compact_repack_pick(struct gmb_compact *c) {
 /* The free range of s that holds [off, off + size), or NULL. */
 static struct pool_range *compact_free_at(struct gmb_segment *s, uint64_t off,
                                           uint64_t size) {
-  for (struct pool_range *r = s->first; r && r->offset <= off; r = r->next)
-    if ((r->flags & GMB_RANGE_FREE) && off + size <= r->offset + r->size)
-      return r;
-  return NULL;
+  struct pool_range *r = gmb__pool_range_at(s, off);
+  return r && (r->flags & GMB_RANGE_FREE) && off + size <= r->offset + r->size
+             ? r
+             : NULL;
 }
 
 static void compact_begin(struct gmb_compact *c, struct pool_range *r,

@@ -704,14 +704,19 @@ static struct pool_range *pool_move_find(const struct gmb_pool *p,
   return NULL;
 }
 
+struct pool_range *gmb__pool_range_at(const struct gmb_segment *s,
+                                      uint64_t off) {
+  struct pool_range *r = s->first;
+  while (r && r->offset + r->size <= off) r = r->next;
+  return r;
+}
+
 int gmb__pool_move_begin(struct gmb_pool *p, uint64_t id, uint64_t seg_id,
                          uint64_t dst_offset, struct gmb_pool_move *out) {
   struct pool_range *r = pool_lookup(p, id);
   struct gmb_segment *t = gmb__pool_seg_by_id(p, seg_id);
   if (!r || !t) return GMB_E_NOENT;
-  /* The range that holds dst_offset. */
-  struct pool_range *fr = t->first;
-  while (fr && fr->offset + fr->size <= dst_offset) fr = fr->next;
+  struct pool_range *fr = gmb__pool_range_at(t, dst_offset);
   if (!fr) return GMB_E_INVAL;
   return gmb__pool_move_begin_at(p, id, fr, dst_offset, out);
 }

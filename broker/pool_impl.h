@@ -152,6 +152,11 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
 void gmb__pool_note_lock(struct gmb_pool *p, const struct pool_range *r,
                          int locked);
 
+/* The range of s that holds byte `off` (ranges tile the segment), or NULL
+ * past its end.  O(ranges below it). */
+struct pool_range *gmb__pool_range_at(const struct gmb_segment *s,
+                                      uint64_t off);
+
 /* The pool's arena after `a` (NULL: the first), or NULL. */
 struct gmb_arena *gmb__pool_arena_next(const struct gmb_pool *p,
                                        const struct gmb_arena *a);
