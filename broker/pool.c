@@ -444,20 +444,19 @@ static uint64_t pool_release_lingering(struct gmb_pool *p) {
 
 /* ---- allocation ------------------------------------------------------- */
 
+static int pool_accept_held(void *ctx, const struct gmb_segment *s) {
+  (void)ctx;
+  return s->held > 0;
+}
+
 /* A pinned request with no pinned range: the best fit among the free
  * ranges of movable segments that hold a lock held across compaction
  * runs (they count as pinned: pool.h rule 2), which then becomes pinned;
- * or NULL.  Visits the arena's segments and the ranges of those. */
-static struct pool_range *pool_fit_held(struct gmb_arena *a, uint64_t need) {
-  struct pool_range *best = NULL;
-  struct gmb_segment *s;
-  LIST_FOREACH(s, &a->segs, link) {
-    if (!s->held || s->cls != POOL_SMALL_MOVABLE) continue;
-    for (struct pool_range *r = s->first; r; r = r->next)
-      if ((r->flags & GMB_RANGE_FREE) && r->size >= need &&
-          (!best || pool_free_cmp(r, best) < 0))
-        best = r;
-  }
+ * or NULL. */
+static struct pool_range *pool_fit_held(struct gmb_pool *p,
+                                        struct gmb_arena *a, uint64_t need) {
+  struct pool_range *best =
+      gmb__pool_fit(p, a, POOL_SMALL_MOVABLE, need, pool_accept_held, NULL);
   if (best) pool_seg_reclass(best->seg, POOL_SMALL_PINNED);
   return best;
 }
@@ -503,7 +502,7 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
         if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
       }
     }
-    if (!r && cls == POOL_SMALL_PINNED && a->held) r = pool_fit_held(a, need);
+    if (!r && cls == POOL_SMALL_PINNED && a->held) r = pool_fit_held(p, a, need);
     if (!r && a->linger) {
       pool_seg_reclass(a->linger, cls);
       r = a->linger->first;
