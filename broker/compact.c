@@ -72,9 +72,6 @@
  * 1 GiB compaction; with 256 KiB: 1.5 ms).  A GPU copies a chunk this size
  * in microseconds; the CUDA device may want larger ones. */
 #define COMPACT_CHUNK (UINT64_C(256) << 10)
-/* A slide that overlaps copies size/shift chunks; past this many it is not
- * worth it (on a GPU each chunk is a copy call). */
-#define COMPACT_SLIDE_MAX_CHUNKS 64u
 
 enum compact_state { C_PICK, C_SCAN, C_COPY, C_DONE };
 enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP, M_PLAN };
@@ -91,8 +88,9 @@ enum compact_mode { M_EVACUATE, M_SLIDE, M_SKIP, M_PLAN };
  * full segments too.  Then, still short of the room, the run plans chains
  * of moves (COMPACT_PASS_REPACK, repack.c): a segment whose blocks fit no
  * hole empties when windows of their size are made for them in other
- * segments first, or the hole is made two links deep; the plan that moves
- * the fewest bytes is carried out.  Up to COMPACT_REPACK_PLANS plans, a
+ * segments first, or the hole is made two links deep, or by packing one
+ * segment (a few blocks out, the rest slid down); the plan that moves the
+ * fewest bytes is carried out.  Up to COMPACT_REPACK_PLANS plans, a
  * new one after each that is done or that the broker's frees,
  * allocations and locks spoiled (a step finds its allocation gone or its
  * target taken); the run ends when it finds none.  The order "only to
@@ -582,13 +580,15 @@ static void compact_repack_pick(struct gmb_compact *c) {
   c->state = C_SCAN;
 }
 
-/* The free range of s that holds [off, off + size), or NULL. */
+/* The free range of s where a step moving r lands at off: it holds
+ * [off, off + r's size), or r slides down within s into the free range
+ * just below it (the two overlap).  NULL when the pool has no such range. */
 static struct pool_range *compact_free_at(struct gmb_segment *s, uint64_t off,
-                                          uint64_t size) {
-  struct pool_range *r = gmb__pool_range_at(s, off);
-  return r && (r->flags & GMB_RANGE_FREE) && off + size <= r->offset + r->size
-             ? r
-             : NULL;
+                                          const struct pool_range *r) {
+  struct pool_range *f = gmb__pool_range_at(s, off);
+  if (!f || !(f->flags & GMB_RANGE_FREE)) return NULL;
+  if (off + r->size <= f->offset + f->size) return f;
+  return f->next == r ? f : NULL;
 }
 
 static void compact_begin(struct gmb_compact *c, struct pool_range *r,
@@ -606,9 +606,8 @@ static void compact_plan_step(struct gmb_compact *c) {
   const struct gmb_repack_step *st = &c->plan.steps[c->plan_next++];
   struct pool_range *r = gmb__pool_range_by_id(c->p, st->id);
   struct gmb_segment *d = gmb__pool_seg_by_id(c->p, st->dst_seg);
-  struct pool_range *t =
-      d ? compact_free_at(d, st->dst_offset, st->size) : NULL;
-  if (!r || !t || r->seg->dseg.id != st->src_seg || r->size != st->size ||
+  struct pool_range *t = r && d ? compact_free_at(d, st->dst_offset, r) : NULL;
+  if (!t || r->seg->dseg.id != st->src_seg || r->size != st->size ||
       r->seg->arena != d->arena || !compact_may_move(c, r)) {
     c->blocked = 1;
     return;
@@ -677,7 +676,7 @@ static const struct pool_range *compact_slide_target(
     if ((f->flags & GMB_RANGE_FREE) && f->size >= r->size) return f;
   const struct pool_range *f = r->prev;
   if (f && (f->flags & GMB_RANGE_FREE) &&
-      f->size * COMPACT_SLIDE_MAX_CHUNKS >= r->size)
+      f->size * GMB_REPACK_SLIDE_CHUNKS >= r->size)
     return f;
   return NULL;
 }

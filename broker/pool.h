@@ -49,8 +49,8 @@
  *      small segments, and one lingering empty small segment, which is
  *      released before any request is refused.  When the device is full,
  *      compaction (compact.c) empties movable segments until the room a
- *      waiting request needs exists, by chains of moves when single moves
- *      cannot do it (repack.c); what stays free inside a tenant's
+ *      waiting request needs exists, by chains of moves or a segment packed
+ *      when single moves cannot do it (repack.c); what stays free inside a tenant's
  *      segments is then less than one segment per tenant and class plus
  *      the holes between pinned and locked allocations that nothing of that
  *      tenant fits.

@@ -29,7 +29,12 @@
  * Emptying a segment places its blocks largest first; of the
  * GMB_REPACK_VICTIMS least used candidates, the plan that moves the
  * fewest bytes is kept.  A hole for a waiting request is a window for a
- * block that does not exist: its blocks move, and nothing moves in.
+ * block that does not exist: its blocks move, and nothing moves in.  Or a
+ * segment is packed (rk_pack_hole): its blocks, largest first, move to
+ * best fits elsewhere while they have one, until sliding the rest down
+ * (as the engine's slide pass would, lowest free range first) leaves the
+ * hole; the segments with the most free bytes are tried, and the
+ * cheapest of all those plans is kept.
  *
  * Work: each window tried copies the model (its ranges), and each fit
  * visits the ranges outside the chain's segments, so a plan costs at most
@@ -169,6 +174,20 @@ static int rk_build(struct rk_planner *pl, const struct gmb_pool *p,
   return 1;
 }
 
+/* *dst becomes a copy of *src with ranges of its own. */
+static int rk_seg_dup(struct rk_planner *pl, struct rk_seg *dst,
+                      const struct rk_seg *src) {
+  *dst = *src;
+  dst->r = NULL;
+  dst->cap = 0;
+  if (!rk_spend(pl, src->n) || !rk_seg_reserve(pl, dst, src->n + 2)) {
+    dst->n = 0;
+    return 0;
+  }
+  memcpy(dst->r, src->r, src->n * sizeof *src->r);
+  return 1;
+}
+
 static int rk_copy(struct rk_planner *pl, struct rk_model *dst,
                    const struct rk_model *src) {
   dst->s = calloc(src->n ? src->n : 1, sizeof *dst->s);
@@ -177,18 +196,8 @@ static int rk_copy(struct rk_planner *pl, struct rk_model *dst,
     rk_nomem(pl);
     return 0;
   }
-  for (size_t i = 0; i < src->n; i++) {
-    const struct rk_seg *a = &src->s[i];
-    struct rk_seg *b = &dst->s[dst->n++];
-    *b = *a;
-    b->r = NULL;
-    b->cap = 0;
-    if (!rk_spend(pl, a->n) || !rk_seg_reserve(pl, b, a->n + 2)) {
-      b->n = 0;
-      return 0;
-    }
-    memcpy(b->r, a->r, a->n * sizeof *a->r);
-  }
+  for (size_t i = 0; i < src->n; i++)
+    if (!rk_seg_dup(pl, &dst->s[dst->n++], &src->s[i])) return 0;
   return 1;
 }
 
@@ -462,6 +471,101 @@ static int rk_place(struct rk_planner *pl, struct rk_model *m,
   return 0;
 }
 
+/* ---- packing a segment ------------------------------------------------- */
+
+/* Where block j of s slides to, as the engine's slide pass picks: the
+ * lowest free range below it that holds it, else the free range just below
+ * it when the shift is worth copying (GMB_REPACK_SLIDE_CHUNKS).  0 when it
+ * stays. */
+static int rk_slide_target(const struct rk_seg *s, size_t j, uint64_t *off) {
+  const struct rk_range *b = &s->r[j];
+  for (size_t k = 0; k < j; k++)
+    if (s->r[k].kind == RK_FREE && s->r[k].size >= b->size) {
+      *off = s->r[k].off;
+      return 1;
+    }
+  if (j > 0 && s->r[j - 1].kind == RK_FREE &&
+      s->r[j - 1].size * GMB_REPACK_SLIDE_CHUNKS >= b->size) {
+    *off = s->r[j - 1].off;
+    return 1;
+  }
+  return 0;
+}
+
+static uint64_t rk_largest_free(const struct rk_seg *s) {
+  uint64_t best = 0;
+  for (size_t j = 0; j < s->n; j++)
+    if (s->r[j].kind == RK_FREE && s->r[j].size > best) best = s->r[j].size;
+  return best;
+}
+
+/* Packs s down: its movable blocks, in address order, slide to their
+ * targets (the steps go to plan unless it is NULL).  Returns the largest
+ * free range of s afterwards; 0 when the budget or host memory ran out. */
+static uint64_t rk_pack(struct rk_planner *pl, struct rk_seg *s,
+                        struct gmb_repack_plan *plan) {
+  uint64_t *ids = malloc((s->movable ? s->movable : 1) * sizeof *ids);
+  size_t n = 0;
+  if (!ids) {
+    rk_nomem(pl);
+    return 0;
+  }
+  for (size_t j = 0; j < s->n; j++)
+    if (s->r[j].kind == RK_MOVABLE) ids[n++] = s->r[j].id;
+  int ok = 1;
+  for (size_t i = 0; ok && i < n; i++) {
+    size_t j = rk_find(s, ids[i]);
+    uint64_t off;
+    ok = rk_spend(pl, s->n) && j < s->n; /* the find, target and carve */
+    if (!ok || !rk_slide_target(s, j, &off)) continue;
+    struct gmb_repack_step st = {ids[i], s->r[j].size, s->id, s->id, off};
+    rk_release(s, j); /* first: the target may overlap its old place */
+    ok = rk_carve(pl, s, off, st.size, st.id) &&
+         (plan == NULL || rk_push(pl, plan, &st));
+  }
+  free(ids);
+  return ok ? rk_largest_free(s) : 0;
+}
+
+/* Plans a free range of `hole` bytes in segment sid of m by packing it:
+ * its blocks, largest first, move to best fits outside it (those that have
+ * one) until sliding the rest down leaves the range; then the slides.  For
+ * the segment whose blocks are larger than the holes between them, where
+ * no window's blocks all have places. */
+static int rk_pack_hole(struct rk_planner *pl, struct rk_model *m, uint64_t sid,
+                        uint64_t hole, struct gmb_repack_plan *plan) {
+  struct rk_seg *s = rk_seg(m, sid);
+  struct rk_range *blocks = s ? malloc(s->n * sizeof *blocks) : NULL;
+  if (!blocks) {
+    if (s) rk_nomem(pl);
+    return 0;
+  }
+  size_t nb = 0;
+  for (size_t j = 0; j < s->n; j++)
+    if (s->r[j].kind == RK_MOVABLE) blocks[nb++] = s->r[j];
+  qsort(blocks, nb, sizeof *blocks, rk_desc);
+  struct rk_excl x = {{sid}, 1};
+  int ok = 0;
+  for (size_t i = 0; !pl->stop;) {
+    struct rk_seg t;
+    if (!rk_seg_dup(pl, &t, s)) break;
+    uint64_t got = rk_pack(pl, &t, NULL);
+    free(t.r);
+    if (got >= hole) {
+      ok = rk_pack(pl, s, plan) >= hole;
+      break;
+    }
+    struct rk_seg *to = NULL;
+    uint64_t off = 0;
+    while (i < nb && !rk_fit(pl, m, blocks[i].size, &x, &to, &off)) i++;
+    if (i == nb || !rk_move(pl, plan, s, rk_find(s, blocks[i].id), to, off))
+      break;
+    i++;
+  }
+  free(blocks);
+  return ok && !pl->stop;
+}
+
 /* ---- the plan ----------------------------------------------------------- */
 
 /* Plans the emptying of victim v in model m (which the plan changes). */
@@ -487,14 +591,48 @@ static int rk_empty(struct rk_planner *pl, struct rk_model *m, uint64_t v,
   return ok && !pl->stop;
 }
 
-struct rk_victim {
-  uint64_t moving, id;
+/* A segment to work on: a victim to empty, or one to pack for a hole;
+ * candidates are tried in order of key (then id). */
+struct rk_cand {
+  uint64_t key, id;
 };
 
-static int rk_victim_cmp(const void *a, const void *b) {
-  const struct rk_victim *x = a, *y = b;
-  if (x->moving != y->moving) return x->moving < y->moving ? -1 : 1;
+static int rk_cand_cmp(const void *a, const void *b) {
+  const struct rk_cand *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
   return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static uint64_t rk_free_bytes(const struct rk_seg *s) {
+  uint64_t n = 0;
+  for (size_t j = 0; j < s->n; j++)
+    if (s->r[j].kind == RK_FREE) n += s->r[j].size;
+  return n;
+}
+
+/* The candidates of model m, best first: with hole 0, the movable
+ * segments without fixed ranges of id at most max_seg, least moving bytes
+ * first; else the segments with movable blocks that can hold the hole,
+ * most free bytes first.  Returns how many (at most GMB_REPACK_VICTIMS),
+ * or SIZE_MAX when out of host memory. */
+static size_t rk_candidates(const struct rk_model *m, uint64_t max_seg,
+                            uint64_t hole, struct rk_cand *out) {
+  struct rk_cand *c = malloc((m->n ? m->n : 1) * sizeof *c);
+  size_t n = 0;
+  if (!c) return SIZE_MAX;
+  for (size_t i = 0; i < m->n; i++) {
+    const struct rk_seg *s = &m->s[i];
+    if (hole == 0 && !s->pinned && s->fixed == 0 && s->movable > 0 &&
+        s->id <= max_seg)
+      c[n++] = (struct rk_cand){s->moving, s->id};
+    else if (hole > 0 && s->movable > 0 && s->size >= hole)
+      c[n++] = (struct rk_cand){s->size - rk_free_bytes(s), s->id};
+  }
+  qsort(c, n, sizeof *c, rk_cand_cmp);
+  if (n > GMB_REPACK_VICTIMS) n = GMB_REPACK_VICTIMS;
+  memcpy(out, c, n * sizeof *c);
+  free(c);
+  return n;
 }
 
 int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
@@ -503,40 +641,42 @@ int gmb__repack_plan(const struct gmb_pool *p, const struct gmb_arena *a,
                      struct gmb_repack_plan *out) {
   struct rk_planner pl = {budget, 0, 0};
   struct rk_model base = {0};
-  struct rk_victim *vict = NULL;
-  size_t nv = 0;
+  struct rk_cand cand[GMB_REPACK_VICTIMS];
+  size_t nc = 0;
   int found = 0;
-  if (rk_build(&pl, p, a, movable, ctx, &base) && hole == 0) {
-    vict = malloc((base.n ? base.n : 1) * sizeof *vict);
-    if (!vict) rk_nomem(&pl);
-    for (size_t i = 0; vict && i < base.n; i++) {
-      const struct rk_seg *s = &base.s[i];
-      if (!s->pinned && s->fixed == 0 && s->movable > 0 && s->id <= max_seg)
-        vict[nv++] = (struct rk_victim){s->moving, s->id};
+  if (rk_build(&pl, p, a, movable, ctx, &base)) {
+    nc = rk_candidates(&base, max_seg, hole, cand);
+    if (nc == SIZE_MAX) {
+      rk_nomem(&pl);
+      nc = 0;
     }
-    if (vict) qsort(vict, nv, sizeof *vict, rk_victim_cmp);
   }
   if (hole && !pl.stop) {
+    struct rk_model w = {0};
     struct rk_block b = {0, hole, 0};
     struct rk_excl none = {{0}, 0};
-    found = rk_place(&pl, &base, &b, &none, REPACK_DEPTH, out) && !pl.stop;
+    found = rk_copy(&pl, &w, &base) &&
+            rk_place(&pl, &w, &b, &none, REPACK_DEPTH, out) && !pl.stop;
+    if (!found) gmb__repack_plan_clear(out);
+    rk_model_free(&w);
   }
-  for (size_t i = 0; !pl.stop && i < nv && i < GMB_REPACK_VICTIMS; i++) {
+  for (size_t i = 0; !pl.stop && i < nc; i++) {
     struct rk_model w = {0};
-    struct gmb_repack_plan cand = {0};
-    if (rk_copy(&pl, &w, &base) && rk_empty(&pl, &w, vict[i].id, &cand) &&
-        (!found || cand.bytes < out->bytes)) {
+    struct gmb_repack_plan pc = {0};
+    int ok = rk_copy(&pl, &w, &base) &&
+             (hole ? rk_pack_hole(&pl, &w, cand[i].id, hole, &pc)
+                   : rk_empty(&pl, &w, cand[i].id, &pc));
+    if (ok && (!found || pc.bytes < out->bytes)) {
       gmb__repack_plan_clear(out);
-      *out = cand;
-      out->victim = vict[i].id;
+      *out = pc;
+      out->victim = hole ? 0 : cand[i].id;
       found = 1;
     } else {
-      gmb__repack_plan_clear(&cand);
+      gmb__repack_plan_clear(&pc);
     }
     rk_model_free(&w);
   }
   if (!found || pl.nomem) gmb__repack_plan_clear(out);
-  free(vict);
   rk_model_free(&base);
   return pl.nomem ? GMB_E_NOMEM : found;
 }

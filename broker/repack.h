@@ -14,14 +14,23 @@
  * the block into the window.  Victims are movable segments that hold
  * nothing pinned, locked or in flight, least used first.
  *
+ * A hole for a waiting small request is made the same way (a window for a
+ * block that does not exist), or by packing one segment: some of its
+ * blocks move to holes elsewhere, and the rest slide down within it until
+ * its free bytes are one range of the hole's size.  That serves the
+ * segment whose blocks are larger than the holes elsewhere (a 64 KiB block
+ * under three of 256 KiB, and 192 KiB free above them: the 64 KiB block
+ * moves out, the three slide down, and the top 256 KiB are free).
+ *
  * The planner works on a copy of the arena's layout (a model) and never
  * changes the pool.  The caller carries the steps out in order, each a
- * gmb__pool_move_begin() into a range that the steps before it left free;
- * no step moves an allocation within its own segment, and no step empties
- * a segment other than the victim (so none releases a segment that a later
- * step targets).  When the pool changed in between (a free, an
- * allocation, a lock), a step finds its allocation gone or its target
- * taken, and the caller drops the rest of the plan.
+ * gmb__pool_move_begin() into a range that the steps before it left free
+ * (a slide within a segment may overlap its old place, the free range just
+ * below it); no step empties a segment other than the victim or the
+ * segment a hole plan packs (so none releases a segment that a later step
+ * targets).  When the pool changed in
+ * between (a free, an allocation, a lock), a step finds its allocation
+ * gone or its target taken, and the caller drops the rest of the plan.
  *
  * Cost: the work is counted in ranges visited against a budget the caller
  * gives; a plan that would pass it is not made (an arena of a hundred
@@ -55,14 +64,20 @@ typedef int (*gmb_repack_movable_fn)(void *ctx, const struct pool_range *r);
 /*
  * hole 0: plans the emptying of one small segment of arena a, of id at
  * most max_seg; tries the least used candidates in turn (at most
- * GMB_REPACK_VICTIMS) and keeps the first plan found.  hole > 0: plans a
- * free range of `hole` bytes in a's segments instead (a window made as for
- * a block of that size; victim 0).  *budget loses the
+ * GMB_REPACK_VICTIMS) and keeps the plan that moves the fewest bytes.
+ * hole > 0: plans a free range of `hole` bytes in a's segments instead (a
+ * window made as for a block of that size, or one of the
+ * GMB_REPACK_VICTIMS segments with the most free bytes packed; the
+ * cheapest; victim 0).  *budget loses the
  * ranges visited.  Returns 1 with *out filled (it must be empty; clear it
  * with gmb__repack_plan_clear), 0 when there is no plan or the budget ran
  * out, GMB_E_NOMEM when out of host memory.
  */
 #define GMB_REPACK_VICTIMS 8u
+/* A slide within a segment that overlaps its old place copies size/shift
+ * chunks; past this many it is not worth it (on a GPU each chunk is a
+ * copy call).  The engine's slide pass uses the same bound. */
+#define GMB_REPACK_SLIDE_CHUNKS 64u
 /* The budget compaction gives one planning, all arenas together (ranges
  * visited; tests/bench/bench_compact.c measures what it costs). */
 #define GMB_REPACK_BUDGET (UINT64_C(1) << 18)

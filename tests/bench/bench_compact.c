@@ -22,7 +22,8 @@
  * hole every 32 blocks, where the plan for the 1 MiB block of the least
  * used segment would need a window's 224 blocks each placed by a scan of
  * every range: the planning spends its whole budget (GMB_REPACK_BUDGET)
- * and gives up.  Its time against one walk of the pool (gmb__pool_walk,
+ * and gives up; the same for a 512 KiB hole (windows, and segments
+ * packed).  Their times against one walk of the pool (gmb__pool_walk,
  * every range once): what one goal run may add to the loop's latency.
  * Knobs: MIB (bytes of allocations per size before the frees, default 256).
  * Output: one "name value" line per figure.  Runs in a few seconds.
@@ -200,22 +201,30 @@ static void bench_repack(uint64_t total) {
         gmb__pool_free(p, info.id, NULL);
     }
   }
-  uint64_t budget = GMB_REPACK_BUDGET, ranges = 0;
-  struct gmb_repack_plan plan = {0};
+  uint64_t ranges = 0;
   uint64_t t0 = gmb__now_ns();
-  int rc = gmb__repack_plan(p, a, UINT64_MAX, 0, movable_all, NULL, &budget,
-                            &plan);
-  uint64_t t1 = gmb__now_ns();
   gmb__pool_walk(p, walk_count, &ranges);
-  uint64_t t2 = gmb__now_ns();
+  uint64_t walk = gmb__now_ns() - t0;
   printf("repack_ranges %llu\n", (unsigned long long)ranges);
-  printf("repack_plan_found %d\n", rc);
-  printf("repack_budget_left %llu\n", (unsigned long long)budget);
-  printf("repack_plan_ms %.2f\n", (double)(t1 - t0) / 1e6);
-  printf("repack_walk_ms %.2f\n", (double)(t2 - t1) / 1e6);
-  printf("repack_plan_ratio_to_walk %.1f\n",
-         (double)(t1 - t0) / (double)(t2 - t1 ? t2 - t1 : 1));
-  gmb__repack_plan_clear(&plan);
+  printf("repack_walk_ms %.2f\n", (double)walk / 1e6);
+  /* Emptying a segment, then a 512 KiB hole (windows, and segments
+   * packed). */
+  static const char *const what[] = {"repack", "repack_hole"};
+  static const uint64_t hole[] = {0, 512 * 1024};
+  for (int i = 0; i < 2; i++) {
+    uint64_t budget = GMB_REPACK_BUDGET;
+    struct gmb_repack_plan plan = {0};
+    t0 = gmb__now_ns();
+    int rc = gmb__repack_plan(p, a, UINT64_MAX, hole[i], movable_all, NULL,
+                              &budget, &plan);
+    uint64_t ns = gmb__now_ns() - t0;
+    printf("%s_plan_found %d\n", what[i], rc);
+    printf("%s_budget_left %llu\n", what[i], (unsigned long long)budget);
+    printf("%s_plan_ms %.2f\n", what[i], (double)ns / 1e6);
+    printf("%s_plan_ratio_to_walk %.1f\n", what[i],
+           (double)ns / (double)(walk ? walk : 1));
+    gmb__repack_plan_clear(&plan);
+  }
   gmb__pool_destroy(p);
   gmb__device_close(dev);
 }

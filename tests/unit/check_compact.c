@@ -1405,6 +1405,44 @@ START_TEST(goal_run_repack_makes_a_hole_two_links_deep) {
 }
 END_TEST
 
+/*
+ * A hole by packing a segment (repack.c, rk_pack_hole), in 64 KiB units:
+ *   S1: m16 m1 m4 m4 m4 .3    the blocks are larger than the holes
+ *   S2: m16 m15 .1            between them; no window's blocks all
+ * have places, and the device is full.  A waiting 256 KiB request: the
+ * m1 moves to S2's hole, the three m4 slide down over their old places
+ * (copies that overlap), and S1's top 256 KiB are free.
+ */
+START_TEST(goal_run_packs_a_segment_for_a_hole) {
+  close_pool();
+  open_pool(2 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  static const int units[] = {16, 1, 4, 4, 4, 3, 16, 15, 1};
+  struct tracked t[9];
+  for (int i = 0; i < 9; i++)
+    t[i] = track(a, (uint64_t)units[i] * 64 * KIB, 1, &owner_x);
+  ck_assert_uint_eq(t[5].seg, t[0].seg);
+  ck_assert_uint_ne(t[6].seg, t[0].seg);
+  ck_assert_uint_eq(t[8].seg, t[6].seg);
+  free_ok(t[5].id);
+  free_ok(t[8].id);
+  uint64_t largest;
+  struct gmb_compact_stats st = hole_run(a, 256 * KIB, &largest);
+  ck_assert_uint_ge(largest, 256 * KIB);
+  ck_assert_uint_eq(st.moves, 4);
+  ck_assert_uint_eq(st.bytes_moved, 13 * 64 * KIB);
+  where(&t[1]);
+  ck_assert_uint_eq(t[1].seg, t[6].seg);
+  for (int i = 2; i <= 4; i++) {
+    where(&t[i]);
+    ck_assert_uint_eq(t[i].seg, t[0].seg);
+    ck_assert_uint_eq(t[i].off, (uint64_t)(16 + 4 * (i - 2)) * 64 * KIB);
+  }
+  for (int i = 0; i < 9; i++)
+    if (i != 5 && i != 8) pattern_check(t[i].id);
+}
+END_TEST
+
 /* The held segments of arena a (pool.h rule 2). */
 static uint64_t arena_held(struct gmb_arena *a) {
   struct gmb_arena_stats as;
@@ -1558,6 +1596,7 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, goal_run_repack_leaves_locked_blocks);
   tcase_add_test(tc, goal_run_repack_survives_a_free);
   tcase_add_test(tc, goal_run_repack_makes_a_hole_two_links_deep);
+  tcase_add_test(tc, goal_run_packs_a_segment_for_a_hole);
   tcase_add_test(tc, lock_held_across_runs_counts_as_pinned);
   tcase_add_test(tc, held_lock_found_free_is_forgotten);
   tcase_add_test(tc, pinned_holes_filled_first);
