@@ -64,6 +64,7 @@ BROKER_SRC := broker/loop.c \
   broker/locktab.c \
   broker/statefile.c broker/reply.c \
   broker/pool.c \
+  broker/pool_check.c \
   broker/device.c broker/device_host.c broker/device_cuda.c \
   broker/config.c broker/log.c broker/connguard.c
 BROKER_MAIN := broker/main.c

@@ -66,47 +66,9 @@
 
 #define POOL_CHUNK_RANGES 2000u /* 160 KB chunks */
 #define POOL_SLOTS_MIN 64u
-#define POOL_SLOT_NONE UINT32_MAX
 
 _Static_assert(sizeof(struct pool_range) <= 80,
                "a range stays within 80 bytes (the per-allocation budget)");
-
-/* One entry of the slot table.  The pointer and the generation share a
- * cache line so that looking an id up costs one miss, not two. */
-struct pool_slot {
-  struct pool_range *r; /* NULL: free or retired */
-  uint32_t gen;         /* generation of the id the slot hands out next/now */
-  uint32_t next_free;   /* free list, when r is NULL */
-};
-
-struct pool_chunk {
-  struct pool_chunk *next;
-  struct pool_range r[];
-};
-
-struct gmb_pool {
-  struct gmb_device *dev;
-  gmb_pool_retire_fn retire;
-  void *ctx;
-  LIST_HEAD(, gmb_arena) arenas;
-  struct pool_seg_tree segs;
-  uint64_t next_seg_id;
-  uint64_t segment_bytes, segments, used, allocations;
-  uint64_t lingering; /* arenas whose `linger` is set */
-
-  struct pool_slot *slots;
-  uint32_t nslots, slot_cap, slot_free;
-
-  struct pool_chunk *chunks;
-  struct pool_range *range_free; /* linked through `next` */
-  uint64_t nchunks, nrange_free;
-
-  struct pool_range *moves; /* move targets in flight, via u.target.next */
-  uint64_t nmoves, next_serial;
-  uint64_t changes; /* gmb__pool_changes(): bumped by every change a walk
-                       would see */
-  int grouping; /* rule 2 applies (compaction on); else best fit in both */
-};
 
 static int pool_free_cmp(const struct pool_range *a,
                          const struct pool_range *b) {
@@ -122,14 +84,8 @@ static int pool_seg_cmp(const struct gmb_segment *a,
   return a->dseg.id < b->dseg.id ? -1 : a->dseg.id > b->dseg.id;
 }
 
-/* libbsd leaves __unused undefined, which RB_GENERATE_STATIC relies on, so
- * the functions are generated with the attribute spelled out (not every
- * tree uses PREV or NFIND). */
-#define POOL_RB_STATIC __attribute__((unused)) static
-RB_GENERATE_INTERNAL(pool_free_tree, pool_range, u.node, pool_free_cmp,
-                     POOL_RB_STATIC)
-RB_GENERATE_INTERNAL(pool_seg_tree, gmb_segment, by_id, pool_seg_cmp,
-                     POOL_RB_STATIC)
+RB_GENERATE(pool_free_tree, pool_range, u.node, pool_free_cmp)
+RB_GENERATE(pool_seg_tree, gmb_segment, by_id, pool_seg_cmp)
 
 #ifdef GMB_DEBUG
 #define POOL_DEBUG_CHECK(p) \
@@ -211,10 +167,6 @@ static int pool_slot_reserve(struct gmb_pool *p) {
   return 0;
 }
 
-static int pool_slot_live(const struct gmb_pool *p, uint32_t i) {
-  return i < p->nslots && p->slots[i].r != NULL;
-}
-
 /* Takes a slot for r (reserved beforehand); returns the id. */
 static uint64_t pool_slot_take(struct gmb_pool *p, struct pool_range *r) {
   uint32_t i;
@@ -253,12 +205,8 @@ static uint64_t pool_range_id(const struct gmb_pool *p,
   return (uint64_t)p->slots[r->slot].gen << 32 | r->slot;
 }
 
-static int pool_is_live(const struct pool_range *r) {
-  return !(r->flags & (GMB_RANGE_FREE | GMB_RANGE_TARGET));
-}
-
-static void pool_info(const struct gmb_pool *p, const struct pool_range *r,
-                      struct gmb_alloc_info *out) {
+void gmb__pool_info(const struct gmb_pool *p, const struct pool_range *r,
+                    struct gmb_alloc_info *out) {
   int live = pool_is_live(r);
   out->id = live ? pool_range_id(p, r) : 0;
   out->size = r->size;
@@ -562,7 +510,7 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
   p->allocations++;
   p->changes++;
   if (out) {
-    pool_info(p, r, out);
+    gmb__pool_info(p, r, out);
     out->id = id;
   }
   POOL_DEBUG_CHECK(p);
@@ -639,7 +587,7 @@ int gmb__pool_free(struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *info) {
   struct pool_range *r = pool_lookup(p, id);
   if (!r) return GMB_E_NOENT;
-  if (info) pool_info(p, r, info);
+  if (info) gmb__pool_info(p, r, info);
   struct gmb_segment *s = r->seg;
   struct gmb_arena *a = s->arena;
   pool_range_free(p, r, 1);
@@ -658,7 +606,7 @@ int gmb__pool_find(const struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *out) {
   const struct pool_range *r = pool_lookup(p, id);
   if (!r) return GMB_E_NOENT;
-  if (out) pool_info(p, r, out);
+  if (out) gmb__pool_info(p, r, out);
   return 0;
 }
 
@@ -865,7 +813,7 @@ int gmb__pool_move_commit(struct gmb_pool *p, const struct gmb_pool_move *m,
     }
   }
   if (moved) {
-    pool_info(p, now, moved);
+    gmb__pool_info(p, now, moved);
   }
   POOL_DEBUG_CHECK(p);
   return 0;
@@ -1020,373 +968,4 @@ const struct gmb_dseg *gmb__pool_segment(const struct gmb_pool *p,
   if (!s) return NULL;
   if (arena_tag) *arena_tag = s->arena->tag;
   return &s->dseg;
-}
-
-/* ---- stats, walk, check ----------------------------------------------- */
-
-void gmb__pool_arena_stats(const struct gmb_arena *a,
-                           struct gmb_arena_stats *out) {
-  out->used = a->used;
-  out->allocations = a->allocations;
-  out->segment_bytes = a->segment_bytes;
-  out->segments = a->segments;
-  out->free_total = a->free_total;
-  out->moving = a->moving;
-  out->held_segments = a->held;
-  out->largest_free = 0;
-  /* The slack above a large allocation serves nobody: only small free
-   * ranges count. */
-  for (int c = 0; c < POOL_CLASSES; c++) {
-    if (!pool_cls_small((uint32_t)c)) continue;
-    struct pool_range *m =
-        RB_MAX(pool_free_tree, (struct pool_free_tree *)&a->free[c]);
-    if (m && m->size > out->largest_free) out->largest_free = m->size;
-  }
-}
-
-void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
-  out->capacity = p->dev->capacity;
-  out->segment_bytes = p->segment_bytes;
-  out->segments = p->segments;
-  out->used = p->used;
-  out->allocations = p->allocations;
-  out->free_in_segments = 0;
-  out->largest_free = 0;
-  const struct gmb_arena *a;
-  LIST_FOREACH(a, &p->arenas, link) {
-    struct gmb_arena_stats as;
-    gmb__pool_arena_stats(a, &as);
-    out->free_in_segments += as.free_total;
-    if (as.largest_free > out->largest_free)
-      out->largest_free = as.largest_free;
-  }
-  /* Room for a new segment; lingering ones are released before an
-   * allocation gives up, so their bytes count as room too.  The device's
-   * count includes segments it still waits to free (cuda's retiring
-   * ones): they are no room yet. */
-  uint64_t room = p->lingering * GMB_POOL_SMALL_SEGMENT;
-  uint64_t taken = p->dev->in_use > p->segment_bytes ? p->dev->in_use
-                                                     : p->segment_bytes;
-  if (p->dev->capacity > taken) room += p->dev->capacity - taken;
-  room &= ~(GMB_SEGMENT_ALIGN - 1);
-  out->room = room;
-  if (room > out->largest_free) out->largest_free = room;
-}
-
-double gmb__fragmentation(uint64_t largest_free, uint64_t total_free) {
-  if (total_free == 0 || largest_free >= total_free) return 0.0;
-  return 1.0 - (double)largest_free / (double)total_free;
-}
-
-double gmb__pool_fragmentation(const struct gmb_pool *p,
-                               uint64_t *largest_free, uint64_t *free_total) {
-  struct gmb_pool_stats ps;
-  gmb__pool_stats(p, &ps);
-  uint64_t total = ps.capacity > ps.used ? ps.capacity - ps.used : 0;
-  if (largest_free) *largest_free = ps.largest_free;
-  if (free_total) *free_total = total;
-  return gmb__fragmentation(ps.largest_free, total);
-}
-
-int gmb__pool_walk(const struct gmb_pool *p, gmb_pool_walk_fn fn, void *ctx) {
-  return gmb__pool_walk_from(p, 0, 0, fn, ctx, NULL, NULL);
-}
-
-int gmb__pool_walk_from(const struct gmb_pool *p, uint64_t seg_id,
-                        uint64_t offset, gmb_pool_walk_fn fn, void *ctx,
-                        uint64_t *next_seg, uint64_t *next_offset) {
-  if (next_seg) *next_seg = 0;
-  if (next_offset) *next_offset = 0;
-  struct pool_seg_tree *segs = (struct pool_seg_tree *)&p->segs;
-  struct gmb_segment key = {.dseg = {.id = seg_id}};
-  for (struct gmb_segment *s = RB_NFIND(pool_seg_tree, segs, &key); s;
-       s = RB_NEXT(pool_seg_tree, segs, s)) {
-    struct pool_range *r = s->first;
-    /* Within the cursor's own segment, the ranges below it were seen. */
-    if (s->dseg.id == seg_id)
-      while (r && r->offset < offset) r = r->next;
-    for (; r; r = r->next) {
-      struct gmb_alloc_info info;
-      pool_info(p, r, &info);
-      /* A target: is_free 0 and id 0 (pool_info). */
-      int rc = fn(ctx, &info, (r->flags & GMB_RANGE_FREE) != 0);
-      if (rc) {
-        if (next_seg) *next_seg = s->dseg.id;
-        if (next_offset) *next_offset = r->offset;
-        return rc;
-      }
-    }
-  }
-  return 0;
-}
-
-void gmb__pool_segment_view(const struct gmb_segment *s,
-                            struct gmb_segment_view *out) {
-  out->dseg = &s->dseg;
-  out->arena_tag = s->arena->tag;
-  out->used = s->used;
-  out->small = pool_cls_small(s->cls);
-}
-
-uint64_t gmb__pool_changes(const struct gmb_pool *p, uint64_t *last_seg_id) {
-  if (last_seg_id) *last_seg_id = p->next_seg_id - 1;
-  return p->changes;
-}
-
-#define POOL_BAD(...)       \
-  do {                      \
-    log_error(__VA_ARGS__); \
-    bad++;                  \
-  } while (0)
-
-static int pool_check_segment(const struct gmb_pool *p,
-                              const struct gmb_segment *s, uint64_t *nfree,
-                              uint64_t *free_bytes, uint64_t *moving) {
-  int bad = 0;
-  const struct gmb_arena *a = s->arena;
-  unsigned long long sid = (unsigned long long)s->dseg.id;
-  if (RB_FIND(pool_seg_tree, (struct pool_seg_tree *)&p->segs,
-              (struct gmb_segment *)s) != s)
-    POOL_BAD("pool check: segment %llu missing from the id tree", sid);
-  if (pool_cls_small(s->cls) ? s->dseg.size != GMB_POOL_SMALL_SEGMENT
-                              : s->dseg.size % GMB_SEGMENT_ALIGN != 0)
-    POOL_BAD("pool check: segment %llu has size %llu for its class", sid,
-             (unsigned long long)s->dseg.size);
-  if (s->cls >= POOL_CLASSES)
-    POOL_BAD("pool check: segment %llu has class %u", sid, s->cls);
-  uint64_t off = 0, used = 0, reserved = 0;
-  uint32_t live = 0, pinned = 0, targets = 0, held = 0;
-  const struct pool_range *prev = NULL;
-  for (const struct pool_range *r = s->first; r; prev = r, r = r->next) {
-    unsigned long long ro = (unsigned long long)r->offset;
-    if (r->seg != s)
-      POOL_BAD("pool check: seg %llu range %llu points at another segment", sid,
-               ro);
-    if (r->prev != prev)
-      POOL_BAD("pool check: seg %llu range %llu has a wrong prev link", sid,
-               ro);
-    if (r->offset != off)
-      POOL_BAD(
-          "pool check: seg %llu range at %llu, expected %llu (gap or "
-          "overlap)",
-          sid, ro, (unsigned long long)off);
-    if (r->size == 0 || r->size % GMB_POOL_ALIGN)
-      POOL_BAD("pool check: seg %llu range %llu has size %llu", sid, ro,
-               (unsigned long long)r->size);
-    if (r->flags & GMB_RANGE_FREE) {
-      if (prev && (prev->flags & GMB_RANGE_FREE))
-        POOL_BAD(
-            "pool check: seg %llu free ranges at %llu and %llu not "
-            "coalesced",
-            sid, (unsigned long long)prev->offset, ro);
-      if (RB_FIND(pool_free_tree, (struct pool_free_tree *)&a->free[s->cls],
-                  (struct pool_range *)r) != r)
-        POOL_BAD("pool check: seg %llu free range %llu not in its tree", sid,
-                 ro);
-      (*nfree)++;
-      *free_bytes += r->size;
-    } else if (r->flags & GMB_RANGE_TARGET) {
-      /* Its allocation is live, marked moving, of the same arena and
-       * class, and either as large (elsewhere) or just above it and larger
-       * (a slide that overlaps). */
-      const struct pool_range *src =
-          pool_slot_live(p, r->slot) ? p->slots[r->slot].r : NULL;
-      if (!src || !(src->flags & POOL_MOVING_SRC) || !src->seg ||
-          src->seg->arena != a || !pool_cls_small(src->seg->cls) ||
-          !pool_cls_small(s->cls) || !(src->flags & GMB_MOVABLE) ||
-          !(src->size == r->size ||
-            (src->size > r->size && r->next == src)))
-        POOL_BAD("pool check: seg %llu move target %llu has no moving "
-                 "allocation that fits it",
-                 sid, ro);
-      int listed = 0;
-      for (const struct pool_range *t = p->moves; t; t = t->u.target.next)
-        listed += t == r;
-      if (listed != 1)
-        POOL_BAD("pool check: seg %llu move target %llu is listed %d times",
-                 sid, ro, listed);
-      targets++;
-      reserved += r->size;
-      *moving += r->size;
-    } else {
-      if (!pool_slot_live(p, r->slot) || p->slots[r->slot].r != r)
-        POOL_BAD(
-            "pool check: seg %llu live range %llu not in the slot "
-            "table",
-            sid, ro);
-      if (r->flags & POOL_MOVING_SRC) {
-        int n = 0;
-        for (const struct pool_range *t = p->moves; t; t = t->u.target.next)
-          n += t->slot == r->slot;
-        if (n != 1)
-          POOL_BAD("pool check: seg %llu moving range %llu has %d targets",
-                   sid, ro, n);
-      }
-      live++;
-      pinned += !(r->flags & GMB_MOVABLE);
-      held += (r->flags & POOL_LOCK_HELD) != 0;
-      if ((r->flags & POOL_LOCK_HELD) && !(r->flags & POOL_LOCK_SEEN))
-        POOL_BAD("pool check: seg %llu range %llu held but never seen locked",
-                 sid, ro);
-      used += r->size;
-    }
-    off += r->size;
-  }
-  if (off != s->dseg.size)
-    POOL_BAD("pool check: seg %llu ranges cover %llu of %llu bytes", sid,
-             (unsigned long long)off, (unsigned long long)s->dseg.size);
-  if (live != s->live || used != s->used)
-    POOL_BAD(
-        "pool check: seg %llu counts %u live/%llu used, ranges say "
-        "%u/%llu",
-        sid, s->live, (unsigned long long)s->used, live,
-        (unsigned long long)used);
-  if (held != s->held)
-    POOL_BAD("pool check: seg %llu counts %u held ranges, ranges say %u", sid,
-             s->held, held);
-  if (targets != s->targets || reserved != s->reserved ||
-      pinned != s->pinned)
-    POOL_BAD(
-        "pool check: seg %llu counts %u targets/%llu reserved/%u pinned, "
-        "ranges say %u/%llu/%u",
-        sid, s->targets, (unsigned long long)s->reserved, s->pinned, targets,
-        (unsigned long long)reserved, pinned);
-  /* Mobility grouping: a small segment's class says whether it holds a
-   * pinned allocation; a large one holds exactly one allocation. */
-  if (pool_cls_small(s->cls) &&
-      s->cls != (pinned ? POOL_SMALL_PINNED : POOL_SMALL_MOVABLE))
-    POOL_BAD("pool check: seg %llu has class %u with %u pinned allocations",
-             sid, s->cls, pinned);
-  if (!pool_cls_small(s->cls) && (live != 1 || targets != 0))
-    POOL_BAD("pool check: large seg %llu holds %u allocations and %u move "
-             "targets (one allocation each)", sid, live, targets);
-  if (live == 0 && targets == 0 && a->linger != s)
-    POOL_BAD(
-        "pool check: seg %llu is empty but neither released nor "
-        "lingering",
-        sid);
-  return bad;
-}
-
-int gmb__pool_check(const struct gmb_pool *p) {
-  int bad = 0;
-  uint64_t segs = 0, seg_bytes = 0, used = 0, allocs = 0, lingering = 0;
-  const struct gmb_arena *a;
-  LIST_FOREACH(a, &p->arenas, link) {
-    uint64_t nfree[POOL_CLASSES] = {0}, free_bytes = 0, moving = 0;
-    uint64_t a_segs = 0, a_bytes = 0, a_used = 0, a_allocs = 0, a_held = 0;
-    const struct gmb_segment *s;
-    LIST_FOREACH(s, &a->segs, link) {
-      if (s->arena != a)
-        POOL_BAD("pool check: segment %llu in another arena's list",
-                 (unsigned long long)s->dseg.id);
-      uint64_t nf = 0;
-      bad += pool_check_segment(p, s, &nf, &free_bytes, &moving);
-      nfree[s->cls < POOL_CLASSES ? s->cls : 0] += nf;
-      a_segs++;
-      a_held += s->held > 0;
-      a_bytes += s->dseg.size;
-      a_used += s->used;
-      a_allocs += s->live;
-    }
-    if (a->linger) {
-      lingering++;
-      if (a->linger->arena != a || !pool_seg_idle(a->linger) ||
-          a->linger->cls != POOL_SMALL_MOVABLE)
-        POOL_BAD(
-            "pool check: arena %p lingering segment is not an empty "
-            "small segment of its own",
-            a->tag);
-    }
-    for (int c = 0; c < POOL_CLASSES; c++) {
-      uint64_t n = 0;
-      struct pool_range *r;
-      RB_FOREACH(r, pool_free_tree, (struct pool_free_tree *)&a->free[c]) {
-        n++;
-        if (!(r->flags & GMB_RANGE_FREE) || !r->seg || r->seg->arena != a ||
-            r->seg->cls != (uint32_t)c)
-          POOL_BAD(
-              "pool check: arena %p tree %d holds a range that is not "
-              "one of its free ranges",
-              a->tag, c);
-      }
-      if (n != nfree[c])
-        POOL_BAD(
-            "pool check: arena %p tree %d holds %llu ranges, segments "
-            "have %llu free",
-            a->tag, c, (unsigned long long)n, (unsigned long long)nfree[c]);
-    }
-    if (a_held != a->held)
-      POOL_BAD("pool check: arena %p counts %llu segments with held locks, "
-               "its segments %llu",
-               a->tag, (unsigned long long)a->held,
-               (unsigned long long)a_held);
-    if (a_segs != a->segments || a_bytes != a->segment_bytes ||
-        a_used != a->used || a_allocs != a->allocations ||
-        free_bytes != a->free_total || moving != a->moving ||
-        a->used + a->free_total + a->moving != a->segment_bytes)
-      POOL_BAD(
-          "pool check: arena %p totals (segs %llu bytes %llu used %llu "
-          "allocs %llu free %llu moving %llu) differ from its segments "
-          "(%llu %llu %llu %llu %llu %llu)",
-          a->tag, (unsigned long long)a->segments,
-          (unsigned long long)a->segment_bytes, (unsigned long long)a->used,
-          (unsigned long long)a->allocations, (unsigned long long)a->free_total,
-          (unsigned long long)a->moving, (unsigned long long)a_segs,
-          (unsigned long long)a_bytes, (unsigned long long)a_used,
-          (unsigned long long)a_allocs, (unsigned long long)free_bytes,
-          (unsigned long long)moving);
-    segs += a_segs;
-    seg_bytes += a_bytes;
-    used += a_used;
-    allocs += a_allocs;
-  }
-  uint64_t in_tree = 0;
-  struct gmb_segment *s;
-  RB_FOREACH(s, pool_seg_tree, (struct pool_seg_tree *)&p->segs) in_tree++;
-  if (segs != p->segments || in_tree != p->segments ||
-      seg_bytes != p->segment_bytes || used != p->used ||
-      allocs != p->allocations || lingering != p->lingering)
-    POOL_BAD(
-        "pool check: pool totals (segs %llu/%llu in tree, bytes %llu, "
-        "used %llu, allocs %llu, lingering %llu) differ from its arenas "
-        "(%llu %llu %llu %llu %llu)",
-        (unsigned long long)p->segments, (unsigned long long)in_tree,
-        (unsigned long long)p->segment_bytes, (unsigned long long)p->used,
-        (unsigned long long)p->allocations, (unsigned long long)p->lingering,
-        (unsigned long long)segs, (unsigned long long)seg_bytes,
-        (unsigned long long)used, (unsigned long long)allocs,
-        (unsigned long long)lingering);
-  if (p->segment_bytes > p->dev->in_use)
-    POOL_BAD("pool check: %llu segment bytes but the device counts %llu",
-             (unsigned long long)p->segment_bytes,
-             (unsigned long long)p->dev->in_use);
-  uint64_t live_slots = 0;
-  for (uint32_t i = 0; i < p->nslots; i++) {
-    if (!pool_slot_live(p, i)) continue;
-    live_slots++;
-    const struct pool_range *r = p->slots[i].r;
-    if (!pool_is_live(r) || r->slot != i || !r->seg)
-      POOL_BAD(
-          "pool check: slot %u points at a range that is not its live "
-          "allocation",
-          i);
-  }
-  uint64_t nmoves = 0;
-  for (const struct pool_range *t = p->moves; t; t = t->u.target.next) {
-    nmoves++;
-    if (!(t->flags & GMB_RANGE_TARGET) || !t->seg) {
-      POOL_BAD("pool check: the list of moves holds a range that is not a "
-               "target");
-      break;
-    }
-  }
-  if (nmoves != p->nmoves)
-    POOL_BAD("pool check: %llu moves listed, %llu counted",
-             (unsigned long long)nmoves, (unsigned long long)p->nmoves);
-  if (live_slots != p->allocations)
-    POOL_BAD("pool check: %llu live slots for %llu allocations",
-             (unsigned long long)live_slots,
-             (unsigned long long)p->allocations);
-  return bad;
 }

@@ -1,7 +1,8 @@
 /*
- * pool_impl.h - the pool's internal structures, shared by pool.c and
- * the compaction engine (compact.c, and repack.c, its planner) only.  No
- * other file includes it.
+ * pool_impl.h - the pool's internal structures, shared by pool.c (and
+ * pool_check.c, its stats, walks and invariants) and the compaction engine
+ * (compact.c, and repack.c, its planner) only.  No other file includes
+ * it.
  *
  * Why compact.c sees them: the compaction engine makes many small decisions
  * (which segment is least used, which free range of a fuller segment fits,
@@ -115,6 +116,64 @@ struct gmb_arena {
 static inline int pool_seg_idle(const struct gmb_segment *s) {
   return s->live == 0 && s->targets == 0;
 }
+
+static inline int pool_is_live(const struct pool_range *r) {
+  return !(r->flags & (GMB_RANGE_FREE | GMB_RANGE_TARGET));
+}
+
+/* ---- the pool itself: pool.c writes it, pool_check.c reads it (stats,
+ * walks, the invariants); compaction goes through the functions below. */
+
+#define POOL_SLOT_NONE UINT32_MAX
+
+/* One entry of the slot table.  The pointer and the generation share a
+ * cache line so that looking an id up costs one miss, not two. */
+struct pool_slot {
+  struct pool_range *r; /* NULL: free or retired */
+  uint32_t gen;         /* generation of the id the slot hands out next/now */
+  uint32_t next_free;   /* free list, when r is NULL */
+};
+
+struct pool_chunk {
+  struct pool_chunk *next;
+  struct pool_range r[];
+};
+
+struct gmb_pool {
+  struct gmb_device *dev;
+  gmb_pool_retire_fn retire;
+  void *ctx;
+  LIST_HEAD(, gmb_arena) arenas;
+  struct pool_seg_tree segs;
+  uint64_t next_seg_id;
+  uint64_t segment_bytes, segments, used, allocations;
+  uint64_t lingering; /* arenas whose `linger` is set */
+
+  struct pool_slot *slots;
+  uint32_t nslots, slot_cap, slot_free;
+
+  struct pool_chunk *chunks;
+  struct pool_range *range_free; /* linked through `next` */
+  uint64_t nchunks, nrange_free;
+
+  struct pool_range *moves; /* move targets in flight, via u.target.next */
+  uint64_t nmoves, next_serial;
+  uint64_t changes; /* gmb__pool_changes(): bumped by every change a walk
+                       would see */
+  int grouping; /* rule 2 applies (compaction on); else best fit in both */
+};
+
+RB_PROTOTYPE(pool_free_tree, pool_range, u.node, pool_free_cmp)
+RB_PROTOTYPE(pool_seg_tree, gmb_segment, by_id, pool_seg_cmp)
+
+static inline int pool_slot_live(const struct gmb_pool *p, uint32_t i) {
+  return i < p->nslots && p->slots[i].r != NULL;
+}
+
+/* What gmb__pool_find() reports of range r (live, free or a target: a
+ * target reports id 0, a free range is_free). */
+void gmb__pool_info(const struct gmb_pool *p, const struct pool_range *r,
+                    struct gmb_alloc_info *out);
 
 /* The device the pool's segments come from. */
 struct gmb_device *gmb__pool_device(const struct gmb_pool *p);
