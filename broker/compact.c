@@ -575,6 +575,7 @@ static void compact_repack_pick(struct gmb_compact *c) {
     return;
   }
   c->plans++;
+  c->st.plans++;
   c->mode = M_PLAN;
   c->blocked = 0;
   c->state = C_SCAN;

@@ -81,6 +81,7 @@ struct gmb_compact_stats {
                                  then slide, counts twice) */
   uint64_t skipped_pinned;    /* pinned allocations in its scope when it
                                  began (they never move) */
+  uint64_t plans;             /* repack plans begun (COMPACT_PASS_REPACK) */
   uint64_t ns;                /* time spent inside gmb__compact_step */
   uint64_t ns_release;        /* of which committing moves that released a
                                  segment (the device's release dominates) */

@@ -840,6 +840,137 @@ START_TEST(run_terminates) {
 }
 END_TEST
 
+/* Toggles whether t (not in flight) is locked; returns 1 if it is now. */
+static int lock_toggle(uint64_t id) {
+  for (unsigned i = 0; i < hk.nlocked; i++)
+    if (hk.locked[i] == id) {
+      hk.locked[i] = hk.locked[--hk.nlocked];
+      return 0;
+    }
+  if (hk.nlocked == MAXLOCKED || id == hk.in_flight) return 0;
+  hk.locked[hk.nlocked++] = id;
+  return 1;
+}
+
+static void lock_forget(uint64_t id) {
+  for (unsigned i = 0; i < hk.nlocked; i++)
+    if (hk.locked[i] == id) hk.locked[i] = hk.locked[--hk.nlocked];
+}
+
+/*
+ * Goal runs on a full device under churn, seeded: paged-KV-like blocks (64
+ * KiB to 1 MiB, 15 % pinned, a few tiny ones) fill two tenants' arenas, a
+ * third is freed, some blocks are locked; then a run for a segment's room
+ * and a hole in one arena (every pass, the chains and the packing), with
+ * frees, allocations, locks and unlocks between its steps.  The pool is
+ * checked after every step, the run must end within its bound, and every
+ * pattern must be intact after it.
+ */
+START_TEST(goal_runs_survive_churn) {
+  close_pool();
+  open_pool(24 * GMB_MIB);
+  unsigned scale = env_uint("SCALE", 1), iter = env_uint("ITER", 48) * scale;
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 11;
+  rng_state = seed;
+  printf("compact goal_runs_survive_churn: SEED=%u ITER=%u\n", seed - 11,
+         iter);
+  struct gmb_arena *ar[2] = {gmb__pool_arena_new(pool, &tag_a),
+                             gmb__pool_arena_new(pool, &tag_b)};
+  enum { CAPN = 2048 };
+  unsigned FREE_ONE_IN = env_uint("FREE_ONE_IN", 6);
+  struct tracked *t = malloc(CAPN * sizeof *t);
+  size_t n = 0;
+  unsigned runs_met = 0, total_moves = 0, plans = 0;
+  for (unsigned round = 0; round < iter; round++) {
+    for (unsigned fails = 0, left = 0; fails < 40 && n < CAPN;) {
+      /* Runs of blocks of one size, as a KV cache's requests take them. */
+      static uint64_t size;
+      if (left == 0) {
+        left = 1 + (unsigned)(rng() % 8);
+        size = rng() % 20 ? 64 * KIB << (rng() % 5) : 512 * (1 + rng() % 128);
+      }
+      left--;
+      int pinned = rng() % 100 < 15;
+      struct gmb_alloc_info info;
+      int rc = gmb__pool_alloc(pool, ar[rng() & 1], size,
+                               pinned ? 0 : GMB_MOVABLE, &owner_x, &info);
+      if (rc == GMB_E_NOMEM) {
+        fails++;
+        continue;
+      }
+      ck_assert_int_eq(rc, 0);
+      pattern_fill(&info);
+      t[n++] = (struct tracked){info.id, info.size, pinned, 0, 0};
+    }
+    for (size_t i = 0; i < n;) {
+      if (rng() % FREE_ONE_IN == 0) {
+        lock_forget(t[i].id);
+        free_ok(t[i].id);
+        t[i] = t[--n];
+      } else {
+        if (!t[i].pinned && rng() % 40 == 0) lock_toggle(t[i].id);
+        i++;
+      }
+    }
+    struct gmb_pool_stats ps;
+    gmb__pool_stats(pool, &ps);
+    uint64_t bound = 4 + 6 * ps.segments +
+                     (ps.segment_bytes / 512) * 2 * 66 * 6 +
+                     16 * (n + 1) * 66 + 16;
+    /* A hole just larger than the arena's largest free range. */
+    int k = (int)(rng() & 1);
+    struct gmb_arena_stats as;
+    gmb__pool_arena_stats(ar[k], &as);
+    uint64_t hole =
+        (as.largest_free / (64 * KIB) + 1 + rng() % 4) * 64 * KIB;
+    struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+    if (hole <= GMB_MIB) gmb__compact_add_hole(c, ar[k], hole);
+    uint64_t steps = 0;
+    for (;;) {
+      int more = gmb__compact_step(c, 0);
+      steps++;
+      ck_assert_int_eq(gmb__pool_check(pool), 0);
+      if (!more) break;
+      ck_assert_msg(steps <= bound, "seed %u round %u: %llu steps > %llu",
+                    seed - 11, round, (unsigned long long)steps,
+                    (unsigned long long)bound);
+      uint64_t op = rng() % 16;
+      if (op == 0 && n > 0) {
+        size_t j = rng() % n;
+        if (gmb__compact_forget(c, t[j].id)) hk.in_flight = 0;
+        lock_forget(t[j].id);
+        free_ok(t[j].id);
+        t[j] = t[--n];
+      } else if (op == 1 && n < CAPN) {
+        struct gmb_alloc_info info;
+        if (gmb__pool_alloc(pool, ar[rng() & 1], 64 * KIB * (1 + rng() % 4),
+                            GMB_MOVABLE, &owner_y, &info) == 0) {
+          pattern_fill(&info);
+          t[n++] = (struct tracked){info.id, info.size, 0, 0, 0};
+        }
+      } else if (op == 2 && n > 0) {
+        size_t j = rng() % n;
+        if (!t[j].pinned) lock_toggle(t[j].id);
+      }
+    }
+    struct gmb_compact_stats st;
+    gmb__compact_stats(c, &st);
+    gmb__compact_destroy(c);
+    ck_assert_uint_eq(hk.in_flight, 0);
+    total_moves += (unsigned)st.moves;
+    plans += (unsigned)st.plans;
+    gmb__pool_stats(pool, &ps);
+    runs_met += ps.room >= SEG;
+    for (size_t i = 0; i < n; i++) pattern_check(t[i].id);
+  }
+  printf("compact goal_runs_survive_churn: %u runs, %u moves, %u plans, %u "
+         "with the room, %zu live\n",
+         iter, total_moves, plans, runs_met, n);
+  hk.nlocked = 0;
+  free(t);
+}
+END_TEST
+
 START_TEST(publish_called_once_per_move) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   enum { N = 600 };
@@ -1443,6 +1574,91 @@ START_TEST(goal_run_packs_a_segment_for_a_hole) {
 }
 END_TEST
 
+/*
+ * The packing of goal_run_packs_a_segment_for_a_hole, seeded and under
+ * churn: in 64 KiB units,
+ *   S1: m16 mF m1 mW x C .(W-1)   (F fills the segment, may be 0)
+ *   S2: mX .1 mY                  (X + 1 + Y = 32)
+ * with W, C and X drawn; the run wants a hole of W units, and between its
+ * steps blocks are freed (one in flight too), locked and unlocked, and
+ * small ones allocated, so plans are spoiled part-way, slides included.
+ * The pool is checked after every step and every pattern after the run.
+ */
+START_TEST(goal_run_pack_survives_churn) {
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 13;
+  unsigned rounds = 64 * env_uint("SCALE", 1), packed = 0;
+  rng_state = seed;
+  printf("compact goal_run_pack_survives_churn: SEED=%u\n", seed - 13);
+  for (unsigned round = 0; round < rounds; round++) {
+    close_pool();
+    open_pool(2 * SEG);
+    memset(&hk, 0, sizeof hk);
+    hk.check_publish = 1;
+    struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+    unsigned w = 2 + (unsigned)(rng() % 3), nc = 2 + (unsigned)(rng() % 2);
+    unsigned x = 15 + (unsigned)(rng() % 2); /* blocks up to 1 MiB */
+    unsigned units[16], n = 0, f = 16 - nc * w - w;
+    units[n++] = 16;
+    if (f) units[n++] = f;
+    units[n++] = 1;
+    for (unsigned i = 0; i < nc; i++) units[n++] = w;
+    unsigned gap1 = n;
+    units[n++] = w - 1; /* S1's top, freed */
+    units[n++] = x;
+    unsigned gap2 = n;
+    units[n++] = 1; /* S2's hole, freed */
+    units[n++] = 31 - x;
+    struct tracked t[16];
+    int live[16];
+    for (unsigned i = 0; i < n; i++) {
+      t[i] = track(a, (uint64_t)units[i] * 64 * KIB, 1, &owner_x);
+      live[i] = 1;
+    }
+    free_ok(t[gap1].id);
+    free_ok(t[gap2].id);
+    live[gap1] = live[gap2] = 0;
+    struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
+    gmb__compact_add_hole(c, a, (uint64_t)w * 64 * KIB);
+    unsigned steps = 0;
+    for (;;) {
+      int more = gmb__compact_step(c, 0);
+      ck_assert_int_eq(gmb__pool_check(pool), 0);
+      if (!more) break;
+      ck_assert_msg(++steps < 100000, "seed %u round %u: no end", seed - 13,
+                    round);
+      unsigned j = (unsigned)(rng() % n), op = (unsigned)(rng() % 40);
+      if (op == 0 && live[j]) {
+        if (gmb__compact_forget(c, t[j].id)) hk.in_flight = 0;
+        lock_forget(t[j].id);
+        free_ok(t[j].id);
+        live[j] = 0;
+      } else if (op == 1 && live[j]) {
+        lock_toggle(t[j].id);
+      } else if (op == 2 && !live[j] && units[j] <= 2) {
+        struct gmb_alloc_info info;
+        if (gmb__pool_alloc(pool, a, (uint64_t)units[j] * 64 * KIB,
+                            GMB_MOVABLE, &owner_y, &info) == 0) {
+          pattern_fill(&info);
+          t[j].id = info.id;
+          live[j] = 1;
+        }
+      }
+    }
+    struct gmb_compact_stats st;
+    gmb__compact_stats(c, &st);
+    gmb__compact_destroy(c);
+    ck_assert_uint_eq(hk.in_flight, 0);
+    packed += st.plans > 0;
+    for (unsigned i = 0; i < n; i++)
+      if (live[i]) pattern_check(t[i].id);
+    hk.nlocked = 0;
+  }
+  printf("compact goal_run_pack_survives_churn: %u layouts, %u with a plan\n",
+         rounds, packed);
+  ck_assert_uint_gt(packed, 0);
+}
+END_TEST
+
 /* The held segments of arena a (pool.h rule 2). */
 static uint64_t arena_held(struct gmb_arena *a) {
   struct gmb_arena_stats as;
@@ -1597,6 +1813,8 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, goal_run_repack_survives_a_free);
   tcase_add_test(tc, goal_run_repack_makes_a_hole_two_links_deep);
   tcase_add_test(tc, goal_run_packs_a_segment_for_a_hole);
+  tcase_add_test(tc, goal_runs_survive_churn);
+  tcase_add_test(tc, goal_run_pack_survives_churn);
   tcase_add_test(tc, lock_held_across_runs_counts_as_pinned);
   tcase_add_test(tc, held_lock_found_free_is_forgotten);
   tcase_add_test(tc, pinned_holes_filled_first);
