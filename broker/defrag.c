@@ -204,10 +204,12 @@ static void defrag_finish(struct gmb_broker *b) {
   t->seconds += (double)st.ns / 1e9;
   t->runs++;
   char moved[GMB_SIZE_BUFSZ], freed[GMB_SIZE_BUFSZ];
-  log_info("compaction done: %" PRIu64 " moves, %s moved, %" PRIu64
+  log_info("compaction done: %" PRIu64 " moves (%" PRIu64
+           " planned chains or packings), %s moved, %" PRIu64
            " segments (%s) released, %" PRIu64 " locked and %" PRIu64
            " pinned allocations left in place, %.3f ms",
-           st.moves, gmb__size_format(st.bytes_moved, moved, sizeof moved),
+           st.moves, st.plans,
+           gmb__size_format(st.bytes_moved, moved, sizeof moved),
            st.segments_released,
            gmb__size_format(st.bytes_released, freed, sizeof freed),
            st.skipped_locked, st.skipped_pinned, (double)st.ns / 1e6);
