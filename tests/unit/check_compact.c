@@ -752,6 +752,20 @@ END_TEST
 /* Seeded random workload: rounds of allocations and frees, then a run with
  * frees and allocations between its steps; every run ends within a bound
  * derived from the pool at its start, and every pattern survives. */
+/* One step of a seeded stress run, the pool checked after it; fails once
+ * the run passes `bound` steps.  Returns whether the run goes on. */
+static int step_checked(struct gmb_compact *c, uint64_t *steps, uint64_t bound,
+                        unsigned seed, unsigned round) {
+  int more = gmb__compact_step(c, 0);
+  ++*steps;
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  if (more)
+    ck_assert_msg(*steps <= bound, "seed %u round %u: %llu steps > %llu", seed,
+                  round, (unsigned long long)*steps,
+                  (unsigned long long)bound);
+  return more;
+}
+
 START_TEST(run_terminates) {
   unsigned scale = env_uint("SCALE", 1), iter = env_uint("ITER", 12) * scale;
   unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 7;
@@ -798,14 +812,7 @@ START_TEST(run_terminates) {
     struct gmb_compact *c =
         gmb__compact_new(pool, rng() % 3 ? NULL : ar[rng() & 1], 0, &hooks);
     uint64_t steps = 0;
-    for (;;) {
-      int more = gmb__compact_step(c, 0);
-      steps++;
-      ck_assert_int_eq(gmb__pool_check(pool), 0);
-      if (!more) break;
-      ck_assert_msg(steps <= bound, "seed %u round %u: %llu steps > %llu",
-                    seed - 7, round, (unsigned long long)steps,
-                    (unsigned long long)bound);
+    while (step_checked(c, &steps, bound, seed - 7, round)) {
       uint64_t op = rng() % 8;
       if (op == 0 && n > 0) {
         size_t k = rng() % n;
@@ -926,14 +933,7 @@ START_TEST(goal_runs_survive_churn) {
     struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
     if (hole <= GMB_MIB) gmb__compact_add_hole(c, ar[k], hole);
     uint64_t steps = 0;
-    for (;;) {
-      int more = gmb__compact_step(c, 0);
-      steps++;
-      ck_assert_int_eq(gmb__pool_check(pool), 0);
-      if (!more) break;
-      ck_assert_msg(steps <= bound, "seed %u round %u: %llu steps > %llu",
-                    seed - 11, round, (unsigned long long)steps,
-                    (unsigned long long)bound);
+    while (step_checked(c, &steps, bound, seed - 11, round)) {
       uint64_t op = rng() % 16;
       if (op == 0 && n > 0) {
         size_t j = rng() % n;
@@ -1619,13 +1619,8 @@ START_TEST(goal_run_pack_survives_churn) {
     live[gap1] = live[gap2] = 0;
     struct gmb_compact *c = gmb__compact_new(pool, NULL, SEG, &hooks);
     gmb__compact_add_hole(c, a, (uint64_t)w * 64 * KIB);
-    unsigned steps = 0;
-    for (;;) {
-      int more = gmb__compact_step(c, 0);
-      ck_assert_int_eq(gmb__pool_check(pool), 0);
-      if (!more) break;
-      ck_assert_msg(++steps < 100000, "seed %u round %u: no end", seed - 13,
-                    round);
+    uint64_t steps = 0;
+    while (step_checked(c, &steps, 100000, seed - 13, round)) {
       unsigned j = (unsigned)(rng() % n), op = (unsigned)(rng() % 40);
       if (op == 0 && live[j]) {
         if (gmb__compact_forget(c, t[j].id)) hk.in_flight = 0;
