@@ -500,8 +500,8 @@ static uint64_t rk_largest_free(const struct rk_seg *s) {
 }
 
 /* Packs s down: its movable blocks, in address order, slide to their
- * targets (the steps go to plan unless it is NULL).  Returns the largest
- * free range of s afterwards; 0 when the budget or host memory ran out. */
+ * targets (the steps go to plan).  Returns the largest free range of s
+ * afterwards; 0 when the budget or host memory ran out. */
 static uint64_t rk_pack(struct rk_planner *pl, struct rk_seg *s,
                         struct gmb_repack_plan *plan) {
   uint64_t *ids = malloc((s->movable ? s->movable : 1) * sizeof *ids);
@@ -520,8 +520,7 @@ static uint64_t rk_pack(struct rk_planner *pl, struct rk_seg *s,
     if (!ok || !rk_slide_target(s, j, &off)) continue;
     struct gmb_repack_step st = {ids[i], s->r[j].size, s->id, s->id, off};
     rk_release(s, j); /* first: the target may overlap its old place */
-    ok = rk_carve(pl, s, off, st.size, st.id) &&
-         (plan == NULL || rk_push(pl, plan, &st));
+    ok = rk_carve(pl, s, off, st.size, st.id) && rk_push(pl, plan, &st);
   }
   free(ids);
   return ok ? rk_largest_free(s) : 0;
@@ -547,14 +546,21 @@ static int rk_pack_hole(struct rk_planner *pl, struct rk_model *m, uint64_t sid,
   struct rk_excl x = {{sid}, 1};
   int ok = 0;
   for (size_t i = 0; !pl->stop;) {
+    /* Packed on a copy: kept, with its slides, once it leaves the hole. */
     struct rk_seg t;
+    struct gmb_repack_plan slides = {0};
     if (!rk_seg_dup(pl, &t, s)) break;
-    uint64_t got = rk_pack(pl, &t, NULL);
-    free(t.r);
-    if (got >= hole) {
-      ok = rk_pack(pl, s, plan) >= hole;
+    if (rk_pack(pl, &t, &slides) >= hole) {
+      ok = 1;
+      for (size_t k = 0; ok && k < slides.n; k++)
+        ok = rk_push(pl, plan, &slides.steps[k]);
+      free(s->r);
+      *s = t;
+      gmb__repack_plan_clear(&slides);
       break;
     }
+    free(t.r);
+    gmb__repack_plan_clear(&slides);
     struct rk_seg *to = NULL;
     uint64_t off = 0;
     while (i < nb && !rk_fit(pl, m, blocks[i].size, &x, &to, &off)) i++;
