@@ -312,6 +312,14 @@ static int rk_push(struct rk_planner *pl, struct gmb_repack_plan *plan,
   return 1;
 }
 
+/* Adds every step of `from` to plan, in order. */
+static int rk_append(struct rk_planner *pl, struct gmb_repack_plan *plan,
+                     const struct gmb_repack_plan *from) {
+  for (size_t i = 0; i < from->n; i++)
+    if (!rk_push(pl, plan, &from->steps[i])) return 0;
+  return 1;
+}
+
 /* Moves the block at index j of `from` to [off, off + size) of `to` in
  * the model and records the step. */
 static int rk_move(struct rk_planner *pl, struct gmb_repack_plan *plan,
@@ -438,8 +446,7 @@ static int rk_window_try(struct rk_planner *pl, struct rk_model *m,
     ok = from && to &&
          rk_move(pl, &steps, from, rk_find(from, b->id), to, w->lo);
   }
-  for (size_t i = 0; ok && i < steps.n; i++)
-    ok = rk_push(pl, plan, &steps.steps[i]);
+  ok = ok && rk_append(pl, plan, &steps);
   free(mv);
   gmb__repack_plan_clear(&steps);
   if (ok) {
@@ -550,17 +557,16 @@ static int rk_pack_hole(struct rk_planner *pl, struct rk_model *m, uint64_t sid,
     struct rk_seg t;
     struct gmb_repack_plan slides = {0};
     if (!rk_seg_dup(pl, &t, s)) break;
-    if (rk_pack(pl, &t, &slides) >= hole) {
-      ok = 1;
-      for (size_t k = 0; ok && k < slides.n; k++)
-        ok = rk_push(pl, plan, &slides.steps[k]);
+    int done = rk_pack(pl, &t, &slides) >= hole;
+    if (done) {
+      ok = rk_append(pl, plan, &slides);
       free(s->r);
       *s = t;
-      gmb__repack_plan_clear(&slides);
-      break;
+    } else {
+      free(t.r);
     }
-    free(t.r);
     gmb__repack_plan_clear(&slides);
+    if (done) break;
     struct rk_seg *to = NULL;
     uint64_t off = 0;
     while (i < nb && !rk_fit(pl, m, blocks[i].size, &x, &to, &off)) i++;
