@@ -25,12 +25,15 @@
  *   data privately elsewhere in the fake (a "view"); cuMemSetAccess grants
  *   access.  Data moves only through cuMemcpy* (HtoD, DtoH, DtoD, DtoDAsync),
  *   which translate device addresses through the table of mappings to the
- *   views.  A copy must lie inside one mapping that has access (read for a
- *   source, read/write for a destination), and a device-to-device copy's
- *   ranges must not overlap in memory (the driver does not promise memmove):
- *   CUDA_ERROR_INVALID_VALUE otherwise.  cuMemAlloc/cuMemFree are scratch
- *   memory made the same way (not exportable).  Tests may count a
- *   process's mappings of an allocation: each view shows in
+ *   views.  A copy must lie in mapped memory with access all along (read
+ *   for a source, read/write for a destination): one mapping, or mappings
+ *   side by side in the address space (the driver copies across them, as
+ *   PyTorch's expandable segments rely on), never across a hole; and a
+ *   device-to-device copy's ranges must not overlap in memory (the driver
+ *   does not promise memmove): CUDA_ERROR_INVALID_VALUE otherwise.
+ *   cuMemAlloc/cuMemFree are scratch memory made the same way (not
+ *   exportable).  Tests may count a process's mappings of an allocation:
+ *   each view shows in
  *   /proc/<pid>/maps as "/memfd:fakecuda-<id>", the name the allocation's
  *   descriptors link to in /proc/<pid>/fd.
  *
@@ -936,8 +939,9 @@ static struct fake_stream *stream_of(void *handle) {
 /* --- copies ------------------------------------------------------------- */
 
 /* Where device range [p, p+n) lies in the fake's views, for reading
- * (want = FAKE_ACCESS_READ) or writing (FAKE_ACCESS_READWRITE).  With
- * `hold`, *view is referenced for the caller.  Under fake_mu. */
+ * (want = FAKE_ACCESS_READ) or writing (FAKE_ACCESS_READWRITE): all of it
+ * inside one mapping.  With `hold`, *view is referenced for the caller.
+ * Under fake_mu. */
 static CUresult translate(CUdeviceptr p, size_t n, int want, const char *call,
                           char **cpu, struct fake_map **map,
                           struct fake_view **hold) {
@@ -961,6 +965,39 @@ static CUresult translate(CUdeviceptr p, size_t n, int want, const char *call,
   return CUDA_SUCCESS;
 }
 
+/* How much of [p, p+n) lies in the mapping that holds p; 0 when none
+ * does.  Under fake_mu. */
+static size_t piece_of(uintptr_t p, size_t n) {
+  for (struct fake_map *m = fake_maps; m; m = m->next)
+    if (p >= m->base && p - m->base < m->size) {
+      size_t left = m->size - (p - m->base);
+      return left < n ? left : n;
+    }
+  return 0;
+}
+
+/* Checks that [p, p+n) is mapped with `want` access all along, in one
+ * mapping or in mappings side by side: the driver copies across the
+ * mappings of a contiguous range (PyTorch's expandable segments rely on
+ * it), never across a hole.  Under fake_mu. */
+static CUresult check_run(CUdeviceptr p, size_t n, int want, const char *call) {
+  uintptr_t a = (uintptr_t)p;
+  while (n) {
+    size_t k = piece_of(a, n);
+    if (k == 0) {
+      fake_misuse("%s: [%#llx, +%zu) is not mapped at %#lx", call, p, n,
+                  (unsigned long)a);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    char *cpu;
+    CUresult r = translate(a, k, want, call, &cpu, NULL, NULL);
+    if (r) return r;
+    a += k;
+    n -= k;
+  }
+  return CUDA_SUCCESS;
+}
+
 /* 1 when two device ranges share memory (the same allocation, overlapping
  * offsets, through whichever mappings). */
 static int overlap(const struct fake_map *a, CUdeviceptr pa,
@@ -968,6 +1005,31 @@ static int overlap(const struct fake_map *a, CUdeviceptr pa,
   if (a->a->acct != b->a->acct || a->a->id != b->a->id) return 0;
   uint64_t oa = pa - a->base, ob = pb - b->base; /* both views start at 0 */
   return oa < ob + n && ob < oa + n;
+}
+
+/* Copies host memory to device memory (to_device) or back, piece by
+ * piece of the mappings the device range crosses, after the legacy
+ * stream's work.  The range was checked (check_run). */
+static void copy_host(uintptr_t dev, char *host, size_t n, int to_device) {
+  stream_sync(&fake_null_stream);
+  while (n) {
+    char *cpu;
+    pthread_mutex_lock(&fake_mu);
+    size_t k = piece_of(dev, n);
+    CUresult r = k ? translate(dev, k, to_device ? FAKE_ACCESS_READWRITE
+                                                 : FAKE_ACCESS_READ,
+                               "copy", &cpu, NULL, NULL)
+                   : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&fake_mu);
+    if (r) return; /* unmapped meanwhile: the application's own race */
+    if (to_device)
+      memcpy(cpu, host, k);
+    else
+      memcpy(host, cpu, k);
+    dev += k;
+    host += k;
+    n -= k;
+  }
 }
 
 static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
@@ -979,49 +1041,75 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
   struct fake_stream *s = stream_of(async ? stream : NULL);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   const char *call = async ? "cuMemcpyDtoDAsync" : "cuMemcpyDtoD";
-  char *d, *sp;
-  struct fake_map *md, *ms;
-  struct fake_view *vd = NULL, *vs = NULL;
   pthread_mutex_lock(&fake_mu);
-  r = translate(dst, n, FAKE_ACCESS_READWRITE, call, &d, &md,
-                async ? &vd : NULL);
-  if (!r) r = translate(src, n, FAKE_ACCESS_READ, call, &sp, &ms,
-                        async ? &vs : NULL);
-  if (!r && overlap(md, dst, ms, src, n)) {
-    fake_misuse("%s: [%#llx, +%zu) and [%#llx, +%zu) overlap", call, dst, n,
-                src, n);
-    r = CUDA_ERROR_INVALID_VALUE;
+  r = check_run(dst, n, FAKE_ACCESS_READWRITE, call);
+  if (!r) r = check_run(src, n, FAKE_ACCESS_READ, call);
+  /* Overlap, piece by piece (the pieces split at the mappings of both). */
+  for (size_t done = 0; !r && done < n;) {
+    size_t k = piece_of(dst + done, n - done);
+    size_t ks = piece_of(src + done, n - done);
+    if (ks < k) k = ks;
+    char *d, *sp;
+    struct fake_map *md, *ms;
+    translate(dst + done, k, FAKE_ACCESS_READWRITE, call, &d, &md, NULL);
+    translate(src + done, k, FAKE_ACCESS_READ, call, &sp, &ms, NULL);
+    if (overlap(md, dst + done, ms, src + done, k)) {
+      fake_misuse("%s: [%#llx, +%zu) and [%#llx, +%zu) overlap", call, dst,
+                  n, src, n);
+      r = CUDA_ERROR_INVALID_VALUE;
+    }
+    done += k;
   }
-  pthread_mutex_unlock(&fake_mu);
-  if (r) {
-    if (vd) view_unref(vd);
-    if (vs) view_unref(vs);
-    return r;
-  }
-  if (!async) {
+  if (r || !async) {
+    pthread_mutex_unlock(&fake_mu);
+    if (r) return r;
     /* Synchronous copies are ordered after the legacy stream's work; the
      * mappings cannot go meanwhile but by the application's own race. */
     stream_sync(&fake_null_stream);
-    memcpy(d, sp, n);
+    for (size_t done = 0; done < n;) {
+      char *d, *sp;
+      pthread_mutex_lock(&fake_mu);
+      size_t k = piece_of(dst + done, n - done);
+      size_t ks = piece_of(src + done, n - done);
+      if (ks < k) k = ks;
+      r = k ? translate(dst + done, k, FAKE_ACCESS_READWRITE, call, &d, NULL,
+                        NULL)
+            : CUDA_ERROR_INVALID_VALUE;
+      if (!r) r = translate(src + done, k, FAKE_ACCESS_READ, call, &sp, NULL,
+                            NULL);
+      pthread_mutex_unlock(&fake_mu);
+      if (r) return r;
+      memcpy(d, sp, k);
+      done += k;
+    }
     return CUDA_SUCCESS;
   }
-  struct fake_work *w = calloc(1, sizeof *w);
-  if (!w) {
-    view_unref(vd);
-    view_unref(vs);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  /* Asynchronous: one work item a piece, each holding its views, so that
+   * an unmap that races the copy is harmless here. */
+  for (size_t done = 0; !r && done < n;) {
+    size_t k = piece_of(dst + done, n - done);
+    size_t ks = piece_of(src + done, n - done);
+    if (ks < k) k = ks;
+    struct fake_work *w = calloc(1, sizeof *w);
+    if (!w) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+      break;
+    }
+    translate(dst + done, k, FAKE_ACCESS_READWRITE, call, &w->dst, NULL,
+              &w->vdst);
+    char *sp;
+    translate(src + done, k, FAKE_ACCESS_READ, call, &sp, NULL, &w->vsrc);
+    w->src = sp;
+    w->n = k;
+    r = stream_enqueue(s, w);
+    if (r) {
+      view_unref(w->vdst);
+      view_unref(w->vsrc);
+      free(w);
+    }
+    done += k;
   }
-  w->dst = d;
-  w->src = sp;
-  w->n = n;
-  w->vdst = vd;
-  w->vsrc = vs;
-  r = stream_enqueue(s, w);
-  if (r) {
-    view_unref(vd);
-    view_unref(vs);
-    free(w);
-  }
+  pthread_mutex_unlock(&fake_mu);
   return r;
 }
 
@@ -1526,13 +1614,11 @@ static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
   if (!src) return CUDA_ERROR_INVALID_VALUE;
-  char *d;
   pthread_mutex_lock(&fake_mu);
-  r = translate(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD", &d, NULL, NULL);
+  r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD");
   pthread_mutex_unlock(&fake_mu);
   if (r) return r;
-  stream_sync(&fake_null_stream);
-  memcpy(d, src, n);
+  copy_host((uintptr_t)dst, (char *)(uintptr_t)src, n, 1);
   return CUDA_SUCCESS;
 }
 
@@ -1541,13 +1627,11 @@ static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
   if (!dst) return CUDA_ERROR_INVALID_VALUE;
-  char *s;
   pthread_mutex_lock(&fake_mu);
-  r = translate(src, n, FAKE_ACCESS_READ, "cuMemcpyDtoH", &s, NULL, NULL);
+  r = check_run(src, n, FAKE_ACCESS_READ, "cuMemcpyDtoH");
   pthread_mutex_unlock(&fake_mu);
   if (r) return r;
-  stream_sync(&fake_null_stream);
-  memcpy(dst, s, n);
+  copy_host((uintptr_t)src, dst, n, 0);
   return CUDA_SUCCESS;
 }
 

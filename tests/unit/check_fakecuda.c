@@ -386,6 +386,49 @@ START_TEST(copy_outside_mapping_or_overlapping_refused) {
 }
 END_TEST
 
+/* Two allocations mapped side by side in one reservation (the cache's
+ * pages): a copy across the boundary works, as on the driver; one across
+ * a hole (the second page unmapped) is refused. */
+START_TEST(copy_across_mappings_side_by_side) {
+  up();
+  struct gmb_cu_mem_prop p = prop(GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  gmb_cu_mem_handle h1, h2;
+  gmb_cu_ptr va;
+  ck_assert_int_eq(D.cuMemCreate(&h1, 2 * MIB, &p, 0), 0);
+  ck_assert_int_eq(D.cuMemCreate(&h2, 2 * MIB, &p, 0), 0);
+  ck_assert_int_eq(D.cuMemAddressReserve(&va, 6 * MIB, 0, 0, 0), 0);
+  ck_assert_int_eq(D.cuMemMap(va, 2 * MIB, 0, h1, 0), 0);
+  ck_assert_int_eq(D.cuMemMap(va + 2 * MIB, 2 * MIB, 0, h2, 0), 0);
+  ck_assert_int_eq(D.cuMemSetAccess(va, 4 * MIB, &RW, 1), 0);
+  static uint8_t src[MIB], back[MIB];
+  fill(src, sizeof src, 7);
+  const gmb_cu_ptr at = va + 2 * MIB - MIB / 2; /* half in each */
+  ck_assert_int_eq(D.cuMemcpyHtoD(at, src, MIB), 0);
+  ck_assert_int_eq(D.cuMemcpyDtoH(back, at, MIB), 0);
+  ck_assert_int_eq(differs(back, MIB, 7), -1);
+  /* Device to device across the boundary, both ways, and async. */
+  ck_assert_int_eq(D.cuMemcpyDtoD(va, at, MIB / 4), 0);
+  gmb_cu_stream st;
+  ck_assert_int_eq(D.cuStreamCreate(&st, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(D.cuMemcpyDtoDAsync(va + 3 * MIB, at, MIB, st), 0);
+  ck_assert_int_eq(D.cuStreamSynchronize(st), 0);
+  ck_assert_int_eq(D.cuStreamDestroy(st), 0);
+  memset(back, 0, sizeof back);
+  ck_assert_int_eq(D.cuMemcpyDtoH(back, va + 3 * MIB, MIB), 0);
+  ck_assert_int_eq(differs(back, MIB, 7), -1);
+  /* Into the reservation's unmapped third page: refused, nothing copied. */
+  ck_assert_int_eq(D.cuMemcpyHtoD(va + 4 * MIB - 4096, src, 8192),
+                   GMB_CU_ERROR_INVALID_VALUE);
+  /* A hole between the two: the second page unmapped. */
+  ck_assert_int_eq(D.cuMemUnmap(va + 2 * MIB, 2 * MIB), 0);
+  ck_assert_int_eq(D.cuMemcpyDtoH(back, at, MIB), GMB_CU_ERROR_INVALID_VALUE);
+  ck_assert_int_eq(D.cuMemUnmap(va, 2 * MIB), 0);
+  ck_assert_int_eq(D.cuMemAddressFree(va, 6 * MIB), 0);
+  ck_assert_int_eq(D.cuMemRelease(h1), 0);
+  ck_assert_int_eq(D.cuMemRelease(h2), 0);
+}
+END_TEST
+
 /* --- contexts and fork ------------------------------------------------------ */
 
 struct ctx_probe {
@@ -847,6 +890,7 @@ static Suite *fakecuda_suite(void) {
   tcase_add_test(tc, cpu_dereference_of_device_address_faults);
   tcase_add_test(tc, copies_move_bytes_through_mappings);
   tcase_add_test(tc, copy_outside_mapping_or_overlapping_refused);
+  tcase_add_test(tc, copy_across_mappings_side_by_side);
   suite_add_tcase(s, tc);
   tc = tcase_create("threads");
   tcase_add_test(tc, context_is_per_thread);
