@@ -64,14 +64,14 @@ typedef uint64_t gmb_id;              /* an allocation; 0 is never valid */
 
 typedef struct gmb_stats { /* one tenant, as the broker sees it now */
   uint64_t quota;          /* bytes it may hold; 0 = no limit */
-  uint64_t used;           /* bytes of its live allocations (the slabs of
+  uint64_t used;           /* bytes of its live allocations (the pages of
                               caches included) */
   uint64_t peak;           /* highest `used` since the broker started */
   uint64_t segments;       /* bytes of device segments held for it */
-  uint64_t cached;         /* of `used`: held free in the caches of the
+  uint64_t cached;         /* of `used`: idle pages in the caches of the
                               tenant's sessions (gmb_malloc_async), as each
-                              last reported it; gmb_trim gives back this
-                              session's */
+                              last reported it: what they can give back;
+                              gmb_trim gives back this session's */
 } gmb_stats;
 
 #define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
@@ -193,12 +193,16 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
  * or CU_STREAM_LEGACY: the legacy default stream; CU_STREAM_PER_THREAD:
  * the calling thread's default stream, a different one on each thread;
  * ignored on the host device).  It comes from
- * the session's cache of pinned allocations ("slabs", which count against
- * the tenant's quota like any allocation): requests up to 1 MiB share
- * slabs of 2 MiB, larger ones get a slab of their own that stays cached
- * after the free.  A request the cache can serve sends no message.  When
- * a new slab meets the quota or a full device, the cache first gives its
- * wholly free slabs back and tries once more: GMB_E_QUOTA or GMB_E_NOMEM
+ * the session's cache: reserved address ranges with pages of 2 MiB from
+ * the broker mapped behind them (each page one pinned allocation, counted
+ * against the tenant's quota like any allocation), as PyTorch's expandable
+ * segments do.  Blocks of any size are cut from those ranges and cross
+ * page boundaries, so no request needs contiguous physical memory; a page
+ * that holds no block in use goes back to the broker on its own, whatever
+ * its neighbours hold (gmb_trim, the broker's ask), or is moved to where a
+ * new block needs one.  A request the cache can serve sends no message.
+ * When a new page meets the quota or a full device, the cache first gives
+ * its idle pages back and tries once more: GMB_E_QUOTA or GMB_E_NOMEM
  * then, explained.  GMB_E_INVAL for size 0.  The block is the caller's
  * until gmb_free_async; the session's end frees it with everything else.
  * Blocks are pinned (they never move) and are not gmb_id allocations:
@@ -208,11 +212,13 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
                                 void **ptr);
 
 /*
- * Gives a block of gmb_malloc_async back to the cache, never waiting: it
- * is reusable at once by requests on `stream`, and by requests on other
- * streams once the work queued on `stream` before this call finished (an
- * event recorded now).  So the caller may free as soon as the work that
- * uses the block is queued on `stream`.  0 for ptr NULL.  GMB_E_NOENT for
+ * Gives a block of gmb_malloc_async back to the cache, never waiting and
+ * making no driver call: it is reusable at once by requests on `stream`,
+ * and by requests on other streams once the work queued on `stream`
+ * finished (an event is recorded on `stream` when another stream first
+ * wants the block; on CU_STREAM_PER_THREAD at the free).  So the caller
+ * may free as soon as the work that uses the block is queued on
+ * `stream`.  0 for ptr NULL.  GMB_E_NOENT for
  * a pointer the cache did not give; GMB_E_INVAL for one already freed, or
  * (on a GPU) for a stream that takes no event (destroyed): the block is
  * then still the caller's.  Nothing changes on an error.
@@ -239,24 +245,30 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream);
 GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream);
 
 /*
- * Gives back to the broker the cache's slabs that are wholly free and
- * that no stream's work can still use (their frees' events completed),
- * largest first, until at most keep_bytes stay cached free; like
- * cudaMemPoolTrimTo, or torch.cuda.empty_cache() with keep_bytes 0.
- * Never waits for the device.  Returns 0 (what could not be given back
- * shows in gmb_stats.cached).
+ * Gives back to the broker the cache's idle pages (pages that hold no
+ * block in use, whatever their neighbours hold), until at most keep_bytes
+ * of them stay; like cudaMemPoolTrimTo, or torch.cuda.empty_cache() with
+ * keep_bytes 0.  A page whose free memory a stream's work may still use
+ * is given back once that work finished: when some remain, gmb_trim
+ * waits for the device once (as empty_cache does) and gives back what
+ * that freed.  Returns 0 (what could not be given back shows in
+ * gmb_cache_stats.idle).
  */
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes);
 
 typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
-  uint64_t hits;        /* requests served from cached slabs: no message */
-  uint64_t misses;      /* requests that needed a new slab from the broker */
-  uint64_t slab_allocs; /* slabs the broker gave (each one request) */
-  uint64_t slab_frees;  /* slabs given back (trims, quota or device full) */
-  uint64_t held;        /* bytes of the slabs held now: the tenant's */
+  uint64_t hits;        /* requests served from mapped pages: no message */
+  uint64_t misses;      /* requests that needed pages mapped */
+  uint64_t slab_allocs; /* pages the broker gave (each one request) */
+  uint64_t slab_frees;  /* pages given back (trims, quota or device full) */
+  uint64_t held;        /* bytes of the pages mapped now: the tenant's */
   uint64_t in_use;      /* bytes handed out now, each request rounded to 512 */
-  uint64_t cached;      /* of `held`: free, what gmb_trim may give back */
+  uint64_t cached;      /* of `held`: free (beside blocks in use or not) */
   uint64_t peak_held, peak_in_use; /* the highest since the session began */
+  uint64_t idle;        /* of `cached`: bytes of pages that hold no block in
+                           use, what gmb_trim gives back */
+  uint64_t page_moves;  /* idle pages moved under a new block instead of
+                           asking the broker for new ones */
 } gmb_cache_stats;
 
 /* Fills *out with the figures of this session's cache, as this process

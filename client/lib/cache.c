@@ -1,87 +1,87 @@
 /*
- * cache.c - the stream-ordered cache of gmb_malloc_async/gmb_free_async.
+ * cache.c - the stream-ordered cache of gmb_malloc_async/gmb_free_async:
+ * arenas of pages.
  *
- * Memory comes from the backend in slabs (pinned broker allocations).  A
- * slab is cut into blocks that tile it exactly, in address order; a block
- * is either handed out (in its arena's hash, keyed by address) or free (in
- * one bin list of its pool).  Requests up to GMB_CACHE_SMALL_MAX share
- * small slabs of GMB_CACHE_SMALL_SLAB bytes (the small pool); larger ones
- * get a slab of their own (the large pool), which stays cached after the
- * free and is split for later large requests.  Allocation is best fit
- * within a size class (bins of four sub-classes per power of two, so a
- * block is at most 25% above the best one), splitting what is left over;
- * a free coalesces with free neighbours of its slab.
+ * Each arena (a part of the cache with its own lock; a thread uses the one
+ * its thread number picks) reserves address space in spans (GMB_CACHE_SPAN
+ * bytes each, more for a larger request) and maps physical memory behind
+ * it in pages (GMB_CACHE_PAGE, the GPU's VMM granularity), as PyTorch's
+ * expandable segments do.  Blocks tile each span exactly, in address
+ * order, and are of four kinds:
+ *  - LIVE: handed out (in the arena's hash, keyed by address), or pending
+ *    (freed, waiting for other streams' work: in the pending list);
+ *  - FREE: free memory in mapped pages, in one bin list;
+ *  - VIRT: address space with no page mapped, page aligned at both ends,
+ *    in its span's list of such ranges;
+ *  - MAPPING: a range taken by a miss while its pages are being mapped
+ *    with no lock held (neither free nor handed out); LOST: a page whose
+ *    address another mapping of the process took (page_move), never used.
+ * Blocks cross page boundaries freely: a large block is a run of pages and
+ * its last page's rest serves other blocks; nothing needs contiguous
+ * physical memory.  A page is mapped exactly when a LIVE, FREE or MAPPING
+ * block lies on it (MAPPING: or is about to), and each page counts the
+ * LIVE and MAPPING blocks on it (`users`).  A mapped page with no users
+ * is *idle*: only free memory lies on it, so it can be unmapped and given
+ * back whatever its neighbours hold (the range stays reserved, as VIRT,
+ * and is mapped again on demand), or moved under a range that a miss
+ * needs (page_move: no message, no new memory).
  *
- * What the cache holds beyond what is handed out is free memory in two
- * forms: wholly free ("idle") slabs, which can go back to the broker, and
- * holes beside blocks in use, which cannot.  Three rules keep the holes
- * few and the idle slabs within a bound (docs/benchmarks.md, bench_cache,
- * has what each gave):
- *  - a block comes from a slab that has blocks in use when one fits, and
- *    cuts a wholly free slab only when none does (cache_find): the idle
- *    slab stays whole, able to serve a request as large as itself or to
- *    go back;
- *  - the rest of a block cut from a free block lies beside the neighbour
- *    in use, not against the slab's edge (cache_split), so that the
- *    neighbour's free makes one hole of the two;
- *  - a request no cached block can serve first gives back idle slabs
- *    (cache_shed): for a large request, the large ones smaller than
- *    itself (they could never serve it; a cache of growing requests
- *    would otherwise keep every slab it outgrew); then, largest first,
- *    any while the slabs with the new one would pass the arena's peak of
- *    bytes in use by more than the slack (GMB_CACHE_SLACK_PCT percent
- *    plus GMB_CACHE_SLACK_FLOOR).  Only a miss grows the slab bytes, so a
- *    miss is where their peak is bounded; a hit and a free send nothing.
+ * Placement.  A request takes the best fit among free blocks (bins of
+ * four sub-classes per power of two), preferring one on a page that holds
+ * blocks in use over one that lies on idle pages only, and is cut from the
+ * end of that block that touches a block in use, so that live memory
+ * packs into few pages and the free memory between stays in whole pages
+ * that can go back.  A request no free block serves (a miss) takes the
+ * range that needs the fewest new pages: a VIRT range with the free ends
+ * of its neighbours; its pages come from the arena's idle pages (moved)
+ * and only then from the broker.  So the cache never asks for a page
+ * while it holds an idle one (the slack rule: what it holds beyond what
+ * is in use is free memory on pages with blocks in use, plus idle pages
+ * nothing has needed since they went idle).  Idle pages go back on
+ * gmb__cache_trim (gmb_trim, the broker's trim ask) and before a refused
+ * request is tried again.
  *
- * Streams: a free block remembers the stream it was freed on and, where
- * streams count (a GPU), an event recorded on that stream at the free.
- * It is reusable at once on that stream (work on one stream runs in
- * order), and on other streams once the event completed; the event is then
- * dropped and the block is ready for everyone.  Two free neighbours merge
- * when one is ready, or both wait on the same stream (the merged block
- * keeps the later event, which completes last).  Events are recorded under
- * the arena's lock, so the sequence numbers that say which is later follow
- * the order of the records on each stream.  Without event functions (the
- * host device) every free block is ready.
- *
- * Stream handles as CUDA spells them: 0x1 (CU_STREAM_LEGACY) is the
- * legacy default stream, the same as NULL, and is stored as NULL; 0x2
- * (CU_STREAM_PER_THREAD) names a different stream on every thread, so a
- * block freed on it remembers the freeing thread too, and is "the same
- * stream" only for that thread.
+ * Streams: a free block remembers the stream it was freed on and is
+ * reusable at once on that stream (work on one stream runs in order).  No
+ * driver call is made at the free: an event is recorded on that stream
+ * only when another stream wants the block (or a trim wants its page), and
+ * once it completed the block is *ready* for every stream.  The
+ * per-thread default stream (0x2) is the exception: it is recorded on at
+ * the free, since no other thread can record on it later.  Two free
+ * neighbours merge when one is ready or both are of one stream (keeping
+ * the later event when both have one, else none: a later record covers
+ * both).  Without event functions (the host device) every free block is
+ * ready.  Stream handles as CUDA spells them: 0x1 (CU_STREAM_LEGACY) is
+ * stored as NULL.
  *
  * Other streams (gmb__cache_record_stream, torch's record_stream): a
  * handed-out block may name streams other than the one it will be freed
- * on that use it too.  Its free then records an event on each of them as
- * well and parks the block *pending* (in its arena's pending list, not in
- * the hash, not in a bin, still counted as handed out) until every one of
- * those events completed; it then becomes a free block of its free's
- * stream and event as any other.  Pending blocks are looked at before each
- * allocation of their arena and by the trim.
+ * on that use it too.  Its free then records an event on each of them and
+ * parks the block *pending* (LIVE, in the arena's pending list, not in the
+ * hash) until every one of those events completed.
  *
  * Invariants (gmb__cache_check counts violations of each):
- *  - the blocks of a slab tile it: the first starts at its base, each
- *    starts where the previous ends, the last ends at its end; sizes are
- *    non-zero multiples of GMB_CACHE_ALIGN;
- *  - no two neighbours are free and mergeable (they would have merged);
- *  - every free block is in exactly the bin list of its size in its
- *    slab's pool, and bin lists hold nothing else; the bitmap has a bit
- *    for exactly the non-empty bins;
- *  - every handed-out block is in its arena's hash once, or (pending) in
- *    its arena's pending list once, and nothing else is in either; only
- *    a pending block has an event while not free;
- *  - an event's reference count is the number of free or pending blocks
- *    that name it (a pending block's waits name their own events once);
- *  - the arena's byte counts are the sums of its slabs and blocks, and the
+ *  - the blocks of a span tile it; sizes are non-zero multiples of
+ *    GMB_CACHE_ALIGN; VIRT and LOST blocks are page aligned, LOST ones
+ *    one page; no two VIRT blocks are neighbours, no two free neighbours
+ *    are mergeable;
+ *  - a page is mapped iff no VIRT or LOST block lies on it, except under
+ *    a MAPPING block; its users are the LIVE and MAPPING blocks on it; the
+ *    arena's counts of mapped and idle pages are the sums;
+ *  - every FREE block is in exactly the bin list of its size, every VIRT
+ *    block in its span's list once; every handed-out block in the hash
+ *    once, every pending one in the pending list once; nothing else in
+ *    any of them; the bitmap has a bit for exactly the non-empty bins;
+ *  - an event's reference count is the number of blocks that name it;
+ *  - the arena's byte counts are the sums of its pages and blocks, and the
  *    cache's totals the sums over its arenas.
  *
- * Locks: each arena has a mutex; a thread uses the arena its thread number
- * picks, so threads rarely meet on one.  No lock is held across a backend
- * slab call (a message to the broker): a miss unlocks, asks for a slab,
- * and locks again to carve it.  Totals are atomics, updated under the
- * arena lock.  gmb__cache_check and the trim take the arenas' locks one at
- * a time, in index order; nothing takes two at once except the checker,
- * which takes them all in that order.
+ * Locks: each arena has a mutex.  No lock is held across a message to the
+ * broker (page_map, page_free): a miss marks its range MAPPING, unlocks,
+ * maps, and locks again to hand the block out; a trim unmaps under the
+ * lock and gives the pages back after it.  Totals are atomics, updated
+ * under the arena lock.  Nothing takes two arena locks at once except the
+ * checker, which takes them all in index order.
  *
  * The cache never trusts what it is given: a pointer it did not hand out,
  * or one already free, is an error that changes nothing.
@@ -98,8 +98,6 @@
 
 #define CACHE_BINS 160
 #define CACHE_BITMAP_WORDS ((CACHE_BINS + 63) / 64)
-#define CACHE_POOL_SMALL 0
-#define CACHE_POOL_LARGE 1
 /* Scanning a bin for the best fit stops after this many blocks. */
 #define CACHE_SCAN_MAX 64
 #define CACHE_DEFAULT_ARENAS 4
@@ -108,72 +106,81 @@
 #define CACHE_STREAM_LEGACY ((void *)(uintptr_t)0x1)
 #define CACHE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
+enum { CACHE_VIRT, CACHE_FREE, CACHE_LIVE, CACHE_MAPPING, CACHE_LOST };
+
 struct cache_event {
-  void *h;     /* the backend's event */
-  uint32_t refs; /* free blocks that name it */
+  void *h;       /* the backend's event */
+  uint32_t refs; /* blocks that name it */
   uint64_t seq;  /* the order of records in this arena */
   struct cache_event *next; /* the arena's spare events */
 };
 
-struct cache_slab;
+struct cache_span;
 
 struct cache_block {
   uintptr_t ptr;
   uint64_t size;
-  uint64_t req; /* handed out: the request, rounded to 512 */
-  struct cache_slab *slab;
-  struct cache_block *prev, *next;   /* the slab's blocks, address order */
-  struct cache_block *fprev, *fnext; /* free: its bin list;
-                                        pending: the arena's pending list */
+  uint64_t req; /* LIVE: the request, rounded to 512 */
+  struct cache_span *span;
+  struct cache_block *prev, *next;   /* the span's blocks, address order */
+  struct cache_block *fprev, *fnext; /* FREE: its bin list; VIRT: the
+                                        span's list; pending: the arena's */
   struct cache_block *hnext;         /* handed out: its hash chain */
-  void *stream;                      /* free, pending: the stream of the free */
+  void *stream;                      /* FREE, pending: the stream of the free */
   unsigned thread;                   /* ... its thread, for 0x2 */
-  struct cache_event *ev;            /* free and not ready, pending: its event */
+  struct cache_event *ev;            /* FREE not ready, pending: its event */
   /* Handed out: other streams that use it (record_stream); pending: the
    * events recorded on them at the free that have not completed yet. */
   void **uses;
   struct cache_event **waits;
   uint32_t n_uses, cap_uses, n_waits;
-  int free;
-  int pending;
+  uint8_t state;
+  uint8_t pending;
+  uint8_t ready;  /* FREE: usable by every stream */
+  uint8_t orphan; /* FREE: its stream took no event; ready after a sync */
 };
 
-struct cache_slab {
-  uint64_t id;
+struct cache_page {
+  struct gmb_cache_page pg; /* pg.id 0: not mapped */
+  uint32_t users;
+};
+
+struct cache_span {
   uintptr_t base;
-  uint64_t size;
-  int pool;
+  uint64_t size, npages;
+  struct cache_page *page;
   struct cache_block *first;
-  struct cache_slab *prev, *next; /* the arena's slabs */
-};
-
-struct cache_pool {
-  struct cache_block *bins[CACHE_BINS];
-  uint64_t bitmap[CACHE_BITMAP_WORDS];
+  struct cache_block *virt; /* its VIRT blocks */
+  struct cache_span *next;
+  int lost; /* holds LOST pages (destroy gives back around them) */
 };
 
 struct cache_arena {
   pthread_mutex_t mu;
-  struct cache_pool pool[2];
-  struct cache_slab *slabs;
+  struct cache_block *bins[CACHE_BINS];
+  uint64_t bitmap[CACHE_BITMAP_WORDS];
+  struct cache_span *spans;
   struct cache_block **hash; /* handed-out blocks by address */
   size_t hash_cap, hash_n;
   struct cache_block *pending; /* freed, waiting for their other streams */
   size_t pending_n;
   struct cache_event *spare_events;
   uint64_t seq;
-  uint64_t slab_bytes, slabs_n, in_use_blocks, in_use_req;
-  uint64_t peak_req; /* the most in_use_req ever was: the slack's measure */
-  uint64_t hits, misses, slab_allocs, slab_frees;
+  uint64_t mapped, idle; /* pages */
+  uint64_t in_use_blocks, in_use_req, peak_req;
+  uint64_t orphans; /* FREE blocks waiting for a sync */
+  uint64_t hits, misses, page_maps, page_frees, page_moves;
 };
 
 struct gmb_cache {
   struct gmb_cache_ops ops;
   unsigned n;
+  unsigned shift; /* log2 of the page */
+  uint64_t page, span;
   struct cache_arena *arena;
   /* Totals over the arenas, updated under the arena's lock. */
-  _Atomic uint64_t slab_bytes, in_use, blocks_out;
-  _Atomic uint64_t peak_in_use, peak_slab_bytes;
+  _Atomic uint64_t held, idle, in_use, blocks_out;
+  _Atomic uint64_t peak_in_use, peak_held;
 };
 
 /* --- threads and streams ---------------------------------------------- */
@@ -192,8 +199,6 @@ static unsigned cache_arena_of(const struct gmb_cache *k) {
   return cache_me() % k->n;
 }
 
-/* The handle the cache keeps for `stream`: the legacy stream is NULL
- * whichever way it was named. */
 static void *cache_stream(void *stream) {
   return stream == CACHE_STREAM_LEGACY ? NULL : stream;
 }
@@ -204,10 +209,71 @@ static int cache_same_stream(void *s1, unsigned t1, void *s2, unsigned t2) {
   return s1 == s2 && (s1 != CACHE_STREAM_PER_THREAD || t1 == t2);
 }
 
-/* --- sizes and bins --------------------------------------------------- */
+static int cache_events(const struct gmb_cache *k) {
+  return k->ops.event_query != NULL;
+}
+
+/* --- sizes, pages and bins --------------------------------------------- */
 
 static uint64_t cache_round(uint64_t v, uint64_t to) {
   return (v + to - 1) / to * to;
+}
+
+static uintptr_t cache_pfloor(const struct gmb_cache *k, uintptr_t p) {
+  return p & ~(uintptr_t)(k->page - 1);
+}
+
+static uintptr_t cache_pceil(const struct gmb_cache *k, uintptr_t p) {
+  return (p + k->page - 1) & ~(uintptr_t)(k->page - 1);
+}
+
+static struct cache_page *cache_pg(const struct gmb_cache *k,
+                                   const struct cache_span *s, uintptr_t p) {
+  return &s->page[(p - s->base) >> k->shift];
+}
+
+static int cache_live(const struct cache_block *b) {
+  return b && (b->state == CACHE_LIVE || b->state == CACHE_MAPPING);
+}
+
+static void cache_totals(struct gmb_cache *k, int64_t d_held, int64_t d_idle,
+                         int64_t d_req, int64_t d_out) {
+  if (d_held) {
+    uint64_t h = atomic_fetch_add(&k->held, (uint64_t)d_held) +
+                 (uint64_t)d_held;
+    uint64_t p = atomic_load(&k->peak_held);
+    while (h > p && !atomic_compare_exchange_weak(&k->peak_held, &p, h)) {
+    }
+  }
+  if (d_idle) atomic_fetch_add(&k->idle, (uint64_t)d_idle);
+  if (d_req) {
+    uint64_t u = atomic_fetch_add(&k->in_use, (uint64_t)d_req) +
+                 (uint64_t)d_req;
+    uint64_t p = atomic_load(&k->peak_in_use);
+    while (u > p && !atomic_compare_exchange_weak(&k->peak_in_use, &p, u)) {
+    }
+  }
+  if (d_out) atomic_fetch_add(&k->blocks_out, (uint64_t)d_out);
+}
+
+/* Counts a LIVE or MAPPING block on (d = 1) or off (d = -1) every page
+ * that [lo, hi) touches, keeping the idle count. */
+static void cache_users(struct gmb_cache *k, struct cache_arena *a,
+                        struct cache_span *s, uintptr_t lo, uintptr_t hi,
+                        int d) {
+  struct cache_page *pg = cache_pg(k, s, lo), *end = cache_pg(k, s, hi - 1);
+  int64_t idle = 0;
+  for (; pg <= end; pg++) {
+    if (d > 0) {
+      if (pg->users++ == 0 && pg->pg.id) idle--;
+    } else {
+      if (--pg->users == 0 && pg->pg.id) idle++;
+    }
+  }
+  if (idle) {
+    a->idle += (uint64_t)idle;
+    cache_totals(k, 0, idle * (int64_t)k->page, 0, 0);
+  }
 }
 
 static unsigned cache_bin(uint64_t size) {
@@ -220,38 +286,108 @@ static unsigned cache_bin(uint64_t size) {
 }
 
 static void cache_bin_insert(struct cache_arena *a, struct cache_block *b) {
-  struct cache_pool *p = &a->pool[b->slab->pool];
   unsigned i = cache_bin(b->size);
   b->fprev = NULL;
-  b->fnext = p->bins[i];
-  if (p->bins[i]) p->bins[i]->fprev = b;
-  p->bins[i] = b;
-  p->bitmap[i / 64] |= UINT64_C(1) << (i % 64);
+  b->fnext = a->bins[i];
+  if (a->bins[i]) a->bins[i]->fprev = b;
+  a->bins[i] = b;
+  a->bitmap[i / 64] |= UINT64_C(1) << (i % 64);
 }
 
 static void cache_bin_remove(struct cache_arena *a, struct cache_block *b) {
-  struct cache_pool *p = &a->pool[b->slab->pool];
   unsigned i = cache_bin(b->size);
   if (b->fprev)
     b->fprev->fnext = b->fnext;
   else
-    p->bins[i] = b->fnext;
+    a->bins[i] = b->fnext;
   if (b->fnext) b->fnext->fprev = b->fprev;
   b->fprev = b->fnext = NULL;
-  if (p->bins[i] == NULL) p->bitmap[i / 64] &= ~(UINT64_C(1) << (i % 64));
+  if (a->bins[i] == NULL) a->bitmap[i / 64] &= ~(UINT64_C(1) << (i % 64));
 }
 
 /* The first non-empty bin at or after i, or CACHE_BINS. */
-static unsigned cache_bin_next(const struct cache_pool *p, unsigned i) {
+static unsigned cache_bin_next(const struct cache_arena *a, unsigned i) {
   while (i < CACHE_BINS) {
-    uint64_t w = p->bitmap[i / 64] & (~UINT64_C(0) << (i % 64));
+    uint64_t w = a->bitmap[i / 64] & (~UINT64_C(0) << (i % 64));
     if (w) return (i / 64) * 64 + (unsigned)__builtin_ctzll(w);
     i = (i / 64 + 1) * 64;
   }
   return CACHE_BINS;
 }
 
-/* --- the hash of handed-out blocks ---------------------------------- */
+/* The last non-empty bin at or below i, or CACHE_BINS when none. */
+static unsigned cache_bin_prev(const struct cache_arena *a, unsigned i) {
+  for (;;) {
+    uint64_t w = a->bitmap[i / 64];
+    if (i % 64 != 63) w &= (UINT64_C(1) << (i % 64 + 1)) - 1;
+    if (w) return (i / 64) * 64 + 63u - (unsigned)__builtin_clzll(w);
+    if (i < 64) return CACHE_BINS;
+    i = (i / 64) * 64 - 1;
+  }
+}
+
+static void cache_virt_insert(struct cache_span *s, struct cache_block *b) {
+  b->fprev = NULL;
+  b->fnext = s->virt;
+  if (s->virt) s->virt->fprev = b;
+  s->virt = b;
+}
+
+static void cache_virt_remove(struct cache_span *s, struct cache_block *b) {
+  if (b->fprev)
+    b->fprev->fnext = b->fnext;
+  else
+    s->virt = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+}
+
+/* --- the address list ---------------------------------------------------- */
+
+/* Makes the zeroed record b the block [ptr, ptr+size) of `state`, linked
+ * after `at` (NULL: first of the span).  NULL when b is NULL. */
+static struct cache_block *cache_block_link(struct cache_block *b,
+                                            struct cache_span *s,
+                                            struct cache_block *at,
+                                            uintptr_t ptr, uint64_t size,
+                                            int state) {
+  if (b == NULL) return NULL;
+  b->ptr = ptr;
+  b->size = size;
+  b->span = s;
+  b->state = (uint8_t)state;
+  b->prev = at;
+  b->next = at ? at->next : s->first;
+  if (b->next) b->next->prev = b;
+  if (at)
+    at->next = b;
+  else
+    s->first = b;
+  return b;
+}
+
+/* A new block, as cache_block_link; NULL when out of memory (nothing
+ * linked). */
+static struct cache_block *cache_block_new(struct cache_span *s,
+                                           struct cache_block *at,
+                                           uintptr_t ptr, uint64_t size,
+                                           int state) {
+  return cache_block_link(calloc(1, sizeof(struct cache_block)), s, at, ptr,
+                          size, state);
+}
+
+static void cache_block_unlink(struct cache_block *b) {
+  if (b->prev)
+    b->prev->next = b->next;
+  else
+    b->span->first = b->next;
+  if (b->next) b->next->prev = b->prev;
+  free(b->uses);
+  free(b->waits);
+  free(b);
+}
+
+/* --- the hash of handed-out blocks -------------------------------------- */
 
 static size_t cache_hash_of(uintptr_t p, size_t cap) {
   return (size_t)(((uint64_t)p / GMB_CACHE_ALIGN) *
@@ -303,413 +439,10 @@ static struct cache_block *cache_hash_take(struct cache_arena *a,
 
 /* --- events ------------------------------------------------------------ */
 
-static void cache_event_unref(struct gmb_cache *k, struct cache_arena *a,
-                              struct cache_event *e) {
-  (void)k;
+static void cache_event_unref(struct cache_arena *a, struct cache_event *e) {
   if (e == NULL || --e->refs) return;
   e->next = a->spare_events;
   a->spare_events = e;
-}
-
-/* 1 when free block b waited for an event that has now completed: the
- * event is dropped and b is ready for every stream. */
-static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
-                         struct cache_block *b) {
-  if (b->ev == NULL || k->ops.event_query(k->ops.ctx, b->ev->h) != 1) return 0;
-  cache_event_unref(k, a, b->ev);
-  b->ev = NULL;
-  b->stream = NULL;
-  return 1;
-}
-
-/* 1 when a free block may be used on `stream` now.  A block whose event
- * completed is made ready (its event dropped); *promoted says so, since
- * it may now merge with its neighbours. */
-static int cache_usable(struct gmb_cache *k, struct cache_arena *a,
-                        struct cache_block *b, void *stream, int *promoted) {
-  if (b->ev == NULL || cache_same_stream(b->stream, b->thread, stream,
-                                         cache_me()))
-    return 1;
-  if (!cache_promote(k, a, b)) return 0;
-  *promoted = 1;
-  return 1;
-}
-
-/* --- merging --------------------------------------------------------- */
-
-static int cache_mergeable(const struct cache_block *x,
-                           const struct cache_block *y) {
-  if (!x->free || !y->free) return 0;
-  if (x->ev == NULL || y->ev == NULL) return 1;
-  return cache_same_stream(x->stream, x->thread, y->stream, y->thread);
-}
-
-/* Merges free block `y` (x's next neighbour) into x; neither is in a bin.
- * The merged block waits for the later of the two events. */
-static void cache_merge(struct gmb_cache *k, struct cache_arena *a,
-                        struct cache_block *x, struct cache_block *y) {
-  if (y->ev && (x->ev == NULL || y->ev->seq > x->ev->seq)) {
-    cache_event_unref(k, a, x->ev);
-    x->ev = y->ev;
-    x->stream = y->stream;
-    x->thread = y->thread;
-  } else {
-    cache_event_unref(k, a, y->ev);
-  }
-  x->size += y->size;
-  x->next = y->next;
-  if (y->next) y->next->prev = x;
-  free(y);
-}
-
-/* Merges free block b (in no bin) with its mergeable neighbours, puts the
- * result into its bin and returns it. */
-static struct cache_block *cache_coalesce(struct gmb_cache *k,
-                                          struct cache_arena *a,
-                                          struct cache_block *b) {
-  if (b->next && cache_mergeable(b, b->next)) {
-    cache_bin_remove(a, b->next);
-    cache_merge(k, a, b, b->next);
-  }
-  if (b->prev && cache_mergeable(b->prev, b)) {
-    struct cache_block *p = b->prev;
-    cache_bin_remove(a, p);
-    cache_merge(k, a, p, b);
-    b = p;
-  }
-  cache_bin_insert(a, b);
-  return b;
-}
-
-/* --- slabs ------------------------------------------------------------- */
-
-static void cache_totals(struct gmb_cache *k, int64_t d_slab, int64_t d_req,
-                         int64_t d_out) {
-  uint64_t s = atomic_fetch_add(&k->slab_bytes, (uint64_t)d_slab) +
-               (uint64_t)d_slab;
-  uint64_t u = atomic_fetch_add(&k->in_use, (uint64_t)d_req) +
-               (uint64_t)d_req;
-  atomic_fetch_add(&k->blocks_out, (uint64_t)d_out);
-  uint64_t p = atomic_load(&k->peak_slab_bytes);
-  while (s > p && !atomic_compare_exchange_weak(&k->peak_slab_bytes, &p, s)) {
-  }
-  p = atomic_load(&k->peak_in_use);
-  while (u > p && !atomic_compare_exchange_weak(&k->peak_in_use, &p, u)) {
-  }
-}
-
-/* Links a new slab, as one ready free block in no bin; returns that
- * block, or NULL when out of memory (the slab is then not linked). */
-static struct cache_block *cache_slab_link(struct gmb_cache *k,
-                                           struct cache_arena *a, uint64_t id,
-                                           uintptr_t base, uint64_t size,
-                                           int pool) {
-  struct cache_slab *s = calloc(1, sizeof *s);
-  struct cache_block *b = calloc(1, sizeof *b);
-  if (s == NULL || b == NULL) {
-    free(s);
-    free(b);
-    return NULL;
-  }
-  s->id = id;
-  s->base = base;
-  s->size = size;
-  s->pool = pool;
-  s->first = b;
-  s->next = a->slabs;
-  if (a->slabs) a->slabs->prev = s;
-  a->slabs = s;
-  b->ptr = base;
-  b->size = size;
-  b->slab = s;
-  b->free = 1;
-  a->slab_bytes += size;
-  a->slabs_n++;
-  a->slab_allocs++;
-  cache_totals(k, (int64_t)size, 0, 0);
-  return b;
-}
-
-static void cache_slab_unlink(struct gmb_cache *k, struct cache_arena *a,
-                              struct cache_slab *s) {
-  if (s->prev)
-    s->prev->next = s->next;
-  else
-    a->slabs = s->next;
-  if (s->next) s->next->prev = s->prev;
-  a->slab_bytes -= s->size;
-  a->slabs_n--;
-  a->slab_frees++;
-  cache_totals(k, -(int64_t)s->size, 0, 0);
-  free(s->first);
-  free(s);
-}
-
-/* 1 when slab s is one free block that waits for no stream work: it can
- * go back to the backend. */
-static int cache_slab_idle(const struct cache_slab *s) {
-  const struct cache_block *b = s->first;
-  return b->free && b->next == NULL && b->ev == NULL;
-}
-
-/* Gives idle slab s of arena a (whose lock is held) back to the backend:
- * unlinks it, drops the lock, and frees it with no lock held (a message
- * to the broker).  Returns its size. */
-static uint64_t cache_slab_give_back(struct gmb_cache *k,
-                                     struct cache_arena *a,
-                                     struct cache_slab *s) {
-  uint64_t id = s->id, size = s->size;
-  cache_bin_remove(a, s->first);
-  cache_slab_unlink(k, a, s);
-  pthread_mutex_unlock(&a->mu);
-  k->ops.slab_free(k->ops.ctx, id);
-  return size;
-}
-
-/* --- handing out ------------------------------------------------------- */
-
-/* Splits the rest of free block b (in no bin, already marked handed out)
- * off as a free block that keeps b's stream and event, leaving b `need`
- * bytes.  The rest goes beside the neighbour in use, not against the
- * slab's edge: when b ends its slab after a block in use, b is cut from
- * the end ([in use][rest][b]), so that the neighbour's free merges with
- * the rest into one hole; cut from the start ([in use][b][rest]) the two
- * would stay apart until b too is freed.  When out of memory b keeps the
- * rest (waste, not an error). */
-static void cache_split(struct gmb_cache *k, struct cache_arena *a,
-                        struct cache_block *b, uint64_t need) {
-  struct cache_block *r = calloc(1, sizeof *r);
-  if (r == NULL) return;
-  r->size = b->size - need;
-  r->slab = b->slab;
-  r->free = 1;
-  r->stream = b->stream;
-  r->thread = b->thread;
-  r->ev = b->ev;
-  if (r->ev) r->ev->refs++;
-  if (b->prev && b->next == NULL) {
-    r->ptr = b->ptr;
-    b->ptr += r->size;
-    r->prev = b->prev;
-    r->next = b;
-    b->prev->next = r;
-    b->prev = r;
-  } else {
-    r->ptr = b->ptr + need;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next) b->next->prev = r;
-    b->next = r;
-  }
-  b->size = need;
-  cache_coalesce(k, a, r); /* a neighbour may be free and ready */
-}
-
-/* Takes free block b (in no bin) for a request of `req` bytes (need:
- * rounded to 512): splits off the rest (cache_split; b may then start
- * further on) and records b as handed out.  0 or GMB_E_SYSTEM. */
-static int cache_take(struct gmb_cache *k, struct cache_arena *a,
-                      struct cache_block *b, uint64_t need) {
-  if (a->hash_n >= a->hash_cap && cache_hash_grow(a) != 0) {
-    cache_bin_insert(a, b);
-    return GMB_E_SYSTEM;
-  }
-  b->free = 0; /* before the rest is split off: it must not merge back */
-  /* A large block keeps a small rest: it could serve only large
-   * requests, and in the large pool a sliver is waste either way. */
-  uint64_t min_rest = b->slab->pool == CACHE_POOL_SMALL
-                          ? GMB_CACHE_ALIGN
-                          : GMB_CACHE_LARGE_ROUND;
-  if (b->size - need >= min_rest) cache_split(k, a, b, need);
-  cache_event_unref(k, a, b->ev);
-  b->ev = NULL;
-  b->stream = NULL;
-  b->req = need;
-  cache_hash_put(a, b);
-  a->in_use_blocks += b->size;
-  a->in_use_req += need;
-  if (a->in_use_req > a->peak_req) a->peak_req = a->in_use_req;
-  cache_totals(k, 0, (int64_t)need, (int64_t)b->size);
-  return 0;
-}
-
-/* 1 when free block b is its slab's only block: the slab is wholly free. */
-static int cache_block_whole(const struct cache_block *b) {
-  return b->prev == NULL && b->next == NULL;
-}
-
-/* The best free block of `pool` for `need` bytes usable on `stream`,
- * taken out of its bin; NULL when none.  Best: the smallest in the first
- * bin that has one, among blocks of slabs that have a block in use; a
- * wholly free slab (the smallest that fits) only when no such block
- * fits.  Cutting a wholly free slab pins it for as long as the block
- * lives, while one left whole can serve a request as large as itself or
- * go back (cache_shed, the trim); a hole beside blocks in use can do
- * neither. */
-static struct cache_block *cache_find(struct gmb_cache *k,
-                                      struct cache_arena *a, int pool,
-                                      uint64_t need, void *stream) {
-  struct cache_pool *p = &a->pool[pool];
-restart:;
-  struct cache_block *whole = NULL;
-  for (unsigned i = cache_bin_next(p, cache_bin(need)); i < CACHE_BINS;
-       i = cache_bin_next(p, i + 1)) {
-    struct cache_block *best = NULL;
-    unsigned seen = 0;
-    for (struct cache_block *b = p->bins[i]; b && seen < CACHE_SCAN_MAX;
-         b = b->fnext, seen++) {
-      if (b->size < need || (best && b->size >= best->size)) continue;
-      int promoted = 0;
-      if (!cache_usable(k, a, b, stream, &promoted)) continue;
-      if (promoted) {
-        /* Now ready: it may merge with its neighbours, which changes the
-         * lists being walked.  Merge, then look again (each promotion
-         * drops an event, so this ends). */
-        cache_bin_remove(a, b);
-        cache_coalesce(k, a, b);
-        goto restart;
-      }
-      if (!cache_block_whole(b))
-        best = b;
-      else if (whole == NULL || b->size < whole->size)
-        whole = b;
-    }
-    if (best) {
-      cache_bin_remove(a, best);
-      return best;
-    }
-  }
-  if (whole) cache_bin_remove(a, whole);
-  return whole;
-}
-
-/* The largest idle slab of arena a smaller than `below`, of `pool` or,
- * for -1, of either; NULL when none.  Holds a's lock. */
-static struct cache_slab *cache_largest_idle(struct cache_arena *a, int pool,
-                                             uint64_t below) {
-  struct cache_slab *pick = NULL;
-  for (struct cache_slab *s = a->slabs; s; s = s->next)
-    if ((pool < 0 || s->pool == pool) && s->size < below &&
-        cache_slab_idle(s) && (pick == NULL || s->size > pick->size))
-      pick = s;
-  return pick;
-}
-
-/* 1 when arena a, grown by a slab of `slab` bytes for a request of `need`
- * bytes, would hold more than its slack allows: GMB_CACHE_SLACK_PCT
- * percent over the most it ever handed out (this request counted), plus
- * GMB_CACHE_SLACK_FLOOR.  Holds a's lock. */
-static int cache_over_slack(const struct cache_arena *a, uint64_t need,
-                            uint64_t slab) {
-  uint64_t peak = a->in_use_req + need;
-  if (a->peak_req > peak) peak = a->peak_req;
-  return a->slab_bytes + slab >
-         peak + peak / 100 * GMB_CACHE_SLACK_PCT + GMB_CACHE_SLACK_FLOOR;
-}
-
-/* On a miss, before asking for a slab of `slab` bytes for `need`: gives
- * back this arena's idle slabs, first (a large request) the large ones
- * smaller than `need`, up to `slab` bytes: none of them could serve it,
- * and without this a pattern of growing requests would keep every
- * smaller slab it ever made; then, largest first, any while the arena
- * is over its slack (cache_over_slack).  The slack bounds the cache's
- * peak directly, as a fraction of the program's own peak: the peak of
- * slab bytes is made on a miss, so a miss is where to look.  A cap on
- * the free bytes after each free, against the bytes in use at that
- * moment, would give back what a program that frees everything between
- * steps (a training loop) needs again at once.  Takes and releases a's
- * lock; each slab goes back with no lock held. */
-static void cache_shed(struct gmb_cache *k, struct cache_arena *a, int pool,
-                       uint64_t need, uint64_t slab) {
-  uint64_t dropped = 0;
-  for (;;) {
-    pthread_mutex_lock(&a->mu);
-    struct cache_slab *pick = NULL;
-    if (pool == CACHE_POOL_LARGE && dropped < slab)
-      pick = cache_largest_idle(a, CACHE_POOL_LARGE, need);
-    int drop = pick != NULL;
-    if (pick == NULL && cache_over_slack(a, need, slab))
-      pick = cache_largest_idle(a, -1, UINT64_MAX);
-    if (pick == NULL) {
-      pthread_mutex_unlock(&a->mu);
-      return;
-    }
-    uint64_t size = cache_slab_give_back(k, a, pick);
-    if (drop) dropped += size;
-  }
-}
-
-static void cache_pending_poll(struct gmb_cache *k, struct cache_arena *a);
-
-int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
-                     void **ptr) {
-  if (k == NULL || ptr == NULL) return GMB_E_INVAL;
-  *ptr = NULL;
-  if (size == 0 || (uint64_t)size > GMB_CACHE_MAX) return GMB_E_INVAL;
-  /* Streams ignored without events (the host device). */
-  stream = k->ops.event_query == NULL ? NULL : cache_stream(stream);
-  uint64_t need = cache_round(size, GMB_CACHE_ALIGN);
-  int pool = need <= GMB_CACHE_SMALL_MAX ? CACHE_POOL_SMALL : CACHE_POOL_LARGE;
-  struct cache_arena *a = &k->arena[cache_arena_of(k)];
-
-  pthread_mutex_lock(&a->mu);
-  if (a->pending) cache_pending_poll(k, a);
-  struct cache_block *b = cache_find(k, a, pool, need, stream);
-  if (b) {
-    int rc = cache_take(k, a, b, need);
-    if (rc == 0) {
-      a->hits++;
-      *ptr = (void *)b->ptr;
-    }
-    pthread_mutex_unlock(&a->mu);
-    return rc;
-  }
-  a->misses++;
-  pthread_mutex_unlock(&a->mu);
-
-  /* A miss: a new slab, with no lock held while the broker answers.  On a
-   * quota or a full device, the cache's own wholly free slabs go back
-   * first and the request is tried once more (as PyTorch frees its
-   * cache before it reports out of memory). */
-  uint64_t slab = pool == CACHE_POOL_SMALL
-                      ? GMB_CACHE_SMALL_SLAB
-                      : cache_round(need, GMB_CACHE_LARGE_ROUND);
-  uint64_t id = 0;
-  uintptr_t base = 0;
-  cache_shed(k, a, pool, need, slab);
-  int rc = k->ops.slab_alloc(k->ops.ctx, slab, &id, &base);
-  if (rc == GMB_E_QUOTA || rc == GMB_E_NOMEM) {
-    uint64_t released = 0;
-    gmb__cache_trim(k, 0, &released);
-    if (released) rc = k->ops.slab_alloc(k->ops.ctx, slab, &id, &base);
-  }
-  if (rc) return rc;
-  pthread_mutex_lock(&a->mu);
-  b = cache_slab_link(k, a, id, base, slab, pool);
-  if (b == NULL) {
-    pthread_mutex_unlock(&a->mu);
-    k->ops.slab_free(k->ops.ctx, id);
-    return GMB_E_SYSTEM;
-  }
-  rc = cache_take(k, a, b, need);
-  if (rc == 0) *ptr = (void *)b->ptr;
-  pthread_mutex_unlock(&a->mu);
-  return rc;
-}
-
-/* --- freeing ----------------------------------------------------------- */
-
-/* 1 when p lies in a free or pending block of one of a's slabs: a double
- * free (the block freed first may have merged with a neighbour since, so
- * p need not start a block any more).  Holds a's lock. */
-static int cache_is_free_block(struct cache_arena *a, uintptr_t p) {
-  for (struct cache_slab *s = a->slabs; s; s = s->next) {
-    if (p < s->base || p - s->base >= s->size) continue;
-    for (struct cache_block *b = s->first; b; b = b->next)
-      if (p >= b->ptr && p - b->ptr < b->size) return b->free || b->pending;
-    return 0;
-  }
-  return 0;
 }
 
 /* An event of the arena recorded on `stream` now: 0 with *out (one
@@ -741,14 +474,708 @@ static int cache_event_record(struct gmb_cache *k, struct cache_arena *a,
   return 0;
 }
 
+/* Makes free block b ready when the work of its stream is known to be
+ * done: its event completed (an event is recorded now when it has none
+ * and `ask`).  1 when b became ready.  A stream that takes no event makes
+ * b an orphan, ready only after a sync.  Holds a's lock. */
+static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
+                         struct cache_block *b, int ask) {
+  if (b->ready) return 0;
+  if (b->ev == NULL) {
+    if (!ask || b->orphan) return 0;
+    /* Another thread's per-thread stream cannot be recorded on from here;
+     * its frees record at once, so such a block always has its event. */
+    if (cache_event_record(k, a, b->stream, &b->ev) != 0) {
+      b->orphan = 1;
+      a->orphans++;
+      return 0;
+    }
+  }
+  if (k->ops.event_query(k->ops.ctx, b->ev->h) != 1) return 0;
+  cache_event_unref(a, b->ev);
+  b->ev = NULL;
+  b->stream = NULL;
+  b->ready = 1;
+  return 1;
+}
+
+/* --- merging ----------------------------------------------------------- */
+
+static int cache_mergeable(const struct cache_block *x,
+                           const struct cache_block *y) {
+  if (x->state != y->state) return 0;
+  if (x->state == CACHE_VIRT) return 1;
+  if (x->state != CACHE_FREE) return 0;
+  if (x->orphan || y->orphan) return 0;
+  if (x->ready || y->ready) return 1;
+  return cache_same_stream(x->stream, x->thread, y->stream, y->thread);
+}
+
+/* Merges free block y (x's next neighbour) into x; neither is in a bin.
+ * The merged block is ready when both were; else of the other's stream,
+ * with the later event when both have one, else none. */
+static void cache_merge(struct cache_arena *a, struct cache_block *x,
+                        struct cache_block *y) {
+  if (x->ready && !y->ready) {
+    x->ready = 0;
+    x->stream = y->stream;
+    x->thread = y->thread;
+    x->ev = y->ev;
+    y->ev = NULL;
+  } else if (!x->ready && !y->ready) {
+    if (x->ev && y->ev && y->ev->seq > x->ev->seq) {
+      cache_event_unref(a, x->ev);
+      x->ev = y->ev;
+      y->ev = NULL;
+    } else if (x->ev == NULL || y->ev == NULL) {
+      cache_event_unref(a, x->ev);
+      x->ev = NULL;
+    }
+  }
+  cache_event_unref(a, y->ev);
+  y->ev = NULL;
+  x->size += y->size;
+  cache_block_unlink(y);
+}
+
+/* Merges FREE block b (in no bin) with its mergeable neighbours, puts the
+ * result into its bin and returns it. */
+static struct cache_block *cache_coalesce(struct cache_arena *a,
+                                          struct cache_block *b) {
+  if (b->next && cache_mergeable(b, b->next)) {
+    cache_bin_remove(a, b->next);
+    cache_merge(a, b, b->next);
+  }
+  if (b->prev && cache_mergeable(b->prev, b)) {
+    struct cache_block *p = b->prev;
+    cache_bin_remove(a, p);
+    cache_merge(a, p, b);
+    b = p;
+  }
+  cache_bin_insert(a, b);
+  return b;
+}
+
+/* Merges VIRT block b (in no list) with VIRT neighbours, puts the result
+ * into its span's list and returns it. */
+static struct cache_block *cache_virt_settle(struct cache_block *b) {
+  struct cache_span *s = b->span;
+  if (b->next && b->next->state == CACHE_VIRT) {
+    cache_virt_remove(s, b->next);
+    b->size += b->next->size;
+    cache_block_unlink(b->next);
+  }
+  if (b->prev && b->prev->state == CACHE_VIRT) {
+    struct cache_block *p = b->prev;
+    cache_virt_remove(s, p);
+    p->size += b->size;
+    cache_block_unlink(b);
+    b = p;
+  }
+  cache_virt_insert(s, b);
+  return b;
+}
+
+/* A MAPPING block whose mapping failed becomes free memory where its
+ * pages are mapped and VIRT where they are not, split at the page
+ * boundaries where that changes; its users must already be counted off.
+ * Its pages were filled lowest first, so it is at most three pieces
+ * (mapped, unmapped, mapped: the free ends of its neighbours and the pages
+ * mapped before the failure): the records for the two splits are given
+ * (spare, taken when used), so that nothing here can fail.  Holds a's
+ * lock. */
+static void cache_settle(struct gmb_cache *k, struct cache_arena *a,
+                         struct cache_block *b, struct cache_block **spare) {
+  struct cache_span *s = b->span;
+  const uintptr_t end = b->ptr + b->size;
+  unsigned used = 0;
+  while (b) {
+    int mapped = cache_pg(k, s, b->ptr)->pg.id != 0;
+    uintptr_t cut = cache_pfloor(k, b->ptr) + k->page;
+    while (cut < end && (cache_pg(k, s, cut)->pg.id != 0) == mapped)
+      cut += k->page;
+    if (cut > end) cut = end;
+    struct cache_block *rest = NULL;
+    if (cut < end) {
+      struct cache_block *r = used < 2 ? spare[used] : NULL;
+      if (r) spare[used++] = NULL;
+      rest = cache_block_link(r ? r : calloc(1, sizeof *r), s, b, cut,
+                              end - cut, CACHE_MAPPING);
+    }
+    b->size = (rest ? cut : end) - b->ptr;
+    b->ready = 1;
+    b->stream = NULL;
+    b->ev = NULL;
+    if (mapped) {
+      b->state = CACHE_FREE;
+      cache_coalesce(a, b);
+    } else {
+      b->state = CACHE_VIRT;
+      cache_virt_settle(b);
+    }
+    b = rest;
+  }
+}
+
+/* --- handing out ----------------------------------------------------- */
+
+/* Cuts the rest of FREE block b (in no bin, already marked LIVE) off as a
+ * free block of b's stream and event, leaving b `need` bytes; the rest is
+ * cut from the start of b when `at_end` (b keeps its end).  When out of
+ * memory b keeps the rest (waste, not an error). */
+static void cache_split(struct cache_arena *a, struct cache_block *b,
+                        uint64_t need, int at_end) {
+  uint64_t rest = b->size - need;
+  struct cache_block *r =
+      at_end ? cache_block_new(b->span, b->prev, b->ptr, rest, CACHE_FREE)
+             : cache_block_new(b->span, b, b->ptr + need, rest, CACHE_FREE);
+  if (r == NULL) return;
+  r->ready = b->ready;
+  r->stream = b->stream;
+  r->thread = b->thread;
+  r->ev = b->ev;
+  if (r->ev) r->ev->refs++;
+  if (at_end) b->ptr += rest;
+  b->size = need;
+  cache_coalesce(a, r); /* a neighbour may be free and mergeable */
+}
+
+/* Hands out block b (counted on its pages) for a request of `need` bytes
+ * (b->size >= need; the rest already cut off or kept).  The hash has
+ * room (cache_hash_grow). */
+static void cache_hand_out(struct gmb_cache *k, struct cache_arena *a,
+                           struct cache_block *b, uint64_t need) {
+  b->state = CACHE_LIVE;
+  cache_event_unref(a, b->ev);
+  b->ev = NULL;
+  b->stream = NULL;
+  b->ready = 0;
+  b->req = need;
+  cache_hash_put(a, b);
+  a->in_use_blocks += b->size;
+  a->in_use_req += need;
+  if (a->in_use_req > a->peak_req) a->peak_req = a->in_use_req;
+  cache_totals(k, 0, 0, (int64_t)need, (int64_t)b->size);
+}
+
+/* Takes FREE block b (in no bin) for `need` bytes: cut from the end that
+ * touches a block in use (so live memory packs into few pages), counted
+ * on its pages, handed out.  0 or GMB_E_SYSTEM (b back in its bin). */
+static int cache_take(struct gmb_cache *k, struct cache_arena *a,
+                      struct cache_block *b, uint64_t need) {
+  if (a->hash_n >= a->hash_cap && cache_hash_grow(a) != 0) {
+    cache_bin_insert(a, b);
+    return GMB_E_SYSTEM;
+  }
+  b->state = CACHE_LIVE; /* before the rest is cut off: no merging back */
+  if (b->size > need)
+    cache_split(a, b, need, cache_live(b->next) && !cache_live(b->prev));
+  cache_users(k, a, b->span, b->ptr, b->ptr + b->size, 1);
+  cache_hand_out(k, a, b, need);
+  return 0;
+}
+
+/* 1 when free block b lies on a page that holds a block in use. */
+static int cache_touches_live(const struct gmb_cache *k,
+                              const struct cache_block *b) {
+  return cache_pg(k, b->span, b->ptr)->users > 0 ||
+         cache_pg(k, b->span, b->ptr + b->size - 1)->users > 0;
+}
+
+/* The best free block for `need` bytes usable on `stream`, taken out of
+ * its bin; NULL when none.  Best: the smallest in the first bin that has
+ * one among blocks on pages with blocks in use; one that lies on idle
+ * pages only (the smallest that fits) only when no such block fits:
+ * cutting it pins an idle page, which could otherwise go back or be
+ * moved to serve a miss. */
+static struct cache_block *cache_find(struct gmb_cache *k,
+                                      struct cache_arena *a, uint64_t need,
+                                      void *stream) {
+  unsigned me = cache_me();
+restart:;
+  struct cache_block *whole = NULL;
+  for (unsigned i = cache_bin_next(a, cache_bin(need)); i < CACHE_BINS;
+       i = cache_bin_next(a, i + 1)) {
+    struct cache_block *best = NULL;
+    unsigned seen = 0;
+    for (struct cache_block *b = a->bins[i]; b && seen < CACHE_SCAN_MAX;
+         b = b->fnext, seen++) {
+      if (b->size < need || (best && b->size >= best->size)) continue;
+      if (!b->ready &&
+          !cache_same_stream(b->stream, b->thread, stream, me)) {
+        if (!cache_promote(k, a, b, 1)) continue;
+        /* Now ready: it may merge with its neighbours, which changes the
+         * lists being walked.  Merge, then look again (each promotion
+         * makes a block ready for good, so this ends). */
+        cache_bin_remove(a, b);
+        cache_coalesce(a, b);
+        goto restart;
+      }
+      if (cache_touches_live(k, b))
+        best = b;
+      else if (whole == NULL || b->size < whole->size)
+        whole = b;
+    }
+    if (best) {
+      cache_bin_remove(a, best);
+      return best;
+    }
+  }
+  if (whole) cache_bin_remove(a, whole);
+  return whole;
+}
+
+/* --- spans ------------------------------------------------------------ */
+
+/* A new span of at least `need` bytes, one VIRT block; NULL when the
+ * backend or host memory refused.  Holds a's lock. */
+static struct cache_span *cache_span_new(struct gmb_cache *k,
+                                         struct cache_arena *a, uint64_t need,
+                                         int *rc) {
+  uint64_t size = cache_round(need, k->page);
+  if (size < k->span) size = k->span;
+  struct cache_span *s = calloc(1, sizeof *s);
+  struct cache_page *pages = s ? calloc(size >> k->shift, sizeof *pages) : NULL;
+  if (pages == NULL) {
+    free(s);
+    *rc = GMB_E_SYSTEM;
+    return NULL;
+  }
+  s->size = size;
+  s->npages = size >> k->shift;
+  s->page = pages;
+  *rc = k->ops.reserve(k->ops.ctx, size, &s->base);
+  struct cache_block *b = NULL;
+  if (*rc == 0) {
+    b = cache_block_new(s, NULL, s->base, size, CACHE_VIRT);
+    if (b == NULL) {
+      k->ops.unreserve(k->ops.ctx, s->base, size);
+      *rc = GMB_E_SYSTEM;
+    }
+  }
+  if (*rc) {
+    free(pages);
+    free(s);
+    return NULL;
+  }
+  cache_virt_insert(s, b);
+  s->next = a->spans;
+  a->spans = s;
+  return s;
+}
+
+/* --- misses ------------------------------------------------------------- */
+
+struct cache_plan {
+  struct cache_block *v; /* the VIRT block the range maps pages in */
+  uintptr_t xs;          /* the block's start */
+  uint64_t pages;        /* pages to map: fewest wins */
+};
+
+/* 1 when free block f (a neighbour of a VIRT block) may be part of a
+ * block for `stream` now, without a driver call. */
+static int cache_plan_usable(const struct cache_block *f, void *stream) {
+  return f && f->state == CACHE_FREE && !f->orphan &&
+         (f->ready || cache_same_stream(f->stream, f->thread, stream,
+                                        cache_me()));
+}
+
+static void cache_plan_try(const struct gmb_cache *k, struct cache_block *v,
+                           uint64_t need, void *stream,
+                           struct cache_plan *best) {
+  uint64_t lf = cache_plan_usable(v->prev, stream) ? v->prev->size : 0;
+  uint64_t rf = cache_plan_usable(v->next, stream) ? v->next->size : 0;
+  if (lf + v->size + rf < need) return;
+  uint64_t vpages = v->size >> k->shift;
+  /* From the free end of the left neighbour, or up to the free start of
+   * the right one; a neighbour that alone holds the request is not a
+   * miss's business (the bins serve it). */
+  if (need > lf) {
+    uint64_t n = cache_round(need - lf, k->page) >> k->shift;
+    if (n > vpages) n = vpages;
+    if (best->v == NULL || n < best->pages) {
+      best->v = v;
+      best->xs = v->ptr - lf;
+      best->pages = n;
+    }
+  }
+  if (need > rf) {
+    uint64_t n = cache_round(need - rf, k->page) >> k->shift;
+    if (n > vpages) n = vpages;
+    if (best->v == NULL || n < best->pages) {
+      best->v = v;
+      best->xs = v->ptr + v->size + rf - need;
+      best->pages = n;
+    }
+  }
+}
+
+/* The range that serves `need` bytes with the fewest new pages, among the
+ * arena's VIRT blocks and their free neighbours.  It stops at the first
+ * that needs one page (none can need fewer: the neighbours alone do not
+ * serve the request). */
+static void cache_plan(struct gmb_cache *k, struct cache_arena *a,
+                       uint64_t need, void *stream, struct cache_plan *best) {
+  memset(best, 0, sizeof *best);
+  for (struct cache_span *s = a->spans; s; s = s->next)
+    for (struct cache_block *v = s->virt; v; v = v->fnext) {
+      cache_plan_try(k, v, need, stream, best);
+      if (best->v && best->pages <= 1) return;
+    }
+}
+
+/* Turns the plan's range into one MAPPING block M = the block [xs,
+ * xs+need) widened to whole pages where it lies in the VIRT block: the
+ * free neighbours shrink, the VIRT block's rest stays VIRT.  Returns M
+ * (counted on its pages), or NULL when out of host memory (nothing
+ * changed). */
+static struct cache_block *cache_carve(struct gmb_cache *k,
+                                       struct cache_arena *a,
+                                       const struct cache_plan *pl,
+                                       uint64_t need) {
+  struct cache_block *v = pl->v;
+  struct cache_span *s = v->span;
+  uintptr_t xs = pl->xs, xe = xs + need, vs = v->ptr, ve = v->ptr + v->size;
+  uintptr_t ms = xs < vs ? xs : cache_pfloor(k, xs);
+  uintptr_t me = xe > ve ? xe : cache_pceil(k, xe);
+  uintptr_t lo = ms > vs ? ms : vs, hi = me < ve ? me : ve; /* pages */
+  /* Records for the VIRT rests first, so that a failure changes nothing. */
+  struct cache_block *lv = NULL, *rv = NULL;
+  if (lo > vs && (lv = cache_block_new(s, v->prev, vs, lo - vs,
+                                       CACHE_VIRT)) == NULL)
+    return NULL;
+  if (hi < ve && (rv = cache_block_new(s, v, hi, ve - hi, CACHE_VIRT)) ==
+                     NULL) {
+    if (lv) cache_block_unlink(lv);
+    return NULL;
+  }
+  cache_virt_remove(s, v);
+  if (lv) cache_virt_insert(s, lv);
+  if (rv) cache_virt_insert(s, rv);
+  if (ms < vs) { /* the left neighbour's free end */
+    struct cache_block *f = v->prev;
+    cache_bin_remove(a, f);
+    f->size -= vs - ms;
+    if (f->size)
+      cache_bin_insert(a, f);
+    else {
+      cache_event_unref(a, f->ev);
+      cache_block_unlink(f);
+    }
+  }
+  if (me > ve) { /* the right neighbour's free start */
+    struct cache_block *f = v->next;
+    cache_bin_remove(a, f);
+    f->ptr += me - ve;
+    f->size -= me - ve;
+    if (f->size)
+      cache_bin_insert(a, f);
+    else {
+      cache_event_unref(a, f->ev);
+      cache_block_unlink(f);
+    }
+  }
+  v->ptr = ms;
+  v->size = me - ms;
+  v->state = CACHE_MAPPING;
+  cache_users(k, a, s, ms, me, 1);
+  return v;
+}
+
+/* An idle page of arena a whose free memory no stream can still use,
+ * detached: the page's range becomes VIRT (not merged yet, in no list)
+ * and is returned with the page's address in *addr; NULL when none.  Looks
+ * at free blocks of at least a page, largest first: an idle page lies
+ * inside exactly one free block once its free neighbours merged, and that
+ * block must be ready.  With `ask`, a block whose stream's work is not
+ * known to be done gets an event recorded, so that a later look finds
+ * out.  Holds a's lock. */
+static struct cache_block *cache_idle_take(struct gmb_cache *k,
+                                           struct cache_arena *a, int ask,
+                                           uintptr_t *addr) {
+  if (a->idle == 0) return NULL;
+  const unsigned lowest = cache_bin(k->page);
+restart:
+  for (unsigned i = cache_bin_prev(a, CACHE_BINS - 1);
+       i < CACHE_BINS && i >= lowest;
+       i = i ? cache_bin_prev(a, i - 1) : CACHE_BINS) {
+    for (struct cache_block *b = a->bins[i]; b; b = b->fnext) {
+      uintptr_t p0 = cache_pceil(k, b->ptr);
+      uintptr_t p1 = cache_pfloor(k, b->ptr + b->size);
+      if (p1 <= p0) continue;
+      if (!b->ready) {
+        if (!cache_promote(k, a, b, ask)) continue;
+        /* Ready now: merge with ready neighbours first (the lists being
+         * walked change), then look again. */
+        cache_bin_remove(a, b);
+        cache_coalesce(a, b);
+        goto restart;
+      }
+      /* Whole pages inside a free block hold no block in use.  Records
+       * first, so that a failure changes nothing. */
+      uintptr_t end = b->ptr + b->size;
+      struct cache_block *pv = NULL, *r = NULL;
+      if (b->ptr < p0 &&
+          (pv = calloc(1, sizeof *pv)) == NULL)
+        return NULL;
+      if (end > p0 + k->page && (r = calloc(1, sizeof *r)) == NULL) {
+        free(pv);
+        return NULL;
+      }
+      cache_bin_remove(a, b);
+      if (pv) {
+        cache_block_link(pv, b->span, b, p0, end - p0, CACHE_VIRT);
+        b->size = p0 - b->ptr;
+        cache_bin_insert(a, b);
+      } else {
+        pv = b;
+        pv->state = CACHE_VIRT;
+        pv->ready = 0;
+      }
+      if (r) {
+        cache_block_link(r, pv->span, pv, p0 + k->page, end - p0 - k->page,
+                         CACHE_FREE);
+        r->ready = 1;
+        pv->size = k->page;
+        cache_bin_insert(a, r);
+      }
+      *addr = p0;
+      return pv;
+    }
+  }
+  return NULL;
+}
+
+/* Unmaps the page at `addr` of span s (detached by cache_idle_take): its
+ * physical page goes to *out, the counts drop.  Holds a's lock. */
+static void cache_page_drop(struct gmb_cache *k, struct cache_arena *a,
+                            struct cache_span *s, uintptr_t addr,
+                            struct gmb_cache_page *out) {
+  struct cache_page *pg = cache_pg(k, s, addr);
+  *out = pg->pg;
+  memset(&pg->pg, 0, sizeof pg->pg);
+  a->mapped--;
+  a->idle--;
+  cache_totals(k, -(int64_t)k->page, -(int64_t)k->page, 0, 0);
+}
+
+/* Fills the pages of MAPPING block m that are not mapped with idle pages
+ * of the same arena, moved (page_move), lowest first.  Returns how many
+ * pages it filled.  Holds a's lock. */
+static uint64_t cache_fill_moved(struct gmb_cache *k, struct cache_arena *a,
+                                 struct cache_block *m) {
+  if (k->ops.page_move == NULL) return 0;
+  struct cache_span *s = m->span;
+  uint64_t moved = 0;
+  for (uintptr_t p = cache_pfloor(k, m->ptr); p < m->ptr + m->size;
+       p += k->page) {
+    struct cache_page *dst = cache_pg(k, s, p);
+    if (dst->pg.id) continue;
+    uintptr_t from;
+    struct cache_block *pv = cache_idle_take(k, a, 0, &from);
+    if (pv == NULL) break;
+    struct cache_page *src = cache_pg(k, pv->span, from);
+    struct gmb_cache_page pg = src->pg;
+    int rc = k->ops.page_move(k->ops.ctx, from, p, &pg);
+    if (rc < 0) {
+      /* Not moved: the page stays where it was, free. */
+      pv->state = CACHE_FREE;
+      pv->ready = 1;
+      cache_coalesce(a, pv);
+      break;
+    }
+    memset(&src->pg, 0, sizeof src->pg);
+    dst->pg = pg;
+    a->idle--; /* the page under m has users: no longer idle */
+    cache_totals(k, 0, -(int64_t)k->page, 0, 0);
+    if (rc == 1) {
+      pv->state = CACHE_LOST;
+      pv->span->lost = 1;
+    } else {
+      cache_virt_settle(pv);
+    }
+    a->page_moves++;
+    moved++;
+  }
+  return moved;
+}
+
+/* Maps the pages of MAPPING block m that are not mapped yet, from the
+ * broker, with no lock held (m is this thread's).  0, or the backend's
+ * code with the pages mapped so far recorded. */
+static int cache_fill_mapped(struct gmb_cache *k, struct cache_arena *a,
+                             struct cache_block *m) {
+  struct cache_span *s = m->span;
+  int rc = 0;
+  for (uintptr_t p = cache_pfloor(k, m->ptr); p < m->ptr + m->size;
+       p += k->page) {
+    struct cache_page *pg = cache_pg(k, s, p);
+    /* Safe to read unlocked: only the owner of the MAPPING block changes
+     * the pages under it. */
+    if (pg->pg.id) continue;
+    struct gmb_cache_page got = {0, 0};
+    rc = k->ops.page_map(k->ops.ctx, p, &got);
+    if (rc == 0 && got.id == 0) rc = GMB_E_PROTO;
+    if (rc) break;
+    pthread_mutex_lock(&a->mu);
+    pg->pg = got;
+    a->mapped++;
+    a->page_maps++;
+    cache_totals(k, (int64_t)k->page, 0, 0, 0);
+    pthread_mutex_unlock(&a->mu);
+  }
+  return rc;
+}
+
+/* A miss: maps the fewest pages that serve `need` bytes on `stream`.
+ * Takes a's lock and gives it back. */
+static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
+                      uint64_t need, void *stream, void **ptr) {
+  /* The records that cutting up the range may need later, when the lock
+   * has been given up once: taken now, so that nothing fails then. */
+  struct cache_block *spare[2] = {calloc(1, sizeof(struct cache_block)),
+                                  calloc(1, sizeof(struct cache_block))};
+  int rc = spare[0] && spare[1] ? 0 : GMB_E_SYSTEM;
+  struct cache_plan pl = {0};
+  struct cache_block *m = NULL;
+  pthread_mutex_lock(&a->mu);
+  if (rc == 0 && a->hash_n >= a->hash_cap) rc = cache_hash_grow(a);
+  if (rc == 0) {
+    cache_plan(k, a, need, stream, &pl);
+    if (pl.v == NULL && cache_span_new(k, a, need, &rc) != NULL)
+      cache_plan(k, a, need, stream, &pl);
+  }
+  if (rc == 0 && (m = pl.v ? cache_carve(k, a, &pl, need) : NULL) == NULL)
+    rc = GMB_E_SYSTEM;
+  if (rc) {
+    pthread_mutex_unlock(&a->mu);
+    free(spare[0]);
+    free(spare[1]);
+    return rc;
+  }
+  cache_fill_moved(k, a, m);
+  pthread_mutex_unlock(&a->mu);
+
+  rc = cache_fill_mapped(k, a, m);
+
+  pthread_mutex_lock(&a->mu);
+  cache_users(k, a, m->span, m->ptr, m->ptr + m->size, -1);
+  if (rc) {
+    cache_settle(k, a, m, spare);
+  } else {
+    /* Every page of m is mapped: [xs, xs+need) is handed out, the rest
+     * of m (in its new pages) is free memory. */
+    const uintptr_t xs = pl.xs, me = m->ptr + m->size;
+    struct cache_block *b = m;
+    if (xs > m->ptr) {
+      b = cache_block_link(spare[0], m->span, m, xs, me - xs, CACHE_MAPPING);
+      spare[0] = NULL;
+      m->size = xs - m->ptr;
+      m->state = CACHE_FREE;
+      m->ready = 1;
+      cache_coalesce(a, m);
+    }
+    if (b->size > need) {
+      struct cache_block *r = cache_block_link(spare[1], b->span, b, xs + need,
+                                               b->size - need, CACHE_FREE);
+      spare[1] = NULL;
+      r->ready = 1;
+      b->size = need;
+      cache_coalesce(a, r);
+    }
+    cache_users(k, a, b->span, b->ptr, b->ptr + b->size, 1);
+    cache_hand_out(k, a, b, need);
+    *ptr = (void *)b->ptr;
+  }
+  pthread_mutex_unlock(&a->mu);
+  free(spare[0]);
+  free(spare[1]);
+  return rc;
+}
+
+static void cache_pending_poll(struct gmb_cache *k, struct cache_arena *a);
+
+int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
+                     void **ptr) {
+  if (k == NULL || ptr == NULL) return GMB_E_INVAL;
+  *ptr = NULL;
+  if (size == 0 || (uint64_t)size > GMB_CACHE_MAX) return GMB_E_INVAL;
+  /* Streams ignored without events (the host device). */
+  stream = cache_events(k) ? cache_stream(stream) : NULL;
+  uint64_t need = cache_round(size, GMB_CACHE_ALIGN);
+  struct cache_arena *a = &k->arena[cache_arena_of(k)];
+
+  pthread_mutex_lock(&a->mu);
+  if (a->pending) cache_pending_poll(k, a);
+  struct cache_block *b = cache_find(k, a, need, stream);
+  if (b) {
+    int rc = cache_take(k, a, b, need);
+    if (rc == 0) {
+      a->hits++;
+      *ptr = (void *)b->ptr;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+  }
+  a->misses++;
+  pthread_mutex_unlock(&a->mu);
+
+  int rc = cache_miss(k, a, need, stream, ptr);
+  if (rc == GMB_E_QUOTA || rc == GMB_E_NOMEM) {
+    /* The idle pages of every arena go back before the request is tried
+     * once more (as PyTorch frees its cache before it reports out of
+     * memory). */
+    uint64_t released = 0;
+    gmb__cache_trim(k, 0, 0, &released);
+    if (released) rc = cache_miss(k, a, need, stream, ptr);
+  }
+  return rc;
+}
+
+/* --- freeing ----------------------------------------------------------- */
+
+/* 1 when p lies in free, given-back or pending memory of one of a's spans:
+ * a double free or a free after a trim (the block freed first may have
+ * merged since, so p need not start a block any more).  Holds a's lock. */
+static int cache_is_free_block(struct cache_arena *a, uintptr_t p) {
+  for (struct cache_span *s = a->spans; s; s = s->next) {
+    if (p < s->base || p - s->base >= s->size) continue;
+    for (struct cache_block *b = s->first; b; b = b->next)
+      if (p >= b->ptr && p - b->ptr < b->size)
+        return b->state == CACHE_FREE || b->state == CACHE_VIRT ||
+               b->pending;
+    return 0;
+  }
+  return 0;
+}
+
 static void cache_uses_clear(struct cache_block *b) {
   free(b->uses);
   b->uses = NULL;
   b->n_uses = b->cap_uses = 0;
 }
 
-/* A pending block whose waits all completed becomes a free block of its
- * free's stream and event.  Holds a's lock. */
+/* LIVE block b (out of the hash and the pending list) becomes free memory
+ * of `stream` (ready on a cache without events), with event e (may be
+ * NULL).  Holds a's lock. */
+static void cache_to_free(struct gmb_cache *k, struct cache_arena *a,
+                          struct cache_block *b, void *stream,
+                          unsigned thread, struct cache_event *e) {
+  a->in_use_blocks -= b->size;
+  a->in_use_req -= b->req;
+  cache_totals(k, 0, 0, -(int64_t)b->req, -(int64_t)b->size);
+  cache_users(k, a, b->span, b->ptr, b->ptr + b->size, -1);
+  b->state = CACHE_FREE;
+  b->req = 0;
+  b->ready = !cache_events(k);
+  b->stream = b->ready ? NULL : stream;
+  b->thread = thread;
+  b->ev = e;
+  cache_coalesce(a, b);
+}
+
+/* A pending block whose waits all completed becomes free memory of its
+ * free's stream.  Holds a's lock. */
 static void cache_pending_release(struct gmb_cache *k, struct cache_arena *a,
                                   struct cache_block *b) {
   if (b->fprev)
@@ -762,12 +1189,9 @@ static void cache_pending_release(struct gmb_cache *k, struct cache_arena *a,
   b->waits = NULL;
   b->n_waits = 0;
   b->pending = 0;
-  a->in_use_blocks -= b->size;
-  a->in_use_req -= b->req;
-  cache_totals(k, 0, -(int64_t)b->req, -(int64_t)b->size);
-  b->free = 1;
-  b->req = 0;
-  cache_coalesce(k, a, b);
+  struct cache_event *e = b->ev;
+  b->ev = NULL;
+  cache_to_free(k, a, b, b->stream, b->thread, e);
 }
 
 /* Looks at a's pending blocks: drops the waits that completed and
@@ -781,7 +1205,7 @@ static void cache_pending_poll(struct gmb_cache *k, struct cache_arena *a) {
     for (uint32_t i = 0; i < b->n_waits; i++) {
       struct cache_event *e = b->waits[i];
       if (k->ops.event_query(k->ops.ctx, e->h) == 1)
-        cache_event_unref(k, a, e);
+        cache_event_unref(a, e);
       else
         b->waits[n++] = e;
     }
@@ -796,12 +1220,18 @@ static void cache_pending_poll(struct gmb_cache *k, struct cache_arena *a) {
  * back in the hash and nothing else changed. */
 static int cache_release(struct gmb_cache *k, struct cache_arena *a,
                          struct cache_block *b, void *stream) {
-  struct cache_event *e = NULL;
   unsigned me = cache_me();
-  if (k->ops.event_record == NULL) cache_uses_clear(b);
-  /* The other streams that use it first: an event on each (the free's
-   * own stream needs none beyond the free's). */
+  if (!cache_events(k)) {
+    cache_uses_clear(b);
+    cache_to_free(k, a, b, NULL, me, NULL);
+    return 0;
+  }
+  /* The other streams that use it: an event on each.  The free's own
+   * stream needs none (reuse on it is ordered; another stream records
+   * when it wants the block), except the per-thread default stream,
+   * which only this thread can record on. */
   struct cache_event **waits = NULL;
+  struct cache_event *e = NULL;
   uint32_t nw = 0;
   int rc = 0;
   if (b->n_uses) {
@@ -813,21 +1243,22 @@ static int cache_release(struct gmb_cache *k, struct cache_arena *a,
       if (rc == 0) nw++;
     }
   }
-  if (rc == 0 && k->ops.event_record) rc = cache_event_record(k, a, stream, &e);
+  if (rc == 0 && stream == CACHE_STREAM_PER_THREAD)
+    rc = cache_event_record(k, a, stream, &e);
   if (rc) {
-    for (uint32_t i = 0; i < nw; i++) cache_event_unref(k, a, waits[i]);
+    for (uint32_t i = 0; i < nw; i++) cache_event_unref(a, waits[i]);
     free(waits);
     cache_hash_put(a, b);
     return rc;
   }
   cache_uses_clear(b);
-  b->stream = e ? stream : NULL;
-  b->thread = me;
-  b->ev = e;
   if (nw) {
     /* Pending: still counted as handed out until its other streams ran
      * past the free. */
     b->pending = 1;
+    b->stream = stream;
+    b->thread = me;
+    b->ev = e;
     b->waits = waits;
     b->n_waits = nw;
     b->fprev = NULL;
@@ -838,12 +1269,7 @@ static int cache_release(struct gmb_cache *k, struct cache_arena *a,
     return 0;
   }
   free(waits);
-  a->in_use_blocks -= b->size;
-  a->in_use_req -= b->req;
-  cache_totals(k, 0, -(int64_t)b->req, -(int64_t)b->size);
-  b->free = 1;
-  b->req = 0;
-  cache_coalesce(k, a, b);
+  cache_to_free(k, a, b, stream, me, e);
   return 0;
 }
 
@@ -854,8 +1280,6 @@ static int cache_release(struct gmb_cache *k, struct cache_arena *a,
 static struct cache_block *cache_lookup(struct gmb_cache *k, uintptr_t p,
                                         struct cache_arena **ap, int *dup) {
   unsigned first = cache_arena_of(k);
-  /* The calling thread's arena first: most blocks are freed by the thread
-   * that took them. */
   for (unsigned j = 0; j < k->n; j++) {
     struct cache_arena *a = &k->arena[(first + j) % k->n];
     pthread_mutex_lock(&a->mu);
@@ -866,7 +1290,6 @@ static struct cache_block *cache_lookup(struct gmb_cache *k, uintptr_t p,
     }
     pthread_mutex_unlock(&a->mu);
   }
-  /* Not handed out: say whether it is a double free (slow; errors only). */
   *dup = 0;
   for (unsigned j = 0; j < k->n && !*dup; j++) {
     pthread_mutex_lock(&k->arena[j].mu);
@@ -879,7 +1302,7 @@ static struct cache_block *cache_lookup(struct gmb_cache *k, uintptr_t p,
 int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream) {
   if (k == NULL) return GMB_E_INVAL;
   if (ptr == NULL) return GMB_E_NOENT;
-  stream = k->ops.event_query == NULL ? NULL : cache_stream(stream);
+  stream = cache_events(k) ? cache_stream(stream) : NULL;
   struct cache_arena *a;
   int dup;
   struct cache_block *b = cache_lookup(k, (uintptr_t)ptr, &a, &dup);
@@ -900,7 +1323,7 @@ int gmb__cache_record_stream(struct gmb_cache *k, void *ptr, void *stream) {
   if (b == NULL) return dup ? GMB_E_INVAL : GMB_E_NOENT;
   int rc = 0;
   /* Streams do not count on the host device: nothing to remember. */
-  if (k->ops.event_record) {
+  if (cache_events(k)) {
     uint32_t i = 0;
     while (i < b->n_uses && b->uses[i] != stream) i++;
     if (i == b->n_uses) {
@@ -922,42 +1345,107 @@ int gmb__cache_record_stream(struct gmb_cache *k, void *ptr, void *stream) {
   return rc;
 }
 
-/* --- trimming ------------------------------------------------------------ */
+/* --- trimming ----------------------------------------------------------- */
 
-int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, uint64_t *released) {
+#define CACHE_TRIM_BATCH 64
+
+/* Makes ready the free blocks on idle pages whose streams' work is done,
+ * recording an event on the others (a later look finds them done), and
+ * merges them: an idle page covered by free blocks of several streams is
+ * one free block once they are ready.  Holds a's lock. */
+static void cache_promote_idle(struct gmb_cache *k, struct cache_arena *a) {
+restart:
+  for (unsigned i = cache_bin_next(a, 0); i < CACHE_BINS;
+       i = cache_bin_next(a, i + 1))
+    for (struct cache_block *b = a->bins[i]; b; b = b->fnext) {
+      if (b->ready || b->orphan) continue;
+      if (cache_pg(k, b->span, b->ptr)->users ||
+          cache_pg(k, b->span, b->ptr + b->size - 1)->users)
+        continue;
+      if (!cache_promote(k, a, b, 1)) continue;
+      cache_bin_remove(a, b);
+      cache_coalesce(a, b);
+      goto restart; /* each promotion is for good: this ends */
+    }
+}
+
+/* Unmaps up to `max` idle pages of arena a whose memory no stream can
+ * still use, into pg[]; returns how many.  Holds a's lock. */
+static unsigned cache_trim_arena(struct gmb_cache *k, struct cache_arena *a,
+                                 unsigned max, struct gmb_cache_page *pg) {
+  unsigned n = 0;
+  if (cache_events(k)) cache_promote_idle(k, a);
+  while (n < max) {
+    uintptr_t addr;
+    struct cache_block *pv = cache_idle_take(k, a, 1, &addr);
+    if (pv == NULL) break;
+    struct cache_span *s = pv->span;
+    k->ops.page_unmap(k->ops.ctx, addr, &cache_pg(k, s, addr)->pg);
+    cache_page_drop(k, a, s, addr, &pg[n++]);
+    cache_virt_settle(pv);
+    a->page_frees++;
+  }
+  return n;
+}
+
+int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, unsigned flags,
+                    uint64_t *released) {
   uint64_t done = 0;
   if (released) *released = 0;
   if (k == NULL) return GMB_E_INVAL;
+  int synced = 0;
+again:
   for (unsigned j = 0; j < k->n; j++) {
     struct cache_arena *a = &k->arena[j];
     for (;;) {
-      /* The largest wholly free, ready slab of this arena; its id is
-       * given back with no lock held. */
+      struct gmb_cache_page pg[CACHE_TRIM_BATCH];
       pthread_mutex_lock(&a->mu);
       if (a->pending) cache_pending_poll(k, a);
-      uint64_t cached = atomic_load(&k->slab_bytes) -
-                        atomic_load(&k->blocks_out);
-      struct cache_slab *best = NULL;
-      for (struct cache_slab *s = a->slabs; s; s = s->next) {
-        /* A slab of blocks whose events all completed is one block once
-         * they are made ready: promote, then look at the whole. */
-        for (struct cache_block *x = s->first; x; x = x->next) {
-          /* Merging may give x a neighbour's event that completed
-           * too: promote until it waits for nothing or for work that is
-           * not done. */
-          while (x->free && cache_promote(k, a, x)) {
-            cache_bin_remove(a, x);
-            x = cache_coalesce(k, a, x);
-          }
-        }
-        if (cache_slab_idle(s) && (best == NULL || s->size > best->size))
-          best = s;
+      uint64_t idle = atomic_load(&k->idle);
+      unsigned max = 0;
+      if (idle > keep) {
+        uint64_t want = cache_round(idle - keep, k->page) >> k->shift;
+        max = want < CACHE_TRIM_BATCH ? (unsigned)want : CACHE_TRIM_BATCH;
       }
-      if (best == NULL || cached <= keep) {
+      unsigned n = max ? cache_trim_arena(k, a, max, pg) : 0;
+      pthread_mutex_unlock(&a->mu);
+      /* The messages, with no lock held. */
+      for (unsigned i = 0; i < n; i++) k->ops.page_free(k->ops.ctx, &pg[i]);
+      done += (uint64_t)n * k->page;
+      if (n < max || n == 0) break;
+    }
+  }
+  if ((flags & GMB_CACHE_TRIM_SYNC) && !synced && k->ops.sync &&
+      atomic_load(&k->idle) > keep) {
+    /* What is left waits for stream work: wait for the device once, make
+     * every free block ready, and look again. */
+    synced = 1;
+    if (k->ops.sync(k->ops.ctx) == 0) {
+      for (unsigned j = 0; j < k->n; j++) {
+        struct cache_arena *a = &k->arena[j];
+        pthread_mutex_lock(&a->mu);
+        if (a->pending) cache_pending_poll(k, a);
+        for (unsigned i = 0; i < CACHE_BINS; i++)
+          for (struct cache_block *b = a->bins[i]; b; b = b->fnext)
+            if (!b->ready) {
+              if (b->orphan) a->orphans--;
+              cache_event_unref(a, b->ev);
+              b->ev = NULL;
+              b->stream = NULL;
+              b->orphan = 0;
+              b->ready = 1;
+            }
+        /* Merging changes the bins: merge in a second walk over spans. */
+        for (struct cache_span *s = a->spans; s; s = s->next)
+          for (struct cache_block *b = s->first; b; b = b->next)
+            while (b->state == CACHE_FREE && b->next &&
+                   cache_mergeable(b, b->next)) {
+              cache_bin_remove(a, b);
+              b = cache_coalesce(a, b);
+            }
         pthread_mutex_unlock(&a->mu);
-        break;
       }
-      done += cache_slab_give_back(k, a, best);
+      goto again;
     }
   }
   if (released) *released = done;
@@ -968,14 +1456,23 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, uint64_t *released) {
 
 struct gmb_cache *gmb__cache_new(const struct gmb_cache_ops *ops,
                                  unsigned arenas) {
-  if (ops == NULL || ops->slab_alloc == NULL || ops->slab_free == NULL)
+  if (ops == NULL || ops->reserve == NULL || ops->unreserve == NULL ||
+      ops->page_map == NULL || ops->page_unmap == NULL ||
+      ops->page_free == NULL)
     return NULL;
   int ev = (ops->event_new != NULL) + (ops->event_record != NULL) +
            (ops->event_query != NULL) + (ops->event_destroy != NULL);
   if (ev != 0 && ev != 4) return NULL;
+  uint64_t page = ops->page ? ops->page : GMB_CACHE_PAGE;
+  if (page < GMB_CACHE_ALIGN || (page & (page - 1))) return NULL;
+  uint64_t span = ops->span ? ops->span : GMB_CACHE_SPAN;
+  if (span % page) return NULL;
   struct gmb_cache *k = calloc(1, sizeof *k);
   if (k == NULL) return NULL;
   k->ops = *ops;
+  k->page = page;
+  k->span = span;
+  k->shift = (unsigned)__builtin_ctzll(page);
   k->n = arenas ? arenas : CACHE_DEFAULT_ARENAS;
   k->arena = calloc(k->n, sizeof *k->arena);
   if (k->arena == NULL) {
@@ -986,33 +1483,50 @@ struct gmb_cache *gmb__cache_new(const struct gmb_cache_ops *ops,
   return k;
 }
 
+static void cache_event_collect(struct cache_event *e,
+                                struct cache_event **dead) {
+  if (e && --e->refs == 0) {
+    e->next = *dead;
+    *dead = e;
+  }
+}
+
 void gmb__cache_destroy(struct gmb_cache *k) {
   if (k == NULL) return;
   for (unsigned i = 0; i < k->n; i++) {
     struct cache_arena *a = &k->arena[i];
-    /* Events are named by free blocks (each once per reference) and by
-     * the spare list; collect each once. */
     struct cache_event *dead = a->spare_events;
-    struct cache_slab *s = a->slabs;
+    struct cache_span *s = a->spans;
     while (s) {
-      struct cache_slab *ns = s->next;
+      struct cache_span *ns = s->next;
+      for (uint64_t p = 0; p < s->npages; p++)
+        if (s->page[p].pg.id)
+          k->ops.page_unmap(k->ops.ctx, s->base + (p << k->shift),
+                            &s->page[p].pg);
+      if (!s->lost) {
+        k->ops.unreserve(k->ops.ctx, s->base, s->size);
+      }
       struct cache_block *b = s->first;
+      uintptr_t run = s->base;
       while (b) {
         struct cache_block *nb = b->next;
-        if (b->ev && --b->ev->refs == 0) {
-          b->ev->next = dead;
-          dead = b->ev;
+        if (s->lost && b->state == CACHE_LOST) {
+          /* Give back the reservation around addresses another mapping
+           * of the process took. */
+          if (b->ptr > run) k->ops.unreserve(k->ops.ctx, run, b->ptr - run);
+          run = b->ptr + b->size;
         }
+        cache_event_collect(b->ev, &dead);
         for (uint32_t w = 0; w < b->n_waits; w++)
-          if (--b->waits[w]->refs == 0) {
-            b->waits[w]->next = dead;
-            dead = b->waits[w];
-          }
+          cache_event_collect(b->waits[w], &dead);
         free(b->waits);
         free(b->uses);
         free(b);
         b = nb;
       }
+      if (s->lost && s->base + s->size > run)
+        k->ops.unreserve(k->ops.ctx, run, s->base + s->size - run);
+      free(s->page);
       free(s);
       s = ns;
     }
@@ -1030,9 +1544,7 @@ void gmb__cache_destroy(struct gmb_cache *k) {
 }
 
 uint64_t gmb__cache_cached(struct gmb_cache *k) {
-  if (k == NULL) return 0;
-  uint64_t s = atomic_load(&k->slab_bytes), o = atomic_load(&k->blocks_out);
-  return s > o ? s - o : 0;
+  return k ? atomic_load(&k->idle) : 0;
 }
 
 void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
@@ -1043,16 +1555,34 @@ void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
     pthread_mutex_lock(&a->mu);
     out->hits += a->hits;
     out->misses += a->misses;
-    out->slab_allocs += a->slab_allocs;
-    out->slab_frees += a->slab_frees;
-    out->slabs += a->slabs_n;
-    out->slab_bytes += a->slab_bytes;
+    out->slab_allocs += a->page_maps;
+    out->slab_frees += a->page_frees;
+    out->page_moves += a->page_moves;
+    out->slabs += a->mapped;
+    out->slab_bytes += a->mapped * k->page;
     out->in_use += a->in_use_req;
-    out->cached += a->slab_bytes - a->in_use_blocks;
+    out->cached += a->mapped * k->page - a->in_use_blocks;
+    out->idle += a->idle * k->page;
     pthread_mutex_unlock(&a->mu);
   }
   out->peak_in_use = atomic_load(&k->peak_in_use);
-  out->peak_slab_bytes = atomic_load(&k->peak_slab_bytes);
+  out->peak_slab_bytes = atomic_load(&k->peak_held);
+}
+
+int gmb__cache_pages(struct gmb_cache *k, gmb_cache_page_fn fn, void *arg) {
+  if (k == NULL) return 0;
+  for (unsigned i = 0; i < k->n; i++) {
+    struct cache_arena *a = &k->arena[i];
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    for (struct cache_span *s = a->spans; s && !rc; s = s->next)
+      for (uint64_t p = 0; p < s->npages && !rc; p++)
+        if (s->page[p].pg.id)
+          rc = fn(arg, s->base + (p << k->shift), &s->page[p].pg);
+    pthread_mutex_unlock(&a->mu);
+    if (rc) return rc;
+  }
+  return 0;
 }
 
 /* --- the checker ------------------------------------------------------------ */
@@ -1064,102 +1594,173 @@ void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
     bad++;                                             \
   } while (0)
 
-static int cache_check_arena(struct cache_arena *a, unsigned ai,
-                             uint64_t *slab_sum, uint64_t *req_sum,
-                             uint64_t *out_sum) {
+/* The blocks and pages of one span.  Adds to the arena's sums. */
+static int cache_check_span(const struct gmb_cache *k,
+                            const struct cache_arena *a, unsigned ai,
+                            const struct cache_span *s, uint64_t *mapped,
+                            uint64_t *idle, uint64_t *in_blocks,
+                            uint64_t *in_req, uint64_t *nfree, uint64_t *nout,
+                            uint64_t *npend, uint64_t *nvirt) {
   int bad = 0;
-  uint64_t slab_bytes = 0, slabs = 0, in_blocks = 0, in_req = 0, nfree = 0,
-           nout = 0, npend = 0;
-  for (struct cache_slab *s = a->slabs; s; s = s->next) {
-    if (s->next && s->next->prev != s) CACHE_BAD("arena %u: slab list links", ai);
-    slab_bytes += s->size;
-    slabs++;
-    uintptr_t at = s->base;
-    struct cache_block *prev = NULL;
-    for (struct cache_block *b = s->first; b; prev = b, b = b->next) {
-      if (b->prev != prev) CACHE_BAD("arena %u: block %#lx: prev link", ai,
-                                     (unsigned long)b->ptr);
-      if (b->slab != s) CACHE_BAD("arena %u: block %#lx: wrong slab", ai,
-                                  (unsigned long)b->ptr);
-      if (b->ptr != at) CACHE_BAD("arena %u: block %#lx: gap or overlap at "
-                                  "%#lx", ai, (unsigned long)b->ptr,
-                                  (unsigned long)at);
-      if (b->size == 0 || b->size % GMB_CACHE_ALIGN)
-        CACHE_BAD("arena %u: block %#lx: size %llu", ai,
-                  (unsigned long)b->ptr, (unsigned long long)b->size);
-      at = b->ptr + b->size;
-      if (prev && cache_mergeable(prev, b))
-        CACHE_BAD("arena %u: free blocks %#lx and %#lx not merged", ai,
-                  (unsigned long)prev->ptr, (unsigned long)b->ptr);
-      if (b->free) {
-        nfree++;
+  uint32_t *users = calloc(s->npages, sizeof *users);
+  uint8_t *unmapped = calloc(s->npages, 1); /* 1: VIRT/LOST, 2: MAPPING */
+  if (users == NULL || unmapped == NULL) {
+    free(users);
+    free(unmapped);
+    CACHE_BAD("arena %u: out of memory checking a span", ai);
+    return bad;
+  }
+  uintptr_t at = s->base;
+  const struct cache_block *prev = NULL;
+  for (const struct cache_block *b = s->first; b; prev = b, b = b->next) {
+    const unsigned long ptr = (unsigned long)b->ptr;
+    if (b->prev != prev) CACHE_BAD("arena %u: block %#lx: prev link", ai, ptr);
+    if (b->span != s) CACHE_BAD("arena %u: block %#lx: wrong span", ai, ptr);
+    if (b->ptr != at)
+      CACHE_BAD("arena %u: block %#lx: gap or overlap at %#lx", ai, ptr,
+                (unsigned long)at);
+    if (b->size == 0 || b->size % GMB_CACHE_ALIGN ||
+        b->ptr + b->size > s->base + s->size) {
+      CACHE_BAD("arena %u: block %#lx: size %llu", ai, ptr,
+                (unsigned long long)b->size);
+      break;
+    }
+    at = b->ptr + b->size;
+    if (prev && cache_mergeable(prev, b))
+      CACHE_BAD("arena %u: blocks %#lx and %#lx not merged", ai,
+                (unsigned long)prev->ptr, ptr);
+    uint64_t p0 = (b->ptr - s->base) >> k->shift;
+    uint64_t p1 = (b->ptr + b->size - 1 - s->base) >> k->shift;
+    switch (b->state) {
+      case CACHE_VIRT:
+      case CACHE_LOST: {
+        if (b->ptr % k->page || b->size % k->page)
+          CACHE_BAD("arena %u: unmapped block %#lx not page aligned", ai, ptr);
+        if (b->state == CACHE_LOST && b->size != k->page)
+          CACHE_BAD("arena %u: lost block %#lx is not one page", ai, ptr);
+        for (uint64_t p = p0; p <= p1; p++) unmapped[p] = 1;
+        if (b->state == CACHE_VIRT) {
+          (*nvirt)++;
+          const struct cache_block *x = s->virt;
+          while (x && x != b) x = x->fnext;
+          if (x == NULL) CACHE_BAD("arena %u: VIRT block %#lx in no list", ai,
+                                   ptr);
+        }
+        break;
+      }
+      case CACHE_FREE: {
+        (*nfree)++;
         if (b->req) CACHE_BAD("arena %u: free block with a request", ai);
-        /* In its bin? */
-        struct cache_block *x = a->pool[s->pool].bins[cache_bin(b->size)];
+        const struct cache_block *x = a->bins[cache_bin(b->size)];
         while (x && x != b) x = x->fnext;
-        if (x == NULL) CACHE_BAD("arena %u: free block %#lx in no bin", ai,
-                                 (unsigned long)b->ptr);
-        if (b->ev && b->ev->refs == 0)
-          CACHE_BAD("arena %u: event with no references", ai);
+        if (x == NULL) CACHE_BAD("arena %u: free block %#lx in no bin", ai, ptr);
+        if (b->ready && (b->ev || b->stream))
+          CACHE_BAD("arena %u: ready block %#lx with a stream", ai, ptr);
         if (b->pending || b->n_waits || b->n_uses)
-          CACHE_BAD("arena %u: free block %#lx with waits or uses", ai,
-                    (unsigned long)b->ptr);
-      } else {
-        nout++;
-        in_blocks += b->size;
-        in_req += b->req;
+          CACHE_BAD("arena %u: free block %#lx with waits or uses", ai, ptr);
+        break;
+      }
+      case CACHE_MAPPING:
+        for (uint64_t p = p0; p <= p1; p++) {
+          users[p]++;
+          unmapped[p] = 2;
+        }
+        break;
+      case CACHE_LIVE: {
+        for (uint64_t p = p0; p <= p1; p++) users[p]++;
+        (*nout)++;
+        *in_blocks += b->size;
+        *in_req += b->req;
         if (b->req == 0 || b->req > b->size)
-          CACHE_BAD("arena %u: block %#lx: request %llu of %llu", ai,
-                    (unsigned long)b->ptr, (unsigned long long)b->req,
-                    (unsigned long long)b->size);
+          CACHE_BAD("arena %u: block %#lx: request %llu of %llu", ai, ptr,
+                    (unsigned long long)b->req, (unsigned long long)b->size);
         if (b->pending) {
-          npend++;
-          struct cache_block *x = a->pending;
+          (*npend)++;
+          const struct cache_block *x = a->pending;
           while (x && x != b) x = x->fnext;
           if (x == NULL) CACHE_BAD("arena %u: pending block %#lx not in the "
-                                   "pending list", ai, (unsigned long)b->ptr);
+                                   "pending list", ai, ptr);
           if (b->n_waits == 0 || b->n_uses)
             CACHE_BAD("arena %u: pending block %#lx waits for %u, uses %u",
-                      ai, (unsigned long)b->ptr, b->n_waits, b->n_uses);
-          for (uint32_t w = 0; w < b->n_waits; w++)
-            if (b->waits[w] == NULL || b->waits[w]->refs != 1)
-              CACHE_BAD("arena %u: pending block %#lx: wait %u", ai,
-                        (unsigned long)b->ptr, w);
-          continue;
+                      ai, ptr, b->n_waits, b->n_uses);
+          break;
         }
         if (b->ev) CACHE_BAD("arena %u: handed-out block with an event", ai);
         if (b->n_waits) CACHE_BAD("arena %u: handed-out block with waits", ai);
         size_t h = a->hash_cap ? cache_hash_of(b->ptr, a->hash_cap) : 0;
-        struct cache_block *x = a->hash_cap ? a->hash[h] : NULL;
+        const struct cache_block *x = a->hash_cap ? a->hash[h] : NULL;
         while (x && x != b) x = x->hnext;
         if (x == NULL) CACHE_BAD("arena %u: handed-out block %#lx not in the "
-                                 "hash", ai, (unsigned long)b->ptr);
+                                 "hash", ai, ptr);
+        break;
       }
+      default:
+        CACHE_BAD("arena %u: block %#lx: state %u", ai, ptr, b->state);
     }
-    if (at != s->base + s->size)
-      CACHE_BAD("arena %u: slab %llu: blocks end at %#lx, not %#lx", ai,
-                (unsigned long long)s->id, (unsigned long)at,
-                (unsigned long)(s->base + s->size));
   }
-  /* Bins: only free blocks of the right size and pool; bitmap matches. */
-  uint64_t inbins = 0;
-  for (int p = 0; p < 2; p++)
-    for (unsigned i = 0; i < CACHE_BINS; i++) {
-      int bit = !!(a->pool[p].bitmap[i / 64] & (UINT64_C(1) << (i % 64)));
-      if (bit != (a->pool[p].bins[i] != NULL))
-        CACHE_BAD("arena %u: pool %d bin %u: bitmap bit %d", ai, p, i, bit);
-      struct cache_block *prev = NULL;
-      for (struct cache_block *b = a->pool[p].bins[i]; b;
-           prev = b, b = b->fnext) {
-        inbins++;
-        if (b->fprev != prev) CACHE_BAD("arena %u: bin %u: links", ai, i);
-        if (!b->free || cache_bin(b->size) != i || b->slab->pool != p)
-          CACHE_BAD("arena %u: bin %u holds block %#lx (free %d, size %llu)",
-                    ai, i, (unsigned long)b->ptr, b->free,
-                    (unsigned long long)b->size);
-        if (inbins > nfree + 1) break; /* a cycle: counted below */
-      }
+  if (at != s->base + s->size)
+    CACHE_BAD("arena %u: span %#lx: blocks end at %#lx, not %#lx", ai,
+              (unsigned long)s->base, (unsigned long)at,
+              (unsigned long)(s->base + s->size));
+  for (uint64_t p = 0; p < s->npages; p++) {
+    const struct cache_page *pg = &s->page[p];
+    int is_mapped = pg->pg.id != 0;
+    if (unmapped[p] == 1 && is_mapped)
+      CACHE_BAD("arena %u: page %#lx mapped under unmapped memory", ai,
+                (unsigned long)(s->base + (p << k->shift)));
+    if (unmapped[p] == 0 && !is_mapped)
+      CACHE_BAD("arena %u: page %#lx not mapped under a block", ai,
+                (unsigned long)(s->base + (p << k->shift)));
+    if (pg->users != users[p])
+      CACHE_BAD("arena %u: page %#lx counts %u users, %u blocks lie on it",
+                ai, (unsigned long)(s->base + (p << k->shift)), pg->users,
+                users[p]);
+    *mapped += is_mapped;
+    *idle += is_mapped && pg->users == 0;
+  }
+  free(users);
+  free(unmapped);
+  return bad;
+}
+
+static int cache_check_arena(const struct gmb_cache *k,
+                             const struct cache_arena *a, unsigned ai,
+                             uint64_t *held_sum, uint64_t *idle_sum,
+                             uint64_t *req_sum, uint64_t *out_sum) {
+  int bad = 0;
+  uint64_t mapped = 0, idle = 0, in_blocks = 0, in_req = 0, nfree = 0,
+           nout = 0, npend = 0, nvirt = 0;
+  for (const struct cache_span *s = a->spans; s; s = s->next) {
+    bad += cache_check_span(k, a, ai, s, &mapped, &idle, &in_blocks, &in_req,
+                            &nfree, &nout, &npend, &nvirt);
+    uint64_t inlist = 0;
+    for (const struct cache_block *v = s->virt; v && inlist <= s->npages;
+         v = v->fnext) {
+      inlist++;
+      if (v->state != CACHE_VIRT || v->span != s)
+        CACHE_BAD("arena %u: the VIRT list holds block %#lx of state %u", ai,
+                  (unsigned long)v->ptr, v->state);
     }
+    nvirt -= nvirt >= inlist ? inlist : nvirt;
+  }
+  if (nvirt) CACHE_BAD("arena %u: VIRT lists miss %llu blocks", ai,
+                       (unsigned long long)nvirt);
+  uint64_t inbins = 0;
+  for (unsigned i = 0; i < CACHE_BINS; i++) {
+    int bit = !!(a->bitmap[i / 64] & (UINT64_C(1) << (i % 64)));
+    if (bit != (a->bins[i] != NULL))
+      CACHE_BAD("arena %u: bin %u: bitmap bit %d", ai, i, bit);
+    const struct cache_block *prev = NULL;
+    for (const struct cache_block *b = a->bins[i]; b; prev = b, b = b->fnext) {
+      inbins++;
+      if (b->fprev != prev) CACHE_BAD("arena %u: bin %u: links", ai, i);
+      if (b->state != CACHE_FREE || cache_bin(b->size) != i)
+        CACHE_BAD("arena %u: bin %u holds block %#lx (state %u, size %llu)",
+                  ai, i, (unsigned long)b->ptr, b->state,
+                  (unsigned long long)b->size);
+      if (inbins > nfree + 1) break; /* a cycle: counted below */
+    }
+  }
   if (inbins != nfree)
     CACHE_BAD("arena %u: %llu blocks in bins, %llu free", ai,
               (unsigned long long)inbins, (unsigned long long)nfree);
@@ -1168,31 +1769,33 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
               "pending", ai, a->hash_n, (unsigned long long)nout,
               (unsigned long long)npend);
   uint64_t inlist = 0;
-  for (struct cache_block *b = a->pending; b && inlist <= npend; b = b->fnext)
+  for (const struct cache_block *b = a->pending; b && inlist <= npend;
+       b = b->fnext)
     inlist++;
   if (inlist != npend || a->pending_n != npend)
     CACHE_BAD("arena %u: pending list holds %llu (counted %zu), %llu pending",
               ai, (unsigned long long)inlist, a->pending_n,
               (unsigned long long)npend);
   /* Event references: count the blocks naming each event. */
-  for (struct cache_slab *s = a->slabs; s; s = s->next)
-    for (struct cache_block *b = s->first; b; b = b->next) {
-      if (!(b->free || b->pending) || b->ev == NULL) continue;
+  for (const struct cache_span *s = a->spans; s; s = s->next)
+    for (const struct cache_block *b = s->first; b; b = b->next) {
+      if (b->ev == NULL) continue;
       uint32_t n = 0;
-      for (struct cache_slab *t = a->slabs; t; t = t->next)
-        for (struct cache_block *c = t->first; c; c = c->next)
-          n += (c->free || c->pending) && c->ev == b->ev;
+      for (const struct cache_span *t = a->spans; t; t = t->next)
+        for (const struct cache_block *c = t->first; c; c = c->next) {
+          n += c->ev == b->ev;
+          for (uint32_t w = 0; w < c->n_waits; w++) n += c->waits[w] == b->ev;
+        }
       if (n != b->ev->refs)
-        CACHE_BAD("arena %u: event named by %u blocks has %u references",
-                  ai, n, b->ev->refs);
+        CACHE_BAD("arena %u: event named %u times has %u references", ai, n,
+                  b->ev->refs);
     }
-  for (struct cache_event *e = a->spare_events; e; e = e->next)
+  for (const struct cache_event *e = a->spare_events; e; e = e->next)
     if (e->refs) CACHE_BAD("arena %u: spare event with references", ai);
-  if (slab_bytes != a->slab_bytes || slabs != a->slabs_n)
-    CACHE_BAD("arena %u: %llu slabs of %llu bytes, counted %llu of %llu", ai,
-              (unsigned long long)slabs, (unsigned long long)slab_bytes,
-              (unsigned long long)a->slabs_n,
-              (unsigned long long)a->slab_bytes);
+  if (mapped != a->mapped || idle != a->idle)
+    CACHE_BAD("arena %u: %llu pages mapped, %llu idle; counted %llu, %llu", ai,
+              (unsigned long long)mapped, (unsigned long long)idle,
+              (unsigned long long)a->mapped, (unsigned long long)a->idle);
   if (a->peak_req < a->in_use_req)
     CACHE_BAD("arena %u: peak in use %llu below in use %llu", ai,
               (unsigned long long)a->peak_req,
@@ -1202,7 +1805,8 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
               ai, (unsigned long long)in_blocks, (unsigned long long)in_req,
               (unsigned long long)a->in_use_blocks,
               (unsigned long long)a->in_use_req);
-  *slab_sum += slab_bytes;
+  *held_sum += mapped * k->page;
+  *idle_sum += idle * k->page;
   *req_sum += in_req;
   *out_sum += in_blocks;
   return bad;
@@ -1211,21 +1815,21 @@ static int cache_check_arena(struct cache_arena *a, unsigned ai,
 int gmb__cache_check(struct gmb_cache *k) {
   if (k == NULL) return 0;
   int bad = 0;
-  uint64_t slab = 0, req = 0, out = 0;
+  uint64_t held = 0, idle = 0, req = 0, out = 0;
   for (unsigned i = 0; i < k->n; i++) pthread_mutex_lock(&k->arena[i].mu);
   for (unsigned i = 0; i < k->n; i++)
-    bad += cache_check_arena(&k->arena[i], i, &slab, &req, &out);
-  if (slab != atomic_load(&k->slab_bytes) || req != atomic_load(&k->in_use) ||
-      out != atomic_load(&k->blocks_out))
-    CACHE_BAD("totals: slabs %llu, in use %llu, out %llu; arenas sum to "
-              "%llu, %llu, %llu",
-              (unsigned long long)atomic_load(&k->slab_bytes),
+    bad += cache_check_arena(k, &k->arena[i], i, &held, &idle, &req, &out);
+  if (held != atomic_load(&k->held) || idle != atomic_load(&k->idle) ||
+      req != atomic_load(&k->in_use) || out != atomic_load(&k->blocks_out))
+    CACHE_BAD("totals: held %llu, idle %llu, in use %llu, out %llu; arenas "
+              "sum to %llu, %llu, %llu, %llu",
+              (unsigned long long)atomic_load(&k->held),
+              (unsigned long long)atomic_load(&k->idle),
               (unsigned long long)atomic_load(&k->in_use),
               (unsigned long long)atomic_load(&k->blocks_out),
-              (unsigned long long)slab, (unsigned long long)req,
-              (unsigned long long)out);
-  if (atomic_load(&k->peak_in_use) < req ||
-      atomic_load(&k->peak_slab_bytes) < slab)
+              (unsigned long long)held, (unsigned long long)idle,
+              (unsigned long long)req, (unsigned long long)out);
+  if (atomic_load(&k->peak_in_use) < req || atomic_load(&k->peak_held) < held)
     CACHE_BAD("a peak is below the current figure");
   for (unsigned i = k->n; i-- > 0;) pthread_mutex_unlock(&k->arena[i].mu);
   return bad;

@@ -1,14 +1,16 @@
 /*
  * cache.h - the client's stream-ordered cache: gmb_malloc_async and
- * gmb_free_async are served from pinned broker allocations ("slabs") kept
- * in this process, so that a hit sends no message.
+ * gmb_free_async are served from arenas of pages kept in this process, so
+ * that a hit sends no message.
  *
  * Internal to the client library.  The cache knows nothing of sockets or
- * drivers: it is given a backend (struct gmb_cache_ops) that allocates and
- * frees slabs and, on a GPU, records and queries events.  client.c gives
- * it the broker and cuimport.c; tests/unit/check_cache.c gives it host
- * memory and events it completes by hand.  Thread-safe (see cache.c for
- * the locks).
+ * drivers: it is given a backend (struct gmb_cache_ops) that reserves
+ * address space, maps pages of physical memory from the broker at chosen
+ * addresses in it and unmaps them, and, on a GPU, records and queries
+ * events.  client.c gives it the broker (memfd pages on the host device,
+ * VMM imports on a GPU: cuimport.c); tests/unit/check_cache.c gives it
+ * host memory and events it completes by hand.  Thread-safe (see cache.c
+ * for the locks).
  */
 #ifndef GMB_CACHE_H
 #define GMB_CACHE_H
@@ -18,15 +20,46 @@
 
 struct gmb_cache;
 
+/* One page of physical memory as the backend knows it. */
+struct gmb_cache_page {
+  uint64_t id; /* the broker's allocation (never 0 for a mapped page) */
+  uint64_t h;  /* the backend's own handle (cuda: the imported handle) */
+};
+
 struct gmb_cache_ops {
   void *ctx; /* passed to every function below */
-  /* A pinned allocation of exactly `size` bytes (a multiple of 512): 0
-   * with *id and *base (its address in this process), or a GMB_E_* code
-   * the backend has explained (gmb_last_error). */
-  int (*slab_alloc)(void *ctx, uint64_t size, uint64_t *id, uintptr_t *base);
-  /* Gives a slab back.  Called only when no work of any stream can still
-   * use it.  A failure is dropped: the session's end frees it anyway. */
-  void (*slab_free)(void *ctx, uint64_t id);
+  /* The page size (a power of two, a multiple of GMB_CACHE_ALIGN; 0:
+   * GMB_CACHE_PAGE) and the size of each address range reserved (a
+   * multiple of the page; 0: GMB_CACHE_SPAN).  A request larger than a
+   * span gets a span of its own. */
+  uint64_t page, span;
+  /* Reserves `size` bytes of address space aligned to the page, mapped to
+   * nothing: 0 with *base, or a GMB_E_* code the backend explained. */
+  int (*reserve)(void *ctx, uint64_t size, uintptr_t *base);
+  /* Gives back [base, base+size) of a reservation (nothing mapped in it
+   * any more); the cache calls it with whole reservations only, except
+   * around addresses lost by page_move. */
+  void (*unreserve)(void *ctx, uintptr_t base, uint64_t size);
+  /* Gets one page of physical memory from the broker and maps it at
+   * `addr` (page aligned, reserved, mapped to nothing): 0 with *pg, or a
+   * GMB_E_* code the backend explained (GMB_E_QUOTA, GMB_E_NOMEM, ...)
+   * with nothing mapped.  Called with no lock of the cache held. */
+  int (*page_map)(void *ctx, uintptr_t addr, struct gmb_cache_page *pg);
+  /* Unmaps the page at `addr` (the address stays reserved).  Cheap (no
+   * message); called with the arena's lock held. */
+  void (*page_unmap)(void *ctx, uintptr_t addr, const struct gmb_cache_page *pg);
+  /* Gives an unmapped page back to the broker (a message).  Called with no
+   * lock held.  A failure is dropped: the session's end frees it anyway. */
+  void (*page_free)(void *ctx, const struct gmb_cache_page *pg);
+  /* Optional (NULL: pages are given back and new ones asked for instead).
+   * Moves the mapping of the page at `from` to `to` (both page aligned
+   * and reserved; `to` mapped to nothing), with the arena's lock held:
+   * 0 when moved and `from` is reserved again; 1 when moved but `from`
+   * could not be reserved again (another mapping of the process took the
+   * hole: the cache never uses that address again); a negative GMB_E_*
+   * code with nothing changed.  *pg may be updated. */
+  int (*page_move)(void *ctx, uintptr_t from, uintptr_t to,
+                   struct gmb_cache_page *pg);
   /* Events; all four NULL when streams are ignored (the host device).
    * Streams are CUstream handles: NULL and 0x1 name the legacy default
    * stream, 0x2 the calling thread's per-thread default stream.
@@ -38,68 +71,74 @@ struct gmb_cache_ops {
   int (*event_record)(void *ctx, void *ev, void *stream);
   int (*event_query)(void *ctx, void *ev);
   void (*event_destroy)(void *ctx, void *ev);
+  /* Optional: waits for all work of the device (gmb_trim's last resort
+   * for memory freed on a stream that no longer takes events).  0 or a
+   * GMB_E_* code. */
+  int (*sync)(void *ctx);
 };
 
-/* Block sizes are multiples of this; blocks start at multiples of it
- * within their slab. */
+/* Block sizes are multiples of this; blocks start at multiples of it. */
 #define GMB_CACHE_ALIGN 512u
-/* Requests up to this size share slabs of GMB_CACHE_SMALL_SLAB bytes;
- * larger ones get a slab of their own (rounded to GMB_CACHE_LARGE_ROUND),
- * which is cached after the free and split for later large requests. */
-#define GMB_CACHE_SMALL_MAX (UINT64_C(1) << 20)
-#define GMB_CACHE_SMALL_SLAB (UINT64_C(2) << 20)
-#define GMB_CACHE_LARGE_ROUND (UINT64_C(512) << 10)
-/* The slack: on a miss, before asking for a new slab, the cache gives
- * back wholly free slabs while its slabs (the new one counted) would pass
- * the most it ever handed out by more than GMB_CACHE_SLACK_PCT percent
- * plus GMB_CACHE_SLACK_FLOOR (a floor, so that a small cache is not
- * churned). */
-#define GMB_CACHE_SLACK_PCT 20
-#define GMB_CACHE_SLACK_FLOOR (4 * GMB_CACHE_SMALL_SLAB)
+/* The page: the unit of physical memory the cache maps, gives back and
+ * moves (the GPU's VMM granularity).  Each page is one allocation of the
+ * broker with a device segment of its own. */
+#define GMB_CACHE_PAGE (UINT64_C(2) << 20)
+/* Address space reserved at a time per arena: no physical memory, only
+ * room for blocks to be cut from and pages to be mapped into. */
+#define GMB_CACHE_SPAN (UINT64_C(64) << 30)
 /* The largest request: past it, sizes would overflow the rounding. */
 #define GMB_CACHE_MAX (UINT64_C(1) << 46)
 
 struct gmb_cache_counters {
-  uint64_t hits;        /* requests served without a new slab */
-  uint64_t misses;      /* requests that needed one */
-  uint64_t slab_allocs, slab_frees;
-  uint64_t slabs;       /* slabs held now */
-  uint64_t slab_bytes;  /* bytes of the slabs held now */
+  uint64_t hits;        /* requests served without a new page mapped */
+  uint64_t misses;      /* requests that needed pages mapped */
+  uint64_t slab_allocs; /* pages the broker gave (one request each) */
+  uint64_t slab_frees;  /* pages given back to it */
+  uint64_t page_moves;  /* idle pages moved to serve a miss instead */
+  uint64_t slabs;       /* pages mapped now */
+  uint64_t slab_bytes;  /* bytes of the pages mapped now: the tenant's */
   uint64_t in_use;      /* bytes handed out now (requests rounded to 512) */
   uint64_t cached;      /* slab_bytes - bytes of blocks handed out */
+  uint64_t idle;        /* of cached: bytes of pages that hold no block
+                           handed out, what a trim can give back */
   uint64_t peak_in_use, peak_slab_bytes;
 };
 
 /* A new, empty cache over `ops` (copied).  `arenas`: independent parts,
- * each with its own lock (0: 4).  NULL when out of memory. */
+ * each with its own lock and address spans (0: 4).  NULL when out of
+ * memory or when ops lack a required function or give a bad page size. */
 struct gmb_cache *gmb__cache_new(const struct gmb_cache_ops *ops,
                                  unsigned arenas);
 
-/* Frees the cache's host records and events.  Slabs are not given back
- * (the session's end frees them): call gmb__cache_trim first for that.
+/* Unmaps every page, gives back every reservation and frees the cache's
+ * host records and events.  Pages are not given back to the broker (the
+ * session's end frees them): call gmb__cache_trim first for that.
  * Accepts NULL. */
 void gmb__cache_destroy(struct gmb_cache *k);
 
 /*
  * A block of at least `size` bytes usable on `stream` at once: a free block
- * freed on the same stream, or one whose free's event completed, or a new
- * slab (after giving back, for a large request, the wholly free large
- * slabs smaller than it, and any wholly free slabs past the slack).  0
- * with *ptr; GMB_E_INVAL for size 0 or past GMB_CACHE_MAX; the slab_alloc's
- * code when no slab could be had even after giving every wholly free slab
- * back and trying again once (GMB_E_QUOTA, GMB_E_NOMEM).
+ * in mapped pages freed on the same stream or whose stream's work is known
+ * to be done, else a range of the arena that needs the fewest new pages,
+ * mapped from idle pages moved there first, then from the broker.  0 with
+ * *ptr; GMB_E_INVAL for size 0 or past GMB_CACHE_MAX; the backend's code
+ * when pages could not be had even after giving the idle ones back and
+ * trying again once (GMB_E_QUOTA, GMB_E_NOMEM).
  */
 int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
                      void **ptr);
 
 /*
- * Frees a block: reusable at once on `stream`, on others once the event
- * recorded now on `stream` completed; a block that other streams use
- * (gmb__cache_record_stream) first waits, pending, until the events
- * recorded now on each of them completed.  Never waits.  GMB_E_NOENT for a
- * pointer the cache did not hand out; GMB_E_INVAL for one already free
- * (it lies in free cached memory: a double free) or for a stream that
- * takes no event (the block then stays handed out).  Nothing changes on an error.
+ * Frees a block: reusable at once on `stream`, on other streams once the
+ * work queued on `stream` up to the moment another stream wants it
+ * finished (an event is recorded then, not at the free); a block that
+ * other streams use (gmb__cache_record_stream) first waits, pending,
+ * until the events recorded now on each of them completed.  Never waits.
+ * GMB_E_NOENT for a pointer the cache did not hand out (the inside of a
+ * block included); GMB_E_INVAL for one already free (it lies in free or
+ * given-back memory: a double free, or a free after a trim) or for a
+ * stream that takes no event (the block then stays handed out).  Nothing
+ * changes on an error.
  */
 int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream);
 
@@ -115,15 +154,22 @@ int gmb__cache_free(struct gmb_cache *k, void *ptr, void *stream);
  */
 int gmb__cache_record_stream(struct gmb_cache *k, void *ptr, void *stream);
 
-/*
- * Gives back to the backend every slab that is wholly free and that no
- * stream's work can still use, largest first, until at most `keep` cached
- * bytes remain.  Never waits for a stream.  *released (may be NULL): the
- * bytes given back.  0.
- */
-int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, uint64_t *released);
+/* gmb__cache_trim's flags. */
+#define GMB_CACHE_TRIM_SYNC 0x1u /* wait for the device when that frees more */
 
-/* Bytes cached and free now (slabs minus blocks handed out). */
+/*
+ * Gives back to the broker idle pages (pages that hold no block handed
+ * out, whatever their neighbours hold) whose free memory no stream's work
+ * can still use, until at most `keep` idle bytes remain.  Without
+ * GMB_CACHE_TRIM_SYNC it never waits for a stream: a page whose stream's
+ * work is not known to be done stays (an event is recorded so that a
+ * later trim finds out).  *released (may be NULL): the bytes given back.
+ * 0.
+ */
+int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, unsigned flags,
+                    uint64_t *released);
+
+/* Bytes of idle pages now: what a trim could give back. */
 uint64_t gmb__cache_cached(struct gmb_cache *k);
 
 void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out);
@@ -132,6 +178,13 @@ void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out);
 struct gmb_client;
 void gmb__client_cache_counters(struct gmb_client *c,
                                 struct gmb_cache_counters *out);
+
+/* Visits every page mapped now (address and page), arena by arena, under
+ * each arena's lock in turn; stops when fn returns non-zero (tests compare
+ * them with the broker's allocations). */
+typedef int (*gmb_cache_page_fn)(void *arg, uintptr_t addr,
+                                 const struct gmb_cache_page *pg);
+int gmb__cache_pages(struct gmb_cache *k, gmb_cache_page_fn fn, void *arg);
 
 /* Checks every invariant of cache.c's opening paragraph (taking every
  * arena's lock in turn); returns the number of violations, each described

@@ -43,12 +43,13 @@
  * until every such release ran (cuimport.c, gmb__cuda_unmap_later).
  *
  * gmb_malloc_async/gmb_free_async go through the session's cache
- * (cache.c), whose slabs are pinned allocations of this session made and
- * freed with the ordinary requests; a hit takes no mutex of the client's
- * and sends nothing.  On a GPU the cache records and queries events
- * (cuimport.c).  A slab freed by the cache is not waited for (the cache
- * gives back only slabs no stream's work can still use); the cache's
- * records are freed at disconnect, after the Bye that frees its slabs.
+ * (cache.c), whose pages are pinned allocations of this session made and
+ * freed with the ordinary requests and mapped into address space the
+ * cache reserved; a hit takes no mutex of the client's and sends nothing.
+ * On a GPU the cache records and queries events (cuimport.c).  A page
+ * given back by the cache is not waited for (the cache gives back only
+ * pages no stream's work can still use); the cache's records and mappings
+ * are freed at disconnect, after the Bye that frees its pages.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -122,7 +123,7 @@ struct gmb_client {
   int lock_timeout_ms; /* $GMB_LOCK_TIMEOUT_MS: longest wait for a move */
 
   /* Bytes a TRIM event asked for, not given back yet: the event is read
-   * holding io, and giving slabs back needs io, so the library thread
+   * holding io, and giving pages back needs io, so the library thread
    * does it after (client_trim_asked). */
   _Atomic uint64_t trim_want;
   uint64_t reported; /* the cached_free the last request carried; io */
@@ -470,17 +471,17 @@ static int client_call(gmb_client *c, struct wire_request *req,
 static struct gmb_cache *client_cache_new(gmb_client *c);
 
 /* Answers a TRIM event: gives back up to the bytes asked of what the
- * cache holds free (wholly free slabs, largest first).  Holds nothing. */
+ * cache holds free (idle pages).  Holds nothing. */
 static void client_trim_asked(gmb_client *c) {
   uint64_t want = atomic_exchange(&c->trim_want, 0);
   if (want == 0) return;
   if (c->cache) {
     uint64_t cached = gmb__cache_cached(c->cache);
-    gmb__cache_trim(c->cache, cached > want ? cached - want : 0, NULL);
+    gmb__cache_trim(c->cache, cached > want ? cached - want : 0, 0, NULL);
   }
-  /* The answer, after the slabs' Frees (each waited for its reply): the
+  /* The answer, after the pages' Frees (each waited for its reply): the
    * broker stops waiting for this session, whatever it could give (a
-   * slab with a block in use, or stream work not done, stays).  A
+   * page with a block in use, or stream work not done, stays).  A
    * request it holds meanwhile is then served or falls through at once,
    * not at the end of the broker's bound. */
   struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
@@ -1409,17 +1410,122 @@ GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream) {
 
 /* --- the stream-ordered cache ---------------------------------------------- */
 
-/* The cache's backend: pinned allocations of this session.  A slab is
- * locked once, for its address (pinned: no hold is taken, nothing moves). */
-static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
-                             uintptr_t *base) {
+/* The cache's backend (cache.c): address space reserved in this process,
+ * and pages of GMB_CACHE_PAGE bytes from the broker mapped into it.  A
+ * page is a pinned allocation of exactly one page, which the broker
+ * places in a segment of its own (its rule for requests past the small
+ * size); its descriptor is mapped at the address the cache chose: a memfd
+ * mapped MAP_FIXED over the reservation on the host device, a VMM import
+ * mapped into the reserved range on a GPU (the imported handle kept, so
+ * that the page can be moved).  Pages are not in the segment map: nothing
+ * but the cache knows them, and a retirement event for one (the cache
+ * unmapped it before giving it back) finds nothing to unmap. */
+
+static int client_reserve(void *ctx, uint64_t size, uintptr_t *base) {
   gmb_client *c = ctx;
-  gmb_id a;
-  if (size > SIZE_MAX)
-    return client_fail(GMB_E_INVAL, "a slab of %llu bytes",
+  char why[256];
+  if (c->cuda) {
+    uint64_t va;
+    int rc = gmb__cuda_reserve(c->cuda_ordinal, size, &va, why, sizeof why);
+    if (rc) return client_fail(rc, "reserving %llu bytes of device address "
+                               "space for the cache: %s",
+                               (unsigned long long)size, why);
+    *base = (uintptr_t)va;
+    return 0;
+  }
+  /* Aligned to the page: reserve a page more and cut the ends off. */
+  const uint64_t page = GMB_CACHE_PAGE;
+  if (size > SIZE_MAX - page)
+    return client_fail(GMB_E_INVAL, "a reservation of %llu bytes",
                        (unsigned long long)size);
+  char *p = mmap(NULL, (size_t)(size + page), PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return client_fail(GMB_E_NOMEM, "reserving %llu bytes of address space "
+                       "for the cache: %s", (unsigned long long)size,
+                       strerror(errno));
+  uintptr_t b = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
+  if (b > (uintptr_t)p) munmap(p, b - (uintptr_t)p);
+  uintptr_t e = (uintptr_t)p + size + page;
+  if (e > b + size) munmap((void *)(b + size), e - (b + size));
+  *base = b;
+  return 0;
+}
+
+static void client_unreserve(void *ctx, uintptr_t base, uint64_t size) {
+  gmb_client *c = ctx;
+  if (c->cuda)
+    gmb__cuda_unreserve(c->cuda_ordinal, base, size);
+  else
+    munmap((void *)base, (size_t)size);
+}
+
+/* One page from the broker, mapped at addr.  Holds io from the request to
+ * the mapping, as client_alloc does. */
+static int client_page_get(gmb_client *c, uintptr_t addr,
+                           struct gmb_cache_page *pg, uint64_t *asked) {
+  struct wire_request req = {.kind = WIRE_ALLOC};
+  req.u.alloc.size = GMB_CACHE_PAGE;
+  struct wire_reply rep;
+  char why[CLIENT_WHY_MAX];
+  uint64_t id = 0;
+  int fd = -1;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_ALLOC, c->request_timeout_ms, &rep);
+  if (rc) {
+    if (rc == GMB_E_QUOTA) *asked = rep.asked_back;
+    goto out;
+  }
+  id = rep.u.alloc.id;
+  const uint64_t seg = rep.u.alloc.segment;
+  if (id == 0 || rep.u.alloc.size != GMB_CACHE_PAGE ||
+      rep.u.alloc.offset != 0) {
+    rc = client_fail(GMB_E_PROTO, "the broker answered a page of the cache "
+                     "with id %llu of %llu bytes at offset %llu of segment "
+                     "%llu, not a segment of its own",
+                     (unsigned long long)id,
+                     (unsigned long long)rep.u.alloc.size,
+                     (unsigned long long)rep.u.alloc.offset,
+                     (unsigned long long)seg);
+    goto out;
+  }
+  uint64_t size = 0;
+  rc = gmb__fdclient_segment(&c->fdsock, seg, &fd, &size, why, sizeof why);
+  if (rc == 0 && size != GMB_CACHE_PAGE)
+    rc = client_fail(GMB_E_PROTO, "segment %llu of a page has %llu bytes",
+                     (unsigned long long)seg, (unsigned long long)size);
+  else if (rc)
+    rc = client_fail(rc, "%s", why);
+  if (rc) goto out;
+  if (c->cuda) {
+    rc = gmb__cuda_map_at(c->cuda_ordinal, fd, addr, GMB_CACHE_PAGE, 1,
+                          &pg->h, why, sizeof why);
+    if (rc) rc = client_fail(rc, "mapping a page of the cache: %s", why);
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != GMB_CACHE_PAGE) {
+      rc = client_fail(GMB_E_PROTO, "the descriptor of segment %llu is not "
+                       "a page", (unsigned long long)seg);
+    } else if (mmap((void *)addr, GMB_CACHE_PAGE, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+      rc = client_fail(GMB_E_SYSTEM, "mapping a page of the cache: %s",
+                       strerror(errno));
+    }
+    pg->h = 0;
+  }
+  if (rc == 0) pg->id = id;
+out:
+  if (fd >= 0) close(fd);
+  if (rc && id) client_undo_alloc(c, id);
+  pthread_mutex_unlock(&c->io);
+  return rc;
+}
+
+static int client_page_map(void *ctx, uintptr_t addr,
+                           struct gmb_cache_page *pg) {
+  gmb_client *c = ctx;
   uint64_t asked = 0;
-  int rc = client_alloc(c, (size_t)size, 0, 0, &a, &asked);
+  int rc = client_page_get(c, addr, pg, &asked);
   /* The broker asked the tenant's other sessions for their cached memory
    * (Reply.asked_back; a full device is handled in the broker, which
    * holds the request itself): their library threads give it back within
@@ -1435,28 +1541,64 @@ static int client_slab_alloc(void *ctx, uint64_t size, uint64_t *id,
       break;
     struct timespec ts = {0, 5 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    rc = client_alloc(c, (size_t)size, 0, 0, &a, &asked);
+    asked = 0;
+    rc = client_page_get(c, addr, pg, &asked);
   }
-  if (rc) return rc;
-  void *p;
-  rc = gmb_lock(c, a, &p);
-  if (rc) {
-    client_free_id(c, a, 0);
-    return rc;
-  }
-  *id = a;
-  *base = (uintptr_t)p;
-  return 0;
+  return rc;
 }
 
-/* No wait for the device: the cache frees only slabs that no stream's
- * work can use any more.  A failure keeps the slab until the session's
- * end, as the broker frees it then. */
-static void client_slab_free(void *ctx, uint64_t id) {
+/* The address stays reserved: PROT_NONE over the page (one call, so the
+ * range is never a hole another mapping could take). */
+static void client_page_unmap(void *ctx, uintptr_t addr,
+                              const struct gmb_cache_page *pg) {
+  gmb_client *c = ctx;
+  if (c->cuda)
+    gmb__cuda_unmap_at(c->cuda_ordinal, addr, GMB_CACHE_PAGE, pg->h);
+  else
+    mmap((void *)addr, GMB_CACHE_PAGE, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/* No wait for the device: the cache gives back only pages that no
+ * stream's work can use any more.  A failure keeps the page until the
+ * session's end, as the broker frees it then. */
+static void client_page_free(void *ctx, const struct gmb_cache_page *pg) {
   char saved[sizeof client_err];
   memcpy(saved, client_err, sizeof saved);
-  client_free_id(ctx, id, 0);
+  client_free_id(ctx, pg->id, 0);
   memcpy(client_err, saved, sizeof saved);
+}
+
+/* Moves a page's mapping within the process, with no message.  On the
+ * host device the old address becomes a hole for a moment (mremap), and
+ * is reserved again only if no other mapping took it meanwhile. */
+static int client_page_move(void *ctx, uintptr_t from, uintptr_t to,
+                            struct gmb_cache_page *pg) {
+  gmb_client *c = ctx;
+  char why[256];
+  if (c->cuda) {
+    int rc = gmb__cuda_move(c->cuda_ordinal, from, to, GMB_CACHE_PAGE, pg->h,
+                            why, sizeof why);
+    return rc ? client_fail(rc, "moving a page of the cache: %s", why) : 0;
+  }
+  if (mremap((void *)from, GMB_CACHE_PAGE, GMB_CACHE_PAGE,
+             MREMAP_MAYMOVE | MREMAP_FIXED, (void *)to) == MAP_FAILED)
+    return client_fail(GMB_E_SYSTEM, "moving a page of the cache: %s",
+                       strerror(errno));
+  void *q = mmap((void *)from, GMB_CACHE_PAGE, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE |
+                     MAP_FIXED_NOREPLACE,
+                 -1, 0);
+  if (q == (void *)from) return 0;
+  if (q != MAP_FAILED) munmap(q, GMB_CACHE_PAGE); /* an old kernel's hint */
+  return 1;
+}
+
+static int client_sync(void *ctx) {
+  gmb_client *c = ctx;
+  char why[256];
+  int rc = gmb__cuda_sync(c->cuda_ordinal, why, sizeof why);
+  return rc ? client_fail(rc, "%s", why) : 0;
 }
 
 static int client_ev_new(void *ctx, void **ev) {
@@ -1484,9 +1626,14 @@ static void client_ev_destroy(void *ctx, void *ev) {
 
 static struct gmb_cache *client_cache_new(gmb_client *c) {
   struct gmb_cache_ops ops = {.ctx = c,
-                              .slab_alloc = client_slab_alloc,
-                              .slab_free = client_slab_free};
+                              .reserve = client_reserve,
+                              .unreserve = client_unreserve,
+                              .page_map = client_page_map,
+                              .page_unmap = client_page_unmap,
+                              .page_free = client_page_free,
+                              .page_move = client_page_move};
   if (c->cuda) {
+    ops.sync = client_sync;
     ops.event_new = client_ev_new;
     ops.event_record = client_ev_record;
     ops.event_query = client_ev_query;
@@ -1533,7 +1680,7 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
     return client_fail(rc, "%zu bytes is more than the cache serves", size);
   if (rc == GMB_E_SYSTEM)
     return client_fail(rc, "out of host memory for the cache's records");
-  return rc; /* a slab's failure, explained by client_alloc */
+  return rc; /* a page's failure, explained by client_page_get */
 }
 
 GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
@@ -1566,7 +1713,7 @@ GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream) {
 
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  return gmb__cache_trim(c->cache, keep_bytes, NULL);
+  return gmb__cache_trim(c->cache, keep_bytes, GMB_CACHE_TRIM_SYNC, NULL);
 }
 
 GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
@@ -1579,7 +1726,8 @@ GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
                            .slab_frees = k.slab_frees, .held = k.slab_bytes,
                            .in_use = k.in_use, .cached = k.cached,
                            .peak_held = k.peak_slab_bytes,
-                           .peak_in_use = k.peak_in_use};
+                           .peak_in_use = k.peak_in_use, .idle = k.idle,
+                           .page_moves = k.page_moves};
   return 0;
 }
 

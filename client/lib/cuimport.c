@@ -266,11 +266,77 @@ out:
   return rc;
 }
 
-int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
-                     char *why, size_t cap) {
+/* Checks a size to map: a non-zero multiple of the device's granularity.
+ * 0 or GMB_E_PROTO explained. */
+static int cuda_size_ok(const struct cuda_dev *d, uint64_t size, char *why,
+                        size_t cap) {
+  if (size != 0 && size <= SIZE_MAX && size % d->granularity == 0) return 0;
+  snprintf(why, cap, "a segment of %llu bytes is not a multiple of the "
+           "allocation granularity %llu", (unsigned long long)size,
+           (unsigned long long)d->granularity);
+  return GMB_E_PROTO;
+}
+
+int gmb__cuda_reserve(int ordinal, uint64_t size, uint64_t *base, char *why,
+                      size_t cap) {
+  pthread_mutex_lock(&cuda_mu);
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  int rc = d ? cuda_size_ok(d, size, why, cap) : GMB_E_DEVICE;
+  if (rc == 0) {
+    gmb_cu_ctx prev;
+    gmb_cu_ptr va = 0;
+    const char *step = "cuCtxSetCurrent";
+    gmb_cu_result r = cuda_enter(d, &prev);
+    if (r == GMB_CU_SUCCESS) {
+      step = "cuMemAddressReserve";
+      r = cuda_drv.cuMemAddressReserve(&va, (size_t)size,
+                                       (size_t)d->granularity, 0, 0);
+      cuda_leave(d, prev);
+    }
+    if (r != GMB_CU_SUCCESS) {
+      cuda_err(r, step, why, cap);
+      rc = r == GMB_CU_ERROR_OUT_OF_MEMORY ? GMB_E_NOMEM : GMB_E_DEVICE;
+    } else {
+      *base = va;
+    }
+  }
+  pthread_mutex_unlock(&cuda_mu);
+  return rc;
+}
+
+void gmb__cuda_unreserve(int ordinal, uint64_t base, uint64_t size) {
+  pthread_mutex_lock(&cuda_mu);
+  gmb_cu_ctx prev;
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
+    cuda_drv.cuMemAddressFree(base, (size_t)size);
+    cuda_leave(d, prev);
+  }
+  pthread_mutex_unlock(&cuda_mu);
+}
+
+/* Maps handle h at [addr, addr+size) with read/write access for device d.
+ * Under cuda_mu, in d's context.  On failure nothing stays mapped and
+ * `step` names the call. */
+static gmb_cu_result cuda_map_locked(const struct cuda_dev *d, int ordinal,
+                                     gmb_cu_ptr addr, uint64_t size,
+                                     gmb_cu_mem_handle h, const char **step) {
+  *step = "cuMemMap";
+  gmb_cu_result r = cuda_drv.cuMemMap(addr, (size_t)size, 0, h, 0);
+  if (r != GMB_CU_SUCCESS) return r;
+  struct gmb_cu_access_desc rw = {{GMB_CU_MEM_LOCATION_TYPE_DEVICE, ordinal},
+                                  GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  *step = "cuMemSetAccess";
+  r = cuda_drv.cuMemSetAccess(addr, (size_t)size, &rw, 1);
+  if (r != GMB_CU_SUCCESS) cuda_drv.cuMemUnmap(addr, (size_t)size);
+  (void)d;
+  return r;
+}
+
+int gmb__cuda_map_at(int ordinal, int fd, uint64_t addr, uint64_t size,
+                     int keep, uint64_t *handle, char *why, size_t cap) {
   pthread_mutex_lock(&cuda_mu);
   int rc = 0;
-  /* The client attaches at connect; a bug otherwise. */
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) {
     rc = GMB_E_DEVICE;
@@ -281,72 +347,106 @@ int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
     rc = GMB_E_PROTO;
     goto out;
   }
-  if (size == 0 || size > SIZE_MAX || size % d->granularity != 0) {
-    snprintf(why, cap, "a segment of %llu bytes is not a multiple of the "
-             "allocation granularity %llu", (unsigned long long)size,
-             (unsigned long long)d->granularity);
-    rc = GMB_E_PROTO;
-    goto out;
-  }
+  if ((rc = cuda_size_ok(d, size, why, cap)) != 0) goto out;
   gmb_cu_ctx prev;
   gmb_cu_mem_handle h = 0;
-  gmb_cu_ptr va = 0;
-  int imported = 0, reserved = 0, mapped = 0;
   const char *step = "cuCtxSetCurrent";
   gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
     step = "cuMemImportFromShareableHandle";
     r = cuda_drv.cuMemImportFromShareableHandle(
         &h, (void *)(uintptr_t)fd, GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  }
-  if (r == GMB_CU_SUCCESS) {
-    imported = 1;
-    step = "cuMemAddressReserve";
-    r = cuda_drv.cuMemAddressReserve(&va, (size_t)size,
-                                     (size_t)d->granularity, 0, 0);
-  }
-  if (r == GMB_CU_SUCCESS) {
-    reserved = 1;
-    step = "cuMemMap";
-    r = cuda_drv.cuMemMap(va, (size_t)size, 0, h, 0);
-  }
-  if (r == GMB_CU_SUCCESS) {
-    mapped = 1;
-    struct gmb_cu_access_desc rw = {{GMB_CU_MEM_LOCATION_TYPE_DEVICE, ordinal},
-                                    GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    step = "cuMemSetAccess";
-    r = cuda_drv.cuMemSetAccess(va, (size_t)size, &rw, 1);
-  }
-  if (r == GMB_CU_SUCCESS) {
-    imported = 0; /* the mapping keeps the memory */
-    step = "cuMemRelease";
-    r = cuda_drv.cuMemRelease(h);
+    if (r == GMB_CU_SUCCESS) {
+      r = cuda_map_locked(d, ordinal, addr, size, h, &step);
+      /* Kept for a later move, or released now: the mapping keeps the
+       * memory either way. */
+      if (r != GMB_CU_SUCCESS || !keep) {
+        gmb_cu_result rr = cuda_drv.cuMemRelease(h);
+        if (r == GMB_CU_SUCCESS && rr != GMB_CU_SUCCESS) {
+          cuda_drv.cuMemUnmap(addr, (size_t)size);
+          r = rr;
+          step = "cuMemRelease";
+        }
+        h = 0;
+      }
+    }
+    cuda_leave(d, prev);
   }
   if (r != GMB_CU_SUCCESS) {
     cuda_err(r, step, why, cap);
-    if (mapped) cuda_drv.cuMemUnmap(va, (size_t)size);
-    if (reserved) cuda_drv.cuMemAddressFree(va, (size_t)size);
-    if (imported) cuda_drv.cuMemRelease(h);
     rc = GMB_E_DEVICE;
-  } else {
-    *base = va;
+  } else if (handle) {
+    *handle = (uint64_t)h;
   }
-  cuda_leave(d, prev);
 out:
   pthread_mutex_unlock(&cuda_mu);
   return rc;
 }
 
-void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size) {
+void gmb__cuda_unmap_at(int ordinal, uint64_t addr, uint64_t size,
+                        uint64_t handle) {
   pthread_mutex_lock(&cuda_mu);
   gmb_cu_ctx prev;
   const struct cuda_dev *d = cuda_dev_of(ordinal);
   if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
-    if (cuda_drv.cuMemUnmap(base, (size_t)size) == GMB_CU_SUCCESS)
-      cuda_drv.cuMemAddressFree(base, (size_t)size);
+    cuda_drv.cuMemUnmap(addr, (size_t)size);
+    if (handle) cuda_drv.cuMemRelease((gmb_cu_mem_handle)handle);
     cuda_leave(d, prev);
   }
   pthread_mutex_unlock(&cuda_mu);
+}
+
+int gmb__cuda_move(int ordinal, uint64_t from, uint64_t to, uint64_t size,
+                   uint64_t handle, char *why, size_t cap) {
+  pthread_mutex_lock(&cuda_mu);
+  int rc = 0;
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL || handle == 0) {
+    if (d) snprintf(why, cap, "no handle kept for the mapping at %#llx",
+                    (unsigned long long)from);
+    pthread_mutex_unlock(&cuda_mu);
+    return GMB_E_DEVICE;
+  }
+  gmb_cu_ctx prev;
+  const char *step = "cuCtxSetCurrent";
+  gmb_cu_result r = cuda_enter(d, &prev);
+  if (r == GMB_CU_SUCCESS) {
+    /* Mapped at the new address first, so that a failure leaves the old
+     * mapping as it was. */
+    r = cuda_map_locked(d, ordinal, to, size, (gmb_cu_mem_handle)handle,
+                        &step);
+    if (r == GMB_CU_SUCCESS) {
+      step = "cuMemUnmap";
+      r = cuda_drv.cuMemUnmap(from, (size_t)size);
+      if (r != GMB_CU_SUCCESS) cuda_drv.cuMemUnmap(to, (size_t)size);
+    }
+    cuda_leave(d, prev);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, step, why, cap);
+    rc = GMB_E_DEVICE;
+  }
+  pthread_mutex_unlock(&cuda_mu);
+  return rc;
+}
+
+int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
+                     char *why, size_t cap) {
+  uint64_t va = 0;
+  int rc = gmb__cuda_reserve(ordinal, size, &va, why, cap);
+  if (rc) return rc == GMB_E_NOMEM ? GMB_E_DEVICE : rc;
+  rc = gmb__cuda_map_at(ordinal, fd, va, size, 0, NULL, why, cap);
+  if (rc) {
+    gmb__cuda_unreserve(ordinal, va, size);
+    return rc;
+  }
+  *base = va;
+  return 0;
+}
+
+void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size) {
+  gmb__cuda_unmap_at(ordinal, base, size, 0);
+  gmb__cuda_unreserve(ordinal, base, size);
 }
 
 int gmb__cuda_sync(int ordinal, char *why, size_t cap) {

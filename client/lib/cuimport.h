@@ -55,6 +55,33 @@ int gmb__cuda_import(int ordinal, int fd, uint64_t size, uint64_t *base,
 void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size);
 
 /*
+ * The pieces of an import, for the cache's arenas of pages (cache.c):
+ * gmb__cuda_reserve reserves `size` bytes (a multiple of the granularity)
+ * of device address space aligned to the granularity: 0 with *base,
+ * GMB_E_NOMEM when the driver has no room, GMB_E_PROTO or GMB_E_DEVICE
+ * explained.  gmb__cuda_unreserve gives back a whole reservation.
+ * gmb__cuda_map_at imports the descriptor `fd` (kept by the caller) and
+ * maps `size` bytes of it at `addr` (granularity aligned, reserved,
+ * mapped to nothing) with read/write access; with `keep` the imported
+ * handle is kept and returned in *handle (for gmb__cuda_move; released by
+ * gmb__cuda_unmap_at), else released at once (the mapping keeps the
+ * memory) and *handle, when not NULL, is 0.  0, GMB_E_PROTO, GMB_E_DEVICE
+ * (the call named in why), with nothing mapped on failure.
+ * gmb__cuda_unmap_at unmaps [addr, addr+size) and releases `handle`
+ * (0: none).  gmb__cuda_move maps `handle` at `to` and then unmaps `from`:
+ * 0, or GMB_E_DEVICE explained with the old mapping as it was.
+ */
+int gmb__cuda_reserve(int ordinal, uint64_t size, uint64_t *base, char *why,
+                      size_t cap);
+void gmb__cuda_unreserve(int ordinal, uint64_t base, uint64_t size);
+int gmb__cuda_map_at(int ordinal, int fd, uint64_t addr, uint64_t size,
+                     int keep, uint64_t *handle, char *why, size_t cap);
+void gmb__cuda_unmap_at(int ordinal, uint64_t addr, uint64_t size,
+                        uint64_t handle);
+int gmb__cuda_move(int ordinal, uint64_t from, uint64_t to, uint64_t size,
+                   uint64_t handle, char *why, size_t cap);
+
+/*
  * Waits for all work of device `ordinal`'s primary context
  * (cuCtxSynchronize with it current; the caller's context is given back),
  * as cudaFree does before it frees.  0, or GMB_E_DEVICE explained: the

@@ -356,10 +356,10 @@ END_TEST
 
 /*
  * cudaMallocAsync / cuMemAllocAsync (and the _ptsz variants) come from the
- * session's cache: a 2 MiB slab of the tenant serves the small ones, a
- * free gives the block back to the cache (the tenant keeps the slab), a
- * hit sends nothing.  Either kind of pointer may be freed either way.  At
- * the quota the cache gives its free slabs back before it refuses.
+ * session's cache: 2 MiB pages of the tenant serve them, a free gives
+ * the block back to the cache (the tenant keeps the page), a hit sends
+ * nothing.  Either kind of pointer may be freed either way.  At the quota
+ * the cache gives its idle pages back before it refuses.
  */
 START_TEST(preload_async_alloc_free) {
   struct harness_broker b;
@@ -368,7 +368,7 @@ START_TEST(preload_async_alloc_free) {
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
   prog_expect(&p, "rt_malloc_async 0 4096 0", "0");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB); /* a small slab */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB); /* a page */
   prog_expect(&p, "fill 0 4096 5", "0");
   prog_expect(&p, "check 0 4096 5", "0");
   prog_expect(&p, "dup 0 9", "0");
@@ -377,32 +377,34 @@ START_TEST(preload_async_alloc_free) {
   /* Freed twice: not ours any more, and no real function: error 1. */
   prog_expect(&p, "rt_free_async 9 0", "1");
   prog_expect(&p, "rt_malloc_async_ptsz 1 8192 0", "0"); /* a hit */
-  prog_expect(&p, "drv_malloc_async 2 2097153 1", "0");  /* a large slab */
-  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  /* A block past a page: it starts in the first page, beside the 8 KiB
+   * block, and takes one page more. */
+  prog_expect(&p, "drv_malloc_async 2 2097153 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   prog_expect(&p, "fill 2 2097153 6", "0");
   prog_expect(&p, "check 2 2097153 6", "0");
   prog_expect(&p, "rt_free_async_ptsz 1 0", "0");
   prog_expect(&p, "drv_free_async 2 2", "0");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   /* cudaMalloc's memory freed with cudaFreeAsync: back to the broker at
    * once; cudaMallocAsync's freed with cudaFree: back to the cache. */
   prog_expect(&p, "rt_malloc 3 1048576", "0");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 3 * MIB + 5 * MIB / 2);
+  ck_assert_uint_eq(pre_used(&b, "pre"), 5 * MIB);
   prog_expect(&p, "rt_free_async 3 0", "0");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   prog_expect(&p, "rt_malloc_async 4 4096 0", "0");
   prog_expect(&p, "rt_free 4", "0");
   prog_expect(&p, "drv_malloc_async 4 4096 0", "0");
   prog_expect(&p, "drv_free 4", "0");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB + 5 * MIB / 2);
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   /* Size 0 as the synchronous calls; a NULL free is a success. */
   prog_expect(&p, "rt_malloc_async 5 0 0", "0");
   prog_expect(&p, "drv_malloc_async 5 0 0", "1");
   prog_expect(&p, "rt_free_async_null", "0");
-  /* 7 MiB: the cached 4.5 MiB must go back first (8 MiB quota); then
-   * 2 MiB more is over the quota. */
+  /* 7 MiB: the two cached pages serve its first 4 MiB and two more pages
+   * the rest, at the 8 MiB quota; then 2 MiB more is over the quota. */
   prog_expect(&p, "rt_malloc_async 6 7340032 0", "0");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 7 * MIB);
+  ck_assert_uint_eq(pre_used(&b, "pre"), 8 * MIB);
   prog_expect(&p, "rt_malloc_async 7 2097152 0", "2");
   prog_expect(&p, "fill 6 7340032 8", "0");
   prog_expect(&p, "check 6 7340032 8", "0");

@@ -53,6 +53,12 @@
 #define FAKE_MAX_IDS 8192
 #define FAKE_LT_SLOTS 64
 #define FAKE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+/* A pinned request of exactly a cache page gets a segment of its own, as
+ * the broker gives every request past the small size: segment ids from
+ * FAKE_PAGE_SEG, a sealed memfd each. */
+#define FAKE_PAGE (2u << 20)
+#define FAKE_PAGE_SEG 1000u
+#define FAKE_PAGES 64
 
 struct fake;
 /* Returns 1 when it answered (or chose silence), 0 for the default. */
@@ -100,6 +106,9 @@ struct fake {
   /* segment 2 (seg2_setup): a second memfd, given only when asked for */
   int seg2_fd;
   uint8_t *seg2;
+  /* the cache's pages: page_fd[i] is segment FAKE_PAGE_SEG + i */
+  int page_fd[FAKE_PAGES];
+  unsigned n_pages;
 
   /* what it saw */
   atomic_int n_total; /* every message on the ZeroMQ socket */
@@ -164,6 +173,21 @@ static void fake_default(struct fake *f, const struct wire_request *req) {
       break;
     case WIRE_ALLOC: {
       uint64_t size = (req->u.alloc.size + 511) & ~(uint64_t)511;
+      if (size == FAKE_PAGE && !(req->u.alloc.flags & GMB_MOVABLE)) {
+        if (f->n_pages == FAKE_PAGES || f->next_id >= FAKE_MAX_IDS) {
+          fake_status(f, req->id, GMB_E_NOMEM, "fake is full");
+          break;
+        }
+        f->page_fd[f->n_pages] =
+            fake_memfd("gmb-check-client-page", FAKE_PAGE, FAKE_SEALS);
+        rep.kind = WIRE_ALLOC;
+        rep.u.alloc.id = ++f->next_id;
+        rep.u.alloc.size = size;
+        rep.u.alloc.segment = FAKE_PAGE_SEG + f->n_pages++;
+        rep.u.alloc.offset = 0;
+        fake_reply(f, &rep);
+        break;
+      }
       if (f->next_offset + size > FAKE_SEG_SIZE || f->next_id >= FAKE_MAX_IDS) {
         fake_status(f, req->id, GMB_E_NOMEM, "fake is full");
         break;
@@ -235,6 +259,10 @@ static void fake_fd_default(struct fake *f, int conn,
         fake_fdchan_reply(conn, GMB_FD_SEGMENT, 0, req->segment,
                           FAKE_SEG_SIZE,
                           req->segment == 1 ? f->seg1_fd : f->seg2_fd, NULL);
+      } else if (req->segment >= FAKE_PAGE_SEG &&
+                 req->segment < FAKE_PAGE_SEG + f->n_pages) {
+        fake_fdchan_reply(conn, GMB_FD_SEGMENT, 0, req->segment, FAKE_PAGE,
+                          f->page_fd[req->segment - FAKE_PAGE_SEG], NULL);
       } else {
         char msg[64];
         snprintf(msg, sizeof msg, "segment %llu is not this tenant's",
@@ -382,6 +410,7 @@ static void teardown(void) {
   close(F.lt_fd);
   if (F.seg2) munmap(F.seg2, FAKE_SEG_SIZE);
   if (F.seg2_fd >= 0) close(F.seg2_fd);
+  for (unsigned i = 0; i < F.n_pages; i++) close(F.page_fd[i]);
   char path[160];
   snprintf(path, sizeof path, "%s/broker.sock", F.dir);
   unlink(path);
@@ -1038,7 +1067,7 @@ static int trim_on_heartbeat(struct fake *f, const struct wire_request *req) {
     atomic_store(&trim_seen_cached, req->cached_free);
     struct wire_reply ev = {.id = 0, .kind = WIRE_EVENT};
     ev.u.event.kind = WIRE_EVENT_TRIM;
-    ev.u.event.bytes = 1u << 20;
+    ev.u.event.bytes = 4u << 20;
     fake_reply(f, &ev);
     atomic_store(&trim_sent, 1);
   }
@@ -1053,10 +1082,10 @@ START_TEST(trim_event_answered_by_idle_client) {
   void *p;
   ck_assert_int_eq(gmb_malloc_async(c, 3u << 20, NULL, &p), 0);
   ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
-  /* Idle from here: no call until the slab went back (Check's timeout
-   * fails the test otherwise). */
-  while (atomic_load(&F.n_free) < 1) usleep(5000);
-  ck_assert_uint_eq(atomic_load(&trim_seen_cached), 3u << 20);
+  /* Idle from here: no call until both pages of the block went back
+   * (Check's timeout fails the test otherwise). */
+  while (atomic_load(&F.n_free) < 2) usleep(5000);
+  ck_assert_uint_eq(atomic_load(&trim_seen_cached), 4u << 20);
   while (atomic_load(&trim_last_cached) != 0) usleep(5000);
   gmb_stats st;
   ck_assert_int_eq(gmb_tenant_stats(c, &st), 0);
