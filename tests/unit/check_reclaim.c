@@ -543,11 +543,12 @@ END_TEST
 /* ---- the quota --------------------------------------------------------- */
 
 /* Tenant q (uid 1001, quota 8 MiB) on a 64 MiB device, compaction off,
- * with sessions a and b; `broker_ini` (NULL: none) adds [broker] lines. */
-static void open_quota(struct fx *f, const char *broker_ini) {
+ * with sessions a and b; `more_ini` (NULL: none) follows its [broker]
+ * lines: more of them, or other sections. */
+static void open_quota(struct fx *f, const char *more_ini) {
   char ini[512];
   snprintf(ini, sizeof ini, FX_INI_OFF "%s[tenant:q]\nquota = 8MiB\n",
-           broker_ini ? broker_ini : "");
+           more_ini ? more_ini : "");
   fx_open_ini(f, "host:64MiB", ini);
   fx_hello(f, "a", 1001, "q");
   fx_hello(f, "b", 1001, "q");
@@ -767,6 +768,50 @@ START_TEST(quota_asked_session_ends_other_ask_still_out) {
 }
 END_TEST
 
+/* A hold waits for an older ask (made for another request) and one of
+ * its own: its own is answered empty-handed, then the older one runs out
+ * (the timer at that ask's bound, before the hold's own) while another
+ * tenant's ask is still out: nothing is on its way to this tenant any
+ * more, so the hold ends there and then. */
+START_TEST(quota_hold_ends_when_last_ask_runs_out) {
+  struct fx f;
+  open_quota(&f, "[tenant:q2]\nquota = 8MiB\n");
+  fx_hello(&f, "c", 1001, "q");
+  fx_hello(&f, "d", 1001, "q");
+  fx_hello(&f, "e", 1002, "q2");
+  fx_hello(&f, "g", 1002, "q2");
+  hold(&f, "c", 1001, 4 * MIB);
+  cache(&f, "a", 1001, 2 * MIB);
+  /* b's 4 MiB passes q's quota by 2: a, the only cache, is asked. */
+  uint64_t r1 = held(&f, "b", 1001, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* c's 4 MiB passes it by 4 once d caches 2 more: a's 2 are on their
+   * way, d is asked for the other 2, later. */
+  cache(&f, "d", 1001, 2 * MIB);
+  uint64_t r2 = held(&f, "c", 1001, 4 * MIB, LONG_MS);
+  ck_assert_uint_eq(trims_to(&f, "d", NULL), 1);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* Another tenant's ask, still out at the end. */
+  cache(&f, "e", 1002, 6 * MIB);
+  uint64_t r3 = held(&f, "g", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "e", NULL), 1);
+  report(&f, "d", 1001, 2 * MIB, 1);
+  ck_assert_ptr_null(answer_to(&f, "c", r2));
+  gmb__reclaim_expire(&f.b, sess(&f, "a")->ask_until_ns);
+  ck_assert_uint_eq(f.b.reclaim.asks, 1); /* e's */
+  const struct wire_reply *rep = answer_to(&f, "c", r2);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  rep = answer_to(&f, "b", r1);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  ck_assert_ptr_null(answer_to(&f, "g", r3));
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
 /* Held requests count against max_waiters_per_session: one more, past
  * the limit, is not held and asks nothing more; its immediate refusal
  * says what is still on its way (Reply.asked_back), for the caller. */
@@ -846,6 +891,7 @@ static Suite *reclaim_suite(void) {
   tcase_add_test(tc, quota_hold_settles_on_own_tenant_asks);
   tcase_add_test(tc, quota_asked_session_ends_serves);
   tcase_add_test(tc, quota_asked_session_ends_other_ask_still_out);
+  tcase_add_test(tc, quota_hold_ends_when_last_ask_runs_out);
   tcase_add_test(tc, quota_hold_bounded_per_session);
   tcase_add_test(tc, quota_second_request_waits_for_bytes_on_their_way);
   suite_add_tcase(s, tc);
