@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "defrag.h"
@@ -812,6 +813,34 @@ START_TEST(quota_hold_ends_when_last_ask_runs_out) {
 }
 END_TEST
 
+/* An operator raises the quota while a request is held for it: it is
+ * served at once, without waiting for the cache's answer or the bound. */
+START_TEST(quota_raised_while_held_serves) {
+  struct fx f;
+  open_quota(&f, NULL);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, 0);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = 9001;
+  req.kind = WIRE_ADMIN_QUOTA;
+  snprintf(req.u.admin_limit.tenant, sizeof req.u.admin_limit.tenant, "q");
+  req.u.admin_limit.set = 1;
+  req.u.admin_limit.value = 16 * MIB;
+  struct gmb_peer admin = fx_peer("ctl", 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(gmb__admin(&f.b, &admin, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  /* a's ask is still out (its library gives back what it can). */
+  ck_assert_uint_eq(f.b.reclaim.asks, 1);
+  report(&f, "a", 1001, 6 * MIB, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
 /* Held requests count against max_waiters_per_session: one more, past
  * the limit, is not held and asks nothing more; its immediate refusal
  * says what is still on its way (Reply.asked_back), for the caller. */
@@ -892,6 +921,7 @@ static Suite *reclaim_suite(void) {
   tcase_add_test(tc, quota_asked_session_ends_serves);
   tcase_add_test(tc, quota_asked_session_ends_other_ask_still_out);
   tcase_add_test(tc, quota_hold_ends_when_last_ask_runs_out);
+  tcase_add_test(tc, quota_raised_while_held_serves);
   tcase_add_test(tc, quota_hold_bounded_per_session);
   tcase_add_test(tc, quota_second_request_waits_for_bytes_on_their_way);
   suite_add_tcase(s, tc);
