@@ -373,9 +373,9 @@ static void reclaim_expire_one(void *ctx, struct gmb_session *o) {
   if (o->ask_until_ns <= d->now) {
     reclaim_ran_out(d->b, o, d->now);
     d->ran_out++;
-  }
-  else if (o->ask_until_ns < d->next)
+  } else if (o->ask_until_ns < d->next) {
     d->next = o->ask_until_ns;
+  }
 }
 
 uint64_t gmb__reclaim_expire(struct gmb_broker *b, uint64_t now) {

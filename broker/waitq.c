@@ -86,7 +86,7 @@ static void waitq_quota_note(struct gmb_broker *b, const struct gmb_waiter *w,
   size_t n = strlen(rep->message);
   snprintf(rep->message + n, sizeof rep->message - n, "; held while the "
            "tenant's other sessions were asked for cached memory, which did "
-           "not free enough within %u ms (trim_wait_ms)", b->cfg.trim_wait_ms);
+           "not free enough in time (trim_wait_ms %u)", b->cfg.trim_wait_ms);
   gmb__alloc_asked_back(w->session, rep);
 }
 
@@ -271,7 +271,8 @@ void gmb__waitq_serve(struct gmb_broker *b) {
 }
 
 /* Tries waiter w: 1 when it was answered (served, or refused other than
- * for room), 0 when it still does not fit. */
+ * for room), 0 when it still does not fit (or, held for its quota, the
+ * quota still refuses it). */
 static int waitq_try(struct gmb_broker *b, struct gmb_waiter *w) {
   if (waitq_quota_blocked(w)) return 0;
   struct wire_reply rep;
