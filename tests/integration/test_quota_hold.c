@@ -119,6 +119,27 @@ static void filler_start(struct filler *f, struct harness_broker *b,
   ck_assert_uint_eq(r.trim_asks, 0);
 }
 
+/* 1 once process *pid is stopped (state T in /proc): a SIGSTOP is
+ * delivered when the process next runs, not when kill() returns, and A
+ * must not answer an ask after it. */
+static int is_stopped(void *arg) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)*(pid_t *)arg);
+  FILE *fp = fopen(path, "r");
+  if (fp == NULL) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  fclose(fp);
+  buf[n] = 0;
+  const char *end = strrchr(buf, ')'); /* the name may hold anything */
+  return end && end[1] == ' ' && end[2] == 'T';
+}
+
+static void filler_stop(struct filler *f) {
+  ck_assert_int_eq(kill(f->pid, SIGSTOP), 0);
+  ck_assert_msg(harness_poll_until(is_stopped, &f->pid, HARNESS_WAIT_MS),
+                "A (pid %d) did not stop", (int)f->pid);
+}
+
 static void filler_end(struct filler *f) {
   if (f->pid > 0) {
     kill(f->pid, SIGKILL);
@@ -230,7 +251,7 @@ START_TEST(asked_process_killed_while_b_waits) {
   start(&b, "trim_wait_ms = 5000\n");
   struct filler a;
   filler_start(&a, &b, 0);
-  ck_assert_int_eq(kill(a.pid, SIGSTOP), 0);
+  filler_stop(&a);
   struct asker_arg q = {b.endpoint, 60000, NULL, NULL};
   pid_t asker = harness_fork(asker_child, &q);
   ck_assert_msg(harness_poll_until(b_waits, &b, HARNESS_WAIT_MS),
@@ -258,7 +279,7 @@ START_TEST(unanswered_ask_refused_at_bound) {
   start(&b, "");
   struct filler a;
   filler_start(&a, &b, 0);
-  ck_assert_int_eq(kill(a.pid, SIGSTOP), 0);
+  filler_stop(&a);
   struct asker_arg q = {b.endpoint, 60000, "trim_wait_ms", NULL};
   pid_t asker = harness_fork(asker_child, &q);
   ck_assert_int_eq(harness_wait(asker), -GMB_E_QUOTA);
