@@ -149,8 +149,12 @@ static int admin_limit(struct gmb_broker *b, const struct gmb_peer *peer,
   admin_tenant_row(t, rep);
   snprintf(rep->message, sizeof rep->message, "%s of %s set to %s (was %s)%s",
            what, t->name, vs, os, note);
-  /* A smaller reservation leaves room to others that may be waiting. */
-  if (field == GMB_STATE_RESERVE && v < old) gmb__waitq_serve(b);
+  /* A smaller reservation leaves room to others that may be waiting; a
+   * larger quota may let requests held for it (reclaim.h) be served now
+   * rather than refused at the end of their hold. */
+  if ((field == GMB_STATE_RESERVE && v < old) ||
+      (field == GMB_STATE_QUOTA && old != 0 && (v == 0 || v > old)))
+    gmb__waitq_serve(b);
   return 1;
 }
 

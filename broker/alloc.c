@@ -130,6 +130,20 @@ int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
   return rc;
 }
 
+void gmb__alloc_asked_back(const struct gmb_session *s,
+                           struct wire_reply *rep) {
+  /* Its own ask (for another's request) is not for this one: the caller is
+   * blocked in this request and could not answer it anyway. */
+  uint64_t coming = s->tenant->cache_asked - s->ask_bytes;
+  if (coming == 0) return;
+  rep->asked_back = coming;
+  char sz[GMB_SIZE_BUFSZ];
+  size_t n = strlen(rep->message);
+  snprintf(rep->message + n, sizeof rep->message - n, "; %s of cached memory "
+           "asked back from the tenant's other sessions is still on its way",
+           gmb__size_format(coming, sz, sizeof sz));
+}
+
 int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
                    uint32_t flags, struct wire_reply *rep,
                    enum gmb_nomem_why *why) {

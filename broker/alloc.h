@@ -2,10 +2,12 @@
  * alloc.h - giving a session memory: the one path every allocation takes,
  * whether it is answered at once (dispatch.c) or after waiting (waitq.c).
  *
- * The order is: quota (refused at once, never waited on), then the pool,
- * then the reservations.  The quota is asked before the pool and charged
- * once the pool said yes; the loop is single-threaded, so nothing can come
- * between the two, and `used` and `peak` count only memory handed out.
+ * The order is: quota (refused, never waited on: a request is held for
+ * its quota only while its tenant's own caches are asked for the bytes,
+ * reclaim.h), then the pool, then the reservations.  The quota is asked
+ * before the pool and charged once the pool said yes; the loop is
+ * single-threaded, so nothing can come between the two, and `used` and
+ * `peak` count only memory handed out.
  *
  * Reservations (tenant.h has the rule): an allocation that made its
  * tenant's segments grow is checked once the pool said yes, and rolled
@@ -40,6 +42,14 @@ uint64_t gmb__alloc_round(uint64_t size);
  * filled. */
 int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
                      struct wire_reply *rep);
+
+/* Session s's request is refused GMB_E_QUOTA in *rep: when the tenant's
+ * other sessions were asked to give cached memory back (EVENT_TRIM,
+ * reclaim.c) and have not answered yet, says how many bytes are on their
+ * way in Reply.asked_back and in the text (the caller may try again
+ * shortly).  The answer to one request held for them says so at its end. */
+void gmb__alloc_asked_back(const struct gmb_session *s,
+                           struct wire_reply *rep);
 
 /*
  * Tries to allocate `size` bytes with `flags` for session s.  Returns 0 with

@@ -54,6 +54,7 @@ struct gmb_waitq {
   struct gmb_waiter *last_added; /* for gmb__waitq_joined; NULL: none */
   size_t held;          /* of n, those held while caches are asked back */
   size_t held_nowait;   /* of held, requests that did not ask to wait */
+  size_t held_quota;    /* of held, requests held for their tenant's quota */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
 };
 

@@ -58,7 +58,8 @@ struct gmb_config {
   uint32_t max_waiters_per_session; /* gmb_alloc_wait requests queued */
   uint32_t max_waiters_per_tenant;
   uint32_t trim_wait_ms;    /* how long a request that found the device
-                               full is held while other sessions' caches
+                               full, or its tenant's quota held by its
+                               other sessions' caches, is held while they
                                are asked back (0: they are not asked) */
   struct gmb_tenant_conf *tenants; /* owned */
   size_t n_tenants;

@@ -7,10 +7,11 @@
  * queue (waitq.c) when the caller asked to wait or when a compaction run
  * (defrag.c) may make room; one that found the device full while other
  * sessions' caches hold free memory is first held while they are asked
- * for it (reclaim.c).  A request that does not wait (timeout 0) is
- * answered at once and is not held back by the queue; one that waits joins
- * the queue behind requests of equal or higher priority (waitq.h has the
- * order).
+ * for it (reclaim.c), as is one past its tenant's quota while the
+ * tenant's other sessions' caches hold what it lacks.  A request that does
+ * not wait (timeout 0) is answered at once and is not held back by the
+ * queue; one that waits joins the queue behind requests of equal or
+ * higher priority (waitq.h has the order).
  *
  * A client's ids say nothing about other tenants: another session's
  * allocation or segment gets the same answer as one that does not exist.
@@ -179,26 +180,6 @@ static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
   return rc != 0;
 }
 
-/* A quota refusal while the tenant's other sessions hold cached free
- * memory (as they last reported it): they are asked to give back what is
- * missing (reclaim.c), and the refusal says so, in Reply.asked_back and
- * in its text, so that the caller's library may try again shortly (the
- * cache's slab requests do, for a bounded time).  The broker does not
- * hold the request: the quota stays exact at every moment. */
-static void dispatch_ask_caches(struct gmb_broker *b, struct gmb_session *s,
-                                uint64_t size, struct wire_reply *rep) {
-  struct gmb_tenant *t = s->tenant;
-  uint64_t need = gmb__alloc_round(size);
-  if (t->quota == 0 || t->used + need <= t->quota) return;
-  uint64_t asked = gmb__reclaim_quota(b, s, t->used + need - t->quota);
-  if (asked == 0) return;
-  rep->asked_back = asked;
-  size_t n = strlen(rep->message);
-  snprintf(rep->message + n, sizeof rep->message - n,
-           "; %" PRIu64 " cached bytes asked back from the tenant's other "
-           "sessions", asked);
-}
-
 static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                           const struct wire_request *req,
                           struct wire_reply *rep) {
@@ -214,11 +195,20 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     return 1;
   }
   int timeout_ms = req->u.alloc.timeout_ms;
+  /* Past the quota while the tenant's other sessions' caches hold what it
+   * lacks: they are asked, and the request is held until the bytes come
+   * or trim_wait_ms passed (reclaim.h).  Otherwise a quota refusal below
+   * is immediate. */
+  if (gmb__reclaim_quota_hold(b, s, req->id, size, flags, timeout_ms))
+    return 0;
   if (timeout_ms != 0 && gmb__waitq_ahead(b, s->tenant->priority)) {
     /* Others of equal or higher priority wait already: join the queue at
      * this request's place, then serve it, so no request jumps it.  The
      * quota is still refused at once: waiting would not help. */
-    if (gmb__alloc_quota(s->tenant, gmb__alloc_round(size), rep)) return 1;
+    if (gmb__alloc_quota(s->tenant, gmb__alloc_round(size), rep)) {
+      gmb__alloc_asked_back(s, rep);
+      return 1;
+    }
     if (dispatch_never_fits(b, s, size, rep)) return 1;
     if (dispatch_queue(b, s, req, size, flags, timeout_ms, 0, rep)) return 1;
     gmb__waitq_joined(b);
@@ -226,7 +216,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
   }
   enum gmb_nomem_why why;
   int rc = gmb__alloc_try(b, s, size, flags, rep, &why);
-  if (rc == GMB_E_QUOTA) dispatch_ask_caches(b, s, size, rep);
+  if (rc == GMB_E_QUOTA) gmb__alloc_asked_back(s, rep);
   if (rc != GMB_E_NOMEM) return 1;
   if (why == GMB_NOMEM_RESERVED) {
     /* Compaction cannot help: the room is there, it is kept for others.

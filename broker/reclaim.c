@@ -209,22 +209,72 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
 
 /* --- a quota ------------------------------------------------------------- */
 
-uint64_t gmb__reclaim_quota(struct gmb_broker *b, struct gmb_session *s,
-                            uint64_t missing) {
+/* What may be asked of o now for session s's quota: its cached bytes, as
+ * far as it holds them (a report never counts memory it does not have). */
+static uint64_t reclaim_quota_allowance(const struct gmb_session *o,
+                                        const struct gmb_session *s,
+                                        uint64_t now) {
+  return reclaim_askable(o, s, now) ? gmb__session_cached(o) : 0;
+}
+
+int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
+                            uint64_t req_id, uint64_t size, uint32_t flags,
+                            int timeout_ms) {
   struct gmb_tenant *t = s->tenant;
+  uint64_t rounded = gmb__alloc_round(size);
+  if (!gmb__tenant_over(t, rounded)) return 0; /* the common case: O(1) */
   if (b->cfg.trim_wait_ms == 0 || b->closing) return 0;
-  uint64_t coming = t->cache_asked - s->ask_bytes; /* its other sessions' */
-  uint64_t need = missing > coming ? missing - coming : 0, asked = 0;
+  /* More than the whole quota, or the whole device: no cache can help,
+   * and held it could only be refused later. */
+  if (rounded > t->quota || rounded > b->dev->capacity) return 0;
+  uint64_t missing = t->used + rounded - t->quota;
+  /* Bytes asked of its other sessions and not answered yet are on their
+   * way, whoever asked (a full device's ask frees the tenant's quota as
+   * well); s's own ask is not: it cannot answer while this request waits. */
+  uint64_t coming = t->cache_asked - s->ask_bytes;
+  uint64_t need = missing > coming ? missing - coming : 0;
   uint64_t now = gmb__now_ns();
-  uint64_t until = now + (uint64_t)b->cfg.trim_wait_ms * GMB_NS_PER_MS;
+  /* The plan first: nobody is asked, and nothing held, unless the cached
+   * bytes of its other sessions can cover what is missing; bytes in use
+   * are never waited for. */
+  uint64_t planned = 0;
+  for (const struct gmb_session *o = t->sessions; o && planned < need;
+       o = o->tenant_next)
+    planned += reclaim_quota_allowance(o, s, now);
+  if (planned < need) return 0;
+  /* A hold lasts while what it waits for may come: its own asks' bound
+   * (trim_wait_ms from now), or, when asks already out cover it, the
+   * latest of their bounds. */
+  uint64_t until = 0;
+  if (need > 0) {
+    until = now + (uint64_t)b->cfg.trim_wait_ms * GMB_NS_PER_MS;
+  } else {
+    for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
+      if (o != s && o->ask_bytes > 0 && o->ask_until_ns > until)
+        until = o->ask_until_ns;
+  }
+  GMB_ASSERT(until > 0 && "bytes on their way come from some ask");
+  if (gmb__waitq_hold_quota(b, s, req_id, size, flags, timeout_ms, until))
+    return 0; /* its session or tenant waits for as much as it may */
+  uint64_t asked = 0;
   for (struct gmb_session *o = t->sessions; o && asked < need;
        o = o->tenant_next) {
-    if (!reclaim_askable(o, s, now)) continue;
-    uint64_t x = o->cached_free < need - asked ? o->cached_free : need - asked;
+    uint64_t x = reclaim_quota_allowance(o, s, now);
+    if (x > need - asked) x = need - asked;
+    if (x == 0) continue;
     reclaim_open(b, o, x, until);
     asked += x;
+    if (gmb__log_allow(&reclaim_rl_ask)) {
+      char sz[GMB_SIZE_BUFSZ], want[GMB_SIZE_BUFSZ];
+      log_info("session %" PRIu64 " (tenant %s) asked to give back %s of its "
+               "cache for session %" PRIu64 ": %s more would pass the "
+               "tenant's quota%s", o->id, t->name,
+               gmb__size_format(x, sz, sizeof sz), s->id,
+               gmb__size_format(rounded, want, sizeof want),
+               gmb__log_suppressed(&reclaim_rl_ask));
+    }
   }
-  return asked + coming;
+  return 1;
 }
 
 /* --- answers, ends and the timer --------------------------------------- */
@@ -259,9 +309,9 @@ static uint64_t reclaim_compact(void *ctx, uint64_t rounded,
 }
 
 static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
-                                  int all) {
+                                  enum gmb_hold_end how) {
   struct reclaim_runs c = {b, 0};
-  uint64_t next = gmb__waitq_hold_over(b, now, all, reclaim_compact, &c);
+  uint64_t next = gmb__waitq_hold_over(b, now, how, reclaim_compact, &c);
   /* No run could start: answer now rather than never (as dispatch.c). */
   if (c.n && b->compacting == NULL)
     gmb__waitq_compaction_over(b, UINT64_MAX, NULL, NULL);
@@ -269,8 +319,13 @@ static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
 }
 
 void gmb__reclaim_settle(struct gmb_broker *b) {
-  if (b->reclaim.asks != 0 || b->waitq.held == 0 || b->closing) return;
-  reclaim_hold_over(b, gmb__now_ns(), 1);
+  if (b->waitq.held == 0 || b->closing) return;
+  if (b->reclaim.asks == 0)
+    reclaim_hold_over(b, gmb__now_ns(), GMB_HOLD_ALL);
+  else if (b->waitq.held_quota > 0)
+    /* Other tenants' asks are still out, but a quota hold waits only for
+     * its own tenant's. */
+    reclaim_hold_over(b, gmb__now_ns(), GMB_HOLD_SETTLED);
 }
 
 /* o's ask ran out: counted and logged unless its cache shrank meanwhile
@@ -309,27 +364,38 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
 struct reclaim_due {
   struct gmb_broker *b;
   uint64_t now, next;
+  int ran_out;
 };
 
 static void reclaim_expire_one(void *ctx, struct gmb_session *o) {
   struct reclaim_due *d = ctx;
   if (o->ask_bytes == 0) return;
-  if (o->ask_until_ns <= d->now)
+  if (o->ask_until_ns <= d->now) {
     reclaim_ran_out(d->b, o, d->now);
-  else if (o->ask_until_ns < d->next)
+    d->ran_out++;
+  } else if (o->ask_until_ns < d->next) {
     d->next = o->ask_until_ns;
+  }
 }
 
 uint64_t gmb__reclaim_expire(struct gmb_broker *b, uint64_t now) {
   struct gmb_reclaim *r = &b->reclaim;
+  int ran_out = 0;
   if (r->asks && r->next_ns <= now) {
-    struct reclaim_due d = {b, now, UINT64_MAX};
+    struct reclaim_due d = {b, now, UINT64_MAX, 0};
     gmb__sessions_each(b->sessions, reclaim_expire_one, &d);
     r->next_ns = d.next;
+    ran_out = d.ran_out;
   }
   uint64_t next = r->asks ? (r->next_ns > now ? r->next_ns - now : 0)
                           : UINT64_MAX;
-  uint64_t hold = reclaim_hold_over(b, now, r->asks == 0);
+  /* An ask that ran out may have been the last a quota hold waited for,
+   * though the hold's own bound is later (it waited for younger asks too,
+   * answered since). */
+  enum gmb_hold_end how = r->asks == 0 ? GMB_HOLD_ALL
+                          : ran_out     ? GMB_HOLD_SETTLED
+                                        : GMB_HOLD_DUE;
+  uint64_t hold = reclaim_hold_over(b, now, how);
   return hold < next ? hold : next;
 }
 

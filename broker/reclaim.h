@@ -18,9 +18,20 @@
  *     what it would have met without the asks (a compaction run, the
  *     queue, or GMB_E_NOMEM).  Nothing is asked, and nothing held, unless
  *     the candidates can cover what is missing.
- *   - A quota is held by the tenant's other sessions' caches: they are
- *     asked, and the refusal says how much (Reply.asked_back); the quota
- *     stays exact, nothing is held (the caller's library tries again).
+ *   - A quota is held by the tenant's other sessions' caches (the request
+ *     would pass the tenant's quota, and the cached bytes its other
+ *     sessions report, with those asked already and not answered yet,
+ *     cover what it lacks): they are asked, in the order of the tenant's
+ *     list, for what is missing, and the request is held the same way
+ *     (gmb__waitq_hold_quota), whatever its timeout_ms, and served as the
+ *     bytes come back (the quota stays exact at every moment: it is
+ *     served only when it fits).  Its hold ends when the asks it waits
+ *     for were all answered, ran out, or ended with their sessions, or
+ *     after trim_wait_ms at most; it is then refused GMB_E_QUOTA if the
+ *     bytes did not come.  When they cannot cover it (the bytes are in
+ *     use, not cached), nothing is asked and the refusal is immediate, as
+ *     it is for a request larger than the quota or the device.  Held
+ *     requests for a quota never hold back other waiters.
  *
  * Bounds a client cannot lift: at most one ask in flight per session (a
  * session asked already is not asked again until it answered or its ask
@@ -29,7 +40,10 @@
  * doubles with each ask it leaves unanswered in a row (1 s to 60 s); a
  * session that has requests in the wait queue is not asked (its library
  * is blocked in that very call and could not answer); held requests count
- * against max_waiters_per_session/_per_tenant like any waiter.
+ * against max_waiters_per_session/_per_tenant like any waiter (a request
+ * that cannot be held is not held, and nothing is asked for it); a session
+ * that ends with an ask in flight closes it, so that what waited for it is
+ * served from its freed memory, or falls through, at once.
  *
  * The state is b->reclaim (broker.h), the sessions' ask_* fields
  * (session.h) and each tenant's cache_asked (tenant.h): cache_asked is
@@ -53,7 +67,8 @@ int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
                        uint64_t cached_free, int answered);
 
 /* When no ask is in flight any more, the held requests fall through now
- * rather than at the end of their bound. */
+ * rather than at the end of their bound; so does a request held for its
+ * quota when its tenant's other sessions have no ask in flight any more. */
 void gmb__reclaim_settle(struct gmb_broker *b);
 
 /* Session s's request `req_id` of `size` bytes found no room on the
@@ -65,12 +80,16 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
                       int timeout_ms);
 
-/* Session s's request passes its tenant's quota by `missing` bytes: asks
- * the tenant's other sessions' caches for them.  Returns the bytes asked
- * now or still in flight from those sessions (0: none), for
- * Reply.asked_back. */
-uint64_t gmb__reclaim_quota(struct gmb_broker *b, struct gmb_session *s,
-                            uint64_t missing);
+/* Session s's request `req_id` of `size` bytes: when it would pass its
+ * tenant's quota and the tenant's other sessions' caches can cover what
+ * it lacks, asks them and holds the request (gmb__waitq_hold_quota) for
+ * trim_wait_ms at most.  Returns 1 when it is held (answered later), 0
+ * otherwise (the quota allows it, or no cache can help, or it could not be
+ * held): the caller goes on as without, and a refusal stays immediate.
+ * O(1) when the quota allows it; else O(the tenant's sessions). */
+int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
+                            uint64_t req_id, uint64_t size, uint32_t flags,
+                            int timeout_ms);
 
 /* The loop's timer: asks that ran out (counted in their session's
  * trim_ignored unless its cached_free went down meanwhile, and logged),

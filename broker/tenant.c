@@ -324,12 +324,12 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
   return 0;
 }
 
-static int tenant_over(const struct gmb_tenant *t, uint64_t size) {
+int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {
   return t->quota != 0 && (t->used >= t->quota || size > t->quota - t->used);
 }
 
 int gmb__tenant_fits(struct gmb_tenant *t, uint64_t size) {
-  if (tenant_over(t, size)) {
+  if (gmb__tenant_over(t, size)) {
     t->refusals_quota++;
     return GMB_E_QUOTA;
   }
@@ -337,7 +337,7 @@ int gmb__tenant_fits(struct gmb_tenant *t, uint64_t size) {
 }
 
 int gmb__tenant_charge(struct gmb_tenant *t, uint64_t size) {
-  if (tenant_over(t, size)) return GMB_E_QUOTA;
+  if (gmb__tenant_over(t, size)) return GMB_E_QUOTA;
   GMB_ASSERT(size <= UINT64_MAX - t->used && "tenant usage overflow");
   t->used += size;
   if (t->used > t->peak) t->peak = t->used;

@@ -122,6 +122,11 @@ int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid);
  * it (gmb__tenant_admit). */
 int gmb__tenant_default_uid(const char *name, uid_t *uid);
 
+/* 1 when `size` more bytes would pass t's quota (0: no limit), without
+ * counting a refusal: for a request held while its tenant's other caches
+ * are asked back (reclaim.h), which is tried again as memory comes back
+ * and counted as refused only once, when it is answered so. */
+int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size);
 /* 0 when `size` more bytes fit the tenant's quota, else GMB_E_QUOTA (and
  * the refusal is counted). */
 int gmb__tenant_fits(struct gmb_tenant *t, uint64_t size);

@@ -15,6 +15,14 @@
  * that did not ask to wait (`nowait`) never blocks others, like a waiter
  * of a compaction run; when its hold ends it falls through to what it
  * would have met without the hold (a compaction run, or GMB_E_NOMEM).
+ * One held for its tenant's quota (`quota`: the tenant's other sessions'
+ * caches hold the bytes it lacks) never blocks others either, whether it
+ * asked to wait or not: what it waits for is its own tenant's memory, not
+ * the device's.  While its quota is still passed it is skipped without a
+ * call into the pool, and no refusal is counted (gmb__tenant_over); it is
+ * answered GMB_E_QUOTA only when its hold ends and the bytes did not come.
+ * Invariants: held counts the waiters with `held` set, held_nowait those of
+ * them with `nowait`, held_quota those with `quota`.
  */
 #include "waitq.h"
 
@@ -42,14 +50,44 @@ struct gmb_waiter {
   uint64_t run;         /* the compaction run that tries for it; 0: none */
   int held;             /* held while caches are asked back */
   int nowait;           /* held: the request did not ask to wait */
+  int quota;            /* held (or was) for its tenant's quota, not for
+                           the device's room */
   uint64_t hold_until_ns; /* held: the hold ends then at the latest */
   int priority;         /* its tenant's, when it came */
 };
 
 /* A waiter that never holds back those behind it: it did not ask to wait
- * (held for a compaction run, or while caches are asked back). */
+ * (held for a compaction run, or while caches are asked back), or it is
+ * held for its tenant's quota. */
 static int waitq_nonblocking(const struct gmb_waiter *w) {
-  return w->after_compact || (w->held && w->nowait);
+  return w->after_compact || (w->held && (w->nowait || w->quota));
+}
+
+/* A request held for its quota that its quota still refuses: nothing to
+ * try (and no refusal to count) until its tenant's memory comes back. */
+static int waitq_quota_blocked(const struct gmb_waiter *w) {
+  return w->held && w->quota &&
+         gmb__tenant_over(w->session->tenant, gmb__alloc_round(w->size));
+}
+
+/* A quota hold may end early: none of the bytes it waits for are on their
+ * way any more (every ask of its tenant's other sessions was answered, ran
+ * out, or ended with its session). */
+static int waitq_quota_settled(const struct gmb_waiter *w) {
+  const struct gmb_session *s = w->session;
+  return w->quota && s->tenant->cache_asked == s->ask_bytes;
+}
+
+/* The refusal of a request that was held for its quota and still passes
+ * it: says so, and what is still on its way (Reply.asked_back). */
+static void waitq_quota_note(struct gmb_broker *b, const struct gmb_waiter *w,
+                             struct wire_reply *rep) {
+  if (!w->quota || rep->status != GMB_E_QUOTA) return;
+  size_t n = strlen(rep->message);
+  snprintf(rep->message + n, sizeof rep->message - n, "; held while the "
+           "tenant's other sessions were asked for cached memory, which did "
+           "not free enough in time (trim_wait_ms %u)", b->cfg.trim_wait_ms);
+  gmb__alloc_asked_back(w->session, rep);
 }
 
 static struct gmb_log_rl waitq_rl_add, waitq_rl_limit;
@@ -58,7 +96,7 @@ static struct gmb_log_rl waitq_rl_add, waitq_rl_limit;
 static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, int after_compact,
-                        uint64_t hold_until_ns) {
+                        uint64_t hold_until_ns, int hold_quota) {
   struct gmb_waitq *q = &b->waitq;
   if (s->waiting >= b->cfg.max_waiters_per_session ||
       s->tenant->waiting >= b->cfg.max_waiters_per_tenant) {
@@ -84,9 +122,11 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
   if (hold_until_ns) {
     w->held = 1;
     w->nowait = timeout_ms == 0;
+    w->quota = hold_quota;
     w->hold_until_ns = hold_until_ns;
     q->held++;
     q->held_nowait += (size_t)w->nowait;
+    q->held_quota += (size_t)w->quota;
     if (hold_until_ns < q->next_hold_ns) q->next_hold_ns = hold_until_ns;
   }
   /* After the last waiter of equal or higher priority: priority first,
@@ -115,7 +155,8 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
               "compaction run", s->id, size);
   } else if (hold_until_ns) {
     log_debug("session %" PRIu64 ": %" PRIu64 " bytes held while caches "
-              "are asked back", s->id, size);
+              "are asked back (for %s)", s->id, size,
+              hold_quota ? "its quota" : "room");
   } else if (gmb__log_allow(&waitq_rl_add)) {
     char sz[GMB_SIZE_BUFSZ];
     log_info("session %" PRIu64 " (tenant %s, priority %d): %s wait for "
@@ -131,14 +172,21 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact) {
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, after_compact,
-                      0);
+                      0, 0);
 }
 
 int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
                     uint64_t req_id, uint64_t size, uint32_t flags,
                     int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
-  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns);
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0);
+}
+
+int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
+                          uint64_t req_id, uint64_t size, uint32_t flags,
+                          int timeout_ms, uint64_t until_ns) {
+  GMB_ASSERT(until_ns != 0 && "a hold ends some time");
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 1);
 }
 
 int gmb__waitq_ahead(const struct gmb_broker *b, int priority) {
@@ -152,9 +200,10 @@ int gmb__waitq_ahead(const struct gmb_broker *b, int priority) {
 static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   if (!w->held) return;
   GMB_ASSERT(q->held > 0 && q->held_nowait >= (size_t)w->nowait &&
-             "held counts drifted");
+             q->held_quota >= (size_t)w->quota && "held counts drifted");
   q->held--;
   q->held_nowait -= (size_t)w->nowait;
+  q->held_quota -= (size_t)w->quota;
   w->held = 0;
 }
 
@@ -199,8 +248,10 @@ void gmb__waitq_serve(struct gmb_broker *b) {
      * held for a compaction run) may be served: with none of either, the
      * rest of the queue need not be looked at. */
     if (blocked && b->waitq.after_compact == 0 &&
-        b->waitq.held_nowait == 0 && gmb__tenants_reserving(b->tenants) == 0)
+        b->waitq.held_nowait == 0 && b->waitq.held_quota == 0 &&
+        gmb__tenants_reserving(b->tenants) == 0)
       break;
+    if (waitq_quota_blocked(w)) continue;
     struct gmb_tenant *t = w->session->tenant;
     if (blocked && !waitq_nonblocking(w) &&
         !gmb__tenant_within_reserve(t, gmb__alloc_round(w->size)))
@@ -214,19 +265,23 @@ void gmb__waitq_serve(struct gmb_broker *b) {
       if (!waitq_nonblocking(w)) blocked = 1;
       continue;
     }
+    waitq_quota_note(b, w, &rep);
     waitq_answer(b, w, &rep);
   }
 }
 
 /* Tries waiter w: 1 when it was answered (served, or refused other than
- * for room), 0 when it still does not fit. */
+ * for room), 0 when it still does not fit (or, held for its quota, the
+ * quota still refuses it). */
 static int waitq_try(struct gmb_broker *b, struct gmb_waiter *w) {
+  if (waitq_quota_blocked(w)) return 0;
   struct wire_reply rep;
   memset(&rep, 0, sizeof rep);
   rep.id = w->req_id;
   enum gmb_nomem_why why;
   int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
   if (rc == GMB_E_NOMEM) return 0;
+  waitq_quota_note(b, w, &rep);
   waitq_answer(b, w, &rep);
   return 1;
 }
@@ -312,8 +367,15 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
     memset(&rep, 0, sizeof rep);
     rep.id = w->req_id;
     char sz[GMB_SIZE_BUFSZ];
-    gmb__reply_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
-                    gmb__size_format(w->size, sz, sizeof sz));
+    if (waitq_quota_blocked(w)) {
+      /* Its deadline came first while its tenant's caches were asked: the
+       * quota is what refuses it, not the device. */
+      gmb__alloc_quota(w->session->tenant, gmb__alloc_round(w->size), &rep);
+      waitq_quota_note(b, w, &rep);
+    } else {
+      gmb__reply_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
+                      gmb__size_format(w->size, sz, sizeof sz));
+    }
     expired += !waitq_nonblocking(w);
     waitq_answer(b, w, &rep);
   }
@@ -341,22 +403,30 @@ void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {
   if (dropped) gmb__waitq_serve(b);
 }
 
-uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
+uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
+                              enum gmb_hold_end how,
                               gmb_waitq_compact_fn compact, void *ctx) {
   struct gmb_waitq *q = &b->waitq;
   if (q->held == 0) return UINT64_MAX;
-  if (!all && q->next_hold_ns > now) return q->next_hold_ns - now;
+  if (how == GMB_HOLD_DUE && q->next_hold_ns > now)
+    return q->next_hold_ns - now;
   uint64_t total = 0, next_at = UINT64_MAX;
   gmb__pool_fragmentation(b->pool, NULL, &total);
   struct gmb_waiter *w = q->head, *next;
   for (; w; w = next) {
     next = w->next;
     if (!w->held) continue;
-    if (!all && w->hold_until_ns > now) {
+    int settled = how == GMB_HOLD_SETTLED && waitq_quota_settled(w);
+    if (how != GMB_HOLD_ALL && !settled && w->hold_until_ns > now) {
       if (w->hold_until_ns < next_at) next_at = w->hold_until_ns;
       continue;
     }
     waitq_unhold(q, w);
+    /* Held for its quota: served if the bytes came (and the device has
+     * room), refused GMB_E_QUOTA if they did not; only a request whose
+     * quota now fits but that finds no room goes on below, as any
+     * request that found no room. */
+    if (w->quota && waitq_try(b, w)) continue;
     uint64_t rounded = gmb__alloc_round(w->size);
     /* What the request would have met without the hold (dispatch.c):
      * compaction when it fits the device's free total. */
@@ -368,7 +438,7 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
     }
     /* Memory may have come back without a serve (the pool's lingering
      * segments released by its timer): one more try. */
-    if (waitq_try(b, w)) continue;
+    if (!w->quota && waitq_try(b, w)) continue;
     if (may_compact) {
       w->after_compact = 1;
       q->after_compact++;

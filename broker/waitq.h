@@ -20,8 +20,11 @@
  * they are tried as memory comes back and answered GMB_E_NOMEM when the run
  * ends.  Requests held while caches are asked back (reclaim.c) are
  * served as memory comes back like the others; held ones that did not ask
- * to wait never block either.  A waiter's answer leaves through the sender
- * (reply.c) and is counted in the metrics with its time in the queue.
+ * to wait never block either, nor do ones held for their tenant's quota
+ * (gmb__waitq_hold_quota), which are skipped while the quota still refuses
+ * them and answered GMB_E_QUOTA when their hold ends without the bytes.
+ * A waiter's answer leaves through the sender (reply.c) and is counted in
+ * the metrics with its time in the queue.
  *
  * The queue itself is b->waitq (broker.h); every waiter belongs to a live
  * session and is counted in its tenant's `waiting`.
@@ -53,14 +56,27 @@ int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
                     uint64_t req_id, uint64_t size, uint32_t flags,
                     int timeout_ms, uint64_t until_ns);
 
-/* Ends the holds that are due at `now` (every hold when `all`: no ask is
- * in flight any more).  A held request that did not ask to wait is tried
- * once more, then falls through as it would have without the hold: it
- * waits for a compaction run when compaction is on and it fits the
- * device's free total (compact(ctx, rounded) is called, and the caller
- * starts the run), else it is answered GMB_E_NOMEM with the explanation.
- * One that asked to wait stays queued (compact() called likewise).
- * Returns the nanoseconds until the next hold ends (UINT64_MAX: none). */
+/* As gmb__waitq_hold, for a request that passes its tenant's quota while
+ * the tenant's other sessions are asked for the cached bytes it lacks:
+ * it never holds back others while held (whatever timeout_ms), is served
+ * as soon as its quota and the device allow, and is refused GMB_E_QUOTA
+ * (counted once, then) if its hold ends and the quota still refuses it;
+ * if the quota allows it then but the device has no room, it goes on as
+ * a held request for room does.  A deadline (timeout_ms > 0) that comes
+ * first while the quota refuses it answers GMB_E_QUOTA too.  0,
+ * GMB_E_LIMIT or GMB_E_SYSTEM as gmb__waitq_add. */
+int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
+                          uint64_t req_id, uint64_t size, uint32_t flags,
+                          int timeout_ms, uint64_t until_ns);
+
+/* Which holds gmb__waitq_hold_over ends. */
+enum gmb_hold_end {
+  GMB_HOLD_DUE = 0,     /* those whose time is up */
+  GMB_HOLD_ALL = 1,     /* every one: no ask is in flight any more */
+  GMB_HOLD_SETTLED = 2, /* those due, and quota holds whose tenant's other
+                           sessions have no ask in flight any more */
+};
+
 /* How the queue asks for a compaction run for a waiter of `rounded` bytes
  * of tenant t (defrag.c is above the queue): returns the number of the run
  * that will have tried for it (b->compact_begun's count), 0 when none
@@ -68,12 +84,22 @@ int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
 typedef uint64_t (*gmb_waitq_compact_fn)(void *ctx, uint64_t rounded,
                                          struct gmb_tenant *t);
 
-uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now, int all,
+/* Ends the holds that `how` names at `now`.  A held request for its quota
+ * is tried first: served, or GMB_E_QUOTA; one the quota allows then goes
+ * on as below.  A held request that did not ask to wait is tried
+ * once more, then falls through as it would have without the hold: it
+ * waits for a compaction run when compaction is on and it fits the
+ * device's free total (compact(ctx, rounded) is called, and the caller
+ * starts the run), else it is answered GMB_E_NOMEM with the explanation.
+ * One that asked to wait stays queued (compact() called likewise).
+ * Returns the nanoseconds until the next hold ends (UINT64_MAX: none). */
+uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
+                              enum gmb_hold_end how,
                               gmb_waitq_compact_fn compact, void *ctx);
 
 /* 1 when a request that asked to wait (not one held only for a compaction
- * run or, without waiting, for cache asks) of priority >= `priority` is
- * queued. */
+ * run or, without waiting, for cache asks, nor one held for its quota) of
+ * priority >= `priority` is queued. */
 int gmb__waitq_ahead(const struct gmb_broker *b, int priority);
 
 /* A request just queued (gmb__waitq_add) behind others of equal or

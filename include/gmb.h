@@ -122,21 +122,31 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c);
 
 /*
  * Allocates `size` bytes (rounded up to 512).  GMB_E_QUOTA when the
- * tenant's quota would be passed, at once.  When the device's free total
- * would hold the request but no free range does, the broker first compacts
- * (moves unlocked movable allocations) and answers after that; GMB_E_NOMEM
- * when there is still no room, with gmb_last_error() giving the free total,
- * the largest free range and the bytes that could not be moved.  With
- * flags GMB_MOVABLE the broker may move the allocation while it is not
- * locked: use it only through gmb_lock/gmb_unlock.  GMB_E_LIMIT when the
- * session holds 65536 movable allocations.
+ * tenant's quota would be passed by memory in use, at once.  When the
+ * bytes missing are held free in the caches of the tenant's other
+ * sessions (gmb_malloc_async in other processes), the broker asks them to
+ * give the bytes back and holds the request until they arrive, then
+ * serves it; it answers GMB_E_QUOTA, saying so, when they did not come
+ * within the broker's trim_wait_ms (100 ms by default; at once when the
+ * sessions asked answered without them).  When the device has no room
+ * while other sessions' caches hold free memory, the broker likewise asks
+ * them first and holds the request for trim_wait_ms at most.  When the
+ * device's free total would hold the request but no free range does, the
+ * broker compacts (moves unlocked movable allocations) and answers after
+ * that; GMB_E_NOMEM when there is still no room, with gmb_last_error()
+ * giving the free total, the largest free range and the bytes that could
+ * not be moved.  With flags GMB_MOVABLE the broker may move the allocation
+ * while it is not locked: use it only through gmb_lock/gmb_unlock.
+ * GMB_E_LIMIT when the session holds 65536 movable allocations.
  */
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out);
 
 /* As gmb_alloc, but when the device has no room the request waits up to
  * timeout_ms (negative: forever) for memory to be freed; GMB_E_TIMEOUT then.
- * A quota refusal is never waited on. */
+ * A quota is waited on only as gmb_alloc does, while the tenant's other
+ * sessions' caches give back the bytes it lacks (trim_wait_ms at most, or
+ * timeout_ms when shorter): then GMB_E_QUOTA, never GMB_E_TIMEOUT. */
 GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
                               int timeout_ms, gmb_id *out);
 

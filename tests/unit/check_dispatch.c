@@ -15,7 +15,8 @@
  * with its NoMemory body; another tenant's reservation, with its message),
  * Free's answers for ids that are not the session's, Stats, Heartbeat and
  * SegmentClosed (no reply), Bye, and the ends of a waiting allocation
- * (served after a free, timed out, or dropped with its session).  Every test ends with
+ * (served after a free, timed out, or dropped with its session, and one
+ * past its quota held while its tenant's cache gives the bytes back).  Every test ends with
  * fx_close(), which requires the pool and tenants to be consistent;
  * fx_request() checks them after every request as well.  The tests of
  * issue 12's items are at the end.
@@ -1563,6 +1564,53 @@ START_TEST(evict_sets_word_and_retires_segments) {
 }
 END_TEST
 
+/* A request past its quota while another session of its tenant caches
+ * what it lacks is held, not refused, also when others of its priority
+ * wait already (the path where a quota used to be refused before the
+ * queue): its tenant's cache is asked, and the free that answers serves
+ * it past the blocked head of the queue, which still does not fit. */
+START_TEST(wait_quota_held_by_cache_when_queue_busy) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB",
+              "[broker]\ncompaction = off\n"
+              "[tenant:q]\nuids = 1001\nquota = 4MiB\n");
+  fx_hello(&f, "qa", 1001, "q");
+  fx_hello(&f, "qb", 1001, "q");
+  fx_hello(&f, "big", 1002, "");
+  fx_hello(&f, "fill", 1003, "");
+  fx_must_alloc(&f, "fill", 1003, 4 * MIB, 0);
+  uint64_t slab = fx_must_alloc(&f, "qa", 1001, 4 * MIB, 0).u.alloc.id;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "big", 1002, 6 * MIB, 0, 60000, &rep), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  /* qa's slab is all free in its cache, as its library reports it. */
+  struct wire_request hb;
+  memset(&hb, 0, sizeof hb);
+  hb.kind = WIRE_HEARTBEAT;
+  hb.cached_free = 4 * MIB;
+  ck_assert_int_eq(fx_request(&f, "qa", 1001, &hb, &rep), 0);
+  uint64_t refusals = fx_tenant(&f, "q")->refusals_quota;
+  ck_assert_int_eq(fx_alloc(&f, "qb", 1001, 2 * MIB, 0, 60000, &rep), 0);
+  uint64_t req_id = f.next_req - 1;
+  const struct fx_sent *ask = fx_last_to(&f, "qa");
+  ck_assert_ptr_nonnull(ask);
+  ck_assert_int_eq(ask->rep.kind, WIRE_EVENT);
+  ck_assert_int_eq(ask->rep.u.event.kind, WIRE_EVENT_TRIM);
+  ck_assert_uint_eq(ask->rep.u.event.bytes, 2 * MIB);
+  ck_assert_ptr_null(fx_last_to(&f, "qb"));
+  ck_assert_int_eq(fx_free(&f, "qa", 1001, slab), 0);
+  const struct fx_sent *got = fx_last_to(&f, "qb");
+  ck_assert_ptr_nonnull(got);
+  ck_assert_uint_eq(got->rep.id, req_id);
+  ck_assert_msg(got->rep.status == 0, "%s", got->rep.message);
+  ck_assert_uint_eq(got->rep.u.alloc.size, 2 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "q")->refusals_quota, refusals);
+  ck_assert_ptr_null(fx_last_to(&f, "big"));
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
   TCase *tc = tcase_create("hello");
@@ -1616,6 +1664,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, wait_forever_never_expires);
   tcase_add_test(tc, wait_does_not_hold_back_no_wait_request);
   tcase_add_test(tc, wait_ends_with_bye_of_waiter);
+  tcase_add_test(tc, wait_quota_held_by_cache_when_queue_busy);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("issue12");

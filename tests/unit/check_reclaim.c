@@ -6,8 +6,11 @@
  * wait), that the request is held and served when the memory comes back,
  * that it falls through when the asks are answered empty-handed or run
  * out (the ones that ran out counted in trim_ignored, and the session
- * paused), the quota case's Reply.asked_back, and a session that ends
- * with an ask in flight.
+ * paused), a session that ends with an ask in flight, and the quota
+ * case: a request that passes its tenant's quota while the tenant's other
+ * sessions cache what it lacks is held and served as they give it back,
+ * refused at once when the bytes are in use, and at the bound, or at the
+ * answer that ends the last ask it waits for, when they do not come.
  *
  * A whole broker on a host device (broker_fixture.h), compaction off
  * unless a test says otherwise.  A "cache" here is an allocation of a
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "defrag.h"
@@ -539,36 +543,344 @@ END_TEST
 
 /* ---- the quota --------------------------------------------------------- */
 
-/* A quota held by another session's cache: refused at once, with the
- * bytes asked back in Reply.asked_back (and the text); a second refusal
- * while the ask is out asks nothing more and reports the bytes on their
- * way; the ask runs out like any other. */
-START_TEST(quota_refusal_says_asked_back) {
+/* Tenant q (uid 1001, quota 8 MiB) on a 64 MiB device, compaction off,
+ * with sessions a and b; `more_ini` (NULL: none) follows its [broker]
+ * lines: more of them, or other sections. */
+static void open_quota(struct fx *f, const char *more_ini) {
+  char ini[512];
+  snprintf(ini, sizeof ini, FX_INI_OFF "%s[tenant:q]\nquota = 8MiB\n",
+           more_ini ? more_ini : "");
+  fx_open_ini(f, "host:64MiB", ini);
+  fx_hello(f, "a", 1001, "q");
+  fx_hello(f, "b", 1001, "q");
+}
+
+/* a caches 6 MiB of q's 8; b asks 4 MiB: a is asked for the 2 MiB
+ * missing and b's request is held, not refused, and not counted as
+ * refused; a's free serves it; a's answer closes the ask. */
+START_TEST(quota_held_served_when_cache_gives_back) {
   struct fx f;
-  fx_open_ini(&f, "host:64MiB", FX_INI_OFF "[tenant:q]\nquota = 8MiB\n");
+  open_quota(&f, NULL);
+  struct gmb_tenant *q = fx_tenant(&f, "q");
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t refusals = q->refusals_quota;
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, 0);
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_uint_eq(q->cache_asked, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.held, 1);
+  ck_assert_uint_eq(f.b.waitq.held_quota, 1);
+  ck_assert_uint_eq(q->refusals_quota, refusals);
+  check_sums(&f);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(q->used, 4 * MIB);
+  ck_assert_uint_eq(q->refusals_quota, refusals);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  report(&f, "a", 1001, 0, 1);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  ck_assert_uint_eq(q->cache_asked, 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* gmb_alloc_wait is held the same way, and holds back nobody meanwhile:
+ * a request of another tenant that asks to wait is not queued behind it. */
+START_TEST(quota_held_wait_request_blocks_nobody) {
+  struct fx f;
+  open_quota(&f, NULL);
+  fx_hello(&f, "c", 1002, "");
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, LONG_MS);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "c", 1002, 4 * MIB, 0, LONG_MS, &rep), 1);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  report(&f, "a", 1001, 0, 1);
+  fx_close(&f);
+}
+END_TEST
+
+/* Bytes in use are never waited for: with nothing cached, with less
+ * cached than is missing, or for more than the whole quota, the refusal
+ * is immediate, nobody is asked, nothing is held, and each refusal is
+ * counted. */
+START_TEST(quota_in_use_refused_at_once) {
+  struct fx f;
+  open_quota(&f, NULL);
+  struct gmb_tenant *q = fx_tenant(&f, "q");
+  hold(&f, "a", 1001, 6 * MIB);
+  uint64_t refusals = q->refusals_quota;
+  struct wire_reply rep;
+  /* Nothing cached. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(rep.asked_back, 0);
+  ck_assert_ptr_null(strstr(rep.message, "asked back"));
+  /* 1 MiB cached of the 2 MiB missing: not enough, nobody asked. */
+  report(&f, "a", 1001, 1 * MIB, 0);
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, LONG_MS, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(rep.asked_back, 0);
+  /* More than the quota itself, whatever is cached. */
+  report(&f, "a", 1001, 6 * MIB, 0);
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 10 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_asks, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(q->refusals_quota, refusals + 3);
+  fx_close(&f);
+}
+END_TEST
+
+/* A session that reports cached bytes and never gives them back: the
+ * held request is refused GMB_E_QUOTA at the bound (told why), counted
+ * once; the session is counted as ignoring the ask and paused, so the
+ * next request is refused at once and it is not asked again. */
+START_TEST(quota_ignored_ask_refused_at_bound) {
+  struct fx f;
+  open_quota(&f, NULL);
+  struct gmb_tenant *q = fx_tenant(&f, "q");
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t refusals = q->refusals_quota;
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, LONG_MS);
+  timer_after(&f, 0);
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  timer_past_bound(&f);
+  const struct wire_reply *rep = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(rep->message, "trim_wait_ms"));
+  ck_assert_uint_eq(rep->asked_back, 0);
+  ck_assert_uint_eq(q->refusals_quota, refusals + 1);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.held_quota, 0);
+  struct wire_reply now;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &now), 1);
+  ck_assert_int_eq(now.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* An answer that gave nothing back ends the hold at once: the request is
+ * refused without waiting for the bound. */
+START_TEST(quota_empty_answer_refuses_at_once) {
+  struct fx f;
+  open_quota(&f, NULL);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, 0);
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  report(&f, "a", 1001, 6 * MIB, 1);
+  const struct wire_reply *rep = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* The quota hold waits for its own tenant's asks only: an answer that
+ * ends them refuses it at once, while another tenant's ask for a full
+ * device, and the request held for it, are still out. */
+START_TEST(quota_hold_settles_on_own_tenant_asks) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", FX_INI_OFF "[tenant:q]\nquota = 8MiB\n");
   fx_hello(&f, "a", 1001, "q");
   fx_hello(&f, "b", 1001, "q");
+  fx_hello(&f, "d", 1002, "");
+  fx_hello(&f, "e", 1003, "");
   cache(&f, "a", 1001, 6 * MIB);
+  cache(&f, "d", 1002, 8 * MIB);
+  /* 14 MiB held, 2 of room: e's 4 MiB lacks 2; d, the largest cache, is
+   * asked. */
+  uint64_t re = held(&f, "e", 1003, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "d", NULL), 1);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  /* b passes q's quota by 2 MiB: a is asked, b held. */
+  uint64_t rb = held(&f, "b", 1001, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_uint_eq(f.b.waitq.held, 2);
+  report(&f, "a", 1001, 6 * MIB, 1); /* answered, nothing given */
+  ck_assert_uint_eq(f.b.reclaim.asks, 1);
+  const struct wire_reply *rep = answer_to(&f, "b", rb);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  ck_assert_ptr_null(answer_to(&f, "e", re));
+  ck_assert_uint_eq(f.b.waitq.held, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* The session asked dies (its process killed, say) while the request
+ * waits on it: its memory is freed and serves the request at once. */
+START_TEST(quota_asked_session_ends_serves) {
+  struct fx f;
+  open_quota(&f, NULL);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, LONG_MS);
+  fx_end(&f, sess(&f, "a"));
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  ck_assert_uint_eq(f.b.reclaim.ignored_total, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "q")->cache_asked, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* Two sessions are asked; one dies, and what it freed is not enough: the
+ * request waits on for the other's ask, and is refused as soon as that
+ * one is answered without the bytes. */
+START_TEST(quota_asked_session_ends_other_ask_still_out) {
+  struct fx f;
+  open_quota(&f, NULL);
+  fx_hello(&f, "c", 1001, "q");
+  fx_hello(&f, "d", 1001, "q");
+  hold(&f, "c", 1001, 4 * MIB);
+  cache(&f, "a", 1001, 2 * MIB);
+  cache(&f, "d", 1001, 2 * MIB);
+  /* 8 of 8 used: b's 4 MiB lacks 4, a and d are asked 2 each. */
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_uint_eq(trims_to(&f, "d", NULL), 1);
+  fx_end(&f, sess(&f, "a"));
+  ck_assert_ptr_null(answer_to(&f, "b", r));
+  ck_assert_uint_eq(f.b.waitq.held_quota, 1);
+  report(&f, "d", 1001, 2 * MIB, 1);
+  const struct wire_reply *rep = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* A hold waits for an older ask (made for another request) and one of
+ * its own: its own is answered empty-handed, then the older one runs out
+ * (the timer at that ask's bound, before the hold's own) while another
+ * tenant's ask is still out: nothing is on its way to this tenant any
+ * more, so the hold ends there and then. */
+START_TEST(quota_hold_ends_when_last_ask_runs_out) {
+  struct fx f;
+  open_quota(&f, "[tenant:q2]\nquota = 8MiB\n");
+  fx_hello(&f, "c", 1001, "q");
+  fx_hello(&f, "d", 1001, "q");
+  fx_hello(&f, "e", 1002, "q2");
+  fx_hello(&f, "g", 1002, "q2");
+  hold(&f, "c", 1001, 4 * MIB);
+  cache(&f, "a", 1001, 2 * MIB);
+  /* b's 4 MiB passes q's quota by 2: a, the only cache, is asked. */
+  uint64_t r1 = held(&f, "b", 1001, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* c's 4 MiB passes it by 4 once d caches 2 more: a's 2 are on their
+   * way, d is asked for the other 2, later. */
+  cache(&f, "d", 1001, 2 * MIB);
+  uint64_t r2 = held(&f, "c", 1001, 4 * MIB, LONG_MS);
+  ck_assert_uint_eq(trims_to(&f, "d", NULL), 1);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* Another tenant's ask, still out at the end. */
+  cache(&f, "e", 1002, 6 * MIB);
+  uint64_t r3 = held(&f, "g", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "e", NULL), 1);
+  report(&f, "d", 1001, 2 * MIB, 1);
+  ck_assert_ptr_null(answer_to(&f, "c", r2));
+  gmb__reclaim_expire(&f.b, sess(&f, "a")->ask_until_ns);
+  ck_assert_uint_eq(f.b.reclaim.asks, 1); /* e's */
+  const struct wire_reply *rep = answer_to(&f, "c", r2);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  rep = answer_to(&f, "b", r1);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->status, GMB_E_QUOTA);
+  ck_assert_ptr_null(answer_to(&f, "g", r3));
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* An operator raises the quota while a request is held for it: it is
+ * served at once, without waiting for the cache's answer or the bound. */
+START_TEST(quota_raised_while_held_serves) {
+  struct fx f;
+  open_quota(&f, NULL);
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, 0);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = 9001;
+  req.kind = WIRE_ADMIN_QUOTA;
+  snprintf(req.u.admin_limit.tenant, sizeof req.u.admin_limit.tenant, "q");
+  req.u.admin_limit.set = 1;
+  req.u.admin_limit.value = 16 * MIB;
+  struct gmb_peer admin = fx_peer("ctl", 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(gmb__admin(&f.b, &admin, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  assert_served(&f, "b", r, 4 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  /* a's ask is still out (its library gives back what it can). */
+  ck_assert_uint_eq(f.b.reclaim.asks, 1);
+  report(&f, "a", 1001, 6 * MIB, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* Held requests count against max_waiters_per_session: one more, past
+ * the limit, is not held and asks nothing more; its immediate refusal
+ * says what is still on its way (Reply.asked_back), for the caller. */
+START_TEST(quota_hold_bounded_per_session) {
+  struct fx f;
+  open_quota(&f, "max_waiters_per_session = 1\n");
+  cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r = held(&f, "b", 1001, 4 * MIB, 0);
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
   ck_assert_uint_eq(rep.asked_back, 2 * MIB);
   ck_assert_ptr_nonnull(strstr(rep.message, "asked back"));
-  uint64_t bytes = 0;
-  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
-  ck_assert_uint_eq(bytes, 2 * MIB);
-  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
-  ck_assert_uint_eq(rep.asked_back, 2 * MIB);
   ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
-  ck_assert_uint_eq(f.b.waitq.n, 0); /* a quota is never held */
+  ck_assert_uint_eq(f.b.waitq.n, 1);
   timer_past_bound(&f);
-  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
-  /* Paused, a is not asked: the refusal promises nothing. */
-  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
+  rep = *answer_to(&f, "b", r);
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
-  ck_assert_uint_eq(rep.asked_back, 0);
-  ck_assert_ptr_null(strstr(rep.message, "asked back"));
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* Bytes already asked for (and on their way) count: a second request
+ * that they cover is held without a second ask of the same session (one
+ * ask in flight per session), and both are served by the free, which
+ * gives back more than was asked. */
+START_TEST(quota_second_request_waits_for_bytes_on_their_way) {
+  struct fx f;
+  open_quota(&f, NULL);
+  fx_hello(&f, "c", 1001, "q");
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t r1 = held(&f, "b", 1001, 4 * MIB, 0);
+  uint64_t r2 = held(&f, "c", 1001, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  ck_assert_uint_eq(f.b.waitq.held_quota, 2);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r1, 4 * MIB);
+  assert_served(&f, "c", r2, 4 * MIB);
+  report(&f, "a", 1001, 0, 1);
   check_sums(&f);
   fx_close(&f);
 }
@@ -600,7 +912,18 @@ static Suite *reclaim_suite(void) {
   suite_add_tcase(s, tc);
 
   tc = tcase_create("quota");
-  tcase_add_test(tc, quota_refusal_says_asked_back);
+  tcase_add_test(tc, quota_held_served_when_cache_gives_back);
+  tcase_add_test(tc, quota_held_wait_request_blocks_nobody);
+  tcase_add_test(tc, quota_in_use_refused_at_once);
+  tcase_add_test(tc, quota_ignored_ask_refused_at_bound);
+  tcase_add_test(tc, quota_empty_answer_refuses_at_once);
+  tcase_add_test(tc, quota_hold_settles_on_own_tenant_asks);
+  tcase_add_test(tc, quota_asked_session_ends_serves);
+  tcase_add_test(tc, quota_asked_session_ends_other_ask_still_out);
+  tcase_add_test(tc, quota_hold_ends_when_last_ask_runs_out);
+  tcase_add_test(tc, quota_raised_while_held_serves);
+  tcase_add_test(tc, quota_hold_bounded_per_session);
+  tcase_add_test(tc, quota_second_request_waits_for_bytes_on_their_way);
   suite_add_tcase(s, tc);
   return s;
 }

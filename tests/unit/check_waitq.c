@@ -12,7 +12,8 @@
  * "the device has that much left".  Answers are read from the tap, by the
  * request id they carry; the queue's counters (b->waitq.n, .after_compact,
  * each tenant's `waiting`) are checked as the queue changes.  Requests
- * held while caches are asked back (gmb__waitq_hold, reclaim.c) are
+ * held while caches are asked back (gmb__waitq_hold, reclaim.c), and
+ * those held for their tenant's quota (gmb__waitq_hold_quota), are
  * covered at the end; check_reclaim.c drives them through the asks.
  */
 #include <check.h>
@@ -999,20 +1000,200 @@ START_TEST(hold_over_falls_through) {
       gmb__waitq_hold(&f.b, b, 302, 2 * MIB, 0, LONG_MS, now + 10), 0);
   ck_assert_int_eq(gmb__waitq_hold(&f.b, a, 303, 2 * MIB, 0, 0, now + 1000),
                    0);
-  uint64_t next = gmb__waitq_hold_over(&f.b, now + 10, 0, no_compaction, &f);
+  uint64_t next =
+      gmb__waitq_hold_over(&f.b, now + 10, GMB_HOLD_DUE, no_compaction, &f);
   ck_assert_uint_eq(next, 990);
   ck_assert_uint_eq(n_answers(&f), 1);
   const struct wire_reply *r = assert_failed_at(&f, 0, "b", 301, GMB_E_NOMEM);
   ck_assert_int_eq(r->kind, WIRE_NOMEM);
   ck_assert_uint_eq(f.b.waitq.n, 2);
   ck_assert_uint_eq(f.b.waitq.held, 1);
-  ck_assert_uint_eq(gmb__waitq_hold_over(&f.b, now + 10, 1, no_compaction, &f),
-                    UINT64_MAX);
+  ck_assert_uint_eq(
+      gmb__waitq_hold_over(&f.b, now + 10, GMB_HOLD_ALL, no_compaction, &f),
+      UINT64_MAX);
   assert_failed_at(&f, 1, "a", 303, GMB_E_NOMEM);
   ck_assert_uint_eq(f.b.waitq.n, 1); /* b's 302 waits on */
   ck_assert_uint_eq(f.b.waitq.held, 0);
   free_ok(&f, "a", 1001, ids[0]);
   assert_served_at(&f, 2, "b", 302, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* ---- held for a quota (gmb__waitq_hold_quota) ---------------------------- */
+
+/* Tenant q (uid 1002, quota 4 MiB) with two sessions: q1 holds the whole
+ * quota, q2's requests are held for it; a (uid 1001) holds the rest of
+ * the 8 MiB device, so it is full. */
+#define QUOTA_INI NO_COMPACT "[tenant:q]\nuids = 1002\nquota = 4MiB\n"
+
+struct quota_fx {
+  struct fx f;
+  struct gmb_session *q2;
+  uint64_t q_ids[2], a_ids[2];
+};
+
+static void quota_open(struct quota_fx *x) {
+  fx_open_ini(&x->f, DEV, QUOTA_INI);
+  fx_hello(&x->f, "a", 1001, "");
+  fx_hello(&x->f, "q1", 1002, "q");
+  x->q2 = fx_hello(&x->f, "q2", 1002, "q");
+  fx_hello(&x->f, "c", 1003, "");
+  for (int i = 0; i < 2; i++) {
+    x->q_ids[i] = hold(&x->f, "q1", 1002, 2 * MIB);
+    x->a_ids[i] = hold(&x->f, "a", 1001, 2 * MIB);
+  }
+  ck_assert_uint_eq(x->f.b.dev->in_use, 8 * MIB);
+}
+
+/* A request held for its quota is not ahead of anyone, even one that
+ * asked to wait: another tenant's waiter behind it is served past it by
+ * the device's memory; while its quota refuses it no refusal is counted;
+ * its own tenant's free serves it. */
+START_TEST(held_quota_never_blocks) {
+  struct quota_fx x;
+  quota_open(&x);
+  struct fx *f = &x.f;
+  struct gmb_tenant *q = x.q2->tenant;
+  uint64_t until = gmb__now_ns() + LONG_MS * GMB_NS_PER_MS;
+  ck_assert_int_eq(
+      gmb__waitq_hold_quota(&f->b, x.q2, 401, 2 * MIB, 0, LONG_MS, until), 0);
+  ck_assert_uint_eq(f->b.waitq.held, 1);
+  ck_assert_uint_eq(f->b.waitq.held_quota, 1);
+  ck_assert_uint_eq(f->b.waitq.held_nowait, 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f->b, 0), 0);
+  uint64_t refusals = q->refusals_quota;
+  uint64_t rc = wait_for(f, "c", 1003, 2 * MIB, LONG_MS);
+  ck_assert_uint_eq(f->b.waitq.n, 2);
+  /* a's 2 MiB: c is served past q2, whose quota still refuses it. */
+  free_ok(f, "a", 1001, x.a_ids[0]);
+  ck_assert_uint_eq(n_answers(f), 1);
+  assert_served_at(f, 0, "c", rc, 2 * MIB);
+  ck_assert_uint_eq(q->refusals_quota, refusals);
+  /* q1's 2 MiB: q2 fits its quota and the device, and is served. */
+  free_ok(f, "q1", 1002, x.q_ids[0]);
+  assert_served_at(f, 1, "q2", 401, 2 * MIB);
+  ck_assert_uint_eq(q->refusals_quota, refusals);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(f->b.waitq.held, 0);
+  ck_assert_uint_eq(f->b.waitq.held_quota, 0);
+  ck_assert_uint_eq(q->waiting, 0);
+  fx_close(f);
+}
+END_TEST
+
+/* When the hold ends and the quota still refuses it, the request is
+ * answered GMB_E_QUOTA, whether it asked to wait or not (the quota is not
+ * waited on past the hold), counted as refused once, and told why. */
+START_TEST(held_quota_refused_when_hold_ends) {
+  struct quota_fx x;
+  quota_open(&x);
+  struct fx *f = &x.f;
+  struct gmb_tenant *q = x.q2->tenant;
+  uint64_t now = gmb__now_ns();
+  ck_assert_int_eq(
+      gmb__waitq_hold_quota(&f->b, x.q2, 501, 2 * MIB, 0, 0, now + 10), 0);
+  ck_assert_int_eq(
+      gmb__waitq_hold_quota(&f->b, x.q2, 502, 2 * MIB, 0, LONG_MS, now + 10),
+      0);
+  uint64_t refusals = q->refusals_quota;
+  /* Not due yet: nothing happens. */
+  ck_assert_uint_eq(
+      gmb__waitq_hold_over(&f->b, now, GMB_HOLD_DUE, no_compaction, f), 10);
+  ck_assert_uint_eq(n_answers(f), 0);
+  ck_assert_uint_eq(
+      gmb__waitq_hold_over(&f->b, now + 10, GMB_HOLD_DUE, no_compaction, f),
+      UINT64_MAX);
+  ck_assert_uint_eq(n_answers(f), 2);
+  const struct wire_reply *r = assert_failed_at(f, 0, "q2", 501, GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(r->message, "quota"));
+  ck_assert_ptr_nonnull(strstr(r->message, "trim_wait_ms"));
+  ck_assert_uint_eq(r->asked_back, 0); /* nothing is on its way */
+  assert_failed_at(f, 1, "q2", 502, GMB_E_QUOTA);
+  ck_assert_uint_eq(q->refusals_quota, refusals + 2);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(f->b.waitq.held_quota, 0);
+  ck_assert_uint_eq(q->waiting, 0);
+  fx_close(f);
+}
+END_TEST
+
+/* GMB_HOLD_SETTLED ends a quota hold whose tenant has no ask in flight
+ * (nothing it waits for can come) before its time, and leaves a hold for
+ * room, and a quota hold whose tenant still has an ask out, alone. */
+START_TEST(held_quota_settled_ends_early) {
+  struct quota_fx x;
+  quota_open(&x);
+  struct fx *f = &x.f;
+  uint64_t until = gmb__now_ns() + LONG_MS * GMB_NS_PER_MS;
+  struct gmb_session *c = fx_hello(f, "c2", 1003, "");
+  ck_assert_int_eq(gmb__waitq_hold(&f->b, c, 601, 2 * MIB, 0, 0, until), 0);
+  ck_assert_int_eq(
+      gmb__waitq_hold_quota(&f->b, x.q2, 602, 2 * MIB, 0, 0, until), 0);
+  /* As if q1 had been asked for its cache and not answered yet. */
+  x.q2->tenant->cache_asked = 2 * MIB;
+  gmb__waitq_hold_over(&f->b, gmb__now_ns(), GMB_HOLD_SETTLED, no_compaction,
+                       f);
+  ck_assert_uint_eq(n_answers(f), 0);
+  x.q2->tenant->cache_asked = 0;
+  gmb__waitq_hold_over(&f->b, gmb__now_ns(), GMB_HOLD_SETTLED, no_compaction,
+                       f);
+  ck_assert_uint_eq(n_answers(f), 1);
+  assert_failed_at(f, 0, "q2", 602, GMB_E_QUOTA);
+  ck_assert_uint_eq(f->b.waitq.held, 1);
+  ck_assert_uint_eq(f->b.waitq.held_quota, 0);
+  gmb__waitq_hold_over(&f->b, gmb__now_ns(), GMB_HOLD_ALL, no_compaction, f);
+  assert_failed_at(f, 1, "c2", 601, GMB_E_NOMEM);
+  fx_close(f);
+}
+END_TEST
+
+/* A deadline shorter than the hold: the quota is what refuses the request
+ * then, so the answer is GMB_E_QUOTA, not GMB_E_TIMEOUT. */
+START_TEST(held_quota_deadline_answers_quota) {
+  struct quota_fx x;
+  quota_open(&x);
+  struct fx *f = &x.f;
+  uint64_t now = gmb__now_ns();
+  uint64_t until = now + LONG_MS * GMB_NS_PER_MS;
+  ck_assert_int_eq(
+      gmb__waitq_hold_quota(&f->b, x.q2, 701, 2 * MIB, 0, 5, until), 0);
+  gmb__waitq_expire(&f->b, now + 10 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(f), 1);
+  assert_failed_at(f, 0, "q2", 701, GMB_E_QUOTA);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(f->b.waitq.held, 0);
+  ck_assert_uint_eq(f->b.waitq.held_quota, 0);
+  fx_close(f);
+}
+END_TEST
+
+/* The quota allows the request when its hold ends, but the device has no
+ * room: it goes on as a held request for room does: refused GMB_E_NOMEM
+ * (compaction off) when it did not ask to wait, queued for its deadline
+ * when it did, and then an ordinary waiter that holds back others. */
+START_TEST(held_quota_then_no_room_falls_through) {
+  struct fx f;
+  fx_open_ini(&f, DEV, QUOTA_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *q2 = fx_hello(&f, "q2", 1002, "q");
+  uint64_t a_ids[4];
+  fill(&f, "a", 1001, a_ids);
+  uint64_t now = gmb__now_ns();
+  ck_assert_int_eq(gmb__waitq_hold_quota(&f.b, q2, 801, 2 * MIB, 0, 0, now + 1),
+                   0);
+  ck_assert_int_eq(
+      gmb__waitq_hold_quota(&f.b, q2, 802, 2 * MIB, 0, LONG_MS, now + 1), 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 0);
+  gmb__waitq_hold_over(&f.b, now + 1, GMB_HOLD_DUE, no_compaction, &f);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  const struct wire_reply *r = assert_failed_at(&f, 0, "q2", 801, GMB_E_NOMEM);
+  ck_assert_int_eq(r->kind, WIRE_NOMEM);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 1);
+  free_ok(&f, "a", 1001, a_ids[0]);
+  assert_served_at(&f, 1, "q2", 802, 2 * MIB);
   fx_close(&f);
 }
 END_TEST
@@ -1074,6 +1255,14 @@ static Suite *waitq_suite(void) {
   tc = tcase_create("held");
   tcase_add_test(tc, held_nowait_never_blocks);
   tcase_add_test(tc, hold_over_falls_through);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("held_quota");
+  tcase_add_test(tc, held_quota_never_blocks);
+  tcase_add_test(tc, held_quota_refused_when_hold_ends);
+  tcase_add_test(tc, held_quota_settled_ends_early);
+  tcase_add_test(tc, held_quota_deadline_answers_quota);
+  tcase_add_test(tc, held_quota_then_no_room_falls_through);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("metrics");
