@@ -23,9 +23,10 @@
  * receive (a system call is about 1 us on a VM).  ZMQ_FD is edge-like: it
  * is readable when commands arrived and is reset when libzmq processes
  * them, which any call on the socket may do, a send included.  So a
- * socket is read until it is empty (or its batch is spent) right before
- * the wait, and a send after that (a timer's reply, counted by
- * gmb__reply_sends) makes the wait a poll that does not sleep: no message
+ * socket is read until it is empty (or its batch is spent) before the
+ * wait, and a send on it after that (a timer's reply, an admin request's
+ * event to a client; gmb__reply_sends counts them per socket) makes the
+ * wait a poll that does not sleep and the socket read again: no message
  * is left waiting for a descriptor that was already reset.
  */
 #include <errno.h>
@@ -427,6 +428,30 @@ static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
   return 0;
 }
 
+/*
+ * Takes up to `batch` messages off socket `which`: 0 when it was read
+ * until empty, 1 when the batch was spent first (more may wait).
+ *
+ * A receive that finds the socket empty makes libzmq process the
+ * socket's commands; one that finds a message does not (but every 100th).
+ * Among the commands are the credits for replies the peers have read
+ * (activate_write): a socket read in whole batches, as a client that
+ * sends its next request as soon as it has the reply keeps it, would not
+ * see them, and its replies would be dropped at the high-water mark
+ * (8 on the admin socket).  So a spent batch ends as an empty read does,
+ * with its commands processed (ZMQ_EVENTS).
+ */
+static int loop_read(struct gmb_broker *b, enum gmb_socket which, int batch) {
+  int i = 0;
+  while (i < batch && loop_take(b, which) == 0) i++;
+  if (i < batch) return 0;
+  void *sock = which == GMB_SOCK_ADMIN ? b->admin_sock : b->client_sock;
+  int ev = 0;
+  size_t len = sizeof ev;
+  zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len);
+  return 1;
+}
+
 static void loop_add(struct gmb_loop *l, int fd, enum loop_watch what,
                      void *ptr) {
   zmq_pollitem_t *it = &l->items[l->n_items];
@@ -673,27 +698,28 @@ int gmb__loop_run(struct gmb_broker *b) {
   uint64_t trimmed_gen = 0;
   struct gmb_connguard_stats refused = {0};
   /* Read the sockets this round: at the first, when their descriptor
-   * said so, when a batch was cut short, or when a send may have
-   * processed their commands since they were last read to the end. */
+   * said so, when a batch was cut short, or when a send on the socket
+   * since it was last read to the end may have processed its commands
+   * (mark: the socket's sends then; see the top). */
   int read_client = 1, read_admin = 1;
+  uint64_t mark_client = 0, mark_admin = 0;
   while (!b->stopping) {
     if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
       return 1;
     }
     gmb__core_reap(b, 0); /* default tenants idle since a session ended */
+    read_client |= gmb__reply_sends(GMB_SOCK_CLIENT) != mark_client;
+    read_admin |= gmb__reply_sends(GMB_SOCK_ADMIN) != mark_admin;
     int more = 0;
     if (read_client) {
-      int i = 0;
-      while (i < LOOP_BATCH && loop_take(b, GMB_SOCK_CLIENT) == 0) i++;
-      more |= read_client = i == LOOP_BATCH;
+      more |= read_client = loop_read(b, GMB_SOCK_CLIENT, LOOP_BATCH);
+      mark_client = gmb__reply_sends(GMB_SOCK_CLIENT);
     }
     if (read_admin) {
-      int i = 0;
-      while (i < LOOP_ADMIN_BATCH && loop_take(b, GMB_SOCK_ADMIN) == 0) i++;
-      more |= read_admin = i == LOOP_ADMIN_BATCH;
+      more |= read_admin = loop_read(b, GMB_SOCK_ADMIN, LOOP_ADMIN_BATCH);
+      mark_admin = gmb__reply_sends(GMB_SOCK_ADMIN);
     }
-    uint64_t sends = gmb__reply_sends();
     uint64_t now = gmb__now_ns();
     uint64_t wait_ns = gmb__waitq_expire(b, now);
     uint64_t fd_ns = gmb__fdchan_expire(b, now);
@@ -712,17 +738,19 @@ int gmb__loop_run(struct gmb_broker *b) {
      * alternates between a slice of compaction and the messages that
      * arrived meanwhile. */
     if (gmb__defrag_busy(b)) timeout_ms = 0;
-    /* A batch cut short, or a reply sent since the sockets were read
-     * (see the top): read them again before sleeping. */
-    int sent = gmb__reply_sends() != sends;
-    if (more || sent) timeout_ms = 0;
+    /* A batch cut short, or a send on a socket since it was read to the
+     * end (the admin handlers send on the client socket too, and the
+     * timers above on both): read them again before sleeping. */
+    int sent_client = gmb__reply_sends(GMB_SOCK_CLIENT) != mark_client;
+    int sent_admin = gmb__reply_sends(GMB_SOCK_ADMIN) != mark_admin;
+    if (more || sent_client || sent_admin) timeout_ms = 0;
     int rc = loop_wait(l, timeout_ms);
     if (rc < 0) {
       if (errno == EINTR) continue;
       log_error("epoll_wait: %s", strerror(errno));
       return 1;
     }
-    read_client |= sent || (l->items[LOOP_SLOT_CLIENT].revents & ZMQ_POLLIN);
+    read_client |= l->items[LOOP_SLOT_CLIENT].revents & ZMQ_POLLIN;
     read_admin |= l->items[LOOP_SLOT_ADMIN].revents & ZMQ_POLLIN;
     if (l->items[LOOP_SLOT_SIGNAL].revents & ZMQ_POLLIN) loop_signal(b);
     /* Sessions that ended in this round make the results stale: the set
@@ -757,10 +785,6 @@ int gmb__loop_run(struct gmb_broker *b) {
       loop_report_refused(&refused);
       next_trim = now + LOOP_TRIM_NS;
     }
-    /* What was sent since the wait (the timers above, a session's end)
-     * is seen at the next round's read: every round reads the client
-     * socket when a send happened after its last read. */
-    if (gmb__reply_sends() != sends) read_client = 1;
   }
   gmb__defrag_shutdown(b);
   gmb__sessions_each(b->sessions, loop_tell_shutdown, b);
