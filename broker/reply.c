@@ -14,6 +14,14 @@
 #include "gmb.h"
 #include "log.h"
 
+/* Sends handed to each socket (the loop's; one loop thread per
+ * process). */
+static uint64_t reply_sends[2];
+
+uint64_t gmb__reply_sends(enum gmb_socket sock) {
+  return reply_sends[sock == GMB_SOCK_ADMIN];
+}
+
 void gmb__reply_send(struct gmb_broker *b, enum gmb_socket sock,
                      const uint8_t *rid, size_t rid_len,
                      const struct wire_reply *rep) {
@@ -33,6 +41,7 @@ void gmb__reply_send(struct gmb_broker *b, enum gmb_socket sock,
     log_error("cannot encode a reply: %s", gmb_strerror(rc));
     return;
   }
+  reply_sends[sock == GMB_SOCK_ADMIN]++;
   if (zmq_send(s, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
       zmq_send(s, buf, len, ZMQ_DONTWAIT) < 0)
     log_debug("reply %" PRIu64 " dropped: %s", rep->id,

@@ -25,6 +25,12 @@ void gmb__reply_send(struct gmb_broker *b, enum gmb_socket sock,
                      const uint8_t *rid, size_t rid_len,
                      const struct wire_reply *rep);
 
+/* How many replies and events were handed to socket `sock` so far.  The
+ * loop compares it around its wait: a send may make libzmq process that
+ * socket's pending commands, taking the wake-up its descriptor would have
+ * given (loop.c). */
+uint64_t gmb__reply_sends(enum gmb_socket sock);
+
 /* Sends `rep` to a session's client. */
 void gmb__reply_to_session(struct gmb_broker *b, const struct gmb_session *s,
                            const struct wire_reply *rep);

@@ -57,6 +57,8 @@ $(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
 # The integration tests run these at run time (order-only: not linked in).
 $(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN)
 $(B)/tests/test_torch: | $(TORCH_SO) $(TORCH_THROW_PROG) $(BROKER_BIN)
+# bench_shim loads the PyTorch allocator at run time, as the test does.
+$(B)/bench/bench_shim: | $(TORCH_SO) $(BROKER_BIN)
 
 install: install-shim
 .PHONY: install-shim

@@ -90,12 +90,17 @@
  * free bytes when nothing else carried it (at most one Heartbeat per
  * period: the report is rate-limited by this). */
 #define CLIENT_REPORT_MS 20u
+/* The longest a request's receive waits before the socket monitor is
+ * read (client_call): how late a broker that vanished without a word is
+ * noticed by a request waiting for it. */
+#define CLIENT_WAIT_TICK_MS 100
 
 struct gmb_client {
   pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
   void *ctx, *sock;
   void *mon; /* PAIR end of the socket monitor; NULL if none */
   int lost;  /* the monitor saw the connection drop */
+  int rcvtimeo_ms; /* the socket's ZMQ_RCVTIMEO now (client_rcvtimeo) */
   uint64_t next_id;
   atomic_int dead;
   char dead_why[CLIENT_WHY_MAX]; /* written once, before dead is set */
@@ -334,14 +339,17 @@ static void client_lost_check(gmb_client *c) {
     client_kill(c, "the broker closed the connection");
 }
 
-/* Takes one message off the socket without waiting.  Returns 1 when there
- * was none, 0 with *rep decoded, GMB_E_PROTO when it did not decode.
- * Holds io. */
-static int client_recv(gmb_client *c, struct wire_reply *rep) {
+/* Takes one message off the socket: without waiting (ZMQ_DONTWAIT in
+ * flags), or waiting up to the socket's ZMQ_RCVTIMEO.  Returns 1 when
+ * there was none (errno says why), 0 with *rep decoded, GMB_E_PROTO when
+ * it did not decode.  Holds io. */
+static int client_recv(gmb_client *c, struct wire_reply *rep, int flags) {
   zmq_msg_t m;
   zmq_msg_init(&m);
-  if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+  if (zmq_msg_recv(&m, c->sock, flags) < 0) {
+    int err = errno;
     zmq_msg_close(&m);
+    errno = err;
     return 1;
   }
   /* One frame per message; anything else is not ours to understand. */
@@ -368,26 +376,44 @@ static void client_drain(gmb_client *c) {
   struct wire_reply rep;
   int rc;
   if (c->mon) client_monitor(c);
-  while ((rc = client_recv(c, &rep)) != 1) {
+  while ((rc = client_recv(c, &rep, ZMQ_DONTWAIT)) != 1) {
     if (rc == 0 && rep.id == 0 && rep.kind == WIRE_EVENT) client_event(c, &rep);
     if (rc == 0) gmb__wire_reply_clear(&rep);
   }
   client_lost_check(c);
 }
 
+/* Sets the socket's receive timeout for the next wait, when it changed
+ * (a setsockopt is no system call, but most waits use the same value).
+ * Holds io. */
+static void client_rcvtimeo(gmb_client *c, int ms) {
+  if (ms == c->rcvtimeo_ms) return;
+  if (zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &ms, sizeof ms) == 0)
+    c->rcvtimeo_ms = ms;
+}
+
 /*
  * Sends `req` and waits up to wait_ms (negative: for ever) for its reply,
  * which must have body `expect` when it succeeds.  Holds io.  Returns 0
  * with *rep filled (the caller clears it), or the failure, explained.
+ *
+ * The request path is a send and a blocking receive, as a bare ZeroMQ
+ * round trip is: each libzmq call that finds no message costs a poll()
+ * and a getpid() (its fork check), so nothing is read before the send
+ * (events and late replies queued since the last call are read by the
+ * receive, in order, before the reply), and the socket monitor is read
+ * only when a receive times out.  A receive waits at most
+ * CLIENT_WAIT_TICK_MS (or the heartbeat period, when shorter) before the
+ * monitor is looked at: a broker that died without a word is noticed
+ * within that, where a request it had been sent waited for its whole
+ * timeout before.  A reply that says the session is gone (GMB_E_CONN)
+ * also looks at the monitor, so a broker that restarted between calls
+ * ends the client as one that closed the connection.
  */
 static int client_call(gmb_client *c, struct wire_request *req,
                        enum wire_kind expect, int wait_ms,
                        struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
-  /* Without this, a request after the broker went away would wait for
-   * the whole timeout while the SHUTDOWN event that explains it sits
-   * unread. */
-  client_drain(c);
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   int rc = client_send(c, req, 0);
   if (rc < 0) return rc; /* did not encode */
@@ -405,36 +431,34 @@ static int client_call(gmb_client *c, struct wire_request *req,
                                   : gmb__now_ns() +
                                         (uint64_t)wait_ms * GMB_NS_PER_MS;
   for (;;) {
-    zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0},
-                               {c->mon, 0, ZMQ_POLLIN, 0}};
-    long timeout = -1;
-    uint64_t now = gmb__now_ns();
+    long timeout = CLIENT_WAIT_TICK_MS;
+    if (c->hb_ms && (long)c->hb_ms < timeout) timeout = c->hb_ms;
     if (deadline != UINT64_MAX) {
+      uint64_t now = gmb__now_ns();
       if (now >= deadline) {
         client_kill(c, "the broker did not answer within %d ms", wait_ms);
         return client_dead_fail(c);
       }
-      timeout = (long)((deadline - now + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS);
+      long left =
+          (long)((deadline - now + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS);
+      if (left < timeout) timeout = left;
     }
-    if (c->hb_ms && (timeout < 0 || timeout > (long)c->hb_ms))
-      timeout = c->hb_ms;
-    int n = zmq_poll(items, c->mon ? 2 : 1, timeout);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      client_kill(c, "poll failed: %s", zmq_strerror(errno));
-      return client_dead_fail(c);
-    }
-    client_heartbeat_due(c);
-    if (!(items[0].revents & ZMQ_POLLIN)) {
-      /* Only with the socket empty: a reply or event queued before the
-       * connection dropped is still read first. */
-      if (c->mon && (items[1].revents & ZMQ_POLLIN)) client_monitor(c);
+    client_rcvtimeo(c, (int)timeout);
+    rc = client_recv(c, rep, 0);
+    if (c->hb_ms) client_heartbeat_due(c);
+    if (rc == 1) {
+      if (errno != EAGAIN && errno != EINTR) {
+        client_kill(c, "receive failed: %s", zmq_strerror(errno));
+        return client_dead_fail(c);
+      }
+      /* Nothing within the tick: only now, with the socket empty, is a
+       * dropped connection the answer (a reply or event queued before it
+       * dropped is read first). */
+      if (c->mon) client_monitor(c);
       client_lost_check(c);
       if (atomic_load(&c->dead)) return client_dead_fail(c);
       continue;
     }
-    rc = client_recv(c, rep);
-    if (rc == 1) continue;
     if (rc)
       return client_fail(GMB_E_PROTO,
                          "a reply from the broker could not be decoded");
@@ -453,8 +477,15 @@ static int client_call(gmb_client *c, struct wire_request *req,
     }
     if (rep->status != 0) {
       rc = rep->status;
+      if (rc == GMB_E_CONN && c->mon) {
+        /* "No session on this connection": a broker that restarted
+         * answers so on the connection libzmq made again. */
+        client_monitor(c);
+        if (c->lost) client_kill(c, "the broker closed the connection");
+      }
       client_fail(rc, "%s", rep->message);
       gmb__wire_reply_clear(rep);
+      if (atomic_load(&c->dead) && c->lost) return client_dead_fail(c);
       return rc;
     }
     if (rep->kind != expect) {
@@ -621,6 +652,7 @@ static int client_open(gmb_client *c, int connect_ms) {
   if (c->sock == NULL)
     return client_fail(GMB_E_SYSTEM, "zmq_socket: %s", zmq_strerror(errno));
   zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
+  c->rcvtimeo_ms = -1; /* libzmq's default: client_rcvtimeo sets it */
   /* Not ZMQ_IMMEDIATE: with it, libzmq terminates the pipe when the
    * connection drops and discards what this side had not read yet, which
    * loses the broker's last words (SHUTDOWN, or the reply to the request

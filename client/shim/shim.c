@@ -11,15 +11,30 @@
  * decided that one time; a broker started later is not seen by this
  * process.
  *
+ * A fork() child may not use its parent's sessions.  It is told by a
+ * pthread_atfork child handler, registered when the first session is
+ * made, that sets a flag: reading it costs a load, where asking getpid()
+ * on every call cost a system call (about 1 us on a VM), more than the
+ * cache's whole alloc+free pair.  A child made without the handlers
+ * (a raw clone or fork system call) is not seen; such a child normally
+ * runs nothing but exec.
+ *
  * The map holds pointer -> (allocation id, session, tag) for every live
- * allocation the shim gave out (id 0 for a block of a session's cache), so a free goes to the broker that gave
- * the memory whatever device is current then, in an open-addressing table under one mutex.  The broker's
- * round trip on each alloc and free costs far more than the mutex, so a
- * lock-free table would buy nothing measurable.  Invariants: a key is a
- * pointer gmb_lock or gmb_malloc_async returned (512-byte aligned, so never 0 or 1, which mark
- * empty and deleted slots); `used + deleted` stays under 3/4 of `cap`.
+ * allocation the shim gave out (id 0 for a block of a session's cache),
+ * so a free goes to the broker that gave the memory whatever device is
+ * current then.  It is SHIM_SHARDS open-addressing tables, the shard
+ * chosen by the pointer's hash, each under a lock of its own: an
+ * allocation or a free through the cache takes no global lock (threads
+ * meet only when their pointers hash to one shard), and a free makes one
+ * lookup (gmb__shim_async_take), which hands back everything the caller
+ * needs.  Invariants, per shard (under its lock): a key is a pointer gmb_lock or
+ * gmb_malloc_async returned (512-byte aligned, so never 0 or 1, which
+ * mark empty and deleted slots); `used + deleted` stays under 3/4 of
+ * `cap`.
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +58,9 @@ struct shim_slot {
  * its outcome), under shim_conn_mu. */
 struct shim_dev {
   int tried;
-  gmb_client *c;
+  /* Written once, under shim_conn_mu; read without it by a free
+   * (gmb__shim_session_of), hence atomic. */
+  _Atomic(gmb_client *) c;
   char why[512];
 };
 
@@ -51,23 +68,69 @@ static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t shim_conn_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct shim_dev shim_devs[GMB_SHIM_MAX_DEVICES];
 static gmb_client *shim_host; /* a host-device broker allowed for tests */
+/* shim_start has run (release): shim_host and the default broker's
+ * session are set; read by gmb__shim_session_of, which never connects. */
+static atomic_int shim_started;
 static int shim_default_ordinal = -1; /* the default broker's GPU, or -1 */
 static char shim_default_why[512];    /* why the default broker is none */
-static pid_t shim_pid;
+/* Set in a fork() child of the process that made the first session. */
+static atomic_int shim_in_child;
 static char shim_fork_why[] =
     "GMB_E_CONN: this process is a fork() child of the one that connected to "
     "the broker; it may not use the parent's session (nor, in CUDA, its "
     "context)";
 
-static pthread_mutex_t shim_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct shim_slot *shim_tab;
-static size_t shim_cap, shim_used, shim_deleted;
+/* A power of two; 64 shards of 64 bytes each keep threads that free
+ * different pointers off each other's cache lines. */
+#define SHIM_SHARDS 64
+
+/* Each shard's lock is a spin lock, not a mutex: it is held for one
+ * probe of an open-addressing table (a growth, rarer, rehashes one
+ * shard), so a waiter spins briefly and then yields; taking and leaving
+ * it costs one atomic exchange and one store, where a mutex costs two
+ * atomic read-modify-writes, and an uncontended pair of those costs as
+ * much as a quarter of the cache's own alloc+free pair. */
+struct shim_shard {
+  atomic_int lock;
+  struct shim_slot *tab;
+  size_t cap, used, deleted;
+} __attribute__((aligned(64)));
+
+static struct shim_shard shim_shards[SHIM_SHARDS];
+
+static void shim_lock(struct shim_shard *h) {
+  while (atomic_exchange_explicit(&h->lock, 1, memory_order_acquire)) {
+    for (int spins = 0;
+         atomic_load_explicit(&h->lock, memory_order_relaxed); spins++) {
+      if (spins >= 100)
+        sched_yield(); /* its holder may be descheduled */
+#if defined(__x86_64__) || defined(__i386__)
+      else
+        __builtin_ia32_pause();
+#endif
+    }
+  }
+}
+
+static void shim_unlock(struct shim_shard *h) {
+  atomic_store_explicit(&h->lock, 0, memory_order_release);
+}
+
+/* The child has one thread: a shard lock another thread of the parent
+ * held at the fork would never be released, so the locks start free (the
+ * child only reads the map, to refuse what it is asked). */
+static void shim_atfork_child(void) {
+  atomic_store_explicit(&shim_in_child, 1, memory_order_relaxed);
+  for (int i = 0; i < SHIM_SHARDS; i++)
+    atomic_store_explicit(&shim_shards[i].lock, 0, memory_order_relaxed);
+}
 
 /* The default broker ($GMB_ENDPOINT, else the run dir's), once: a GPU
  * broker becomes the session of its GPU; a host broker serves every
  * device when tests allow it, and is refused otherwise. */
 static void shim_start(void) {
-  shim_pid = getpid();
+  /* Before the first connect: a child forked from here on is refused. */
+  pthread_atfork(NULL, NULL, shim_atfork_child);
   gmb_client *c = NULL;
   int rc = gmb_connect(NULL, NULL, &c);
   if (rc != 0) {
@@ -98,10 +161,16 @@ static void shim_start(void) {
   if (di.ordinal >= 0 && di.ordinal < GMB_SHIM_MAX_DEVICES) {
     shim_default_ordinal = di.ordinal;
     shim_devs[di.ordinal].tried = 1;
-    shim_devs[di.ordinal].c = c;
+    atomic_store(&shim_devs[di.ordinal].c, c);
   } else {
     gmb_disconnect(c);
   }
+}
+
+/* shim_start, and then a flag that says it ran, for gmb__shim_session_of. */
+static void shim_start_once(void) {
+  shim_start();
+  atomic_store_explicit(&shim_started, 1, memory_order_release);
 }
 
 /* Device d's session (d valid), connected at the first call: the broker
@@ -117,7 +186,7 @@ static gmb_client *shim_dev_session(int d, const char **why) {
     gmb_client *c = NULL;
     int rc = gmb_connect_gpu(gpu, NULL, &c);
     if (rc == 0) {
-      sd->c = c;
+      atomic_store(&sd->c, c);
     } else if (shim_default_why[0] && shim_default_ordinal < 0 &&
                (rc == GMB_E_DEVICE || strstr(shim_default_why, "not a GPU"))) {
       /* No GPU to look for (no driver), or a default broker that was
@@ -127,13 +196,15 @@ static gmb_client *shim_dev_session(int d, const char **why) {
       snprintf(sd->why, sizeof sd->why, "%s", gmb_last_error(NULL));
     }
   }
+  gmb_client *c = atomic_load(&sd->c);
   pthread_mutex_unlock(&shim_conn_mu);
-  if (sd->c == NULL && why) *why = sd->why;
-  return sd->c;
+  if (c == NULL && why) *why = sd->why;
+  return c;
 }
 
 gmb_client *gmb__shim_session(int device, int *resolved, const char **why) {
-  pthread_once(&shim_once, shim_start);
+  if (!atomic_load_explicit(&shim_started, memory_order_acquire))
+    pthread_once(&shim_once, shim_start_once);
   if (resolved) *resolved = device;
   if (gmb__shim_forked()) {
     if (why) *why = shim_fork_why;
@@ -162,34 +233,66 @@ gmb_client *gmb__shim_session(int device, int *resolved, const char **why) {
   return shim_dev_session(device, why);
 }
 
+gmb_client *gmb__shim_session_of(int device) {
+  if (!atomic_load_explicit(&shim_started, memory_order_acquire))
+    return NULL;
+  if (shim_host) return shim_host;
+  if (device < 0 || device >= GMB_SHIM_MAX_DEVICES) return NULL;
+  return atomic_load_explicit(&shim_devs[device].c, memory_order_acquire);
+}
+
+int gmb__shim_sessions(gmb_client **out, int cap) {
+  if (!atomic_load_explicit(&shim_started, memory_order_acquire)) return 0;
+  if (shim_host) {
+    if (cap > 0) out[0] = shim_host;
+    return 1;
+  }
+  int n = 0;
+  for (int d = 0; d < GMB_SHIM_MAX_DEVICES; d++) {
+    gmb_client *c = atomic_load(&shim_devs[d].c);
+    if (c == NULL) continue;
+    if (n < cap) out[n] = c;
+    n++;
+  }
+  return n;
+}
+
 gmb_client *gmb__shim_client(const char **why) {
   return gmb__shim_session(-1, NULL, why);
 }
 
 int gmb__shim_forked(void) {
-  return shim_pid != 0 && getpid() != shim_pid;
+  return atomic_load_explicit(&shim_in_child, memory_order_relaxed);
 }
 
 int gmb__shim_host(void) {
-  pthread_once(&shim_once, shim_start);
+  /* Once started, a load: this is on every allocation's path. */
+  if (!atomic_load_explicit(&shim_started, memory_order_acquire))
+    pthread_once(&shim_once, shim_start_once);
   return shim_host != NULL;
 }
 
 /* --- the pointer map ------------------------------------------------------- */
 
-static size_t shim_hash(uintptr_t k, size_t cap) {
-  uint64_t h = (uint64_t)k * UINT64_C(0x9E3779B97F4A7C15);
-  return (size_t)(h >> 17) & (cap - 1);
+static uint64_t shim_hash(uintptr_t k) {
+  return (uint64_t)k * UINT64_C(0x9E3779B97F4A7C15);
 }
 
-/* The slot of key k, or of the first free place where it would go (with
- * `insert`).  Callers hold shim_mu. */
-static struct shim_slot *shim_find(uintptr_t k, int insert) {
-  if (shim_cap == 0) return NULL;
+/* The shard of key k (its hash's top bits; the table index uses others). */
+static struct shim_shard *shim_shard_of(uintptr_t k) {
+  return &shim_shards[shim_hash(k) >> (64 - 6)];
+}
+_Static_assert(SHIM_SHARDS == 64, "shim_shard_of takes 6 bits");
+
+/* The slot of key k in shard h, or of the first free place where it would
+ * go (with `insert`).  Callers hold h->mu. */
+static struct shim_slot *shim_find(struct shim_shard *h, uintptr_t k,
+                                   int insert) {
+  if (h->cap == 0) return NULL;
   struct shim_slot *tomb = NULL;
-  for (size_t i = shim_hash(k, shim_cap), n = 0; n < shim_cap;
-       i = (i + 1) & (shim_cap - 1), n++) {
-    struct shim_slot *s = &shim_tab[i];
+  for (size_t i = (size_t)(shim_hash(k) >> 17) & (h->cap - 1), n = 0;
+       n < h->cap; i = (i + 1) & (h->cap - 1), n++) {
+    struct shim_slot *s = &h->tab[i];
     if (s->key == k) return s;
     if (s->key == SHIM_DELETED) {
       if (tomb == NULL) tomb = s;
@@ -200,35 +303,36 @@ static struct shim_slot *shim_find(uintptr_t k, int insert) {
   return insert ? tomb : NULL;
 }
 
-static int shim_grow(void) {
-  size_t ncap = shim_cap ? shim_cap * 2 : 256;
-  if (shim_used * 2 < shim_cap) ncap = shim_cap; /* tombstones only */
-  struct shim_slot *old = shim_tab, *nt = calloc(ncap, sizeof *nt);
+static int shim_grow(struct shim_shard *h) {
+  size_t ncap = h->cap ? h->cap * 2 : 64;
+  if (h->used * 2 < h->cap) ncap = h->cap; /* tombstones only */
+  struct shim_slot *old = h->tab, *nt = calloc(ncap, sizeof *nt);
   if (nt == NULL) return GMB_E_SYSTEM;
-  size_t ocap = shim_cap;
-  shim_tab = nt;
-  shim_cap = ncap;
-  shim_deleted = 0;
+  size_t ocap = h->cap;
+  h->tab = nt;
+  h->cap = ncap;
+  h->deleted = 0;
   for (size_t i = 0; i < ocap; i++)
-    if (old[i].key > SHIM_DELETED) *shim_find(old[i].key, 1) = old[i];
+    if (old[i].key > SHIM_DELETED) *shim_find(h, old[i].key, 1) = old[i];
   free(old);
   return 0;
 }
 
 static int shim_put(void *ptr, gmb_id id, gmb_client *c, unsigned tag) {
-  pthread_mutex_lock(&shim_mu);
+  struct shim_shard *h = shim_shard_of((uintptr_t)ptr);
+  shim_lock(h);
   int rc = 0;
-  if ((shim_used + shim_deleted + 1) * 4 > shim_cap * 3) rc = shim_grow();
+  if ((h->used + h->deleted + 1) * 4 > h->cap * 3) rc = shim_grow(h);
   if (rc == 0) {
-    struct shim_slot *s = shim_find((uintptr_t)ptr, 1);
-    if (s->key == SHIM_DELETED) shim_deleted--;
-    if (s->key != (uintptr_t)ptr) shim_used++;
+    struct shim_slot *s = shim_find(h, (uintptr_t)ptr, 1);
+    if (s->key == SHIM_DELETED) h->deleted--;
+    if (s->key != (uintptr_t)ptr) h->used++;
     s->key = (uintptr_t)ptr;
     s->id = id;
     s->c = c;
     s->tag = tag;
   }
-  pthread_mutex_unlock(&shim_mu);
+  shim_unlock(h);
   return rc;
 }
 
@@ -236,47 +340,62 @@ static int shim_put(void *ptr, gmb_id id, gmb_client *c, unsigned tag) {
  * GMB_E_NOENT when it is not there. */
 static int shim_take(const void *ptr, gmb_id *id, gmb_client **c,
                      unsigned *tag) {
-  pthread_mutex_lock(&shim_mu);
-  struct shim_slot *s = shim_find((uintptr_t)ptr, 0);
+  if ((uintptr_t)ptr <= SHIM_DELETED) return GMB_E_NOENT;
+  struct shim_shard *h = shim_shard_of((uintptr_t)ptr);
+  shim_lock(h);
+  struct shim_slot *s = shim_find(h, (uintptr_t)ptr, 0);
   int rc = GMB_E_NOENT;
   if (s) {
     *id = s->id;
     *c = s->c;
     *tag = s->tag;
     s->key = SHIM_DELETED;
-    shim_used--;
-    shim_deleted++;
+    h->used--;
+    h->deleted++;
     rc = 0;
   }
-  pthread_mutex_unlock(&shim_mu);
+  shim_unlock(h);
   return rc;
 }
 
+/* Looks ptr up without removing it: 0 with what the map holds, or
+ * GMB_E_NOENT. */
+static int shim_get(const void *ptr, gmb_id *id, gmb_client **c,
+                    unsigned *tag) {
+  if ((uintptr_t)ptr <= SHIM_DELETED) return GMB_E_NOENT;
+  struct shim_shard *h = shim_shard_of((uintptr_t)ptr);
+  shim_lock(h);
+  struct shim_slot *s = shim_find(h, (uintptr_t)ptr, 0);
+  if (s) {
+    *id = s->id;
+    *c = s->c;
+    *tag = s->tag;
+  }
+  shim_unlock(h);
+  return s ? 0 : GMB_E_NOENT;
+}
+
 int gmb__shim_owns(const void *ptr) {
-  if ((uintptr_t)ptr <= SHIM_DELETED) return 0;
-  pthread_mutex_lock(&shim_mu);
-  int r = shim_find((uintptr_t)ptr, 0) != NULL;
-  pthread_mutex_unlock(&shim_mu);
-  return r;
+  gmb_id id;
+  gmb_client *c;
+  unsigned tag;
+  return shim_get(ptr, &id, &c, &tag) == 0;
 }
 
 int gmb__shim_is_async(const void *ptr, unsigned *tag) {
-  if ((uintptr_t)ptr <= SHIM_DELETED) return -1;
-  pthread_mutex_lock(&shim_mu);
-  struct shim_slot *s = shim_find((uintptr_t)ptr, 0);
-  int r = s ? s->id == 0 : -1;
-  if (s && tag) *tag = s->tag;
-  pthread_mutex_unlock(&shim_mu);
-  return r;
+  gmb_id id;
+  gmb_client *c;
+  unsigned t;
+  if (shim_get(ptr, &id, &c, &t) != 0) return -1;
+  if (tag) *tag = t;
+  return id == 0;
 }
 
 gmb_client *gmb__shim_owner(const void *ptr) {
-  if ((uintptr_t)ptr <= SHIM_DELETED) return NULL;
-  pthread_mutex_lock(&shim_mu);
-  struct shim_slot *s = shim_find((uintptr_t)ptr, 0);
-  gmb_client *c = s ? s->c : NULL;
-  pthread_mutex_unlock(&shim_mu);
-  return c;
+  gmb_id id;
+  gmb_client *c;
+  unsigned tag;
+  return shim_get(ptr, &id, &c, &tag) == 0 ? c : NULL;
 }
 
 int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr) {
@@ -299,8 +418,7 @@ int gmb__shim_free(void *ptr) {
   gmb_id id;
   gmb_client *c;
   unsigned tag;
-  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c, &tag))
-    return GMB_E_NOENT;
+  if (shim_take(ptr, &id, &c, &tag)) return GMB_E_NOENT;
   if (id == 0) { /* a block of the cache: put back, not this path's */
     if (shim_put(ptr, id, c, tag) != 0) return GMB_E_SYSTEM;
     return GMB_E_INVAL;
@@ -330,33 +448,42 @@ int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
   return 0;
 }
 
-int gmb__shim_free_async(void *ptr, void *stream) {
+int gmb__shim_async_take(void *ptr, gmb_client **c, unsigned *tag) {
   gmb_id id;
-  gmb_client *c;
-  unsigned tag;
-  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c, &tag))
-    return GMB_E_NOENT;
+  if (shim_take(ptr, &id, c, tag)) return GMB_E_NOENT;
   if (id != 0) { /* gmb__shim_alloc's: put back, not this path's */
-    if (shim_put(ptr, id, c, tag) != 0) return GMB_E_SYSTEM;
+    if (shim_put(ptr, id, *c, *tag) != 0) return GMB_E_SYSTEM;
     return GMB_E_INVAL;
   }
+  return 0;
+}
+
+int gmb__shim_async_release(gmb_client *c, void *ptr, void *stream,
+                            unsigned tag) {
   int rc = gmb_free_async(c, ptr, stream);
   /* Not freed (the stream took no event): still ours, still in use.  A
    * dead session took the memory with it. */
   if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED && rc != GMB_E_NOENT &&
-      shim_put(ptr, id, c, tag) != 0)
+      shim_put(ptr, 0, c, tag) != 0)
     rc = GMB_E_SYSTEM;
   return rc;
 }
 
+int gmb__shim_free_async(void *ptr, void *stream) {
+  gmb_client *c;
+  unsigned tag;
+  int rc = gmb__shim_async_take(ptr, &c, &tag);
+  return rc ? rc : gmb__shim_async_release(c, ptr, stream, tag);
+}
+
 int gmb__shim_trim_all(size_t keep_bytes) {
-  pthread_once(&shim_once, shim_start);
+  pthread_once(&shim_once, shim_start_once);
   if (gmb__shim_forked()) return GMB_E_CONN;
   if (shim_host) return gmb_trim(shim_host, keep_bytes);
   int first = 0;
   for (int d = 0; d < GMB_SHIM_MAX_DEVICES; d++) {
     pthread_mutex_lock(&shim_conn_mu);
-    gmb_client *c = shim_devs[d].c;
+    gmb_client *c = atomic_load(&shim_devs[d].c);
     pthread_mutex_unlock(&shim_conn_mu);
     if (c == NULL) continue;
     int rc = gmb_trim(c, keep_bytes);
@@ -369,8 +496,7 @@ int gmb__shim_keep(void *ptr) {
   gmb_id id;
   gmb_client *c;
   unsigned tag;
-  if ((uintptr_t)ptr <= SHIM_DELETED || shim_take(ptr, &id, &c, &tag))
-    return GMB_E_NOENT;
+  if (shim_take(ptr, &id, &c, &tag)) return GMB_E_NOENT;
   return 0;
 }
 

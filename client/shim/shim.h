@@ -45,10 +45,20 @@
  */
 gmb_client *gmb__shim_session(int device, int *resolved, const char **why);
 
+/* The session device's allocations came from, if one was made: never
+ * connects, takes no lock (a free's path).  The host session when one
+ * serves every device; NULL for a device without a session, past the
+ * limit, or before any session was made. */
+gmb_client *gmb__shim_session_of(int device);
+
+/* The sessions made so far (at most cap of them in out): their number. */
+int gmb__shim_sessions(gmb_client **out, int cap);
+
 /* gmb__shim_session for the calling thread's current device. */
 gmb_client *gmb__shim_client(const char **why);
 
-/* 1 when the calling process is a fork() child of the one that connected. */
+/* 1 when the calling process is a fork() child of the one that connected
+ * (a flag a pthread_atfork handler sets: no system call). */
 int gmb__shim_forked(void);
 
 /* 1 when a host-device broker serves every device (GMB_SHIM_ALLOW_HOST). */
@@ -93,6 +103,23 @@ int gmb__shim_malloc_async(gmb_client *c, size_t size, void *stream,
  * cache), 0 when it is gmb__shim_alloc's, -1 when it is not ours; *tag
  * (may be NULL) receives its tag. */
 int gmb__shim_is_async(const void *ptr, unsigned *tag);
+
+/*
+ * The two halves of gmb__shim_free_async, for a caller that decides
+ * between them whether to free at all (libgmb-torch.so keeps memory a
+ * CUDA graph may use): one map lookup per free.  gmb__shim_async_take
+ * takes ptr, one of gmb__shim_malloc_async's, out of the map: 0 with its
+ * session in *c and its tag in *tag (the pointer is then no longer ours:
+ * kept, as gmb__shim_keep leaves it, unless released); GMB_E_NOENT,
+ * touching nothing, for a pointer that is not one of ours; GMB_E_INVAL,
+ * touching nothing, for one of gmb__shim_alloc's.
+ * gmb__shim_async_release frees a taken pointer: gmb_free_async's result;
+ * when that fails (other than a session that is gone) the pointer is put
+ * back, still ours.
+ */
+int gmb__shim_async_take(void *ptr, gmb_client **c, unsigned *tag);
+int gmb__shim_async_release(gmb_client *c, void *ptr, void *stream,
+                            unsigned tag);
 
 /* Frees what gmb__shim_malloc_async gave: gmb_free_async on the session it
  * came from (never waits; the block is reusable on `stream` at once, on

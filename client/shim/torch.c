@@ -33,7 +33,14 @@
  * Devices: `device` is PyTorch's index, the process's CUDA ordinal; its
  * allocation goes to the broker of that GPU, found by the GPU's UUID
  * (gmb_connect_gpu), and a device without a broker is refused with the
- * reason.  A free goes to the session the pointer came from.
+ * reason.  A free goes to the session of the device PyTorch names with
+ * it (the tensor's), whose cache knows its blocks: a pointer it did not
+ * give, or one freed already, is refused there and changes nothing (a
+ * pointer of another device's session, which PyTorch never passes, is
+ * tried on the other sessions).  So the hot path keeps no map of its own:
+ * a pair costs the cache's pair plus a few loads and the two atomic adds
+ * of the per-device bytes in use (bench_shim measures it; goal <= 1.2x).
+ * The shim's map holds only blocks allocated during a graph capture.
  *
  * Free: never waits.  Memory a CUDA graph may use at every replay, for as
  * long as it lives, which the allocator cannot see, is kept, never handed
@@ -104,6 +111,12 @@ static void torch_fail2(const char *fmt, long long a, const char *b,
 
 static _Atomic unsigned long long torch_kept;
 
+/* Blocks allocated during a graph capture and not freed yet: the only
+ * pointers this library keeps in the shim's map (gmb__shim_malloc_async
+ * with GMB_SHIM_TAG_GRAPH), so that their free keeps them.  While there
+ * are none, a free does not look at the map at all. */
+static atomic_int torch_graph_live;
+
 unsigned long long gmb_torch_kept(void) { return torch_kept; }
 
 /* What PyTorch told the init hook (0: not called). */
@@ -117,13 +130,8 @@ static struct {
   _Atomic uint64_t in_use;
   _Atomic double fraction;
   _Atomic uint64_t limit;
-} torch_dev[GMB_SHIM_MAX_DEVICES];
-static pthread_once_t torch_dev_once = PTHREAD_ONCE_INIT;
-
-static void torch_dev_init(void) {
-  for (int d = 0; d < GMB_SHIM_MAX_DEVICES; d++)
-    atomic_store(&torch_dev[d].fraction, -1.0);
-}
+} torch_dev[GMB_SHIM_MAX_DEVICES] = {
+    [0 ... GMB_SHIM_MAX_DEVICES - 1] = {.fraction = -1.0}};
 
 static uint64_t torch_round(ssize_t size) {
   return ((uint64_t)size + 511) & ~UINT64_C(511);
@@ -134,7 +142,6 @@ void gmb_torch_init(int device_count) {
 }
 
 void gmb_torch_set_memory_fraction(double fraction, int device) {
-  pthread_once(&torch_dev_once, torch_dev_init);
   if (device < 0 || device >= GMB_SHIM_MAX_DEVICES || !(fraction >= 0.0) ||
       fraction > 1.0) {
     torch_fail("gmb_torch_set_memory_fraction: device %lld, %s",
@@ -151,7 +158,6 @@ void gmb_torch_set_memory_fraction(double fraction, int device) {
  * passed.  The bytes are counted either way when there is no fraction. */
 static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES) return 0;
-  pthread_once(&torch_dev_once, torch_dev_init);
   double f = atomic_load(&torch_dev[d].fraction);
   uint64_t was = atomic_fetch_add(&torch_dev[d].in_use, need);
   if (f < 0) return 0;
@@ -201,63 +207,95 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
   }
   if (torch_take(c, dev, torch_round(size), size) != 0) return NULL;
   /* Memory allocated while its stream is captured into a graph is used by
-   * the graph at every replay: tagged, it is never reused (see the top). */
-  unsigned tag = !gmb__shim_host() && gmb_stream_capturing(c, stream) == 1
-                     ? GMB_SHIM_TAG_GRAPH
-                     : 0;
+   * the graph at every replay: remembered, it is never reused (see the
+   * top). */
+  int graph = !gmb__shim_host() && gmb_stream_capturing(c, stream) == 1;
   void *p = NULL;
-  int rc = gmb__shim_malloc_async(c, (size_t)size, stream, tag, &p);
+  int rc = graph ? gmb__shim_malloc_async(c, (size_t)size, stream,
+                                          GMB_SHIM_TAG_GRAPH, &p)
+                 : gmb_malloc_async(c, (size_t)size, stream, &p);
   if (rc) {
     torch_give(dev, size);
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                gmb_last_error(c));
     return NULL;
   }
+  if (graph) atomic_fetch_add(&torch_graph_live, 1);
   return p;
 }
 
+/* gmb_free_async of ptr through the session of `device`, else (a pointer
+ * of another device's session, which PyTorch never passes) through each
+ * other session in turn.  The result from the session that knew the
+ * pointer, named in *owner; GMB_E_NOENT when none did. */
+static int torch_release(void *ptr, int device, void *stream,
+                         gmb_client **owner) {
+  gmb_client *c = gmb__shim_session_of(device);
+  *owner = c;
+  int rc = c ? gmb_free_async(c, ptr, stream) : GMB_E_NOENT;
+  if (rc != GMB_E_NOENT) return rc;
+  gmb_client *all[GMB_SHIM_MAX_DEVICES];
+  int n = gmb__shim_sessions(all, GMB_SHIM_MAX_DEVICES);
+  for (int i = 0; i < n && i < GMB_SHIM_MAX_DEVICES; i++) {
+    if (all[i] == c) continue;
+    rc = gmb_free_async(all[i], ptr, stream);
+    if (rc != GMB_E_NOENT) {
+      *owner = all[i];
+      return rc;
+    }
+  }
+  return GMB_E_NOENT;
+}
+
 void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  (void)device; /* the pointer knows its session */
   if (ptr == NULL) return;
   if (gmb__shim_forked()) {
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
                "GMB_E_CONN: a fork() child may not use its parent's session");
     return;
   }
-  gmb_client *c = gmb__shim_owner(ptr);
-  if (c == NULL) {
-    torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
-               "or one freed already (%s)", (long long)size, "ignored");
-    return;
+  /* Allocated during a graph capture: kept (see the top), and out of the
+   * map from now on.  The map is looked at only while it holds such
+   * blocks. */
+  int graph = 0;
+  if (atomic_load_explicit(&torch_graph_live, memory_order_relaxed) > 0) {
+    gmb_client *gc;
+    unsigned tag;
+    if (gmb__shim_async_take(ptr, &gc, &tag) == 0) {
+      atomic_fetch_sub(&torch_graph_live, 1);
+      graph = 1;
+    }
   }
-  /* Allocated during a graph capture, or freed during one: keep the
-   * memory (see the top). */
-  unsigned tag = 0;
-  gmb__shim_is_async(ptr, &tag);
-  int graph = (tag & GMB_SHIM_TAG_GRAPH) != 0;
-  if ((graph || (!gmb__shim_host() && gmb_stream_capturing(c, stream) == 1)) &&
-      gmb__shim_keep(ptr) == 0) {
+  /* Freed during a capture: kept as well. */
+  if (!graph && !gmb__shim_host()) {
+    gmb_client *c = gmb__shim_session_of(device);
+    if (c && gmb_stream_capturing(c, stream) == 1) graph = 2;
+  }
+  if (graph) {
     torch_kept += (unsigned long long)(size > 0 ? size : 0);
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
-               graph ? "allocated during a CUDA graph capture: kept until "
-                       "the process ends, since the graph may use it at "
-                       "every replay"
-                     : "freed during a CUDA graph capture: kept until the "
-                       "process ends, since the graph may use it at every "
-                       "replay");
+               graph == 1 ? "allocated during a CUDA graph capture: kept "
+                            "until the process ends, since the graph may use "
+                            "it at every replay"
+                          : "freed during a CUDA graph capture: kept until "
+                            "the process ends, since the graph may use it at "
+                            "every replay");
     return;
   }
   /* Reusable at once on `stream`; on others after its work ran (and, for
-   * a block record_stream named other streams for, after theirs).  A
-   * failure frees nothing. */
-  int rc = gmb__shim_free_async(ptr, stream);
+   * a block record_stream named other streams for, after theirs).  The
+   * cache knows its blocks: a pointer it did not give, or one freed
+   * already, is refused and changes nothing. */
+  gmb_client *c = NULL;
+  int rc = torch_release(ptr, device, stream, &c);
   if (rc == 0 || rc == GMB_E_CONN || rc == GMB_E_EVICTED)
     torch_give(device, size);
   if (rc == GMB_E_NOENT)
     torch_fail("gmb_torch_free(%lld): not a pointer gmb_torch_alloc gave, "
                "or one freed already (%s)", (long long)size, "ignored");
   else if (rc == GMB_E_INVAL)
-    torch_fail("gmb_torch_free(%lld): %s", (long long)size,
+    torch_fail("gmb_torch_free(%lld): freed already, or on a stream that "
+               "takes no event (ignored: %s)", (long long)size,
                gmb_last_error(c));
   else if (rc && rc != GMB_E_CONN && rc != GMB_E_EVICTED)
     torch_fail("gmb_torch_free(%lld): %s", (long long)size, gmb_last_error(c));
@@ -286,13 +324,30 @@ void gmb_torch_reset(void) {
 
 void gmb_torch_record_stream(void *ptr, void *stream) {
   if (ptr == NULL) return;
-  gmb_client *c = gmb__shim_owner(ptr);
-  if (c == NULL || gmb__shim_is_async(ptr, NULL) != 1) {
+  if (gmb__shim_forked()) {
+    torch_fail("gmb_torch_record_stream(%lld): %s", 0,
+               "GMB_E_CONN: a fork() child may not use its parent's session");
+    return;
+  }
+  /* No device is given: the current device's session first (PyTorch
+   * records a tensor on its own device), then the others. */
+  int dev = 0;
+  if (gmb_gpu_current(&dev) != 0) dev = 0;
+  gmb_client *first = gmb__shim_session_of(dev), *c = first;
+  int rc = first ? gmb_record_stream(first, ptr, stream) : GMB_E_NOENT;
+  gmb_client *all[GMB_SHIM_MAX_DEVICES];
+  int n = rc == GMB_E_NOENT ? gmb__shim_sessions(all, GMB_SHIM_MAX_DEVICES)
+                            : 0;
+  for (int i = 0; rc == GMB_E_NOENT && i < n && i < GMB_SHIM_MAX_DEVICES;
+       i++) {
+    if (all[i] == first) continue;
+    c = all[i];
+    rc = gmb_record_stream(c, ptr, stream);
+  }
+  if (rc == GMB_E_NOENT)
     torch_fail("gmb_torch_record_stream(%lld): %s", 0,
                "not a pointer gmb_torch_alloc gave, or one freed already "
                "(ignored)");
-    return;
-  }
-  int rc = gmb_record_stream(c, ptr, stream);
-  if (rc) torch_fail("gmb_torch_record_stream(%lld): %s", 0, gmb_last_error(c));
+  else if (rc)
+    torch_fail("gmb_torch_record_stream(%lld): %s", 0, gmb_last_error(c));
 }

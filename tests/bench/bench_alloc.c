@@ -14,7 +14,7 @@
  *     (encoding, the broker's work, the library's bookkeeping).
  * An alloc+free pair is two round trips, so the figure of merit is
  * ratio_vs_2rtt = median(alloc+free) / (2 x median(raw round trip)) at the
- * same number of processes; the goal is <= 1.5.  The two kinds run in
+ * same number of processes; the goal is <= 1.2.  The two kinds run in
  * alternating rounds (BENCH_ROUNDS, default 4), so that load from
  * elsewhere on the machine falls on both.
  *

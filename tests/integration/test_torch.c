@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gmb.h"
@@ -249,6 +250,74 @@ START_TEST(torch_free_foreign_and_twice) {
   harness_broker_start(&b, "host:64MiB", torch_config);
   struct torch_args a = {b.endpoint, "torch", 1, 0};
   torch_run(foreign_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- fork ---------------------------------------------------------------------- */
+
+/* In a grandchild: what a fork() child of the test's process may do with
+ * the library, as exit codes (0: what the test expects). */
+static int fork_child_refused(struct torch_lib *t, void *parents) {
+  if (t->alloc(4096, 0, NULL) != NULL) return 1; /* served: wrong */
+  if (strstr(t->last_error(), "fork() child") == NULL) return 2;
+  t->free(parents, 4096, 0, NULL);
+  if (strstr(t->last_error(), "gmb_torch_free(4096)") == NULL ||
+      strstr(t->last_error(), "fork() child") == NULL)
+    return 3;
+  return 0;
+}
+
+static int fork_wait(pid_t pid) {
+  int st;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
+}
+
+/* A child forked before the library made its session makes one of its
+ * own; one forked after may not use the parent's (its ZeroMQ context and,
+ * on a GPU, CUDA's): refused with the reason, and the parent's memory is
+ * untouched by what the child asked. */
+static int fork_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  pid_t early = fork();
+  if (early == 0) {
+    void *q = t.alloc(4096, 0, NULL);
+    if (q == NULL) _exit(1);
+    t.free(q, 4096, 0, NULL);
+    _exit(strcmp(t.last_error(), "no error") == 0 ? 0 : 2);
+  }
+  int rc = fork_wait(early);
+  CHILD_CHECK(rc == 0, 11, "a child forked before any session: %d", rc);
+  void *p = t.alloc(4096, 0, NULL);
+  CHILD_CHECK(p != NULL, 12, "alloc: %s", t.last_error());
+  harness_pattern_fill(p, 4096, 77);
+  pid_t late = fork();
+  if (late == 0) _exit(fork_child_refused(&t, p));
+  rc = fork_wait(late);
+  CHILD_CHECK(rc == 0, 13, "a child forked after the session: %d", rc);
+  /* The child's refused free did not give the block back: still ours,
+   * intact, and freed once here. */
+  CHILD_CHECK(harness_pattern_check(p, 4096, 77) < 0, 14, "block changed");
+  void *other = t.alloc(4096, 0, NULL);
+  CHILD_CHECK(other != NULL && other != p, 15, "the block was handed out "
+              "again while the parent holds it");
+  t.free(other, 4096, 0, NULL);
+  t.free(p, 4096, 0, NULL);
+  CHILD_CHECK(strcmp(t.last_error(), "no error") == 0, 16, "last error: %s",
+              t.last_error());
+  CHILD_CHECK(t.empty_cache() == 0, 17, "empty_cache");
+  CHILD_CHECK(torch_used(a) == 0, 18, "used after free");
+  return 0;
+}
+
+START_TEST(torch_fork_child_refused) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  struct torch_args a = {b.endpoint, "torch", 1, 0};
+  torch_run(fork_main, &a);
   harness_broker_stop(&b);
 }
 END_TEST
@@ -650,7 +719,7 @@ int main(void) {
       torch_sizes_and_zero,
       torch_quota_returns_null,
       torch_no_broker_returns_null,
-      torch_free_foreign_and_twice,
+      torch_free_foreign_and_twice, torch_fork_child_refused,
       torch_threads_share_session, torch_refusal_throws,
       torch_host_broker_refused));
 }
