@@ -944,12 +944,8 @@ static void client_undo_alloc(gmb_client *c, uint64_t id) {
   memcpy(client_err, saved, sizeof saved);
 }
 
-/* *asked_back (may be NULL): what a GMB_E_QUOTA refusal says the broker
- * asked the tenant's other sessions to give back (Reply.asked_back), else
- * 0. */
 static int client_alloc(gmb_client *c, size_t size, unsigned flags,
-                        int timeout_ms, gmb_id *out, uint64_t *asked_back) {
-  if (asked_back) *asked_back = 0;
+                        int timeout_ms, gmb_id *out) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
   *out = 0;
@@ -971,11 +967,7 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   char why[CLIENT_WHY_MAX];
   pthread_mutex_lock(&c->io);
   int rc = client_call(c, &req, WIRE_ALLOC, wait_ms, &rep);
-  if (rc) {
-    /* client_call zeroed rep before it sent: set only by the broker. */
-    if (asked_back && rc == GMB_E_QUOTA) *asked_back = rep.asked_back;
-    goto out;
-  }
+  if (rc) goto out;
   const uint64_t id = rep.u.alloc.id, seg = rep.u.alloc.segment,
                  off = rep.u.alloc.offset, asize = rep.u.alloc.size;
   if (id == 0 || asize < size) {
@@ -1021,12 +1013,12 @@ out:
 
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out) {
-  return client_alloc(c, size, flags, 0, out, NULL);
+  return client_alloc(c, size, flags, 0, out);
 }
 
 GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
                               int timeout_ms, gmb_id *out) {
-  return client_alloc(c, size, flags, timeout_ms, out, NULL);
+  return client_alloc(c, size, flags, timeout_ms, out);
 }
 
 /* Frees allocation id; waits for the device first when `sync` (see
@@ -1494,8 +1486,9 @@ static void client_unreserve(void *ctx, uintptr_t base, uint64_t size) {
 
 /* One page from the broker, mapped at addr.  Holds io from the request to
  * the mapping, as client_alloc does. */
-static int client_page_get(gmb_client *c, uintptr_t addr,
-                           struct gmb_cache_page *pg, uint64_t *asked) {
+static int client_page_map(void *ctx, uintptr_t addr,
+                           struct gmb_cache_page *pg) {
+  gmb_client *c = ctx;
   struct wire_request req = {.kind = WIRE_ALLOC};
   req.u.alloc.size = GMB_CACHE_PAGE;
   struct wire_reply rep;
@@ -1503,11 +1496,10 @@ static int client_page_get(gmb_client *c, uintptr_t addr,
   uint64_t id = 0;
   int fd = -1;
   pthread_mutex_lock(&c->io);
+  /* A quota held by the tenant's other caches is waited for by the
+   * broker itself (trim_wait_ms), not here. */
   int rc = client_call(c, &req, WIRE_ALLOC, c->request_timeout_ms, &rep);
-  if (rc) {
-    if (rc == GMB_E_QUOTA) *asked = rep.asked_back;
-    goto out;
-  }
+  if (rc) goto out;
   id = rep.u.alloc.id;
   const uint64_t seg = rep.u.alloc.segment;
   if (id == 0 || rep.u.alloc.size != GMB_CACHE_PAGE ||
@@ -1550,32 +1542,6 @@ out:
   if (fd >= 0) close(fd);
   if (rc && id) client_undo_alloc(c, id);
   pthread_mutex_unlock(&c->io);
-  return rc;
-}
-
-static int client_page_map(void *ctx, uintptr_t addr,
-                           struct gmb_cache_page *pg) {
-  gmb_client *c = ctx;
-  uint64_t asked = 0;
-  int rc = client_page_get(c, addr, pg, &asked);
-  /* The broker asked the tenant's other sessions for their cached memory
-   * (Reply.asked_back; a full device is handled in the broker, which
-   * holds the request itself): their library threads give it back within
-   * about CLIENT_REPORT_MS; try again for up to $GMB_CACHE_ASK_WAIT_MS
-   * (default 250). */
-  uint64_t deadline = 0;
-  while (rc == GMB_E_QUOTA && asked > 0) {
-    uint64_t now = gmb__now_ns();
-    if (deadline == 0)
-      deadline = now + (uint64_t)client_env_ms("GMB_CACHE_ASK_WAIT_MS", 250) *
-                           GMB_NS_PER_MS;
-    else if (now >= deadline)
-      break;
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    asked = 0;
-    rc = client_page_get(c, addr, pg, &asked);
-  }
   return rc;
 }
 
