@@ -69,7 +69,8 @@ BROKER_SRC := broker/loop.c \
   broker/config.c broker/log.c broker/connguard.c
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
-  client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c
+  client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c \
+  client/lib/cache_check.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker

@@ -87,6 +87,7 @@
  * or one already free, is an error that changes nothing.
  */
 #include "cache.h"
+#include "cache_impl.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -95,93 +96,6 @@
 #include <string.h>
 
 #include "gmb.h"
-
-#define CACHE_BINS 160
-#define CACHE_BITMAP_WORDS ((CACHE_BINS + 63) / 64)
-/* Scanning a bin for the best fit stops after this many blocks. */
-#define CACHE_SCAN_MAX 64
-#define CACHE_DEFAULT_ARENAS 4
-#define CACHE_HASH_MIN 64
-/* CUDA's pseudo handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
-#define CACHE_STREAM_LEGACY ((void *)(uintptr_t)0x1)
-#define CACHE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
-
-enum { CACHE_VIRT, CACHE_FREE, CACHE_LIVE, CACHE_MAPPING, CACHE_LOST };
-
-struct cache_event {
-  void *h;       /* the backend's event */
-  uint32_t refs; /* blocks that name it */
-  uint64_t seq;  /* the order of records in this arena */
-  struct cache_event *next; /* the arena's spare events */
-};
-
-struct cache_span;
-
-struct cache_block {
-  uintptr_t ptr;
-  uint64_t size;
-  uint64_t req; /* LIVE: the request, rounded to 512 */
-  struct cache_span *span;
-  struct cache_block *prev, *next;   /* the span's blocks, address order */
-  struct cache_block *fprev, *fnext; /* FREE: its bin list; VIRT: the
-                                        span's list; pending: the arena's */
-  struct cache_block *hnext;         /* handed out: its hash chain */
-  void *stream;                      /* FREE, pending: the stream of the free */
-  unsigned thread;                   /* ... its thread, for 0x2 */
-  struct cache_event *ev;            /* FREE not ready, pending: its event */
-  /* Handed out: other streams that use it (record_stream); pending: the
-   * events recorded on them at the free that have not completed yet. */
-  void **uses;
-  struct cache_event **waits;
-  uint32_t n_uses, cap_uses, n_waits;
-  uint8_t state;
-  uint8_t pending;
-  uint8_t ready;  /* FREE: usable by every stream */
-  uint8_t orphan; /* FREE: its stream took no event; ready after a sync */
-};
-
-struct cache_page {
-  struct gmb_cache_page pg; /* pg.id 0: not mapped */
-  uint32_t users;
-};
-
-struct cache_span {
-  uintptr_t base;
-  uint64_t size, npages;
-  struct cache_page *page;
-  struct cache_block *first;
-  struct cache_block *virt; /* its VIRT blocks */
-  struct cache_span *next;
-  int lost; /* holds LOST pages (destroy gives back around them) */
-};
-
-struct cache_arena {
-  pthread_mutex_t mu;
-  struct cache_block *bins[CACHE_BINS];
-  uint64_t bitmap[CACHE_BITMAP_WORDS];
-  struct cache_span *spans;
-  struct cache_block **hash; /* handed-out blocks by address */
-  size_t hash_cap, hash_n;
-  struct cache_block *pending; /* freed, waiting for their other streams */
-  size_t pending_n;
-  struct cache_event *spare_events;
-  uint64_t seq;
-  uint64_t mapped, idle; /* pages */
-  uint64_t in_use_blocks, in_use_req, peak_req;
-  uint64_t orphans; /* FREE blocks waiting for a sync */
-  uint64_t hits, misses, page_maps, page_frees, page_moves;
-};
-
-struct gmb_cache {
-  struct gmb_cache_ops ops;
-  unsigned n;
-  unsigned shift; /* log2 of the page */
-  uint64_t page, span;
-  struct cache_arena *arena;
-  /* Totals over the arenas, updated under the arena's lock. */
-  _Atomic uint64_t held, idle, in_use, blocks_out;
-  _Atomic uint64_t peak_in_use, peak_held;
-};
 
 /* --- threads and streams ---------------------------------------------- */
 
@@ -203,38 +117,7 @@ static void *cache_stream(void *stream) {
   return stream == CACHE_STREAM_LEGACY ? NULL : stream;
 }
 
-/* 1 when (s1 of thread t1) and (s2 of thread t2) are one stream: the
- * per-thread default stream is a different one on every thread. */
-static int cache_same_stream(void *s1, unsigned t1, void *s2, unsigned t2) {
-  return s1 == s2 && (s1 != CACHE_STREAM_PER_THREAD || t1 == t2);
-}
-
-static int cache_events(const struct gmb_cache *k) {
-  return k->ops.event_query != NULL;
-}
-
 /* --- sizes, pages and bins --------------------------------------------- */
-
-static uint64_t cache_round(uint64_t v, uint64_t to) {
-  return (v + to - 1) / to * to;
-}
-
-static uintptr_t cache_pfloor(const struct gmb_cache *k, uintptr_t p) {
-  return p & ~(uintptr_t)(k->page - 1);
-}
-
-static uintptr_t cache_pceil(const struct gmb_cache *k, uintptr_t p) {
-  return (p + k->page - 1) & ~(uintptr_t)(k->page - 1);
-}
-
-static struct cache_page *cache_pg(const struct gmb_cache *k,
-                                   const struct cache_span *s, uintptr_t p) {
-  return &s->page[(p - s->base) >> k->shift];
-}
-
-static int cache_live(const struct cache_block *b) {
-  return b && (b->state == CACHE_LIVE || b->state == CACHE_MAPPING);
-}
 
 static void cache_totals(struct gmb_cache *k, int64_t d_held, int64_t d_idle,
                          int64_t d_req, int64_t d_out) {
@@ -274,15 +157,6 @@ static void cache_users(struct gmb_cache *k, struct cache_arena *a,
     a->idle += (uint64_t)idle;
     cache_totals(k, 0, idle * (int64_t)k->page, 0, 0);
   }
-}
-
-static unsigned cache_bin(uint64_t size) {
-  uint64_t u = size / GMB_CACHE_ALIGN;
-  if (u < 4) return (unsigned)u;
-  unsigned fl = 63u - (unsigned)__builtin_clzll(u);
-  unsigned sl = (unsigned)(u >> (fl - 2)) & 3u;
-  unsigned b = 4u * fl + sl;
-  return b < CACHE_BINS ? b : CACHE_BINS - 1;
 }
 
 static void cache_bin_insert(struct cache_arena *a, struct cache_block *b) {
@@ -388,11 +262,6 @@ static void cache_block_unlink(struct cache_block *b) {
 }
 
 /* --- the hash of handed-out blocks -------------------------------------- */
-
-static size_t cache_hash_of(uintptr_t p, size_t cap) {
-  return (size_t)(((uint64_t)p / GMB_CACHE_ALIGN) *
-                  UINT64_C(0x9e3779b97f4a7c15) >> 20) & (cap - 1);
-}
 
 /* 0, or GMB_E_SYSTEM when the table could not grow (it stays valid). */
 static int cache_hash_grow(struct cache_arena *a) {
@@ -500,16 +369,6 @@ static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
 }
 
 /* --- merging ----------------------------------------------------------- */
-
-static int cache_mergeable(const struct cache_block *x,
-                           const struct cache_block *y) {
-  if (x->state != y->state) return 0;
-  if (x->state == CACHE_VIRT) return 1;
-  if (x->state != CACHE_FREE) return 0;
-  if (x->orphan || y->orphan) return 0;
-  if (x->ready || y->ready) return 1;
-  return cache_same_stream(x->stream, x->thread, y->stream, y->thread);
-}
 
 /* Merges free block y (x's next neighbour) into x; neither is in a bin.
  * The merged block is ready when both were; else of the other's stream,
@@ -1545,292 +1404,4 @@ void gmb__cache_destroy(struct gmb_cache *k) {
 
 uint64_t gmb__cache_cached(struct gmb_cache *k) {
   return k ? atomic_load(&k->idle) : 0;
-}
-
-void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
-  memset(out, 0, sizeof *out);
-  if (k == NULL) return;
-  for (unsigned i = 0; i < k->n; i++) {
-    struct cache_arena *a = &k->arena[i];
-    pthread_mutex_lock(&a->mu);
-    out->hits += a->hits;
-    out->misses += a->misses;
-    out->slab_allocs += a->page_maps;
-    out->slab_frees += a->page_frees;
-    out->page_moves += a->page_moves;
-    out->slabs += a->mapped;
-    out->slab_bytes += a->mapped * k->page;
-    out->in_use += a->in_use_req;
-    out->cached += a->mapped * k->page - a->in_use_blocks;
-    out->idle += a->idle * k->page;
-    pthread_mutex_unlock(&a->mu);
-  }
-  out->peak_in_use = atomic_load(&k->peak_in_use);
-  out->peak_slab_bytes = atomic_load(&k->peak_held);
-}
-
-int gmb__cache_pages(struct gmb_cache *k, gmb_cache_page_fn fn, void *arg) {
-  if (k == NULL) return 0;
-  for (unsigned i = 0; i < k->n; i++) {
-    struct cache_arena *a = &k->arena[i];
-    pthread_mutex_lock(&a->mu);
-    int rc = 0;
-    for (struct cache_span *s = a->spans; s && !rc; s = s->next)
-      for (uint64_t p = 0; p < s->npages && !rc; p++)
-        if (s->page[p].pg.id)
-          rc = fn(arg, s->base + (p << k->shift), &s->page[p].pg);
-    pthread_mutex_unlock(&a->mu);
-    if (rc) return rc;
-  }
-  return 0;
-}
-
-/* --- the checker ------------------------------------------------------------ */
-
-#define CACHE_BAD(...)                                 \
-  do {                                                 \
-    fprintf(stderr, "cache_check: " __VA_ARGS__);     \
-    fputc('\n', stderr);                               \
-    bad++;                                             \
-  } while (0)
-
-/* The blocks and pages of one span.  Adds to the arena's sums. */
-static int cache_check_span(const struct gmb_cache *k,
-                            const struct cache_arena *a, unsigned ai,
-                            const struct cache_span *s, uint64_t *mapped,
-                            uint64_t *idle, uint64_t *in_blocks,
-                            uint64_t *in_req, uint64_t *nfree, uint64_t *nout,
-                            uint64_t *npend, uint64_t *nvirt) {
-  int bad = 0;
-  uint32_t *users = calloc(s->npages, sizeof *users);
-  uint8_t *unmapped = calloc(s->npages, 1); /* 1: VIRT/LOST, 2: MAPPING */
-  if (users == NULL || unmapped == NULL) {
-    free(users);
-    free(unmapped);
-    CACHE_BAD("arena %u: out of memory checking a span", ai);
-    return bad;
-  }
-  uintptr_t at = s->base;
-  const struct cache_block *prev = NULL;
-  for (const struct cache_block *b = s->first; b; prev = b, b = b->next) {
-    const unsigned long ptr = (unsigned long)b->ptr;
-    if (b->prev != prev) CACHE_BAD("arena %u: block %#lx: prev link", ai, ptr);
-    if (b->span != s) CACHE_BAD("arena %u: block %#lx: wrong span", ai, ptr);
-    if (b->ptr != at)
-      CACHE_BAD("arena %u: block %#lx: gap or overlap at %#lx", ai, ptr,
-                (unsigned long)at);
-    if (b->size == 0 || b->size % GMB_CACHE_ALIGN ||
-        b->ptr + b->size > s->base + s->size) {
-      CACHE_BAD("arena %u: block %#lx: size %llu", ai, ptr,
-                (unsigned long long)b->size);
-      break;
-    }
-    at = b->ptr + b->size;
-    if (prev && cache_mergeable(prev, b))
-      CACHE_BAD("arena %u: blocks %#lx and %#lx not merged", ai,
-                (unsigned long)prev->ptr, ptr);
-    uint64_t p0 = (b->ptr - s->base) >> k->shift;
-    uint64_t p1 = (b->ptr + b->size - 1 - s->base) >> k->shift;
-    switch (b->state) {
-      case CACHE_VIRT:
-      case CACHE_LOST: {
-        if (b->ptr % k->page || b->size % k->page)
-          CACHE_BAD("arena %u: unmapped block %#lx not page aligned", ai, ptr);
-        if (b->state == CACHE_LOST && b->size != k->page)
-          CACHE_BAD("arena %u: lost block %#lx is not one page", ai, ptr);
-        for (uint64_t p = p0; p <= p1; p++) unmapped[p] = 1;
-        if (b->state == CACHE_VIRT) {
-          (*nvirt)++;
-          const struct cache_block *x = s->virt;
-          while (x && x != b) x = x->fnext;
-          if (x == NULL) CACHE_BAD("arena %u: VIRT block %#lx in no list", ai,
-                                   ptr);
-        }
-        break;
-      }
-      case CACHE_FREE: {
-        (*nfree)++;
-        if (b->req) CACHE_BAD("arena %u: free block with a request", ai);
-        const struct cache_block *x = a->bins[cache_bin(b->size)];
-        while (x && x != b) x = x->fnext;
-        if (x == NULL) CACHE_BAD("arena %u: free block %#lx in no bin", ai, ptr);
-        if (b->ready && (b->ev || b->stream))
-          CACHE_BAD("arena %u: ready block %#lx with a stream", ai, ptr);
-        if (b->pending || b->n_waits || b->n_uses)
-          CACHE_BAD("arena %u: free block %#lx with waits or uses", ai, ptr);
-        break;
-      }
-      case CACHE_MAPPING:
-        for (uint64_t p = p0; p <= p1; p++) {
-          users[p]++;
-          unmapped[p] = 2;
-        }
-        break;
-      case CACHE_LIVE: {
-        for (uint64_t p = p0; p <= p1; p++) users[p]++;
-        (*nout)++;
-        *in_blocks += b->size;
-        *in_req += b->req;
-        if (b->req == 0 || b->req > b->size)
-          CACHE_BAD("arena %u: block %#lx: request %llu of %llu", ai, ptr,
-                    (unsigned long long)b->req, (unsigned long long)b->size);
-        if (b->pending) {
-          (*npend)++;
-          const struct cache_block *x = a->pending;
-          while (x && x != b) x = x->fnext;
-          if (x == NULL) CACHE_BAD("arena %u: pending block %#lx not in the "
-                                   "pending list", ai, ptr);
-          if (b->n_waits == 0 || b->n_uses)
-            CACHE_BAD("arena %u: pending block %#lx waits for %u, uses %u",
-                      ai, ptr, b->n_waits, b->n_uses);
-          break;
-        }
-        if (b->ev) CACHE_BAD("arena %u: handed-out block with an event", ai);
-        if (b->n_waits) CACHE_BAD("arena %u: handed-out block with waits", ai);
-        size_t h = a->hash_cap ? cache_hash_of(b->ptr, a->hash_cap) : 0;
-        const struct cache_block *x = a->hash_cap ? a->hash[h] : NULL;
-        while (x && x != b) x = x->hnext;
-        if (x == NULL) CACHE_BAD("arena %u: handed-out block %#lx not in the "
-                                 "hash", ai, ptr);
-        break;
-      }
-      default:
-        CACHE_BAD("arena %u: block %#lx: state %u", ai, ptr, b->state);
-    }
-  }
-  if (at != s->base + s->size)
-    CACHE_BAD("arena %u: span %#lx: blocks end at %#lx, not %#lx", ai,
-              (unsigned long)s->base, (unsigned long)at,
-              (unsigned long)(s->base + s->size));
-  for (uint64_t p = 0; p < s->npages; p++) {
-    const struct cache_page *pg = &s->page[p];
-    int is_mapped = pg->pg.id != 0;
-    if (unmapped[p] == 1 && is_mapped)
-      CACHE_BAD("arena %u: page %#lx mapped under unmapped memory", ai,
-                (unsigned long)(s->base + (p << k->shift)));
-    if (unmapped[p] == 0 && !is_mapped)
-      CACHE_BAD("arena %u: page %#lx not mapped under a block", ai,
-                (unsigned long)(s->base + (p << k->shift)));
-    if (pg->users != users[p])
-      CACHE_BAD("arena %u: page %#lx counts %u users, %u blocks lie on it",
-                ai, (unsigned long)(s->base + (p << k->shift)), pg->users,
-                users[p]);
-    *mapped += is_mapped;
-    *idle += is_mapped && pg->users == 0;
-  }
-  free(users);
-  free(unmapped);
-  return bad;
-}
-
-static int cache_check_arena(const struct gmb_cache *k,
-                             const struct cache_arena *a, unsigned ai,
-                             uint64_t *held_sum, uint64_t *idle_sum,
-                             uint64_t *req_sum, uint64_t *out_sum) {
-  int bad = 0;
-  uint64_t mapped = 0, idle = 0, in_blocks = 0, in_req = 0, nfree = 0,
-           nout = 0, npend = 0, nvirt = 0;
-  for (const struct cache_span *s = a->spans; s; s = s->next) {
-    bad += cache_check_span(k, a, ai, s, &mapped, &idle, &in_blocks, &in_req,
-                            &nfree, &nout, &npend, &nvirt);
-    uint64_t inlist = 0;
-    for (const struct cache_block *v = s->virt; v && inlist <= s->npages;
-         v = v->fnext) {
-      inlist++;
-      if (v->state != CACHE_VIRT || v->span != s)
-        CACHE_BAD("arena %u: the VIRT list holds block %#lx of state %u", ai,
-                  (unsigned long)v->ptr, v->state);
-    }
-    nvirt -= nvirt >= inlist ? inlist : nvirt;
-  }
-  if (nvirt) CACHE_BAD("arena %u: VIRT lists miss %llu blocks", ai,
-                       (unsigned long long)nvirt);
-  uint64_t inbins = 0;
-  for (unsigned i = 0; i < CACHE_BINS; i++) {
-    int bit = !!(a->bitmap[i / 64] & (UINT64_C(1) << (i % 64)));
-    if (bit != (a->bins[i] != NULL))
-      CACHE_BAD("arena %u: bin %u: bitmap bit %d", ai, i, bit);
-    const struct cache_block *prev = NULL;
-    for (const struct cache_block *b = a->bins[i]; b; prev = b, b = b->fnext) {
-      inbins++;
-      if (b->fprev != prev) CACHE_BAD("arena %u: bin %u: links", ai, i);
-      if (b->state != CACHE_FREE || cache_bin(b->size) != i)
-        CACHE_BAD("arena %u: bin %u holds block %#lx (state %u, size %llu)",
-                  ai, i, (unsigned long)b->ptr, b->state,
-                  (unsigned long long)b->size);
-      if (inbins > nfree + 1) break; /* a cycle: counted below */
-    }
-  }
-  if (inbins != nfree)
-    CACHE_BAD("arena %u: %llu blocks in bins, %llu free", ai,
-              (unsigned long long)inbins, (unsigned long long)nfree);
-  if (a->hash_n != nout - npend)
-    CACHE_BAD("arena %u: hash holds %zu, %llu handed out, %llu of them "
-              "pending", ai, a->hash_n, (unsigned long long)nout,
-              (unsigned long long)npend);
-  uint64_t inlist = 0;
-  for (const struct cache_block *b = a->pending; b && inlist <= npend;
-       b = b->fnext)
-    inlist++;
-  if (inlist != npend || a->pending_n != npend)
-    CACHE_BAD("arena %u: pending list holds %llu (counted %zu), %llu pending",
-              ai, (unsigned long long)inlist, a->pending_n,
-              (unsigned long long)npend);
-  /* Event references: count the blocks naming each event. */
-  for (const struct cache_span *s = a->spans; s; s = s->next)
-    for (const struct cache_block *b = s->first; b; b = b->next) {
-      if (b->ev == NULL) continue;
-      uint32_t n = 0;
-      for (const struct cache_span *t = a->spans; t; t = t->next)
-        for (const struct cache_block *c = t->first; c; c = c->next) {
-          n += c->ev == b->ev;
-          for (uint32_t w = 0; w < c->n_waits; w++) n += c->waits[w] == b->ev;
-        }
-      if (n != b->ev->refs)
-        CACHE_BAD("arena %u: event named %u times has %u references", ai, n,
-                  b->ev->refs);
-    }
-  for (const struct cache_event *e = a->spare_events; e; e = e->next)
-    if (e->refs) CACHE_BAD("arena %u: spare event with references", ai);
-  if (mapped != a->mapped || idle != a->idle)
-    CACHE_BAD("arena %u: %llu pages mapped, %llu idle; counted %llu, %llu", ai,
-              (unsigned long long)mapped, (unsigned long long)idle,
-              (unsigned long long)a->mapped, (unsigned long long)a->idle);
-  if (a->peak_req < a->in_use_req)
-    CACHE_BAD("arena %u: peak in use %llu below in use %llu", ai,
-              (unsigned long long)a->peak_req,
-              (unsigned long long)a->in_use_req);
-  if (in_blocks != a->in_use_blocks || in_req != a->in_use_req)
-    CACHE_BAD("arena %u: handed out %llu (%llu asked), counted %llu (%llu)",
-              ai, (unsigned long long)in_blocks, (unsigned long long)in_req,
-              (unsigned long long)a->in_use_blocks,
-              (unsigned long long)a->in_use_req);
-  *held_sum += mapped * k->page;
-  *idle_sum += idle * k->page;
-  *req_sum += in_req;
-  *out_sum += in_blocks;
-  return bad;
-}
-
-int gmb__cache_check(struct gmb_cache *k) {
-  if (k == NULL) return 0;
-  int bad = 0;
-  uint64_t held = 0, idle = 0, req = 0, out = 0;
-  for (unsigned i = 0; i < k->n; i++) pthread_mutex_lock(&k->arena[i].mu);
-  for (unsigned i = 0; i < k->n; i++)
-    bad += cache_check_arena(k, &k->arena[i], i, &held, &idle, &req, &out);
-  if (held != atomic_load(&k->held) || idle != atomic_load(&k->idle) ||
-      req != atomic_load(&k->in_use) || out != atomic_load(&k->blocks_out))
-    CACHE_BAD("totals: held %llu, idle %llu, in use %llu, out %llu; arenas "
-              "sum to %llu, %llu, %llu, %llu",
-              (unsigned long long)atomic_load(&k->held),
-              (unsigned long long)atomic_load(&k->idle),
-              (unsigned long long)atomic_load(&k->in_use),
-              (unsigned long long)atomic_load(&k->blocks_out),
-              (unsigned long long)held, (unsigned long long)idle,
-              (unsigned long long)req, (unsigned long long)out);
-  if (atomic_load(&k->peak_in_use) < req || atomic_load(&k->peak_held) < held)
-    CACHE_BAD("a peak is below the current figure");
-  for (unsigned i = k->n; i-- > 0;) pthread_mutex_unlock(&k->arena[i].mu);
-  return bad;
 }

@@ -697,6 +697,125 @@ START_TEST(full_device_ignored_ask_falls_through) {
 }
 END_TEST
 
+/* --- page by page, live neighbours kept ------------------------------------ */
+
+/* A process that caches scattered free memory between live blocks: twelve
+ * blocks of 3 MiB back to back (18 pages), every other one freed, so that
+ * each freed block leaves one page with no block on it (6 idle pages, 12
+ * MiB) between pages that hold live ones.  It signals 'r', idles (only its
+ * library thread answers the broker), and on a byte from `go` checks that
+ * every live block still holds its pattern: exit 0 when all do. */
+struct scatter_arg {
+  const char *endpoint;
+  const char *tenant;
+  int ready, go;
+};
+
+static int scatter_child(void *arg) {
+  struct scatter_arg *a = arg;
+  gmb_client *c;
+  void *p[12];
+  CHILD_CHECK(gmb_connect(a->endpoint, a->tenant, &c) == 0, 2, "%s",
+              gmb_last_error(NULL));
+  for (int i = 0; i < 12; i++) {
+    CHILD_CHECK(gmb_malloc_async(c, 3 * MIB, NULL, &p[i]) == 0, 3, "%s",
+                gmb_last_error(c));
+    harness_pattern_fill(p[i], 3 * MIB, (uint64_t)i + 1);
+  }
+  for (int i = 1; i < 12; i += 2)
+    CHILD_CHECK(gmb_free_async(c, p[i], NULL) == 0, 4, "%s", gmb_last_error(c));
+  harness_pipe_send(a->ready, 'r');
+  CHILD_CHECK(harness_pipe_wait(a->go, 60000) == 'g', 5, "no go");
+  for (int i = 0; i < 12; i += 2)
+    CHILD_CHECK(harness_pattern_check(p[i], 3 * MIB, (uint64_t)i + 1) < 0, 6,
+                "live block %d changed", i);
+  gmb_disconnect(c);
+  return 0;
+}
+
+struct scatter {
+  pid_t pid;
+  int ready[2], go[2];
+  gmb_client *watch;
+};
+
+static int scatter_sees_cached(void *arg) {
+  return harness_stats_ok(((struct scatter *)arg)->watch).cached == 12 * MIB;
+}
+
+static void scatter_start(struct scatter *k, struct harness_broker *b,
+                          const char *tenant) {
+  ck_assert_int_eq(pipe(k->ready), 0);
+  ck_assert_int_eq(pipe(k->go), 0);
+  static struct scatter_arg a;
+  a = (struct scatter_arg){b->endpoint, tenant, k->ready[1], k->go[0]};
+  k->pid = harness_fork(scatter_child, &a);
+  ck_assert_int_eq(harness_pipe_wait(k->ready[0], HARNESS_WAIT_MS), 'r');
+  k->watch = harness_connect_ok(b, tenant);
+  ck_assert_msg(harness_poll_until(scatter_sees_cached, k, HARNESS_WAIT_MS),
+                "the broker sees %llu cached bytes",
+                (unsigned long long)harness_stats_ok(k->watch).cached);
+}
+
+/* Lets the child check its live blocks; 0 when they were intact. */
+static int scatter_end(struct scatter *k) {
+  harness_pipe_send(k->go[1], 'g');
+  int st = harness_wait(k->pid);
+  gmb_disconnect(k->watch);
+  for (int i = 0; i < 2; i++) {
+    close(k->ready[i]);
+    close(k->go[i]);
+  }
+  return st;
+}
+
+/* Another tenant's request on a full device: the pages between the
+ * cacher's live blocks go back, as many as were missing, and its live
+ * blocks are untouched. */
+START_TEST(page_wise_trim_across_tenants) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:48MiB", "[broker]\ntrim_wait_ms = 5000\n");
+  struct scatter a;
+  scatter_start(&a, &b, "sa");
+  ck_assert_uint_eq(harness_stats_ok(a.watch).used, 36 * MIB);
+  gmb_client *c = harness_connect_ok(&b, "sb");
+  gmb_id id;
+  /* 12 MiB of the device are free: 20 MiB lack 8, four of a's pages. */
+  int rc = gmb_alloc(c, 20 * MIB, 0, &id);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(c));
+  ck_assert_uint_eq(harness_stats_ok(a.watch).used, 28 * MIB);
+  ck_assert_uint_eq(harness_stats_ok(a.watch).cached, 4 * MIB);
+  ck_assert_int_eq(scatter_end(&a), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* Two processes of one tenant: the second's request past the quota is
+ * served from the first's pages between its live blocks. */
+START_TEST(page_wise_trim_within_a_tenant) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", "[broker]\ntrim_wait_ms = 5000\n"
+                       "[tenant:sq]\nquota = 40MiB\n");
+  struct scatter a;
+  scatter_start(&a, &b, "sq");
+  gmb_client *c = harness_connect_ok(&b, "sq");
+  void *p;
+  /* 36 + 10 > 40: 6 MiB, three idle pages, come back from a. */
+  int rc = gmb_malloc_async(c, 10 * MIB, NULL, &p);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(c));
+  gmb_stats st = harness_stats_ok(c);
+  ck_assert_uint_eq(st.used, 40 * MIB);
+  ck_assert_uint_le(st.peak, 40 * MIB);
+  ck_assert_uint_eq(st.cached, 3 * 2 * MIB); /* a's other three pages */
+  ck_assert_int_eq(scatter_end(&a), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cache", "cache", 60,
@@ -705,6 +824,7 @@ int main(void) {
       quota_with_cache,
       cached_reported_to_the_broker,
       quota_held_by_other_cache_asked_back,
+      page_wise_trim_across_tenants, page_wise_trim_within_a_tenant,
       killed_client_with_cache_reclaimed,
       cached_shown_per_tenant_and_session,
       full_device_idle_cache_of_other_tenant_given_back,

@@ -1,0 +1,160 @@
+/*
+ * cache_impl.h - the cache's records, shared by cache.c (the allocator)
+ * and cache_check.c (its figures and its checker).  Private to those two
+ * files; cache.c's opening paragraph says what the records mean and which
+ * invariants hold between them.
+ */
+#ifndef GMB_CACHE_IMPL_H
+#define GMB_CACHE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cache.h"
+
+#define CACHE_BINS 160
+#define CACHE_BITMAP_WORDS ((CACHE_BINS + 63) / 64)
+/* Scanning a bin for the best fit stops after this many blocks. */
+#define CACHE_SCAN_MAX 64
+#define CACHE_DEFAULT_ARENAS 4
+#define CACHE_HASH_MIN 64
+/* CUDA's pseudo handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
+#define CACHE_STREAM_LEGACY ((void *)(uintptr_t)0x1)
+#define CACHE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
+
+enum { CACHE_VIRT, CACHE_FREE, CACHE_LIVE, CACHE_MAPPING, CACHE_LOST };
+
+struct cache_event {
+  void *h;       /* the backend's event */
+  uint32_t refs; /* blocks that name it */
+  uint64_t seq;  /* the order of records in this arena */
+  struct cache_event *next; /* the arena's spare events */
+};
+
+struct cache_span;
+
+struct cache_block {
+  uintptr_t ptr;
+  uint64_t size;
+  uint64_t req; /* LIVE: the request, rounded to 512 */
+  struct cache_span *span;
+  struct cache_block *prev, *next;   /* the span's blocks, address order */
+  struct cache_block *fprev, *fnext; /* FREE: its bin list; VIRT: the
+                                        span's list; pending: the arena's */
+  struct cache_block *hnext;         /* handed out: its hash chain */
+  void *stream;                      /* FREE, pending: the stream of the free */
+  unsigned thread;                   /* ... its thread, for 0x2 */
+  struct cache_event *ev;            /* FREE not ready, pending: its event */
+  /* Handed out: other streams that use it (record_stream); pending: the
+   * events recorded on them at the free that have not completed yet. */
+  void **uses;
+  struct cache_event **waits;
+  uint32_t n_uses, cap_uses, n_waits;
+  uint8_t state;
+  uint8_t pending;
+  uint8_t ready;  /* FREE: usable by every stream */
+  uint8_t orphan; /* FREE: its stream took no event; ready after a sync */
+};
+
+struct cache_page {
+  struct gmb_cache_page pg; /* pg.id 0: not mapped */
+  uint32_t users;
+};
+
+struct cache_span {
+  uintptr_t base;
+  uint64_t size, npages;
+  struct cache_page *page;
+  struct cache_block *first;
+  struct cache_block *virt; /* its VIRT blocks */
+  struct cache_span *next;
+  int lost; /* holds LOST pages (destroy gives back around them) */
+};
+
+struct cache_arena {
+  pthread_mutex_t mu;
+  struct cache_block *bins[CACHE_BINS];
+  uint64_t bitmap[CACHE_BITMAP_WORDS];
+  struct cache_span *spans;
+  struct cache_block **hash; /* handed-out blocks by address */
+  size_t hash_cap, hash_n;
+  struct cache_block *pending; /* freed, waiting for their other streams */
+  size_t pending_n;
+  struct cache_event *spare_events;
+  uint64_t seq;
+  uint64_t mapped, idle; /* pages */
+  uint64_t in_use_blocks, in_use_req, peak_req;
+  uint64_t orphans; /* FREE blocks waiting for a sync */
+  uint64_t hits, misses, page_maps, page_frees, page_moves;
+};
+
+struct gmb_cache {
+  struct gmb_cache_ops ops;
+  unsigned n;
+  unsigned shift; /* log2 of the page */
+  uint64_t page, span;
+  struct cache_arena *arena;
+  /* Totals over the arenas, updated under the arena's lock. */
+  _Atomic uint64_t held, idle, in_use, blocks_out;
+  _Atomic uint64_t peak_in_use, peak_held;
+};
+
+/* --- small helpers both files use ------------------------------------ */
+
+/* 1 when (s1 of thread t1) and (s2 of thread t2) are one stream: the
+ * per-thread default stream is a different one on every thread. */
+static inline int cache_same_stream(void *s1, unsigned t1, void *s2, unsigned t2) {
+  return s1 == s2 && (s1 != CACHE_STREAM_PER_THREAD || t1 == t2);
+}
+
+static inline int cache_events(const struct gmb_cache *k) {
+  return k->ops.event_query != NULL;
+}
+
+static inline uint64_t cache_round(uint64_t v, uint64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+static inline uintptr_t cache_pfloor(const struct gmb_cache *k, uintptr_t p) {
+  return p & ~(uintptr_t)(k->page - 1);
+}
+
+static inline uintptr_t cache_pceil(const struct gmb_cache *k, uintptr_t p) {
+  return (p + k->page - 1) & ~(uintptr_t)(k->page - 1);
+}
+
+static inline struct cache_page *cache_pg(const struct gmb_cache *k,
+                                   const struct cache_span *s, uintptr_t p) {
+  return &s->page[(p - s->base) >> k->shift];
+}
+
+static inline int cache_live(const struct cache_block *b) {
+  return b && (b->state == CACHE_LIVE || b->state == CACHE_MAPPING);
+}
+
+static inline unsigned cache_bin(uint64_t size) {
+  uint64_t u = size / GMB_CACHE_ALIGN;
+  if (u < 4) return (unsigned)u;
+  unsigned fl = 63u - (unsigned)__builtin_clzll(u);
+  unsigned sl = (unsigned)(u >> (fl - 2)) & 3u;
+  unsigned b = 4u * fl + sl;
+  return b < CACHE_BINS ? b : CACHE_BINS - 1;
+}
+
+static inline size_t cache_hash_of(uintptr_t p, size_t cap) {
+  return (size_t)(((uint64_t)p / GMB_CACHE_ALIGN) *
+                  UINT64_C(0x9e3779b97f4a7c15) >> 20) & (cap - 1);
+}
+
+static inline int cache_mergeable(const struct cache_block *x,
+                           const struct cache_block *y) {
+  if (x->state != y->state) return 0;
+  if (x->state == CACHE_VIRT) return 1;
+  if (x->state != CACHE_FREE) return 0;
+  if (x->orphan || y->orphan) return 0;
+  if (x->ready || y->ready) return 1;
+  return cache_same_stream(x->stream, x->thread, y->stream, y->thread);
+}
+
+#endif /* GMB_CACHE_IMPL_H */
