@@ -59,6 +59,7 @@ static struct {
   uintptr_t at[MAX_PAGES]; /* id -> where it is mapped (0: not mapped) */
   int live[MAX_PAGES];     /* id handed out and not given back */
   uint64_t quota, held;
+  unsigned max_pages; /* 0: none; else GMB_E_NOMEM past it (seg_max) */
   unsigned maps, unmaps, frees, moves, records, queries, syncs;
   unsigned reserves, unreserves;
   int events_live;
@@ -108,6 +109,8 @@ static int be_map(void *ctx, uintptr_t addr, struct gmb_cache_page *pg) {
     if (be.at[i] == addr) be_misuse("map over a mapped page", (uint64_t)i, addr);
   if (be.quota && be.held + PAGE > be.quota) {
     rc = GMB_E_QUOTA;
+  } else if (be.max_pages && be.held / PAGE >= be.max_pages) {
+    rc = GMB_E_NOMEM; /* the broker's segment cap (its descriptor budget) */
   } else {
     int i = 1;
     while (i < MAX_PAGES && be.live[i]) i++;
@@ -233,6 +236,7 @@ static const struct gmb_cache_ops stream_ops = {
 
 static void be_reset(void) {
   be.quota = 0;
+  be.max_pages = 0;
   be.maps = be.unmaps = be.frees = be.moves = be.records = be.queries = 0;
   be.syncs = be.reserves = be.unreserves = 0;
   be.bad = 0;
@@ -809,6 +813,34 @@ START_TEST(quota_trims_and_retries_once) {
 }
 END_TEST
 
+/* The broker's segments capped (its descriptor budget spent): a request
+ * that needs a page more fails with GMB_E_NOMEM, after the idle pages
+ * went back and the request was tried once more; what lived stays intact
+ * and the cache stays sound. */
+START_TEST(descriptor_budget_exhausted) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&nomove_ops, 1);
+  be.max_pages = 4;
+  void *a, *b, *c;
+  ck_assert_int_eq(gmb__cache_alloc(k, 5 * MIB, NULL, &a), 0); /* 3 pages */
+  memset(a, 0x11, 5 * MIB);
+  ck_assert_int_eq(gmb__cache_alloc(k, 2 * MIB, NULL, &b), 0); /* 1 more */
+  ck_assert_int_eq(gmb__cache_free(k, b, NULL), 0);
+  /* 5 MiB more: the idle page goes back, and 3 pages are still too many. */
+  ck_assert_int_eq(gmb__cache_alloc(k, 5 * MIB, NULL, &c), GMB_E_NOMEM);
+  ck_assert_ptr_null(c);
+  ck_assert_uint_le(be.held, 4 * PAGE);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  ck_assert_int_eq(pages_agree(k), 0);
+  ck_assert_uint_eq(((unsigned char *)a)[5 * MIB - 1], 0x11);
+  /* What fits still comes. */
+  ck_assert_int_eq(gmb__cache_alloc(k, 2 * MIB, NULL, &c), 0);
+  ck_assert_int_eq(gmb__cache_free(k, c, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, a, NULL), 0);
+  done(k);
+}
+END_TEST
+
 START_TEST(trim_keeps_what_is_asked) {
   be_reset();
   struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
@@ -1211,6 +1243,7 @@ static Suite *suite(void) {
   tcase_add_test(t, record_stream_errors);
   tcase_add_test(t, quota_trims_and_retries_once);
   tcase_add_test(t, trim_keeps_what_is_asked);
+  tcase_add_test(t, descriptor_budget_exhausted);
   tcase_add_test(t, scattered_frees_trim_every_free_page);
   tcase_add_test(t, stress_host);
   tcase_add_test(t, stress_no_move);
