@@ -435,8 +435,8 @@ static struct cache_block *cache_virt_settle(struct cache_block *b) {
   return b;
 }
 
-/* A MAPPING block whose mapping failed becomes free memory where its
- * pages are mapped and VIRT where they are not, split at the page
+/* A MAPPING block whose mapping failed becomes free memory of `stream`
+ * (the request's) where its pages are mapped and VIRT where they are not, split at the page
  * boundaries where that changes; its users must already be counted off.
  * Its pages were filled lowest first, so it is at most three pieces
  * (mapped, unmapped, mapped: the free ends of its neighbours and the pages
@@ -444,7 +444,8 @@ static struct cache_block *cache_virt_settle(struct cache_block *b) {
  * (spare, taken when used), so that nothing here can fail.  Holds a's
  * lock. */
 static void cache_settle(struct gmb_cache *k, struct cache_arena *a,
-                         struct cache_block *b, struct cache_block **spare) {
+                         struct cache_block *b, struct cache_block **spare,
+                         void *stream) {
   struct cache_span *s = b->span;
   const uintptr_t end = b->ptr + b->size;
   unsigned used = 0;
@@ -462,8 +463,12 @@ static void cache_settle(struct gmb_cache *k, struct cache_arena *a,
                               end - cut, CACHE_MAPPING);
     }
     b->size = (rest ? cut : end) - b->ptr;
-    b->ready = 1;
-    b->stream = NULL;
+    /* Its mapped memory may be the free ends of neighbours that were
+     * usable on `stream` only: it stays `stream`'s (a later record of an
+     * event covers the rest too). */
+    b->ready = mapped && !cache_events(k);
+    b->stream = mapped && !b->ready ? stream : NULL;
+    b->thread = cache_me();
     b->ev = NULL;
     if (mapped) {
       b->state = CACHE_FREE;
@@ -920,7 +925,7 @@ static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
   pthread_mutex_lock(&a->mu);
   cache_users(k, a, m->span, m->ptr, m->ptr + m->size, -1);
   if (rc) {
-    cache_settle(k, a, m, spare);
+    cache_settle(k, a, m, spare, stream);
   } else {
     /* Every page of m is mapped: [xs, xs+need) is handed out, the rest
      * of m (in its new pages) is free memory. */
@@ -931,7 +936,8 @@ static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
       spare[0] = NULL;
       m->size = xs - m->ptr;
       m->state = CACHE_FREE;
-      m->ready = 1;
+      m->ready = 1; /* in new pages */
+      m->stream = NULL;
       cache_coalesce(a, m);
     }
     if (b->size > need) {

@@ -90,6 +90,11 @@
  * free bytes when nothing else carried it (at most one Heartbeat per
  * period: the report is rate-limited by this). */
 #define CLIENT_REPORT_MS 20u
+/* A trim ask on a GPU: tries of the trim, this far apart, while pages wait
+ * for their streams' events (at most 25 ms, a quarter of the broker's
+ * default bound). */
+#define CLIENT_TRIM_TRIES 11
+#define CLIENT_TRIM_RETRY_NS (2500 * 1000L)
 /* The longest a request's receive waits before the socket monitor is
  * read (client_call): how late a broker that vanished without a word is
  * noticed by a request waiting for it. */
@@ -507,8 +512,18 @@ static void client_trim_asked(gmb_client *c) {
   uint64_t want = atomic_exchange(&c->trim_want, 0);
   if (want == 0) return;
   if (c->cache) {
+    /* On a GPU a page whose free memory was last used on a stream goes
+     * back once an event recorded on that stream now has completed: the
+     * first trim records, the next ones find it done.  A few short tries,
+     * well inside the broker's bound, then the answer. */
     uint64_t cached = gmb__cache_cached(c->cache);
-    gmb__cache_trim(c->cache, cached > want ? cached - want : 0, 0, NULL);
+    uint64_t keep = cached > want ? cached - want : 0;
+    for (int i = 0; i < CLIENT_TRIM_TRIES; i++) {
+      gmb__cache_trim(c->cache, keep, 0, NULL);
+      if (!c->cuda || gmb__cache_cached(c->cache) <= keep) break;
+      struct timespec ts = {0, CLIENT_TRIM_RETRY_NS};
+      nanosleep(&ts, NULL);
+    }
   }
   /* The answer, after the pages' Frees (each waited for its reply): the
    * broker stops waiting for this session, whatever it could give (a

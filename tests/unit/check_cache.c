@@ -1168,6 +1168,12 @@ END_TEST
 START_TEST(stress_quota) { stress(&host_ops, 40 * MIB); }
 END_TEST
 
+/* The same with streams: a miss cut short by the quota leaves its range
+ * free for its own stream only (the free ends of neighbours in it may be
+ * another stream's work). */
+START_TEST(stress_streams_quota) { stress(&stream_ops, 40 * MIB); }
+END_TEST
+
 /* --- threads ----------------------------------------------------------- */
 
 static struct gmb_cache *tk;
@@ -1249,6 +1255,7 @@ static Suite *suite(void) {
   tcase_add_test(t, stress_no_move);
   tcase_add_test(t, stress_streams);
   tcase_add_test(t, stress_quota);
+  tcase_add_test(t, stress_streams_quota);
   tcase_add_test(t, threads_share_one_cache);
   suite_add_tcase(s, t);
   return s;
