@@ -165,9 +165,10 @@ struct rp_figures {
   uint64_t page_bound_failures; /* of the fragmentation failures */
   uint64_t in_use, peak;
   uint64_t tenant_in_use[RP_TENANTS_MAX];
-  /* --cache: each tenant's cache as its last answer had it, the bytes its
-   * slabs hold in all and the peak of that sum, and the requests that
-   * would have gone to the broker without the cache (allocs and frees). */
+  /* --cache: each tenant's cache as its last answer had it, the bytes
+   * their pages hold in all (each as of its last answer), the peak of the
+   * bytes held at one moment (rp_cache_peak), and the requests that would
+   * have gone to the broker without the cache (allocs and frees). */
   gmb_cache_stats tenant_cache[RP_TENANTS_MAX];
   uint64_t held, peak_held, uncached_requests;
   /* Per tenant: rounded bytes of live small allocations, and the 2 MiB
@@ -1069,7 +1070,7 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
 
 /* The broker's view of each tenant against the replay's: the bytes of what
  * the library said was allocated and not yet freed, or with the cache the
- * bytes its slabs hold, which must hold at least those.  Returns the
+ * bytes its pages hold, which must hold at least those.  Returns the
  * number of tenants that differ; `say` names them on stderr. */
 static uint64_t rp_accounting(struct rp_trace *tr, const struct rp_figures *fg,
                               const struct wire_admin_status *st, int cached,
@@ -1088,7 +1089,7 @@ static uint64_t rp_accounting(struct rp_trace *tr, const struct rp_figures *fg,
       rp_fail(0, "tenant %s: the broker counts %llu bytes in use, the "
               "replay %llu%s (%llu live)", row->name,
               (unsigned long long)row->used, (unsigned long long)want,
-              cached ? " in its cache's slabs" : "",
+              cached ? " in its cache's pages" : "",
               (unsigned long long)fg->tenant_in_use[t]);
   }
   return bad;
@@ -1326,13 +1327,13 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
   printf("peak bytes in use       %s\n",
          gmb__size_format(fg->peak, a, sizeof a));
   if (o->cache) {
-    printf("peak bytes held         %s (the caches' slabs; %.2fx the peak "
-           "in use)\n", gmb__size_format(cs.peak_held, a, sizeof a),
+    printf("peak bytes held         %s (the caches' pages at one moment; "
+           "%.2fx the peak in use)\n", gmb__size_format(cs.peak_held, a, sizeof a),
            fg->peak ? (double)cs.peak_held / (double)fg->peak : 0.0);
     printf("cache                   %llu hits, %llu misses (%.1f%% hits)\n",
            (unsigned long long)cs.hits, (unsigned long long)cs.misses,
            100.0 * hit_rate);
-    printf("broker requests         %llu (%llu slabs, %llu given back) "
+    printf("broker requests         %llu (%llu pages, %llu given back) "
            "instead of %llu\n", (unsigned long long)cs.requests,
            (unsigned long long)cs.slab_allocs,
            (unsigned long long)cs.slab_frees,
