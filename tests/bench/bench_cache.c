@@ -24,7 +24,8 @@
  * the transformer pattern for BENCH_STEPS/4 steps; the raw round trip is
  * BENCH_RTT (20000) messages of a bare DEALER to a ROUTER in a forked
  * process that answers at once.
- * Scattered free, then trim (run_trim): 2048 blocks of 4 KiB..1 MiB, 90 %
+ * Scattered free, then trim (run_trim): 1024 blocks of 16 KiB..8 MiB (the
+ * third such burst, the first two wholly freed), 90 %
  * of them freed in random order, then gmb_trim(c, 0): the bytes it gave
  * back against the bytes held in 2 MiB pages that hold no live block.
  * Then the elastic cases.  Through a quota (run_elastic): job A caches
@@ -354,8 +355,9 @@ static void run_serving(long ops, double rtt) {
   gmb_disconnect(p.c);
 }
 
-/* Scattered free, then trim: a burst of TRIM_BLOCKS blocks of 4 KiB..1 MiB
- * (log-uniform), 90 % of them freed in random order, then gmb_trim(c, 0).
+/* Scattered free, then trim: a burst of TRIM_BLOCKS blocks of 16 KiB..8 MiB
+ * (log-uniform, ~1.3 GiB in all: small blocks and blocks of many pages),
+ * the third of its kind (the first two wholly freed), 90 % of them freed in random order, then gmb_trim(c, 0).
  * What a trim could give back is the bytes held in pages that hold no live
  * block; the pages here are the 2 MiB pages of the address space
  * (TRIM_PAGE-aligned), counted from the live blocks' addresses, so the
@@ -363,8 +365,9 @@ static void run_serving(long ops, double rtt) {
  * them wherever the kernel puts them, so for it this is what pages would
  * give back, not what its slabs could).  Printed: held before, the live
  * blocks' pages, the difference (what a trim could give back), what the
- * trim gave back (held before - after), and the ratio of the two. */
-#define TRIM_BLOCKS 2048
+ * trim gave back (held before - after), the ratio of the two, and what
+ * the cache still holds after the trim, also over the live bytes. */
+#define TRIM_BLOCKS 1024
 #define TRIM_PAGE ((uintptr_t)2 << 20)
 static int cmp_uptr(const void *a, const void *b) {
   uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
@@ -378,11 +381,20 @@ static void run_trim(const char *label) {
   void **ptr = malloc(TRIM_BLOCKS * sizeof *ptr);
   size_t *len = malloc(TRIM_BLOCKS * sizeof *len);
   int *order = malloc(TRIM_BLOCKS * sizeof *order);
-  for (int i = 0; i < TRIM_BLOCKS; i++) {
-    len[i] = log_uniform(4096.0, 1048576.0);
-    if (gmb_malloc_async(c, len[i], NULL, &ptr[i]))
-      die("trim: malloc_async", gmb_last_error(c));
-    order[i] = i;
+  /* Two bursts made and wholly freed first, so that the measured one is
+   * cut from memory the cache already holds (as a job's later steps are),
+   * not laid out fresh. */
+  for (int round = 0; round < 3; round++) {
+    if (round > 0)
+      for (int i = 0; i < TRIM_BLOCKS; i++)
+        if (gmb_free_async(c, ptr[i], NULL))
+          die("trim: free_async", gmb_last_error(c));
+    for (int i = 0; i < TRIM_BLOCKS; i++) {
+      len[i] = log_uniform(16384.0, 8 * 1048576.0);
+      if (gmb_malloc_async(c, len[i], NULL, &ptr[i]))
+        die("trim: malloc_async", gmb_last_error(c));
+      order[i] = i;
+    }
   }
   for (int i = TRIM_BLOCKS - 1; i > 0; i--) { /* Fisher-Yates */
     int j = (int)(rnd() % (uint64_t)(i + 1)), t = order[i];
@@ -420,11 +432,14 @@ static void run_trim(const char *label) {
   uint64_t gave = st0.held - st1.held;
   printf("%strim.scattered blocks=%d freed=%d live_bytes=%llu held=%llu "
          "live_pages_bytes=%llu free_pages_bytes=%llu returned=%llu "
-         "returned_over_free_pages=%.3f trim_ms=%.2f\n",
+         "returned_over_free_pages=%.3f held_after=%llu "
+         "held_after_over_live=%.2f trim_ms=%.2f\n",
          label, TRIM_BLOCKS, freed, (unsigned long long)live,
          (unsigned long long)st0.held, (unsigned long long)live_pages,
          (unsigned long long)could, (unsigned long long)gave,
-         could ? (double)gave / (double)could : 1.0, ms);
+         could ? (double)gave / (double)could : 1.0,
+         (unsigned long long)st1.held,
+         (double)st1.held / (double)(live ? live : 1), ms);
   for (int i = freed; i < TRIM_BLOCKS; i++) gmb_free_async(c, ptr[order[i]], NULL);
   gmb_trim(c, 0);
   free(pg);
