@@ -39,19 +39,21 @@
  * The cache (--cache).  Each child then allocates with gmb_malloc_async
  * and frees with gmb_free_async on one stream (the legacy one; the host
  * device ignores streams), as the torch allocator and cudaMallocAsync do:
- * its session's cache serves the trace, asking the broker for slabs on a
- * miss.  Blocks are pinned, so `movable` means nothing and lock/unlock
- * are no-ops (counted, never failing); compaction cannot move slabs.
- * Each answer carries the cache's figures (gmb_cache_stats_get, no
- * message), so the replay knows each tenant's bytes held in slabs along
- * the trace: the peak of their sum beside the peak in use says what the
- * cache costs in memory, and its hits and misses what it saves in broker
- * requests (one per alloc and per free without it; a slab on a miss and a
- * slab given back with it).  The accounting check compares the broker's
- * bytes for each tenant with the slabs its cache holds.  A GMB_E_NOMEM
- * while other tenants' caches hold the free memory counts as a
- * fragmentation failure: the free total includes cached memory, which the
- * broker can ask back.
+ * its session's cache serves the trace, mapping 2 MiB pages from the
+ * broker on a miss.  Blocks are pinned, so `movable` means nothing and
+ * lock/unlock are no-ops (counted, never failing); compaction cannot move
+ * the caches' pages.  Each answer carries the cache's figures
+ * (gmb_cache_stats_get, no message), so the replay knows each tenant's
+ * bytes held in pages along the trace; the peak of the bytes all caches
+ * hold at one moment (rp_cache_peak: the other tenants' figures are read
+ * again whenever their last answers would set a new peak) beside the peak
+ * in use says what the cache costs in memory, and its hits and misses
+ * what it saves in broker requests (one per alloc and per free without
+ * it; with it, a page mapped on a miss and a page given back).  The
+ * accounting check compares the broker's bytes for each tenant with the
+ * pages its cache holds.  A GMB_E_NOMEM while other tenants' caches hold
+ * the free memory counts as a fragmentation failure: the free total
+ * includes cached memory, which the broker can ask back.
  *
  * Integrity.  Each allocation of 24 bytes or more gets three 8-byte stamps
  * (start, middle, end) written through gmb_lock when it is made; they are
@@ -163,9 +165,10 @@ struct rp_figures {
   uint64_t page_bound_failures; /* of the fragmentation failures */
   uint64_t in_use, peak;
   uint64_t tenant_in_use[RP_TENANTS_MAX];
-  /* --cache: each tenant's cache as its last answer had it, the bytes its
-   * slabs hold in all and the peak of that sum, and the requests that
-   * would have gone to the broker without the cache (allocs and frees). */
+  /* --cache: each tenant's cache as its last answer had it, the bytes
+   * their pages hold in all (each as of its last answer), the peak of the
+   * bytes held at one moment (rp_cache_peak), and the requests that would
+   * have gone to the broker without the cache (allocs and frees). */
   gmb_cache_stats tenant_cache[RP_TENANTS_MAX];
   uint64_t held, peak_held, uncached_requests;
   /* Per tenant: rounded bytes of live small allocations, and the 2 MiB
@@ -983,13 +986,13 @@ static void rp_baselines(struct rp_trace *tr, struct rp_figures *fg) {
   }
 }
 
-/* A tenant's cache as a child's answer has it: the sum of the bytes held
- * in slabs, and its peak. */
+/* A tenant's cache as a child's answer has it, and the sum over the
+ * tenants of the bytes of the pages their caches hold, each as of its
+ * tenant's last answer. */
 static void rp_cache_seen(struct rp_figures *fg, uint32_t t,
                           const gmb_cache_stats *cs) {
   fg->held = fg->held - fg->tenant_cache[t].held + cs->held;
   fg->tenant_cache[t] = *cs;
-  if (fg->held > fg->peak_held) fg->peak_held = fg->held;
 }
 
 static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
@@ -1067,7 +1070,7 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
 
 /* The broker's view of each tenant against the replay's: the bytes of what
  * the library said was allocated and not yet freed, or with the cache the
- * bytes its slabs hold, which must hold at least those.  Returns the
+ * bytes its pages hold, which must hold at least those.  Returns the
  * number of tenants that differ; `say` names them on stderr. */
 static uint64_t rp_accounting(struct rp_trace *tr, const struct rp_figures *fg,
                               const struct wire_admin_status *st, int cached,
@@ -1086,21 +1089,49 @@ static uint64_t rp_accounting(struct rp_trace *tr, const struct rp_figures *fg,
       rp_fail(0, "tenant %s: the broker counts %llu bytes in use, the "
               "replay %llu%s (%llu live)", row->name,
               (unsigned long long)row->used, (unsigned long long)want,
-              cached ? " in its cache's slabs" : "",
+              cached ? " in its cache's pages" : "",
               (unsigned long long)fg->tenant_in_use[t]);
   }
   return bad;
 }
 
-/* --cache: every child's figures as they are now (RP_STATS).  0, or -1
- * when a child is gone. */
-static int rp_cache_refresh(struct rp_trace *tr, struct rp_figures *fg) {
+/* --cache: every child's figures as they are now (RP_STATS), but tenant
+ * `except`'s (pass n_tenants for none).  0, or -1 when a child is gone. */
+static int rp_cache_refresh_but(struct rp_trace *tr, struct rp_figures *fg,
+                                size_t except) {
   for (size_t i = 0; i < tr->n_tenants; i++) {
+    if (i == except) continue;
     struct rp_op op = {.kind = RP_STATS, .tenant = (uint32_t)i};
     struct rp_result r;
     if (rp_call(&tr->tenants[i], &op, &r) != 0) return -1;
     rp_cache_seen(fg, (uint32_t)i, &r.cache);
   }
+  return 0;
+}
+
+static int rp_cache_refresh(struct rp_trace *tr, struct rp_figures *fg) {
+  return rp_cache_refresh_but(tr, fg, tr->n_tenants);
+}
+
+/* --cache, after tenant t's operation (its figures are those of its
+ * answer): the peak of the bytes all the caches hold at one moment.  The
+ * sum of each tenant's last answer is not that: a cache grows only in its
+ * own process's calls (a miss), but shrinks at any moment (its library
+ * thread gives pages back when the broker asks), so another tenant's last
+ * answer may count pages it has given back since - to the tenant whose
+ * operation just took them - and the sum may pass the capacity.  Stale
+ * figures are only ever too high, so when their sum stays within the peak
+ * so far the true sum does too; when it would set a new peak, the other
+ * tenants' figures are read again (RP_STATS) and their sum counts.  Each
+ * figure is read after the operation ended and none of them grows
+ * meanwhile, so the sum lies between the true sums at two moments after
+ * the operation; none passes what the broker's pages back (a cache counts
+ * a page off before it sends it back).  0, or -1 when a child is gone. */
+static int rp_cache_peak(struct rp_trace *tr, struct rp_figures *fg,
+                         uint32_t t) {
+  if (fg->held <= fg->peak_held) return 0;
+  if (rp_cache_refresh_but(tr, fg, t) != 0) return -1;
+  if (fg->held > fg->peak_held) fg->peak_held = fg->held;
   return 0;
 }
 
@@ -1296,13 +1327,13 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
   printf("peak bytes in use       %s\n",
          gmb__size_format(fg->peak, a, sizeof a));
   if (o->cache) {
-    printf("peak bytes held         %s (the caches' slabs; %.2fx the peak "
-           "in use)\n", gmb__size_format(cs.peak_held, a, sizeof a),
+    printf("peak bytes held         %s (the caches' pages at one moment; "
+           "%.2fx the peak in use)\n", gmb__size_format(cs.peak_held, a, sizeof a),
            fg->peak ? (double)cs.peak_held / (double)fg->peak : 0.0);
     printf("cache                   %llu hits, %llu misses (%.1f%% hits)\n",
            (unsigned long long)cs.hits, (unsigned long long)cs.misses,
            100.0 * hit_rate);
-    printf("broker requests         %llu (%llu slabs, %llu given back) "
+    printf("broker requests         %llu (%llu pages, %llu given back) "
            "instead of %llu\n", (unsigned long long)cs.requests,
            (unsigned long long)cs.slab_allocs,
            (unsigned long long)cs.slab_frees,
@@ -1393,6 +1424,12 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
       goto out;
     }
     rp_count(o, tr, op, &res, &fg);
+    if (o->cache && rp_cache_peak(tr, &fg, op->tenant) != 0) {
+      if (rp_stop) break;
+      rc = rp_fail(RP_EXIT_FAIL, "line %u: a client process is gone",
+                   op->line);
+      goto out;
+    }
   }
   if (rp_stop) {
     rc = rp_fail(RP_EXIT_FAIL, "interrupted");

@@ -7,9 +7,9 @@
 # tenant, one shared pool with quotas and no fragmentation (the floor), and
 # that pool with each tenant in 2 MiB pages of its own (paged: the floor of
 # a broker that isolates tenants, as this one must on a GPU).
-# The cache's rows add the bytes its slabs held at the peak (held_MiB,
-# against peak_MiB in use), its hit rate and the broker requests it made
-# (reqs; one per alloc and free without it).
+# The cache's rows add the peak of the bytes all the caches' pages held at
+# one moment (held_MiB, against peak_MiB in use), the hit rate and the
+# broker requests they made (reqs; one per alloc and free without it).
 #
 # Usage: tests/bench/frag.sh BUILD_DIR
 #
@@ -106,8 +106,8 @@ echo " free total was enough; page: of those, the ones no allocator with"
 echo " per-tenant 2 MiB pages could serve; static, floor, paged: the"
 echo " baselines' failures (paged: the floor with each tenant in 2 MiB"
 echo " pages of its own, what a broker that isolates tenants can reach);"
-echo " held: bytes of the caches' slabs at their peak (in use"
-echo " without the cache); hit%: requests the cache served without a slab;"
+echo " held: the peak of the bytes of the caches' pages at one moment (in"
+echo " use without the cache); hit%: requests served with no page mapped;"
 echo " reqs: alloc/free requests to the broker; JSON and series in $OUT)"
 
 # --- the plot ----------------------------------------------------------------

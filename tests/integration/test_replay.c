@@ -339,6 +339,45 @@ START_TEST(replay_cache_slab_counts_against_quota) {
 }
 END_TEST
 
+/* The peak held is the bytes all caches hold at one moment, never more
+ * than the device.  Tenant a's cache keeps 12 MiB of pages after its block
+ * is freed, and reports them to the broker within its library thread's
+ * tick (20 ms), which a's many small hits after it leave time for.  b's
+ * five pages then need 6 MiB of a's, which the broker asks a's cache to
+ * give back: a's library thread does, with no operation of a's in the
+ * trace after it.  The caches peak at different times (a at 12 MiB, b at
+ * 10 MiB), together never over 16 MiB; summing each tenant's last answer
+ * counted a's 12 MiB beside b's pages: 22 MiB on a 16 MiB device.  (Were
+ * a's report late, b's request would be refused: the bound holds too.) */
+START_TEST(replay_cache_peak_held_within_capacity) {
+  size_t cap = 256 * 1024, n = 0;
+  char *text = malloc(cap);
+  ck_assert_ptr_nonnull(text);
+  n += (size_t)snprintf(text + n, cap - n,
+                        "capacity 16MiB\nalloc a k1 12MiB\nfree a k1\n");
+  for (int i = 0; i < 5000; i++)
+    n += (size_t)snprintf(text + n, cap - n, "alloc a s%d 4KiB\nfree a s%d\n",
+                          i, i);
+  for (int j = 0; j < 5; j++)
+    n += (size_t)snprintf(text + n, cap - n, "alloc b j%d 2MiB\n", j);
+  for (int j = 0; j < 5; j++)
+    n += (size_t)snprintf(text + n, cap - n, "free b j%d\n", j);
+  ck_assert_uint_lt(n, cap);
+  struct replay_run r;
+  replay_ex(&r, text, "auto", 0, 1);
+  free(text);
+  ck_assert_msg(r.status == 0 && r.json, "%d:\n%s", r.status, r.out);
+  ck_assert_int_eq(jint(&r, "accounting_mismatches"), 0);
+  ck_assert_int_eq(jint(&r, "corrupted"), 0);
+  ck_assert_int_eq(jint(&r, "peak_bytes_in_use"), 12 << 20);
+  ck_assert_msg(jint(&r, "peak_bytes_held") >= 12 << 20 &&
+                    jint(&r, "peak_bytes_held") <= 16 << 20,
+                "peak_bytes_held %lld on a 16 MiB device (a peaked at 12 "
+                "MiB):\n%s", jint(&r, "peak_bytes_held"), r.out);
+  replay_done(&r);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "replay", "replay", 60,
@@ -348,5 +387,6 @@ int main(void) {
       replay_bad_trace_line,
       replay_auto_serves_fragmented_request,
       replay_cache_same_accounting,
-      replay_cache_slab_counts_against_quota));
+      replay_cache_slab_counts_against_quota,
+      replay_cache_peak_held_within_capacity));
 }
