@@ -3,7 +3,9 @@
  *
  * Pending connections live in a fixed table of GMB_FDCHAN_PENDING slots:
  * a flood of connections costs the broker that table and nothing more (the
- * excess is closed at accept).  Once a connection proves a session (its
+ * excess is closed at accept), and one uid at most
+ * GMB_FDCHAN_PENDING_PER_UID of its places: a user who holds connections
+ * open without a word keeps its own clients out, not others'.  Once a connection proves a session (its
  * secret, and SO_PEERCRED showing the session's uid) it moves to the
  * session (s->fdconn) and leaves the table.
  *
@@ -11,6 +13,15 @@
  * wrong secret and another uid's session get the same refusal, and a
  * segment of another tenant the same answer as one that does not exist.
  * Nothing read from a peer is trusted or asserted on.
+ *
+ * No client ever needs to send the broker a descriptor, and closing one a
+ * peer sent may block for as long as the peer chose (a TCP socket with
+ * SO_LINGER and unsent data; see proto/fdpass.c).  So the listener refuses
+ * descriptors (SO_PASSRIGHTS off, inherited by each connection), and where
+ * the kernel cannot refuse them (before Linux 6.16) every descriptor that
+ * arrives, and every connection that might hold some, is closed on the
+ * closer thread (gmb__fd_discard, gmb__fd_release), never on the loop.
+ * A session that sends one has broken the protocol: it ends.
  */
 #include "fdchan.h"
 
@@ -35,6 +46,7 @@
 
 struct fdchan_pending {
   int fd;               /* -1: a free slot */
+  uid_t uid;            /* the peer's (SO_PEERCRED at accept) */
   uint64_t deadline_ns; /* closed when not authenticated by then */
 };
 
@@ -50,6 +62,9 @@ int gmb__fdchan_open(struct gmb_broker *b, int listen_fd) {
   struct gmb_fdchan *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return GMB_E_SYSTEM;
   ch->listen_fd = listen_fd;
+  if (!gmb__fd_refuse_rights(listen_fd, 1))
+    log_info("descriptor channel: this kernel cannot refuse descriptors "
+             "(SO_PASSRIGHTS); any a client sends are closed off the loop");
   ch->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++) ch->pending[i].fd = -1;
   b->fdchan = ch;
@@ -60,8 +75,8 @@ void gmb__fdchan_close(struct gmb_broker *b) {
   struct gmb_fdchan *ch = b->fdchan;
   if (ch == NULL) return;
   for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++)
-    if (ch->pending[i].fd >= 0) close(ch->pending[i].fd);
-  if (ch->listen_fd >= 0) close(ch->listen_fd);
+    if (ch->pending[i].fd >= 0) gmb__fd_release(ch->pending[i].fd);
+  gmb__fd_release(ch->listen_fd); /* its backlog may hold connections */
   if (ch->spare_fd >= 0) close(ch->spare_fd);
   free(ch);
   b->fdchan = NULL;
@@ -86,13 +101,21 @@ void gmb__fdchan_each_pending(struct gmb_broker *b,
 
 static void fdchan_drop_pending(struct gmb_fdchan *ch,
                                struct fdchan_pending *p) {
-  close(p->fd);
+  gmb__fd_release(p->fd);
   p->fd = -1;
   ch->n_pending--;
   ch->gen++;
 }
 
-static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth;
+static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth, fdchan_rl_full;
+
+/* Pending connections of uid: a scan of the table, which is small. */
+static size_t fdchan_pending_of(const struct gmb_fdchan *ch, uid_t uid) {
+  size_t n = 0;
+  for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++)
+    if (ch->pending[i].fd >= 0 && ch->pending[i].uid == uid) n++;
+  return n;
+}
 
 void gmb__fdchan_accept(struct gmb_broker *b, uint64_t now) {
   struct gmb_fdchan *ch = b->fdchan;
@@ -105,7 +128,7 @@ void gmb__fdchan_accept(struct gmb_broker *b, uint64_t now) {
        * descriptor and close it: the client sees a hang-up and retries. */
       close(ch->spare_fd);
       fd = accept4(ch->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-      if (fd >= 0) close(fd);
+      if (fd >= 0) gmb__fd_release(fd);
       ch->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (gmb__log_allow(&fdchan_rl_emfile))
         log_warn("descriptor channel: out of descriptors: a connection "
@@ -118,17 +141,31 @@ void gmb__fdchan_accept(struct gmb_broker *b, uint64_t now) {
         log_warn("descriptor channel: accept: %s", strerror(errno));
       return;
     }
-    if (ch->n_pending == GMB_FDCHAN_PENDING) {
-      /* Whoever holds the table full waits for its own deadlines; a
-       * real client retries at its next connect. */
-      log_debug("descriptor channel: %d connections wait to authenticate; "
-                "one more refused", GMB_FDCHAN_PENDING);
-      close(fd);
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+      gmb__fd_release(fd); /* it can never prove a session */
+      continue;
+    }
+    const char *full = NULL;
+    if (ch->n_pending == GMB_FDCHAN_PENDING)
+      full = "in all"; /* whoever fills it waits for its own deadlines */
+    else if (cred.uid != 0 &&
+             fdchan_pending_of(ch, cred.uid) >= GMB_FDCHAN_PENDING_PER_UID)
+      full = "of this uid";
+    if (full) {
+      if (gmb__log_allow(&fdchan_rl_full))
+        log_warn("descriptor channel: a connection of uid %ld pid %ld "
+                 "refused: too many wait to authenticate %s%s",
+                 (long)cred.uid, (long)cred.pid, full,
+                 gmb__log_suppressed(&fdchan_rl_full));
+      gmb__fd_release(fd);
       continue;
     }
     for (size_t k = 0; k < GMB_FDCHAN_PENDING; k++) {
       if (ch->pending[k].fd >= 0) continue;
       ch->pending[k].fd = fd;
+      ch->pending[k].uid = cred.uid;
       ch->pending[k].deadline_ns = now + FDCHAN_AUTH_NS;
       ch->n_pending++;
       ch->gen++;
@@ -187,8 +224,14 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
   memset(&req, 0, sizeof req);
   int extra = -1;
   ssize_t n = gmb__fd_recv(p->fd, &req, sizeof req, &extra, MSG_DONTWAIT);
-  if (extra >= 0) close(extra); /* nobody asked it for one */
   if (n == -EAGAIN || n == -EWOULDBLOCK) return;
+  if (extra >= 0 || n == -EPROTO) {
+    /* Nobody asked it for a descriptor: closed off the loop, and so is
+     * the connection, without a word. */
+    gmb__fd_discard(extra);
+    fdchan_drop_pending(ch, p);
+    return;
+  }
   if (n <= 0) {
     fdchan_drop_pending(ch, p);
     return;
@@ -277,9 +320,11 @@ void gmb__fdchan_session_ready(struct gmb_broker *b, struct gmb_session *s) {
     int extra = -1;
     ssize_t n = gmb__fd_recv(s->fdconn, &req, sizeof req, &extra,
                              MSG_DONTWAIT);
-    if (extra >= 0) close(extra);
     if (n == -EAGAIN || n == -EWOULDBLOCK) return;
-    if (n == 0 || n == -ECONNRESET) {
+    if (extra >= 0 || n == -EPROTO) {
+      gmb__fd_discard(extra); /* off the loop: its close may block */
+      end = "it sent descriptors on its descriptor channel";
+    } else if (n == 0 || n == -ECONNRESET) {
       end = "its process exited (descriptor channel closed)";
     } else if (n < 0 || (size_t)n != sizeof req || req.magic != GMB_FD_MAGIC) {
       end = "it sent garbage on its descriptor channel";

@@ -7,7 +7,9 @@
  * has not proved a session yet ("pending") and every session's connection;
  * this module accepts, authenticates and answers.  Every resource a peer
  * can make it hold is bounded: at most GMB_FDCHAN_PENDING connections wait
- * to authenticate, each for at most GMB_FDCHAN_AUTH_MS; a session has one
+ * to authenticate, at most GMB_FDCHAN_PENDING_PER_UID of one uid (so that
+ * one local user cannot take every place and keep every other client
+ * out), each for at most GMB_FDCHAN_AUTH_MS; a session has one
  * connection; at most GMB_FDCHAN_BATCH messages of one connection are read
  * per round; a reply that cannot be sent at once (the peer does not read)
  * ends the session rather than wait.  A session's connection closing means
@@ -21,8 +23,9 @@
 #include "broker.h"
 #include "session.h"
 
-#define GMB_FDCHAN_PENDING 64   /* connections not yet authenticated */
-#define GMB_FDCHAN_AUTH_MS 5000 /* how long one may take to authenticate */
+#define GMB_FDCHAN_PENDING 256  /* connections not yet authenticated */
+#define GMB_FDCHAN_PENDING_PER_UID 16 /* of them, one uid's (root: no cap) */
+#define GMB_FDCHAN_AUTH_MS 2000 /* how long one may take to authenticate */
 #define GMB_FDCHAN_BATCH 16     /* messages read per connection per round */
 
 struct gmb_fdchan;

@@ -368,6 +368,10 @@ static void loop_reply_error(struct gmb_broker *b, enum gmb_socket which,
   gmb__reply_send(b, which, rid, rid_len, &rep);
 }
 
+/* Lines any local user can cause at will, one per message it sends:
+ * rate-limited, with a count of those left out. */
+static struct gmb_log_rl loop_rl_nocred, loop_rl_undecodable;
+
 /* Takes one message off socket `which`; 0 when one was handled, -1 when
  * none. */
 static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
@@ -399,13 +403,17 @@ static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
     loop_reply_error(b, which, r, rlen, GMB_E_PROTO,
                      "a request is one frame; multi-part message dropped");
   } else if (loop_peer_creds(&body, &peer) != 0) {
-    log_warn("message without peer credentials dropped");
+    if (gmb__log_allow(&loop_rl_nocred))
+      log_warn("message without peer credentials dropped%s",
+               gmb__log_suppressed(&loop_rl_nocred));
     loop_reply_error(b, which, r, rlen, GMB_E_AUTH,
                      "the broker cannot tell who sent this message");
   } else if (gmb__wire_request_decode(zmq_msg_data(&body),
                                       zmq_msg_size(&body), &req) != 0) {
-    log_warn("undecodable message (%zu bytes) from uid %u pid %d",
-             zmq_msg_size(&body), (unsigned)peer.uid, (int)peer.pid);
+    if (gmb__log_allow(&loop_rl_undecodable))
+      log_warn("undecodable message (%zu bytes) from uid %u pid %d%s",
+               zmq_msg_size(&body), (unsigned)peer.uid, (int)peer.pid,
+               gmb__log_suppressed(&loop_rl_undecodable));
     loop_reply_error(b, which, r, rlen, GMB_E_PROTO,
                      "the message does not decode as a gmb Request");
   } else {

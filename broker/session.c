@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
@@ -281,7 +282,7 @@ void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s) {
   ss->count--;
   ss->gen++;
   if (s->pidfd >= 0) close(s->pidfd);
-  if (s->fdconn >= 0) close(s->fdconn);
+  gmb__fd_release(s->fdconn); /* off the loop if a peer queued descriptors */
   free(s->segs);
   free(s->rid);
   free(s);

@@ -69,9 +69,43 @@ int gmb__fd_send(int sock, const void *msg, size_t len, int fd, int flags);
  * Receives one message into msg (at most cap bytes) and the descriptor
  * that came with it, if any, into *fd (-1 when none; close-on-exec).
  * More than one descriptor, or a message longer than cap, is refused:
- * everything that came is closed and -EPROTO returned.  Returns the
- * message's length (0: the peer hung up), or -errno.
+ * everything that came is discarded (gmb__fd_discard) and -EPROTO
+ * returned.  Returns the message's length (0: the peer hung up), or
+ * -errno.  A descriptor the caller did not want goes to gmb__fd_discard,
+ * never to close(): closing it may block for as long as its sender likes.
  */
 ssize_t gmb__fd_recv(int sock, void *msg, size_t cap, int *fd, int flags);
+
+/*
+ * Closes `fd`, a descriptor whose file a peer may have chosen (received
+ * with SCM_RIGHTS, or a connection on which a peer may have queued such
+ * descriptors), on a closer thread, so that a close that blocks (SO_LINGER,
+ * FUSE, ttys) blocks only that thread.  Never blocks the caller.  0, or
+ * -EAGAIN when the closer's bounded queue is full (or it could not start):
+ * the descriptor is then kept open, and counted, rather than closed here.
+ * Takes the descriptor in both cases; -1 is accepted and ignored.
+ */
+int gmb__fd_discard(int fd);
+/*
+ * Makes the listening socket `listen_fd` and every connection accepted from
+ * it refuse descriptors (SO_PASSRIGHTS off: a peer's sendmsg with
+ * SCM_RIGHTS fails with EPERM).  1 when the kernel does so (Linux 6.16 and
+ * later), 0 when it cannot: then descriptors may arrive and must go to
+ * gmb__fd_discard.  Remembered for gmb__fd_release.  With `refuse` 0 it
+ * lets them through, as an older kernel does (tests use it), and
+ * returns 0.
+ */
+int gmb__fd_refuse_rights(int listen_fd, int refuse);
+/*
+ * Closes a connection accepted from such a listener.  Where descriptors
+ * are refused, a plain close(); otherwise a peer may have queued
+ * descriptors in it, whose release happens at its close: it is shut down
+ * (the peer sees the hang-up at once) and closed by gmb__fd_discard.
+ */
+void gmb__fd_release(int conn);
+/* Descriptors waiting for the closer now, closed by it, and kept open
+ * because its queue was full. */
+void gmb__fd_discard_stats(uint64_t *queued, uint64_t *closed,
+                           uint64_t *kept);
 
 #endif /* GMB_FDPASS_H */

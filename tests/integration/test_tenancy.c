@@ -885,6 +885,54 @@ START_TEST(connection_flood) {
 }
 END_TEST
 
+struct flood_note {
+  struct harness_broker *b;
+  void *sock;
+  const char *msg;
+  size_t len;
+};
+
+/* One more undecodable message; 1 once the log counts those left out. */
+static int log_has_note(void *arg) {
+  struct flood_note *f = arg;
+  send_frame(f->sock, f->msg, f->len, 0);
+  expect_reply(f->sock, 0, GMB_E_PROTO, "garbage");
+  char *log = harness_broker_log(f->b);
+  int yes = log && strstr(log, "more like it, not logged") != NULL;
+  free(log);
+  return yes;
+}
+
+/* A local user sending undecodable messages as fast as it can made the
+ * broker write a log line for each (100,000 a second).  The line is
+ * rate-limited now: 2,000 messages, each still answered, give a handful of
+ * lines and a count of those left out. */
+START_TEST(undecodable_flood_log_bounded) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  void *s = harness_raw_open(b.endpoint);
+  static const char garbage[] = "\x07 this is not a protobuf \xff\xfe";
+  enum { N = 2000 };
+  for (int i = 0; i < N; i++) {
+    send_frame(s, garbage, sizeof garbage - 1, 0);
+    expect_reply(s, 0, GMB_E_PROTO, "garbage");
+  }
+  char *log = harness_broker_log(&b);
+  ck_assert_ptr_nonnull(log);
+  size_t lines = harness_count(log, "undecodable message");
+  ck_assert_msg(lines < N / 10, "%zu lines for %d messages", lines, N);
+  free(log);
+  /* The next line let through says how many were left out. */
+  struct flood_note fn = {&b, s, garbage, sizeof garbage - 1};
+  ck_assert_msg(harness_poll_until(log_has_note, &fn, HARNESS_WAIT_MS),
+                "no line counted the messages left out");
+  harness_raw_close(s);
+  gmb_client *c = harness_connect_ok(&b, "after"); /* and it serves on */
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "tenancy", "tenancy", 60,
@@ -893,5 +941,6 @@ int main(void) {
       bad_input,
       fd_channel_attacks,
       run_dir_squatted,
-      connection_flood));
+      connection_flood,
+      undecodable_flood_log_bounded));
 }

@@ -42,6 +42,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <grp.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "broker_fixture.h"
@@ -572,32 +574,36 @@ START_TEST(first_message_not_auth_closed) {
 }
 END_TEST
 
-/* At most GMB_FDCHAN_PENDING connections wait to authenticate; more are
- * closed at accept, and a freed place takes the next one. */
+/* At most room connections wait to authenticate, and
+ * room_PER_UID of one uid other than root; more are closed at
+ * accept, and a freed place takes the next one. */
 START_TEST(pending_table_bounded) {
   struct chan c;
   chan_open(&c);
-  enum { N = GMB_FDCHAN_PENDING + 6 };
-  int sock[N];
+  const int room = geteuid() == 0 ? GMB_FDCHAN_PENDING
+                                   : GMB_FDCHAN_PENDING_PER_UID;
+  enum { MAX = GMB_FDCHAN_PENDING + 6 };
+  const int N = room + 6;
+  int sock[MAX];
   for (int i = 0; i < N; i++) {
     sock[i] = cli_connect(&c);
     if (i % 8 == 7) accept_all(&c); /* before the backlog fills */
   }
   accept_all(&c);
-  ck_assert_uint_eq(pending_count(&c), GMB_FDCHAN_PENDING);
+  ck_assert_uint_eq(pending_count(&c), room);
   for (int i = 0; i < N; i++)
-    ck_assert_msg(i < GMB_FDCHAN_PENDING ? cli_quiet(sock[i])
+    ck_assert_msg(i < room ? cli_quiet(sock[i])
                                          : cli_hung_up(sock[i]),
                   "connection %d", i);
   /* The broker holds the listener's and the table's descriptors only. */
-  ck_assert_int_eq(fx_count_fds(), c.idle_fds + N + GMB_FDCHAN_PENDING);
+  ck_assert_int_eq(fx_count_fds(), c.idle_fds + N + room);
   /* One leaves: the next connection gets its place. */
   close(sock[3]);
   serve_pending(&c);
-  ck_assert_uint_eq(pending_count(&c), GMB_FDCHAN_PENDING - 1);
+  ck_assert_uint_eq(pending_count(&c), room - 1);
   int late = cli_connect(&c);
   accept_all(&c);
-  ck_assert_uint_eq(pending_count(&c), GMB_FDCHAN_PENDING);
+  ck_assert_uint_eq(pending_count(&c), room);
   ck_assert_int_eq(cli_quiet(late), 1);
   /* And it may authenticate like any other. */
   struct gmb_session *s = fx_hello(&c.f, "a", geteuid(), "");
@@ -606,10 +612,62 @@ START_TEST(pending_table_bounded) {
   int fd = -1;
   ck_assert_int_eq(cli_reply(late, &fd).status, 0);
   close(fd);
-  ck_assert_uint_eq(pending_count(&c), GMB_FDCHAN_PENDING - 1);
+  ck_assert_uint_eq(pending_count(&c), room - 1);
   close(late);
   for (int i = 0; i < N; i++)
     if (i != 3) close(sock[i]);
+  chan_close(&c);
+}
+END_TEST
+
+/* One uid that holds connections open without a word gets at most
+ * GMB_FDCHAN_PENDING_PER_UID places; the rest are closed at accept, and
+ * another uid's client still gets in and proves its session. */
+START_TEST(pending_capped_per_uid) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "pending_capped_per_uid: skipped: needs root to run a "
+            "process of another uid (pending_table_bounded checks the cap "
+            "on this uid)\n");
+    return;
+  }
+  struct chan c;
+  chan_open(&c);
+  ck_assert_int_eq(chmod(c.f.dir, 0755), 0); /* let uid 65534 reach it */
+  enum { FLOOD = GMB_FDCHAN_PENDING_PER_UID + 8 };
+  int ready[2], done[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(done), 0);
+  fflush(stderr);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char opened = 0;
+    if (setgroups(0, NULL) == 0 && setgid(65534) == 0 && setuid(65534) == 0)
+      for (int i = 0; i < FLOOD; i++)
+        if (cli_connect(&c) >= 0) opened++;
+    ssize_t w = write(ready[1], &opened, 1);
+    char b;
+    w = read(done[0], &b, 1); /* hold them until the test is done */
+    (void)w;
+    _exit(0);
+  }
+  char opened = 0;
+  ck_assert_int_eq(read(ready[0], &opened, 1), 1);
+  ck_assert_int_eq(opened, FLOOD);
+  for (int i = 0; i < 4; i++) accept_all(&c);
+  ck_assert_uint_eq(pending_count(&c), GMB_FDCHAN_PENDING_PER_UID);
+  /* Root's client gets a place and proves its session. */
+  struct gmb_session *s;
+  int sock = chan_session(&c, "victim", "", &s, NULL);
+  ck_assert_int_ge(s->fdconn, 0);
+  close(sock);
+  ck_assert_int_eq(write(done[1], "g", 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  close(ready[0]);
+  close(ready[1]);
+  close(done[0]);
+  close(done[1]);
   chan_close(&c);
 }
 END_TEST
@@ -622,24 +680,25 @@ START_TEST(pending_expires) {
   chan_open(&c);
   uint64_t t0 = gmb__now_ns();
   uint64_t auth = GMB_FDCHAN_AUTH_MS * GMB_NS_PER_MS;
-  ck_assert_uint_eq(auth, 5 * SEC);
+  ck_assert_uint_eq(auth, 2 * SEC);
   ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0), UINT64_MAX); /* none */
   int a = cli_connect(&c);
   accept_at(&c, t0);
   int b = cli_connect(&c);
-  accept_at(&c, t0 + 2 * SEC);
+  accept_at(&c, t0 + SEC);
   ck_assert_uint_eq(pending_count(&c), 2);
-  ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0 + SEC), auth - SEC);
+  ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0 + SEC / 2),
+                    auth - SEC / 2);
   ck_assert_uint_eq(pending_count(&c), 2);
-  /* Six seconds on: a's deadline passed, b's is a second away. */
+  /* 2.5 s on: a's deadline passed, b's is half a second away. */
   uint64_t gen = gmb__fdchan_gen(&c.f.b);
-  ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0 + 6 * SEC), SEC);
+  ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0 + 5 * SEC / 2), SEC / 2);
   ck_assert_uint_eq(pending_count(&c), 1);
   ck_assert_uint_ne(gmb__fdchan_gen(&c.f.b), gen);
   ck_assert_int_eq(cli_hung_up(a), 1);
   ck_assert_int_eq(cli_quiet(b), 1);
   /* Exactly at its deadline b goes too. */
-  ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0 + 2 * SEC + auth),
+  ck_assert_uint_eq(gmb__fdchan_expire(&c.f.b, t0 + SEC + auth),
                     UINT64_MAX);
   ck_assert_uint_eq(pending_count(&c), 0);
   ck_assert_int_eq(cli_hung_up(b), 1);
@@ -867,6 +926,13 @@ START_TEST(unknown_op_proto_session_lives) {
 }
 END_TEST
 
+/* The listener lets descriptors through, as a kernel before Linux 6.16
+ * does (SO_PASSRIGHTS), or refuses them again. */
+static void chan_rights(struct chan *c, int refuse) {
+  int got = gmb__fd_refuse_rights(gmb__fdchan_listener(&c->f.b), refuse);
+  if (!refuse) ck_assert_int_eq(got, 0);
+}
+
 /* Two descriptors in one message (fdpass.c refuses more than one). */
 static void send_two_fds(int sock, const void *msg, size_t len, int fd1,
                          int fd2) {
@@ -892,6 +958,7 @@ static void send_two_fds(int sock, const void *msg, size_t len, int fd1,
 START_TEST(session_garbage_ends_it) {
   struct chan c;
   chan_open(&c);
+  chan_rights(&c, 0); /* two descriptors must get through to be garbage */
   struct gmb_session *keep;
   int ksock = chan_session(&c, "keep", "", &keep, NULL);
   uid_t me = geteuid();
@@ -936,6 +1003,7 @@ START_TEST(session_garbage_ends_it) {
   ck_assert_uint_eq(keep->tenant->used, MIB);
   ck_assert_int_eq(cli_quiet(ksock), 1);
   close(ksock);
+  chan_rights(&c, 1);
   chan_close(&c);
 }
 END_TEST
@@ -1055,12 +1123,19 @@ END_TEST
 
 /* --- descriptors --------------------------------------------------------- */
 
-/* A descriptor that comes with a request is closed by the broker, whatever
- * the request: the write end of a pipe sent along is the only one left, so
- * the read end sees end-of-file exactly when the broker closed its copy. */
+/* A descriptor that comes with a request is closed by the broker, off its
+ * loop (the closer thread): the write end of a pipe sent along is the only
+ * one left, so the read end sees end-of-file once the broker's copy is
+ * closed.  Waits for it (the test's time limit bounds the wait). */
 static int fd_sent_is_closed(int rd) {
+  struct pollfd p = {.fd = rd, .events = POLLIN};
   char byte;
-  return read(rd, &byte, 1) == 0;
+  for (;;) {
+    if (poll(&p, 1, -1) < 0 && errno != EINTR) return 0;
+    ssize_t n = read(rd, &byte, 1);
+    if (n == 0) return 1;
+    if (n > 0 || (errno != EAGAIN && errno != EINTR)) return 0;
+  }
 }
 
 static int pipe_nb(int p[2]) {
@@ -1068,95 +1143,195 @@ static int pipe_nb(int p[2]) {
   return p[1];
 }
 
+
+/* No client ever sends the broker a descriptor: where the kernel can
+ * (SO_PASSRIGHTS), the channel refuses them, and a client's sendmsg with
+ * one fails with EPERM, before AUTH and after; the connection goes on. */
+START_TEST(fds_refused_by_kernel) {
+  struct chan c;
+  chan_open(&c);
+  int probe = cli_connect(&c);
+  int p[2];
+  struct gmb_fd_req auth = req_of(GMB_FD_AUTH, 1, 0, NULL);
+  int rc = gmb__fd_send(probe, &auth, sizeof auth, pipe_nb(p), 0);
+  close(probe);
+  close(p[0]);
+  close(p[1]);
+  if (rc == 0) {
+    printf("fds_refused_by_kernel: this kernel has no SO_PASSRIGHTS "
+           "(before Linux 6.16); fds_sent_to_broker_closed covers it\n");
+    chan_close(&c);
+    return;
+  }
+  ck_assert_int_eq(rc, -EPERM);
+  accept_all(&c);
+  serve_pending(&c);
+  struct gmb_session *s;
+  int sock = chan_session(&c, "a", "", &s, NULL);
+  uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
+  struct gmb_fd_req r = req_of(GMB_FD_SEGMENT, s->id, seg, NULL);
+  ck_assert_int_eq(gmb__fd_send(sock, &r, sizeof r, pipe_nb(p), 0), -EPERM);
+  close(p[0]);
+  close(p[1]);
+  ck_assert_int_eq(cli_quiet(sock), 1);
+  close(must_segment(&c, sock, s, seg, 2 * MIB));
+  close(sock);
+  chan_close(&c);
+}
+END_TEST
+
+/* Where descriptors get through, each one that comes with a request is
+ * closed off the loop and the connection is dropped: before AUTH without a
+ * word, after it the session ends.  Nothing is left open. */
 START_TEST(fds_sent_to_broker_closed) {
   struct chan c;
   chan_open(&c);
+  chan_rights(&c, 0);
   struct gmb_session *s = fx_hello(&c.f, "a", geteuid(), "");
   uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
-  int before = fx_count_fds();
   int p[2];
 
-  /* With a refused AUTH. */
+  /* With a refused AUTH, a first message that is not AUTH, a good AUTH:
+   * the connection is dropped all the same, the session not proved. */
+  struct gmb_fd_req first[3] = {
+      req_of(GMB_FD_AUTH, s->id + 1, 0, s->secret),
+      req_of(GMB_FD_SEGMENT, s->id, seg, NULL),
+      req_of(GMB_FD_AUTH, s->id, 0, s->secret),
+  };
+  for (int i = 0; i < 3; i++) {
+    int sock = cli_connect(&c);
+    accept_all(&c);
+    cli_send(sock, &first[i], pipe_nb(p));
+    close(p[1]);
+    serve_pending(&c);
+    ck_assert_uint_eq(pending_count(&c), 0);
+    ck_assert_msg(cli_hung_up(sock), "case %d not closed", i);
+    ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
+    close(p[0]);
+    close(sock);
+  }
+  ck_assert_int_eq(s->fdconn, -1);
+
+  /* From a session: it ends, and its connection is closed. */
+  for (int two = 0; two < 2; two++) {
+    char rid[8];
+    snprintf(rid, sizeof rid, "s%d", two);
+    struct gmb_session *t;
+    int sock = chan_session(&c, rid, "", &t, NULL);
+    uint64_t id = t->id;
+    struct gmb_fd_req r = req_of(GMB_FD_SEGMENT, id, seg, NULL);
+    int q[2] = {-1, -1};
+    if (two) {
+      pipe_nb(p);
+      pipe_nb(q);
+      send_two_fds(sock, &r, sizeof r, p[1], q[1]);
+      close(q[1]);
+    } else {
+      cli_send(sock, &r, pipe_nb(p));
+    }
+    close(p[1]);
+    ck_assert_int_eq(serve_session(&c, id), 0);
+    ck_assert_ptr_null(gmb__session_by_id(c.f.b.sessions, id));
+    ck_assert_int_eq(cli_hung_up(sock), 1);
+    ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
+    close(p[0]);
+    if (two) {
+      ck_assert_int_eq(fd_sent_is_closed(q[0]), 1);
+      close(q[0]);
+    }
+    close(sock);
+  }
+  chan_rights(&c, 1);
+  chan_close(&c);
+}
+END_TEST
+
+/* A TCP socket with SO_LINGER set and unsent data toward a peer that never
+ * reads: its last close() waits until the data is sent or the linger time
+ * is up (an hour here).  Returns it; *hold is the listener that keeps its
+ * peer alive (close it to end the wait). */
+static int lingering_socket(int *hold) {
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(l, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  ck_assert_int_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+  ck_assert_int_eq(listen(l, 1), 0);
+  ck_assert_int_eq(getsockname(l, (struct sockaddr *)&a, &al), 0);
+  int t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(t, 0);
+  int small = 4096;
+  setsockopt(t, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  ck_assert_int_eq(connect(t, (struct sockaddr *)&a, sizeof a), 0);
+  /* The peer is never accepted: its receive window fills, then ours. */
+  ck_assert_int_eq(fcntl(t, F_SETFL, O_NONBLOCK), 0);
+  static char junk[65536];
+  size_t sent = 0;
+  for (;;) {
+    ssize_t n = send(t, junk, sizeof junk, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += (size_t)n;
+      continue;
+    }
+    if (errno == EINTR) continue;
+    ck_assert_int_eq(errno, EAGAIN);
+    struct pollfd pw = {.fd = t, .events = POLLOUT};
+    if (poll(&pw, 1, 200) == 0) break; /* stays full: the peer reads no more */
+  }
+  ck_assert_uint_gt(sent, 0);
+  struct linger lg = {.l_onoff = 1, .l_linger = 3600};
+  ck_assert_int_eq(setsockopt(t, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+  *hold = l;
+  return t;
+}
+
+/* The attack: a message carrying a socket whose close blocks.  Closed on
+ * the loop, it stopped the broker for as long as the sender chose; now it
+ * is closed on the closer thread and the loop goes on at once, before
+ * AUTH and from a session.  (Where the kernel refuses descriptors,
+ * fds_refused_by_kernel: the message cannot even be sent.) */
+START_TEST(fd_with_linger_closed_off_loop) {
+  struct chan c;
+  chan_open(&c);
+  chan_rights(&c, 0);
+  uint64_t queued0, closed0, kept0;
+  gmb__fd_discard_stats(&queued0, &closed0, &kept0);
+  int hold[2];
+  int t = lingering_socket(&hold[0]);
   int sock = cli_connect(&c);
   accept_all(&c);
-  struct gmb_fd_req bad = req_of(GMB_FD_AUTH, s->id + 1, 0, s->secret);
-  cli_send(sock, &bad, pipe_nb(p));
-  close(p[1]);
-  serve_pending(&c);
-  cli_refused(sock, GMB_E_AUTH);
-  ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
-  close(p[0]);
-  close(sock);
-  ck_assert_int_eq(fx_count_fds(), before);
-
-  /* With a first message that is not AUTH. */
-  sock = cli_connect(&c);
-  accept_all(&c);
-  struct gmb_fd_req first = req_of(GMB_FD_SEGMENT, s->id, seg, NULL);
-  cli_send(sock, &first, pipe_nb(p));
-  close(p[1]);
-  serve_pending(&c);
-  cli_refused(sock, GMB_E_PROTO);
-  ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
-  close(p[0]);
-  close(sock);
-  ck_assert_int_eq(fx_count_fds(), before);
-
-  /* With a good AUTH: the session is proved all the same. */
-  sock = cli_connect(&c);
-  accept_all(&c);
-  struct gmb_fd_req auth = req_of(GMB_FD_AUTH, s->id, 0, s->secret);
-  cli_send(sock, &auth, pipe_nb(p));
-  close(p[1]);
-  serve_pending(&c);
-  int fd = -1;
-  ck_assert_int_eq(cli_reply(sock, &fd).status, 0);
-  close(fd);
-  ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
-  close(p[0]);
-  ck_assert_int_ge(s->fdconn, 0);
-  /* The client's socket and the broker's end (pending, now the session's). */
-  ck_assert_int_eq(fx_count_fds(), before + 2);
-
-  /* With a SEGMENT request: answered with the segment's descriptor. */
-  cli_send(sock, &first, pipe_nb(p));
-  close(p[1]);
-  ck_assert_int_eq(serve_session(&c, s->id), 1);
-  struct gmb_fd_rep rep = cli_reply(sock, &fd);
-  ck_assert_int_eq(rep.status, 0);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
-  ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
-  close(p[0]);
-
-  /* With an unknown request. */
-  struct gmb_fd_req unk = req_of(42, s->id, 0, NULL);
-  cli_send(sock, &unk, pipe_nb(p));
-  close(p[1]);
-  ck_assert_int_eq(serve_session(&c, s->id), 1);
-  cli_refused(sock, GMB_E_PROTO);
-  ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
-  close(p[0]);
-  ck_assert_int_eq(fx_count_fds(), before + 2);
-
-  /* Two at once: both closed, and that is garbage (the session ends). */
-  int q[2];
-  pipe_nb(p);
-  pipe_nb(q);
-  send_two_fds(sock, &first, sizeof first, p[1], q[1]);
-  close(p[1]);
-  close(q[1]);
-  uint64_t id = s->id;
-  ck_assert_int_eq(serve_session(&c, id), 0);
-  ck_assert_int_eq(fd_sent_is_closed(p[0]), 1);
-  ck_assert_int_eq(fd_sent_is_closed(q[0]), 1);
-  close(p[0]);
-  close(q[0]);
+  struct gmb_fd_req auth = req_of(GMB_FD_AUTH, 1, 0, NULL);
+  cli_send(sock, &auth, t);
+  close(t); /* the broker's copy is the last */
+  serve_pending(&c); /* before: blocked here for an hour */
+  ck_assert_uint_eq(pending_count(&c), 0);
   ck_assert_int_eq(cli_hung_up(sock), 1);
   close(sock);
-  /* Ending the session freed its segment (and its descriptor) too. */
-  gmb__pool_trim(c.f.b.pool);
-  ck_assert_int_eq(fx_count_fds(), c.idle_fds);
+
+  struct gmb_session *s;
+  sock = chan_session(&c, "a", "", &s, NULL);
+  uint64_t id = s->id;
+  t = lingering_socket(&hold[1]);
+  struct gmb_fd_req r = req_of(GMB_FD_SEGMENT, id, 1, NULL);
+  cli_send(sock, &r, t);
+  close(t);
+  ck_assert_int_eq(serve_session(&c, id), 0); /* ended, not stuck */
+  ck_assert_int_eq(cli_hung_up(sock), 1);
+  close(sock);
+  /* Both went to the closer, none kept open. */
+  uint64_t queued, closed, kept;
+  gmb__fd_discard_stats(&queued, &closed, &kept);
+  ck_assert_uint_eq(kept, kept0);
+  ck_assert_uint_ge(queued + closed, queued0 + closed0 + 1);
+  /* And the broker serves the next client. */
+  struct gmb_session *n;
+  int next = chan_session(&c, "b", "", &n, NULL);
+  ck_assert_int_ge(n->fdconn, 0);
+  close(next);
+  close(hold[0]); /* their peers go: the closer's waits end */
+  close(hold[1]);
+  chan_rights(&c, 1);
   chan_close(&c);
 }
 END_TEST
@@ -1267,6 +1442,7 @@ static Suite *fdchan_suite(void) {
   tcase_add_test(tc, auth_second_channel_limit);
   tcase_add_test(tc, first_message_not_auth_closed);
   tcase_add_test(tc, pending_table_bounded);
+  tcase_add_test(tc, pending_capped_per_uid);
   tcase_add_test(tc, pending_expires);
   tcase_add_test(tc, short_first_message_echoes_nothing);
   suite_add_tcase(s, tc);
@@ -1286,7 +1462,9 @@ static Suite *fdchan_suite(void) {
   suite_add_tcase(s, tc);
 
   tc = tcase_create("descriptors");
+  tcase_add_test(tc, fds_refused_by_kernel);
   tcase_add_test(tc, fds_sent_to_broker_closed);
+  tcase_add_test(tc, fd_with_linger_closed_off_loop);
   tcase_add_test(tc, fd_count_back_to_idle);
   suite_add_tcase(s, tc);
   return s;
