@@ -120,12 +120,9 @@ int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
                      struct wire_reply *rep) {
   int rc = gmb__tenant_fits(t, rounded);
   if (rc) {
-    char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
-    gmb__reply_fail(rep, rc, "tenant %s: %s more would pass its quota of %s "
-                    "(%s in use)", t->name,
-                    gmb__size_format(rounded, r, sizeof r),
-                    gmb__size_format(t->quota, q, sizeof q),
-                    gmb__size_format(t->used, u, sizeof u));
+    char why[256];
+    gmb__tenant_quota_why(t, rounded, why, sizeof why);
+    gmb__reply_fail(rep, rc, "%s", why);
   }
   return rc;
 }

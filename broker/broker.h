@@ -56,6 +56,8 @@ struct gmb_waitq {
   size_t held_nowait;   /* of held, requests that did not ask to wait */
   size_t held_quota;    /* of held, requests held for their tenant's quota */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
+  uint64_t next_unblock_ns; /* no waiter stops blocking others before
+                               (waitq.c, WAITQ_BLOCK_MS; 0: look) */
 };
 
 /* Cached memory asked back from the clients' caches (reclaim.c). */

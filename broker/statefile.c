@@ -10,6 +10,14 @@
  * and the directory fsync'd; only then does the copy replace the table.
  * So a crash at any point leaves the old file or the new one, never a
  * mixture, and a change the file does not hold is never in force.
+ *
+ * The file sets limits, so whoever can write it commands the broker.  It
+ * is read only when it is a regular file (not followed through a symbolic
+ * link) owned by the broker's effective uid or by root and writable by no
+ * one else; otherwise the broker refuses it and names the owner and mode
+ * it wants.  A line that does not parse is reported by its number and a
+ * reason, never quoted: a file the broker was pointed at may hold what
+ * its author should not see in the log (a hard link to /etc/shadow).
  */
 #include "statefile.h"
 
@@ -135,14 +143,15 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
       size_t n = strlen(s);
       if (s[n - 1] != ']' || strncmp(s, "[tenant:", 8) != 0) {
         rc = state_fail(err, errcap, path, line,
-                        "bad section '%.80s' (want [tenant:NAME])", s);
+                        "bad section header (want [tenant:NAME])");
         break;
       }
       s[n - 1] = '\0';
       const char *name = s + 8;
       if (!gmb__name_valid(name)) {
-        rc = state_fail(err, errcap, path, line, "bad tenant name '%.80s'",
-                        name);
+        rc = state_fail(err, errcap, path, line,
+                        "bad tenant name (want 1 to 63 of A-Z a-z 0-9 . _ -, "
+                        "not starting with . or -)");
         break;
       }
       struct state_entry *dup = state_find(out, name);
@@ -163,8 +172,7 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
     char *eq = strchr(s, '=');
     if (eq == NULL) {
       rc = state_fail(err, errcap, path, line,
-                      "syntax error '%.80s' (want key = value or [tenant:NAME])",
-                      s);
+                      "syntax error (want key = value or [tenant:NAME])");
       break;
     }
     *eq = '\0';
@@ -172,13 +180,14 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
     if (cur == NULL) {
       if (strcmp(key, "version") != 0) {
         rc = state_fail(err, errcap, path, line,
-                        "unknown key '%.80s' outside a tenant section", key);
+                        "unknown key outside a tenant section (only "
+                        "version = 1 may come before [tenant:NAME])");
         break;
       }
       if (strcmp(val, "1") != 0) {
         rc = state_fail(err, errcap, path, line,
-                        "version '%.40s' is not one this broker reads (1)",
-                        val);
+                        "version is not one this broker reads (want "
+                        "version = 1)");
         break;
       }
       seen_version = 1;
@@ -189,8 +198,8 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
                                               : -1;
     if (field < 0) {
       rc = state_fail(err, errcap, path, line,
-                      "[tenant:%s] unknown key '%.80s' (want quota or reserve)",
-                      cur->name, key);
+                      "[tenant:%s] unknown key (want quota or reserve)",
+                      cur->name);
       break;
     }
     if (cur->has[field]) {
@@ -201,7 +210,8 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
     uint64_t v;
     if (gmb__size_parse(val, &v) != 0) {
       rc = state_fail(err, errcap, path, line,
-                      "[tenant:%s] %s: bad size '%.80s'", cur->name, key, val);
+                      "[tenant:%s] %s: bad size (want bytes, or a number "
+                      "with KiB, MiB, GiB, ...)", cur->name, key);
       break;
     }
     cur->has[field] = 1;
@@ -212,7 +222,7 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
                                 strerror(errno));
   free(buf);
   if (rc == 0 && line > 0 && !seen_version && out->n > 0)
-    rc = state_fail(err, errcap, path, 1, "no 'version = 1' line: not a gmb "
+    rc = state_fail(err, errcap, path, 1, "no version = 1 line: not a gmb "
                     "state file?");
   for (size_t i = 0; rc == 0 && i < out->n; i++) {
     const struct state_entry *e = &out->e[i];
@@ -226,19 +236,68 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
   return rc;
 }
 
+/*
+ * Opens `path` for reading when it may be trusted: a regular file, not a
+ * symbolic link, owned by the broker's effective uid or root, with no
+ * group or other write bit.  Returns 0 with *fdp the descriptor, or -1
+ * when there is no file; or a negative GMB_E* code with `err` set.  O_NONBLOCK
+ * keeps a planted FIFO from blocking the broker in open().
+ */
+static int state_open(const char *path, int *fdp, char *err, size_t errcap) {
+  *fdp = -1;
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return 0;
+    if (errno == ELOOP) {
+      snprintf(err, errcap, "%s: refused: it is a symbolic link (the state "
+               "file must be a regular file owned by uid %u or root, mode "
+               "0644 or stricter)", path, (unsigned)geteuid());
+      return GMB_E_AUTH;
+    }
+    snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno));
+    return GMB_E_SYSTEM;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    snprintf(err, errcap, "%s: cannot stat: %s", path, strerror(errno));
+    close(fd);
+    return GMB_E_SYSTEM;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    snprintf(err, errcap, "%s: cannot read: not a regular file", path);
+    close(fd);
+    return GMB_E_SYSTEM;
+  }
+  if ((st.st_uid != geteuid() && st.st_uid != 0) ||
+      (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    snprintf(err, errcap, "%s: refused: owned by uid %u with mode %04o; the "
+             "state file must be owned by uid %u (the broker) or root and "
+             "writable by no one else (mode 0644 or stricter), since whoever "
+             "writes it sets quotas", path, (unsigned)st.st_uid,
+             (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+    close(fd);
+    return GMB_E_AUTH;
+  }
+  *fdp = fd;
+  return 0;
+}
+
 /* Reads `path` into *out: 0 (a missing file is an empty table) or an
  * error. */
 static int state_read(const char *path, struct state_table *out, char *err,
                       size_t errcap) {
   out->e = NULL;
   out->n = 0;
-  FILE *f = fopen(path, "r");
+  int fd;
+  int rc = state_open(path, &fd, err, errcap);
+  if (rc != 0 || fd < 0) return rc;
+  FILE *f = fdopen(fd, "r");
   if (f == NULL) {
-    if (errno == ENOENT) return 0;
     snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno));
+    close(fd);
     return GMB_E_SYSTEM;
   }
-  int rc = state_parse(path, f, out, err, errcap);
+  rc = state_parse(path, f, out, err, errcap);
   fclose(f);
   return rc;
 }

@@ -16,6 +16,13 @@
  * tenant changes, so that the reservation rule costs O(1) per allocation.
  * Every change of `reserve` or `segment_bytes` goes through
  * tenant_short_update(); gmb__tenant_check() recounts the sum.
+ *
+ * Uid budgets (tenant.h) live in a short list, one record per uid that has
+ * an ad-hoc tenant, counted by the tenants pointing to it and freed with
+ * the last.  A tenant joins its owner's budget when it gets its owner and
+ * leaves it when it is configured or an operator sets its quota; bytes it
+ * charged while a member stay charged to the budget until freed, so the
+ * budget's sum never drifts.
  */
 #include "tenant.h"
 
@@ -46,11 +53,22 @@ static int tenant_cmp(const struct tenant_node *a, const struct tenant_node *b) 
 RB_HEAD(tenant_tree, tenant_node);
 RB_GENERATE_STATIC(tenant_tree, tenant_node, link, tenant_cmp)
 
+/* The shared budget of one uid's ad-hoc tenants. */
+struct gmb_uid_budget {
+  struct gmb_uid_budget *next;
+  uid_t uid;
+  unsigned refs;   /* tenants pointing to it */
+  uint64_t used;   /* sum of their budget_charged */
+  uint64_t limit;  /* gmb__tenants_uid_budget(), fixed at start; 0: none */
+};
+
 struct gmb_tenants {
   struct tenant_tree tree;
   size_t count;
   struct gmb_pool *pool;
   uint64_t default_quota;
+  uint64_t uid_budget;    /* default_quota (0: no budget) */
+  struct gmb_uid_budget *budgets;
   uint64_t reserve_short; /* sum of max(0, reserve - segment_bytes) */
   uint32_t max_per_uid;   /* tenants a uid may make by first use; 0: any */
   size_t reserving;       /* tenants with a reservation */
@@ -69,6 +87,52 @@ static void tenant_short_update(struct gmb_tenants *ts, struct gmb_tenant *t,
   t->reserve = reserve;
   t->segment_bytes = segment_bytes;
   ts->reserve_short = ts->reserve_short - before + tenant_short(t);
+}
+
+/* Makes ad-hoc t (owned, not configured, quota not set) a member of its
+ * owner's budget.  0, or -1 out of host memory (then t has no budget and
+ * only its own quota limits it: the log says so). */
+static int tenant_budget_join(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  GMB_ASSERT(t->has_owner && t->budget == NULL && "budget joined twice");
+  if (t->configured || t->quota_set) return 0;
+  struct gmb_uid_budget *bu = ts->budgets;
+  while (bu && bu->uid != t->owner_uid) bu = bu->next;
+  if (bu == NULL) {
+    bu = calloc(1, sizeof *bu);
+    if (bu == NULL) {
+      log_error("tenant %s: out of host memory for uid %u's budget",
+                t->name, (unsigned)t->owner_uid);
+      return -1;
+    }
+    bu->uid = t->owner_uid;
+    bu->limit = ts->uid_budget;
+    bu->next = ts->budgets;
+    ts->budgets = bu;
+  }
+  bu->refs++;
+  t->budget = bu;
+  return 0;
+}
+
+/* Drops t's pointer to its budget as t is removed (holding nothing, so
+ * it has no bytes charged there), freeing the budget with its last. */
+static void tenant_budget_leave(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  struct gmb_uid_budget *bu = t->budget;
+  if (bu == NULL) return;
+  GMB_ASSERT(t->budget_charged == 0 && "a tenant left its budget holding");
+  t->budget = NULL;
+  GMB_ASSERT(bu->refs > 0 && "uid budget count drifted");
+  if (--bu->refs) return;
+  GMB_ASSERT(bu->used == 0 && "a uid budget freed while it holds bytes");
+  struct gmb_uid_budget **pp = &ts->budgets;
+  while (*pp != bu) pp = &(*pp)->next;
+  *pp = bu->next;
+  free(bu);
+}
+
+/* 1 when t's new bytes are charged to its uid's budget. */
+static int tenant_budget_member(const struct gmb_tenant *t) {
+  return t->budget != NULL && !t->configured && !t->quota_set;
 }
 
 static struct gmb_tenant *tenant_add(struct gmb_tenants *ts,
@@ -94,6 +158,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
   RB_INIT(&ts->tree);
   ts->pool = pool;
   ts->default_quota = cfg->default_quota;
+  ts->uid_budget = ts->default_quota;
   ts->max_per_uid = cfg->max_tenants_per_uid;
   for (size_t i = 0; i < cfg->n_tenants; i++) {
     const struct gmb_tenant_conf *tc = &cfg->tenants[i];
@@ -124,6 +189,11 @@ void gmb__tenants_destroy(struct gmb_tenants *ts) {
     RB_REMOVE(tenant_tree, &ts->tree, n);
     gmb__pool_arena_destroy(ts->pool, n->t.arena);
     free(n);
+  }
+  while (ts->budgets) {
+    struct gmb_uid_budget *bu = ts->budgets;
+    ts->budgets = bu->next;
+    free(bu);
   }
   free(ts);
 }
@@ -224,6 +294,7 @@ void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
   gmb__pool_arena_destroy(ts->pool, t->arena);
   t->arena = NULL;
   GMB_ASSERT(tenant_short(t) == 0 && "an idle tenant has no reservation");
+  tenant_budget_leave(ts, t);
   RB_REMOVE(tenant_tree, &ts->tree, n);
   ts->count--;
   free(n);
@@ -284,6 +355,7 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     t->quota = ts->default_quota;
     t->has_owner = 1;
     t->owner_uid = uid;
+    tenant_budget_join(ts, t);
     log_info("tenant %s created on first use, owned by uid %u, quota %llu",
              t->name, (unsigned)uid, (unsigned long long)t->quota);
     *out = t;
@@ -314,6 +386,7 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
   if (!t->has_owner) {
     t->has_owner = 1;
     t->owner_uid = uid;
+    tenant_budget_join(ts, t);
   } else if (t->owner_uid != uid) {
     snprintf(why, whycap, "uid %u may not act as tenant %s: it belongs to "
              "uid %u, which used it first", (unsigned)uid, t->name,
@@ -324,8 +397,48 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
   return 0;
 }
 
-int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {
+uint64_t gmb__tenants_uid_budget(const struct gmb_tenants *ts) {
+  return ts->uid_budget;
+}
+
+uint64_t gmb__tenant_budget_used(const struct gmb_tenant *t, uint64_t *limit) {
+  *limit = t->budget ? t->budget->limit : 0;
+  return t->budget ? t->budget->used : 0;
+}
+
+/* 1 when `size` more bytes pass t's uid budget (an ad-hoc tenant's). */
+static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
+  const struct gmb_uid_budget *bu = t->budget;
+  return tenant_budget_member(t) && bu->limit != 0 &&
+         (bu->used >= bu->limit || size > bu->limit - bu->used);
+}
+
+static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
   return t->quota != 0 && (t->used >= t->quota || size > t->quota - t->used);
+}
+
+int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {
+  return tenant_quota_over(t, size) || tenant_budget_over(t, size);
+}
+
+void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
+                           char *why, size_t whycap) {
+  char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
+  if (tenant_quota_over(t, size) || !tenant_budget_over(t, size)) {
+    snprintf(why, whycap, "tenant %s: %s more would pass its quota of %s "
+             "(%s in use)", t->name, gmb__size_format(size, r, sizeof r),
+             gmb__size_format(t->quota, q, sizeof q),
+             gmb__size_format(t->used, u, sizeof u));
+    return;
+  }
+  snprintf(why, whycap, "tenant %s: %s more would pass the budget of %s "
+           "that uid %u's tenants made by first use share (%s in use); "
+           "name the tenant in the config, or set its quota with gmbctl, "
+           "to give it its own", t->name,
+           gmb__size_format(size, r, sizeof r),
+           gmb__size_format(t->budget->limit, q, sizeof q),
+           (unsigned)t->budget->uid,
+           gmb__size_format(t->budget->used, u, sizeof u));
 }
 
 int gmb__tenant_fits(struct gmb_tenant *t, uint64_t size) {
@@ -341,18 +454,30 @@ int gmb__tenant_charge(struct gmb_tenant *t, uint64_t size) {
   GMB_ASSERT(size <= UINT64_MAX - t->used && "tenant usage overflow");
   t->used += size;
   if (t->used > t->peak) t->peak = t->used;
+  if (tenant_budget_member(t)) {
+    t->budget->used += size;
+    t->budget_charged += size;
+  }
   return 0;
 }
 
 void gmb__tenant_uncharge(struct gmb_tenant *t, uint64_t size) {
   GMB_ASSERT(size <= t->used && "uncharging more than the tenant holds");
   t->used -= size;
+  uint64_t b = size < t->budget_charged ? size : t->budget_charged;
+  if (b) {
+    GMB_ASSERT(b <= t->budget->used && "uid budget drifted");
+    t->budget->used -= b;
+    t->budget_charged -= b;
+  }
 }
 
 void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
                            uint64_t quota) {
   (void)ts;
   t->quota = quota;
+  /* An operator's quota is the tenant's whole rule from now on. */
+  if (!t->configured) t->quota_set = 1;
 }
 
 void gmb__tenant_set_reserve(struct gmb_tenants *ts, struct gmb_tenant *t,
@@ -491,6 +616,31 @@ int gmb__tenant_check(struct gmb_tenants *ts) {
     if (t->peak < t->used) {
       log_error("check: tenant %s peak %llu below used %llu", t->name,
                 (unsigned long long)t->peak, (unsigned long long)t->used);
+      bad++;
+    }
+  }
+  for (struct gmb_uid_budget *bu = ts->budgets; bu; bu = bu->next) {
+    uint64_t sum = 0;
+    unsigned refs = 0;
+    RB_FOREACH(n, tenant_tree, &ts->tree) {
+      if (n->t.budget != bu) continue;
+      refs++;
+      sum += n->t.budget_charged;
+    }
+    if (refs != bu->refs || sum != bu->used || refs == 0) {
+      log_error("check: uid %u's budget counts %u tenants and %llu bytes; "
+                "they are %u and %llu", (unsigned)bu->uid, bu->refs,
+                (unsigned long long)bu->used, refs,
+                (unsigned long long)sum);
+      bad++;
+    }
+  }
+  RB_FOREACH(n, tenant_tree, &ts->tree) {
+    if (n->t.budget_charged > n->t.used) {
+      log_error("check: tenant %s charged %llu bytes to its uid budget, "
+                "more than the %llu it holds", n->t.name,
+                (unsigned long long)n->t.budget_charged,
+                (unsigned long long)n->t.used);
       bad++;
     }
   }

@@ -13,6 +13,18 @@
  * never above `quota` when the quota is set, except after an operator
  * lowered the quota below it.
  *
+ * One budget per uid for tenants made by first use.  Every tenant the
+ * config does not name and whose quota no operator set (an *ad-hoc*
+ * tenant: uid-N, or any name a client invents) is charged, besides its own
+ * quota, to its owner uid's shared budget: all of a uid's ad-hoc tenants
+ * together hold at most `default_quota` (0, the default: no limit, as
+ * for each of them).  Inventing names therefore never multiplies what a
+ * uid may hold.  A tenant named in the config, or whose quota an
+ * operator set (gmbctl quota set, the state file), is outside any budget:
+ * its own quota is the whole rule.  `budget_charged` is the part of `used`
+ * charged to the budget; the budget's `used` is the sum of its tenants'
+ * (gmb__tenant_check verifies it).
+ *
  * Identity.  A tenant that lists uids or a token hash is proved by a
  * listed uid OR by a Hello token whose SHA-256 equals `token_sha256`
  * (compared in constant time).  Only the hash is ever kept; a refusal
@@ -52,6 +64,7 @@
 #include "pool.h"
 
 struct gmb_session;
+struct gmb_uid_budget;
 
 struct gmb_tenant {
   char name[64];
@@ -79,6 +92,11 @@ struct gmb_tenant {
   uint8_t token_sha256[32]; /* only the hash: the token is never kept */
   int has_owner;
   uid_t owner_uid;   /* the first uid that connected, for unbound tenants */
+  int quota_set;     /* an operator set its quota (not the default) */
+  /* Its owner uid's shared budget while it is ad-hoc (tenant.h, above);
+   * NULL otherwise.  budget_charged: the bytes of `used` charged to it. */
+  struct gmb_uid_budget *budget;
+  uint64_t budget_charged;
   struct gmb_arena *arena;
   unsigned n_sessions;
   struct gmb_session *sessions; /* list through gmb_session.tenant_next */
@@ -122,7 +140,19 @@ int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid);
  * it (gmb__tenant_admit). */
 int gmb__tenant_default_uid(const char *name, uid_t *uid);
 
-/* 1 when `size` more bytes would pass t's quota (0: no limit), without
+/* The bytes all of one uid's ad-hoc tenants may hold together:
+ * default_quota (0: no limit). */
+uint64_t gmb__tenants_uid_budget(const struct gmb_tenants *ts);
+/* What t's uid budget holds now (0 with *limit 0 when t has none). */
+uint64_t gmb__tenant_budget_used(const struct gmb_tenant *t, uint64_t *limit);
+
+/* Why `size` more bytes pass t's quota or its uid's shared budget, for a
+ * GMB_E_QUOTA reply ("tenant T: N more would pass ..."). */
+void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
+                           char *why, size_t whycap);
+
+/* 1 when `size` more bytes would pass t's quota (0: no limit) or its
+ * uid's shared budget (an ad-hoc tenant's), without
  * counting a refusal: for a request held while its tenant's other caches
  * are asked back (reclaim.h), which is tried again as memory comes back
  * and counted as refused only once, when it is answered so. */

@@ -23,6 +23,12 @@
  * answered GMB_E_QUOTA only when its hold ends and the bytes did not come.
  * Invariants: held counts the waiters with `held` set, held_nowait those of
  * them with `nowait`, held_quota those with `quota`.
+ *
+ * A blocking waiter blocks for WAITQ_BLOCK_MS after it came (waitq.h), then
+ * it is `unblocked` for good.  The flag is set when a serve or the
+ * deadline timer finds it past that age; next_unblock_ns, an early bound
+ * like next_deadline_ns, makes the timer come when the first one is due
+ * (only while someone waits behind it: a lone waiter holds no one back).
  */
 #include "waitq.h"
 
@@ -37,6 +43,10 @@
 #include "observe.h"
 #include "reply.h"
 #include "util.h"
+
+/* How long a waiter that does not fit may hold back the ones behind it. */
+#define WAITQ_BLOCK_MS 1000
+#define WAITQ_BLOCK_NS ((uint64_t)WAITQ_BLOCK_MS * GMB_NS_PER_MS)
 
 struct gmb_waiter {
   struct gmb_waiter *next, *prev;
@@ -54,13 +64,28 @@ struct gmb_waiter {
                            the device's room */
   uint64_t hold_until_ns; /* held: the hold ends then at the latest */
   int priority;         /* its tenant's, when it came */
+  int unblocked;        /* blocked others for WAITQ_BLOCK_MS: no longer */
 };
 
 /* A waiter that never holds back those behind it: it did not ask to wait
  * (held for a compaction run, or while caches are asked back), or it is
  * held for its tenant's quota. */
 static int waitq_nonblocking(const struct gmb_waiter *w) {
-  return w->after_compact || (w->held && (w->nowait || w->quota));
+  return w->after_compact || w->unblocked ||
+         (w->held && (w->nowait || w->quota));
+}
+
+/* When w stops holding back the waiters behind it. */
+static uint64_t waitq_block_end(const struct gmb_waiter *w) {
+  return w->queued_ns + WAITQ_BLOCK_NS;
+}
+
+/* w may block others (now, or once its hold ends): the timer must come
+ * when it stops. */
+static void waitq_note_blocker(struct gmb_waitq *q,
+                               const struct gmb_waiter *w) {
+  if (waitq_block_end(w) < q->next_unblock_ns)
+    q->next_unblock_ns = waitq_block_end(w);
 }
 
 /* A request held for its quota that its quota still refuses: nothing to
@@ -149,6 +174,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
   s->waiting++;
   if (w->deadline_ns < q->next_deadline_ns)
     q->next_deadline_ns = w->deadline_ns;
+  if (!after_compact) waitq_note_blocker(q, w);
   if (after_compact) {
     q->after_compact++;
     log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for a "
@@ -241,6 +267,7 @@ static void waitq_answer(struct gmb_broker *b, struct gmb_waiter *w,
 void gmb__waitq_serve(struct gmb_broker *b) {
   if (b->closing) return; /* the waiters are dropped with their sessions */
   int blocked = 0; /* a waiter ahead did not fit: hold back the rest */
+  uint64_t now = 0;  /* read once, when a waiter that blocks is found */
   struct gmb_waiter *w = b->waitq.head, *next;
   for (; w; w = next) {
     next = w->next;
@@ -262,7 +289,13 @@ void gmb__waitq_serve(struct gmb_broker *b) {
     enum gmb_nomem_why why;
     int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
     if (rc == GMB_E_NOMEM) {
-      if (!waitq_nonblocking(w)) blocked = 1;
+      if (!waitq_nonblocking(w)) {
+        if (now == 0) now = gmb__now_ns();
+        if (waitq_block_end(w) <= now)
+          w->unblocked = 1; /* it has held the others back long enough */
+        else
+          blocked = 1;
+      }
       continue;
     }
     waitq_quota_note(b, w, &rep);
@@ -354,15 +387,30 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
    * nothing to do and no need to walk the queue.  The cached deadline may
    * be early (its waiter was served meanwhile): then one walk finds the
    * true one. */
-  if (b->waitq.next_deadline_ns > now)
-    return b->waitq.next_deadline_ns == UINT64_MAX
-               ? UINT64_MAX
-               : b->waitq.next_deadline_ns - now;
+  struct gmb_waitq *q = &b->waitq;
+  /* A blocker's time is up only for those behind it: none behind, no
+   * reason to wake. */
+  uint64_t due = q->next_deadline_ns;
+  if (q->n >= 2 && q->next_unblock_ns < due) due = q->next_unblock_ns;
+  if (due > now) return due == UINT64_MAX ? UINT64_MAX : due - now;
   int expired = 0;
-  struct gmb_waiter *w = b->waitq.head, *next;
-  for (; w; w = next) {
+  struct gmb_waiter *w, *next;
+  for (w = q->head; w; w = w->next)
+    if (!waitq_nonblocking(w) && waitq_block_end(w) <= now) {
+      w->unblocked = 1;
+      expired++;
+    }
+  for (w = q->head; w; w = next) {
     next = w->next;
     if (w->deadline_ns > now) continue;
+    /* One more try first: a younger blocker may have held it back while
+     * there was room for it.  (A waiter served here frees nothing, so
+     * `next` stays valid.) */
+    int blocking = !waitq_nonblocking(w);
+    if (waitq_try(b, w)) {
+      expired += blocking;
+      continue;
+    }
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.id = w->req_id;
@@ -379,14 +427,23 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
     expired += !waitq_nonblocking(w);
     waitq_answer(b, w, &rep);
   }
-  /* A waiter that gave up may have been holding back smaller ones. */
+  /* A waiter that gave up, or stopped blocking, may have been holding
+   * back smaller ones. */
   if (expired) gmb__waitq_serve(b);
-  /* The next deadline among those still waiting (none: no deadline). */
-  uint64_t next_at = UINT64_MAX;
-  for (w = b->waitq.head; w; w = w->next)
+  /* The next deadline among those still waiting (none: no deadline), and
+   * the next blocker to stop blocking. */
+  uint64_t next_at = UINT64_MAX, unblock_at = UINT64_MAX;
+  for (w = q->head; w; w = w->next) {
     if (w->deadline_ns < next_at) next_at = w->deadline_ns;
-  b->waitq.next_deadline_ns = next_at;
-  return next_at == UINT64_MAX ? UINT64_MAX : next_at - now;
+    if (!w->after_compact && !w->unblocked &&
+        waitq_block_end(w) < unblock_at)
+      unblock_at = waitq_block_end(w);
+  }
+  q->next_deadline_ns = next_at;
+  q->next_unblock_ns = unblock_at;
+  due = next_at;
+  if (q->n >= 2 && unblock_at < due) due = unblock_at;
+  return due == UINT64_MAX ? UINT64_MAX : due - now;
 }
 
 void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {

@@ -12,7 +12,18 @@
  *     or lower priority; higher priorities are ahead of it anyway;
  *   - except that a request within its own tenant's reservation is served
  *     even behind a blocked one: that memory is kept for its tenant, the
- *     blocked request could never have had it.
+ *     blocked request could never have had it;
+ *   - and that a waiter blocks the others for WAITQ_BLOCK_MS (1 s) after it
+ *     came, no longer: then it keeps its place and is tried first whenever
+ *     memory comes back, but the waiters behind it that fit are served.  A
+ *     request that only an empty device could serve, waiting for ever,
+ *     would otherwise make everyone behind it time out with the device
+ *     nearly free.  The price: a large request may wait while smaller ones
+ *     keep taking what is freed (it still gets the memory whenever enough
+ *     is free at once when it is tried, first);
+ *   - a waiter whose deadline comes is tried once more before it is
+ *     answered GMB_E_TIMEOUT: held back by a younger blocker, it is served
+ *     if it fits rather than refused with the room there.
  * A new waiting request joins the queue at its place (and the queue is
  * served) when a waiter of equal or higher priority is already there, so it
  * cannot jump the queue either.  Requests queued only until a compaction

@@ -296,6 +296,98 @@ START_TEST(check_sees_drift) {
 }
 END_TEST
 
+/* --- the shared budget of a uid's first-use tenants --------------------- */
+
+static void reopen_with(uint64_t default_quota) {
+  gmb__tenants_destroy(ts);
+  gmb__pool_destroy(pool);
+  gmb__device_close(dev);
+  gmb__config_free(&cfg);
+  setup_with(default_quota);
+}
+
+/* With default_quota = 0 (the default) there is no budget: a tenant made
+ * by first use has no limit (see docs/security.md for what that leaves). */
+START_TEST(adhoc_default_config_no_budget) {
+  ck_assert_uint_eq(gmb__tenants_uid_budget(ts), 0);
+  struct gmb_tenant *t = NULL;
+  ck_assert_int_eq(admit("grab", 7, &t), 0);
+  ck_assert_int_eq(gmb__tenant_charge(t, 64 * MIB), 0);
+  uint64_t limit = 1;
+  ck_assert_uint_eq(gmb__tenant_budget_used(t, &limit), 64 * MIB);
+  ck_assert_uint_eq(limit, 0);
+  gmb__tenant_uncharge(t, 64 * MIB);
+}
+END_TEST
+
+/* Inventing names used to multiply a uid's budget: each new name came
+ * with a fresh default_quota. */
+START_TEST(adhoc_names_share_one_budget_per_uid) {
+  reopen_with(8192);
+  struct gmb_tenant *a = NULL, *b = NULL, *c = NULL, *other = NULL;
+  ck_assert_int_eq(admit("a", 7, &a), 0);
+  ck_assert_int_eq(admit("b", 7, &b), 0);
+  ck_assert_int_eq(admit("c", 8, &c), 0);
+  ck_assert_int_eq(gmb__tenant_charge(a, 6144), 0);
+  ck_assert_int_eq(gmb__tenant_charge(b, 2048), 0);
+  ck_assert_int_eq(gmb__tenant_charge(b, 512), GMB_E_QUOTA);
+  ck_assert_int_eq(gmb__tenant_fits(a, 512), GMB_E_QUOTA);
+  uint64_t limit = 0;
+  ck_assert_uint_eq(gmb__tenant_budget_used(b, &limit), 8192);
+  ck_assert_uint_eq(limit, 8192);
+  /* Another uid's budget is its own. */
+  ck_assert_int_eq(gmb__tenant_charge(c, 8192), 0);
+  /* A configured tenant is outside every budget. */
+  ck_assert_int_eq(admit("open", 7, &other), 0);
+  ck_assert_int_eq(gmb__tenant_charge(other, 64 * MIB), 0);
+  gmb__tenant_uncharge(other, 64 * MIB);
+  /* Freeing in one tenant makes room in the other. */
+  gmb__tenant_uncharge(a, 6144);
+  ck_assert_int_eq(gmb__tenant_charge(b, 6144), 0);
+  ck_assert_uint_eq(gmb__tenant_budget_used(a, &limit), 8192);
+  gmb__tenant_uncharge(b, 8192);
+  gmb__tenant_uncharge(c, 8192);
+}
+END_TEST
+
+/* An operator's quota (gmbctl quota set, the state file) is a tenant's
+ * whole rule: it leaves the shared budget, keeping the bytes it charged
+ * there until they are freed. */
+START_TEST(adhoc_operator_quota_leaves_budget) {
+  reopen_with(8192);
+  struct gmb_tenant *a = NULL, *b = NULL;
+  ck_assert_int_eq(admit("a", 7, &a), 0);
+  ck_assert_int_eq(admit("b", 7, &b), 0);
+  ck_assert_int_eq(gmb__tenant_charge(a, 8192), 0);
+  gmb__tenant_set_quota(ts, a, 32 * MIB);
+  ck_assert_int_eq(gmb__tenant_charge(a, 16 * MIB), 0);
+  ck_assert_int_eq(gmb__tenant_fits(b, 512), GMB_E_QUOTA); /* still held */
+  gmb__tenant_uncharge(a, 16 * MIB + 8192);
+  ck_assert_int_eq(gmb__tenant_charge(b, 8192), 0);
+  gmb__tenant_uncharge(b, 8192);
+}
+END_TEST
+
+/* The budget goes with the uid's last tenant (teardown checks the rest;
+ * ASan would see a leak). */
+START_TEST(adhoc_budget_freed_with_last_tenant) {
+  reopen_with(8192);
+  struct gmb_tenant *t = NULL;
+  ck_assert_int_eq(admit(NULL, 9, &t), 0);
+  ck_assert_int_eq(gmb__tenant_charge(t, 4096), 0);
+  ck_assert_uint_eq(gmb__tenants_reap(ts, 0), 0); /* it holds bytes */
+  gmb__tenant_uncharge(t, 4096);
+  ck_assert_uint_eq(gmb__tenants_reap(ts, 0), 1);
+  ck_assert_int_eq(gmb__tenant_check(ts), 0);
+  ck_assert_int_eq(admit(NULL, 9, &t), 0);
+  uint64_t limit = 0;
+  ck_assert_uint_eq(gmb__tenant_budget_used(t, &limit), 0);
+  ck_assert_uint_eq(limit, 8192);
+  ck_assert_int_eq(gmb__tenant_charge(t, 8192), 0);
+  gmb__tenant_uncharge(t, 8192);
+}
+END_TEST
+
 /* --- reservations ---------------------------------------------------- */
 
 /* What the broker does for an allocation: pool, segments, the rule (when
@@ -498,6 +590,10 @@ static Suite *tenant_suite(void) {
   tcase_add_test(tc, quota_overflow_refused);
   tcase_add_test(tc, quota_lowered_below_used);
   tcase_add_test(tc, default_quota_applies_to_new_tenants);
+  tcase_add_test(tc, adhoc_default_config_no_budget);
+  tcase_add_test(tc, adhoc_names_share_one_budget_per_uid);
+  tcase_add_test(tc, adhoc_operator_quota_leaves_budget);
+  tcase_add_test(tc, adhoc_budget_freed_with_last_tenant);
   tcase_add_test(tc, check_sees_drift);
   tcase_add_test(tc, reserve_kept_from_others);
   tcase_add_test(tc, reserve_own_never_refused);

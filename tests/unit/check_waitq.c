@@ -783,6 +783,77 @@ START_TEST(expire_after_compact_waiter) {
 }
 END_TEST
 
+/* ---- a head that only an empty device could serve ------------------------ */
+
+/*
+ * A request for the whole device, waiting for ever, used to block every
+ * waiter behind it for ever: they timed out with the device nearly free.
+ * A waiter holds the others back for WAITQ_BLOCK_MS (1 s) after it came,
+ * no longer; the deadline timer comes then (only while someone waits
+ * behind it), and the waiters behind it that fit are served.
+ */
+START_TEST(whole_device_waiter_blocks_a_second_only) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *greedy = fx_hello(&f, "greedy", 1002, "");
+  fx_hello(&f, "small", 1003, "");
+  fx_hello(&f, "late", 1004, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  /* Alone in the queue it holds no one back: no reason to wake. */
+  wait_for(&f, "greedy", 1002, 8 * MIB, -1);
+  ck_assert_uint_eq(gmb__waitq_expire(&f.b, gmb__now_ns()), UINT64_MAX);
+  uint64_t rsmall = wait_for(&f, "small", 1003, 2 * MIB, LONG_MS);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 0); /* within its second: held back */
+  uint64_t next = gmb__waitq_expire(&f.b, gmb__now_ns());
+  ck_assert_uint_le(next, 1000 * GMB_NS_PER_MS);
+  /* Its second is over: small is served, greedy keeps its place. */
+  gmb__waitq_expire(&f.b, gmb__now_ns() + 1100 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "small", rsmall, 2 * MIB);
+  ck_assert_uint_eq(greedy->tenant->waiting, 1);
+  /* A newcomer is no longer queued behind it either. */
+  free_ok(&f, "a", 1001, ids[1]);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "late", 1004, 2 * MIB, 0, LONG_MS, &rep), 1);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  /* And it still gets the device first once the device is free. */
+  free_ok(&f, "a", 1001, ids[2]);
+  free_ok(&f, "a", 1001, ids[3]);
+  free_ok(&f, "small", 1003, answer(&f, 0, NULL)->u.alloc.id);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  free_ok(&f, "late", 1004, rep.u.alloc.id);
+  ck_assert_uint_eq(greedy->tenant->waiting, 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 8 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* A waiter whose deadline comes while a younger blocker holds it back is
+ * tried once more, and served if it fits, rather than refused
+ * GMB_E_TIMEOUT with the room there. */
+START_TEST(deadline_tries_once_more_behind_blocker) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *greedy = fx_hello(&f, "greedy", 1002, "");
+  fx_hello(&f, "small", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  wait_for(&f, "greedy", 1002, 8 * MIB, -1);
+  uint64_t rsmall = wait_for(&f, "small", 1003, 2 * MIB, 100);
+  free_ok(&f, "a", 1001, ids[0]);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  gmb__waitq_expire(&f.b, gmb__now_ns() + 200 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 1);
+  assert_served_at(&f, 0, "small", rsmall, 2 * MIB);
+  ck_assert_uint_eq(greedy->tenant->waiting, 1);
+  fx_close(&f);
+}
+END_TEST
+
 /* ---- sessions that end --------------------------------------------------- */
 
 START_TEST(drop_session_only_its_waiters) {
@@ -1227,6 +1298,11 @@ static Suite *waitq_suite(void) {
   tcase_add_test(tc, after_compact_over_reserved_names_reservation);
   tcase_add_test(tc, after_compact_over_with_none_is_noop);
   tcase_add_test(tc, nowait_nomem_with_compaction_off_answered_at_once);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("unblock");
+  tcase_add_test(tc, whole_device_waiter_blocks_a_second_only);
+  tcase_add_test(tc, deadline_tries_once_more_behind_blocker);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("expire");
