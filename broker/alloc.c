@@ -141,6 +141,78 @@ void gmb__alloc_asked_back(const struct gmb_session *s,
            gmb__size_format(coming, sz, sizeof sz));
 }
 
+/* Gives back the `n` page allocations made so far for a refused pages
+ * request. */
+static void alloc_pages_undo(struct gmb_broker *b, struct gmb_tenant *t,
+                             const uint64_t *ids, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) gmb__pool_free(b->pool, ids[i], NULL);
+  gmb__tenant_segments_sync(b->tenants, t);
+}
+
+/* A cache's pages (GMB__ALLOC_PAGES): `size` / GMB_SEGMENT_ALIGN pinned
+ * allocations of one page each, every one in a segment of its own (the
+ * pool's rule for requests past the small size), all or none.  The quota
+ * was asked for the total. */
+static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
+                       uint64_t size, struct wire_reply *rep,
+                       enum gmb_nomem_why *why) {
+  struct gmb_tenant *t = s->tenant;
+  const uint32_t n = (uint32_t)(size / GMB_SEGMENT_ALIGN);
+  GMB_ASSERT(n >= 1 && n <= WIRE_PAGES_MAX &&
+             size == (uint64_t)n * GMB_SEGMENT_ALIGN &&
+             "dispatch checked the pages request");
+  uint64_t seg_before = t->segment_bytes;
+  memset(&rep->u.alloc, 0, sizeof rep->u.alloc);
+  for (uint32_t i = 0; i < n; i++) {
+    struct gmb_alloc_info info;
+    int rc = gmb__pool_alloc(b->pool, t->arena, GMB_SEGMENT_ALIGN, 0, s,
+                             &info);
+    if (rc == 0 && (info.offset != 0 || info.dseg->size != GMB_SEGMENT_ALIGN)) {
+      /* Not a segment of its own: the pool's rules changed under us. */
+      gmb__pool_free(b->pool, info.id, NULL);
+      rc = GMB_E_DEVICE;
+    }
+    if (rc) {
+      alloc_pages_undo(b, t, rep->u.alloc.page_id, i);
+      if (rc != GMB_E_NOMEM)
+        gmb__reply_fail(rep, rc, "%u pages for a cache failed: %s", n,
+                        gmb_strerror(rc));
+      else
+        *why = GMB_NOMEM_NO_ROOM;
+      return rc;
+    }
+    rep->u.alloc.page_id[i] = info.id;
+    rep->u.alloc.page_seg[i] = info.dseg->id;
+  }
+  gmb__tenant_segments_sync(b->tenants, t);
+  if (t->segment_bytes > seg_before) {
+    uint64_t room = b->dev->capacity > b->dev->in_use
+                        ? b->dev->capacity - b->dev->in_use
+                        : 0;
+    char msg[WIRE_MESSAGE_MAX];
+    int rc = gmb__tenant_reserve_allows(b->tenants, t, size, room, msg,
+                                        sizeof msg);
+    if (rc) {
+      alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
+      gmb__reply_fail(rep, rc, "%s", msg);
+      *why = GMB_NOMEM_RESERVED;
+      return rc;
+    }
+  }
+  int rc = gmb__tenant_charge(t, size);
+  GMB_ASSERT(rc == 0 && "a size that fit the quota a moment ago");
+  s->allocations += n;
+  s->used += size;
+  b->pool_ops += n;
+  rep->status = 0;
+  rep->kind = WIRE_ALLOC;
+  rep->u.alloc.n_pages = n;
+  rep->u.alloc.id = rep->u.alloc.page_id[0];
+  rep->u.alloc.segment = rep->u.alloc.page_seg[0];
+  rep->u.alloc.size = size;
+  return 0;
+}
+
 int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
                    uint32_t flags, struct wire_reply *rep,
                    enum gmb_nomem_why *why) {
@@ -149,6 +221,7 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   *why = GMB_NOMEM_NONE;
   int rc = gmb__alloc_quota(t, rounded, rep);
   if (rc) return rc;
+  if (flags & GMB__ALLOC_PAGES) return alloc_pages(b, s, size, rep, why);
   struct gmb_alloc_info info;
   uint64_t seg_before = t->segment_bytes;
   rc = gmb__pool_alloc(b->pool, t->arena, size, flags, s, &info);

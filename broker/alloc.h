@@ -35,6 +35,12 @@ enum gmb_nomem_why {
   GMB_NOMEM_RESERVED, /* another tenant's reservation (message set) */
 };
 
+/* Internal allocation flag: the request is Alloc.pages pages for a
+ * client's cache (size = pages * GMB_SEGMENT_ALIGN), each a pinned
+ * allocation in a segment of its own, made or refused together.  Never on
+ * the wire (dispatch.c sets it from Alloc.pages). */
+#define GMB__ALLOC_PAGES 0x10000u
+
 /* `size` as the pool and the quota count it. */
 uint64_t gmb__alloc_round(uint64_t size);
 

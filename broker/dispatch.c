@@ -194,6 +194,19 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                     flags & ~GMB_MOVABLE);
     return 1;
   }
+  const uint32_t pages = req->u.alloc.pages;
+  if (pages) {
+    /* A cache's pages: one request for their total, made or refused
+     * together (alloc.c). */
+    if (pages > WIRE_PAGES_MAX || flags != 0 ||
+        size != (uint64_t)pages * GMB_SEGMENT_ALIGN) {
+      gmb__reply_fail(rep, GMB_E_INVAL, "a request for %u pages must be "
+                      "pinned, of %u pages at most and of %u * 2 MiB bytes",
+                      pages, WIRE_PAGES_MAX, pages);
+      return 1;
+    }
+    flags |= GMB__ALLOC_PAGES;
+  }
   int timeout_ms = req->u.alloc.timeout_ms;
   /* Past the quota while the tenant's other sessions' caches hold what it
    * lacks: they are asked, and the request is held until the bytes come
@@ -263,21 +276,28 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
   struct gmb_alloc_info info;
   /* Another session's id gets the same answer as no id at all, so ids
    * tell a client nothing about other tenants. */
-  if (gmb__pool_find(b->pool, req->u.free.id, &info) != 0 || info.owner != s) {
-    gmb__reply_fail(rep, GMB_E_NOENT, "no allocation %" PRIu64 " in this "
-                    "session", req->u.free.id);
-    return 1;
+  /* Several at once (a cache's pages): each freed in order; the first
+   * that is not this session's stops the rest, and the reply names it. */
+  const uint32_t n = 1 + req->u.free.n_more;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint64_t id = i == 0 ? req->u.free.id : req->u.free.more[i - 1];
+    if (gmb__pool_find(b->pool, id, &info) != 0 || info.owner != s) {
+      gmb__reply_fail(rep, GMB_E_NOENT, "no allocation %" PRIu64 " in this "
+                      "session%s", id, i ? " (those before it were freed)" : "");
+      if (i) gmb__waitq_serve(b);
+      return 1;
+    }
+    gmb__defrag_forget(b, id);
+    uint32_t slot;
+    if (gmb__locktab_tag_slot(info.tag, &slot))
+      gmb__locktab_slot_free(s->lt, slot);
+    int rc = gmb__pool_free(b->pool, id, &info);
+    GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
+    b->pool_ops++;
+    gmb__tenant_uncharge(s->tenant, info.size);
+    s->allocations--;
+    s->used -= info.size;
   }
-  gmb__defrag_forget(b, req->u.free.id);
-  uint32_t slot;
-  if (gmb__locktab_tag_slot(info.tag, &slot))
-    gmb__locktab_slot_free(s->lt, slot);
-  int rc = gmb__pool_free(b->pool, req->u.free.id, &info);
-  GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
-  b->pool_ops++;
-  gmb__tenant_uncharge(s->tenant, info.size);
-  s->allocations--;
-  s->used -= info.size;
   rep->status = 0;
   gmb__waitq_serve(b);
   return 1;

@@ -101,11 +101,15 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       alloc.size = req->u.alloc.size;
       alloc.flags = req->u.alloc.flags;
       alloc.timeout_ms = req->u.alloc.timeout_ms;
+      alloc.pages = req->u.alloc.pages;
       r.body_case = GMB__REQUEST__BODY_ALLOC;
       r.alloc = &alloc;
       break;
     case WIRE_FREE:
       fr.id = req->u.free.id;
+      if (req->u.free.n_more >= WIRE_PAGES_MAX) return GMB_E_INVAL;
+      fr.n_more = req->u.free.n_more;
+      fr.more = (uint64_t *)req->u.free.more;
       r.body_case = GMB__REQUEST__BODY_FREE;
       r.free = &fr;
       break;
@@ -214,10 +218,18 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       out->u.alloc.size = r->alloc->size;
       out->u.alloc.flags = r->alloc->flags;
       out->u.alloc.timeout_ms = r->alloc->timeout_ms;
+      out->u.alloc.pages = r->alloc->pages;
       break;
     case GMB__REQUEST__BODY_FREE:
       out->kind = WIRE_FREE;
       out->u.free.id = r->free->id;
+      if (r->free->n_more >= WIRE_PAGES_MAX) {
+        rc = GMB_E_PROTO;
+        break;
+      }
+      out->u.free.n_more = (uint32_t)r->free->n_more;
+      for (size_t i = 0; i < r->free->n_more; i++)
+        out->u.free.more[i] = r->free->more[i];
       break;
     case GMB__REQUEST__BODY_STATS:
       out->kind = WIRE_STATS;
@@ -576,6 +588,10 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       alloc.segment = rep->u.alloc.segment;
       alloc.offset = rep->u.alloc.offset;
       alloc.slot = rep->u.alloc.slot;
+      if (rep->u.alloc.n_pages > WIRE_PAGES_MAX) return GMB_E_INVAL;
+      alloc.n_page_ids = alloc.n_page_segments = rep->u.alloc.n_pages;
+      alloc.page_ids = (uint64_t *)rep->u.alloc.page_id;
+      alloc.page_segments = (uint64_t *)rep->u.alloc.page_seg;
       r.body_case = GMB__REPLY__BODY_ALLOC;
       r.alloc = &alloc;
       break;
@@ -799,6 +815,16 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.alloc.segment = r->alloc->segment;
       out->u.alloc.offset = r->alloc->offset;
       out->u.alloc.slot = r->alloc->slot;
+      if (r->alloc->n_page_ids > WIRE_PAGES_MAX ||
+          r->alloc->n_page_ids != r->alloc->n_page_segments) {
+        rc = GMB_E_PROTO;
+        break;
+      }
+      out->u.alloc.n_pages = (uint32_t)r->alloc->n_page_ids;
+      for (size_t i = 0; i < r->alloc->n_page_ids; i++) {
+        out->u.alloc.page_id[i] = r->alloc->page_ids[i];
+        out->u.alloc.page_seg[i] = r->alloc->page_segments[i];
+      }
       break;
     case GMB__REPLY__BODY_STATS:
       out->kind = WIRE_STATS;

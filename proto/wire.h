@@ -45,6 +45,8 @@ enum wire_kind {
 };
 
 #define WIRE_HOLDERS_MAX 8 /* tenants named in a NoMemory reply */
+/* Pages in one Alloc (Alloc.pages) and allocations in one Free. */
+#define WIRE_PAGES_MAX 64
 
 enum wire_event {
   WIRE_EVENT_NONE = 0,
@@ -73,9 +75,12 @@ struct wire_request {
       uint64_t size;
       uint32_t flags;
       int32_t timeout_ms;
+      uint32_t pages; /* 0, or pages of 2 MiB each in a segment of its own */
     } alloc;
     struct {
       uint64_t id;
+      uint32_t n_more; /* more ids freed with it, < WIRE_PAGES_MAX */
+      uint64_t more[WIRE_PAGES_MAX - 1];
     } free;
     struct {
       uint64_t segment;
@@ -180,6 +185,8 @@ struct wire_reply {
     struct {
       uint64_t id, size, segment, offset;
       uint32_t slot;             /* movable: lock table slot */
+      uint32_t n_pages;          /* Alloc.pages: each page's id, segment */
+      uint64_t page_id[WIRE_PAGES_MAX], page_seg[WIRE_PAGES_MAX];
     } alloc;
     struct {
       uint64_t quota, used, peak, segments;

@@ -865,28 +865,41 @@ static uint64_t cache_fill_moved(struct gmb_cache *k, struct cache_arena *a,
 }
 
 /* Maps the pages of MAPPING block m that are not mapped yet, from the
- * broker, with no lock held (m is this thread's).  0, or the backend's
- * code with the pages mapped so far recorded. */
+ * broker, with no lock held (m is this thread's): each run of them in
+ * requests of up to GMB_CACHE_BATCH pages, so that the broker sees one
+ * request (its quota, its holds while caches give memory back) where the
+ * miss needs many pages.  0, or the backend's code with the pages mapped
+ * so far recorded. */
 static int cache_fill_mapped(struct gmb_cache *k, struct cache_arena *a,
                              struct cache_block *m) {
   struct cache_span *s = m->span;
+  const uintptr_t end = m->ptr + m->size;
   int rc = 0;
-  for (uintptr_t p = cache_pfloor(k, m->ptr); p < m->ptr + m->size;
-       p += k->page) {
-    struct cache_page *pg = cache_pg(k, s, p);
+  uintptr_t p = cache_pfloor(k, m->ptr);
+  while (rc == 0 && p < end) {
     /* Safe to read unlocked: only the owner of the MAPPING block changes
      * the pages under it. */
-    if (pg->pg.id) continue;
-    struct gmb_cache_page got = {0, 0};
-    rc = k->ops.page_map(k->ops.ctx, p, &got);
-    if (rc == 0 && got.id == 0) rc = GMB_E_PROTO;
+    if (cache_pg(k, s, p)->pg.id) {
+      p += k->page;
+      continue;
+    }
+    unsigned n = 1;
+    while (n < GMB_CACHE_BATCH && p + n * k->page < end &&
+           cache_pg(k, s, p + n * k->page)->pg.id == 0)
+      n++;
+    struct gmb_cache_page got[GMB_CACHE_BATCH];
+    memset(got, 0, n * sizeof got[0]);
+    rc = k->ops.page_map(k->ops.ctx, p, n, got);
+    for (unsigned i = 0; rc == 0 && i < n; i++)
+      if (got[i].id == 0) rc = GMB_E_PROTO; /* a backend's bug */
     if (rc) break;
     pthread_mutex_lock(&a->mu);
-    pg->pg = got;
-    a->mapped++;
-    a->page_maps++;
-    cache_totals(k, (int64_t)k->page, 0, 0, 0);
+    for (unsigned i = 0; i < n; i++) cache_pg(k, s, p + i * k->page)->pg = got[i];
+    a->mapped += n;
+    a->page_maps += n;
+    cache_totals(k, (int64_t)(n * k->page), 0, 0, 0);
     pthread_mutex_unlock(&a->mu);
+    p += n * k->page;
   }
   return rc;
 }
@@ -1212,7 +1225,7 @@ int gmb__cache_record_stream(struct gmb_cache *k, void *ptr, void *stream) {
 
 /* --- trimming ----------------------------------------------------------- */
 
-#define CACHE_TRIM_BATCH 64
+#define CACHE_TRIM_BATCH GMB_CACHE_BATCH
 
 /* Makes ready the free blocks on idle pages whose streams' work is done,
  * recording an event on the others (a later look finds them done), and
@@ -1274,8 +1287,8 @@ again:
       }
       unsigned n = max ? cache_trim_arena(k, a, max, pg) : 0;
       pthread_mutex_unlock(&a->mu);
-      /* The messages, with no lock held. */
-      for (unsigned i = 0; i < n; i++) k->ops.page_free(k->ops.ctx, &pg[i]);
+      /* The message, with no lock held. */
+      if (n) k->ops.page_free(k->ops.ctx, pg, n);
       done += (uint64_t)n * k->page;
       if (n < max || n == 0) break;
     }

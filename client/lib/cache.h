@@ -40,17 +40,20 @@ struct gmb_cache_ops {
    * any more); the cache calls it with whole reservations only, except
    * around addresses lost by page_move. */
   void (*unreserve)(void *ctx, uintptr_t base, uint64_t size);
-  /* Gets one page of physical memory from the broker and maps it at
-   * `addr` (page aligned, reserved, mapped to nothing): 0 with *pg, or a
+  /* Gets `n` pages (1 to GMB_CACHE_BATCH) of physical memory from the
+   * broker, as one request, and maps them at addr, addr + page, ...
+   * (page aligned, reserved, mapped to nothing): 0 with pg[0..n), or a
    * GMB_E_* code the backend explained (GMB_E_QUOTA, GMB_E_NOMEM, ...)
    * with nothing mapped.  Called with no lock of the cache held. */
-  int (*page_map)(void *ctx, uintptr_t addr, struct gmb_cache_page *pg);
+  int (*page_map)(void *ctx, uintptr_t addr, unsigned n,
+                  struct gmb_cache_page *pg);
   /* Unmaps the page at `addr` (the address stays reserved).  Cheap (no
    * message); called with the arena's lock held. */
   void (*page_unmap)(void *ctx, uintptr_t addr, const struct gmb_cache_page *pg);
-  /* Gives an unmapped page back to the broker (a message).  Called with no
-   * lock held.  A failure is dropped: the session's end frees it anyway. */
-  void (*page_free)(void *ctx, const struct gmb_cache_page *pg);
+  /* Gives `n` unmapped pages (1 to GMB_CACHE_BATCH) back to the broker, in
+   * one message.  Called with no lock held.  A failure is dropped: the
+   * session's end frees them anyway. */
+  void (*page_free)(void *ctx, const struct gmb_cache_page *pg, unsigned n);
   /* Optional (NULL: pages are given back and new ones asked for instead).
    * Moves the mapping of the page at `from` to `to` (both page aligned
    * and reserved; `to` mapped to nothing), with the arena's lock held:
@@ -83,6 +86,8 @@ struct gmb_cache_ops {
  * moves (the GPU's VMM granularity).  Each page is one allocation of the
  * broker with a device segment of its own. */
 #define GMB_CACHE_PAGE (UINT64_C(2) << 20)
+/* Pages asked for, or given back, in one message at most. */
+#define GMB_CACHE_BATCH 64u
 /* Address space reserved at a time per arena: no physical memory, only
  * room for blocks to be cut from and pages to be mapped into. */
 #define GMB_CACHE_SPAN (UINT64_C(64) << 30)

@@ -1499,63 +1499,101 @@ static void client_unreserve(void *ctx, uintptr_t base, uint64_t size) {
     munmap((void *)base, (size_t)size);
 }
 
-/* One page from the broker, mapped at addr.  Holds io from the request to
- * the mapping, as client_alloc does. */
-static int client_page_map(void *ctx, uintptr_t addr,
-                           struct gmb_cache_page *pg) {
-  gmb_client *c = ctx;
-  struct wire_request req = {.kind = WIRE_ALLOC};
-  req.u.alloc.size = GMB_CACHE_PAGE;
+/* Frees allocations ids[0..n) (n <= WIRE_PAGES_MAX) in one Free message,
+ * without waiting for the device.  Holds io.  0 or the failure. */
+static int client_free_ids(gmb_client *c, const uint64_t *ids, unsigned n) {
+  struct wire_request req = {.kind = WIRE_FREE};
   struct wire_reply rep;
+  req.u.free.id = ids[0];
+  req.u.free.n_more = n - 1;
+  for (unsigned i = 1; i < n; i++) req.u.free.more[i - 1] = ids[i];
+  int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
+  if (rc == 0) gmb__wire_reply_clear(&rep);
+  return rc;
+}
+
+/* Maps one page of a pages reply at `addr`: its segment's descriptor
+ * from the descriptor channel, checked to be one page, mapped (the
+ * imported handle kept on a GPU).  Holds io. */
+static int client_page_attach(gmb_client *c, uint64_t seg, uintptr_t addr,
+                              struct gmb_cache_page *pg) {
   char why[CLIENT_WHY_MAX];
-  uint64_t id = 0;
-  int fd = -1;
-  pthread_mutex_lock(&c->io);
-  /* A quota held by the tenant's other caches is waited for by the
-   * broker itself (trim_wait_ms), not here. */
-  int rc = client_call(c, &req, WIRE_ALLOC, c->request_timeout_ms, &rep);
-  if (rc) goto out;
-  id = rep.u.alloc.id;
-  const uint64_t seg = rep.u.alloc.segment;
-  if (id == 0 || rep.u.alloc.size != GMB_CACHE_PAGE ||
-      rep.u.alloc.offset != 0) {
-    rc = client_fail(GMB_E_PROTO, "the broker answered a page of the cache "
-                     "with id %llu of %llu bytes at offset %llu of segment "
-                     "%llu, not a segment of its own",
-                     (unsigned long long)id,
-                     (unsigned long long)rep.u.alloc.size,
-                     (unsigned long long)rep.u.alloc.offset,
-                     (unsigned long long)seg);
-    goto out;
-  }
   uint64_t size = 0;
-  rc = gmb__fdclient_segment(&c->fdsock, seg, &fd, &size, why, sizeof why);
-  if (rc == 0 && size != GMB_CACHE_PAGE)
+  int fd = -1;
+  int rc = gmb__fdclient_segment(&c->fdsock, seg, &fd, &size, why,
+                                 sizeof why);
+  if (rc) return client_fail(rc, "%s", why);
+  if (size != GMB_CACHE_PAGE) {
     rc = client_fail(GMB_E_PROTO, "segment %llu of a page has %llu bytes",
                      (unsigned long long)seg, (unsigned long long)size);
-  else if (rc)
-    rc = client_fail(rc, "%s", why);
-  if (rc) goto out;
-  if (c->cuda) {
+  } else if (c->cuda) {
     rc = gmb__cuda_map_at(c->cuda_ordinal, fd, addr, GMB_CACHE_PAGE, 1,
                           &pg->h, why, sizeof why);
     if (rc) rc = client_fail(rc, "mapping a page of the cache: %s", why);
   } else {
     struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != GMB_CACHE_PAGE) {
+    pg->h = 0;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != GMB_CACHE_PAGE)
       rc = client_fail(GMB_E_PROTO, "the descriptor of segment %llu is not "
                        "a page", (unsigned long long)seg);
-    } else if (mmap((void *)addr, GMB_CACHE_PAGE, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    else if (mmap((void *)addr, GMB_CACHE_PAGE, PROT_READ | PROT_WRITE,
+                  MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
       rc = client_fail(GMB_E_SYSTEM, "mapping a page of the cache: %s",
                        strerror(errno));
-    }
-    pg->h = 0;
   }
-  if (rc == 0) pg->id = id;
+  close(fd);
+  return rc;
+}
+
+static void client_page_unmap(void *ctx, uintptr_t addr,
+                              const struct gmb_cache_page *pg);
+
+/* `n` pages from the broker in one request, mapped at addr, addr + page,
+ * ...  All or nothing: a page that cannot be mapped unmaps the ones
+ * before it and gives all of them back.  Holds io from the request to the
+ * mappings, as client_alloc does.  A quota held by the tenant's other
+ * caches is waited for by the broker itself (trim_wait_ms), not here. */
+static int client_page_map(void *ctx, uintptr_t addr, unsigned n,
+                           struct gmb_cache_page *pg) {
+  gmb_client *c = ctx;
+  if (n == 0 || n > WIRE_PAGES_MAX)
+    return client_fail(GMB_E_INVAL, "%u pages in one request", n);
+  struct wire_request req = {.kind = WIRE_ALLOC};
+  req.u.alloc.size = (uint64_t)n * GMB_CACHE_PAGE;
+  req.u.alloc.pages = n;
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_ALLOC, c->request_timeout_ms, &rep);
+  if (rc) goto out;
+  /* What the broker says it gave, checked before anything is mapped. */
+  unsigned got = rep.u.alloc.n_pages;
+  for (unsigned i = 0; i < got && rc == 0; i++)
+    if (rep.u.alloc.page_id[i] == 0) rc = GMB_E_PROTO;
+  if (rc || got != n || rep.u.alloc.size != req.u.alloc.size) {
+    rc = client_fail(GMB_E_PROTO, "the broker answered a request for %u "
+                     "pages with %u of %llu bytes", n, got,
+                     (unsigned long long)rep.u.alloc.size);
+    goto undo;
+  }
+  unsigned mapped = 0;
+  for (; mapped < n && rc == 0; mapped++) {
+    rc = client_page_attach(c, rep.u.alloc.page_seg[mapped],
+                            addr + (uintptr_t)mapped * GMB_CACHE_PAGE,
+                            &pg[mapped]);
+    if (rc == 0) pg[mapped].id = rep.u.alloc.page_id[mapped];
+  }
+  if (rc == 0) goto out;
+  for (unsigned i = 0; i + 1 < mapped; i++)
+    client_page_unmap(c, addr + (uintptr_t)i * GMB_CACHE_PAGE, &pg[i]);
+undo:
+  if (got && got <= WIRE_PAGES_MAX && !atomic_load(&c->dead)) {
+    /* The failure the caller reports is the one above, not the Free's. */
+    char saved[sizeof client_err];
+    memcpy(saved, client_err, sizeof saved);
+    client_free_ids(c, rep.u.alloc.page_id, got);
+    memcpy(client_err, saved, sizeof saved);
+  }
 out:
-  if (fd >= 0) close(fd);
-  if (rc && id) client_undo_alloc(c, id);
   pthread_mutex_unlock(&c->io);
   return rc;
 }
@@ -1573,14 +1611,28 @@ static void client_page_unmap(void *ctx, uintptr_t addr,
 }
 
 /* No wait for the device: the cache gives back only pages that no
- * stream's work can use any more.  A failure keeps the page until the
- * session's end, as the broker frees it then. */
-static void client_page_free(void *ctx, const struct gmb_cache_page *pg) {
+ * stream's work can use any more.  One message for all of them.  A
+ * failure keeps the pages until the session's end, as the broker frees
+ * them then. */
+static void client_page_free(void *ctx, const struct gmb_cache_page *pg,
+                             unsigned n) {
+  gmb_client *c = ctx;
+  uint64_t ids[WIRE_PAGES_MAX];
   char saved[sizeof client_err];
   memcpy(saved, client_err, sizeof saved);
-  client_free_id(ctx, pg->id, 0);
+  for (unsigned done = 0; done < n;) {
+    unsigned k = n - done < WIRE_PAGES_MAX ? n - done : WIRE_PAGES_MAX;
+    for (unsigned i = 0; i < k; i++) ids[i] = pg[done + i].id;
+    pthread_mutex_lock(&c->io);
+    if (!atomic_load(&c->dead)) client_free_ids(c, ids, k);
+    pthread_mutex_unlock(&c->io);
+    done += k;
+  }
   memcpy(client_err, saved, sizeof saved);
 }
+
+_Static_assert(GMB_CACHE_BATCH <= WIRE_PAGES_MAX,
+               "the cache asks for more pages at once than a message holds");
 
 /* Moves a page's mapping within the process, with no message.  On the
  * host device the old address becomes a hole for a moment (mremap), and

@@ -61,6 +61,7 @@ static struct {
   uint64_t quota, held;
   unsigned max_pages; /* 0: none; else GMB_E_NOMEM past it (seg_max) */
   unsigned maps, unmaps, frees, moves, records, queries, syncs;
+  unsigned requests; /* messages: a batch of maps or frees is one */
   unsigned reserves, unreserves;
   int events_live;
   int bad; /* calls that broke the backend's contract */
@@ -100,41 +101,53 @@ static void be_unreserve(void *ctx, uintptr_t base, uint64_t size) {
   munmap((void *)base, size);
 }
 
-static int be_map(void *ctx, uintptr_t addr, struct gmb_cache_page *pg) {
-  (void)ctx;
-  pthread_mutex_lock(&be.mu);
-  int rc = 0;
+/* One page at addr: 0, or the broker's refusal with nothing mapped.
+ * Under be.mu. */
+static int be_map_one(uintptr_t addr, struct gmb_cache_page *pg) {
   if (addr % PAGE) be_misuse("map at a misaligned address", 0, addr);
   for (int i = 1; i < MAX_PAGES; i++)
     if (be.at[i] == addr) be_misuse("map over a mapped page", (uint64_t)i, addr);
-  if (be.quota && be.held + PAGE > be.quota) {
-    rc = GMB_E_QUOTA;
-  } else if (be.max_pages && be.held / PAGE >= be.max_pages) {
-    rc = GMB_E_NOMEM; /* the broker's segment cap (its descriptor budget) */
-  } else {
-    int i = 1;
-    while (i < MAX_PAGES && be.live[i]) i++;
-    if (i == MAX_PAGES ||
-        mmap((void *)addr, PAGE, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
-      rc = GMB_E_NOMEM;
-    } else {
-      be.live[i] = 1;
-      be.at[i] = addr;
-      be.held += PAGE;
-      be.maps++;
-      pg->id = (uint64_t)i;
-      pg->h = (uint64_t)i * 7; /* a handle of the backend's own */
+  if (be.quota && be.held + PAGE > be.quota) return GMB_E_QUOTA;
+  /* the broker's segment cap (its descriptor budget) */
+  if (be.max_pages && be.held / PAGE >= be.max_pages) return GMB_E_NOMEM;
+  int i = 1;
+  while (i < MAX_PAGES && be.live[i]) i++;
+  if (i == MAX_PAGES ||
+      mmap((void *)addr, PAGE, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+    return GMB_E_NOMEM;
+  be.live[i] = 1;
+  be.at[i] = addr;
+  be.held += PAGE;
+  be.maps++;
+  pg->id = (uint64_t)i;
+  pg->h = (uint64_t)i * 7; /* a handle of the backend's own */
+  return 0;
+}
+
+static void be_unmap_locked(uintptr_t addr, const struct gmb_cache_page *pg);
+static void be_free_locked(const struct gmb_cache_page *pg);
+
+/* n pages in one request, all or none, as the broker gives them. */
+static int be_map(void *ctx, uintptr_t addr, unsigned n,
+                  struct gmb_cache_page *pg) {
+  (void)ctx;
+  pthread_mutex_lock(&be.mu);
+  be.requests++;
+  if (n == 0 || n > GMB_CACHE_BATCH) be_misuse("a batch of pages", n, addr);
+  int rc = 0;
+  unsigned i = 0;
+  for (; i < n && rc == 0; i++) rc = be_map_one(addr + i * PAGE, &pg[i]);
+  if (rc)
+    for (unsigned j = 0; j + 1 < i; j++) {
+      be_unmap_locked(addr + j * PAGE, &pg[j]);
+      be_free_locked(&pg[j]);
     }
-  }
   pthread_mutex_unlock(&be.mu);
   return rc;
 }
 
-static void be_unmap(void *ctx, uintptr_t addr,
-                     const struct gmb_cache_page *pg) {
-  (void)ctx;
-  pthread_mutex_lock(&be.mu);
+static void be_unmap_locked(uintptr_t addr, const struct gmb_cache_page *pg) {
   uint64_t i = pg->id;
   if (i == 0 || i >= MAX_PAGES || !be.live[i] || be.at[i] != addr ||
       pg->h != i * 7)
@@ -142,14 +155,19 @@ static void be_unmap(void *ctx, uintptr_t addr,
   else
     be.at[i] = 0;
   be.unmaps++;
-  pthread_mutex_unlock(&be.mu);
   mmap((void *)addr, PAGE, PROT_NONE,
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
-static void be_free(void *ctx, const struct gmb_cache_page *pg) {
+static void be_unmap(void *ctx, uintptr_t addr,
+                     const struct gmb_cache_page *pg) {
   (void)ctx;
   pthread_mutex_lock(&be.mu);
+  be_unmap_locked(addr, pg);
+  pthread_mutex_unlock(&be.mu);
+}
+
+static void be_free_locked(const struct gmb_cache_page *pg) {
   uint64_t i = pg->id;
   if (i == 0 || i >= MAX_PAGES || !be.live[i] || be.at[i])
     be_misuse("free of a page not live or still mapped", i, 0);
@@ -158,6 +176,15 @@ static void be_free(void *ctx, const struct gmb_cache_page *pg) {
     be.held -= PAGE;
     be.frees++;
   }
+}
+
+/* n pages in one message. */
+static void be_free(void *ctx, const struct gmb_cache_page *pg, unsigned n) {
+  (void)ctx;
+  pthread_mutex_lock(&be.mu);
+  be.requests++;
+  if (n == 0 || n > GMB_CACHE_BATCH) be_misuse("a batch of pages", n, 0);
+  for (unsigned i = 0; i < n; i++) be_free_locked(&pg[i]);
   pthread_mutex_unlock(&be.mu);
 }
 
@@ -238,6 +265,7 @@ static void be_reset(void) {
   be.quota = 0;
   be.max_pages = 0;
   be.maps = be.unmaps = be.frees = be.moves = be.records = be.queries = 0;
+  be.requests = 0;
   be.syncs = be.reserves = be.unreserves = 0;
   be.bad = 0;
 }
@@ -516,6 +544,38 @@ START_TEST(larger_than_a_span) {
   uint64_t rel;
   ck_assert_int_eq(gmb__cache_trim(k, 0, 0, &rel), 0);
   ck_assert_uint_eq(be.held, 0);
+  done(k);
+}
+END_TEST
+
+/* A miss of many pages asks for them in batches of GMB_CACHE_BATCH, one
+ * message each (the broker sees one request for the quota and its
+ * holds), and a trim gives them back the same way. */
+START_TEST(many_pages_one_message_a_batch) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  void *p, *q;
+  ck_assert_int_eq(gmb__cache_alloc(k, 40 * MIB, NULL, &p), 0);
+  ck_assert_uint_eq(be.maps, 20);
+  ck_assert_uint_eq(be.requests, 1);
+  ck_assert_int_eq(gmb__cache_alloc(k, 60 * MIB, NULL, &q), 0); /* 30 more */
+  ck_assert_uint_eq(be.requests, 2);
+  ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, q, NULL), 0);
+  uint64_t rel;
+  be.requests = 0;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, &rel), 0);
+  ck_assert_uint_eq(rel, 100 * MIB);
+  ck_assert_uint_eq(be.requests, 1);
+  /* 100 pages: two batches. */
+  be.requests = 0;
+  ck_assert_int_eq(gmb__cache_alloc(k, 200 * MIB - 4096, NULL, &p), 0);
+  ck_assert_uint_eq(be.requests, 2);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
+  be.requests = 0;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, &rel), 0);
+  ck_assert_uint_eq(be.requests, 2);
   done(k);
 }
 END_TEST
@@ -1238,6 +1298,7 @@ static Suite *suite(void) {
   tcase_add_test(t, miss_without_move_gives_back_first);
   tcase_add_test(t, larger_than_a_span);
   tcase_add_test(t, hit_makes_no_backend_call);
+  tcase_add_test(t, many_pages_one_message_a_batch);
   tcase_add_test(t, same_stream_reuses_without_event);
   tcase_add_test(t, other_stream_records_when_it_wants);
   tcase_add_test(t, merge_across_streams_after_event);

@@ -62,9 +62,9 @@
 
 #define SEG_SIZE (4u << 20)
 #define NSEG 2
-/* After the segments, pages for the client's cache: a pinned request of
- * exactly PAGE_SIZE gets one of them, a segment of its own (id
- * PAGE_SEG + i), as the broker gives every request past the small size. */
+/* After the segments, pages for the client's cache: a request for pages
+ * (Alloc.pages) gets as many of them, each a segment of its own (id
+ * PAGE_SEG + i), as the broker gives them. */
 #define PAGE_SIZE (2u << 20)
 #define NPAGE 2
 #define PAGE_SEG 100u
@@ -418,15 +418,21 @@ static void fk_default(struct fk *f, const struct wire_request *req) {
       break;
     case WIRE_ALLOC: {
       uint64_t size = (req->u.alloc.size + 511) & ~(uint64_t)511;
-      if (size == PAGE_SIZE && !(req->u.alloc.flags & GMB_MOVABLE)) {
-        if (f->next_page == NPAGE) {
+      if (req->u.alloc.pages) {
+        const uint32_t n = req->u.alloc.pages;
+        if (f->next_page + n > NPAGE) {
           rep.status = GMB_E_NOMEM;
           break;
         }
         rep.kind = WIRE_ALLOC;
-        rep.u.alloc.id = 1000 + ++f->next_page;
         rep.u.alloc.size = size;
-        rep.u.alloc.segment = PAGE_SEG + f->next_page - 1;
+        rep.u.alloc.n_pages = n;
+        for (uint32_t i = 0; i < n; i++) {
+          rep.u.alloc.page_id[i] = 1000 + ++f->next_page;
+          rep.u.alloc.page_seg[i] = PAGE_SEG + f->next_page - 1;
+        }
+        rep.u.alloc.id = rep.u.alloc.page_id[0];
+        rep.u.alloc.segment = rep.u.alloc.page_seg[0];
         break;
       }
       uint64_t off = atomic_load(&f->next_offset);

@@ -852,6 +852,99 @@ START_TEST(free_twice) {
 }
 END_TEST
 
+/* --- a cache's pages ------------------------------------------------------ */
+
+/* An Alloc of pages: each page an allocation in a segment of its own, the
+ * quota charged the total, all or none; a Free of several frees them all
+ * in one message. */
+START_TEST(pages_in_one_request_and_freed_in_one) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[tenant:q]\nquota = 16MiB\n");
+  struct gmb_session *s = fx_hello(&f, "a", 1001, "q");
+  struct wire_request req;
+  struct wire_reply rep;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ALLOC;
+  req.u.alloc.pages = 5;
+  req.u.alloc.size = 5 * 2 * MIB;
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.u.alloc.n_pages, 5);
+  ck_assert_uint_eq(rep.u.alloc.size, 10 * MIB);
+  for (unsigned i = 0; i < 5; i++) {
+    check_segment_of(&f, rep.u.alloc.page_seg[i], 2 * MIB, s->tenant);
+    for (unsigned j = 0; j < i; j++)
+      ck_assert_uint_ne(rep.u.alloc.page_seg[i], rep.u.alloc.page_seg[j]);
+  }
+  ck_assert_uint_eq(s->allocations, 5);
+  ck_assert_uint_eq(s->tenant->used, 10 * MIB);
+  /* 4 pages more pass the 16 MiB quota: refused as one, nothing made. */
+  struct wire_reply r2;
+  req.u.alloc.pages = 4;
+  req.u.alloc.size = 4 * 2 * MIB;
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &r2), 1);
+  ck_assert_int_eq(r2.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(s->allocations, 5);
+  /* Bad requests: too many, movable, a size that is not the pages'. */
+  static const struct {
+    uint32_t pages, flags;
+    uint64_t size;
+  } bad[] = {{65, 0, 65 * 2 * MIB}, {1, GMB_MOVABLE, 2 * MIB},
+             {2, 0, 2 * MIB}, {1, 0, 2 * MIB + 512}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    req.u.alloc.pages = bad[i].pages;
+    req.u.alloc.flags = bad[i].flags;
+    req.u.alloc.size = bad[i].size;
+    ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &r2), 1);
+    ck_assert_int_eq(r2.status, GMB_E_INVAL);
+  }
+  ck_assert_uint_eq(s->allocations, 5);
+  /* Four freed in one message, the last on its own. */
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_FREE;
+  req.u.free.id = rep.u.alloc.page_id[0];
+  req.u.free.n_more = 3;
+  for (unsigned i = 1; i < 4; i++) req.u.free.more[i - 1] = rep.u.alloc.page_id[i];
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &r2), 1);
+  ck_assert_int_eq(r2.status, 0);
+  ck_assert_uint_eq(s->allocations, 1);
+  ck_assert_uint_eq(s->tenant->used, 2 * MIB);
+  /* A freed id in the list stops there, named; those before it go. */
+  req.u.free.id = rep.u.alloc.page_id[4];
+  req.u.free.n_more = 1;
+  req.u.free.more[0] = rep.u.alloc.page_id[0];
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &r2), 1);
+  ck_assert_int_eq(r2.status, GMB_E_NOENT);
+  ck_assert_ptr_nonnull(strstr(r2.message, "those before it were freed"));
+  ck_assert_uint_eq(s->allocations, 0);
+  ck_assert_uint_eq(s->tenant->used, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* Pages past the device's room: none is made (all or nothing). */
+START_TEST(pages_all_or_none) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", "");
+  struct gmb_session *s = fx_hello(&f, "a", 1001, "");
+  fx_must_alloc(&f, "a", 1001, 10 * MIB, 0);
+  struct wire_request req;
+  struct wire_reply rep;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ALLOC;
+  req.u.alloc.pages = 4;
+  req.u.alloc.size = 4 * 2 * MIB;
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(s->allocations, 1);
+  ck_assert_uint_eq(s->tenant->used, 10 * MIB);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(f.b.pool, &ps);
+  ck_assert_uint_eq(ps.segment_bytes, 10 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
 /* --- stats ----------------------------------------------------------- */
 
 START_TEST(stats_used_peak_quota) {
@@ -1647,6 +1740,8 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, free_own);
   tcase_add_test(tc, free_others_id_is_noent);
   tcase_add_test(tc, free_twice);
+  tcase_add_test(tc, pages_in_one_request_and_freed_in_one);
+  tcase_add_test(tc, pages_all_or_none);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("stats");

@@ -396,6 +396,48 @@ END_TEST
 
 /* A trim's answer rides on a Heartbeat; a quota refusal says, in a field
  * and not only in its text, how many cached bytes were asked back. */
+/* A cache's pages: an Alloc of pages, its reply of each page's id and
+ * segment, a Free of several; past WIRE_PAGES_MAX neither side builds
+ * one. */
+START_TEST(pages_roundtrip) {
+  struct wire_request in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 5;
+  in.kind = WIRE_ALLOC;
+  in.u.alloc.size = 3 * (UINT64_C(2) << 20);
+  in.u.alloc.pages = 3;
+  req_roundtrip(&in, &out);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+  memset(&in, 0, sizeof in);
+  in.id = 6;
+  in.kind = WIRE_FREE;
+  in.u.free.id = 11;
+  in.u.free.n_more = WIRE_PAGES_MAX - 1;
+  for (unsigned i = 0; i < WIRE_PAGES_MAX - 1; i++) in.u.free.more[i] = 12 + i;
+  req_roundtrip(&in, &out);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  in.u.free.n_more = WIRE_PAGES_MAX;
+  ck_assert_int_eq(gmb__wire_request_encode(&in, &buf, &len), GMB_E_INVAL);
+
+  struct wire_reply r, o;
+  memset(&r, 0, sizeof r);
+  r.id = 9;
+  r.kind = WIRE_ALLOC;
+  r.u.alloc.size = 2 * (UINT64_C(2) << 20);
+  r.u.alloc.n_pages = 2;
+  r.u.alloc.page_id[0] = r.u.alloc.id = 40;
+  r.u.alloc.page_id[1] = 41;
+  r.u.alloc.page_seg[0] = r.u.alloc.segment = 7;
+  r.u.alloc.page_seg[1] = 8;
+  rep_roundtrip(&r, &o);
+  ck_assert_mem_eq(&o, &r, sizeof r);
+  r.u.alloc.n_pages = WIRE_PAGES_MAX + 1;
+  ck_assert_int_eq(gmb__wire_reply_encode(&r, &buf, &len), GMB_E_INVAL);
+}
+END_TEST
+
 START_TEST(trim_answer_and_asked_back_roundtrip) {
   struct wire_request in, out;
   memset(&in, 0, sizeof in);
@@ -1274,6 +1316,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, reply_event_roundtrip);
   tcase_add_test(tc, cache_fields_roundtrip);
   tcase_add_test(tc, trim_answer_and_asked_back_roundtrip);
+  tcase_add_test(tc, pages_roundtrip);
   tcase_add_test(tc, reply_admin_status_rows_roundtrip);
   tcase_add_test(tc, reply_admin_status_no_rows);
   tcase_add_test(tc, reply_admin_status_sessions_roundtrip);
