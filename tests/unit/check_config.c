@@ -167,7 +167,7 @@ START_TEST(deploy_example_parses) {
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "llm-a");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 20 * GMB_GIB);
-  ck_assert_uint_eq(t->reserve, 4 * GMB_GIB);
+  ck_assert_uint_eq(t->reserve, 256 * GMB_MIB);
   ck_assert_int_eq(t->has_token, 1);
   t = gmb__config_tenant(&c, "batch");
   ck_assert_ptr_nonnull(t);
