@@ -85,6 +85,15 @@ static int job_touch(gmb_client *c, gmb_id id, uint64_t size) {
 }
 
 int main(int argc, char **argv) {
+  /* Caught from the start, so that a stop during the allocations ends
+   * them and still frees what was allocated. */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = job_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+
   const char *tenant = NULL, *endpoint = NULL;
   long hold_ms = 0;
   int touch = 0, first = argc;
@@ -140,15 +149,6 @@ int main(int argc, char **argv) {
   else
     snprintf(name, sizeof name, "uid-%u", (unsigned)getuid());
   int pid = (int)getpid();
-
-  /* Caught before anything is allocated, so that a stop during the
-   * allocations ends them and still frees what was allocated. */
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = job_on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
 
   gmb_client *c;
   rc = gmb_connect(endpoint, tenant, &c);

@@ -60,7 +60,7 @@ check_unit() {
   fi
   if active && out=$(ctl status 2>&1); then
     ok "$unit: start, ready when systemctl start returns" \
-       "$(( ($(date +%s%N) - t0) / 1000000 )) ms; $(echo "$out" | grep -m1 '^device')"
+       "$(( ($(date +%s%N) - t0) / 1000000 )) ms; $(echo "$out" | grep -m1 '^device' | tr -s ' ')"
   else
     bad "$unit: start, ready when systemctl start returns" \
         "is-active $(systemctl is-active "$unit"); gmbctl status: $out"
