@@ -37,7 +37,9 @@
 #            space) builds the image with the legacy builder and with
 #            BuildKit, runs each with no arguments, and runs `docker-compose
 #            up` on compose.yaml; stopped afterwards.
-#   machine  the host's network links and routes are as they were.
+#   machine  the host's network links and routes, and its firewall rules
+#            (iptables-save, ip6tables-save, legacy and nft as there
+#            are; counters aside), are as they were.
 #
 # Each check prints "check-deploy: NAME: ok", "... FAILED: why" or
 # "... SKIPPED: why" (a tool that cannot be installed, or an engine that
@@ -69,12 +71,10 @@ mkdir -p "$W"
 # shellcheck source=deploy/check/units.sh
 . deploy/check/units.sh
 
-# The machine's network as found: compared at the end.
-host_net() {
-  { ip -o link show | awk -F': ' '{ print $2 }' | sed 's/@.*//' | sort
-    ip route show table all 2>/dev/null | sort; } 2>/dev/null
-}
+# The machine's network and firewall as found: compared at the end (lib.sh).
 net_before=$(host_net)
+read -r -a FW_TOOLS <<<"$(host_fw_tools)"
+fw_before=$(host_fw "${FW_TOOLS[@]}")
 
 ok() {
   echo "check-deploy: $1: ok${2:+ ($2)}"
@@ -737,6 +737,18 @@ if [ "$net_before" = "$net_after" ]; then
 else
   bad "the host's network links and routes are as before" \
       "$(diff <(echo "$net_before") <(echo "$net_after") | grep '^[<>]' | tr '\n' ' ')"
+fi
+# The firewall: every table, chain and rule, counters aside; a rule left
+# behind (or one removed) is named, "> " for what the run added.
+fw_after=$(host_fw "${FW_TOOLS[@]}")
+if [ ${#FW_TOOLS[@]} -eq 0 ]; then
+  skip "the host's firewall rules are as before" "no iptables-save or nft on this machine"
+elif [ "$fw_before" = "$fw_after" ]; then
+  ok "the host's firewall rules are as before" \
+     "$(echo "$fw_before" | grep -c ': -A \|^nft: .*\(accept\|drop\|jump\|goto\|masquerade\|dnat\|snat\)') rules; ${FW_TOOLS[*]}"
+else
+  bad "the host's firewall rules are as before" \
+      "$(diff <(echo "$fw_before") <(echo "$fw_after") | grep '^[<>]' | tr '\n' ' ')"
 fi
 
 section "result"
