@@ -16,7 +16,9 @@
 #            SIGSEGV and SIGKILL, reload, clean stop.
 #   fresh    the README's first lines, verbatim, in a minbase Debian 12
 #            root (check-fresh.sh; `make check-fresh` alone).
-#   image    podman (runc, vfs storage, cgroupfs, nofile/nproc 1024) builds
+#   image    podman (runc, vfs storage, cgroupfs, nofile/nproc 1024; in a
+#            network and mount namespace of its own, which slirp4netns
+#            connects to the outside in user space, as dockerd's) builds
 #            deploy/container/Dockerfile from this tree on a Debian 12 base
 #            made with debootstrap and tagged debian:12 and debian:12-slim
 #            (no registry is reachable); the build time and image size are
@@ -287,9 +289,83 @@ units_in_systemd
 
 # --- the image ----------------------------------------------------------
 section "image: podman build on a debootstrap base"
-P=(podman --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs
-   --cgroup-manager cgroupfs --runtime runc --events-backend file)
+# Podman runs, as the private dockerd below, in a network and mount
+# namespace of its own, kept by a holder process (unshare ... sleep) that
+# every podman command enters (nsenter).  A container with a published port
+# (-p) makes podman's CNI bridge, cni-podman0, with its routes and its
+# portmap and firewall rules (iptables, 8 in nat and 4 in filter): in that
+# namespace they stay, and go with it; the host's links, routes and
+# firewall are not touched (an earlier version ran podman in the host's
+# namespaces, and left all of that behind).  In its mount namespace,
+# tmpfs over /run/netns and /var/lib/cni (the containers' network
+# namespaces, CNI's leases and cache) and slirp4netns's resolver over
+# /etc/resolv.conf; slirp4netns connects the namespace to the outside in
+# user space (no interface, route or rule on the host) for the build's
+# apt-get.  A published port is reached from inside it (nsenter --net).
+PODMAN=(podman --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs
+        --cgroup-manager cgroupfs --runtime runc --events-backend file)
+P=("${PODMAN[@]}")
 U=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+PN=$STORE/podman-ns
+pod_ns=""       # the holder: its pid, the namespaces' owner
+pod_unshare=""
+pod_slirp=""
+pod_netns=""    # its network namespace, as /proc/PID/ns/net names it
+pod_why=""
+pod_ns_start() {
+  mkdir -p "$PN"
+  rm -f "$PN/pid"
+  echo "nameserver 10.0.2.3" >"$PN/resolv.conf"
+  unshare --net --mount --propagation private --fork --kill-child \
+    /bin/sh -c '
+      set -e
+      ip link set lo up
+      mount --bind "$1/resolv.conf" /etc/resolv.conf
+      mkdir -p /run/netns /var/lib/cni
+      mount -t tmpfs tmpfs /run/netns
+      mount -t tmpfs tmpfs /var/lib/cni
+      echo $$ >"$1/pid"
+      exec sleep infinity' sh "$PN" >"$W/podman-ns.log" 2>&1 &
+  pod_unshare=$!
+  for ((i = 0; i < 100; i++)); do
+    [ -s "$PN/pid" ] && break
+    kill -0 "$pod_unshare" 2>/dev/null || break
+    sleep 0.1
+  done
+  pod_ns=$(cat "$PN/pid" 2>/dev/null)
+  if [ -z "$pod_ns" ]; then
+    pod_why="no namespace for podman: $(tail -n 2 "$W/podman-ns.log" | tr '\n' ' ')"
+    pod_ns_stop
+    return 1
+  fi
+  pod_netns=$(readlink "/proc/$pod_ns/ns/net")
+  slirp4netns --configure --mtu=65520 --disable-host-loopback \
+    "$pod_ns" tap0 >"$W/podman-slirp4netns.log" 2>&1 &
+  pod_slirp=$!
+  P=(nsenter --target "$pod_ns" --net --mount --wd="$TOP" "${PODMAN[@]}")
+}
+# pod_ns_stop: after cleanup removed the containers.  Whatever still runs
+# in the namespace (a conmon, a container) is named and ended with it.
+pod_ns_stop() {
+  local pid left=""
+  [ -n "$pod_unshare" ] || return 0
+  [ -n "$pod_slirp" ] && kill "$pod_slirp" 2>/dev/null
+  kill "$pod_unshare" 2>/dev/null
+  wait "$pod_unshare" "$pod_slirp" 2>/dev/null
+  if [ -n "$pod_netns" ]; then
+    for pid in /proc/[0-9]*; do
+      [ "$(readlink "$pid/ns/net" 2>/dev/null)" = "$pod_netns" ] || continue
+      left="$left ${pid#/proc/}:$(tr '\0' ' ' <"$pid/cmdline" 2>/dev/null | cut -c1-60)"
+      kill -KILL "${pid#/proc/}" 2>/dev/null
+    done
+    [ -n "$left" ] && echo "check-deploy: still in podman's namespace, killed:$left"
+  fi
+  pod_ns=""
+  pod_unshare=""
+  pod_slirp=""
+  pod_netns=""
+  P=("${PODMAN[@]}")
+}
 engine=""
 base=""
 if [ "$(id -u)" != 0 ]; then
@@ -298,6 +374,8 @@ elif ! have podman || ! have runc; then
   engine="podman or runc is not installed (Debian packages podman, runc)"
 elif ! have debootstrap; then
   engine="debootstrap is not installed: no base image can be made (no registry is reachable)"
+elif ! have slirp4netns || ! have nsenter; then
+  engine="slirp4netns or nsenter is not installed: podman in a network namespace of its own could not reach the Debian mirror"
 fi
 
 # The base: Debian 12 minbase from this machine's apt mirror (lib.sh),
@@ -307,6 +385,9 @@ if [ -z "$engine" ]; then
     engine="no Debian base image: $(tail -n 1 "$W/base.why")"
   fi
   cat "$W/base.why"
+fi
+if [ -z "$engine" ] && ! pod_ns_start; then
+  engine=$pod_why
 fi
 if [ -z "$engine" ]; then
   if ! out=$("${P[@]}" import "$base" localhost/debian:12 2>&1) ||
@@ -341,11 +422,12 @@ fi
 # --- running it -----------------------------------------------------------
 section "run: a broker and two jobs in containers"
 cleanup() {
+  [ -n "$pod_ns" ] || return 0
   "${P[@]}" rm -f -t 2 "$TAG-noconf" "$TAG-cm" "$TAG-broker" "$TAG-a" \
     "$TAG-b" >/dev/null 2>&1
   "${P[@]}" volume rm -f "$TAG-run" >/dev/null 2>&1
 }
-trap cleanup EXIT
+trap 'cleanup; pod_ns_stop' EXIT
 
 # wait_log CONTAINER TEXT SECONDS: until the container's log has TEXT.
 wait_log() {
@@ -368,7 +450,8 @@ else
     uid=$("${P[@]}" exec "$TAG-noconf" id -u)
     # The endpoint answers "no metrics yet" until the first snapshot.
     for ((i = 0; i < 50; i++)); do
-      metrics=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)
+      metrics=$(nsenter --target "$pod_ns" --net \
+                  curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)
       echo "$metrics" | grep -q '^gmb_build_info' && break
       sleep 0.2
     done
@@ -376,7 +459,7 @@ else
     if [ "$uid" = 10001 ] && echo "$metrics" | grep -q '^gmb_build_info' &&
        echo "$status" | grep -q '^capacity'; then
       ok "docker run IMAGE (no arguments)" \
-         "uid $uid, $(echo "$status" | sed -n 's/^device *//p'), metrics on published port $port, read-only root"
+         "uid $uid, $(echo "$status" | sed -n 's/^device *//p'), metrics on port $port published in podman's namespace, read-only root"
     else
       bad "docker run IMAGE (no arguments)" "uid '$uid'; metrics: $(echo "$metrics" | head -c 200); status: $status"
     fi
@@ -505,6 +588,7 @@ fi
 # Each build leaves its build stage behind (vfs keeps whole copies): keep
 # only the tagged images.
 [ -z "$engine" ] && "${P[@]}" image prune -f >/dev/null 2>&1
+pod_ns_stop
 
 # --- Docker: two builders and compose up ------------------------------------
 # The image must build with Docker's legacy builder (which reads the root
@@ -549,7 +633,7 @@ docker_stop() {
     slirp_pid=""
   fi
 }
-trap 'cleanup; docker_stop' EXIT
+trap 'cleanup; pod_ns_stop; docker_stop' EXIT
 dk=""
 dcli=/usr/bin/docker
 [ -x "$dcli" ] || dcli=$(command -v docker || true)
