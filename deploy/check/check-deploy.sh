@@ -344,14 +344,22 @@ pod_ns_start() {
   pod_slirp=$!
   P=(nsenter --target "$pod_ns" --net --mount --wd="$TOP" "${PODMAN[@]}")
 }
-# pod_ns_stop: after cleanup removed the containers.  Whatever still runs
-# in the namespace (a conmon, a container) is named and ended with it.
+# pod_ns_stop: after cleanup removed the containers.  The holder (sleep)
+# is stopped, not unshare: with --fork, unshare ignores SIGTERM and waits
+# for it.  Whatever still runs in the namespace (a conmon, a container) is
+# named and ended with it.
 pod_ns_stop() {
   local pid left=""
   [ -n "$pod_unshare" ] || return 0
   [ -n "$pod_slirp" ] && kill "$pod_slirp" 2>/dev/null
-  kill "$pod_unshare" 2>/dev/null
-  wait "$pod_unshare" "$pod_slirp" 2>/dev/null
+  [ -n "$pod_ns" ] && kill "$pod_ns" 2>/dev/null
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pod_unshare" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pod_unshare" 2>/dev/null
+  wait "$pod_unshare" 2>/dev/null
+  [ -n "$pod_slirp" ] && wait "$pod_slirp" 2>/dev/null
   if [ -n "$pod_netns" ]; then
     for pid in /proc/[0-9]*; do
       [ "$(readlink "$pid/ns/net" 2>/dev/null)" = "$pod_netns" ] || continue
@@ -507,6 +515,7 @@ else
     "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
     job "$TAG-a" inference $C/secrets/inference.token --touch --hold-ms -1 96MiB 96MiB \
       >/dev/null 2>&1 &
+    job_pid=$!
     if wait_log "$TAG-a" "stats quota=" 30; then
       shm=$("${P[@]}" exec "$TAG-a" df -m --output=size /dev/shm | tail -n 1 | tr -d ' ')
       u=$(used inference)
@@ -551,15 +560,16 @@ else
     else
       bad "killed job's memory is reclaimed" "inference still uses '$u' bytes 5 s after the kill"
     fi
-    wait
+    wait "$job_pid"
     # A holding job stopped as `docker stop` stops it (SIGTERM to its PID
     # 1, then SIGKILL after 60 s): it frees, disconnects, exits 0.
     "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
     job "$TAG-a" inference $C/secrets/inference.token --hold-ms -1 32MiB \
       >/dev/null 2>&1 &
+    job_pid=$!
     if wait_log "$TAG-a" "stats quota=" 30; then
       "${P[@]}" stop -t 60 "$TAG-a" >/dev/null 2>&1
-      wait
+      wait "$job_pid"
       code=$("${P[@]}" inspect --format '{{.State.ExitCode}}' "$TAG-a")
       u=$(used inference)
       if [ "$code" = 0 ] && [ "$u" = 0 ] &&
