@@ -6,6 +6,7 @@
 #   make demo       a broker on the host device with a short demo
 #   make bench      benchmarks (figures in docs/benchmarks.md)
 #   make check-deploy  image, containers, compose, Kubernetes, systemd (root)
+#   make check-fresh   the README's first lines in a minbase Debian 12 (root)
 #   make install PREFIX=/usr/local   binaries, libraries, header, gmb.pc, docs
 #   make clean
 #   V=1             show full commands
@@ -115,7 +116,7 @@ INTEG_BIN := $(patsubst tests/integration/%.c,$(B)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 
 .PHONY: all deps check unit integration demo bench install clean gen layout \
-  check-deploy
+  check-deploy check-fresh
 # Keep the objects that only pattern rules name (tests, benchmarks) between
 # runs.  Not a bare .SECONDARY: that would also let make skip a missing
 # object of an archive whenever the archive is newer than its source.
@@ -264,12 +265,20 @@ install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
 	  $(DESTDIR)$(PREFIX)/share/doc/gmb/
 
 # The deployment files, built and run as an operator would: podman builds
-# the image on a debootstrap base and runs a broker and two jobs in
-# containers; compose, Kubernetes and systemd files are validated
+# the image on a debootstrap base and runs a broker and jobs in
+# containers; a private dockerd builds it and runs compose.yaml; both
+# systemd units run under a booted systemd (systemd-nspawn); compose and
+# Kubernetes files are validated; check-fresh runs too
 # (deploy/check/check-deploy.sh, docs/deploy.md).  Needs root; says what
-# it skipped and why.
-check-deploy:
+# it skipped and why, and leaves the machine's network as it found it.
+check-deploy: all
 	$(Q)bash deploy/check/check-deploy.sh $(B)
+
+# The README's first two lines, verbatim, in a minbase Debian 12 root made
+# with debootstrap from this machine's apt mirror (deploy/check/
+# check-fresh.sh).  Needs root.
+check-fresh:
+	$(Q)bash deploy/check/check-fresh.sh $(B)
 
 clean:
 	rm -rf build

@@ -52,7 +52,29 @@ both_up() {
     "$bd/gmbctl" --run-dir "$run" --gpu "$u1" status >/dev/null 2>&1
 }
 gone() { ! kill -0 "$1" 2>/dev/null; }
-brokers_of() { pgrep -P "$1" 2>/dev/null; }
+# The brokers a process started: its children named gmb-broker, from /proc
+# (no procps needed).  In /proc/PID/stat the name is in parentheses and
+# the parent's pid is the second field after it.
+brokers_of() {
+  parent=$1
+  for d in /proc/[0-9]*; do
+    st=$(cat "$d/stat" 2>/dev/null) || continue
+    comm=${st#*(}
+    comm=${comm%)*}
+    # shellcheck disable=SC2086 # split the fields on purpose
+    set -- ${st##*) }
+    [ "$2" = "$parent" ] && [ "$comm" = gmb-broker ] && echo "${d#/proc/}"
+  done
+}
+# Waits for the entrypoint to exit, at most about 10 s (then kills it and
+# says so); its exit status.
+wait_ep() {
+  if ! until_ok gone "$1"; then
+    fail "the entrypoint $1 did not exit ($2); killed"
+    kill -KILL "$1" 2>/dev/null
+  fi
+  wait "$1"
+}
 
 # 1. Both come up, each answers for its GPU, SIGTERM stops both cleanly.
 bash deploy/container/gmb-brokers --run-dir "$run" >"$tmp/log1" 2>&1 &
@@ -63,7 +85,7 @@ if until_ok both_up; then
   kids=$(brokers_of $ep)
   [ "$(echo "$kids" | wc -w)" = 2 ] || fail "want 2 brokers, have: $kids"
   kill -TERM $ep
-  wait $ep
+  wait_ep $ep "after SIGTERM"
   st=$?
   [ $st = 0 ] || fail "entrypoint exited $st after SIGTERM"
   for k in $kids; do until_ok gone "$k" || fail "broker $k still runs"; done
@@ -72,7 +94,7 @@ if until_ok both_up; then
 else
   fail "the two brokers did not come up"
   kill -TERM $ep 2>/dev/null
-  wait $ep
+  wait_ep $ep "after SIGTERM"
 fi
 
 # 2. One broker dies: the other is stopped, the entrypoint fails.
@@ -81,8 +103,13 @@ ep=$!
 if until_ok both_up; then
   kids=$(brokers_of $ep)
   victim=$(echo "$kids" | head -n 1)
-  kill -KILL "$victim"
-  wait $ep
+  if [ -n "$victim" ]; then
+    kill -KILL "$victim"
+  else
+    fail "no broker found under the entrypoint $ep"
+    kill -TERM $ep
+  fi
+  wait_ep $ep "after one broker was killed"
   st=$?
   [ $st != 0 ] || fail "entrypoint exited 0 after a broker was killed"
   for k in $kids; do until_ok gone "$k" || fail "broker $k still runs"; done
@@ -90,7 +117,7 @@ if until_ok both_up; then
 else
   fail "the two brokers did not come up (second run)"
   kill -TERM $ep 2>/dev/null
-  wait $ep
+  wait_ep $ep "after SIGTERM"
 fi
 
 if [ $fails != 0 ]; then

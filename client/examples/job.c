@@ -6,13 +6,21 @@
  * Connects, allocates each SIZE in turn ("256MiB"), optionally writes a
  * pattern with gmb_write and reads it back with gmb_read (--touch), prints one line per
  * allocation and the tenant's figures, holds the memory for --hold-ms
- * (-1: until killed, which is how the demo shows the broker reclaiming a
- * dead job's memory), then frees and disconnects.
+ * (-1: until SIGTERM or SIGINT, or until killed, which is how the demo
+ * shows the broker reclaiming a dead job's memory), then frees and
+ * disconnects.
+ *
+ * SIGTERM and SIGINT end the hold at once: the job frees, disconnects and
+ * exits with the status below, as after its hold time.  Run as a
+ * container's PID 1 (which the kernel gives no default action for these
+ * signals), `docker stop` and a pod's deletion so end it in 0 (or 3), not
+ * in a SIGKILL after the grace period.
  *
  * Exit status: 0 every allocation succeeded; 3 some were refused (quota,
  * no memory); 1 the broker could not be reached or the session broke, or a
  * touched allocation did not read back; 2 usage.
  */
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +31,13 @@
 #include "gmb.h"
 #include "size.h"
 
+/* Set by SIGTERM/SIGINT: the hold ends. */
+static volatile sig_atomic_t job_stop;
+static void job_on_signal(int sig) {
+  (void)sig;
+  job_stop = 1;
+}
+
 static void job_usage(FILE *f) {
   fprintf(f,
           "usage: job [--tenant T] [--endpoint E] [--hold-ms N] [--touch] "
@@ -32,7 +47,8 @@ static void job_usage(FILE *f) {
           "  --endpoint E   the broker (default $GMB_ENDPOINT, else\n"
           "                 ipc://$GMB_RUN_DIR/broker.sock)\n"
           "  --hold-ms N    keep the memory N ms before freeing it; -1: until\n"
-          "                 killed (default 0)\n"
+          "                 SIGTERM or SIGINT (default 0); either signal\n"
+          "                 ends the hold: free, disconnect, exit\n"
           "  --touch        write a pattern into each allocation, read it "
           "back\n"
           "SIZE: 512MiB, 2GiB, 4096 ...\n"
@@ -69,6 +85,15 @@ static int job_touch(gmb_client *c, gmb_id id, uint64_t size) {
 }
 
 int main(int argc, char **argv) {
+  /* Caught from the start, so that a stop during the allocations ends
+   * them and still frees what was allocated. */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = job_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+
   const char *tenant = NULL, *endpoint = NULL;
   long hold_ms = 0;
   int touch = 0, first = argc;
@@ -136,7 +161,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   int refused = 0, broken = 0;
-  for (int k = 0; k < n; k++) {
+  for (int k = 0; k < n && !job_stop; k++) {
     char sz[SIZE_BUFSZ];
     size_format(sizes[k], sz, sizeof sz);
     rc = gmb_alloc(c, (size_t)sizes[k], 0, &ids[k]);
@@ -174,12 +199,46 @@ int main(int argc, char **argv) {
   }
   fflush(stdout);
 
-  if (hold_ms < 0) {
-    for (;;) pause(); /* until killed: the broker frees what we hold */
-  } else if (hold_ms > 0) {
-    struct timespec ts = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
+  /* The hold.  SIGTERM and SIGINT are blocked from the test of job_stop
+   * on and taken by sigtimedwait, so one that comes just before the wait
+   * is not lost. */
+  sigset_t stop_sigs;
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGINT);
+  sigprocmask(SIG_BLOCK, &stop_sigs, NULL);
+  if (!job_stop && hold_ms != 0) {
+    struct timespec now, end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += hold_ms / 1000;
+    end.tv_nsec += (hold_ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) {
+      end.tv_sec++;
+      end.tv_nsec -= 1000000000L;
     }
+    for (;;) {
+      struct timespec left = {0, 0};
+      if (hold_ms > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        left.tv_sec = end.tv_sec - now.tv_sec;
+        left.tv_nsec = end.tv_nsec - now.tv_nsec;
+        if (left.tv_nsec < 0) {
+          left.tv_sec--;
+          left.tv_nsec += 1000000000L;
+        }
+        if (left.tv_sec < 0) break; /* the hold is over */
+      }
+      int sig = sigtimedwait(&stop_sigs, NULL, hold_ms > 0 ? &left : NULL);
+      if (sig == SIGTERM || sig == SIGINT) {
+        job_stop = 1;
+        break;
+      }
+      /* EAGAIN: the time is up (checked above); EINTR: another signal. */
+    }
+  }
+  if (job_stop) {
+    printf("job[%d] tenant=%s stopped by a signal: freeing\n", pid, name);
+    fflush(stdout);
   }
   for (int k = 0; k < n; k++)
     if (ids[k] && gmb_free(c, ids[k]) != 0) {

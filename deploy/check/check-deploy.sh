@@ -8,10 +8,17 @@
 #            Specification's schema (what Compose v2 validates with); the
 #            Kubernetes objects against the kubernetes-models schemas
 #            (validate.mjs); the systemd unit through `systemd-analyze
-#            verify` (in a root where `make install` put gmb) and its
-#            `systemd-analyze security` exposure, which must be <= 3.0;
+#            verify` (in a root where `make install` put gmb) and their
+#            `systemd-analyze security` exposure, which must be <= 2.0;
 #            the sysusers file through systemd-sysusers --dry-run.
-#   image    podman (runc, vfs storage, cgroupfs, nofile/nproc 1024) builds
+#   systemd  both units under a booted systemd (systemd-nspawn, units.sh):
+#            start and readiness, a job through the broker, restart after
+#            SIGSEGV and SIGKILL, reload, clean stop.
+#   fresh    the README's first lines, verbatim, in a minbase Debian 12
+#            root (check-fresh.sh; `make check-fresh` alone).
+#   image    podman (runc, vfs storage, cgroupfs, nofile/nproc 1024; in a
+#            network and mount namespace of its own, which slirp4netns
+#            connects to the outside in user space, as dockerd's) builds
 #            deploy/container/Dockerfile from this tree on a Debian 12 base
 #            made with debootstrap and tagged debian:12 and debian:12-slim
 #            (no registry is reachable); the build time and image size are
@@ -24,11 +31,17 @@
 #            and write more than their container's /dev/shm holds, batch
 #            is refused at its quota (GMB_E_QUOTA), a wrong token is
 #            refused (GMB_E_AUTH), the killed job's memory comes back, and
-#            the broker stops cleanly (exit status 0).
+#            a holding job stopped (SIGTERM) frees and exits 0, the broker
+#            stops cleanly (exit status 0).
 #   docker   a private dockerd (Debian's docker.io, its own socket and data
-#            root under $GMB_DEPLOY_STORE/docker) builds the image with
-#            the legacy builder and with BuildKit, and runs each with no
-#            arguments; stopped afterwards.
+#            root under $GMB_DEPLOY_STORE/docker, in a network namespace of
+#            its own that slirp4netns connects to the outside in user
+#            space) builds the image with the legacy builder and with
+#            BuildKit, runs each with no arguments, and runs `docker-compose
+#            up` on compose.yaml; stopped afterwards.
+#   machine  the host's network links and routes, and its firewall rules
+#            (iptables-save, ip6tables-save, legacy and nft as there
+#            are; counters aside), are as they were.
 #
 # Each check prints "check-deploy: NAME: ok", "... FAILED: why" or
 # "... SKIPPED: why" (a tool that cannot be installed, or an engine that
@@ -38,7 +51,10 @@
 # Needs root to install what is missing (apt-get) and to run podman.
 # Podman's images live in $GMB_DEPLOY_STORE (default
 # /var/tmp/gmb-check-deploy), apart from any other podman storage on the
-# machine; the Debian base is made again when older than a day.
+# machine; the Debian roots are made again when older than a day, from the
+# mirror of this machine's apt sources (lib.sh).  Packages installed here
+# start no service (a policy-rc.d says so while apt-get runs, when the
+# machine has none).
 set -uo pipefail
 
 B=${1:-build}
@@ -52,6 +68,15 @@ passed=0
 failed=0
 skipped=0
 mkdir -p "$W"
+# shellcheck source=deploy/check/lib.sh
+. deploy/check/lib.sh
+# shellcheck source=deploy/check/units.sh
+. deploy/check/units.sh
+
+# The machine's network and firewall as found: compared at the end (lib.sh).
+net_before=$(host_net)
+read -r -a FW_TOOLS <<<"$(host_fw_tools)"
+fw_before=$(host_fw "${FW_TOOLS[@]}")
 
 ok() {
   echo "check-deploy: $1: ok${2:+ ($2)}"
@@ -79,6 +104,10 @@ have debootstrap || need_pkgs="$need_pkgs debootstrap"
 have yamllint || need_pkgs="$need_pkgs yamllint"
 have docker-compose || need_pkgs="$need_pkgs docker-compose"
 have systemd-analyze || need_pkgs="$need_pkgs systemd"
+have systemd-nspawn || need_pkgs="$need_pkgs systemd-container"
+have dockerd || need_pkgs="$need_pkgs docker.io"
+have slirp4netns || need_pkgs="$need_pkgs slirp4netns"
+have ip || need_pkgs="$need_pkgs iproute2"
 have curl || need_pkgs="$need_pkgs curl"
 have node || need_pkgs="$need_pkgs nodejs"
 have npm || need_pkgs="$need_pkgs npm"
@@ -86,10 +115,19 @@ if [ -n "$need_pkgs" ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "check-deploy: installing:$need_pkgs"
     export DEBIAN_FRONTEND=noninteractive
+    # No service may start from a package's scripts (docker.io's dockerd
+    # would make the host a docker0): policy-rc.d(8), while apt-get runs.
+    policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+      chmod 0755 /usr/sbin/policy-rc.d
+      policy=1
+    fi
     # shellcheck disable=SC2086
     { apt-get update -qq && apt-get install -y -qq --no-install-recommends \
         $need_pkgs; } >"$W/apt.log" 2>&1 ||
       echo "check-deploy: apt-get failed (log: $W/apt.log); checks that need those tools are skipped"
+    [ -n "$policy" ] && rm -f /usr/sbin/policy-rc.d
   else
     echo "check-deploy: not root: cannot install$need_pkgs"
   fi
@@ -186,44 +224,50 @@ else
   skip "Grafana dashboard" "python3 is not there"
 fi
 
-UNIT=deploy/systemd/gmb-broker.service
+UNITS="deploy/systemd/gmb-broker.service deploy/systemd/gmb-broker@.service"
 if have systemd-analyze; then
   root=$W/sysroot
   rm -rf "$root"
   if make -s install DESTDIR="$root" PREFIX=/usr >"$W/install.log" 2>&1; then
     mkdir -p "$root/etc/systemd/system" "$root/usr/lib/systemd" "$root/bin"
     cp -a /lib/systemd/system "$root/usr/lib/systemd/"
-    cp /bin/kill "$root/bin/"
-    cp "$UNIT" "$root/etc/systemd/system/"
-    out=$(systemd-analyze verify --root="$root" gmb-broker.service 2>&1)
-    rc=$?
-    if [ $rc -eq 0 ] && [ -z "$out" ]; then
-      ok "systemd-analyze verify $UNIT"
-    else
-      bad "systemd-analyze verify $UNIT" "exit status $rc: $out"
-    fi
-    missing=""
-    for d in $(sed -n 's|^Documentation=file://||p' "$UNIT"); do
-      [ -f "$root$d" ] || missing="$missing $d"
+    cp /bin/sh "$root/bin/"
+    for UNIT in $UNITS; do
+      cp "$UNIT" "$root/etc/systemd/system/"
+      u=$(basename "$UNIT")
+      [ "$u" = gmb-broker@.service ] && u=gmb-broker@0.service
+      out=$(systemd-analyze verify --root="$root" "$u" 2>&1)
+      rc=$?
+      if [ $rc -eq 0 ] && [ -z "$out" ]; then
+        ok "systemd-analyze verify $UNIT"
+      else
+        bad "systemd-analyze verify $UNIT" "exit status $rc: $out"
+      fi
+      missing=""
+      for d in $(sed -n 's|^Documentation=file://||p' "$UNIT"); do
+        [ -f "$root$d" ] || missing="$missing $d"
+      done
+      if [ -z "$missing" ]; then
+        ok "$UNIT: the Documentation= files are installed by make install"
+      else
+        bad "$UNIT: the Documentation= files are installed by make install" "missing:$missing"
+      fi
     done
-    if [ -z "$missing" ]; then
-      ok "the unit's Documentation= files are installed by make install"
-    else
-      bad "the unit's Documentation= files are installed by make install" "missing:$missing"
-    fi
   else
     bad "make install DESTDIR" "see $W/install.log"
   fi
-  out=$(systemd-analyze security --offline=yes --no-pager "$UNIT" 2>&1)
-  line=$(echo "$out" | grep 'Overall exposure level' | tail -n 1)
-  score=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) .*/\1/p')
-  if [ -z "$score" ]; then
-    bad "systemd-analyze security $UNIT" "no score: $out"
-  elif awk -v s="$score" 'BEGIN { exit !(s <= 3.0) }'; then
-    ok "systemd-analyze security $UNIT" "exposure $score, want <= 3.0: ${line##*: }"
-  else
-    bad "systemd-analyze security $UNIT" "exposure $score > 3.0"
-  fi
+  for UNIT in $UNITS; do
+    out=$(systemd-analyze security --offline=yes --no-pager "$UNIT" 2>&1)
+    line=$(echo "$out" | grep 'Overall exposure level' | tail -n 1)
+    score=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) .*/\1/p')
+    if [ -z "$score" ]; then
+      bad "systemd-analyze security $UNIT" "no score: $out"
+    elif awk -v s="$score" 'BEGIN { exit !(s <= 2.0) }'; then
+      ok "systemd-analyze security $UNIT" "exposure $score, want <= 2.0: ${line##*: }"
+    else
+      bad "systemd-analyze security $UNIT" "exposure $score > 2.0"
+    fi
+  done
   if have systemd-sysusers; then
     rm -rf "$W/sysusers"
     mkdir -p "$W/sysusers/etc" "$W/sysusers/usr/lib/sysusers.d"
@@ -239,40 +283,119 @@ else
   skip "systemd unit checks" "systemd-analyze is not installed (Debian package systemd)"
 fi
 
+# --- systemd, booted ----------------------------------------------------
+section "systemd: both units under a booted systemd (systemd-nspawn)"
+units_in_systemd
+
 # --- the image ----------------------------------------------------------
 section "image: podman build on a debootstrap base"
-P=(podman --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs
-   --cgroup-manager cgroupfs --runtime runc --events-backend file)
+# Podman runs, as the private dockerd below, in a network and mount
+# namespace of its own, kept by a holder process (unshare ... sleep) that
+# every podman command enters (nsenter).  A container with a published port
+# (-p) makes podman's CNI bridge, cni-podman0, with its routes and its
+# portmap and firewall rules (iptables, 8 in nat and 4 in filter): in that
+# namespace they stay, and go with it; the host's links, routes and
+# firewall are not touched (an earlier version ran podman in the host's
+# namespaces, and left all of that behind).  In its mount namespace,
+# tmpfs over /run/netns and /var/lib/cni (the containers' network
+# namespaces, CNI's leases and cache) and slirp4netns's resolver over
+# /etc/resolv.conf; slirp4netns connects the namespace to the outside in
+# user space (no interface, route or rule on the host) for the build's
+# apt-get.  A published port is reached from inside it (nsenter --net).
+PODMAN=(podman --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs
+        --cgroup-manager cgroupfs --runtime runc --events-backend file)
+P=("${PODMAN[@]}")
 U=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+PN=$STORE/podman-ns
+pod_ns=""       # the holder: its pid, the namespaces' owner
+pod_unshare=""
+pod_slirp=""
+pod_netns=""    # its network namespace, as /proc/PID/ns/net names it
+pod_why=""
+pod_ns_start() {
+  mkdir -p "$PN"
+  rm -f "$PN/pid"
+  echo "nameserver 10.0.2.3" >"$PN/resolv.conf"
+  unshare --net --mount --propagation private --fork --kill-child \
+    /bin/sh -c '
+      set -e
+      ip link set lo up
+      mount --bind "$1/resolv.conf" /etc/resolv.conf
+      mkdir -p /run/netns /var/lib/cni
+      mount -t tmpfs tmpfs /run/netns
+      mount -t tmpfs tmpfs /var/lib/cni
+      echo $$ >"$1/pid"
+      exec sleep infinity' sh "$PN" >"$W/podman-ns.log" 2>&1 &
+  pod_unshare=$!
+  for ((i = 0; i < 100; i++)); do
+    [ -s "$PN/pid" ] && break
+    kill -0 "$pod_unshare" 2>/dev/null || break
+    sleep 0.1
+  done
+  pod_ns=$(cat "$PN/pid" 2>/dev/null)
+  if [ -z "$pod_ns" ]; then
+    pod_why="no namespace for podman: $(tail -n 2 "$W/podman-ns.log" | tr '\n' ' ')"
+    pod_ns_stop
+    return 1
+  fi
+  pod_netns=$(readlink "/proc/$pod_ns/ns/net")
+  slirp4netns --configure --mtu=65520 --disable-host-loopback \
+    "$pod_ns" tap0 >"$W/podman-slirp4netns.log" 2>&1 &
+  pod_slirp=$!
+  P=(nsenter --target "$pod_ns" --net --mount --wd="$TOP" "${PODMAN[@]}")
+}
+# pod_ns_stop: after cleanup removed the containers.  The holder (sleep)
+# is stopped, not unshare: with --fork, unshare ignores SIGTERM and waits
+# for it.  Whatever still runs in the namespace (a conmon, a container) is
+# named and ended with it.
+pod_ns_stop() {
+  local pid left=""
+  [ -n "$pod_unshare" ] || return 0
+  [ -n "$pod_slirp" ] && kill "$pod_slirp" 2>/dev/null
+  [ -n "$pod_ns" ] && kill "$pod_ns" 2>/dev/null
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pod_unshare" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pod_unshare" 2>/dev/null
+  wait "$pod_unshare" 2>/dev/null
+  [ -n "$pod_slirp" ] && wait "$pod_slirp" 2>/dev/null
+  if [ -n "$pod_netns" ]; then
+    for pid in /proc/[0-9]*; do
+      [ "$(readlink "$pid/ns/net" 2>/dev/null)" = "$pod_netns" ] || continue
+      left="$left ${pid#/proc/}:$(tr '\0' ' ' <"$pid/cmdline" 2>/dev/null | cut -c1-60)"
+      kill -KILL "${pid#/proc/}" 2>/dev/null
+    done
+    [ -n "$left" ] && echo "check-deploy: still in podman's namespace, killed:$left"
+  fi
+  pod_ns=""
+  pod_unshare=""
+  pod_slirp=""
+  pod_netns=""
+  P=("${PODMAN[@]}")
+}
 engine=""
+base=""
 if [ "$(id -u)" != 0 ]; then
   engine="not root: podman here runs as root (vfs storage in $STORE)"
 elif ! have podman || ! have runc; then
   engine="podman or runc is not installed (Debian packages podman, runc)"
 elif ! have debootstrap; then
   engine="debootstrap is not installed: no base image can be made (no registry is reachable)"
+elif ! have slirp4netns || ! have nsenter; then
+  engine="slirp4netns or nsenter is not installed: podman in a network namespace of its own could not reach the Debian mirror"
 fi
 
-# The base: Debian 12 minbase from the Debian mirror, tagged as both of the
-# Dockerfile's bases.
+# The base: Debian 12 minbase from this machine's apt mirror (lib.sh),
+# tagged as both of the Dockerfile's bases.
 if [ -z "$engine" ]; then
-  mkdir -p "$STORE"
-  base=$STORE/bookworm-minbase.tar
-  if [ -f "$base" ] && [ -n "$(find "$base" -mmin -1440)" ]; then
-    echo "check-deploy: reusing the Debian base made $(stat -c %y "$base" | cut -d. -f1)"
-  else
-    rm -rf "$STORE/bootstrap" "$base"
-    t0=$(date +%s)
-    if debootstrap --variant=minbase bookworm "$STORE/bootstrap" \
-         http://deb.debian.org/debian >"$W/debootstrap.log" 2>&1 &&
-       tar -C "$STORE/bootstrap" -cf "$base" .; then
-      echo "check-deploy: debootstrap bookworm minbase: $(( $(date +%s) - t0 )) s"
-    else
-      rm -f "$base"
-      engine="debootstrap failed (log: $W/debootstrap.log): no base image"
-    fi
-    rm -rf "$STORE/bootstrap"
+  if ! base=$(debian_root bookworm-minbase "$W/debootstrap.log" 2>"$W/base.why"); then
+    engine="no Debian base image: $(tail -n 1 "$W/base.why")"
   fi
+  cat "$W/base.why"
+fi
+if [ -z "$engine" ] && ! pod_ns_start; then
+  engine=$pod_why
 fi
 if [ -z "$engine" ]; then
   if ! out=$("${P[@]}" import "$base" localhost/debian:12 2>&1) ||
@@ -307,11 +430,12 @@ fi
 # --- running it -----------------------------------------------------------
 section "run: a broker and two jobs in containers"
 cleanup() {
+  [ -n "$pod_ns" ] || return 0
   "${P[@]}" rm -f -t 2 "$TAG-noconf" "$TAG-cm" "$TAG-broker" "$TAG-a" \
     "$TAG-b" >/dev/null 2>&1
   "${P[@]}" volume rm -f "$TAG-run" >/dev/null 2>&1
 }
-trap cleanup EXIT
+trap 'cleanup; pod_ns_stop' EXIT
 
 # wait_log CONTAINER TEXT SECONDS: until the container's log has TEXT.
 wait_log() {
@@ -334,7 +458,8 @@ else
     uid=$("${P[@]}" exec "$TAG-noconf" id -u)
     # The endpoint answers "no metrics yet" until the first snapshot.
     for ((i = 0; i < 50; i++)); do
-      metrics=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)
+      metrics=$(nsenter --target "$pod_ns" --net \
+                  curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)
       echo "$metrics" | grep -q '^gmb_build_info' && break
       sleep 0.2
     done
@@ -342,7 +467,7 @@ else
     if [ "$uid" = 10001 ] && echo "$metrics" | grep -q '^gmb_build_info' &&
        echo "$status" | grep -q '^capacity'; then
       ok "docker run IMAGE (no arguments)" \
-         "uid $uid, $(echo "$status" | sed -n 's/^device *//p'), metrics on published port $port, read-only root"
+         "uid $uid, $(echo "$status" | sed -n 's/^device *//p'), metrics on port $port published in podman's namespace, read-only root"
     else
       bad "docker run IMAGE (no arguments)" "uid '$uid'; metrics: $(echo "$metrics" | head -c 200); status: $status"
     fi
@@ -390,6 +515,7 @@ else
     "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
     job "$TAG-a" inference $C/secrets/inference.token --touch --hold-ms -1 96MiB 96MiB \
       >/dev/null 2>&1 &
+    job_pid=$!
     if wait_log "$TAG-a" "stats quota=" 30; then
       shm=$("${P[@]}" exec "$TAG-a" df -m --output=size /dev/shm | tail -n 1 | tr -d ' ')
       u=$(used inference)
@@ -434,7 +560,29 @@ else
     else
       bad "killed job's memory is reclaimed" "inference still uses '$u' bytes 5 s after the kill"
     fi
-    wait
+    wait "$job_pid"
+    # A holding job stopped as `docker stop` stops it (SIGTERM to its PID
+    # 1, then SIGKILL after 60 s): it frees, disconnects, exits 0.
+    "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
+    job "$TAG-a" inference $C/secrets/inference.token --hold-ms -1 32MiB \
+      >/dev/null 2>&1 &
+    job_pid=$!
+    if wait_log "$TAG-a" "stats quota=" 30; then
+      "${P[@]}" stop -t 60 "$TAG-a" >/dev/null 2>&1
+      wait "$job_pid"
+      code=$("${P[@]}" inspect --format '{{.State.ExitCode}}' "$TAG-a")
+      u=$(used inference)
+      if [ "$code" = 0 ] && [ "$u" = 0 ] &&
+         "${P[@]}" logs "$TAG-a" 2>&1 | grep -q 'stopped by a signal'; then
+        ok "a holding job stops on SIGTERM (podman stop)" "exit status 0, its memory freed"
+      else
+        bad "a holding job stops on SIGTERM (podman stop)" \
+            "exit status $code (137: killed after the grace period), inference uses '$u' bytes: $("${P[@]}" logs "$TAG-a" 2>&1 | tail -n 3)"
+      fi
+    else
+      bad "a holding job stops on SIGTERM (podman stop)" "$("${P[@]}" logs "$TAG-a" 2>&1 | tail -n 5)"
+    fi
+    "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
     "${P[@]}" stop -t 10 "$TAG-broker" >/dev/null 2>&1
     code=$("${P[@]}" inspect --format '{{.State.ExitCode}}' "$TAG-broker")
     if [ "$code" = 0 ] && "${P[@]}" logs "$TAG-broker" 2>&1 | grep -q 'stopped$'; then
@@ -450,32 +598,52 @@ fi
 # Each build leaves its build stage behind (vfs keeps whole copies): keep
 # only the tagged images.
 [ -z "$engine" ] && "${P[@]}" image prune -f >/dev/null 2>&1
+pod_ns_stop
 
-# --- Docker's two builders ------------------------------------------------
+# --- Docker: two builders and compose up ------------------------------------
 # The image must build with Docker's legacy builder (which reads the root
 # .dockerignore, not Dockerfile.dockerignore) and with BuildKit as well as
-# with buildah above.  A private dockerd (Debian's docker.io 20.10) on its
-# own socket and data root, bridge-less, is started for it and stopped
-# after: the machine's own Docker, if any, is not touched.  The Debian CLI
+# with buildah above, and compose.yaml must run.  A private dockerd
+# (Debian's docker.io 20.10) runs on its own socket, data root and exec
+# root, in a network and mount namespace of its own (unshare): whatever it
+# does to bridges, routes or the firewall stays in that namespace and goes
+# with it, so the machine's own Docker and its docker0 are not touched.
+# slirp4netns connects the namespace to the outside in user space (no
+# interface, route or rule on the host) for the builds' apt-get; a host
+# containerd, if any, is hidden from it, so it starts its own; its cgroups
+# are under gmb-check-deploy, removed afterwards.  The Debian CLI
 # (/usr/bin/docker) is used: it speaks BuildKit without the buildx plugin.
-section "image: Docker's legacy builder and BuildKit (a private dockerd)"
+section "image: Docker's legacy builder, BuildKit and compose up (a private dockerd)"
 DS=$STORE/docker
 dockerd_pid=""
+unshare_pid=""
+slirp_pid=""
+PROJ=gmbcd$$
 docker_stop() {
-  if [ -n "$dockerd_pid" ]; then
-    "${D[@]}" rm -f "$TAG-dk-legacy" "$TAG-dk-buildkit" >/dev/null 2>&1
-    "${D[@]}" system prune -af >/dev/null 2>&1
-    kill "$dockerd_pid" 2>/dev/null
-    for ((i = 0; i < 100; i++)); do
-      kill -0 "$dockerd_pid" 2>/dev/null || break
+  if [ -n "$unshare_pid" ]; then
+    if [ -n "$dockerd_pid" ]; then
+      DOCKER_HOST=unix://$DS/docker.sock docker-compose -p "$PROJ" \
+        -f deploy/container/compose.yaml down -v -t 5 >/dev/null 2>&1
+      "${D[@]}" rm -f "$TAG-dk-legacy" "$TAG-dk-buildkit" >/dev/null 2>&1
+      "${D[@]}" system prune -af --volumes >/dev/null 2>&1
+      kill "$dockerd_pid" 2>/dev/null
+    fi
+    for ((i = 0; i < 150; i++)); do
+      kill -0 "$unshare_pid" 2>/dev/null || break
       sleep 0.1
     done
+    kill -KILL "$unshare_pid" 2>/dev/null
+    [ -n "$slirp_pid" ] && kill "$slirp_pid" 2>/dev/null
+    wait "$unshare_pid" "$slirp_pid" 2>/dev/null
+    # Its cgroups (cgroupfs driver), empty once it is gone.
+    find /sys/fs/cgroup -depth -type d -name 'gmb-check-deploy*' \
+      -exec rmdir {} + 2>/dev/null
     dockerd_pid=""
-    # dockerd leaves its default network namespace mounted.
-    umount "$DS/exec/netns/default" 2>/dev/null
+    unshare_pid=""
+    slirp_pid=""
   fi
 }
-trap 'cleanup; docker_stop' EXIT
+trap 'cleanup; pod_ns_stop; docker_stop' EXIT
 dk=""
 dcli=/usr/bin/docker
 [ -x "$dcli" ] || dcli=$(command -v docker || true)
@@ -483,6 +651,8 @@ if [ "$(id -u)" != 0 ]; then
   dk="not root: a private dockerd needs root"
 elif ! have dockerd || [ -z "$dcli" ]; then
   dk="dockerd is not installed (Debian package docker.io)"
+elif ! have slirp4netns; then
+  dk="slirp4netns is not installed: a dockerd in a network namespace of its own could not reach the Debian mirror"
 elif [ -z "$engine" ] && [ -f "$base" ]; then
   :
 else
@@ -490,27 +660,45 @@ else
 fi
 if [ -z "$dk" ]; then
   mkdir -p "$DS/data" "$DS/exec"
+  rm -f "$DS/dockerd.pid" "$DS/docker.sock"
+  # The namespace's resolver: slirp4netns's (10.0.2.3).
+  echo "nameserver 10.0.2.3" >"$DS/resolv.conf"
   D=("$dcli" -H "unix://$DS/docker.sock")
-  dockerd --host "unix://$DS/docker.sock" --data-root "$DS/data" \
-    --exec-root "$DS/exec" --pidfile "$DS/dockerd.pid" --iptables=false \
-    --ip6tables=false --bridge=none >"$W/dockerd.log" 2>&1 &
-  dockerd_pid=$!
+  unshare --net --mount --propagation private --fork --kill-child \
+    /bin/sh -c '
+      DS=$1
+      ip link set lo up
+      mount --bind "$DS/resolv.conf" /etc/resolv.conf
+      [ -d /run/containerd ] && mount -t tmpfs tmpfs /run/containerd
+      exec dockerd --host "unix://$DS/docker.sock" --data-root "$DS/data" \
+        --exec-root "$DS/exec" --pidfile "$DS/dockerd.pid" \
+        --iptables=false --ip6tables=false \
+        --exec-opt native.cgroupdriver=cgroupfs \
+        --cgroup-parent gmb-check-deploy' sh "$DS" >"$W/dockerd.log" 2>&1 &
+  unshare_pid=$!
   for ((i = 0; i < 300; i++)); do
-    "${D[@]}" info >/dev/null 2>&1 && break
-    kill -0 "$dockerd_pid" 2>/dev/null || break
+    [ -s "$DS/dockerd.pid" ] && "${D[@]}" info >/dev/null 2>&1 && break
+    kill -0 "$unshare_pid" 2>/dev/null || break
     sleep 0.1
   done
-  if ! "${D[@]}" info >/dev/null 2>&1; then
+  dockerd_pid=$(cat "$DS/dockerd.pid" 2>/dev/null)
+  if [ -z "$dockerd_pid" ] || ! "${D[@]}" info >/dev/null 2>&1; then
     dk="dockerd cannot run here: $(tail -n 2 "$W/dockerd.log" | tr '\n' ' ')"
     docker_stop
-  elif ! out=$("${D[@]}" import "$base" debian:12 2>&1) ||
+  else
+    slirp4netns --configure --mtu=65520 --disable-host-loopback \
+      "$dockerd_pid" tap0 >"$W/slirp4netns.log" 2>&1 &
+    slirp_pid=$!
+    if ! out=$("${D[@]}" import "$base" debian:12 2>&1) ||
        ! out=$("${D[@]}" tag debian:12 debian:12-slim 2>&1); then
-    dk="docker import of the Debian base failed: $out"
-    docker_stop
+      dk="docker import of the Debian base failed: $out"
+      docker_stop
+    fi
   fi
 fi
 if [ -n "$dk" ]; then
   skip "docker build (legacy builder, BuildKit)" "$dk"
+  skip "docker-compose up" "$dk"
 else
   dver=$("${D[@]}" version --format '{{.Server.Version}}' 2>/dev/null)
   for kit in legacy buildkit; do
@@ -554,7 +742,107 @@ else
       bad "docker $dver build ($kit builder)" "log: $W/docker-$kit.log: $(tail -n 5 "$W/docker-$kit.log")"
     fi
   done
+
+  # compose.yaml, run: `up` with the image just built (tagged as compose.yaml
+  # names it, so that nothing is built again).
+  if ! have docker-compose; then
+    skip "docker-compose up" "docker-compose is not installed (Debian package docker-compose)"
+  elif ! "${D[@]}" tag gmb-check:legacy gmb:0.1.0 >/dev/null 2>&1; then
+    skip "docker-compose up" "no image was built"
+  else
+    DC=(env DOCKER_HOST="unix://$DS/docker.sock" docker-compose -p "$PROJ"
+        -f deploy/container/compose.yaml)
+    cid() { "${DC[@]}" ps -q "$1" 2>/dev/null; }
+    dused() { # TENANT: its bytes in use, as the broker's gmbctl says
+      "${D[@]}" exec "$(cid broker)" gmbctl --json tenants 2>/dev/null |
+        tr -d ' \n' | grep -o "\"name\":\"$1\",\"quota\":[0-9]*,\"used\":[0-9]*" |
+        sed 's/.*"used"://'
+    }
+    if out=$("${DC[@]}" up -d --no-build 2>&1); then
+      # The broker, and inference's 2 x 96 MiB held.
+      for ((i = 0; i < 300; i++)); do
+        [ "$(dused inference)" = $((192 << 20)) ] && break
+        sleep 0.1
+      done
+      u=$(dused inference)
+      metrics=$(nsenter --net="/proc/$dockerd_pid/ns/net" \
+                  curl -s --max-time 5 http://127.0.0.1:9464/metrics 2>&1 | grep -c '^gmb_')
+      if [ "$u" = $((192 << 20)) ] && [ "$metrics" -gt 0 ]; then
+        ok "docker-compose up: broker and job-inference" \
+           "inference holds $u bytes; $metrics metric lines on the published 127.0.0.1:9464"
+      else
+        bad "docker-compose up: broker and job-inference" \
+            "inference uses '$u' bytes, $metrics metric lines: $("${DC[@]}" logs --tail 5 2>&1)"
+      fi
+      # job-batch: refused at its quota, exits 3 by itself.
+      code=$(timeout 60 "${D[@]}" wait "$(cid job-batch)" 2>&1)
+      if [ "$code" = 3 ] && "${DC[@]}" logs job-batch 2>&1 | grep -q GMB_E_QUOTA; then
+        ok "docker-compose up: job-batch is refused at its quota" "exit status 3"
+      else
+        bad "docker-compose up: job-batch is refused at its quota" \
+            "exit status '$code': $("${DC[@]}" logs --tail 5 job-batch 2>&1)"
+      fi
+      # stop: SIGTERM; the job frees and exits 0, the broker exits 0.
+      "${DC[@]}" stop -t 60 job-inference >/dev/null 2>&1
+      code=$("${D[@]}" inspect --format '{{.State.ExitCode}}' "$(cid job-inference)")
+      u=$(dused inference)
+      if [ "$code" = 0 ] && [ "$u" = 0 ]; then
+        ok "docker-compose stop job-inference" "exit status 0, its memory freed"
+      else
+        bad "docker-compose stop job-inference" "exit status $code (137: killed after the grace period), inference uses '$u' bytes"
+      fi
+      "${DC[@]}" stop -t 30 broker >/dev/null 2>&1
+      code=$("${D[@]}" inspect --format '{{.State.ExitCode}}' "$(cid broker)")
+      if [ "$code" = 0 ]; then
+        ok "docker-compose stop broker" "exit status 0"
+      else
+        bad "docker-compose stop broker" "exit status $code: $("${DC[@]}" logs --tail 3 broker 2>&1)"
+      fi
+      if out=$("${DC[@]}" down -v -t 5 2>&1); then
+        ok "docker-compose down -v"
+      else
+        bad "docker-compose down -v" "$out"
+      fi
+    else
+      bad "docker-compose up" "$out"
+    fi
+  fi
   docker_stop
+fi
+
+# --- a fresh machine ----------------------------------------------------------
+section "fresh: the README's first lines in a minbase Debian 12 root"
+while IFS= read -r line; do
+  echo "$line"
+  case "$line" in
+    "check-fresh: SKIPPED: "*) skip "README's lines in a minbase root" "${line#check-fresh: SKIPPED: }" ;;
+    "check-fresh: "*": ok ("*) l=${line#check-fresh: }; d=${l##*: ok (}
+      ok "fresh root: ${l%%: ok (*}" "${d%)}" ;;
+    "check-fresh: "*": FAILED: "*) l=${line#check-fresh: }; bad "fresh root: ${l%%: FAILED: *}" "${l#*: FAILED: }" ;;
+  esac
+done < <(bash deploy/check/check-fresh.sh "$B" 2>&1)
+
+# --- the machine ------------------------------------------------------------
+section "machine: left as found"
+net_after=$(host_net)
+if [ "$net_before" = "$net_after" ]; then
+  ok "the host's network links and routes are as before" \
+     "$(ip -o link show | wc -l) links$(ip -o link show docker0 >/dev/null 2>&1 && echo ', docker0 among them')"
+else
+  bad "the host's network links and routes are as before" \
+      "$(diff <(echo "$net_before") <(echo "$net_after") | grep '^[<>]' | tr '\n' ' ')"
+fi
+# The firewall: every table, chain and rule, counters aside; a rule left
+# behind (or one removed) is named, "> " for what the run added.
+fw_after=$(host_fw "${FW_TOOLS[@]}")
+if [ ${#FW_TOOLS[@]} -eq 0 ]; then
+  skip "the host's firewall rules are as before" "no iptables-save or nft on this machine"
+elif [ "$fw_before" = "$fw_after" ]; then
+  ok "the host's firewall rules are as before" \
+     "$(echo "$fw_before" | grep -c ': -A \|^nft: .*\(accept\|drop\|jump\|goto\|masquerade\|dnat\|snat\)') rules; ${FW_TOOLS[*]}"
+else
+  bad "the host's firewall rules are as before" \
+      "$(diff <(echo "$fw_before") <(echo "$fw_after") | grep '^[<>]' | tr '\n' ' ')"
 fi
 
 section "result"

@@ -160,12 +160,14 @@ START_TEST(deploy_example_parses) {
   int rc = gmb__config_load(path, &c, err, sizeof err);
   ck_assert_msg(rc == 0, "%s", err);
   ck_assert_str_eq(c.device, "auto");
-  ck_assert_uint_eq(c.capacity, 70 * GMB_GIB);
+  /* No capacity: installed as it is, the example must not promise more
+   * than the machine's device has (the device's own size is used). */
+  ck_assert_uint_eq(c.capacity, 0);
   ck_assert_uint_eq(c.n_tenants, 2);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "llm-a");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 20 * GMB_GIB);
-  ck_assert_uint_eq(t->reserve, 4 * GMB_GIB);
+  ck_assert_uint_eq(t->reserve, 256 * GMB_MIB);
   ck_assert_int_eq(t->has_token, 1);
   t = gmb__config_tenant(&c, "batch");
   ck_assert_ptr_nonnull(t);
