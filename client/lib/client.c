@@ -136,7 +136,9 @@ struct gmb_client {
    * holding io, and giving pages back needs io, so the library thread
    * does it after (client_trim_asked). */
   _Atomic uint64_t trim_want;
-  uint64_t reported; /* the cached_free the last request carried; io */
+  /* The cached_free the last request carried; written under io, read
+   * without it by gmb_free_async (a hint whether to wake the thread). */
+  _Atomic uint64_t reported;
   atomic_int cache_thread; /* the library thread runs for the cache */
 
   uint32_t hb_ms; /* 0: no heartbeats */
@@ -1760,6 +1762,17 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
     return client_fail(rc, "%p is already free, or the stream took no event "
                        "(%s)", ptr, gmb_last_error(c));
   if (rc) return client_fail(rc, "%p not freed: %s", ptr, gmb_last_error(c));
+  /* A page went idle that the broker does not know of yet: the library
+   * thread reports it now rather than at its next tick, so that another
+   * process's request that needs it, refused or held meanwhile, finds it.
+   * Most frees leave no page idle and cost one load here. */
+  if (gmb__cache_cached(c->cache) >
+          atomic_load_explicit(&c->reported, memory_order_relaxed) &&
+      atomic_load_explicit(&c->cache_thread, memory_order_acquire)) {
+    pthread_mutex_lock(&c->hb_mu);
+    pthread_cond_signal(&c->hb_cv);
+    pthread_mutex_unlock(&c->hb_mu);
+  }
   return 0;
 }
 
