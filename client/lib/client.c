@@ -139,6 +139,8 @@ struct gmb_client {
   /* The cached_free the last request carried; written under io, read
    * without it by gmb_free_async (a hint whether to wake the thread). */
   _Atomic uint64_t reported;
+  atomic_int wake_pending; /* gmb_free_async woke the thread, which has not
+                              reported since */
   atomic_int cache_thread; /* the library thread runs for the cache */
 
   uint32_t hb_ms; /* 0: no heartbeats */
@@ -546,7 +548,9 @@ static void *client_heartbeat_main(void *arg) {
   gmb_client *c = arg;
   pthread_mutex_lock(&c->hb_mu);
   while (!c->hb_stop) {
-    if (atomic_load(&c->trim_want) == 0) {
+    /* A wake that came while the thread was busy is not lost: it is
+     * looked at here, under hb_mu, before waiting. */
+    if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending)) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
@@ -559,6 +563,9 @@ static void *client_heartbeat_main(void *arg) {
     pthread_mutex_lock(&c->io);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
+    /* Cleared before the report: a page that goes idle after it wakes
+     * the thread again. */
+    atomic_store_explicit(&c->wake_pending, 0, memory_order_release);
     client_report_due(c);
     pthread_mutex_unlock(&c->io);
     client_trim_asked(c);
@@ -1765,10 +1772,12 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
   /* A page went idle that the broker does not know of yet: the library
    * thread reports it now rather than at its next tick, so that another
    * process's request that needs it, refused or held meanwhile, finds it.
-   * Most frees leave no page idle and cost one load here. */
+   * Most frees leave no page idle and cost one load here; a burst of
+   * frees wakes it once until it has reported. */
   if (gmb__cache_cached(c->cache) >
           atomic_load_explicit(&c->reported, memory_order_relaxed) &&
-      atomic_load_explicit(&c->cache_thread, memory_order_acquire)) {
+      atomic_load_explicit(&c->cache_thread, memory_order_acquire) &&
+      !atomic_exchange_explicit(&c->wake_pending, 1, memory_order_acq_rel)) {
     pthread_mutex_lock(&c->hb_mu);
     pthread_cond_signal(&c->hb_cv);
     pthread_mutex_unlock(&c->hb_mu);
