@@ -167,6 +167,9 @@ static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
     struct gmb_alloc_info info;
     int rc = gmb__pool_alloc(b->pool, t->arena, GMB_SEGMENT_ALIGN, 0, s,
                              &info);
+    /* Counted at once: a page given back below (undo) retires a segment
+     * the tenant must already be counted for. */
+    gmb__tenant_segments_sync(b->tenants, t);
     if (rc == 0 && (info.offset != 0 || info.dseg->size != GMB_SEGMENT_ALIGN)) {
       /* Not a segment of its own: the pool's rules changed under us. */
       gmb__pool_free(b->pool, info.id, NULL);

@@ -94,6 +94,8 @@
  * for their streams' events (at most 25 ms, a quarter of the broker's
  * default bound). */
 #define CLIENT_TRIM_TRIES 11
+/* gmb_free_async reports a new idle page itself at most this often. */
+#define CLIENT_SYNC_REPORT_NS (1000 * 1000u)
 #define CLIENT_TRIM_RETRY_NS (2500 * 1000L)
 /* The longest a request's receive waits before the socket monitor is
  * read (client_call): how late a broker that vanished without a word is
@@ -141,6 +143,8 @@ struct gmb_client {
   _Atomic uint64_t reported;
   atomic_int wake_pending; /* gmb_free_async woke the thread, which has not
                               reported since */
+  _Atomic uint64_t sync_report_ns; /* gmb_free_async's last report of its
+                                      own (see there) */
   atomic_int cache_thread; /* the library thread runs for the cache */
 
   uint32_t hb_ms; /* 0: no heartbeats */
@@ -1776,11 +1780,25 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
    * frees wakes it once until it has reported. */
   if (gmb__cache_cached(c->cache) >
           atomic_load_explicit(&c->reported, memory_order_relaxed) &&
-      atomic_load_explicit(&c->cache_thread, memory_order_acquire) &&
-      !atomic_exchange_explicit(&c->wake_pending, 1, memory_order_acq_rel)) {
-    pthread_mutex_lock(&c->hb_mu);
-    pthread_cond_signal(&c->hb_cv);
-    pthread_mutex_unlock(&c->hb_mu);
+      atomic_load_explicit(&c->cache_thread, memory_order_acquire)) {
+    /* The first idle page after a quiet while is reported by this call
+     * itself (a Heartbeat sent without waiting, when the socket is free),
+     * so that a request another process makes right after it is held for
+     * it; later ones, within CLIENT_SYNC_REPORT_NS, by the thread. */
+    uint64_t now = gmb__now_ns(),
+             last = atomic_load_explicit(&c->sync_report_ns,
+                                         memory_order_relaxed);
+    if (now - last >= CLIENT_SYNC_REPORT_NS &&
+        atomic_compare_exchange_strong(&c->sync_report_ns, &last, now) &&
+        pthread_mutex_trylock(&c->io) == 0) {
+      client_report_due(c);
+      pthread_mutex_unlock(&c->io);
+    } else if (!atomic_exchange_explicit(&c->wake_pending, 1,
+                                         memory_order_acq_rel)) {
+      pthread_mutex_lock(&c->hb_mu);
+      pthread_cond_signal(&c->hb_cv);
+      pthread_mutex_unlock(&c->hb_mu);
+    }
   }
   return 0;
 }

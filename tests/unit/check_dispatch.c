@@ -922,11 +922,14 @@ START_TEST(pages_in_one_request_and_freed_in_one) {
 }
 END_TEST
 
-/* Pages past the device's room: none is made (all or nothing). */
+/* Pages past the device's room: none is made (all or nothing), for a
+ * tenant that held no segment before (the pages made and given back are
+ * counted for it in between: the broker aborted on that once). */
 START_TEST(pages_all_or_none) {
   struct fx f;
   fx_open_ini(&f, "host:16MiB", "");
   struct gmb_session *s = fx_hello(&f, "a", 1001, "");
+  struct gmb_session *o = fx_hello(&f, "b", 1002, "");
   fx_must_alloc(&f, "a", 1001, 10 * MIB, 0);
   struct wire_request req;
   struct wire_reply rep;
@@ -934,6 +937,11 @@ START_TEST(pages_all_or_none) {
   req.kind = WIRE_ALLOC;
   req.u.alloc.pages = 4;
   req.u.alloc.size = 4 * 2 * MIB;
+  ck_assert_int_eq(fx_request(&f, "b", 1002, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(o->allocations, 0);
+  ck_assert_uint_eq(o->tenant->used, 0);
+  ck_assert_uint_eq(o->tenant->segment_bytes, 0);
   ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
   ck_assert_uint_eq(s->allocations, 1);
