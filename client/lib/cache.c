@@ -356,7 +356,6 @@ static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
      * its frees record at once, so such a block always has its event. */
     if (cache_event_record(k, a, b->stream, &b->ev) != 0) {
       b->orphan = 1;
-      a->orphans++;
       return 0;
     }
   }
@@ -1306,7 +1305,6 @@ again:
         for (unsigned i = 0; i < CACHE_BINS; i++)
           for (struct cache_block *b = a->bins[i]; b; b = b->fnext)
             if (!b->ready) {
-              if (b->orphan) a->orphans--;
               cache_event_unref(a, b->ev);
               b->ev = NULL;
               b->stream = NULL;

@@ -85,7 +85,6 @@ struct cache_arena {
   uint64_t seq;
   uint64_t mapped, idle; /* pages */
   uint64_t in_use_blocks, in_use_req, peak_req;
-  uint64_t orphans; /* FREE blocks waiting for a sync */
   uint64_t hits, misses, page_maps, page_frees, page_moves;
 };
 

@@ -957,18 +957,28 @@ static int client_fetch_segment(gmb_client *c, uint64_t segment) {
   return rc ? client_fail(rc, "%s", why) : 0;
 }
 
-/* Gives back an allocation this client could not use, so that it does not
- * count against the tenant until the session ends.  Best effort; the
- * failure the caller reports is the one that made it necessary.  Holds io. */
-static void client_undo_alloc(gmb_client *c, uint64_t id) {
-  if (id == 0 || atomic_load(&c->dead)) return;
-  char saved[sizeof client_err];
-  memcpy(saved, client_err, sizeof saved);
+/* Frees allocations ids[0..n) (n <= WIRE_PAGES_MAX) in one Free message,
+ * without waiting for the device.  Holds io.  0 or the failure. */
+static int client_free_ids(gmb_client *c, const uint64_t *ids, unsigned n) {
   struct wire_request req = {.kind = WIRE_FREE};
   struct wire_reply rep;
-  req.u.free.id = id;
-  if (client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep) == 0)
-    gmb__wire_reply_clear(&rep);
+  req.u.free.id = ids[0];
+  req.u.free.n_more = n - 1;
+  for (unsigned i = 1; i < n; i++) req.u.free.more[i - 1] = ids[i];
+  int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
+  if (rc == 0) gmb__wire_reply_clear(&rep);
+  return rc;
+}
+
+/* Gives back allocations ids[0..n) this client could not use, so that
+ * they do not count against the tenant until the session ends.  Best
+ * effort; the failure the caller reports is the one that made it
+ * necessary.  Holds io. */
+static void client_undo_alloc(gmb_client *c, const uint64_t *ids, unsigned n) {
+  if (n == 0 || ids[0] == 0 || atomic_load(&c->dead)) return;
+  char saved[sizeof client_err];
+  memcpy(saved, client_err, sizeof saved);
+  client_free_ids(c, ids, n);
   memcpy(client_err, saved, sizeof saved);
 }
 
@@ -1033,7 +1043,7 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   *out = id;
   goto out;
 undo:
-  client_undo_alloc(c, id);
+  client_undo_alloc(c, &id, 1);
 out:
   pthread_mutex_unlock(&c->io);
   return rc;
@@ -1064,15 +1074,9 @@ static int client_free_id(gmb_client *c, gmb_id id, int sync) {
                          "could not be waited for (%s)",
                          (unsigned long long)id, why);
   }
-  struct wire_request req = {.kind = WIRE_FREE};
-  struct wire_reply rep;
-  req.u.free.id = id;
   pthread_mutex_lock(&c->io);
-  int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
-  if (rc == 0) {
-    gmb__wire_reply_clear(&rep);
-    gmb__segmap_remove(c->map, id);
-  }
+  int rc = client_free_ids(c, &id, 1);
+  if (rc == 0) gmb__segmap_remove(c->map, id);
   pthread_mutex_unlock(&c->io);
   return rc;
 }
@@ -1512,19 +1516,6 @@ static void client_unreserve(void *ctx, uintptr_t base, uint64_t size) {
     munmap((void *)base, (size_t)size);
 }
 
-/* Frees allocations ids[0..n) (n <= WIRE_PAGES_MAX) in one Free message,
- * without waiting for the device.  Holds io.  0 or the failure. */
-static int client_free_ids(gmb_client *c, const uint64_t *ids, unsigned n) {
-  struct wire_request req = {.kind = WIRE_FREE};
-  struct wire_reply rep;
-  req.u.free.id = ids[0];
-  req.u.free.n_more = n - 1;
-  for (unsigned i = 1; i < n; i++) req.u.free.more[i - 1] = ids[i];
-  int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
-  if (rc == 0) gmb__wire_reply_clear(&rep);
-  return rc;
-}
-
 /* Maps one page of a pages reply at `addr`: its segment's descriptor
  * from the descriptor channel, checked to be one page, mapped (the
  * imported handle kept on a GPU).  Holds io. */
@@ -1599,13 +1590,7 @@ static int client_page_map(void *ctx, uintptr_t addr, unsigned n,
   for (unsigned i = 0; i + 1 < mapped; i++)
     client_page_unmap(c, addr + (uintptr_t)i * GMB_CACHE_PAGE, &pg[i]);
 undo:
-  if (got && got <= WIRE_PAGES_MAX && !atomic_load(&c->dead)) {
-    /* The failure the caller reports is the one above, not the Free's. */
-    char saved[sizeof client_err];
-    memcpy(saved, client_err, sizeof saved);
-    client_free_ids(c, rep.u.alloc.page_id, got);
-    memcpy(client_err, saved, sizeof saved);
-  }
+  if (got <= WIRE_PAGES_MAX) client_undo_alloc(c, rep.u.alloc.page_id, got);
 out:
   pthread_mutex_unlock(&c->io);
   return rc;
