@@ -259,7 +259,8 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   }
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
   uint32_t slot = 0;
-  if (flags & GMB_MOVABLE) {
+  /* The pool keeps a large allocation pinned (pool.h rule 1): no slot. */
+  if (info.flags & GMB_MOVABLE) {
     rc = gmb__locktab_slot_new(s->lt, info.id, info.dseg->id, info.offset,
                                &slot);
     if (rc) {
@@ -286,6 +287,11 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   rep->u.alloc.segment = info.dseg->id;
   rep->u.alloc.offset = info.offset;
   rep->u.alloc.slot = slot;
+  rep->u.alloc.pinned = (flags & GMB_MOVABLE) && !(info.flags & GMB_MOVABLE);
+  rep->u.alloc.tail_segment = info.tail_dseg ? info.tail_dseg->id : 0;
+  rep->u.alloc.tail_offset = info.tail_offset;
+  rep->u.alloc.tail_size = info.tail_size;
+  rep->u.alloc.n_pages = 0;
   /* The client fetches the segment's descriptor from the descriptor
    * channel when it has not mapped the segment yet (fdchan.c). */
   return 0;

@@ -238,6 +238,7 @@ static int observe_range(void *ctx, const struct gmb_alloc_info *info,
   }
   ri->id = info->id;
   ri->movable = (info->flags & GMB_MOVABLE) != 0;
+  ri->tail = (info->flags & GMB_RANGE_TAIL) != 0;
   const struct gmb_session *s = info->owner;
   if (s) ri->session = s->id;
   if (ri->movable) ri->locked = gmb__session_alloc_locked(info);

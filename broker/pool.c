@@ -216,6 +216,23 @@ void gmb__pool_info(const struct gmb_pool *p, const struct pool_range *r,
   out->owner = live ? r->u.live.owner : NULL;
   out->segment = r->seg;
   out->dseg = &r->seg->dseg;
+  out->tail_dseg = NULL;
+  out->tail_offset = out->tail_size = 0;
+}
+
+/* What alloc, free and find report of live allocation r: the whole of it,
+ * its tail included (gmb__pool_info reports one range). */
+static void pool_info_whole(const struct gmb_pool *p,
+                            const struct pool_range *r,
+                            struct gmb_alloc_info *out) {
+  gmb__pool_info(p, r, out);
+  const struct pool_range *t = r->u.live.tail;
+  if (t) {
+    out->size += t->size;
+    out->tail_dseg = &t->seg->dseg;
+    out->tail_offset = t->offset;
+    out->tail_size = t->size;
+  }
 }
 
 struct pool_range *gmb__pool_range_by_id(const struct gmb_pool *p,
@@ -321,8 +338,10 @@ static int pool_segment_new(struct gmb_pool *p, struct gmb_arena *a,
 }
 
 /* Returns segment s to the device, with whatever ranges it still has (live
- * ones are dropped from the slot table and the accounting). */
-static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
+ * ones are dropped from the slot table and the accounting).  `retire`: the
+ * broker hears of it (0 only for one made a moment ago that nobody saw). */
+static void pool_segment_drop(struct gmb_pool *p, struct gmb_segment *s,
+                              int retire) {
   struct gmb_arena *a = s->arena;
   p->changes++;
   if (a->linger == s) {
@@ -344,15 +363,20 @@ static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
       pool_tree_remove(a, r);
       a->free_total -= r->size;
     } else {
-      pool_slot_release(p, r->slot);
+      /* A tail's slot is its allocation's, released with that range
+       * (only a whole arena's end releases a segment with live ranges,
+       * and it releases all of them). */
+      if (!(r->flags & GMB_RANGE_TAIL)) {
+        pool_slot_release(p, r->slot);
+        a->allocations--;
+        p->allocations--;
+      }
       a->used -= r->size;
-      a->allocations--;
       p->used -= r->size;
-      p->allocations--;
     }
     pool_range_put(p, r);
   }
-  if (p->retire) p->retire(p->ctx, &s->dseg, a->tag);
+  if (retire && p->retire) p->retire(p->ctx, &s->dseg, a->tag);
   RB_REMOVE(pool_seg_tree, &p->segs, s);
   LIST_REMOVE(s, link);
   a->segment_bytes -= s->dseg.size;
@@ -361,6 +385,10 @@ static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
   p->segments--;
   gmb__device_seg_free(p->dev, &s->dseg);
   free(s);
+}
+
+static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
+  pool_segment_drop(p, s, 1);
 }
 
 /* Segment s just lost its last live range: release it, or let it linger
@@ -409,78 +437,33 @@ static struct pool_range *pool_fit_held(struct gmb_pool *p,
   return best;
 }
 
-int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
-                    uint32_t flags, void *owner, struct gmb_alloc_info *out) {
-  if (size == 0 || size > UINT64_MAX - (GMB_POOL_ALIGN - 1) ||
-      (flags & GMB_RANGE_FREE))
-    return GMB_E_INVAL;
-  uint64_t need = (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
-  uint32_t cls = need > GMB_POOL_SMALL_MAX ? POOL_LARGE
-                 : (flags & GMB_MOVABLE)   ? POOL_SMALL_MOVABLE
-                                           : POOL_SMALL_PINNED;
-  uint64_t segsize = GMB_POOL_SMALL_SEGMENT;
-  if (cls == POOL_LARGE) {
-    if (need > UINT64_MAX - (GMB_SEGMENT_ALIGN - 1)) return GMB_E_INVAL;
-    segsize = (need + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
-  }
-  /* Reserve everything that can fail before changing anything: one range
-   * struct for a new segment, one for the remainder of a split. */
-  int rc = pool_ranges_reserve(p, 2);
-  if (rc == 0) rc = pool_slot_reserve(p);
-  if (rc != 0) return rc;
-
-  /* Placement (pool.h): a large allocation gets a segment of its own; a
-   * small one the best fit among the free ranges of its class (pinned with
-   * pinned, movable with movable), else the arena's lingering segment,
-   * else a new segment. */
-  struct pool_range *r = NULL;
-  if (cls != POOL_LARGE) {
-    struct gmb_segment key_seg = {.dseg = {.id = 0}};
-    struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
-    r = RB_NFIND(pool_free_tree, &a->free[cls], &key);
-    if (!p->grouping) {
-      /* Without compaction nothing is ever moved, so grouping by mobility
-       * buys nothing and costs a second partly used segment: the best fit
-       * in either class (a pinned allocation makes its segment pinned). */
-      uint32_t other = cls == POOL_SMALL_PINNED ? POOL_SMALL_MOVABLE
-                                                : POOL_SMALL_PINNED;
-      struct pool_range *o = RB_NFIND(pool_free_tree, &a->free[other], &key);
-      if (o && (!r || o->size < r->size)) {
-        r = o;
-        if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
-      }
-    }
-    if (!r && cls == POOL_SMALL_PINNED && a->held) r = pool_fit_held(p, a, need);
-    if (!r && a->linger) {
-      pool_seg_reclass(a->linger, cls);
-      r = a->linger->first;
-    }
-  }
-  if (!r) {
-    struct gmb_segment *s;
-    rc = pool_segment_new(p, a, cls, segsize, &s);
-    if (rc == GMB_E_NOMEM && cls != POOL_LARGE) {
-      /* The device is full: fall back to the other class's free ranges
-       * rather than refuse (placement rule 2's last resort).  A pinned
-       * allocation makes that segment pinned. */
-      uint32_t other = cls == POOL_SMALL_PINNED ? POOL_SMALL_MOVABLE
-                                                : POOL_SMALL_PINNED;
-      struct gmb_segment key_seg = {.dseg = {.id = 0}};
-      struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
-      r = RB_NFIND(pool_free_tree, &a->free[other], &key);
-      if (r) {
-        if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, cls);
-        rc = 0;
-      }
-    } else if (rc == 0) {
-      r = s->first;
-    }
-    if (rc != 0) return rc;
-  }
+/* Takes `need` bytes at the start of free range r (at its end with
+ * `at_end`) for a live range of `flags` and `owner` (the rest, if any,
+ * stays free), with the counts of its segment, arena and pool; the slot
+ * and the allocation counts are the caller's.  Returns the live range.
+ * One range struct reserved. */
+static struct pool_range *pool_take(struct gmb_pool *p, struct pool_range *r,
+                                    uint64_t need, uint32_t flags, void *owner,
+                                    int at_end) {
   struct gmb_segment *s = r->seg;
+  struct gmb_arena *a = s->arena;
   pool_tree_remove(a, r);
   a->free_total -= r->size;
-  if (r->size > need) {
+  if (at_end && r->size > need) {
+    /* The free rest stays below, in r; the new range above it. */
+    struct pool_range *top = pool_range_get(p);
+    top->seg = s;
+    top->offset = r->offset + r->size - need;
+    top->size = need;
+    top->prev = r;
+    top->next = r->next;
+    if (r->next) r->next->prev = top;
+    r->next = top;
+    r->size -= need;
+    pool_tree_insert(a, r);
+    a->free_total += r->size;
+    r = top;
+  } else if (r->size > need) {
     struct pool_range *rest = pool_range_get(p);
     rest->seg = s;
     rest->offset = r->offset + need;
@@ -497,20 +480,164 @@ int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
   r->flags = flags;
   r->u.live.owner = owner;
   r->u.live.tag = 0;
-  uint64_t id = pool_slot_take(p, r);
+  r->u.live.tail = NULL;
   if (s->live++ == 0 && a->linger == s) {
     a->linger = NULL;
     p->lingering--;
   }
   if (!(flags & GMB_MOVABLE)) s->pinned++;
+  if (flags & GMB_RANGE_TAIL) s->tails++;
   s->used += need;
   a->used += need;
-  a->allocations++;
   p->used += need;
+  return r;
+}
+
+/* Free ranges a tail's placement looks at before it gives up on the
+ * segments the arena has: a bound on the work of one large request. */
+#define POOL_TAIL_SCAN 64u
+
+/* The smallest free range of at least `size` bytes at either end of one
+ * of arena a's small segments of class `cls` (a tail must touch its
+ * segment's first or last byte: the client maps the large allocation's
+ * pages right after or right before that segment), the lingering one
+ * aside, among the POOL_TAIL_SCAN smallest that fit; or NULL. */
+static struct pool_range *pool_tail_fit(const struct gmb_arena *a,
+                                        uint32_t cls, uint64_t size) {
+  struct gmb_segment key_seg = {.dseg = {.id = 0}};
+  struct pool_range key = {.seg = &key_seg, .size = size, .offset = 0};
+  struct pool_free_tree *tree = (struct pool_free_tree *)&a->free[cls];
+  unsigned n = 0;
+  for (struct pool_range *r = RB_NFIND(pool_free_tree, tree, &key);
+       r && n < POOL_TAIL_SCAN; r = RB_NEXT(pool_free_tree, tree, r), n++)
+    if (r->seg != a->linger &&
+        (r->offset == 0 || r->offset + r->size == r->seg->dseg.size))
+      return r;
+  return NULL;
+}
+
+/* Where the tail of a large allocation goes (pool.h rule 1): a free range
+ * at an end of a pinned small segment, else the lingering segment, else a
+ * new small segment, else (the device full) a movable segment's.  Without
+ * grouping, the best fit among both classes first.  The segment is made
+ * pinned by the caller.  0 with *out, or GMB_E_NOMEM or a device error.
+ * Reserved: one range struct (a new segment's). */
+static int pool_tail_place(struct gmb_pool *p, struct gmb_arena *a,
+                           uint64_t size, struct pool_range **out) {
+  struct pool_range *r = pool_tail_fit(a, POOL_SMALL_PINNED, size);
+  if (!p->grouping) {
+    struct pool_range *o = pool_tail_fit(a, POOL_SMALL_MOVABLE, size);
+    if (o && (!r || o->size < r->size)) r = o;
+  }
+  if (!r && a->linger) r = a->linger->first;
+  if (!r) {
+    struct gmb_segment *s;
+    int rc = pool_segment_new(p, a, POOL_SMALL_PINNED, GMB_POOL_SMALL_SEGMENT,
+                              &s);
+    if (rc == 0) r = s->first;
+    if (rc == GMB_E_NOMEM) r = pool_tail_fit(a, POOL_SMALL_MOVABLE, size);
+    if (!r) return rc ? rc : GMB_E_NOMEM;
+  }
+  *out = r;
+  return 0;
+}
+
+/* A request of whole pages plus a tail (pool.h rule 1): the pages first
+ * (a new segment under pressure releases the lingering ones, which the
+ * tail's placement must not have picked yet), then the tail; a tail with
+ * no room gives the pages back.  The allocation is pinned. */
+static int pool_alloc_large(struct gmb_pool *p, struct gmb_arena *a,
+                            uint64_t pages, uint64_t tail, void *owner,
+                            struct pool_range **out) {
+  struct gmb_segment *s;
+  int rc = pool_segment_new(p, a, POOL_LARGE, pages, &s);
+  if (rc) return rc;
+  struct pool_range *t = NULL;
+  if (tail) {
+    rc = pool_tail_place(p, a, tail, &t);
+    if (rc) {
+      pool_segment_drop(p, s, 0);
+      return rc;
+    }
+  }
+  struct pool_range *r = pool_take(p, s->first, pages, 0, owner, 0);
+  if (t) {
+    /* At the segment's start when it can be, else at its end. */
+    t = pool_take(p, t, tail, GMB_RANGE_TAIL, owner, t->offset != 0);
+    pool_seg_reclass(t->seg, POOL_SMALL_PINNED);
+    r->u.live.tail = t;
+  }
+  *out = r;
+  return 0;
+}
+
+int gmb__pool_alloc(struct gmb_pool *p, struct gmb_arena *a, uint64_t size,
+                    uint32_t flags, void *owner, struct gmb_alloc_info *out) {
+  if (size == 0 || size > UINT64_MAX - (GMB_SEGMENT_ALIGN - 1) ||
+      (flags & (GMB_RANGE_FREE | GMB_RANGE_TAIL)))
+    return GMB_E_INVAL;
+  uint64_t need = (size + GMB_POOL_ALIGN - 1) & ~(uint64_t)(GMB_POOL_ALIGN - 1);
+  /* Large: pinned, its whole pages in a segment of its own and its tail in
+   * a small segment (rule 1); under a page, all of it is tail, placed as a
+   * small pinned request. */
+  uint64_t pages = 0, tail = 0;
+  if (need > GMB_POOL_SMALL_MAX) {
+    flags &= ~(uint32_t)GMB_MOVABLE;
+    pages = need & ~(GMB_SEGMENT_ALIGN - 1);
+    tail = need - pages;
+  }
+  uint32_t cls = (flags & GMB_MOVABLE) ? POOL_SMALL_MOVABLE : POOL_SMALL_PINNED;
+  /* Reserve everything that can fail before changing anything: range
+   * structs for two new segments and the rest of a split, and a slot. */
+  int rc = pool_ranges_reserve(p, 3);
+  if (rc == 0) rc = pool_slot_reserve(p);
+  if (rc != 0) return rc;
+
+  struct pool_range *r = NULL;
+  if (pages) {
+    rc = pool_alloc_large(p, a, pages, tail, owner, &r);
+    if (rc) return rc;
+    goto taken;
+  }
+  /* Placement (pool.h): a small request takes the best fit among the free
+   * ranges of its class (pinned with pinned, movable with movable), else
+   * the arena's lingering segment, else a new segment. */
+  struct gmb_segment key_seg = {.dseg = {.id = 0}};
+  struct pool_range key = {.seg = &key_seg, .size = need, .offset = 0};
+  r = RB_NFIND(pool_free_tree, &a->free[cls], &key);
+  uint32_t other =
+      cls == POOL_SMALL_PINNED ? POOL_SMALL_MOVABLE : POOL_SMALL_PINNED;
+  if (!p->grouping) {
+    /* Without compaction nothing is ever moved, so grouping by mobility
+     * buys nothing and costs a second partly used segment: the best fit
+     * in either class (a pinned allocation makes its segment pinned). */
+    struct pool_range *o = RB_NFIND(pool_free_tree, &a->free[other], &key);
+    if (o && (!r || o->size < r->size)) r = o;
+  }
+  if (!r && cls == POOL_SMALL_PINNED && a->held) r = pool_fit_held(p, a, need);
+  if (!r && a->linger) r = a->linger->first;
+  if (!r) {
+    struct gmb_segment *s;
+    rc = pool_segment_new(p, a, cls, GMB_POOL_SMALL_SEGMENT, &s);
+    if (rc == 0) r = s->first;
+    /* The device is full: fall back to the other class's free ranges
+     * rather than refuse (placement rule 2's last resort). */
+    if (rc == GMB_E_NOMEM)
+      r = RB_NFIND(pool_free_tree, &a->free[other], &key);
+    if (!r) return rc ? rc : GMB_E_NOMEM;
+  }
+  r = pool_take(p, r, need, flags, owner, 0);
+  /* A pinned allocation makes its segment pinned; a movable one taking
+   * the lingering segment makes it movable (it lingered as movable). */
+  if (cls == POOL_SMALL_PINNED) pool_seg_reclass(r->seg, POOL_SMALL_PINNED);
+taken:;
+  uint64_t id = pool_slot_take(p, r);
+  if (r->u.live.tail) r->u.live.tail->slot = r->slot;
+  a->allocations++;
   p->allocations++;
   p->changes++;
   if (out) {
-    gmb__pool_info(p, r, out);
+    pool_info_whole(p, r, out);
     out->id = id;
   }
   POOL_DEBUG_CHECK(p);
@@ -555,9 +682,10 @@ static struct pool_range *pool_move_target_of(const struct gmb_pool *p,
 }
 
 /* Frees live range r: its move if one is in flight (the target's segment
- * is dealt with only when handle_empty), slot, accounting, coalescing.
- * Returns the free range that now covers r's bytes.  The caller deals with
- * r's segment if it emptied. */
+ * is dealt with only when handle_empty), slot, accounting, coalescing, and
+ * its tail if it has one.  Returns the free range that now covers r's
+ * bytes.  The caller deals with r's segment, and the tail's, if they
+ * emptied. */
 static struct pool_range *pool_range_free(struct gmb_pool *p,
                                           struct pool_range *r,
                                           int handle_empty) {
@@ -565,21 +693,27 @@ static struct pool_range *pool_range_free(struct gmb_pool *p,
     pool_move_drop(p, pool_move_target_of(p, r), handle_empty);
   struct gmb_segment *s = r->seg;
   struct gmb_arena *a = s->arena;
-  pool_slot_release(p, r->slot);
+  struct pool_range *tail = r->u.live.tail; /* the union is reused below */
+  if (r->flags & GMB_RANGE_TAIL) {
+    s->tails--; /* the slot is its allocation's */
+  } else {
+    pool_slot_release(p, r->slot);
+    a->allocations--;
+    p->allocations--;
+  }
   pool_held_drop(r);
   s->live--;
   if (!(r->flags & GMB_MOVABLE)) s->pinned--;
   s->used -= r->size;
   a->used -= r->size;
-  a->allocations--;
   a->free_total += r->size;
   p->used -= r->size;
-  p->allocations--;
   struct pool_range *f = pool_coalesce(p, r);
   /* Its last pinned allocation gone, the segment is movable again (and
    * compaction may empty it). */
   if (s->cls == POOL_SMALL_PINNED && s->pinned == 0)
     pool_seg_reclass(s, POOL_SMALL_MOVABLE);
+  if (tail) pool_range_free(p, tail, handle_empty);
   return f;
 }
 
@@ -587,10 +721,17 @@ int gmb__pool_free(struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *info) {
   struct pool_range *r = pool_lookup(p, id);
   if (!r) return GMB_E_NOENT;
-  if (info) gmb__pool_info(p, r, info);
+  if (info) pool_info_whole(p, r, info);
   struct gmb_segment *s = r->seg;
+  struct gmb_segment *ts = r->u.live.tail ? r->u.live.tail->seg : NULL;
   struct gmb_arena *a = s->arena;
   pool_range_free(p, r, 1);
+  /* The tail's small segment first: it may linger, and a large segment
+   * that empties is released whatever lingers. */
+  if (ts && pool_seg_idle(ts)) {
+    pool_segment_emptied(p, ts);
+    if (info && a->linger != ts) info->tail_dseg = NULL;
+  }
   if (pool_seg_idle(s)) {
     pool_segment_emptied(p, s);
     if (info && a->linger != s) { /* released: leave nothing dangling */
@@ -606,7 +747,7 @@ int gmb__pool_find(const struct gmb_pool *p, uint64_t id,
                    struct gmb_alloc_info *out) {
   const struct pool_range *r = pool_lookup(p, id);
   if (!r) return GMB_E_NOENT;
-  if (out) gmb__pool_info(p, r, out);
+  if (out) pool_info_whole(p, r, out);
   return 0;
 }
 
@@ -844,11 +985,13 @@ uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
   struct gmb_segment *s, *nx;
   LIST_FOREACH(s, &a->segs, link) {
     for (struct pool_range *r = s->first; r;) {
-      if (!pool_is_live(r) || r->u.live.owner != owner) {
+      /* A tail goes with its allocation. */
+      if (!pool_is_live(r) || r->u.live.owner != owner ||
+          (r->flags & GMB_RANGE_TAIL)) {
         r = r->next;
         continue;
       }
-      bytes += r->size;
+      bytes += r->size + (r->u.live.tail ? r->u.live.tail->size : 0);
       /* The merged free range is followed by a live range, a target or
        * nothing. */
       r = pool_range_free(p, r, 0)->next;

@@ -8,14 +8,26 @@
  *
  * Placement rules (the anti-fragmentation design; docs/benchmarks.md
  * measures it):
- *   1. Large allocations never fragment.  A request over GMB_POOL_SMALL_MAX
- *      gets a segment of its own, rounded up to the 2 MiB segment alignment
- *      and released when it is freed.  Device memory is paged (2 MiB) and
- *      shared by descriptor, so a large segment needs free capacity, not a
- *      contiguous device range: it is served whenever the device's
- *      unsegmented capacity plus the lingering empty segments (released
- *      first) covers it.  The slack above it serves nothing and is not
- *      counted as a free range.  Large allocations never move.
+ *   1. Large allocations never fragment, and share their last page.  A
+ *      request over GMB_POOL_SMALL_MAX is pinned (large allocations never
+ *      move) and cut in two: its whole 2 MiB pages get a segment of its
+ *      own, released when it is freed, and the rest, its tail (under
+ *      2 MiB), is a range at the start or the end of one of the tenant's
+ *      small segments, whose other bytes serve its small requests.  The
+ *      client maps the two segments side by side (the small one after the
+ *      pages when the tail is at its start, before them when at its end;
+ *      a second mapping of it beside its own: the same tenant's bytes), so
+ *      the allocation is contiguous in its address space.  A request of less than one
+ *      page has no segment of its own: it is all tail, and may lie
+ *      anywhere in a small segment.  So a tenant's large allocations waste
+ *      no more than its small ones (a 5 MiB request used to hold 6 MiB).
+ *      Device memory is paged (2 MiB) and shared by descriptor, so a large
+ *      segment needs free capacity, not a contiguous device range: it is
+ *      served whenever the device's unsegmented capacity plus the
+ *      lingering empty segments (released first) covers it.  A tail takes
+ *      the best fit among the free ranges at either end of pinned small
+ *      segments, else the lingering segment, else a new small segment,
+ *      else (the device full) such a range of a movable segment.
  *   2. Mobility grouping (Linux's pageblock migratetypes): small requests
  *      share small segments of GMB_POOL_SMALL_SEGMENT bytes, and a pinned
  *      allocation never lands in a segment with movable ones placed by
@@ -80,9 +92,11 @@
  * Invariants, checked by gmb__pool_check(): ranges of a segment tile it with
  * no gap or overlap, in address order; no two free ranges are adjacent; the
  * free trees hold exactly the free ranges, each in its segment's class; a
- * small segment is PINNED exactly when it holds a pinned allocation; a large
- * segment holds exactly one allocation; per-segment, per-arena and device
- * totals add up.
+ * small segment is PINNED exactly when it holds a pinned allocation (a
+ * tail counts); a large segment holds exactly one allocation, pinned, and
+ * its tail, if any, is a range under a page at an end of a small segment
+ * of the same arena whose slot is that allocation's; per-segment,
+ * per-arena and device totals add up.
  *
  * The pool knows nothing of ZeroMQ, protobuf or sessions: an allocation
  * carries an opaque `owner` pointer that the broker uses for its session.
@@ -101,6 +115,7 @@
 
 #define GMB_RANGE_FREE 0x100u   /* internal flag; GMB_MOVABLE is 0x1 */
 #define GMB_RANGE_TARGET 0x200u /* a move target in flight (pool_walk) */
+#define GMB_RANGE_TAIL 0x2000u  /* a large allocation's tail (pool_walk) */
 
 struct gmb_pool;
 struct gmb_arena;
@@ -116,6 +131,14 @@ struct gmb_alloc_info {
   void *owner;
   struct gmb_segment *segment;
   const struct gmb_dseg *dseg; /* id and handle of the segment */
+  /* A large allocation's tail (rule 1): `size` is then the whole
+   * allocation's, the pages of its own segment (dseg) plus tail_size
+   * bytes at tail_offset of segment tail_dseg.  tail_dseg is NULL and
+   * tail_size 0 for one in a single segment.  A walk reports the two
+   * pieces as two ranges of the same id, each with its own size, the tail
+   * with GMB_RANGE_TAIL in flags. */
+  const struct gmb_dseg *tail_dseg;
+  uint64_t tail_offset, tail_size;
 };
 
 /* Called before a segment goes back to the device, so the broker can tell

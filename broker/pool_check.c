@@ -145,7 +145,7 @@ static int pool_check_segment(const struct gmb_pool *p,
   if (s->cls >= POOL_CLASSES)
     POOL_BAD("pool check: segment %llu has class %u", sid, s->cls);
   uint64_t off = 0, used = 0, reserved = 0;
-  uint32_t live = 0, pinned = 0, targets = 0, held = 0;
+  uint32_t live = 0, pinned = 0, targets = 0, held = 0, tails = 0;
   const struct pool_range *prev = NULL;
   for (const struct pool_range *r = s->first; r; prev = r, r = r->next) {
     unsigned long long ro = (unsigned long long)r->offset;
@@ -198,12 +198,40 @@ static int pool_check_segment(const struct gmb_pool *p,
       targets++;
       reserved += r->size;
       *moving += r->size;
+    } else if (r->flags & GMB_RANGE_TAIL) {
+      /* A large allocation's tail: its slot names that allocation, in a
+       * segment of its own, whose tail it is; pinned, in a small one. */
+      const struct pool_range *head =
+          pool_slot_live(p, r->slot) ? p->slots[r->slot].r : NULL;
+      if (!head || head->u.live.tail != r || !head->seg ||
+          head->seg->cls != POOL_LARGE || head->seg->arena != a ||
+          head->u.live.owner != r->u.live.owner)
+        POOL_BAD("pool check: seg %llu tail %llu is not the tail of a large "
+                 "allocation of its arena", sid, ro);
+      if (!pool_cls_small(s->cls) || (r->flags & GMB_MOVABLE) ||
+          r->u.live.tail)
+        POOL_BAD("pool check: seg %llu tail %llu is movable, has a tail or "
+                 "lies in a large segment", sid, ro);
+      if (r->size >= GMB_SEGMENT_ALIGN ||
+          (r->offset != 0 && r->offset + r->size != s->dseg.size))
+        POOL_BAD("pool check: seg %llu tail %llu of %llu bytes is not at "
+                 "an end of its segment or not under a page", sid, ro,
+                 (unsigned long long)r->size);
+      live++;
+      tails++;
+      pinned++;
+      used += r->size;
     } else {
       if (!pool_slot_live(p, r->slot) || p->slots[r->slot].r != r)
         POOL_BAD(
             "pool check: seg %llu live range %llu not in the slot "
             "table",
             sid, ro);
+      if (r->u.live.tail && (!(r->u.live.tail->flags & GMB_RANGE_TAIL) ||
+                             r->u.live.tail->slot != r->slot ||
+                             s->cls != POOL_LARGE || (r->flags & GMB_MOVABLE)))
+        POOL_BAD("pool check: seg %llu range %llu has a tail that is not "
+                 "its own, or is not a pinned large allocation", sid, ro);
       if (r->flags & POOL_MOVING_SRC) {
         int n = 0;
         for (const struct pool_range *t = p->moves; t; t = t->u.target.next)
@@ -231,6 +259,9 @@ static int pool_check_segment(const struct gmb_pool *p,
         "%u/%llu",
         sid, s->live, (unsigned long long)s->used, live,
         (unsigned long long)used);
+  if (tails != s->tails)
+    POOL_BAD("pool check: seg %llu counts %u tails, ranges say %u", sid,
+             s->tails, tails);
   if (held != s->held)
     POOL_BAD("pool check: seg %llu counts %u held ranges, ranges say %u", sid,
              s->held, held);
@@ -278,7 +309,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
       a_held += s->held > 0;
       a_bytes += s->dseg.size;
       a_used += s->used;
-      a_allocs += s->live;
+      a_allocs += s->live - s->tails;
     }
     if (a->linger) {
       lingering++;

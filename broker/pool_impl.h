@@ -24,6 +24,9 @@
  *                      allocation that moves there
  *   otherwise          live: in the slot table; POOL_MOVING_SRC set while a
  *                      move of it is in flight
+ *   GMB_RANGE_TAIL     live too, but the tail of a large allocation: its
+ *                      slot is that allocation's, whose range (in a
+ *                      segment of its own) points at it through u.live.tail
  */
 #ifndef GMB_POOL_IMPL_H
 #define GMB_POOL_IMPL_H
@@ -73,6 +76,10 @@ struct pool_range {
     struct {
       void *owner;
       uint32_t tag;
+      /* A large allocation's tail in a small segment (GMB_RANGE_TAIL,
+       * pool.h rule 1), or NULL.  The tail's own `tail` is NULL; its
+       * `slot` is the allocation's, but the slot points here. */
+      struct pool_range *tail;
     } live;
     struct {
       struct pool_range *next; /* the pool's list of moves in flight */
@@ -96,6 +103,7 @@ struct gmb_segment {
   uint32_t targets;             /* count of move targets */
   uint32_t cls;
   uint32_t held;                /* live ranges with POOL_LOCK_HELD */
+  uint32_t tails;               /* of `live`, tails of large allocations */
 };
 
 RB_HEAD(pool_seg_tree, gmb_segment);

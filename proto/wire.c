@@ -513,6 +513,7 @@ static int wire_snapshot_out(const struct wire_reply *rep,
         rm->movable = ri->movable != 0;
         rm->locked = ri->locked != 0;
         rm->session = ri->session;
+        rm->tail = ri->tail != 0;
         o->rangep[i][k] = rm;
       }
     }
@@ -588,6 +589,10 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       alloc.segment = rep->u.alloc.segment;
       alloc.offset = rep->u.alloc.offset;
       alloc.slot = rep->u.alloc.slot;
+      alloc.pinned = rep->u.alloc.pinned != 0;
+      alloc.tail_segment = rep->u.alloc.tail_segment;
+      alloc.tail_offset = rep->u.alloc.tail_offset;
+      alloc.tail_size = rep->u.alloc.tail_size;
       if (rep->u.alloc.n_pages > WIRE_PAGES_MAX) return GMB_E_INVAL;
       alloc.n_page_ids = alloc.n_page_segments = rep->u.alloc.n_pages;
       alloc.page_ids = (uint64_t *)rep->u.alloc.page_id;
@@ -753,7 +758,8 @@ static int wire_snapshot_in(const Gmb__SnapshotReply *sn,
     for (size_t k = 0; k < m->n_ranges; k++) {
       const Gmb__RangeInfo *r = m->ranges[k];
       segs[i].ranges[k] = (struct wire_range_info){
-          r->offset, r->size, r->id, r->session, r->movable, r->locked};
+          r->offset, r->size, r->id, r->session, r->movable, r->locked,
+          r->tail};
     }
   }
   return 0;
@@ -815,6 +821,10 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.alloc.segment = r->alloc->segment;
       out->u.alloc.offset = r->alloc->offset;
       out->u.alloc.slot = r->alloc->slot;
+      out->u.alloc.pinned = r->alloc->pinned;
+      out->u.alloc.tail_segment = r->alloc->tail_segment;
+      out->u.alloc.tail_offset = r->alloc->tail_offset;
+      out->u.alloc.tail_size = r->alloc->tail_size;
       if (r->alloc->n_page_ids > WIRE_PAGES_MAX ||
           r->alloc->n_page_ids != r->alloc->n_page_segments) {
         rc = GMB_E_PROTO;

@@ -152,6 +152,7 @@ struct wire_admin_status {
 struct wire_range_info {
   uint64_t offset, size, id, session; /* id 0: free */
   int movable, locked;
+  int tail; /* a large allocation's tail: its id has another range */
 };
 
 struct wire_segment_info {
@@ -185,6 +186,10 @@ struct wire_reply {
     struct {
       uint64_t id, size, segment, offset;
       uint32_t slot;             /* movable: lock table slot */
+      uint32_t pinned;           /* the broker made it pinned (large) */
+      /* A large allocation's tail: tail_size bytes at tail_offset of
+       * tail_segment follow the segment's pages (0: none). */
+      uint64_t tail_segment, tail_offset, tail_size;
       uint32_t n_pages;          /* Alloc.pages: each page's id, segment */
       uint64_t page_id[WIRE_PAGES_MAX], page_seg[WIRE_PAGES_MAX];
     } alloc;

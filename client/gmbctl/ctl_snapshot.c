@@ -224,6 +224,7 @@ static void json_w_ranges(struct ctl_json_writer *w,
               "\"session\": %llu", (unsigned long long)r->id,
               r->movable ? "true" : "false", r->locked ? "true" : "false",
               (unsigned long long)r->session);
+    if (r->tail) fprintf(w->f, ", \"tail\": true");
     fputc('}', w->f);
   }
 }

@@ -957,6 +957,50 @@ static int client_fetch_segment(gmb_client *c, uint64_t segment) {
   return rc ? client_fail(rc, "%s", why) : 0;
 }
 
+/* A large allocation with a tail (the broker's pool.h, rule 1): the pages
+ * of its own segment and the small segment that holds its tail, mapped
+ * side by side in a view (segmap.h) whose id it is recorded in (*seg), at
+ * *off.  The tail at the small segment's start: that segment after the
+ * pages; at its end: before them.  Holds io. */
+static int client_map_large(gmb_client *c, const struct wire_reply *rep,
+                            uint64_t *seg, uint64_t *off) {
+  const uint64_t id = rep->u.alloc.id, size = rep->u.alloc.size,
+                 tail = rep->u.alloc.tail_size, toff = rep->u.alloc.tail_offset;
+  if (tail >= GMB_SEGMAP_PAGE || tail >= size || rep->u.alloc.offset != 0 ||
+      (toff != 0 && toff != GMB_SEGMAP_PAGE - tail) ||
+      rep->u.alloc.tail_segment == 0 ||
+      rep->u.alloc.tail_segment == rep->u.alloc.segment)
+    return client_fail(GMB_E_PROTO, "allocation %llu: a tail of %llu bytes "
+                       "at %llu of segment %llu is impossible",
+                       (unsigned long long)id, (unsigned long long)tail,
+                       (unsigned long long)rep->u.alloc.tail_offset,
+                       (unsigned long long)rep->u.alloc.tail_segment);
+  char why[CLIENT_WHY_MAX];
+  int fd[2] = {-1, -1};
+  uint64_t got[2] = {0, 0};
+  const uint64_t segs[2] = {rep->u.alloc.segment, rep->u.alloc.tail_segment};
+  const uint64_t want[2] = {size - tail, GMB_SEGMAP_PAGE};
+  int rc = 0;
+  for (int i = 0; i < 2 && rc == 0; i++) {
+    rc = gmb__fdclient_segment(&c->fdsock, segs[i], &fd[i], &got[i], why,
+                               sizeof why);
+    if (rc == 0 && got[i] != want[i]) {
+      snprintf(why, sizeof why, "allocation %llu: segment %llu has %llu "
+               "bytes, not %llu", (unsigned long long)id,
+               (unsigned long long)segs[i], (unsigned long long)got[i],
+               (unsigned long long)want[i]);
+      rc = GMB_E_PROTO;
+    }
+  }
+  if (rc == 0)
+    rc = gmb__segmap_view(c->map, c->device, want[0], fd[0], fd[1], toff != 0,
+                          seg, why, sizeof why);
+  *off = toff;
+  for (int i = 0; i < 2; i++)
+    if (fd[i] >= 0) close(fd[i]);
+  return rc ? client_fail(rc, "%s", why) : 0;
+}
+
 /* Frees allocations ids[0..n) (n <= WIRE_PAGES_MAX) in one Free message,
  * without waiting for the device.  Holds io.  0 or the failure. */
 static int client_free_ids(gmb_client *c, const uint64_t *ids, unsigned n) {
@@ -1006,8 +1050,10 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   pthread_mutex_lock(&c->io);
   int rc = client_call(c, &req, WIRE_ALLOC, wait_ms, &rep);
   if (rc) goto out;
-  const uint64_t id = rep.u.alloc.id, seg = rep.u.alloc.segment,
-                 off = rep.u.alloc.offset, asize = rep.u.alloc.size;
+  const uint64_t id = rep.u.alloc.id, asize = rep.u.alloc.size;
+  uint64_t seg = rep.u.alloc.segment, off = rep.u.alloc.offset;
+  /* A large allocation never moves: the broker gives it no slot. */
+  if (rep.u.alloc.pinned) flags &= ~(unsigned)GMB_MOVABLE;
   if (id == 0 || asize < size) {
     rc = client_fail(GMB_E_PROTO, "the broker answered an alloc of %zu bytes "
                      "with id %llu of %llu bytes", size,
@@ -1015,8 +1061,12 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
     goto undo;
   }
   /* A segment this process has not mapped yet: its descriptor now (the
-   * range is checked against the segment's size by gmb__segmap_add). */
-  if (!gmb__segmap_has_segment(c->map, seg)) {
+   * range is checked against the segment's size by gmb__segmap_add).  A
+   * large allocation with a tail gets a view of its two segments. */
+  if (rep.u.alloc.tail_size) {
+    rc = client_map_large(c, &rep, &seg, &off);
+    if (rc) goto undo;
+  } else if (!gmb__segmap_has_segment(c->map, seg)) {
     rc = client_fetch_segment(c, seg);
     if (rc) goto undo;
   }
@@ -1038,6 +1088,7 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
                        sizeof why);
   if (rc) {
     client_fail(rc, "%s", why);
+    if (seg & GMB_SEGMAP_VIEW) gmb__segmap_view_drop(c->map, seg);
     goto undo;
   }
   *out = id;
@@ -1075,6 +1126,15 @@ static int client_free_id(gmb_client *c, gmb_id id, int sync) {
                          (unsigned long long)id, why);
   }
   pthread_mutex_lock(&c->io);
+  /* A large allocation's view goes first: the broker may retire its
+   * segments while it answers, and this session's SegmentClosed must not
+   * leave a mapping of them behind (on a GPU, memory the broker counts as
+   * freed).  A free that then fails loses the view, not the memory: a
+   * gmb_free again gives it back. */
+  struct gmb_segmap_entry e;
+  if (gmb__segmap_get(c->map, id, NULL, 0, &e) == 0 &&
+      (e.segment & GMB_SEGMAP_VIEW))
+    gmb__segmap_remove(c->map, id);
   int rc = client_free_ids(c, &id, 1);
   if (rc == 0) gmb__segmap_remove(c->map, id);
   pthread_mutex_unlock(&c->io);

@@ -88,6 +88,10 @@ enum { SEG_ID, SEG_BASE, SEG_SIZE, SEG_KIND, SEG_WIDTH };
 /* SEG_KIND: how the base was obtained: SEG_HOST (mmap), or SEG_CUDA plus
  * the ordinal of the CUDA device it was imported on. */
 enum { SEG_HOST, SEG_CUDA };
+/* With SEG_VIEW in the kind word, a view (gmb__segmap_view): its size is
+ * its pages and one page of tail, that page first with SEG_TAIL_FIRST. */
+#define SEG_VIEW (UINT64_C(1) << 32)
+#define SEG_TAIL_FIRST (UINT64_C(1) << 33)
 enum { AL_ID, AL_FLAGS_SLOT, AL_SIZE, AL_SEGMENT, AL_OFFSET, AL_WIDTH };
 
 #define SEGMAP_MIN_CAP 16
@@ -114,6 +118,7 @@ struct gmb_segmap {
   struct segmap_table segments, allocs;
   pthread_mutex_t mu; /* serialises writers; readers never take it */
   int cuda_ordinal;   /* the CUDA device cuda segments are imported on */
+  uint64_t views;     /* views made so far; under mu */
 };
 
 static inline void segmap_relax(void) {
@@ -314,6 +319,21 @@ struct gmb_segmap *gmb__segmap_new(void) {
 
 /* Unmaps or closes a segment whose record is gone. */
 static void segmap_release(const uint64_t *rec) {
+  if (rec[SEG_KIND] & SEG_VIEW) {
+    uint64_t kind = rec[SEG_KIND] & ~(SEG_VIEW | SEG_TAIL_FIRST);
+    uint64_t base = rec[SEG_BASE], size = rec[SEG_SIZE];
+    uint64_t pages = size - GMB_SEGMAP_PAGE;
+    uint64_t at = rec[SEG_KIND] & SEG_TAIL_FIRST ? GMB_SEGMAP_PAGE : 0;
+    if (kind >= SEG_CUDA) {
+      int ord = (int)(kind - SEG_CUDA);
+      gmb__cuda_unmap_at(ord, base + at, pages, 0);
+      gmb__cuda_unmap_at(ord, at ? base : base + pages, GMB_SEGMAP_PAGE, 0);
+      gmb__cuda_unreserve(ord, base, size);
+    } else {
+      munmap((void *)(uintptr_t)base, (size_t)size);
+    }
+    return;
+  }
   if (rec[SEG_KIND] >= SEG_CUDA)
     gmb__cuda_close((int)(rec[SEG_KIND] - SEG_CUDA), rec[SEG_BASE],
                     rec[SEG_SIZE]);
@@ -344,10 +364,10 @@ int gmb__segmap_has_segment(struct gmb_segmap *m, uint64_t segment) {
   return has;
 }
 
-/* Maps a host segment's memfd; the caller holds no lock (mmap is slow
- * and needs none). */
-static int segmap_map_host(uint64_t segment, uint64_t size, int fd,
-                           uint8_t **base, char *why, size_t cap) {
+/* Checks that a host segment's memfd holds `size` bytes and cannot
+ * shrink under a mapping. */
+static int segmap_host_fd(uint64_t segment, uint64_t size, int fd, char *why,
+                          size_t cap) {
   struct stat st;
   int seals = fcntl(fd, F_GET_SEALS);
   if (fstat(fd, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size < size) {
@@ -360,6 +380,15 @@ static int segmap_map_host(uint64_t segment, uint64_t size, int fd,
              "shrinking", (unsigned long long)segment);
     return GMB_E_PROTO;
   }
+  return 0;
+}
+
+/* Maps a host segment's memfd; the caller holds no lock (mmap is slow
+ * and needs none). */
+static int segmap_map_host(uint64_t segment, uint64_t size, int fd,
+                           uint8_t **base, char *why, size_t cap) {
+  int rc = segmap_host_fd(segment, size, fd, why, cap);
+  if (rc) return rc;
   void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                  0);
   if (p == MAP_FAILED) {
@@ -411,8 +440,98 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
   return rc;
 }
 
+/* A view's two mappings in a range of its own, host or cuda.  0 with
+ * *base, or the failure explained with nothing mapped. */
+static int segmap_view_map(struct gmb_segmap *m, int cuda, uint64_t pages,
+                           int fd_pages, int fd_tail, int tail_first,
+                           uint64_t *base, char *why, size_t cap) {
+  const uint64_t size = pages + GMB_SEGMAP_PAGE;
+  /* Where the pages and the tail's page start in the view. */
+  const uint64_t at_pages = tail_first ? GMB_SEGMAP_PAGE : 0;
+  const uint64_t at_tail = tail_first ? 0 : pages;
+  char cwhy[256];
+  if (cuda) {
+    int ord = m->cuda_ordinal, rc;
+    rc = gmb__cuda_reserve(ord, size, base, cwhy, sizeof cwhy);
+    if (rc == 0) {
+      rc = gmb__cuda_map_at(ord, fd_pages, *base + at_pages, pages, 0, NULL,
+                            cwhy, sizeof cwhy);
+      if (rc == 0) {
+        rc = gmb__cuda_map_at(ord, fd_tail, *base + at_tail, GMB_SEGMAP_PAGE,
+                              0, NULL, cwhy, sizeof cwhy);
+        if (rc) gmb__cuda_unmap_at(ord, *base + at_pages, pages, 0);
+      }
+      if (rc) gmb__cuda_unreserve(ord, *base, size);
+    }
+    if (rc) snprintf(why, cap, "a large allocation's view: %s", cwhy);
+    return rc;
+  }
+  int rc = segmap_host_fd(0, pages, fd_pages, why, cap);
+  if (rc == 0) rc = segmap_host_fd(0, GMB_SEGMAP_PAGE, fd_tail, why, cap);
+  if (rc) return rc;
+  uint8_t *p = mmap(NULL, (size_t)size, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED ||
+      mmap(p + at_pages, (size_t)pages, PROT_READ | PROT_WRITE,
+           MAP_SHARED | MAP_FIXED, fd_pages, 0) == MAP_FAILED ||
+      mmap(p + at_tail, GMB_SEGMAP_PAGE, PROT_READ | PROT_WRITE,
+           MAP_SHARED | MAP_FIXED, fd_tail, 0) == MAP_FAILED) {
+    snprintf(why, cap, "a large allocation's view: mmap: %s", strerror(errno));
+    if (p != MAP_FAILED) munmap(p, (size_t)size);
+    return GMB_E_SYSTEM;
+  }
+  *base = (uintptr_t)p;
+  return 0;
+}
+
+int gmb__segmap_view(struct gmb_segmap *m, const char *device, uint64_t pages,
+                     int fd_pages, int fd_tail, int tail_first,
+                     uint64_t *view, char *why, size_t cap) {
+  int cuda = strcmp(device, "cuda") == 0;
+  if (!cuda && strcmp(device, "host") != 0) {
+    snprintf(why, cap, "the broker's device \"%s\" is unknown to libgmb %s",
+             device, GMB_VERSION_STRING);
+    return GMB_E_DEVICE;
+  }
+  if (pages == 0 || pages % GMB_SEGMAP_PAGE ||
+      pages > SIZE_MAX - GMB_SEGMAP_PAGE || fd_pages < 0 || fd_tail < 0) {
+    snprintf(why, cap, "a large allocation of %llu bytes of pages: "
+             "impossible", (unsigned long long)pages);
+    return GMB_E_PROTO;
+  }
+  uint64_t rec[SEG_WIDTH] = {[SEG_SIZE] = pages + GMB_SEGMAP_PAGE};
+  rec[SEG_KIND] = SEG_VIEW | (tail_first ? SEG_TAIL_FIRST : 0) |
+                  (cuda ? SEG_CUDA + (uint64_t)m->cuda_ordinal : SEG_HOST);
+  int rc = segmap_view_map(m, cuda, pages, fd_pages, fd_tail, tail_first,
+                           &rec[SEG_BASE], why, cap);
+  if (rc) return rc;
+  pthread_mutex_lock(&m->mu);
+  rec[SEG_ID] = GMB_SEGMAP_VIEW | ++m->views;
+  rc = segmap_put(m, &m->segments, SEG_WIDTH, rec);
+  pthread_mutex_unlock(&m->mu);
+  if (rc) {
+    segmap_release(rec);
+    snprintf(why, cap, "out of memory");
+    return rc;
+  }
+  *view = rec[SEG_ID];
+  return 0;
+}
+
+void gmb__segmap_view_drop(struct gmb_segmap *m, uint64_t view) {
+  uint64_t rec[SEG_WIDTH];
+  pthread_mutex_lock(&m->mu);
+  int rc = (view & GMB_SEGMAP_VIEW)
+               ? segmap_del(m, &m->segments, SEG_WIDTH, view, rec)
+               : GMB_E_NOENT;
+  pthread_mutex_unlock(&m->mu);
+  if (rc == 0) segmap_release(rec);
+}
+
 int gmb__segmap_retire(struct gmb_segmap *m, uint64_t segment) {
   uint64_t rec[SEG_WIDTH];
+  /* A view is its allocation's, not the broker's to retire. */
+  if (segment & GMB_SEGMAP_VIEW) return 0;
   pthread_mutex_lock(&m->mu);
   int rc = segment ? segmap_del(m, &m->segments, SEG_WIDTH, segment, rec)
                    : GMB_E_NOENT;
@@ -477,10 +596,15 @@ int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
 }
 
 int gmb__segmap_remove(struct gmb_segmap *m, uint64_t id) {
-  uint64_t rec[AL_WIDTH];
+  uint64_t rec[AL_WIDTH], view[SEG_WIDTH];
   pthread_mutex_lock(&m->mu);
   int rc = id ? segmap_del(m, &m->allocs, AL_WIDTH, id, rec) : GMB_E_NOENT;
+  /* A view goes with its allocation. */
+  int unmap = rc == 0 && (rec[AL_SEGMENT] & GMB_SEGMAP_VIEW) &&
+              segmap_del(m, &m->segments, SEG_WIDTH, rec[AL_SEGMENT],
+                         view) == 0;
   pthread_mutex_unlock(&m->mu);
+  if (unmap) segmap_release(view);
   return rc;
 }
 

@@ -44,6 +44,28 @@ int gmb__segmap_map(struct gmb_segmap *m, const char *device,
                     uint64_t segment, uint64_t size, int fd, char *why,
                     size_t cap);
 
+/*
+ * A large allocation whose bytes past its whole pages (its tail) lie at an
+ * end of a small segment (the broker's pool.h, rule 1): maps `pages` bytes
+ * of descriptor fd_pages and, right after them (or, with `tail_first`,
+ * right before them), the GMB_SEGMAP_PAGE bytes of descriptor fd_tail, in
+ * an address range of its own (the caller keeps and closes both
+ * descriptors).  Recorded as a segment of its own, a view, whose id
+ * (*view: its top bit set, so never a broker's segment id) the
+ * allocation is then added in with gmb__segmap_add.  The tail's segment
+ * may be mapped here a second time on its own: the same tenant's bytes.
+ * A view is unmapped when its allocation is removed, or by
+ * gmb__segmap_unmap_all; never by gmb__segmap_retire.  Errors as
+ * gmb__segmap_map.
+ */
+#define GMB_SEGMAP_PAGE (UINT64_C(2) << 20)
+#define GMB_SEGMAP_VIEW (UINT64_C(1) << 63)
+int gmb__segmap_view(struct gmb_segmap *m, const char *device, uint64_t pages,
+                     int fd_pages, int fd_tail, int tail_first,
+                     uint64_t *view, char *why, size_t cap);
+/* Unmaps a view that no allocation was added in. */
+void gmb__segmap_view_drop(struct gmb_segmap *m, uint64_t view);
+
 /* Unmaps (or closes the import of) and forgets a segment (the broker
  * retired it).  Allocations still recorded in it stay; gmb_lock on them
  * maps the segment again.  1 when it was mapped here, else 0. */

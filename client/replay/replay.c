@@ -208,6 +208,16 @@ static uint64_t rp_pages(uint64_t bytes) {
   return (bytes + RP_PAGE - 1) & ~(RP_PAGE - 1);
 }
 
+/* A request's whole pages of its own and the rest, which shares pages
+ * with its tenant's other bytes: as the broker places it (pool.h, rule 1:
+ * a large request's tail lies in a small segment), so as a tenant's bytes
+ * packed across its own pages are. */
+static uint64_t rp_own(uint64_t r) {
+  return r > RP_SMALL_MAX ? r & ~(RP_PAGE - 1) : 0;
+}
+
+static uint64_t rp_shared(uint64_t r) { return r - rp_own(r); }
+
 /* --- the trace ------------------------------------------------------------ */
 
 static uint32_t rp_hash(const char *t, const char *k) {
@@ -872,14 +882,15 @@ static int rp_call(struct rp_tenant *t, const struct rp_op *op,
 /* The bytes of 2 MiB pages that a request of r bytes from tenant t would
  * bring the device to, for an allocator that keeps each tenant in pages of
  * its own (the broker's segments; a GPU's granularity) and is perfect
- * otherwise: each tenant's small bytes (small[u], n tenants) packed
- * densely, each large allocation in pages of its own (large: their pages,
- * all tenants). */
+ * otherwise: each tenant's bytes packed densely across its pages, the
+ * whole pages of large allocations apart (large: their bytes, all
+ * tenants) and the rest (small[u], n tenants: small allocations and the
+ * tails of large ones) sharing pages. */
 static uint64_t rp_paged(const uint64_t *small, size_t n, uint64_t large,
                          uint32_t t, uint64_t r) {
-  uint64_t pages = large + (r > RP_SMALL_MAX ? rp_pages(r) : 0);
+  uint64_t pages = large + rp_own(r);
   for (size_t u = 0; u < n; u++)
-    pages += rp_pages(small[u] + (u == t && r <= RP_SMALL_MAX ? r : 0));
+    pages += rp_pages(small[u] + (u == t ? rp_shared(r) : 0));
   return pages;
 }
 
@@ -939,8 +950,8 @@ static void rp_baselines(struct rp_trace *tr, struct rp_figures *fg) {
     /* The rounded size of each live key, 0 when not live. */
     uint64_t *live = calloc(tr->n_keys ? tr->n_keys : 1, sizeof *live);
     uint64_t used[RP_TENANTS_MAX] = {0}, total = 0;
-    /* paged: each tenant's small bytes, and the pages of the large ones
-     * (all tenants). */
+    /* paged: each tenant's shared bytes, and the whole pages of the large
+     * ones (all tenants). */
     uint64_t small[RP_TENANTS_MAX] = {0}, large = 0;
     if (live == NULL) return;
     for (size_t i = 0; i < tr->n_ops; i++) {
@@ -966,20 +977,16 @@ static void rp_baselines(struct rp_trace *tr, struct rp_figures *fg) {
           live[op->key] = r;
           used[t] += r;
           total += r;
-          if (r > RP_SMALL_MAX)
-            large += rp_pages(r);
-          else
-            small[t] += r;
+          large += rp_own(r);
+          small[t] += rp_shared(r);
         }
       } else if (op->kind == RP_FREE && live[op->key]) {
         r = live[op->key];
         live[op->key] = 0;
         used[t] -= r;
         total -= r;
-        if (r > RP_SMALL_MAX)
-          large -= rp_pages(r);
-        else
-          small[t] -= r;
+        large -= rp_own(r);
+        small[t] -= rp_shared(r);
       }
     }
     free(live);
@@ -1014,19 +1021,15 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
       k->rounded = rp_round(op->size);
       fg->in_use += k->rounded;
       fg->tenant_in_use[op->tenant] += k->rounded;
-      if (k->rounded <= RP_SMALL_MAX)
-        fg->tenant_small[op->tenant] += k->rounded;
-      else
-        fg->tenant_large[op->tenant] += rp_pages(k->rounded);
+      fg->tenant_small[op->tenant] += rp_shared(k->rounded);
+      fg->tenant_large[op->tenant] += rp_own(k->rounded);
       if (fg->in_use > fg->peak) fg->peak = fg->in_use;
     } else if (op->kind == RP_FREE) {
       k->live = 0;
       fg->in_use -= k->rounded;
       fg->tenant_in_use[op->tenant] -= k->rounded;
-      if (k->rounded <= RP_SMALL_MAX)
-        fg->tenant_small[op->tenant] -= k->rounded;
-      else
-        fg->tenant_large[op->tenant] -= rp_pages(k->rounded);
+      fg->tenant_small[op->tenant] -= rp_shared(k->rounded);
+      fg->tenant_large[op->tenant] -= rp_own(k->rounded);
     }
     return;
   }

@@ -1041,6 +1041,60 @@ START_TEST(cuda_read_write_copy) {
 }
 END_TEST
 
+/* A large allocation on a GPU: its pages and its tail's small segment are
+ * imported side by side (two cuMemMap calls in one reservation), and a
+ * copy across the seam reads back what was written, next to small
+ * allocations that share the tail's segment. */
+static int tail_child(void *arg) {
+  struct harness_broker *b = arg;
+  gmb_client *c = NULL;
+  if (gmb_connect(b->endpoint, "rw", &c) != 0) return 2;
+  const size_t small = 64 * KIB, big = 5 * MIB;
+  gmb_id s, l;
+  if (gmb_alloc(c, small, 0, &s) != 0 || gmb_alloc(c, big, 0, &l) != 0) {
+    fprintf(stderr, "%s\n", gmb_last_error(c));
+    return 3;
+  }
+  gmb_stats st;
+  /* the small segment, whose end holds the tail, and 4 MiB of pages */
+  if (gmb_tenant_stats(c, &st) != 0 || st.segments != 6 * MIB) return 4;
+  unsigned char *in = malloc(big), *back = malloc(big);
+  if (in == NULL || back == NULL) return 5;
+  for (size_t i = 0; i < big; i++) in[i] = (unsigned char)(i * 13 + 5);
+  unsigned char mark[64 * KIB];
+  memset(mark, 0x5a, sizeof mark);
+  if (gmb_write(c, s, 0, mark, small) != 0 || gmb_write(c, l, 0, in, big) != 0)
+    return 6;
+  memset(back, 0, big);
+  if (gmb_read(c, l, 0, back, big) != 0 || memcmp(in, back, big) != 0)
+    return 7;
+  /* A copy across the seam between the pages and the tail. */
+  if (gmb_read(c, l, 4 * MIB - 100, back, 200) != 0 ||
+      memcmp(in + 4 * MIB - 100, back, 200) != 0)
+    return 8;
+  memset(back, 0, small);
+  if (gmb_read(c, s, 0, back, small) != 0 || memcmp(mark, back, small) != 0)
+    return 9;
+  if (gmb_free(c, l) != 0) return 10;
+  memset(back, 0, small);
+  if (gmb_read(c, s, 0, back, small) != 0 || memcmp(mark, back, small) != 0)
+    return 11;
+  free(in);
+  free(back);
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_large_tail_shares_a_page) {
+  struct harness_broker b;
+  cuda_start(&b, "64m", "[tenant:rw]\nquota = 1GiB\n");
+  pid_t pid = harness_fork(tail_child, &b);
+  ck_assert_int_eq(harness_wait(pid), 0);
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
 /* Containers renumber GPUs: with physical GPUs 0 and 1, a broker on its
  * cuda:0 (physical 0) and a client that sees them as "1,0" imports on its
  * ordinal 1; a client that sees only physical 1 is refused, naming the
@@ -1114,5 +1168,5 @@ int main(void) {
       cuda_retirement_waits_for_close, cuda_unlock_on_stream,
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
-      cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start));
+      cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start));
 }

@@ -454,11 +454,74 @@ START_TEST(data_shared_between_processes) {
 }
 END_TEST
 
+/* --- large_tail_shares_a_page ----------------------------------------------- */
+
+/* A large allocation's last page is shared (the broker's pool.h, rule 1):
+ * its pages are a segment of their own, its tail lies at an end of a small
+ * segment that the tenant's small allocations use too, and the client maps
+ * the two side by side.  Every byte written through each pointer reads
+ * back, nothing overlaps, and the tenant holds fewer pages than with a
+ * page-rounded segment per large allocation. */
+START_TEST(large_tail_shares_a_page) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "tails");
+  struct {
+    uint64_t size;
+    gmb_id id;
+    void *p;
+  } a[] = {{64 * 1024, 0, NULL},  /* a small segment's start */
+           {5 * MIB, 0, NULL},    /* 4 MiB of pages, 1 MiB at its end */
+           {3 * MIB - 64 * 1024, 0, NULL}, /* 2 MiB of pages, the rest at
+                                              the start of a new one */
+           {128 * 1024, 0, NULL}, /* beside the first */
+           {MIB + 4096, 0, NULL}, /* under a page: beside the last */
+           {2 * MIB, 0, NULL}};   /* whole pages, no tail */
+  const size_t n = sizeof a / sizeof a[0];
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_msg(gmb_alloc(c, a[i].size, i == 2 ? GMB_MOVABLE : 0,
+                            &a[i].id) == 0,
+                  "alloc %zu: %s", i, gmb_last_error(c));
+    ck_assert_int_eq(gmb_lock(c, a[i].id, &a[i].p), 0);
+    harness_pattern_fill(a[i].p, a[i].size, a[i].id);
+  }
+  for (size_t i = 0; i < n; i++) {
+    long bad = harness_pattern_check(a[i].p, a[i].size, a[i].id);
+    ck_assert_msg(bad < 0, "allocation %zu differs at byte %ld", i, bad);
+  }
+  /* Pages: 2 (the small segment with the 5 MiB one's tail at its end)
+   * + 4 + 2 + 2 (the next one's tail, then the 1 MiB + 4 KiB one) + 2 =
+   * 12 MiB, where a segment rounded up per large request took
+   * 2 + 6 + 4 + 2 + 2 = 16 MiB. */
+  gmb_stats st = harness_stats_ok(c);
+  ck_assert_uint_eq(st.segments, 12 * MIB);
+  /* The large one asked movable is pinned: its address never changes. */
+  void *again = NULL;
+  ck_assert_int_eq(gmb_lock(c, a[2].id, &again), 0);
+  ck_assert_ptr_eq(again, a[2].p);
+  ck_assert_int_eq(gmb_unlock(c, a[2].id), 0);
+  /* Freed one by one, the others keep their bytes. */
+  for (size_t i = n; i-- > 0;) {
+    ck_assert_int_eq(gmb_unlock(c, a[i].id), 0);
+    ck_assert_int_eq(gmb_free(c, a[i].id), 0);
+    for (size_t j = 0; j < i; j++) {
+      long bad = harness_pattern_check(a[j].p, a[j].size, a[j].id);
+      ck_assert_msg(bad < 0, "after freeing %zu, %zu differs at byte %ld", i,
+                    j, bad);
+    }
+  }
+  ck_assert_uint_eq(harness_stats_ok(c).used, 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "memory", "memory", 60,
       quota_race,
       alloc_wait,
       threads_share_client,
-      data_shared_between_processes));
+      data_shared_between_processes,
+      large_tail_shares_a_page));
 }

@@ -772,6 +772,52 @@ START_TEST(alloc_outside_segment_proto) {
 }
 END_TEST
 
+static int alloc_bad_tail(struct fake *f, const struct wire_request *req) {
+  if (req->kind != WIRE_ALLOC) return 0;
+  struct wire_reply rep = {.id = req->id, .kind = WIRE_ALLOC};
+  int step = atomic_fetch_add(&f->step, 1);
+  rep.u.alloc.id = 20 + (uint64_t)step;
+  rep.u.alloc.size = 5 * (UINT64_C(1) << 20);
+  rep.u.alloc.segment = 1;
+  rep.u.alloc.tail_segment = 2;
+  rep.u.alloc.tail_size = UINT64_C(1) << 20;
+  switch (step) {
+    case 0: /* in the middle of its segment: no side-by-side mapping */
+      rep.u.alloc.tail_offset = 4096;
+      break;
+    case 1: /* a whole page is no tail */
+      rep.u.alloc.tail_size = 2 * (UINT64_C(1) << 20);
+      break;
+    case 2: /* the pages' own segment */
+      rep.u.alloc.tail_segment = 1;
+      break;
+    default: /* as large as the whole allocation */
+      rep.u.alloc.tail_size = rep.u.alloc.size;
+  }
+  fake_reply(f, &rep);
+  return 1;
+}
+
+/* A large allocation's tail (docs/protocol.md) that cannot be mapped beside
+ * its pages is a protocol error, found before any descriptor is asked
+ * for, and the allocation is given back. */
+START_TEST(alloc_impossible_tail_proto) {
+  F.handler = alloc_bad_tail;
+  fake_start();
+  gmb_client *c = connect_ok();
+  for (int i = 0; i < 4; i++) {
+    gmb_id id = 77;
+    ck_assert_int_eq(gmb_alloc(c, 5 << 20, 0, &id), GMB_E_PROTO);
+    ck_assert_uint_eq(id, 0);
+    ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "is impossible"));
+    ck_assert_int_eq(atomic_load(&F.n_free), i + 1);
+    ck_assert_uint_eq(F.last_free.u.free.id, 20 + (uint64_t)i);
+  }
+  ck_assert_int_eq(atomic_load(&F.n_segment), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
 static int alloc_short(struct fake *f, const struct wire_request *req) {
   if (req->kind != WIRE_ALLOC) return 0;
   struct wire_reply rep = {.id = req->id, .kind = WIRE_ALLOC};
@@ -2180,6 +2226,7 @@ static Suite *client_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, alloc_outside_segment_proto);
   tcase_add_test(tc, alloc_smaller_than_asked_proto);
+  tcase_add_test(tc, alloc_impossible_tail_proto);
   tcase_add_test(tc, alloc_in_segment_refused_on_channel);
   tcase_add_test(tc, alloc_maps_segment_and_lock_points_into_it);
   tcase_add_test(tc, fetched_descriptors_are_closed);

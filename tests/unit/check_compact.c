@@ -141,22 +141,26 @@ static uint64_t pattern_word(uint64_t id, uint64_t k) {
          (k * UINT64_C(0xbf58476d1ce4e5b9));
 }
 
-static uint64_t *host_of(const struct gmb_alloc_info *info) {
-  return (uint64_t *)((char *)info->dseg->host + info->offset);
+/* Word k of an allocation, in its segment or, past its pages, in its
+ * tail's (pool.h rule 1). */
+static uint64_t *word_of(const struct gmb_alloc_info *info, uint64_t k) {
+  uint64_t at = k * 8, pages = info->size - info->tail_size;
+  if (at >= pages)
+    return (uint64_t *)((char *)info->tail_dseg->host + info->tail_offset +
+                        (at - pages));
+  return (uint64_t *)((char *)info->dseg->host + info->offset + at);
 }
 
 static void pattern_fill(const struct gmb_alloc_info *info) {
-  uint64_t *w = host_of(info);
   for (uint64_t k = 0; k < info->size / 8; k++)
-    w[k] = pattern_word(info->id, k);
+    *word_of(info, k) = pattern_word(info->id, k);
 }
 
 static void pattern_check(uint64_t id) {
   struct gmb_alloc_info info;
   ck_assert_int_eq(gmb__pool_find(pool, id, &info), 0);
-  const uint64_t *w = host_of(&info);
   for (uint64_t k = 0; k < info.size / 8; k++)
-    if (w[k] != pattern_word(id, k))
+    if (*word_of(&info, k) != pattern_word(id, k))
       ck_abort_msg(
           "allocation %#llx: word %llu of %llu wrong at seg %llu "
           "offset %llu",

@@ -471,10 +471,22 @@ START_TEST(alloc_reply_names_segment_only) {
   struct wire_reply r3 = fx_must_alloc(&f, "a", 1001, 512, 0);
   ck_assert_uint_ne(r3.u.alloc.segment, r1.u.alloc.segment);
   check_segment_of(&f, r3.u.alloc.segment, 2 * MIB, s->tenant);
-  /* A large request gets a segment of its own. */
+  /* A large request gets its pages in a segment of their own, and its
+   * tail at the end of r3's segment (pool.h rule 1). */
   struct wire_reply r4 = fx_must_alloc(&f, "a", 1001, 3 * MIB, 0);
-  check_segment_of(&f, r4.u.alloc.segment, 4 * MIB, s->tenant);
+  check_segment_of(&f, r4.u.alloc.segment, 2 * MIB, s->tenant);
   ck_assert_uint_eq(r4.u.alloc.offset, 0);
+  ck_assert_uint_eq(r4.u.alloc.size, 3 * MIB);
+  ck_assert_uint_eq(r4.u.alloc.tail_segment, r3.u.alloc.segment);
+  ck_assert_uint_eq(r4.u.alloc.tail_offset, MIB);
+  ck_assert_uint_eq(r4.u.alloc.tail_size, MIB);
+  ck_assert_uint_eq(r4.u.alloc.pinned, 0);
+  /* Asked movable, it is pinned all the same, with no lock-table slot. */
+  struct wire_reply r4m = fx_must_alloc(&f, "a", 1001, 3 * MIB, GMB_MOVABLE);
+  ck_assert_uint_eq(r4m.u.alloc.pinned, 1);
+  ck_assert_uint_eq(r4m.u.alloc.slot, 0);
+  ck_assert_uint_eq(gmb__locktab_used(s->lt), 0);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, r4m.u.alloc.id), 0);
   /* Allocating gives no descriptor, so nothing is recorded as given. */
   ck_assert_uint_eq(s->n_segs, 0);
   /* Another session of the same tenant is served from the same segment;
@@ -576,7 +588,7 @@ START_TEST(alloc_movable_lock_table_full) {
   gmb__pool_stats(f.b.pool, &ps);
   ck_assert_uint_eq(ps.allocations, pool_allocs);
   /* Waiting would not help: refused at once as well. */
-  ck_assert_int_eq(fx_alloc(&f, "a", 1001, 3 * MIB, GMB_MOVABLE, 1000, &rep),
+  ck_assert_int_eq(fx_alloc(&f, "a", 1001, MIB, GMB_MOVABLE, 1000, &rep),
                    1);
   ck_assert_int_eq(rep.status, GMB_E_LIMIT);
   ck_assert_uint_eq(f.b.waitq.n, 0);
@@ -975,7 +987,8 @@ START_TEST(stats_used_peak_quota) {
     ck_assert_int_eq(fx_plain(&f, i ? "a2" : "a", 1001, WIRE_STATS, &rep), 1);
     ck_assert_uint_eq(rep.u.stats.used, 1024 + 3 * MIB);
     ck_assert_uint_eq(rep.u.stats.peak, 1024 + 3 * MIB);
-    ck_assert_uint_eq(rep.u.stats.segments, 2 * MIB + 4 * MIB);
+    /* the small segment, whose end holds big's tail, and big's page */
+    ck_assert_uint_eq(rep.u.stats.segments, 2 * MIB + 2 * MIB);
   }
   ck_assert_int_eq(fx_free(&f, "a2", 1001, big), 0);
   ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_STATS, &rep), 1);

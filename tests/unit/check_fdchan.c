@@ -760,7 +760,7 @@ START_TEST(segment_own_maps_broker_pages) {
   close(must_segment(&c, sock2, s2, seg, 2 * MIB));
   ck_assert_int_eq(recorded(s2, seg), 1);
   /* A large segment, then released: gone for its tenant too. */
-  uint64_t big = fx_must_alloc(&c.f, "a", geteuid(), 3 * MIB, 0).u.alloc.id;
+  uint64_t big = fx_must_alloc(&c.f, "a", geteuid(), 4 * MIB, 0).u.alloc.id;
   struct gmb_alloc_info info;
   ck_assert_int_eq(gmb__pool_find(c.f.b.pool, big, &info), 0);
   uint64_t bigseg = info.dseg->id;
@@ -1355,7 +1355,7 @@ START_TEST(fd_count_back_to_idle) {
     fx_unmap_locktab(h);
     uint64_t small =
         fx_must_alloc(&c.f, rids[i], me, MIB, GMB_MOVABLE).u.alloc.segment;
-    uint64_t large = fx_must_alloc(&c.f, rids[i], me, 5 * MIB, 0).u.alloc.segment;
+    uint64_t large = fx_must_alloc(&c.f, rids[i], me, 6 * MIB, 0).u.alloc.segment;
     close(must_segment(&c, sock[i], s[i], small, 2 * MIB));
     int fd = must_segment(&c, sock[i], s[i], large, 6 * MIB);
     void *m = fx_map_fd(fd, 6 * MIB);

@@ -144,42 +144,124 @@ END_TEST
 
 START_TEST(large_rounded_segment) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
-  struct gmb_alloc_info x, y, s;
+  struct gmb_alloc_info x, y, s, z;
+  /* Under a page: all tail, a pinned range of a small segment (a movable
+   * request too: large allocations never move). */
   alloc_ok(a, GMB_POOL_SMALL_MAX + 1, NULL, &x);
   ck_assert_uint_eq(x.size, GMB_POOL_SMALL_MAX + 512);
-  ck_assert_uint_eq(x.dseg->size, 2 * GMB_MIB);
-  alloc_ok(a, 3 * GMB_MIB, NULL, &y);
-  ck_assert_uint_eq(y.dseg->size, 4 * GMB_MIB);
-  ck_assert_uint_ne(y.dseg->id, x.dseg->id);
-  /* A small request does not go into a large segment's remainder. */
+  ck_assert_uint_eq(x.dseg->size, SEG);
+  ck_assert_uint_eq(x.offset, 0);
+  ck_assert_ptr_null(x.tail_dseg);
+  /* 3 MiB: a page of its own and a 1 MiB tail, which x's segment has no
+   * room for at either end: a new small segment, tail at its start. */
+  struct gmb_alloc_info ym;
+  uint64_t yid = 0;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 3 * GMB_MIB, GMB_MOVABLE, NULL,
+                                   &ym), 0);
+  yid = ym.id;
+  y = ym;
+  ck_assert_uint_eq(y.flags & GMB_MOVABLE, 0);
+  ck_assert_uint_eq(y.size, 3 * GMB_MIB);
+  ck_assert_uint_eq(y.dseg->size, 2 * GMB_MIB);
+  ck_assert_uint_eq(y.offset, 0);
+  ck_assert_ptr_nonnull(y.tail_dseg);
+  ck_assert_uint_ne(y.tail_dseg->id, x.dseg->id);
+  ck_assert_uint_eq(y.tail_offset, 0);
+  ck_assert_uint_eq(y.tail_size, GMB_MIB);
+  struct gmb_alloc_info found;
+  ck_assert_int_eq(gmb__pool_find(pool, yid, &found), 0);
+  ck_assert_uint_eq(found.size, 3 * GMB_MIB);
+  ck_assert_uint_eq(found.tail_dseg->id, y.tail_dseg->id);
+  /* A small request takes the best fit among the two remainders: x's. */
   alloc_ok(a, 4096, NULL, &s);
-  ck_assert_uint_ne(s.dseg->id, x.dseg->id);
-  ck_assert_uint_ne(s.dseg->id, y.dseg->id);
-  /* 1 MiB + 512 fits neither remainder (1 MiB in y's segment, 1 MiB - 512
-   * in x's): a new 2 MiB segment. */
-  struct gmb_alloc_info w;
-  alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, &w);
-  ck_assert_uint_ne(w.dseg->id, x.dseg->id);
-  ck_assert_uint_ne(w.dseg->id, y.dseg->id);
-  ck_assert_uint_eq(dev->in_use, 2 * GMB_MIB + 4 * GMB_MIB + SEG + 2 * GMB_MIB);
+  ck_assert_uint_eq(s.dseg->id, x.dseg->id);
+  ck_assert_uint_eq(dev->in_use, SEG + 2 * GMB_MIB + SEG);
+  /* 5 MiB: its tail fits the end of y's tail segment exactly. */
+  alloc_ok(a, 5 * GMB_MIB, NULL, &z);
+  ck_assert_uint_eq(z.dseg->size, 4 * GMB_MIB);
+  ck_assert_uint_eq(z.tail_dseg->id, y.tail_dseg->id);
+  ck_assert_uint_eq(z.tail_offset, GMB_MIB);
+  ck_assert_uint_eq(z.tail_size, GMB_MIB);
+  /* Six pages used to be ten: 2 (x) + 4 (y) + 2 (s) + 6 (z) - 4. */
+  ck_assert_uint_eq(dev->in_use, 10 * GMB_MIB);
+  /* A walk reports each piece under the allocation's id. */
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  /* y goes: its page back at once, its tail's segment kept by z's. */
+  struct gmb_alloc_info freed;
+  ck_assert_int_eq(gmb__pool_free(pool, yid, &freed), 0);
+  ck_assert_uint_eq(freed.size, 3 * GMB_MIB);
+  ck_assert_ptr_null(freed.dseg);
+  ck_assert_ptr_nonnull(freed.tail_dseg);
+  ck_assert_uint_eq(dev->in_use, 8 * GMB_MIB);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  /* z goes: its pages back, its tail's segment empty: it lingers. */
+  ck_assert_int_eq(gmb__pool_free(pool, z.id, &freed), 0);
+  ck_assert_uint_eq(dev->in_use, 2 * SEG);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
 }
 END_TEST
 
-/* Placement rule 1: a large allocation is a segment of its own, even when
- * another large segment's slack could hold it; freeing it gives the
- * segment back, and the slack is never counted as a free range. */
+/* A walk sees a large allocation as two ranges of one id: its pages, and
+ * its tail flagged GMB_RANGE_TAIL, with their sizes adding up. */
+struct tail_walk {
+  uint64_t id, bytes;
+  int pieces, tails;
+};
+
+static int tail_walk_fn(void *ctx, const struct gmb_alloc_info *info,
+                        int is_free) {
+  struct tail_walk *w = ctx;
+  if (is_free || info->id != w->id) return 0;
+  w->pieces++;
+  w->bytes += info->size;
+  w->tails += (info->flags & GMB_RANGE_TAIL) != 0;
+  return 0;
+}
+
+START_TEST(large_tail_walk_and_owner) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  int owner;
+  struct gmb_alloc_info x, small;
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 5 * GMB_MIB / 2, 0, &owner, &x),
+                   0);
+  struct tail_walk w = {.id = x.id};
+  ck_assert_int_eq(gmb__pool_walk(pool, tail_walk_fn, &w), 0);
+  ck_assert_int_eq(w.pieces, 2);
+  ck_assert_int_eq(w.tails, 1);
+  ck_assert_uint_eq(w.bytes, 5 * GMB_MIB / 2);
+  /* Another owner's small request shares the tail's segment. */
+  alloc_ok(a, 4096, NULL, &small);
+  ck_assert_uint_eq(small.dseg->id, x.tail_dseg->id);
+  /* The owner's end frees the whole allocation, once. */
+  ck_assert_uint_eq(gmb__pool_free_owner(pool, a, &owner), 5 * GMB_MIB / 2);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(dev->in_use, SEG);
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(a, &as);
+  ck_assert_uint_eq(as.allocations, 1);
+  ck_assert_uint_eq(as.used, 4096);
+  /* A whole arena's end with a tail live. */
+  ck_assert_int_eq(gmb__pool_alloc(pool, a, 7 * GMB_MIB, 0, &owner, &x), 0);
+  gmb__pool_arena_destroy(pool, a);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(dev->in_use, 0);
+}
+END_TEST
+
+/* Placement rule 1: a large allocation's pages are a segment of their
+ * own; freeing it gives that segment back, and the slack of a small one
+ * that held its tail serves small requests. */
 START_TEST(large_own_segment) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   struct gmb_alloc_info x, y;
-  alloc_ok(a, 5 * GMB_MIB / 2, NULL, &x); /* 4 MiB segment, 1.5 MiB slack */
-  alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, &y);
+  alloc_ok(a, 5 * GMB_MIB / 2, NULL, &x); /* a page and a 0.5 MiB tail */
+  alloc_ok(a, GMB_POOL_SMALL_MAX + 512, NULL, &y); /* beside that tail */
   ck_assert_uint_ne(y.dseg->id, x.dseg->id);
-  ck_assert_uint_eq(y.offset, 0);
-  ck_assert_uint_eq(dev->in_use, 6 * GMB_MIB);
+  ck_assert_uint_eq(y.dseg->id, x.tail_dseg->id);
+  ck_assert_uint_eq(dev->in_use, 4 * GMB_MIB);
   struct gmb_arena_stats as;
   gmb__pool_arena_stats(a, &as);
-  ck_assert_uint_eq(as.largest_free, 0);
-  ck_assert_uint_eq(as.free_total, 6 * GMB_MIB - x.size - y.size);
+  ck_assert_uint_eq(as.free_total, 4 * GMB_MIB - x.size - y.size);
   free_ok(x.id);
   ck_assert_uint_eq(dev->in_use, 2 * GMB_MIB);
   ck_assert_uint_eq(nretired, 1);
@@ -477,14 +559,14 @@ END_TEST
 START_TEST(empty_segment_released) {
   struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
   struct gmb_alloc_info info;
-  uint64_t id = alloc_ok(a, 5 * GMB_MIB, NULL, &info);
+  uint64_t id = alloc_ok(a, 4 * GMB_MIB, NULL, &info); /* pages, no tail */
   uint64_t seg_id = info.dseg->id;
-  ck_assert_uint_eq(dev->in_use, 6 * GMB_MIB);
+  ck_assert_uint_eq(dev->in_use, 4 * GMB_MIB);
   ck_assert_ptr_nonnull(gmb__pool_segment(pool, seg_id, NULL));
   struct gmb_alloc_info freed;
   ck_assert_int_eq(gmb__pool_free(pool, id, &freed), 0);
   ck_assert_uint_eq(freed.id, id);
-  ck_assert_uint_eq(freed.size, 5 * GMB_MIB);
+  ck_assert_uint_eq(freed.size, 4 * GMB_MIB);
   ck_assert_ptr_null(freed.dseg); /* the segment is gone */
   ck_assert_uint_eq(dev->in_use, 0);
   ck_assert_uint_eq(nretired, 1);
@@ -880,7 +962,7 @@ START_TEST(segment_view_of_small_and_large) {
   struct gmb_alloc_info x, y, big;
   alloc_ok(a, 1000, NULL, &x); /* rounded to 1024 */
   alloc_ok(a, 4096, NULL, &y);
-  alloc_ok(b, 1536 * 1024, NULL, &big); /* large, though it fits 2 MiB */
+  alloc_ok(b, 3 * GMB_MIB, NULL, &big); /* a page of its own, and a tail */
   struct gmb_segment_view v;
   gmb__pool_segment_view(x.segment, &v);
   ck_assert_uint_eq(v.dseg->id, x.dseg->id);
@@ -891,7 +973,7 @@ START_TEST(segment_view_of_small_and_large) {
   gmb__pool_segment_view(big.segment, &v);
   ck_assert_ptr_eq(v.arena_tag, &tag_b);
   ck_assert_uint_eq(v.dseg->size, SEG);
-  ck_assert_uint_eq(v.used, 1536 * 1024);
+  ck_assert_uint_eq(v.used, SEG); /* the page; the tail is elsewhere */
   ck_assert_int_eq(v.small, 0);
 }
 END_TEST
@@ -928,22 +1010,24 @@ START_TEST(device_free_figures) {
   ck_assert_uint_eq(st.room, CAP);
   struct gmb_alloc_info x, y, big;
   alloc_ok(a, 100 * 1024, NULL, &x); /* small segment: 2 MiB */
-  alloc_ok(b, 30 * GMB_MIB + 512, NULL, &big); /* 32 MiB segment */
-  alloc_ok(b, GMB_MIB + 1024, NULL, &y);       /* a 2 MiB one of its own */
+  /* 30 MiB of pages, and a 512-byte tail in a small segment of b's */
+  alloc_ok(b, 30 * GMB_MIB + 512, NULL, &big);
+  alloc_ok(b, GMB_MIB + 1024, NULL, &y); /* beside that tail */
   ck_assert_uint_ne(y.dseg->id, big.dseg->id);
+  ck_assert_uint_eq(y.dseg->id, big.tail_dseg->id);
   gmb__pool_stats(pool, &st);
-  ck_assert_uint_eq(st.free_in_segments, (SEG - x.size) +
-                                             (32 * GMB_MIB - big.size) +
-                                             (2 * GMB_MIB - y.size));
-  ck_assert_uint_eq(st.largest_free, CAP - 36 * GMB_MIB);
-  ck_assert_uint_eq(st.room, CAP - 36 * GMB_MIB);
+  ck_assert_uint_eq(st.free_in_segments,
+                    (SEG - x.size) + (SEG - big.tail_size - y.size));
+  ck_assert_uint_eq(st.largest_free, CAP - 34 * GMB_MIB);
+  ck_assert_uint_eq(st.room, CAP - 34 * GMB_MIB);
   free_ok(big.id); /* its segment goes back at once */
   gmb__pool_stats(pool, &st);
   ck_assert_uint_eq(st.room, CAP - 4 * GMB_MIB);
   ck_assert_uint_eq(st.largest_free, st.room);
   struct gmb_arena_stats as;
   gmb__pool_arena_stats(b, &as);
-  ck_assert_uint_eq(as.largest_free, 0); /* slack is no free range */
+  /* b's one small segment: y, above where the tail was */
+  ck_assert_uint_eq(as.largest_free, SEG - big.tail_size - y.size);
   ck_assert_uint_eq(as.moving, 0);
   ck_assert_uint_eq(as.used + as.free_total, as.segment_bytes);
   /* What largest_free promises, some arena can have: b, here. */
@@ -1005,7 +1089,11 @@ START_TEST(random_stress) {
         ck_assert_msg(rc == 0, "seed %u step %u: alloc %llu: %s", seed, step,
                       (unsigned long long)size, gmb_err_name(rc));
         ck_assert_uint_eq(info.size, (size + 511) & ~UINT64_C(511));
-        ck_assert_uint_le(info.offset + info.size, info.dseg->size);
+        ck_assert_uint_le(info.offset + info.size - info.tail_size,
+                          info.dseg->size);
+        if (info.tail_dseg)
+          ck_assert_uint_le(info.tail_offset + info.tail_size,
+                            info.tail_dseg->size);
         live[n++] = (struct shadow){info.id, info.size, ai, oi};
       }
     } else if (op < 95 && n > 0) {
@@ -1120,6 +1208,7 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, small_share_segment);
   tcase_add_test(tc, large_rounded_segment);
   tcase_add_test(tc, large_own_segment);
+  tcase_add_test(tc, large_tail_walk_and_owner);
   tcase_add_test(tc, large_never_refused_with_room);
   tcase_add_test(tc, mobility_grouping);
   tcase_add_test(tc, grouping_off_shares_segments);
