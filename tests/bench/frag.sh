@@ -1,5 +1,5 @@
 #!/bin/sh
-# frag.sh - the fragmentation suite: five traces, each replayed through a
+# frag.sh - the fragmentation suite: six traces, each replayed through a
 # real broker with compaction off and auto, and once more through each
 # client's cache (gmb-replay --cache, compaction auto: what the torch
 # allocator and cudaMallocAsync do), beside three baselines computed from the
@@ -23,14 +23,15 @@
 # skipped with a message (the table still counts).
 #
 # Knobs: FRAG_SEED (default 1), FRAG_SCALE (operations, default 1),
-# FRAG_TRACES (default "llm train mixed adversarial kv"), FRAG_PLOT, FRAG_PNG.
+# FRAG_TRACES (default "llm train mixed adversarial kv serving"), FRAG_PLOT,
+# FRAG_PNG.
 # Exit status: non-zero when a replay did not run (a failure inside a
 # replay is a figure, not an error) or the plot was asked for and failed.
 set -u
 B=${1:-build}
 SEED=${FRAG_SEED:-1}
 SCALE=${FRAG_SCALE:-1}
-TRACES=${FRAG_TRACES:-llm train mixed adversarial kv}
+TRACES=${FRAG_TRACES:-llm train mixed adversarial kv serving}
 PLOT=${FRAG_PLOT:-adversarial}
 PNG=${FRAG_PNG:-docs/img/frag.png}
 REPLAY=$B/gmb-replay

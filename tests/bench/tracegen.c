@@ -2,7 +2,8 @@
  * tracegen.c - writes the allocation traces of the fragmentation suite
  * (tests/bench/frag.sh) in gmb-replay's format.
  *
- *   tracegen [--seed N] [--scale X] llm|train|mixed|adversarial|kv > FILE
+ *   tracegen [--seed N] [--scale X] llm|train|mixed|adversarial|kv|serving
+ *            > FILE
  *
  * Every trace is a function of (kind, seed, scale) only: the random numbers
  * come from a splitmix64 of our own, never from rand() or awk, so the same
@@ -33,6 +34,12 @@
  *                to more than the device: each request's blocks are of one
  *                size, 64 KiB to 1 MiB, and 15 % of the blocks are pinned;
  *                activation buffers (4-16 MiB) come between.
+ *   serving      the same three servers on a tighter device, with tensors
+ *                of the sizes a framework asks for rather than whole
+ *                pages: weights as a dozen pinned tensors of 0.6-3.4 MiB,
+ *                KV blocks of 96 KiB to 1.5 MiB, activations of 3-13 MiB
+ *                in 64 KiB steps.  A large tensor's last page is partly
+ *                used, so this is the trace where sharing it counts.
  * Most allocations are movable; weights, optimizer state and a few small
  * buffers are pinned.  Each generator keeps what it holds under a budget,
  * so a failure in the replay is the broker's, not the trace asking for more
@@ -115,6 +122,8 @@ struct llm {
   uint64_t iter;
   double burst; /* chance that a request asks past the budget (quota) */
   int paged;    /* each request picks its block size: 64 KiB - 1 MiB */
+  int odd;      /* tensors of any size: blocks 96 KiB - 1.5 MiB, and
+                   activations in 64 KiB steps */
   double pinned_p; /* chance that a KV block is pinned */
 };
 
@@ -175,6 +184,8 @@ static void llm_step(struct llm *g) {
     r->block = g->block;
     if (g->paged) /* 64 KiB .. 1 MiB, powers of two */
       r->block = (64 * KIB) << tg_range(0, 4);
+    if (g->odd) /* 96 KiB .. 1.5 MiB */
+      r->block = (96 * KIB) << tg_range(0, 4);
     r->target = 1 + (int)((g->max_blocks - 1) * u * u);
     r->blocks = 0;
     r->pinned = tg_unit() < 0.05;
@@ -207,8 +218,12 @@ static void llm_step(struct llm *g) {
   while (g->n > target + 2) llm_finish(g, (int)tg_range(0, (uint64_t)g->n - 1));
   /* An activation buffer, with two blocks of the batch locked meanwhile. */
   if (g->iter % 6 == 0) {
-    uint64_t act = 2 * MIB * tg_range(g->act_min / (2 * MIB),
-                                      g->act_max / (2 * MIB));
+    uint64_t act = g->odd ? g->act_min + 64 * KIB *
+                                             tg_range(0, (g->act_max -
+                                                          g->act_min) /
+                                                             (64 * KIB))
+                          : 2 * MIB * tg_range(g->act_min / (2 * MIB),
+                                               g->act_max / (2 * MIB));
     if (g->live + act <= g->budget) {
       char k[32], l1[32] = "", l2[32] = "";
       if (g->n) {
@@ -435,6 +450,52 @@ static void trace_kv(double scale) {
   llm_end(&c);
 }
 
+/* Weights as a model loads them: `n` pinned tensors of 0.6-3.4 MiB
+ * (4 KiB steps). */
+static void serving_weights(struct llm *g, int n) {
+  for (int i = 0; i < n; i++) {
+    char k[32];
+    uint64_t size = 600 * KIB + 4 * KIB * tg_range(0, 700);
+    snprintf(k, sizeof k, "w%d", i);
+    tg_alloc(g->t, k, size, 0);
+    g->live += size;
+  }
+}
+
+/* The kv trace's three servers with tensors of any size, on a device
+ * that holds about two thirds of their quotas. */
+static void trace_serving(double scale) {
+  printf("capacity 160MiB\nquota sv-a 96MiB\nquota sv-b 80MiB\n"
+         "quota sv-c 64MiB\n");
+  struct llm a = {.t = "sv-a", .budget = 92 * MIB, .lo = 2, .hi = 20,
+                  .period = 600, .max_blocks = 24, .act_min = 3 * MIB,
+                  .act_max = 13 * MIB, .burst = 0.03, .odd = 1,
+                  .pinned_p = 0.15};
+  struct llm b = {.t = "sv-b", .budget = 76 * MIB, .lo = 2, .hi = 24,
+                  .period = 800, .max_blocks = 24, .act_min = 3 * MIB,
+                  .act_max = 11 * MIB, .burst = 0.03, .odd = 1,
+                  .pinned_p = 0.15};
+  struct llm c = {.t = "sv-c", .budget = 60 * MIB, .lo = 2, .hi = 16,
+                  .period = 1000, .max_blocks = 24, .act_min = 3 * MIB,
+                  .act_max = 7 * MIB, .burst = 0.03, .odd = 1,
+                  .pinned_p = 0.15};
+  serving_weights(&a, 12);
+  serving_weights(&b, 8);
+  serving_weights(&c, 6);
+  while (tg_ops < (uint64_t)(18000 * scale)) {
+    double u = tg_unit();
+    if (u < 0.4)
+      llm_step(&a);
+    else if (u < 0.75)
+      llm_step(&b);
+    else
+      llm_step(&c);
+  }
+  llm_end(&a);
+  llm_end(&b);
+  llm_end(&c);
+}
+
 static void trace_adversarial(double scale) {
   const uint64_t cap = 128 * MIB;
   printf("capacity 128MiB\n");
@@ -497,7 +558,7 @@ static void trace_adversarial(double scale) {
 
 static void tg_usage(FILE *f) {
   fprintf(f, "usage: tracegen [--seed N] [--scale X] "
-             "llm|train|mixed|adversarial|kv > FILE\n");
+             "llm|train|mixed|adversarial|kv|serving > FILE\n");
 }
 
 int main(int argc, char **argv) {
@@ -540,6 +601,8 @@ int main(int argc, char **argv) {
     trace_adversarial(scale);
   else if (strcmp(kind, "kv") == 0)
     trace_kv(scale);
+  else if (strcmp(kind, "serving") == 0)
+    trace_serving(scale);
   else {
     fprintf(stderr, "tracegen: unknown trace '%s'\n", kind);
     return 2;
