@@ -212,7 +212,8 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
    * lacks: they are asked, and the request is held until the bytes come
    * or trim_wait_ms passed (reclaim.h).  Otherwise a quota refusal below
    * is immediate. */
-  if (gmb__reclaim_quota_hold(b, s, req->id, size, flags, timeout_ms))
+  const uint64_t ahead = pages ? req->u.alloc.ahead : 0;
+  if (gmb__reclaim_quota_hold(b, s, req->id, size, flags, timeout_ms, ahead))
     return 0;
   if (timeout_ms != 0 && gmb__waitq_ahead(b, s->tenant->priority)) {
     /* Others of equal or higher priority wait already: join the queue at
@@ -244,7 +245,8 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
    * they are asked for it first (cheaper than moving memory), and the
    * request is held until it comes back or trim_wait_ms passed; then it
    * meets what follows here (reclaim.h). */
-  if (gmb__reclaim_hold(b, s, req->id, size, flags, timeout_ms)) return 0;
+  if (gmb__reclaim_hold(b, s, req->id, size, flags, timeout_ms, ahead))
+    return 0;
   /* It fits the device's free total but no free range: compaction can
    * make room, so the request waits for a run (started now, unless one is
    * in progress) before it is answered. */

@@ -134,9 +134,22 @@ static uint64_t reclaim_allowance(const struct gmb_session *o,
   return o->cached_free < allow ? o->cached_free : allow;
 }
 
+/* What of `ahead` (reclaim.h) tenant t could still use after a request
+ * of `rounded` bytes: within the device and its quota. */
+static uint64_t reclaim_ahead(const struct gmb_broker *b,
+                              const struct gmb_tenant *t, uint64_t rounded,
+                              uint64_t ahead) {
+  uint64_t room = b->dev->capacity > rounded ? b->dev->capacity - rounded : 0;
+  if (t->quota) {
+    uint64_t q = t->quota > rounded ? t->quota - rounded : 0;
+    if (q < room) room = q;
+  }
+  return ahead < room ? ahead : room;
+}
+
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
-                      int timeout_ms) {
+                      int timeout_ms, uint64_t ahead) {
   struct gmb_reclaim *r = &b->reclaim;
   if (b->cfg.trim_wait_ms == 0 || b->closing) return 0;
   uint64_t rounded = gmb__alloc_round(size);
@@ -148,6 +161,10 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
    * what s itself was asked: it cannot answer while this request waits. */
   uint64_t coming = r->ask_bytes - s->ask_bytes;
   uint64_t need = missing > coming ? missing - coming : 0;
+  /* What the plan reaches for: this request's lack and the rest of its
+   * miss; what it must reach to hold the request: the lack. */
+  uint64_t want =
+      need ? need + reclaim_ahead(b, s->tenant, rounded, ahead) : 0;
   uint64_t now = gmb__now_ns();
   struct reclaim_pick p = {.s = s, .now = now};
   uint64_t *bytes = NULL;
@@ -168,9 +185,9 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
      * of one tenant are not both asked down to its reservation; undone
      * when it cannot cover what is missing. */
     size_t k = 0;
-    for (size_t i = 0; i < p.n && planned < need; i++) {
+    for (size_t i = 0; i < p.n && planned < want; i++) {
       uint64_t x = reclaim_allowance(p.v[i], s);
-      if (x > need - planned) x = need - planned;
+      if (x > want - planned) x = want - planned;
       if (x == 0) continue;
       p.v[k] = p.v[i];
       bytes[k++] = x;
@@ -187,7 +204,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   int held = planned >= need && (need > 0 || coming > 0) &&
              gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;
   if (held) {
-    char sz[GMB_SIZE_BUFSZ], want[GMB_SIZE_BUFSZ];
+    char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
     for (size_t i = 0; i < p.n; i++) {
       struct gmb_session *o = p.v[i];
       reclaim_open(b, o, bytes[i], until);
@@ -198,7 +215,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                  o->tenant->priority,
                  gmb__size_format(bytes[i], sz, sizeof sz), s->id,
                  s->tenant->name,
-                 gmb__size_format(rounded, want, sizeof want),
+                 gmb__size_format(rounded, req_sz, sizeof req_sz),
                  gmb__log_suppressed(&reclaim_rl_ask));
     }
   }
@@ -219,7 +236,7 @@ static uint64_t reclaim_quota_allowance(const struct gmb_session *o,
 
 int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
                             uint64_t req_id, uint64_t size, uint32_t flags,
-                            int timeout_ms) {
+                            int timeout_ms, uint64_t ahead) {
   struct gmb_tenant *t = s->tenant;
   uint64_t rounded = gmb__alloc_round(size);
   if (!gmb__tenant_over(t, rounded)) return 0; /* the common case: O(1) */
@@ -233,6 +250,7 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
    * well); s's own ask is not: it cannot answer while this request waits. */
   uint64_t coming = t->cache_asked - s->ask_bytes;
   uint64_t need = missing > coming ? missing - coming : 0;
+  uint64_t want = need ? need + reclaim_ahead(b, t, rounded, ahead) : 0;
   uint64_t now = gmb__now_ns();
   /* The plan first: nobody is asked, and nothing held, unless the cached
    * bytes of its other sessions can cover what is missing; bytes in use
@@ -257,20 +275,20 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
   if (gmb__waitq_hold_quota(b, s, req_id, size, flags, timeout_ms, until))
     return 0; /* its session or tenant waits for as much as it may */
   uint64_t asked = 0;
-  for (struct gmb_session *o = t->sessions; o && asked < need;
+  for (struct gmb_session *o = t->sessions; o && asked < want;
        o = o->tenant_next) {
     uint64_t x = reclaim_quota_allowance(o, s, now);
-    if (x > need - asked) x = need - asked;
+    if (x > want - asked) x = want - asked;
     if (x == 0) continue;
     reclaim_open(b, o, x, until);
     asked += x;
     if (gmb__log_allow(&reclaim_rl_ask)) {
-      char sz[GMB_SIZE_BUFSZ], want[GMB_SIZE_BUFSZ];
+      char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
       log_info("session %" PRIu64 " (tenant %s) asked to give back %s of its "
                "cache for session %" PRIu64 ": %s more would pass the "
                "tenant's quota%s", o->id, t->name,
                gmb__size_format(x, sz, sizeof sz), s->id,
-               gmb__size_format(rounded, want, sizeof want),
+               gmb__size_format(rounded, req_sz, sizeof req_sz),
                gmb__log_suppressed(&reclaim_rl_ask));
     }
   }

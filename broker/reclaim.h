@@ -75,10 +75,14 @@ void gmb__reclaim_settle(struct gmb_broker *b);
  * device (GMB_NOMEM_NO_ROOM).  Asks other sessions' caches for what is
  * missing and holds the request (gmb__waitq_hold) for trim_wait_ms at
  * most.  Returns 1 when it is held (answered later), 0 when nothing was
- * asked or it could not be held: the caller goes on as without. */
+ * asked or it could not be held: the caller goes on as without.  `ahead`
+ * (a cache's pages: Alloc.ahead, else 0): bytes the same miss asks for
+ * next; as much more is asked for now where the caches have it (clipped
+ * to the device and the tenant's quota), but the hold waits only for what
+ * this request lacks.  Both holds below take it so. */
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
-                      int timeout_ms);
+                      int timeout_ms, uint64_t ahead);
 
 /* Session s's request `req_id` of `size` bytes: when it would pass its
  * tenant's quota and the tenant's other sessions' caches can cover what
@@ -89,7 +93,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
  * O(1) when the quota allows it; else O(the tenant's sessions). */
 int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
                             uint64_t req_id, uint64_t size, uint32_t flags,
-                            int timeout_ms);
+                            int timeout_ms, uint64_t ahead);
 
 /* The loop's timer: asks that ran out (counted in their session's
  * trim_ignored unless its cached_free went down meanwhile, and logged),

@@ -102,6 +102,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       alloc.flags = req->u.alloc.flags;
       alloc.timeout_ms = req->u.alloc.timeout_ms;
       alloc.pages = req->u.alloc.pages;
+      alloc.ahead = req->u.alloc.ahead;
       r.body_case = GMB__REQUEST__BODY_ALLOC;
       r.alloc = &alloc;
       break;
@@ -219,6 +220,7 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       out->u.alloc.flags = r->alloc->flags;
       out->u.alloc.timeout_ms = r->alloc->timeout_ms;
       out->u.alloc.pages = r->alloc->pages;
+      out->u.alloc.ahead = r->alloc->ahead;
       break;
     case GMB__REQUEST__BODY_FREE:
       out->kind = WIRE_FREE;

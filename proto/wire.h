@@ -76,6 +76,7 @@ struct wire_request {
       uint32_t flags;
       int32_t timeout_ms;
       uint32_t pages; /* 0, or pages of 2 MiB each in a segment of its own */
+      uint64_t ahead; /* pages: bytes of the same miss asked for next */
     } alloc;
     struct {
       uint64_t id;

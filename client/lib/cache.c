@@ -886,9 +886,13 @@ static int cache_fill_mapped(struct gmb_cache *k, struct cache_arena *a,
     while (n < GMB_CACHE_BATCH && p + n * k->page < end &&
            cache_pg(k, s, p + n * k->page)->pg.id == 0)
       n++;
+    /* What the miss asks for after these: its unmapped pages further on. */
+    uint64_t ahead = 0;
+    for (uintptr_t q = p + n * k->page; q < end; q += k->page)
+      ahead += cache_pg(k, s, q)->pg.id ? 0 : k->page;
     struct gmb_cache_page got[GMB_CACHE_BATCH];
     memset(got, 0, n * sizeof got[0]);
-    rc = k->ops.page_map(k->ops.ctx, p, n, got);
+    rc = k->ops.page_map(k->ops.ctx, p, n, ahead, got);
     for (unsigned i = 0; rc == 0 && i < n; i++)
       if (got[i].id == 0) rc = GMB_E_PROTO; /* a backend's bug */
     if (rc) break;

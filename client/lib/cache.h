@@ -44,8 +44,10 @@ struct gmb_cache_ops {
    * broker, as one request, and maps them at addr, addr + page, ...
    * (page aligned, reserved, mapped to nothing): 0 with pg[0..n), or a
    * GMB_E_* code the backend explained (GMB_E_QUOTA, GMB_E_NOMEM, ...)
-   * with nothing mapped.  Called with no lock of the cache held. */
-  int (*page_map)(void *ctx, uintptr_t addr, unsigned n,
+   * with nothing mapped.  `ahead`: the bytes of pages the same miss asks
+   * for after these (the broker may ask other caches for them at once).
+   * Called with no lock of the cache held. */
+  int (*page_map)(void *ctx, uintptr_t addr, unsigned n, uint64_t ahead,
                   struct gmb_cache_page *pg);
   /* Unmaps the page at `addr` (the address stays reserved).  Cheap (no
    * message); called with the arena's lock held. */

@@ -96,6 +96,10 @@
 #define CLIENT_TRIM_TRIES 11
 /* gmb_free_async reports a new idle page itself at most this often. */
 #define CLIENT_SYNC_REPORT_NS (1000 * 1000u)
+/* Idle bytes not reported yet past which a free reports them itself,
+ * waiting a little for the socket if it must (client_io_lock_briefly): at
+ * most one report per this many bytes freed, not left to the thread. */
+#define CLIENT_SYNC_REPORT_BYTES (UINT64_C(8) << 20)
 #define CLIENT_TRIM_RETRY_NS (2500 * 1000L)
 /* The longest a request's receive waits before the socket monitor is
  * read (client_call): how late a broker that vanished without a word is
@@ -1576,17 +1580,14 @@ static void client_unreserve(void *ctx, uintptr_t base, uint64_t size) {
     munmap((void *)base, (size_t)size);
 }
 
-/* Maps one page of a pages reply at `addr`: its segment's descriptor
- * from the descriptor channel, checked to be one page, mapped (the
- * imported handle kept on a GPU).  Holds io. */
-static int client_page_attach(gmb_client *c, uint64_t seg, uintptr_t addr,
+/* Maps one page of a pages reply at `addr` from its segment's descriptor
+ * `fd` of `size` bytes (checked to be one page), the imported handle kept
+ * on a GPU.  The caller closes fd. */
+static int client_page_attach(gmb_client *c, uint64_t seg, int fd,
+                              uint64_t size, uintptr_t addr,
                               struct gmb_cache_page *pg) {
   char why[CLIENT_WHY_MAX];
-  uint64_t size = 0;
-  int fd = -1;
-  int rc = gmb__fdclient_segment(&c->fdsock, seg, &fd, &size, why,
-                                 sizeof why);
-  if (rc) return client_fail(rc, "%s", why);
+  int rc = 0;
   if (size != GMB_CACHE_PAGE) {
     rc = client_fail(GMB_E_PROTO, "segment %llu of a page has %llu bytes",
                      (unsigned long long)seg, (unsigned long long)size);
@@ -1605,7 +1606,6 @@ static int client_page_attach(gmb_client *c, uint64_t seg, uintptr_t addr,
       rc = client_fail(GMB_E_SYSTEM, "mapping a page of the cache: %s",
                        strerror(errno));
   }
-  close(fd);
   return rc;
 }
 
@@ -1618,13 +1618,14 @@ static void client_page_unmap(void *ctx, uintptr_t addr,
  * mappings, as client_alloc does.  A quota held by the tenant's other
  * caches is waited for by the broker itself (trim_wait_ms), not here. */
 static int client_page_map(void *ctx, uintptr_t addr, unsigned n,
-                           struct gmb_cache_page *pg) {
+                           uint64_t ahead, struct gmb_cache_page *pg) {
   gmb_client *c = ctx;
   if (n == 0 || n > WIRE_PAGES_MAX)
     return client_fail(GMB_E_INVAL, "%u pages in one request", n);
   struct wire_request req = {.kind = WIRE_ALLOC};
   req.u.alloc.size = (uint64_t)n * GMB_CACHE_PAGE;
   req.u.alloc.pages = n;
+  req.u.alloc.ahead = ahead;
   struct wire_reply rep;
   pthread_mutex_lock(&c->io);
   int rc = client_call(c, &req, WIRE_ALLOC, c->request_timeout_ms, &rep);
@@ -1639,13 +1640,28 @@ static int client_page_map(void *ctx, uintptr_t addr, unsigned n,
                      (unsigned long long)rep.u.alloc.size);
     goto undo;
   }
+  /* Every page's descriptor in one exchange on the channel, then the
+   * mappings. */
+  int fds[WIRE_PAGES_MAX];
+  uint64_t sizes[WIRE_PAGES_MAX];
+  char why[CLIENT_WHY_MAX];
+  _Static_assert(WIRE_PAGES_MAX <= GMB_FDCLIENT_BATCH,
+                 "a batch of pages fits one exchange of descriptors");
+  rc = gmb__fdclient_segments(&c->fdsock, rep.u.alloc.page_seg, n, fds, sizes,
+                              why, sizeof why);
+  if (rc) {
+    client_fail(rc, "%s", why);
+    goto undo;
+  }
   unsigned mapped = 0;
   for (; mapped < n && rc == 0; mapped++) {
-    rc = client_page_attach(c, rep.u.alloc.page_seg[mapped],
+    rc = client_page_attach(c, rep.u.alloc.page_seg[mapped], fds[mapped],
+                            sizes[mapped],
                             addr + (uintptr_t)mapped * GMB_CACHE_PAGE,
                             &pg[mapped]);
     if (rc == 0) pg[mapped].id = rep.u.alloc.page_id[mapped];
   }
+  for (unsigned i = 0; i < n; i++) close(fds[i]);
   if (rc == 0) goto out;
   for (unsigned i = 0; i + 1 < mapped; i++)
     client_page_unmap(c, addr + (uintptr_t)i * GMB_CACHE_PAGE, &pg[i]);
@@ -1806,6 +1822,22 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
   return rc; /* a page's failure, explained by client_page_get */
 }
 
+/* Takes io when it is free within CLIENT_SYNC_REPORT_WAIT_NS: 1 taken, 0
+ * not.  Never an unbounded wait: another thread may hold io for as long as
+ * a request waits for memory (gmb_alloc_wait), which a free may be what
+ * gives it. */
+#define CLIENT_SYNC_REPORT_WAIT_NS (2 * 1000 * 1000L)
+static int client_io_lock_briefly(gmb_client *c) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += CLIENT_SYNC_REPORT_WAIT_NS;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return pthread_mutex_timedlock(&c->io, &ts) == 0;
+}
+
 GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (ptr == NULL) return 0; /* as free(NULL) */
@@ -1823,17 +1855,25 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
    * process's request that needs it, refused or held meanwhile, finds it.
    * Most frees leave no page idle and cost one load here; a burst of
    * frees wakes it once until it has reported. */
-  if (gmb__cache_cached(c->cache) >
-          atomic_load_explicit(&c->reported, memory_order_relaxed) &&
+  uint64_t cached = gmb__cache_cached(c->cache),
+           reported = atomic_load_explicit(&c->reported, memory_order_relaxed);
+  if (cached > reported &&
       atomic_load_explicit(&c->cache_thread, memory_order_acquire)) {
     /* The first idle page after a quiet while is reported by this call
      * itself (a Heartbeat sent without waiting, when the socket is free),
      * so that a request another process makes right after it is held for
-     * it; later ones, within CLIENT_SYNC_REPORT_NS, by the thread. */
+     * it; later ones, within CLIENT_SYNC_REPORT_NS, by the thread; but
+     * CLIENT_SYNC_REPORT_BYTES unreported by this call, waiting a little
+     * for the socket (the thread may hold it, and be late). */
     uint64_t now = gmb__now_ns(),
              last = atomic_load_explicit(&c->sync_report_ns,
                                          memory_order_relaxed);
-    if (now - last >= CLIENT_SYNC_REPORT_NS &&
+    int big = cached - reported >= CLIENT_SYNC_REPORT_BYTES;
+    if (big && client_io_lock_briefly(c)) {
+      atomic_store_explicit(&c->sync_report_ns, now, memory_order_relaxed);
+      client_report_due(c);
+      pthread_mutex_unlock(&c->io);
+    } else if (now - last >= CLIENT_SYNC_REPORT_NS &&
         atomic_compare_exchange_strong(&c->sync_report_ns, &last, now) &&
         pthread_mutex_trylock(&c->io) == 0) {
       client_report_due(c);

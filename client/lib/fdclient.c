@@ -39,24 +39,28 @@ static int fdclient_path(const char *endpoint, char *path, size_t cap,
   return 0;
 }
 
+/* Sends one request.  0, or the failure (the channel then broken). */
+static int fdclient_send(int sock, const struct gmb_fd_req *req, char *why,
+                         size_t cap) {
+  int rc = gmb__fd_send(sock, req, sizeof *req, -1, 0);
+  if (rc == 0) return 0;
+  snprintf(why, cap, "descriptor channel: send: %s", strerror(-rc));
+  return rc == -EAGAIN ? GMB_E_TIMEOUT : GMB_E_CONN;
+}
+
 /*
- * One request, one reply (and perhaps a descriptor), checked.  *broken is
- * set when the exchange itself failed (a send or receive error, a hang-up,
- * no reply in time): a reply that comes late would be read as the answer to
+ * The reply to request `req` (and perhaps a descriptor), checked.  *broken
+ * is set when the exchange itself failed (a receive error, a hang-up, no
+ * reply in time): a reply that comes late would be read as the answer to
  * the next request, so such a channel must not be used again.  A reply
  * that arrived but makes no sense is GMB_E_PROTO and leaves the channel in
  * step (SOCK_SEQPACKET keeps messages whole).
  */
-static int fdclient_call(int sock, const struct gmb_fd_req *req,
-                         struct gmb_fd_rep *rep, int *fd, int *broken,
-                         char *why, size_t cap) {
+static int fdclient_reply(int sock, const struct gmb_fd_req *req,
+                          struct gmb_fd_rep *rep, int *fd, int *broken,
+                          char *why, size_t cap) {
   *fd = -1;
   *broken = 1;
-  int rc = gmb__fd_send(sock, req, sizeof *req, -1, 0);
-  if (rc) {
-    snprintf(why, cap, "descriptor channel: send: %s", strerror(-rc));
-    return rc == -EAGAIN ? GMB_E_TIMEOUT : GMB_E_CONN;
-  }
   ssize_t n = gmb__fd_recv(sock, rep, sizeof *rep, fd, 0);
   if (n == 0) {
     if (*fd >= 0) close(*fd);
@@ -94,6 +98,16 @@ static int fdclient_call(int sock, const struct gmb_fd_req *req,
     return rep->status;
   }
   return 0;
+}
+
+/* One request, one reply: fdclient_send, then fdclient_reply. */
+static int fdclient_call(int sock, const struct gmb_fd_req *req,
+                         struct gmb_fd_rep *rep, int *fd, int *broken,
+                         char *why, size_t cap) {
+  *fd = -1;
+  *broken = 1;
+  int rc = fdclient_send(sock, req, why, cap);
+  return rc ? rc : fdclient_reply(sock, req, rep, fd, broken, why, cap);
 }
 
 void gmb__fdclient_timeout(int sock, int timeout_ms) {
@@ -146,32 +160,66 @@ int gmb__fdclient_connect(const char *endpoint, uint64_t session,
 
 int gmb__fdclient_segment(int *sock, uint64_t segment, int *fd, uint64_t *size,
                           char *why, size_t cap) {
-  *fd = -1;
+  return gmb__fdclient_segments(sock, &segment, 1, fd, size, why, cap);
+}
+
+int gmb__fdclient_segments(int *sock, const uint64_t *segs, unsigned n,
+                           int *fds, uint64_t *sizes, char *why, size_t cap) {
+  for (unsigned i = 0; i < n; i++) fds[i] = -1;
   if (*sock < 0) {
     snprintf(why, cap, "the descriptor channel is closed (an earlier "
              "request on it failed)");
     return GMB_E_CONN;
   }
+  if (n == 0 || n > GMB_FDCLIENT_BATCH) {
+    snprintf(why, cap, "%u descriptors asked at once", n);
+    return GMB_E_INVAL;
+  }
   struct gmb_fd_req req;
   memset(&req, 0, sizeof req);
   req.magic = GMB_FD_MAGIC;
   req.op = GMB_FD_SEGMENT;
-  req.segment = segment;
-  struct gmb_fd_rep rep;
-  int broken;
-  int rc = fdclient_call(*sock, &req, &rep, fd, &broken, why, cap);
-  if (rc == 0 && rep.segment != segment) {
-    close(*fd);
-    *fd = -1;
-    snprintf(why, cap, "asked for segment %llu's descriptor, got %llu's",
-             (unsigned long long)segment, (unsigned long long)rep.segment);
-    rc = GMB_E_PROTO;
+  /* All the requests first, then the replies in the same order: one wait
+   * for the batch, not one per descriptor. */
+  int rc = 0, broken = 0;
+  unsigned sent = 0;
+  for (; sent < n && rc == 0; sent++) {
+    req.segment = segs[sent];
+    rc = fdclient_send(*sock, &req, why, cap);
+  }
+  if (rc) {
+    broken = 1;
+    sent--; /* the one that failed was not sent */
+  }
+  /* Every reply to what was sent is read, so that the channel stays in
+   * step; the first failure is the one reported. */
+  for (unsigned i = 0; i < sent && !broken; i++) {
+    struct gmb_fd_rep rep;
+    char w[GMB_FD_MESSAGE_MAX + 64];
+    req.segment = segs[i];
+    int r = fdclient_reply(*sock, &req, &rep, &fds[i], &broken, w, sizeof w);
+    if (r == 0 && rep.segment != segs[i]) {
+      close(fds[i]);
+      fds[i] = -1;
+      snprintf(w, sizeof w, "asked for segment %llu's descriptor, got %llu's",
+               (unsigned long long)segs[i], (unsigned long long)rep.segment);
+      r = GMB_E_PROTO;
+    }
+    if (r == 0) sizes[i] = rep.size;
+    if (r && rc == 0) {
+      rc = r;
+      snprintf(why, cap, "%s", w);
+    }
   }
   if (broken) {
     close(*sock);
     *sock = -1;
   }
-  if (rc) return rc;
-  *size = rep.size;
-  return 0;
+  if (rc)
+    for (unsigned i = 0; i < n; i++)
+      if (fds[i] >= 0) {
+        close(fds[i]);
+        fds[i] = -1;
+      }
+  return rc;
 }

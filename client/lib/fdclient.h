@@ -39,4 +39,14 @@ void gmb__fdclient_timeout(int sock, int timeout_ms);
 int gmb__fdclient_segment(int *sock, uint64_t segment, int *fd, uint64_t *size,
                           char *why, size_t cap);
 
+/* The same for `n` segments (1 to GMB_FDCLIENT_BATCH) in one exchange:
+ * every request is sent before the first reply is read, so a batch waits
+ * for the broker once, not once per descriptor.  0 with fds[0..n) and
+ * sizes[0..n); on any failure no descriptor is left open (all fds[] are
+ * -1), the first failure is the one explained, and the channel is closed
+ * as above when the exchange itself failed. */
+#define GMB_FDCLIENT_BATCH 64
+int gmb__fdclient_segments(int *sock, const uint64_t *segs, unsigned n,
+                           int *fds, uint64_t *sizes, char *why, size_t cap);
+
 #endif /* GMB_FDCLIENT_H */

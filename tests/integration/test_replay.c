@@ -390,7 +390,7 @@ START_TEST(replay_cache_freed_pages_serve_another_tenant) {
             "alloc b j1 10MiB\nfree b j1\n",
             "auto", 0, 1);
   ck_assert_msg(r.status == 0 && r.json, "%d:\n%s", r.status, r.out);
-  ck_assert_int_eq(jint(&r, "failures"), 0);
+  ck_assert_msg(jint(&r, "failures") == 0, "b refused:\n%s", r.out);
   ck_assert_int_eq(jint(&r, "accounting_mismatches"), 0);
   replay_done(&r);
 }

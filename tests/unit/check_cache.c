@@ -62,6 +62,7 @@ static struct {
   unsigned max_pages; /* 0: none; else GMB_E_NOMEM past it (seg_max) */
   unsigned maps, unmaps, frees, moves, records, queries, syncs;
   unsigned requests; /* messages: a batch of maps or frees is one */
+  uint64_t ahead[8];  /* the first requests' `ahead`, in order */
   unsigned reserves, unreserves;
   int events_live;
   int bad; /* calls that broke the backend's contract */
@@ -129,10 +130,11 @@ static void be_unmap_locked(uintptr_t addr, const struct gmb_cache_page *pg);
 static void be_free_locked(const struct gmb_cache_page *pg);
 
 /* n pages in one request, all or none, as the broker gives them. */
-static int be_map(void *ctx, uintptr_t addr, unsigned n,
+static int be_map(void *ctx, uintptr_t addr, unsigned n, uint64_t ahead,
                   struct gmb_cache_page *pg) {
   (void)ctx;
   pthread_mutex_lock(&be.mu);
+  if (be.requests < 8) be.ahead[be.requests] = ahead;
   be.requests++;
   if (n == 0 || n > GMB_CACHE_BATCH) be_misuse("a batch of pages", n, addr);
   int rc = 0;
@@ -567,10 +569,12 @@ START_TEST(many_pages_one_message_a_batch) {
   ck_assert_int_eq(gmb__cache_trim(k, 0, 0, &rel), 0);
   ck_assert_uint_eq(rel, 100 * MIB);
   ck_assert_uint_eq(be.requests, 1);
-  /* 100 pages: two batches. */
+  /* 100 pages: two batches, the first telling what the second asks. */
   be.requests = 0;
   ck_assert_int_eq(gmb__cache_alloc(k, 200 * MIB - 4096, NULL, &p), 0);
   ck_assert_uint_eq(be.requests, 2);
+  ck_assert_uint_eq(be.ahead[0], 36 * PAGE);
+  ck_assert_uint_eq(be.ahead[1], 0);
   ck_assert_int_eq(gmb__cache_check(k), 0);
   ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
   be.requests = 0;

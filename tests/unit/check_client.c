@@ -1125,6 +1125,43 @@ static int trim_on_heartbeat(struct fake *f, const struct wire_request *req) {
   return 1;
 }
 
+/* The channel refuses the third page's descriptor of the first batch. */
+static int fd_refuse_third_page(struct fake *f, int conn,
+                                const struct gmb_fd_req *req) {
+  (void)f;
+  if (req->op != GMB_FD_SEGMENT || req->segment != FAKE_PAGE_SEG + 2) return 0;
+  fake_fdchan_reply(conn, GMB_FD_SEGMENT, GMB_E_NOENT, req->segment, 0, -1,
+                    "no such segment of this tenant");
+  return 1;
+}
+
+/* A cache's batch of pages asks for all its descriptors in one exchange
+ * (every request before the first reply); one refused in the middle fails
+ * the batch with no descriptor left open, gives the pages back, and leaves
+ * the channel in step: the next batch is served. */
+START_TEST(pages_descriptors_in_one_exchange) {
+  F.fd_handler = fd_refuse_third_page;
+  fake_start();
+  gmb_client *c = connect_ok();
+  int before = check_count_fds();
+  void *p;
+  ck_assert_int_eq(gmb_malloc_async(c, 10u << 20, NULL, &p), GMB_E_NOENT);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "no such segment"));
+  ck_assert_int_eq(atomic_load(&F.n_segment), 5);
+  /* The fake (in this process) keeps a memfd per page it made; the four
+   * descriptors the client got were closed. */
+  ck_assert_int_eq(check_count_fds(), before + 5);
+  ck_assert_int_eq(atomic_load(&F.n_free), 1);
+  ck_assert_uint_eq(F.last_free.u.free.id, 1);
+  ck_assert_uint_eq(F.last_free.u.free.n_more, 4);
+  ck_assert_int_eq(gmb_malloc_async(c, 10u << 20, NULL, &p), 0);
+  ck_assert_int_eq(atomic_load(&F.n_segment), 10);
+  memset(p, 0x5a, 10u << 20);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
 START_TEST(trim_event_answered_by_idle_client) {
   F.heartbeat_ms = 10;
   F.handler = trim_on_heartbeat;
@@ -2227,6 +2264,7 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, alloc_outside_segment_proto);
   tcase_add_test(tc, alloc_smaller_than_asked_proto);
   tcase_add_test(tc, alloc_impossible_tail_proto);
+  tcase_add_test(tc, pages_descriptors_in_one_exchange);
   tcase_add_test(tc, alloc_in_segment_refused_on_channel);
   tcase_add_test(tc, alloc_maps_segment_and_lock_points_into_it);
   tcase_add_test(tc, fetched_descriptors_are_closed);

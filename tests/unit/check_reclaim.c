@@ -204,6 +204,38 @@ START_TEST(full_device_asks_cache_and_serves_on_free) {
 }
 END_TEST
 
+/* A cache's miss of several requests of pages says what comes next
+ * (Alloc.ahead): a, asked for the first request's lack, is asked for the
+ * rest of the miss at once (within the device), so that the next requests
+ * find the room; the hold still waits only for the first one's lack. */
+START_TEST(pages_ask_for_what_the_miss_asks_next) {
+  struct fx f;
+  open_two(&f);
+  uint64_t slab = cache(&f, "a", 1001, 8 * MIB);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ALLOC;
+  req.u.alloc.size = 2 * MIB;
+  req.u.alloc.pages = 1;
+  req.u.alloc.ahead = 4 * MIB;
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ck_assert_int_eq(fx_request(&f, "b", 1002, &req, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 6 * MIB);
+  ck_assert_uint_eq(f.b.waitq.held, 1);
+  check_sums(&f);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r, 2 * MIB);
+  report(&f, "a", 1001, 0, 1);
+  ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
 /* The order: lowest tenant priority first, then the largest cache; a
  * tenant of higher priority is asked only for what the lower ones could
  * not give. */
@@ -890,6 +922,7 @@ static Suite *reclaim_suite(void) {
   Suite *s = suite_create("reclaim");
   TCase *tc = tcase_create("device");
   tcase_add_test(tc, full_device_asks_cache_and_serves_on_free);
+  tcase_add_test(tc, pages_ask_for_what_the_miss_asks_next);
   tcase_add_test(tc, order_lowest_priority_then_largest_cache);
   tcase_add_test(tc, reservation_never_asked_below);
   tcase_add_test(tc, nothing_asked_when_caches_cannot_cover);
