@@ -98,6 +98,19 @@
  *   cuInit fail with CUDA_ERROR_NO_DEVICE.  $FAKECUDA_MISSING names one
  *   entry point cuGetProcAddress pretends not to have.
  *
+ * - cuGetProcAddress / _v2 answer by base name and version as the real
+ *   driver does: each entry point has the version its 12.0 ABI appeared
+ *   in (cuMemAlloc's _v2 ABI 3.2, the VMM calls 10.2, cuGetProcAddress
+ *   11.3, its _v2 12.0, the others 12.0 here); a request below it is
+ *   CUDA_ERROR_NOT_FOUND with CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+ *   except cuMemAlloc / cuMemFree / cuMemGetInfo, which below 3.2 give a
+ *   legacy entry point of their own (32-bit sizes in the real driver;
+ *   here it answers CUDA_ERROR_NOT_SUPPORTED): a caller can tell it from
+ *   the 12.0 one.  "cuGetProcAddress" itself is found (v1 below 12.0, the
+ *   _v2 from 12.0), as cudart asks for it.  cuIpcGetMemHandle exports
+ *   only cuMemAlloc's memory (its base), as the real one; nothing opens
+ *   the handle.
+ *
  * - Device identity, as containers see it.  Each physical device p has its
  *   own UUID (cuDeviceGetUuid: "FAKECUDA" then p in the last bytes, shown
  *   as GPU-46414b45-4355-4441-0000-00000000000p) and PCI bus id
@@ -1598,6 +1611,26 @@ static CUresult fake_cuMemFree(CUdeviceptr p) {
   return r;
 }
 
+/* cuIpcGetMemHandle: the real driver exports only cuMemAlloc's memory,
+ * and only its base address; anything else (VMM mappings included) is
+ * CUDA_ERROR_INVALID_VALUE.  The handle (64 bytes) carries the address;
+ * nothing here opens it. */
+static CUresult fake_cuIpcGetMemHandle(void *handle, CUdeviceptr p) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_scratch *s = fake_scratches;
+  while (s && s->ptr != p) s = s->next;
+  if (s) {
+    memset(handle, 0, 64);
+    memcpy(handle, "FAKEIPC", 8);
+    memcpy((char *)handle + 8, &p, sizeof p);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* --- the API: copies ----------------------------------------------------- */
 
 static CUresult fake_cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -1834,15 +1867,29 @@ static CUresult fake_cuGetErrorString(CUresult r, const char **s) {
   return fake_error_lookup(r, s, 1);
 }
 
-#define FAKE_FN(name) {#name, (void *)(uintptr_t)fake_##name}
+/* The legacy (pre-3.2) entry points a request below 3020 gets. */
+static CUresult fake_legacy(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
+                                    unsigned long long flags, int *status);
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
+                                 unsigned long long flags);
+
+/* name, the entry point, the version its (12.0) ABI appeared in (0: 12000),
+ * and the entry point below that version (NULL: none). */
+#define FAKE_FN(name) {#name, (void *)(uintptr_t)fake_##name, 0, NULL}
+#define FAKE_FN_SINCE(name, v, old) \
+  {#name, (void *)(uintptr_t)fake_##name, v, old}
 static const struct {
   const char *name;
   void *fn;
+  int since;
+  void *older;
 } fake_table[] = {
-    FAKE_FN(cuInit),
-    FAKE_FN(cuDriverGetVersion),
-    FAKE_FN(cuDeviceGetCount),
-    FAKE_FN(cuDeviceGet),
+    FAKE_FN_SINCE(cuInit, 2000, NULL),
+    FAKE_FN_SINCE(cuDriverGetVersion, 2020, NULL),
+    FAKE_FN_SINCE(cuDeviceGetCount, 2000, NULL),
+    FAKE_FN_SINCE(cuDeviceGet, 2000, NULL),
     FAKE_FN(cuDeviceGetName),
     FAKE_FN(cuDeviceGetUuid),
     FAKE_FN(cuDeviceGetPCIBusId),
@@ -1856,19 +1903,20 @@ static const struct {
     FAKE_FN(cuCtxSetCurrent),
     FAKE_FN(cuCtxGetCurrent),
     FAKE_FN(cuCtxGetDevice),
-    FAKE_FN(cuMemGetInfo),
-    FAKE_FN(cuMemGetAllocationGranularity),
-    FAKE_FN(cuMemCreate),
-    FAKE_FN(cuMemRelease),
-    FAKE_FN(cuMemExportToShareableHandle),
-    FAKE_FN(cuMemImportFromShareableHandle),
-    FAKE_FN(cuMemAddressReserve),
-    FAKE_FN(cuMemAddressFree),
-    FAKE_FN(cuMemMap),
-    FAKE_FN(cuMemUnmap),
-    FAKE_FN(cuMemSetAccess),
-    FAKE_FN(cuMemAlloc),
-    FAKE_FN(cuMemFree),
+    FAKE_FN_SINCE(cuMemGetInfo, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN_SINCE(cuMemGetAllocationGranularity, 10020, NULL),
+    FAKE_FN_SINCE(cuMemCreate, 10020, NULL),
+    FAKE_FN_SINCE(cuMemRelease, 10020, NULL),
+    FAKE_FN_SINCE(cuMemExportToShareableHandle, 10020, NULL),
+    FAKE_FN_SINCE(cuMemImportFromShareableHandle, 10020, NULL),
+    FAKE_FN_SINCE(cuMemAddressReserve, 10020, NULL),
+    FAKE_FN_SINCE(cuMemAddressFree, 10020, NULL),
+    FAKE_FN_SINCE(cuMemMap, 10020, NULL),
+    FAKE_FN_SINCE(cuMemUnmap, 10020, NULL),
+    FAKE_FN_SINCE(cuMemSetAccess, 10020, NULL),
+    FAKE_FN_SINCE(cuMemAlloc, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN_SINCE(cuMemFree, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN_SINCE(cuIpcGetMemHandle, 4010, NULL),
     FAKE_FN(cuMemcpyDtoD),
     FAKE_FN(cuMemcpyDtoDAsync),
     FAKE_FN(cuMemcpyHtoD),
@@ -1883,25 +1931,35 @@ static const struct {
     FAKE_FN(cuEventDestroy),
     FAKE_FN(cuGetErrorName),
     FAKE_FN(cuGetErrorString),
+    {"cuGetProcAddress", (void *)(uintptr_t)cuGetProcAddress_v2, 12000,
+     (void *)(uintptr_t)cuGetProcAddress},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
                                     unsigned long long flags, int *status) {
   (void)flags;
+  if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
   *pfn = NULL;
   const char *missing = getenv("FAKECUDA_MISSING");
-  /* Only the 12.0 ABI is modelled: an older request would expect other
-   * prototypes (cuMemAlloc with a 32-bit size). */
-  if (ver < 12000 || (missing && strcmp(missing, sym) == 0)) {
+  if (missing && strcmp(missing, sym) == 0) {
     if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
     return CUDA_ERROR_NOT_FOUND;
   }
-  for (size_t i = 0; i < sizeof fake_table / sizeof fake_table[0]; i++)
-    if (strcmp(fake_table[i].name, sym) == 0) {
-      *pfn = fake_table[i].fn;
-      if (status) *status = 0;
-      return CUDA_SUCCESS;
+  for (size_t i = 0; i < sizeof fake_table / sizeof fake_table[0]; i++) {
+    if (strcmp(fake_table[i].name, sym) != 0) continue;
+    int since = fake_table[i].since ? fake_table[i].since : 12000;
+    void *fn = fake_table[i].fn;
+    /* cuGetProcAddress (v1) itself appeared in 11.3. */
+    int floor = strcmp(sym, "cuGetProcAddress") == 0 ? 11030 : 0;
+    if (ver < since) fn = ver >= floor ? fake_table[i].older : NULL;
+    if (fn == NULL) {
+      if (status) *status = 2; /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
+      return CUDA_ERROR_NOT_FOUND;
     }
+    *pfn = fn;
+    if (status) *status = 0;
+    return CUDA_SUCCESS;
+  }
   if (status) *status = 1;
   return CUDA_ERROR_NOT_FOUND;
 }
