@@ -342,54 +342,13 @@ static int pre_free_async(int drv, int ptsz, void *p, cudaStream_t stream) {
   return pre_free_code(what, p, gmb__shim_free_async(p, s), c);
 }
 
-/*
- * Free and total as the program should see them (every interface: the
- * runtime's, the driver's, NVML's).  With a quota: the tenant's view, the
- * quota as total and quota - used as free, less what this process holds
- * through the VMM calls (vmm.c: the broker does not see it).  Without:
- * what the broker could still give the tenant, since allocations go
- * there: the device's free memory (the real function's figure; it does
- * not count what the broker's segments hold free, which is the tenant's
- * to use), capped by the broker's room for new segments (capacity -
- * segments: it never takes more of the device), plus the free bytes in
- * the tenant's own segments; total is the device's.  Without a real
- * function the broker's figures alone: room + free in segments, and its
- * capacity as total.
- */
+/* Free and total as the program should see them, every interface alike
+ * (the runtime's, the driver's, NVML's): gmb__shim_figures with this
+ * process's cuMemCreate bytes (vmm.c), which the broker does not see. */
 int gmb__pre_figures(gmb_client *c, gmb__pre_real_figures_fn real,
                      void *arg, uint64_t *freep, uint64_t *totalp) {
-  gmb_stats st;
-  int rc = gmb_tenant_stats(c, &st);
-  if (rc) return rc;
-  uint64_t vmm = gmb__pre_vmm_bytes();
-  if (st.quota != 0) {
-    uint64_t held = st.used + vmm;
-    if (held < st.used) held = UINT64_MAX;
-    *totalp = st.quota;
-    *freep = held < st.quota ? st.quota - held : 0;
-    return 0;
-  }
-  gmb_device_stats ds;
-  rc = gmb_device_stats_get(c, &ds);
-  if (rc) return rc;
-  /* Figures from the broker are not trusted to add up: no wrap-around. */
-  uint64_t room = ds.capacity > ds.segments ? ds.capacity - ds.segments : 0;
-  uint64_t total = ds.capacity;
-  if (real) {
-    uint64_t real_free = 0, real_total = 0;
-    int r = real(arg, &real_free, &real_total);
-    if (r != 0) return r;
-    if (real_free < room) room = real_free;
-    total = real_total;
-  }
-  uint64_t fr = room + ds.free_in_segments;
-  if (fr < room || fr > total) fr = total;
-  /* The device's own free figure already lacks the VMM bytes; the
-   * broker's does not. */
-  if (!real) fr = fr > vmm ? fr - vmm : 0;
-  *freep = fr;
-  *totalp = total;
-  return 0;
+  return gmb__shim_figures(c, gmb__pre_vmm_bytes(), real, arg, freep,
+                           totalp);
 }
 
 /* A cudaMemGetInfo-like function as gmb__pre_figures asks for it. */

@@ -90,8 +90,7 @@ void gmb__pre_say_refused(const char *what, size_t size, int rc,
  * figures (called with `arg`; 0 or its own error code).  0, a negative
  * GMB_E_* code, or the real function's positive code.
  */
-typedef int (*gmb__pre_real_figures_fn)(void *arg, uint64_t *free,
-                                        uint64_t *total);
+typedef gmb__shim_real_figures_fn gmb__pre_real_figures_fn;
 int gmb__pre_figures(gmb_client *c, gmb__pre_real_figures_fn real,
                      void *arg, uint64_t *freep, uint64_t *totalp);
 
