@@ -435,9 +435,11 @@ static void *gp_dlsym_from(void *handle, const char *name, void *caller) {
   if (found == NULL || name == NULL || handle == RTLD_NEXT ||
       handle == RTLD_DEFAULT)
     return found;
-  if (gp_from_us(caller)) return found;
+  /* The name first (a few string compares): most lookups are not ours,
+   * and telling the caller's library costs a walk of the loaded ones. */
   void *mine = gp_dlsym_mine(handle, name, found);
-  return mine ? mine : found;
+  if (mine == NULL || gp_from_us(caller)) return found;
+  return mine;
 }
 
 __attribute__((visibility("hidden"), no_sanitize("address", "undefined")))

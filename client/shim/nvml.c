@@ -33,8 +33,10 @@ typedef struct {
   unsigned long long total, reserved, free, used;
 } nvmlMemory_v2_t;
 
+/* nvml.h's nvmlMemory_v2: the struct's size and version 2. */
+#define NV_MEMORY_V2 ((unsigned)sizeof(nvmlMemory_v2_t) | (2u << 24))
+
 #define NVML_SUCCESS 0
-#define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
 
 typedef nvmlReturn_t (*nv_info_fn)(nvmlDevice_t d, void *mem);
@@ -95,7 +97,7 @@ struct nv_real {
 static int nv_real_figures(void *arg, uint64_t *freep, uint64_t *totalp) {
   struct nv_real *r = arg;
   if (r->v2) {
-    r->got.version = (unsigned)sizeof r->got | (2u << 24);
+    r->got.version = NV_MEMORY_V2;
     int rc = r->fn(r->d, &r->got);
     if (rc) return rc;
   } else {
@@ -115,7 +117,11 @@ static nvmlReturn_t nv_info(const char *name, nvmlDevice_t d, int v2,
                             void *mem) {
   nv_info_fn real = (nv_info_fn)(uintptr_t)gmb__pre_named_real(name);
   if (real == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
-  if (mem == NULL) return real(d, mem);
+  /* What NVML itself refuses (no struct, a _v2 struct of another
+   * version) it refuses with its own code. */
+  if (mem == NULL ||
+      (v2 && ((nvmlMemory_v2_t *)mem)->version != NV_MEMORY_V2))
+    return real(d, mem);
   nv_uuid_fn uuid_of =
       (nv_uuid_fn)(uintptr_t)gmb__pre_sibling_real(name, "nvmlDeviceGetUUID");
   char uuid[96];
@@ -124,7 +130,6 @@ static nvmlReturn_t nv_info(const char *name, nvmlDevice_t d, int v2,
     c = nv_session(uuid);
   if (c == NULL) return real(d, mem);
   struct nv_real r = {d, real, v2, {0}};
-  if (v2) r.got.version = ((nvmlMemory_v2_t *)mem)->version;
   uint64_t fr = 0, tot = 0;
   int rc = gmb__pre_figures(c, nv_real_figures, &r, &fr, &tot);
   if (rc > 0) return rc; /* NVML's own failure */

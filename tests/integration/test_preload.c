@@ -859,6 +859,7 @@ START_TEST(preload_nvml_reports_quota) {
   prog_expect(&p, "nvml_open", "0");
   prog_expect(&p, "nvml_info 0", "0 5242880 8388608 3145728");
   prog_expect(&p, "nvml_info2 0", "0 5242880 8388608 3145728");
+  prog_expect(&p, "nvml_info2_v1 0", "25"); /* NVML's own refusal */
   prog_expect(&p, "info", "0 5242880 8388608");
   struct wire_tenant_row row;
   ck_assert_int_eq(harness_tenant_row(&b, "pre", &row), 0);

@@ -34,6 +34,7 @@
  *   nvml_open                NVML ($STATIC_PROG_NVML) as pynvml opens it
  *   nvml_info IDX | nvml_info2 IDX   nvmlDeviceGetMemoryInfo(_v2) ->
  *                            "RC FREE TOTAL USED"
+ *   nvml_info2_v1 IDX        the _v2 call with a struct of version 1 -> "RC"
  * KIND: "gmb:NAME" (a function of libgmb-preload.so, by its name), "drv"
  * (the driver's), "null", or "other".
  */
@@ -165,6 +166,8 @@ typedef struct {
   unsigned long long total, reserved, free, used;
 } nvml_mem2;
 
+/* v2: 0 nvmlDeviceGetMemoryInfo, 1 its _v2, 2 its _v2 with a struct of
+ * another version (NVML refuses it). */
 static void nvml_info(unsigned idx, int v2) {
   int (*get)(unsigned, void **) = NULL;
   int (*info)(void *, void *) = NULL;
@@ -179,8 +182,12 @@ static void nvml_info(unsigned idx, int v2) {
     printf("%d\n", rc);
     return;
   }
-  if (v2) {
-    nvml_mem2 m = {(unsigned)sizeof(nvml_mem2) | (2u << 24), 0, 0, 0, 0};
+  if (v2 == 2) {
+    nvml_mem2 m = {(unsigned)sizeof(nvml_mem2) | (1u << 24), 0, 0, 0, 0};
+    printf("%d\n", info(dev, &m));
+  } else if (v2) {
+    nvml_mem2 m = {(unsigned)sizeof(nvml_mem2) | (2u << 24),
+                   0, 0, 0, 0};
     rc = info(dev, &m);
     printf("%d %llu %llu %llu\n", rc, m.free, m.total, m.used);
   } else {
@@ -306,9 +313,10 @@ int main(void) {
       int (*init)(void) = NULL;
       if (nvml) *(void **)&init = dlsym(nvml, "nvmlInit_v2");
       printf("%d\n", init ? init() : -1);
-    } else if (!strcmp(cmd, "nvml_info") || !strcmp(cmd, "nvml_info2")) {
+    } else if (!strcmp(cmd, "nvml_info") || !strcmp(cmd, "nvml_info2") ||
+               !strcmp(cmd, "nvml_info2_v1")) {
       sscanf(line, "%*s %llu", &a);
-      nvml_info((unsigned)a, cmd[9] == '2');
+      nvml_info((unsigned)a, cmd[9] != '2' ? 0 : cmd[10] == '_' ? 2 : 1);
     } else {
       printf("unknown %s\n", cmd);
     }
