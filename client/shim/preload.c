@@ -181,10 +181,10 @@ static int pre_code(int rc) {
 
 /* The session, or NULL with the fallback decided: *pass is 1 when the
  * caller should call its real function (which it has checked exists). */
-gmb_client *gmb__pre_session(const char *what, int have_real, int *pass,
-                             int *code) {
+gmb_client *gmb__pre_session(const char *what, int device, int have_real,
+                             int *pass, int *code) {
   const char *why = NULL;
-  gmb_client *c = gmb__shim_client(&why);
+  gmb_client *c = gmb__shim_session(device, NULL, &why);
   *pass = 0;
   if (c) return c;
   if (gmb__shim_forked()) {
@@ -207,7 +207,7 @@ static int pre_alloc(int drv, void **out, size_t size) {
   pre_real_get();
   pre_cualloc_fn real_drv = PRE_DRV(pre_cualloc_fn, PRE_DRV_MEM_ALLOC);
   int have = drv ? real_drv != NULL : pre_real.cudaMalloc != NULL;
-  gmb_client *c = gmb__pre_session(what, have, &pass, &code);
+  gmb_client *c = gmb__pre_session(what, -1, have, &pass, &code);
   if (pass) {
     if (!drv) return pre_real.cudaMalloc(out, size);
     CUdeviceptr d = 0;
@@ -293,7 +293,7 @@ static int pre_alloc_async(int drv, int ptsz, void **out, size_t size,
       pre_cualloc_async_fn,
       ptsz ? PRE_DRV_MEM_ALLOC_ASYNC_PTSZ : PRE_DRV_MEM_ALLOC_ASYNC);
   int have = drv ? real_drv != NULL : pre_real.cudaMallocAsync[ptsz] != NULL;
-  gmb_client *c = gmb__pre_session(what, have, &pass, &code);
+  gmb_client *c = gmb__pre_session(what, -1, have, &pass, &code);
   if (pass) {
     if (!drv) return pre_real.cudaMallocAsync[ptsz](out, size, stream);
     CUdeviceptr d = 0;
@@ -364,7 +364,7 @@ static int pre_info(const char *what, pre_info_fn real, size_t *freep,
                     size_t *totalp) {
   if (freep == NULL || totalp == NULL) return PRE_CUDA_INVALID_VALUE;
   int pass, code;
-  gmb_client *c = gmb__pre_session(what, real != NULL, &pass, &code);
+  gmb_client *c = gmb__pre_session(what, -1, real != NULL, &pass, &code);
   if (pass) return real(freep, totalp);
   if (c == NULL) return code;
   uint64_t fr = 0, tot = 0;

@@ -71,11 +71,12 @@ void *gmb__pre_named_real(const char *name);
 void *gmb__pre_sibling_real(const char *known, const char *name);
 
 /* The one-line-once message for "no broker" and the fallback decision
- * (preload.c): the session, or NULL with *pass set when the caller should
- * call its real function (have_real says it has one) and *code the CUDA
- * code to return otherwise. */
-gmb_client *gmb__pre_session(const char *what, int have_real, int *pass,
-                             int *code);
+ * (preload.c): the session of `device` (-1: the calling thread's current
+ * one), or NULL with *pass set when the caller should call its real
+ * function (have_real says it has one) and *code the CUDA code to return
+ * otherwise. */
+gmb_client *gmb__pre_session(const char *what, int device, int have_real,
+                             int *pass, int *code);
 
 /* With GMB_PRELOAD_VERBOSE=1, one line for a refusal. */
 void gmb__pre_say_refused(const char *what, size_t size, int rc,

@@ -17,6 +17,9 @@
  * process of the tenant, or gmbctl, does not count them (the limit is per
  * process on top of the tenant's broker memory).
  *
+ * The tenant is that of the broker of the GPU the allocation is made on
+ * (the property's location), else of the calling thread's current device.
+ *
  * Invariant (under vmm_mu): vmm_bytes is the sum of the records' sizes;
  * a record is a handle cuMemCreate gave and cuMemRelease has not taken.
  * Every other VMM call (cuMemMap, cuMemUnmap, cuMemAddressReserve,
@@ -33,6 +36,8 @@ typedef CUresult (*vmm_create_fn)(CUmemGenericAllocationHandle *h,
                                   size_t size, const void *prop,
                                   unsigned long long flags);
 typedef CUresult (*vmm_release_fn)(CUmemGenericAllocationHandle h);
+
+#define VMM_LOCATION_DEVICE 1 /* CU_MEM_LOCATION_TYPE_DEVICE */
 
 struct vmm_rec {
   CUmemGenericAllocationHandle h;
@@ -91,8 +96,13 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
       (vmm_create_fn)(uintptr_t)gmb__pre_drv_real(PRE_DRV_MEM_CREATE);
   if (handle == NULL || prop == NULL || size == 0)
     return real ? real(handle, size, prop, flags) : PRE_CUDA_INVALID_VALUE;
+  /* CUmemAllocationProp: {type, requestedHandleTypes, location {type,
+   * id}, ...}; a device location names the GPU whose tenant counts it. */
+  const int *p = prop;
+  int device = p[2] == VMM_LOCATION_DEVICE && p[3] >= 0 ? p[3] : -1;
   int pass, code;
-  gmb_client *c = gmb__pre_session("cuMemCreate", real != NULL, &pass, &code);
+  gmb_client *c =
+      gmb__pre_session("cuMemCreate", device, real != NULL, &pass, &code);
   if (pass) return real(handle, size, prop, flags);
   if (c == NULL) return code;
   if (real == NULL) return PRE_CUDA_NOT_SUPPORTED; /* no driver to make it */
