@@ -24,7 +24,7 @@ __all__ = ["enable", "library_path", "last_error", "empty_cache", "hooks",
            "HOOKS", "memory_stats", "memory_stats_as_nested_dict",
            "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info",
-           "PATCHED"]
+           "record_history", "memory_snapshot", "PATCHED"]
 
 _LIB_NAME = "libgmb-torch.so"
 _enabled_path = None
@@ -294,6 +294,42 @@ def mem_get_info(device=None):
     if rc != 0:
         raise RuntimeError("gmb_torch.mem_get_info: %s" % last_error())
     return fr.value, tot.value
+
+
+class _Block(ctypes.Structure):
+    """struct gmb_torch_block (client/shim/torch.c)."""
+    _fields_ = [("address", ctypes.c_uint64), ("size", ctypes.c_uint64),
+                ("requested_size", ctypes.c_uint64),
+                ("stream", ctypes.c_uint64), ("device", ctypes.c_int32),
+                ("reserved", ctypes.c_uint32)]
+
+
+def record_history(enabled=True):
+    """Starts (or stops) keeping every allocation from now on for
+    memory_snapshot(), as torch.cuda.memory._record_memory_history() does
+    for PyTorch's own allocator.  Off by default: it costs a lock and a
+    tree insertion per allocation.  Stopping forgets what was kept."""
+    _lib().gmb_torch_record_history(1 if enabled else 0)
+
+
+def memory_snapshot():
+    """The live blocks allocated while record_history() was on, by address:
+    a list of {"device", "address", "size" (rounded to 512),
+    "requested_size", "stream", "state": "active_allocated"}.  gmb's own
+    format: the pages under the blocks (PyTorch's "segments") are the
+    cache's, which does not list them."""
+    lib = _lib()
+    lib.gmb_torch_snapshot.restype = ctypes.c_long
+    lib.gmb_torch_snapshot.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    while True:
+        n = lib.gmb_torch_snapshot(None, 0)
+        buf = (_Block * max(n, 1))()
+        got = lib.gmb_torch_snapshot(buf, n)
+        if got <= n:  # else more arrived meanwhile: again
+            break
+    return [{"device": b.device, "address": b.address, "size": b.size,
+             "requested_size": b.requested_size, "stream": b.stream,
+             "state": "active_allocated"} for b in buf[:got]]
 
 
 # torch.cuda.memory's functions enable() replaces, and with what.  PyTorch's

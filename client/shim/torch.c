@@ -80,6 +80,11 @@
 #include <string.h>
 #include <sys/types.h>
 
+#ifndef __unused /* libbsd's RB_GENERATE_STATIC uses it; Linux lacks it */
+#define __unused __attribute__((__unused__))
+#endif
+#include <bsd/sys/tree.h>
+
 #include "gmb.h"
 #include "shim.h"
 
@@ -114,6 +119,15 @@ GMB_SHIM_API int gmb_torch_memory_stats(int device, struct gmb_torch_stats *out,
 GMB_SHIM_API int gmb_torch_reset_peak(int device);
 GMB_SHIM_API int gmb_torch_mem_get_info(int device, unsigned long long *free,
                                         unsigned long long *total);
+
+/* A live block, as gmb_torch_snapshot gives it. */
+struct gmb_torch_block {
+  uint64_t address, size, requested_size, stream;
+  int32_t device;
+  uint32_t reserved;
+};
+GMB_SHIM_API void gmb_torch_record_history(int enabled);
+GMB_SHIM_API long gmb_torch_snapshot(struct gmb_torch_block *out, size_t cap);
 
 /* The last failure of the process (not the thread: PyTorch reports an OOM
  * on whichever thread asks, often not the allocating one). */
@@ -313,6 +327,99 @@ static void torch_give(int d, ssize_t size) {
   torch_count_free(d, size);
 }
 
+/* --- the live blocks, while recording (gmb_torch_record_history) --------- */
+
+/*
+ * A debugging aid, off by default: while on, every allocation is kept in
+ * a red-black tree by address (under torch_blk_mu) until its free, for
+ * gmb_torch_snapshot.  Off, an allocation pays one relaxed load and a
+ * free one more (torch_blk_live); blocks allocated before it was turned
+ * on are not in the tree.  Turning it off empties the tree.
+ */
+struct torch_blk {
+  RB_ENTRY(torch_blk) link;
+  struct gmb_torch_block b;
+};
+
+static int torch_blk_cmp(const struct torch_blk *a, const struct torch_blk *b) {
+  return a->b.address < b->b.address ? -1 : a->b.address > b->b.address;
+}
+
+RB_HEAD(torch_blk_tree, torch_blk);
+RB_GENERATE_STATIC(torch_blk_tree, torch_blk, link, torch_blk_cmp)
+
+static pthread_mutex_t torch_blk_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct torch_blk_tree torch_blks = RB_INITIALIZER(&torch_blks);
+static atomic_int torch_recording;
+static atomic_long torch_blk_live; /* blocks in the tree */
+
+static void torch_blk_add(const void *p, uint64_t need, ssize_t size,
+                          int device, void *stream) {
+  if (!atomic_load_explicit(&torch_recording, memory_order_relaxed)) return;
+  struct torch_blk *n = calloc(1, sizeof *n);
+  if (n == NULL) return; /* not recorded: the snapshot lacks it */
+  n->b = (struct gmb_torch_block){(uintptr_t)p, need, (uint64_t)size,
+                                  (uintptr_t)stream, device, 0};
+  pthread_mutex_lock(&torch_blk_mu);
+  if (atomic_load(&torch_recording)) {
+    struct torch_blk *old = RB_INSERT(torch_blk_tree, &torch_blks, n);
+    if (old == NULL) {
+      atomic_fetch_add(&torch_blk_live, 1);
+      n = NULL;
+    } else {
+      old->b = n->b; /* a free this library did not see: the new one wins */
+    }
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+  free(n); /* recording stopped meanwhile, or the address was there */
+}
+
+static void torch_blk_remove(const void *p) {
+  if (atomic_load_explicit(&torch_blk_live, memory_order_relaxed) == 0)
+    return;
+  struct torch_blk key;
+  key.b.address = (uintptr_t)p;
+  pthread_mutex_lock(&torch_blk_mu);
+  struct torch_blk *n = RB_FIND(torch_blk_tree, &torch_blks, &key);
+  if (n) {
+    RB_REMOVE(torch_blk_tree, &torch_blks, n);
+    atomic_fetch_sub(&torch_blk_live, 1);
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+  free(n);
+}
+
+/* gmb_torch.record_history(enabled): on, allocations from now on are
+ * kept for gmb_torch_snapshot; off, none are and the tree is emptied. */
+void gmb_torch_record_history(int enabled) {
+  pthread_mutex_lock(&torch_blk_mu);
+  atomic_store(&torch_recording, enabled != 0);
+  if (!enabled) {
+    struct torch_blk *n, *next;
+    for (n = RB_MIN(torch_blk_tree, &torch_blks); n; n = next) {
+      next = RB_NEXT(torch_blk_tree, &torch_blks, n);
+      RB_REMOVE(torch_blk_tree, &torch_blks, n);
+      free(n);
+    }
+    atomic_store(&torch_blk_live, 0);
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+}
+
+/* The recorded live blocks by address: up to cap of them into out; the
+ * number there are (call with cap 0 to size the buffer). */
+long gmb_torch_snapshot(struct gmb_torch_block *out, size_t cap) {
+  long n = 0;
+  pthread_mutex_lock(&torch_blk_mu);
+  struct torch_blk *b;
+  RB_FOREACH(b, torch_blk_tree, &torch_blks) {
+    if (out && (size_t)n < cap) out[n] = b->b;
+    n++;
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+  return n;
+}
+
 /* The session of PyTorch's device (-1: the current one; *dev receives the
  * ordinal), or NULL with the reason recorded as `what`(arg)'s. */
 static gmb_client *torch_session(int device, int *dev, const char *what,
@@ -370,6 +477,7 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
     return NULL;
   }
   torch_count_alloc(dev, was, torch_round(size), size);
+  torch_blk_add(p, torch_round(size), size, dev, stream);
   if (graph) atomic_fetch_add(&torch_graph_live, 1);
   return p;
 }
@@ -422,6 +530,7 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     if (c && gmb_stream_capturing(c, stream) == 1) graph = 2;
   }
   if (graph) {
+    torch_blk_remove(ptr);
     torch_kept += (unsigned long long)(size > 0 ? size : 0);
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
                graph == 1 ? "allocated during a CUDA graph capture: kept "
@@ -437,6 +546,9 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
    * cache knows its blocks: a pointer it did not give, or one freed
    * already, is refused and changes nothing. */
   gmb_client *c = NULL;
+  /* Out of the recorded blocks before the cache may hand the address to
+   * another thread's allocation. */
+  torch_blk_remove(ptr);
   int rc = torch_release(ptr, device, stream, &c);
   if (rc == 0 || rc == GMB_E_CONN || rc == GMB_E_EVICTED)
     torch_give(device, size);

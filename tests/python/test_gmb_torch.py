@@ -220,6 +220,28 @@ class StatisticsWithoutTorch(unittest.TestCase):
         self.assertEqual(nested["allocated_bytes"]["all"]["current"],
                          end["allocated_bytes.all.current"])
 
+    def test_snapshot_while_recording(self):
+        mib = self.MIB
+        before = self.alloc(4096)  # not recorded: before record_history()
+        gmb_torch.record_history(True)
+        try:
+            p1, p2 = self.alloc(1000), self.alloc(mib)
+            snap = gmb_torch.memory_snapshot()
+            self.assertEqual([b["address"] for b in snap], sorted([p1, p2]))
+            by = {b["address"]: b for b in snap}
+            self.assertEqual((by[p1]["size"], by[p1]["requested_size"]),
+                             (1024, 1000))
+            self.assertEqual(by[p2]["size"], mib)
+            self.assertEqual(by[p2]["device"], 0)
+            self.lib.gmb_torch_free(p1, 1000, 0, None)
+            self.assertEqual([b["address"] for b in
+                              gmb_torch.memory_snapshot()], [p2])
+        finally:
+            gmb_torch.record_history(False)
+        self.assertEqual(gmb_torch.memory_snapshot(), [])
+        self.lib.gmb_torch_free(p2, mib, 0, None)
+        self.lib.gmb_torch_free(before, 4096, 0, None)
+
     def test_device_arguments(self):
         self.assertEqual(gmb_torch._device_index(None), 0)
         self.assertEqual(gmb_torch._device_index("cuda:3"), 3)
