@@ -3,8 +3,13 @@
  * product.  It lets gmb's cuda device and its CUDA client path run, across
  * processes, on machines without a GPU, and it behaves like the real driver
  * where code can go wrong.  Built into build/fakecuda/libcuda.so.1
- * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  Only cuGetProcAddress is
- * exported; the entry points are those of the CUDA 12.0 ABI.
+ * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  cuGetProcAddress is
+ * exported, and beside it, as a real libcuda.so.1 exports them, the
+ * versioned names of the memory entry points libgmb-preload.so routes
+ * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemCreate,
+ * cuMemRelease, cuIpcGetMemHandle), so that a lookup by name on the
+ * driver's handle can be tested; the others only through
+ * cuGetProcAddress.  The entry points are those of the CUDA 12.0 ABI.
  *
  * What it models, and how:
  *
@@ -1967,4 +1972,25 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
                                  unsigned long long flags) {
   return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
+}
+
+/* The versioned names a real libcuda.so.1 exports, for the routed memory
+ * entry points (see the top). */
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+  return fake_cuMemAlloc(p, bytes);
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return fake_cuMemFree(p); }
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+  return fake_cuMemGetInfo(free_b, total);
+}
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                            const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+  return fake_cuMemCreate(h, size, prop, flags);
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  return fake_cuMemRelease(h);
+}
+EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p) {
+  return fake_cuIpcGetMemHandle(handle, p);
 }

@@ -700,6 +700,17 @@ START_TEST(preload_getproc_static_runtime) {
               "0 0 gmb:cuGetProcAddress_v2");
   prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
   prog_expect(&p, "resolve cuMemRelease 10020 0", "0 0 gmb:cuMemRelease");
+  /* By name on the driver's handle, as a real libcuda exports them. */
+  prog_expect(&p, "dlsym cuMemAlloc_v2", "gmb:cuMemAlloc_v2");
+  prog_expect(&p, "dlsym cuMemCreate", "gmb:cuMemCreate");
+  prog_expect(&p, "alloc 5 4194304", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 8 * MIB);
+  prog_expect(&p, "alloc 6 512", "2"); /* still held to the quota */
+  prog_expect(&p, "dlsym cuMemGetInfo_v2", "gmb:cuMemGetInfo_v2");
+  prog_expect(&p, "info", "0 0 8388608");
+  prog_expect(&p, "dlsym cuMemFree_v2", "gmb:cuMemFree_v2");
+  prog_expect(&p, "free 5", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   /* The runtime's way to the same. */
   prog_expect(&p, "rt_entry cuMemAlloc 0", "0 0 gmb:cuMemAlloc_v2");
   prog_expect(&p, "rt_entry_ver cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
@@ -729,7 +740,8 @@ START_TEST(preload_getproc_unknown_passes_through) {
   prog_expect(&p, "resolve1 cuNoSuchFunction 12000 0", "500 0 null");
   prog_expect(&p, "rt_entry cuNoSuchFunction 0", "500 1 null");
   prog_expect(&p, "dlsym cuNoSuchFunction", "null");
-  prog_expect(&p, "dlsym cuMemAlloc_v2", "null"); /* the fake exports none */
+  prog_expect(&p, "dlsym cuMemAlloc", "null"); /* not exported (legacy) */
+  prog_expect(&p, "dlsym cuMemcpyHtoD_v2", "null"); /* not exported here */
   prog_expect(&p, "dlsym cuGetProcAddress", "gmb:cuGetProcAddress");
   ck_assert_uint_eq(pre_used(&b, "pre"), 0);
   free(prog_end(&p, 0));

@@ -19,7 +19,8 @@
  *                            cudaGetDriverEntryPoint(ByVersion) as a
  *                            program built with a dynamic runtime would call
  *                            it (found with RTLD_DEFAULT) -> "RC STATUS KIND"
- *   dlsym NAME               dlsym on the driver's handle -> "KIND"
+ *   dlsym NAME               dlsym on the driver's handle -> "KIND"; a
+ *                            function found is kept as its base name's
  *   alloc SLOT SIZE | free SLOT | info        cuMemAlloc / cuMemFree /
  *                            cuMemGetInfo as resolved -> "RC" / "RC FREE TOTAL"
  *   fill SLOT SIZE SEED | check SLOT SIZE SEED  through cuMemcpyHtoD/DtoH
@@ -259,7 +260,12 @@ int main(void) {
       printf("%d %d %s\n", rc, st, k);
     } else if (!strcmp(cmd, "dlsym")) {
       sscanf(line, "%*s %95s", name);
-      kind(drv ? dlsym(drv, name) : NULL, k, sizeof k);
+      void *fn = drv ? dlsym(drv, name) : NULL;
+      kind(fn, k, sizeof k);
+      /* Kept under its base name ("cuMemAlloc" for cuMemAlloc_v2). */
+      char *v = strstr(name, "_v2");
+      if (v && v[3] == '\0') *v = '\0';
+      if (fn) keep(name, fn);
       printf("%s\n", k);
     } else if (!strcmp(cmd, "alloc")) {
       sscanf(line, "%*s %llu %llu", &a, &b);
