@@ -423,6 +423,44 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
                   PRE_DRV(pre_info_fn, PRE_DRV_MEM_GET_INFO), free, total);
 }
 
+/*
+ * The device's size, as frameworks and cudaGetDeviceProperties
+ * (totalGlobalMem) read it: the tenant's quota when the broker of that
+ * GPU gives it one, so that a program sizing itself from the device sees
+ * what cudaMemGetInfo calls total; else the driver's figure.  `dev` is
+ * taken as the process's ordinal, which is what the real driver's
+ * CUdevice is.  A GPU without a broker gets the driver's figure whatever
+ * the fallback says: refusing a device property would stop programs at
+ * their start, before they allocate anything gmb could refuse.
+ */
+typedef int (*pre_total_fn)(size_t *bytes, int dev);
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int dev) {
+  pre_total_fn real = PRE_DRV(pre_total_fn, PRE_DRV_DEVICE_TOTAL_MEM);
+  if (bytes == NULL || dev < 0) return real ? real(bytes, dev)
+                                            : PRE_CUDA_INVALID_VALUE;
+  gmb_client *c = gmb__shim_session(dev, NULL, NULL);
+  if (c == NULL)
+    return real ? real(bytes, dev)
+                : gmb__shim_forked() ? PRE_CUDA_NOT_INITIALIZED
+                                     : PRE_CUDA_INVALID_VALUE;
+  gmb_stats st;
+  int rc = gmb_tenant_stats(c, &st);
+  if (rc) {
+    gmb__pre_say_refused("cuDeviceTotalMem_v2", 0, rc, c);
+    return PRE_CUDA_NOT_INITIALIZED;
+  }
+  if (st.quota != 0) {
+    *bytes = (size_t)st.quota;
+    return 0;
+  }
+  if (real) return real(bytes, dev);
+  gmb_device_stats ds;
+  if (gmb_device_stats_get(c, &ds) != 0) return PRE_CUDA_NOT_INITIALIZED;
+  *bytes = (size_t)ds.capacity;
+  return 0;
+}
+
 /* Size 0 as the synchronous calls: the runtime's succeeds with no memory,
  * the driver's is an invalid value. */
 cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {

@@ -40,6 +40,7 @@ enum pre_drv {
   PRE_DRV_MEM_ALLOC,          /* cuMemAlloc_v2 */
   PRE_DRV_MEM_FREE,           /* cuMemFree_v2 */
   PRE_DRV_MEM_GET_INFO,       /* cuMemGetInfo_v2 */
+  PRE_DRV_DEVICE_TOTAL_MEM,   /* cuDeviceTotalMem_v2 */
   PRE_DRV_MEM_ALLOC_ASYNC,    /* cuMemAllocAsync */
   PRE_DRV_MEM_ALLOC_ASYNC_PTSZ,
   PRE_DRV_MEM_FREE_ASYNC,     /* cuMemFreeAsync */
@@ -102,6 +103,7 @@ uint64_t gmb__pre_vmm_bytes(void);
 GMB_SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 GMB_SHIM_API CUresult cuMemFree_v2(CUdeviceptr dptr);
 GMB_SHIM_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+GMB_SHIM_API CUresult cuDeviceTotalMem_v2(size_t *bytes, int dev);
 GMB_SHIM_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
                                       cudaStream_t stream);
 GMB_SHIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,

@@ -6,8 +6,8 @@
  * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  cuGetProcAddress is
  * exported, and beside it, as a real libcuda.so.1 exports them, the
  * versioned names of the memory entry points libgmb-preload.so routes
- * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemCreate,
- * cuMemRelease, cuIpcGetMemHandle), so that a lookup by name on the
+ * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuDeviceTotalMem_v2,
+ * cuMemCreate, cuMemRelease, cuIpcGetMemHandle), so that a lookup by name on the
  * driver's handle can be tested; the others only through
  * cuGetProcAddress.  The entry points are those of the CUDA 12.0 ABI.
  *
@@ -105,10 +105,12 @@
  *
  * - cuGetProcAddress / _v2 answer by base name and version as the real
  *   driver does: each entry point has the version its 12.0 ABI appeared
- *   in (cuMemAlloc's _v2 ABI 3.2, the VMM calls 10.2, cuGetProcAddress
+ *   in (cuMemAlloc's _v2 ABI 3.2, as cuMemFree's, cuMemGetInfo's and
+ *   cuDeviceTotalMem's, the VMM calls 10.2, cuGetProcAddress
  *   11.3, its _v2 12.0, the others 12.0 here); a request below it is
  *   CUDA_ERROR_NOT_FOUND with CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
- *   except cuMemAlloc / cuMemFree / cuMemGetInfo, which below 3.2 give a
+ *   except cuMemAlloc / cuMemFree / cuMemGetInfo / cuDeviceTotalMem, which
+ *   below 3.2 give a
  *   legacy entry point of their own (32-bit sizes in the real driver;
  *   here it answers CUDA_ERROR_NOT_SUPPORTED): a caller can tell it from
  *   the 12.0 one.  "cuGetProcAddress" itself is found (v1 below 12.0, the
@@ -1198,6 +1200,15 @@ static CUresult fake_cuDeviceGetName(char *name, int len, int d) {
   return CUDA_SUCCESS;
 }
 
+/* cuDeviceTotalMem (the _v2 ABI): the device's size, $FAKECUDA_TOTAL. */
+static CUresult fake_cuDeviceTotalMem(size_t *bytes, int d) {
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = (size_t)fake_total();
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuDeviceGetAttribute(int *v, int attr, int d) {
   CUresult r = fake_device_ok(d);
   if (r) return r;
@@ -1896,6 +1907,7 @@ static const struct {
     FAKE_FN_SINCE(cuDeviceGetCount, 2000, NULL),
     FAKE_FN_SINCE(cuDeviceGet, 2000, NULL),
     FAKE_FN(cuDeviceGetName),
+    FAKE_FN_SINCE(cuDeviceTotalMem, 3020, (void *)(uintptr_t)fake_legacy),
     FAKE_FN(cuDeviceGetUuid),
     FAKE_FN(cuDeviceGetPCIBusId),
     FAKE_FN(cuCtxSynchronize),
@@ -1990,6 +2002,9 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   return fake_cuMemRelease(h);
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int d) {
+  return fake_cuDeviceTotalMem(bytes, d);
 }
 EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p) {
   return fake_cuIpcGetMemHandle(handle, p);

@@ -872,6 +872,13 @@ START_TEST(preload_nvml_reports_quota) {
   prog_expect(&p, "nvml_info 0", "0 5242880 8388608 3145728");
   prog_expect(&p, "nvml_info2 0", "0 5242880 8388608 3145728");
   prog_expect(&p, "nvml_info2_v1 0", "25"); /* NVML's own refusal */
+  /* The device's size as the driver gives it (cudaGetDeviceProperties'
+   * totalGlobalMem): the quota too; a GPU without a broker: its own. */
+  prog_expect(&p, "resolve cuDeviceTotalMem 12000 0",
+              "0 0 gmb:cuDeviceTotalMem_v2");
+  prog_expect(&p, "total 0", "0 8388608");
+  prog_expect(&p, "total 1", "0 134217728"); /* FAKECUDA_TOTAL */
+  prog_expect(&p, "resolve cuDeviceTotalMem 3000 0", "0 0 drv");
   prog_expect(&p, "info", "0 5242880 8388608");
   struct wire_tenant_row row;
   ck_assert_int_eq(harness_tenant_row(&b, "pre", &row), 0);

@@ -23,6 +23,7 @@
  *                            function found is kept as its base name's
  *   alloc SLOT SIZE | free SLOT | info        cuMemAlloc / cuMemFree /
  *                            cuMemGetInfo as resolved -> "RC" / "RC FREE TOTAL"
+ *   total DEV                cuDeviceTotalMem as resolved -> "RC BYTES"
  *   fill SLOT SIZE SEED | check SLOT SIZE SEED  through cuMemcpyHtoD/DtoH
  *   create SLOT SIZE | release SLOT           cuMemCreate (device 0, pinned,
  *                            POSIX fd) / cuMemRelease as resolved -> "RC"
@@ -277,6 +278,11 @@ int main(void) {
       size_t fr = 1, tot = 1;
       int rc = CALL(info_fn, "cuMemGetInfo", &fr, &tot);
       printf("%d %zu %zu\n", rc, fr, tot);
+    } else if (!strcmp(cmd, "total")) {
+      sscanf(line, "%*s %llu", &a);
+      size_t tot = 1;
+      int rc = CALL(int (*)(size_t *, int), "cuDeviceTotalMem", &tot, (int)a);
+      printf("%d %zu\n", rc, tot);
     } else if (!strcmp(cmd, "fill") || !strcmp(cmd, "check")) {
       sscanf(line, "%*s %llu %llu %llu", &a, &b, &c);
       fill_check(slot[a % SLOTS], (size_t)b, (unsigned long)c,
