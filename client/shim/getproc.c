@@ -200,8 +200,11 @@ static CUresult gp_ask_driver(const char *sym, void **pfn, int ver,
   gp_gpa1_fn g1 = (gp_gpa1_fn)(uintptr_t)atomic_load(&gp_drv_gpa1);
   if (g2) return g2(sym, pfn, ver, flags, status);
   if (g1) {
-    if (status) *status = 0;
-    return g1(sym, pfn, ver, flags);
+    /* The first cuGetProcAddress has no status: a failure is "not
+     * found", the one it can tell. */
+    CUresult r = g1(sym, pfn, ver, flags);
+    if (status) *status = r == 0 ? 0 : 1;
+    return r;
   }
   if (pfn) *pfn = NULL;
   if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
