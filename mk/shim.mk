@@ -60,6 +60,18 @@ $(PRELOAD_STATIC_PROG): $(call obj,tests/preload/static_prog.c)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) -ldl
 
+# A real nvcc build on the default static runtime, where the toolkit is
+# installed (test_preload says it skipped it elsewhere).
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+ifneq ($(wildcard $(NVCC)),)
+PRELOAD_STATIC_CUDART := $(B)/preload/static_cudart
+$(PRELOAD_STATIC_CUDART): tests/preload/static_cudart.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) -o $@ $<
+all: $(PRELOAD_STATIC_CUDART)
+endif
+
 $(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -67,7 +79,7 @@ $(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
 
 # The integration tests run these at run time (order-only: not linked in).
 $(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN) \
-  $(PRELOAD_STATIC_PROG) $(FAKECUDA_SO) $(FAKENVML_SO)
+  $(PRELOAD_STATIC_PROG) $(FAKECUDA_SO) $(FAKENVML_SO) $(PRELOAD_STATIC_CUDART)
 $(B)/tests/test_torch: | $(TORCH_SO) $(TORCH_THROW_PROG) $(BROKER_BIN)
 # bench_shim loads the PyTorch allocator at run time, as the test does.
 $(B)/bench/bench_shim: | $(TORCH_SO) $(BROKER_BIN)

@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,13 +268,32 @@ void *gmb__pre_drv_real(enum pre_drv which) {
 
 /* --- cuGetProcAddress ------------------------------------------------------- */
 
+/* With GMB_PRELOAD_VERBOSE=1, one line per replaced answer: which
+ * lookups of a program gmb answered (the static runtime asks once per
+ * entry point and stream kind). */
+static void gp_say(const char *door, const char *sym, int ver,
+                   unsigned long long flags, void *mine) {
+  if (!gmb__shim_env_flag("GMB_PRELOAD_VERBOSE")) return;
+  Dl_info di;
+  const char *name = dladdr(mine, &di) && di.dli_sname ? di.dli_sname : "?";
+  fprintf(stderr, "gmb-preload: %s(%s, %d, %llu): gmb's %s\n", door, sym,
+          ver, flags, name);
+}
+
+/* Replaces *pfn, the driver's answer for sym, with gmb's function when it
+ * is one gmb wraps. */
+static void gp_replace(const char *door, const char *sym, int ver,
+                       unsigned long long flags, void **pfn) {
+  void *mine = gp_mine(sym, *pfn);
+  if (mine == NULL) return;
+  *pfn = mine;
+  gp_say(door, sym, ver, flags, mine);
+}
+
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
                              unsigned long long flags, int *status) {
   CUresult r = gp_ask_driver(sym, pfn, ver, flags, status);
-  if (r == 0 && pfn) {
-    void *mine = gp_mine(sym, *pfn);
-    if (mine) *pfn = mine;
-  }
+  if (r == 0 && pfn) gp_replace("cuGetProcAddress_v2", sym, ver, flags, pfn);
   return r;
 }
 
@@ -286,10 +306,7 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
     r = g1(sym, pfn, ver, flags);
   else
     r = gp_ask_driver(sym, pfn, ver, flags, NULL);
-  if (r == 0 && pfn) {
-    void *mine = gp_mine(sym, *pfn);
-    if (mine) *pfn = mine;
-  }
+  if (r == 0 && pfn) gp_replace("cuGetProcAddress", sym, ver, flags, pfn);
   return r;
 }
 
@@ -327,10 +344,7 @@ static cudaError_t gp_rt(const char *name, int ptsz, const char *sym,
     r = gp_rt_emulate(sym, fn, has_ver ? (int)ver : 12000,
                       ptsz && flags == 0 ? GP_PER_THREAD_STREAM : flags,
                       status);
-  if (r == 0 && fn) {
-    void *mine = gp_mine(sym, *fn);
-    if (mine) *fn = mine;
-  }
+  if (r == 0 && fn) gp_replace(name, sym, has_ver ? (int)ver : 0, flags, fn);
   return r;
 }
 

@@ -116,7 +116,10 @@
  *   the 12.0 one.  "cuGetProcAddress" itself is found (v1 below 12.0, the
  *   _v2 from 12.0), as cudart asks for it.  cuIpcGetMemHandle exports
  *   only cuMemAlloc's memory (its base), as the real one; nothing opens
- *   the handle.
+ *   the handle.  $FAKECUDA_DRIVER_VERSION is what cuDriverGetVersion
+ *   claims (12000 by default: a real CUDA runtime refuses a driver older
+ *   than itself); $FAKECUDA_TRACE_GPA=1 writes each symbol cuGetProcAddress
+ *   does not have to stderr (what a real runtime asks for).
  *
  * - Device identity, as containers see it.  Each physical device p has its
  *   own UUID (cuDeviceGetUuid: "FAKECUDA" then p in the last bytes, shown
@@ -1145,9 +1148,13 @@ static CUresult fake_cuInit(unsigned flags) {
   return CUDA_SUCCESS;
 }
 
+/* 12000, or $FAKECUDA_DRIVER_VERSION (a CUDA runtime refuses a driver
+ * older than itself: tests that run a real runtime on the fake say which
+ * version it should claim). */
 static CUresult fake_cuDriverGetVersion(int *v) {
   if (!v) return CUDA_ERROR_INVALID_VALUE;
-  *v = 12000;
+  const char *s = getenv("FAKECUDA_DRIVER_VERSION");
+  *v = s && atoi(s) > 0 ? atoi(s) : 12000;
   return CUDA_SUCCESS;
 }
 
@@ -1978,6 +1985,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
     return CUDA_SUCCESS;
   }
   if (status) *status = 1;
+  if (getenv("FAKECUDA_TRACE_GPA"))
+    fprintf(stderr, "FAKECUDA: cuGetProcAddress(%s, %d): not here\n", sym,
+            ver);
   return CUDA_ERROR_NOT_FOUND;
 }
 

@@ -924,10 +924,65 @@ START_TEST(preload_ipc_of_gmb_memory_refused) {
 }
 END_TEST
 
+/*
+ * A real program on nvcc's default static runtime (tests/preload/
+ * static_cudart.cu, built where nvcc is installed), on the stand-in
+ * driver: the runtime opens the driver and asks cuGetProcAddress for
+ * every entry point at the version its ABI appeared in; it is handed
+ * gmb's for the memory calls (GMB_PRELOAD_VERBOSE names each).  It stops
+ * there (the stand-in has no cuGetExportTable, NVIDIA's private table),
+ * so allocation itself is left to tests/gpu/run.sh.
+ */
+START_TEST(preload_real_static_cudart_lookups) {
+  char prog[PATH_MAX];
+  snprintf(prog, sizeof prog, "%s/preload/static_cudart", harness_build_dir());
+  if (access(prog, X_OK) != 0) {
+    printf("preload_real_static_cudart_lookups: skipped: %s is not built "
+           "(no nvcc here)\n", prog);
+    return;
+  }
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  char preload[2 * PATH_MAX + 128], libdir[PATH_MAX];
+  pre_preload_line(preload, sizeof preload, 0);
+  snprintf(libdir, sizeof libdir, "%s/fakecuda", harness_build_dir());
+  setenv("LD_LIBRARY_PATH", libdir, 1); /* its dlopen("libcuda.so.1") */
+  setenv("FAKECUDA_DRIVER_VERSION", "99000", 1); /* newer than the runtime */
+  setenv("GMB_PRELOAD_VERBOSE", "1", 1);
+  setenv("GMB_TENANT", "pre", 1);
+#if defined(__SANITIZE_ADDRESS__)
+  /* The runtime is not ours to hold to LeakSanitizer's rules. */
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+#endif
+  setenv("LD_PRELOAD", preload, 1);
+  char out[16384];
+  char *argv[] = {prog, NULL};
+  int rc = harness_run(argv, out, sizeof out);
+  unsetenv("LD_PRELOAD");
+  unsetenv("LD_LIBRARY_PATH");
+  unsetenv("FAKECUDA_DRIVER_VERSION");
+  unsetenv("GMB_PRELOAD_VERBOSE");
+  ck_assert_msg(rc == 0, "static_cudart exited with %d:\n%s", rc, out);
+  static const char *const want[] = {
+      "(cuGetProcAddress, 12000, 0): gmb's cuGetProcAddress_v2",
+      "(cuMemAlloc, 3020, 0): gmb's cuMemAlloc_v2",
+      "(cuMemFree, 3020, 0): gmb's cuMemFree_v2",
+      "(cuMemGetInfo, 3020, 0): gmb's cuMemGetInfo_v2",
+      "(cuDeviceTotalMem, 3020, 0): gmb's cuDeviceTotalMem_v2",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out, want[i]), "no \"%s\" in:\n%s", want[i], out);
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "preload", "preload", 60,
       preload_getproc_static_runtime,
+      preload_real_static_cudart_lookups,
       preload_getproc_unknown_passes_through,
       preload_getproc_no_broker,
       preload_vmm_expandable_segments,
