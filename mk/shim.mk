@@ -64,11 +64,16 @@ $(PRELOAD_STATIC_PROG): $(call obj,tests/preload/static_prog.c)
 # installed (test_preload says it skipped it elsewhere).
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 ifneq ($(wildcard $(NVCC)),)
-PRELOAD_STATIC_CUDART := $(B)/preload/static_cudart
-$(PRELOAD_STATIC_CUDART): tests/preload/static_cudart.cu
+PRELOAD_STATIC_CUDART := $(B)/preload/static_cudart $(B)/preload/shared_cudart
+$(B)/preload/static_cudart: tests/preload/static_cudart.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
 	$(Q)$(NVCC) -o $@ $<
+# The same with the runtime as a shared library (nvcc -cudart shared).
+$(B)/preload/shared_cudart: tests/preload/static_cudart.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $< (-cudart shared)"
+	$(Q)$(NVCC) -cudart shared -Xlinker -rpath=$(CUDA_HOME)/lib64 -o $@ $<
 all: $(PRELOAD_STATIC_CUDART)
 endif
 

@@ -933,21 +933,22 @@ END_TEST
  * there (the stand-in has no cuGetExportTable, NVIDIA's private table),
  * so allocation itself is left to tests/gpu/run.sh.
  */
-START_TEST(preload_real_static_cudart_lookups) {
+/* Runs build/preload/NAME under the preload on the stand-in driver with
+ * the environment a real CUDA runtime needs there; its output in out.
+ * 0, or 1 (with a line saying so) when NAME was not built (no nvcc). */
+static int real_cudart_run(const char *name, char *out, size_t cap) {
   char prog[PATH_MAX];
-  snprintf(prog, sizeof prog, "%s/preload/static_cudart", harness_build_dir());
+  snprintf(prog, sizeof prog, "%s/preload/%s", harness_build_dir(), name);
   if (access(prog, X_OK) != 0) {
-    printf("preload_real_static_cudart_lookups: skipped: %s is not built "
-           "(no nvcc here)\n", prog);
-    return;
+    printf("%s: skipped: %s is not built (no nvcc here)\n", name, prog);
+    return 1;
   }
-  struct harness_gpus g;
-  struct harness_broker b;
-  static_gpus(&g, 1, &b);
   char preload[2 * PATH_MAX + 128], libdir[PATH_MAX];
   pre_preload_line(preload, sizeof preload, 0);
+  /* The stand-in for the runtime's dlopen("libcuda.so.1"); the shared
+   * build finds the toolkit's libcudart by its rpath (mk/shim.mk). */
   snprintf(libdir, sizeof libdir, "%s/fakecuda", harness_build_dir());
-  setenv("LD_LIBRARY_PATH", libdir, 1); /* its dlopen("libcuda.so.1") */
+  setenv("LD_LIBRARY_PATH", libdir, 1);
   setenv("FAKECUDA_DRIVER_VERSION", "99000", 1); /* newer than the runtime */
   setenv("GMB_PRELOAD_VERBOSE", "1", 1);
   setenv("GMB_TENANT", "pre", 1);
@@ -956,23 +957,54 @@ START_TEST(preload_real_static_cudart_lookups) {
   setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
 #endif
   setenv("LD_PRELOAD", preload, 1);
-  char out[16384];
   char *argv[] = {prog, NULL};
-  int rc = harness_run(argv, out, sizeof out);
+  int rc = harness_run(argv, out, cap);
   unsetenv("LD_PRELOAD");
   unsetenv("LD_LIBRARY_PATH");
   unsetenv("FAKECUDA_DRIVER_VERSION");
   unsetenv("GMB_PRELOAD_VERBOSE");
-  ck_assert_msg(rc == 0, "static_cudart exited with %d:\n%s", rc, out);
-  static const char *const want[] = {
-      "(cuGetProcAddress, 12000, 0): gmb's cuGetProcAddress_v2",
-      "(cuMemAlloc, 3020, 0): gmb's cuMemAlloc_v2",
-      "(cuMemFree, 3020, 0): gmb's cuMemFree_v2",
-      "(cuMemGetInfo, 3020, 0): gmb's cuMemGetInfo_v2",
-      "(cuDeviceTotalMem, 3020, 0): gmb's cuDeviceTotalMem_v2",
-  };
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-    ck_assert_msg(strstr(out, want[i]), "no \"%s\" in:\n%s", want[i], out);
+  ck_assert_msg(rc == 0, "%s exited with %d:\n%s", name, rc, out);
+  return 0;
+}
+
+START_TEST(preload_real_static_cudart_lookups) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  char out[16384];
+  if (real_cudart_run("static_cudart", out, sizeof out) == 0) {
+    static const char *const want[] = {
+        "(cuGetProcAddress, 12000, 0): gmb's cuGetProcAddress_v2",
+        "(cuMemAlloc, 3020, 0): gmb's cuMemAlloc_v2",
+        "(cuMemFree, 3020, 0): gmb's cuMemFree_v2",
+        "(cuMemGetInfo, 3020, 0): gmb's cuMemGetInfo_v2",
+        "(cuDeviceTotalMem, 3020, 0): gmb's cuDeviceTotalMem_v2",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+      ck_assert_msg(strstr(out, want[i]), "no \"%s\" in:\n%s", want[i],
+                    out);
+  }
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* The same program linked against the toolkit's shared runtime
+ * (nvcc -cudart shared: versioned references, cudaMalloc@libcudart.so.13,
+ * which the preload's definitions satisfy): its calls are gmb's, held to
+ * the quota, whatever the runtime behind would do. */
+START_TEST(preload_real_shared_cudart) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  char out[16384];
+  if (real_cudart_run("shared_cudart", out, sizeof out) == 0) {
+    ck_assert_msg(strstr(out, "cudaMalloc: 0\n") &&
+                      strstr(out, "cudaMemGetInfo: 0 7340032 8388608\n") &&
+                      strstr(out, "cudaFree: 0\n"),
+                  "%s", out);
+  }
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
   harness_broker_stop(&b);
   harness_fake_gpus_done(&g);
 }
@@ -983,6 +1015,7 @@ int main(void) {
       "preload", "preload", 60,
       preload_getproc_static_runtime,
       preload_real_static_cudart_lookups,
+      preload_real_shared_cudart,
       preload_getproc_unknown_passes_through,
       preload_getproc_no_broker,
       preload_vmm_expandable_segments,
