@@ -5,9 +5,10 @@
  * default, and libraries such as PyTorch find every driver entry point),
  * cudaGetDriverEntryPoint / cudaGetDriverEntryPointByVersion (and their
  * _ptsz forms: the runtime's way to the same), and dlsym on a handle of
- * libcuda / libcudart / libnvidia-ml (how those runtimes and NVML's
- * Python binding find cuGetProcAddress and the rest in the first place:
- * LD_PRELOAD does not reach a lookup on a library's own handle).
+ * libcuda or libnvidia-ml (how the runtimes, static and shared, find
+ * cuGetProcAddress in the first place, and how NVML's Python binding
+ * finds NVML's functions: LD_PRELOAD does not reach a lookup on a
+ * library's own handle).
  *
  * The rule, the same on every path: the driver is asked first, and its
  * answer is replaced only when it is the very function gmb wraps.  For
@@ -30,7 +31,6 @@
  * loads the driver through dlsym too and must get the real one).
  */
 #include <dlfcn.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
