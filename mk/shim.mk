@@ -80,7 +80,7 @@ endif
 $(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) -shared -o $@ $^ $(LDFLAGS_ALL)
+	$(Q)$(CC) -shared -o $@ $^ $(LDFLAGS_ALL) -ldl
 
 # The integration tests run these at run time (order-only: not linked in).
 $(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN) \

@@ -470,6 +470,9 @@ START_TEST(preload_async_real_functions) {
   prog_start(&p, 1, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
   prog_expect(&p, "real_malloc 0 4096", "0");
+  /* dlsym(RTLD_NEXT) from a library after the shim (whose dlsym it
+   * calls) still means "after that library". */
+  prog_expect(&p, "next_probe", "0");
   prog_expect(&p, "rt_free_async 0 0", "0");
   prog_expect(&p, "rt_malloc_async 1 4096 0", "0");
   ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
