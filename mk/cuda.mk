@@ -20,6 +20,17 @@ $(FAKECUDA_SO): tests/fakecuda/fakecuda.c
 	  -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 
 all: $(FAKECUDA_SO)
+
+# A fake NVML beside it (tests/fakecuda/fakenvml.c), for the preload's
+# NVML figures.
+FAKENVML_SO := $(B)/fakecuda/libnvidia-ml.so.1
+$(FAKENVML_SO): tests/fakecuda/fakenvml.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Wshadow -Werror \
+	  -fPIC -fvisibility=hidden -shared -Wl,-soname,libnvidia-ml.so.1 \
+	  -o $@ $<
+all: $(FAKENVML_SO)
 # The suites that load it find it by path: make sure it exists first.
 $(B)/tests/check_cudrv $(B)/tests/check_device_cuda $(B)/tests/test_cuda \
   $(B)/tests/check_client_cuda $(B)/tests/check_fakecuda: | $(FAKECUDA_SO)

@@ -13,9 +13,11 @@ PRELOAD_SO := $(B)/libgmb-preload.so
 TORCH_SO := $(B)/libgmb-torch.so
 PRELOAD_PROG := $(B)/preload/cuda_prog
 PRELOAD_FAKE := $(B)/preload/libfakecudart.so
+PRELOAD_STATIC_PROG := $(B)/preload/static_prog
 TORCH_THROW_PROG := $(B)/preload/torch_throw_prog
 
-all: $(PRELOAD_SO) $(TORCH_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(TORCH_THROW_PROG)
+all: $(PRELOAD_SO) $(TORCH_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(TORCH_THROW_PROG) \
+  $(PRELOAD_STATIC_PROG)
 
 # gmb_torch_alloc is C++ (it throws; see torch_throw.cc): compiled with
 # the C++ compiler, and the library links libstdc++.
@@ -32,10 +34,12 @@ $(TORCH_THROW_PROG): tests/preload/torch_throw_prog.cc
 	@echo "  CXX     $<"
 	$(Q)$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror $(SANFLAGS) -o $@ $< -ldl
 
-$(PRELOAD_SO): $(call obj,client/shim/preload.c) $(SHIM_COMMON) $(LIB_A)
+PRELOAD_SRC := client/shim/preload.c client/shim/getproc.c client/shim/vmm.c \
+  client/shim/nvml.c
+$(PRELOAD_SO): $(call obj,$(PRELOAD_SRC)) $(SHIM_COMMON) $(LIB_A)
 	@echo "  LD      $@"
 	$(Q)$(CC) -shared -Wl,-soname,libgmb-preload.so -o $@ \
-	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL $(LDFLAGS_ALL) $(LIBS_ALL)
+	  $(filter %.o,$^) $(LIB_A) -Wl,--exclude-libs,ALL -Wl,-z,defs $(LDFLAGS_ALL) $(LIBS_ALL)
 
 $(TORCH_SO): $(call obj,client/shim/torch.c) $(TORCH_THROW_OBJ) $(SHIM_COMMON) $(LIB_A)
 	@echo "  LD      $@"
@@ -49,13 +53,38 @@ $(PRELOAD_PROG): $(call obj,tests/preload/cuda_prog.c)
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) -ldl
 
+# As a program on the static CUDA runtime: it names no CUDA function and
+# finds the driver with dlopen/dlsym/cuGetProcAddress.
+$(PRELOAD_STATIC_PROG): $(call obj,tests/preload/static_prog.c)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) -ldl
+
+# A real nvcc build on the default static runtime, where the toolkit is
+# installed (test_preload says it skipped it elsewhere).
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+ifneq ($(wildcard $(NVCC)),)
+PRELOAD_STATIC_CUDART := $(B)/preload/static_cudart $(B)/preload/shared_cudart
+$(B)/preload/static_cudart: tests/preload/static_cudart.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) -o $@ $<
+# The same with the runtime as a shared library (nvcc -cudart shared).
+$(B)/preload/shared_cudart: tests/preload/static_cudart.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $< (-cudart shared)"
+	$(Q)$(NVCC) -cudart shared -Xlinker -rpath=$(CUDA_HOME)/lib64 -o $@ $<
+all: $(PRELOAD_STATIC_CUDART)
+endif
+
 $(PRELOAD_FAKE): $(call obj,tests/preload/fake_cudart.c)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) -shared -o $@ $^ $(LDFLAGS_ALL)
+	$(Q)$(CC) -shared -o $@ $^ $(LDFLAGS_ALL) -ldl
 
 # The integration tests run these at run time (order-only: not linked in).
-$(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN)
+$(B)/tests/test_preload: | $(PRELOAD_SO) $(PRELOAD_PROG) $(PRELOAD_FAKE) $(BROKER_BIN) \
+  $(PRELOAD_STATIC_PROG) $(FAKECUDA_SO) $(FAKENVML_SO) $(PRELOAD_STATIC_CUDART)
 $(B)/tests/test_torch: | $(TORCH_SO) $(TORCH_THROW_PROG) $(BROKER_BIN)
 # bench_shim loads the PyTorch allocator at run time, as the test does.
 $(B)/bench/bench_shim: | $(TORCH_SO) $(BROKER_BIN)

@@ -9,12 +9,22 @@ block of this process's gmb cache, in memory of its tenant ($GMB_TENANT,
 $GMB_ENDPOINT as for any gmb client).  Beyond allocation and free, the
 pluggable allocator's hooks are given gmb's functions where PyTorch has them
 (HOOKS): torch.cuda.empty_cache(), set_per_process_memory_fraction() and
-Tensor.record_stream() then reach gmb.  See docs/pytorch.md.
+Tensor.record_stream() then reach gmb.  PyTorch's statistics, which the
+pluggable allocator cannot give, come from gmb: memory_stats() and the rest
+here, under PyTorch's key names, and (unless enable(patch_torch=False))
+torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
+memory_reserved(), max_memory_reserved(), reset_peak_memory_stats() and
+mem_get_info() answer with them.  See docs/pytorch.md.
 """
+import collections
+import ctypes
 import os
 
 __all__ = ["enable", "library_path", "last_error", "empty_cache", "hooks",
-           "HOOKS"]
+           "HOOKS", "memory_stats", "memory_stats_as_nested_dict",
+           "memory_allocated", "max_memory_allocated", "memory_reserved",
+           "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info",
+           "record_history", "memory_snapshot", "PATCHED"]
 
 _LIB_NAME = "libgmb-torch.so"
 _enabled_path = None
@@ -52,11 +62,13 @@ def library_path():
                             % (_LIB_NAME, ", ".join(candidates)))
 
 
-def enable(path=None):
+def enable(path=None, patch_torch=True):
     """Makes gmb PyTorch's CUDA allocator for this process.  Call it before
     any CUDA tensor exists: PyTorch cannot change allocators afterwards.
-    Calling it again with the same library does nothing.  Returns the
-    library's path."""
+    With patch_torch (the default), torch.cuda's statistics functions
+    (PATCHED) answer with gmb's figures instead of raising.  Calling it
+    again with the same library does nothing.  Returns the library's
+    path."""
     global _enabled_path
     try:
         import torch
@@ -79,6 +91,8 @@ def enable(path=None):
     wired = _wire_hooks(alloc, path)
     torch.cuda.memory.change_current_allocator(alloc)
     _enabled_path = path
+    if patch_torch:
+        _patch_torch(torch)
     _wired.clear()
     _wired.update(wired)
     return path
@@ -89,7 +103,6 @@ def _wire_hooks(alloc, path):
     before the allocator is installed (the init hook runs at CUDA's lazy
     initialisation, after that).  A PyTorch without a setter skips it.
     Returns {setter: True when wired, False when this PyTorch lacks it}."""
-    import ctypes
     raw = alloc.allocator()
     lib = ctypes.CDLL(path)
     wired = {}
@@ -113,7 +126,6 @@ def hooks():
 def last_error():
     """The last refusal libgmb-torch.so recorded in this process ("no error"
     when none), e.g. after an allocation failed over the tenant's quota."""
-    import ctypes
     lib = ctypes.CDLL(_enabled_path or library_path())
     lib.gmb_torch_last_error.restype = ctypes.c_char_p
     return lib.gmb_torch_last_error().decode("utf-8", "replace")
@@ -126,6 +138,216 @@ def empty_cache():
     enable() wired it; this call also works without PyTorch's CUDA
     initialised, and tells the outcome.  Returns 0, or a negative GMB_E_*
     code when a session's trim failed."""
-    import ctypes
     lib = ctypes.CDLL(_enabled_path or library_path())
     return lib.gmb_torch_empty_cache()
+
+
+# --- PyTorch's view of memory ---------------------------------------------
+
+class _Stats(ctypes.Structure):
+    """struct gmb_torch_stats (client/shim/torch.c), field for field."""
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "allocated_current", "allocated_peak", "allocated_total",
+        "freed_total",
+        "requested_current", "requested_total", "requested_freed",
+        "allocs_current", "allocs_total", "frees_total",
+        "reserved_current", "reserved_peak",
+        "segments_current", "segments_total", "segments_freed",
+        "num_ooms", "inactive_current", "kept")]
+
+
+def _lib():
+    return ctypes.CDLL(_enabled_path or library_path())
+
+
+def _device_index(device):
+    """PyTorch's device argument (None, an int, "cuda:1", torch.device) as
+    an ordinal; None is the current device when PyTorch has CUDA up."""
+    if device is None:
+        try:
+            import torch
+            if torch.cuda.is_initialized():
+                return torch.cuda.current_device()
+        except ImportError:
+            pass
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        if device.startswith("cuda:"):
+            return int(device[5:])
+        return 0 if device == "cuda" else int(device)
+    index = getattr(device, "index", None)  # a torch.device
+    return 0 if index is None else int(index)
+
+
+def _raw_stats(device):
+    st = _Stats()
+    lib = _lib()
+    lib.gmb_torch_memory_stats.argtypes = [ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.c_size_t]
+    rc = lib.gmb_torch_memory_stats(_device_index(device),
+                                    ctypes.byref(st), ctypes.sizeof(st))
+    if rc != 0:
+        raise ValueError("gmb_torch: no statistics for device %r (error %d)"
+                         % (device, rc))
+    return st
+
+
+def memory_stats_as_nested_dict(device=None):
+    """This process's memory through gmb on `device`, nested as PyTorch's
+    torch.cuda.memory_stats_as_nested_dict() nests it.  Only the "all"
+    pool (gmb's cache has no large and small pools).  docs/pytorch.md
+    says which key is which gmb figure."""
+    st = _raw_stats(device)
+
+    def stat(current, peak, allocated, freed):
+        return {"all": {"current": current, "peak": peak,
+                        "allocated": allocated, "freed": freed}}
+    allocated = stat(st.allocated_current, st.allocated_peak,
+                     st.allocated_total, st.freed_total)
+    # No peak of counts or of requested bytes: keeping them exact would
+    # cost every allocation an atomic read-modify-write more.
+    counts = {"all": {"current": st.allocs_current,
+                      "allocated": st.allocs_total,
+                      "freed": st.frees_total}}
+    return {
+        "allocated_bytes": allocated,
+        # A block is active from its allocation to its free, as in PyTorch
+        # (its reuse after the free waits for the stream, not the count).
+        "active_bytes": {"all": dict(allocated["all"])},
+        "requested_bytes": {"all": {"current": st.requested_current,
+                                    "allocated": st.requested_total,
+                                    "freed": st.requested_freed}},
+        "allocation": counts,
+        "active": {"all": dict(counts["all"])},
+        "reserved_bytes": {"all": {"current": st.reserved_current,
+                                   "peak": st.reserved_peak}},
+        "segment": {"all": {"current": st.segments_current,
+                            "allocated": st.segments_total,
+                            "freed": st.segments_freed}},
+        "inactive_split_bytes": {"all": {"current": st.inactive_current}},
+        "num_ooms": st.num_ooms,
+        "num_device_alloc": st.segments_total,
+        "num_device_free": st.segments_freed,
+        # gmb's own: bytes kept for CUDA graphs until the process ends.
+        "gmb_graph_kept_bytes": st.kept,
+    }
+
+
+def memory_stats(device=None):
+    """torch.cuda.memory_stats() as gmb counts it: PyTorch's flat key names
+    ("allocated_bytes.all.current", "reserved_bytes.all.peak",
+    "num_ooms", ...), sorted, in an OrderedDict.  Works without PyTorch
+    too (device 0 by default)."""
+    flat = []
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(prefix + "." + k if prefix else k, v)
+        else:
+            flat.append((prefix, obj))
+    walk("", memory_stats_as_nested_dict(device))
+    flat.sort()
+    return collections.OrderedDict(flat)
+
+
+def memory_allocated(device=None):
+    """Bytes of tensors alive through gmb on the device (each rounded to
+    512), as torch.cuda.memory_allocated()."""
+    return _raw_stats(device).allocated_current
+
+
+def max_memory_allocated(device=None):
+    return _raw_stats(device).allocated_peak
+
+
+def memory_reserved(device=None):
+    """Bytes of the pages gmb's cache holds mapped for this process on the
+    device (the tenant's at the broker), as torch.cuda.memory_reserved()."""
+    return _raw_stats(device).reserved_current
+
+
+def max_memory_reserved(device=None):
+    return _raw_stats(device).reserved_peak
+
+
+def reset_peak_memory_stats(device=None):
+    """The peak of allocated bytes starts again from the current figure
+    (the cache's reserved peak is the session's and is not reset)."""
+    rc = _lib().gmb_torch_reset_peak(_device_index(device))
+    if rc != 0:
+        raise ValueError("gmb_torch: no statistics for device %r (error %d)"
+                         % (device, rc))
+
+
+def mem_get_info(device=None):
+    """(free, total) as torch.cuda.mem_get_info() gives them, for the
+    tenant: its quota as total and what it can still get as free (without
+    a quota, the broker's capacity and room).  Raises RuntimeError when no
+    broker serves the device."""
+    lib = _lib()
+    fr, tot = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    rc = lib.gmb_torch_mem_get_info(_device_index(device), ctypes.byref(fr),
+                                    ctypes.byref(tot))
+    if rc != 0:
+        raise RuntimeError("gmb_torch.mem_get_info: %s" % last_error())
+    return fr.value, tot.value
+
+
+class _Block(ctypes.Structure):
+    """struct gmb_torch_block (client/shim/torch.c)."""
+    _fields_ = [("address", ctypes.c_uint64), ("size", ctypes.c_uint64),
+                ("requested_size", ctypes.c_uint64),
+                ("stream", ctypes.c_uint64), ("device", ctypes.c_int32),
+                ("reserved", ctypes.c_uint32)]
+
+
+def record_history(enabled=True):
+    """Starts (or stops) keeping every allocation from now on for
+    memory_snapshot(), as torch.cuda.memory._record_memory_history() does
+    for PyTorch's own allocator.  Off by default: it costs a lock and a
+    tree insertion per allocation.  Stopping forgets what was kept."""
+    _lib().gmb_torch_record_history(1 if enabled else 0)
+
+
+def memory_snapshot():
+    """The live blocks allocated while record_history() was on, by address:
+    a list of {"device", "address", "size" (rounded to 512),
+    "requested_size", "stream", "state": "active_allocated"}.  gmb's own
+    format: the pages under the blocks (PyTorch's "segments") are the
+    cache's, which does not list them."""
+    lib = _lib()
+    lib.gmb_torch_snapshot.restype = ctypes.c_long
+    lib.gmb_torch_snapshot.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    while True:
+        n = lib.gmb_torch_snapshot(None, 0)
+        buf = (_Block * max(n, 1))()
+        got = lib.gmb_torch_snapshot(buf, n)
+        if got <= n:  # else more arrived meanwhile: again
+            break
+    return [{"device": b.device, "address": b.address, "size": b.size,
+             "requested_size": b.requested_size, "stream": b.stream,
+             "state": "active_allocated"} for b in buf[:got]]
+
+
+# torch.cuda.memory's functions enable() replaces, and with what.  PyTorch's
+# memory_stats(), memory_allocated(), max_memory_allocated(),
+# memory_reserved() and max_memory_reserved() all read
+# memory_stats_as_nested_dict() (a global of torch.cuda.memory), so they
+# answer with gmb's figures once it is replaced.
+PATCHED = ("memory_stats_as_nested_dict", "reset_peak_memory_stats",
+           "mem_get_info")
+
+
+def _patch_torch(torch):
+    mod = torch.cuda.memory
+    ours = {"memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+            "reset_peak_memory_stats": reset_peak_memory_stats,
+            "mem_get_info": mem_get_info}
+    for name in PATCHED:
+        if hasattr(mod, name):
+            setattr(mod, name, ours[name])
+        if hasattr(torch.cuda, name):
+            setattr(torch.cuda, name, ours[name])

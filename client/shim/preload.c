@@ -31,8 +31,9 @@
  * a free goes to the session the pointer came from.  The pointer returned is
  * gmb_lock's: a device address on a cuda broker, a host address on the
  * host device.  A pointer this library did not give out (allocated by the
- * real function before or beside us) is passed to the real free function,
- * found with dlsym(RTLD_NEXT).
+ * real function before or beside us) is passed to the real free function:
+ * the runtime's found with dlsym(RTLD_NEXT), the driver's through
+ * gmb__pre_drv_real (getproc.c).
  *
  * A broker whose device is the host (not a GPU) counts as no broker: its
  * memory is host memory, which kernels cannot use (shim.c; tests set
@@ -42,10 +43,15 @@
  * (default) fails every allocation with the out-of-memory code, as a GPU
  * that is full would; `passthrough` calls the real function, and refuses
  * when there is none.  Either way one line on stderr says why, once per
- * process.  This library never aborts its host program.
+ * process ($GMB_PRELOAD_STRICT=0 is passthrough when the other is unset).
+ * This library never aborts its host program.
  *
- * The CUDA types are declared here (both enums are int-sized, CUdeviceptr
- * is unsigned long long) so the library builds without the toolkit.
+ * The other parts of the library (preload.h, which also declares the
+ * CUDA types): getproc.c hands these functions to programs that look the
+ * driver up (cuGetProcAddress, dlsym: the static runtime) and finds the
+ * driver's own for them; vmm.c holds cuMemCreate to the quota; nvml.c
+ * gives NVML the figures of gmb__pre_figures below.  Legacy CUDA IPC of
+ * a pointer of ours is refused here (the end of this file).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -55,30 +61,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gmb.h"
-#include "shim.h"
-
-typedef int cudaError_t;
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *cudaStream_t; /* struct CUstream_st *, as CUstream */
+#include "preload.h"
 
 /* cuda.h's CU_STREAM_PER_THREAD: what stream 0 means in a _ptsz call. */
 #define PRE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
-/* The codes this library returns (cuda_runtime_api.h / cuda.h values). */
-#define PRE_CUDA_SUCCESS 0
-#define PRE_CUDA_INVALID_VALUE 1    /* cudaErrorInvalidValue, CUDA_ERROR_INVALID_VALUE */
-#define PRE_CUDA_OUT_OF_MEMORY 2    /* cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY */
-#define PRE_CUDA_NOT_INITIALIZED 3  /* cudaErrorInitializationError, CUDA_ERROR_NOT_INITIALIZED */
-#define PRE_CUDA_NOT_SUPPORTED 801  /* cudaErrorNotSupported, CUDA_ERROR_NOT_SUPPORTED */
-
 GMB_SHIM_API cudaError_t cudaMalloc(void **devPtr, size_t size);
 GMB_SHIM_API cudaError_t cudaFree(void *devPtr);
 GMB_SHIM_API cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
-GMB_SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
-GMB_SHIM_API CUresult cuMemFree_v2(CUdeviceptr dptr);
-GMB_SHIM_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 GMB_SHIM_API cudaError_t cudaMallocAsync(void **devPtr, size_t size,
                                          cudaStream_t stream);
 GMB_SHIM_API cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size,
@@ -86,13 +76,6 @@ GMB_SHIM_API cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size,
 GMB_SHIM_API cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream);
 GMB_SHIM_API cudaError_t cudaFreeAsync_ptsz(void *devPtr,
                                             cudaStream_t stream);
-GMB_SHIM_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
-                                      cudaStream_t stream);
-GMB_SHIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                           cudaStream_t stream);
-GMB_SHIM_API CUresult cuMemFreeAsync(CUdeviceptr dptr, cudaStream_t stream);
-GMB_SHIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr,
-                                          cudaStream_t stream);
 
 typedef int (*pre_alloc_fn)(void **p, size_t size);
 typedef int (*pre_free_fn)(void *p);
@@ -106,20 +89,17 @@ typedef int (*pre_cualloc_async_fn)(CUdeviceptr *p, size_t size,
 typedef int (*pre_cufree_async_fn)(CUdeviceptr p, cudaStream_t s);
 typedef int (*pre_sync_fn)(void);
 
-/* The real functions, when a library after us defines them.  The
- * stream-ordered ones by [ptsz]: 0 the plain name, 1 the _ptsz one. */
+/* The runtime's functions, when a library after us defines them.  The
+ * stream-ordered ones by [ptsz]: 0 the plain name, 1 the _ptsz one.  The
+ * driver's come from gmb__pre_drv_real (getproc.c), which also finds them
+ * in a driver the program reached through cuGetProcAddress. */
 static struct {
   pthread_once_t once;
   pre_alloc_fn cudaMalloc;
   pre_free_fn cudaFree;
   pre_info_fn cudaMemGetInfo;
-  pre_cualloc_fn cuMemAlloc;
-  pre_cufree_fn cuMemFree;
-  pre_info_fn cuMemGetInfo;
   pre_alloc_async_fn cudaMallocAsync[2];
   pre_free_async_fn cudaFreeAsync[2];
-  pre_cualloc_async_fn cuMemAllocAsync[2];
-  pre_cufree_async_fn cuMemFreeAsync[2];
   pre_sync_fn cudaDeviceSynchronize, cuCtxSynchronize;
 } pre_real = {.once = PTHREAD_ONCE_INIT};
 
@@ -128,24 +108,18 @@ static void pre_real_load(void) {
   *(void **)&pre_real.cudaMalloc = dlsym(RTLD_NEXT, "cudaMalloc");
   *(void **)&pre_real.cudaFree = dlsym(RTLD_NEXT, "cudaFree");
   *(void **)&pre_real.cudaMemGetInfo = dlsym(RTLD_NEXT, "cudaMemGetInfo");
-  *(void **)&pre_real.cuMemAlloc = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
-  *(void **)&pre_real.cuMemFree = dlsym(RTLD_NEXT, "cuMemFree_v2");
-  *(void **)&pre_real.cuMemGetInfo = dlsym(RTLD_NEXT, "cuMemGetInfo_v2");
   *(void **)&pre_real.cudaMallocAsync[0] = dlsym(RTLD_NEXT, "cudaMallocAsync");
   *(void **)&pre_real.cudaMallocAsync[1] =
       dlsym(RTLD_NEXT, "cudaMallocAsync_ptsz");
   *(void **)&pre_real.cudaFreeAsync[0] = dlsym(RTLD_NEXT, "cudaFreeAsync");
   *(void **)&pre_real.cudaFreeAsync[1] = dlsym(RTLD_NEXT, "cudaFreeAsync_ptsz");
-  *(void **)&pre_real.cuMemAllocAsync[0] = dlsym(RTLD_NEXT, "cuMemAllocAsync");
-  *(void **)&pre_real.cuMemAllocAsync[1] =
-      dlsym(RTLD_NEXT, "cuMemAllocAsync_ptsz");
-  *(void **)&pre_real.cuMemFreeAsync[0] = dlsym(RTLD_NEXT, "cuMemFreeAsync");
-  *(void **)&pre_real.cuMemFreeAsync[1] =
-      dlsym(RTLD_NEXT, "cuMemFreeAsync_ptsz");
   *(void **)&pre_real.cudaDeviceSynchronize =
       dlsym(RTLD_NEXT, "cudaDeviceSynchronize");
   *(void **)&pre_real.cuCtxSynchronize = dlsym(RTLD_NEXT, "cuCtxSynchronize");
 }
+
+/* The driver's functions (getproc.c). */
+#define PRE_DRV(type, which) ((type)(uintptr_t)gmb__pre_drv_real(which))
 
 static void pre_real_get(void) { pthread_once(&pre_real.once, pre_real_load); }
 
@@ -155,7 +129,13 @@ enum pre_fallback { PRE_REFUSE, PRE_PASSTHROUGH };
 
 static enum pre_fallback pre_fallback(void) {
   const char *s = getenv("GMB_PRELOAD_FALLBACK");
-  if (s && !strcmp(s, "passthrough")) return PRE_PASSTHROUGH;
+  if (s == NULL || *s == '\0') {
+    /* GMB_PRELOAD_STRICT=0 says the same as passthrough; 1, the
+     * default, as refuse.  GMB_PRELOAD_FALLBACK wins when both are set. */
+    const char *strict = getenv("GMB_PRELOAD_STRICT");
+    return strict && !strcmp(strict, "0") ? PRE_PASSTHROUGH : PRE_REFUSE;
+  }
+  if (!strcmp(s, "passthrough")) return PRE_PASSTHROUGH;
   static atomic_int warned;
   if (s && *s && strcmp(s, "refuse") && !atomic_exchange(&warned, 1))
     fprintf(stderr, "gmb-preload: GMB_PRELOAD_FALLBACK=%s is neither refuse "
@@ -182,8 +162,8 @@ static void pre_say_unbrokered(const char *what, const char *why,
                 : " (GMB_PRELOAD_FALLBACK=refuse)");
 }
 
-static void pre_say_refused(const char *what, size_t size, int rc,
-                            gmb_client *c) {
+void gmb__pre_say_refused(const char *what, size_t size, int rc,
+                          gmb_client *c) {
   if (!gmb__shim_env_flag("GMB_PRELOAD_VERBOSE")) return;
   fprintf(stderr, "gmb-preload: %s(%zu) refused: %s\n", what, size,
           rc ? gmb_last_error(c) : "?");
@@ -201,10 +181,10 @@ static int pre_code(int rc) {
 
 /* The session, or NULL with the fallback decided: *pass is 1 when the
  * caller should call its real function (which it has checked exists). */
-static gmb_client *pre_session(const char *what, int have_real, int *pass,
-                               int *code) {
+gmb_client *gmb__pre_session(const char *what, int device, int have_real,
+                             int *pass, int *code) {
   const char *why = NULL;
-  gmb_client *c = gmb__shim_client(&why);
+  gmb_client *c = gmb__shim_session(device, NULL, &why);
   *pass = 0;
   if (c) return c;
   if (gmb__shim_forked()) {
@@ -225,18 +205,19 @@ static int pre_alloc(int drv, void **out, size_t size) {
   const char *what = drv ? "cuMemAlloc_v2" : "cudaMalloc";
   int pass, code;
   pre_real_get();
-  int have = drv ? pre_real.cuMemAlloc != NULL : pre_real.cudaMalloc != NULL;
-  gmb_client *c = pre_session(what, have, &pass, &code);
+  pre_cualloc_fn real_drv = PRE_DRV(pre_cualloc_fn, PRE_DRV_MEM_ALLOC);
+  int have = drv ? real_drv != NULL : pre_real.cudaMalloc != NULL;
+  gmb_client *c = gmb__pre_session(what, -1, have, &pass, &code);
   if (pass) {
     if (!drv) return pre_real.cudaMalloc(out, size);
     CUdeviceptr d = 0;
-    int r = pre_real.cuMemAlloc(&d, size);
+    int r = real_drv(&d, size);
     if (r == 0) *out = (void *)(uintptr_t)d;
     return r;
   }
   if (c == NULL) return code;
   int rc = gmb__shim_alloc(c, size, out);
-  if (rc) pre_say_refused(what, size, rc, c);
+  if (rc) gmb__pre_say_refused(what, size, rc, c);
   return pre_code(rc);
 }
 
@@ -287,8 +268,8 @@ static int pre_free(int drv, void *p) {
     return pre_free_code(what, p, gmb__shim_free(p), c);
   }
   if (!drv && pre_real.cudaFree) return pre_real.cudaFree(p);
-  if (drv && pre_real.cuMemFree)
-    return pre_real.cuMemFree((CUdeviceptr)(uintptr_t)p);
+  pre_cufree_fn real_drv = PRE_DRV(pre_cufree_fn, PRE_DRV_MEM_FREE);
+  if (drv && real_drv) return real_drv((CUdeviceptr)(uintptr_t)p);
   return PRE_CUDA_INVALID_VALUE;
 }
 
@@ -308,13 +289,15 @@ static int pre_alloc_async(int drv, int ptsz, void **out, size_t size,
   const char *what = names[drv][ptsz];
   int pass, code;
   pre_real_get();
-  int have = drv ? pre_real.cuMemAllocAsync[ptsz] != NULL
-                 : pre_real.cudaMallocAsync[ptsz] != NULL;
-  gmb_client *c = pre_session(what, have, &pass, &code);
+  pre_cualloc_async_fn real_drv = PRE_DRV(
+      pre_cualloc_async_fn,
+      ptsz ? PRE_DRV_MEM_ALLOC_ASYNC_PTSZ : PRE_DRV_MEM_ALLOC_ASYNC);
+  int have = drv ? real_drv != NULL : pre_real.cudaMallocAsync[ptsz] != NULL;
+  gmb_client *c = gmb__pre_session(what, -1, have, &pass, &code);
   if (pass) {
     if (!drv) return pre_real.cudaMallocAsync[ptsz](out, size, stream);
     CUdeviceptr d = 0;
-    int r = pre_real.cuMemAllocAsync[ptsz](&d, size, stream);
+    int r = real_drv(&d, size, stream);
     if (r == 0) *out = (void *)(uintptr_t)d;
     return r;
   }
@@ -326,7 +309,7 @@ static int pre_alloc_async(int drv, int ptsz, void **out, size_t size,
                      ? GMB_SHIM_TAG_GRAPH
                      : 0;
   int rc = gmb__shim_malloc_async(c, size, s, tag, out);
-  if (rc) pre_say_refused(what, size, rc, c);
+  if (rc) gmb__pre_say_refused(what, size, rc, c);
   return pre_code(rc);
 }
 
@@ -342,8 +325,10 @@ static int pre_free_async(int drv, int ptsz, void *p, cudaStream_t stream) {
     /* Not ours (the real allocator's, a pool's, NULL): CUDA's answer. */
     if (!drv && pre_real.cudaFreeAsync[ptsz])
       return pre_real.cudaFreeAsync[ptsz](p, stream);
-    if (drv && pre_real.cuMemFreeAsync[ptsz])
-      return pre_real.cuMemFreeAsync[ptsz]((CUdeviceptr)(uintptr_t)p, stream);
+    pre_cufree_async_fn real_drv = PRE_DRV(
+        pre_cufree_async_fn,
+        ptsz ? PRE_DRV_MEM_FREE_ASYNC_PTSZ : PRE_DRV_MEM_FREE_ASYNC);
+    if (drv && real_drv) return real_drv((CUdeviceptr)(uintptr_t)p, stream);
     return p == NULL ? PRE_CUDA_SUCCESS : PRE_CUDA_INVALID_VALUE;
   }
   if (gmb__shim_forked()) return PRE_CUDA_NOT_INITIALIZED;
@@ -357,56 +342,40 @@ static int pre_free_async(int drv, int ptsz, void *p, cudaStream_t stream) {
   return pre_free_code(what, p, gmb__shim_free_async(p, s), c);
 }
 
-/*
- * Free and total as the program should see them.  With a quota: the
- * tenant's view, the quota as total and quota - used as free.  Without:
- * what the broker could still give the tenant, since cudaMalloc goes
- * there: the device's free memory (the real function's figure; it does
- * not count what the broker's segments hold free, which is the tenant's
- * to use), capped by the broker's room for new segments (capacity -
- * segments: it never takes more of the device), plus the free bytes in
- * the tenant's own segments; total is the device's.  Without a real
- * function the broker's figures alone: room + free in segments, and its
- * capacity as total.
- */
+/* Free and total as the program should see them, every interface alike
+ * (the runtime's, the driver's, NVML's): gmb__shim_figures with this
+ * process's cuMemCreate bytes (vmm.c), which the broker does not see. */
+int gmb__pre_figures(gmb_client *c, gmb__pre_real_figures_fn real,
+                     void *arg, uint64_t *freep, uint64_t *totalp) {
+  return gmb__shim_figures(c, gmb__pre_vmm_bytes(), real, arg, freep,
+                           totalp);
+}
+
+/* A cudaMemGetInfo-like function as gmb__pre_figures asks for it. */
+static int pre_info_real(void *arg, uint64_t *freep, uint64_t *totalp) {
+  size_t f = 0, t = 0;
+  int r = (*(pre_info_fn *)arg)(&f, &t);
+  *freep = f;
+  *totalp = t;
+  return r;
+}
+
 static int pre_info(const char *what, pre_info_fn real, size_t *freep,
                     size_t *totalp) {
   if (freep == NULL || totalp == NULL) return PRE_CUDA_INVALID_VALUE;
   int pass, code;
-  gmb_client *c = pre_session(what, real != NULL, &pass, &code);
+  gmb_client *c = gmb__pre_session(what, -1, real != NULL, &pass, &code);
   if (pass) return real(freep, totalp);
   if (c == NULL) return code;
-  gmb_stats st;
-  int rc = gmb_tenant_stats(c, &st);
+  uint64_t fr = 0, tot = 0;
+  int rc = gmb__pre_figures(c, real ? pre_info_real : NULL, &real, &fr, &tot);
+  if (rc > 0) return rc; /* the real function's failure, as it was */
   if (rc) {
-    pre_say_refused(what, 0, rc, c);
+    gmb__pre_say_refused(what, 0, rc, c);
     return PRE_CUDA_NOT_INITIALIZED;
   }
-  if (st.quota != 0) {
-    *totalp = (size_t)st.quota;
-    *freep = st.used < st.quota ? (size_t)(st.quota - st.used) : 0;
-    return 0;
-  }
-  gmb_device_stats ds;
-  rc = gmb_device_stats_get(c, &ds);
-  if (rc) {
-    pre_say_refused(what, 0, rc, c);
-    return PRE_CUDA_NOT_INITIALIZED;
-  }
-  /* Figures from the broker are not trusted to add up: no wrap-around. */
-  uint64_t room = ds.capacity > ds.segments ? ds.capacity - ds.segments : 0;
-  uint64_t total = ds.capacity;
-  if (real) {
-    size_t rf = 0, rt = 0;
-    int r = real(&rf, &rt);
-    if (r != 0) return r;
-    if ((uint64_t)rf < room) room = rf;
-    total = rt;
-  }
-  uint64_t fr = room + ds.free_in_segments;
-  if (fr < room || fr > total) fr = total;
   *freep = (size_t)fr;
-  *totalp = (size_t)total;
+  *totalp = (size_t)tot;
   return 0;
 }
 
@@ -450,8 +419,46 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
-  pre_real_get();
-  return pre_info("cuMemGetInfo_v2", pre_real.cuMemGetInfo, free, total);
+  return pre_info("cuMemGetInfo_v2",
+                  PRE_DRV(pre_info_fn, PRE_DRV_MEM_GET_INFO), free, total);
+}
+
+/*
+ * The device's size, as frameworks and cudaGetDeviceProperties
+ * (totalGlobalMem) read it: the tenant's quota when the broker of that
+ * GPU gives it one, so that a program sizing itself from the device sees
+ * what cudaMemGetInfo calls total; else the driver's figure.  `dev` is
+ * taken as the process's ordinal, which is what the real driver's
+ * CUdevice is.  A GPU without a broker gets the driver's figure whatever
+ * the fallback says: refusing a device property would stop programs at
+ * their start, before they allocate anything gmb could refuse.
+ */
+typedef int (*pre_total_fn)(size_t *bytes, int dev);
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int dev) {
+  pre_total_fn real = PRE_DRV(pre_total_fn, PRE_DRV_DEVICE_TOTAL_MEM);
+  if (bytes == NULL || dev < 0) return real ? real(bytes, dev)
+                                            : PRE_CUDA_INVALID_VALUE;
+  gmb_client *c = gmb__shim_session(dev, NULL, NULL);
+  if (c == NULL)
+    return real ? real(bytes, dev)
+                : gmb__shim_forked() ? PRE_CUDA_NOT_INITIALIZED
+                                     : PRE_CUDA_INVALID_VALUE;
+  gmb_stats st;
+  int rc = gmb_tenant_stats(c, &st);
+  if (rc) {
+    gmb__pre_say_refused("cuDeviceTotalMem_v2", 0, rc, c);
+    return PRE_CUDA_NOT_INITIALIZED;
+  }
+  if (st.quota != 0) {
+    *bytes = (size_t)st.quota;
+    return 0;
+  }
+  if (real) return real(bytes, dev);
+  gmb_device_stats ds;
+  if (gmb_device_stats_get(c, &ds) != 0) return PRE_CUDA_NOT_INITIALIZED;
+  *bytes = (size_t)ds.capacity;
+  return 0;
 }
 
 /* Size 0 as the synchronous calls: the runtime's succeeds with no memory,
@@ -508,4 +515,46 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, cudaStream_t stream) {
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, cudaStream_t stream) {
   return pre_free_async(1, 1, (void *)(uintptr_t)dptr, stream);
+}
+
+/* --- CUDA IPC of gmb memory ------------------------------------------------- */
+
+/*
+ * Legacy CUDA IPC (cudaIpcGetMemHandle / cuIpcGetMemHandle) exports memory
+ * that cudaMalloc made; gmb's pointers are mappings of memory imported
+ * from the broker, which the driver refuses to export so (and which the
+ * broker shares with other processes of the tenant only through its own
+ * descriptor channel).  A pointer of gmb's is refused with
+ * not-supported and one line on stderr, once, that says what to do
+ * instead (docs/preload.md); any other goes to the real function.
+ */
+typedef int (*pre_ipc_get_fn)(void *handle, void *ptr);
+typedef int (*pre_cu_ipc_get_fn)(void *handle, CUdeviceptr ptr);
+
+static int pre_ipc_refuse(const char *what, const void *p) {
+  static atomic_int said;
+  if (!atomic_exchange(&said, 1))
+    fprintf(stderr, "gmb-preload: %s(%p): memory from the gmb broker cannot "
+            "be shared with legacy CUDA IPC (it is mapped from the broker, "
+            "not made by cudaMalloc); refused with not-supported (801). "
+            "Share it through host memory, or allocate what other "
+            "processes must open outside the preload (docs/preload.md, "
+            "\"CUDA IPC\")\n", what, p);
+  return PRE_CUDA_NOT_SUPPORTED;
+}
+
+cudaError_t cudaIpcGetMemHandle(void *handle, void *devPtr) {
+  if (devPtr && gmb__shim_owns(devPtr))
+    return pre_ipc_refuse("cudaIpcGetMemHandle", devPtr);
+  pre_ipc_get_fn real =
+      (pre_ipc_get_fn)(uintptr_t)gmb__pre_named_real("cudaIpcGetMemHandle");
+  return real ? real(handle, devPtr) : PRE_CUDA_INVALID_VALUE;
+}
+
+CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr dptr) {
+  void *p = (void *)(uintptr_t)dptr;
+  if (p && gmb__shim_owns(p)) return pre_ipc_refuse("cuIpcGetMemHandle", p);
+  pre_cu_ipc_get_fn real =
+      PRE_DRV(pre_cu_ipc_get_fn, PRE_DRV_IPC_GET_MEM_HANDLE);
+  return real ? real(handle, dptr) : PRE_CUDA_INVALID_VALUE;
 }

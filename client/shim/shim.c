@@ -500,6 +500,43 @@ int gmb__shim_keep(void *ptr) {
   return 0;
 }
 
+int gmb__shim_figures(gmb_client *c, uint64_t local_held,
+                      gmb__shim_real_figures_fn real, void *arg,
+                      uint64_t *freep, uint64_t *totalp) {
+  gmb_stats st;
+  int rc = gmb_tenant_stats(c, &st);
+  if (rc) return rc;
+  if (st.quota != 0) {
+    uint64_t held = st.used + local_held;
+    if (held < st.used) held = UINT64_MAX;
+    *totalp = st.quota;
+    *freep = held < st.quota ? st.quota - held : 0;
+    return 0;
+  }
+  gmb_device_stats ds;
+  rc = gmb_device_stats_get(c, &ds);
+  if (rc) return rc;
+  /* Figures from the broker are not trusted to add up: no wrap-around. */
+  uint64_t room = ds.capacity > ds.segments ? ds.capacity - ds.segments : 0;
+  uint64_t total = ds.capacity;
+  if (real) {
+    uint64_t real_free = 0, real_total = 0;
+    rc = real(arg, &real_free, &real_total);
+    if (rc != 0) return rc;
+    /* The device's free figure does not count what the broker's segments
+     * hold free, which is the tenant's to use, and already lacks what
+     * this process holds outside the broker. */
+    if (real_free < room) room = real_free;
+    total = real_total;
+  }
+  uint64_t fr = room + ds.free_in_segments;
+  if (fr < room || fr > total) fr = total;
+  if (!real) fr = fr > local_held ? fr - local_held : 0;
+  *freep = fr;
+  *totalp = total;
+  return 0;
+}
+
 int gmb__shim_env_flag(const char *name) {
   const char *s = getenv(name);
   if (s == NULL) return 0;

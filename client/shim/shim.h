@@ -141,6 +141,25 @@ int gmb__shim_keep(void *ptr);
 /* 1 when ptr is one of ours (for tests and diagnostics). */
 int gmb__shim_owns(const void *ptr);
 
+/*
+ * The memory figures the shims report (cudaMemGetInfo, cuMemGetInfo,
+ * NVML, torch.cuda.mem_get_info), from session c.  With a quota: total =
+ * the quota, free = quota - used - local_held (bytes this process holds
+ * outside the broker, which it does not see).  Without: what the broker
+ * could still give the tenant: the device's free memory capped by the
+ * broker's room for new segments (capacity - segments), plus the free
+ * bytes in the tenant's own segments; total is the device's.  The
+ * device's own figures come from `real` (called with `arg`; 0 or its own
+ * positive error code) when it is not NULL, else the broker's capacity is
+ * the total and local_held is taken off free.  0, a negative GMB_E_* code,
+ * or real's positive code.  One or two broker round trips.
+ */
+typedef int (*gmb__shim_real_figures_fn)(void *arg, uint64_t *free,
+                                         uint64_t *total);
+int gmb__shim_figures(gmb_client *c, uint64_t local_held,
+                      gmb__shim_real_figures_fn real, void *arg,
+                      uint64_t *freep, uint64_t *totalp);
+
 /* $NAME as 0/1 ("1", "yes", "true", "on" are 1). */
 int gmb__shim_env_flag(const char *name);
 

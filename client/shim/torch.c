@@ -63,13 +63,27 @@
  *  - record stream (gmb_torch_record_stream): Tensor.record_stream(s);
  *    gmb_record_stream, so the block is reused by no stream until the
  *    work queued on s before its free has finished.
+ *
+ * PyTorch's statistics (gmb_torch_memory_stats, read by gmb_torch.py under
+ * PyTorch's key names): per device, running totals in per-thread blocks
+ * (plain stores: no atomic read-modify-write on the hot path beyond
+ * in_use's), the current figures their differences, the peak of allocated
+ * bytes raised by CAS only when passed; reserved bytes are the session
+ * cache's.  An allocation's text
+ * for PyTorch begins "CUDA out of memory." (torch_throw.cc).
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+
+#ifndef __unused /* libbsd's RB_GENERATE_STATIC uses it; Linux lacks it */
+#define __unused __attribute__((__unused__))
+#endif
+#include <bsd/sys/tree.h>
 
 #include "gmb.h"
 #include "shim.h"
@@ -86,6 +100,35 @@ GMB_SHIM_API void gmb_torch_reset(void);
 GMB_SHIM_API void gmb_torch_set_memory_fraction(double fraction, int device);
 GMB_SHIM_API void gmb_torch_record_stream(void *ptr, void *stream);
 
+/* One device's figures for gmb_torch.memory_stats() (docs/pytorch.md
+ * names the PyTorch key each becomes).  Bytes "allocated" are each
+ * request rounded to 512, as the cache counts them; "requested" as
+ * PyTorch asked.  Keep in step with client/python/gmb_torch.py. */
+struct gmb_torch_stats {
+  uint64_t allocated_current, allocated_peak, allocated_total, freed_total;
+  uint64_t requested_current, requested_total, requested_freed;
+  uint64_t allocs_current, allocs_total, frees_total;
+  uint64_t reserved_current, reserved_peak; /* the cache's mapped pages */
+  uint64_t segments_current, segments_total, segments_freed; /* pages */
+  uint64_t num_ooms;
+  uint64_t inactive_current; /* of reserved: free */
+  uint64_t kept;             /* kept for CUDA graphs (all devices) */
+};
+GMB_SHIM_API int gmb_torch_memory_stats(int device, struct gmb_torch_stats *out,
+                                        size_t size);
+GMB_SHIM_API int gmb_torch_reset_peak(int device);
+GMB_SHIM_API int gmb_torch_mem_get_info(int device, unsigned long long *free,
+                                        unsigned long long *total);
+
+/* A live block, as gmb_torch_snapshot gives it. */
+struct gmb_torch_block {
+  uint64_t address, size, requested_size, stream;
+  int32_t device;
+  uint32_t reserved;
+};
+GMB_SHIM_API void gmb_torch_record_history(int enabled);
+GMB_SHIM_API long gmb_torch_snapshot(struct gmb_torch_block *out, size_t cap);
+
 /* The last failure of the process (not the thread: PyTorch reports an OOM
  * on whichever thread asks, often not the allocating one). */
 static pthread_mutex_t torch_err_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -95,15 +138,6 @@ static char torch_err_copy[1024]; /* what gmb_torch_last_error returned */
 static void torch_fail(const char *fmt1, long long a, const char *why) {
   pthread_mutex_lock(&torch_err_mu);
   snprintf(torch_err, sizeof torch_err, fmt1, a, why);
-  if (gmb__shim_env_flag("GMB_TORCH_VERBOSE"))
-    fprintf(stderr, "gmb-torch: %s\n", torch_err);
-  pthread_mutex_unlock(&torch_err_mu);
-}
-
-static void torch_fail2(const char *fmt, long long a, const char *b,
-                        const char *why) {
-  pthread_mutex_lock(&torch_err_mu);
-  snprintf(torch_err, sizeof torch_err, fmt, a, b, why);
   if (gmb__shim_env_flag("GMB_TORCH_VERBOSE"))
     fprintf(stderr, "gmb-torch: %s\n", torch_err);
   pthread_mutex_unlock(&torch_err_mu);
@@ -130,8 +164,104 @@ static struct {
   _Atomic uint64_t in_use;
   _Atomic double fraction;
   _Atomic uint64_t limit;
+  /* The highest in_use (raised by whoever passes it: a load, and a CAS
+   * only when higher) and the refusals. */
+  _Atomic uint64_t peak_allocated, ooms;
 } torch_dev[GMB_SHIM_MAX_DEVICES] = {
     [0 ... GMB_SHIM_MAX_DEVICES - 1] = {.fraction = -1.0}};
+
+/*
+ * The running totals of the statistics, per thread: each thread adds to
+ * its own block with plain stores (an atomic read-modify-write per figure
+ * on every allocation and free cost more than the cache's whole pair,
+ * bench_shim), and gmb_torch_memory_stats sums the blocks.  A block is
+ * never freed: a thread that ends gives it up (its key's destructor) and
+ * the next new thread takes it over, counts and all, so the sums stay
+ * right and the list stays as long as the most threads alive at once.
+ */
+struct torch_tls_dev {
+  _Atomic uint64_t allocated, requested, requested_freed, allocs, frees;
+};
+struct torch_tls {
+  struct torch_tls *next; /* the list, pushed at the head, never unlinked */
+  atomic_int taken;       /* a live thread owns it */
+  struct torch_tls_dev dev[GMB_SHIM_MAX_DEVICES];
+};
+static _Atomic(struct torch_tls *) torch_tls_all;
+static pthread_key_t torch_tls_key;
+static pthread_once_t torch_tls_once = PTHREAD_ONCE_INIT;
+static __thread struct torch_tls *torch_me
+    __attribute__((tls_model("initial-exec")));
+
+static void torch_tls_gone(void *arg) {
+  struct torch_tls *t = arg;
+  atomic_store(&t->taken, 0);
+}
+
+static void torch_tls_init(void) {
+  pthread_key_create(&torch_tls_key, torch_tls_gone);
+}
+
+/* The calling thread's block, or NULL (out of memory: not counted). */
+static struct torch_tls *torch_tls(void) {
+  struct torch_tls *t = torch_me;
+  if (__builtin_expect(t != NULL, 1)) return t;
+  pthread_once(&torch_tls_once, torch_tls_init);
+  for (t = atomic_load(&torch_tls_all); t; t = t->next) {
+    int free_block = 0;
+    if (atomic_compare_exchange_strong(&t->taken, &free_block, 1)) break;
+  }
+  if (t == NULL) {
+    t = calloc(1, sizeof *t);
+    if (t == NULL) return NULL;
+    atomic_store(&t->taken, 1);
+    t->next = atomic_load(&torch_tls_all);
+    while (!atomic_compare_exchange_weak(&torch_tls_all, &t->next, t)) {
+    }
+  }
+  pthread_setspecific(torch_tls_key, t);
+  torch_me = t;
+  return t;
+}
+
+/* Adds v to a word only this thread writes. */
+static inline void torch_bump(_Atomic uint64_t *w, uint64_t v) {
+  atomic_store_explicit(w, atomic_load_explicit(w, memory_order_relaxed) + v,
+                        memory_order_relaxed);
+}
+
+static void torch_raise(_Atomic uint64_t *peak, uint64_t now) {
+  uint64_t was = atomic_load_explicit(peak, memory_order_relaxed);
+  while (now > was && !atomic_compare_exchange_weak_explicit(
+                          peak, &was, now, memory_order_relaxed,
+                          memory_order_relaxed)) {
+  }
+}
+
+/* An allocation of `size` (need: rounded) on device d, for the figures;
+ * in_use was `was` before it was added. */
+static void torch_count_alloc(int d, uint64_t was, uint64_t need,
+                              ssize_t size) {
+  if (d < 0 || d >= GMB_SHIM_MAX_DEVICES) return;
+  torch_raise(&torch_dev[d].peak_allocated, was + need);
+  struct torch_tls *t = torch_tls();
+  if (t == NULL) return;
+  torch_bump(&t->dev[d].allocated, need);
+  torch_bump(&t->dev[d].requested, (uint64_t)size);
+  torch_bump(&t->dev[d].allocs, 1);
+}
+
+static void torch_count_free(int d, ssize_t size) {
+  struct torch_tls *t = torch_tls();
+  if (t == NULL) return;
+  torch_bump(&t->dev[d].requested_freed, (uint64_t)size);
+  torch_bump(&t->dev[d].frees, 1);
+}
+
+static void torch_count_oom(int d) {
+  if (d >= 0 && d < GMB_SHIM_MAX_DEVICES)
+    atomic_fetch_add_explicit(&torch_dev[d].ooms, 1, memory_order_relaxed);
+}
 
 static uint64_t torch_round(ssize_t size) {
   return ((uint64_t)size + 511) & ~UINT64_C(511);
@@ -156,10 +286,13 @@ void gmb_torch_set_memory_fraction(double fraction, int device) {
 /* Takes `need` bytes of device d's share under its memory fraction: 0, or
  * -1 (with the reason recorded) when the fraction's limit would be
  * passed.  The bytes are counted either way when there is no fraction. */
-static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size) {
+static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size,
+                      uint64_t *was_out) {
+  *was_out = 0;
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES) return 0;
   double f = atomic_load(&torch_dev[d].fraction);
   uint64_t was = atomic_fetch_add(&torch_dev[d].in_use, need);
+  *was_out = was;
   if (f < 0) return 0;
   uint64_t limit = atomic_load(&torch_dev[d].limit);
   if (limit == 0 && f > 0) {
@@ -181,31 +314,153 @@ static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size) {
   return -1;
 }
 
-static void torch_give(int d, ssize_t size) {
+/* A failed allocation's bytes back (not a free: no statistics). */
+static void torch_untake(int d, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
   atomic_fetch_sub(&torch_dev[d].in_use, torch_round(size));
 }
 
+/* A free's bytes back, counted. */
+static void torch_give(int d, ssize_t size) {
+  if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
+  atomic_fetch_sub(&torch_dev[d].in_use, torch_round(size));
+  torch_count_free(d, size);
+}
+
+/* --- the live blocks, while recording (gmb_torch_record_history) --------- */
+
+/*
+ * A debugging aid, off by default: while on, every allocation is kept in
+ * a red-black tree by address (under torch_blk_mu) until its free, for
+ * gmb_torch_snapshot.  Off, an allocation pays one relaxed load and a
+ * free one more (torch_blk_live); blocks allocated before it was turned
+ * on are not in the tree.  Turning it off empties the tree.
+ */
+struct torch_blk {
+  RB_ENTRY(torch_blk) link;
+  struct gmb_torch_block b;
+};
+
+static int torch_blk_cmp(const struct torch_blk *a, const struct torch_blk *b) {
+  return a->b.address < b->b.address ? -1 : a->b.address > b->b.address;
+}
+
+RB_HEAD(torch_blk_tree, torch_blk);
+RB_GENERATE_STATIC(torch_blk_tree, torch_blk, link, torch_blk_cmp)
+
+static pthread_mutex_t torch_blk_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct torch_blk_tree torch_blks = RB_INITIALIZER(&torch_blks);
+static atomic_int torch_recording;
+static atomic_long torch_blk_live; /* blocks in the tree */
+
+static void torch_blk_add(const void *p, uint64_t need, ssize_t size,
+                          int device, void *stream) {
+  if (!atomic_load_explicit(&torch_recording, memory_order_relaxed)) return;
+  struct torch_blk *n = calloc(1, sizeof *n);
+  if (n == NULL) return; /* not recorded: the snapshot lacks it */
+  n->b = (struct gmb_torch_block){(uintptr_t)p, need, (uint64_t)size,
+                                  (uintptr_t)stream, device, 0};
+  pthread_mutex_lock(&torch_blk_mu);
+  if (atomic_load(&torch_recording)) {
+    struct torch_blk *old = RB_INSERT(torch_blk_tree, &torch_blks, n);
+    if (old == NULL) {
+      atomic_fetch_add(&torch_blk_live, 1);
+      n = NULL;
+    } else {
+      old->b = n->b; /* a free this library did not see: the new one wins */
+    }
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+  free(n); /* recording stopped meanwhile, or the address was there */
+}
+
+static void torch_blk_remove(const void *p) {
+  if (atomic_load_explicit(&torch_blk_live, memory_order_relaxed) == 0)
+    return;
+  struct torch_blk key;
+  key.b.address = (uintptr_t)p;
+  pthread_mutex_lock(&torch_blk_mu);
+  struct torch_blk *n = RB_FIND(torch_blk_tree, &torch_blks, &key);
+  if (n) {
+    RB_REMOVE(torch_blk_tree, &torch_blks, n);
+    atomic_fetch_sub(&torch_blk_live, 1);
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+  free(n);
+}
+
+/* gmb_torch.record_history(enabled): on, allocations from now on are
+ * kept for gmb_torch_snapshot; off, none are and the tree is emptied. */
+void gmb_torch_record_history(int enabled) {
+  pthread_mutex_lock(&torch_blk_mu);
+  atomic_store(&torch_recording, enabled != 0);
+  if (!enabled) {
+    struct torch_blk *n, *next;
+    for (n = RB_MIN(torch_blk_tree, &torch_blks); n; n = next) {
+      next = RB_NEXT(torch_blk_tree, &torch_blks, n);
+      RB_REMOVE(torch_blk_tree, &torch_blks, n);
+      free(n);
+    }
+    atomic_store(&torch_blk_live, 0);
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+}
+
+/* The recorded live blocks by address: up to cap of them into out; the
+ * number there are (call with cap 0 to size the buffer). */
+long gmb_torch_snapshot(struct gmb_torch_block *out, size_t cap) {
+  long n = 0;
+  pthread_mutex_lock(&torch_blk_mu);
+  struct torch_blk *b;
+  RB_FOREACH(b, torch_blk_tree, &torch_blks) {
+    if (out && (size_t)n < cap) out[n] = b->b;
+    n++;
+  }
+  pthread_mutex_unlock(&torch_blk_mu);
+  return n;
+}
+
+/* The session of PyTorch's device (-1: the current one; *dev receives the
+ * ordinal), or NULL with the reason recorded as `what`(arg)'s. */
+static gmb_client *torch_session(int device, int *dev, const char *what,
+                                 long long arg) {
+  const char *why = NULL;
+  *dev = device;
+  gmb_client *c = gmb__shim_session(device < 0 ? -1 : device, dev, &why);
+  if (c == NULL) {
+    char b[48];
+    snprintf(b, sizeof b, "cuda:%d", *dev);
+    pthread_mutex_lock(&torch_err_mu);
+    snprintf(torch_err, sizeof torch_err, "%s(%lld): no broker for %s: %s",
+             what, arg, b, why);
+    if (gmb__shim_env_flag("GMB_TORCH_VERBOSE"))
+      fprintf(stderr, "gmb-torch: %s\n", torch_err);
+    pthread_mutex_unlock(&torch_err_mu);
+  }
+  return c;
+}
+
 void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
   if (size <= 0) return NULL;
-  const char *why = NULL;
   int dev = device;
   int n = atomic_load(&torch_devices);
   if (n > 0 && device >= n) {
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                "GMB_E_DEVICE: a device index past the count PyTorch gave "
                "the init hook");
+    torch_count_oom(device);
     return NULL;
   }
-  gmb_client *c = gmb__shim_session(device < 0 ? -1 : device, &dev, &why);
+  gmb_client *c = torch_session(device, &dev, "gmb_torch_alloc", size);
   if (c == NULL) {
-    char b[48];
-    snprintf(b, sizeof b, "cuda:%d", dev);
-    torch_fail2("gmb_torch_alloc(%lld): no broker for %s: %s",
-                (long long)size, b, why);
+    torch_count_oom(dev);
     return NULL;
   }
-  if (torch_take(c, dev, torch_round(size), size) != 0) return NULL;
+  uint64_t was = 0;
+  if (torch_take(c, dev, torch_round(size), size, &was) != 0) {
+    torch_count_oom(dev);
+    return NULL;
+  }
   /* Memory allocated while its stream is captured into a graph is used by
    * the graph at every replay: remembered, it is never reused (see the
    * top). */
@@ -215,11 +470,14 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
                                           GMB_SHIM_TAG_GRAPH, &p)
                  : gmb_malloc_async(c, (size_t)size, stream, &p);
   if (rc) {
-    torch_give(dev, size);
+    torch_untake(dev, size);
+    torch_count_oom(dev);
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                gmb_last_error(c));
     return NULL;
   }
+  torch_count_alloc(dev, was, torch_round(size), size);
+  torch_blk_add(p, torch_round(size), size, dev, stream);
   if (graph) atomic_fetch_add(&torch_graph_live, 1);
   return p;
 }
@@ -272,6 +530,7 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     if (c && gmb_stream_capturing(c, stream) == 1) graph = 2;
   }
   if (graph) {
+    torch_blk_remove(ptr);
     torch_kept += (unsigned long long)(size > 0 ? size : 0);
     torch_fail("gmb_torch_free(%lld): %s", (long long)size,
                graph == 1 ? "allocated during a CUDA graph capture: kept "
@@ -287,6 +546,9 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
    * cache knows its blocks: a pointer it did not give, or one freed
    * already, is refused and changes nothing. */
   gmb_client *c = NULL;
+  /* Out of the recorded blocks before the cache may hand the address to
+   * another thread's allocation. */
+  torch_blk_remove(ptr);
   int rc = torch_release(ptr, device, stream, &c);
   if (rc == 0 || rc == GMB_E_CONN || rc == GMB_E_EVICTED)
     torch_give(device, size);
@@ -350,4 +612,91 @@ void gmb_torch_record_stream(void *ptr, void *stream) {
                "(ignored)");
   else if (rc)
     torch_fail("gmb_torch_record_stream(%lld): %s", 0, gmb_last_error(c));
+}
+
+/* --- PyTorch's view of memory: statistics and mem_get_info ---------------- */
+
+int gmb_torch_memory_stats(int device, struct gmb_torch_stats *out,
+                           size_t size) {
+  if (out == NULL || size < sizeof *out || device < 0 ||
+      device >= GMB_SHIM_MAX_DEVICES)
+    return GMB_E_INVAL;
+  memset(out, 0, size);
+  /* Read while other threads may count: each sum is of words each right,
+   * taken a moment apart. */
+  uint64_t freed = 0;
+  for (struct torch_tls *t = atomic_load(&torch_tls_all); t; t = t->next) {
+    const struct torch_tls_dev *td = &t->dev[device];
+    out->allocated_total += atomic_load_explicit(&td->allocated,
+                                                 memory_order_relaxed);
+    out->requested_total += atomic_load_explicit(&td->requested,
+                                                 memory_order_relaxed);
+    freed += atomic_load_explicit(&td->requested_freed, memory_order_relaxed);
+    out->allocs_total += atomic_load_explicit(&td->allocs,
+                                              memory_order_relaxed);
+    out->frees_total += atomic_load_explicit(&td->frees,
+                                             memory_order_relaxed);
+  }
+  out->allocated_current = atomic_load(&torch_dev[device].in_use);
+  out->freed_total = out->allocated_total > out->allocated_current
+                         ? out->allocated_total - out->allocated_current
+                         : 0;
+  out->allocated_peak = atomic_load(&torch_dev[device].peak_allocated);
+  if (out->allocated_peak < out->allocated_current)
+    out->allocated_peak = out->allocated_current;
+  out->requested_freed = freed;
+  out->requested_current =
+      out->requested_total > freed ? out->requested_total - freed : 0;
+  out->allocs_current = out->allocs_total > out->frees_total
+                            ? out->allocs_total - out->frees_total
+                            : 0;
+  out->num_ooms = atomic_load(&torch_dev[device].ooms);
+  out->kept = torch_kept;
+  /* The cache of the device's session: what it holds mapped. */
+  gmb_client *c = gmb__shim_session_of(device);
+  gmb_cache_stats cs;
+  if (c && gmb_cache_stats_get(c, &cs) == 0) {
+    out->reserved_current = cs.held;
+    out->reserved_peak = cs.peak_held;
+    out->segments_total = cs.slab_allocs;
+    out->segments_freed = cs.slab_frees;
+    out->segments_current =
+        cs.slab_allocs > cs.slab_frees ? cs.slab_allocs - cs.slab_frees : 0;
+    out->inactive_current = cs.cached;
+  }
+  return 0;
+}
+
+/* torch.cuda.reset_peak_memory_stats(device): the peak of allocated bytes
+ * starts again from the current figure.  The cache's peak of mapped pages
+ * (reserved_peak) is the session's and is not reset. */
+int gmb_torch_reset_peak(int device) {
+  if (device < 0 || device >= GMB_SHIM_MAX_DEVICES) return GMB_E_INVAL;
+  atomic_store(&torch_dev[device].peak_allocated,
+               atomic_load(&torch_dev[device].in_use));
+  return 0;
+}
+
+/* torch.cuda.mem_get_info(device): what cudaMemGetInfo gives under the
+ * preload (gmb__shim_figures without the device's own figure): the
+ * tenant's quota as total and what it can still get as free, or without
+ * a quota the broker's capacity and room.  0, or a GMB_E_* code (no
+ * broker for the device: its reason is kept for gmb_torch_last_error). */
+int gmb_torch_mem_get_info(int device, unsigned long long *free_b,
+                           unsigned long long *total) {
+  if (free_b == NULL || total == NULL) return GMB_E_INVAL;
+  int dev;
+  gmb_client *c = torch_session(device, &dev, "gmb_torch_mem_get_info",
+                                device);
+  if (c == NULL) return GMB_E_CONN;
+  uint64_t fr = 0, tot = 0;
+  int rc = gmb__shim_figures(c, 0, NULL, NULL, &fr, &tot);
+  if (rc) {
+    torch_fail("gmb_torch_mem_get_info(%lld): %s", (long long)device,
+               gmb_last_error(c));
+    return rc < 0 ? rc : GMB_E_DEVICE;
+  }
+  *free_b = fr;
+  *total = tot;
+  return 0;
 }

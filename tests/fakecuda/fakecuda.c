@@ -3,8 +3,13 @@
  * product.  It lets gmb's cuda device and its CUDA client path run, across
  * processes, on machines without a GPU, and it behaves like the real driver
  * where code can go wrong.  Built into build/fakecuda/libcuda.so.1
- * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  Only cuGetProcAddress is
- * exported; the entry points are those of the CUDA 12.0 ABI.
+ * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  cuGetProcAddress is
+ * exported, and beside it, as a real libcuda.so.1 exports them, the
+ * versioned names of the memory entry points libgmb-preload.so routes
+ * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuDeviceTotalMem_v2,
+ * cuMemCreate, cuMemRelease, cuIpcGetMemHandle), so that a lookup by name on the
+ * driver's handle can be tested; the others only through
+ * cuGetProcAddress.  The entry points are those of the CUDA 12.0 ABI.
  *
  * What it models, and how:
  *
@@ -97,6 +102,24 @@
  *   $FAKECUDA_DEVICES (default 1, at most 8) is the device count; 0 makes
  *   cuInit fail with CUDA_ERROR_NO_DEVICE.  $FAKECUDA_MISSING names one
  *   entry point cuGetProcAddress pretends not to have.
+ *
+ * - cuGetProcAddress / _v2 answer by base name and version as the real
+ *   driver does: each entry point has the version its 12.0 ABI appeared
+ *   in (cuMemAlloc's _v2 ABI 3.2, as cuMemFree's, cuMemGetInfo's and
+ *   cuDeviceTotalMem's, the VMM calls 10.2, cuGetProcAddress
+ *   11.3, its _v2 12.0, the others 12.0 here); a request below it is
+ *   CUDA_ERROR_NOT_FOUND with CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+ *   except cuMemAlloc / cuMemFree / cuMemGetInfo / cuDeviceTotalMem, which
+ *   below 3.2 give a
+ *   legacy entry point of their own (32-bit sizes in the real driver;
+ *   here it answers CUDA_ERROR_NOT_SUPPORTED): a caller can tell it from
+ *   the 12.0 one.  "cuGetProcAddress" itself is found (v1 below 12.0, the
+ *   _v2 from 12.0), as cudart asks for it.  cuIpcGetMemHandle exports
+ *   only cuMemAlloc's memory (its base), as the real one; nothing opens
+ *   the handle.  $FAKECUDA_DRIVER_VERSION is what cuDriverGetVersion
+ *   claims (12000 by default: a real CUDA runtime refuses a driver older
+ *   than itself); $FAKECUDA_TRACE_GPA=1 writes each symbol cuGetProcAddress
+ *   does not have to stderr (what a real runtime asks for).
  *
  * - Device identity, as containers see it.  Each physical device p has its
  *   own UUID (cuDeviceGetUuid: "FAKECUDA" then p in the last bytes, shown
@@ -1125,9 +1148,13 @@ static CUresult fake_cuInit(unsigned flags) {
   return CUDA_SUCCESS;
 }
 
+/* 12000, or $FAKECUDA_DRIVER_VERSION (a CUDA runtime refuses a driver
+ * older than itself: tests that run a real runtime on the fake say which
+ * version it should claim). */
 static CUresult fake_cuDriverGetVersion(int *v) {
   if (!v) return CUDA_ERROR_INVALID_VALUE;
-  *v = 12000;
+  const char *s = getenv("FAKECUDA_DRIVER_VERSION");
+  *v = s && atoi(s) > 0 ? atoi(s) : 12000;
   return CUDA_SUCCESS;
 }
 
@@ -1177,6 +1204,15 @@ static CUresult fake_cuDeviceGetName(char *name, int len, int d) {
   if (r) return r;
   if (len <= 0) return CUDA_ERROR_INVALID_VALUE;
   snprintf(name, (size_t)len, "fakecuda %d", d);
+  return CUDA_SUCCESS;
+}
+
+/* cuDeviceTotalMem (the _v2 ABI): the device's size, $FAKECUDA_TOTAL. */
+static CUresult fake_cuDeviceTotalMem(size_t *bytes, int d) {
+  CUresult r = fake_device_ok(d);
+  if (r) return r;
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = (size_t)fake_total();
   return CUDA_SUCCESS;
 }
 
@@ -1598,6 +1634,26 @@ static CUresult fake_cuMemFree(CUdeviceptr p) {
   return r;
 }
 
+/* cuIpcGetMemHandle: the real driver exports only cuMemAlloc's memory,
+ * and only its base address; anything else (VMM mappings included) is
+ * CUDA_ERROR_INVALID_VALUE.  The handle (64 bytes) carries the address;
+ * nothing here opens it. */
+static CUresult fake_cuIpcGetMemHandle(void *handle, CUdeviceptr p) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_scratch *s = fake_scratches;
+  while (s && s->ptr != p) s = s->next;
+  if (s) {
+    memset(handle, 0, 64);
+    memcpy(handle, "FAKEIPC", 8);
+    memcpy((char *)handle + 8, &p, sizeof p);
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* --- the API: copies ----------------------------------------------------- */
 
 static CUresult fake_cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -1834,16 +1890,31 @@ static CUresult fake_cuGetErrorString(CUresult r, const char **s) {
   return fake_error_lookup(r, s, 1);
 }
 
-#define FAKE_FN(name) {#name, (void *)(uintptr_t)fake_##name}
+/* The legacy (pre-3.2) entry points a request below 3020 gets. */
+static CUresult fake_legacy(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
+                                    unsigned long long flags, int *status);
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
+                                 unsigned long long flags);
+
+/* name, the entry point, the version its (12.0) ABI appeared in (0: 12000),
+ * and the entry point below that version (NULL: none). */
+#define FAKE_FN(name) {#name, (void *)(uintptr_t)fake_##name, 0, NULL}
+#define FAKE_FN_SINCE(name, v, old) \
+  {#name, (void *)(uintptr_t)fake_##name, v, old}
 static const struct {
   const char *name;
   void *fn;
+  int since;
+  void *older;
 } fake_table[] = {
-    FAKE_FN(cuInit),
-    FAKE_FN(cuDriverGetVersion),
-    FAKE_FN(cuDeviceGetCount),
-    FAKE_FN(cuDeviceGet),
+    FAKE_FN_SINCE(cuInit, 2000, NULL),
+    FAKE_FN_SINCE(cuDriverGetVersion, 2020, NULL),
+    FAKE_FN_SINCE(cuDeviceGetCount, 2000, NULL),
+    FAKE_FN_SINCE(cuDeviceGet, 2000, NULL),
     FAKE_FN(cuDeviceGetName),
+    FAKE_FN_SINCE(cuDeviceTotalMem, 3020, (void *)(uintptr_t)fake_legacy),
     FAKE_FN(cuDeviceGetUuid),
     FAKE_FN(cuDeviceGetPCIBusId),
     FAKE_FN(cuCtxSynchronize),
@@ -1856,19 +1927,20 @@ static const struct {
     FAKE_FN(cuCtxSetCurrent),
     FAKE_FN(cuCtxGetCurrent),
     FAKE_FN(cuCtxGetDevice),
-    FAKE_FN(cuMemGetInfo),
-    FAKE_FN(cuMemGetAllocationGranularity),
-    FAKE_FN(cuMemCreate),
-    FAKE_FN(cuMemRelease),
-    FAKE_FN(cuMemExportToShareableHandle),
-    FAKE_FN(cuMemImportFromShareableHandle),
-    FAKE_FN(cuMemAddressReserve),
-    FAKE_FN(cuMemAddressFree),
-    FAKE_FN(cuMemMap),
-    FAKE_FN(cuMemUnmap),
-    FAKE_FN(cuMemSetAccess),
-    FAKE_FN(cuMemAlloc),
-    FAKE_FN(cuMemFree),
+    FAKE_FN_SINCE(cuMemGetInfo, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN_SINCE(cuMemGetAllocationGranularity, 10020, NULL),
+    FAKE_FN_SINCE(cuMemCreate, 10020, NULL),
+    FAKE_FN_SINCE(cuMemRelease, 10020, NULL),
+    FAKE_FN_SINCE(cuMemExportToShareableHandle, 10020, NULL),
+    FAKE_FN_SINCE(cuMemImportFromShareableHandle, 10020, NULL),
+    FAKE_FN_SINCE(cuMemAddressReserve, 10020, NULL),
+    FAKE_FN_SINCE(cuMemAddressFree, 10020, NULL),
+    FAKE_FN_SINCE(cuMemMap, 10020, NULL),
+    FAKE_FN_SINCE(cuMemUnmap, 10020, NULL),
+    FAKE_FN_SINCE(cuMemSetAccess, 10020, NULL),
+    FAKE_FN_SINCE(cuMemAlloc, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN_SINCE(cuMemFree, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN_SINCE(cuIpcGetMemHandle, 4010, NULL),
     FAKE_FN(cuMemcpyDtoD),
     FAKE_FN(cuMemcpyDtoDAsync),
     FAKE_FN(cuMemcpyHtoD),
@@ -1883,30 +1955,67 @@ static const struct {
     FAKE_FN(cuEventDestroy),
     FAKE_FN(cuGetErrorName),
     FAKE_FN(cuGetErrorString),
+    {"cuGetProcAddress", (void *)(uintptr_t)cuGetProcAddress_v2, 12000,
+     (void *)(uintptr_t)cuGetProcAddress},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
                                     unsigned long long flags, int *status) {
   (void)flags;
+  if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
   *pfn = NULL;
   const char *missing = getenv("FAKECUDA_MISSING");
-  /* Only the 12.0 ABI is modelled: an older request would expect other
-   * prototypes (cuMemAlloc with a 32-bit size). */
-  if (ver < 12000 || (missing && strcmp(missing, sym) == 0)) {
+  if (missing && strcmp(missing, sym) == 0) {
     if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
     return CUDA_ERROR_NOT_FOUND;
   }
-  for (size_t i = 0; i < sizeof fake_table / sizeof fake_table[0]; i++)
-    if (strcmp(fake_table[i].name, sym) == 0) {
-      *pfn = fake_table[i].fn;
-      if (status) *status = 0;
-      return CUDA_SUCCESS;
+  for (size_t i = 0; i < sizeof fake_table / sizeof fake_table[0]; i++) {
+    if (strcmp(fake_table[i].name, sym) != 0) continue;
+    int since = fake_table[i].since ? fake_table[i].since : 12000;
+    void *fn = fake_table[i].fn;
+    /* cuGetProcAddress (v1) itself appeared in 11.3. */
+    int floor = strcmp(sym, "cuGetProcAddress") == 0 ? 11030 : 0;
+    if (ver < since) fn = ver >= floor ? fake_table[i].older : NULL;
+    if (fn == NULL) {
+      if (status) *status = 2; /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
+      return CUDA_ERROR_NOT_FOUND;
     }
+    *pfn = fn;
+    if (status) *status = 0;
+    return CUDA_SUCCESS;
+  }
   if (status) *status = 1;
+  if (getenv("FAKECUDA_TRACE_GPA"))
+    fprintf(stderr, "FAKECUDA: cuGetProcAddress(%s, %d): not here\n", sym,
+            ver);
   return CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
                                  unsigned long long flags) {
   return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
+}
+
+/* The versioned names a real libcuda.so.1 exports, for the routed memory
+ * entry points (see the top). */
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+  return fake_cuMemAlloc(p, bytes);
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return fake_cuMemFree(p); }
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+  return fake_cuMemGetInfo(free_b, total);
+}
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                            const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+  return fake_cuMemCreate(h, size, prop, flags);
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  return fake_cuMemRelease(h);
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int d) {
+  return fake_cuDeviceTotalMem(bytes, d);
+}
+EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p) {
+  return fake_cuIpcGetMemHandle(handle, p);
 }

@@ -29,8 +29,13 @@ try:
     big = torch.empty(1 << 40, dtype=torch.uint8, device="cuda")  # 1 TiB
     check(False, "OOM path: 1TiB allocated?")
 except RuntimeError as e:
-    check("gmb: out of memory" in str(e), "OOM path raises RuntimeError: %s"
-          % str(e).splitlines()[0][:160])
+    # torch.OutOfMemoryError subclasses RuntimeError: whichever PyTorch
+    # raised, the text starts as PyTorch's own and carries gmb's reason.
+    check(str(e).startswith("CUDA out of memory.") and "gmb:" in str(e),
+          "OOM path raises %s: %s" % (type(e).__name__,
+                                      str(e).splitlines()[0][:160]))
+    check(torch.cuda.memory_stats()["num_ooms"] >= 1,
+          "the refusal counts in torch.cuda.memory_stats()['num_ooms']")
 x = torch.ones(4096, device="cuda")
 check(x.sum().item() == 4096.0, "allocations work after a refusal")
 s = torch.cuda.Stream()

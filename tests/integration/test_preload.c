@@ -38,6 +38,7 @@
 static const char *pre_config = "[tenant:pre]\nquota = 8MiB\n";
 
 struct prog {
+  const char *name; /* under build/preload/: NULL for cuda_prog */
   pid_t pid;
   int in, out; /* its stdin (we write), its stdout (we read) */
   char err_path[128];
@@ -83,7 +84,8 @@ static void prog_start(struct prog *p, int with_fake,
   char preload[2 * PATH_MAX + 128];
   pre_preload_line(preload, sizeof preload, with_fake);
   char prog[PATH_MAX], fake[PATH_MAX];
-  snprintf(prog, sizeof prog, "%s/preload/cuda_prog", harness_build_dir());
+  snprintf(prog, sizeof prog, "%s/preload/%s", harness_build_dir(),
+           p->name ? p->name : "cuda_prog");
   snprintf(fake, sizeof fake, "%s/preload/libfakecudart.so", harness_build_dir());
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
@@ -128,11 +130,12 @@ static const char *prog_cmd(struct prog *p, const char *cmd) {
   for (;;) {
     struct pollfd pf = {p->out, POLLIN, 0};
     int r = poll(&pf, 1, HARNESS_WAIT_MS);
-    ck_assert_msg(r == 1, "cuda_prog did not answer \"%s\"", cmd);
+    ck_assert_msg(r == 1, "%s did not answer \"%s\"",
+                  p->name ? p->name : "cuda_prog", cmd);
     char c;
     ssize_t k = read(p->out, &c, 1);
-    ck_assert_msg(k == 1, "cuda_prog ended during \"%s\" (see %s)", cmd,
-                  p->err_path);
+    ck_assert_msg(k == 1, "%s ended during \"%s\" (see %s)",
+                  p->name ? p->name : "cuda_prog", cmd, p->err_path);
     if (c == '\n') break;
     if (len + 1 < sizeof line) line[len++] = c;
   }
@@ -171,12 +174,47 @@ static uint64_t pre_used(const struct harness_broker *b, const char *tenant) {
   return row.used;
 }
 
+/* --- static_prog on the fake driver ---------------------------------------- */
+
+/* The fake driver's and NVML's paths, for static_prog. */
+static void static_paths(char *nvml, size_t cap) {
+  snprintf(nvml, cap, "%s/fakecuda/libnvidia-ml.so.1", harness_build_dir());
+}
+
+/* n fake GPUs, and (with_broker) a broker of the test's config on GPU 0. */
+static void static_gpus(struct harness_gpus *g, int n, struct harness_broker *b) {
+  harness_fake_gpus(g, n);
+  if (b)
+    harness_broker_start_gpu(b, g->base, "cuda:0", HARNESS_FAKE_UUID(0),
+                             pre_config);
+}
+
+/* Starts static_prog as tenant pre on the fake driver, with the pairs of
+ * `extra` (NULL-ended) too; with `init`, opens the driver as the static
+ * runtime does and makes ordinal 0 current. */
+static void static_start(struct prog *p, const char *const extra[],
+                         int init) {
+  const char *env[32] = {"GMB_TENANT", "pre", "GMB_SHIM_ALLOW_HOST", NULL,
+                         "STATIC_PROG_LIBCUDA", getenv("GMB_LIBCUDA")};
+  int n = 6;
+  for (int i = 0; extra && extra[i] && n < 30; i += 2, n += 2) {
+    env[n] = extra[i];
+    env[n + 1] = extra[i + 1];
+  }
+  env[n] = NULL;
+  p->name = "static_prog";
+  prog_start(p, 0, env);
+  if (!init) return;
+  prog_expect(p, "open", "0 gmb:cuGetProcAddress_v2");
+  prog_expect(p, "init 0", "0");
+}
+
 /* --- with a broker --------------------------------------------------------------- */
 
 START_TEST(preload_alloc_free_both_apis) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
   prog_expect(&p, "rt_malloc 0 1048576", "0");
@@ -209,7 +247,7 @@ END_TEST
 START_TEST(preload_quota_refusal_is_error_2) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre",
       "GMB_PRELOAD_VERBOSE", "1", NULL});
@@ -242,7 +280,7 @@ START_TEST(preload_foreign_pointer_and_unlimited_info) {
   harness_broker_start(&b, "host:64MiB", pre_config);
   /* An unlimited tenant, and no real function: the broker's figures, its
    * capacity as total and what the tenant could still get as free. */
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
   char want[64];
@@ -290,7 +328,7 @@ END_TEST
 START_TEST(preload_meminfo_device_free_plus_pool) {
   struct harness_broker b;
   harness_broker_start(&b, "host:4GiB", pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 1, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open", NULL});
   char want[64];
@@ -326,7 +364,7 @@ END_TEST
 START_TEST(preload_host_broker_refused) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "open",
       "GMB_SHIM_ALLOW_HOST", NULL, NULL});
@@ -364,7 +402,7 @@ END_TEST
 START_TEST(preload_async_alloc_free) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
   prog_expect(&p, "rt_malloc_async 0 4096 0", "0");
@@ -428,10 +466,13 @@ END_TEST
 START_TEST(preload_async_real_functions) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 1, (const char *const[]){
       "GMB_ENDPOINT", b.endpoint, "GMB_TENANT", "pre", NULL});
   prog_expect(&p, "real_malloc 0 4096", "0");
+  /* dlsym(RTLD_NEXT) from a library after the shim (whose dlsym it
+   * calls) still means "after that library". */
+  prog_expect(&p, "next_probe", "0");
   prog_expect(&p, "rt_free_async 0 0", "0");
   prog_expect(&p, "rt_malloc_async 1 4096 0", "0");
   ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
@@ -469,11 +510,9 @@ END_TEST
  * during a capture.  Outside a capture a freed block is reused. */
 START_TEST(preload_async_graph_capture_keeps) {
   struct harness_gpus g;
-  harness_fake_gpus(&g, 1);
   struct harness_broker b;
-  harness_broker_start_gpu(&b, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
-                           pre_config);
-  struct prog p;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_TENANT", "pre", "GMB_SHIM_ALLOW_HOST", NULL, NULL});
   prog_expect(&p, "set_device 0", "0");
@@ -508,7 +547,7 @@ END_TEST
 static const char *no_endpoint = "ipc:///nonexistent-gmb/broker.sock";
 
 START_TEST(preload_no_broker_refuses) {
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){"GMB_ENDPOINT", no_endpoint,
                                                NULL});
   prog_expect(&p, "rt_malloc 0 4096", "2");
@@ -523,7 +562,7 @@ START_TEST(preload_no_broker_refuses) {
 END_TEST
 
 START_TEST(preload_passthrough_without_real_refuses) {
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_ENDPOINT", no_endpoint, "GMB_PRELOAD_FALLBACK", "passthrough",
       NULL});
@@ -570,7 +609,7 @@ START_TEST(preload_routes_by_current_device) {
                            pre_config);
   harness_broker_start_gpu(&b1, g.base, "cuda:1", HARNESS_FAKE_UUID(1),
                            pre_config);
-  struct prog p;
+  struct prog p = {0};
   prog_start(&p, 0, (const char *const[]){
       "GMB_TENANT", "pre", "FAKECUDA_VISIBLE", "1,0,2",
       "GMB_SHIM_ALLOW_HOST", NULL, NULL});
@@ -620,9 +659,371 @@ START_TEST(preload_routes_by_current_device) {
 }
 END_TEST
 
+/* --- programs that find the driver themselves (the static runtime) ---------- */
+
+/* A program on the static runtime's path: cuGetProcAddress_v2 from a
+ * dlsym of the driver's handle, then every entry point by base name at
+ * several versions and flags.  The memory calls it gets are gmb's and
+ * hold it to the tenant's quota; the calls gmb does not route are the
+ * driver's; cudaGetDriverEntryPoint* gives gmb's too. */
+START_TEST(preload_getproc_static_runtime) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "resolve cuDeviceGetCount 12000 0", "0 0 drv");
+  /* cuMemAlloc's _v2 ABI from 3.2 on, whatever the flags. */
+  prog_expect(&p, "resolve cuMemAlloc 3020 0", "0 0 gmb:cuMemAlloc_v2");
+  prog_expect(&p, "alloc 0 2097152", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
+  prog_expect(&p, "resolve cuMemAlloc 12000 1", "0 0 gmb:cuMemAlloc_v2");
+  prog_expect(&p, "alloc 1 2097152", "0");
+  prog_expect(&p, "resolve cuMemAlloc 13000 2", "0 0 gmb:cuMemAlloc_v2");
+  prog_expect(&p, "alloc 2 2097152", "0");
+  prog_expect(&p, "resolve1 cuMemAlloc 12080 0", "0 0 gmb:cuMemAlloc_v2");
+  prog_expect(&p, "alloc 3 2097152", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 8 * MIB);
+  prog_expect(&p, "alloc 4 512", "2"); /* past the quota */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 8 * MIB);
+  prog_expect(&p, "resolve cuMemGetInfo 11040 0", "0 0 gmb:cuMemGetInfo_v2");
+  prog_expect(&p, "info", "0 0 8388608");
+  /* Bytes through the pointers, with the driver's own copies. */
+  prog_expect(&p, "fill 0 2097152 5", "0");
+  prog_expect(&p, "check 0 2097152 5", "0");
+  prog_expect(&p, "resolve cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
+  prog_expect(&p, "free 0", "0");
+  prog_expect(&p, "free 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
+  prog_expect(&p, "info", "0 4194304 8388608");
+  /* cuGetProcAddress itself, at both of its ABIs. */
+  prog_expect(&p, "resolve cuGetProcAddress 11030 0",
+              "0 0 gmb:cuGetProcAddress");
+  prog_expect(&p, "resolve cuGetProcAddress 12000 0",
+              "0 0 gmb:cuGetProcAddress_v2");
+  prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p, "resolve cuMemRelease 10020 0", "0 0 gmb:cuMemRelease");
+  /* By name on the driver's handle, as a real libcuda exports them. */
+  prog_expect(&p, "dlsym cuMemAlloc_v2", "gmb:cuMemAlloc_v2");
+  prog_expect(&p, "dlsym cuMemCreate", "gmb:cuMemCreate");
+  prog_expect(&p, "alloc 5 4194304", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 8 * MIB);
+  prog_expect(&p, "alloc 6 512", "2"); /* still held to the quota */
+  prog_expect(&p, "dlsym cuMemGetInfo_v2", "gmb:cuMemGetInfo_v2");
+  prog_expect(&p, "info", "0 0 8388608");
+  prog_expect(&p, "dlsym cuMemFree_v2", "gmb:cuMemFree_v2");
+  prog_expect(&p, "free 5", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
+  /* The runtime's way to the same. */
+  prog_expect(&p, "rt_entry cuMemAlloc 0", "0 0 gmb:cuMemAlloc_v2");
+  prog_expect(&p, "rt_entry_ver cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
+  prog_expect(&p, "free 2", "0");
+  prog_expect(&p, "free 3", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* What gmb does not route goes back as the driver gave it: unknown
+ * symbols, versions below an ABI gmb wraps (another function, or none),
+ * a symbol the driver lacks; dlsym of names the driver lacks. */
+START_TEST(preload_getproc_unknown_passes_through) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "resolve cuNoSuchFunction 12000 0", "500 1 null");
+  prog_expect(&p, "resolve cuMemAlloc 2000 0", "0 0 drv"); /* legacy ABI */
+  prog_expect(&p, "alloc 0 4096", "801"); /* the fake's legacy answer */
+  prog_expect(&p, "resolve cuMemCreate 10010 0", "500 2 null");
+  prog_expect(&p, "resolve cuGetProcAddress 11000 0", "500 2 null");
+  prog_expect(&p, "resolve1 cuNoSuchFunction 12000 0", "500 0 null");
+  prog_expect(&p, "rt_entry cuNoSuchFunction 0", "500 1 null");
+  prog_expect(&p, "dlsym cuNoSuchFunction", "null");
+  prog_expect(&p, "dlsym cuMemAlloc", "null"); /* not exported (legacy) */
+  prog_expect(&p, "dlsym cuMemcpyHtoD_v2", "null"); /* not exported here */
+  prog_expect(&p, "dlsym cuGetProcAddress", "gmb:cuGetProcAddress");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  free(prog_end(&p, 0));
+  static_start(&p, (const char *const[]){"FAKECUDA_MISSING", "cuMemAlloc",
+                                         NULL}, 0);
+  prog_expect(&p, "open", "0 gmb:cuGetProcAddress_v2");
+  prog_expect(&p, "resolve cuMemAlloc 12000 0", "500 1 null");
+  prog_expect(&p, "resolve cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* No broker for the GPU: the driver's memory calls the program found
+ * through cuGetProcAddress are refused with out-of-memory and one line
+ * (GMB_PRELOAD_FALLBACK=refuse, the default), or reach the driver's own
+ * (GMB_PRELOAD_FALLBACK=passthrough, or GMB_PRELOAD_STRICT=0), which
+ * also exports its own memory with legacy IPC as before. */
+START_TEST(preload_getproc_no_broker) {
+  struct harness_gpus g;
+  static_gpus(&g, 1, NULL);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "resolve cuMemAlloc 12000 0", "0 0 gmb:cuMemAlloc_v2");
+  prog_expect(&p, "alloc 0 4096", "2");
+  prog_expect(&p, "create 1 2097152", "2");
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "gmb-preload: no broker") == 1 &&
+                    strstr(err, "GMB_PRELOAD_FALLBACK=refuse"),
+                "stderr:\n%s", err);
+  free(err);
+  for (int strict = 0; strict < 2; strict++) {
+    static_start(&p, (const char *const[]){
+        strict ? "GMB_PRELOAD_STRICT" : "GMB_PRELOAD_FALLBACK",
+        strict ? "0" : "passthrough", NULL}, 1);
+    prog_expect(&p, "alloc 0 4096", "0"); /* the driver's */
+    prog_expect(&p, "fill 0 4096 3", "0");
+    prog_expect(&p, "check 0 4096 3", "0");
+    prog_expect(&p, "ipc 0", "0");
+    prog_expect(&p, "free 0", "0");
+    prog_expect(&p, "create 1 2097152", "0");
+    prog_expect(&p, "release 1", "0");
+    err = prog_end(&p, 0);
+    ck_assert_msg(strstr(err, "pass through"), "stderr:\n%s", err);
+    free(err);
+  }
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/*
+ * The VMM calls as PyTorch's expandable segments use them: a reserved
+ * range, 2 MiB handles made with cuMemCreate and mapped one after another,
+ * bytes across their boundary, the tail unmapped and released as the
+ * segment shrinks.  cuMemCreate counts against the tenant's quota beside
+ * its broker memory and is refused past it; cudaMemGetInfo's figure
+ * includes it; release gives the room back.
+ */
+START_TEST(preload_vmm_expandable_segments) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, (const char *const[]){"GMB_PRELOAD_VERBOSE", "1", NULL},
+               1);
+  prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
+  prog_expect(&p, "resolve cuMemMap 12000 0", "0 0 drv");
+  prog_expect(&p, "alloc 9 2097152", "0"); /* broker memory */
+  prog_expect(&p, "vreserve 16777216", "0");
+  prog_expect(&p, "create 0 2097152", "0");
+  prog_expect(&p, "vmap 0 0", "0");
+  prog_expect(&p, "create 1 2097152", "0");
+  prog_expect(&p, "vmap 1 1", "0");
+  prog_expect(&p, "vfill 1048576 2097152 7", "0"); /* across the boundary */
+  prog_expect(&p, "vcheck 1048576 2097152 7", "0");
+  prog_expect(&p, "info", "0 2097152 8388608");
+  prog_expect(&p, "create 2 2097152", "0");
+  prog_expect(&p, "vmap 2 2", "0");
+  prog_expect(&p, "create 3 2097152", "2"); /* 2 + 3 x 2 MiB held */
+  prog_expect(&p, "info", "0 0 8388608");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB); /* the broker's part */
+  prog_expect(&p, "vunmap 2", "0"); /* the segment shrinks */
+  prog_expect(&p, "release 2", "0");
+  prog_expect(&p, "create 3 2097152", "0");
+  prog_expect(&p, "vmap 2 3", "0");
+  prog_expect(&p, "vcheck 1048576 2097152 7", "0");
+  prog_expect(&p, "free 9", "0");
+  prog_expect(&p, "create 4 2097152", "0");
+  prog_expect(&p, "info", "0 0 8388608");
+  for (int i = 0; i < 3; i++) {
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "vunmap %d", i);
+    prog_expect(&p, cmd, "0");
+  }
+  prog_expect(&p, "release 0", "0");
+  prog_expect(&p, "release 1", "0");
+  prog_expect(&p, "release 3", "0");
+  prog_expect(&p, "release 4", "0");
+  prog_expect(&p, "vfree", "0");
+  prog_expect(&p, "info", "0 8388608 8388608");
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "cuMemCreate(2097152) refused: "
+                                   "GMB_E_QUOTA") == 1,
+                "stderr:\n%s", err);
+  free(err);
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* One figure everywhere: NVML (opened as pynvml opens it) reports the
+ * tenant's quota as total, what it can still get as free, as the driver's
+ * cuMemGetInfo does, and as the broker counts the tenant (gmbctl's
+ * figures); a GPU without a broker keeps NVML's own figures.  A process
+ * that only uses NVML gets the same figure. */
+START_TEST(preload_nvml_reports_quota) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 2, &b);
+  char nvml[PATH_MAX];
+  static_paths(nvml, sizeof nvml);
+  struct prog p = {0};
+  static_start(&p, (const char *const[]){"STATIC_PROG_NVML", nvml, NULL}, 1);
+  prog_expect(&p, "alloc 0 3145728", "0");
+  prog_expect(&p, "nvml_open", "0");
+  prog_expect(&p, "nvml_info 0", "0 5242880 8388608 3145728");
+  prog_expect(&p, "nvml_info2 0", "0 5242880 8388608 3145728");
+  prog_expect(&p, "nvml_info2_v1 0", "25"); /* NVML's own refusal */
+  /* The device's size as the driver gives it (cudaGetDeviceProperties'
+   * totalGlobalMem): the quota too; a GPU without a broker: its own. */
+  prog_expect(&p, "resolve cuDeviceTotalMem 12000 0",
+              "0 0 gmb:cuDeviceTotalMem_v2");
+  prog_expect(&p, "total 0", "0 8388608");
+  prog_expect(&p, "total 1", "0 134217728"); /* FAKECUDA_TOTAL */
+  prog_expect(&p, "resolve cuDeviceTotalMem 3000 0", "0 0 drv");
+  prog_expect(&p, "info", "0 5242880 8388608");
+  struct wire_tenant_row row;
+  ck_assert_int_eq(harness_tenant_row(&b, "pre", &row), 0);
+  ck_assert_uint_eq(row.quota, 8 * MIB);
+  ck_assert_uint_eq(row.used, 3 * MIB);
+  /* GPU 1 has no broker: NVML's own figures (tests/fakecuda/fakenvml.c). */
+  prog_expect(&p, "nvml_info 1", "0 64424509440 85899345920 21474836480");
+  prog_expect(&p, "nvml_info2 1", "0 64424509440 85899345920 20401094656");
+  free(prog_end(&p, 0));
+  /* NVML alone, no CUDA call: its session is made by the GPU's UUID. */
+  static_start(&p, (const char *const[]){"STATIC_PROG_NVML", nvml, NULL}, 0);
+  prog_expect(&p, "nvml_open", "0");
+  prog_expect(&p, "nvml_info2 0", "0 8388608 8388608 0");
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* Legacy CUDA IPC of gmb's memory is refused with not-supported and one
+ * line that names the alternative; the broker's memory is untouched. */
+START_TEST(preload_ipc_of_gmb_memory_refused) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "resolve cuIpcGetMemHandle 12000 0",
+              "0 0 gmb:cuIpcGetMemHandle");
+  prog_expect(&p, "alloc 0 4096", "0");
+  prog_expect(&p, "ipc 0", "801");
+  prog_expect(&p, "ipc 0", "801");
+  prog_expect(&p, "check 0 0 0", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4096);
+  prog_expect(&p, "free 0", "0");
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(harness_count(err, "cannot be shared with legacy CUDA IPC") ==
+                    1,
+                "stderr:\n%s", err);
+  free(err);
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/*
+ * A real program on nvcc's default static runtime (tests/preload/
+ * static_cudart.cu, built where nvcc is installed), on the stand-in
+ * driver: the runtime opens the driver and asks cuGetProcAddress for
+ * every entry point at the version its ABI appeared in; it is handed
+ * gmb's for the memory calls (GMB_PRELOAD_VERBOSE names each).  It stops
+ * there (the stand-in has no cuGetExportTable, NVIDIA's private table),
+ * so allocation itself is left to tests/gpu/run.sh.
+ */
+/* Runs build/preload/NAME under the preload on the stand-in driver with
+ * the environment a real CUDA runtime needs there; its output in out.
+ * 0, or 1 (with a line saying so) when NAME was not built (no nvcc). */
+static int real_cudart_run(const char *name, char *out, size_t cap) {
+  char prog[PATH_MAX];
+  snprintf(prog, sizeof prog, "%s/preload/%s", harness_build_dir(), name);
+  if (access(prog, X_OK) != 0) {
+    printf("%s: skipped: %s is not built (no nvcc here)\n", name, prog);
+    return 1;
+  }
+  char preload[2 * PATH_MAX + 128], libdir[PATH_MAX];
+  pre_preload_line(preload, sizeof preload, 0);
+  /* The stand-in for the runtime's dlopen("libcuda.so.1"); the shared
+   * build finds the toolkit's libcudart by its rpath (mk/shim.mk). */
+  snprintf(libdir, sizeof libdir, "%s/fakecuda", harness_build_dir());
+  setenv("LD_LIBRARY_PATH", libdir, 1);
+  setenv("FAKECUDA_DRIVER_VERSION", "99000", 1); /* newer than the runtime */
+  setenv("GMB_PRELOAD_VERBOSE", "1", 1);
+  setenv("GMB_TENANT", "pre", 1);
+#if defined(__SANITIZE_ADDRESS__)
+  /* The runtime is not ours to hold to LeakSanitizer's rules. */
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+#endif
+  setenv("LD_PRELOAD", preload, 1);
+  char *argv[] = {prog, NULL};
+  int rc = harness_run(argv, out, cap);
+  unsetenv("LD_PRELOAD");
+  unsetenv("LD_LIBRARY_PATH");
+  unsetenv("FAKECUDA_DRIVER_VERSION");
+  unsetenv("GMB_PRELOAD_VERBOSE");
+  ck_assert_msg(rc == 0, "%s exited with %d:\n%s", name, rc, out);
+  return 0;
+}
+
+START_TEST(preload_real_static_cudart_lookups) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  char out[16384];
+  if (real_cudart_run("static_cudart", out, sizeof out) == 0) {
+    static const char *const want[] = {
+        "(cuGetProcAddress, 12000, 0): gmb's cuGetProcAddress_v2",
+        "(cuMemAlloc, 3020, 0): gmb's cuMemAlloc_v2",
+        "(cuMemFree, 3020, 0): gmb's cuMemFree_v2",
+        "(cuMemGetInfo, 3020, 0): gmb's cuMemGetInfo_v2",
+        "(cuDeviceTotalMem, 3020, 0): gmb's cuDeviceTotalMem_v2",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+      ck_assert_msg(strstr(out, want[i]), "no \"%s\" in:\n%s", want[i],
+                    out);
+  }
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* The same program linked against the toolkit's shared runtime
+ * (nvcc -cudart shared: versioned references, cudaMalloc@libcudart.so.13,
+ * which the preload's definitions satisfy): its calls are gmb's, held to
+ * the quota, whatever the runtime behind would do. */
+START_TEST(preload_real_shared_cudart) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  char out[16384];
+  if (real_cudart_run("shared_cudart", out, sizeof out) == 0) {
+    ck_assert_msg(strstr(out, "cudaMalloc: 0\n") &&
+                      strstr(out, "cudaMemGetInfo: 0 7340032 8388608\n") &&
+                      strstr(out, "cudaFree: 0\n"),
+                  "%s", out);
+  }
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "preload", "preload", 60,
+      preload_getproc_static_runtime,
+      preload_real_static_cudart_lookups,
+      preload_real_shared_cudart,
+      preload_getproc_unknown_passes_through,
+      preload_getproc_no_broker,
+      preload_vmm_expandable_segments,
+      preload_nvml_reports_quota,
+      preload_ipc_of_gmb_memory_refused,
       preload_routes_by_current_device,
       preload_async_alloc_free,
       preload_async_real_functions,

@@ -416,7 +416,11 @@ START_TEST(torch_refusal_throws) {
   char *argv[] = {prog, lib, big, "GMB_E_QUOTA", NULL};
   int rc = harness_run(argv, out, sizeof out);
   ck_assert_msg(rc == 0, "%d: %s", rc, out);
-  ck_assert_msg(strstr(out, "threw: gmb: out of memory:") != NULL, "%s", out);
+  /* PyTorch's own words first (what users match on), then gmb's reason. */
+  ck_assert_msg(strstr(out, "threw: CUDA out of memory. Tried to allocate "
+                            "8.00 MiB on GPU 0. gmb: gmb_torch_alloc(") !=
+                    NULL,
+                "%s", out);
   /* A success returns the pointer (exit 1: "returned"). */
   char *ok[] = {prog, lib, "4096", "GMB_E_QUOTA", NULL};
   rc = harness_run(ok, out, sizeof out);
@@ -711,10 +715,146 @@ START_TEST(torch_hooks_in_pytorch_order) {
 }
 END_TEST
 
+/* --- PyTorch's view of memory ---------------------------------------------- */
+
+/* struct gmb_torch_stats (client/shim/torch.c), as gmb_torch.py reads it. */
+struct torch_stats {
+  uint64_t allocated_current, allocated_peak, allocated_total, freed_total;
+  uint64_t requested_current, requested_total, requested_freed;
+  uint64_t allocs_current, allocs_total, frees_total;
+  uint64_t reserved_current, reserved_peak;
+  uint64_t segments_current, segments_total, segments_freed;
+  uint64_t num_ooms;
+  uint64_t inactive_current;
+  uint64_t kept;
+};
+
+typedef int (*torch_stats_fn)(int, struct torch_stats *, size_t);
+
+/* One allocation and its free on a thread of its own. */
+static void *stats_thread(void *arg) {
+  struct torch_lib *t = arg;
+  void *p = t->alloc(512, 0, (void *)0x1234);
+  if (p) t->free(p, 512, 0, (void *)0x1234);
+  return p;
+}
+
+static int stats_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  torch_stats_fn stats;
+  int (*reset)(int);
+  int (*info)(int, unsigned long long *, unsigned long long *);
+  *(void **)&stats = dlsym(t.h, "gmb_torch_memory_stats");
+  *(void **)&reset = dlsym(t.h, "gmb_torch_reset_peak");
+  *(void **)&info = dlsym(t.h, "gmb_torch_mem_get_info");
+  CHILD_CHECK(stats && reset && info, 11, "missing statistics functions");
+  void *stream = (void *)0x1234;
+  struct torch_stats st;
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 12, "stats");
+  CHILD_CHECK(st.allocs_total == 0 && st.allocated_current == 0 &&
+                  st.num_ooms == 0,
+              12, "figures before any allocation");
+  CHILD_CHECK(stats(-1, &st, sizeof st) == GMB_E_INVAL, 12, "device -1");
+  CHILD_CHECK(stats(0, &st, sizeof st - 8) == GMB_E_INVAL, 12, "short size");
+  void *p1 = t.alloc(1000, 0, stream), *p2 = t.alloc(4096, 0, stream);
+  void *p3 = t.alloc((ssize_t)MIB + 1, 0, stream);
+  CHILD_CHECK(p1 && p2 && p3, 13, "alloc: %s", t.last_error());
+  const uint64_t all3 = 1024 + 4096 + MIB + 512, req3 = 1000 + 4096 + MIB + 1;
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 14, "stats");
+  CHILD_CHECK(st.allocated_current == all3 && st.allocated_peak == all3 &&
+                  st.allocated_total == all3 && st.freed_total == 0,
+              14, "allocated %llu/%llu/%llu/%llu",
+              (unsigned long long)st.allocated_current,
+              (unsigned long long)st.allocated_peak,
+              (unsigned long long)st.allocated_total,
+              (unsigned long long)st.freed_total);
+  CHILD_CHECK(st.requested_current == req3 && st.requested_total == req3 &&
+                  st.requested_freed == 0,
+              15, "requested %llu", (unsigned long long)st.requested_current);
+  CHILD_CHECK(st.allocs_current == 3 && st.allocs_total == 3 &&
+                  st.frees_total == 0,
+              16, "counts %llu", (unsigned long long)st.allocs_current);
+  /* Reserved: the pages the cache mapped, what the tenant holds. */
+  long long used = torch_used(a);
+  CHILD_CHECK(st.reserved_current >= all3 &&
+                  st.reserved_current == (uint64_t)used &&
+                  st.reserved_peak >= st.reserved_current &&
+                  st.segments_current >= 1 &&
+                  st.inactive_current == st.reserved_current - all3,
+              17, "reserved %llu (tenant %lld), inactive %llu",
+              (unsigned long long)st.reserved_current, used,
+              (unsigned long long)st.inactive_current);
+  /* torch.cuda.mem_get_info: the quota as total, the rest as free. */
+  unsigned long long fr = 0, tot = 0;
+  CHILD_CHECK(info(0, &fr, &tot) == 0, 18, "mem_get_info: %s",
+              t.last_error());
+  CHILD_CHECK(tot == TORCH_QUOTA && fr == TORCH_QUOTA - (uint64_t)used, 18,
+              "mem_get_info %llu %llu", fr, tot);
+  t.free(p2, 4096, 0, stream);
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 19, "stats");
+  CHILD_CHECK(st.allocated_current == all3 - 4096 &&
+                  st.allocated_peak == all3 && st.freed_total == 4096 &&
+                  st.requested_current == req3 - 4096 &&
+                  st.requested_freed == 4096 && st.allocs_current == 2 &&
+                  st.frees_total == 1,
+              19, "after a free: allocated %llu",
+              (unsigned long long)st.allocated_current);
+  CHILD_CHECK(reset(0) == 0, 20, "reset");
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 20, "stats");
+  CHILD_CHECK(st.allocated_peak == all3 - 4096 &&
+                  st.allocated_total == all3 && st.allocs_current == 2,
+              20, "peaks after reset %llu",
+              (unsigned long long)st.allocated_peak);
+  /* Counted on another thread: summed in. */
+  pthread_t th;
+  void *tp = NULL;
+  CHILD_CHECK(pthread_create(&th, NULL, stats_thread, &t) == 0, 20, "thread");
+  pthread_join(th, &tp);
+  CHILD_CHECK(tp != NULL, 20, "thread's alloc: %s", t.last_error());
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 20, "stats");
+  CHILD_CHECK(st.allocs_total == 4 && st.frees_total == 2 &&
+                  st.allocated_current == all3 - 4096 &&
+                  st.freed_total == 4096 + 512,
+              20, "with a thread's: %llu allocations",
+              (unsigned long long)st.allocs_total);
+  /* A refusal is an OOM, and changes nothing else. */
+  CHILD_CHECK(t.alloc((ssize_t)(TORCH_QUOTA + 512), 0, stream) == NULL, 21,
+              "over the quota");
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 21, "stats");
+  CHILD_CHECK(st.num_ooms == 1 && st.allocs_total == 4 &&
+                  st.allocated_current == all3 - 4096,
+              21, "ooms %llu", (unsigned long long)st.num_ooms);
+  t.free(p1, 1000, 0, stream);
+  t.free(p3, (ssize_t)MIB + 1, 0, stream);
+  t.free(p3, (ssize_t)MIB + 1, 0, stream); /* twice: ignored, not counted */
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0, 22, "stats");
+  CHILD_CHECK(st.allocated_current == 0 && st.requested_current == 0 &&
+                  st.allocs_current == 0 && st.frees_total == 4 &&
+                  st.freed_total == all3 + 512,
+              22, "after every free: %llu",
+              (unsigned long long)st.allocated_current);
+  return 0;
+}
+
+/* gmb_torch.memory_stats()'s figures, driven as PyTorch drives the
+ * allocator: counts, bytes (rounded and as asked), peaks and their reset,
+ * the cache's pages as reserved, OOMs; mem_get_info as the quota. */
+START_TEST(torch_memory_stats_as_pytorch) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", torch_config);
+  struct torch_args a = {b.endpoint, "torch", 1, 0};
+  torch_run(stats_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "torch", "torch", 60,
       torch_hooks_in_pytorch_order,
+      torch_memory_stats_as_pytorch,
       torch_routes_by_device,
       torch_sizes_and_zero,
       torch_quota_returns_null,

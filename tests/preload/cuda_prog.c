@@ -11,6 +11,9 @@
  *   fill SLOT SIZE SEED | check SLOT SIZE SEED      -> "0" or "bad OFFSET"
  *   real_malloc SLOT SIZE   cudaMalloc of the library named by
  *                           $CUDA_PROG_REAL (not the interposed one) -> "RC"
+ *   next_probe              the stand-in library's fake_next_probe: what
+ *                           dlsym(RTLD_NEXT) answers a library preloaded
+ *                           after the shim -> "0" right, "1" wrong
  *   set_device N            makes ordinal N's primary context current, as
  *                           cudaSetDevice does, through the driver named by
  *                           $GMB_LIBCUDA (the fake in tests)     -> "RC"
@@ -155,6 +158,13 @@ int main(void) {
       if (h) *(void **)&f = dlsym(h, "cudaMalloc");
       NEED(f);
       printf("%d\n", f(&prog_slot[slot], (size_t)size));
+    } else if (!strcmp(cmd, "next_probe")) {
+      const char *lib = getenv("CUDA_PROG_REAL");
+      void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+      int (*f)(void) = NULL;
+      if (h) *(void **)&f = dlsym(h, "fake_next_probe");
+      NEED(f);
+      printf("%d\n", f());
     } else if (!strcmp(cmd, "rt_malloc_async")) {
       NEED(cudaMallocAsync);
       printf("%d\n", cudaMallocAsync(&prog_slot[slot], (size_t)size,

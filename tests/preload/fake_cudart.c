@@ -7,6 +7,7 @@
  * The stream-ordered calls and the synchronisations say on stderr that
  * they arrived ("fake-cudart: cudaFreeAsync"), for the same reason.
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,4 +103,21 @@ int cudaDeviceSynchronize(void) {
 int cuCtxSynchronize(void) {
   fputs("fake-cudart: cuCtxSynchronize\n", stderr);
   return 0;
+}
+
+/* What dlsym(RTLD_NEXT, "cudaMalloc") answers this library, preloaded
+ * after libgmb-preload.so (which defines dlsym): 0 NULL (nothing after it
+ * defines cudaMalloc: right), 1 its own cudaMalloc (dlsym looked "next"
+ * from libgmb-preload.so instead of from here), 2 another. */
+FAKE_API int fake_next_probe(void);
+int fake_next_probe(void) {
+  void *next = dlsym(RTLD_NEXT, "cudaMalloc");
+  if (next == NULL) return 0;
+  /* By the library it lies in: a plain reference to cudaMalloc here would
+   * bind to the preloaded shim's. */
+  Dl_info me, it;
+  if (dladdr((void *)(uintptr_t)fake_next_probe, &me) && dladdr(next, &it) &&
+      me.dli_fbase == it.dli_fbase)
+    return 1;
+  return 2;
 }

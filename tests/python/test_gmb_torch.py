@@ -9,9 +9,10 @@ ImportError, library_path() honours GMB_TORCH_LIB); the others are skipped
 and the reason printed.  With PyTorch and a GPU the test starts its own
 broker (BUILD_DIR/gmb-broker --device cuda:0 in a run dir of its own),
 enables the allocator once, makes a tensor in broker memory and calls each
-feature: the statistics (memory_stats, memory_allocated,
-max_memory_allocated, reset_peak_memory_stats, memory_snapshot,
-_record_memory_history) must raise RuntimeError naming what the pluggable
+feature: the statistics gmb_torch.enable() replaced (memory_stats,
+memory_allocated, max_memory_allocated, reset_peak_memory_stats,
+mem_get_info) answer with gmb's figures; memory_snapshot and
+_record_memory_history must raise RuntimeError naming what the pluggable
 allocator does not support, sharing a CUDA tensor the way
 torch.multiprocessing does (reduce_tensor) must raise RuntimeError; after
 each the tensor's bytes are intact.  The hooks gmb_torch.enable() wires
@@ -19,7 +20,9 @@ are used as PyTorch users do: torch.cuda.empty_cache() gives the cache's
 free slabs back (the tenant's bytes in use, read through libgmb.so, drop),
 set_per_process_memory_fraction(0) refuses an allocation and 1 allows it
 again, and Tensor.record_stream() records no error and leaks nothing.
-Without PyTorch, the library must still export every function HOOKS names.
+Without PyTorch, the library must still export every function HOOKS names,
+and gmb_torch.memory_stats() is checked on a host broker with the
+allocator driven through ctypes as PyTorch drives it.
 """
 import os
 import shutil
@@ -91,6 +94,162 @@ class WithoutTorch(unittest.TestCase):
                 os.environ["GMB_TORCH_LIB"] = old
 
 
+def _start_broker(cls, prefix, args):
+    """A broker (BUILD/gmb-broker ARGS --run-dir DIR) in a run dir of its
+    own, kept on cls; the path of its socket once it is there, else None
+    (its log says why)."""
+    cls.run_dir = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(cls.run_dir, 0o755)
+    cls.log = open(os.path.join(cls.run_dir, "broker.log"), "w")
+    cls.broker = subprocess.Popen(
+        [os.path.join(BUILD, "gmb-broker")] + args +
+        ["--run-dir", cls.run_dir], stdout=cls.log, stderr=cls.log)
+    sock = os.path.join(cls.run_dir, "broker.sock")
+    for _ in range(400):  # a bounded wait for a condition
+        if os.path.exists(sock) or cls.broker.poll() is not None:
+            break
+        time.sleep(0.05)
+    return sock if os.path.exists(sock) else None
+
+
+def _sanitized(lib_path):
+    """A sanitizer build cannot be loaded into a plain python3."""
+    out = subprocess.run(["nm", "-D", lib_path], capture_output=True,
+                         text=True).stdout
+    return "__asan_init" in out or "__ubsan_handle" in out
+
+
+class StatisticsWithoutTorch(unittest.TestCase):
+    """gmb_torch.memory_stats() and the rest, with the allocator driven
+    through ctypes as PyTorch drives it, on a host broker (no PyTorch, no
+    GPU needed): PyTorch's key names, the figures of what was allocated,
+    peaks and their reset, OOMs, and mem_get_info as the tenant's quota."""
+    MIB = 1 << 20
+
+    @classmethod
+    def setUpClass(cls):
+        cls.lib_path = os.path.join(BUILD, "libgmb-torch.so")
+        if not os.path.isfile(cls.lib_path):
+            raise unittest.SkipTest("%s is not built" % cls.lib_path)
+        if _sanitized(cls.lib_path):
+            raise unittest.SkipTest("a sanitizer build of the library")
+        cls.conf_dir = tempfile.mkdtemp(prefix="gmbpyc-")
+        conf = os.path.join(cls.conf_dir, "gmb.ini")
+        with open(conf, "w") as f:
+            f.write("[tenant:pystats]\nquota = 8MiB\n")
+        sock = _start_broker(cls, "gmbpys-",
+                             ["--device", "host:64MiB", "--config", conf])
+        if sock is None:
+            raise AssertionError("no broker came up; see %s" % cls.log.name)
+        os.environ["GMB_ENDPOINT"] = "ipc://" + sock
+        os.environ["GMB_TENANT"] = "pystats"
+        os.environ["GMB_SHIM_ALLOW_HOST"] = "1"
+        os.environ["GMB_TORCH_LIB"] = cls.lib_path
+        import ctypes
+        cls.lib = ctypes.CDLL(cls.lib_path)
+        cls.lib.gmb_torch_alloc_nothrow.restype = ctypes.c_void_p
+        cls.lib.gmb_torch_alloc_nothrow.argtypes = [
+            ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        cls.lib.gmb_torch_free.argtypes = [
+            ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.broker.terminate()
+        cls.broker.wait(timeout=30)
+        cls.log.close()
+        shutil.rmtree(cls.run_dir, ignore_errors=True)
+        shutil.rmtree(cls.conf_dir, ignore_errors=True)
+        for k in ("GMB_ENDPOINT", "GMB_TENANT", "GMB_SHIM_ALLOW_HOST",
+                  "GMB_TORCH_LIB"):
+            os.environ.pop(k, None)
+
+    def alloc(self, n):
+        p = self.lib.gmb_torch_alloc_nothrow(n, 0, None)
+        return p
+
+    def test_stats_as_pytorch_names_them(self):
+        mib = self.MIB
+        base = gmb_torch.memory_stats(0)
+        p1, p2 = self.alloc(1000), self.alloc(mib + 1)
+        self.assertTrue(p1 and p2, gmb_torch.last_error())
+        st = gmb_torch.memory_stats(0)
+        rounded = 1024 + mib + 512
+        self.assertEqual(st["allocated_bytes.all.current"],
+                         base["allocated_bytes.all.current"] + rounded)
+        self.assertEqual(st["requested_bytes.all.current"],
+                         base["requested_bytes.all.current"] + 1000 + mib + 1)
+        self.assertEqual(st["allocation.all.current"],
+                         base["allocation.all.current"] + 2)
+        self.assertEqual(st["active_bytes.all.current"],
+                         st["allocated_bytes.all.current"])
+        self.assertGreaterEqual(st["reserved_bytes.all.current"],
+                                st["allocated_bytes.all.current"])
+        self.assertGreaterEqual(st["reserved_bytes.all.peak"],
+                                st["reserved_bytes.all.current"])
+        self.assertEqual(list(st), sorted(st))
+        self.assertEqual(gmb_torch.memory_allocated(0),
+                         st["allocated_bytes.all.current"])
+        self.assertEqual(gmb_torch.memory_reserved(0),
+                         st["reserved_bytes.all.current"])
+        # The tenant's quota as total, what it can still get as free.
+        free, total = gmb_torch.mem_get_info(0)
+        self.assertEqual(total, 8 * mib)
+        self.assertEqual(free, 8 * mib - st["reserved_bytes.all.current"])
+        self.lib.gmb_torch_free(p2, mib + 1, 0, None)
+        self.assertEqual(gmb_torch.max_memory_allocated(0),
+                         st["allocated_bytes.all.peak"])
+        gmb_torch.reset_peak_memory_stats(0)
+        after = gmb_torch.memory_stats(0)
+        self.assertEqual(after["allocated_bytes.all.peak"],
+                         after["allocated_bytes.all.current"])
+        self.assertEqual(after["allocated_bytes.all.freed"],
+                         st["allocated_bytes.all.freed"] + mib + 512)
+        # A refusal counts as an OOM.
+        self.assertFalse(self.alloc(9 * mib))
+        self.assertIn("GMB_E_QUOTA", gmb_torch.last_error())
+        self.assertEqual(gmb_torch.memory_stats(0)["num_ooms"],
+                         st["num_ooms"] + 1)
+        self.lib.gmb_torch_free(p1, 1000, 0, None)
+        end = gmb_torch.memory_stats(0)
+        self.assertEqual(end["allocated_bytes.all.current"],
+                         base["allocated_bytes.all.current"])
+        self.assertEqual(end["allocation.all.freed"],
+                         base["allocation.all.freed"] + 2)
+        nested = gmb_torch.memory_stats_as_nested_dict(0)
+        self.assertEqual(nested["allocated_bytes"]["all"]["current"],
+                         end["allocated_bytes.all.current"])
+
+    def test_snapshot_while_recording(self):
+        mib = self.MIB
+        before = self.alloc(4096)  # not recorded: before record_history()
+        gmb_torch.record_history(True)
+        try:
+            p1, p2 = self.alloc(1000), self.alloc(mib)
+            snap = gmb_torch.memory_snapshot()
+            self.assertEqual([b["address"] for b in snap], sorted([p1, p2]))
+            by = {b["address"]: b for b in snap}
+            self.assertEqual((by[p1]["size"], by[p1]["requested_size"]),
+                             (1024, 1000))
+            self.assertEqual(by[p2]["size"], mib)
+            self.assertEqual(by[p2]["device"], 0)
+            self.lib.gmb_torch_free(p1, 1000, 0, None)
+            self.assertEqual([b["address"] for b in
+                              gmb_torch.memory_snapshot()], [p2])
+        finally:
+            gmb_torch.record_history(False)
+        self.assertEqual(gmb_torch.memory_snapshot(), [])
+        self.lib.gmb_torch_free(p2, mib, 0, None)
+        self.lib.gmb_torch_free(before, 4096, 0, None)
+
+    def test_device_arguments(self):
+        self.assertEqual(gmb_torch._device_index(None), 0)
+        self.assertEqual(gmb_torch._device_index("cuda:3"), 3)
+        self.assertEqual(gmb_torch._device_index(2), 2)
+        with self.assertRaises(ValueError):
+            gmb_torch.memory_stats(-1)
+
+
 @unittest.skipIf(WHY_NOT is not None, WHY_NOT or "")
 class UnsupportedFeatures(unittest.TestCase):
     broker = None
@@ -98,18 +257,8 @@ class UnsupportedFeatures(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.run_dir = tempfile.mkdtemp(prefix="gmbpy-")
-        os.chmod(cls.run_dir, 0o755)
-        cls.log = open(os.path.join(cls.run_dir, "broker.log"), "w")
-        cls.broker = subprocess.Popen(
-            [os.path.join(BUILD, "gmb-broker"), "--device", "cuda:0",
-             "--run-dir", cls.run_dir], stdout=cls.log, stderr=cls.log)
-        sock = os.path.join(cls.run_dir, "broker.sock")
-        for _ in range(200):  # a bounded wait for a condition
-            if os.path.exists(sock) or cls.broker.poll() is not None:
-                break
-            time.sleep(0.05)
-        if not os.path.exists(sock):
+        sock = _start_broker(cls, "gmbpy-", ["--device", "cuda:0"])
+        if sock is None:
             raise unittest.SkipTest("no broker on cuda:0 came up; see %s"
                                     % cls.log.name)
         os.environ["GMB_ENDPOINT"] = "ipc://" + sock
@@ -140,16 +289,34 @@ class UnsupportedFeatures(unittest.TestCase):
         self.intact()
 
     def test_memory_stats(self):
-        self.refused(torch.cuda.memory_stats)
+        # gmb_torch.enable() replaced torch.cuda's statistics with gmb's.
+        st = torch.cuda.memory_stats()
+        self.assertGreaterEqual(st["allocated_bytes.all.current"], 4 << 20)
+        self.assertGreaterEqual(st["reserved_bytes.all.current"],
+                                st["allocated_bytes.all.current"])
+        self.intact()
 
     def test_memory_allocated(self):
-        self.refused(torch.cuda.memory_allocated)
+        self.assertEqual(torch.cuda.memory_allocated(),
+                         gmb_torch.memory_allocated())
+        self.assertGreaterEqual(torch.cuda.memory_allocated(), 4 << 20)
 
     def test_max_memory_allocated(self):
-        self.refused(torch.cuda.max_memory_allocated)
+        self.assertGreaterEqual(torch.cuda.max_memory_allocated(),
+                                torch.cuda.memory_allocated())
 
     def test_reset_peak_memory_stats(self):
-        self.refused(torch.cuda.reset_peak_memory_stats)
+        y = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+        del y
+        torch.cuda.reset_peak_memory_stats()
+        self.assertEqual(torch.cuda.max_memory_allocated(),
+                         torch.cuda.memory_allocated())
+        self.intact()
+
+    def test_mem_get_info(self):
+        free, total = torch.cuda.mem_get_info()
+        self.assertEqual((free, total), gmb_torch.mem_get_info())
+        self.assertLessEqual(free, total)
 
     def test_memory_snapshot(self):
         self.refused(torch.cuda.memory_snapshot)
