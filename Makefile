@@ -39,8 +39,10 @@ WARN := -Wall -Wextra -Wstrict-prototypes -Wshadow -Werror
 # INC is each part's own include path (below): a file includes its own
 # part's headers, the shared ones (proto/) and the public one (include/),
 # and nothing else compiles (docs/architecture.md, tests/layout.sh).
+# VIS: only the public API is exported (a plugin's entry points set it).
+VIS = -fvisibility=hidden
 CFLAGS_ALL = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING $(OPT) $(WARN) -fPIC \
-  -fvisibility=hidden $(SANFLAGS) -MMD -MP $(INC) $(PKG_CFLAGS) $(CFLAGS)
+  $(VIS) $(SANFLAGS) -MMD -MP $(INC) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
 LIBS_ALL = $(PKG_LIBS) -lpthread -lrt -lm -ldl
 
