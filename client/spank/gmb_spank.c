@@ -94,7 +94,7 @@ static int spank_opt_preload(int val, const char *optarg, int remote) {
   return 0;
 }
 
-struct spank_option spank_options[] = {
+static struct spank_option spank_opts[] = {
     {"gpu-mem", "SIZE",
      "GPU memory for each step, as a gmb tenant's quota (8GiB, 512MiB); "
      "must agree with --gres=gmbmem:N",
@@ -104,6 +104,20 @@ struct spank_option spank_options[] = {
      "to the broker)",
      0, 0, spank_opt_preload},
     SPANK_OPTIONS_TABLE_END};
+
+/* The options, registered here rather than exported as spank_options:
+ * sbatch and salloc (the allocator context) show and accept only options
+ * registered from slurm_spank_init. */
+int slurm_spank_init(spank_t sp, int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  for (struct spank_option *o = spank_opts; o->name; o++)
+    if (spank_option_register(sp, o) != ESPANK_SUCCESS) {
+      slurm_error("gmb: cannot register --%s", o->name);
+      return -1;
+    }
+  return 0;
+}
 
 /* The step's (or for the batch step, the job's) tres_per_node from the
  * controller; "" when it has none.  0, or -1 after saying why. */
