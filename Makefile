@@ -7,6 +7,7 @@
 #   make bench      benchmarks (figures in docs/benchmarks.md)
 #   make check-deploy  image, containers, compose, Kubernetes, systemd (root)
 #   make check-fresh   the README's first lines in a minbase Debian 12 (root)
+#   make check-slurm   gmb_spank.so under a Slurm started on this machine (root)
 #   make install PREFIX=/usr/local   binaries, libraries, header, gmb.pc, docs
 #   make clean
 #   V=1             show full commands
@@ -39,8 +40,10 @@ WARN := -Wall -Wextra -Wstrict-prototypes -Wshadow -Werror
 # INC is each part's own include path (below): a file includes its own
 # part's headers, the shared ones (proto/) and the public one (include/),
 # and nothing else compiles (docs/architecture.md, tests/layout.sh).
+# VIS: only the public API is exported (a plugin's entry points set it).
+VIS = -fvisibility=hidden
 CFLAGS_ALL = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING $(OPT) $(WARN) -fPIC \
-  -fvisibility=hidden $(SANFLAGS) -MMD -MP $(INC) $(PKG_CFLAGS) $(CFLAGS)
+  $(VIS) $(SANFLAGS) -MMD -MP $(INC) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
 LIBS_ALL = $(PKG_LIBS) -lpthread -lrt -lm -ldl
 
@@ -116,7 +119,7 @@ INTEG_BIN := $(patsubst tests/integration/%.c,$(B)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 
 .PHONY: all deps check unit integration demo bench install clean gen layout \
-  check-deploy check-fresh
+  check-deploy check-fresh check-slurm
 # Keep the objects that only pattern rules name (tests, benchmarks) between
 # runs.  Not a bare .SECONDARY: that would also let make skip a missing
 # object of an archive whenever the archive is newer than its source.
@@ -279,6 +282,14 @@ check-deploy: all
 # check-fresh.sh).  Needs root.
 check-fresh:
 	$(Q)bash deploy/check/check-fresh.sh $(B)
+
+# gmb_spank.so under a real Slurm: Debian's packages installed when missing
+# (deploy/install-deps.sh --slurm), munged, slurmctld and slurmd for one
+# node and gmb brokers started from a private directory, jobs submitted
+# with srun and sbatch (deploy/check/check-slurm.sh, docs/slurm.md).
+# Needs root; says what it skipped and why.
+check-slurm: all
+	$(Q)bash deploy/check/check-slurm.sh $(B)
 
 clean:
 	rm -rf build

@@ -13,6 +13,12 @@
  * would break it is refused.  A quota may go below what the tenant holds:
  * nothing is taken back, its new requests are refused until it frees.
  *
+ * Tenants made at run time (tenant add, for a Slurm job step or a
+ * Kubernetes pod) are proved by a token hash or uids, never by first use,
+ * and are not written to the state file: the scheduler's component makes
+ * them again.  Removal waits for the tenant's sessions (or ends them when
+ * asked), and the tenant admits no new session meanwhile.
+ *
  * A reload (SIGHUP or gmbctl reload) is all or nothing: the config file and
  * the state file are both read before anything is applied, and a file that
  * does not read leaves the running configuration as it was.
@@ -160,15 +166,14 @@ static int admin_limit(struct gmb_broker *b, const struct gmb_peer *peer,
 
 /* --- evict --------------------------------------------------------------- */
 
-static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
-                       const struct wire_request *req, struct wire_reply *rep) {
-  struct gmb_tenant *t = admin_tenant(b, req->u.admin_evict.tenant, rep);
-  if (t == NULL) return 1;
-  uint64_t before = t->used;
+/* Ends every session of t, each told `why`; returns how many.  The
+ * evicted processes may still run and write the memory they mapped: none
+ * of the tenant's segments may serve anyone again.  They are empty after;
+ * the one the pool keeps lingering goes back to the device too (its pages
+ * stay the evicted processes' own until they unmap them). */
+static uint32_t admin_end_sessions(struct gmb_broker *b, struct gmb_tenant *t,
+                                   const char *why) {
   uint32_t n = 0;
-  char why[128];
-  snprintf(why, sizeof why, "evicted by uid %u (gmbctl evict %s)",
-           (unsigned)peer->uid, t->name);
   /* session_end unlinks the session from t->sessions, so take the head
    * each time; it also drops the session's waiting allocations. */
   struct gmb_session *s;
@@ -180,12 +185,20 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
     gmb__core_session_end(b, s, why);
     n++;
   }
-  /* The evicted processes may still run and write the memory they mapped:
-   * none of the tenant's segments may serve anyone again.  They are empty
-   * now; the one the pool keeps lingering goes back to the device too
-   * (its pages stay the evicted processes' own until they unmap them). */
   gmb__pool_trim(b->pool);
   gmb__tenant_segments_sync(b->tenants, t);
+  return n;
+}
+
+static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
+                       const struct wire_request *req, struct wire_reply *rep) {
+  struct gmb_tenant *t = admin_tenant(b, req->u.admin_evict.tenant, rep);
+  if (t == NULL) return 1;
+  uint64_t before = t->used;
+  char why[128];
+  snprintf(why, sizeof why, "evicted by uid %u (gmbctl evict %s)",
+           (unsigned)peer->uid, t->name);
+  uint32_t n = admin_end_sessions(b, t, why);
   uint64_t freed = before - t->used;
   char fs[GMB_SIZE_BUFSZ];
   log_info("uid %u evicted tenant %s: %u sessions ended, %s freed",
@@ -196,6 +209,120 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
   rep->u.evict.bytes_freed = freed;
   snprintf(rep->message, sizeof rep->message,
            "tenant %s: %u sessions ended, %s freed", t->name, n, fs);
+  return 1;
+}
+
+/* --- tenant add and remove (schedulers' node components) --------------- */
+
+/* A tenant made at run time for a job step or a pod: proved by its token
+ * hash or uids only (a tenant that proves no one would go to the first uid
+ * that connects, which is what a scheduler must not allow), within the
+ * device, and with its reservation kept as at `reserve set`. */
+static int admin_tenant_add(struct gmb_broker *b, const struct gmb_peer *peer,
+                            const struct wire_request *req,
+                            struct wire_reply *rep) {
+  const struct wire_tenant_add *a = &req->u.admin_tenant_add;
+  char qs[GMB_SIZE_BUFSZ], rs[GMB_SIZE_BUFSZ], cs[GMB_SIZE_BUFSZ];
+  if (!gmb__name_valid(a->tenant))
+    return gmb__reply_fail(rep, GMB_E_INVAL, "bad tenant name '%.63s': use 1 "
+                           "to 63 of A-Z a-z 0-9 . _ -, not starting with . "
+                           "or -", a->tenant);
+  struct gmb_tenant *t = gmb__tenant_find(b->tenants, a->tenant);
+  if (t != NULL)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s exists already%s",
+                           t->name, t->removing ? " (its removal waits for "
+                           "its sessions to end)" : "");
+  if (!a->has_token && a->n_uids == 0)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s would prove no one: "
+                           "give a token hash or uids", a->tenant);
+  if (a->n_uids > GMB_CONFIG_UIDS_MAX)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "too many uids");
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  gmb__size_format(a->quota, qs, sizeof qs);
+  gmb__size_format(a->reserve, rs, sizeof rs);
+  gmb__size_format(ps.capacity, cs, sizeof cs);
+  if (a->quota > ps.capacity)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "quota %s of %s is more than the "
+                           "device's %s", qs, a->tenant, cs);
+  if (a->quota != 0 && a->reserve > a->quota)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "reservation %s of %s would be "
+                           "above its quota %s", rs, a->tenant, qs);
+  if (a->reserve) {
+    struct admin_sum sum = {.except = NULL};
+    gmb__tenants_each(b->tenants, admin_sum_reserve, &sum);
+    if (a->reserve > ps.capacity || sum.total > ps.capacity - a->reserve)
+      return gmb__reply_fail(rep, GMB_E_NOMEM, "reservation %s of %s would "
+                             "bring the reservations to more than the "
+                             "device's %s (others hold %s)", rs, a->tenant,
+                             cs, gmb__size_format(sum.total, qs, sizeof qs));
+  }
+  if (gmb__tenants_full(b->tenants) ||
+      (t = gmb__tenant_create(b->tenants, a->tenant)) == NULL)
+    return gmb__reply_fail(rep, GMB_E_LIMIT, "cannot create tenant %s: the "
+                           "broker holds as many tenants as it may",
+                           a->tenant);
+  t->added = 1;
+  gmb__tenant_set_quota(b->tenants, t, a->quota);
+  gmb__tenant_set_reserve(b->tenants, t, a->reserve);
+  t->priority = a->priority;
+  for (uint32_t i = 0; i < a->n_uids; i++) t->uids[i] = a->uids[i];
+  t->n_uids = a->n_uids;
+  t->has_token = a->has_token;
+  memcpy(t->token_sha256, a->token_sha256, sizeof t->token_sha256);
+  gmb__size_format(a->quota, qs, sizeof qs);
+  log_info("uid %u added tenant %s: quota %s, reserve %s, %s%u uids",
+           (unsigned)peer->uid, t->name, a->quota ? qs : "unlimited", rs,
+           a->has_token ? "a token, " : "", (unsigned)a->n_uids);
+  admin_tenant_row(t, rep);
+  snprintf(rep->message, sizeof rep->message, "tenant %s added: quota %s",
+           t->name, a->quota ? qs : "unlimited");
+  return 1;
+}
+
+/* Removes a tenant now when nothing holds it, else marks it: it admits no
+ * new session and the reaper takes it when its last session ended
+ * (gmb__tenant_idle).  A tenant the config names stays: the config is the
+ * operator's word (remove it there and reload). */
+static int admin_tenant_remove(struct gmb_broker *b,
+                               const struct gmb_peer *peer,
+                               const struct wire_request *req,
+                               struct wire_reply *rep) {
+  struct gmb_tenant *t =
+      admin_tenant(b, req->u.admin_tenant_remove.tenant, rep);
+  if (t == NULL) return 1;
+  if (t->configured)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s is named in the "
+                           "config file: remove it there and reload", t->name);
+  char name[sizeof t->name];
+  snprintf(name, sizeof name, "%s", t->name);
+  uint64_t before = t->used;
+  uint32_t evicted = 0;
+  t->removing = 1;
+  if (req->u.admin_tenant_remove.evict) {
+    char why[128];
+    snprintf(why, sizeof why, "removed by uid %u", (unsigned)peer->uid);
+    evicted = admin_end_sessions(b, t, why);
+  }
+  rep->kind = WIRE_ADMIN_TENANT_REMOVE;
+  rep->u.tenant_remove.evicted = evicted;
+  rep->u.tenant_remove.bytes_freed = before - t->used;
+  /* A compaction run may hold a pointer to it: then the reaper waits. */
+  if (gmb__tenant_idle(b->tenants, t, 1) && !b->compacting &&
+      !b->compact_reqs) {
+    gmb__tenant_remove(b->tenants, t);
+    rep->u.tenant_remove.removed = 1;
+    log_info("uid %u removed tenant %s%s", (unsigned)peer->uid, name,
+             evicted ? " (its sessions evicted)" : "");
+    snprintf(rep->message, sizeof rep->message, "tenant %s removed", name);
+    return 1;
+  }
+  b->reap_pending = 1;
+  rep->u.tenant_remove.sessions = t->n_sessions;
+  log_info("uid %u asked to remove tenant %s: it goes when its %u sessions "
+           "end", (unsigned)peer->uid, name, t->n_sessions);
+  snprintf(rep->message, sizeof rep->message, "tenant %s goes when its %u "
+           "sessions end (it admits no new one)", name, t->n_sessions);
   return 1;
 }
 
@@ -499,6 +626,10 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
       return admin_evict(b, peer, req, rep);
     case WIRE_ADMIN_RELOAD:
       return admin_reload(b, peer, rep);
+    case WIRE_ADMIN_TENANT_ADD:
+      return admin_tenant_add(b, peer, req, rep);
+    case WIRE_ADMIN_TENANT_REMOVE:
+      return admin_tenant_remove(b, peer, req, rep);
     case WIRE_ADMIN_SNAPSHOT:
       gmb__observe_snapshot(b, req->u.admin_snapshot.segment,
                             req->u.admin_snapshot.offset,

@@ -278,6 +278,9 @@ void gmb__tenants_set_limits(struct gmb_tenants *ts,
 int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
                      int named) {
   uid_t u;
+  if (t->n_sessions != 0 || t->used != 0 || t->waiting != 0) return 0;
+  if (t->removing) return 1;
+  if (t->added) return 0;
   if (!named && !gmb__tenant_default_uid(t->name, &u)) return 0;
   return !t->configured && t->n_sessions == 0 && t->used == 0 &&
          t->waiting == 0 && t->reserve == 0 && t->priority == 0 &&
@@ -289,6 +292,8 @@ void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
              t->waiting == 0 && "a tenant removed while it holds something");
   struct tenant_node *n =
       (struct tenant_node *)((char *)t - offsetof(struct tenant_node, t));
+  /* A removed tenant's reservation (tenant add) is no one's any more. */
+  if (t->reserve) gmb__tenant_set_reserve(ts, t, 0);
   /* Its empty segments go back to the device (the retire callback counts
    * them off t while it still exists). */
   gmb__pool_arena_destroy(ts->pool, t->arena);
@@ -360,6 +365,11 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
              t->name, (unsigned)uid, (unsigned long long)t->quota);
     *out = t;
     return 0;
+  }
+  if (t->removing) {
+    snprintf(why, whycap, "tenant %s is being removed (its job or pod "
+             "ended): it admits no new session", t->name);
+    return GMB_E_AUTH;
   }
   if (t->n_uids > 0 || t->has_token) {
     if (gmb__tenant_uid_listed(t, uid) ||

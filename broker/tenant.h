@@ -93,6 +93,10 @@ struct gmb_tenant {
   int has_owner;
   uid_t owner_uid;   /* the first uid that connected, for unbound tenants */
   int quota_set;     /* an operator set its quota (not the default) */
+  int added;         /* made at run time by the admin socket (tenant add):
+                        kept, idle or not, until removed */
+  int removing;      /* a removal was asked: it admits no new session and
+                        goes once its sessions ended (gmb__tenant_idle) */
   /* Its owner uid's shared budget while it is ad-hoc (tenant.h, above);
    * NULL otherwise.  budget_charged: the bytes of `used` charged to it. */
   struct gmb_uid_budget *budget;
@@ -222,16 +226,18 @@ int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
 void gmb__tenants_set_limits(struct gmb_tenants *ts,
                              const struct gmb_config *cfg);
 
-/* 1 when t was made by first use (not configured) and holds nothing: no
- * session, no allocation, no waiter, and no limit an operator set (its
- * quota is the default, no reservation, priority 0).  `named` 0: only a
- * default tenant (uid-N) counts, which loses nothing by going (its name is
- * its uid's anyway, and the next session makes it again, the same); 1:
- * any, which loses the first uid's ownership of its name. */
+/* 1 when t was made by first use (not configured, not added) and holds
+ * nothing: no session, no allocation, no waiter, and no limit an operator
+ * set (its quota is the default, no reservation, priority 0).  `named` 0:
+ * only a default tenant (uid-N) counts, which loses nothing by going (its
+ * name is its uid's anyway, and the next session makes it again, the
+ * same); 1: any, which loses the first uid's ownership of its name.  A
+ * tenant whose removal was asked (`removing`) is idle, whatever its
+ * limits, once it has no session, allocation or waiter. */
 int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
                      int named);
-/* Removes idle tenant t (gmb__tenant_idle): its arena's empty segments go
- * back to the device, and t is freed. */
+/* Removes idle tenant t (gmb__tenant_idle): its reservation ends, its
+ * arena's empty segments go back to the device, and t is freed. */
 void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t);
 
 /* Removes every idle tenant (gmb__tenant_idle with `named`); returns how

@@ -81,6 +81,8 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__AdminReload ar = GMB__ADMIN_RELOAD__INIT;
   Gmb__AdminSnapshot asn = GMB__ADMIN_SNAPSHOT__INIT;
   Gmb__AdminMetrics am = GMB__ADMIN_METRICS__INIT;
+  Gmb__AdminTenantAdd ata = GMB__ADMIN_TENANT_ADD__INIT;
+  Gmb__AdminTenantRemove atr = GMB__ADMIN_TENANT_REMOVE__INIT;
 
   r.id = req->id;
   switch (req->kind) {
@@ -175,6 +177,30 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
     case WIRE_ADMIN_METRICS:
       r.body_case = GMB__REQUEST__BODY_ADMIN_METRICS;
       r.admin_metrics = &am;
+      break;
+    case WIRE_ADMIN_TENANT_ADD:
+      if (!WIRE_FITS(req->u.admin_tenant_add.tenant) ||
+          req->u.admin_tenant_add.n_uids > WIRE_UIDS_MAX)
+        return GMB_E_INVAL;
+      ata.tenant = wire_name(req->u.admin_tenant_add.tenant);
+      ata.quota = req->u.admin_tenant_add.quota;
+      ata.reserve = req->u.admin_tenant_add.reserve;
+      if (req->u.admin_tenant_add.has_token) {
+        ata.token_sha256.data = (uint8_t *)req->u.admin_tenant_add.token_sha256;
+        ata.token_sha256.len = sizeof req->u.admin_tenant_add.token_sha256;
+      }
+      ata.n_uids = req->u.admin_tenant_add.n_uids;
+      ata.uids = (uint32_t *)req->u.admin_tenant_add.uids;
+      ata.priority = req->u.admin_tenant_add.priority;
+      r.body_case = GMB__REQUEST__BODY_ADMIN_TENANT_ADD;
+      r.admin_tenant_add = &ata;
+      break;
+    case WIRE_ADMIN_TENANT_REMOVE:
+      if (!WIRE_FITS(req->u.admin_tenant_remove.tenant)) return GMB_E_INVAL;
+      atr.tenant = wire_name(req->u.admin_tenant_remove.tenant);
+      atr.evict = req->u.admin_tenant_remove.evict != 0;
+      r.body_case = GMB__REQUEST__BODY_ADMIN_TENANT_REMOVE;
+      r.admin_tenant_remove = &atr;
       break;
     default:
       return GMB_E_INVAL;
@@ -286,6 +312,40 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       break;
     case GMB__REQUEST__BODY_ADMIN_METRICS:
       out->kind = WIRE_ADMIN_METRICS;
+      break;
+    case GMB__REQUEST__BODY_ADMIN_TENANT_ADD: {
+      const Gmb__AdminTenantAdd *a = r->admin_tenant_add;
+      out->kind = WIRE_ADMIN_TENANT_ADD;
+      out->u.admin_tenant_add.quota = a->quota;
+      out->u.admin_tenant_add.reserve = a->reserve;
+      out->u.admin_tenant_add.priority = a->priority;
+      rc = wire_name_copy(out->u.admin_tenant_add.tenant,
+                          sizeof out->u.admin_tenant_add.tenant, a->tenant);
+      /* A hash is exactly 32 bytes or absent; too many uids is refused
+       * rather than cut, so that no uid is silently left out. */
+      if (rc == 0 && a->token_sha256.len != 0) {
+        if (a->token_sha256.len != sizeof out->u.admin_tenant_add.token_sha256)
+          rc = GMB_E_PROTO;
+        else {
+          out->u.admin_tenant_add.has_token = 1;
+          memcpy(out->u.admin_tenant_add.token_sha256, a->token_sha256.data,
+                 a->token_sha256.len);
+        }
+      }
+      if (rc == 0 && a->n_uids > WIRE_UIDS_MAX) rc = GMB_E_PROTO;
+      if (rc == 0) {
+        out->u.admin_tenant_add.n_uids = (uint32_t)a->n_uids;
+        for (size_t i = 0; i < a->n_uids; i++)
+          out->u.admin_tenant_add.uids[i] = a->uids[i];
+      }
+      break;
+    }
+    case GMB__REQUEST__BODY_ADMIN_TENANT_REMOVE:
+      out->kind = WIRE_ADMIN_TENANT_REMOVE;
+      out->u.admin_tenant_remove.evict = r->admin_tenant_remove->evict;
+      rc = wire_name_copy(out->u.admin_tenant_remove.tenant,
+                          sizeof out->u.admin_tenant_remove.tenant,
+                          r->admin_tenant_remove->tenant);
       break;
     default:
       rc = GMB_E_PROTO; /* no body, or one this version does not know */
@@ -549,6 +609,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__NoMemory nm = GMB__NO_MEMORY__INIT;
   Gmb__TenantRow row = GMB__TENANT_ROW__INIT;
   Gmb__EvictReply ev_rep = GMB__EVICT_REPLY__INIT;
+  Gmb__TenantRemoveReply trm = GMB__TENANT_REMOVE_REPLY__INIT;
   Gmb__MetricsReply mr = GMB__METRICS_REPLY__INIT;
   Gmb__SnapshotReply sn = GMB__SNAPSHOT_REPLY__INIT;
   struct wire_snap_out snap = {0};
@@ -663,6 +724,14 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       ev_rep.bytes_freed = rep->u.evict.bytes_freed;
       r.body_case = GMB__REPLY__BODY_EVICT;
       r.evict = &ev_rep;
+      break;
+    case WIRE_ADMIN_TENANT_REMOVE:
+      trm.removed = rep->u.tenant_remove.removed != 0;
+      trm.sessions = rep->u.tenant_remove.sessions;
+      trm.evicted = rep->u.tenant_remove.evicted;
+      trm.bytes_freed = rep->u.tenant_remove.bytes_freed;
+      r.body_case = GMB__REPLY__BODY_TENANT_REMOVE;
+      r.tenant_remove = &trm;
       break;
     case WIRE_ADMIN_METRICS:
       if (rep->u.metrics.text == NULL) return GMB_E_INVAL;
@@ -871,6 +940,13 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.evict.sessions = r->evict->sessions;
       out->u.evict.bytes_freed = r->evict->bytes_freed;
       break;
+    case GMB__REPLY__BODY_TENANT_REMOVE:
+      out->kind = WIRE_ADMIN_TENANT_REMOVE;
+      out->u.tenant_remove.removed = r->tenant_remove->removed;
+      out->u.tenant_remove.sessions = r->tenant_remove->sessions;
+      out->u.tenant_remove.evicted = r->tenant_remove->evicted;
+      out->u.tenant_remove.bytes_freed = r->tenant_remove->bytes_freed;
+      break;
     case GMB__REPLY__BODY_METRICS:
       out->kind = WIRE_ADMIN_METRICS;
       out->u.metrics.text = strdup(r->metrics->text ? r->metrics->text : "");
@@ -961,6 +1037,8 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ADMIN_SNAPSHOT: return "admin-snapshot";
     case WIRE_ADMIN_METRICS: return "admin-metrics";
     case WIRE_SEGMENT_CLOSED: return "segment-closed";
+    case WIRE_ADMIN_TENANT_ADD: return "admin-tenant-add";
+    case WIRE_ADMIN_TENANT_REMOVE: return "admin-tenant-remove";
     case WIRE_KIND_COUNT: break;
   }
   return "unknown";

@@ -20,6 +20,7 @@
 #define WIRE_MESSAGE_MAX 512  /* human-readable reasons, with the NUL */
 #define WIRE_SECRET_MAX 32    /* HelloReply.fd_secret (GMB_FD_SECRET_LEN) */
 #define WIRE_DEVICE_MAX 64
+#define WIRE_UIDS_MAX 16      /* AdminTenantAdd.uids */
 
 enum wire_kind {
   WIRE_NONE = 0,
@@ -41,6 +42,9 @@ enum wire_kind {
   WIRE_ADMIN_SNAPSHOT, /* request; reply: SnapshotReply */
   WIRE_ADMIN_METRICS, /* request; reply: MetricsReply */
   WIRE_SEGMENT_CLOSED, /* request: SegmentClosed; no reply */
+  WIRE_ADMIN_TENANT_ADD,    /* request: AdminTenantAdd; reply: TENANT_ROW */
+  WIRE_ADMIN_TENANT_REMOVE, /* request and reply: AdminTenantRemove,
+                               TenantRemoveReply */
   WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
@@ -55,6 +59,17 @@ enum wire_event {
   WIRE_EVENT_SESSION_ENDED = 3,
   WIRE_EVENT_EVICTED = 4,
   WIRE_EVENT_TRIM = 5, /* give u.event.bytes of cached memory back */
+};
+
+/* AdminTenantAdd: a tenant made at run time (admin socket). */
+struct wire_tenant_add {
+  char tenant[WIRE_NAME_MAX + 1];
+  uint64_t quota, reserve; /* bytes; quota 0: no limit */
+  int has_token;           /* token_sha256 is set */
+  uint8_t token_sha256[32];
+  uint32_t n_uids;
+  uint32_t uids[WIRE_UIDS_MAX];
+  int32_t priority;
 };
 
 struct wire_request {
@@ -101,6 +116,11 @@ struct wire_request {
       uint64_t segment, offset; /* the cursor; (0, 0): the first page */
       uint32_t limit;           /* ranges per page; 0: the default */
     } admin_snapshot;
+    struct wire_tenant_add admin_tenant_add;
+    struct {
+      char tenant[WIRE_NAME_MAX + 1];
+      int evict; /* end its sessions now */
+    } admin_tenant_remove;
   } u;
 };
 
@@ -229,6 +249,12 @@ struct wire_reply {
     struct {
       char *text; /* owned, NUL-terminated */
     } metrics;
+    struct {
+      int removed;           /* gone now; else when `sessions` end */
+      uint32_t sessions;     /* still open */
+      uint32_t evicted;      /* ended by `evict` */
+      uint64_t bytes_freed;  /* by `evict` */
+    } tenant_remove;
   } u;
 };
 

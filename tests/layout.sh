@@ -56,6 +56,7 @@ client/admin     client/admin/ proto/ include/
 client/gmbctl    client/gmbctl/ client/admin/ proto/ include/
 client/replay    client/replay/ client/admin/ proto/ include/
 client/shim      client/shim/ include/
+client/spank     client/spank/ client/admin/ proto/ include/
 client/examples  client/examples/ include/gmb.h
 include          include/
 '

@@ -176,6 +176,42 @@ int gmb__admin_rpc_call(struct admin_rpc *rpc, struct wire_request *req,
                         rpc->endpoint, timeout_ms);
 }
 
+int gmb__admin_tenant_add(struct admin_rpc *rpc,
+                          const struct wire_tenant_add *spec,
+                          struct wire_tenant_row *row, char *why, size_t cap) {
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_ADD};
+  req.u.admin_tenant_add = *spec;
+  struct wire_reply rep;
+  int rc = gmb__admin_rpc_call(rpc, &req, WIRE_TENANT_ROW, 0, &rep, why, cap);
+  if (rc) return rc;
+  if (row) *row = rep.u.tenant_row;
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+int gmb__admin_tenant_remove(struct admin_rpc *rpc, const char *tenant,
+                             int evict, struct admin_tenant_removal *out,
+                             char *why, size_t cap) {
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_REMOVE};
+  if (strlen(tenant) >= sizeof req.u.admin_tenant_remove.tenant)
+    return admin_rpc_fail(GMB_E_INVAL, why, cap, "tenant name too long");
+  snprintf(req.u.admin_tenant_remove.tenant,
+           sizeof req.u.admin_tenant_remove.tenant, "%s", tenant);
+  req.u.admin_tenant_remove.evict = evict != 0;
+  struct wire_reply rep;
+  int rc = gmb__admin_rpc_call(rpc, &req, WIRE_ADMIN_TENANT_REMOVE, 0, &rep,
+                               why, cap);
+  if (rc) return rc;
+  if (out) {
+    out->removed = rep.u.tenant_remove.removed;
+    out->sessions = rep.u.tenant_remove.sessions;
+    out->evicted = rep.u.tenant_remove.evicted;
+    out->bytes_freed = rep.u.tenant_remove.bytes_freed;
+  }
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
 void gmb__admin_rpc_close(struct admin_rpc *rpc) {
   if (rpc == NULL) return;
   if (rpc->sock) zmq_close(rpc->sock);

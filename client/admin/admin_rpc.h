@@ -16,6 +16,7 @@
 
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wire.h"
 
@@ -54,6 +55,31 @@ void gmb__admin_rpc_set_stop(struct admin_rpc *rpc,
 int gmb__admin_rpc_call(struct admin_rpc *rpc, struct wire_request *req,
                         enum wire_kind expect, int timeout_ms,
                         struct wire_reply *rep, char *why, size_t cap);
+
+/*
+ * Tenants made and removed at run time, for the node components of
+ * schedulers (the Slurm SPANK plugin, the Kubernetes device plugin) and
+ * gmbctl.  gmb__admin_tenant_add creates `spec->tenant` with its quota,
+ * reservation, token hash and uids; 0 with *row (may be NULL) filled, or
+ * the broker's refusal (GMB_E_INVAL: it exists, bad name, proves no one,
+ * above the device; GMB_E_NOMEM: the reservations would pass the device;
+ * GMB_E_LIMIT: too many tenants; GMB_E_AUTH: not an admin uid).
+ * gmb__admin_tenant_remove removes `tenant`: at once when no session holds
+ * it, else when its last session ended (it admits no new one), or after
+ * ending them when `evict`.  0 with *out (may be NULL) filled.
+ */
+int gmb__admin_tenant_add(struct admin_rpc *rpc,
+                          const struct wire_tenant_add *spec,
+                          struct wire_tenant_row *row, char *why, size_t cap);
+struct admin_tenant_removal {
+  int removed;           /* gone now; else when `sessions` end */
+  uint32_t sessions;     /* still open */
+  uint32_t evicted;      /* sessions ended by `evict` */
+  uint64_t bytes_freed;  /* by `evict` */
+};
+int gmb__admin_tenant_remove(struct admin_rpc *rpc, const char *tenant,
+                             int evict, struct admin_tenant_removal *out,
+                             char *why, size_t cap);
 
 /* Closes the socket and the context; accepts NULL. */
 void gmb__admin_rpc_close(struct admin_rpc *rpc);

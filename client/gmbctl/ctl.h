@@ -70,7 +70,7 @@ json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st);
 json_t *gmb__ctl_json_session(const struct wire_session_row *r);
 json_t *gmb__ctl_json_compact(const struct wire_compact_stats *c);
 
-/* ctl_admin.c: quota, reserve, evict, reload. */
+/* ctl_admin.c: quota, reserve, evict, reload, tenant. */
 int gmb__ctl_quota(struct ctl *ctl, const struct ctl_verb *v, int argc,
                    char **argv);
 int gmb__ctl_reserve(struct ctl *ctl, const struct ctl_verb *v, int argc,
@@ -78,6 +78,10 @@ int gmb__ctl_reserve(struct ctl *ctl, const struct ctl_verb *v, int argc,
 int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
                    char **argv);
 int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                    char **argv);
+/* tenant add NAME [--quota S] [--reserve S] [--token-file F |
+ * --token-sha256 HEX] [--uid N]... | tenant remove NAME [--evict] */
+int gmb__ctl_tenant(struct ctl *ctl, const struct ctl_verb *v, int argc,
                     char **argv);
 
 /* ctl_snapshot.c: a snapshot read page by page (docs/snapshot.md). */

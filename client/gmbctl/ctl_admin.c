@@ -1,6 +1,7 @@
 /*
  * ctl_admin.c - gmbctl's verbs that change the broker: quota, reserve,
- * evict and reload.
+ * evict, reload, and tenant add/remove (run-time tenants, as a scheduler's
+ * node component makes them).
  *
  * Arguments are checked here before anything is sent, so a typo never
  * reaches the broker: a missing or extra argument, an unknown subcommand,
@@ -10,8 +11,11 @@
  * gmb__ctl_call.  A quota of 0 means no limit and prints as "unlimited";
  * "unlimited" is accepted as a quota too.
  */
+#include <errno.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctl.h"
@@ -172,4 +176,140 @@ int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
   printf("%s\n", rep.message);
   gmb__wire_reply_clear(&rep);
   return 0;
+}
+
+/* --- tenant add / remove ------------------------------------------------ */
+
+/* The SHA-256 of the token in `path` (trailing newlines dropped, as the
+ * library reads GMB_TOKEN_FILE), or of a hex hash given as is. */
+static int ctl_token_file(const struct ctl_verb *v, const char *path,
+                          uint8_t sha[32]) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --token-file %s: %s", v->name,
+                         path, strerror(errno));
+  char buf[WIRE_TOKEN_MAX + 2];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+  if (n == 0 || n > WIRE_TOKEN_MAX)
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --token-file %s: want 1 to %d "
+                         "bytes of token", v->name, path, WIRE_TOKEN_MAX);
+  unsigned len = 0;
+  if (EVP_Digest(buf, n, sha, &len, EVP_sha256(), NULL) != 1 || len != 32)
+    return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: cannot hash the token", v->name);
+  return 0;
+}
+
+static int ctl_hex32(const char *s, uint8_t out[32]) {
+  if (strlen(s) != 64) return -1;
+  for (int i = 0; i < 32; i++) {
+    unsigned x;
+    if (sscanf(s + 2 * i, "%2x", &x) != 1) return -1;
+    out[i] = (uint8_t)x;
+  }
+  return 0;
+}
+
+static int ctl_tenant_add(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                          char **argv) {
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_ADD};
+  struct wire_tenant_add *a = &req.u.admin_tenant_add;
+  snprintf(a->tenant, sizeof a->tenant, "%s", argv[0]);
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+    if (val == NULL) return ctl_usage_fail(v, "an option lacks its value");
+    int rc = 0;
+    if (strcmp(o, "--quota") == 0) {
+      rc = gmb__size_parse(val, &a->quota);
+    } else if (strcmp(o, "--reserve") == 0) {
+      rc = gmb__size_parse(val, &a->reserve);
+    } else if (strcmp(o, "--token-file") == 0) {
+      int r = ctl_token_file(v, val, a->token_sha256);
+      if (r) return r;
+      a->has_token = 1;
+    } else if (strcmp(o, "--token-sha256") == 0) {
+      rc = ctl_hex32(val, a->token_sha256);
+      a->has_token = 1;
+    } else if (strcmp(o, "--uid") == 0) {
+      char *end;
+      unsigned long u = strtoul(val, &end, 10);
+      if (*val == '\0' || *end != '\0' || u > UINT32_MAX ||
+          a->n_uids >= WIRE_UIDS_MAX)
+        rc = -1;
+      else
+        a->uids[a->n_uids++] = (uint32_t)u;
+    } else {
+      char what[160];
+      snprintf(what, sizeof what, "unknown option '%.60s'", o);
+      return ctl_usage_fail(v, what);
+    }
+    if (rc) {
+      char what[160];
+      snprintf(what, sizeof what, "bad value '%.60s' for %s", val, o);
+      return ctl_usage_fail(v, what);
+    }
+    i++;
+  }
+  struct wire_reply rep;
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_TENANT_ROW, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = ctl_row_json(&rep.u.tenant_row);
+    json_object_set_new(j, "message", json_string(rep.message));
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_json_print(j);
+  }
+  printf("%s\n", rep.message);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+static int ctl_tenant_remove(struct ctl *ctl, const struct ctl_verb *v,
+                             int argc, char **argv) {
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_REMOVE};
+  snprintf(req.u.admin_tenant_remove.tenant,
+           sizeof req.u.admin_tenant_remove.tenant, "%s", argv[0]);
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--evict") != 0) {
+      char what[160];
+      snprintf(what, sizeof what, "unexpected argument '%.60s'", argv[i]);
+      return ctl_usage_fail(v, what);
+    }
+    req.u.admin_tenant_remove.evict = 1;
+  }
+  struct wire_reply rep;
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_TENANT_REMOVE, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = json_pack("{s:s, s:b, s:i, s:i, s:I, s:s}", "tenant", argv[0],
+                          "removed", rep.u.tenant_remove.removed, "sessions",
+                          (int)rep.u.tenant_remove.sessions, "evicted",
+                          (int)rep.u.tenant_remove.evicted, "bytes_freed",
+                          (json_int_t)rep.u.tenant_remove.bytes_freed,
+                          "message", rep.message);
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_json_print(j);
+  }
+  printf("%s\n", rep.message);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+int gmb__ctl_tenant(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                    char **argv) {
+  if (argc < 1) return ctl_usage_fail(v, "missing subcommand add or remove");
+  int add = strcmp(argv[0], "add") == 0;
+  if (!add && strcmp(argv[0], "remove") != 0) {
+    char what[160];
+    snprintf(what, sizeof what, "unknown subcommand '%.60s' (want add or "
+             "remove)", argv[0]);
+    return ctl_usage_fail(v, what);
+  }
+  if (argc < 2) return ctl_usage_fail(v, "missing TENANT");
+  if (!gmb__name_valid(argv[1]))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
+                         v->name, argv[1]);
+  return add ? ctl_tenant_add(ctl, v, argc - 1, argv + 1)
+             : ctl_tenant_remove(ctl, v, argc - 1, argv + 1);
 }

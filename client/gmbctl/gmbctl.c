@@ -432,6 +432,11 @@ static const struct ctl_verb ctl_verbs[] = {
     {"metrics", "metrics", "the broker's metrics (Prometheus text)",
      gmb__ctl_metrics},
     {"reload", "reload", "read the config file again", gmb__ctl_reload},
+    {"tenant",
+     "tenant add NAME [--quota SIZE] [--reserve SIZE] [--token-file FILE | "
+     "--token-sha256 HEX] [--uid N]... | tenant remove NAME [--evict]",
+     "make a tenant at run time (not saved), or remove one once its "
+     "sessions end", gmb__ctl_tenant},
 };
 #define CTL_NVERBS (sizeof ctl_verbs / sizeof ctl_verbs[0])
 

@@ -183,6 +183,32 @@ int main(int argc, char **argv) {
   admin_named(WIRE_ADMIN_EVICT, "uid-4242");
   fclose(out);
 
+  /* A scheduler's run-time tenant: made with a token hash, used, removed
+   * while its session lives (deferred), then made again. */
+  open_seed(dir, "tenant_add_remove");
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_ADMIN_TENANT_ADD;
+  snprintf(r.u.admin_tenant_add.tenant, sizeof r.u.admin_tenant_add.tenant,
+           "slurm-7.0");
+  r.u.admin_tenant_add.quota = 4 << 20;
+  r.u.admin_tenant_add.has_token = 1;
+  memset(r.u.admin_tenant_add.token_sha256, 0x5a, 32);
+  r.u.admin_tenant_add.n_uids = 1;
+  r.u.admin_tenant_add.uids[0] = 1000;
+  rec(D | ADMIN, &r);
+  hello(A, "slurm-7.0", NULL);
+  alloc(A, 1 << 20, 0, 0);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_ADMIN_TENANT_REMOVE;
+  snprintf(r.u.admin_tenant_remove.tenant,
+           sizeof r.u.admin_tenant_remove.tenant, "slurm-7.0");
+  rec(D | ADMIN, &r);
+  plain(A, WIRE_BYE);
+  tick();
+  r.u.admin_tenant_remove.evict = 1;
+  rec(D | ADMIN, &r);
+  fclose(out);
+
   /* Caches asked back: a full device (c's requests held while a is
    * asked), a quota (b refused, a's ask on its way), a's free and answer,
    * then an ask left unanswered (b) as time passes. */

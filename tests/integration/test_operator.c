@@ -484,6 +484,51 @@ static int as_uid_main(void *arg) {
   return 127;
 }
 
+/* --- run-time tenants (tenant add / remove) ------------------------------- */
+
+static int tenant_gone(void *arg) {
+  const struct harness_broker *b = arg;
+  struct wire_tenant_row r;
+  return harness_tenant_row(b, "slurm-9.0", &r) == GMB_E_NOENT;
+}
+
+START_TEST(tenant_add_remove_at_run_time) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  char dir[64], tok[96];
+  state_dir(dir, sizeof dir);
+  snprintf(tok, sizeof tok, "%s/token", dir);
+  harness_write_file(tok, "s3cret\n");
+  CTL_OK(&b, "tenant", "add", "slurm-9.0", "--quota", "8MiB", "--token-file",
+         tok);
+  OUT_HAS("tenant slurm-9.0 added: quota 8MiB");
+  CTL_FAILS(1, "exists already", &b, "tenant", "add", "slurm-9.0",
+            "--token-file", tok);
+  CTL_FAILS(1, "would prove no one", &b, "tenant", "add", "x", "--quota",
+            "1MiB");
+  CTL_FAILS(2, "unknown subcommand 'del'", &b, "tenant", "del", "x");
+  CTL_FAILS(2, "bad value 'lots' for --quota", &b, "tenant", "add", "x",
+            "--quota", "lots");
+  /* The token proves it; its quota holds. */
+  setenv("GMB_TOKEN", "s3cret", 1);
+  gmb_client *c = harness_connect_ok(&b, "slurm-9.0");
+  unsetenv("GMB_TOKEN");
+  harness_alloc_ok(c, 6 * MIB);
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 4 * MIB, 0, &id), GMB_E_QUOTA);
+  /* Removal waits for the session, then the tenant and its memory go. */
+  CTL_OK(&b, "tenant", "remove", "slurm-9.0");
+  OUT_HAS("tenant slurm-9.0 goes when its 1 sessions end");
+  ck_assert_uint_eq(row_of(&b, "slurm-9.0").used, 6 * MIB);
+  gmb_disconnect(c);
+  ck_assert_int_ne(harness_poll_until(tenant_gone, &b, HARNESS_WAIT_MS), 0);
+  CTL_FAILS(1, "no tenant slurm-9.0", &b, "tenant", "remove", "slurm-9.0");
+  unlink(tok);
+  rmdir(dir);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* Runs gmbctl as `uid`; its exit status, its output in ctl_out. */
 static int ctl_as(const struct harness_broker *b, uid_t uid, const char *a1,
                   const char *a2, const char *a3, const char *a4) {
@@ -551,6 +596,7 @@ int main(void) {
       reserve_get_set_human_and_json,
       quota_below_usage_refuses_new_requests,
       evict_ends_sessions_frees_memory_at_once,
+      tenant_add_remove_at_run_time,
       reload_broken_config_keeps_running_one,
       reload_without_config_is_refused,
       sighup_reloads,

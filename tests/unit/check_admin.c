@@ -1,0 +1,257 @@
+/*
+ * check_admin.c - broker/admin.c's run-time tenants: `tenant add` and
+ * `tenant remove`, what the scheduler components (gmb_spank.so, the
+ * Kubernetes device plugin) use over the admin socket.
+ *
+ * Pinned down: a tenant added with a token hash admits that token only and
+ * holds its quota; what add refuses (an existing name, one that proves no
+ * one, a quota past the device, reservations past it, a non-admin uid);
+ * removal at once when idle, deferred while sessions remain (no new one is
+ * admitted meanwhile) and done by the reaper when the last one ends, or
+ * forced with evict; a configured tenant is not removed; an added tenant
+ * is never reaped as idle.
+ */
+#include <check.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "admin.h"
+#include "broker_fixture.h"
+#include "check_main.h"
+#include "core.h"
+#include "session.h"
+#include "tenant.h"
+#include "util.h"
+
+#define MIB GMB_MIB
+#define TOKEN "0123456789abcdef-the-step-token"
+
+static void sha256(const char *s, uint8_t out[32]) {
+  unsigned n = 0;
+  ck_assert_int_eq(EVP_Digest(s, strlen(s), out, &n, EVP_sha256(), NULL), 1);
+  ck_assert_uint_eq(n, 32);
+}
+
+/* An admin request from `uid`; returns the reply (status and message). */
+static struct wire_reply admin(struct fx *f, uid_t uid,
+                               struct wire_request *req) {
+  struct gmb_peer peer = fx_peer("ctl", uid);
+  struct wire_reply rep;
+  req->id = 99;
+  ck_assert_int_eq(gmb__admin(&f->b, &peer, req, &rep), 1);
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  return rep;
+}
+
+static struct wire_reply add(struct fx *f, const char *name, uint64_t quota,
+                             uint64_t reserve, const char *token) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_TENANT_ADD;
+  snprintf(req.u.admin_tenant_add.tenant, sizeof req.u.admin_tenant_add.tenant,
+           "%s", name);
+  req.u.admin_tenant_add.quota = quota;
+  req.u.admin_tenant_add.reserve = reserve;
+  if (token) {
+    req.u.admin_tenant_add.has_token = 1;
+    sha256(token, req.u.admin_tenant_add.token_sha256);
+  }
+  return admin(f, geteuid(), &req);
+}
+
+static struct wire_reply removal(struct fx *f, const char *name, int evict) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_TENANT_REMOVE;
+  snprintf(req.u.admin_tenant_remove.tenant,
+           sizeof req.u.admin_tenant_remove.tenant, "%s", name);
+  req.u.admin_tenant_remove.evict = evict;
+  return admin(f, geteuid(), &req);
+}
+
+/* A Hello as `tenant` with `token`; returns the reply's status. */
+static int hello_token(struct fx *f, const char *rid, uid_t uid,
+                       const char *tenant, const char *token) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  snprintf(req.u.hello.client, sizeof req.u.hello.client, "check");
+  req.u.hello.token_len = (uint32_t)strlen(token);
+  memcpy(req.u.hello.token, token, strlen(token));
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  return rep.status;
+}
+
+static struct gmb_session *session_of_rid(struct fx *f, const char *rid) {
+  struct gmb_session *s =
+      gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid));
+  ck_assert_ptr_nonnull(s);
+  return s;
+}
+
+static int exists(struct fx *f, const char *name) {
+  return gmb__tenant_find(f->b.tenants, name) != NULL;
+}
+
+START_TEST(add_token_quota) {
+  struct fx f;
+  fx_open(&f);
+  struct wire_reply rep = add(&f, "slurm-7.0", 8 * MIB, 0, TOKEN);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_int_eq(rep.kind, WIRE_TENANT_ROW);
+  ck_assert_str_eq(rep.u.tenant_row.name, "slurm-7.0");
+  ck_assert_uint_eq(rep.u.tenant_row.quota, 8 * MIB);
+  /* The token proves it, for any uid; another token or none does not. */
+  ck_assert_int_eq(hello_token(&f, "a", 1001, "slurm-7.0", TOKEN), 0);
+  ck_assert_int_eq(hello_token(&f, "b", 1002, "slurm-7.0", "other"),
+                   GMB_E_AUTH);
+  struct wire_reply r;
+  ck_assert_int_eq(fx_hello_as(&f, "c", 1001, "slurm-7.0",
+                               WIRE_PROTOCOL_VERSION, &r), 1);
+  ck_assert_int_eq(r.status, GMB_E_AUTH);
+  /* Held to its quota. */
+  fx_must_alloc(&f, "a", 1001, 6 * MIB, 0);
+  ck_assert_int_eq(fx_alloc(&f, "a", 1001, 4 * MIB, 0, 0, &r), 1);
+  ck_assert_int_eq(r.status, GMB_E_QUOTA);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(add_refusals) {
+  struct fx f;
+  fx_open(&f); /* host:64MiB */
+  ck_assert_int_eq(add(&f, "t", 8 * MIB, 0, TOKEN).status, 0);
+  struct wire_reply rep = add(&f, "t", 8 * MIB, 0, TOKEN);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(rep.message, "exists already"));
+  rep = add(&f, "u", 8 * MIB, 0, NULL);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(rep.message, "would prove no one"));
+  rep = add(&f, "u", 65 * MIB, 0, TOKEN);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(rep.message, "more than the device's 64MiB"));
+  rep = add(&f, "u", 8 * MIB, 9 * MIB, TOKEN);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(rep.message, "above its quota"));
+  rep = add(&f, "-u", 8 * MIB, 0, TOKEN);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(rep.message, "bad tenant name"));
+  /* Reservations: 40 + 30 > 64. */
+  ck_assert_int_eq(add(&f, "r1", 40 * MIB, 40 * MIB, TOKEN).status, 0);
+  rep = add(&f, "r2", 30 * MIB, 30 * MIB, TOKEN);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_ptr_nonnull(strstr(rep.message, "reservations"));
+  ck_assert_int_eq(exists(&f, "u") + exists(&f, "-u") + exists(&f, "r2"), 0);
+  /* Not an admin. */
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_TENANT_ADD;
+  snprintf(req.u.admin_tenant_add.tenant, sizeof req.u.admin_tenant_add.tenant,
+           "v");
+  req.u.admin_tenant_add.has_token = 1;
+  rep = admin(&f, geteuid() + 4242, &req);
+  ck_assert_int_eq(rep.status, GMB_E_AUTH);
+  ck_assert_int_eq(exists(&f, "v"), 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(remove_idle_at_once) {
+  struct fx f;
+  fx_open(&f);
+  ck_assert_int_eq(add(&f, "t", 8 * MIB, 4 * MIB, TOKEN).status, 0);
+  ck_assert_uint_eq(gmb__tenants_reserving(f.b.tenants), 1);
+  struct wire_reply rep = removal(&f, "t", 0);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_int_eq(rep.kind, WIRE_ADMIN_TENANT_REMOVE);
+  ck_assert_int_eq(rep.u.tenant_remove.removed, 1);
+  ck_assert_int_eq(exists(&f, "t"), 0);
+  /* Its reservation went with it. */
+  ck_assert_uint_eq(gmb__tenants_reserving(f.b.tenants), 0);
+  ck_assert_uint_eq(gmb__tenants_reserve_short(f.b.tenants), 0);
+  rep = removal(&f, "t", 0);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(remove_waits_for_sessions) {
+  struct fx f;
+  fx_open(&f);
+  ck_assert_int_eq(add(&f, "t", 8 * MIB, 0, TOKEN).status, 0);
+  ck_assert_int_eq(hello_token(&f, "a", 1001, "t", TOKEN), 0);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  struct wire_reply rep = removal(&f, "t", 0);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(rep.u.tenant_remove.removed, 0);
+  ck_assert_uint_eq(rep.u.tenant_remove.sessions, 1);
+  ck_assert_ptr_nonnull(strstr(rep.message, "goes when its 1 sessions end"));
+  /* Meanwhile no new session, even with the token. */
+  ck_assert_int_eq(hello_token(&f, "b", 1001, "t", TOKEN), GMB_E_AUTH);
+  /* Its last session ends: the reaper takes it, and its memory is free. */
+  fx_end(&f, session_of_rid(&f, "a"));
+  ck_assert_int_eq(exists(&f, "t"), 1);
+  ck_assert_uint_ge(gmb__core_reap(&f.b, 0), 1);
+  ck_assert_int_eq(exists(&f, "t"), 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(remove_evict) {
+  struct fx f;
+  fx_open(&f);
+  ck_assert_int_eq(add(&f, "t", 8 * MIB, 0, TOKEN).status, 0);
+  ck_assert_int_eq(hello_token(&f, "a", 1001, "t", TOKEN), 0);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  struct wire_reply rep = removal(&f, "t", 1);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_int_eq(rep.u.tenant_remove.removed, 1);
+  ck_assert_uint_eq(rep.u.tenant_remove.evicted, 1);
+  ck_assert_uint_eq(rep.u.tenant_remove.bytes_freed, 4 * MIB);
+  ck_assert_int_eq(exists(&f, "t"), 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(configured_not_removed_added_not_reaped) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[tenant:cfg]\nuids = 1001\n");
+  struct wire_reply rep = removal(&f, "cfg", 0);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(rep.message, "named in the config file"));
+  ck_assert_int_eq(exists(&f, "cfg"), 1);
+  /* An added tenant with the default quota (no limit) and no session is
+   * idle by every other measure: it stays until removed. */
+  ck_assert_int_eq(add(&f, "keep", 0, 0, TOKEN).status, 0);
+  ck_assert_int_eq(hello_token(&f, "a", 1001, "keep", TOKEN), 0);
+  fx_end(&f, session_of_rid(&f, "a"));
+  gmb__core_reap(&f.b, 1);
+  ck_assert_int_eq(exists(&f, "keep"), 1);
+  fx_close(&f);
+}
+END_TEST
+
+static Suite *admin_suite(void) {
+  Suite *s = suite_create("admin");
+  TCase *tc = tcase_create("tenant_add");
+  tcase_add_test(tc, add_token_quota);
+  tcase_add_test(tc, add_refusals);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("tenant_remove");
+  tcase_add_test(tc, remove_idle_at_once);
+  tcase_add_test(tc, remove_waits_for_sessions);
+  tcase_add_test(tc, remove_evict);
+  tcase_add_test(tc, configured_not_removed_added_not_reaped);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return check_run(admin_suite()); }
