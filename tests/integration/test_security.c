@@ -23,6 +23,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "gmb.h"
@@ -193,7 +195,104 @@ START_TEST(peer_chosen_routing_ids_refused) {
 }
 END_TEST
 
+/* --- row: a fake broker in another user's run dir ------------------------ */
+
+struct fake_broker {
+  char dir[96]; /* the run dir the child makes (as nobody) */
+};
+
+/* As nobody: makes f->dir (0755) and runs a real gmb-broker there, as an
+ * attacker would run any program that answers the protocol. */
+static int fake_broker_main(void *arg) {
+  struct fake_broker *f = arg;
+  CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
+  CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
+  CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
+  CHILD_CHECK(mkdir(f->dir, 0755) == 0 || errno == EEXIST, 11, "mkdir %s: %s",
+              f->dir, strerror(errno));
+  char bin[PATH_MAX], log[160];
+  snprintf(bin, sizeof bin, "%s/gmb-broker", harness_build_dir());
+  snprintf(log, sizeof log, "%s/broker.log", f->dir);
+  int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) dup2(fd, 2);
+  execl(bin, bin, "--device", "host:16MiB", "--run-dir", f->dir, (char *)0);
+  return 127;
+}
+
+static int fake_broker_up(void *arg) {
+  char sock[160];
+  snprintf(sock, sizeof sock, "%s/broker.sock", ((struct fake_broker *)arg)->dir);
+  struct stat st;
+  return stat(sock, &st) == 0;
+}
+
+/* Starts nobody's fake broker in f->dir; returns its pid. */
+static pid_t fake_broker_start(struct fake_broker *f) {
+  pid_t kid = harness_fork(fake_broker_main, f);
+  ck_assert_msg(harness_poll_until(fake_broker_up, f, HARNESS_WAIT_MS),
+                "nobody's broker did not come up in %s", f->dir);
+  return kid;
+}
+
+static void fake_broker_stop(struct fake_broker *f, pid_t kid) {
+  kill(kid, SIGTERM);
+  harness_wait(kid);
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/*
+ * A user made /tmp/gmb-UID of another user (the run dir a client falls
+ * back to without XDG_RUNTIME_DIR) and ran a broker there: a client with
+ * no token connected to it and wrote its "GPU memory" into the attacker's
+ * memfds (the run dir was checked only before a token was sent).  Now a
+ * client connects only to a run dir owned by root or itself, or one that
+ * only root could have made for its owner (its parent is root's and
+ * writable by no one else, as systemd makes /run/gmb for a broker user).
+ */
+START_TEST(fake_broker_in_foreign_run_dir_refused) {
+  if (geteuid() != 0) {
+    printf("fake_broker_in_foreign_run_dir_refused: not root, so no second "
+           "uid to plant a run dir; skipped\n");
+    return;
+  }
+  unsetenv("GMB_TOKEN");
+  unsetenv("GMB_TOKEN_FILE");
+  struct fake_broker f;
+  snprintf(f.dir, sizeof f.dir, "/tmp/gmbt-fake-%d", (int)getpid());
+  pid_t kid = fake_broker_start(&f);
+  char ep[160];
+  snprintf(ep, sizeof ep, "ipc://%s/broker.sock", f.dir);
+  gmb_client *c = NULL;
+  int rc = gmb_connect(ep, "victim", &c);
+  ck_assert_msg(rc == GMB_E_AUTH, "connect to nobody's run dir in /tmp = %s: %s",
+                gmb_err_name(rc), gmb_last_error(NULL));
+  ck_assert_ptr_null(c);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(NULL), "uid 65534"));
+  fake_broker_stop(&f, kid);
+
+  /* A run dir root made for the broker's user, as systemd's
+   * RuntimeDirectory= does: its parent is root's, 0755. */
+  char parent[64] = "/tmp/gmbt-run-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(parent));
+  ck_assert_int_eq(chmod(parent, 0755), 0);
+  snprintf(f.dir, sizeof f.dir, "%s/gmb", parent);
+  ck_assert_int_eq(mkdir(f.dir, 0755), 0);
+  ck_assert_int_eq(chown(f.dir, NOBODY, NOBODY), 0);
+  kid = fake_broker_start(&f);
+  snprintf(ep, sizeof ep, "ipc://%s/broker.sock", f.dir);
+  rc = gmb_connect(ep, "ok", &c);
+  ck_assert_msg(rc == 0, "connect to a run dir root made = %s: %s",
+                gmb_err_name(rc), gmb_last_error(NULL));
+  gmb_disconnect(c);
+  fake_broker_stop(&f, kid);
+  ck_assert_int_eq(rmdir(parent), 0);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("security", "security", 60,
-                                    peer_chosen_routing_ids_refused));
+                                    peer_chosen_routing_ids_refused,
+                                    fake_broker_in_foreign_run_dir_refused));
 }
