@@ -42,7 +42,8 @@
 
 struct cg_uid {
   uid_t uid;
-  uint32_t n;
+  uint32_t n;       /* connections to the client socket */
+  uint32_t n_admin; /* to the admin socket */
 };
 
 /* The greeting (ZMTP 3: 64 bytes), a command's header (flags and a size
@@ -58,6 +59,8 @@ struct cg_hs {
 /* What a descriptor number's mark says (cg_counted). */
 #define CG_COUNTED 0x1u /* counted against its uid's and the total cap */
 #define CG_HS 0x2u      /* its handshake is being read (cg_hs) */
+#define CG_ADMIN 0x4u   /* counted as a connection to the admin socket */
+#define CG_OTHER 0x8u   /* ... of a uid that was no operator's then */
 
 static pthread_mutex_t cg_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uchar *cg_counted; /* per descriptor number: CG_* */
@@ -67,11 +70,23 @@ static size_t cg_nfd;
 static struct cg_uid *cg_uids; /* uids with connections, unordered */
 static size_t cg_nuids, cg_capuids;
 static uint32_t cg_total, cg_total_max, cg_uid_max;
+/* The admin socket: operators (admin_uids and the broker's uid) each up to
+ * CG_ADMIN_OPERATOR; every other uid up to CG_ADMIN_OTHER, and those
+ * together up to CG_ADMIN_OTHERS, so that their flood never keeps an
+ * operator out. */
+#define CG_ADMIN_OPERATOR 64
+#define CG_ADMIN_OTHER 4
+#define CG_ADMIN_OTHERS 64
+#define CG_ADMINS_MAX 64
+static uid_t cg_admins[CG_ADMINS_MAX];
+static size_t cg_nadmins;
+static uint32_t cg_admin_others;
 static int cg_spare = -1;
 static char cg_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static char cg_admin_path[sizeof cg_path];
 static atomic_int cg_on;
 static uint64_t cg_refused_total, cg_refused_uid, cg_refused_fds;
+static uint64_t cg_refused_admin;
 static atomic_uint_fast64_t cg_refused_hs;
 
 static int cg_sys_accept4(int fd, struct sockaddr *addr, socklen_t *len,
@@ -131,14 +146,31 @@ void gmb__connguard_limits(uint32_t total_max, uint32_t per_uid_max) {
   pthread_mutex_unlock(&cg_mu);
 }
 
+void gmb__connguard_admins(const uid_t *uids, size_t n) {
+  pthread_mutex_lock(&cg_mu);
+  cg_nadmins = n < CG_ADMINS_MAX ? n : CG_ADMINS_MAX;
+  memcpy(cg_admins, uids, cg_nadmins * sizeof *uids);
+  pthread_mutex_unlock(&cg_mu);
+}
+
 void gmb__connguard_stats(struct gmb_connguard_stats *out) {
   pthread_mutex_lock(&cg_mu);
   out->connections = cg_total;
   out->refused_total = cg_refused_total;
   out->refused_uid = cg_refused_uid;
   out->refused_fds = cg_refused_fds;
+  out->refused_admin = cg_refused_admin;
+  out->admin_others = cg_admin_others;
   pthread_mutex_unlock(&cg_mu);
   out->refused_handshake = atomic_load(&cg_refused_hs);
+}
+
+/* Under cg_mu: 1 when uid is an operator (gmb__connguard_admins). */
+static int cg_is_admin(uid_t uid) {
+  if (uid == geteuid()) return 1;
+  for (size_t i = 0; i < cg_nadmins; i++)
+    if (cg_admins[i] == uid) return 1;
+  return 0;
 }
 
 /* Under cg_mu. */
@@ -153,19 +185,35 @@ static void cg_forget(int fd) {
   unsigned mark = atomic_exchange_explicit(&cg_counted[fd], 0,
                                            memory_order_relaxed);
   if (mark & CG_HS) free(atomic_exchange(&cg_hs[fd], NULL));
-  if (!(mark & CG_COUNTED)) return;
-  cg_total--;
+  if (!(mark & (CG_COUNTED | CG_ADMIN))) return;
   struct cg_uid *u = cg_uid_find(cg_owner[fd]);
-  if (u && --u->n == 0) *u = cg_uids[--cg_nuids];
+  if (mark & CG_COUNTED) {
+    cg_total--;
+    if (u) u->n--;
+  } else {
+    if (mark & CG_OTHER) cg_admin_others--;
+    if (u) u->n_admin--;
+  }
+  if (u && u->n == 0 && u->n_admin == 0) *u = cg_uids[--cg_nuids];
 }
 
-/* Under cg_mu: counts connection fd of uid, or says why not (0: counted,
- * 1: past the total, 2: past the uid's cap, -1: out of memory). */
-static int cg_count(int fd, uid_t uid) {
+/* Under cg_mu: counts connection fd of uid to the client socket, or to
+ * the admin socket (`admin`), or says why not (0: counted, 1: past the
+ * total, 2: past the uid's cap, 3: past the admin socket's caps, -1: out
+ * of memory). */
+static int cg_count(int fd, uid_t uid, int admin) {
   cg_forget(fd); /* a stale mark: closed behind close() */
-  if (cg_total_max && cg_total >= cg_total_max) return 1;
   struct cg_uid *u = cg_uid_find(uid);
-  if (uid != 0 && cg_uid_max && u && u->n >= cg_uid_max) return 2;
+  int op = admin && cg_is_admin(uid);
+  if (admin) {
+    uint32_t had = u ? u->n_admin : 0;
+    if (op ? had >= CG_ADMIN_OPERATOR
+           : had >= CG_ADMIN_OTHER || cg_admin_others >= CG_ADMIN_OTHERS)
+      return 3;
+  } else {
+    if (cg_total_max && cg_total >= cg_total_max) return 1;
+    if (uid != 0 && cg_uid_max && u && u->n >= cg_uid_max) return 2;
+  }
   if (!u) {
     if (cg_nuids == cg_capuids) {
       size_t cap = cg_capuids ? 2 * cg_capuids : 16;
@@ -176,12 +224,19 @@ static int cg_count(int fd, uid_t uid) {
     }
     u = &cg_uids[cg_nuids++];
     u->uid = uid;
-    u->n = 0;
+    u->n = u->n_admin = 0;
   }
-  u->n++;
-  cg_total++;
   cg_owner[fd] = uid;
-  atomic_fetch_or_explicit(&cg_counted[fd], CG_COUNTED, memory_order_relaxed);
+  if (admin) {
+    u->n_admin++;
+    if (!op) cg_admin_others++;
+  } else {
+    u->n++;
+    cg_total++;
+  }
+  unsigned mark = !admin ? CG_COUNTED : op ? CG_ADMIN : CG_ADMIN | CG_OTHER;
+  atomic_fetch_or_explicit(&cg_counted[fd], (unsigned char)mark,
+                           memory_order_relaxed);
   return 0;
 }
 
@@ -271,10 +326,10 @@ static int cg_accept(int lfd, struct sockaddr *addr, socklen_t *len,
     errno = ECONNABORTED;
     return -1;
   }
-  /* Only the client socket's connections count: the admin socket is the
-   * operator's way in during a flood, and the other listeners cap their
-   * own (the descriptor channel) or are not Unix sockets (metrics).  Both
-   * ZeroMQ sockets' handshakes are read. */
+  /* The client socket's and the admin socket's connections count, each
+   * against caps of their own; the other listeners cap their own (the
+   * descriptor channel, metrics) or are not ours.  Both ZeroMQ sockets'
+   * handshakes are read. */
   struct sockaddr_un un;
   socklen_t ul = sizeof un;
   struct ucred cred;
@@ -290,9 +345,10 @@ static int cg_accept(int lfd, struct sockaddr *addr, socklen_t *len,
       getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
     return fd; /* not a connection to a ZeroMQ socket of ours */
   pthread_mutex_lock(&cg_mu);
-  int why = client ? cg_count(fd, cred.uid) : (cg_forget(fd), 0);
+  int why = cg_count(fd, cred.uid, !client);
   if (why == 1) cg_refused_total++;
   if (why == 2) cg_refused_uid++;
+  if (why == 3) cg_refused_admin++;
   if (why == 0 && cg_watch(fd) != 0) {
     cg_forget(fd);
     why = -1;

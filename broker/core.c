@@ -122,6 +122,7 @@ void gmb__core_conn_limits(struct gmb_broker *b) {
       (uint64_t)b->cfg.max_sessions_per_uid + GMB_CONN_UNNAMED_PER_UID;
   /* Under a low descriptor limit, one uid must not take every place. */
   if (per_uid > total / 2) per_uid = total / 2 ? total / 2 : 1;
+  gmb__connguard_admins(b->cfg.admin_uids, b->cfg.n_admin_uids);
   gmb__connguard_limits(total > UINT32_MAX ? UINT32_MAX : (uint32_t)total,
                         per_uid > UINT32_MAX ? UINT32_MAX : (uint32_t)per_uid);
 }

@@ -694,6 +694,11 @@ static void loop_report_refused(struct gmb_connguard_stats *last) {
              " with no descriptor left (%u counted now; see max_sessions, "
              "max_sessions_per_uid)",
              total + uid + fds, total, uid, fds, st.connections);
+  uint64_t adm = st.refused_admin - last->refused_admin;
+  if (adm)
+    log_warn("refused %" PRIu64 " connections to the admin socket past its "
+             "caps (64 per operator uid; 4 per other uid, 64 of those in all; "
+             "%u of other uids now)", adm, st.admin_others);
   uint64_t hs = st.refused_handshake - last->refused_handshake;
   if (hs)
     log_warn("dropped %" PRIu64 " ZeroMQ connections in their handshake: a "

@@ -12,6 +12,7 @@
  * runs as root (CI does), and say on stdout what they skipped otherwise.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -291,8 +292,123 @@ START_TEST(fake_broker_in_foreign_run_dir_refused) {
 }
 END_TEST
 
+/* --- row: a flood of the admin socket ------------------------------------ */
+
+struct flood {
+  const char *path;
+  int n, as_nobody;
+  int ready[2], done[2]; /* child -> parent: opened; parent -> child: go */
+};
+
+/* Opens f->n bare connections to f->path (as nobody when asked), says so,
+ * and holds them until the test says go. */
+static int flood_main(void *arg) {
+  struct flood *f = arg;
+  if (f->as_nobody) {
+    CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
+    CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
+    CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
+  }
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  int opened = 0;
+  for (int i = 0; i < f->n; i++)
+    if (raw_connect(f->path) >= 0) opened++;
+  CHILD_CHECK(opened > 0, 11, "no connection opened");
+  harness_pipe_send(f->ready[1], 'r');
+  CHILD_CHECK(harness_pipe_wait(f->done[0], HARNESS_WAIT_MS) == 'g', 12,
+              "no word from the test");
+  return 0;
+}
+
+/* The descriptors process pid has open now. */
+static int fds_of(pid_t pid) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+static int log_has_admin_refused(void *arg) {
+  char *log = harness_broker_log(arg);
+  int yes = log && strstr(log, "connections to the admin socket past");
+  free(log);
+  return yes;
+}
+
+/* Floods b's admin socket with 600 bare connections from this uid or
+ * nobody; returns how many descriptors the broker gained meanwhile. */
+static int admin_flood(struct harness_broker *b, int as_nobody) {
+  struct flood f = {b->admin_path, 600, as_nobody, {-1, -1}, {-1, -1}};
+  ck_assert_int_eq(pipe(f.ready), 0);
+  ck_assert_int_eq(pipe(f.done), 0);
+  int before = fds_of(b->pid);
+  pid_t kid = harness_fork(flood_main, &f);
+  ck_assert_int_eq(harness_pipe_wait(f.ready[0], HARNESS_WAIT_MS), 'r');
+  ck_assert_msg(harness_poll_until(log_has_admin_refused, b, HARNESS_WAIT_MS),
+                "the broker did not say it refused admin connections");
+  int gained = fds_of(b->pid) - before;
+  ck_assert_int_eq(harness_broker_alive(b), 1);
+  if (as_nobody) { /* the operator gets in during nobody's flood */
+    struct wire_reply st;
+    ck_assert_int_eq(harness_admin_status(b, &st), 0);
+    gmb__wire_reply_clear(&st);
+  }
+  harness_pipe_send(f.done[1], 'g');
+  ck_assert_int_eq(harness_wait(kid), 0);
+  close(f.ready[0]);
+  close(f.ready[1]);
+  close(f.done[0]);
+  close(f.done[1]);
+  return gained;
+}
+
+static int admin_status_ok(void *arg) {
+  struct wire_reply st;
+  int rc = harness_admin_status(arg, &st);
+  if (rc == 0) gmb__wire_reply_clear(&st);
+  return rc == 0;
+}
+
+/*
+ * The admin socket's connections were not counted: a user flooding it
+ * (0666 when admin_uids names another uid) held 20,000 of the broker's
+ * descriptors, and clients and gmbctl timed out.  Now an operator's uid
+ * holds 64 at most, any other uid 4, and other uids together 64; the
+ * operator gets in during another uid's flood and clients are served.
+ */
+START_TEST(admin_flood_capped) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", "[broker]\nadmin_uids = 0,4242\n");
+  int gained = admin_flood(&b, 0);
+  ck_assert_msg(gained <= 64 + 8, "the broker holds %d more descriptors "
+                "under this uid's admin flood", gained);
+  ck_assert_msg(harness_poll_until(admin_status_ok, &b, HARNESS_WAIT_MS),
+                "the operator did not get in after the flood");
+  if (geteuid() == 0) {
+    gained = admin_flood(&b, 1);
+    ck_assert_msg(gained <= 64 + 8, "the broker holds %d more descriptors "
+                  "under nobody's admin flood", gained);
+  } else {
+    printf("admin_flood_capped: not root, so no flood from another uid\n");
+  }
+  gmb_client *c = harness_connect_ok(&b, "after");
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("security", "security", 60,
                                     peer_chosen_routing_ids_refused,
-                                    fake_broker_in_foreign_run_dir_refused));
+                                    fake_broker_in_foreign_run_dir_refused,
+                                    admin_flood_capped));
 }
