@@ -505,7 +505,7 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
                             req->u.admin_snapshot.limit, rep);
       return 1;
     case WIRE_ADMIN_METRICS:
-      rep->u.metrics.text = gmb__observe_metrics(b);
+      rep->u.metrics.text = gmb__observe_metrics(b, 1);
       if (rep->u.metrics.text == NULL) {
         rep->status = GMB_E_PROTO;
         snprintf(rep->message, sizeof rep->message,

@@ -43,6 +43,8 @@ struct gmb_config {
   int compaction;           /* 1 auto, 0 off */
   double compaction_threshold;
   char metrics_listen[64];  /* "" : no HTTP endpoint */
+  int metrics_tenants;      /* 1: the HTTP endpoint shows per-tenant series
+                               (names, usage, sessions); 0: only totals */
   int log_level;            /* GMB_LOG_* */
   uint32_t heartbeat_ms;    /* period asked of clients whose pid the broker
                                cannot watch; a session is ended after 3

@@ -631,7 +631,7 @@ static void loop_publish(struct gmb_broker *b, uint64_t now) {
   struct gmb_loop *l = b->loop;
   if (l->http == NULL || now < l->next_publish_ns) return;
   l->next_publish_ns = now + LOOP_PUBLISH_NS;
-  char *text = gmb__observe_metrics(b);
+  char *text = gmb__observe_metrics(b, b->cfg.metrics_tenants);
   if (text == NULL) return; /* out of memory: the last text stays */
   gmb__http_publish(l->http, text);
   free(text);

@@ -640,7 +640,8 @@ static int http_ready(void *arg) {
 START_TEST(http_endpoint_serves_metrics) {
   int port = free_port();
   char extra[96];
-  snprintf(extra, sizeof extra, "metrics_listen = 127.0.0.1:%d\n", port);
+  snprintf(extra, sizeof extra,
+           "metrics_listen = 127.0.0.1:%d\nmetrics_tenants = yes\n", port);
   struct scene s;
   scene_start(&s, extra);
   char *log = harness_broker_log(&s.b);

@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -406,9 +408,139 @@ START_TEST(admin_flood_capped) {
 }
 END_TEST
 
+/* --- row: the metrics port ------------------------------------------------ */
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static int tcp_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* GET /metrics on 127.0.0.1:port: the status (0 when nothing answered)
+ * and the whole response in out. */
+static int http_metrics(int port, char *out, size_t cap) {
+  int fd = tcp_connect(port);
+  if (fd < 0) return 0;
+  static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  if (write_all(fd, req, sizeof req - 1) != 0) {
+    close(fd);
+    return 0;
+  }
+  size_t got = 0;
+  for (;;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, HARNESS_WAIT_MS) <= 0) break;
+    ssize_t r = read(fd, out + got, cap - 1 - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  out[got] = '\0';
+  int code = 0;
+  return sscanf(out, "HTTP/1.%*d %d", &code) == 1 ? code : 0;
+}
+
+struct tcp_flood {
+  int port, n;
+  int ready[2], done[2];
+};
+
+/* As nobody: holds f->n idle connections to the metrics port. */
+static int tcp_flood_main(void *arg) {
+  struct tcp_flood *f = arg;
+  CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
+  CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
+  CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
+  int opened = 0;
+  for (int i = 0; i < f->n; i++)
+    if (tcp_connect(f->port) >= 0) opened++;
+  CHILD_CHECK(opened > 0, 11, "no connection opened");
+  harness_pipe_send(f->ready[1], 'r');
+  CHILD_CHECK(harness_pipe_wait(f->done[0], HARNESS_WAIT_MS) == 'g', 12,
+              "no word from the test");
+  return 0;
+}
+
+static char metrics_out[1 << 17];
+
+/*
+ * The metrics port served any local user every tenant's name, usage and
+ * sessions, and 64 idle connections (kept 10 s each) made everyone's
+ * scrapes fail.  Now the HTTP endpoint shows totals only unless
+ * metrics_tenants is set (gmbctl metrics, for operators, shows all), and
+ * each local uid holds 4 connections at most, so nobody's 100 idle
+ * connections leave root's scrape served.
+ */
+START_TEST(metrics_port_bounded_and_private) {
+  int port = free_port();
+  char cfg[128];
+  snprintf(cfg, sizeof cfg, "[broker]\nmetrics_listen = 127.0.0.1:%d\n", port);
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", cfg);
+  gmb_client *c = harness_connect_ok(&b, "secret-project");
+  gmb_id id = harness_alloc_ok(c, MIB);
+  int code = 0;
+  for (int i = 0; i < 100; i++) {
+    code = http_metrics(port, metrics_out, sizeof metrics_out);
+    if (code == 200 && strstr(metrics_out, "gmb_device_used_bytes 1048576"))
+      break;
+    harness_sleep_ms(50); /* the loop publishes about once a second */
+  }
+  ck_assert_int_eq(code, 200);
+  ck_assert_msg(strstr(metrics_out, "gmb_device_used_bytes 1048576"), "%s",
+                metrics_out);
+  ck_assert_msg(!strstr(metrics_out, "secret-project") &&
+                    !strstr(metrics_out, "tenant=\""),
+                "the HTTP endpoint names tenants:\n%s", metrics_out);
+  /* The operator's view has them. */
+  int rc = harness_ctl(&b, metrics_out, sizeof metrics_out, "metrics", NULL);
+  ck_assert_int_eq(rc, 0);
+  ck_assert_ptr_nonnull(strstr(metrics_out, "tenant=\"secret-project\""));
+  if (geteuid() == 0) {
+    struct tcp_flood f = {port, 100, {-1, -1}, {-1, -1}};
+    ck_assert_int_eq(pipe(f.ready), 0);
+    ck_assert_int_eq(pipe(f.done), 0);
+    pid_t kid = harness_fork(tcp_flood_main, &f);
+    ck_assert_int_eq(harness_pipe_wait(f.ready[0], HARNESS_WAIT_MS), 'r');
+    code = http_metrics(port, metrics_out, sizeof metrics_out);
+    ck_assert_msg(code == 200, "a scrape during nobody's flood got %d", code);
+    harness_pipe_send(f.done[1], 'g');
+    ck_assert_int_eq(harness_wait(kid), 0);
+    close(f.ready[0]);
+    close(f.ready[1]);
+    close(f.done[0]);
+    close(f.done[1]);
+  } else {
+    printf("metrics_port_bounded_and_private: not root, so no flood from "
+           "another uid\n");
+  }
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("security", "security", 60,
                                     peer_chosen_routing_ids_refused,
                                     fake_broker_in_foreign_run_dir_refused,
-                                    admin_flood_capped));
+                                    admin_flood_capped,
+                                    metrics_port_bounded_and_private));
 }
