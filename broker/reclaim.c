@@ -232,7 +232,11 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
   /* More than the whole quota, or the whole device: no cache can help,
    * and held it could only be refused later. */
   if (rounded > t->quota || rounded > b->dev->capacity) return 0;
-  uint64_t missing = t->used + rounded - t->quota;
+  /* Retired segments its processes still map count as held (tenant.h);
+   * over its uid's budget, not its quota: no cache of its own can help. */
+  uint64_t held = t->used + t->retiring;
+  if (held + rounded <= t->quota) return 0;
+  uint64_t missing = held + rounded - t->quota;
   /* Bytes asked of its other sessions and not answered yet are on their
    * way, whoever asked (a full device's ask frees the tenant's quota as
    * well); s's own ask is not: it cannot answer while this request waits. */

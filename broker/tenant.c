@@ -59,6 +59,7 @@ struct gmb_uid_budget {
   uid_t uid;
   unsigned refs;   /* tenants pointing to it */
   uint64_t used;   /* sum of their budget_charged */
+  uint64_t retiring; /* sum of their `retiring` */
   uint64_t limit;  /* gmb__tenants_uid_budget(), fixed at start; 0: none */
 };
 
@@ -120,6 +121,9 @@ static void tenant_budget_leave(struct gmb_tenants *ts, struct gmb_tenant *t) {
   struct gmb_uid_budget *bu = t->budget;
   if (bu == NULL) return;
   GMB_ASSERT(t->budget_charged == 0 && "a tenant left its budget holding");
+  /* Its retiring bytes: none, as it has no session left to hold them. */
+  bu->retiring -= t->retiring < bu->retiring ? t->retiring : bu->retiring;
+  t->retiring = 0;
   t->budget = NULL;
   GMB_ASSERT(bu->refs > 0 && "uid budget count drifted");
   if (--bu->refs) return;
@@ -406,15 +410,35 @@ uint64_t gmb__tenant_budget_used(const struct gmb_tenant *t, uint64_t *limit) {
   return t->budget ? t->budget->used : 0;
 }
 
-/* 1 when `size` more bytes pass t's uid budget (an ad-hoc tenant's). */
+/* a + b, at most UINT64_MAX. */
+static uint64_t tenant_sum(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* 1 when `size` more bytes pass t's uid budget (an ad-hoc tenant's);
+ * retiring bytes count with those in use. */
 static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
   const struct gmb_uid_budget *bu = t->budget;
-  return tenant_budget_member(t) && bu->limit != 0 &&
-         (bu->used >= bu->limit || size > bu->limit - bu->used);
+  if (!tenant_budget_member(t) || bu->limit == 0) return 0;
+  uint64_t held = tenant_sum(bu->used, bu->retiring);
+  return held >= bu->limit || size > bu->limit - held;
 }
 
 static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
-  return t->quota != 0 && (t->used >= t->quota || size > t->quota - t->used);
+  uint64_t held = tenant_sum(t->used, t->retiring);
+  return t->quota != 0 && (held >= t->quota || size > t->quota - held);
+}
+
+void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta) {
+  uint64_t d = delta < 0 ? (uint64_t)0 - (uint64_t)delta : (uint64_t)delta;
+  struct gmb_uid_budget *bu = t->budget;
+  if (delta >= 0) {
+    t->retiring = tenant_sum(t->retiring, d);
+    if (bu) bu->retiring = tenant_sum(bu->retiring, d);
+    return;
+  }
+  t->retiring -= d < t->retiring ? d : t->retiring;
+  if (bu) bu->retiring -= d < bu->retiring ? d : bu->retiring;
 }
 
 int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {
@@ -425,10 +449,16 @@ void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
                            char *why, size_t whycap) {
   char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
   if (tenant_quota_over(t, size) || !tenant_budget_over(t, size)) {
+    char ret[GMB_SIZE_BUFSZ + 64] = "";
+    if (t->retiring) {
+      char x[GMB_SIZE_BUFSZ];
+      snprintf(ret, sizeof ret, ", %s in retired segments its processes "
+               "have not closed", gmb__size_format(t->retiring, x, sizeof x));
+    }
     snprintf(why, whycap, "tenant %s: %s more would pass its quota of %s "
-             "(%s in use)", t->name, gmb__size_format(size, r, sizeof r),
+             "(%s in use%s)", t->name, gmb__size_format(size, r, sizeof r),
              gmb__size_format(t->quota, q, sizeof q),
-             gmb__size_format(t->used, u, sizeof u));
+             gmb__size_format(t->used, u, sizeof u), ret);
     return;
   }
   snprintf(why, whycap, "tenant %s: %s more would pass the budget of %s "

@@ -513,9 +513,9 @@ START_TEST(retirement_waits_for_every_holder) {
   put(va, 0, 4 * MIB, 3);
   client_unmap(va, &a);
   struct holder h = holder_start(&a, 3);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 101), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102), 0); /* told twice */
+  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 101, NULL), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102, NULL), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102, NULL), 0); /* told twice */
   int fd = a.fd;
   gmb__device_seg_free(d, &a);
   memset(&a, 0xee, sizeof a); /* the pool's record is gone */
@@ -561,10 +561,10 @@ START_TEST(retirement_holder_gone_frees_all_it_held) {
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
   ck_assert_int_eq(gmb__device_seg_new(d, 2, 2 * MIB, &b), 0);
   ck_assert_int_eq(gmb__device_seg_new(d, 3, 2 * MIB, &c), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   gmb__device_seg_free(d, &a);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 5), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 6), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 5, NULL), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 6, NULL), 0);
   gmb__device_seg_free(d, &b);
   ck_assert_uint_eq(d->retiring, 2);
   /* Session 5 ends: segment 1 goes, segment 2 still waits for 6. */
@@ -587,7 +587,7 @@ START_TEST(retirement_holder_closed_before_free) {
   struct gmb_device *d = open_fake("64m", 0, 0);
   struct gmb_dseg a;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   ck_assert_int_eq(gmb__device_seg_closed(d, 1, 5), 0);
   gmb__device_seg_free(d, &a);
   ck_assert_uint_eq(d->in_use, 0);
@@ -600,7 +600,7 @@ START_TEST(close_frees_parked_segments) {
   struct gmb_device *d = open_fake("64m", 0, 0);
   struct gmb_dseg a;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   int fd = a.fd;
   gmb__device_seg_free(d, &a);
   ck_assert_uint_eq(d->retiring, 1);
@@ -616,7 +616,7 @@ START_TEST(host_device_frees_at_once) {
   ck_assert_int_eq(gmb__device_open("host:8MiB", 0, 0, &d, err, sizeof err), 0);
   struct gmb_dseg a;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   gmb__device_seg_free(d, &a);
   ck_assert_uint_eq(d->in_use, 0);
   ck_assert_uint_eq(d->retiring, 0);
