@@ -63,8 +63,22 @@ struct gmb_uid_budget {
   uint64_t limit;  /* gmb__tenants_uid_budget(), fixed at start; 0: none */
 };
 
+/* Wrong tokens of one uid lately (tenant_guess_*): a leaky bucket of
+ * TENANT_GUESS_BURST, one drained per TENANT_GUESS_NS.  A uid whose bucket
+ * is full has its next token refused unchecked, so guessing runs at one
+ * try a second per uid, not at the loop's 15,000 Hellos a second. */
+#define TENANT_GUESS_UIDS 64
+#define TENANT_GUESS_BURST 10
+#define TENANT_GUESS_NS GMB_NS_PER_S
+struct tenant_guess {
+  uid_t uid;
+  uint32_t n;     /* wrong tokens in the bucket; 0: a free slot */
+  uint64_t at_ns; /* when the bucket last drained one */
+};
+
 struct gmb_tenants {
   struct tenant_tree tree;
+  struct tenant_guess guesses[TENANT_GUESS_UIDS];
   size_t count;
   struct gmb_pool *pool;
   uint64_t default_quota;
@@ -241,6 +255,36 @@ int gmb__tenant_default_uid(const char *name, uid_t *uid) {
   return 1;
 }
 
+/* Drains g's bucket up to now. */
+static void tenant_guess_drain(struct tenant_guess *g, uint64_t now) {
+  if (g->n == 0 || now <= g->at_ns) return;
+  uint64_t k = (now - g->at_ns) / TENANT_GUESS_NS;
+  if (k >= g->n) {
+    g->n = 0;
+    return;
+  }
+  g->n -= (uint32_t)k;
+  g->at_ns += k * TENANT_GUESS_NS;
+}
+
+/* uid's bucket (drained up to now), or NULL when it has none; with
+ * `make`, one is made, in a free slot or in place of the emptiest. */
+static struct tenant_guess *tenant_guess_of(struct gmb_tenants *ts, uid_t uid,
+                                            uint64_t now, int make) {
+  struct tenant_guess *least = &ts->guesses[0];
+  for (size_t i = 0; i < TENANT_GUESS_UIDS; i++) {
+    struct tenant_guess *g = &ts->guesses[i];
+    tenant_guess_drain(g, now);
+    if (g->n && g->uid == uid) return g;
+    if (g->n < least->n) least = g;
+  }
+  if (!make) return NULL;
+  least->uid = uid;
+  least->n = 0;
+  least->at_ns = now;
+  return least;
+}
+
 /* 1 when the token's SHA-256 is t's token hash.  The comparison takes the
  * same time whatever the bytes, so it tells an attacker nothing about how
  * close a guess was. */
@@ -366,10 +410,28 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return 0;
   }
   if (t->n_uids > 0 || t->has_token) {
-    if (gmb__tenant_uid_listed(t, uid) ||
-        tenant_token_proves(t, token, token_len)) {
+    if (gmb__tenant_uid_listed(t, uid)) {
       *out = t;
       return 0;
+    }
+    uint64_t now = gmb__now_ns();
+    struct tenant_guess *g = NULL;
+    if (t->has_token && token_len > 0) {
+      g = tenant_guess_of(ts, uid, now, 0);
+      if (g && g->n >= TENANT_GUESS_BURST) {
+        uint64_t wait = g->at_ns + TENANT_GUESS_NS - now;
+        snprintf(why, whycap, "uid %u sent %u wrong tokens lately: its next "
+                 "token is checked in %llu ms", (unsigned)uid, g->n,
+                 (unsigned long long)(wait / GMB_NS_PER_MS + 1));
+        return GMB_E_LIMIT;
+      }
+      if (tenant_token_proves(t, token, token_len)) {
+        *out = t;
+        return 0;
+      }
+      g = tenant_guess_of(ts, uid, now, 1);
+      if (g->n == 0) g->at_ns = now;
+      g->n++;
     }
     /* Never echo the token: a refusal is logged, and a token sent to the
      * wrong tenant may well be another tenant's secret. */
