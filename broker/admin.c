@@ -400,6 +400,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
       nc.heartbeat_ms = oc->heartbeat_ms;
     }
   }
+  nc.default_quota = gmb__config_default_quota(&nc, b->dev->capacity);
   if (nc.default_quota != oc->default_quota)
     admin_note(sum, sizeof sum, "default_quota: kept until restart (the "
                "tenant registry has no setter yet)");

@@ -277,7 +277,12 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
     case K_STATE: return cfg_str(p, key, v, c->state, sizeof c->state);
     case K_ADMIN_UIDS:
       return cfg_uids(p, key, v, c->admin_uids, &c->n_admin_uids);
-    case K_DEFAULT_QUOTA: return cfg_size(p, key, v, &c->default_quota);
+    case K_DEFAULT_QUOTA:
+      if (strcmp(v, "auto") == 0) {
+        c->default_quota = GMB_DEFAULT_QUOTA_AUTO;
+        return 1;
+      }
+      return cfg_size(p, key, v, &c->default_quota);
     case K_COMPACTION:
       if (strcmp(v, "auto") == 0) c->compaction = 1;
       else if (strcmp(v, "off") == 0) c->compaction = 0;
@@ -615,6 +620,14 @@ void gmb__config_free(struct gmb_config *c) {
   free(c->tenants);
   c->tenants = NULL;
   c->n_tenants = 0;
+}
+
+uint64_t gmb__config_default_quota(const struct gmb_config *c,
+                                   uint64_t capacity) {
+  if (c->default_quota != GMB_DEFAULT_QUOTA_AUTO) return c->default_quota;
+  const uint64_t seg = UINT64_C(2) << 20; /* device.h's GMB_SEGMENT_ALIGN */
+  uint64_t q = capacity / 4 & ~(seg - 1);
+  return q ? q : seg;
 }
 
 mode_t gmb__config_admin_mode(const struct gmb_config *c) {

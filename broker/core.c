@@ -163,6 +163,16 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "device %s: %s", b->cfg.device, why);
     return rc;
   }
+  b->cfg.default_quota = gmb__config_default_quota(&b->cfg, b->dev->capacity);
+  char dq[GMB_SIZE_BUFSZ];
+  if (b->cfg.default_quota == 0)
+    log_warn("default_quota is 0: a tenant the config does not name may "
+             "take the whole device; on a broker that serves users who do "
+             "not trust each other, set default_quota (auto: a quarter of "
+             "the device)");
+  else
+    log_info("default_quota: %s for each uid's tenants made by first use",
+             gmb__size_format(b->cfg.default_quota, dq, sizeof dq));
   b->dev->retire_note = core_retire_note;
   b->dev->retire_ctx = b;
   b->pool = gmb__pool_new(b->dev, core_retire, b);

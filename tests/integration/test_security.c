@@ -537,10 +537,55 @@ START_TEST(metrics_port_bounded_and_private) {
 }
 END_TEST
 
+/* --- row: a safe default for tenants made by first use ------------------- */
+
+/*
+ * With the default config (default_quota = 0), one user's first-use
+ * tenant may take the whole device.  The built-in default stays (the
+ * documented contract, and what a single-user machine wants), but the
+ * broker says so at start, and `default_quota = auto` (what the shipped
+ * configs use) gives each uid's first-use tenants a quarter of the device
+ * together: here 16 MiB of 64 MiB.
+ */
+START_TEST(default_quota_auto_bounds_first_use_tenants) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  char *log = harness_broker_log(&b);
+  ck_assert_ptr_nonnull(log);
+  ck_assert_msg(strstr(log, "default_quota is 0: a tenant the config does "
+                            "not name may take the whole device"), "%s", log);
+  free(log);
+  harness_broker_stop(&b);
+
+  harness_broker_start(&b, "host:64MiB", "[broker]\ndefault_quota = auto\n");
+  log = harness_broker_log(&b);
+  ck_assert_ptr_nonnull(strstr(log, "default_quota: 16MiB"));
+  free(log);
+  gmb_client *c = harness_connect_ok(&b, "first-use");
+  gmb_id id = 0;
+  int rc = gmb_alloc(c, 20 * MIB, 0, &id);
+  ck_assert_msg(rc == GMB_E_QUOTA, "20 MiB of a first-use tenant = %s",
+                gmb_err_name(rc));
+  gmb_id a = harness_alloc_ok(c, 8 * MIB);
+  /* Another name of the same uid shares the budget. */
+  gmb_client *d = harness_connect_ok(&b, "first-use-2");
+  rc = gmb_alloc(d, 10 * MIB, 0, &id);
+  ck_assert_msg(rc == GMB_E_QUOTA, "past the uid's budget = %s",
+                gmb_err_name(rc));
+  gmb_id e = harness_alloc_ok(d, 8 * MIB);
+  ck_assert_int_eq(gmb_free(c, a), 0);
+  ck_assert_int_eq(gmb_free(d, e), 0);
+  gmb_disconnect(d);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("security", "security", 60,
                                     peer_chosen_routing_ids_refused,
                                     fake_broker_in_foreign_run_dir_refused,
                                     admin_flood_capped,
-                                    metrics_port_bounded_and_private));
+                                    metrics_port_bounded_and_private,
+                                    default_quota_auto_bounds_first_use_tenants));
 }
