@@ -181,9 +181,16 @@ static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size) {
   return -1;
 }
 
+/* Gives back the `size` a free names, never below 0: the size is the
+ * caller's word (a free that claimed 1 TiB wrapped the count to near
+ * 2^64, and every later allocation was refused as past the fraction). */
 static void torch_give(int d, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
-  atomic_fetch_sub(&torch_dev[d].in_use, torch_round(size));
+  uint64_t give = torch_round(size);
+  uint64_t was = atomic_load(&torch_dev[d].in_use);
+  while (!atomic_compare_exchange_weak(&torch_dev[d].in_use, &was,
+                                       was > give ? was - give : 0)) {
+  }
 }
 
 void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
