@@ -487,6 +487,37 @@ START_TEST(seg_copy_moves_bytes) {
 }
 END_TEST
 
+/* A GPU's new memory may hold what another tenant or process left there
+ * (the driver promises no zeros; the fake one holds 0xa5 bytes with
+ * FAKECUDA_GARBAGE=1): every segment is cleared before a client maps it. */
+START_TEST(seg_new_cleared_before_a_tenant_gets_it) {
+  setenv("FAKECUDA_GARBAGE", "1", 1);
+  struct gmb_device *d = open_fake("64m", 0, 0);
+  t_load();
+  enum { N = 4096 };
+  static uint8_t got[N], zero[N], junk[N];
+  memset(junk, 0xa5, N);
+  gmb_cu_ptr raw = 0; /* the stand-in's memory as the driver gives it */
+  ck_assert_int_eq(T.cuMemAlloc(&raw, 2 * MIB), 0);
+  ck_assert_int_eq(T.cuMemcpyDtoH(got, raw + MIB, N), 0);
+  ck_assert_int_eq(memcmp(got, junk, N), 0);
+  ck_assert_int_eq(T.cuMemFree(raw), 0);
+  struct gmb_dseg a;
+  ck_assert_int_eq(gmb__device_seg_new(d, 1, 4 * MIB, &a), 0);
+  gmb_cu_ptr va = client_map(&a);
+  for (uint64_t off = 0; off < 4 * MIB; off += MIB - N) {
+    ck_assert_int_eq(T.cuMemcpyDtoH(got, va + off, N), 0);
+    ck_assert_msg(memcmp(got, zero, N) == 0, "not cleared at %llu",
+                  (unsigned long long)off);
+  }
+  client_unmap(va, &a);
+  gmb__device_seg_free(d, &a);
+  gmb__device_close(d);
+  gmb__cudrv_unload(&T);
+  unsetenv("FAKECUDA_GARBAGE");
+}
+END_TEST
+
 START_TEST(seg_new_beyond_driver_memory_is_nomem) {
   /* The configured capacity promises more than the driver has left:
    * cuMemCreate's out-of-memory is NOMEM, not a device fault. */
@@ -645,6 +676,7 @@ static Suite *device_cuda_suite(void) {
   tc = tcase_create("segments");
   tcase_add_test(tc, seg_new_exports_a_descriptor);
   tcase_add_test(tc, seg_copy_moves_bytes);
+  tcase_add_test(tc, seg_new_cleared_before_a_tenant_gets_it);
   tcase_add_test(tc, seg_new_beyond_driver_memory_is_nomem);
   suite_add_tcase(s, tc);
   tc = tcase_create("retirement");
