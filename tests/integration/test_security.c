@@ -87,7 +87,7 @@ static int zmtp_hello(int fd, const unsigned char *id, size_t idlen) {
   memcpy(cmd + n, "Identity", 8);
   n += 8;
   cmd[n++] = 0, cmd[n++] = 0, cmd[n++] = 0, cmd[n++] = (unsigned char)idlen;
-  memcpy(cmd + n, id, idlen);
+  if (idlen) memcpy(cmd + n, id, idlen);
   n += idlen;
   cmd[0] = 0x04; /* a short command */
   cmd[1] = (unsigned char)(n - 2);
