@@ -296,14 +296,17 @@ END_TEST
 
 /* --- row: a flood of the admin socket ------------------------------------ */
 
+/* A child that holds n idle connections (to a Unix socket's path, or
+ * to a TCP port of 127.0.0.1) until the test says go. */
 struct flood {
-  const char *path;
-  int n, as_nobody;
+  const char *path; /* NULL: TCP to port */
+  int port, n, as_nobody;
   int ready[2], done[2]; /* child -> parent: opened; parent -> child: go */
+  pid_t kid;
 };
 
-/* Opens f->n bare connections to f->path (as nobody when asked), says so,
- * and holds them until the test says go. */
+static int tcp_connect(int port);
+
 static int flood_main(void *arg) {
   struct flood *f = arg;
   if (f->as_nobody) {
@@ -318,12 +321,30 @@ static int flood_main(void *arg) {
   }
   int opened = 0;
   for (int i = 0; i < f->n; i++)
-    if (raw_connect(f->path) >= 0) opened++;
+    if ((f->path ? raw_connect(f->path) : tcp_connect(f->port)) >= 0) opened++;
   CHILD_CHECK(opened > 0, 11, "no connection opened");
   harness_pipe_send(f->ready[1], 'r');
   CHILD_CHECK(harness_pipe_wait(f->done[0], HARNESS_WAIT_MS) == 'g', 12,
               "no word from the test");
-  return 0;
+  return 0; /* exit closes them all */
+}
+
+/* Starts f's child and waits until its connections are open. */
+static void flood_start(struct flood *f) {
+  ck_assert_int_eq(pipe(f->ready), 0);
+  ck_assert_int_eq(pipe(f->done), 0);
+  f->kid = harness_fork(flood_main, f);
+  ck_assert_int_eq(harness_pipe_wait(f->ready[0], HARNESS_WAIT_MS), 'r');
+}
+
+/* Lets f's child go, and fails unless it held its connections till then. */
+static void flood_stop(struct flood *f) {
+  harness_pipe_send(f->done[1], 'g');
+  ck_assert_int_eq(harness_wait(f->kid), 0);
+  close(f->ready[0]);
+  close(f->ready[1]);
+  close(f->done[0]);
+  close(f->done[1]);
 }
 
 /* The descriptors process pid has open now. */
@@ -349,12 +370,9 @@ static int log_has_admin_refused(void *arg) {
 /* Floods b's admin socket with 600 bare connections from this uid or
  * nobody; returns how many descriptors the broker gained meanwhile. */
 static int admin_flood(struct harness_broker *b, int as_nobody) {
-  struct flood f = {b->admin_path, 600, as_nobody, {-1, -1}, {-1, -1}};
-  ck_assert_int_eq(pipe(f.ready), 0);
-  ck_assert_int_eq(pipe(f.done), 0);
+  struct flood f = {.path = b->admin_path, .n = 600, .as_nobody = as_nobody};
   int before = fds_of(b->pid);
-  pid_t kid = harness_fork(flood_main, &f);
-  ck_assert_int_eq(harness_pipe_wait(f.ready[0], HARNESS_WAIT_MS), 'r');
+  flood_start(&f);
   ck_assert_msg(harness_poll_until(log_has_admin_refused, b, HARNESS_WAIT_MS),
                 "the broker did not say it refused admin connections");
   int gained = fds_of(b->pid) - before;
@@ -364,12 +382,7 @@ static int admin_flood(struct harness_broker *b, int as_nobody) {
     ck_assert_int_eq(harness_admin_status(b, &st), 0);
     gmb__wire_reply_clear(&st);
   }
-  harness_pipe_send(f.done[1], 'g');
-  ck_assert_int_eq(harness_wait(kid), 0);
-  close(f.ready[0]);
-  close(f.ready[1]);
-  close(f.done[0]);
-  close(f.done[1]);
+  flood_stop(&f);
   return gained;
 }
 
@@ -410,17 +423,6 @@ END_TEST
 
 /* --- row: the metrics port ------------------------------------------------ */
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 static int tcp_connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in a = {.sin_family = AF_INET,
@@ -431,51 +433,6 @@ static int tcp_connect(int port) {
     fd = -1;
   }
   return fd;
-}
-
-/* GET /metrics on 127.0.0.1:port: the status (0 when nothing answered)
- * and the whole response in out. */
-static int http_metrics(int port, char *out, size_t cap) {
-  int fd = tcp_connect(port);
-  if (fd < 0) return 0;
-  static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
-  if (write_all(fd, req, sizeof req - 1) != 0) {
-    close(fd);
-    return 0;
-  }
-  size_t got = 0;
-  for (;;) {
-    struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, HARNESS_WAIT_MS) <= 0) break;
-    ssize_t r = read(fd, out + got, cap - 1 - got);
-    if (r <= 0) break;
-    got += (size_t)r;
-  }
-  close(fd);
-  out[got] = '\0';
-  int code = 0;
-  return sscanf(out, "HTTP/1.%*d %d", &code) == 1 ? code : 0;
-}
-
-struct tcp_flood {
-  int port, n;
-  int ready[2], done[2];
-};
-
-/* As nobody: holds f->n idle connections to the metrics port. */
-static int tcp_flood_main(void *arg) {
-  struct tcp_flood *f = arg;
-  CHILD_CHECK(setgroups(0, NULL) == 0, 10, "setgroups");
-  CHILD_CHECK(setgid(NOBODY) == 0, 10, "setgid");
-  CHILD_CHECK(setuid(NOBODY) == 0, 10, "setuid");
-  int opened = 0;
-  for (int i = 0; i < f->n; i++)
-    if (tcp_connect(f->port) >= 0) opened++;
-  CHILD_CHECK(opened > 0, 11, "no connection opened");
-  harness_pipe_send(f->ready[1], 'r');
-  CHILD_CHECK(harness_pipe_wait(f->done[0], HARNESS_WAIT_MS) == 'g', 12,
-              "no word from the test");
-  return 0;
 }
 
 static char metrics_out[1 << 17];
@@ -489,7 +446,7 @@ static char metrics_out[1 << 17];
  * connections leave root's scrape served.
  */
 START_TEST(metrics_port_bounded_and_private) {
-  int port = free_port();
+  int port = harness_free_port();
   char cfg[128];
   snprintf(cfg, sizeof cfg, "[broker]\nmetrics_listen = 127.0.0.1:%d\n", port);
   struct harness_broker b;
@@ -498,7 +455,7 @@ START_TEST(metrics_port_bounded_and_private) {
   gmb_id id = harness_alloc_ok(c, MIB);
   int code = 0;
   for (int i = 0; i < 100; i++) {
-    code = http_metrics(port, metrics_out, sizeof metrics_out);
+    code = harness_http_get(port, "GET", "/metrics", metrics_out, sizeof metrics_out);
     if (code == 200 && strstr(metrics_out, "gmb_device_used_bytes 1048576"))
       break;
     harness_sleep_ms(50); /* the loop publishes about once a second */
@@ -514,19 +471,11 @@ START_TEST(metrics_port_bounded_and_private) {
   ck_assert_int_eq(rc, 0);
   ck_assert_ptr_nonnull(strstr(metrics_out, "tenant=\"secret-project\""));
   if (geteuid() == 0) {
-    struct tcp_flood f = {port, 100, {-1, -1}, {-1, -1}};
-    ck_assert_int_eq(pipe(f.ready), 0);
-    ck_assert_int_eq(pipe(f.done), 0);
-    pid_t kid = harness_fork(tcp_flood_main, &f);
-    ck_assert_int_eq(harness_pipe_wait(f.ready[0], HARNESS_WAIT_MS), 'r');
-    code = http_metrics(port, metrics_out, sizeof metrics_out);
+    struct flood f = {.port = port, .n = 100, .as_nobody = 1};
+    flood_start(&f);
+    code = harness_http_get(port, "GET", "/metrics", metrics_out, sizeof metrics_out);
     ck_assert_msg(code == 200, "a scrape during nobody's flood got %d", code);
-    harness_pipe_send(f.done[1], 'g');
-    ck_assert_int_eq(harness_wait(kid), 0);
-    close(f.ready[0]);
-    close(f.ready[1]);
-    close(f.done[0]);
-    close(f.done[1]);
+    flood_stop(&f);
   } else {
     printf("metrics_port_bounded_and_private: not root, so no flood from "
            "another uid\n");
