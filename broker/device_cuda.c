@@ -137,10 +137,16 @@ static int cuda_seg_new(struct gmb_device *d, struct gmb_dseg *seg) {
    * client maps it.  Segments are never shared between tenants and are
    * released when emptied, so clearing at creation covers every change
    * of tenant; it costs a device memset of the segment (about a
-   * millisecond per GiB). */
+   * millisecond per GiB) and a wait for it. */
   if (r == GMB_CU_SUCCESS) {
     step = "cuMemsetD8";
     r = cd->drv.cuMemsetD8(cs->va, 0, size);
+  }
+  /* A memset of device memory may return before it ran: done before the
+   * descriptor can reach a client, whose work runs in its own context. */
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuCtxSynchronize";
+    r = cd->drv.cuCtxSynchronize();
   }
   if (r != GMB_CU_SUCCESS) {
     log_error("%s: segment %llu of %llu bytes: %s: %s", d->desc,
