@@ -527,6 +527,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
       nc.heartbeat_ms = oc->heartbeat_ms;
     }
   }
+  nc.default_quota = gmb__config_default_quota(&nc, b->dev->capacity);
   if (nc.default_quota != oc->default_quota)
     admin_note(sum, sizeof sum, "default_quota: kept until restart (the "
                "tenant registry has no setter yet)");
@@ -636,7 +637,7 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
                             req->u.admin_snapshot.limit, rep);
       return 1;
     case WIRE_ADMIN_METRICS:
-      rep->u.metrics.text = gmb__observe_metrics(b);
+      rep->u.metrics.text = gmb__observe_metrics(b, 1);
       if (rep->u.metrics.text == NULL) {
         rep->status = GMB_E_PROTO;
         snprintf(rep->message, sizeof rep->message,

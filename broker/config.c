@@ -226,6 +226,20 @@ static int cfg_listen(struct cfg_parse *p, const char *key, const char *v) {
   return cfg_str(p, key, v, p->c.metrics_listen, sizeof p->c.metrics_listen);
 }
 
+static int cfg_bool(struct cfg_parse *p, const char *key, const char *v,
+                    int *out) {
+  if (!strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "true") ||
+      !strcmp(v, "1"))
+    *out = 1;
+  else if (!strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "false") ||
+           !strcmp(v, "0"))
+    *out = 0;
+  else
+    return cfg_fail(p, p->line, "%s %s: bad value '%s' (want yes or no)",
+                    p->sec_label, key, v);
+  return 1;
+}
+
 /* ---- keys -------------------------------------------------------------- */
 
 enum {
@@ -234,6 +248,7 @@ enum {
   K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
+  K_METRICS_TENANTS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -242,6 +257,7 @@ static const char *const cfg_broker_keys[] = {
     "shutdown_grace_ms", "max_sessions", "max_sessions_per_uid",
     "max_tenants_per_uid", "max_waiters_per_session",
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
+    "metrics_tenants",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY };
@@ -261,7 +277,12 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
     case K_STATE: return cfg_str(p, key, v, c->state, sizeof c->state);
     case K_ADMIN_UIDS:
       return cfg_uids(p, key, v, c->admin_uids, &c->n_admin_uids);
-    case K_DEFAULT_QUOTA: return cfg_size(p, key, v, &c->default_quota);
+    case K_DEFAULT_QUOTA:
+      if (strcmp(v, "auto") == 0) {
+        c->default_quota = GMB_DEFAULT_QUOTA_AUTO;
+        return 1;
+      }
+      return cfg_size(p, key, v, &c->default_quota);
     case K_COMPACTION:
       if (strcmp(v, "auto") == 0) c->compaction = 1;
       else if (strcmp(v, "off") == 0) c->compaction = 0;
@@ -324,17 +345,8 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
       if (!cfg_int(p, key, v, 0, 5000, &x)) return 0;
       c->trim_wait_ms = (uint32_t)x;
       return 1;
-    case K_RUN_DIR_PER_GPU:
-      if (!strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "true") ||
-          !strcmp(v, "1"))
-        c->run_dir_per_gpu = 1;
-      else if (!strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "false") ||
-               !strcmp(v, "0"))
-        c->run_dir_per_gpu = 0;
-      else
-        return cfg_fail(p, p->line, "%s %s: bad value '%s' (want yes or no)",
-                        p->sec_label, key, v);
-      return 1;
+    case K_RUN_DIR_PER_GPU: return cfg_bool(p, key, v, &c->run_dir_per_gpu);
+    case K_METRICS_TENANTS: return cfg_bool(p, key, v, &c->metrics_tenants);
   }
   GMB_ASSERT(0 && "a broker key without a case");
 }
@@ -608,6 +620,14 @@ void gmb__config_free(struct gmb_config *c) {
   free(c->tenants);
   c->tenants = NULL;
   c->n_tenants = 0;
+}
+
+uint64_t gmb__config_default_quota(const struct gmb_config *c,
+                                   uint64_t capacity) {
+  if (c->default_quota != GMB_DEFAULT_QUOTA_AUTO) return c->default_quota;
+  const uint64_t seg = UINT64_C(2) << 20; /* device.h's GMB_SEGMENT_ALIGN */
+  uint64_t q = capacity / 4 & ~(seg - 1);
+  return q ? q : seg;
 }
 
 mode_t gmb__config_admin_mode(const struct gmb_config *c) {

@@ -39,10 +39,13 @@ struct gmb_config {
   char state[PATH_MAX];     /* "" : no state file */
   uid_t admin_uids[GMB_CONFIG_UIDS_MAX];
   size_t n_admin_uids;      /* the broker's own uid is always admin */
-  uint64_t default_quota;   /* for tenants the config does not name */
+  uint64_t default_quota;   /* for tenants the config does not name;
+                               GMB_DEFAULT_QUOTA_AUTO until resolved */
   int compaction;           /* 1 auto, 0 off */
   double compaction_threshold;
   char metrics_listen[64];  /* "" : no HTTP endpoint */
+  int metrics_tenants;      /* 1: the HTTP endpoint shows per-tenant series
+                               (names, usage, sessions); 0: only totals */
   int log_level;            /* GMB_LOG_* */
   uint32_t heartbeat_ms;    /* period asked of clients whose pid the broker
                                cannot watch; a session is ended after 3
@@ -86,5 +89,11 @@ void gmb__config_free(struct gmb_config *c);
  * than the broker's, in which case the per-message uid check is what keeps
  * others out (0666). */
 mode_t gmb__config_admin_mode(const struct gmb_config *c);
+
+/* `default_quota = auto`: a quarter of the device (in whole segments),
+ * resolved by gmb__config_default_quota once the capacity is known. */
+#define GMB_DEFAULT_QUOTA_AUTO UINT64_MAX
+uint64_t gmb__config_default_quota(const struct gmb_config *c,
+                                   uint64_t capacity);
 
 #endif /* GMB_CONFIG_H */

@@ -40,11 +40,18 @@ static void core_retire(void *ctx, const struct gmb_dseg *seg,
   for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
     if (!gmb__session_seg_forget(s, seg->id)) continue;
     gmb__reply_event(b, s, WIRE_EVENT_SEGMENT_RETIRED, seg->id, NULL);
-    if (gmb__device_seg_hold(b->dev, seg->id, s->id) != 0)
+    if (gmb__device_seg_hold(b->dev, seg->id, s->id, t) != 0)
       log_error("segment %llu: out of host memory recording that session "
                 "%llu holds it: it is freed at once",
                 (unsigned long long)seg->id, (unsigned long long)s->id);
   }
+}
+
+/* The device's retire_note: a retired segment of tenant `owner` parked
+ * (delta > 0) or freed at last. */
+static void core_retire_note(void *ctx, void *owner, int64_t delta) {
+  (void)ctx;
+  if (owner) gmb__tenant_retiring(owner, delta);
 }
 
 void gmb__core_fd_split(uint64_t have, uint64_t segs, uint32_t max_sessions,
@@ -122,6 +129,7 @@ void gmb__core_conn_limits(struct gmb_broker *b) {
       (uint64_t)b->cfg.max_sessions_per_uid + GMB_CONN_UNNAMED_PER_UID;
   /* Under a low descriptor limit, one uid must not take every place. */
   if (per_uid > total / 2) per_uid = total / 2 ? total / 2 : 1;
+  gmb__connguard_admins(b->cfg.admin_uids, b->cfg.n_admin_uids);
   gmb__connguard_limits(total > UINT32_MAX ? UINT32_MAX : (uint32_t)total,
                         per_uid > UINT32_MAX ? UINT32_MAX : (uint32_t)per_uid);
 }
@@ -155,6 +163,18 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "device %s: %s", b->cfg.device, why);
     return rc;
   }
+  b->cfg.default_quota = gmb__config_default_quota(&b->cfg, b->dev->capacity);
+  char dq[GMB_SIZE_BUFSZ];
+  if (b->cfg.default_quota == 0)
+    log_warn("default_quota is 0: a tenant the config does not name may "
+             "take the whole device; on a broker that serves users who do "
+             "not trust each other, set default_quota (auto: a quarter of "
+             "the device)");
+  else
+    log_info("default_quota: %s for each uid's tenants made by first use",
+             gmb__size_format(b->cfg.default_quota, dq, sizeof dq));
+  b->dev->retire_note = core_retire_note;
+  b->dev->retire_ctx = b;
   b->pool = gmb__pool_new(b->dev, core_retire, b);
   if (b->pool) gmb__pool_set_grouping(b->pool, b->cfg.compaction);
   b->tenants = b->pool ? gmb__tenants_new(b->pool, &b->cfg) : NULL;
@@ -223,9 +243,23 @@ static int core_check_sessions(void *ctx, struct gmb_tenant *t) {
   return 0;
 }
 
+static int core_sum_retiring(void *ctx, struct gmb_tenant *t) {
+  *(uint64_t *)ctx += t->retiring;
+  return 0;
+}
+
 int gmb__core_check(struct gmb_broker *b) {
   int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
             gmb__reclaim_check(b);
   gmb__tenants_each(b->tenants, core_check_sessions, &bad);
+  /* Every parked segment is counted against its tenant (retire_note). */
+  uint64_t retiring = 0;
+  gmb__tenants_each(b->tenants, core_sum_retiring, &retiring);
+  if (b->dev && retiring != b->dev->retiring_bytes) {
+    log_error("check: tenants count %llu retiring bytes, the device %llu",
+              (unsigned long long)retiring,
+              (unsigned long long)b->dev->retiring_bytes);
+    bad++;
+  }
   return bad;
 }

@@ -31,6 +31,7 @@
 struct gmb_device_retiring {
   uint64_t id;
   int parked;           /* 1: the pool freed it; seg holds its dseg */
+  void *owner;          /* for retire_note */
   struct gmb_dseg seg;
   uint64_t *holders;    /* session ids still to answer */
   size_t n, cap;
@@ -181,6 +182,8 @@ static void device_retiring_drop(struct gmb_device *d,
                "parked segment not counted");
     d->retiring--;
     d->retiring_bytes -= r->seg.size;
+    if (!force && d->retire_note)
+      d->retire_note(d->retire_ctx, r->owner, -(int64_t)r->seg.size);
     device_free_now(d, &r->seg);
   }
   free(r->holders);
@@ -188,13 +191,14 @@ static void device_retiring_drop(struct gmb_device *d,
 }
 
 int gmb__device_seg_hold(struct gmb_device *d, uint64_t seg_id,
-                         uint64_t holder) {
+                         uint64_t holder, void *owner) {
   if (!d->ops->free_waits_for_holders) return 0;
   struct gmb_device_retiring *r = device_retiring_find(d, seg_id);
   if (r == NULL) {
     r = calloc(1, sizeof *r);
     if (r == NULL) return GMB_E_NOMEM;
     r->id = seg_id;
+    r->owner = owner;
     r->next = d->retire_head;
     d->retire_head = r;
   }
@@ -220,6 +224,8 @@ void gmb__device_seg_free(struct gmb_device *d, struct gmb_dseg *seg) {
     r->seg = *seg;
     d->retiring++;
     d->retiring_bytes += seg->size;
+    if (d->retire_note)
+      d->retire_note(d->retire_ctx, r->owner, (int64_t)seg->size);
     log_debug("device %s: segment %llu retired, freed once %zu session(s) "
               "closed it", d->desc, (unsigned long long)seg->id, r->n);
     return;

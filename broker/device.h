@@ -87,6 +87,12 @@ struct gmb_device {
   char pci_bus_id[32];
   void *priv;
   struct gmb_device_retiring *retire_head; /* device.c's list */
+  /* Told when a segment is parked (+size) and when a parked one is freed
+   * (-size), with the owner given to gmb__device_seg_hold: the broker
+   * counts retiring bytes against their tenant.  NULL: nobody is told.
+   * Not called when the device closes. */
+  void (*retire_note)(void *ctx, void *owner, int64_t delta);
+  void *retire_ctx;
 };
 
 /*
@@ -109,7 +115,8 @@ int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
 /*
  * Two-step retirement (see the top of this file).  `holder` is a session
  * id.  gmb__device_seg_hold records that `holder` was told to close
- * segment `seg_id` (call it before the pool frees the segment): 0, or
+ * segment `seg_id` (call it before the pool frees the segment), and
+ * `owner` (opaque: the tenant) for retire_note: 0, or
  * GMB_E_NOMEM when it cannot be recorded (the segment is then freed at once).
  * A no-op on a device that frees at once.
  * gmb__device_seg_closed crosses `holder` off; gmb__device_holder_gone
@@ -119,7 +126,7 @@ int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
  * An unknown segment or holder is ignored (a late or repeated message).
  */
 int gmb__device_seg_hold(struct gmb_device *d, uint64_t seg_id,
-                         uint64_t holder);
+                         uint64_t holder, void *owner);
 int gmb__device_seg_closed(struct gmb_device *d, uint64_t seg_id,
                            uint64_t holder);
 int gmb__device_holder_gone(struct gmb_device *d, uint64_t holder);

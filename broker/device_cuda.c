@@ -132,6 +132,22 @@ static int cuda_seg_new(struct gmb_device *d, struct gmb_dseg *seg) {
     step = "cuMemSetAccess";
     r = cd->drv.cuMemSetAccess(cs->va, size, &rw, 1);
   }
+  /* The physical memory may hold what another process or tenant left on
+   * the GPU (the driver does not promise zeros): cleared before any
+   * client maps it.  Segments are never shared between tenants and are
+   * released when emptied, so clearing at creation covers every change
+   * of tenant; it costs a device memset of the segment (about a
+   * millisecond per GiB) and a wait for it. */
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuMemsetD8";
+    r = cd->drv.cuMemsetD8(cs->va, 0, size);
+  }
+  /* A memset of device memory may return before it ran: done before the
+   * descriptor can reach a client, whose work runs in its own context. */
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuCtxSynchronize";
+    r = cd->drv.cuCtxSynchronize();
+  }
   if (r != GMB_CU_SUCCESS) {
     log_error("%s: segment %llu of %llu bytes: %s: %s", d->desc,
               (unsigned long long)seg->id, (unsigned long long)seg->size,

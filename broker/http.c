@@ -10,6 +10,14 @@
  * thread is created with every signal blocked, because the broker takes
  * SIGTERM/SIGINT through a signalfd and a signal delivered to this thread
  * would kill the process instead.
+ *
+ * Any local user may connect, so connections are bounded per local uid:
+ * the uid that owns a loopback peer's socket is read from
+ * /proc/net/tcp{,6} (the row whose local address is the peer's), and a
+ * uid past HTTP_PER_UID connections is refused at accept; peers not
+ * found there (other hosts, other network namespaces) share one count of
+ * HTTP_PER_UID * 2.  The count lives in `uids`, touched only on the
+ * server thread (the accept policy and the connection notices).
  */
 #include "http.h"
 
@@ -29,6 +37,10 @@
 #include "gmb.h"
 
 #define HTTP_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define HTTP_CONNECTIONS 64 /* in all */
+#define HTTP_PER_UID 4
+#define HTTP_TIMEOUT_S 5   /* an idle connection is closed after it */
+#define HTTP_UID_UNKNOWN ((uid_t)-1)
 
 struct gmb_http {
   struct MHD_Daemon *d;
@@ -36,7 +48,116 @@ struct gmb_http {
   pthread_mutex_t mu;
   char *text; /* NULL until the first publish */
   size_t len;
+  struct {
+    uid_t uid;
+    unsigned n;
+  } uids[HTTP_CONNECTIONS]; /* uids with connections (n > 0) */
+  uint64_t refused;         /* past a uid's cap (read with the server
+                               stopped, or racy for a log line) */
 };
+
+/* The uid owning the local TCP socket bound to `a` (the peer of one of
+ * our connections), from /proc/net/tcp or tcp6; HTTP_UID_UNKNOWN when
+ * none is found. */
+static uid_t http_peer_uid(const struct sockaddr *a) {
+  uint32_t want[4] = {0};
+  unsigned port;
+  int v6 = a->sa_family == AF_INET6;
+  if (v6) {
+    const struct sockaddr_in6 *s6 = (const void *)a;
+    memcpy(want, &s6->sin6_addr, 16);
+    port = ntohs(s6->sin6_port);
+  } else if (a->sa_family == AF_INET) {
+    const struct sockaddr_in *s4 = (const void *)a;
+    memcpy(want, &s4->sin_addr, 4);
+    port = ntohs(s4->sin_port);
+  } else {
+    return HTTP_UID_UNKNOWN;
+  }
+  FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "re");
+  if (f == NULL) return HTTP_UID_UNKNOWN;
+  char line[512];
+  uid_t uid = HTTP_UID_UNKNOWN;
+  if (fgets(line, sizeof line, f) == NULL) line[0] = '\0'; /* the header */
+  while (uid == HTTP_UID_UNKNOWN && fgets(line, sizeof line, f)) {
+    /* "  sl  local_address rem_address st tx:rx tr:when retr uid ..."; an
+     * address is the in-memory words of the address as native hex. */
+    char *p = strchr(line, ':');
+    if (p == NULL) continue;
+    p++;
+    while (*p == ' ') p++;
+    uint32_t got[4] = {0};
+    int ok = 1;
+    for (int w = 0; w < (v6 ? 4 : 1) && ok; w++) {
+      char hex[9];
+      memcpy(hex, p + 8 * w, 8);
+      hex[8] = '\0';
+      char *end;
+      got[w] = (uint32_t)strtoul(hex, &end, 16);
+      ok = *end == '\0';
+    }
+    p += v6 ? 32 : 8;
+    unsigned lport, st;
+    unsigned long u;
+    if (!ok || *p != ':' || memcmp(got, want, sizeof got) != 0 ||
+        sscanf(p + 1, "%x %*x:%*x %x %*x:%*x %*x:%*x %*x %lu", &lport, &st,
+               &u) != 3 || lport != port)
+      continue;
+    uid = (uid_t)u;
+  }
+  fclose(f);
+  return uid;
+}
+
+/* On the server thread: the count of uid's connections, made when `make`
+ * (NULL when the table is full or it has none). */
+static unsigned *http_uid_count(struct gmb_http *h, uid_t uid, int make) {
+  for (size_t i = 0; i < HTTP_CONNECTIONS; i++)
+    if (h->uids[i].n && h->uids[i].uid == uid) return &h->uids[i].n;
+  if (!make) return NULL;
+  for (size_t i = 0; i < HTTP_CONNECTIONS; i++)
+    if (h->uids[i].n == 0) {
+      h->uids[i].uid = uid;
+      return &h->uids[i].n;
+    }
+  return NULL;
+}
+
+static unsigned http_uid_cap(uid_t uid) {
+  return uid == HTTP_UID_UNKNOWN ? 2 * HTTP_PER_UID : HTTP_PER_UID;
+}
+
+/* The accept policy: refuses a uid at its cap. */
+static enum MHD_Result http_accept_ok(void *cls, const struct sockaddr *a,
+                                      socklen_t len) {
+  struct gmb_http *h = cls;
+  (void)len;
+  uid_t uid = http_peer_uid(a);
+  unsigned *n = http_uid_count(h, uid, 0);
+  if (n && *n >= http_uid_cap(uid)) {
+    h->refused++;
+    return MHD_NO;
+  }
+  return MHD_YES;
+}
+
+/* Counts a connection in and out; its uid, plus one, is its context. */
+static void http_notify(void *cls, struct MHD_Connection *conn, void **ctx,
+                        enum MHD_ConnectionNotificationCode code) {
+  struct gmb_http *h = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    uid_t uid = ci ? http_peer_uid(ci->client_addr) : HTTP_UID_UNKNOWN;
+    unsigned *n = http_uid_count(h, uid, 1);
+    if (n) (*n)++;
+    *ctx = n ? (void *)((uintptr_t)uid + 1) : NULL;
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
+    unsigned *n = http_uid_count(h, (uid_t)((uintptr_t)*ctx - 1), 0);
+    if (n) (*n)--;
+    *ctx = NULL;
+  }
+}
 
 int gmb__http_listen_parse(const char *listen, char *host, size_t hostcap,
                            uint16_t *port, char *err, size_t errcap) {
@@ -200,9 +321,10 @@ int gmb__http_start(const char *listen, struct gmb_http **out, char *err,
   h->d = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
           (family == AF_INET6 ? MHD_USE_IPv6 : 0),
-      0, NULL, NULL, http_handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
+      0, http_accept_ok, h, http_handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTIONS,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_TIMEOUT_S,
+      MHD_OPTION_NOTIFY_CONNECTION, http_notify, h, MHD_OPTION_END);
   int saved = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (h->d == NULL) {

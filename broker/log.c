@@ -7,6 +7,7 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,25 +33,51 @@ int gmb__log_level_parse(const char *s, int *out) {
   return GMB_E_INVAL;
 }
 
+/* The length of the UTF-8 sequence at p when it is well formed (shortest
+ * form, no surrogate, at most U+10FFFF) and prints as text: not a C1
+ * control (U+0080..U+009F: 0x9b is a terminal's CSI), a line or paragraph
+ * separator, or a bidirectional override or isolate (text that reads
+ * otherwise than it is).  0 otherwise. */
+static size_t log_utf8_text(const unsigned char *p) {
+  size_t n = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 0;
+  if (n == 0 || p[0] > 0xf4) return 0;
+  uint32_t c = p[0] & (0x7f >> n);
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0; /* the NUL ends it here too */
+    c = c << 6 | (p[i] & 0x3f);
+  }
+  static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (c < least[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return 0;
+  if (c <= 0x9f || c == 0x2028 || c == 0x2029 ||
+      (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069))
+    return 0;
+  return n;
+}
+
 /* Copies `msg` to `out` (at most cap - 1 bytes, NUL-terminated) with every
- * control character written as \xHH: a message carries text that clients
- * chose (a client name, a tenant name), and a newline or an escape
- * sequence in it must not forge a line or repaint the operator's
+ * control character, and every byte from 0x80 up that is not part of
+ * printable UTF-8 (log_utf8_text), written as \xHH: a message carries text
+ * that clients chose (a client name, a tenant name), and a newline or an
+ * escape sequence in it must not forge a line or repaint the operator's
  * terminal.  Returns the bytes written. */
 static size_t log_escape(char *out, size_t cap, const char *msg) {
   static const char hex[] = "0123456789abcdef";
   size_t o = 0;
-  for (const unsigned char *p = (const unsigned char *)msg; *p; p++) {
-    if (*p < 0x20 || *p == 0x7f) {
+  for (const unsigned char *p = (const unsigned char *)msg; *p;) {
+    size_t n = *p < 0x80 ? (*p >= 0x20 && *p != 0x7f) : log_utf8_text(p);
+    if (n == 0) {
       if (o + 4 >= cap) break;
       out[o++] = '\\';
       out[o++] = 'x';
       out[o++] = hex[*p >> 4];
       out[o++] = hex[*p & 15];
-    } else {
-      if (o + 1 >= cap) break;
-      out[o++] = (char)*p;
+      p++;
+      continue;
     }
+    if (o + n >= cap) break;
+    memcpy(out + o, p, n);
+    o += n;
+    p += n;
   }
   out[o] = '\0';
   return o;

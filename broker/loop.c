@@ -284,7 +284,7 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
   }
 
   /* Before the sockets: libzmq accepts connections from then on. */
-  if (gmb__connguard_init(b->client_path) != 0)
+  if (gmb__connguard_init(b->client_path, b->admin_path) != 0)
     log_warn("connections are not counted (%s): a flood of connections to "
              "%s could exhaust the broker's descriptors", strerror(errno),
              b->client_path);
@@ -631,7 +631,7 @@ static void loop_publish(struct gmb_broker *b, uint64_t now) {
   struct gmb_loop *l = b->loop;
   if (l->http == NULL || now < l->next_publish_ns) return;
   l->next_publish_ns = now + LOOP_PUBLISH_NS;
-  char *text = gmb__observe_metrics(b);
+  char *text = gmb__observe_metrics(b, b->cfg.metrics_tenants);
   if (text == NULL) return; /* out of memory: the last text stays */
   gmb__http_publish(l->http, text);
   free(text);
@@ -694,6 +694,16 @@ static void loop_report_refused(struct gmb_connguard_stats *last) {
              " with no descriptor left (%u counted now; see max_sessions, "
              "max_sessions_per_uid)",
              total + uid + fds, total, uid, fds, st.connections);
+  uint64_t adm = st.refused_admin - last->refused_admin;
+  if (adm)
+    log_warn("refused %" PRIu64 " connections to the admin socket past its "
+             "caps (64 per operator uid; 4 per other uid, 64 of those in all; "
+             "%u of other uids now)", adm, st.admin_others);
+  uint64_t hs = st.refused_handshake - last->refused_handshake;
+  if (hs)
+    log_warn("dropped %" PRIu64 " ZeroMQ connections in their handshake: a "
+             "routing id of the peer's choosing, or not ZMTP 3 with the NULL "
+             "mechanism (the broker numbers its peers itself)", hs);
   *last = st;
 }
 

@@ -527,7 +527,7 @@ static void observe_request_metrics(FILE *f, const struct gmb_observe *o) {
           o->alloc_count);
 }
 
-char *gmb__observe_metrics(struct gmb_broker *b) {
+char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {
   static const struct gmb_observe none;
   const struct gmb_observe *o = b->observe ? b->observe : &none;
   struct observe_tenants r = {0};
@@ -577,7 +577,7 @@ char *gmb__observe_metrics(struct gmb_broker *b) {
               (uint64_t)gmb__sessions_count(b->sessions));
   observe_u64(f, "gmb_tenants", "gauge", "Tenants the broker knows.",
               (uint64_t)r.n);
-  observe_tenant_metrics(f, &r);
+  if (tenants) observe_tenant_metrics(f, &r);
   observe_u64(f, "gmb_wait_queue_length", "gauge",
               "Allocation requests waiting for memory.",
               (uint64_t)b->waitq.n);

@@ -60,7 +60,10 @@ void gmb__observe_snapshot(struct gmb_broker *b, uint64_t segment,
                            struct wire_reply *rep);
 
 /* The metrics as Prometheus text (exposition format 0.0.4); a malloc'd
- * string the caller frees, or NULL when out of memory. */
-char *gmb__observe_metrics(struct gmb_broker *b);
+ * string the caller frees, or NULL when out of memory.  `tenants` 0
+ * leaves out the per-tenant series (names, usage, sessions): what the
+ * HTTP endpoint, which any local user may read, shows unless
+ * metrics_tenants is set. */
+char *gmb__observe_metrics(struct gmb_broker *b, int tenants);
 
 #endif /* GMB_OBSERVE_H */

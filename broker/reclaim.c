@@ -33,6 +33,10 @@
 
 static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
 
+static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
+                                 uint64_t asked, uint64_t now,
+                                 const char *how);
+
 /* --- one ask --------------------------------------------------------------- */
 
 static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
@@ -42,6 +46,7 @@ static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
   o->ask_bytes = bytes;
   o->ask_until_ns = until_ns;
   o->ask_cached = o->cached_free;
+  o->ask_used = o->used;
   o->trim_asks++;
   o->tenant->cache_asked += bytes;
   if (r->asks == 0 || until_ns < r->next_ns) r->next_ns = until_ns;
@@ -244,7 +249,11 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
   /* More than the whole quota, or the whole device: no cache can help,
    * and held it could only be refused later. */
   if (rounded > t->quota || rounded > b->dev->capacity) return 0;
-  uint64_t missing = t->used + rounded - t->quota;
+  /* Retired segments its processes still map count as held (tenant.h);
+   * over its uid's budget, not its quota: no cache of its own can help. */
+  uint64_t held = t->used + t->retiring;
+  if (held + rounded <= t->quota) return 0;
+  uint64_t missing = held + rounded - t->quota;
   /* Bytes asked of its other sessions and not answered yet are on their
    * way, whoever asked (a full device's ask frees the tenant's quota as
    * well); s's own ask is not: it cannot answer while this request waits. */
@@ -303,13 +312,19 @@ int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
   b->reclaim.caching += cached_free > 0;
   s->cached_free = cached_free;
   if (!answered || s->ask_bytes == 0) return 0;
-  /* It gave nothing (every slab has a block in use, or stream work not
-   * done): not asked again for a while, though it is not counted as
-   * ignoring the ask. */
-  if (cached_free >= s->ask_cached)
-    s->ask_skip_ns = gmb__now_ns() + RECLAIM_PAUSE_NS;
-  s->ask_ignored_run = 0;
+  /* What it gave is what it no longer holds (the library's Frees come
+   * before its answer), whatever it reports: a cache that claims bytes
+   * and gives none (every page with a block in use, stream work not done,
+   * or a liar) made everyone's refusals wait for its answer.  So an
+   * answer that freed nothing counts as an ask ignored, and the pause
+   * before the next ask doubles with each. */
+  uint64_t asked = s->ask_bytes;
+  int gave = s->used < s->ask_used;
   reclaim_close(b, s);
+  if (gave)
+    s->ask_ignored_run = 0;
+  else
+    reclaim_gave_nothing(b, s, asked, gmb__now_ns(), "answered, but freed");
   return 1;
 }
 
@@ -346,16 +361,24 @@ void gmb__reclaim_settle(struct gmb_broker *b) {
     reclaim_hold_over(b, gmb__now_ns(), GMB_HOLD_SETTLED);
 }
 
-/* o's ask ran out: counted and logged unless its cache shrank meanwhile
- * (a library that gave back without saying so). */
+/* o's ask ran out: counted and logged unless it holds less than when it
+ * was asked (a library that gave back without saying so). */
 static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
                             uint64_t now) {
   uint64_t asked = o->ask_bytes;
   reclaim_close(b, o);
-  if (o->cached_free < o->ask_cached) {
+  if (o->used < o->ask_used) {
     o->ask_ignored_run = 0;
     return;
   }
+  reclaim_gave_nothing(b, o, asked, now, "did not give back");
+}
+
+/* o's ask (of `asked` bytes) gave nothing back: counted, logged, and o
+ * paused, the longer the more asks in a row gave nothing. */
+static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
+                                 uint64_t asked, uint64_t now,
+                                 const char *how) {
   o->trim_ignored++;
   b->reclaim.ignored_total++;
   if (o->ask_ignored_run < 63) o->ask_ignored_run++;
@@ -367,11 +390,11 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
   o->ask_skip_ns = now + pause;
   if (gmb__log_allow(&reclaim_rl_ignored)) {
     char a[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
-    log_warn("session %" PRIu64 " (tenant %s, uid %u, pid %d) did not give "
-             "back cached memory within %u ms (asked %s of the %s it reports "
-             "cached; %" PRIu64 " of %" PRIu64 " asks ignored): not asked "
+    log_warn("session %" PRIu64 " (tenant %s, uid %u, pid %d) %s no "
+             "cached memory within %u ms (asked %s of the %s it reports "
+             "cached; %" PRIu64 " of %" PRIu64 " asks gave nothing): not asked "
              "again for %" PRIu64 " s%s", o->id, o->tenant->name,
-             (unsigned)o->uid, (int)o->pid, b->cfg.trim_wait_ms,
+             (unsigned)o->uid, (int)o->pid, how, b->cfg.trim_wait_ms,
              gmb__size_format(asked, a, sizeof a),
              gmb__size_format(o->cached_free, c, sizeof c), o->trim_ignored,
              o->trim_asks, pause / GMB_NS_PER_S,

@@ -46,14 +46,17 @@ struct gmb_session {
   uint64_t used;        /* bytes of them (rounded), charged to its tenant */
   uint64_t cached_free; /* free in its cache, as its last request said */
   /* Asks to give cached memory back (EVENT_TRIM): how many were sent,
-   * and how many it left unanswered past the broker's wait bound (its
-   * cached_free did not go down in time), for gmbctl and metrics. */
+   * and how many gave nothing back (unanswered past the broker's wait
+   * bound, or answered while it held as much as before), for gmbctl and
+   * metrics. */
   uint64_t trim_asks, trim_ignored;
   /* The ask in flight, at most one (reclaim.c): its bytes (0: none), when
-   * the broker stops waiting for it, and the cached_free the session had
-   * reported then.  A session that left asks unanswered is not asked again
-   * before ask_skip_ns (ask_ignored_run asks in a row: the pause doubles). */
-  uint64_t ask_bytes, ask_until_ns, ask_cached, ask_skip_ns;
+   * the broker stops waiting for it, the cached_free the session had
+   * reported then and the bytes it held then (ask_used: what it gave is
+   * checked against what it holds, never taken from its report).  A
+   * session whose asks gave nothing is not asked again before ask_skip_ns
+   * (ask_ignored_run asks in a row: the pause doubles). */
+  uint64_t ask_bytes, ask_until_ns, ask_cached, ask_used, ask_skip_ns;
   uint32_t ask_ignored_run;
   uint32_t waiting; /* its requests in the wait queue (waitq.c) */
   int by_token;     /* its Hello proved the tenant with a token, not a uid */

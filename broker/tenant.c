@@ -59,11 +59,26 @@ struct gmb_uid_budget {
   uid_t uid;
   unsigned refs;   /* tenants pointing to it */
   uint64_t used;   /* sum of their budget_charged */
+  uint64_t retiring; /* sum of their `retiring` */
   uint64_t limit;  /* gmb__tenants_uid_budget(), fixed at start; 0: none */
+};
+
+/* Wrong tokens of one uid lately (tenant_guess_*): a leaky bucket of
+ * TENANT_GUESS_BURST, one drained per TENANT_GUESS_NS.  A uid whose bucket
+ * is full has its next token refused unchecked, so guessing runs at one
+ * try a second per uid, not at the loop's 15,000 Hellos a second. */
+#define TENANT_GUESS_UIDS 64
+#define TENANT_GUESS_BURST 10
+#define TENANT_GUESS_NS GMB_NS_PER_S
+struct tenant_guess {
+  uid_t uid;
+  uint32_t n;     /* wrong tokens in the bucket; 0: a free slot */
+  uint64_t at_ns; /* when the bucket last drained one */
 };
 
 struct gmb_tenants {
   struct tenant_tree tree;
+  struct tenant_guess guesses[TENANT_GUESS_UIDS];
   size_t count;
   struct gmb_pool *pool;
   uint64_t default_quota;
@@ -120,6 +135,9 @@ static void tenant_budget_leave(struct gmb_tenants *ts, struct gmb_tenant *t) {
   struct gmb_uid_budget *bu = t->budget;
   if (bu == NULL) return;
   GMB_ASSERT(t->budget_charged == 0 && "a tenant left its budget holding");
+  /* Its retiring bytes: none, as it has no session left to hold them. */
+  bu->retiring -= t->retiring < bu->retiring ? t->retiring : bu->retiring;
+  t->retiring = 0;
   t->budget = NULL;
   GMB_ASSERT(bu->refs > 0 && "uid budget count drifted");
   if (--bu->refs) return;
@@ -235,6 +253,36 @@ int gmb__tenant_default_uid(const char *name, uid_t *uid) {
   }
   *uid = (uid_t)v;
   return 1;
+}
+
+/* Drains g's bucket up to now. */
+static void tenant_guess_drain(struct tenant_guess *g, uint64_t now) {
+  if (g->n == 0 || now <= g->at_ns) return;
+  uint64_t k = (now - g->at_ns) / TENANT_GUESS_NS;
+  if (k >= g->n) {
+    g->n = 0;
+    return;
+  }
+  g->n -= (uint32_t)k;
+  g->at_ns += k * TENANT_GUESS_NS;
+}
+
+/* uid's bucket (drained up to now), or NULL when it has none; with
+ * `make`, one is made, in a free slot or in place of the emptiest. */
+static struct tenant_guess *tenant_guess_of(struct gmb_tenants *ts, uid_t uid,
+                                            uint64_t now, int make) {
+  struct tenant_guess *least = &ts->guesses[0];
+  for (size_t i = 0; i < TENANT_GUESS_UIDS; i++) {
+    struct tenant_guess *g = &ts->guesses[i];
+    tenant_guess_drain(g, now);
+    if (g->n && g->uid == uid) return g;
+    if (g->n < least->n) least = g;
+  }
+  if (!make) return NULL;
+  least->uid = uid;
+  least->n = 0;
+  least->at_ns = now;
+  return least;
 }
 
 /* 1 when the token's SHA-256 is t's token hash.  The comparison takes the
@@ -372,10 +420,28 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return GMB_E_AUTH;
   }
   if (t->n_uids > 0 || t->has_token) {
-    if (gmb__tenant_uid_listed(t, uid) ||
-        tenant_token_proves(t, token, token_len)) {
+    if (gmb__tenant_uid_listed(t, uid)) {
       *out = t;
       return 0;
+    }
+    uint64_t now = gmb__now_ns();
+    struct tenant_guess *g = NULL;
+    if (t->has_token && token_len > 0) {
+      g = tenant_guess_of(ts, uid, now, 0);
+      if (g && g->n >= TENANT_GUESS_BURST) {
+        uint64_t wait = g->at_ns + TENANT_GUESS_NS - now;
+        snprintf(why, whycap, "uid %u sent %u wrong tokens lately: its next "
+                 "token is checked in %llu ms", (unsigned)uid, g->n,
+                 (unsigned long long)(wait / GMB_NS_PER_MS + 1));
+        return GMB_E_LIMIT;
+      }
+      if (tenant_token_proves(t, token, token_len)) {
+        *out = t;
+        return 0;
+      }
+      g = tenant_guess_of(ts, uid, now, 1);
+      if (g->n == 0) g->at_ns = now;
+      g->n++;
     }
     /* Never echo the token: a refusal is logged, and a token sent to the
      * wrong tenant may well be another tenant's secret. */
@@ -416,15 +482,35 @@ uint64_t gmb__tenant_budget_used(const struct gmb_tenant *t, uint64_t *limit) {
   return t->budget ? t->budget->used : 0;
 }
 
-/* 1 when `size` more bytes pass t's uid budget (an ad-hoc tenant's). */
+/* a + b, at most UINT64_MAX. */
+static uint64_t tenant_sum(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* 1 when `size` more bytes pass t's uid budget (an ad-hoc tenant's);
+ * retiring bytes count with those in use. */
 static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
   const struct gmb_uid_budget *bu = t->budget;
-  return tenant_budget_member(t) && bu->limit != 0 &&
-         (bu->used >= bu->limit || size > bu->limit - bu->used);
+  if (!tenant_budget_member(t) || bu->limit == 0) return 0;
+  uint64_t held = tenant_sum(bu->used, bu->retiring);
+  return held >= bu->limit || size > bu->limit - held;
 }
 
 static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
-  return t->quota != 0 && (t->used >= t->quota || size > t->quota - t->used);
+  uint64_t held = tenant_sum(t->used, t->retiring);
+  return t->quota != 0 && (held >= t->quota || size > t->quota - held);
+}
+
+void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta) {
+  uint64_t d = delta < 0 ? (uint64_t)0 - (uint64_t)delta : (uint64_t)delta;
+  struct gmb_uid_budget *bu = t->budget;
+  if (delta >= 0) {
+    t->retiring = tenant_sum(t->retiring, d);
+    if (bu) bu->retiring = tenant_sum(bu->retiring, d);
+    return;
+  }
+  t->retiring -= d < t->retiring ? d : t->retiring;
+  if (bu) bu->retiring -= d < bu->retiring ? d : bu->retiring;
 }
 
 int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {
@@ -435,10 +521,16 @@ void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
                            char *why, size_t whycap) {
   char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
   if (tenant_quota_over(t, size) || !tenant_budget_over(t, size)) {
+    char ret[GMB_SIZE_BUFSZ + 64] = "";
+    if (t->retiring) {
+      char x[GMB_SIZE_BUFSZ];
+      snprintf(ret, sizeof ret, ", %s in retired segments its processes "
+               "have not closed", gmb__size_format(t->retiring, x, sizeof x));
+    }
     snprintf(why, whycap, "tenant %s: %s more would pass its quota of %s "
-             "(%s in use)", t->name, gmb__size_format(size, r, sizeof r),
+             "(%s in use%s)", t->name, gmb__size_format(size, r, sizeof r),
              gmb__size_format(t->quota, q, sizeof q),
-             gmb__size_format(t->used, u, sizeof u));
+             gmb__size_format(t->used, u, sizeof u), ret);
     return;
   }
   snprintf(why, whycap, "tenant %s: %s more would pass the budget of %s "

@@ -72,6 +72,9 @@ struct gmb_tenant {
   uint64_t reserve;
   int priority;
   uint64_t used;     /* bytes of live allocations (rounded) */
+  uint64_t retiring; /* bytes of its retired segments that its sessions
+                        still map (cuda): with `used`, against its quota
+                        and its uid's budget, until they close them */
   uint64_t peak;     /* highest `used` since start */
   uint64_t refusals_quota; /* requests refused by the quota */
   uint64_t refusals_reserve; /* refused for another tenant's reservation */
@@ -189,6 +192,11 @@ void gmb__tenant_segments_sync(struct gmb_tenants *ts, struct gmb_tenant *t);
  * (the pool's retire callback, which runs before the pool's accounting). */
 void gmb__tenant_segment_retired(struct gmb_tenants *ts, struct gmb_tenant *t,
                                  uint64_t bytes);
+
+/* Bytes of t's retired segments that its sessions still map (the
+ * device's retire_note): `delta` more (parked) or fewer (freed at last);
+ * they count against its quota and its uid's budget. */
+void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta);
 
 /* 1 when `size` more bytes keep t within its own reservation. */
 int gmb__tenant_within_reserve(const struct gmb_tenant *t, uint64_t size);

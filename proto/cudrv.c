@@ -61,6 +61,7 @@ static const struct {
     CUDRV_ENTRY(cuMemcpyDtoDAsync),
     CUDRV_ENTRY(cuMemcpyHtoD),
     CUDRV_ENTRY(cuMemcpyDtoH),
+    CUDRV_ENTRY(cuMemsetD8),
     CUDRV_ENTRY(cuStreamCreate),
     CUDRV_ENTRY(cuStreamSynchronize),
     CUDRV_ENTRY(cuStreamDestroy),

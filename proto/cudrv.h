@@ -123,6 +123,8 @@ struct gmb_cudrv {
                                      gmb_cu_stream s);
   gmb_cu_result (*cuMemcpyHtoD)(gmb_cu_ptr dst, const void *src, size_t n);
   gmb_cu_result (*cuMemcpyDtoH)(void *dst, gmb_cu_ptr src, size_t n);
+  /* The broker clears every segment it makes before a tenant gets it. */
+  gmb_cu_result (*cuMemsetD8)(gmb_cu_ptr dst, unsigned char v, size_t n);
   gmb_cu_result (*cuStreamCreate)(gmb_cu_stream *s, unsigned flags);
   gmb_cu_result (*cuStreamSynchronize)(gmb_cu_stream s);
   gmb_cu_result (*cuStreamDestroy)(gmb_cu_stream s);

@@ -11,6 +11,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -117,6 +119,20 @@ int gmb__run_dir_trusted(const char *dir, uid_t uid, char *why, size_t cap) {
   return endpoint_owned(dir, uid, 1, why, cap);
 }
 
+/* 1 when only root could have made `dir` (a path to a directory): its
+ * parent is root's and writable by no one else, so root chose the owner
+ * (systemd's RuntimeDirectory= makes /run/gmb for the broker's user so). */
+static int endpoint_made_by_root(const char *dir) {
+  char parent[PATH_MAX];
+  if (realpath(dir, parent) == NULL) return 0;
+  char *slash = strrchr(parent, '/');
+  if (slash == NULL || slash == parent) return 0; /* "/" or "/x": no */
+  *slash = '\0';
+  struct stat st;
+  return stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 &&
+         !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
 int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
                           size_t cap) {
   if (strncmp(endpoint, "ipc://", 6) != 0) return 0;
@@ -137,7 +153,12 @@ int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
   } else {
     *slash = '\0';
   }
-  int rc = endpoint_owned(dir, uid, 1, why, cap);
-  if (rc == 0) rc = endpoint_owned(path, uid, 0, why, cap);
+  struct stat st;
+  uid_t owner = uid;
+  if (lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid != 0 &&
+      st.st_uid != uid && endpoint_made_by_root(dir))
+    owner = st.st_uid; /* the broker's user, given the dir by root */
+  int rc = endpoint_owned(dir, owner, 1, why, cap);
+  if (rc == 0) rc = endpoint_owned(path, owner, 0, why, cap);
   return rc;
 }

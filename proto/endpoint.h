@@ -30,12 +30,15 @@ int gmb__endpoint_probe(const char *endpoint, const char *hint, char *why,
                         size_t cap);
 
 /*
- * Before a client sends its token (issue 12): 0 when the run dir of an
- * ipc:// endpoint is a directory owned by root or `uid` that no one else
- * may write to, and the socket file in it is a socket owned by root or
- * `uid`; else GMB_E_AUTH (or GMB_E_CONN when missing) with the reason.
+ * Before a client connects (with a token or without: a fake broker would
+ * get its memory either way): 0 when the run dir of an ipc:// endpoint is
+ * a directory no one else may write to, owned by root or `uid`, or by a
+ * uid that only root could have given it (its parent is root's and
+ * writable by no one else, as /run/gmb made by systemd for the broker's
+ * user), and the socket file in it is a socket of root, `uid` or that
+ * owner; else GMB_E_AUTH (or GMB_E_CONN when missing) with the reason.
  * Another user could otherwise make the fallback run dir (/tmp/gmb-UID)
- * first and listen there for tokens.  Other transports: 0.
+ * first and listen there.  Other transports: 0.
  */
 int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
                           size_t cap);

@@ -799,15 +799,15 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   char why[CLIENT_WHY_MAX];
   rc = gmb__endpoint_probe(endpoint, hint, why, sizeof why);
   if (rc) return client_fail(rc, "%s", why);
-  /* A token goes only to a broker this uid can trust to be the broker:
-   * its run dir and socket are root's or ours, and nobody else may put
-   * a socket there. */
-  if (hello.u.hello.token_len > 0) {
-    rc = gmb__endpoint_trusted(endpoint, geteuid(), why, sizeof why);
-    if (rc) {
-      explicit_bzero(hello.u.hello.token, sizeof hello.u.hello.token);
-      return client_fail(rc, "token not sent: %s", why);
-    }
+  /* Only a broker this uid can trust to be the broker gets its token or
+   * its memory: the run dir and socket are root's, ours, or the broker
+   * user's that root made, and nobody else may put a socket there. */
+  rc = gmb__endpoint_trusted(endpoint, geteuid(), why, sizeof why);
+  if (rc) {
+    int had_token = hello.u.hello.token_len > 0;
+    explicit_bzero(hello.u.hello.token, sizeof hello.u.hello.token);
+    return client_fail(rc, "%s%s", had_token ? "token not sent: " :
+                       "not connecting: ", why);
   }
 
   gmb_client *c = calloc(1, sizeof *c);

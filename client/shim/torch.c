@@ -314,16 +314,28 @@ static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size,
   return -1;
 }
 
+/* Takes `size` (rounded) off device d's count, never below 0: the size a
+ * free names is the caller's word (a free that claimed 1 TiB wrapped the
+ * count to near 2^64, and every later allocation was refused as past the
+ * memory fraction). */
+static void torch_sub(int d, ssize_t size) {
+  uint64_t give = torch_round(size);
+  uint64_t was = atomic_load(&torch_dev[d].in_use);
+  while (!atomic_compare_exchange_weak(&torch_dev[d].in_use, &was,
+                                       was > give ? was - give : 0)) {
+  }
+}
+
 /* A failed allocation's bytes back (not a free: no statistics). */
 static void torch_untake(int d, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
-  atomic_fetch_sub(&torch_dev[d].in_use, torch_round(size));
+  torch_sub(d, size);
 }
 
 /* A free's bytes back, counted. */
 static void torch_give(int d, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
-  atomic_fetch_sub(&torch_dev[d].in_use, torch_round(size));
+  torch_sub(d, size);
   torch_count_free(d, size);
 }
 

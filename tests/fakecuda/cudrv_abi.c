@@ -121,6 +121,7 @@ ABI(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync, CUdeviceptr, CUdeviceptr, size_t,
     CUstream);
 ABI(cuMemcpyHtoD, cuMemcpyHtoD, CUdeviceptr, const void *, size_t);
 ABI(cuMemcpyDtoH, cuMemcpyDtoH, void *, CUdeviceptr, size_t);
+ABI(cuMemsetD8, cuMemsetD8, CUdeviceptr, unsigned char, size_t);
 ABI(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, CUdevice);
 ABI(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, CUcontext *, CUdevice);
 ABI(cuStreamDestroy, cuStreamDestroy, CUstream);

@@ -134,6 +134,8 @@
  *   import (CUDA_ERROR_INVALID_DEVICE).  $FAKECUDA_COMPUTE_MODE (0 default,
  *   2 prohibited, 3 exclusive process) is every device's
  *   CU_DEVICE_ATTRIBUTE_COMPUTE_MODE (only reported, not enforced).
+ *   New memory is zeros (a memfd), unless $FAKECUDA_GARBAGE=1: then it
+ *   holds 0xa5 bytes, as a real GPU's may hold a previous user's data.
  *
  * - cuCtxSynchronize waits for every stream of this process (the context's
  *   work); while $FAKECUDA_CAPTURING is set it fails with
@@ -703,6 +705,16 @@ static CUresult alloc_create(int dev, uint64_t size, int types,
     acct_drop(acct, id);
     free(a);
     return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  /* $FAKECUDA_GARBAGE=1: new memory holds 0xa5 bytes, as a real GPU's
+   * may hold what its last user left (a memfd is zeros). */
+  if (fake_env_flag("FAKECUDA_GARBAGE")) {
+    char junk[65536];
+    memset(junk, 0xa5, sizeof junk);
+    for (uint64_t off = 0; off < size; off += sizeof junk) {
+      size_t k = size - off < sizeof junk ? (size_t)(size - off) : sizeof junk;
+      if (pwrite(a->fd, junk, k, (off_t)(FAKE_HDR + off)) != (ssize_t)k) break;
+    }
   }
   a->next = fake_allocs;
   fake_allocs = a;
@@ -1678,6 +1690,25 @@ static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   return CUDA_SUCCESS;
 }
 
+/* Sets n bytes at dst to v, as copies from the host do. */
+static CUresult fake_cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (n == 0) return CUDA_SUCCESS;
+  pthread_mutex_lock(&fake_mu);
+  r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemsetD8");
+  pthread_mutex_unlock(&fake_mu);
+  if (r) return r;
+  char buf[65536];
+  memset(buf, v, sizeof buf);
+  for (size_t done = 0; done < n;) {
+    size_t k = n - done < sizeof buf ? n - done : sizeof buf;
+    copy_host((uintptr_t)dst + done, buf, k, 1);
+    done += k;
+  }
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
@@ -1945,6 +1976,7 @@ static const struct {
     FAKE_FN(cuMemcpyDtoDAsync),
     FAKE_FN(cuMemcpyHtoD),
     FAKE_FN(cuMemcpyDtoH),
+    FAKE_FN(cuMemsetD8),
     FAKE_FN(cuStreamCreate),
     FAKE_FN(cuStreamSynchronize),
     FAKE_FN(cuStreamDestroy),

@@ -36,6 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #define HARNESS_MAX_BROKERS 8
 
@@ -853,4 +856,49 @@ Suite *harness_suite(const char *name, const char *tcase, double timeout_s,
   for (size_t i = 0; tests[i] != NULL; i++) tcase_add_test(tc, tests[i]);
   suite_add_tcase(s, tc);
   return s;
+}
+
+/* --- HTTP ------------------------------------------------------------------ */
+
+int harness_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int harness_http_get(int port, const char *method, const char *path,
+                    char *body, size_t cap) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    close(fd);
+    return 0;
+  }
+  char req[256];
+  int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
+                   method, path);
+  ck_assert_int_eq(write(fd, req, (size_t)n), n);
+  static char resp[1 << 20];
+  size_t got = 0;
+  for (;;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, HARNESS_WAIT_MS) <= 0) break;
+    ssize_t r = read(fd, resp + got, sizeof resp - 1 - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  resp[got] = '\0';
+  int code = 0;
+  if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1) return 0;
+  char *b = strstr(resp, "\r\n\r\n");
+  snprintf(body, cap, "%s", b ? b + 4 : "");
+  return code;
 }

@@ -214,6 +214,16 @@ int harness_admin_compact(void *admin_sock, const char *tenant,
 int harness_tenant_row(const struct harness_broker *b, const char *tenant,
                        struct wire_tenant_row *out);
 
+/* --- HTTP, for the metrics endpoint ---------------------------------------- */
+
+/* A TCP port of 127.0.0.1 that was free a moment ago. */
+int harness_free_port(void);
+
+/* One HTTP/1.0 exchange on 127.0.0.1:port: the status code (0 when
+ * nothing answered) and the response's body in `body` (cut to cap). */
+int harness_http_get(int port, const char *method, const char *path,
+                     char *body, size_t cap);
+
 /* --- what most tests repeat ----------------------------------------------- */
 
 /* gmb_connect to broker b as `tenant`; fails the test (with the client's

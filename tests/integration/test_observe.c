@@ -589,51 +589,6 @@ END_TEST
 
 /* --- HTTP -------------------------------------------------------------------- */
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-/* One HTTP/1.0 exchange on 127.0.0.1:port; returns the status code (0
- * when nothing answered) and the body in `body`. */
-static int http_get(int port, const char *method, const char *path,
-                    char *body, size_t cap) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-    close(fd);
-    return 0;
-  }
-  char req[256];
-  int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
-                   method, path);
-  ck_assert_int_eq(write(fd, req, (size_t)n), n);
-  static char resp[OUT_CAP];
-  size_t got = 0;
-  for (;;) {
-    struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, HARNESS_WAIT_MS) <= 0) break;
-    ssize_t r = read(fd, resp + got, sizeof resp - 1 - got);
-    if (r <= 0) break;
-    got += (size_t)r;
-  }
-  close(fd);
-  resp[got] = '\0';
-  int code = 0;
-  if (sscanf(resp, "HTTP/1.%*d %d", &code) != 1) return 0;
-  char *b = strstr(resp, "\r\n\r\n");
-  snprintf(body, cap, "%s", b ? b + 4 : "");
-  return code;
-}
-
 struct http_wait {
   int port;
   char *body;
@@ -641,13 +596,14 @@ struct http_wait {
 
 static int http_ready(void *arg) {
   struct http_wait *w = arg;
-  return http_get(w->port, "GET", "/metrics", w->body, OUT_CAP) == 200;
+  return harness_http_get(w->port, "GET", "/metrics", w->body, OUT_CAP) == 200;
 }
 
 START_TEST(http_endpoint_serves_metrics) {
-  int port = free_port();
+  int port = harness_free_port();
   char extra[96];
-  snprintf(extra, sizeof extra, "metrics_listen = 127.0.0.1:%d\n", port);
+  snprintf(extra, sizeof extra,
+           "metrics_listen = 127.0.0.1:%d\nmetrics_tenants = yes\n", port);
   struct scene s;
   scene_start(&s, extra);
   char *log = harness_broker_log(&s.b);
@@ -666,13 +622,13 @@ START_TEST(http_endpoint_serves_metrics) {
            s.alloc_calls);
   for (int i = 0; i < 50 && !strstr(out, want); i++) {
     harness_sleep_ms(100);
-    ck_assert_int_eq(http_get(port, "GET", "/metrics", out, OUT_CAP), 200);
+    ck_assert_int_eq(harness_http_get(port, "GET", "/metrics", out, OUT_CAP), 200);
   }
   check_metrics(out, &s, &st);
   gmb__wire_reply_clear(&st);
   static char body[4096];
-  ck_assert_int_eq(http_get(port, "GET", "/other", body, sizeof body), 404);
-  ck_assert_int_eq(http_get(port, "POST", "/metrics", body, sizeof body), 405);
+  ck_assert_int_eq(harness_http_get(port, "GET", "/other", body, sizeof body), 404);
+  ck_assert_int_eq(harness_http_get(port, "POST", "/metrics", body, sizeof body), 405);
   scene_stop(&s);
 }
 END_TEST

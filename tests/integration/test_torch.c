@@ -682,6 +682,13 @@ static int hooks_main(void *arg) {
   k.t.free(p, (ssize_t)(4 * MIB), 0, s1);
   p = k.t.alloc((ssize_t)(4 * MIB), 0, s1);
   CHILD_CHECK(p != NULL, 28, "4MiB after the free: %s", k.t.last_error());
+  /* A free that claims more than was allocated (1 TiB) wrapped the
+   * process's count below 0, to near 2^64, and every later allocation was
+   * refused as past the fraction: the count stops at 0 now. */
+  k.t.free(p, (ssize_t)1 << 40, 0, s1);
+  p = k.t.alloc((ssize_t)(4 * MIB), 0, s1);
+  CHILD_CHECK(p != NULL, 32, "4MiB after a free that claimed 1 TiB: %s",
+              k.t.last_error());
   k.t.free(p, (ssize_t)(4 * MIB), 0, s1);
   k.fraction(1.0, 0);
 

@@ -32,6 +32,16 @@
  * RSS to at most its idle RSS plus 16 MiB (the trim timer gives heap
  * back), within HARNESS_WAIT_MS.  It prints operations and faults per
  * kind, and fails on any violation.  No check is on a duration.
+ *
+ * An attacker runs beside them when the soak runs as root (as uid 65534,
+ * nobody; else it says it was skipped): connections that choose a
+ * ZeroMQ routing id (each must be dropped in its handshake; the broker
+ * aborted on such ids once), Hellos that try the soak tenants, which
+ * belong to another uid (each must be refused), undecodable messages
+ * (each must be answered GMB_E_PROTO), and bursts of bare connections to
+ * both sockets.  A broker that is restarting meanwhile excuses a
+ * missing answer, never a wrong one.  It stops before the last
+ * checkpoint, so the final descriptor count is the broker's own.
  */
 #include <check.h>
 #include <dirent.h>
@@ -47,6 +57,12 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <grp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <zmq.h>
 
 #include "gmb.h"
 #include "harness.h"
@@ -67,8 +83,18 @@ struct soak_slot {
   double cont_at;
 };
 
+enum soak_attack {
+  A_CHOSEN_ID, A_FOREIGN_HELLO, A_GARBAGE, A_BARE_BURST, A_COUNT
+};
+static const char *const soak_attack_names[A_COUNT] = {
+    "chosen routing id", "Hello as another uid's tenant",
+    "undecodable message", "burst of bare connections"};
+
 struct soak_shared {
   atomic_uint_fast64_t gen; /* odd while the endpoint is being rewritten */
+  atomic_int attack_quit;
+  atomic_uint_fast64_t attacks[A_COUNT], attack_unanswered;
+  atomic_uint_fast64_t attack_wrong; /* an attack the broker let through */
   char endpoint[128];
   int n_slots;
   struct soak_slot slot[SOAK_MAX_CLIENTS];
@@ -237,6 +263,156 @@ static int soak_client_main(void *arg) {
     atomic_fetch_add(&k.me->ops, 1);
     if (atomic_load(&k.me->ops) % 8 == 0) harness_sleep_ms(1);
   }
+}
+
+/* --- the attacker ---------------------------------------------------------- */
+
+static int soak_unix_connect(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* A DEALER's ZMTP 3.0 greeting and READY naming routing id `id` (5
+ * bytes) on fd; 0 or -1. */
+static int soak_zmtp_chosen(int fd, const unsigned char id[5]) {
+  unsigned char g[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0};
+  memcpy(g + 12, "NULL", 4);
+  static const unsigned char ready[] =
+      "\x04\x00\x05READY\x0bSocket-Type\0\0\0\x06" "DEALER"
+      "\x08Identity\0\0\0\x05";
+  unsigned char cmd[sizeof ready - 1 + 5];
+  memcpy(cmd, ready, sizeof ready - 1);
+  memcpy(cmd + sizeof ready - 1, id, 5);
+  cmd[1] = (unsigned char)(sizeof cmd - 2); /* the command's size */
+  return write(fd, g, sizeof g) == (ssize_t)sizeof g &&
+                 write(fd, cmd, sizeof cmd) == (ssize_t)sizeof cmd
+             ? 0
+             : -1;
+}
+
+/* 1 when the peer closed fd within timeout_ms. */
+static int soak_closed(int fd, int timeout_ms) {
+  double end = harness_now_ms() + timeout_ms;
+  char buf[256];
+  for (;;) {
+    int left = (int)(end - harness_now_ms());
+    if (left <= 0) return 0;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, left) <= 0) continue;
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return 1;
+  }
+}
+
+/* One request on a fresh DEALER to `endpoint`; the reply's status, or 1
+ * when none came in 2 s (a broker restarting). */
+static int soak_raw_call(void *z, const char *endpoint, const void *msg,
+                         size_t len) {
+  void *s = zmq_socket(z, ZMQ_DEALER);
+  if (s == NULL) return 1;
+  int zero = 0, wait = 2000;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &wait, sizeof wait);
+  int status = 1;
+  if (zmq_connect(s, endpoint) == 0 && zmq_send(s, msg, len, 0) >= 0) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    struct wire_reply rep;
+    if (zmq_msg_recv(&m, s, 0) >= 0 &&
+        gmb__wire_reply_decode(zmq_msg_data(&m), zmq_msg_size(&m), &rep) ==
+            0) {
+      status = rep.status;
+      gmb__wire_reply_clear(&rep);
+    }
+    zmq_msg_close(&m);
+  }
+  zmq_close(s);
+  return status;
+}
+
+static int soak_attacker_main(void *arg) {
+  (void)arg;
+  if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+    return 10;
+  void *z = zmq_ctx_new();
+  if (z == NULL) return 11;
+  uint64_t rng = (uint64_t)getpid() * 2654435761u | 1;
+  while (!atomic_load(&sh->attack_quit)) {
+    char ep[128], dir[128], path[160];
+    soak_endpoint(ep, sizeof ep);
+    snprintf(dir, sizeof dir, "%s", ep + 6);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    uint64_t gen = atomic_load(&sh->gen);
+    int kind = (int)(harness_rnd(&rng) % A_COUNT);
+    int answered = 1, wrong = 0;
+    if (kind == A_CHOSEN_ID) {
+      uint32_t v = (uint32_t)harness_rnd(&rng);
+      unsigned char id[5] = {0, (unsigned char)(v >> 24),
+                             (unsigned char)(v >> 16), (unsigned char)(v >> 8),
+                             (unsigned char)v};
+      int fd = soak_unix_connect(ep + 6);
+      if (fd >= 0) {
+        if (soak_zmtp_chosen(fd, id) == 0 && !soak_closed(fd, 2000))
+          wrong = 1; /* a chosen id kept */
+        close(fd);
+      } else {
+        answered = 0;
+      }
+    } else if (kind == A_FOREIGN_HELLO) {
+      struct wire_request req;
+      memset(&req, 0, sizeof req);
+      req.id = 1;
+      req.kind = WIRE_HELLO;
+      req.u.hello.version = WIRE_PROTOCOL_VERSION;
+      soak_tenant_name((int)(harness_rnd(&rng) % 2), req.u.hello.tenant,
+                       sizeof req.u.hello.tenant);
+      memcpy(req.u.hello.token, "guess", 5);
+      req.u.hello.token_len = 5;
+      uint8_t *buf = NULL;
+      size_t len = 0;
+      if (gmb__wire_request_encode(&req, &buf, &len) != 0) return 12;
+      int st = soak_raw_call(z, ep, buf, len);
+      free(buf);
+      answered = st != 1;
+      wrong = st == 0; /* nobody admitted to a soak tenant */
+    } else if (kind == A_GARBAGE) {
+      static const char junk[] = "\x07 not a protobuf \xff\xfe";
+      int st = soak_raw_call(z, ep, junk, sizeof junk - 1);
+      answered = st != 1;
+      wrong = answered && st != GMB_E_PROTO;
+    } else {
+      int fds[24];
+      for (int i = 0; i < 24; i++) {
+        if (i % 2)
+          snprintf(path, sizeof path, "%s/admin.sock", dir);
+        else
+          snprintf(path, sizeof path, "%s", ep + 6);
+        fds[i] = soak_unix_connect(path);
+      }
+      harness_sleep_ms(100);
+      for (int i = 0; i < 24; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    }
+    /* A broker restarted meanwhile excuses silence, not a wrong answer. */
+    if (atomic_load(&sh->gen) != gen) answered = 1;
+    atomic_fetch_add(&sh->attacks[kind], 1);
+    if (!answered) atomic_fetch_add(&sh->attack_unanswered, 1);
+    if (wrong) {
+      atomic_fetch_add(&sh->attack_wrong, 1);
+      fprintf(stderr, "soak: attack \"%s\" was let through\n",
+              soak_attack_names[kind]);
+    }
+    harness_sleep_ms(20 + (int)(harness_rnd(&rng) % 80));
+  }
+  zmq_ctx_term(z);
+  return 0;
 }
 
 /* --- the operator -------------------------------------------------------- */
@@ -512,6 +688,11 @@ START_TEST(soak_with_faults) {
          "descriptors, RSS %ld KiB\n", secs, s.tenants, s.clients_per,
          s.base_fds, s.base_rss_kib);
   for (int i = 0; i < sh->n_slots; i++) soak_spawn(&s, i);
+  pid_t attacker = 0;
+  if (geteuid() == 0)
+    attacker = harness_fork(soak_attacker_main, NULL);
+  else
+    printf("soak: not root, so no attacker (it runs as another uid)\n");
 
   double start = harness_now_ms(), end = start + (double)secs * 1000;
   double every = (double)(secs * 1000 / 6 > 5000 ? secs * 1000 / 6 : 5000);
@@ -530,6 +711,11 @@ START_TEST(soak_with_faults) {
     }
     soak_fault(&s, now, end, start, &last_restart);
     harness_sleep_ms(100 + (int)(harness_rnd(&s.rng) % 300));
+  }
+  if (attacker) {
+    atomic_store(&sh->attack_quit, 1);
+    int rc = harness_wait(attacker);
+    if (rc != 0) soak_violation(&s, "the attacker exited %d", rc);
   }
   soak_checkpoint(&s, 1); /* the last one: clients disconnect and exit */
   for (int i = 0; i < sh->n_slots; i++) {
@@ -582,6 +768,15 @@ START_TEST(soak_with_faults) {
          " corrupted bytes, broker at the end: %d descriptors (idle %d), "
          "RSS %ld KiB (idle %ld KiB)\n", nfaults, s.checkpoints,
          soak_corrupt(&s), fds, s.base_fds, rss, s.base_rss_kib);
+  for (int a = 0; a < A_COUNT; a++)
+    printf("soak: attack %-30s %" PRIu64 "\n", soak_attack_names[a],
+           (uint64_t)atomic_load(&sh->attacks[a]));
+  printf("soak: attacks let through %" PRIu64 ", unanswered while the "
+         "broker ran %" PRIu64 "\n", (uint64_t)atomic_load(&sh->attack_wrong),
+         (uint64_t)atomic_load(&sh->attack_unanswered));
+  if (atomic_load(&sh->attack_wrong))
+    soak_violation(&s, "%" PRIu64 " attacks let through",
+                   (uint64_t)atomic_load(&sh->attack_wrong));
   printf("soak: %" PRIu64 " violations\n", s.violations);
   fflush(stdout);
   harness_broker_stop(&s.b);

@@ -487,6 +487,37 @@ START_TEST(seg_copy_moves_bytes) {
 }
 END_TEST
 
+/* A GPU's new memory may hold what another tenant or process left there
+ * (the driver promises no zeros; the fake one holds 0xa5 bytes with
+ * FAKECUDA_GARBAGE=1): every segment is cleared before a client maps it. */
+START_TEST(seg_new_cleared_before_a_tenant_gets_it) {
+  setenv("FAKECUDA_GARBAGE", "1", 1);
+  struct gmb_device *d = open_fake("64m", 0, 0);
+  t_load();
+  enum { N = 4096 };
+  static uint8_t got[N], zero[N], junk[N];
+  memset(junk, 0xa5, N);
+  gmb_cu_ptr raw = 0; /* the stand-in's memory as the driver gives it */
+  ck_assert_int_eq(T.cuMemAlloc(&raw, 2 * MIB), 0);
+  ck_assert_int_eq(T.cuMemcpyDtoH(got, raw + MIB, N), 0);
+  ck_assert_int_eq(memcmp(got, junk, N), 0);
+  ck_assert_int_eq(T.cuMemFree(raw), 0);
+  struct gmb_dseg a;
+  ck_assert_int_eq(gmb__device_seg_new(d, 1, 4 * MIB, &a), 0);
+  gmb_cu_ptr va = client_map(&a);
+  for (uint64_t off = 0; off < 4 * MIB; off += MIB - N) {
+    ck_assert_int_eq(T.cuMemcpyDtoH(got, va + off, N), 0);
+    ck_assert_msg(memcmp(got, zero, N) == 0, "not cleared at %llu",
+                  (unsigned long long)off);
+  }
+  client_unmap(va, &a);
+  gmb__device_seg_free(d, &a);
+  gmb__device_close(d);
+  gmb__cudrv_unload(&T);
+  unsetenv("FAKECUDA_GARBAGE");
+}
+END_TEST
+
 START_TEST(seg_new_beyond_driver_memory_is_nomem) {
   /* The configured capacity promises more than the driver has left:
    * cuMemCreate's out-of-memory is NOMEM, not a device fault. */
@@ -513,9 +544,9 @@ START_TEST(retirement_waits_for_every_holder) {
   put(va, 0, 4 * MIB, 3);
   client_unmap(va, &a);
   struct holder h = holder_start(&a, 3);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 101), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102), 0); /* told twice */
+  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 101, NULL), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102, NULL), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 7, 102, NULL), 0); /* told twice */
   int fd = a.fd;
   gmb__device_seg_free(d, &a);
   memset(&a, 0xee, sizeof a); /* the pool's record is gone */
@@ -561,10 +592,10 @@ START_TEST(retirement_holder_gone_frees_all_it_held) {
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
   ck_assert_int_eq(gmb__device_seg_new(d, 2, 2 * MIB, &b), 0);
   ck_assert_int_eq(gmb__device_seg_new(d, 3, 2 * MIB, &c), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   gmb__device_seg_free(d, &a);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 5), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 6), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 5, NULL), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 2, 6, NULL), 0);
   gmb__device_seg_free(d, &b);
   ck_assert_uint_eq(d->retiring, 2);
   /* Session 5 ends: segment 1 goes, segment 2 still waits for 6. */
@@ -587,7 +618,7 @@ START_TEST(retirement_holder_closed_before_free) {
   struct gmb_device *d = open_fake("64m", 0, 0);
   struct gmb_dseg a;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   ck_assert_int_eq(gmb__device_seg_closed(d, 1, 5), 0);
   gmb__device_seg_free(d, &a);
   ck_assert_uint_eq(d->in_use, 0);
@@ -600,7 +631,7 @@ START_TEST(close_frees_parked_segments) {
   struct gmb_device *d = open_fake("64m", 0, 0);
   struct gmb_dseg a;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   int fd = a.fd;
   gmb__device_seg_free(d, &a);
   ck_assert_uint_eq(d->retiring, 1);
@@ -616,7 +647,7 @@ START_TEST(host_device_frees_at_once) {
   ck_assert_int_eq(gmb__device_open("host:8MiB", 0, 0, &d, err, sizeof err), 0);
   struct gmb_dseg a;
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 2 * MIB, &a), 0);
-  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5), 0);
+  ck_assert_int_eq(gmb__device_seg_hold(d, 1, 5, NULL), 0);
   gmb__device_seg_free(d, &a);
   ck_assert_uint_eq(d->in_use, 0);
   ck_assert_uint_eq(d->retiring, 0);
@@ -645,6 +676,7 @@ static Suite *device_cuda_suite(void) {
   tc = tcase_create("segments");
   tcase_add_test(tc, seg_new_exports_a_descriptor);
   tcase_add_test(tc, seg_copy_moves_bytes);
+  tcase_add_test(tc, seg_new_cleared_before_a_tenant_gets_it);
   tcase_add_test(tc, seg_new_beyond_driver_memory_is_nomem);
   suite_add_tcase(s, tc);
   tc = tcase_create("retirement");

@@ -1678,6 +1678,50 @@ START_TEST(evict_sets_word_and_retires_segments) {
 }
 END_TEST
 
+/* A process that never answers SegmentClosed for its tenant's retired
+ * segments (cuda: the memory stays in use on the GPU while it maps them)
+ * kept 512 MiB parked while its tenant used 0 of a 64 MiB quota, and
+ * others got GMB_E_NOMEM.  Retiring bytes now count against the tenant's
+ * quota until closed.  The host device frees at once, so the test makes
+ * it wait for holders as the cuda device does. */
+START_TEST(retiring_counts_against_quota) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB",
+              "[broker]\ncompaction = off\n"
+              "[tenant:t]\nquota = 8MiB\nuids = 1001\n");
+  static struct gmb_device_ops waits;
+  const struct gmb_device_ops *host = f.b.dev->ops;
+  waits = *host;
+  waits.free_waits_for_holders = 1;
+  f.b.dev->ops = &waits;
+  struct gmb_session *s = fx_hello(&f, "a", 1001, "t");
+  struct gmb_tenant *t = s->tenant;
+  struct wire_reply r = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  uint64_t seg = r.u.alloc.segment;
+  ck_assert_int_eq(gmb__session_seg_seen(s, seg), 0);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, r.u.alloc.id), 0);
+  ck_assert_uint_eq(f.b.dev->retiring, 1);
+  ck_assert_uint_eq(t->used, 0);
+  ck_assert_uint_eq(t->retiring, 8 * MIB);
+  /* Parked and mapped: the quota is full. */
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "a", 1001, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(rep.message, "retired segments"));
+  /* Closed: the bytes are the tenant's again. */
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_SEGMENT_CLOSED;
+  req.u.segment.segment = seg;
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 0);
+  ck_assert_uint_eq(f.b.dev->retiring, 0);
+  ck_assert_uint_eq(t->retiring, 0);
+  fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  f.b.dev->ops = host;
+  fx_close(&f);
+}
+END_TEST
+
 /* A request past its quota while another session of its tenant caches
  * what it lacks is held, not refused, also when others of its priority
  * wait already (the path where a quota used to be refused before the
@@ -1797,6 +1841,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, reload_reservations_over_device_refused);
   tcase_add_test(tc, start_check_counts_state_file);
   tcase_add_test(tc, evict_sets_word_and_retires_segments);
+  tcase_add_test(tc, retiring_counts_against_quota);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -54,6 +54,30 @@ START_TEST(control_characters_escaped) {
 }
 END_TEST
 
+/* Bytes from 0x80 up reached the log raw: 0x9b is CSI to a terminal
+ * that reads 8-bit controls, and UTF-8 can carry C1 controls, line
+ * separators and bidirectional overrides, or be no UTF-8 at all.  Each
+ * such byte is now written as \xHH; printable UTF-8 (2, 3 and 4 bytes)
+ * passes. */
+START_TEST(high_bytes_escaped_unless_printable_utf8) {
+  char out[2048];
+  log_capture("a\x9b" "2Jb", out, sizeof out);
+  ck_assert_ptr_nonnull(strstr(out, "client said: a\\x9b2Jb\n"));
+  log_capture("c1 \xc2\x9b x", out, sizeof out); /* U+009B */
+  ck_assert_ptr_nonnull(strstr(out, "c1 \\xc2\\x9b x\n"));
+  log_capture("rlo \xe2\x80\xae x", out, sizeof out); /* U+202E */
+  ck_assert_ptr_nonnull(strstr(out, "rlo \\xe2\\x80\\xae x\n"));
+  log_capture("ls \xe2\x80\xa8 x", out, sizeof out); /* U+2028 */
+  ck_assert_ptr_nonnull(strstr(out, "ls \\xe2\\x80\\xa8 x\n"));
+  log_capture("bad \xff \xc0\x8a \xed\xa0\x80 \xc3", out, sizeof out);
+  ck_assert_ptr_nonnull(strstr(out, "bad \\xff \\xc0\\x8a "
+                                    "\\xed\\xa0\\x80 \\xc3\n"));
+  log_capture("ok \xe2\x82\xac \xf0\x9f\x98\x80 \xe4\xb8\xad", out, sizeof out);
+  ck_assert_ptr_nonnull(
+      strstr(out, "ok \xe2\x82\xac \xf0\x9f\x98\x80 \xe4\xb8\xad\n"));
+}
+END_TEST
+
 START_TEST(long_message_cut_still_one_line) {
   char big[3000], out[4096];
   memset(big, '\n', sizeof big - 1);
@@ -87,6 +111,7 @@ static Suite *log_suite(void) {
   Suite *s = suite_create("log");
   TCase *tc = tcase_create("log");
   tcase_add_test(tc, control_characters_escaped);
+  tcase_add_test(tc, high_bytes_escaped_unless_printable_utf8);
   tcase_add_test(tc, long_message_cut_still_one_line);
   tcase_add_test(tc, rate_limit_burst_then_count);
   suite_add_tcase(s, tc);

@@ -270,7 +270,7 @@ START_TEST(metrics_cached_and_trim_per_tenant) {
   s.a1->trim_ignored = 1;
   s.b3->trim_asks = 2;
   fx_end(&s.f, s.a1);
-  char *m = gmb__observe_metrics(&s.f.b);
+  char *m = gmb__observe_metrics(&s.f.b, 1);
   ck_assert_ptr_nonnull(m);
   static const char *want[] = {
       "\n# TYPE gmb_tenant_cached_bytes gauge\n",

@@ -425,7 +425,7 @@ START_TEST(one_ask_in_flight_per_session) {
 END_TEST
 
 /* An answer that gave nothing back ends the hold at once (no wait for the
- * bound); it is not counted as ignored, but the session is paused. */
+ * bound); it counts as an ask ignored, and the session is paused. */
 START_TEST(empty_answer_ends_hold_at_once) {
   struct fx f;
   open_two(&f);
@@ -435,10 +435,45 @@ START_TEST(empty_answer_ends_hold_at_once) {
   const struct wire_reply *rep = answer_to(&f, "b", r);
   ck_assert_ptr_nonnull(rep);
   ck_assert_int_eq(rep->status, GMB_E_NOMEM);
-  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
   ck_assert_uint_gt(sess(&f, "a")->ask_skip_ns, 0);
   ck_assert_uint_eq(f.b.reclaim.asks, 0);
   ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* A cache that answers every ask and reports fewer cached bytes, but
+ * frees nothing, made every refusal on a full device wait for its answer
+ * (the report was believed).  What it gave is now what it stopped
+ * holding: the lie counts as an ask ignored, the liar is paused, and the
+ * pause doubles with each lie; the next request meanwhile is refused at
+ * once without asking it. */
+START_TEST(lying_answer_paused_and_doubling) {
+  struct fx f;
+  open_two(&f);
+  cache(&f, "a", 1001, 6 * MIB);
+  struct gmb_session *a = sess(&f, "a");
+  held(&f, "b", 1002, 4 * MIB, 0);
+  uint64_t t0 = gmb__now_ns();
+  report(&f, "a", 1001, 6 * MIB - 4096, 1); /* "gave 4 KiB": a lie */
+  ck_assert_uint_eq(a->trim_ignored, 1);
+  ck_assert_uint_ge(a->ask_skip_ns, t0 + GMB_NS_PER_S);
+  report(&f, "a", 1001, 6 * MIB, 0); /* claims it all again */
+  struct wire_reply now;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 0, &now), 1);
+  ck_assert_int_eq(now.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 1);
+  /* After the pause (as if it passed), asked again; it lies again. */
+  a->ask_skip_ns = 0;
+  held(&f, "b", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 2);
+  uint64_t t1 = gmb__now_ns();
+  report(&f, "a", 1001, 6 * MIB - 4096, 1);
+  ck_assert_uint_eq(a->trim_ignored, 2);
+  ck_assert_uint_eq(a->ask_ignored_run, 2);
+  ck_assert_uint_ge(a->ask_skip_ns, t1 + 2 * GMB_NS_PER_S);
+  check_sums(&f);
   fx_close(&f);
 }
 END_TEST
@@ -706,7 +741,7 @@ START_TEST(quota_ignored_ask_refused_at_bound) {
 END_TEST
 
 /* An answer that gave nothing back ends the hold at once: the request is
- * refused without waiting for the bound. */
+ * refused without waiting for the bound, and the ask counts as ignored. */
 START_TEST(quota_empty_answer_refuses_at_once) {
   struct fx f;
   open_quota(&f, NULL);
@@ -717,7 +752,7 @@ START_TEST(quota_empty_answer_refuses_at_once) {
   const struct wire_reply *rep = answer_to(&f, "b", r);
   ck_assert_ptr_nonnull(rep);
   ck_assert_int_eq(rep->status, GMB_E_QUOTA);
-  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
   ck_assert_uint_eq(f.b.waitq.n, 0);
   fx_close(&f);
 }
@@ -935,6 +970,7 @@ static Suite *reclaim_suite(void) {
   tcase_add_test(tc, ignored_ask_falls_through_after_bound);
   tcase_add_test(tc, one_ask_in_flight_per_session);
   tcase_add_test(tc, empty_answer_ends_hold_at_once);
+  tcase_add_test(tc, lying_answer_paused_and_doubling);
   tcase_add_test(tc, waiting_request_waits_on_after_bound);
   tcase_add_test(tc, waiting_session_not_asked);
   suite_add_tcase(s, tc);

@@ -4,6 +4,7 @@
  * rule with its running sum.
  */
 #include <check.h>
+#include <time.h>
 #include <openssl/evp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -164,6 +165,30 @@ START_TEST(token_or_uid_for_tenant_with_both) {
   ck_assert_ptr_nonnull(strstr(why, "not in its uids"));
   /* Another tenant's token proves nothing here. */
   ck_assert_int_eq(admit_tok("both", 7, "abc", why, sizeof why), GMB_E_AUTH);
+}
+END_TEST
+
+/* A uid could try 15,000 tokens a second (one Hello each).  Wrong tokens
+ * now fill a bucket per uid (10, one drained a second): past it the uid's
+ * next token, right or wrong, is refused unchecked with GMB_E_LIMIT,
+ * while another uid's right token and a listed uid still get in. */
+START_TEST(token_guessing_rate_limited_per_uid) {
+  char why[256];
+  for (int i = 0; i < 10; i++)
+    ck_assert_int_eq(admit_tok("tok", 7, "guess", why, sizeof why), GMB_E_AUTH);
+  ck_assert_int_eq(admit_tok("tok", 7, "guess", why, sizeof why), GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(why, "wrong tokens"));
+  ck_assert_int_eq(admit_tok("tok", 7, "abc", why, sizeof why), GMB_E_LIMIT);
+  ck_assert_int_eq(admit_tok("tok", 8, "abc", why, sizeof why), 0);
+  ck_assert_int_eq(admit_tok("both", 1001, "nope", why, sizeof why), 0);
+  /* The bucket drains: the right token gets in again (within 5 s). */
+  int rc = GMB_E_LIMIT;
+  for (int i = 0; i < 50 && rc == GMB_E_LIMIT; i++) {
+    struct timespec ts100 = {0, 100 * 1000 * 1000};
+    nanosleep(&ts100, NULL);
+    rc = admit_tok("tok", 7, "abc", why, sizeof why);
+  }
+  ck_assert_int_eq(rc, 0);
 }
 END_TEST
 
@@ -578,6 +603,7 @@ static Suite *tenant_suite(void) {
   tcase_add_test(tc, configured_uid_admitted);
   tcase_add_test(tc, configured_uid_refused);
   tcase_add_test(tc, token_right_admits_any_uid);
+  tcase_add_test(tc, token_guessing_rate_limited_per_uid);
   tcase_add_test(tc, token_wrong_refused_without_echo);
   tcase_add_test(tc, token_empty_refused);
   tcase_add_test(tc, token_or_uid_for_tenant_with_both);

@@ -454,7 +454,7 @@ START_TEST(answers_counted_in_metrics) {
   free_ok(&f, "a", 1001, ids[0]);
   gmb__waitq_expire(&f.b, gmb__now_ns() + 100 * GMB_NS_PER_MS);
   ck_assert_uint_eq(n_answers(&f), 2);
-  char *m = gmb__observe_metrics(&f.b);
+  char *m = gmb__observe_metrics(&f.b, 1);
   ck_assert_ptr_nonnull(m);
   ck_assert_ptr_nonnull(strstr(m, "\ngmb_requests_total{kind=\"alloc\"} 2\n"));
   ck_assert_ptr_nonnull(
