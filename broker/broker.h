@@ -118,7 +118,7 @@ struct gmb_broker {
 
   struct gmb_observe *observe;        /* counters for metrics (observe.c) */
 
-  /* Limits (issue 12).  fd_sessions_max: the sessions RLIMIT_NOFILE leaves
+  /* Limits.  fd_sessions_max: the sessions RLIMIT_NOFILE leaves
    * room for (core.c; 0: not computed, no limit of its own). */
   uint32_t fd_sessions_max;
   int reap_pending; /* a session ended: idle tenants may go (core.c) */

@@ -52,7 +52,7 @@ struct gmb_config {
                                missed periods */
   uint32_t shutdown_grace_ms; /* at a stop, how long sessions that still
                                map retiring segments get to unmap them */
-  /* Limits on what clients can make the broker hold (issue 12): each is
+  /* Limits on what clients can make the broker hold: each is
    * refused with GMB_E_LIMIT past its value, and the broker serves on. */
   uint32_t max_sessions;          /* sessions in all (lowered at start to
                                      what RLIMIT_NOFILE allows) */

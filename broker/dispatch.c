@@ -60,7 +60,7 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
   }
   /* Every session costs descriptors and memory: the broker admits so
    * many in all and per uid, refuses the next with GMB_E_LIMIT, and serves
-   * the others on (issue 12). */
+   * the others on. */
   uint32_t max = gmb__core_max_sessions(b);
   if (gmb__sessions_count(b->sessions) >= max) {
     if (gmb__log_allow(&dispatch_rl_limit))

@@ -70,7 +70,7 @@ struct gmb_locktab *gmb__locktab_new(uint64_t session_id, uint32_t slots,
   /* The per-slot array grows with the slots a session has used: an idle
    * session costs LT_NEXT_MIN entries, not `slots` (a calloc of 256 KiB
    * comes from the heap once glibc raised its mmap threshold, and is then
-   * written whole: 157 KiB per idle session, issue 12). */
+   * written whole: 157 KiB per idle session). */
   uint32_t cap = slots < LT_NEXT_MIN ? slots : LT_NEXT_MIN;
   uint32_t *next = malloc(cap * sizeof *next);
   if (lt == NULL || next == NULL) {

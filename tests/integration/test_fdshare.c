@@ -463,7 +463,7 @@ static int broker_gone(void *arg) {
   return !harness_broker_alive(arg);
 }
 
-/* Issue 12, item 9: a broker killed with SIGKILL used to leave its shm
+/* A broker killed with SIGKILL used to leave its shm
  * objects behind, named after its pid, so a new broker with the same pid
  * (PID 1 of a new namespace, every container restart) could not make a
  * segment: every alloc GMB_E_DEVICE.  Memory lives in memfds now: it dies

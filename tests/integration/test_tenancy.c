@@ -709,7 +709,7 @@ END_TEST
 
 /* --- run_dir_squatted ------------------------------------------------------- */
 
-/* Issue 12, item 10: another user made the fallback run dir first and a
+/* Another user made the fallback run dir first and a
  * socket in it, and the client sent its token there.  A client sends a
  * token only to a run dir owned by root or itself that no one else may
  * write to, holding a socket owned by root or itself; and the broker
@@ -833,7 +833,7 @@ static int log_has_refused(void *arg) {
 }
 
 /* libzmq accepts every connection to broker.sock in its own thread and
- * aborted the broker when accept() met EMFILE (issue 12, item 2): a local
+ * aborted the broker when accept() met EMFILE: a local
  * user opening ~1,000 bare connections stopped every tenant's broker.  Now
  * connections are counted and capped, in all and per uid: the broker
  * lives, the flood's uid cannot take every place, the operator's admin

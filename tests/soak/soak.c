@@ -1,5 +1,5 @@
 /*
- * soak.c - the soak with faults (issue 12): a real broker on the host
+ * soak.c - the soak with faults: a real broker on the host
  * device, several tenants' client processes doing real work against it,
  * and an operator that keeps breaking things, for SOAK_SECONDS (default
  * 60).  `make soak SOAK_SECONDS=N` runs it; CI runs a short round.

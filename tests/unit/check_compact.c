@@ -1210,7 +1210,7 @@ START_TEST(locked_segment_not_emptied) {
 }
 END_TEST
 
-/* The last pass of a goal run may fill an emptier segment (issue 14, the
+/* The last pass of a goal run may fill an emptier segment (the
  * kv trace): on a full device, S1 holds one 1 MiB block and a 1 MiB hole;
  * S2 holds 1 MiB + 256 + 256 + 64 KiB with a 448 KiB hole; S3, S4 and S5
  * each have one hole (256, 256, 64 KiB).  Moving only to fuller segments
@@ -1690,7 +1690,7 @@ static void held_layout(struct gmb_arena *a, struct held_layout *h) {
 }
 
 /*
- * A lock held across runs counts as pinned (issue 14, item 1).  S1 holds
+ * A lock held across runs counts as pinned.  S1 holds
  * L (locked) and A, 64 KiB each; S2 is fuller, with a 384 KiB hole.  Each
  * run would empty S1 into S2 but finds L locked.  After the first run
  * nothing is held; after the second, S1 is, and a pinned request takes

@@ -19,7 +19,7 @@
  * past its quota held while its tenant's cache gives the bytes back).  Every test ends with
  * fx_close(), which requires the pool and tenants to be consistent;
  * fx_request() checks them after every request as well.  The tests of
- * issue 12's items are at the end.
+ * the hardening cases (squatting, impossible waits, limits) are at the end.
  */
 #include <check.h>
 #include <errno.h>
@@ -1235,9 +1235,9 @@ START_TEST(credentials_checked_per_message) {
 END_TEST
 
 
-/* --- issue 12: squatting and impossible waits ---------------------- */
+/* --- squatting and impossible waits ------------------------------ */
 
-/* Issue 12, item 4: the default tenant "uid-N" was created by whoever
+/* The default tenant "uid-N" was created by whoever
  * named it first, so uid 1002 saying Hello as "uid-1001" locked uid 1001
  * out.  A name of the form uid-N is admitted for uid N only. */
 START_TEST(default_tenant_not_squatted) {
@@ -1255,7 +1255,7 @@ START_TEST(default_tenant_not_squatted) {
 }
 END_TEST
 
-/* Issue 12, item 5: a waiting request larger than the whole device was
+/* A waiting request larger than the whole device was
  * queued (for ever with timeout -1) although no free can ever make room,
  * and, first in the queue, it blocked every later request of equal or
  * lower priority, even on an empty device.  It is refused at once. */
@@ -1276,7 +1276,7 @@ START_TEST(wait_larger_than_device_refused) {
 END_TEST
 
 
-/* Issue 12, item 4: a name an operator configures at reload is the
+/* A name an operator configures at reload is the
  * configured parties' only: a session that took the name first (an unbound
  * name then) ends with an eviction event, one of a listed uid stays. */
 START_TEST(reload_configured_name_ends_squatter) {
@@ -1320,7 +1320,7 @@ START_TEST(reload_configured_name_ends_squatter) {
 }
 END_TEST
 
-/* Issue 12, item 2: sessions are capped per uid and in all; the one past
+/* Sessions are capped per uid and in all; the one past
  * a cap is refused GMB_E_LIMIT with the reason, and the others are served
  * on.  Ending a session makes room again. */
 START_TEST(sessions_capped_per_uid_and_total) {
@@ -1358,7 +1358,7 @@ START_TEST(sessions_capped_per_uid_and_total) {
 }
 END_TEST
 
-/* Issue 12, item 2: RLIMIT_NOFILE is raised to what max_sessions needs (4
+/* RLIMIT_NOFILE is raised to what max_sessions needs (4
  * descriptors each, and one per segment the device can hold), or the
  * sessions admitted are lowered to what the limit allows: running out of
  * descriptors aborts libzmq. */
@@ -1474,7 +1474,7 @@ static int tenant_exists(struct fx *f, const char *name) {
   return gmb__tenant_find(f->b.tenants, name) != NULL;
 }
 
-/* Issue 12, item 3: one uid filled the registry with tenants made by first
+/* One uid filled the registry with tenants made by first
  * use, and then no new uid could get a tenant.  A uid may make
  * max_tenants_per_uid named ones (its own default name aside); a default
  * tenant (uid-N) goes away once it has no session and no memory; and when
@@ -1549,7 +1549,7 @@ START_TEST(registry_full_idle_make_room) {
 }
 END_TEST
 
-/* Issue 12, item 6: 177,000 queued requests in 90 s.  Waiters are capped
+/* 177,000 queued requests in 90 s.  Waiters are capped
  * per session and per tenant: the excess is refused at once, GMB_E_LIMIT,
  * and those queued are served as before. */
 START_TEST(waiters_capped_per_session_and_tenant) {
@@ -1582,7 +1582,7 @@ START_TEST(waiters_capped_per_session_and_tenant) {
 }
 END_TEST
 
-/* Issue 12, item 11: a reload accepted reservations larger than the
+/* A reload accepted reservations larger than the
  * device, silently.  It is refused (the running configuration stays), as
  * gmbctl reserve set is; the state file's overrides count too. */
 START_TEST(reload_reservations_over_device_refused) {
@@ -1614,7 +1614,7 @@ START_TEST(reload_reservations_over_device_refused) {
 }
 END_TEST
 
-/* Issue 12, item 11: the start-up check ran before the state file, so the
+/* The start-up check ran before the state file, so the
  * state's overrides escaped it.  gmb__core_reservations sees them. */
 START_TEST(start_check_counts_state_file) {
   struct fx f;
@@ -1633,7 +1633,7 @@ START_TEST(start_check_counts_state_file) {
 }
 END_TEST
 
-/* Issue 12, item 12: an evicted process kept writing its memory, and the
+/* An evicted process kept writing its memory, and the
  * tenant's next session found its bytes overwritten: gmb_lock sends no
  * message, so the process never saw the eviction, and the segment the pool
  * kept lingering served the next session.  The lock table's `evicted`

@@ -827,7 +827,7 @@ START_TEST(segment_other_tenant_noent) {
 }
 END_TEST
 
-/* Issue 12, item 8: two tenants proved by tokens under one uid (root
+/* Two tenants proved by tokens under one uid (root
  * containers, the documented setup) cannot reach each other's memory.
  * The uid is the same, so nothing but the session decides: a session is
  * given its own lock table and its own tenant's segments only, and a

@@ -32,7 +32,7 @@ static void log_capture(const char *text, char *out, size_t cap) {
   out[n] = '\0';
 }
 
-/* Issue 12, item 13: control characters a client chose (Hello.client, a
+/* Control characters a client chose (Hello.client, a
  * tenant name) were logged verbatim, so a newline forged a log line and an
  * escape sequence reached the operator's terminal. */
 START_TEST(control_characters_escaped) {
@@ -88,7 +88,7 @@ START_TEST(long_message_cut_still_one_line) {
 }
 END_TEST
 
-/* Issue 12, item 6: a flood of waiting requests wrote one log line each. */
+/* A flood of waiting requests wrote one log line each. */
 START_TEST(rate_limit_burst_then_count) {
   struct gmb_log_rl rl;
   memset(&rl, 0, sizeof rl);

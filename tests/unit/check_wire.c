@@ -635,7 +635,7 @@ START_TEST(reply_admin_status_no_rows) {
 }
 END_TEST
 
-/* Issue 11: cached bytes per tenant and a row per session travel in the
+/* Cached bytes per tenant and a row per session travel in the
  * admin status, in a snapshot's status too; every field survives. */
 static void fill_sessions(struct wire_session_row *srows, size_t n) {
   memset(srows, 0, n * sizeof *srows);
@@ -940,7 +940,7 @@ START_TEST(decode_tenant_name_64_refused) {
 }
 END_TEST
 
-/* Issue 12, item 13: a NUL inside a name was read as a shorter name
+/* A NUL inside a name was read as a shorter name
  * ("alice\0x" became "alice").  Names are bytes on the wire: refused. */
 START_TEST(decode_nul_in_names_refused) {
   struct pb hello = {.n = 0}, p = {.n = 0};
