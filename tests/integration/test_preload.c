@@ -997,6 +997,15 @@ END_TEST
  * which the preload's definitions satisfy): its calls are gmb's, held to
  * the quota, whatever the runtime behind would do. */
 START_TEST(preload_real_shared_cudart) {
+#if defined(__SANITIZE_ADDRESS__)
+  /* The sanitized library links libzmq's whole chain (gnutls, p11-kit):
+   * at the program's exit p11-kit's destructor waits in freelocale() for
+   * glibc's locale lock forever beside the toolkit's libcudart (seen with
+   * gdb).  The plain build runs this case. */
+  printf("shared_cudart: skipped under AddressSanitizer (p11-kit's exit "
+         "handler deadlocks beside libcudart)\n");
+  return;
+#endif
   struct harness_gpus g;
   struct harness_broker b;
   static_gpus(&g, 1, &b);
