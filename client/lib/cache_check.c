@@ -27,7 +27,10 @@ void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
     out->slabs += a->mapped;
     out->slab_bytes += a->mapped * k->page;
     out->in_use += a->in_use_req;
-    out->cached += a->mapped * k->page - a->in_use_blocks;
+    /* A paused tag's blocks are still handed out (in_use) but lie on no
+     * mapped page: nothing of it is cached. */
+    if (a->sleep == NULL)
+      out->cached += a->mapped * k->page - a->in_use_blocks;
     out->idle += a->idle * k->page;
     pthread_mutex_unlock(&a->mu);
   }

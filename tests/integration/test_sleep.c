@@ -84,6 +84,7 @@ START_TEST(paused_pages_serve_another_tenant) {
   ck_assert_uint_eq(c1.held, 2 * MIB);
   ck_assert_uint_eq(c1.host, s0.used - 2 * MIB);
   ck_assert_uint_eq(c1.paused, s0.used - 2 * MIB);
+  ck_assert_uint_le(c1.cached, c1.held); /* paused blocks are not cached */
 
   /* B takes 48 MiB: it fits only in the pages A gave back. */
   int to_b[2], from_b[2];

@@ -1367,6 +1367,8 @@ START_TEST(pause_resume_keeps_bytes_and_addresses) {
   ck_assert_uint_eq(c1.slab_bytes, untagged);
   ck_assert_uint_eq(c1.host, held_before - untagged);
   ck_assert_uint_eq(c1.paused, held_before - untagged);
+  ck_assert_uint_le(c1.cached, c1.slab_bytes);
+  ck_assert_uint_ge(c1.in_use, c0.in_use); /* paused blocks still handed out */
   ck_assert_uint_ge(be_copies, 1);
   ck_assert(same(u, 4096, 7)); /* untagged memory untouched */
 
