@@ -1682,6 +1682,66 @@ START_TEST(stress_pauses) {
 }
 END_TEST
 
+/* Threads of a tag allocate and free (never touching the memory: a paused
+ * block may not be touched) while another pauses and resumes the tag, and
+ * untagged threads go on as usual: every refusal is GMB_E_INVAL while the
+ * tag is not running, and the cache checks clean at the end. */
+static atomic_int sleepers_done;
+static void *tag_worker(void *arg) {
+  uint64_t rng = (uint64_t)(uintptr_t)arg;
+  if (gmb__cache_tag_set(tk, "t")) atomic_fetch_add(&thread_bad, 1);
+  void *held[16] = {0};
+  for (int i = 0; i < 5000; i++) {
+    uint64_t r = gmb__splitmix64(&rng);
+    int j = (int)(r % 16);
+    if (held[j]) {
+      if (gmb__cache_free(tk, held[j], NULL)) atomic_fetch_add(&thread_bad, 1);
+      held[j] = NULL;
+    } else {
+      size_t n = 1 + (size_t)(r >> 20) % (r % 5 == 0 ? 5 * MIB : 64 * 1024);
+      int rc = gmb__cache_alloc(tk, n, NULL, &held[j]);
+      if (rc && rc != GMB_E_INVAL) atomic_fetch_add(&thread_bad, 1);
+    }
+  }
+  for (int j = 0; j < 16; j++)
+    if (held[j] && gmb__cache_free(tk, held[j], NULL))
+      atomic_fetch_add(&thread_bad, 1);
+  atomic_fetch_add(&sleepers_done, 1);
+  return NULL;
+}
+
+START_TEST(pause_while_threads_allocate) {
+  be_reset();
+  tk = gmb__cache_new(&sleep_ops, 2);
+  atomic_store(&thread_bad, 0);
+  atomic_store(&sleepers_done, 0);
+  ck_assert_int_eq(gmb__cache_tag_set(tk, "t"), 0); /* the tag exists */
+  pthread_t t[4];
+  for (uintptr_t i = 0; i < 2; i++)
+    pthread_create(&t[i], NULL, tag_worker, (void *)(i + 1));
+  for (uintptr_t i = 2; i < 4; i++)
+    pthread_create(&t[i], NULL, worker, (void *)(i + 1));
+  unsigned cycles = 0;
+  while (atomic_load(&sleepers_done) < 2) {
+    int mode = cycles % 3 ? GMB_CACHE_OFFLOAD : GMB_CACHE_DISCARD;
+    if (gmb__cache_pause(tk, "t", mode)) atomic_fetch_add(&thread_bad, 1);
+    if (gmb__cache_resume(tk, "t")) atomic_fetch_add(&thread_bad, 1);
+    cycles++;
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  ck_assert_int_eq(atomic_load(&thread_bad), 0);
+  ck_assert_uint_gt(cycles, 0);
+  ck_assert_int_eq(gmb__cache_check(tk), 0);
+  ck_assert_int_eq(pages_agree(tk), 0);
+  struct gmb_cache_counters c = counters(tk);
+  ck_assert_uint_eq(c.in_use, 0);
+  ck_assert_uint_eq(c.host, 0);
+  ck_assert_int_eq(gmb__cache_trim(tk, 0, 0, NULL), 0);
+  ck_assert_uint_eq(be.held, 0);
+  done(tk);
+}
+END_TEST
+
 /* A process that exits while paused: destroying the cache frees the host
  * copy with it (and the pages were the broker's already). */
 START_TEST(destroy_while_paused) {
@@ -1738,6 +1798,7 @@ static Suite *suite(void) {
   tcase_add_test(t, pause_waits_for_the_device);
   tcase_add_test(t, stress_pauses);
   tcase_add_test(t, destroy_while_paused);
+  tcase_add_test(t, pause_while_threads_allocate);
   suite_add_tcase(s, t);
   return s;
 }
