@@ -253,20 +253,33 @@ static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode) {
   return 0;
 }
 
-int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {
-  if (k == NULL || tag == NULL || tag[0] == '\0' ||
-      (mode != GMB_CACHE_OFFLOAD && mode != GMB_CACHE_DISCARD))
-    return GMB_E_INVAL;
+/* Finds the arena of `tag` (*ap) and takes sleep_mu; moves the arena from
+ * state `from` to `to`: 1 when it was in `from`, 0 when not (nothing to
+ * do; sleep_mu is held either way), or GMB_E_NOENT for no such tag (no
+ * lock held). */
+static int sleep_enter(struct gmb_cache *k, const char *tag, int from, int to,
+                       struct cache_arena **ap) {
   unsigned idx;
   int rc;
   struct cache_arena *a = sleep_tag(k, tag, 0, &idx, &rc);
   if (a == NULL) return rc;
   pthread_mutex_lock(&k->sleep_mu);
   pthread_mutex_lock(&a->mu);
-  int running = a->state == CACHE_RUNNING;
-  if (running) a->state = CACHE_PAUSING;
+  int moved = a->state == from;
+  if (moved) a->state = (uint8_t)to;
   pthread_mutex_unlock(&a->mu);
-  rc = running ? sleep_pause(k, a, mode) : 0; /* paused already: nothing */
+  *ap = a;
+  return moved;
+}
+
+int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {
+  if (k == NULL || tag == NULL || tag[0] == '\0' ||
+      (mode != GMB_CACHE_OFFLOAD && mode != GMB_CACHE_DISCARD))
+    return GMB_E_INVAL;
+  struct cache_arena *a;
+  int rc = sleep_enter(k, tag, CACHE_RUNNING, CACHE_PAUSING, &a);
+  if (rc < 0) return rc;
+  rc = rc ? sleep_pause(k, a, mode) : 0; /* paused already: nothing */
   pthread_mutex_unlock(&k->sleep_mu);
   return rc;
 }
@@ -304,19 +317,13 @@ static int sleep_map(struct gmb_cache *k, const struct cache_sleep *z,
 
 int gmb__cache_resume(struct gmb_cache *k, const char *tag) {
   if (k == NULL || tag == NULL || tag[0] == '\0') return GMB_E_INVAL;
-  unsigned idx;
-  int rc;
-  struct cache_arena *a = sleep_tag(k, tag, 0, &idx, &rc);
-  if (a == NULL) return rc;
-  pthread_mutex_lock(&k->sleep_mu);
-  pthread_mutex_lock(&a->mu);
-  struct cache_sleep *z = a->state == CACHE_PAUSED ? a->sleep : NULL;
-  if (z) a->state = CACHE_RESUMING;
-  pthread_mutex_unlock(&a->mu);
-  if (z == NULL) { /* not paused: nothing to do */
-    pthread_mutex_unlock(&k->sleep_mu);
-    return 0;
+  struct cache_arena *a;
+  int rc = sleep_enter(k, tag, CACHE_PAUSED, CACHE_RESUMING, &a);
+  if (rc <= 0) {
+    if (rc == 0) pthread_mutex_unlock(&k->sleep_mu); /* not paused */
+    return rc;
   }
+  struct cache_sleep *z = a->sleep; /* stays while RESUMING */
   struct gmb_cache_page *pg = z->n ? calloc(z->n, sizeof *pg) : NULL;
   rc = z->n && pg == NULL ? GMB_E_SYSTEM : 0;
   if (rc == 0) rc = sleep_map(k, z, pg);
