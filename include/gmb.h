@@ -279,11 +279,55 @@ typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
                            use, what gmb_trim gives back */
   uint64_t page_moves;  /* idle pages moved under a new block instead of
                            asking the broker for new ones */
+  uint64_t host;        /* bytes of host memory holding paused tags' pages
+                           (gmb_pause's offload; GMB_HOST_QUOTA bounds it) */
+  uint64_t paused;      /* bytes of pages paused tags gave back, that
+                           gmb_resume maps again */
 } gmb_cache_stats;
 
 /* Fills *out with the figures of this session's cache, as this process
  * counts them (no message).  0, or GMB_E_INVAL for a NULL argument. */
 GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out);
+
+/*
+ * Sleep and wake by tag, as vLLM's sleep mode and torch_memory_saver.
+ *
+ * gmb_cache_tag makes `tag` the calling thread's current tag on c (NULL
+ * or "": none, the default): the thread's gmb_malloc_async blocks then
+ * come from the tag's own part of the cache (its own address ranges and
+ * pages), made at the first use of the name.  Freeing needs no tag.  0;
+ * GMB_E_INVAL for a name of more than 63 bytes, GMB_E_LIMIT past 64 tags
+ * in the process.
+ *
+ * gmb_pause gives the device pages of the tag back to the broker, where
+ * other tenants may use them; the tenant's quota then counts only what it
+ * still has on the device.  The blocks and their addresses stay: the
+ * address ranges stay reserved, with nothing mapped (a kernel that touches
+ * a paused block faults: the caller's bug).  GMB_PAUSE_OFFLOAD first
+ * copies the bytes of every page holding a block in use to host memory of
+ * this process (freed with it if it exits paused); GMB_PAUSE_DISCARD
+ * keeps nothing (a KV cache).  It waits for the device's work first (a
+ * block still used on a stream is copied once that work finished) and
+ * for allocations of the tag in progress.  While paused the tag's blocks
+ * may be freed (gmb_free_async); allocating with the tag current fails
+ * with GMB_E_INVAL.  0, also for a tag already paused (nothing changes);
+ * GMB_E_NOENT for a tag never set; GMB_E_LIMIT when the copy would pass
+ * $GMB_HOST_QUOTA (a size, such as 16GiB; unset: no limit beyond what
+ * malloc gives), GMB_E_SYSTEM out of host memory, GMB_E_DEVICE when the
+ * device failed: then the tag runs on, nothing changed.
+ *
+ * gmb_resume maps new pages from the broker at the same addresses and
+ * copies the offloaded bytes back (discarded ones read as whatever the
+ * new pages hold).  0, also for a tag not paused; GMB_E_NOENT for a tag
+ * never set; GMB_E_QUOTA or GMB_E_NOMEM (explained) when the broker has
+ * no room now: the tag stays paused with its bytes kept, and a later
+ * call may succeed.  Pauses and resumes of a process run one at a time.
+ */
+#define GMB_PAUSE_OFFLOAD 0
+#define GMB_PAUSE_DISCARD 1
+GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag);
+GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode);
+GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag);
 
 /* Copies n bytes from host memory `src` into the allocation at byte `off`
  * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the

@@ -113,31 +113,36 @@ static unsigned cache_arena_of(const struct gmb_cache *k) {
   return cache_me() % k->n;
 }
 
+/* The calling thread's current tag (cache_sleep.c sets it): the arena
+ * `idx` of the cache of generation `gen`; idx 0: none.  Static beside
+ * cache_thread, so that the hot path reads it as cheaply. */
+static _Thread_local struct {
+  uint64_t gen;
+  unsigned idx;
+} cache_tls;
+
+void gmb__cache_tls_set(const struct gmb_cache *k, unsigned idx) {
+  cache_tls.gen = k->gen;
+  cache_tls.idx = idx;
+}
+
+unsigned gmb__cache_tls_idx(const struct gmb_cache *k) {
+  return cache_tls.idx && cache_tls.gen == k->gen ? cache_tls.idx : 0;
+}
+
+/* The arena that serves the calling thread's requests: its tag's, else
+ * the one its number picks.  Untagged threads pay one thread-local load. */
+static inline struct cache_arena *cache_arena_pick(struct gmb_cache *k) {
+  if (__builtin_expect(cache_tls.idx != 0, 0) && cache_tls.gen == k->gen)
+    return &k->arena[cache_tls.idx];
+  return &k->arena[cache_arena_of(k)];
+}
+
 static void *cache_stream(void *stream) {
   return stream == CACHE_STREAM_LEGACY ? NULL : stream;
 }
 
 /* --- sizes, pages and bins --------------------------------------------- */
-
-static void cache_totals(struct gmb_cache *k, int64_t d_held, int64_t d_idle,
-                         int64_t d_req, int64_t d_out) {
-  if (d_held) {
-    uint64_t h = atomic_fetch_add(&k->held, (uint64_t)d_held) +
-                 (uint64_t)d_held;
-    uint64_t p = atomic_load(&k->peak_held);
-    while (h > p && !atomic_compare_exchange_weak(&k->peak_held, &p, h)) {
-    }
-  }
-  if (d_idle) atomic_fetch_add(&k->idle, (uint64_t)d_idle);
-  if (d_req) {
-    uint64_t u = atomic_fetch_add(&k->in_use, (uint64_t)d_req) +
-                 (uint64_t)d_req;
-    uint64_t p = atomic_load(&k->peak_in_use);
-    while (u > p && !atomic_compare_exchange_weak(&k->peak_in_use, &p, u)) {
-    }
-  }
-  if (d_out) atomic_fetch_add(&k->blocks_out, (uint64_t)d_out);
-}
 
 /* Counts a LIVE or MAPPING block on (d = 1) or off (d = -1) every page
  * that [lo, hi) touches, keeping the idle count. */
@@ -919,6 +924,7 @@ static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
   struct cache_plan pl = {0};
   struct cache_block *m = NULL;
   pthread_mutex_lock(&a->mu);
+  if (rc == 0 && a->state != CACHE_RUNNING) rc = GMB_E_INVAL; /* paused */
   if (rc == 0 && a->hash_n >= a->hash_cap) rc = cache_hash_grow(a);
   if (rc == 0) {
     cache_plan(k, a, need, stream, &pl);
@@ -934,11 +940,13 @@ static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
     return rc;
   }
   cache_fill_moved(k, a, m);
+  a->inflight++; /* a pause of a's tag waits for it */
   pthread_mutex_unlock(&a->mu);
 
   rc = cache_fill_mapped(k, a, m);
 
   pthread_mutex_lock(&a->mu);
+  a->inflight--;
   cache_users(k, a, m->span, m->ptr, m->ptr + m->size, -1);
   if (rc) {
     cache_settle(k, a, m, spare, stream);
@@ -984,9 +992,13 @@ int gmb__cache_alloc(struct gmb_cache *k, size_t size, void *stream,
   /* Streams ignored without events (the host device). */
   stream = cache_events(k) ? cache_stream(stream) : NULL;
   uint64_t need = cache_round(size, GMB_CACHE_ALIGN);
-  struct cache_arena *a = &k->arena[cache_arena_of(k)];
+  struct cache_arena *a = cache_arena_pick(k);
 
   pthread_mutex_lock(&a->mu);
+  if (__builtin_expect(a->state != CACHE_RUNNING, 0)) {
+    pthread_mutex_unlock(&a->mu);
+    return GMB_E_INVAL; /* a paused tag's: gmb__cache_tag_paused says so */
+  }
   if (a->pending) cache_pending_poll(k, a);
   struct cache_block *b = cache_find(k, a, need, stream);
   if (b) {
@@ -1171,8 +1183,21 @@ static struct cache_block *cache_lookup(struct gmb_cache *k, uintptr_t p,
     }
     pthread_mutex_unlock(&a->mu);
   }
+  /* Tag arenas after the others: an untagged free finds its block as
+   * fast as before. */
+  const unsigned all = cache_arenas(k);
+  for (unsigned j = k->n; j < all; j++) {
+    struct cache_arena *a = &k->arena[j];
+    pthread_mutex_lock(&a->mu);
+    struct cache_block *b = cache_hash_take(a, p);
+    if (b) {
+      *ap = a;
+      return b;
+    }
+    pthread_mutex_unlock(&a->mu);
+  }
   *dup = 0;
-  for (unsigned j = 0; j < k->n && !*dup; j++) {
+  for (unsigned j = 0; j < all && !*dup; j++) {
     pthread_mutex_lock(&k->arena[j].mu);
     *dup = cache_is_free_block(&k->arena[j], p);
     pthread_mutex_unlock(&k->arena[j].mu);
@@ -1252,8 +1277,8 @@ restart:
 
 /* Unmaps up to `max` idle pages of arena a whose memory no stream can
  * still use, into pg[]; returns how many.  Holds a's lock. */
-static unsigned cache_trim_arena(struct gmb_cache *k, struct cache_arena *a,
-                                 unsigned max, struct gmb_cache_page *pg) {
+unsigned gmb__cache_trim_arena(struct gmb_cache *k, struct cache_arena *a,
+                               unsigned max, struct gmb_cache_page *pg) {
   unsigned n = 0;
   if (cache_events(k)) cache_promote_idle(k, a);
   while (n < max) {
@@ -1276,7 +1301,7 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, unsigned flags,
   if (k == NULL) return GMB_E_INVAL;
   int synced = 0;
 again:
-  for (unsigned j = 0; j < k->n; j++) {
+  for (unsigned j = 0; j < cache_arenas(k); j++) {
     struct cache_arena *a = &k->arena[j];
     for (;;) {
       struct gmb_cache_page pg[CACHE_TRIM_BATCH];
@@ -1288,7 +1313,10 @@ again:
         uint64_t want = cache_round(idle - keep, k->page) >> k->shift;
         max = want < CACHE_TRIM_BATCH ? (unsigned)want : CACHE_TRIM_BATCH;
       }
-      unsigned n = max ? cache_trim_arena(k, a, max, pg) : 0;
+      /* A paused tag's arena has no page mapped; one being paused or
+       * resumed is cache_sleep.c's. */
+      if (a->state != CACHE_RUNNING) max = 0;
+      unsigned n = max ? gmb__cache_trim_arena(k, a, max, pg) : 0;
       pthread_mutex_unlock(&a->mu);
       /* The message, with no lock held. */
       if (n) k->ops.page_free(k->ops.ctx, pg, n);
@@ -1302,7 +1330,7 @@ again:
      * every free block ready, and look again. */
     synced = 1;
     if (k->ops.sync(k->ops.ctx) == 0) {
-      for (unsigned j = 0; j < k->n; j++) {
+      for (unsigned j = 0; j < cache_arenas(k); j++) {
         struct cache_arena *a = &k->arena[j];
         pthread_mutex_lock(&a->mu);
         if (a->pending) cache_pending_poll(k, a);
@@ -1354,11 +1382,17 @@ struct gmb_cache *gmb__cache_new(const struct gmb_cache_ops *ops,
   k->span = span;
   k->shift = (unsigned)__builtin_ctzll(page);
   k->n = arenas ? arenas : CACHE_DEFAULT_ARENAS;
-  k->arena = calloc(k->n, sizeof *k->arena);
+  /* Room for the tag arenas too: they are never moved, so a pointer to
+   * one stays valid without a lock. */
+  k->arena = calloc(k->n + CACHE_MAX_TAGS, sizeof *k->arena);
   if (k->arena == NULL) {
     free(k);
     return NULL;
   }
+  static _Atomic uint64_t cache_gen;
+  k->gen = atomic_fetch_add(&cache_gen, 1) + 1;
+  pthread_mutex_init(&k->tag_mu, NULL);
+  pthread_mutex_init(&k->sleep_mu, NULL);
   for (unsigned i = 0; i < k->n; i++) pthread_mutex_init(&k->arena[i].mu, NULL);
   return k;
 }
@@ -1373,8 +1407,9 @@ static void cache_event_collect(struct cache_event *e,
 
 void gmb__cache_destroy(struct gmb_cache *k) {
   if (k == NULL) return;
-  for (unsigned i = 0; i < k->n; i++) {
+  for (unsigned i = 0; i < cache_arenas(k); i++) {
     struct cache_arena *a = &k->arena[i];
+    gmb__cache_sleep_free(k, a);
     struct cache_event *dead = a->spare_events;
     struct cache_span *s = a->spans;
     while (s) {
@@ -1419,6 +1454,8 @@ void gmb__cache_destroy(struct gmb_cache *k) {
     free(a->hash);
     pthread_mutex_destroy(&a->mu);
   }
+  pthread_mutex_destroy(&k->tag_mu);
+  pthread_mutex_destroy(&k->sleep_mu);
   free(k->arena);
   free(k);
 }

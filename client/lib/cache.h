@@ -80,6 +80,12 @@ struct gmb_cache_ops {
    * for memory freed on a stream that no longer takes events).  0 or a
    * GMB_E_* code. */
   int (*sync)(void *ctx);
+  /* Optional (NULL: memcpy, for address space the CPU can touch): copies
+   * n bytes between the mapped range at `dev` and host memory (to_device:
+   * host to dev, else dev to host), for gmb__cache_pause/resume.  0 or a
+   * GMB_E_* code the backend explained. */
+  int (*copy)(void *ctx, uintptr_t dev, void *host, uint64_t n,
+              int to_device);
 };
 
 /* Block sizes are multiples of this; blocks start at multiples of it. */
@@ -109,6 +115,8 @@ struct gmb_cache_counters {
   uint64_t idle;        /* of cached: bytes of pages that hold no block
                            handed out, what a trim can give back */
   uint64_t peak_in_use, peak_slab_bytes;
+  uint64_t host;        /* bytes of host memory holding paused tags' pages */
+  uint64_t paused;      /* bytes of pages paused (offloaded or discarded) */
 };
 
 /* A new, empty cache over `ops` (copied).  `arenas`: independent parts,
@@ -180,6 +188,55 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, unsigned flags,
 uint64_t gmb__cache_cached(struct gmb_cache *k);
 
 void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out);
+
+/* --- tags: sleep and wake --------------------------------------------- */
+
+/* A tag's longest name. */
+#define GMB_CACHE_TAG_MAX 63
+/* gmb__cache_pause's modes (gmb.h's GMB_PAUSE_*). */
+#define GMB_CACHE_OFFLOAD 0
+#define GMB_CACHE_DISCARD 1
+
+/*
+ * Makes `tag` the calling thread's current tag on this cache (NULL or "":
+ * none): its gmb__cache_alloc calls are served by the tag's own arena,
+ * made at the first use of the name.  0; GMB_E_INVAL for a name longer
+ * than GMB_CACHE_TAG_MAX; GMB_E_LIMIT past CACHE_MAX_TAGS (64) names;
+ * GMB_E_SYSTEM when out of memory.  A thread has one current tag, for the
+ * last cache it named one on.
+ */
+int gmb__cache_tag_set(struct gmb_cache *k, const char *tag);
+
+/* The calling thread's current tag on k when that tag is paused (its
+ * allocations then fail with GMB_E_INVAL), else NULL. */
+const char *gmb__cache_tag_paused(struct gmb_cache *k);
+
+/*
+ * Pauses a tag: waits for misses in flight in its arena and for the
+ * device (ops.sync), gives back its idle pages, copies the bytes of every
+ * other mapped page to host memory (GMB_CACHE_OFFLOAD; not with
+ * GMB_CACHE_DISCARD), unmaps them all and gives them back to the broker.
+ * The arena's address ranges and its blocks stay as they were: frees are
+ * taken while paused, allocations fail with GMB_E_INVAL.  0 (also for a
+ * tag already paused: nothing changes); GMB_E_NOENT for a tag never set;
+ * GMB_E_LIMIT when the host copy would pass the host quota, GMB_E_SYSTEM
+ * when host memory is short, or the backend's code for a failed sync or
+ * copy: then nothing changed (the tag runs on).
+ */
+int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode);
+
+/*
+ * Resumes a paused tag: maps new pages from the broker at the addresses
+ * the pause gave back (its idle pages of other arenas are given back and
+ * the request tried once more when refused) and copies back the offloaded
+ * bytes.  0 (also for a tag not paused); GMB_E_NOENT for a tag never set;
+ * the backend's code (GMB_E_QUOTA, GMB_E_NOMEM, a copy's failure) with
+ * the tag still paused and its host copy kept: a later call may succeed.
+ */
+int gmb__cache_resume(struct gmb_cache *k, const char *tag);
+
+/* The host quota of pauses' copies in bytes (0: no limit). */
+void gmb__cache_host_quota_set(struct gmb_cache *k, uint64_t bytes);
 
 /* The counters of a client's cache (client.c; tests and benchmarks). */
 struct gmb_client;

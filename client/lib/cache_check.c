@@ -15,9 +15,10 @@
 void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
   memset(out, 0, sizeof *out);
   if (k == NULL) return;
-  for (unsigned i = 0; i < k->n; i++) {
+  for (unsigned i = 0; i < cache_arenas(k); i++) {
     struct cache_arena *a = &k->arena[i];
     pthread_mutex_lock(&a->mu);
+    if (a->sleep) out->paused += a->sleep->n * k->page;
     out->hits += a->hits;
     out->misses += a->misses;
     out->slab_allocs += a->page_maps;
@@ -26,17 +27,21 @@ void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
     out->slabs += a->mapped;
     out->slab_bytes += a->mapped * k->page;
     out->in_use += a->in_use_req;
-    out->cached += a->mapped * k->page - a->in_use_blocks;
+    /* A paused tag's blocks are still handed out (in_use) but lie on no
+     * mapped page: nothing of it is cached. */
+    if (a->sleep == NULL)
+      out->cached += a->mapped * k->page - a->in_use_blocks;
     out->idle += a->idle * k->page;
     pthread_mutex_unlock(&a->mu);
   }
   out->peak_in_use = atomic_load(&k->peak_in_use);
   out->peak_slab_bytes = atomic_load(&k->peak_held);
+  out->host = atomic_load(&k->host_held);
 }
 
 int gmb__cache_pages(struct gmb_cache *k, gmb_cache_page_fn fn, void *arg) {
   if (k == NULL) return 0;
-  for (unsigned i = 0; i < k->n; i++) {
+  for (unsigned i = 0; i < cache_arenas(k); i++) {
     struct cache_arena *a = &k->arena[i];
     pthread_mutex_lock(&a->mu);
     int rc = 0;
@@ -65,7 +70,8 @@ static int cache_check_span(const struct gmb_cache *k,
                             const struct cache_span *s, uint64_t *mapped,
                             uint64_t *idle, uint64_t *in_blocks,
                             uint64_t *in_req, uint64_t *nfree, uint64_t *nout,
-                            uint64_t *npend, uint64_t *nvirt) {
+                            uint64_t *npend, uint64_t *nvirt,
+                            uint64_t *saved) {
   int bad = 0;
   uint32_t *users = calloc(s->npages, sizeof *users);
   uint8_t *unmapped = calloc(s->npages, 1); /* 1: VIRT/LOST, 2: MAPPING */
@@ -167,9 +173,18 @@ static int cache_check_span(const struct gmb_cache *k,
     CACHE_BAD("arena %u: span %#lx: blocks end at %#lx, not %#lx", ai,
               (unsigned long)s->base, (unsigned long)at,
               (unsigned long)(s->base + s->size));
+  /* A paused tag's pages are all unmapped; those that the pause gave back
+   * from under blocks are marked saved, and stand for the mapped ones. */
+  const int asleep = a->state == CACHE_PAUSED || a->state == CACHE_RESUMING;
   for (uint64_t p = 0; p < s->npages; p++) {
     const struct cache_page *pg = &s->page[p];
-    int is_mapped = pg->pg.id != 0;
+    int is_mapped = asleep ? pg->saved != 0 : pg->pg.id != 0;
+    if (asleep && pg->pg.id)
+      CACHE_BAD("arena %u: page %#lx mapped while its tag is paused", ai,
+                (unsigned long)(s->base + (p << k->shift)));
+    if (!asleep && pg->saved)
+      CACHE_BAD("arena %u: page %#lx saved while its tag runs", ai,
+                (unsigned long)(s->base + (p << k->shift)));
     if (unmapped[p] == 1 && is_mapped)
       CACHE_BAD("arena %u: page %#lx mapped under unmapped memory", ai,
                 (unsigned long)(s->base + (p << k->shift)));
@@ -180,6 +195,10 @@ static int cache_check_span(const struct gmb_cache *k,
       CACHE_BAD("arena %u: page %#lx counts %u users, %u blocks lie on it",
                 ai, (unsigned long)(s->base + (p << k->shift)), pg->users,
                 users[p]);
+    if (asleep) {
+      *saved += is_mapped;
+      continue;
+    }
     *mapped += is_mapped;
     *idle += is_mapped && pg->users == 0;
   }
@@ -194,10 +213,10 @@ static int cache_check_arena(const struct gmb_cache *k,
                              uint64_t *req_sum, uint64_t *out_sum) {
   int bad = 0;
   uint64_t mapped = 0, idle = 0, in_blocks = 0, in_req = 0, nfree = 0,
-           nout = 0, npend = 0, nvirt = 0;
+           nout = 0, npend = 0, nvirt = 0, saved = 0;
   for (const struct cache_span *s = a->spans; s; s = s->next) {
     bad += cache_check_span(k, a, ai, s, &mapped, &idle, &in_blocks, &in_req,
-                            &nfree, &nout, &npend, &nvirt);
+                            &nfree, &nout, &npend, &nvirt, &saved);
     uint64_t inlist = 0;
     for (const struct cache_block *v = s->virt; v && inlist <= s->npages;
          v = v->fnext) {
@@ -257,6 +276,17 @@ static int cache_check_arena(const struct gmb_cache *k,
     }
   for (const struct cache_event *e = a->spare_events; e; e = e->next)
     if (e->refs) CACHE_BAD("arena %u: spare event with references", ai);
+  const int asleep = a->state == CACHE_PAUSED || a->state == CACHE_RESUMING;
+  if (asleep != (a->sleep != NULL))
+    CACHE_BAD("arena %u: state %u with%s a sleep record", ai, a->state,
+              a->sleep ? "" : "out");
+  if (a->sleep && a->sleep->n != saved)
+    CACHE_BAD("arena %u: %llu pages saved, the pause kept %llu", ai,
+              (unsigned long long)saved, (unsigned long long)a->sleep->n);
+  if (a->sleep && a->sleep->buf == NULL && a->sleep->host)
+    CACHE_BAD("arena %u: host bytes with no host copy", ai);
+  if (a->state != CACHE_RUNNING && ai < k->n)
+    CACHE_BAD("arena %u: untagged, yet paused (state %u)", ai, a->state);
   if (mapped != a->mapped || idle != a->idle)
     CACHE_BAD("arena %u: %llu pages mapped, %llu idle; counted %llu, %llu", ai,
               (unsigned long long)mapped, (unsigned long long)idle,
@@ -280,10 +310,23 @@ static int cache_check_arena(const struct gmb_cache *k,
 int gmb__cache_check(struct gmb_cache *k) {
   if (k == NULL) return 0;
   int bad = 0;
-  uint64_t held = 0, idle = 0, req = 0, out = 0;
-  for (unsigned i = 0; i < k->n; i++) pthread_mutex_lock(&k->arena[i].mu);
-  for (unsigned i = 0; i < k->n; i++)
+  uint64_t held = 0, idle = 0, req = 0, out = 0, host = 0;
+  /* The host copies add up only while no pause or resume is under way. */
+  const int quiet = pthread_mutex_trylock(&k->sleep_mu) == 0;
+  const unsigned all = cache_arenas(k);
+  for (unsigned i = 0; i < all; i++) pthread_mutex_lock(&k->arena[i].mu);
+  for (unsigned i = 0; i < all; i++) {
     bad += cache_check_arena(k, &k->arena[i], i, &held, &idle, &req, &out);
+    if (k->arena[i].sleep) host += k->arena[i].sleep->host;
+  }
+  if (quiet && host != atomic_load(&k->host_held))
+    CACHE_BAD("host copies hold %llu bytes, counted %llu",
+              (unsigned long long)host,
+              (unsigned long long)atomic_load(&k->host_held));
+  if (k->host_quota && atomic_load(&k->host_held) > k->host_quota)
+    CACHE_BAD("host copies of %llu bytes pass the host quota %llu",
+              (unsigned long long)atomic_load(&k->host_held),
+              (unsigned long long)k->host_quota);
   if (held != atomic_load(&k->held) || idle != atomic_load(&k->idle) ||
       req != atomic_load(&k->in_use) || out != atomic_load(&k->blocks_out))
     CACHE_BAD("totals: held %llu, idle %llu, in use %llu, out %llu; arenas "
@@ -296,6 +339,7 @@ int gmb__cache_check(struct gmb_cache *k) {
               (unsigned long long)req, (unsigned long long)out);
   if (atomic_load(&k->peak_in_use) < req || atomic_load(&k->peak_held) < held)
     CACHE_BAD("a peak is below the current figure");
-  for (unsigned i = k->n; i-- > 0;) pthread_mutex_unlock(&k->arena[i].mu);
+  for (unsigned i = all; i-- > 0;) pthread_mutex_unlock(&k->arena[i].mu);
+  if (quiet) pthread_mutex_unlock(&k->sleep_mu);
   return bad;
 }

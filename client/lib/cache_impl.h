@@ -19,6 +19,8 @@
 #define CACHE_SCAN_MAX 64
 #define CACHE_DEFAULT_ARENAS 4
 #define CACHE_HASH_MIN 64
+/* Tag arenas a cache makes at most (each reserves its own spans). */
+#define CACHE_MAX_TAGS 64
 /* CUDA's pseudo handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
 #define CACHE_STREAM_LEGACY ((void *)(uintptr_t)0x1)
 #define CACHE_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
@@ -60,6 +62,8 @@ struct cache_block {
 struct cache_page {
   struct gmb_cache_page pg; /* pg.id 0: not mapped */
   uint32_t users;
+  uint32_t saved; /* paused arena: mapped before the pause, mapped again
+                     at the resume (cache_sleep.c) */
 };
 
 struct cache_span {
@@ -72,8 +76,30 @@ struct cache_span {
   int lost; /* holds LOST pages (destroy gives back around them) */
 };
 
+/* An arena's sleep state (cache_sleep.c).  Only tag arenas leave RUNNING. */
+enum { CACHE_RUNNING, CACHE_PAUSING, CACHE_PAUSED, CACHE_RESUMING };
+
+/* What a pause kept of one page: its address and, when its bytes were
+ * offloaded, where they lie in host memory (NULL: discarded, or a page
+ * that held no block in use). */
+struct cache_saved {
+  uintptr_t addr;
+  char *host;
+};
+
+struct cache_sleep {
+  struct cache_saved *pages; /* address order within each span */
+  uint64_t n;
+  char *buf;          /* the host copy of the offloaded pages */
+  uint64_t host;      /* its bytes (counted in gmb_cache.host_held) */
+};
+
 struct cache_arena {
   pthread_mutex_t mu;
+  uint8_t state;     /* CACHE_RUNNING ...; under mu */
+  unsigned inflight; /* misses mapping pages with no lock held */
+  struct cache_sleep *sleep; /* PAUSED, RESUMING: what the pause kept */
+  char tag[GMB_CACHE_TAG_MAX + 1]; /* tag arenas: the tag */
   struct cache_block *bins[CACHE_BINS];
   uint64_t bitmap[CACHE_BITMAP_WORDS];
   struct cache_span *spans;
@@ -90,7 +116,14 @@ struct cache_arena {
 
 struct gmb_cache {
   struct gmb_cache_ops ops;
-  unsigned n;
+  unsigned n;       /* untagged arenas: arena[0..n) */
+  _Atomic unsigned ntags; /* tag arenas: arena[n..n+ntags), never removed */
+  uint64_t gen;     /* tells this cache from an earlier one at the same
+                       address (the thread's current tag) */
+  pthread_mutex_t tag_mu;   /* creating tags */
+  pthread_mutex_t sleep_mu; /* one pause or resume at a time */
+  uint64_t host_quota;      /* 0: no limit */
+  _Atomic uint64_t host_held;
   unsigned shift; /* log2 of the page */
   uint64_t page, span;
   struct cache_arena *arena;
@@ -100,6 +133,31 @@ struct gmb_cache {
 };
 
 /* --- small helpers both files use ------------------------------------ */
+
+/* Every arena, tag arenas included. */
+static inline unsigned cache_arenas(struct gmb_cache *k) {
+  return k->n + atomic_load_explicit(&k->ntags, memory_order_acquire);
+}
+
+static inline void cache_totals(struct gmb_cache *k, int64_t d_held,
+                                int64_t d_idle, int64_t d_req, int64_t d_out) {
+  if (d_held) {
+    uint64_t h = atomic_fetch_add(&k->held, (uint64_t)d_held) +
+                 (uint64_t)d_held;
+    uint64_t p = atomic_load(&k->peak_held);
+    while (h > p && !atomic_compare_exchange_weak(&k->peak_held, &p, h)) {
+    }
+  }
+  if (d_idle) atomic_fetch_add(&k->idle, (uint64_t)d_idle);
+  if (d_req) {
+    uint64_t u = atomic_fetch_add(&k->in_use, (uint64_t)d_req) +
+                 (uint64_t)d_req;
+    uint64_t p = atomic_load(&k->peak_in_use);
+    while (u > p && !atomic_compare_exchange_weak(&k->peak_in_use, &p, u)) {
+    }
+  }
+  if (d_out) atomic_fetch_add(&k->blocks_out, (uint64_t)d_out);
+}
 
 /* 1 when (s1 of thread t1) and (s2 of thread t2) are one stream: the
  * per-thread default stream is a different one on every thread. */
@@ -155,5 +213,20 @@ static inline int cache_mergeable(const struct cache_block *x,
   if (x->ready || y->ready) return 1;
   return cache_same_stream(x->stream, x->thread, y->stream, y->thread);
 }
+
+/* --- shared between cache.c and cache_sleep.c ------------------------- */
+
+/* The calling thread's current tag arena on k (0: none), and setting it
+ * (idx 0: none). */
+void gmb__cache_tls_set(const struct gmb_cache *k, unsigned idx);
+unsigned gmb__cache_tls_idx(const struct gmb_cache *k);
+
+/* Unmaps up to `max` idle pages of arena a whose memory no stream can
+ * still use, into pg[]; returns how many.  Holds a's lock. */
+unsigned gmb__cache_trim_arena(struct gmb_cache *k, struct cache_arena *a,
+                               unsigned max, struct gmb_cache_page *pg);
+
+/* Frees a's sleep record and host copy (gmb__cache_destroy). */
+void gmb__cache_sleep_free(struct gmb_cache *k, struct cache_arena *a);
 
 #endif /* GMB_CACHE_IMPL_H */

@@ -896,6 +896,18 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     gmb_disconnect(c);
     return GMB_E_SYSTEM;
   }
+  /* The host memory that gmb_pause may hold for this process. */
+  const char *hq = getenv("GMB_HOST_QUOTA");
+  if (hq && hq[0]) {
+    uint64_t bytes;
+    if (gmb__size_parse(hq, &bytes) != 0) {
+      client_fail(GMB_E_INVAL, "GMB_HOST_QUOTA=%s is not a size (such as "
+                  "512MiB or 20GiB)", hq);
+      gmb_disconnect(c);
+      return GMB_E_INVAL;
+    }
+    gmb__cache_host_quota_set(c->cache, bytes);
+  }
   /* A cuda session runs the thread without heartbeats too (the broker
    * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS.  A
    * session that uses the cache gets it at its first gmb_malloc_async
@@ -1733,6 +1745,31 @@ static int client_page_move(void *ctx, uintptr_t from, uintptr_t to,
   return 1;
 }
 
+/* The bytes of pages a tag pauses and resumes: memcpy on the host device
+ * (the pages are the process's own mappings), cuMemcpyDtoH/HtoD on a
+ * GPU. */
+static int client_page_copy(void *ctx, uintptr_t dev, void *host,
+                            uint64_t n, int to_device) {
+  gmb_client *c = ctx;
+  char why[256];
+  if (!c->cuda) {
+    /* The broker's new pages are touched for the first time here: have
+     * the kernel fault them in at once rather than a trap per 4 KiB page
+     * (a kernel without MADV_POPULATE_WRITE faults them in the copy). */
+#ifdef MADV_POPULATE_WRITE
+    if (to_device) (void)madvise((void *)dev, (size_t)n, MADV_POPULATE_WRITE);
+#endif
+    if (to_device)
+      memcpy((void *)dev, host, n);
+    else
+      memcpy(host, (const void *)dev, n);
+    return 0;
+  }
+  int rc = gmb__cuda_copy(c->cuda_ordinal, dev, host, n, to_device, why,
+                          sizeof why);
+  return rc ? client_fail(rc, "copying a paused page: %s", why) : 0;
+}
+
 static int client_sync(void *ctx) {
   gmb_client *c = ctx;
   char why[256];
@@ -1770,7 +1807,8 @@ static struct gmb_cache *client_cache_new(gmb_client *c) {
                               .page_map = client_page_map,
                               .page_unmap = client_page_unmap,
                               .page_free = client_page_free,
-                              .page_move = client_page_move};
+                              .page_move = client_page_move,
+                              .copy = client_page_copy};
   if (c->cuda) {
     ops.sync = client_sync;
     ops.event_new = client_ev_new;
@@ -1815,8 +1853,13 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
   int trc = client_cache_thread(c);
   if (trc) return trc; /* explained */
   int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
-  if (rc == GMB_E_INVAL)
+  if (rc == GMB_E_INVAL) {
+    const char *tag = gmb__cache_tag_paused(c->cache);
+    if (tag)
+      return client_fail(rc, "the thread's tag \"%s\" is paused: "
+                         "gmb_resume it first", tag);
     return client_fail(rc, "%zu bytes is more than the cache serves", size);
+  }
   if (rc == GMB_E_SYSTEM)
     return client_fail(rc, "out of host memory for the cache's records");
   return rc; /* a page's failure, explained by client_page_get */
@@ -1917,8 +1960,59 @@ GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
                            .in_use = k.in_use, .cached = k.cached,
                            .peak_held = k.peak_slab_bytes,
                            .peak_in_use = k.peak_in_use, .idle = k.idle,
-                           .page_moves = k.page_moves};
+                           .page_moves = k.page_moves, .host = k.host,
+                           .paused = k.paused};
   return 0;
+}
+
+/* --- sleep and wake: tags of the cache ---------------------------------- */
+
+GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  int rc = gmb__cache_tag_set(c->cache, tag);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "a tag has at most %d bytes", GMB_CACHE_TAG_MAX);
+  if (rc == GMB_E_LIMIT)
+    return client_fail(rc, "a process uses at most 64 tags");
+  return rc;
+}
+
+GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (tag == NULL || tag[0] == '\0')
+    return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
+  if (mode != GMB_PAUSE_OFFLOAD && mode != GMB_PAUSE_DISCARD)
+    return client_fail(GMB_E_INVAL, "mode %d is neither GMB_PAUSE_OFFLOAD "
+                       "nor GMB_PAUSE_DISCARD", mode);
+  _Static_assert(GMB_PAUSE_OFFLOAD == GMB_CACHE_OFFLOAD &&
+                     GMB_PAUSE_DISCARD == GMB_CACHE_DISCARD,
+                 "gmb.h's modes are the cache's");
+  int rc = gmb__cache_pause(c->cache, tag, mode);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "no tag \"%s\" in this process", tag);
+  if (rc == GMB_E_LIMIT) {
+    struct gmb_cache_counters k;
+    gmb__cache_counters(c->cache, &k);
+    return client_fail(rc, "offloading tag \"%s\" would pass the host "
+                       "quota (GMB_HOST_QUOTA; %llu bytes held)", tag,
+                       (unsigned long long)k.host);
+  }
+  if (rc == GMB_E_SYSTEM)
+    return client_fail(rc, "out of host memory offloading tag \"%s\"", tag);
+  return rc; /* 0, or the device's failure, explained */
+}
+
+GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (tag == NULL || tag[0] == '\0')
+    return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  int rc = gmb__cache_resume(c->cache, tag);
+  if (rc == GMB_E_NOENT)
+    return client_fail(rc, "no tag \"%s\" in this process", tag);
+  if (rc == GMB_E_SYSTEM)
+    return client_fail(rc, "out of host memory resuming tag \"%s\"", tag);
+  return rc; /* the broker's refusal (still paused), explained */
 }
 
 /* For tests and benchmarks (not exported): the cache's counters. */

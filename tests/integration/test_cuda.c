@@ -1159,6 +1159,71 @@ START_TEST(exclusive_process_refused_at_start) {
 }
 END_TEST
 
+/* --- cuda_pause_resume_keeps_bytes --------------------------------------- */
+
+/* A client on the stand-in GPU: a tag's block (device memory, written with
+ * cuMemcpyHtoD) is paused (offloaded with cuMemcpyDtoH, its pages unmapped
+ * from the reserved range and given back) and resumed at the same
+ * address, where cuMemcpyDtoH reads its bytes back. */
+static int pause_child(void *arg) {
+  const char *endpoint = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(endpoint, "sleepy", &c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_cache_tag(c, "weights") == 0, 11, "tag");
+  void *p = NULL;
+  const size_t n = 5 * MIB + 4096;
+  CHILD_CHECK(gmb_malloc_async(c, n, NULL, &p) == 0, 12, "malloc_async: %s",
+              gmb_last_error(c));
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(n);
+  CHILD_CHECK(d && buf, 13, "no driver or memory");
+  harness_pattern_fill(buf, n, 77);
+  CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
+                  GMB_CU_SUCCESS, 14, "cuMemcpyHtoD");
+  CHILD_CHECK(gmb_pause(c, "weights", GMB_PAUSE_OFFLOAD) == 0, 15,
+              "pause: %s", gmb_last_error(c));
+  gmb_stats st;
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == 0 && st.used == 0, 16,
+              "the tenant holds %llu bytes while paused",
+              (unsigned long long)st.used);
+  gmb_cache_stats cs;
+  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 6 * MIB, 17,
+              "host bytes %llu", (unsigned long long)cs.host);
+  CHILD_CHECK(gmb_resume(c, "weights") == 0, 18, "resume: %s",
+              gmb_last_error(c));
+  memset(buf, 0, n);
+  CHILD_CHECK(d->cuMemcpyDtoH(buf, (gmb_cu_ptr)(uintptr_t)p, n) ==
+                  GMB_CU_SUCCESS, 19, "cuMemcpyDtoH");
+  long bad = harness_pattern_check(buf, n, 77);
+  CHILD_CHECK(bad < 0, 20, "byte %ld changed across the pause", bad);
+  CHILD_CHECK(gmb_tenant_stats(c, &st) == 0 && st.used == 6 * MIB, 21,
+              "the tenant holds %llu bytes after the resume",
+              (unsigned long long)st.used);
+  /* A discard gives the pages back with no copy. */
+  CHILD_CHECK(gmb_pause(c, "weights", GMB_PAUSE_DISCARD) == 0, 22,
+              "discard: %s", gmb_last_error(c));
+  CHILD_CHECK(gmb_resume(c, "weights") == 0, 23, "resume: %s",
+              gmb_last_error(c));
+  CHILD_CHECK(gmb_free_async(c, p, NULL) == 0, 24, "free");
+  free(buf);
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_pause_resume_keeps_bytes) {
+  struct harness_broker b;
+  cuda_start(&b, "64m", NULL);
+  static char endpoint[128];
+  snprintf(endpoint, sizeof endpoint, "%s", b.endpoint);
+  pid_t kid = harness_fork(pause_child, endpoint);
+  ck_assert_msg(harness_wait(kid) == 0, "the pausing child failed (its "
+                "stderr says why)");
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cuda", "broker", 30, no_driver_exits_with_one_line,
@@ -1168,5 +1233,6 @@ int main(void) {
       cuda_retirement_waits_for_close, cuda_unlock_on_stream,
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
-      cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start));
+      cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start,
+      cuda_pause_resume_keeps_bytes));
 }

@@ -1288,6 +1288,474 @@ START_TEST(threads_share_one_cache) {
 }
 END_TEST
 
+/* --- tags: sleep and wake ---------------------------------------------- */
+
+static unsigned be_copies;
+static int be_copy(void *ctx, uintptr_t dev, void *host, uint64_t n,
+                   int to_device) {
+  (void)ctx;
+  pthread_mutex_lock(&be.mu);
+  be_copies++;
+  /* Only mapped pages are copied, whole ones. */
+  for (uintptr_t a = dev; a < dev + n; a += PAGE) {
+    int found = 0;
+    for (int i = 1; i < MAX_PAGES && !found; i++) found = be.at[i] == a;
+    if (!found || dev % PAGE || n % PAGE)
+      be_misuse("copy of a page not mapped", 0, a);
+  }
+  pthread_mutex_unlock(&be.mu);
+  if (to_device)
+    memcpy((void *)dev, host, n);
+  else
+    memcpy(host, (const void *)dev, n);
+  return 0;
+}
+static const struct gmb_cache_ops sleep_ops = {BACKEND, .page_move = be_move,
+                                               .copy = be_copy};
+
+static void fill(void *p, size_t n, unsigned seed) {
+  unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(seed + i * 131 + (i >> 12));
+}
+static int same(const void *p, size_t n, unsigned seed) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != (unsigned char)(seed + i * 131 + (i >> 12))) return 0;
+  return 1;
+}
+
+/* 1 when the backend maps a page under [p, p+n). */
+static int be_maps_under(const void *p, size_t n) {
+  uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(PAGE - 1), hi = (uintptr_t)p + n;
+  for (int i = 1; i < MAX_PAGES; i++)
+    if (be.at[i] >= lo && be.at[i] < hi) return 1;
+  return 0;
+}
+
+#define CHECKED(k)                              \
+  do {                                          \
+    ck_assert_int_eq(gmb__cache_check(k), 0);   \
+    ck_assert_int_eq(pages_agree(k), 0);        \
+  } while (0)
+
+START_TEST(pause_resume_keeps_bytes_and_addresses) {
+  be_reset();
+  be_copies = 0;
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 2);
+  void *u = NULL, *w[4] = {0};
+  const size_t sz[4] = {1000, 5 * MIB + 3, 300 * 1024, 70 * MIB};
+  ck_assert_int_eq(gmb__cache_alloc(k, 4096, NULL, &u), 0); /* untagged */
+  fill(u, 4096, 7);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "weights"), 0);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(gmb__cache_alloc(k, sz[i], NULL, &w[i]), 0);
+    fill(w[i], sz[i], 11u * (unsigned)i + 1);
+    CHECKED(k);
+  }
+  ck_assert_int_eq(gmb__cache_tag_set(k, NULL), 0);
+  uint64_t held_before = be.held, untagged = PAGE;
+  struct gmb_cache_counters c0 = counters(k);
+  ck_assert_uint_eq(c0.host, 0);
+
+  ck_assert_int_eq(gmb__cache_pause(k, "weights", GMB_CACHE_OFFLOAD), 0);
+  CHECKED(k);
+  /* Only the untagged page stays on the device; the tag's are back with
+   * the broker, and the host holds their bytes. */
+  ck_assert_uint_eq(be.held, untagged);
+  for (int i = 0; i < 4; i++) ck_assert(!be_maps_under(w[i], sz[i]));
+  struct gmb_cache_counters c1 = counters(k);
+  ck_assert_uint_eq(c1.slab_bytes, untagged);
+  ck_assert_uint_eq(c1.host, held_before - untagged);
+  ck_assert_uint_eq(c1.paused, held_before - untagged);
+  ck_assert_uint_le(c1.cached, c1.slab_bytes);
+  ck_assert_uint_ge(c1.in_use, c0.in_use); /* paused blocks still handed out */
+  ck_assert_uint_ge(be_copies, 1);
+  ck_assert(same(u, 4096, 7)); /* untagged memory untouched */
+
+  /* Pausing twice changes nothing. */
+  unsigned unmaps = be.unmaps, copies = be_copies;
+  ck_assert_int_eq(gmb__cache_pause(k, "weights", GMB_CACHE_OFFLOAD), 0);
+  ck_assert_uint_eq(be.unmaps, unmaps);
+  ck_assert_uint_eq(be_copies, copies);
+  CHECKED(k);
+
+  /* Allocating in the paused tag is refused; untagged works. */
+  void *x = NULL;
+  ck_assert_int_eq(gmb__cache_tag_set(k, "weights"), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 512, NULL, &x), GMB_E_INVAL);
+  ck_assert_ptr_null(x);
+  ck_assert_str_eq(gmb__cache_tag_paused(k), "weights");
+  ck_assert_int_eq(gmb__cache_tag_set(k, ""), 0);
+  ck_assert_ptr_null(gmb__cache_tag_paused(k));
+  ck_assert_int_eq(gmb__cache_alloc(k, 512, NULL, &x), 0);
+  CHECKED(k);
+
+  /* A free while paused is taken (bookkeeping only); a second is not. */
+  ck_assert_int_eq(gmb__cache_free(k, w[2], NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, w[2], NULL), GMB_E_INVAL);
+  CHECKED(k);
+
+  ck_assert_int_eq(gmb__cache_resume(k, "weights"), 0);
+  CHECKED(k);
+  for (int i = 0; i < 4; i++)
+    if (i != 2) ck_assert_msg(same(w[i], sz[i], 11u * (unsigned)i + 1),
+                              "block %d changed across the pause", i);
+  struct gmb_cache_counters c2 = counters(k);
+  ck_assert_uint_eq(c2.host, 0);
+  ck_assert_uint_eq(c2.paused, 0);
+  /* Resuming twice changes nothing. */
+  unsigned maps = be.maps;
+  ck_assert_int_eq(gmb__cache_resume(k, "weights"), 0);
+  ck_assert_uint_eq(be.maps, maps);
+  /* The tag serves again, at its own addresses. */
+  ck_assert_int_eq(gmb__cache_tag_set(k, "weights"), 0);
+  void *y = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 2048, NULL, &y), 0);
+  CHECKED(k);
+  for (int i = 0; i < 4; i++)
+    if (i != 2) ck_assert_int_eq(gmb__cache_free(k, w[i], NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, y, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, x, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, u, NULL), 0);
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, NULL), 0);
+  ck_assert_uint_eq(be.held, 0);
+  done(k);
+}
+END_TEST
+
+START_TEST(pause_discard_copies_nothing) {
+  be_reset();
+  be_copies = 0;
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 1);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "kv"), 0);
+  void *p = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 9 * MIB, NULL, &p), 0);
+  fill(p, 9 * MIB, 3);
+  ck_assert_int_eq(gmb__cache_pause(k, "kv", GMB_CACHE_DISCARD), 0);
+  CHECKED(k);
+  ck_assert_uint_eq(be_copies, 0);
+  ck_assert_uint_eq(counters(k).host, 0);
+  ck_assert_uint_eq(be.held, 0);
+  ck_assert_int_eq(gmb__cache_resume(k, "kv"), 0);
+  CHECKED(k);
+  ck_assert_uint_eq(be_copies, 0);
+  /* The same addresses, mapped again (new pages: the old bytes gone). */
+  ck_assert(!same(p, 9 * MIB, 3));
+  fill(p, 9 * MIB, 4);
+  ck_assert(same(p, 9 * MIB, 4));
+  ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, NULL), 0);
+  done(k);
+}
+END_TEST
+
+START_TEST(resume_without_room_loses_nothing) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 1);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "w"), 0);
+  void *p = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 6 * MIB, NULL, &p), 0);
+  fill(p, 6 * MIB, 9);
+  ck_assert_int_eq(gmb__cache_pause(k, "w", GMB_CACHE_OFFLOAD), 0);
+  /* Another tenant took the room: quota of 2 pages, 3 needed. */
+  be.quota = 2 * PAGE;
+  unsigned frees = be.frees;
+  ck_assert_int_eq(gmb__cache_resume(k, "w"), GMB_E_QUOTA);
+  CHECKED(k);
+  ck_assert_uint_eq(be.held, 0); /* what it mapped went back */
+  ck_assert_uint_ge(be.frees, frees);
+  ck_assert_uint_eq(counters(k).host, 3 * PAGE); /* the bytes kept */
+  ck_assert_str_eq(gmb__cache_tag_paused(k), "w");
+  be.quota = 0;
+  ck_assert_int_eq(gmb__cache_resume(k, "w"), 0);
+  CHECKED(k);
+  ck_assert(same(p, 6 * MIB, 9));
+  ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, NULL), 0);
+  done(k);
+}
+END_TEST
+
+START_TEST(host_quota_refuses_offload) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 1);
+  gmb__cache_host_quota_set(k, 4 * PAGE);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "a"), 0);
+  void *a = NULL, *b = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 3 * PAGE, NULL, &a), 0);
+  fill(a, 3 * PAGE, 1);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "b"), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 2 * PAGE, NULL, &b), 0);
+  fill(b, 2 * PAGE, 2);
+  ck_assert_int_eq(gmb__cache_pause(k, "a", GMB_CACHE_OFFLOAD), 0);
+  ck_assert_uint_eq(counters(k).host, 3 * PAGE);
+  /* 3 + 2 pages would pass the quota of 4: refused, b runs on. */
+  uint64_t held = be.held;
+  ck_assert_int_eq(gmb__cache_pause(k, "b", GMB_CACHE_OFFLOAD), GMB_E_LIMIT);
+  CHECKED(k);
+  ck_assert_uint_eq(be.held, held);
+  ck_assert_uint_eq(counters(k).host, 3 * PAGE);
+  ck_assert_ptr_null(gmb__cache_tag_paused(k));
+  void *c = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 512, NULL, &c), 0);
+  ck_assert(same(b, 2 * PAGE, 2));
+  /* A discard needs no host memory. */
+  ck_assert_int_eq(gmb__cache_pause(k, "b", GMB_CACHE_DISCARD), 0);
+  CHECKED(k);
+  ck_assert_int_eq(gmb__cache_resume(k, "a"), 0);
+  ck_assert_int_eq(gmb__cache_resume(k, "b"), 0);
+  CHECKED(k);
+  ck_assert(same(a, 3 * PAGE, 1));
+  ck_assert_uint_eq(counters(k).host, 0);
+  ck_assert_int_eq(gmb__cache_free(k, a, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, b, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, c, NULL), 0);
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, NULL), 0);
+  done(k);
+}
+END_TEST
+
+START_TEST(tag_errors) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 1);
+  ck_assert_int_eq(gmb__cache_pause(k, "never", GMB_CACHE_OFFLOAD),
+                   GMB_E_NOENT);
+  ck_assert_int_eq(gmb__cache_resume(k, "never"), GMB_E_NOENT);
+  ck_assert_int_eq(gmb__cache_pause(k, "", GMB_CACHE_OFFLOAD), GMB_E_INVAL);
+  ck_assert_int_eq(gmb__cache_pause(k, NULL, GMB_CACHE_OFFLOAD), GMB_E_INVAL);
+  char longname[GMB_CACHE_TAG_MAX + 2];
+  memset(longname, 'x', sizeof longname - 1);
+  longname[sizeof longname - 1] = '\0';
+  ck_assert_int_eq(gmb__cache_tag_set(k, longname), GMB_E_INVAL);
+  longname[GMB_CACHE_TAG_MAX] = '\0';
+  ck_assert_int_eq(gmb__cache_tag_set(k, longname), 0);
+  ck_assert_int_eq(gmb__cache_pause(k, longname, 7), GMB_E_INVAL);
+  /* An empty tag pauses and resumes too. */
+  ck_assert_int_eq(gmb__cache_pause(k, longname, GMB_CACHE_OFFLOAD), 0);
+  CHECKED(k);
+  ck_assert_int_eq(gmb__cache_resume(k, longname), 0);
+  char name[16];
+  for (int i = 1; i < 64; i++) {
+    snprintf(name, sizeof name, "t%d", i);
+    ck_assert_int_eq(gmb__cache_tag_set(k, name), 0);
+  }
+  ck_assert_int_eq(gmb__cache_tag_set(k, "one-too-many"), GMB_E_LIMIT);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "t5"), 0); /* known: fine */
+  void *p = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 100, NULL, &p), 0);
+  CHECKED(k);
+  ck_assert_int_eq(gmb__cache_free(k, p, NULL), 0);
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, NULL), 0);
+  done(k);
+}
+END_TEST
+
+START_TEST(pause_waits_for_the_device) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&stream_ops, 1);
+  struct fake_stream st = {0};
+  ck_assert_int_eq(gmb__cache_tag_set(k, "w"), 0);
+  void *p = NULL, *q = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 3 * MIB, &st, &p), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, 5 * MIB, &st, &q), 0);
+  fill(p, 3 * MIB, 5);
+  ck_assert_int_eq(gmb__cache_free(k, q, &st), 0); /* on a stream */
+  unsigned syncs = be.syncs;
+  st.completed = st.recorded; /* what the sync does on a GPU */
+  ck_assert_int_eq(gmb__cache_pause(k, "w", GMB_CACHE_OFFLOAD), 0);
+  ck_assert_uint_eq(be.syncs, syncs + 1);
+  CHECKED(k);
+  ck_assert_uint_eq(be.held, 0);
+  ck_assert_int_eq(gmb__cache_resume(k, "w"), 0);
+  CHECKED(k);
+  ck_assert(same(p, 3 * MIB, 5));
+  ck_assert_int_eq(gmb__cache_free(k, p, &st), 0);
+  st.completed = st.recorded;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, GMB_CACHE_TRIM_SYNC, NULL), 0);
+  done(k);
+}
+END_TEST
+
+/* Seeded random steps over three tags and untagged memory: allocations,
+ * frees, pauses (offload or discard) and resumes, with every live block's
+ * bytes checked whenever its tag runs, the checker and the backend's
+ * table after every step, and the pages of paused tags never mapped. */
+START_TEST(stress_pauses) {
+  uint64_t seed = env_u64("SEED", 23), iter = env_u64("ITER", 20000) / 4;
+  be_reset();
+  be.quota = 96 * MIB;
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 2);
+  gmb__cache_host_quota_set(k, 16 * MIB);
+  static const char *tags[4] = {NULL, "w", "kv", "x"};
+  int paused[4] = {0}, discarded[4] = {0};
+  enum { N = 64 };
+  struct {
+    unsigned char *p;
+    size_t n;
+    unsigned seed, tag;
+  } live[N] = {{0}};
+  uint64_t rng = seed;
+  unsigned pauses = 0, resumes = 0, refused = 0;
+  for (uint64_t step = 0; step < iter; step++) {
+    uint64_t r = gmb__splitmix64(&rng);
+    unsigned t = (unsigned)(r % 4), op = (unsigned)(r >> 8) % 16;
+    unsigned i = (unsigned)(r >> 16) % N;
+    if (op == 0 && t) {
+      int mode = (r >> 32) % 3 ? GMB_CACHE_OFFLOAD : GMB_CACHE_DISCARD;
+      int rc = gmb__cache_pause(k, tags[t], mode);
+      if (rc == GMB_E_NOENT) continue;
+      QUIET_MSG(rc == 0 || (rc == GMB_E_LIMIT && mode == GMB_CACHE_OFFLOAD),
+                "step %llu: pause: %s", (unsigned long long)step,
+                gmb_err_name(rc));
+      if (rc == 0 && !paused[t]) {
+        paused[t] = 1;
+        discarded[t] = mode == GMB_CACHE_DISCARD;
+        pauses++;
+      }
+      refused += rc != 0;
+    } else if (op == 1 && t) {
+      int rc = gmb__cache_resume(k, tags[t]);
+      if (rc == GMB_E_NOENT) continue;
+      QUIET_MSG(rc == 0 || rc == GMB_E_QUOTA, "step %llu: resume: %s",
+                (unsigned long long)step, gmb_err_name(rc));
+      if (rc == 0 && paused[t]) {
+        paused[t] = 0;
+        resumes++;
+        for (unsigned j = 0; j < N; j++)
+          if (live[j].p && live[j].tag == t) {
+            if (discarded[t])
+              fill(live[j].p, live[j].n, live[j].seed);
+            else
+              QUIET_MSG(same(live[j].p, live[j].n, live[j].seed),
+                        "step %llu: a block of tag %s changed across its "
+                        "pause", (unsigned long long)step, tags[t]);
+          }
+      }
+      refused += rc != 0;
+    } else if (live[i].p == NULL) {
+      size_t n = 1 + (size_t)((r >> 24) % ((r >> 60) ? 256 * 1024 : 9 * MIB));
+      QUIET_EQ(gmb__cache_tag_set(k, tags[t]), 0);
+      void *p = NULL;
+      int rc = gmb__cache_alloc(k, n, NULL, &p);
+      if (paused[t]) {
+        QUIET_EQ(rc, GMB_E_INVAL);
+      } else if (rc == 0) {
+        live[i].p = p;
+        live[i].n = n;
+        live[i].seed = (unsigned)step;
+        live[i].tag = t;
+        fill(p, n, live[i].seed);
+      } else {
+        QUIET_MSG(rc == GMB_E_QUOTA, "step %llu: alloc: %s",
+                  (unsigned long long)step, gmb_err_name(rc));
+      }
+    } else {
+      if (!paused[live[i].tag])
+        QUIET_MSG(same(live[i].p, live[i].n, live[i].seed),
+                  "step %llu: block overwritten", (unsigned long long)step);
+      QUIET_EQ(gmb__cache_free(k, live[i].p, NULL), 0);
+      live[i].p = NULL;
+    }
+    QUIET_MSG(gmb__cache_check(k) == 0, "step %llu (seed %llu): violations",
+              (unsigned long long)step, (unsigned long long)seed);
+    QUIET_MSG(pages_agree(k) == 0, "step %llu: pages differ",
+              (unsigned long long)step);
+    for (unsigned j = 0; j < N; j++)
+      if (live[j].p && paused[live[j].tag])
+        QUIET_MSG(!be_maps_under(live[j].p, live[j].n),
+                  "step %llu: a paused block's page is mapped",
+                  (unsigned long long)step);
+  }
+  be.quota = 0;
+  for (unsigned t = 1; t < 4; t++)
+    if (paused[t]) QUIET_EQ(gmb__cache_resume(k, tags[t]), 0);
+  for (unsigned j = 0; j < N; j++)
+    if (live[j].p) QUIET_EQ(gmb__cache_free(k, live[j].p, NULL), 0);
+  QUIET_EQ(gmb__cache_trim(k, 0, 0, NULL), 0);
+  QUIET_EQ(be.held, 0);
+  QUIET_EQ(counters(k).host, 0);
+  fprintf(stderr, "stress_pauses (seed %llu): %u pauses, %u resumes, %u "
+          "refused\n", (unsigned long long)seed, pauses, resumes, refused);
+  ck_assert_uint_gt(pauses, 0);
+  ck_assert_uint_gt(resumes, 0);
+  done(k);
+}
+END_TEST
+
+/* Threads of a tag allocate and free (never touching the memory: a paused
+ * block may not be touched) while another pauses and resumes the tag, and
+ * untagged threads go on as usual: every refusal is GMB_E_INVAL while the
+ * tag is not running, and the cache checks clean at the end. */
+static atomic_int sleepers_done;
+static void *tag_worker(void *arg) {
+  uint64_t rng = (uint64_t)(uintptr_t)arg;
+  if (gmb__cache_tag_set(tk, "t")) atomic_fetch_add(&thread_bad, 1);
+  void *held[16] = {0};
+  for (int i = 0; i < 5000; i++) {
+    uint64_t r = gmb__splitmix64(&rng);
+    int j = (int)(r % 16);
+    if (held[j]) {
+      if (gmb__cache_free(tk, held[j], NULL)) atomic_fetch_add(&thread_bad, 1);
+      held[j] = NULL;
+    } else {
+      size_t n = 1 + (size_t)(r >> 20) % (r % 5 == 0 ? 5 * MIB : 64 * 1024);
+      int rc = gmb__cache_alloc(tk, n, NULL, &held[j]);
+      if (rc && rc != GMB_E_INVAL) atomic_fetch_add(&thread_bad, 1);
+    }
+  }
+  for (int j = 0; j < 16; j++)
+    if (held[j] && gmb__cache_free(tk, held[j], NULL))
+      atomic_fetch_add(&thread_bad, 1);
+  atomic_fetch_add(&sleepers_done, 1);
+  return NULL;
+}
+
+START_TEST(pause_while_threads_allocate) {
+  be_reset();
+  tk = gmb__cache_new(&sleep_ops, 2);
+  atomic_store(&thread_bad, 0);
+  atomic_store(&sleepers_done, 0);
+  ck_assert_int_eq(gmb__cache_tag_set(tk, "t"), 0); /* the tag exists */
+  pthread_t t[4];
+  for (uintptr_t i = 0; i < 2; i++)
+    pthread_create(&t[i], NULL, tag_worker, (void *)(i + 1));
+  for (uintptr_t i = 2; i < 4; i++)
+    pthread_create(&t[i], NULL, worker, (void *)(i + 1));
+  unsigned cycles = 0;
+  while (atomic_load(&sleepers_done) < 2) {
+    int mode = cycles % 3 ? GMB_CACHE_OFFLOAD : GMB_CACHE_DISCARD;
+    if (gmb__cache_pause(tk, "t", mode)) atomic_fetch_add(&thread_bad, 1);
+    if (gmb__cache_resume(tk, "t")) atomic_fetch_add(&thread_bad, 1);
+    cycles++;
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  ck_assert_int_eq(atomic_load(&thread_bad), 0);
+  ck_assert_uint_gt(cycles, 0);
+  ck_assert_int_eq(gmb__cache_check(tk), 0);
+  ck_assert_int_eq(pages_agree(tk), 0);
+  struct gmb_cache_counters c = counters(tk);
+  ck_assert_uint_eq(c.in_use, 0);
+  ck_assert_uint_eq(c.host, 0);
+  ck_assert_int_eq(gmb__cache_trim(tk, 0, 0, NULL), 0);
+  ck_assert_uint_eq(be.held, 0);
+  done(tk);
+}
+END_TEST
+
+/* A process that exits while paused: destroying the cache frees the host
+ * copy with it (and the pages were the broker's already). */
+START_TEST(destroy_while_paused) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&sleep_ops, 1);
+  ck_assert_int_eq(gmb__cache_tag_set(k, "w"), 0);
+  void *p = NULL;
+  ck_assert_int_eq(gmb__cache_alloc(k, 5 * MIB, NULL, &p), 0);
+  ck_assert_int_eq(gmb__cache_pause(k, "w", GMB_CACHE_OFFLOAD), 0);
+  ck_assert_uint_eq(be.held, 0);
+  done(k);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("cache");
   TCase *t = tcase_create("cache");
@@ -1322,6 +1790,15 @@ static Suite *suite(void) {
   tcase_add_test(t, stress_quota);
   tcase_add_test(t, stress_streams_quota);
   tcase_add_test(t, threads_share_one_cache);
+  tcase_add_test(t, pause_resume_keeps_bytes_and_addresses);
+  tcase_add_test(t, pause_discard_copies_nothing);
+  tcase_add_test(t, resume_without_room_loses_nothing);
+  tcase_add_test(t, host_quota_refuses_offload);
+  tcase_add_test(t, tag_errors);
+  tcase_add_test(t, pause_waits_for_the_device);
+  tcase_add_test(t, stress_pauses);
+  tcase_add_test(t, destroy_while_paused);
+  tcase_add_test(t, pause_while_threads_allocate);
   suite_add_tcase(s, t);
   return s;
 }
