@@ -199,6 +199,122 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
   return 1;
 }
 
+/* --- tenant add and remove ----------------------------------------------- */
+
+/* A tenant made at run time by a node agent (the Kubernetes device plugin,
+ * the Slurm plugin) for one job: proved by its token only, outside any
+ * uid's budget, never reaped when idle, and not in the state file (its
+ * maker keeps it and adds it again after a restart).  Adding what exists
+ * already with the same token and limits is a success that changes
+ * nothing, so a maker can add again without asking first. */
+static int admin_tenant_add(struct gmb_broker *b, const struct gmb_peer *peer,
+                            const struct wire_request *req,
+                            struct wire_reply *rep) {
+  const char *name = req->u.admin_tenant_add.tenant;
+  uint64_t quota = req->u.admin_tenant_add.quota;
+  uint64_t reserve = req->u.admin_tenant_add.reserve;
+  const uint8_t *hash = req->u.admin_tenant_add.token_sha256;
+  char qs[GMB_SIZE_BUFSZ], rs[GMB_SIZE_BUFSZ], xs[GMB_SIZE_BUFSZ];
+  if (!gmb__name_valid(name))
+    return gmb__reply_fail(rep, GMB_E_INVAL, "bad tenant name '%.63s'", name);
+  if (!req->u.admin_tenant_add.has_token)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s: a tenant added at "
+                           "run time is proved by a token; give its SHA-256",
+                           name);
+  if (quota != 0 && reserve > quota)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s: reservation %s above "
+                           "its quota %s", name,
+                           gmb__size_format(reserve, rs, sizeof rs),
+                           gmb__size_format(quota, qs, sizeof qs));
+  struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
+  if (t && t->added && t->quota == quota && t->reserve == reserve &&
+      memcmp(t->token_sha256, hash, sizeof t->token_sha256) == 0) {
+    admin_tenant_row(t, rep);
+    snprintf(rep->message, sizeof rep->message, "tenant %s exists already "
+             "with this token and these limits: unchanged", name);
+    return 1;
+  }
+  /* Only a tenant made by first use that holds nothing may be taken over
+   * (a state file's quota makes one at start): anything else is someone's. */
+  if (t && (t->configured || t->added || t->n_sessions || t->used ||
+            t->waiting || t->n_uids || t->has_token))
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s exists already (%s): "
+                           "not added", name,
+                           t->configured ? "named in the config"
+                           : t->added    ? "added with another token or "
+                                           "other limits"
+                                         : "in use");
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  struct admin_sum sum = {.except = t};
+  gmb__tenants_each(b->tenants, admin_sum_reserve, &sum);
+  if (reserve > ps.capacity || sum.total > ps.capacity - reserve)
+    return gmb__reply_fail(
+        rep, GMB_E_INVAL, "tenant %s: reservation %s would bring the "
+        "reservations to more than the device's %s (others hold %s)", name,
+        gmb__size_format(reserve, rs, sizeof rs),
+        gmb__size_format(ps.capacity, qs, sizeof qs),
+        gmb__size_format(sum.total, xs, sizeof xs));
+  if (t == NULL) {
+    t = gmb__tenants_full(b->tenants) ? NULL
+                                      : gmb__tenant_create(b->tenants, name);
+    if (t == NULL)
+      return gmb__reply_fail(rep, GMB_E_LIMIT, "tenant %s not added: the "
+                             "tenant registry is full (%zu tenants)", name,
+                             gmb__tenants_count(b->tenants));
+  }
+  t->added = 1;
+  t->has_owner = 0;
+  t->owner_uid = 0;
+  t->n_uids = 0;
+  t->has_token = 1;
+  memcpy(t->token_sha256, hash, sizeof t->token_sha256);
+  gmb__tenant_set_quota(b->tenants, t, quota);
+  gmb__tenant_set_reserve(b->tenants, t, reserve);
+  if (quota) gmb__size_format(quota, qs, sizeof qs);
+  else snprintf(qs, sizeof qs, "unlimited");
+  gmb__size_format(reserve, rs, sizeof rs);
+  log_info("uid %u added tenant %s: quota %s, reservation %s, proved by a "
+           "token", (unsigned)peer->uid, name, qs, rs);
+  admin_tenant_row(t, rep);
+  snprintf(rep->message, sizeof rep->message, "tenant %s added: quota %s, "
+           "reservation %s", name, qs, rs);
+  return 1;
+}
+
+static int admin_tenant_remove(struct gmb_broker *b,
+                               const struct gmb_peer *peer,
+                               const struct wire_request *req,
+                               struct wire_reply *rep) {
+  struct gmb_tenant *t = admin_tenant(b, req->u.admin_evict.tenant, rep);
+  if (t == NULL) return 1;
+  if (t->configured)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "tenant %s is named in the "
+                           "config: remove it there and reload", t->name);
+  char us[GMB_SIZE_BUFSZ];
+  if (t->n_sessions || t->used || t->waiting)
+    return gmb__reply_fail(rep, GMB_E_LIMIT, "tenant %s has %u sessions and "
+                           "holds %s: not removed (end them first, or "
+                           "gmbctl evict %s)", t->name, t->n_sessions,
+                           gmb__size_format(t->used, us, sizeof us), t->name);
+  /* A compaction run or a waiting compact request may name it. */
+  if (b->compacting || b->compact_reqs)
+    return gmb__reply_fail(rep, GMB_E_LIMIT, "tenant %s not removed: a "
+                           "compaction is running; try again when it ends",
+                           t->name);
+  char name[sizeof t->name];
+  snprintf(name, sizeof name, "%s", t->name);
+  int had_reserve = t->reserve != 0;
+  gmb__tenant_set_reserve(b->tenants, t, 0);
+  gmb__tenant_remove(b->tenants, t);
+  log_info("uid %u removed tenant %s", (unsigned)peer->uid, name);
+  rep->kind = WIRE_NONE;
+  snprintf(rep->message, sizeof rep->message, "tenant %s removed", name);
+  /* Its reservation is free for others who may be waiting. */
+  if (had_reserve) gmb__waitq_serve(b);
+  return 1;
+}
+
 /* --- reload -------------------------------------------------------------- */
 
 /* Appends to the reload summary (kept short: it goes back to gmbctl). */
@@ -499,6 +615,10 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
       return admin_evict(b, peer, req, rep);
     case WIRE_ADMIN_RELOAD:
       return admin_reload(b, peer, rep);
+    case WIRE_ADMIN_TENANT_ADD:
+      return admin_tenant_add(b, peer, req, rep);
+    case WIRE_ADMIN_TENANT_REMOVE:
+      return admin_tenant_remove(b, peer, req, rep);
     case WIRE_ADMIN_SNAPSHOT:
       gmb__observe_snapshot(b, req->u.admin_snapshot.segment,
                             req->u.admin_snapshot.offset,

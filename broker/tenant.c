@@ -279,7 +279,7 @@ int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
                      int named) {
   uid_t u;
   if (!named && !gmb__tenant_default_uid(t->name, &u)) return 0;
-  return !t->configured && t->n_sessions == 0 && t->used == 0 &&
+  return !t->configured && !t->added && t->n_sessions == 0 && t->used == 0 &&
          t->waiting == 0 && t->reserve == 0 && t->priority == 0 &&
          t->quota == ts->default_quota;
 }

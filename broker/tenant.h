@@ -93,6 +93,8 @@ struct gmb_tenant {
   int has_owner;
   uid_t owner_uid;   /* the first uid that connected, for unbound tenants */
   int quota_set;     /* an operator set its quota (not the default) */
+  int added;         /* made by an admin's tenant add (a node agent's), proved
+                        by its token; never reaped, removed by tenant remove */
   /* Its owner uid's shared budget while it is ad-hoc (tenant.h, above);
    * NULL otherwise.  budget_charged: the bytes of `used` charged to it. */
   struct gmb_uid_budget *budget;

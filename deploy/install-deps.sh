@@ -6,7 +6,7 @@ set -eu
 
 PKGS="build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
 check libsubunit-dev libinih-dev libbsd-dev libjansson-dev libssl-dev
-libmicrohttpd-dev"
+libmicrohttpd-dev libgrpc-dev python3-grpcio python3-protobuf"
 
 missing=""
 for p in $PKGS; do

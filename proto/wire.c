@@ -81,6 +81,8 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__AdminReload ar = GMB__ADMIN_RELOAD__INIT;
   Gmb__AdminSnapshot asn = GMB__ADMIN_SNAPSHOT__INIT;
   Gmb__AdminMetrics am = GMB__ADMIN_METRICS__INIT;
+  Gmb__AdminTenantAdd ata = GMB__ADMIN_TENANT_ADD__INIT;
+  Gmb__AdminTenantRemove atr = GMB__ADMIN_TENANT_REMOVE__INIT;
 
   r.id = req->id;
   switch (req->kind) {
@@ -159,6 +161,24 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       ae.tenant = wire_name(req->u.admin_evict.tenant);
       r.body_case = GMB__REQUEST__BODY_ADMIN_EVICT;
       r.admin_evict = &ae;
+      break;
+    case WIRE_ADMIN_TENANT_ADD:
+      if (!WIRE_FITS(req->u.admin_tenant_add.tenant)) return GMB_E_INVAL;
+      ata.tenant = wire_name(req->u.admin_tenant_add.tenant);
+      ata.quota = req->u.admin_tenant_add.quota;
+      ata.reserve = req->u.admin_tenant_add.reserve;
+      if (req->u.admin_tenant_add.has_token) {
+        ata.token_sha256.data = (uint8_t *)req->u.admin_tenant_add.token_sha256;
+        ata.token_sha256.len = sizeof req->u.admin_tenant_add.token_sha256;
+      }
+      r.body_case = GMB__REQUEST__BODY_ADMIN_TENANT_ADD;
+      r.admin_tenant_add = &ata;
+      break;
+    case WIRE_ADMIN_TENANT_REMOVE:
+      if (!WIRE_FITS(req->u.admin_evict.tenant)) return GMB_E_INVAL;
+      atr.tenant = wire_name(req->u.admin_evict.tenant);
+      r.body_case = GMB__REQUEST__BODY_ADMIN_TENANT_REMOVE;
+      r.admin_tenant_remove = &atr;
       break;
     case WIRE_ADMIN_RELOAD:
       r.body_case = GMB__REQUEST__BODY_ADMIN_RELOAD;
@@ -272,6 +292,30 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       rc = wire_name_copy(out->u.admin_evict.tenant,
                           sizeof out->u.admin_evict.tenant,
                           r->admin_evict->tenant);
+      break;
+    case GMB__REQUEST__BODY_ADMIN_TENANT_ADD: {
+      const Gmb__AdminTenantAdd *a = r->admin_tenant_add;
+      out->kind = WIRE_ADMIN_TENANT_ADD;
+      out->u.admin_tenant_add.quota = a->quota;
+      out->u.admin_tenant_add.reserve = a->reserve;
+      /* A hash is 32 bytes or absent; anything else is not one. */
+      if (a->token_sha256.len == sizeof out->u.admin_tenant_add.token_sha256) {
+        memcpy(out->u.admin_tenant_add.token_sha256, a->token_sha256.data,
+               a->token_sha256.len);
+        out->u.admin_tenant_add.has_token = 1;
+      } else if (a->token_sha256.len != 0) {
+        rc = GMB_E_PROTO;
+        break;
+      }
+      rc = wire_name_copy(out->u.admin_tenant_add.tenant,
+                          sizeof out->u.admin_tenant_add.tenant, a->tenant);
+      break;
+    }
+    case GMB__REQUEST__BODY_ADMIN_TENANT_REMOVE:
+      out->kind = WIRE_ADMIN_TENANT_REMOVE;
+      rc = wire_name_copy(out->u.admin_evict.tenant,
+                          sizeof out->u.admin_evict.tenant,
+                          r->admin_tenant_remove->tenant);
       break;
     case GMB__REQUEST__BODY_ADMIN_RELOAD:
       out->kind = WIRE_ADMIN_RELOAD;
@@ -949,6 +993,8 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ADMIN_SNAPSHOT: return "admin-snapshot";
     case WIRE_ADMIN_METRICS: return "admin-metrics";
     case WIRE_SEGMENT_CLOSED: return "segment-closed";
+    case WIRE_ADMIN_TENANT_ADD: return "admin-tenant-add";
+    case WIRE_ADMIN_TENANT_REMOVE: return "admin-tenant-remove";
     case WIRE_KIND_COUNT: break;
   }
   return "unknown";

@@ -41,6 +41,8 @@ enum wire_kind {
   WIRE_ADMIN_SNAPSHOT, /* request; reply: SnapshotReply */
   WIRE_ADMIN_METRICS, /* request; reply: MetricsReply */
   WIRE_SEGMENT_CLOSED, /* request: SegmentClosed; no reply */
+  WIRE_ADMIN_TENANT_ADD, /* request: AdminTenantAdd; reply: WIRE_TENANT_ROW */
+  WIRE_ADMIN_TENANT_REMOVE, /* request: AdminTenantRemove; status only */
   WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
@@ -95,7 +97,13 @@ struct wire_request {
     } admin_limit;    /* WIRE_ADMIN_QUOTA, WIRE_ADMIN_RESERVE */
     struct {
       char tenant[WIRE_NAME_MAX + 1];
-    } admin_evict;
+    } admin_evict; /* also WIRE_ADMIN_TENANT_REMOVE */
+    struct {
+      char tenant[WIRE_NAME_MAX + 1];
+      uint64_t quota, reserve;
+      int has_token;
+      uint8_t token_sha256[32];
+    } admin_tenant_add;
     struct {
       uint64_t segment, offset; /* the cursor; (0, 0): the first page */
       uint32_t limit;           /* ranges per page; 0: the default */

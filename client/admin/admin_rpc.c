@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -174,6 +176,66 @@ int gmb__admin_rpc_call(struct admin_rpc *rpc, struct wire_request *req,
   return admin_rpc_fail(GMB_E_TIMEOUT, why, cap,
                         "the broker at %s did not answer within %d ms",
                         rpc->endpoint, timeout_ms);
+}
+
+int gmb__admin_rpc_tenant_add(struct admin_rpc *rpc, const char *tenant,
+                              uint64_t quota, uint64_t reserve,
+                              const uint8_t sha256[32],
+                              struct wire_tenant_row *row, char *why,
+                              size_t cap) {
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_ADD};
+  if (strlen(tenant) >= sizeof req.u.admin_tenant_add.tenant)
+    return admin_rpc_fail(GMB_E_INVAL, why, cap, "tenant name too long");
+  snprintf(req.u.admin_tenant_add.tenant, sizeof req.u.admin_tenant_add.tenant,
+           "%s", tenant);
+  req.u.admin_tenant_add.quota = quota;
+  req.u.admin_tenant_add.reserve = reserve;
+  req.u.admin_tenant_add.has_token = 1;
+  memcpy(req.u.admin_tenant_add.token_sha256, sha256, 32);
+  struct wire_reply rep;
+  int rc = gmb__admin_rpc_call(rpc, &req, WIRE_TENANT_ROW, 0, &rep, why, cap);
+  if (rc) return rc;
+  if (row) *row = rep.u.tenant_row;
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+int gmb__admin_rpc_tenant_remove(struct admin_rpc *rpc, const char *tenant,
+                                 char *why, size_t cap) {
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_REMOVE};
+  if (strlen(tenant) >= sizeof req.u.admin_evict.tenant)
+    return admin_rpc_fail(GMB_E_INVAL, why, cap, "tenant name too long");
+  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant, "%s",
+           tenant);
+  struct wire_reply rep;
+  int rc = gmb__admin_rpc_call(rpc, &req, WIRE_NONE, 0, &rep, why, cap);
+  if (rc) return rc;
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+int gmb__admin_token_new(char hex[2 * ADMIN_TOKEN_BYTES + 1]) {
+  uint8_t raw[ADMIN_TOKEN_BYTES];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return GMB_E_SYSTEM;
+    }
+    got += (size_t)n;
+  }
+  for (size_t i = 0; i < sizeof raw; i++)
+    snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+  memset(raw, 0, sizeof raw);
+  return 0;
+}
+
+int gmb__admin_token_sha256(const char *token, size_t len, uint8_t out[32]) {
+  unsigned int n = 0;
+  if (EVP_Digest(token, len, out, &n, EVP_sha256(), NULL) != 1 || n != 32)
+    return GMB_E_SYSTEM;
+  return 0;
 }
 
 void gmb__admin_rpc_close(struct admin_rpc *rpc) {

@@ -16,6 +16,7 @@
 
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wire.h"
 
@@ -54,6 +55,39 @@ void gmb__admin_rpc_set_stop(struct admin_rpc *rpc,
 int gmb__admin_rpc_call(struct admin_rpc *rpc, struct wire_request *req,
                         enum wire_kind expect, int timeout_ms,
                         struct wire_reply *rep, char *why, size_t cap);
+
+/*
+ * Tenants made at run time, for node agents (the Kubernetes device plugin,
+ * the Slurm plugin) and gmbctl's `tenant add|remove`.
+ *
+ * gmb__admin_rpc_tenant_add asks the broker for tenant `tenant` with
+ * `quota` (0: no limit) and `reserve` bytes, proved by the token whose
+ * SHA-256 is `sha256`.  Adding again what exists with the same token and
+ * limits succeeds and changes nothing.  0 with *row filled when row is not
+ * NULL, else the broker's code and reason (GMB_E_LIMIT: its tenant registry
+ * is full; GMB_E_INVAL: the name is taken, or the limits are refused).
+ *
+ * gmb__admin_rpc_tenant_remove removes a tenant that no session uses and
+ * that holds nothing: 0, GMB_E_LIMIT while it is in use (try again later),
+ * GMB_E_NOENT when no such tenant exists (gone already), or another code.
+ */
+int gmb__admin_rpc_tenant_add(struct admin_rpc *rpc, const char *tenant,
+                              uint64_t quota, uint64_t reserve,
+                              const uint8_t sha256[32],
+                              struct wire_tenant_row *row, char *why,
+                              size_t cap);
+int gmb__admin_rpc_tenant_remove(struct admin_rpc *rpc, const char *tenant,
+                                 char *why, size_t cap);
+
+/* A fresh token: ADMIN_TOKEN_BYTES random bytes from the kernel written as
+ * lowercase hex (2 * ADMIN_TOKEN_BYTES characters and a NUL in `hex`).
+ * 0, or GMB_E_SYSTEM when the kernel gives no randomness. */
+#define ADMIN_TOKEN_BYTES 32
+int gmb__admin_token_new(char hex[2 * ADMIN_TOKEN_BYTES + 1]);
+/* The SHA-256 of a token's bytes, as the broker compares it (a token read
+ * from a file loses one trailing newline first, as the library does).
+ * 0, or GMB_E_SYSTEM. */
+int gmb__admin_token_sha256(const char *token, size_t len, uint8_t out[32]);
 
 /* Closes the socket and the context; accepts NULL. */
 void gmb__admin_rpc_close(struct admin_rpc *rpc);

@@ -75,6 +75,9 @@ int gmb__ctl_quota(struct ctl *ctl, const struct ctl_verb *v, int argc,
                    char **argv);
 int gmb__ctl_reserve(struct ctl *ctl, const struct ctl_verb *v, int argc,
                      char **argv);
+/* tenant add|remove: tenants made at run time, proved by a token. */
+int gmb__ctl_tenant(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                    char **argv);
 int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
                    char **argv);
 int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,

@@ -1,6 +1,6 @@
 /*
  * ctl_admin.c - gmbctl's verbs that change the broker: quota, reserve,
- * evict and reload.
+ * evict, reload, and tenant add|remove.
  *
  * Arguments are checked here before anything is sent, so a typo never
  * reaches the broker: a missing or extra argument, an unknown subcommand,
@@ -12,6 +12,7 @@
  */
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctl.h"
@@ -172,4 +173,121 @@ int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
   printf("%s\n", rep.message);
   gmb__wire_reply_clear(&rep);
   return 0;
+}
+
+/* tenant add NAME --quota SIZE [--reserve SIZE] (--token-file FILE |
+ * --token-sha256 HEX): the token itself is hashed here and never sent. */
+static int ctl_tenant_add(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                          char **argv) {
+  const char *name = NULL, *quota_s = NULL, *reserve_s = NULL;
+  const char *token_file = NULL, *hash_hex = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char **dst = NULL;
+    if (strcmp(argv[i], "--quota") == 0) dst = &quota_s;
+    else if (strcmp(argv[i], "--reserve") == 0) dst = &reserve_s;
+    else if (strcmp(argv[i], "--token-file") == 0) dst = &token_file;
+    else if (strcmp(argv[i], "--token-sha256") == 0) dst = &hash_hex;
+    if (dst) {
+      if (i + 1 >= argc) return ctl_usage_fail(v, "an option lacks its value");
+      *dst = argv[++i];
+    } else if (name == NULL && argv[i][0] != '-') {
+      name = argv[i];
+    } else {
+      char what[160];
+      snprintf(what, sizeof what, "unexpected argument '%.60s'", argv[i]);
+      return ctl_usage_fail(v, what);
+    }
+  }
+  if (name == NULL) return ctl_usage_fail(v, "missing TENANT");
+  if (!gmb__name_valid(name))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
+                         v->name, name);
+  if (quota_s == NULL) return ctl_usage_fail(v, "missing --quota SIZE");
+  if ((token_file == NULL) == (hash_hex == NULL))
+    return ctl_usage_fail(v, "give one of --token-file and --token-sha256");
+  uint64_t quota = 0, reserve = 0;
+  if (strcmp(quota_s, "unlimited") != 0 && gmb__size_parse(quota_s, &quota))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad size '%.60s'", v->name,
+                         quota_s);
+  if (reserve_s && gmb__size_parse(reserve_s, &reserve))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad size '%.60s'", v->name,
+                         reserve_s);
+  uint8_t hash[32];
+  if (hash_hex) {
+    if (strlen(hash_hex) != 64)
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --token-sha256 wants 64 hex "
+                           "digits", v->name);
+    for (int i = 0; i < 32; i++) {
+      char b[3] = {hash_hex[2 * i], hash_hex[2 * i + 1], 0}, *end;
+      unsigned long x = strtoul(b, &end, 16);
+      if (*end != '\0' || b[0] == '+' || b[0] == '-' || b[0] == ' ')
+        return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --token-sha256 wants 64 "
+                             "hex digits", v->name);
+      hash[i] = (uint8_t)x;
+    }
+  } else {
+    FILE *f = fopen(token_file, "r");
+    if (f == NULL)
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: cannot read %s", v->name,
+                           token_file);
+    char buf[WIRE_TOKEN_MAX + 2];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    if (n && buf[n - 1] == '\n') n--;
+    if (n == 0 || n > WIRE_TOKEN_MAX)
+      return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: %s: a token is 1 to %d bytes",
+                           v->name, token_file, WIRE_TOKEN_MAX);
+    int rc = gmb__admin_token_sha256(buf, n, hash);
+    memset(buf, 0, sizeof buf);
+    if (rc) return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: SHA-256 failed", v->name);
+  }
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_ADD};
+  snprintf(req.u.admin_tenant_add.tenant, sizeof req.u.admin_tenant_add.tenant,
+           "%s", name);
+  req.u.admin_tenant_add.quota = quota;
+  req.u.admin_tenant_add.reserve = reserve;
+  req.u.admin_tenant_add.has_token = 1;
+  memcpy(req.u.admin_tenant_add.token_sha256, hash, sizeof hash);
+  struct wire_reply rep;
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_TENANT_ROW, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = ctl_row_json(&rep.u.tenant_row);
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_json_print(j);
+  }
+  printf("%s\n", rep.message);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+static int ctl_tenant_remove(struct ctl *ctl, const struct ctl_verb *v,
+                             int argc, char **argv) {
+  if (argc != 1) return ctl_usage_fail(v, "want one TENANT");
+  if (!gmb__name_valid(argv[0]))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
+                         v->name, argv[0]);
+  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_REMOVE};
+  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant, "%s",
+           argv[0]);
+  struct wire_reply rep;
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_NONE, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = json_pack("{s:s, s:b}", "tenant", argv[0], "removed", 1);
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_json_print(j);
+  }
+  printf("%s\n", rep.message);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+int gmb__ctl_tenant(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                    char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "add") == 0)
+    return ctl_tenant_add(ctl, v, argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "remove") == 0)
+    return ctl_tenant_remove(ctl, v, argc - 1, argv + 1);
+  return ctl_usage_fail(v, "want add or remove");
 }

@@ -429,6 +429,10 @@ static const struct ctl_verb ctl_verbs[] = {
      gmb__ctl_snapshot},
     {"evict", "evict TENANT", "end every session of a tenant",
      gmb__ctl_evict},
+    {"tenant", "tenant add TENANT --quota SIZE [--reserve SIZE] "
+     "(--token-file FILE | --token-sha256 HEX) | tenant remove TENANT",
+     "make a tenant proved by a token, or remove an unused one",
+     gmb__ctl_tenant},
     {"metrics", "metrics", "the broker's metrics (Prometheus text)",
      gmb__ctl_metrics},
     {"reload", "reload", "read the config file again", gmb__ctl_reload},
