@@ -22,6 +22,7 @@
  * issue 12's items are at the end.
  */
 #include <check.h>
+#include <openssl/evp.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -288,7 +289,8 @@ START_TEST(admin_kind_is_not_a_client_request) {
   fx_hello(&f, "a", 1001, "");
   static const enum wire_kind kinds[] = {
       WIRE_ADMIN_STATUS, WIRE_ADMIN_COMPACT, WIRE_ADMIN_QUOTA,
-      WIRE_ADMIN_EVICT,  WIRE_ADMIN_RELOAD,  WIRE_NONE, WIRE_EVENT};
+      WIRE_ADMIN_EVICT,  WIRE_ADMIN_RELOAD,  WIRE_NONE, WIRE_EVENT,
+      WIRE_ADMIN_TENANT_ADD, WIRE_ADMIN_TENANT_REMOVE};
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
     struct wire_reply rep;
     ck_assert_int_eq(fx_plain(&f, "a", 1001, kinds[i], &rep), 1);
@@ -1712,6 +1714,140 @@ START_TEST(wait_quota_held_by_cache_when_queue_busy) {
 }
 END_TEST
 
+/* --- tenant add and remove (admin) -------------------------------------- */
+
+/* An admin's tenant add of `name` proved by the SHA-256 of `token`. */
+static int fx_tenant_add(struct fx *f, const char *name, uint64_t quota,
+                         uint64_t reserve, const char *token,
+                         struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = 5;
+  req.kind = WIRE_ADMIN_TENANT_ADD;
+  snprintf(req.u.admin_tenant_add.tenant, sizeof req.u.admin_tenant_add.tenant,
+           "%s", name);
+  req.u.admin_tenant_add.quota = quota;
+  req.u.admin_tenant_add.reserve = reserve;
+  req.u.admin_tenant_add.has_token = 1;
+  unsigned int n = 0;
+  ck_assert_int_eq(EVP_Digest(token, strlen(token),
+                              req.u.admin_tenant_add.token_sha256, &n,
+                              EVP_sha256(), NULL), 1);
+  struct gmb_peer peer = fx_peer("ctl", geteuid());
+  ck_assert_int_eq(gmb__admin(&f->b, &peer, &req, rep), 1);
+  return rep->status;
+}
+
+static int fx_tenant_remove(struct fx *f, const char *name,
+                            struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.id = 6;
+  req.kind = WIRE_ADMIN_TENANT_REMOVE;
+  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant, "%s",
+           name);
+  struct gmb_peer peer = fx_peer("ctl", geteuid());
+  ck_assert_int_eq(gmb__admin(&f->b, &peer, &req, rep), 1);
+  return rep->status;
+}
+
+/* A Hello for `tenant` with `token`; returns the reply's status. */
+static int fx_hello_token(struct fx *f, const char *rid, uid_t uid,
+                          const char *tenant, const char *token) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  req.u.hello.token_len = (uint32_t)strlen(token);
+  memcpy(req.u.hello.token, token, strlen(token));
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  return rep.status;
+}
+
+START_TEST(tenant_add_proved_by_token_held_to_quota) {
+  struct fx f;
+  fx_open(&f);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_tenant_add(&f, "pod", 4 * MIB, 2 * MIB, "tok", &rep), 0);
+  ck_assert_int_eq(rep.kind, WIRE_TENANT_ROW);
+  ck_assert_uint_eq(rep.u.tenant_row.quota, 4 * MIB);
+  ck_assert_uint_eq(rep.u.tenant_row.reserve, 2 * MIB);
+  /* A name alone, or another token, does not prove it. */
+  ck_assert_int_eq(fx_hello_token(&f, "x", 1001, "pod", ""), GMB_E_AUTH);
+  ck_assert_int_eq(fx_hello_token(&f, "y", 1001, "pod", "tok2"), GMB_E_AUTH);
+  ck_assert_int_eq(fx_hello_token(&f, "a", 1001, "pod", "tok"), 0);
+  ck_assert_int_eq(fx_hello_token(&f, "b", 1002, "pod", "tok"), 0);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  /* The same again changes nothing; other limits or token are refused. */
+  ck_assert_int_eq(fx_tenant_add(&f, "pod", 4 * MIB, 2 * MIB, "tok", &rep), 0);
+  ck_assert_ptr_nonnull(strstr(rep.message, "unchanged"));
+  ck_assert_int_eq(fx_tenant_add(&f, "pod", 8 * MIB, 2 * MIB, "tok", &rep),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(fx_tenant_add(&f, "pod", 4 * MIB, 2 * MIB, "x", &rep),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(gmb__tenant_check(f.b.tenants), 0);
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(tenant_add_refusals) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[tenant:conf]\nquota = 1MiB\n");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_tenant_add(&f, "conf", MIB, 0, "t", &rep), GMB_E_INVAL);
+  ck_assert_int_eq(fx_tenant_add(&f, "-bad", MIB, 0, "t", &rep), GMB_E_INVAL);
+  ck_assert_int_eq(fx_tenant_add(&f, "r", MIB, 2 * MIB, "t", &rep),
+                   GMB_E_INVAL); /* reservation above the quota */
+  ck_assert_int_eq(fx_tenant_add(&f, "r", 0, 65 * MIB, "t", &rep),
+                   GMB_E_INVAL); /* more than the device */
+  ck_assert_ptr_null(gmb__tenant_find(f.b.tenants, "r"));
+  /* A tenant in use by its first uid is someone's: not taken over. */
+  fx_hello(&f, "a", 1001, "mine");
+  ck_assert_int_eq(fx_tenant_add(&f, "mine", MIB, 0, "t", &rep), GMB_E_INVAL);
+  /* The registry full: refused, nothing made. */
+  char name[32];
+  for (int i = 0; !gmb__tenants_full(f.b.tenants); i++) {
+    snprintf(name, sizeof name, "fill%d", i);
+    ck_assert_ptr_nonnull(gmb__tenant_create(f.b.tenants, name));
+  }
+  ck_assert_int_eq(fx_tenant_add(&f, "late", MIB, 0, "t", &rep), GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "registry is full"));
+  ck_assert_ptr_null(gmb__tenant_find(f.b.tenants, "late"));
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(tenant_remove_only_when_unused) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[tenant:conf]\nquota = 1MiB\n");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_tenant_add(&f, "pod", 4 * MIB, 2 * MIB, "tok", &rep), 0);
+  ck_assert_int_eq(fx_hello_token(&f, "a", 1001, "pod", "tok"), 0);
+  fx_must_alloc(&f, "a", 1001, MIB, 0);
+  ck_assert_int_eq(fx_tenant_remove(&f, "pod", &rep), GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(gmb__tenant_find(f.b.tenants, "pod"));
+  /* Added tenants are never reaped as idle. */
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
+  gmb__core_reap(&f.b, 1);
+  ck_assert_ptr_nonnull(gmb__tenant_find(f.b.tenants, "pod"));
+  ck_assert_uint_eq(gmb__tenants_reserving(f.b.tenants), 1);
+  ck_assert_int_eq(fx_tenant_remove(&f, "pod", &rep), 0);
+  ck_assert_ptr_null(gmb__tenant_find(f.b.tenants, "pod"));
+  ck_assert_uint_eq(gmb__tenants_reserving(f.b.tenants), 0);
+  ck_assert_int_eq(fx_tenant_remove(&f, "pod", &rep), GMB_E_NOENT);
+  ck_assert_int_eq(fx_tenant_remove(&f, "conf", &rep), GMB_E_INVAL);
+  /* Its name is free again: a new token proves it now. */
+  ck_assert_int_eq(fx_tenant_add(&f, "pod", MIB, 0, "new", &rep), 0);
+  ck_assert_int_eq(fx_hello_token(&f, "b", 1001, "pod", "tok"), GMB_E_AUTH);
+  ck_assert_int_eq(gmb__tenant_check(f.b.tenants), 0);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
   TCase *tc = tcase_create("hello");
@@ -1725,6 +1861,12 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, request_before_hello);
   tcase_add_test(tc, credentials_checked_per_message);
   tcase_add_test(tc, admin_kind_is_not_a_client_request);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("tenant_add_remove");
+  tcase_add_test(tc, tenant_add_proved_by_token_held_to_quota);
+  tcase_add_test(tc, tenant_add_refusals);
+  tcase_add_test(tc, tenant_remove_only_when_unused);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("alloc");
