@@ -263,11 +263,12 @@ struct dp_made {
   size_t alloc;                  /* index in dp->allocs */
   char token[2 * ADMIN_TOKEN_BYTES + 1];
   char endpoint[DP_PATH_MAX + 32], token_file[DP_PATH_MAX + 96];
-  char host_dir[DP_PATH_MAX + DP_KEY_MAX + 2];
+  char host_sock[2][DP_PATH_MAX + DP_KEY_MAX + 16];
+  char cont_sock[2][DP_PATH_MAX + 16];
   V1beta1__ContainerAllocateResponse__EnvsEntry env[6];
   V1beta1__ContainerAllocateResponse__EnvsEntry *envp[6];
-  V1beta1__Mount mount[3];
-  V1beta1__Mount *mountp[3];
+  V1beta1__Mount mount[4];
+  V1beta1__Mount *mountp[4];
   V1beta1__ContainerAllocateResponse resp;
 };
 
@@ -474,11 +475,19 @@ static void dp_made_answer(const struct dp *dp, struct dp_made *m) {
   dp_env(m, &ne, "GMB_TENANT", a->tenant);
   dp_env(m, &ne, "GMB_RUN_DIR", c->container_run_dir);
   dp_env(m, &ne, "GMB_ENDPOINT", m->endpoint);
-  /* The broker's run dir, read-only: connecting to a socket needs no write
-   * access to the file system it is on, and the pod cannot remove or
-   * replace the broker's sockets. */
-  snprintf(m->host_dir, sizeof m->host_dir, "%s", dp->gpu[a->gpu].dir);
-  dp_mount(m, &nm, m->host_dir, c->container_run_dir);
+  /* The broker's two client sockets, each mounted read-only (connecting
+   * to a socket needs no write access to its file system): never its
+   * admin socket, which the plugin itself uses.  A mount names the file
+   * the runtime finds when the container starts; a broker that restarts
+   * makes new sockets, which a container started after it gets. */
+  static const char *const socks[2] = {"broker.sock", "fd.sock"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(m->host_sock[k], sizeof m->host_sock[k], "%s/%s",
+             dp->gpu[a->gpu].dir, socks[k]);
+    snprintf(m->cont_sock[k], sizeof m->cont_sock[k], "%s/%s",
+             c->container_run_dir, socks[k]);
+    dp_mount(m, &nm, m->host_sock[k], m->cont_sock[k]);
+  }
   if (c->token_env) {
     dp_env(m, &ne, "GMB_TOKEN", m->token);
   } else {

@@ -289,9 +289,13 @@ class Node:
         for k in ("GMB_RUN_DIR", "GMB_ENDPOINT"):
             env.pop(k, None)
         mounts = {m.container_path: m.host_path for m in resp.mounts}
+        # The directory the runtime makes for the socket mounts.
+        mounts["/run/gmb"] = os.path.dirname(mounts["/run/gmb/broker.sock"])
         for k, v in resp.envs.items():
-            for cpath, hpath in mounts.items():
-                v = v.replace(cpath, hpath)
+            for cpath in sorted(mounts, key=len, reverse=True):
+                if cpath in v:
+                    v = v.replace(cpath, mounts[cpath], 1)
+                    break
             env[k] = v
         if token_override is not None:
             env.pop("GMB_TOKEN_FILE", None)
@@ -410,14 +414,17 @@ def flow(node):
     assert env["GMB_TOKEN_FILE"] == "/run/secrets/gmb/token", env
     assert "GMB_TOKEN" not in env
     mounts = {m.container_path: (m.host_path, m.read_only) for m in a.mounts}
-    assert mounts["/run/gmb"] == (os.path.join(node.base, UUID[0]), True), mounts
+    d0 = os.path.join(node.base, UUID[0])
+    assert mounts["/run/gmb/broker.sock"] == (d0 + "/broker.sock", True), mounts
+    assert mounts["/run/gmb/fd.sock"] == (d0 + "/fd.sock", True), mounts
+    assert len(mounts) == 3, mounts  # never the admin socket
     tok_host = mounts["/run/secrets/gmb/token"][0]
     assert tok_host == os.path.join(node.state, "tokens", tenant)
     assert oct(os.stat(tok_host).st_mode & 0o777) == "0o644"
     row = node.tenant_exists(0, tenant)
     assert row and row["quota"] == 2 * UNIT and row["reserve"] == 0, row
-    ok("Allocate of 2 units: tenant %s with quota 2 x unit, run dir and "
-       "token file mounted read-only" % tenant)
+    ok("Allocate of 2 units: tenant %s with quota 2 x unit, the broker's "
+       "two client sockets and the token file mounted read-only" % tenant)
     expect_error(grpc.StatusCode.FAILED_PRECONDITION, "allocated already",
                  lambda: k.allocate([ids0[3], ids0[4]]))
     ok("Allocate refuses units allocated already")
@@ -556,8 +563,9 @@ def flow(node):
 
 
 def sizes_flow():
-    """A full 8-GPU node (141 GiB each) at the default unit."""
-    node = Node(8, "141g", [])
+    """A full 8-GPU node (141 GiB each) at the default unit, and a
+    reservation of half the quota configured."""
+    node = Node(8, "141g", [], extra_conf="reserve = 50%\n")
     try:
         for i in range(8):
             node.broker_start(i)
@@ -574,6 +582,11 @@ def sizes_flow():
         req.container_requests.add(devices_ids=ids)
         resp = node.kubelet.call("Allocate", req, AllocateResponse)
         asize = len(resp.SerializeToString())
+        row = node.tenant_exists(7, dict(resp.container_responses[0].envs)["GMB_TENANT"])
+        assert row["quota"] == len(ids) << 30, row
+        assert row["reserve"] == row["quota"] // 2, row
+        ok("reserve = 50%%: the tenant of %d units has a reservation of half "
+           "its quota" % len(ids))
         print("# sizes: 8 GPUs of %s, unit 1GiB: %d devices, ListAndWatch "
               "message %d bytes (%.1f%% of the kubelet's 4 MiB); Allocate "
               "request of %d units %d bytes, response %d bytes" %
