@@ -548,6 +548,50 @@ START_TEST(request_snapshot_cursor_roundtrip) {
 }
 END_TEST
 
+/* AdminTenantAdd and AdminTenantRemove arrive as sent; a token hash of
+ * another length than 32 bytes is refused, none at all is no token. */
+START_TEST(request_tenant_add_remove_roundtrip) {
+  struct wire_request in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 13;
+  in.kind = WIRE_ADMIN_TENANT_ADD;
+  snprintf(in.u.admin_tenant_add.tenant, sizeof in.u.admin_tenant_add.tenant,
+           "k8s-0123456789abcdef");
+  in.u.admin_tenant_add.quota = UINT64_C(4) << 30;
+  in.u.admin_tenant_add.reserve = UINT64_C(1) << 30;
+  in.u.admin_tenant_add.has_token = 1;
+  memset(in.u.admin_tenant_add.token_sha256, 0xc3, 32);
+  req_roundtrip(&in, &out);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+
+  memset(&in, 0, sizeof in);
+  in.id = 14;
+  in.kind = WIRE_ADMIN_TENANT_REMOVE;
+  snprintf(in.u.admin_evict.tenant, sizeof in.u.admin_evict.tenant, "gone");
+  req_roundtrip(&in, &out);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+
+  uint8_t h[33];
+  memset(h, 7, sizeof h);
+  for (size_t len = 0; len <= 33; len++) {
+    struct pb body = {.n = 0}, p = {.n = 0};
+    pb_bytes(&body, 1, (const uint8_t *)"t", 1);
+    pb_uint(&body, 2, 1);
+    if (len) pb_bytes(&body, 4, h, len);
+    pb_uint(&p, 1, 15);
+    pb_sub(&p, 28, &body);
+    int rc = gmb__wire_request_decode(p.b, p.n, &out);
+    if (len == 0 || len == 32) {
+      ck_assert_int_eq(rc, 0);
+      ck_assert_int_eq(out.kind, WIRE_ADMIN_TENANT_ADD);
+      ck_assert_int_eq(out.u.admin_tenant_add.has_token, len == 32);
+    } else {
+      ck_assert_int_eq(rc, GMB_E_PROTO);
+    }
+  }
+}
+END_TEST
+
 /* Pages of a snapshot: the first carries the status, a later one none
  * (and decodes without it); segments, ranges and the page's cursor, change
  * counter and limit arrive as sent. */
@@ -1322,6 +1366,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, reply_admin_status_sessions_roundtrip);
   tcase_add_test(tc, reply_encode_refuses_bad_session_rows);
   tcase_add_test(tc, request_snapshot_cursor_roundtrip);
+  tcase_add_test(tc, request_tenant_add_remove_roundtrip);
   tcase_add_test(tc, reply_snapshot_pages_roundtrip);
   tcase_add_test(tc, reply_encode_refuses);
   tcase_add_test(tc, reply_clear_on_other_kinds_is_noop);
