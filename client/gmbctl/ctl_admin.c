@@ -125,8 +125,10 @@ int gmb__ctl_reserve(struct ctl *ctl, const struct ctl_verb *v, int argc,
   return ctl_limit(ctl, v, argc, argv, WIRE_ADMIN_RESERVE);
 }
 
-int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
-                   char **argv) {
+/* A request of `kind` for the one TENANT argument (evict, tenant
+ * remove); 0, or the exit status after a usage line. */
+static int ctl_one_tenant(const struct ctl_verb *v, int argc, char **argv,
+                          enum wire_kind kind, struct wire_request *req) {
   if (argc < 1) return ctl_usage_fail(v, "missing TENANT");
   if (argc > 1) {
     char what[160];
@@ -136,9 +138,18 @@ int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
   if (!gmb__name_valid(argv[0]))
     return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
                          v->name, argv[0]);
-  struct wire_request req = {.kind = WIRE_ADMIN_EVICT};
-  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant, "%s",
+  memset(req, 0, sizeof *req);
+  req->kind = kind;
+  snprintf(req->u.admin_evict.tenant, sizeof req->u.admin_evict.tenant, "%s",
            argv[0]);
+  return 0;
+}
+
+int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                   char **argv) {
+  struct wire_request req;
+  int urc = ctl_one_tenant(v, argc, argv, WIRE_ADMIN_EVICT, &req);
+  if (urc) return urc;
   struct wire_reply rep;
   int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_EVICT, &rep);
   if (rc) return rc;
@@ -263,15 +274,11 @@ static int ctl_tenant_add(struct ctl *ctl, const struct ctl_verb *v, int argc,
 
 static int ctl_tenant_remove(struct ctl *ctl, const struct ctl_verb *v,
                              int argc, char **argv) {
-  if (argc != 1) return ctl_usage_fail(v, "want one TENANT");
-  if (!gmb__name_valid(argv[0]))
-    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
-                         v->name, argv[0]);
-  struct wire_request req = {.kind = WIRE_ADMIN_TENANT_REMOVE};
-  snprintf(req.u.admin_evict.tenant, sizeof req.u.admin_evict.tenant, "%s",
-           argv[0]);
+  struct wire_request req;
+  int rc = ctl_one_tenant(v, argc, argv, WIRE_ADMIN_TENANT_REMOVE, &req);
+  if (rc) return rc;
   struct wire_reply rep;
-  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_NONE, &rep);
+  rc = gmb__ctl_call(ctl, v->name, &req, WIRE_NONE, &rep);
   if (rc) return rc;
   if (ctl->json) {
     json_t *j = json_pack("{s:s, s:b}", "tenant", argv[0], "removed", 1);

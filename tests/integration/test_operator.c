@@ -302,6 +302,49 @@ START_TEST(evict_ends_sessions_frees_memory_at_once) {
 }
 END_TEST
 
+/* --- tenant add and remove ------------------------------------------------- */
+
+START_TEST(tenant_add_remove_with_a_token) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  char tok[128];
+  snprintf(tok, sizeof tok, "%s/job.token", b.dir);
+  FILE *f = fopen(tok, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("s3cret\n", f); /* the newline is not part of the token */
+  fclose(f);
+  CTL_OK(&b, "tenant", "add", "job", "--quota", "4MiB", "--reserve", "1MiB",
+         "--token-file", tok);
+  OUT_HAS("tenant job added: quota 4MiB, reservation 1MiB");
+  CTL_OK(&b, "--json", "tenant", "add", "job", "--quota", "4MiB", "--reserve",
+         "1MiB", "--token-file", tok);
+  OUT_HAS("\"quota\": 4194304");
+  /* The token proves it; held to its quota. */
+  setenv("GMB_TOKEN", "s3cret", 1);
+  gmb_client *c = harness_connect_ok(&b, "job");
+  unsetenv("GMB_TOKEN");
+  harness_alloc_ok(c, 4 * MIB);
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, MIB, 0, &id), GMB_E_QUOTA);
+  CTL_FAILS(1, "GMB_E_LIMIT", &b, "tenant", "remove", "job");
+  CTL_FAILS(1, "GMB_E_INVAL", &b, "tenant", "add", "job", "--quota", "8MiB",
+            "--token-file", tok);
+  gmb_disconnect(c);
+  CTL_OK(&b, "tenant", "remove", "job");
+  OUT_HAS("tenant job removed");
+  CTL_FAILS(1, "GMB_E_NOENT", &b, "tenant", "remove", "job");
+  /* Usage errors never reach the broker. */
+  CTL_FAILS(2, "missing --quota", &b, "tenant", "add", "x", "--token-file",
+            tok);
+  CTL_FAILS(2, "give one of", &b, "tenant", "add", "x", "--quota", "1MiB");
+  CTL_FAILS(2, "64 hex digits", &b, "tenant", "add", "x", "--quota", "1MiB",
+            "--token-sha256", "abc");
+  CTL_FAILS(2, "want add or remove", &b, "tenant", "list");
+  CTL_FAILS(2, "missing TENANT", &b, "tenant", "remove");
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* --- reload ------------------------------------------------------------------- */
 
 START_TEST(reload_broken_config_keeps_running_one) {
@@ -551,6 +594,7 @@ int main(void) {
       reserve_get_set_human_and_json,
       quota_below_usage_refuses_new_requests,
       evict_ends_sessions_frees_memory_at_once,
+      tenant_add_remove_with_a_token,
       reload_broken_config_keeps_running_one,
       reload_without_config_is_refused,
       sighup_reloads,

@@ -236,6 +236,21 @@ static inline int fx_hello_as(struct fx *f, const char *rid, uid_t uid,
   return fx_request(f, rid, uid, &req, rep);
 }
 
+/* A Hello for `tenant` that sends `token`; returns the reply's status. */
+static inline int fx_hello_token(struct fx *f, const char *rid, uid_t uid,
+                                 const char *tenant, const char *token,
+                                 struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
+  req.u.hello.token_len = (uint32_t)strlen(token);
+  memcpy(req.u.hello.token, token, strlen(token));
+  fx_request(f, rid, uid, &req, rep);
+  return rep->status;
+}
+
 /* Allocates without waiting and requires success; returns the reply. */
 static inline struct wire_reply fx_must_alloc(struct fx *f, const char *rid,
                                               uid_t uid, uint64_t size,

@@ -1752,18 +1752,10 @@ static int fx_tenant_remove(struct fx *f, const char *name,
 }
 
 /* A Hello for `tenant` with `token`; returns the reply's status. */
-static int fx_hello_token(struct fx *f, const char *rid, uid_t uid,
-                          const char *tenant, const char *token) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_HELLO;
-  req.u.hello.version = WIRE_PROTOCOL_VERSION;
-  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
-  req.u.hello.token_len = (uint32_t)strlen(token);
-  memcpy(req.u.hello.token, token, strlen(token));
+static int fx_hello_tok(struct fx *f, const char *rid, uid_t uid,
+                        const char *tenant, const char *token) {
   struct wire_reply rep;
-  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
-  return rep.status;
+  return fx_hello_token(f, rid, uid, tenant, token, &rep);
 }
 
 START_TEST(tenant_add_proved_by_token_held_to_quota) {
@@ -1775,10 +1767,10 @@ START_TEST(tenant_add_proved_by_token_held_to_quota) {
   ck_assert_uint_eq(rep.u.tenant_row.quota, 4 * MIB);
   ck_assert_uint_eq(rep.u.tenant_row.reserve, 2 * MIB);
   /* A name alone, or another token, does not prove it. */
-  ck_assert_int_eq(fx_hello_token(&f, "x", 1001, "pod", ""), GMB_E_AUTH);
-  ck_assert_int_eq(fx_hello_token(&f, "y", 1001, "pod", "tok2"), GMB_E_AUTH);
-  ck_assert_int_eq(fx_hello_token(&f, "a", 1001, "pod", "tok"), 0);
-  ck_assert_int_eq(fx_hello_token(&f, "b", 1002, "pod", "tok"), 0);
+  ck_assert_int_eq(fx_hello_tok(&f, "x", 1001, "pod", ""), GMB_E_AUTH);
+  ck_assert_int_eq(fx_hello_tok(&f, "y", 1001, "pod", "tok2"), GMB_E_AUTH);
+  ck_assert_int_eq(fx_hello_tok(&f, "a", 1001, "pod", "tok"), 0);
+  ck_assert_int_eq(fx_hello_tok(&f, "b", 1002, "pod", "tok"), 0);
   fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, MIB, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
@@ -1826,7 +1818,7 @@ START_TEST(tenant_remove_only_when_unused) {
   fx_open_ini(&f, "host:64MiB", "[tenant:conf]\nquota = 1MiB\n");
   struct wire_reply rep;
   ck_assert_int_eq(fx_tenant_add(&f, "pod", 4 * MIB, 2 * MIB, "tok", &rep), 0);
-  ck_assert_int_eq(fx_hello_token(&f, "a", 1001, "pod", "tok"), 0);
+  ck_assert_int_eq(fx_hello_tok(&f, "a", 1001, "pod", "tok"), 0);
   fx_must_alloc(&f, "a", 1001, MIB, 0);
   ck_assert_int_eq(fx_tenant_remove(&f, "pod", &rep), GMB_E_LIMIT);
   ck_assert_ptr_nonnull(gmb__tenant_find(f.b.tenants, "pod"));
@@ -1842,7 +1834,7 @@ START_TEST(tenant_remove_only_when_unused) {
   ck_assert_int_eq(fx_tenant_remove(&f, "conf", &rep), GMB_E_INVAL);
   /* Its name is free again: a new token proves it now. */
   ck_assert_int_eq(fx_tenant_add(&f, "pod", MIB, 0, "new", &rep), 0);
-  ck_assert_int_eq(fx_hello_token(&f, "b", 1001, "pod", "tok"), GMB_E_AUTH);
+  ck_assert_int_eq(fx_hello_tok(&f, "b", 1001, "pod", "tok"), GMB_E_AUTH);
   ck_assert_int_eq(gmb__tenant_check(f.b.tenants), 0);
   fx_close(&f);
 }

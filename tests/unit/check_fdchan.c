@@ -842,15 +842,7 @@ END_TEST
 
 static int hello_token(struct chan *c, const char *rid, const char *tenant,
                        const char *token, struct wire_reply *rep) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_HELLO;
-  req.u.hello.version = WIRE_PROTOCOL_VERSION;
-  snprintf(req.u.hello.tenant, sizeof req.u.hello.tenant, "%s", tenant);
-  req.u.hello.token_len = (uint32_t)strlen(token);
-  memcpy(req.u.hello.token, token, strlen(token));
-  fx_request(&c->f, rid, geteuid(), &req, rep);
-  return rep->status;
+  return fx_hello_token(&c->f, rid, geteuid(), tenant, token, rep);
 }
 
 START_TEST(same_uid_token_tenants_apart) {
