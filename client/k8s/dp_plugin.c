@@ -87,7 +87,8 @@ static void dp_gpu_restore(struct dp *dp, int g,
   for (size_t i = 0; i < dp->n_allocs && gp->rpc; i++) {
     const struct dp_alloc *a = &dp->allocs[i];
     if (a->gpu != g || a->gone) continue;
-    if (bsearch(a->tenant, st->tenants, st->n_tenants, sizeof *st->tenants,
+    if (st->n_tenants &&
+        bsearch(a->tenant, st->tenants, st->n_tenants, sizeof *st->tenants,
                 dp_row_cmp))
       continue;
     dp_log("GPU %s: tenant %s is not on its broker (it restarted?): "
@@ -215,7 +216,7 @@ static long dp_unit_owner(const struct dp *dp, int g, uint32_t u) {
   for (size_t i = 0; i < dp->n_allocs; i++) {
     const struct dp_alloc *a = &dp->allocs[i];
     if (a->gone || a->gpu != g) continue;
-    if (bsearch(&u, a->units, a->n_units, sizeof u, dp_u32_cmp))
+    if (a->n_units && bsearch(&u, a->units, a->n_units, sizeof u, dp_u32_cmp))
       return (long)i;
   }
   return -1;

@@ -231,7 +231,7 @@ class Node:
         self.plugin = None
         self.kubelet = Kubelet(self.kdir, os.path.join(self.tmp, "pr.sock"))
 
-    def broker_start(self, i, config=None):
+    def broker_start(self, i, config=None, timeout=WAIT):
         args = [os.path.join(B, "gmb-broker"), "--device", "cuda:%d" % i,
                 "--run-dir", self.base, "--run-dir-per-gpu"]
         if config:
@@ -240,7 +240,8 @@ class Node:
         p = subprocess.Popen(args, env=self.env, stdout=log, stderr=log)
         self.brokers[i] = p
         wait_for("broker %d" % i, lambda: os.path.exists(
-            os.path.join(self.base, UUID[i], "admin.sock")) or p.poll() is not None)
+            os.path.join(self.base, UUID[i], "admin.sock")) or p.poll() is not None,
+            timeout)
         assert p.poll() is None, "broker %d did not start" % i
 
     def broker_stop(self, i):
@@ -547,7 +548,7 @@ def flow(node):
     with open(full, "w") as f:
         for i in range(4095):
             f.write("[tenant:t%d]\nquota = 1MiB\nuids = 0\n" % i)
-    node.broker_start(0, config=full)
+    node.broker_start(0, config=full, timeout=10 * WAIT)  # 4095 sections
     k.latest(lambda r: set(health(r)[UUID[0]].values()) == {"Healthy"})
     # Tenant a2 came back (the 4096th); a new one does not fit.
     wait_for("a2 made again", lambda: node.tenant_exists(
