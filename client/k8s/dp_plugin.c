@@ -764,7 +764,9 @@ void dp_collect(struct dp *dp, struct dpg *g) {
   time_t now = time(NULL);
   for (size_t i = 0; !oom && i < dp->n_allocs; i++) {
     struct dp_alloc *a = &dp->allocs[i];
-    if (a->gone || now - a->made < dp->conf.grace_s) continue;
+    /* time() counts whole seconds: more than grace_s of them have passed
+     * when the difference is above it. */
+    if (a->gone || now - a->made <= dp->conf.grace_s) continue;
     int any = 0;
     for (uint32_t k = 0; k < a->n_units && !any && held[a->gpu]; k++)
       any = (held[a->gpu][a->units[k] / 8] >> (a->units[k] % 8)) & 1;

@@ -582,6 +582,7 @@ def sizes_flow():
         req = AllocateRequest()
         req.container_requests.add(devices_ids=ids)
         resp = node.kubelet.call("Allocate", req, AllocateResponse)
+        node.kubelet.pods["pod-full"] = ids
         asize = len(resp.SerializeToString())
         row = node.tenant_exists(7, dict(resp.container_responses[0].envs)["GMB_TENANT"])
         assert row["quota"] == len(ids) << 30, row
