@@ -239,7 +239,8 @@ TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
   tests/entrypoint.sh tests/torch_py.sh \
   tests/install.sh
 check: all
-	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN)
+	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN) \
+	  $(K8S_CHECKS)
 
 unit: $(UNIT_BIN)
 	$(Q)sh tests/run.sh $(B) $(UNIT_BIN)
@@ -253,10 +254,12 @@ demo: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(EXAMPLE_BIN)
 bench: $(BENCH_BIN) $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(TRACEGEN_BIN)
 	$(Q)sh tests/bench/run.sh $(B)
 
-install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(LIB_SO) $(LIB_A) $(B)/gmb.pc
+install: $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(DP_BIN) $(LIB_SO) $(LIB_A) \
+  $(B)/gmb.pc
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib \
 	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 0755 $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BROKER_BIN) $(CTL_BIN) $(REPLAY_BIN) $(DP_BIN) \
+	  $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libgmb.so.0
 	ln -sf libgmb.so.0 $(DESTDIR)$(PREFIX)/lib/libgmb.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/

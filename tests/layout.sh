@@ -55,6 +55,7 @@ client/lib       client/lib/ proto/ include/
 client/admin     client/admin/ proto/ include/
 client/gmbctl    client/gmbctl/ client/admin/ proto/ include/
 client/replay    client/replay/ client/admin/ proto/ include/
+client/k8s       client/k8s/ client/admin/ proto/ include/
 client/shim      client/shim/ include/
 client/spank     client/spank/ client/admin/ proto/ include/
 client/examples  client/examples/ include/gmb.h

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -209,6 +211,30 @@ int gmb__admin_tenant_remove(struct admin_rpc *rpc, const char *tenant,
     out->bytes_freed = rep.u.tenant_remove.bytes_freed;
   }
   gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+int gmb__admin_token_new(char hex[2 * ADMIN_TOKEN_BYTES + 1]) {
+  uint8_t raw[ADMIN_TOKEN_BYTES];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return GMB_E_SYSTEM;
+    }
+    got += (size_t)n;
+  }
+  for (size_t i = 0; i < sizeof raw; i++)
+    snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+  explicit_bzero(raw, sizeof raw);
+  return 0;
+}
+
+int gmb__admin_token_sha256(const char *token, size_t len, uint8_t out[32]) {
+  unsigned int n = 0;
+  if (EVP_Digest(token, len, out, &n, EVP_sha256(), NULL) != 1 || n != 32)
+    return GMB_E_SYSTEM;
   return 0;
 }
 

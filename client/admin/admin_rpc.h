@@ -81,6 +81,15 @@ int gmb__admin_tenant_remove(struct admin_rpc *rpc, const char *tenant,
                              int evict, struct admin_tenant_removal *out,
                              char *why, size_t cap);
 
+/* A fresh token: ADMIN_TOKEN_BYTES random bytes from the kernel written as
+ * lowercase hex (2 * ADMIN_TOKEN_BYTES characters and a NUL in `hex`).
+ * 0, or GMB_E_SYSTEM when the kernel gives no randomness. */
+#define ADMIN_TOKEN_BYTES 32
+int gmb__admin_token_new(char hex[2 * ADMIN_TOKEN_BYTES + 1]);
+/* The SHA-256 of a token's bytes, as the broker compares it.  0, or
+ * GMB_E_SYSTEM. */
+int gmb__admin_token_sha256(const char *token, size_t len, uint8_t out[32]);
+
 /* Closes the socket and the context; accepts NULL. */
 void gmb__admin_rpc_close(struct admin_rpc *rpc);
 

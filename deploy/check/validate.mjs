@@ -10,7 +10,9 @@
 // Beyond the schemas it checks what docs/deploy.md promises: no top-level
 // `name:` (docker-compose 1.29 rejects it), no pid:/ipc:/shm_size: in any
 // service, no hostPID/hostIPC/privileged in any pod, resource requests on
-// every container, probes on the broker.  Prints one line per file and
+// every container, probes on the DaemonSet's containers, a metrics port per
+// GPU and the device plugin; a job Pod with no hostPath that asks for
+// gmb.io/memory.  Prints one line per file and
 // exits 1 when any check failed.  Modules come from NODE_PATH (npm install
 // in the build folder).
 import fs from "node:fs";
@@ -108,10 +110,28 @@ async function k8sCheck(outdir, files) {
             for (const p of ["startupProbe", "livenessProbe", "readinessProbe"])
               if (!c[p]) fail(file, `${where}: ${c.name}: no ${p}`);
         if (obj.kind === "Pod") {
+          // A job pod gets the broker from the device plugin: no hostPath
+          // (the "baseline" Pod Security Standard forbids it), and it asks
+          // for gmb.io/memory.
           const hostPaths = (pod.volumes || []).filter((v) => v.hostPath)
             .map((v) => v.hostPath.path);
-          if (hostPaths.join() !== "/run/gmb")
-            fail(file, `${where}: host paths ${hostPaths.join()} (want /run/gmb only)`);
+          if (hostPaths.length)
+            fail(file, `${where}: host paths ${hostPaths.join()} (want none)`);
+          if (!pod.containers.some((c) => c.resources && c.resources.limits &&
+                                   c.resources.limits["gmb.io/memory"]))
+            fail(file, `${where}: no container asks for gmb.io/memory`);
+        }
+        if (obj.kind === "DaemonSet") {
+          // One metrics port per GPU, and the device plugin beside the
+          // brokers.
+          const ports = pod.containers.flatMap((c) => c.ports || [])
+            .map((p) => p.containerPort);
+          for (let n = 0; n < 8; n++)
+            if (!ports.includes(9464 + n))
+              fail(file, `${where}: no metrics port ${9464 + n} (GPU ${n})`);
+          if (!pod.containers.some((c) => (c.command || []).join(" ")
+                                   .includes("gmb-device-plugin")))
+            fail(file, `${where}: no gmb-device-plugin container`);
         }
       }
       if (obj.kind === "ConfigMap" && obj.data && obj.data["gmb.ini"])
