@@ -415,6 +415,24 @@ static void trace_mixed(double scale) {
   train_end(&c);
 }
 
+/* Three servers' scheduler steps interleaved (40 %, 35 %, 25 %) until the
+ * trace has 18000 * scale operations, then every request ended. */
+static void three_servers(struct llm *a, struct llm *b, struct llm *c,
+                          double scale) {
+  while (tg_ops < (uint64_t)(18000 * scale)) {
+    double u = tg_unit();
+    if (u < 0.4)
+      llm_step(a);
+    else if (u < 0.75)
+      llm_step(b);
+    else
+      llm_step(c);
+  }
+  llm_end(a);
+  llm_end(b);
+  llm_end(c);
+}
+
 /* Three servers with paged KV caches: each request's blocks are one size
  * from 64 KiB to 1 MiB, 15 % of them pinned (blocks registered with a
  * NIC or another process), on a device smaller than the quotas' sum. */
@@ -436,18 +454,7 @@ static void trace_kv(double scale) {
   llm_init(&a, 1, 12 * MIB);
   llm_init(&b, 1, 8 * MIB);
   llm_init(&c, 1, 6 * MIB);
-  while (tg_ops < (uint64_t)(18000 * scale)) {
-    double u = tg_unit();
-    if (u < 0.4)
-      llm_step(&a);
-    else if (u < 0.75)
-      llm_step(&b);
-    else
-      llm_step(&c);
-  }
-  llm_end(&a);
-  llm_end(&b);
-  llm_end(&c);
+  three_servers(&a, &b, &c, scale);
 }
 
 /* Weights as a model loads them: `n` pinned tensors of 0.6-3.4 MiB
@@ -482,18 +489,7 @@ static void trace_serving(double scale) {
   serving_weights(&a, 12);
   serving_weights(&b, 8);
   serving_weights(&c, 6);
-  while (tg_ops < (uint64_t)(18000 * scale)) {
-    double u = tg_unit();
-    if (u < 0.4)
-      llm_step(&a);
-    else if (u < 0.75)
-      llm_step(&b);
-    else
-      llm_step(&c);
-  }
-  llm_end(&a);
-  llm_end(&b);
-  llm_end(&c);
+  three_servers(&a, &b, &c, scale);
 }
 
 static void trace_adversarial(double scale) {
