@@ -119,18 +119,25 @@ int gmb__run_dir_trusted(const char *dir, uid_t uid, char *why, size_t cap) {
   return endpoint_owned(dir, uid, 1, why, cap);
 }
 
-/* 1 when only root could have made `dir` (a path to a directory): its
- * parent is root's and writable by no one else, so root chose the owner
- * (systemd's RuntimeDirectory= makes /run/gmb for the broker's user so). */
-static int endpoint_made_by_root(const char *dir) {
-  char parent[PATH_MAX];
-  if (realpath(dir, parent) == NULL) return 0;
-  char *slash = strrchr(parent, '/');
-  if (slash == NULL || slash == parent) return 0; /* "/" or "/x": no */
-  *slash = '\0';
-  struct stat st;
-  return stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 &&
-         !(st.st_mode & (S_IWGRP | S_IWOTH));
+/* 1 when only root could have given `dir` (a path to a directory) to
+ * `owner`: above it, directories of `owner` that no one else may write,
+ * up to one of root's that no one else may write, so root chose the
+ * owner and the owner made the rest (systemd's RuntimeDirectory= makes
+ * /run/gmb for the broker's user, which makes /run/gmb/GPU-... itself). */
+static int endpoint_made_by_root(const char *dir, uid_t owner) {
+  char p[PATH_MAX];
+  if (realpath(dir, p) == NULL) return 0;
+  for (;;) {
+    char *slash = strrchr(p, '/');
+    if (slash == NULL || slash == p) return 0; /* reached "/": no */
+    *slash = '\0';
+    struct stat st;
+    if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        (st.st_mode & (S_IWGRP | S_IWOTH)))
+      return 0;
+    if (st.st_uid == 0) return 1;
+    if (st.st_uid != owner) return 0;
+  }
 }
 
 int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
@@ -156,7 +163,7 @@ int gmb__endpoint_trusted(const char *endpoint, uid_t uid, char *why,
   struct stat st;
   uid_t owner = uid;
   if (lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid != 0 &&
-      st.st_uid != uid && endpoint_made_by_root(dir))
+      st.st_uid != uid && endpoint_made_by_root(dir, st.st_uid))
     owner = st.st_uid; /* the broker's user, given the dir by root */
   int rc = endpoint_owned(dir, owner, 1, why, cap);
   if (rc == 0) rc = endpoint_owned(path, owner, 0, why, cap);

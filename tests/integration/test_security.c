@@ -251,8 +251,9 @@ static void fake_broker_stop(struct fake_broker *f, pid_t kid) {
  * no token connected to it and wrote its "GPU memory" into the attacker's
  * memfds (the run dir was checked only before a token was sent).  Now a
  * client connects only to a run dir owned by root or itself, or one that
- * only root could have made for its owner (its parent is root's and
- * writable by no one else, as systemd makes /run/gmb for a broker user).
+ * only root could have made for its owner (above it, its owner's
+ * directories up to one of root's, none writable by others, as systemd
+ * makes /run/gmb for a broker user and the broker makes /run/gmb/GPU-N).
  */
 START_TEST(fake_broker_in_foreign_run_dir_refused) {
   if (geteuid() != 0) {
@@ -290,6 +291,34 @@ START_TEST(fake_broker_in_foreign_run_dir_refused) {
                 gmb_err_name(rc), gmb_last_error(NULL));
   gmb_disconnect(c);
   fake_broker_stop(&f, kid);
+
+  /* A broker per GPU in it, as the systemd units run them: the broker's
+   * user made GPU-0 in the run dir root made for it. */
+  char gmb_dir[80];
+  snprintf(gmb_dir, sizeof gmb_dir, "%s/gmb", parent);
+  ck_assert_int_eq(mkdir(gmb_dir, 0755), 0);
+  ck_assert_int_eq(chown(gmb_dir, NOBODY, NOBODY), 0);
+  snprintf(f.dir, sizeof f.dir, "%s/GPU-0", gmb_dir);
+  ck_assert_int_eq(mkdir(f.dir, 0755), 0);
+  ck_assert_int_eq(chown(f.dir, NOBODY, NOBODY), 0);
+  kid = fake_broker_start(&f);
+  snprintf(ep, sizeof ep, "ipc://%s/broker.sock", f.dir);
+  rc = gmb_connect(ep, "ok", &c);
+  ck_assert_msg(rc == 0, "connect to a GPU's dir in a run dir root made = "
+                "%s: %s", gmb_err_name(rc), gmb_last_error(NULL));
+  gmb_disconnect(c);
+  fake_broker_stop(&f, kid);
+  /* ...but not when a third uid owns the dir between them. */
+  ck_assert_int_eq(chown(gmb_dir, NOBODY - 1, NOBODY - 1), 0);
+  ck_assert_int_eq(mkdir(f.dir, 0755), 0);
+  ck_assert_int_eq(chown(f.dir, NOBODY, NOBODY), 0);
+  kid = fake_broker_start(&f);
+  rc = gmb_connect(ep, "ok", &c);
+  ck_assert_msg(rc == GMB_E_AUTH, "connect through another uid's dir = %s: "
+                "%s", gmb_err_name(rc), gmb_last_error(NULL));
+  ck_assert_ptr_null(c);
+  fake_broker_stop(&f, kid);
+  ck_assert_int_eq(rmdir(gmb_dir), 0);
   ck_assert_int_eq(rmdir(parent), 0);
 }
 END_TEST

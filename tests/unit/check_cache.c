@@ -25,6 +25,7 @@
  */
 #include <check.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1686,10 +1687,13 @@ END_TEST
  * block may not be touched) while another pauses and resumes the tag, and
  * untagged threads go on as usual: every refusal is GMB_E_INVAL while the
  * tag is not running, and the cache checks clean at the end. */
-static atomic_int sleepers_done;
+static atomic_int sleepers_done, sleepers_go;
 static void *tag_worker(void *arg) {
   uint64_t rng = (uint64_t)(uintptr_t)arg;
   if (gmb__cache_tag_set(tk, "t")) atomic_fetch_add(&thread_bad, 1);
+  /* Not before the tag's first pause: so that one at least comes while
+   * they run, however the threads are scheduled. */
+  while (!atomic_load(&sleepers_go)) sched_yield();
   void *held[16] = {0};
   for (int i = 0; i < 5000; i++) {
     uint64_t r = gmb__splitmix64(&rng);
@@ -1715,6 +1719,7 @@ START_TEST(pause_while_threads_allocate) {
   tk = gmb__cache_new(&sleep_ops, 2);
   atomic_store(&thread_bad, 0);
   atomic_store(&sleepers_done, 0);
+  atomic_store(&sleepers_go, 0);
   ck_assert_int_eq(gmb__cache_tag_set(tk, "t"), 0); /* the tag exists */
   pthread_t t[4];
   for (uintptr_t i = 0; i < 2; i++)
@@ -1722,12 +1727,13 @@ START_TEST(pause_while_threads_allocate) {
   for (uintptr_t i = 2; i < 4; i++)
     pthread_create(&t[i], NULL, worker, (void *)(i + 1));
   unsigned cycles = 0;
-  while (atomic_load(&sleepers_done) < 2) {
+  do {
     int mode = cycles % 3 ? GMB_CACHE_OFFLOAD : GMB_CACHE_DISCARD;
     if (gmb__cache_pause(tk, "t", mode)) atomic_fetch_add(&thread_bad, 1);
+    atomic_store(&sleepers_go, 1);
     if (gmb__cache_resume(tk, "t")) atomic_fetch_add(&thread_bad, 1);
     cycles++;
-  }
+  } while (atomic_load(&sleepers_done) < 2);
   for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
   ck_assert_int_eq(atomic_load(&thread_bad), 0);
   ck_assert_uint_gt(cycles, 0);
