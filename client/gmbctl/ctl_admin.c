@@ -13,7 +13,6 @@
  */
 #include <errno.h>
 #include <jansson.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,8 +194,7 @@ static int ctl_token_file(const struct ctl_verb *v, const char *path,
   if (n == 0 || n > WIRE_TOKEN_MAX)
     return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: --token-file %s: want 1 to %d "
                          "bytes of token", v->name, path, WIRE_TOKEN_MAX);
-  unsigned len = 0;
-  if (EVP_Digest(buf, n, sha, &len, EVP_sha256(), NULL) != 1 || len != 32)
+  if (gmb__admin_token_sha256(buf, n, sha))
     return gmb__ctl_fail(CTL_EXIT_FAIL, "%s: cannot hash the token", v->name);
   return 0;
 }
