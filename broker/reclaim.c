@@ -34,8 +34,7 @@
 static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
 
 static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
-                                 uint64_t asked, uint64_t now,
-                                 const char *how);
+                                 uint64_t asked, uint64_t now, int answered);
 
 /* --- one ask --------------------------------------------------------------- */
 
@@ -324,7 +323,7 @@ int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
   if (gave)
     s->ask_ignored_run = 0;
   else
-    reclaim_gave_nothing(b, s, asked, gmb__now_ns(), "answered, but freed");
+    reclaim_gave_nothing(b, s, asked, gmb__now_ns(), 1);
   return 1;
 }
 
@@ -371,20 +370,26 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
     o->ask_ignored_run = 0;
     return;
   }
-  reclaim_gave_nothing(b, o, asked, now, "did not give back");
+  reclaim_gave_nothing(b, o, asked, now, 0);
 }
 
-/* o's ask (of `asked` bytes) gave nothing back: counted, logged, and o
- * paused, the longer the more asks in a row gave nothing. */
+/* o's ask (of `asked` bytes) gave nothing back (`answered`: o said so;
+ * else its ask ran out): counted, logged, and o paused, the longer the
+ * more asks in a row gave nothing. */
 static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
-                                 uint64_t asked, uint64_t now,
-                                 const char *how) {
+                                 uint64_t asked, uint64_t now, int answered) {
+  const char *how = answered ? "answered, but freed" : "did not give back";
   o->trim_ignored++;
   b->reclaim.ignored_total++;
   if (o->ask_ignored_run < 63) o->ask_ignored_run++;
-  uint64_t pause = RECLAIM_PAUSE_NS;
-  for (uint32_t i = 1; i < o->ask_ignored_run && pause < RECLAIM_PAUSE_MAX_NS;
-       i++)
+  /* An answer that gave nothing ended its holds at once, and the first
+   * in a row is forgiven: a report may be one request old (a page the
+   * cache reported idle was taken since by its own next block), which
+   * looks the same.  An ask left unanswered held requests for the whole
+   * bound: paused from the first. */
+  uint32_t steps = o->ask_ignored_run - (answered ? 1 : 0);
+  uint64_t pause = steps ? RECLAIM_PAUSE_NS : 0;
+  for (uint32_t i = 1; i < steps && pause < RECLAIM_PAUSE_MAX_NS; i++)
     pause *= 2;
   if (pause > RECLAIM_PAUSE_MAX_NS) pause = RECLAIM_PAUSE_MAX_NS;
   o->ask_skip_ns = now + pause;

@@ -37,7 +37,10 @@
  * session asked already is not asked again until it answered or its ask
  * ran out); an ask runs out after trim_wait_ms, and the session is then
  * counted (trim_ignored) and logged, and not asked again for a pause that
- * doubles with each ask it leaves unanswered in a row (1 s to 60 s); a
+ * doubles with each ask it leaves unanswered in a row (1 s to 60 s); an
+ * answer that gave nothing back counts the same, except that the first in
+ * a row pauses nothing (a report can be one request old: a page reported
+ * idle may have served the session's own next block since); a
  * session that has requests in the wait queue is not asked (its library
  * is blocked in that very call and could not answer); held requests count
  * against max_waiters_per_session/_per_tenant like any waiter (a request
