@@ -159,6 +159,27 @@ struct rp_trace {
   size_t n_tenants;
 };
 
+/* --cache -v: why a refusal happened, from every cache's figures read at
+ * the refusal (rp_cache_why). */
+enum {
+  RP_WHY_QUOTA_CACHED, /* quota: its own cache's free bytes would cover it */
+  RP_WHY_QUOTA,        /* quota: bytes in use */
+  RP_WHY_IDLE,         /* no memory: idle pages (any cache's) and the
+                          device's free room would cover its pages */
+  RP_WHY_PARTIAL,      /* no memory: the free bytes lie in pages that hold
+                          blocks in use */
+  RP_WHY_FULL,         /* no memory: the bytes in use leave no room */
+  RP_WHY_N
+};
+static const char *const rp_why_keys[RP_WHY_N] = {
+    "quota_cached", "quota", "idle", "partial", "full"};
+static const char *const rp_why_names[RP_WHY_N] = {
+    "quota, its own cache's free bytes would cover it",
+    "quota, bytes in use",
+    "no memory, idle pages and free room would cover it",
+    "no memory, free bytes only in pages with blocks in use",
+    "no memory, the bytes in use leave no room"};
+
 struct rp_figures {
   uint64_t operations, skipped, failures, quota_failures, nomem_failures,
       fragmentation_failures, other_failures, corrupted;
@@ -182,6 +203,9 @@ struct rp_figures {
   uint64_t final_largest_free, final_in_segments;
   double wall_s;
   char first_frag[WIRE_MESSAGE_MAX + 128];
+  /* --cache -v: the refusals by cause (rp_cache_why), each tenant's cache
+   * read again at the refusal. */
+  uint64_t cache_why[RP_WHY_N];
 };
 
 static const char *rp_prog = "gmb-replay";
@@ -1002,6 +1026,31 @@ static void rp_cache_seen(struct rp_figures *fg, uint32_t t,
   fg->tenant_cache[t] = *cs;
 }
 
+static int rp_cache_refresh_but(struct rp_trace *tr, struct rp_figures *fg,
+                                size_t except);
+
+/* Why tenant t's cached request of `size` bytes was refused with `rc`,
+ * from the caches' figures (RP_WHY_*).  A cache maps whole pages, so a
+ * request needs its pages' worth of idle pages or free room. */
+static unsigned rp_cache_why(const struct rp_trace *tr,
+                             const struct rp_figures *fg, uint32_t t, int rc,
+                             uint64_t size) {
+  const gmb_cache_stats *own = &fg->tenant_cache[t];
+  uint64_t need = rp_round(size);
+  if (rc == GMB_E_QUOTA)
+    return own->held - own->in_use >= need ? RP_WHY_QUOTA_CACHED
+                                           : RP_WHY_QUOTA;
+  uint64_t held = 0, idle = 0, in_use = 0;
+  for (size_t i = 0; i < tr->n_tenants; i++) {
+    held += fg->tenant_cache[i].held;
+    idle += fg->tenant_cache[i].idle;
+    in_use += fg->tenant_cache[i].in_use;
+  }
+  uint64_t room = tr->capacity > held ? tr->capacity - held : 0;
+  if (room + idle >= rp_pages(need) * RP_PAGE) return RP_WHY_IDLE;
+  return tr->capacity >= in_use + need ? RP_WHY_PARTIAL : RP_WHY_FULL;
+}
+
 static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
                      const struct rp_op *op, const struct rp_result *res,
                      struct rp_figures *fg) {
@@ -1059,7 +1108,7 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
     fg->other_failures++;
   }
   if (o->verbose) {
-    char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ];
+    char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
     fprintf(stderr, "line %u: %s %s %s", op->line, rp_kind_names[op->kind],
             tr->tenants[op->tenant].name, rp_key_str(tr, op->key));
     if (op->kind == RP_ALLOC)
@@ -1068,6 +1117,23 @@ static void rp_count(const struct rp_opts *o, struct rp_trace *tr,
               gmb__size_format(free_total, b, sizeof b));
     fprintf(stderr, " -> %s%s\n", res->msg[0] ? res->msg
                                                 : gmb_err_name(res->rc), why);
+    /* With the cache: every cache's figures as they are now, not as of
+     * their last answers (a trim ask may have changed them since), and
+     * the refusal's cause. */
+    if (o->cache && op->kind == RP_ALLOC &&
+        (res->rc == GMB_E_QUOTA || res->rc == GMB_E_NOMEM) &&
+        rp_cache_refresh_but(tr, fg, op->tenant) == 0) {
+      for (size_t i = 0; i < tr->n_tenants; i++) {
+        const gmb_cache_stats *cs = &fg->tenant_cache[i];
+        fprintf(stderr, "  %s: cache held %s, in use %s, idle %s\n",
+                tr->tenants[i].name, gmb__size_format(cs->held, a, sizeof a),
+                gmb__size_format(cs->in_use, b, sizeof b),
+                gmb__size_format(cs->idle, c, sizeof c));
+      }
+      unsigned w = rp_cache_why(tr, fg, op->tenant, res->rc, op->size);
+      fg->cache_why[w]++;
+      fprintf(stderr, "  cause: %s\n", rp_why_names[w]);
+    }
   }
 }
 
@@ -1291,6 +1357,13 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
     json_object_set_new(j, "broker_requests", json_integer((json_int_t)cs.requests));
     json_object_set_new(j, "uncached_requests",
                         json_integer((json_int_t)fg->uncached_requests));
+    if (o->cache && o->verbose) {
+      json_t *w = json_object();
+      for (unsigned i = 0; i < RP_WHY_N; i++)
+        json_object_set_new(w, rp_why_keys[i],
+                            json_integer((json_int_t)fg->cache_why[i]));
+      json_object_set_new(j, "cache_refusal_causes", w);
+    }
     json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     fputc('\n', stdout);
     json_decref(j);
@@ -1351,6 +1424,12 @@ static void rp_print(const struct rp_opts *o, const struct rp_trace *tr,
   printf("wall seconds            %.2f\n", fg->wall_s);
   if (fg->first_frag[0])
     printf("first fragmentation failure:\n  %s\n", fg->first_frag);
+  if (o->cache && o->verbose) {
+    printf("refusals by cause (-v: every cache read at the refusal):\n");
+    for (unsigned w = 0; w < RP_WHY_N; w++)
+      printf("  %-56s %llu\n", rp_why_names[w],
+             (unsigned long long)fg->cache_why[w]);
+  }
 }
 
 static int rp_series_row(struct admin_rpc *ad, FILE *f, uint64_t op,

@@ -32,10 +32,11 @@ struct replay_run {
   json_t *json; /* NULL unless the output held a JSON object */
 };
 
-/* Writes `text` as a trace and runs gmb-replay on it with `mode`, and
- * with --cache when `cache`. */
-static void replay_ex(struct replay_run *r, const char *text, const char *mode,
-                      int series, int cache) {
+/* Writes `text` as a trace and runs gmb-replay on it with `mode`, with
+ * --cache when `cache` and -v when `verbose`. */
+static void replay_ex_v(struct replay_run *r, const char *text,
+                        const char *mode, int series, int cache,
+                        int verbose) {
   memset(r, 0, sizeof *r);
   snprintf(r->trace, sizeof r->trace, "/tmp/gmbt-trace-%d", (int)getpid());
   snprintf(r->series, sizeof r->series, "/tmp/gmbt-series-%d", (int)getpid());
@@ -50,6 +51,7 @@ static void replay_ex(struct replay_run *r, const char *text, const char *mode,
     argv[n++] = r->series;
   }
   if (cache) argv[n++] = "--cache";
+  if (verbose) argv[n++] = "-v";
   /* The broker it starts checks its pool after every request. */
   setenv("GMB_BROKER_CHECKS", "1", 1);
   r->status = harness_run(argv, r->out, sizeof r->out);
@@ -59,6 +61,13 @@ static void replay_ex(struct replay_run *r, const char *text, const char *mode,
     r->json = json_loads(brace, JSON_DISABLE_EOF_CHECK, &err);
   }
   unlink(r->trace);
+}
+
+/* Writes `text` as a trace and runs gmb-replay on it with `mode`, and
+ * with --cache when `cache`. */
+static void replay_ex(struct replay_run *r, const char *text, const char *mode,
+                      int series, int cache) {
+  replay_ex_v(r, text, mode, series, cache, 0);
 }
 
 static void replay(struct replay_run *r, const char *text, const char *mode,
@@ -396,6 +405,31 @@ START_TEST(replay_cache_freed_pages_serve_another_tenant) {
 }
 END_TEST
 
+/* -v with --cache says why each refusal happened.  Two blocks of 1.5 MiB
+ * take both pages of a 4 MiB device whatever their placement, and each
+ * page holds a block: b's 512 KiB finds 1 MiB free, but only in pages
+ * with blocks in use, which no trim can give back. */
+START_TEST(replay_cache_refusal_cause_partial_pages) {
+  struct replay_run r;
+  replay_ex_v(&r,
+              "capacity 4MiB\nalloc a k1 1536KiB\nalloc a k2 1536KiB\n"
+              "alloc b j1 512KiB\n",
+              "auto", 0, 1, 1);
+  ck_assert_msg(r.status == 0 && r.json, "%d:\n%s", r.status, r.out);
+  ck_assert_int_eq(jint(&r, "failures"), 1);
+  ck_assert_int_eq(jint(&r, "fragmentation_failures"), 1);
+  json_t *w = json_object_get(r.json, "cache_refusal_causes");
+  ck_assert_msg(w != NULL, "no causes:\n%s", r.out);
+  ck_assert_int_eq(json_integer_value(json_object_get(w, "partial")), 1);
+  ck_assert_int_eq(json_integer_value(json_object_get(w, "idle")), 0);
+  ck_assert_int_eq(json_integer_value(json_object_get(w, "full")), 0);
+  ck_assert_msg(strstr(r.out, "cause: no memory, free bytes only in pages "
+                              "with blocks in use") != NULL,
+                "%s", r.out);
+  replay_done(&r);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "replay", "replay", 60,
@@ -407,5 +441,6 @@ int main(void) {
       replay_cache_same_accounting,
       replay_cache_slab_counts_against_quota,
       replay_cache_peak_held_within_capacity,
-      replay_cache_freed_pages_serve_another_tenant));
+      replay_cache_freed_pages_serve_another_tenant,
+      replay_cache_refusal_cause_partial_pages));
 }
