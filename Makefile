@@ -92,7 +92,8 @@ COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
-LIB_BENCHES := bench_alloc bench_import bench_cache bench_snapshot bench_shim
+LIB_BENCHES := bench_alloc bench_import bench_cache bench_snapshot bench_shim \
+  bench_sleep
 $(B)/obj/tests/unit/%.o: INC = $(BROKER_INC)
 $(foreach u,$(LIB_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(LIB_INC)))
 $(foreach u,$(COMMON_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(COMMON_INC)))
