@@ -382,6 +382,8 @@ START_TEST(operator_pause_and_resume) {
   ck_assert_ptr_nonnull(strstr(out, "\"paused\": \"kv,w\""));
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "snapshot", NULL), 0);
   ck_assert_ptr_nonnull(strstr(out, "\"paused_tags\": 2"));
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "map", NULL), 0);
+  ck_assert_ptr_nonnull(strstr(out, "paused: tenant ops, 2 tags"));
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
   ck_assert_ptr_nonnull(strstr(out, "gmb_pauses_total{tenant=\"ops\"} 2"));
   ck_assert_ptr_nonnull(strstr(out, "gmb_tenant_host_bytes{tenant=\"ops\"}"));
