@@ -486,6 +486,35 @@ START_TEST(killed_while_paused) {
 }
 END_TEST
 
+/* The broker restarts while a tag is paused: the host bytes are the
+ * client's and are not persisted (docs/sleep.md); the session is over, a
+ * resume fails GMB_E_CONN, and the host copy is kept until disconnect. */
+START_TEST(broker_restart_while_paused) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "r");
+  void *p;
+  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 3 * MIB, NULL, &p), 0);
+  ck_assert_int_eq(gmb_cache_tag(c, NULL), 0);
+  ck_assert_int_eq(gmb_pause(c, "w", GMB_PAUSE_OFFLOAD), 0);
+  harness_broker_stop(&b);
+  harness_broker_start(&b, "host:64MiB", NULL);
+  int rc = gmb_resume(c, "w");
+  ck_assert_msg(rc == GMB_E_CONN, "resume after a restart: %s (%s)",
+                gmb_err_name(rc), gmb_last_error(c));
+  gmb_cache_stats cs;
+  ck_assert_int_eq(gmb_cache_stats_get(c, &cs), 0);
+  ck_assert_uint_eq(cs.host, 4 * MIB);
+  gmb_disconnect(c);
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_admin_status(&b, &rep), 0);
+  ck_assert_uint_eq(rep.u.admin_status.host_bytes, 0);
+  gmb__wire_reply_clear(&rep);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* A bad policy is refused with its reason, and the client is not made. */
 START_TEST(bad_policy_refused) {
   struct harness_broker b;
@@ -513,5 +542,5 @@ int main(void) {
       "sleep_ask", "sleep_ask", 90, broker_asks_idle_job_to_pause,
       higher_priority_job_not_asked, liar_holds_others_within_the_bound,
       operator_pause_and_resume, host_quota_across_sessions,
-      killed_while_paused, bad_policy_refused));
+      killed_while_paused, broker_restart_while_paused, bad_policy_refused));
 }
