@@ -323,7 +323,7 @@ static void view_text(struct view_map *m, const struct ctl_pages_total *t) {
          view_size(st->in_use, c, sizeof c), view_size(st->cached, d, sizeof d),
          st->fragmentation, when);
   size_t n = m->n, wt = strlen("TENANT"), ws = 4;
-  qsort(m->lines, n, sizeof *m->lines, view_line_cmp);
+  if (n) qsort(m->lines, n, sizeof *m->lines, view_line_cmp); /* NULL when 0 */
   for (size_t i = 0; i < n; i++) {
     const struct view_line *l = &m->lines[i];
     if (strlen(l->tenant) > wt) wt = strlen(l->tenant);
