@@ -62,7 +62,7 @@ COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
 BROKER_SRC := broker/loop.c \
   broker/dispatch.c broker/admin.c broker/http.c broker/fdchan.c \
   broker/core.c \
-  broker/reclaim.c broker/defrag.c broker/observe.c broker/waitq.c \
+  broker/reclaim.c broker/sleep.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
   broker/session.c broker/tenant.c broker/compact.c broker/repack.c \
   broker/locktab.c \
@@ -74,7 +74,8 @@ BROKER_SRC := broker/loop.c \
 BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
   client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c \
-  client/lib/cache_check.c client/lib/cache_sleep.c
+  client/lib/cache_check.c client/lib/cache_sleep.c \
+  client/lib/sleep_policy.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -91,7 +92,8 @@ COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
-LIB_BENCHES := bench_alloc bench_import bench_cache bench_snapshot bench_shim
+LIB_BENCHES := bench_alloc bench_import bench_cache bench_snapshot bench_shim \
+  bench_sleep
 $(B)/obj/tests/unit/%.o: INC = $(BROKER_INC)
 $(foreach u,$(LIB_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(LIB_INC)))
 $(foreach u,$(COMMON_UNITS),$(eval $(B)/obj/tests/unit/$(u).o: INC = $(COMMON_INC)))

@@ -40,6 +40,7 @@
 #include "observe.h"
 #include "reply.h"
 #include "session.h"
+#include "sleep.h"
 #include "statefile.h"
 #include "util.h"
 #include "waitq.h"
@@ -210,6 +211,22 @@ static int admin_evict(struct gmb_broker *b, const struct gmb_peer *peer,
   snprintf(rep->message, sizeof rep->message,
            "tenant %s: %u sessions ended, %s freed", t->name, n, fs);
   return 1;
+}
+
+/* --- pause and resume (sleep.c tells the sessions) ----------------------- */
+
+static int admin_pause(struct gmb_broker *b, const struct gmb_peer *peer,
+                       const struct wire_request *req, struct wire_reply *rep) {
+  struct gmb_tenant *t = admin_tenant(b, req->u.admin_pause.tenant, rep);
+  if (t == NULL) return 1;
+  log_info("uid %u asked tenant %s to %s %s%s%s", (unsigned)peer->uid, t->name,
+           req->kind == WIRE_ADMIN_PAUSE ? "pause" : "resume",
+           req->u.admin_pause.tag[0] ? "tag " : "every tag",
+           req->u.admin_pause.tag,
+           req->kind == WIRE_ADMIN_PAUSE && req->u.admin_pause.discard
+               ? " (discard)"
+               : "");
+  return gmb__sleep_admin(b, t, req, rep);
 }
 
 /* --- tenant add and remove (schedulers' node components) --------------- */
@@ -385,6 +402,7 @@ static int admin_apply_tenant(struct gmb_broker *b,
   gmb__tenant_set_quota(b->tenants, t, tc->quota);
   gmb__tenant_set_reserve(b->tenants, t, tc->reserve);
   t->priority = tc->priority;
+  t->host_quota = tc->host_quota;
   memcpy(t->uids, tc->uids, tc->n_uids * sizeof tc->uids[0]);
   t->n_uids = tc->n_uids;
   t->has_token = tc->has_token;
@@ -631,6 +649,9 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
       return admin_tenant_add(b, peer, req, rep);
     case WIRE_ADMIN_TENANT_REMOVE:
       return admin_tenant_remove(b, peer, req, rep);
+    case WIRE_ADMIN_PAUSE:
+    case WIRE_ADMIN_RESUME:
+      return admin_pause(b, peer, req, rep);
     case WIRE_ADMIN_SNAPSHOT:
       gmb__observe_snapshot(b, req->u.admin_snapshot.segment,
                             req->u.admin_snapshot.offset,

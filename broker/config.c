@@ -248,7 +248,7 @@ enum {
   K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
-  K_METRICS_TENANTS,
+  K_METRICS_TENANTS, K_SLEEP_WAIT_MS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -257,12 +257,12 @@ static const char *const cfg_broker_keys[] = {
     "shutdown_grace_ms", "max_sessions", "max_sessions_per_uid",
     "max_tenants_per_uid", "max_waiters_per_session",
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
-    "metrics_tenants",
+    "metrics_tenants", "sleep_wait_ms",
 };
 
-enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY };
+enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY, K_HOST_QUOTA };
 static const char *const cfg_tenant_keys[] = {
-    "quota", "reserve", "uids", "token_sha256", "priority",
+    "quota", "reserve", "uids", "token_sha256", "priority", "host_quota",
 };
 
 static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
@@ -345,6 +345,13 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
       if (!cfg_int(p, key, v, 0, 5000, &x)) return 0;
       c->trim_wait_ms = (uint32_t)x;
       return 1;
+    case K_SLEEP_WAIT_MS:
+      /* An offload takes longer than a trim, but the held request's reply
+       * must still come before the client's own request timeout
+       * (GMB_REQUEST_TIMEOUT_MS, 10 s by default). */
+      if (!cfg_int(p, key, v, 0, 8000, &x)) return 0;
+      c->sleep_wait_ms = (uint32_t)x;
+      return 1;
     case K_RUN_DIR_PER_GPU: return cfg_bool(p, key, v, &c->run_dir_per_gpu);
     case K_METRICS_TENANTS: return cfg_bool(p, key, v, &c->metrics_tenants);
   }
@@ -368,6 +375,7 @@ static int cfg_tenant_key(struct cfg_parse *p, int k, const char *key,
       if (!cfg_int(p, key, v, -100, 100, &x)) return 0;
       t->priority = (int)x;
       return 1;
+    case K_HOST_QUOTA: return cfg_size(p, key, v, &t->host_quota);
   }
   GMB_ASSERT(0 && "a tenant key without a case");
 }
@@ -546,6 +554,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->max_waiters_per_session = 64;
   c->max_waiters_per_tenant = 1024;
   c->trim_wait_ms = 100;
+  c->sleep_wait_ms = 3000;
 }
 
 /*

@@ -22,6 +22,7 @@ struct gmb_tenant_conf {
   uint64_t quota;     /* 0: no limit */
   uint64_t reserve;   /* 0: none */
   int priority;       /* default 0 */
+  uint64_t host_quota; /* host bytes its paused tags may hold; 0: no limit */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;      /* 0: any uid may act as it (unless a token is set) */
   int has_token;
@@ -64,6 +65,9 @@ struct gmb_config {
                                full, or its tenant's quota held by its
                                other sessions' caches, is held while they
                                are asked back (0: they are not asked) */
+  uint32_t sleep_wait_ms;   /* how long such a request is held while idle
+                               sessions of no higher priority are asked to
+                               pause (EVENT_SLEEP); 0: none is asked */
   struct gmb_tenant_conf *tenants; /* owned */
   size_t n_tenants;
 };

@@ -24,6 +24,7 @@
 #include "reclaim.h"
 #include "reply.h"
 #include "session.h"
+#include "sleep.h"
 #include "statefile.h"
 #include "util.h"
 #include "waitq.h"
@@ -216,6 +217,7 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why) {
   struct gmb_tenant *t = s->tenant;
   gmb__reclaim_forget_session(b, s);
+  gmb__sleep_forget_session(s);
   gmb__waitq_drop_session(b, s);
   gmb__session_detach(s);
   gmb__defrag_forget_session(b, s);
@@ -250,7 +252,7 @@ static int core_sum_retiring(void *ctx, struct gmb_tenant *t) {
 
 int gmb__core_check(struct gmb_broker *b) {
   int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
-            gmb__reclaim_check(b);
+            gmb__reclaim_check(b) + gmb__sleep_check(b);
   gmb__tenants_each(b->tenants, core_check_sessions, &bad);
   /* Every parked segment is counted against its tenant (retire_note). */
   uint64_t retiring = 0;

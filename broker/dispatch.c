@@ -35,6 +35,7 @@
 #include "reclaim.h"
 #include "reply.h"
 #include "session.h"
+#include "sleep.h"
 #include "util.h"
 #include "waitq.h"
 
@@ -139,6 +140,7 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
   _Static_assert(sizeof s->secret == WIRE_SECRET_MAX, "secret fits");
   rep->u.hello.fd_secret_len = sizeof s->secret;
   memcpy(rep->u.hello.fd_secret, s->secret, sizeof s->secret);
+  rep->u.hello.host_quota = t->host_quota;
   return 1;
 }
 
@@ -348,6 +350,8 @@ static int dispatch_request(struct gmb_broker *b, struct gmb_session *s,
     case WIRE_BYE:
       gmb__core_session_end(b, s, "said goodbye");
       return 1;
+    case WIRE_SLEEP_NOTE:
+      return gmb__sleep_note(b, s, req, rep);
     default:
       gmb__reply_fail(rep, GMB_E_PROTO, "%s is not a client request",
                       gmb__wire_kind_name(req->kind));
@@ -384,7 +388,10 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                            "belongs to another process");
   }
   s->last_seen_ns = gmb__now_ns();
-  /* Piggy-backed on every request; a Heartbeat may answer a trim. */
+  gmb__sleep_heard(s, req->sleep_pausable, req->sleep_idle_ms,
+                   s->last_seen_ns);
+  /* Piggy-backed on every request; a Heartbeat may answer a trim (or an
+   * ask to sleep). */
   int answered =
       gmb__reclaim_heard(b, s, req->cached_free, req->trim_answered);
   int now = dispatch_request(b, s, req, rep);

@@ -26,6 +26,7 @@
 #include "gmb.h"
 #include "log.h"
 #include "session.h"
+#include "sleep.h"
 #include "tenant.h"
 #include "util.h"
 
@@ -91,6 +92,14 @@ void gmb__observe_tenant_row(struct gmb_tenant *t,
   row->waiting = t->waiting;
   row->cached = gmb__tenant_cached(t);
   gmb__tenant_trim_totals(t, &row->trim_asks, &row->trim_ignored);
+  row->host_bytes = t->host_bytes;
+  row->paused_bytes = t->paused_bytes;
+  row->paused_tags = (uint32_t)t->paused_tags;
+  row->host_quota = t->host_quota;
+  row->pauses = t->pauses;
+  row->resumes = t->resumes;
+  row->paused_seconds = gmb__sleep_tenant_seconds(t, gmb__now_ns());
+  row->sleep_asks = t->sleep_asks;
 }
 
 struct observe_rows {
@@ -114,6 +123,14 @@ static void observe_session_row(const struct gmb_session *s,
   row->trim_asks = s->trim_asks;
   row->trim_ignored = s->trim_ignored;
   row->waiting = s->waiting;
+  row->host_bytes = s->host_bytes;
+  row->paused_bytes = s->paused_bytes;
+  gmb__sleep_session_paused(s, row->paused, sizeof row->paused);
+  row->sleep_pausable = s->sleep_pausable;
+  uint64_t now = gmb__now_ns();
+  row->sleep_idle_ms = s->sleep_pausable && now > s->sleep_active_ns
+                           ? (now - s->sleep_active_ns) / GMB_NS_PER_MS
+                           : 0;
 }
 
 static int observe_session_cmp(const void *a, const void *b) {
@@ -170,7 +187,11 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
   if (r.cap) gmb__tenants_each(b->tenants, observe_row, &r);
   GMB_ASSERT(r.ns == r.scap && "each session belongs to a listed tenant");
   uint64_t cached = 0;
-  for (size_t i = 0; i < r.n; i++) cached += r.rows[i].cached;
+  for (size_t i = 0; i < r.n; i++) {
+    cached += r.rows[i].cached;
+    rep->u.admin_status.host_bytes += r.rows[i].host_bytes;
+    rep->u.admin_status.paused_bytes += r.rows[i].paused_bytes;
+  }
   rep->u.admin_status.cached = cached;
   /* Freed by gmb__wire_reply_clear. */
   rep->u.admin_status.tenants = r.rows;
@@ -360,6 +381,8 @@ struct observe_tenant {
   uint64_t used, quota, reserve, peak, segment_bytes, held_segments,
       allocations,
       refusals_quota, cached, trim_asks, trim_ignored;
+  uint64_t host_bytes, paused_bytes, host_quota, pauses, resumes, sleep_asks;
+  double paused_seconds;
   unsigned sessions;
   double frag;
 };
@@ -400,14 +423,22 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
       .refusals_quota = t->refusals_quota,
       .cached = gmb__tenant_cached(t),
       .sessions = t->n_sessions,
-      .frag = gmb__fragmentation(as.largest_free, as.free_total)};
+      .frag = gmb__fragmentation(as.largest_free, as.free_total),
+      .host_bytes = t->host_bytes,
+      .paused_bytes = t->paused_bytes,
+      .host_quota = t->host_quota,
+      .pauses = t->pauses,
+      .resumes = t->resumes,
+      .sleep_asks = t->sleep_asks,
+      .paused_seconds = gmb__sleep_tenant_seconds(t, gmb__now_ns())};
   struct observe_tenant *o = &r->t[r->n - 1];
   gmb__tenant_trim_totals(t, &o->trim_asks, &o->trim_ignored);
   return 0;
 }
 
 enum { OT_USED, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
-       OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG };
+       OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG, OT_HOST, OT_PAUSED,
+       OT_HOST_QUOTA };
 
 static const struct {
   const char *name, *help;
@@ -437,10 +468,18 @@ static const struct {
     [OT_FRAG] = {"gmb_tenant_fragmentation_ratio",
                  "1 - largest free range / free bytes in the tenant's "
                  "segments; 0 when nothing is free."},
+    [OT_HOST] = {"gmb_tenant_host_bytes",
+                 "Bytes of host memory holding the tenant's paused tags, as "
+                 "its sessions reported them."},
+    [OT_PAUSED] = {"gmb_tenant_paused_bytes",
+                   "Device bytes the tenant's paused tags gave back."},
+    [OT_HOST_QUOTA] = {"gmb_tenant_host_quota_bytes",
+                       "Host bytes the tenant's paused tags may hold; 0 "
+                       "means no limit."},
 };
 
 static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
-  for (int k = OT_USED; k <= OT_FRAG; k++) {
+  for (int k = OT_USED; k <= OT_HOST_QUOTA; k++) {
     observe_head(f, observe_tenant_family[k].name, "gauge",
                  observe_tenant_family[k].help);
     for (size_t i = 0; i < r->n; i++) {
@@ -458,6 +497,9 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
         case OT_HELD: fprintf(f, "%" PRIu64 "\n", t->held_segments); break;
         case OT_ALLOCS: fprintf(f, "%" PRIu64 "\n", t->allocations); break;
         case OT_SESSIONS: fprintf(f, "%u\n", t->sessions); break;
+        case OT_HOST: fprintf(f, "%" PRIu64 "\n", t->host_bytes); break;
+        case OT_PAUSED: fprintf(f, "%" PRIu64 "\n", t->paused_bytes); break;
+        case OT_HOST_QUOTA: fprintf(f, "%" PRIu64 "\n", t->host_quota); break;
         default: fprintf(f, "%.9g\n", t->frag); break;
       }
     }
@@ -477,6 +519,24 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
                          "Asks to give cached memory back that the tenant's "
                          "sessions left unanswered past the broker's bound.",
                          offsetof(struct observe_tenant, trim_ignored));
+  observe_tenant_counter(f, r, "gmb_pauses_total",
+                         "Tags of the tenant's sessions paused (by the "
+                         "application, the broker's ask or an operator).",
+                         offsetof(struct observe_tenant, pauses));
+  observe_tenant_counter(f, r, "gmb_resumes_total",
+                         "Paused tags of the tenant's sessions resumed.",
+                         offsetof(struct observe_tenant, resumes));
+  observe_tenant_counter(f, r, "gmb_sleep_asks_total",
+                         "Asks to pause (EVENT_SLEEP) the broker sent to the "
+                         "tenant's sessions for other tenants' requests.",
+                         offsetof(struct observe_tenant, sleep_asks));
+  observe_head(f, "gmb_paused_seconds_total", "counter",
+               "Seconds the tenant's tags spent paused (summed over tags).");
+  for (size_t i = 0; i < r->n; i++) {
+    fputs("gmb_paused_seconds_total{tenant=\"", f);
+    observe_label(f, r->t[i].name);
+    fprintf(f, "\"} %.9g\n", r->t[i].paused_seconds);
+  }
 }
 
 /* Client requests the loop answers (a heartbeat has no answer). */

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "pool.h"
 #include "reply.h"
+#include "sleep.h"
 #include "util.h"
 #include "waitq.h"
 
@@ -38,6 +39,8 @@ static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
 
 /* --- one ask --------------------------------------------------------------- */
 
+/* An ask of `bytes` to o, answered by until_ns: EVENT_TRIM, or
+ * EVENT_SLEEP when o->ask_sleep was set for it (the plan's). */
 static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
                          uint64_t bytes, uint64_t until_ns) {
   GMB_ASSERT(o->ask_bytes == 0 && bytes > 0 && "one ask per session");
@@ -56,6 +59,11 @@ static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
   memset(&ev, 0, sizeof ev);
   ev.kind = WIRE_EVENT;
   ev.u.event.kind = WIRE_EVENT_TRIM;
+  if (o->ask_sleep) {
+    ev.u.event.kind = WIRE_EVENT_SLEEP;
+    ev.u.event.mode = WIRE_SLEEP_ASK;
+    o->tenant->sleep_asks++;
+  }
   ev.u.event.bytes = bytes;
   gmb__reply_to_session(b, o, &ev);
 }
@@ -69,6 +77,7 @@ static void reclaim_close(struct gmb_broker *b, struct gmb_session *o) {
   r->ask_bytes -= o->ask_bytes;
   o->ask_bytes = 0;
   o->ask_until_ns = 0;
+  o->ask_sleep = 0;
 }
 
 /* May o be asked for the sake of session s (NULL: of nobody in
@@ -114,6 +123,11 @@ static void reclaim_collect(void *ctx, struct gmb_session *o) {
   if (p->n < p->cap && reclaim_askable(o, p->s, p->now)) p->v[p->n++] = o;
 }
 
+static void reclaim_collect_sleepers(void *ctx, struct gmb_session *o) {
+  struct reclaim_pick *p = ctx;
+  if (p->n < p->cap && gmb__sleep_askable(o, p->s, p->now)) p->v[p->n++] = o;
+}
+
 /* Lowest tenant priority first, then the largest cache; the session id
  * makes the order total. */
 static int reclaim_cmp(const void *x, const void *y) {
@@ -151,11 +165,56 @@ static uint64_t reclaim_ahead(const struct gmb_broker *b,
   return ahead < room ? ahead : room;
 }
 
+/* Adds to the plan p (bytes[], sleep[] beside p->v) sessions that may be
+ * asked to pause (gmb__sleep_askable), in gmb__sleep_cmp's order, for up
+ * to `want` bytes: a session the plan has already (for its cache) is asked
+ * to sleep instead, for its offer on top.  Charged to the tenants as the
+ * plan is (the caller undoes it).  Returns the bytes added. */
+static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
+                                   struct reclaim_pick *p, uint64_t *bytes,
+                                   uint8_t *sleep, uint64_t want) {
+  const struct gmb_session *s = p->s;
+  size_t cap = p->cap;
+  struct gmb_session **v = malloc(cap * sizeof *v);
+  if (v == NULL) return 0;
+  size_t n = 0;
+  struct reclaim_pick q = {.v = v, .cap = cap, .s = s, .now = p->now};
+  gmb__sessions_each(b->sessions, reclaim_collect_sleepers, &q);
+  n = q.n;
+  qsort(v, n, sizeof *v, gmb__sleep_cmp);
+  uint64_t added = 0;
+  for (size_t i = 0; i < n && added < want; i++) {
+    struct gmb_session *o = v[i];
+    size_t at = 0;
+    while (at < p->n && p->v[at] != o) at++;
+    /* Its tenant's bytes not yet asked for, above its reservation. */
+    const struct gmb_tenant *t = o->tenant;
+    uint64_t held = t->used > t->cache_asked ? t->used - t->cache_asked : 0;
+    uint64_t allow = held > t->reserve ? held - t->reserve : 0;
+    uint64_t x = o->sleep_pausable < allow ? o->sleep_pausable : allow;
+    if (x > want - added) x = want - added;
+    if (x == 0) continue;
+    if (at == p->n) {
+      if (p->n == cap) break;
+      p->v[p->n] = o;
+      bytes[p->n] = 0;
+      p->n++;
+    }
+    bytes[at] += x;
+    sleep[at] = 1;
+    o->tenant->cache_asked += x;
+    added += x;
+  }
+  free(v);
+  return added;
+}
+
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
                       int timeout_ms, uint64_t ahead) {
   struct gmb_reclaim *r = &b->reclaim;
-  if (b->cfg.trim_wait_ms == 0 || b->closing) return 0;
+  if ((b->cfg.trim_wait_ms == 0 && b->cfg.sleep_wait_ms == 0) || b->closing)
+    return 0;
   uint64_t rounded = gmb__alloc_round(size);
   /* More than the whole device: no cache can make room for it. */
   if (rounded > b->dev->capacity) return 0;
@@ -172,18 +231,23 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint64_t now = gmb__now_ns();
   struct reclaim_pick p = {.s = s, .now = now};
   uint64_t *bytes = NULL;
+  uint8_t *sleep = NULL;
   uint64_t planned = 0;
+  int sleeping = 0;
   if (need > 0) {
-    if (r->caching == 0) return 0;
+    if (r->caching == 0 && b->cfg.sleep_wait_ms == 0) return 0;
     p.cap = gmb__sessions_count(b->sessions);
     p.v = malloc(p.cap * sizeof *p.v);
     bytes = malloc(p.cap * sizeof *bytes);
-    if (p.v == NULL || bytes == NULL) {
+    sleep = calloc(p.cap, 1);
+    if (p.v == NULL || bytes == NULL || sleep == NULL) {
       free(p.v);
       free(bytes);
+      free(sleep);
       return 0;
     }
-    gmb__sessions_each(b->sessions, reclaim_collect, &p);
+    if (b->cfg.trim_wait_ms > 0)
+      gmb__sessions_each(b->sessions, reclaim_collect, &p);
     qsort(p.v, p.n, sizeof *p.v, reclaim_cmp);
     /* The plan, charged to the tenants as it is made so that two sessions
      * of one tenant are not both asked down to its reservation; undone
@@ -199,9 +263,24 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
       planned += x;
     }
     p.n = k;
-    for (size_t i = 0; i < p.n; i++) p.v[i]->tenant->cache_asked -= bytes[i];
+    /* The caches cannot cover it: idle sessions that opted in to sleep are
+     * asked to pause tags (sleep.h: who, in which order), each never below
+     * its tenant's reservation. */
+    if (planned < need && b->cfg.sleep_wait_ms > 0)
+      planned += reclaim_plan_sleep(b, &p, bytes, sleep, want - planned);
+    for (size_t i = 0; i < p.n; i++) {
+      p.v[i]->tenant->cache_asked -= bytes[i];
+      sleeping |= sleep[i];
+    }
   }
   uint64_t until = now + (uint64_t)b->cfg.trim_wait_ms * GMB_NS_PER_MS;
+  /* An offload copies the bytes before it gives the pages back: the hold
+   * waits as long as the longer bound of its asks. */
+  if (sleeping)
+    until = now + (uint64_t)(b->cfg.sleep_wait_ms > b->cfg.trim_wait_ms
+                                 ? b->cfg.sleep_wait_ms
+                                 : b->cfg.trim_wait_ms) *
+                      GMB_NS_PER_MS;
   /* Nothing is asked, and nobody disturbed, unless the caches can cover
    * what is missing; nor when the request cannot be held (its session's
    * or tenant's waiters are at their limit). */
@@ -211,12 +290,15 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
     char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
     for (size_t i = 0; i < p.n; i++) {
       struct gmb_session *o = p.v[i];
+      o->ask_sleep = sleep[i];
       reclaim_open(b, o, bytes[i], until);
       if (gmb__log_allow(&reclaim_rl_ask))
-        log_info("session %" PRIu64 " (tenant %s, priority %d) asked to give "
-                 "back %s of its cache for session %" PRIu64 " (tenant %s): "
-                 "the device has no room for %s%s", o->id, o->tenant->name,
+        log_info("session %" PRIu64 " (tenant %s, priority %d) asked to %s "
+                 "%s for session %" PRIu64 " (tenant %s): the device has no "
+                 "room for %s%s", o->id, o->tenant->name,
                  o->tenant->priority,
+                 sleep[i] ? "pause tags and give back"
+                          : "give back of its cache",
                  gmb__size_format(bytes[i], sz, sizeof sz), s->id,
                  s->tenant->name,
                  gmb__size_format(rounded, req_sz, sizeof req_sz),
@@ -225,6 +307,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   }
   free(p.v);
   free(bytes);
+  free(sleep);
   return held;
 }
 

@@ -26,6 +26,7 @@
 #include "rbtree.h"
 
 struct gmb_locktab;
+struct gmb_sleep_tag;
 
 struct gmb_session {
   uint64_t id;
@@ -59,6 +60,15 @@ struct gmb_session {
   uint64_t ask_bytes, ask_until_ns, ask_cached, ask_used, ask_skip_ns;
   uint32_t ask_ignored_run;
   uint32_t waiting; /* its requests in the wait queue (waitq.c) */
+  /* Sleep and wake (sleep.h): its policy's offer and when it was last
+   * active, as its last request said; whether the ask in flight is an
+   * EVENT_SLEEP; its paused tags as its library reported them, and their
+   * sums. */
+  uint64_t sleep_pausable, sleep_active_ns;
+  int ask_sleep;
+  struct gmb_sleep_tag *paused;
+  uint32_t n_paused;
+  uint64_t host_bytes, paused_bytes;
   int by_token;     /* its Hello proved the tenant with a token, not a uid */
   uint8_t token_sha256[32]; /* the hash it matched (by_token only) */
   char client[64];

@@ -189,6 +189,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
     t->quota = tc->quota;
     gmb__tenant_set_reserve(ts, t, tc->reserve);
     t->priority = tc->priority;
+    t->host_quota = tc->host_quota;
     memcpy(t->uids, tc->uids, tc->n_uids * sizeof tc->uids[0]);
     t->n_uids = tc->n_uids;
     t->has_token = tc->has_token;

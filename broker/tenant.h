@@ -88,6 +88,12 @@ struct gmb_tenant {
   uint64_t cache_asked; /* bytes its sessions were asked to give back from
                            their caches and have not answered yet
                            (reclaim.c: the sum of their ask_bytes) */
+  /* Sleep and wake (sleep.h): the bound on host bytes of its paused tags
+   * (0: none), their sums over its sessions now, and totals since start
+   * (paused_ns: of tags resumed or ended; sleep_asks: EVENT_SLEEP asks). */
+  uint64_t host_quota;
+  uint64_t host_bytes, paused_bytes, paused_tags;
+  uint64_t pauses, resumes, paused_ns, sleep_asks;
   int configured;    /* named in the config */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;     /* 0 and !has_token: bound to owner_uid on first use */

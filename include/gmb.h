@@ -329,6 +329,28 @@ GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag);
 GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode);
 GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag);
 
+/*
+ * Sleep across processes: opts this session in to being asked to pause
+ * when another job's request finds the device full (docs/sleep.md), as
+ * $GMB_SLEEP_POLICY does at connect.  `policy`: comma-separated items,
+ * "idle=SECONDS" (how long the process must have allocated and freed
+ * nothing through gmb_malloc_async before it is offered; default 0) and
+ * tags, "NAME", "NAME:offload" or "NAME:discard" (none named: every tag,
+ * offloaded).  NULL, "" or "off": opted out.  The broker asks only
+ * sessions of tenants whose priority is not above the requester's, lowest
+ * priority first, then the longest idle, then the largest offer, and never
+ * below a tenant's reservation; the library's thread pauses the tags
+ * (largest first) and answers.  A tag paused so resumes at the process's
+ * next gmb_resume, or by itself at the next gmb_malloc_async with that tag
+ * current, waiting for room up to $GMB_RESUME_WAIT_MS (default 10000);
+ * past that the allocation fails with the broker's refusal and the tag
+ * stays paused.  A tag an operator paused (gmbctl pause) resumes with
+ * gmbctl resume or gmb_resume; allocating in it fails with GMB_E_INVAL
+ * meanwhile.  0, or GMB_E_INVAL for a policy that does not parse (the
+ * previous one stays).
+ */
+GMB_EXPORT int gmb_sleep_policy_set(gmb_client *c, const char *policy);
+
 /* Copies n bytes from host memory `src` into the allocation at byte `off`
  * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the
  * copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU, whose memory

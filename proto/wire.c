@@ -83,6 +83,8 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__AdminMetrics am = GMB__ADMIN_METRICS__INIT;
   Gmb__AdminTenantAdd ata = GMB__ADMIN_TENANT_ADD__INIT;
   Gmb__AdminTenantRemove atr = GMB__ADMIN_TENANT_REMOVE__INIT;
+  Gmb__SleepNote sn = GMB__SLEEP_NOTE__INIT;
+  Gmb__AdminPause ap = GMB__ADMIN_PAUSE__INIT;
 
   r.id = req->id;
   switch (req->kind) {
@@ -202,11 +204,40 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       r.body_case = GMB__REQUEST__BODY_ADMIN_TENANT_REMOVE;
       r.admin_tenant_remove = &atr;
       break;
+    case WIRE_SLEEP_NOTE:
+      if (!WIRE_FITS(req->u.sleep_note.tag)) return GMB_E_INVAL;
+      sn.tag = wire_name(req->u.sleep_note.tag);
+      sn.paused = req->u.sleep_note.paused != 0;
+      sn.mode = req->u.sleep_note.mode;
+      sn.by = req->u.sleep_note.by;
+      sn.host_bytes = req->u.sleep_note.host_bytes;
+      sn.device_bytes = req->u.sleep_note.device_bytes;
+      r.body_case = GMB__REQUEST__BODY_SLEEP_NOTE;
+      r.sleep_note = &sn;
+      break;
+    case WIRE_ADMIN_PAUSE:
+    case WIRE_ADMIN_RESUME:
+      if (!WIRE_FITS(req->u.admin_pause.tenant) ||
+          !WIRE_FITS(req->u.admin_pause.tag))
+        return GMB_E_INVAL;
+      ap.tenant = wire_name(req->u.admin_pause.tenant);
+      ap.tag = wire_name(req->u.admin_pause.tag);
+      ap.discard = req->u.admin_pause.discard != 0;
+      if (req->kind == WIRE_ADMIN_PAUSE) {
+        r.body_case = GMB__REQUEST__BODY_ADMIN_PAUSE;
+        r.admin_pause = &ap;
+      } else {
+        r.body_case = GMB__REQUEST__BODY_ADMIN_RESUME;
+        r.admin_resume = &ap;
+      }
+      break;
     default:
       return GMB_E_INVAL;
   }
   r.cached_free = req->cached_free;
   r.trim_answered = req->trim_answered != 0;
+  r.sleep_pausable = req->sleep_pausable;
+  r.sleep_idle_ms = req->sleep_idle_ms;
   return wire_pack(&r.base, buf, len);
 }
 
@@ -219,6 +250,8 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   out->id = r->id;
   out->cached_free = r->cached_free;
   out->trim_answered = r->trim_answered != 0;
+  out->sleep_pausable = r->sleep_pausable;
+  out->sleep_idle_ms = r->sleep_idle_ms;
   switch (r->body_case) {
     case GMB__REQUEST__BODY_HELLO:
       out->kind = WIRE_HELLO;
@@ -347,6 +380,32 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
                           sizeof out->u.admin_tenant_remove.tenant,
                           r->admin_tenant_remove->tenant);
       break;
+    case GMB__REQUEST__BODY_SLEEP_NOTE:
+      out->kind = WIRE_SLEEP_NOTE;
+      out->u.sleep_note.paused = r->sleep_note->paused;
+      out->u.sleep_note.mode = r->sleep_note->mode;
+      out->u.sleep_note.by = r->sleep_note->by;
+      out->u.sleep_note.host_bytes = r->sleep_note->host_bytes;
+      out->u.sleep_note.device_bytes = r->sleep_note->device_bytes;
+      rc = wire_name_copy(out->u.sleep_note.tag, sizeof out->u.sleep_note.tag,
+                          r->sleep_note->tag);
+      break;
+    case GMB__REQUEST__BODY_ADMIN_PAUSE:
+    case GMB__REQUEST__BODY_ADMIN_RESUME: {
+      const Gmb__AdminPause *a = r->body_case == GMB__REQUEST__BODY_ADMIN_PAUSE
+                                     ? r->admin_pause
+                                     : r->admin_resume;
+      out->kind = r->body_case == GMB__REQUEST__BODY_ADMIN_PAUSE
+                      ? WIRE_ADMIN_PAUSE
+                      : WIRE_ADMIN_RESUME;
+      out->u.admin_pause.discard = a->discard;
+      rc = wire_name_copy(out->u.admin_pause.tenant,
+                          sizeof out->u.admin_pause.tenant, a->tenant);
+      if (rc == 0)
+        rc = wire_name_copy(out->u.admin_pause.tag,
+                            sizeof out->u.admin_pause.tag, a->tag);
+      break;
+    }
     default:
       rc = GMB_E_PROTO; /* no body, or one this version does not know */
       break;
@@ -398,6 +457,14 @@ static void wire_row_out(const struct wire_tenant_row *t, Gmb__TenantRow *r) {
   r->cached = t->cached;
   r->trim_asks = t->trim_asks;
   r->trim_ignored = t->trim_ignored;
+  r->host_bytes = t->host_bytes;
+  r->paused_bytes = t->paused_bytes;
+  r->paused_tags = t->paused_tags;
+  r->host_quota = t->host_quota;
+  r->pauses = t->pauses;
+  r->resumes = t->resumes;
+  r->paused_seconds = t->paused_seconds;
+  r->sleep_asks = t->sleep_asks;
 }
 
 static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
@@ -417,6 +484,14 @@ static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
   t->cached = r->cached;
   t->trim_asks = r->trim_asks;
   t->trim_ignored = r->trim_ignored;
+  t->host_bytes = r->host_bytes;
+  t->paused_bytes = r->paused_bytes;
+  t->paused_tags = r->paused_tags;
+  t->host_quota = r->host_quota;
+  t->pauses = r->pauses;
+  t->resumes = r->resumes;
+  t->paused_seconds = r->paused_seconds;
+  t->sleep_asks = r->sleep_asks;
   return rc;
 }
 
@@ -434,12 +509,22 @@ static void wire_session_out(const struct wire_session_row *w,
   r->trim_asks = w->trim_asks;
   r->trim_ignored = w->trim_ignored;
   r->waiting = w->waiting;
+  r->host_bytes = w->host_bytes;
+  r->paused_bytes = w->paused_bytes;
+  r->paused = (char *)w->paused;
+  r->sleep_pausable = w->sleep_pausable;
+  r->sleep_idle_ms = w->sleep_idle_ms;
 }
 
 static int wire_session_in(const Gmb__SessionRow *r,
                            struct wire_session_row *w) {
   int rc = wire_str_copy(w->tenant, sizeof w->tenant, r->tenant);
   if (rc == 0) rc = wire_str_copy(w->client, sizeof w->client, r->client);
+  if (rc == 0) rc = wire_str_copy(w->paused, sizeof w->paused, r->paused);
+  w->host_bytes = r->host_bytes;
+  w->paused_bytes = r->paused_bytes;
+  w->sleep_pausable = r->sleep_pausable;
+  w->sleep_idle_ms = r->sleep_idle_ms;
   w->id = r->id;
   w->uid = r->uid;
   w->pid = r->pid;
@@ -480,7 +565,8 @@ static int wire_status_out(const struct wire_admin_status *st,
     if (!WIRE_FITS(st->tenants[i].name)) return GMB_E_INVAL;
   for (size_t i = 0; i < ns; i++)
     if (!WIRE_FITS(st->session_rows[i].tenant) ||
-        !WIRE_FITS(st->session_rows[i].client))
+        !WIRE_FITS(st->session_rows[i].client) ||
+        !WIRE_FITS(st->session_rows[i].paused))
       return GMB_E_INVAL;
   as->device = (char *)st->device;
   as->capacity = st->capacity;
@@ -513,6 +599,8 @@ static int wire_status_out(const struct wire_admin_status *st,
   as->fragmentation = st->fragmentation;
   as->largest_free = st->largest_free;
   as->retiring = st->retiring;
+  as->host_bytes = st->host_bytes;
+  as->paused_bytes = st->paused_bytes;
   wire_compact_out(&st->compaction, cs);
   as->compaction = cs;
   return 0;
@@ -610,6 +698,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__TenantRow row = GMB__TENANT_ROW__INIT;
   Gmb__EvictReply ev_rep = GMB__EVICT_REPLY__INIT;
   Gmb__TenantRemoveReply trm = GMB__TENANT_REMOVE_REPLY__INIT;
+  Gmb__PauseReply pr = GMB__PAUSE_REPLY__INIT;
   Gmb__MetricsReply mr = GMB__METRICS_REPLY__INIT;
   Gmb__SnapshotReply sn = GMB__SNAPSHOT_REPLY__INIT;
   struct wire_snap_out snap = {0};
@@ -643,6 +732,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       hello.lock_slots = rep->u.hello.lock_slots;
       hello.fd_secret.data = (uint8_t *)rep->u.hello.fd_secret;
       hello.fd_secret.len = rep->u.hello.fd_secret_len;
+      hello.host_quota = rep->u.hello.host_quota;
       r.body_case = GMB__REPLY__BODY_HELLO;
       r.hello = &hello;
       break;
@@ -680,6 +770,9 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       ev.kind = (Gmb__EventKind)rep->u.event.kind;
       ev.segment = rep->u.event.segment;
       ev.bytes = rep->u.event.bytes;
+      if (!WIRE_FITS(rep->u.event.tag)) return GMB_E_INVAL;
+      ev.tag = (char *)rep->u.event.tag;
+      ev.mode = rep->u.event.mode;
       ev.message = (char *)rep->message;
       r.body_case = GMB__REPLY__BODY_EVENT;
       r.event = &ev;
@@ -733,6 +826,12 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       r.body_case = GMB__REPLY__BODY_TENANT_REMOVE;
       r.tenant_remove = &trm;
       break;
+    case WIRE_ADMIN_PAUSE:
+    case WIRE_ADMIN_RESUME:
+      pr.sessions = rep->u.pause.sessions;
+      r.body_case = GMB__REPLY__BODY_PAUSE;
+      r.pause = &pr;
+      break;
     case WIRE_ADMIN_METRICS:
       if (rep->u.metrics.text == NULL) return GMB_E_INVAL;
       mr.text = rep->u.metrics.text;
@@ -776,6 +875,8 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
   st->largest_free = as->largest_free;
   st->retiring = as->retiring;
   st->cached = as->cached;
+  st->host_bytes = as->host_bytes;
+  st->paused_bytes = as->paused_bytes;
   wire_compact_in(as->compaction, &st->compaction);
   if (as->n_tenants) {
     st->tenants = calloc(as->n_tenants, sizeof *st->tenants);
@@ -876,6 +977,7 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
                            sizeof out->u.hello.device_pci,
                            r->hello->device_pci);
       out->u.hello.lock_slots = r->hello->lock_slots;
+      out->u.hello.host_quota = r->hello->host_quota;
       if (r->hello->fd_secret.len > WIRE_SECRET_MAX) {
         rc = GMB_E_PROTO;
       } else {
@@ -924,6 +1026,10 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.event.kind = (enum wire_event)r->event->kind;
       out->u.event.segment = r->event->segment;
       out->u.event.bytes = r->event->bytes;
+      out->u.event.mode = r->event->mode;
+      if (rc == 0)
+        rc = wire_str_copy(out->u.event.tag, sizeof out->u.event.tag,
+                           r->event->tag);
       if (r->event->message && out->message[0] == '\0')
         strncpy(out->message, r->event->message, sizeof out->message - 1);
       break;
@@ -946,6 +1052,10 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.tenant_remove.sessions = r->tenant_remove->sessions;
       out->u.tenant_remove.evicted = r->tenant_remove->evicted;
       out->u.tenant_remove.bytes_freed = r->tenant_remove->bytes_freed;
+      break;
+    case GMB__REPLY__BODY_PAUSE:
+      out->kind = WIRE_ADMIN_PAUSE;
+      out->u.pause.sessions = r->pause->sessions;
       break;
     case GMB__REPLY__BODY_METRICS:
       out->kind = WIRE_ADMIN_METRICS;
@@ -1039,6 +1149,9 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_SEGMENT_CLOSED: return "segment-closed";
     case WIRE_ADMIN_TENANT_ADD: return "admin-tenant-add";
     case WIRE_ADMIN_TENANT_REMOVE: return "admin-tenant-remove";
+    case WIRE_SLEEP_NOTE: return "sleep-note";
+    case WIRE_ADMIN_PAUSE: return "admin-pause";
+    case WIRE_ADMIN_RESUME: return "admin-resume";
     case WIRE_KIND_COUNT: break;
   }
   return "unknown";

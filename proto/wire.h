@@ -45,6 +45,9 @@ enum wire_kind {
   WIRE_ADMIN_TENANT_ADD,    /* request: AdminTenantAdd; reply: TENANT_ROW */
   WIRE_ADMIN_TENANT_REMOVE, /* request and reply: AdminTenantRemove,
                                TenantRemoveReply */
+  WIRE_SLEEP_NOTE,    /* request: SleepNote; the reply is a status */
+  WIRE_ADMIN_PAUSE,   /* request: AdminPause; reply: PauseReply */
+  WIRE_ADMIN_RESUME,  /* request: AdminPause (admin_resume); reply: as pause */
   WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
@@ -59,7 +62,17 @@ enum wire_event {
   WIRE_EVENT_SESSION_ENDED = 3,
   WIRE_EVENT_EVICTED = 4,
   WIRE_EVENT_TRIM = 5, /* give u.event.bytes of cached memory back */
+  WIRE_EVENT_SLEEP = 30, /* pause tags (u.event.tag, mode; or bytes) */
+  WIRE_EVENT_WAKE = 31,  /* resume u.event.tag ("": every tag paused so) */
 };
+
+#define WIRE_TAG_MAX 63      /* a tag's name (sleep and wake) */
+#define WIRE_PAUSED_MAX 256  /* SessionRow.paused, with its NUL */
+/* EVENT_SLEEP's modes: GMB_PAUSE_OFFLOAD, GMB_PAUSE_DISCARD, or the
+ * broker's ask (the session's policy chooses). */
+#define WIRE_SLEEP_ASK 2
+/* SleepNote.by */
+enum { WIRE_BY_APP = 0, WIRE_BY_BROKER = 1, WIRE_BY_OPERATOR = 2 };
 
 /* AdminTenantAdd: a tenant made at run time (admin socket). */
 struct wire_tenant_add {
@@ -77,6 +90,8 @@ struct wire_request {
   enum wire_kind kind;
   uint64_t cached_free; /* the sender's cache's free bytes (any kind) */
   int trim_answered;    /* this answers the last EVENT_TRIM (a Heartbeat) */
+  uint64_t sleep_pausable; /* its sleep policy's offer (any kind) */
+  uint64_t sleep_idle_ms;  /* idle for this long when it sent it */
   union {
     struct {
       uint32_t version;
@@ -121,6 +136,17 @@ struct wire_request {
       char tenant[WIRE_NAME_MAX + 1];
       int evict; /* end its sessions now */
     } admin_tenant_remove;
+    struct {
+      char tag[WIRE_TAG_MAX + 1];
+      int paused;
+      uint32_t mode, by;
+      uint64_t host_bytes, device_bytes;
+    } sleep_note;
+    struct {
+      char tenant[WIRE_NAME_MAX + 1];
+      char tag[WIRE_TAG_MAX + 1]; /* "": every tag */
+      int discard;
+    } admin_pause; /* WIRE_ADMIN_PAUSE, WIRE_ADMIN_RESUME */
   } u;
 };
 
@@ -134,6 +160,11 @@ struct wire_tenant_row {
   int32_t priority;
   uint64_t cached; /* of used: free in its sessions' caches */
   uint64_t trim_asks, trim_ignored; /* since start, ended sessions too */
+  /* Sleep and wake: now, then totals since start. */
+  uint64_t host_bytes, paused_bytes, host_quota;
+  uint32_t paused_tags;
+  uint64_t pauses, resumes, sleep_asks;
+  double paused_seconds;
 };
 
 /* One session in the admin status. */
@@ -147,6 +178,9 @@ struct wire_session_row {
   uint64_t cached; /* of used: free in its cache, as last reported */
   uint64_t trim_asks, trim_ignored;
   uint32_t waiting;
+  uint64_t host_bytes, paused_bytes;
+  char paused[WIRE_PAUSED_MAX]; /* its paused tags, comma-separated */
+  uint64_t sleep_pausable, sleep_idle_ms;
 };
 
 struct wire_compact_stats {
@@ -168,6 +202,7 @@ struct wire_admin_status {
   uint64_t cached;   /* of in_use: free in the clients' caches */
   size_t n_sessions;
   struct wire_session_row *session_rows; /* owned; wire_reply_clear frees */
+  uint64_t host_bytes, paused_bytes; /* of paused tags, all tenants */
 };
 
 struct wire_range_info {
@@ -203,6 +238,7 @@ struct wire_reply {
       uint32_t lock_slots;
       uint32_t fd_secret_len; /* WIRE_SECRET_MAX, or 0: none */
       uint8_t fd_secret[WIRE_SECRET_MAX];
+      uint64_t host_quota; /* the tenant's; 0: no limit */
     } hello;
     struct {
       uint64_t id, size, segment, offset;
@@ -223,7 +259,9 @@ struct wire_reply {
     struct {
       enum wire_event kind;
       uint64_t segment;
-      uint64_t bytes; /* WIRE_EVENT_TRIM */
+      uint64_t bytes; /* WIRE_EVENT_TRIM, WIRE_EVENT_SLEEP */
+      char tag[WIRE_TAG_MAX + 1]; /* SLEEP/WAKE from an operator */
+      uint32_t mode; /* SLEEP: GMB_PAUSE_*, or WIRE_SLEEP_ASK */
     } event; /* the reason is in `message` */
     struct wire_admin_status admin_status;
     struct wire_compact_stats compact;
@@ -255,6 +293,9 @@ struct wire_reply {
       uint32_t evicted;      /* ended by `evict` */
       uint64_t bytes_freed;  /* by `evict` */
     } tenant_remove;
+    struct {
+      uint32_t sessions; /* told */
+    } pause; /* WIRE_ADMIN_PAUSE, WIRE_ADMIN_RESUME */
   } u;
 };
 

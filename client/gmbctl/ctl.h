@@ -77,6 +77,8 @@ int gmb__ctl_reserve(struct ctl *ctl, const struct ctl_verb *v, int argc,
                      char **argv);
 int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
                    char **argv);
+int gmb__ctl_pause(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                   char **argv);
 int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
                     char **argv);
 /* tenant add NAME [--quota S] [--reserve S] [--token-file F |

@@ -159,6 +159,60 @@ int gmb__ctl_evict(struct ctl *ctl, const struct ctl_verb *v, int argc,
   return 0;
 }
 
+/* pause TENANT [--tag T] [--discard] and resume TENANT [--tag T]: every
+ * session of the tenant is told; its library pauses (or resumes) from its
+ * own thread, and status shows what paused. */
+int gmb__ctl_pause(struct ctl *ctl, const struct ctl_verb *v, int argc,
+                   char **argv) {
+  int pause = strcmp(v->name, "pause") == 0;
+  enum wire_kind kind = pause ? WIRE_ADMIN_PAUSE : WIRE_ADMIN_RESUME;
+  struct wire_request req = {.kind = kind};
+  const char *tenant = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *tag = NULL;
+    if (strcmp(argv[i], "--tag") == 0) {
+      if (++i >= argc) return ctl_usage_fail(v, "--tag needs a name");
+      tag = argv[i];
+    } else if (strncmp(argv[i], "--tag=", 6) == 0) {
+      tag = argv[i] + 6;
+    } else if (pause && strcmp(argv[i], "--discard") == 0) {
+      req.u.admin_pause.discard = 1;
+      continue;
+    } else if (argv[i][0] != '-' && tenant == NULL) {
+      tenant = argv[i];
+      continue;
+    } else {
+      char what[160];
+      snprintf(what, sizeof what, "unexpected argument '%.60s'", argv[i]);
+      return ctl_usage_fail(v, what);
+    }
+    if (tag[0] == '\0' || strlen(tag) > WIRE_TAG_MAX)
+      return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: a tag has 1 to %d bytes",
+                           v->name, WIRE_TAG_MAX);
+    snprintf(req.u.admin_pause.tag, sizeof req.u.admin_pause.tag, "%s", tag);
+  }
+  if (tenant == NULL) return ctl_usage_fail(v, "missing TENANT");
+  if (!gmb__name_valid(tenant))
+    return gmb__ctl_fail(CTL_EXIT_USAGE, "%s: bad tenant name '%.80s'",
+                         v->name, tenant);
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "%s",
+           tenant);
+  struct wire_reply rep;
+  int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_PAUSE, &rep);
+  if (rc) return rc;
+  if (ctl->json) {
+    json_t *j = json_pack("{s:s, s:s, s:i, s:b}", "tenant", tenant, "tag",
+                          req.u.admin_pause.tag, "sessions",
+                          (int)rep.u.pause.sessions, "discard",
+                          req.u.admin_pause.discard);
+    gmb__wire_reply_clear(&rep);
+    return gmb__ctl_json_print(j);
+  }
+  printf("%s\n", rep.message);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
 int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
                     char **argv) {
   int rc = gmb__ctl_no_args(v, argc, argv);

@@ -158,6 +158,19 @@ static void view_bar_done(const struct view_bar *b, char *bar) {
   bar[CTL_MAP_WIDTH] = '\0';
 }
 
+/* Paused tags hold no segment, so the map cannot draw them: a line per
+ * tenant that has some says what went where (docs/sleep.md). */
+static void view_text_paused(const struct wire_admin_status *st) {
+  for (size_t i = 0; i < st->n_tenants; i++) {
+    const struct wire_tenant_row *t = &st->tenants[i];
+    if (t->paused_tags == 0) continue;
+    char a[GMB_SIZE_BUFSZ], b[GMB_SIZE_BUFSZ];
+    printf("paused: tenant %s, %u tags: %s given back, %s in host memory\n",
+           t->name, t->paused_tags, view_size(t->paused_bytes, a, sizeof a),
+           view_size(t->host_bytes, b, sizeof b));
+  }
+}
+
 /* Each tenant's totals under the map: what its segments hold, and how
  * much of that its sessions' caches keep free (allocated in the map, yet
  * theirs to give back). */
@@ -177,6 +190,7 @@ static void view_text_tenants(const struct wire_admin_status *st) {
   }
   printf("CACHED: of USED, free in the tenant's sessions' caches "
          "(gmbctl sessions shows whose)\n");
+  view_text_paused(st);
 }
 
 /* One line of the text map: all the map keeps of a segment. */
@@ -309,7 +323,7 @@ static void view_text(struct view_map *m, const struct ctl_pages_total *t) {
          view_size(st->in_use, c, sizeof c), view_size(st->cached, d, sizeof d),
          st->fragmentation, when);
   size_t n = m->n, wt = strlen("TENANT"), ws = 4;
-  qsort(m->lines, n, sizeof *m->lines, view_line_cmp);
+  if (n) qsort(m->lines, n, sizeof *m->lines, view_line_cmp); /* NULL when 0 */
   for (size_t i = 0; i < n; i++) {
     const struct view_line *l = &m->lines[i];
     if (strlen(l->tenant) > wt) wt = strlen(l->tenant);
@@ -317,6 +331,7 @@ static void view_text(struct view_map *m, const struct ctl_pages_total *t) {
   }
   if (n == 0) {
     printf("no segments: nothing is allocated\n");
+    view_text_paused(st);
     return;
   }
   printf("%6s  %-*s  %-*s  %4s  %s\n", "SEG", (int)ws, "SIZE", (int)wt,

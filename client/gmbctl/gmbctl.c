@@ -71,6 +71,20 @@ int gmb__ctl_json_print(json_t *j) {
   return rc == 0 ? 0 : gmb__ctl_fail(CTL_EXIT_FAIL, "cannot write the output");
 }
 
+/* A tenant's sleep and wake figures (docs/sleep.md). */
+static json_t *ctl_json_sleep(const struct wire_tenant_row *t) {
+  json_t *j = json_pack("{s:I, s:I, s:i, s:I, s:I, s:I, s:f, s:I}",
+                        "host_bytes", (json_int_t)t->host_bytes,
+                        "paused_bytes", (json_int_t)t->paused_bytes,
+                        "paused_tags", (int)t->paused_tags, "host_quota",
+                        (json_int_t)t->host_quota, "pauses",
+                        (json_int_t)t->pauses, "resumes",
+                        (json_int_t)t->resumes, "paused_seconds",
+                        t->paused_seconds, "sleep_asks",
+                        (json_int_t)t->sleep_asks);
+  return j;
+}
+
 json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st) {
   json_t *arr = json_array();
   for (size_t i = 0; i < st->n_tenants; i++) {
@@ -93,6 +107,7 @@ json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st) {
                         json_integer((json_int_t)t->trim_asks));
     json_object_set_new(row, "trim_ignored",
                         json_integer((json_int_t)t->trim_ignored));
+    json_object_set_new(row, "sleep", ctl_json_sleep(t));
   }
   return arr;
 }
@@ -108,6 +123,14 @@ json_t *gmb__ctl_json_session(const struct wire_session_row *r) {
   json_object_set_new(j, "trim_ignored",
                       json_integer((json_int_t)r->trim_ignored));
   json_object_set_new(j, "waiting", json_integer((json_int_t)r->waiting));
+  json_object_set_new(j, "paused", json_string(r->paused));
+  json_object_set_new(j, "host_bytes", json_integer((json_int_t)r->host_bytes));
+  json_object_set_new(j, "paused_bytes",
+                      json_integer((json_int_t)r->paused_bytes));
+  json_object_set_new(j, "sleep_pausable",
+                      json_integer((json_int_t)r->sleep_pausable));
+  json_object_set_new(j, "sleep_idle_ms",
+                      json_integer((json_int_t)r->sleep_idle_ms));
   return j;
 }
 
@@ -121,6 +144,10 @@ json_t *gmb__ctl_json_status(const struct wire_admin_status *st) {
                       json_integer((json_int_t)st->largest_free));
   json_object_set_new(j, "fragmentation", json_real(st->fragmentation));
   json_object_set_new(j, "retiring", json_integer((json_int_t)st->retiring));
+  json_object_set_new(j, "host_bytes",
+                      json_integer((json_int_t)st->host_bytes));
+  json_object_set_new(j, "paused_bytes",
+                      json_integer((json_int_t)st->paused_bytes));
   json_object_set_new(j, "compaction", gmb__ctl_json_compact(&st->compaction));
   json_t *rows = json_array();
   for (size_t i = 0; i < st->n_sessions; i++)
@@ -161,6 +188,48 @@ static void ctl_table(int ncols, const char *const *head, const char *align,
 }
 
 #define CTL_COLS 9
+#define CTL_ZCOLS 9
+
+/* Tenants that paused tags or have a host_quota, and sessions that hold
+ * paused tags: a second table, printed only when there are some. */
+static void ctl_print_sleep(const struct wire_admin_status *st) {
+  static const char *const head[CTL_ZCOLS] = {
+      "NAME",   "PAUSED-TAGS", "HOST", "GIVEN-BACK", "HOST-QUOTA",
+      "PAUSES", "RESUMES",     "PAUSED-S", "SLEEP-ASKS"};
+  size_t n = 0;
+  char(*cell)[CTL_CELL] =
+      calloc((st->n_tenants ? st->n_tenants : 1) * CTL_ZCOLS, sizeof *cell);
+  if (cell == NULL) return;
+  for (size_t i = 0; i < st->n_tenants; i++) {
+    const struct wire_tenant_row *t = &st->tenants[i];
+    if (!t->paused_tags && !t->host_quota && !t->pauses && !t->sleep_asks)
+      continue;
+    char(*c)[CTL_CELL] = &cell[n++ * CTL_ZCOLS];
+    snprintf(c[0], sizeof c[0], "%s", t->name);
+    snprintf(c[1], sizeof c[1], "%u", t->paused_tags);
+    gmb__size_format(t->host_bytes, c[2], sizeof c[2]);
+    gmb__size_format(t->paused_bytes, c[3], sizeof c[3]);
+    if (t->host_quota)
+      gmb__size_format(t->host_quota, c[4], sizeof c[4]);
+    else
+      snprintf(c[4], sizeof c[4], "unlimited");
+    snprintf(c[5], sizeof c[5], "%llu", (unsigned long long)t->pauses);
+    snprintf(c[6], sizeof c[6], "%llu", (unsigned long long)t->resumes);
+    snprintf(c[7], sizeof c[7], "%.1f", t->paused_seconds);
+    snprintf(c[8], sizeof c[8], "%llu", (unsigned long long)t->sleep_asks);
+  }
+  if (n) {
+    printf("\nsleep and wake (host bytes of paused tags, device bytes they "
+           "gave back):\n");
+    ctl_table(CTL_ZCOLS, head, "lrrrrrrrr", cell, n);
+  }
+  free(cell);
+  for (size_t i = 0; i < st->n_sessions; i++)
+    if (st->session_rows[i].paused[0])
+      printf("  session %llu (tenant %s) paused: %s\n",
+             (unsigned long long)st->session_rows[i].id,
+             st->session_rows[i].tenant, st->session_rows[i].paused);
+}
 
 /* The tenants of an admin status, as a table. */
 static void ctl_print_tenants(const struct wire_admin_status *st) {
@@ -190,6 +259,7 @@ static void ctl_print_tenants(const struct wire_admin_status *st) {
   }
   ctl_table(CTL_COLS, head, "lrrrrrrrr", cell, n);
   free(cell);
+  ctl_print_sleep(st);
 }
 
 #define CTL_SCOLS 10
@@ -429,6 +499,13 @@ static const struct ctl_verb ctl_verbs[] = {
      gmb__ctl_snapshot},
     {"evict", "evict TENANT", "end every session of a tenant",
      gmb__ctl_evict},
+    {"pause", "pause TENANT [--tag T] [--discard]",
+     "ask every session of a tenant to pause a tag (every tag): its bytes "
+     "to host memory (or dropped), its device memory to others",
+     gmb__ctl_pause},
+    {"resume", "resume TENANT [--tag T]",
+     "ask every session of a tenant to resume its paused tags",
+     gmb__ctl_pause},
     {"metrics", "metrics", "the broker's metrics (Prometheus text)",
      gmb__ctl_metrics},
     {"reload", "reload", "read the config file again", gmb__ctl_reload},

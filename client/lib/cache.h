@@ -86,6 +86,14 @@ struct gmb_cache_ops {
    * GMB_E_* code the backend explained. */
   int (*copy)(void *ctx, uintptr_t dev, void *host, uint64_t n,
               int to_device);
+  /* Optional: tells the broker a tag paused (`paused`, before the copy:
+   * `host` bytes will hold it, `device` bytes of pages go back; `by` who
+   * asked, GMB_CACHE_BY_*) or runs again (after a resume, or a pause that
+   * failed after it was told).  0, or a GMB_E_* code the backend
+   * explained: a pause then does not happen (GMB_E_LIMIT: past the
+   * tenant's host_quota).  Called with no lock of the cache held. */
+  int (*note)(void *ctx, const char *tag, int paused, int mode,
+              uint64_t host, uint64_t device, int by);
 };
 
 /* Block sizes are multiples of this; blocks start at multiples of it. */
@@ -196,6 +204,10 @@ void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out);
 /* gmb__cache_pause's modes (gmb.h's GMB_PAUSE_*). */
 #define GMB_CACHE_OFFLOAD 0
 #define GMB_CACHE_DISCARD 1
+/* Who paused a tag (gmb__cache_pause_by; the wire's SleepNote.by). */
+#define GMB_CACHE_BY_APP 0
+#define GMB_CACHE_BY_BROKER 1
+#define GMB_CACHE_BY_OPERATOR 2
 
 /*
  * Makes `tag` the calling thread's current tag on this cache (NULL or "":
@@ -224,6 +236,23 @@ const char *gmb__cache_tag_paused(struct gmb_cache *k);
  * copy: then nothing changed (the tag runs on).
  */
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode);
+/* The same, saying who asked (GMB_CACHE_BY_*: the application, the
+ * broker's ask, an operator): ops.note passes it on, and
+ * gmb__cache_tag_info reports it while the tag is paused. */
+int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
+                        int by);
+
+/* One tag as gmb__cache_tag_info sees it. */
+struct gmb_cache_tag_info {
+  char tag[GMB_CACHE_TAG_MAX + 1];
+  int running;      /* not paused, pausing or resuming */
+  int by;           /* paused: who paused it (GMB_CACHE_BY_*) */
+  uint64_t mapped;  /* bytes of pages mapped now */
+};
+/* Fills out[0..cap) with the tags of k, in the order they were made;
+ * returns how many there are. */
+unsigned gmb__cache_tag_info(struct gmb_cache *k,
+                             struct gmb_cache_tag_info *out, unsigned cap);
 
 /*
  * Resumes a paused tag: maps new pages from the broker at the addresses

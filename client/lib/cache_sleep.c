@@ -28,6 +28,7 @@
  * and copies are made with no arena lock held.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -154,7 +155,25 @@ static void sleep_page_free(struct gmb_cache *k, const struct gmb_cache_page *pg
                                              : GMB_CACHE_BATCH);
 }
 
-/* Back to RUNNING after a pause that failed before it unmapped anything. */
+static int sleep_abort(struct gmb_cache *k, struct cache_arena *a,
+                       struct cache_sleep *z, int rc);
+
+/* Tells the backend (the broker) of a tag's state, when it listens. */
+static int sleep_note(struct gmb_cache *k, struct cache_arena *a, int paused,
+                      int mode, uint64_t host, uint64_t device, int by) {
+  return k->ops.note ? k->ops.note(k->ops.ctx, a->tag, paused, mode, host,
+                                   device, by)
+                     : 0;
+}
+
+/* Back to RUNNING after a pause that failed before it unmapped anything
+ * (`noted`: the broker was told it paused, and is told it did not). */
+static int sleep_abort_noted(struct gmb_cache *k, struct cache_arena *a,
+                             struct cache_sleep *z, int rc, int noted) {
+  if (noted) sleep_note(k, a, 0, 0, 0, 0, 0);
+  return sleep_abort(k, a, z, rc);
+}
+
 static int sleep_abort(struct gmb_cache *k, struct cache_arena *a,
                        struct cache_sleep *z, int rc) {
   if (z) {
@@ -170,7 +189,8 @@ static int sleep_abort(struct gmb_cache *k, struct cache_arena *a,
 }
 
 /* The pause proper, with sleep_mu held and a PAUSING. */
-static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode) {
+static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode,
+                       int by) {
   /* A miss in flight maps pages with no lock held: wait for it (it is as
    * long as one request to the broker). */
   pthread_mutex_lock(&a->mu);
@@ -220,17 +240,23 @@ static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode) {
     int rc = sleep_host_take(k, copied * k->page);
     if (rc) return sleep_abort(k, a, z, rc);
     z->host = copied * k->page;
+  }
+  /* The broker hears of it before the copy: the tenant's host_quota may
+   * refuse it (nothing done yet). */
+  int rc = sleep_note(k, a, 1, mode, z->host, z->n * k->page, by);
+  if (rc) return sleep_abort(k, a, z, rc);
+  if (copied) {
     z->buf = malloc(z->host);
-    if (z->buf == NULL) return sleep_abort(k, a, z, GMB_E_SYSTEM);
+    if (z->buf == NULL) return sleep_abort_noted(k, a, z, GMB_E_SYSTEM, 1);
     for (uint64_t i = 0; i < z->n; i++)
       if (z->pages[i].host)
         z->pages[i].host = z->buf + ((uintptr_t)z->pages[i].host - 1) * k->page;
     rc = sleep_copy(k, z, 0);
-    if (rc) return sleep_abort(k, a, z, rc);
+    if (rc) return sleep_abort_noted(k, a, z, rc, 1);
   }
   /* Every page unmapped and given back; the addresses stay reserved. */
   struct gmb_cache_page *gone = n ? calloc(n, sizeof *gone) : NULL;
-  if (n && gone == NULL) return sleep_abort(k, a, z, GMB_E_SYSTEM);
+  if (n && gone == NULL) return sleep_abort_noted(k, a, z, GMB_E_SYSTEM, 1);
   pthread_mutex_lock(&a->mu);
   for (uint64_t i = 0; i < z->n; i++) {
     struct cache_span *s = a->spans;
@@ -247,6 +273,7 @@ static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode) {
   a->mapped = a->idle = 0;
   a->sleep = z;
   a->state = CACHE_PAUSED;
+  a->paused_by = (uint8_t)by;
   pthread_mutex_unlock(&a->mu);
   sleep_page_free(k, gone, n);
   free(gone);
@@ -273,13 +300,19 @@ static int sleep_enter(struct gmb_cache *k, const char *tag, int from, int to,
 }
 
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {
+  return gmb__cache_pause_by(k, tag, mode, GMB_CACHE_BY_APP);
+}
+
+int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
+                        int by) {
   if (k == NULL || tag == NULL || tag[0] == '\0' ||
-      (mode != GMB_CACHE_OFFLOAD && mode != GMB_CACHE_DISCARD))
+      (mode != GMB_CACHE_OFFLOAD && mode != GMB_CACHE_DISCARD) ||
+      by < GMB_CACHE_BY_APP || by > GMB_CACHE_BY_OPERATOR)
     return GMB_E_INVAL;
   struct cache_arena *a;
   int rc = sleep_enter(k, tag, CACHE_RUNNING, CACHE_PAUSING, &a);
   if (rc < 0) return rc;
-  rc = rc ? sleep_pause(k, a, mode) : 0; /* paused already: nothing */
+  rc = rc ? sleep_pause(k, a, mode, by) : 0; /* paused already: nothing */
   pthread_mutex_unlock(&k->sleep_mu);
   return rc;
 }
@@ -357,7 +390,27 @@ int gmb__cache_resume(struct gmb_cache *k, const char *tag) {
     a->state = CACHE_RUNNING;
   }
   pthread_mutex_unlock(&a->mu);
+  /* Running again: the broker's account of it goes (a refusal of this
+   * note changes nothing here: the tag runs). */
+  if (rc == 0) sleep_note(k, a, 0, 0, 0, 0, 0);
   pthread_mutex_unlock(&k->sleep_mu);
   free(pg);
   return rc;
+}
+
+unsigned gmb__cache_tag_info(struct gmb_cache *k,
+                             struct gmb_cache_tag_info *out, unsigned cap) {
+  if (k == NULL) return 0;
+  unsigned all = cache_arenas(k), n = 0;
+  for (unsigned i = k->n; i < all; i++, n++) {
+    if (n >= cap) continue;
+    struct cache_arena *a = &k->arena[i];
+    pthread_mutex_lock(&a->mu);
+    snprintf(out[n].tag, sizeof out[n].tag, "%s", a->tag);
+    out[n].running = a->state == CACHE_RUNNING;
+    out[n].by = a->state == CACHE_PAUSED ? a->paused_by : GMB_CACHE_BY_APP;
+    out[n].mapped = a->mapped * k->page;
+    pthread_mutex_unlock(&a->mu);
+  }
+  return n;
 }

@@ -75,6 +75,7 @@
 #include "gmb.h"
 #include "locktab_layout.h"
 #include "segmap.h"
+#include "sleep_policy.h"
 #include "util.h"
 #include "wire.h"
 
@@ -150,6 +151,11 @@ struct gmb_client {
   _Atomic uint64_t sync_report_ns; /* gmb_free_async's last report of its
                                       own (see there) */
   atomic_int cache_thread; /* the library thread runs for the cache */
+  /* The sleep policy and the pauses asked of this session
+   * (sleep_policy.h); the offer the last request carried (under io). */
+  struct gmb_sleep_policy *pol;
+  uint64_t offer_reported;
+  int resume_wait_ms; /* $GMB_RESUME_WAIT_MS: an allocation's auto-resume */
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -235,6 +241,12 @@ static int client_send(gmb_client *c, struct wire_request *req, int flags) {
    * the broker learns them without a message of their own. */
   req->cached_free = gmb__cache_cached(c->cache);
   c->reported = req->cached_free;
+  /* So does the sleep policy's offer, with how long the session idled. */
+  if (gmb__sleep_policy_on(c->pol)) {
+    req->sleep_pausable =
+        gmb__sleep_policy_offer(c->pol, gmb__now_ns(), &req->sleep_idle_ms);
+    c->offer_reported = req->sleep_pausable;
+  }
   int rc = gmb__wire_request_encode(req, &buf, &len);
   if (rc) return client_fail(rc, "cannot encode a %s request",
                              gmb__wire_kind_name(req->kind));
@@ -263,7 +275,14 @@ static void client_heartbeat_due(gmb_client *c) {
  * last request carried them: a Heartbeat (no reply) with the figure.
  * Holds io. */
 static void client_report_due(gmb_client *c) {
-  if (atomic_load(&c->dead) || gmb__cache_cached(c->cache) == c->reported)
+  if (atomic_load(&c->dead)) return;
+  uint64_t idle_ms;
+  uint64_t offer = gmb__sleep_policy_on(c->pol)
+                       ? gmb__sleep_policy_offer(c->pol, gmb__now_ns(),
+                                                 &idle_ms)
+                       : 0;
+  if (gmb__cache_cached(c->cache) == c->reported &&
+      offer == c->offer_reported)
     return;
   struct wire_request req = {.kind = WIRE_HEARTBEAT};
   if (client_send(c, &req, ZMQ_DONTWAIT) == 0 && c->hb_ms)
@@ -299,6 +318,19 @@ static void client_event(gmb_client *c, const struct wire_reply *ev) {
       if (!atomic_load(&c->dead)) c->dead_code = GMB_E_EVICTED;
       client_kill(c, "evicted: %s",
                   ev->message[0] ? ev->message : "by an operator");
+      break;
+    case WIRE_EVENT_SLEEP:
+    case WIRE_EVENT_WAKE:
+      /* Pause or resume tags: the broker's ask (answered like a trim) or
+       * an operator's.  Done by the library thread, as a trim. */
+      gmb__sleep_policy_event(c->pol, ev->u.event.kind == WIRE_EVENT_WAKE,
+                              (int)ev->u.event.mode, ev->u.event.tag,
+                              ev->u.event.bytes);
+      if (c->hb_running) {
+        pthread_mutex_lock(&c->hb_mu);
+        pthread_cond_signal(&c->hb_cv);
+        pthread_mutex_unlock(&c->hb_mu);
+      }
       break;
     case WIRE_EVENT_TRIM:
       /* The broker wants cached memory back for another request.  Done
@@ -550,6 +582,19 @@ static void client_trim_asked(gmb_client *c) {
   pthread_mutex_unlock(&c->io);
 }
 
+/* Carries out pauses and resumes asked of this session, and answers the
+ * broker's ask to sleep as a trim's (after the pages' Frees).  Holds
+ * nothing. */
+static void client_sleep_asked(gmb_client *c) {
+  if (!gmb__sleep_policy_run(c->pol, c->cache, gmb__now_ns())) return;
+  struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
+  pthread_mutex_lock(&c->io);
+  if (!atomic_load(&c->dead) && client_send(c, &req, ZMQ_DONTWAIT) == 0 &&
+      c->hb_ms)
+    c->hb_last_ns = gmb__now_ns();
+  pthread_mutex_unlock(&c->io);
+}
+
 /* --- heartbeats ------------------------------------------------------------- */
 
 static void *client_heartbeat_main(void *arg) {
@@ -558,7 +603,8 @@ static void *client_heartbeat_main(void *arg) {
   while (!c->hb_stop) {
     /* A wake that came while the thread was busy is not lost: it is
      * looked at here, under hb_mu, before waiting. */
-    if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending)) {
+    if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending) &&
+        !gmb__sleep_policy_pending(c->pol)) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
@@ -568,6 +614,7 @@ static void *client_heartbeat_main(void *arg) {
     }
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_mu);
+    gmb__sleep_policy_look(c->pol, c->cache, gmb__now_ns());
     pthread_mutex_lock(&c->io);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
@@ -577,6 +624,7 @@ static void *client_heartbeat_main(void *arg) {
     client_report_due(c);
     pthread_mutex_unlock(&c->io);
     client_trim_asked(c);
+    client_sleep_asked(c);
     pthread_mutex_lock(&c->hb_mu);
   }
   pthread_mutex_unlock(&c->hb_mu);
@@ -670,6 +718,7 @@ static void client_free(gmb_client *c) {
     munmap(c->lt, c->lt_bytes);
   gmb__segmap_destroy(c->map);
   gmb__cache_destroy(c->cache);
+  gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
   free(c);
 }
@@ -817,8 +866,10 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
   c->lock_timeout_ms = client_env_ms("GMB_LOCK_TIMEOUT_MS", 10000);
+  c->resume_wait_ms = client_env_ms("GMB_RESUME_WAIT_MS", 10000);
   c->map = gmb__segmap_new();
-  if (c->map == NULL) {
+  c->pol = gmb__sleep_policy_new();
+  if (c->map == NULL || c->pol == NULL) {
     client_free(c);
     return client_fail(GMB_E_SYSTEM, "out of memory");
   }
@@ -847,6 +898,7 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   c->session = rep.u.hello.session;
   uint32_t hb_ms = rep.u.hello.heartbeat_ms;
   uint32_t lt_slots = rep.u.hello.lock_slots;
+  uint64_t host_quota = rep.u.hello.host_quota;
   uint8_t secret[GMB_FD_SECRET_LEN];
   int have_secret = rep.u.hello.fd_secret_len == sizeof secret;
   if (have_secret) memcpy(secret, rep.u.hello.fd_secret, sizeof secret);
@@ -906,7 +958,19 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
       gmb_disconnect(c);
       return GMB_E_INVAL;
     }
-    gmb__cache_host_quota_set(c->cache, bytes);
+    if (bytes && (host_quota == 0 || bytes < host_quota)) host_quota = bytes;
+  }
+  /* The tenant's host_quota (the broker's, for all its processes) bounds
+   * this process too; the broker checks the sum at each pause. */
+  gmb__cache_host_quota_set(c->cache, host_quota);
+  const char *pol = getenv("GMB_SLEEP_POLICY");
+  if (pol && pol[0]) {
+    rc = gmb__sleep_policy_set(c->pol, pol, why, sizeof why);
+    if (rc) {
+      client_fail(rc, "GMB_SLEEP_POLICY=%s: %s", pol, why);
+      gmb_disconnect(c);
+      return rc;
+    }
   }
   /* A cuda session runs the thread without heartbeats too (the broker
    * watches its pid), only to read events: see CLIENT_CUDA_DRAIN_MS.  A
@@ -1770,6 +1834,30 @@ static int client_page_copy(void *ctx, uintptr_t dev, void *host,
   return rc ? client_fail(rc, "copying a paused page: %s", why) : 0;
 }
 
+/* Set by client_note when the broker refused a pause on this thread: the
+ * refusal's message is the broker's, and gmb_pause keeps it. */
+static _Thread_local int client_note_refused;
+
+/* The cache's note (cache.h): a SleepNote, answered with a status. */
+static int client_note(void *ctx, const char *tag, int paused, int mode,
+                       uint64_t host, uint64_t device, int by) {
+  gmb_client *c = ctx;
+  struct wire_request req = {.kind = WIRE_SLEEP_NOTE};
+  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
+  req.u.sleep_note.paused = paused;
+  req.u.sleep_note.mode = (uint32_t)mode;
+  req.u.sleep_note.host_bytes = host;
+  req.u.sleep_note.device_bytes = device;
+  req.u.sleep_note.by = (uint32_t)by;
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
+  if (rc == 0) gmb__wire_reply_clear(&rep);
+  pthread_mutex_unlock(&c->io);
+  client_note_refused = rc != 0;
+  return rc; /* explained */
+}
+
 static int client_sync(void *ctx) {
   gmb_client *c = ctx;
   char why[256];
@@ -1808,7 +1896,8 @@ static struct gmb_cache *client_cache_new(gmb_client *c) {
                               .page_unmap = client_page_unmap,
                               .page_free = client_page_free,
                               .page_move = client_page_move,
-                              .copy = client_page_copy};
+                              .copy = client_page_copy,
+                              .note = client_note};
   if (c->cuda) {
     ops.sync = client_sync;
     ops.event_new = client_ev_new;
@@ -1853,11 +1942,28 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
   int trc = client_cache_thread(c);
   if (trc) return trc; /* explained */
   int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
-  if (rc == GMB_E_INVAL) {
-    const char *tag = gmb__cache_tag_paused(c->cache);
-    if (tag)
+  const char *tag;
+  if (rc == GMB_E_INVAL && (tag = gmb__cache_tag_paused(c->cache)) != NULL) {
+    /* Paused for another job's request (the broker's ask): it resumes
+     * now, waiting for room up to GMB_RESUME_WAIT_MS. */
+    int by;
+    int rrc = gmb__sleep_policy_auto_resume(c->cache, tag, c->resume_wait_ms,
+                                            &by);
+    if (rrc == 0) {
+      rc = gmb__cache_alloc(c->cache, size, stream, ptr);
+    } else if (by == GMB_CACHE_BY_BROKER) {
+      return client_fail(rrc, "the thread's tag \"%s\", paused for another "
+                         "job, could not resume within %d ms: %s", tag,
+                         c->resume_wait_ms, gmb_last_error(c));
+    } else if (by == GMB_CACHE_BY_OPERATOR) {
+      return client_fail(rc, "the thread's tag \"%s\" was paused by an "
+                         "operator: it resumes with gmbctl resume", tag);
+    } else {
       return client_fail(rc, "the thread's tag \"%s\" is paused: "
                          "gmb_resume it first", tag);
+    }
+  }
+  if (rc == GMB_E_INVAL) {
     return client_fail(rc, "%zu bytes is more than the cache serves", size);
   }
   if (rc == GMB_E_SYSTEM)
@@ -1987,14 +2093,17 @@ GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
   _Static_assert(GMB_PAUSE_OFFLOAD == GMB_CACHE_OFFLOAD &&
                      GMB_PAUSE_DISCARD == GMB_CACHE_DISCARD,
                  "gmb.h's modes are the cache's");
+  client_note_refused = 0;
   int rc = gmb__cache_pause(c->cache, tag, mode);
+  if (client_note_refused && rc) return rc; /* the broker's, explained */
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "no tag \"%s\" in this process", tag);
   if (rc == GMB_E_LIMIT) {
     struct gmb_cache_counters k;
     gmb__cache_counters(c->cache, &k);
-    return client_fail(rc, "offloading tag \"%s\" would pass the host "
-                       "quota (GMB_HOST_QUOTA; %llu bytes held)", tag,
+    return client_fail(rc, "offloading tag \"%s\" would pass this "
+                       "process's host quota (the smaller of GMB_HOST_QUOTA "
+                       "and the tenant's host_quota; %llu bytes held)", tag,
                        (unsigned long long)k.host);
   }
   if (rc == GMB_E_SYSTEM)
@@ -2013,6 +2122,15 @@ GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
   if (rc == GMB_E_SYSTEM)
     return client_fail(rc, "out of host memory resuming tag \"%s\"", tag);
   return rc; /* the broker's refusal (still paused), explained */
+}
+
+GMB_EXPORT int gmb_sleep_policy_set(gmb_client *c, const char *policy) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  char why[256];
+  int rc = gmb__sleep_policy_set(c->pol, policy, why, sizeof why);
+  if (rc) return client_fail(rc, "%s", why);
+  /* The library thread reports the offer; it runs for a cache's user. */
+  return gmb__sleep_policy_on(c->pol) ? client_cache_thread(c) : 0;
 }
 
 /* For tests and benchmarks (not exported): the cache's counters. */

@@ -24,7 +24,8 @@ __all__ = ["enable", "library_path", "last_error", "empty_cache", "hooks",
            "HOOKS", "memory_stats", "memory_stats_as_nested_dict",
            "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info",
-           "record_history", "memory_snapshot", "PATCHED"]
+           "record_history", "memory_snapshot", "PATCHED", "tag", "pause",
+           "resume", "LEVELS"]
 
 _LIB_NAME = "libgmb-torch.so"
 _enabled_path = None
@@ -140,6 +141,113 @@ def empty_cache():
     code when a session's trim failed."""
     lib = ctypes.CDLL(_enabled_path or library_path())
     return lib.gmb_torch_empty_cache()
+
+
+# --- sleep and wake (docs/sleep.md) ----------------------------------------
+
+# vLLM's sleep levels as presets: level 1 keeps the weights in host memory
+# and drops the KV cache; level 2 drops both (the server reloads weights).
+LEVELS = {
+    1: {"weights": "offload", "kv_cache": "discard"},
+    2: {"weights": "discard", "kv_cache": "discard"},
+}
+_MODES = {"offload": 0, "discard": 1}
+
+
+def _device_arg(device):
+    return _device_index(device)
+
+
+class tag:
+    """Allocations of this thread in the block go to `name`'s own part of
+    the cache, so that they can be paused together:
+
+        with gmb_torch.tag("weights"):
+            model = load_model()
+
+    Nested blocks restore the outer tag; None: untagged."""
+    _current = {}
+
+    def __init__(self, name, device=None):
+        self.name, self.device = name, _device_arg(device)
+
+    def __enter__(self):
+        import threading
+        key = (threading.get_ident(), self.device)
+        self.outer = tag._current.get(key)
+        _set_tag(self.name, self.device)
+        tag._current[key] = self.name
+        return self
+
+    def __exit__(self, *exc):
+        import threading
+        _set_tag(self.outer, self.device)
+        tag._current[(threading.get_ident(), self.device)] = self.outer
+        return False
+
+
+def _set_tag(name, device):
+    lib = _lib()
+    lib.gmb_torch_tag.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    rc = lib.gmb_torch_tag(device, name.encode() if name else None)
+    if rc:
+        raise RuntimeError("gmb_torch.tag: " + last_error())
+
+
+def _plan(tags, level):
+    if level is not None:
+        if level not in LEVELS:
+            raise ValueError("level must be one of %s" % sorted(LEVELS))
+        return dict(LEVELS[level])
+    if tags is None:
+        raise ValueError("name the tags, or a level")
+    if isinstance(tags, str):
+        tags = [tags]
+    if isinstance(tags, dict):
+        plan = dict(tags)
+    else:
+        plan = {t: "offload" for t in tags}
+    for t, mode in plan.items():
+        if mode not in _MODES:
+            raise ValueError("tag %s: mode %r is neither 'offload' nor "
+                             "'discard'" % (t, mode))
+    return plan
+
+
+def pause(tags=None, level=None, device=None, missing_ok=True):
+    """Gives the device memory of `tags` back to the broker: a list of tag
+    names (offloaded to host memory), a {tag: "offload"|"discard"} dict, or
+    a vLLM `level` (1: weights offloaded, KV cache dropped; 2: both
+    dropped).  The addresses stay reserved: tensors in a paused tag must
+    not be touched until resume().  A tag never used is skipped when
+    missing_ok.  Raises RuntimeError with the library's reason otherwise
+    (e.g. the host quota)."""
+    lib = _lib()
+    lib.gmb_torch_pause.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                    ctypes.c_int]
+    dev = _device_arg(device)
+    for t, mode in _plan(tags, level).items():
+        rc = lib.gmb_torch_pause(dev, t.encode(), _MODES[mode])
+        if rc == -5 and missing_ok:  # GMB_E_NOENT: no such tag here
+            continue
+        if rc:
+            raise RuntimeError("gmb_torch.pause(%s): %s" % (t, last_error()))
+
+
+def resume(tags=None, level=None, device=None, missing_ok=True):
+    """Maps the device memory of paused `tags` again at the same addresses
+    and copies back what was offloaded (tags or level as for pause()).
+    Raises RuntimeError when the broker has no room now; the tags stay
+    paused with their bytes, and a later call may succeed."""
+    lib = _lib()
+    lib.gmb_torch_resume.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    dev = _device_arg(device)
+    for t in _plan(tags, level):
+        rc = lib.gmb_torch_resume(dev, t.encode())
+        if rc == -5 and missing_ok:
+            continue
+        if rc:
+            raise RuntimeError("gmb_torch.resume(%s): %s" % (t, last_error()))
 
 
 # --- PyTorch's view of memory ---------------------------------------------

@@ -99,6 +99,9 @@ GMB_SHIM_API void gmb_torch_init(int device_count);
 GMB_SHIM_API void gmb_torch_reset(void);
 GMB_SHIM_API void gmb_torch_set_memory_fraction(double fraction, int device);
 GMB_SHIM_API void gmb_torch_record_stream(void *ptr, void *stream);
+GMB_SHIM_API int gmb_torch_tag(int device, const char *tag);
+GMB_SHIM_API int gmb_torch_pause(int device, const char *tag, int mode);
+GMB_SHIM_API int gmb_torch_resume(int device, const char *tag);
 
 /* One device's figures for gmb_torch.memory_stats() (docs/pytorch.md
  * names the PyTorch key each becomes).  Bytes "allocated" are each
@@ -582,6 +585,42 @@ const char *gmb_torch_last_error(void) {
   memcpy(torch_err_copy, torch_err, sizeof torch_err_copy);
   pthread_mutex_unlock(&torch_err_mu);
   return torch_err_copy;
+}
+
+/* Sleep and wake for gmb_torch.tag/pause/resume (docs/sleep.md), on the
+ * session of `device` (made when there is none yet): the tag of the
+ * calling thread's allocations there (NULL or "": none; PyTorch's
+ * allocator runs on the thread that allocates), and the pause (mode
+ * GMB_PAUSE_OFFLOAD or GMB_PAUSE_DISCARD) or resume of a tag.  0, or a
+ * negative GMB_E_* code with the reason for gmb_torch_last_error. */
+int gmb_torch_tag(int device, const char *tag) {
+  int dev;
+  gmb_client *c = torch_session(device, &dev, "gmb_torch_tag", device);
+  if (c == NULL) return GMB_E_CONN;
+  int rc = gmb_cache_tag(c, tag);
+  if (rc) torch_fail("gmb_torch_tag(device %lld): %s", device,
+                     gmb_last_error(c));
+  return rc;
+}
+
+int gmb_torch_pause(int device, const char *tag, int mode) {
+  int dev;
+  gmb_client *c = torch_session(device, &dev, "gmb_torch_pause", device);
+  if (c == NULL) return GMB_E_CONN;
+  int rc = gmb_pause(c, tag, mode);
+  if (rc) torch_fail("gmb_torch_pause(device %lld): %s", device,
+                     gmb_last_error(c));
+  return rc;
+}
+
+int gmb_torch_resume(int device, const char *tag) {
+  int dev;
+  gmb_client *c = torch_session(device, &dev, "gmb_torch_resume", device);
+  if (c == NULL) return GMB_E_CONN;
+  int rc = gmb_resume(c, tag);
+  if (rc) torch_fail("gmb_torch_resume(device %lld): %s", device,
+                     gmb_last_error(c));
+  return rc;
 }
 
 /* gmb_torch.empty_cache(): every session's wholly free cached slabs go

@@ -8,6 +8,8 @@
 # BUILD_DIR/bench/bench_import (a host segment's import: descriptor + map),
 # BUILD_DIR/bench/bench_cache (the client cache beside a round trip),
 # BUILD_DIR/bench/bench_shim (libgmb-torch.so beside the cache it calls),
+# BUILD_DIR/bench/bench_sleep (sleep across processes: a request served
+# from an idle job's paused tag, three jobs taking turns on 2.5x the device),
 # BUILD_DIR/bench/bench_compact (compaction's copy throughput, when built),
 # BUILD_DIR/bench/bench_snapshot (gmbctl snapshot of a million allocations)
 # and the fragmentation suite (tests/bench/frag.sh: traces replayed with
@@ -29,7 +31,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 HERE=$(cd "$(dirname "$0")" && pwd)
 status=0
 for bench in bench_pool bench_alloc bench_import bench_cache bench_shim \
-    bench_compact bench_snapshot frag; do
+    bench_sleep bench_compact bench_snapshot frag; do
   case " ${BENCH_SKIP:-} " in
     *" $bench "*) echo; echo "== $bench (skipped: BENCH_SKIP)"; continue ;;
   esac

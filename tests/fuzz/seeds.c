@@ -230,5 +230,48 @@ int main(int argc, char **argv) {
   alloc(C, 4 << 20, 0, 0);
   tick();
   fclose(out);
+
+  /* Sleep and wake: a offers its tag (idle), c's request finds the device
+   * full and a is asked to sleep; a notes its pause (past its tenant's
+   * host_quota once, then within), frees, answers; an operator pauses and
+   * resumes b's tenant; a resumes and notes it. */
+  open_seed(dir, "sleep_asked");
+  hello(A, "llm-b", NULL);
+  hello(B, "llm-a", NULL);
+  hello(C, "", NULL);
+  alloc(A, 8 << 20, 0, 0);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_HEARTBEAT;
+  r.sleep_pausable = 8 << 20;
+  r.sleep_idle_ms = 60000;
+  rec(A, &r);
+  alloc(C, 12 << 20, 0, 0);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_SLEEP_NOTE;
+  snprintf(r.u.sleep_note.tag, sizeof r.u.sleep_note.tag, "weights");
+  r.u.sleep_note.paused = 1;
+  r.u.sleep_note.host_bytes = UINT64_C(1) << 40;
+  r.u.sleep_note.device_bytes = 8 << 20;
+  r.u.sleep_note.by = 1;
+  rec(A, &r);
+  r.u.sleep_note.host_bytes = 8 << 20;
+  rec(A, &r);
+  freeid(A, 1);
+  cached(A, 0, 1);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_ADMIN_PAUSE;
+  snprintf(r.u.admin_pause.tenant, sizeof r.u.admin_pause.tenant, "llm-a");
+  snprintf(r.u.admin_pause.tag, sizeof r.u.admin_pause.tag, "kv");
+  r.u.admin_pause.discard = 1;
+  rec(D | ADMIN, &r);
+  r.kind = WIRE_ADMIN_RESUME;
+  r.u.admin_pause.tag[0] = '\0';
+  rec(D | ADMIN, &r);
+  tick();
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_SLEEP_NOTE;
+  snprintf(r.u.sleep_note.tag, sizeof r.u.sleep_note.tag, "weights");
+  rec(A, &r);
+  fclose(out);
   return 0;
 }

@@ -1224,6 +1224,118 @@ START_TEST(cuda_pause_resume_keeps_bytes) {
 }
 END_TEST
 
+/* Across processes on the stand-in GPU: an idle job with a sleep policy
+ * holds 40 MiB of weights (written with cuMemcpyHtoD); another job's
+ * request that needs them is served once the broker asked the idle job to
+ * pause, which its library thread does (its own CUDA context: the sync
+ * and the copies run on that thread); the idle job's next allocation
+ * resumes the tag by itself, waiting until the other job freed, and every
+ * byte is back (cuMemcpyDtoH). */
+struct ask_pipes {
+  const char *endpoint;
+  int in, out;
+};
+
+static int ask_idle_child(void *arg) {
+  struct ask_pipes *a = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "idle", &c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_sleep_policy_set(c, "idle=0,weights") == 0, 11, "policy");
+  CHILD_CHECK(gmb_cache_tag(c, "weights") == 0, 12, "tag");
+  const size_t n = 40 * MIB;
+  void *p = NULL;
+  CHILD_CHECK(gmb_malloc_async(c, n, NULL, &p) == 0, 13, "malloc_async: %s",
+              gmb_last_error(c));
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(n);
+  CHILD_CHECK(d && buf, 14, "no driver or memory");
+  harness_pattern_fill(buf, n, 91);
+  CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
+                  GMB_CU_SUCCESS, 15, "cuMemcpyHtoD");
+  harness_pipe_send(a->out, 'r');
+  CHILD_CHECK(harness_pipe_wait(a->in, 60000) == 'a', 16, "no 'a'");
+  void *x = NULL;
+  CHILD_CHECK(gmb_malloc_async(c, 512, NULL, &x) == 0, 17,
+              "the allocation that resumes: %s", gmb_last_error(c));
+  memset(buf, 0, n);
+  CHILD_CHECK(d->cuMemcpyDtoH(buf, (gmb_cu_ptr)(uintptr_t)p, n) ==
+                  GMB_CU_SUCCESS, 18, "cuMemcpyDtoH");
+  long bad = harness_pattern_check(buf, n, 91);
+  CHILD_CHECK(bad < 0, 19, "byte %ld changed across the broker's pause", bad);
+  CHILD_CHECK(gmb_free_async(c, x, NULL) == 0 &&
+                  gmb_free_async(c, p, NULL) == 0, 20, "free");
+  free(buf);
+  harness_pipe_send(a->out, 'k');
+  gmb_disconnect(c);
+  return 0;
+}
+
+static int ask_busy_child(void *arg) {
+  struct ask_pipes *a = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "busy", &c) == 0, 30, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id;
+  int rc = gmb_alloc(c, 40 * MIB, 0, &id);
+  if (rc) fprintf(stderr, "busy: %s\n", gmb_last_error(c));
+  harness_pipe_send(a->out, rc ? 'n' : 'h');
+  CHILD_CHECK(harness_pipe_wait(a->in, 60000) == 'f', 31, "no 'f'");
+  if (rc == 0) CHILD_CHECK(gmb_free(c, id) == 0, 32, "free");
+  gmb_disconnect(c);
+  return rc ? 33 : 0;
+}
+
+static int ask_offered(void *arg) {
+  struct harness_broker *b = arg;
+  struct wire_reply rep;
+  if (harness_admin_status(b, &rep)) return 0;
+  int seen = 0;
+  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++)
+    seen |= strcmp(rep.u.admin_status.session_rows[i].tenant, "idle") == 0 &&
+            rep.u.admin_status.session_rows[i].sleep_pausable >= 40 * MIB;
+  gmb__wire_reply_clear(&rep);
+  return seen;
+}
+
+START_TEST(cuda_broker_asks_idle_job_to_pause) {
+  struct harness_broker b;
+  cuda_start(&b, "64m", "[tenant:idle]\npriority = 0\n"
+                        "[tenant:busy]\npriority = 10\n");
+  int ti[2], fi[2], tb[2], fb[2];
+  ck_assert(pipe(ti) == 0 && pipe(fi) == 0 && pipe(tb) == 0 && pipe(fb) == 0);
+  struct ask_pipes idle = {b.endpoint, ti[0], fi[1]};
+  struct ask_pipes busy = {b.endpoint, tb[0], fb[1]};
+  pid_t ki = harness_fork(ask_idle_child, &idle);
+  ck_assert_int_eq(harness_pipe_wait(fi[0], HARNESS_WAIT_MS), 'r');
+  ck_assert_msg(harness_poll_until(ask_offered, &b, HARNESS_WAIT_MS),
+                "the idle job never offered its weights");
+  pid_t kb = harness_fork(ask_busy_child, &busy);
+  ck_assert_int_eq(harness_pipe_wait(fb[0], HARNESS_WAIT_MS), 'h');
+  struct wire_tenant_row r;
+  ck_assert_int_eq(harness_tenant_row(&b, "idle", &r), 0);
+  ck_assert_uint_eq(r.paused_tags, 1);
+  ck_assert_uint_eq(r.sleep_asks, 1);
+  ck_assert_uint_ge(r.host_bytes, 40 * MIB);
+  harness_pipe_send(ti[1], 'a');
+  harness_sleep_ms(50); /* pace only: the resume waits for room either way */
+  harness_pipe_send(tb[1], 'f');
+  ck_assert_int_eq(harness_pipe_wait(fi[0], HARNESS_WAIT_MS), 'k');
+  ck_assert_int_eq(harness_wait(kb), 0);
+  ck_assert_int_eq(harness_wait(ki), 0);
+  ck_assert_int_eq(harness_tenant_row(&b, "idle", &r), 0);
+  ck_assert_uint_eq(r.paused_tags, 0);
+  ck_assert_uint_eq(r.resumes, 1);
+  int *fds[] = {ti, fi, tb, fb};
+  for (int i = 0; i < 4; i++) {
+    close(fds[i][0]);
+    close(fds[i][1]);
+  }
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cuda", "broker", 30, no_driver_exits_with_one_line,
@@ -1234,5 +1346,5 @@ int main(void) {
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
       cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start,
-      cuda_pause_resume_keeps_bytes));
+      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause));
 }

@@ -72,7 +72,9 @@ class WithoutTorch(unittest.TestCase):
         exported = {line.split()[-1] for line in out.splitlines()
                     if line.strip()}
         for name in ["gmb_torch_alloc", "gmb_torch_free",
-                     "gmb_torch_empty_cache", "gmb_torch_last_error"] + \
+                     "gmb_torch_empty_cache", "gmb_torch_last_error",
+                     "gmb_torch_tag", "gmb_torch_pause",
+                     "gmb_torch_resume"] + \
                 [sym for _, sym in gmb_torch.HOOKS]:
             self.assertIn(name, exported)
         self.assertEqual(gmb_torch.hooks(), {})
@@ -167,6 +169,33 @@ class StatisticsWithoutTorch(unittest.TestCase):
     def alloc(self, n):
         p = self.lib.gmb_torch_alloc_nothrow(n, 0, None)
         return p
+
+    def test_tag_pause_resume(self):
+        # gmb_torch.tag/pause/resume: the tag's memory goes back to the
+        # broker and comes back at the same address with its bytes.
+        import ctypes
+        mib = self.MIB
+        with gmb_torch.tag("weights"):
+            p = self.alloc(2 * mib)
+        self.assertTrue(p, gmb_torch.last_error())
+        ctypes.memset(p, 0x5A, 2 * mib)
+        free_before = gmb_torch.mem_get_info(0)[0]
+        gmb_torch.pause(level=1)  # weights offloaded; no kv_cache: skipped
+        self.assertGreaterEqual(gmb_torch.mem_get_info(0)[0],
+                                free_before + 2 * mib)
+        gmb_torch.resume(level=1)
+        self.assertEqual(ctypes.string_at(p, 16), b"\x5a" * 16)
+        self.assertEqual(ctypes.string_at(p + 2 * mib - 16, 16),
+                         b"\x5a" * 16)
+        gmb_torch.pause({"weights": "discard"})
+        gmb_torch.resume("weights")
+        with self.assertRaises(ValueError):
+            gmb_torch.pause(level=3)
+        with self.assertRaises(ValueError):
+            gmb_torch.pause({"weights": "nap"})
+        with self.assertRaises(RuntimeError):
+            gmb_torch.pause(["never-used"], missing_ok=False)
+        self.lib.gmb_torch_free(p, 2 * mib, 0, None)
 
     def test_stats_as_pytorch_names_them(self):
         mib = self.MIB

@@ -1,0 +1,97 @@
+/*
+ * sleep.h - sleep and wake across processes, the broker's side.
+ *
+ * The bytes of a paused tag live in its client's process (host memory it
+ * allocated) or nowhere (discarded): the broker holds no copy.  What it
+ * keeps is the account: each session's paused tags as its library reports
+ * them (SleepNote, before the copy), each tenant's sums (host bytes held,
+ * device bytes given back, tags paused) and totals since start (pauses,
+ * resumes, seconds paused, asks to sleep), for status, snapshots and
+ * metrics; and the tenant's host_quota, checked when a pause is reported
+ * (the library asks before it copies, and an offload past the quota is
+ * refused GMB_E_LIMIT).  A process could still allocate host memory of its
+ * own outside libgmb: the quota bounds what gmb's sleep holds, not the
+ * host.
+ *
+ * Who may be asked to pause (gmb__sleep_askable) for another session's
+ * request that found the device full (reclaim.c plans and sends the ask,
+ * EVENT_SLEEP, with its ordinary bounds): a session whose sleep policy
+ * offers bytes now (Request.sleep_pausable: it has opted in and has been
+ * idle as long as its policy says), of another tenant whose priority is
+ * not above the requester's, not asked already, not waiting itself, and
+ * not in its pause after asks that gave nothing.  Order: lowest priority,
+ * longest idle, largest offer (gmb__sleep_cmp).
+ *
+ * Operators pause and resume a tenant's tags (gmbctl pause|resume): every
+ * session of the tenant is sent EVENT_SLEEP with the tag and mode, or
+ * EVENT_WAKE; its library acts from its own thread and reports with
+ * SleepNotes.  Nothing waits for them: status shows what paused.
+ *
+ * Bounds: at most GMB_SLEEP_TAGS_MAX paused tags recorded per session (a
+ * library has at most 64 tags); a note past that is refused GMB_E_LIMIT.
+ * A session that ends forgets its records (its host bytes died with its
+ * process, or will when it exits).
+ *
+ * Invariants (gmb__sleep_check): each tenant's host_bytes, paused_bytes
+ * and paused_tags are the sums over its sessions' records.
+ */
+#ifndef GMB_SLEEP_H
+#define GMB_SLEEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "broker.h"
+#include "session.h"
+#include "wire.h"
+
+#define GMB_SLEEP_TAGS_MAX 64
+
+/* One paused tag of a session. */
+struct gmb_sleep_tag {
+  struct gmb_sleep_tag *next;
+  char tag[WIRE_TAG_MAX + 1];
+  uint64_t host_bytes, device_bytes;
+  uint64_t since_ns;
+  uint8_t mode, by;
+};
+
+/* Every request carries the session's sleep offer: recorded (the idle time
+ * becomes the moment it was last active, on the broker's clock). */
+void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable,
+                      uint64_t idle_ms, uint64_t now);
+
+/* A SleepNote of session s: records or forgets the paused tag, checking
+ * the tenant's host_quota for a pause.  Fills *rep; returns 1. */
+int gmb__sleep_note(struct gmb_broker *b, struct gmb_session *s,
+                    const struct wire_request *req, struct wire_reply *rep);
+
+/* AdminPause / admin_resume: tells every session of the tenant (already
+ * found and checked by admin.c).  Fills *rep; returns 1. */
+int gmb__sleep_admin(struct gmb_broker *b, struct gmb_tenant *t,
+                     const struct wire_request *req, struct wire_reply *rep);
+
+/* Session s is ending: its records go, their time is added to the
+ * tenant's totals. */
+void gmb__sleep_forget_session(struct gmb_session *s);
+
+/* May session o be asked to pause for session s's request now? */
+int gmb__sleep_askable(const struct gmb_session *o,
+                       const struct gmb_session *s, uint64_t now);
+
+/* qsort order of askable sessions: lowest priority, longest idle, largest
+ * offer, then id. */
+int gmb__sleep_cmp(const void *x, const void *y);
+
+/* The seconds tenant t's tags spent paused since the broker started (its
+ * ended sessions' and the paused now, up to now). */
+double gmb__sleep_tenant_seconds(const struct gmb_tenant *t, uint64_t now);
+
+/* s's paused tags, "a,b,c", cut to fit cap (ending "..." when cut). */
+void gmb__sleep_session_paused(const struct gmb_session *s, char *buf,
+                               size_t cap);
+
+/* The number of broken invariants of the sums (above). */
+int gmb__sleep_check(struct gmb_broker *b);
+
+#endif /* GMB_SLEEP_H */

@@ -1,0 +1,324 @@
+/*
+ * check_sleep.c - broker/sleep.c and its part in reclaim.c, driven through
+ * the dispatcher with the broker fixture (no sockets): who is asked to
+ * pause and in which order (lowest priority, longest idle, largest offer;
+ * never a higher priority than the requester's, never the requester's
+ * tenant, never below a reservation), sleep_wait_ms 0, an ask left
+ * unanswered, SleepNote's account and host_quota, the 64-record bound, a
+ * session that ends paused, and operators' pause and resume events.  The
+ * fixture runs the consistency checks (gmb__sleep_check among them) after
+ * every request.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "admin.h"
+#include "broker_fixture.h"
+#include "check_main.h"
+#include "reclaim.h"
+#include "sleep.h"
+#include "tenant.h"
+#include "util.h"
+
+#define MIB GMB_MIB
+
+/* `rid` holds `size` bytes (one pinned allocation). */
+static void hold(struct fx *f, const char *rid, uid_t uid, uint64_t size) {
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, rid, uid, size, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "hold %s: %s", rid, rep.message);
+}
+
+/* A Heartbeat from `rid` offering `pausable` bytes, idle for `idle_ms`,
+ * and answering the last ask when `answered`. */
+static void offer(struct fx *f, const char *rid, uid_t uid, uint64_t pausable,
+                  uint64_t idle_ms, int answered) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.sleep_pausable = pausable;
+  req.sleep_idle_ms = idle_ms;
+  req.trim_answered = answered;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+}
+
+/* An Alloc held (not answered at once); returns its request id. */
+static uint64_t held(struct fx *f, const char *rid, uid_t uid,
+                     uint64_t size) {
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ck_assert_msg(fx_alloc(f, rid, uid, size, 0, 0, &rep) == 0,
+                "answered at once: status %d %s", rep.status, rep.message);
+  return f->next_req - 1;
+}
+
+/* The k-th EVENT_SLEEP sent (its rid and bytes), or NULL. */
+static const char *sleep_ask(const struct fx *f, size_t k, uint64_t *bytes) {
+  for (size_t i = 0; i < f->n_sent; i++) {
+    const struct fx_sent *s = &f->sent[i];
+    if (s->rep.kind != WIRE_EVENT || s->rep.u.event.kind != WIRE_EVENT_SLEEP)
+      continue;
+    if (k-- == 0) {
+      if (bytes) *bytes = s->rep.u.event.bytes;
+      ck_assert_uint_eq(s->rep.u.event.mode, WIRE_SLEEP_ASK);
+      return s->rid;
+    }
+  }
+  return NULL;
+}
+
+static int note(struct fx *f, const char *rid, uid_t uid, const char *tag,
+                int paused, uint64_t host, uint64_t device) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_SLEEP_NOTE;
+  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
+  req.u.sleep_note.paused = paused;
+  req.u.sleep_note.host_bytes = host;
+  req.u.sleep_note.device_bytes = device;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  return rep.status;
+}
+
+START_TEST(order_priority_idle_then_offer) {
+  struct fx f;
+  fx_open_ini(&f, "host:32MiB",
+              FX_INI_OFF
+              "[tenant:low]\nuids = 1001\npriority = -10\n"
+              "[tenant:mid]\nuids = 1002\npriority = 0\n"
+              "[tenant:high]\nuids = 1003\npriority = 10\n"
+              "[tenant:req]\nuids = 1004\npriority = 5\n");
+  fx_hello(&f, "a", 1003, "high");
+  fx_hello(&f, "b", 1001, "low");
+  fx_hello(&f, "c", 1001, "low");
+  fx_hello(&f, "d", 1002, "mid");
+  fx_hello(&f, "e", 1004, "req");
+  fx_hello(&f, "g", 1004, "req");
+  hold(&f, "a", 1003, 6 * MIB);
+  hold(&f, "b", 1001, 6 * MIB);
+  hold(&f, "c", 1001, 4 * MIB);
+  hold(&f, "d", 1002, 6 * MIB);
+  hold(&f, "g", 1004, 2 * MIB);
+  offer(&f, "a", 1003, 6 * MIB, 100000, 0); /* higher priority: never */
+  offer(&f, "b", 1001, 6 * MIB, 1000, 0);   /* low, idle 1 s, larger */
+  offer(&f, "c", 1001, 4 * MIB, 5000, 0);   /* low, idle longer: first */
+  offer(&f, "d", 1002, 6 * MIB, 100000, 0); /* mid: after the low ones */
+  offer(&f, "g", 1004, 2 * MIB, 100000, 0); /* the requester's tenant */
+  /* 24 MiB held, 8 of room: 20 MiB lacks 12. */
+  held(&f, "e", 1004, 20 * MIB);
+  uint64_t bytes;
+  ck_assert_str_eq(sleep_ask(&f, 0, &bytes), "c");
+  ck_assert_uint_eq(bytes, 4 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 1, &bytes), "b");
+  ck_assert_uint_eq(bytes, 6 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 2, &bytes), "d");
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_ptr_null(sleep_ask(&f, 3, NULL));
+  ck_assert_uint_eq(fx_tenant(&f, "low")->sleep_asks, 2);
+  ck_assert_uint_eq(fx_tenant(&f, "high")->sleep_asks, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "req")->sleep_asks, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* Never below a reservation: keep (reserve 6 MiB) holds 8 and offers 8;
+ * it is asked 2. */
+START_TEST(reservation_never_asked_below) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF
+              "[tenant:keep]\nuids = 1001\nreserve = 6MiB\n"
+              "[tenant:other]\nuids = 1002\n"
+              "[tenant:req]\nuids = 1003\n");
+  fx_hello(&f, "a", 1001, "keep");
+  fx_hello(&f, "b", 1002, "other");
+  fx_hello(&f, "c", 1003, "req");
+  hold(&f, "a", 1001, 8 * MIB);
+  hold(&f, "b", 1002, 4 * MIB);
+  offer(&f, "a", 1001, 8 * MIB, 1000, 0);
+  offer(&f, "b", 1002, 4 * MIB, 10, 0);
+  /* 12 held, 4 of room: 8 MiB lacks 4: a gives 2 (its reservation), b 2. */
+  held(&f, "c", 1003, 8 * MIB);
+  uint64_t bytes;
+  ck_assert_str_eq(sleep_ask(&f, 0, &bytes), "a");
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 1, &bytes), "b");
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* sleep_wait_ms 0: nobody is asked to sleep, the refusal is at once; an
+ * offer that cannot cover what is missing asks nobody either. */
+START_TEST(nothing_asked_when_off_or_short) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", FX_INI_OFF "sleep_wait_ms = 0\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  hold(&f, "a", 1001, 12 * MIB);
+  offer(&f, "a", 1001, 12 * MIB, 1000, 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 8 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_ptr_null(sleep_ask(&f, 0, NULL));
+  fx_close(&f);
+
+  fx_open_ini(&f, "host:16MiB", FX_INI_OFF);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  hold(&f, "a", 1001, 12 * MIB);
+  offer(&f, "a", 1001, 2 * MIB, 1000, 0);
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 8 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_ptr_null(sleep_ask(&f, 0, NULL));
+  fx_close(&f);
+}
+END_TEST
+
+/* An ask left unanswered: the request falls through at the bound, the
+ * session counts an ask ignored and is not asked again meanwhile. */
+START_TEST(unanswered_ask_bounded) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", FX_INI_OFF "sleep_wait_ms = 500\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  hold(&f, "a", 1001, 12 * MIB);
+  offer(&f, "a", 1001, 12 * MIB, 1000, 0);
+  uint64_t req = held(&f, "b", 1002, 8 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 0, NULL), "a");
+  /* Before the bound nothing is answered; after it, b is refused. */
+  gmb__reclaim_expire(&f.b, gmb__now_ns() + 100 * GMB_NS_PER_MS);
+  const struct fx_sent *last = fx_last_to(&f, "b");
+  ck_assert(last == NULL || last->rep.id != req);
+  gmb__reclaim_expire(&f.b, gmb__now_ns() + 600 * GMB_NS_PER_MS);
+  last = fx_last_to(&f, "b");
+  ck_assert_ptr_nonnull(last);
+  ck_assert_uint_eq(last->rep.id, req);
+  ck_assert_int_eq(last->rep.status, GMB_E_NOMEM);
+  struct gmb_session *a = gmb__session_find(f.b.sessions,
+                                            (const uint8_t *)"a", 1);
+  ck_assert_uint_eq(a->trim_ignored, 1);
+  ck_assert_uint_eq(a->ask_bytes, 0);
+  /* In its pause: a second request asks nobody. */
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 8 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_ptr_null(sleep_ask(&f, 1, NULL));
+  fx_close(&f);
+}
+END_TEST
+
+/* SleepNote: the account, host_quota over the tenant's sessions, a tag
+ * paused twice (updated, not counted twice), a resume of a tag never
+ * paused (nothing), the end of a paused session. */
+START_TEST(note_account_and_host_quota) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", "[tenant:h]\nuids = 1001\n"
+                                "host_quota = 6MiB\n");
+  fx_hello(&f, "a", 1001, "h");
+  fx_hello(&f, "b", 1001, "h");
+  struct gmb_tenant *t = fx_tenant(&f, "h");
+  ck_assert_uint_eq(t->host_quota, 6 * MIB);
+  ck_assert_int_eq(note(&f, "a", 1001, "w", 1, 4 * MIB, 4 * MIB), 0);
+  ck_assert_int_eq(note(&f, "b", 1001, "w", 1, 4 * MIB, 4 * MIB),
+                   GMB_E_LIMIT);
+  ck_assert_int_eq(note(&f, "b", 1001, "w", 1, 0, 4 * MIB), 0); /* discard */
+  ck_assert_int_eq(note(&f, "a", 1001, "w", 1, 6 * MIB, 6 * MIB), 0);
+  ck_assert_int_eq(note(&f, "a", 1001, "w", 1, 7 * MIB, 6 * MIB),
+                   GMB_E_LIMIT);
+  ck_assert_uint_eq(t->host_bytes, 6 * MIB);
+  ck_assert_uint_eq(t->paused_bytes, 10 * MIB);
+  ck_assert_uint_eq(t->paused_tags, 2);
+  ck_assert_uint_eq(t->pauses, 2);
+  ck_assert_int_eq(note(&f, "a", 1001, "never", 0, 0, 0), 0);
+  ck_assert_int_eq(note(&f, "a", 1001, "", 1, 0, 0), GMB_E_INVAL);
+  ck_assert_int_eq(note(&f, "a", 1001, "w", 0, 0, 0), 0);
+  ck_assert_uint_eq(t->resumes, 1);
+  ck_assert_uint_eq(t->host_bytes, 0);
+  /* b ends paused: its record goes, its time is kept. */
+  fx_end(&f, gmb__session_find(f.b.sessions, (const uint8_t *)"b", 1));
+  ck_assert_uint_eq(t->paused_tags, 0);
+  ck_assert_uint_eq(t->paused_bytes, 0);
+  ck_assert(gmb__sleep_tenant_seconds(t, gmb__now_ns()) >= 0.0);
+  fx_close(&f);
+}
+END_TEST
+
+/* At most GMB_SLEEP_TAGS_MAX records per session. */
+START_TEST(note_records_bounded) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", NULL);
+  fx_hello(&f, "a", 1001, "");
+  char tag[16];
+  for (int i = 0; i < GMB_SLEEP_TAGS_MAX; i++) {
+    snprintf(tag, sizeof tag, "t%d", i);
+    ck_assert_int_eq(note(&f, "a", 1001, tag, 1, 0, 0), 0);
+  }
+  ck_assert_int_eq(note(&f, "a", 1001, "one-more", 1, 0, 0), GMB_E_LIMIT);
+  ck_assert_int_eq(note(&f, "a", 1001, "t3", 1, 0, 0), 0); /* an update */
+  fx_close(&f);
+}
+END_TEST
+
+/* AdminPause/admin_resume: every session of the tenant gets the event with
+ * the tag and mode; an unknown tenant is refused. */
+START_TEST(admin_pause_tells_sessions) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", NULL);
+  fx_hello(&f, "a", 1001, "t");
+  fx_hello(&f, "b", 1001, "t");
+  fx_hello(&f, "c", 1002, "u");
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_PAUSE;
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "t");
+  snprintf(req.u.admin_pause.tag, sizeof req.u.admin_pause.tag, "kv");
+  req.u.admin_pause.discard = 1;
+  struct gmb_peer p = fx_peer("ctl", geteuid());
+  struct wire_reply rep;
+  ck_assert_int_eq(gmb__admin(&f.b, &p, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.u.pause.sessions, 2);
+  for (const char *rid = "ab"; *rid; rid++) {
+    char r[2] = {*rid, 0};
+    const struct fx_sent *s = fx_last_to(&f, r);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(s->rep.u.event.kind, WIRE_EVENT_SLEEP);
+    ck_assert_str_eq(s->rep.u.event.tag, "kv");
+    ck_assert_uint_eq(s->rep.u.event.mode, GMB_PAUSE_DISCARD);
+  }
+  ck_assert_ptr_null(fx_last_to(&f, "c"));
+  req.kind = WIRE_ADMIN_RESUME;
+  req.u.admin_pause.tag[0] = '\0';
+  ck_assert_int_eq(gmb__admin(&f.b, &p, &req, &rep), 1);
+  ck_assert_uint_eq(rep.u.pause.sessions, 2);
+  ck_assert_int_eq(fx_last_to(&f, "a")->rep.u.event.kind, WIRE_EVENT_WAKE);
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "nope");
+  ck_assert_int_eq(gmb__admin(&f.b, &p, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  fx_close(&f);
+}
+END_TEST
+
+static Suite *sleep_suite(void) {
+  Suite *s = suite_create("sleep");
+  TCase *tc = tcase_create("asks");
+  tcase_add_test(tc, order_priority_idle_then_offer);
+  tcase_add_test(tc, reservation_never_asked_below);
+  tcase_add_test(tc, nothing_asked_when_off_or_short);
+  tcase_add_test(tc, unanswered_ask_bounded);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("account");
+  tcase_add_test(tc, note_account_and_host_quota);
+  tcase_add_test(tc, note_records_bounded);
+  tcase_add_test(tc, admin_pause_tells_sessions);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return check_run(sleep_suite()); }
