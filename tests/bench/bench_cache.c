@@ -48,6 +48,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -208,12 +209,15 @@ static double raw_rtt(long n, double *p99) {
 struct path {
   gmb_client *c;
   int cached;
+  int libc; /* the baseline: malloc/free of the C library */
   gmb_id ids[256]; /* uncached: the id of each live slot */
 };
 
 static void *p_alloc(struct path *p, int slot, size_t n) {
   void *ptr = NULL;
-  if (p->cached) {
+  if (p->libc) {
+    if ((ptr = malloc(n)) == NULL) die("malloc", strerror(errno));
+  } else if (p->cached) {
     if (gmb_malloc_async(p->c, n, NULL, &ptr)) die("malloc_async", gmb_last_error(p->c));
   } else {
     if (gmb_alloc(p->c, n, 0, &p->ids[slot]) || gmb_lock(p->c, p->ids[slot], &ptr))
@@ -223,6 +227,10 @@ static void *p_alloc(struct path *p, int slot, size_t n) {
 }
 
 static void p_free(struct path *p, int slot, void *ptr) {
+  if (p->libc) {
+    free(ptr);
+    return;
+  }
   int rc = p->cached ? gmb_free_async(p->c, ptr, NULL)
                      : gmb_free(p->c, p->ids[slot]);
   if (rc) die("free", gmb_last_error(p->c));
@@ -316,6 +324,27 @@ static double run_transformer(const char *label, int cached, long steps,
   free(v);
   gmb_disconnect(p.c);
   return cached ? mean : med;
+}
+
+/* The baseline of the mean pair, measured in the same run: the
+ * transformer pattern through the C library's malloc/free (host memory,
+ * never touched), timed whole as run_transformer's mean.  glibc serves
+ * blocks of 128 KiB and more with mmap and trims its heap on free until
+ * its thresholds adapted; both are fixed here (every block from the heap,
+ * no trim), so that the baseline is the allocator's work and not system
+ * calls.  Returns the mean pair in ns. */
+static double run_malloc(long steps) {
+  struct path p = {.libc = 1};
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  for (int w = 0; w < 2; w++) tf_step(&p, NULL, 0);
+  size_t pairs = 0;
+  uint64_t t0 = now_ns();
+  for (long s = 0; s < steps * MEAN_STEPS_PER; s++) pairs = tf_step(&p, NULL, pairs);
+  double mean = (double)(now_ns() - t0) / (double)pairs;
+  printf("transformer.malloc mean_ns=%.1f (%ld steps timed whole)\n", mean,
+         steps * MEAN_STEPS_PER);
+  return mean;
 }
 
 static void run_serving(long ops, double rtt) {
@@ -685,6 +714,18 @@ static void run_sleep(void) {
   gmb_disconnect(c);
 }
 
+/* BENCH_ONLY: a comma-separated list of the parts to run (transformer,
+ * uncached, serving, trim, sleep, elastic, fakecuda); unset: all. */
+static int part(const char *name) {
+  const char *only = getenv("BENCH_ONLY");
+  if (only == NULL || *only == '\0') return 1;
+  size_t n = strlen(name);
+  for (const char *s = only; (s = strstr(s, name)) != NULL; s += n)
+    if ((s == only || s[-1] == ',') && (s[n] == '\0' || s[n] == ','))
+      return 1;
+  return 0;
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/gmb-bench-cache-XXXXXX");
   if (mkdtemp(dir) == NULL) die("mkdtemp", strerror(errno));
@@ -696,22 +737,33 @@ int main(void) {
   broker_start("host:3GiB", "[tenant:elastic]\nquota = 2GiB\n");
   double rtt_p99, rtt = raw_rtt(rtt_n, &rtt_p99);
   printf("raw_rtt median_ns=%.0f p99_ns=%.0f\n", rtt, rtt_p99);
-  double host = run_transformer("", 1, steps, rtt);
-  run_transformer("", 0, steps / 4 > 0 ? steps / 4 : 1, rtt);
-  run_serving(ops, rtt);
-  run_trim("");
-  run_sleep();
-  run_elastic();
-  /* The full-device case on a device of its own size, with the broker's
-   * defaults (trim_wait_ms 100). */
+  double host = 0;
+  if (part("transformer") || part("fakecuda")) {
+    double base = run_malloc(steps);
+    host = run_transformer("", 1, steps, rtt);
+    printf("transformer.cache mean_over_malloc=%.3f (malloc mean %.1f ns, "
+           "this run)\n", host / base, base);
+  }
+  if (part("uncached"))
+    run_transformer("", 0, steps / 4 > 0 ? steps / 4 : 1, rtt);
+  if (part("serving")) run_serving(ops, rtt);
+  if (part("trim")) run_trim("");
+  if (part("sleep")) run_sleep();
+  if (part("elastic")) {
+    run_elastic();
+    /* The full-device case on a device of its own size, with the broker's
+     * defaults (trim_wait_ms 100). */
+    broker_stop();
+    broker_start("host:2GiB", "");
+    run_elastic_device(rtt);
+  }
   broker_stop();
-  broker_start("host:2GiB", "");
-  run_elastic_device(rtt);
-  broker_stop();
-  double fake = run_fakecuda(steps, rtt);
-  if (fake > 0)
-    printf("fakecuda.transformer.cache mean_over_host=%.3f (host mean %.1f "
-           "ns, this run)\n", fake / host, host);
+  if (part("fakecuda")) {
+    double fake = run_fakecuda(steps, rtt);
+    if (fake > 0)
+      printf("fakecuda.transformer.cache mean_over_host=%.3f (host mean %.1f "
+             "ns, this run)\n", fake / host, host);
+  }
   cleanup();
   return failed;
 }
