@@ -871,7 +871,7 @@ static uint64_t cache_fill_moved(struct gmb_cache *k, struct cache_arena *a,
     struct cache_page *dst = cache_pg(k, s, p);
     if (dst->pg.id) continue;
     uintptr_t from;
-    struct cache_block *pv = cache_idle_take(k, a, 0, 0, &from);
+    struct cache_block *pv = cache_idle_take(k, a, 0, 1, &from);
     if (pv == NULL) break;
     struct cache_page *src = cache_pg(k, pv->span, from);
     struct gmb_cache_page pg = src->pg;
