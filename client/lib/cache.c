@@ -99,8 +99,16 @@
 
 /* --- threads and streams ---------------------------------------------- */
 
+/* The thread-local words of the hot path are of the initial-exec model:
+ * a load at a fixed offset from the thread pointer.  In libgmb.so and the
+ * shims (shared objects, dlopen'd by PyTorch) the default model calls
+ * __tls_get_addr on every access, a few nanoseconds each on a path of a
+ * hundred.  They take 24 bytes of the static TLS that glibc keeps spare
+ * for such libraries. */
+#define CACHE_TLS __attribute__((tls_model("initial-exec")))
+
 static _Atomic unsigned cache_next_thread;
-static _Thread_local unsigned cache_thread; /* 0: not numbered yet */
+static _Thread_local unsigned cache_thread CACHE_TLS; /* 0: not numbered yet */
 
 /* The calling thread's number (from 1). */
 static unsigned cache_me(void) {
@@ -119,7 +127,7 @@ static unsigned cache_arena_of(const struct gmb_cache *k) {
 static _Thread_local struct {
   uint64_t gen;
   unsigned idx;
-} cache_tls;
+} cache_tls CACHE_TLS;
 
 void gmb__cache_tls_set(const struct gmb_cache *k, unsigned idx) {
   cache_tls.gen = k->gen;
