@@ -94,12 +94,7 @@
  * for their streams' events (at most 25 ms, a quarter of the broker's
  * default bound). */
 #define CLIENT_TRIM_TRIES 11
-/* gmb_free_async reports a new idle page itself at most this often; and
- * the library thread, woken by a free to report, lets frees wake it again
- * only this long after its report (it reports once more then, if the
- * cache changed): a program that frees and allocates its whole working
- * set every few microseconds (a training step) wakes it, and sends a
- * report, about once per this period rather than once per step. */
+/* gmb_free_async reports a new idle page itself at most this often. */
 #define CLIENT_SYNC_REPORT_NS (1000 * 1000u)
 /* Idle bytes not reported yet past which a free reports them itself,
  * waiting a little for the socket if it must (client_io_lock_briefly): at
@@ -559,23 +554,14 @@ static void client_trim_asked(gmb_client *c) {
 
 static void *client_heartbeat_main(void *arg) {
   gmb_client *c = arg;
-  /* Reported for a free's wake: wake_pending stays set (frees do not
-   * signal) until CLIENT_SYNC_REPORT_NS later, when it is cleared and
-   * the cache reported again if it changed meanwhile. */
-  int settling = 0;
   pthread_mutex_lock(&c->hb_mu);
   while (!c->hb_stop) {
     /* A wake that came while the thread was busy is not lost: it is
      * looked at here, under hb_mu, before waiting. */
-    uint64_t wait_ns = 0;
-    if (settling)
-      wait_ns = CLIENT_SYNC_REPORT_NS; /* a trim ask or a stop cuts it */
-    else if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending))
-      wait_ns = (uint64_t)c->tick_ms * GMB_NS_PER_MS;
-    if (wait_ns) {
+    if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending)) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + wait_ns;
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
     ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
     ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
     pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
@@ -585,14 +571,9 @@ static void *client_heartbeat_main(void *arg) {
     pthread_mutex_lock(&c->io);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
-    /* Cleared before the report that ends the settling: a page that goes
-     * idle after it wakes the thread again. */
-    if (settling) {
-      atomic_store_explicit(&c->wake_pending, 0, memory_order_release);
-      settling = 0;
-    } else if (atomic_load_explicit(&c->wake_pending, memory_order_acquire)) {
-      settling = 1;
-    }
+    /* Cleared before the report: a page that goes idle after it wakes
+     * the thread again. */
+    atomic_store_explicit(&c->wake_pending, 0, memory_order_release);
     client_report_due(c);
     pthread_mutex_unlock(&c->io);
     client_trim_asked(c);
@@ -1920,23 +1901,24 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
   uint64_t cached = gmb__cache_cached(c->cache),
            reported = atomic_load_explicit(&c->reported, memory_order_relaxed);
   if (cached > reported &&
-      !atomic_load_explicit(&c->wake_pending, memory_order_relaxed) &&
       atomic_load_explicit(&c->cache_thread, memory_order_acquire)) {
     /* The first idle page after a quiet while is reported by this call
-     * itself (a Heartbeat sent without waiting, when the socket is free;
-     * CLIENT_SYNC_REPORT_BYTES unreported, waiting a little for it: the
-     * thread may hold it, and be late), so that a request another process
-     * makes right after it is held for it; later ones, within
-     * CLIENT_SYNC_REPORT_NS, by the thread.  While the thread has a report
-     * to make (wake_pending), a free costs the two loads above. */
+     * itself (a Heartbeat sent without waiting, when the socket is free),
+     * so that a request another process makes right after it is held for
+     * it; later ones, within CLIENT_SYNC_REPORT_NS, by the thread; but
+     * CLIENT_SYNC_REPORT_BYTES unreported by this call, waiting a little
+     * for the socket (the thread may hold it, and be late). */
     uint64_t now = gmb__now_ns(),
              last = atomic_load_explicit(&c->sync_report_ns,
                                          memory_order_relaxed);
     int big = cached - reported >= CLIENT_SYNC_REPORT_BYTES;
-    if (now - last >= CLIENT_SYNC_REPORT_NS &&
+    if (big && client_io_lock_briefly(c)) {
+      atomic_store_explicit(&c->sync_report_ns, now, memory_order_relaxed);
+      client_report_due(c);
+      pthread_mutex_unlock(&c->io);
+    } else if (now - last >= CLIENT_SYNC_REPORT_NS &&
         atomic_compare_exchange_strong(&c->sync_report_ns, &last, now) &&
-        (big ? client_io_lock_briefly(c)
-             : pthread_mutex_trylock(&c->io) == 0)) {
+        pthread_mutex_trylock(&c->io) == 0) {
       client_report_due(c);
       pthread_mutex_unlock(&c->io);
     } else if (!atomic_exchange_explicit(&c->wake_pending, 1,
