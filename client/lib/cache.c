@@ -271,7 +271,7 @@ static struct cache_block *cache_rec_get(struct cache_arena *a) {
 static void cache_rec_put(struct cache_arena *a, struct cache_block *b) {
   if (b->uses) free(b->uses);
   if (b->waits) free(b->waits);
-  if (a->n_spare_blocks >= CACHE_SPARE_BLOCKS) {
+  if (a->n_spare_blocks + 1 > CACHE_SPARE_BLOCKS) {
     free(b);
     return;
   }

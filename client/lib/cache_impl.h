@@ -19,8 +19,14 @@
 #define CACHE_SCAN_MAX 64
 #define CACHE_DEFAULT_ARENAS 4
 #define CACHE_HASH_MIN 64
-/* Block records an arena keeps for reuse at most (cache_rec_get). */
+/* Block records an arena keeps for reuse at most (cache_rec_get).  None
+ * under AddressSanitizer, so that it still sees a record used after the
+ * cache let it go. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CACHE_SPARE_BLOCKS 0
+#else
 #define CACHE_SPARE_BLOCKS 256
+#endif
 /* Tag arenas a cache makes at most (each reserves its own spans). */
 #define CACHE_MAX_TAGS 64
 /* CUDA's pseudo handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
