@@ -99,8 +99,16 @@
 
 /* --- threads and streams ---------------------------------------------- */
 
+/* The thread-local words of the hot path are of the initial-exec model:
+ * a load at a fixed offset from the thread pointer.  In libgmb.so and the
+ * shims (shared objects, dlopen'd by PyTorch) the default model calls
+ * __tls_get_addr on every access, a few nanoseconds each on a path of a
+ * hundred.  They take 24 bytes of the static TLS that glibc keeps spare
+ * for such libraries. */
+#define CACHE_TLS __attribute__((tls_model("initial-exec")))
+
 static _Atomic unsigned cache_next_thread;
-static _Thread_local unsigned cache_thread; /* 0: not numbered yet */
+static _Thread_local unsigned cache_thread CACHE_TLS; /* 0: not numbered yet */
 
 /* The calling thread's number (from 1). */
 static unsigned cache_me(void) {
@@ -119,7 +127,7 @@ static unsigned cache_arena_of(const struct gmb_cache *k) {
 static _Thread_local struct {
   uint64_t gen;
   unsigned idx;
-} cache_tls;
+} cache_tls CACHE_TLS;
 
 void gmb__cache_tls_set(const struct gmb_cache *k, unsigned idx) {
   cache_tls.gen = k->gen;
@@ -160,7 +168,7 @@ static void cache_users(struct gmb_cache *k, struct cache_arena *a,
   }
   if (idle) {
     a->idle += (uint64_t)idle;
-    cache_totals(k, 0, idle * (int64_t)k->page, 0, 0);
+    cache_totals(k, 0, idle * (int64_t)k->page, 0);
   }
 }
 
@@ -245,25 +253,50 @@ static struct cache_block *cache_block_link(struct cache_block *b,
   return b;
 }
 
+/* A zeroed block record: one of the arena's spare records, else a new
+ * one; NULL when out of memory.  Every hit that splits a free block and
+ * every free that merges one takes or gives back a record, so the arena
+ * keeps up to CACHE_SPARE_BLOCKS of them rather than calling malloc and
+ * free on each.  Holds a's lock. */
+static struct cache_block *cache_rec_get(struct cache_arena *a) {
+  struct cache_block *b = a->spare_blocks;
+  if (b == NULL) return calloc(1, sizeof *b);
+  a->spare_blocks = b->fnext;
+  a->n_spare_blocks--;
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+/* Gives record b (linked nowhere) back.  Holds a's lock. */
+static void cache_rec_put(struct cache_arena *a, struct cache_block *b) {
+  if (b->uses) free(b->uses);
+  if (b->waits) free(b->waits);
+  if (a->n_spare_blocks + 1 > CACHE_SPARE_BLOCKS) {
+    free(b);
+    return;
+  }
+  b->fnext = a->spare_blocks;
+  a->spare_blocks = b;
+  a->n_spare_blocks++;
+}
+
 /* A new block, as cache_block_link; NULL when out of memory (nothing
  * linked). */
-static struct cache_block *cache_block_new(struct cache_span *s,
+static struct cache_block *cache_block_new(struct cache_arena *a,
+                                           struct cache_span *s,
                                            struct cache_block *at,
                                            uintptr_t ptr, uint64_t size,
                                            int state) {
-  return cache_block_link(calloc(1, sizeof(struct cache_block)), s, at, ptr,
-                          size, state);
+  return cache_block_link(cache_rec_get(a), s, at, ptr, size, state);
 }
 
-static void cache_block_unlink(struct cache_block *b) {
+static void cache_block_unlink(struct cache_arena *a, struct cache_block *b) {
   if (b->prev)
     b->prev->next = b->next;
   else
     b->span->first = b->next;
   if (b->next) b->next->prev = b->prev;
-  free(b->uses);
-  free(b->waits);
-  free(b);
+  cache_rec_put(a, b);
 }
 
 /* --- the hash of handed-out blocks -------------------------------------- */
@@ -398,7 +431,7 @@ static void cache_merge(struct cache_arena *a, struct cache_block *x,
   cache_event_unref(a, y->ev);
   y->ev = NULL;
   x->size += y->size;
-  cache_block_unlink(y);
+  cache_block_unlink(a, y);
 }
 
 /* Merges FREE block b (in no bin) with its mergeable neighbours, puts the
@@ -421,18 +454,19 @@ static struct cache_block *cache_coalesce(struct cache_arena *a,
 
 /* Merges VIRT block b (in no list) with VIRT neighbours, puts the result
  * into its span's list and returns it. */
-static struct cache_block *cache_virt_settle(struct cache_block *b) {
+static struct cache_block *cache_virt_settle(struct cache_arena *a,
+                                            struct cache_block *b) {
   struct cache_span *s = b->span;
   if (b->next && b->next->state == CACHE_VIRT) {
     cache_virt_remove(s, b->next);
     b->size += b->next->size;
-    cache_block_unlink(b->next);
+    cache_block_unlink(a, b->next);
   }
   if (b->prev && b->prev->state == CACHE_VIRT) {
     struct cache_block *p = b->prev;
     cache_virt_remove(s, p);
     p->size += b->size;
-    cache_block_unlink(b);
+    cache_block_unlink(a, b);
     b = p;
   }
   cache_virt_insert(s, b);
@@ -463,7 +497,7 @@ static void cache_settle(struct gmb_cache *k, struct cache_arena *a,
     if (cut < end) {
       struct cache_block *r = used < 2 ? spare[used] : NULL;
       if (r) spare[used++] = NULL;
-      rest = cache_block_link(r ? r : calloc(1, sizeof *r), s, b, cut,
+      rest = cache_block_link(r ? r : cache_rec_get(a), s, b, cut,
                               end - cut, CACHE_MAPPING);
     }
     b->size = (rest ? cut : end) - b->ptr;
@@ -479,7 +513,7 @@ static void cache_settle(struct gmb_cache *k, struct cache_arena *a,
       cache_coalesce(a, b);
     } else {
       b->state = CACHE_VIRT;
-      cache_virt_settle(b);
+      cache_virt_settle(a, b);
     }
     b = rest;
   }
@@ -495,8 +529,9 @@ static void cache_split(struct cache_arena *a, struct cache_block *b,
                         uint64_t need, int at_end) {
   uint64_t rest = b->size - need;
   struct cache_block *r =
-      at_end ? cache_block_new(b->span, b->prev, b->ptr, rest, CACHE_FREE)
-             : cache_block_new(b->span, b, b->ptr + need, rest, CACHE_FREE);
+      at_end ? cache_block_new(a, b->span, b->prev, b->ptr, rest, CACHE_FREE)
+             : cache_block_new(a, b->span, b, b->ptr + need, rest,
+                               CACHE_FREE);
   if (r == NULL) return;
   r->ready = b->ready;
   r->stream = b->stream;
@@ -523,7 +558,7 @@ static void cache_hand_out(struct gmb_cache *k, struct cache_arena *a,
   a->in_use_blocks += b->size;
   a->in_use_req += need;
   if (a->in_use_req > a->peak_req) a->peak_req = a->in_use_req;
-  cache_totals(k, 0, 0, (int64_t)need, (int64_t)b->size);
+  cache_totals(k, 0, 0, (int64_t)need);
 }
 
 /* Takes FREE block b (in no bin) for `need` bytes: cut from the end that
@@ -615,7 +650,7 @@ static struct cache_span *cache_span_new(struct gmb_cache *k,
   *rc = k->ops.reserve(k->ops.ctx, size, &s->base);
   struct cache_block *b = NULL;
   if (*rc == 0) {
-    b = cache_block_new(s, NULL, s->base, size, CACHE_VIRT);
+    b = cache_block_new(a, s, NULL, s->base, size, CACHE_VIRT);
     if (b == NULL) {
       k->ops.unreserve(k->ops.ctx, s->base, size);
       *rc = GMB_E_SYSTEM;
@@ -709,12 +744,12 @@ static struct cache_block *cache_carve(struct gmb_cache *k,
   uintptr_t lo = ms > vs ? ms : vs, hi = me < ve ? me : ve; /* pages */
   /* Records for the VIRT rests first, so that a failure changes nothing. */
   struct cache_block *lv = NULL, *rv = NULL;
-  if (lo > vs && (lv = cache_block_new(s, v->prev, vs, lo - vs,
+  if (lo > vs && (lv = cache_block_new(a, s, v->prev, vs, lo - vs,
                                        CACHE_VIRT)) == NULL)
     return NULL;
-  if (hi < ve && (rv = cache_block_new(s, v, hi, ve - hi, CACHE_VIRT)) ==
+  if (hi < ve && (rv = cache_block_new(a, s, v, hi, ve - hi, CACHE_VIRT)) ==
                      NULL) {
-    if (lv) cache_block_unlink(lv);
+    if (lv) cache_block_unlink(a, lv);
     return NULL;
   }
   cache_virt_remove(s, v);
@@ -728,7 +763,7 @@ static struct cache_block *cache_carve(struct gmb_cache *k,
       cache_bin_insert(a, f);
     else {
       cache_event_unref(a, f->ev);
-      cache_block_unlink(f);
+      cache_block_unlink(a, f);
     }
   }
   if (me > ve) { /* the right neighbour's free start */
@@ -740,7 +775,7 @@ static struct cache_block *cache_carve(struct gmb_cache *k,
       cache_bin_insert(a, f);
     else {
       cache_event_unref(a, f->ev);
-      cache_block_unlink(f);
+      cache_block_unlink(a, f);
     }
   }
   v->ptr = ms;
@@ -753,20 +788,26 @@ static struct cache_block *cache_carve(struct gmb_cache *k,
 /* An idle page of arena a whose free memory no stream can still use,
  * detached: the page's range becomes VIRT (not merged yet, in no list)
  * and is returned with the page's address in *addr; NULL when none.  Looks
- * at free blocks of at least a page, largest first: an idle page lies
- * inside exactly one free block once its free neighbours merged, and that
- * block must be ready.  With `ask`, a block whose stream's work is not
- * known to be done gets an event recorded, so that a later look finds
- * out.  Holds a's lock. */
+ * at free blocks of at least a page: an idle page lies inside exactly one
+ * free block once its free neighbours merged, and that block must be
+ * ready.  `smallest`: the smallest such blocks first (a miss moving pages:
+ * a page taken out of a large free run would split the very run that
+ * serves the next large request without a miss; the lone idle pages
+ * between blocks in use go first), else the largest first (a trim).
+ * With `ask`, a block whose stream's work is not known to be done gets an
+ * event recorded, so that a later look finds out.  Holds a's lock. */
 static struct cache_block *cache_idle_take(struct gmb_cache *k,
                                            struct cache_arena *a, int ask,
-                                           uintptr_t *addr) {
+                                           int smallest, uintptr_t *addr) {
   if (a->idle == 0) return NULL;
   const unsigned lowest = cache_bin(k->page);
 restart:
-  for (unsigned i = cache_bin_prev(a, CACHE_BINS - 1);
+  for (unsigned i = smallest ? cache_bin_next(a, lowest)
+                             : cache_bin_prev(a, CACHE_BINS - 1);
        i < CACHE_BINS && i >= lowest;
-       i = i ? cache_bin_prev(a, i - 1) : CACHE_BINS) {
+       i = smallest ? cache_bin_next(a, i + 1)
+           : i      ? cache_bin_prev(a, i - 1)
+                    : CACHE_BINS) {
     for (struct cache_block *b = a->bins[i]; b; b = b->fnext) {
       uintptr_t p0 = cache_pceil(k, b->ptr);
       uintptr_t p1 = cache_pfloor(k, b->ptr + b->size);
@@ -783,11 +824,9 @@ restart:
        * first, so that a failure changes nothing. */
       uintptr_t end = b->ptr + b->size;
       struct cache_block *pv = NULL, *r = NULL;
-      if (b->ptr < p0 &&
-          (pv = calloc(1, sizeof *pv)) == NULL)
-        return NULL;
-      if (end > p0 + k->page && (r = calloc(1, sizeof *r)) == NULL) {
-        free(pv);
+      if (b->ptr < p0 && (pv = cache_rec_get(a)) == NULL) return NULL;
+      if (end > p0 + k->page && (r = cache_rec_get(a)) == NULL) {
+        if (pv) cache_rec_put(a, pv);
         return NULL;
       }
       cache_bin_remove(a, b);
@@ -824,7 +863,7 @@ static void cache_page_drop(struct gmb_cache *k, struct cache_arena *a,
   memset(&pg->pg, 0, sizeof pg->pg);
   a->mapped--;
   a->idle--;
-  cache_totals(k, -(int64_t)k->page, -(int64_t)k->page, 0, 0);
+  cache_totals(k, -(int64_t)k->page, -(int64_t)k->page, 0);
 }
 
 /* Fills the pages of MAPPING block m that are not mapped with idle pages
@@ -840,7 +879,7 @@ static uint64_t cache_fill_moved(struct gmb_cache *k, struct cache_arena *a,
     struct cache_page *dst = cache_pg(k, s, p);
     if (dst->pg.id) continue;
     uintptr_t from;
-    struct cache_block *pv = cache_idle_take(k, a, 0, &from);
+    struct cache_block *pv = cache_idle_take(k, a, 0, 1, &from);
     if (pv == NULL) break;
     struct cache_page *src = cache_pg(k, pv->span, from);
     struct gmb_cache_page pg = src->pg;
@@ -855,12 +894,12 @@ static uint64_t cache_fill_moved(struct gmb_cache *k, struct cache_arena *a,
     memset(&src->pg, 0, sizeof src->pg);
     dst->pg = pg;
     a->idle--; /* the page under m has users: no longer idle */
-    cache_totals(k, 0, -(int64_t)k->page, 0, 0);
+    cache_totals(k, 0, -(int64_t)k->page, 0);
     if (rc == 1) {
       pv->state = CACHE_LOST;
       pv->span->lost = 1;
     } else {
-      cache_virt_settle(pv);
+      cache_virt_settle(a, pv);
     }
     a->page_moves++;
     moved++;
@@ -905,7 +944,7 @@ static int cache_fill_mapped(struct gmb_cache *k, struct cache_arena *a,
     for (unsigned i = 0; i < n; i++) cache_pg(k, s, p + i * k->page)->pg = got[i];
     a->mapped += n;
     a->page_maps += n;
-    cache_totals(k, (int64_t)(n * k->page), 0, 0, 0);
+    cache_totals(k, (int64_t)(n * k->page), 0, 0);
     pthread_mutex_unlock(&a->mu);
     p += n * k->page;
   }
@@ -1056,7 +1095,7 @@ static void cache_to_free(struct gmb_cache *k, struct cache_arena *a,
                           unsigned thread, struct cache_event *e) {
   a->in_use_blocks -= b->size;
   a->in_use_req -= b->req;
-  cache_totals(k, 0, 0, -(int64_t)b->req, -(int64_t)b->size);
+  cache_totals(k, 0, 0, -(int64_t)b->req);
   cache_users(k, a, b->span, b->ptr, b->ptr + b->size, -1);
   b->state = CACHE_FREE;
   b->req = 0;
@@ -1283,12 +1322,12 @@ unsigned gmb__cache_trim_arena(struct gmb_cache *k, struct cache_arena *a,
   if (cache_events(k)) cache_promote_idle(k, a);
   while (n < max) {
     uintptr_t addr;
-    struct cache_block *pv = cache_idle_take(k, a, 1, &addr);
+    struct cache_block *pv = cache_idle_take(k, a, 1, 0, &addr);
     if (pv == NULL) break;
     struct cache_span *s = pv->span;
     k->ops.page_unmap(k->ops.ctx, addr, &cache_pg(k, s, addr)->pg);
     cache_page_drop(k, a, s, addr, &pg[n++]);
-    cache_virt_settle(pv);
+    cache_virt_settle(a, pv);
     a->page_frees++;
   }
   return n;
@@ -1450,6 +1489,11 @@ void gmb__cache_destroy(struct gmb_cache *k) {
       if (k->ops.event_destroy) k->ops.event_destroy(k->ops.ctx, dead->h);
       free(dead);
       dead = n;
+    }
+    while (a->spare_blocks) {
+      struct cache_block *b = a->spare_blocks;
+      a->spare_blocks = b->fnext;
+      free(b);
     }
     free(a->hash);
     pthread_mutex_destroy(&a->mu);

@@ -210,7 +210,7 @@ static int cache_check_span(const struct gmb_cache *k,
 static int cache_check_arena(const struct gmb_cache *k,
                              const struct cache_arena *a, unsigned ai,
                              uint64_t *held_sum, uint64_t *idle_sum,
-                             uint64_t *req_sum, uint64_t *out_sum) {
+                             uint64_t *req_sum) {
   int bad = 0;
   uint64_t mapped = 0, idle = 0, in_blocks = 0, in_req = 0, nfree = 0,
            nout = 0, npend = 0, nvirt = 0, saved = 0;
@@ -300,23 +300,30 @@ static int cache_check_arena(const struct gmb_cache *k,
               ai, (unsigned long long)in_blocks, (unsigned long long)in_req,
               (unsigned long long)a->in_use_blocks,
               (unsigned long long)a->in_use_req);
+  uint64_t spare = 0;
+  for (const struct cache_block *b = a->spare_blocks;
+       b && spare <= CACHE_SPARE_BLOCKS; b = b->fnext)
+    spare++;
+  if (spare != a->n_spare_blocks || spare > CACHE_SPARE_BLOCKS)
+    CACHE_BAD("arena %u: %llu spare records, counted %u (at most %u)", ai,
+              (unsigned long long)spare, a->n_spare_blocks,
+              CACHE_SPARE_BLOCKS);
   *held_sum += mapped * k->page;
   *idle_sum += idle * k->page;
   *req_sum += in_req;
-  *out_sum += in_blocks;
   return bad;
 }
 
 int gmb__cache_check(struct gmb_cache *k) {
   if (k == NULL) return 0;
   int bad = 0;
-  uint64_t held = 0, idle = 0, req = 0, out = 0, host = 0;
+  uint64_t held = 0, idle = 0, req = 0, host = 0;
   /* The host copies add up only while no pause or resume is under way. */
   const int quiet = pthread_mutex_trylock(&k->sleep_mu) == 0;
   const unsigned all = cache_arenas(k);
   for (unsigned i = 0; i < all; i++) pthread_mutex_lock(&k->arena[i].mu);
   for (unsigned i = 0; i < all; i++) {
-    bad += cache_check_arena(k, &k->arena[i], i, &held, &idle, &req, &out);
+    bad += cache_check_arena(k, &k->arena[i], i, &held, &idle, &req);
     if (k->arena[i].sleep) host += k->arena[i].sleep->host;
   }
   if (quiet && host != atomic_load(&k->host_held))
@@ -328,15 +335,14 @@ int gmb__cache_check(struct gmb_cache *k) {
               (unsigned long long)atomic_load(&k->host_held),
               (unsigned long long)k->host_quota);
   if (held != atomic_load(&k->held) || idle != atomic_load(&k->idle) ||
-      req != atomic_load(&k->in_use) || out != atomic_load(&k->blocks_out))
-    CACHE_BAD("totals: held %llu, idle %llu, in use %llu, out %llu; arenas "
-              "sum to %llu, %llu, %llu, %llu",
+      req != atomic_load(&k->in_use))
+    CACHE_BAD("totals: held %llu, idle %llu, in use %llu; arenas sum to "
+              "%llu, %llu, %llu",
               (unsigned long long)atomic_load(&k->held),
               (unsigned long long)atomic_load(&k->idle),
               (unsigned long long)atomic_load(&k->in_use),
-              (unsigned long long)atomic_load(&k->blocks_out),
               (unsigned long long)held, (unsigned long long)idle,
-              (unsigned long long)req, (unsigned long long)out);
+              (unsigned long long)req);
   if (atomic_load(&k->peak_in_use) < req || atomic_load(&k->peak_held) < held)
     CACHE_BAD("a peak is below the current figure");
   for (unsigned i = all; i-- > 0;) pthread_mutex_unlock(&k->arena[i].mu);

@@ -19,6 +19,14 @@
 #define CACHE_SCAN_MAX 64
 #define CACHE_DEFAULT_ARENAS 4
 #define CACHE_HASH_MIN 64
+/* Block records an arena keeps for reuse at most (cache_rec_get).  None
+ * under AddressSanitizer, so that it still sees a record used after the
+ * cache let it go. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CACHE_SPARE_BLOCKS 0
+#else
+#define CACHE_SPARE_BLOCKS 256
+#endif
 /* Tag arenas a cache makes at most (each reserves its own spans). */
 #define CACHE_MAX_TAGS 64
 /* CUDA's pseudo handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
@@ -109,6 +117,8 @@ struct cache_arena {
   struct cache_block *pending; /* freed, waiting for their other streams */
   size_t pending_n;
   struct cache_event *spare_events;
+  struct cache_block *spare_blocks; /* records for reuse, by fnext */
+  unsigned n_spare_blocks;
   uint64_t seq;
   uint64_t mapped, idle; /* pages */
   uint64_t in_use_blocks, in_use_req, peak_req;
@@ -128,8 +138,10 @@ struct gmb_cache {
   unsigned shift; /* log2 of the page */
   uint64_t page, span;
   struct cache_arena *arena;
-  /* Totals over the arenas, updated under the arena's lock. */
-  _Atomic uint64_t held, idle, in_use, blocks_out;
+  /* Totals over the arenas, updated under the arena's lock.  The bytes
+   * of blocks handed out are only the arenas' (in_use_blocks): the
+   * checker sums them, and the hot path spares an atomic add. */
+  _Atomic uint64_t held, idle, in_use;
   _Atomic uint64_t peak_in_use, peak_held;
 };
 
@@ -141,7 +153,7 @@ static inline unsigned cache_arenas(struct gmb_cache *k) {
 }
 
 static inline void cache_totals(struct gmb_cache *k, int64_t d_held,
-                                int64_t d_idle, int64_t d_req, int64_t d_out) {
+                                int64_t d_idle, int64_t d_req) {
   if (d_held) {
     uint64_t h = atomic_fetch_add(&k->held, (uint64_t)d_held) +
                  (uint64_t)d_held;
@@ -157,7 +169,6 @@ static inline void cache_totals(struct gmb_cache *k, int64_t d_held,
     while (u > p && !atomic_compare_exchange_weak(&k->peak_in_use, &p, u)) {
     }
   }
-  if (d_out) atomic_fetch_add(&k->blocks_out, (uint64_t)d_out);
 }
 
 /* 1 when (s1 of thread t1) and (s2 of thread t2) are one stream: the

@@ -268,7 +268,7 @@ static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode,
     pg->saved = 1;
   }
   cache_totals(k, -(int64_t)(a->mapped * k->page),
-               -(int64_t)(a->idle * k->page), 0, 0);
+               -(int64_t)(a->idle * k->page), 0);
   a->page_frees += a->mapped;
   a->mapped = a->idle = 0;
   a->sleep = z;
@@ -384,8 +384,7 @@ int gmb__cache_resume(struct gmb_cache *k, const char *tag) {
     a->mapped += z->n;
     a->idle += idle;
     a->page_maps += z->n;
-    cache_totals(k, (int64_t)(z->n * k->page), (int64_t)(idle * k->page), 0,
-                 0);
+    cache_totals(k, (int64_t)(z->n * k->page), (int64_t)(idle * k->page), 0);
     gmb__cache_sleep_free(k, a);
     a->state = CACHE_RUNNING;
   }

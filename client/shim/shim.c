@@ -178,15 +178,19 @@ static void shim_start_once(void) {
  * default broker's refusal when that is what the user set up. */
 static gmb_client *shim_dev_session(int d, const char **why) {
   struct shim_dev *sd = &shim_devs[d];
+  /* Every allocation comes here: once connected, a load and no lock (the
+   * session is written once and never changes). */
+  gmb_client *c = atomic_load_explicit(&sd->c, memory_order_acquire);
+  if (__builtin_expect(c != NULL, 1)) return c;
   pthread_mutex_lock(&shim_conn_mu);
   if (!sd->tried) {
     sd->tried = 1;
     char gpu[24];
     snprintf(gpu, sizeof gpu, "cuda:%d", d);
-    gmb_client *c = NULL;
-    int rc = gmb_connect_gpu(gpu, NULL, &c);
+    gmb_client *nc = NULL;
+    int rc = gmb_connect_gpu(gpu, NULL, &nc);
     if (rc == 0) {
-      atomic_store(&sd->c, c);
+      atomic_store(&sd->c, nc);
     } else if (shim_default_why[0] && shim_default_ordinal < 0 &&
                (rc == GMB_E_DEVICE || strstr(shim_default_why, "not a GPU"))) {
       /* No GPU to look for (no driver), or a default broker that was
@@ -196,7 +200,7 @@ static gmb_client *shim_dev_session(int d, const char **why) {
       snprintf(sd->why, sizeof sd->why, "%s", gmb_last_error(NULL));
     }
   }
-  gmb_client *c = atomic_load(&sd->c);
+  c = atomic_load(&sd->c);
   pthread_mutex_unlock(&shim_conn_mu);
   if (c == NULL && why) *why = sd->why;
   return c;

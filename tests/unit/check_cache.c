@@ -511,6 +511,49 @@ START_TEST(miss_moves_idle_pages) {
 }
 END_TEST
 
+/* A miss moves the lone idle pages between blocks in use before it
+ * breaks up a run of idle pages: the run stays whole and serves the next
+ * large request without a miss (taking the run's pages first made that
+ * request miss in turn, and move pages again). */
+START_TEST(miss_moves_lone_idle_pages_first) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  enum { N = 16 };
+  void *p[N], *big, *run;
+  for (int i = 0; i < N; i++)
+    ck_assert_int_eq(gmb__cache_alloc(k, PAGE, NULL, &p[i]), 0);
+  for (int i = 1; i < N; i++) /* one run of pages, in address order */
+    ck_assert_ptr_eq(p[i], (char *)p[i - 1] + PAGE);
+  for (int i = 1; i <= 9; i += 2) /* five lone idle pages */
+    ck_assert_int_eq(gmb__cache_free(k, p[i], NULL), 0);
+  for (int i = 11; i <= 14; i++) /* and a run of four */
+    ck_assert_int_eq(gmb__cache_free(k, p[i], NULL), 0);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  unsigned maps = be.maps;
+  ck_assert_int_eq(gmb__cache_alloc(k, 5 * PAGE, NULL, &big), 0);
+  ck_assert_uint_eq(be.maps, maps);
+  ck_assert_uint_eq(be.moves, 5);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  struct gmb_cache_counters c0 = counters(k);
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * PAGE, NULL, &run), 0);
+  ck_assert_ptr_eq(run, p[11]);
+  ck_assert_uint_eq(be.moves, 5);
+  ck_assert_uint_eq(be.maps, maps);
+  ck_assert_uint_eq(counters(k).hits, c0.hits + 1);
+  ck_assert_uint_eq(counters(k).misses, c0.misses);
+  memset(big, 0x5a, 5 * PAGE);
+  memset(run, 0xa5, 4 * PAGE);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  ck_assert_int_eq(pages_agree(k), 0);
+  ck_assert_int_eq(gmb__cache_free(k, big, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, run, NULL), 0);
+  for (int i = 0; i <= 10; i += 2)
+    ck_assert_int_eq(gmb__cache_free(k, p[i], NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, p[15], NULL), 0);
+  done(k);
+}
+END_TEST
+
 /* Without page_move the same miss gives the idle pages back first: the
  * pages held never pass what the program's blocks need plus the partly
  * used pages. */
@@ -1773,6 +1816,7 @@ static Suite *suite(void) {
   tcase_add_test(t, large_block_shares_its_tail_page);
   tcase_add_test(t, page_goes_back_whatever_neighbours_hold);
   tcase_add_test(t, miss_moves_idle_pages);
+  tcase_add_test(t, miss_moves_lone_idle_pages_first);
   tcase_add_test(t, miss_without_move_gives_back_first);
   tcase_add_test(t, larger_than_a_span);
   tcase_add_test(t, hit_makes_no_backend_call);
