@@ -298,6 +298,14 @@ static struct gmb_cudrv test_drv;
 static void test_drv_load(void) {
   char err[256];
   ck_assert_msg(gmb__cudrv_load(&test_drv, err, sizeof err) == 0, "%s", err);
+  /* As a program's CUDA runtime would: the library makes no context
+   * current on the program's threads. */
+  gmb_cu_ctx cur = NULL, ctx;
+  ck_assert_int_eq(test_drv.cuCtxGetCurrent(&cur), 0);
+  if (cur == NULL) {
+    ck_assert_int_eq(test_drv.cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+    ck_assert_int_eq(test_drv.cuCtxSetCurrent(ctx), 0);
+  }
 }
 
 static void dev_read(void *dst, const void *src, size_t n) {
@@ -1036,8 +1044,10 @@ START_TEST(movable_lock_follows_move_to_unmapped_segment) {
 }
 END_TEST
 
-/* cuCtxCreate (the 12.0 ABI, cuCtxCreate_v2), which gmb does not need:
- * asked of the driver directly, for a context the application made. */
+/* cuCtxCreate_v2 (asked for at 11.0: from 11.4 on the driver hands out
+ * cuCtxCreate_v3, with execution-affinity arguments), which gmb does not
+ * need: asked of the driver directly, for a context the application
+ * made. */
 typedef gmb_cu_result (*ctx_create_fn)(gmb_cu_ctx *c, unsigned flags,
                                        gmb_cu_device d);
 typedef gmb_cu_result (*ctx_destroy_fn)(gmb_cu_ctx c);
@@ -1049,11 +1059,11 @@ static void *driver_fn(struct gmb_cudrv *d, const char *name) {
   ck_assert_ptr_nonnull((void *)(uintptr_t)gpa);
   void *fn = NULL;
   int status = 0;
-  ck_assert_int_eq(gpa(name, &fn, 12000, 0, &status), 0);
+  ck_assert_int_eq(gpa(name, &fn, 11000, 0, &status), 0);
   return fn;
 }
 
-START_TEST(primary_context_made_current_only_when_none) {
+START_TEST(no_context_made_current_behind_the_program) {
   exporter_start();
   fk_start();
   struct gmb_cudrv d;
@@ -1069,8 +1079,19 @@ START_TEST(primary_context_made_current_only_when_none) {
   ck_assert_int_eq(d.cuDevicePrimaryCtxRetain(&primary, 0), 0);
   ck_assert_int_eq(d.cuCtxSetCurrent(NULL), 0);
   gmb_client *c = connect_ok();
+  /* A thread with none stays with none, across the connect and an
+   * import: a context made current would change the device its CUDA
+   * runtime uses next. */
   ck_assert_int_eq(d.cuCtxGetCurrent(&cur), 0);
-  ck_assert_ptr_eq(cur, primary);
+  ck_assert_ptr_null(cur);
+  gmb_id id0;
+  void *p0;
+  ck_assert_int_eq(gmb_alloc(c, 512, 0, &id0), 0);
+  ck_assert_int_eq(gmb_lock(c, id0, &p0), 0);
+  ck_assert_int_eq(d.cuCtxGetCurrent(&cur), 0);
+  ck_assert_ptr_null(cur);
+  ck_assert_int_eq(gmb_unlock(c, id0), 0);
+  (void)primary;
   /* A thread with its own context keeps it across an import. */
   ck_assert_int_eq(d.cuCtxSetCurrent(app_ctx), 0);
   gmb_id id;
@@ -1486,6 +1507,10 @@ static int client_child_main(const char *endpoint, uint64_t off) {
   char err[256];
   step++;
   if (gmb__cudrv_load(&d, err, sizeof err) != 0) goto fail;
+  /* Its own context, as a program's CUDA runtime makes one. */
+  gmb_cu_ctx ctx;
+  if (d.cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || d.cuCtxSetCurrent(ctx) != 0)
+    goto fail;
   uint8_t b[4096];
   step++;
   if (d.cuMemcpyDtoH(b, (gmb_cu_ptr)(uintptr_t)p, sizeof b) != 0) goto fail;
@@ -1624,7 +1649,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, disconnect_closes_imports_before_bye);
   tcase_add_test(tc, two_clients_map_separately);
   tcase_add_test(tc, movable_lock_follows_move_to_unmapped_segment);
-  tcase_add_test(tc, primary_context_made_current_only_when_none);
+  tcase_add_test(tc, no_context_made_current_behind_the_program);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("lies");
