@@ -1175,6 +1175,87 @@ START_TEST(free_waits_for_queued_work) {
 }
 END_TEST
 
+/* The capture entry points, asked of the driver by the names a real
+ * libcuda.so.1 exports. */
+typedef gmb_cu_result (*begin_capture_fn)(gmb_cu_stream s, int mode);
+typedef gmb_cu_result (*end_capture_fn)(gmb_cu_stream s, void **graph);
+typedef gmb_cu_result (*graph_destroy_fn)(void *graph);
+
+struct other_alloc {
+  gmb_client *c;
+  gmb_cu_stream s;
+  int rc;
+};
+
+/* Another thread of the program (in the default, global capture mode)
+ * allocates through gmb on a stream of its own while the main thread
+ * captures: a miss there, as the library's own thread would do. */
+static void *alloc_other_thread(void *arg) {
+  struct other_alloc *o = arg;
+  void *p = NULL;
+  o->rc = gmb_malloc_async(o->c, 1 << 20, o->s, &p);
+  if (o->rc == 0) o->rc = gmb_free_async(o->c, p, o->s);
+  return NULL;
+}
+
+/* A cache miss while the calling stream is captured into a CUDA graph in
+ * the global mode (torch.cuda.graph's default): the broker round trip,
+ * the import and the map happen in the relaxed capture mode, so the
+ * driver refuses none of them and the capture is not invalidated; nor by
+ * a miss in another thread meanwhile.  No event is recorded on the
+ * capturing stream.  The stand-in refuses, and logs as misuse, every
+ * potentially unsafe call of a capture's global mode. */
+START_TEST(cache_miss_during_capture_keeps_the_capture) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  test_drv_load();
+  begin_capture_fn begin = (begin_capture_fn)(uintptr_t)dlsym(
+      test_drv.lib, "cuStreamBeginCapture_v2");
+  end_capture_fn end =
+      (end_capture_fn)(uintptr_t)dlsym(test_drv.lib, "cuStreamEndCapture");
+  graph_destroy_fn gdestroy =
+      (graph_destroy_fn)(uintptr_t)dlsym(test_drv.lib, "cuGraphDestroy");
+  ck_assert_ptr_nonnull((void *)(uintptr_t)begin);
+  ck_assert_ptr_nonnull((void *)(uintptr_t)end);
+  ck_assert_ptr_nonnull((void *)(uintptr_t)gdestroy);
+  gmb_cu_stream s, s2;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s2, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(begin(s, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, s), 1);
+  void *p = NULL;
+  int rc = gmb_malloc_async(c, 1 << 20, s, &p);
+  ck_assert_msg(rc == 0, "miss during capture: %s", gmb_last_error(c));
+  struct other_alloc o = {c, s2, -1};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, alloc_other_thread, &o), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(o.rc == 0, "the other thread: %s", gmb_last_error(c));
+  ck_assert_int_eq(gmb_free_async(c, p, s), 0);
+  void *g = NULL;
+  ck_assert_int_eq(end(s, &g), 0); /* not CUDA_ERROR_..._INVALIDATED */
+  ck_assert_ptr_nonnull(g);
+  ck_assert_int_eq(gdestroy(g), 0);
+  ck_assert_msg(access(F.log, F_OK) != 0, "the stand-in logged misuse");
+  /* The legacy stream while a blocking stream captures counts as
+   * capturing (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
+  gmb_cu_stream b;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&b, 0), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, NULL), 0);
+  ck_assert_int_eq(begin(b, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, NULL), 1);
+  ck_assert_int_eq(end(b, &g), 0);
+  ck_assert_int_eq(gdestroy(g), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(b), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s2), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s), 0);
+  gmb_disconnect(c);
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+}
+END_TEST
+
 /* When the wait fails (here: a graph capture, during which the driver
  * refuses to synchronise) nothing is handed back; later it is. */
 /* The stream-ordered cache on a GPU: gmb_free_async returns at once with
@@ -1664,6 +1745,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, unlock_on_stream_releases_when_stream_runs);
   tcase_add_test(tc, free_waits_for_queued_work);
   tcase_add_test(tc, free_async_ordered_by_event);
+  tcase_add_test(tc, cache_miss_during_capture_keeps_the_capture);
   tcase_add_test(tc, free_not_sent_when_wait_fails);
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
   tcase_add_test(tc, move_claim_waits_for_queued_work);
