@@ -3,13 +3,13 @@
  * product.  It lets gmb's cuda device and its CUDA client path run, across
  * processes, on machines without a GPU, and it behaves like the real driver
  * where code can go wrong.  Built into build/fakecuda/libcuda.so.1
- * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  cuGetProcAddress is
- * exported, and beside it, as a real libcuda.so.1 exports them, the
- * versioned names of the memory entry points libgmb-preload.so routes
- * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuDeviceTotalMem_v2,
- * cuMemCreate, cuMemRelease, cuIpcGetMemHandle), so that a lookup by name on the
- * driver's handle can be tested; the others only through
- * cuGetProcAddress.  The entry points are those of the CUDA 12.0 ABI.
+ * (mk/cuda.mk) and loaded through $GMB_LIBCUDA, or found by a program
+ * linked with -lcuda.  Every entry point it implements is exported under
+ * the names a real libcuda.so.1 exports it by (the versioned ones cuda.h
+ * calls, cuMemAlloc_v2, cuCtxDestroy_v2, ..., and the legacy base names,
+ * whose pre-3.2 ABI answers CUDA_ERROR_NOT_SUPPORTED); the _ptsz/_ptds
+ * variants are not.  Its own types are those of the CUDA 12.0 ABI;
+ * cuGetProcAddress also hands out the later ABIs (below).
  *
  * What it models, and how:
  *
@@ -107,13 +107,18 @@
  *   driver does: each entry point has the version its 12.0 ABI appeared
  *   in (cuMemAlloc's _v2 ABI 3.2, as cuMemFree's, cuMemGetInfo's and
  *   cuDeviceTotalMem's, the VMM calls 10.2, cuGetProcAddress
- *   11.3, its _v2 12.0, the others 12.0 here); a request below it is
+ *   11.3, its _v2 12.0, the capture calls 10.0/10.1, the peer calls 4.0,
+ *   the others 12.0 here); a request below it is
  *   CUDA_ERROR_NOT_FOUND with CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
  *   except cuMemAlloc / cuMemFree / cuMemGetInfo / cuDeviceTotalMem, which
  *   below 3.2 give a
  *   legacy entry point of their own (32-bit sizes in the real driver;
  *   here it answers CUDA_ERROR_NOT_SUPPORTED): a caller can tell it from
- *   the 12.0 one.  "cuGetProcAddress" itself is found (v1 below 12.0, the
+ *   the 12.0 one.  Asked for a version at or past a later ABI, it gives
+ *   that ABI, as the real driver does: cuCtxGetDevice_v2 and
+ *   cuCtxSynchronize_v2 (a context argument) from 13000, cuCtxCreate_v3
+ *   from 11040 and _v4 from 12050, cuStreamBeginCapture_v2 (a mode) from
+ *   10010.  "cuGetProcAddress" itself is found (v1 below 12.0, the
  *   _v2 from 12.0), as cudart asks for it.  cuIpcGetMemHandle exports
  *   only cuMemAlloc's memory (its base), as the real one; nothing opens
  *   the handle.  $FAKECUDA_DRIVER_VERSION is what cuDriverGetVersion
@@ -134,15 +139,47 @@
  *   import (CUDA_ERROR_INVALID_DEVICE).  $FAKECUDA_COMPUTE_MODE (0 default,
  *   2 prohibited, 3 exclusive process) is every device's
  *   CU_DEVICE_ATTRIBUTE_COMPUTE_MODE (only reported, not enforced).
- *   New memory is zeros (a memfd), unless $FAKECUDA_GARBAGE=1: then it
- *   holds 0xa5 bytes, as a real GPU's may hold a previous user's data.
+ *   New memory holds 0xa5 bytes, as a real GPU's may hold a previous
+ *   user's data; $FAKECUDA_GARBAGE=0 leaves it zeros (a memfd).
+ *
+ * - Access is per device.  cuMemSetAccess sets the access of each device
+ *   it names, leaving the others as they were; a copy through a mapping
+ *   needs access for the device of the current context.  cuMemAlloc's
+ *   memory is reachable by copies from every device (unified addressing).
+ *   cuDeviceCanAccessPeer answers 1 for two different visible devices
+ *   (0 with $FAKECUDA_NO_PEER=1); cuCtxEnablePeerAccess/Disable keep the
+ *   driver's state and errors, and grant nothing to memory of the virtual
+ *   memory API, as on a GPU.
  *
  * - cuCtxSynchronize waits for every stream of this process (the context's
  *   work); while $FAKECUDA_CAPTURING is set it fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real one does during a
- *   capture.  cuStreamIsCapturing answers CU_STREAM_CAPTURE_STATUS_NONE, or
- *   ACTIVE for the streams named in $FAKECUDA_CAPTURING ("all", or "null"
- *   for the legacy stream): tests stand for a graph capture with it.
+ *   capture.  cuStreamIsCapturing answers ACTIVE for the streams named in
+ *   $FAKECUDA_CAPTURING ("all", or "null" for the legacy stream): tests
+ *   stand for a graph capture with it, without the rules below.
+ *
+ * - Stream capture (cuStreamBeginCapture_v2 .. cuStreamEndCapture), with
+ *   the driver's rules.  A potentially unsafe call (every memory-management
+ *   call, the VMM ones included: maybe stricter than the driver; waits;
+ *   synchronous copies; event queries) is refused with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the captures it conflicts
+ *   with invalidated, when the calling thread's mode
+ *   (cuThreadExchangeStreamCaptureMode) is global and it has a capture
+ *   that is not relaxed or another thread has a global one, or when its
+ *   mode is thread-local and it has one that is not relaxed; never in the
+ *   relaxed mode.  In every mode: a wait for a capturing stream, a query
+ *   of an event recorded in a capture, and cuCtxSynchronize are refused;
+ *   the legacy stream, while a blocking stream captures, answers
+ *   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (cuStreamIsCapturing; and work or a
+ *   synchronous copy on it, which also invalidates).  Each invalidation is
+ *   written to the misuse log.  Copies, host functions and event records
+ *   on a capturing stream are taken into the capture; cuStreamEndCapture
+ *   gives a graph of them (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when the
+ *   capture was broken), cuGraphInstantiateWithFlags and cuGraphLaunch
+ *   replay them (copies checked again at each launch).
+ *
+ * - CU_STREAM_PER_THREAD is each thread's own default stream (made at its
+ *   first use), distinct from the legacy stream and from other threads'.
  *
  * - Events: cuEventRecord queues a mark on its stream (the NULL stream or
  *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one);
