@@ -1256,6 +1256,55 @@ START_TEST(cache_miss_during_capture_keeps_the_capture) {
 }
 END_TEST
 
+/* A copy of 64 bytes from p in device d's primary context, then device
+ * 0's made current again: the driver's answer. */
+static gmb_cu_result copy_on_device(int d, void *p) {
+  gmb_cu_ctx ctx, ctx0;
+  uint8_t b[64];
+  ck_assert_int_eq(test_drv.cuDevicePrimaryCtxRetain(&ctx, d), 0);
+  ck_assert_int_eq(test_drv.cuDevicePrimaryCtxRetain(&ctx0, 0), 0);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(ctx), 0);
+  gmb_cu_result r = test_drv.cuMemcpyDtoH(b, (gmb_cu_ptr)(uintptr_t)p,
+                                          sizeof b);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(ctx0), 0);
+  return r;
+}
+
+/* Memory of GPU 0's broker is mapped for GPU 0 only (access is per
+ * device, and a program's peer access does not reach virtual-memory
+ * memory); with GMB_PEER_ACCESS=1 every GPU that can reach it may use it
+ * too.  The refused copy is the stand-in's misuse, logged. */
+START_TEST(peer_access_only_when_asked) {
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  test_drv_load();
+  gmb_id id;
+  void *p;
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(copy_on_device(0, p), 0);
+  ck_assert_int_eq(copy_on_device(1, p), GMB_CU_ERROR_INVALID_VALUE);
+  ck_assert_msg(access(F.log, F_OK) == 0, "no refusal logged");
+  unlink(F.log);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+  setenv("GMB_PEER_ACCESS", "1", 1);
+  c = connect_ok();
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(copy_on_device(1, p), 0);
+  ck_assert_int_eq(copy_on_device(0, p), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+  unsetenv("GMB_PEER_ACCESS");
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+  unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
 /* When the wait fails (here: a graph capture, during which the driver
  * refuses to synchronise) nothing is handed back; later it is. */
 /* The stream-ordered cache on a GPU: gmb_free_async returns at once with
@@ -1746,6 +1795,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, free_waits_for_queued_work);
   tcase_add_test(tc, free_async_ordered_by_event);
   tcase_add_test(tc, cache_miss_during_capture_keeps_the_capture);
+  tcase_add_test(tc, peer_access_only_when_asked);
   tcase_add_test(tc, free_not_sent_when_wait_fails);
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
   tcase_add_test(tc, move_claim_waits_for_queued_work);
