@@ -1142,6 +1142,16 @@ static CUresult cap_legacy(const char *call) {
   return hit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
 }
 
+/* Appends w to s's capture.  Under fake_mu, s capturing. */
+static void cap_append(struct fake_stream *s, struct fake_work *w) {
+  w->next = NULL;
+  if (s->cap_tail)
+    s->cap_tail->next = w;
+  else
+    s->cap_head = w;
+  s->cap_tail = w;
+}
+
 /* Work for stream s: on the legacy stream, cap_legacy's check; on a
  * capturing stream, taken into the capture (1 with *took).  Takes
  * fake_mu. */
@@ -1151,12 +1161,7 @@ static CUresult cap_or_queue(struct fake_stream *s, struct fake_work *w,
   if (s == &fake_null_stream) return cap_legacy(call);
   pthread_mutex_lock(&fake_mu);
   if (s->cap) {
-    w->next = NULL;
-    if (s->cap_tail)
-      s->cap_tail->next = w;
-    else
-      s->cap_head = w;
-    s->cap_tail = w;
+    cap_append(s, w);
     *took = 1;
   }
   pthread_mutex_unlock(&fake_mu);
@@ -1334,11 +1339,7 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
     w->ddst = dst;
     w->dsrc = src;
     w->n = n;
-    if (s->cap_tail)
-      s->cap_tail->next = w;
-    else
-      s->cap_head = w;
-    s->cap_tail = w;
+    cap_append(s, w);
     pthread_mutex_unlock(&fake_mu);
     return CUDA_SUCCESS;
   }
