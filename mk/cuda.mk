@@ -45,6 +45,19 @@ $(CUDRV_ABI_OBJ): INC = $(COMMON_INC)
 $(CUDRV_ABI_OBJ): CFLAGS += -DGMB_CUDA_H='"$(CUDA_HOME)/include/cuda.h"'
 $(B)/obj/tests/unit/check_cudrv.o: CFLAGS += -DGMB_HAVE_CUDA_H
 $(B)/tests/check_cudrv: | $(CUDRV_ABI_OBJ)
+
+# check_fakecuda_linked: the stand-in as a program built with cuda.h and
+# linked with -lcuda sees it (tests/fakecuda/check_linked.c).  It finds the
+# stand-in through its run path, or the driver LD_LIBRARY_PATH names.
+LINKED_CHECK := $(B)/tests/check_fakecuda_linked
+$(B)/obj/tests/fakecuda/check_linked.o: INC = -I$(CUDA_HOME)/include
+$(LINKED_CHECK): $(B)/obj/tests/fakecuda/check_linked.o | $(FAKECUDA_SO)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $< $(LDFLAGS_ALL) -L$(B)/fakecuda -l:libcuda.so.1 \
+	  -Wl,-rpath,$(abspath $(B)/fakecuda) $(CHECK_LIBS) -lpthread
+all: $(LINKED_CHECK)
+UNIT_BIN += $(LINKED_CHECK)
 endif
 
 # GPU tests (tests/gpu/*.c): plain C against libgmb and cudrv, so they

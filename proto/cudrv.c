@@ -84,6 +84,8 @@ static const struct {
     CUDRV_ENTRY(cuMemSetAccess),
     CUDRV_ENTRY(cuGetErrorName),
     CUDRV_ENTRY(cuGetErrorString),
+    CUDRV_ENTRY(cuThreadExchangeStreamCaptureMode),
+    CUDRV_ENTRY(cuDeviceCanAccessPeer),
 };
 
 static int cudrv_fail(struct gmb_cudrv *d, char *err, size_t errcap,

@@ -88,6 +88,9 @@ struct gmb_cu_access_desc { /* CUmemAccessDesc */
 #define GMB_CU_STREAM_CAPTURE_STATUS_NONE 0
 #define GMB_CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define GMB_CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define GMB_CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define GMB_CU_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define GMB_CU_ERROR_STREAM_CAPTURE_IMPLICIT 906
 
 /* CUuuid: a GPU's identity, the same in every process and container
  * whatever ordinal it has there. */
@@ -166,6 +169,11 @@ struct gmb_cudrv {
                                   size_t count);
   gmb_cu_result (*cuGetErrorName)(gmb_cu_result r, const char **s);
   gmb_cu_result (*cuGetErrorString)(gmb_cu_result r, const char **s);
+  /* *mode: GMB_CU_STREAM_CAPTURE_MODE_* in, this thread's previous mode
+   * out (CUstreamCaptureMode). */
+  gmb_cu_result (*cuThreadExchangeStreamCaptureMode)(int *mode);
+  gmb_cu_result (*cuDeviceCanAccessPeer)(int *can, gmb_cu_device d,
+                                         gmb_cu_device peer);
 };
 
 /*

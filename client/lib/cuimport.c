@@ -22,10 +22,19 @@
  *
  * Contexts.  Imports are made and closed in that device's primary
  * context, the one the CUDA runtime (PyTorch, CuPy) uses, so a pointer
- * gmb_lock returns is valid in the application's kernels.  A thread with no
- * current context is left with the primary one current (what the runtime
- * would do on its first call); a thread that has another context current
- * gets it back after the call.
+ * gmb_lock returns is valid in the application's kernels.  A thread gets
+ * back the context it had after each call, none included: gmb never
+ * leaves a context current behind the program's back (the runtime's
+ * device, and so the shims' routing, would change).
+ *
+ * Graph capture.  Every driver call gmb makes for itself runs in the
+ * relaxed capture mode (cuThreadExchangeStreamCaptureMode, given back
+ * after the call), so that an application's capture, on this thread or
+ * another, neither refuses nor is invalidated by gmb's imports, maps,
+ * unmaps and event queries (the library's background thread included).
+ * No event is recorded on a capturing stream (its query would be
+ * illegal), and a stream the driver answers
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for counts as capturing.
  *
  * Imports.  A segment comes as a POSIX file descriptor of the broker's
  * cuMemCreate allocation.  Importing it gives a handle; the library
@@ -124,16 +133,53 @@ static const struct cuda_dev *cuda_dev_attached(int ordinal, char *why,
   return d;
 }
 
-/* Makes the device's primary context current for a call; *prev is what
- * to give back to cuda_leave.  Once the device is ready. */
-static gmb_cu_result cuda_enter(const struct cuda_dev *d, gmb_cu_ctx *prev) {
-  if (cuda_drv.cuCtxGetCurrent(prev) != GMB_CU_SUCCESS) *prev = NULL;
-  if (*prev == d->ctx) return GMB_CU_SUCCESS;
-  return cuda_drv.cuCtxSetCurrent(d->ctx);
+/* What cuda_leave gives back: the thread's context and capture mode. */
+struct cuda_scope {
+  gmb_cu_ctx ctx;
+  int mode;
+  int mode_set;
+};
+
+/* Relaxed capture mode for gmb's own calls on this thread; *mode_set says
+ * to give the previous mode back.  An application thread may be
+ * capturing a graph (or another thread may, in the global mode): gmb's
+ * imports, maps and event queries are then "potentially unsafe" calls the
+ * driver refuses, invalidating the capture, unless the calling thread is
+ * in the relaxed mode (PyTorch's allocator does the same around its
+ * cudaMalloc). */
+static void cuda_relax(int *mode, int *mode_set) {
+  *mode = GMB_CU_STREAM_CAPTURE_MODE_RELAXED;
+  *mode_set = cuda_drv.cuThreadExchangeStreamCaptureMode(mode) ==
+              GMB_CU_SUCCESS;
 }
 
-static void cuda_leave(const struct cuda_dev *d, gmb_cu_ctx prev) {
-  if (prev != NULL && prev != d->ctx) cuda_drv.cuCtxSetCurrent(prev);
+static void cuda_unrelax(int mode, int mode_set) {
+  if (mode_set) cuda_drv.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+/* Makes the device's primary context current for a call, in the relaxed
+ * capture mode; *prev is what to give back to cuda_leave after a
+ * success.  On failure the thread is as it was (a cuda_leave then is
+ * harmless).  Once the device is ready. */
+static gmb_cu_result cuda_enter(const struct cuda_dev *d,
+                                struct cuda_scope *prev) {
+  cuda_relax(&prev->mode, &prev->mode_set);
+  if (cuda_drv.cuCtxGetCurrent(&prev->ctx) != GMB_CU_SUCCESS) prev->ctx = NULL;
+  if (prev->ctx == d->ctx) return GMB_CU_SUCCESS;
+  gmb_cu_result r = cuda_drv.cuCtxSetCurrent(d->ctx);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_unrelax(prev->mode, prev->mode_set);
+    prev->mode_set = 0;
+    prev->ctx = d->ctx; /* nothing for cuda_leave to give back */
+  }
+  return r;
+}
+
+/* Gives the thread back its context (none, when it had none: no context
+ * is left current behind the program's back) and its capture mode. */
+static void cuda_leave(const struct cuda_dev *d, struct cuda_scope prev) {
+  if (prev.ctx != d->ctx) cuda_drv.cuCtxSetCurrent(prev.ctx);
+  cuda_unrelax(prev.mode, prev.mode_set);
 }
 
 /* Finds the ordinal whose UUID is `uuid`; under cuda_mu, driver loaded.
@@ -197,7 +243,7 @@ static int cuda_dev_open(int o, char *why, size_t cap) {
   prop.location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = o;
   size_t g = 0;
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS)
     r = cuda_drv.cuMemGetAllocationGranularity(
@@ -253,14 +299,10 @@ int gmb__cuda_attach(const char *uuid, int *ordinal, char *why, size_t cap) {
   int o = -1;
   rc = cuda_find(uuid, &o, why, cap);
   if (rc == 0) rc = cuda_dev_open(o, why, cap);
-  if (rc == 0) {
-    *ordinal = o;
-    /* The connecting thread may go on with driver calls of its own on
-     * the pointers gmb_lock gives: without a context they would fail. */
-    gmb_cu_ctx cur = NULL;
-    if (cuda_drv.cuCtxGetCurrent(&cur) == GMB_CU_SUCCESS && cur == NULL)
-      cuda_drv.cuCtxSetCurrent(cuda_devs[o].ctx);
-  }
+  /* The calling thread keeps the context it had, none included: making
+   * one current behind the program's back would change the device its
+   * next CUDA runtime call (and the shims' routing) sees. */
+  if (rc == 0) *ordinal = o;
 out:
   pthread_mutex_unlock(&cuda_mu);
   return rc;
@@ -283,7 +325,7 @@ int gmb__cuda_reserve(int ordinal, uint64_t size, uint64_t *base, char *why,
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   int rc = d ? cuda_size_ok(d, size, why, cap) : GMB_E_DEVICE;
   if (rc == 0) {
-    gmb_cu_ctx prev;
+    struct cuda_scope prev;
     gmb_cu_ptr va = 0;
     const char *step = "cuCtxSetCurrent";
     gmb_cu_result r = cuda_enter(d, &prev);
@@ -306,13 +348,45 @@ int gmb__cuda_reserve(int ordinal, uint64_t size, uint64_t *base, char *why,
 
 void gmb__cuda_unreserve(int ordinal, uint64_t base, uint64_t size) {
   pthread_mutex_lock(&cuda_mu);
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   const struct cuda_dev *d = cuda_dev_of(ordinal);
   if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
     cuda_drv.cuMemAddressFree(base, (size_t)size);
     cuda_leave(d, prev);
   }
   pthread_mutex_unlock(&cuda_mu);
+}
+
+/* Who may use a mapping of device `ordinal`'s memory: that device, and
+ * with $GMB_PEER_ACCESS=1 every other device of this process that can
+ * reach it (cuDeviceCanAccessPeer).  Memory of the virtual memory API is
+ * reachable only from the devices cuMemSetAccess names: a program's
+ * cuCtxEnablePeerAccess does not extend to it, so a program whose kernels
+ * on one GPU read another's gmb memory sets the variable.  Returns the
+ * count of descriptors in out.  Under cuda_mu. */
+static size_t cuda_access_list(const struct cuda_dev *d, int ordinal,
+                               struct gmb_cu_access_desc *out) {
+  size_t n = 0;
+  out[n].location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
+  out[n].location.id = ordinal;
+  out[n++].flags = GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const char *v = getenv("GMB_PEER_ACCESS");
+  int count = 0;
+  if (!v || strcmp(v, "1") != 0 ||
+      cuda_drv.cuDeviceGetCount(&count) != GMB_CU_SUCCESS)
+    return n;
+  for (int i = 0; i < count && i < GMB_CUDA_MAX_DEVICES; i++) {
+    gmb_cu_device peer;
+    int can = 0;
+    if (i == ordinal || cuda_drv.cuDeviceGet(&peer, i) != GMB_CU_SUCCESS ||
+        cuda_drv.cuDeviceCanAccessPeer(&can, peer, d->dev) != GMB_CU_SUCCESS ||
+        !can)
+      continue;
+    out[n].location.type = GMB_CU_MEM_LOCATION_TYPE_DEVICE;
+    out[n].location.id = i;
+    out[n++].flags = GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  return n;
 }
 
 /* Maps handle h at [addr, addr+size) with read/write access for device d.
@@ -324,12 +398,11 @@ static gmb_cu_result cuda_map_locked(const struct cuda_dev *d, int ordinal,
   *step = "cuMemMap";
   gmb_cu_result r = cuda_drv.cuMemMap(addr, (size_t)size, 0, h, 0);
   if (r != GMB_CU_SUCCESS) return r;
-  struct gmb_cu_access_desc rw = {{GMB_CU_MEM_LOCATION_TYPE_DEVICE, ordinal},
-                                  GMB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  struct gmb_cu_access_desc rw[GMB_CUDA_MAX_DEVICES];
+  size_t n = cuda_access_list(d, ordinal, rw);
   *step = "cuMemSetAccess";
-  r = cuda_drv.cuMemSetAccess(addr, (size_t)size, &rw, 1);
+  r = cuda_drv.cuMemSetAccess(addr, (size_t)size, rw, n);
   if (r != GMB_CU_SUCCESS) cuda_drv.cuMemUnmap(addr, (size_t)size);
-  (void)d;
   return r;
 }
 
@@ -348,7 +421,7 @@ int gmb__cuda_map_at(int ordinal, int fd, uint64_t addr, uint64_t size,
     goto out;
   }
   if ((rc = cuda_size_ok(d, size, why, cap)) != 0) goto out;
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   gmb_cu_mem_handle h = 0;
   const char *step = "cuCtxSetCurrent";
   gmb_cu_result r = cuda_enter(d, &prev);
@@ -386,7 +459,7 @@ out:
 void gmb__cuda_unmap_at(int ordinal, uint64_t addr, uint64_t size,
                         uint64_t handle) {
   pthread_mutex_lock(&cuda_mu);
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   const struct cuda_dev *d = cuda_dev_of(ordinal);
   if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
     cuda_drv.cuMemUnmap(addr, (size_t)size);
@@ -407,7 +480,7 @@ int gmb__cuda_move(int ordinal, uint64_t from, uint64_t to, uint64_t size,
     pthread_mutex_unlock(&cuda_mu);
     return GMB_E_DEVICE;
   }
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   const char *step = "cuCtxSetCurrent";
   gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
@@ -454,7 +527,7 @@ int gmb__cuda_sync(int ordinal, char *why, size_t cap) {
   if (d == NULL) return GMB_E_DEVICE;
   /* Not under cuda_mu: a wait may be long, and the driver table and the
    * device record are immutable once ready. */
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   const char *step = "cuCtxSetCurrent";
   if (r == GMB_CU_SUCCESS) {
@@ -473,7 +546,7 @@ int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
                    int to_device, char *why, size_t cap) {
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) return GMB_E_DEVICE;
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   const char *step = "cuCtxSetCurrent";
   if (r == GMB_CU_SUCCESS) {
@@ -489,22 +562,48 @@ int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
   return 0;
 }
 
-int gmb__cuda_capturing(int ordinal, void *stream, char *why, size_t cap) {
-  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
-  if (d == NULL) return GMB_E_DEVICE;
+/* The capture status of `stream` (an application's stream: asked in the
+ * thread's own context, or in d's primary one, for the call only, on a
+ * thread with none).  CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the legacy
+ * stream while a blocking stream captures: work there would join that
+ * capture) reads as capturing, *implicit set.  0 with *st, or
+ * GMB_E_DEVICE explained. */
+static int cuda_stream_status(const struct cuda_dev *d, void *stream,
+                              int *st, int *implicit, char *why,
+                              size_t cap) {
+  struct cuda_scope prev;
   gmb_cu_ctx cur = NULL;
+  *st = GMB_CU_STREAM_CAPTURE_STATUS_NONE;
+  *implicit = 0;
   gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
-  if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(d->ctx);
-  int st = GMB_CU_STREAM_CAPTURE_STATUS_NONE;
+  int entered = r == GMB_CU_SUCCESS && cur == NULL;
+  if (entered) r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS)
-    r = cuda_drv.cuStreamIsCapturing((gmb_cu_stream)stream, &st);
+    r = cuda_drv.cuStreamIsCapturing((gmb_cu_stream)stream, st);
+  if (entered) cuda_leave(d, prev);
+  if (r == GMB_CU_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    *st = GMB_CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *implicit = 1;
+    return 0;
+  }
   if (r != GMB_CU_SUCCESS) {
     cuda_err(r, "cuStreamIsCapturing", why, cap);
     return GMB_E_DEVICE;
   }
+  return 0;
+}
+
+int gmb__cuda_capturing(int ordinal, void *stream, char *why, size_t cap) {
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
+  int st, implicit;
+  int rc = cuda_stream_status(d, stream, &st, &implicit, why, cap);
+  if (rc) return rc;
   if (st != GMB_CU_STREAM_CAPTURE_STATUS_NONE) {
     snprintf(why, cap, "the stream is being captured into a CUDA graph%s",
-             st == GMB_CU_STREAM_CAPTURE_STATUS_INVALIDATED
+             implicit ? " (the legacy stream, while a blocking stream "
+                        "captures: work on it would join that capture)"
+             : st == GMB_CU_STREAM_CAPTURE_STATUS_INVALIDATED
                  ? " (the capture was invalidated)"
                  : "");
     return 1;
@@ -533,35 +632,36 @@ int gmb__cuda_release_on_stream(int ordinal, _Atomic uint32_t *state,
    * attached at connect, under the mutex, before it could get here). */
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) return GMB_E_DEVICE;
-  gmb_cu_ctx cur = NULL;
-  gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
-  /* A thread without a context gets the primary one, as the runtime
-   * would give it; one with a context keeps it, since the stream is
-   * probably its own. */
-  if (r == GMB_CU_SUCCESS && cur == NULL) r = cuda_drv.cuCtxSetCurrent(d->ctx);
-  if (r != GMB_CU_SUCCESS) {
-    cuda_err(r, "cuCtxSetCurrent", why, cap);
-    return GMB_E_DEVICE;
-  }
   /* Inside a graph capture the host function would be recorded into the
    * graph, run on every replay and never at capture: the hold would be
    * given back at the wrong times, or not at all. */
-  int st = GMB_CU_STREAM_CAPTURE_STATUS_NONE;
-  r = cuda_drv.cuStreamIsCapturing((gmb_cu_stream)stream, &st);
-  if (r != GMB_CU_SUCCESS) {
-    cuda_err(r, "cuStreamIsCapturing", why, cap);
-    return GMB_E_DEVICE;
-  }
+  int st, implicit;
+  int rc = cuda_stream_status(d, stream, &st, &implicit, why, cap);
+  if (rc) return rc;
   if (st != GMB_CU_STREAM_CAPTURE_STATUS_NONE) {
-    snprintf(why, cap, "the stream is being captured into a CUDA graph: a "
+    snprintf(why, cap, "the stream is being captured into a CUDA graph%s: a "
              "release recorded there would run at every replay, never now; "
-             "unlock after the capture");
+             "unlock after the capture",
+             implicit ? " (the legacy stream, joined to a capture)" : "");
     return GMB_E_INVAL;
+  }
+  /* A thread without a context launches in the primary one, for the call
+   * only; one with a context keeps it, since the stream is probably its
+   * own. */
+  gmb_cu_ctx cur = NULL;
+  struct cuda_scope prev;
+  gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
+  int entered = r == GMB_CU_SUCCESS && cur == NULL;
+  if (entered) r = cuda_enter(d, &prev);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuCtxSetCurrent", why, cap);
+    return GMB_E_DEVICE;
   }
   /* Counted before the launch: the function may run before it returns. */
   atomic_fetch_add_explicit(&cuda_pending, 1, memory_order_relaxed);
   r = cuda_drv.cuLaunchHostFunc((gmb_cu_stream)stream, cuda_release_fn,
                                 (void *)state);
+  if (entered) cuda_leave(d, prev);
   if (r != GMB_CU_SUCCESS) {
     atomic_fetch_sub_explicit(&cuda_pending, 1, memory_order_relaxed);
     cuda_err(r, "cuLaunchHostFunc", why, cap);
@@ -595,7 +695,7 @@ uint64_t gmb__cuda_pending(void) {
 int gmb__cuda_event_new(int ordinal, void **ev, char *why, size_t cap) {
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) return GMB_E_DEVICE;
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   gmb_cu_event e = NULL;
   gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
@@ -614,7 +714,18 @@ int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
                            size_t cap) {
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) return GMB_E_DEVICE;
-  gmb_cu_ctx prev;
+  /* A record on a capturing stream would be a node of the graph, and a
+   * query of it illegal (it would invalidate the capture): the cache
+   * treats such a stream as one that takes no event. */
+  int st, implicit;
+  int rc = cuda_stream_status(d, stream, &st, &implicit, why, cap);
+  if (rc) return GMB_E_INVAL;
+  if (st != GMB_CU_STREAM_CAPTURE_STATUS_NONE) {
+    snprintf(why, cap, "the stream is being captured into a CUDA graph: no "
+             "event is recorded on it");
+    return GMB_E_INVAL;
+  }
+  struct cuda_scope prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
     r = cuda_drv.cuEventRecord((gmb_cu_event)ev, (gmb_cu_stream)stream);
@@ -630,7 +741,7 @@ int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
 int gmb__cuda_event_query(int ordinal, void *ev) {
   const struct cuda_dev *d = cuda_dev_of(ordinal);
   if (d == NULL) return GMB_E_DEVICE;
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   if (r == GMB_CU_SUCCESS) {
     r = cuda_drv.cuEventQuery((gmb_cu_event)ev);
@@ -642,7 +753,7 @@ int gmb__cuda_event_query(int ordinal, void *ev) {
 
 void gmb__cuda_event_destroy(int ordinal, void *ev) {
   const struct cuda_dev *d = cuda_dev_of(ordinal);
-  gmb_cu_ctx prev;
+  struct cuda_scope prev;
   if (d && cuda_enter(d, &prev) == GMB_CU_SUCCESS) {
     cuda_drv.cuEventDestroy((gmb_cu_event)ev);
     cuda_leave(d, prev);

@@ -23,8 +23,8 @@
  * Loads the driver once per process, finds the ordinal of this process
  * whose GPU has `uuid` ("GPU-xxxxxxxx-...", from the broker's Hello
  * reply), retains its primary context and reads its allocation
- * granularity (once per device), and makes that context current on a
- * calling thread that has none (one with a context of its own keeps it).
+ * granularity (once per device).  The calling thread's current context
+ * is left as it was (none stays none).
  * 0 with *ordinal set, or GMB_E_DEVICE with one line in `why`: no driver,
  * no UUID given, no GPU of that UUID visible here (the GPUs seen are
  * listed), a driver call that failed, or a fork child of a process that

@@ -5,7 +5,9 @@
  * Sessions are made at the first allocation, not in a constructor: a
  * program that never allocates device memory never talks to the broker,
  * and a library constructor must not start threads (ZeroMQ's) while the
- * loader holds its lock.  The default broker is tried once, first; then
+ * loader holds its lock.  The calling thread's current device is read
+ * before anything connects (connecting changes no thread's context).
+ * The default broker is tried once, first; then
  * each device gets its session at its first request, from the broker of
  * its GPU (one broker serves one GPU).  Whether a device has a broker is
  * decided that one time; a broker started later is not seen by this
@@ -207,15 +209,21 @@ static gmb_client *shim_dev_session(int d, const char **why) {
 }
 
 gmb_client *gmb__shim_session(int device, int *resolved, const char **why) {
-  if (!atomic_load_explicit(&shim_started, memory_order_acquire))
+  /* The current device is read before the first connection: the request
+   * goes to the broker of the device the program chose, whatever broker
+   * the default endpoint names (1 known, -1 not to be known). */
+  int known = 0;
+  if (!atomic_load_explicit(&shim_started, memory_order_acquire)) {
+    if (device < 0) known = gmb_gpu_current(&device) == 0 ? 1 : -1;
     pthread_once(&shim_once, shim_start_once);
+  }
   if (resolved) *resolved = device;
   if (gmb__shim_forked()) {
     if (why) *why = shim_fork_why;
     return NULL;
   }
   if (shim_host) return shim_host;
-  if (device < 0 && gmb_gpu_current(&device) != 0) {
+  if (device < 0 && (known < 0 || gmb_gpu_current(&device) != 0)) {
     static char cur_why[512];
     static pthread_mutex_t cur_mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&cur_mu);

@@ -67,6 +67,12 @@ SAME_OFFSET(struct gmb_cu_access_desc, location, CUmemAccessDesc, location);
 SAME_OFFSET(struct gmb_cu_access_desc, flags, CUmemAccessDesc, flags);
 
 SAME_VALUE(GMB_CU_SUCCESS, CUDA_SUCCESS);
+SAME_SIZE(int, CUstreamCaptureMode);
+SAME_VALUE(GMB_CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_RELAXED);
+SAME_VALUE(GMB_CU_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+           CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+SAME_VALUE(GMB_CU_ERROR_STREAM_CAPTURE_IMPLICIT,
+           CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
 SAME_VALUE(GMB_CU_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_VALUE);
 SAME_VALUE(GMB_CU_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY);
 SAME_VALUE(GMB_CU_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_INITIALIZED);
@@ -156,5 +162,8 @@ ABI(cuMemAddressFree, cuMemAddressFree, CUdeviceptr, size_t);
 ABI(cuMemMap, cuMemMap, CUdeviceptr, size_t, size_t,
     CUmemGenericAllocationHandle, unsigned long long);
 ABI(cuMemUnmap, cuMemUnmap, CUdeviceptr, size_t);
+ABI(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode,
+    CUstreamCaptureMode *);
+ABI(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, int *, CUdevice, CUdevice);
 ABI(cuMemSetAccess, cuMemSetAccess, CUdeviceptr, size_t,
     const CUmemAccessDesc *, size_t);

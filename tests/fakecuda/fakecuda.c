@@ -3,13 +3,13 @@
  * product.  It lets gmb's cuda device and its CUDA client path run, across
  * processes, on machines without a GPU, and it behaves like the real driver
  * where code can go wrong.  Built into build/fakecuda/libcuda.so.1
- * (mk/cuda.mk) and loaded through $GMB_LIBCUDA.  cuGetProcAddress is
- * exported, and beside it, as a real libcuda.so.1 exports them, the
- * versioned names of the memory entry points libgmb-preload.so routes
- * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuDeviceTotalMem_v2,
- * cuMemCreate, cuMemRelease, cuIpcGetMemHandle), so that a lookup by name on the
- * driver's handle can be tested; the others only through
- * cuGetProcAddress.  The entry points are those of the CUDA 12.0 ABI.
+ * (mk/cuda.mk) and loaded through $GMB_LIBCUDA, or found by a program
+ * linked with -lcuda.  Every entry point it implements is exported under
+ * the names a real libcuda.so.1 exports it by (the versioned ones cuda.h
+ * calls, cuMemAlloc_v2, cuCtxDestroy_v2, ..., and the legacy base names,
+ * whose pre-3.2 ABI answers CUDA_ERROR_NOT_SUPPORTED); the _ptsz/_ptds
+ * variants are not.  Its own types are those of the CUDA 12.0 ABI;
+ * cuGetProcAddress also hands out the later ABIs (below).
  *
  * What it models, and how:
  *
@@ -107,13 +107,18 @@
  *   driver does: each entry point has the version its 12.0 ABI appeared
  *   in (cuMemAlloc's _v2 ABI 3.2, as cuMemFree's, cuMemGetInfo's and
  *   cuDeviceTotalMem's, the VMM calls 10.2, cuGetProcAddress
- *   11.3, its _v2 12.0, the others 12.0 here); a request below it is
+ *   11.3, its _v2 12.0, the capture calls 10.0/10.1, the peer calls 4.0,
+ *   the others 12.0 here); a request below it is
  *   CUDA_ERROR_NOT_FOUND with CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
  *   except cuMemAlloc / cuMemFree / cuMemGetInfo / cuDeviceTotalMem, which
  *   below 3.2 give a
  *   legacy entry point of their own (32-bit sizes in the real driver;
  *   here it answers CUDA_ERROR_NOT_SUPPORTED): a caller can tell it from
- *   the 12.0 one.  "cuGetProcAddress" itself is found (v1 below 12.0, the
+ *   the 12.0 one.  Asked for a version at or past a later ABI, it gives
+ *   that ABI, as the real driver does: cuCtxGetDevice_v2 and
+ *   cuCtxSynchronize_v2 (a context argument) from 13000, cuCtxCreate_v3
+ *   from 11040 and _v4 from 12050, cuStreamBeginCapture_v2 (a mode) from
+ *   10010.  "cuGetProcAddress" itself is found (v1 below 12.0, the
  *   _v2 from 12.0), as cudart asks for it.  cuIpcGetMemHandle exports
  *   only cuMemAlloc's memory (its base), as the real one; nothing opens
  *   the handle.  $FAKECUDA_DRIVER_VERSION is what cuDriverGetVersion
@@ -134,15 +139,47 @@
  *   import (CUDA_ERROR_INVALID_DEVICE).  $FAKECUDA_COMPUTE_MODE (0 default,
  *   2 prohibited, 3 exclusive process) is every device's
  *   CU_DEVICE_ATTRIBUTE_COMPUTE_MODE (only reported, not enforced).
- *   New memory is zeros (a memfd), unless $FAKECUDA_GARBAGE=1: then it
- *   holds 0xa5 bytes, as a real GPU's may hold a previous user's data.
+ *   New memory holds 0xa5 bytes, as a real GPU's may hold a previous
+ *   user's data; $FAKECUDA_GARBAGE=0 leaves it zeros (a memfd).
+ *
+ * - Access is per device.  cuMemSetAccess sets the access of each device
+ *   it names, leaving the others as they were; a copy through a mapping
+ *   needs access for the device of the current context.  cuMemAlloc's
+ *   memory is reachable by copies from every device (unified addressing).
+ *   cuDeviceCanAccessPeer answers 1 for two different visible devices
+ *   (0 with $FAKECUDA_NO_PEER=1); cuCtxEnablePeerAccess/Disable keep the
+ *   driver's state and errors, and grant nothing to memory of the virtual
+ *   memory API, as on a GPU.
  *
  * - cuCtxSynchronize waits for every stream of this process (the context's
  *   work); while $FAKECUDA_CAPTURING is set it fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real one does during a
- *   capture.  cuStreamIsCapturing answers CU_STREAM_CAPTURE_STATUS_NONE, or
- *   ACTIVE for the streams named in $FAKECUDA_CAPTURING ("all", or "null"
- *   for the legacy stream): tests stand for a graph capture with it.
+ *   capture.  cuStreamIsCapturing answers ACTIVE for the streams named in
+ *   $FAKECUDA_CAPTURING ("all", or "null" for the legacy stream): tests
+ *   stand for a graph capture with it, without the rules below.
+ *
+ * - Stream capture (cuStreamBeginCapture_v2 .. cuStreamEndCapture), with
+ *   the driver's rules.  A potentially unsafe call (every memory-management
+ *   call, the VMM ones included: maybe stricter than the driver; waits;
+ *   synchronous copies; event queries) is refused with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the captures it conflicts
+ *   with invalidated, when the calling thread's mode
+ *   (cuThreadExchangeStreamCaptureMode) is global and it has a capture
+ *   that is not relaxed or another thread has a global one, or when its
+ *   mode is thread-local and it has one that is not relaxed; never in the
+ *   relaxed mode.  In every mode: a wait for a capturing stream, a query
+ *   of an event recorded in a capture, and cuCtxSynchronize are refused;
+ *   the legacy stream, while a blocking stream captures, answers
+ *   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (cuStreamIsCapturing; and work or a
+ *   synchronous copy on it, which also invalidates).  Each invalidation is
+ *   written to the misuse log.  Copies, host functions and event records
+ *   on a capturing stream are taken into the capture; cuStreamEndCapture
+ *   gives a graph of them (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when the
+ *   capture was broken), cuGraphInstantiateWithFlags and cuGraphLaunch
+ *   replay them (copies checked again at each launch).
+ *
+ * - CU_STREAM_PER_THREAD is each thread's own default stream (made at its
+ *   first use), distinct from the legacy stream and from other threads'.
  *
  * - Events: cuEventRecord queues a mark on its stream (the NULL stream or
  *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one);
@@ -199,13 +236,20 @@ enum {
   CUDA_ERROR_NOT_INITIALIZED = 3,
   CUDA_ERROR_NO_DEVICE = 100,
   CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
   CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_OPERATING_SYSTEM = 304,
   CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_ILLEGAL_STATE = 401,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+  CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
   CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+  CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+  CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
 };
 
 enum {
@@ -244,6 +288,12 @@ static uint64_t fake_env_size(const char *name, uint64_t dflt) {
 static int fake_env_flag(const char *name) {
   const char *v = getenv(name);
   return v && *v && strcmp(v, "0") != 0;
+}
+
+/* 1 unless $FAKECUDA_GARBAGE is "0": new memory is not zeros. */
+static int fake_garbage(void) {
+  const char *v = getenv("FAKECUDA_GARBAGE");
+  return !(v && strcmp(v, "0") == 0);
 }
 
 static uint64_t fake_total(void) {
@@ -334,6 +384,7 @@ static pid_t fake_pid; /* cuInit's process; 0 before cuInit */
 struct fake_ctx {
   int live;
   int dev;
+  unsigned peers; /* devices whose contexts it enabled peer access to */
 };
 /* [0, FAKE_MAX_DEV): the primary contexts; the rest cuCtxCreate's. */
 static struct fake_ctx fake_ctxs[FAKE_MAX_CTX];
@@ -612,7 +663,10 @@ struct fake_map {
   size_t size;
   struct fake_alloc *a;
   struct fake_view *view;
-  int access; /* CUmemAccess_flags granted; 0 until cuMemSetAccess */
+  /* CUmemAccess_flags granted to each physical device; 0 until
+   * cuMemSetAccess names that device (access for one device does not
+   * grant another). */
+  int access[FAKE_MAX_DEV];
 };
 
 struct fake_scratch { /* cuMemAlloc */
@@ -706,9 +760,9 @@ static CUresult alloc_create(int dev, uint64_t size, int types,
     free(a);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  /* $FAKECUDA_GARBAGE=1: new memory holds 0xa5 bytes, as a real GPU's
-   * may hold what its last user left (a memfd is zeros). */
-  if (fake_env_flag("FAKECUDA_GARBAGE")) {
+  /* New memory holds garbage, as a real GPU's may hold what its last
+   * user left (a memfd is zeros); $FAKECUDA_GARBAGE=0 keeps the zeros. */
+  if (fake_garbage()) {
     char junk[65536];
     memset(junk, 0xa5, sizeof junk);
     for (uint64_t off = 0; off < size; off += sizeof junk) {
@@ -867,6 +921,9 @@ struct fake_work {
   const char *src;
   size_t n;
   struct fake_view *vdst, *vsrc; /* held until the copy ran; may be NULL */
+  /* A node of a captured graph: a device-to-device copy (ddst, dsrc, n),
+   * a host function (fn) or an event's record (ev, holding a reference). */
+  CUdeviceptr ddst, dsrc;
 };
 
 struct fake_stream {
@@ -876,6 +933,13 @@ struct fake_stream {
   struct fake_work *head, *tail;
   int busy, stop, started;
   pthread_t thread;
+  unsigned flags; /* CU_STREAM_NON_BLOCKING (1) or 0 */
+  /* Stream capture, under fake_mu: cap_mode (a CUstreamCaptureMode) and
+   * the thread that began it; cap_invalid once an illegal call broke it;
+   * the work captured so far (the graph's nodes, in order). */
+  int cap, cap_mode, cap_invalid;
+  pthread_t cap_thread;
+  struct fake_work *cap_head, *cap_tail;
 };
 
 static struct fake_stream fake_null_stream = {
@@ -889,6 +953,9 @@ struct fake_event {
   uint32_t magic;
   _Atomic uint64_t recorded, completed;
   _Atomic int refs;
+  /* Under fake_mu: the stream whose capture took its last record (NULL
+   * when that record was real work). */
+  struct fake_stream *captured;
 };
 #define FAKE_EVENT_MAGIC 0x45564e54u
 
@@ -960,16 +1027,154 @@ static void stream_sync(struct fake_stream *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* The stream a handle names: NULL and the legacy/per-thread handles (0x1,
- * 0x2) are the NULL stream; otherwise a live created stream. */
+static struct fake_stream *stream_per_thread(void);
+
+/* The stream a handle names: NULL and CU_STREAM_LEGACY (0x1) are the
+ * legacy stream, CU_STREAM_PER_THREAD (0x2) the calling thread's own
+ * default stream; otherwise a live created stream. */
 static struct fake_stream *stream_of(void *handle) {
-  if ((uintptr_t)handle <= 2) return &fake_null_stream;
+  if ((uintptr_t)handle <= 1) return &fake_null_stream;
+  if ((uintptr_t)handle == 2) return stream_per_thread();
   pthread_mutex_lock(&fake_mu);
   struct fake_stream *s = fake_streams;
   while (s && s != handle) s = s->next;
   pthread_mutex_unlock(&fake_mu);
   return s;
 }
+
+/* --- the per-thread default stream and stream capture ------------------- */
+
+/* CU_STREAM_PER_THREAD: each thread's own default stream, made at its
+ * first use and kept for the life of the process (a blocking stream, in
+ * fake_streams, so cuCtxSynchronize waits for it). */
+static __thread struct fake_stream *fake_pt_stream;
+
+static struct fake_stream *stream_per_thread(void) {
+  if (fake_pt_stream) return fake_pt_stream;
+  struct fake_stream *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  pthread_mutex_lock(&fake_mu);
+  s->next = fake_streams;
+  fake_streams = s;
+  pthread_mutex_unlock(&fake_mu);
+  fake_pt_stream = s;
+  return s;
+}
+
+enum { /* CUstreamCaptureMode */
+  FAKE_CAP_GLOBAL = 0,
+  FAKE_CAP_THREAD_LOCAL = 1,
+  FAKE_CAP_RELAXED = 2,
+};
+
+/* This thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+static __thread int fake_tmode = FAKE_CAP_GLOBAL;
+
+/* Frees a list of captured work (graph nodes), with the references they
+ * hold. */
+static void work_list_free(struct fake_work *w) {
+  while (w) {
+    struct fake_work *next = w->next;
+    if (w->ev) event_unref(w->ev);
+    free(w);
+    w = next;
+  }
+}
+
+/* Invalidates s's capture, said once in the misuse log.  Under fake_mu. */
+static void cap_break(struct fake_stream *s, const char *call) {
+  if (!s->cap || s->cap_invalid) return;
+  s->cap_invalid = 1;
+  fake_misuse("%s during a stream capture: the capture is invalidated", call);
+}
+
+/* The gate of a potentially unsafe call (memory management, a wait, an
+ * event query), as cuThreadExchangeStreamCaptureMode documents it: in
+ * the global mode a thread may not make one while it has a capture of
+ * its own that is not relaxed, nor while another thread has a global
+ * one; in the thread-local mode only its own captures count; in the
+ * relaxed mode none does.  A call refused invalidates the captures it
+ * conflicts with (as the driver does) and returns
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.  Takes fake_mu. */
+static CUresult cap_unsafe(const char *call) {
+  if (fake_tmode == FAKE_CAP_RELAXED) return CUDA_SUCCESS;
+  pthread_t me = pthread_self();
+  int hit = 0;
+  pthread_mutex_lock(&fake_mu);
+  for (struct fake_stream *s = fake_streams; s; s = s->next) {
+    if (!s->cap) continue;
+    int mine = pthread_equal(s->cap_thread, me);
+    if ((mine && s->cap_mode != FAKE_CAP_RELAXED) ||
+        (!mine && fake_tmode == FAKE_CAP_GLOBAL &&
+         s->cap_mode == FAKE_CAP_GLOBAL)) {
+      cap_break(s, call);
+      hit = 1;
+    }
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* 1 when a blocking stream (not CU_STREAM_NON_BLOCKING; the per-thread
+ * streams are blocking) captures: the legacy stream synchronises with it
+ * implicitly.  With `call`, those captures are invalidated.  Under
+ * fake_mu. */
+static int cap_blocking_locked(const char *call) {
+  int hit = 0;
+  for (struct fake_stream *s = fake_streams; s; s = s->next)
+    if (s->cap && !(s->flags & 1u)) {
+      if (call) cap_break(s, call);
+      hit = 1;
+    }
+  return hit;
+}
+
+/* Work on the legacy stream (or a synchronous call, which is ordered on
+ * it) while a blocking stream captures would join that capture: refused
+ * with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the capture invalidated.
+ * Takes fake_mu. */
+static CUresult cap_legacy(const char *call) {
+  pthread_mutex_lock(&fake_mu);
+  int hit = cap_blocking_locked(call);
+  pthread_mutex_unlock(&fake_mu);
+  return hit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
+/* Appends w to s's capture.  Under fake_mu, s capturing. */
+static void cap_append(struct fake_stream *s, struct fake_work *w) {
+  w->next = NULL;
+  if (s->cap_tail)
+    s->cap_tail->next = w;
+  else
+    s->cap_head = w;
+  s->cap_tail = w;
+}
+
+/* Work for stream s: on the legacy stream, cap_legacy's check; on a
+ * capturing stream, taken into the capture (1 with *took).  Takes
+ * fake_mu. */
+static CUresult cap_or_queue(struct fake_stream *s, struct fake_work *w,
+                             const char *call, int *took) {
+  *took = 0;
+  if (s == &fake_null_stream) return cap_legacy(call);
+  pthread_mutex_lock(&fake_mu);
+  if (s->cap) {
+    cap_append(s, w);
+    *took = 1;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return CUDA_SUCCESS;
+}
+
+/* A graph: the captured work, replayed in order by cuGraphLaunch.  An
+ * executable graph is a copy of it. */
+#define FAKE_GRAPH_MAGIC 0x47524150u
+struct fake_graph {
+  uint32_t magic;
+  struct fake_work *nodes;
+};
 
 /* --- copies ------------------------------------------------------------- */
 
@@ -985,10 +1190,12 @@ static CUresult translate(CUdeviceptr p, size_t n, int want, const char *call,
     fake_misuse("%s: [%#llx, +%zu) is not inside one mapping", call, p, n);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if ((m->access & want) != want) {
-    fake_misuse("%s: [%#llx, +%zu) is mapped without %s access "
-                "(cuMemSetAccess)", call, p, n,
-                want == FAKE_ACCESS_READ ? "read" : "read/write");
+  /* Access is per device: the copy runs on the current context's. */
+  int dev = fake_cur ? fake_cur->dev : 0;
+  if ((m->access[dev] & want) != want) {
+    fake_misuse("%s: [%#llx, +%zu) is mapped without %s access for "
+                "device %d (cuMemSetAccess)", call, p, n,
+                want == FAKE_ACCESS_READ ? "read" : "read/write", dev);
     return CUDA_ERROR_INVALID_VALUE;
   }
   *cpu = m->view->cpu + ((uintptr_t)p - m->base);
@@ -1076,6 +1283,8 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
   struct fake_stream *s = stream_of(async ? stream : NULL);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   const char *call = async ? "cuMemcpyDtoDAsync" : "cuMemcpyDtoD";
+  if (!async && (r = cap_unsafe(call)) != 0) return r;
+  if (s == &fake_null_stream && (r = cap_legacy(call)) != 0) return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, call);
   if (!r) r = check_run(src, n, FAKE_ACCESS_READ, call);
@@ -1117,6 +1326,21 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
       memcpy(d, sp, k);
       done += k;
     }
+    return CUDA_SUCCESS;
+  }
+  /* Captured: a node of the graph, its ranges checked again at each
+   * launch. */
+  if (s->cap) {
+    struct fake_work *w = calloc(1, sizeof *w);
+    if (!w) {
+      pthread_mutex_unlock(&fake_mu);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    w->ddst = dst;
+    w->dsrc = src;
+    w->n = n;
+    cap_append(s, w);
+    pthread_mutex_unlock(&fake_mu);
     return CUDA_SUCCESS;
   }
   /* Asynchronous: one work item a piece, each holding its views, so that
@@ -1362,6 +1586,7 @@ static CUresult fake_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                  unsigned long long flags) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemCreate")) != 0) return r;
   if (!h || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if ((r = fake_prop_ok(prop)) != 0) return r;
   if (fake_env_flag("FAKECUDA_NO_VMM")) return CUDA_ERROR_NOT_SUPPORTED;
@@ -1392,6 +1617,7 @@ static CUresult fake_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 static CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemRelease")) != 0) return r;
   pthread_mutex_lock(&fake_mu);
   r = release(h);
   pthread_mutex_unlock(&fake_mu);
@@ -1427,6 +1653,7 @@ static CUresult fake_cuMemImportFromShareableHandle(
     CUmemGenericAllocationHandle *h, void *os_handle, int type) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemImportFromShareableHandle")) != 0) return r;
   if (!h || type != FAKE_HANDLE_POSIX_FD) return CUDA_ERROR_INVALID_VALUE;
   if (fake_env_flag("FAKECUDA_NO_VMM")) return CUDA_ERROR_NOT_SUPPORTED;
   int fd = (int)(uintptr_t)os_handle;
@@ -1491,6 +1718,7 @@ static CUresult fake_cuMemAddressReserve(CUdeviceptr *p, size_t size,
   (void)addr; /* a hint; the kernel picks */
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemAddressReserve")) != 0) return r;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (!p || flags != 0 || size == 0 || size % page != 0 ||
       (align & (align - 1)) != 0)
@@ -1508,6 +1736,7 @@ static CUresult fake_cuMemAddressReserve(CUdeviceptr *p, size_t size,
 static CUresult fake_cuMemAddressFree(CUdeviceptr p, size_t size) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemAddressFree")) != 0) return r;
   pthread_mutex_lock(&fake_mu);
   r = address_free((uintptr_t)p, size);
   pthread_mutex_unlock(&fake_mu);
@@ -1519,6 +1748,7 @@ static CUresult fake_cuMemMap(CUdeviceptr p, size_t size, size_t offset,
                               unsigned long long flags) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemMap")) != 0) return r;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t g = fake_granularity();
   pthread_mutex_lock(&fake_mu);
@@ -1554,6 +1784,7 @@ static CUresult fake_cuMemMap(CUdeviceptr p, size_t size, size_t offset,
 static CUresult fake_cuMemUnmap(CUdeviceptr p, size_t size) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemUnmap")) != 0) return r;
   pthread_mutex_lock(&fake_mu);
   r = unmap_range((uintptr_t)p, size);
   pthread_mutex_unlock(&fake_mu);
@@ -1565,8 +1796,9 @@ static CUresult fake_cuMemSetAccess(CUdeviceptr p, size_t size,
                                     size_t count) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemSetAccess")) != 0) return r;
   if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
-  int flags = 0;
+  int flags[FAKE_MAX_DEV], set[FAKE_MAX_DEV] = {0};
   for (size_t i = 0; i < count; i++) {
     if (desc[i].location.type != FAKE_LOCATION_DEVICE)
       return CUDA_ERROR_INVALID_VALUE;
@@ -1575,7 +1807,9 @@ static CUresult fake_cuMemSetAccess(CUdeviceptr p, size_t size,
     if (desc[i].flags != 0 && desc[i].flags != FAKE_ACCESS_READ &&
         desc[i].flags != FAKE_ACCESS_READWRITE)
       return CUDA_ERROR_INVALID_VALUE;
-    flags = desc[i].flags; /* one device is modelled: the last one wins */
+    int phys = fake_ordinal_phys(desc[i].location.id);
+    flags[phys] = desc[i].flags; /* each device its own; the last wins */
+    set[phys] = 1;
   }
   pthread_mutex_lock(&fake_mu);
   if (!maps_cover_exactly((uintptr_t)p, size)) {
@@ -1584,7 +1818,9 @@ static CUresult fake_cuMemSetAccess(CUdeviceptr p, size_t size,
     r = CUDA_ERROR_INVALID_VALUE;
   } else {
     for (struct fake_map *m = fake_maps; m; m = m->next)
-      if (m->base >= p && m->base < p + size) m->access = flags;
+      if (m->base >= p && m->base < p + size)
+        for (int d = 0; d < FAKE_MAX_DEV; d++)
+          if (set[d]) m->access[d] = flags[d];
   }
   pthread_mutex_unlock(&fake_mu);
   return r;
@@ -1595,6 +1831,7 @@ static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t bytes) {
   int dev;
   CUresult r = fake_need_ctx(&dev);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemAlloc")) != 0) return r;
   if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t g = fake_granularity();
   size_t size = (size_t)((bytes + g - 1) / g * g);
@@ -1612,7 +1849,11 @@ static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t bytes) {
     alloc_unref(a);
   }
   if (!r) {
-    fake_maps->access = FAKE_ACCESS_READWRITE; /* the new mapping */
+    /* The new mapping: cuMemAlloc's memory is reachable from every device
+     * by copies (unified addressing); peer access (cuCtxEnablePeerAccess)
+     * is what kernels would need, and no kernel runs here. */
+    for (int d = 0; d < FAKE_MAX_DEV; d++)
+      fake_maps->access[d] = FAKE_ACCESS_READWRITE;
     s->ptr = base;
     s->size = size;
     s->next = fake_scratches;
@@ -1628,6 +1869,7 @@ static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t bytes) {
 static CUresult fake_cuMemFree(CUdeviceptr p) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemFree")) != 0) return r;
   if (p == 0) return CUDA_SUCCESS;
   pthread_mutex_lock(&fake_mu);
   struct fake_scratch **pp = &fake_scratches;
@@ -1682,6 +1924,9 @@ static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
   if (!src) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = cap_unsafe("cuMemcpyHtoD")) != 0 ||
+      (r = cap_legacy("cuMemcpyHtoD")) != 0)
+    return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD");
   pthread_mutex_unlock(&fake_mu);
@@ -1695,6 +1940,9 @@ static CUresult fake_cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
+  if ((r = cap_unsafe("cuMemsetD8")) != 0 ||
+      (r = cap_legacy("cuMemsetD8")) != 0)
+    return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemsetD8");
   pthread_mutex_unlock(&fake_mu);
@@ -1714,6 +1962,9 @@ static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   if (r) return r;
   if (n == 0) return CUDA_SUCCESS;
   if (!dst) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = cap_unsafe("cuMemcpyDtoH")) != 0 ||
+      (r = cap_legacy("cuMemcpyDtoH")) != 0)
+    return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(src, n, FAKE_ACCESS_READ, "cuMemcpyDtoH");
   pthread_mutex_unlock(&fake_mu);
@@ -1732,6 +1983,7 @@ static CUresult fake_cuStreamCreate(void **out, unsigned flags) {
   if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
+  s->flags = flags;
   pthread_mutex_lock(&fake_mu);
   s->next = fake_streams;
   fake_streams = s;
@@ -1745,6 +1997,15 @@ static CUresult fake_cuStreamSynchronize(void *h) {
   if (r) return r;
   struct fake_stream *s = stream_of(h);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  /* A wait for a capturing stream is illegal in every mode. */
+  pthread_mutex_lock(&fake_mu);
+  int capturing = s->cap;
+  if (capturing) cap_break(s, "cuStreamSynchronize of the capturing stream");
+  pthread_mutex_unlock(&fake_mu);
+  if (capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (s == &fake_null_stream && (r = cap_legacy("cuStreamSynchronize")) != 0)
+    return r;
+  if ((r = cap_unsafe("cuStreamSynchronize")) != 0) return r;
   stream_sync(s);
   return CUDA_SUCCESS;
 }
@@ -1784,7 +2045,9 @@ static CUresult fake_cuLaunchHostFunc(void *h, CUhostFn fn, void *user) {
   if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
   w->fn = fn;
   w->user = user;
-  r = stream_enqueue(s, w);
+  int took;
+  r = cap_or_queue(s, w, "cuLaunchHostFunc", &took);
+  if (!r && !took) r = stream_enqueue(s, w);
   if (r) free(w);
   return r;
 }
@@ -1814,9 +2077,22 @@ static CUresult fake_cuEventRecord(void *h, void *stream) {
   struct fake_work *w = calloc(1, sizeof *w);
   if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
   w->ev = e;
-  w->gen = atomic_fetch_add(&e->recorded, 1) + 1;
   atomic_fetch_add(&e->refs, 1);
-  r = stream_enqueue(s, w);
+  int took;
+  r = cap_or_queue(s, w, "cuEventRecord", &took);
+  if (!r && took) {
+    pthread_mutex_lock(&fake_mu);
+    e->captured = s; /* a node of the graph, not work now */
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_SUCCESS;
+  }
+  if (!r) {
+    pthread_mutex_lock(&fake_mu);
+    e->captured = NULL;
+    pthread_mutex_unlock(&fake_mu);
+    w->gen = atomic_fetch_add(&e->recorded, 1) + 1;
+    r = stream_enqueue(s, w);
+  }
   if (r) {
     atomic_fetch_sub(&e->refs, 1);
     free(w);
@@ -1829,6 +2105,16 @@ static CUresult fake_cuEventQuery(void *h) {
   if (r) return r;
   struct fake_event *e = h;
   if (!e || e->magic != FAKE_EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  /* An event last recorded inside a capture that is still going on may
+   * not be queried, whatever the mode; others are potentially unsafe. */
+  pthread_mutex_lock(&fake_mu);
+  struct fake_stream *cs = e->captured, *x = fake_streams;
+  while (cs && x && x != cs) x = x->next;
+  int in_capture = cs && x == cs && cs->cap;
+  if (in_capture) cap_break(cs, "cuEventQuery of an event recorded in it");
+  pthread_mutex_unlock(&fake_mu);
+  if (in_capture) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if ((r = cap_unsafe("cuEventQuery")) != 0) return r;
   return atomic_load(&e->completed) >= atomic_load(&e->recorded)
              ? CUDA_SUCCESS
              : CUDA_ERROR_NOT_READY;
@@ -1852,6 +2138,17 @@ static CUresult fake_cuCtxSynchronize(void) {
    * a stream captures. */
   const char *cap = getenv("FAKECUDA_CAPTURING");
   if (cap && *cap) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  /* A stream of the context captures: refused in every mode, and every
+   * such capture invalidated. */
+  int hit = 0;
+  pthread_mutex_lock(&fake_mu);
+  for (struct fake_stream *s = fake_streams; s; s = s->next)
+    if (s->cap) {
+      cap_break(s, "cuCtxSynchronize");
+      hit = 1;
+    }
+  pthread_mutex_unlock(&fake_mu);
+  if (hit) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   stream_sync(&fake_null_stream);
   /* Under fake_mu, so that no stream is destroyed meanwhile; the stream
    * workers never take it. */
@@ -1871,7 +2168,246 @@ static CUresult fake_cuStreamIsCapturing(void *h, int *status) {
   const char *v = getenv("FAKECUDA_CAPTURING");
   *status = v && (strcmp(v, "all") == 0 ||
                   (strcmp(v, "null") == 0 && s == &fake_null_stream));
+  pthread_mutex_lock(&fake_mu);
+  /* The legacy stream while a blocking stream captures: the driver says
+   * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (using it would join the capture),
+   * which callers must read as "capturing". */
+  int implicit = s == &fake_null_stream && cap_blocking_locked(NULL);
+  if (s->cap) *status = s->cap_invalid ? 2 : 1;
+  pthread_mutex_unlock(&fake_mu);
+  return implicit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
+/* --- the API: stream capture and graphs ---------------------------------- */
+
+static CUresult fake_cuThreadExchangeStreamCaptureMode(int *mode) {
+  CUresult r = fake_ready();
+  if (r) return r;
+  if (!mode || *mode < FAKE_CAP_GLOBAL || *mode > FAKE_CAP_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  int old = fake_tmode;
+  fake_tmode = *mode;
+  *mode = old;
   return CUDA_SUCCESS;
+}
+
+/* cuStreamBeginCapture_v2: the legacy stream cannot be captured; a
+ * stream captures once at a time. */
+static CUresult fake_cuStreamBeginCapture(void *h, int mode) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (mode < FAKE_CAP_GLOBAL || mode > FAKE_CAP_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  if ((uintptr_t)h <= 1) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  struct fake_stream *s = stream_of(h);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  if (s->cap) {
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  } else {
+    s->cap = 1;
+    s->cap_mode = mode;
+    s->cap_invalid = 0;
+    s->cap_thread = pthread_self();
+    s->cap_head = s->cap_tail = NULL;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* cuStreamBeginCapture (10.0): the global mode. */
+static CUresult fake_cuStreamBeginCapture_v1(void *h) {
+  return fake_cuStreamBeginCapture(h, FAKE_CAP_GLOBAL);
+}
+
+/* Ends s's capture: a graph of what it took, or
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (no graph) when an illegal call
+ * broke it.  Only the thread that began a capture that is not relaxed
+ * may end it. */
+static CUresult fake_cuStreamEndCapture(void *h, void **graph) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!graph) return CUDA_ERROR_INVALID_VALUE;
+  *graph = NULL;
+  struct fake_stream *s = stream_of(h);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&fake_mu);
+  if (!s->cap) {
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  if (s->cap_mode != FAKE_CAP_RELAXED &&
+      !pthread_equal(s->cap_thread, pthread_self())) {
+    cap_break(s, "cuStreamEndCapture in another thread");
+    pthread_mutex_unlock(&fake_mu);
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
+  struct fake_work *nodes = s->cap_head;
+  int bad = s->cap_invalid;
+  s->cap = s->cap_invalid = 0;
+  s->cap_head = s->cap_tail = NULL;
+  pthread_mutex_unlock(&fake_mu);
+  if (bad) {
+    work_list_free(nodes);
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  struct fake_graph *g = calloc(1, sizeof *g);
+  if (!g) {
+    work_list_free(nodes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  g->magic = FAKE_GRAPH_MAGIC;
+  g->nodes = nodes;
+  *graph = g;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuGraphDestroy(void *graph) {
+  struct fake_graph *g = graph;
+  if (!g || g->magic != FAKE_GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+  g->magic = 0;
+  work_list_free(g->nodes);
+  free(g);
+  return CUDA_SUCCESS;
+}
+
+/* An executable graph: a copy of the graph's nodes. */
+static CUresult fake_cuGraphInstantiateWithFlags(void **exec, void *graph,
+                                                 unsigned long long flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  struct fake_graph *g = graph;
+  if (!exec || !g || g->magic != FAKE_GRAPH_MAGIC || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct fake_graph *x = calloc(1, sizeof *x);
+  if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+  x->magic = FAKE_GRAPH_MAGIC;
+  struct fake_work **tail = &x->nodes;
+  for (struct fake_work *n = g->nodes; n; n = n->next) {
+    struct fake_work *c = malloc(sizeof *c);
+    if (!c) {
+      fake_cuGraphDestroy(x);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *c = *n;
+    c->next = NULL;
+    if (c->ev) atomic_fetch_add(&c->ev->refs, 1);
+    *tail = c;
+    tail = &c->next;
+  }
+  *exec = x;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuGraphExecDestroy(void *exec) {
+  return fake_cuGraphDestroy(exec);
+}
+
+static CUresult fake_cuEventRecord(void *h, void *stream);
+static CUresult fake_cuLaunchHostFunc(void *h, CUhostFn fn, void *user);
+
+/* Replays the graph's work on `stream`, in order: copies (their ranges
+ * checked again now: memory unmapped since the capture is misuse, as a
+ * fault would be on a GPU), host functions, event records. */
+static CUresult fake_cuGraphLaunch(void *exec, void *stream) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  struct fake_graph *x = exec;
+  if (!x || x->magic != FAKE_GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+  for (struct fake_work *n = x->nodes; n && !r; n = n->next) {
+    if (n->ev)
+      r = fake_cuEventRecord(n->ev, stream);
+    else if (n->fn)
+      r = fake_cuLaunchHostFunc(stream, n->fn, n->user);
+    else
+      r = copy_dtod(n->ddst, n->dsrc, n->n, stream, 1);
+  }
+  return r;
+}
+
+/* --- the API: peers and the CUDA 13 variants ----------------------------- */
+
+/* Any two different visible devices can reach each other, unless
+ * $FAKECUDA_NO_PEER=1. */
+static CUresult fake_cuDeviceCanAccessPeer(int *can, int d, int peer) {
+  CUresult r = fake_device_ok(d);
+  if (!r) r = fake_device_ok(peer);
+  if (r) return r;
+  if (!can) return CUDA_ERROR_INVALID_VALUE;
+  *can = d != peer && !fake_env_flag("FAKECUDA_NO_PEER");
+  return CUDA_SUCCESS;
+}
+
+/* Peer access is recorded per context (the current one may use the
+ * peer context's cuMemAlloc memory in kernels).  It grants nothing to
+ * memory of the virtual memory API: that takes cuMemSetAccess for each
+ * device, here as on a GPU. */
+static CUresult fake_peer(void *peer_ctx, unsigned flags, int enable) {
+  int dev;
+  CUresult r = fake_need_ctx(&dev);
+  if (r) return r;
+  if (enable && flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_ctx *p = peer_ctx;
+  if (!fake_ctx_valid(p)) return CUDA_ERROR_INVALID_CONTEXT;
+  int can = 0;
+  if ((r = fake_cuDeviceCanAccessPeer(&can, dev, p->dev)) != 0) return r;
+  if (!can) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  unsigned bit = 1u << p->dev;
+  unsigned was = __atomic_fetch_or(&fake_cur->peers, enable ? bit : 0,
+                                   __ATOMIC_ACQ_REL);
+  if (enable) return was & bit ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : 0;
+  if (!(was & bit)) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+  __atomic_fetch_and(&fake_cur->peers, ~bit, __ATOMIC_ACQ_REL);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuCtxEnablePeerAccess(void *peer_ctx, unsigned flags) {
+  return fake_peer(peer_ctx, flags, 1);
+}
+
+static CUresult fake_cuCtxDisablePeerAccess(void *peer_ctx) {
+  return fake_peer(peer_ctx, 0, 0);
+}
+
+/* cuCtxGetDevice_v2 (13.0): the device of `ctx`, or of the current
+ * context when ctx is NULL. */
+static CUresult fake_cuCtxGetDevice_v2(int *d, void *ctx) {
+  if (ctx == NULL) return fake_cuCtxGetDevice(d);
+  CUresult r = fake_ready();
+  if (r) return r;
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  if (!fake_ctx_valid(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  *d = ((struct fake_ctx *)ctx)->dev;
+  return CUDA_SUCCESS;
+}
+
+/* cuCtxSynchronize_v2 (13.0): waits for `ctx` (NULL: the current one);
+ * the work of every context is waited for here, as cuCtxSynchronize
+ * does. */
+static CUresult fake_cuCtxSynchronize_v2(void *ctx) {
+  CUresult r = fake_ready();
+  if (r) return r;
+  if (ctx != NULL && !fake_ctx_valid(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  struct fake_ctx *was = fake_cur;
+  if (ctx) fake_cur = ctx;
+  r = fake_cuCtxSynchronize();
+  fake_cur = was;
+  return r;
+}
+
+/* cuCtxCreate_v3 (11.4, execution affinity) and _v4 (12.5, creation
+ * parameters): without those parameters, cuCtxCreate_v2; with them,
+ * not modelled. */
+static CUresult fake_cuCtxCreate_v3(void **c, void *affinity, int n,
+                                    unsigned flags, int d) {
+  if (affinity != NULL || n != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  return fake_cuCtxCreate(c, flags, d);
+}
+
+static CUresult fake_cuCtxCreate_v4(void **c, void *params, unsigned flags,
+                                    int d) {
+  if (params != NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  return fake_cuCtxCreate(c, flags, d);
 }
 
 /* --- error strings and the entry-point table ----------------------------- */
@@ -1903,6 +2439,25 @@ static const struct {
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
      "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+     "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+     "operation would make the legacy stream depend on a capturing blocking "
+     "stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+     "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+     "attempt to terminate a thread-local capture sequence from another "
+     "thread"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+     "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+     "peer access is not supported between these two devices"},
+    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+     "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+     "peer access is already enabled"},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
+     "peer access has not been enabled"},
 };
 
 static CUresult fake_error_lookup(CUresult r, const char **s, int text) {
@@ -1953,8 +2508,8 @@ static const struct {
     FAKE_FN(cuDeviceGetAttribute),
     FAKE_FN(cuDevicePrimaryCtxRetain),
     FAKE_FN(cuDevicePrimaryCtxRelease),
-    FAKE_FN(cuCtxCreate),
-    FAKE_FN(cuCtxDestroy),
+    FAKE_FN_SINCE(cuCtxCreate, 3020, NULL),
+    FAKE_FN_SINCE(cuCtxDestroy, 4000, NULL),
     FAKE_FN(cuCtxSetCurrent),
     FAKE_FN(cuCtxGetCurrent),
     FAKE_FN(cuCtxGetDevice),
@@ -1987,9 +2542,44 @@ static const struct {
     FAKE_FN(cuEventDestroy),
     FAKE_FN(cuGetErrorName),
     FAKE_FN(cuGetErrorString),
+    FAKE_FN_SINCE(cuThreadExchangeStreamCaptureMode, 10010, NULL),
+    FAKE_FN_SINCE(cuStreamBeginCapture_v1, 10000, NULL),
+    FAKE_FN_SINCE(cuStreamEndCapture, 10000, NULL),
+    FAKE_FN_SINCE(cuGraphInstantiateWithFlags, 11040, NULL),
+    FAKE_FN_SINCE(cuGraphLaunch, 10000, NULL),
+    FAKE_FN_SINCE(cuGraphDestroy, 10000, NULL),
+    FAKE_FN_SINCE(cuGraphExecDestroy, 10000, NULL),
+    FAKE_FN_SINCE(cuDeviceCanAccessPeer, 4000, NULL),
+    FAKE_FN_SINCE(cuCtxEnablePeerAccess, 4000, NULL),
+    FAKE_FN_SINCE(cuCtxDisablePeerAccess, 4000, NULL),
     {"cuGetProcAddress", (void *)(uintptr_t)cuGetProcAddress_v2, 12000,
      (void *)(uintptr_t)cuGetProcAddress},
 };
+
+/* The later ABIs of an entry point, as the real driver hands them out:
+ * asked for version `ver`, cuGetProcAddress gives the newest ABI whose
+ * version is at most ver (a program built against the 13.0 header asks
+ * 13000 and calls cuCtxSynchronize with a context argument).  The table
+ * above holds each name's first ABI here. */
+static const struct {
+  const char *name;
+  int since;
+  void *fn;
+} fake_versions[] = {
+    {"cuStreamBeginCapture", 10010, (void *)(uintptr_t)fake_cuStreamBeginCapture},
+    {"cuCtxCreate", 11040, (void *)(uintptr_t)fake_cuCtxCreate_v3},
+    {"cuCtxCreate", 12050, (void *)(uintptr_t)fake_cuCtxCreate_v4},
+    {"cuCtxGetDevice", 13000, (void *)(uintptr_t)fake_cuCtxGetDevice_v2},
+    {"cuCtxSynchronize", 13000, (void *)(uintptr_t)fake_cuCtxSynchronize_v2},
+};
+
+/* The table's name of `sym` ("cuStreamBeginCapture" is listed by its
+ * first ABI's name). */
+static int fake_name_is(const char *entry, const char *sym) {
+  if (strcmp(entry, sym) == 0) return 1;
+  size_t n = strlen(sym);
+  return strncmp(entry, sym, n) == 0 && strcmp(entry + n, "_v1") == 0;
+}
 
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
                                     unsigned long long flags, int *status) {
@@ -2002,7 +2592,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
     return CUDA_ERROR_NOT_FOUND;
   }
   for (size_t i = 0; i < sizeof fake_table / sizeof fake_table[0]; i++) {
-    if (strcmp(fake_table[i].name, sym) != 0) continue;
+    if (!fake_name_is(fake_table[i].name, sym)) continue;
     int since = fake_table[i].since ? fake_table[i].since : 12000;
     void *fn = fake_table[i].fn;
     /* cuGetProcAddress (v1) itself appeared in 11.3. */
@@ -2012,6 +2602,10 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
       if (status) *status = 2; /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
       return CUDA_ERROR_NOT_FOUND;
     }
+    for (size_t v = 0; v < sizeof fake_versions / sizeof fake_versions[0]; v++)
+      if (strcmp(fake_versions[v].name, sym) == 0 &&
+          ver >= fake_versions[v].since)
+        fn = fake_versions[v].fn; /* listed oldest first */
     *pfn = fn;
     if (status) *status = 0;
     return CUDA_SUCCESS;
@@ -2051,3 +2645,88 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int d) {
 EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p) {
   return fake_cuIpcGetMemHandle(handle, p);
 }
+
+/* Every other entry point, under the names a real libcuda.so.1 exports
+ * them by, so that a program linked with -lcuda (its calls renamed by
+ * cuda.h: cuMemcpyHtoD is cuMemcpyHtoD_v2, cuCtxDestroy cuCtxDestroy_v2)
+ * loads and runs on the fake.  A name whose first ABI differs from the
+ * one implemented here (the 32-bit cuMemAlloc, cuMemGetInfo,
+ * cuDeviceTotalMem and copies of CUDA 3.1 and before) is the legacy entry
+ * point, which answers CUDA_ERROR_NOT_SUPPORTED.  The per-thread-stream
+ * variants (_ptsz, _ptds) are not exported. */
+#define FAKE_EXPORT(name, impl) \
+  extern __typeof__(impl) name  \
+      __attribute__((alias(#impl), visibility("default")))
+FAKE_EXPORT(cuInit, fake_cuInit);
+FAKE_EXPORT(cuDriverGetVersion, fake_cuDriverGetVersion);
+FAKE_EXPORT(cuDeviceGetCount, fake_cuDeviceGetCount);
+FAKE_EXPORT(cuDeviceGet, fake_cuDeviceGet);
+FAKE_EXPORT(cuDeviceGetName, fake_cuDeviceGetName);
+FAKE_EXPORT(cuDeviceTotalMem, fake_legacy);
+FAKE_EXPORT(cuDeviceGetUuid, fake_cuDeviceGetUuid);
+FAKE_EXPORT(cuDeviceGetUuid_v2, fake_cuDeviceGetUuid);
+FAKE_EXPORT(cuDeviceGetPCIBusId, fake_cuDeviceGetPCIBusId);
+FAKE_EXPORT(cuDeviceGetAttribute, fake_cuDeviceGetAttribute);
+FAKE_EXPORT(cuDeviceCanAccessPeer, fake_cuDeviceCanAccessPeer);
+FAKE_EXPORT(cuDevicePrimaryCtxRetain, fake_cuDevicePrimaryCtxRetain);
+FAKE_EXPORT(cuDevicePrimaryCtxRelease, fake_cuDevicePrimaryCtxRelease);
+FAKE_EXPORT(cuDevicePrimaryCtxRelease_v2, fake_cuDevicePrimaryCtxRelease);
+FAKE_EXPORT(cuCtxCreate, fake_cuCtxCreate);
+FAKE_EXPORT(cuCtxCreate_v2, fake_cuCtxCreate);
+FAKE_EXPORT(cuCtxCreate_v3, fake_cuCtxCreate_v3);
+FAKE_EXPORT(cuCtxCreate_v4, fake_cuCtxCreate_v4);
+FAKE_EXPORT(cuCtxDestroy, fake_cuCtxDestroy);
+FAKE_EXPORT(cuCtxDestroy_v2, fake_cuCtxDestroy);
+FAKE_EXPORT(cuCtxSetCurrent, fake_cuCtxSetCurrent);
+FAKE_EXPORT(cuCtxGetCurrent, fake_cuCtxGetCurrent);
+FAKE_EXPORT(cuCtxGetDevice, fake_cuCtxGetDevice);
+FAKE_EXPORT(cuCtxGetDevice_v2, fake_cuCtxGetDevice_v2);
+FAKE_EXPORT(cuCtxSynchronize, fake_cuCtxSynchronize);
+FAKE_EXPORT(cuCtxSynchronize_v2, fake_cuCtxSynchronize_v2);
+FAKE_EXPORT(cuCtxEnablePeerAccess, fake_cuCtxEnablePeerAccess);
+FAKE_EXPORT(cuCtxDisablePeerAccess, fake_cuCtxDisablePeerAccess);
+FAKE_EXPORT(cuMemGetInfo, fake_legacy);
+FAKE_EXPORT(cuMemAlloc, fake_legacy);
+FAKE_EXPORT(cuMemFree, fake_legacy);
+FAKE_EXPORT(cuMemGetAllocationGranularity,
+            fake_cuMemGetAllocationGranularity);
+FAKE_EXPORT(cuMemExportToShareableHandle, fake_cuMemExportToShareableHandle);
+FAKE_EXPORT(cuMemImportFromShareableHandle,
+            fake_cuMemImportFromShareableHandle);
+FAKE_EXPORT(cuMemAddressReserve, fake_cuMemAddressReserve);
+FAKE_EXPORT(cuMemAddressFree, fake_cuMemAddressFree);
+FAKE_EXPORT(cuMemMap, fake_cuMemMap);
+FAKE_EXPORT(cuMemUnmap, fake_cuMemUnmap);
+FAKE_EXPORT(cuMemSetAccess, fake_cuMemSetAccess);
+FAKE_EXPORT(cuMemcpyDtoD, fake_legacy);
+FAKE_EXPORT(cuMemcpyDtoD_v2, fake_cuMemcpyDtoD);
+FAKE_EXPORT(cuMemcpyDtoDAsync, fake_legacy);
+FAKE_EXPORT(cuMemcpyDtoDAsync_v2, fake_cuMemcpyDtoDAsync);
+FAKE_EXPORT(cuMemcpyHtoD, fake_legacy);
+FAKE_EXPORT(cuMemcpyHtoD_v2, fake_cuMemcpyHtoD);
+FAKE_EXPORT(cuMemcpyDtoH, fake_legacy);
+FAKE_EXPORT(cuMemcpyDtoH_v2, fake_cuMemcpyDtoH);
+FAKE_EXPORT(cuMemsetD8, fake_legacy);
+FAKE_EXPORT(cuMemsetD8_v2, fake_cuMemsetD8);
+FAKE_EXPORT(cuStreamCreate, fake_cuStreamCreate);
+FAKE_EXPORT(cuStreamSynchronize, fake_cuStreamSynchronize);
+FAKE_EXPORT(cuStreamDestroy, fake_cuStreamDestroy);
+FAKE_EXPORT(cuStreamDestroy_v2, fake_cuStreamDestroy);
+FAKE_EXPORT(cuStreamIsCapturing, fake_cuStreamIsCapturing);
+FAKE_EXPORT(cuStreamBeginCapture, fake_cuStreamBeginCapture_v1);
+FAKE_EXPORT(cuStreamBeginCapture_v2, fake_cuStreamBeginCapture);
+FAKE_EXPORT(cuStreamEndCapture, fake_cuStreamEndCapture);
+FAKE_EXPORT(cuThreadExchangeStreamCaptureMode,
+            fake_cuThreadExchangeStreamCaptureMode);
+FAKE_EXPORT(cuGraphInstantiateWithFlags, fake_cuGraphInstantiateWithFlags);
+FAKE_EXPORT(cuGraphLaunch, fake_cuGraphLaunch);
+FAKE_EXPORT(cuGraphDestroy, fake_cuGraphDestroy);
+FAKE_EXPORT(cuGraphExecDestroy, fake_cuGraphExecDestroy);
+FAKE_EXPORT(cuLaunchHostFunc, fake_cuLaunchHostFunc);
+FAKE_EXPORT(cuEventCreate, fake_cuEventCreate);
+FAKE_EXPORT(cuEventRecord, fake_cuEventRecord);
+FAKE_EXPORT(cuEventQuery, fake_cuEventQuery);
+FAKE_EXPORT(cuEventDestroy, fake_cuEventDestroy);
+FAKE_EXPORT(cuEventDestroy_v2, fake_cuEventDestroy);
+FAKE_EXPORT(cuGetErrorName, fake_cuGetErrorName);
+FAKE_EXPORT(cuGetErrorString, fake_cuGetErrorString);

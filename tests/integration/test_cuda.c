@@ -197,7 +197,15 @@ static struct gmb_cudrv *cuda_driver(void) {
     }
   }
   pthread_mutex_unlock(&mu);
-  return cuda_drv.lib ? &cuda_drv : NULL;
+  if (cuda_drv.lib == NULL) return NULL;
+  /* As a program's CUDA runtime would, on each thread: the library makes
+   * no context current behind the program's back. */
+  gmb_cu_ctx cur = NULL, ctx;
+  if (cuda_drv.cuCtxGetCurrent(&cur) != 0) return NULL;
+  if (cur == NULL && (cuda_drv.cuDevicePrimaryCtxRetain(&ctx, 0) != 0 ||
+                      cuda_drv.cuCtxSetCurrent(ctx) != 0))
+    return NULL;
+  return &cuda_drv;
 }
 
 /* Bytes the fake device holds for every process, or -1. */

@@ -659,6 +659,45 @@ START_TEST(preload_routes_by_current_device) {
 }
 END_TEST
 
+/*
+ * The current device is read before the shim connects anywhere, and no
+ * context is made current behind the program's back.  The default broker
+ * (GMB_ENDPOINT) serves GPU 1, and the program's thread has no context
+ * (device 0, as cudart): its first allocation goes to GPU 0's broker, and
+ * the thread still has no context after it.
+ */
+START_TEST(preload_routes_before_connecting) {
+  struct harness_gpus g;
+  harness_fake_gpus(&g, 2);
+  struct harness_broker b0, b1;
+  harness_broker_start_gpu(&b0, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           pre_config);
+  harness_broker_start_gpu(&b1, g.base, "cuda:1", HARNESS_FAKE_UUID(1),
+                           pre_config);
+  struct prog p = {0};
+  prog_start(&p, 0, (const char *const[]){
+      "GMB_TENANT", "pre", "GMB_ENDPOINT", b1.endpoint,
+      "GMB_SHIM_ALLOW_HOST", NULL, NULL});
+  prog_expect(&p, "current", "none");
+  prog_expect(&p, "drv_malloc 0 4096", "0");
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 4096);
+  ck_assert_uint_eq(pre_used(&b1, "pre"), 0);
+  prog_expect(&p, "current", "none");
+  prog_expect(&p, "set_device 1", "0");
+  prog_expect(&p, "drv_malloc 1 8192", "0");
+  ck_assert_uint_eq(pre_used(&b1, "pre"), 8192);
+  prog_expect(&p, "current", "1");
+  prog_expect(&p, "drv_free 0", "0");
+  prog_expect(&p, "drv_free 1", "0");
+  ck_assert_uint_eq(pre_used(&b0, "pre"), 0);
+  ck_assert_uint_eq(pre_used(&b1, "pre"), 0);
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b0);
+  harness_broker_stop(&b1);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 /* --- programs that find the driver themselves (the static runtime) ---------- */
 
 /* A program on the static runtime's path: cuGetProcAddress_v2 from a
@@ -743,8 +782,10 @@ START_TEST(preload_getproc_unknown_passes_through) {
   prog_expect(&p, "resolve1 cuNoSuchFunction 12000 0", "500 0 null");
   prog_expect(&p, "rt_entry cuNoSuchFunction 0", "500 1 null");
   prog_expect(&p, "dlsym cuNoSuchFunction", "null");
-  prog_expect(&p, "dlsym cuMemAlloc", "null"); /* not exported (legacy) */
-  prog_expect(&p, "dlsym cuMemcpyHtoD_v2", "null"); /* not exported here */
+  /* The driver exports the legacy cuMemAlloc (which the shim does not
+   * route) and every entry point it has, as a real libcuda.so.1 does. */
+  prog_expect(&p, "dlsym cuMemAlloc", "drv");
+  prog_expect(&p, "dlsym cuMemcpyHtoD_v2", "drv");
   prog_expect(&p, "dlsym cuGetProcAddress", "gmb:cuGetProcAddress");
   ck_assert_uint_eq(pre_used(&b, "pre"), 0);
   free(prog_end(&p, 0));
@@ -1034,6 +1075,7 @@ int main(void) {
       preload_nvml_reports_quota,
       preload_ipc_of_gmb_memory_refused,
       preload_routes_by_current_device,
+      preload_routes_before_connecting,
       preload_async_alloc_free,
       preload_async_real_functions,
       preload_async_graph_capture_keeps,

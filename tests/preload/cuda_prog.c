@@ -80,6 +80,26 @@ static int prog_set_device(int n) {
   return set(ctx);
 }
 
+/* The device of the calling thread's current context, or -2 when it has
+ * none (-1: no driver). */
+static int prog_current(void) {
+  const char *lib = getenv("GMB_LIBCUDA");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+  prog_gpa_fn gpa = NULL;
+  if (h) *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+  if (gpa == NULL) return -1;
+  int (*init)(unsigned) = NULL, (*cur)(void **) = NULL, (*dev)(int *) = NULL;
+  if (gpa("cuInit", (void **)&init, 12000, 0, NULL) ||
+      gpa("cuCtxGetCurrent", (void **)&cur, 12000, 0, NULL) ||
+      gpa("cuCtxGetDevice", (void **)&dev, 12000, 0, NULL))
+    return -1;
+  void *ctx = NULL;
+  int d = -1;
+  if (init(0) || cur(&ctx)) return -1;
+  if (ctx == NULL) return -2;
+  return dev(&d) ? -1 : d;
+}
+
 static void *prog_slot[PROG_SLOTS];
 
 static unsigned char prog_byte(size_t i, unsigned long seed) {
@@ -209,6 +229,12 @@ int main(void) {
       else
         unsetenv("FAKECUDA_CAPTURING");
       printf("0\n");
+    } else if (!strcmp(cmd, "current")) {
+      int d = prog_current();
+      if (d == -2)
+        printf("none\n");
+      else
+        printf("%d\n", d);
     } else if (!strcmp(cmd, "set_device")) {
       printf("%d\n", prog_set_device((int)slot));
     } else if (!strcmp(cmd, "exit")) {

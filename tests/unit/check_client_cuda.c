@@ -298,6 +298,14 @@ static struct gmb_cudrv test_drv;
 static void test_drv_load(void) {
   char err[256];
   ck_assert_msg(gmb__cudrv_load(&test_drv, err, sizeof err) == 0, "%s", err);
+  /* As a program's CUDA runtime would: the library makes no context
+   * current on the program's threads. */
+  gmb_cu_ctx cur = NULL, ctx;
+  ck_assert_int_eq(test_drv.cuCtxGetCurrent(&cur), 0);
+  if (cur == NULL) {
+    ck_assert_int_eq(test_drv.cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+    ck_assert_int_eq(test_drv.cuCtxSetCurrent(ctx), 0);
+  }
 }
 
 static void dev_read(void *dst, const void *src, size_t n) {
@@ -1036,8 +1044,10 @@ START_TEST(movable_lock_follows_move_to_unmapped_segment) {
 }
 END_TEST
 
-/* cuCtxCreate (the 12.0 ABI, cuCtxCreate_v2), which gmb does not need:
- * asked of the driver directly, for a context the application made. */
+/* cuCtxCreate_v2 (asked for at 11.0: from 11.4 on the driver hands out
+ * cuCtxCreate_v3, with execution-affinity arguments), which gmb does not
+ * need: asked of the driver directly, for a context the application
+ * made. */
 typedef gmb_cu_result (*ctx_create_fn)(gmb_cu_ctx *c, unsigned flags,
                                        gmb_cu_device d);
 typedef gmb_cu_result (*ctx_destroy_fn)(gmb_cu_ctx c);
@@ -1049,11 +1059,11 @@ static void *driver_fn(struct gmb_cudrv *d, const char *name) {
   ck_assert_ptr_nonnull((void *)(uintptr_t)gpa);
   void *fn = NULL;
   int status = 0;
-  ck_assert_int_eq(gpa(name, &fn, 12000, 0, &status), 0);
+  ck_assert_int_eq(gpa(name, &fn, 11000, 0, &status), 0);
   return fn;
 }
 
-START_TEST(primary_context_made_current_only_when_none) {
+START_TEST(no_context_made_current_behind_the_program) {
   exporter_start();
   fk_start();
   struct gmb_cudrv d;
@@ -1069,8 +1079,19 @@ START_TEST(primary_context_made_current_only_when_none) {
   ck_assert_int_eq(d.cuDevicePrimaryCtxRetain(&primary, 0), 0);
   ck_assert_int_eq(d.cuCtxSetCurrent(NULL), 0);
   gmb_client *c = connect_ok();
+  /* A thread with none stays with none, across the connect and an
+   * import: a context made current would change the device its CUDA
+   * runtime uses next. */
   ck_assert_int_eq(d.cuCtxGetCurrent(&cur), 0);
-  ck_assert_ptr_eq(cur, primary);
+  ck_assert_ptr_null(cur);
+  gmb_id id0;
+  void *p0;
+  ck_assert_int_eq(gmb_alloc(c, 512, 0, &id0), 0);
+  ck_assert_int_eq(gmb_lock(c, id0, &p0), 0);
+  ck_assert_int_eq(d.cuCtxGetCurrent(&cur), 0);
+  ck_assert_ptr_null(cur);
+  ck_assert_int_eq(gmb_unlock(c, id0), 0);
+  (void)primary;
   /* A thread with its own context keeps it across an import. */
   ck_assert_int_eq(d.cuCtxSetCurrent(app_ctx), 0);
   gmb_id id;
@@ -1151,6 +1172,136 @@ START_TEST(free_waits_for_queued_work) {
   ck_assert_int_eq(ld(&F.free_early), 0);
   gmb_disconnect(c);
   exporter_finish();
+}
+END_TEST
+
+/* The capture entry points, asked of the driver by the names a real
+ * libcuda.so.1 exports. */
+typedef gmb_cu_result (*begin_capture_fn)(gmb_cu_stream s, int mode);
+typedef gmb_cu_result (*end_capture_fn)(gmb_cu_stream s, void **graph);
+typedef gmb_cu_result (*graph_destroy_fn)(void *graph);
+
+struct other_alloc {
+  gmb_client *c;
+  gmb_cu_stream s;
+  int rc;
+};
+
+/* Another thread of the program (in the default, global capture mode)
+ * allocates through gmb on a stream of its own while the main thread
+ * captures: a miss there, as the library's own thread would do. */
+static void *alloc_other_thread(void *arg) {
+  struct other_alloc *o = arg;
+  void *p = NULL;
+  o->rc = gmb_malloc_async(o->c, 1 << 20, o->s, &p);
+  if (o->rc == 0) o->rc = gmb_free_async(o->c, p, o->s);
+  return NULL;
+}
+
+/* A cache miss while the calling stream is captured into a CUDA graph in
+ * the global mode (torch.cuda.graph's default): the broker round trip,
+ * the import and the map happen in the relaxed capture mode, so the
+ * driver refuses none of them and the capture is not invalidated; nor by
+ * a miss in another thread meanwhile.  No event is recorded on the
+ * capturing stream.  The stand-in refuses, and logs as misuse, every
+ * potentially unsafe call of a capture's global mode. */
+START_TEST(cache_miss_during_capture_keeps_the_capture) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  test_drv_load();
+  begin_capture_fn begin = (begin_capture_fn)(uintptr_t)dlsym(
+      test_drv.lib, "cuStreamBeginCapture_v2");
+  end_capture_fn end =
+      (end_capture_fn)(uintptr_t)dlsym(test_drv.lib, "cuStreamEndCapture");
+  graph_destroy_fn gdestroy =
+      (graph_destroy_fn)(uintptr_t)dlsym(test_drv.lib, "cuGraphDestroy");
+  ck_assert_ptr_nonnull((void *)(uintptr_t)begin);
+  ck_assert_ptr_nonnull((void *)(uintptr_t)end);
+  ck_assert_ptr_nonnull((void *)(uintptr_t)gdestroy);
+  gmb_cu_stream s, s2;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s2, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(begin(s, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, s), 1);
+  void *p = NULL;
+  int rc = gmb_malloc_async(c, 1 << 20, s, &p);
+  ck_assert_msg(rc == 0, "miss during capture: %s", gmb_last_error(c));
+  struct other_alloc o = {c, s2, -1};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, alloc_other_thread, &o), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(o.rc == 0, "the other thread: %s", gmb_last_error(c));
+  ck_assert_int_eq(gmb_free_async(c, p, s), 0);
+  void *g = NULL;
+  ck_assert_int_eq(end(s, &g), 0); /* not CUDA_ERROR_..._INVALIDATED */
+  ck_assert_ptr_nonnull(g);
+  ck_assert_int_eq(gdestroy(g), 0);
+  ck_assert_msg(access(F.log, F_OK) != 0, "the stand-in logged misuse");
+  /* The legacy stream while a blocking stream captures counts as
+   * capturing (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
+  gmb_cu_stream b;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&b, 0), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, NULL), 0);
+  ck_assert_int_eq(begin(b, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */), 0);
+  ck_assert_int_eq(gmb_stream_capturing(c, NULL), 1);
+  ck_assert_int_eq(end(b, &g), 0);
+  ck_assert_int_eq(gdestroy(g), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(b), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s2), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s), 0);
+  gmb_disconnect(c);
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+}
+END_TEST
+
+/* A copy of 64 bytes from p in device d's primary context, then device
+ * 0's made current again: the driver's answer. */
+static gmb_cu_result copy_on_device(int d, void *p) {
+  gmb_cu_ctx ctx, ctx0;
+  uint8_t b[64];
+  ck_assert_int_eq(test_drv.cuDevicePrimaryCtxRetain(&ctx, d), 0);
+  ck_assert_int_eq(test_drv.cuDevicePrimaryCtxRetain(&ctx0, 0), 0);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(ctx), 0);
+  gmb_cu_result r = test_drv.cuMemcpyDtoH(b, (gmb_cu_ptr)(uintptr_t)p,
+                                          sizeof b);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(ctx0), 0);
+  return r;
+}
+
+/* Memory of GPU 0's broker is mapped for GPU 0 only (access is per
+ * device, and a program's peer access does not reach virtual-memory
+ * memory); with GMB_PEER_ACCESS=1 every GPU that can reach it may use it
+ * too.  The refused copy is the stand-in's misuse, logged. */
+START_TEST(peer_access_only_when_asked) {
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  test_drv_load();
+  gmb_id id;
+  void *p;
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(copy_on_device(0, p), 0);
+  ck_assert_int_eq(copy_on_device(1, p), GMB_CU_ERROR_INVALID_VALUE);
+  ck_assert_msg(access(F.log, F_OK) == 0, "no refusal logged");
+  unlink(F.log);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+  setenv("GMB_PEER_ACCESS", "1", 1);
+  c = connect_ok();
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), 0);
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  ck_assert_int_eq(copy_on_device(1, p), 0);
+  ck_assert_int_eq(copy_on_device(0, p), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+  unsetenv("GMB_PEER_ACCESS");
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+  unsetenv("FAKECUDA_DEVICES");
 }
 END_TEST
 
@@ -1486,6 +1637,10 @@ static int client_child_main(const char *endpoint, uint64_t off) {
   char err[256];
   step++;
   if (gmb__cudrv_load(&d, err, sizeof err) != 0) goto fail;
+  /* Its own context, as a program's CUDA runtime makes one. */
+  gmb_cu_ctx ctx;
+  if (d.cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || d.cuCtxSetCurrent(ctx) != 0)
+    goto fail;
   uint8_t b[4096];
   step++;
   if (d.cuMemcpyDtoH(b, (gmb_cu_ptr)(uintptr_t)p, sizeof b) != 0) goto fail;
@@ -1624,7 +1779,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, disconnect_closes_imports_before_bye);
   tcase_add_test(tc, two_clients_map_separately);
   tcase_add_test(tc, movable_lock_follows_move_to_unmapped_segment);
-  tcase_add_test(tc, primary_context_made_current_only_when_none);
+  tcase_add_test(tc, no_context_made_current_behind_the_program);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("lies");
@@ -1639,6 +1794,8 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, unlock_on_stream_releases_when_stream_runs);
   tcase_add_test(tc, free_waits_for_queued_work);
   tcase_add_test(tc, free_async_ordered_by_event);
+  tcase_add_test(tc, cache_miss_during_capture_keeps_the_capture);
+  tcase_add_test(tc, peer_access_only_when_asked);
   tcase_add_test(tc, free_not_sent_when_wait_fails);
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
   tcase_add_test(tc, move_claim_waits_for_queued_work);
