@@ -54,6 +54,8 @@ static const struct {
     CUDRV_ENTRY(cuCtxGetCurrent),
     CUDRV_ENTRY(cuCtxGetDevice),
     CUDRV_ENTRY(cuCtxSynchronize),
+    CUDRV_ENTRY(cuCtxCreate),
+    CUDRV_ENTRY(cuCtxDestroy),
     CUDRV_ENTRY(cuMemGetInfo),
     CUDRV_ENTRY(cuMemAlloc),
     CUDRV_ENTRY(cuMemFree),
