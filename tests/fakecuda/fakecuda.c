@@ -1324,7 +1324,10 @@ static void ctx_mem_drop(struct fake_ctx *c) {
 static CUresult fake_cuDevicePrimaryCtxRetain(void **c, int d) {
   CUresult r = fake_device_ok(d);
   if (r) return r;
-  if ((r = ctx_mem_take(&fake_ctxs[d], d)) != CUDA_SUCCESS) return r;
+  /* The context is made (and costs) at the first retain only. */
+  if (!__atomic_load_n(&fake_ctxs[d].live, __ATOMIC_ACQUIRE) &&
+      (r = ctx_mem_take(&fake_ctxs[d], d)) != CUDA_SUCCESS)
+    return r;
   __atomic_store_n(&fake_ctxs[d].live, 1, __ATOMIC_RELEASE);
   fake_ctxs[d].dev = d;
   *c = &fake_ctxs[d];
