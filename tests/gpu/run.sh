@@ -20,7 +20,10 @@
 # (build/fakecuda/libcuda.so.1, GMB_LIBCUDA) with sizes scaled down, no
 # nvidia-smi, and the steps the stand-in cannot run (PyTorch, a CUDA
 # runtime program) reported NOTRUN after what can be checked of them
-# (the Python compiles, nvcc builds the program).  `make gpu-rehearse`.
+# (the Python compiles, nvcc builds the program).  `make gpu-rehearse`;
+# `make check` runs it through tests/gpu_rehearse.sh without the nvcc
+# builds (GMB_GPU_REHEARSE_NVCC=0).  GMB_GPU_BUDGET_S: the time budget
+# (470 s).
 set -u
 OUT=${1:?usage: run.sh OUT (a directory for gpu.log and figures.txt)}
 mkdir -p "$OUT" || exit 1
@@ -51,10 +54,14 @@ section() { echo; echo "== $* ($(elapsed) s)"; }
 
 BROKERS=()
 RUNDIRS=()
+# Stops what run.sh started, each by its pid, and waits for each: never a
+# bare `wait`, which would also wait for the log's tee (a process
+# substitution reading run.sh's own output) and so forever.
 cleanup() {
+  local p
   for p in "${BROKERS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in $(jobs -p); do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  for p in "${BROKERS[@]}" $(jobs -p); do wait "$p" 2>/dev/null; done
   for d in "${RUNDIRS[@]}"; do rm -rf "$d"; done
 }
 trap cleanup EXIT
@@ -70,7 +77,7 @@ if [ "$REHEARSE" = 1 ]; then
   U=$((16 * MIB))            # the unit of the quota and reclaim cases
   SMALL_CAP=64MiB; FRESH=$((62 * MIB))
   FRAG_ARGS=""               # frag's defaults fill a 64 MiB broker
-  CTXFREE="16MiB 20"; BENCH="2MiB 50"; IMPORTS=2,16
+  CTXFREE="16MiB 20"; BENCH="2MiB 50"; IMPORTS=2
   nvidia-smi() {
     case "$*" in
       *uuid*) echo "GPU-46414b45-4355-4441-0000-000000000000" ;;
@@ -275,7 +282,9 @@ section "preload: nvcc programs (default static runtime, and -cudart shared)"
 PRE="$PWD/$B/libgmb-preload.so"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 APPD=$(mktemp -d /tmp/gmb-app-XXXXXX); RUNDIRS+=("$APPD")
-if [ -x "$NVCC" ] && run_t 120 "$NVCC" -o "$APPD/static" tests/gpu/preload_app.cu &&
+if [ "$REHEARSE" = 1 ] && [ "${GMB_GPU_REHEARSE_NVCC:-1}" = 0 ]; then
+  notrun "nvcc builds of preload_app (GMB_GPU_REHEARSE_NVCC=0; make gpu-rehearse builds them)"
+elif [ -x "$NVCC" ] && run_t 120 "$NVCC" -o "$APPD/static" tests/gpu/preload_app.cu &&
    run_t 120 "$NVCC" -cudart shared -o "$APPD/shared" tests/gpu/preload_app.cu; then
   if nm -D "$APPD/static" 2>/dev/null | grep -q ' U cudaMalloc'; then
     fail "preload_app (default) links a dynamic cudart"

@@ -317,6 +317,23 @@ static int child_main(int argc, char **argv) {
 
 /* --- device addresses ------------------------------------------------------ */
 
+/* Starts a process that holds an allocation of `bytes` on the device (and
+ * its primary context) until killed; returns once it holds it. */
+static pid_t spawn_holder(uint64_t bytes) {
+  int up_pipe[2];
+  ck_assert_int_eq(pipe2(up_pipe, O_CLOEXEC), 0);
+  char size[32], fd[16];
+  snprintf(size, sizeof size, "%llu", (unsigned long long)bytes);
+  snprintf(fd, sizeof fd, "%d", up_pipe[1]);
+  int keep[] = {up_pipe[1], -1};
+  pid_t pid = spawn(keep, "hold", size, fd, NULL);
+  close(up_pipe[1]);
+  char c = 0;
+  ck_assert_int_eq(read(up_pipe[0], &c, 1), 1);
+  close(up_pipe[0]);
+  return pid;
+}
+
 START_TEST(cpu_dereference_of_device_address_faults) {
   int st = wait_status(spawn(NULL, "deref", NULL));
   ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
@@ -624,17 +641,7 @@ START_TEST(context_costs_device_memory) {
   ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
   ck_assert_uint_eq(used_now(), before);
   /* Another process: its primary context and a 2 MiB allocation. */
-  int up_pipe[2];
-  ck_assert_int_eq(pipe2(up_pipe, O_CLOEXEC), 0);
-  char size[32], fd[16];
-  snprintf(size, sizeof size, "%llu", (unsigned long long)(2 * MIB));
-  snprintf(fd, sizeof fd, "%d", up_pipe[1]);
-  int keep[] = {up_pipe[1], -1};
-  pid_t pid = spawn(keep, "hold", size, fd, NULL);
-  close(up_pipe[1]);
-  char c = 0;
-  ck_assert_int_eq(read(up_pipe[0], &c, 1), 1);
-  close(up_pipe[0]);
+  pid_t pid = spawn_holder(2 * MIB);
   ck_assert_uint_eq(used_now(), before + 8 * MIB);
   ck_assert_int_eq(kill(pid, SIGKILL), 0);
   wait_status(pid);
@@ -685,17 +692,7 @@ END_TEST
 START_TEST(meminfo_is_device_wide_across_processes) {
   up();
   uint64_t before = used_now();
-  int up_pipe[2];
-  ck_assert_int_eq(pipe2(up_pipe, O_CLOEXEC), 0);
-  char size[32], fd[16];
-  snprintf(size, sizeof size, "%llu", (unsigned long long)(6 * MIB));
-  snprintf(fd, sizeof fd, "%d", up_pipe[1]);
-  int keep[] = {up_pipe[1], -1};
-  pid_t pid = spawn(keep, "hold", size, fd, NULL);
-  close(up_pipe[1]);
-  char c = 0;
-  ck_assert_int_eq(read(up_pipe[0], &c, 1), 1);
-  close(up_pipe[0]);
+  pid_t pid = spawn_holder(6 * MIB);
   ck_assert_uint_eq(used_now(), before + 6 * MIB);
   /* Killed with its memory held: the kernel's lock on its slot goes with
    * it, and so does its memory. */
