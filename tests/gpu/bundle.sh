@@ -3,7 +3,8 @@
 # the GPU machine with the checkout (the device tool's carry list is
 # exactly ["BUILD/gpu-bundle"]; tests/gpu/run.sh runs from it):
 #
-#   gmb-broker gmbctl libgmb.so(.0) libgmb-torch.so libgmb-preload.so
+#   gmb-broker gmbctl libgmb.so.0 (and a copy as libgmb.so) libgmb-torch.so
+#   libgmb-preload.so
 #   examples/job examples/frag gpu/gpu_figures gpu/gpu_checks
 #   lib/   every shared library those need that ldd finds, but glibc's own
 #          and libcuda (GPU.md: that machine has no libzmq, protobuf-c,
@@ -32,10 +33,10 @@ for f in gmb-broker gmbctl libgmb.so.0 libgmb-torch.so libgmb-preload.so \
   [ -f "$B/$f" ] || { echo "bundle.sh: $B/$f missing: run make first" >&2; exit 1; }
   cp "$B/$f" "$OUTD/$f"
 done
-ln -s libgmb.so.0 "$OUTD/libgmb.so"
+# A copy, not a link: what travels is plain files.
+cp "$OUTD/libgmb.so.0" "$OUTD/libgmb.so"
 for f in "$OUTD"/gmb-broker "$OUTD"/gmbctl "$OUTD"/lib*.so* \
          "$OUTD"/examples/* "$OUTD"/gpu/*; do
-  [ -L "$f" ] && continue
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -45,7 +46,7 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$OUTD/lib/"
 done
 for f in "$OUTD"/gmb-broker "$OUTD"/gmbctl "$OUTD"/libgmb.so.0 \
-         "$OUTD"/libgmb-torch.so "$OUTD"/libgmb-preload.so; do
+         "$OUTD"/libgmb.so "$OUTD"/libgmb-torch.so "$OUTD"/libgmb-preload.so; do
   patchelf --force-rpath --set-rpath '$ORIGIN/lib' "$f"
 done
 for f in "$OUTD"/examples/* "$OUTD"/gpu/*; do
