@@ -239,7 +239,7 @@ $(B)/gmb.pc: Makefile
 # brokers.  Each is a suite; tests/run.sh prints a summary line.
 TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
   tests/entrypoint.sh tests/torch_py.sh \
-  tests/install.sh
+  tests/install.sh tests/gpu_rehearse.sh
 check: all
 	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN) \
 	  $(K8S_CHECKS)

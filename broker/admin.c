@@ -517,8 +517,10 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   if (strcmp(nc.device, oc->device) != 0)
     admin_note(sum, sizeof sum, "device: the config says %s, %s runs until "
                "restart", nc.device, oc->device);
-  if (nc.capacity != oc->capacity || nc.device_reserve != oc->device_reserve)
-    admin_note(sum, sizeof sum, "capacity/device_reserve: kept until restart");
+  if (nc.capacity != oc->capacity || nc.device_reserve != oc->device_reserve ||
+      nc.client_contexts != oc->client_contexts)
+    admin_note(sum, sizeof sum,
+               "capacity/device_reserve/client_contexts: kept until restart");
   if (strcmp(nc.run_dir, oc->run_dir) != 0)
     admin_note(sum, sizeof sum, "run_dir: kept until restart");
   if (strcmp(nc.metrics_listen, oc->metrics_listen) != 0)
@@ -528,6 +530,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   memcpy(nc.device, oc->device, sizeof nc.device);
   nc.capacity = oc->capacity;
   nc.device_reserve = oc->device_reserve;
+  nc.client_contexts = oc->client_contexts;
   memcpy(nc.run_dir, oc->run_dir, sizeof nc.run_dir);
   nc.run_dir_per_gpu = oc->run_dir_per_gpu;
   memcpy(nc.metrics_listen, oc->metrics_listen, sizeof nc.metrics_listen);

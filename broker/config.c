@@ -248,7 +248,7 @@ enum {
   K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
-  K_METRICS_TENANTS, K_SLEEP_WAIT_MS,
+  K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -257,7 +257,7 @@ static const char *const cfg_broker_keys[] = {
     "shutdown_grace_ms", "max_sessions", "max_sessions_per_uid",
     "max_tenants_per_uid", "max_waiters_per_session",
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
-    "metrics_tenants", "sleep_wait_ms",
+    "metrics_tenants", "sleep_wait_ms", "client_contexts",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY, K_HOST_QUOTA };
@@ -272,7 +272,16 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
   switch (k) {
     case K_DEVICE: return cfg_device(p, key, v);
     case K_CAPACITY: return cfg_size(p, key, v, &c->capacity);
-    case K_DEVICE_RESERVE: return cfg_size(p, key, v, &c->device_reserve);
+    case K_DEVICE_RESERVE:
+      if (strcmp(v, "auto") == 0) {
+        c->device_reserve = GMB_DEVICE_RESERVE_AUTO;
+        return 1;
+      }
+      return cfg_size(p, key, v, &c->device_reserve);
+    case K_CLIENT_CONTEXTS:
+      if (!cfg_int(p, key, v, 0, 4096, &x)) return 0;
+      c->client_contexts = (uint32_t)x;
+      return 1;
     case K_RUN_DIR: return cfg_str(p, key, v, c->run_dir, sizeof c->run_dir);
     case K_STATE: return cfg_str(p, key, v, c->state, sizeof c->state);
     case K_ADMIN_UIDS:
@@ -555,6 +564,8 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->max_waiters_per_tenant = 1024;
   c->trim_wait_ms = 100;
   c->sleep_wait_ms = 3000;
+  c->device_reserve = GMB_DEVICE_RESERVE_AUTO;
+  c->client_contexts = 8;
 }
 
 /*

@@ -33,7 +33,11 @@ struct gmb_tenant_conf {
 struct gmb_config {
   char device[64];          /* "auto", "host:SIZE", "cuda:N" */
   uint64_t capacity;        /* 0: what the device has */
-  uint64_t device_reserve;  /* cuda: bytes left to others */
+  uint64_t device_reserve;  /* cuda: bytes left to others;
+                               GMB_DEVICE_RESERVE_AUTO: client_contexts
+                               times a context's measured cost */
+  uint32_t client_contexts; /* how many clients' contexts auto leaves
+                               room for */
   char run_dir[PATH_MAX];   /* "" : gmb__run_dir() */
   int run_dir_per_gpu;      /* 1: sockets in RUN_DIR/UUID, state file
                                STATE.UUID, metrics port + N (cuda:N) */
@@ -97,6 +101,7 @@ mode_t gmb__config_admin_mode(const struct gmb_config *c);
 /* `default_quota = auto`: a quarter of the device (in whole segments),
  * resolved by gmb__config_default_quota once the capacity is known. */
 #define GMB_DEFAULT_QUOTA_AUTO UINT64_MAX
+#define GMB_DEVICE_RESERVE_AUTO UINT64_MAX
 uint64_t gmb__config_default_quota(const struct gmb_config *c,
                                    uint64_t capacity);
 

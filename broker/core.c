@@ -158,8 +158,12 @@ int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap) {
 
 int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
   char why[512];
-  int rc = gmb__device_open(b->cfg.device, b->cfg.capacity,
-                            b->cfg.device_reserve, &b->dev, why, sizeof why);
+  uint64_t reserve = b->cfg.device_reserve == GMB_DEVICE_RESERVE_AUTO
+                         ? GMB_DEVICE_RESERVE_CONTEXTS | b->cfg.client_contexts
+                         : b->cfg.device_reserve &
+                               (GMB_DEVICE_RESERVE_CONTEXTS - 1);
+  int rc = gmb__device_open(b->cfg.device, b->cfg.capacity, reserve, &b->dev,
+                            why, sizeof why);
   if (rc) {
     snprintf(err, errcap, "device %s: %s", b->cfg.device, why);
     return rc;

@@ -131,6 +131,13 @@ int gmb__device_seg_closed(struct gmb_device *d, uint64_t seg_id,
                            uint64_t holder);
 int gmb__device_holder_gone(struct gmb_device *d, uint64_t holder);
 
+/* `reserve` for a CUDA device: bytes, or GMB_DEVICE_RESERVE_CONTEXTS | n,
+ * n times what one CUDA context costs on that GPU, measured when it is
+ * opened (a throwaway context, cuMemGetInfo before and after): room for
+ * the contexts of n client processes, which the driver takes from the
+ * same memory. */
+#define GMB_DEVICE_RESERVE_CONTEXTS (UINT64_C(1) << 63)
+
 /* The CUDA device (device_cuda.c): GPU `index` through the driver API
  * loaded at run time (proto/cudrv.h).  Capacity: what cuMemGetInfo says
  * is free less `reserve`, capped at `capacity` when non-zero, in 2 MiB

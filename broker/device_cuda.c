@@ -286,6 +286,25 @@ static int cuda_check_support(struct cuda_device *cd, const char *name,
   return 0;
 }
 
+/* What one CUDA context costs on the GPU: cuMemGetInfo's free bytes before
+ * and after a throwaway context (made current by cuCtxCreate, then
+ * destroyed; the broker's own context is current again after).  Another
+ * process allocating meanwhile makes it read high or low: a start-up
+ * estimate, logged.  0 when the driver refuses a step. */
+static uint64_t cuda_context_cost(struct cuda_device *cd) {
+  size_t f0 = 0, f1 = 0, total = 0;
+  gmb_cu_ctx tmp = NULL;
+  uint64_t cost = 0;
+  if (cd->drv.cuMemGetInfo(&f0, &total) == GMB_CU_SUCCESS &&
+      cd->drv.cuCtxCreate(&tmp, 0, cd->dev) == GMB_CU_SUCCESS) {
+    if (cd->drv.cuMemGetInfo(&f1, &total) == GMB_CU_SUCCESS && f0 > f1)
+      cost = (uint64_t)(f0 - f1);
+    cd->drv.cuCtxDestroy(tmp);
+  }
+  cd->drv.cuCtxSetCurrent(cd->ctx);
+  return cost;
+}
+
 int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
                           struct gmb_device **out, char *err, size_t errcap) {
   *out = NULL;
@@ -381,6 +400,17 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
   if ((r = cd->drv.cuStreamCreate(&cd->stream, GMB_CU_STREAM_NON_BLOCKING)) !=
       GMB_CU_SUCCESS)
     goto cu_fail;
+  if (reserve & GMB_DEVICE_RESERVE_CONTEXTS) {
+    uint64_t n = reserve & ~GMB_DEVICE_RESERVE_CONTEXTS;
+    uint64_t one = cuda_context_cost(cd);
+    reserve = n * one;
+    char o[GMB_SIZE_BUFSZ], rs[GMB_SIZE_BUFSZ];
+    log_info("cuda:%d: a CUDA context costs %s here (measured): "
+             "device_reserve auto keeps %s for %llu client contexts",
+             index, gmb__size_format(one, o, sizeof o),
+             gmb__size_format(reserve, rs, sizeof rs),
+             (unsigned long long)n);
+  }
   size_t free_b = 0, total = 0;
   step = "cuMemGetInfo";
   if ((r = cd->drv.cuMemGetInfo(&free_b, &total)) != GMB_CU_SUCCESS)

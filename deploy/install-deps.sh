@@ -15,7 +15,7 @@ set -eu
 
 PKGS="build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
 check libsubunit-dev libinih-dev libbsd-dev libjansson-dev libssl-dev
-libmicrohttpd-dev libgrpc-dev python3-grpcio python3-protobuf"
+libmicrohttpd-dev libgrpc-dev python3-grpcio python3-protobuf patchelf"
 SLURM_PKGS="slurm-wlm slurm-client munge libslurm-dev"
 
 services=""

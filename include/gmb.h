@@ -152,9 +152,10 @@ GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
 
 /* Frees an allocation of this session.  GMB_E_NOENT if it is not one.  On
  * a GPU it first waits for the device as cudaFree does (cuCtxSynchronize
- * in the GPU's primary context), since kernels still queued may use the
- * memory and the broker may hand it to another tenant or move its
- * neighbours once it has it back.  When that wait fails (the context
+ * in the GPU's primary context and in each other context of that GPU
+ * that was current on a thread calling gmb), since kernels still queued
+ * may use the memory and the broker may hand it to another tenant or move
+ * its neighbours once it has it back.  When that wait fails (the context
  * faulted, a graph capture is in progress) nothing is freed:
  * GMB_E_DEVICE, explained; the memory goes back when the session ends. */
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);

@@ -3,10 +3,15 @@
 #   $(B)/fakecuda/libcuda.so.1   a fake CUDA driver (a test double) on
 #                                memfd (tests/fakecuda/fakecuda.c), loaded
 #                                by the tests through $GMB_LIBCUDA
-#   make gpu-bundle              build/lib/: the shared libraries the
-#                                binaries need that a GPU machine lacks
-#                                (GPU.md); tests/gpu/run.sh points
-#                                LD_LIBRARY_PATH at it
+#   make gpu-bundle              $(B)/gpu-bundle/: what travels to a GPU
+#                                machine (the device tool's carry list is
+#                                that one folder): the programs
+#                                tests/gpu/run.sh runs and the shared
+#                                libraries they need that such a machine
+#                                lacks, found through RPATH
+#                                (tests/gpu/bundle.sh); fails when more
+#                                than 64 MiB would travel
+#   make gpu-rehearse            tests/gpu/run.sh on the stand-in driver
 
 FAKECUDA_SO := $(B)/fakecuda/libcuda.so.1
 
@@ -74,3 +79,12 @@ all: $(GPU_BIN)
 .PHONY: gpu-bundle
 gpu-bundle: all
 	$(Q)sh tests/gpu/bundle.sh $(B)
+
+# tests/gpu/run.sh rehearsed here, end to end, on the stand-in driver
+# (GMB_GPU_REHEARSE=1; what the stand-in cannot run reads NOTRUN); its
+# log and figures go to $(B)/gpu-rehearsal/.  tests/gpu_rehearse.sh runs
+# it in `make check`.
+.PHONY: gpu-rehearse
+gpu-rehearse: gpu-bundle
+	$(Q)GMB_GPU_REHEARSE=1 GMB_LIBCUDA=$(CURDIR)/$(FAKECUDA_SO) \
+	  GMB_GPU_BUNDLE=$(B)/gpu-bundle bash tests/gpu/run.sh $(B)/gpu-rehearsal

@@ -35,11 +35,17 @@ typedef gmb_cu_result (*cudrv_gpa2_fn)(const char *sym, void **pfn, int ver,
 typedef gmb_cu_result (*cudrv_gpa1_fn)(const char *sym, void **pfn, int ver,
                                         unsigned long long flags);
 
-/* The table of names: base name and where the pointer goes. */
-#define CUDRV_ENTRY(name) {#name, offsetof(struct gmb_cudrv, name)}
+/* The table of names: base name, where the pointer goes, and the version
+ * to ask for when it is not CUDRV_CUDA_VERSION: the driver hands back the
+ * newest ABI at or below the version asked, and an entry point whose
+ * signature changed after the one cudrv.h declares is asked for at a
+ * version where that one is still the newest. */
+#define CUDRV_ENTRY(name) {#name, offsetof(struct gmb_cudrv, name), 0}
+#define CUDRV_ENTRY_AT(name, ver) {#name, offsetof(struct gmb_cudrv, name), ver}
 static const struct {
   const char *name;
   size_t off;
+  int ver;
 } cudrv_entries[] = {
     CUDRV_ENTRY(cuInit),
     CUDRV_ENTRY(cuDriverGetVersion),
@@ -54,6 +60,9 @@ static const struct {
     CUDRV_ENTRY(cuCtxGetCurrent),
     CUDRV_ENTRY(cuCtxGetDevice),
     CUDRV_ENTRY(cuCtxSynchronize),
+    /* _v3 (11.4) and _v4 (12.5) take other arguments: ask for _v2. */
+    CUDRV_ENTRY_AT(cuCtxCreate, 3020),
+    CUDRV_ENTRY(cuCtxDestroy),
     CUDRV_ENTRY(cuMemGetInfo),
     CUDRV_ENTRY(cuMemAlloc),
     CUDRV_ENTRY(cuMemFree),
@@ -139,10 +148,11 @@ int gmb__cudrv_load(struct gmb_cudrv *d, char *err, size_t errcap) {
   for (size_t i = 0; i < sizeof cudrv_entries / sizeof cudrv_entries[0]; i++) {
     void *fn = NULL;
     int status = 0;
+    int ver = cudrv_entries[i].ver ? cudrv_entries[i].ver : CUDRV_CUDA_VERSION;
     gmb_cu_result r =
-        gpa2 ? gpa2(cudrv_entries[i].name, &fn, CUDRV_CUDA_VERSION,
+        gpa2 ? gpa2(cudrv_entries[i].name, &fn, ver,
                     CUDRV_GET_PROC_ADDRESS_DEFAULT, &status)
-             : gpa1(cudrv_entries[i].name, &fn, CUDRV_CUDA_VERSION,
+             : gpa1(cudrv_entries[i].name, &fn, ver,
                     CUDRV_GET_PROC_ADDRESS_DEFAULT);
     if (r != GMB_CU_SUCCESS || fn == NULL)
       return cudrv_fail(d, err, errcap, "the driver %s lacks %s (error %d)",

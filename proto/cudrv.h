@@ -70,6 +70,7 @@ struct gmb_cu_access_desc { /* CUmemAccessDesc */
 #define GMB_CU_ERROR_OUT_OF_MEMORY 2
 #define GMB_CU_ERROR_NOT_INITIALIZED 3
 #define GMB_CU_ERROR_INVALID_CONTEXT 201
+#define GMB_CU_ERROR_CONTEXT_IS_DESTROYED 709
 #define GMB_CU_ERROR_NOT_READY 600
 #define GMB_CU_EVENT_DISABLE_TIMING 0x2u
 #define GMB_CU_ERROR_NOT_SUPPORTED 801
@@ -118,6 +119,12 @@ struct gmb_cudrv {
   gmb_cu_result (*cuCtxGetCurrent)(gmb_cu_ctx *c);
   gmb_cu_result (*cuCtxGetDevice)(gmb_cu_device *d);
   gmb_cu_result (*cuCtxSynchronize)(void);
+  /* cuCtxCreate_v2 (asked for at version 3020: at 12000 the driver hands
+   * back _v3, which takes execution-affinity arguments) and
+   * cuCtxDestroy_v2: the broker measures
+   * what a context costs on its GPU with a throwaway one. */
+  gmb_cu_result (*cuCtxCreate)(gmb_cu_ctx *c, unsigned flags, gmb_cu_device d);
+  gmb_cu_result (*cuCtxDestroy)(gmb_cu_ctx c);
   gmb_cu_result (*cuMemGetInfo)(size_t *free, size_t *total);
   gmb_cu_result (*cuMemAlloc)(gmb_cu_ptr *p, size_t bytes);
   gmb_cu_result (*cuMemFree)(gmb_cu_ptr p);

@@ -2,6 +2,7 @@
  * frag.c - the demo's fragmentation scenario, as one client of the broker.
  *
  *   frag [--tenant T] [--endpoint E] [--block SIZE] [--fill SIZE] [--big SIZE]
+ *        [--wait-ms N]
  *
  * Fills the device with movable blocks (--block, default 512KiB, up to
  * --fill, default 56MiB), writes a pattern into every byte of each with
@@ -10,7 +11,11 @@
  * --big allocation (default 24MiB) that no hole can hold although the free
  * total can.  With compaction off the broker refuses it (GMB_E_NOMEM, with
  * its figures); with compaction auto it moves blocks to gather the holes
- * and the request succeeds.  Either way every surviving block is read back
+ * and the request succeeds.  On a GPU the segments compaction emptied go
+ * back to the device only once every client mapping them (this one too)
+ * closed them; --wait-ms N asks with gmb_alloc_wait, which waits up to N
+ * ms for that, where gmb_alloc answers at once.  Either way every
+ * surviving block is read back
  * with gmb_read, and a block whose address (gmb_lock's) changed was moved:
  *
  *   frag: 28 allocations moved, all bytes intact
@@ -34,6 +39,7 @@ static void frag_usage(FILE *f) {
           "  --block SIZE  the movable blocks that fill the device (512KiB)\n"
           "  --fill SIZE   how much to fill with them (56MiB)\n"
           "  --big SIZE    the request that needs the holes gathered (24MiB)\n"
+          "  --wait-ms N   wait up to N ms for room (gmb_alloc_wait)\n"
           "exit: 0 big request served, bytes intact; 3 refused, bytes "
           "intact;\n      1 bytes lost or no broker; 2 usage\n");
 }
@@ -74,6 +80,7 @@ static int frag_pattern(gmb_client *c, gmb_id id, uint64_t size, int check,
 int main(int argc, char **argv) {
   const char *tenant = NULL, *endpoint = NULL;
   uint64_t block = 512 << 10, fill = 56 << 20, big = 24 << 20;
+  int wait_ms = -1; /* -1: gmb_alloc */
   for (int i = 1; i < argc; i++) {
     uint64_t *size = NULL;
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -89,6 +96,8 @@ int main(int argc, char **argv) {
       size = &fill;
     } else if (strcmp(argv[i], "--big") == 0) {
       size = &big;
+    } else if (strcmp(argv[i], "--wait-ms") == 0 && i + 1 < argc) {
+      wait_ms = atoi(argv[++i]);
     } else {
       frag_usage(stderr);
       return 2;
@@ -142,7 +151,8 @@ int main(int argc, char **argv) {
            size_format(st.segments, d, sizeof d),
            size_format(block, a, sizeof a));
   gmb_id bigid = 0;
-  rc = gmb_alloc(c, (size_t)big, 0, &bigid);
+  rc = wait_ms >= 0 ? gmb_alloc_wait(c, (size_t)big, 0, wait_ms, &bigid)
+                    : gmb_alloc(c, (size_t)big, 0, &bigid);
   if (rc == 0)
     printf("frag: alloc %s -> ok\n", size_format(big, a, sizeof a));
   else

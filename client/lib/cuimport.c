@@ -48,6 +48,17 @@
  * driver allows one allocation to be mapped twice in a process, and the
  * caller (segmap.c) keeps one mapping per segment per client.
  *
+ * Other contexts.  A program may run kernels on gmb's memory in contexts
+ * of its own (cuCtxCreate), not only in the primary one: the mapping is
+ * the process's, valid in every context of the device.  A free must wait
+ * for them too, as cudaFree waits for the device, so the library notes
+ * each context of a device it sees current on a thread that calls it
+ * (connect, imports and maps, stream releases, frees) and gmb__cuda_sync
+ * synchronises the primary context and every noted one; a noted context
+ * since destroyed is forgotten there.  At most CUDA_MAX_SEEN per device:
+ * past that the oldest note gives way.  A context that never was current
+ * on a thread calling gmb is not known, so not waited for (docs/cache.md).
+ *
  * Stream releases.  The host function given to cuLaunchHostFunc runs on a
  * driver thread, later, perhaps after the client is gone.  It may not call
  * CUDA, take the library's locks or allocate, so it does two atomic
@@ -93,6 +104,16 @@ static struct cuda_dev cuda_devs[GMB_CUDA_MAX_DEVICES];
 static struct cuda_unmap *cuda_unmaps;
 static _Atomic uint64_t cuda_pending;
 
+/* The contexts other than the primary ones noted on each device, for
+ * gmb__cuda_sync.  Its own leaf lock: taken under cuda_mu or alone, and
+ * never across a driver call that waits. */
+#define CUDA_MAX_SEEN 16
+static pthread_mutex_t cuda_seen_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cuda_seen {
+  gmb_cu_ctx ctx[CUDA_MAX_SEEN]; /* NULL: free */
+  unsigned next;                 /* the slot to give way when all are used */
+} cuda_seen[GMB_CUDA_MAX_DEVICES];
+
 static void cuda_err(gmb_cu_result r, const char *call, char *why,
                      size_t cap) {
   char buf[160];
@@ -133,6 +154,41 @@ static const struct cuda_dev *cuda_dev_attached(int ordinal, char *why,
   return d;
 }
 
+/* Notes `ctx`, current on the calling thread, as a context that may use
+ * device d's memory: it is one of d's and not its primary context. */
+static void cuda_seen_note(const struct cuda_dev *d, gmb_cu_ctx ctx) {
+  if (ctx == NULL || ctx == d->ctx) return;
+  struct cuda_seen *s = &cuda_seen[d - cuda_devs];
+  pthread_mutex_lock(&cuda_seen_mu);
+  int known = 0;
+  for (int i = 0; i < CUDA_MAX_SEEN && !known; i++) known = s->ctx[i] == ctx;
+  pthread_mutex_unlock(&cuda_seen_mu);
+  gmb_cu_device dev;
+  if (known || cuda_drv.cuCtxGetDevice(&dev) != GMB_CU_SUCCESS ||
+      dev != d->dev)
+    return;
+  pthread_mutex_lock(&cuda_seen_mu);
+  int slot = -1;
+  for (int i = 0; i < CUDA_MAX_SEEN; i++) {
+    if (s->ctx[i] == ctx) {
+      slot = -2; /* another thread noted it meanwhile */
+      break;
+    }
+    if (slot == -1 && s->ctx[i] == NULL) slot = i;
+  }
+  if (slot == -1) slot = (int)(s->next++ % CUDA_MAX_SEEN);
+  if (slot >= 0) s->ctx[slot] = ctx;
+  pthread_mutex_unlock(&cuda_seen_mu);
+}
+
+static void cuda_seen_forget(const struct cuda_dev *d, gmb_cu_ctx ctx) {
+  struct cuda_seen *s = &cuda_seen[d - cuda_devs];
+  pthread_mutex_lock(&cuda_seen_mu);
+  for (int i = 0; i < CUDA_MAX_SEEN; i++)
+    if (s->ctx[i] == ctx) s->ctx[i] = NULL;
+  pthread_mutex_unlock(&cuda_seen_mu);
+}
+
 /* What cuda_leave gives back: the thread's context and capture mode. */
 struct cuda_scope {
   gmb_cu_ctx ctx;
@@ -166,6 +222,7 @@ static gmb_cu_result cuda_enter(const struct cuda_dev *d,
   cuda_relax(&prev->mode, &prev->mode_set);
   if (cuda_drv.cuCtxGetCurrent(&prev->ctx) != GMB_CU_SUCCESS) prev->ctx = NULL;
   if (prev->ctx == d->ctx) return GMB_CU_SUCCESS;
+  cuda_seen_note(d, prev->ctx);
   gmb_cu_result r = cuda_drv.cuCtxSetCurrent(d->ctx);
   if (r != GMB_CU_SUCCESS) {
     cuda_unrelax(prev->mode, prev->mode_set);
@@ -302,7 +359,12 @@ int gmb__cuda_attach(const char *uuid, int *ordinal, char *why, size_t cap) {
   /* The calling thread keeps the context it had, none included: making
    * one current behind the program's back would change the device its
    * next CUDA runtime call (and the shims' routing) sees. */
-  if (rc == 0) *ordinal = o;
+  if (rc == 0) {
+    *ordinal = o;
+    gmb_cu_ctx cur = NULL;
+    if (cuda_drv.cuCtxGetCurrent(&cur) == GMB_CU_SUCCESS)
+      cuda_seen_note(&cuda_devs[o], cur);
+  }
 out:
   pthread_mutex_unlock(&cuda_mu);
   return rc;
@@ -522,17 +584,60 @@ void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size) {
   gmb__cuda_unreserve(ordinal, base, size);
 }
 
+/* Synchronises each context noted on device d (cuda_seen_note), made
+ * current in turn; the primary one is current again after.  A context
+ * since destroyed is forgotten (the driver refuses it as such; a handle
+ * reused by a context of another device is skipped).  *step names the
+ * call that failed. */
+static gmb_cu_result cuda_sync_seen(const struct cuda_dev *d,
+                                    const char **step) {
+  gmb_cu_ctx ctx[CUDA_MAX_SEEN];
+  pthread_mutex_lock(&cuda_seen_mu);
+  memcpy(ctx, cuda_seen[d - cuda_devs].ctx, sizeof ctx);
+  pthread_mutex_unlock(&cuda_seen_mu);
+  gmb_cu_result r = GMB_CU_SUCCESS;
+  for (int i = 0; i < CUDA_MAX_SEEN && r == GMB_CU_SUCCESS; i++) {
+    if (ctx[i] == NULL) continue;
+    gmb_cu_device dev;
+    *step = "cuCtxSetCurrent (a context of the program's)";
+    r = cuda_drv.cuCtxSetCurrent(ctx[i]);
+    if (r == GMB_CU_SUCCESS) {
+      *step = "cuCtxGetDevice";
+      r = cuda_drv.cuCtxGetDevice(&dev);
+    }
+    if (r == GMB_CU_SUCCESS && dev == d->dev) {
+      *step = "cuCtxSynchronize (a context of the program's)";
+      r = cuda_drv.cuCtxSynchronize();
+    }
+    if (r == GMB_CU_ERROR_INVALID_CONTEXT ||
+        r == GMB_CU_ERROR_CONTEXT_IS_DESTROYED ||
+        (r == GMB_CU_SUCCESS && dev != d->dev)) {
+      cuda_seen_forget(d, ctx[i]);
+      r = GMB_CU_SUCCESS;
+    }
+  }
+  gmb_cu_result back = cuda_drv.cuCtxSetCurrent(d->ctx);
+  if (r == GMB_CU_SUCCESS && back != GMB_CU_SUCCESS) {
+    *step = "cuCtxSetCurrent";
+    r = back;
+  }
+  return r;
+}
+
 int gmb__cuda_sync(int ordinal, char *why, size_t cap) {
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) return GMB_E_DEVICE;
   /* Not under cuda_mu: a wait may be long, and the driver table and the
-   * device record are immutable once ready. */
+   * device record are immutable once ready.  The caller's own context,
+   * when it is another of the device's, is noted by cuda_enter and so
+   * waited for with the others. */
   struct cuda_scope prev;
   gmb_cu_result r = cuda_enter(d, &prev);
   const char *step = "cuCtxSetCurrent";
   if (r == GMB_CU_SUCCESS) {
     step = "cuCtxSynchronize";
     r = cuda_drv.cuCtxSynchronize();
+    if (r == GMB_CU_SUCCESS) r = cuda_sync_seen(d, &step);
     cuda_leave(d, prev);
   }
   if (r != GMB_CU_SUCCESS) {
@@ -653,6 +758,7 @@ int gmb__cuda_release_on_stream(int ordinal, _Atomic uint32_t *state,
   gmb_cu_result r = cuda_drv.cuCtxGetCurrent(&cur);
   int entered = r == GMB_CU_SUCCESS && cur == NULL;
   if (entered) r = cuda_enter(d, &prev);
+  else if (r == GMB_CU_SUCCESS) cuda_seen_note(d, cur);
   if (r != GMB_CU_SUCCESS) {
     cuda_err(r, "cuCtxSetCurrent", why, cap);
     return GMB_E_DEVICE;

@@ -82,9 +82,10 @@ int gmb__cuda_move(int ordinal, uint64_t from, uint64_t to, uint64_t size,
                    uint64_t handle, char *why, size_t cap);
 
 /*
- * Waits for all work of device `ordinal`'s primary context
- * (cuCtxSynchronize with it current; the caller's context is given back),
- * as cudaFree does before it frees.  0, or GMB_E_DEVICE explained: the
+ * Waits for all work of device `ordinal`'s primary context and of every
+ * other context of that device this process was seen using gmb in
+ * (cuCtxSynchronize with each current; the caller's context is given
+ * back), as cudaFree does before it frees.  0, or GMB_E_DEVICE explained: the
  * work did not finish (a fault, a capture in progress), so the memory it
  * used must not be handed back.
  */

@@ -112,6 +112,8 @@ SAME_VALUE(101, CUDA_ERROR_INVALID_DEVICE);
 SAME_VALUE(400, CUDA_ERROR_INVALID_HANDLE);
 SAME_VALUE(500, CUDA_ERROR_NOT_FOUND);
 SAME_VALUE(GMB_CU_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+SAME_VALUE(GMB_CU_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT);
+SAME_VALUE(GMB_CU_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_CONTEXT_IS_DESTROYED);
 SAME_VALUE(GMB_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
 
 /* The macros map the names cudrv.c asks for to the ABI cudrv.h describes:
@@ -141,6 +143,13 @@ ABI(cuDeviceGetName, cuDeviceGetName, char *, int, CUdevice);
 ABI(cuDeviceGetUuid, cuDeviceGetUuid, CUuuid *, CUdevice);
 ABI(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, char *, int, CUdevice);
 ABI(cuCtxSynchronize, cuCtxSynchronize, void);
+ABI(cuCtxDestroy, cuCtxDestroy_v2, CUcontext);
+/* cuda.h 13 declares only cuCtxCreate_v4 (with a parameters structure);
+ * the 12.0 ABI asked for by version is cuCtxCreate_v2, declared here as
+ * the 12.x headers did. */
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags,
+                                CUdevice dev);
+ABI(cuCtxCreate, cuCtxCreate_v2, CUcontext *, unsigned int, CUdevice);
 ABI(cuCtxGetDevice, cuCtxGetDevice, CUdevice *);
 ABI(cuStreamIsCapturing, cuStreamIsCapturing, CUstream,
     CUstreamCaptureStatus *);

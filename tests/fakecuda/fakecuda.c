@@ -151,8 +151,22 @@
  *   driver's state and errors, and grant nothing to memory of the virtual
  *   memory API, as on a GPU.
  *
- * - cuCtxSynchronize waits for every stream of this process (the context's
- *   work); while $FAKECUDA_CAPTURING is set it fails with
+ * - Streams belong to a context: a created stream to the context current
+ *   where it was made, and each context has its own legacy (NULL) stream
+ *   (the handles NULL, 0x1 and 0x2 name the current context's).
+ *   cuCtxSynchronize waits for the current context's streams only, as the
+ *   real one does: work queued in another context of the process (an
+ *   application's own cuCtxCreate context) goes on.  Synchronous copies
+ *   wait for the current context's legacy stream.
+ *
+ * - A context costs device memory: $FAKECUDA_CTX_COST (suffixes k/m/g,
+ *   default 0: no cost) is counted on the device as held by the process
+ *   from a device's first cuDevicePrimaryCtxRetain, and from cuCtxCreate
+ *   to cuCtxDestroy; cuMemGetInfo shows it, and it comes back when the
+ *   process dies.  A real context costs hundreds of MiB (tests/gpu/run.sh
+ *   measures it); a context that does not fit is CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * - cuCtxSynchronize: while $FAKECUDA_CAPTURING is set it fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real one does during a
  *   capture.  cuStreamIsCapturing answers ACTIVE for the streams named in
  *   $FAKECUDA_CAPTURING ("all", or "null" for the legacy stream): tests
@@ -385,6 +399,7 @@ struct fake_ctx {
   int live;
   int dev;
   unsigned peers; /* devices whose contexts it enabled peer access to */
+  uint64_t mem; /* the accounting id of what it costs; 0: nothing */
 };
 /* [0, FAKE_MAX_DEV): the primary contexts; the rest cuCtxCreate's. */
 static struct fake_ctx fake_ctxs[FAKE_MAX_CTX];
@@ -940,11 +955,27 @@ struct fake_stream {
   int cap, cap_mode, cap_invalid;
   pthread_t cap_thread;
   struct fake_work *cap_head, *cap_tail;
+  struct fake_ctx *ctx; /* a created stream's context */
 };
 
 static struct fake_stream fake_null_stream = {
     .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static struct fake_stream *fake_streams; /* created ones, under fake_mu */
+/* Each context's legacy stream (fake_null_stream: a thread with none). */
+static struct fake_stream fake_ctx_null[FAKE_MAX_CTX] = {
+    [0 ... FAKE_MAX_CTX - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                                .cv = PTHREAD_COND_INITIALIZER}};
+
+/* The legacy stream of the context current on this thread. */
+static struct fake_stream *ctx_null_stream(void) {
+  struct fake_ctx *c = fake_cur;
+  return c ? &fake_ctx_null[c - fake_ctxs] : &fake_null_stream;
+}
+
+static int is_null_stream(const struct fake_stream *s) {
+  return s == &fake_null_stream ||
+         (s >= fake_ctx_null && s < fake_ctx_null + FAKE_MAX_CTX);
+}
 
 /* An event: the generation of its last record, and the highest one a
  * stream reached.  Referenced by its handle and by every queued record,
@@ -1033,7 +1064,7 @@ static struct fake_stream *stream_per_thread(void);
  * legacy stream, CU_STREAM_PER_THREAD (0x2) the calling thread's own
  * default stream; otherwise a live created stream. */
 static struct fake_stream *stream_of(void *handle) {
-  if ((uintptr_t)handle <= 1) return &fake_null_stream;
+  if ((uintptr_t)handle <= 1) return ctx_null_stream();
   if ((uintptr_t)handle == 2) return stream_per_thread();
   pthread_mutex_lock(&fake_mu);
   struct fake_stream *s = fake_streams;
@@ -1055,6 +1086,7 @@ static struct fake_stream *stream_per_thread(void) {
   if (!s) return NULL;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
+  s->ctx = fake_cur; /* the context it was first used in waits for it */
   pthread_mutex_lock(&fake_mu);
   s->next = fake_streams;
   fake_streams = s;
@@ -1158,7 +1190,7 @@ static void cap_append(struct fake_stream *s, struct fake_work *w) {
 static CUresult cap_or_queue(struct fake_stream *s, struct fake_work *w,
                              const char *call, int *took) {
   *took = 0;
-  if (s == &fake_null_stream) return cap_legacy(call);
+  if (is_null_stream(s)) return cap_legacy(call);
   pthread_mutex_lock(&fake_mu);
   if (s->cap) {
     cap_append(s, w);
@@ -1175,6 +1207,17 @@ struct fake_graph {
   uint32_t magic;
   struct fake_work *nodes;
 };
+
+/* Waits for context c's work: its legacy stream and the streams made in
+ * it.  Under fake_mu for the list, so that no stream is destroyed
+ * meanwhile; the stream workers never take it. */
+static void ctx_sync(struct fake_ctx *c) {
+  stream_sync(&fake_ctx_null[c - fake_ctxs]);
+  pthread_mutex_lock(&fake_mu);
+  for (struct fake_stream *s = fake_streams; s; s = s->next)
+    if (s->ctx == c) stream_sync(s);
+  pthread_mutex_unlock(&fake_mu);
+}
 
 /* --- copies ------------------------------------------------------------- */
 
@@ -1253,7 +1296,7 @@ static int overlap(const struct fake_map *a, CUdeviceptr pa,
  * piece of the mappings the device range crosses, after the legacy
  * stream's work.  The range was checked (check_run). */
 static void copy_host(uintptr_t dev, char *host, size_t n, int to_device) {
-  stream_sync(&fake_null_stream);
+  stream_sync(ctx_null_stream());
   while (n) {
     char *cpu;
     pthread_mutex_lock(&fake_mu);
@@ -1284,7 +1327,7 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   const char *call = async ? "cuMemcpyDtoDAsync" : "cuMemcpyDtoD";
   if (!async && (r = cap_unsafe(call)) != 0) return r;
-  if (s == &fake_null_stream && (r = cap_legacy(call)) != 0) return r;
+  if (is_null_stream(s) && (r = cap_legacy(call)) != 0) return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, call);
   if (!r) r = check_run(src, n, FAKE_ACCESS_READ, call);
@@ -1309,7 +1352,7 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
     if (r) return r;
     /* Synchronous copies are ordered after the legacy stream's work; the
      * mappings cannot go meanwhile but by the application's own race. */
-    stream_sync(&fake_null_stream);
+    stream_sync(ctx_null_stream());
     for (size_t done = 0; done < n;) {
       char *d, *sp;
       pthread_mutex_lock(&fake_mu);
@@ -1470,9 +1513,46 @@ static CUresult fake_cuDeviceGetAttribute(int *v, int attr, int d) {
   }
 }
 
+/* What a context costs on its device ($FAKECUDA_CTX_COST), counted as
+ * held by this process from now on (once per context).  CUDA_SUCCESS, or
+ * CUDA_ERROR_OUT_OF_MEMORY when the device has no room for it. */
+static CUresult ctx_mem_take(struct fake_ctx *c, int dev) {
+  uint64_t cost = fake_env_size("FAKECUDA_CTX_COST", 0);
+  pthread_mutex_lock(&fake_mu);
+  CUresult r = CUDA_SUCCESS;
+  struct fake_acct *a = cost && !c->mem ? acct_get(dev) : NULL;
+  if (a) {
+    acct_lock(a);
+    uint64_t used = acct_prune(a), total = fake_total();
+    uint64_t id = ++a->f->next_id;
+    if (used > total || cost > total - used || acct_hold(a, id, cost) != 0)
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+      c->mem = id;
+    acct_unlock(a);
+  } else if (cost && !c->mem) {
+    r = CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  pthread_mutex_unlock(&fake_mu);
+  return r;
+}
+
+/* Gives a destroyed context's memory back to its device. */
+static void ctx_mem_drop(struct fake_ctx *c) {
+  pthread_mutex_lock(&fake_mu);
+  struct fake_acct *a = c->mem ? acct_get(c->dev) : NULL;
+  if (a) acct_drop(a, c->mem);
+  c->mem = 0;
+  pthread_mutex_unlock(&fake_mu);
+}
+
 static CUresult fake_cuDevicePrimaryCtxRetain(void **c, int d) {
   CUresult r = fake_device_ok(d);
   if (r) return r;
+  /* The context is made (and costs) at the first retain only. */
+  if (!__atomic_load_n(&fake_ctxs[d].live, __ATOMIC_ACQUIRE) &&
+      (r = ctx_mem_take(&fake_ctxs[d], d)) != CUDA_SUCCESS)
+    return r;
   __atomic_store_n(&fake_ctxs[d].live, 1, __ATOMIC_RELEASE);
   fake_ctxs[d].dev = d;
   *c = &fake_ctxs[d];
@@ -1499,6 +1579,10 @@ static CUresult fake_cuCtxCreate(void **c, unsigned flags, int d) {
   }
   pthread_mutex_unlock(&fake_mu);
   if (!found) return CUDA_ERROR_OUT_OF_MEMORY;
+  if ((r = ctx_mem_take(found, d)) != CUDA_SUCCESS) {
+    __atomic_store_n(&found->live, 0, __ATOMIC_RELEASE);
+    return r;
+  }
   fake_cur = found; /* a new context is made current, as cuCtxCreate does */
   *c = found;
   return CUDA_SUCCESS;
@@ -1512,6 +1596,7 @@ static CUresult fake_cuCtxDestroy(void *c) {
     return CUDA_ERROR_INVALID_CONTEXT;
   __atomic_store_n(&x->live, 0, __ATOMIC_RELEASE);
   if (fake_cur == x) fake_cur = NULL;
+  ctx_mem_drop(x);
   return CUDA_SUCCESS;
 }
 
@@ -1984,6 +2069,7 @@ static CUresult fake_cuStreamCreate(void **out, unsigned flags) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->flags = flags;
+  s->ctx = fake_cur;
   pthread_mutex_lock(&fake_mu);
   s->next = fake_streams;
   fake_streams = s;
@@ -2003,7 +2089,7 @@ static CUresult fake_cuStreamSynchronize(void *h) {
   if (capturing) cap_break(s, "cuStreamSynchronize of the capturing stream");
   pthread_mutex_unlock(&fake_mu);
   if (capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  if (s == &fake_null_stream && (r = cap_legacy("cuStreamSynchronize")) != 0)
+  if (is_null_stream(s) && (r = cap_legacy("cuStreamSynchronize")) != 0)
     return r;
   if ((r = cap_unsafe("cuStreamSynchronize")) != 0) return r;
   stream_sync(s);
@@ -2129,8 +2215,8 @@ static CUresult fake_cuEventDestroy(void *h) {
   return CUDA_SUCCESS;
 }
 
-/* Waits for every stream of this process: the legacy one and the created
- * ones (all in "the context" here). */
+/* Waits for the current context's streams: its legacy one and those
+ * created in it.  Another context's work goes on. */
 static CUresult fake_cuCtxSynchronize(void) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
@@ -2149,12 +2235,7 @@ static CUresult fake_cuCtxSynchronize(void) {
     }
   pthread_mutex_unlock(&fake_mu);
   if (hit) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  stream_sync(&fake_null_stream);
-  /* Under fake_mu, so that no stream is destroyed meanwhile; the stream
-   * workers never take it. */
-  pthread_mutex_lock(&fake_mu);
-  for (struct fake_stream *s = fake_streams; s; s = s->next) stream_sync(s);
-  pthread_mutex_unlock(&fake_mu);
+  ctx_sync(fake_cur);
   return CUDA_SUCCESS;
 }
 
@@ -2167,12 +2248,12 @@ static CUresult fake_cuStreamIsCapturing(void *h, int *status) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   const char *v = getenv("FAKECUDA_CAPTURING");
   *status = v && (strcmp(v, "all") == 0 ||
-                  (strcmp(v, "null") == 0 && s == &fake_null_stream));
+                  (strcmp(v, "null") == 0 && is_null_stream(s)));
   pthread_mutex_lock(&fake_mu);
   /* The legacy stream while a blocking stream captures: the driver says
    * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (using it would join the capture),
    * which callers must read as "capturing". */
-  int implicit = s == &fake_null_stream && cap_blocking_locked(NULL);
+  int implicit = is_null_stream(s) && cap_blocking_locked(NULL);
   if (s->cap) *status = s->cap_invalid ? 2 : 1;
   pthread_mutex_unlock(&fake_mu);
   return implicit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;

@@ -11,7 +11,8 @@
  *     (SCM_RIGHTS), which times cuMemImportFromShareableHandle +
  *     cuMemAddressReserve + cuMemMap + cuMemSetAccess (+ cuMemRelease) and
  *     the unmap, and checks the bytes both ways with copies;
- *   - plain cuMemcpyDtoD GB/s (the ceiling for the broker's migration).
+ *   - plain cuMemcpyDtoD GB/s (the ceiling for the broker's migration);
+ *   - what one more CUDA context costs (cuMemGetInfo around cuCtxCreate).
  *
  * The importing process is forked before this one touches CUDA (a child
  * forked after cuInit cannot use the driver) and waits for descriptors.
@@ -285,6 +286,25 @@ int main(void) {
     d.cuDeviceGetName(name, sizeof name, 0);
     printf("FIGURE device \"%s\" driver %d granularity %zu\n", name,
            d.version, granularity);
+  }
+
+  /* What one CUDA context costs (what the broker's device_reserve auto
+   * counts for each client): free memory before and after a second
+   * context of this process. */
+  if (!rc) {
+    size_t f0 = 0, f1 = 0, tot = 0;
+    gmb_cu_ctx extra;
+    gmb_cu_device dev;
+    CU(d.cuDeviceGet(&dev, 0));
+    CU(d.cuMemGetInfo(&f0, &tot));
+    CU(d.cuCtxCreate(&extra, 0, dev));
+    CU(d.cuMemGetInfo(&f1, &tot));
+    CU(d.cuCtxDestroy(extra));
+    gmb_cu_ctx prim;
+    CU(d.cuDevicePrimaryCtxRetain(&prim, dev));
+    CU(d.cuCtxSetCurrent(prim));
+    printf("FIGURE context_MiB %.1f\n",
+           f0 > f1 ? (double)(f0 - f1) / (double)MIB : 0.0);
   }
 
   /* cuMemAlloc/cuMemFree of 2 MiB, the broker's segment unit. */

@@ -1256,6 +1256,62 @@ START_TEST(cache_miss_during_capture_keeps_the_capture) {
 }
 END_TEST
 
+/* A program's own context (cuCtxCreate) runs work on gmb's memory: a
+ * gmb_free from a thread with no context (or the primary one) waits for
+ * that context too, as cudaFree waits for the device, since the driver's
+ * cuCtxSynchronize waits only for the current context.  The context is
+ * known to the library from the connect made while it was current; one
+ * seen only at an import counts too (the second round).  A context since
+ * destroyed is forgotten, not an error. */
+START_TEST(free_waits_for_work_in_program_context) {
+  exporter_start();
+  fk_start();
+  test_drv_load();
+  ctx_create_fn ctx_create =
+      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
+  ctx_destroy_fn ctx_destroy =
+      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
+  for (int round = 0; round < 2; round++) {
+    gmb_cu_ctx app = NULL;
+    ck_assert_int_eq(ctx_create(&app, 0, 0), 0); /* current now */
+    if (round == 1) ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+    gmb_client *c = connect_ok();
+    struct free_arg a = {c, 0, -100};
+    void *p;
+    ck_assert_int_eq(test_drv.cuCtxSetCurrent(app), 0);
+    ck_assert_int_eq(gmb_alloc(c, 4096, 0, &a.id), 0);
+    ck_assert_int_eq(gmb_lock(c, a.id, &p), 0); /* the import notes it */
+    gmb_cu_stream s;
+    ck_assert_int_eq(test_drv.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING),
+                     0);
+    atomic_store(&F.free_early, 0);
+    atomic_store(&F.n_free, 0);
+    atomic_store(&F.watch_gate, 1);
+    atomic_store(&gate, 0);
+    ck_assert_int_eq(test_drv.cuLaunchHostFunc(s, gate_fn, NULL), 0);
+    ck_assert_int_eq(gmb_unlock(c, a.id), 0);
+    pthread_t t; /* a thread with no context current */
+    ck_assert_int_eq(pthread_create(&t, NULL, free_thread, &a), 0);
+    struct timespec ts = {0, 20 * 1000000}; /* a chance to free too early */
+    nanosleep(&ts, NULL);
+    atomic_store(&gate, 1);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.rc, 0);
+    ck_assert_int_eq(ld(&F.n_free), 1);
+    ck_assert_int_eq(ld(&F.free_early), 0);
+    ck_assert_int_eq(test_drv.cuStreamDestroy(s), 0);
+    /* Destroyed: the next free does not trip over it. */
+    ck_assert_int_eq(ctx_destroy(app), 0);
+    ck_assert_int_eq(gmb_alloc(c, 4096, 0, &a.id), 0);
+    ck_assert_int_eq(gmb_free(c, a.id), 0);
+    gmb_disconnect(c);
+  }
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+}
+END_TEST
+
 /* A copy of 64 bytes from p in device d's primary context, then device
  * 0's made current again: the driver's answer. */
 static gmb_cu_result copy_on_device(int d, void *p) {
@@ -1793,6 +1849,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, unlock_on_stream_releases_when_stream_runs);
   tcase_add_test(tc, free_waits_for_queued_work);
+  tcase_add_test(tc, free_waits_for_work_in_program_context);
   tcase_add_test(tc, free_async_ordered_by_event);
   tcase_add_test(tc, cache_miss_during_capture_keeps_the_capture);
   tcase_add_test(tc, peer_access_only_when_asked);

@@ -235,12 +235,28 @@ START_TEST(every_other_value_parses) {
 }
 END_TEST
 
+/* device_reserve = auto keeps room for client_contexts contexts (the
+ * broker measures one at start); an explicit size is taken as it is. */
+START_TEST(device_reserve_auto_and_client_contexts) {
+  struct gmb_config c;
+  load_ok("[broker]\ndevice_reserve = auto\nclient_contexts = 3\n", &c);
+  ck_assert_uint_eq(c.device_reserve, GMB_DEVICE_RESERVE_AUTO);
+  ck_assert_uint_eq(c.client_contexts, 3);
+  gmb__config_free(&c);
+  load_ok("[broker]\ndevice_reserve = 0\nclient_contexts = 0\n", &c);
+  ck_assert_uint_eq(c.device_reserve, 0);
+  ck_assert_uint_eq(c.client_contexts, 0);
+  gmb__config_free(&c);
+}
+END_TEST
+
 START_TEST(defaults_right) {
   struct gmb_config d, c;
   gmb__config_defaults(&d);
   ck_assert_str_eq(d.device, "auto");
   ck_assert_uint_eq(d.capacity, 0);
-  ck_assert_uint_eq(d.device_reserve, 0);
+  ck_assert_uint_eq(d.device_reserve, GMB_DEVICE_RESERVE_AUTO);
+  ck_assert_uint_eq(d.client_contexts, 8);
   ck_assert_str_eq(d.run_dir, "");
   ck_assert_str_eq(d.state, "");
   ck_assert_uint_eq(d.n_admin_uids, 0);
@@ -379,6 +395,8 @@ START_TEST(err_bad_size) {
            "[broker] capacity: bad size '-1GiB'");
   teardown();
   load_bad("[broker]\ndevice_reserve = 1.5\n", 2, "device_reserve: bad size");
+  load_bad("[broker]\nclient_contexts = -1\n", 2, "client_contexts");
+  load_bad("[broker]\nclient_contexts = 5000\n", 2, "client_contexts");
   teardown();
   load_bad("[broker]\ndefault_quota =\n", 2, "default_quota: bad size ''");
   teardown();
@@ -655,6 +673,7 @@ static Suite *config_suite(void) {
   tcase_add_test(tc, deploy_example_parses);
   tcase_add_test(tc, every_other_value_parses);
   tcase_add_test(tc, defaults_right);
+  tcase_add_test(tc, device_reserve_auto_and_client_contexts);
   tcase_add_test(tc, inline_comment_quota);
   tcase_add_test(tc, tenant_name_63_not_cut);
   tcase_add_test(tc, empty_tenant_section_declares_tenant);

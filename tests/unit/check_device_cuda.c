@@ -275,6 +275,27 @@ START_TEST(open_capacity_is_free_minus_reserve) {
 }
 END_TEST
 
+/* device_reserve auto: n client contexts of what one costs here, measured
+ * at open ($FAKECUDA_CTX_COST on the stand-in); the throwaway context it
+ * measured with is gone after, and the broker's own is current. */
+START_TEST(open_reserve_counts_measured_contexts) {
+  setenv("FAKECUDA_CTX_COST", "4m", 1);
+  struct gmb_device *d = open_fake("64m", 0, 0);
+  uint64_t all = d->capacity;
+  gmb__device_close(d);
+  d = open_fake("64m", 0, GMB_DEVICE_RESERVE_CONTEXTS | 3);
+  ck_assert_uint_eq(d->capacity, all - 12 * MIB);
+  gmb__device_close(d);
+  d = open_fake("64m", 0, GMB_DEVICE_RESERVE_CONTEXTS | 0);
+  ck_assert_uint_eq(d->capacity, all);
+  gmb__device_close(d);
+  unsetenv("FAKECUDA_CTX_COST");
+  d = open_fake("64m", 0, GMB_DEVICE_RESERVE_CONTEXTS | 3);
+  ck_assert_uint_le(all, d->capacity); /* a context that costs nothing */
+  gmb__device_close(d);
+}
+END_TEST
+
 START_TEST(open_capacity_capped_by_config) {
   struct gmb_device *d = open_fake("64m", 20 * MIB, 8 * MIB);
   ck_assert_uint_eq(d->capacity, 20 * MIB);
@@ -662,6 +683,7 @@ static Suite *device_cuda_suite(void) {
   TCase *tc = tcase_create("open");
   tcase_add_test(tc, open_capacity_is_free_minus_reserve);
   tcase_add_test(tc, open_capacity_capped_by_config);
+  tcase_add_test(tc, open_reserve_counts_measured_contexts);
   tcase_add_test(tc, open_capacity_is_device_wide);
   tcase_add_test(tc, open_reserve_above_free);
   tcase_add_test(tc, open_no_such_gpu);

@@ -15,6 +15,7 @@
  * the fake a device of its own ($FAKECUDA_DIR, a fresh directory).
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -316,6 +317,23 @@ static int child_main(int argc, char **argv) {
 
 /* --- device addresses ------------------------------------------------------ */
 
+/* Starts a process that holds an allocation of `bytes` on the device (and
+ * its primary context) until killed; returns once it holds it. */
+static pid_t spawn_holder(uint64_t bytes) {
+  int up_pipe[2];
+  ck_assert_int_eq(pipe2(up_pipe, O_CLOEXEC), 0);
+  char size[32], fd[16];
+  snprintf(size, sizeof size, "%llu", (unsigned long long)bytes);
+  snprintf(fd, sizeof fd, "%d", up_pipe[1]);
+  int keep[] = {up_pipe[1], -1};
+  pid_t pid = spawn(keep, "hold", size, fd, NULL);
+  close(up_pipe[1]);
+  char c = 0;
+  ck_assert_int_eq(read(up_pipe[0], &c, 1), 1);
+  close(up_pipe[0]);
+  return pid;
+}
+
 START_TEST(cpu_dereference_of_device_address_faults) {
   int st = wait_status(spawn(NULL, "deref", NULL));
   ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
@@ -549,6 +567,93 @@ START_TEST(streams_are_ordered_and_independent) {
 }
 END_TEST
 
+typedef gmb_cu_result (*gpa_fn)(const char *sym, void **pfn, int ver,
+                                unsigned long long flags, int *status);
+
+/* An entry point at version 12000; cuCtxCreate at 3020, the version
+ * whose ABI (_v2) the tests call (12000 gives _v3, with other
+ * arguments). */
+static void *gpa(const char *name) {
+  gpa_fn f = (gpa_fn)(uintptr_t)dlsym(D.lib, "cuGetProcAddress_v2");
+  ck_assert_ptr_nonnull((void *)(uintptr_t)f);
+  void *fn = NULL;
+  int status = 0;
+  int ver = strcmp(name, "cuCtxCreate") == 0 ? 3020 : 12000;
+  ck_assert_int_eq(f(name, &fn, ver, 0, &status), 0);
+  return fn;
+}
+
+static void *open_gate_later(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 200 * 1000000};
+  nanosleep(&ts, NULL);
+  atomic_store(&gate, 1);
+  return NULL;
+}
+
+/* Streams belong to their context, and so does each legacy stream:
+ * cuCtxSynchronize (and the NULL stream) of the primary context do not
+ * wait for another context's work, as in the real driver; that
+ * context's own cuCtxSynchronize does.  (A stand-in that waited for every
+ * stream would wait here until a helper opens the gate, and fail.) */
+START_TEST(ctx_synchronize_waits_for_its_context_only) {
+  up();
+  typedef gmb_cu_result (*create_fn)(gmb_cu_ctx *, unsigned, gmb_cu_device);
+  typedef gmb_cu_result (*destroy_fn)(gmb_cu_ctx);
+  create_fn create = (create_fn)(uintptr_t)gpa("cuCtxCreate");
+  destroy_fn destroy = (destroy_fn)(uintptr_t)gpa("cuCtxDestroy");
+  gmb_cu_ctx app;
+  ck_assert_int_eq(create(&app, 0, 0), 0); /* current now */
+  gmb_cu_stream s;
+  ck_assert_int_eq(D.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
+  atomic_store(&gate, 0);
+  atomic_store(&order_n, 0);
+  ck_assert_int_eq(D.cuLaunchHostFunc(s, gate_fn, NULL), 0);
+  ck_assert_int_eq(D.cuLaunchHostFunc(s, mark_fn, (void *)1), 0);
+  ck_assert_int_eq(D.cuLaunchHostFunc(NULL, gate_fn, NULL), 0);
+  ck_assert_int_eq(D.cuLaunchHostFunc(NULL, mark_fn, (void *)2), 0);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, open_gate_later, NULL), 0);
+  ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
+  ck_assert_int_eq(D.cuCtxSynchronize(), 0);
+  ck_assert_int_eq(D.cuStreamSynchronize(NULL), 0);
+  ck_assert_int_eq(atomic_load(&order_n), 0);
+  ck_assert_int_eq(D.cuCtxSetCurrent(app), 0);
+  ck_assert_int_eq(D.cuCtxSynchronize(), 0);
+  ck_assert_int_eq(atomic_load(&order_n), 2);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(D.cuStreamDestroy(s), 0);
+  ck_assert_int_eq(destroy(app), 0);
+  ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
+}
+END_TEST
+
+/* $FAKECUDA_CTX_COST: a context holds device memory, here and in another
+ * process, until it is destroyed or the process dies. */
+START_TEST(context_costs_device_memory) {
+  up();
+  typedef gmb_cu_result (*create_fn)(gmb_cu_ctx *, unsigned, gmb_cu_device);
+  typedef gmb_cu_result (*destroy_fn)(gmb_cu_ctx);
+  create_fn create = (create_fn)(uintptr_t)gpa("cuCtxCreate");
+  destroy_fn destroy = (destroy_fn)(uintptr_t)gpa("cuCtxDestroy");
+  uint64_t before = used_now();
+  setenv("FAKECUDA_CTX_COST", "6m", 1);
+  gmb_cu_ctx app;
+  ck_assert_int_eq(create(&app, 0, 0), 0);
+  ck_assert_uint_eq(used_now(), before + 6 * MIB);
+  ck_assert_int_eq(destroy(app), 0);
+  ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
+  ck_assert_uint_eq(used_now(), before);
+  /* Another process: its primary context and a 2 MiB allocation. */
+  pid_t pid = spawn_holder(2 * MIB);
+  ck_assert_uint_eq(used_now(), before + 8 * MIB);
+  ck_assert_int_eq(kill(pid, SIGKILL), 0);
+  wait_status(pid);
+  ck_assert_uint_eq(used_now(), before);
+  unsetenv("FAKECUDA_CTX_COST");
+}
+END_TEST
+
 /* An event is not ready until its stream ran past its last record; one
  * never recorded is ready; a record on a destroyed stream is refused; an
  * event destroyed with its record pending is harmless. */
@@ -591,17 +696,7 @@ END_TEST
 START_TEST(meminfo_is_device_wide_across_processes) {
   up();
   uint64_t before = used_now();
-  int up_pipe[2];
-  ck_assert_int_eq(pipe2(up_pipe, O_CLOEXEC), 0);
-  char size[32], fd[16];
-  snprintf(size, sizeof size, "%llu", (unsigned long long)(6 * MIB));
-  snprintf(fd, sizeof fd, "%d", up_pipe[1]);
-  int keep[] = {up_pipe[1], -1};
-  pid_t pid = spawn(keep, "hold", size, fd, NULL);
-  close(up_pipe[1]);
-  char c = 0;
-  ck_assert_int_eq(read(up_pipe[0], &c, 1), 1);
-  close(up_pipe[0]);
+  pid_t pid = spawn_holder(6 * MIB);
   ck_assert_uint_eq(used_now(), before + 6 * MIB);
   /* Killed with its memory held: the kernel's lock on its slot goes with
    * it, and so does its memory. */
@@ -897,9 +992,11 @@ static Suite *fakecuda_suite(void) {
   tcase_add_test(tc, fork_after_init_is_refused);
   tcase_add_test(tc, streams_are_ordered_and_independent);
   tcase_add_test(tc, events_follow_their_stream);
+  tcase_add_test(tc, ctx_synchronize_waits_for_its_context_only);
   suite_add_tcase(s, tc);
   tc = tcase_create("processes");
   tcase_add_test(tc, meminfo_is_device_wide_across_processes);
+  tcase_add_test(tc, context_costs_device_memory);
   tcase_add_test(tc, meminfo_counts_a_process_in_another_pid_namespace);
   tcase_add_test(tc, import_in_other_process_sees_bytes);
   tcase_add_test(tc, import_of_foreign_descriptor_refused);

@@ -1,0 +1,249 @@
+/*
+ * gpu_checks.c - the client-side checks and figures of tests/gpu/run.sh
+ * that need a program of their own (it builds anywhere: the driver comes
+ * through proto/cudrv as in gmb; run.sh rehearses it on the stand-in).
+ * One subcommand a run; the broker is $GMB_ENDPOINT, the tenant
+ * $GMB_TENANT.  Prints OK/FIGURE lines; exit 0 when the check held, 1
+ * when it did not, 2 on usage.
+ *
+ *   fresh-write SIZE   allocates SIZE, writes a pattern of this tenant
+ *                      into every byte (by copies), frees, disconnects
+ *   fresh-read SIZE    allocates SIZE and reads every byte back: none of
+ *                      fresh-write's words may show (run as another
+ *                      tenant after fresh-write, on a broker whose
+ *                      capacity makes the memory come round again)
+ *   ctx-free SIZE N    a context of the program's own (cuCtxCreate) queues
+ *                      N copies inside an allocation on a stream of its
+ *                      own, then a host function that marks the work
+ *                      done; gmb_free from a thread with no context must
+ *                      return only after the mark (cudaFree's wait, in
+ *                      every context that uses the memory)
+ *   bench SIZE N       FIGURE lines: gmb_alloc+gmb_free of SIZE against
+ *                      cuMemAlloc+cuMemFree of SIZE (N each, same
+ *                      process), and a cache hit (gmb_malloc_async +
+ *                      gmb_free_async)
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cudrv.h"
+#include "gmb.h"
+
+#define CHUNK ((size_t)8 << 20)
+#define FRESH_TAG UINT64_C(0x5a17c0de00000000)
+
+static struct gmb_cudrv d;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static size_t size_arg(const char *s) {
+  char *end;
+  unsigned long long n = strtoull(s, &end, 10);
+  switch (*end) {
+    case 'k': case 'K': n <<= 10; break;
+    case 'm': case 'M': n <<= 20; break;
+    case 'g': case 'G': n <<= 30; break;
+    default: break;
+  }
+  return (size_t)n;
+}
+
+static gmb_client *connect_or_die(void) {
+  gmb_client *c = NULL;
+  int rc = gmb_connect(NULL, NULL, &c);
+  if (rc) {
+    fprintf(stderr, "gpu_checks: connect: %s\n", gmb_strerror(rc));
+    exit(1);
+  }
+  return c;
+}
+
+static int fail(gmb_client *c, const char *what, int rc) {
+  fprintf(stderr, "gpu_checks: %s: %s (%s)\n", what, gmb_err_name(rc),
+          c ? gmb_last_error(c) : "");
+  return 1;
+}
+
+/* The word fresh-write leaves at word index i: tagged, never zero. */
+static uint64_t fresh_word(uint64_t i) {
+  return FRESH_TAG | ((i * 0x9E3779B97F4A7C15ull) >> 32);
+}
+
+static int fresh(int write, size_t size) {
+  gmb_client *c = connect_or_die();
+  gmb_id id;
+  int rc = gmb_alloc(c, size, 0, &id);
+  if (rc) return fail(c, "gmb_alloc", rc);
+  uint64_t *w = malloc(CHUNK);
+  if (!w) return 1;
+  size_t seen = 0, nonzero = 0;
+  for (size_t at = 0; at < size; at += CHUNK) {
+    size_t n = size - at < CHUNK ? size - at : CHUNK;
+    size_t words = n / sizeof *w;
+    if (write) {
+      for (size_t i = 0; i < words; i++) w[i] = fresh_word(at / 8 + i);
+      rc = gmb_write(c, id, at, w, words * sizeof *w);
+    } else {
+      rc = gmb_read(c, id, at, w, words * sizeof *w);
+      for (size_t i = 0; !rc && i < words; i++) {
+        seen += (w[i] & UINT64_C(0xffffffff00000000)) == FRESH_TAG;
+        nonzero += w[i] != 0;
+      }
+    }
+    if (rc) return fail(c, write ? "gmb_write" : "gmb_read", rc);
+  }
+  free(w);
+  if ((rc = gmb_free(c, id)) != 0) return fail(c, "gmb_free", rc);
+  gmb_disconnect(c);
+  if (write) {
+    printf("OK fresh-write: %zu MiB written with the first tenant's words, "
+           "freed\n", size >> 20);
+    return 0;
+  }
+  printf("%s fresh-read: %zu MiB read: %zu words of the first tenant, %zu "
+         "non-zero words\n", seen ? "BAD" : "OK", size >> 20, seen, nonzero);
+  return seen ? 1 : 0;
+}
+
+/* --- ctx-free ------------------------------------------------------------------ */
+
+static atomic_int work_done;
+
+static void mark_done(void *arg) {
+  (void)arg;
+  atomic_store(&work_done, 1);
+}
+
+struct free_job {
+  gmb_client *c;
+  gmb_id id;
+  int rc, done_at_return;
+};
+
+static void *free_thread(void *arg) {
+  struct free_job *j = arg;
+  j->rc = gmb_free(j->c, j->id);
+  j->done_at_return = atomic_load(&work_done);
+  return NULL;
+}
+
+#define CU(call, what)                                                  \
+  do {                                                                  \
+    gmb_cu_result r_ = (call);                                          \
+    if (r_ != GMB_CU_SUCCESS) {                                         \
+      char b_[160];                                                     \
+      fprintf(stderr, "gpu_checks: %s: %s\n", what,                     \
+              gmb__cudrv_strerror(&d, r_, b_, sizeof b_));              \
+      return 1;                                                         \
+    }                                                                   \
+  } while (0)
+
+static int ctx_free(size_t size, int n) {
+  char err[256];
+  if (gmb__cudrv_load(&d, err, sizeof err) != 0) {
+    fprintf(stderr, "gpu_checks: %s\n", err);
+    return 1;
+  }
+  gmb_cu_device dev;
+  gmb_cu_ctx app;
+  CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CU(d.cuCtxCreate(&app, 0, dev), "cuCtxCreate"); /* current now */
+  gmb_client *c = connect_or_die();
+  struct free_job j = {c, 0, -100, 0};
+  void *p;
+  int rc = gmb_alloc(c, size, 0, &j.id);
+  if (rc) return fail(c, "gmb_alloc", rc);
+  if ((rc = gmb_lock(c, j.id, &p)) != 0) return fail(c, "gmb_lock", rc);
+  gmb_cu_stream s;
+  CU(d.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  gmb_cu_ptr base = (gmb_cu_ptr)(uintptr_t)p;
+  size_t half = size / 2;
+  for (int i = 0; i < n; i++)
+    CU(d.cuMemcpyDtoDAsync(i % 2 ? base : base + half, i % 2 ? base + half
+                                                             : base,
+                           half, s),
+       "cuMemcpyDtoDAsync");
+  CU(d.cuLaunchHostFunc(s, mark_done, NULL), "cuLaunchHostFunc");
+  gmb_unlock(c, j.id);
+  pthread_t t; /* a thread with no context current */
+  if (pthread_create(&t, NULL, free_thread, &j) != 0) return 1;
+  pthread_join(t, NULL);
+  if (j.rc) return fail(c, "gmb_free", j.rc);
+  int ok = j.done_at_return;
+  printf("%s ctx-free: %d copies of %zu MiB queued in the program's own "
+         "context were %s when gmb_free returned\n", ok ? "OK" : "BAD", n,
+         half >> 20, ok ? "done" : "NOT done");
+  CU(d.cuStreamSynchronize(s), "cuStreamSynchronize");
+  CU(d.cuStreamDestroy(s), "cuStreamDestroy");
+  gmb_disconnect(c);
+  CU(d.cuCtxDestroy(app), "cuCtxDestroy");
+  return ok ? 0 : 1;
+}
+
+/* --- bench ---------------------------------------------------------------------- */
+
+static int bench(size_t size, int n) {
+  char err[256];
+  if (gmb__cudrv_load(&d, err, sizeof err) != 0) {
+    fprintf(stderr, "gpu_checks: %s\n", err);
+    return 1;
+  }
+  gmb_client *c = connect_or_die(); /* the primary context, current now */
+  double t0 = now_s();
+  for (int i = 0; i < n; i++) {
+    gmb_cu_ptr p;
+    CU(d.cuMemAlloc(&p, size), "cuMemAlloc");
+    CU(d.cuMemFree(p), "cuMemFree");
+  }
+  double cu = (now_s() - t0) / n * 1e6;
+  t0 = now_s();
+  for (int i = 0; i < n; i++) {
+    gmb_id id;
+    int rc = gmb_alloc(c, size, 0, &id);
+    if (rc) return fail(c, "gmb_alloc", rc);
+    if ((rc = gmb_free(c, id)) != 0) return fail(c, "gmb_free", rc);
+  }
+  double g = (now_s() - t0) / n * 1e6;
+  void *p;
+  int rc = gmb_malloc_async(c, size, NULL, &p); /* the miss */
+  if (rc || (rc = gmb_free_async(c, p, NULL)) != 0)
+    return fail(c, "gmb_malloc_async", rc);
+  t0 = now_s();
+  for (int i = 0; i < n * 10; i++) {
+    if ((rc = gmb_malloc_async(c, size, NULL, &p)) != 0)
+      return fail(c, "gmb_malloc_async", rc);
+    if ((rc = gmb_free_async(c, p, NULL)) != 0)
+      return fail(c, "gmb_free_async", rc);
+  }
+  double hit = (now_s() - t0) / (n * 10) * 1e6;
+  printf("FIGURE cuMemAlloc+cuMemFree_%zuMiB_us %.2f\n", size >> 20, cu);
+  printf("FIGURE gmb_alloc+gmb_free_%zuMiB_us %.2f (x%.2f of cuMemAlloc+"
+         "cuMemFree)\n", size >> 20, g, cu > 0 ? g / cu : 0.0);
+  printf("FIGURE gmb_malloc_async+free_async_hit_%zuMiB_us %.3f (x%.3f of "
+         "cuMemAlloc+cuMemFree)\n", size >> 20, hit, cu > 0 ? hit / cu : 0.0);
+  gmb_disconnect(c);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 3 && strcmp(argv[1], "fresh-write") == 0)
+    return fresh(1, size_arg(argv[2]));
+  if (argc >= 3 && strcmp(argv[1], "fresh-read") == 0)
+    return fresh(0, size_arg(argv[2]));
+  if (argc >= 4 && strcmp(argv[1], "ctx-free") == 0)
+    return ctx_free(size_arg(argv[2]), atoi(argv[3]));
+  if (argc >= 4 && strcmp(argv[1], "bench") == 0)
+    return bench(size_arg(argv[2]), atoi(argv[3]));
+  fprintf(stderr, "usage: gpu_checks fresh-write|fresh-read SIZE | ctx-free "
+          "SIZE N | bench SIZE N\n");
+  return 2;
+}
