@@ -240,7 +240,7 @@ TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
   tests/install.sh
 check: all
 	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN) \
-	  $(K8S_CHECKS)
+	  $(K8S_CHECKS) $(FUZZ_SEED_CHECKS)
 
 unit: $(UNIT_BIN)
 	$(Q)sh tests/run.sh $(B) $(UNIT_BIN)
