@@ -65,6 +65,7 @@ BROKER_SRC := broker/loop.c \
   broker/reclaim.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
   broker/session.c broker/tenant.c broker/compact.c broker/repack.c \
+  broker/evacuate.c \
   broker/locktab.c \
   broker/statefile.c broker/reply.c \
   broker/pool.c \

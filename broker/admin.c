@@ -393,10 +393,31 @@ static int admin_apply_tenant(struct gmb_broker *b,
   t->has_owner = 0;
   t->owner_uid = 0;
   int ended = 0;
+  /* The segments the revoked processes mapped: they keep those mappings
+   * after their sessions end, so the tenant's live bytes must leave them
+   * (gmb__defrag_revoke).  Out of host memory the list is cut short and
+   * the revocation says so. */
+  uint64_t *segs = NULL;
+  size_t n_segs = 0, cap_segs = 0;
+  int segs_short = 0;
   struct gmb_session *s = t->sessions, *next;
   for (; s; s = next) {
     next = s->tenant_next;
     if (admin_session_admitted(t, s)) continue;
+    if (!segs_short && s->n_segs > cap_segs - n_segs) {
+      size_t cap = n_segs + s->n_segs;
+      uint64_t *g = realloc(segs, (cap ? cap : 1) * sizeof *g);
+      if (g) {
+        segs = g;
+        cap_segs = cap;
+      } else {
+        segs_short = 1;
+      }
+    }
+    if (!segs_short) {
+      memcpy(segs + n_segs, s->segs, s->n_segs * sizeof *segs);
+      n_segs += s->n_segs;
+    }
     char msg[WIRE_MESSAGE_MAX];
     snprintf(msg, sizeof msg, "tenant %s is configured now, and this "
              "process's uid %u (or token) is not among its uids or token",
@@ -407,11 +428,18 @@ static int admin_apply_tenant(struct gmb_broker *b,
                           "the tenant");
     ended++;
   }
-  /* As after an eviction: no emptied segment they mapped serves again. */
+  /* As after an eviction: no emptied segment they mapped serves again,
+   * and the live bytes move out of the others. */
   if (ended) {
     gmb__pool_trim(b->pool);
     gmb__tenant_segments_sync(b->tenants, t);
+    if (segs_short)
+      log_error("reload: tenant %s: out of host memory listing the segments "
+                "its revoked processes mapped: some keep the tenant's live "
+                "bytes within their reach; evict the tenant", t->name);
+    gmb__defrag_revoke(b, t, segs, n_segs);
   }
+  free(segs);
   return ended;
 }
 

@@ -193,6 +193,23 @@ uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
 /* Releases lingering empty segments; returns the bytes given back. */
 uint64_t gmb__pool_trim(struct gmb_pool *p);
 
+/*
+ * Seals segment `seg_id` (revocation: a process that mapped it may no
+ * longer see what its arena keeps): nothing new is ever placed in it, no
+ * allocation, tail or move target, and it goes back to the device as soon
+ * as it empties (it never lingers).  What it holds stays until freed or
+ * moved out (gmb__pool_move_begin into an unsealed segment).  An empty
+ * (lingering) segment is released at once.  0, or GMB_E_NOENT.
+ */
+int gmb__pool_seal(struct gmb_pool *p, uint64_t seg_id);
+
+/* Adds an empty small segment to arena a, for a move that finds no free
+ * range (revocation): it lingers (releasing the arena's lingering one)
+ * until a move reserves its range.  0 with *seg_id, GMB_E_NOMEM (device
+ * full or host memory) or a device error. */
+int gmb__pool_segment_add(struct gmb_pool *p, struct gmb_arena *a,
+                          uint64_t *seg_id);
+
 /* Looks up a live segment by id: its device segment, or NULL.  *arena_tag
  * (may be NULL) receives the tag of the arena that owns it. */
 const struct gmb_dseg *gmb__pool_segment(const struct gmb_pool *p,

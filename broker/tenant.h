@@ -100,6 +100,12 @@ struct gmb_tenant {
                         kept, idle or not, until removed */
   int removing;      /* a removal was asked: it admits no new session and
                         goes once its sessions ended (gmb__tenant_idle) */
+  /* Revocation (defrag.c): segments a revoked process mapped are sealed
+   * and their live bytes move out.  revoke_wait: the last pass left
+   * locked allocations, tried again at the next timer; the totals are
+   * this revocation's. */
+  int revoking, revoke_wait;
+  uint64_t revoke_since_ns, revoke_moves, revoke_bytes;
   /* Its owner uid's shared budget while it is ad-hoc (tenant.h, above);
    * NULL otherwise.  budget_charged: the bytes of `used` charged to it. */
   struct gmb_uid_budget *budget;
