@@ -185,6 +185,8 @@ static uint32_t admin_end_sessions(struct gmb_broker *b, struct gmb_tenant *t,
     gmb__core_session_end(b, s, why);
     n++;
   }
+  /* Sessions that ended before, still freed in slices: at once too. */
+  gmb__core_reap_tenant(b, t);
   gmb__pool_trim(b->pool);
   gmb__tenant_segments_sync(b->tenants, t);
   return n;
@@ -431,6 +433,7 @@ static int admin_apply_tenant(struct gmb_broker *b,
   /* As after an eviction: no emptied segment they mapped serves again,
    * and the live bytes move out of the others. */
   if (ended) {
+    gmb__core_reap_tenant(b, t);
     gmb__pool_trim(b->pool);
     gmb__tenant_segments_sync(b->tenants, t);
     if (segs_short)

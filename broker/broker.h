@@ -125,6 +125,9 @@ struct gmb_broker {
    * room for (core.c; 0: not computed, no limit of its own). */
   uint32_t fd_sessions_max;
   int reap_pending; /* a session ended: idle tenants may go (core.c) */
+  /* Ended sessions whose memory is freed in slices (core.c), oldest
+   * first, through gmb_session.reap_next. */
+  struct gmb_session *reap_head, *reap_tail;
 };
 
 /* Descriptors a session costs the broker: its ZeroMQ connection, its

@@ -346,7 +346,7 @@ static int dispatch_request(struct gmb_broker *b, struct gmb_session *s,
         gmb__waitq_serve(b);
       return 0;
     case WIRE_BYE:
-      gmb__core_session_end(b, s, "said goodbye");
+      gmb__core_session_end_sliced(b, s, "said goodbye");
       return 1;
     default:
       gmb__reply_fail(rep, GMB_E_PROTO, "%s is not a client request",

@@ -1014,6 +1014,66 @@ uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
   return bytes;
 }
 
+int gmb__pool_free_owners_step(struct gmb_pool *p, struct gmb_arena *a,
+                               gmb_pool_doomed_fn doomed,
+                               gmb_pool_freed_fn freed, void *ctx,
+                               uint64_t *cursor, uint64_t budget) {
+  struct gmb_segment *s = NULL;
+  if (*cursor) {
+    s = gmb__pool_seg_by_id(p, *cursor);
+    if (s && s->arena != a) s = NULL;
+  }
+  /* No cursor, or its segment went back to the device meanwhile: from the
+   * head (what was freed before is free ranges now, quickly skipped). */
+  if (s == NULL) s = LIST_FIRST(&a->segs);
+  uint64_t visited = 0;
+  int dropped = 0; /* another segment may have gone idle */
+  while (s && visited < budget) {
+    for (struct pool_range *r = s->first; r; visited++) {
+      if (!pool_is_live(r) || (r->flags & GMB_RANGE_TAIL) ||
+          !doomed(ctx, r->u.live.owner)) {
+        r = r->next;
+        continue;
+      }
+      void *owner = r->u.live.owner;
+      uint64_t bytes = r->size + (r->u.live.tail ? r->u.live.tail->size : 0);
+      /* A dropped move's target, or a tail, may leave another segment
+       * idle (one this walk may have passed). */
+      dropped |= (r->flags & POOL_MOVING_SRC) || r->u.live.tail;
+      /* Segments are released below, never in the middle of this walk
+       * (as in gmb__pool_free_owner). */
+      r = pool_range_free(p, r, 0)->next;
+      freed(ctx, owner, bytes);
+    }
+    struct gmb_segment *nx = LIST_NEXT(s, link);
+    if (pool_seg_idle(s) && a->linger != s) {
+      if (nx && nx == a->linger) nx = LIST_NEXT(nx, link);
+      pool_segment_emptied(p, s);
+    }
+    s = nx;
+  }
+  if (dropped) {
+    /* Release what a dropped target or a freed tail left idle, as
+     * gmb__pool_free_owner does: O(the arena's segments), only after a
+     * large allocation or a move (the broker stops the moves of what it
+     * frees first). */
+    uint64_t at = s ? s->dseg.id : 0;
+    struct gmb_segment *x, *xn;
+    for (x = LIST_FIRST(&a->segs); x; x = xn) {
+      xn = LIST_NEXT(x, link);
+      if (pool_seg_idle(x) && a->linger != x) {
+        if (xn && xn == a->linger) xn = LIST_NEXT(xn, link);
+        pool_segment_emptied(p, x);
+      }
+    }
+    s = at ? gmb__pool_seg_by_id(p, at) : NULL;
+    if (at && s == NULL) s = LIST_FIRST(&a->segs);
+  }
+  *cursor = s ? s->dseg.id : 0;
+  POOL_DEBUG_CHECK(p);
+  return s == NULL;
+}
+
 uint64_t gmb__pool_trim(struct gmb_pool *p) {
   uint64_t bytes = pool_release_lingering(p);
   pool_chunks_trim(p);

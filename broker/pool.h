@@ -190,6 +190,25 @@ int gmb__pool_set_tag(struct gmb_pool *p, uint64_t id, uint32_t tag);
 uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
                               void *owner);
 
+/*
+ * The same in slices, for many owners at once (ending sessions, core.c):
+ * visits at most about `budget` ranges of arena a from segment *cursor
+ * (0: the arena's first; a cursor whose segment is gone starts there
+ * too), frees every live allocation whose owner `doomed` approves and
+ * tells `freed` its owner and bytes (rounded, a tail included), and
+ * releases the segments that empty (the arena's last lingers, as after a
+ * free).  Returns 1 when the walk reached the arena's end (*cursor 0),
+ * else 0 with *cursor where the next slice goes on.  Segments added in
+ * front of the cursor meanwhile are not visited: a caller whose owners
+ * may still hold allocations starts a new pass.
+ */
+typedef int (*gmb_pool_doomed_fn)(void *ctx, void *owner);
+typedef void (*gmb_pool_freed_fn)(void *ctx, void *owner, uint64_t bytes);
+int gmb__pool_free_owners_step(struct gmb_pool *p, struct gmb_arena *a,
+                               gmb_pool_doomed_fn doomed,
+                               gmb_pool_freed_fn freed, void *ctx,
+                               uint64_t *cursor, uint64_t budget);
+
 /* Releases lingering empty segments; returns the bytes given back. */
 uint64_t gmb__pool_trim(struct gmb_pool *p);
 
