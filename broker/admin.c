@@ -356,6 +356,13 @@ static void admin_count_hb(void *ctx, struct gmb_session *s) {
   if (s->pidfd < 0) h->n++;
 }
 
+/* 1 when tenant section tc lists uid u. */
+static int admin_conf_lists(const struct gmb_tenant_conf *tc, uid_t u) {
+  for (uint32_t i = 0; i < tc->n_uids; i++)
+    if (tc->uids[i] == u) return 1;
+  return 0;
+}
+
 /* 1 when session s may still act as t under t's (new) uids or token. */
 static int admin_session_admitted(const struct gmb_tenant *t,
                                   const struct gmb_session *s) {
@@ -383,6 +390,19 @@ static int admin_apply_tenant(struct gmb_broker *b,
     }
     *created = 1;
   }
+  /* Whoever proved the tenant before and does not now is revoked: a uid
+   * no longer listed (its first user's, for a tenant made by first use),
+   * a token no longer its own.  Their processes may still map segments of
+   * it, from sessions open now or ended before. */
+  int revoked = 0;
+  if (!*created && (tc->n_uids != 0 || tc->has_token)) {
+    for (uint32_t i = 0; i < t->n_uids; i++)
+      revoked |= !admin_conf_lists(tc, t->uids[i]);
+    if (t->has_owner) revoked |= !admin_conf_lists(tc, t->owner_uid);
+    if (t->has_token)
+      revoked |= !tc->has_token || memcmp(t->token_sha256, tc->token_sha256,
+                                          sizeof t->token_sha256) != 0;
+  }
   t->configured = 1;
   gmb__tenant_set_quota(b->tenants, t, tc->quota);
   gmb__tenant_set_reserve(b->tenants, t, tc->reserve);
@@ -395,31 +415,10 @@ static int admin_apply_tenant(struct gmb_broker *b,
   t->has_owner = 0;
   t->owner_uid = 0;
   int ended = 0;
-  /* The segments the revoked processes mapped: they keep those mappings
-   * after their sessions end, so the tenant's live bytes must leave them
-   * (gmb__defrag_revoke).  Out of host memory the list is cut short and
-   * the revocation says so. */
-  uint64_t *segs = NULL;
-  size_t n_segs = 0, cap_segs = 0;
-  int segs_short = 0;
   struct gmb_session *s = t->sessions, *next;
   for (; s; s = next) {
     next = s->tenant_next;
     if (admin_session_admitted(t, s)) continue;
-    if (!segs_short && s->n_segs > cap_segs - n_segs) {
-      size_t cap = n_segs + s->n_segs;
-      uint64_t *g = realloc(segs, (cap ? cap : 1) * sizeof *g);
-      if (g) {
-        segs = g;
-        cap_segs = cap;
-      } else {
-        segs_short = 1;
-      }
-    }
-    if (!segs_short) {
-      memcpy(segs + n_segs, s->segs, s->n_segs * sizeof *segs);
-      n_segs += s->n_segs;
-    }
     char msg[WIRE_MESSAGE_MAX];
     snprintf(msg, sizeof msg, "tenant %s is configured now, and this "
              "process's uid %u (or token) is not among its uids or token",
@@ -430,19 +429,18 @@ static int admin_apply_tenant(struct gmb_broker *b,
                           "the tenant");
     ended++;
   }
-  /* As after an eviction: no emptied segment they mapped serves again,
-   * and the live bytes move out of the others. */
-  if (ended) {
+  /* As after an eviction: no emptied segment they mapped serves again.
+   * And since the broker cannot tell which of the tenant's segments a
+   * revoked process mapped, in a session open now or one that ended
+   * before, every segment of the tenant is sealed and its live bytes move
+   * out (gmb__defrag_revoke): what the tenant keeps from now on is in
+   * segments made after this reload. */
+  if (ended || revoked) {
     gmb__core_reap_tenant(b, t);
     gmb__pool_trim(b->pool);
     gmb__tenant_segments_sync(b->tenants, t);
-    if (segs_short)
-      log_error("reload: tenant %s: out of host memory listing the segments "
-                "its revoked processes mapped: some keep the tenant's live "
-                "bytes within their reach; evict the tenant", t->name);
-    gmb__defrag_revoke(b, t, segs, n_segs);
+    gmb__defrag_revoke(b, t);
   }
-  free(segs);
   return ended;
 }
 

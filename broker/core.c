@@ -328,16 +328,37 @@ int gmb__core_reap_step(struct gmb_broker *b, uint64_t deadline_ns) {
     /* The oldest ended session's tenant: one walk of its arena frees what
      * every ended session of that tenant holds. */
     struct gmb_tenant *t = b->reap_head->tenant;
-    uint64_t before = t->reaping_bytes;
+    uint64_t before = t->reaping_bytes, n_before = t->reaping;
+    int fresh = t->reap_cursor == 0;
+    if (fresh) t->reap_pass_freed = 0;
     int end = gmb__pool_free_owners_step(b->pool, t->arena, core_doomed,
                                          core_freed, b, &t->reap_cursor,
                                          GMB_CORE_REAP_RANGES);
     if (t->reaping_bytes != before) {
       freed_any = 1;
       b->pool_ops++;
+      t->reap_pass_freed += before - t->reaping_bytes;
     }
-    (void)end; /* at the end the cursor is 0: the next slice starts over */
     core_reap_done(b);
+    /* A whole pass over the arena that freed nothing while the same
+     * sessions still hold memory: their allocations are not where the
+     * walk looks, which is a bug.  Free them the slow way rather than
+     * walk for ever. */
+    if (end && t->reaping && t->reaping == n_before &&
+        t->reap_pass_freed == 0 && t->reaping_bytes == before) {
+      log_error("tenant %s: %u ended sessions hold %" PRIu64 " bytes that "
+                "a whole walk of its arena did not find; freed at once",
+                t->name, t->reaping, t->reaping_bytes);
+      for (struct gmb_session *s = b->reap_head; s; s = s->reap_next) {
+        if (s->tenant != t) continue;
+        uint64_t f = gmb__pool_free_owner(b->pool, t->arena, s);
+        gmb__tenant_uncharge(t, f);
+        t->reaping_bytes -= f < t->reaping_bytes ? f : t->reaping_bytes;
+        s->allocations = 0;
+        s->used = 0;
+      }
+      core_reap_done(b);
+    }
     if (gmb__now_ns() >= deadline_ns) break;
   }
   if (freed_any) {

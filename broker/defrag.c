@@ -248,15 +248,8 @@ static void defrag_hooks(struct gmb_broker *b, struct gmb_compact_hooks *h) {
   h->locked = defrag_locked;
 }
 
-void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t,
-                        const uint64_t *segs, size_t n) {
-  size_t sealed = 0;
-  for (size_t i = 0; i < n; i++) {
-    void *tag = NULL;
-    if (gmb__pool_segment(b->pool, segs[i], &tag) == NULL || tag != t)
-      continue; /* released meanwhile, or not the tenant's */
-    if (gmb__pool_seal(b->pool, segs[i]) == 0) sealed++;
-  }
+void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t) {
+  size_t sealed = gmb__pool_seal_arena(b->pool, t->arena);
   gmb__tenant_segments_sync(b->tenants, t);
   if (sealed == 0) return;
   if (!t->revoking) {
@@ -269,8 +262,9 @@ void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t,
     t->revoke_wait = 0;
     b->revoke_ready++;
   }
-  log_info("revocation of tenant %s: %zu segments that a revoked process "
-           "mapped are sealed; their live bytes move out", t->name, sealed);
+  log_info("revocation of tenant %s: its %zu segments are sealed (a "
+           "revoked process may have mapped any of them); their live bytes "
+           "move out", t->name, sealed);
 }
 
 static void defrag_revoke_end(struct gmb_broker *b, struct gmb_tenant *t,
@@ -312,6 +306,8 @@ static int defrag_revoke_one(void *ctx, struct gmb_tenant *t) {
   struct gmb_evac_stats st;
   memset(&st, 0, sizeof st);
   int rc = gmb__evac_step(b->pool, t->arena, &h, x->deadline_ns, &st);
+  /* Segments came (targets) and went (emptied sealed ones). */
+  gmb__tenant_segments_sync(b->tenants, t);
   t->revoke_moves += st.moves;
   t->revoke_bytes += st.bytes_moved;
   if (st.moves) {

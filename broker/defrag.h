@@ -46,14 +46,13 @@ void gmb__defrag_forget(struct gmb_broker *b, uint64_t id);
  * be in flight. */
 void gmb__defrag_forget_session(struct gmb_broker *b,
                                 const struct gmb_session *s);
-/* Revocation: segments `segs` (n of them; those not of tenant t are
- * skipped) were mapped by processes that no longer prove t.  They are
- * sealed (nothing new lands in them) and the loop's ticks move their live
- * movable bytes out (evacuate.h), trying again for locked ones for a few
- * seconds; pinned ones stay.  The end is logged with what it moved, what
- * stays and the time it took. */
-void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t,
-                        const uint64_t *segs, size_t n);
+/* Revocation: some process that proved tenant t no longer does, and may
+ * still map any of its segments.  Every segment t has now is sealed
+ * (nothing new lands in it) and the loop's ticks move their live movable
+ * bytes out (evacuate.h), trying again for locked ones for a few seconds;
+ * pinned ones stay.  The end is logged with what it moved, what stays and
+ * the time it took. */
+void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t);
 /* Ends a run at shutdown (its waiters get no answer: the sessions are
  * being told the broker stops). */
 void gmb__defrag_shutdown(struct gmb_broker *b);

@@ -76,7 +76,6 @@ int gmb__evac_step(struct gmb_pool *p, struct gmb_arena *a,
                    const struct gmb_compact_hooks *h, uint64_t deadline_ns,
                    struct gmb_evac_stats *st) {
   for (;;) {
-    if (gmb__now_ns() >= deadline_ns) return 1;
     struct gmb_evac_stats left = {0};
     int moved = 0;
     struct gmb_segment *s;
@@ -99,7 +98,10 @@ int gmb__evac_step(struct gmb_pool *p, struct gmb_arena *a,
       }
       if (moved) break;
     }
-    if (moved) continue; /* the lists may have changed: from the head */
+    if (moved) { /* the lists may have changed: from the head */
+      if (gmb__now_ns() >= deadline_ns) return 1;
+      continue;
+    }
     st->pinned = left.pinned;
     st->pinned_bytes = left.pinned_bytes;
     st->locked = left.locked;

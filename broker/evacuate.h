@@ -36,8 +36,8 @@ struct gmb_evac_stats {
 };
 
 /*
- * Works on arena a's sealed segments until `deadline_ns`: moves every
- * movable allocation it can claim.  Returns 1 when it ran out of time
+ * Works on arena a's sealed segments until `deadline_ns` (one move at
+ * least): moves every movable allocation it can claim.  Returns 1 when it ran out of time
  * (call again), 0 when a whole pass moved nothing more: then st->pinned,
  * ->locked and ->sealed say what stays.  Moves are added to st.
  */

@@ -1098,6 +1098,17 @@ int gmb__pool_seal(struct gmb_pool *p, uint64_t seg_id) {
   return 0;
 }
 
+size_t gmb__pool_seal_arena(struct gmb_pool *p, struct gmb_arena *a) {
+  size_t n = 0;
+  struct gmb_segment *s, *nx;
+  for (s = LIST_FIRST(&a->segs); s; s = nx) {
+    nx = LIST_NEXT(s, link); /* sealing an empty one releases it */
+    if (!s->sealed && !pool_seg_idle(s)) n++;
+    gmb__pool_seal(p, s->dseg.id);
+  }
+  return n;
+}
+
 int gmb__pool_segment_add(struct gmb_pool *p, struct gmb_arena *a,
                           uint64_t *seg_id) {
   int rc = pool_ranges_reserve(p, 1);

@@ -222,6 +222,10 @@ uint64_t gmb__pool_trim(struct gmb_pool *p);
  */
 int gmb__pool_seal(struct gmb_pool *p, uint64_t seg_id);
 
+/* Seals every segment of arena a (gmb__pool_seal); returns how many that
+ * hold something were sealed now. */
+size_t gmb__pool_seal_arena(struct gmb_pool *p, struct gmb_arena *a);
+
 /* Adds an empty small segment to arena a, for a move that finds no free
  * range (revocation): it lingers (releasing the arena's lingering one)
  * until a move reserves its range.  0 with *seg_id, GMB_E_NOMEM (device

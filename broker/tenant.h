@@ -110,6 +110,7 @@ struct gmb_tenant {
    * arena goes on (a segment id; 0: from the start). */
   unsigned reaping;
   uint64_t reaping_bytes, reap_cursor;
+  uint64_t reap_pass_freed; /* bytes the walk freed since it last began */
   uint64_t revoke_since_ns, revoke_moves, revoke_bytes;
   /* Its owner uid's shared budget while it is ad-hoc (tenant.h, above);
    * NULL otherwise.  budget_charged: the bytes of `used` charged to it. */
