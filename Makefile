@@ -65,6 +65,7 @@ BROKER_SRC := broker/loop.c \
   broker/reclaim.c broker/sleep.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
   broker/session.c broker/tenant.c broker/compact.c broker/repack.c \
+  broker/evacuate.c \
   broker/locktab.c \
   broker/statefile.c broker/reply.c \
   broker/pool.c \
@@ -242,7 +243,7 @@ TREE_CHECKS := tests/layout.sh tests/layout_selftest.sh tests/rebuild.sh \
   tests/install.sh tests/gpu_rehearse.sh
 check: all
 	$(Q)sh tests/run.sh $(B) $(TREE_CHECKS) $(UNIT_BIN) $(INTEG_BIN) \
-	  $(K8S_CHECKS)
+	  $(K8S_CHECKS) $(FUZZ_SEED_CHECKS)
 
 unit: $(UNIT_BIN)
 	$(Q)sh tests/run.sh $(B) $(UNIT_BIN)

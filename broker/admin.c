@@ -186,6 +186,8 @@ static uint32_t admin_end_sessions(struct gmb_broker *b, struct gmb_tenant *t,
     gmb__core_session_end(b, s, why);
     n++;
   }
+  /* Sessions that ended before, still freed in slices: at once too. */
+  gmb__core_reap_tenant(b, t);
   gmb__pool_trim(b->pool);
   gmb__tenant_segments_sync(b->tenants, t);
   return n;
@@ -371,6 +373,13 @@ static void admin_count_hb(void *ctx, struct gmb_session *s) {
   if (s->pidfd < 0) h->n++;
 }
 
+/* 1 when tenant section tc lists uid u. */
+static int admin_conf_lists(const struct gmb_tenant_conf *tc, uid_t u) {
+  for (uint32_t i = 0; i < tc->n_uids; i++)
+    if (tc->uids[i] == u) return 1;
+  return 0;
+}
+
 /* 1 when session s may still act as t under t's (new) uids or token. */
 static int admin_session_admitted(const struct gmb_tenant *t,
                                   const struct gmb_session *s) {
@@ -397,6 +406,19 @@ static int admin_apply_tenant(struct gmb_broker *b,
       return -1;
     }
     *created = 1;
+  }
+  /* Whoever proved the tenant before and does not now is revoked: a uid
+   * no longer listed (its first user's, for a tenant made by first use),
+   * a token no longer its own.  Their processes may still map segments of
+   * it, from sessions open now or ended before. */
+  int revoked = 0;
+  if (!*created && (tc->n_uids != 0 || tc->has_token)) {
+    for (uint32_t i = 0; i < t->n_uids; i++)
+      revoked |= !admin_conf_lists(tc, t->uids[i]);
+    if (t->has_owner) revoked |= !admin_conf_lists(tc, t->owner_uid);
+    if (t->has_token)
+      revoked |= !tc->has_token || memcmp(t->token_sha256, tc->token_sha256,
+                                          sizeof t->token_sha256) != 0;
   }
   t->configured = 1;
   gmb__tenant_set_quota(b->tenants, t, tc->quota);
@@ -425,10 +447,17 @@ static int admin_apply_tenant(struct gmb_broker *b,
                           "the tenant");
     ended++;
   }
-  /* As after an eviction: no emptied segment they mapped serves again. */
-  if (ended) {
+  /* As after an eviction: no emptied segment they mapped serves again.
+   * And since the broker cannot tell which of the tenant's segments a
+   * revoked process mapped, in a session open now or one that ended
+   * before, every segment of the tenant is sealed and its live bytes move
+   * out (gmb__defrag_revoke): what the tenant keeps from now on is in
+   * segments made after this reload. */
+  if (ended || revoked) {
+    gmb__core_reap_tenant(b, t);
     gmb__pool_trim(b->pool);
     gmb__tenant_segments_sync(b->tenants, t);
+    gmb__defrag_revoke(b, t);
   }
   return ended;
 }

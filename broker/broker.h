@@ -115,6 +115,9 @@ struct gmb_broker {
   uint64_t frag_high_since_ns;        /* background trigger: 0 = below */
   uint64_t pool_ops;                  /* allocs + frees, to see change */
   uint64_t pool_ops_at_last_run;
+  /* Revocations (defrag.c): tenants revoking, and of them those whose
+   * next pass may run now (not waiting for the timer). */
+  uint32_t revoking, revoke_ready;
 
   struct gmb_observe *observe;        /* counters for metrics (observe.c) */
 
@@ -122,6 +125,9 @@ struct gmb_broker {
    * room for (core.c; 0: not computed, no limit of its own). */
   uint32_t fd_sessions_max;
   int reap_pending; /* a session ended: idle tenants may go (core.c) */
+  /* Ended sessions whose memory is freed in slices (core.c), oldest
+   * first, through gmb_session.reap_next. */
+  struct gmb_session *reap_head, *reap_tail;
 };
 
 /* Descriptors a session costs the broker: its ZeroMQ connection, its

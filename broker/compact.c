@@ -673,6 +673,7 @@ static void compact_pick(struct gmb_compact *c) {
  * just below it when the overlap leaves a shift worth copying. */
 static const struct pool_range *compact_slide_target(
     const struct pool_range *r) {
+  if (r->seg->sealed) return NULL; /* it is being emptied: no slide */
   for (const struct pool_range *f = r->seg->first; f != r; f = f->next)
     if ((f->flags & GMB_RANGE_FREE) && f->size >= r->size) return f;
   const struct pool_range *f = r->prev;

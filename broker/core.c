@@ -202,6 +202,7 @@ void gmb__core_close(struct gmb_broker *b) {
   /* Waiters get no answer and mapped segments no retirement events: the
    * sessions were told the broker stops, and are ended one by one. */
   b->closing = 1;
+  while (b->reap_head) gmb__core_reap_tenant(b, b->reap_head->tenant);
   if (b->sessions) gmb__sessions_each(b->sessions, core_end_stopping, b);
   gmb__sessions_destroy(b->sessions);
   b->sessions = NULL;
@@ -244,8 +245,154 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
   gmb__reclaim_settle(b);
 }
 
+/* --- ending in slices ---------------------------------------------------- */
+
+void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
+                                  const char *why) {
+  if (s->reaping) return;
+  struct gmb_tenant *t = s->tenant;
+  /* Ending at once walks the tenant's arena once: cheap while it holds
+   * few allocations (the walk is what a slice bounds). */
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(t->arena, &as);
+  if (b->closing || s->allocations == 0 ||
+      as.allocations + as.segments <= GMB_CORE_REAP_RANGES / 2) {
+    gmb__core_session_end(b, s, why);
+    return;
+  }
+  gmb__reclaim_forget_session(b, s);
+  gmb__waitq_drop_session(b, s);
+  gmb__defrag_forget_session(b, s);
+  /* No gmb_lock can claim its movable allocations from now on, and no
+   * move starts: the broker claims through this table (defrag.c). */
+  gmb__locktab_destroy(s->lt);
+  s->lt = NULL;
+  gmb__session_unlink(b->sessions, s);
+  s->reaping = 1;
+  s->reap_next = NULL;
+  if (b->reap_tail)
+    b->reap_tail->reap_next = s;
+  else
+    b->reap_head = s;
+  b->reap_tail = s;
+  t->reaping++;
+  t->reaping_bytes += s->used;
+  log_info("session %" PRIu64 " (tenant %s, uid %u, pid %d) ended: %s; %"
+           PRIu64 " bytes in %" PRIu64 " allocations freed in slices", s->id,
+           t->name, (unsigned)s->uid, (int)s->pid, why, s->used,
+           s->allocations);
+  int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
+  if (unparked) gmb__waitq_serve(b);
+  gmb__reclaim_settle(b);
+}
+
+static int core_doomed(void *ctx, void *owner) {
+  (void)ctx;
+  return ((const struct gmb_session *)owner)->reaping;
+}
+
+static void core_freed(void *ctx, void *owner, uint64_t bytes) {
+  (void)ctx;
+  struct gmb_session *s = owner;
+  struct gmb_tenant *t = s->tenant;
+  GMB_ASSERT(s->allocations > 0 && s->used >= bytes &&
+             t->reaping_bytes >= bytes && "a reaped session's sums");
+  s->allocations--;
+  s->used -= bytes;
+  t->reaping_bytes -= bytes;
+  gmb__tenant_uncharge(t, bytes);
+}
+
+/* Frees the sessions of the reap list that hold nothing any more;
+ * returns how many. */
+static size_t core_reap_done(struct gmb_broker *b) {
+  size_t n = 0;
+  struct gmb_session **pp = &b->reap_head, *prev = NULL;
+  while (*pp) {
+    struct gmb_session *s = *pp;
+    if (s->allocations != 0) {
+      prev = s;
+      pp = &s->reap_next;
+      continue;
+    }
+    GMB_ASSERT(s->used == 0 && "a reaped session holds no bytes");
+    *pp = s->reap_next;
+    if (b->reap_tail == s) b->reap_tail = prev;
+    struct gmb_tenant *t = s->tenant;
+    t->reaping--;
+    if (t->reaping == 0) t->reap_cursor = 0;
+    gmb__session_free(b->sessions, s);
+    if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+    n++;
+  }
+  return n;
+}
+
+int gmb__core_reap_step(struct gmb_broker *b, uint64_t deadline_ns) {
+  int freed_any = 0;
+  while (b->reap_head) {
+    /* The oldest ended session's tenant: one walk of its arena frees what
+     * every ended session of that tenant holds. */
+    struct gmb_tenant *t = b->reap_head->tenant;
+    uint64_t before = t->reaping_bytes, n_before = t->reaping;
+    int fresh = t->reap_cursor == 0;
+    if (fresh) t->reap_pass_freed = 0;
+    int end = gmb__pool_free_owners_step(b->pool, t->arena, core_doomed,
+                                         core_freed, b, &t->reap_cursor,
+                                         GMB_CORE_REAP_RANGES);
+    if (t->reaping_bytes != before) {
+      freed_any = 1;
+      b->pool_ops++;
+      t->reap_pass_freed += before - t->reaping_bytes;
+    }
+    core_reap_done(b);
+    /* A whole pass over the arena that freed nothing while the same
+     * sessions still hold memory: their allocations are not where the
+     * walk looks, which is a bug.  Free them the slow way rather than
+     * walk for ever. */
+    if (end && t->reaping && t->reaping == n_before &&
+        t->reap_pass_freed == 0 && t->reaping_bytes == before) {
+      log_error("tenant %s: %u ended sessions hold %" PRIu64 " bytes that "
+                "a whole walk of its arena did not find; freed at once",
+                t->name, t->reaping, t->reaping_bytes);
+      for (struct gmb_session *s = b->reap_head; s; s = s->reap_next) {
+        if (s->tenant != t) continue;
+        uint64_t f = gmb__pool_free_owner(b->pool, t->arena, s);
+        gmb__tenant_uncharge(t, f);
+        t->reaping_bytes -= f < t->reaping_bytes ? f : t->reaping_bytes;
+        s->allocations = 0;
+        s->used = 0;
+      }
+      core_reap_done(b);
+    }
+    if (gmb__now_ns() >= deadline_ns) break;
+  }
+  if (freed_any) {
+    gmb__waitq_serve(b);
+    gmb__reclaim_settle(b);
+  }
+  return b->reap_head != NULL;
+}
+
+void gmb__core_reap_tenant(struct gmb_broker *b, struct gmb_tenant *t) {
+  if (t->reaping == 0) return;
+  uint64_t cursor = 0;
+  while (!gmb__pool_free_owners_step(b->pool, t->arena, core_doomed,
+                                     core_freed, b, &cursor, UINT64_MAX)) {
+  }
+  t->reap_cursor = 0;
+  core_reap_done(b);
+  b->pool_ops++;
+  GMB_ASSERT(t->reaping == 0 && "one whole walk frees every ended session");
+}
+
 static int core_check_sessions(void *ctx, struct gmb_tenant *t) {
   *(int *)ctx += gmb__tenant_sessions_check(t);
+  return 0;
+}
+
+static int core_sum_reaping(void *ctx, struct gmb_tenant *t) {
+  *(uint64_t *)ctx += t->reaping_bytes;
   return 0;
 }
 
@@ -258,6 +405,17 @@ int gmb__core_check(struct gmb_broker *b) {
   int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
             gmb__reclaim_check(b) + gmb__sleep_check(b);
   gmb__tenants_each(b->tenants, core_check_sessions, &bad);
+  /* The ended sessions being freed hold what their tenants count. */
+  uint64_t reaping = 0, counted = 0;
+  for (const struct gmb_session *s = b->reap_head; s; s = s->reap_next)
+    reaping += s->used;
+  gmb__tenants_each(b->tenants, core_sum_reaping, &counted);
+  if (reaping != counted) {
+    log_error("check: ended sessions hold %llu bytes, their tenants count "
+              "%llu", (unsigned long long)reaping,
+              (unsigned long long)counted);
+    bad++;
+  }
   /* Every parked segment is counted against its tenant (retire_note). */
   uint64_t retiring = 0;
   gmb__tenants_each(b->tenants, core_sum_retiring, &retiring);

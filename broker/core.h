@@ -37,6 +37,32 @@ void gmb__core_close(struct gmb_broker *b);
 void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why);
 
+/*
+ * Ends session s as gmb__core_session_end does, but frees its memory in
+ * slices (gmb__core_reap_step): for a process that died, said Bye or
+ * stopped heartbeating, so that one holding hundreds of thousands of
+ * allocations (or many sessions ending at once) never stalls the loop.
+ * At once: its waiters, asks and moves are dropped, its lock table goes
+ * (nothing can claim or move its allocations), it leaves the table and
+ * its tenant's list (no message or event reaches it).  Its bytes stay
+ * counted against its tenant (t->reaping_bytes, within t->used) until
+ * freed.  A session that holds nothing, one whose tenant holds few
+ * allocations (half a slice: the walk is short), and any while the broker
+ * stops, ends at once.  Not for evictions and revocations: those free at once,
+ * so that no segment a removed process mapped lingers for the tenant.
+ */
+void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
+                                  const char *why);
+/* Frees ended sessions' memory until `deadline_ns` (at least one slice of
+ * GMB_CORE_REAP_RANGES ranges), oldest first, and frees the sessions that
+ * hold nothing any more; serves the wait queue when memory came back.
+ * Returns 1 while ended sessions still hold memory. */
+#define GMB_CORE_REAP_RANGES 4096u
+int gmb__core_reap_step(struct gmb_broker *b, uint64_t deadline_ns);
+/* Frees at once everything tenant t's ended sessions still hold (an
+ * eviction, a revocation, the broker's stop). */
+void gmb__core_reap_tenant(struct gmb_broker *b, struct gmb_tenant *t);
+
 /* Consistency checks of the pool, the tenants, each tenant's sessions
  * against it (bytes held, count) and the cache asks; returns the number of
  * violations (0: all is well). */

@@ -20,6 +20,14 @@
  * move starts only after CAS 0 -> MOVING on its slot, and ends by
  * publishing the new place and storing 0.  When a run ends, its admin
  * requests are answered through the sender and the wait queue is served.
+ *
+ * Revocation uses the same hooks with another engine (evacuate.c): when a
+ * uid or a token stops proving a tenant, the segments its processes
+ * mapped are sealed and their live bytes move out, a slice per tick
+ * beside compaction's.  A pass that leaves allocations held locked waits
+ * for the next timer (about a second) and tries again, for at most
+ * DEFRAG_REVOKE_WAIT_NS; pinned ones never move.  What stays is logged,
+ * with the bytes and moves it cost and the time from start to end.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,13 +37,18 @@
 #include "defrag.h"
 
 #include "compact.h"
+#include "evacuate.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
 #include "reply.h"
 #include "session.h"
+#include "tenant.h"
 #include "util.h"
 #include "waitq.h"
+
+/* How long a revocation tries again for allocations held locked. */
+#define DEFRAG_REVOKE_WAIT_NS (5 * GMB_NS_PER_S)
 
 #define DEFRAG_HIGH_FOR_NS (3 * GMB_NS_PER_S) /* background: 3 s above */
 
@@ -224,7 +237,117 @@ static void defrag_finish(struct gmb_broker *b) {
   defrag_next_admin(b);
 }
 
+/* --- revocation ---------------------------------------------------------- */
+
+static void defrag_hooks(struct gmb_broker *b, struct gmb_compact_hooks *h) {
+  memset(h, 0, sizeof *h);
+  h->ctx = b;
+  h->claim = defrag_claim;
+  h->publish = defrag_publish;
+  h->release = defrag_release;
+  h->locked = defrag_locked;
+}
+
+void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t) {
+  size_t sealed = gmb__pool_seal_arena(b->pool, t->arena);
+  gmb__tenant_segments_sync(b->tenants, t);
+  if (sealed == 0) return;
+  if (!t->revoking) {
+    t->revoking = 1;
+    t->revoke_since_ns = gmb__now_ns();
+    t->revoke_moves = t->revoke_bytes = 0;
+    b->revoking++;
+    b->revoke_ready++;
+  } else if (t->revoke_wait) {
+    t->revoke_wait = 0;
+    b->revoke_ready++;
+  }
+  log_info("revocation of tenant %s: its %zu segments are sealed (a "
+           "revoked process may have mapped any of them); their live bytes "
+           "move out", t->name, sealed);
+}
+
+static void defrag_revoke_end(struct gmb_broker *b, struct gmb_tenant *t,
+                              const struct gmb_evac_stats *st, int gave_up) {
+  double ms = (double)(gmb__now_ns() - t->revoke_since_ns) / 1e6;
+  if (gave_up || st->pinned)
+    log_warn("revocation of tenant %s done: %" PRIu64 " bytes moved in %"
+             PRIu64 " moves, %.1f ms; %" PRIu64 " bytes in %" PRIu64
+             " pinned and %" PRIu64 " bytes in %" PRIu64 " locked "
+             "allocations stay in %" PRIu64 " segments a revoked process "
+             "mapped (gmbctl evict %s takes them out of its reach)",
+             t->name, t->revoke_bytes, t->revoke_moves, ms, st->pinned_bytes,
+             st->pinned, st->locked_bytes, st->locked, st->sealed, t->name);
+  else
+    log_info("revocation of tenant %s done: %" PRIu64 " bytes moved in %"
+             PRIu64 " moves, %.1f ms; nothing stays in a segment a revoked "
+             "process mapped", t->name, t->revoke_bytes, t->revoke_moves, ms);
+  t->revoking = 0;
+  if (!t->revoke_wait) b->revoke_ready--;
+  t->revoke_wait = 0;
+  b->revoking--;
+  gmb__tenant_segments_sync(b->tenants, t);
+  if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+}
+
+struct defrag_revoke_ctx {
+  struct gmb_broker *b;
+  uint64_t deadline_ns;
+  int more;     /* a step ran out of time */
+  int changed;  /* moves were made: waiters may fit */
+};
+
+static int defrag_revoke_one(void *ctx, struct gmb_tenant *t) {
+  struct defrag_revoke_ctx *x = ctx;
+  struct gmb_broker *b = x->b;
+  if (!t->revoking || t->revoke_wait) return 0;
+  struct gmb_compact_hooks h;
+  defrag_hooks(b, &h);
+  struct gmb_evac_stats st;
+  memset(&st, 0, sizeof st);
+  int rc = gmb__evac_step(b->pool, t->arena, &h, x->deadline_ns, &st);
+  /* Segments came (targets) and went (emptied sealed ones). */
+  gmb__tenant_segments_sync(b->tenants, t);
+  t->revoke_moves += st.moves;
+  t->revoke_bytes += st.bytes_moved;
+  if (st.moves) {
+    x->changed = 1;
+    b->pool_ops++;
+  }
+  if (rc) {
+    x->more = 1;
+    return 1; /* out of time: the next tick goes on */
+  }
+  uint64_t now = gmb__now_ns();
+  if (st.locked == 0)
+    defrag_revoke_end(b, t, &st, 0);
+  else if (now - t->revoke_since_ns >= DEFRAG_REVOKE_WAIT_NS)
+    defrag_revoke_end(b, t, &st, 1);
+  else {
+    t->revoke_wait = 1; /* the timer lets it try again */
+    b->revoke_ready--;
+  }
+  return 0;
+}
+
+static void defrag_revoke_tick(struct gmb_broker *b, uint64_t deadline_ns) {
+  if (b->revoke_ready == 0) return;
+  struct defrag_revoke_ctx x = {.b = b, .deadline_ns = deadline_ns};
+  gmb__tenants_each(b->tenants, defrag_revoke_one, &x);
+  if (x.changed) gmb__waitq_serve(b);
+}
+
+static int defrag_revoke_wake(void *ctx, struct gmb_tenant *t) {
+  struct gmb_broker *b = ctx;
+  if (t->revoking && t->revoke_wait) {
+    t->revoke_wait = 0;
+    b->revoke_ready++;
+  }
+  return 0;
+}
+
 int gmb__defrag_tick(struct gmb_broker *b, uint64_t deadline_ns) {
+  defrag_revoke_tick(b, deadline_ns);
   if (b->compacting == NULL) {
     defrag_next_admin(b);
     if (b->compacting == NULL) return 0;
@@ -234,10 +357,13 @@ int gmb__defrag_tick(struct gmb_broker *b, uint64_t deadline_ns) {
 }
 
 int gmb__defrag_busy(const struct gmb_broker *b) {
-  return b->compacting != NULL || b->compact_reqs != NULL;
+  return b->compacting != NULL || b->compact_reqs != NULL ||
+         b->revoke_ready != 0;
 }
 
 void gmb__defrag_timer(struct gmb_broker *b, uint64_t now) {
+  if (b->revoking > b->revoke_ready)
+    gmb__tenants_each(b->tenants, defrag_revoke_wake, b);
   if (!b->cfg.compaction || b->compacting) {
     b->frag_high_since_ns = 0;
     return;

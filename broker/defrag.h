@@ -9,6 +9,7 @@
 #ifndef GMB_DEFRAG_H
 #define GMB_DEFRAG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "broker.h"
@@ -45,6 +46,13 @@ void gmb__defrag_forget(struct gmb_broker *b, uint64_t id);
  * be in flight. */
 void gmb__defrag_forget_session(struct gmb_broker *b,
                                 const struct gmb_session *s);
+/* Revocation: some process that proved tenant t no longer does, and may
+ * still map any of its segments.  Every segment t has now is sealed
+ * (nothing new lands in it) and the loop's ticks move their live movable
+ * bytes out (evacuate.h), trying again for locked ones for a few seconds;
+ * pinned ones stay.  The end is logged with what it moved, what stays and
+ * the time it took. */
+void gmb__defrag_revoke(struct gmb_broker *b, struct gmb_tenant *t);
 /* Ends a run at shutdown (its waiters get no answer: the sessions are
  * being told the broker stops). */
 void gmb__defrag_shutdown(struct gmb_broker *b);

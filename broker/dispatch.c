@@ -348,7 +348,7 @@ static int dispatch_request(struct gmb_broker *b, struct gmb_session *s,
         gmb__waitq_serve(b);
       return 0;
     case WIRE_BYE:
-      gmb__core_session_end(b, s, "said goodbye");
+      gmb__core_session_end_sliced(b, s, "said goodbye");
       return 1;
     case WIRE_SLEEP_NOTE:
       return gmb__sleep_note(b, s, req, rep);

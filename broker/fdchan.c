@@ -340,5 +340,5 @@ void gmb__fdchan_session_ready(struct gmb_broker *b, struct gmb_session *s) {
         end = "its descriptor channel closed";
     }
   }
-  if (end) gmb__core_session_end(b, s, end);
+  if (end) gmb__core_session_end_sliced(b, s, end);
 }

@@ -24,8 +24,11 @@
  * Memory order (the contract in proto/locktab_layout.h): claim is a CAS 0 ->
  * MOVING with acquire, so the broker's copy starts after every holder's
  * last access, which each holder published with the release of its
- * decrement; publish writes the position then stores 0 with release, so a
- * gmb_lock that acquires the new state reads the new position.
+ * decrement; publish writes the position then exchanges 0 with release,
+ * so a gmb_lock that acquires the new state reads the new position.
+ * Whatever opens a slot (publish, release, free) wakes the gmb_lock calls
+ * asleep on its word when the old state says there are some
+ * (GMB_LT_WAITERS): a FUTEX_WAKE, which never blocks.
  */
 #include "locktab.h"
 
@@ -169,6 +172,12 @@ int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
   return 0;
 }
 
+/* Stores 0 (release) and wakes the sleepers the old state announces. */
+static void locktab_open(struct gmb__lt_slot *s) {
+  uint32_t old = atomic_exchange_explicit(&s->state, 0, memory_order_acq_rel);
+  if (old & GMB_LT_WAITERS) gmb__lt_futex_wake(&s->state);
+}
+
 void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot) {
   struct gmb__lt_slot *s = locktab_slot(lt, slot);
   /* Holders the client did not unlock lose their lock: the allocation is
@@ -176,7 +185,7 @@ void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot) {
   __atomic_store_n(&s->id, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&s->segment, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&s->offset, 0, __ATOMIC_RELAXED);
-  atomic_store_explicit(&s->state, 0, memory_order_release);
+  locktab_open(s);
   lt->next[slot] = lt->free_head;
   lt->free_head = slot;
   lt->used--;
@@ -195,12 +204,11 @@ void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
   struct gmb__lt_slot *s = locktab_slot(lt, slot);
   __atomic_store_n(&s->segment, segment, __ATOMIC_RELAXED);
   __atomic_store_n(&s->offset, offset, __ATOMIC_RELAXED);
-  atomic_store_explicit(&s->state, 0, memory_order_release);
+  locktab_open(s);
 }
 
 void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot) {
-  struct gmb__lt_slot *s = locktab_slot(lt, slot);
-  atomic_store_explicit(&s->state, 0, memory_order_release);
+  locktab_open(locktab_slot(lt, slot));
 }
 
 void gmb__locktab_evict(struct gmb_locktab *lt) {
@@ -211,7 +219,7 @@ void gmb__locktab_evict(struct gmb_locktab *lt) {
 uint32_t gmb__locktab_holders(const struct gmb_locktab *lt, uint32_t slot) {
   uint32_t st = atomic_load_explicit(&locktab_slot(lt, slot)->state,
                                      memory_order_relaxed);
-  return st == GMB_LT_MOVING ? 0 : st;
+  return (st & GMB_LT_MOVING) ? 0 : st;
 }
 
 uint64_t gmb__locktab_slot_id(const struct gmb_locktab *lt, uint32_t slot) {

@@ -77,6 +77,7 @@
 #define LOOP_TRIM_NS (2000 * GMB_NS_PER_MS)
 #define LOOP_FRAG_NS (1000 * GMB_NS_PER_MS)    /* background check period */
 #define LOOP_COMPACT_NS GMB_NS_PER_MS          /* compaction slice: 1 ms */
+#define LOOP_REAP_NS GMB_NS_PER_MS /* freeing ended sessions: 1 ms a turn */
 #define LOOP_PUBLISH_NS (1000 * GMB_NS_PER_MS) /* metrics to HTTP */
 
 /* The poll set's fixed slots; then per session its pidfd and its
@@ -573,7 +574,8 @@ static void loop_watched(struct gmb_broker *b, uint64_t now) {
     if (!(l->items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) continue;
     switch (l->watch[i].what) {
       case LOOP_PIDFD:
-        gmb__core_session_end(b, l->watch[i].ptr, "its process exited");
+        gmb__core_session_end_sliced(b, l->watch[i].ptr,
+                                     "its process exited");
         break;
       case LOOP_FDCONN:
         gmb__fdchan_session_ready(b, l->watch[i].ptr);
@@ -598,7 +600,7 @@ static void loop_check_heartbeat(void *ctx, struct gmb_session *s) {
   if (s->pidfd >= 0) return;
   uint64_t limit = 3 * h->b->cfg.heartbeat_ms * GMB_NS_PER_MS;
   if (h->now - s->last_seen_ns > limit)
-    gmb__core_session_end(h->b, s, "heartbeats stopped");
+    gmb__core_session_end_sliced(h->b, s, "heartbeats stopped");
 }
 
 static void loop_signal(struct gmb_broker *b) {
@@ -756,6 +758,8 @@ int gmb__loop_run(struct gmb_broker *b) {
      * alternates between a slice of compaction and the messages that
      * arrived meanwhile. */
     if (gmb__defrag_busy(b)) timeout_ms = 0;
+    /* The same while ended sessions' memory is freed in slices. */
+    if (b->reap_head) timeout_ms = 0;
     /* A batch cut short, or a send on a socket since it was read to the
      * end (the admin handlers send on the client socket too, and the
      * timers above on both): read them again before sleeping. */
@@ -775,6 +779,10 @@ int gmb__loop_run(struct gmb_broker *b) {
      * is level triggered, the next round sees what is still ready. */
     if (!loop_stale(b)) loop_watched(b, gmb__now_ns());
     now = gmb__now_ns();
+    if (b->reap_head) {
+      gmb__core_reap_step(b, now + LOOP_REAP_NS);
+      now = gmb__now_ns();
+    }
     if (gmb__defrag_busy(b)) {
       gmb__defrag_tick(b, now + LOOP_COMPACT_NS);
       now = gmb__now_ns();

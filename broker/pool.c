@@ -247,12 +247,16 @@ uint64_t gmb__pool_range_id(const struct gmb_pool *p,
 
 /* ---- segments --------------------------------------------------------- */
 
+/* A sealed segment's free ranges stay out of the trees: no allocation,
+ * tail or move target is ever placed there (gmb__pool_seal). */
 static void pool_tree_insert(struct gmb_arena *a, struct pool_range *r) {
+  if (r->seg->sealed) return;
   struct pool_range *dup = RB_INSERT(pool_free_tree, &a->free[r->seg->cls], r);
   GMB_ASSERT(!dup && "free range keys are unique");
 }
 
 static void pool_tree_remove(struct gmb_arena *a, struct pool_range *r) {
+  if (r->seg->sealed) return;
   RB_REMOVE(pool_free_tree, &a->free[r->seg->cls], r);
 }
 
@@ -395,7 +399,7 @@ static void pool_segment_release(struct gmb_pool *p, struct gmb_segment *s) {
  * (small class), releasing the arena's previous lingering one. */
 static void pool_segment_emptied(struct gmb_pool *p, struct gmb_segment *s) {
   struct gmb_arena *a = s->arena;
-  if (!pool_cls_small(s->cls)) {
+  if (!pool_cls_small(s->cls) || s->sealed) {
     pool_segment_release(p, s);
     return;
   }
@@ -821,7 +825,7 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
    * gather nothing. */
   if ((r->flags & POOL_MOVING_SRC) || !(r->flags & GMB_MOVABLE) ||
       t->arena != s->arena || !pool_cls_small(s->cls) ||
-      !pool_cls_small(t->cls) || dst_offset % GMB_POOL_ALIGN ||
+      !pool_cls_small(t->cls) || t->sealed || dst_offset % GMB_POOL_ALIGN ||
       (t == s && dst_offset >= r->offset))
     return GMB_E_INVAL;
   if (!(fr->flags & GMB_RANGE_FREE) || fr->offset > dst_offset ||
@@ -1010,11 +1014,116 @@ uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
   return bytes;
 }
 
+int gmb__pool_free_owners_step(struct gmb_pool *p, struct gmb_arena *a,
+                               gmb_pool_doomed_fn doomed,
+                               gmb_pool_freed_fn freed, void *ctx,
+                               uint64_t *cursor, uint64_t budget) {
+  struct gmb_segment *s = NULL;
+  if (*cursor) {
+    s = gmb__pool_seg_by_id(p, *cursor);
+    if (s && s->arena != a) s = NULL;
+  }
+  /* No cursor, or its segment went back to the device meanwhile: from the
+   * head (what was freed before is free ranges now, quickly skipped). */
+  if (s == NULL) s = LIST_FIRST(&a->segs);
+  uint64_t visited = 0;
+  int dropped = 0; /* another segment may have gone idle */
+  while (s && visited < budget) {
+    for (struct pool_range *r = s->first; r; visited++) {
+      if (!pool_is_live(r) || (r->flags & GMB_RANGE_TAIL) ||
+          !doomed(ctx, r->u.live.owner)) {
+        r = r->next;
+        continue;
+      }
+      void *owner = r->u.live.owner;
+      uint64_t bytes = r->size + (r->u.live.tail ? r->u.live.tail->size : 0);
+      /* A dropped move's target, or a tail, may leave another segment
+       * idle (one this walk may have passed). */
+      dropped |= (r->flags & POOL_MOVING_SRC) || r->u.live.tail;
+      /* Segments are released below, never in the middle of this walk
+       * (as in gmb__pool_free_owner). */
+      r = pool_range_free(p, r, 0)->next;
+      freed(ctx, owner, bytes);
+    }
+    struct gmb_segment *nx = LIST_NEXT(s, link);
+    if (pool_seg_idle(s) && a->linger != s) {
+      if (nx && nx == a->linger) nx = LIST_NEXT(nx, link);
+      pool_segment_emptied(p, s);
+    }
+    s = nx;
+  }
+  if (dropped) {
+    /* Release what a dropped target or a freed tail left idle, as
+     * gmb__pool_free_owner does: O(the arena's segments), only after a
+     * large allocation or a move (the broker stops the moves of what it
+     * frees first). */
+    uint64_t at = s ? s->dseg.id : 0;
+    struct gmb_segment *x, *xn;
+    for (x = LIST_FIRST(&a->segs); x; x = xn) {
+      xn = LIST_NEXT(x, link);
+      if (pool_seg_idle(x) && a->linger != x) {
+        if (xn && xn == a->linger) xn = LIST_NEXT(xn, link);
+        pool_segment_emptied(p, x);
+      }
+    }
+    s = at ? gmb__pool_seg_by_id(p, at) : NULL;
+    if (at && s == NULL) s = LIST_FIRST(&a->segs);
+  }
+  *cursor = s ? s->dseg.id : 0;
+  POOL_DEBUG_CHECK(p);
+  return s == NULL;
+}
+
 uint64_t gmb__pool_trim(struct gmb_pool *p) {
   uint64_t bytes = pool_release_lingering(p);
   pool_chunks_trim(p);
   POOL_DEBUG_CHECK(p);
   return bytes;
+}
+
+int gmb__pool_seal(struct gmb_pool *p, uint64_t seg_id) {
+  struct gmb_segment *s = gmb__pool_seg_by_id(p, seg_id);
+  if (s == NULL) return GMB_E_NOENT;
+  if (s->sealed) return 0;
+  struct gmb_arena *a = s->arena;
+  p->changes++;
+  if (pool_seg_idle(s)) { /* lingering: nothing in it to keep */
+    pool_segment_release(p, s);
+    return 0;
+  }
+  for (struct pool_range *r = s->first; r; r = r->next)
+    if (r->flags & GMB_RANGE_FREE) pool_tree_remove(a, r);
+  s->sealed = 1;
+  POOL_DEBUG_CHECK(p);
+  return 0;
+}
+
+size_t gmb__pool_seal_arena(struct gmb_pool *p, struct gmb_arena *a) {
+  size_t n = 0;
+  struct gmb_segment *s, *nx;
+  for (s = LIST_FIRST(&a->segs); s; s = nx) {
+    nx = LIST_NEXT(s, link); /* sealing an empty one releases it */
+    if (!s->sealed && !pool_seg_idle(s)) n++;
+    gmb__pool_seal(p, s->dseg.id);
+  }
+  return n;
+}
+
+int gmb__pool_segment_add(struct gmb_pool *p, struct gmb_arena *a,
+                          uint64_t *seg_id) {
+  int rc = pool_ranges_reserve(p, 1);
+  if (rc != 0) return rc;
+  struct gmb_segment *s;
+  rc = pool_segment_new(p, a, POOL_SMALL_MOVABLE, GMB_POOL_SMALL_SEGMENT, &s);
+  if (rc != 0) return rc;
+  p->changes++;
+  /* Empty until the caller's move begins: it lingers meanwhile, which
+   * keeps the checks' rule (an empty segment lingers or is gone). */
+  if (a->linger) pool_segment_release(p, a->linger);
+  a->linger = s;
+  p->lingering++;
+  *seg_id = s->dseg.id;
+  return 0;
 }
 
 /* ---- pool and arenas -------------------------------------------------- */

@@ -190,8 +190,48 @@ int gmb__pool_set_tag(struct gmb_pool *p, uint64_t id, uint32_t tag);
 uint64_t gmb__pool_free_owner(struct gmb_pool *p, struct gmb_arena *a,
                               void *owner);
 
+/*
+ * The same in slices, for many owners at once (ending sessions, core.c):
+ * visits at most about `budget` ranges of arena a from segment *cursor
+ * (0: the arena's first; a cursor whose segment is gone starts there
+ * too), frees every live allocation whose owner `doomed` approves and
+ * tells `freed` its owner and bytes (rounded, a tail included), and
+ * releases the segments that empty (the arena's last lingers, as after a
+ * free).  Returns 1 when the walk reached the arena's end (*cursor 0),
+ * else 0 with *cursor where the next slice goes on.  Segments added in
+ * front of the cursor meanwhile are not visited: a caller whose owners
+ * may still hold allocations starts a new pass.
+ */
+typedef int (*gmb_pool_doomed_fn)(void *ctx, void *owner);
+typedef void (*gmb_pool_freed_fn)(void *ctx, void *owner, uint64_t bytes);
+int gmb__pool_free_owners_step(struct gmb_pool *p, struct gmb_arena *a,
+                               gmb_pool_doomed_fn doomed,
+                               gmb_pool_freed_fn freed, void *ctx,
+                               uint64_t *cursor, uint64_t budget);
+
 /* Releases lingering empty segments; returns the bytes given back. */
 uint64_t gmb__pool_trim(struct gmb_pool *p);
+
+/*
+ * Seals segment `seg_id` (revocation: a process that mapped it may no
+ * longer see what its arena keeps): nothing new is ever placed in it, no
+ * allocation, tail or move target, and it goes back to the device as soon
+ * as it empties (it never lingers).  What it holds stays until freed or
+ * moved out (gmb__pool_move_begin into an unsealed segment).  An empty
+ * (lingering) segment is released at once.  0, or GMB_E_NOENT.
+ */
+int gmb__pool_seal(struct gmb_pool *p, uint64_t seg_id);
+
+/* Seals every segment of arena a (gmb__pool_seal); returns how many that
+ * hold something were sealed now. */
+size_t gmb__pool_seal_arena(struct gmb_pool *p, struct gmb_arena *a);
+
+/* Adds an empty small segment to arena a, for a move that finds no free
+ * range (revocation): it lingers (releasing the arena's lingering one)
+ * until a move reserves its range.  0 with *seg_id, GMB_E_NOMEM (device
+ * full or host memory) or a device error. */
+int gmb__pool_segment_add(struct gmb_pool *p, struct gmb_arena *a,
+                          uint64_t *seg_id);
 
 /* Looks up a live segment by id: its device segment, or NULL.  *arena_tag
  * (may be NULL) receives the tag of the arena that owns it. */

@@ -169,11 +169,16 @@ static int pool_check_segment(const struct gmb_pool *p,
             "pool check: seg %llu free ranges at %llu and %llu not "
             "coalesced",
             sid, (unsigned long long)prev->offset, ro);
-      if (RB_FIND(pool_free_tree, (struct pool_free_tree *)&a->free[s->cls],
-                  (struct pool_range *)r) != r)
+      int in_tree =
+          RB_FIND(pool_free_tree, (struct pool_free_tree *)&a->free[s->cls],
+                  (struct pool_range *)r) == r;
+      if (!s->sealed && !in_tree)
         POOL_BAD("pool check: seg %llu free range %llu not in its tree", sid,
                  ro);
-      (*nfree)++;
+      if (s->sealed && in_tree)
+        POOL_BAD("pool check: sealed seg %llu free range %llu in a tree",
+                 sid, ro);
+      if (!s->sealed) (*nfree)++;
       *free_bytes += r->size;
     } else if (r->flags & GMB_RANGE_TARGET) {
       /* Its allocation is live, marked moving, of the same arena and
@@ -314,7 +319,7 @@ int gmb__pool_check(const struct gmb_pool *p) {
     if (a->linger) {
       lingering++;
       if (a->linger->arena != a || !pool_seg_idle(a->linger) ||
-          a->linger->cls != POOL_SMALL_MOVABLE)
+          a->linger->cls != POOL_SMALL_MOVABLE || a->linger->sealed)
         POOL_BAD(
             "pool check: arena %p lingering segment is not an empty "
             "small segment of its own",

@@ -104,6 +104,8 @@ struct gmb_segment {
   uint32_t cls;
   uint32_t held;                /* live ranges with POOL_LOCK_HELD */
   uint32_t tails;               /* of `live`, tails of large allocations */
+  uint32_t sealed;              /* gmb__pool_seal: its free ranges are in
+                                   no tree (nothing new lands in it) */
 };
 
 RB_HEAD(pool_seg_tree, gmb_segment);

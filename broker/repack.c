@@ -158,9 +158,11 @@ static int rk_build(struct rk_planner *pl, const struct gmb_pool *p,
       x->off = r->offset;
       x->size = r->size;
       x->id = 0;
-      if (r->flags & GMB_RANGE_FREE) {
+      /* A sealed segment's free bytes take nothing (gmb__pool_seal). */
+      if ((r->flags & GMB_RANGE_FREE) && !s->sealed) {
         x->kind = RK_FREE;
-      } else if (!(r->flags & GMB_RANGE_TARGET) && movable(ctx, r)) {
+      } else if (!(r->flags & (GMB_RANGE_TARGET | GMB_RANGE_FREE)) &&
+                 movable(ctx, r)) {
         x->kind = RK_MOVABLE;
         x->id = gmb__pool_range_id(p, r);
         ms->movable++;

@@ -74,6 +74,10 @@ struct gmb_session {
   char client[64];
   struct gmb_locktab *lt; /* its movable allocations' slots */
   RB_ENTRY(gmb_session) link; /* the session table, by routing id */
+  /* Ended, its memory still being freed in slices (core.c): out of the
+   * table and of its tenant's list, on the broker's reap list. */
+  int reaping, unlinked;
+  struct gmb_session *reap_next;
 };
 
 struct gmb_sessions *gmb__sessions_new(void);
@@ -99,8 +103,12 @@ void gmb__session_detach(struct gmb_session *s);
 /* Gives s its descriptor channel `fd` (the session owns it from now on). */
 void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
                              int fd);
-/* Removes s from the table and frees it (its pidfd and its descriptor
- * channel are closed). */
+/* Takes s out of the table and of its tenant's list, and closes its pidfd
+ * and descriptor channel: no message, hang-up or heartbeat reaches it any
+ * more, but the struct stays (its allocations still name it as owner
+ * while they are freed in slices).  Idempotent. */
+void gmb__session_unlink(struct gmb_sessions *ss, struct gmb_session *s);
+/* Unlinks s (if not yet) and frees it. */
 void gmb__session_free(struct gmb_sessions *ss, struct gmb_session *s);
 
 size_t gmb__sessions_count(const struct gmb_sessions *ss);

@@ -328,6 +328,7 @@ int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
                      int named) {
   uid_t u;
   if (t->n_sessions != 0 || t->used != 0 || t->waiting != 0) return 0;
+  if (t->revoking || t->reaping) return 0; /* still counted elsewhere */
   if (t->removing) return 1;
   if (t->added) return 0;
   if (!named && !gmb__tenant_default_uid(t->name, &u)) return 0;

@@ -106,6 +106,18 @@ struct gmb_tenant {
                         kept, idle or not, until removed */
   int removing;      /* a removal was asked: it admits no new session and
                         goes once its sessions ended (gmb__tenant_idle) */
+  /* Revocation (defrag.c): segments a revoked process mapped are sealed
+   * and their live bytes move out.  revoke_wait: the last pass left
+   * locked allocations, tried again at the next timer; the totals are
+   * this revocation's. */
+  int revoking, revoke_wait;
+  /* Ended sessions whose memory is freed in slices (core.c): how many,
+   * the bytes they still hold (in `used`), and where the walk of the
+   * arena goes on (a segment id; 0: from the start). */
+  unsigned reaping;
+  uint64_t reaping_bytes, reap_cursor;
+  uint64_t reap_pass_freed; /* bytes the walk freed since it last began */
+  uint64_t revoke_since_ns, revoke_moves, revoke_bytes;
   /* Its owner uid's shared budget while it is ad-hoc (tenant.h, above);
    * NULL otherwise.  budget_charged: the bytes of `used` charged to it. */
   struct gmb_uid_budget *budget;

@@ -71,3 +71,18 @@ fuzz: fuzz-build
 	$(Q)sh tests/fuzz/run.sh $(FZ) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 -include $(shell find $(FZ)/obj -name '*.d' 2>/dev/null)
+
+# The seed corpora on every `make check` (tests/fuzz/seeds.sh): the
+# broker's targets linked with tests/fuzz/standalone.c's main instead of
+# libFuzzer, built with $(CC) (and under SAN=1 with the sanitizers), each
+# given its corpus once.  No clang needed; `make fuzz` still mutates.
+FUZZ_SEED_TARGETS := statefile fdchan config dispatch
+FUZZ_SEED_BIN := $(patsubst %,$(B)/tests/fuzzseed_%,$(FUZZ_SEED_TARGETS))
+FUZZ_SEED_CHECKS := tests/fuzz/seeds.sh
+$(B)/obj/tests/fuzz/%.o: INC = $(BROKER_INC)
+$(B)/tests/fuzzseed_%: $(B)/obj/tests/fuzz/fuzz_%.o \
+    $(B)/obj/tests/fuzz/standalone.o $(BROKER_A) $(COMMON_A)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(LDFLAGS_ALL) $(LIBS_ALL)
+all: $(FUZZ_SEED_BIN)

@@ -1268,12 +1268,14 @@ static inline void client_cpu_relax(void) {
 #endif
 }
 
-/* Spins, then yields, then sleeps (1 us doubling to 1 ms) while the broker
- * moves the allocation.  Moves are short (a chunked copy), so most waits
- * end in the spinning or yielding phase; the sleeps keep a long one (a big
- * allocation, a slow device) from burning a core. */
+/* Spins a little while the broker moves the allocation, then sleeps on
+ * the slot's word (a futex, proto/locktab_layout.h) until the broker's
+ * publish wakes it: a lock that lands mid-move returns when the move ends
+ * plus one wake-up, whatever the move's length, and burns no core
+ * meanwhile.  Each sleep is bounded (GMB_LT_WAIT_SLICE_NS, and what is
+ * left of lock_timeout_ms), so a broker that never wakes (one that
+ * predates the futex, or a stopped one) costs a slice, never a hang. */
 #define CLIENT_SPINS 64
-#define CLIENT_YIELDS 16
 
 /*
  * Takes one hold on slot `s`: CAS state n -> n+1 for any n that is not
@@ -1287,9 +1289,8 @@ static int client_hold(gmb_client *c, struct gmb__lt_slot *s, gmb_id id) {
   uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
   unsigned waits = 0;
   uint64_t deadline = 0;
-  long sleep_ns = 1000;
   for (;;) {
-    if (st != GMB_LT_MOVING) {
+    if (!(st & GMB_LT_MOVING)) {
       if (st == GMB_LT_MAX_HOLDERS)
         return client_fail(GMB_E_LIMIT, "allocation %llu is locked %u times",
                            (unsigned long long)id, st);
@@ -1303,10 +1304,11 @@ static int client_hold(gmb_client *c, struct gmb__lt_slot *s, gmb_id id) {
         return 0;
       continue;
     }
+    if (st != GMB_LT_MOVING && st != (GMB_LT_MOVING | GMB_LT_WAITERS))
+      return client_fail(GMB_E_PROTO, "allocation %llu: lock table state "
+                         "0x%x is impossible", (unsigned long long)id, st);
     if (waits < CLIENT_SPINS) {
       client_cpu_relax();
-    } else if (waits < CLIENT_SPINS + CLIENT_YIELDS) {
-      sched_yield();
     } else {
       uint64_t now = gmb__now_ns();
       if (deadline == 0) {
@@ -1317,11 +1319,17 @@ static int client_hold(gmb_client *c, struct gmb__lt_slot *s, gmb_id id) {
                            c->lock_timeout_ms);
       }
       if (atomic_load(&c->dead)) return client_dead_fail(c);
-      struct timespec ts = {0, sleep_ns};
-      nanosleep(&ts, NULL);
-      if (sleep_ns < (long)GMB_NS_PER_MS)
-        sleep_ns = sleep_ns * 2 > (long)GMB_NS_PER_MS ? (long)GMB_NS_PER_MS
-                                                      : sleep_ns * 2;
+      /* Announce the sleeper, so that the broker's publish wakes it; a
+       * failed CAS means the state changed: look again. */
+      uint32_t want = GMB_LT_MOVING | GMB_LT_WAITERS;
+      if (st == want ||
+          atomic_compare_exchange_strong_explicit(&s->state, &st, want,
+                                                  memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+        uint64_t left = deadline > now ? deadline - now : 1;
+        if (left > GMB_LT_WAIT_SLICE_NS) left = GMB_LT_WAIT_SLICE_NS;
+        gmb__lt_futex_wait(&s->state, want, left);
+      }
     }
     waits++;
     st = atomic_load_explicit(&s->state, memory_order_acquire);

@@ -25,6 +25,10 @@
  * and gives up; the same for a 512 KiB hole (windows, and segments
  * packed).  Their times against one walk of the pool (gmb__pool_walk,
  * every range once): what one goal run may add to the loop's latency.
+ * Then revocation's evacuation (evacuate.h): MIB/4 of 64 KiB movable
+ * allocations in sealed segments, all moved out in 1 ms steps (wall and
+ * CPU time, every target a fresh segment's pages), against memcpy and the
+ * device's copy.
  * Knobs: MIB (bytes of allocations per size before the frees, default 256).
  * Output: one "name value" line per figure.  Runs in a few seconds.
  */
@@ -32,9 +36,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "compact.h"
 #include "device.h"
+#include "evacuate.h"
 #include "gmb.h"
 #include "log.h"
 #include "pool.h"
@@ -229,6 +235,74 @@ static void bench_repack(uint64_t total) {
   gmb__device_close(dev);
 }
 
+/* This thread's CPU time: what a loaded machine's preemption leaves out. */
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Revocation (evacuate.h): an arena of 64 KiB movable allocations (every
+ * byte written) whose segments are all sealed, evacuated with 1 ms steps
+ * as the loop drives it: the time inside the steps, the largest step, and
+ * the rate against memcpy and the device's own copy in the same run. */
+static void bench_revoke(uint64_t total, volatile uint64_t *sink) {
+  const uint64_t size = 65536;
+  char err[256];
+  struct gmb_device *dev;
+  if (gmb__device_host_open(2 * total + (64u << 20), &dev, err, sizeof err) !=
+      0) {
+    fprintf(stderr, "bench_compact: %s\n", err);
+    exit(1);
+  }
+  struct gmb_pool *pool = gmb__pool_new(dev, NULL, NULL);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, NULL);
+  uint64_t n = total / size, last_seg = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    struct gmb_alloc_info info;
+    if (gmb__pool_alloc(pool, a, size, GMB_MOVABLE, NULL, &info) != 0) abort();
+    memset((char *)info.dseg->host + info.offset, (int)(i & 0xff),
+           (size_t)size);
+  }
+  gmb__pool_changes(pool, &last_seg);
+  for (uint64_t id = 1; id <= last_seg; id++) gmb__pool_seal(pool, id);
+  struct gmb_compact_hooks hooks = {.claim = claim_all};
+  struct gmb_evac_stats st;
+  memset(&st, 0, sizeof st);
+  uint64_t spent = 0, max_step = 0, steps = 0, cpu = 0, cpu_max = 0;
+  for (;;) {
+    uint64_t t0 = gmb__now_ns(), c0 = thread_cpu_ns();
+    int more = gmb__evac_step(pool, a, &hooks, t0 + 1000000, &st);
+    uint64_t d = gmb__now_ns() - t0, c = thread_cpu_ns() - c0;
+    spent += d;
+    cpu += c;
+    if (d > max_step) max_step = d;
+    if (c > cpu_max) cpu_max = c;
+    steps++;
+    if (!more) break;
+  }
+  if (gmb__pool_check(pool) != 0 || st.locked || st.pinned) abort();
+  double gbs = spent ? (double)st.bytes_moved / (double)spent : 0;
+  uint64_t blocks = st.bytes_moved / size;
+  double cpy = baseline(size, blocks ? blocks : 1, 0, sink);
+  double dcp = baseline_device(dev, size, blocks ? blocks : 1);
+  printf("revoke_64KiB_mib_moved %.1f\n", (double)st.bytes_moved / (1u << 20));
+  printf("revoke_64KiB_moves %llu\n", (unsigned long long)st.moves);
+  printf("revoke_64KiB_ms %.1f (%llu steps of 1 ms, the largest %.2f ms)\n",
+         (double)spent / 1e6, (unsigned long long)steps,
+         (double)max_step / 1e6);
+  printf("revoke_64KiB_cpu_ms %.1f (the largest step %.2f ms)\n",
+         (double)cpu / 1e6, (double)cpu_max / 1e6);
+  printf("revoke_64KiB_gbs %.2f (CPU time: %.2f)\n", gbs,
+         cpu ? (double)st.bytes_moved / (double)cpu : 0);
+  printf("revoke_64KiB_ratio_to_memcpy %.2f (memcpy %.2f GB/s)\n",
+         cpy > 0 ? gbs / cpy : 0, cpy);
+  printf("revoke_64KiB_ratio_to_device_copy %.2f (device copy %.2f GB/s)\n",
+         dcp > 0 ? gbs / dcp : 0, dcp);
+  gmb__pool_destroy(pool);
+  gmb__device_close(dev);
+}
+
 int main(void) {
   gmb__log_set_level(GMB_LOG_WARN);
   uint64_t total = env_u64("MIB", 256) << 20;
@@ -237,5 +311,6 @@ int main(void) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     bench_size(sizes[i], total, &sink);
   bench_repack(total);
+  bench_revoke(total / 4, &sink);
   return sink == 42 ? 1 : 0;
 }

@@ -10,6 +10,9 @@
 # BUILD_DIR/bench/bench_shim (libgmb-torch.so beside the cache it calls),
 # BUILD_DIR/bench/bench_sleep (sleep across processes: a request served
 # from an idle job's paused tag, three jobs taking turns on 2.5x the device),
+# BUILD_DIR/bench/bench_reap (the loop's stall when sessions end: at once
+# against in slices), BUILD_DIR/bench/bench_lockwait (a gmb_lock mid-move:
+# the futex wake against the sleeps it replaced),
 # BUILD_DIR/bench/bench_compact (compaction's copy throughput, when built),
 # BUILD_DIR/bench/bench_snapshot (gmbctl snapshot of a million allocations)
 # and the fragmentation suite (tests/bench/frag.sh: traces replayed with
@@ -31,7 +34,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 HERE=$(cd "$(dirname "$0")" && pwd)
 status=0
 for bench in bench_pool bench_alloc bench_import bench_cache bench_shim \
-    bench_sleep bench_compact bench_snapshot frag; do
+    bench_sleep bench_reap bench_lockwait bench_compact bench_snapshot frag; do
   case " ${BENCH_SKIP:-} " in
     *" $bench "*) echo; echo "== $bench (skipped: BENCH_SKIP)"; continue ;;
   esac

@@ -12,7 +12,10 @@
  *   byte 0   what: 0 raw bytes; 1 a valid AUTH of the session (the bytes
  *            that follow overwrite its tail); 2 a SEGMENT request of the
  *            session, for its first or second segment or the id in the
- *            bytes; bit 7: a descriptor (of /dev/null) rides along
+ *            bytes; bit 7: a descriptor rides along, of /dev/null, or
+ *            with bit 6 too, a socket with SO_LINGER set (a descriptor
+ *            whose close could block: the broker must close it off its
+ *            loop, and keep none)
  *   byte 1   the length of the bytes that follow (cut to what is left)
  *
  * After each datagram the broker reads the connection as the loop would
@@ -52,7 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len);
 
 static struct gmb_broker fz_b;
 static char fz_path[108];
-static int fz_null = -1;
+static int fz_null = -1, fz_linger = -1;
 
 static void fz_tap(void *ctx, enum gmb_socket sock, const uint8_t *rid,
                    size_t rid_len, const struct wire_reply *rep) {
@@ -100,6 +103,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   FZ_ASSERT(gmb__fdchan_open(b, fd) == 0);
   fz_null = open("/dev/null", O_RDONLY | O_CLOEXEC);
   FZ_ASSERT(fz_null >= 0);
+  int pair[2];
+  FZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
+  struct linger lg = {.l_onoff = 1, .l_linger = 30};
+  FZ_ASSERT(setsockopt(pair[0], SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0);
+  fz_linger = pair[0]; /* pair[1] stays open: the peer never reads */
   return 0;
 }
 
@@ -187,7 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
     memset(&r, 0, sizeof r);
     r.magic = GMB_FD_MAGIC;
     r.session = sid;
-    switch (what & 0x7f) {
+    switch (what & 0x3f) {
       case 1:
         r.op = GMB_FD_AUTH;
         memcpy(r.secret, secret, sizeof secret);
@@ -200,17 +208,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
       default:
         break;
     }
-    if ((what & 0x7f) == 1 || (what & 0x7f) == 2) {
+    if ((what & 0x3f) == 1 || (what & 0x3f) == 2) {
       /* A valid request whose tail the input may overwrite. */
       uint8_t whole[sizeof r];
       memcpy(whole, &r, sizeof r);
-      if ((what & 0x7f) == 1 && k > 0 && k <= sizeof whole)
+      if ((what & 0x3f) == 1 && k > 0 && k <= sizeof whole)
         memcpy(whole + sizeof whole - k, msg, k);
       memcpy(msg, whole, sizeof whole);
       mlen = sizeof whole;
     }
-    int rc = gmb__fd_send(sock, msg, mlen, (what & 0x80) ? fz_null : -1,
-                          MSG_DONTWAIT);
+    int att = !(what & 0x80) ? -1 : (what & 0x40) ? fz_linger : fz_null;
+    int rc = gmb__fd_send(sock, msg, mlen, att, MSG_DONTWAIT);
     if (rc != 0) break; /* the broker closed it */
     fz_serve(b, sid);
     fz_drain(sock);

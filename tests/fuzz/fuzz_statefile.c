@@ -11,11 +11,25 @@
  * why.  The bytes go to a regular file of the fuzzer's own, mode 0600: the
  * broker refuses a state file reached through a symbolic link (as
  * /proc/self/fd/N is), so fz_file's memfd would test only the refusal.
+ *
+ * The untrusted owner.  An input whose first byte is 1 to 5 is a file the
+ * broker must not trust, the rest of the input its bytes: 1 owned by
+ * another uid (65534; as root only, else it is 2), 2 group-writable
+ * (0620), 3 writable by others (0602), 4 a symbolic link to the file,
+ * 5 a hard link to it owned by another uid (as root only, else 3).  Then
+ * the load must be refused with a reason, no tenant may change (the
+ * configured values stay, no tenant is made) and the reason must be the
+ * one an empty file of that kind gets (nothing of the bytes in it, nor
+ * anything that depends on them): a planted file
+ * (a link to /etc/shadow) must neither command the broker nor reach its
+ * log.  Any other first byte: the whole input is a trusted file, as
+ * before.
  */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -64,15 +78,27 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* Writes the input as a state file the broker trusts; returns its path. */
-static const char *fz_state_file(const uint8_t *data, size_t len) {
-  static char path[64];
-  if (path[0] == '\0') {
-    char dir[] = "/tmp/gmb-fuzz-state-XXXXXX";
+/* The fuzzer's scratch directory, made once. */
+static const char *fz_dir(void) {
+  static char dir[] = "/tmp/gmb-fuzz-state-XXXXXX";
+  static int made;
+  if (!made) {
     FZ_ASSERT(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/state", dir);
+    made = 1;
   }
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  return dir;
+}
+
+/* Writes the input as a state file, trusted (kind 0) or of an untrusted
+ * kind (1-5, above); returns the path the broker is given. */
+static const char *fz_state_file(const uint8_t *data, size_t len, int kind) {
+  static char path[96], real[96];
+  snprintf(path, sizeof path, "%s/state", fz_dir());
+  snprintf(real, sizeof real, "%s/real", fz_dir());
+  unlink(path);
+  unlink(real);
+  int fd = open(kind == 4 || kind == 5 ? real : path,
+                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   FZ_ASSERT(fd >= 0);
   size_t done = 0;
   while (done < len) {
@@ -80,8 +106,37 @@ static const char *fz_state_file(const uint8_t *data, size_t len) {
     FZ_ASSERT(w > 0);
     done += (size_t)w;
   }
+  if (kind == 1 || kind == 5) FZ_ASSERT(fchown(fd, 65534, 65534) == 0);
+  if (kind == 2) FZ_ASSERT(fchmod(fd, 0620) == 0);
+  if (kind == 3) FZ_ASSERT(fchmod(fd, 0602) == 0);
   FZ_ASSERT(close(fd) == 0);
+  if (kind == 4) FZ_ASSERT(symlink(real, path) == 0);
+  if (kind == 5) FZ_ASSERT(link(real, path) == 0);
   return path;
+}
+
+/* The trust kind an input asks for (0: trusted) and where its file's
+ * bytes start.  Another owner needs root; without it the nearest kind
+ * that needs none stands in. */
+static int fz_kind(const uint8_t *data, size_t len, size_t *skip) {
+  *skip = 0;
+  if (len == 0 || data[0] < 1 || data[0] > 5) return 0;
+  *skip = 1;
+  int kind = data[0];
+  if (geteuid() != 0 && kind == 1) kind = 2;
+  if (geteuid() != 0 && kind == 5) kind = 3;
+  return kind;
+}
+
+/* Tenants as configured: llm-a with its quota, batch with its
+ * reservation, and no other. */
+static void fz_as_configured(struct gmb_broker *b) {
+  FZ_ASSERT(gmb__tenants_count(b->tenants) == 2);
+  struct gmb_tenant *a = gmb__tenant_find(b->tenants, "llm-a");
+  struct gmb_tenant *t = gmb__tenant_find(b->tenants, "batch");
+  FZ_ASSERT(a != NULL && t != NULL);
+  FZ_ASSERT(a->quota == (32u << 20) && a->reserve == 0);
+  FZ_ASSERT(t->quota == 0 && t->reserve == (8u << 20));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
@@ -89,14 +144,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   struct gmb_tenants *keep = b->tenants;
   b->tenants = gmb__tenants_new(b->pool, &b->cfg);
   FZ_ASSERT(b->tenants != NULL);
-  snprintf(b->cfg.state, sizeof b->cfg.state, "%s", fz_state_file(data, len));
+  size_t skip;
+  int kind = fz_kind(data, len, &skip);
+  snprintf(b->cfg.state, sizeof b->cfg.state, "%s",
+           fz_state_file(data + skip, len - skip, kind));
   char err[1024];
   err[0] = '\0';
   int rc = gmb__statefile_load(b, err, sizeof err);
-  if (rc == 0)
+  if (kind != 0) {
+    FZ_ASSERT(rc == GMB_E_AUTH && err[0] != '\0');
+    fz_as_configured(b);
+    /* The reason is the one an empty file of that kind gets: it says
+     * nothing of the bytes. */
+    gmb__statefile_free(b->statefile);
+    b->statefile = NULL;
+    char empty[sizeof err];
+    empty[0] = '\0';
+    fz_state_file(data, 0, kind);
+    FZ_ASSERT(gmb__statefile_load(b, empty, sizeof empty) == GMB_E_AUTH);
+    FZ_ASSERT(strcmp(err, empty) == 0);
+    fz_as_configured(b);
+  } else if (rc == 0) {
     gmb__statefile_each(b, fz_named, b);
-  else
+  } else {
     FZ_ASSERT(err[0] != '\0');
+  }
   FZ_ASSERT(gmb__core_check(b) == 0);
   gmb__tenants_destroy(b->tenants);
   gmb__statefile_free(b->statefile);

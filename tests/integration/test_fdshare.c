@@ -11,8 +11,10 @@
  * a client in another PID namespace than the broker's allocates, writes,
  * reads, and is reclaimed when killed (its descriptor channel hangs up);
  * a broker killed with SIGKILL as PID 1 of a namespace takes its memory
- * with it and the next PID 1 allocates the whole device; and an evicted
- * process that still runs keeps its own bytes, never another tenant's.
+ * with it and the next PID 1 allocates the whole device; an evicted
+ * process that still runs keeps its own bytes, never another tenant's;
+ * and a process whose uid a reload revoked keeps its mappings but finds
+ * none of the tenant's later data there.
  */
 #include <check.h>
 #include <dirent.h>
@@ -639,11 +641,179 @@ START_TEST(evicted_writer_spares_next_session) {
 }
 END_TEST
 
+/* --- revoked_uid_cannot_reach_later_data ----------------------------------- */
+
+#define RV_SIZE (256u << 10)
+
+struct revokee {
+  const char *endpoint;
+  int ready_w, go_r;
+};
+
+/* 1 when the first 512 bytes of pattern `seed` start at a 512-aligned
+ * offset of [p, p + len). */
+static int rv_find(const uint8_t *p, size_t len, uint64_t seed) {
+  uint8_t want[512];
+  harness_pattern_fill(want, sizeof want, seed);
+  for (size_t off = 0; off + sizeof want <= len; off += 512)
+    if (memcmp(p + off, want, sizeof want) == 0) return 1;
+  return 0;
+}
+
+/* The whole mapping of this process that holds `p` (the client maps a
+ * segment whole): its start and length, from /proc/self/maps. */
+static int rv_mapping_of(const void *p, uint8_t **start, size_t *len) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL) return -1;
+  char line[512];
+  int rc = -1;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+    if ((uintptr_t)p >= lo && (uintptr_t)p < hi) {
+      *start = (uint8_t *)lo;
+      *len = hi - lo;
+      rc = 0;
+      break;
+    }
+  }
+  fclose(f);
+  return rc;
+}
+
+/* As uid 65534, one of tenant "shared"'s uids until a reload removes it:
+ * allocates in the segment that holds the victim's bytes, keeps a mapping
+ * of its own of the whole segment (mremap of size 0: the same pages, which
+ * no unmapping by the library takes away), and after the revocation looks
+ * there for the tenant's later data and writes all over it, as a process
+ * that lost its membership but not its mappings would. */
+static int revokee_main(void *arg) {
+  struct revokee *a = arg;
+  CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, 60, "setuid: %s",
+              strerror(errno));
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "shared", &c) == 0, 61, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id = 0;
+  CHILD_CHECK(gmb_alloc(c, 64u << 10, GMB_MOVABLE, &id) == 0, 62,
+              "alloc: %s", gmb_last_error(c));
+  void *p = NULL;
+  CHILD_CHECK(gmb_lock(c, id, &p) == 0, 63, "lock: %s", gmb_last_error(c));
+  uint8_t *seg = NULL;
+  size_t len = 0;
+  CHILD_CHECK(rv_mapping_of(p, &seg, &len) == 0, 64, "no mapping");
+  uint8_t *mine = mremap(seg, 0, len, MREMAP_MAYMOVE);
+  CHILD_CHECK(mine != MAP_FAILED, 65, "mremap: %s", strerror(errno));
+  /* The attack's premise: the victim's bytes are in this segment. */
+  CHILD_CHECK(rv_find(mine, len, 1), 66, "the victim's bytes are not in "
+              "the segment this process mapped");
+  CHILD_CHECK(harness_pipe_send(a->ready_w, 'r') == 0, 67, "pipe");
+  /* The test waits for the revocation's end (HARNESS_WAIT_MS at most)
+   * before it writes: wait longer. */
+  CHILD_CHECK(harness_pipe_wait(a->go_r, 3 * HARNESS_WAIT_MS) == 'g', 68,
+              "no go");
+  CHILD_CHECK(!rv_find(mine, len, 2), 80, "the revoked process reads the "
+              "tenant's later data (an allocation written after the "
+              "revocation) through its old mapping");
+  CHILD_CHECK(!rv_find(mine, len, 3), 81, "the revoked process reads a "
+              "later allocation of the tenant through its old mapping");
+  memset(mine, 0xff, len);
+  CHILD_CHECK(harness_pipe_send(a->ready_w, 'w') == 0, 69, "pipe");
+  gmb_disconnect(c);
+  return 0;
+}
+
+struct rv_log {
+  const struct harness_broker *b;
+};
+
+static int rv_revocation_done(void *arg) {
+  struct rv_log *l = arg;
+  char *log = harness_broker_log(l->b);
+  int done = log && strstr(log, "revocation of tenant shared done") != NULL;
+  free(log);
+  return done;
+}
+
+/* A uid removed from a tenant's uids by a reload keeps its process's
+ * mappings of the tenant's segments: the revocation moves the tenant's
+ * live bytes out of them, and nothing new lands there, so the process
+ * neither reads nor writes what the tenant keeps afterwards. */
+START_TEST(revoked_uid_cannot_reach_later_data) {
+  if (geteuid() != 0) {
+    printf("revoked_uid_cannot_reach_later_data: skipped: needs root to "
+           "run the revoked process as another uid\n");
+    return;
+  }
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", "[tenant:shared]\nuids = 0,65534\n");
+  gmb_client *c = harness_connect_ok(&b, "shared");
+  gmb_id x = 0;
+  ck_assert_int_eq(gmb_alloc(c, RV_SIZE, GMB_MOVABLE, &x), 0);
+  void *p = NULL;
+  ck_assert_int_eq(gmb_lock(c, x, &p), 0);
+  harness_pattern_fill(p, RV_SIZE, 1);
+  ck_assert_int_eq(gmb_unlock(c, x), 0);
+  int ready[2], go[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  struct revokee a = {b.endpoint, ready[1], go[0]};
+  pid_t kid = harness_fork(revokee_main, &a);
+  close(ready[1]); /* its exit ends the waits below at once */
+  close(go[0]);
+  ck_assert_msg(harness_pipe_wait(ready[0], HARNESS_WAIT_MS) == 'r',
+                "the revoked process did not map the segment (exit %d)",
+                harness_wait(kid));
+  harness_write_file(b.config_path, "[tenant:shared]\nuids = 0\n");
+  char out[4096];
+  ck_assert_msg(harness_ctl(&b, out, sizeof out, "reload", NULL) == 0, "%s",
+                out);
+  struct rv_log l = {&b};
+  int done = harness_poll_until(rv_revocation_done, &l, HARNESS_WAIT_MS);
+  /* The tenant's later data: its allocation written again, and a new one. */
+  ck_assert_int_eq(gmb_lock(c, x, &p), 0);
+  ck_assert_msg(harness_pattern_check(p, RV_SIZE, 1) < 0,
+                "the allocation lost its bytes when it moved");
+  harness_pattern_fill(p, RV_SIZE, 2);
+  gmb_id y = 0;
+  void *q = NULL;
+  ck_assert_int_eq(gmb_alloc(c, RV_SIZE, GMB_MOVABLE, &y), 0);
+  ck_assert_int_eq(gmb_lock(c, y, &q), 0);
+  harness_pattern_fill(q, RV_SIZE, 3);
+  ck_assert_int_eq(harness_pipe_send(go[1], 'g'), 0);
+  int w = harness_pipe_wait(ready[0], HARNESS_WAIT_MS);
+  int st = harness_wait(kid);
+  ck_assert_msg(w == 'w' && st == 0, "the revoked process reached the "
+                "tenant's data (exit %d: 80 read the later write, 81 the "
+                "later allocation)", st);
+  long bad = harness_pattern_check(p, RV_SIZE, 2);
+  ck_assert_msg(bad < 0, "byte %ld of the tenant's allocation was written "
+                "by the revoked process", bad);
+  bad = harness_pattern_check(q, RV_SIZE, 3);
+  ck_assert_msg(bad < 0, "byte %ld of the tenant's later allocation was "
+                "written by the revoked process", bad);
+  ck_assert_msg(done, "the broker never logged the revocation's end");
+  char *log = harness_broker_log(&b);
+  ck_assert_ptr_nonnull(log);
+  ck_assert_msg(strstr(log, "nothing stays in a segment a revoked process "
+                            "mapped") != NULL,
+                "the revocation left bytes behind");
+  free(log);
+  ck_assert_int_eq(gmb_unlock(c, x), 0);
+  ck_assert_int_eq(gmb_unlock(c, y), 0);
+  gmb_disconnect(c);
+  close(ready[0]);
+  close(go[1]);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "fdshare", "descriptors", 60, nothing_in_dev_shm,
       descriptors_back_to_idle, sealed_against_truncation,
       other_uid_gets_nothing, client_in_another_pid_namespace,
       broker_kill9_restart_same_pid, evicted_process_keeps_its_bytes,
-      evicted_writer_spares_next_session));
+      evicted_writer_spares_next_session,
+      revoked_uid_cannot_reach_later_data));
 }

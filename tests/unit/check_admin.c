@@ -22,6 +22,7 @@
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "core.h"
+#include "defrag.h"
 #include "session.h"
 #include "tenant.h"
 #include "util.h"
@@ -239,6 +240,116 @@ START_TEST(configured_not_removed_added_not_reaped) {
 }
 END_TEST
 
+/* --- revocation by reload ------------------------------------------------- */
+
+static struct wire_reply reload(struct fx *f, const char *ini) {
+  char path[256];
+  fx_write(f, "gmb.ini", ini, path, sizeof path);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_RELOAD;
+  return admin(f, geteuid(), &req);
+}
+
+/* The segment that holds allocation `id` now. */
+static uint64_t seg_of(struct fx *f, uint64_t id) {
+  struct gmb_alloc_info info;
+  ck_assert_int_eq(gmb__pool_find(f->b.pool, id, &info), 0);
+  return info.dseg->id;
+}
+
+/* Drives the loop's ticks (one move each: a deadline already past) and
+ * its once-a-second timer until t's revocation ends, checking the broker
+ * between them. */
+static void revoke_run(struct fx *f, struct gmb_tenant *t) {
+  for (int i = 0; i < 1000 && t->revoking; i++) {
+    gmb__defrag_tick(&f->b, 0);
+    gmb__defrag_timer(&f->b, gmb__now_ns());
+    ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  }
+  ck_assert_int_eq(t->revoking, 0);
+}
+
+/* A uid that a reload removes from `uids` may still map the tenant's
+ * segments from a session that ended before the reload: every segment the
+ * tenant had is sealed, movable bytes leave them, pinned ones stay, and
+ * nothing new lands in them.  A token rotated the same way. */
+START_TEST(reload_revokes_sessions_that_ended_before) {
+  struct fx f;
+  const char *ini = "[broker]\ncompaction = off\n"
+                    "[tenant:shared]\nuids = 1001,1002\n";
+  fx_open_ini(&f, "host:64MiB", ini);
+  fx_hello(&f, "a", 1001, "shared");
+  fx_hello(&f, "b", 1002, "shared");
+  uint64_t mv = fx_must_alloc(&f, "a", 1001, 64 * 1024, GMB_MOVABLE).u.alloc.id;
+  uint64_t pin = fx_must_alloc(&f, "a", 1001, 64 * 1024, 0).u.alloc.id;
+  uint64_t more[40];
+  for (int i = 0; i < 40; i++) /* a second segment, and many ticks */
+    more[i] = fx_must_alloc(&f, "a", 1001, 64 * 1024, GMB_MOVABLE).u.alloc.id;
+  fx_must_alloc(&f, "b", 1002, 4096, GMB_MOVABLE);
+  uint64_t mv_seg = seg_of(&f, mv), pin_seg = seg_of(&f, pin);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_plain(&f, "b", 1002, WIRE_BYE, &rep), 1);
+  struct gmb_tenant *t = fx_tenant(&f, "shared");
+  /* A reload that changes nothing of who proves it revokes nobody. */
+  ck_assert_int_eq(reload(&f, ini).status, 0);
+  ck_assert_int_eq(t->revoking, 0);
+  ck_assert_uint_eq(seg_of(&f, mv), mv_seg);
+  /* 1002 goes: though it has no session now. */
+  ck_assert_int_eq(reload(&f, "[broker]\ncompaction = off\n"
+                                  "[tenant:shared]\nuids = 1001\n")
+                       .status,
+                   0);
+  ck_assert_int_eq(t->revoking, 1);
+  revoke_run(&f, t);
+  ck_assert_uint_ne(seg_of(&f, mv), mv_seg);
+  ck_assert_uint_ne(seg_of(&f, mv), pin_seg);
+  ck_assert_uint_eq(seg_of(&f, pin), pin_seg); /* pinned: stays */
+  for (int i = 0; i < 40; i++) {
+    ck_assert_uint_ne(seg_of(&f, more[i]), mv_seg);
+    ck_assert_uint_ne(seg_of(&f, more[i]), pin_seg);
+  }
+  for (int i = 0; i < 40; i++) {
+    uint64_t id = fx_must_alloc(&f, "a", 1001, 16 * 1024, i & 1).u.alloc.id;
+    ck_assert_uint_ne(seg_of(&f, id), pin_seg);
+    ck_assert_uint_ne(seg_of(&f, id), mv_seg);
+  }
+  fx_close(&f);
+}
+END_TEST
+
+START_TEST(reload_rotated_token_revokes) {
+  struct fx f;
+  uint8_t h1[32], h2[32];
+  sha256("token-one", h1);
+  sha256("token-two", h2);
+  char ini[512], hex1[65], hex2[65];
+  for (int i = 0; i < 32; i++) {
+    snprintf(hex1 + 2 * i, 3, "%02x", h1[i]);
+    snprintf(hex2 + 2 * i, 3, "%02x", h2[i]);
+  }
+  snprintf(ini, sizeof ini, "[broker]\ncompaction = off\n[tenant:tok]\n"
+           "token_sha256 = %s\n", hex1);
+  fx_open_ini(&f, "host:64MiB", ini);
+  ck_assert_int_eq(hello_token(&f, "a", 1001, "tok", "token-one"), 0);
+  uint64_t mv = fx_must_alloc(&f, "a", 1001, 64 * 1024, GMB_MOVABLE).u.alloc.id;
+  uint64_t mv_seg = seg_of(&f, mv);
+  ck_assert_int_eq(hello_token(&f, "b", 1001, "tok", "token-one"), 0);
+  snprintf(ini, sizeof ini, "[broker]\ncompaction = off\n[tenant:tok]\n"
+           "token_sha256 = %s\n", hex2);
+  ck_assert_int_eq(reload(&f, ini).status, 0);
+  /* Both sessions proved the old token: they end, and their tenant's
+   * memory goes with them; the new token's session starts afresh. */
+  struct gmb_tenant *t = fx_tenant(&f, "tok");
+  ck_assert_uint_eq(t->n_sessions, 0);
+  ck_assert_ptr_null(gmb__pool_segment(f.b.pool, mv_seg, NULL));
+  revoke_run(&f, t);
+  ck_assert_int_eq(hello_token(&f, "c", 1001, "tok", "token-two"), 0);
+  fx_must_alloc(&f, "c", 1001, 4096, GMB_MOVABLE);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *admin_suite(void) {
   Suite *s = suite_create("admin");
   TCase *tc = tcase_create("tenant_add");
@@ -250,6 +361,8 @@ static Suite *admin_suite(void) {
   tcase_add_test(tc, remove_waits_for_sessions);
   tcase_add_test(tc, remove_evict);
   tcase_add_test(tc, configured_not_removed_added_not_reaped);
+  tcase_add_test(tc, reload_revokes_sessions_that_ended_before);
+  tcase_add_test(tc, reload_rotated_token_revokes);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1390,6 +1391,62 @@ START_TEST(lock_waits_while_moving_then_new_position) {
 }
 END_TEST
 
+/* A lock that lands mid-move sleeps on the slot's word and the broker's
+ * publish wakes it (proto/locktab_layout.h): the waiter announces itself
+ * (WAITERS), sleeps in the futex call, and the wake finds exactly it. */
+struct futex_locker {
+  gmb_client *c;
+  gmb_id id;
+  void *ptr;
+  int rc;
+  _Atomic pid_t tid;
+};
+
+static void *futex_locker_main(void *arg) {
+  struct futex_locker *l = arg;
+  atomic_store(&l->tid, (pid_t)syscall(SYS_gettid));
+  l->rc = gmb_lock(l->c, l->id, &l->ptr);
+  return NULL;
+}
+
+START_TEST(lock_mid_move_sleeps_until_woken) {
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 1024, GMB_MOVABLE, &id), 0);
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  memset(p, 0x5A, 1024);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert(mv_claim(id));
+  struct futex_locker l = {.c = c, .id = id};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, futex_locker_main, &l), 0);
+  while (atomic_load(&l.tid) == 0) sched_yield();
+  ck_assert_msg(check_thread_in_futex(atomic_load(&l.tid)),
+                "gmb_lock never slept on the lock word");
+  ck_assert_uint_eq(lt_state(id), GMB_LT_MOVING | GMB_LT_WAITERS);
+  /* The broker's end of a move (locktab.c): position, exchange 0, wake. */
+  uint64_t from = F.offsets[id], to = 2u << 20;
+  memcpy(F.seg1 + to, F.seg1 + from, 1024);
+  memset(F.seg1 + from, 0xEE, 1024);
+  struct gmb__lt_slot *sl = lt_slot_of(&F, id);
+  sl->segment = 1;
+  sl->offset = to;
+  uint32_t old = atomic_exchange(&sl->state, 0);
+  ck_assert_uint_eq(old, GMB_LT_MOVING | GMB_LT_WAITERS);
+  ck_assert_int_eq(gmb__lt_futex_wake(&sl->state), 1); /* it, asleep */
+  pthread_join(t, NULL);
+  ck_assert_int_eq(l.rc, 0);
+  ck_assert_uint_eq((uintptr_t)l.ptr - (uintptr_t)p, to - from);
+  for (int i = 0; i < 1024; i++)
+    ck_assert_uint_eq(((uint8_t *)l.ptr)[i], 0x5A);
+  ck_assert_uint_eq(lt_state(id), 1);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
 START_TEST(lock_moving_too_long_times_out) {
   setenv("GMB_LOCK_TIMEOUT_MS", "50", 1);
   fake_start();
@@ -1400,7 +1457,8 @@ START_TEST(lock_moving_too_long_times_out) {
   void *p;
   ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_TIMEOUT);
   ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "being moved"));
-  ck_assert_uint_eq(lt_state(id), GMB_LT_MOVING); /* untouched */
+  /* Still MOVING: the client only announced that it slept (WAITERS). */
+  ck_assert_uint_eq(lt_state(id) & ~GMB_LT_WAITERS, GMB_LT_MOVING);
   mv_publish(id, 1, F.offsets[id]);
   ck_assert_int_eq(gmb_lock(c, id, &p), 0);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
@@ -2290,6 +2348,7 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, movable_lock_sends_no_message);
   tcase_add_test(tc, unlock_not_locked_invalid);
   tcase_add_test(tc, lock_waits_while_moving_then_new_position);
+  tcase_add_test(tc, lock_mid_move_sleeps_until_woken);
   tcase_add_test(tc, lock_moving_too_long_times_out);
   tcase_add_test(tc, moved_to_unmapped_segment_fetched_once);
   tcase_add_test(tc, alloc_slot_of_another_allocation_proto);

@@ -21,6 +21,7 @@
 #include "check_main.h"
 #include "compact.h"
 #include "device.h"
+#include "evacuate.h"
 #include "gmb.h"
 #include "pool.h"
 #include "util.h"
@@ -1779,6 +1780,140 @@ START_TEST(held_lock_found_free_is_forgotten) {
 }
 END_TEST
 
+
+/* ---- revocation: sealed segments and their evacuation (evacuate.h) ---- */
+
+/* Runs evacuation steps until a pass ends; returns the last stats. */
+static struct gmb_evac_stats evac_all(struct gmb_arena *a) {
+  struct gmb_evac_stats st;
+  memset(&st, 0, sizeof st);
+  for (int i = 0; i < 1000; i++) {
+    if (gmb__evac_step(pool, a, &hooks, UINT64_MAX, &st) == 0) break;
+  }
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  ck_assert_uint_eq(hk.in_flight, 0);
+  return st;
+}
+
+/* A sealed segment takes no allocation, tail or compaction target, and
+ * goes back to the device when its last allocation goes (never lingers). */
+START_TEST(sealed_segment_takes_nothing_new) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked m = track(a, 64 * KIB, 1, &owner_x);
+  struct tracked q = track(a, 64 * KIB, 0, &owner_x);
+  ck_assert_int_eq(gmb__pool_seal(pool, m.seg), 0);
+  ck_assert_int_eq(gmb__pool_seal(pool, q.seg), 0);
+  ck_assert_int_eq(gmb__pool_check(pool), 0);
+  for (int i = 0; i < 20; i++) {
+    struct tracked t = track(a, (uint64_t)(i + 1) * 8 * KIB, i & 1, &owner_y);
+    ck_assert_uint_ne(t.seg, m.seg);
+    ck_assert_uint_ne(t.seg, q.seg);
+  }
+  struct tracked big = track(a, 5 * GMB_MIB + 64 * KIB, 0, &owner_y);
+  struct gmb_alloc_info bi;
+  ck_assert_int_eq(gmb__pool_find(pool, big.id, &bi), 0);
+  ck_assert_ptr_nonnull(bi.tail_dseg);
+  ck_assert_uint_ne(bi.tail_dseg->id, m.seg);
+  ck_assert_uint_ne(bi.tail_dseg->id, q.seg);
+  /* No move may target it either. */
+  struct tracked o = track(a, 4 * KIB, 1, &owner_y);
+  ck_assert_int_eq(gmb__pool_move_begin(pool, o.id, m.seg, 512 * KIB, NULL),
+                   GMB_E_INVAL);
+  unsigned before = nretired;
+  free_ok(m.id);
+  ck_assert_ptr_null(gmb__pool_segment(pool, m.seg, NULL)); /* released */
+  ck_assert_uint_eq(nretired, before + 1);
+  free_ok(q.id);
+  ck_assert_ptr_null(gmb__pool_segment(pool, q.seg, NULL));
+  ck_assert_int_eq(gmb__pool_seal(pool, m.seg), GMB_E_NOENT);
+}
+END_TEST
+
+/* Every movable allocation leaves the sealed segments with its bytes;
+ * pinned ones and locked ones stay (counted), a locked one leaves once
+ * unlocked, and the emptied segments go back to the device. */
+START_TEST(evacuate_moves_movable_keeps_pinned) {
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked mv[6], pin = track(a, 96 * KIB, 0, &owner_x);
+  for (int i = 0; i < 6; i++) mv[i] = track(a, (i + 1) * 32 * KIB, 1, &owner_x);
+  uint64_t seg = mv[0].seg;
+  for (int i = 1; i < 6; i++) ck_assert_uint_eq(mv[i].seg, seg);
+  ck_assert_int_eq(gmb__pool_seal(pool, seg), 0);
+  ck_assert_int_eq(gmb__pool_seal(pool, pin.seg), 0);
+  hk.locked[hk.nlocked++] = mv[2].id;
+  struct gmb_evac_stats st = evac_all(a);
+  ck_assert_uint_eq(st.moves, 5);
+  ck_assert_uint_eq(st.locked, 1);
+  ck_assert_uint_eq(st.locked_bytes, mv[2].size);
+  ck_assert_uint_eq(st.pinned, 1);
+  ck_assert_uint_eq(st.pinned_bytes, pin.size);
+  ck_assert_uint_eq(hk.publishes, 5);
+  for (int i = 0; i < 6; i++) {
+    pattern_check(mv[i].id);
+    struct tracked t = mv[i];
+    where(&t);
+    if (i == 2)
+      ck_assert_uint_eq(t.seg, seg);
+    else
+      ck_assert_uint_ne(t.seg, seg);
+    ck_assert_uint_ne(t.seg, pin.seg);
+  }
+  pattern_check(pin.id);
+  /* Unlocked: the next pass moves it, and the sealed segment empties. */
+  hk.nlocked = 0;
+  st = evac_all(a);
+  ck_assert_uint_eq(st.moves, 1);
+  ck_assert_uint_eq(st.locked, 0);
+  ck_assert_uint_eq(st.sealed, 1); /* the pinned one's */
+  pattern_check(mv[2].id);
+  ck_assert_ptr_null(gmb__pool_segment(pool, seg, NULL));
+  for (int i = 0; i < 6; i++) free_ok(mv[i].id);
+  free_ok(pin.id);
+}
+END_TEST
+
+/* With no free range outside the sealed segments, a move takes a new
+ * segment; with the device full too, the allocation stays (counted). */
+START_TEST(evacuate_device_full_stays) {
+  gmb__pool_destroy(pool);
+  gmb__device_close(dev);
+  open_pool(2 * SEG);
+  struct gmb_arena *a = gmb__pool_arena_new(pool, &tag_a);
+  struct tracked m = track(a, 512 * KIB, 1, &owner_x);
+  ck_assert_int_eq(gmb__pool_seal(pool, m.seg), 0);
+  struct gmb_evac_stats st = evac_all(a); /* room for one more segment */
+  ck_assert_uint_eq(st.moves, 1);
+  pattern_check(m.id);
+  where(&m);
+  /* Now fill the device and seal the new home: nowhere to go. */
+  struct tracked f1 = track(a, SEG / 2, 1, &owner_y);
+  struct tracked f2 = track(a, SEG / 4, 1, &owner_y);
+  ck_assert_uint_eq(f1.seg, m.seg);
+  ck_assert_uint_eq(f2.seg, m.seg);
+  ck_assert_int_eq(gmb__pool_seal(pool, m.seg), 0);
+  struct tracked other = track(a, SEG / 2, 1, &owner_y);
+  ck_assert_uint_ne(other.seg, m.seg);
+  struct tracked rest = track(a, SEG / 2, 1, &owner_y);
+  ck_assert_uint_eq(rest.seg, other.seg);
+  st = evac_all(a);
+  ck_assert_uint_eq(st.moves, 0);
+  ck_assert_uint_eq(st.locked, 3); /* no room: all stay */
+  ck_assert_uint_eq(hk.releases, hk.claims - hk.publishes);
+  pattern_check(m.id);
+  pattern_check(f1.id);
+  free_ok(rest.id);
+  st = evac_all(a);
+  ck_assert_uint_ge(st.moves, 1);
+  pattern_check(m.id);
+  pattern_check(f1.id);
+  pattern_check(f2.id);
+  free_ok(m.id);
+  free_ok(f1.id);
+  free_ok(f2.id);
+  free_ok(other.id);
+}
+END_TEST
+
 static Suite *compact_suite(void) {
   Suite *s = suite_create("compact");
   TCase *tc = tcase_create("compact");
@@ -1818,6 +1953,9 @@ static Suite *compact_suite(void) {
   tcase_add_test(tc, held_lock_found_free_is_forgotten);
   tcase_add_test(tc, pinned_holes_filled_first);
   tcase_add_test(tc, locked_segment_not_emptied);
+  tcase_add_test(tc, sealed_segment_takes_nothing_new);
+  tcase_add_test(tc, evacuate_moves_movable_keeps_pinned);
+  tcase_add_test(tc, evacuate_device_full_stays);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -31,6 +32,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -410,6 +412,88 @@ START_TEST(publish_moves_release_keeps) {
 }
 END_TEST
 
+/* A gmb_lock asleep on a slot's word (as client.c sleeps mid-move: it sets
+ * WAITERS, then FUTEX_WAIT) is woken by whatever opens the slot: publish,
+ * release, and free.  The sleeper's wait would last 60 s: it must end
+ * woken (0), never timed out. */
+struct sleeper {
+  struct gmb__lt_slot *s;
+  _Atomic pid_t tid;
+  int rc, err;
+};
+
+static void *sleeper_main(void *arg) {
+  struct sleeper *z = arg;
+  uint32_t st = GMB_LT_MOVING;
+  ck_assert(atomic_compare_exchange_strong(&z->s->state, &st,
+                                           GMB_LT_MOVING | GMB_LT_WAITERS));
+  atomic_store(&z->tid, (pid_t)syscall(SYS_gettid));
+  errno = 0;
+  z->rc = gmb__lt_futex_wait(&z->s->state, GMB_LT_MOVING | GMB_LT_WAITERS,
+                             UINT64_C(60) * 1000000000u);
+  z->err = errno;
+  return NULL;
+}
+
+/* Claims `slot`, parks a sleeper on it, runs `how` (0 publish, 1 release,
+ * 2 free) and checks the sleeper woke. */
+static void wake_by(struct gmb__lt_header *h, uint32_t slot, int how) {
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
+  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 1);
+  struct sleeper z = {.s = s};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, sleeper_main, &z), 0);
+  while (atomic_load(&z.tid) == 0) sched_yield();
+  ck_assert_msg(check_thread_in_futex(atomic_load(&z.tid)),
+                "the sleeper never slept on the word");
+  /* The broker sees no holder in a MOVING|WAITERS slot. */
+  ck_assert_uint_eq(gmb__locktab_holders(lt, slot), 0);
+  if (how == 0) gmb__locktab_publish(lt, slot, 9, 4096);
+  if (how == 1) gmb__locktab_release(lt, slot);
+  if (how == 2) gmb__locktab_slot_free(lt, slot);
+  pthread_join(t, NULL);
+  ck_assert_msg(z.rc == 0, "how %d: the sleeper was not woken (%s)", how,
+                strerror(z.err));
+  ck_assert_uint_eq(atomic_load(&s->state), 0);
+}
+
+START_TEST(open_slot_wakes_futex_sleepers) {
+  lt = lt_new(4);
+  struct gmb__lt_header *h = lt_map(lt);
+  ck_assert_ptr_nonnull(h);
+  uint32_t slot;
+  ck_assert_int_eq(gmb__locktab_slot_new(lt, 7, 1, 512, &slot), 0);
+  wake_by(h, slot, 0);
+  ck_assert_uint_eq(gmb__lt_slots(h)[slot].segment, 9);
+  ck_assert_uint_eq(gmb__lt_slots(h)[slot].offset, 4096);
+  wake_by(h, slot, 1);
+  wake_by(h, slot, 2);
+  ck_assert_uint_eq(gmb__lt_slots(h)[slot].id, 0);
+  munmap(h, gmb__lt_bytes(4));
+}
+END_TEST
+
+/* A client that writes WAITERS into a slot that is not moving makes its
+ * own allocation look locked (no move starts), and nothing the broker
+ * does on the slot waits on it. */
+START_TEST(waiters_on_idle_slot_only_locks_it) {
+  lt = lt_new(4);
+  struct gmb__lt_header *h = lt_map(lt);
+  ck_assert_ptr_nonnull(h);
+  uint32_t slot;
+  ck_assert_int_eq(gmb__locktab_slot_new(lt, 7, 1, 512, &slot), 0);
+  struct gmb__lt_slot *s = &gmb__lt_slots(h)[slot];
+  atomic_store(&s->state, GMB_LT_WAITERS | 3u);
+  ck_assert_uint_ne(gmb__locktab_holders(lt, slot), 0);
+  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 0);
+  atomic_store(&s->state, GMB_LT_WAITERS);
+  ck_assert_int_eq(gmb__locktab_claim(lt, slot), 0);
+  gmb__locktab_slot_free(lt, slot); /* wakes nobody, returns */
+  ck_assert_uint_eq(atomic_load(&s->state), 0);
+  munmap(h, gmb__lt_bytes(4));
+}
+END_TEST
+
 /* Many tables, and not one name in /dev/shm (the teardown checks again
  * after they are gone). */
 START_TEST(nothing_in_dev_shm) {
@@ -687,6 +771,8 @@ static Suite *locktab_suite(void) {
   tcase_add_test(tc, free_list_reuse_resets_slot);
   tcase_add_test(tc, claim_refused_while_locked);
   tcase_add_test(tc, publish_moves_release_keeps);
+  tcase_add_test(tc, open_slot_wakes_futex_sleepers);
+  tcase_add_test(tc, waiters_on_idle_slot_only_locks_it);
   tcase_add_test(tc, slot_out_of_range_is_a_bug);
   suite_add_tcase(s, tc);
 

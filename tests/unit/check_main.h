@@ -15,8 +15,12 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 /* Runs s (the runner frees it); EXIT_SUCCESS when every test passed. */
 static inline int check_run(Suite *s) {
@@ -53,6 +57,25 @@ static inline int check_shm_names(void) {
     if (strncmp(e->d_name, "gmb", 3) == 0) n++;
   closedir(d);
   return n;
+}
+
+/* Waits (polling, at most 60 s) until thread `tid` of this process sleeps
+ * in the futex system call; 1 when it does, 0 when it never did.  A test
+ * sees so that a waiter is parked on the word, with no timing. */
+static inline int check_thread_in_futex(pid_t tid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+  for (int i = 0; i < 60000; i++) {
+    FILE *f = fopen(path, "r");
+    long nr = -1;
+    if (f) {
+      if (fscanf(f, "%ld", &nr) != 1) nr = -1;
+      fclose(f);
+    }
+    if (nr == SYS_futex) return 1;
+    usleep(1000);
+  }
+  return 0;
 }
 
 #endif /* GMB_CHECK_MAIN_H */

@@ -35,6 +35,7 @@
 
 #include "alloc.h"
 #include "broker_fixture.h"
+#include "core.h"
 #include "check_main.h"
 #include "locktab.h"
 #include "pool.h"
@@ -911,6 +912,104 @@ START_TEST(close_sends_nothing) {
 END_TEST
 
 
+/* --- ending in slices ----------------------------------------------------- */
+
+#define SL_N 6000u
+
+/* Session "a" of tenant "shared" (uid 1001) holds SL_N small allocations
+ * (movable and pinned) and a large one; "b" of the same tenant and "c" of
+ * another hold a few.  Returns a. */
+static struct gmb_session *sl_setup(struct fx *f) {
+  fx_open_ini(f, "host:256MiB", FX_INI_OFF);
+  struct gmb_session *a = fx_hello(f, "a", 1001, "shared");
+  fx_hello(f, "b", 1001, "shared");
+  fx_hello(f, "c", 1002, "");
+  for (unsigned i = 0; i < SL_N; i++) {
+    struct wire_request req;
+    memset(&req, 0, sizeof req);
+    req.kind = WIRE_ALLOC;
+    req.u.alloc.size = 512u * (1 + i % 8);
+    req.u.alloc.flags = (i % 3) ? GMB_MOVABLE : 0;
+    struct wire_reply rep;
+    struct gmb_peer p = fx_peer("a", 1001);
+    req.id = f->next_req++;
+    ck_assert_int_eq(gmb__dispatch(&f->b, &p, &req, &rep), 1);
+    ck_assert_msg(rep.status == 0, "alloc %u: %s", i, rep.message);
+  }
+  fx_must_alloc(f, "a", 1001, 3u << 20, 0); /* pages and a tail */
+  for (int i = 0; i < 10; i++) {
+    fx_must_alloc(f, "b", 1001, 4096, GMB_MOVABLE);
+    fx_must_alloc(f, "c", 1002, 4096, 0);
+  }
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  return a;
+}
+
+/* What ends in slices is freed exactly: the pool and the tenant lose the
+ * session's bytes and allocations, no more, no fewer, over more than one
+ * slice; meanwhile the other sessions are served and every check holds;
+ * at the end nothing of the session is left. */
+START_TEST(sliced_end_reclaims_exactly) {
+  struct fx f;
+  struct gmb_session *a = sl_setup(&f);
+  struct gmb_tenant *t = fx_tenant(&f, "shared");
+  struct gmb_pool_stats before, after;
+  gmb__pool_stats(f.b.pool, &before);
+  uint64_t a_bytes = a->used, a_allocs = a->allocations;
+  uint64_t t_used = t->used, n_sessions = gmb__sessions_count(f.b.sessions);
+  ck_assert_uint_eq(a_allocs, SL_N + 1);
+  gmb__core_session_end_sliced(&f.b, a, "test");
+  /* Gone at once from the table and its tenant; its bytes still counted. */
+  ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"a", 1));
+  ck_assert_uint_eq(gmb__sessions_count(f.b.sessions), n_sessions - 1);
+  ck_assert_uint_eq(t->n_sessions, 1);
+  ck_assert_uint_eq(t->reaping, 1);
+  ck_assert_uint_eq(t->reaping_bytes, a_bytes);
+  ck_assert_uint_eq(t->used, t_used);
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  unsigned slices = 0;
+  while (gmb__core_reap_step(&f.b, 0)) { /* one slice each */
+    slices++;
+    ck_assert_uint_le(slices, 100);
+    ck_assert_int_eq(gmb__core_check(&f.b), 0);
+    /* The others are served between slices. */
+    struct wire_reply rb = fx_must_alloc(&f, "b", 1001, 8192, GMB_MOVABLE);
+    ck_assert_int_eq(fx_free(&f, "b", 1001, rb.u.alloc.id), 0);
+    struct wire_reply rc = fx_must_alloc(&f, "c", 1002, 8192, 0);
+    ck_assert_int_eq(fx_free(&f, "c", 1002, rc.u.alloc.id), 0);
+  }
+  ck_assert_uint_ge(slices, 1); /* more than one slice */
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  ck_assert_ptr_null(f.b.reap_head);
+  ck_assert_uint_eq(t->reaping, 0);
+  ck_assert_uint_eq(t->reaping_bytes, 0);
+  ck_assert_uint_eq(t->used, t_used - a_bytes);
+  gmb__pool_stats(f.b.pool, &after);
+  ck_assert_uint_eq(after.used, before.used - a_bytes);
+  ck_assert_uint_eq(after.allocations, before.allocations - a_allocs);
+  fx_close(&f);
+}
+END_TEST
+
+/* A Bye of a session that holds many allocations ends it in slices too;
+ * an eviction of its tenant meanwhile frees the rest at once. */
+START_TEST(sliced_end_then_evict_frees_at_once) {
+  struct fx f;
+  sl_setup(&f);
+  struct gmb_tenant *t = fx_tenant(&f, "shared");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
+  ck_assert_uint_eq(t->reaping, 1);
+  ck_assert_int_eq(gmb__core_reap_step(&f.b, 0), 1); /* one slice, more */
+  gmb__core_reap_tenant(&f.b, t);
+  ck_assert_uint_eq(t->reaping, 0);
+  ck_assert_uint_eq(t->reaping_bytes, 0);
+  ck_assert_ptr_null(f.b.reap_head);
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *session_suite(void) {
   Suite *s = suite_create("session");
   TCase *tc = tcase_create("table");
@@ -944,6 +1043,8 @@ static Suite *session_suite(void) {
   tcase_add_test(tc, detach_twice_is_harmless);
   tcase_add_test(tc, end_retired_segment_told_to_those_who_stay);
   tcase_add_test(tc, close_sends_nothing);
+  tcase_add_test(tc, sliced_end_reclaims_exactly);
+  tcase_add_test(tc, sliced_end_then_evict_frees_at_once);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("slots");
