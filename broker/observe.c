@@ -78,7 +78,8 @@ void gmb__observe_tenant_row(struct gmb_tenant *t,
   memset(row, 0, sizeof *row);
   snprintf(row->name, sizeof row->name, "%s", t->name);
   row->quota = t->quota;
-  row->used = t->used;
+  row->used = t->used + t->vmm; /* as the tenant's own StatsReply says */
+  row->vmm = t->vmm;
   row->peak = t->peak;
   row->segments = as.segment_bytes;
   row->sessions = t->n_sessions;

@@ -353,7 +353,8 @@ GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out);
 
 typedef struct gmb_device_stats { /* the broker's device, as its pool sees it */
   uint64_t capacity;  /* bytes the broker may hold on the device */
-  uint64_t segments;  /* bytes of device segments it holds, all tenants */
+  uint64_t segments;  /* bytes of device segments it holds, all tenants,
+                         and of clients' own VMM memory (gmb_vmm_report) */
   uint64_t used;      /* bytes of live allocations, all tenants */
   uint64_t free_in_segments; /* free bytes inside this tenant's segments
                                 (segments serve one tenant each) */
@@ -364,6 +365,21 @@ typedef struct gmb_device_stats { /* the broker's device, as its pool sees it */
  * for new segments) + free_in_segments; other tenants' reservations may
  * take some of the room.  A broker older than these fields answers 0s. */
 GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out);
+
+/*
+ * Device memory this process made itself, outside gmb (the CUDA VMM API:
+ * cuMemCreate), counted by the broker against the tenant's quota: `bytes`
+ * is what the process holds so made now, in total, on the session's
+ * device (the preload shim reports its cuMemCreate/cuMemRelease so).  More
+ * than last reported is charged to the tenant and the device's room, or
+ * refused with nothing changed: GMB_E_QUOTA past the quota (counting the
+ * tenant's allocations and every one of its processes' reports),
+ * GMB_E_NOMEM when the device has no room; less is given back at once,
+ * and all of it when the session ends.  The tenant's `used` includes
+ * these bytes.  0 or a GMB_E_* code; *out (may be NULL) receives the
+ * tenant's figures after it.
+ */
+GMB_EXPORT int gmb_vmm_report(gmb_client *c, uint64_t bytes, gmb_stats *out);
 
 /* Fills *out with the figures of this session's tenant, as the broker
  * sees them (`cached`: with this session's figure as of this call). */

@@ -45,6 +45,7 @@ enum wire_kind {
   WIRE_ADMIN_TENANT_ADD,    /* request: AdminTenantAdd; reply: TENANT_ROW */
   WIRE_ADMIN_TENANT_REMOVE, /* request and reply: AdminTenantRemove,
                                TenantRemoveReply */
+  WIRE_VMM,           /* request: Vmm; reply: WIRE_STATS */
   WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
@@ -102,6 +103,9 @@ struct wire_request {
       uint64_t segment;
     } segment; /* WIRE_SEGMENT and WIRE_SEGMENT_CLOSED */
     struct {
+      uint64_t bytes; /* the process's VMM bytes now, in total */
+    } vmm;
+    struct {
       char tenant[WIRE_NAME_MAX + 1]; /* "": every tenant */
     } admin_compact;
     struct {
@@ -134,6 +138,7 @@ struct wire_tenant_row {
   int32_t priority;
   uint64_t cached; /* of used: free in its sessions' caches */
   uint64_t trim_asks, trim_ignored; /* since start, ended sessions too */
+  uint64_t vmm;    /* of used: its processes' own VMM memory */
 };
 
 /* One session in the admin status. */
@@ -217,6 +222,7 @@ struct wire_reply {
     struct {
       uint64_t quota, used, peak, segments;
       uint64_t cached; /* of used: free in the tenant's sessions' caches */
+      uint64_t vmm;    /* of used: its processes' own VMM memory */
       uint64_t device_capacity, device_segments, device_used,
           free_in_segments;
     } stats;

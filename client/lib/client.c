@@ -1459,6 +1459,26 @@ GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   return 0;
 }
 
+GMB_EXPORT int gmb_vmm_report(gmb_client *c, uint64_t bytes, gmb_stats *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  struct wire_request req = {.kind = WIRE_VMM};
+  req.u.vmm.bytes = bytes;
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
+  pthread_mutex_unlock(&c->io);
+  if (rc) return rc;
+  if (out) {
+    out->quota = rep.u.stats.quota;
+    out->used = rep.u.stats.used;
+    out->peak = rep.u.stats.peak;
+    out->segments = rep.u.stats.segments;
+    out->cached = rep.u.stats.cached;
+  }
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
 GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out) {
   struct wire_reply rep;
   int rc = client_stats(c, out, &rep);

@@ -89,6 +89,7 @@ def enable(path=None, patch_torch=True):
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         path, "gmb_torch_alloc", "gmb_torch_free")
     wired = _wire_hooks(alloc, path)
+    _register_oom_type(torch, path)
     torch.cuda.memory.change_current_allocator(alloc)
     _enabled_path = path
     if patch_torch:
@@ -114,6 +115,30 @@ def _wire_hooks(alloc, path):
         fn(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
         wired[setter] = True
     return wired
+
+
+_oom_type = None
+
+
+def _register_oom_type(torch, path):
+    """Tells libgmb-torch.so which Python class an out-of-memory raises:
+    torch.OutOfMemoryError (torch.cuda.OutOfMemoryError in older
+    releases), so that `except torch.OutOfMemoryError` catches gmb's
+    refusals as it catches PyTorch's own.  A PyTorch without either keeps
+    a RuntimeError.  The class is kept referenced here for the library."""
+    global _oom_type
+    cls = getattr(torch, "OutOfMemoryError", None) or \
+        getattr(torch.cuda, "OutOfMemoryError", None)
+    if cls is None:
+        return
+    lib = ctypes.CDLL(path)
+    fn = getattr(lib, "gmb_torch_set_oom_type", None)
+    if fn is None:
+        return
+    fn.argtypes = [ctypes.py_object]
+    fn.restype = None
+    _oom_type = cls
+    fn(cls)
 
 
 def hooks():
