@@ -289,6 +289,30 @@ typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
  * counts them (no message).  0, or GMB_E_INVAL for a NULL argument. */
 GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out);
 
+/* One block of the session's cache as gmb_cache_visit gives it: the piece
+ * of the block that lies in one run of consecutive mapped pages (the
+ * "segment" of a PyTorch-style snapshot); a free block that crosses
+ * unmapped pages is given piece by piece, and unmapped address space is
+ * not given at all. */
+typedef struct gmb_cache_block {
+  uint64_t seg_address, seg_size; /* the run of mapped pages */
+  uint64_t address, size;         /* the block (its piece in the run) */
+  uint64_t requested; /* LIVE, PENDING: the request rounded to 512 */
+  void *stream;       /* FREE, PENDING: the stream of its free */
+  int state;          /* GMB_BLOCK_* */
+} gmb_cache_block;
+#define GMB_BLOCK_FREE 0    /* free in the cache */
+#define GMB_BLOCK_LIVE 1    /* handed out (gmb_malloc_async) */
+#define GMB_BLOCK_PENDING 2 /* freed, waiting for another stream's work */
+typedef int (*gmb_cache_visit_fn)(void *arg, const gmb_cache_block *b);
+/* Calls fn for every block of the session's cache on mapped pages, in
+ * address order within each arena, holding each arena's lock in turn
+ * (fn must not call into the cache).  Stops when fn returns non-zero and
+ * returns that; else 0, or GMB_E_SYSTEM out of host memory.  A
+ * diagnostic: a consistent view of each arena, not of all at once. */
+GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
+                               void *arg);
+
 /*
  * Sleep and wake by tag, as vLLM's sleep mode and torch_memory_saver.
  *

@@ -2040,3 +2040,31 @@ void gmb__client_cache_counters(gmb_client *c,
                                 struct gmb_cache_counters *out) {
   gmb__cache_counters(c ? c->cache : NULL, out);
 }
+
+struct client_visit {
+  gmb_cache_visit_fn fn;
+  void *arg;
+};
+
+static int client_visit_block(void *arg, const struct gmb_cache_block_info *b) {
+  const struct client_visit *v = arg;
+  gmb_cache_block out = {
+      .seg_address = b->seg_base, .seg_size = b->seg_size,
+      .address = b->ptr, .size = b->size, .requested = b->req,
+      .stream = b->stream,
+      .state = b->state == GMB_CACHE_BLOCK_LIVE      ? GMB_BLOCK_LIVE
+               : b->state == GMB_CACHE_BLOCK_PENDING ? GMB_BLOCK_PENDING
+                                                     : GMB_BLOCK_FREE};
+  return v->fn(v->arg, &out);
+}
+
+GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
+                               void *arg) {
+  if (c == NULL || fn == NULL)
+    return client_fail(GMB_E_INVAL, "client or function is NULL");
+  struct client_visit v = {fn, arg};
+  int rc = gmb__cache_blocks(c->cache, client_visit_block, &v);
+  if (rc == GMB_E_SYSTEM)
+    return client_fail(rc, "out of host memory for the walk");
+  return rc;
+}
