@@ -504,31 +504,29 @@ static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
   return t->quota != 0 && (held >= t->quota || size > t->quota - held);
 }
 
-void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta) {
+/* Moves a figure kept per tenant and per uid budget (retiring, vmm) by
+ * delta: up saturating, down never below 0. */
+static void tenant_move(uint64_t *x, uint64_t *bx, int64_t delta) {
   uint64_t d = delta < 0 ? (uint64_t)0 - (uint64_t)delta : (uint64_t)delta;
-  struct gmb_uid_budget *bu = t->budget;
   if (delta >= 0) {
-    t->retiring = tenant_sum(t->retiring, d);
-    if (bu) bu->retiring = tenant_sum(bu->retiring, d);
+    *x = tenant_sum(*x, d);
+    if (bx) *bx = tenant_sum(*bx, d);
     return;
   }
-  t->retiring -= d < t->retiring ? d : t->retiring;
-  if (bu) bu->retiring -= d < bu->retiring ? d : bu->retiring;
+  *x -= d < *x ? d : *x;
+  if (bx) *bx -= d < *bx ? d : *bx;
+}
+
+void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta) {
+  tenant_move(&t->retiring, t->budget ? &t->budget->retiring : NULL, delta);
 }
 
 void gmb__tenant_vmm(struct gmb_tenant *t, int64_t delta) {
-  uint64_t d = delta < 0 ? (uint64_t)0 - (uint64_t)delta : (uint64_t)delta;
-  struct gmb_uid_budget *bu = t->budget;
-  if (delta >= 0) {
-    t->vmm = tenant_sum(t->vmm, d);
-    if (bu) bu->vmm = tenant_sum(bu->vmm, d);
-    uint64_t held = tenant_sum(t->used, t->vmm);
-    if (held > t->peak) t->peak = held;
-    return;
-  }
-  GMB_ASSERT(d <= t->vmm && "uncounting VMM bytes the tenant does not hold");
-  t->vmm -= d;
-  if (bu) bu->vmm -= d < bu->vmm ? d : bu->vmm;
+  GMB_ASSERT((delta >= 0 || (uint64_t)0 - (uint64_t)delta <= t->vmm) &&
+             "uncounting VMM bytes the tenant does not hold");
+  tenant_move(&t->vmm, t->budget ? &t->budget->vmm : NULL, delta);
+  uint64_t held = tenant_sum(t->used, t->vmm);
+  if (held > t->peak) t->peak = held;
 }
 
 int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {

@@ -1443,18 +1443,24 @@ static int client_stats(gmb_client *c, const void *out,
   return rc;
 }
 
+/* The tenant's figures of a StatsReply (Stats, Vmm) into *out. */
+static void client_tenant_stats(gmb_client *c, const struct wire_reply *rep,
+                                gmb_stats *out) {
+  out->quota = rep->u.stats.quota;
+  out->used = rep->u.stats.used;
+  out->peak = rep->u.stats.peak;
+  out->segments = rep->u.stats.segments;
+  /* The broker's sum over the tenant's sessions (this one's as this
+   * request reported it); an older broker sends 0: this session's then. */
+  out->cached = rep->u.stats.cached ? rep->u.stats.cached
+                                    : gmb__cache_cached(c->cache);
+}
+
 GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   struct wire_reply rep;
   int rc = client_stats(c, out, &rep);
   if (rc) return rc;
-  out->quota = rep.u.stats.quota;
-  out->used = rep.u.stats.used;
-  out->peak = rep.u.stats.peak;
-  out->segments = rep.u.stats.segments;
-  /* The broker's sum over the tenant's sessions (this one's as this
-   * request reported it); an older broker sends 0: this session's then. */
-  out->cached = rep.u.stats.cached ? rep.u.stats.cached
-                                   : gmb__cache_cached(c->cache);
+  client_tenant_stats(c, &rep, out);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -1468,13 +1474,7 @@ GMB_EXPORT int gmb_vmm_report(gmb_client *c, uint64_t bytes, gmb_stats *out) {
   int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
   pthread_mutex_unlock(&c->io);
   if (rc) return rc;
-  if (out) {
-    out->quota = rep.u.stats.quota;
-    out->used = rep.u.stats.used;
-    out->peak = rep.u.stats.peak;
-    out->segments = rep.u.stats.segments;
-    out->cached = rep.u.stats.cached;
-  }
+  if (out) client_tenant_stats(c, &rep, out);
   gmb__wire_reply_clear(&rep);
   return 0;
 }

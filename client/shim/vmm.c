@@ -201,7 +201,9 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
       (vmm_release_fn)(uintptr_t)gmb__pre_drv_real(PRE_DRV_MEM_RELEASE);
   if (real == NULL) return PRE_CUDA_INVALID_VALUE;
   CUresult r = real(handle);
-  if (r != 0) return r;
+  /* In a fork() child the records are the parent's, and so is the session
+   * (its ZeroMQ context must not be used here): nothing to report. */
+  if (r != 0 || gmb__shim_forked()) return r;
   pthread_mutex_lock(&vmm_mu);
   struct vmm_rec key = {.h = handle};
   struct vmm_rec *rec = RB_FIND(vmm_tree, &vmm_recs, &key);
