@@ -358,7 +358,7 @@ static void observe_dbl(FILE *f, const char *name, const char *type,
  * every tenant (the format wants a family's samples together). */
 struct observe_tenant {
   const char *name;
-  uint64_t used, quota, reserve, peak, segment_bytes, held_segments,
+  uint64_t used, vmm, quota, reserve, peak, segment_bytes, held_segments,
       allocations,
       refusals_quota, cached, trim_asks, trim_ignored;
   unsigned sessions;
@@ -391,7 +391,8 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
   gmb__pool_arena_stats(t->arena, &as);
   r->t[r->n++] = (struct observe_tenant){
       .name = t->name,
-      .used = t->used,
+      .used = t->used + t->vmm, /* as its StatsReply and row say */
+      .vmm = t->vmm,
       .quota = t->quota,
       .reserve = t->reserve,
       .peak = t->peak,
@@ -407,14 +408,20 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
   return 0;
 }
 
-enum { OT_USED, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
+enum { OT_USED, OT_VMM, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
        OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG };
 
 static const struct {
   const char *name, *help;
 } observe_tenant_family[] = {
     [OT_USED] = {"gmb_tenant_used_bytes",
-                 "Bytes of the tenant's live allocations (rounded)."},
+                 "Bytes of the tenant's live allocations (rounded), and of "
+                 "the device memory its processes made through the VMM "
+                 "API (gmb_tenant_vmm_bytes)."},
+    [OT_VMM] = {"gmb_tenant_vmm_bytes",
+                "Of the tenant's used bytes, the device memory its processes "
+                "made themselves through the CUDA VMM API (cuMemCreate "
+                "under the preload shim) and reported."},
     [OT_CACHED] = {"gmb_tenant_cached_bytes",
                    "Of the tenant's used bytes, those free in its sessions' "
                    "caches (as each last reported), which it could give "
@@ -451,6 +458,7 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
       fputs("\"} ", f);
       switch (k) {
         case OT_USED: fprintf(f, "%" PRIu64 "\n", t->used); break;
+        case OT_VMM: fprintf(f, "%" PRIu64 "\n", t->vmm); break;
         case OT_CACHED: fprintf(f, "%" PRIu64 "\n", t->cached); break;
         case OT_QUOTA: fprintf(f, "%" PRIu64 "\n", t->quota); break;
         case OT_RESERVE: fprintf(f, "%" PRIu64 "\n", t->reserve); break;
