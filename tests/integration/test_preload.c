@@ -866,6 +866,34 @@ START_TEST(preload_vmm_expandable_segments) {
 }
 END_TEST
 
+/* A cuMemCreate refused for the quota while the process's own cache holds
+ * idle pages of it (cuMemAllocAsync's, freed): the cache gives them back
+ * and the report is made again, which the broker then allows. */
+START_TEST(preload_vmm_refusal_trims_own_cache) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
+  /* The stand-in driver has no stream-ordered allocator: the preload's. */
+  prog_expect(&p, "global cuMemAllocAsync", "gmb:cuMemAllocAsync");
+  prog_expect(&p, "global cuMemFreeAsync", "gmb:cuMemFreeAsync");
+  prog_expect(&p, "aalloc 0 6291456", "0");
+  prog_expect(&p, "afree 0", "0");
+  /* The cache keeps the 6 MiB of pages: the tenant holds them. */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 6 * MIB);
+  prog_expect(&p, "create 1 4194304", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
+  prog_expect(&p, "release 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 /* Waits until the broker counts `want` bytes used by tenant pre. */
 static void pre_wait_used(const struct harness_broker *b, uint64_t want) {
   uint64_t got = 0;
@@ -1111,6 +1139,7 @@ int main(void) {
       preload_getproc_unknown_passes_through,
       preload_getproc_no_broker,
       preload_vmm_expandable_segments, preload_vmm_two_processes_one_quota,
+      preload_vmm_refusal_trims_own_cache,
       preload_nvml_reports_quota,
       preload_ipc_of_gmb_memory_refused,
       preload_routes_by_current_device,
