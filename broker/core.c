@@ -218,6 +218,20 @@ void gmb__core_close(struct gmb_broker *b) {
   b->statefile = NULL;
 }
 
+/* The VMM memory an ending session's process made died with it (the
+ * driver frees a process's allocations at its exit), or it released it
+ * before Bye: uncounted at once, sliced ending or not.  Returns the bytes. */
+static uint64_t core_session_vmm_gone(struct gmb_broker *b,
+                                      struct gmb_session *s) {
+  uint64_t vmm = s->vmm;
+  if (vmm) {
+    gmb__tenant_vmm(s->tenant, -(int64_t)vmm);
+    if (b->dev) gmb__device_external(b->dev, -(int64_t)vmm);
+    s->vmm = 0;
+  }
+  return vmm;
+}
+
 void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why) {
   struct gmb_tenant *t = s->tenant;
@@ -229,12 +243,15 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
   uint64_t freed = gmb__pool_free_owner(b->pool, t->arena, s);
   gmb__tenant_uncharge(t, freed);
   if (freed) b->pool_ops++;
+  uint64_t vmm = core_session_vmm_gone(b, s);
+  freed += vmm; /* room for waiters, below */
   /* Locks it held die with it: the table goes, and so do its slots. */
   gmb__locktab_destroy(s->lt);
   s->lt = NULL;
   log_info("session %" PRIu64 " (tenant %s, uid %u, pid %d) ended: %s; %"
-           PRIu64 " bytes in %" PRIu64 " allocations freed", s->id, t->name,
-           (unsigned)s->uid, (int)s->pid, why, freed, s->allocations);
+           PRIu64 " bytes in %" PRIu64 " allocations freed%s", s->id,
+           t->name, (unsigned)s->uid, (int)s->pid, why, freed - vmm,
+           s->allocations, vmm ? " (and its VMM memory)" : "");
   /* Retired cuda segments it had yet to close: its process's mappings died
    * with it (or it closed them before Bye), so it holds them no longer. */
   int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
@@ -261,8 +278,10 @@ void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
     return;
   }
   gmb__reclaim_forget_session(b, s);
+  gmb__sleep_forget_session(s);
   gmb__waitq_drop_session(b, s);
   gmb__defrag_forget_session(b, s);
+  uint64_t vmm = core_session_vmm_gone(b, s);
   /* No gmb_lock can claim its movable allocations from now on, and no
    * move starts: the broker claims through this table (defrag.c). */
   gmb__locktab_destroy(s->lt);
@@ -282,7 +301,7 @@ void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
            t->name, (unsigned)s->uid, (int)s->pid, why, s->used,
            s->allocations);
   int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
-  if (unparked) gmb__waitq_serve(b);
+  if (unparked || vmm) gmb__waitq_serve(b);
   gmb__reclaim_settle(b);
 }
 
@@ -401,6 +420,11 @@ static int core_sum_retiring(void *ctx, struct gmb_tenant *t) {
   return 0;
 }
 
+static int core_sum_vmm(void *ctx, struct gmb_tenant *t) {
+  *(uint64_t *)ctx += t->vmm;
+  return 0;
+}
+
 int gmb__core_check(struct gmb_broker *b) {
   int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
             gmb__reclaim_check(b) + gmb__sleep_check(b);
@@ -423,6 +447,14 @@ int gmb__core_check(struct gmb_broker *b) {
     log_error("check: tenants count %llu retiring bytes, the device %llu",
               (unsigned long long)retiring,
               (unsigned long long)b->dev->retiring_bytes);
+    bad++;
+  }
+  /* Every external byte the device counts is a session's VMM memory. */
+  uint64_t vmm = 0;
+  gmb__tenants_each(b->tenants, core_sum_vmm, &vmm);
+  if (b->dev && vmm != b->dev->external) {
+    log_error("check: tenants count %llu VMM bytes, the device %llu",
+              (unsigned long long)vmm, (unsigned long long)b->dev->external);
     bad++;
   }
   return bad;

@@ -3,8 +3,9 @@
  * capacity on top of whatever the implementation can do.
  *
  * Every segment goes through gmb__device_seg_new()/seg_free(), so `in_use`
- * and `segments` always equal the sum and count of live segments, and
- * in_use never passes `capacity`.  Sizes must be non-zero multiples of
+ * and `segments` always equal the sum and count of live segments (in_use
+ * plus the clients' own VMM bytes, `external`), and in_use never passes
+ * `capacity`.  Sizes must be non-zero multiples of
  * GMB_SEGMENT_ALIGN: a CUDA allocation is made of 2 MiB pages anyway, and
  * keeping the host device to the same rule means what passes on a laptop
  * behaves the same on a GPU.  Copies are bounds-checked here so that an
@@ -151,6 +152,21 @@ int gmb__device_seg_new(struct gmb_device *d, uint64_t id, uint64_t size,
   if (rc != 0) return rc;
   d->in_use += size;
   d->segments++;
+  return 0;
+}
+
+int gmb__device_external(struct gmb_device *d, int64_t delta) {
+  if (delta >= 0) {
+    if ((uint64_t)delta > d->capacity - d->in_use) return GMB_E_NOMEM;
+    d->in_use += (uint64_t)delta;
+    d->external += (uint64_t)delta;
+    return 0;
+  }
+  uint64_t n = (uint64_t)0 - (uint64_t)delta;
+  GMB_ASSERT(n <= d->external && n <= d->in_use &&
+             "uncounting external bytes the device does not count");
+  d->in_use -= n;
+  d->external -= n;
   return 0;
 }
 

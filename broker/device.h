@@ -71,7 +71,11 @@ struct gmb_device_retiring; /* device.c */
 struct gmb_device {
   const struct gmb_device_ops *ops;
   uint64_t capacity;  /* bytes that segments may total */
-  uint64_t in_use;    /* bytes of live segments */
+  uint64_t in_use;    /* bytes of live segments, and `external` */
+  /* Of in_use: device memory the clients made themselves through the VMM
+   * API (cuMemCreate under the preload shim) and reported, which takes
+   * the device's room as a segment does (gmb__device_external). */
+  uint64_t external;
   uint64_t segments;  /* count of live segments */
   uint64_t retiring;       /* of those, parked until clients close them */
   uint64_t retiring_bytes;
@@ -137,6 +141,12 @@ int gmb__device_holder_gone(struct gmb_device *d, uint64_t holder);
  * the contexts of n client processes, which the driver takes from the
  * same memory. */
 #define GMB_DEVICE_RESERVE_CONTEXTS (UINT64_C(1) << 63)
+/* Counts `delta` more (or, negative, fewer) bytes of device memory that a
+ * client made outside the broker's segments and reported (its VMM
+ * allocations): they take the room new segments would, so in_use and
+ * `external` move together.  0, or GMB_E_NOMEM with nothing counted when
+ * the capacity has no room for delta more. */
+int gmb__device_external(struct gmb_device *d, int64_t delta);
 
 /* The CUDA device (device_cuda.c): GPU `index` through the driver API
  * loaded at run time (proto/cudrv.h).  Capacity: what cuMemGetInfo says

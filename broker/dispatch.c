@@ -313,17 +313,76 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
   gmb__pool_arena_stats(s->tenant->arena, &as);
   rep->kind = WIRE_STATS;
   rep->u.stats.quota = s->tenant->quota;
-  rep->u.stats.used = s->tenant->used;
+  /* Its VMM bytes are memory it holds: in `used` too, so that quota -
+   * used is what it can still get, whichever way it asks. */
+  rep->u.stats.used = s->tenant->used + s->tenant->vmm;
+  rep->u.stats.vmm = s->tenant->vmm;
   rep->u.stats.peak = s->tenant->peak;
   rep->u.stats.segments = as.segment_bytes;
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   rep->u.stats.device_capacity = ps.capacity;
-  rep->u.stats.device_segments = ps.segment_bytes;
+  rep->u.stats.device_segments = ps.segment_bytes + b->dev->external;
   rep->u.stats.device_used = ps.used;
   rep->u.stats.free_in_segments = as.free_total;
   rep->u.stats.cached = gmb__tenant_cached(s->tenant);
   return 1;
+}
+
+/* --- the session's own VMM memory ------------------------------------- */
+
+/*
+ * The process now holds req->u.vmm.bytes of device memory it made itself
+ * through the VMM API (cuMemCreate under the preload shim): the total, not
+ * a change, so that a retry says the same thing twice.  More than before
+ * is charged to the tenant's quota (and uid budget) and the device's room,
+ * and refused as an allocation of the difference would be (GMB_E_QUOTA,
+ * GMB_E_NOMEM for the device or another tenant's reservation), with
+ * nothing changed; less is given back at once.  The reply is the tenant's
+ * figures after it (StatsReply).  No wait and no ask to other caches: the
+ * shim gives its own cache's free pages back before it reports.
+ */
+static int dispatch_vmm(struct gmb_broker *b, struct gmb_session *s,
+                        const struct wire_request *req,
+                        struct wire_reply *rep) {
+  struct gmb_tenant *t = s->tenant;
+  const uint64_t want = req->u.vmm.bytes, had = s->vmm;
+  if (want <= had) {
+    const uint64_t less = had - want;
+    if (less) {
+      gmb__tenant_vmm(t, -(int64_t)less);
+      gmb__device_external(b->dev, -(int64_t)less);
+      s->vmm = want;
+      gmb__waitq_serve(b);
+    }
+    return dispatch_stats(b, s, rep);
+  }
+  const uint64_t more = want - had;
+  char sz[GMB_SIZE_BUFSZ], why[WIRE_MESSAGE_MAX - 64];
+  if (more > b->dev->capacity)
+    return gmb__reply_fail(rep, GMB_E_NOMEM, "VMM memory of %s is more than "
+                           "the device's capacity", gmb__size_format(
+                               want, sz, sizeof sz));
+  if (gmb__tenant_fits(t, more) != 0) {
+    gmb__tenant_quota_why(t, more, why, sizeof why);
+    return gmb__reply_fail(rep, GMB_E_QUOTA, "%s (cuMemCreate)", why);
+  }
+  const uint64_t room = b->dev->capacity - b->dev->in_use;
+  if (more > room) {
+    char rm[GMB_SIZE_BUFSZ];
+    return gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s "
+                           "more, not %s (cuMemCreate)",
+                           gmb__size_format(room, rm, sizeof rm),
+                           gmb__size_format(more, sz, sizeof sz));
+  }
+  if (gmb__tenant_reserve_allows(b->tenants, t, more, room - more, why,
+                                 sizeof why) != 0)
+    return gmb__reply_fail(rep, GMB_E_NOMEM, "%s (cuMemCreate)", why);
+  int rc = gmb__device_external(b->dev, (int64_t)more);
+  GMB_ASSERT(rc == 0 && "the room was checked a moment ago");
+  gmb__tenant_vmm(t, (int64_t)more);
+  s->vmm = want;
+  return dispatch_stats(b, s, rep);
 }
 
 /* --- entry ------------------------------------------------------------ */
@@ -339,6 +398,8 @@ static int dispatch_request(struct gmb_broker *b, struct gmb_session *s,
       return dispatch_free(b, s, req, rep);
     case WIRE_STATS:
       return dispatch_stats(b, s, rep);
+    case WIRE_VMM:
+      return dispatch_vmm(b, s, req, rep);
     case WIRE_HEARTBEAT:
       return 0;
     case WIRE_SEGMENT_CLOSED:

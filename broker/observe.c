@@ -79,7 +79,8 @@ void gmb__observe_tenant_row(struct gmb_tenant *t,
   memset(row, 0, sizeof *row);
   snprintf(row->name, sizeof row->name, "%s", t->name);
   row->quota = t->quota;
-  row->used = t->used;
+  row->used = t->used + t->vmm; /* as the tenant's own StatsReply says */
+  row->vmm = t->vmm;
   row->peak = t->peak;
   row->segments = as.segment_bytes;
   row->sessions = t->n_sessions;
@@ -378,7 +379,7 @@ static void observe_dbl(FILE *f, const char *name, const char *type,
  * every tenant (the format wants a family's samples together). */
 struct observe_tenant {
   const char *name;
-  uint64_t used, quota, reserve, peak, segment_bytes, held_segments,
+  uint64_t used, vmm, quota, reserve, peak, segment_bytes, held_segments,
       allocations,
       refusals_quota, cached, trim_asks, trim_ignored;
   uint64_t host_bytes, paused_bytes, host_quota, pauses, resumes, sleep_asks;
@@ -413,7 +414,8 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
   gmb__pool_arena_stats(t->arena, &as);
   r->t[r->n++] = (struct observe_tenant){
       .name = t->name,
-      .used = t->used,
+      .used = t->used + t->vmm, /* as its StatsReply and row say */
+      .vmm = t->vmm,
       .quota = t->quota,
       .reserve = t->reserve,
       .peak = t->peak,
@@ -436,7 +438,7 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
   return 0;
 }
 
-enum { OT_USED, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
+enum { OT_USED, OT_VMM, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
        OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG, OT_HOST, OT_PAUSED,
        OT_HOST_QUOTA };
 
@@ -444,7 +446,13 @@ static const struct {
   const char *name, *help;
 } observe_tenant_family[] = {
     [OT_USED] = {"gmb_tenant_used_bytes",
-                 "Bytes of the tenant's live allocations (rounded)."},
+                 "Bytes of the tenant's live allocations (rounded), and of "
+                 "the device memory its processes made through the VMM "
+                 "API (gmb_tenant_vmm_bytes)."},
+    [OT_VMM] = {"gmb_tenant_vmm_bytes",
+                "Of the tenant's used bytes, the device memory its processes "
+                "made themselves through the CUDA VMM API (cuMemCreate "
+                "under the preload shim) and reported."},
     [OT_CACHED] = {"gmb_tenant_cached_bytes",
                    "Of the tenant's used bytes, those free in its sessions' "
                    "caches (as each last reported), which it could give "
@@ -489,6 +497,7 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
       fputs("\"} ", f);
       switch (k) {
         case OT_USED: fprintf(f, "%" PRIu64 "\n", t->used); break;
+        case OT_VMM: fprintf(f, "%" PRIu64 "\n", t->vmm); break;
         case OT_CACHED: fprintf(f, "%" PRIu64 "\n", t->cached); break;
         case OT_QUOTA: fprintf(f, "%" PRIu64 "\n", t->quota); break;
         case OT_RESERVE: fprintf(f, "%" PRIu64 "\n", t->reserve); break;

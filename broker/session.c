@@ -85,14 +85,21 @@ void gmb__tenant_trim_totals(const struct gmb_tenant *t, uint64_t *asks,
 }
 
 int gmb__tenant_sessions_check(const struct gmb_tenant *t) {
-  uint64_t used = 0;
+  uint64_t used = 0, vmm = 0;
   unsigned n = 0;
   for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next) {
     used += o->used;
+    vmm += o->vmm;
     n++;
   }
   int bad = 0;
   used += t->reaping_bytes; /* ended sessions not yet freed (core.c) */
+  if (vmm != t->vmm) {
+    log_error("session check: tenant %s counts %llu VMM bytes, its sessions "
+              "%llu", t->name, (unsigned long long)t->vmm,
+              (unsigned long long)vmm);
+    bad++;
+  }
   if (used != t->used) {
     log_error("session check: tenant %s uses %llu bytes, its sessions hold "
               "%llu (%llu of them ended ones')", t->name,

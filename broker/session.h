@@ -46,6 +46,11 @@ struct gmb_session {
   uint64_t allocations; /* live allocation count */
   uint64_t used;        /* bytes of them (rounded), charged to its tenant */
   uint64_t cached_free; /* free in its cache, as its last request said */
+  /* Bytes its process made itself through the VMM API and reported
+   * (WIRE_VMM), charged to its tenant (gmb_tenant.vmm) and the device
+   * (external) until it reports less or ends: one counter, never above
+   * the device's capacity, whatever the process sends. */
+  uint64_t vmm;
   /* Asks to give cached memory back (EVENT_TRIM): how many were sent,
    * and how many gave nothing back (unanswered past the broker's wait
    * bound, or answered while it held as much as before), for gmbctl and

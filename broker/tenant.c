@@ -60,6 +60,7 @@ struct gmb_uid_budget {
   unsigned refs;   /* tenants pointing to it */
   uint64_t used;   /* sum of their budget_charged */
   uint64_t retiring; /* sum of their `retiring` */
+  uint64_t vmm;      /* sum of their `vmm` */
   uint64_t limit;  /* gmb__tenants_uid_budget(), fixed at start; 0: none */
 };
 
@@ -138,6 +139,8 @@ static void tenant_budget_leave(struct gmb_tenants *ts, struct gmb_tenant *t) {
   /* Its retiring bytes: none, as it has no session left to hold them. */
   bu->retiring -= t->retiring < bu->retiring ? t->retiring : bu->retiring;
   t->retiring = 0;
+  bu->vmm -= t->vmm < bu->vmm ? t->vmm : bu->vmm;
+  t->vmm = 0;
   t->budget = NULL;
   GMB_ASSERT(bu->refs > 0 && "uid budget count drifted");
   if (--bu->refs) return;
@@ -490,29 +493,42 @@ static uint64_t tenant_sum(uint64_t a, uint64_t b) {
 }
 
 /* 1 when `size` more bytes pass t's uid budget (an ad-hoc tenant's);
- * retiring bytes count with those in use. */
+ * retiring and VMM bytes count with those in use. */
 static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
   const struct gmb_uid_budget *bu = t->budget;
   if (!tenant_budget_member(t) || bu->limit == 0) return 0;
-  uint64_t held = tenant_sum(bu->used, bu->retiring);
+  uint64_t held = tenant_sum(tenant_sum(bu->used, bu->retiring), bu->vmm);
   return held >= bu->limit || size > bu->limit - held;
 }
 
 static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
-  uint64_t held = tenant_sum(t->used, t->retiring);
+  uint64_t held = tenant_sum(tenant_sum(t->used, t->retiring), t->vmm);
   return t->quota != 0 && (held >= t->quota || size > t->quota - held);
 }
 
-void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta) {
+/* Moves a figure kept per tenant and per uid budget (retiring, vmm) by
+ * delta: up saturating, down never below 0. */
+static void tenant_move(uint64_t *x, uint64_t *bx, int64_t delta) {
   uint64_t d = delta < 0 ? (uint64_t)0 - (uint64_t)delta : (uint64_t)delta;
-  struct gmb_uid_budget *bu = t->budget;
   if (delta >= 0) {
-    t->retiring = tenant_sum(t->retiring, d);
-    if (bu) bu->retiring = tenant_sum(bu->retiring, d);
+    *x = tenant_sum(*x, d);
+    if (bx) *bx = tenant_sum(*bx, d);
     return;
   }
-  t->retiring -= d < t->retiring ? d : t->retiring;
-  if (bu) bu->retiring -= d < bu->retiring ? d : bu->retiring;
+  *x -= d < *x ? d : *x;
+  if (bx) *bx -= d < *bx ? d : *bx;
+}
+
+void gmb__tenant_retiring(struct gmb_tenant *t, int64_t delta) {
+  tenant_move(&t->retiring, t->budget ? &t->budget->retiring : NULL, delta);
+}
+
+void gmb__tenant_vmm(struct gmb_tenant *t, int64_t delta) {
+  GMB_ASSERT((delta >= 0 || (uint64_t)0 - (uint64_t)delta <= t->vmm) &&
+             "uncounting VMM bytes the tenant does not hold");
+  tenant_move(&t->vmm, t->budget ? &t->budget->vmm : NULL, delta);
+  uint64_t held = tenant_sum(t->used, t->vmm);
+  if (held > t->peak) t->peak = held;
 }
 
 int gmb__tenant_over(const struct gmb_tenant *t, uint64_t size) {
@@ -523,11 +539,17 @@ void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
                            char *why, size_t whycap) {
   char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
   if (tenant_quota_over(t, size) || !tenant_budget_over(t, size)) {
-    char ret[GMB_SIZE_BUFSZ + 64] = "";
+    char ret[2 * GMB_SIZE_BUFSZ + 128] = "";
     if (t->retiring) {
       char x[GMB_SIZE_BUFSZ];
       snprintf(ret, sizeof ret, ", %s in retired segments its processes "
                "have not closed", gmb__size_format(t->retiring, x, sizeof x));
+    }
+    if (t->vmm) {
+      char x[GMB_SIZE_BUFSZ];
+      size_t at = strlen(ret);
+      snprintf(ret + at, sizeof ret - at, ", %s made by its processes "
+               "through cuMemCreate", gmb__size_format(t->vmm, x, sizeof x));
     }
     snprintf(why, whycap, "tenant %s: %s more would pass its quota of %s "
              "(%s in use%s)", t->name, gmb__size_format(size, r, sizeof r),

@@ -75,7 +75,12 @@ struct gmb_tenant {
   uint64_t retiring; /* bytes of its retired segments that its sessions
                         still map (cuda): with `used`, against its quota
                         and its uid's budget, until they close them */
-  uint64_t peak;     /* highest `used` since start */
+  uint64_t vmm;      /* bytes its sessions made themselves through the
+                        VMM API (cuMemCreate under the preload shim) and
+                        reported (dispatch.c, WIRE_VMM): with `used`,
+                        against its quota and its uid's budget; the sum
+                        of its sessions' `vmm` */
+  uint64_t peak;     /* highest `used` (+ `vmm`) since start */
   uint64_t refusals_quota; /* requests refused by the quota */
   uint64_t refusals_reserve; /* refused for another tenant's reservation */
   uint64_t segment_bytes; /* bytes of its arena's segments (a mirror) */
@@ -210,6 +215,10 @@ void gmb__tenant_segments_sync(struct gmb_tenants *ts, struct gmb_tenant *t);
  * (the pool's retire callback, which runs before the pool's accounting). */
 void gmb__tenant_segment_retired(struct gmb_tenants *ts, struct gmb_tenant *t,
                                  uint64_t bytes);
+
+/* The VMM bytes of t's sessions (gmb_tenant.vmm): `delta` more (the
+ * caller checked gmb__tenant_fits first) or fewer. */
+void gmb__tenant_vmm(struct gmb_tenant *t, int64_t delta);
 
 /* Bytes of t's retired segments that its sessions still map (the
  * device's retire_note): `delta` more (parked) or fewer (freed at last);

@@ -290,6 +290,30 @@ typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
  * counts them (no message).  0, or GMB_E_INVAL for a NULL argument. */
 GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out);
 
+/* One block of the session's cache as gmb_cache_visit gives it: the piece
+ * of the block that lies in one run of consecutive mapped pages (the
+ * "segment" of a PyTorch-style snapshot); a free block that crosses
+ * unmapped pages is given piece by piece, and unmapped address space is
+ * not given at all. */
+typedef struct gmb_cache_block {
+  uint64_t seg_address, seg_size; /* the run of mapped pages */
+  uint64_t address, size;         /* the block (its piece in the run) */
+  uint64_t requested; /* LIVE, PENDING: the request rounded to 512 */
+  void *stream;       /* FREE, PENDING: the stream of its free */
+  int state;          /* GMB_BLOCK_* */
+} gmb_cache_block;
+#define GMB_BLOCK_FREE 0    /* free in the cache */
+#define GMB_BLOCK_LIVE 1    /* handed out (gmb_malloc_async) */
+#define GMB_BLOCK_PENDING 2 /* freed, waiting for another stream's work */
+typedef int (*gmb_cache_visit_fn)(void *arg, const gmb_cache_block *b);
+/* Calls fn for every block of the session's cache on mapped pages, in
+ * address order within each arena, holding each arena's lock in turn
+ * (fn must not call into the cache).  Stops when fn returns non-zero and
+ * returns that; else 0, or GMB_E_SYSTEM out of host memory.  A
+ * diagnostic: a consistent view of each arena, not of all at once. */
+GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
+                               void *arg);
+
 /*
  * Sleep and wake by tag, as vLLM's sleep mode and torch_memory_saver.
  *
@@ -376,7 +400,8 @@ GMB_EXPORT int gmb_device_get(gmb_client *c, gmb_device_info *out);
 
 typedef struct gmb_device_stats { /* the broker's device, as its pool sees it */
   uint64_t capacity;  /* bytes the broker may hold on the device */
-  uint64_t segments;  /* bytes of device segments it holds, all tenants */
+  uint64_t segments;  /* bytes of device segments it holds, all tenants,
+                         and of clients' own VMM memory (gmb_vmm_report) */
   uint64_t used;      /* bytes of live allocations, all tenants */
   uint64_t free_in_segments; /* free bytes inside this tenant's segments
                                 (segments serve one tenant each) */
@@ -387,6 +412,21 @@ typedef struct gmb_device_stats { /* the broker's device, as its pool sees it */
  * for new segments) + free_in_segments; other tenants' reservations may
  * take some of the room.  A broker older than these fields answers 0s. */
 GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out);
+
+/*
+ * Device memory this process made itself, outside gmb (the CUDA VMM API:
+ * cuMemCreate), counted by the broker against the tenant's quota: `bytes`
+ * is what the process holds so made now, in total, on the session's
+ * device (the preload shim reports its cuMemCreate/cuMemRelease so).  More
+ * than last reported is charged to the tenant and the device's room, or
+ * refused with nothing changed: GMB_E_QUOTA past the quota (counting the
+ * tenant's allocations and every one of its processes' reports),
+ * GMB_E_NOMEM when the device has no room; less is given back at once,
+ * and all of it when the session ends.  The tenant's `used` includes
+ * these bytes.  0 or a GMB_E_* code; *out (may be NULL) receives the
+ * tenant's figures after it.
+ */
+GMB_EXPORT int gmb_vmm_report(gmb_client *c, uint64_t bytes, gmb_stats *out);
 
 /* Fills *out with the figures of this session's tenant, as the broker
  * sees them (`cached`: with this session's figure as of this call). */

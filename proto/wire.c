@@ -74,6 +74,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__Heartbeat hb = GMB__HEARTBEAT__INIT;
   Gmb__Bye bye = GMB__BYE__INIT;
   Gmb__SegmentClosed sc = GMB__SEGMENT_CLOSED__INIT;
+  Gmb__Vmm vmm = GMB__VMM__INIT;
   Gmb__AdminStatus as = GMB__ADMIN_STATUS__INIT;
   Gmb__AdminCompact ac = GMB__ADMIN_COMPACT__INIT;
   Gmb__AdminLimit al = GMB__ADMIN_LIMIT__INIT;
@@ -134,6 +135,11 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       sc.segment = req->u.segment.segment;
       r.body_case = GMB__REQUEST__BODY_SEGMENT_CLOSED;
       r.segment_closed = &sc;
+      break;
+    case WIRE_VMM:
+      vmm.bytes = req->u.vmm.bytes;
+      r.body_case = GMB__REQUEST__BODY_VMM;
+      r.vmm = &vmm;
       break;
     case WIRE_ADMIN_STATUS:
       r.body_case = GMB__REQUEST__BODY_ADMIN_STATUS;
@@ -305,6 +311,10 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       out->kind = WIRE_SEGMENT_CLOSED;
       out->u.segment.segment = r->segment_closed->segment;
       break;
+    case GMB__REQUEST__BODY_VMM:
+      out->kind = WIRE_VMM;
+      out->u.vmm.bytes = r->vmm->bytes;
+      break;
     case GMB__REQUEST__BODY_ADMIN_STATUS:
       out->kind = WIRE_ADMIN_STATUS;
       break;
@@ -465,6 +475,7 @@ static void wire_row_out(const struct wire_tenant_row *t, Gmb__TenantRow *r) {
   r->resumes = t->resumes;
   r->paused_seconds = t->paused_seconds;
   r->sleep_asks = t->sleep_asks;
+  r->vmm = t->vmm;
 }
 
 static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
@@ -492,6 +503,7 @@ static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
   t->resumes = r->resumes;
   t->paused_seconds = r->paused_seconds;
   t->sleep_asks = r->sleep_asks;
+  t->vmm = r->vmm;
   return rc;
 }
 
@@ -759,6 +771,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
       stats.peak = rep->u.stats.peak;
       stats.segments = rep->u.stats.segments;
       stats.cached = rep->u.stats.cached;
+      stats.vmm = rep->u.stats.vmm;
       stats.device_capacity = rep->u.stats.device_capacity;
       stats.device_segments = rep->u.stats.device_segments;
       stats.device_used = rep->u.stats.device_used;
@@ -1016,6 +1029,7 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
       out->u.stats.peak = r->stats->peak;
       out->u.stats.segments = r->stats->segments;
       out->u.stats.cached = r->stats->cached;
+      out->u.stats.vmm = r->stats->vmm;
       out->u.stats.device_capacity = r->stats->device_capacity;
       out->u.stats.device_segments = r->stats->device_segments;
       out->u.stats.device_used = r->stats->device_used;
@@ -1133,6 +1147,7 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_ALLOC: return "alloc";
     case WIRE_FREE: return "free";
     case WIRE_STATS: return "stats";
+    case WIRE_VMM: return "vmm";
     case WIRE_HEARTBEAT: return "heartbeat";
     case WIRE_BYE: return "bye";
     case WIRE_EVENT: return "event";

@@ -48,6 +48,7 @@ enum wire_kind {
   WIRE_SLEEP_NOTE,    /* request: SleepNote; the reply is a status */
   WIRE_ADMIN_PAUSE,   /* request: AdminPause; reply: PauseReply */
   WIRE_ADMIN_RESUME,  /* request: AdminPause (admin_resume); reply: as pause */
+  WIRE_VMM,           /* request: Vmm; reply: WIRE_STATS */
   WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
@@ -117,6 +118,9 @@ struct wire_request {
       uint64_t segment;
     } segment; /* WIRE_SEGMENT and WIRE_SEGMENT_CLOSED */
     struct {
+      uint64_t bytes; /* the process's VMM bytes now, in total */
+    } vmm;
+    struct {
       char tenant[WIRE_NAME_MAX + 1]; /* "": every tenant */
     } admin_compact;
     struct {
@@ -165,6 +169,7 @@ struct wire_tenant_row {
   uint32_t paused_tags;
   uint64_t pauses, resumes, sleep_asks;
   double paused_seconds;
+  uint64_t vmm;    /* of used: its processes' own VMM memory */
 };
 
 /* One session in the admin status. */
@@ -253,6 +258,7 @@ struct wire_reply {
     struct {
       uint64_t quota, used, peak, segments;
       uint64_t cached; /* of used: free in the tenant's sessions' caches */
+      uint64_t vmm;    /* of used: its processes' own VMM memory */
       uint64_t device_capacity, device_segments, device_used,
           free_in_segments;
     } stats;

@@ -108,6 +108,7 @@ json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st) {
     json_object_set_new(row, "trim_ignored",
                         json_integer((json_int_t)t->trim_ignored));
     json_object_set_new(row, "sleep", ctl_json_sleep(t));
+    json_object_set_new(row, "vmm", json_integer((json_int_t)t->vmm));
   }
   return arr;
 }

@@ -279,6 +279,29 @@ typedef int (*gmb_cache_page_fn)(void *arg, uintptr_t addr,
                                  const struct gmb_cache_page *pg);
 int gmb__cache_pages(struct gmb_cache *k, gmb_cache_page_fn fn, void *arg);
 
+/* One block for a snapshot (gmb__cache_blocks): its piece within one run
+ * of consecutive mapped pages, the run being the snapshot's "segment".
+ * A free block across unmapped pages is cut at them; unmapped (VIRT)
+ * blocks are not visited. */
+enum { GMB_CACHE_BLOCK_FREE, GMB_CACHE_BLOCK_LIVE, GMB_CACHE_BLOCK_PENDING };
+struct gmb_cache_block_info {
+  uintptr_t seg_base; /* the run of mapped pages it lies in */
+  uint64_t seg_size;
+  uintptr_t ptr;      /* the block, or its piece in this run */
+  uint64_t size;
+  uint64_t req;       /* LIVE, PENDING: the request, rounded to 512 */
+  void *stream;       /* FREE, PENDING: the stream of the free */
+  int state;          /* GMB_CACHE_BLOCK_* */
+  unsigned arena;
+};
+typedef int (*gmb_cache_block_fn)(void *arg,
+                                  const struct gmb_cache_block_info *b);
+/* Visits every block on mapped pages, arena by arena (under each arena's
+ * lock in turn), span by span, in address order; stops when fn returns
+ * non-zero and returns that.  GMB_E_SYSTEM when out of host memory for
+ * the walk. */
+int gmb__cache_blocks(struct gmb_cache *k, gmb_cache_block_fn fn, void *arg);
+
 /* Checks every invariant of cache.c's opening paragraph (taking every
  * arena's lock in turn); returns the number of violations, each described
  * on stderr. */

@@ -11,6 +11,7 @@
 
 #include "cache.h"
 #include "cache_impl.h"
+#include "gmb.h"
 
 void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out) {
   memset(out, 0, sizeof *out);
@@ -49,6 +50,76 @@ int gmb__cache_pages(struct gmb_cache *k, gmb_cache_page_fn fn, void *arg) {
       for (uint64_t p = 0; p < s->npages && !rc; p++)
         if (s->page[p].pg.id)
           rc = fn(arg, s->base + (p << k->shift), &s->page[p].pg);
+    pthread_mutex_unlock(&a->mu);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* The runs of mapped pages of span s: run[i] is the index of the first
+ * page of page i's run (i when unmapped), end[i] one past its last. */
+static void cache_span_runs(const struct cache_span *s, uint64_t *run,
+                            uint64_t *end) {
+  for (uint64_t i = 0; i < s->npages; i++)
+    run[i] = i > 0 && s->page[i].pg.id && s->page[i - 1].pg.id ? run[i - 1]
+                                                                : i;
+  for (uint64_t i = s->npages; i-- > 0;)
+    end[i] = i + 1 < s->npages && s->page[i].pg.id && s->page[i + 1].pg.id
+                 ? end[i + 1]
+                 : i + 1;
+}
+
+/* Each piece of block b on mapped pages of s, to fn. */
+static int cache_block_pieces(const struct gmb_cache *k, unsigned ai,
+                              const struct cache_span *s,
+                              const struct cache_block *b,
+                              const uint64_t *run, const uint64_t *end,
+                              gmb_cache_block_fn fn, void *arg) {
+  struct gmb_cache_block_info info = {0};
+  info.state = cache_live(b) ? (b->pending ? GMB_CACHE_BLOCK_PENDING
+                                           : GMB_CACHE_BLOCK_LIVE)
+                             : GMB_CACHE_BLOCK_FREE;
+  info.req = cache_live(b) ? b->req : 0;
+  info.stream = b->stream;
+  info.arena = ai;
+  uintptr_t at = b->ptr, stop = b->ptr + b->size;
+  while (at < stop) {
+    uint64_t i = (at - s->base) >> k->shift;
+    uintptr_t next;
+    if (s->page[i].pg.id == 0) {
+      next = s->base + ((i + 1) << k->shift);
+    } else {
+      next = s->base + (end[i] << k->shift);
+      info.seg_base = s->base + (run[i] << k->shift);
+      info.seg_size = (end[i] - run[i]) << k->shift;
+      info.ptr = at;
+      info.size = (next < stop ? next : stop) - at;
+      int rc = fn(arg, &info);
+      if (rc) return rc;
+    }
+    at = next;
+  }
+  return 0;
+}
+
+int gmb__cache_blocks(struct gmb_cache *k, gmb_cache_block_fn fn, void *arg) {
+  if (k == NULL) return 0;
+  for (unsigned i = 0; i < cache_arenas(k); i++) {
+    struct cache_arena *a = &k->arena[i];
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    for (struct cache_span *s = a->spans; s && !rc; s = s->next) {
+      uint64_t *run = malloc(2 * s->npages * sizeof *run);
+      if (run == NULL) {
+        rc = GMB_E_SYSTEM;
+        break;
+      }
+      cache_span_runs(s, run, run + s->npages);
+      for (const struct cache_block *b = s->first; b && !rc; b = b->next)
+        if (b->state != CACHE_VIRT && b->state != CACHE_LOST)
+          rc = cache_block_pieces(k, i, s, b, run, run + s->npages, fn, arg);
+      free(run);
+    }
     pthread_mutex_unlock(&a->mu);
     if (rc) return rc;
   }

@@ -1515,18 +1515,38 @@ static int client_stats(gmb_client *c, const void *out,
   return rc;
 }
 
+/* The tenant's figures of a StatsReply (Stats, Vmm) into *out. */
+static void client_tenant_stats(gmb_client *c, const struct wire_reply *rep,
+                                gmb_stats *out) {
+  out->quota = rep->u.stats.quota;
+  out->used = rep->u.stats.used;
+  out->peak = rep->u.stats.peak;
+  out->segments = rep->u.stats.segments;
+  /* The broker's sum over the tenant's sessions (this one's as this
+   * request reported it); an older broker sends 0: this session's then. */
+  out->cached = rep->u.stats.cached ? rep->u.stats.cached
+                                    : gmb__cache_cached(c->cache);
+}
+
 GMB_EXPORT int gmb_tenant_stats(gmb_client *c, gmb_stats *out) {
   struct wire_reply rep;
   int rc = client_stats(c, out, &rep);
   if (rc) return rc;
-  out->quota = rep.u.stats.quota;
-  out->used = rep.u.stats.used;
-  out->peak = rep.u.stats.peak;
-  out->segments = rep.u.stats.segments;
-  /* The broker's sum over the tenant's sessions (this one's as this
-   * request reported it); an older broker sends 0: this session's then. */
-  out->cached = rep.u.stats.cached ? rep.u.stats.cached
-                                   : gmb__cache_cached(c->cache);
+  client_tenant_stats(c, &rep, out);
+  gmb__wire_reply_clear(&rep);
+  return 0;
+}
+
+GMB_EXPORT int gmb_vmm_report(gmb_client *c, uint64_t bytes, gmb_stats *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  struct wire_request req = {.kind = WIRE_VMM};
+  req.u.vmm.bytes = bytes;
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
+  pthread_mutex_unlock(&c->io);
+  if (rc) return rc;
+  if (out) client_tenant_stats(c, &rep, out);
   gmb__wire_reply_clear(&rep);
   return 0;
 }
@@ -2145,4 +2165,32 @@ GMB_EXPORT int gmb_sleep_policy_set(gmb_client *c, const char *policy) {
 void gmb__client_cache_counters(gmb_client *c,
                                 struct gmb_cache_counters *out) {
   gmb__cache_counters(c ? c->cache : NULL, out);
+}
+
+struct client_visit {
+  gmb_cache_visit_fn fn;
+  void *arg;
+};
+
+static int client_visit_block(void *arg, const struct gmb_cache_block_info *b) {
+  const struct client_visit *v = arg;
+  gmb_cache_block out = {
+      .seg_address = b->seg_base, .seg_size = b->seg_size,
+      .address = b->ptr, .size = b->size, .requested = b->req,
+      .stream = b->stream,
+      .state = b->state == GMB_CACHE_BLOCK_LIVE      ? GMB_BLOCK_LIVE
+               : b->state == GMB_CACHE_BLOCK_PENDING ? GMB_BLOCK_PENDING
+                                                     : GMB_BLOCK_FREE};
+  return v->fn(v->arg, &out);
+}
+
+GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
+                               void *arg) {
+  if (c == NULL || fn == NULL)
+    return client_fail(GMB_E_INVAL, "client or function is NULL");
+  struct client_visit v = {fn, arg};
+  int rc = gmb__cache_blocks(c->cache, client_visit_block, &v);
+  if (rc == GMB_E_SYSTEM)
+    return client_fail(rc, "out of host memory for the walk");
+  return rc;
 }

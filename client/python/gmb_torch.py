@@ -24,8 +24,8 @@ __all__ = ["enable", "library_path", "last_error", "empty_cache", "hooks",
            "HOOKS", "memory_stats", "memory_stats_as_nested_dict",
            "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info",
-           "record_history", "memory_snapshot", "PATCHED", "tag", "pause",
-           "resume", "LEVELS"]
+           "record_history", "memory_snapshot", "snapshot", "PATCHED", "tag",
+           "pause", "resume", "LEVELS"]
 
 _LIB_NAME = "libgmb-torch.so"
 _enabled_path = None
@@ -90,6 +90,7 @@ def enable(path=None, patch_torch=True):
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         path, "gmb_torch_alloc", "gmb_torch_free")
     wired = _wire_hooks(alloc, path)
+    _register_oom_type(torch, path)
     torch.cuda.memory.change_current_allocator(alloc)
     _enabled_path = path
     if patch_torch:
@@ -115,6 +116,30 @@ def _wire_hooks(alloc, path):
         fn(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
         wired[setter] = True
     return wired
+
+
+_oom_type = None
+
+
+def _register_oom_type(torch, path):
+    """Tells libgmb-torch.so which Python class an out-of-memory raises:
+    torch.OutOfMemoryError (torch.cuda.OutOfMemoryError in older
+    releases), so that `except torch.OutOfMemoryError` catches gmb's
+    refusals as it catches PyTorch's own.  A PyTorch without either keeps
+    a RuntimeError.  The class is kept referenced here for the library."""
+    global _oom_type
+    cls = getattr(torch, "OutOfMemoryError", None) or \
+        getattr(torch.cuda, "OutOfMemoryError", None)
+    if cls is None:
+        return
+    lib = ctypes.CDLL(path)
+    fn = getattr(lib, "gmb_torch_set_oom_type", None)
+    if fn is None:
+        return
+    fn.argtypes = [ctypes.py_object]
+    fn.restype = None
+    _oom_type = cls
+    fn(cls)
 
 
 def hooks():
@@ -440,20 +465,114 @@ def memory_snapshot():
              "state": "active_allocated"} for b in buf[:got]]
 
 
+class _SegBlock(ctypes.Structure):
+    """struct gmb_torch_seg_block (client/shim/torch.c)."""
+    _fields_ = [("seg_address", ctypes.c_uint64),
+                ("seg_size", ctypes.c_uint64), ("address", ctypes.c_uint64),
+                ("size", ctypes.c_uint64),
+                ("requested_size", ctypes.c_uint64),
+                ("stream", ctypes.c_uint64), ("device", ctypes.c_int32),
+                ("state", ctypes.c_uint32)]
+
+
+# GMB_BLOCK_FREE, _LIVE, _PENDING -> PyTorch's block states.
+_STATES = ("inactive", "active_allocated", "active_pending_free")
+
+
+def snapshot(device=None):
+    """This process's gmb memory in the format of PyTorch's
+    torch.cuda.memory._snapshot(): {"segments": [...], "device_traces":
+    [...], "allocator_settings": {...}}.  A segment is a run of consecutive
+    pages the cache has mapped (2 MiB pages in a reserved range, as
+    PyTorch's expandable segments: "is_expandable" is True), with
+    "device", "address", "total_size", "allocated_size", "active_size",
+    "requested_size", "stream" (0), "segment_type" ("small" for one page,
+    else "large"), "segment_pool_id" ((0, 0)), "frames" ([]) and "blocks":
+    each {"address", "size", "requested_size", "state" ("active_allocated",
+    "active_pending_free" or "inactive"), "frames": []}, tiling the
+    segment in address order.  requested_size is what PyTorch asked for
+    when record_history() was on at the allocation, else the size rounded
+    to 512.  gmb records no trace of events: "device_traces" holds an
+    empty list per device.  device: an index, "cuda:N", or None for
+    every device with a session."""
+    lib = _lib()
+    lib.gmb_torch_blocks.restype = ctypes.c_long
+    lib.gmb_torch_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_size_t]
+    dev = -1 if device is None else _device_index(device)
+    while True:
+        n = lib.gmb_torch_blocks(dev, None, 0)
+        if n < 0:
+            raise RuntimeError("gmb_torch.snapshot: %s" % last_error())
+        buf = (_SegBlock * max(n, 1))()
+        got = lib.gmb_torch_blocks(dev, buf, n)
+        if got < 0:
+            raise RuntimeError("gmb_torch.snapshot: %s" % last_error())
+        if got <= n:  # else more arrived meanwhile: again
+            break
+    segments = []
+    by_key = {}
+    for b in buf[:got]:
+        key = (b.device, b.seg_address)
+        seg = by_key.get(key)
+        if seg is None:
+            seg = {"device": b.device, "address": b.seg_address,
+                   "total_size": b.seg_size, "allocated_size": 0,
+                   "active_size": 0, "requested_size": 0, "stream": 0,
+                   "segment_type": "small" if b.seg_size <= 2 << 20
+                   else "large",
+                   "segment_pool_id": (0, 0), "is_expandable": True,
+                   "frames": [], "blocks": []}
+            by_key[key] = seg
+            segments.append(seg)
+        state = _STATES[b.state] if b.state < len(_STATES) else "inactive"
+        seg["blocks"].append({"address": b.address, "size": b.size,
+                              "requested_size": b.requested_size
+                              if state != "inactive" else 0,
+                              "state": state, "frames": []})
+        if state != "inactive":
+            seg["active_size"] += b.size
+        if state == "active_allocated":
+            seg["allocated_size"] += b.size
+            seg["requested_size"] += b.requested_size
+    segments.sort(key=lambda s: (s["device"], s["address"]))
+    for seg in segments:
+        seg["blocks"].sort(key=lambda b: b["address"])
+    ndev = max([s["device"] for s in segments] + [dev, 0]) + 1
+    return {"segments": segments,
+            "device_traces": [[] for _ in range(ndev)],
+            "allocator_settings": {"allocator": "gmb",
+                                   "expandable_segments": True}}
+
+
+def _torch_memory_snapshot(mempool_id=None):
+    """torch.cuda.memory_snapshot() under gmb: the segments of
+    snapshot()."""
+    return snapshot()["segments"]
+
+
+def _torch_snapshot(device=None):
+    """torch.cuda.memory._snapshot() under gmb (what _dump_snapshot() and
+    the memory visualiser read): snapshot()."""
+    return snapshot(device)
+
+
 # torch.cuda.memory's functions enable() replaces, and with what.  PyTorch's
 # memory_stats(), memory_allocated(), max_memory_allocated(),
 # memory_reserved() and max_memory_reserved() all read
 # memory_stats_as_nested_dict() (a global of torch.cuda.memory), so they
 # answer with gmb's figures once it is replaced.
 PATCHED = ("memory_stats_as_nested_dict", "reset_peak_memory_stats",
-           "mem_get_info")
+           "mem_get_info", "memory_snapshot", "_snapshot")
 
 
 def _patch_torch(torch):
     mod = torch.cuda.memory
     ours = {"memory_stats_as_nested_dict": memory_stats_as_nested_dict,
             "reset_peak_memory_stats": reset_peak_memory_stats,
-            "mem_get_info": mem_get_info}
+            "mem_get_info": mem_get_info,
+            "memory_snapshot": _torch_memory_snapshot,
+            "_snapshot": _torch_snapshot}
     for name in PATCHED:
         if hasattr(mod, name):
             setattr(mod, name, ours[name])

@@ -49,7 +49,8 @@
  * The other parts of the library (preload.h, which also declares the
  * CUDA types): getproc.c hands these functions to programs that look the
  * driver up (cuGetProcAddress, dlsym: the static runtime) and finds the
- * driver's own for them; vmm.c holds cuMemCreate to the quota; nvml.c
+ * driver's own for them; vmm.c reports cuMemCreate to the broker, which
+ * charges it to the tenant's quota; nvml.c
  * gives NVML the figures of gmb__pre_figures below.  Legacy CUDA IPC of
  * a pointer of ours is refused here (the end of this file).
  */
@@ -343,12 +344,12 @@ static int pre_free_async(int drv, int ptsz, void *p, cudaStream_t stream) {
 }
 
 /* Free and total as the program should see them, every interface alike
- * (the runtime's, the driver's, NVML's): gmb__shim_figures with this
- * process's cuMemCreate bytes (vmm.c), which the broker does not see. */
+ * (the runtime's, the driver's, NVML's): gmb__shim_figures.  This
+ * process's cuMemCreate bytes (vmm.c) are the broker's to count: they are
+ * in the tenant's `used` and the device's segments already. */
 int gmb__pre_figures(gmb_client *c, gmb__pre_real_figures_fn real,
                      void *arg, uint64_t *freep, uint64_t *totalp) {
-  return gmb__shim_figures(c, gmb__pre_vmm_bytes(), real, arg, freep,
-                           totalp);
+  return gmb__shim_figures(c, 0, real, arg, freep, totalp);
 }
 
 /* A cudaMemGetInfo-like function as gmb__pre_figures asks for it. */

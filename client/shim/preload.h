@@ -3,7 +3,7 @@
  * runtime and driver allocation calls), getproc.c (cuGetProcAddress,
  * cudaGetDriverEntryPoint* and dlsym, which hand out preload.c's functions
  * to programs that look the driver up instead of linking it), vmm.c (the
- * VMM calls, counted and limited) and nvml.c (NVML's memory figures).
+ * VMM calls, charged to the tenant at the broker) and nvml.c (NVML's memory figures).
  * docs/preload.md is the user's page.
  *
  * The CUDA types are declared here (the enums are int-sized, CUdeviceptr
@@ -85,8 +85,8 @@ void gmb__pre_say_refused(const char *what, size_t size, int rc,
 
 /*
  * The memory figures every interface reports (cudaMemGetInfo,
- * cuMemGetInfo, NVML): total = the tenant's quota, free = quota - used -
- * the bytes this process holds through the VMM calls (vmm.c), or, for a
+ * cuMemGetInfo, NVML): total = the tenant's quota, free = quota - used
+ * (the tenant's VMM bytes, vmm.c, are in `used`), or, for a
  * tenant without a quota, what the broker could still give it (see
  * preload.c), for which `real` (may be NULL) gives the device's own
  * figures (called with `arg`; 0 or its own error code).  0, a negative
@@ -96,7 +96,8 @@ typedef gmb__shim_real_figures_fn gmb__pre_real_figures_fn;
 int gmb__pre_figures(gmb_client *c, gmb__pre_real_figures_fn real,
                      void *arg, uint64_t *freep, uint64_t *totalp);
 
-/* Bytes of this process's live cuMemCreate allocations (vmm.c). */
+/* Bytes of this process's live cuMemCreate allocations on devices, as
+ * the brokers were told (vmm.c). */
 uint64_t gmb__pre_vmm_bytes(void);
 
 /* Exported (interposed) functions that other parts hand out. */

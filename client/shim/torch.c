@@ -435,6 +435,75 @@ long gmb_torch_snapshot(struct gmb_torch_block *out, size_t cap) {
   return n;
 }
 
+/*
+ * The blocks of every session's cache, for gmb_torch.snapshot() (PyTorch's
+ * snapshot format: client/python/gmb_torch.py groups them into segments).
+ * A "segment" is a run of consecutive mapped pages of the cache; a block
+ * is given with its state, and its requested size as PyTorch asked when
+ * record_history() was on at its allocation, else rounded to 512.
+ */
+struct gmb_torch_seg_block {
+  uint64_t seg_address, seg_size, address, size, requested_size, stream;
+  int32_t device;
+  uint32_t state; /* GMB_BLOCK_FREE, _LIVE, _PENDING */
+};
+GMB_SHIM_API long gmb_torch_blocks(int device, struct gmb_torch_seg_block *out,
+                                   size_t cap);
+
+struct torch_visit {
+  struct gmb_torch_seg_block *out;
+  size_t cap;
+  long n;
+  int device;
+};
+
+static int torch_visit_block(void *arg, const gmb_cache_block *b) {
+  struct torch_visit *v = arg;
+  if (v->out && (size_t)v->n < v->cap) {
+    struct gmb_torch_seg_block *o = &v->out[v->n];
+    *o = (struct gmb_torch_seg_block){b->seg_address, b->seg_size,
+                                      b->address, b->size, b->requested,
+                                      (uintptr_t)b->stream, v->device,
+                                      (uint32_t)b->state};
+    if (b->state != GMB_BLOCK_FREE &&
+        atomic_load_explicit(&torch_blk_live, memory_order_relaxed)) {
+      struct torch_blk key;
+      key.b.address = b->address;
+      pthread_mutex_lock(&torch_blk_mu);
+      struct torch_blk *r = RB_FIND(torch_blk_tree, &torch_blks, &key);
+      if (r) {
+        o->requested_size = r->b.requested_size;
+        o->stream = r->b.stream;
+      }
+      pthread_mutex_unlock(&torch_blk_mu);
+    }
+  }
+  v->n++;
+  return 0;
+}
+
+/* Up to cap blocks of device `device`'s session (-1: every device's) into
+ * out, by device, then arena and address; the number there are (call with
+ * cap 0 to size the buffer), or a negative GMB_E_* code. */
+long gmb_torch_blocks(int device, struct gmb_torch_seg_block *out,
+                      size_t cap) {
+  struct torch_visit v = {out, cap, 0, 0};
+  gmb_client *seen[GMB_SHIM_MAX_DEVICES];
+  int n_seen = 0;
+  for (int d = device < 0 ? 0 : device;
+       d < (device < 0 ? GMB_SHIM_MAX_DEVICES : device + 1); d++) {
+    gmb_client *c = gmb__shim_session_of(d);
+    int dup = 0;
+    for (int i = 0; i < n_seen; i++) dup |= seen[i] == c;
+    if (c == NULL || dup) continue; /* the host session serves them all */
+    seen[n_seen++] = c;
+    v.device = d;
+    int rc = gmb_cache_visit(c, torch_visit_block, &v);
+    if (rc) return rc;
+  }
+  return v.n;
+}
+
 /* The session of PyTorch's device (-1: the current one; *dev receives the
  * ordinal), or NULL with the reason recorded as `what`(arg)'s. */
 static gmb_client *torch_session(int device, int *dev, const char *what,

@@ -841,9 +841,10 @@ END_TEST
  * The VMM calls as PyTorch's expandable segments use them: a reserved
  * range, 2 MiB handles made with cuMemCreate and mapped one after another,
  * bytes across their boundary, the tail unmapped and released as the
- * segment shrinks.  cuMemCreate counts against the tenant's quota beside
- * its broker memory and is refused past it; cudaMemGetInfo's figure
- * includes it; release gives the room back.
+ * segment shrinks.  cuMemCreate is charged to the tenant at the broker,
+ * beside its broker memory (the tenant's row says how much of `used` is
+ * VMM memory), and refused past the quota; cuMemGetInfo's figure is the
+ * broker's; release gives the room back.
  */
 START_TEST(preload_vmm_expandable_segments) {
   struct harness_gpus g;
@@ -861,6 +862,10 @@ START_TEST(preload_vmm_expandable_segments) {
   prog_expect(&p, "vmap 0 0", "0");
   prog_expect(&p, "create 1 2097152", "0");
   prog_expect(&p, "vmap 1 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 6 * MIB);
+  struct wire_tenant_row row;
+  ck_assert_int_eq(harness_tenant_row(&b, "pre", &row), 0);
+  ck_assert_uint_eq(row.vmm, 4 * MIB);
   prog_expect(&p, "vfill 1048576 2097152 7", "0"); /* across the boundary */
   prog_expect(&p, "vcheck 1048576 2097152 7", "0");
   prog_expect(&p, "info", "0 2097152 8388608");
@@ -868,12 +873,15 @@ START_TEST(preload_vmm_expandable_segments) {
   prog_expect(&p, "vmap 2 2", "0");
   prog_expect(&p, "create 3 2097152", "2"); /* 2 + 3 x 2 MiB held */
   prog_expect(&p, "info", "0 0 8388608");
-  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB); /* the broker's part */
+  ck_assert_uint_eq(pre_used(&b, "pre"), PRE_QUOTA);
   prog_expect(&p, "vunmap 2", "0"); /* the segment shrinks */
   prog_expect(&p, "release 2", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 6 * MIB);
   prog_expect(&p, "create 3 2097152", "0");
   prog_expect(&p, "vmap 2 3", "0");
   prog_expect(&p, "vcheck 1048576 2097152 7", "0");
+  /* Broker memory and VMM memory share the quota both ways. */
+  prog_expect(&p, "alloc 8 2097152", "2");
   prog_expect(&p, "free 9", "0");
   prog_expect(&p, "create 4 2097152", "0");
   prog_expect(&p, "info", "0 0 8388608");
@@ -888,9 +896,109 @@ START_TEST(preload_vmm_expandable_segments) {
   prog_expect(&p, "release 4", "0");
   prog_expect(&p, "vfree", "0");
   prog_expect(&p, "info", "0 8388608 8388608");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
   char *err = prog_end(&p, 0);
   ck_assert_msg(harness_count(err, "cuMemCreate(2097152) refused: "
                                    "GMB_E_QUOTA") == 1,
+                "stderr:\n%s", err);
+  free(err);
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* A cuMemCreate refused for the quota while the process's own cache holds
+ * idle pages of it (cuMemAllocAsync's, freed): the cache gives them back
+ * and the report is made again, which the broker then allows. */
+START_TEST(preload_vmm_refusal_trims_own_cache) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
+  /* The stand-in driver has no stream-ordered allocator: the preload's. */
+  prog_expect(&p, "global cuMemAllocAsync", "gmb:cuMemAllocAsync");
+  prog_expect(&p, "global cuMemFreeAsync", "gmb:cuMemFreeAsync");
+  prog_expect(&p, "aalloc 0 6291456", "0");
+  prog_expect(&p, "afree 0", "0");
+  /* The cache keeps the 6 MiB of pages: the tenant holds them. */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 6 * MIB);
+  prog_expect(&p, "create 1 4194304", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
+  prog_expect(&p, "release 1", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* Waits until the broker counts `want` bytes used by tenant pre. */
+static void pre_wait_used(const struct harness_broker *b, uint64_t want) {
+  uint64_t got = 0;
+  for (int i = 0; i < HARNESS_WAIT_MS / 20; i++) {
+    got = pre_used(b, "pre");
+    if (got == want) return;
+    harness_sleep_ms(20);
+  }
+  ck_abort_msg("tenant pre uses %llu bytes, want %llu",
+               (unsigned long long)got, (unsigned long long)want);
+}
+
+/*
+ * Two processes of one tenant under one quota (48 MiB), with the sizes
+ * expandable segments ask for (20 MiB for large pools, 2 MiB for small):
+ * the second is refused where the two together would pass the quota, not
+ * where it alone would; the broker's figures and cuMemGetInfo's agree in
+ * both.  The first is killed holding its handles: the broker gives its
+ * VMM bytes back when its session ends, and the second gets them.
+ */
+START_TEST(preload_vmm_two_processes_one_quota) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  harness_fake_gpus(&g, 1);
+  harness_broker_start_gpu(&b, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           "[tenant:pre]\nquota = 48MiB\n");
+  struct prog p1 = {0}, p2 = {0};
+  static_start(&p1, NULL, 1);
+  static_start(&p2, (const char *const[]){"GMB_PRELOAD_VERBOSE", "1", NULL},
+               1);
+  prog_expect(&p1, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p2, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p2, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
+  prog_expect(&p1, "create 0 20971520", "0");
+  prog_expect(&p1, "create 1 2097152", "0");
+  prog_expect(&p1, "create 2 2097152", "0");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 24 * MIB);
+  prog_expect(&p2, "create 0 20971520", "0");
+  prog_expect(&p2, "info", "0 4194304 50331648");
+  prog_expect(&p1, "info", "0 4194304 50331648");
+  prog_expect(&p2, "create 1 2097152", "0");
+  prog_expect(&p2, "create 2 2097152", "0");
+  prog_expect(&p2, "create 3 2097152", "2"); /* 24 + 24 held: the quota */
+  prog_expect(&p2, "create 3 20971520", "2");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 48 * MIB);
+  /* Killed with its three handles live: they are given back. */
+  kill(p1.pid, SIGKILL);
+  harness_wait(p1.pid);
+  close(p1.in);
+  close(p1.out);
+  unlink(p1.err_path);
+  pre_wait_used(&b, 24 * MIB);
+  prog_expect(&p2, "create 3 20971520", "0");
+  prog_expect(&p2, "info", "0 4194304 50331648");
+  for (int i = 0; i < 4; i++) {
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "release %d", i);
+    prog_expect(&p2, cmd, "0");
+  }
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  prog_expect(&p2, "release 0", "1"); /* twice: the driver's refusal */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 0);
+  char *err = prog_end(&p2, 0);
+  ck_assert_msg(harness_count(err, "refused: GMB_E_QUOTA") == 2,
                 "stderr:\n%s", err);
   free(err);
   harness_broker_stop(&b);
@@ -1071,7 +1179,8 @@ int main(void) {
       preload_real_shared_cudart,
       preload_getproc_unknown_passes_through,
       preload_getproc_no_broker,
-      preload_vmm_expandable_segments,
+      preload_vmm_expandable_segments, preload_vmm_two_processes_one_quota,
+      preload_vmm_refusal_trims_own_cache,
       preload_nvml_reports_quota,
       preload_ipc_of_gmb_memory_refused,
       preload_routes_by_current_device,

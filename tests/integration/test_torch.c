@@ -421,6 +421,16 @@ START_TEST(torch_refusal_throws) {
                             "8.00 MiB on GPU 0. gmb: gmb_torch_alloc(") !=
                     NULL,
                 "%s", out);
+  /* With torch.OutOfMemoryError registered (gmb_torch.enable() does it):
+   * the exception PyTorch's bindings raise as the type it names, caught
+   * by its base as they catch it, with the same words. */
+  char *typed[] = {prog, lib, big, "GMB_E_QUOTA", "oom-type", NULL};
+  rc = harness_run(typed, out, sizeof out);
+  ck_assert_msg(rc == 0, "%d: %s", rc, out);
+  ck_assert_msg(strstr(out, "python_error oom: CUDA out of memory. Tried to "
+                            "allocate 8.00 MiB on GPU 0. gmb: "
+                            "gmb_torch_alloc(") != NULL,
+                "%s", out);
   /* A success returns the pointer (exit 1: "returned"). */
   char *ok[] = {prog, lib, "4096", "GMB_E_QUOTA", NULL};
   rc = harness_run(ok, out, sizeof out);

@@ -21,8 +21,12 @@
  *                            it (found with RTLD_DEFAULT) -> "RC STATUS KIND"
  *   dlsym NAME               dlsym on the driver's handle -> "KIND"; a
  *                            function found is kept as its base name's
+ *   global NAME              the same with RTLD_DEFAULT (the preload's own
+ *                            definitions, whatever the driver has)
  *   alloc SLOT SIZE | free SLOT | info        cuMemAlloc / cuMemFree /
  *                            cuMemGetInfo as resolved -> "RC" / "RC FREE TOTAL"
+ *   aalloc SLOT SIZE | afree SLOT   cuMemAllocAsync / cuMemFreeAsync on the
+ *                            legacy stream, as resolved -> "RC"
  *   total DEV                cuDeviceTotalMem as resolved -> "RC BYTES"
  *   fill SLOT SIZE SEED | check SLOT SIZE SEED  through cuMemcpyHtoD/DtoH
  *   create SLOT SIZE | release SLOT           cuMemCreate (device 0, pinned,
@@ -99,6 +103,8 @@ static void *fn_of(const char *name) {
 
 typedef int (*alloc_fn)(unsigned long long *, size_t);
 typedef int (*free_fn)(unsigned long long);
+typedef int (*aalloc_fn)(unsigned long long *, size_t, void *);
+typedef int (*afree_async_fn)(unsigned long long, void *);
 typedef int (*info_fn)(size_t *, size_t *);
 typedef int (*htod_fn)(unsigned long long, const void *, size_t);
 typedef int (*dtoh_fn)(void *, unsigned long long, size_t);
@@ -259,9 +265,11 @@ int main(void) {
       keep(name, fn);
       kind(fn, k, sizeof k);
       printf("%d %d %s\n", rc, st, k);
-    } else if (!strcmp(cmd, "dlsym")) {
+    } else if (!strcmp(cmd, "dlsym") || !strcmp(cmd, "global")) {
       sscanf(line, "%*s %95s", name);
-      void *fn = drv ? dlsym(drv, name) : NULL;
+      void *fn = cmd[0] == 'g' ? dlsym(RTLD_DEFAULT, name)
+                 : drv        ? dlsym(drv, name)
+                              : NULL;
       kind(fn, k, sizeof k);
       /* Kept under its base name ("cuMemAlloc" for cuMemAlloc_v2). */
       char *v = strstr(name, "_v2");
@@ -274,6 +282,14 @@ int main(void) {
     } else if (!strcmp(cmd, "free")) {
       sscanf(line, "%*s %llu", &a);
       printf("%d\n", CALL(free_fn, "cuMemFree", slot[a % SLOTS]));
+    } else if (!strcmp(cmd, "aalloc")) {
+      sscanf(line, "%*s %llu %llu", &a, &b);
+      printf("%d\n", CALL(aalloc_fn, "cuMemAllocAsync", &slot[a % SLOTS],
+                          (size_t)b, NULL));
+    } else if (!strcmp(cmd, "afree")) {
+      sscanf(line, "%*s %llu", &a);
+      printf("%d\n", CALL(afree_async_fn, "cuMemFreeAsync", slot[a % SLOTS],
+                          NULL));
     } else if (!strcmp(cmd, "info")) {
       size_t fr = 1, tot = 1;
       int rc = CALL(info_fn, "cuMemGetInfo", &fr, &tot);

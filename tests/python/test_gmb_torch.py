@@ -11,9 +11,10 @@ broker (BUILD_DIR/gmb-broker --device cuda:0 in a run dir of its own),
 enables the allocator once, makes a tensor in broker memory and calls each
 feature: the statistics gmb_torch.enable() replaced (memory_stats,
 memory_allocated, max_memory_allocated, reset_peak_memory_stats,
-mem_get_info) answer with gmb's figures; memory_snapshot and
-_record_memory_history must raise RuntimeError naming what the pluggable
-allocator does not support, sharing a CUDA tensor the way
+mem_get_info, and the snapshot in PyTorch's format) answer with gmb's
+figures; an allocation past the quota raises torch.OutOfMemoryError
+("CUDA out of memory. ..."); _record_memory_history must raise
+RuntimeError naming what the pluggable allocator does not support, sharing a CUDA tensor the way
 torch.multiprocessing does (reduce_tensor) must raise RuntimeError; after
 each the tensor's bytes are intact.  The hooks gmb_torch.enable() wires
 are used as PyTorch users do: torch.cuda.empty_cache() gives the cache's
@@ -271,6 +272,60 @@ class StatisticsWithoutTorch(unittest.TestCase):
         self.lib.gmb_torch_free(p2, mib, 0, None)
         self.lib.gmb_torch_free(before, 4096, 0, None)
 
+    def test_snapshot_pytorch_format(self):
+        """gmb_torch.snapshot() as torch.cuda.memory._snapshot() gives it:
+        segments of mapped pages tiled by their blocks, live ones
+        active_allocated, the rest inactive, sizes that add up."""
+        mib = self.MIB
+        gmb_torch.record_history(True)
+        try:
+            p1, p2 = self.alloc(1000), self.alloc(3 * mib + 100)
+            self.assertTrue(p1 and p2, gmb_torch.last_error())
+            snap = gmb_torch.snapshot(0)
+        finally:
+            gmb_torch.record_history(False)
+        self.assertEqual(set(snap), {"segments", "device_traces",
+                                     "allocator_settings"})
+        self.assertEqual(snap["device_traces"], [[]])
+        blocks = {}
+        for seg in snap["segments"]:
+            self.assertEqual(seg["device"], 0)
+            self.assertTrue(seg["is_expandable"])
+            self.assertEqual(seg["total_size"] % (2 * mib), 0)
+            at = seg["address"]
+            for b in seg["blocks"]:  # the blocks tile the segment
+                self.assertEqual(b["address"], at)
+                at += b["size"]
+                self.assertIn(b["state"], ("active_allocated", "inactive",
+                                           "active_pending_free"))
+                blocks[b["address"]] = (b, seg)
+            self.assertEqual(at, seg["address"] + seg["total_size"])
+            self.assertEqual(seg["allocated_size"], sum(
+                b["size"] for b in seg["blocks"]
+                if b["state"] == "active_allocated"))
+        b1, _ = blocks[p1]
+        self.assertEqual((b1["size"], b1["requested_size"], b1["state"]),
+                         (1024, 1000, "active_allocated"))
+        b2, seg2 = blocks[p2]
+        self.assertEqual((b2["requested_size"], b2["state"]),
+                         (3 * mib + 100, "active_allocated"))
+        self.assertGreaterEqual(b2["size"], 3 * mib + 512)
+        self.assertEqual(seg2["segment_type"], "large")
+        self.assertEqual(sum(s["total_size"] for s in snap["segments"]),
+                         gmb_torch.memory_reserved(0))
+        # Freed: inactive where it was, in the same pages (the cache keeps
+        # them until empty_cache()).
+        self.lib.gmb_torch_free(p2, 3 * mib + 100, 0, None)
+        after = gmb_torch.snapshot()
+        states = {b["address"]: b["state"] for s in after["segments"]
+                  for b in s["blocks"]}
+        self.assertEqual(states.get(p1), "active_allocated")
+        self.assertNotEqual(states.get(p2), "active_allocated")
+        self.lib.gmb_torch_free(p1, 1000, 0, None)
+        self.assertFalse(any(b["state"] == "active_allocated"
+                             for s in gmb_torch.snapshot()["segments"]
+                             for b in s["blocks"]))
+
     def test_device_arguments(self):
         self.assertEqual(gmb_torch._device_index(None), 0)
         self.assertEqual(gmb_torch._device_index("cuda:3"), 3)
@@ -348,7 +403,28 @@ class UnsupportedFeatures(unittest.TestCase):
         self.assertLessEqual(free, total)
 
     def test_memory_snapshot(self):
-        self.refused(torch.cuda.memory_snapshot)
+        # gmb_torch.enable() replaced PyTorch's snapshot with gmb's, in
+        # PyTorch's format: the tensor's block is in it.
+        segs = torch.cuda.memory_snapshot()
+        snap = torch.cuda.memory._snapshot()
+        self.assertEqual(segs, snap["segments"])
+        addr = self.x.data_ptr()
+        self.assertTrue(any(b["address"] == addr and
+                            b["state"] == "active_allocated"
+                            for s in segs for b in s["blocks"]), segs)
+        self.intact()
+
+    def test_out_of_memory_error(self):
+        # A refusal is torch.OutOfMemoryError, with PyTorch's words first.
+        oom = getattr(torch, "OutOfMemoryError", None) or \
+            torch.cuda.OutOfMemoryError
+        with self.assertRaises(oom) as cm:
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        msg = str(cm.exception)
+        self.assertTrue(msg.startswith("CUDA out of memory. Tried to "
+                                       "allocate"), msg)
+        self.assertIn("gmb: ", msg)
+        self.intact()
 
     def test_record_memory_history(self):
         self.refused(lambda: torch.cuda.memory._record_memory_history())

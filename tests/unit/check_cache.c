@@ -479,6 +479,84 @@ START_TEST(page_goes_back_whatever_neighbours_hold) {
 }
 END_TEST
 
+
+/* gmb__cache_blocks: the blocks on mapped pages, each cut into its pieces
+ * in runs of consecutive mapped pages ("segments"), which they tile in
+ * address order; the runs add up to the pages held; live blocks whole,
+ * with their requests; a non-zero return stops the walk. */
+struct block_walk {
+  uintptr_t seg, seg_end, at; /* the run being tiled, and where */
+  uint64_t segs_bytes, live, live_bytes, pieces, bad;
+  int stop_after;
+};
+static int block_walk_fn(void *arg, const struct gmb_cache_block_info *b) {
+  struct block_walk *w = arg;
+  w->pieces++;
+  if (b->seg_base != w->seg) { /* a new run starts where its first block is */
+    if (w->at != w->seg_end) w->bad++;
+    w->seg = b->seg_base;
+    w->seg_end = b->seg_base + b->seg_size;
+    w->at = b->seg_base;
+    w->segs_bytes += b->seg_size;
+    if (b->seg_size == 0 || b->seg_size % PAGE) w->bad++;
+  }
+  if (b->ptr != w->at || b->ptr + b->size > w->seg_end || b->size == 0)
+    w->bad++;
+  w->at = b->ptr + b->size;
+  if (b->state == GMB_CACHE_BLOCK_LIVE) {
+    w->live++;
+    w->live_bytes += b->size;
+    if (b->req == 0 || b->req > b->size) w->bad++;
+  }
+  return w->stop_after && (int)w->pieces == w->stop_after ? 7 : 0;
+}
+
+static struct block_walk walk_blocks(struct gmb_cache *k) {
+  struct block_walk w = {0};
+  ck_assert_int_eq(gmb__cache_blocks(k, block_walk_fn, &w), 0);
+  if (w.at != w.seg_end) w.bad++; /* the last run tiled to its end */
+  return w;
+}
+
+START_TEST(blocks_walk_tiles_mapped_pages) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  enum { N = 16 };
+  void *p[N];
+  for (int i = 0; i < N; i++)
+    ck_assert_int_eq(gmb__cache_alloc(k, 3 * MIB / 2 * (i % 2 ? 1 : 4), NULL,
+                                      &p[i]),
+                     0);
+  struct block_walk w = walk_blocks(k);
+  ck_assert_uint_eq(w.bad, 0);
+  ck_assert_uint_eq(w.live, N);
+  ck_assert_uint_eq(w.segs_bytes, counters(k).slab_bytes);
+  for (int i = 0; i < N; i += 2) ck_assert_int_eq(gmb__cache_free(k, p[i], NULL), 0);
+  /* Free pages between the live blocks go back: the free blocks over
+   * them are cut, and the runs are what is left mapped. */
+  uint64_t rel = 0;
+  ck_assert_int_eq(gmb__cache_trim(k, 0, 0, &rel), 0);
+  ck_assert_uint_gt(rel, 0);
+  w = walk_blocks(k);
+  ck_assert_uint_eq(w.bad, 0);
+  ck_assert_uint_eq(w.live, N / 2);
+  ck_assert_uint_eq(w.live_bytes, N / 2 * (3 * MIB / 2));
+  ck_assert_uint_eq(w.segs_bytes, counters(k).slab_bytes);
+  ck_assert_uint_gt(w.pieces, w.live); /* free pieces on the live pages */
+  /* A non-zero return stops the walk and is returned. */
+  struct block_walk stop = {0};
+  stop.stop_after = 2;
+  ck_assert_int_eq(gmb__cache_blocks(k, block_walk_fn, &stop), 7);
+  ck_assert_uint_eq(stop.pieces, 2);
+  for (int i = 1; i < N; i += 2) ck_assert_int_eq(gmb__cache_free(k, p[i], NULL), 0);
+  w = walk_blocks(k);
+  ck_assert_uint_eq(w.bad, 0);
+  ck_assert_uint_eq(w.live, 0);
+  ck_assert_int_eq(gmb__cache_blocks(NULL, block_walk_fn, &w), 0);
+  done(k);
+}
+END_TEST
+
 /* A miss that needs contiguous pages takes idle pages moved there before
  * it asks the broker: scattered idle pages serve a large request without
  * a message, and the pages held do not grow. */
@@ -1815,6 +1893,7 @@ static Suite *suite(void) {
   tcase_add_test(t, small_blocks_share_a_page);
   tcase_add_test(t, large_block_shares_its_tail_page);
   tcase_add_test(t, page_goes_back_whatever_neighbours_hold);
+  tcase_add_test(t, blocks_walk_tiles_mapped_pages);
   tcase_add_test(t, miss_moves_idle_pages);
   tcase_add_test(t, miss_moves_lone_idle_pages_first);
   tcase_add_test(t, miss_without_move_gives_back_first);

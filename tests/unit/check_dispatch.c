@@ -16,7 +16,8 @@
  * Free's answers for ids that are not the session's, Stats, Heartbeat and
  * SegmentClosed (no reply), Bye, and the ends of a waiting allocation
  * (served after a free, timed out, or dropped with its session, and one
- * past its quota held while its tenant's cache gives the bytes back).  Every test ends with
+ * past its quota held while its tenant's cache gives the bytes back), and
+ * the sessions' own VMM memory (Vmm) charged to the tenant and the device.  Every test ends with
  * fx_close(), which requires the pool and tenants to be consistent;
  * fx_request() checks them after every request as well.  The tests of
  * the hardening cases (squatting, impossible waits, limits) are at the end.
@@ -40,6 +41,7 @@
 #include "defrag.h"
 #include "device.h"
 #include "locktab.h"
+#include "observe.h"
 #include "pool.h"
 #include "tenant.h"
 #include "util.h"
@@ -1769,6 +1771,112 @@ START_TEST(wait_quota_held_by_cache_when_queue_busy) {
 }
 END_TEST
 
+
+/* --- the sessions' own VMM memory (Vmm) --------------------------------- */
+
+/* Session rid reports `bytes` of VMM memory: the reply's status. */
+static int fx_vmm(struct fx *f, const char *rid, uid_t uid, uint64_t bytes,
+                  struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_VMM;
+  req.u.vmm.bytes = bytes;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, rep), 1);
+  return rep->status;
+}
+
+/* Two sessions' VMM bytes and their allocations share the tenant's quota;
+ * a refusal changes nothing; a report is a total (the same twice is no
+ * change); less gives back; a session's end gives back all of its. */
+START_TEST(vmm_charged_to_the_tenant) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB",
+              "[broker]\ncompaction = off\n[tenant:q]\nquota = 8MiB\n");
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "q");
+  struct gmb_session *b = fx_hello(&f, "b", 1001, "q");
+  struct gmb_tenant *t = a->tenant;
+  fx_must_alloc(&f, "a", 1001, 2 * MIB, 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 4 * MIB, &rep), 0);
+  ck_assert_int_eq(rep.kind, WIRE_STATS);
+  ck_assert_uint_eq(rep.u.stats.used, 6 * MIB);
+  ck_assert_uint_eq(rep.u.stats.vmm, 4 * MIB);
+  ck_assert_uint_eq(rep.u.stats.quota, 8 * MIB);
+  ck_assert_uint_eq(t->used, 2 * MIB); /* the pool's part */
+  ck_assert_uint_eq(t->vmm, 4 * MIB);
+  ck_assert_uint_eq(t->peak, 6 * MIB);
+  ck_assert_uint_eq(f.b.dev->external, 4 * MIB);
+  /* b's 4 MiB more would pass the quota: refused, nothing changed. */
+  uint64_t refusals = t->refusals_quota;
+  ck_assert_int_eq(fx_vmm(&f, "b", 1001, 4 * MIB, &rep), GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(rep.message, "cuMemCreate"));
+  ck_assert_ptr_nonnull(strstr(rep.message, "quota"));
+  ck_assert_uint_eq(t->refusals_quota, refusals + 1);
+  ck_assert_uint_eq(b->vmm, 0);
+  ck_assert_uint_eq(t->vmm, 4 * MIB);
+  ck_assert_uint_eq(f.b.dev->external, 4 * MIB);
+  ck_assert_int_eq(fx_vmm(&f, "b", 1001, 2 * MIB, &rep), 0);
+  ck_assert_int_eq(fx_vmm(&f, "b", 1001, 2 * MIB, &rep), 0); /* a retry */
+  ck_assert_uint_eq(rep.u.stats.used, 8 * MIB);
+  ck_assert_uint_eq(b->vmm, 2 * MIB);
+  /* The quota is full: an allocation is refused for the VMM bytes. */
+  ck_assert_int_eq(fx_alloc(&f, "a", 1001, 512, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(rep.message, "through cuMemCreate"));
+  /* The admin row: used includes them, vmm says how much. */
+  struct wire_tenant_row row;
+  gmb__observe_tenant_row(t, &row);
+  ck_assert_uint_eq(row.used, 8 * MIB);
+  ck_assert_uint_eq(row.vmm, 6 * MIB);
+  /* Less gives back at once. */
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, MIB, &rep), 0);
+  ck_assert_uint_eq(t->vmm, 3 * MIB);
+  fx_must_alloc(&f, "a", 1001, 3 * MIB, 0);
+  /* b's end gives back its 2 MiB, a's Bye the rest. */
+  fx_end(&f, b);
+  ck_assert_uint_eq(t->vmm, MIB);
+  ck_assert_uint_eq(f.b.dev->external, MIB);
+  ck_assert_int_eq(fx_plain(&f, "a", 1001, WIRE_BYE, &rep), 1);
+  ck_assert_uint_eq(t->vmm, 0);
+  ck_assert_uint_eq(t->used, 0);
+  ck_assert_uint_eq(f.b.dev->external, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* VMM bytes take the device's room as segments do: past the room, past
+ * the capacity (whatever the number) or into another tenant's reservation
+ * they are refused with GMB_E_NOMEM and nothing changed; while held, new
+ * segments find less room. */
+START_TEST(vmm_takes_device_room) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\n"
+              "[tenant:r]\nreserve = 6MiB\nuids = 2000\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "r", 2000, "r");
+  struct gmb_session *a = session_of(&f, "a");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, UINT64_MAX, &rep), GMB_E_NOMEM);
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 17 * MIB, &rep), GMB_E_NOMEM);
+  /* 16 - 6 kept for r: 10 MiB for a, not 12. */
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 12 * MIB, &rep), GMB_E_NOMEM);
+  ck_assert_ptr_nonnull(strstr(rep.message, "tenant r's reservation"));
+  ck_assert_uint_eq(a->vmm, 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 0);
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 10 * MIB, &rep), 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 10 * MIB);
+  ck_assert_uint_eq(rep.u.stats.device_segments, 10 * MIB);
+  /* r's reservation is whole; a's allocation finds no room. */
+  fx_must_alloc(&f, "r", 2000, 6 * MIB, 0);
+  ck_assert_int_eq(fx_alloc(&f, "a", 1001, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 8 * MIB, &rep), 0);
+  fx_must_alloc(&f, "a", 1001, 2 * MIB, 0);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
   TCase *tc = tcase_create("hello");
@@ -1811,6 +1919,11 @@ static Suite *dispatch_suite(void) {
 
   tc = tcase_create("stats");
   tcase_add_test(tc, stats_used_peak_quota);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("vmm");
+  tcase_add_test(tc, vmm_charged_to_the_tenant);
+  tcase_add_test(tc, vmm_takes_device_room);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("heartbeat_bye");

@@ -294,6 +294,42 @@ START_TEST(metrics_cached_and_trim_per_tenant) {
 }
 END_TEST
 
+/* A tenant's VMM bytes (Vmm) are in its used bytes everywhere the broker
+ * shows them, and apart as vmm: its row and its metrics. */
+START_TEST(vmm_in_used_row_and_metrics) {
+  struct scene s;
+  scene_open(&s);
+  struct gmb_tenant *alpha = s.a2->tenant;
+  const uint64_t pool_used = alpha->used;
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_VMM;
+  req.u.vmm.bytes = 4 * MIB;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(&s.f, "a2", 1001, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  status(&s.f, &rep);
+  ck_assert_uint_eq(row_of(&rep.u.admin_status, "alpha")->used,
+                    pool_used + 4 * MIB);
+  ck_assert_uint_eq(row_of(&rep.u.admin_status, "alpha")->vmm, 4 * MIB);
+  ck_assert_uint_eq(row_of(&rep.u.admin_status, "beta")->vmm, 0);
+  gmb__wire_reply_clear(&rep);
+  char *m = gmb__observe_metrics(&s.f.b, 1);
+  ck_assert_ptr_nonnull(m);
+  char want[128];
+  snprintf(want, sizeof want, "\ngmb_tenant_used_bytes{tenant=\"alpha\"} %llu\n",
+           (unsigned long long)(pool_used + 4 * MIB));
+  ck_assert_msg(strstr(m, want) != NULL, "missing %s", want);
+  ck_assert_ptr_nonnull(strstr(m, "\n# TYPE gmb_tenant_vmm_bytes gauge\n"));
+  ck_assert_ptr_nonnull(
+      strstr(m, "\ngmb_tenant_vmm_bytes{tenant=\"alpha\"} 4194304\n"));
+  ck_assert_ptr_nonnull(
+      strstr(m, "\ngmb_tenant_vmm_bytes{tenant=\"beta\"} 0\n"));
+  free(m);
+  fx_close(&s.f);
+}
+END_TEST
+
 /* A snapshot's status is the admin status: the sessions and the cached
  * bytes are in it. */
 START_TEST(snapshot_status_has_sessions_and_cached) {
@@ -356,6 +392,7 @@ static Suite *observe_suite(void) {
 
   tc = tcase_create("metrics");
   tcase_add_test(tc, metrics_cached_and_trim_per_tenant);
+  tcase_add_test(tc, vmm_in_used_row_and_metrics);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -393,6 +393,41 @@ START_TEST(adhoc_operator_quota_leaves_budget) {
 }
 END_TEST
 
+/* VMM bytes its sessions reported count against the uid's budget and the
+ * tenant's quota as allocations do, and give the room back when less is
+ * reported; the peak counts them. */
+START_TEST(adhoc_vmm_counts_in_budget_and_quota) {
+  reopen_with(8192);
+  struct gmb_tenant *a = NULL, *b = NULL;
+  ck_assert_int_eq(admit("a", 7, &a), 0);
+  ck_assert_int_eq(admit("b", 7, &b), 0);
+  ck_assert_int_eq(gmb__tenant_fits(a, 6144), 0);
+  gmb__tenant_vmm(a, 6144);
+  ck_assert_uint_eq(a->vmm, 6144);
+  ck_assert_uint_eq(a->peak, 6144);
+  ck_assert_int_eq(gmb__tenant_fits(b, 4096), GMB_E_QUOTA);
+  ck_assert_int_eq(gmb__tenant_charge(b, 2048), 0);
+  ck_assert_int_eq(gmb__tenant_fits(a, 512), GMB_E_QUOTA);
+  char why[256];
+  gmb__tenant_quota_why(a, 512, why, sizeof why);
+  ck_assert_ptr_nonnull(strstr(why, "budget"));
+  gmb__tenant_vmm(a, -4096);
+  ck_assert_uint_eq(a->vmm, 2048);
+  ck_assert_int_eq(gmb__tenant_charge(b, 4096), 0);
+  gmb__tenant_uncharge(b, 6144);
+  /* Its own quota, set by an operator, holds the VMM bytes too. */
+  gmb__tenant_set_quota(ts, a, 4096);
+  ck_assert_int_eq(gmb__tenant_fits(a, 4096), GMB_E_QUOTA);
+  gmb__tenant_quota_why(a, 4096, why, sizeof why);
+  ck_assert_ptr_nonnull(strstr(why, "through cuMemCreate"));
+  ck_assert_int_eq(gmb__tenant_charge(a, 2048), 0);
+  gmb__tenant_uncharge(a, 2048);
+  gmb__tenant_vmm(a, -2048);
+  ck_assert_uint_eq(a->vmm, 0);
+  ck_assert_int_eq(gmb__tenant_check(ts), 0);
+}
+END_TEST
+
 /* The budget goes with the uid's last tenant (teardown checks the rest;
  * ASan would see a leak). */
 START_TEST(adhoc_budget_freed_with_last_tenant) {
@@ -620,6 +655,7 @@ static Suite *tenant_suite(void) {
   tcase_add_test(tc, adhoc_names_share_one_budget_per_uid);
   tcase_add_test(tc, adhoc_operator_quota_leaves_budget);
   tcase_add_test(tc, adhoc_budget_freed_with_last_tenant);
+  tcase_add_test(tc, adhoc_vmm_counts_in_budget_and_quota);
   tcase_add_test(tc, check_sees_drift);
   tcase_add_test(tc, reserve_kept_from_others);
   tcase_add_test(tc, reserve_own_never_refused);

@@ -147,6 +147,20 @@ START_TEST(request_free_segment_closed_roundtrip) {
   req_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.segment.segment, 12345);
   ck_assert_mem_eq(&out, &in, sizeof in);
+
+  /* Vmm: the process's total, at its extremes. */
+  const uint64_t totals[] = {0, 1, UINT64_MAX};
+  for (size_t i = 0; i < 3; i++) {
+    memset(&in, 0, sizeof in);
+    in.id = 10 + i;
+    in.kind = WIRE_VMM;
+    in.u.vmm.bytes = totals[i];
+    req_roundtrip(&in, &out);
+    ck_assert_int_eq(out.kind, WIRE_VMM);
+    ck_assert_uint_eq(out.u.vmm.bytes, totals[i]);
+    ck_assert_mem_eq(&out, &in, sizeof in);
+  }
+  ck_assert_str_eq(gmb__wire_kind_name(WIRE_VMM), "vmm");
 }
 END_TEST
 
@@ -321,6 +335,7 @@ START_TEST(reply_stats_roundtrip) {
   in.u.stats.device_used = 3;
   in.u.stats.free_in_segments = (2 << 20) - 1;
   in.u.stats.cached = 5 << 20; /* field 5 beside main's 16-19 */
+  in.u.stats.vmm = UINT64_C(3) << 40;
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.stats.quota, 20 * (UINT64_C(1) << 30));
   ck_assert_uint_eq(out.u.stats.used, 1);
@@ -331,6 +346,7 @@ START_TEST(reply_stats_roundtrip) {
   ck_assert_uint_eq(out.u.stats.device_used, 3);
   ck_assert_uint_eq(out.u.stats.free_in_segments, (2 << 20) - 1);
   ck_assert_uint_eq(out.u.stats.cached, 5 << 20);
+  ck_assert_uint_eq(out.u.stats.vmm, UINT64_C(3) << 40);
   ck_assert_mem_eq(&out, &in, sizeof in);
 }
 END_TEST
@@ -481,6 +497,7 @@ START_TEST(reply_admin_status_rows_roundtrip) {
     rows[i].segments = i * 1000 + 4;
     rows[i].allocations = i * 1000 + 5;
     rows[i].sessions = i + 6;
+    rows[i].vmm = i * 1000 + 7;
   }
   memset(rows[2].name, 'z', WIRE_NAME_MAX);
   memset(&in, 0, sizeof in);
@@ -511,6 +528,7 @@ START_TEST(reply_admin_status_rows_roundtrip) {
     ck_assert_uint_eq(r->segments, rows[i].segments);
     ck_assert_uint_eq(r->allocations, rows[i].allocations);
     ck_assert_uint_eq(r->sessions, rows[i].sessions);
+    ck_assert_uint_eq(r->vmm, rows[i].vmm);
   }
   ck_assert_mem_eq(out.u.admin_status.tenants, rows, sizeof rows);
   gmb__wire_reply_clear(&out);
