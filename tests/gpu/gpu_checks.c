@@ -197,7 +197,14 @@ static int bench(size_t size, int n) {
     fprintf(stderr, "gpu_checks: %s\n", err);
     return 1;
   }
-  gmb_client *c = connect_or_die(); /* the primary context, current now */
+  /* The primary context made current, as the CUDA runtime would: gmb
+   * leaves a thread's context as it found it, none included. */
+  gmb_cu_device dev;
+  gmb_cu_ctx prim;
+  CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CU(d.cuDevicePrimaryCtxRetain(&prim, dev), "cuDevicePrimaryCtxRetain");
+  CU(d.cuCtxSetCurrent(prim), "cuCtxSetCurrent");
+  gmb_client *c = connect_or_die();
   double t0 = now_s();
   for (int i = 0; i < n; i++) {
     gmb_cu_ptr p;
