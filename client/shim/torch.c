@@ -318,12 +318,12 @@ void gmb_torch_set_memory_fraction(double fraction, int device) {
  * it, -1 (with the reason recorded) when they would pass it.  On 1 they
  * were added to `pending` first (the caller takes them off with
  * torch_done once the cache counted the allocation, or it failed), and
- * the check is
- * of the cache's bytes in use plus every pending allocation's: threads
- * allocating at once together never pass the limit.  It errs the safe
- * way: an allocation the cache counted before its thread took it off
- * `pending` is counted twice for that moment, so a request within that
- * allocation's size of the limit may be refused although it would fit.
+ * the check is of the cache's bytes in use plus every pending
+ * allocation's: threads allocating at once together never pass the
+ * limit.  It errs the safe way: an allocation the cache counted before
+ * its thread took it off `pending` is counted twice for that moment, so
+ * a request within that allocation's size of the limit may be refused
+ * although it would fit.
  * In host mode (GMB_SHIM_ALLOW_HOST, one session for every device) the
  * bytes in use are all devices'.
  */
@@ -536,9 +536,9 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
   return p;
 }
 
-/* gmb_free_async of ptr through c, the session of PyTorch's device, else (a pointer
- * of another device's session, which PyTorch never passes) through each
- * other session in turn.  The result from the session that knew the
+/* gmb_free_async of ptr through c, the session of PyTorch's device (may
+ * be NULL), else (a pointer of another device's session, which PyTorch
+ * never passes) through each other session in turn.  The result from the session that knew the
  * pointer, named in *owner; GMB_E_NOENT when none did. */
 static int torch_release(gmb_client *c, void *ptr, void *stream,
                          gmb_client **owner) {
