@@ -1507,3 +1507,7 @@ void gmb__cache_destroy(struct gmb_cache *k) {
 uint64_t gmb__cache_cached(struct gmb_cache *k) {
   return k ? atomic_load(&k->idle) : 0;
 }
+
+uint64_t gmb__cache_in_use(struct gmb_cache *k) {
+  return k ? atomic_load_explicit(&k->in_use, memory_order_relaxed) : 0;
+}

@@ -195,6 +195,12 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, unsigned flags,
 /* Bytes of idle pages now: what a trim could give back. */
 uint64_t gmb__cache_cached(struct gmb_cache *k);
 
+/* Bytes handed out now (each request rounded to 512; gmb_cache_stats's
+ * in_use), read with one atomic load and no lock: exact at the moment
+ * it is read, though another thread's allocation or free may change it
+ * the next.  0 for NULL. */
+uint64_t gmb__cache_in_use(struct gmb_cache *k);
+
 void gmb__cache_counters(struct gmb_cache *k, struct gmb_cache_counters *out);
 
 /* --- tags: sleep and wake --------------------------------------------- */

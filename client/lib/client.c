@@ -2099,6 +2099,10 @@ GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
   return 0;
 }
 
+uint64_t gmb__client_cache_in_use(gmb_client *c) {
+  return c ? gmb__cache_in_use(c->cache) : 0;
+}
+
 /* --- sleep and wake: tags of the cache ---------------------------------- */
 
 GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag) {

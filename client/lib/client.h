@@ -10,4 +10,14 @@
 int gmb__client_fail(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+#include <stdint.h>
+
+#include "gmb.h"
+
+/* The session cache's bytes in use (each request rounded to 512), one
+ * atomic load: libgmb-torch.so's memory fraction and allocated figures
+ * (client/shim/shim.h declares it again, the shims having no path to
+ * this header).  0 for NULL. */
+uint64_t gmb__client_cache_in_use(gmb_client *c);
+
 #endif /* GMB_CLIENT_H */

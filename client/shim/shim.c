@@ -75,8 +75,9 @@ static gmb_client *shim_host; /* a host-device broker allowed for tests */
 static atomic_int shim_started;
 static int shim_default_ordinal = -1; /* the default broker's GPU, or -1 */
 static char shim_default_why[512];    /* why the default broker is none */
-/* Set in a fork() child of the process that made the first session. */
-static atomic_int shim_in_child;
+/* Set in a fork() child of the process that made the first session
+ * (shim.h: gmb__shim_forked reads it inline). */
+atomic_int gmb__shim_in_child;
 static char shim_fork_why[] =
     "GMB_E_CONN: this process is a fork() child of the one that connected to "
     "the broker; it may not use the parent's session (nor, in CUDA, its "
@@ -122,7 +123,7 @@ static void shim_unlock(struct shim_shard *h) {
  * held at the fork would never be released, so the locks start free (the
  * child only reads the map, to refuse what it is asked). */
 static void shim_atfork_child(void) {
-  atomic_store_explicit(&shim_in_child, 1, memory_order_relaxed);
+  atomic_store_explicit(&gmb__shim_in_child, 1, memory_order_relaxed);
   for (int i = 0; i < SHIM_SHARDS; i++)
     atomic_store_explicit(&shim_shards[i].lock, 0, memory_order_relaxed);
 }
@@ -271,10 +272,6 @@ int gmb__shim_sessions(gmb_client **out, int cap) {
 
 gmb_client *gmb__shim_client(const char **why) {
   return gmb__shim_session(-1, NULL, why);
-}
-
-int gmb__shim_forked(void) {
-  return atomic_load_explicit(&shim_in_child, memory_order_relaxed);
 }
 
 int gmb__shim_host(void) {

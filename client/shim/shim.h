@@ -11,6 +11,7 @@
 #ifndef GMB_SHIM_H
 #define GMB_SHIM_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,8 +59,13 @@ int gmb__shim_sessions(gmb_client **out, int cap);
 gmb_client *gmb__shim_client(const char **why);
 
 /* 1 when the calling process is a fork() child of the one that connected
- * (a flag a pthread_atfork handler sets: no system call). */
-int gmb__shim_forked(void);
+ * (a flag a pthread_atfork handler sets: no system call, and inline, as
+ * it is on every allocation's and free's path).  Set once, never
+ * cleared: a session found before it was set must not be used once it is. */
+extern atomic_int gmb__shim_in_child;
+static inline int gmb__shim_forked(void) {
+  return atomic_load_explicit(&gmb__shim_in_child, memory_order_relaxed);
+}
 
 /* 1 when a host-device broker serves every device (GMB_SHIM_ALLOW_HOST). */
 int gmb__shim_host(void);
@@ -159,6 +165,13 @@ typedef int (*gmb__shim_real_figures_fn)(void *arg, uint64_t *free,
 int gmb__shim_figures(gmb_client *c, uint64_t local_held,
                       gmb__shim_real_figures_fn real, void *arg,
                       uint64_t *freep, uint64_t *totalp);
+
+/* libgmb.a's (client/lib/client.h): the session cache's bytes in use,
+ * each request rounded to 512, one atomic load.  The one call of the
+ * shims past gmb.h, for libgmb-torch.so's memory fraction and figures,
+ * which a gmb_cache_stats_get (a lock per arena) would cost too much on
+ * every allocation.  0 for NULL. */
+uint64_t gmb__client_cache_in_use(gmb_client *c);
 
 /* $NAME as 0/1 ("1", "yes", "true", "on" are 1). */
 int gmb__shim_env_flag(const char *name);

@@ -37,9 +37,10 @@
  * it (the tensor's), whose cache knows its blocks: a pointer it did not
  * give, or one freed already, is refused there and changes nothing (a
  * pointer of another device's session, which PyTorch never passes, is
- * tried on the other sessions).  So the hot path keeps no map of its own:
- * a pair costs the cache's pair plus a few loads and the two atomic adds
- * of the per-device bytes in use (bench_shim measures it; goal <= 1.2x).
+ * tried on the other sessions).  So the hot path keeps no map of its own,
+ * and no count of bytes in use (the memory fraction and the allocated
+ * figures read the session cache's): a pair costs the cache's pair plus a
+ * few loads and plain stores (bench_shim measures it; goal <= 1.2x).
  * The shim's map holds only blocks allocated during a graph capture.
  *
  * Free: never waits.  Memory a CUDA graph may use at every replay, for as
@@ -59,7 +60,10 @@
  *    torch.cuda.set_per_process_memory_fraction(f, d); an allocation that
  *    would take this process's bytes in use on device d past f times the
  *    broker's capacity of that GPU is refused, as PyTorch's own allocator
- *    refuses past f times the device's memory.
+ *    refuses past f times the device's memory.  Exact across threads in
+ *    the safe direction: allocations racing each other never pass it
+ *    together, though one within another in-flight allocation's size of
+ *    the limit may be refused (torch_take).
  *  - record stream (gmb_torch_record_stream): Tensor.record_stream(s);
  *    gmb_record_stream, so the block is reused by no stream until the
  *    work queued on s before its free has finished.
@@ -67,7 +71,8 @@
  * PyTorch's statistics (gmb_torch_memory_stats, read by gmb_torch.py under
  * PyTorch's key names): per device, running totals in per-thread blocks
  * (plain stores: no atomic read-modify-write on the hot path beyond
- * in_use's), the current figures their differences, the peak of allocated
+ * the cache's own), the current figures their differences (allocated
+ * bytes: the session cache's count of bytes in use), the peak of allocated
  * bytes raised by CAS only when passed; reserved bytes are the session
  * cache's.  An allocation's text
  * for PyTorch begins "CUDA out of memory." (torch_throw.cc).
@@ -159,19 +164,40 @@ unsigned long long gmb_torch_kept(void) { return torch_kept; }
 /* What PyTorch told the init hook (0: not called). */
 static _Atomic int torch_devices;
 
-/* Per device: this process's bytes in use through this allocator (each
- * request rounded to 512, as the cache counts it), and the memory
- * fraction's limit.  `fraction` < 0: none; `limit` is computed from it at
- * the next allocation (it needs the device's session), 0 meanwhile. */
+/*
+ * Per device: the memory fraction's limit, and the figures the session's
+ * cache does not keep.  The bytes in use are the cache's own count
+ * (gmb__client_cache_in_use: each request rounded to 512, one atomic
+ * load), so the hot path adds no atomic read-modify-write of its own.
+ * `fraction` < 0: none; `limit` is computed from it at the next
+ * allocation (it needs the device's session), 0 meanwhile.  `pending`:
+ * bytes of allocations past the fraction's check and not yet counted
+ * by the cache (only while a fraction is set).
+ */
 static struct {
-  _Atomic uint64_t in_use;
   _Atomic double fraction;
-  _Atomic uint64_t limit;
-  /* The highest in_use (raised by whoever passes it: a load, and a CAS
-   * only when higher) and the refusals. */
+  _Atomic uint64_t limit, pending;
+  /* The highest bytes in use seen after an allocation since the last
+   * reset (raised by whoever passes it: a load, and a CAS only when
+   * higher) and the refusals. */
   _Atomic uint64_t peak_allocated, ooms;
 } torch_dev[GMB_SHIM_MAX_DEVICES] = {
     [0 ... GMB_SHIM_MAX_DEVICES - 1] = {.fraction = -1.0}};
+
+/* Each device's session once torch_session found it (written once; the
+ * session never changes while this process is not a fork() child), so
+ * that an allocation and a free find it with one load and no call; and
+ * whether it is the host session that serves every device
+ * (GMB_SHIM_ALLOW_HOST), set before the first is published. */
+static _Atomic(gmb_client *) torch_sess[GMB_SHIM_MAX_DEVICES];
+static atomic_int torch_on_host;
+
+/* Device d's session when known and usable here, else NULL (the caller
+ * takes the slow path, which explains a refusal). */
+static inline gmb_client *torch_fast(int d) {
+  if ((unsigned)d >= GMB_SHIM_MAX_DEVICES || gmb__shim_forked()) return NULL;
+  return atomic_load_explicit(&torch_sess[d], memory_order_acquire);
+}
 
 /*
  * The running totals of the statistics, per thread: each thread adds to
@@ -242,11 +268,11 @@ static void torch_raise(_Atomic uint64_t *peak, uint64_t now) {
 }
 
 /* An allocation of `size` (need: rounded) on device d, for the figures;
- * in_use was `was` before it was added. */
-static void torch_count_alloc(int d, uint64_t was, uint64_t need,
+ * the session's bytes in use after it are `now`. */
+static void torch_count_alloc(int d, uint64_t now, uint64_t need,
                               ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES) return;
-  torch_raise(&torch_dev[d].peak_allocated, was + need);
+  torch_raise(&torch_dev[d].peak_allocated, now);
   struct torch_tls *t = torch_tls();
   if (t == NULL) return;
   torch_bump(&t->dev[d].allocated, need);
@@ -286,17 +312,28 @@ void gmb_torch_set_memory_fraction(double fraction, int device) {
   atomic_store(&torch_dev[device].fraction, fraction);
 }
 
-/* Takes `need` bytes of device d's share under its memory fraction: 0, or
- * -1 (with the reason recorded) when the fraction's limit would be
- * passed.  The bytes are counted either way when there is no fraction. */
-static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size,
-                      uint64_t *was_out) {
-  *was_out = 0;
+/*
+ * The memory fraction's check of `need` bytes on device d: 0 when there
+ * is no fraction (the usual case: one load), 1 when the bytes fit under
+ * it, -1 (with the reason recorded) when they would pass it.  On 1 they
+ * were added to `pending` first (the caller takes them off with
+ * torch_done once the cache counted the allocation, or it failed), and
+ * the check is of the cache's bytes in use plus every pending
+ * allocation's: threads allocating at once together never pass the
+ * limit.  It errs the safe way: an allocation the cache counted before
+ * its thread took it off `pending` is counted twice for that moment, so
+ * a request within that allocation's size of the limit may be refused
+ * although it would fit.
+ * In host mode (GMB_SHIM_ALLOW_HOST, one session for every device) the
+ * bytes in use are all devices'.
+ */
+static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES) return 0;
-  double f = atomic_load(&torch_dev[d].fraction);
-  uint64_t was = atomic_fetch_add(&torch_dev[d].in_use, need);
-  *was_out = was;
-  if (f < 0) return 0;
+  double f = atomic_load_explicit(&torch_dev[d].fraction,
+                                  memory_order_relaxed);
+  if (__builtin_expect(f < 0, 1)) return 0;
+  uint64_t pend = atomic_fetch_add(&torch_dev[d].pending, need) + need;
+  uint64_t was = gmb__client_cache_in_use(c);
   uint64_t limit = atomic_load(&torch_dev[d].limit);
   if (limit == 0 && f > 0) {
     gmb_device_stats ds;
@@ -306,8 +343,8 @@ static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size,
       atomic_store(&torch_dev[d].limit, limit);
     }
   }
-  if (limit != 0 && was + need <= limit) return 0;
-  atomic_fetch_sub(&torch_dev[d].in_use, need);
+  if (limit != 0 && was + pend <= limit) return 1;
+  atomic_fetch_sub(&torch_dev[d].pending, need);
   char why[256];
   snprintf(why, sizeof why, "GMB_E_QUOTA: past this process's memory "
            "fraction of cuda:%d (%g of the broker's capacity: %llu bytes; "
@@ -317,28 +354,17 @@ static int torch_take(gmb_client *c, int d, uint64_t need, ssize_t size,
   return -1;
 }
 
-/* Takes `size` (rounded) off device d's count, never below 0: the size a
- * free names is the caller's word (a free that claimed 1 TiB wrapped the
- * count to near 2^64, and every later allocation was refused as past the
- * memory fraction). */
-static void torch_sub(int d, ssize_t size) {
-  uint64_t give = torch_round(size);
-  uint64_t was = atomic_load(&torch_dev[d].in_use);
-  while (!atomic_compare_exchange_weak(&torch_dev[d].in_use, &was,
-                                       was > give ? was - give : 0)) {
-  }
+/* After torch_take returned `took`: the allocation is counted by the
+ * cache now, or failed; on 1 its bytes leave `pending`. */
+static inline void torch_done(int d, uint64_t need, int took) {
+  if (took > 0) atomic_fetch_sub(&torch_dev[d].pending, need);
 }
 
-/* A failed allocation's bytes back (not a free: no statistics). */
-static void torch_untake(int d, ssize_t size) {
-  if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
-  torch_sub(d, size);
-}
-
-/* A free's bytes back, counted. */
+/* A free, counted.  The size a free names is the caller's word: it only
+ * feeds the requested-bytes totals; the bytes in use are the cache's,
+ * which knows each block's size. */
 static void torch_give(int d, ssize_t size) {
   if (d < 0 || d >= GMB_SHIM_MAX_DEVICES || size <= 0) return;
-  torch_sub(d, size);
   torch_count_free(d, size);
 }
 
@@ -511,6 +537,12 @@ static gmb_client *torch_session(int device, int *dev, const char *what,
   const char *why = NULL;
   *dev = device;
   gmb_client *c = gmb__shim_session(device < 0 ? -1 : device, dev, &why);
+  if (c && *dev >= 0 && *dev < GMB_SHIM_MAX_DEVICES &&
+      atomic_load_explicit(&torch_sess[*dev], memory_order_relaxed) == NULL) {
+    atomic_store_explicit(&torch_on_host, gmb__shim_host(),
+                          memory_order_relaxed); /* one value */
+    atomic_store_explicit(&torch_sess[*dev], c, memory_order_release);
+  }
   if (c == NULL) {
     char b[48];
     snprintf(b, sizeof b, "cuda:%d", *dev);
@@ -535,44 +567,50 @@ void *gmb_torch_alloc_nothrow(ssize_t size, int device, void *stream) {
     torch_count_oom(device);
     return NULL;
   }
-  gmb_client *c = torch_session(device, &dev, "gmb_torch_alloc", size);
-  if (c == NULL) {
-    torch_count_oom(dev);
-    return NULL;
+  /* A device's session is found with one load once known (torch_fast);
+   * the slow path connects, or explains why not. */
+  gmb_client *c = torch_fast(device);
+  if (__builtin_expect(c == NULL, 0)) {
+    c = torch_session(device, &dev, "gmb_torch_alloc", size);
+    if (c == NULL) {
+      torch_count_oom(dev);
+      return NULL;
+    }
   }
-  uint64_t was = 0;
-  if (torch_take(c, dev, torch_round(size), size, &was) != 0) {
+  uint64_t need = torch_round(size);
+  int took = torch_take(c, dev, need, size);
+  if (took < 0) {
     torch_count_oom(dev);
     return NULL;
   }
   /* Memory allocated while its stream is captured into a graph is used by
    * the graph at every replay: remembered, it is never reused (see the
    * top). */
-  int graph = !gmb__shim_host() && gmb_stream_capturing(c, stream) == 1;
+  int graph = !atomic_load_explicit(&torch_on_host, memory_order_relaxed) &&
+              gmb_stream_capturing(c, stream) == 1;
   void *p = NULL;
   int rc = graph ? gmb__shim_malloc_async(c, (size_t)size, stream,
                                           GMB_SHIM_TAG_GRAPH, &p)
                  : gmb_malloc_async(c, (size_t)size, stream, &p);
+  torch_done(dev, need, took);
   if (rc) {
-    torch_untake(dev, size);
     torch_count_oom(dev);
     torch_fail("gmb_torch_alloc(%lld): %s", (long long)size,
                gmb_last_error(c));
     return NULL;
   }
-  torch_count_alloc(dev, was, torch_round(size), size);
-  torch_blk_add(p, torch_round(size), size, dev, stream);
+  torch_count_alloc(dev, gmb__client_cache_in_use(c), need, size);
+  torch_blk_add(p, need, size, dev, stream);
   if (graph) atomic_fetch_add(&torch_graph_live, 1);
   return p;
 }
 
-/* gmb_free_async of ptr through the session of `device`, else (a pointer
- * of another device's session, which PyTorch never passes) through each
- * other session in turn.  The result from the session that knew the
+/* gmb_free_async of ptr through c, the session of PyTorch's device (may
+ * be NULL), else (a pointer of another device's session, which PyTorch
+ * never passes) through each other session in turn.  The result from the session that knew the
  * pointer, named in *owner; GMB_E_NOENT when none did. */
-static int torch_release(void *ptr, int device, void *stream,
+static int torch_release(gmb_client *c, void *ptr, void *stream,
                          gmb_client **owner) {
-  gmb_client *c = gmb__shim_session_of(device);
   *owner = c;
   int rc = c ? gmb_free_async(c, ptr, stream) : GMB_E_NOENT;
   if (rc != GMB_E_NOENT) return rc;
@@ -608,11 +646,19 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
       graph = 1;
     }
   }
-  /* Freed during a capture: kept as well. */
-  if (!graph && !gmb__shim_host()) {
-    gmb_client *c = gmb__shim_session_of(device);
-    if (c && gmb_stream_capturing(c, stream) == 1) graph = 2;
+  /* The device's session: one load once known, else the shim's look
+   * (which never connects). */
+  gmb_client *dc = torch_fast(device);
+  int host;
+  if (__builtin_expect(dc != NULL, 1)) {
+    host = atomic_load_explicit(&torch_on_host, memory_order_relaxed);
+  } else {
+    host = gmb__shim_host();
+    dc = gmb__shim_session_of(device);
   }
+  /* Freed during a capture: kept as well. */
+  if (!graph && !host && dc && gmb_stream_capturing(dc, stream) == 1)
+    graph = 2;
   if (graph) {
     torch_blk_remove(ptr);
     torch_kept += (unsigned long long)(size > 0 ? size : 0);
@@ -633,7 +679,7 @@ void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   /* Out of the recorded blocks before the cache may hand the address to
    * another thread's allocation. */
   torch_blk_remove(ptr);
-  int rc = torch_release(ptr, device, stream, &c);
+  int rc = torch_release(dc, ptr, stream, &c);
   if (rc == 0 || rc == GMB_E_CONN || rc == GMB_E_EVICTED)
     torch_give(device, size);
   if (rc == GMB_E_NOENT)
@@ -757,7 +803,9 @@ int gmb_torch_memory_stats(int device, struct gmb_torch_stats *out,
     out->frees_total += atomic_load_explicit(&td->frees,
                                              memory_order_relaxed);
   }
-  out->allocated_current = atomic_load(&torch_dev[device].in_use);
+  /* The cache of the device's session: what it hands out and holds. */
+  gmb_client *c = gmb__shim_session_of(device);
+  out->allocated_current = gmb__client_cache_in_use(c);
   out->freed_total = out->allocated_total > out->allocated_current
                          ? out->allocated_total - out->allocated_current
                          : 0;
@@ -772,8 +820,6 @@ int gmb_torch_memory_stats(int device, struct gmb_torch_stats *out,
                             : 0;
   out->num_ooms = atomic_load(&torch_dev[device].ooms);
   out->kept = torch_kept;
-  /* The cache of the device's session: what it holds mapped. */
-  gmb_client *c = gmb__shim_session_of(device);
   gmb_cache_stats cs;
   if (c && gmb_cache_stats_get(c, &cs) == 0) {
     out->reserved_current = cs.held;
@@ -793,7 +839,7 @@ int gmb_torch_memory_stats(int device, struct gmb_torch_stats *out,
 int gmb_torch_reset_peak(int device) {
   if (device < 0 || device >= GMB_SHIM_MAX_DEVICES) return GMB_E_INVAL;
   atomic_store(&torch_dev[device].peak_allocated,
-               atomic_load(&torch_dev[device].in_use));
+               gmb__client_cache_in_use(gmb__shim_session_of(device)));
   return 0;
 }
 

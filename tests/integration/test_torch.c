@@ -867,11 +867,110 @@ START_TEST(torch_memory_stats_as_pytorch) {
 }
 END_TEST
 
+/* --- the memory fraction across threads ------------------------------------ */
+
+#define FR_THREADS 8
+#define FR_BLOCK (64 * 1024)
+#define FR_MAX 256 /* allocations a thread tries, at most */
+
+struct fr_thread {
+  struct torch_lib *t;
+  pthread_barrier_t *go;
+  void *p[FR_MAX];
+  int n; /* allocations it got before its first refusal */
+};
+
+/* Allocates FR_BLOCK at a time until refused, all threads at once. */
+static void *fr_main(void *arg) {
+  struct fr_thread *f = arg;
+  pthread_barrier_wait(f->go);
+  for (f->n = 0; f->n < FR_MAX; f->n++) {
+    f->p[f->n] = f->t->alloc(FR_BLOCK, 0, NULL);
+    if (f->p[f->n] == NULL) break;
+  }
+  return NULL;
+}
+
+static int fraction_main(void *arg) {
+  struct torch_args *a = arg;
+  struct torch_lib t;
+  CHILD_CHECK(torch_load(&t, a) == 0, 10, "load");
+  void (*fraction)(double, int);
+  torch_stats_fn stats;
+  *(void **)&fraction = dlsym(t.h, "gmb_torch_set_memory_fraction");
+  *(void **)&stats = dlsym(t.h, "gmb_torch_memory_stats");
+  CHILD_CHECK(fraction && stats, 11, "missing functions");
+  gmb_client *own = NULL;
+  gmb_device_stats ds;
+  CHILD_CHECK(gmb_connect(a->endpoint, a->tenant, &own) == 0 &&
+                  gmb_device_stats_get(own, &ds) == 0 && ds.capacity > 0,
+              12, "device stats: %s", gmb_last_error(own));
+  gmb_disconnect(own);
+  double f = (double)(4 * MIB) / (double)ds.capacity;
+  const uint64_t limit = (uint64_t)((double)ds.capacity * f); /* torch.c's */
+  fraction(f, 0);
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, FR_THREADS);
+  static struct fr_thread fr[FR_THREADS];
+  pthread_t th[FR_THREADS];
+  for (int i = 0; i < FR_THREADS; i++) {
+    fr[i] = (struct fr_thread){.t = &t, .go = &go};
+    CHILD_CHECK(pthread_create(&th[i], NULL, fr_main, &fr[i]) == 0, 13,
+                "pthread_create");
+  }
+  uint64_t got = 0;
+  for (int i = 0; i < FR_THREADS; i++) {
+    pthread_join(th[i], NULL);
+    CHILD_CHECK(fr[i].n < FR_MAX, 14, "thread %d was never refused", i);
+    got += (uint64_t)fr[i].n * FR_BLOCK;
+  }
+  pthread_barrier_destroy(&go);
+  /* Together never past the limit; and each refusal came with at most the
+   * other threads' in-flight allocations counted twice, so the last one
+   * left less than all threads' blocks of room. */
+  CHILD_CHECK(got <= limit, 15, "%llu bytes allocated past a limit of %llu",
+              (unsigned long long)got, (unsigned long long)limit);
+  CHILD_CHECK(got + (uint64_t)FR_THREADS * FR_BLOCK > limit, 16,
+              "only %llu bytes allocated under a limit of %llu",
+              (unsigned long long)got, (unsigned long long)limit);
+  CHILD_CHECK(strstr(t.last_error(), "memory fraction of cuda:0") != NULL, 17,
+              "refusal: %s", t.last_error());
+  struct torch_stats st;
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0 && st.allocated_current == got &&
+                  st.allocated_peak == got && st.num_ooms == FR_THREADS,
+              18, "allocated %llu, peak %llu, ooms %llu (got %llu)",
+              (unsigned long long)st.allocated_current,
+              (unsigned long long)st.allocated_peak,
+              (unsigned long long)st.num_ooms, (unsigned long long)got);
+  for (int i = 0; i < FR_THREADS; i++)
+    for (int j = 0; j < fr[i].n; j++) t.free(fr[i].p[j], FR_BLOCK, 0, NULL);
+  CHILD_CHECK(stats(0, &st, sizeof st) == 0 && st.allocated_current == 0, 19,
+              "after the frees: %llu", (unsigned long long)st.allocated_current);
+  /* Room again: the fraction counts what is in use now. */
+  void *p = t.alloc((ssize_t)(4 * MIB) - FR_BLOCK, 0, NULL);
+  CHILD_CHECK(p != NULL, 20, "under the fraction after the frees: %s",
+              t.last_error());
+  t.free(p, (ssize_t)(4 * MIB) - FR_BLOCK, 0, NULL);
+  return 0;
+}
+
+/* set_per_process_memory_fraction with threads allocating at once: their
+ * allocations together stay under the limit (none slips past between
+ * another's check and its count), and fill it to within one block each. */
+START_TEST(torch_fraction_threads_never_pass) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", "[tenant:torch]\nquota = 128MiB\n");
+  struct torch_args a = {b.endpoint, "torch", 1, 0};
+  torch_run(fraction_main, &a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "torch", "torch", 60,
       torch_hooks_in_pytorch_order,
-      torch_memory_stats_as_pytorch,
+      torch_memory_stats_as_pytorch, torch_fraction_threads_never_pass,
       torch_routes_by_device,
       torch_sizes_and_zero,
       torch_quota_returns_null,
