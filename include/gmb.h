@@ -156,8 +156,11 @@ GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
  * that was current on a thread calling gmb), since kernels still queued
  * may use the memory and the broker may hand it to another tenant or move
  * its neighbours once it has it back.  When that wait fails (the context
- * faulted, a graph capture is in progress) nothing is freed:
- * GMB_E_DEVICE, explained; the memory goes back when the session ends. */
+ * faulted) or cannot be made (a CUDA graph capture is underway in the
+ * process, on any thread: the driver would refuse the wait and break the
+ * capture, so none is made) nothing is freed: GMB_E_DEVICE, explained;
+ * gmb_free it again after the capture, or the memory goes back when the
+ * session ends. */
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);
 
 /*
@@ -262,8 +265,11 @@ GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream);
  * keep_bytes 0.  A page whose free memory a stream's work may still use
  * is given back once that work finished: when some remain, gmb_trim
  * waits for the device once (as empty_cache does) and gives back what
- * that freed.  Returns 0 (what could not be given back shows in
- * gmb_cache_stats.idle).
+ * that freed.  While a CUDA graph capture is underway in the process
+ * (on any thread) it does not wait, which would break the capture: it
+ * gives back what is done, and the library's thread gives back the rest
+ * once the capture ended.  Returns 0 (what could not be given back shows
+ * in gmb_cache_stats.idle).
  */
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes);
 

@@ -384,7 +384,8 @@ static int cache_event_record(struct gmb_cache *k, struct cache_arena *a,
 /* Makes free block b ready when the work of its stream is known to be
  * done: its event completed (an event is recorded now when it has none
  * and `ask`).  1 when b became ready.  A stream that takes no event makes
- * b an orphan, ready only after a sync.  Holds a's lock. */
+ * b an orphan, ready only after a sync; one that captures into a graph
+ * now leaves b as it was (a later look records).  Holds a's lock. */
 static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
                          struct cache_block *b, int ask) {
   if (b->ready) return 0;
@@ -392,7 +393,9 @@ static int cache_promote(struct gmb_cache *k, struct cache_arena *a,
     if (!ask || b->orphan) return 0;
     /* Another thread's per-thread stream cannot be recorded on from here;
      * its frees record at once, so such a block always has its event. */
-    if (cache_event_record(k, a, b->stream, &b->ev) != 0) {
+    int rc = cache_event_record(k, a, b->stream, &b->ev);
+    if (rc == GMB_CACHE_CAPTURING) return 0;
+    if (rc != 0) {
       b->orphan = 1;
       return 0;
     }
@@ -1177,6 +1180,7 @@ static int cache_release(struct gmb_cache *k, struct cache_arena *a,
   }
   if (rc == 0 && stream == CACHE_STREAM_PER_THREAD)
     rc = cache_event_record(k, a, stream, &e);
+  if (rc == GMB_CACHE_CAPTURING) rc = GMB_E_INVAL; /* the free's answer */
   if (rc) {
     for (uint32_t i = 0; i < nw; i++) cache_event_unref(a, waits[i]);
     free(waits);

@@ -26,6 +26,10 @@ struct gmb_cache_page {
   uint64_t h;  /* the backend's own handle (cuda: the imported handle) */
 };
 
+/* event_record's answer for a stream that captures into a CUDA graph:
+ * no event now, but not a stream that never takes one (see below). */
+#define GMB_CACHE_CAPTURING 1
+
 struct gmb_cache_ops {
   void *ctx; /* passed to every function below */
   /* The page size (a power of two, a multiple of GMB_CACHE_ALIGN; 0:
@@ -69,7 +73,10 @@ struct gmb_cache_ops {
    * Streams are CUstream handles: NULL and 0x1 name the legacy default
    * stream, 0x2 the calling thread's per-thread default stream.
    * event_new: 0 with *ev, or a GMB_E_* code.  event_record: 0, or
-   * GMB_E_INVAL when the stream cannot take it (destroyed, capturing).
+   * GMB_E_INVAL when the stream cannot take it (destroyed), or
+   * GMB_CACHE_CAPTURING when it cannot now: it is being captured into a
+   * CUDA graph (a record would be a node of the graph), and a record
+   * after the capture may take one.
    * event_query: 1 when the work before the record finished, 0 when not
    * yet, negative when the driver cannot tell (treated as not yet). */
   int (*event_new)(void *ctx, void **ev);

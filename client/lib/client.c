@@ -143,6 +143,10 @@ struct gmb_client {
    * holding io, and giving pages back needs io, so the library thread
    * does it after (client_trim_asked). */
   _Atomic uint64_t trim_want;
+  /* A trim that left idle pages while a CUDA graph capture was underway
+   * (client_trim_settle): the bytes to keep, plus one (0: none).  The
+   * library thread finishes it once no capture is seen. */
+  _Atomic uint64_t trim_deferred;
   /* The cached_free the last request carried; written under io, read
    * without it by gmb_free_async (a hint whether to wake the thread). */
   _Atomic uint64_t reported;
@@ -550,24 +554,64 @@ static int client_call(gmb_client *c, struct wire_request *req,
 
 static struct gmb_cache *client_cache_new(gmb_client *c);
 
+/* Trims the cache down to `keep` idle bytes without waiting for the
+ * device.  On a GPU a page whose free memory was last used on a stream
+ * goes back once an event recorded on that stream now has completed: the
+ * first trim records, the next ones find it done.  A few short tries,
+ * well inside the broker's bound.  Holds nothing. */
+static void client_trim_to(gmb_client *c, uint64_t keep) {
+  for (int i = 0; i < CLIENT_TRIM_TRIES; i++) {
+    gmb__cache_trim(c->cache, keep, 0, NULL);
+    if (!c->cuda || gmb__cache_cached(c->cache) <= keep) break;
+    struct timespec ts = {0, CLIENT_TRIM_RETRY_NS};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* After a trim down to `keep`: when idle pages are left and a CUDA graph
+ * capture is (or may be) underway in the process, the rest is deferred
+ * to the library thread (client_trim_later), since what keeps them is
+ * stream work that cannot be waited for now (no event can be recorded
+ * on a capturing stream, and cuCtxSynchronize would break the capture).
+ * The smallest `keep` asked wins. */
+static void client_trim_settle(gmb_client *c, uint64_t keep) {
+  if (!c->cuda || gmb__cache_cached(c->cache) <= keep) return;
+  char why[256];
+  if (gmb__cuda_capture_underway(c->cuda_ordinal, why, sizeof why) == 0)
+    return;
+  uint64_t want = keep == UINT64_MAX ? keep : keep + 1,
+           cur = atomic_load(&c->trim_deferred);
+  while ((cur == 0 || want < cur) &&
+         !atomic_compare_exchange_weak(&c->trim_deferred, &cur, want)) {
+  }
+}
+
+/* The library thread, at each tick: a deferred trim is done once no
+ * capture is seen (in one round of tries, as a TRIM event's), or
+ * deferred again when a capture is still, or again, underway.  Never a
+ * wait for the device: this thread does not know the program's
+ * captures. */
+static void client_trim_later(gmb_client *c) {
+  uint64_t want = atomic_load(&c->trim_deferred);
+  if (want == 0 || c->cache == NULL) return;
+  char why[256];
+  if (gmb__cuda_capture_underway(c->cuda_ordinal, why, sizeof why) != 0)
+    return;
+  if (!atomic_compare_exchange_strong(&c->trim_deferred, &want, 0)) return;
+  client_trim_to(c, want - 1);
+  client_trim_settle(c, want - 1);
+}
+
 /* Answers a TRIM event: gives back up to the bytes asked of what the
  * cache holds free (idle pages).  Holds nothing. */
 static void client_trim_asked(gmb_client *c) {
   uint64_t want = atomic_exchange(&c->trim_want, 0);
   if (want == 0) return;
   if (c->cache) {
-    /* On a GPU a page whose free memory was last used on a stream goes
-     * back once an event recorded on that stream now has completed: the
-     * first trim records, the next ones find it done.  A few short tries,
-     * well inside the broker's bound, then the answer. */
     uint64_t cached = gmb__cache_cached(c->cache);
     uint64_t keep = cached > want ? cached - want : 0;
-    for (int i = 0; i < CLIENT_TRIM_TRIES; i++) {
-      gmb__cache_trim(c->cache, keep, 0, NULL);
-      if (!c->cuda || gmb__cache_cached(c->cache) <= keep) break;
-      struct timespec ts = {0, CLIENT_TRIM_RETRY_NS};
-      nanosleep(&ts, NULL);
-    }
+    client_trim_to(c, keep);
+    client_trim_settle(c, keep);
   }
   /* The answer, after the pages' Frees (each waited for its reply): the
    * broker stops waiting for this session, whatever it could give (a
@@ -624,6 +668,7 @@ static void *client_heartbeat_main(void *arg) {
     client_report_due(c);
     pthread_mutex_unlock(&c->io);
     client_trim_asked(c);
+    client_trim_later(c);
     client_sleep_asked(c);
     pthread_mutex_lock(&c->hb_mu);
   }
@@ -1495,6 +1540,7 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
     return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
                        (unsigned long long)id);
   char why[256];
+  gmb__cuda_stream_note(cuda_stream);
   rc = gmb__cuda_release_on_stream(c->cuda_ordinal, &s->state, cuda_stream,
                                    why, sizeof why);
   return rc ? client_fail(rc, "allocation %llu: %s", (unsigned long long)id,
@@ -1627,6 +1673,7 @@ GMB_EXPORT int gmb_stream_capturing(gmb_client *c, void *cuda_stream) {
     return client_fail(GMB_E_DEVICE, "gmb_stream_capturing needs the CUDA "
                        "device");
   char why[256];
+  gmb__cuda_stream_note(cuda_stream);
   int rc = gmb__cuda_capturing(c->cuda_ordinal, cuda_stream, why, sizeof why);
   if (rc < 0) return client_fail(rc, "%s", why);
   return rc;
@@ -1905,6 +1952,10 @@ static int client_ev_record(void *ctx, void *ev, void *stream) {
   char why[256];
   int rc = gmb__cuda_event_record(c->cuda_ordinal, ev, stream, why,
                                   sizeof why);
+  if (rc == 1) {
+    client_fail(GMB_E_INVAL, "%s", why);
+    return GMB_CACHE_CAPTURING;
+  }
   return rc ? client_fail(rc, "%s", why) : 0;
 }
 
@@ -1969,6 +2020,7 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   int trc = client_cache_thread(c);
   if (trc) return trc; /* explained */
+  if (c->cuda) gmb__cuda_stream_note(stream);
   int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
   const char *tag;
   if (rc == GMB_E_INVAL && (tag = gmb__cache_tag_paused(c->cache)) != NULL) {
@@ -2018,6 +2070,7 @@ static int client_io_lock_briefly(gmb_client *c) {
 GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (ptr == NULL) return 0; /* as free(NULL) */
+  if (c->cuda) gmb__cuda_stream_note(stream);
   int rc = gmb__cache_free(c->cache, ptr, stream);
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "%p is not a block gmb_malloc_async gave", ptr);
@@ -2067,6 +2120,7 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
 
 GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (c->cuda) gmb__cuda_stream_note(stream);
   int rc = gmb__cache_record_stream(c->cache, ptr, stream);
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "%p is not a block gmb_malloc_async gave", ptr);
@@ -2080,7 +2134,12 @@ GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream) {
 
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  return gmb__cache_trim(c->cache, keep_bytes, GMB_CACHE_TRIM_SYNC, NULL);
+  /* During a CUDA graph capture the wait for the device is not made
+   * (gmb__cuda_sync): what is idle and done goes back now, the rest once
+   * the capture ended (client_trim_settle). */
+  int rc = gmb__cache_trim(c->cache, keep_bytes, GMB_CACHE_TRIM_SYNC, NULL);
+  if (rc == 0) client_trim_settle(c, keep_bytes);
+  return rc;
 }
 
 GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {

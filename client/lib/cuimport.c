@@ -584,6 +584,100 @@ void gmb__cuda_close(int ordinal, uint64_t base, uint64_t size) {
   gmb__cuda_unreserve(ordinal, base, size);
 }
 
+/* --- graph captures under way: the streams gmb was handed ----------------- */
+
+/* The program's streams gmb was handed (gmb__cuda_stream_note): a ring of
+ * distinct handles, the oldest overwritten when full.  cuda_streams_gen
+ * changes whenever one is forgotten, so that a thread's note of the last
+ * stream it named (cuda_stream_last) is not trusted past it. */
+static pthread_mutex_t cuda_streams_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *cuda_streams[GMB_CUDA_MAX_STREAMS];
+static unsigned cuda_streams_next;
+static atomic_uint cuda_streams_gen;
+static __thread void *cuda_stream_last;
+static __thread unsigned cuda_stream_last_gen;
+
+/* The handles every thread has without creating a stream: the legacy
+ * stream (NULL, CU_STREAM_LEGACY) and CU_STREAM_PER_THREAD, which names
+ * the calling thread's own stream, not one another thread could ask of. */
+static int cuda_stream_builtin(void *stream) {
+  return (uintptr_t)stream <= 2;
+}
+
+void gmb__cuda_stream_note(void *stream) {
+  unsigned gen = atomic_load_explicit(&cuda_streams_gen, memory_order_acquire);
+  if (cuda_stream_builtin(stream) ||
+      (stream == cuda_stream_last && gen == cuda_stream_last_gen))
+    return;
+  pthread_mutex_lock(&cuda_streams_mu);
+  int known = 0;
+  for (int i = 0; i < GMB_CUDA_MAX_STREAMS && !known; i++)
+    known = cuda_streams[i] == stream;
+  if (!known) {
+    int slot = -1;
+    for (int i = 0; i < GMB_CUDA_MAX_STREAMS && slot < 0; i++)
+      if (cuda_streams[i] == NULL) slot = i;
+    if (slot < 0) slot = (int)(cuda_streams_next++ % GMB_CUDA_MAX_STREAMS);
+    cuda_streams[slot] = stream;
+  }
+  pthread_mutex_unlock(&cuda_streams_mu);
+  cuda_stream_last = stream;
+  cuda_stream_last_gen = gen;
+}
+
+static void cuda_stream_forget(void *stream) {
+  pthread_mutex_lock(&cuda_streams_mu);
+  for (int i = 0; i < GMB_CUDA_MAX_STREAMS; i++)
+    if (cuda_streams[i] == stream) cuda_streams[i] = NULL;
+  atomic_fetch_add_explicit(&cuda_streams_gen, 1, memory_order_release);
+  pthread_mutex_unlock(&cuda_streams_mu);
+}
+
+/* 1 when `stream` captures, or its answer cannot rule a capture out; 0
+ * when it does not, or the driver no longer knows it (forgotten then).
+ * In d's primary context, entered. */
+static int cuda_stream_busy(void *stream, char *why, size_t cap) {
+  int st = GMB_CU_STREAM_CAPTURE_STATUS_NONE;
+  gmb_cu_result r = cuda_drv.cuStreamIsCapturing((gmb_cu_stream)stream, &st);
+  if (r == GMB_CU_SUCCESS && st == GMB_CU_STREAM_CAPTURE_STATUS_NONE)
+    return 0;
+  if (stream != NULL && (r == GMB_CU_ERROR_INVALID_HANDLE ||
+                         r == GMB_CU_ERROR_CONTEXT_IS_DESTROYED)) {
+    cuda_stream_forget(stream);
+    return 0;
+  }
+  if (r == GMB_CU_SUCCESS)
+    snprintf(why, cap, "a CUDA graph capture is underway in this process "
+             "(stream %p)", stream);
+  else if (r == GMB_CU_ERROR_STREAM_CAPTURE_IMPLICIT)
+    snprintf(why, cap, "a CUDA graph capture is underway in this process "
+             "(a blocking stream captures: the legacy stream answers "
+             "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)");
+  else
+    cuda_err(r, "cuStreamIsCapturing (a capture may be underway)", why, cap);
+  return 1;
+}
+
+int gmb__cuda_capture_underway(int ordinal, char *why, size_t cap) {
+  const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
+  if (d == NULL) return GMB_E_DEVICE;
+  void *streams[GMB_CUDA_MAX_STREAMS];
+  pthread_mutex_lock(&cuda_streams_mu);
+  memcpy(streams, cuda_streams, sizeof streams);
+  pthread_mutex_unlock(&cuda_streams_mu);
+  struct cuda_scope prev;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  if (r != GMB_CU_SUCCESS) {
+    cuda_err(r, "cuCtxSetCurrent (a capture may be underway)", why, cap);
+    return 1;
+  }
+  int busy = cuda_stream_busy(NULL, why, cap);
+  for (int i = 0; i < GMB_CUDA_MAX_STREAMS && !busy; i++)
+    if (streams[i] != NULL) busy = cuda_stream_busy(streams[i], why, cap);
+  cuda_leave(d, prev);
+  return busy;
+}
+
 /* Synchronises each context noted on device d (cuda_seen_note), made
  * current in turn; the primary one is current again after.  A context
  * since destroyed is forgotten (the driver refuses it as such; a handle
@@ -627,6 +721,10 @@ static gmb_cu_result cuda_sync_seen(const struct cuda_dev *d,
 int gmb__cuda_sync(int ordinal, char *why, size_t cap) {
   const struct cuda_dev *d = cuda_dev_attached(ordinal, why, cap);
   if (d == NULL) return GMB_E_DEVICE;
+  /* The driver refuses a wait while a stream captures, and breaks that
+   * capture, whichever thread makes it: none is made then. */
+  int busy = gmb__cuda_capture_underway(ordinal, why, cap);
+  if (busy) return GMB_E_DEVICE;
   /* Not under cuda_mu: a wait may be long, and the driver table and the
    * device record are immutable once ready.  The caller's own context,
    * when it is another of the device's, is noted by cuda_enter and so
@@ -829,7 +927,7 @@ int gmb__cuda_event_record(int ordinal, void *ev, void *stream, char *why,
   if (st != GMB_CU_STREAM_CAPTURE_STATUS_NONE) {
     snprintf(why, cap, "the stream is being captured into a CUDA graph: no "
              "event is recorded on it");
-    return GMB_E_INVAL;
+    return 1;
   }
   struct cuda_scope prev;
   gmb_cu_result r = cuda_enter(d, &prev);

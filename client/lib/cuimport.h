@@ -86,10 +86,35 @@ int gmb__cuda_move(int ordinal, uint64_t from, uint64_t to, uint64_t size,
  * other context of that device this process was seen using gmb in
  * (cuCtxSynchronize with each current; the caller's context is given
  * back), as cudaFree does before it frees.  0, or GMB_E_DEVICE explained: the
- * work did not finish (a fault, a capture in progress), so the memory it
- * used must not be handed back.
+ * work did not finish (a fault), or a graph capture is (or may be)
+ * underway, when nothing is waited for (gmb__cuda_capture_underway), so
+ * the memory it used must not be handed back.
  */
 int gmb__cuda_sync(int ordinal, char *why, size_t cap);
+
+/*
+ * Graph captures, which a wait of gmb's own would break: the driver
+ * refuses cuCtxSynchronize while any stream of the context captures, in
+ * every capture mode, and invalidates that capture (the program learns
+ * of it at cuStreamEndCapture).  The driver has no process-wide "is a
+ * capture underway" call, so the library asks what it can:
+ * gmb__cuda_stream_note remembers each stream the program hands gmb
+ * (gmb_malloc_async, gmb_free_async, gmb_record_stream,
+ * gmb_stream_capturing, gmb_unlock_on_stream; the last
+ * GMB_CUDA_MAX_STREAMS distinct ones; cheap when a thread names the
+ * stream it named last).  gmb__cuda_capture_underway asks
+ * cuStreamIsCapturing (a call the driver allows during captures) of the
+ * legacy stream, which answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while
+ * any blocking stream captures, and of each noted stream (one the driver
+ * no longer knows is forgotten): 1 when one captures or the driver could
+ * not tell (why says which), 0 when none does, GMB_E_DEVICE explained
+ * when the device is not attached.  Not seen: a capture on a
+ * non-blocking stream gmb was never handed.  gmb__cuda_sync asks it
+ * first and does not wait while it says 1.
+ */
+#define GMB_CUDA_MAX_STREAMS 64
+void gmb__cuda_stream_note(void *stream);
+int gmb__cuda_capture_underway(int ordinal, char *why, size_t cap);
 
 /* Copies n bytes between host memory and device address `dev` (to_device:
  * cuMemcpyHtoD, else cuMemcpyDtoH) in device `ordinal`'s primary context.
@@ -125,8 +150,9 @@ void gmb__cuda_unmap_later(void *p, size_t len);
 
 /* Events for the stream-ordered cache (cache.c), in device `ordinal`'s
  * primary context.  event_new: 0 with *ev (cuEventCreate, no timing) or
- * GMB_E_DEVICE.  event_record: 0, or GMB_E_INVAL when the stream does
- * not take it (destroyed, invalid), explained.  event_query: 1 when the
+ * GMB_E_DEVICE.  event_record: 0, GMB_E_INVAL when the stream does
+ * not take it (destroyed, invalid), or 1 when it is being captured into
+ * a CUDA graph now (a record would be a node of the graph), explained.  event_query: 1 when the
  * work before the last record finished, 0 when not yet, GMB_E_DEVICE when
  * the driver cannot tell (a fault).  event_destroy may be called with
  * records pending. */

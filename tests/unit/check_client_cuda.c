@@ -126,6 +126,8 @@ struct fk {
   atomic_int openers_at_closed; /* ... of the segment SegmentClosed names */
   atomic_int retire_on_stats; /* segment to retire before a Stats reply */
   atomic_int retire_now; /* segment to retire unasked, between requests */
+  _Atomic uint64_t trim_now; /* bytes a TRIM event asks for, sent unasked */
+  atomic_int n_trim_answered; /* Heartbeats that answer a TRIM */
 };
 
 static struct fk F;
@@ -550,6 +552,14 @@ static void *fk_main(void *arg) {
       atomic_store(&f->retire_now, 0);
       fk_retire(f, now);
     }
+    uint64_t trim = atomic_load(&f->trim_now);
+    if (trim && f->peer_len) { /* another tenant needs memory */
+      atomic_store(&f->trim_now, 0);
+      struct wire_reply ev = {.id = 0, .kind = WIRE_EVENT};
+      ev.u.event.kind = WIRE_EVENT_TRIM;
+      ev.u.event.bytes = trim;
+      fk_reply(f, &ev);
+    }
     struct fake_msg m;
     enum fake_got got = fake_poll(f->router, &f->ch, f->peer, sizeof f->peer,
                                   &f->peer_len, &m);
@@ -574,6 +584,9 @@ static void *fk_main(void *arg) {
           atomic_fetch_add(&f->free_early, 1);
         break;
       case WIRE_BYE: atomic_fetch_add(&f->n_bye, 1); break;
+      case WIRE_HEARTBEAT:
+        if (req->trim_answered) atomic_fetch_add(&f->n_trim_answered, 1);
+        break;
       case WIRE_SEGMENT_CLOSED: {
         uint64_t seg = req->u.segment.segment;
         /* What this process still maps of it when the report comes: the
@@ -1256,6 +1269,129 @@ START_TEST(cache_miss_during_capture_keeps_the_capture) {
 }
 END_TEST
 
+/* A page of the cache left idle by a block freed on stream s, then a
+ * capture of s in the global mode (torch.cuda.graph's default) begun on
+ * this thread: the page cannot go back now (its block's stream work
+ * cannot be waited for: no event can be recorded on s, and a
+ * cuCtxSynchronize would break the capture). */
+struct capture_rig {
+  gmb_client *c;
+  gmb_cu_stream s;
+  begin_capture_fn begin;
+  end_capture_fn end;
+  graph_destroy_fn gdestroy;
+};
+
+static void capture_rig_start(struct capture_rig *r) {
+  r->c = connect_ok();
+  test_drv_load();
+  r->begin = (begin_capture_fn)(uintptr_t)dlsym(test_drv.lib,
+                                                "cuStreamBeginCapture_v2");
+  r->end = (end_capture_fn)(uintptr_t)dlsym(test_drv.lib,
+                                            "cuStreamEndCapture");
+  r->gdestroy =
+      (graph_destroy_fn)(uintptr_t)dlsym(test_drv.lib, "cuGraphDestroy");
+  ck_assert_ptr_nonnull((void *)(uintptr_t)r->begin);
+  ck_assert_ptr_nonnull((void *)(uintptr_t)r->end);
+  ck_assert_ptr_nonnull((void *)(uintptr_t)r->gdestroy);
+  ck_assert_int_eq(test_drv.cuStreamCreate(&r->s, GMB_CU_STREAM_NON_BLOCKING),
+                   0);
+  void *p = NULL;
+  ck_assert_int_eq(gmb_malloc_async(r->c, 1 << 20, r->s, &p), 0);
+  ck_assert_int_eq(gmb_free_async(r->c, p, r->s), 0);
+  gmb_cache_stats st;
+  ck_assert_int_eq(gmb_cache_stats_get(r->c, &st), 0);
+  ck_assert_uint_eq(st.idle, PAGE_SIZE);
+  ck_assert_int_eq(r->begin(r->s, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */), 0);
+}
+
+/* Ends the capture (it must have stayed valid: a graph, nothing in the
+ * stand-in's misuse log), then waits (under Check's timeout) for the
+ * library's thread to give the deferred page back. */
+static void capture_rig_finish(struct capture_rig *r) {
+  void *g = NULL;
+  ck_assert_int_eq(r->end(r->s, &g), 0); /* not ..._INVALIDATED */
+  ck_assert_ptr_nonnull(g);
+  ck_assert_int_eq(r->gdestroy(g), 0);
+  ck_assert_msg(access(F.log, F_OK) != 0, "the stand-in logged misuse");
+  wait_for(&F.n_free, 1);
+  gmb_cache_stats st;
+  ck_assert_int_eq(gmb_cache_stats_get(r->c, &st), 0);
+  ck_assert_uint_eq(st.idle, 0);
+}
+
+static void capture_rig_close(struct capture_rig *r) {
+  ck_assert_int_eq(test_drv.cuStreamDestroy(r->s), 0);
+  gmb_disconnect(r->c);
+  gmb__cudrv_unload(&test_drv);
+  ck_assert_msg(access(F.log, F_OK) != 0, "the stand-in logged misuse");
+}
+
+/* The broker asks the process to trim (another tenant needs memory)
+ * while the program captures: the library's thread answers without
+ * breaking the capture, keeps the page meanwhile, and gives it back
+ * once the capture ended. */
+START_TEST(trim_asked_during_capture_deferred) {
+  exporter_start();
+  fk_start();
+  struct capture_rig r;
+  capture_rig_start(&r);
+  atomic_store(&F.trim_now, (uint64_t)PAGE_SIZE);
+  wait_for(&F.n_trim_answered, 1);
+  ck_assert_int_eq(ld(&F.n_free), 0);
+  capture_rig_finish(&r);
+  capture_rig_close(&r);
+  exporter_finish();
+}
+END_TEST
+
+struct other_trim {
+  gmb_client *c;
+  gmb_id id;
+  int trim_rc, free_rc;
+  char free_err[256];
+};
+
+/* Another thread of the program, in the default global capture mode:
+ * gmb_trim, and gmb_free of an allocation. */
+static void *trim_other_thread(void *arg) {
+  struct other_trim *o = arg;
+  o->trim_rc = gmb_trim(o->c, 0);
+  o->free_rc = gmb_free(o->c, o->id);
+  snprintf(o->free_err, sizeof o->free_err, "%s", gmb_last_error(o->c));
+  return NULL;
+}
+
+/* gmb_trim from another thread while the program captures: no wait for
+ * the device (the driver would refuse it and break the capture); the
+ * page goes back once the capture ended, by the library's thread.  A
+ * gmb_free meanwhile, which would have to wait, fails clearly and frees
+ * nothing; after the capture it frees. */
+START_TEST(trim_during_capture_deferred) {
+  exporter_start();
+  fk_start();
+  struct capture_rig r;
+  capture_rig_start(&r);
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(r.c, 4096, 0, &id), 0);
+  struct other_trim o = {r.c, id, -1, -1, ""};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, trim_other_thread, &o), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_int_eq(ld(&F.n_free), 0);
+  capture_rig_finish(&r);
+  ck_assert_int_eq(o.trim_rc, 0);
+  ck_assert_int_eq(o.free_rc, GMB_E_DEVICE);
+  ck_assert_msg(strstr(o.free_err, "not freed") &&
+                    strstr(o.free_err, "capture is underway"),
+                "%s", o.free_err);
+  ck_assert_int_eq(gmb_free(r.c, id), 0);
+  ck_assert_int_eq(ld(&F.n_free), 2);
+  capture_rig_close(&r);
+  exporter_finish();
+}
+END_TEST
+
 /* A program's own context (cuCtxCreate) runs work on gmb's memory: a
  * gmb_free from a thread with no context (or the primary one) waits for
  * that context too, as cudaFree waits for the device, since the driver's
@@ -1425,8 +1561,7 @@ START_TEST(free_not_sent_when_wait_fails) {
   setenv("FAKECUDA_CAPTURING", "all", 1);
   ck_assert_int_eq(gmb_free(c, id), GMB_E_DEVICE);
   ck_assert_msg(strstr(gmb_last_error(c), "not freed") &&
-                    strstr(gmb_last_error(c),
-                           "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
+                    strstr(gmb_last_error(c), "capture is underway"),
                 "%s", gmb_last_error(c));
   ck_assert_int_eq(ld(&F.n_free), 0);
   ck_assert_int_eq(gmb_stream_capturing(c, NULL), 1);
@@ -1852,6 +1987,8 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, free_waits_for_work_in_program_context);
   tcase_add_test(tc, free_async_ordered_by_event);
   tcase_add_test(tc, cache_miss_during_capture_keeps_the_capture);
+  tcase_add_test(tc, trim_asked_during_capture_deferred);
+  tcase_add_test(tc, trim_during_capture_deferred);
   tcase_add_test(tc, peer_access_only_when_asked);
   tcase_add_test(tc, free_not_sent_when_wait_fails);
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
