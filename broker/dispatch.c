@@ -8,7 +8,8 @@
  * (defrag.c) may make room; one that found the device full while other
  * sessions' caches hold free memory is first held while they are asked
  * for it (reclaim.c), as is one past its tenant's quota while the
- * tenant's other sessions' caches hold what it lacks.  A request that does
+ * tenant's other sessions' caches hold what it lacks; a Vmm increase
+ * refused for either is held the same way.  A request that does
  * not wait (timeout 0) is answered at once and is not held back by the
  * queue; one that waits joins the queue behind requests of equal or
  * higher priority (waitq.h has the order).

@@ -11,6 +11,8 @@
  * sessions cache what it lacks is held and served as they give it back,
  * refused at once when the bytes are in use, and at the bound, or at the
  * answer that ends the last ask it waits for, when they do not come.
+ * A Vmm increase (cuMemCreate) is held for both the same way, bounded
+ * to one per session and by the waiter limits.
  *
  * A whole broker on a host device (broker_fixture.h), compaction off
  * unless a test says otherwise.  A "cache" here is an allocation of a
