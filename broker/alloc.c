@@ -330,6 +330,9 @@ int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
     gmb__reply_fail(rep, GMB_E_QUOTA, "%s (cuMemCreate)", text);
     return GMB_E_QUOTA;
   }
+  /* Lingering empty segments take room a new segment would have found
+   * (gmb__alloc_try releases them before it gives up): released first. */
+  if (more > b->dev->capacity - b->dev->in_use) gmb__pool_trim(b->pool);
   const uint64_t room = b->dev->capacity - b->dev->in_use;
   if (more > room) {
     char rm[GMB_SIZE_BUFSZ];

@@ -1923,6 +1923,24 @@ START_TEST(vmm_held_served_by_other_release) {
 }
 END_TEST
 
+/* An empty segment that lingers (a's small one, after its free) is
+ * released for VMM bytes that need its room, as for an allocation. */
+START_TEST(vmm_releases_lingering_segment) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", "[broker]\ncompaction = off\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_must_alloc(&f, "a", 1001, 6 * MIB, 0);
+  struct wire_reply rep = fx_must_alloc(&f, "a", 1001, 4096, 0);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, rep.u.alloc.id), 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 8 * MIB);
+  ck_assert_int_eq(fx_vmm(&f, "b", 1002, 2 * MIB, &rep), 0);
+  ck_assert_uint_eq(f.b.dev->external, 2 * MIB);
+  ck_assert_uint_eq(f.b.dev->in_use, 8 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
   TCase *tc = tcase_create("hello");
@@ -1971,6 +1989,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, vmm_charged_to_the_tenant);
   tcase_add_test(tc, vmm_takes_device_room);
   tcase_add_test(tc, vmm_held_served_by_other_release);
+  tcase_add_test(tc, vmm_releases_lingering_segment);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("heartbeat_bye");
