@@ -296,3 +296,62 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
    * channel when it has not mapped the segment yet (fdchan.c). */
   return 0;
 }
+
+/* --- VMM memory and the tenant's figures ---------------------------------- */
+
+void gmb__alloc_stats(struct gmb_broker *b, const struct gmb_session *s,
+                      struct wire_reply *rep) {
+  struct gmb_arena_stats as;
+  gmb__pool_arena_stats(s->tenant->arena, &as);
+  rep->kind = WIRE_STATS;
+  rep->u.stats.quota = s->tenant->quota;
+  /* Its VMM bytes are memory it holds: in `used` too, so that quota -
+   * used is what it can still get, whichever way it asks. */
+  rep->u.stats.used = s->tenant->used + s->tenant->vmm;
+  rep->u.stats.vmm = s->tenant->vmm;
+  rep->u.stats.peak = s->tenant->peak;
+  rep->u.stats.segments = as.segment_bytes;
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  rep->u.stats.device_capacity = ps.capacity;
+  rep->u.stats.device_segments = ps.segment_bytes + b->dev->external;
+  rep->u.stats.device_used = ps.used;
+  rep->u.stats.free_in_segments = as.free_total;
+  rep->u.stats.cached = gmb__tenant_cached(s->tenant);
+}
+
+int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
+                   struct wire_reply *rep, enum gmb_nomem_why *why) {
+  struct gmb_tenant *t = s->tenant;
+  char sz[GMB_SIZE_BUFSZ], text[WIRE_MESSAGE_MAX - 64];
+  *why = GMB_NOMEM_NONE;
+  if (gmb__tenant_fits(t, more) != 0) {
+    gmb__tenant_quota_why(t, more, text, sizeof text);
+    gmb__reply_fail(rep, GMB_E_QUOTA, "%s (cuMemCreate)", text);
+    return GMB_E_QUOTA;
+  }
+  /* Lingering empty segments take room a new segment would have found
+   * (gmb__alloc_try releases them before it gives up): released first. */
+  if (more > b->dev->capacity - b->dev->in_use) gmb__pool_trim(b->pool);
+  const uint64_t room = b->dev->capacity - b->dev->in_use;
+  if (more > room) {
+    char rm[GMB_SIZE_BUFSZ];
+    *why = GMB_NOMEM_NO_ROOM;
+    gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s more, not "
+                    "%s (cuMemCreate)", gmb__size_format(room, rm, sizeof rm),
+                    gmb__size_format(more, sz, sizeof sz));
+    return GMB_E_NOMEM;
+  }
+  if (gmb__tenant_reserve_allows(b->tenants, t, more, room - more, text,
+                                 sizeof text) != 0) {
+    *why = GMB_NOMEM_RESERVED;
+    gmb__reply_fail(rep, GMB_E_NOMEM, "%s (cuMemCreate)", text);
+    return GMB_E_NOMEM;
+  }
+  int rc = gmb__device_external(b->dev, (int64_t)more);
+  GMB_ASSERT(rc == 0 && "the room was checked a moment ago");
+  gmb__tenant_vmm(t, (int64_t)more);
+  s->vmm += more;
+  gmb__alloc_stats(b, s, rep);
+  return 0;
+}

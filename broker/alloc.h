@@ -41,6 +41,11 @@ enum gmb_nomem_why {
  * the wire (dispatch.c sets it from Alloc.pages). */
 #define GMB__ALLOC_PAGES 0x10000u
 
+/* Internal flag of a request held in the wait queue: it is `size` more
+ * bytes of VMM memory for its session (a Vmm increase, gmb__alloc_vmm),
+ * not an allocation.  Never on the wire. */
+#define GMB__ALLOC_VMM 0x20000u
+
 /* `size` as the pool and the quota count it. */
 uint64_t gmb__alloc_round(uint64_t size);
 
@@ -67,6 +72,22 @@ void gmb__alloc_asked_back(const struct gmb_session *s,
 int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
                    uint32_t flags, struct wire_reply *rep,
                    enum gmb_nomem_why *why);
+
+/*
+ * Charges `more` bytes of VMM memory (cuMemCreate under the preload shim)
+ * to session s: its tenant's quota and uid budget, the device's room and
+ * the other tenants' reservations, in that order, as an allocation of the
+ * difference would be.  Returns 0 with s->vmm grown and *rep the tenant's
+ * figures (gmb__alloc_stats), or the refusal in *rep, message set, with
+ * nothing changed: GMB_E_QUOTA, or GMB_E_NOMEM with *why (NO_ROOM: the
+ * device's room; RESERVED: another tenant's reservation).
+ */
+int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
+                   struct wire_reply *rep, enum gmb_nomem_why *why);
+
+/* Fills *rep with the StatsReply of session s's tenant and the device. */
+void gmb__alloc_stats(struct gmb_broker *b, const struct gmb_session *s,
+                      struct wire_reply *rep);
 
 /* Fills *rep with GMB_E_NOMEM and the broker's explanation for a request
  * of `rounded` bytes: free total, largest range, what cannot be moved and

@@ -8,7 +8,8 @@
  * (defrag.c) may make room; one that found the device full while other
  * sessions' caches hold free memory is first held while they are asked
  * for it (reclaim.c), as is one past its tenant's quota while the
- * tenant's other sessions' caches hold what it lacks.  A request that does
+ * tenant's other sessions' caches hold what it lacks; a Vmm increase
+ * refused for either is held the same way.  A request that does
  * not wait (timeout 0) is answered at once and is not held back by the
  * queue; one that waits joins the queue behind requests of equal or
  * higher priority (waitq.h has the order).
@@ -309,23 +310,7 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
 
 static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
                           struct wire_reply *rep) {
-  struct gmb_arena_stats as;
-  gmb__pool_arena_stats(s->tenant->arena, &as);
-  rep->kind = WIRE_STATS;
-  rep->u.stats.quota = s->tenant->quota;
-  /* Its VMM bytes are memory it holds: in `used` too, so that quota -
-   * used is what it can still get, whichever way it asks. */
-  rep->u.stats.used = s->tenant->used + s->tenant->vmm;
-  rep->u.stats.vmm = s->tenant->vmm;
-  rep->u.stats.peak = s->tenant->peak;
-  rep->u.stats.segments = as.segment_bytes;
-  struct gmb_pool_stats ps;
-  gmb__pool_stats(b->pool, &ps);
-  rep->u.stats.device_capacity = ps.capacity;
-  rep->u.stats.device_segments = ps.segment_bytes + b->dev->external;
-  rep->u.stats.device_used = ps.used;
-  rep->u.stats.free_in_segments = as.free_total;
-  rep->u.stats.cached = gmb__tenant_cached(s->tenant);
+  gmb__alloc_stats(b, s, rep);
   return 1;
 }
 
@@ -335,18 +320,27 @@ static int dispatch_stats(struct gmb_broker *b, struct gmb_session *s,
  * The process now holds req->u.vmm.bytes of device memory it made itself
  * through the VMM API (cuMemCreate under the preload shim): the total, not
  * a change, so that a retry says the same thing twice.  More than before
- * is charged to the tenant's quota (and uid budget) and the device's room,
- * and refused as an allocation of the difference would be (GMB_E_QUOTA,
- * GMB_E_NOMEM for the device or another tenant's reservation), with
- * nothing changed; less is given back at once.  The reply is the tenant's
- * figures after it (StatsReply).  No wait and no ask to other caches: the
- * shim gives its own cache's free pages back before it reports.
+ * is charged to the tenant's quota (and uid budget) and the device's room
+ * as an allocation of the difference would be (gmb__alloc_vmm); less is
+ * given back at once.  The reply is the tenant's figures after it
+ * (StatsReply).  An increase refused for the quota or the device's room
+ * is met as an allocation that does not wait is: the caches that can
+ * cover the missing bytes are asked for them (the tenant's other
+ * sessions' for its quota, every tenant's for the device, reclaim.h) and
+ * the request is held until they come or trim_wait_ms passed, then
+ * refused with the reason (GMB_E_QUOTA, GMB_E_NOMEM).  One Vmm of a
+ * session is held at a time: another one meanwhile is refused, since the
+ * held difference was made on the total it replaces.
  */
 static int dispatch_vmm(struct gmb_broker *b, struct gmb_session *s,
                         const struct wire_request *req,
                         struct wire_reply *rep) {
   struct gmb_tenant *t = s->tenant;
   const uint64_t want = req->u.vmm.bytes, had = s->vmm;
+  if (s->vmm_held)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "a Vmm request of this session "
+                           "is held already; send the next once it is "
+                           "answered");
   if (want <= had) {
     const uint64_t less = had - want;
     if (less) {
@@ -358,31 +352,26 @@ static int dispatch_vmm(struct gmb_broker *b, struct gmb_session *s,
     return dispatch_stats(b, s, rep);
   }
   const uint64_t more = want - had;
-  char sz[GMB_SIZE_BUFSZ], why[WIRE_MESSAGE_MAX - 64];
+  char sz[GMB_SIZE_BUFSZ];
   if (more > b->dev->capacity)
     return gmb__reply_fail(rep, GMB_E_NOMEM, "VMM memory of %s is more than "
                            "the device's capacity", gmb__size_format(
                                want, sz, sizeof sz));
-  if (gmb__tenant_fits(t, more) != 0) {
-    gmb__tenant_quota_why(t, more, why, sizeof why);
-    return gmb__reply_fail(rep, GMB_E_QUOTA, "%s (cuMemCreate)", why);
+  /* Held (answered later by the wait queue) while caches are asked: for
+   * the quota first, as an allocation is, then for the device's room. */
+  if (gmb__reclaim_quota_hold(b, s, req->id, more, GMB__ALLOC_VMM, 0, 0)) {
+    s->vmm_held = 1;
+    return 0;
   }
-  const uint64_t room = b->dev->capacity - b->dev->in_use;
-  if (more > room) {
-    char rm[GMB_SIZE_BUFSZ];
-    return gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s "
-                           "more, not %s (cuMemCreate)",
-                           gmb__size_format(room, rm, sizeof rm),
-                           gmb__size_format(more, sz, sizeof sz));
+  enum gmb_nomem_why why;
+  int rc = gmb__alloc_vmm(b, s, more, rep, &why);
+  if (rc == GMB_E_QUOTA) gmb__alloc_asked_back(s, rep);
+  if (rc == GMB_E_NOMEM && why == GMB_NOMEM_NO_ROOM &&
+      gmb__reclaim_hold(b, s, req->id, more, GMB__ALLOC_VMM, 0, 0)) {
+    s->vmm_held = 1;
+    return 0;
   }
-  if (gmb__tenant_reserve_allows(b->tenants, t, more, room - more, why,
-                                 sizeof why) != 0)
-    return gmb__reply_fail(rep, GMB_E_NOMEM, "%s (cuMemCreate)", why);
-  int rc = gmb__device_external(b->dev, (int64_t)more);
-  GMB_ASSERT(rc == 0 && "the room was checked a moment ago");
-  gmb__tenant_vmm(t, (int64_t)more);
-  s->vmm = want;
-  return dispatch_stats(b, s, rep);
+  return 1;
 }
 
 /* --- entry ------------------------------------------------------------ */

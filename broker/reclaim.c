@@ -93,12 +93,16 @@ static int reclaim_askable(const struct gmb_session *o,
 /* --- a full device ------------------------------------------------------- */
 
 /* The device room that session s's request of `rounded` bytes lacks: the
- * segment it needs, plus what the other tenants' reservations keep (unless
- * s stays within its own), less the room for new segments now. */
+ * segment it needs (a Vmm increase, `vmm`: its bytes, which take the room
+ * as a segment does), plus what the other tenants' reservations keep
+ * (unless s stays within its own), less the room for new segments now. */
 static uint64_t reclaim_missing(struct gmb_broker *b,
-                                const struct gmb_tenant *t, uint64_t rounded) {
+                                const struct gmb_tenant *t, uint64_t rounded,
+                                int vmm) {
   uint64_t want = GMB_POOL_SMALL_SEGMENT;
-  if (rounded > GMB_POOL_SMALL_MAX)
+  if (vmm)
+    want = rounded;
+  else if (rounded > GMB_POOL_SMALL_MAX)
     want = (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
   if (!gmb__tenant_within_reserve(t, rounded)) {
     uint64_t all = gmb__tenants_reserve_short(b->tenants);
@@ -215,10 +219,11 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   struct gmb_reclaim *r = &b->reclaim;
   if ((b->cfg.trim_wait_ms == 0 && b->cfg.sleep_wait_ms == 0) || b->closing)
     return 0;
-  uint64_t rounded = gmb__alloc_round(size);
+  const int vmm = (flags & GMB__ALLOC_VMM) != 0;
+  uint64_t rounded = vmm ? size : gmb__alloc_round(size);
   /* More than the whole device: no cache can make room for it. */
   if (rounded > b->dev->capacity) return 0;
-  uint64_t missing = reclaim_missing(b, s->tenant, rounded);
+  uint64_t missing = reclaim_missing(b, s->tenant, rounded, vmm);
   if (missing == 0) return 0; /* not for want of room: nothing to ask */
   /* Bytes asked already and not answered yet are on their way, except
    * what s itself was asked: it cannot answer while this request waits. */
@@ -325,15 +330,16 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
                             uint64_t req_id, uint64_t size, uint32_t flags,
                             int timeout_ms, uint64_t ahead) {
   struct gmb_tenant *t = s->tenant;
-  uint64_t rounded = gmb__alloc_round(size);
+  uint64_t rounded = flags & GMB__ALLOC_VMM ? size : gmb__alloc_round(size);
   if (!gmb__tenant_over(t, rounded)) return 0; /* the common case: O(1) */
   if (b->cfg.trim_wait_ms == 0 || b->closing) return 0;
   /* More than the whole quota, or the whole device: no cache can help,
    * and held it could only be refused later. */
   if (rounded > t->quota || rounded > b->dev->capacity) return 0;
-  /* Retired segments its processes still map count as held (tenant.h);
-   * over its uid's budget, not its quota: no cache of its own can help. */
-  uint64_t held = t->used + t->retiring;
+  /* Retired segments its processes still map, and the VMM memory they
+   * made, count as held (tenant.h); over its uid's budget, not its quota:
+   * no cache of its own can help. */
+  uint64_t held = t->used + t->retiring + t->vmm;
   if (held + rounded <= t->quota) return 0;
   uint64_t missing = held + rounded - t->quota;
   /* Bytes asked of its other sessions and not answered yet are on their

@@ -33,6 +33,13 @@
  *     it is for a request larger than the quota or the device.  Held
  *     requests for a quota never hold back other waiters.
  *
+ * A Vmm increase (dispatch.c: cuMemCreate under the preload shim; flag
+ * GMB__ALLOC_VMM, `size` its bytes, never rounded) goes through both
+ * holds the same way, never asking to wait: its room is the device's
+ * (capacity less what is in use), not a pool segment's; when its hold
+ * ends it is answered, served or refused, never queued on.  A tenant's
+ * VMM bytes count as held when a quota's missing bytes are reckoned.
+ *
  * Bounds a client cannot lift: at most one ask in flight per session (a
  * session asked already is not asked again until it answered or its ask
  * ran out); an ask runs out after trim_wait_ms, and the session is then

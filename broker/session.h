@@ -51,6 +51,10 @@ struct gmb_session {
    * (external) until it reports less or ends: one counter, never above
    * the device's capacity, whatever the process sends. */
   uint64_t vmm;
+  /* A Vmm increase of it is held in the wait queue while caches are asked
+   * back (dispatch.c): at most one, and no other Vmm is taken meanwhile,
+   * so that `vmm` stays what the held request's difference was made on. */
+  int vmm_held;
   /* Asks to give cached memory back (EVENT_TRIM): how many were sent,
    * and how many gave nothing back (unanswered past the broker's wait
    * bound, or answered while it held as much as before), for gmbctl and

@@ -21,6 +21,10 @@
  * the device's.  While its quota is still passed it is skipped without a
  * call into the pool, and no refusal is counted (gmb__tenant_over); it is
  * answered GMB_E_QUOTA only when its hold ends and the bytes did not come.
+ * A Vmm increase (GMB__ALLOC_VMM: `size` more bytes of its session's VMM
+ * memory) is held the same ways, never asked to wait: it is tried with
+ * gmb__alloc_vmm instead of the pool, and answered (served or refused
+ * with the reason) when its hold ends.
  * Invariants: held counts the waiters with `held` set, held_nowait those of
  * them with `nowait`, held_quota those with `quota`.
  *
@@ -88,11 +92,27 @@ static void waitq_note_blocker(struct gmb_waitq *q,
     q->next_unblock_ns = waitq_block_end(w);
 }
 
+/* The bytes w asks of its quota: a Vmm increase's are exact. */
+static uint64_t waitq_bytes(const struct gmb_waiter *w) {
+  return w->flags & GMB__ALLOC_VMM ? w->size : gmb__alloc_round(w->size);
+}
+
 /* A request held for its quota that its quota still refuses: nothing to
  * try (and no refusal to count) until its tenant's memory comes back. */
 static int waitq_quota_blocked(const struct gmb_waiter *w) {
   return w->held && w->quota &&
-         gmb__tenant_over(w->session->tenant, gmb__alloc_round(w->size));
+         gmb__tenant_over(w->session->tenant, waitq_bytes(w));
+}
+
+/* Tries w once: an allocation (gmb__alloc_try) or a Vmm increase
+ * (gmb__alloc_vmm, whose refusals come with their message). */
+static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
+                         struct wire_reply *rep, enum gmb_nomem_why *why) {
+  memset(rep, 0, sizeof *rep);
+  rep->id = w->req_id;
+  if (w->flags & GMB__ALLOC_VMM)
+    return gmb__alloc_vmm(b, w->session, w->size, rep, why);
+  return gmb__alloc_try(b, w->session, w->size, w->flags, rep, why);
 }
 
 /* A quota hold may end early: none of the bytes it waits for are on their
@@ -238,6 +258,7 @@ static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
   if (w->after_compact) q->after_compact--;
   waitq_unhold(q, w);
   if (q->last_added == w) q->last_added = NULL;
+  if (w->flags & GMB__ALLOC_VMM) w->session->vmm_held = 0;
   GMB_ASSERT(w->session->tenant->waiting > 0 && w->session->waiting > 0 &&
              "waiting count drifted");
   w->session->tenant->waiting--;
@@ -259,7 +280,9 @@ static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
 static void waitq_answer(struct gmb_broker *b, struct gmb_waiter *w,
                          struct wire_reply *rep) {
   gmb__reply_to_session(b, w->session, rep);
-  gmb__observe_request(b->observe, WIRE_ALLOC, rep->status,
+  gmb__observe_request(b->observe,
+                       w->flags & GMB__ALLOC_VMM ? WIRE_VMM : WIRE_ALLOC,
+                       rep->status,
                        gmb__now_ns() - w->queued_ns);
   waitq_remove(b, w);
 }
@@ -284,10 +307,8 @@ void gmb__waitq_serve(struct gmb_broker *b) {
         !gmb__tenant_within_reserve(t, gmb__alloc_round(w->size)))
       continue;
     struct wire_reply rep;
-    memset(&rep, 0, sizeof rep);
-    rep.id = w->req_id;
     enum gmb_nomem_why why;
-    int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
+    int rc = waitq_attempt(b, w, &rep, &why);
     if (rc == GMB_E_NOMEM) {
       if (!waitq_nonblocking(w)) {
         if (now == 0) now = gmb__now_ns();
@@ -309,10 +330,8 @@ void gmb__waitq_serve(struct gmb_broker *b) {
 static int waitq_try(struct gmb_broker *b, struct gmb_waiter *w) {
   if (waitq_quota_blocked(w)) return 0;
   struct wire_reply rep;
-  memset(&rep, 0, sizeof rep);
-  rep.id = w->req_id;
   enum gmb_nomem_why why;
-  int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
+  int rc = waitq_attempt(b, w, &rep, &why);
   if (rc == GMB_E_NOMEM) return 0;
   waitq_quota_note(b, w, &rep);
   waitq_answer(b, w, &rep);
@@ -479,6 +498,17 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
       continue;
     }
     waitq_unhold(q, w);
+    if (w->flags & GMB__ALLOC_VMM) {
+      /* A Vmm increase never waits on: one more try, then its answer,
+       * served or refused with the reason (and, for its quota, what is
+       * still on its way). */
+      struct wire_reply rep;
+      enum gmb_nomem_why why;
+      waitq_attempt(b, w, &rep, &why);
+      waitq_quota_note(b, w, &rep);
+      waitq_answer(b, w, &rep);
+      continue;
+    }
     /* Held for its quota: served if the bytes came (and the device has
      * room), refused GMB_E_QUOTA if they did not; only a request whose
      * quota now fits but that finds no room goes on below, as any

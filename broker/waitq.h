@@ -34,6 +34,8 @@
  * to wait never block either, nor do ones held for their tenant's quota
  * (gmb__waitq_hold_quota), which are skipped while the quota still refuses
  * them and answered GMB_E_QUOTA when their hold ends without the bytes.
+ * A held Vmm increase (alloc.h, GMB__ALLOC_VMM) is served or refused like
+ * the others, through gmb__alloc_vmm, and answered when its hold ends.
  * A waiter's answer leaves through the sender (reply.c) and is counted in
  * the metrics with its time in the queue.
  *

@@ -14,9 +14,10 @@
  * bytes on that GPU (gmb_vmm_report, the protocol's Vmm request), and the
  * broker charges the difference to the tenant's quota (every process of
  * the tenant together, with its gmb allocations) and to the device's
- * room, or refuses it; a refusal is CUDA_ERROR_OUT_OF_MEMORY, after the
- * session's own cache gave its idle pages back and the report was tried
- * again.  cuMemRelease reports the smaller total.  When the process dies
+ * room, or refuses it (after holding the report while other processes'
+ * caches were asked to give back what they idle, when they could cover
+ * it); a refusal is CUDA_ERROR_OUT_OF_MEMORY, after the session's own
+ * cache gave its idle pages back and the report was tried again.  cuMemRelease reports the smaller total.  When the process dies
  * its session ends and the broker gives all of it back (the driver frees
  * a dead process's memory too).  gmbctl, other processes of the tenant
  * and every memory figure the shim reports see these bytes in the

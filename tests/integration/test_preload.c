@@ -935,6 +935,50 @@ START_TEST(preload_vmm_refusal_trims_own_cache) {
 }
 END_TEST
 
+/*
+ * Two processes of one tenant (quota 8 MiB): the first's cache holds 6 MiB
+ * of idle pages (cuMemAllocAsync's, freed) and has said so to the broker;
+ * the second, whose own cache is empty, makes 4 MiB with cuMemCreate.
+ * That would pass the quota: the broker asks the first process's cache
+ * for the 2 MiB missing (EVENT_TRIM, answered by its library's thread),
+ * holds the second's report until they are back, and the cuMemCreate
+ * succeeds.  Without the ask it would be CUDA_ERROR_OUT_OF_MEMORY.
+ */
+START_TEST(preload_vmm_asks_other_process_cache) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p1 = {0}, p2 = {0};
+  static_start(&p1, NULL, 1);
+  static_start(&p2, (const char *const[]){"GMB_PRELOAD_VERBOSE", "1", NULL},
+               1);
+  prog_expect(&p1, "global cuMemAllocAsync", "gmb:cuMemAllocAsync");
+  prog_expect(&p1, "global cuMemFreeAsync", "gmb:cuMemFreeAsync");
+  prog_expect(&p1, "aalloc 0 6291456", "0");
+  prog_expect(&p1, "afree 0", "0");
+  /* A request of p1's that carries its cache's idle bytes to the broker. */
+  prog_cmd(&p1, "info");
+  ck_assert_uint_eq(pre_used(&b, "pre"), 6 * MIB);
+  prog_expect(&p2, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
+  prog_expect(&p2, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
+  prog_expect(&p2, "create 0 4194304", "0");
+  struct wire_tenant_row row;
+  ck_assert_int_eq(harness_tenant_row(&b, "pre", &row), 0);
+  ck_assert_uint_eq(row.vmm, 4 * MIB);
+  ck_assert_uint_le(row.used, PRE_QUOTA);
+  prog_expect(&p2, "release 0", "0");
+  /* p1's cache gave back at least what was missing. */
+  ck_assert_uint_le(pre_used(&b, "pre"), 4 * MIB);
+  /* p2 first: it inherited the write end of p1's stdin. */
+  char *err = prog_end(&p2, 0);
+  ck_assert_msg(harness_count(err, "refused") == 0, "stderr:\n%s", err);
+  free(err);
+  free(prog_end(&p1, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 /* Waits until the broker counts `want` bytes used by tenant pre. */
 static void pre_wait_used(const struct harness_broker *b, uint64_t want) {
   uint64_t got = 0;
@@ -1181,6 +1225,7 @@ int main(void) {
       preload_getproc_no_broker,
       preload_vmm_expandable_segments, preload_vmm_two_processes_one_quota,
       preload_vmm_refusal_trims_own_cache,
+      preload_vmm_asks_other_process_cache,
       preload_nvml_reports_quota,
       preload_ipc_of_gmb_memory_refused,
       preload_routes_by_current_device,

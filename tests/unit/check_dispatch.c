@@ -1877,6 +1877,70 @@ START_TEST(vmm_takes_device_room) {
 }
 END_TEST
 
+/* A Vmm increase held for its tenant's quota (the tenant's other session
+ * caches what it lacks, and is asked for it) is served by whatever gives
+ * the quota back first: here the other session's cuMemRelease (a smaller
+ * Vmm total), before its cache answered.  The answer comes through the
+ * sender, with the request's id, as the tenant's figures. */
+START_TEST(vmm_held_served_by_other_release) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB",
+              "[broker]\ncompaction = off\n[tenant:q]\nquota = 8MiB\n");
+  struct gmb_session *a = fx_hello(&f, "a", 1001, "q");
+  struct gmb_session *b = fx_hello(&f, "b", 1001, "q");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 2 * MIB, &rep), 0);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+  struct wire_request hb;
+  memset(&hb, 0, sizeof hb);
+  hb.kind = WIRE_HEARTBEAT;
+  hb.cached_free = 4 * MIB;
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &hb, &rep), 0);
+  /* 6 held of 8: b's 4 lacks 2, which a's cache is asked for. */
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_VMM;
+  req.u.vmm.bytes = 4 * MIB;
+  memset(&rep, 0, sizeof rep);
+  ck_assert_int_eq(fx_request(&f, "b", 1001, &req, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  ck_assert_uint_eq(a->ask_bytes, 2 * MIB);
+  ck_assert_int_eq(b->vmm_held, 1);
+  ck_assert_uint_eq(b->vmm, 0);
+  /* a releases its VMM memory: b fits the quota now. */
+  ck_assert_int_eq(fx_vmm(&f, "a", 1001, 0, &rep), 0);
+  const struct fx_sent *got = fx_last_to(&f, "b");
+  ck_assert_ptr_nonnull(got);
+  ck_assert_uint_eq(got->rep.id, r);
+  ck_assert_msg(got->rep.status == 0, "%s", got->rep.message);
+  ck_assert_int_eq(got->rep.kind, WIRE_STATS);
+  ck_assert_uint_eq(got->rep.u.stats.vmm, 4 * MIB);
+  ck_assert_uint_eq(b->vmm, 4 * MIB);
+  ck_assert_int_eq(b->vmm_held, 0);
+  ck_assert_uint_eq(f.b.dev->external, 4 * MIB);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* An empty segment that lingers (a's small one, after its free) is
+ * released for VMM bytes that need its room, as for an allocation. */
+START_TEST(vmm_releases_lingering_segment) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", "[broker]\ncompaction = off\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_must_alloc(&f, "a", 1001, 6 * MIB, 0);
+  struct wire_reply rep = fx_must_alloc(&f, "a", 1001, 4096, 0);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, rep.u.alloc.id), 0);
+  ck_assert_uint_eq(f.b.dev->in_use, 8 * MIB);
+  ck_assert_int_eq(fx_vmm(&f, "b", 1002, 2 * MIB, &rep), 0);
+  ck_assert_uint_eq(f.b.dev->external, 2 * MIB);
+  ck_assert_uint_eq(f.b.dev->in_use, 8 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *dispatch_suite(void) {
   Suite *s = suite_create("dispatch");
   TCase *tc = tcase_create("hello");
@@ -1924,6 +1988,8 @@ static Suite *dispatch_suite(void) {
   tc = tcase_create("vmm");
   tcase_add_test(tc, vmm_charged_to_the_tenant);
   tcase_add_test(tc, vmm_takes_device_room);
+  tcase_add_test(tc, vmm_held_served_by_other_release);
+  tcase_add_test(tc, vmm_releases_lingering_segment);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("heartbeat_bye");

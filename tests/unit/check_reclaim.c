@@ -11,6 +11,8 @@
  * sessions cache what it lacks is held and served as they give it back,
  * refused at once when the bytes are in use, and at the bound, or at the
  * answer that ends the last ask it waits for, when they do not come.
+ * A Vmm increase (cuMemCreate) is held for both the same way, bounded
+ * to one per session and by the waiter limits.
  *
  * A whole broker on a host device (broker_fixture.h), compaction off
  * unless a test says otherwise.  A "cache" here is an allocation of a
@@ -964,6 +966,206 @@ START_TEST(quota_second_request_waits_for_bytes_on_their_way) {
 }
 END_TEST
 
+/* ---- a Vmm increase (cuMemCreate under the preload shim) ---------------- */
+
+/* Session rid reports `bytes` of VMM memory: 1 with *rep when answered at
+ * once, 0 when held (its request id is then f->next_req - 1). */
+static int vmm(struct fx *f, const char *rid, uid_t uid, uint64_t bytes,
+               struct wire_reply *rep) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_VMM;
+  req.u.vmm.bytes = bytes;
+  memset(rep, 0, sizeof *rep);
+  return fx_request(f, rid, uid, &req, rep);
+}
+
+/* a caches 6 MiB of q's 8; b's cuMemCreate of 4 MiB is held (not refused,
+ * not counted as refused) while a is asked for the 2 MiB missing, and
+ * served by a's free: b's VMM bytes are charged then, and the answer is
+ * the tenant's figures. */
+START_TEST(vmm_quota_held_served_when_cache_gives_back) {
+  struct fx f;
+  open_quota(&f, NULL);
+  struct gmb_tenant *q = fx_tenant(&f, "q");
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  uint64_t refusals = q->refusals_quota;
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "b", 1001, 4 * MIB, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.held_quota, 1);
+  ck_assert_uint_eq(sess(&f, "b")->vmm, 0);
+  ck_assert_int_eq(sess(&f, "b")->vmm_held, 1);
+  ck_assert_int_eq(gmb__waitq_ahead(&f.b, 0), 0);
+  check_sums(&f);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  const struct wire_reply *a = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_msg(a->status == 0, "%s", a->message);
+  ck_assert_int_eq(a->kind, WIRE_STATS);
+  ck_assert_uint_eq(a->u.stats.vmm, 4 * MIB);
+  ck_assert_uint_eq(sess(&f, "b")->vmm, 4 * MIB);
+  ck_assert_int_eq(sess(&f, "b")->vmm_held, 0);
+  ck_assert_uint_eq(q->vmm, 4 * MIB);
+  ck_assert_uint_eq(f.b.dev->external, 4 * MIB);
+  ck_assert_uint_eq(q->refusals_quota, refusals);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  report(&f, "a", 1001, 0, 1);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* The tenant's own VMM bytes count as held when the missing bytes are
+ * reckoned: a holds 2 MiB of VMM memory and caches 4; b's 4 MiB lacks 2,
+ * which a is asked for.  Ignored, the hold ends at the bound with
+ * GMB_E_QUOTA that says why, nothing charged. */
+START_TEST(vmm_quota_ignored_ask_refused_at_bound) {
+  struct fx f;
+  open_quota(&f, NULL);
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "a", 1001, 2 * MIB, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  cache(&f, "a", 1001, 4 * MIB);
+  ck_assert_int_eq(vmm(&f, "b", 1001, 4 * MIB, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  timer_past_bound(&f);
+  const struct wire_reply *a = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_int_eq(a->status, GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(a->message, "cuMemCreate"));
+  ck_assert_ptr_nonnull(strstr(a->message, "trim_wait_ms"));
+  ck_assert_uint_eq(sess(&f, "b")->vmm, 0);
+  ck_assert_int_eq(sess(&f, "b")->vmm_held, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "q")->vmm, 2 * MIB);
+  ck_assert_uint_eq(sess(&f, "a")->trim_ignored, 1);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* Bytes in use are never waited for: the refusal is immediate. */
+START_TEST(vmm_quota_in_use_refused_at_once) {
+  struct fx f;
+  open_quota(&f, NULL);
+  hold(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "b", 1001, 4 * MIB, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* The device is full: another tenant's cache is asked, as for an
+ * allocation, and b's VMM bytes take the room its free made. */
+START_TEST(vmm_full_device_asks_other_tenant) {
+  struct fx f;
+  open_two(&f);
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "b", 1002, 4 * MIB, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.held_nowait, 1);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  const struct wire_reply *a = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_msg(a->status == 0, "%s", a->message);
+  ck_assert_int_eq(a->kind, WIRE_STATS);
+  ck_assert_uint_eq(f.b.dev->external, 4 * MIB);
+  report(&f, "a", 1001, 0, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* A cache that answers without giving anything back ends the hold at
+ * once: GMB_E_NOMEM with the device's room named. */
+START_TEST(vmm_full_device_empty_answer_refuses) {
+  struct fx f;
+  open_two(&f);
+  cache(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "b", 1002, 4 * MIB, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  report(&f, "a", 1001, 6 * MIB, 1);
+  const struct wire_reply *a = answer_to(&f, "b", r);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_int_eq(a->status, GMB_E_NOMEM);
+  ck_assert_ptr_nonnull(strstr(a->message, "cuMemCreate"));
+  ck_assert_uint_eq(f.b.dev->external, 0);
+  ck_assert_uint_eq(sess(&f, "b")->vmm, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* What a client can make the broker hold is bounded: one Vmm of a session
+ * at a time (another meanwhile, up or down, is refused and changes
+ * nothing), and held Vmm requests count against max_waiters_per_session
+ * (past it the refusal is immediate and says what is on its way). */
+START_TEST(vmm_hold_bounded) {
+  struct fx f;
+  open_quota(&f, "max_waiters_per_session = 1\n");
+  cache(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "b", 1001, 4 * MIB, &rep), 0);
+  uint64_t r = f.next_req - 1;
+  ck_assert_int_eq(vmm(&f, "b", 1001, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_int_eq(vmm(&f, "b", 1001, 6 * MIB, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_uint_eq(f.b.waitq.n, 1);
+  /* An allocation of b past its waiter limit is not held either. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(rep.asked_back, 2 * MIB);
+  timer_past_bound(&f);
+  ck_assert_int_eq(answer_to(&f, "b", r)->status, GMB_E_QUOTA);
+  /* c, a third session at its limit with an allocation held: its Vmm is
+   * refused at once. */
+  fx_hello(&f, "c", 1001, "q");
+  sess(&f, "a")->ask_skip_ns = 0;
+  held(&f, "c", 1001, 4 * MIB, 0);
+  ck_assert_int_eq(vmm(&f, "c", 1001, 4 * MIB, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(sess(&f, "c")->vmm_held, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* The session of a held Vmm ends: the request is dropped unanswered, and
+ * nothing of it was charged. */
+START_TEST(vmm_held_requester_ends) {
+  struct fx f;
+  open_quota(&f, NULL);
+  uint64_t slab = cache(&f, "a", 1001, 6 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(vmm(&f, "b", 1001, 4 * MIB, &rep), 0);
+  fx_end(&f, sess(&f, "b"));
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  ck_assert_uint_eq(fx_tenant(&f, "q")->vmm, 0);
+  ck_assert_uint_eq(f.b.dev->external, 0);
+  report(&f, "a", 1001, 0, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *reclaim_suite(void) {
   Suite *s = suite_create("reclaim");
   TCase *tc = tcase_create("device");
@@ -1004,6 +1206,16 @@ static Suite *reclaim_suite(void) {
   tcase_add_test(tc, quota_raised_while_held_serves);
   tcase_add_test(tc, quota_hold_bounded_per_session);
   tcase_add_test(tc, quota_second_request_waits_for_bytes_on_their_way);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("vmm");
+  tcase_add_test(tc, vmm_quota_held_served_when_cache_gives_back);
+  tcase_add_test(tc, vmm_quota_ignored_ask_refused_at_bound);
+  tcase_add_test(tc, vmm_quota_in_use_refused_at_once);
+  tcase_add_test(tc, vmm_full_device_asks_other_tenant);
+  tcase_add_test(tc, vmm_full_device_empty_answer_refuses);
+  tcase_add_test(tc, vmm_hold_bounded);
+  tcase_add_test(tc, vmm_held_requester_ends);
   suite_add_tcase(s, tc);
   return s;
 }
