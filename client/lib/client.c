@@ -2349,9 +2349,12 @@ GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
   if (tag == NULL || tag[0] == '\0')
     return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
-  int rc = gmb__cache_resume(c->cache, tag);
-  int ord = rc == 0 ? gmb__cache_tag_find(c->cache, tag) : -1;
-  if (ord >= 0) rc = gmb__atags_resume(c->atags, ord); /* explained */
+  /* The tag's gmb_alloc allocations first, then its cache part: each all
+   * or nothing, so a refusal of the cache part leaves the allocations
+   * running, and a gmb_resume again finishes. */
+  int ord = gmb__cache_tag_find(c->cache, tag);
+  int rc = ord >= 0 ? gmb__atags_resume(c->atags, ord) : 0; /* explained */
+  if (rc == 0) rc = gmb__cache_resume(c->cache, tag);
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "no tag \"%s\" in this process", tag);
   if (rc == GMB_E_SYSTEM)
