@@ -75,6 +75,10 @@ typedef struct gmb_stats { /* one tenant, as the broker sees it now */
 } gmb_stats;
 
 #define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
+#define GMB_UNTAGGED 0x2u /* no tag, whatever the thread's current tag
+                            (gmb_cache_tag): memory locked for good, such
+                            as the preload shim's cudaMalloc, must not
+                            keep the tag from pausing */
 
 typedef struct gmb_device_info { /* the broker's device, as this process sees it */
   char kind[16];       /* "cuda" (a GPU) or "host" (shared host memory) */
@@ -137,7 +141,10 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c);
  * giving the free total, the largest free range and the bytes that could
  * not be moved.  With flags GMB_MOVABLE the broker may move the allocation
  * while it is not locked: use it only through gmb_lock/gmb_unlock.
- * GMB_E_LIMIT when the session holds 65536 movable allocations.
+ * GMB_E_LIMIT when the session holds 65536 movable allocations.  The
+ * allocation belongs to the thread's current tag (gmb_cache_tag, paused
+ * and resumed with it by gmb_pause/gmb_resume) unless flags hold
+ * GMB_UNTAGGED; GMB_E_INVAL when that tag's allocations are paused.
  */
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out);

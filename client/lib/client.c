@@ -1204,7 +1204,8 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
   *out = 0;
-  int tag = gmb__cache_tag_now(c->cache);
+  int tag = flags & GMB_UNTAGGED ? -1 : gmb__cache_tag_now(c->cache);
+  flags &= ~GMB_UNTAGGED;
   if (tag >= 0 && gmb__atags_paused(c->atags, tag))
     return client_fail(GMB_E_INVAL, "the thread's tag \"%s\" has paused "
                        "allocations: gmb_resume it first",

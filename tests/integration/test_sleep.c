@@ -368,8 +368,18 @@ START_TEST(tagged_alloc_locked_refuses_pause) {
     memset(blk, 1, 4096); /* mapped */
     ck_assert_int_eq(gmb_unlock(c, ids[i]), 0);
   }
+  /* GMB_UNTAGGED: no tag though one is current; locked for good, as the
+   * preload shim's cudaMalloc, it does not keep the tag from pausing. */
+  gmb_id keep;
+  void *kp;
+  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
+  ck_assert_int_eq(gmb_alloc(c, 4096, GMB_UNTAGGED, &keep), 0);
+  ck_assert_int_eq(gmb_cache_tag(c, NULL), 0);
+  ck_assert_int_eq(gmb_lock(c, keep, &kp), 0);
+  memset(kp, 8, 4096);
   ck_assert_msg(gmb_pause(c, "w", GMB_PAUSE_OFFLOAD) == 0, "%s",
                 gmb_last_error(c));
+  ck_assert_int_eq(((char *)kp)[4095], 8); /* still mapped, still there */
   ck_assert_int_eq(gmb_resume(c, "w"), 0);
   char buf[4096];
   ck_assert_int_eq(gmb_read(c, pinned, 0, buf, sizeof buf), 0);
