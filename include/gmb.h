@@ -75,6 +75,10 @@ typedef struct gmb_stats { /* one tenant, as the broker sees it now */
 } gmb_stats;
 
 #define GMB_MOVABLE 0x1u /* the broker may move it while unlocked */
+#define GMB_UNTAGGED 0x2u /* no tag, whatever the thread's current tag
+                            (gmb_cache_tag): memory locked for good, such
+                            as the preload shim's cudaMalloc, must not
+                            keep the tag from pausing */
 
 typedef struct gmb_device_info { /* the broker's device, as this process sees it */
   char kind[16];       /* "cuda" (a GPU) or "host" (shared host memory) */
@@ -137,7 +141,10 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c);
  * giving the free total, the largest free range and the bytes that could
  * not be moved.  With flags GMB_MOVABLE the broker may move the allocation
  * while it is not locked: use it only through gmb_lock/gmb_unlock.
- * GMB_E_LIMIT when the session holds 65536 movable allocations.
+ * GMB_E_LIMIT when the session holds 65536 movable allocations.  The
+ * allocation belongs to the thread's current tag (gmb_cache_tag, paused
+ * and resumed with it by gmb_pause/gmb_resume) unless flags hold
+ * GMB_UNTAGGED; GMB_E_INVAL when that tag's allocations are paused.
  */
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out);
@@ -287,9 +294,10 @@ typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
   uint64_t page_moves;  /* idle pages moved under a new block instead of
                            asking the broker for new ones */
   uint64_t host;        /* bytes of host memory holding paused tags' pages
-                           (gmb_pause's offload; GMB_HOST_QUOTA bounds it) */
-  uint64_t paused;      /* bytes of pages paused tags gave back, that
-                           gmb_resume maps again */
+                           and gmb_alloc allocations (gmb_pause's offload;
+                           GMB_HOST_QUOTA bounds it) */
+  uint64_t paused;      /* bytes of pages and gmb_alloc allocations paused
+                           tags gave back, that gmb_resume maps again */
 } gmb_cache_stats;
 
 /* Fills *out with the figures of this session's cache, as this process
@@ -326,9 +334,10 @@ GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
  * gmb_cache_tag makes `tag` the calling thread's current tag on c (NULL
  * or "": none, the default): the thread's gmb_malloc_async blocks then
  * come from the tag's own part of the cache (its own address ranges and
- * pages), made at the first use of the name.  Freeing needs no tag.  0;
- * GMB_E_INVAL for a name of more than 63 bytes, GMB_E_LIMIT past 64 tags
- * in the process.
+ * pages), made at the first use of the name; the thread's gmb_alloc and
+ * gmb_alloc_wait allocations belong to the tag too.  Freeing needs no
+ * tag.  0; GMB_E_INVAL for a name of more than 63 bytes, GMB_E_LIMIT past
+ * 64 tags in the process.
  *
  * gmb_pause gives the device pages of the tag back to the broker, where
  * other tenants may use them; the tenant's quota then counts only what it
@@ -347,12 +356,29 @@ GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
  * malloc gives), GMB_E_SYSTEM out of host memory, GMB_E_DEVICE when the
  * device failed: then the tag runs on, nothing changed.
  *
+ * The tag's gmb_alloc allocations pause with it (after its cache part):
+ * each one's bytes copied to host memory (offload) or dropped (discard),
+ * then freed at the broker.  A tag with one of them locked (gmb_lock
+ * without its gmb_unlock, pinned or movable) is not paused: GMB_E_INVAL,
+ * naming it, nothing changed.  While paused, gmb_lock, gmb_read and
+ * gmb_write of them fail with GMB_E_INVAL, gmb_free drops one (and its
+ * host copy), and gmb_alloc with the tag current fails with GMB_E_INVAL.
+ * gmb_resume allocates each anew (same size and flags) and writes its
+ * bytes back: its gmb_id stays the program's, but the address gmb_lock
+ * gives may differ from before the pause (lock again after a resume).
+ * Their host bytes count in gmb_cache_stats.host and $GMB_HOST_QUOTA, their
+ * device bytes in gmb_cache_stats.paused.  Only gmb_pause pauses them:
+ * the broker's asks and gmbctl pause pause the cache's part alone.
+ *
  * gmb_resume maps new pages from the broker at the same addresses and
  * copies the offloaded bytes back (discarded ones read as whatever the
  * new pages hold).  0, also for a tag not paused; GMB_E_NOENT for a tag
  * never set; GMB_E_QUOTA or GMB_E_NOMEM (explained) when the broker has
  * no room now: the tag stays paused with its bytes kept, and a later
- * call may succeed.  Pauses and resumes of a process run one at a time.
+ * call may succeed.  The tag's gmb_alloc allocations resume first, then
+ * its cache part, each all or nothing: a refusal of the cache part leaves
+ * the allocations running, and a later call finishes.  Pauses and
+ * resumes of a process run one at a time.
  */
 #define GMB_PAUSE_OFFLOAD 0
 #define GMB_PAUSE_DISCARD 1

@@ -280,6 +280,19 @@ int gmb__cache_resume(struct gmb_cache *k, const char *tag);
 /* The host quota of pauses' copies in bytes (0: no limit). */
 void gmb__cache_host_quota_set(struct gmb_cache *k, uint64_t bytes);
 
+/* Host bytes held outside the cache's arenas (gmb_alloc allocations'
+ * copies, alloc_tags.c), counted in the same figure and quota: take gives
+ * 0 or GMB_E_LIMIT with nothing taken; give returns them. */
+int gmb__cache_host_take(struct gmb_cache *k, uint64_t bytes);
+void gmb__cache_host_give(struct gmb_cache *k, uint64_t bytes);
+
+/* Tags by number (0..63, in the order they were first set): the calling
+ * thread's current tag (-1: none), the number of `tag` (GMB_E_NOENT for
+ * one never set), and the name of number `ord` (NULL past the tags). */
+int gmb__cache_tag_now(struct gmb_cache *k);
+int gmb__cache_tag_find(struct gmb_cache *k, const char *tag);
+const char *gmb__cache_tag_name(struct gmb_cache *k, int ord);
+
 /* The counters of a client's cache (client.c; tests and benchmarks). */
 struct gmb_client;
 void gmb__client_cache_counters(struct gmb_client *c,

@@ -135,6 +135,8 @@ struct gmb_cache {
   pthread_mutex_t sleep_mu; /* one pause or resume at a time */
   uint64_t host_quota;      /* 0: no limit */
   _Atomic uint64_t host_held;
+  _Atomic uint64_t host_others; /* of host_held: taken by gmb__cache_host_take
+                                   (gmb_alloc allocations' host copies) */
   unsigned shift; /* log2 of the page */
   uint64_t page, span;
   struct cache_arena *arena;

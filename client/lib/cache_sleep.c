@@ -95,6 +95,24 @@ void gmb__cache_host_quota_set(struct gmb_cache *k, uint64_t bytes) {
   if (k) k->host_quota = bytes;
 }
 
+int gmb__cache_tag_now(struct gmb_cache *k) {
+  unsigned idx = k ? gmb__cache_tls_idx(k) : 0;
+  return idx == 0 ? -1 : (int)(idx - k->n);
+}
+
+int gmb__cache_tag_find(struct gmb_cache *k, const char *tag) {
+  unsigned idx;
+  int rc;
+  if (k == NULL || tag == NULL) return GMB_E_NOENT;
+  return sleep_tag(k, tag, 0, &idx, &rc) ? (int)(idx - k->n) : rc;
+}
+
+const char *gmb__cache_tag_name(struct gmb_cache *k, int ord) {
+  if (k == NULL || ord < 0 || (unsigned)ord >= cache_arenas(k) - k->n)
+    return NULL;
+  return k->arena[k->n + (unsigned)ord].tag;
+}
+
 void gmb__cache_sleep_free(struct gmb_cache *k, struct cache_arena *a) {
   struct cache_sleep *z = a->sleep;
   if (z == NULL) return;
@@ -114,6 +132,22 @@ static int sleep_host_take(struct gmb_cache *k, uint64_t bytes) {
       return GMB_E_LIMIT;
   } while (!atomic_compare_exchange_weak(&k->host_held, &held, held + bytes));
   return 0;
+}
+
+/* Under sleep_mu, so that gmb__cache_check sees the two figures agree. */
+int gmb__cache_host_take(struct gmb_cache *k, uint64_t bytes) {
+  pthread_mutex_lock(&k->sleep_mu);
+  int rc = sleep_host_take(k, bytes);
+  if (rc == 0) atomic_fetch_add(&k->host_others, bytes);
+  pthread_mutex_unlock(&k->sleep_mu);
+  return rc;
+}
+
+void gmb__cache_host_give(struct gmb_cache *k, uint64_t bytes) {
+  pthread_mutex_lock(&k->sleep_mu);
+  atomic_fetch_sub(&k->host_others, bytes);
+  atomic_fetch_sub(&k->host_held, bytes);
+  pthread_mutex_unlock(&k->sleep_mu);
 }
 
 /* Copies the saved pages that have a host copy, in runs of neighbours

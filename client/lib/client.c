@@ -66,6 +66,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "alloc_tags.h"
 #include "cache.h"
 #include "client.h"
 #include "cuimport.h"
@@ -160,6 +161,16 @@ struct gmb_client {
   struct gmb_sleep_policy *pol;
   uint64_t offer_reported;
   int resume_wait_ms; /* $GMB_RESUME_WAIT_MS: an allocation's auto-resume */
+  /* Tagged gmb_alloc allocations (alloc_tags.c), and what the broker is
+   * told of each tag: the cache's part (absolute, from its note) and the
+   * allocations' part (added and taken by alloc_tags.c), summed in one
+   * SleepNote per tag (under note_mu, taken before io). */
+  struct gmb_atags *atags;
+  pthread_mutex_t note_mu;
+  struct client_tag_part {
+    uint64_t host, device;
+    int paused, mode, by;
+  } tag_part[2][64]; /* [0] the cache's, [1] the allocations' */
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -553,6 +564,7 @@ static int client_call(gmb_client *c, struct wire_request *req,
 }
 
 static struct gmb_cache *client_cache_new(gmb_client *c);
+static struct gmb_atags *client_atags_new(gmb_client *c);
 
 /* Trims the cache down to `keep` idle bytes without waiting for the
  * device.  On a GPU a page whose free memory was last used on a stream
@@ -763,8 +775,10 @@ static void client_free(gmb_client *c) {
     munmap(c->lt, c->lt_bytes);
   gmb__segmap_destroy(c->map);
   gmb__cache_destroy(c->cache);
+  gmb__atags_destroy(c->atags);
   gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
+  pthread_mutex_destroy(&c->note_mu);
   free(c);
 }
 
@@ -907,6 +921,7 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   gmb_client *c = calloc(1, sizeof *c);
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
   pthread_mutex_init(&c->io, NULL);
+  pthread_mutex_init(&c->note_mu, NULL);
   c->fdsock = -1;
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
@@ -988,7 +1003,8 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
     return rc;
   }
   c->cache = client_cache_new(c);
-  if (c->cache == NULL) {
+  c->atags = c->cache ? client_atags_new(c) : NULL;
+  if (c->cache == NULL || c->atags == NULL) {
     client_fail(GMB_E_SYSTEM, "out of memory");
     gmb_disconnect(c);
     return GMB_E_SYSTEM;
@@ -1151,10 +1167,11 @@ static void client_undo_alloc(gmb_client *c, const uint64_t *ids, unsigned n) {
   memcpy(client_err, saved, sizeof saved);
 }
 
-static int client_alloc(gmb_client *c, size_t size, unsigned flags,
-                        int timeout_ms, gmb_id *out) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+static int client_free_id(gmb_client *c, gmb_id id, int sync);
+
+/* An allocation at the broker, with no tag. */
+static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
+                            int timeout_ms, gmb_id *out) {
   *out = 0;
   if (size == 0) return client_fail(GMB_E_INVAL, "size 0");
   if (flags & ~GMB_MOVABLE)
@@ -1225,6 +1242,33 @@ out:
   return rc;
 }
 
+/* An allocation, recorded under the thread's current tag if it has one
+ * (alloc_tags.c). */
+static int client_alloc(gmb_client *c, size_t size, unsigned flags,
+                        int timeout_ms, gmb_id *out) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
+  *out = 0;
+  int tag = flags & GMB_UNTAGGED ? -1 : gmb__cache_tag_now(c->cache);
+  flags &= ~GMB_UNTAGGED;
+  if (tag >= 0 && gmb__atags_paused(c->atags, tag))
+    return client_fail(GMB_E_INVAL, "the thread's tag \"%s\" has paused "
+                       "allocations: gmb_resume it first",
+                       gmb__cache_tag_name(c->cache, tag));
+  int rc = client_alloc_raw(c, size, flags, timeout_ms, out);
+  if (rc || tag < 0) return rc;
+  struct gmb_segmap_entry e;
+  uint64_t asize = gmb__segmap_get(c->map, *out, NULL, 0, &e) == 0 ? e.size
+                                                                   : size;
+  rc = gmb__atags_add(c->atags, *out, asize, flags, tag);
+  if (rc) {
+    client_free_id(c, *out, 0);
+    *out = 0;
+    return client_fail(rc, "out of host memory for a tagged allocation");
+  }
+  return 0;
+}
+
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
                          gmb_id *out) {
   return client_alloc(c, size, flags, 0, out);
@@ -1268,7 +1312,15 @@ static int client_free_id(gmb_client *c, gmb_id id, int sync) {
 
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  return client_free_id(c, id, 1);
+  uint64_t cur, host;
+  int rc = gmb__atags_free(c->atags, id, &cur, &host);
+  if (rc == GMB_E_INVAL)
+    return client_fail(rc, "allocation %llu is being paused or resumed",
+                       (unsigned long long)id);
+  if (rc == 2) return 0; /* paused: its host copy went, nothing at the broker */
+  int frc = client_free_id(c, cur, 1);
+  if (frc == 0 && rc == 1) gmb__atags_remove(c->atags, id);
+  return frc;
 }
 
 /* --- locks ---------------------------------------------------------------- */
@@ -1470,10 +1522,7 @@ static int client_lock_movable(gmb_client *c, const struct gmb_segmap_entry *e,
   return rc;
 }
 
-GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
-  if (atomic_load(&c->dead)) return client_dead_fail(c);
+static int client_lock_raw(gmb_client *c, gmb_id id, void **ptr) {
   /* An eviction is seen here before (or without) its event: the broker
    * set the word in the lock table before it ended the session. */
   if (c->lt && atomic_load_explicit(&c->lt->evicted, memory_order_acquire))
@@ -1487,6 +1536,28 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   return client_lock_movable(c, &e, ptr);
 }
 
+/* The broker id behind the program's id (alloc_tags.c), held when `hold`:
+ * 0, or GMB_E_INVAL for a paused allocation, explained. */
+static int client_id(gmb_client *c, gmb_id id, int hold, uint64_t *cur) {
+  int tag = -1;
+  if (gmb__atags_get(c->atags, id, hold, cur, &tag) == 0) return 0;
+  return client_fail(GMB_E_INVAL, "allocation %llu of tag \"%s\" is paused "
+                     "(or being paused or resumed): gmb_resume it first",
+                     (unsigned long long)id, gmb__cache_tag_name(c->cache, tag));
+}
+
+GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  uint64_t cur;
+  int rc = client_id(c, id, 1, &cur);
+  if (rc) return rc;
+  rc = client_lock_raw(c, cur, ptr);
+  if (rc) gmb__atags_unhold(c->atags, id);
+  return rc;
+}
+
 /* The lock-table slot of one of this session's allocations
  * (GMB_SEGMAP_NO_SLOT for a pinned one): 0 or GMB_E_NOENT, explained. */
 static int client_slot_of(gmb_client *c, gmb_id id, uint32_t *slot) {
@@ -1496,9 +1567,7 @@ static int client_slot_of(gmb_client *c, gmb_id id, uint32_t *slot) {
   return 0;
 }
 
-GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (atomic_load(&c->dead)) return client_dead_fail(c);
+static int client_unlock_raw(gmb_client *c, gmb_id id) {
   uint32_t slot;
   int rc = client_slot_of(c, id, &slot);
   if (rc) return rc;
@@ -1507,6 +1576,16 @@ GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
     return client_fail(GMB_E_INVAL, "allocation %llu is not locked",
                        (unsigned long long)id);
   return 0;
+}
+
+GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  uint64_t cur;
+  int rc = client_id(c, id, 0, &cur);
+  if (rc == 0) rc = client_unlock_raw(c, cur);
+  if (rc == 0) gmb__atags_unhold(c->atags, id);
+  return rc;
 }
 
 /*
@@ -1525,9 +1604,15 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
     return client_fail(GMB_E_DEVICE, "gmb_unlock_on_stream needs the CUDA "
                        "device");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
-  uint32_t slot;
-  int rc = client_slot_of(c, id, &slot);
+  const gmb_id prog = id;
+  int rc = client_id(c, prog, 0, &id);
   if (rc) return rc;
+  uint32_t slot;
+  rc = client_slot_of(c, id, &slot);
+  if (rc) return rc;
+  /* A tagged allocation counts as unlocked now: a pause waits for the
+   * device before it copies, and so for this release. */
+  gmb__atags_unhold(c->atags, prog);
   if (slot == GMB_SEGMAP_NO_SLOT) return 0; /* pinned: nothing to release */
   struct gmb__lt_slot *s = &c->lt_slot[slot];
   if (__atomic_load_n(&s->id, __ATOMIC_RELAXED) != id)
@@ -1614,11 +1699,25 @@ GMB_EXPORT int gmb_device_stats_get(gmb_client *c, gmb_device_stats *out) {
 /* Copies between host memory and [off, off+n) of allocation id, locked for
  * the copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU (device
  * memory cannot be touched by the CPU). */
+static int client_copy_raw(gmb_client *c, gmb_id id, size_t off, void *host,
+                           size_t n, int to_device);
+
 static int client_copy(gmb_client *c, gmb_id id, size_t off, void *host,
                        size_t n, int to_device) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (host == NULL && n) return client_fail(GMB_E_INVAL, "buffer is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
+  const gmb_id prog = id;
+  int rc = client_id(c, prog, 1, &id);
+  if (rc) return rc;
+  rc = client_copy_raw(c, id, off, host, n, to_device);
+  gmb__atags_unhold(c->atags, prog);
+  return rc;
+}
+
+/* client_copy of broker allocation id. */
+static int client_copy_raw(gmb_client *c, gmb_id id, size_t off, void *host,
+                           size_t n, int to_device) {
   struct gmb_segmap_entry e;
   if (gmb__segmap_get(c->map, id, c->lt_slot, c->lt_slots, &e) != 0)
     return client_fail(GMB_E_NOENT, "allocation %llu is not one of this "
@@ -1628,7 +1727,7 @@ static int client_copy(gmb_client *c, gmb_id id, size_t off, void *host,
                        "%llu of %llu bytes", off, n, (unsigned long long)id,
                        (unsigned long long)e.size);
   void *p;
-  int rc = gmb_lock(c, id, &p);
+  int rc = client_lock_raw(c, id, &p);
   if (rc) return rc;
   if (n && c->cuda) {
     char why[256];
@@ -1642,7 +1741,7 @@ static int client_copy(gmb_client *c, gmb_id id, size_t off, void *host,
     else
       memcpy(host, (const char *)p + off, n);
   }
-  gmb_unlock(c, id);
+  client_unlock_raw(c, id);
   return rc;
 }
 
@@ -1913,10 +2012,9 @@ static int client_page_copy(void *ctx, uintptr_t dev, void *host,
  * refusal's message is the broker's, and gmb_pause keeps it. */
 static _Thread_local int client_note_refused;
 
-/* The cache's note (cache.h): a SleepNote, answered with a status. */
-static int client_note(void *ctx, const char *tag, int paused, int mode,
-                       uint64_t host, uint64_t device, int by) {
-  gmb_client *c = ctx;
+/* One SleepNote, answered with a status. */
+static int client_note_send(gmb_client *c, const char *tag, int paused,
+                            int mode, uint64_t host, uint64_t device, int by) {
   struct wire_request req = {.kind = WIRE_SLEEP_NOTE};
   snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
   req.u.sleep_note.paused = paused;
@@ -1931,6 +2029,39 @@ static int client_note(void *ctx, const char *tag, int paused, int mode,
   pthread_mutex_unlock(&c->io);
   client_note_refused = rc != 0;
   return rc; /* explained */
+}
+
+/* Sets part `part` of tag `ord` to *p and tells the broker the tag's sum;
+ * a refused pause leaves the part as it was.  Holds note_mu. */
+static int client_note_part(gmb_client *c, int ord, int part,
+                            const struct client_tag_part *p) {
+  struct client_tag_part *q = c->tag_part[part], old = q[ord];
+  const struct client_tag_part *o = &c->tag_part[!part][ord];
+  q[ord] = *p;
+  int paused = p->paused || o->paused;
+  int rc = client_note_send(c, gmb__cache_tag_name(c->cache, ord), paused,
+                            p->paused ? p->mode : o->mode,
+                            paused ? p->host + o->host : 0,
+                            paused ? p->device + o->device : 0,
+                            p->paused ? p->by : o->by);
+  if (rc && p->paused) q[ord] = old;
+  return rc;
+}
+
+/* The cache's note (cache.h): its part of the tag's SleepNote. */
+static int client_note(void *ctx, const char *tag, int paused, int mode,
+                       uint64_t host, uint64_t device, int by) {
+  gmb_client *c = ctx;
+  int ord = gmb__cache_tag_find(c->cache, tag);
+  if (ord < 0 || ord >= 64)
+    return client_note_send(c, tag, paused, mode, host, device, by);
+  struct client_tag_part p = {.host = host, .device = device,
+                              .paused = paused, .mode = mode, .by = by};
+  if (!paused) p = (struct client_tag_part){0};
+  pthread_mutex_lock(&c->note_mu);
+  int rc = client_note_part(c, ord, 0, &p);
+  pthread_mutex_unlock(&c->note_mu);
+  return rc;
 }
 
 static int client_sync(void *ctx) {
@@ -1985,6 +2116,58 @@ static struct gmb_cache *client_cache_new(gmb_client *c) {
     ops.event_destroy = client_ev_destroy;
   }
   return gmb__cache_new(&ops, 0);
+}
+
+/* --- the tagged allocations' callbacks (alloc_tags.h) ------------------- */
+
+static int client_atag_alloc(void *ctx, uint64_t size, unsigned flags,
+                             uint64_t *id) {
+  return client_alloc_raw(ctx, (size_t)size, flags, 0, id);
+}
+
+static int client_atag_free(void *ctx, uint64_t id) {
+  return client_free_id(ctx, id, 0); /* the pause waited for the device */
+}
+
+static int client_atag_copy(void *ctx, uint64_t id, void *host, uint64_t n,
+                            int to_device) {
+  return client_copy_raw(ctx, id, 0, host, (size_t)n, to_device);
+}
+
+/* Host bytes in the cache's figure and quota, then the broker's note. */
+static int client_atag_admit(void *ctx, int tag, int paused, int mode,
+                             uint64_t host, uint64_t device) {
+  gmb_client *c = ctx;
+  if (tag < 0 || tag >= 64) return GMB_E_INVAL;
+  if (paused && host && gmb__cache_host_take(c->cache, host))
+    return GMB_E_LIMIT;
+  pthread_mutex_lock(&c->note_mu);
+  struct client_tag_part p = c->tag_part[1][tag];
+  if (paused) {
+    p.host += host;
+    p.device += device;
+    p.mode = mode;
+    p.by = GMB_CACHE_BY_APP;
+  } else {
+    p.host -= host < p.host ? host : p.host;
+    p.device -= device < p.device ? device : p.device;
+  }
+  p.paused = p.device > 0;
+  int rc = client_note_part(c, tag, 1, &p);
+  pthread_mutex_unlock(&c->note_mu);
+  if (paused && rc && host) gmb__cache_host_give(c->cache, host);
+  if (!paused && host) gmb__cache_host_give(c->cache, host);
+  return paused ? rc : 0;
+}
+
+static struct gmb_atags *client_atags_new(gmb_client *c) {
+  struct gmb_atag_ops ops = {.ctx = c,
+                             .alloc = client_atag_alloc,
+                             .free = client_atag_free,
+                             .copy = client_atag_copy,
+                             .sync = c->cuda ? client_sync : NULL,
+                             .admit = client_atag_admit};
+  return gmb__atags_new(&ops);
 }
 
 /* The library thread, at most every CLIENT_REPORT_MS, for a session that
@@ -2155,6 +2338,9 @@ GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
                            .peak_in_use = k.peak_in_use, .idle = k.idle,
                            .page_moves = k.page_moves, .host = k.host,
                            .paused = k.paused};
+  struct gmb_atags_counts a;
+  gmb__atags_counts(c->atags, &a);
+  out->paused += a.device; /* `host` counts both already */
   return 0;
 }
 
@@ -2186,6 +2372,26 @@ GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
                  "gmb.h's modes are the cache's");
   client_note_refused = 0;
   int rc = gmb__cache_pause(c->cache, tag, mode);
+  if (rc == 0) {
+    /* Then the tag's gmb_alloc allocations; when they cannot pause, the
+     * cache's part resumes (best effort: it stays paused without room). */
+    int ord = gmb__cache_tag_find(c->cache, tag);
+    uint64_t locked = 0;
+    client_note_refused = 0;
+    rc = ord < 0 ? 0 : gmb__atags_pause(c->atags, ord, mode, &locked);
+    if (rc) {
+      char saved[sizeof client_err];
+      memcpy(saved, client_err, sizeof saved);
+      int refused = client_note_refused;
+      (void)gmb__cache_resume(c->cache, tag);
+      memcpy(client_err, saved, sizeof saved);
+      client_note_refused = refused;
+    }
+    if (rc == GMB_E_INVAL && locked)
+      return client_fail(rc, "tag \"%s\" not paused: its allocation %llu "
+                         "is locked (gmb_unlock it first)", tag,
+                         (unsigned long long)locked);
+  }
   if (client_note_refused && rc) return rc; /* the broker's, explained */
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "no tag \"%s\" in this process", tag);
@@ -2207,7 +2413,12 @@ GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
   if (tag == NULL || tag[0] == '\0')
     return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
-  int rc = gmb__cache_resume(c->cache, tag);
+  /* The tag's gmb_alloc allocations first, then its cache part: each all
+   * or nothing, so a refusal of the cache part leaves the allocations
+   * running, and a gmb_resume again finishes. */
+  int ord = gmb__cache_tag_find(c->cache, tag);
+  int rc = ord >= 0 ? gmb__atags_resume(c->atags, ord) : 0; /* explained */
+  if (rc == 0) rc = gmb__cache_resume(c->cache, tag);
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "no tag \"%s\" in this process", tag);
   if (rc == GMB_E_SYSTEM)

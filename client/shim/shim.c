@@ -409,7 +409,9 @@ gmb_client *gmb__shim_owner(const void *ptr) {
 
 int gmb__shim_alloc(gmb_client *c, size_t size, void **ptr) {
   gmb_id id = 0;
-  int rc = gmb_alloc(c, size, 0, &id);
+  /* Untagged: the pointer is kept for good, so a pause of the thread's
+   * tag must not wait for its unlock. */
+  int rc = gmb_alloc(c, size, GMB_UNTAGGED, &id);
   if (rc) return rc;
   void *p = NULL;
   rc = gmb_lock(c, id, &p); /* pinned: never moves, nothing to unlock */

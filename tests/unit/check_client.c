@@ -987,7 +987,7 @@ START_TEST(alloc_bad_arguments_invalid) {
   gmb_client *c = connect_ok();
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 0, 0, &id), GMB_E_INVAL);
-  ck_assert_int_eq(gmb_alloc(c, 512, 0x2, &id), GMB_E_INVAL);
+  ck_assert_int_eq(gmb_alloc(c, 512, 0x4, &id), GMB_E_INVAL);
   ck_assert_int_eq(gmb_alloc(c, 512, 0, NULL), GMB_E_INVAL);
   ck_assert_int_eq(gmb_alloc(NULL, 512, 0, &id), GMB_E_INVAL);
   ck_assert_int_eq(gmb_alloc_wait(NULL, 512, 0, 10, &id), GMB_E_INVAL);

@@ -1,0 +1,83 @@
+/*
+ * alloc_tags.h - the tags of gmb_alloc allocations: which allocation
+ * belongs to which tag, the broker id that serves it now, and its pause
+ * and resume (alloc_tags.c).  Plain C over callbacks, so that the unit
+ * tests drive it without a broker.
+ */
+#ifndef GMB_ALLOC_TAGS_H
+#define GMB_ALLOC_TAGS_H
+
+#include <stdint.h>
+
+struct gmb_atags;
+
+/* What a pause and a resume need from the session (client.c). */
+struct gmb_atag_ops {
+  void *ctx;
+  /* A new allocation at the broker: 0 and its id, or the refusal. */
+  int (*alloc)(void *ctx, uint64_t size, unsigned flags, uint64_t *id);
+  int (*free)(void *ctx, uint64_t id);
+  /* Copies the n first bytes of broker allocation id from or to host. */
+  int (*copy)(void *ctx, uint64_t id, void *host, uint64_t n, int to_device);
+  /* The device's queued work done (NULL: nothing to wait for). */
+  int (*sync)(void *ctx);
+  /* Before a pause moves anything: takes `host` bytes of the host quota
+   * and tells the broker (paused 1), which may refuse: then nothing is
+   * kept.  After a resume or an undone pause (paused 0): gives `host`
+   * back and tells the broker.  0 or the refusal. */
+  int (*admit)(void *ctx, int tag, int paused, int mode, uint64_t host,
+               uint64_t device);
+};
+
+struct gmb_atags *gmb__atags_new(const struct gmb_atag_ops *ops);
+/* Frees the records and host copies (the broker frees the allocations at
+ * the session's end); returns the host bytes they held.  Accepts NULL. */
+uint64_t gmb__atags_destroy(struct gmb_atags *t);
+
+/* Records allocation id (broker id = the program's id) of tag `tag`
+ * (0..63).  0 or GMB_E_SYSTEM. */
+int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
+                   unsigned flags, int tag);
+
+/* The broker id serving the program's allocation id now (*cur = id for an
+ * untagged one): 0; GMB_E_INVAL while it is paused, pausing or resuming
+ * (*tag its tag).  With `hold`, the allocation counts as locked until
+ * gmb__atags_unhold: a pause refuses it meanwhile.  Lock-free and
+ * message-free when no allocation is tagged. */
+int gmb__atags_get(struct gmb_atags *t, uint64_t id, int hold, uint64_t *cur,
+                   int *tag);
+void gmb__atags_unhold(struct gmb_atags *t, uint64_t id);
+
+/* Before a free: 1 and *cur when id is tagged and running (the caller
+ * frees *cur, then gmb__atags_remove); 2 when it was paused (record and
+ * host copy dropped here, the host bytes given back through admit's
+ * accounting: *host their bytes, the caller has nothing to free); 0 for
+ * an untagged id; GMB_E_INVAL while it is pausing or resuming. */
+int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
+                    uint64_t *host);
+void gmb__atags_remove(struct gmb_atags *t, uint64_t id);
+
+/* Pauses every running allocation of tag `tag`: with mode 0 (offload)
+ * each one's bytes are copied to host memory; then each is freed at the
+ * broker.  0 (also with nothing to pause); GMB_E_INVAL when one is locked
+ * (*locked its id) and nothing changed; admit's refusal, GMB_E_SYSTEM or
+ * a copy's failure with nothing changed. */
+int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked);
+
+/* Resumes the paused allocations of tag `tag`: each allocated anew (the
+ * same size and flags) and its host copy written back; the program's id
+ * now maps to the new broker id.  0 (also with nothing paused); the
+ * broker's refusal with every one of them still paused, nothing lost. */
+int gmb__atags_resume(struct gmb_atags *t, int tag);
+
+/* Whether tag `tag` has paused allocations. */
+int gmb__atags_paused(struct gmb_atags *t, int tag);
+
+/* Figures: tagged allocations, and of them paused; their host bytes and
+ * the device bytes they gave back. */
+struct gmb_atags_counts {
+  uint64_t tagged, paused, host, device;
+};
+void gmb__atags_counts(struct gmb_atags *t, struct gmb_atags_counts *out);
+
+#endif /* GMB_ALLOC_TAGS_H */
