@@ -597,8 +597,11 @@ START_TEST(cuda_compaction_moves_bytes) {
     ck_assert_int_eq(cuda_check(c, ids[k], MIB, (uint64_t)(2 * k + 1) + 1,
                                 &before[k]),
                      0);
+  /* With a wait: the segments compaction empties are retired until this
+   * client's library thread closes its mappings (SegmentClosed), and a
+   * request that needs their bytes can come before that. */
   gmb_id big = 0;
-  int rc = gmb_alloc(c, 8 * MIB, 0, &big);
+  int rc = gmb_alloc_wait(c, 8 * MIB, 0, HARNESS_WAIT_MS, &big);
   ck_assert_msg(rc == 0, "8 MiB after fragmentation: %s", gmb_last_error(c));
   /* The request may be served before the run ends (when this client's
    * SegmentClosed frees parked segments), and the totals come at its end. */
