@@ -614,6 +614,18 @@ static void client_trim_later(gmb_client *c) {
   client_trim_settle(c, want - 1);
 }
 
+/* Tells the broker this session answered its last ask (trim or sleep),
+ * whatever it could give: a Heartbeat with trim_answered, never waiting
+ * for the socket. */
+static void client_trim_answer(gmb_client *c) {
+  struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
+  pthread_mutex_lock(&c->io);
+  if (!atomic_load(&c->dead) && client_send(c, &req, ZMQ_DONTWAIT) == 0 &&
+      c->hb_ms)
+    c->hb_last_ns = gmb__now_ns();
+  pthread_mutex_unlock(&c->io);
+}
+
 /* Answers a TRIM event: gives back up to the bytes asked of what the
  * cache holds free (idle pages).  Holds nothing. */
 static void client_trim_asked(gmb_client *c) {
@@ -630,12 +642,7 @@ static void client_trim_asked(gmb_client *c) {
    * page with a block in use, or stream work not done, stays).  A
    * request it holds meanwhile is then served or falls through at once,
    * not at the end of the broker's bound. */
-  struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
-  pthread_mutex_lock(&c->io);
-  if (!atomic_load(&c->dead) && client_send(c, &req, ZMQ_DONTWAIT) == 0 &&
-      c->hb_ms)
-    c->hb_last_ns = gmb__now_ns();
-  pthread_mutex_unlock(&c->io);
+  client_trim_answer(c);
 }
 
 /* Carries out pauses and resumes asked of this session, and answers the
@@ -643,12 +650,7 @@ static void client_trim_asked(gmb_client *c) {
  * nothing. */
 static void client_sleep_asked(gmb_client *c) {
   if (!gmb__sleep_policy_run(c->pol, c->cache, gmb__now_ns())) return;
-  struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
-  pthread_mutex_lock(&c->io);
-  if (!atomic_load(&c->dead) && client_send(c, &req, ZMQ_DONTWAIT) == 0 &&
-      c->hb_ms)
-    c->hb_last_ns = gmb__now_ns();
-  pthread_mutex_unlock(&c->io);
+  client_trim_answer(c);
 }
 
 /* --- heartbeats ------------------------------------------------------------- */
