@@ -62,7 +62,7 @@ COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
 BROKER_SRC := broker/loop.c \
   broker/dispatch.c broker/admin.c broker/http.c broker/fdchan.c \
   broker/core.c \
-  broker/reclaim.c broker/sleep.c broker/defrag.c broker/observe.c broker/waitq.c \
+  broker/reclaim.c broker/sleep.c broker/offload.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
   broker/session.c broker/tenant.c broker/compact.c broker/repack.c \
   broker/evacuate.c \

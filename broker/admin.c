@@ -38,6 +38,7 @@
 #include "locktab.h"
 #include "log.h"
 #include "observe.h"
+#include "offload.h"
 #include "reply.h"
 #include "session.h"
 #include "sleep.h"
@@ -228,7 +229,28 @@ static int admin_pause(struct gmb_broker *b, const struct gmb_peer *peer,
            req->kind == WIRE_ADMIN_PAUSE && req->u.admin_pause.discard
                ? " (discard)"
                : "");
-  return gmb__sleep_admin(b, t, req, rep);
+  gmb__sleep_admin(b, t, req, rep);
+  /* The tenant's movable allocations are the broker's to offload (every
+   * tag, or the broker's own record named): pause offloads the unlocked
+   * ones, resume brings back what fits now (the rest at their gmb_lock). */
+  const char *tag = req->u.admin_pause.tag;
+  if (tag[0] == '\0' || strcmp(tag, GMB_SLEEP_MOVABLE_TAG) == 0) {
+    int pause = req->kind == WIRE_ADMIN_PAUSE;
+    gmb__offload_tenant(b, t, pause, &rep->u.pause.movable,
+                        &rep->u.pause.movable_bytes);
+    if (rep->u.pause.movable) {
+      char sz[GMB_SIZE_BUFSZ];
+      size_t n = strlen(rep->message);
+      snprintf(rep->message + n, sizeof rep->message - n, "; %u movable "
+               "allocation%s (%s) %s", rep->u.pause.movable,
+               rep->u.pause.movable == 1 ? "" : "s",
+               gmb__size_format(rep->u.pause.movable_bytes, sz, sizeof sz),
+               pause ? "offloaded to the broker's host memory"
+                     : "brought back");
+      if (pause) gmb__waitq_serve(b);
+    }
+  }
+  return 1;
 }
 
 /* --- tenant add and remove (schedulers' node components) --------------- */

@@ -225,6 +225,8 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   int rc = gmb__alloc_quota(t, rounded, rep);
   if (rc) return rc;
   if (flags & GMB__ALLOC_PAGES) return alloc_pages(b, s, size, rep, why);
+  const int noslot = (flags & GMB__ALLOC_NOSLOT) != 0;
+  flags &= ~(uint32_t)GMB__ALLOC_NOSLOT;
   struct gmb_alloc_info info;
   uint64_t seg_before = t->segment_bytes;
   rc = gmb__pool_alloc(b->pool, t->arena, size, flags, s, &info);
@@ -260,7 +262,7 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
   uint32_t slot = 0;
   /* The pool keeps a large allocation pinned (pool.h rule 1): no slot. */
-  if (info.flags & GMB_MOVABLE) {
+  if ((info.flags & GMB_MOVABLE) && !noslot) {
     rc = gmb__locktab_slot_new(s->lt, info.id, info.dseg->id, info.offset,
                                &slot);
     if (rc) {

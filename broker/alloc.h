@@ -46,6 +46,15 @@ enum gmb_nomem_why {
  * not an allocation.  Never on the wire. */
 #define GMB__ALLOC_VMM 0x20000u
 
+/* Internal flag of a request held in the wait queue: a Lock request that
+ * brings back its session's offloaded allocation s->restore_id (`size`
+ * its bytes; offload.c), not an allocation.  Never on the wire. */
+#define GMB__ALLOC_RESTORE 0x40000u
+
+/* Internal flag of gmb__alloc_try: no lock-table slot for the movable
+ * allocation (a restore keeps its slot).  Never on the wire. */
+#define GMB__ALLOC_NOSLOT 0x80000u
+
 /* `size` as the pool and the quota count it. */
 uint64_t gmb__alloc_round(uint64_t size);
 

@@ -69,6 +69,17 @@ struct gmb_reclaim {
   uint64_t asks_total, ignored_total; /* since start */
 };
 
+/* The movable allocations the broker offloaded to its own host memory
+ * (offload.c): the host bytes it holds now for all sessions (never above
+ * cfg.offload_host_max), and totals since start. */
+struct gmb_offload {
+  uint64_t host_bytes;
+  uint32_t held;                       /* allocations offloaded now */
+  uint64_t offloads, restores;         /* allocations, since start */
+  uint64_t bytes_out, bytes_in;        /* bytes copied to / from host */
+  uint64_t refused;                    /* offloads host bounds refused */
+};
+
 /* Which socket a reply leaves by (reply.c). */
 enum gmb_socket { GMB_SOCK_CLIENT = 0, GMB_SOCK_ADMIN = 1 };
 
@@ -92,6 +103,7 @@ struct gmb_broker {
   struct gmb_statefile *statefile; /* the overrides an operator set */
   struct gmb_waitq waitq;
   struct gmb_reclaim reclaim;
+  struct gmb_offload offload;
   void *zctx, *client_sock, *admin_sock;
   gmb_reply_tap reply_tap;
   void *reply_tap_ctx;

@@ -248,7 +248,8 @@ enum {
   K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
-  K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS,
+  K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS, K_OFFLOAD_HOST_MAX,
+  K_RESTORE_WAIT_MS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -258,6 +259,7 @@ static const char *const cfg_broker_keys[] = {
     "max_tenants_per_uid", "max_waiters_per_session",
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
     "metrics_tenants", "sleep_wait_ms", "client_contexts",
+    "offload_host_max", "restore_wait_ms",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY, K_HOST_QUOTA };
@@ -360,6 +362,13 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
        * (GMB_REQUEST_TIMEOUT_MS, 10 s by default). */
       if (!cfg_int(p, key, v, 0, 8000, &x)) return 0;
       c->sleep_wait_ms = (uint32_t)x;
+      return 1;
+    case K_OFFLOAD_HOST_MAX: return cfg_size(p, key, v, &c->offload_host_max);
+    case K_RESTORE_WAIT_MS:
+      /* Below the client's own request timeout, as sleep_wait_ms: the
+       * client waits this long plus its request timeout for the answer. */
+      if (!cfg_int(p, key, v, 0, 60000, &x)) return 0;
+      c->restore_wait_ms = (uint32_t)x;
       return 1;
     case K_RUN_DIR_PER_GPU: return cfg_bool(p, key, v, &c->run_dir_per_gpu);
     case K_METRICS_TENANTS: return cfg_bool(p, key, v, &c->metrics_tenants);
@@ -564,6 +573,8 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->max_waiters_per_tenant = 1024;
   c->trim_wait_ms = 100;
   c->sleep_wait_ms = 3000;
+  c->offload_host_max = gmb__config_offload_default();
+  c->restore_wait_ms = 3000;
   c->device_reserve = GMB_DEVICE_RESERVE_AUTO;
   c->client_contexts = 8;
 }
@@ -648,6 +659,13 @@ uint64_t gmb__config_default_quota(const struct gmb_config *c,
   const uint64_t seg = UINT64_C(2) << 20; /* device.h's GMB_SEGMENT_ALIGN */
   uint64_t q = capacity / 4 & ~(seg - 1);
   return q ? q : seg;
+}
+
+uint64_t gmb__config_offload_default(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
+                                       : UINT64_C(4) << 30;
+  return ram / 4;
 }
 
 mode_t gmb__config_admin_mode(const struct gmb_config *c) {

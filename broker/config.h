@@ -72,6 +72,14 @@ struct gmb_config {
   uint32_t sleep_wait_ms;   /* how long such a request is held while idle
                                sessions of no higher priority are asked to
                                pause (EVENT_SLEEP); 0: none is asked */
+  uint64_t offload_host_max; /* host memory the broker may hold for the
+                               movable allocations it offloads itself, all
+                               tenants together (offload.c); 0: it never
+                               offloads.  Default: a quarter of the host's
+                               memory */
+  uint32_t restore_wait_ms; /* how long a gmb_lock of an offloaded
+                               allocation is held while the device has no
+                               room to bring it back */
   struct gmb_tenant_conf *tenants; /* owned */
   size_t n_tenants;
 };
@@ -97,6 +105,9 @@ void gmb__config_free(struct gmb_config *c);
  * than the broker's, in which case the per-message uid check is what keeps
  * others out (0666). */
 mode_t gmb__config_admin_mode(const struct gmb_config *c);
+
+/* offload_host_max's default: a quarter of the host's physical memory. */
+uint64_t gmb__config_offload_default(void);
 
 /* `default_quota = auto`: a quarter of the device (in whole segments),
  * resolved by gmb__config_default_quota once the capacity is known. */

@@ -21,6 +21,7 @@
 #include "locktab.h"
 #include "log.h"
 #include "observe.h"
+#include "offload.h"
 #include "reclaim.h"
 #include "reply.h"
 #include "session.h"
@@ -236,6 +237,7 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why) {
   struct gmb_tenant *t = s->tenant;
   gmb__reclaim_forget_session(b, s);
+  gmb__offload_forget_session(b, s); /* before its sleep records */
   gmb__sleep_forget_session(s);
   gmb__waitq_drop_session(b, s);
   gmb__session_detach(s);
@@ -278,6 +280,7 @@ void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
     return;
   }
   gmb__reclaim_forget_session(b, s);
+  gmb__offload_forget_session(b, s); /* before its sleep records */
   gmb__sleep_forget_session(s);
   gmb__waitq_drop_session(b, s);
   gmb__defrag_forget_session(b, s);
@@ -427,7 +430,8 @@ static int core_sum_vmm(void *ctx, struct gmb_tenant *t) {
 
 int gmb__core_check(struct gmb_broker *b) {
   int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
-            gmb__reclaim_check(b) + gmb__sleep_check(b);
+            gmb__reclaim_check(b) + gmb__sleep_check(b) +
+            gmb__offload_check(b);
   gmb__tenants_each(b->tenants, core_check_sessions, &bad);
   /* The ended sessions being freed hold what their tenants count. */
   uint64_t reaping = 0, counted = 0;

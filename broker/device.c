@@ -301,3 +301,20 @@ int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
     return GMB_E_INVAL;
   return d->ops->copy(d, dst, dst_off, src, src_off, len);
 }
+
+void *gmb__device_host_alloc(struct gmb_device *d, uint64_t len) {
+  if (len == 0 || len > SIZE_MAX) return NULL;
+  return d->ops->host_alloc(d, len);
+}
+
+void gmb__device_host_free(struct gmb_device *d, void *p, uint64_t len) {
+  if (p) d->ops->host_free(d, p, len);
+}
+
+int gmb__device_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
+                          uint64_t off, void *p, uint64_t len, int to_host) {
+  if (!device_in_bounds(off, len, seg->size) || (p == NULL && len))
+    return GMB_E_INVAL;
+  if (len == 0) return 0;
+  return d->ops->copy_host(d, seg, off, p, len, to_host);
+}

@@ -61,6 +61,16 @@ struct gmb_device_ops {
    * 0 or GMB_E_DEVICE. */
   int (*copy)(struct gmb_device *d, struct gmb_dseg *dst, uint64_t dst_off,
               struct gmb_dseg *src, uint64_t src_off, uint64_t len);
+  /* Host memory for the broker's own copies of movable allocations it
+   * offloads (offload.c): `len` bytes the broker owns, or NULL when none
+   * can be had.  host: anonymous pages; cuda: page-locked memory
+   * (cuMemHostAlloc), so that copies run at the bus's speed. */
+  void *(*host_alloc)(struct gmb_device *d, uint64_t len);
+  void (*host_free)(struct gmb_device *d, void *p, uint64_t len);
+  /* Copies len bytes between [off, off + len) of seg and host memory p
+   * (to_host: from the segment).  0 or GMB_E_DEVICE. */
+  int (*copy_host)(struct gmb_device *d, struct gmb_dseg *seg, uint64_t off,
+                   void *p, uint64_t len, int to_host);
   void (*destroy)(struct gmb_device *d);
   /* 1: seg_free must wait until every holder closed its import (cuda). */
   int free_waits_for_holders;
@@ -115,6 +125,12 @@ void gmb__device_seg_free(struct gmb_device *d, struct gmb_dseg *seg);
 int gmb__device_copy(struct gmb_device *d, struct gmb_dseg *dst,
                      uint64_t dst_off, struct gmb_dseg *src, uint64_t src_off,
                      uint64_t len);
+/* The host-memory ops above, checked: NULL for len 0; GMB_E_INVAL for a
+ * range outside the segment. */
+void *gmb__device_host_alloc(struct gmb_device *d, uint64_t len);
+void gmb__device_host_free(struct gmb_device *d, void *p, uint64_t len);
+int gmb__device_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
+                          uint64_t off, void *p, uint64_t len, int to_host);
 
 /*
  * Two-step retirement (see the top of this file).  `holder` is a session

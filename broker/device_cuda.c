@@ -214,6 +214,48 @@ static int cuda_copy(struct gmb_device *d, struct gmb_dseg *dst,
   return 0;
 }
 
+/* Page-locked host memory, so that an offload or a restore is one DMA at
+ * the bus's speed rather than a copy through the driver's staging buffer.
+ * The loop thread's context is current (open made it so). */
+static void *cuda_host_alloc(struct gmb_device *d, uint64_t len) {
+  struct cuda_device *cd = d->priv;
+  void *p = NULL;
+  char why[160];
+  gmb_cu_result r = cd->drv.cuMemHostAlloc(&p, (size_t)len, 0);
+  if (r != GMB_CU_SUCCESS) {
+    log_warn("%s: %llu bytes of page-locked host memory: %s", d->desc,
+             (unsigned long long)len, cuda_err(cd, r, why, sizeof why));
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_host_free(struct gmb_device *d, void *p, uint64_t len) {
+  struct cuda_device *cd = d->priv;
+  (void)len;
+  char why[160];
+  gmb_cu_result r = cd->drv.cuMemFreeHost(p);
+  if (r != GMB_CU_SUCCESS)
+    log_warn("%s: cuMemFreeHost: %s", d->desc,
+             cuda_err(cd, r, why, sizeof why));
+}
+
+static int cuda_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
+                          uint64_t off, void *p, uint64_t len, int to_host) {
+  struct cuda_device *cd = d->priv;
+  gmb_cu_ptr at = ((struct cuda_seg *)seg->priv)->va + off;
+  char why[160];
+  gmb_cu_result r = to_host ? cd->drv.cuMemcpyDtoH(p, at, (size_t)len)
+                            : cd->drv.cuMemcpyHtoD(at, p, (size_t)len);
+  if (r != GMB_CU_SUCCESS) {
+    log_error("%s: copy of %llu bytes %s segment %llu: %s", d->desc,
+              (unsigned long long)len, to_host ? "from" : "to",
+              (unsigned long long)seg->id, cuda_err(cd, r, why, sizeof why));
+    return GMB_E_DEVICE;
+  }
+  return 0;
+}
+
 static void cuda_destroy(struct gmb_device *d) {
   struct cuda_device *cd = d->priv;
   if (cd->stream) cd->drv.cuStreamDestroy(cd->stream);
@@ -228,6 +270,9 @@ static const struct gmb_device_ops cuda_ops = {
     .seg_new = cuda_seg_new,
     .seg_free = cuda_seg_free,
     .copy = cuda_copy,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_host = cuda_copy_host,
     .destroy = cuda_destroy,
     .free_waits_for_holders = 1,
 };

@@ -131,6 +131,34 @@ static int host_copy(struct gmb_device *d, struct gmb_dseg *dst,
   return 0;
 }
 
+/* Anonymous private pages: the broker's own, never shared with a client,
+ * and given back to the kernel whole when freed (no heap to fragment). */
+static void *host_host_alloc(struct gmb_device *d, uint64_t len) {
+  (void)d;
+  void *p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static void host_host_free(struct gmb_device *d, void *p, uint64_t len) {
+  (void)d;
+  if (munmap(p, (size_t)len) != 0)
+    log_warn("host device: munmap of an offload copy: %s", strerror(errno));
+}
+
+static int host_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
+                          uint64_t off, void *p, uint64_t len, int to_host) {
+  (void)d;
+  char *at = (char *)seg->host + off;
+  host_populate(to_host ? (const void *)at : p, len, MADV_POPULATE_READ);
+  host_populate(to_host ? p : (const void *)at, len, MADV_POPULATE_WRITE);
+  if (to_host)
+    memcpy(p, at, (size_t)len);
+  else
+    memcpy(at, p, (size_t)len);
+  return 0;
+}
+
 static void host_destroy(struct gmb_device *d) { free(d); }
 
 static const struct gmb_device_ops host_ops = {
@@ -138,6 +166,9 @@ static const struct gmb_device_ops host_ops = {
     .seg_new = host_seg_new,
     .seg_free = host_seg_free,
     .copy = host_copy,
+    .host_alloc = host_host_alloc,
+    .host_free = host_host_free,
+    .copy_host = host_copy_host,
     .destroy = host_destroy,
 };
 

@@ -33,6 +33,7 @@
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
+#include "offload.h"
 #include "reclaim.h"
 #include "reply.h"
 #include "session.h"
@@ -166,10 +167,10 @@ static int dispatch_never_fits(struct gmb_broker *b, struct gmb_session *s,
 /* Queues the request (gmb__waitq_add): 0, or 1 with the refusal in *rep
  * (too many waiting: GMB_E_LIMIT; out of host memory). */
 static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
-                          const struct wire_request *req, uint64_t size,
-                          uint32_t flags, int timeout_ms, int after_compact,
+                          uint64_t req_id, uint64_t size, uint32_t flags,
+                          int timeout_ms, int after_compact,
                           struct wire_reply *rep) {
-  int rc = gmb__waitq_add(b, s, req->id, size, flags, timeout_ms,
+  int rc = gmb__waitq_add(b, s, req_id, size, flags, timeout_ms,
                           after_compact);
   if (rc == GMB_E_LIMIT)
     gmb__reply_fail(rep, rc, "not queued: %u requests of this session and "
@@ -182,6 +183,11 @@ static int dispatch_queue(struct gmb_broker *b, struct gmb_session *s,
     gmb__reply_fail(rep, rc, "cannot queue the request: out of host memory");
   return rc != 0;
 }
+
+static int dispatch_alloc_flow(struct gmb_broker *b, struct gmb_session *s,
+                               uint64_t req_id, uint64_t size, uint32_t flags,
+                               int timeout_ms, uint64_t ahead,
+                               struct wire_reply *rep);
 
 static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
                           const struct wire_request *req,
@@ -210,13 +216,23 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     }
     flags |= GMB__ALLOC_PAGES;
   }
-  int timeout_ms = req->u.alloc.timeout_ms;
+  return dispatch_alloc_flow(b, s, req->id, size, flags,
+                             req->u.alloc.timeout_ms,
+                             pages ? req->u.alloc.ahead : 0, rep);
+}
+
+/* What an allocation meets once its arguments were checked (also a Lock
+ * that brings an offloaded allocation back, GMB__ALLOC_RESTORE): 1 with
+ * *rep to send now, 0 when it was queued or held (answered later). */
+static int dispatch_alloc_flow(struct gmb_broker *b, struct gmb_session *s,
+                               uint64_t req_id, uint64_t size, uint32_t flags,
+                               int timeout_ms, uint64_t ahead,
+                               struct wire_reply *rep) {
   /* Past the quota while the tenant's other sessions' caches hold what it
    * lacks: they are asked, and the request is held until the bytes come
    * or trim_wait_ms passed (reclaim.h).  Otherwise a quota refusal below
    * is immediate. */
-  const uint64_t ahead = pages ? req->u.alloc.ahead : 0;
-  if (gmb__reclaim_quota_hold(b, s, req->id, size, flags, timeout_ms, ahead))
+  if (gmb__reclaim_quota_hold(b, s, req_id, size, flags, timeout_ms, ahead))
     return 0;
   if (timeout_ms != 0 && gmb__waitq_ahead(b, s->tenant->priority)) {
     /* Others of equal or higher priority wait already: join the queue at
@@ -227,12 +243,13 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
       return 1;
     }
     if (dispatch_never_fits(b, s, size, rep)) return 1;
-    if (dispatch_queue(b, s, req, size, flags, timeout_ms, 0, rep)) return 1;
+    if (dispatch_queue(b, s, req_id, size, flags, timeout_ms, 0, rep))
+      return 1;
     gmb__waitq_joined(b);
     return 0;
   }
   enum gmb_nomem_why why;
-  int rc = gmb__alloc_try(b, s, size, flags, rep, &why);
+  int rc = gmb__offload_try(b, s, size, flags, rep, &why);
   if (rc == GMB_E_QUOTA) gmb__alloc_asked_back(s, rep);
   if (rc != GMB_E_NOMEM) return 1;
   if (why == GMB_NOMEM_RESERVED) {
@@ -240,16 +257,25 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
      * Only freed memory (or a smaller reservation) can. */
     if (timeout_ms == 0) return 1;
     memset(rep, 0, sizeof *rep);
-    rep->id = req->id;
-    if (dispatch_queue(b, s, req, size, flags, timeout_ms, 0, rep)) return 1;
+    rep->id = req_id;
+    if (dispatch_queue(b, s, req_id, size, flags, timeout_ms, 0, rep))
+      return 1;
     return 0;
   }
   /* The device is full while other sessions' caches hold free memory:
    * they are asked for it first (cheaper than moving memory), and the
    * request is held until it comes back or trim_wait_ms passed; then it
-   * meets what follows here (reclaim.h). */
-  if (gmb__reclaim_hold(b, s, req->id, size, flags, timeout_ms, ahead))
-    return 0;
+   * meets what follows here (reclaim.h).  When the broker made the room
+   * itself (offloading idle sessions' movable allocations, offload.h),
+   * the request is tried again at once. */
+  int held = gmb__reclaim_hold(b, s, req_id, size, flags, timeout_ms, ahead);
+  if (held == 1) return 0;
+  if (held == 2) {
+    memset(rep, 0, sizeof *rep);
+    rep->id = req_id;
+    rc = gmb__offload_try(b, s, size, flags, rep, &why);
+    if (rc != GMB_E_NOMEM || why != GMB_NOMEM_NO_ROOM) return 1;
+  }
   /* It fits the device's free total but no free range: compaction can
    * make room, so the request waits for a run (started now, unless one is
    * in progress) before it is answered. */
@@ -261,7 +287,7 @@ static int dispatch_alloc(struct gmb_broker *b, struct gmb_session *s,
     return 1;
   }
   if (!compact && dispatch_never_fits(b, s, size, rep)) return 1;
-  if (dispatch_queue(b, s, req, size, flags, timeout_ms, timeout_ms == 0,
+  if (dispatch_queue(b, s, req_id, size, flags, timeout_ms, timeout_ms == 0,
                      rep))
     return 1;
   if (compact)
@@ -285,17 +311,27 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
    * that is not this session's stops the rest, and the reply names it. */
   const uint32_t n = 1 + req->u.free.n_more;
   for (uint32_t i = 0; i < n; i++) {
-    const uint64_t id = i == 0 ? req->u.free.id : req->u.free.more[i - 1];
+    const uint64_t asked = i == 0 ? req->u.free.id : req->u.free.more[i - 1];
+    /* An allocation the broker offloaded has no range to free; one it
+     * brought back has a pool id of its own (offload.h). */
+    uint64_t id;
+    if (gmb__offload_resolve(s, asked, &id, NULL) == GMB_OFFL_AWAY) {
+      gmb__offload_free(b, s, asked);
+      continue;
+    }
     if (gmb__pool_find(b->pool, id, &info) != 0 || info.owner != s) {
       gmb__reply_fail(rep, GMB_E_NOENT, "no allocation %" PRIu64 " in this "
-                      "session%s", id, i ? " (those before it were freed)" : "");
+                      "session%s", asked,
+                      i ? " (those before it were freed)" : "");
       if (i) gmb__waitq_serve(b);
       return 1;
     }
     gmb__defrag_forget(b, id);
     uint32_t slot;
-    if (gmb__locktab_tag_slot(info.tag, &slot))
+    if (gmb__locktab_tag_slot(info.tag, &slot)) {
       gmb__locktab_slot_free(s->lt, slot);
+      gmb__offload_freed(s, slot, id);
+    }
     int rc = gmb__pool_free(b->pool, id, &info);
     GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
     b->pool_ops++;
@@ -367,11 +403,49 @@ static int dispatch_vmm(struct gmb_broker *b, struct gmb_session *s,
   int rc = gmb__alloc_vmm(b, s, more, rep, &why);
   if (rc == GMB_E_QUOTA) gmb__alloc_asked_back(s, rep);
   if (rc == GMB_E_NOMEM && why == GMB_NOMEM_NO_ROOM &&
-      gmb__reclaim_hold(b, s, req->id, more, GMB__ALLOC_VMM, 0, 0)) {
+      gmb__reclaim_hold(b, s, req->id, more, GMB__ALLOC_VMM, 0, 0) == 1) {
     s->vmm_held = 1;
     return 0;
   }
   return 1;
+}
+
+/* --- lock: an offloaded allocation back ------------------------------ */
+
+/*
+ * gmb_lock found the slot OFFLOADED (offload.h): the allocation comes
+ * back as an allocation of its size would be made (quota, cache asks,
+ * other idle sessions' offloads, compaction, the wait queue up to
+ * min(timeout_ms, restore_wait_ms)), and the reply says the caller holds
+ * it.  One such request of a session at a time: its library sends them
+ * one by one.
+ */
+static int dispatch_lock(struct gmb_broker *b, struct gmb_session *s,
+                         const struct wire_request *req,
+                         struct wire_reply *rep) {
+  const uint64_t id = req->u.lock.id;
+  uint64_t pool_id, size;
+  if (gmb__offload_resolve(s, id, &pool_id, &size) != GMB_OFFL_AWAY) {
+    struct gmb_alloc_info info;
+    if (gmb__pool_find(b->pool, pool_id, &info) != 0 || info.owner != s)
+      return gmb__reply_fail(rep, GMB_E_NOENT, "no allocation %" PRIu64
+                             " in this session", id);
+    rep->kind = WIRE_LOCK; /* not offloaded: the caller locks it itself */
+    return 1;
+  }
+  if (s->restore_id)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "a Lock request of this "
+                           "session waits already (allocation %" PRIu64 ")",
+                           s->restore_id);
+  int timeout_ms = req->u.lock.timeout_ms;
+  if (timeout_ms < 0 || (uint32_t)timeout_ms > b->cfg.restore_wait_ms)
+    timeout_ms = (int)b->cfg.restore_wait_ms;
+  s->restore_id = id;
+  int now = dispatch_alloc_flow(b, s, req->id, size,
+                                GMB_MOVABLE | GMB__ALLOC_RESTORE, timeout_ms,
+                                0, rep);
+  if (now) s->restore_id = 0;
+  return now;
 }
 
 /* --- entry ------------------------------------------------------------ */
@@ -402,6 +476,8 @@ static int dispatch_request(struct gmb_broker *b, struct gmb_session *s,
       return 1;
     case WIRE_SLEEP_NOTE:
       return gmb__sleep_note(b, s, req, rep);
+    case WIRE_LOCK:
+      return dispatch_lock(b, s, req, rep);
     default:
       gmb__reply_fail(rep, GMB_E_PROTO, "%s is not a client request",
                       gmb__wire_kind_name(req->kind));

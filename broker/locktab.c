@@ -172,11 +172,13 @@ int gmb__locktab_slot_new(struct gmb_locktab *lt, uint64_t id,
   return 0;
 }
 
-/* Stores 0 (release) and wakes the sleepers the old state announces. */
-static void locktab_open(struct gmb__lt_slot *s) {
-  uint32_t old = atomic_exchange_explicit(&s->state, 0, memory_order_acq_rel);
+/* Stores `to` (release) and wakes the sleepers the old state announces. */
+static void locktab_store(struct gmb__lt_slot *s, uint32_t to) {
+  uint32_t old = atomic_exchange_explicit(&s->state, to, memory_order_acq_rel);
   if (old & GMB_LT_WAITERS) gmb__lt_futex_wake(&s->state);
 }
+
+static void locktab_open(struct gmb__lt_slot *s) { locktab_store(s, 0); }
 
 void gmb__locktab_slot_free(struct gmb_locktab *lt, uint32_t slot) {
   struct gmb__lt_slot *s = locktab_slot(lt, slot);
@@ -209,6 +211,22 @@ void gmb__locktab_publish(struct gmb_locktab *lt, uint32_t slot,
 
 void gmb__locktab_release(struct gmb_locktab *lt, uint32_t slot) {
   locktab_open(locktab_slot(lt, slot));
+}
+
+void gmb__locktab_offloaded(struct gmb_locktab *lt, uint32_t slot) {
+  locktab_store(locktab_slot(lt, slot), GMB_LT_OFFLOADED);
+}
+
+void gmb__locktab_restoring(struct gmb_locktab *lt, uint32_t slot) {
+  locktab_store(locktab_slot(lt, slot), GMB_LT_MOVING);
+}
+
+void gmb__locktab_restored(struct gmb_locktab *lt, uint32_t slot,
+                           uint64_t segment, uint64_t offset, int held) {
+  struct gmb__lt_slot *s = locktab_slot(lt, slot);
+  __atomic_store_n(&s->segment, segment, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->offset, offset, __ATOMIC_RELAXED);
+  locktab_store(s, held ? 1u : 0u);
 }
 
 void gmb__locktab_evict(struct gmb_locktab *lt) {

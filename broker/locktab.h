@@ -99,4 +99,21 @@ uint64_t gmb__locktab_slot_id(const struct gmb_locktab *lt, uint32_t slot);
  * Accepts NULL. */
 void gmb__locktab_destroy(struct gmb_locktab *lt);
 
+/* Offloads (offload.c), on a slot claimed (MOVING) by this broker: the
+ * allocation's bytes went to host memory; stores GMB_LT_OFFLOADED and
+ * wakes the sleepers, who then ask the broker for it. */
+void gmb__locktab_offloaded(struct gmb_locktab *lt, uint32_t slot);
+/* Starts a restore of an offloaded slot: stores MOVING (whatever the
+ * client wrote there: the broker's record says it is offloaded), so a
+ * gmb_lock meanwhile waits as for a move. */
+void gmb__locktab_restoring(struct gmb_locktab *lt, uint32_t slot);
+/* Ends a restore: the new position, then state 1, the hold of the client
+ * whose Lock request brought it back (released with its gmb_unlock), and
+ * the sleepers woken.  `held` 0: state 0 (nobody's hold; an operator's
+ * resume). */
+void gmb__locktab_restored(struct gmb_locktab *lt, uint32_t slot,
+                           uint64_t segment, uint64_t offset, int held);
+/* A restore that failed: back to GMB_LT_OFFLOADED, sleepers woken. */
+#define gmb__locktab_unrestored gmb__locktab_offloaded
+
 #endif /* GMB_BROKER_LOCKTAB_H */

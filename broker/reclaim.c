@@ -21,6 +21,7 @@
 #include "defrag.h"
 #include "gmb.h"
 #include "log.h"
+#include "offload.h"
 #include "pool.h"
 #include "reply.h"
 #include "sleep.h"
@@ -217,7 +218,9 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
                       int timeout_ms, uint64_t ahead) {
   struct gmb_reclaim *r = &b->reclaim;
-  if ((b->cfg.trim_wait_ms == 0 && b->cfg.sleep_wait_ms == 0) || b->closing)
+  if ((b->cfg.trim_wait_ms == 0 && b->cfg.sleep_wait_ms == 0 &&
+       b->cfg.offload_host_max == 0) ||
+      b->closing)
     return 0;
   const int vmm = (flags & GMB__ALLOC_VMM) != 0;
   uint64_t rounded = vmm ? size : gmb__alloc_round(size);
@@ -239,8 +242,11 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint8_t *sleep = NULL;
   uint64_t planned = 0;
   int sleeping = 0;
+  uint64_t offloaded = 0;
   if (need > 0) {
-    if (r->caching == 0 && b->cfg.sleep_wait_ms == 0) return 0;
+    if (r->caching == 0 && b->cfg.sleep_wait_ms == 0 &&
+        b->cfg.offload_host_max == 0)
+      return 0;
     p.cap = gmb__sessions_count(b->sessions);
     p.v = malloc(p.cap * sizeof *p.v);
     bytes = malloc(p.cap * sizeof *bytes);
@@ -268,9 +274,17 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
       planned += x;
     }
     p.n = k;
-    /* The caches cannot cover it: idle sessions that opted in to sleep are
-     * asked to pause tags (sleep.h: who, in which order), each never below
-     * its tenant's reservation. */
+    /* The caches cannot cover it: the broker offloads the unlocked
+     * movable allocations of the idle sessions that opted in to sleep
+     * (offload.h: the same who and order as the asks below), which makes
+     * room now, without their help; then those sessions are asked to
+     * pause tags (sleep.h: who, in which order), each never below its
+     * tenant's reservation. */
+    if (planned < need) {
+      offloaded = gmb__offload_for(b, s, need - planned);
+      need = offloaded < need ? need - offloaded : 0;
+      want = offloaded < want ? want - offloaded : 0;
+    }
     if (planned < need && b->cfg.sleep_wait_ms > 0)
       planned += reclaim_plan_sleep(b, &p, bytes, sleep, want - planned);
     for (size_t i = 0; i < p.n; i++) {
@@ -291,6 +305,13 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
    * or tenant's waiters are at their limit). */
   int held = planned >= need && (need > 0 || coming > 0) &&
              gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;
+  /* The offloads made all the room it lacked: try it again now. */
+  if (!held && offloaded > 0 && need == 0) {
+    free(p.v);
+    free(bytes);
+    free(sleep);
+    return 2;
+  }
   if (held) {
     char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
     for (size_t i = 0; i < p.n; i++) {

@@ -84,8 +84,12 @@ void gmb__reclaim_settle(struct gmb_broker *b);
 /* Session s's request `req_id` of `size` bytes found no room on the
  * device (GMB_NOMEM_NO_ROOM).  Asks other sessions' caches for what is
  * missing and holds the request (gmb__waitq_hold) for trim_wait_ms at
- * most.  Returns 1 when it is held (answered later), 0 when nothing was
- * asked or it could not be held: the caller goes on as without.  `ahead`
+ * most.  When the caches cannot cover it, the broker first offloads idle
+ * sessions' movable allocations itself (offload.h), then asks idle
+ * sessions to sleep.  Returns 1 when it is held (answered later), 2 when
+ * the offloads made all the room it lacked (the caller tries it again
+ * now), 0 when nothing was asked or it could not be held: the caller goes
+ * on as without.  `ahead`
  * (a cache's pages: Alloc.ahead, else 0): bytes the same miss asks for
  * next; as much more is asked for now where the caches have it (clipped
  * to the device and the tenant's quota), but the hold waits only for what

@@ -78,6 +78,11 @@ struct gmb_session {
   struct gmb_sleep_tag *paused;
   uint32_t n_paused;
   uint64_t host_bytes, paused_bytes;
+  /* The movable allocations of it the broker offloaded, or brought back
+   * under a new pool id (offload.c; NULL until the first), and the id a
+   * Lock request of it waits to bring back (0: none; one at a time). */
+  struct gmb_offload_set *offl;
+  uint64_t restore_id;
   int by_token;     /* its Hello proved the tenant with a token, not a uid */
   uint8_t token_sha256[32]; /* the hash it matched (by_token only) */
   char client[64];

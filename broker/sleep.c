@@ -64,6 +64,10 @@ int gmb__sleep_note(struct gmb_broker *b, struct gmb_session *s,
   uint64_t now = gmb__now_ns();
   if (tag[0] == '\0')
     return gmb__reply_fail(rep, GMB_E_INVAL, "a sleep note names a tag");
+  if (strcmp(tag, GMB_SLEEP_MOVABLE_TAG) == 0)
+    return gmb__reply_fail(rep, GMB_E_INVAL, "the tag name %s is the "
+                           "broker's (its offloads of movable allocations)",
+                           tag);
   struct gmb_sleep_tag **p = sleep_find(s, tag);
   if (!req->u.sleep_note.paused) {
     if (*p) {
@@ -96,7 +100,8 @@ int gmb__sleep_note(struct gmb_broker *b, struct gmb_session *s,
   }
   struct gmb_sleep_tag *z = *p;
   if (z == NULL) {
-    if (s->n_paused >= GMB_SLEEP_TAGS_MAX)
+    if (s->n_paused - (*sleep_find(s, GMB_SLEEP_MOVABLE_TAG) != NULL) >=
+        GMB_SLEEP_TAGS_MAX)
       return gmb__reply_fail(rep, GMB_E_LIMIT, "a session reports at most %d "
                              "paused tags", GMB_SLEEP_TAGS_MAX);
     z = calloc(1, sizeof *z);
@@ -154,6 +159,37 @@ int gmb__sleep_admin(struct gmb_broker *b, struct gmb_tenant *t,
                                        ? " (discarding its bytes)"
                                        : "");
   return 1;
+}
+
+void gmb__sleep_movable(struct gmb_session *s, int64_t delta) {
+  struct gmb_tenant *t = s->tenant;
+  uint64_t now = gmb__now_ns();
+  struct gmb_sleep_tag **p = sleep_find(s, GMB_SLEEP_MOVABLE_TAG);
+  struct gmb_sleep_tag *z = *p;
+  if (z == NULL) {
+    GMB_ASSERT(delta > 0 && "fewer offloaded bytes than none");
+    z = calloc(1, sizeof *z);
+    GMB_ASSERT(z && "out of host memory for a sleep record");
+    snprintf(z->tag, sizeof z->tag, "%s", GMB_SLEEP_MOVABLE_TAG);
+    z->since_ns = now;
+    z->by = WIRE_BY_BROKER;
+    *p = z;
+    s->n_paused++;
+    t->paused_tags++;
+    t->pauses++;
+  }
+  GMB_ASSERT((delta >= 0 || z->host_bytes >= (uint64_t)-delta) &&
+             "offloaded bytes drifted");
+  z->host_bytes += (uint64_t)delta; /* two's complement: adds or takes */
+  z->device_bytes += (uint64_t)delta;
+  t->host_bytes += (uint64_t)delta;
+  t->paused_bytes += (uint64_t)delta;
+  s->host_bytes += (uint64_t)delta;
+  s->paused_bytes += (uint64_t)delta;
+  if (z->host_bytes == 0) {
+    sleep_drop(s, p, now);
+    t->resumes++;
+  }
 }
 
 void gmb__sleep_forget_session(struct gmb_session *s) {
@@ -218,7 +254,7 @@ static int sleep_tenant_check(void *ctx, struct gmb_tenant *t) {
       sn++;
     }
     c->bad += sh != s->host_bytes || sd != s->paused_bytes ||
-              sn != s->n_paused || sn > GMB_SLEEP_TAGS_MAX;
+              sn != s->n_paused || sn > GMB_SLEEP_TAGS_MAX + 1;
     host += sh;
     dev += sd;
     tags += sn;

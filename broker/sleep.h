@@ -46,6 +46,10 @@
 #include "wire.h"
 
 #define GMB_SLEEP_TAGS_MAX 64
+/* The record of the movable allocations the broker offloaded itself
+ * (offload.c): a name no client may report (gmb__sleep_note refuses it),
+ * beyond GMB_SLEEP_TAGS_MAX. */
+#define GMB_SLEEP_MOVABLE_TAG "(movable)"
 
 /* One paused tag of a session. */
 struct gmb_sleep_tag {
@@ -70,6 +74,13 @@ int gmb__sleep_note(struct gmb_broker *b, struct gmb_session *s,
  * found and checked by admin.c).  Fills *rep; returns 1. */
 int gmb__sleep_admin(struct gmb_broker *b, struct gmb_tenant *t,
                      const struct wire_request *req, struct wire_reply *rep);
+
+/* The broker offloaded `delta` more bytes of s's movable allocations to
+ * its own host memory (delta < 0: fewer, brought back or freed): kept in
+ * s's GMB_SLEEP_MOVABLE_TAG record (made at the first, dropped when it
+ * holds nothing), whose host and device bytes are those bytes, so that
+ * the tenant's sums, host_quota and status count them as paused tags. */
+void gmb__sleep_movable(struct gmb_session *s, int64_t delta);
 
 /* Session s is ending: its records go, their time is added to the
  * tenant's totals. */

@@ -44,6 +44,7 @@
 #include "alloc.h"
 #include "gmb.h"
 #include "log.h"
+#include "offload.h"
 #include "observe.h"
 #include "reply.h"
 #include "util.h"
@@ -112,7 +113,8 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
   rep->id = w->req_id;
   if (w->flags & GMB__ALLOC_VMM)
     return gmb__alloc_vmm(b, w->session, w->size, rep, why);
-  return gmb__alloc_try(b, w->session, w->size, w->flags, rep, why);
+  /* An allocation, or a Lock bringing an offloaded one back. */
+  return gmb__offload_try(b, w->session, w->size, w->flags, rep, why);
 }
 
 /* A quota hold may end early: none of the bytes it waits for are on their
@@ -259,6 +261,7 @@ static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
   waitq_unhold(q, w);
   if (q->last_added == w) q->last_added = NULL;
   if (w->flags & GMB__ALLOC_VMM) w->session->vmm_held = 0;
+  if (w->flags & GMB__ALLOC_RESTORE) w->session->restore_id = 0;
   GMB_ASSERT(w->session->tenant->waiting > 0 && w->session->waiting > 0 &&
              "waiting count drifted");
   w->session->tenant->waiting--;
@@ -281,7 +284,9 @@ static void waitq_answer(struct gmb_broker *b, struct gmb_waiter *w,
                          struct wire_reply *rep) {
   gmb__reply_to_session(b, w->session, rep);
   gmb__observe_request(b->observe,
-                       w->flags & GMB__ALLOC_VMM ? WIRE_VMM : WIRE_ALLOC,
+                       w->flags & GMB__ALLOC_VMM       ? WIRE_VMM
+                       : w->flags & GMB__ALLOC_RESTORE ? WIRE_LOCK
+                                                       : WIRE_ALLOC,
                        rep->status,
                        gmb__now_ns() - w->queued_ns);
   waitq_remove(b, w);
@@ -394,7 +399,7 @@ void gmb__waitq_compaction_over(struct gmb_broker *b, uint64_t done,
     memset(&rep, 0, sizeof rep);
     rep.id = w->req_id;
     enum gmb_nomem_why why;
-    int rc = gmb__alloc_try(b, w->session, w->size, w->flags, &rep, &why);
+    int rc = waitq_attempt(b, w, &rep, &why);
     if (rc == GMB_E_NOMEM && why == GMB_NOMEM_NO_ROOM)
       gmb__alloc_explain(b, w->session, gmb__alloc_round(w->size), &rep);
     waitq_answer(b, w, &rep);

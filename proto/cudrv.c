@@ -70,6 +70,8 @@ static const struct {
     CUDRV_ENTRY(cuMemcpyDtoDAsync),
     CUDRV_ENTRY(cuMemcpyHtoD),
     CUDRV_ENTRY(cuMemcpyDtoH),
+    CUDRV_ENTRY(cuMemHostAlloc),
+    CUDRV_ENTRY(cuMemFreeHost),
     CUDRV_ENTRY(cuMemsetD8),
     CUDRV_ENTRY(cuStreamCreate),
     CUDRV_ENTRY(cuStreamSynchronize),

@@ -134,6 +134,11 @@ struct gmb_cudrv {
                                      gmb_cu_stream s);
   gmb_cu_result (*cuMemcpyHtoD)(gmb_cu_ptr dst, const void *src, size_t n);
   gmb_cu_result (*cuMemcpyDtoH)(void *dst, gmb_cu_ptr src, size_t n);
+  /* Page-locked host memory (flags 0: portable to this context only), for
+   * the broker's own offloads of movable allocations: copies between it
+   * and the device run at the bus's speed, without a staging copy. */
+  gmb_cu_result (*cuMemHostAlloc)(void **p, size_t bytes, unsigned flags);
+  gmb_cu_result (*cuMemFreeHost)(void *p);
   /* The broker clears every segment it makes before a tenant gets it. */
   gmb_cu_result (*cuMemsetD8)(gmb_cu_ptr dst, unsigned char v, size_t n);
   gmb_cu_result (*cuStreamCreate)(gmb_cu_stream *s, unsigned flags);

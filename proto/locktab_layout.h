@@ -14,6 +14,12 @@
  *   GMB_LT_MOVING             the broker is moving it; wait
  *   GMB_LT_MOVING | GMB_LT_WAITERS   the same, and a gmb_lock sleeps on
  *                             the word (a futex): the broker wakes it
+ *   GMB_LT_OFFLOADED          the broker offloaded it (its bytes are in the
+ *                             broker's host memory, its device range went
+ *                             back): segment and offset mean nothing; a
+ *                             gmb_lock asks the broker (a Lock request),
+ *                             which copies it back and takes the hold for
+ *                             the caller (state 1) before it answers
  *
  * Client, gmb_lock:   CAS state n -> n+1 (n not MOVING), acquire; then read
  *                     segment and offset.  gmb_unlock: atomic decrement,
@@ -28,6 +34,13 @@
  *                     the caller's timeout passes.  So a lock that lands
  *                     mid-move returns when the move ends plus a wake-up,
  *                     not after a sleep that happened to be running.
+ * Broker, an offload: the same claim (0 -> MOVING), the copy to host
+ *                     memory, then exchange GMB_LT_OFFLOADED (release),
+ *                     waking the waiters as a move's end does: they see
+ *                     OFFLOADED and ask the broker.  A client never
+ *                     changes an OFFLOADED word: only the broker's restore
+ *                     (exchange MOVING, copy, position, then store 1) or
+ *                     the allocation's free does.
  * The broker never waits on the word: a wake is one system call that
  * never blocks, whatever the client wrote there.  A client that sets
  * WAITERS on a slot that is not MOVING makes it look locked to the broker
@@ -57,7 +70,10 @@
 #define GMB_LT_VERSION 1u
 #define GMB_LT_MOVING UINT32_C(0x80000000)
 #define GMB_LT_WAITERS UINT32_C(0x40000000) /* with MOVING: a futex waiter */
-#define GMB_LT_MAX_HOLDERS (GMB_LT_WAITERS - 1u)
+/* With MOVING: the allocation is offloaded to the broker's host memory. */
+#define GMB_LT_OFFLOAD_BIT UINT32_C(0x20000000)
+#define GMB_LT_OFFLOADED (GMB_LT_MOVING | GMB_LT_OFFLOAD_BIT)
+#define GMB_LT_MAX_HOLDERS (GMB_LT_OFFLOAD_BIT - 1u)
 /* The longest single futex wait of a client (it checks its session and
  * its deadline between waits). */
 #define GMB_LT_WAIT_SLICE_NS UINT64_C(100000000) /* 100 ms */

@@ -75,6 +75,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   Gmb__Bye bye = GMB__BYE__INIT;
   Gmb__SegmentClosed sc = GMB__SEGMENT_CLOSED__INIT;
   Gmb__Vmm vmm = GMB__VMM__INIT;
+  Gmb__Lock lk = GMB__LOCK__INIT;
   Gmb__AdminStatus as = GMB__ADMIN_STATUS__INIT;
   Gmb__AdminCompact ac = GMB__ADMIN_COMPACT__INIT;
   Gmb__AdminLimit al = GMB__ADMIN_LIMIT__INIT;
@@ -140,6 +141,12 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       vmm.bytes = req->u.vmm.bytes;
       r.body_case = GMB__REQUEST__BODY_VMM;
       r.vmm = &vmm;
+      break;
+    case WIRE_LOCK:
+      lk.id = req->u.lock.id;
+      lk.timeout_ms = req->u.lock.timeout_ms;
+      r.body_case = GMB__REQUEST__BODY_LOCK;
+      r.lock = &lk;
       break;
     case WIRE_ADMIN_STATUS:
       r.body_case = GMB__REQUEST__BODY_ADMIN_STATUS;
@@ -314,6 +321,11 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
     case GMB__REQUEST__BODY_VMM:
       out->kind = WIRE_VMM;
       out->u.vmm.bytes = r->vmm->bytes;
+      break;
+    case GMB__REQUEST__BODY_LOCK:
+      out->kind = WIRE_LOCK;
+      out->u.lock.id = r->lock->id;
+      out->u.lock.timeout_ms = r->lock->timeout_ms;
       break;
     case GMB__REQUEST__BODY_ADMIN_STATUS:
       out->kind = WIRE_ADMIN_STATUS;
@@ -711,6 +723,7 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
   Gmb__EvictReply ev_rep = GMB__EVICT_REPLY__INIT;
   Gmb__TenantRemoveReply trm = GMB__TENANT_REMOVE_REPLY__INIT;
   Gmb__PauseReply pr = GMB__PAUSE_REPLY__INIT;
+  Gmb__LockReply lr = GMB__LOCK_REPLY__INIT;
   Gmb__MetricsReply mr = GMB__METRICS_REPLY__INIT;
   Gmb__SnapshotReply sn = GMB__SNAPSHOT_REPLY__INIT;
   struct wire_snap_out snap = {0};
@@ -842,8 +855,17 @@ int gmb__wire_reply_encode(const struct wire_reply *rep, uint8_t **buf,
     case WIRE_ADMIN_PAUSE:
     case WIRE_ADMIN_RESUME:
       pr.sessions = rep->u.pause.sessions;
+      pr.movable = rep->u.pause.movable;
+      pr.movable_bytes = rep->u.pause.movable_bytes;
       r.body_case = GMB__REPLY__BODY_PAUSE;
       r.pause = &pr;
+      break;
+    case WIRE_LOCK:
+      lr.held = rep->u.lock.held != 0;
+      lr.segment = rep->u.lock.segment;
+      lr.offset = rep->u.lock.offset;
+      r.body_case = GMB__REPLY__BODY_LOCK;
+      r.lock = &lr;
       break;
     case WIRE_ADMIN_METRICS:
       if (rep->u.metrics.text == NULL) return GMB_E_INVAL;
@@ -1070,6 +1092,14 @@ int gmb__wire_reply_decode(const uint8_t *buf, size_t len,
     case GMB__REPLY__BODY_PAUSE:
       out->kind = WIRE_ADMIN_PAUSE;
       out->u.pause.sessions = r->pause->sessions;
+      out->u.pause.movable = r->pause->movable;
+      out->u.pause.movable_bytes = r->pause->movable_bytes;
+      break;
+    case GMB__REPLY__BODY_LOCK:
+      out->kind = WIRE_LOCK;
+      out->u.lock.held = r->lock->held;
+      out->u.lock.segment = r->lock->segment;
+      out->u.lock.offset = r->lock->offset;
       break;
     case GMB__REPLY__BODY_METRICS:
       out->kind = WIRE_ADMIN_METRICS;
@@ -1148,6 +1178,7 @@ const char *gmb__wire_kind_name(enum wire_kind kind) {
     case WIRE_FREE: return "free";
     case WIRE_STATS: return "stats";
     case WIRE_VMM: return "vmm";
+    case WIRE_LOCK: return "lock";
     case WIRE_HEARTBEAT: return "heartbeat";
     case WIRE_BYE: return "bye";
     case WIRE_EVENT: return "event";

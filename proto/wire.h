@@ -49,6 +49,7 @@ enum wire_kind {
   WIRE_ADMIN_PAUSE,   /* request: AdminPause; reply: PauseReply */
   WIRE_ADMIN_RESUME,  /* request: AdminPause (admin_resume); reply: as pause */
   WIRE_VMM,           /* request: Vmm; reply: WIRE_STATS */
+  WIRE_LOCK,          /* request: Lock; reply: LockReply */
   WIRE_KIND_COUNT     /* not a kind: how many there are */
 };
 
@@ -120,6 +121,10 @@ struct wire_request {
     struct {
       uint64_t bytes; /* the process's VMM bytes now, in total */
     } vmm;
+    struct {
+      uint64_t id;
+      int32_t timeout_ms;
+    } lock;
     struct {
       char tenant[WIRE_NAME_MAX + 1]; /* "": every tenant */
     } admin_compact;
@@ -301,7 +306,13 @@ struct wire_reply {
     } tenant_remove;
     struct {
       uint32_t sessions; /* told */
+      uint32_t movable;  /* movable allocations offloaded / brought back */
+      uint64_t movable_bytes;
     } pause; /* WIRE_ADMIN_PAUSE, WIRE_ADMIN_RESUME */
+    struct {
+      int held;
+      uint64_t segment, offset;
+    } lock;
   } u;
 };
 

@@ -1380,9 +1380,11 @@ static inline void client_cpu_relax(void) {
  * Takes one hold on slot `s`: CAS state n -> n+1 for any n that is not
  * MOVING, acquire, so that the position read afterwards is the one the
  * broker published with its release.  Holds no mutex: waiting for a move
- * delays nobody else.  Returns 0, or GMB_E_TIMEOUT after lock_timeout_ms of
- * MOVING, GMB_E_LIMIT at GMB_LT_MAX_HOLDERS, GMB_E_CONN when the session
- * ended meanwhile, GMB_E_PROTO for a state no broker writes.
+ * delays nobody else.  Returns 0, or 1 when the slot says OFFLOADED (the
+ * broker holds the bytes: client_restore), GMB_E_TIMEOUT after
+ * lock_timeout_ms of MOVING, GMB_E_LIMIT at GMB_LT_MAX_HOLDERS, GMB_E_CONN
+ * when the session ended meanwhile, GMB_E_PROTO for a state no broker
+ * writes.
  */
 static int client_hold(gmb_client *c, struct gmb__lt_slot *s, gmb_id id) {
   uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -1403,6 +1405,8 @@ static int client_hold(gmb_client *c, struct gmb__lt_slot *s, gmb_id id) {
         return 0;
       continue;
     }
+    /* Offloaded by the broker: only a Lock request brings it back. */
+    if ((st & ~GMB_LT_WAITERS) == GMB_LT_OFFLOADED) return 1;
     if (st != GMB_LT_MOVING && st != (GMB_LT_MOVING | GMB_LT_WAITERS))
       return client_fail(GMB_E_PROTO, "allocation %llu: lock table state "
                          "0x%x is impossible", (unsigned long long)id, st);
@@ -1473,10 +1477,52 @@ static int client_unhold(struct gmb__lt_slot *s) {
  * The lookup below therefore cannot race with an unmap of the segment it
  * returns a pointer into.
  */
+/*
+ * The slot said OFFLOADED: a Lock request asks the broker to bring the
+ * allocation back (it finds room as for an allocation, waiting up to
+ * lock_timeout_ms, or its restore_wait_ms if less).  0 when the broker
+ * took the hold for us (state 1: ours, released by gmb_unlock); 1 when it
+ * was not offloaded any more (take the hold as usual); else the refusal,
+ * explained (GMB_E_TIMEOUT, GMB_E_NOMEM, GMB_E_QUOTA: it stays offloaded,
+ * its bytes kept at the broker).
+ */
+static int client_restore(gmb_client *c, gmb_id id) {
+  struct wire_request req = {.kind = WIRE_LOCK};
+  req.u.lock.id = id;
+  req.u.lock.timeout_ms = c->lock_timeout_ms;
+  int wait_ms = c->lock_timeout_ms > INT32_MAX - c->request_timeout_ms
+                    ? INT32_MAX
+                    : c->lock_timeout_ms + c->request_timeout_ms;
+  struct wire_reply rep;
+  pthread_mutex_lock(&c->io);
+  int rc = client_call(c, &req, WIRE_LOCK, wait_ms, &rep);
+  pthread_mutex_unlock(&c->io);
+  if (rc) return rc; /* explained by client_call */
+  int held = rep.u.lock.held;
+  gmb__wire_reply_clear(&rep);
+  return held ? 0 : 1;
+}
+
+/* client_hold, bringing an offloaded allocation back first. */
+static int client_hold_restore(gmb_client *c, struct gmb__lt_slot *s,
+                               gmb_id id) {
+  /* Each round trip either gets the hold or finds the allocation on the
+   * device; another offload in between needs another request for room,
+   * so a few rounds are plenty. */
+  for (int round = 0; round < 8; round++) {
+    int rc = client_hold(c, s, id);
+    if (rc != 1) return rc;
+    rc = client_restore(c, id);
+    if (rc != 1) return rc;
+  }
+  return client_fail(GMB_E_TIMEOUT, "allocation %llu was offloaded again "
+                     "each time it was brought back", (unsigned long long)id);
+}
+
 static int client_lock_movable(gmb_client *c, const struct gmb_segmap_entry *e,
                                void **ptr) {
   struct gmb__lt_slot *s = &c->lt_slot[e->slot];
-  int rc = client_hold(c, s, e->id);
+  int rc = client_hold_restore(c, s, e->id);
   if (rc) return rc;
   /* Read once: the table is writable by this process, and a value read
    * twice could differ between the check and the use. */

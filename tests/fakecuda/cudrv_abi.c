@@ -130,6 +130,8 @@ ABI(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync, CUdeviceptr, CUdeviceptr, size_t,
     CUstream);
 ABI(cuMemcpyHtoD, cuMemcpyHtoD, CUdeviceptr, const void *, size_t);
 ABI(cuMemcpyDtoH, cuMemcpyDtoH, void *, CUdeviceptr, size_t);
+ABI(cuMemHostAlloc, cuMemHostAlloc, void **, size_t, unsigned int);
+ABI(cuMemFreeHost, cuMemFreeHost, void *);
 ABI(cuMemsetD8, cuMemsetD8, CUdeviceptr, unsigned char, size_t);
 ABI(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, CUdevice);
 ABI(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, CUcontext *, CUdevice);

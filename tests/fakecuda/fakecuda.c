@@ -690,6 +690,13 @@ struct fake_scratch { /* cuMemAlloc */
   size_t size;
 };
 
+struct fake_pinned { /* cuMemHostAlloc */
+  struct fake_pinned *next;
+  void *ptr;
+  size_t size;
+};
+
+static struct fake_pinned *fake_pinned_list;
 static struct fake_alloc *fake_allocs;
 static struct fake_handle *fake_handles;
 static struct fake_res *fake_reservations;
@@ -2058,6 +2065,50 @@ static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   return CUDA_SUCCESS;
 }
 
+/* Page-locked host memory: plain host memory here (nothing pages it out
+ * either way), but made and freed by the rules of the real driver: a
+ * current context, a size, known flags (PORTABLE 1, DEVICEMAP 2,
+ * WRITECOMBINED 4), and cuMemFreeHost only of what cuMemHostAlloc gave. */
+static CUresult fake_cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  if (!p || bytes == 0 || (flags & ~7u)) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_pinned *h = calloc(1, sizeof *h);
+  void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (!h || mem == MAP_FAILED) {
+    free(h);
+    if (mem != MAP_FAILED) munmap(mem, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  h->ptr = mem;
+  h->size = bytes;
+  pthread_mutex_lock(&fake_mu);
+  h->next = fake_pinned_list;
+  fake_pinned_list = h;
+  pthread_mutex_unlock(&fake_mu);
+  *p = mem;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuMemFreeHost(void *p) {
+  CUresult r = fake_need_ctx(NULL);
+  if (r) return r;
+  pthread_mutex_lock(&fake_mu);
+  struct fake_pinned **pp = &fake_pinned_list;
+  while (*pp && (*pp)->ptr != p) pp = &(*pp)->next;
+  struct fake_pinned *h = *pp;
+  if (h) *pp = h->next;
+  pthread_mutex_unlock(&fake_mu);
+  if (!h) {
+    fake_misuse("cuMemFreeHost(%p): not from cuMemHostAlloc", p);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  munmap(h->ptr, h->size);
+  free(h);
+  return CUDA_SUCCESS;
+}
+
 /* --- the API: streams ---------------------------------------------------- */
 
 static CUresult fake_cuStreamCreate(void **out, unsigned flags) {
@@ -2612,6 +2663,8 @@ static const struct {
     FAKE_FN(cuMemcpyDtoDAsync),
     FAKE_FN(cuMemcpyHtoD),
     FAKE_FN(cuMemcpyDtoH),
+    FAKE_FN_SINCE(cuMemHostAlloc, 2020, NULL),
+    FAKE_FN(cuMemFreeHost),
     FAKE_FN(cuMemsetD8),
     FAKE_FN(cuStreamCreate),
     FAKE_FN(cuStreamSynchronize),
@@ -2709,6 +2762,10 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
   return fake_cuMemAlloc(p, bytes);
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return fake_cuMemFree(p); }
+EXPORT CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
+  return fake_cuMemHostAlloc(p, bytes, flags);
+}
+EXPORT CUresult cuMemFreeHost(void *p) { return fake_cuMemFreeHost(p); }
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
   return fake_cuMemGetInfo(free_b, total);
 }

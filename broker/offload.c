@@ -1,0 +1,561 @@
+/*
+ * offload.c - the broker offloads movable allocations itself, and brings
+ * them back at the client's gmb_lock (offload.h has the rules and the
+ * bounds).
+ *
+ * A session's records live in a red-black tree by the id its client knows
+ * (a Free or a Lock names it) and in an array by lock-table slot (a pool
+ * allocation names its slot through its tag), both private to the broker:
+ * nothing read from the shared lock table decides which record an
+ * allocation is.  Every record change goes through offl_add and offl_drop,
+ * which keep the session's, the broker's and the sleep record's sums in
+ * step.
+ *
+ * An offload claims the slot as a move does (CAS 0 -> MOVING: a locked
+ * allocation is skipped, and no gmb_lock can start during the copy),
+ * copies the bytes to host memory, frees the device range and only then
+ * stores GMB_LT_OFFLOADED, waking the lock calls that slept on the word.
+ * A restore stores MOVING, allocates and copies, writes the position and
+ * stores 1: the hold of the client whose Lock brought it back.
+ */
+#include "offload.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "defrag.h"
+#include "gmb.h"
+#include "locktab.h"
+#include "log.h"
+#include "pool.h"
+#include "rbtree.h"
+#include "reply.h"
+#include "sleep.h"
+#include "tenant.h"
+#include "util.h"
+
+struct offl_rec {
+  RB_ENTRY(offl_rec) link;
+  uint64_t id;      /* what the client calls it: its first pool id */
+  uint64_t pool_id; /* the pool's id now; 0 while offloaded */
+  uint64_t size;    /* rounded */
+  uint32_t slot;    /* its lock-table slot, kept while offloaded */
+  void *host;       /* its bytes while offloaded (the device's host memory) */
+};
+
+static int offl_cmp(const struct offl_rec *a, const struct offl_rec *b) {
+  return (a->id > b->id) - (a->id < b->id);
+}
+
+RB_HEAD(offl_tree, offl_rec);
+RB_GENERATE_STATIC(offl_tree, offl_rec, link, offl_cmp)
+
+struct gmb_offload_set {
+  struct offl_tree by_id;
+  struct offl_rec **by_slot; /* cap entries */
+  uint32_t cap;
+  uint32_t n, away;          /* records; offloaded ones */
+  uint64_t bytes;            /* host bytes of the offloaded ones */
+};
+
+static struct gmb_log_rl offl_rl_refused, offl_rl_copy;
+
+/* --- records -------------------------------------------------------------- */
+
+static struct gmb_offload_set *offl_set(struct gmb_session *s) {
+  if (s->offl == NULL) {
+    s->offl = calloc(1, sizeof *s->offl);
+    if (s->offl) RB_INIT(&s->offl->by_id);
+  }
+  return s->offl;
+}
+
+static struct offl_rec *offl_find(const struct gmb_session *s, uint64_t id) {
+  if (s->offl == NULL) return NULL;
+  struct offl_rec key = {.id = id};
+  return RB_FIND(offl_tree, &s->offl->by_id, &key);
+}
+
+static struct offl_rec *offl_at_slot(const struct gmb_session *s,
+                                     uint32_t slot) {
+  const struct gmb_offload_set *st = s->offl;
+  return st && slot < st->cap ? st->by_slot[slot] : NULL;
+}
+
+/* A new record, in both indexes; NULL out of host memory. */
+static struct offl_rec *offl_new(struct gmb_session *s, uint64_t id,
+                                 uint32_t slot) {
+  struct gmb_offload_set *st = offl_set(s);
+  if (st == NULL) return NULL;
+  if (slot >= st->cap) {
+    uint32_t cap = st->cap ? st->cap : 64;
+    while (cap <= slot) cap *= 2;
+    struct offl_rec **v = realloc(st->by_slot, cap * sizeof *v);
+    if (v == NULL) return NULL;
+    memset(v + st->cap, 0, (cap - st->cap) * sizeof *v);
+    st->by_slot = v;
+    st->cap = cap;
+  }
+  struct offl_rec *r = calloc(1, sizeof *r);
+  if (r == NULL) return NULL;
+  r->id = id;
+  r->slot = slot;
+  GMB_ASSERT(st->by_slot[slot] == NULL &&
+             RB_INSERT(offl_tree, &st->by_id, r) == NULL &&
+             "one record per slot and id");
+  st->by_slot[slot] = r;
+  st->n++;
+  return r;
+}
+
+/* r's bytes are in host memory now: the sums grow. */
+static void offl_add(struct gmb_broker *b, struct gmb_session *s,
+                     struct offl_rec *r, void *host) {
+  r->host = host;
+  r->pool_id = 0;
+  s->offl->away++;
+  s->offl->bytes += r->size;
+  b->offload.host_bytes += r->size;
+  b->offload.held++;
+  gmb__sleep_movable(s, (int64_t)r->size);
+}
+
+/* r's host copy goes (brought back, or freed): the sums shrink. */
+static void offl_sub(struct gmb_broker *b, struct gmb_session *s,
+                     struct offl_rec *r) {
+  GMB_ASSERT(r->host && s->offl->away > 0 && s->offl->bytes >= r->size &&
+             b->offload.host_bytes >= r->size && "offload sums drifted");
+  gmb__device_host_free(b->dev, r->host, r->size);
+  r->host = NULL;
+  s->offl->away--;
+  s->offl->bytes -= r->size;
+  b->offload.host_bytes -= r->size;
+  b->offload.held--;
+  gmb__sleep_movable(s, -(int64_t)r->size);
+}
+
+static void offl_drop(struct gmb_broker *b, struct gmb_session *s,
+                      struct offl_rec *r) {
+  if (r->host) offl_sub(b, s, r);
+  RB_REMOVE(offl_tree, &s->offl->by_id, r);
+  s->offl->by_slot[r->slot] = NULL;
+  s->offl->n--;
+  free(r);
+}
+
+int gmb__offload_resolve(const struct gmb_session *s, uint64_t id,
+                         uint64_t *pool_id, uint64_t *size) {
+  const struct offl_rec *r = offl_find(s, id);
+  *pool_id = r ? r->pool_id : id;
+  if (size) *size = r ? r->size : 0;
+  if (r == NULL) return GMB_OFFL_NONE;
+  return r->host ? GMB_OFFL_AWAY : GMB_OFFL_ALIAS;
+}
+
+void gmb__offload_free(struct gmb_broker *b, struct gmb_session *s,
+                       uint64_t id) {
+  struct offl_rec *r = offl_find(s, id);
+  GMB_ASSERT(r && r->host && "freeing an allocation that is not offloaded");
+  if (s->lt) gmb__locktab_slot_free(s->lt, r->slot);
+  offl_drop(b, s, r);
+}
+
+void gmb__offload_freed(struct gmb_session *s, uint32_t slot,
+                        uint64_t pool_id) {
+  struct offl_rec *r = offl_at_slot(s, slot);
+  if (r && r->host == NULL && r->pool_id == pool_id) {
+    RB_REMOVE(offl_tree, &s->offl->by_id, r);
+    s->offl->by_slot[slot] = NULL;
+    s->offl->n--;
+    free(r);
+  }
+}
+
+void gmb__offload_forget_session(struct gmb_broker *b, struct gmb_session *s) {
+  struct gmb_offload_set *st = s->offl;
+  if (st == NULL) return;
+  struct offl_rec *r, *next;
+  RB_FOREACH_SAFE(r, offl_tree, &st->by_id, next) offl_drop(b, s, r);
+  free(st->by_slot);
+  free(st);
+  s->offl = NULL;
+}
+
+/* --- one allocation out --------------------------------------------------- */
+
+/* May tenant t's offloads hold `size` more host bytes?  The broker's bound
+ * for every tenant, then t's host_quota (with its paused tags). */
+static int offl_host_allows(const struct gmb_broker *b,
+                            const struct gmb_tenant *t, uint64_t size) {
+  uint64_t max = b->cfg.offload_host_max;
+  if (size > max || b->offload.host_bytes > max - size) return 0;
+  return t->host_quota == 0 ||
+         (size <= t->host_quota && t->host_bytes <= t->host_quota - size);
+}
+
+static void offl_refused(struct gmb_broker *b, const struct gmb_session *o,
+                         uint64_t size) {
+  b->offload.refused++;
+  if (!gmb__log_allow(&offl_rl_refused)) return;
+  char a[GMB_SIZE_BUFSZ], h[GMB_SIZE_BUFSZ], m[GMB_SIZE_BUFSZ],
+      q[GMB_SIZE_BUFSZ];
+  log_info("session %" PRIu64 " (tenant %s): offloading %s more would pass "
+           "the host bounds (the broker holds %s of offload_host_max %s; "
+           "the tenant %s of host_quota %s)%s", o->id, o->tenant->name,
+           gmb__size_format(size, a, sizeof a),
+           gmb__size_format(b->offload.host_bytes, h, sizeof h),
+           gmb__size_format(b->cfg.offload_host_max, m, sizeof m),
+           gmb__size_format(o->tenant->host_bytes, q, sizeof q),
+           o->tenant->host_quota
+               ? gmb__size_format(o->tenant->host_quota, q, sizeof q)
+               : "unlimited",
+           gmb__log_suppressed(&offl_rl_refused));
+}
+
+/*
+ * Offloads pool allocation `id` of session o: 0 when it went to host
+ * memory; 1 when it stays (locked, being moved, not o's movable one);
+ * GMB_E_LIMIT when the host bounds refuse it (nothing of o fits then),
+ * GMB_E_SYSTEM or GMB_E_DEVICE when host memory or the copy failed.
+ */
+static int offl_out(struct gmb_broker *b, struct gmb_session *o,
+                    uint64_t id) {
+  struct gmb_alloc_info info;
+  if (gmb__pool_find(b->pool, id, &info) != 0 || info.owner != o ||
+      !(info.flags & GMB_MOVABLE) || info.tail_dseg != NULL)
+    return 1;
+  uint32_t slot;
+  struct gmb_locktab *lt = gmb__session_slot(&info, &slot);
+  if (lt == NULL) return 1;
+  if (!offl_host_allows(b, o->tenant, info.size)) {
+    offl_refused(b, o, info.size);
+    return GMB_E_LIMIT;
+  }
+  /* Its record (an allocation brought back before keeps the client's id),
+   * or a new one, made before anything changes. */
+  struct offl_rec *r = offl_at_slot(o, slot);
+  if (r && r->pool_id != id) return 1; /* not this allocation's: a bug */
+  int fresh = r == NULL;
+  if (fresh && (r = offl_new(o, id, slot)) == NULL) return GMB_E_SYSTEM;
+  r->size = info.size;
+  void *host = gmb__device_host_alloc(b->dev, info.size);
+  int rc = host ? 0 : GMB_E_SYSTEM;
+  if (rc == 0 && !gmb__locktab_claim(lt, slot)) rc = 1; /* locked */
+  if (rc == 0) {
+    /* The device only reads the segment here; its ops take it non-const
+     * because copies in general write one. */
+    rc = gmb__device_copy_host(b->dev, (struct gmb_dseg *)info.dseg,
+                               info.offset, host, info.size, 1);
+    if (rc) {
+      gmb__locktab_release(lt, slot);
+      if (gmb__log_allow(&offl_rl_copy))
+        log_error("offloading allocation %" PRIu64 " of session %" PRIu64
+                  " failed (%s); it stays on the device%s", id, o->id,
+                  gmb_err_name(rc), gmb__log_suppressed(&offl_rl_copy));
+    }
+  }
+  if (rc) {
+    gmb__device_host_free(b->dev, host, info.size);
+    if (fresh) offl_drop(b, o, r);
+    return rc;
+  }
+  /* Committed: the device range goes back as a Free's does, then the slot
+   * says where the bytes are. */
+  gmb__defrag_forget(b, id);
+  rc = gmb__pool_free(b->pool, id, &info);
+  GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
+  b->pool_ops++;
+  gmb__tenant_uncharge(o->tenant, info.size);
+  o->allocations--;
+  o->used -= info.size;
+  offl_add(b, o, r, host);
+  b->offload.offloads++;
+  b->offload.bytes_out += info.size;
+  gmb__locktab_offloaded(lt, slot);
+  return 0;
+}
+
+/* --- choosing what goes --------------------------------------------------- */
+
+/* The pool walk of one session's candidates: its unlocked movable
+ * allocations, all of them (`whole` 0) or only those of segments of its
+ * tenant that hold nothing else (`whole` 1: offloading them empties the
+ * segment, room another tenant can use). */
+struct offl_scan {
+  const struct gmb_session *o;
+  int whole;
+  const struct gmb_segment *seg;
+  int seg_ok;
+  size_t seg_start;
+  uint64_t *ids;
+  size_t n, cap;
+  int oom;
+};
+
+static void offl_scan_close(struct offl_scan *c) {
+  if (c->seg && c->whole && !c->seg_ok) c->n = c->seg_start;
+}
+
+static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
+                         int is_free) {
+  struct offl_scan *c = ctx;
+  if (a->segment != c->seg) {
+    offl_scan_close(c);
+    struct gmb_segment_view v;
+    gmb__pool_segment_view(a->segment, &v);
+    c->seg = a->segment;
+    c->seg_ok = v.arena_tag == c->o->tenant && v.small;
+    c->seg_start = c->n;
+  }
+  if (!c->seg_ok || is_free) return 0;
+  if (a->id == 0 || a->owner != c->o || !(a->flags & GMB_MOVABLE) ||
+      (a->flags & GMB_RANGE_TAIL) || gmb__session_alloc_locked(a)) {
+    c->seg_ok = !c->whole;
+    return 0;
+  }
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? c->cap * 2 : 64;
+    uint64_t *v = realloc(c->ids, cap * sizeof *v);
+    if (v == NULL) {
+      c->oom = 1;
+      return 1;
+    }
+    c->ids = v;
+    c->cap = cap;
+  }
+  c->ids[c->n++] = a->id;
+  return 0;
+}
+
+/* Offloads o's candidates until `want` bytes of device room were made
+ * (UINT64_MAX: all of them), never taking its tenant below `floor` bytes
+ * used.  Returns the allocations offloaded; *bytes grows by their bytes. */
+static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
+                             int whole, uint64_t want, uint64_t floor,
+                             uint64_t *bytes) {
+  if (o->lt == NULL || o->allocations == 0) return 0;
+  struct offl_scan c = {.o = o, .whole = whole};
+  gmb__pool_walk(b->pool, offl_scan_one, &c);
+  if (!c.oom) offl_scan_close(&c);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  const uint64_t room0 = ps.room;
+  uint32_t n = 0;
+  for (size_t i = 0; i < c.n; i++) {
+    if (want != UINT64_MAX) {
+      gmb__pool_stats(b->pool, &ps);
+      if (ps.room >= room0 + want) break;
+    }
+    struct gmb_alloc_info info;
+    if (gmb__pool_find(b->pool, c.ids[i], &info) != 0) continue;
+    if (o->tenant->used < floor || o->tenant->used - floor < info.size) break;
+    int rc = offl_out(b, o, c.ids[i]);
+    if (rc == 0) {
+      n++;
+      *bytes += info.size;
+    } else if (rc != 1) {
+      break; /* the host bounds, or host memory: nothing more of o fits */
+    }
+  }
+  free(c.ids);
+  return n;
+}
+
+struct offl_pick {
+  struct gmb_session **v;
+  size_t n, cap;
+  const struct gmb_session *s;
+  uint64_t now;
+};
+
+static void offl_collect(void *ctx, struct gmb_session *o) {
+  struct offl_pick *p = ctx;
+  if (p->n < p->cap && o->lt && o->allocations > 0 &&
+      gmb__sleep_askable(o, p->s, p->now))
+    p->v[p->n++] = o;
+}
+
+uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
+                          uint64_t want) {
+  if (want == 0 || b->cfg.offload_host_max == 0 || b->closing) return 0;
+  struct offl_pick p = {.s = s, .now = gmb__now_ns()};
+  p.cap = gmb__sessions_count(b->sessions);
+  p.v = malloc((p.cap ? p.cap : 1) * sizeof *p.v);
+  if (p.v == NULL) return 0;
+  gmb__sessions_each(b->sessions, offl_collect, &p);
+  /* The order of the asks to sleep (sleep.h): lowest priority, longest
+   * idle, largest offer. */
+  qsort(p.v, p.n, sizeof *p.v, gmb__sleep_cmp);
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  const uint64_t room0 = ps.room;
+  uint64_t made = 0;
+  for (size_t i = 0; i < p.n && made < want; i++) {
+    struct gmb_session *o = p.v[i];
+    uint64_t bytes = 0;
+    uint32_t n = offl_session(b, o, 1, want - made, o->tenant->reserve,
+                              &bytes);
+    gmb__pool_stats(b->pool, &ps);
+    made = ps.room > room0 ? ps.room - room0 : 0;
+    if (n) {
+      char sz[GMB_SIZE_BUFSZ], rm[GMB_SIZE_BUFSZ];
+      log_info("session %" PRIu64 " (tenant %s, priority %d): %u movable "
+               "allocations (%s) offloaded to the broker's host memory for "
+               "session %" PRIu64 " (tenant %s); %s of device room made",
+               o->id, o->tenant->name, o->tenant->priority, n,
+               gmb__size_format(bytes, sz, sizeof sz), s->id, s->tenant->name,
+               gmb__size_format(made, rm, sizeof rm));
+    }
+  }
+  free(p.v);
+  return made;
+}
+
+/* --- one allocation back -------------------------------------------------- */
+
+/* Brings r of session s back: 0 with *rep a LockReply (held: the slot's
+ * state is 1, the caller's hold), or the refusal of gmb__alloc_try
+ * (nothing changed), or GMB_E_DEVICE when the copy failed (the
+ * allocation stays offloaded). */
+static int offl_in(struct gmb_broker *b, struct gmb_session *s,
+                   struct offl_rec *r, int held, struct wire_reply *rep,
+                   enum gmb_nomem_why *why) {
+  int rc = gmb__alloc_try(b, s, r->size, GMB_MOVABLE | GMB__ALLOC_NOSLOT,
+                          rep, why);
+  if (rc) return rc;
+  uint64_t id = rep->u.alloc.id;
+  struct gmb_alloc_info info;
+  rc = gmb__pool_find(b->pool, id, &info);
+  GMB_ASSERT(rc == 0 && (info.flags & GMB_MOVABLE) && info.size == r->size &&
+             "a restored allocation is movable and of its size");
+  gmb__locktab_restoring(s->lt, r->slot);
+  rc = gmb__device_copy_host(b->dev, (struct gmb_dseg *)info.dseg,
+                             info.offset, r->host, r->size, 0);
+  if (rc) {
+    gmb__pool_free(b->pool, id, NULL);
+    b->pool_ops++;
+    gmb__tenant_uncharge(s->tenant, r->size);
+    s->allocations--;
+    s->used -= r->size;
+    gmb__locktab_unrestored(s->lt, r->slot);
+    uint64_t rid = rep->id;
+    memset(rep, 0, sizeof *rep);
+    rep->id = rid;
+    gmb__reply_fail(rep, rc, "allocation %" PRIu64 " could not be copied "
+                    "back to the device; it stays offloaded", r->id);
+    return rc;
+  }
+  gmb__pool_set_tag(b->pool, id, gmb__locktab_tag(r->slot));
+  offl_sub(b, s, r);
+  r->pool_id = id;
+  b->offload.restores++;
+  b->offload.bytes_in += r->size;
+  gmb__locktab_restored(s->lt, r->slot, info.dseg->id, info.offset, held);
+  uint64_t rid = rep->id;
+  memset(rep, 0, sizeof *rep);
+  rep->id = rid;
+  rep->kind = WIRE_LOCK;
+  rep->u.lock.held = held;
+  rep->u.lock.segment = info.dseg->id;
+  rep->u.lock.offset = info.offset;
+  return 0;
+}
+
+int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
+                     uint64_t size, uint32_t flags, struct wire_reply *rep,
+                     enum gmb_nomem_why *why) {
+  if (!(flags & GMB__ALLOC_RESTORE))
+    return gmb__alloc_try(b, s, size, flags, rep, why);
+  *why = GMB_NOMEM_NONE;
+  struct offl_rec *r = offl_find(s, s->restore_id);
+  if (r == NULL || r->host == NULL || s->lt == NULL) {
+    /* Freed, or brought back by an operator's resume, meanwhile. */
+    rep->status = 0;
+    rep->kind = WIRE_LOCK;
+    rep->u.lock.held = 0;
+    return 0;
+  }
+  return offl_in(b, s, r, 1, rep, why);
+}
+
+/* --- operators ------------------------------------------------------------- */
+
+void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
+                         int pause, uint32_t *n, uint64_t *bytes) {
+  *n = 0;
+  *bytes = 0;
+  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
+    if (pause) {
+      if (b->cfg.offload_host_max)
+        *n += offl_session(b, s, 0, UINT64_MAX, 0, bytes);
+      continue;
+    }
+    if (s->offl == NULL || s->offl->away == 0) continue;
+    struct offl_rec *r, *next;
+    RB_FOREACH_SAFE(r, offl_tree, &s->offl->by_id, next) {
+      if (r->host == NULL || s->restore_id == r->id) continue;
+      struct wire_reply rep;
+      memset(&rep, 0, sizeof rep);
+      enum gmb_nomem_why why;
+      uint64_t size = r->size;
+      if (offl_in(b, s, r, 0, &rep, &why) != 0) break; /* no room: lazily */
+      (*n)++;
+      *bytes += size;
+    }
+  }
+}
+
+/* --- the consistency check ------------------------------------------------ */
+
+struct offl_count {
+  struct gmb_broker *b;
+  uint64_t bytes;
+  uint32_t held;
+  int bad;
+};
+
+static void offl_check_session(void *ctx, struct gmb_session *s) {
+  struct offl_count *c = ctx;
+  const struct gmb_offload_set *st = s->offl;
+  uint64_t movable = 0;
+  for (const struct gmb_sleep_tag *z = s->paused; z; z = z->next)
+    if (strcmp(z->tag, GMB_SLEEP_MOVABLE_TAG) == 0) movable = z->host_bytes;
+  if (st == NULL) {
+    c->bad += movable != 0;
+    return;
+  }
+  uint64_t bytes = 0;
+  uint32_t n = 0, away = 0;
+  struct offl_rec *r;
+  RB_FOREACH(r, offl_tree, &s->offl->by_id) {
+    n++;
+    c->bad += r->slot >= st->cap || st->by_slot[r->slot] != r;
+    if (r->host) {
+      away++;
+      bytes += r->size;
+      c->bad += r->pool_id != 0 || s->lt == NULL;
+    } else {
+      struct gmb_alloc_info info;
+      uint32_t slot;
+      c->bad += gmb__pool_find(c->b->pool, r->pool_id, &info) != 0 ||
+                info.owner != s || gmb__session_slot(&info, &slot) == NULL ||
+                slot != r->slot;
+    }
+  }
+  c->bad += n != st->n || away != st->away || bytes != st->bytes ||
+            bytes != movable;
+  c->bytes += bytes;
+  c->held += away;
+}
+
+int gmb__offload_check(struct gmb_broker *b) {
+  if (b->sessions == NULL) return 0;
+  struct offl_count c = {b, 0, 0, 0};
+  gmb__sessions_each(b->sessions, offl_check_session, &c);
+  /* Sessions being reaped (core.c) forgot theirs when they ended. */
+  c.bad += c.bytes != b->offload.host_bytes || c.held != b->offload.held;
+  if (c.bad) log_error("offload: %d violations of the offload sums", c.bad);
+  return c.bad;
+}
