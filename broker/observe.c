@@ -665,6 +665,27 @@ char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {
               "locked.", c->skipped_locked);
   observe_dbl(f, "gmb_compaction_seconds_total", "counter",
               "Seconds spent in compaction runs.", c->seconds);
+  const struct gmb_offload *ol = &b->offload;
+  observe_u64(f, "gmb_offload_host_bytes", "gauge",
+              "Host bytes the broker holds for the movable allocations it "
+              "offloaded, all tenants (at most offload_host_max).",
+              ol->host_bytes);
+  observe_u64(f, "gmb_offload_allocations", "gauge",
+              "Movable allocations offloaded by the broker now.", ol->held);
+  observe_u64(f, "gmb_offloads_total", "counter",
+              "Movable allocations the broker offloaded to its host memory.",
+              ol->offloads);
+  observe_u64(f, "gmb_offload_restores_total", "counter",
+              "Offloaded allocations brought back to the device.",
+              ol->restores);
+  observe_u64(f, "gmb_offload_bytes_total", "counter",
+              "Bytes copied to the broker's host memory by offloads.",
+              ol->bytes_out);
+  observe_u64(f, "gmb_offload_restored_bytes_total", "counter",
+              "Bytes copied back to the device by restores.", ol->bytes_in);
+  observe_u64(f, "gmb_offload_refused_total", "counter",
+              "Offloads refused by host_quota or offload_host_max.",
+              ol->refused);
   observe_dbl(f, "gmb_uptime_seconds", "gauge",
               "Seconds since the broker started.",
               b->start_ns ? (double)(gmb__now_ns() - b->start_ns) / 1e9 : 0);

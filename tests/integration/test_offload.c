@@ -1,0 +1,284 @@
+/*
+ * test_offload.c - the broker offloads movable allocations itself, against
+ * a real broker on the host device with real client processes: an idle job
+ * that opted in (its sleep policy) holds movable allocations (gmb_alloc
+ * with GMB_MOVABLE) with a pattern each; a job of higher priority asks for
+ * more than is free and is served from the pages the broker freed by
+ * copying the idle job's allocations to its own host memory; the idle
+ * job's gmb_lock then waits for room (restore_wait_ms) and fails cleanly
+ * while there is none, its bytes kept, and brings every allocation back
+ * byte for byte once the other job frees; a job killed while offloaded
+ * leaves no host bytes counted; gmbctl pause and resume offload and bring
+ * back a tenant's movable allocations.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "harness.h"
+#include "wire.h"
+
+#define MIB (UINT64_C(1) << 20)
+#define NM 24 /* the idle job's movable allocations, 1 MiB each */
+
+#define JOB_CHECK(cond)                                                    \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: child check failed: %s (%s)\n", __FILE__,    \
+              __LINE__, #cond, gmb_last_error(NULL));                      \
+      return __LINE__ % 200 + 10;                                          \
+    }                                                                      \
+  } while (0)
+
+struct job {
+  const char *endpoint, *tenant, *policy;
+  int in, out;
+};
+
+/* Locks every allocation, checks its pattern, unlocks: 'k', 'x' when a
+ * byte differs, 't' / 'n' / 'e' when a lock failed with GMB_E_TIMEOUT /
+ * GMB_E_NOMEM / another code. */
+static char job_check_all(gmb_client *c, const gmb_id *id) {
+  for (int i = 0; i < NM; i++) {
+    void *p;
+    int rc = gmb_lock(c, id[i], &p);
+    if (rc == GMB_E_TIMEOUT) return 't';
+    if (rc == GMB_E_NOMEM) return 'n';
+    if (rc) {
+      fprintf(stderr, "job: lock %d: %s\n", i, gmb_last_error(c));
+      return 'e';
+    }
+    long bad = harness_pattern_check(p, MIB, (uint64_t)i + 3);
+    gmb_unlock(c, id[i]);
+    if (bad >= 0) return 'x';
+  }
+  return 'k';
+}
+
+/* A job: connects as `tenant` with `policy` (NULL: none), a 4 KiB block
+ * in cache tag "w" (what its policy offers), NM movable allocations with
+ * a pattern each; says 'r'.  'l': job_check_all; 'q': frees and exits. */
+static int job_main(void *arg) {
+  struct job *j = arg;
+  gmb_client *c;
+  JOB_CHECK(gmb_connect(j->endpoint, j->tenant, &c) == 0);
+  if (j->policy) JOB_CHECK(gmb_sleep_policy_set(c, j->policy) == 0);
+  void *w;
+  JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+  JOB_CHECK(gmb_malloc_async(c, 4096, NULL, &w) == 0);
+  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  gmb_id id[NM];
+  for (int i = 0; i < NM; i++) {
+    void *p;
+    JOB_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0);
+    JOB_CHECK(gmb_lock(c, id[i], &p) == 0);
+    harness_pattern_fill(p, MIB, (uint64_t)i + 3);
+    JOB_CHECK(gmb_unlock(c, id[i]) == 0);
+  }
+  harness_pipe_send(j->out, 'r');
+  for (;;) {
+    int cmd = harness_pipe_wait(j->in, 60000);
+    if (cmd != 'l') break;
+    harness_pipe_send(j->out, job_check_all(c, id));
+  }
+  for (int i = 0; i < NM; i++) JOB_CHECK(gmb_free(c, id[i]) == 0);
+  gmb_free_async(c, w, NULL);
+  gmb_disconnect(c);
+  return 0;
+}
+
+struct jobrun {
+  struct job j;
+  int to[2], from[2];
+  pid_t pid;
+};
+
+static void job_start(struct jobrun *r, const struct harness_broker *b,
+                      const char *tenant, const char *policy) {
+  ck_assert_int_eq(pipe(r->to), 0);
+  ck_assert_int_eq(pipe(r->from), 0);
+  r->j = (struct job){b->endpoint, tenant, policy, r->to[0], r->from[1]};
+  r->pid = harness_fork(job_main, &r->j);
+  ck_assert_int_eq(harness_pipe_wait(r->from[0], HARNESS_WAIT_MS), 'r');
+}
+
+static int job_ask(struct jobrun *r, char cmd) {
+  harness_pipe_send(r->to[1], cmd);
+  return harness_pipe_wait(r->from[0], HARNESS_WAIT_MS);
+}
+
+static void job_close(struct jobrun *r) {
+  for (int i = 0; i < 2; i++) {
+    close(r->to[i]);
+    close(r->from[i]);
+  }
+}
+
+static void job_end(struct jobrun *r) {
+  harness_pipe_send(r->to[1], 'q');
+  ck_assert_int_eq(harness_wait(r->pid), 0);
+  job_close(r);
+}
+
+static struct wire_tenant_row row_of(const struct harness_broker *b,
+                                     const char *tenant) {
+  struct wire_tenant_row r;
+  int rc = harness_tenant_row(b, tenant, &r);
+  ck_assert_msg(rc == 0, "no row for tenant %s: %s", tenant, gmb_err_name(rc));
+  return r;
+}
+
+struct offer_wait {
+  const struct harness_broker *b;
+  const char *tenant;
+};
+
+static int offer_seen(void *arg) {
+  struct offer_wait *o = arg;
+  struct wire_reply rep;
+  if (harness_admin_status(o->b, &rep)) return 0;
+  int seen = 0;
+  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
+    const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
+    if (strcmp(s->tenant, o->tenant) == 0 && s->sleep_pausable > 0) seen = 1;
+  }
+  gmb__wire_reply_clear(&rep);
+  return seen;
+}
+
+static void wait_offer(const struct harness_broker *b, const char *tenant) {
+  struct offer_wait o = {b, tenant};
+  ck_assert_msg(harness_poll_until(offer_seen, &o, HARNESS_WAIT_MS),
+                "tenant %s never offered to sleep", tenant);
+}
+
+struct host_wait {
+  const struct harness_broker *b;
+  const char *tenant;
+  uint64_t host;
+};
+
+static int host_seen(void *arg) {
+  struct host_wait *h = arg;
+  struct wire_tenant_row r;
+  return harness_tenant_row(h->b, h->tenant, &r) == 0 &&
+         r.host_bytes == h->host;
+}
+
+/* Nothing asks idle jobs to pause their tags here: what moves is the
+ * broker's own doing. */
+static const char *const tenants =
+    "[broker]\n"
+    "sleep_wait_ms = 0\n"
+    "restore_wait_ms = 300\n"
+    "[tenant:idle]\n"
+    "priority = 0\n"
+    "[tenant:busy]\n"
+    "priority = 10\n";
+
+START_TEST(broker_offloads_and_lock_brings_back) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", tenants);
+  struct jobrun a;
+  job_start(&a, &b, "idle", "idle=0,w");
+  wait_offer(&b, "idle");
+  const uint64_t idle_used = row_of(&b, "idle").used;
+  ck_assert_uint_ge(idle_used, NM * MIB);
+
+  /* 48 MiB: more than is free (64 less the idle job's 26). */
+  gmb_client *c = harness_connect_ok(&b, "busy");
+  gmb_id big;
+  int rc = gmb_alloc(c, 48 * MIB, 0, &big);
+  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  struct wire_tenant_row r = row_of(&b, "idle");
+  ck_assert_uint_ge(r.host_bytes, 10 * MIB);
+  ck_assert_uint_eq(r.used + r.host_bytes, idle_used);
+  ck_assert_uint_eq(r.paused_bytes, r.host_bytes);
+  ck_assert_uint_ge(r.paused_tags, 1);
+  /* The busy job uses the pages: every byte of them is its own. */
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, big, &p), 0);
+  harness_pattern_fill(p, 48 * MIB, 99);
+  ck_assert_int_lt(harness_pattern_check(p, 48 * MIB, 99), 0);
+  ck_assert_int_eq(gmb_unlock(c, big), 0);
+  static char out[1 << 16];
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "status", NULL), 0);
+  ck_assert_msg(strstr(out, "(movable)") != NULL, "status: %s", out);
+
+  /* No room to bring them back: the lock waits restore_wait_ms, then
+   * fails; nothing is lost. */
+  ck_assert_int_eq(job_ask(&a, 'l'), 't');
+  ck_assert_uint_eq(row_of(&b, "idle").host_bytes, r.host_bytes);
+
+  /* Room again: every allocation comes back byte for byte. */
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  ck_assert_int_eq(job_ask(&a, 'l'), 'k');
+  r = row_of(&b, "idle");
+  ck_assert_uint_eq(r.host_bytes, 0);
+  ck_assert_uint_eq(r.used, idle_used);
+
+  /* Offloaded again, then killed: the broker's host copies go. */
+  rc = gmb_alloc(c, 48 * MIB, 0, &big);
+  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  ck_assert_uint_ge(row_of(&b, "idle").host_bytes, 10 * MIB);
+  ck_assert_int_eq(kill(a.pid, SIGKILL), 0);
+  harness_wait(a.pid);
+  job_close(&a);
+  struct host_wait h = {&b, "idle", 0};
+  ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
+                "the killed job's host bytes stayed counted");
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
+  ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_bytes 0"));
+  ck_assert_ptr_nonnull(strstr(out, "gmb_offloads_total "));
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* gmbctl pause offloads the tenant's unlocked movable allocations (no
+ * sleep policy needed: the operator decides); resume brings them back. */
+START_TEST(operator_pause_offloads_movable) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", tenants);
+  struct jobrun a;
+  job_start(&a, &b, "idle", NULL);
+  const uint64_t idle_used = row_of(&b, "idle").used;
+  char out[4096];
+  /* The job's library pauses its cache tag "w" as well, from its own
+   * thread (host bytes of its own); the movable allocations go at once. */
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "idle", NULL), 0);
+  ck_assert_msg(strstr(out, "24 movable allocations") != NULL, "%s", out);
+  struct wire_tenant_row r = row_of(&b, "idle");
+  ck_assert_uint_ge(r.host_bytes, NM * MIB);
+  ck_assert_uint_le(r.used, idle_used - NM * MIB);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "idle", NULL),
+                   0);
+  ck_assert_msg(strstr(out, "24 movable allocations") != NULL, "%s", out);
+  struct host_wait h = {&b, "idle", 0};
+  ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
+                "tenant idle still holds host bytes after resume");
+  ck_assert_int_eq(job_ask(&a, 'l'), 'k');
+  /* Paused again and locked lazily: each lock brings one back. */
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "idle", "--tag",
+                               "(movable)", NULL),
+                   0);
+  ck_assert_uint_eq(row_of(&b, "idle").host_bytes, NM * MIB);
+  ck_assert_int_eq(job_ask(&a, 'l'), 'k');
+  ck_assert_uint_eq(row_of(&b, "idle").host_bytes, 0);
+  ck_assert_uint_eq(row_of(&b, "idle").used, idle_used);
+  job_end(&a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+int main(void) {
+  return harness_main(HARNESS_SUITE("offload", "offload", 90,
+                                    broker_offloads_and_lock_brings_back,
+                                    operator_pause_offloads_movable));
+}
