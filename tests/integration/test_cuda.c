@@ -1347,6 +1347,66 @@ START_TEST(cuda_broker_asks_idle_job_to_pause) {
 }
 END_TEST
 
+/* The broker offloads movable allocations itself on the stand-in GPU: an
+ * operator's pause copies them to page-locked host memory
+ * (cuMemHostAlloc, cuMemcpyDtoH) and frees their device ranges; the job's
+ * gmb_lock of each brings it back (cuMemcpyHtoD) and every byte is there
+ * (checked through device copies). */
+#define OFFL_N 4
+
+static int offload_child(void *arg) {
+  struct ask_pipes *a = arg;
+  gmb_client *c = NULL;
+  CHILD_CHECK(gmb_connect(a->endpoint, "mov", &c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  gmb_id id[OFFL_N];
+  for (int i = 0; i < OFFL_N; i++) {
+    CHILD_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0, 11, "alloc: %s",
+                gmb_last_error(c));
+    CHILD_CHECK(cuda_fill(c, id[i], MIB, 40 + (uint64_t)i) == 0, 12, "fill");
+  }
+  harness_pipe_send(a->out, 'r');
+  CHILD_CHECK(harness_pipe_wait(a->in, 60000) == 'l', 13, "no 'l'");
+  for (int i = 0; i < OFFL_N; i++)
+    CHILD_CHECK(cuda_check(c, id[i], MIB, 40 + (uint64_t)i, NULL) == 0, 14,
+                "allocation %d after the offload: %s", i, gmb_last_error(c));
+  harness_pipe_send(a->out, 'k');
+  for (int i = 0; i < OFFL_N; i++)
+    CHILD_CHECK(gmb_free(c, id[i]) == 0, 15, "free");
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_offload_movable_keeps_bytes) {
+  struct harness_broker b;
+  cuda_start(&b, "64m", NULL);
+  int to[2], from[2];
+  ck_assert(pipe(to) == 0 && pipe(from) == 0);
+  struct ask_pipes ap = {b.endpoint, to[0], from[1]};
+  pid_t kid = harness_fork(offload_child, &ap);
+  cuda_step(from[0], 'r', kid);
+  char said[4096];
+  ck_assert_int_eq(harness_ctl(&b, said, sizeof said, "pause", "mov", NULL),
+                   0);
+  ck_assert_msg(strstr(said, "4 movable allocations") != NULL, "%s", said);
+  struct wire_tenant_row r;
+  ck_assert_int_eq(harness_tenant_row(&b, "mov", &r), 0);
+  ck_assert_uint_eq(r.host_bytes, OFFL_N * MIB);
+  ck_assert_uint_eq(r.used, 0);
+  harness_pipe_send(to[1], 'l');
+  cuda_step(from[0], 'k', kid);
+  ck_assert_int_eq(harness_tenant_row(&b, "mov", &r), 0);
+  ck_assert_uint_eq(r.host_bytes, 0); /* its frees may have come too */
+  ck_assert_int_eq(harness_wait(kid), 0);
+  for (int i = 0; i < 2; i++) {
+    close(to[i]);
+    close(from[i]);
+  }
+  cuda_wait_settled(&b);
+  cuda_finish(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "cuda", "broker", 30, no_driver_exits_with_one_line,
@@ -1357,5 +1417,6 @@ int main(void) {
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
       cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start,
-      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause));
+      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause,
+      cuda_offload_movable_keeps_bytes));
 }
