@@ -979,6 +979,33 @@ START_TEST(scratch_alloc_is_device_memory_too) {
 }
 END_TEST
 
+/* Page-locked host memory: made and freed by the driver's rules, and a
+ * plain host buffer for copies to and from the device; it takes nothing
+ * of the device's memory. */
+START_TEST(pinned_host_memory) {
+  up();
+  uint64_t before = used_now();
+  void *h = NULL;
+  ck_assert_int_eq(D.cuMemHostAlloc(&h, 0, 0), GMB_CU_ERROR_INVALID_VALUE);
+  ck_assert_int_eq(D.cuMemHostAlloc(&h, 4096, 0x100),
+                   GMB_CU_ERROR_INVALID_VALUE);
+  ck_assert_int_eq(D.cuMemHostAlloc(&h, 3 * 4096, 0), 0);
+  ck_assert_uint_eq(used_now(), before);
+  gmb_cu_ptr p;
+  ck_assert_int_eq(D.cuMemAlloc(&p, 3 * 4096), 0);
+  fill(h, 3 * 4096, 9);
+  ck_assert_int_eq(D.cuMemcpyHtoD(p, h, 3 * 4096), 0);
+  memset(h, 0, 3 * 4096);
+  ck_assert_int_eq(D.cuMemcpyDtoH(h, p, 3 * 4096), 0);
+  ck_assert_int_eq(differs(h, 3 * 4096, 9), -1);
+  ck_assert_int_eq(D.cuMemFree(p), 0);
+  static char not_pinned[64];
+  ck_assert_int_eq(D.cuMemFreeHost(not_pinned), GMB_CU_ERROR_INVALID_VALUE);
+  ck_assert_int_eq(D.cuMemFreeHost(h), 0);
+  ck_assert_int_eq(D.cuMemFreeHost(h), GMB_CU_ERROR_INVALID_VALUE);
+}
+END_TEST
+
 static Suite *fakecuda_suite(void) {
   Suite *s = suite_create("fakecuda");
   TCase *tc = tcase_create("addresses");
@@ -1007,6 +1034,7 @@ static Suite *fakecuda_suite(void) {
   tcase_add_test(tc, out_of_memory_at_device_total);
   tcase_add_test(tc, attributes_and_granularity);
   tcase_add_test(tc, scratch_alloc_is_device_memory_too);
+  tcase_add_test(tc, pinned_host_memory);
   suite_add_tcase(s, tc);
   return s;
 }
