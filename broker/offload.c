@@ -463,6 +463,27 @@ static int offl_in(struct gmb_broker *b, struct gmb_session *s,
   return 0;
 }
 
+/* After a Lock brought one back, the session is active: its other
+ * offloaded allocations come back too while there is room now and nobody
+ * waits for memory, up to OFFLOAD_BATCH bytes a request (one round trip
+ * rather than one per allocation; the loop stays short), unlocked. */
+#define OFFLOAD_BATCH (UINT64_C(64) << 20)
+
+static void offl_in_more(struct gmb_broker *b, struct gmb_session *s) {
+  uint64_t done = 0;
+  struct offl_rec *r, *next;
+  RB_FOREACH_SAFE(r, offl_tree, &s->offl->by_id, next) {
+    if (done >= OFFLOAD_BATCH || s->offl->away == 0 || b->waitq.n > 0) break;
+    if (r->host == NULL) continue;
+    struct wire_reply rep;
+    memset(&rep, 0, sizeof rep);
+    enum gmb_nomem_why why;
+    uint64_t size = r->size;
+    if (offl_in(b, s, r, 0, &rep, &why) != 0) break;
+    done += size;
+  }
+}
+
 int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
                      uint64_t size, uint32_t flags, struct wire_reply *rep,
                      enum gmb_nomem_why *why) {
@@ -477,7 +498,9 @@ int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
     rep->u.lock.held = 0;
     return 0;
   }
-  return offl_in(b, s, r, 1, rep, why);
+  int rc = offl_in(b, s, r, 1, rep, why);
+  if (rc == 0) offl_in_more(b, s);
+  return rc;
 }
 
 /* --- operators ------------------------------------------------------------- */

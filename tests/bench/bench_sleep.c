@@ -25,6 +25,22 @@
  * turn costs at least two such copies, the idle job's offload and its own
  * restore.
  *
+ * sleep.offload: the broker's own offload of movable allocations.  An
+ * idle job (sleep policy "idle=0", a 4 KiB block in its tag "w" for the
+ * offer) holds BENCH_OFFLOAD_MIB (64) MiB of movable allocations (gmb_alloc
+ * GMB_MOVABLE, 1 MiB each) on a device of BENCH_OFFLOAD_MIB * 2 MiB that
+ * this process (another tenant, higher priority) then fills but for one
+ * request of BENCH_OFFLOAD_MIB MiB, which fits only once the broker copied
+ * all of them to its host memory (sleep_wait_ms 0: nobody is asked).
+ * Then this process frees, and the job locks each allocation once, which
+ * brings it back, and checks its bytes.  Baseline of the same run, the
+ * same bytes: the job's plain copies of its allocations into fresh host
+ * memory, and of those into fresh memory again (memcpy, as the host
+ * device's offload and restore copies into fresh pages).  Printed:
+ * medians over BENCH_OFFLOAD_RUNS (5) runs of the request's time to served
+ * and of the locks' total time, each against its copy, as ratios
+ * (copy / broker; goal >= 0.7).
+ *
  * Output: "key=value" lines (docs/benchmarks.md).  Exit status 0, or 1
  * when anything failed.
  */
@@ -370,12 +386,159 @@ static void run_oversub(void) {
   broker_stop();
 }
 
+/* --- sleep.offload -------------------------------------------------------- */
+
+static int offl_job(int in, int out, void *arg) {
+  size_t n = *(size_t *)arg;
+  gmb_client *c;
+  if (gmb_connect(endpoint, "idle", &c)) return 2;
+  if (gmb_sleep_policy_set(c, "idle=0,w")) return 3;
+  void *w;
+  if (gmb_cache_tag(c, "w") || gmb_malloc_async(c, 4096, NULL, &w) ||
+      gmb_cache_tag(c, NULL))
+    return 4;
+  gmb_id *id = calloc(n, sizeof *id);
+  unsigned char **copy = calloc(n, sizeof *copy);
+  if (id == NULL || copy == NULL) return 5;
+  for (size_t i = 0; i < n; i++) {
+    void *p;
+    if (gmb_alloc(c, 1u << 20, GMB_MOVABLE, &id[i]) || gmb_lock(c, id[i], &p))
+      return 6;
+    fill(p, 1u << 20, (unsigned)i);
+    gmb_unlock(c, id[i]);
+  }
+  /* The baseline: the same bytes copied out to fresh host memory and
+   * back, as plain memcpy. */
+  double t[2];
+  uint64_t t0 = now_ns();
+  for (size_t i = 0; i < n; i++) {
+    void *p;
+    if ((copy[i] = malloc(1u << 20)) == NULL || gmb_lock(c, id[i], &p))
+      return 7;
+    memcpy(copy[i], p, 1u << 20);
+    gmb_unlock(c, id[i]);
+  }
+  t[0] = (double)(now_ns() - t0) / 1e6;
+  /* Back: into fresh memory too, as a restore writes fresh pages. */
+  unsigned char **again = calloc(n, sizeof *again);
+  if (again == NULL) return 8;
+  t0 = now_ns();
+  for (size_t i = 0; i < n; i++) {
+    if ((again[i] = malloc(1u << 20)) == NULL) return 8;
+    memcpy(again[i], copy[i], 1u << 20);
+  }
+  t[1] = (double)(now_ns() - t0) / 1e6;
+  for (size_t i = 0; i < n; i++) {
+    free(copy[i]);
+    free(again[i]);
+  }
+  free(again);
+  if (put(out, t, sizeof t)) return 9;
+  char cmd;
+  if (get(in, &cmd, 1)) return 10;
+  /* 'l': every allocation locked once (brought back), bytes checked. */
+  double back[2] = {0, 0};
+  t0 = now_ns();
+  for (size_t i = 0; i < n; i++) {
+    void *p;
+    if (gmb_lock(c, id[i], &p)) {
+      fprintf(stderr, "bench_sleep: lock: %s\n", gmb_last_error(c));
+      back[1] = 1;
+      break;
+    }
+    gmb_unlock(c, id[i]);
+  }
+  back[0] = (double)(now_ns() - t0) / 1e6;
+  for (size_t i = 0; i < n && back[1] == 0; i++) {
+    void *p;
+    if (gmb_lock(c, id[i], &p) == 0) {
+      if (check(p, 1u << 20, (unsigned)i) >= 0) back[1] = 2;
+      gmb_unlock(c, id[i]);
+    }
+  }
+  if (put(out, back, sizeof back)) return 11;
+  if (get(in, &cmd, 1)) return 12;
+  gmb_disconnect(c);
+  return 0;
+}
+
+static void run_offload(void) {
+  const size_t mib = (size_t)env_long("BENCH_OFFLOAD_MIB", 64);
+  const long runs = env_long("BENCH_OFFLOAD_RUNS", 5);
+  char devs[64];
+  snprintf(devs, sizeof devs, "host:%zuMiB", 2 * mib);
+  broker_start(devs, "[broker]\nsleep_wait_ms = 0\n"
+                     "[tenant:idle]\npriority = 0\n"
+                     "[tenant:busy]\npriority = 10\n");
+  double *out_r = calloc((size_t)runs, sizeof *out_r);
+  double *in_r = calloc((size_t)runs, sizeof *in_r);
+  double *out_ms = calloc((size_t)runs, sizeof *out_ms);
+  double *in_ms = calloc((size_t)runs, sizeof *in_ms);
+  long ok = 0;
+  for (long r = 0; r < runs; r++) {
+    int to, from;
+    size_t n = mib;
+    pid_t kid = fork_job(offl_job, &n, &to, &from);
+    double base[2], back[2];
+    gmb_client *c = NULL;
+    int rc = get(from, base, sizeof base) || gmb_connect(endpoint, "busy", &c);
+    gmb_id fill_id = 0, id = 0;
+    if (rc == 0) {
+      offer_waited(c, (mib + 2) << 20);
+      /* All but the request's room: mib - 2 MiB (the job's cache page
+       * takes the rest). */
+      rc = gmb_alloc(c, (mib - 2) << 20, 0, &fill_id);
+    }
+    double ms = 0;
+    if (rc == 0) {
+      uint64_t t0 = now_ns();
+      rc = gmb_alloc(c, mib << 20, 0, &id);
+      ms = (double)(now_ns() - t0) / 1e6;
+      if (rc) soft_fail("sleep.offload", gmb_last_error(c));
+    } else {
+      soft_fail("sleep.offload", "the jobs did not start");
+    }
+    if (fill_id) gmb_free(c, fill_id);
+    if (id) gmb_free(c, id);
+    if (rc == 0 && (put(to, "l", 1) || get(from, back, sizeof back) ||
+                    back[1] != 0)) {
+      soft_fail("sleep.offload", "the job's bytes did not come back");
+      rc = 1;
+    }
+    if (rc == 0) {
+      out_r[ok] = base[0] / ms;
+      in_r[ok] = base[1] / back[0];
+      out_ms[ok] = ms;
+      in_ms[ok++] = back[0];
+    }
+    if (c) gmb_disconnect(c);
+    put(to, "q", 1);
+    waitpid(kid, NULL, 0);
+    close(to);
+    close(from);
+    if (rc) break;
+  }
+  if (ok) {
+    printf("sleep.offload bytes=%zu runs=%ld offload_ms=%.2f "
+           "offload_ratio=%.2f restore_ms=%.2f restore_ratio=%.2f "
+           "(copy / broker, goal >= 0.7)\n", mib << 20, ok,
+           median(out_ms, (size_t)ok), median(out_r, (size_t)ok),
+           median(in_ms, (size_t)ok), median(in_r, (size_t)ok));
+  }
+  free(out_r);
+  free(in_r);
+  free(out_ms);
+  free(in_ms);
+  broker_stop();
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/gmb-bench-sleep-XXXXXX");
   if (mkdtemp(dir) == NULL) die("mkdtemp", strerror(errno));
   snprintf(endpoint, sizeof endpoint, "ipc://%s/broker.sock", dir);
   run_ask();
   run_oversub();
+  run_offload();
   cleanup();
   return failed;
 }
