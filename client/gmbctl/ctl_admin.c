@@ -201,10 +201,12 @@ int gmb__ctl_pause(struct ctl *ctl, const struct ctl_verb *v, int argc,
   int rc = gmb__ctl_call(ctl, v->name, &req, WIRE_ADMIN_PAUSE, &rep);
   if (rc) return rc;
   if (ctl->json) {
-    json_t *j = json_pack("{s:s, s:s, s:i, s:b}", "tenant", tenant, "tag",
-                          req.u.admin_pause.tag, "sessions",
+    json_t *j = json_pack("{s:s, s:s, s:i, s:b, s:i, s:I}", "tenant", tenant,
+                          "tag", req.u.admin_pause.tag, "sessions",
                           (int)rep.u.pause.sessions, "discard",
-                          req.u.admin_pause.discard);
+                          req.u.admin_pause.discard, "movable",
+                          (int)rep.u.pause.movable, "movable_bytes",
+                          (json_int_t)rep.u.pause.movable_bytes);
     gmb__wire_reply_clear(&rep);
     return gmb__ctl_json_print(j);
   }

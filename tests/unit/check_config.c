@@ -190,6 +190,8 @@ START_TEST(every_other_value_parses) {
           "log_level = debug\n"
           "heartbeat_ms = 100\n"
           "trim_wait_ms = 0\n"
+          "offload_host_max = 0\n"
+          "restore_wait_ms = 0\n"
           "\n"
           "[tenant:b]\n"
           "quota = 1GiB\n"
@@ -213,6 +215,8 @@ START_TEST(every_other_value_parses) {
   ck_assert_int_eq(c.log_level, GMB_LOG_DEBUG);
   ck_assert_uint_eq(c.heartbeat_ms, 100);
   ck_assert_uint_eq(c.trim_wait_ms, 0); /* 0: caches are not asked */
+  ck_assert_uint_eq(c.offload_host_max, 0); /* 0: the broker never offloads */
+  ck_assert_uint_eq(c.restore_wait_ms, 0);
   ck_assert_uint_eq(c.n_tenants, 2);
   const struct gmb_tenant_conf *b = gmb__config_tenant(&c, "b");
   ck_assert_ptr_nonnull(b);
@@ -224,7 +228,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_uint_eq(b->token_sha256[31], 0x08);
   ck_assert_uint_eq(b->n_uids, 1);
   ck_assert_uint_eq(b->uids[0], 0);
-  ck_assert_int_eq(b->line, 14);
+  ck_assert_int_eq(b->line, 16);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "c");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 0);
@@ -266,6 +270,10 @@ START_TEST(defaults_right) {
   ck_assert_str_eq(d.metrics_listen, "");
   ck_assert_int_eq(d.log_level, GMB_LOG_INFO);
   ck_assert_uint_eq(d.heartbeat_ms, 1000);
+  ck_assert_uint_eq(d.restore_wait_ms, 3000);
+  /* A quarter of the host's memory: more than nothing, less than it. */
+  ck_assert_uint_gt(d.offload_host_max, 0);
+  ck_assert_uint_eq(d.offload_host_max, gmb__config_offload_default());
   ck_assert_ptr_null(d.tenants);
   ck_assert_uint_eq(d.n_tenants, 0);
   /* An empty file, and one with an empty [broker], give the defaults;
@@ -547,6 +555,11 @@ START_TEST(err_bad_integers) {
            "'5001' (want an integer 0..5000)");
   teardown();
   load_bad("[broker]\ntrim_wait_ms = -1\n", 2, "trim_wait_ms: bad value");
+  teardown();
+  load_bad("[broker]\nrestore_wait_ms = 60001\n", 2, "restore_wait_ms: bad "
+           "value '60001' (want an integer 0..60000)");
+  teardown();
+  load_bad("[broker]\noffload_host_max = lots\n", 2, "offload_host_max");
   teardown();
   load_bad("[tenant:a]\npriority = 101\n", 2, "priority: bad value '101'");
   teardown();
