@@ -132,11 +132,13 @@ static int host_copy(struct gmb_device *d, struct gmb_dseg *dst,
 }
 
 /* Anonymous private pages: the broker's own, never shared with a client,
- * and given back to the kernel whole when freed (no heap to fragment). */
+ * and given back to the kernel whole when freed (no heap to fragment).
+ * Populated at once (one system call rather than a fault per page during
+ * the copy, as host_populate does for segments). */
 static void *host_host_alloc(struct gmb_device *d, uint64_t len) {
   (void)d;
   void *p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   return p == MAP_FAILED ? NULL : p;
 }
 
@@ -150,8 +152,7 @@ static int host_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
                           uint64_t off, void *p, uint64_t len, int to_host) {
   (void)d;
   char *at = (char *)seg->host + off;
-  host_populate(to_host ? (const void *)at : p, len, MADV_POPULATE_READ);
-  host_populate(to_host ? p : (const void *)at, len, MADV_POPULATE_WRITE);
+  if (!to_host) host_populate(at, len, MADV_POPULATE_WRITE);
   if (to_host)
     memcpy(p, at, (size_t)len);
   else
