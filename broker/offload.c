@@ -363,37 +363,19 @@ static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
   return n;
 }
 
-struct offl_pick {
-  struct gmb_session **v;
-  size_t n, cap;
-  const struct gmb_session *s;
-  uint64_t now;
-};
-
-static void offl_collect(void *ctx, struct gmb_session *o) {
-  struct offl_pick *p = ctx;
-  if (p->n < p->cap && o->lt && o->allocations > 0 &&
-      gmb__sleep_askable(o, p->s, p->now))
-    p->v[p->n++] = o;
-}
-
 uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
                           uint64_t want) {
   if (want == 0 || b->cfg.offload_host_max == 0 || b->closing) return 0;
-  struct offl_pick p = {.s = s, .now = gmb__now_ns()};
-  p.cap = gmb__sessions_count(b->sessions);
-  p.v = malloc((p.cap ? p.cap : 1) * sizeof *p.v);
-  if (p.v == NULL) return 0;
-  gmb__sessions_each(b->sessions, offl_collect, &p);
-  /* The order of the asks to sleep (sleep.h): lowest priority, longest
-   * idle, largest offer. */
-  qsort(p.v, p.n, sizeof *p.v, gmb__sleep_cmp);
+  /* Whom the asks to sleep would pick, in their order (sleep.h). */
+  size_t n_cand;
+  struct gmb_session **cand = gmb__sleep_candidates(b, s, &n_cand);
+  if (cand == NULL) return 0;
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   const uint64_t room0 = ps.room;
   uint64_t made = 0;
-  for (size_t i = 0; i < p.n && made < want; i++) {
-    struct gmb_session *o = p.v[i];
+  for (size_t i = 0; i < n_cand && made < want; i++) {
+    struct gmb_session *o = cand[i];
     uint64_t bytes = 0;
     uint32_t n = offl_session(b, o, 1, want - made, o->tenant->reserve,
                               &bytes);
@@ -409,7 +391,7 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
                gmb__size_format(made, rm, sizeof rm));
     }
   }
-  free(p.v);
+  free(cand);
   return made;
 }
 

@@ -128,11 +128,6 @@ static void reclaim_collect(void *ctx, struct gmb_session *o) {
   if (p->n < p->cap && reclaim_askable(o, p->s, p->now)) p->v[p->n++] = o;
 }
 
-static void reclaim_collect_sleepers(void *ctx, struct gmb_session *o) {
-  struct reclaim_pick *p = ctx;
-  if (p->n < p->cap && gmb__sleep_askable(o, p->s, p->now)) p->v[p->n++] = o;
-}
-
 /* Lowest tenant priority first, then the largest cache; the session id
  * makes the order total. */
 static int reclaim_cmp(const void *x, const void *y) {
@@ -178,15 +173,9 @@ static uint64_t reclaim_ahead(const struct gmb_broker *b,
 static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
                                    struct reclaim_pick *p, uint64_t *bytes,
                                    uint8_t *sleep, uint64_t want) {
-  const struct gmb_session *s = p->s;
-  size_t cap = p->cap;
-  struct gmb_session **v = malloc(cap * sizeof *v);
+  size_t cap = p->cap, n;
+  struct gmb_session **v = gmb__sleep_candidates(b, p->s, &n);
   if (v == NULL) return 0;
-  size_t n = 0;
-  struct reclaim_pick q = {.v = v, .cap = cap, .s = s, .now = p->now};
-  gmb__sessions_each(b->sessions, reclaim_collect_sleepers, &q);
-  n = q.n;
-  qsort(v, n, sizeof *v, gmb__sleep_cmp);
   uint64_t added = 0;
   for (size_t i = 0; i < n && added < want; i++) {
     struct gmb_session *o = v[i];

@@ -217,6 +217,35 @@ int gmb__sleep_cmp(const void *x, const void *y) {
   return (a->id > c->id) - (a->id < c->id);
 }
 
+struct sleep_pick {
+  struct gmb_session **v;
+  size_t n, cap;
+  const struct gmb_session *s;
+  uint64_t now;
+};
+
+static void sleep_collect(void *ctx, struct gmb_session *o) {
+  struct sleep_pick *p = ctx;
+  if (p->n < p->cap && gmb__sleep_askable(o, p->s, p->now)) p->v[p->n++] = o;
+}
+
+struct gmb_session **gmb__sleep_candidates(struct gmb_broker *b,
+                                           const struct gmb_session *s,
+                                           size_t *n) {
+  struct sleep_pick p = {.s = s, .now = gmb__now_ns()};
+  *n = 0;
+  p.cap = gmb__sessions_count(b->sessions);
+  if (p.cap == 0 || (p.v = malloc(p.cap * sizeof *p.v)) == NULL) return NULL;
+  gmb__sessions_each(b->sessions, sleep_collect, &p);
+  if (p.n == 0) {
+    free(p.v);
+    return NULL;
+  }
+  qsort(p.v, p.n, sizeof *p.v, gmb__sleep_cmp);
+  *n = p.n;
+  return p.v;
+}
+
 double gmb__sleep_tenant_seconds(const struct gmb_tenant *t, uint64_t now) {
   uint64_t ns = t->paused_ns;
   for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)

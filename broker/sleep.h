@@ -94,6 +94,15 @@ int gmb__sleep_askable(const struct gmb_session *o,
  * offer, then id. */
 int gmb__sleep_cmp(const void *x, const void *y);
 
+/* The sessions that may be asked to pause for session s's request now
+ * (gmb__sleep_askable), in gmb__sleep_cmp's order: the one choice both
+ * the asks (reclaim.c) and the broker's own offloads (offload.c) follow.
+ * A malloc'd array the caller frees, *n its length; NULL (and *n 0) when
+ * there is none or no host memory. */
+struct gmb_session **gmb__sleep_candidates(struct gmb_broker *b,
+                                           const struct gmb_session *s,
+                                           size_t *n);
+
 /* The seconds tenant t's tags spent paused since the broker started (its
  * ended sessions' and the paused now, up to now). */
 double gmb__sleep_tenant_seconds(const struct gmb_tenant *t, uint64_t now);
