@@ -742,6 +742,54 @@ int harness_tenant_row(const struct harness_broker *b, const char *tenant,
   return rc;
 }
 
+uint64_t harness_sleep_offer(const struct harness_broker *b,
+                             const char *tenant) {
+  struct wire_reply rep;
+  if (harness_admin_status(b, &rep)) return 0;
+  uint64_t most = 0;
+  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
+    const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
+    if (strcmp(s->tenant, tenant) == 0 && s->sleep_pausable > most)
+      most = s->sleep_pausable;
+  }
+  gmb__wire_reply_clear(&rep);
+  return most;
+}
+
+/* --- jobs driven over pipes ----------------------------------------------- */
+
+void harness_job_open(struct harness_job *j) {
+  ck_assert_int_eq(pipe(j->to), 0);
+  ck_assert_int_eq(pipe(j->from), 0);
+  j->pid = -1;
+}
+
+void harness_job_start(struct harness_job *j, int (*fn)(void *arg),
+                       void *arg) {
+  j->pid = harness_fork(fn, arg);
+  int got = harness_pipe_wait(j->from[0], HARNESS_WAIT_MS);
+  ck_assert_msg(got == 'r', "the job did not start (it said %d; exit %d)",
+                got, got == 'r' ? 0 : harness_wait(j->pid));
+}
+
+int harness_job_ask(struct harness_job *j, char cmd) {
+  harness_pipe_send(j->to[1], cmd);
+  return harness_pipe_wait(j->from[0], HARNESS_WAIT_MS);
+}
+
+void harness_job_close(struct harness_job *j) {
+  for (int i = 0; i < 2; i++) {
+    close(j->to[i]);
+    close(j->from[i]);
+  }
+}
+
+void harness_job_end(struct harness_job *j) {
+  harness_pipe_send(j->to[1], 'q');
+  ck_assert_int_eq(harness_wait(j->pid), 0);
+  harness_job_close(j);
+}
+
 /* --- main ------------------------------------------------------------------- */
 
 int harness_main(Suite *s) {

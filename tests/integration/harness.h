@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "gmb.h"
@@ -213,6 +214,46 @@ int harness_admin_compact(void *admin_sock, const char *tenant,
  * the broker lists no such tenant, or the failure of the request. */
 int harness_tenant_row(const struct harness_broker *b, const char *tenant,
                        struct wire_tenant_row *out);
+
+/* The largest sleep offer (SessionRow.sleep_pausable) of a session of
+ * `tenant` now; 0 when none offers (or no status). */
+uint64_t harness_sleep_offer(const struct harness_broker *b,
+                             const char *tenant);
+
+/*
+ * A child process driven by one-byte commands: harness_job_open makes the
+ * pipes (the child reads commands on in_fd(), answers on out_fd()), then
+ * harness_job_start forks fn(arg) and waits for its 'r'.  harness_job_ask
+ * sends a command and returns the answer (-1 on none within
+ * HARNESS_WAIT_MS); harness_job_end sends 'q', requires exit status 0 and
+ * closes the pipes; harness_job_close only closes them (a killed child).
+ */
+/* A job's own check: on failure it says where on stderr and returns from
+ * the job's function with an exit status made of the line number. */
+#define HARNESS_JOB_CHECK(cond)                                            \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: child check failed: %s (%s)\n", __FILE__,    \
+              __LINE__, #cond, gmb_last_error(NULL));                      \
+      return __LINE__ % 200 + 10;                                          \
+    }                                                                      \
+  } while (0)
+
+struct harness_job {
+  int to[2], from[2];
+  pid_t pid;
+};
+void harness_job_open(struct harness_job *j);
+static inline int harness_job_in(const struct harness_job *j) {
+  return j->to[0];
+}
+static inline int harness_job_out(const struct harness_job *j) {
+  return j->from[1];
+}
+void harness_job_start(struct harness_job *j, int (*fn)(void *arg), void *arg);
+int harness_job_ask(struct harness_job *j, char cmd);
+void harness_job_end(struct harness_job *j);
+void harness_job_close(struct harness_job *j);
 
 /* --- HTTP, for the metrics endpoint ---------------------------------------- */
 

@@ -26,17 +26,9 @@
 #define MIB (UINT64_C(1) << 20)
 #define NM 24 /* the idle job's movable allocations, 1 MiB each */
 
-#define JOB_CHECK(cond)                                                    \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: child check failed: %s (%s)\n", __FILE__,    \
-              __LINE__, #cond, gmb_last_error(NULL));                      \
-      return __LINE__ % 200 + 10;                                          \
-    }                                                                      \
-  } while (0)
-
+/* What a job needs: where, as whom, its sleep policy, its pipes. */
 struct job {
-  const char *endpoint, *tenant, *policy;
+  const char *tenant, *policy, *endpoint;
   int in, out;
 };
 
@@ -66,19 +58,19 @@ static char job_check_all(gmb_client *c, const gmb_id *id) {
 static int job_main(void *arg) {
   struct job *j = arg;
   gmb_client *c;
-  JOB_CHECK(gmb_connect(j->endpoint, j->tenant, &c) == 0);
-  if (j->policy) JOB_CHECK(gmb_sleep_policy_set(c, j->policy) == 0);
+  HARNESS_JOB_CHECK(gmb_connect(j->endpoint, j->tenant, &c) == 0);
+  if (j->policy) HARNESS_JOB_CHECK(gmb_sleep_policy_set(c, j->policy) == 0);
   void *w;
-  JOB_CHECK(gmb_cache_tag(c, "w") == 0);
-  JOB_CHECK(gmb_malloc_async(c, 4096, NULL, &w) == 0);
-  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  HARNESS_JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+  HARNESS_JOB_CHECK(gmb_malloc_async(c, 4096, NULL, &w) == 0);
+  HARNESS_JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
   gmb_id id[NM];
   for (int i = 0; i < NM; i++) {
     void *p;
-    JOB_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0);
-    JOB_CHECK(gmb_lock(c, id[i], &p) == 0);
+    HARNESS_JOB_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0);
+    HARNESS_JOB_CHECK(gmb_lock(c, id[i], &p) == 0);
     harness_pattern_fill(p, MIB, (uint64_t)i + 3);
-    JOB_CHECK(gmb_unlock(c, id[i]) == 0);
+    HARNESS_JOB_CHECK(gmb_unlock(c, id[i]) == 0);
   }
   harness_pipe_send(j->out, 'r');
   for (;;) {
@@ -86,43 +78,10 @@ static int job_main(void *arg) {
     if (cmd != 'l') break;
     harness_pipe_send(j->out, job_check_all(c, id));
   }
-  for (int i = 0; i < NM; i++) JOB_CHECK(gmb_free(c, id[i]) == 0);
+  for (int i = 0; i < NM; i++) HARNESS_JOB_CHECK(gmb_free(c, id[i]) == 0);
   gmb_free_async(c, w, NULL);
   gmb_disconnect(c);
   return 0;
-}
-
-struct jobrun {
-  struct job j;
-  int to[2], from[2];
-  pid_t pid;
-};
-
-static void job_start(struct jobrun *r, const struct harness_broker *b,
-                      const char *tenant, const char *policy) {
-  ck_assert_int_eq(pipe(r->to), 0);
-  ck_assert_int_eq(pipe(r->from), 0);
-  r->j = (struct job){b->endpoint, tenant, policy, r->to[0], r->from[1]};
-  r->pid = harness_fork(job_main, &r->j);
-  ck_assert_int_eq(harness_pipe_wait(r->from[0], HARNESS_WAIT_MS), 'r');
-}
-
-static int job_ask(struct jobrun *r, char cmd) {
-  harness_pipe_send(r->to[1], cmd);
-  return harness_pipe_wait(r->from[0], HARNESS_WAIT_MS);
-}
-
-static void job_close(struct jobrun *r) {
-  for (int i = 0; i < 2; i++) {
-    close(r->to[i]);
-    close(r->from[i]);
-  }
-}
-
-static void job_end(struct jobrun *r) {
-  harness_pipe_send(r->to[1], 'q');
-  ck_assert_int_eq(harness_wait(r->pid), 0);
-  job_close(r);
 }
 
 static struct wire_tenant_row row_of(const struct harness_broker *b,
@@ -133,28 +92,27 @@ static struct wire_tenant_row row_of(const struct harness_broker *b,
   return r;
 }
 
+struct jobrun {
+  struct job j;
+  struct harness_job h;
+};
+
+static void job_start(struct jobrun *r, const struct harness_broker *b,
+                      const char *tenant, const char *policy) {
+  harness_job_open(&r->h);
+  r->j = (struct job){tenant, policy, b->endpoint, harness_job_in(&r->h),
+                      harness_job_out(&r->h)};
+  harness_job_start(&r->h, job_main, &r->j);
+}
+
 struct offer_wait {
   const struct harness_broker *b;
   const char *tenant;
 };
 
 static int offer_seen(void *arg) {
-  struct offer_wait *o = arg;
-  struct wire_reply rep;
-  if (harness_admin_status(o->b, &rep)) return 0;
-  int seen = 0;
-  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
-    const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
-    if (strcmp(s->tenant, o->tenant) == 0 && s->sleep_pausable > 0) seen = 1;
-  }
-  gmb__wire_reply_clear(&rep);
-  return seen;
-}
-
-static void wait_offer(const struct harness_broker *b, const char *tenant) {
-  struct offer_wait o = {b, tenant};
-  ck_assert_msg(harness_poll_until(offer_seen, &o, HARNESS_WAIT_MS),
-                "tenant %s never offered to sleep", tenant);
+  const struct offer_wait *o = arg;
+  return harness_sleep_offer(o->b, o->tenant) > 0;
 }
 
 struct host_wait {
@@ -186,7 +144,9 @@ START_TEST(broker_offloads_and_lock_brings_back) {
   harness_broker_start(&b, "host:64MiB", tenants);
   struct jobrun a;
   job_start(&a, &b, "idle", "idle=0,w");
-  wait_offer(&b, "idle");
+  struct offer_wait o = {&b, "idle"};
+  ck_assert_msg(harness_poll_until(offer_seen, &o, HARNESS_WAIT_MS),
+                "the idle job never offered to sleep");
   const uint64_t idle_used = row_of(&b, "idle").used;
   ck_assert_uint_ge(idle_used, NM * MIB);
 
@@ -212,12 +172,12 @@ START_TEST(broker_offloads_and_lock_brings_back) {
 
   /* No room to bring them back: the lock waits restore_wait_ms, then
    * fails; nothing is lost. */
-  ck_assert_int_eq(job_ask(&a, 'l'), 't');
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 't');
   ck_assert_uint_eq(row_of(&b, "idle").host_bytes, r.host_bytes);
 
   /* Room again: every allocation comes back byte for byte. */
   ck_assert_int_eq(gmb_free(c, big), 0);
-  ck_assert_int_eq(job_ask(&a, 'l'), 'k');
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
   r = row_of(&b, "idle");
   ck_assert_uint_eq(r.host_bytes, 0);
   ck_assert_uint_eq(r.used, idle_used);
@@ -226,9 +186,9 @@ START_TEST(broker_offloads_and_lock_brings_back) {
   rc = gmb_alloc(c, 48 * MIB, 0, &big);
   ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
   ck_assert_uint_ge(row_of(&b, "idle").host_bytes, 10 * MIB);
-  ck_assert_int_eq(kill(a.pid, SIGKILL), 0);
-  harness_wait(a.pid);
-  job_close(&a);
+  ck_assert_int_eq(kill(a.h.pid, SIGKILL), 0);
+  harness_wait(a.h.pid);
+  harness_job_close(&a.h);
   struct host_wait h = {&b, "idle", 0};
   ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
                 "the killed job's host bytes stayed counted");
@@ -263,16 +223,16 @@ START_TEST(operator_pause_offloads_movable) {
   struct host_wait h = {&b, "idle", 0};
   ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
                 "tenant idle still holds host bytes after resume");
-  ck_assert_int_eq(job_ask(&a, 'l'), 'k');
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
   /* Paused again and locked lazily: each lock brings one back. */
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "idle", "--tag",
                                "(movable)", NULL),
                    0);
   ck_assert_uint_eq(row_of(&b, "idle").host_bytes, NM * MIB);
-  ck_assert_int_eq(job_ask(&a, 'l'), 'k');
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
   ck_assert_uint_eq(row_of(&b, "idle").host_bytes, 0);
   ck_assert_uint_eq(row_of(&b, "idle").used, idle_used);
-  job_end(&a);
+  harness_job_end(&a.h);
   harness_broker_stop(&b);
 }
 END_TEST

@@ -109,6 +109,16 @@ static int offloaded(struct scene *sc) {
   return n;
 }
 
+/* An allocation of `size` pinned bytes by `rid` that does not wait:
+ * answered at once; returns its status, *id (may be NULL) its id. */
+static int ask(struct scene *sc, const char *rid, uid_t uid, uint64_t size,
+               uint64_t *id) {
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&sc->f, rid, uid, size, 0, 0, &rep), 1);
+  if (id) *id = rep.u.alloc.id;
+  return rep.status;
+}
+
 START_TEST(offload_then_lock_brings_back) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
@@ -116,8 +126,8 @@ START_TEST(offload_then_lock_brings_back) {
   struct gmb_tenant *low = fx_tenant(f, "low");
   /* The device is full: 4 MiB for "b" takes two of a's segments. */
   struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
-  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  uint64_t big;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, &big), 0);
   ck_assert_int_eq(offloaded(&sc), 4);
   ck_assert_uint_eq(low->used, 4 * MIB);
   ck_assert_uint_eq(low->host_bytes, 4 * MIB);
@@ -127,7 +137,6 @@ START_TEST(offload_then_lock_brings_back) {
   ck_assert_str_eq(sc.a->paused->tag, GMB_SLEEP_MOVABLE_TAG);
   /* b gives 4 MiB back; every offloaded one is locked back, byte for
    * byte, held for the caller (state 1). */
-  uint64_t big = rep.u.alloc.id;
   ck_assert_int_eq(fx_free(f, "b", 1002, big), 0);
   for (int i = 0; i < NA; i++) {
     if (atomic_load(state_of(&sc, i)) != GMB_LT_OFFLOADED) continue;
@@ -175,9 +184,7 @@ START_TEST(free_and_end_while_offloaded) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
   struct fx *f = &sc.f;
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, NULL), 0);
   ck_assert_int_eq(offloaded(&sc), 4);
   int freed = 0;
   for (int i = 0; i < NA && !freed; i++)
@@ -204,9 +211,7 @@ END_TEST
 START_TEST(host_quota_bounds) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", "host_quota = 1MiB\n"), 1);
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(&sc.f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_uint_le(fx_tenant(&sc.f, "low")->host_bytes, MIB);
   ck_assert_uint_le(sc.f.b.offload.host_bytes, MIB);
   ck_assert_uint_ge(sc.f.b.offload.refused, 1);
@@ -217,14 +222,11 @@ END_TEST
 START_TEST(broker_bound) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("offload_host_max = 2MiB\n", ""), 1);
-  struct wire_reply rep;
   /* One segment's worth: 2 MiB for b fits the bound. */
-  ck_assert_int_eq(fx_alloc(&sc.f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), 0);
   ck_assert_uint_eq(sc.f.b.offload.host_bytes, 2 * MIB);
   /* Two more would pass it. */
-  ck_assert_int_eq(fx_alloc(&sc.f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_uint_eq(sc.f.b.offload.host_bytes, 2 * MIB);
   scene_close(&sc);
 }
@@ -233,9 +235,7 @@ END_TEST
 START_TEST(offload_off) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("offload_host_max = 0\n", ""), 1);
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(&sc.f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_int_eq(offloaded(&sc), 0);
   scene_close(&sc);
 }
@@ -246,9 +246,7 @@ START_TEST(locked_stays) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
   for (int i = 0; i < NA; i += 2) atomic_store(state_of(&sc, i), 1);
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(&sc.f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_int_eq(offloaded(&sc), 0);
   for (int i = 0; i < NA; i += 2) atomic_store(state_of(&sc, i), 0);
   scene_close(&sc);
@@ -259,9 +257,7 @@ END_TEST
 START_TEST(only_opted_in_for_higher) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", ""), 0);
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(&sc.f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_int_eq(offloaded(&sc), 0);
   scene_close(&sc);
   /* b offers, a (lower priority) asks: b holds pinned memory only, and
@@ -269,8 +265,7 @@ START_TEST(only_opted_in_for_higher) {
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
   offer(&sc.f, "b", 1002, 1, 5000);
   fx_hello(&sc.f, "a2", 1001, "low");
-  ck_assert_int_eq(fx_alloc(&sc.f, "a2", 1001, 2 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_int_eq(ask(&sc, "a2", 1001, 2 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_int_eq(offloaded(&sc), 0);
   scene_close(&sc);
 }
@@ -283,9 +278,8 @@ START_TEST(lock_waits_for_room) {
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
   struct fx *f = &sc.f;
   struct wire_reply rep;
-  ck_assert_int_eq(fx_alloc(f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
-  ck_assert_int_eq(rep.status, 0);
-  uint64_t big = rep.u.alloc.id;
+  uint64_t big;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, &big), 0);
   int i = 0;
   while (atomic_load(state_of(&sc, i)) != GMB_LT_OFFLOADED) i++;
   /* b is active (no offer), of higher priority: nothing to take. */
