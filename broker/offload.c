@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "defrag.h"
+#include "compact.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
@@ -263,7 +263,7 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
   }
   /* Committed: the device range goes back as a Free's does, then the slot
    * says where the bytes are. */
-  gmb__defrag_forget(b, id);
+  if (b->compacting) gmb__compact_forget(b->compacting, id);
   rc = gmb__pool_free(b->pool, id, &info);
   GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
   b->pool_ops++;

@@ -79,7 +79,7 @@ LAYERS='
 7  loop      loop
 6  handlers  dispatch admin http fdchan
 5  core      core
-4  services  reclaim sleep defrag observe waitq alloc
+4  services  reclaim sleep defrag observe waitq offload alloc
 3  state     broker session tenant compact repack evacuate locktab statefile reply
 2  pool      pool pool_check
 1  device    device device_host device_cuda
