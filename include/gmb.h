@@ -179,8 +179,14 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id);
  * compare-and-swap on this session's lock table), except the first time
  * the allocation sits in a segment this process has not mapped yet.  If
  * the broker is moving it right now, gmb_lock waits for the move to end,
- * up to $GMB_LOCK_TIMEOUT_MS (default 10000): GMB_E_TIMEOUT then.
- * GMB_E_NOENT for an id that is not this session's, GMB_E_LIMIT when 2^31-1
+ * up to $GMB_LOCK_TIMEOUT_MS (default 10000): GMB_E_TIMEOUT then.  If the
+ * broker offloaded it to its host memory (an idle session that opted in
+ * to sleep, or an operator's gmbctl pause), gmb_lock asks the broker to
+ * bring it back (one request; the address may differ from the last one)
+ * and waits for room up to the broker's restore_wait_ms (and
+ * $GMB_LOCK_TIMEOUT_MS): GMB_E_TIMEOUT then (GMB_E_NOMEM or GMB_E_QUOTA
+ * when it could not wait), its bytes still kept by the broker.
+ * GMB_E_NOENT for an id that is not this session's, GMB_E_LIMIT when 2^29-1
  * locks are held on one allocation.
  */
 GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr);
