@@ -1447,6 +1447,89 @@ START_TEST(lock_mid_move_sleeps_until_woken) {
 }
 END_TEST
 
+/* The broker's side of an offload and a restore, for the lock tests
+ * below: the bytes of the allocation offloaded (its copy here), and the
+ * Lock handler that brings it back to OFFL_TO and takes the caller's
+ * hold (offload.c), or refuses it (offl_refuse). */
+#define OFFL_TO (3u << 20)
+static uint8_t offl_copy[1024];
+static int offl_refuse;
+static atomic_int offl_locks;
+
+static int offl_lock_handler(struct fake *f, const struct wire_request *req) {
+  if (req->kind != WIRE_LOCK) return 0;
+  atomic_fetch_add(&offl_locks, 1);
+  if (offl_refuse) {
+    fake_status(f, req->id, GMB_E_TIMEOUT, "no room for 1KiB was freed in "
+                "time");
+    return 1;
+  }
+  struct gmb__lt_slot *sl = lt_slot_of(f, req->u.lock.id);
+  memcpy(f->seg1 + OFFL_TO, offl_copy, sizeof offl_copy);
+  sl->segment = 1;
+  sl->offset = OFFL_TO;
+  atomic_store_explicit(&sl->state, 1, memory_order_release);
+  struct wire_reply rep = {.id = req->id, .kind = WIRE_LOCK};
+  rep.u.lock.held = 1;
+  rep.u.lock.segment = 1;
+  rep.u.lock.offset = OFFL_TO;
+  fake_reply(f, &rep);
+  return 1;
+}
+
+/* A gmb_lock asleep on the word while the broker copies the allocation
+ * out is woken by the OFFLOADED store, asks the broker (Lock), and gets
+ * its hold at the new place with the bytes; a lock refused by the broker
+ * fails with its code and leaves the slot OFFLOADED. */
+START_TEST(lock_mid_offload_asks_the_broker) {
+  F.handler = offl_lock_handler;
+  offl_refuse = 0;
+  atomic_store(&offl_locks, 0);
+  fake_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 1024, GMB_MOVABLE, &id), 0);
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  memset(p, 0x5A, 1024);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert(mv_claim(id));
+  struct futex_locker l = {.c = c, .id = id};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, futex_locker_main, &l), 0);
+  while (atomic_load(&l.tid) == 0) sched_yield();
+  ck_assert_msg(check_thread_in_futex(atomic_load(&l.tid)),
+                "gmb_lock never slept on the lock word");
+  /* The broker's offload: the copy, the range gone, OFFLOADED, wake. */
+  memcpy(offl_copy, F.seg1 + F.offsets[id], sizeof offl_copy);
+  memset(F.seg1 + F.offsets[id], 0xEE, 1024);
+  struct gmb__lt_slot *sl = lt_slot_of(&F, id);
+  uint32_t old = atomic_exchange(&sl->state, GMB_LT_OFFLOADED);
+  ck_assert_uint_eq(old, GMB_LT_MOVING | GMB_LT_WAITERS);
+  gmb__lt_futex_wake(&sl->state);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(l.rc, 0);
+  ck_assert_int_eq(atomic_load(&offl_locks), 1);
+  ck_assert_uint_eq((uintptr_t)l.ptr - (uintptr_t)p, OFFL_TO - F.offsets[id]);
+  for (int i = 0; i < 1024; i++)
+    ck_assert_uint_eq(((uint8_t *)l.ptr)[i], 0x5A);
+  ck_assert_uint_eq(lt_state(id), 1); /* the hold the broker took for us */
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_uint_eq(lt_state(id), 0);
+  /* Offloaded again, and the broker has no room: the code, nothing
+   * changed; an unlock of it is refused. */
+  ck_assert(mv_claim(id));
+  atomic_store(&sl->state, GMB_LT_OFFLOADED);
+  offl_refuse = 1;
+  ck_assert_int_eq(gmb_lock(c, id, &p), GMB_E_TIMEOUT);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "in time"));
+  ck_assert_uint_eq(lt_state(id), GMB_LT_OFFLOADED);
+  ck_assert_int_eq(gmb_unlock(c, id), GMB_E_INVAL);
+  gmb_disconnect(c);
+  F.handler = NULL;
+}
+END_TEST
+
 START_TEST(lock_moving_too_long_times_out) {
   setenv("GMB_LOCK_TIMEOUT_MS", "50", 1);
   fake_start();
@@ -2350,6 +2433,7 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, lock_waits_while_moving_then_new_position);
   tcase_add_test(tc, lock_mid_move_sleeps_until_woken);
   tcase_add_test(tc, lock_moving_too_long_times_out);
+  tcase_add_test(tc, lock_mid_offload_asks_the_broker);
   tcase_add_test(tc, moved_to_unmapped_segment_fetched_once);
   tcase_add_test(tc, alloc_slot_of_another_allocation_proto);
   tcase_add_test(tc, alloc_slot_out_of_range_proto);
