@@ -200,14 +200,14 @@ static void offl_refused(struct gmb_broker *b, const struct gmb_session *o,
   b->offload.refused++;
   if (!gmb__log_allow(&offl_rl_refused)) return;
   char a[GMB_SIZE_BUFSZ], h[GMB_SIZE_BUFSZ], m[GMB_SIZE_BUFSZ],
-      q[GMB_SIZE_BUFSZ];
+      t[GMB_SIZE_BUFSZ], q[GMB_SIZE_BUFSZ];
   log_info("session %" PRIu64 " (tenant %s): offloading %s more would pass "
            "the host bounds (the broker holds %s of offload_host_max %s; "
            "the tenant %s of host_quota %s)%s", o->id, o->tenant->name,
            gmb__size_format(size, a, sizeof a),
            gmb__size_format(b->offload.host_bytes, h, sizeof h),
            gmb__size_format(b->cfg.offload_host_max, m, sizeof m),
-           gmb__size_format(o->tenant->host_bytes, q, sizeof q),
+           gmb__size_format(o->tenant->host_bytes, t, sizeof t),
            o->tenant->host_quota
                ? gmb__size_format(o->tenant->host_quota, q, sizeof q)
                : "unlimited",
