@@ -282,9 +282,13 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
 /* The pool walk of one session's candidates: its unlocked movable
  * allocations, all of them (`whole` 0) or only those of segments of its
  * tenant that hold nothing else (`whole` 1: offloading them empties the
- * segment, room another tenant can use). */
+ * segment, room another tenant can use).  With `whole`, the allocations of
+ * the tenant's other sessions that may be offloaded for the same request
+ * (`for_s`: gmb__sleep_askable) count as its own: sessions of one tenant
+ * share its segments. */
 struct offl_scan {
-  const struct gmb_session *o;
+  const struct gmb_session *o, *for_s;
+  uint64_t now;
   int whole;
   const struct gmb_segment *seg;
   int seg_ok;
@@ -310,7 +314,11 @@ static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
     c->seg_start = c->n;
   }
   if (!c->seg_ok || is_free) return 0;
-  if (a->id == 0 || a->owner != c->o || !(a->flags & GMB_MOVABLE) ||
+  const struct gmb_session *own = a->owner;
+  int mine = own == c->o ||
+             (c->for_s && own && own->tenant == c->o->tenant &&
+              gmb__sleep_askable(own, c->for_s, c->now));
+  if (a->id == 0 || !mine || !(a->flags & GMB_MOVABLE) ||
       (a->flags & GMB_RANGE_TAIL) || gmb__session_alloc_locked(a)) {
     c->seg_ok = !c->whole;
     return 0;
@@ -329,14 +337,17 @@ static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
   return 0;
 }
 
-/* Offloads o's candidates until `want` bytes of device room were made
- * (UINT64_MAX: all of them), never taking its tenant below `floor` bytes
- * used.  Returns the allocations offloaded; *bytes grows by their bytes. */
+/* Offloads o's candidates (offl_scan; for_s: the request whole segments
+ * are emptied for, NULL: o's allocations wherever they are) until `want`
+ * bytes of device room were made (UINT64_MAX: all of them), never taking
+ * its tenant below `floor` bytes used.  Returns the allocations
+ * offloaded; *bytes grows by their bytes. */
 static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
-                             int whole, uint64_t want, uint64_t floor,
-                             uint64_t *bytes) {
+                             const struct gmb_session *for_s, uint64_t want,
+                             uint64_t floor, uint64_t *bytes) {
   if (o->lt == NULL || o->allocations == 0) return 0;
-  struct offl_scan c = {.o = o, .whole = whole};
+  struct offl_scan c = {.o = o, .for_s = for_s, .whole = for_s != NULL,
+                        .now = gmb__now_ns()};
   gmb__pool_walk(b->pool, offl_scan_one, &c);
   if (!c.oom) offl_scan_close(&c);
   struct gmb_pool_stats ps;
@@ -351,7 +362,7 @@ static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
     struct gmb_alloc_info info;
     if (gmb__pool_find(b->pool, c.ids[i], &info) != 0) continue;
     if (o->tenant->used < floor || o->tenant->used - floor < info.size) break;
-    int rc = offl_out(b, o, c.ids[i]);
+    int rc = offl_out(b, info.owner, c.ids[i]);
     if (rc == 0) {
       n++;
       *bytes += info.size;
@@ -377,15 +388,16 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
   for (size_t i = 0; i < n_cand && made < want; i++) {
     struct gmb_session *o = cand[i];
     uint64_t bytes = 0;
-    uint32_t n = offl_session(b, o, 1, want - made, o->tenant->reserve,
+    uint32_t n = offl_session(b, o, s, want - made, o->tenant->reserve,
                               &bytes);
     gmb__pool_stats(b->pool, &ps);
     made = ps.room > room0 ? ps.room - room0 : 0;
     if (n) {
       char sz[GMB_SIZE_BUFSZ], rm[GMB_SIZE_BUFSZ];
-      log_info("session %" PRIu64 " (tenant %s, priority %d): %u movable "
-               "allocations (%s) offloaded to the broker's host memory for "
-               "session %" PRIu64 " (tenant %s); %s of device room made",
+      log_info("session %" PRIu64 " (tenant %s, priority %d; with its "
+               "tenant's other idle sessions): %u movable allocations (%s) "
+               "offloaded to the broker's host memory for session %" PRIu64
+               " (tenant %s); %s of device room made",
                o->id, o->tenant->name, o->tenant->priority, n,
                gmb__size_format(bytes, sz, sizeof sz), s->id, s->tenant->name,
                gmb__size_format(made, rm, sizeof rm));
@@ -494,7 +506,7 @@ void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
   for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
     if (pause) {
       if (b->cfg.offload_host_max)
-        *n += offl_session(b, s, 0, UINT64_MAX, 0, bytes);
+        *n += offl_session(b, s, NULL, UINT64_MAX, 0, bytes);
       continue;
     }
     if (s->offl == NULL || s->offl->away == 0) continue;

@@ -180,6 +180,32 @@ START_TEST(offload_then_lock_brings_back) {
 }
 END_TEST
 
+/* Two idle sessions of one tenant whose allocations share segments: a
+ * segment empties only when both are taken, and both may be. */
+START_TEST(sessions_of_a_tenant_share_segments) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", INI_LOW_HIGH("", ""));
+  fx_hello(&f, "a", 1001, "low");
+  fx_hello(&f, "c", 1001, "low");
+  fx_hello(&f, "b", 1002, "high");
+  for (int i = 0; i < NA; i++)
+    fx_must_alloc(&f, i % 2 ? "c" : "a", 1001, MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "b", 1002, 8 * MIB, 0);
+  offer(&f, "a", 1001, 1, 5000);
+  struct wire_reply rep;
+  /* Only one of them offers: no segment can be emptied. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 0);
+  offer(&f, "c", 1001, 1, 5000);
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 2 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "low")->host_bytes, 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(free_and_end_while_offloaded) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
@@ -346,6 +372,7 @@ static Suite *offload_suite(void) {
   Suite *s = suite_create("offload");
   TCase *tc = tcase_create("offload");
   tcase_add_test(tc, offload_then_lock_brings_back);
+  tcase_add_test(tc, sessions_of_a_tenant_share_segments);
   tcase_add_test(tc, free_and_end_while_offloaded);
   tcase_add_test(tc, host_quota_bounds);
   tcase_add_test(tc, broker_bound);
