@@ -10,9 +10,9 @@
  * request (gmb__sleep_askable: opted in, idle, of another tenant and of no
  * higher priority; in gmb__sleep_cmp's order) to host memory it holds, and
  * frees their device ranges: whole segments at a time (a segment of the
- * tenant's that holds only that session's unlocked movable allocations), so
- * that what it frees is room another tenant can use, never a tenant below
- * its reservation.  Their lock-table slots say GMB_LT_OFFLOADED; a gmb_lock
+ * tenant's that holds only unlocked movable allocations of such sessions),
+ * so that what it frees is room another tenant can use, never a tenant
+ * below its reservation.  Their lock-table slots say GMB_LT_OFFLOADED; a gmb_lock
  * sends a Lock request, and the broker brings the allocation back (a new
  * range, the tenant's quota and the device's room as an allocation; held
  * in the wait queue up to restore_wait_ms when there is none) and takes the
