@@ -22,6 +22,15 @@
  *                      cuMemAlloc+cuMemFree of SIZE (N each, same
  *                      process), and a cache hit (gmb_malloc_async +
  *                      gmb_free_async)
+ *   offload SIZE GMBCTL RUNDIR
+ *                      SIZE of movable allocations (1 MiB each) with a
+ *                      pattern; `GMBCTL --run-dir RUNDIR pause $GMB_TENANT
+ *                      --tag (movable)` makes the broker offload them
+ *                      (the tenant's used bytes must drop by SIZE); a
+ *                      gmb_lock of each brings them back; every byte is
+ *                      read back and checked.  FIGURE lines: the pause's
+ *                      and the locks' GB/s against cuMemcpyDtoH/HtoD of
+ *                      SIZE with page-locked memory (cuMemHostAlloc)
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -241,6 +250,97 @@ static int bench(size_t size, int n) {
   return 0;
 }
 
+/* --- offload --------------------------------------------------------------- */
+
+static uint64_t offl_word(size_t a, size_t k) {
+  return (uint64_t)(a + 1) << 32 | (uint64_t)k;
+}
+
+static int offload(size_t size, const char *ctl, const char *run) {
+  char err[256];
+  const char *tenant = getenv("GMB_TENANT");
+  if (gmb__cudrv_load(&d, err, sizeof err) != 0 || tenant == NULL) {
+    fprintf(stderr, "gpu_checks: %s\n", tenant ? err : "no GMB_TENANT");
+    return 1;
+  }
+  gmb_cu_device dev;
+  gmb_cu_ctx prim;
+  CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CU(d.cuDevicePrimaryCtxRetain(&prim, dev), "cuDevicePrimaryCtxRetain");
+  CU(d.cuCtxSetCurrent(prim), "cuCtxSetCurrent");
+  const size_t mib = (size_t)1 << 20, n = size / mib;
+  gmb_client *c = connect_or_die();
+  gmb_id *id = calloc(n, sizeof *id);
+  uint64_t *w = malloc(mib);
+  if (id == NULL || w == NULL || n == 0) return 1;
+  int rc;
+  for (size_t a = 0; a < n; a++) {
+    for (size_t k = 0; k < mib / 8; k++) w[k] = offl_word(a, k);
+    if ((rc = gmb_alloc(c, mib, GMB_MOVABLE, &id[a])) != 0)
+      return fail(c, "gmb_alloc", rc);
+    if ((rc = gmb_write(c, id[a], 0, w, mib)) != 0)
+      return fail(c, "gmb_write", rc);
+  }
+  /* The baseline: the same bytes, one copy each way with page-locked
+   * memory, as the broker's copies use. */
+  gmb_cu_ptr scratch;
+  void *pinned;
+  CU(d.cuMemAlloc(&scratch, size), "cuMemAlloc");
+  CU(d.cuMemHostAlloc(&pinned, size, 0), "cuMemHostAlloc");
+  memset(pinned, 1, size);
+  double t0 = now_s();
+  CU(d.cuMemcpyHtoD(scratch, pinned, size), "cuMemcpyHtoD");
+  double htod = now_s() - t0;
+  t0 = now_s();
+  CU(d.cuMemcpyDtoH(pinned, scratch, size), "cuMemcpyDtoH");
+  double dtoh = now_s() - t0;
+  CU(d.cuMemFreeHost(pinned), "cuMemFreeHost");
+  CU(d.cuMemFree(scratch), "cuMemFree");
+  gmb_stats before, after;
+  if ((rc = gmb_tenant_stats(c, &before)) != 0) return fail(c, "stats", rc);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s' --run-dir '%s' pause '%s' --tag "
+           "'(movable)' >/dev/null", ctl, run, tenant);
+  t0 = now_s();
+  if (system(cmd) != 0) {
+    fprintf(stderr, "gpu_checks: %s failed\n", cmd);
+    return 1;
+  }
+  double out = now_s() - t0;
+  if ((rc = gmb_tenant_stats(c, &after)) != 0) return fail(c, "stats", rc);
+  if (after.used + size > before.used) {
+    printf("BAD offload: the tenant still uses %llu of %llu bytes\n",
+           (unsigned long long)after.used, (unsigned long long)before.used);
+    return 1;
+  }
+  t0 = now_s();
+  for (size_t a = 0; a < n; a++) {
+    void *p;
+    if ((rc = gmb_lock(c, id[a], &p)) != 0) return fail(c, "gmb_lock", rc);
+    gmb_unlock(c, id[a]);
+  }
+  double in = now_s() - t0;
+  size_t bad = 0;
+  for (size_t a = 0; a < n; a++) {
+    if ((rc = gmb_read(c, id[a], 0, w, mib)) != 0)
+      return fail(c, "gmb_read", rc);
+    for (size_t k = 0; k < mib / 8; k++) bad += w[k] != offl_word(a, k);
+  }
+  for (size_t a = 0; a < n; a++) gmb_free(c, id[a]);
+  gmb_disconnect(c);
+  double gb = (double)size / 1e9;
+  printf("FIGURE broker_offload_GBps %.2f (gmbctl pause, with its start; "
+         "cuMemcpyDtoH pinned %.2f GB/s: x%.2f)\n", gb / out, gb / dtoh,
+         dtoh / out);
+  printf("FIGURE broker_restore_GBps %.2f (gmb_lock of each; cuMemcpyHtoD "
+         "pinned %.2f GB/s: x%.2f)\n", gb / in, gb / htod, htod / in);
+  printf("%s offload: %zu MiB offloaded by the broker and locked back, %zu "
+         "words wrong\n", bad ? "BAD" : "OK", n, bad);
+  free(w);
+  free(id);
+  return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "fresh-write") == 0)
     return fresh(1, size_arg(argv[2]));
@@ -250,7 +350,9 @@ int main(int argc, char **argv) {
     return ctx_free(size_arg(argv[2]), atoi(argv[3]));
   if (argc >= 4 && strcmp(argv[1], "bench") == 0)
     return bench(size_arg(argv[2]), atoi(argv[3]));
+  if (argc >= 5 && strcmp(argv[1], "offload") == 0)
+    return offload(size_arg(argv[2]), argv[3], argv[4]);
   fprintf(stderr, "usage: gpu_checks fresh-write|fresh-read SIZE | ctx-free "
-          "SIZE N | bench SIZE N\n");
+          "SIZE N | bench SIZE N | offload SIZE GMBCTL RUNDIR\n");
   return 2;
 }
