@@ -60,7 +60,8 @@ COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
   proto/endpoint.c
 # The broker by layer, top down (docs/architecture.md).
 BROKER_SRC := broker/loop.c \
-  broker/dispatch.c broker/admin.c broker/http.c broker/fdchan.c \
+  broker/dispatch.c broker/admin.c broker/http.c broker/http_admin.c \
+  broker/fdchan.c \
   broker/core.c \
   broker/reclaim.c broker/sleep.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
