@@ -859,6 +859,18 @@ Suite *harness_suite(const char *name, const char *tcase, double timeout_s,
   return s;
 }
 
+int harness_fds_of(pid_t pid) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(dir);
+  ck_assert_msg(d != NULL, "%s: %s", dir, strerror(errno));
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
 /* --- HTTP ------------------------------------------------------------------ */
 
 int harness_free_port(void) {

@@ -231,6 +231,10 @@ int harness_http_get(int port, const char *method, const char *path,
 int harness_http_unix(const char *sock, const char *method, const char *path,
                       char *body, size_t cap);
 
+/* The descriptors process pid has open now (fails the test when
+ * /proc/PID/fd cannot be read). */
+int harness_fds_of(pid_t pid);
+
 /* --- what most tests repeat ----------------------------------------------- */
 
 /* gmb_connect to broker b as `tenant`; fails the test (with the client's

@@ -14,7 +14,6 @@
  * runs as root (CI does), and say on stdout what they skipped otherwise.
  */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <grp.h>
 #include <stdint.h>
@@ -306,18 +305,6 @@ static int nobody_main(void *arg) {
   return status;
 }
 
-static int fds_of(pid_t pid) {
-  char dir[64];
-  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
-  DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n;
-}
-
 static int log_says_capped(void *arg) {
   char *log = harness_broker_log(arg);
   int yes = log && strstr(log, "connections to admin-http.sock past its caps");
@@ -345,12 +332,12 @@ START_TEST(non_operator_refused) {
   struct nobody n = {.sock = sock_of(&b)};
   ck_assert_int_eq(pipe(n.ready), 0);
   ck_assert_int_eq(pipe(n.done), 0);
-  int before = fds_of(b.pid);
+  int before = harness_fds_of(b.pid);
   pid_t kid = harness_fork(nobody_main, &n);
   ck_assert_int_eq(harness_pipe_wait(n.ready[0], HARNESS_WAIT_MS), 'r');
   ck_assert_msg(harness_poll_until(log_says_capped, &b, HARNESS_WAIT_MS),
                 "the broker did not say it refused connections");
-  int gained = fds_of(b.pid) - before;
+  int gained = harness_fds_of(b.pid) - before;
   /* 2 are nobody's; 2 more of slack for connections in flight. */
   ck_assert_msg(gained <= 4, "nobody holds %d of the broker's descriptors",
                 gained);
