@@ -1,7 +1,9 @@
 /*
  * loop.c - the broker's one event loop: two ROUTER sockets, a signalfd, a
- * pidfd per watched client, the metrics endpoint, and timers (waiter
- * deadlines, heartbeats, compaction, trim, metrics).
+ * pidfd per watched client, the metrics endpoint, the operators' HTTP
+ * socket (its listener and its server's epoll descriptor: the server runs
+ * here, http_admin.h), and timers (waiter deadlines, heartbeats,
+ * compaction, trim, metrics, the HTTP server's).
  *
  * One epoll set waits on all of them: the descriptors, and for each
  * ZeroMQ socket the descriptor libzmq signals when the socket has

@@ -338,6 +338,8 @@ START_TEST(non_operator_refused) {
   ck_assert_msg(harness_poll_until(log_says_capped, &b, HARNESS_WAIT_MS),
                 "the broker did not say it refused connections");
   int gained = harness_fds_of(b.pid) - before;
+  printf("non_operator_refused: nobody's 40 connections left the broker "
+         "%d descriptors more\n", gained);
   /* 2 are nobody's; 2 more of slack for connections in flight. */
   ck_assert_msg(gained <= 4, "nobody holds %d of the broker's descriptors",
                 gained);
