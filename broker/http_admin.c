@@ -436,7 +436,8 @@ int gmb__http_admin_start(struct gmb_broker *b, int listen_fd,
       h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
   if (di == NULL) {
     int saved = errno;
-    snprintf(err, cap, "%s: the HTTP server did not start (%s)",
+    snprintf(err, cap, "%s: the HTTP server did not start (%s); "
+             "admin_http = no runs the broker without it",
              GMB_ADMIN_HTTP_SOCKET,
              h->d ? "no epoll descriptor" : strerror(saved));
     gmb__http_admin_stop(h);

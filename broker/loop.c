@@ -293,12 +293,18 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "run dir path too long: %s", b->run_dir);
     return GMB_E_INVAL;
   }
-  if (b->cfg.admin_http &&
-      (size_t)snprintf(b->admin_http_path, sizeof b->admin_http_path,
-                       "%s/%s", b->run_dir, GMB_ADMIN_HTTP_SOCKET) >=
-          sizeof b->admin_http_path) {
-    snprintf(err, errcap, "run dir path too long: %s", b->run_dir);
-    return GMB_E_INVAL;
+  /* The longest name of the run dir's sockets: a run dir that held the
+   * others before this socket existed still starts, without it. */
+  if (b->cfg.admin_http) {
+    struct sockaddr_un sa;
+    size_t n = (size_t)snprintf(b->admin_http_path, sizeof b->admin_http_path,
+                                "%s/%s", b->run_dir, GMB_ADMIN_HTTP_SOCKET);
+    if (n >= sizeof sa.sun_path) {
+      log_warn("%s/%s: too long a path for a Unix socket (%zu bytes, at "
+               "most %zu): operators' HTTP is not served", b->run_dir,
+               GMB_ADMIN_HTTP_SOCKET, n, sizeof sa.sun_path - 1);
+      b->admin_http_path[0] = '\0';
+    }
   }
   if ((rc = loop_claim_path(b->client_path, SOCK_STREAM, err, errcap)) ||
       (rc = loop_claim_path(b->admin_path, SOCK_STREAM, err, errcap)) ||
@@ -884,6 +890,11 @@ int gmb__loop_run(struct gmb_broker *b) {
     }
   }
   gmb__defrag_shutdown(b);
+  /* Operators' HTTP ends here: the drain below does not serve it, and a
+   * descriptor left in its poll set would keep waking it. */
+  gmb__http_admin_stop(l->http_admin);
+  l->http_admin = NULL;
+  l->items[LOOP_SLOT_HTTP_LISTEN].fd = l->items[LOOP_SLOT_HTTP].fd = -1;
   gmb__sessions_each(b->sessions, loop_tell_shutdown, b);
   loop_drain(b);
   return 0;
