@@ -165,6 +165,20 @@ void gmb__http_admin_accept(struct gmb_http_admin *h) {
 
 /* --- answers ---------------------------------------------------------------- */
 
+/* s as a JSON string; bytes that are not UTF-8 (a query's %ff, a tag a
+ * client named so) would make jansson refuse it: each byte outside
+ * printable ASCII is then '?'. */
+static json_t *ha_text(const char *s) {
+  json_t *j = json_string(s);
+  if (j) return j;
+  char safe[WIRE_MESSAGE_MAX];
+  size_t i = 0;
+  for (; s[i] && i + 1 < sizeof safe; i++)
+    safe[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+  safe[i] = '\0';
+  return json_string(safe);
+}
+
 static enum MHD_Result ha_json(struct MHD_Connection *conn, unsigned code,
                                json_t *j, const char *allow) {
   char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -200,7 +214,7 @@ static enum MHD_Result ha_fail(struct MHD_Connection *conn, int rc,
                   : rc == GMB_E_PROTO ? MHD_HTTP_METHOD_NOT_ALLOWED
                                       : MHD_HTTP_INTERNAL_SERVER_ERROR;
   return ha_json(conn, code,
-                 json_pack("{s:s, s:s}", "error", msg, "code",
+                 json_pack("{s:o, s:s}", "error", ha_text(msg), "code",
                            gmb_err_name(rc)),
                  allow);
 }
@@ -249,8 +263,8 @@ static enum MHD_Result ha_arg(void *cls, enum MHD_ValueKind kind,
 
 /* --- the endpoints ---------------------------------------------------------- */
 
-/* The broker's answer to one admin request made for this HTTP request;
- * 0 or its status, with its message in msg. */
+/* The broker's answer to one admin request made for this HTTP request:
+ * 0 or its status (its reason in rep->message); the caller clears *rep. */
 static int ha_admin(struct gmb_http_admin *h, const struct gmb_peer *peer,
                     const struct wire_request *req, struct wire_reply *rep) {
   struct gmb_broker *b = h->b;
@@ -301,10 +315,14 @@ static enum MHD_Result ha_sleep(struct gmb_http_admin *h,
     }
     sessions = rep.u.pause.sessions;
     gmb__wire_reply_clear(&rep);
-    if (wake && tag[0]) json_array_append_new(did, json_string(tag));
-    else if (!wake)
-      json_object_set_new(did, tag, json_string(discard ? "discard"
-                                                        : "offload"));
+    if (wake && tag[0]) json_array_append_new(did, ha_text(tag));
+    else if (!wake) {
+      json_t *key = ha_text(tag);
+      if (key)
+        json_object_set_new(did, json_string_value(key),
+                            json_string(discard ? "discard" : "offload"));
+      json_decref(key);
+    }
   }
   json_t *j = json_pack("{s:s, s:I, s:o, s:s}", "tenant", a->tenant,
                         "sessions", (json_int_t)sessions,
@@ -348,7 +366,7 @@ static enum MHD_Result ha_is_sleeping(struct gmb_http_admin *h,
              strcmp(json_string_value(json_array_get(names, k)), z->tag))
         k++;
       if (k == nn && nn < HA_NAMES_MAX)
-        json_array_append_new(names, json_string(z->tag));
+        json_array_append_new(names, ha_text(z->tag));
     }
   int sleeping = a->n_tags ? tag_paused : row.paused_tags > 0;
   json_t *j = json_pack(
@@ -357,7 +375,7 @@ static enum MHD_Result ha_is_sleeping(struct gmb_http_admin *h,
       (json_int_t)row.host_bytes, "paused_bytes",
       (json_int_t)row.paused_bytes, "used", (json_int_t)row.used,
       "sessions", (json_int_t)row.sessions);
-  if (j && a->n_tags) json_object_set_new(j, "tag", json_string(a->tags[0]));
+  if (j && a->n_tags) json_object_set_new(j, "tag", ha_text(a->tags[0]));
   return ha_json(conn, MHD_HTTP_OK, j, NULL);
 }
 

@@ -228,6 +228,7 @@ START_TEST(bad_requests_refused) {
       {"POST", "/sleep?tenant=llm&level=1&level=2", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&tenant=other", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&foo=1", 400, "unknown query argument"},
+      {"POST", "/sleep?tenant=llm&f%ff%00=1", 400, "unknown query argument 'f?'"},
       {"POST", "/sleep?tenant=llm&tag=a&tag=a", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&tag=1&tag=2&tag=3&tag=4&tag=5&tag=6&tag=7"
                "&tag=8&tag=9", 400, "more than 8 tags"},
