@@ -12,6 +12,7 @@
  * processes; a job killed while paused leaves nothing counted.
  */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,13 +89,20 @@ struct jobrun {
   pid_t pid;
 };
 
-static void job_start(struct jobrun *r, const struct harness_broker *b,
-                      const char *tenant, const char *policy) {
+/* Starts `fn` (job_main or another job's) and waits for its 'r'. */
+static void job_start_main(struct jobrun *r, const struct harness_broker *b,
+                           const char *tenant, const char *policy,
+                           int (*fn)(void *)) {
   ck_assert_int_eq(pipe(r->to), 0);
   ck_assert_int_eq(pipe(r->from), 0);
   r->j = (struct job){b->endpoint, tenant, policy, r->to[0], r->from[1]};
-  r->pid = harness_fork(job_main, &r->j);
+  r->pid = harness_fork(fn, &r->j);
   ck_assert_int_eq(harness_pipe_wait(r->from[0], HARNESS_WAIT_MS), 'r');
+}
+
+static void job_start(struct jobrun *r, const struct harness_broker *b,
+                      const char *tenant, const char *policy) {
+  job_start_main(r, b, tenant, policy, job_main);
 }
 
 static int job_ask(struct jobrun *r, char cmd) {
@@ -189,16 +197,21 @@ static const char *const two_tenants =
     "[tenant:vip]\n"
     "priority = 20\n";
 
-START_TEST(broker_asks_idle_job_to_pause) {
+/* The broker asks an idle job (`fn`, run as job_main is: tag "weights"
+ * holds WEIGHTS bytes, 'a' touches the tag and checks every byte) that
+ * offers WEIGHTS to offer_hi bytes: the busy job's 48 MiB, which fits
+ * only in the pages the weights hold, is served once the job paused, and
+ * the job's touch resumes the tag, waiting for the room the busy job
+ * frees meanwhile. */
+static void ask_idle_job(int (*fn)(void *), uint64_t offer_hi) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", two_tenants);
   struct jobrun a;
-  job_start(&a, &b, "idle", "idle=0,weights");
-  wait_offer(&b, "idle");
+  job_start_main(&a, &b, "idle", "idle=0,weights", fn);
+  wait_offer_of(&b, "idle", WEIGHTS, offer_hi);
   uint64_t idle_used = row_of(&b, "idle").used;
   ck_assert_uint_ge(idle_used, WEIGHTS);
 
-  /* 48 MiB fits only in the pages the idle job's weights hold. */
   gmb_client *c = harness_connect_ok(&b, "busy");
   gmb_id big;
   int rc = gmb_alloc(c, 48 * MIB, 0, &big);
@@ -208,11 +221,10 @@ START_TEST(broker_asks_idle_job_to_pause) {
   ck_assert_uint_ge(r.host_bytes, WEIGHTS);
   ck_assert_uint_ge(r.paused_bytes, WEIGHTS);
   ck_assert_uint_eq(r.sleep_asks, 1);
+  ck_assert_uint_eq(r.trim_ignored, 0);
   ck_assert_uint_eq(r.pauses, 1);
   ck_assert_uint_lt(r.used, idle_used);
 
-  /* The paused job allocates: it waits for room (the busy job frees
-   * while it waits), resumes and finds every byte at its address. */
   harness_pipe_send(a.to[1], 'a');
   harness_sleep_ms(50); /* pace only: the resume may start before or after */
   ck_assert_int_eq(gmb_free(c, big), 0);
@@ -225,6 +237,11 @@ START_TEST(broker_asks_idle_job_to_pause) {
   gmb_disconnect(c);
   job_end(&a);
   harness_broker_stop(&b);
+}
+
+/* Blocks of its cache: the allocation of 'a' resumes the tag. */
+START_TEST(broker_asks_idle_job_to_pause) {
+  ask_idle_job(job_main, UINT64_MAX);
 }
 END_TEST
 
@@ -576,6 +593,15 @@ static int alloc_fill(gmb_client *c, gmb_id id, size_t n, uint64_t seed) {
   return rc;
 }
 
+/* A job's last words: 'k' when ok (else 'x'), then it waits for 'q' and
+ * disconnects.  Its exit status. */
+static int job_finish(struct job *j, gmb_client *c, int ok) {
+  harness_pipe_send(j->out, ok ? 'k' : 'x');
+  JOB_CHECK(harness_pipe_wait(j->in, 60000) == 'q');
+  gmb_disconnect(c);
+  return 0;
+}
+
 static int ajob_main(void *arg) {
   struct job *j = arg;
   gmb_client *c;
@@ -611,45 +637,9 @@ static int ajob_main(void *arg) {
  * the freed bytes, and the job's gmb_lock resumes the tag by itself, every
  * byte back under the same ids. */
 START_TEST(broker_asks_job_of_tagged_allocations) {
-  struct harness_broker b;
-  harness_broker_start(&b, "host:64MiB", two_tenants);
-  struct jobrun a;
-  ck_assert_int_eq(pipe(a.to), 0);
-  ck_assert_int_eq(pipe(a.from), 0);
-  a.j = (struct job){b.endpoint, "idle", "idle=0,weights", a.to[0],
-                     a.from[1]};
-  a.pid = harness_fork(ajob_main, &a.j);
-  ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 'r');
-  /* The offer is the allocations' bytes: the tag has no cache part. */
-  wait_offer_of(&b, "idle", WEIGHTS, WEIGHTS + 4 * 512);
-  uint64_t idle_used = row_of(&b, "idle").used;
-  ck_assert_uint_ge(idle_used, WEIGHTS);
-
-  gmb_client *c = harness_connect_ok(&b, "busy");
-  gmb_id big;
-  int rc = gmb_alloc(c, 48 * MIB, 0, &big);
-  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
-  struct wire_tenant_row r = row_of(&b, "idle");
-  ck_assert_uint_eq(r.paused_tags, 1);
-  ck_assert_uint_ge(r.host_bytes, WEIGHTS);
-  ck_assert_uint_ge(r.paused_bytes, WEIGHTS);
-  ck_assert_uint_eq(r.sleep_asks, 1);
-  ck_assert_uint_eq(r.trim_ignored, 0);
-  ck_assert_uint_eq(r.used, 0);
-
-  /* Its lock resumes the tag, waiting for the room the busy job frees. */
-  harness_pipe_send(a.to[1], 'a');
-  harness_sleep_ms(50); /* pace only: the resume may start before or after */
-  ck_assert_int_eq(gmb_free(c, big), 0);
-  ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 'k');
-  r = row_of(&b, "idle");
-  ck_assert_uint_eq(r.paused_tags, 0);
-  ck_assert_uint_eq(r.host_bytes, 0);
-  ck_assert_uint_eq(r.resumes, 1);
-  ck_assert_uint_eq(r.used, idle_used);
-  gmb_disconnect(c);
-  job_end(&a);
-  harness_broker_stop(&b);
+  /* The offer is the allocations' bytes (as the broker rounded them):
+   * the tag has no cache part. */
+  ask_idle_job(ajob_main, WEIGHTS + AJOB_N * 512);
 }
 END_TEST
 
@@ -680,21 +670,14 @@ static int locked_job_main(void *arg) {
   if (rc) fprintf(stderr, "job %s: %s\n", j->tenant, gmb_last_error(c));
   bad |= rc != 0 || harness_pattern_check(pb, 24 * MIB, 6) >= 0;
   if (rc == 0) gmb_unlock(c, bb);
-  harness_pipe_send(j->out, bad ? 'x' : 'k');
-  JOB_CHECK(harness_pipe_wait(j->in, 60000) == 'q');
-  gmb_disconnect(c);
-  return 0;
+  return job_finish(j, c, !bad);
 }
 
 START_TEST(locked_allocation_during_ask) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", two_tenants);
   struct jobrun a;
-  ck_assert_int_eq(pipe(a.to), 0);
-  ck_assert_int_eq(pipe(a.from), 0);
-  a.j = (struct job){b.endpoint, "idle", NULL, a.to[0], a.from[1]};
-  a.pid = harness_fork(locked_job_main, &a.j);
-  ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 'r');
+  job_start_main(&a, &b, "idle", NULL, locked_job_main);
   /* b only: a tag with a locked allocation would refuse its pause. */
   wait_offer_of(&b, "idle", 24 * MIB, 24 * MIB);
   gmb_client *c = harness_connect_ok(&b, "busy");
@@ -722,9 +705,9 @@ END_TEST
  * 'c': after gmbctl resume, every byte of w under its ids, kv usable:
  * 'k' or 'x'. */
 static int opjob_main(void *arg) {
-  struct tagged *t = arg;
+  struct job *t = arg;
   gmb_client *c;
-  JOB_CHECK(gmb_connect(t->endpoint, "opa", &c) == 0);
+  JOB_CHECK(gmb_connect(t->endpoint, t->tenant, &c) == 0);
   gmb_id w, wm, kv;
   JOB_CHECK(gmb_cache_tag(c, "w") == 0);
   JOB_CHECK(gmb_alloc(c, 6 * MIB, 0, &w) == 0);
@@ -744,21 +727,14 @@ static int opjob_main(void *arg) {
   JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'c');
   int ok = alloc_holds(c, w, 6 * MIB, 1) && alloc_holds(c, wm, 1 * MIB, 2) &&
            gmb_lock(c, kv, &p) == 0 && gmb_unlock(c, kv) == 0;
-  harness_pipe_send(t->out, ok ? 'k' : 'x');
-  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'q');
-  gmb_disconnect(c);
-  return 0;
+  return job_finish(t, c, ok);
 }
 
 START_TEST(operator_pauses_tagged_allocations) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", NULL);
-  int to[2], from[2];
-  ck_assert_int_eq(pipe(to), 0);
-  ck_assert_int_eq(pipe(from), 0);
-  struct tagged t = {b.endpoint, to[0], from[1]};
-  pid_t kid = harness_fork(opjob_main, &t);
-  ck_assert_int_eq(harness_pipe_wait(from[0], HARNESS_WAIT_MS), 'r');
+  struct jobrun a;
+  job_start_main(&a, &b, "opa", NULL, opjob_main);
   char out[16384];
   int rc = harness_ctl(&b, out, sizeof out, "pause", "opa", "--tag", "kv",
                        "--discard", NULL);
@@ -767,8 +743,7 @@ START_TEST(operator_pauses_tagged_allocations) {
   struct wire_tenant_row r = row_of(&b, "opa");
   ck_assert_uint_eq(r.host_bytes, 0); /* discarded */
   ck_assert_uint_eq(r.paused_bytes, 4 * MIB);
-  harness_pipe_send(to[1], 'l');
-  ck_assert_int_eq(harness_pipe_wait(from[0], HARNESS_WAIT_MS), 'i');
+  ck_assert_int_eq(job_ask(&a, 'l'), 'i');
 
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "opa", NULL), 0);
   wait_tags(&b, "opa", 2, 0);
@@ -784,14 +759,8 @@ START_TEST(operator_pauses_tagged_allocations) {
   r = row_of(&b, "opa");
   ck_assert_uint_eq(r.host_bytes, 0);
   ck_assert_uint_eq(r.resumes, 2);
-  harness_pipe_send(to[1], 'c');
-  ck_assert_int_eq(harness_pipe_wait(from[0], HARNESS_WAIT_MS), 'k');
-  harness_pipe_send(to[1], 'q');
-  ck_assert_int_eq(harness_wait(kid), 0);
-  for (int i = 0; i < 2; i++) {
-    close(to[i]);
-    close(from[i]);
-  }
+  ck_assert_int_eq(job_ask(&a, 'c'), 'k');
+  job_end(&a);
   harness_broker_stop(&b);
 }
 END_TEST
@@ -841,6 +810,72 @@ START_TEST(failed_pause_keeps_an_operators_pause) {
 }
 END_TEST
 
+/* An operator's pause that comes while a thread of the process waits for
+ * memory in gmb_alloc_wait (holding the connection): carried out once the
+ * wait ends, neither blocking it nor lost.  The job holds 8 MiB in tag w;
+ * on 'w' a thread waits for 30 MiB ('g' once started, then 's' when
+ * served or 'x'); on 'c' it checks w's bytes ('k' or 'x'). */
+struct waiter {
+  gmb_client *c;
+  gmb_id id;
+  int rc;
+};
+
+static void *waiter_main(void *arg) {
+  struct waiter *w = arg;
+  w->rc = gmb_alloc_wait(w->c, 30 * MIB, 0, 60000, &w->id);
+  return NULL;
+}
+
+static int waitjob_main(void *arg) {
+  struct job *t = arg;
+  gmb_client *c;
+  JOB_CHECK(gmb_connect(t->endpoint, t->tenant, &c) == 0);
+  gmb_id w;
+  JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+  JOB_CHECK(gmb_alloc(c, 8 * MIB, 0, &w) == 0);
+  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  JOB_CHECK(alloc_fill(c, w, 8 * MIB, 12) == 0);
+  harness_pipe_send(t->out, 'r');
+  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'w');
+  struct waiter wt = {c, 0, -1};
+  pthread_t th;
+  JOB_CHECK(pthread_create(&th, NULL, waiter_main, &wt) == 0);
+  harness_pipe_send(t->out, 'g');
+  pthread_join(th, NULL);
+  harness_pipe_send(t->out, wt.rc == 0 ? 's' : 'x');
+  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'c');
+  return job_finish(t, c, alloc_holds(c, w, 8 * MIB, 12));
+}
+
+START_TEST(operator_pause_while_alloc_waits) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  struct jobrun a;
+  job_start_main(&a, &b, "wt", NULL, waitjob_main);
+  gmb_client *c = harness_connect_ok(&b, "other");
+  gmb_id big;
+  ck_assert_int_eq(gmb_alloc(c, 40 * MIB, 0, &big), 0);
+  ck_assert_int_eq(job_ask(&a, 'w'), 'g');
+  harness_sleep_ms(100); /* pace only: the pause may come before the wait */
+  char out[16384];
+  int rc = harness_ctl(&b, out, sizeof out, "pause", "wt", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  harness_sleep_ms(100); /* pace only */
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 's');
+  wait_tags(&b, "wt", 1, 30 * MIB);
+  ck_assert_uint_eq(row_of(&b, "wt").host_bytes, 8 * MIB);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "wt", NULL),
+                   0);
+  wait_tags(&b, "wt", 0, 38 * MIB);
+  ck_assert_int_eq(job_ask(&a, 'c'), 'k');
+  job_end(&a);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "sleep_ask", "sleep_ask", 90, broker_asks_idle_job_to_pause,
@@ -849,5 +884,6 @@ int main(void) {
       killed_while_paused, broker_restart_while_paused, bad_policy_refused,
       broker_asks_job_of_tagged_allocations, locked_allocation_during_ask,
       operator_pauses_tagged_allocations,
-      failed_pause_keeps_an_operators_pause));
+      failed_pause_keeps_an_operators_pause,
+      operator_pause_while_alloc_waits));
 }
