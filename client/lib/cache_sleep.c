@@ -334,11 +334,12 @@ static int sleep_enter(struct gmb_cache *k, const char *tag, int from, int to,
 }
 
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {
-  return gmb__cache_pause_by(k, tag, mode, GMB_CACHE_BY_APP);
+  return gmb__cache_pause_by(k, tag, mode, GMB_CACHE_BY_APP, NULL);
 }
 
 int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
-                        int by) {
+                        int by, int *paused_now) {
+  if (paused_now) *paused_now = 0;
   if (k == NULL || tag == NULL || tag[0] == '\0' ||
       (mode != GMB_CACHE_OFFLOAD && mode != GMB_CACHE_DISCARD) ||
       by < GMB_CACHE_BY_APP || by > GMB_CACHE_BY_OPERATOR)
@@ -346,8 +347,18 @@ int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
   struct cache_arena *a;
   int rc = sleep_enter(k, tag, CACHE_RUNNING, CACHE_PAUSING, &a);
   if (rc < 0) return rc;
-  rc = rc ? sleep_pause(k, a, mode, by) : 0; /* paused already: nothing */
+  if (rc == 0) { /* paused already (by whoever): nothing changes */
+    pthread_mutex_unlock(&k->sleep_mu);
+    return 0;
+  }
+  /* Who pauses it is known from now on (gmb__cache_tag_info), so that a
+   * thread that finds it pausing knows whether it may resume it. */
+  pthread_mutex_lock(&a->mu);
+  a->paused_by = (uint8_t)by;
+  pthread_mutex_unlock(&a->mu);
+  rc = sleep_pause(k, a, mode, by);
   pthread_mutex_unlock(&k->sleep_mu);
+  if (rc == 0 && paused_now) *paused_now = 1;
   return rc;
 }
 
@@ -441,7 +452,7 @@ unsigned gmb__cache_tag_info(struct gmb_cache *k,
     pthread_mutex_lock(&a->mu);
     snprintf(out[n].tag, sizeof out[n].tag, "%s", a->tag);
     out[n].running = a->state == CACHE_RUNNING;
-    out[n].by = a->state == CACHE_PAUSED ? a->paused_by : GMB_CACHE_BY_APP;
+    out[n].by = a->state != CACHE_RUNNING ? a->paused_by : GMB_CACHE_BY_APP;
     out[n].mapped = a->mapped * k->page;
     pthread_mutex_unlock(&a->mu);
   }

@@ -1247,13 +1247,21 @@ struct ask_pipes {
   int in, out;
 };
 
+/* The idle job's start: connected as "idle", its policy offering tag
+ * "weights", which is current.  0 or the child's exit code. */
+static int ask_idle_start(const struct ask_pipes *a, gmb_client **c) {
+  CHILD_CHECK(gmb_connect(a->endpoint, "idle", c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_sleep_policy_set(*c, "idle=0,weights") == 0, 11, "policy");
+  CHILD_CHECK(gmb_cache_tag(*c, "weights") == 0, 12, "tag");
+  return 0;
+}
+
 static int ask_idle_child(void *arg) {
   struct ask_pipes *a = arg;
   gmb_client *c = NULL;
-  CHILD_CHECK(gmb_connect(a->endpoint, "idle", &c) == 0, 10, "connect: %s",
-              gmb_last_error(NULL));
-  CHILD_CHECK(gmb_sleep_policy_set(c, "idle=0,weights") == 0, 11, "policy");
-  CHILD_CHECK(gmb_cache_tag(c, "weights") == 0, 12, "tag");
+  int start = ask_idle_start(a, &c);
+  if (start) return start;
   const size_t n = 40 * MIB;
   void *p = NULL;
   CHILD_CHECK(gmb_malloc_async(c, n, NULL, &p) == 0, 13, "malloc_async: %s",
@@ -1309,7 +1317,10 @@ static int ask_offered(void *arg) {
   return seen;
 }
 
-START_TEST(cuda_broker_asks_idle_job_to_pause) {
+/* An idle job (`idle_child`) offers 40 MiB, the busy job's request is
+ * served once the broker asked it to pause, and its next touch of the tag
+ * resumes it with every byte back ('k'). */
+static void ask_idle_run(int (*idle_child)(void *)) {
   struct harness_broker b;
   cuda_start(&b, "64m", "[tenant:idle]\npriority = 0\n"
                         "[tenant:busy]\npriority = 10\n");
@@ -1317,7 +1328,7 @@ START_TEST(cuda_broker_asks_idle_job_to_pause) {
   ck_assert(pipe(ti) == 0 && pipe(fi) == 0 && pipe(tb) == 0 && pipe(fb) == 0);
   struct ask_pipes idle = {b.endpoint, ti[0], fi[1]};
   struct ask_pipes busy = {b.endpoint, tb[0], fb[1]};
-  pid_t ki = harness_fork(ask_idle_child, &idle);
+  pid_t ki = harness_fork(idle_child, &idle);
   ck_assert_int_eq(harness_pipe_wait(fi[0], HARNESS_WAIT_MS), 'r');
   ck_assert_msg(harness_poll_until(ask_offered, &b, HARNESS_WAIT_MS),
                 "the idle job never offered its weights");
@@ -1345,6 +1356,62 @@ START_TEST(cuda_broker_asks_idle_job_to_pause) {
   cuda_wait_settled(&b);
   cuda_finish(&b);
 }
+
+START_TEST(cuda_broker_asks_idle_job_to_pause) {
+  ask_idle_run(ask_idle_child);
+}
+END_TEST
+
+/* The same with the weights in gmb_alloc allocations under the tag (32
+ * MiB pinned, 8 MiB movable), written with cuMemcpyHtoD through gmb_lock's
+ * pointers: the library thread copies them out (cuMemcpyDtoH on its own
+ * context) and frees them; the job's gmb_lock resumes the tag under the
+ * same ids, and cuMemcpyDtoH reads every byte back. */
+static int ask_alloc_child(void *arg) {
+  struct ask_pipes *a = arg;
+  gmb_client *c = NULL;
+  int start = ask_idle_start(a, &c);
+  if (start) return start;
+  const size_t n[2] = {32 * MIB, 8 * MIB};
+  gmb_id id[2];
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(n[0]);
+  CHILD_CHECK(d && buf, 13, "no driver or memory");
+  for (int i = 0; i < 2; i++) {
+    void *p;
+    CHILD_CHECK(gmb_alloc(c, n[i], i ? GMB_MOVABLE : 0, &id[i]) == 0 &&
+                    gmb_lock(c, id[i], &p) == 0, 14, "alloc: %s",
+                gmb_last_error(c));
+    harness_pattern_fill(buf, n[i], 60 + (uint64_t)i);
+    CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n[i]) ==
+                    GMB_CU_SUCCESS && gmb_unlock(c, id[i]) == 0, 15,
+                "cuMemcpyHtoD");
+  }
+  CHILD_CHECK(gmb_cache_tag(c, NULL) == 0, 16, "untag");
+  harness_pipe_send(a->out, 'r');
+  CHILD_CHECK(harness_pipe_wait(a->in, 60000) == 'a', 17, "no 'a'");
+  for (int i = 0; i < 2; i++) {
+    void *p;
+    CHILD_CHECK(gmb_lock(c, id[i], &p) == 0, 18, "the lock that resumes: %s",
+                gmb_last_error(c));
+    memset(buf, 0, n[i]);
+    CHILD_CHECK(d->cuMemcpyDtoH(buf, (gmb_cu_ptr)(uintptr_t)p, n[i]) ==
+                    GMB_CU_SUCCESS && gmb_unlock(c, id[i]) == 0, 19,
+                "cuMemcpyDtoH");
+    long bad = harness_pattern_check(buf, n[i], 60 + (uint64_t)i);
+    CHILD_CHECK(bad < 0, 20, "byte %ld of allocation %d changed across the "
+                "broker's pause", bad, i);
+  }
+  CHILD_CHECK(gmb_free(c, id[0]) == 0 && gmb_free(c, id[1]) == 0, 21, "free");
+  free(buf);
+  harness_pipe_send(a->out, 'k');
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_broker_asks_job_of_tagged_allocations) {
+  ask_idle_run(ask_alloc_child);
+}
 END_TEST
 
 int main(void) {
@@ -1357,5 +1424,6 @@ int main(void) {
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
       cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start,
-      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause));
+      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause,
+      cuda_broker_asks_job_of_tagged_allocations));
 }
