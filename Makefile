@@ -76,7 +76,7 @@ BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
   client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c \
   client/lib/cache_check.c client/lib/cache_sleep.c \
-  client/lib/sleep_policy.c client/lib/alloc_tags.c
+  client/lib/sleep_policy.c client/lib/alloc_tags.c client/lib/hostbuf.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
