@@ -2350,6 +2350,12 @@ uint64_t gmb__client_cache_in_use(gmb_client *c) {
   return c ? gmb__cache_in_use(c->cache) : 0;
 }
 
+int gmb__client_capture_underway(gmb_client *c) {
+  char why[256];
+  if (c == NULL || !c->cuda) return 0;
+  return gmb__cuda_capture_underway(c->cuda_ordinal, why, sizeof why) != 0;
+}
+
 /* --- sleep and wake: tags of the cache ---------------------------------- */
 
 GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag) {
