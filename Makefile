@@ -89,7 +89,7 @@ $(B)/obj/client/lib/%.o: INC = $(LIB_INC)
 # the shared code.
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
 LIB_UNITS := check_client check_client_cuda check_segmap check_cache \
-  check_alloc_tags
+  check_alloc_tags check_hostbuf
 COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c
