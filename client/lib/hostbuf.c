@@ -105,21 +105,28 @@ static void hb_drop(struct hb *e) {
   free(e);
 }
 
+/* Takes e out of the tree and its figure, onto the list *gone (for
+ * hb_drop_list).  Under hb_mu. */
+static void hb_unlink(struct hb *e, struct hb **gone) {
+  RB_REMOVE(hb_tree, &hb_all, e);
+  if (e->kind == HB_PINNED)
+    hb_pinned -= e->size;
+  else
+    hb_pageable -= e->size;
+  e->next = *gone;
+  *gone = e;
+}
+
 /* Takes kept buffers off hb_kept (oldest first) until `room` more bytes
- * fit within `limit`; returns them as a list for hb_drop.  Under hb_mu. */
+ * fit within `limit`; returns them as a list for hb_drop_list.  Under
+ * hb_mu. */
 static struct hb *hb_evict(uint64_t room, uint64_t limit) {
   struct hb *gone = NULL;
   while (hb_kept && (room > limit || hb_kept_bytes > limit - room)) {
     struct hb *e = hb_kept;
     hb_kept = e->next;
     hb_kept_bytes -= e->size;
-    RB_REMOVE(hb_tree, &hb_all, e);
-    if (e->kind == HB_PINNED)
-      hb_pinned -= e->size;
-    else
-      hb_pageable -= e->size;
-    e->next = gone;
-    gone = e;
+    hb_unlink(e, &gone);
   }
   return gone;
 }
@@ -256,13 +263,7 @@ void gmb__hostbuf_free(void *p) {
     *tail = e;
     hb_kept_bytes += e->size;
   } else {
-    RB_REMOVE(hb_tree, &hb_all, e);
-    if (e->kind == HB_PINNED)
-      hb_pinned -= e->size;
-    else
-      hb_pageable -= e->size;
-    e->next = gone;
-    gone = e;
+    hb_unlink(e, &gone);
   }
   pthread_mutex_unlock(&hb_mu);
   hb_drop_list(gone);

@@ -200,19 +200,25 @@ static int ctx_free(size_t size, int n) {
 
 /* --- bench ---------------------------------------------------------------------- */
 
-static int bench(size_t size, int n) {
+/* The driver loaded and device 0's primary context made current, as the
+ * CUDA runtime would: gmb leaves a thread's context as it found it, none
+ * included.  0, or 1 said on stderr. */
+static int primary_current(void) {
   char err[256];
   if (gmb__cudrv_load(&d, err, sizeof err) != 0) {
     fprintf(stderr, "gpu_checks: %s\n", err);
     return 1;
   }
-  /* The primary context made current, as the CUDA runtime would: gmb
-   * leaves a thread's context as it found it, none included. */
   gmb_cu_device dev;
   gmb_cu_ctx prim;
   CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
   CU(d.cuDevicePrimaryCtxRetain(&prim, dev), "cuDevicePrimaryCtxRetain");
   CU(d.cuCtxSetCurrent(prim), "cuCtxSetCurrent");
+  return 0;
+}
+
+static int bench(size_t size, int n) {
+  if (primary_current()) return 1;
   gmb_client *c = connect_or_die();
   double t0 = now_s();
   for (int i = 0; i < n; i++) {
@@ -270,16 +276,7 @@ static unsigned char sleep_byte(size_t b, size_t i) {
 }
 
 static int sleep_bw(size_t size, int n) {
-  char err[256];
-  if (gmb__cudrv_load(&d, err, sizeof err) != 0) {
-    fprintf(stderr, "gpu_checks: %s\n", err);
-    return 1;
-  }
-  gmb_cu_device dev;
-  gmb_cu_ctx prim;
-  CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CU(d.cuDevicePrimaryCtxRetain(&prim, dev), "cuDevicePrimaryCtxRetain");
-  CU(d.cuCtxSetCurrent(prim), "cuCtxSetCurrent");
+  if (primary_current()) return 1;
   size_t nb = size / SLEEP_BLK ? size / SLEEP_BLK : 1;
   size = nb * SLEEP_BLK;
   if (n < 1) n = 1;
