@@ -2069,7 +2069,8 @@ static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
  * reaches at its own address (unlike device memory) and the copies take
  * as any host pointer.  Each allocation is a memfd named
  * "fakecuda-pinned" (tests may find it in /proc/<pid>/maps), touched
- * whole at once, as pinning faults in and locks every page; not zeros.
+ * whole at once, as pinning faults in and locks every page; not zeros
+ * (fake_garbage).
  * $FAKECUDA_PINNED_LIMIT (default no limit) bounds the bytes a process
  * holds pinned, as RLIMIT_MEMLOCK and the host's RAM bound the real
  * driver's: past it CUDA_ERROR_OUT_OF_MEMORY.  cuMemFreeHost of a pointer
@@ -2112,7 +2113,8 @@ static CUresult fake_cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
     free(e);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  memset(p, 0xa5, bytes);
+  /* Pinning touches every page; what it leaves there is no promise. */
+  memset(p, fake_garbage() ? 0xa5 : 0, bytes);
   e->p = p;
   e->size = bytes;
   pthread_mutex_lock(&fake_mu);
