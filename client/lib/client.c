@@ -73,6 +73,7 @@
 #include "endpoint.h"
 #include "fdclient.h"
 #include "fdpass.h"
+#include "hostbuf.h"
 #include "gmb.h"
 #include "locktab_layout.h"
 #include "segmap.h"
@@ -778,6 +779,10 @@ static void client_free(gmb_client *c) {
   gmb__segmap_destroy(c->map);
   gmb__cache_destroy(c->cache);
   gmb__atags_destroy(c->atags);
+  /* Host buffers kept for a next pause (pinned memory, on a GPU, is the
+   * host's to share) go with the session; another session of the process
+   * keeps what it holds and keeps from then on. */
+  gmb__hostbuf_release();
   gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
   pthread_mutex_destroy(&c->note_mu);
