@@ -1176,7 +1176,8 @@ END_TEST
 /* A client on the stand-in GPU: a tag's block (device memory, written with
  * cuMemcpyHtoD) is paused (offloaded with cuMemcpyDtoH into pinned host
  * memory, its pages unmapped from the reserved range and given back) and
- * resumed at the same address, where cuMemcpyDtoH reads its bytes back.
+ * resumed at the same address, where cuMemcpyDtoH reads its bytes back;
+ * a gmb_alloc allocation of the tag too (read back with gmb_read).
  * With `pinned_limit` the stand-in refuses to pin that much, and the
  * offload goes to pageable memory instead, bytes intact. */
 struct pause_arg {
@@ -1202,6 +1203,10 @@ static int pause_child(void *arg) {
   harness_pattern_fill(buf, n, 77);
   CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
                   GMB_CU_SUCCESS, 14, "cuMemcpyHtoD");
+  /* A gmb_alloc allocation under the tag too: its copy is pinned alike. */
+  gmb_id w;
+  CHILD_CHECK(gmb_alloc(c, MIB, 0, &w) == 0 && gmb_write(c, w, 0, buf, MIB) == 0,
+              26, "tagged gmb_alloc: %s", gmb_last_error(c));
   CHILD_CHECK(gmb_pause(c, "weights", GMB_PAUSE_OFFLOAD) == 0, 15,
               "pause: %s", gmb_last_error(c));
   gmb_stats st;
@@ -1209,18 +1214,18 @@ static int pause_child(void *arg) {
               "the tenant holds %llu bytes while paused",
               (unsigned long long)st.used);
   gmb_cache_stats cs;
-  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 6 * MIB, 17,
+  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 7 * MIB, 17,
               "host bytes %llu", (unsigned long long)cs.host);
   struct gmb_hostbuf_stats hs;
   gmb__hostbuf_stats(&hs);
   if (pa->pinned_limit)
-    CHILD_CHECK(hs.refused >= 1 && hs.pinned == 0 && hs.pageable >= 6 * MIB,
+    CHILD_CHECK(hs.refused >= 1 && hs.pinned == 0 && hs.pageable >= 7 * MIB,
                 25, "pinning past the limit: refused %llu, pinned %llu, "
                 "pageable %llu", (unsigned long long)hs.refused,
                 (unsigned long long)hs.pinned,
                 (unsigned long long)hs.pageable);
   else
-    CHILD_CHECK(hs.refused == 0 && hs.pinned >= 6 * MIB && hs.pageable == 0,
+    CHILD_CHECK(hs.refused == 0 && hs.pinned >= 7 * MIB && hs.pageable == 0,
                 25, "the offload's copy is not pinned: pinned %llu, "
                 "pageable %llu", (unsigned long long)hs.pinned,
                 (unsigned long long)hs.pageable);
@@ -1231,6 +1236,12 @@ static int pause_child(void *arg) {
                   GMB_CU_SUCCESS, 19, "cuMemcpyDtoH");
   long bad = harness_pattern_check(buf, n, 77);
   CHILD_CHECK(bad < 0, 20, "byte %ld changed across the pause", bad);
+  memset(buf, 0, MIB);
+  CHILD_CHECK(gmb_read(c, w, 0, buf, MIB) == 0, 27, "read: %s",
+              gmb_last_error(c));
+  bad = harness_pattern_check(buf, MIB, 77);
+  CHILD_CHECK(bad < 0, 28, "allocation byte %ld changed across the pause", bad);
+  CHILD_CHECK(gmb_free(c, w) == 0, 29, "free: %s", gmb_last_error(c));
   CHILD_CHECK(gmb_tenant_stats(c, &st) == 0 && st.used == 6 * MIB, 21,
               "the tenant holds %llu bytes after the resume",
               (unsigned long long)st.used);
@@ -1261,7 +1272,7 @@ static void pause_run(const char *pinned_limit) {
 START_TEST(cuda_pause_resume_keeps_bytes) { pause_run(NULL); }
 END_TEST
 
-START_TEST(cuda_pause_pinning_refused_falls_back) { pause_run("1m"); }
+START_TEST(cuda_pause_pinning_refused_falls_back) { pause_run("512k"); }
 END_TEST
 
 /* Across processes on the stand-in GPU: an idle job with a sleep policy
