@@ -71,6 +71,8 @@ static const struct {
     CUDRV_ENTRY(cuMemcpyHtoD),
     CUDRV_ENTRY(cuMemcpyDtoH),
     CUDRV_ENTRY(cuMemsetD8),
+    CUDRV_ENTRY(cuMemHostAlloc),
+    CUDRV_ENTRY(cuMemFreeHost),
     CUDRV_ENTRY(cuStreamCreate),
     CUDRV_ENTRY(cuStreamSynchronize),
     CUDRV_ENTRY(cuStreamDestroy),

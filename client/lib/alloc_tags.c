@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "gmb.h"
+#include "hostbuf.h"
 
 enum { ATAG_RUNNING, ATAG_PAUSING, ATAG_PAUSED, ATAG_RESUMING };
 
@@ -85,7 +86,7 @@ uint64_t gmb__atags_destroy(struct gmb_atags *t) {
   RB_FOREACH_SAFE(r, atag_tree, &t->tree, next) {
     RB_REMOVE(atag_tree, &t->tree, r);
     if (r->host) host += r->size;
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     free(r);
   }
   pthread_mutex_destroy(&t->mu);
@@ -161,7 +162,7 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
     gone = *r;
     RB_REMOVE(atag_tree, &t->tree, r);
     atomic_fetch_sub(&t->n, 1);
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     free(r);
   }
   pthread_mutex_unlock(&t->mu);
@@ -181,7 +182,7 @@ void gmb__atags_remove(struct gmb_atags *t, uint64_t id) {
   if (r) {
     RB_REMOVE(atag_tree, &t->tree, r);
     atomic_fetch_sub(&t->n, 1);
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     free(r);
   }
   pthread_mutex_unlock(&t->mu);
@@ -220,7 +221,7 @@ static void atag_settle(struct gmb_atags *t, struct atag *list, int state) {
 /* Drops the host copies of list (a pause undone, a resume done). */
 static void atag_drop_copies(struct atag *list) {
   for (struct atag *r = list; r; r = r->work) {
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     r->host = NULL;
   }
 }
@@ -251,7 +252,7 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
   }
   for (struct atag *r = list; r && rc == 0 && mode == GMB_PAUSE_OFFLOAD;
        r = r->work) {
-    r->host = malloc(r->size);
+    r->host = gmb__hostbuf_alloc(r->size);
     rc = r->host ? t->ops.copy(t->ops.ctx, r->cur, r->host, r->size, 0)
                  : GMB_E_SYSTEM;
   }
@@ -276,7 +277,7 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
       frc = frc ? frc : e;
       kept_dev += r->size;
       kept_host += r->host ? r->size : 0;
-      free(r->host);
+      gmb__hostbuf_free(r->host);
       r->host = NULL;
       r->state = ATAG_RUNNING;
     }

@@ -36,6 +36,7 @@
 #include "cache.h"
 #include "cache_impl.h"
 #include "gmb.h"
+#include "hostbuf.h"
 
 /* The tag arena named `tag`, or NULL.  With `make`, made when missing
  * (*rc: GMB_E_LIMIT past CACHE_MAX_TAGS). */
@@ -117,7 +118,7 @@ void gmb__cache_sleep_free(struct gmb_cache *k, struct cache_arena *a) {
   struct cache_sleep *z = a->sleep;
   if (z == NULL) return;
   atomic_fetch_sub(&k->host_held, z->host);
-  free(z->buf);
+  gmb__hostbuf_free(z->buf);
   free(z->pages);
   free(z);
   a->sleep = NULL;
@@ -212,7 +213,7 @@ static int sleep_abort(struct gmb_cache *k, struct cache_arena *a,
                        struct cache_sleep *z, int rc) {
   if (z) {
     atomic_fetch_sub(&k->host_held, z->host);
-    free(z->buf);
+    gmb__hostbuf_free(z->buf);
     free(z->pages);
     free(z);
   }
@@ -280,7 +281,7 @@ static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode,
   int rc = sleep_note(k, a, 1, mode, z->host, z->n * k->page, by);
   if (rc) return sleep_abort(k, a, z, rc);
   if (copied) {
-    z->buf = malloc(z->host);
+    z->buf = gmb__hostbuf_alloc(z->host);
     if (z->buf == NULL) return sleep_abort_noted(k, a, z, GMB_E_SYSTEM, 1);
     for (uint64_t i = 0; i < z->n; i++)
       if (z->pages[i].host)

@@ -73,6 +73,7 @@
 #include "endpoint.h"
 #include "fdclient.h"
 #include "fdpass.h"
+#include "hostbuf.h"
 #include "gmb.h"
 #include "locktab_layout.h"
 #include "segmap.h"
@@ -820,6 +821,10 @@ static void client_free(gmb_client *c) {
   gmb__segmap_destroy(c->map);
   gmb__cache_destroy(c->cache);
   gmb__atags_destroy(c->atags);
+  /* Host buffers kept for a next pause (pinned memory, on a GPU, is the
+   * host's to share) go with the session; another session of the process
+   * keeps what it holds and keeps from then on. */
+  gmb__hostbuf_release();
   gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
   pthread_mutex_destroy(&c->note_mu);
@@ -2418,6 +2423,12 @@ GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {
 
 uint64_t gmb__client_cache_in_use(gmb_client *c) {
   return c ? gmb__cache_in_use(c->cache) : 0;
+}
+
+int gmb__client_capture_underway(gmb_client *c) {
+  char why[256];
+  if (c == NULL || !c->cuda) return 0;
+  return gmb__cuda_capture_underway(c->cuda_ordinal, why, sizeof why) != 0;
 }
 
 /* --- sleep and wake: tags of the cache ---------------------------------- */

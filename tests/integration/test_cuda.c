@@ -44,6 +44,7 @@
 #include "cuimport.h"
 #include "gmb.h"
 #include "harness.h"
+#include "hostbuf.h"
 
 #define KIB (UINT64_C(1) << 10)
 #define MIB (UINT64_C(1) << 20)
@@ -1173,11 +1174,21 @@ END_TEST
 /* --- cuda_pause_resume_keeps_bytes --------------------------------------- */
 
 /* A client on the stand-in GPU: a tag's block (device memory, written with
- * cuMemcpyHtoD) is paused (offloaded with cuMemcpyDtoH, its pages unmapped
- * from the reserved range and given back) and resumed at the same
- * address, where cuMemcpyDtoH reads its bytes back. */
+ * cuMemcpyHtoD) is paused (offloaded with cuMemcpyDtoH into pinned host
+ * memory, its pages unmapped from the reserved range and given back) and
+ * resumed at the same address, where cuMemcpyDtoH reads its bytes back;
+ * a gmb_alloc allocation of the tag too (read back with gmb_read).
+ * With `pinned_limit` the stand-in refuses to pin that much, and the
+ * offload goes to pageable memory instead, bytes intact. */
+struct pause_arg {
+  char endpoint[128];
+  const char *pinned_limit;
+};
+
 static int pause_child(void *arg) {
-  const char *endpoint = arg;
+  const struct pause_arg *pa = arg;
+  const char *endpoint = pa->endpoint;
+  if (pa->pinned_limit) setenv("FAKECUDA_PINNED_LIMIT", pa->pinned_limit, 1);
   gmb_client *c = NULL;
   CHILD_CHECK(gmb_connect(endpoint, "sleepy", &c) == 0, 10, "connect: %s",
               gmb_last_error(NULL));
@@ -1192,6 +1203,10 @@ static int pause_child(void *arg) {
   harness_pattern_fill(buf, n, 77);
   CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
                   GMB_CU_SUCCESS, 14, "cuMemcpyHtoD");
+  /* A gmb_alloc allocation under the tag too: its copy is pinned alike. */
+  gmb_id w;
+  CHILD_CHECK(gmb_alloc(c, MIB, 0, &w) == 0 && gmb_write(c, w, 0, buf, MIB) == 0,
+              26, "tagged gmb_alloc: %s", gmb_last_error(c));
   CHILD_CHECK(gmb_pause(c, "weights", GMB_PAUSE_OFFLOAD) == 0, 15,
               "pause: %s", gmb_last_error(c));
   gmb_stats st;
@@ -1199,8 +1214,21 @@ static int pause_child(void *arg) {
               "the tenant holds %llu bytes while paused",
               (unsigned long long)st.used);
   gmb_cache_stats cs;
-  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 6 * MIB, 17,
+  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 7 * MIB, 17,
               "host bytes %llu", (unsigned long long)cs.host);
+  struct gmb_hostbuf_stats hs;
+  gmb__hostbuf_stats(&hs);
+  if (pa->pinned_limit)
+    CHILD_CHECK(hs.refused >= 1 && hs.pinned == 0 && hs.pageable >= 7 * MIB,
+                25, "pinning past the limit: refused %llu, pinned %llu, "
+                "pageable %llu", (unsigned long long)hs.refused,
+                (unsigned long long)hs.pinned,
+                (unsigned long long)hs.pageable);
+  else
+    CHILD_CHECK(hs.refused == 0 && hs.pinned >= 7 * MIB && hs.pageable == 0,
+                25, "the offload's copy is not pinned: pinned %llu, "
+                "pageable %llu", (unsigned long long)hs.pinned,
+                (unsigned long long)hs.pageable);
   CHILD_CHECK(gmb_resume(c, "weights") == 0, 18, "resume: %s",
               gmb_last_error(c));
   memset(buf, 0, n);
@@ -1208,6 +1236,12 @@ static int pause_child(void *arg) {
                   GMB_CU_SUCCESS, 19, "cuMemcpyDtoH");
   long bad = harness_pattern_check(buf, n, 77);
   CHILD_CHECK(bad < 0, 20, "byte %ld changed across the pause", bad);
+  memset(buf, 0, MIB);
+  CHILD_CHECK(gmb_read(c, w, 0, buf, MIB) == 0, 27, "read: %s",
+              gmb_last_error(c));
+  bad = harness_pattern_check(buf, MIB, 77);
+  CHILD_CHECK(bad < 0, 28, "allocation byte %ld changed across the pause", bad);
+  CHILD_CHECK(gmb_free(c, w) == 0, 29, "free: %s", gmb_last_error(c));
   CHILD_CHECK(gmb_tenant_stats(c, &st) == 0 && st.used == 6 * MIB, 21,
               "the tenant holds %llu bytes after the resume",
               (unsigned long long)st.used);
@@ -1222,17 +1256,23 @@ static int pause_child(void *arg) {
   return 0;
 }
 
-START_TEST(cuda_pause_resume_keeps_bytes) {
+static void pause_run(const char *pinned_limit) {
   struct harness_broker b;
   cuda_start(&b, "64m", NULL);
-  static char endpoint[128];
-  snprintf(endpoint, sizeof endpoint, "%s", b.endpoint);
-  pid_t kid = harness_fork(pause_child, endpoint);
+  static struct pause_arg pa;
+  snprintf(pa.endpoint, sizeof pa.endpoint, "%s", b.endpoint);
+  pa.pinned_limit = pinned_limit;
+  pid_t kid = harness_fork(pause_child, &pa);
   ck_assert_msg(harness_wait(kid) == 0, "the pausing child failed (its "
                 "stderr says why)");
   cuda_wait_settled(&b);
   cuda_finish(&b);
 }
+
+START_TEST(cuda_pause_resume_keeps_bytes) { pause_run(NULL); }
+END_TEST
+
+START_TEST(cuda_pause_pinning_refused_falls_back) { pause_run("512k"); }
 END_TEST
 
 /* Across processes on the stand-in GPU: an idle job with a sleep policy
@@ -1424,6 +1464,7 @@ int main(void) {
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
       cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start,
-      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause,
+      cuda_pause_resume_keeps_bytes, cuda_pause_pinning_refused_falls_back,
+      cuda_broker_asks_idle_job_to_pause,
       cuda_broker_asks_job_of_tagged_allocations));
 }
