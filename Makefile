@@ -60,7 +60,8 @@ COMMON_SRC := proto/wire.c proto/error.c proto/util.c proto/cudrv.c \
   proto/endpoint.c
 # The broker by layer, top down (docs/architecture.md).
 BROKER_SRC := broker/loop.c \
-  broker/dispatch.c broker/admin.c broker/http.c broker/fdchan.c \
+  broker/dispatch.c broker/admin.c broker/http.c broker/http_admin.c \
+  broker/fdchan.c \
   broker/core.c \
   broker/reclaim.c broker/sleep.c broker/offload.c broker/defrag.c broker/observe.c broker/waitq.c \
   broker/alloc.c \
@@ -76,7 +77,7 @@ BROKER_MAIN := broker/main.c
 LIB_SRC := client/lib/client.c client/lib/cuimport.c client/lib/segmap.c \
   client/lib/fdclient.c client/lib/gpu.c client/lib/cache.c \
   client/lib/cache_check.c client/lib/cache_sleep.c \
-  client/lib/sleep_policy.c client/lib/alloc_tags.c
+  client/lib/sleep_policy.c client/lib/alloc_tags.c client/lib/hostbuf.c
 
 COMMON_INC := -Iinclude -Iproto -I$(B)/gen
 BROKER_INC := -Iinclude -Iproto -Ibroker
@@ -89,7 +90,7 @@ $(B)/obj/client/lib/%.o: INC = $(LIB_INC)
 # the shared code.
 UNIT_SRC := $(wildcard tests/unit/check_*.c)
 LIB_UNITS := check_client check_client_cuda check_segmap check_cache \
-  check_alloc_tags
+  check_alloc_tags check_sleep_policy check_hostbuf
 COMMON_UNITS := check_wire check_util check_cudrv check_fakecuda
 INTEG_SRC := $(wildcard tests/integration/test_*.c)
 HARNESS_SRC := tests/integration/harness.c

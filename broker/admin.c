@@ -46,8 +46,7 @@
 #include "util.h"
 #include "waitq.h"
 
-/* 1 when uid may use the admin socket. */
-static int admin_allowed(const struct gmb_broker *b, uid_t uid) {
+int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid) {
   if (uid == geteuid()) return 1;
   for (size_t i = 0; i < b->cfg.n_admin_uids; i++)
     if (b->cfg.admin_uids[i] == uid) return 1;
@@ -576,6 +575,8 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
     admin_note(sum, sizeof sum, "run_dir: kept until restart");
   if (strcmp(nc.metrics_listen, oc->metrics_listen) != 0)
     admin_note(sum, sizeof sum, "metrics_listen: kept until restart");
+  if (nc.admin_http != oc->admin_http)
+    admin_note(sum, sizeof sum, "admin_http: kept until restart");
   if (strcmp(nc.state, oc->state) != 0)
     admin_note(sum, sizeof sum, "state: path kept until restart");
   memcpy(nc.device, oc->device, sizeof nc.device);
@@ -585,6 +586,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   memcpy(nc.run_dir, oc->run_dir, sizeof nc.run_dir);
   nc.run_dir_per_gpu = oc->run_dir_per_gpu;
   memcpy(nc.metrics_listen, oc->metrics_listen, sizeof nc.metrics_listen);
+  nc.admin_http = oc->admin_http;
   memcpy(nc.state, oc->state, sizeof nc.state);
 
   /* Clients that heartbeat were told the period at Hello; a shorter one
@@ -632,6 +634,8 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
   mode_t om = gmb__config_admin_mode(oc), nm = gmb__config_admin_mode(&nc);
   if (om != nm && b->admin_path[0] && chmod(b->admin_path, nm) != 0)
     log_warn("reload: chmod %s %o: %m", b->admin_path, (unsigned)nm);
+  if (om != nm && b->admin_http_path[0] && chmod(b->admin_http_path, nm) != 0)
+    log_warn("reload: chmod %s %o: %m", b->admin_http_path, (unsigned)nm);
   /* A --log-level flag wins over the file, at reload as at start. */
   if (b->flag_log_level >= 0) nc.log_level = b->flag_log_level;
   gmb__log_set_level(nc.log_level);
@@ -675,7 +679,7 @@ int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,
                const struct wire_request *req, struct wire_reply *rep) {
   memset(rep, 0, sizeof *rep);
   rep->id = req->id;
-  if (!admin_allowed(b, peer->uid)) {
+  if (!gmb__admin_allowed(b, peer->uid)) {
     log_warn("admin request from uid %u refused: not an admin uid",
              (unsigned)peer->uid);
     rep->status = GMB_E_AUTH;

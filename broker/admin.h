@@ -10,6 +10,10 @@
 #include "broker.h"
 #include "wire.h"
 
+/* 1 when uid is an operator: the broker's own uid or one of admin_uids
+ * (checked on every admin request, whichever socket it came by). */
+int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid);
+
 /* Handles one admin request.  Returns 1 when *rep is to be sent now, 0
  * when the answer comes later (a compaction). */
 int gmb__admin(struct gmb_broker *b, const struct gmb_peer *peer,

@@ -96,6 +96,8 @@ struct gmb_broker {
   char client_path[PATH_MAX]; /* the socket files */
   char admin_path[PATH_MAX];
   char fd_path[PATH_MAX];     /* the descriptor channel (fdchan.c) */
+  char admin_http_path[PATH_MAX]; /* HTTP for operators (http_admin.c);
+                                     "": not served */
   struct gmb_device *dev;
   struct gmb_pool *pool;
   struct gmb_tenants *tenants;

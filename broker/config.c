@@ -248,8 +248,8 @@ enum {
   K_LOG_LEVEL, K_HEARTBEAT_MS, K_SHUTDOWN_GRACE_MS, K_MAX_SESSIONS,
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
-  K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS, K_OFFLOAD_HOST_MAX,
-  K_RESTORE_WAIT_MS,
+  K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS, K_ADMIN_HTTP,
+  K_OFFLOAD_HOST_MAX, K_RESTORE_WAIT_MS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -258,7 +258,7 @@ static const char *const cfg_broker_keys[] = {
     "shutdown_grace_ms", "max_sessions", "max_sessions_per_uid",
     "max_tenants_per_uid", "max_waiters_per_session",
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
-    "metrics_tenants", "sleep_wait_ms", "client_contexts",
+    "metrics_tenants", "sleep_wait_ms", "client_contexts", "admin_http",
     "offload_host_max", "restore_wait_ms",
 };
 
@@ -372,6 +372,7 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
       return 1;
     case K_RUN_DIR_PER_GPU: return cfg_bool(p, key, v, &c->run_dir_per_gpu);
     case K_METRICS_TENANTS: return cfg_bool(p, key, v, &c->metrics_tenants);
+    case K_ADMIN_HTTP: return cfg_bool(p, key, v, &c->admin_http);
   }
   GMB_ASSERT(0 && "a broker key without a case");
 }
@@ -577,6 +578,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->restore_wait_ms = 3000;
   c->device_reserve = GMB_DEVICE_RESERVE_AUTO;
   c->client_contexts = 8;
+  c->admin_http = 1;
 }
 
 /*

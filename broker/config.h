@@ -51,6 +51,7 @@ struct gmb_config {
   char metrics_listen[64];  /* "" : no HTTP endpoint */
   int metrics_tenants;      /* 1: the HTTP endpoint shows per-tenant series
                                (names, usage, sessions); 0: only totals */
+  int admin_http;           /* 1: serve admin-http.sock (http_admin.h) */
   int log_level;            /* GMB_LOG_* */
   uint32_t heartbeat_ms;    /* period asked of clients whose pid the broker
                                cannot watch; a session is ended after 3

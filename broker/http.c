@@ -48,10 +48,7 @@ struct gmb_http {
   pthread_mutex_t mu;
   char *text; /* NULL until the first publish */
   size_t len;
-  struct {
-    uid_t uid;
-    unsigned n;
-  } uids[HTTP_CONNECTIONS]; /* uids with connections (n > 0) */
+  struct gmb_http_uids uids; /* uids with connections */
   uint64_t refused;         /* past a uid's cap (read with the server
                                stopped, or racy for a log line) */
 };
@@ -109,16 +106,14 @@ static uid_t http_peer_uid(const struct sockaddr *a) {
   return uid;
 }
 
-/* On the server thread: the count of uid's connections, made when `make`
- * (NULL when the table is full or it has none). */
-static unsigned *http_uid_count(struct gmb_http *h, uid_t uid, int make) {
-  for (size_t i = 0; i < HTTP_CONNECTIONS; i++)
-    if (h->uids[i].n && h->uids[i].uid == uid) return &h->uids[i].n;
+unsigned *gmb__http_uid_count(struct gmb_http_uids *t, uid_t uid, int make) {
+  for (size_t i = 0; i < GMB_HTTP_UIDS; i++)
+    if (t->u[i].n && t->u[i].uid == uid) return &t->u[i].n;
   if (!make) return NULL;
-  for (size_t i = 0; i < HTTP_CONNECTIONS; i++)
-    if (h->uids[i].n == 0) {
-      h->uids[i].uid = uid;
-      return &h->uids[i].n;
+  for (size_t i = 0; i < GMB_HTTP_UIDS; i++)
+    if (t->u[i].n == 0) {
+      t->u[i].uid = uid;
+      return &t->u[i].n;
     }
   return NULL;
 }
@@ -133,7 +128,7 @@ static enum MHD_Result http_accept_ok(void *cls, const struct sockaddr *a,
   struct gmb_http *h = cls;
   (void)len;
   uid_t uid = http_peer_uid(a);
-  unsigned *n = http_uid_count(h, uid, 0);
+  unsigned *n = gmb__http_uid_count(&h->uids, uid, 0);
   if (n && *n >= http_uid_cap(uid)) {
     h->refused++;
     return MHD_NO;
@@ -149,11 +144,12 @@ static void http_notify(void *cls, struct MHD_Connection *conn, void **ctx,
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     uid_t uid = ci ? http_peer_uid(ci->client_addr) : HTTP_UID_UNKNOWN;
-    unsigned *n = http_uid_count(h, uid, 1);
+    unsigned *n = gmb__http_uid_count(&h->uids, uid, 1);
     if (n) (*n)++;
     *ctx = n ? (void *)((uintptr_t)uid + 1) : NULL;
   } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
-    unsigned *n = http_uid_count(h, (uid_t)((uintptr_t)*ctx - 1), 0);
+    unsigned *n =
+        gmb__http_uid_count(&h->uids, (uid_t)((uintptr_t)*ctx - 1), 0);
     if (n) (*n)--;
     *ctx = NULL;
   }
@@ -245,20 +241,28 @@ static int http_bind(const char *addr, int *family, char *err,
   return fd;
 }
 
-static enum MHD_Result http_reply(struct MHD_Connection *conn,
-                                  unsigned int code, const char *body,
-                                  size_t len, enum MHD_ResponseMemoryMode mode,
-                                  const char *allow) {
+enum MHD_Result gmb__http_reply(struct MHD_Connection *conn, unsigned int code,
+                                const char *body, size_t len,
+                                enum MHD_ResponseMemoryMode mode,
+                                const char *type, const char *allow) {
   struct MHD_Response *r =
       MHD_create_response_from_buffer(len, (void *)body, mode);
   if (r == NULL) return MHD_NO;
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-                          code == MHD_HTTP_OK ? HTTP_CONTENT_TYPE
-                                              : "text/plain; charset=utf-8");
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
   if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
   enum MHD_Result ok = MHD_queue_response(conn, code, r);
   MHD_destroy_response(r);
   return ok;
+}
+
+static enum MHD_Result http_reply(struct MHD_Connection *conn,
+                                  unsigned int code, const char *body,
+                                  size_t len, enum MHD_ResponseMemoryMode mode,
+                                  const char *allow) {
+  return gmb__http_reply(conn, code, body, len, mode,
+                         code == MHD_HTTP_OK ? HTTP_CONTENT_TYPE
+                                             : "text/plain; charset=utf-8",
+                         allow);
 }
 
 #define HTTP_STATIC(conn, code, text, allow)                            \

@@ -11,10 +11,34 @@
 #ifndef GMB_HTTP_H
 #define GMB_HTTP_H
 
+#include <microhttpd.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 struct gmb_http;
+
+/* Connections counted per uid, for an HTTP server's caps (each server's
+ * table is touched by one thread only: the one that runs it). */
+#define GMB_HTTP_UIDS 64
+struct gmb_http_uids {
+  struct {
+    uid_t uid;
+    unsigned n; /* 0: a free row */
+  } u[GMB_HTTP_UIDS];
+};
+
+/* uid's count in t, made (at 0) when `make`; NULL when uid has none and
+ * `make` is 0, or the table is full. */
+unsigned *gmb__http_uid_count(struct gmb_http_uids *t, uid_t uid, int make);
+
+/* Queues a response of `len` bytes of `body` (libmicrohttpd's memory
+ * `mode`) with status `code`, Content-Type `type` and, unless NULL, an
+ * Allow header.  libmicrohttpd's result (MHD_NO: close the connection). */
+enum MHD_Result gmb__http_reply(struct MHD_Connection *conn, unsigned int code,
+                                const char *body, size_t len,
+                                enum MHD_ResponseMemoryMode mode,
+                                const char *type, const char *allow);
 
 /*
  * Splits "HOST:PORT" ("127.0.0.1:9464", "[::1]:9464", "localhost:9464") into

@@ -1,7 +1,9 @@
 /*
  * loop.c - the broker's one event loop: two ROUTER sockets, a signalfd, a
- * pidfd per watched client, the metrics endpoint, and timers (waiter
- * deadlines, heartbeats, compaction, trim, metrics).
+ * pidfd per watched client, the metrics endpoint, the operators' HTTP
+ * socket (its listener and its server's epoll descriptor: the server runs
+ * here, http_admin.h), and timers (waiter deadlines, heartbeats,
+ * compaction, trim, metrics, the HTTP server's).
  *
  * One epoll set waits on all of them: the descriptors, and for each
  * ZeroMQ socket the descriptor libzmq signals when the socket has
@@ -57,6 +59,7 @@
 #include "fdpass.h"
 #include "gmb.h"
 #include "http.h"
+#include "http_admin.h"
 #include "log.h"
 #include "observe.h"
 #include "reclaim.h"
@@ -87,6 +90,8 @@ enum {
   LOOP_SLOT_ADMIN,    /* the admin socket */
   LOOP_SLOT_SIGNAL,   /* the signalfd */
   LOOP_SLOT_FDLISTEN, /* the descriptor channel's listener */
+  LOOP_SLOT_HTTP_LISTEN, /* admin-http.sock's listener (-1: not served) */
+  LOOP_SLOT_HTTP,        /* its server's epoll descriptor */
   LOOP_SLOTS_FIXED
 };
 
@@ -108,6 +113,8 @@ struct gmb_loop {
   uint64_t gen, fd_gen; /* the session table's, the pending connections' */
   int sigfd;
   struct gmb_http *http; /* the metrics endpoint, or NULL */
+  struct gmb_http_admin *http_admin; /* admin-http.sock, or NULL */
+  uint64_t next_http_admin_ns; /* its server wants to run by then */
   uint64_t next_publish_ns;
 };
 
@@ -202,37 +209,57 @@ static void *loop_router(struct gmb_broker *b, const char *path, mode_t mode,
   return s;
 }
 
-/* The descriptor channel's socket: anyone may connect (0666), as to the
- * client socket; a connection proves its session before it gets anything
- * (fdchan.c). */
-static int loop_fd_listen(struct gmb_broker *b, char *err, size_t errcap) {
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+/* A listening Unix socket of `type` at `path` with file mode `mode`
+ * (bound under a tight umask: never reachable by others before the
+ * chmod), non-blocking; -1 with the reason in err. */
+static int loop_unix_listen(const char *path, int type, mode_t mode,
+                            int backlog, char *err, size_t errcap) {
+  int fd = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     snprintf(err, errcap, "socket: %s", strerror(errno));
-    return GMB_E_SYSTEM;
+    return -1;
   }
   struct sockaddr_un sa;
   memset(&sa, 0, sizeof sa);
   sa.sun_family = AF_UNIX;
-  memcpy(sa.sun_path, b->fd_path, strlen(b->fd_path) + 1);
+  memcpy(sa.sun_path, path, strlen(path) + 1);
   mode_t old = umask(0077);
   int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
   umask(old);
-  const char *what = rc != 0                             ? "bind"
-                     : chmod(b->fd_path, 0666) != 0      ? "chmod"
-                     : listen(fd, GMB_FDCHAN_PENDING) != 0 ? "listen"
-                                                           : NULL;
+  const char *what = rc != 0                      ? "bind"
+                     : chmod(path, mode) != 0     ? "chmod"
+                     : listen(fd, backlog) != 0   ? "listen"
+                                                  : NULL;
   if (what) {
-    snprintf(err, errcap, "%s %s: %s", what, b->fd_path, strerror(errno));
+    snprintf(err, errcap, "%s %s: %s", what, path, strerror(errno));
     close(fd);
-    return GMB_E_SYSTEM;
+    return -1;
   }
+  return fd;
+}
+
+/* The descriptor channel's socket: anyone may connect (0666), as to the
+ * client socket; a connection proves its session before it gets anything
+ * (fdchan.c). */
+static int loop_fd_listen(struct gmb_broker *b, char *err, size_t errcap) {
+  int fd = loop_unix_listen(b->fd_path, SOCK_SEQPACKET, 0666,
+                            GMB_FDCHAN_PENDING, err, errcap);
+  if (fd < 0) return GMB_E_SYSTEM;
   if (gmb__fdchan_open(b, fd) != 0) {
     snprintf(err, errcap, "out of host memory");
     close(fd);
     return GMB_E_SYSTEM;
   }
   return 0;
+}
+
+/* Operators' HTTP (admin-http.sock, http_admin.h): the admin socket's
+ * mode, since the same uids may use it. */
+static int loop_http_admin(struct gmb_broker *b, char *err, size_t errcap) {
+  int fd = loop_unix_listen(b->admin_http_path, SOCK_STREAM,
+                            gmb__config_admin_mode(&b->cfg), 64, err, errcap);
+  if (fd < 0) return GMB_E_SYSTEM;
+  return gmb__http_admin_start(b, fd, &b->loop->http_admin, err, errcap);
 }
 
 int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
@@ -266,9 +293,24 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
     snprintf(err, errcap, "run dir path too long: %s", b->run_dir);
     return GMB_E_INVAL;
   }
+  /* The longest name of the run dir's sockets: a run dir that held the
+   * others before this socket existed still starts, without it. */
+  if (b->cfg.admin_http) {
+    struct sockaddr_un sa;
+    size_t n = (size_t)snprintf(b->admin_http_path, sizeof b->admin_http_path,
+                                "%s/%s", b->run_dir, GMB_ADMIN_HTTP_SOCKET);
+    if (n >= sizeof sa.sun_path) {
+      log_warn("%s/%s: too long a path for a Unix socket (%zu bytes, at "
+               "most %zu): operators' HTTP is not served", b->run_dir,
+               GMB_ADMIN_HTTP_SOCKET, n, sizeof sa.sun_path - 1);
+      b->admin_http_path[0] = '\0';
+    }
+  }
   if ((rc = loop_claim_path(b->client_path, SOCK_STREAM, err, errcap)) ||
       (rc = loop_claim_path(b->admin_path, SOCK_STREAM, err, errcap)) ||
-      (rc = loop_claim_path(b->fd_path, SOCK_SEQPACKET, err, errcap)))
+      (rc = loop_claim_path(b->fd_path, SOCK_SEQPACKET, err, errcap)) ||
+      (b->admin_http_path[0] &&
+       (rc = loop_claim_path(b->admin_http_path, SOCK_STREAM, err, errcap))))
     return rc;
 
   sigset_t set;
@@ -302,6 +344,8 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
                   LOOP_ADMIN_SNDHWM, err, errcap);
   if (b->admin_sock == NULL) return GMB_E_SYSTEM;
   if ((rc = loop_fd_listen(b, err, errcap)) != 0) return rc;
+  if (b->admin_http_path[0] && (rc = loop_http_admin(b, err, errcap)) != 0)
+    return rc;
   /* metrics_listen was asked for and cannot be served: say so now rather
    * than run without the endpoint an operator relies on.  The server's
    * thread starts after the signal mask is set, so it never sees one. */
@@ -316,6 +360,7 @@ int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap) {
 void gmb__loop_close(struct gmb_broker *b) {
   struct gmb_loop *l = b->loop;
   if (l) gmb__http_stop(l->http);
+  if (l) gmb__http_admin_stop(l->http_admin);
   if (b->client_sock) zmq_close(b->client_sock);
   if (b->admin_sock) zmq_close(b->admin_sock);
   b->client_sock = b->admin_sock = NULL;
@@ -325,6 +370,7 @@ void gmb__loop_close(struct gmb_broker *b) {
   if (b->client_path[0]) unlink(b->client_path);
   if (b->admin_path[0]) unlink(b->admin_path);
   if (b->fd_path[0]) unlink(b->fd_path);
+  if (b->admin_http_path[0]) unlink(b->admin_http_path);
   if (l == NULL) return;
   if (l->sigfd >= 0) close(l->sigfd);
   if (l->epfd >= 0) close(l->epfd);
@@ -553,6 +599,12 @@ static int loop_rebuild(struct gmb_broker *b) {
   l->items[LOOP_SLOT_SIGNAL].events = ZMQ_POLLIN;
   l->items[LOOP_SLOT_FDLISTEN].fd = gmb__fdchan_listener(b);
   l->items[LOOP_SLOT_FDLISTEN].events = ZMQ_POLLIN;
+  l->items[LOOP_SLOT_HTTP_LISTEN].fd =
+      l->http_admin ? gmb__http_admin_listen_fd(l->http_admin) : -1;
+  l->items[LOOP_SLOT_HTTP_LISTEN].events = ZMQ_POLLIN;
+  l->items[LOOP_SLOT_HTTP].fd =
+      l->http_admin ? gmb__http_admin_epoll_fd(l->http_admin) : -1;
+  l->items[LOOP_SLOT_HTTP].events = ZMQ_POLLIN;
   l->n_items = LOOP_SLOTS_FIXED;
   gmb__sessions_each(b->sessions, loop_add_session, l);
   gmb__fdchan_each_pending(b, loop_add_pending, l);
@@ -681,6 +733,19 @@ static void loop_drain(struct gmb_broker *b) {
     log_info("every session is gone");
 }
 
+/* admin-http.sock: new connections, then the server's turn when one of
+ * its connections is ready or its timeout came.  An operator's request
+ * may end nothing (pause and resume only send events), so the poll set
+ * stays valid. */
+static void loop_http_admin_serve(struct gmb_broker *b) {
+  struct gmb_loop *l = b->loop;
+  int accept = l->items[LOOP_SLOT_HTTP_LISTEN].revents != 0;
+  if (accept) gmb__http_admin_accept(l->http_admin);
+  if (accept || l->items[LOOP_SLOT_HTTP].revents ||
+      gmb__now_ns() >= l->next_http_admin_ns)
+    gmb__http_admin_run(l->http_admin);
+}
+
 /* Says, at most every LOOP_TRIM_NS, how many connections the guard
  * refused since it last said (connguard.h: it counts in libzmq's thread,
  * which must not log). */
@@ -766,6 +831,12 @@ int gmb__loop_run(struct gmb_broker *b) {
     int sent_client = gmb__reply_sends(GMB_SOCK_CLIENT) != mark_client;
     int sent_admin = gmb__reply_sends(GMB_SOCK_ADMIN) != mark_admin;
     if (more || sent_client || sent_admin) timeout_ms = 0;
+    if (l->http_admin) { /* its idle connections' timeouts, work left */
+      long t = gmb__http_admin_timeout_ms(l->http_admin);
+      if (t >= 0 && t < timeout_ms) timeout_ms = t;
+      l->next_http_admin_ns =
+          t >= 0 ? now + (uint64_t)t * GMB_NS_PER_MS : UINT64_MAX;
+    }
     int rc = loop_wait(l, timeout_ms);
     if (rc < 0) {
       if (errno == EINTR) continue;
@@ -775,6 +846,7 @@ int gmb__loop_run(struct gmb_broker *b) {
     read_client |= l->items[LOOP_SLOT_CLIENT].revents & ZMQ_POLLIN;
     read_admin |= l->items[LOOP_SLOT_ADMIN].revents & ZMQ_POLLIN;
     if (l->items[LOOP_SLOT_SIGNAL].revents & ZMQ_POLLIN) loop_signal(b);
+    if (l->http_admin) loop_http_admin_serve(b);
     /* Sessions that ended in this round make the results stale: the set
      * is level triggered, the next round sees what is still ready. */
     if (!loop_stale(b)) loop_watched(b, gmb__now_ns());
@@ -809,10 +881,20 @@ int gmb__loop_run(struct gmb_broker *b) {
         trimmed_gen = gen;
       }
       loop_report_refused(&refused);
+      uint64_t hr = l->http_admin ? gmb__http_admin_refused(l->http_admin) : 0;
+      if (hr)
+        log_warn("refused %" PRIu64 " connections to %s past its caps (16 "
+                 "per operator uid; 2 per other uid, 16 of those in all; 64 "
+                 "in all)", hr, GMB_ADMIN_HTTP_SOCKET);
       next_trim = now + LOOP_TRIM_NS;
     }
   }
   gmb__defrag_shutdown(b);
+  /* Operators' HTTP ends here: the drain below does not serve it, and a
+   * descriptor left in its poll set would keep waking it. */
+  gmb__http_admin_stop(l->http_admin);
+  l->http_admin = NULL;
+  l->items[LOOP_SLOT_HTTP_LISTEN].fd = l->items[LOOP_SLOT_HTTP].fd = -1;
   gmb__sessions_each(b->sessions, loop_tell_shutdown, b);
   loop_drain(b);
   return 0;

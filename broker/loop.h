@@ -9,9 +9,9 @@
 
 #include "broker.h"
 
-/* Creates the run dir and binds the sockets under b->run_dir, blocks the
- * signals it handles, and starts the metrics endpoint when the config asks
- * for one.  0 or a GMB_E_* code, with a reason in err.  What was opened is
+/* Creates the run dir and binds the sockets under b->run_dir (with
+ * admin-http.sock unless admin_http = no), blocks the signals it handles,
+ * and starts the metrics endpoint when the config asks for one.  0 or a GMB_E_* code, with a reason in err.  What was opened is
  * closed by gmb__loop_close either way. */
 int gmb__loop_open(struct gmb_broker *b, char *err, size_t errcap);
 

@@ -268,9 +268,11 @@ int main(int argc, char **argv) {
   } else {
     char cap[GMB_SIZE_BUFSZ];
     log_info("gmb-broker %s ready: device %s (%s), %zu configured tenants, "
-             "clients ipc://%s, admin ipc://%s", gmb_version(), b->dev->desc,
-             gmb__size_format(b->dev->capacity, cap, sizeof cap),
-             b->cfg.n_tenants, b->client_path, b->admin_path);
+             "clients ipc://%s, admin ipc://%s%s%s", gmb_version(),
+             b->dev->desc, gmb__size_format(b->dev->capacity, cap, sizeof cap),
+             b->cfg.n_tenants, b->client_path, b->admin_path,
+             b->admin_http_path[0] ? ", operators' HTTP unix:" : "",
+             b->admin_http_path);
     main_notify("READY=1");
     status = gmb__loop_run(b);
     main_notify("STOPPING=1");

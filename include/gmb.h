@@ -366,15 +366,21 @@ GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
  * each one's bytes copied to host memory (offload) or dropped (discard),
  * then freed at the broker.  A tag with one of them locked (gmb_lock
  * without its gmb_unlock, pinned or movable) is not paused: GMB_E_INVAL,
- * naming it, nothing changed.  While paused, gmb_lock, gmb_read and
- * gmb_write of them fail with GMB_E_INVAL, gmb_free drops one (and its
- * host copy), and gmb_alloc with the tag current fails with GMB_E_INVAL.
+ * naming it, nothing changed.  While the application or an operator
+ * keeps them paused, gmb_lock, gmb_read and gmb_write of them fail with
+ * GMB_E_INVAL, and so does gmb_alloc with the tag current; paused for
+ * another job (the broker's ask, gmb_sleep_policy_set) these calls resume
+ * the tag first, as gmb_malloc_async does.  gmb_free drops a paused one
+ * (and its host copy).
  * gmb_resume allocates each anew (same size and flags) and writes its
  * bytes back: its gmb_id stays the program's, but the address gmb_lock
  * gives may differ from before the pause (lock again after a resume).
  * Their host bytes count in gmb_cache_stats.host and $GMB_HOST_QUOTA, their
- * device bytes in gmb_cache_stats.paused.  Only gmb_pause pauses them:
- * the broker's asks and gmbctl pause pause the cache's part alone.
+ * device bytes in gmb_cache_stats.paused.  The broker's asks and gmbctl
+ * pause pause them with the cache part, as gmb_pause does.  When the
+ * allocations cannot pause, the cache part resumes again only if this
+ * call paused it: one paused before (by an operator, the broker or the
+ * application) stays paused.
  *
  * gmb_resume maps new pages from the broker at the same addresses and
  * copies the offloaded bytes back (discarded ones read as whatever the
@@ -397,17 +403,20 @@ GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag);
  * when another job's request finds the device full (docs/sleep.md), as
  * $GMB_SLEEP_POLICY does at connect.  `policy`: comma-separated items,
  * "idle=SECONDS" (how long the process must have allocated and freed
- * nothing through gmb_malloc_async before it is offered; default 0) and
- * tags, "NAME", "NAME:offload" or "NAME:discard" (none named: every tag,
- * offloaded).  NULL, "" or "off": opted out.  The broker asks only
+ * nothing through gmb_malloc_async, gmb_alloc or gmb_free, and locked or
+ * copied no tagged gmb_alloc allocation, before it is offered; default 0)
+ * and tags, "NAME", "NAME:offload" or "NAME:discard" (none named: every
+ * tag, offloaded).  NULL, "" or "off": opted out.  The broker asks only
  * sessions of tenants whose priority is not above the requester's, lowest
  * priority first, then the longest idle, then the largest offer, and never
- * below a tenant's reservation; the library's thread pauses the tags
- * (largest first) and answers.  A tag paused so resumes at the process's
- * next gmb_resume, or by itself at the next gmb_malloc_async with that tag
- * current, waiting for room up to $GMB_RESUME_WAIT_MS (default 10000);
- * past that the allocation fails with the broker's refusal and the tag
- * stays paused.  A tag an operator paused (gmbctl pause) resumes with
+ * below a tenant's reservation; the library's thread pauses the tags,
+ * cache part and gmb_alloc allocations (largest first; a tag with a locked
+ * allocation is neither offered nor paused) and answers.  A tag paused so
+ * resumes at the process's next gmb_resume, or by itself at the next
+ * gmb_malloc_async or gmb_alloc with that tag current or gmb_lock,
+ * gmb_read or gmb_write of one of its allocations, waiting for room up to
+ * $GMB_RESUME_WAIT_MS (default 10000); past that the call fails with the
+ * broker's refusal and the tag stays paused.  A tag an operator paused (gmbctl pause) resumes with
  * gmbctl resume or gmb_resume; allocating in it fails with GMB_E_INVAL
  * meanwhile.  0, or GMB_E_INVAL for a policy that does not parse (the
  * previous one stays).

@@ -76,6 +76,7 @@ struct gmb_cu_access_desc { /* CUmemAccessDesc */
 #define GMB_CU_EVENT_DISABLE_TIMING 0x2u
 #define GMB_CU_ERROR_NOT_SUPPORTED 801
 #define GMB_CU_STREAM_NON_BLOCKING 0x1u
+#define GMB_CU_MEMHOSTALLOC_PORTABLE 0x1u
 #define GMB_CU_MEM_ALLOCATION_TYPE_PINNED 0x1
 #define GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
 #define GMB_CU_MEM_LOCATION_TYPE_DEVICE 0x1
@@ -134,13 +135,14 @@ struct gmb_cudrv {
                                      gmb_cu_stream s);
   gmb_cu_result (*cuMemcpyHtoD)(gmb_cu_ptr dst, const void *src, size_t n);
   gmb_cu_result (*cuMemcpyDtoH)(void *dst, gmb_cu_ptr src, size_t n);
-  /* Page-locked host memory (flags 0: portable to this context only), for
-   * the broker's own offloads of movable allocations: copies between it
-   * and the device run at the bus's speed, without a staging copy. */
-  gmb_cu_result (*cuMemHostAlloc)(void **p, size_t bytes, unsigned flags);
-  gmb_cu_result (*cuMemFreeHost)(void *p);
   /* The broker clears every segment it makes before a tenant gets it. */
   gmb_cu_result (*cuMemsetD8)(gmb_cu_ptr dst, unsigned char v, size_t n);
+  /* Pinned (page-locked) host memory, which the copies above move at the
+   * bus's full speed: the library's host copies of paused memory, and the
+   * broker's copies of the movable allocations it offloads.  Flags:
+   * GMB_CU_MEMHOSTALLOC_PORTABLE (every context may use it). */
+  gmb_cu_result (*cuMemHostAlloc)(void **p, size_t bytes, unsigned flags);
+  gmb_cu_result (*cuMemFreeHost)(void *p);
   gmb_cu_result (*cuStreamCreate)(gmb_cu_stream *s, unsigned flags);
   gmb_cu_result (*cuStreamSynchronize)(gmb_cu_stream s);
   gmb_cu_result (*cuStreamDestroy)(gmb_cu_stream s);

@@ -77,7 +77,7 @@ GEN_USERS='proto/*.c'
 LAYERS='
 8  main      main
 7  loop      loop
-6  handlers  dispatch admin http fdchan
+6  handlers  dispatch admin http http_admin fdchan
 5  core      core
 4  services  reclaim sleep defrag observe waitq offload alloc
 3  state     broker session tenant compact repack evacuate locktab statefile reply

@@ -14,12 +14,17 @@
 #     killed) and fails; before the kill, run.sh prints each of its
 #     processes with its state, the kernel function it sleeps in (wchan)
 #     and its command line: what it was waiting for.
+# CK_RUN_CASE / CK_RUN_SUITE (Check's: run only that case or suite) set
+# but empty mean every case: they are unset, since Check would otherwise
+# run the cases named "" (none) and report "Checks: 0" as a pass.
 # Needs only a POSIX sh, coreutils and /proc (setsid from util-linux when
 # it is there); no procps.
 B=$1
 shift
 export GMB_BUILD_DIR="$B"
 : "${CK_DEFAULT_TIMEOUT:=120}"
+[ -n "${CK_RUN_CASE-x}" ] || unset CK_RUN_CASE
+[ -n "${CK_RUN_SUITE-x}" ] || unset CK_RUN_SUITE
 export CK_DEFAULT_TIMEOUT
 : "${GMB_SUITE_TIMEOUT:=900}"
 passed=0

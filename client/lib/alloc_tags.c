@@ -14,7 +14,9 @@
  * RESUMING (the pauser owns the record: gets and frees of it fail);
  * PAUSED (cur 0, host the copy or NULL).  `holds` counts gmb_lock minus
  * gmb_unlock (and the library's own copies): a pause refuses a tag with
- * a held allocation, so no pointer the program holds goes stale.
+ * a held allocation, so no pointer the program holds goes stale.  `by`
+ * says who paused a record (the application, the broker's ask, an
+ * operator), from the moment it is PAUSING until it runs again.
  *
  * Invariants: n counts the records; a record is PAUSED exactly when cur
  * is 0; host is non-NULL only when PAUSED or RESUMING.  Locks: mu guards
@@ -31,8 +33,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gmb.h"
+#include "hostbuf.h"
 
 enum { ATAG_RUNNING, ATAG_PAUSING, ATAG_PAUSED, ATAG_RESUMING };
 
@@ -45,6 +49,7 @@ struct atag {
   int tag;
   int holds;
   uint8_t state;
+  uint8_t by; /* who paused it: GMB_CACHE_BY_* (cache.h) */
   void *host; /* the copy while paused (offload) */
   struct atag *work; /* the pause's or resume's list */
 };
@@ -61,6 +66,7 @@ struct gmb_atags {
   pthread_mutex_t mu, pause_mu;
   struct atag_tree tree;
   atomic_uint_fast64_t n;
+  atomic_uint_fast64_t uses; /* gmb__atags_uses */
 };
 
 struct gmb_atags *gmb__atags_new(const struct gmb_atag_ops *ops) {
@@ -80,7 +86,7 @@ uint64_t gmb__atags_destroy(struct gmb_atags *t) {
   RB_FOREACH_SAFE(r, atag_tree, &t->tree, next) {
     RB_REMOVE(atag_tree, &t->tree, r);
     if (r->host) host += r->size;
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     free(r);
   }
   pthread_mutex_destroy(&t->mu);
@@ -98,6 +104,7 @@ int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
   pthread_mutex_lock(&t->mu);
   struct atag *old = RB_INSERT(atag_tree, &t->tree, r);
   if (old == NULL) atomic_fetch_add(&t->n, 1);
+  atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
   pthread_mutex_unlock(&t->mu);
   if (old) free(r); /* the broker gave an id twice: the first record stays */
   return 0;
@@ -122,6 +129,7 @@ int gmb__atags_get(struct gmb_atags *t, uint64_t id, int hold, uint64_t *cur,
   } else if (r) {
     *cur = r->cur;
     r->holds += hold != 0;
+    if (hold) atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&t->mu);
   return rc;
@@ -148,19 +156,21 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
                        : r->state == ATAG_PAUSED    ? 2
                                                     : GMB_E_INVAL;
   if (rc == 1) *cur = r->cur;
+  if (r) atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
   struct atag gone = {0};
   if (rc == 2) {
     gone = *r;
     RB_REMOVE(atag_tree, &t->tree, r);
     atomic_fetch_sub(&t->n, 1);
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     free(r);
   }
   pthread_mutex_unlock(&t->mu);
   if (rc == 2) {
     /* Its share of the tag's account goes: host copy and device bytes. */
     *host = gone.host ? gone.size : 0;
-    (void)t->ops.admit(t->ops.ctx, gone.tag, 0, 0, *host, gone.size);
+    (void)t->ops.admit(t->ops.ctx, gone.tag, 0, 0, gone.by, *host,
+                       gone.size);
   }
   return rc;
 }
@@ -172,16 +182,17 @@ void gmb__atags_remove(struct gmb_atags *t, uint64_t id) {
   if (r) {
     RB_REMOVE(atag_tree, &t->tree, r);
     atomic_fetch_sub(&t->n, 1);
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     free(r);
   }
   pthread_mutex_unlock(&t->mu);
 }
 
 /* Moves every record of `tag` in state `from` to `to` and lists them
- * (r->work), unless one of them is held (*held its id: nothing moved). */
+ * (r->work), unless one of them is held (*held its id: nothing moved).
+ * A pause names who asked (`by`); a resume passes -1, keeping it. */
 static struct atag *atag_take(struct gmb_atags *t, int tag, int from, int to,
-                              uint64_t *held) {
+                              int by, uint64_t *held) {
   struct atag *list = NULL, *r;
   pthread_mutex_lock(&t->mu);
   RB_FOREACH(r, atag_tree, &t->tree)
@@ -193,6 +204,7 @@ static struct atag *atag_take(struct gmb_atags *t, int tag, int from, int to,
   RB_FOREACH(r, atag_tree, &t->tree)
     if (r->tag == tag && r->state == from) {
       r->state = (uint8_t)to;
+      if (by >= 0) r->by = (uint8_t)by;
       r->work = list;
       list = r;
     }
@@ -209,16 +221,17 @@ static void atag_settle(struct gmb_atags *t, struct atag *list, int state) {
 /* Drops the host copies of list (a pause undone, a resume done). */
 static void atag_drop_copies(struct atag *list) {
   for (struct atag *r = list; r; r = r->work) {
-    free(r->host);
+    gmb__hostbuf_free(r->host);
     r->host = NULL;
   }
 }
 
-int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked) {
+int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
+                     uint64_t *locked) {
   *locked = 0;
   pthread_mutex_lock(&t->pause_mu);
   uint64_t held = 0;
-  struct atag *list = atag_take(t, tag, ATAG_RUNNING, ATAG_PAUSING, &held);
+  struct atag *list = atag_take(t, tag, ATAG_RUNNING, ATAG_PAUSING, by, &held);
   if (list == NULL) {
     pthread_mutex_unlock(&t->pause_mu);
     *locked = held;
@@ -231,7 +244,7 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked) {
   }
   /* The queued work on the memory done before its bytes are read. */
   int rc = t->ops.sync ? t->ops.sync(t->ops.ctx) : 0;
-  if (rc == 0) rc = t->ops.admit(t->ops.ctx, tag, 1, mode, host, device);
+  if (rc == 0) rc = t->ops.admit(t->ops.ctx, tag, 1, mode, by, host, device);
   if (rc) {
     atag_settle(t, list, ATAG_RUNNING);
     pthread_mutex_unlock(&t->pause_mu);
@@ -239,13 +252,13 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked) {
   }
   for (struct atag *r = list; r && rc == 0 && mode == GMB_PAUSE_OFFLOAD;
        r = r->work) {
-    r->host = malloc(r->size);
+    r->host = gmb__hostbuf_alloc(r->size);
     rc = r->host ? t->ops.copy(t->ops.ctx, r->cur, r->host, r->size, 0)
                  : GMB_E_SYSTEM;
   }
   if (rc) {
     atag_drop_copies(list);
-    (void)t->ops.admit(t->ops.ctx, tag, 0, mode, host, device);
+    (void)t->ops.admit(t->ops.ctx, tag, 0, mode, by, host, device);
     atag_settle(t, list, ATAG_RUNNING);
     pthread_mutex_unlock(&t->pause_mu);
     return rc;
@@ -264,13 +277,13 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked) {
       frc = frc ? frc : e;
       kept_dev += r->size;
       kept_host += r->host ? r->size : 0;
-      free(r->host);
+      gmb__hostbuf_free(r->host);
       r->host = NULL;
       r->state = ATAG_RUNNING;
     }
     pthread_mutex_unlock(&t->mu);
   }
-  if (kept_dev) (void)t->ops.admit(t->ops.ctx, tag, 0, mode, kept_host,
+  if (kept_dev) (void)t->ops.admit(t->ops.ctx, tag, 0, mode, by, kept_host,
                                    kept_dev);
   pthread_mutex_unlock(&t->pause_mu);
   return frc;
@@ -279,7 +292,8 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked) {
 int gmb__atags_resume(struct gmb_atags *t, int tag) {
   pthread_mutex_lock(&t->pause_mu);
   uint64_t held = 0;
-  struct atag *list = atag_take(t, tag, ATAG_PAUSED, ATAG_RESUMING, &held);
+  struct atag *list =
+      atag_take(t, tag, ATAG_PAUSED, ATAG_RESUMING, -1, &held);
   int rc = 0;
   struct atag *r;
   for (r = list; r && rc == 0; r = r->work) {
@@ -308,7 +322,8 @@ int gmb__atags_resume(struct gmb_atags *t, int tag) {
   }
   atag_drop_copies(list);
   atag_settle(t, list, ATAG_RUNNING);
-  if (device) (void)t->ops.admit(t->ops.ctx, tag, 0, 0, host, device);
+  if (device) (void)t->ops.admit(t->ops.ctx, tag, 0, 0, list->by, host,
+                                 device);
   pthread_mutex_unlock(&t->pause_mu);
   return 0;
 }
@@ -326,6 +341,31 @@ int gmb__atags_paused(struct gmb_atags *t, int tag) {
     }
   pthread_mutex_unlock(&t->mu);
   return paused;
+}
+
+void gmb__atags_tags(struct gmb_atags *t, struct gmb_atags_tag *out) {
+  memset(out, 0, GMB_ATAGS_TAGS * sizeof *out);
+  if (t == NULL || atomic_load_explicit(&t->n, memory_order_acquire) == 0)
+    return;
+  struct atag *r;
+  pthread_mutex_lock(&t->mu);
+  RB_FOREACH(r, atag_tree, &t->tree) {
+    if (r->tag < 0 || r->tag >= GMB_ATAGS_TAGS) continue;
+    struct gmb_atags_tag *o = &out[r->tag];
+    if (r->state == ATAG_RUNNING) {
+      o->running += r->size;
+      o->n_running++;
+      if (r->holds > 0 && o->held == 0) o->held = r->id;
+    } else {
+      o->n_paused++;
+      o->by_mask |= 1u << r->by;
+    }
+  }
+  pthread_mutex_unlock(&t->mu);
+}
+
+uint64_t gmb__atags_uses(struct gmb_atags *t) {
+  return t ? atomic_load_explicit(&t->uses, memory_order_relaxed) : 0;
 }
 
 void gmb__atags_counts(struct gmb_atags *t, struct gmb_atags_counts *out) {

@@ -22,11 +22,12 @@ struct gmb_atag_ops {
   /* The device's queued work done (NULL: nothing to wait for). */
   int (*sync)(void *ctx);
   /* Before a pause moves anything: takes `host` bytes of the host quota
-   * and tells the broker (paused 1), which may refuse: then nothing is
-   * kept.  After a resume or an undone pause (paused 0): gives `host`
-   * back and tells the broker.  0 or the refusal. */
-  int (*admit)(void *ctx, int tag, int paused, int mode, uint64_t host,
-               uint64_t device);
+   * and tells the broker (paused 1) who paused (`by`: GMB_CACHE_BY_* of
+   * cache.h), which may refuse: then nothing is kept.  After a resume or
+   * an undone pause (paused 0): gives `host` back and tells the broker.
+   * 0 or the refusal. */
+  int (*admit)(void *ctx, int tag, int paused, int mode, int by,
+               uint64_t host, uint64_t device);
 };
 
 struct gmb_atags *gmb__atags_new(const struct gmb_atag_ops *ops);
@@ -57,12 +58,14 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
                     uint64_t *host);
 void gmb__atags_remove(struct gmb_atags *t, uint64_t id);
 
-/* Pauses every running allocation of tag `tag`: with mode 0 (offload)
- * each one's bytes are copied to host memory; then each is freed at the
+/* Pauses every running allocation of tag `tag` for `by` (who asked,
+ * passed to admit and kept while paused): with mode 0 (offload) each
+ * one's bytes are copied to host memory; then each is freed at the
  * broker.  0 (also with nothing to pause); GMB_E_INVAL when one is locked
  * (*locked its id) and nothing changed; admit's refusal, GMB_E_SYSTEM or
  * a copy's failure with nothing changed. */
-int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, uint64_t *locked);
+int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
+                     uint64_t *locked);
 
 /* Resumes the paused allocations of tag `tag`: each allocated anew (the
  * same size and flags) and its host copy written back; the program's id
@@ -72,6 +75,24 @@ int gmb__atags_resume(struct gmb_atags *t, int tag);
 
 /* Whether tag `tag` has paused allocations. */
 int gmb__atags_paused(struct gmb_atags *t, int tag);
+
+/* Each tag's allocations as a pause sees them (gmb__atags_tags):
+ * `running` bytes and how many (`n_running`), one of them locked
+ * (`held`, its program id; 0: none, so a pause would not be refused),
+ * how many are paused or being paused or resumed (`n_paused`), and who
+ * paused them (`by_mask`: bit 1 << GMB_CACHE_BY_* for each). */
+struct gmb_atags_tag {
+  uint64_t running, n_running, held, n_paused;
+  unsigned by_mask;
+};
+#define GMB_ATAGS_TAGS 64
+/* Fills out[0..GMB_ATAGS_TAGS), one walk of the records. */
+void gmb__atags_tags(struct gmb_atags *t, struct gmb_atags_tag *out);
+
+/* A figure that moves with each tagged allocation made, freed, locked or
+ * copied (gmb__atags_add, gmb__atags_free, gmb__atags_get with hold):
+ * the sleep policy's sign of activity.  One atomic load. */
+uint64_t gmb__atags_uses(struct gmb_atags *t);
 
 /* Figures: tagged allocations, and of them paused; their host bytes and
  * the device bytes they gave back. */

@@ -251,15 +251,18 @@ const char *gmb__cache_tag_paused(struct gmb_cache *k);
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode);
 /* The same, saying who asked (GMB_CACHE_BY_*: the application, the
  * broker's ask, an operator): ops.note passes it on, and
- * gmb__cache_tag_info reports it while the tag is paused. */
+ * gmb__cache_tag_info reports it while the tag is paused.  *paused_now
+ * (may be NULL) is 1 only when this call paused it: 0 for a tag that was
+ * paused already, whoever paused it, so that a caller undoing its own
+ * pause leaves another's alone. */
 int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
-                        int by);
+                        int by, int *paused_now);
 
 /* One tag as gmb__cache_tag_info sees it. */
 struct gmb_cache_tag_info {
   char tag[GMB_CACHE_TAG_MAX + 1];
   int running;      /* not paused, pausing or resuming */
-  int by;           /* paused: who paused it (GMB_CACHE_BY_*) */
+  int by;           /* not running: who paused it (GMB_CACHE_BY_*) */
   uint64_t mapped;  /* bytes of pages mapped now */
 };
 /* Fills out[0..cap) with the tags of k, in the order they were made;

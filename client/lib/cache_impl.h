@@ -105,7 +105,7 @@ struct cache_sleep {
 struct cache_arena {
   pthread_mutex_t mu;
   uint8_t state;     /* CACHE_RUNNING ...; under mu */
-  uint8_t paused_by; /* PAUSED: GMB_CACHE_BY_*; under mu */
+  uint8_t paused_by; /* not RUNNING: GMB_CACHE_BY_*; under mu */
   unsigned inflight; /* misses mapping pages with no lock held */
   struct cache_sleep *sleep; /* PAUSED, RESUMING: what the pause kept */
   char tag[GMB_CACHE_TAG_MAX + 1]; /* tag arenas: the tag */

@@ -36,6 +36,7 @@
 #include "cache.h"
 #include "cache_impl.h"
 #include "gmb.h"
+#include "hostbuf.h"
 
 /* The tag arena named `tag`, or NULL.  With `make`, made when missing
  * (*rc: GMB_E_LIMIT past CACHE_MAX_TAGS). */
@@ -117,7 +118,7 @@ void gmb__cache_sleep_free(struct gmb_cache *k, struct cache_arena *a) {
   struct cache_sleep *z = a->sleep;
   if (z == NULL) return;
   atomic_fetch_sub(&k->host_held, z->host);
-  free(z->buf);
+  gmb__hostbuf_free(z->buf);
   free(z->pages);
   free(z);
   a->sleep = NULL;
@@ -212,7 +213,7 @@ static int sleep_abort(struct gmb_cache *k, struct cache_arena *a,
                        struct cache_sleep *z, int rc) {
   if (z) {
     atomic_fetch_sub(&k->host_held, z->host);
-    free(z->buf);
+    gmb__hostbuf_free(z->buf);
     free(z->pages);
     free(z);
   }
@@ -280,7 +281,7 @@ static int sleep_pause(struct gmb_cache *k, struct cache_arena *a, int mode,
   int rc = sleep_note(k, a, 1, mode, z->host, z->n * k->page, by);
   if (rc) return sleep_abort(k, a, z, rc);
   if (copied) {
-    z->buf = malloc(z->host);
+    z->buf = gmb__hostbuf_alloc(z->host);
     if (z->buf == NULL) return sleep_abort_noted(k, a, z, GMB_E_SYSTEM, 1);
     for (uint64_t i = 0; i < z->n; i++)
       if (z->pages[i].host)
@@ -334,11 +335,12 @@ static int sleep_enter(struct gmb_cache *k, const char *tag, int from, int to,
 }
 
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {
-  return gmb__cache_pause_by(k, tag, mode, GMB_CACHE_BY_APP);
+  return gmb__cache_pause_by(k, tag, mode, GMB_CACHE_BY_APP, NULL);
 }
 
 int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
-                        int by) {
+                        int by, int *paused_now) {
+  if (paused_now) *paused_now = 0;
   if (k == NULL || tag == NULL || tag[0] == '\0' ||
       (mode != GMB_CACHE_OFFLOAD && mode != GMB_CACHE_DISCARD) ||
       by < GMB_CACHE_BY_APP || by > GMB_CACHE_BY_OPERATOR)
@@ -346,8 +348,18 @@ int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
   struct cache_arena *a;
   int rc = sleep_enter(k, tag, CACHE_RUNNING, CACHE_PAUSING, &a);
   if (rc < 0) return rc;
-  rc = rc ? sleep_pause(k, a, mode, by) : 0; /* paused already: nothing */
+  if (rc == 0) { /* paused already (by whoever): nothing changes */
+    pthread_mutex_unlock(&k->sleep_mu);
+    return 0;
+  }
+  /* Who pauses it is known from now on (gmb__cache_tag_info), so that a
+   * thread that finds it pausing knows whether it may resume it. */
+  pthread_mutex_lock(&a->mu);
+  a->paused_by = (uint8_t)by;
+  pthread_mutex_unlock(&a->mu);
+  rc = sleep_pause(k, a, mode, by);
   pthread_mutex_unlock(&k->sleep_mu);
+  if (rc == 0 && paused_now) *paused_now = 1;
   return rc;
 }
 
@@ -441,7 +453,7 @@ unsigned gmb__cache_tag_info(struct gmb_cache *k,
     pthread_mutex_lock(&a->mu);
     snprintf(out[n].tag, sizeof out[n].tag, "%s", a->tag);
     out[n].running = a->state == CACHE_RUNNING;
-    out[n].by = a->state == CACHE_PAUSED ? a->paused_by : GMB_CACHE_BY_APP;
+    out[n].by = a->state != CACHE_RUNNING ? a->paused_by : GMB_CACHE_BY_APP;
     out[n].mapped = a->mapped * k->page;
     pthread_mutex_unlock(&a->mu);
   }

@@ -73,6 +73,7 @@
 #include "endpoint.h"
 #include "fdclient.h"
 #include "fdpass.h"
+#include "hostbuf.h"
 #include "gmb.h"
 #include "locktab_layout.h"
 #include "segmap.h"
@@ -171,6 +172,22 @@ struct gmb_client {
     uint64_t host, device;
     int paused, mode, by;
   } tag_part[2][64]; /* [0] the cache's, [1] the allocations' */
+  /* gmb_alloc and gmb_free calls: with the tagged allocations' uses, the
+   * sleep policy's sign of activity (client_sleep_activity). */
+  atomic_uint_fast64_t alloc_calls;
+  /* The library thread's pauses and resumes (the broker's asks, an
+   * operator's) against long waits for memory (gmb_alloc_wait): such a
+   * wait holds io for as long as it waits, a pause needs io for each of
+   * its messages, and the memory waited for may be what the pause gives
+   * back.  So neither starts while the other runs: the thread puts its
+   * pauses off (declines the broker's ask) while `waits` > 0, and a wait
+   * that starts during one (`sleeping`) waits for it first, which is
+   * bounded (copies, and a request per page or allocation).  sleeping is
+   * under gate_mu, waits is raised under it. */
+  pthread_mutex_t gate_mu;
+  pthread_cond_t gate_cv;
+  atomic_int waits;
+  int sleeping;
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -565,6 +582,7 @@ static int client_call(gmb_client *c, struct wire_request *req,
 
 static struct gmb_cache *client_cache_new(gmb_client *c);
 static struct gmb_atags *client_atags_new(gmb_client *c);
+static struct gmb_sleep_policy *client_sleep_policy_new(gmb_client *c);
 
 /* Trims the cache down to `keep` idle bytes without waiting for the
  * device.  On a GPU a page whose free memory was last used on a stream
@@ -645,12 +663,37 @@ static void client_trim_asked(gmb_client *c) {
   client_trim_answer(c);
 }
 
+/* A long wait for memory starts (client_alloc_raw with a timeout): after
+ * the library thread's pause in progress, if any (gate_mu's comment). */
+static void client_wait_begin(gmb_client *c) {
+  pthread_mutex_lock(&c->gate_mu);
+  while (c->sleeping) pthread_cond_wait(&c->gate_cv, &c->gate_mu);
+  atomic_fetch_add(&c->waits, 1);
+  pthread_mutex_unlock(&c->gate_mu);
+}
+
+static void client_wait_end(gmb_client *c) {
+  atomic_fetch_sub(&c->waits, 1);
+}
+
 /* Carries out pauses and resumes asked of this session, and answers the
- * broker's ask to sleep as a trim's (after the pages' Frees).  Holds
- * nothing. */
+ * broker's ask to sleep as a trim's (after the pages' and allocations'
+ * Frees).  Put off while a program thread waits for memory (gate_mu's
+ * comment).  Holds nothing. */
 static void client_sleep_asked(gmb_client *c) {
-  if (!gmb__sleep_policy_run(c->pol, c->cache, gmb__now_ns())) return;
-  client_trim_answer(c);
+  if (!gmb__sleep_policy_pending(c->pol)) return;
+  pthread_mutex_lock(&c->gate_mu);
+  int busy = atomic_load(&c->waits) > 0;
+  if (!busy) c->sleeping = 1;
+  pthread_mutex_unlock(&c->gate_mu);
+  int answer = gmb__sleep_policy_run(c->pol, gmb__now_ns(), busy);
+  if (!busy) {
+    pthread_mutex_lock(&c->gate_mu);
+    c->sleeping = 0;
+    pthread_cond_broadcast(&c->gate_cv);
+    pthread_mutex_unlock(&c->gate_mu);
+  }
+  if (answer) client_trim_answer(c);
 }
 
 /* --- heartbeats ------------------------------------------------------------- */
@@ -662,7 +705,7 @@ static void *client_heartbeat_main(void *arg) {
     /* A wake that came while the thread was busy is not lost: it is
      * looked at here, under hb_mu, before waiting. */
     if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending) &&
-        !gmb__sleep_policy_pending(c->pol)) {
+        !(gmb__sleep_policy_pending(c->pol) && atomic_load(&c->waits) == 0)) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
@@ -672,7 +715,7 @@ static void *client_heartbeat_main(void *arg) {
     }
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_mu);
-    gmb__sleep_policy_look(c->pol, c->cache, gmb__now_ns());
+    gmb__sleep_policy_look(c->pol, gmb__now_ns());
     pthread_mutex_lock(&c->io);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
@@ -778,9 +821,15 @@ static void client_free(gmb_client *c) {
   gmb__segmap_destroy(c->map);
   gmb__cache_destroy(c->cache);
   gmb__atags_destroy(c->atags);
+  /* Host buffers kept for a next pause (pinned memory, on a GPU, is the
+   * host's to share) go with the session; another session of the process
+   * keeps what it holds and keeps from then on. */
+  gmb__hostbuf_release();
   gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
   pthread_mutex_destroy(&c->note_mu);
+  pthread_mutex_destroy(&c->gate_mu);
+  pthread_cond_destroy(&c->gate_cv);
   free(c);
 }
 
@@ -924,13 +973,15 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
   pthread_mutex_init(&c->io, NULL);
   pthread_mutex_init(&c->note_mu, NULL);
+  pthread_mutex_init(&c->gate_mu, NULL);
+  pthread_cond_init(&c->gate_cv, NULL);
   c->fdsock = -1;
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
   c->lock_timeout_ms = client_env_ms("GMB_LOCK_TIMEOUT_MS", 10000);
   c->resume_wait_ms = client_env_ms("GMB_RESUME_WAIT_MS", 10000);
   c->map = gmb__segmap_new();
-  c->pol = gmb__sleep_policy_new();
+  c->pol = client_sleep_policy_new(c);
   if (c->map == NULL || c->pol == NULL) {
     client_free(c);
     return client_fail(GMB_E_SYSTEM, "out of memory");
@@ -1191,6 +1242,7 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
                     : timeout_ms + c->request_timeout_ms;
   struct wire_reply rep;
   char why[CLIENT_WHY_MAX];
+  if (timeout_ms != 0) client_wait_begin(c);
   pthread_mutex_lock(&c->io);
   int rc = client_call(c, &req, WIRE_ALLOC, wait_ms, &rep);
   if (rc) goto out;
@@ -1241,23 +1293,41 @@ undo:
   client_undo_alloc(c, &id, 1);
 out:
   pthread_mutex_unlock(&c->io);
+  if (timeout_ms != 0) client_wait_end(c);
   return rc;
 }
 
+static int client_tag_wake(gmb_client *c, const char *tag, const char *what,
+                           int *by);
+static int client_cache_thread(gmb_client *c);
+
 /* An allocation, recorded under the thread's current tag if it has one
- * (alloc_tags.c). */
+ * (alloc_tags.c).  A tag paused for another job resumes first; one whose
+ * allocations the application or an operator paused refuses it. */
 static int client_alloc(gmb_client *c, size_t size, unsigned flags,
                         int timeout_ms, gmb_id *out) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
   *out = 0;
+  atomic_fetch_add_explicit(&c->alloc_calls, 1, memory_order_relaxed);
   int tag = flags & GMB_UNTAGGED ? -1 : gmb__cache_tag_now(c->cache);
   flags &= ~GMB_UNTAGGED;
-  if (tag >= 0 && gmb__atags_paused(c->atags, tag))
-    return client_fail(GMB_E_INVAL, "the thread's tag \"%s\" has paused "
-                       "allocations: gmb_resume it first",
-                       gmb__cache_tag_name(c->cache, tag));
-  int rc = client_alloc_raw(c, size, flags, timeout_ms, out);
+  int apaused = tag >= 0 && gmb__atags_paused(c->atags, tag);
+  if (apaused || (tag >= 0 && gmb__cache_tag_paused(c->cache))) {
+    char what[CLIENT_WHY_MAX];
+    snprintf(what, sizeof what, "the thread's tag \"%s\"",
+             gmb__cache_tag_name(c->cache, tag));
+    int by, wrc = client_tag_wake(c, gmb__cache_tag_name(c->cache, tag),
+                                  what, &by);
+    /* Only the cache part paused by the application or an operator: an
+     * allocation of its own may still be made, as before any pause. */
+    if (wrc && (apaused || by == GMB_CACHE_BY_BROKER)) return wrc;
+  }
+  /* The library thread carries out what the broker or an operator asks of
+   * a tag (sleep_policy.c): it runs once the process tags memory. */
+  int rc = tag >= 0 ? client_cache_thread(c) : 0;
+  if (rc) return rc; /* explained */
+  rc = client_alloc_raw(c, size, flags, timeout_ms, out);
   if (rc || tag < 0) return rc;
   struct gmb_segmap_entry e;
   uint64_t asize = gmb__segmap_get(c->map, *out, NULL, 0, &e) == 0 ? e.size
@@ -1314,6 +1384,7 @@ static int client_free_id(gmb_client *c, gmb_id id, int sync) {
 
 GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  atomic_fetch_add_explicit(&c->alloc_calls, 1, memory_order_relaxed);
   uint64_t cur, host;
   int rc = gmb__atags_free(c->atags, id, &cur, &host);
   if (rc == GMB_E_INVAL)
@@ -1585,13 +1656,25 @@ static int client_lock_raw(gmb_client *c, gmb_id id, void **ptr) {
 }
 
 /* The broker id behind the program's id (alloc_tags.c), held when `hold`:
- * 0, or GMB_E_INVAL for a paused allocation, explained. */
-static int client_id(gmb_client *c, gmb_id id, int hold, uint64_t *cur) {
+ * 0, or GMB_E_INVAL for a paused allocation, explained.  With `wake` (a
+ * lock or a copy) an allocation paused for another job resumes its tag
+ * first (client_tag_wake). */
+static int client_id(gmb_client *c, gmb_id id, int hold, int wake,
+                     uint64_t *cur) {
   int tag = -1;
   if (gmb__atags_get(c->atags, id, hold, cur, &tag) == 0) return 0;
-  return client_fail(GMB_E_INVAL, "allocation %llu of tag \"%s\" is paused "
-                     "(or being paused or resumed): gmb_resume it first",
-                     (unsigned long long)id, gmb__cache_tag_name(c->cache, tag));
+  const char *name = gmb__cache_tag_name(c->cache, tag);
+  char what[CLIENT_WHY_MAX];
+  snprintf(what, sizeof what, "allocation %llu of tag \"%s\"",
+           (unsigned long long)id, name ? name : "?");
+  int by;
+  if (wake && name) {
+    int rc = client_tag_wake(c, name, what, &by);
+    if (rc) return rc;
+    if (gmb__atags_get(c->atags, id, hold, cur, &tag) == 0) return 0;
+  }
+  return client_fail(GMB_E_INVAL, "%s is paused (or being paused or "
+                     "resumed): gmb_resume it first", what);
 }
 
 GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
@@ -1599,7 +1682,7 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   if (ptr == NULL) return client_fail(GMB_E_INVAL, "ptr is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   uint64_t cur;
-  int rc = client_id(c, id, 1, &cur);
+  int rc = client_id(c, id, 1, 1, &cur);
   if (rc) return rc;
   rc = client_lock_raw(c, cur, ptr);
   if (rc) gmb__atags_unhold(c->atags, id);
@@ -1630,7 +1713,7 @@ GMB_EXPORT int gmb_unlock(gmb_client *c, gmb_id id) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   uint64_t cur;
-  int rc = client_id(c, id, 0, &cur);
+  int rc = client_id(c, id, 0, 0, &cur);
   if (rc == 0) rc = client_unlock_raw(c, cur);
   if (rc == 0) gmb__atags_unhold(c->atags, id);
   return rc;
@@ -1653,7 +1736,7 @@ GMB_EXPORT int gmb_unlock_on_stream(gmb_client *c, gmb_id id,
                        "device");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   const gmb_id prog = id;
-  int rc = client_id(c, prog, 0, &id);
+  int rc = client_id(c, prog, 0, 0, &id);
   if (rc) return rc;
   uint32_t slot;
   rc = client_slot_of(c, id, &slot);
@@ -1756,7 +1839,7 @@ static int client_copy(gmb_client *c, gmb_id id, size_t off, void *host,
   if (host == NULL && n) return client_fail(GMB_E_INVAL, "buffer is NULL");
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   const gmb_id prog = id;
-  int rc = client_id(c, prog, 1, &id);
+  int rc = client_id(c, prog, 1, 1, &id);
   if (rc) return rc;
   rc = client_copy_raw(c, id, off, host, n, to_device);
   gmb__atags_unhold(c->atags, prog);
@@ -2183,7 +2266,7 @@ static int client_atag_copy(void *ctx, uint64_t id, void *host, uint64_t n,
 }
 
 /* Host bytes in the cache's figure and quota, then the broker's note. */
-static int client_atag_admit(void *ctx, int tag, int paused, int mode,
+static int client_atag_admit(void *ctx, int tag, int paused, int mode, int by,
                              uint64_t host, uint64_t device) {
   gmb_client *c = ctx;
   if (tag < 0 || tag >= 64) return GMB_E_INVAL;
@@ -2195,7 +2278,7 @@ static int client_atag_admit(void *ctx, int tag, int paused, int mode,
     p.host += host;
     p.device += device;
     p.mode = mode;
-    p.by = GMB_CACHE_BY_APP;
+    p.by = by;
   } else {
     p.host -= host < p.host ? host : p.host;
     p.device -= device < p.device ? device : p.device;
@@ -2219,9 +2302,11 @@ static struct gmb_atags *client_atags_new(gmb_client *c) {
 }
 
 /* The library thread, at most every CLIENT_REPORT_MS, for a session that
- * caches: it reports the cache's free bytes and answers TRIM events while
- * the application is idle.  Started once, at the first gmb_malloc_async
- * (a flag read without a lock makes the usual case free). */
+ * caches or tags memory: it reports the cache's free bytes and answers
+ * TRIM events while the application is idle, and carries out the pauses
+ * the broker and operators ask.  Started once, at the first
+ * gmb_malloc_async, tagged gmb_alloc or sleep policy (a flag read without
+ * a lock makes the usual case free). */
 static int client_cache_thread(gmb_client *c) {
   if (atomic_load_explicit(&c->cache_thread, memory_order_acquire)) return 0;
   int rc = 0;
@@ -2255,24 +2340,14 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
   int rc = gmb__cache_alloc(c->cache, size, stream, ptr);
   const char *tag;
   if (rc == GMB_E_INVAL && (tag = gmb__cache_tag_paused(c->cache)) != NULL) {
-    /* Paused for another job's request (the broker's ask): it resumes
-     * now, waiting for room up to GMB_RESUME_WAIT_MS. */
+    /* Paused for another job's request (the broker's ask): the tag
+     * resumes now, waiting for room up to GMB_RESUME_WAIT_MS. */
+    char what[CLIENT_WHY_MAX];
+    snprintf(what, sizeof what, "the thread's tag \"%s\"", tag);
     int by;
-    int rrc = gmb__sleep_policy_auto_resume(c->cache, tag, c->resume_wait_ms,
-                                            &by);
-    if (rrc == 0) {
-      rc = gmb__cache_alloc(c->cache, size, stream, ptr);
-    } else if (by == GMB_CACHE_BY_BROKER) {
-      return client_fail(rrc, "the thread's tag \"%s\", paused for another "
-                         "job, could not resume within %d ms: %s", tag,
-                         c->resume_wait_ms, gmb_last_error(c));
-    } else if (by == GMB_CACHE_BY_OPERATOR) {
-      return client_fail(rc, "the thread's tag \"%s\" was paused by an "
-                         "operator: it resumes with gmbctl resume", tag);
-    } else {
-      return client_fail(rc, "the thread's tag \"%s\" is paused: "
-                         "gmb_resume it first", tag);
-    }
+    rc = client_tag_wake(c, tag, what, &by);
+    if (rc) return rc;
+    rc = gmb__cache_alloc(c->cache, size, stream, ptr);
   }
   if (rc == GMB_E_INVAL) {
     return client_fail(rc, "%zu bytes is more than the cache serves", size);
@@ -2396,6 +2471,12 @@ uint64_t gmb__client_cache_in_use(gmb_client *c) {
   return c ? gmb__cache_in_use(c->cache) : 0;
 }
 
+int gmb__client_capture_underway(gmb_client *c) {
+  char why[256];
+  if (c == NULL || !c->cuda) return 0;
+  return gmb__cuda_capture_underway(c->cuda_ordinal, why, sizeof why) != 0;
+}
+
 /* --- sleep and wake: tags of the cache ---------------------------------- */
 
 GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag) {
@@ -2408,26 +2489,29 @@ GMB_EXPORT int gmb_cache_tag(gmb_client *c, const char *tag) {
   return rc;
 }
 
-GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (tag == NULL || tag[0] == '\0')
-    return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
-  if (mode != GMB_PAUSE_OFFLOAD && mode != GMB_PAUSE_DISCARD)
-    return client_fail(GMB_E_INVAL, "mode %d is neither GMB_PAUSE_OFFLOAD "
-                       "nor GMB_PAUSE_DISCARD", mode);
-  _Static_assert(GMB_PAUSE_OFFLOAD == GMB_CACHE_OFFLOAD &&
-                     GMB_PAUSE_DISCARD == GMB_CACHE_DISCARD,
-                 "gmb.h's modes are the cache's");
+/* Pauses tag `tag` as a whole for `by` (GMB_CACHE_BY_*): its cache part,
+ * then its gmb_alloc allocations.  A tag with a locked allocation is
+ * refused before anything moves.  When the allocations cannot pause after
+ * all (one locked meanwhile, host_quota, a copy), the cache part resumes
+ * only when this call paused it: a part that was paused already (by an
+ * operator, the broker or the application) stays as it was.  Best effort:
+ * without room it stays paused.  0 or the failure, explained. */
+static int client_tag_pause(void *ctx, const char *tag, int mode, int by) {
+  gmb_client *c = ctx;
+  int ord = gmb__cache_tag_find(c->cache, tag);
+  uint64_t locked = 0;
+  if (ord >= 0 && ord < GMB_ATAGS_TAGS) {
+    struct gmb_atags_tag a[GMB_ATAGS_TAGS];
+    gmb__atags_tags(c->atags, a);
+    locked = a[ord].held;
+  }
   client_note_refused = 0;
-  int rc = gmb__cache_pause(c->cache, tag, mode);
-  if (rc == 0) {
-    /* Then the tag's gmb_alloc allocations; when they cannot pause, the
-     * cache's part resumes (best effort: it stays paused without room). */
-    int ord = gmb__cache_tag_find(c->cache, tag);
-    uint64_t locked = 0;
+  int rc = locked ? GMB_E_INVAL : 0, paused_now = 0;
+  if (rc == 0) rc = gmb__cache_pause_by(c->cache, tag, mode, by, &paused_now);
+  if (rc == 0 && ord >= 0) {
     client_note_refused = 0;
-    rc = ord < 0 ? 0 : gmb__atags_pause(c->atags, ord, mode, &locked);
-    if (rc) {
+    rc = gmb__atags_pause(c->atags, ord, mode, by, &locked);
+    if (rc && paused_now) {
       char saved[sizeof client_err];
       memcpy(saved, client_err, sizeof saved);
       int refused = client_note_refused;
@@ -2435,11 +2519,11 @@ GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
       memcpy(client_err, saved, sizeof saved);
       client_note_refused = refused;
     }
-    if (rc == GMB_E_INVAL && locked)
-      return client_fail(rc, "tag \"%s\" not paused: its allocation %llu "
-                         "is locked (gmb_unlock it first)", tag,
-                         (unsigned long long)locked);
   }
+  if (rc == GMB_E_INVAL && locked)
+    return client_fail(rc, "tag \"%s\" not paused: its allocation %llu "
+                       "is locked (gmb_unlock it first)", tag,
+                       (unsigned long long)locked);
   if (client_note_refused && rc) return rc; /* the broker's, explained */
   if (rc == GMB_E_NOENT)
     return client_fail(rc, "no tag \"%s\" in this process", tag);
@@ -2456,14 +2540,13 @@ GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
   return rc; /* 0, or the device's failure, explained */
 }
 
-GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
-  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
-  if (tag == NULL || tag[0] == '\0')
-    return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
+/* Resumes tag `tag` as a whole: its gmb_alloc allocations first, then its
+ * cache part, each all or nothing, so a refusal of the cache part leaves
+ * the allocations running, and a resume again finishes.  0 or the
+ * failure, explained (still paused: nothing lost). */
+static int client_tag_resume(void *ctx, const char *tag) {
+  gmb_client *c = ctx;
   if (atomic_load(&c->dead)) return client_dead_fail(c);
-  /* The tag's gmb_alloc allocations first, then its cache part: each all
-   * or nothing, so a refusal of the cache part leaves the allocations
-   * running, and a gmb_resume again finishes. */
   int ord = gmb__cache_tag_find(c->cache, tag);
   int rc = ord >= 0 ? gmb__atags_resume(c->atags, ord) : 0; /* explained */
   if (rc == 0) rc = gmb__cache_resume(c->cache, tag);
@@ -2472,6 +2555,106 @@ GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
   if (rc == GMB_E_SYSTEM)
     return client_fail(rc, "out of host memory resuming tag \"%s\"", tag);
   return rc; /* the broker's refusal (still paused), explained */
+}
+
+/* Tag `tag` (`what` names what of it the program touched, for the
+ * message) is paused: when the broker paused it for another job it
+ * resumes, waiting for room up to GMB_RESUME_WAIT_MS
+ * (gmb__sleep_policy_auto_resume).  0, or the failure explained, with *by
+ * who paused it. */
+static int client_tag_wake(gmb_client *c, const char *tag, const char *what,
+                           int *by) {
+  int rc = gmb__sleep_policy_auto_resume(c->pol, tag, c->resume_wait_ms, by);
+  if (rc == 0) return 0;
+  if (*by == GMB_CACHE_BY_BROKER)
+    return client_fail(rc, "%s, paused for another job, could not resume "
+                       "within %d ms: %s", what, c->resume_wait_ms,
+                       gmb_last_error(c));
+  if (*by == GMB_CACHE_BY_OPERATOR)
+    return client_fail(rc, "%s was paused by an operator: it resumes with "
+                       "gmbctl resume", what);
+  return client_fail(rc, "%s is paused: gmb_resume it first", what);
+}
+
+/* Who must resume a tag whose parts were paused by the `mask` of
+ * GMB_CACHE_BY_*: the application before an operator before the broker
+ * (the broker's pause alone resumes by itself). */
+static int client_by_first(unsigned mask) {
+  return mask & (1u << GMB_CACHE_BY_APP)        ? GMB_CACHE_BY_APP
+         : mask & (1u << GMB_CACHE_BY_OPERATOR) ? GMB_CACHE_BY_OPERATOR
+                                                : GMB_CACHE_BY_BROKER;
+}
+
+/* The sleep policy's view of the tags (sleep_policy.h): each tag's cache
+ * part and allocations together. */
+static unsigned client_sleep_tags(void *ctx, struct gmb_sleep_tag *out,
+                                  unsigned cap) {
+  gmb_client *c = ctx;
+  struct gmb_cache_tag_info info[GMB_ATAGS_TAGS];
+  struct gmb_atags_tag a[GMB_ATAGS_TAGS];
+  unsigned n = gmb__cache_tag_info(c->cache, info, GMB_ATAGS_TAGS);
+  if (n > GMB_ATAGS_TAGS) n = GMB_ATAGS_TAGS;
+  gmb__atags_tags(c->atags, a);
+  for (unsigned i = 0; i < n && i < cap; i++) {
+    unsigned mask =
+        (info[i].running ? 0u : 1u << info[i].by) | a[i].by_mask;
+    _Static_assert(sizeof out[i].name == sizeof info[i].tag, "tag names");
+    memcpy(out[i].name, info[i].tag, sizeof out[i].name);
+    out[i].running = info[i].running || a[i].n_running > 0;
+    out[i].paused = mask != 0;
+    out[i].by = client_by_first(mask);
+    out[i].pausable =
+        a[i].held ? 0 : (info[i].running ? info[i].mapped : 0) + a[i].running;
+  }
+  return n;
+}
+
+static void client_sleep_activity(void *ctx, uint64_t v[4]) {
+  gmb_client *c = ctx;
+  struct gmb_cache_counters k;
+  gmb__cache_counters(c->cache, &k);
+  v[0] = k.hits;
+  v[1] = k.misses;
+  v[2] = k.in_use;
+  v[3] = gmb__atags_uses(c->atags) +
+         atomic_load_explicit(&c->alloc_calls, memory_order_relaxed);
+}
+
+static uint64_t client_sleep_trim(void *ctx) {
+  gmb_client *c = ctx;
+  uint64_t given = 0;
+  (void)gmb__cache_trim(c->cache, 0, 0, &given);
+  return given;
+}
+
+static struct gmb_sleep_policy *client_sleep_policy_new(gmb_client *c) {
+  struct gmb_sleep_ops ops = {.ctx = c,
+                              .tags = client_sleep_tags,
+                              .activity = client_sleep_activity,
+                              .trim = client_sleep_trim,
+                              .pause = client_tag_pause,
+                              .resume = client_tag_resume};
+  return gmb__sleep_policy_new(&ops);
+}
+
+GMB_EXPORT int gmb_pause(gmb_client *c, const char *tag, int mode) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (tag == NULL || tag[0] == '\0')
+    return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
+  if (mode != GMB_PAUSE_OFFLOAD && mode != GMB_PAUSE_DISCARD)
+    return client_fail(GMB_E_INVAL, "mode %d is neither GMB_PAUSE_OFFLOAD "
+                       "nor GMB_PAUSE_DISCARD", mode);
+  _Static_assert(GMB_PAUSE_OFFLOAD == GMB_CACHE_OFFLOAD &&
+                     GMB_PAUSE_DISCARD == GMB_CACHE_DISCARD,
+                 "gmb.h's modes are the cache's");
+  return client_tag_pause(c, tag, mode, GMB_CACHE_BY_APP);
+}
+
+GMB_EXPORT int gmb_resume(gmb_client *c, const char *tag) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  if (tag == NULL || tag[0] == '\0')
+    return client_fail(GMB_E_INVAL, "only a tag's memory pauses");
+  return client_tag_resume(c, tag);
 }
 
 GMB_EXPORT int gmb_sleep_policy_set(gmb_client *c, const char *policy) {

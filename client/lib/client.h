@@ -20,4 +20,10 @@ int gmb__client_fail(int code, const char *fmt, ...)
  * this header).  0 for NULL. */
 uint64_t gmb__client_cache_in_use(gmb_client *c);
 
+/* 1 when a graph capture is, or may be, underway in the process on the
+ * session's GPU (gmb__cuda_capture_underway: a wait for the device now
+ * would break it), 0 when none is or on the host device (the shims, as
+ * above: client/shim/shim.h declares it again). */
+int gmb__client_capture_underway(gmb_client *c);
+
 #endif /* GMB_CLIENT_H */

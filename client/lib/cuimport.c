@@ -765,6 +765,39 @@ int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
   return 0;
 }
 
+int gmb__cuda_host_alloc(size_t n, void **p, int *ordinal, char *why,
+                         size_t cap) {
+  *p = NULL;
+  if (cap) why[0] = '\0';
+  int o = 0;
+  while (o < GMB_CUDA_MAX_DEVICES && cuda_dev_of(o) == NULL) o++;
+  if (o == GMB_CUDA_MAX_DEVICES) return GMB_E_NOENT;
+  const struct cuda_dev *d = cuda_dev_of(o);
+  struct cuda_scope prev;
+  gmb_cu_result r = cuda_enter(d, &prev);
+  const char *step = "cuCtxSetCurrent";
+  if (r == GMB_CU_SUCCESS) {
+    step = "cuMemHostAlloc";
+    r = cuda_drv.cuMemHostAlloc(p, n, GMB_CU_MEMHOSTALLOC_PORTABLE);
+    cuda_leave(d, prev);
+  }
+  if (r != GMB_CU_SUCCESS) {
+    *p = NULL;
+    cuda_err(r, step, why, cap);
+    return GMB_E_DEVICE;
+  }
+  *ordinal = o;
+  return 0;
+}
+
+void gmb__cuda_host_free(int ordinal, void *p) {
+  const struct cuda_dev *d = cuda_dev_of(ordinal);
+  struct cuda_scope prev;
+  if (d == NULL || p == NULL || cuda_enter(d, &prev) != GMB_CU_SUCCESS) return;
+  (void)cuda_drv.cuMemFreeHost(p);
+  cuda_leave(d, prev);
+}
+
 /* The capture status of `stream` (an application's stream: asked in the
  * thread's own context, or in d's primary one, for the call only, on a
  * thread with none).  CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the legacy

@@ -122,6 +122,19 @@ int gmb__cuda_capture_underway(int ordinal, char *why, size_t cap);
 int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
                    int to_device, char *why, size_t cap);
 
+/*
+ * Pinned host memory (cuMemHostAlloc, portable: every context may copy to
+ * and from it) of n bytes, in the primary context of the first attached
+ * device (hostbuf.c's buffers).  0 with *p and *ordinal (give both to
+ * gmb__cuda_host_free); GMB_E_NOENT when no device is attached (the host
+ * device: why is empty); GMB_E_DEVICE explained when the driver refused
+ * (pinned memory is limited).
+ */
+int gmb__cuda_host_alloc(size_t n, void **p, int *ordinal, char *why,
+                         size_t cap);
+/* Frees what gmb__cuda_host_alloc gave (cuMemFreeHost).  A failure is
+ * dropped, as for gmb__cuda_close. */
+void gmb__cuda_host_free(int ordinal, void *p);
 /* 1 when `stream` is being captured into a graph (cuStreamIsCapturing;
  * why says so), 0 when not, GMB_E_DEVICE when the driver cannot tell. */
 int gmb__cuda_capturing(int ordinal, void *stream, char *why, size_t cap);

@@ -5,8 +5,10 @@
  * State: the policy (on, idle time, tags and their modes) and the queue of
  * operators' asks under `mu`; the broker's ask (bytes), the offer and the
  * moment of the last activity in atomics, read by any thread that sends a
- * request.  Only the library thread writes `seen` (the counters at its
- * last look) and calls into the cache for asks.
+ * request.  Only the library thread writes `seen` (the figures at its
+ * last look) and carries out asks; program threads call auto_resume.
+ * Every tag is reached through the session's callbacks (ops), never
+ * under mu.
  */
 #include "sleep_policy.h"
 
@@ -27,12 +29,17 @@
 #define POLICY_OPS 8
 #define POLICY_RETRY_NS (5 * 1000 * 1000L)
 
+_Static_assert(sizeof(((struct gmb_sleep_tag *)0)->name) ==
+                   GMB_CACHE_TAG_MAX + 1,
+               "a tag's name as the cache bounds it");
+
 struct policy_op {
   int wake, mode;
   char tag[GMB_CACHE_TAG_MAX + 1]; /* "": every tag */
 };
 
 struct gmb_sleep_policy {
+  struct gmb_sleep_ops ops;
   pthread_mutex_t mu;
   atomic_int on;
   uint64_t idle_ms;
@@ -45,12 +52,13 @@ struct gmb_sleep_policy {
   _Atomic uint64_t ask;        /* bytes the broker asked (0: none) */
   _Atomic uint64_t offer;      /* bytes offered now */
   _Atomic uint64_t active_ns;  /* last activity seen */
-  uint64_t seen[3];            /* hits, misses, in_use at the last look */
+  uint64_t seen[4];            /* ops.activity at the last look */
 };
 
-struct gmb_sleep_policy *gmb__sleep_policy_new(void) {
+struct gmb_sleep_policy *gmb__sleep_policy_new(const struct gmb_sleep_ops *ops) {
   struct gmb_sleep_policy *p = calloc(1, sizeof *p);
   if (p == NULL) return NULL;
+  p->ops = *ops;
   pthread_mutex_init(&p->mu, NULL);
   p->active_ns = gmb__now_ns();
   return p;
@@ -144,26 +152,29 @@ static int policy_mode(const struct gmb_sleep_policy *p, const char *tag) {
   return -1;
 }
 
-void gmb__sleep_policy_look(struct gmb_sleep_policy *p, struct gmb_cache *k,
-                            uint64_t now) {
-  if (!gmb__sleep_policy_on(p) || k == NULL) return;
-  struct gmb_cache_counters cc;
-  gmb__cache_counters(k, &cc);
-  uint64_t seen[3] = {cc.hits, cc.misses, cc.in_use};
+/* The session's tags (at most POLICY_TAGS) into info: how many. */
+static unsigned policy_tags(struct gmb_sleep_policy *p,
+                            struct gmb_sleep_tag *info) {
+  unsigned n = p->ops.tags(p->ops.ctx, info, POLICY_TAGS);
+  return n > POLICY_TAGS ? POLICY_TAGS : n;
+}
+
+void gmb__sleep_policy_look(struct gmb_sleep_policy *p, uint64_t now) {
+  if (!gmb__sleep_policy_on(p)) return;
+  uint64_t seen[4] = {0};
+  p->ops.activity(p->ops.ctx, seen);
   if (memcmp(seen, p->seen, sizeof seen) != 0) {
     memcpy(p->seen, seen, sizeof seen);
     atomic_store(&p->active_ns, now);
   }
-  struct gmb_cache_tag_info info[POLICY_TAGS];
-  unsigned n = gmb__cache_tag_info(k, info, POLICY_TAGS);
-  if (n > POLICY_TAGS) n = POLICY_TAGS;
+  struct gmb_sleep_tag info[POLICY_TAGS];
+  unsigned n = policy_tags(p, info);
   uint64_t offer = 0;
   pthread_mutex_lock(&p->mu);
   uint64_t idle_ns = p->idle_ms * GMB_NS_PER_MS;
   if (now - atomic_load(&p->active_ns) >= idle_ns)
     for (unsigned i = 0; i < n; i++)
-      if (info[i].running && policy_mode(p, info[i].tag) >= 0)
-        offer += info[i].mapped;
+      if (policy_mode(p, info[i].name) >= 0) offer += info[i].pausable;
   pthread_mutex_unlock(&p->mu);
   atomic_store(&p->offer, offer);
 }
@@ -199,81 +210,82 @@ int gmb__sleep_policy_pending(struct gmb_sleep_policy *p) {
 }
 
 /* An operator's ask: pause (in its mode) or resume the tag it names, or
- * every tag (a resume of every tag leaves those the application paused). */
-static void policy_op_run(struct gmb_cache *k, const struct policy_op *op) {
-  struct gmb_cache_tag_info info[POLICY_TAGS];
-  unsigned n = gmb__cache_tag_info(k, info, POLICY_TAGS);
-  if (n > POLICY_TAGS) n = POLICY_TAGS;
+ * every tag (a resume of every tag leaves those the application paused).
+ * A tag whose pause is refused (a locked allocation) runs on. */
+static void policy_op_run(struct gmb_sleep_policy *p,
+                          const struct policy_op *op) {
+  struct gmb_sleep_tag info[POLICY_TAGS];
+  unsigned n = policy_tags(p, info);
   for (unsigned i = 0; i < n; i++) {
-    if (op->tag[0] && strcmp(op->tag, info[i].tag) != 0) continue;
-    if (op->wake && !info[i].running &&
+    if (op->tag[0] && strcmp(op->tag, info[i].name) != 0) continue;
+    if (op->wake && info[i].paused &&
         (op->tag[0] || info[i].by != GMB_CACHE_BY_APP))
-      (void)gmb__cache_resume(k, info[i].tag); /* no room: stays paused */
+      (void)p->ops.resume(p->ops.ctx, info[i].name); /* no room: paused */
     else if (!op->wake && info[i].running)
-      (void)gmb__cache_pause_by(k, info[i].tag, op->mode,
-                                GMB_CACHE_BY_OPERATOR);
+      (void)p->ops.pause(p->ops.ctx, info[i].name, op->mode,
+                         GMB_CACHE_BY_OPERATOR);
   }
 }
 
 static int policy_info_cmp(const void *x, const void *y) {
-  const struct gmb_cache_tag_info *a = x, *b = y;
-  return a->mapped > b->mapped ? -1 : a->mapped < b->mapped;
+  const struct gmb_sleep_tag *a = x, *b = y;
+  return a->pausable > b->pausable ? -1 : a->pausable < b->pausable;
 }
 
-int gmb__sleep_policy_run(struct gmb_sleep_policy *p, struct gmb_cache *k,
-                          uint64_t now) {
+int gmb__sleep_policy_run(struct gmb_sleep_policy *p, uint64_t now, int busy) {
   if (p == NULL || !atomic_exchange(&p->pending, 0)) return 0;
+  uint64_t want = atomic_exchange(&p->ask, 0);
   struct policy_op op[POLICY_OPS];
   pthread_mutex_lock(&p->mu);
-  unsigned nop = p->n_op;
+  unsigned nop = busy ? 0 : p->n_op;
   memcpy(op, p->op, nop * sizeof op[0]);
-  p->n_op = 0;
+  if (!busy) p->n_op = 0;
+  else if (p->n_op) atomic_store(&p->pending, 1); /* for a later call */
   pthread_mutex_unlock(&p->mu);
-  for (unsigned i = 0; k && i < nop; i++) policy_op_run(k, &op[i]);
-  uint64_t want = atomic_exchange(&p->ask, 0);
+  for (unsigned i = 0; i < nop; i++) policy_op_run(p, &op[i]);
   if (want == 0) return 0;
-  /* Active since it offered (the broker saw an old offer): it declines,
-   * and the broker counts an ask that gave nothing. */
+  /* Active since it offered (the broker saw an old offer), or busy
+   * waiting for memory itself: it declines, and the broker counts an ask
+   * that gave nothing. */
   uint64_t idle_ms;
-  if (k == NULL || gmb__sleep_policy_offer(p, now, &idle_ms) == 0) return 1;
+  if (busy || gmb__sleep_policy_offer(p, now, &idle_ms) == 0) return 1;
   pthread_mutex_lock(&p->mu);
   int idle = idle_ms >= p->idle_ms;
   pthread_mutex_unlock(&p->mu);
   if (!idle) return 1;
-  uint64_t given = 0;
-  (void)gmb__cache_trim(k, 0, 0, &given); /* idle pages hold nothing */
-  struct gmb_cache_tag_info info[POLICY_TAGS];
-  unsigned n = gmb__cache_tag_info(k, info, POLICY_TAGS);
-  if (n > POLICY_TAGS) n = POLICY_TAGS;
+  uint64_t given = p->ops.trim(p->ops.ctx); /* idle pages hold nothing */
+  struct gmb_sleep_tag info[POLICY_TAGS];
+  unsigned n = policy_tags(p, info);
   qsort(info, n, sizeof info[0], policy_info_cmp);
   for (unsigned i = 0; i < n && given < want; i++) {
-    if (!info[i].running || info[i].mapped == 0) continue;
+    if (info[i].pausable == 0) continue; /* nothing, or a locked allocation */
     pthread_mutex_lock(&p->mu);
-    int mode = policy_mode(p, info[i].tag);
+    int mode = policy_mode(p, info[i].name);
     pthread_mutex_unlock(&p->mu);
     if (mode < 0) continue;
-    if (gmb__cache_pause_by(k, info[i].tag, mode, GMB_CACHE_BY_BROKER) == 0)
-      given += info[i].mapped;
+    if (p->ops.pause(p->ops.ctx, info[i].name, mode, GMB_CACHE_BY_BROKER) == 0)
+      given += info[i].pausable;
   }
   atomic_store(&p->offer, 0); /* until the next look */
   return 1;
 }
 
-int gmb__sleep_policy_auto_resume(struct gmb_cache *k, const char *tag,
+int gmb__sleep_policy_auto_resume(struct gmb_sleep_policy *p, const char *tag,
                                   int wait_ms, int *by) {
-  struct gmb_cache_tag_info info[POLICY_TAGS];
-  unsigned n = gmb__cache_tag_info(k, info, POLICY_TAGS);
-  if (n > POLICY_TAGS) n = POLICY_TAGS;
+  struct gmb_sleep_tag info[POLICY_TAGS];
+  unsigned n = policy_tags(p, info);
   *by = GMB_CACHE_BY_APP;
+  int found = 0;
   for (unsigned i = 0; i < n; i++) {
-    if (strcmp(info[i].tag, tag) != 0) continue;
-    if (info[i].running) return 0; /* resumed meanwhile by another thread */
+    if (strcmp(info[i].name, tag) != 0) continue;
+    if (!info[i].paused) return 0; /* resumed meanwhile by another thread */
     *by = info[i].by;
+    found = 1;
   }
-  if (*by != GMB_CACHE_BY_BROKER) return GMB_E_INVAL;
+  if (!found || *by != GMB_CACHE_BY_BROKER) return GMB_E_INVAL;
   uint64_t until = gmb__now_ns() + (uint64_t)wait_ms * GMB_NS_PER_MS;
   for (;;) {
-    int rc = gmb__cache_resume(k, tag);
+    int rc = p->ops.resume(p->ops.ctx, tag);
     if (rc != GMB_E_NOMEM && rc != GMB_E_QUOTA) return rc;
     if (gmb__now_ns() >= until) return rc;
     struct timespec ts = {0, POLICY_RETRY_NS};

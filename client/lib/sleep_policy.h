@@ -5,10 +5,18 @@
  *
  * The policy (GMB_SLEEP_POLICY, gmb_sleep_policy_set) opts the session in:
  * after it has been idle for the policy's time (no block allocated or
- * freed by its cache), it offers the bytes of its policy's tags to the
- * broker (Request.sleep_pausable), which may then ask it (EVENT_SLEEP) to
- * pause some for another job's request.  A tag paused so resumes at the
- * process's next gmb_resume, or by itself at its next allocation.
+ * freed by its cache, no tagged gmb_alloc allocation made, freed or
+ * locked), it offers the bytes of its policy's tags to the broker
+ * (Request.sleep_pausable), which may then ask it (EVENT_SLEEP) to pause
+ * some for another job's request.  A tag paused so resumes at the
+ * process's next gmb_resume, or by itself at its next allocation or
+ * gmb_lock of one of its allocations.
+ *
+ * A tag is a whole here: its cache part and its gmb_alloc allocations,
+ * paused and resumed together through the session's callbacks
+ * (gmb_sleep_ops, client.c), exactly as gmb_pause and gmb_resume do.  So
+ * this module is plain C over those callbacks, and its unit test drives
+ * it without a broker.
  *
  * Syntax: comma- or space-separated items: `idle=SECONDS` (a decimal
  * number, default 0), then tags: `NAME` or `NAME:offload` (copied to host
@@ -25,10 +33,42 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct gmb_cache;
 struct gmb_sleep_policy;
 
-struct gmb_sleep_policy *gmb__sleep_policy_new(void);
+/* One tag of the session, both parts, as the callbacks see it now. */
+struct gmb_sleep_tag {
+  char name[64];
+  int running;       /* some part runs: a pause has something to do */
+  int paused;        /* some part is paused, pausing or resuming */
+  int by;            /* paused: who paused it (GMB_CACHE_BY_*): the
+                        application when it paused a part, else an
+                        operator when one did, else the broker */
+  uint64_t pausable; /* device bytes a pause would give back now: the
+                        cache part's pages and the running allocations;
+                        0 when one of its allocations is locked (a pause
+                        would be refused, as gmb_pause refuses it) */
+};
+
+/* What the policy needs from the session (client.c).  Called from the
+ * library thread (look, run) or a program thread (auto_resume), never
+ * holding the policy's mutex. */
+struct gmb_sleep_ops {
+  void *ctx;
+  /* The tags, in the order they were made, up to cap; how many there are. */
+  unsigned (*tags)(void *ctx, struct gmb_sleep_tag *out, unsigned cap);
+  /* Figures that move when the program allocates, frees or locks memory:
+   * a change between two looks is activity. */
+  void (*activity)(void *ctx, uint64_t v[4]);
+  /* Gives back the cache's idle pages: the bytes given. */
+  uint64_t (*trim)(void *ctx);
+  /* Pauses (mode GMB_PAUSE_*, for `by`) or resumes a whole tag: 0 or the
+   * failure, explained (gmb_last_error). */
+  int (*pause)(void *ctx, const char *tag, int mode, int by);
+  int (*resume)(void *ctx, const char *tag);
+};
+
+/* ops is copied. */
+struct gmb_sleep_policy *gmb__sleep_policy_new(const struct gmb_sleep_ops *ops);
 void gmb__sleep_policy_destroy(struct gmb_sleep_policy *p); /* NULL: no-op */
 
 /* Sets the policy from `spec` (above; NULL: none).  0, or GMB_E_INVAL
@@ -39,10 +79,10 @@ int gmb__sleep_policy_set(struct gmb_sleep_policy *p, const char *spec,
 /* 1 when a policy is set. */
 int gmb__sleep_policy_on(struct gmb_sleep_policy *p);
 
-/* The library thread's look, each tick: notes activity of the cache (its
- * allocation counters moved) and computes the offer. */
-void gmb__sleep_policy_look(struct gmb_sleep_policy *p, struct gmb_cache *k,
-                            uint64_t now);
+/* The library thread's look, each tick: notes activity (ops.activity
+ * moved) and computes the offer: the pausable bytes of the policy's tags
+ * once idle long enough. */
+void gmb__sleep_policy_look(struct gmb_sleep_policy *p, uint64_t now);
 
 /* The offer to report now (0: no policy, or not idle long enough), and
  * how long the session has been idle (*idle_ms). */
@@ -61,19 +101,24 @@ int gmb__sleep_policy_pending(struct gmb_sleep_policy *p);
 
 /* Carries out what was asked (the library thread, holding nothing):
  * operators' pauses and resumes, then the broker's ask: the cache's idle
- * pages, then the policy's tags in the policy's modes, largest first,
- * until the bytes asked are given (none when the session was active
- * within its idle time since it offered).  Returns 1 when the broker's
- * ask must be answered (a Heartbeat with trim_answered). */
-int gmb__sleep_policy_run(struct gmb_sleep_policy *p, struct gmb_cache *k,
-                          uint64_t now);
+ * pages, then the policy's tags in the policy's modes, largest pausable
+ * first, until the bytes asked are given (none when the session was
+ * active within its idle time since it offered).  A tag whose pause is
+ * refused (a locked allocation) is passed over: the ask is answered with
+ * what the others gave.  With `busy` (a program thread waits for memory
+ * holding the socket, which every pause needs) nothing is done: the
+ * operators' asks stay queued for a later call and the broker's ask is
+ * declined.  Returns 1 when the broker's ask must be answered (a
+ * Heartbeat with trim_answered). */
+int gmb__sleep_policy_run(struct gmb_sleep_policy *p, uint64_t now, int busy);
 
-/* The calling thread's tag is paused and an allocation came: resumes it
- * when the broker or the policy paused it (GMB_CACHE_BY_BROKER), trying
- * again while the broker has no room, up to wait_ms.  0 resumed;
+/* A paused tag was touched (an allocation with it current, a gmb_lock of
+ * one of its allocations): resumes it when the broker or the policy
+ * paused it (GMB_CACHE_BY_BROKER), trying again every 5 ms while the
+ * broker has no room, up to wait_ms.  0 resumed (or found running);
  * GMB_E_INVAL when the application paused it (gmb_resume is its call) or
  * an operator did (gmbctl resume), with *by set; else the last refusal. */
-int gmb__sleep_policy_auto_resume(struct gmb_cache *k, const char *tag,
+int gmb__sleep_policy_auto_resume(struct gmb_sleep_policy *p, const char *tag,
                                   int wait_ms, int *by);
 
 #endif /* GMB_SLEEP_POLICY_H */

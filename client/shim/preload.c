@@ -257,6 +257,12 @@ static int pre_free(int drv, void *p) {
        * (the real synchronisation, when the process has one), then give
        * the block back on the legacy stream. */
       if (pre_keep_for_graph(c, p, tag, NULL)) return 0;
+      /* A capture on another stream (one not joined to the legacy
+       * stream) would be broken by the wait: the driver refuses
+       * cuCtxSynchronize while any stream of the context captures, and
+       * invalidates the capture.  Freed during a capture, the block is
+       * kept, as a stream-ordered free during a capture is. */
+      if (gmb__client_capture_underway(c) && gmb__shim_keep(p) == 0) return 0;
       pre_sync_fn sync = drv ? pre_real.cuCtxSynchronize
                              : pre_real.cudaDeviceSynchronize;
       int r = sync ? sync() : 0;

@@ -167,11 +167,16 @@ int gmb__shim_figures(gmb_client *c, uint64_t local_held,
                       uint64_t *freep, uint64_t *totalp);
 
 /* libgmb.a's (client/lib/client.h): the session cache's bytes in use,
- * each request rounded to 512, one atomic load.  The one call of the
- * shims past gmb.h, for libgmb-torch.so's memory fraction and figures,
+ * each request rounded to 512, one atomic load.  One of the two calls of
+ * the shims past gmb.h, for libgmb-torch.so's memory fraction and figures,
  * which a gmb_cache_stats_get (a lock per arena) would cost too much on
  * every allocation.  0 for NULL. */
 uint64_t gmb__client_cache_in_use(gmb_client *c);
+
+/* libgmb.a's too: 1 when a graph capture is, or may be, underway in the
+ * process (a wait for the device would break it), else 0; the preload's
+ * own synchronisation before a free asks it first. */
+int gmb__client_capture_underway(gmb_client *c);
 
 /* $NAME as 0/1 ("1", "yes", "true", "on" are 1). */
 int gmb__shim_env_flag(const char *name);

@@ -36,8 +36,6 @@
  * gmb_malloc_async; BENCH_ELASTIC_RUNS (7) runs of each, a fresh A each
  * time; printed: the median, least and most time until B is served, and
  * the median over the raw round trip of the same run.
- * Sleep and wake (run_sleep): 256 MiB of one tag paused (offloaded) and
- * resumed, against a plain copy of the same bytes in the same run.
  * Last, the stand-in driver (run_fakecuda): a broker on cuda:0 over
  * $GMB_BUILD_DIR/fakecuda/libcuda.so.1, this process its client, the
  * transformer pattern and the scattered trim again ("fakecuda." lines),
@@ -640,93 +638,8 @@ static void run_elastic_device(double rtt) {
   gmb_disconnect(b);
 }
 
-/* Sleep and wake (gmb_pause offload, gmb_resume) of BENCH_SLEEP_MIB (256)
- * MiB in blocks of 16 MiB of one tag, against a plain copy of the same
- * bytes in this run: memcpy from the blocks into a freshly allocated host
- * buffer (what an offload must at least do) and back.  The ratios are
- * bandwidths: plain copy time over pause (resume) time, BENCH_SLEEP_RUNS
- * (5) runs, medians.  A resume writes into new pages, first touched by
- * its copy: its fair baseline is a copy into freshly allocated memory
- * (copy_in_fresh); the copy into the blocks' warm pages is printed too. */
-static void run_sleep(void) {
-  const size_t blk = 16u << 20;
-  const long mib = env_long("BENCH_SLEEP_MIB", 256), runs = env_long("BENCH_SLEEP_RUNS", 5);
-  const size_t n = (size_t)mib / 16 ? (size_t)mib / 16 : 1;
-  gmb_client *c;
-  if (gmb_connect(endpoint, "sleep", &c)) {
-    soft_fail("sleep", gmb_last_error(NULL));
-    return;
-  }
-  void **b = calloc(n, sizeof *b);
-  uint64_t *tp = calloc((size_t)runs, sizeof *tp), *tr = calloc((size_t)runs, sizeof *tr);
-  uint64_t *cp = calloc((size_t)runs, sizeof *cp), *cr = calloc((size_t)runs, sizeof *cr);
-  uint64_t *cf = calloc((size_t)runs, sizeof *cf);
-  int ok = gmb_cache_tag(c, "w") == 0;
-  for (size_t i = 0; ok && i < n; i++) {
-    ok = gmb_malloc_async(c, blk, NULL, &b[i]) == 0;
-    if (ok) memset(b[i], (int)i + 1, blk);
-  }
-  for (long r = 0; ok && r < runs; r++) {
-    char *host = malloc(n * blk);
-    uint64_t t0 = now_ns();
-    for (size_t i = 0; host && i < n; i++) memcpy(host + i * blk, b[i], blk);
-    uint64_t t1 = now_ns();
-    for (size_t i = 0; host && i < n; i++) memcpy(b[i], host + i * blk, blk);
-    uint64_t t2 = now_ns();
-    cr[r] = t2 - t1;
-    /* Into fresh memory, as a resume's new pages are. */
-    char *fresh = host ? malloc(n * blk) : NULL;
-    uint64_t t5 = now_ns();
-    for (size_t i = 0; fresh && i < n; i++) memcpy(fresh + i * blk, host + i * blk, blk);
-    cf[r] = now_ns() - t5;
-    free(fresh);
-    free(host);
-    t2 = now_ns();
-    ok = host != NULL && gmb_pause(c, "w", GMB_PAUSE_OFFLOAD) == 0;
-    uint64_t t3 = now_ns();
-    ok = ok && gmb_resume(c, "w") == 0;
-    uint64_t t4 = now_ns();
-    cp[r] = t1 - t0;
-    tp[r] = t3 - t2;
-    tr[r] = t4 - t3;
-  }
-  for (size_t i = 0; ok && i < n; i++) {
-    const unsigned char *q = b[i];
-    ok = q[0] == (unsigned char)(i + 1) && q[blk - 1] == (unsigned char)(i + 1);
-  }
-  if (!ok) {
-    soft_fail("sleep", gmb_last_error(c));
-  } else {
-    double mcp, mcr, mtp, mtr, mcf, x;
-    stats(cf, (size_t)runs, &mcf, &x);
-    stats(cp, (size_t)runs, &mcp, &x);
-    stats(cr, (size_t)runs, &mcr, &x);
-    stats(tp, (size_t)runs, &mtp, &x);
-    stats(tr, (size_t)runs, &mtr, &x);
-    double gib = (double)(n * blk) / (double)(1u << 30);
-    printf("sleep.offload bytes=%zu pause_ms=%.2f copy_out_ms=%.2f "
-           "offload_over_copy=%.3f (GiB/s %.2f vs %.2f)\n", n * blk,
-           mtp / 1e6, mcp / 1e6, mcp / mtp, gib / (mtp / 1e9),
-           gib / (mcp / 1e9));
-    printf("sleep.restore bytes=%zu resume_ms=%.2f copy_in_fresh_ms=%.2f "
-           "restore_over_copy_fresh=%.3f copy_in_warm_ms=%.2f "
-           "restore_over_copy_warm=%.3f (GiB/s %.2f vs %.2f fresh)\n",
-           n * blk, mtr / 1e6, mcf / 1e6, mcf / mtr, mcr / 1e6, mcr / mtr,
-           gib / (mtr / 1e9), gib / (mcf / 1e9));
-  }
-  for (size_t i = 0; i < n; i++)
-    if (b[i]) gmb_free_async(c, b[i], NULL);
-  free(b);
-  free(tp);
-  free(tr);
-  free(cp);
-  free(cr);
-  free(cf);
-  gmb_disconnect(c);
-}
-
 /* BENCH_ONLY: a comma-separated list of the parts to run (transformer,
- * uncached, serving, trim, sleep, elastic, fakecuda); unset: all. */
+ * uncached, serving, trim, elastic, fakecuda); unset: all. */
 static int part(const char *name) {
   const char *only = getenv("BENCH_ONLY");
   if (only == NULL || *only == '\0') return 1;
@@ -759,7 +672,6 @@ int main(void) {
     run_transformer("", 0, steps / 4 > 0 ? steps / 4 : 1, rtt);
   if (part("serving")) run_serving(ops, rtt);
   if (part("trim")) run_trim("");
-  if (part("sleep")) run_sleep();
   if (part("elastic")) {
     run_elastic();
     /* The full-device case on a device of its own size, with the broker's

@@ -42,6 +42,23 @@
  * while there was room) and of the locks' total time, each against its
  * copy, as ratios (copy / broker; goal >= 0.7).
  *
+ * sleep.bandwidth: gmb_pause (offload) and gmb_resume of one tag in one
+ * process, at BENCH_BW_MIB (64,256) MiB in blocks of 16 MiB, against
+ * plain copies of the same bytes between the same kinds of memory in the
+ * same run, alternated (gmb's first on odd runs), BENCH_BW_RUNS (5) runs,
+ * medians.  Offload's baseline: memcpy from the tag's blocks (device
+ * memory) into a host buffer touched beforehand, as a cuMemcpyDtoH into
+ * pinned memory allocated ahead.  Restore's: the same bytes into device
+ * memory just allocated (gmb_alloc of the same size; its pages populated
+ * and copied into, as a resume's new pages are), and, for the record,
+ * into the blocks' own warm pages.  Printed: the medians and their ratios
+ * as bandwidths (copy time over gmb's time; goal >= 0.7), and the first
+ * offload on its own (its host buffer fresh; later ones reuse it).  Every
+ * block's bytes are checked after each resume.
+ *
+ * BENCH_ONLY: a comma-separated list of the parts to run (ask, oversub,
+ * bandwidth, offload); unset: all.
+ *
  * Output: "key=value" lines (docs/benchmarks.md).  Exit status 0, or 1
  * when anything failed.
  */
@@ -52,6 +69,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -544,13 +562,168 @@ static void run_offload(void) {
   broker_stop();
 }
 
+/* --- sleep.bandwidth ------------------------------------------------------ */
+
+static uint64_t bw_median(uint64_t *v, size_t n) {
+  double *d = calloc(n, sizeof *d);
+  if (d == NULL) return 0;
+  for (size_t i = 0; i < n; i++) d[i] = (double)v[i];
+  uint64_t m = (uint64_t)median(d, n);
+  free(d);
+  return m;
+}
+
+/* The restore's baseline: `bytes` from src into device memory just
+ * allocated (new pages, as a resume's), populated first as the library
+ * does for a resume.  Its time, or 0 on failure. */
+static uint64_t bw_copy_fresh(gmb_client *c, const char *src, size_t bytes) {
+  gmb_id id;
+  void *p;
+  if (gmb_alloc(c, bytes, 0, &id)) return 0;
+  uint64_t t = 0;
+  if (gmb_lock(c, id, &p) == 0) {
+    uint64_t t0 = now_ns();
+#ifdef MADV_POPULATE_WRITE
+    (void)madvise(p, bytes, MADV_POPULATE_WRITE);
+#endif
+    memcpy(p, src, bytes);
+    t = now_ns() - t0;
+    gmb_unlock(c, id);
+  }
+  gmb_free(c, id);
+  return t;
+}
+
+static void bw_one(size_t mib, long runs) {
+  const size_t blk = UINT64_C(16) << 20, n = mib / 16 ? mib / 16 : 1;
+  const size_t bytes = n * blk;
+  gmb_client *c;
+  if (gmb_connect(endpoint, "bw", &c)) {
+    soft_fail("sleep.bandwidth", gmb_last_error(NULL));
+    return;
+  }
+  void **b = calloc(n, sizeof *b);
+  uint64_t *tp = calloc((size_t)runs, sizeof *tp);
+  uint64_t *tr = calloc((size_t)runs, sizeof *tr);
+  uint64_t *co = calloc((size_t)runs, sizeof *co);
+  uint64_t *cf = calloc((size_t)runs, sizeof *cf);
+  uint64_t *cw = calloc((size_t)runs, sizeof *cw);
+  /* The plain copy's host buffer, touched beforehand. */
+  char *host = malloc(bytes);
+  int ok = b && tp && tr && co && cf && cw && host &&
+           gmb_cache_tag(c, "w") == 0;
+  if (ok) memset(host, 0, bytes);
+  for (size_t i = 0; ok && i < n; i++) {
+    ok = gmb_malloc_async(c, blk, NULL, &b[i]) == 0;
+    if (ok) fill(b[i], blk, (unsigned)i * 7 + 1);
+  }
+  const char *why = "";
+  for (long r = 0; ok && r < runs; r++) {
+    for (int half = 0; ok && half < 2; half++) {
+      if (half == (int)(r & 1)) {
+        /* The plain copies: out, back into fresh and into warm pages. */
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < n; i++) memcpy(host + i * blk, b[i], blk);
+        co[r] = now_ns() - t0;
+        cf[r] = bw_copy_fresh(c, host, bytes);
+        t0 = now_ns();
+        for (size_t i = 0; i < n; i++) memcpy(b[i], host + i * blk, blk);
+        cw[r] = now_ns() - t0;
+        ok = cf[r] != 0;
+        why = "the fresh copy's allocation";
+      } else {
+        uint64_t t0 = now_ns();
+        ok = gmb_pause(c, "w", GMB_PAUSE_OFFLOAD) == 0;
+        uint64_t t1 = now_ns();
+        ok = ok && gmb_resume(c, "w") == 0;
+        uint64_t t2 = now_ns();
+        tp[r] = t1 - t0;
+        tr[r] = t2 - t1;
+        why = gmb_last_error(c);
+        for (size_t i = 0; ok && i < n; i++)
+          if (check(b[i], blk, (unsigned)i * 7 + 1) >= 0) {
+            ok = 0;
+            why = "bytes changed across a pause";
+          }
+      }
+    }
+  }
+  if (!ok) {
+    soft_fail("sleep.bandwidth", why);
+  } else {
+    double mo = (double)bw_median(co, (size_t)runs);
+    double mf = (double)bw_median(cf, (size_t)runs);
+    double mw = (double)bw_median(cw, (size_t)runs);
+    double mp = (double)bw_median(tp, (size_t)runs);
+    double mr = (double)bw_median(tr, (size_t)runs);
+    double gib = (double)bytes / (double)(UINT64_C(1) << 30);
+    printf("sleep.bandwidth.offload bytes=%zu runs=%ld pause_ms=%.2f "
+           "copy_out_ms=%.2f offload_over_copy=%.3f (goal >= 0.7) "
+           "first_pause_ms=%.2f first_over_copy=%.3f (GiB/s %.2f vs %.2f)\n",
+           bytes, runs, mp / 1e6, mo / 1e6, mo / mp, (double)tp[0] / 1e6,
+           mo / (double)tp[0], gib / (mp / 1e9), gib / (mo / 1e9));
+    printf("sleep.bandwidth.restore bytes=%zu runs=%ld resume_ms=%.2f "
+           "copy_in_fresh_ms=%.2f restore_over_copy=%.3f (goal >= 0.7) "
+           "copy_in_warm_ms=%.2f restore_over_warm=%.3f (GiB/s %.2f vs "
+           "%.2f)\n", bytes, runs, mr / 1e6, mf / 1e6, mf / mr, mw / 1e6,
+           mw / mr, gib / (mr / 1e9), gib / (mf / 1e9));
+  }
+  for (size_t i = 0; b && i < n; i++)
+    if (b[i]) gmb_free_async(c, b[i], NULL);
+  free(b);
+  free(tp);
+  free(tr);
+  free(co);
+  free(cf);
+  free(cw);
+  free(host);
+  gmb_disconnect(c);
+}
+
+static void run_bandwidth(void) {
+  const long runs = env_long("BENCH_BW_RUNS", 5);
+  const char *list = getenv("BENCH_BW_MIB");
+  char sizes[128];
+  snprintf(sizes, sizeof sizes, "%s", list && *list ? list : "64,256");
+  size_t most = 0;
+  for (char *q = sizes; *q;) {
+    size_t m = strtoul(q, &q, 10);
+    most = m > most ? m : most;
+    while (*q == ',') q++;
+  }
+  if (runs < 1 || most == 0) die("sleep.bandwidth", "BENCH_BW_RUNS or "
+                                 "BENCH_BW_MIB is not a number");
+  /* Room for the tag and the restore baseline's allocation. */
+  char dev[64];
+  snprintf(dev, sizeof dev, "host:%zuMiB", 2 * ((most + 15) / 16 * 16) + 64);
+  broker_start(dev, "");
+  for (char *q = sizes; *q;) {
+    size_t m = strtoul(q, &q, 10);
+    if (m) bw_one(m, runs);
+    while (*q == ',') q++;
+  }
+  broker_stop();
+}
+
+/* BENCH_ONLY: the parts to run (a comma-separated list); unset: all. */
+static int part(const char *name) {
+  const char *only = getenv("BENCH_ONLY");
+  if (only == NULL || only[0] == '\0') return 1;
+  size_t n = strlen(name);
+  for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+    if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+      return 1;
+  return 0;
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/gmb-bench-sleep-XXXXXX");
   if (mkdtemp(dir) == NULL) die("mkdtemp", strerror(errno));
   snprintf(endpoint, sizeof endpoint, "ipc://%s/broker.sock", dir);
-  run_ask();
-  run_oversub();
-  run_offload();
+  if (part("ask")) run_ask();
+  if (part("oversub")) run_oversub();
+  if (part("bandwidth")) run_bandwidth();
+  if (part("offload")) run_offload();
   cleanup();
   return failed;
 }

@@ -16,15 +16,16 @@
 # Writes the traces with BUILD_DIR/bench/tracegen into BUILD_DIR/traces
 # (deterministic: same seed, same bytes), replays each with
 # BUILD_DIR/gmb-replay --json, and prints one table row per replay.  Then,
-# for one trace ($FRAG_PLOT, default adversarial), plots bytes in use and the
-# largest free range along the trace, off against auto, with gnuplot into
-# $FRAG_PNG (default docs/img/frag.png).  gnuplot comes from Debian's
+# for one trace ($FRAG_PLOT, default adversarial when unset), plots bytes in
+# use and the largest free range along the trace, off against auto, with
+# gnuplot into $FRAG_PNG (default docs/img/frag.png).  FRAG_PLOT set but
+# empty (FRAG_PLOT=) means no plot.  gnuplot comes from Debian's
 # gnuplot-nox: installed when missing and we are root, else the plot is
 # skipped with a message (the table still counts).
 #
 # Knobs: FRAG_SEED (default 1), FRAG_SCALE (operations, default 1),
-# FRAG_TRACES (default "llm train mixed adversarial kv serving"), FRAG_PLOT,
-# FRAG_PNG.
+# FRAG_TRACES (default "llm train mixed adversarial kv serving"), FRAG_PLOT
+# (the trace to plot; unset: adversarial; empty: no plot), FRAG_PNG.
 # Exit status: non-zero when a replay did not run (a failure inside a
 # replay is a figure, not an error) or the plot was asked for and failed.
 set -u
@@ -32,7 +33,7 @@ B=${1:-build}
 SEED=${FRAG_SEED:-1}
 SCALE=${FRAG_SCALE:-1}
 TRACES=${FRAG_TRACES:-llm train mixed adversarial kv serving}
-PLOT=${FRAG_PLOT:-adversarial}
+PLOT=${FRAG_PLOT-adversarial} # set but empty: no plot
 PNG=${FRAG_PNG:-docs/img/frag.png}
 REPLAY=$B/gmb-replay
 GEN=$B/bench/tracegen
@@ -112,6 +113,10 @@ echo " use without the cache); hit%: requests served with no page mapped;"
 echo " reqs: alloc/free requests to the broker; JSON and series in $OUT)"
 
 # --- the plot ----------------------------------------------------------------
+if [ -z "$PLOT" ]; then
+  echo "frag: FRAG_PLOT is empty: no plot"
+  exit $status
+fi
 off=$OUT/$PLOT.off.series
 auto=$OUT/$PLOT.auto.series
 if [ ! -s "$off" ] || [ ! -s "$auto" ]; then

@@ -17,6 +17,8 @@
  *   refused in every mode; a graph replays what was captured;
  * - CU_STREAM_PER_THREAD: each thread's own stream, not the legacy one;
  * - fresh memory is not zeros;
+ * - pinned host memory (cuMemHostAlloc, cuMemAllocHost) is CPU memory the
+ *   copies take, freed by cuMemFreeHost only;
  * - access is per device: cuMemSetAccess for one device grants no other,
  *   and peer access does not extend to memory of the virtual memory API.
  *
@@ -114,6 +116,34 @@ START_TEST(fresh_memory_is_not_zeros) {
   ck_assert_int_eq(cuMemUnmap(va, 2 * MIB), CUDA_SUCCESS);
   ck_assert_int_eq(cuMemAddressFree(va, 2 * MIB), CUDA_SUCCESS);
   ck_assert_int_eq(cuMemRelease(h), CUDA_SUCCESS);
+}
+END_TEST
+
+/* Pinned host memory is host memory: the CPU reads and writes it at the
+ * address the driver gives, the copies move it to and from device memory
+ * (where the CPU cannot reach), and cuMemFreeHost takes only what
+ * cuMemHostAlloc or cuMemAllocHost gave. */
+START_TEST(pinned_host_memory_is_cpu_memory) {
+  up(0);
+  const size_t n = 3 * MIB + 512;
+  unsigned char *a = NULL, *b = NULL;
+  ck_assert_int_eq(cuMemHostAlloc((void **)&a, n, CU_MEMHOSTALLOC_PORTABLE),
+                   CUDA_SUCCESS);
+  ck_assert_int_eq(cuMemAllocHost((void **)&b, n), CUDA_SUCCESS);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  for (size_t i = 0; i < n; i++) a[i] = (unsigned char)(i * 7 + 3);
+  CUdeviceptr d;
+  ck_assert_int_eq(cuMemAlloc(&d, n), CUDA_SUCCESS);
+  ck_assert_int_eq(cuMemcpyHtoD(d, a, n), CUDA_SUCCESS);
+  ck_assert_int_eq(cuMemcpyDtoH(b, d, n), CUDA_SUCCESS);
+  ck_assert_int_eq(memcmp(a, b, n), 0);
+  ck_assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
+  void *plain = malloc(64);
+  ck_assert_int_eq(cuMemFreeHost(plain), CUDA_ERROR_INVALID_VALUE);
+  free(plain);
+  ck_assert_int_eq(cuMemFreeHost(a), CUDA_SUCCESS);
+  ck_assert_int_eq(cuMemFreeHost(b), CUDA_SUCCESS);
 }
 END_TEST
 
@@ -454,6 +484,7 @@ int main(void) {
   tcase_add_test(tc, capture_events_and_the_legacy_stream);
   tcase_add_test(tc, graph_replays_captured_copies);
   tcase_add_test(tc, access_is_per_device);
+  tcase_add_test(tc, pinned_host_memory_is_cpu_memory);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

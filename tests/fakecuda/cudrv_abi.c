@@ -116,6 +116,7 @@ SAME_VALUE(GMB_CU_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_HANDLE);
 SAME_VALUE(GMB_CU_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT);
 SAME_VALUE(GMB_CU_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_CONTEXT_IS_DESTROYED);
 SAME_VALUE(GMB_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
+SAME_VALUE(GMB_CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_PORTABLE);
 
 /* The macros map the names cudrv.c asks for to the ABI cudrv.h describes:
  * each real function must convert to the member's pointer type with the
@@ -130,9 +131,9 @@ ABI(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync, CUdeviceptr, CUdeviceptr, size_t,
     CUstream);
 ABI(cuMemcpyHtoD, cuMemcpyHtoD, CUdeviceptr, const void *, size_t);
 ABI(cuMemcpyDtoH, cuMemcpyDtoH, void *, CUdeviceptr, size_t);
+ABI(cuMemsetD8, cuMemsetD8, CUdeviceptr, unsigned char, size_t);
 ABI(cuMemHostAlloc, cuMemHostAlloc, void **, size_t, unsigned int);
 ABI(cuMemFreeHost, cuMemFreeHost, void *);
-ABI(cuMemsetD8, cuMemsetD8, CUdeviceptr, unsigned char, size_t);
 ABI(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, CUdevice);
 ABI(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, CUcontext *, CUdevice);
 ABI(cuStreamDestroy, cuStreamDestroy, CUstream);

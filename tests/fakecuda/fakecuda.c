@@ -42,6 +42,11 @@
  *   /proc/<pid>/maps as "/memfd:fakecuda-<id>", the name the allocation's
  *   descriptors link to in /proc/<pid>/fd.
  *
+ * - Pinned host memory (cuMemHostAlloc, cuMemAllocHost, cuMemFreeHost) is
+ *   CPU memory, touched whole at allocation as pinning does, bounded per
+ *   process by $FAKECUDA_PINNED_LIMIT (default none): past it
+ *   CUDA_ERROR_OUT_OF_MEMORY, as a real host refuses to lock more.
+ *
  * - Release is reference counted, as in the real driver: an allocation
  *   lives in a process while a handle to it is unreleased or a mapping of it
  *   exists; cuMemRelease of a mapped allocation is fine, the mapping keeps
@@ -690,13 +695,6 @@ struct fake_scratch { /* cuMemAlloc */
   size_t size;
 };
 
-struct fake_pinned { /* cuMemHostAlloc */
-  struct fake_pinned *next;
-  void *ptr;
-  size_t size;
-};
-
-static struct fake_pinned *fake_pinned_list;
 static struct fake_alloc *fake_allocs;
 static struct fake_handle *fake_handles;
 static struct fake_res *fake_reservations;
@@ -2065,47 +2063,90 @@ static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   return CUDA_SUCCESS;
 }
 
-/* Page-locked host memory: plain host memory here (nothing pages it out
- * either way), but made and freed by the rules of the real driver: a
- * current context, a size, known flags (PORTABLE 1, DEVICEMAP 2,
- * WRITECOMBINED 4), and cuMemFreeHost only of what cuMemHostAlloc gave. */
-static CUresult fake_cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
+/* --- the API: pinned host memory ------------------------------------------ */
+
+/* cuMemHostAlloc / cuMemAllocHost: page-locked host memory, which the CPU
+ * reaches at its own address (unlike device memory) and the copies take
+ * as any host pointer.  Each allocation is a memfd named
+ * "fakecuda-pinned" (tests may find it in /proc/<pid>/maps), touched
+ * whole at once, as pinning faults in and locks every page; not zeros
+ * (fake_garbage).
+ * $FAKECUDA_PINNED_LIMIT (default no limit) bounds the bytes a process
+ * holds pinned, as RLIMIT_MEMLOCK and the host's RAM bound the real
+ * driver's: past it CUDA_ERROR_OUT_OF_MEMORY.  cuMemFreeHost of a pointer
+ * these did not give is misuse. */
+struct fake_pinned {
+  void *p;
+  size_t size;
+  struct fake_pinned *next;
+};
+static struct fake_pinned *fake_pinned_list; /* under fake_mu */
+static uint64_t fake_pinned_bytes;           /* under fake_mu */
+
+static CUresult fake_cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
-  if (!p || bytes == 0 || (flags & ~7u)) return CUDA_ERROR_INVALID_VALUE;
-  struct fake_pinned *h = calloc(1, sizeof *h);
-  void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (!h || mem == MAP_FAILED) {
-    free(h);
-    if (mem != MAP_FAILED) munmap(mem, bytes);
+  if ((r = cap_unsafe("cuMemHostAlloc")) != 0) return r;
+  /* PORTABLE, DEVICEMAP, WRITECOMBINED: the last two change nothing here. */
+  if (!pp || bytes == 0 || (flags & ~7u)) return CUDA_ERROR_INVALID_VALUE;
+  *pp = NULL;
+  uint64_t limit = fake_env_size("FAKECUDA_PINNED_LIMIT", 0);
+  struct fake_pinned *e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&fake_mu);
+  int over = limit && (bytes > limit || fake_pinned_bytes > limit - bytes);
+  if (!over) fake_pinned_bytes += bytes;
+  pthread_mutex_unlock(&fake_mu);
+  if (over) {
+    free(e);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  h->ptr = mem;
-  h->size = bytes;
+  int fd = memfd_create("fakecuda-pinned", MFD_CLOEXEC);
+  void *p = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0)
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  if (p == MAP_FAILED) {
+    pthread_mutex_lock(&fake_mu);
+    fake_pinned_bytes -= bytes;
+    pthread_mutex_unlock(&fake_mu);
+    free(e);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  /* Pinning touches every page; what it leaves there is no promise. */
+  memset(p, fake_garbage() ? 0xa5 : 0, bytes);
+  e->p = p;
+  e->size = bytes;
   pthread_mutex_lock(&fake_mu);
-  h->next = fake_pinned_list;
-  fake_pinned_list = h;
+  e->next = fake_pinned_list;
+  fake_pinned_list = e;
   pthread_mutex_unlock(&fake_mu);
-  *p = mem;
+  *pp = p;
   return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuMemAllocHost(void **pp, size_t bytes) {
+  return fake_cuMemHostAlloc(pp, bytes, 0);
 }
 
 static CUresult fake_cuMemFreeHost(void *p) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
+  if ((r = cap_unsafe("cuMemFreeHost")) != 0) return r;
   pthread_mutex_lock(&fake_mu);
   struct fake_pinned **pp = &fake_pinned_list;
-  while (*pp && (*pp)->ptr != p) pp = &(*pp)->next;
-  struct fake_pinned *h = *pp;
-  if (h) *pp = h->next;
-  pthread_mutex_unlock(&fake_mu);
-  if (!h) {
+  while (*pp && (*pp)->p != p) pp = &(*pp)->next;
+  struct fake_pinned *e = *pp;
+  if (e) {
+    *pp = e->next;
+    fake_pinned_bytes -= e->size;
+  } else {
     fake_misuse("cuMemFreeHost(%p): not from cuMemHostAlloc", p);
-    return CUDA_ERROR_INVALID_VALUE;
   }
-  munmap(h->ptr, h->size);
-  free(h);
+  pthread_mutex_unlock(&fake_mu);
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  munmap(e->p, e->size);
+  free(e);
   return CUDA_SUCCESS;
 }
 
@@ -2663,9 +2704,10 @@ static const struct {
     FAKE_FN(cuMemcpyDtoDAsync),
     FAKE_FN(cuMemcpyHtoD),
     FAKE_FN(cuMemcpyDtoH),
-    FAKE_FN_SINCE(cuMemHostAlloc, 2020, NULL),
-    FAKE_FN(cuMemFreeHost),
     FAKE_FN(cuMemsetD8),
+    FAKE_FN(cuMemHostAlloc),
+    FAKE_FN_SINCE(cuMemAllocHost, 3020, (void *)(uintptr_t)fake_legacy),
+    FAKE_FN(cuMemFreeHost),
     FAKE_FN(cuStreamCreate),
     FAKE_FN(cuStreamSynchronize),
     FAKE_FN(cuStreamDestroy),
@@ -2762,10 +2804,6 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
   return fake_cuMemAlloc(p, bytes);
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return fake_cuMemFree(p); }
-EXPORT CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
-  return fake_cuMemHostAlloc(p, bytes, flags);
-}
-EXPORT CUresult cuMemFreeHost(void *p) { return fake_cuMemFreeHost(p); }
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
   return fake_cuMemGetInfo(free_b, total);
 }
@@ -2846,6 +2884,10 @@ FAKE_EXPORT(cuMemcpyDtoH, fake_legacy);
 FAKE_EXPORT(cuMemcpyDtoH_v2, fake_cuMemcpyDtoH);
 FAKE_EXPORT(cuMemsetD8, fake_legacy);
 FAKE_EXPORT(cuMemsetD8_v2, fake_cuMemsetD8);
+FAKE_EXPORT(cuMemHostAlloc, fake_cuMemHostAlloc);
+FAKE_EXPORT(cuMemAllocHost, fake_legacy);
+FAKE_EXPORT(cuMemAllocHost_v2, fake_cuMemAllocHost);
+FAKE_EXPORT(cuMemFreeHost, fake_cuMemFreeHost);
 FAKE_EXPORT(cuStreamCreate, fake_cuStreamCreate);
 FAKE_EXPORT(cuStreamSynchronize, fake_cuStreamSynchronize);
 FAKE_EXPORT(cuStreamDestroy, fake_cuStreamDestroy);

@@ -31,6 +31,14 @@
  *                      read back and checked.  FIGURE lines: the pause's
  *                      and the locks' GB/s against cuMemcpyDtoH/HtoD of
  *                      SIZE with page-locked memory (cuMemHostAlloc)
+ *   sleep SIZE N       FIGURE lines: gmb_pause (offload) and gmb_resume of
+ *                      SIZE in one tag (blocks of 16 MiB) against
+ *                      cuMemcpyDtoH / cuMemcpyHtoD of the same blocks to
+ *                      and from pinned memory allocated ahead, N runs
+ *                      alternated, medians, as bandwidths and their
+ *                      ratios (goal >= 0.7); every byte checked after
+ *                      each resume, and the offload's host copy must be
+ *                      pinned memory (the check fails otherwise)
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -42,6 +50,7 @@
 
 #include "cudrv.h"
 #include "gmb.h"
+#include "hostbuf.h"
 
 #define CHUNK ((size_t)8 << 20)
 #define FRESH_TAG UINT64_C(0x5a17c0de00000000)
@@ -200,19 +209,25 @@ static int ctx_free(size_t size, int n) {
 
 /* --- bench ---------------------------------------------------------------------- */
 
-static int bench(size_t size, int n) {
+/* The driver loaded and device 0's primary context made current, as the
+ * CUDA runtime would: gmb leaves a thread's context as it found it, none
+ * included.  0, or 1 said on stderr. */
+static int primary_current(void) {
   char err[256];
   if (gmb__cudrv_load(&d, err, sizeof err) != 0) {
     fprintf(stderr, "gpu_checks: %s\n", err);
     return 1;
   }
-  /* The primary context made current, as the CUDA runtime would: gmb
-   * leaves a thread's context as it found it, none included. */
   gmb_cu_device dev;
   gmb_cu_ctx prim;
   CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
   CU(d.cuDevicePrimaryCtxRetain(&prim, dev), "cuDevicePrimaryCtxRetain");
   CU(d.cuCtxSetCurrent(prim), "cuCtxSetCurrent");
+  return 0;
+}
+
+static int bench(size_t size, int n) {
+  if (primary_current()) return 1;
   gmb_client *c = connect_or_die();
   double t0 = now_s();
   for (int i = 0; i < n; i++) {
@@ -247,6 +262,111 @@ static int bench(size_t size, int n) {
   printf("FIGURE gmb_malloc_async+free_async_hit_%zuMiB_us %.3f (x%.3f of "
          "cuMemAlloc+cuMemFree)\n", size >> 20, hit, cu > 0 ? hit / cu : 0.0);
   gmb_disconnect(c);
+  return 0;
+}
+
+/* --- sleep ---------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[n / 2];
+}
+
+#define SLEEP_BLK ((size_t)16 << 20)
+
+/* The byte at offset i of block b's pattern. */
+static unsigned char sleep_byte(size_t b, size_t i) {
+  return (unsigned char)((b * 131 + i / 4096 * 7 + i) & 0xff);
+}
+
+static int sleep_bw(size_t size, int n) {
+  if (primary_current()) return 1;
+  size_t nb = size / SLEEP_BLK ? size / SLEEP_BLK : 1;
+  size = nb * SLEEP_BLK;
+  if (n < 1) n = 1;
+  gmb_client *c = connect_or_die();
+  void **blk = calloc(nb, sizeof *blk);
+  double *tp = calloc((size_t)n, sizeof *tp), *tr = calloc((size_t)n, sizeof *tr);
+  double *co = calloc((size_t)n, sizeof *co), *ci = calloc((size_t)n, sizeof *ci);
+  unsigned char *pin = NULL;
+  if (!blk || !tp || !tr || !co || !ci) return 1;
+  /* The baseline's host memory: pinned, allocated ahead. */
+  CU(d.cuMemHostAlloc((void **)&pin, size, GMB_CU_MEMHOSTALLOC_PORTABLE),
+     "cuMemHostAlloc");
+  int rc = gmb_cache_tag(c, "sleep");
+  for (size_t b = 0; !rc && b < nb; b++)
+    rc = gmb_malloc_async(c, SLEEP_BLK, NULL, &blk[b]);
+  if (rc) return fail(c, "gmb_malloc_async", rc);
+  for (size_t b = 0; b < nb; b++)
+    for (size_t i = 0; i < SLEEP_BLK; i++)
+      pin[b * SLEEP_BLK + i] = sleep_byte(b, i);
+  for (size_t b = 0; b < nb; b++)
+    CU(d.cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)blk[b], pin + b * SLEEP_BLK,
+                      SLEEP_BLK), "cuMemcpyHtoD");
+  int pinned = 1;
+  for (int r = 0; r < n; r++) {
+    for (int half = 0; half < 2; half++) {
+      if (half == (r & 1)) {
+        double t0 = now_s();
+        for (size_t b = 0; b < nb; b++)
+          CU(d.cuMemcpyDtoH(pin + b * SLEEP_BLK, (gmb_cu_ptr)(uintptr_t)blk[b],
+                            SLEEP_BLK), "cuMemcpyDtoH");
+        double t1 = now_s();
+        for (size_t b = 0; b < nb; b++)
+          CU(d.cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)blk[b], pin + b * SLEEP_BLK,
+                            SLEEP_BLK), "cuMemcpyHtoD");
+        co[r] = t1 - t0;
+        ci[r] = now_s() - t1;
+        continue;
+      }
+      double t0 = now_s();
+      if ((rc = gmb_pause(c, "sleep", GMB_PAUSE_OFFLOAD)) != 0)
+        return fail(c, "gmb_pause", rc);
+      double t1 = now_s();
+      struct gmb_hostbuf_stats hs;
+      gmb__hostbuf_stats(&hs);
+      pinned &= hs.pinned >= size && hs.refused == 0;
+      if ((rc = gmb_resume(c, "sleep")) != 0) return fail(c, "gmb_resume", rc);
+      tp[r] = t1 - t0;
+      tr[r] = now_s() - t1;
+      /* Every byte back (read by copies: device memory is not the CPU's). */
+      memset(pin, 0, size);
+      for (size_t b = 0; b < nb; b++)
+        CU(d.cuMemcpyDtoH(pin + b * SLEEP_BLK, (gmb_cu_ptr)(uintptr_t)blk[b],
+                          SLEEP_BLK), "cuMemcpyDtoH");
+      for (size_t b = 0; b < nb; b++)
+        for (size_t i = 0; i < SLEEP_BLK; i++)
+          if (pin[b * SLEEP_BLK + i] != sleep_byte(b, i)) {
+            printf("BAD sleep: run %d: block %zu byte %zu changed across a "
+                   "pause\n", r, b, i);
+            return 1;
+          }
+    }
+  }
+  double first = tp[0];
+  double gb = (double)size / 1e9, mo = median(co, n), mi = median(ci, n);
+  double mp = median(tp, n), mr = median(tr, n);
+  printf("FIGURE sleep_offload_%zuMiB_GBps %.2f (cuMemcpyDtoH to pinned "
+         "memory %.2f GB/s: x%.2f, goal >= 0.7; first pause %.1f ms, "
+         "median %.1f ms; %d runs)\n", size >> 20, gb / mp, gb / mo, mo / mp,
+         first * 1e3, mp * 1e3, n);
+  printf("FIGURE sleep_restore_%zuMiB_GBps %.2f (cuMemcpyHtoD from pinned "
+         "memory %.2f GB/s: x%.2f, goal >= 0.7; median %.1f ms)\n",
+         size >> 20, gb / mr, gb / mi, mi / mr, mr * 1e3);
+  for (size_t b = 0; b < nb; b++) gmb_free_async(c, blk[b], NULL);
+  d.cuMemFreeHost(pin);
+  gmb_disconnect(c);
+  if (!pinned) {
+    printf("BAD sleep: the offload's host copy was not pinned memory\n");
+    return 1;
+  }
+  printf("OK sleep: %zu MiB offloaded to pinned memory and restored %d "
+         "times, every byte checked\n", size >> 20, n);
   return 0;
 }
 
@@ -350,9 +470,12 @@ int main(int argc, char **argv) {
     return ctx_free(size_arg(argv[2]), atoi(argv[3]));
   if (argc >= 4 && strcmp(argv[1], "bench") == 0)
     return bench(size_arg(argv[2]), atoi(argv[3]));
+  if (argc >= 4 && strcmp(argv[1], "sleep") == 0)
+    return sleep_bw(size_arg(argv[2]), atoi(argv[3]));
   if (argc >= 5 && strcmp(argv[1], "offload") == 0)
     return offload(size_arg(argv[2]), argv[3], argv[4]);
   fprintf(stderr, "usage: gpu_checks fresh-write|fresh-read SIZE | ctx-free "
-          "SIZE N | bench SIZE N | offload SIZE GMBCTL RUNDIR\n");
+          "SIZE N | bench SIZE N | sleep SIZE N | offload SIZE GMBCTL "
+          "RUNDIR\n");
   return 2;
 }

@@ -77,7 +77,7 @@ if [ "$REHEARSE" = 1 ]; then
   U=$((16 * MIB))            # the unit of the quota and reclaim cases
   SMALL_CAP=64MiB; FRESH=$((62 * MIB))
   FRAG_ARGS=""               # frag's defaults fill a 64 MiB broker
-  CTXFREE="16MiB 20"; BENCH="2MiB 50"; IMPORTS=2; OFFLOAD=32MiB
+  CTXFREE="16MiB 20"; BENCH="2MiB 50"; IMPORTS=2; SLEEP="32MiB 3"; OFFLOAD=32MiB
   nvidia-smi() {
     case "$*" in
       *uuid*) echo "GPU-46414b45-4355-4441-0000-000000000000" ;;
@@ -92,7 +92,8 @@ else
   U=$GIB
   SMALL_CAP=1GiB; FRESH=$((1022 * MIB))
   FRAG_ARGS="--block 1MiB --fill 960MiB --big 512MiB"
-  CTXFREE="1GiB 200"; BENCH="2MiB 200"; IMPORTS=2,256,8192; OFFLOAD=1GiB
+  CTXFREE="1GiB 200"; BENCH="2MiB 200"; IMPORTS=2,256,8192; SLEEP="256MiB 5"
+  OFFLOAD=1GiB
   if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "run.sh: no GPU (nvidia-smi finds none)"
     fail "a GPU: nvidia-smi finds none"
@@ -230,6 +231,12 @@ section "figures: alloc+free"
 if GMB_TENANT=a run_t 60 "$B/gpu/gpu_checks" bench $BENCH >"$OUT/bench.txt" 2>&1; then
   pass "alloc+free figures"; else fail "gpu_checks bench"; fi
 cat "$OUT/bench.txt"; sed -n 's/^FIGURE //p' "$OUT/bench.txt" >>"$FIG"
+
+section "figures: sleep and wake (gmb_pause offload, gmb_resume)"
+if GMB_TENANT=a run_t 90 "$B/gpu/gpu_checks" sleep $SLEEP >"$OUT/sleep.txt" 2>&1; then
+  pass "sleep: ${SLEEP% *} offloaded to pinned host memory and restored, every byte checked"
+else fail "sleep: gpu_checks sleep $SLEEP:"; fi
+cat "$OUT/sleep.txt"; sed -n 's/^FIGURE //p' "$OUT/sleep.txt" >>"$FIG"
 
 section "the broker offloads movable allocations (tenant o: $OFFLOAD)"
 if GMB_TENANT=o run_t 90 "$B/gpu/gpu_checks" offload $OFFLOAD "$B/gmbctl" "$A" \

@@ -265,6 +265,17 @@ int harness_free_port(void);
 int harness_http_get(int port, const char *method, const char *path,
                      char *body, size_t cap);
 
+/* The same over the Unix socket `sock` (admin-http.sock): the status
+ * code, 0 when nothing that reads as HTTP came back, or -errno when the
+ * connection was refused (-EACCES: the socket's mode keeps this uid
+ * out).  Safe in a child: it never fails the test itself. */
+int harness_http_unix(const char *sock, const char *method, const char *path,
+                      char *body, size_t cap);
+
+/* The descriptors process pid has open now (fails the test when
+ * /proc/PID/fd cannot be read). */
+int harness_fds_of(pid_t pid);
+
 /* --- what most tests repeat ----------------------------------------------- */
 
 /* gmb_connect to broker b as `tenant`; fails the test (with the client's

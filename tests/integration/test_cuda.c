@@ -44,6 +44,7 @@
 #include "cuimport.h"
 #include "gmb.h"
 #include "harness.h"
+#include "hostbuf.h"
 
 #define KIB (UINT64_C(1) << 10)
 #define MIB (UINT64_C(1) << 20)
@@ -1173,11 +1174,21 @@ END_TEST
 /* --- cuda_pause_resume_keeps_bytes --------------------------------------- */
 
 /* A client on the stand-in GPU: a tag's block (device memory, written with
- * cuMemcpyHtoD) is paused (offloaded with cuMemcpyDtoH, its pages unmapped
- * from the reserved range and given back) and resumed at the same
- * address, where cuMemcpyDtoH reads its bytes back. */
+ * cuMemcpyHtoD) is paused (offloaded with cuMemcpyDtoH into pinned host
+ * memory, its pages unmapped from the reserved range and given back) and
+ * resumed at the same address, where cuMemcpyDtoH reads its bytes back;
+ * a gmb_alloc allocation of the tag too (read back with gmb_read).
+ * With `pinned_limit` the stand-in refuses to pin that much, and the
+ * offload goes to pageable memory instead, bytes intact. */
+struct pause_arg {
+  char endpoint[128];
+  const char *pinned_limit;
+};
+
 static int pause_child(void *arg) {
-  const char *endpoint = arg;
+  const struct pause_arg *pa = arg;
+  const char *endpoint = pa->endpoint;
+  if (pa->pinned_limit) setenv("FAKECUDA_PINNED_LIMIT", pa->pinned_limit, 1);
   gmb_client *c = NULL;
   CHILD_CHECK(gmb_connect(endpoint, "sleepy", &c) == 0, 10, "connect: %s",
               gmb_last_error(NULL));
@@ -1192,6 +1203,10 @@ static int pause_child(void *arg) {
   harness_pattern_fill(buf, n, 77);
   CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
                   GMB_CU_SUCCESS, 14, "cuMemcpyHtoD");
+  /* A gmb_alloc allocation under the tag too: its copy is pinned alike. */
+  gmb_id w;
+  CHILD_CHECK(gmb_alloc(c, MIB, 0, &w) == 0 && gmb_write(c, w, 0, buf, MIB) == 0,
+              26, "tagged gmb_alloc: %s", gmb_last_error(c));
   CHILD_CHECK(gmb_pause(c, "weights", GMB_PAUSE_OFFLOAD) == 0, 15,
               "pause: %s", gmb_last_error(c));
   gmb_stats st;
@@ -1199,8 +1214,21 @@ static int pause_child(void *arg) {
               "the tenant holds %llu bytes while paused",
               (unsigned long long)st.used);
   gmb_cache_stats cs;
-  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 6 * MIB, 17,
+  CHILD_CHECK(gmb_cache_stats_get(c, &cs) == 0 && cs.host == 7 * MIB, 17,
               "host bytes %llu", (unsigned long long)cs.host);
+  struct gmb_hostbuf_stats hs;
+  gmb__hostbuf_stats(&hs);
+  if (pa->pinned_limit)
+    CHILD_CHECK(hs.refused >= 1 && hs.pinned == 0 && hs.pageable >= 7 * MIB,
+                25, "pinning past the limit: refused %llu, pinned %llu, "
+                "pageable %llu", (unsigned long long)hs.refused,
+                (unsigned long long)hs.pinned,
+                (unsigned long long)hs.pageable);
+  else
+    CHILD_CHECK(hs.refused == 0 && hs.pinned >= 7 * MIB && hs.pageable == 0,
+                25, "the offload's copy is not pinned: pinned %llu, "
+                "pageable %llu", (unsigned long long)hs.pinned,
+                (unsigned long long)hs.pageable);
   CHILD_CHECK(gmb_resume(c, "weights") == 0, 18, "resume: %s",
               gmb_last_error(c));
   memset(buf, 0, n);
@@ -1208,6 +1236,12 @@ static int pause_child(void *arg) {
                   GMB_CU_SUCCESS, 19, "cuMemcpyDtoH");
   long bad = harness_pattern_check(buf, n, 77);
   CHILD_CHECK(bad < 0, 20, "byte %ld changed across the pause", bad);
+  memset(buf, 0, MIB);
+  CHILD_CHECK(gmb_read(c, w, 0, buf, MIB) == 0, 27, "read: %s",
+              gmb_last_error(c));
+  bad = harness_pattern_check(buf, MIB, 77);
+  CHILD_CHECK(bad < 0, 28, "allocation byte %ld changed across the pause", bad);
+  CHILD_CHECK(gmb_free(c, w) == 0, 29, "free: %s", gmb_last_error(c));
   CHILD_CHECK(gmb_tenant_stats(c, &st) == 0 && st.used == 6 * MIB, 21,
               "the tenant holds %llu bytes after the resume",
               (unsigned long long)st.used);
@@ -1222,17 +1256,23 @@ static int pause_child(void *arg) {
   return 0;
 }
 
-START_TEST(cuda_pause_resume_keeps_bytes) {
+static void pause_run(const char *pinned_limit) {
   struct harness_broker b;
   cuda_start(&b, "64m", NULL);
-  static char endpoint[128];
-  snprintf(endpoint, sizeof endpoint, "%s", b.endpoint);
-  pid_t kid = harness_fork(pause_child, endpoint);
+  static struct pause_arg pa;
+  snprintf(pa.endpoint, sizeof pa.endpoint, "%s", b.endpoint);
+  pa.pinned_limit = pinned_limit;
+  pid_t kid = harness_fork(pause_child, &pa);
   ck_assert_msg(harness_wait(kid) == 0, "the pausing child failed (its "
                 "stderr says why)");
   cuda_wait_settled(&b);
   cuda_finish(&b);
 }
+
+START_TEST(cuda_pause_resume_keeps_bytes) { pause_run(NULL); }
+END_TEST
+
+START_TEST(cuda_pause_pinning_refused_falls_back) { pause_run("512k"); }
 END_TEST
 
 /* Across processes on the stand-in GPU: an idle job with a sleep policy
@@ -1247,13 +1287,21 @@ struct ask_pipes {
   int in, out;
 };
 
+/* The idle job's start: connected as "idle", its policy offering tag
+ * "weights", which is current.  0 or the child's exit code. */
+static int ask_idle_start(const struct ask_pipes *a, gmb_client **c) {
+  CHILD_CHECK(gmb_connect(a->endpoint, "idle", c) == 0, 10, "connect: %s",
+              gmb_last_error(NULL));
+  CHILD_CHECK(gmb_sleep_policy_set(*c, "idle=0,weights") == 0, 11, "policy");
+  CHILD_CHECK(gmb_cache_tag(*c, "weights") == 0, 12, "tag");
+  return 0;
+}
+
 static int ask_idle_child(void *arg) {
   struct ask_pipes *a = arg;
   gmb_client *c = NULL;
-  CHILD_CHECK(gmb_connect(a->endpoint, "idle", &c) == 0, 10, "connect: %s",
-              gmb_last_error(NULL));
-  CHILD_CHECK(gmb_sleep_policy_set(c, "idle=0,weights") == 0, 11, "policy");
-  CHILD_CHECK(gmb_cache_tag(c, "weights") == 0, 12, "tag");
+  int start = ask_idle_start(a, &c);
+  if (start) return start;
   const size_t n = 40 * MIB;
   void *p = NULL;
   CHILD_CHECK(gmb_malloc_async(c, n, NULL, &p) == 0, 13, "malloc_async: %s",
@@ -1309,7 +1357,10 @@ static int ask_offered(void *arg) {
   return seen;
 }
 
-START_TEST(cuda_broker_asks_idle_job_to_pause) {
+/* An idle job (`idle_child`) offers 40 MiB, the busy job's request is
+ * served once the broker asked it to pause, and its next touch of the tag
+ * resumes it with every byte back ('k'). */
+static void ask_idle_run(int (*idle_child)(void *)) {
   struct harness_broker b;
   cuda_start(&b, "64m", "[tenant:idle]\npriority = 0\n"
                         "[tenant:busy]\npriority = 10\n");
@@ -1317,7 +1368,7 @@ START_TEST(cuda_broker_asks_idle_job_to_pause) {
   ck_assert(pipe(ti) == 0 && pipe(fi) == 0 && pipe(tb) == 0 && pipe(fb) == 0);
   struct ask_pipes idle = {b.endpoint, ti[0], fi[1]};
   struct ask_pipes busy = {b.endpoint, tb[0], fb[1]};
-  pid_t ki = harness_fork(ask_idle_child, &idle);
+  pid_t ki = harness_fork(idle_child, &idle);
   ck_assert_int_eq(harness_pipe_wait(fi[0], HARNESS_WAIT_MS), 'r');
   ck_assert_msg(harness_poll_until(ask_offered, &b, HARNESS_WAIT_MS),
                 "the idle job never offered its weights");
@@ -1344,6 +1395,62 @@ START_TEST(cuda_broker_asks_idle_job_to_pause) {
   }
   cuda_wait_settled(&b);
   cuda_finish(&b);
+}
+
+START_TEST(cuda_broker_asks_idle_job_to_pause) {
+  ask_idle_run(ask_idle_child);
+}
+END_TEST
+
+/* The same with the weights in gmb_alloc allocations under the tag (32
+ * MiB pinned, 8 MiB movable), written with cuMemcpyHtoD through gmb_lock's
+ * pointers: the library thread copies them out (cuMemcpyDtoH on its own
+ * context) and frees them; the job's gmb_lock resumes the tag under the
+ * same ids, and cuMemcpyDtoH reads every byte back. */
+static int ask_alloc_child(void *arg) {
+  struct ask_pipes *a = arg;
+  gmb_client *c = NULL;
+  int start = ask_idle_start(a, &c);
+  if (start) return start;
+  const size_t n[2] = {32 * MIB, 8 * MIB};
+  gmb_id id[2];
+  struct gmb_cudrv *d = cuda_driver();
+  uint8_t *buf = malloc(n[0]);
+  CHILD_CHECK(d && buf, 13, "no driver or memory");
+  for (int i = 0; i < 2; i++) {
+    void *p;
+    CHILD_CHECK(gmb_alloc(c, n[i], i ? GMB_MOVABLE : 0, &id[i]) == 0 &&
+                    gmb_lock(c, id[i], &p) == 0, 14, "alloc: %s",
+                gmb_last_error(c));
+    harness_pattern_fill(buf, n[i], 60 + (uint64_t)i);
+    CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n[i]) ==
+                    GMB_CU_SUCCESS && gmb_unlock(c, id[i]) == 0, 15,
+                "cuMemcpyHtoD");
+  }
+  CHILD_CHECK(gmb_cache_tag(c, NULL) == 0, 16, "untag");
+  harness_pipe_send(a->out, 'r');
+  CHILD_CHECK(harness_pipe_wait(a->in, 60000) == 'a', 17, "no 'a'");
+  for (int i = 0; i < 2; i++) {
+    void *p;
+    CHILD_CHECK(gmb_lock(c, id[i], &p) == 0, 18, "the lock that resumes: %s",
+                gmb_last_error(c));
+    memset(buf, 0, n[i]);
+    CHILD_CHECK(d->cuMemcpyDtoH(buf, (gmb_cu_ptr)(uintptr_t)p, n[i]) ==
+                    GMB_CU_SUCCESS && gmb_unlock(c, id[i]) == 0, 19,
+                "cuMemcpyDtoH");
+    long bad = harness_pattern_check(buf, n[i], 60 + (uint64_t)i);
+    CHILD_CHECK(bad < 0, 20, "byte %ld of allocation %d changed across the "
+                "broker's pause", bad, i);
+  }
+  CHILD_CHECK(gmb_free(c, id[0]) == 0 && gmb_free(c, id[1]) == 0, 21, "free");
+  free(buf);
+  harness_pipe_send(a->out, 'k');
+  gmb_disconnect(c);
+  return 0;
+}
+
+START_TEST(cuda_broker_asks_job_of_tagged_allocations) {
+  ask_idle_run(ask_alloc_child);
 }
 END_TEST
 
@@ -1417,6 +1524,8 @@ int main(void) {
       cuda_evicted_process_keeps_its_bytes, cuda_stop_waits_for_clients,
       cuda_examples_touch_device_memory, cuda_read_write_copy,
       cuda_large_tail_shares_a_page, cuda_client_finds_gpu_by_uuid, exclusive_process_refused_at_start,
-      cuda_pause_resume_keeps_bytes, cuda_broker_asks_idle_job_to_pause,
+      cuda_pause_resume_keeps_bytes, cuda_pause_pinning_refused_falls_back,
+      cuda_broker_asks_idle_job_to_pause,
+      cuda_broker_asks_job_of_tagged_allocations,
       cuda_offload_movable_keeps_bytes));
 }

@@ -57,16 +57,21 @@ static int pre_find_asan(struct dl_phdr_info *info, size_t size, void *data) {
 }
 #endif
 
-/* "[libasan] build/libgmb-preload.so [fake]" */
+/* "[libasan] build/libgmb-preload.so [fake]": with_fake 1 the stand-in
+ * cudart, 2 the stand-in driver ($GMB_LIBCUDA), whose functions (its
+ * cuCtxSynchronize, with the capture rules) the shim then finds next. */
 static void pre_preload_line(char *buf, size_t cap, int with_fake) {
   const char *bd = harness_build_dir();
-  char asan[PATH_MAX] = "";
+  char asan[PATH_MAX] = "", fake[PATH_MAX] = "";
 #if defined(__SANITIZE_ADDRESS__)
   dl_iterate_phdr(pre_find_asan, asan);
 #endif
-  snprintf(buf, cap, "%s%s%s/libgmb-preload.so%s%s%s", asan, asan[0] ? " " : "",
-           bd, with_fake ? " " : "", with_fake ? bd : "",
-           with_fake ? "/preload/libfakecudart.so" : "");
+  if (with_fake == 1)
+    snprintf(fake, sizeof fake, " %s/preload/libfakecudart.so", bd);
+  else if (with_fake == 2 && getenv("GMB_LIBCUDA"))
+    snprintf(fake, sizeof fake, " %s", getenv("GMB_LIBCUDA"));
+  snprintf(buf, cap, "%s%s%s/libgmb-preload.so%s", asan, asan[0] ? " " : "",
+           bd, fake);
 }
 
 /* --- the program -------------------------------------------------------------- */
@@ -537,6 +542,37 @@ START_TEST(preload_async_graph_capture_keeps) {
   prog_expect(&p, "rt_free_async 4 0", "0");
   ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
   free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
+/* On a (fake) GPU whose driver is the "real" one next to the shim: a
+ * cudaFree of cudaMallocAsync's memory waits for the device first, as
+ * cudaFree does, but not while a graph capture runs on another stream
+ * (non-blocking: the legacy stream does not show it), which the wait
+ * (cuCtxSynchronize) would invalidate.  Freed during that capture, the
+ * block is kept, and the capture ends whole. */
+START_TEST(preload_free_during_capture_does_not_sync) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  prog_start(&p, 2, (const char *const[]){
+      "GMB_TENANT", "pre", "GMB_SHIM_ALLOW_HOST", NULL, NULL});
+  prog_expect(&p, "set_device 0", "0");
+  prog_expect(&p, "graph begin", "0");
+  prog_expect(&p, "graph end", "0");
+  prog_expect(&p, "rt_malloc_async 0 4096 3", "0");
+  prog_expect(&p, "rt_malloc_async 1 4096 3", "0");
+  prog_expect(&p, "drv_free 1", "0"); /* no capture: waits, then frees */
+  prog_expect(&p, "graph begin", "0");
+  prog_expect(&p, "drv_free 0", "0"); /* during the capture: kept */
+  prog_expect(&p, "graph end", "0");  /* the capture was not broken */
+  ck_assert_uint_eq(pre_used(&b, "pre"), 2 * MIB);
+  char *err = prog_end(&p, 0);
+  ck_assert_msg(strstr(err, "invalidated") == NULL, "stderr:\n%s", err);
+  free(err);
   harness_broker_stop(&b);
   harness_fake_gpus_done(&g);
 }
@@ -1233,6 +1269,7 @@ int main(void) {
       preload_async_alloc_free,
       preload_async_real_functions,
       preload_async_graph_capture_keeps,
+      preload_free_during_capture_does_not_sync,
       preload_meminfo_device_free_plus_pool,
       preload_alloc_free_both_apis,
       preload_quota_refusal_is_error_2,

@@ -12,7 +12,6 @@
  * runs as root (CI does), and say on stdout what they skipped otherwise.
  */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -376,19 +375,6 @@ static void flood_stop(struct flood *f) {
   close(f->done[1]);
 }
 
-/* The descriptors process pid has open now. */
-static int fds_of(pid_t pid) {
-  char dir[64];
-  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
-  DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n;
-}
-
 static int log_has_admin_refused(void *arg) {
   char *log = harness_broker_log(arg);
   int yes = log && strstr(log, "connections to the admin socket past");
@@ -400,11 +386,11 @@ static int log_has_admin_refused(void *arg) {
  * nobody; returns how many descriptors the broker gained meanwhile. */
 static int admin_flood(struct harness_broker *b, int as_nobody) {
   struct flood f = {.path = b->admin_path, .n = 600, .as_nobody = as_nobody};
-  int before = fds_of(b->pid);
+  int before = harness_fds_of(b->pid);
   flood_start(&f);
   ck_assert_msg(harness_poll_until(log_has_admin_refused, b, HARNESS_WAIT_MS),
                 "the broker did not say it refused admin connections");
-  int gained = fds_of(b->pid) - before;
+  int gained = harness_fds_of(b->pid) - before;
   ck_assert_int_eq(harness_broker_alive(b), 1);
   if (as_nobody) { /* the operator gets in during nobody's flood */
     struct wire_reply st;

@@ -12,6 +12,7 @@
  * processes; a job killed while paused leaves nothing counted.
  */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,13 +89,20 @@ struct jobrun {
   pid_t pid;
 };
 
-static void job_start(struct jobrun *r, const struct harness_broker *b,
-                      const char *tenant, const char *policy) {
+/* Starts `fn` (job_main or another job's) and waits for its 'r'. */
+static void job_start_main(struct jobrun *r, const struct harness_broker *b,
+                           const char *tenant, const char *policy,
+                           int (*fn)(void *)) {
   ck_assert_int_eq(pipe(r->to), 0);
   ck_assert_int_eq(pipe(r->from), 0);
   r->j = (struct job){b->endpoint, tenant, policy, r->to[0], r->from[1]};
-  r->pid = harness_fork(job_main, &r->j);
+  r->pid = harness_fork(fn, &r->j);
   ck_assert_int_eq(harness_pipe_wait(r->from[0], HARNESS_WAIT_MS), 'r');
+}
+
+static void job_start(struct jobrun *r, const struct harness_broker *b,
+                      const char *tenant, const char *policy) {
+  job_start_main(r, b, tenant, policy, job_main);
 }
 
 static int job_ask(struct jobrun *r, char cmd) {
@@ -121,10 +129,11 @@ static struct wire_tenant_row row_of(const struct harness_broker *b,
   return r;
 }
 
-/* Polls until a session of `tenant` offers bytes to sleep. */
+/* Polls until a session of `tenant` offers [lo, hi] bytes to sleep. */
 struct offer_wait {
   const struct harness_broker *b;
   const char *tenant;
+  uint64_t lo, hi;
 };
 
 static int offer_seen(void *arg) {
@@ -134,17 +143,24 @@ static int offer_seen(void *arg) {
   int seen = 0;
   for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
     const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
-    if (strcmp(s->tenant, o->tenant) == 0 && s->sleep_pausable >= WEIGHTS)
+    if (strcmp(s->tenant, o->tenant) == 0 && s->sleep_pausable >= o->lo &&
+        s->sleep_pausable <= o->hi)
       seen = 1;
   }
   gmb__wire_reply_clear(&rep);
   return seen;
 }
 
-static void wait_offer(const struct harness_broker *b, const char *tenant) {
-  struct offer_wait o = {b, tenant};
+static void wait_offer_of(const struct harness_broker *b, const char *tenant,
+                          uint64_t lo, uint64_t hi) {
+  struct offer_wait o = {b, tenant, lo, hi};
   ck_assert_msg(harness_poll_until(offer_seen, &o, HARNESS_WAIT_MS),
-                "tenant %s never offered its weights", tenant);
+                "tenant %s never offered %llu to %llu bytes", tenant,
+                (unsigned long long)lo, (unsigned long long)hi);
+}
+
+static void wait_offer(const struct harness_broker *b, const char *tenant) {
+  wait_offer_of(b, tenant, WEIGHTS, UINT64_MAX);
 }
 
 /* Polls until `tenant` has `tags` paused tags and holds `used` bytes on
@@ -181,16 +197,21 @@ static const char *const two_tenants =
     "[tenant:vip]\n"
     "priority = 20\n";
 
-START_TEST(broker_asks_idle_job_to_pause) {
+/* The broker asks an idle job (`fn`, run as job_main is: tag "weights"
+ * holds WEIGHTS bytes, 'a' touches the tag and checks every byte) that
+ * offers WEIGHTS to offer_hi bytes: the busy job's 48 MiB, which fits
+ * only in the pages the weights hold, is served once the job paused, and
+ * the job's touch resumes the tag, waiting for the room the busy job
+ * frees meanwhile. */
+static void ask_idle_job(int (*fn)(void *), uint64_t offer_hi) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", two_tenants);
   struct jobrun a;
-  job_start(&a, &b, "idle", "idle=0,weights");
-  wait_offer(&b, "idle");
+  job_start_main(&a, &b, "idle", "idle=0,weights", fn);
+  wait_offer_of(&b, "idle", WEIGHTS, offer_hi);
   uint64_t idle_used = row_of(&b, "idle").used;
   ck_assert_uint_ge(idle_used, WEIGHTS);
 
-  /* 48 MiB fits only in the pages the idle job's weights hold. */
   gmb_client *c = harness_connect_ok(&b, "busy");
   gmb_id big;
   int rc = gmb_alloc(c, 48 * MIB, 0, &big);
@@ -200,11 +221,10 @@ START_TEST(broker_asks_idle_job_to_pause) {
   ck_assert_uint_ge(r.host_bytes, WEIGHTS);
   ck_assert_uint_ge(r.paused_bytes, WEIGHTS);
   ck_assert_uint_eq(r.sleep_asks, 1);
+  ck_assert_uint_eq(r.trim_ignored, 0);
   ck_assert_uint_eq(r.pauses, 1);
   ck_assert_uint_lt(r.used, idle_used);
 
-  /* The paused job allocates: it waits for room (the busy job frees
-   * while it waits), resumes and finds every byte at its address. */
   harness_pipe_send(a.to[1], 'a');
   harness_sleep_ms(50); /* pace only: the resume may start before or after */
   ck_assert_int_eq(gmb_free(c, big), 0);
@@ -217,6 +237,11 @@ START_TEST(broker_asks_idle_job_to_pause) {
   gmb_disconnect(c);
   job_end(&a);
   harness_broker_stop(&b);
+}
+
+/* Blocks of its cache: the allocation of 'a' resumes the tag. */
+START_TEST(broker_asks_idle_job_to_pause) {
+  ask_idle_job(job_main, UINT64_MAX);
 }
 END_TEST
 
@@ -537,10 +562,328 @@ START_TEST(bad_policy_refused) {
 }
 END_TEST
 
+/* --- gmb_alloc allocations under a tag -------------------------------- */
+
+/* A job whose memory is gmb_alloc allocations tagged "weights" (sizes
+ * summing to WEIGHTS, one movable, a pattern each, written with
+ * gmb_write); says 'r'.  On 'a' it locks the first (which resumes the tag
+ * when the broker paused it, waiting for room), checks every byte through
+ * that pointer and the others with gmb_read, under the ids it was given,
+ * and says 'k' (or 'x'); on 'q' it frees and exits. */
+static const size_t ajob_sz[] = {24 * MIB, 8 * MIB, 3 * MIB + 100, 70000,
+                                 5 * MIB - 70100};
+#define AJOB_N (sizeof ajob_sz / sizeof ajob_sz[0])
+
+/* Allocation `i` of n bytes holds pattern `seed`: 1 when every byte
+ * matches (read back with gmb_read). */
+static int alloc_holds(gmb_client *c, gmb_id id, size_t n, uint64_t seed) {
+  char *buf = malloc(n);
+  int ok = buf && gmb_read(c, id, 0, buf, n) == 0 &&
+           harness_pattern_check(buf, n, seed) < 0;
+  free(buf);
+  return ok;
+}
+
+static int alloc_fill(gmb_client *c, gmb_id id, size_t n, uint64_t seed) {
+  char *buf = malloc(n);
+  if (buf == NULL) return -1;
+  harness_pattern_fill(buf, n, seed);
+  int rc = gmb_write(c, id, 0, buf, n);
+  free(buf);
+  return rc;
+}
+
+/* A job's last words: 'k' when ok (else 'x'), then it waits for 'q' and
+ * disconnects.  Its exit status. */
+static int job_finish(struct job *j, gmb_client *c, int ok) {
+  harness_pipe_send(j->out, ok ? 'k' : 'x');
+  JOB_CHECK(harness_pipe_wait(j->in, 60000) == 'q');
+  gmb_disconnect(c);
+  return 0;
+}
+
+static int ajob_main(void *arg) {
+  struct job *j = arg;
+  gmb_client *c;
+  JOB_CHECK(gmb_connect(j->endpoint, j->tenant, &c) == 0);
+  JOB_CHECK(gmb_sleep_policy_set(c, j->policy) == 0);
+  gmb_id w[AJOB_N];
+  JOB_CHECK(gmb_cache_tag(c, "weights") == 0);
+  for (size_t i = 0; i < AJOB_N; i++) {
+    JOB_CHECK(gmb_alloc(c, ajob_sz[i], i == 1 ? GMB_MOVABLE : 0, &w[i]) == 0);
+    JOB_CHECK(alloc_fill(c, w[i], ajob_sz[i], i + 40) == 0);
+  }
+  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  harness_pipe_send(j->out, 'r');
+  while (harness_pipe_wait(j->in, 60000) == 'a') {
+    void *p;
+    int rc = gmb_lock(c, w[0], &p);
+    if (rc) fprintf(stderr, "job %s: %s\n", j->tenant, gmb_last_error(c));
+    int bad = rc != 0 || harness_pattern_check(p, ajob_sz[0], 40) >= 0;
+    if (rc == 0) gmb_unlock(c, w[0]);
+    for (size_t i = 1; !bad && i < AJOB_N; i++)
+      bad = !alloc_holds(c, w[i], ajob_sz[i], i + 40);
+    gmb_cache_stats cs;
+    bad |= gmb_cache_stats_get(c, &cs) != 0 || cs.host != 0 || cs.paused;
+    harness_pipe_send(j->out, bad ? 'x' : 'k');
+  }
+  for (size_t i = 0; i < AJOB_N; i++) JOB_CHECK(gmb_free(c, w[i]) == 0);
+  gmb_disconnect(c);
+  return 0;
+}
+
+/* The broker asks a job whose memory is tagged gmb_alloc allocations: its
+ * library thread offloads and frees them, the other tenant is served from
+ * the freed bytes, and the job's gmb_lock resumes the tag by itself, every
+ * byte back under the same ids. */
+START_TEST(broker_asks_job_of_tagged_allocations) {
+  /* The offer is the allocations' bytes (as the broker rounded them):
+   * the tag has no cache part. */
+  ask_idle_job(ajob_main, WEIGHTS + AJOB_N * 512);
+}
+END_TEST
+
+/* A job that holds tag "a" (24 MiB) locked and tag "b" (24 MiB) not: it
+ * offers only b, and the broker's ask pauses b alone; a's pointer stays
+ * good throughout.  'v' checks a through its locked pointer and unlocks
+ * it, then locks b (which resumes it) and checks it: 'k' or 'x'. */
+static int locked_job_main(void *arg) {
+  struct job *j = arg;
+  gmb_client *c;
+  JOB_CHECK(gmb_connect(j->endpoint, j->tenant, &c) == 0);
+  JOB_CHECK(gmb_sleep_policy_set(c, "idle=0,a,b") == 0);
+  gmb_id a, bb;
+  void *pa, *pb;
+  JOB_CHECK(gmb_cache_tag(c, "a") == 0);
+  JOB_CHECK(gmb_alloc(c, 24 * MIB, 0, &a) == 0);
+  JOB_CHECK(gmb_cache_tag(c, "b") == 0);
+  JOB_CHECK(gmb_alloc(c, 24 * MIB, 0, &bb) == 0);
+  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  JOB_CHECK(gmb_lock(c, a, &pa) == 0);
+  harness_pattern_fill(pa, 24 * MIB, 5);
+  JOB_CHECK(alloc_fill(c, bb, 24 * MIB, 6) == 0);
+  harness_pipe_send(j->out, 'r');
+  JOB_CHECK(harness_pipe_wait(j->in, 60000) == 'v');
+  int bad = harness_pattern_check(pa, 24 * MIB, 5) >= 0;
+  JOB_CHECK(gmb_unlock(c, a) == 0);
+  int rc = gmb_lock(c, bb, &pb);
+  if (rc) fprintf(stderr, "job %s: %s\n", j->tenant, gmb_last_error(c));
+  bad |= rc != 0 || harness_pattern_check(pb, 24 * MIB, 6) >= 0;
+  if (rc == 0) gmb_unlock(c, bb);
+  return job_finish(j, c, !bad);
+}
+
+START_TEST(locked_allocation_during_ask) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", two_tenants);
+  struct jobrun a;
+  job_start_main(&a, &b, "idle", NULL, locked_job_main);
+  /* b only: a tag with a locked allocation would refuse its pause. */
+  wait_offer_of(&b, "idle", 24 * MIB, 24 * MIB);
+  gmb_client *c = harness_connect_ok(&b, "busy");
+  gmb_id big;
+  int rc = gmb_alloc(c, 24 * MIB, 0, &big);
+  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  struct wire_tenant_row r = row_of(&b, "idle");
+  ck_assert_uint_eq(r.paused_tags, 1);
+  ck_assert_uint_eq(r.host_bytes, 24 * MIB);
+  ck_assert_uint_eq(r.used, 24 * MIB); /* a's */
+  harness_pipe_send(a.to[1], 'v');
+  harness_sleep_ms(50); /* pace only */
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 'k');
+  ck_assert_uint_eq(row_of(&b, "idle").paused_tags, 0);
+  gmb_disconnect(c);
+  job_end(&a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* gmbctl pause and resume of a tenant whose tags hold gmb_alloc
+ * allocations: "w" (6 MiB and a movable 1 MiB) and "kv" (4 MiB).  'l':
+ * a lock of kv's allocation, which an operator paused, is refused ('i');
+ * 'c': after gmbctl resume, every byte of w under its ids, kv usable:
+ * 'k' or 'x'. */
+static int opjob_main(void *arg) {
+  struct job *t = arg;
+  gmb_client *c;
+  JOB_CHECK(gmb_connect(t->endpoint, t->tenant, &c) == 0);
+  gmb_id w, wm, kv;
+  JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+  JOB_CHECK(gmb_alloc(c, 6 * MIB, 0, &w) == 0);
+  JOB_CHECK(gmb_alloc(c, 1 * MIB, GMB_MOVABLE, &wm) == 0);
+  JOB_CHECK(gmb_cache_tag(c, "kv") == 0);
+  JOB_CHECK(gmb_alloc(c, 4 * MIB, 0, &kv) == 0);
+  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  JOB_CHECK(alloc_fill(c, w, 6 * MIB, 1) == 0);
+  JOB_CHECK(alloc_fill(c, wm, 1 * MIB, 2) == 0);
+  JOB_CHECK(alloc_fill(c, kv, 4 * MIB, 3) == 0);
+  harness_pipe_send(t->out, 'r');
+  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'l');
+  void *p;
+  int rc = gmb_lock(c, kv, &p);
+  int said = rc == GMB_E_INVAL && strstr(gmb_last_error(c), "operator");
+  harness_pipe_send(t->out, said ? 'i' : 'x');
+  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'c');
+  int ok = alloc_holds(c, w, 6 * MIB, 1) && alloc_holds(c, wm, 1 * MIB, 2) &&
+           gmb_lock(c, kv, &p) == 0 && gmb_unlock(c, kv) == 0;
+  return job_finish(t, c, ok);
+}
+
+START_TEST(operator_pauses_tagged_allocations) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  struct jobrun a;
+  job_start_main(&a, &b, "opa", NULL, opjob_main);
+  char out[16384];
+  int rc = harness_ctl(&b, out, sizeof out, "pause", "opa", "--tag", "kv",
+                       "--discard", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  wait_tags(&b, "opa", 1, 7 * MIB);
+  struct wire_tenant_row r = row_of(&b, "opa");
+  ck_assert_uint_eq(r.host_bytes, 0); /* discarded */
+  ck_assert_uint_eq(r.paused_bytes, 4 * MIB);
+  ck_assert_int_eq(job_ask(&a, 'l'), 'i');
+
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "opa", NULL), 0);
+  wait_tags(&b, "opa", 2, 0);
+  r = row_of(&b, "opa");
+  ck_assert_uint_eq(r.host_bytes, 7 * MIB);
+  ck_assert_uint_eq(r.paused_bytes, 11 * MIB);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "status", NULL), 0);
+  ck_assert_ptr_nonnull(strstr(out, "paused: kv,w"));
+
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "opa", NULL),
+                   0);
+  wait_tags(&b, "opa", 0, 11 * MIB);
+  r = row_of(&b, "opa");
+  ck_assert_uint_eq(r.host_bytes, 0);
+  ck_assert_uint_eq(r.resumes, 2);
+  ck_assert_int_eq(job_ask(&a, 'c'), 'k');
+  job_end(&a);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* An operator paused tag w's cache part; the application then allocated
+ * in w with gmb_alloc and paused w itself, which host_quota refuses for
+ * the allocations: undoing its own pause must leave the operator's alone
+ * (the cache part stays paused until gmbctl resume), every byte kept. */
+START_TEST(failed_pause_keeps_an_operators_pause) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", "[tenant:q]\nhost_quota = 4MiB\n");
+  gmb_client *c = harness_connect_ok(&b, "q");
+  void *p;
+  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 1 * MIB, NULL, &p), 0);
+  harness_pattern_fill(p, 1 * MIB, 8);
+  char out[16384];
+  int rc = harness_ctl(&b, out, sizeof out, "pause", "q", "--tag", "w", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  wait_tags(&b, "q", 1, 0);
+  ck_assert_uint_eq(row_of(&b, "q").host_bytes, 2 * MIB); /* one page */
+
+  gmb_id id;
+  rc = gmb_alloc(c, 8 * MIB, 0, &id);
+  ck_assert_msg(rc == 0, "alloc in w: %s", gmb_last_error(c));
+  ck_assert_int_eq(alloc_fill(c, id, 8 * MIB, 9), 0);
+  rc = gmb_pause(c, "w", GMB_PAUSE_OFFLOAD);
+  ck_assert_msg(rc == GMB_E_LIMIT, "pause past host_quota: %s (%s)",
+                gmb_err_name(rc), gmb_last_error(c));
+  /* The operator's pause stands: the cache part is still paused. */
+  struct wire_tenant_row r = row_of(&b, "q");
+  ck_assert_uint_eq(r.paused_tags, 1);
+  ck_assert_uint_eq(r.host_bytes, 2 * MIB);
+  ck_assert_uint_eq(r.used, 8 * MIB);
+  void *x;
+  ck_assert_int_eq(gmb_malloc_async(c, 512, NULL, &x), GMB_E_INVAL);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "operator"));
+  ck_assert(alloc_holds(c, id, 8 * MIB, 9));
+
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "q", NULL), 0);
+  wait_tags(&b, "q", 0, 10 * MIB);
+  ck_assert_int_lt(harness_pattern_check(p, 1 * MIB, 8), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* An operator's pause that comes while a thread of the process waits for
+ * memory in gmb_alloc_wait (holding the connection): carried out once the
+ * wait ends, neither blocking it nor lost.  The job holds 8 MiB in tag w;
+ * on 'w' a thread waits for 30 MiB ('g' once started, then 's' when
+ * served or 'x'); on 'c' it checks w's bytes ('k' or 'x'). */
+struct waiter {
+  gmb_client *c;
+  gmb_id id;
+  int rc;
+};
+
+static void *waiter_main(void *arg) {
+  struct waiter *w = arg;
+  w->rc = gmb_alloc_wait(w->c, 30 * MIB, 0, 60000, &w->id);
+  return NULL;
+}
+
+static int waitjob_main(void *arg) {
+  struct job *t = arg;
+  gmb_client *c;
+  JOB_CHECK(gmb_connect(t->endpoint, t->tenant, &c) == 0);
+  gmb_id w;
+  JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+  JOB_CHECK(gmb_alloc(c, 8 * MIB, 0, &w) == 0);
+  JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  JOB_CHECK(alloc_fill(c, w, 8 * MIB, 12) == 0);
+  harness_pipe_send(t->out, 'r');
+  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'w');
+  struct waiter wt = {c, 0, -1};
+  pthread_t th;
+  JOB_CHECK(pthread_create(&th, NULL, waiter_main, &wt) == 0);
+  harness_pipe_send(t->out, 'g');
+  pthread_join(th, NULL);
+  harness_pipe_send(t->out, wt.rc == 0 ? 's' : 'x');
+  JOB_CHECK(harness_pipe_wait(t->in, 60000) == 'c');
+  return job_finish(t, c, alloc_holds(c, w, 8 * MIB, 12));
+}
+
+START_TEST(operator_pause_while_alloc_waits) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  struct jobrun a;
+  job_start_main(&a, &b, "wt", NULL, waitjob_main);
+  gmb_client *c = harness_connect_ok(&b, "other");
+  gmb_id big;
+  ck_assert_int_eq(gmb_alloc(c, 40 * MIB, 0, &big), 0);
+  ck_assert_int_eq(job_ask(&a, 'w'), 'g');
+  harness_sleep_ms(100); /* pace only: the pause may come before the wait */
+  char out[16384];
+  int rc = harness_ctl(&b, out, sizeof out, "pause", "wt", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  harness_sleep_ms(100); /* pace only */
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 's');
+  wait_tags(&b, "wt", 1, 30 * MIB);
+  ck_assert_uint_eq(row_of(&b, "wt").host_bytes, 8 * MIB);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "wt", NULL),
+                   0);
+  wait_tags(&b, "wt", 0, 38 * MIB);
+  ck_assert_int_eq(job_ask(&a, 'c'), 'k');
+  job_end(&a);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "sleep_ask", "sleep_ask", 90, broker_asks_idle_job_to_pause,
       higher_priority_job_not_asked, liar_holds_others_within_the_bound,
       operator_pause_and_resume, host_quota_across_sessions,
-      killed_while_paused, broker_restart_while_paused, bad_policy_refused));
+      killed_while_paused, broker_restart_while_paused, bad_policy_refused,
+      broker_asks_job_of_tagged_allocations, locked_allocation_during_ask,
+      operator_pauses_tagged_allocations,
+      failed_pause_keeps_an_operators_pause,
+      operator_pause_while_alloc_waits));
 }

@@ -27,6 +27,11 @@
  *   same A B                "1" when slots A and B hold one pointer, else "0"
  *   capture on|off          sets or unsets FAKECUDA_CAPTURING=all: the fake
  *                           driver's streams are being captured   -> "0"
+ *   graph begin|end         a real capture (global mode) on a non-blocking
+ *                           stream of the driver's, made at the first
+ *                           begin, which STREAM 3 names above; end is
+ *                           cuStreamEndCapture (and the graph destroyed)
+ *                                                                  -> "RC"
  *   exit                    ends without freeing anything
  * "nofunc NAME" when a function is not there (nothing was preloaded).
  */
@@ -60,11 +65,10 @@ typedef int (*prog_gpa_fn)(const char *sym, void **pfn, int ver,
                            unsigned long long flags, int *status);
 
 /* cudaSetDevice(n) through the driver: -1 when there is none. */
+static prog_gpa_fn prog_gpa(void);
+
 static int prog_set_device(int n) {
-  const char *lib = getenv("GMB_LIBCUDA");
-  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
-  prog_gpa_fn gpa = NULL;
-  if (h) *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+  prog_gpa_fn gpa = prog_gpa();
   if (gpa == NULL) return -1;
   int (*init)(unsigned) = NULL, (*get)(int *, int) = NULL;
   int (*retain)(void **, int) = NULL, (*set)(void *) = NULL;
@@ -83,10 +87,7 @@ static int prog_set_device(int n) {
 /* The device of the calling thread's current context, or -2 when it has
  * none (-1: no driver). */
 static int prog_current(void) {
-  const char *lib = getenv("GMB_LIBCUDA");
-  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
-  prog_gpa_fn gpa = NULL;
-  if (h) *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+  prog_gpa_fn gpa = prog_gpa();
   if (gpa == NULL) return -1;
   int (*init)(unsigned) = NULL, (*cur)(void **) = NULL, (*dev)(int *) = NULL;
   if (gpa("cuInit", (void **)&init, 12000, 0, NULL) ||
@@ -98,6 +99,43 @@ static int prog_current(void) {
   if (init(0) || cur(&ctx)) return -1;
   if (ctx == NULL) return -2;
   return dev(&d) ? -1 : d;
+}
+
+/* The stream of "graph begin" (STREAM 3 in the commands). */
+static void *prog_stream;
+
+/* cuGetProcAddress_v2 of the driver $GMB_LIBCUDA names, or NULL. */
+static prog_gpa_fn prog_gpa(void) {
+  const char *lib = getenv("GMB_LIBCUDA");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+  prog_gpa_fn gpa = NULL;
+  if (h) *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+  return gpa;
+}
+
+/* "graph begin" / "graph end": a capture of the driver's own. */
+static int prog_graph(int begin) {
+  prog_gpa_fn gpa = prog_gpa();
+  int (*create)(void **, unsigned) = NULL, (*start)(void *, int) = NULL;
+  int (*end)(void *, void **) = NULL, (*destroy)(void *) = NULL;
+  if (gpa == NULL || gpa("cuStreamCreate", (void **)&create, 12000, 0, NULL) ||
+      gpa("cuStreamBeginCapture", (void **)&start, 12000, 0, NULL) ||
+      gpa("cuStreamEndCapture", (void **)&end, 12000, 0, NULL) ||
+      gpa("cuGraphDestroy", (void **)&destroy, 12000, 0, NULL))
+    return -1;
+  if (begin) {
+    int rc = prog_stream ? 0 : create(&prog_stream, 1 /* non-blocking */);
+    return rc ? rc : start(prog_stream, 0 /* global mode */);
+  }
+  void *graph = NULL;
+  int rc = end(prog_stream, &graph);
+  if (rc == 0 && graph) destroy(graph);
+  return rc;
+}
+
+/* A command's STREAM: 3 is prog_stream, the others are CUDA's handles. */
+static void *prog_stream_of(unsigned long n) {
+  return n == 3 ? prog_stream : (void *)(uintptr_t)n;
 }
 
 static void *prog_slot[PROG_SLOTS];
@@ -188,7 +226,7 @@ int main(void) {
     } else if (!strcmp(cmd, "rt_malloc_async")) {
       NEED(cudaMallocAsync);
       printf("%d\n", cudaMallocAsync(&prog_slot[slot], (size_t)size,
-                                     (void *)(uintptr_t)seed));
+                                     prog_stream_of(seed)));
     } else if (!strcmp(cmd, "rt_malloc_async_ptsz")) {
       NEED(cudaMallocAsync_ptsz);
       printf("%d\n", cudaMallocAsync_ptsz(&prog_slot[slot], (size_t)size,
@@ -229,6 +267,10 @@ int main(void) {
       else
         unsetenv("FAKECUDA_CAPTURING");
       printf("0\n");
+    } else if (!strcmp(cmd, "graph")) {
+      char what[8] = "";
+      sscanf(line, "%*s %7s", what);
+      printf("%d\n", prog_graph(!strcmp(what, "begin")));
     } else if (!strcmp(cmd, "current")) {
       int d = prog_current();
       if (d == -2)

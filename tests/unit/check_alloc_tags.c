@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "alloc_tags.h"
+#include "cache.h"
 #include "check_main.h"
 #include "gmb.h"
 
@@ -21,6 +22,7 @@ struct fake {
   uint64_t room;      /* device bytes left */
   uint64_t host, host_quota, device_paused;
   int admits, refuse_admit, fail_alloc_after, allocs, frees, syncs;
+  int last_by; /* admit's `by` of the last pause */
 };
 
 static struct fake F;
@@ -81,12 +83,13 @@ static int fake_sync(void *ctx) {
   return 0;
 }
 
-static int fake_admit(void *ctx, int tag, int paused, int mode, uint64_t host,
-                      uint64_t device) {
+static int fake_admit(void *ctx, int tag, int paused, int mode, int by,
+                      uint64_t host, uint64_t device) {
   (void)ctx;
   (void)tag;
   (void)mode;
   F.admits++;
+  if (paused) F.last_by = by;
   if (paused) {
     if (F.refuse_admit) return GMB_E_LIMIT;
     if (F.host_quota && F.host + host > F.host_quota) return GMB_E_LIMIT;
@@ -140,7 +143,7 @@ START_TEST(offload_keeps_bytes_under_the_same_id) {
   uint64_t a = prog_alloc(4096, 0, 0x5a), b = prog_alloc(512, 0, 0x11);
   uint64_t other = prog_alloc(1024, 1, 0x22);
   uint64_t room = F.room, locked;
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked), 0);
   ck_assert_uint_eq(F.room, room + 4096 + 512); /* the device bytes went */
   ck_assert_uint_eq(F.host, 4096 + 512);
   ck_assert_uint_eq(F.device_paused, 4096 + 512);
@@ -171,7 +174,7 @@ END_TEST
 
 START_TEST(discard_copies_nothing) {
   uint64_t a = prog_alloc(8192, 3, 0x77), locked;
-  ck_assert_int_eq(gmb__atags_pause(T, 3, GMB_PAUSE_DISCARD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 3, GMB_PAUSE_DISCARD, GMB_CACHE_BY_APP, &locked), 0);
   ck_assert_uint_eq(F.host, 0);
   ck_assert_uint_eq(F.device_paused, 8192);
   ck_assert_int_eq(gmb__atags_resume(T, 3), 0);
@@ -185,14 +188,14 @@ START_TEST(locked_allocation_refuses_the_pause) {
   prog_alloc(4096, 0, 2);
   ck_assert_int_eq(gmb__atags_get(T, a, 1, &cur, NULL), 0); /* gmb_lock */
   uint64_t room = F.room;
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked),
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked),
                    GMB_E_INVAL);
   ck_assert_uint_eq(locked, a);
   ck_assert_uint_eq(F.room, room); /* nothing moved */
   ck_assert_int_eq(F.admits, 0);
   ck_assert(!gmb__atags_paused(T, 0));
   gmb__atags_unhold(T, a); /* gmb_unlock */
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked), 0);
   ck_assert(gmb__atags_paused(T, 0));
 }
 END_TEST
@@ -201,18 +204,18 @@ START_TEST(refused_admit_changes_nothing) {
   uint64_t a = prog_alloc(4096, 0, 9), locked;
   F.host_quota = 1024;
   uint64_t room = F.room;
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked),
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked),
                    GMB_E_LIMIT);
   ck_assert_uint_eq(F.room, room);
   ck_assert_int_eq(prog_bytes(a)[0], 9);
   /* A discard needs no host memory and passes. */
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_DISCARD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_DISCARD, GMB_CACHE_BY_APP, &locked), 0);
 }
 END_TEST
 
 START_TEST(resume_without_room_keeps_everything_paused) {
   uint64_t a = prog_alloc(4096, 0, 3), b = prog_alloc(4096, 0, 4), locked;
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked), 0);
   F.fail_alloc_after = F.allocs + 1; /* the second allocation fails */
   uint64_t room = F.room;
   ck_assert_int_eq(gmb__atags_resume(T, 0), GMB_E_NOMEM);
@@ -228,7 +231,7 @@ END_TEST
 
 START_TEST(free_while_paused_drops_the_copy) {
   uint64_t a = prog_alloc(4096, 0, 3), cur, host, locked;
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked), 0);
   ck_assert_int_eq(gmb__atags_free(T, a, &cur, &host), 2);
   ck_assert_uint_eq(host, 4096);
   ck_assert_uint_eq(F.host, 0);
@@ -255,7 +258,7 @@ END_TEST
 
 START_TEST(free_running_maps_to_the_current_id) {
   uint64_t a = prog_alloc(512, 0, 1), cur, host, locked;
-  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, &locked), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD, GMB_CACHE_BY_APP, &locked), 0);
   ck_assert_int_eq(gmb__atags_resume(T, 0), 0);
   ck_assert_int_eq(gmb__atags_free(T, a, &cur, &host), 1);
   ck_assert_uint_ne(cur, a);
@@ -264,6 +267,62 @@ START_TEST(free_running_maps_to_the_current_id) {
   struct gmb_atags_counts n;
   gmb__atags_counts(T, &n);
   ck_assert_uint_eq(n.tagged, 0);
+}
+END_TEST
+
+/* What the sleep policy sees of each tag: running bytes, a locked one
+ * (which would refuse the pause), and who paused the rest. */
+START_TEST(tags_report_running_held_and_who_paused) {
+  uint64_t a = prog_alloc(4096, 0, 1), cur, locked;
+  prog_alloc(512, 0, 2);
+  uint64_t c = prog_alloc(1024, 5, 3);
+  struct gmb_atags_tag t[GMB_ATAGS_TAGS];
+  gmb__atags_tags(T, t);
+  ck_assert_uint_eq(t[0].running, 4096 + 512);
+  ck_assert_uint_eq(t[0].n_running, 2);
+  ck_assert_uint_eq(t[0].held, 0);
+  ck_assert_uint_eq(t[5].running, 1024);
+  ck_assert_uint_eq(t[1].n_running + t[1].n_paused, 0);
+  ck_assert_int_eq(gmb__atags_get(T, c, 1, &cur, NULL), 0); /* gmb_lock */
+  gmb__atags_tags(T, t);
+  ck_assert_uint_eq(t[5].held, c);
+  ck_assert_uint_eq(t[5].running, 1024); /* running, though not pausable */
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD,
+                                    GMB_CACHE_BY_BROKER, &locked), 0);
+  ck_assert_int_eq(F.last_by, GMB_CACHE_BY_BROKER);
+  gmb__atags_tags(T, t);
+  ck_assert_uint_eq(t[0].running, 0);
+  ck_assert_uint_eq(t[0].n_paused, 2);
+  ck_assert_uint_eq(t[0].by_mask, 1u << GMB_CACHE_BY_BROKER);
+  ck_assert_int_eq(gmb__atags_resume(T, 0), 0);
+  gmb__atags_tags(T, t);
+  ck_assert_uint_eq(t[0].by_mask, 0);
+  ck_assert_uint_eq(t[0].n_running, 2);
+  /* An operator's pause is told so, and kept while paused. */
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_DISCARD,
+                                    GMB_CACHE_BY_OPERATOR, &locked), 0);
+  ck_assert_int_eq(F.last_by, GMB_CACHE_BY_OPERATOR);
+  gmb__atags_tags(T, t);
+  ck_assert_uint_eq(t[0].by_mask, 1u << GMB_CACHE_BY_OPERATOR);
+  ck_assert_int_eq(gmb__atags_get(T, a, 1, &cur, NULL), GMB_E_INVAL);
+}
+END_TEST
+
+/* The sign of activity moves with each tagged allocation made, locked or
+ * freed, and not with a look that holds nothing. */
+START_TEST(uses_move_with_activity) {
+  ck_assert_uint_eq(gmb__atags_uses(T), 0);
+  uint64_t a = prog_alloc(512, 0, 1), cur, host;
+  uint64_t u = gmb__atags_uses(T);
+  ck_assert_uint_gt(u, 0);
+  ck_assert_int_eq(gmb__atags_get(T, a, 0, &cur, NULL), 0); /* unlock's */
+  ck_assert_uint_eq(gmb__atags_uses(T), u);
+  ck_assert_int_eq(gmb__atags_get(T, a, 1, &cur, NULL), 0); /* a lock */
+  ck_assert_uint_gt(gmb__atags_uses(T), u);
+  u = gmb__atags_uses(T);
+  gmb__atags_unhold(T, a);
+  ck_assert_int_eq(gmb__atags_free(T, a, &cur, &host), 1);
+  ck_assert_uint_gt(gmb__atags_uses(T), u);
 }
 END_TEST
 
@@ -279,6 +338,8 @@ static Suite *alloc_tags_suite(void) {
   tcase_add_test(tc, free_while_paused_drops_the_copy);
   tcase_add_test(tc, untagged_ids_pass_through);
   tcase_add_test(tc, free_running_maps_to_the_current_id);
+  tcase_add_test(tc, tags_report_running_held_and_who_paused);
+  tcase_add_test(tc, uses_move_with_activity);
   suite_add_tcase(s, tc);
   return s;
 }

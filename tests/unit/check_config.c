@@ -115,6 +115,7 @@ START_TEST(design_example_parses) {
   ck_assert_int_eq(c.log_level, GMB_LOG_INFO);
   ck_assert_uint_eq(c.heartbeat_ms, 1000);
   ck_assert_uint_eq(c.trim_wait_ms, 100); /* not in the file: the default */
+  ck_assert_int_eq(c.admin_http, 1);      /* the default: served */
   ck_assert_uint_eq(c.n_tenants, 1);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "llm-a");
   ck_assert_ptr_nonnull(t);
@@ -190,6 +191,7 @@ START_TEST(every_other_value_parses) {
           "log_level = debug\n"
           "heartbeat_ms = 100\n"
           "trim_wait_ms = 0\n"
+          "admin_http = no\n"
           "offload_host_max = 0\n"
           "restore_wait_ms = 0\n"
           "\n"
@@ -215,6 +217,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_int_eq(c.log_level, GMB_LOG_DEBUG);
   ck_assert_uint_eq(c.heartbeat_ms, 100);
   ck_assert_uint_eq(c.trim_wait_ms, 0); /* 0: caches are not asked */
+  ck_assert_int_eq(c.admin_http, 0);
   ck_assert_uint_eq(c.offload_host_max, 0); /* 0: the broker never offloads */
   ck_assert_uint_eq(c.restore_wait_ms, 0);
   ck_assert_uint_eq(c.n_tenants, 2);
@@ -228,7 +231,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_uint_eq(b->token_sha256[31], 0x08);
   ck_assert_uint_eq(b->n_uids, 1);
   ck_assert_uint_eq(b->uids[0], 0);
-  ck_assert_int_eq(b->line, 16);
+  ck_assert_int_eq(b->line, 17);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "c");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 0);
@@ -550,6 +553,9 @@ START_TEST(err_bad_integers) {
   load_bad("[broker]\nheartbeat_ms = 99\n", 2, "heartbeat_ms: bad value '99'");
   teardown();
   load_bad("[broker]\nheartbeat_ms = 60001\n", 2, "want an integer 100..60000");
+  teardown();
+  load_bad("[broker]\nadmin_http = maybe\n", 2, "admin_http: bad value "
+           "'maybe' (want yes or no)");
   teardown();
   load_bad("[broker]\ntrim_wait_ms = 5001\n", 2, "trim_wait_ms: bad value "
            "'5001' (want an integer 0..5000)");
