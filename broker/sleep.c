@@ -176,7 +176,8 @@ void gmb__sleep_movable(struct gmb_session *s, int64_t delta) {
     *p = z;
     s->n_paused++;
     t->paused_tags++;
-    t->pauses++;
+    /* Not in `pauses`/`resumes`, which count the tags the libraries
+     * paused: the broker's own are counted in b->offload. */
   }
   GMB_ASSERT((delta >= 0 || z->host_bytes >= (uint64_t)-delta) &&
              "offloaded bytes drifted");
@@ -186,10 +187,7 @@ void gmb__sleep_movable(struct gmb_session *s, int64_t delta) {
   t->paused_bytes += (uint64_t)delta;
   s->host_bytes += (uint64_t)delta;
   s->paused_bytes += (uint64_t)delta;
-  if (z->host_bytes == 0) {
-    sleep_drop(s, p, now);
-    t->resumes++;
-  }
+  if (z->host_bytes == 0) sleep_drop(s, p, now);
 }
 
 void gmb__sleep_forget_session(struct gmb_session *s) {
