@@ -377,17 +377,12 @@ static uint64_t offl_word(size_t a, size_t k) {
 }
 
 static int offload(size_t size, const char *ctl, const char *run) {
-  char err[256];
   const char *tenant = getenv("GMB_TENANT");
-  if (gmb__cudrv_load(&d, err, sizeof err) != 0 || tenant == NULL) {
-    fprintf(stderr, "gpu_checks: %s\n", tenant ? err : "no GMB_TENANT");
+  if (tenant == NULL) {
+    fprintf(stderr, "gpu_checks: offload: no GMB_TENANT\n");
     return 1;
   }
-  gmb_cu_device dev;
-  gmb_cu_ctx prim;
-  CU(d.cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CU(d.cuDevicePrimaryCtxRetain(&prim, dev), "cuDevicePrimaryCtxRetain");
-  CU(d.cuCtxSetCurrent(prim), "cuCtxSetCurrent");
+  if (primary_current()) return 1;
   const size_t mib = (size_t)1 << 20, n = size / mib;
   gmb_client *c = connect_or_die();
   gmb_id *id = calloc(n, sizeof *id);

@@ -28,14 +28,7 @@
 #define WEIGHTS (40 * MIB)
 
 /* The child's own checks: a failure exits with the line number. */
-#define JOB_CHECK(cond)                                                    \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: child check failed: %s (%s)\n", __FILE__,    \
-              __LINE__, #cond, gmb_last_error(NULL));                      \
-      return __LINE__ % 200 + 10;                                          \
-    }                                                                      \
-  } while (0)
+#define JOB_CHECK(cond) HARNESS_JOB_CHECK(cond)
 
 /* A job: connects as `tenant`, sets `policy` (NULL: none), puts WEIGHTS
  * bytes in tag "weights" (blocks of several sizes, a pattern each) and

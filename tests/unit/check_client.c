@@ -1409,22 +1409,31 @@ static void *futex_locker_main(void *arg) {
   return NULL;
 }
 
+/* A movable allocation of 1 KiB of 0x5A bytes (*id, its first address
+ * *p) that the broker claimed (MOVING), and a thread of l asleep in
+ * gmb_lock on its word. */
+static void locker_asleep(gmb_client *c, gmb_id *id, void **p,
+                          struct futex_locker *l, pthread_t *t) {
+  ck_assert_int_eq(gmb_alloc(c, 1024, GMB_MOVABLE, id), 0);
+  ck_assert_int_eq(gmb_lock(c, *id, p), 0);
+  memset(*p, 0x5A, 1024);
+  ck_assert_int_eq(gmb_unlock(c, *id), 0);
+  ck_assert(mv_claim(*id));
+  *l = (struct futex_locker){.c = c, .id = *id};
+  ck_assert_int_eq(pthread_create(t, NULL, futex_locker_main, l), 0);
+  while (atomic_load(&l->tid) == 0) sched_yield();
+  ck_assert_msg(check_thread_in_futex(atomic_load(&l->tid)),
+                "gmb_lock never slept on the lock word");
+}
+
 START_TEST(lock_mid_move_sleeps_until_woken) {
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id;
-  ck_assert_int_eq(gmb_alloc(c, 1024, GMB_MOVABLE, &id), 0);
   void *p;
-  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
-  memset(p, 0x5A, 1024);
-  ck_assert_int_eq(gmb_unlock(c, id), 0);
-  ck_assert(mv_claim(id));
-  struct futex_locker l = {.c = c, .id = id};
+  struct futex_locker l;
   pthread_t t;
-  ck_assert_int_eq(pthread_create(&t, NULL, futex_locker_main, &l), 0);
-  while (atomic_load(&l.tid) == 0) sched_yield();
-  ck_assert_msg(check_thread_in_futex(atomic_load(&l.tid)),
-                "gmb_lock never slept on the lock word");
+  locker_asleep(c, &id, &p, &l, &t);
   ck_assert_uint_eq(lt_state(id), GMB_LT_MOVING | GMB_LT_WAITERS);
   /* The broker's end of a move (locktab.c): position, exchange 0, wake. */
   uint64_t from = F.offsets[id], to = 2u << 20;
@@ -1488,18 +1497,10 @@ START_TEST(lock_mid_offload_asks_the_broker) {
   fake_start();
   gmb_client *c = connect_ok();
   gmb_id id;
-  ck_assert_int_eq(gmb_alloc(c, 1024, GMB_MOVABLE, &id), 0);
   void *p;
-  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
-  memset(p, 0x5A, 1024);
-  ck_assert_int_eq(gmb_unlock(c, id), 0);
-  ck_assert(mv_claim(id));
-  struct futex_locker l = {.c = c, .id = id};
+  struct futex_locker l;
   pthread_t t;
-  ck_assert_int_eq(pthread_create(&t, NULL, futex_locker_main, &l), 0);
-  while (atomic_load(&l.tid) == 0) sched_yield();
-  ck_assert_msg(check_thread_in_futex(atomic_load(&l.tid)),
-                "gmb_lock never slept on the lock word");
+  locker_asleep(c, &id, &p, &l, &t);
   /* The broker's offload: the copy, the range gone, OFFLOADED, wake. */
   memcpy(offl_copy, F.seg1 + F.offsets[id], sizeof offl_copy);
   memset(F.seg1 + F.offsets[id], 0xEE, 1024);
