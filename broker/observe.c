@@ -129,7 +129,8 @@ static void observe_session_row(const struct gmb_session *s,
   gmb__sleep_session_paused(s, row->paused, sizeof row->paused);
   row->sleep_pausable = s->sleep_pausable;
   uint64_t now = gmb__now_ns();
-  row->sleep_idle_ms = s->sleep_pausable && now > s->sleep_active_ns
+  row->sleep_idle_ms = (s->sleep_pausable || s->sleep_idle) &&
+                                   now > s->sleep_active_ns
                            ? (now - s->sleep_active_ns) / GMB_NS_PER_MS
                            : 0;
 }

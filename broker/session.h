@@ -74,6 +74,7 @@ struct gmb_session {
    * EVENT_SLEEP; its paused tags as its library reported them, and their
    * sums. */
   uint64_t sleep_pausable, sleep_active_ns;
+  int sleep_idle; /* its policy deems it idle: its movable may be offloaded */
   int ask_sleep;
   struct gmb_sleep_tag *paused;
   uint32_t n_paused;

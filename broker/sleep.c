@@ -22,9 +22,10 @@
 
 static struct gmb_log_rl sleep_rl_note;
 
-void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable,
+void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable, int idle,
                       uint64_t idle_ms, uint64_t now) {
   s->sleep_pausable = pausable;
+  s->sleep_idle = idle != 0;
   /* A day at most: a figure past it says nothing more about the order. */
   if (idle_ms > UINT64_C(86400000)) idle_ms = UINT64_C(86400000);
   uint64_t idle_ns = idle_ms * GMB_NS_PER_MS;
@@ -194,11 +195,13 @@ void gmb__sleep_forget_session(struct gmb_session *s) {
   uint64_t now = gmb__now_ns();
   while (s->paused) sleep_drop(s, &s->paused, now);
   s->sleep_pausable = 0;
+  s->sleep_idle = 0;
 }
 
 int gmb__sleep_askable(const struct gmb_session *o,
                        const struct gmb_session *s, uint64_t now) {
-  return o != s && o->tenant != s->tenant && o->sleep_pausable > 0 &&
+  return o != s && o->tenant != s->tenant &&
+         (o->sleep_pausable > 0 || o->sleep_idle) &&
          o->tenant->priority <= s->tenant->priority && o->ask_bytes == 0 &&
          now >= o->ask_skip_ns && o->waiting == 0;
 }

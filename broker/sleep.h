@@ -17,9 +17,12 @@
  * request that found the device full (reclaim.c plans and sends the ask,
  * EVENT_SLEEP, with its ordinary bounds): a session whose sleep policy
  * offers bytes now (Request.sleep_pausable: it has opted in and has been
- * idle as long as its policy says), of another tenant whose priority is
- * not above the requester's, not asked already, not waiting itself, and
- * not in its pause after asks that gave nothing.  Order: lowest priority,
+ * idle as long as its policy says), or whose policy says it is idle
+ * although its tags offer nothing (Request.sleep_idle: only the broker's
+ * own offload of its movable allocations, offload.c, takes anything from
+ * it; the asks pass it over), of another tenant whose priority is not
+ * above the requester's, not asked already, not waiting itself, and not
+ * in its pause after asks that gave nothing.  Order: lowest priority,
  * longest idle, largest offer (gmb__sleep_cmp).
  *
  * Operators pause and resume a tenant's tags (gmbctl pause|resume): every
@@ -62,7 +65,7 @@ struct gmb_sleep_tag {
 
 /* Every request carries the session's sleep offer: recorded (the idle time
  * becomes the moment it was last active, on the broker's clock). */
-void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable,
+void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable, int idle,
                       uint64_t idle_ms, uint64_t now);
 
 /* A SleepNote of session s: records or forgets the paused tag, checking

@@ -251,6 +251,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   r.trim_answered = req->trim_answered != 0;
   r.sleep_pausable = req->sleep_pausable;
   r.sleep_idle_ms = req->sleep_idle_ms;
+  r.sleep_idle = req->sleep_idle != 0;
   return wire_pack(&r.base, buf, len);
 }
 
@@ -265,6 +266,7 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   out->trim_answered = r->trim_answered != 0;
   out->sleep_pausable = r->sleep_pausable;
   out->sleep_idle_ms = r->sleep_idle_ms;
+  out->sleep_idle = r->sleep_idle != 0;
   switch (r->body_case) {
     case GMB__REQUEST__BODY_HELLO:
       out->kind = WIRE_HELLO;

@@ -94,6 +94,7 @@ struct wire_request {
   int trim_answered;    /* this answers the last EVENT_TRIM (a Heartbeat) */
   uint64_t sleep_pausable; /* its sleep policy's offer (any kind) */
   uint64_t sleep_idle_ms;  /* idle for this long when it sent it */
+  int sleep_idle;          /* its policy deems it idle (offloadable) */
   union {
     struct {
       uint32_t version;

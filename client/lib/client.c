@@ -161,6 +161,7 @@ struct gmb_client {
    * (sleep_policy.h); the offer the last request carried (under io). */
   struct gmb_sleep_policy *pol;
   uint64_t offer_reported;
+  int idle_reported; /* the policy's idle flag, as last sent */
   int resume_wait_ms; /* $GMB_RESUME_WAIT_MS: an allocation's auto-resume */
   /* Tagged gmb_alloc allocations (alloc_tags.c), and what the broker is
    * told of each tag: the cache's part (absolute, from its note) and the
@@ -172,8 +173,8 @@ struct gmb_client {
     uint64_t host, device;
     int paused, mode, by;
   } tag_part[2][64]; /* [0] the cache's, [1] the allocations' */
-  /* gmb_alloc and gmb_free calls: with the tagged allocations' uses, the
-   * sleep policy's sign of activity (client_sleep_activity). */
+  /* gmb_alloc, gmb_free and gmb_lock calls: with the tagged allocations'
+   * uses, the sleep policy's sign of activity (client_sleep_activity). */
   atomic_uint_fast64_t alloc_calls;
   /* The library thread's pauses and resumes (the broker's asks, an
    * operator's) against long waits for memory (gmb_alloc_wait): such a
@@ -278,6 +279,8 @@ static int client_send(gmb_client *c, struct wire_request *req, int flags) {
     req->sleep_pausable =
         gmb__sleep_policy_offer(c->pol, gmb__now_ns(), &req->sleep_idle_ms);
     c->offer_reported = req->sleep_pausable;
+    req->sleep_idle = gmb__sleep_policy_idle(c->pol);
+    c->idle_reported = req->sleep_idle;
   }
   int rc = gmb__wire_request_encode(req, &buf, &len);
   if (rc) return client_fail(rc, "cannot encode a %s request",
@@ -314,7 +317,8 @@ static void client_report_due(gmb_client *c) {
                                                  &idle_ms)
                        : 0;
   if (gmb__cache_cached(c->cache) == c->reported &&
-      offer == c->offer_reported)
+      offer == c->offer_reported &&
+      gmb__sleep_policy_idle(c->pol) == c->idle_reported)
     return;
   struct wire_request req = {.kind = WIRE_HEARTBEAT};
   if (client_send(c, &req, ZMQ_DONTWAIT) == 0 && c->hb_ms)
@@ -1686,6 +1690,7 @@ GMB_EXPORT int gmb_lock(gmb_client *c, gmb_id id, void **ptr) {
   if (rc) return rc;
   rc = client_lock_raw(c, cur, ptr);
   if (rc) gmb__atags_unhold(c->atags, id);
+  else atomic_fetch_add_explicit(&c->alloc_calls, 1, memory_order_relaxed);
   return rc;
 }
 

@@ -51,6 +51,7 @@ struct gmb_sleep_policy {
   atomic_int pending;          /* op or ask queued */
   _Atomic uint64_t ask;        /* bytes the broker asked (0: none) */
   _Atomic uint64_t offer;      /* bytes offered now */
+  _Atomic int idle;            /* idle past idle_ms (sent as sleep_idle) */
   _Atomic uint64_t active_ns;  /* last activity seen */
   uint64_t seen[4];            /* ops.activity at the last look */
 };
@@ -133,7 +134,10 @@ int gmb__sleep_policy_set(struct gmb_sleep_policy *p, const char *spec,
     memcpy(p->tag, tag, sizeof tag[0] * n);
     memcpy(p->mode, mode, n);
     atomic_store(&p->on, on);
-    if (!on) atomic_store(&p->offer, 0);
+    if (!on) {
+      atomic_store(&p->offer, 0);
+      atomic_store(&p->idle, 0);
+    }
     pthread_mutex_unlock(&p->mu);
   }
   return rc;
@@ -172,11 +176,17 @@ void gmb__sleep_policy_look(struct gmb_sleep_policy *p, uint64_t now) {
   uint64_t offer = 0;
   pthread_mutex_lock(&p->mu);
   uint64_t idle_ns = p->idle_ms * GMB_NS_PER_MS;
-  if (now - atomic_load(&p->active_ns) >= idle_ns)
+  const int idle = now - atomic_load(&p->active_ns) >= idle_ns;
+  atomic_store(&p->idle, idle);
+  if (idle)
     for (unsigned i = 0; i < n; i++)
       if (policy_mode(p, info[i].name) >= 0) offer += info[i].pausable;
   pthread_mutex_unlock(&p->mu);
   atomic_store(&p->offer, offer);
+}
+
+int gmb__sleep_policy_idle(struct gmb_sleep_policy *p) {
+  return gmb__sleep_policy_on(p) && atomic_load(&p->idle);
 }
 
 uint64_t gmb__sleep_policy_offer(struct gmb_sleep_policy *p, uint64_t now,

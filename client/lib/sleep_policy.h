@@ -84,6 +84,11 @@ int gmb__sleep_policy_on(struct gmb_sleep_policy *p);
  * once idle long enough. */
 void gmb__sleep_policy_look(struct gmb_sleep_policy *p, uint64_t now);
 
+/* 1 when the policy is on and the last look found the session idle past
+ * its threshold, whatever its tags offer: the broker may then offload its
+ * unlocked movable allocations (sent as Request.sleep_idle). */
+int gmb__sleep_policy_idle(struct gmb_sleep_policy *p);
+
 /* The offer to report now (0: no policy, or not idle long enough), and
  * how long the session has been idle (*idle_ms). */
 uint64_t gmb__sleep_policy_offer(struct gmb_sleep_policy *p, uint64_t now,

@@ -30,6 +30,7 @@
 struct job {
   const char *tenant, *policy, *endpoint;
   int in, out;
+  int untagged; /* no cache block: its movable allocations only */
 };
 
 /* Locks every allocation, checks its pattern, unlocks: 'k', 'x' when a
@@ -53,17 +54,20 @@ static char job_check_all(gmb_client *c, const gmb_id *id) {
 }
 
 /* A job: connects as `tenant` with `policy` (NULL: none), a 4 KiB block
- * in cache tag "w" (what its policy offers), NM movable allocations with
- * a pattern each; says 'r'.  'l': job_check_all; 'q': frees and exits. */
+ * in cache tag "w" (what its policy offers; none when `untagged`), NM
+ * movable allocations with a pattern each; says 'r'.  'l': job_check_all;
+ * 'q': frees and exits. */
 static int job_main(void *arg) {
   struct job *j = arg;
   gmb_client *c;
   HARNESS_JOB_CHECK(gmb_connect(j->endpoint, j->tenant, &c) == 0);
   if (j->policy) HARNESS_JOB_CHECK(gmb_sleep_policy_set(c, j->policy) == 0);
-  void *w;
-  HARNESS_JOB_CHECK(gmb_cache_tag(c, "w") == 0);
-  HARNESS_JOB_CHECK(gmb_malloc_async(c, 4096, NULL, &w) == 0);
-  HARNESS_JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  void *w = NULL;
+  if (!j->untagged) {
+    HARNESS_JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+    HARNESS_JOB_CHECK(gmb_malloc_async(c, 4096, NULL, &w) == 0);
+    HARNESS_JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  }
   gmb_id id[NM];
   for (int i = 0; i < NM; i++) {
     void *p;
@@ -79,7 +83,7 @@ static int job_main(void *arg) {
     harness_pipe_send(j->out, job_check_all(c, id));
   }
   for (int i = 0; i < NM; i++) HARNESS_JOB_CHECK(gmb_free(c, id[i]) == 0);
-  gmb_free_async(c, w, NULL);
+  if (w) gmb_free_async(c, w, NULL);
   gmb_disconnect(c);
   return 0;
 }
@@ -97,12 +101,18 @@ struct jobrun {
   struct harness_job h;
 };
 
-static void job_start(struct jobrun *r, const struct harness_broker *b,
-                      const char *tenant, const char *policy) {
+static void job_start_as(struct jobrun *r, const struct harness_broker *b,
+                         const char *tenant, const char *policy,
+                         int untagged) {
   harness_job_open(&r->h);
   r->j = (struct job){tenant, policy, b->endpoint, harness_job_in(&r->h),
-                      harness_job_out(&r->h)};
+                      harness_job_out(&r->h), untagged};
   harness_job_start(&r->h, job_main, &r->j);
+}
+
+static void job_start(struct jobrun *r, const struct harness_broker *b,
+                      const char *tenant, const char *policy) {
+  job_start_as(r, b, tenant, policy, 0);
 }
 
 struct offer_wait {
@@ -201,6 +211,53 @@ START_TEST(broker_offloads_and_lock_brings_back) {
 }
 END_TEST
 
+/* The policy's idle flag (sessions' rows show how long it idled) without
+ * any tagged bytes to offer. */
+static int idle_seen(void *arg) {
+  const struct offer_wait *o = arg;
+  struct wire_reply rep;
+  if (harness_admin_status(o->b, &rep)) return 0;
+  int seen = 0;
+  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
+    const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
+    if (strcmp(s->tenant, o->tenant) == 0 && s->sleep_idle_ms > 0) seen = 1;
+  }
+  gmb__wire_reply_clear(&rep);
+  return seen;
+}
+
+/* A job that holds only movable gmb_alloc allocations (nothing tagged, so
+ * its policy offers no bytes to pause) is still offloaded by the broker
+ * once its policy deems it idle; its locks bring every byte back. */
+START_TEST(untagged_movable_job_offloaded) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", tenants);
+  struct jobrun a;
+  job_start_as(&a, &b, "idle", "idle=0", 1);
+  struct offer_wait o = {&b, "idle"};
+  ck_assert_msg(harness_poll_until(idle_seen, &o, HARNESS_WAIT_MS),
+                "the idle job never said it was idle");
+  ck_assert_uint_eq(harness_sleep_offer(&b, "idle"), 0);
+  const uint64_t idle_used = row_of(&b, "idle").used;
+  ck_assert_uint_ge(idle_used, NM * MIB);
+  gmb_client *c = harness_connect_ok(&b, "busy");
+  gmb_id big;
+  int rc = gmb_alloc(c, 48 * MIB, 0, &big);
+  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  struct wire_tenant_row r = row_of(&b, "idle");
+  ck_assert_uint_ge(r.host_bytes, 8 * MIB);
+  ck_assert_uint_eq(r.used + r.host_bytes, idle_used);
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
+  r = row_of(&b, "idle");
+  ck_assert_uint_eq(r.host_bytes, 0);
+  ck_assert_uint_eq(r.used, idle_used);
+  gmb_disconnect(c);
+  harness_job_end(&a.h);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* gmbctl pause offloads the tenant's unlocked movable allocations (no
  * sleep policy needed: the operator decides); resume brings them back. */
 START_TEST(operator_pause_offloads_movable) {
@@ -240,5 +297,6 @@ END_TEST
 int main(void) {
   return harness_main(HARNESS_SUITE("offload", "offload", 90,
                                     broker_offloads_and_lock_brings_back,
-                                    operator_pause_offloads_movable));
+                                    operator_pause_offloads_movable,
+                                    untagged_movable_job_offloaded));
 }

@@ -154,6 +154,28 @@ START_TEST(offer_counts_policy_tags_once_idle) {
 }
 END_TEST
 
+/* The idle flag: set once idle for the policy's time whether or not a tag
+ * offers bytes (the broker may then offload movable allocations), cleared
+ * by activity and by turning the policy off. */
+START_TEST(idle_flag_without_tagged_bytes) {
+  policy("idle=1");
+  uint64_t idle_ms, now = 10 * SEC;
+  gmb__sleep_policy_look(P, SEC / 2);
+  ck_assert_int_eq(gmb__sleep_policy_idle(P), 0);
+  gmb__sleep_policy_look(P, now);
+  ck_assert_int_eq(gmb__sleep_policy_idle(P), 1);
+  ck_assert_uint_eq(gmb__sleep_policy_offer(P, now, &idle_ms), 0);
+  F.act[3]++; /* a gmb_lock */
+  gmb__sleep_policy_look(P, now + SEC / 2);
+  ck_assert_int_eq(gmb__sleep_policy_idle(P), 0);
+  gmb__sleep_policy_look(P, now + 2 * SEC);
+  ck_assert_int_eq(gmb__sleep_policy_idle(P), 1);
+  char why[256];
+  ck_assert_int_eq(gmb__sleep_policy_set(P, "off", why, sizeof why), 0);
+  ck_assert_int_eq(gmb__sleep_policy_idle(P), 0);
+}
+END_TEST
+
 /* A broker's ask: idle pages first, then the policy's tags in its modes,
  * largest pausable first, by the broker, until the bytes are given. */
 START_TEST(ask_pauses_largest_first_until_given) {
@@ -278,6 +300,7 @@ static Suite *sleep_policy_suite(void) {
   TCase *tc = tcase_create("policy");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, offer_counts_policy_tags_once_idle);
+  tcase_add_test(tc, idle_flag_without_tagged_bytes);
   tcase_add_test(tc, ask_pauses_largest_first_until_given);
   tcase_add_test(tc, ask_passes_over_a_refused_tag);
   tcase_add_test(tc, active_session_declines);
