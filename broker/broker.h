@@ -72,8 +72,11 @@ struct gmb_reclaim {
 /* The movable allocations the broker offloaded to its own host memory
  * (offload.c): the host bytes it holds now for all sessions (never above
  * cfg.offload_host_max), and totals since start. */
+struct gmb_offl_chunk;
 struct gmb_offload {
-  uint64_t host_bytes;
+  uint64_t host_bytes;                 /* of the allocations' copies */
+  uint64_t chunk_bytes;                /* of the chunks holding them */
+  struct gmb_offl_chunk *chunk;        /* the one new copies are cut from */
   uint32_t held;                       /* allocations offloaded now */
   uint64_t offloads, restores;         /* allocations, since start */
   uint64_t bytes_out, bytes_in;        /* bytes copied to / from host */

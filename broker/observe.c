@@ -668,9 +668,13 @@ char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {
               "Seconds spent in compaction runs.", c->seconds);
   const struct gmb_offload *ol = &b->offload;
   observe_u64(f, "gmb_offload_host_bytes", "gauge",
-              "Host bytes the broker holds for the movable allocations it "
-              "offloaded, all tenants (at most offload_host_max).",
+              "Host bytes of the copies of the movable allocations the "
+              "broker offloaded, all tenants (at most offload_host_max).",
               ol->host_bytes);
+  observe_u64(f, "gmb_offload_host_chunk_bytes", "gauge",
+              "Host memory the broker holds for those copies: the chunks "
+              "they are cut from (at most offload_host_max).",
+              ol->chunk_bytes);
   observe_u64(f, "gmb_offload_allocations", "gauge",
               "Movable allocations offloaded by the broker now.", ol->held);
   observe_u64(f, "gmb_offloads_total", "counter",

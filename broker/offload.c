@@ -42,7 +42,8 @@ struct offl_rec {
   uint64_t pool_id; /* the pool's id now; 0 while offloaded */
   uint64_t size;    /* rounded */
   uint32_t slot;    /* its lock-table slot, kept while offloaded */
-  void *host;       /* its bytes while offloaded (the device's host memory) */
+  void *host;       /* its bytes while offloaded, in `chunk` */
+  struct gmb_offl_chunk *chunk;
 };
 
 static int offl_cmp(const struct offl_rec *a, const struct offl_rec *b) {
@@ -110,10 +111,79 @@ static struct offl_rec *offl_new(struct gmb_session *s, uint64_t id,
   return r;
 }
 
+/* --- host memory ------------------------------------------------------------
+ *
+ * The copies are cut in order from chunks of up to OFFL_CHUNK bytes of the
+ * device's host memory, and a chunk goes back when its last copy does.  On
+ * a GPU every chunk is a cuMemHostAlloc, whose pinning costs more than
+ * copying the 1 MiB at most that a movable allocation holds: one call per
+ * chunk rather than one per allocation.  What the chunks hold, copies and
+ * the gaps freed copies left, stays within offload_host_max: a chunk that
+ * would pass it is made smaller, down to the one copy it is for, and past
+ * that the offload is refused as the host bounds refuse it.
+ */
+#define OFFL_CHUNK (UINT64_C(32) << 20)
+#define OFFL_PIECE_ALIGN UINT64_C(256)
+
+struct gmb_offl_chunk {
+  char *base;
+  uint64_t size, used; /* used: cut so far, from base */
+  uint32_t live;       /* copies in it now */
+};
+
+static void offl_chunk_put(struct gmb_broker *b, struct gmb_offl_chunk *c) {
+  GMB_ASSERT(c->live > 0 && "a chunk's copies drifted");
+  if (--c->live) return;
+  if (b->offload.chunk == c) b->offload.chunk = NULL;
+  gmb__device_host_free(b->dev, c->base, c->size);
+  b->offload.chunk_bytes -= c->size;
+  free(c);
+}
+
+/* Host memory for a copy of `size` bytes (*c its chunk), or NULL: the
+ * chunks would pass offload_host_max (*limit set), or no host memory. */
+static void *offl_host_get(struct gmb_broker *b, uint64_t size,
+                           struct gmb_offl_chunk **c, int *limit) {
+  const uint64_t need = (size + OFFL_PIECE_ALIGN - 1) & ~(OFFL_PIECE_ALIGN - 1);
+  struct gmb_offl_chunk *k = b->offload.chunk;
+  *limit = 0;
+  if (k == NULL || k->size - k->used < need) {
+    const uint64_t max = b->cfg.offload_host_max;
+    uint64_t left = max > b->offload.chunk_bytes
+                        ? max - b->offload.chunk_bytes : 0;
+    uint64_t want = need > OFFL_CHUNK ? need : OFFL_CHUNK;
+    if (want > left) want = left;
+    if (want < need) {
+      *limit = 1;
+      return NULL;
+    }
+    if ((k = calloc(1, sizeof *k)) == NULL) return NULL;
+    k->base = gmb__device_host_alloc(b->dev, want);
+    if (k->base == NULL && want > need) /* a smaller one may still come */
+      k->base = gmb__device_host_alloc(b->dev, want = need);
+    if (k->base == NULL) {
+      free(k);
+      return NULL;
+    }
+    k->size = want;
+    b->offload.chunk_bytes += want;
+    /* The chunk before stays while copies live in it; none is cut from it
+     * again.  Holding none, it went already (offl_chunk_put). */
+    b->offload.chunk = k;
+  }
+  void *p = k->base + k->used;
+  k->used += need;
+  k->live++;
+  *c = k;
+  return p;
+}
+
 /* r's bytes are in host memory now: the sums grow. */
 static void offl_add(struct gmb_broker *b, struct gmb_session *s,
-                     struct offl_rec *r, void *host) {
+                     struct offl_rec *r, void *host,
+                     struct gmb_offl_chunk *chunk) {
   r->host = host;
+  r->chunk = chunk;
   r->pool_id = 0;
   s->offl->away++;
   s->offl->bytes += r->size;
@@ -127,8 +197,9 @@ static void offl_sub(struct gmb_broker *b, struct gmb_session *s,
                      struct offl_rec *r) {
   GMB_ASSERT(r->host && s->offl->away > 0 && s->offl->bytes >= r->size &&
              b->offload.host_bytes >= r->size && "offload sums drifted");
-  gmb__device_host_free(b->dev, r->host, r->size);
+  offl_chunk_put(b, r->chunk);
   r->host = NULL;
+  r->chunk = NULL;
   s->offl->away--;
   s->offl->bytes -= r->size;
   b->offload.host_bytes -= r->size;
@@ -199,13 +270,14 @@ static void offl_refused(struct gmb_broker *b, const struct gmb_session *o,
                          uint64_t size) {
   b->offload.refused++;
   if (!gmb__log_allow(&offl_rl_refused)) return;
-  char a[GMB_SIZE_BUFSZ], h[GMB_SIZE_BUFSZ], m[GMB_SIZE_BUFSZ],
-      t[GMB_SIZE_BUFSZ], q[GMB_SIZE_BUFSZ];
+  char a[GMB_SIZE_BUFSZ], h[GMB_SIZE_BUFSZ], k[GMB_SIZE_BUFSZ],
+      m[GMB_SIZE_BUFSZ], t[GMB_SIZE_BUFSZ], q[GMB_SIZE_BUFSZ];
   log_info("session %" PRIu64 " (tenant %s): offloading %s more would pass "
-           "the host bounds (the broker holds %s of offload_host_max %s; "
-           "the tenant %s of host_quota %s)%s", o->id, o->tenant->name,
-           gmb__size_format(size, a, sizeof a),
+           "the host bounds (the broker holds %s of copies in %s of chunks, "
+           "of offload_host_max %s; the tenant %s of host_quota %s)%s",
+           o->id, o->tenant->name, gmb__size_format(size, a, sizeof a),
            gmb__size_format(b->offload.host_bytes, h, sizeof h),
+           gmb__size_format(b->offload.chunk_bytes, k, sizeof k),
            gmb__size_format(b->cfg.offload_host_max, m, sizeof m),
            gmb__size_format(o->tenant->host_bytes, t, sizeof t),
            o->tenant->host_quota
@@ -240,7 +312,14 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
   int fresh = r == NULL;
   if (fresh && (r = offl_new(o, id, slot)) == NULL) return GMB_E_SYSTEM;
   r->size = info.size;
-  void *host = gmb__device_host_alloc(b->dev, info.size);
+  struct gmb_offl_chunk *chunk = NULL;
+  int limit;
+  void *host = offl_host_get(b, info.size, &chunk, &limit);
+  if (host == NULL && limit) {
+    if (fresh) offl_drop(b, o, r);
+    offl_refused(b, o, info.size);
+    return GMB_E_LIMIT;
+  }
   int rc = host ? 0 : GMB_E_SYSTEM;
   if (rc == 0 && !gmb__locktab_claim(lt, slot)) rc = 1; /* locked */
   if (rc == 0) {
@@ -257,7 +336,7 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
     }
   }
   if (rc) {
-    gmb__device_host_free(b->dev, host, info.size);
+    if (chunk) offl_chunk_put(b, chunk);
     if (fresh) offl_drop(b, o, r);
     return rc;
   }
@@ -270,7 +349,7 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
   gmb__tenant_uncharge(o->tenant, info.size);
   o->allocations--;
   o->used -= info.size;
-  offl_add(b, o, r, host);
+  offl_add(b, o, r, host, chunk);
   b->offload.offloads++;
   b->offload.bytes_out += info.size;
   gmb__locktab_offloaded(lt, slot);

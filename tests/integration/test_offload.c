@@ -204,6 +204,7 @@ START_TEST(broker_offloads_and_lock_brings_back) {
                 "the killed job's host bytes stayed counted");
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
   ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_bytes 0"));
+  ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_chunk_bytes 0"));
   ck_assert_ptr_nonnull(strstr(out, "gmb_offloads_total "));
   ck_assert_int_eq(gmb_free(c, big), 0);
   gmb_disconnect(c);

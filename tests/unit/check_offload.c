@@ -133,6 +133,10 @@ START_TEST(offload_then_lock_brings_back) {
   ck_assert_uint_eq(low->host_bytes, 4 * MIB);
   ck_assert_uint_eq(low->paused_bytes, 4 * MIB);
   ck_assert_uint_eq(f->b.offload.host_bytes, 4 * MIB);
+  /* The four copies share one chunk of host memory. */
+  ck_assert_ptr_nonnull(f->b.offload.chunk);
+  ck_assert_uint_ge(f->b.offload.chunk_bytes, 4 * MIB);
+  ck_assert_uint_le(f->b.offload.chunk_bytes, 32 * MIB);
   ck_assert_uint_eq(f->b.offload.offloads, 4);
   ck_assert_str_eq(sc.a->paused->tag, GMB_SLEEP_MOVABLE_TAG);
   /* b gives 4 MiB back; every offloaded one is locked back, byte for
@@ -169,6 +173,8 @@ START_TEST(offload_then_lock_brings_back) {
   }
   ck_assert_uint_eq(low->used, NA * MIB);
   ck_assert_uint_eq(low->host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0); /* its last copy went */
+  ck_assert_ptr_null(f->b.offload.chunk);
   ck_assert_ptr_null(sc.a->paused);
   ck_assert_uint_eq(f->b.offload.restores, 4);
   /* Brought back under new pool ids, freed by the client's ids. */
@@ -221,9 +227,11 @@ START_TEST(free_and_end_while_offloaded) {
     }
   ck_assert_uint_eq(f->b.offload.host_bytes, 3 * MIB);
   ck_assert_uint_eq(fx_tenant(f, "low")->host_bytes, 3 * MIB);
+  ck_assert_uint_ge(f->b.offload.chunk_bytes, 4 * MIB); /* a gap in it */
   /* The session ends with three still offloaded: all reclaimed. */
   fx_end(f, sc.a);
   ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
   ck_assert_uint_eq(f->b.offload.held, 0);
   ck_assert_uint_eq(fx_tenant(f, "low")->host_bytes, 0);
   ck_assert_uint_eq(fx_tenant(f, "low")->used, 0);
@@ -254,6 +262,8 @@ START_TEST(broker_bound) {
   /* Two more would pass it. */
   ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
   ck_assert_uint_eq(sc.f.b.offload.host_bytes, 2 * MIB);
+  /* The chunk was cut to the bound: the host memory held stays in it. */
+  ck_assert_uint_le(sc.f.b.offload.chunk_bytes, 2 * MIB);
   scene_close(&sc);
 }
 END_TEST
