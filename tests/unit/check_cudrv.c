@@ -2,8 +2,8 @@
  * check_cudrv.c - proto/cudrv.c: loading the CUDA driver at run time.
  *
  * The loader is tested against the fake driver (tests/fakecuda/, path in
- * $FAKECUDA_SO or build/fakecuda/libcuda.so.1, on a device of the suite's
- * own: $FAKECUDA_DIR) and against no driver at all.  What the fake models
+ * $FAKECUDA_SO or $GMB_BUILD_DIR/fakecuda/libcuda.so.1, on a device of the
+ * suite's own: $FAKECUDA_DIR) and against no driver at all.  What the fake models
  * is tested by check_fakecuda.  Where the toolkit's cuda.h is installed, mk/cuda.mk compiles
  * tests/fakecuda/cudrv_abi.c, whose static asserts hold cudrv.h's types to
  * cuda.h's, before this suite is linked (GMB_HAVE_CUDA_H): an ABI mistake
@@ -24,9 +24,16 @@
 #define CUDRV_TYPES_CHECKED 0
 #endif
 
+/* $FAKECUDA_SO, else the stand-in of the build tests/run.sh runs
+ * ($GMB_BUILD_DIR: build/san under SAN=1), else build/'s. */
 static const char *fake_path(void) {
+  static char path[4096];
   const char *p = getenv("FAKECUDA_SO");
-  return p && *p ? p : "build/fakecuda/libcuda.so.1";
+  if (p && *p) return p;
+  const char *b = getenv("GMB_BUILD_DIR");
+  snprintf(path, sizeof path, "%s/fakecuda/libcuda.so.1",
+           b && *b ? b : "build");
+  return path;
 }
 
 START_TEST(types_match_cuda_h) {
