@@ -138,6 +138,22 @@ static int host_seen(void *arg) {
          r.host_bytes == h->host;
 }
 
+/* The idle job holds its NM MiB (*idle_used, its bytes on the device);
+ * the busy tenant then asks for 48 MiB, more than is free (64 less the
+ * idle job's), and is served from what the broker offloaded: whatever
+ * went to host memory left the device, byte for byte. */
+static gmb_client *busy_takes_room(const struct harness_broker *b,
+                                   uint64_t *idle_used, gmb_id *big) {
+  *idle_used = row_of(b, "idle").used;
+  ck_assert_uint_ge(*idle_used, NM * MIB);
+  gmb_client *c = harness_connect_ok(b, "busy");
+  int rc = gmb_alloc(c, 48 * MIB, 0, big);
+  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  struct wire_tenant_row r = row_of(b, "idle");
+  ck_assert_uint_eq(r.used + r.host_bytes, *idle_used);
+  return c;
+}
+
 /* Nothing asks idle jobs to pause their tags here: what moves is the
  * broker's own doing. */
 static const char *const tenants =
@@ -157,17 +173,11 @@ START_TEST(broker_offloads_and_lock_brings_back) {
   struct offer_wait o = {&b, "idle"};
   ck_assert_msg(harness_poll_until(offer_seen, &o, HARNESS_WAIT_MS),
                 "the idle job never offered to sleep");
-  const uint64_t idle_used = row_of(&b, "idle").used;
-  ck_assert_uint_ge(idle_used, NM * MIB);
-
-  /* 48 MiB: more than is free (64 less the idle job's 26). */
-  gmb_client *c = harness_connect_ok(&b, "busy");
+  uint64_t idle_used;
   gmb_id big;
-  int rc = gmb_alloc(c, 48 * MIB, 0, &big);
-  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  gmb_client *c = busy_takes_room(&b, &idle_used, &big);
   struct wire_tenant_row r = row_of(&b, "idle");
   ck_assert_uint_ge(r.host_bytes, 10 * MIB);
-  ck_assert_uint_eq(r.used + r.host_bytes, idle_used);
   ck_assert_uint_eq(r.paused_bytes, r.host_bytes);
   ck_assert_uint_ge(r.paused_tags, 1);
   /* The busy job uses the pages: every byte of them is its own. */
@@ -193,7 +203,7 @@ START_TEST(broker_offloads_and_lock_brings_back) {
   ck_assert_uint_eq(r.used, idle_used);
 
   /* Offloaded again, then killed: the broker's host copies go. */
-  rc = gmb_alloc(c, 48 * MIB, 0, &big);
+  int rc = gmb_alloc(c, 48 * MIB, 0, &big);
   ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
   ck_assert_uint_ge(row_of(&b, "idle").host_bytes, 10 * MIB);
   ck_assert_int_eq(kill(a.h.pid, SIGKILL), 0);
@@ -239,15 +249,11 @@ START_TEST(untagged_movable_job_offloaded) {
   ck_assert_msg(harness_poll_until(idle_seen, &o, HARNESS_WAIT_MS),
                 "the idle job never said it was idle");
   ck_assert_uint_eq(harness_sleep_offer(&b, "idle"), 0);
-  const uint64_t idle_used = row_of(&b, "idle").used;
-  ck_assert_uint_ge(idle_used, NM * MIB);
-  gmb_client *c = harness_connect_ok(&b, "busy");
+  uint64_t idle_used;
   gmb_id big;
-  int rc = gmb_alloc(c, 48 * MIB, 0, &big);
-  ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
+  gmb_client *c = busy_takes_room(&b, &idle_used, &big);
   struct wire_tenant_row r = row_of(&b, "idle");
   ck_assert_uint_ge(r.host_bytes, 8 * MIB);
-  ck_assert_uint_eq(r.used + r.host_bytes, idle_used);
   ck_assert_int_eq(gmb_free(c, big), 0);
   ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
   r = row_of(&b, "idle");
