@@ -502,10 +502,14 @@ static const struct ctl_verb ctl_verbs[] = {
      gmb__ctl_evict},
     {"pause", "pause TENANT [--tag T] [--discard]",
      "ask every session of a tenant to pause a tag (every tag): its bytes "
-     "to host memory (or dropped), its device memory to others",
+     "to host memory (or dropped), its device memory to others; with no "
+     "tag (or --tag '(movable)') the broker also copies the tenant's "
+     "unlocked movable allocations to host memory itself",
      gmb__ctl_pause},
     {"resume", "resume TENANT [--tag T]",
-     "ask every session of a tenant to resume its paused tags",
+     "ask every session of a tenant to resume its paused tags; the "
+     "movable allocations the broker offloaded come back while they fit "
+     "(the rest at their next gmb_lock)",
      gmb__ctl_pause},
     {"metrics", "metrics", "the broker's metrics (Prometheus text)",
      gmb__ctl_metrics},
