@@ -226,12 +226,35 @@ static void atag_drop_copies(struct atag *list) {
   }
 }
 
+/* Takes out of list the allocations the broker offloaded itself (an
+ * operator's pause of every tag does so before the library pauses them):
+ * their bytes are off the device already, so copying them would only
+ * bring them back first.  They stay running as far as the tag goes, and
+ * their next gmb_lock brings them back.  Returns what is left. */
+static struct atag *atag_not_away(struct gmb_atags *t, struct atag *list) {
+  if (t->ops.away == NULL) return list;
+  struct atag *keep = NULL, *next;
+  for (struct atag *r = list; r; r = next) {
+    next = r->work;
+    if (t->ops.away(t->ops.ctx, r->cur)) {
+      pthread_mutex_lock(&t->mu);
+      r->state = ATAG_RUNNING;
+      pthread_mutex_unlock(&t->mu);
+    } else {
+      r->work = keep;
+      keep = r;
+    }
+  }
+  return keep;
+}
+
 int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
                      uint64_t *locked) {
   *locked = 0;
   pthread_mutex_lock(&t->pause_mu);
   uint64_t held = 0;
   struct atag *list = atag_take(t, tag, ATAG_RUNNING, ATAG_PAUSING, by, &held);
+  if (list) list = atag_not_away(t, list);
   if (list == NULL) {
     pthread_mutex_unlock(&t->pause_mu);
     *locked = held;

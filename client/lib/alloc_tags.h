@@ -28,6 +28,9 @@ struct gmb_atag_ops {
    * 0 or the refusal. */
   int (*admit)(void *ctx, int tag, int paused, int mode, int by,
                uint64_t host, uint64_t device);
+  /* 1 when broker allocation id is off the device already, offloaded by
+   * the broker itself (NULL: never): a pause leaves it to the broker. */
+  int (*away)(void *ctx, uint64_t id);
 };
 
 struct gmb_atags *gmb__atags_new(const struct gmb_atag_ops *ops);

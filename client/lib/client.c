@@ -2270,6 +2270,17 @@ static int client_atag_copy(void *ctx, uint64_t id, void *host, uint64_t n,
   return client_copy_raw(ctx, id, 0, host, (size_t)n, to_device);
 }
 
+/* The broker offloaded it itself (its lock-table slot says so). */
+static int client_atag_away(void *ctx, uint64_t id) {
+  gmb_client *c = ctx;
+  uint32_t slot;
+  if (gmb__segmap_slot(c->map, id, &slot) != 0 || slot == GMB_SEGMAP_NO_SLOT)
+    return 0;
+  uint32_t st = atomic_load_explicit(&c->lt_slot[slot].state,
+                                     memory_order_acquire);
+  return (st & ~GMB_LT_WAITERS) == GMB_LT_OFFLOADED;
+}
+
 /* Host bytes in the cache's figure and quota, then the broker's note. */
 static int client_atag_admit(void *ctx, int tag, int paused, int mode, int by,
                              uint64_t host, uint64_t device) {
@@ -2302,7 +2313,8 @@ static struct gmb_atags *client_atags_new(gmb_client *c) {
                              .free = client_atag_free,
                              .copy = client_atag_copy,
                              .sync = c->cuda ? client_sync : NULL,
-                             .admit = client_atag_admit};
+                             .admit = client_atag_admit,
+                             .away = client_atag_away};
   return gmb__atags_new(&ops);
 }
 

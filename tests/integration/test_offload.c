@@ -31,6 +31,7 @@ struct job {
   const char *tenant, *policy, *endpoint;
   int in, out;
   int untagged; /* no cache block: its movable allocations only */
+  int tag_all;  /* its allocations in tag "w" too, and a pinned one there */
 };
 
 /* Locks every allocation, checks its pattern, unlocks: 'k', 'x' when a
@@ -68,7 +69,8 @@ static int job_main(void *arg) {
     HARNESS_JOB_CHECK(gmb_malloc_async(c, 4096, NULL, &w) == 0);
     HARNESS_JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
   }
-  gmb_id id[NM];
+  if (j->tag_all) HARNESS_JOB_CHECK(gmb_cache_tag(c, "w") == 0);
+  gmb_id id[NM], pin = 0;
   for (int i = 0; i < NM; i++) {
     void *p;
     HARNESS_JOB_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0);
@@ -76,13 +78,32 @@ static int job_main(void *arg) {
     harness_pattern_fill(p, MIB, (uint64_t)i + 3);
     HARNESS_JOB_CHECK(gmb_unlock(c, id[i]) == 0);
   }
+  if (j->tag_all) {
+    void *p;
+    HARNESS_JOB_CHECK(gmb_alloc(c, 4 * MIB, 0, &pin) == 0);
+    HARNESS_JOB_CHECK(gmb_lock(c, pin, &p) == 0);
+    harness_pattern_fill(p, 4 * MIB, 77);
+    HARNESS_JOB_CHECK(gmb_unlock(c, pin) == 0);
+    HARNESS_JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
+  }
   harness_pipe_send(j->out, 'r');
   for (;;) {
     int cmd = harness_pipe_wait(j->in, 60000);
     if (cmd != 'l') break;
-    harness_pipe_send(j->out, job_check_all(c, id));
+    char got = job_check_all(c, id);
+    void *p;
+    if (got == 'k' && pin) {
+      if (gmb_lock(c, pin, &p) != 0) {
+        got = 'e';
+      } else {
+        if (harness_pattern_check(p, 4 * MIB, 77) >= 0) got = 'x';
+        gmb_unlock(c, pin);
+      }
+    }
+    harness_pipe_send(j->out, got);
   }
   for (int i = 0; i < NM; i++) HARNESS_JOB_CHECK(gmb_free(c, id[i]) == 0);
+  if (pin) HARNESS_JOB_CHECK(gmb_free(c, pin) == 0);
   if (w) gmb_free_async(c, w, NULL);
   gmb_disconnect(c);
   return 0;
@@ -103,16 +124,16 @@ struct jobrun {
 
 static void job_start_as(struct jobrun *r, const struct harness_broker *b,
                          const char *tenant, const char *policy,
-                         int untagged) {
+                         int untagged, int tag_all) {
   harness_job_open(&r->h);
-  r->j = (struct job){tenant, policy, b->endpoint, harness_job_in(&r->h),
-                      harness_job_out(&r->h), untagged};
+  r->j = (struct job){tenant,   policy,   b->endpoint, harness_job_in(&r->h),
+                      harness_job_out(&r->h), untagged, tag_all};
   harness_job_start(&r->h, job_main, &r->j);
 }
 
 static void job_start(struct jobrun *r, const struct harness_broker *b,
                       const char *tenant, const char *policy) {
-  job_start_as(r, b, tenant, policy, 0);
+  job_start_as(r, b, tenant, policy, 0, 0);
 }
 
 struct offer_wait {
@@ -244,7 +265,7 @@ START_TEST(untagged_movable_job_offloaded) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", tenants);
   struct jobrun a;
-  job_start_as(&a, &b, "idle", "idle=0", 1);
+  job_start_as(&a, &b, "idle", "idle=0", 1, 0);
   struct offer_wait o = {&b, "idle"};
   ck_assert_msg(harness_poll_until(idle_seen, &o, HARNESS_WAIT_MS),
                 "the idle job never said it was idle");
@@ -301,9 +322,57 @@ START_TEST(operator_pause_offloads_movable) {
 }
 END_TEST
 
+/* A session's tag "w" in its sessions' rows (paused, whoever paused it). */
+static int tag_w_paused(void *arg) {
+  const struct offer_wait *o = arg;
+  struct wire_reply rep;
+  if (harness_admin_status(o->b, &rep)) return 0;
+  int seen = 0;
+  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
+    const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
+    if (strcmp(s->tenant, o->tenant) == 0 && strstr(s->paused, "w")) seen = 1;
+  }
+  gmb__wire_reply_clear(&rep);
+  return seen;
+}
+
+/* gmbctl pause of every tag, where the tag's allocations are movable: the
+ * broker offloads them first, and the library's pause of the tag leaves
+ * them with the broker (bringing them back only to copy them again would
+ * double the work and need room the offload just gave away); it pauses
+ * the rest of the tag, a pinned allocation. */
+START_TEST(operator_pause_leaves_offloaded_to_the_broker) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", tenants);
+  struct jobrun a;
+  job_start_as(&a, &b, "idle", NULL, 1, 1);
+  char out[1 << 16];
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "idle", NULL), 0);
+  ck_assert_msg(strstr(out, "24 movable allocations") != NULL, "%s", out);
+  struct offer_wait o = {&b, "idle"};
+  ck_assert_msg(harness_poll_until(tag_w_paused, &o, HARNESS_WAIT_MS),
+                "the job never paused tag w");
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
+  ck_assert_msg(strstr(out, "\ngmb_offload_restores_total 0\n") != NULL,
+                "the library brought offloaded allocations back to pause "
+                "them:%s", strstr(out, "\ngmb_offload_restores_total "));
+  struct wire_tenant_row r = row_of(&b, "idle");
+  ck_assert_uint_eq(r.host_bytes, NM * MIB + 4 * MIB);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "idle", NULL),
+                   0);
+  struct host_wait h = {&b, "idle", 0};
+  ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
+                "tenant idle still holds host bytes after resume");
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
+  harness_job_end(&a.h);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("offload", "offload", 90,
                                     broker_offloads_and_lock_brings_back,
                                     operator_pause_offloads_movable,
-                                    untagged_movable_job_offloaded));
+                                    untagged_movable_job_offloaded,
+                                    operator_pause_leaves_offloaded_to_the_broker));
 }
