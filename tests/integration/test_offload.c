@@ -243,20 +243,27 @@ START_TEST(broker_offloads_and_lock_brings_back) {
 }
 END_TEST
 
-/* The policy's idle flag (sessions' rows show how long it idled) without
- * any tagged bytes to offer. */
-static int idle_seen(void *arg) {
-  const struct offer_wait *o = arg;
+/* 1 when a session of o's tenant has a row that `ok` accepts. */
+static int session_seen(const struct offer_wait *o,
+                        int (*ok)(const struct wire_session_row *)) {
   struct wire_reply rep;
   if (harness_admin_status(o->b, &rep)) return 0;
   int seen = 0;
   for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
     const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
-    if (strcmp(s->tenant, o->tenant) == 0 && s->sleep_idle_ms > 0) seen = 1;
+    if (strcmp(s->tenant, o->tenant) == 0 && ok(s)) seen = 1;
   }
   gmb__wire_reply_clear(&rep);
   return seen;
 }
+
+static int row_idle(const struct wire_session_row *s) {
+  return s->sleep_idle_ms > 0;
+}
+
+/* The policy's idle flag (sessions' rows show how long it idled) without
+ * any tagged bytes to offer. */
+static int idle_seen(void *arg) { return session_seen(arg, row_idle); }
 
 /* A job that holds only movable gmb_alloc allocations (nothing tagged, so
  * its policy offers no bytes to pause) is still offloaded by the broker
@@ -322,19 +329,12 @@ START_TEST(operator_pause_offloads_movable) {
 }
 END_TEST
 
-/* A session's tag "w" in its sessions' rows (paused, whoever paused it). */
-static int tag_w_paused(void *arg) {
-  const struct offer_wait *o = arg;
-  struct wire_reply rep;
-  if (harness_admin_status(o->b, &rep)) return 0;
-  int seen = 0;
-  for (size_t i = 0; i < rep.u.admin_status.n_sessions; i++) {
-    const struct wire_session_row *s = &rep.u.admin_status.session_rows[i];
-    if (strcmp(s->tenant, o->tenant) == 0 && strstr(s->paused, "w")) seen = 1;
-  }
-  gmb__wire_reply_clear(&rep);
-  return seen;
+static int row_w_paused(const struct wire_session_row *s) {
+  return strstr(s->paused, "w") != NULL;
 }
+
+/* A session's tag "w" in its sessions' rows (paused, whoever paused it). */
+static int tag_w_paused(void *arg) { return session_seen(arg, row_w_paused); }
 
 /* gmbctl pause of every tag, where the tag's allocations are movable: the
  * broker offloads them first, and the library's pause of the tag leaves
