@@ -249,7 +249,7 @@ enum {
   K_MAX_SESSIONS_PER_UID, K_MAX_TENANTS_PER_UID, K_MAX_WAITERS_PER_SESSION,
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
   K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS, K_ADMIN_HTTP,
-  K_OFFLOAD_HOST_MAX, K_RESTORE_WAIT_MS,
+  K_OFFLOAD_HOST_MAX, K_RESTORE_WAIT_MS, K_CACHE_HOLES,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -259,13 +259,29 @@ static const char *const cfg_broker_keys[] = {
     "max_tenants_per_uid", "max_waiters_per_session",
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
     "metrics_tenants", "sleep_wait_ms", "client_contexts", "admin_http",
-    "offload_host_max", "restore_wait_ms",
+    "offload_host_max", "restore_wait_ms", "cache_holes",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY, K_HOST_QUOTA };
 static const char *const cfg_tenant_keys[] = {
     "quota", "reserve", "uids", "token_sha256", "priority", "host_quota",
 };
+
+/* A number 0..1 into *out; 1, or 0 with the error. */
+static int cfg_fraction(struct cfg_parse *p, const char *key, const char *v,
+                        double *out) {
+  char *end;
+  errno = 0;
+  double d = strtod(v, &end);
+  /* isfinite() also refuses "nan", which passes both comparisons. */
+  if (*v == '\0' || isspace((unsigned char)*v) || errno || *end != '\0' ||
+      !isfinite(d) || d < 0.0 || d > 1.0)
+    return cfg_fail(p, p->line,
+                    "%s %s: bad value '%s' (want a number 0..1, e.g. 0.3)",
+                    p->sec_label, key, v);
+  *out = d;
+  return 1;
+}
 
 static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
                           const char *v) {
@@ -301,19 +317,10 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
         return cfg_fail(p, p->line, "%s %s: bad value '%s' (want auto or off)",
                         p->sec_label, key, v);
       return 1;
-    case K_COMPACTION_THRESHOLD: {
-      char *end;
-      errno = 0;
-      double d = strtod(v, &end);
-      /* isfinite() also refuses "nan", which passes both comparisons. */
-      if (*v == '\0' || isspace((unsigned char)*v) || errno || *end != '\0' ||
-          !isfinite(d) || d < 0.0 || d > 1.0)
-        return cfg_fail(p, p->line,
-                        "%s %s: bad value '%s' (want a number 0..1, e.g. 0.3)",
-                        p->sec_label, key, v);
-      c->compaction_threshold = d;
-      return 1;
-    }
+    case K_COMPACTION_THRESHOLD:
+      return cfg_fraction(p, key, v, &c->compaction_threshold);
+    case K_CACHE_HOLES:
+      return cfg_fraction(p, key, v, &c->cache_holes);
     case K_METRICS_LISTEN: return cfg_listen(p, key, v);
     case K_LOG_LEVEL:
       if (gmb__log_level_parse(v, &c->log_level) != 0)
@@ -564,6 +571,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   snprintf(c->device, sizeof c->device, "auto");
   c->compaction = 1;
   c->compaction_threshold = 0.3;
+  c->cache_holes = GMB_CACHE_HOLES_DEFAULT;
   c->log_level = GMB_LOG_INFO;
   c->heartbeat_ms = 1000;
   c->shutdown_grace_ms = 2000;

@@ -16,6 +16,8 @@
 #include <sys/types.h>
 
 #define GMB_CONFIG_UIDS_MAX 64
+/* cache_holes when the config does not say: an eighth of the quota. */
+#define GMB_CACHE_HOLES_DEFAULT 0.125
 
 struct gmb_tenant_conf {
   char name[64];
@@ -48,6 +50,9 @@ struct gmb_config {
                                GMB_DEFAULT_QUOTA_AUTO until resolved */
   int compaction;           /* 1 auto, 0 off */
   double compaction_threshold;
+  double cache_holes;       /* the part of a tenant's quota that the holes
+                               between blocks in its caches' pages may take
+                               uncharged (0..1; 0: pages charged whole) */
   char metrics_listen[64];  /* "" : no HTTP endpoint */
   int metrics_tenants;      /* 1: the HTTP endpoint shows per-tenant series
                                (names, usage, sessions); 0: only totals */

@@ -521,6 +521,8 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
    * ask to sleep). */
   int answered =
       gmb__reclaim_heard(b, s, req->cached_free, req->trim_answered);
+  gmb__tenant_holes_heard(s->tenant, &s->cached_holes, req->cached_holes,
+                          s->used);
   int now = dispatch_request(b, s, req, rep);
   /* After the request: what it brought back is counted first. */
   if (answered) gmb__reclaim_settle(b);

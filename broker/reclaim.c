@@ -349,7 +349,7 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
   /* Retired segments its processes still map, and the VMM memory they
    * made, count as held (tenant.h); over its uid's budget, not its quota:
    * no cache of its own can help. */
-  uint64_t held = t->used + t->retiring + t->vmm;
+  uint64_t held = gmb__tenant_charged(t);
   if (held + rounded <= t->quota) return 0;
   uint64_t missing = held + rounded - t->quota;
   /* Bytes asked of its other sessions and not answered yet are on their
@@ -547,6 +547,7 @@ uint64_t gmb__reclaim_expire(struct gmb_broker *b, uint64_t now) {
 void gmb__reclaim_forget_session(struct gmb_broker *b, struct gmb_session *s) {
   b->reclaim.caching -= s->cached_free > 0;
   s->cached_free = 0;
+  gmb__tenant_holes_heard(s->tenant, &s->cached_holes, 0, 0);
   if (s->ask_bytes) reclaim_close(b, s);
 }
 
@@ -568,10 +569,13 @@ static void reclaim_count_one(void *ctx, struct gmb_session *o) {
 
 static int reclaim_tenant_sum(void *ctx, struct gmb_tenant *t) {
   struct reclaim_count *c = ctx;
-  uint64_t sum = 0;
-  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next)
+  uint64_t sum = 0, holes = 0;
+  for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next) {
     sum += o->ask_bytes;
+    holes += o->cached_holes;
+  }
   c->bad += sum != t->cache_asked;
+  c->bad += holes != t->cache_holes; /* the reports' holes (tenant.h) */
   return 0;
 }
 
@@ -583,6 +587,7 @@ int gmb__reclaim_check(struct gmb_broker *b) {
   c.bad += c.asks != b->reclaim.asks;
   c.bad += c.bytes != b->reclaim.ask_bytes;
   c.bad += c.caching != b->reclaim.caching;
-  if (c.bad) log_error("reclaim: %d violations of the ask sums", c.bad);
+  if (c.bad)
+    log_error("reclaim: %d violations of the ask and holes sums", c.bad);
   return c.bad;
 }

@@ -87,6 +87,7 @@ struct gmb_tenants {
   struct gmb_uid_budget *budgets;
   uint64_t reserve_short; /* sum of max(0, reserve - segment_bytes) */
   uint32_t max_per_uid;   /* tenants a uid may make by first use; 0: any */
+  double holes_frac;      /* the config's cache_holes */
   size_t reserving;       /* tenants with a reservation */
 };
 
@@ -162,6 +163,7 @@ static struct gmb_tenant *tenant_add(struct gmb_tenants *ts,
   struct tenant_node *n = calloc(1, sizeof *n);
   if (n == NULL) return NULL;
   snprintf(n->t.name, sizeof n->t.name, "%s", name);
+  n->t.holes_frac = ts->holes_frac;
   n->t.arena = gmb__pool_arena_new(ts->pool, &n->t);
   if (n->t.arena == NULL) {
     free(n);
@@ -181,6 +183,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
   ts->default_quota = cfg->default_quota;
   ts->uid_budget = ts->default_quota;
   ts->max_per_uid = cfg->max_tenants_per_uid;
+  ts->holes_frac = cfg->cache_holes;
   for (size_t i = 0; i < cfg->n_tenants; i++) {
     const struct gmb_tenant_conf *tc = &cfg->tenants[i];
     struct gmb_tenant *t = tenant_add(ts, tc->name);
@@ -325,6 +328,9 @@ static uint32_t tenant_made_by(struct gmb_tenants *ts, uid_t uid) {
 void gmb__tenants_set_limits(struct gmb_tenants *ts,
                              const struct gmb_config *cfg) {
   ts->max_per_uid = cfg->max_tenants_per_uid;
+  ts->holes_frac = cfg->cache_holes;
+  struct tenant_node *n;
+  RB_FOREACH(n, tenant_tree, &ts->tree) n->t.holes_frac = ts->holes_frac;
 }
 
 int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
@@ -501,8 +507,29 @@ static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
   return held >= bu->limit || size > bu->limit - held;
 }
 
-static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
+/* The holes of t's caches not charged to its quota (tenant.h). */
+static uint64_t tenant_holes_forgiven(const struct gmb_tenant *t) {
+  if (t->quota == 0 || t->holes_frac <= 0.0) return 0;
+  uint64_t cap = (uint64_t)((double)t->quota * t->holes_frac);
+  return t->cache_holes < cap ? t->cache_holes : cap;
+}
+
+uint64_t gmb__tenant_charged(const struct gmb_tenant *t) {
   uint64_t held = tenant_sum(tenant_sum(t->used, t->retiring), t->vmm);
+  uint64_t f = tenant_holes_forgiven(t);
+  return held > f ? held - f : 0;
+}
+
+void gmb__tenant_holes_heard(struct gmb_tenant *t, uint64_t *mine,
+                             uint64_t reported, uint64_t held) {
+  uint64_t h = reported < held ? reported : held;
+  GMB_ASSERT(*mine <= t->cache_holes && "tenant holes drifted");
+  t->cache_holes = t->cache_holes - *mine + h;
+  *mine = h;
+}
+
+static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {
+  uint64_t held = gmb__tenant_charged(t);
   return t->quota != 0 && (held >= t->quota || size > t->quota - held);
 }
 
@@ -539,7 +566,7 @@ void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
                            char *why, size_t whycap) {
   char q[GMB_SIZE_BUFSZ], u[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
   if (tenant_quota_over(t, size) || !tenant_budget_over(t, size)) {
-    char ret[2 * GMB_SIZE_BUFSZ + 128] = "";
+    char ret[3 * GMB_SIZE_BUFSZ + 192] = "";
     if (t->retiring) {
       char x[GMB_SIZE_BUFSZ];
       snprintf(ret, sizeof ret, ", %s in retired segments its processes "
@@ -550,6 +577,14 @@ void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
       size_t at = strlen(ret);
       snprintf(ret + at, sizeof ret - at, ", %s made by its processes "
                "through cuMemCreate", gmb__size_format(t->vmm, x, sizeof x));
+    }
+    uint64_t forgiven = tenant_holes_forgiven(t);
+    if (forgiven) {
+      char x[GMB_SIZE_BUFSZ];
+      size_t at = strlen(ret);
+      snprintf(ret + at, sizeof ret - at, ", less %s free between blocks "
+               "in its caches' pages, not charged",
+               gmb__size_format(forgiven, x, sizeof x));
     }
     snprintf(why, whycap, "tenant %s: %s more would pass its quota of %s "
              "(%s in use%s)", t->name, gmb__size_format(size, r, sizeof r),

@@ -81,6 +81,13 @@ struct gmb_tenant {
                         against its quota and its uid's budget; the sum
                         of its sessions' `vmm` */
   uint64_t peak;     /* highest `used` (+ `vmm`) since start */
+  /* Free bytes between blocks in its sessions' caches' pages, as each
+   * last reported (Request.cached_holes), each at most what its session
+   * holds: up to holes_frac of its quota, not charged to the quota
+   * (gmb__tenant_charged), as the broker's own segments' free bytes are
+   * not.  holes_frac: the config's cache_holes. */
+  uint64_t cache_holes;
+  double holes_frac;
   uint64_t refusals_quota; /* requests refused by the quota */
   uint64_t refusals_reserve; /* refused for another tenant's reservation */
   uint64_t segment_bytes; /* bytes of its arena's segments (a mirror) */
@@ -257,7 +264,17 @@ uint64_t gmb__tenants_reserve_short(const struct gmb_tenants *ts);
 int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
                                     char *msg, size_t cap);
 
-/* Takes the limits a reload may change (max_tenants_per_uid). */
+/* What of t's bytes counts against its quota: in use, retiring and VMM,
+ * less its caches' holes up to holes_frac of the quota (above). */
+uint64_t gmb__tenant_charged(const struct gmb_tenant *t);
+
+/* Session report: the session's holes figure *mine becomes `reported`
+ * (at most `held`, what the session holds), and t's sum with it. */
+void gmb__tenant_holes_heard(struct gmb_tenant *t, uint64_t *mine,
+                             uint64_t reported, uint64_t held);
+
+/* Takes the limits a reload may change (max_tenants_per_uid,
+ * cache_holes). */
 void gmb__tenants_set_limits(struct gmb_tenants *ts,
                              const struct gmb_config *cfg);
 

@@ -252,6 +252,7 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
   r.sleep_pausable = req->sleep_pausable;
   r.sleep_idle_ms = req->sleep_idle_ms;
   r.sleep_idle = req->sleep_idle != 0;
+  r.cached_holes = req->cached_holes;
   return wire_pack(&r.base, buf, len);
 }
 
@@ -267,6 +268,7 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
   out->sleep_pausable = r->sleep_pausable;
   out->sleep_idle_ms = r->sleep_idle_ms;
   out->sleep_idle = r->sleep_idle != 0;
+  out->cached_holes = r->cached_holes;
   switch (r->body_case) {
     case GMB__REQUEST__BODY_HELLO:
       out->kind = WIRE_HELLO;

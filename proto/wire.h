@@ -95,6 +95,7 @@ struct wire_request {
   uint64_t sleep_pausable; /* its sleep policy's offer (any kind) */
   uint64_t sleep_idle_ms;  /* idle for this long when it sent it */
   int sleep_idle;          /* its policy deems it idle (offloadable) */
+  uint64_t cached_holes;   /* its cache's free bytes on pages in use */
   union {
     struct {
       uint32_t version;

@@ -979,12 +979,15 @@ static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
   }
   cache_fill_moved(k, a, m);
   a->inflight++; /* a pause of a's tag waits for it */
+  const uint64_t mapping = m->size; /* gmb__cache_holes leaves it out */
+  atomic_fetch_add(&k->mapping, mapping);
   pthread_mutex_unlock(&a->mu);
 
   rc = cache_fill_mapped(k, a, m);
 
   pthread_mutex_lock(&a->mu);
   a->inflight--;
+  atomic_fetch_sub(&k->mapping, mapping);
   cache_users(k, a, m->span, m->ptr, m->ptr + m->size, -1);
   if (rc) {
     cache_settle(k, a, m, spare, stream);
@@ -1506,6 +1509,14 @@ void gmb__cache_destroy(struct gmb_cache *k) {
 
 uint64_t gmb__cache_cached(struct gmb_cache *k) {
   return k ? atomic_load(&k->idle) : 0;
+}
+
+uint64_t gmb__cache_holes(struct gmb_cache *k) {
+  if (k == NULL) return 0;
+  uint64_t held = atomic_load(&k->held), idle = atomic_load(&k->idle),
+           used = atomic_load_explicit(&k->in_use, memory_order_relaxed) +
+                  atomic_load(&k->mapping);
+  return held > idle + used ? held - idle - used : 0;
 }
 
 uint64_t gmb__cache_in_use(struct gmb_cache *k) {

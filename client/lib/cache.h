@@ -202,6 +202,13 @@ int gmb__cache_trim(struct gmb_cache *k, uint64_t keep, unsigned flags,
 /* Bytes of idle pages now: what a trim could give back. */
 uint64_t gmb__cache_cached(struct gmb_cache *k);
 
+/* The bytes of its pages that hold blocks in use less those blocks' bytes
+ * (requests rounded to GMB_CACHE_ALIGN) and less the ranges of misses
+ * still mapping their pages: the holes between blocks, which no trim can
+ * give back; read without a lock, so a snapshot (erring low while a miss
+ * maps).  0 for NULL. */
+uint64_t gmb__cache_holes(struct gmb_cache *k);
+
 /* Bytes handed out now (each request rounded to 512; gmb_cache_stats's
  * in_use), read with one atomic load and no lock: exact at the moment
  * it is read, though another thread's allocation or free may change it

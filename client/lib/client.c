@@ -274,6 +274,10 @@ static int client_send(gmb_client *c, struct wire_request *req, int flags) {
    * the broker learns them without a message of their own. */
   req->cached_free = gmb__cache_cached(c->cache);
   c->reported = req->cached_free;
+  /* And the holes between its blocks, which the broker does not charge to
+   * the quota up to a bound.  They change with nearly every block, so no
+   * report is sent for them alone: a page request carries them fresh. */
+  req->cached_holes = gmb__cache_holes(c->cache);
   /* So does the sleep policy's offer, with how long the session idled. */
   if (gmb__sleep_policy_on(c->pol)) {
     req->sleep_pausable =

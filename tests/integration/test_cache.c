@@ -175,6 +175,58 @@ START_TEST(quota_with_cache) {
 }
 END_TEST
 
+/* The free bytes between blocks in a cache's pages (no trim can give them
+ * back) are not charged to the quota, up to the broker's cache_holes part
+ * of it (an eighth by default), as free bytes in the broker's own segments
+ * are not; with cache_holes = 0 every page is charged whole.  Sixteen
+ * 1 MiB blocks fill a 16 MiB quota in 8 pages; every other one freed
+ * leaves 8 MiB of holes and no idle page; a 2 MiB request needs a ninth
+ * page. */
+static void holes_fill(gmb_client *c, void **blk) {
+  for (int i = 0; i < 16; i++)
+    ck_assert_int_eq(gmb_malloc_async(c, MIB, NULL, &blk[i]), 0);
+  for (int i = 0; i < 16; i += 2)
+    ck_assert_int_eq(gmb_free_async(c, blk[i], NULL), 0);
+  gmb_stats s = harness_stats_ok(c);
+  ck_assert_uint_eq(s.used, 16 * MIB);
+  ck_assert_uint_eq(s.cached, 0); /* no page is idle */
+}
+
+static void holes_empty(gmb_client *c, void **blk) {
+  for (int i = 1; i < 16; i += 2)
+    ck_assert_int_eq(gmb_free_async(c, blk[i], NULL), 0);
+}
+
+START_TEST(quota_holes_not_charged) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", "[tenant:h]\nquota = 16MiB\n");
+  gmb_client *c = harness_connect_ok(&b, "h");
+  void *blk[16], *p, *q;
+  holes_fill(c, blk);
+  /* 18 MiB of pages, less 2 MiB of holes (an eighth of 16): served. */
+  ck_assert_int_eq(gmb_malloc_async(c, 2 * MIB, NULL, &p), 0);
+  ck_assert_uint_eq(harness_stats_ok(c).used, 18 * MIB);
+  /* The eighth is spent: the next page is refused, and says why. */
+  ck_assert_int_eq(gmb_malloc_async(c, 2 * MIB, NULL, &q), GMB_E_QUOTA);
+  ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "free between blocks in "
+                                                  "its caches' pages"));
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  holes_empty(c, blk);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+
+  harness_broker_start(&b, "host:256MiB",
+                       "[broker]\ncache_holes = 0\n"
+                       "[tenant:h]\nquota = 16MiB\n");
+  c = harness_connect_ok(&b, "h");
+  holes_fill(c, blk);
+  ck_assert_int_eq(gmb_malloc_async(c, 2 * MIB, NULL, &p), GMB_E_QUOTA);
+  holes_empty(c, blk);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* A session's cached free bytes reach the broker on what it sends anyway
  * (its heartbeats, here): another session of the tenant sees them in its
  * stats, without the first one making a call. */
@@ -793,10 +845,13 @@ START_TEST(page_wise_trim_across_tenants) {
 END_TEST
 
 /* Two processes of one tenant: the second's request past the quota is
- * served from the first's pages between its live blocks. */
+ * served from the first's pages between its live blocks.  Pages are
+ * charged whole here (cache_holes = 0), so that the first's 6 MiB of holes
+ * do not cover part of the request (quota_holes_not_charged has that). */
 START_TEST(page_wise_trim_within_a_tenant) {
   struct harness_broker b;
   harness_broker_start(&b, "host:256MiB", "[broker]\ntrim_wait_ms = 5000\n"
+                       "cache_holes = 0\n"
                        "[tenant:sq]\nquota = 40MiB\n");
   struct scatter a;
   scatter_start(&a, &b, "sq");
@@ -821,7 +876,7 @@ int main(void) {
       "cache", "cache", 60,
       hits_send_nothing_and_count_as_used, cache_stats_and_record_stream,
       bad_pointers_change_nothing,
-      quota_with_cache,
+      quota_with_cache, quota_holes_not_charged,
       cached_reported_to_the_broker,
       quota_held_by_other_cache_asked_back,
       page_wise_trim_across_tenants, page_wise_trim_within_a_tenant,

@@ -194,6 +194,7 @@ START_TEST(every_other_value_parses) {
           "admin_http = no\n"
           "offload_host_max = 0\n"
           "restore_wait_ms = 0\n"
+          "cache_holes = 0.5\n"
           "\n"
           "[tenant:b]\n"
           "quota = 1GiB\n"
@@ -220,6 +221,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_int_eq(c.admin_http, 0);
   ck_assert_uint_eq(c.offload_host_max, 0); /* 0: the broker never offloads */
   ck_assert_uint_eq(c.restore_wait_ms, 0);
+  ck_assert_double_eq(c.cache_holes, 0.5);
   ck_assert_uint_eq(c.n_tenants, 2);
   const struct gmb_tenant_conf *b = gmb__config_tenant(&c, "b");
   ck_assert_ptr_nonnull(b);
@@ -231,7 +233,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_uint_eq(b->token_sha256[31], 0x08);
   ck_assert_uint_eq(b->n_uids, 1);
   ck_assert_uint_eq(b->uids[0], 0);
-  ck_assert_int_eq(b->line, 17);
+  ck_assert_int_eq(b->line, 18);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "c");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 0);
@@ -274,6 +276,7 @@ START_TEST(defaults_right) {
   ck_assert_int_eq(d.log_level, GMB_LOG_INFO);
   ck_assert_uint_eq(d.heartbeat_ms, 1000);
   ck_assert_uint_eq(d.restore_wait_ms, 3000);
+  ck_assert_double_eq(d.cache_holes, 0.125); /* an eighth of the quota */
   /* A quarter of the host's memory: more than nothing, less than it. */
   ck_assert_uint_gt(d.offload_host_max, 0);
   ck_assert_uint_eq(d.offload_host_max, gmb__config_offload_default());
@@ -523,20 +526,23 @@ START_TEST(err_bad_compaction) {
 }
 END_TEST
 
+/* Both keys that take a part of something (0..1). */
 START_TEST(err_threshold_range) {
   static const char *bad[] = {"1.5", "-0.1", "nan", "inf", "0.3x", "", "1e9"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char text[128], what[64];
-    snprintf(text, sizeof text, "[broker]\ncompaction_threshold = %s\n",
-             bad[i]);
-    snprintf(what, sizeof what, "compaction_threshold: bad value '%s'",
-             bad[i]);
-    load_bad(text, 2, what);
-    teardown();
-  }
+  static const char *keys[] = {"compaction_threshold", "cache_holes"};
+  for (size_t k = 0; k < 2; k++)
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      char text[128], what[64];
+      snprintf(text, sizeof text, "[broker]\n%s = %s\n", keys[k], bad[i]);
+      snprintf(what, sizeof what, "%s: bad value '%s' (want a number 0..1",
+               keys[k], bad[i]);
+      load_bad(text, 2, what);
+      teardown();
+    }
   struct gmb_config c;
-  load_ok("[broker]\ncompaction_threshold = 0\n", &c);
+  load_ok("[broker]\ncompaction_threshold = 0\ncache_holes = 0\n", &c);
   ck_assert_double_eq(c.compaction_threshold, 0.0);
+  ck_assert_double_eq(c.cache_holes, 0.0); /* pages charged whole */
   gmb__config_free(&c);
 }
 END_TEST

@@ -288,6 +288,64 @@ START_TEST(quota_lowered_below_used) {
 }
 END_TEST
 
+/* The free bytes between blocks in a tenant's caches' pages (each
+ * session's report, at most what that session holds) are not charged to
+ * its quota up to cache_holes of it (an eighth by default); a reload that
+ * sets 0 charges pages whole again. */
+START_TEST(quota_holes_forgiven_up_to_a_part) {
+  struct gmb_tenant *t = NULL;
+  char why[512];
+  ck_assert_int_eq(admit("llm-a", 1001, &t), 0); /* quota 4096 */
+  ck_assert_int_eq(gmb__tenant_charge(t, 4096), 0);
+  ck_assert_int_eq(gmb__tenant_fits(t, 1), GMB_E_QUOTA);
+  uint64_t s1 = 0, s2 = 0; /* two sessions' figures */
+  gmb__tenant_holes_heard(t, &s1, 300, 4000);
+  ck_assert_uint_eq(t->cache_holes, 300);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 4096 - 300);
+  ck_assert_int_eq(gmb__tenant_fits(t, 300), 0);
+  ck_assert_int_eq(gmb__tenant_fits(t, 301), GMB_E_QUOTA);
+  gmb__tenant_quota_why(t, 301, why, sizeof why);
+  ck_assert_ptr_nonnull(strstr(why, "less 300B free between blocks in its "
+                                    "caches' pages, not charged"));
+  /* A report above what its session holds counts what it holds. */
+  gmb__tenant_holes_heard(t, &s2, 1000, 96);
+  ck_assert_uint_eq(s2, 96);
+  ck_assert_uint_eq(t->cache_holes, 396);
+  /* However large the reports, an eighth of the quota at most. */
+  gmb__tenant_holes_heard(t, &s1, UINT64_MAX, 4000);
+  ck_assert_uint_eq(t->cache_holes, 4096);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 4096 - 512);
+  ck_assert_int_eq(gmb__tenant_fits(t, 512), 0);
+  ck_assert_int_eq(gmb__tenant_fits(t, 513), GMB_E_QUOTA);
+  ck_assert_int_eq(gmb__tenant_charge(t, 512), 0);
+  ck_assert_int_eq(gmb__tenant_charge(t, 1), GMB_E_QUOTA);
+  gmb__tenant_uncharge(t, 512);
+  /* A reload with cache_holes = 0: pages charged whole. */
+  cfg.cache_holes = 0.0;
+  gmb__tenants_set_limits(ts, &cfg);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 4096);
+  ck_assert_int_eq(gmb__tenant_fits(t, 1), GMB_E_QUOTA);
+  cfg.cache_holes = 0.125;
+  gmb__tenants_set_limits(ts, &cfg);
+  ck_assert_int_eq(gmb__tenant_fits(t, 512), 0);
+  /* Sessions ending report nothing. */
+  gmb__tenant_holes_heard(t, &s1, 0, 0);
+  gmb__tenant_holes_heard(t, &s2, 0, 0);
+  ck_assert_uint_eq(t->cache_holes, 0);
+  ck_assert_int_eq(gmb__tenant_fits(t, 1), GMB_E_QUOTA);
+  /* No quota: nothing to forgive, nothing refused. */
+  struct gmb_tenant *o = NULL;
+  uint64_t s3 = 0;
+  ck_assert_int_eq(admit("open", 1, &o), 0);
+  ck_assert_int_eq(gmb__tenant_charge(o, 1000), 0);
+  gmb__tenant_holes_heard(o, &s3, 500, 1000);
+  ck_assert_uint_eq(gmb__tenant_charged(o), 1000);
+  gmb__tenant_holes_heard(o, &s3, 0, 0);
+  gmb__tenant_uncharge(o, 1000);
+  gmb__tenant_uncharge(t, 4096);
+}
+END_TEST
+
 START_TEST(default_quota_applies_to_new_tenants) {
   gmb__tenants_destroy(ts);
   gmb__pool_destroy(pool);
@@ -636,6 +694,7 @@ static Suite *tenant_suite(void) {
   TCase *tc = tcase_create("core");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, configured_uid_admitted);
+  tcase_add_test(tc, quota_holes_forgiven_up_to_a_part);
   tcase_add_test(tc, configured_uid_refused);
   tcase_add_test(tc, token_right_admits_any_uid);
   tcase_add_test(tc, token_guessing_rate_limited_per_uid);

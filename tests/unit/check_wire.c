@@ -460,9 +460,11 @@ START_TEST(trim_answer_and_asked_back_roundtrip) {
   in.id = 3;
   in.kind = WIRE_HEARTBEAT;
   in.cached_free = 512;
+  in.cached_holes = UINT64_C(3) << 40; /* the holes between its blocks */
   in.trim_answered = 1;
   req_roundtrip(&in, &out);
   ck_assert_int_eq(out.trim_answered, 1);
+  ck_assert_uint_eq(out.cached_holes, UINT64_C(3) << 40);
   ck_assert_mem_eq(&out, &in, sizeof in);
   in.trim_answered = 0;
   req_roundtrip(&in, &out);
