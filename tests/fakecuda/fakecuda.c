@@ -86,6 +86,16 @@
  *   its stream only.  The NULL (legacy) stream is one more such queue; the
  *   synchronous copies wait for it first.  Not modelled: the legacy
  *   stream's implicit synchronisation with other blocking streams.
+ *
+ * - cuMemcpyHtoD from pageable memory (anything but cuMemHostAlloc's)
+ *   returns before the bytes land, as the driver's does once they are in
+ *   its staging buffer: they are staged and the copy queued on the
+ *   current context's legacy stream, which later synchronous copies and
+ *   a synchronize of that stream (or of the context) wait for, and
+ *   nothing else: another context, another process or a non-blocking
+ *   stream may read the old bytes meanwhile.  $FAKECUDA_HTOD_DELAY_MS
+ *   (default 0) holds each such copy back that long, so that a test can
+ *   show the race.  From pinned memory the copy is done when it returns.
  *   cuStreamDestroy waits for its stream's work.  An async copy keeps the
  *   view it copies from and to, so an unmap that races it is harmless here.
  *
@@ -217,6 +227,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -941,6 +952,11 @@ struct fake_work {
   const char *src;
   size_t n;
   struct fake_view *vdst, *vsrc; /* held until the copy ran; may be NULL */
+  /* A copy from pageable host memory (cuMemcpyHtoD): the bytes staged
+   * here, freed by the worker after the copy (the last piece owns it),
+   * and the DMA's delay ($FAKECUDA_HTOD_DELAY_MS). */
+  char *stage;
+  unsigned delay_ms;
   /* A node of a captured graph: a device-to-device copy (ddst, dsrc, n),
    * a host function (fn) or an event's record (ev, holding a reference). */
   CUdeviceptr ddst, dsrc;
@@ -1020,14 +1036,21 @@ static void *stream_worker(void *arg) {
     if (!s->head) s->tail = NULL;
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
-    if (w->ev)
+    if (w->ev) {
       event_fire(w->ev, w->gen);
-    else if (w->fn)
+    } else if (w->fn) {
       w->fn(w->user);
-    else
+    } else {
+      if (w->delay_ms) {
+        struct timespec ts = {w->delay_ms / 1000,
+                              (long)(w->delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+      }
       memcpy(w->dst, w->src, w->n);
+    }
     if (w->vdst) view_unref(w->vdst);
     if (w->vsrc) view_unref(w->vsrc);
+    free(w->stage);
     free(w);
     pthread_mutex_lock(&s->mu);
     s->busy = 0;
@@ -2009,6 +2032,54 @@ static CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
   return copy_dtod(dst, src, n, stream, 1);
 }
 
+static int pinned_holds(const void *p, size_t n);
+
+/* A copy from pageable memory: the bytes are staged and the copy queued
+ * on the current context's legacy stream, one work item a piece of the
+ * mappings it crosses (each holding its view); it returns before they
+ * land, as the real driver does once its staging buffer holds them.
+ * Under fake_mu, the range checked (check_run). */
+static CUresult htod_staged(CUdeviceptr dst, const void *src, size_t n) {
+  size_t pieces = 0;
+  for (size_t done = 0; done < n; pieces++) done += piece_of(dst + done, n - done);
+  struct fake_work **w = calloc(pieces, sizeof *w);
+  char *stage = w ? malloc(n) : NULL;
+  for (size_t i = 0; stage && i < pieces; i++)
+    if ((w[i] = calloc(1, sizeof **w)) == NULL) {
+      while (i) free(w[--i]);
+      free(stage);
+      stage = NULL;
+    }
+  if (!stage) {
+    free(w);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  memcpy(stage, src, n);
+  unsigned delay = (unsigned)fake_env_size("FAKECUDA_HTOD_DELAY_MS", 0);
+  struct fake_stream *s = ctx_null_stream();
+  size_t done = 0;
+  for (size_t i = 0; i < pieces; i++) {
+    size_t k = piece_of(dst + done, n - done);
+    translate(dst + done, k, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD",
+              &w[i]->dst, NULL, &w[i]->vdst);
+    w[i]->src = stage + done;
+    w[i]->n = k;
+    w[i]->delay_ms = i == 0 ? delay : 0;
+    if (i == pieces - 1) w[i]->stage = stage; /* freed after the last */
+    done += k;
+    if (stream_enqueue(s, w[i]) != CUDA_SUCCESS) {
+      /* No worker for the stream: this piece now, the rest likewise. */
+      stream_sync(s);
+      memcpy(w[i]->dst, w[i]->src, k);
+      view_unref(w[i]->vdst);
+      free(w[i]->stage);
+      free(w[i]);
+    }
+  }
+  free(w);
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
@@ -2017,10 +2088,12 @@ static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   if ((r = cap_unsafe("cuMemcpyHtoD")) != 0 ||
       (r = cap_legacy("cuMemcpyHtoD")) != 0)
     return r;
+  int pinned = pinned_holds(src, n);
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD");
+  if (!r && !pinned) r = htod_staged(dst, src, n);
   pthread_mutex_unlock(&fake_mu);
-  if (r) return r;
+  if (r || !pinned) return r;
   copy_host((uintptr_t)dst, (char *)(uintptr_t)src, n, 1);
   return CUDA_SUCCESS;
 }
@@ -2082,6 +2155,18 @@ struct fake_pinned {
 };
 static struct fake_pinned *fake_pinned_list; /* under fake_mu */
 static uint64_t fake_pinned_bytes;           /* under fake_mu */
+
+/* 1 when [p, p+n) lies in one pinned allocation.  Takes fake_mu. */
+static int pinned_holds(const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  int in = 0;
+  pthread_mutex_lock(&fake_mu);
+  for (struct fake_pinned *e = fake_pinned_list; e && !in; e = e->next)
+    in = a >= (uintptr_t)e->p && a - (uintptr_t)e->p <= e->size &&
+         n <= e->size - (a - (uintptr_t)e->p);
+  pthread_mutex_unlock(&fake_mu);
+  return in;
+}
 
 static CUresult fake_cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
   CUresult r = fake_need_ctx(NULL);

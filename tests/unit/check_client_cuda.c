@@ -185,7 +185,10 @@ static int exporter_main(int sock) {
             &fd, h[s], GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
       return 5;
     for (size_t i = 0; i < size; i++) b[i] = pattern(s, i);
-    if (d.cuMemcpyHtoD(va[s], b, size)) return 6;
+    /* Landed before the descriptor leaves (from pageable memory the
+     * copy returns before it does). */
+    if (d.cuMemcpyHtoD(va[s], b, size) || d.cuStreamSynchronize(NULL))
+      return 6;
     char c = 's';
     struct iovec iov = {&c, 1};
     union {
@@ -1448,6 +1451,43 @@ START_TEST(free_waits_for_work_in_program_context) {
 }
 END_TEST
 
+/* gmb_write's bytes are in device memory when it returns, for every
+ * reader: a copy from pageable memory returns once the driver staged the
+ * bytes, and only the legacy stream of the context that copied is
+ * ordered after them; here another context reads at once, while the
+ * stand-in holds the copy back. */
+START_TEST(write_landed_when_it_returns) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  uint8_t pat[4096], got[4096];
+  void *p;
+  for (size_t i = 0; i < sizeof pat; i++) pat[i] = (uint8_t)(i * 13 + 0x5a);
+  ck_assert_int_eq(gmb_alloc(c, sizeof pat, 0, &id), 0);
+  setenv("FAKECUDA_HTOD_DELAY_MS", "300", 1);
+  ck_assert_int_eq(gmb_write(c, id, 0, pat, sizeof pat), 0);
+  unsetenv("FAKECUDA_HTOD_DELAY_MS");
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  test_drv_load();
+  ctx_create_fn ctx_create =
+      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
+  ctx_destroy_fn ctx_destroy =
+      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
+  gmb_cu_ctx app = NULL;
+  ck_assert_int_eq(ctx_create(&app, 0, 0), 0); /* current now */
+  dev_read(got, p, sizeof got);
+  ck_assert_int_eq(ctx_destroy(app), 0);
+  ck_assert_int_eq(memcmp(got, pat, sizeof pat), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+}
+END_TEST
+
 /* A copy of 64 bytes from p in device d's primary context, then device
  * 0's made current again: the driver's answer. */
 static gmb_cu_result copy_on_device(int d, void *p) {
@@ -1994,6 +2034,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
   tcase_add_test(tc, move_claim_waits_for_queued_work);
   tcase_add_test(tc, unlock_on_stream_outlives_disconnect);
+  tcase_add_test(tc, write_landed_when_it_returns);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("processes");

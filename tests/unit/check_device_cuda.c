@@ -125,6 +125,9 @@ static void put(gmb_cu_ptr va, uint64_t off, uint64_t n, unsigned seed) {
   ck_assert_ptr_nonnull(b);
   for (uint64_t i = 0; i < n; i++) b[i] = pattern(i, seed);
   ck_assert_int_eq(T.cuMemcpyHtoD(va + off, b, n), 0);
+  /* From pageable memory the copy returns before the bytes land: landed
+   * before the broker's copies or another process read them. */
+  ck_assert_int_eq(T.cuStreamSynchronize(NULL), 0);
   free(b);
 }
 
