@@ -971,6 +971,29 @@ START_TEST(preload_vmm_refusal_trims_own_cache) {
 }
 END_TEST
 
+/* cuMemFree of cuMemAllocAsync's memory in a program of the static
+ * runtime, which opened the driver itself (RTLD_LOCAL, so no
+ * cuCtxSynchronize is in the global scope): the free still waits for the
+ * work queued in the context, as cuMemFree does, before the block can be
+ * used again. */
+START_TEST(preload_free_of_async_memory_waits_static_runtime) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  static_gpus(&g, 1, &b);
+  struct prog p = {0};
+  static_start(&p, NULL, 1);
+  prog_expect(&p, "global cuMemAllocAsync", "gmb:cuMemAllocAsync");
+  prog_expect(&p, "resolve cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
+  prog_expect(&p, "aalloc 0 2097152", "0");
+  prog_expect(&p, "slow 300", "0");
+  prog_expect(&p, "free 0", "0");
+  prog_expect(&p, "slowdone", "1");
+  free(prog_end(&p, 0));
+  harness_broker_stop(&b);
+  harness_fake_gpus_done(&g);
+}
+END_TEST
+
 /*
  * Two processes of one tenant (quota 8 MiB): the first's cache holds 6 MiB
  * of idle pages (cuMemAllocAsync's, freed) and has said so to the broker;
@@ -1261,6 +1284,7 @@ int main(void) {
       preload_getproc_no_broker,
       preload_vmm_expandable_segments, preload_vmm_two_processes_one_quota,
       preload_vmm_refusal_trims_own_cache,
+      preload_free_of_async_memory_waits_static_runtime,
       preload_vmm_asks_other_process_cache,
       preload_nvml_reports_quota,
       preload_ipc_of_gmb_memory_refused,
