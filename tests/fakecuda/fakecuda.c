@@ -96,6 +96,8 @@
  *   stream may read the old bytes meanwhile.  $FAKECUDA_HTOD_DELAY_MS
  *   (default 0) holds each such copy back that long, so that a test can
  *   show the race.  From pinned memory the copy is done when it returns.
+ *   cuMemsetD8 of device memory is queued the same way (and held back
+ *   alike): done once the legacy stream or the context is synchronised.
  *   cuStreamDestroy waits for its stream's work.  An async copy keeps the
  *   view it copies from and to, so an unmap that races it is harmless here.
  *
@@ -957,6 +959,8 @@ struct fake_work {
    * and the DMA's delay ($FAKECUDA_HTOD_DELAY_MS). */
   char *stage;
   unsigned delay_ms;
+  int fill; /* a memset of n bytes at dst to fill_v, not a copy */
+  unsigned char fill_v;
   /* A node of a captured graph: a device-to-device copy (ddst, dsrc, n),
    * a host function (fn) or an event's record (ev, holding a reference). */
   CUdeviceptr ddst, dsrc;
@@ -1046,7 +1050,10 @@ static void *stream_worker(void *arg) {
                               (long)(w->delay_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
       }
-      memcpy(w->dst, w->src, w->n);
+      if (w->fill)
+        memset(w->dst, w->fill_v, w->n);
+      else
+        memcpy(w->dst, w->src, w->n);
     }
     if (w->vdst) view_unref(w->vdst);
     if (w->vsrc) view_unref(w->vsrc);
@@ -2034,35 +2041,43 @@ static CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
 
 static int pinned_holds(const void *p, size_t n);
 
-/* A copy from pageable memory: the bytes are staged and the copy queued
- * on the current context's legacy stream, one work item a piece of the
- * mappings it crosses (each holding its view); it returns before they
- * land, as the real driver does once its staging buffer holds them.
- * Under fake_mu, the range checked (check_run). */
-static CUresult htod_staged(CUdeviceptr dst, const void *src, size_t n) {
+/* Work of the legacy stream that writes device memory: a copy from
+ * pageable memory (src; the bytes staged first) or a memset (src NULL,
+ * every byte v).  Queued on the current context's legacy stream, one work
+ * item a piece of the mappings it crosses (each holding its view); it
+ * returns before they land, as the real driver does once its staging
+ * buffer holds the bytes, or once the memset is queued.
+ * $FAKECUDA_HTOD_DELAY_MS holds the first piece back.  Under fake_mu, the
+ * range checked (check_run). */
+static CUresult legacy_write(CUdeviceptr dst, const void *src, size_t n,
+                             unsigned char v) {
   size_t pieces = 0;
   for (size_t done = 0; done < n; pieces++) done += piece_of(dst + done, n - done);
   struct fake_work **w = calloc(pieces, sizeof *w);
-  char *stage = w ? malloc(n) : NULL;
-  for (size_t i = 0; stage && i < pieces; i++)
+  char *stage = w && src ? malloc(n) : NULL;
+  int ok = w && (stage || !src);
+  for (size_t i = 0; ok && i < pieces; i++)
     if ((w[i] = calloc(1, sizeof **w)) == NULL) {
       while (i) free(w[--i]);
-      free(stage);
-      stage = NULL;
+      ok = 0;
     }
-  if (!stage) {
+  if (!ok) {
+    free(stage);
     free(w);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  memcpy(stage, src, n);
+  if (src) memcpy(stage, src, n);
   unsigned delay = (unsigned)fake_env_size("FAKECUDA_HTOD_DELAY_MS", 0);
   struct fake_stream *s = ctx_null_stream();
   size_t done = 0;
   for (size_t i = 0; i < pieces; i++) {
     size_t k = piece_of(dst + done, n - done);
-    translate(dst + done, k, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD",
-              &w[i]->dst, NULL, &w[i]->vdst);
-    w[i]->src = stage + done;
+    translate(dst + done, k, FAKE_ACCESS_READWRITE,
+              src ? "cuMemcpyHtoD" : "cuMemsetD8", &w[i]->dst, NULL,
+              &w[i]->vdst);
+    w[i]->src = stage ? stage + done : NULL;
+    w[i]->fill = src == NULL;
+    w[i]->fill_v = v;
     w[i]->n = k;
     w[i]->delay_ms = i == 0 ? delay : 0;
     if (i == pieces - 1) w[i]->stage = stage; /* freed after the last */
@@ -2070,7 +2085,10 @@ static CUresult htod_staged(CUdeviceptr dst, const void *src, size_t n) {
     if (stream_enqueue(s, w[i]) != CUDA_SUCCESS) {
       /* No worker for the stream: this piece now, the rest likewise. */
       stream_sync(s);
-      memcpy(w[i]->dst, w[i]->src, k);
+      if (src)
+        memcpy(w[i]->dst, w[i]->src, k);
+      else
+        memset(w[i]->dst, v, k);
       view_unref(w[i]->vdst);
       free(w[i]->stage);
       free(w[i]);
@@ -2091,14 +2109,16 @@ static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   int pinned = pinned_holds(src, n);
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD");
-  if (!r && !pinned) r = htod_staged(dst, src, n);
+  if (!r && !pinned) r = legacy_write(dst, src, n, 0);
   pthread_mutex_unlock(&fake_mu);
   if (r || !pinned) return r;
   copy_host((uintptr_t)dst, (char *)(uintptr_t)src, n, 1);
   return CUDA_SUCCESS;
 }
 
-/* Sets n bytes at dst to v, as copies from the host do. */
+/* Sets n bytes at dst to v: queued on the legacy stream, done when that
+ * stream (or the context) is synchronised, as the driver's memset of
+ * device memory is asynchronous with respect to the host. */
 static CUresult fake_cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
@@ -2108,16 +2128,9 @@ static CUresult fake_cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
     return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemsetD8");
+  if (!r) r = legacy_write(dst, NULL, n, v);
   pthread_mutex_unlock(&fake_mu);
-  if (r) return r;
-  char buf[65536];
-  memset(buf, v, sizeof buf);
-  for (size_t done = 0; done < n;) {
-    size_t k = n - done < sizeof buf ? n - done : sizeof buf;
-    copy_host((uintptr_t)dst + done, buf, k, 1);
-    done += k;
-  }
-  return CUDA_SUCCESS;
+  return r;
 }
 
 static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {

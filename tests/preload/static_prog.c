@@ -150,6 +150,9 @@ static void fill_check(unsigned long long d, size_t size, unsigned long seed,
   if (!check) {
     for (size_t i = 0; i < size; i++) buf[i] = byte_at(i, seed);
     rc = CALL(htod_fn, "cuMemcpyHtoD", d, buf, size);
+    /* Landed before another process may look (from pageable memory the
+     * copy returns before it does). */
+    if (rc == 0) rc = CALL(int (*)(void *), "cuStreamSynchronize", NULL);
     printf("%d\n", rc);
   } else {
     rc = CALL(dtoh_fn, "cuMemcpyDtoH", buf, d, size);

@@ -1880,7 +1880,11 @@ static int client_child_main(const char *endpoint, uint64_t off) {
     if (b[i] != pattern(0, off + i)) goto fail;
   memset(b, 0xcd, sizeof b);
   step++;
-  if (d.cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, b, sizeof b) != 0) goto fail;
+  /* Landed before the process goes (from pageable memory the copy
+   * returns before it does). */
+  if (d.cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, b, sizeof b) != 0 ||
+      d.cuStreamSynchronize(NULL) != 0)
+    goto fail;
   gmb__cudrv_unload(&d);
   gmb_unlock(c, id);
   gmb_disconnect(c);
