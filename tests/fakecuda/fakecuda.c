@@ -213,7 +213,9 @@
  *   first use), distinct from the legacy stream and from other threads'.
  *
  * - Events: cuEventRecord queues a mark on its stream (the NULL stream or
- *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one);
+ *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one, or
+ *   for a stream of another context than the event's, the legacy stream
+ *   counting as the current context's);
  *   cuEventQuery answers CUDA_ERROR_NOT_READY until the stream ran past
  *   the event's last record.  An event destroyed with records pending is
  *   freed when they ran.
@@ -1012,6 +1014,7 @@ struct fake_event {
   /* Under fake_mu: the stream whose capture took its last record (NULL
    * when that record was real work). */
   struct fake_stream *captured;
+  struct fake_ctx *ctx; /* the context current where it was made */
 };
 #define FAKE_EVENT_MAGIC 0x45564e54u
 
@@ -2338,6 +2341,7 @@ static CUresult fake_cuEventCreate(void **out, unsigned flags) {
   struct fake_event *e = calloc(1, sizeof *e);
   if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
   e->magic = FAKE_EVENT_MAGIC;
+  e->ctx = fake_cur;
   atomic_store(&e->refs, 1);
   *out = e;
   return CUDA_SUCCESS;
@@ -2350,6 +2354,12 @@ static CUresult fake_cuEventRecord(void *h, void *stream) {
   if (!e || e->magic != FAKE_EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
   struct fake_stream *s = stream_of(stream);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  /* The event and the stream must be of one context (the legacy stream:
+   * the current one's), as the driver requires. */
+  struct fake_ctx *sc = s >= fake_ctx_null && s < fake_ctx_null + FAKE_MAX_CTX
+                            ? &fake_ctxs[s - fake_ctx_null]
+                            : s->ctx;
+  if (sc != e->ctx) return CUDA_ERROR_INVALID_HANDLE;
   struct fake_work *w = calloc(1, sizeof *w);
   if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
   w->ev = e;

@@ -1592,6 +1592,42 @@ START_TEST(free_async_ordered_by_event) {
 }
 END_TEST
 
+/* A block freed on a stream of the program's own context: gmb's events
+ * are its primary context's, which the driver will not record on that
+ * stream, so the block is not handed to another stream while the work
+ * queued there may still use it. */
+START_TEST(free_async_on_stream_of_program_context) {
+  exporter_start();
+  fk_start();
+  test_drv_load();
+  ctx_create_fn ctx_create =
+      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
+  ctx_destroy_fn ctx_destroy =
+      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
+  gmb_cu_ctx app = NULL;
+  ck_assert_int_eq(ctx_create(&app, 0, 0), 0); /* current now */
+  gmb_client *c = connect_ok();
+  gmb_cu_stream s;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
+  void *p, *q;
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, s, &p), 0);
+  atomic_store(&gate, 0);
+  ck_assert_int_eq(test_drv.cuLaunchHostFunc(s, gate_fn, NULL), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, s), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, NULL, &q), 0);
+  ck_assert_ptr_ne(q, p);
+  atomic_store(&gate, 1);
+  ck_assert_int_eq(test_drv.cuStreamSynchronize(s), 0);
+  ck_assert_int_eq(gmb_free_async(c, q, NULL), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s), 0);
+  gmb_disconnect(c);
+  ck_assert_int_eq(ctx_destroy(app), 0);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+}
+END_TEST
+
 START_TEST(free_not_sent_when_wait_fails) {
   exporter_start();
   fk_start();
@@ -2039,6 +2075,7 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, move_claim_waits_for_queued_work);
   tcase_add_test(tc, unlock_on_stream_outlives_disconnect);
   tcase_add_test(tc, write_landed_when_it_returns);
+  tcase_add_test(tc, free_async_on_stream_of_program_context);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("processes");

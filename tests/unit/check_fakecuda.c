@@ -633,6 +633,33 @@ START_TEST(htod_from_pageable_lands_later) {
 }
 END_TEST
 
+/* An event is recorded only on a stream of its own context (the legacy
+ * stream is the current context's): CUDA_ERROR_INVALID_HANDLE otherwise,
+ * as the driver answers. */
+START_TEST(event_and_stream_of_one_context) {
+  up();
+  gmb_cu_event e;
+  gmb_cu_stream mine, theirs;
+  gmb_cu_ctx other;
+  ck_assert_int_eq(D.cuEventCreate(&e, GMB_CU_EVENT_DISABLE_TIMING), 0);
+  ck_assert_int_eq(D.cuStreamCreate(&mine, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, mine), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, NULL), 0);
+  ck_assert_int_eq(D.cuCtxCreate(&other, 0, 0), 0); /* current now */
+  ck_assert_int_eq(D.cuStreamCreate(&theirs, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, theirs), GMB_CU_ERROR_INVALID_HANDLE);
+  ck_assert_int_eq(D.cuEventRecord(e, NULL), GMB_CU_ERROR_INVALID_HANDLE);
+  ck_assert_int_eq(D.cuEventRecord(e, mine), 0); /* its stream, any thread */
+  ck_assert_int_eq(D.cuStreamDestroy(theirs), 0);
+  ck_assert_int_eq(D.cuCtxDestroy(other), 0);
+  ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
+  ck_assert_int_eq(D.cuStreamSynchronize(mine), 0);
+  ck_assert_int_eq(D.cuEventQuery(e), 0);
+  ck_assert_int_eq(D.cuStreamDestroy(mine), 0);
+  ck_assert_int_eq(D.cuEventDestroy(e), 0);
+}
+END_TEST
+
 START_TEST(ctx_synchronize_waits_for_its_context_only) {
   up();
   typedef gmb_cu_result (*create_fn)(gmb_cu_ctx *, unsigned, gmb_cu_device);
@@ -1059,6 +1086,7 @@ static Suite *fakecuda_suite(void) {
   tcase_add_test(tc, events_follow_their_stream);
   tcase_add_test(tc, ctx_synchronize_waits_for_its_context_only);
   tcase_add_test(tc, htod_from_pageable_lands_later);
+  tcase_add_test(tc, event_and_stream_of_one_context);
   suite_add_tcase(s, tc);
   tc = tcase_create("processes");
   tcase_add_test(tc, meminfo_is_device_wide_across_processes);
