@@ -214,6 +214,23 @@ static void static_start(struct prog *p, const char *const extra[],
   prog_expect(p, "init 0", "0");
 }
 
+/* One GPU of the stand-in, its broker, and static_prog on it (opened and
+ * ordinal 0 current); static_end checks the program's exit and stops all
+ * three. */
+static void static_begin(struct harness_gpus *g, struct harness_broker *b,
+                         struct prog *p) {
+  static_gpus(g, 1, b);
+  *p = (struct prog){0};
+  static_start(p, NULL, 1);
+}
+
+static void static_end(struct harness_gpus *g, struct harness_broker *b,
+                       struct prog *p) {
+  free(prog_end(p, 0));
+  harness_broker_stop(b);
+  harness_fake_gpus_done(g);
+}
+
 /* --- with a broker --------------------------------------------------------------- */
 
 START_TEST(preload_alloc_free_both_apis) {
@@ -949,9 +966,8 @@ END_TEST
 START_TEST(preload_vmm_refusal_trims_own_cache) {
   struct harness_gpus g;
   struct harness_broker b;
-  static_gpus(&g, 1, &b);
-  struct prog p = {0};
-  static_start(&p, NULL, 1);
+  struct prog p;
+  static_begin(&g, &b, &p);
   prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
   prog_expect(&p, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
   /* The stand-in driver has no stream-ordered allocator: the preload's. */
@@ -965,9 +981,7 @@ START_TEST(preload_vmm_refusal_trims_own_cache) {
   ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   prog_expect(&p, "release 1", "0");
   ck_assert_uint_eq(pre_used(&b, "pre"), 0);
-  free(prog_end(&p, 0));
-  harness_broker_stop(&b);
-  harness_fake_gpus_done(&g);
+  static_end(&g, &b, &p);
 }
 END_TEST
 
@@ -979,18 +993,15 @@ END_TEST
 START_TEST(preload_free_of_async_memory_waits_static_runtime) {
   struct harness_gpus g;
   struct harness_broker b;
-  static_gpus(&g, 1, &b);
-  struct prog p = {0};
-  static_start(&p, NULL, 1);
+  struct prog p;
+  static_begin(&g, &b, &p);
   prog_expect(&p, "global cuMemAllocAsync", "gmb:cuMemAllocAsync");
   prog_expect(&p, "resolve cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
   prog_expect(&p, "aalloc 0 2097152", "0");
   prog_expect(&p, "slow 300", "0");
   prog_expect(&p, "free 0", "0");
   prog_expect(&p, "slowdone", "1");
-  free(prog_end(&p, 0));
-  harness_broker_stop(&b);
-  harness_fake_gpus_done(&g);
+  static_end(&g, &b, &p);
 }
 END_TEST
 

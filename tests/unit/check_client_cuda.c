@@ -1079,6 +1079,25 @@ static void *driver_fn(struct gmb_cudrv *d, const char *name) {
   return fn;
 }
 
+/* A context of the program's own through the test's handle on the driver
+ * (loaded here), current on the calling thread from now on; and its end,
+ * after which the thread has none. */
+static gmb_cu_ctx app_ctx_new(void) {
+  test_drv_load();
+  ctx_create_fn create =
+      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
+  gmb_cu_ctx app = NULL;
+  ck_assert_int_eq(create(&app, 0, 0), 0);
+  return app;
+}
+
+static void app_ctx_end(gmb_cu_ctx app) {
+  ctx_destroy_fn destroy =
+      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
+  ck_assert_int_eq(destroy(app), 0);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+}
+
 START_TEST(no_context_made_current_behind_the_program) {
   exporter_start();
   fk_start();
@@ -1469,20 +1488,13 @@ START_TEST(write_landed_when_it_returns) {
   ck_assert_int_eq(gmb_write(c, id, 0, pat, sizeof pat), 0);
   unsetenv("FAKECUDA_HTOD_DELAY_MS");
   ck_assert_int_eq(gmb_lock(c, id, &p), 0);
-  test_drv_load();
-  ctx_create_fn ctx_create =
-      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
-  ctx_destroy_fn ctx_destroy =
-      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
-  gmb_cu_ctx app = NULL;
-  ck_assert_int_eq(ctx_create(&app, 0, 0), 0); /* current now */
+  gmb_cu_ctx app = app_ctx_new();
   dev_read(got, p, sizeof got);
-  ck_assert_int_eq(ctx_destroy(app), 0);
+  app_ctx_end(app);
   ck_assert_int_eq(memcmp(got, pat, sizeof pat), 0);
   ck_assert_int_eq(gmb_unlock(c, id), 0);
   ck_assert_int_eq(gmb_free(c, id), 0);
   gmb_disconnect(c);
-  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
   gmb__cudrv_unload(&test_drv);
   exporter_finish();
 }
@@ -1599,13 +1611,7 @@ END_TEST
 START_TEST(free_async_on_stream_of_program_context) {
   exporter_start();
   fk_start();
-  test_drv_load();
-  ctx_create_fn ctx_create =
-      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
-  ctx_destroy_fn ctx_destroy =
-      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
-  gmb_cu_ctx app = NULL;
-  ck_assert_int_eq(ctx_create(&app, 0, 0), 0); /* current now */
+  gmb_cu_ctx app = app_ctx_new();
   gmb_client *c = connect_ok();
   gmb_cu_stream s;
   ck_assert_int_eq(test_drv.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
@@ -1621,8 +1627,7 @@ START_TEST(free_async_on_stream_of_program_context) {
   ck_assert_int_eq(gmb_free_async(c, q, NULL), 0);
   ck_assert_int_eq(test_drv.cuStreamDestroy(s), 0);
   gmb_disconnect(c);
-  ck_assert_int_eq(ctx_destroy(app), 0);
-  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+  app_ctx_end(app);
   gmb__cudrv_unload(&test_drv);
   exporter_finish();
 }
