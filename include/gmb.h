@@ -426,7 +426,9 @@ GMB_EXPORT int gmb_sleep_policy_set(gmb_client *c, const char *policy);
 /* Copies n bytes from host memory `src` into the allocation at byte `off`
  * (gmb_write), or from it into `dst` (gmb_read), holding it locked for the
  * copy: memcpy on the host device, cuMemcpyHtoD/DtoH on a GPU, whose memory
- * the CPU cannot touch through the pointer.  Synchronous.  GMB_E_INVAL
+ * the CPU cannot touch through the pointer.  Synchronous: the bytes are
+ * in place for every stream, context and process when it returns (a copy
+ * from pageable memory is waited for).  GMB_E_INVAL
  * when [off, off+n) is not inside the allocation, GMB_E_DEVICE when the
  * driver refused the copy. */
 GMB_EXPORT int gmb_write(gmb_client *c, gmb_id id, size_t off,

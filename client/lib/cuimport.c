@@ -756,6 +756,16 @@ int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
     step = to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH";
     r = to_device ? cuda_drv.cuMemcpyHtoD(dev, host, n)
                   : cuda_drv.cuMemcpyDtoH(host, dev, n);
+    /* From pageable memory the driver returns once it has staged the
+     * bytes, before they land: only this context's legacy stream is
+     * ordered after them, not the program's other streams and contexts,
+     * nor the broker, which may move or offload the allocation as soon
+     * as it is unlocked.  So the copy is waited for (at once when it
+     * came from pinned memory). */
+    if (r == GMB_CU_SUCCESS && to_device) {
+      step = "cuStreamSynchronize (after cuMemcpyHtoD)";
+      r = cuda_drv.cuStreamSynchronize(NULL);
+    }
     cuda_leave(d, prev);
   }
   if (r != GMB_CU_SUCCESS) {

@@ -117,8 +117,10 @@ void gmb__cuda_stream_note(void *stream);
 int gmb__cuda_capture_underway(int ordinal, char *why, size_t cap);
 
 /* Copies n bytes between host memory and device address `dev` (to_device:
- * cuMemcpyHtoD, else cuMemcpyDtoH) in device `ordinal`'s primary context.
- * 0 or GMB_E_DEVICE explained. */
+ * cuMemcpyHtoD, else cuMemcpyDtoH) in device `ordinal`'s primary context,
+ * done when it returns (the bytes are in device memory for every context
+ * and process, whatever kind of host memory they came from).  0 or
+ * GMB_E_DEVICE explained. */
 int gmb__cuda_copy(int ordinal, uint64_t dev, void *host, size_t n,
                    int to_device, char *why, size_t cap);
 

@@ -64,6 +64,8 @@ GMB_SHIM_API cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
     const char *sym, void **fn, unsigned int ver, unsigned long long flags,
     int *status);
 
+static int gp_from_us(const void *addr);
+
 /* --- the table of routed driver entry points ------------------------------ */
 
 #define GP_FN(f) ((void *)(uintptr_t)(f))
@@ -264,6 +266,14 @@ void *gmb__pre_drv_real(enum pre_drv which) {
     return fn == e->mine[0] || fn == e->mine[1] ? NULL : fn;
   }
   return NULL;
+}
+
+void *gmb__pre_drv_lookup(const char *name, int version) {
+  void *fn = NULL;
+  int st = 0;
+  if (gp_ask_driver(name, &fn, version, GP_LEGACY_STREAM, &st) != 0) return NULL;
+  /* Never one of ours: a caller would loop. */
+  return fn && !gp_from_us(fn) ? fn : NULL;
 }
 
 /* --- cuGetProcAddress ------------------------------------------------------- */

@@ -265,6 +265,12 @@ static int pre_free(int drv, void *p) {
       if (gmb__client_capture_underway(c) && gmb__shim_keep(p) == 0) return 0;
       pre_sync_fn sync = drv ? pre_real.cuCtxSynchronize
                              : pre_real.cudaDeviceSynchronize;
+      /* A program of the static runtime reaches the driver through its
+       * own handle (RTLD_LOCAL): no cuCtxSynchronize after this library,
+       * so the driver is asked for it, at the 12.0 ABI (no argument). */
+      if (drv && sync == NULL)
+        sync = (pre_sync_fn)(uintptr_t)gmb__pre_drv_lookup("cuCtxSynchronize",
+                                                           12000);
       int r = sync ? sync() : 0;
       if (r != 0) return r;
       return pre_free_code(what, p, gmb__shim_free_async(p, NULL), c);

@@ -60,6 +60,13 @@ enum pre_drv {
  */
 void *gmb__pre_drv_real(enum pre_drv which);
 
+/* The driver's own `name` at the ABI of CUDA `version` (what the driver's
+ * cuGetProcAddress gives, never this library's function), for a call
+ * gmb makes on the program's behalf that the program may have no link to
+ * (the static runtime opens the driver RTLD_LOCAL).  NULL when the
+ * process has no driver or it lacks the name. */
+void *gmb__pre_drv_lookup(const char *name, int version);
+
 /* The definition of `name` after this library (dlsym(RTLD_NEXT)), else
  * the one a library's handle gave when dlsym on it was answered with this
  * library's function instead (getproc.c): for the runtime's and NVML's

@@ -86,6 +86,18 @@
  *   its stream only.  The NULL (legacy) stream is one more such queue; the
  *   synchronous copies wait for it first.  Not modelled: the legacy
  *   stream's implicit synchronisation with other blocking streams.
+ *
+ * - cuMemcpyHtoD from pageable memory (anything but cuMemHostAlloc's)
+ *   returns before the bytes land, as the driver's does once they are in
+ *   its staging buffer: they are staged and the copy queued on the
+ *   current context's legacy stream, which later synchronous copies and
+ *   a synchronize of that stream (or of the context) wait for, and
+ *   nothing else: another context, another process or a non-blocking
+ *   stream may read the old bytes meanwhile.  $FAKECUDA_HTOD_DELAY_MS
+ *   (default 0) holds each such copy back that long, so that a test can
+ *   show the race.  From pinned memory the copy is done when it returns.
+ *   cuMemsetD8 of device memory is queued the same way (and held back
+ *   alike): done once the legacy stream or the context is synchronised.
  *   cuStreamDestroy waits for its stream's work.  An async copy keeps the
  *   view it copies from and to, so an unmap that races it is harmless here.
  *
@@ -201,7 +213,9 @@
  *   first use), distinct from the legacy stream and from other threads'.
  *
  * - Events: cuEventRecord queues a mark on its stream (the NULL stream or
- *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one);
+ *   a live created one; CUDA_ERROR_INVALID_HANDLE for a destroyed one, or
+ *   for a stream of another context than the event's, the legacy stream
+ *   counting as the current context's);
  *   cuEventQuery answers CUDA_ERROR_NOT_READY until the stream ran past
  *   the event's last record.  An event destroyed with records pending is
  *   freed when they ran.
@@ -217,6 +231,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -941,6 +956,13 @@ struct fake_work {
   const char *src;
   size_t n;
   struct fake_view *vdst, *vsrc; /* held until the copy ran; may be NULL */
+  /* A copy from pageable host memory (cuMemcpyHtoD): the bytes staged
+   * here, freed by the worker after the copy (the last piece owns it),
+   * and the DMA's delay ($FAKECUDA_HTOD_DELAY_MS). */
+  char *stage;
+  unsigned delay_ms;
+  int fill; /* a memset of n bytes at dst to fill_v, not a copy */
+  unsigned char fill_v;
   /* A node of a captured graph: a device-to-device copy (ddst, dsrc, n),
    * a host function (fn) or an event's record (ev, holding a reference). */
   CUdeviceptr ddst, dsrc;
@@ -992,6 +1014,7 @@ struct fake_event {
   /* Under fake_mu: the stream whose capture took its last record (NULL
    * when that record was real work). */
   struct fake_stream *captured;
+  struct fake_ctx *ctx; /* the context current where it was made */
 };
 #define FAKE_EVENT_MAGIC 0x45564e54u
 
@@ -1020,14 +1043,24 @@ static void *stream_worker(void *arg) {
     if (!s->head) s->tail = NULL;
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
-    if (w->ev)
+    if (w->ev) {
       event_fire(w->ev, w->gen);
-    else if (w->fn)
+    } else if (w->fn) {
       w->fn(w->user);
-    else
-      memcpy(w->dst, w->src, w->n);
+    } else {
+      if (w->delay_ms) {
+        struct timespec ts = {w->delay_ms / 1000,
+                              (long)(w->delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+      }
+      if (w->fill)
+        memset(w->dst, w->fill_v, w->n);
+      else
+        memcpy(w->dst, w->src, w->n);
+    }
     if (w->vdst) view_unref(w->vdst);
     if (w->vsrc) view_unref(w->vsrc);
+    free(w->stage);
     free(w);
     pthread_mutex_lock(&s->mu);
     s->busy = 0;
@@ -2009,6 +2042,65 @@ static CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
   return copy_dtod(dst, src, n, stream, 1);
 }
 
+static int pinned_holds(const void *p, size_t n);
+
+/* Work of the legacy stream that writes device memory: a copy from
+ * pageable memory (src; the bytes staged first) or a memset (src NULL,
+ * every byte v).  Queued on the current context's legacy stream, one work
+ * item a piece of the mappings it crosses (each holding its view); it
+ * returns before they land, as the real driver does once its staging
+ * buffer holds the bytes, or once the memset is queued.
+ * $FAKECUDA_HTOD_DELAY_MS holds the first piece back.  Under fake_mu, the
+ * range checked (check_run). */
+static CUresult legacy_write(CUdeviceptr dst, const void *src, size_t n,
+                             unsigned char v) {
+  size_t pieces = 0;
+  for (size_t done = 0; done < n; pieces++) done += piece_of(dst + done, n - done);
+  struct fake_work **w = calloc(pieces, sizeof *w);
+  char *stage = w && src ? malloc(n) : NULL;
+  int ok = w && (stage || !src);
+  for (size_t i = 0; ok && i < pieces; i++)
+    if ((w[i] = calloc(1, sizeof **w)) == NULL) {
+      while (i) free(w[--i]);
+      ok = 0;
+    }
+  if (!ok) {
+    free(stage);
+    free(w);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (src) memcpy(stage, src, n);
+  unsigned delay = (unsigned)fake_env_size("FAKECUDA_HTOD_DELAY_MS", 0);
+  struct fake_stream *s = ctx_null_stream();
+  size_t done = 0;
+  for (size_t i = 0; i < pieces; i++) {
+    size_t k = piece_of(dst + done, n - done);
+    translate(dst + done, k, FAKE_ACCESS_READWRITE,
+              src ? "cuMemcpyHtoD" : "cuMemsetD8", &w[i]->dst, NULL,
+              &w[i]->vdst);
+    w[i]->src = stage ? stage + done : NULL;
+    w[i]->fill = src == NULL;
+    w[i]->fill_v = v;
+    w[i]->n = k;
+    w[i]->delay_ms = i == 0 ? delay : 0;
+    if (i == pieces - 1) w[i]->stage = stage; /* freed after the last */
+    done += k;
+    if (stream_enqueue(s, w[i]) != CUDA_SUCCESS) {
+      /* No worker for the stream: this piece now, the rest likewise. */
+      stream_sync(s);
+      if (src)
+        memcpy(w[i]->dst, w[i]->src, k);
+      else
+        memset(w[i]->dst, v, k);
+      view_unref(w[i]->vdst);
+      free(w[i]->stage);
+      free(w[i]);
+    }
+  }
+  free(w);
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
@@ -2017,15 +2109,19 @@ static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   if ((r = cap_unsafe("cuMemcpyHtoD")) != 0 ||
       (r = cap_legacy("cuMemcpyHtoD")) != 0)
     return r;
+  int pinned = pinned_holds(src, n);
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemcpyHtoD");
+  if (!r && !pinned) r = legacy_write(dst, src, n, 0);
   pthread_mutex_unlock(&fake_mu);
-  if (r) return r;
+  if (r || !pinned) return r;
   copy_host((uintptr_t)dst, (char *)(uintptr_t)src, n, 1);
   return CUDA_SUCCESS;
 }
 
-/* Sets n bytes at dst to v, as copies from the host do. */
+/* Sets n bytes at dst to v: queued on the legacy stream, done when that
+ * stream (or the context) is synchronised, as the driver's memset of
+ * device memory is asynchronous with respect to the host. */
 static CUresult fake_cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
   CUresult r = fake_need_ctx(NULL);
   if (r) return r;
@@ -2035,16 +2131,9 @@ static CUresult fake_cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
     return r;
   pthread_mutex_lock(&fake_mu);
   r = check_run(dst, n, FAKE_ACCESS_READWRITE, "cuMemsetD8");
+  if (!r) r = legacy_write(dst, NULL, n, v);
   pthread_mutex_unlock(&fake_mu);
-  if (r) return r;
-  char buf[65536];
-  memset(buf, v, sizeof buf);
-  for (size_t done = 0; done < n;) {
-    size_t k = n - done < sizeof buf ? n - done : sizeof buf;
-    copy_host((uintptr_t)dst + done, buf, k, 1);
-    done += k;
-  }
-  return CUDA_SUCCESS;
+  return r;
 }
 
 static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
@@ -2082,6 +2171,18 @@ struct fake_pinned {
 };
 static struct fake_pinned *fake_pinned_list; /* under fake_mu */
 static uint64_t fake_pinned_bytes;           /* under fake_mu */
+
+/* 1 when [p, p+n) lies in one pinned allocation.  Takes fake_mu. */
+static int pinned_holds(const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  int in = 0;
+  pthread_mutex_lock(&fake_mu);
+  for (struct fake_pinned *e = fake_pinned_list; e && !in; e = e->next)
+    in = a >= (uintptr_t)e->p && a - (uintptr_t)e->p <= e->size &&
+         n <= e->size - (a - (uintptr_t)e->p);
+  pthread_mutex_unlock(&fake_mu);
+  return in;
+}
 
 static CUresult fake_cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
   CUresult r = fake_need_ctx(NULL);
@@ -2240,6 +2341,7 @@ static CUresult fake_cuEventCreate(void **out, unsigned flags) {
   struct fake_event *e = calloc(1, sizeof *e);
   if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
   e->magic = FAKE_EVENT_MAGIC;
+  e->ctx = fake_cur;
   atomic_store(&e->refs, 1);
   *out = e;
   return CUDA_SUCCESS;
@@ -2252,6 +2354,12 @@ static CUresult fake_cuEventRecord(void *h, void *stream) {
   if (!e || e->magic != FAKE_EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
   struct fake_stream *s = stream_of(stream);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  /* The event and the stream must be of one context (the legacy stream:
+   * the current one's), as the driver requires. */
+  struct fake_ctx *sc = s >= fake_ctx_null && s < fake_ctx_null + FAKE_MAX_CTX
+                            ? &fake_ctxs[s - fake_ctx_null]
+                            : s->ctx;
+  if (sc != e->ctx) return CUDA_ERROR_INVALID_HANDLE;
   struct fake_work *w = calloc(1, sizeof *w);
   if (!w) return CUDA_ERROR_OUT_OF_MEMORY;
   w->ev = e;

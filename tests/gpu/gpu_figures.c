@@ -155,6 +155,9 @@ static int import_one(int fd, size_t size, unsigned char *buf) {
   }
   memset(buf, 0xa5, n);
   CU(d.cuMemcpyHtoD(va, buf, n));
+  /* From pageable memory the copy may still be in flight when it returns:
+   * landed before the other process looks. */
+  CU(d.cuStreamSynchronize(NULL));
   t0 = now_s();
   CU(d.cuMemUnmap(va, size));
   CU(d.cuMemAddressFree(va, size));
@@ -231,6 +234,7 @@ static int import_figure(int sock, size_t size, unsigned char *buf) {
   CU(d.cuMemcpyHtoD(s.va, buf, n));
   pattern(buf, n, size - n);
   CU(d.cuMemcpyHtoD(s.va + size - n, buf, n));
+  CU(d.cuStreamSynchronize(NULL)); /* landed before the importer reads */
   fflush(stdout);
   struct msg m = {size, 0};
   if (send_fd(sock, &m, s.fd) != 0) {

@@ -54,14 +54,29 @@ section() { echo; echo "== $* ($(elapsed) s)"; }
 
 BROKERS=()
 RUNDIRS=()
+# stop_pid PID S: SIGTERM to a child of run.sh, SIGKILL if it is still
+# there after S seconds (a broker stuck in a driver call must not hold the
+# GPU machine's time), then its exit status (137 when it was killed).
+stop_pid() {
+  local p=$1 i
+  kill -TERM "$p" 2>/dev/null
+  for ((i = 0; i < $2 * 10; i++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$p" 2>/dev/null; then
+    echo "run.sh: pid $p still there $2 s after SIGTERM: SIGKILL"
+    kill -KILL "$p" 2>/dev/null
+  fi
+  wait "$p" 2>/dev/null
+}
 # Stops what run.sh started, each by its pid, and waits for each: never a
 # bare `wait`, which would also wait for the log's tee (a process
 # substitution reading run.sh's own output) and so forever.
 cleanup() {
   local p
-  for p in "${BROKERS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in $(jobs -p); do kill -KILL "$p" 2>/dev/null; done
-  for p in "${BROKERS[@]}" $(jobs -p); do wait "$p" 2>/dev/null; done
+  for p in $(jobs -p); do
+    [[ " ${BROKERS[*]} " == *" $p "* ]] || kill -KILL "$p" 2>/dev/null
+  done
+  for p in "${BROKERS[@]}"; do stop_pid "$p" 10; done
+  for p in $(jobs -p); do wait "$p" 2>/dev/null; done
   for d in "${RUNDIRS[@]}"; do rm -rf "$d"; done
 }
 trap cleanup EXIT
@@ -200,7 +215,7 @@ else fail "quota: one byte over: exit $rc"; cat "$OUT/q2.txt"; fi
 "$B/examples/job" --tenant q --hold-ms -1 "$U" >"$OUT/q3h.txt" 2>&1 & holder=$!
 until_used "$A" q -ge "$U" >/dev/null
 job --tenant q $((3 * U / 2)) >"$OUT/q3.txt" 2>&1; rc=$?
-kill -TERM $holder; wait $holder
+stop_pid $holder 10
 until_used "$A" q -eq 0 >/dev/null
 job --tenant q $((3 * U / 2)) >"$OUT/q4.txt" 2>&1; rc2=$?
 if [ $rc = 3 ] && grep -q GMB_E_QUOTA "$OUT/q3.txt" && [ $rc2 = 0 ]; then
@@ -317,7 +332,7 @@ elif [ -x "$NVCC" ] && run_t 120 "$NVCC" -o "$APPD/static" tests/gpu/preload_app
       fail "static runtime under a 128 MiB quota got 256 MiB: the preload was bypassed"
     elif grep -q "GMB_E_QUOTA" "$OUT/static_tiny.err"; then pass "preload: static runtime held to its quota"
     else fail "static runtime under tenant tiny failed otherwise:"; cat "$OUT/static_tiny.err"; fi
-    figure "nvidia-smi_total_under_preload_tiny $(GMB_TENANT=tiny LD_PRELOAD="$PRE" nvidia-smi --query-gpu=memory.total --format=csv,noheader -i 0 2>&1 | head -1) (128 MiB when NVML is interposed)"
+    figure "nvidia-smi_total_under_preload_tiny $(GMB_TENANT=tiny LD_PRELOAD="$PRE" run_t 30 nvidia-smi --query-gpu=memory.total --format=csv,noheader -i 0 2>&1 | head -1) (128 MiB when NVML is interposed)"
   fi
 else fail "nvcc ($NVCC) missing or failed to build tests/gpu/preload_app.cu"; fi
 
@@ -338,7 +353,7 @@ fi
 section "stop"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -1 | sed 's/^/memory.used with the brokers: /'
 for p in "${BROKERS[@]}"; do
-  kill -TERM "$p" 2>/dev/null; wait "$p"; rc=$?
+  stop_pid "$p" 20; rc=$?
   [ $rc = 0 ] && pass "broker $p stopped cleanly" || fail "broker $p exit status $rc"
 done
 BROKERS=()

@@ -338,6 +338,9 @@ static int cuda_fill(gmb_client *c, gmb_id id, uint64_t size, uint64_t seed) {
   if (rc == 0 && p == NULL) rc = GMB_E_PROTO;
   if (rc == 0) {
     gmb_cu_result r = d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, size);
+    /* From pageable memory the copy returns before the bytes land: they
+     * are in place before the unlock lets the broker move them. */
+    if (r == GMB_CU_SUCCESS) r = d->cuStreamSynchronize(NULL);
     if (r != GMB_CU_SUCCESS) {
       fprintf(stderr, "allocation %llu: cuMemcpyHtoD: error %d\n",
               (unsigned long long)id, r);
@@ -1202,7 +1205,9 @@ static int pause_child(void *arg) {
   CHILD_CHECK(d && buf, 13, "no driver or memory");
   harness_pattern_fill(buf, n, 77);
   CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
-                  GMB_CU_SUCCESS, 14, "cuMemcpyHtoD");
+                      GMB_CU_SUCCESS &&
+                  d->cuStreamSynchronize(NULL) == GMB_CU_SUCCESS,
+              14, "cuMemcpyHtoD");
   /* A gmb_alloc allocation under the tag too: its copy is pinned alike. */
   gmb_id w;
   CHILD_CHECK(gmb_alloc(c, MIB, 0, &w) == 0 && gmb_write(c, w, 0, buf, MIB) == 0,
@@ -1311,7 +1316,9 @@ static int ask_idle_child(void *arg) {
   CHILD_CHECK(d && buf, 14, "no driver or memory");
   harness_pattern_fill(buf, n, 91);
   CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n) ==
-                  GMB_CU_SUCCESS, 15, "cuMemcpyHtoD");
+                      GMB_CU_SUCCESS &&
+                  d->cuStreamSynchronize(NULL) == GMB_CU_SUCCESS,
+              15, "cuMemcpyHtoD");
   harness_pipe_send(a->out, 'r');
   CHILD_CHECK(harness_pipe_wait(a->in, 60000) == 'a', 16, "no 'a'");
   void *x = NULL;
@@ -1424,7 +1431,10 @@ static int ask_alloc_child(void *arg) {
                 gmb_last_error(c));
     harness_pattern_fill(buf, n[i], 60 + (uint64_t)i);
     CHILD_CHECK(d->cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, buf, n[i]) ==
-                    GMB_CU_SUCCESS && gmb_unlock(c, id[i]) == 0, 15,
+                        GMB_CU_SUCCESS &&
+                    d->cuStreamSynchronize(NULL) == GMB_CU_SUCCESS &&
+                    gmb_unlock(c, id[i]) == 0,
+                15,
                 "cuMemcpyHtoD");
   }
   CHILD_CHECK(gmb_cache_tag(c, NULL) == 0, 16, "untag");

@@ -214,6 +214,23 @@ static void static_start(struct prog *p, const char *const extra[],
   prog_expect(p, "init 0", "0");
 }
 
+/* One GPU of the stand-in, its broker, and static_prog on it (opened and
+ * ordinal 0 current); static_end checks the program's exit and stops all
+ * three. */
+static void static_begin(struct harness_gpus *g, struct harness_broker *b,
+                         struct prog *p) {
+  static_gpus(g, 1, b);
+  *p = (struct prog){0};
+  static_start(p, NULL, 1);
+}
+
+static void static_end(struct harness_gpus *g, struct harness_broker *b,
+                       struct prog *p) {
+  free(prog_end(p, 0));
+  harness_broker_stop(b);
+  harness_fake_gpus_done(g);
+}
+
 /* --- with a broker --------------------------------------------------------------- */
 
 START_TEST(preload_alloc_free_both_apis) {
@@ -949,9 +966,8 @@ END_TEST
 START_TEST(preload_vmm_refusal_trims_own_cache) {
   struct harness_gpus g;
   struct harness_broker b;
-  static_gpus(&g, 1, &b);
-  struct prog p = {0};
-  static_start(&p, NULL, 1);
+  struct prog p;
+  static_begin(&g, &b, &p);
   prog_expect(&p, "resolve cuMemCreate 12000 0", "0 0 gmb:cuMemCreate");
   prog_expect(&p, "resolve cuMemRelease 12000 0", "0 0 gmb:cuMemRelease");
   /* The stand-in driver has no stream-ordered allocator: the preload's. */
@@ -965,9 +981,27 @@ START_TEST(preload_vmm_refusal_trims_own_cache) {
   ck_assert_uint_eq(pre_used(&b, "pre"), 4 * MIB);
   prog_expect(&p, "release 1", "0");
   ck_assert_uint_eq(pre_used(&b, "pre"), 0);
-  free(prog_end(&p, 0));
-  harness_broker_stop(&b);
-  harness_fake_gpus_done(&g);
+  static_end(&g, &b, &p);
+}
+END_TEST
+
+/* cuMemFree of cuMemAllocAsync's memory in a program of the static
+ * runtime, which opened the driver itself (RTLD_LOCAL, so no
+ * cuCtxSynchronize is in the global scope): the free still waits for the
+ * work queued in the context, as cuMemFree does, before the block can be
+ * used again. */
+START_TEST(preload_free_of_async_memory_waits_static_runtime) {
+  struct harness_gpus g;
+  struct harness_broker b;
+  struct prog p;
+  static_begin(&g, &b, &p);
+  prog_expect(&p, "global cuMemAllocAsync", "gmb:cuMemAllocAsync");
+  prog_expect(&p, "resolve cuMemFree 12000 0", "0 0 gmb:cuMemFree_v2");
+  prog_expect(&p, "aalloc 0 2097152", "0");
+  prog_expect(&p, "slow 300", "0");
+  prog_expect(&p, "free 0", "0");
+  prog_expect(&p, "slowdone", "1");
+  static_end(&g, &b, &p);
 }
 END_TEST
 
@@ -1261,6 +1295,7 @@ int main(void) {
       preload_getproc_no_broker,
       preload_vmm_expandable_segments, preload_vmm_two_processes_one_quota,
       preload_vmm_refusal_trims_own_cache,
+      preload_free_of_async_memory_waits_static_runtime,
       preload_vmm_asks_other_process_cache,
       preload_nvml_reports_quota,
       preload_ipc_of_gmb_memory_refused,

@@ -37,6 +37,10 @@
  *   vfill OFF SIZE SEED | vcheck OFF SIZE SEED  bytes through the range
  *   vfree                    cuMemAddressFree -> "RC"
  *   ipc SLOT                 cuIpcGetMemHandle as resolved -> "RC"
+ *   slow MS                  work of MS ms queued on a non-blocking stream
+ *                            of the current context (a host function that
+ *                            sleeps, then marks itself done) -> "RC"
+ *   slowdone                 "1" when that work ran, else "0"
  *   nvml_open                NVML ($STATIC_PROG_NVML) as pynvml opens it
  *   nvml_info IDX | nvml_info2 IDX   nvmlDeviceGetMemoryInfo(_v2) ->
  *                            "RC FREE TOTAL USED"
@@ -49,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int (*gpa2_fn)(const char *, void **, int, unsigned long long, int *);
 typedef int (*gpa1_fn)(const char *, void **, int, unsigned long long);
@@ -120,6 +125,14 @@ typedef int (*unmap_fn)(unsigned long long, size_t);
 typedef int (*access_fn)(unsigned long long, size_t, const void *, size_t);
 typedef int (*ipc_fn)(void *, unsigned long long);
 
+/* The work of "slow": a host function that sleeps, then says it ran. */
+static volatile int slow_done;
+static void slow_fn(void *arg) {
+  struct timespec ts = {0, (long)(uintptr_t)arg * 1000000L};
+  nanosleep(&ts, NULL);
+  __atomic_store_n(&slow_done, 1, __ATOMIC_RELEASE);
+}
+
 static unsigned char byte_at(size_t i, unsigned long seed) {
   uint64_t x = (i + 1) * UINT64_C(0x9E3779B97F4A7C15) ^ seed;
   return (unsigned char)(x >> 29);
@@ -137,6 +150,9 @@ static void fill_check(unsigned long long d, size_t size, unsigned long seed,
   if (!check) {
     for (size_t i = 0; i < size; i++) buf[i] = byte_at(i, seed);
     rc = CALL(htod_fn, "cuMemcpyHtoD", d, buf, size);
+    /* Landed before another process may look (from pageable memory the
+     * copy returns before it does). */
+    if (rc == 0) rc = CALL(int (*)(void *), "cuStreamSynchronize", NULL);
     printf("%d\n", rc);
   } else {
     rc = CALL(dtoh_fn, "cuMemcpyDtoH", buf, d, size);
@@ -290,6 +306,17 @@ int main(void) {
       sscanf(line, "%*s %llu", &a);
       printf("%d\n", CALL(afree_async_fn, "cuMemFreeAsync", slot[a % SLOTS],
                           NULL));
+    } else if (!strcmp(cmd, "slow")) {
+      sscanf(line, "%*s %llu", &a);
+      void *st = NULL;
+      __atomic_store_n(&slow_done, 0, __ATOMIC_RELEASE);
+      int rc = CALL(int (*)(void **, unsigned), "cuStreamCreate", &st, 1u);
+      if (!rc)
+        rc = CALL(int (*)(void *, void (*)(void *), void *), "cuLaunchHostFunc",
+                  st, slow_fn, (void *)(uintptr_t)(a < 999 ? a : 999));
+      printf("%d\n", rc);
+    } else if (!strcmp(cmd, "slowdone")) {
+      printf("%d\n", __atomic_load_n(&slow_done, __ATOMIC_ACQUIRE));
     } else if (!strcmp(cmd, "info")) {
       size_t fr = 1, tot = 1;
       int rc = CALL(info_fn, "cuMemGetInfo", &fr, &tot);

@@ -185,7 +185,10 @@ static int exporter_main(int sock) {
             &fd, h[s], GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
       return 5;
     for (size_t i = 0; i < size; i++) b[i] = pattern(s, i);
-    if (d.cuMemcpyHtoD(va[s], b, size)) return 6;
+    /* Landed before the descriptor leaves (from pageable memory the
+     * copy returns before it does). */
+    if (d.cuMemcpyHtoD(va[s], b, size) || d.cuStreamSynchronize(NULL))
+      return 6;
     char c = 's';
     struct iovec iov = {&c, 1};
     union {
@@ -1076,6 +1079,25 @@ static void *driver_fn(struct gmb_cudrv *d, const char *name) {
   return fn;
 }
 
+/* A context of the program's own through the test's handle on the driver
+ * (loaded here), current on the calling thread from now on; and its end,
+ * after which the thread has none. */
+static gmb_cu_ctx app_ctx_new(void) {
+  test_drv_load();
+  ctx_create_fn create =
+      (ctx_create_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxCreate");
+  gmb_cu_ctx app = NULL;
+  ck_assert_int_eq(create(&app, 0, 0), 0);
+  return app;
+}
+
+static void app_ctx_end(gmb_cu_ctx app) {
+  ctx_destroy_fn destroy =
+      (ctx_destroy_fn)(uintptr_t)driver_fn(&test_drv, "cuCtxDestroy");
+  ck_assert_int_eq(destroy(app), 0);
+  ck_assert_int_eq(test_drv.cuCtxSetCurrent(NULL), 0);
+}
+
 START_TEST(no_context_made_current_behind_the_program) {
   exporter_start();
   fk_start();
@@ -1448,6 +1470,36 @@ START_TEST(free_waits_for_work_in_program_context) {
 }
 END_TEST
 
+/* gmb_write's bytes are in device memory when it returns, for every
+ * reader: a copy from pageable memory returns once the driver staged the
+ * bytes, and only the legacy stream of the context that copied is
+ * ordered after them; here another context reads at once, while the
+ * stand-in holds the copy back. */
+START_TEST(write_landed_when_it_returns) {
+  exporter_start();
+  fk_start();
+  gmb_client *c = connect_ok();
+  gmb_id id;
+  uint8_t pat[4096], got[4096];
+  void *p;
+  for (size_t i = 0; i < sizeof pat; i++) pat[i] = (uint8_t)(i * 13 + 0x5a);
+  ck_assert_int_eq(gmb_alloc(c, sizeof pat, 0, &id), 0);
+  setenv("FAKECUDA_HTOD_DELAY_MS", "300", 1);
+  ck_assert_int_eq(gmb_write(c, id, 0, pat, sizeof pat), 0);
+  unsetenv("FAKECUDA_HTOD_DELAY_MS");
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  gmb_cu_ctx app = app_ctx_new();
+  dev_read(got, p, sizeof got);
+  app_ctx_end(app);
+  ck_assert_int_eq(memcmp(got, pat, sizeof pat), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  gmb__cudrv_unload(&test_drv);
+  exporter_finish();
+}
+END_TEST
+
 /* A copy of 64 bytes from p in device d's primary context, then device
  * 0's made current again: the driver's answer. */
 static gmb_cu_result copy_on_device(int d, void *p) {
@@ -1548,6 +1600,35 @@ START_TEST(free_async_ordered_by_event) {
   gmb__cudrv_unload(&test_drv);
   ck_assert_int_eq(ld(&F.n_free), 0);
   gmb_disconnect(c);
+  exporter_finish();
+}
+END_TEST
+
+/* A block freed on a stream of the program's own context: gmb's events
+ * are its primary context's, which the driver will not record on that
+ * stream, so the block is not handed to another stream while the work
+ * queued there may still use it. */
+START_TEST(free_async_on_stream_of_program_context) {
+  exporter_start();
+  fk_start();
+  gmb_cu_ctx app = app_ctx_new();
+  gmb_client *c = connect_ok();
+  gmb_cu_stream s;
+  ck_assert_int_eq(test_drv.cuStreamCreate(&s, GMB_CU_STREAM_NON_BLOCKING), 0);
+  void *p, *q;
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, s, &p), 0);
+  atomic_store(&gate, 0);
+  ck_assert_int_eq(test_drv.cuLaunchHostFunc(s, gate_fn, NULL), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, s), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 65536, NULL, &q), 0);
+  ck_assert_ptr_ne(q, p);
+  atomic_store(&gate, 1);
+  ck_assert_int_eq(test_drv.cuStreamSynchronize(s), 0);
+  ck_assert_int_eq(gmb_free_async(c, q, NULL), 0);
+  ck_assert_int_eq(test_drv.cuStreamDestroy(s), 0);
+  gmb_disconnect(c);
+  app_ctx_end(app);
+  gmb__cudrv_unload(&test_drv);
   exporter_finish();
 }
 END_TEST
@@ -1840,7 +1921,11 @@ static int client_child_main(const char *endpoint, uint64_t off) {
     if (b[i] != pattern(0, off + i)) goto fail;
   memset(b, 0xcd, sizeof b);
   step++;
-  if (d.cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, b, sizeof b) != 0) goto fail;
+  /* Landed before the process goes (from pageable memory the copy
+   * returns before it does). */
+  if (d.cuMemcpyHtoD((gmb_cu_ptr)(uintptr_t)p, b, sizeof b) != 0 ||
+      d.cuStreamSynchronize(NULL) != 0)
+    goto fail;
   gmb__cudrv_unload(&d);
   gmb_unlock(c, id);
   gmb_disconnect(c);
@@ -1994,6 +2079,8 @@ static Suite *client_cuda_suite(void) {
   tcase_add_test(tc, unlock_on_stream_refused_during_capture);
   tcase_add_test(tc, move_claim_waits_for_queued_work);
   tcase_add_test(tc, unlock_on_stream_outlives_disconnect);
+  tcase_add_test(tc, write_landed_when_it_returns);
+  tcase_add_test(tc, free_async_on_stream_of_program_context);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("processes");

@@ -125,6 +125,9 @@ static void put(gmb_cu_ptr va, uint64_t off, uint64_t n, unsigned seed) {
   ck_assert_ptr_nonnull(b);
   for (uint64_t i = 0; i < n; i++) b[i] = pattern(i, seed);
   ck_assert_int_eq(T.cuMemcpyHtoD(va + off, b, n), 0);
+  /* From pageable memory the copy returns before the bytes land: landed
+   * before the broker's copies or another process read them. */
+  ck_assert_int_eq(T.cuStreamSynchronize(NULL), 0);
   free(b);
 }
 
@@ -524,13 +527,24 @@ START_TEST(seg_new_cleared_before_a_tenant_gets_it) {
   ck_assert_int_eq(memcmp(got, junk, N), 0);
   ck_assert_int_eq(T.cuMemFree(raw), 0);
   struct gmb_dseg a;
+  /* The clearing is a device memset, which returns before it ran (held
+   * back here): the segment is cleared for a reader in a context of its
+   * own, which the broker's legacy stream does not order, once seg_new
+   * returns. */
+  setenv("FAKECUDA_HTOD_DELAY_MS", "300", 1);
   ck_assert_int_eq(gmb__device_seg_new(d, 1, 4 * MIB, &a), 0);
+  unsetenv("FAKECUDA_HTOD_DELAY_MS");
+  gmb_cu_ctx prev = NULL, own = NULL;
+  ck_assert_int_eq(T.cuCtxGetCurrent(&prev), 0);
   gmb_cu_ptr va = client_map(&a);
+  ck_assert_int_eq(T.cuCtxCreate(&own, 0, 0), 0); /* current now */
   for (uint64_t off = 0; off < 4 * MIB; off += MIB - N) {
     ck_assert_int_eq(T.cuMemcpyDtoH(got, va + off, N), 0);
     ck_assert_msg(memcmp(got, zero, N) == 0, "not cleared at %llu",
                   (unsigned long long)off);
   }
+  ck_assert_int_eq(T.cuCtxDestroy(own), 0);
+  ck_assert_int_eq(T.cuCtxSetCurrent(prev), 0);
   client_unmap(va, &a);
   gmb__device_seg_free(d, &a);
   gmb__device_close(d);

@@ -267,7 +267,9 @@ static int child_import(const char *fd_s, const char *size_s) {
   if (D.cuMemcpyDtoH(b, va, size)) return 24;
   if (differs(b, size, 1) >= 0) return 25;
   fill(b, size, 2);
-  if (D.cuMemcpyHtoD(va, b, size)) return 26;
+  /* Landed before the unmap and the exit (from pageable memory the copy
+   * returns before it does). */
+  if (D.cuMemcpyHtoD(va, b, size) || D.cuStreamSynchronize(NULL)) return 26;
   free(b);
   if (D.cuMemUnmap(va, size) || D.cuMemAddressFree(va, size)) return 27;
   return 0;
@@ -596,6 +598,68 @@ static void *open_gate_later(void *arg) {
  * wait for another context's work, as in the real driver; that
  * context's own cuCtxSynchronize does.  (A stand-in that waited for every
  * stream would wait here until a helper opens the gate, and fail.) */
+/* A copy from pageable memory returns before the bytes land, as the
+ * driver's does: this context's legacy stream is ordered after it, and a
+ * read from another context is not; from pinned memory it is done when
+ * it returns. */
+START_TEST(htod_from_pageable_lands_later) {
+  up();
+  struct seg a;
+  ck_assert_int_eq(seg_make(&a, 2 * MIB), 0);
+  static uint8_t b[4096], got[4096];
+  gmb_cu_ctx other;
+  for (int pinned = 0; pinned < 2; pinned++) {
+    uint8_t *src = b;
+    if (pinned)
+      ck_assert_int_eq(D.cuMemHostAlloc((void **)&src, sizeof b, 0), 0);
+    fill(src, sizeof b, 3 + (unsigned)pinned);
+    setenv("FAKECUDA_HTOD_DELAY_MS", "300", 1);
+    ck_assert_int_eq(D.cuMemcpyHtoD(a.va, src, sizeof b), 0);
+    unsetenv("FAKECUDA_HTOD_DELAY_MS");
+    ck_assert_int_eq(D.cuCtxCreate(&other, 0, 0), 0); /* current now */
+    ck_assert_int_eq(D.cuMemcpyDtoH(got, a.va, sizeof got), 0);
+    if (pinned)
+      ck_assert_int_eq(differs(got, sizeof got, 4), -1);
+    else
+      ck_assert_int_ge(differs(got, sizeof got, 3), 0); /* not there yet */
+    ck_assert_int_eq(D.cuCtxDestroy(other), 0);
+    ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
+    /* A synchronous copy in the context that copied waits for it. */
+    ck_assert_int_eq(D.cuMemcpyDtoH(got, a.va, sizeof got), 0);
+    ck_assert_int_eq(differs(got, sizeof got, 3 + (unsigned)pinned), -1);
+    if (pinned) ck_assert_int_eq(D.cuMemFreeHost(src), 0);
+  }
+  seg_drop(&a);
+}
+END_TEST
+
+/* An event is recorded only on a stream of its own context (the legacy
+ * stream is the current context's): CUDA_ERROR_INVALID_HANDLE otherwise,
+ * as the driver answers. */
+START_TEST(event_and_stream_of_one_context) {
+  up();
+  gmb_cu_event e;
+  gmb_cu_stream mine, theirs;
+  gmb_cu_ctx other;
+  ck_assert_int_eq(D.cuEventCreate(&e, GMB_CU_EVENT_DISABLE_TIMING), 0);
+  ck_assert_int_eq(D.cuStreamCreate(&mine, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, mine), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, NULL), 0);
+  ck_assert_int_eq(D.cuCtxCreate(&other, 0, 0), 0); /* current now */
+  ck_assert_int_eq(D.cuStreamCreate(&theirs, GMB_CU_STREAM_NON_BLOCKING), 0);
+  ck_assert_int_eq(D.cuEventRecord(e, theirs), GMB_CU_ERROR_INVALID_HANDLE);
+  ck_assert_int_eq(D.cuEventRecord(e, NULL), GMB_CU_ERROR_INVALID_HANDLE);
+  ck_assert_int_eq(D.cuEventRecord(e, mine), 0); /* its stream, any thread */
+  ck_assert_int_eq(D.cuStreamDestroy(theirs), 0);
+  ck_assert_int_eq(D.cuCtxDestroy(other), 0);
+  ck_assert_int_eq(D.cuCtxSetCurrent(CTX), 0);
+  ck_assert_int_eq(D.cuStreamSynchronize(mine), 0);
+  ck_assert_int_eq(D.cuEventQuery(e), 0);
+  ck_assert_int_eq(D.cuStreamDestroy(mine), 0);
+  ck_assert_int_eq(D.cuEventDestroy(e), 0);
+}
+END_TEST
+
 START_TEST(ctx_synchronize_waits_for_its_context_only) {
   up();
   typedef gmb_cu_result (*create_fn)(gmb_cu_ctx *, unsigned, gmb_cu_device);
@@ -752,6 +816,7 @@ START_TEST(import_in_other_process_sees_bytes) {
   static uint8_t b[4 * MIB];
   fill(b, sizeof b, 1);
   ck_assert_int_eq(D.cuMemcpyHtoD(a.va, b, sizeof b), 0);
+  ck_assert_int_eq(D.cuStreamSynchronize(NULL), 0); /* landed first */
   int fd = -1;
   ck_assert_int_eq(D.cuMemExportToShareableHandle(
                        &fd, a.h, GMB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -1020,6 +1085,8 @@ static Suite *fakecuda_suite(void) {
   tcase_add_test(tc, streams_are_ordered_and_independent);
   tcase_add_test(tc, events_follow_their_stream);
   tcase_add_test(tc, ctx_synchronize_waits_for_its_context_only);
+  tcase_add_test(tc, htod_from_pageable_lands_later);
+  tcase_add_test(tc, event_and_stream_of_one_context);
   suite_add_tcase(s, tc);
   tc = tcase_create("processes");
   tcase_add_test(tc, meminfo_is_device_wide_across_processes);
