@@ -384,6 +384,7 @@ struct observe_tenant {
       allocations,
       refusals_quota, cached, trim_asks, trim_ignored;
   uint64_t host_bytes, paused_bytes, host_quota, pauses, resumes, sleep_asks;
+  uint64_t holes_free; /* of its caches' holes, those not charged */
   double paused_seconds;
   unsigned sessions;
   double frag;
@@ -433,6 +434,7 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
       .pauses = t->pauses,
       .resumes = t->resumes,
       .sleep_asks = t->sleep_asks,
+      .holes_free = gmb__tenant_holes_uncharged(t),
       .paused_seconds = gmb__sleep_tenant_seconds(t, gmb__now_ns())};
   struct observe_tenant *o = &r->t[r->n - 1];
   gmb__tenant_trim_totals(t, &o->trim_asks, &o->trim_ignored);
@@ -441,7 +443,7 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
 
 enum { OT_USED, OT_VMM, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
        OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG, OT_HOST, OT_PAUSED,
-       OT_HOST_QUOTA };
+       OT_HOST_QUOTA, OT_HOLES };
 
 static const struct {
   const char *name, *help;
@@ -485,10 +487,14 @@ static const struct {
     [OT_HOST_QUOTA] = {"gmb_tenant_host_quota_bytes",
                        "Host bytes the tenant's paused tags may hold; 0 "
                        "means no limit."},
+    [OT_HOLES] = {"gmb_tenant_cache_holes_bytes",
+                  "Of the tenant's used bytes, the free bytes between "
+                  "blocks in its caches' pages that its quota does not "
+                  "charge (at most cache_holes of the quota)."},
 };
 
 static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
-  for (int k = OT_USED; k <= OT_HOST_QUOTA; k++) {
+  for (int k = OT_USED; k <= OT_HOLES; k++) {
     observe_head(f, observe_tenant_family[k].name, "gauge",
                  observe_tenant_family[k].help);
     for (size_t i = 0; i < r->n; i++) {
@@ -510,6 +516,7 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
         case OT_HOST: fprintf(f, "%" PRIu64 "\n", t->host_bytes); break;
         case OT_PAUSED: fprintf(f, "%" PRIu64 "\n", t->paused_bytes); break;
         case OT_HOST_QUOTA: fprintf(f, "%" PRIu64 "\n", t->host_quota); break;
+        case OT_HOLES: fprintf(f, "%" PRIu64 "\n", t->holes_free); break;
         default: fprintf(f, "%.9g\n", t->frag); break;
       }
     }

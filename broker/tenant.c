@@ -508,7 +508,7 @@ static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
 }
 
 /* The holes of t's caches not charged to its quota (tenant.h). */
-static uint64_t tenant_holes_forgiven(const struct gmb_tenant *t) {
+uint64_t gmb__tenant_holes_uncharged(const struct gmb_tenant *t) {
   if (t->quota == 0 || t->holes_frac <= 0.0) return 0;
   uint64_t cap = (uint64_t)((double)t->quota * t->holes_frac);
   return t->cache_holes < cap ? t->cache_holes : cap;
@@ -516,7 +516,7 @@ static uint64_t tenant_holes_forgiven(const struct gmb_tenant *t) {
 
 uint64_t gmb__tenant_charged(const struct gmb_tenant *t) {
   uint64_t held = tenant_sum(tenant_sum(t->used, t->retiring), t->vmm);
-  uint64_t f = tenant_holes_forgiven(t);
+  uint64_t f = gmb__tenant_holes_uncharged(t);
   return held > f ? held - f : 0;
 }
 
@@ -578,7 +578,7 @@ void gmb__tenant_quota_why(const struct gmb_tenant *t, uint64_t size,
       snprintf(ret + at, sizeof ret - at, ", %s made by its processes "
                "through cuMemCreate", gmb__size_format(t->vmm, x, sizeof x));
     }
-    uint64_t forgiven = tenant_holes_forgiven(t);
+    uint64_t forgiven = gmb__tenant_holes_uncharged(t);
     if (forgiven) {
       char x[GMB_SIZE_BUFSZ];
       size_t at = strlen(ret);

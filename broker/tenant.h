@@ -268,6 +268,10 @@ int gmb__tenants_check_reservations(struct gmb_tenants *ts, uint64_t capacity,
  * less its caches' holes up to holes_frac of the quota (above). */
 uint64_t gmb__tenant_charged(const struct gmb_tenant *t);
 
+/* Of t's caches' holes, the bytes not charged (at most holes_frac of the
+ * quota; 0 without a quota). */
+uint64_t gmb__tenant_holes_uncharged(const struct gmb_tenant *t);
+
 /* Session report: the session's holes figure *mine becomes `reported`
  * (at most `held`, what the session holds), and t's sum with it. */
 void gmb__tenant_holes_heard(struct gmb_tenant *t, uint64_t *mine,

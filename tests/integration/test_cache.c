@@ -182,6 +182,9 @@ END_TEST
  * 1 MiB blocks fill a 16 MiB quota in 8 pages; every other one freed
  * leaves 8 MiB of holes and no idle page; a 2 MiB request needs a ninth
  * page. */
+static unsigned long long metric_of(const struct harness_broker *b,
+                                    const char *name, const char *tenant);
+
 static void holes_fill(gmb_client *c, void **blk) {
   for (int i = 0; i < 16; i++)
     ck_assert_int_eq(gmb_malloc_async(c, MIB, NULL, &blk[i]), 0);
@@ -210,6 +213,8 @@ START_TEST(quota_holes_not_charged) {
   ck_assert_int_eq(gmb_malloc_async(c, 2 * MIB, NULL, &q), GMB_E_QUOTA);
   ck_assert_ptr_nonnull(strstr(gmb_last_error(c), "free between blocks in "
                                                   "its caches' pages"));
+  ck_assert_uint_eq(metric_of(&b, "gmb_tenant_cache_holes_bytes", "h"),
+                    2 * MIB);
   ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
   holes_empty(c, blk);
   gmb_disconnect(c);
