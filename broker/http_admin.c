@@ -22,7 +22,8 @@
  * itself; a body is never read (the response is queued on the first call,
  * before it, and the connection closes after it); a query with a key
  * given twice that may be given once, more than HA_TAGS_MAX tags, an
- * unknown key or a bad value is answered 400 and nothing is done.
+ * unknown key, a bad value or a NUL byte (%00) in a key or value is
+ * answered 400 and nothing is done.
  *
  * Invariants: `uids` and `others` count the connections open now whose
  * start was seen (ha_notify), each with its ha_conn as its socket
@@ -229,12 +230,19 @@ struct ha_args {
   char err[256]; /* "": all well so far */
 };
 
+/* One key of the query (its value NULL when it has no '='), both
+ * percent-decoded: a %00 in either would cut the C string short, so that
+ * "tenant=llm%00x" or "tenant%00x=llm" would act on tenant llm, and is
+ * refused instead. */
 static enum MHD_Result ha_arg(void *cls, enum MHD_ValueKind kind,
-                              const char *key, const char *value) {
+                              const char *key, size_t key_size,
+                              const char *value, size_t value_size) {
   struct ha_args *a = cls;
   (void)kind;
   const char **one = NULL;
-  if (strcmp(key, "tenant") == 0)
+  if (strlen(key) != key_size || (value && strlen(value) != value_size))
+    snprintf(a->err, sizeof a->err, "a NUL byte (%%00) in the query");
+  else if (strcmp(key, "tenant") == 0)
     one = &a->tenant;
   else if (strcmp(key, "level") == 0)
     one = &a->level;
@@ -417,7 +425,7 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
                    "this broker (see admin_uids)", c ? (long)c->uid : -1L);
   }
   struct ha_args a = {.path = url};
-  MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, ha_arg, &a);
+  MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, ha_arg, &a);
   if (a.err[0]) return ha_fail(conn, GMB_E_INVAL, NULL, "%s", a.err);
   if (a.tenant == NULL)
     return ha_fail(conn, GMB_E_INVAL, NULL, "%s needs tenant=NAME", url);

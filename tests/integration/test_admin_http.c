@@ -228,7 +228,12 @@ START_TEST(bad_requests_refused) {
       {"POST", "/sleep?tenant=llm&level=1&level=2", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&tenant=other", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&foo=1", 400, "unknown query argument"},
-      {"POST", "/sleep?tenant=llm&f%ff%00=1", 400, "unknown query argument 'f?'"},
+      {"POST", "/sleep?tenant=llm&f%ff=1", 400, "unknown query argument 'f?'"},
+      /* A %00 would end the C string: each would act on tenant llm. */
+      {"POST", "/sleep?tenant=llm%00x", 400, "NUL byte"},
+      {"POST", "/sleep?tenant%00x=llm", 400, "NUL byte"},
+      {"POST", "/sleep?tenant=llm&tag=weights%00", 400, "NUL byte"},
+      {"POST", "/wake_up?tenant=llm&tags=%00", 400, "NUL byte"},
       {"POST", "/sleep?tenant=llm&tag=a&tag=a", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&tag=1&tag=2&tag=3&tag=4&tag=5&tag=6&tag=7"
                "&tag=8&tag=9", 400, "more than 8 tags"},
