@@ -5,7 +5,8 @@
  * a sleep pauses the client's tags in vLLM's level's modes (level 1: the
  * weights offloaded, the KV cache dropped; level 2: both dropped), a wake
  * brings every byte of the weights back at its address, /is_sleeping says
- * so; bad requests are answered 400/404/405/414 and change nothing; a uid
+ * so; bad requests are answered 400/404/405/414 and change nothing, and a
+ * connection that trickles its request is closed all the same; a uid
  * that is no operator gets 403 and nothing happens, and its flood of
  * connections is capped while an operator is served; admin_http = no
  * serves nothing.
@@ -16,6 +17,7 @@
 #include <check.h>
 #include <errno.h>
 #include <grp.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,6 +274,45 @@ START_TEST(bad_requests_refused) {
 }
 END_TEST
 
+/*
+ * A peer that sends its request a byte at a time, each well within the
+ * idle timeout (a slowloris), is closed all the same: a connection lives
+ * 5 s from its accept.  Before that bound it held its place for as long
+ * as it trickled; here it trickles for up to 4 times the bound.
+ */
+START_TEST(trickling_request_closed) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", llm_config);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  const char *path = sock_of(&b);
+  ck_assert_uint_lt(strlen(path), sizeof a.sun_path);
+  memcpy(a.sun_path, path, strlen(path) + 1);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  static const char head[] = "GET /is_sleeping?tenant=llm HTTP/1.1\r\n"
+                             "Host: localhost\r\nX-Slow: ";
+  ck_assert_int_eq(write(fd, head, sizeof head - 1), (ssize_t)sizeof head - 1);
+  int closed = 0, sent = 0;
+  for (; sent < 40 && !closed; sent++) { /* 40 half seconds */
+    harness_sleep_ms(500);
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 0) == 1) {
+      char c;
+      closed = read(fd, &c, 1) <= 0; /* its end, or a reset */
+    }
+    if (!closed && send(fd, "x", 1, MSG_NOSIGNAL) != 1)
+      closed = 1; /* EPIPE */
+  }
+  close(fd);
+  ck_assert_msg(closed, "a connection that trickled a byte every 0.5 s "
+                "was still open after %d bytes", sent);
+  printf("trickling_request_closed: closed after %d bytes\n", sent);
+  ck_assert_int_eq(harness_broker_alive(&b), 1);
+  ck_assert_int_eq(http(&b, "GET", "/is_sleeping?tenant=llm"), 200);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* --- a uid that is no operator --------------------------------------------- */
 
 static int become_nobody(void) {
@@ -386,6 +427,8 @@ END_TEST
 int main(void) {
   return harness_main(HARNESS_SUITE("admin_http", "admin_http", 60,
                                     sleep_and_wake_up_over_http,
-                                    bad_requests_refused, non_operator_refused,
+                                    bad_requests_refused,
+                                    trickling_request_closed,
+                                    non_operator_refused,
                                     admin_http_off));
 }
