@@ -26,8 +26,9 @@
  * answers it 414/431 itself; a body is never read (the response is queued
  * on the first call, before it, and the connection closes after it); a
  * query with a key given twice that may be given once, more than
- * HA_TAGS_MAX tags, an unknown key, a bad value or a NUL byte (%00) in a
- * key or value is answered 400 and nothing is done.
+ * HA_TAGS_MAX tags, an unknown key or a bad value is answered 400 and
+ * nothing is done, and so is a target with a NUL byte (%00) anywhere
+ * (ha_unescape), which libmicrohttpd's C strings would cut short.
  *
  * Invariants: every connection open now has its ha_conn as its socket
  * context, in `conns`, counted in `uids` (and `others` when no operator's
@@ -90,6 +91,7 @@ struct ha_conn {
   int other; /* counted in `others` */
   int fd;    /* its socket (libmicrohttpd's, closed by it) */
   int cut;   /* shut down past end_ns: its end is on its way */
+  int nul;   /* a %00 in the request's path or query (ha_unescape) */
   uint64_t end_ns;
   struct ha_conn *next, **prev;
 };
@@ -268,6 +270,22 @@ static enum MHD_Result ha_fail(struct MHD_Connection *conn, int rc,
 
 /* --- the query -------------------------------------------------------------- */
 
+/* libmicrohttpd's decoding of the path and of each key and value of the
+ * query, as its own, but a %00 marks the connection: the handler gets C
+ * strings, which a NUL would cut short ("/sleep%00x" would be /sleep,
+ * "tenant=llm%00x" tenant llm), so such a request is refused instead. */
+static size_t ha_unescape(void *cls, struct MHD_Connection *conn, char *s) {
+  (void)cls;
+  size_t n = MHD_http_unescape(s);
+  if (memchr(s, '\0', n)) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct ha_conn *c = ci ? ci->socket_context : NULL;
+    if (c) c->nul = 1;
+  }
+  return n;
+}
+
 struct ha_args {
   const char *path; /* for messages */
   const char *tenant, *level;
@@ -277,18 +295,13 @@ struct ha_args {
 };
 
 /* One key of the query (its value NULL when it has no '='), both
- * percent-decoded: a %00 in either would cut the C string short, so that
- * "tenant=llm%00x" or "tenant%00x=llm" would act on tenant llm, and is
- * refused instead. */
+ * percent-decoded (no NUL in either: ha_unescape). */
 static enum MHD_Result ha_arg(void *cls, enum MHD_ValueKind kind,
-                              const char *key, size_t key_size,
-                              const char *value, size_t value_size) {
+                              const char *key, const char *value) {
   struct ha_args *a = cls;
   (void)kind;
   const char **one = NULL;
-  if (strlen(key) != key_size || (value && strlen(value) != value_size))
-    snprintf(a->err, sizeof a->err, "a NUL byte (%%00) in the query");
-  else if (strcmp(key, "tenant") == 0)
+  if (strcmp(key, "tenant") == 0)
     one = &a->tenant;
   else if (strcmp(key, "level") == 0)
     one = &a->level;
@@ -446,6 +459,14 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
     return MHD_YES;
   }
   *con_cls = &answered;
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct ha_conn *c = ci ? ci->socket_context : NULL;
+  int nul = c && c->nul;
+  if (c) c->nul = 0; /* for a next request, were there one */
+  if (nul)
+    return ha_fail(conn, GMB_E_INVAL, NULL, "a NUL byte (%%00) in the path or "
+                   "the query");
   int get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
             strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
   int post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
@@ -459,9 +480,6 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
   if (what == 3 ? !get : !post)
     return ha_fail(conn, GMB_E_PROTO, what == 3 ? "GET, HEAD" : "POST",
                    "%s takes %s", url, what == 3 ? "GET" : "POST");
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-  const struct ha_conn *c = ci ? ci->socket_context : NULL;
   if (c == NULL || !gmb__admin_allowed(h->b, c->uid)) {
     if (gmb__log_allow(&ha_rl_denied))
       log_warn("%s %s on %s from uid %ld refused: not an operator%s", method,
@@ -471,7 +489,7 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
                    "this broker (see admin_uids)", c ? (long)c->uid : -1L);
   }
   struct ha_args a = {.path = url};
-  MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, ha_arg, &a);
+  MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, ha_arg, &a);
   if (a.err[0]) return ha_fail(conn, GMB_E_INVAL, NULL, "%s", a.err);
   if (a.tenant == NULL)
     return ha_fail(conn, GMB_E_INVAL, NULL, "%s needs tenant=NAME", url);
@@ -503,7 +521,8 @@ int gmb__http_admin_start(struct gmb_broker *b, int listen_fd,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HA_CONNECTIONS,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HA_TIMEOUT_S,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HA_MEMORY,
-      MHD_OPTION_NOTIFY_CONNECTION, ha_notify, h, MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_CONNECTION, ha_notify, h,
+      MHD_OPTION_UNESCAPE_CALLBACK, ha_unescape, NULL, MHD_OPTION_END);
   const union MHD_DaemonInfo *di =
       h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
   if (di == NULL) {

@@ -232,6 +232,7 @@ START_TEST(bad_requests_refused) {
       {"POST", "/sleep?tenant=llm&foo=1", 400, "unknown query argument"},
       {"POST", "/sleep?tenant=llm&f%ff=1", 400, "unknown query argument 'f?'"},
       /* A %00 would end the C string: each would act on tenant llm. */
+      {"POST", "/sleep%00x?tenant=llm", 400, "NUL byte"},
       {"POST", "/sleep?tenant=llm%00x", 400, "NUL byte"},
       {"POST", "/sleep?tenant%00x=llm", 400, "NUL byte"},
       {"POST", "/sleep?tenant=llm&tag=weights%00", 400, "NUL byte"},
