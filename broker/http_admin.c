@@ -16,17 +16,25 @@
  * libmicrohttpd), each counted against its uid from the moment it starts
  * until it closes: an operator's uid HA_PER_OPERATOR, any other uid
  * HA_PER_OTHER and all other uids together HA_OTHERS, HA_CONNECTIONS in
- * all; one past a cap is closed at once and counted for the log.  An
- * idle connection is closed after HA_TIMEOUT_S; a request's line and
- * headers fit in HA_MEMORY bytes or libmicrohttpd answers it 414/431
- * itself; a body is never read (the response is queued on the first call,
- * before it, and the connection closes after it); a query with a key
- * given twice that may be given once, more than HA_TAGS_MAX tags, an
- * unknown key or a bad value is answered 400 and nothing is done.
+ * all; one past a cap is closed at once and counted for the log.  A
+ * connection serves one request and is closed HA_TIMEOUT_S after it was
+ * accepted, idle or not: libmicrohttpd's own timeout counts from the last
+ * byte that moved, so a peer that sends a byte every few seconds would
+ * hold its place for ever, and ha_deadline shuts its socket down instead
+ * (libmicrohttpd then reads the end and closes it as any other).  A
+ * request's line and headers fit in HA_MEMORY bytes or libmicrohttpd
+ * answers it 414/431 itself; a body is never read (the response is queued
+ * on the first call, before it, and the connection closes after it); a
+ * query with a key given twice that may be given once, more than
+ * HA_TAGS_MAX tags, an unknown key or a bad value is answered 400 and
+ * nothing is done, and so is a target with a NUL byte (%00) anywhere
+ * (ha_unescape), which libmicrohttpd's C strings would cut short.
  *
- * Invariants: `uids` and `others` count the connections open now whose
- * start was seen (ha_notify), each with its ha_conn as its socket
- * context; everything runs on the loop's thread.
+ * Invariants: every connection open now has its ha_conn as its socket
+ * context, in `conns`, counted in `uids` (and `others` when no operator's
+ * uid connected it), from its start (ha_notify) to its end, or it was shut
+ * down as it started (no peer, no memory, no row for its uid); everything
+ * runs on the loop's thread.
  */
 #include "http_admin.h"
 
@@ -55,7 +63,8 @@
 #define HA_PER_OPERATOR 16 /* connections of one operator uid */
 #define HA_PER_OTHER 2     /* of one other uid (each request gets 403) */
 #define HA_OTHERS 16       /* of all other uids together */
-#define HA_TIMEOUT_S 5     /* an idle connection is closed after it */
+#define HA_TIMEOUT_S 5     /* a connection is closed this long after its
+                              accept, idle or not */
 #define HA_MEMORY 8192     /* a connection's buffer: request line, headers */
 #define HA_ACCEPT_BATCH 16 /* connections accepted per turn of the loop */
 #define HA_TAGS_MAX 8      /* tags one request names (a library queues 8) */
@@ -70,14 +79,21 @@ struct gmb_http_admin {
   struct gmb_http_uids uids;
   unsigned others;  /* connections of uids that were no operator's */
   uint64_t refused; /* since the last gmb__http_admin_refused */
+  struct ha_conn *conns; /* every connection open now */
 };
 
-/* A connection's peer, as its socket said when it connected. */
+/* A connection's peer, as its socket said when it connected, and when it
+ * must be gone. */
 struct ha_conn {
   uid_t uid;
   gid_t gid;
   pid_t pid;
   int other; /* counted in `others` */
+  int fd;    /* its socket (libmicrohttpd's, closed by it) */
+  int cut;   /* shut down past end_ns: its end is on its way */
+  int nul;   /* a %00 in the request's path or query (ha_unescape) */
+  uint64_t end_ns;
+  struct ha_conn *next, **prev;
 };
 
 static struct gmb_log_rl ha_rl_denied, ha_rl_emfile;
@@ -91,7 +107,9 @@ static int ha_room(struct gmb_http_admin *h, uid_t uid) {
   return have < HA_PER_OTHER && h->others < HA_OTHERS;
 }
 
-/* Counts a connection in (its peer read from its socket) and out. */
+/* Counts a connection in (its peer read from its socket) and out.  One
+ * that cannot be counted is shut down at once: libmicrohttpd reads its
+ * end and closes it, so nothing open escapes the caps or the deadline. */
 static void ha_notify(void *cls, struct MHD_Connection *conn, void **ctx,
                       enum MHD_ConnectionNotificationCode code) {
   struct gmb_http_admin *h = cls;
@@ -101,29 +119,60 @@ static void ha_notify(void *cls, struct MHD_Connection *conn, void **ctx,
     struct ucred cred;
     socklen_t cl = sizeof cred;
     struct ha_conn *c;
-    unsigned *n;
+    unsigned *n = NULL;
     *ctx = NULL;
-    if (ci == NULL ||
-        getsockopt(ci->connect_fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
-        (c = malloc(sizeof *c)) == NULL)
-      return; /* no peer: every request of it gets 403 */
-    if ((n = gmb__http_uid_count(&h->uids, cred.uid, 1)) == NULL) {
-      free(c);
+    if (ci == NULL) return; /* never: libmicrohttpd knows its socket */
+    /* A row made here and left at 0 is a free row again. */
+    if (getsockopt(ci->connect_fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        (n = gmb__http_uid_count(&h->uids, cred.uid, 1)) == NULL ||
+        (c = malloc(sizeof *c)) == NULL) {
+      shutdown(ci->connect_fd, SHUT_RDWR);
       return;
     }
     (*n)++;
-    *c = (struct ha_conn){cred.uid, cred.gid, cred.pid,
-                          !gmb__admin_allowed(h->b, cred.uid)};
+    *c = (struct ha_conn){.uid = cred.uid, .gid = cred.gid, .pid = cred.pid,
+                          .other = !gmb__admin_allowed(h->b, cred.uid),
+                          .fd = ci->connect_fd,
+                          .end_ns = gmb__now_ns() +
+                                    (uint64_t)HA_TIMEOUT_S * GMB_NS_PER_S};
     h->others += (unsigned)c->other;
+    c->next = h->conns;
+    if (c->next) c->next->prev = &c->next;
+    c->prev = &h->conns;
+    h->conns = c;
     *ctx = c;
   } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
     struct ha_conn *c = *ctx;
     unsigned *n = gmb__http_uid_count(&h->uids, c->uid, 0);
-    if (n) (*n)--;
+    GMB_ASSERT(n && *n && "a connection counted in its uid's row");
+    (*n)--;
     h->others -= (unsigned)c->other;
+    *c->prev = c->next;
+    if (c->next) c->next->prev = c->prev;
     free(c);
     *ctx = NULL;
   }
+}
+
+/* Nanoseconds until the next deadline of a connection not yet shut down
+ * (0: one has passed; UINT64_MAX: none); with `cut`, shuts down each
+ * connection past its deadline first. */
+static uint64_t ha_deadline(struct gmb_http_admin *h, uint64_t now, int cut) {
+  uint64_t next = UINT64_MAX;
+  for (struct ha_conn *c = h->conns; c; c = c->next) {
+    if (c->cut) continue;
+    if (now < c->end_ns || !cut) {
+      uint64_t left = now < c->end_ns ? c->end_ns - now : 0;
+      if (left < next) next = left;
+      continue;
+    }
+    log_debug("%s: a connection of uid %u closed %d s after it was "
+              "accepted", GMB_ADMIN_HTTP_SOCKET, (unsigned)c->uid,
+              HA_TIMEOUT_S);
+    shutdown(c->fd, SHUT_RDWR);
+    c->cut = 1;
+  }
+  return next;
 }
 
 void gmb__http_admin_accept(struct gmb_http_admin *h) {
@@ -221,6 +270,22 @@ static enum MHD_Result ha_fail(struct MHD_Connection *conn, int rc,
 
 /* --- the query -------------------------------------------------------------- */
 
+/* libmicrohttpd's decoding of the path and of each key and value of the
+ * query, as its own, but a %00 marks the connection: the handler gets C
+ * strings, which a NUL would cut short ("/sleep%00x" would be /sleep,
+ * "tenant=llm%00x" tenant llm), so such a request is refused instead. */
+static size_t ha_unescape(void *cls, struct MHD_Connection *conn, char *s) {
+  (void)cls;
+  size_t n = MHD_http_unescape(s);
+  if (memchr(s, '\0', n)) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct ha_conn *c = ci ? ci->socket_context : NULL;
+    if (c) c->nul = 1;
+  }
+  return n;
+}
+
 struct ha_args {
   const char *path; /* for messages */
   const char *tenant, *level;
@@ -229,6 +294,8 @@ struct ha_args {
   char err[256]; /* "": all well so far */
 };
 
+/* One key of the query (its value NULL when it has no '='), both
+ * percent-decoded (no NUL in either: ha_unescape). */
 static enum MHD_Result ha_arg(void *cls, enum MHD_ValueKind kind,
                               const char *key, const char *value) {
   struct ha_args *a = cls;
@@ -392,6 +459,14 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
     return MHD_YES;
   }
   *con_cls = &answered;
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct ha_conn *c = ci ? ci->socket_context : NULL;
+  int nul = c && c->nul;
+  if (c) c->nul = 0; /* for a next request, were there one */
+  if (nul)
+    return ha_fail(conn, GMB_E_INVAL, NULL, "a NUL byte (%%00) in the path or "
+                   "the query");
   int get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
             strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
   int post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
@@ -405,9 +480,6 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
   if (what == 3 ? !get : !post)
     return ha_fail(conn, GMB_E_PROTO, what == 3 ? "GET, HEAD" : "POST",
                    "%s takes %s", url, what == 3 ? "GET" : "POST");
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-  const struct ha_conn *c = ci ? ci->socket_context : NULL;
   if (c == NULL || !gmb__admin_allowed(h->b, c->uid)) {
     if (gmb__log_allow(&ha_rl_denied))
       log_warn("%s %s on %s from uid %ld refused: not an operator%s", method,
@@ -449,7 +521,8 @@ int gmb__http_admin_start(struct gmb_broker *b, int listen_fd,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HA_CONNECTIONS,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HA_TIMEOUT_S,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HA_MEMORY,
-      MHD_OPTION_NOTIFY_CONNECTION, ha_notify, h, MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_CONNECTION, ha_notify, h,
+      MHD_OPTION_UNESCAPE_CALLBACK, ha_unescape, NULL, MHD_OPTION_END);
   const union MHD_DaemonInfo *di =
       h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
   if (di == NULL) {
@@ -473,11 +546,18 @@ int gmb__http_admin_epoll_fd(const struct gmb_http_admin *h) {
   return MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
 }
 
-void gmb__http_admin_run(struct gmb_http_admin *h) { MHD_run(h->d); }
+void gmb__http_admin_run(struct gmb_http_admin *h) {
+  ha_deadline(h, gmb__now_ns(), 1);
+  MHD_run(h->d);
+}
 
 long gmb__http_admin_timeout_ms(struct gmb_http_admin *h) {
   MHD_UNSIGNED_LONG_LONG ms;
-  if (MHD_get_timeout(h->d, &ms) != MHD_YES) return -1;
+  uint64_t cut = ha_deadline(h, gmb__now_ns(), 0);
+  if (MHD_get_timeout(h->d, &ms) != MHD_YES) ms = UINT64_MAX;
+  if (cut != UINT64_MAX && (cut + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS < ms)
+    ms = (cut + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS;
+  if (ms == UINT64_MAX) return -1;
   return ms > 1000 ? 1000 : (long)ms;
 }
 

@@ -47,12 +47,14 @@ int gmb__http_admin_epoll_fd(const struct gmb_http_admin *h);
  * connection within its uid's cap, or closes it. */
 void gmb__http_admin_accept(struct gmb_http_admin *h);
 
-/* Lets the server read, answer and time out its connections. */
+/* Lets the server read, answer and time out its connections; first shuts
+ * down each connection accepted 5 s ago or more, idle or not (the server
+ * then reads its end and closes it). */
 void gmb__http_admin_run(struct gmb_http_admin *h);
 
 /* Milliseconds until the server wants gmb__http_admin_run again although
- * nothing is readable (an idle connection's timeout, work left over);
- * -1: none. */
+ * nothing is readable (an idle connection's timeout, a connection's 5 s
+ * since its accept, work left over), at most 1000; -1: none. */
 long gmb__http_admin_timeout_ms(struct gmb_http_admin *h);
 
 /* Connections refused at their cap since the last call (for the log). */

@@ -14,7 +14,7 @@
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FZ := build/fuzz
-FUZZ_TARGETS ?= dispatch config statefile replay fdchan
+FUZZ_TARGETS ?= dispatch config statefile replay fdchan http_admin
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
   -fno-omit-frame-pointer
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING -O1 -g -Wall -Wextra \
@@ -76,7 +76,7 @@ fuzz: fuzz-build
 # broker's targets linked with tests/fuzz/standalone.c's main instead of
 # libFuzzer, built with $(CC) (and under SAN=1 with the sanitizers), each
 # given its corpus once.  No clang needed; `make fuzz` still mutates.
-FUZZ_SEED_TARGETS := statefile fdchan config dispatch
+FUZZ_SEED_TARGETS := statefile fdchan config dispatch http_admin
 FUZZ_SEED_BIN := $(patsubst %,$(B)/tests/fuzzseed_%,$(FUZZ_SEED_TARGETS))
 FUZZ_SEED_CHECKS := tests/fuzz/seeds.sh
 $(B)/obj/tests/fuzz/%.o: INC = $(BROKER_INC)

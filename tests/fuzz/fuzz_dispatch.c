@@ -37,6 +37,7 @@
 #include "defrag.h"
 #include "dispatch.h"
 #include "fuzz.h"
+#include "fuzz_broker.h"
 #include "gmb.h"
 #include "log.h"
 #include "reclaim.h"
@@ -87,14 +88,7 @@ static void fz_tap(void *ctx, enum gmb_socket sock, const uint8_t *rid,
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  gmb__log_set_level(GMB_LOG_ERROR);
-  char dir[64] = "/tmp/gmb-fuzz-XXXXXX";
-  FZ_ASSERT(mkdtemp(dir) != NULL);
-  snprintf(fz_ini, sizeof fz_ini, "%s/gmb.ini", dir);
-  FILE *f = fopen(fz_ini, "w");
-  FZ_ASSERT(f != NULL);
-  fputs(fz_config, f);
-  FZ_ASSERT(fclose(f) == 0);
+  fz_broker_ini(fz_config, fz_ini, sizeof fz_ini);
   return 0;
 }
 
@@ -107,17 +101,8 @@ static void fz_settle(struct gmb_broker *b) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
-  struct gmb_broker *b = calloc(1, sizeof *b);
-  FZ_ASSERT(b != NULL);
+  struct gmb_broker *b = fz_broker_open(fz_ini, fz_tap);
   char err[1024];
-  gmb__config_defaults(&b->cfg);
-  FZ_ASSERT(gmb__config_load(fz_ini, &b->cfg, err, sizeof err) == 0);
-  snprintf(b->config_path, sizeof b->config_path, "%s", fz_ini);
-  snprintf(b->cfg.device, sizeof b->cfg.device, "host:16MiB");
-  b->flag_log_level = -1;
-  b->checks = 1;
-  b->reply_tap = fz_tap;
-  FZ_ASSERT(gmb__core_open(b, err, sizeof err) == 0);
   FZ_ASSERT(gmb__statefile_load(b, err, sizeof err) == 0);
 
   size_t at = 0;
@@ -166,8 +151,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   }
   fz_settle(b);
   gmb__defrag_shutdown(b);
-  gmb__core_close(b);
-  gmb__config_free(&b->cfg);
-  free(b);
+  fz_broker_close(b);
   return 0;
 }

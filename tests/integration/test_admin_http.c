@@ -5,10 +5,11 @@
  * a sleep pauses the client's tags in vLLM's level's modes (level 1: the
  * weights offloaded, the KV cache dropped; level 2: both dropped), a wake
  * brings every byte of the weights back at its address, /is_sleeping says
- * so; bad requests are answered 400/404/405/414 and change nothing; a uid
+ * so; bad requests are answered 400/404/405/414 and change nothing, and a
+ * connection that trickles its request is closed all the same; a uid
  * that is no operator gets 403 and nothing happens, and its flood of
- * connections is capped while an operator is served; admin_http = no
- * serves nothing.
+ * connections is capped, as are many such uids' together, while an
+ * operator is served; admin_http = no serves nothing.
  *
  * Tests that need a second uid run a child as uid 65534 when the test
  * runs as root (CI does), and say on stdout what they skipped otherwise.
@@ -16,6 +17,7 @@
 #include <check.h>
 #include <errno.h>
 #include <grp.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,7 +230,13 @@ START_TEST(bad_requests_refused) {
       {"POST", "/sleep?tenant=llm&level=1&level=2", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&tenant=other", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&foo=1", 400, "unknown query argument"},
-      {"POST", "/sleep?tenant=llm&f%ff%00=1", 400, "unknown query argument 'f?'"},
+      {"POST", "/sleep?tenant=llm&f%ff=1", 400, "unknown query argument 'f?'"},
+      /* A %00 would end the C string: each would act on tenant llm. */
+      {"POST", "/sleep%00x?tenant=llm", 400, "NUL byte"},
+      {"POST", "/sleep?tenant=llm%00x", 400, "NUL byte"},
+      {"POST", "/sleep?tenant%00x=llm", 400, "NUL byte"},
+      {"POST", "/sleep?tenant=llm&tag=weights%00", 400, "NUL byte"},
+      {"POST", "/wake_up?tenant=llm&tags=%00", 400, "NUL byte"},
       {"POST", "/sleep?tenant=llm&tag=a&tag=a", 400, "given twice"},
       {"POST", "/sleep?tenant=llm&tag=1&tag=2&tag=3&tag=4&tag=5&tag=6&tag=7"
                "&tag=8&tag=9", 400, "more than 8 tags"},
@@ -262,6 +270,45 @@ START_TEST(bad_requests_refused) {
   ck_assert_ptr_nonnull(log);
   ck_assert_msg(!strstr(log, "asked tenant"), "a bad request acted:\n%s", log);
   free(log);
+  ck_assert_int_eq(http(&b, "GET", "/is_sleeping?tenant=llm"), 200);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/*
+ * A peer that sends its request a byte at a time, each well within the
+ * idle timeout (a slowloris), is closed all the same: a connection lives
+ * 5 s from its accept.  Before that bound it held its place for as long
+ * as it trickled; here it trickles for up to 4 times the bound.
+ */
+START_TEST(trickling_request_closed) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", llm_config);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  const char *path = sock_of(&b);
+  ck_assert_uint_lt(strlen(path), sizeof a.sun_path);
+  memcpy(a.sun_path, path, strlen(path) + 1);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  static const char head[] = "GET /is_sleeping?tenant=llm HTTP/1.1\r\n"
+                             "Host: localhost\r\nX-Slow: ";
+  ck_assert_int_eq(write(fd, head, sizeof head - 1), (ssize_t)sizeof head - 1);
+  int closed = 0, sent = 0;
+  for (; sent < 40 && !closed; sent++) { /* 40 half seconds */
+    harness_sleep_ms(500);
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 0) == 1) {
+      char c;
+      closed = read(fd, &c, 1) <= 0; /* its end, or a reset */
+    }
+    if (!closed && send(fd, "x", 1, MSG_NOSIGNAL) != 1)
+      closed = 1; /* EPIPE */
+  }
+  close(fd);
+  ck_assert_msg(closed, "a connection that trickled a byte every 0.5 s "
+                "was still open after %d bytes", sent);
+  printf("trickling_request_closed: closed after %d bytes\n", sent);
+  ck_assert_int_eq(harness_broker_alive(&b), 1);
   ck_assert_int_eq(http(&b, "GET", "/is_sleeping?tenant=llm"), 200);
   harness_broker_stop(&b);
 }
@@ -366,6 +413,83 @@ START_TEST(non_operator_refused) {
 }
 END_TEST
 
+/* Many uids that are no operator's, each with a few connections that
+ * send a request's first line and nothing more (a slowloris from many
+ * uids at once). */
+#define MANY_UIDS 20
+#define MANY_EACH 4
+
+struct many {
+  const char *sock;
+  uid_t uid;
+  int ready[2], done[2];
+};
+
+static int many_main(void *arg) {
+  struct many *m = arg;
+  close(m->ready[0]);
+  close(m->done[1]); /* the test's close of its end is the signal */
+  CHILD_CHECK(setgroups(0, NULL) == 0 && setgid(m->uid) == 0 &&
+                  setuid(m->uid) == 0,
+              10, "cannot become uid %u", (unsigned)m->uid);
+  static const char line[] = "GET /is_sleeping?tenant=llm HTTP/1.1\r\n";
+  for (int i = 0; i < MANY_EACH; i++) {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", m->sock);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+      (void)!send(fd, line, sizeof line - 1, MSG_NOSIGNAL);
+  }
+  harness_pipe_send(m->ready[1], 'r');
+  harness_pipe_wait(m->done[0], HARNESS_WAIT_MS);
+  return 0;
+}
+
+/*
+ * 20 uids that are no operator's, 4 connections each: each uid keeps 2,
+ * and all of them together 16, so their 80 connections leave the broker
+ * at most 16 descriptors more (the test allows 4 of slack) while an
+ * operator is served.
+ */
+START_TEST(other_uids_capped_together) {
+  if (geteuid() != 0) {
+    printf("other_uids_capped_together: not root, so no other uids; "
+           "skipped\n");
+    return;
+  }
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB",
+                       "[broker]\nadmin_uids = 0,4242\n[tenant:llm]\n");
+  struct many m = {.sock = sock_of(&b)};
+  ck_assert_int_eq(pipe(m.ready), 0);
+  ck_assert_int_eq(pipe(m.done), 0);
+  int before = harness_fds_of(b.pid);
+  pid_t kids[MANY_UIDS];
+  for (int i = 0; i < MANY_UIDS; i++) {
+    m.uid = (uid_t)(61000 + i);
+    kids[i] = harness_fork(many_main, &m);
+  }
+  for (int i = 0; i < MANY_UIDS; i++)
+    ck_assert_int_eq(harness_pipe_wait(m.ready[0], HARNESS_WAIT_MS), 'r');
+  ck_assert_msg(harness_poll_until(log_says_capped, &b, HARNESS_WAIT_MS),
+                "the broker did not say it refused connections");
+  int gained = harness_fds_of(b.pid) - before;
+  printf("other_uids_capped_together: %d uids' %d connections left the "
+         "broker %d descriptors more\n", MANY_UIDS, MANY_UIDS * MANY_EACH,
+         gained);
+  ck_assert_msg(gained <= 16 + 4, "other uids hold %d of the broker's "
+                "descriptors", gained);
+  ck_assert_int_eq(http(&b, "GET", "/is_sleeping?tenant=llm"), 200);
+  close(m.done[1]);
+  for (int i = 0; i < MANY_UIDS; i++) ck_assert_int_eq(harness_wait(kids[i]), 0);
+  close(m.ready[0]);
+  close(m.ready[1]);
+  close(m.done[0]);
+  ck_assert_int_eq(harness_broker_alive(&b), 1);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* admin_http = no: no socket, and the broker runs as before. */
 START_TEST(admin_http_off) {
   struct harness_broker b;
@@ -381,6 +505,9 @@ END_TEST
 int main(void) {
   return harness_main(HARNESS_SUITE("admin_http", "admin_http", 60,
                                     sleep_and_wake_up_over_http,
-                                    bad_requests_refused, non_operator_refused,
+                                    bad_requests_refused,
+                                    trickling_request_closed,
+                                    non_operator_refused,
+                                    other_uids_capped_together,
                                     admin_http_off));
 }
