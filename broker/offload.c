@@ -286,58 +286,89 @@ static void offl_refused(struct gmb_broker *b, const struct gmb_session *o,
            gmb__log_suppressed(&offl_rl_refused));
 }
 
-/*
- * Offloads pool allocation `id` of session o: 0 when it went to host
- * memory; 1 when it stays (locked, being moved, not o's movable one);
- * GMB_E_LIMIT when the host bounds refuse it (nothing of o fits then),
- * GMB_E_SYSTEM or GMB_E_DEVICE when host memory or the copy failed.
- */
-static int offl_out(struct gmb_broker *b, struct gmb_session *o,
-                    uint64_t id) {
+/* Claims pool allocation `id` for an offload as a move claims it (CAS 0 ->
+ * MOVING): 1 with its owner, table and slot, 0 when it is not a session's
+ * movable allocation with a slot, or is locked or being moved.  Nothing
+ * read from the table decides more than whether the claim succeeds. */
+static int offl_claim(struct gmb_broker *b, uint64_t id,
+                      struct gmb_session **owner, struct gmb_locktab **lt,
+                      uint32_t *slot) {
   struct gmb_alloc_info info;
-  if (gmb__pool_find(b->pool, id, &info) != 0 || info.owner != o ||
+  if (gmb__pool_find(b->pool, id, &info) != 0 ||
       !(info.flags & GMB_MOVABLE) || info.tail_dseg != NULL)
-    return 1;
-  uint32_t slot;
-  struct gmb_locktab *lt = gmb__session_slot(&info, &slot);
-  if (lt == NULL) return 1;
+    return 0;
+  if ((*lt = gmb__session_slot(&info, slot)) == NULL) return 0;
+  *owner = info.owner;
+  /* An allocation brought back before keeps its record (and the client's
+   * id); a record of another allocation at its slot would be a bug. */
+  const struct offl_rec *r = offl_at_slot(*owner, *slot);
+  if (r && r->pool_id != id) return 0;
+  return gmb__locktab_claim(*lt, *slot);
+}
+
+/* Gives back the claims offl_claim took on ids[0..n). */
+static void offl_unclaim(struct gmb_broker *b, const uint64_t *ids,
+                         size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    struct gmb_alloc_info info;
+    uint32_t slot;
+    struct gmb_locktab *lt;
+    if (gmb__pool_find(b->pool, ids[i], &info) == 0 &&
+        (lt = gmb__session_slot(&info, &slot)) != NULL)
+      gmb__locktab_release(lt, slot);
+  }
+}
+
+/*
+ * Offloads pool allocation `id` of session o, whose slot (lt, slot) the
+ * caller claimed (offl_claim): 0 when it went to host memory, the slot
+ * saying OFFLOADED; else the slot is given back and the allocation stays
+ * where it is: GMB_E_LIMIT when the host bounds refuse it (nothing of o
+ * fits then), GMB_E_SYSTEM or GMB_E_DEVICE when host memory or the copy
+ * failed.
+ */
+static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
+                    struct gmb_locktab *lt, uint32_t slot) {
+  struct gmb_alloc_info info;
+  int rc = gmb__pool_find(b->pool, id, &info);
+  GMB_ASSERT(rc == 0 && info.owner == o && "a claimed allocation is live");
   if (!offl_host_allows(b, o->tenant, info.size)) {
+    gmb__locktab_release(lt, slot);
     offl_refused(b, o, info.size);
     return GMB_E_LIMIT;
   }
   /* Its record (an allocation brought back before keeps the client's id),
    * or a new one, made before anything changes. */
   struct offl_rec *r = offl_at_slot(o, slot);
-  if (r && r->pool_id != id) return 1; /* not this allocation's: a bug */
   int fresh = r == NULL;
-  if (fresh && (r = offl_new(o, id, slot)) == NULL) return GMB_E_SYSTEM;
+  if (fresh && (r = offl_new(o, id, slot)) == NULL) {
+    gmb__locktab_release(lt, slot);
+    return GMB_E_SYSTEM;
+  }
   r->size = info.size;
   struct gmb_offl_chunk *chunk = NULL;
   int limit;
   void *host = offl_host_get(b, info.size, &chunk, &limit);
-  if (host == NULL && limit) {
-    if (fresh) offl_drop(b, o, r);
-    offl_refused(b, o, info.size);
-    return GMB_E_LIMIT;
-  }
-  int rc = host ? 0 : GMB_E_SYSTEM;
-  if (rc == 0 && !gmb__locktab_claim(lt, slot)) rc = 1; /* locked */
+  rc = host ? 0 : limit ? GMB_E_LIMIT : GMB_E_SYSTEM;
   if (rc == 0) {
     /* The device only reads the segment here; its ops take it non-const
      * because copies in general write one. */
     rc = gmb__device_copy_host(b->dev, (struct gmb_dseg *)info.dseg,
                                info.offset, host, info.size, 1);
-    if (rc) {
-      gmb__locktab_release(lt, slot);
-      if (gmb__log_allow(&offl_rl_copy))
-        log_error("offloading allocation %" PRIu64 " of session %" PRIu64
-                  " failed (%s); it stays on the device%s", id, o->id,
-                  gmb_err_name(rc), gmb__log_suppressed(&offl_rl_copy));
-    }
+    if (rc && gmb__log_allow(&offl_rl_copy))
+      log_error("offloading allocation %" PRIu64 " of session %" PRIu64
+                " failed (%s); it stays on the device%s", id, o->id,
+                gmb_err_name(rc), gmb__log_suppressed(&offl_rl_copy));
   }
+  if (rc == GMB_E_SYSTEM && gmb__log_allow(&offl_rl_copy))
+    log_error("offloading allocation %" PRIu64 " of session %" PRIu64
+              ": no host memory for its copy; it stays on the device%s", id,
+              o->id, gmb__log_suppressed(&offl_rl_copy));
   if (rc) {
+    gmb__locktab_release(lt, slot);
     if (chunk) offl_chunk_put(b, chunk);
     if (fresh) offl_drop(b, o, r);
+    if (rc == GMB_E_LIMIT) offl_refused(b, o, info.size);
     return rc;
   }
   /* Committed: the device range goes back as a Free's does, then the slot
@@ -361,10 +392,11 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
 /* The pool walk of one session's candidates: its unlocked movable
  * allocations, all of them (`whole` 0) or only those of segments of its
  * tenant that hold nothing else (`whole` 1: offloading them empties the
- * segment, room another tenant can use).  With `whole`, the allocations of
- * the tenant's other sessions that may be offloaded for the same request
- * (`for_s`: gmb__sleep_askable) count as its own: sessions of one tenant
- * share its segments. */
+ * segment, room another tenant can use), each segment's ids followed by a
+ * 0 (ids are never 0).  With `whole`, the allocations of the tenant's
+ * other sessions that may be offloaded for the same request (`for_s`:
+ * gmb__sleep_askable) count as its own: sessions of one tenant share its
+ * segments. */
 struct offl_scan {
   const struct gmb_session *o, *for_s;
   uint64_t now;
@@ -377,15 +409,37 @@ struct offl_scan {
   int oom;
 };
 
-static void offl_scan_close(struct offl_scan *c) {
-  if (c->seg && c->whole && !c->seg_ok) c->n = c->seg_start;
+static int offl_scan_push(struct offl_scan *c, uint64_t id) {
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? c->cap * 2 : 64;
+    uint64_t *v = realloc(c->ids, cap * sizeof *v);
+    if (v == NULL) {
+      c->oom = 1;
+      return 1;
+    }
+    c->ids = v;
+    c->cap = cap;
+  }
+  c->ids[c->n++] = id;
+  return 0;
+}
+
+/* The segment walked so far is done: with `whole`, its ids stay (and end
+ * with a 0) only if it holds nothing but candidates. */
+static int offl_scan_close(struct offl_scan *c) {
+  if (c->seg == NULL || !c->whole) return 0;
+  if (!c->seg_ok || c->n == c->seg_start) {
+    c->n = c->seg_start;
+    return 0;
+  }
+  return offl_scan_push(c, 0);
 }
 
 static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
                          int is_free) {
   struct offl_scan *c = ctx;
   if (a->segment != c->seg) {
-    offl_scan_close(c);
+    if (offl_scan_close(c)) return 1;
     struct gmb_segment_view v;
     gmb__pool_segment_view(a->segment, &v);
     c->seg = a->segment;
@@ -402,25 +456,82 @@ static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
     c->seg_ok = !c->whole;
     return 0;
   }
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 64;
-    uint64_t *v = realloc(c->ids, cap * sizeof *v);
-    if (v == NULL) {
-      c->oom = 1;
-      return 1;
-    }
-    c->ids = v;
-    c->cap = cap;
+  return offl_scan_push(c, a->id);
+}
+
+/* Whether the host bounds and the chunks leave room for `bytes` more of
+ * tenant t's copies (`need`: their pieces' bytes, aligned), cut as
+ * offl_host_get cuts them: in what is left of
+ * the current chunk, or else (what does not fit there, less than a
+ * chunk) in a new one within offload_host_max. */
+static int offl_host_room(const struct gmb_broker *b,
+                          const struct gmb_tenant *t, uint64_t bytes,
+                          uint64_t need) {
+  if (!offl_host_allows(b, t, bytes)) return 0;
+  const struct gmb_offl_chunk *k = b->offload.chunk;
+  if (k && k->size - k->used >= need) return 1;
+  const uint64_t max = b->cfg.offload_host_max;
+  return max > b->offload.chunk_bytes && max - b->offload.chunk_bytes >= need &&
+         need <= OFFL_CHUNK;
+}
+
+/*
+ * Offloads the candidates ids[0..k) of one segment of o's tenant (`whole`
+ * scan) all or none: its tenant above `floor` and the host bounds are
+ * checked for their sum, and every slot is claimed before any byte moves,
+ * so that one allocation locked (or being moved) meanwhile leaves the
+ * whole segment where it is rather than some of it offloaded for no room.
+ * Returns 0 (*n and *bytes grown by what went), or GMB_E_LIMIT when the
+ * host bounds refuse it, or the error of a host allocation or copy that
+ * failed part-way (what went before stays offloaded, nothing is lost).
+ */
+static int offl_segment(struct gmb_broker *b, struct gmb_session *o,
+                        const uint64_t *ids, size_t k, uint64_t floor,
+                        uint32_t *n, uint64_t *bytes) {
+  uint64_t sum = 0, pieces = 0;
+  for (size_t i = 0; i < k; i++) {
+    struct gmb_alloc_info info;
+    if (gmb__pool_find(b->pool, ids[i], &info) != 0) return 0;
+    sum += info.size;
+    pieces += (info.size + OFFL_PIECE_ALIGN - 1) & ~(OFFL_PIECE_ALIGN - 1);
   }
-  c->ids[c->n++] = a->id;
+  const struct gmb_tenant *t = o->tenant;
+  if (t->used < floor || t->used - floor < sum) return 0;
+  if (!offl_host_room(b, t, sum, pieces)) {
+    offl_refused(b, o, sum);
+    return GMB_E_LIMIT;
+  }
+  for (size_t i = 0; i < k; i++) {
+    struct gmb_session *owner;
+    struct gmb_locktab *lt;
+    uint32_t slot;
+    if (!offl_claim(b, ids[i], &owner, &lt, &slot)) {
+      offl_unclaim(b, ids, i);
+      return 0;
+    }
+  }
+  for (size_t i = 0; i < k; i++) {
+    struct gmb_alloc_info info;
+    uint32_t slot;
+    int rc = gmb__pool_find(b->pool, ids[i], &info);
+    struct gmb_locktab *lt = rc == 0 ? gmb__session_slot(&info, &slot) : NULL;
+    GMB_ASSERT(lt && "a claimed allocation has its slot");
+    rc = offl_out(b, (struct gmb_session *)info.owner, ids[i], lt, slot);
+    if (rc) {
+      offl_unclaim(b, ids + i + 1, k - i - 1);
+      return rc;
+    }
+    (*n)++;
+    *bytes += info.size;
+  }
   return 0;
 }
 
 /* Offloads o's candidates (offl_scan; for_s: the request whole segments
- * are emptied for, NULL: o's allocations wherever they are) until `want`
- * bytes of device room were made (UINT64_MAX: all of them), never taking
- * its tenant below `floor` bytes used.  Returns the allocations
- * offloaded; *bytes grows by their bytes. */
+ * are emptied for, NULL: o's allocations wherever they are, one by one)
+ * until `want` bytes of device room were made (UINT64_MAX: all of them),
+ * never taking its tenant below `floor` bytes used.  Returns the
+ * allocations offloaded; *bytes grows by their bytes. */
 static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
                              const struct gmb_session *for_s, uint64_t want,
                              uint64_t floor, uint64_t *bytes) {
@@ -429,25 +540,42 @@ static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
                         .now = gmb__now_ns()};
   gmb__pool_walk(b->pool, offl_scan_one, &c);
   if (!c.oom) offl_scan_close(&c);
+  /* Out of memory part-way: a segment not walked to its end is not known
+   * to hold only candidates. */
+  if (c.oom && c.whole) c.n = c.seg_start;
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   const uint64_t room0 = ps.room;
   uint32_t n = 0;
-  for (size_t i = 0; i < c.n; i++) {
+  size_t i = 0;
+  while (i < c.n) {
     if (want != UINT64_MAX) {
       gmb__pool_stats(b->pool, &ps);
       if (ps.room >= room0 + want) break;
     }
-    struct gmb_alloc_info info;
-    if (gmb__pool_find(b->pool, c.ids[i], &info) != 0) continue;
-    if (o->tenant->used < floor || o->tenant->used - floor < info.size) break;
-    int rc = offl_out(b, info.owner, c.ids[i]);
-    if (rc == 0) {
-      n++;
-      *bytes += info.size;
-    } else if (rc != 1) {
-      break; /* the host bounds, or host memory: nothing more of o fits */
+    int rc;
+    if (c.whole) {
+      size_t j = i;
+      while (c.ids[j] != 0) j++;
+      rc = offl_segment(b, o, c.ids + i, j - i, floor, &n, bytes);
+      i = j + 1;
+    } else {
+      struct gmb_session *owner;
+      struct gmb_locktab *lt;
+      uint32_t slot;
+      const uint64_t id = c.ids[i++];
+      struct gmb_alloc_info info;
+      if (gmb__pool_find(b->pool, id, &info) != 0) continue;
+      if (o->tenant->used < floor || o->tenant->used - floor < info.size)
+        break;
+      if (!offl_claim(b, id, &owner, &lt, &slot)) continue; /* locked */
+      rc = offl_out(b, owner, id, lt, slot);
+      if (rc == 0) {
+        n++;
+        *bytes += info.size;
+      }
     }
+    if (rc) break; /* the host bounds, or host memory: nothing more fits */
   }
   free(c.ids);
   return n;
@@ -564,8 +692,14 @@ int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
     return gmb__alloc_try(b, s, size, flags, rep, why);
   *why = GMB_NOMEM_NONE;
   struct offl_rec *r = offl_find(s, s->restore_id);
-  if (r == NULL || r->host == NULL || s->lt == NULL) {
-    /* Freed, or brought back by an operator's resume, meanwhile. */
+  if (r == NULL) {
+    /* Freed while its Lock waited: the answer a Lock of a freed id gets. */
+    gmb__reply_fail(rep, GMB_E_NOENT, "allocation %" PRIu64 " was freed "
+                    "while its Lock waited", s->restore_id);
+    return GMB_E_NOENT;
+  }
+  if (r->host == NULL || s->lt == NULL) {
+    /* Brought back by an operator's resume meanwhile. */
     rep->status = 0;
     rep->kind = WIRE_LOCK;
     rep->u.lock.held = 0;

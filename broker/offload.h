@@ -12,7 +12,10 @@
  * frees their device ranges: whole segments at a time (a segment of the
  * tenant's that holds only unlocked movable allocations of such sessions),
  * so that what it frees is room another tenant can use, never a tenant
- * below its reservation.  Their lock-table slots say GMB_LT_OFFLOADED; a gmb_lock
+ * below its reservation.  A segment goes all or nothing: the host bounds
+ * are checked for all of it and every slot is claimed before any byte
+ * moves, so a lock taken meanwhile leaves none of it offloaded for no
+ * room.  Their lock-table slots say GMB_LT_OFFLOADED; a gmb_lock
  * sends a Lock request, and the broker brings the allocation back (a new
  * range, the tenant's quota and the device's room as an allocation; held
  * in the wait queue up to restore_wait_ms when there is none) and takes the
@@ -83,7 +86,8 @@ void gmb__offload_freed(struct gmb_session *s, uint32_t slot,
  * of s->restore_id: 0 with *rep a LockReply (held, or not offloaded any
  * more), else the refusal as gmb__alloc_try gives it (GMB_E_NOMEM with
  * *why; GMB_E_QUOTA; GMB_E_DEVICE when a copy failed: the allocation
- * stays offloaded). */
+ * stays offloaded), or GMB_E_NOENT when it was freed while its Lock
+ * waited. */
 int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
                      uint64_t size, uint32_t flags, struct wire_reply *rep,
                      enum gmb_nomem_why *why);
