@@ -389,50 +389,91 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
 
 /* --- choosing what goes --------------------------------------------------- */
 
-/* The pool walk of one session's candidates: its unlocked movable
- * allocations, all of them (`whole` 0) or only those of segments of its
- * tenant that hold nothing else (`whole` 1: offloading them empties the
- * segment, room another tenant can use), each segment's ids followed by a
- * 0 (ids are never 0).  With `whole`, the allocations of the tenant's
- * other sessions that may be offloaded for the same request (`for_s`:
- * gmb__sleep_askable) count as its own: sessions of one tenant share its
- * segments. */
+/*
+ * One pool walk chooses what may go, whoever it is for, so that a request
+ * costs one walk however many sessions are idle (a tenant that opens many
+ * idle sessions must not make every full-device request walk the pool once
+ * for each).  For a request (`for_s`), the candidates are the segments of
+ * the tenants in `tenants` (sorted by address) that hold nothing but
+ * unlocked movable allocations of that tenant's sessions that may be
+ * offloaded for it (gmb__sleep_askable): offloading them empties the
+ * segment, room another tenant can use.  For an operator's pause (`t`),
+ * they are the unlocked movable allocations of t's sessions wherever they
+ * are, one by one.  ids[] holds them; groups[] the segments (for_s) or
+ * nothing.
+ */
+struct offl_group {
+  const struct gmb_tenant *t;
+  size_t rank;       /* its tenant's place in the candidates' order */
+  size_t start, end; /* its ids, [start, end) */
+};
+
 struct offl_scan {
-  const struct gmb_session *o, *for_s;
+  const struct gmb_session *for_s;
+  const struct gmb_tenant *t;
+  const struct gmb_tenant **tenants; /* for_s: sorted by address */
+  size_t n_tenants;
   uint64_t now;
-  int whole;
   const struct gmb_segment *seg;
+  const struct gmb_tenant *seg_t; /* the segment's tenant, a candidate */
   int seg_ok;
   size_t seg_start;
   uint64_t *ids;
   size_t n, cap;
+  struct offl_group *groups;
+  size_t n_groups, cap_groups;
   int oom;
 };
 
+static int offl_ptr_cmp(const void *x, const void *y) {
+  uintptr_t a = (uintptr_t) * (const void *const *)x;
+  uintptr_t c = (uintptr_t) * (const void *const *)y;
+  return (a > c) - (a < c);
+}
+
+/* The place of tenant t among c->tenants, or SIZE_MAX. */
+static size_t offl_tenant_at(const struct offl_scan *c,
+                             const struct gmb_tenant *t) {
+  const struct gmb_tenant **k =
+      bsearch(&t, c->tenants, c->n_tenants, sizeof *c->tenants, offl_ptr_cmp);
+  return k ? (size_t)(k - c->tenants) : SIZE_MAX;
+}
+
+static int offl_grow(void **v, size_t *cap, size_t n, size_t each) {
+  if (n < *cap) return 0;
+  size_t c = *cap ? *cap * 2 : 64;
+  void *w = realloc(*v, c * each);
+  if (w == NULL) return 1;
+  *v = w;
+  *cap = c;
+  return 0;
+}
+
 static int offl_scan_push(struct offl_scan *c, uint64_t id) {
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 64;
-    uint64_t *v = realloc(c->ids, cap * sizeof *v);
-    if (v == NULL) {
-      c->oom = 1;
-      return 1;
-    }
-    c->ids = v;
-    c->cap = cap;
+  if (offl_grow((void **)&c->ids, &c->cap, c->n, sizeof *c->ids)) {
+    c->oom = 1;
+    return 1;
   }
   c->ids[c->n++] = id;
   return 0;
 }
 
-/* The segment walked so far is done: with `whole`, its ids stay (and end
- * with a 0) only if it holds nothing but candidates. */
+/* The segment walked so far is done: for a request, its ids stay (a
+ * group) only if it holds nothing but candidates. */
 static int offl_scan_close(struct offl_scan *c) {
-  if (c->seg == NULL || !c->whole) return 0;
+  if (c->seg == NULL || c->for_s == NULL) return 0;
   if (!c->seg_ok || c->n == c->seg_start) {
     c->n = c->seg_start;
     return 0;
   }
-  return offl_scan_push(c, 0);
+  if (offl_grow((void **)&c->groups, &c->cap_groups, c->n_groups,
+                sizeof *c->groups)) {
+    c->oom = 1;
+    return 1;
+  }
+  c->groups[c->n_groups++] =
+      (struct offl_group){.t = c->seg_t, .start = c->seg_start, .end = c->n};
+  return 0;
 }
 
 static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
@@ -443,20 +484,33 @@ static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
     struct gmb_segment_view v;
     gmb__pool_segment_view(a->segment, &v);
     c->seg = a->segment;
-    c->seg_ok = v.arena_tag == c->o->tenant && v.small;
+    c->seg_t = v.arena_tag;
+    c->seg_ok = v.small && (c->for_s ? offl_tenant_at(c, c->seg_t) != SIZE_MAX
+                                     : c->seg_t == c->t);
     c->seg_start = c->n;
   }
   if (!c->seg_ok || is_free) return 0;
   const struct gmb_session *own = a->owner;
-  int mine = own == c->o ||
-             (c->for_s && own && own->tenant == c->o->tenant &&
-              gmb__sleep_askable(own, c->for_s, c->now));
+  int mine = own && own->tenant == c->seg_t &&
+             (c->for_s == NULL || gmb__sleep_askable(own, c->for_s, c->now));
   if (a->id == 0 || !mine || !(a->flags & GMB_MOVABLE) ||
       (a->flags & GMB_RANGE_TAIL) || gmb__session_alloc_locked(a)) {
-    c->seg_ok = !c->whole;
+    c->seg_ok = c->for_s == NULL; /* a request's segment is now no use */
     return 0;
   }
   return offl_scan_push(c, a->id);
+}
+
+/* Walks the pool once for scan c (set up by the caller).  Out of host
+ * memory, c holds what was found before (for a request, whole segments
+ * only). */
+static void offl_scan(struct gmb_broker *b, struct offl_scan *c) {
+  b->offload.walks++;
+  gmb__pool_walk(b->pool, offl_scan_one, c);
+  if (!c->oom) offl_scan_close(c);
+  /* Out of memory part-way: a segment not walked to its end is not known
+   * to hold only candidates. */
+  if (c->oom && c->for_s) c->n = c->seg_start;
 }
 
 /* Whether the host bounds and the chunks leave room for `bytes` more of
@@ -527,58 +581,12 @@ static int offl_segment(struct gmb_broker *b, struct gmb_session *o,
   return 0;
 }
 
-/* Offloads o's candidates (offl_scan; for_s: the request whole segments
- * are emptied for, NULL: o's allocations wherever they are, one by one)
- * until `want` bytes of device room were made (UINT64_MAX: all of them),
- * never taking its tenant below `floor` bytes used.  Returns the
- * allocations offloaded; *bytes grows by their bytes. */
-static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
-                             const struct gmb_session *for_s, uint64_t want,
-                             uint64_t floor, uint64_t *bytes) {
-  if (o->lt == NULL || o->allocations == 0) return 0;
-  struct offl_scan c = {.o = o, .for_s = for_s, .whole = for_s != NULL,
-                        .now = gmb__now_ns()};
-  gmb__pool_walk(b->pool, offl_scan_one, &c);
-  if (!c.oom) offl_scan_close(&c);
-  /* Out of memory part-way: a segment not walked to its end is not known
-   * to hold only candidates. */
-  if (c.oom && c.whole) c.n = c.seg_start;
-  struct gmb_pool_stats ps;
-  gmb__pool_stats(b->pool, &ps);
-  const uint64_t room0 = ps.room;
-  uint32_t n = 0;
-  size_t i = 0;
-  while (i < c.n) {
-    if (want != UINT64_MAX) {
-      gmb__pool_stats(b->pool, &ps);
-      if (ps.room >= room0 + want) break;
-    }
-    int rc;
-    if (c.whole) {
-      size_t j = i;
-      while (c.ids[j] != 0) j++;
-      rc = offl_segment(b, o, c.ids + i, j - i, floor, &n, bytes);
-      i = j + 1;
-    } else {
-      struct gmb_session *owner;
-      struct gmb_locktab *lt;
-      uint32_t slot;
-      const uint64_t id = c.ids[i++];
-      struct gmb_alloc_info info;
-      if (gmb__pool_find(b->pool, id, &info) != 0) continue;
-      if (o->tenant->used < floor || o->tenant->used - floor < info.size)
-        break;
-      if (!offl_claim(b, id, &owner, &lt, &slot)) continue; /* locked */
-      rc = offl_out(b, owner, id, lt, slot);
-      if (rc == 0) {
-        n++;
-        *bytes += info.size;
-      }
-    }
-    if (rc) break; /* the host bounds, or host memory: nothing more fits */
-  }
-  free(c.ids);
-  return n;
+/* Groups in the candidates' order: their tenant's first candidate, then
+ * address order (the walk's). */
+static int offl_group_cmp(const void *x, const void *y) {
+  const struct offl_group *a = x, *c = y;
+  if (a->rank != c->rank) return a->rank < c->rank ? -1 : 1;
+  return (a->start > c->start) - (a->start < c->start);
 }
 
 uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
@@ -588,28 +596,62 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
   size_t n_cand;
   struct gmb_session **cand = gmb__sleep_candidates(b, s, &n_cand);
   if (cand == NULL) return 0;
+  struct offl_scan c = {.for_s = s, .now = gmb__now_ns()};
+  /* Their tenants, each once, for the walk's look-ups; then each tenant's
+   * rank is the place of its first candidate. */
+  size_t *first = malloc(n_cand * sizeof *first);
+  c.tenants = malloc(n_cand * sizeof *c.tenants);
+  uint64_t made = 0;
+  if (first == NULL || c.tenants == NULL) goto out;
+  for (size_t i = 0; i < n_cand; i++) c.tenants[i] = cand[i]->tenant;
+  qsort(c.tenants, n_cand, sizeof *c.tenants, offl_ptr_cmp);
+  for (size_t i = 0; i < n_cand; i++)
+    if (c.n_tenants == 0 || c.tenants[c.n_tenants - 1] != c.tenants[i])
+      c.tenants[c.n_tenants++] = c.tenants[i];
+  for (size_t i = 0; i < c.n_tenants; i++) first[i] = SIZE_MAX;
+  for (size_t i = 0; i < n_cand; i++) {
+    size_t k = offl_tenant_at(&c, cand[i]->tenant);
+    if (first[k] == SIZE_MAX) first[k] = i;
+  }
+  offl_scan(b, &c);
+  for (size_t g = 0; g < c.n_groups; g++)
+    c.groups[g].rank = first[offl_tenant_at(&c, c.groups[g].t)];
+  qsort(c.groups, c.n_groups, sizeof *c.groups, offl_group_cmp);
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   const uint64_t room0 = ps.room;
-  uint64_t made = 0;
-  for (size_t i = 0; i < n_cand && made < want; i++) {
-    struct gmb_session *o = cand[i];
+  /* Tenant by tenant: each never below its reservation; one the host
+   * bounds refuse (or whose copies fail) gives no more. */
+  for (size_t g = 0; g < c.n_groups && made < want;) {
+    struct gmb_session *o = cand[c.groups[g].rank];
+    const struct gmb_tenant *t = c.groups[g].t;
+    uint32_t n = 0;
     uint64_t bytes = 0;
-    uint32_t n = offl_session(b, o, s, want - made, o->tenant->reserve,
-                              &bytes);
-    gmb__pool_stats(b->pool, &ps);
-    made = ps.room > room0 ? ps.room - room0 : 0;
+    int rc = 0;
+    for (; g < c.n_groups && c.groups[g].t == t; g++) {
+      if (rc || made >= want) continue;
+      rc = offl_segment(b, o, c.ids + c.groups[g].start,
+                        c.groups[g].end - c.groups[g].start, t->reserve, &n,
+                        &bytes);
+      gmb__pool_stats(b->pool, &ps);
+      made = ps.room > room0 ? ps.room - room0 : 0;
+    }
     if (n) {
       char sz[GMB_SIZE_BUFSZ], rm[GMB_SIZE_BUFSZ];
       log_info("session %" PRIu64 " (tenant %s, priority %d; with its "
                "tenant's other idle sessions): %u movable allocations (%s) "
                "offloaded to the broker's host memory for session %" PRIu64
                " (tenant %s); %s of device room made",
-               o->id, o->tenant->name, o->tenant->priority, n,
+               o->id, t->name, t->priority, n,
                gmb__size_format(bytes, sz, sizeof sz), s->id, s->tenant->name,
                gmb__size_format(made, rm, sizeof rm));
     }
   }
+out:
+  free(c.ids);
+  free(c.groups);
+  free(c.tenants);
+  free(first);
   free(cand);
   return made;
 }
@@ -716,12 +758,27 @@ void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
                          int pause, uint32_t *n, uint64_t *bytes) {
   *n = 0;
   *bytes = 0;
-  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
-    if (pause) {
-      if (b->cfg.offload_host_max)
-        *n += offl_session(b, s, NULL, UINT64_MAX, 0, bytes);
-      continue;
+  if (pause) {
+    if (b->cfg.offload_host_max == 0 || t->sessions == NULL) return;
+    struct offl_scan c = {.t = t, .now = gmb__now_ns()};
+    offl_scan(b, &c);
+    for (size_t i = 0; i < c.n; i++) {
+      struct gmb_session *owner;
+      struct gmb_locktab *lt;
+      uint32_t slot;
+      struct gmb_alloc_info info;
+      if (gmb__pool_find(b->pool, c.ids[i], &info) != 0 ||
+          !offl_claim(b, c.ids[i], &owner, &lt, &slot))
+        continue; /* locked */
+      if (offl_out(b, owner, c.ids[i], lt, slot) != 0)
+        break; /* the host bounds, or host memory: nothing more fits */
+      (*n)++;
+      *bytes += info.size;
     }
+    free(c.ids);
+    return;
+  }
+  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
     if (s->offl == NULL || s->offl->away == 0) continue;
     struct offl_rec *r, *next;
     RB_FOREACH_SAFE(r, offl_tree, &s->offl->by_id, next) {

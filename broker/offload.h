@@ -27,7 +27,8 @@
  * host_quota with its paused tags (sleep.c's GMB_SLEEP_MOVABLE_TAG record),
  * and the broker's host bytes for all tenants against offload_host_max
  * (0: it never offloads).  A session has at most as many records as its
- * lock table has slots.  The copies run on the loop thread, one allocation
+ * lock table has slots.  Choosing what goes is one pool walk per request
+ * or operator's pause, however many sessions are idle.  The copies run on the loop thread, one allocation
  * (at most 1 MiB: larger ones are pinned) at a time.
  *
  * Invariants (gmb__offload_check): each session's records sum to its

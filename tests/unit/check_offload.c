@@ -659,6 +659,63 @@ START_TEST(idle_flag_makes_only_itself_a_victim) {
 }
 END_TEST
 
+/* Many idle sessions cost one pool walk: a tenant that opens sixteen idle
+ * sessions, each with a small movable allocation in a segment none of
+ * them can empty (a busy sibling holds one there too), comes first in the
+ * order (idle longest) and gives nothing; the request still walks the
+ * pool once, and is served from a's segments.  An operator's pause of a
+ * tenant walks it once too. */
+START_TEST(one_walk_however_many_idle_sessions) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\n"
+              "[tenant:low]\nuids = 1001\npriority = 0\n"
+              "[tenant:mid]\nuids = 1003\npriority = 0\n"
+              "[tenant:high]\nuids = 1002\npriority = 10\n");
+  fx_hello(&f, "a", 1001, "low");
+  for (int i = 0; i < NA; i++) fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_hello(&f, "m", 1003, "mid");
+  fx_must_alloc(&f, "m", 1003, 512, GMB_MOVABLE);
+  char rid[16];
+  for (int i = 0; i < 16; i++) {
+    snprintf(rid, sizeof rid, "m%d", i);
+    fx_hello(&f, rid, 1003, "mid");
+    fx_must_alloc(&f, rid, 1003, 512, GMB_MOVABLE);
+    struct wire_request req;
+    memset(&req, 0, sizeof req);
+    req.kind = WIRE_HEARTBEAT;
+    req.sleep_idle = 1;
+    req.sleep_idle_ms = 60000;
+    struct wire_reply rep;
+    ck_assert_int_eq(fx_request(&f, rid, 1003, &req, &rep), 0);
+  }
+  fx_hello(&f, "b", 1002, "high");
+  fx_must_alloc(&f, "b", 1002, 6 * MIB, 0);
+  offer(&f, "a", 1001, 1, 5000);
+  uint64_t walks = f.b.offload.walks;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(f.b.offload.walks - walks, 1);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 4 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "mid")->host_bytes, 0);
+  /* gmbctl pause mid: every movable allocation of its seventeen sessions,
+   * one walk. */
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_PAUSE;
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "mid");
+  struct gmb_peer p = fx_peer("ctl", geteuid());
+  walks = f.b.offload.walks;
+  ck_assert_int_eq(gmb__admin(&f.b, &p, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.u.pause.movable, 17);
+  ck_assert_uint_eq(f.b.offload.walks - walks, 1);
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* --- host memory and copies that fail ----------------------------------- */
 
 /* The host device's ops, with host allocations and copies that fail on
@@ -805,6 +862,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, lock_of_foreign_freed_and_flooded_ids);
   tcase_add_test(tc, end_while_lock_waits);
   tcase_add_test(tc, idle_flag_makes_only_itself_a_victim);
+  tcase_add_test(tc, one_walk_however_many_idle_sessions);
   tcase_add_test(tc, host_memory_and_copies_fail);
   tcase_add_test(tc, chunks_freed_out_of_order);
   suite_add_tcase(s, tc);
