@@ -716,6 +716,57 @@ START_TEST(one_walk_however_many_idle_sessions) {
 }
 END_TEST
 
+/* A library's pause of tag "w" (its SleepNote, host bytes it copies) and
+ * the broker's offloads share the tenant's host_quota, whichever comes
+ * first; the (movable) record's name is the broker's. */
+static int note(struct fx *f, const char *rid, uid_t uid, const char *tag,
+                int paused, uint64_t host) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_SLEEP_NOTE;
+  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
+  req.u.sleep_note.paused = paused;
+  req.u.sleep_note.host_bytes = host;
+  req.u.sleep_note.device_bytes = host;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  return rep.status;
+}
+
+START_TEST(host_quota_shared_with_paused_tags) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("", "host_quota = 3MiB\n"), 1);
+  struct fx *f = &sc.f;
+  struct gmb_tenant *low = fx_tenant(f, "low");
+  fx_hello(f, "a2", 1001, "low");
+  /* The library's pause first: 2 MiB of the 3; a segment (2 MiB) of a's
+   * would pass the rest, so none is offloaded. */
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 1, 2 * MIB), 0);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 0);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
+  /* The (movable) record is the broker's: no library may name it. */
+  ck_assert_int_eq(note(f, "a2", 1001, GMB_SLEEP_MOVABLE_TAG, 1, 0),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(note(f, "a2", 1001, GMB_SLEEP_MOVABLE_TAG, 0, 0),
+                   GMB_E_INVAL);
+  /* The tag resumes: now the broker's offload takes 2 MiB, and the
+   * library's next pause of 2 MiB would pass the quota. */
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 0, 0), 0);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), 0);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 1, 2 * MIB), GMB_E_LIMIT);
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 1, MIB), 0);
+  ck_assert_uint_eq(low->host_bytes, 3 * MIB);
+  /* Nothing more fits: another segment is refused whole. */
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_le(low->host_bytes, 3 * MIB);
+  scene_close(&sc);
+}
+END_TEST
+
 /* --- host memory and copies that fail ----------------------------------- */
 
 /* The host device's ops, with host allocations and copies that fail on
@@ -863,6 +914,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, end_while_lock_waits);
   tcase_add_test(tc, idle_flag_makes_only_itself_a_victim);
   tcase_add_test(tc, one_walk_however_many_idle_sessions);
+  tcase_add_test(tc, host_quota_shared_with_paused_tags);
   tcase_add_test(tc, host_memory_and_copies_fail);
   tcase_add_test(tc, chunks_freed_out_of_order);
   suite_add_tcase(s, tc);
