@@ -712,11 +712,15 @@ static int offl_in(struct gmb_broker *b, struct gmb_session *s,
  * rather than one per allocation; the loop stays short), unlocked. */
 #define OFFLOAD_BATCH (UINT64_C(64) << 20)
 
-static void offl_in_more(struct gmb_broker *b, struct gmb_session *s) {
+static void offl_in_more(struct gmb_broker *b, struct gmb_session *s,
+                         int queued) {
   uint64_t done = 0;
   struct offl_rec *r, *next;
   RB_FOREACH_SAFE(r, offl_tree, &s->offl->by_id, next) {
-    if (done >= OFFLOAD_BATCH || s->offl->away == 0 || b->waitq.n > 0) break;
+    /* The Lock itself, when the queue serves it, is no one else. */
+    if (done >= OFFLOAD_BATCH || s->offl->away == 0 ||
+        b->waitq.n > (size_t)queued)
+      break;
     if (r->host == NULL) continue;
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
@@ -748,7 +752,7 @@ int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
     return 0;
   }
   int rc = offl_in(b, s, r, 1, rep, why);
-  if (rc == 0) offl_in_more(b, s);
+  if (rc == 0) offl_in_more(b, s, (flags & GMB__ALLOC_QUEUED) != 0);
   return rc;
 }
 

@@ -124,6 +124,17 @@ static int offloaded_list(struct scene *sc, int *away) {
   return n;
 }
 
+/* a's allocation i, brought back or not, still holds its pattern. */
+static void assert_pattern(struct scene *sc, int i) {
+  uint64_t now;
+  ck_assert_int_ne(gmb__offload_resolve(sc->a, sc->id[i], &now, NULL),
+                   GMB_OFFL_AWAY);
+  const uint8_t *p = bytes_of(&sc->f, now);
+  for (size_t k = 0; k < MIB; k++)
+    if (p[k] != (uint8_t)(0x40 + i))
+      ck_abort_msg("allocation %d byte %zu is %#x", i, k, p[k]);
+}
+
 /* An allocation of `size` pinned bytes by `rid` that does not wait:
  * answered at once; returns its status, *id (may be NULL) its id. */
 static int ask(struct scene *sc, const char *rid, uid_t uid, uint64_t size,
@@ -355,7 +366,12 @@ START_TEST(lock_waits_for_room) {
   ck_assert_msg(served, "the held Lock was not answered");
   ck_assert_uint_eq(sc.a->restore_id, 0);
   ck_assert_uint_eq(atomic_load(state_of(&sc, i)), 1);
+  /* The queue served it and nobody else waits: the others came back with
+   * it, as after a Lock that did not wait. */
+  ck_assert_int_eq(offloaded(&sc), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
   atomic_store(state_of(&sc, i), 0);
+  for (int k = 0; k < NA; k++) assert_pattern(&sc, k);
   scene_close(&sc);
 }
 END_TEST
@@ -410,17 +426,6 @@ static void idle(struct fx *f, const char *rid, uid_t uid, int flag) {
   req.sleep_idle_ms = flag ? 5000 : 0;
   struct wire_reply rep;
   ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
-}
-
-/* a's allocation i, brought back or not, still holds its pattern. */
-static void assert_pattern(struct scene *sc, int i) {
-  uint64_t now;
-  ck_assert_int_ne(gmb__offload_resolve(sc->a, sc->id[i], &now, NULL),
-                   GMB_OFFL_AWAY);
-  const uint8_t *p = bytes_of(&sc->f, now);
-  for (size_t k = 0; k < MIB; k++)
-    if (p[k] != (uint8_t)(0x40 + i))
-      ck_abort_msg("allocation %d byte %zu is %#x", i, k, p[k]);
 }
 
 /* The bits written by the client into slots on the device and into slots
