@@ -129,6 +129,7 @@ struct gmb_offl_chunk {
   char *base;
   uint64_t size, used; /* used: cut so far, from base */
   uint32_t live;       /* copies in it now */
+  uint32_t seen;       /* gmb__offload_check's count of them */
 };
 
 static void offl_chunk_put(struct gmb_broker *b, struct gmb_offl_chunk *c) {
@@ -800,16 +801,47 @@ void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
 
 /* --- the consistency check ------------------------------------------------ */
 
+/* Pass 0 zeroes the chunks' counts, pass 1 counts each chunk's copies and
+ * the chunks' bytes (each once), pass 2 compares the counts. */
 struct offl_count {
   struct gmb_broker *b;
-  uint64_t bytes;
+  int pass;
+  uint64_t bytes, chunk_bytes;
   uint32_t held;
+  int cur_seen; /* the current chunk holds one of the copies */
   int bad;
 };
+
+static void offl_check_chunk(struct offl_count *c, const struct offl_rec *r) {
+  struct gmb_offl_chunk *k = r->chunk;
+  if (k == NULL) {
+    c->bad += c->pass == 1;
+    return;
+  }
+  if (c->pass == 0) {
+    k->seen = 0;
+  } else if (c->pass == 1) {
+    if (k->seen++ == 0) c->chunk_bytes += k->size;
+    c->cur_seen |= k == c->b->offload.chunk;
+    /* The copy lies in what was cut of its chunk. */
+    c->bad += (const char *)r->host < k->base || k->used > k->size ||
+              r->size > k->used ||
+              (uint64_t)((const char *)r->host - k->base) > k->used - r->size;
+  } else {
+    c->bad += k->seen != k->live;
+  }
+}
 
 static void offl_check_session(void *ctx, struct gmb_session *s) {
   struct offl_count *c = ctx;
   const struct gmb_offload_set *st = s->offl;
+  struct offl_rec *r;
+  if (c->pass != 1) {
+    if (st)
+      RB_FOREACH(r, offl_tree, &s->offl->by_id)
+        if (r->host) offl_check_chunk(c, r);
+    return;
+  }
   uint64_t movable = 0;
   for (const struct gmb_sleep_tag *z = s->paused; z; z = z->next)
     if (strcmp(z->tag, GMB_SLEEP_MOVABLE_TAG) == 0) movable = z->host_bytes;
@@ -819,7 +851,6 @@ static void offl_check_session(void *ctx, struct gmb_session *s) {
   }
   uint64_t bytes = 0;
   uint32_t n = 0, away = 0;
-  struct offl_rec *r;
   RB_FOREACH(r, offl_tree, &s->offl->by_id) {
     n++;
     c->bad += r->slot >= st->cap || st->by_slot[r->slot] != r;
@@ -827,10 +858,12 @@ static void offl_check_session(void *ctx, struct gmb_session *s) {
       away++;
       bytes += r->size;
       c->bad += r->pool_id != 0 || s->lt == NULL;
+      offl_check_chunk(c, r);
     } else {
       struct gmb_alloc_info info;
       uint32_t slot;
-      c->bad += gmb__pool_find(c->b->pool, r->pool_id, &info) != 0 ||
+      c->bad += r->chunk != NULL ||
+                gmb__pool_find(c->b->pool, r->pool_id, &info) != 0 ||
                 info.owner != s || gmb__session_slot(&info, &slot) == NULL ||
                 slot != r->slot;
     }
@@ -843,10 +876,15 @@ static void offl_check_session(void *ctx, struct gmb_session *s) {
 
 int gmb__offload_check(struct gmb_broker *b) {
   if (b->sessions == NULL) return 0;
-  struct offl_count c = {b, 0, 0, 0};
-  gmb__sessions_each(b->sessions, offl_check_session, &c);
-  /* Sessions being reaped (core.c) forgot theirs when they ended. */
+  struct offl_count c = {.b = b};
+  for (c.pass = 0; c.pass < 3; c.pass++)
+    gmb__sessions_each(b->sessions, offl_check_session, &c);
+  /* Sessions being reaped (core.c) forgot theirs when they ended.  A
+   * chunk goes with its last copy, so the chunks are those the copies
+   * are in, the current one among them. */
   c.bad += c.bytes != b->offload.host_bytes || c.held != b->offload.held;
+  c.bad += c.chunk_bytes != b->offload.chunk_bytes ||
+           (b->offload.chunk != NULL && !c.cur_seen);
   if (c.bad) log_error("offload: %d violations of the offload sums", c.bad);
   return c.bad;
 }

@@ -34,7 +34,10 @@
  * Invariants (gmb__offload_check): each session's records sum to its
  * set's figures and its "(movable)" sleep record; the sessions' sums to
  * b->offload; an offloaded record's slot is in use and its pool id is 0;
- * an alias record's pool allocation is live, the session's, at its slot.
+ * an alias record's pool allocation is live, the session's, at its slot;
+ * each copy lies in what was cut of its chunk, a chunk's count of copies
+ * is theirs, and the chunks the copies are in (the current one among
+ * them) sum to b->offload.chunk_bytes.
  */
 #ifndef GMB_OFFLOAD_H
 #define GMB_OFFLOAD_H

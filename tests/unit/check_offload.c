@@ -871,6 +871,16 @@ START_TEST(chunks_freed_out_of_order) {
   ck_assert_uint_eq(f->b.offload.chunk_bytes, 3 * MIB);
   int away[NA];
   ck_assert_int_eq(offloaded_list(&sc, away), 2);
+  /* The consistency check sums the chunks the copies are in. */
+  ck_assert_int_eq(gmb__offload_check(&f->b), 0);
+  f->b.offload.chunk_bytes += 4096;
+  ck_assert_int_gt(gmb__offload_check(&f->b), 0);
+  f->b.offload.chunk_bytes -= 4096;
+  struct gmb_offl_chunk *cur = f->b.offload.chunk;
+  f->b.offload.chunk = (struct gmb_offl_chunk *)&sc; /* not one of theirs */
+  ck_assert_int_gt(gmb__offload_check(&f->b), 0);
+  f->b.offload.chunk = cur;
+  ck_assert_int_eq(gmb__offload_check(&f->b), 0);
   /* Another segment: 1 MiB left in the chunk and none within the bound:
    * refused whole, nothing of it offloaded. */
   offer(f, "a", 1001, 1, 5000);
