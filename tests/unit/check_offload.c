@@ -32,7 +32,9 @@
 #include "offload.h"
 #include "sleep.h"
 #include "tenant.h"
+#include "reclaim.h"
 #include "util.h"
+#include "waitq.h"
 
 #define MIB GMB_MIB
 #define NA 8 /* movable allocations of 1 MiB of session "a": 4 segments */
@@ -910,6 +912,172 @@ START_TEST(chunks_freed_out_of_order) {
 }
 END_TEST
 
+/* --- a seeded random hostile mix -----------------------------------------
+ *
+ * Four sessions of three tenants send what a hostile client may, in a
+ * seeded random order (SEED, ITER: 1500 steps by default), with the
+ * consistency checks after every step; then they end and nothing stays
+ * counted. */
+
+#define ST_SESS 4 /* a, a2 (low), m (mid), b (high) */
+#define ST_IDS 64
+
+struct stress {
+  struct fx f;
+  const char *rid[ST_SESS];
+  uid_t uid[ST_SESS];
+  const char *tenant[ST_SESS];
+  uint64_t id[ST_SESS][ST_IDS]; /* what each was given (0: none) */
+  struct gmb__lt_header *lt[ST_SESS];
+};
+
+static uint64_t st_rand(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+
+static void st_hello(struct stress *st, int k) {
+  struct gmb_session *s =
+      fx_hello(&st->f, st->rid[k], st->uid[k], st->tenant[k]);
+  st->lt[k] = fx_map_locktab(s);
+  memset(st->id[k], 0, sizeof st->id[k]);
+}
+
+/* One random step of session k: the requests a hostile client may send
+ * (ids of its own, of others, freed or made up), words written into its
+ * lock table, idle claims, operators' pauses, time passing, its end. */
+static void st_step(struct stress *st, uint64_t *x) {
+  struct fx *f = &st->f;
+  const int k = (int)(st_rand(x) % ST_SESS);
+  const char *rid = st->rid[k];
+  const uid_t uid = st->uid[k];
+  uint64_t any = st->id[st_rand(x) % ST_SESS][st_rand(x) % ST_IDS];
+  if (st_rand(x) % 8 == 0) any = st_rand(x) % 4 ? any + 1 : st_rand(x);
+  struct wire_request req;
+  struct wire_reply rep;
+  memset(&req, 0, sizeof req);
+  switch (st_rand(x) % 11) {
+    case 0:
+    case 1: { /* alloc */
+      uint64_t size = 512 + st_rand(x) % (k == 3 ? 3 * MIB : MIB);
+      unsigned flags = k == 3 && st_rand(x) % 2 ? 0 : GMB_MOVABLE;
+      int wait = st_rand(x) % 4 == 0 ? 50 : 0;
+      if (fx_alloc(f, rid, uid, size, flags, wait, &rep) == 1 &&
+          rep.status == 0)
+        st->id[k][st_rand(x) % ST_IDS] = rep.u.alloc.id;
+      break;
+    }
+    case 2: /* free, any id */
+      req.kind = WIRE_FREE;
+      req.u.free.id = any;
+      fx_request(f, rid, uid, &req, &rep);
+      break;
+    case 3:
+    case 4: /* Lock, any id; a hold it got is given back at once */
+      if (lock(f, rid, uid, any, st_rand(x) % 3 ? 0 : 100, &rep) == 1 &&
+          rep.status == 0 && rep.u.lock.held) {
+        for (uint32_t i = 0; i < 256; i++) {
+          _Atomic uint32_t *w = &gmb__lt_slots(st->lt[k])[i].state;
+          if (gmb__lt_slots(st->lt[k])[i].id == any && atomic_load(w) == 1)
+            atomic_store(w, 0);
+        }
+      }
+      break;
+    case 5: { /* a word of its lock table */
+      static const uint32_t words[] = {
+          0, 1, 2, GMB_LT_MOVING, GMB_LT_MOVING | GMB_LT_WAITERS,
+          GMB_LT_OFFLOADED, GMB_LT_OFFLOADED | GMB_LT_WAITERS,
+          GMB_LT_MAX_HOLDERS, UINT32_MAX};
+      uint32_t slot = (uint32_t)(st_rand(x) % 96);
+      atomic_store(&gmb__lt_slots(st->lt[k])[slot].state,
+                   words[st_rand(x) % (sizeof words / sizeof *words)]);
+      break;
+    }
+    case 6: /* idle or not, offering bytes or not */
+      req.kind = WIRE_HEARTBEAT;
+      req.sleep_idle = (int)(st_rand(x) % 2);
+      req.sleep_pausable = st_rand(x) % 3 == 0 ? st_rand(x) % (4 * MIB) : 0;
+      req.sleep_idle_ms = st_rand(x) % 100000;
+      fx_request(f, rid, uid, &req, &rep);
+      break;
+    case 7: { /* an operator's pause or resume of low or mid */
+      memset(&req, 0, sizeof req);
+      req.kind = st_rand(x) % 2 ? WIRE_ADMIN_PAUSE : WIRE_ADMIN_RESUME;
+      snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant,
+               "%s", st_rand(x) % 2 ? "low" : "mid");
+      struct gmb_peer p = fx_peer("ctl", geteuid());
+      gmb__admin(&f->b, &p, &req, &rep);
+      ck_assert_int_eq(gmb__core_check(&f->b), 0);
+      break;
+    }
+    case 8: { /* time passes: waits and asks run out */
+      uint64_t later = gmb__now_ns() + 20 * GMB_NS_PER_S;
+      gmb__waitq_expire(&f->b, later);
+      gmb__reclaim_expire(&f->b, later);
+      ck_assert_int_eq(gmb__core_check(&f->b), 0);
+      break;
+    }
+    case 9: /* a SleepNote of some tag */
+      note(f, rid, uid, st_rand(x) % 2 ? "w" : GMB_SLEEP_MOVABLE_TAG,
+           (int)(st_rand(x) % 2), st_rand(x) % (2 * MIB));
+      break;
+    default: /* the end of a session, and a new one in its place */
+      if (st_rand(x) % 4) break;
+      fx_unmap_locktab(st->lt[k]);
+      fx_end(f, gmb__session_find(f->b.sessions, (const uint8_t *)rid,
+                                  strlen(rid)));
+      st_hello(st, k);
+      break;
+  }
+  f->n_sent = 0;
+}
+
+START_TEST(hostile_mix_keeps_the_sums) {
+  struct stress st;
+  memset(&st, 0, sizeof st);
+  fx_open_ini(&st.f, "host:24MiB",
+              "[broker]\ncompaction = off\noffload_host_max = 12MiB\n"
+              "max_waiters_per_session = 4\n"
+              "[tenant:low]\nuids = 1001\npriority = 0\nreserve = 2MiB\n"
+              "host_quota = 6MiB\n"
+              "[tenant:mid]\nuids = 1003\npriority = 5\n"
+              "[tenant:high]\nuids = 1002\npriority = 10\n");
+  const char *rids[ST_SESS] = {"a", "a2", "m", "b"};
+  const uid_t uids[ST_SESS] = {1001, 1001, 1003, 1002};
+  const char *tenants[ST_SESS] = {"low", "low", "mid", "high"};
+  for (int k = 0; k < ST_SESS; k++) {
+    st.rid[k] = rids[k];
+    st.uid[k] = uids[k];
+    st.tenant[k] = tenants[k];
+    st_hello(&st, k);
+  }
+  const char *e = getenv("ITER");
+  int iter = e ? atoi(e) : 1500;
+  e = getenv("SEED");
+  uint64_t x = e ? strtoull(e, NULL, 0) : UINT64_C(0x9e3779b97f4a7c15);
+  for (int i = 0; i < iter; i++) st_step(&st, &x);
+  /* The mix did what it is for (with any seed of some length). */
+  ck_assert_uint_gt(st.f.b.offload.offloads, 0);
+  ck_assert_uint_gt(st.f.b.offload.restores, 0);
+  /* Everyone ends: nothing stays counted. */
+  for (int k = 0; k < ST_SESS; k++) {
+    fx_unmap_locktab(st.lt[k]);
+    fx_end(&st.f, gmb__session_find(st.f.b.sessions,
+                                    (const uint8_t *)st.rid[k],
+                                    strlen(st.rid[k])));
+  }
+  ck_assert_uint_eq(st.f.b.offload.host_bytes, 0);
+  ck_assert_uint_eq(st.f.b.offload.chunk_bytes, 0);
+  ck_assert_uint_eq(st.f.b.offload.held, 0);
+  ck_assert_uint_eq(st.f.b.waitq.n, 0);
+  ck_assert_uint_eq(fx_tenant(&st.f, "low")->host_bytes, 0);
+  ck_assert_uint_eq(fx_tenant(&st.f, "mid")->host_bytes, 0);
+  fx_close(&st.f);
+}
+END_TEST
+
 static Suite *offload_suite(void) {
   Suite *s = suite_create("offload");
   TCase *tc = tcase_create("offload");
@@ -932,6 +1100,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, host_quota_shared_with_paused_tags);
   tcase_add_test(tc, host_memory_and_copies_fail);
   tcase_add_test(tc, chunks_freed_out_of_order);
+  tcase_add_test(tc, hostile_mix_keeps_the_sums);
   suite_add_tcase(s, tc);
   return s;
 }
