@@ -12,9 +12,11 @@
  * step.
  *
  * An offload claims the slot as a move does (CAS 0 -> MOVING: a locked
- * allocation is skipped, and no gmb_lock can start during the copy),
- * copies the bytes to host memory, frees the device range and only then
- * stores GMB_LT_OFFLOADED, waking the lock calls that slept on the word.
+ * allocation is skipped, and no gmb_lock can start during the copy; for
+ * a request, every slot of a segment before its first copy, so that the
+ * segment goes whole or stays), copies the bytes to host memory, frees
+ * the device range and only then stores GMB_LT_OFFLOADED, waking the lock
+ * calls that slept on the word.
  * A restore stores MOVING, allocates and copies, writes the position and
  * stores 1: the hold of the client whose Lock brought it back.
  */
