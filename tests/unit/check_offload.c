@@ -148,6 +148,14 @@ static int ask(struct scene *sc, const char *rid, uid_t uid, uint64_t size,
   return rep.status;
 }
 
+/* The scene with b's 4 MiB taken from a's offloaded segments: *big b's
+ * allocation, away[] the indexes of a's four offloaded ones. */
+static void scene_offloaded(struct scene *sc, uint64_t *big, int *away) {
+  scene_open(sc, INI_LOW_HIGH("", ""), 1);
+  ck_assert_int_eq(ask(sc, "b", 1002, 4 * MIB, big), 0);
+  ck_assert_int_eq(offloaded_list(sc, away), 4);
+}
+
 START_TEST(offload_then_lock_brings_back) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("", ""), 1);
@@ -482,12 +490,10 @@ END_TEST
  * whole with the caller's hold; a Free frees the host copy. */
 START_TEST(client_rewrites_offloaded_slot) {
   struct scene sc;
-  scene_open(&sc, INI_LOW_HIGH("", ""), 1);
-  struct fx *f = &sc.f;
   uint64_t big;
-  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, &big), 0);
   int away[NA];
-  ck_assert_int_eq(offloaded_list(&sc, away), 4);
+  scene_offloaded(&sc, &big, away);
+  struct fx *f = &sc.f;
   atomic_store(state_of(&sc, away[0]), 0);
   atomic_store(state_of(&sc, away[1]), 3); /* holds it never had */
   atomic_store(state_of(&sc, away[2]), GMB_LT_MOVING | GMB_LT_WAITERS);
@@ -537,12 +543,10 @@ END_TEST
  * one waits: one waiter, whatever comes. */
 START_TEST(lock_of_foreign_freed_and_flooded_ids) {
   struct scene sc;
-  scene_open(&sc, INI_LOW_HIGH("", ""), 1);
-  struct fx *f = &sc.f;
   uint64_t big;
-  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, &big), 0);
   int away[NA];
-  ck_assert_int_eq(offloaded_list(&sc, away), 4);
+  scene_offloaded(&sc, &big, away);
+  struct fx *f = &sc.f;
   struct wire_reply rep;
   /* b names a's offloaded allocation: not b's. */
   ck_assert_int_eq(lock(f, "b", 1002, sc.id[away[0]], 0, &rep), 1);
@@ -601,11 +605,11 @@ END_TEST
  * the records and the (movable) record all go. */
 START_TEST(end_while_lock_waits) {
   struct scene sc;
-  scene_open(&sc, INI_LOW_HIGH("", ""), 1);
+  uint64_t big;
+  int away[NA];
+  scene_offloaded(&sc, &big, away);
   struct fx *f = &sc.f;
-  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, NULL), 0);
-  int i = 0;
-  while (atomic_load(state_of(&sc, i)) != GMB_LT_OFFLOADED) i++;
+  const int i = away[0];
   struct wire_reply rep;
   ck_assert_int_eq(lock(f, "a", 1001, sc.id[i], 5000, &rep), 0);
   ck_assert_uint_eq(f->b.waitq.n, 1);
@@ -729,16 +733,7 @@ END_TEST
  * first; the (movable) record's name is the broker's. */
 static int note(struct fx *f, const char *rid, uid_t uid, const char *tag,
                 int paused, uint64_t host) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_SLEEP_NOTE;
-  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
-  req.u.sleep_note.paused = paused;
-  req.u.sleep_note.host_bytes = host;
-  req.u.sleep_note.device_bytes = host;
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
-  return rep.status;
+  return fx_sleep_note(f, rid, uid, tag, paused, host, host);
 }
 
 START_TEST(host_quota_shared_with_paused_tags) {
