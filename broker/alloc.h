@@ -51,6 +51,12 @@ enum gmb_nomem_why {
  * its bytes; offload.c), not an allocation.  Never on the wire. */
 #define GMB__ALLOC_RESTORE 0x40000u
 
+/* Internal flag of a GMB__ALLOC_RESTORE request tried from the wait queue
+ * (waitq.c): it is one of the queue's waiters itself, which the batch of
+ * a restore (offload.c) must not count as someone else waiting for
+ * memory.  Never on the wire, never past gmb__offload_try. */
+#define GMB__ALLOC_QUEUED 0x100000u
+
 /* Internal flag of gmb__alloc_try: no lock-table slot for the movable
  * allocation (a restore keeps its slot).  Never on the wire. */
 #define GMB__ALLOC_NOSLOT 0x80000u

@@ -81,6 +81,8 @@ struct gmb_offload {
   uint64_t offloads, restores;         /* allocations, since start */
   uint64_t bytes_out, bytes_in;        /* bytes copied to / from host */
   uint64_t refused;                    /* offloads host bounds refused */
+  uint64_t walks;                      /* pool walks made to choose what
+                                          goes: one per request or pause */
 };
 
 /* Which socket a reply leaves by (reply.c). */

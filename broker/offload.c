@@ -12,9 +12,11 @@
  * step.
  *
  * An offload claims the slot as a move does (CAS 0 -> MOVING: a locked
- * allocation is skipped, and no gmb_lock can start during the copy),
- * copies the bytes to host memory, frees the device range and only then
- * stores GMB_LT_OFFLOADED, waking the lock calls that slept on the word.
+ * allocation is skipped, and no gmb_lock can start during the copy; for
+ * a request, every slot of a segment before its first copy, so that the
+ * segment goes whole or stays), copies the bytes to host memory, frees
+ * the device range and only then stores GMB_LT_OFFLOADED, waking the lock
+ * calls that slept on the word.
  * A restore stores MOVING, allocates and copies, writes the position and
  * stores 1: the hold of the client whose Lock brought it back.
  */
@@ -129,6 +131,7 @@ struct gmb_offl_chunk {
   char *base;
   uint64_t size, used; /* used: cut so far, from base */
   uint32_t live;       /* copies in it now */
+  uint32_t seen;       /* gmb__offload_check's count of them */
 };
 
 static void offl_chunk_put(struct gmb_broker *b, struct gmb_offl_chunk *c) {
@@ -286,58 +289,89 @@ static void offl_refused(struct gmb_broker *b, const struct gmb_session *o,
            gmb__log_suppressed(&offl_rl_refused));
 }
 
-/*
- * Offloads pool allocation `id` of session o: 0 when it went to host
- * memory; 1 when it stays (locked, being moved, not o's movable one);
- * GMB_E_LIMIT when the host bounds refuse it (nothing of o fits then),
- * GMB_E_SYSTEM or GMB_E_DEVICE when host memory or the copy failed.
- */
-static int offl_out(struct gmb_broker *b, struct gmb_session *o,
-                    uint64_t id) {
+/* Claims pool allocation `id` for an offload as a move claims it (CAS 0 ->
+ * MOVING): 1 with its owner, table and slot, 0 when it is not a session's
+ * movable allocation with a slot, or is locked or being moved.  Nothing
+ * read from the table decides more than whether the claim succeeds. */
+static int offl_claim(struct gmb_broker *b, uint64_t id,
+                      struct gmb_session **owner, struct gmb_locktab **lt,
+                      uint32_t *slot) {
   struct gmb_alloc_info info;
-  if (gmb__pool_find(b->pool, id, &info) != 0 || info.owner != o ||
+  if (gmb__pool_find(b->pool, id, &info) != 0 ||
       !(info.flags & GMB_MOVABLE) || info.tail_dseg != NULL)
-    return 1;
-  uint32_t slot;
-  struct gmb_locktab *lt = gmb__session_slot(&info, &slot);
-  if (lt == NULL) return 1;
+    return 0;
+  if ((*lt = gmb__session_slot(&info, slot)) == NULL) return 0;
+  *owner = info.owner;
+  /* An allocation brought back before keeps its record (and the client's
+   * id); a record of another allocation at its slot would be a bug. */
+  const struct offl_rec *r = offl_at_slot(*owner, *slot);
+  if (r && r->pool_id != id) return 0;
+  return gmb__locktab_claim(*lt, *slot);
+}
+
+/* Gives back the claims offl_claim took on ids[0..n). */
+static void offl_unclaim(struct gmb_broker *b, const uint64_t *ids,
+                         size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    struct gmb_alloc_info info;
+    uint32_t slot;
+    struct gmb_locktab *lt;
+    if (gmb__pool_find(b->pool, ids[i], &info) == 0 &&
+        (lt = gmb__session_slot(&info, &slot)) != NULL)
+      gmb__locktab_release(lt, slot);
+  }
+}
+
+/*
+ * Offloads pool allocation `id` of session o, whose slot (lt, slot) the
+ * caller claimed (offl_claim): 0 when it went to host memory, the slot
+ * saying OFFLOADED; else the slot is given back and the allocation stays
+ * where it is: GMB_E_LIMIT when the host bounds refuse it (nothing of o
+ * fits then), GMB_E_SYSTEM or GMB_E_DEVICE when host memory or the copy
+ * failed.
+ */
+static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
+                    struct gmb_locktab *lt, uint32_t slot) {
+  struct gmb_alloc_info info;
+  int rc = gmb__pool_find(b->pool, id, &info);
+  GMB_ASSERT(rc == 0 && info.owner == o && "a claimed allocation is live");
   if (!offl_host_allows(b, o->tenant, info.size)) {
+    gmb__locktab_release(lt, slot);
     offl_refused(b, o, info.size);
     return GMB_E_LIMIT;
   }
   /* Its record (an allocation brought back before keeps the client's id),
    * or a new one, made before anything changes. */
   struct offl_rec *r = offl_at_slot(o, slot);
-  if (r && r->pool_id != id) return 1; /* not this allocation's: a bug */
   int fresh = r == NULL;
-  if (fresh && (r = offl_new(o, id, slot)) == NULL) return GMB_E_SYSTEM;
+  if (fresh && (r = offl_new(o, id, slot)) == NULL) {
+    gmb__locktab_release(lt, slot);
+    return GMB_E_SYSTEM;
+  }
   r->size = info.size;
   struct gmb_offl_chunk *chunk = NULL;
   int limit;
   void *host = offl_host_get(b, info.size, &chunk, &limit);
-  if (host == NULL && limit) {
-    if (fresh) offl_drop(b, o, r);
-    offl_refused(b, o, info.size);
-    return GMB_E_LIMIT;
-  }
-  int rc = host ? 0 : GMB_E_SYSTEM;
-  if (rc == 0 && !gmb__locktab_claim(lt, slot)) rc = 1; /* locked */
+  rc = host ? 0 : limit ? GMB_E_LIMIT : GMB_E_SYSTEM;
   if (rc == 0) {
     /* The device only reads the segment here; its ops take it non-const
      * because copies in general write one. */
     rc = gmb__device_copy_host(b->dev, (struct gmb_dseg *)info.dseg,
                                info.offset, host, info.size, 1);
-    if (rc) {
-      gmb__locktab_release(lt, slot);
-      if (gmb__log_allow(&offl_rl_copy))
-        log_error("offloading allocation %" PRIu64 " of session %" PRIu64
-                  " failed (%s); it stays on the device%s", id, o->id,
-                  gmb_err_name(rc), gmb__log_suppressed(&offl_rl_copy));
-    }
+    if (rc && gmb__log_allow(&offl_rl_copy))
+      log_error("offloading allocation %" PRIu64 " of session %" PRIu64
+                " failed (%s); it stays on the device%s", id, o->id,
+                gmb_err_name(rc), gmb__log_suppressed(&offl_rl_copy));
   }
+  if (rc == GMB_E_SYSTEM && gmb__log_allow(&offl_rl_copy))
+    log_error("offloading allocation %" PRIu64 " of session %" PRIu64
+              ": no host memory for its copy; it stays on the device%s", id,
+              o->id, gmb__log_suppressed(&offl_rl_copy));
   if (rc) {
+    gmb__locktab_release(lt, slot);
     if (chunk) offl_chunk_put(b, chunk);
     if (fresh) offl_drop(b, o, r);
+    if (rc == GMB_E_LIMIT) offl_refused(b, o, info.size);
     return rc;
   }
   /* Committed: the device range goes back as a Free's does, then the slot
@@ -358,99 +392,204 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o,
 
 /* --- choosing what goes --------------------------------------------------- */
 
-/* The pool walk of one session's candidates: its unlocked movable
- * allocations, all of them (`whole` 0) or only those of segments of its
- * tenant that hold nothing else (`whole` 1: offloading them empties the
- * segment, room another tenant can use).  With `whole`, the allocations of
- * the tenant's other sessions that may be offloaded for the same request
- * (`for_s`: gmb__sleep_askable) count as its own: sessions of one tenant
- * share its segments. */
+/*
+ * One pool walk chooses what may go, whoever it is for, so that a request
+ * costs one walk however many sessions are idle (a tenant that opens many
+ * idle sessions must not make every full-device request walk the pool once
+ * for each).  For a request (`for_s`), the candidates are the segments of
+ * the tenants in `tenants` (sorted by address) that hold nothing but
+ * unlocked movable allocations of that tenant's sessions that may be
+ * offloaded for it (gmb__sleep_askable): offloading them empties the
+ * segment, room another tenant can use.  For an operator's pause (`t`),
+ * they are the unlocked movable allocations of t's sessions wherever they
+ * are, one by one.  ids[] holds them; groups[] the segments (for_s) or
+ * nothing.
+ */
+struct offl_group {
+  const struct gmb_tenant *t;
+  size_t rank;       /* its tenant's place in the candidates' order */
+  size_t start, end; /* its ids, [start, end) */
+};
+
 struct offl_scan {
-  const struct gmb_session *o, *for_s;
+  const struct gmb_session *for_s;
+  const struct gmb_tenant *t;
+  const struct gmb_tenant **tenants; /* for_s: sorted by address */
+  size_t n_tenants;
   uint64_t now;
-  int whole;
   const struct gmb_segment *seg;
+  const struct gmb_tenant *seg_t; /* the segment's tenant, a candidate */
   int seg_ok;
   size_t seg_start;
   uint64_t *ids;
   size_t n, cap;
+  struct offl_group *groups;
+  size_t n_groups, cap_groups;
   int oom;
 };
 
-static void offl_scan_close(struct offl_scan *c) {
-  if (c->seg && c->whole && !c->seg_ok) c->n = c->seg_start;
+static int offl_ptr_cmp(const void *x, const void *y) {
+  uintptr_t a = (uintptr_t) * (const void *const *)x;
+  uintptr_t c = (uintptr_t) * (const void *const *)y;
+  return (a > c) - (a < c);
+}
+
+/* The place of tenant t among c->tenants, or SIZE_MAX. */
+static size_t offl_tenant_at(const struct offl_scan *c,
+                             const struct gmb_tenant *t) {
+  const struct gmb_tenant **k =
+      bsearch(&t, c->tenants, c->n_tenants, sizeof *c->tenants, offl_ptr_cmp);
+  return k ? (size_t)(k - c->tenants) : SIZE_MAX;
+}
+
+static int offl_grow(void **v, size_t *cap, size_t n, size_t each) {
+  if (n < *cap) return 0;
+  size_t c = *cap ? *cap * 2 : 64;
+  void *w = realloc(*v, c * each);
+  if (w == NULL) return 1;
+  *v = w;
+  *cap = c;
+  return 0;
+}
+
+static int offl_scan_push(struct offl_scan *c, uint64_t id) {
+  if (offl_grow((void **)&c->ids, &c->cap, c->n, sizeof *c->ids)) {
+    c->oom = 1;
+    return 1;
+  }
+  c->ids[c->n++] = id;
+  return 0;
+}
+
+/* The segment walked so far is done: for a request, its ids stay (a
+ * group) only if it holds nothing but candidates. */
+static int offl_scan_close(struct offl_scan *c) {
+  if (c->seg == NULL || c->for_s == NULL) return 0;
+  if (!c->seg_ok || c->n == c->seg_start) {
+    c->n = c->seg_start;
+    return 0;
+  }
+  if (offl_grow((void **)&c->groups, &c->cap_groups, c->n_groups,
+                sizeof *c->groups)) {
+    c->oom = 1;
+    return 1;
+  }
+  c->groups[c->n_groups++] =
+      (struct offl_group){.t = c->seg_t, .start = c->seg_start, .end = c->n};
+  return 0;
 }
 
 static int offl_scan_one(void *ctx, const struct gmb_alloc_info *a,
                          int is_free) {
   struct offl_scan *c = ctx;
   if (a->segment != c->seg) {
-    offl_scan_close(c);
+    if (offl_scan_close(c)) return 1;
     struct gmb_segment_view v;
     gmb__pool_segment_view(a->segment, &v);
     c->seg = a->segment;
-    c->seg_ok = v.arena_tag == c->o->tenant && v.small;
+    c->seg_t = v.arena_tag;
+    c->seg_ok = v.small && (c->for_s ? offl_tenant_at(c, c->seg_t) != SIZE_MAX
+                                     : c->seg_t == c->t);
     c->seg_start = c->n;
   }
   if (!c->seg_ok || is_free) return 0;
   const struct gmb_session *own = a->owner;
-  int mine = own == c->o ||
-             (c->for_s && own && own->tenant == c->o->tenant &&
-              gmb__sleep_askable(own, c->for_s, c->now));
+  int mine = own && own->tenant == c->seg_t &&
+             (c->for_s == NULL || gmb__sleep_askable(own, c->for_s, c->now));
   if (a->id == 0 || !mine || !(a->flags & GMB_MOVABLE) ||
       (a->flags & GMB_RANGE_TAIL) || gmb__session_alloc_locked(a)) {
-    c->seg_ok = !c->whole;
+    c->seg_ok = c->for_s == NULL; /* a request's segment is now no use */
     return 0;
   }
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 64;
-    uint64_t *v = realloc(c->ids, cap * sizeof *v);
-    if (v == NULL) {
-      c->oom = 1;
-      return 1;
-    }
-    c->ids = v;
-    c->cap = cap;
+  return offl_scan_push(c, a->id);
+}
+
+/* Walks the pool once for scan c (set up by the caller).  Out of host
+ * memory, c holds what was found before (for a request, whole segments
+ * only). */
+static void offl_scan(struct gmb_broker *b, struct offl_scan *c) {
+  b->offload.walks++;
+  gmb__pool_walk(b->pool, offl_scan_one, c);
+  if (!c->oom) offl_scan_close(c);
+  /* Out of memory part-way: a segment not walked to its end is not known
+   * to hold only candidates. */
+  if (c->oom && c->for_s) c->n = c->seg_start;
+}
+
+/* Whether the host bounds and the chunks leave room for `bytes` more of
+ * tenant t's copies (`need`: their pieces' bytes, aligned), cut as
+ * offl_host_get cuts them: in what is left of
+ * the current chunk, or else (what does not fit there, less than a
+ * chunk) in a new one within offload_host_max. */
+static int offl_host_room(const struct gmb_broker *b,
+                          const struct gmb_tenant *t, uint64_t bytes,
+                          uint64_t need) {
+  if (!offl_host_allows(b, t, bytes)) return 0;
+  const struct gmb_offl_chunk *k = b->offload.chunk;
+  if (k && k->size - k->used >= need) return 1;
+  const uint64_t max = b->cfg.offload_host_max;
+  return max > b->offload.chunk_bytes && max - b->offload.chunk_bytes >= need &&
+         need <= OFFL_CHUNK;
+}
+
+/*
+ * Offloads the candidates ids[0..k) of one segment of o's tenant (`whole`
+ * scan) all or none: its tenant above `floor` and the host bounds are
+ * checked for their sum, and every slot is claimed before any byte moves,
+ * so that one allocation locked (or being moved) meanwhile leaves the
+ * whole segment where it is rather than some of it offloaded for no room.
+ * Returns 0 (*n and *bytes grown by what went), or GMB_E_LIMIT when the
+ * host bounds refuse it, or the error of a host allocation or copy that
+ * failed part-way (what went before stays offloaded, nothing is lost).
+ */
+static int offl_segment(struct gmb_broker *b, struct gmb_session *o,
+                        const uint64_t *ids, size_t k, uint64_t floor,
+                        uint32_t *n, uint64_t *bytes) {
+  uint64_t sum = 0, pieces = 0;
+  for (size_t i = 0; i < k; i++) {
+    struct gmb_alloc_info info;
+    if (gmb__pool_find(b->pool, ids[i], &info) != 0) return 0;
+    sum += info.size;
+    pieces += (info.size + OFFL_PIECE_ALIGN - 1) & ~(OFFL_PIECE_ALIGN - 1);
   }
-  c->ids[c->n++] = a->id;
+  const struct gmb_tenant *t = o->tenant;
+  if (t->used < floor || t->used - floor < sum) return 0;
+  if (!offl_host_room(b, t, sum, pieces)) {
+    offl_refused(b, o, sum);
+    return GMB_E_LIMIT;
+  }
+  for (size_t i = 0; i < k; i++) {
+    struct gmb_session *owner;
+    struct gmb_locktab *lt;
+    uint32_t slot;
+    if (!offl_claim(b, ids[i], &owner, &lt, &slot)) {
+      offl_unclaim(b, ids, i);
+      return 0;
+    }
+  }
+  for (size_t i = 0; i < k; i++) {
+    struct gmb_alloc_info info;
+    uint32_t slot;
+    int rc = gmb__pool_find(b->pool, ids[i], &info);
+    struct gmb_locktab *lt = rc == 0 ? gmb__session_slot(&info, &slot) : NULL;
+    GMB_ASSERT(lt && "a claimed allocation has its slot");
+    rc = offl_out(b, (struct gmb_session *)info.owner, ids[i], lt, slot);
+    if (rc) {
+      offl_unclaim(b, ids + i + 1, k - i - 1);
+      return rc;
+    }
+    (*n)++;
+    *bytes += info.size;
+  }
   return 0;
 }
 
-/* Offloads o's candidates (offl_scan; for_s: the request whole segments
- * are emptied for, NULL: o's allocations wherever they are) until `want`
- * bytes of device room were made (UINT64_MAX: all of them), never taking
- * its tenant below `floor` bytes used.  Returns the allocations
- * offloaded; *bytes grows by their bytes. */
-static uint32_t offl_session(struct gmb_broker *b, struct gmb_session *o,
-                             const struct gmb_session *for_s, uint64_t want,
-                             uint64_t floor, uint64_t *bytes) {
-  if (o->lt == NULL || o->allocations == 0) return 0;
-  struct offl_scan c = {.o = o, .for_s = for_s, .whole = for_s != NULL,
-                        .now = gmb__now_ns()};
-  gmb__pool_walk(b->pool, offl_scan_one, &c);
-  if (!c.oom) offl_scan_close(&c);
-  struct gmb_pool_stats ps;
-  gmb__pool_stats(b->pool, &ps);
-  const uint64_t room0 = ps.room;
-  uint32_t n = 0;
-  for (size_t i = 0; i < c.n; i++) {
-    if (want != UINT64_MAX) {
-      gmb__pool_stats(b->pool, &ps);
-      if (ps.room >= room0 + want) break;
-    }
-    struct gmb_alloc_info info;
-    if (gmb__pool_find(b->pool, c.ids[i], &info) != 0) continue;
-    if (o->tenant->used < floor || o->tenant->used - floor < info.size) break;
-    int rc = offl_out(b, info.owner, c.ids[i]);
-    if (rc == 0) {
-      n++;
-      *bytes += info.size;
-    } else if (rc != 1) {
-      break; /* the host bounds, or host memory: nothing more of o fits */
-    }
-  }
-  free(c.ids);
-  return n;
+/* Groups in the candidates' order: their tenant's first candidate, then
+ * address order (the walk's). */
+static int offl_group_cmp(const void *x, const void *y) {
+  const struct offl_group *a = x, *c = y;
+  if (a->rank != c->rank) return a->rank < c->rank ? -1 : 1;
+  return (a->start > c->start) - (a->start < c->start);
 }
 
 uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
@@ -460,28 +599,62 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
   size_t n_cand;
   struct gmb_session **cand = gmb__sleep_candidates(b, s, &n_cand);
   if (cand == NULL) return 0;
+  struct offl_scan c = {.for_s = s, .now = gmb__now_ns()};
+  /* Their tenants, each once, for the walk's look-ups; then each tenant's
+   * rank is the place of its first candidate. */
+  size_t *first = malloc(n_cand * sizeof *first);
+  c.tenants = malloc(n_cand * sizeof *c.tenants);
+  uint64_t made = 0;
+  if (first == NULL || c.tenants == NULL) goto out;
+  for (size_t i = 0; i < n_cand; i++) c.tenants[i] = cand[i]->tenant;
+  qsort(c.tenants, n_cand, sizeof *c.tenants, offl_ptr_cmp);
+  for (size_t i = 0; i < n_cand; i++)
+    if (c.n_tenants == 0 || c.tenants[c.n_tenants - 1] != c.tenants[i])
+      c.tenants[c.n_tenants++] = c.tenants[i];
+  for (size_t i = 0; i < c.n_tenants; i++) first[i] = SIZE_MAX;
+  for (size_t i = 0; i < n_cand; i++) {
+    size_t k = offl_tenant_at(&c, cand[i]->tenant);
+    if (first[k] == SIZE_MAX) first[k] = i;
+  }
+  offl_scan(b, &c);
+  for (size_t g = 0; g < c.n_groups; g++)
+    c.groups[g].rank = first[offl_tenant_at(&c, c.groups[g].t)];
+  qsort(c.groups, c.n_groups, sizeof *c.groups, offl_group_cmp);
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   const uint64_t room0 = ps.room;
-  uint64_t made = 0;
-  for (size_t i = 0; i < n_cand && made < want; i++) {
-    struct gmb_session *o = cand[i];
+  /* Tenant by tenant: each never below its reservation; one the host
+   * bounds refuse (or whose copies fail) gives no more. */
+  for (size_t g = 0; g < c.n_groups && made < want;) {
+    struct gmb_session *o = cand[c.groups[g].rank];
+    const struct gmb_tenant *t = c.groups[g].t;
+    uint32_t n = 0;
     uint64_t bytes = 0;
-    uint32_t n = offl_session(b, o, s, want - made, o->tenant->reserve,
-                              &bytes);
-    gmb__pool_stats(b->pool, &ps);
-    made = ps.room > room0 ? ps.room - room0 : 0;
+    int rc = 0;
+    for (; g < c.n_groups && c.groups[g].t == t; g++) {
+      if (rc || made >= want) continue;
+      rc = offl_segment(b, o, c.ids + c.groups[g].start,
+                        c.groups[g].end - c.groups[g].start, t->reserve, &n,
+                        &bytes);
+      gmb__pool_stats(b->pool, &ps);
+      made = ps.room > room0 ? ps.room - room0 : 0;
+    }
     if (n) {
       char sz[GMB_SIZE_BUFSZ], rm[GMB_SIZE_BUFSZ];
       log_info("session %" PRIu64 " (tenant %s, priority %d; with its "
                "tenant's other idle sessions): %u movable allocations (%s) "
                "offloaded to the broker's host memory for session %" PRIu64
                " (tenant %s); %s of device room made",
-               o->id, o->tenant->name, o->tenant->priority, n,
+               o->id, t->name, t->priority, n,
                gmb__size_format(bytes, sz, sizeof sz), s->id, s->tenant->name,
                gmb__size_format(made, rm, sizeof rm));
     }
   }
+out:
+  free(c.ids);
+  free(c.groups);
+  free(c.tenants);
+  free(first);
   free(cand);
   return made;
 }
@@ -542,11 +715,15 @@ static int offl_in(struct gmb_broker *b, struct gmb_session *s,
  * rather than one per allocation; the loop stays short), unlocked. */
 #define OFFLOAD_BATCH (UINT64_C(64) << 20)
 
-static void offl_in_more(struct gmb_broker *b, struct gmb_session *s) {
+static void offl_in_more(struct gmb_broker *b, struct gmb_session *s,
+                         int queued) {
   uint64_t done = 0;
   struct offl_rec *r, *next;
   RB_FOREACH_SAFE(r, offl_tree, &s->offl->by_id, next) {
-    if (done >= OFFLOAD_BATCH || s->offl->away == 0 || b->waitq.n > 0) break;
+    /* The Lock itself, when the queue serves it, is no one else. */
+    if (done >= OFFLOAD_BATCH || s->offl->away == 0 ||
+        b->waitq.n > (size_t)queued)
+      break;
     if (r->host == NULL) continue;
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
@@ -564,15 +741,21 @@ int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
     return gmb__alloc_try(b, s, size, flags, rep, why);
   *why = GMB_NOMEM_NONE;
   struct offl_rec *r = offl_find(s, s->restore_id);
-  if (r == NULL || r->host == NULL || s->lt == NULL) {
-    /* Freed, or brought back by an operator's resume, meanwhile. */
+  if (r == NULL) {
+    /* Freed while its Lock waited: the answer a Lock of a freed id gets. */
+    gmb__reply_fail(rep, GMB_E_NOENT, "allocation %" PRIu64 " was freed "
+                    "while its Lock waited", s->restore_id);
+    return GMB_E_NOENT;
+  }
+  if (r->host == NULL || s->lt == NULL) {
+    /* Brought back by an operator's resume meanwhile. */
     rep->status = 0;
     rep->kind = WIRE_LOCK;
     rep->u.lock.held = 0;
     return 0;
   }
   int rc = offl_in(b, s, r, 1, rep, why);
-  if (rc == 0) offl_in_more(b, s);
+  if (rc == 0) offl_in_more(b, s, (flags & GMB__ALLOC_QUEUED) != 0);
   return rc;
 }
 
@@ -582,12 +765,27 @@ void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
                          int pause, uint32_t *n, uint64_t *bytes) {
   *n = 0;
   *bytes = 0;
-  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
-    if (pause) {
-      if (b->cfg.offload_host_max)
-        *n += offl_session(b, s, NULL, UINT64_MAX, 0, bytes);
-      continue;
+  if (pause) {
+    if (b->cfg.offload_host_max == 0 || t->sessions == NULL) return;
+    struct offl_scan c = {.t = t, .now = gmb__now_ns()};
+    offl_scan(b, &c);
+    for (size_t i = 0; i < c.n; i++) {
+      struct gmb_session *owner;
+      struct gmb_locktab *lt;
+      uint32_t slot;
+      struct gmb_alloc_info info;
+      if (gmb__pool_find(b->pool, c.ids[i], &info) != 0 ||
+          !offl_claim(b, c.ids[i], &owner, &lt, &slot))
+        continue; /* locked */
+      if (offl_out(b, owner, c.ids[i], lt, slot) != 0)
+        break; /* the host bounds, or host memory: nothing more fits */
+      (*n)++;
+      *bytes += info.size;
     }
+    free(c.ids);
+    return;
+  }
+  for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
     if (s->offl == NULL || s->offl->away == 0) continue;
     struct offl_rec *r, *next;
     RB_FOREACH_SAFE(r, offl_tree, &s->offl->by_id, next) {
@@ -605,16 +803,47 @@ void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
 
 /* --- the consistency check ------------------------------------------------ */
 
+/* Pass 0 zeroes the chunks' counts, pass 1 counts each chunk's copies and
+ * the chunks' bytes (each once), pass 2 compares the counts. */
 struct offl_count {
   struct gmb_broker *b;
-  uint64_t bytes;
+  int pass;
+  uint64_t bytes, chunk_bytes;
   uint32_t held;
+  int cur_seen; /* the current chunk holds one of the copies */
   int bad;
 };
+
+static void offl_check_chunk(struct offl_count *c, const struct offl_rec *r) {
+  struct gmb_offl_chunk *k = r->chunk;
+  if (k == NULL) {
+    c->bad += c->pass == 1;
+    return;
+  }
+  if (c->pass == 0) {
+    k->seen = 0;
+  } else if (c->pass == 1) {
+    if (k->seen++ == 0) c->chunk_bytes += k->size;
+    c->cur_seen |= k == c->b->offload.chunk;
+    /* The copy lies in what was cut of its chunk. */
+    c->bad += (const char *)r->host < k->base || k->used > k->size ||
+              r->size > k->used ||
+              (uint64_t)((const char *)r->host - k->base) > k->used - r->size;
+  } else {
+    c->bad += k->seen != k->live;
+  }
+}
 
 static void offl_check_session(void *ctx, struct gmb_session *s) {
   struct offl_count *c = ctx;
   const struct gmb_offload_set *st = s->offl;
+  struct offl_rec *r;
+  if (c->pass != 1) {
+    if (st)
+      RB_FOREACH(r, offl_tree, &s->offl->by_id)
+        if (r->host) offl_check_chunk(c, r);
+    return;
+  }
   uint64_t movable = 0;
   for (const struct gmb_sleep_tag *z = s->paused; z; z = z->next)
     if (strcmp(z->tag, GMB_SLEEP_MOVABLE_TAG) == 0) movable = z->host_bytes;
@@ -624,7 +853,6 @@ static void offl_check_session(void *ctx, struct gmb_session *s) {
   }
   uint64_t bytes = 0;
   uint32_t n = 0, away = 0;
-  struct offl_rec *r;
   RB_FOREACH(r, offl_tree, &s->offl->by_id) {
     n++;
     c->bad += r->slot >= st->cap || st->by_slot[r->slot] != r;
@@ -632,10 +860,12 @@ static void offl_check_session(void *ctx, struct gmb_session *s) {
       away++;
       bytes += r->size;
       c->bad += r->pool_id != 0 || s->lt == NULL;
+      offl_check_chunk(c, r);
     } else {
       struct gmb_alloc_info info;
       uint32_t slot;
-      c->bad += gmb__pool_find(c->b->pool, r->pool_id, &info) != 0 ||
+      c->bad += r->chunk != NULL ||
+                gmb__pool_find(c->b->pool, r->pool_id, &info) != 0 ||
                 info.owner != s || gmb__session_slot(&info, &slot) == NULL ||
                 slot != r->slot;
     }
@@ -648,10 +878,15 @@ static void offl_check_session(void *ctx, struct gmb_session *s) {
 
 int gmb__offload_check(struct gmb_broker *b) {
   if (b->sessions == NULL) return 0;
-  struct offl_count c = {b, 0, 0, 0};
-  gmb__sessions_each(b->sessions, offl_check_session, &c);
-  /* Sessions being reaped (core.c) forgot theirs when they ended. */
+  struct offl_count c = {.b = b};
+  for (c.pass = 0; c.pass < 3; c.pass++)
+    gmb__sessions_each(b->sessions, offl_check_session, &c);
+  /* Sessions being reaped (core.c) forgot theirs when they ended.  A
+   * chunk goes with its last copy, so the chunks are those the copies
+   * are in, the current one among them. */
   c.bad += c.bytes != b->offload.host_bytes || c.held != b->offload.held;
+  c.bad += c.chunk_bytes != b->offload.chunk_bytes ||
+           (b->offload.chunk != NULL && !c.cur_seen);
   if (c.bad) log_error("offload: %d violations of the offload sums", c.bad);
   return c.bad;
 }

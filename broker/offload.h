@@ -12,7 +12,10 @@
  * frees their device ranges: whole segments at a time (a segment of the
  * tenant's that holds only unlocked movable allocations of such sessions),
  * so that what it frees is room another tenant can use, never a tenant
- * below its reservation.  Their lock-table slots say GMB_LT_OFFLOADED; a gmb_lock
+ * below its reservation.  A segment goes all or nothing: the host bounds
+ * are checked for all of it and every slot is claimed before any byte
+ * moves, so a lock taken meanwhile leaves none of it offloaded for no
+ * room.  Their lock-table slots say GMB_LT_OFFLOADED; a gmb_lock
  * sends a Lock request, and the broker brings the allocation back (a new
  * range, the tenant's quota and the device's room as an allocation; held
  * in the wait queue up to restore_wait_ms when there is none) and takes the
@@ -24,13 +27,17 @@
  * host_quota with its paused tags (sleep.c's GMB_SLEEP_MOVABLE_TAG record),
  * and the broker's host bytes for all tenants against offload_host_max
  * (0: it never offloads).  A session has at most as many records as its
- * lock table has slots.  The copies run on the loop thread, one allocation
+ * lock table has slots.  Choosing what goes is one pool walk per request
+ * or operator's pause, however many sessions are idle.  The copies run on the loop thread, one allocation
  * (at most 1 MiB: larger ones are pinned) at a time.
  *
  * Invariants (gmb__offload_check): each session's records sum to its
  * set's figures and its "(movable)" sleep record; the sessions' sums to
  * b->offload; an offloaded record's slot is in use and its pool id is 0;
- * an alias record's pool allocation is live, the session's, at its slot.
+ * an alias record's pool allocation is live, the session's, at its slot;
+ * each copy lies in what was cut of its chunk, a chunk's count of copies
+ * is theirs, and the chunks the copies are in (the current one among
+ * them) sum to b->offload.chunk_bytes.
  */
 #ifndef GMB_OFFLOAD_H
 #define GMB_OFFLOAD_H
@@ -83,7 +90,8 @@ void gmb__offload_freed(struct gmb_session *s, uint32_t slot,
  * of s->restore_id: 0 with *rep a LockReply (held, or not offloaded any
  * more), else the refusal as gmb__alloc_try gives it (GMB_E_NOMEM with
  * *why; GMB_E_QUOTA; GMB_E_DEVICE when a copy failed: the allocation
- * stays offloaded). */
+ * stays offloaded), or GMB_E_NOENT when it was freed while its Lock
+ * waited. */
 int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
                      uint64_t size, uint32_t flags, struct wire_reply *rep,
                      enum gmb_nomem_why *why);

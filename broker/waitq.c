@@ -114,7 +114,10 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
   if (w->flags & GMB__ALLOC_VMM)
     return gmb__alloc_vmm(b, w->session, w->size, rep, why);
   /* An allocation, or a Lock bringing an offloaded one back. */
-  return gmb__offload_try(b, w->session, w->size, w->flags, rep, why);
+  const uint32_t queued = w->flags & GMB__ALLOC_RESTORE ? GMB__ALLOC_QUEUED
+                                                        : 0;
+  return gmb__offload_try(b, w->session, w->size, w->flags | queued, rep,
+                          why);
 }
 
 /* A quota hold may end early: none of the bytes it waits for are on their

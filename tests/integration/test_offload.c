@@ -8,7 +8,8 @@
  * job's gmb_lock then waits for room (restore_wait_ms) and fails cleanly
  * while there is none, its bytes kept, and brings every allocation back
  * byte for byte once the other job frees; a job killed while offloaded
- * leaves no host bytes counted; gmbctl pause and resume offload and bring
+ * leaves no host bytes counted, and so does one killed while its lock
+ * waits at the broker for room; gmbctl pause and resume offload and bring
  * back a tenant's movable allocations.
  */
 #include <check.h>
@@ -159,6 +160,17 @@ static int host_seen(void *arg) {
          r.host_bytes == h->host;
 }
 
+/* Kills job a; its tenant "idle" then holds no host bytes. */
+static void kill_job_host_gone(const struct harness_broker *b,
+                               struct jobrun *a) {
+  ck_assert_int_eq(kill(a->h.pid, SIGKILL), 0);
+  harness_wait(a->h.pid);
+  harness_job_close(&a->h);
+  struct host_wait h = {b, "idle", 0};
+  ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
+                "the killed job's host bytes stayed counted");
+}
+
 /* The idle job holds its NM MiB (*idle_used, its bytes on the device);
  * the busy tenant then asks for 48 MiB, more than is free (64 less the
  * idle job's), and is served from what the broker offloaded: whatever
@@ -227,12 +239,7 @@ START_TEST(broker_offloads_and_lock_brings_back) {
   int rc = gmb_alloc(c, 48 * MIB, 0, &big);
   ck_assert_msg(rc == 0, "the busy job was refused: %s", gmb_last_error(c));
   ck_assert_uint_ge(row_of(&b, "idle").host_bytes, 10 * MIB);
-  ck_assert_int_eq(kill(a.h.pid, SIGKILL), 0);
-  harness_wait(a.h.pid);
-  harness_job_close(&a.h);
-  struct host_wait h = {&b, "idle", 0};
-  ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
-                "the killed job's host bytes stayed counted");
+  kill_job_host_gone(&b, &a);
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
   ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_bytes 0"));
   ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_chunk_bytes 0"));
@@ -265,6 +272,19 @@ static int row_idle(const struct wire_session_row *s) {
  * any tagged bytes to offer. */
 static int idle_seen(void *arg) { return session_seen(arg, row_idle); }
 
+/* Job a holds only movable allocations (untagged) and says it is idle;
+ * the busy tenant then takes room (busy_takes_room): its client. */
+static gmb_client *untagged_job_offloaded(const struct harness_broker *b,
+                                          struct jobrun *a,
+                                          uint64_t *idle_used, gmb_id *big) {
+  job_start_as(a, b, "idle", "idle=0", 1, 0);
+  struct offer_wait o = {b, "idle"};
+  ck_assert_msg(harness_poll_until(idle_seen, &o, HARNESS_WAIT_MS),
+                "the idle job never said it was idle");
+  ck_assert_uint_eq(harness_sleep_offer(b, "idle"), 0);
+  return busy_takes_room(b, idle_used, big);
+}
+
 /* A job that holds only movable gmb_alloc allocations (nothing tagged, so
  * its policy offers no bytes to pause) is still offloaded by the broker
  * once its policy deems it idle; its locks bring every byte back. */
@@ -272,14 +292,9 @@ START_TEST(untagged_movable_job_offloaded) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", tenants);
   struct jobrun a;
-  job_start_as(&a, &b, "idle", "idle=0", 1, 0);
-  struct offer_wait o = {&b, "idle"};
-  ck_assert_msg(harness_poll_until(idle_seen, &o, HARNESS_WAIT_MS),
-                "the idle job never said it was idle");
-  ck_assert_uint_eq(harness_sleep_offer(&b, "idle"), 0);
   uint64_t idle_used;
   gmb_id big;
-  gmb_client *c = busy_takes_room(&b, &idle_used, &big);
+  gmb_client *c = untagged_job_offloaded(&b, &a, &idle_used, &big);
   struct wire_tenant_row r = row_of(&b, "idle");
   ck_assert_uint_ge(r.host_bytes, 8 * MIB);
   ck_assert_int_eq(gmb_free(c, big), 0);
@@ -369,10 +384,68 @@ START_TEST(operator_pause_leaves_offloaded_to_the_broker) {
 }
 END_TEST
 
+/* 1 when tenant o->tenant has a request waiting (its Lock, here). */
+static int waiting_seen(void *arg) {
+  const struct offer_wait *o = arg;
+  struct wire_tenant_row r;
+  return harness_tenant_row(o->b, o->tenant, &r) == 0 && r.waiting > 0;
+}
+
+/* The idle job's gmb_lock waits in the broker's queue for room
+ * (restore_wait_ms long) when the job is killed: the waiter, the host
+ * copies and the (movable) record go with its session; the busy job's
+ * bytes are untouched and the broker serves on. */
+START_TEST(killed_while_its_lock_waits) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB",
+                       "[broker]\n"
+                       "sleep_wait_ms = 0\n"
+                       "restore_wait_ms = 8000\n"
+                       "[tenant:idle]\n"
+                       "priority = 0\n"
+                       "[tenant:busy]\n"
+                       "priority = 10\n");
+  struct jobrun a;
+  uint64_t idle_used;
+  gmb_id big;
+  gmb_client *c = untagged_job_offloaded(&b, &a, &idle_used, &big);
+  struct offer_wait o = {&b, "idle"};
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, big, &p), 0);
+  harness_pattern_fill(p, 48 * MIB, 41);
+  ck_assert_int_eq(gmb_unlock(c, big), 0);
+  ck_assert_uint_ge(row_of(&b, "idle").host_bytes, 8 * MIB);
+  /* 'l' without waiting for its answer: the job's first offloaded lock
+   * waits at the broker. */
+  ck_assert_int_eq(harness_pipe_send(a.h.to[1], 'l'), 0);
+  ck_assert_msg(harness_poll_until(waiting_seen, &o, HARNESS_WAIT_MS),
+                "the idle job's Lock never waited");
+  kill_job_host_gone(&b, &a);
+  struct wire_tenant_row r = row_of(&b, "idle");
+  ck_assert_uint_eq(r.waiting, 0);
+  ck_assert_uint_eq(r.paused_bytes, 0);
+  ck_assert_uint_eq(r.paused_tags, 0);
+  ck_assert_uint_eq(r.used, 0);
+  static char out[1 << 16];
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
+  ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_bytes 0"));
+  ck_assert_ptr_nonnull(strstr(out, "gmb_offload_host_chunk_bytes 0"));
+  ck_assert_ptr_nonnull(strstr(out, "gmb_offload_allocations 0"));
+  /* The broker serves on, and the busy job's bytes are its own. */
+  ck_assert_int_eq(gmb_lock(c, big, &p), 0);
+  ck_assert_int_lt(harness_pattern_check(p, 48 * MIB, 41), 0);
+  ck_assert_int_eq(gmb_unlock(c, big), 0);
+  ck_assert_int_eq(gmb_free(c, big), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("offload", "offload", 90,
                                     broker_offloads_and_lock_brings_back,
                                     operator_pause_offloads_movable,
                                     untagged_movable_job_offloaded,
-                                    operator_pause_leaves_offloaded_to_the_broker));
+                                    operator_pause_leaves_offloaded_to_the_broker,
+                                    killed_while_its_lock_waits));
 }

@@ -17,10 +17,10 @@
  *
  * Below fx_last_to are the helpers the suites share: a small device with
  * compaction off, plain requests, Hello with any version, an allocation
- * that must succeed, a tenant by name, ending a session, mapping a
- * session's lock table from its descriptor as its client does, and the
- * process's open descriptors and gmb names in /dev/shm, to prove that
- * nothing leaks and nothing is named.
+ * that must succeed, a SleepNote, a tenant by name, ending a session,
+ * mapping a session's lock table from its descriptor as its client does,
+ * and the process's open descriptors and gmb names in /dev/shm, to prove
+ * that nothing leaks and nothing is named.
  */
 #ifndef GMB_BROKER_FIXTURE_H
 #define GMB_BROKER_FIXTURE_H
@@ -245,6 +245,23 @@ static inline struct wire_reply fx_must_alloc(struct fx *f, const char *rid,
   ck_assert_msg(rep.status == 0, "alloc %" PRIu64 ": %s", size, rep.message);
   ck_assert_int_eq(rep.kind, WIRE_ALLOC);
   return rep;
+}
+
+/* A SleepNote from client `rid`: tag `tag` paused (or running again) with
+ * `host` and `device` bytes; returns the reply's status. */
+static inline int fx_sleep_note(struct fx *f, const char *rid, uid_t uid,
+                                const char *tag, int paused, uint64_t host,
+                                uint64_t device) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_SLEEP_NOTE;
+  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
+  req.u.sleep_note.paused = paused;
+  req.u.sleep_note.host_bytes = host;
+  req.u.sleep_note.device_bytes = device;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  return rep.status;
 }
 
 /* The tenant called `name`, which must exist. */

@@ -9,7 +9,13 @@
  * nobody is offloaded for a lower priority or without an offer; Free and
  * the session's end while offloaded give everything back; a Lock without
  * room waits in the queue and is served when room comes, or is refused at
- * once without a wait; operators' pause and resume.  The fixture runs the
+ * once without a wait; operators' pause and resume.  A hostile client:
+ * state bits written into its lock table (on the device, offloaded, in
+ * slots it was never given), Locks of ids not its own, freed or flooded,
+ * Free and the session's end while its Lock waits, sleep_idle from a busy
+ * session; host memory and copies that fail, and chunks freed out of
+ * order: a segment goes all or nothing, nothing is lost, and every sum
+ * comes back to zero.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -23,10 +29,13 @@
 #include "admin.h"
 #include "broker_fixture.h"
 #include "check_main.h"
+#include "defrag.h"
 #include "offload.h"
 #include "sleep.h"
 #include "tenant.h"
+#include "reclaim.h"
 #include "util.h"
+#include "waitq.h"
 
 #define MIB GMB_MIB
 #define NA 8 /* movable allocations of 1 MiB of session "a": 4 segments */
@@ -109,6 +118,26 @@ static int offloaded(struct scene *sc) {
   return n;
 }
 
+/* The indexes of a's offloaded allocations in away[NA]; returns how
+ * many. */
+static int offloaded_list(struct scene *sc, int *away) {
+  int n = 0;
+  for (int i = 0; i < NA; i++)
+    if (atomic_load(state_of(sc, i)) == GMB_LT_OFFLOADED) away[n++] = i;
+  return n;
+}
+
+/* a's allocation i, brought back or not, still holds its pattern. */
+static void assert_pattern(struct scene *sc, int i) {
+  uint64_t now;
+  ck_assert_int_ne(gmb__offload_resolve(sc->a, sc->id[i], &now, NULL),
+                   GMB_OFFL_AWAY);
+  const uint8_t *p = bytes_of(&sc->f, now);
+  for (size_t k = 0; k < MIB; k++)
+    if (p[k] != (uint8_t)(0x40 + i))
+      ck_abort_msg("allocation %d byte %zu is %#x", i, k, p[k]);
+}
+
 /* An allocation of `size` pinned bytes by `rid` that does not wait:
  * answered at once; returns its status, *id (may be NULL) its id. */
 static int ask(struct scene *sc, const char *rid, uid_t uid, uint64_t size,
@@ -117,6 +146,14 @@ static int ask(struct scene *sc, const char *rid, uid_t uid, uint64_t size,
   ck_assert_int_eq(fx_alloc(&sc->f, rid, uid, size, 0, 0, &rep), 1);
   if (id) *id = rep.u.alloc.id;
   return rep.status;
+}
+
+/* The scene with b's 4 MiB taken from a's offloaded segments: *big b's
+ * allocation, away[] the indexes of a's four offloaded ones. */
+static void scene_offloaded(struct scene *sc, uint64_t *big, int *away) {
+  scene_open(sc, INI_LOW_HIGH("", ""), 1);
+  ck_assert_int_eq(ask(sc, "b", 1002, 4 * MIB, big), 0);
+  ck_assert_int_eq(offloaded_list(sc, away), 4);
 }
 
 START_TEST(offload_then_lock_brings_back) {
@@ -340,7 +377,12 @@ START_TEST(lock_waits_for_room) {
   ck_assert_msg(served, "the held Lock was not answered");
   ck_assert_uint_eq(sc.a->restore_id, 0);
   ck_assert_uint_eq(atomic_load(state_of(&sc, i)), 1);
+  /* The queue served it and nobody else waits: the others came back with
+   * it, as after a Lock that did not wait. */
+  ck_assert_int_eq(offloaded(&sc), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
   atomic_store(state_of(&sc, i), 0);
+  for (int k = 0; k < NA; k++) assert_pattern(&sc, k);
   scene_close(&sc);
 }
 END_TEST
@@ -378,6 +420,671 @@ START_TEST(operator_pause_resume) {
 }
 END_TEST
 
+/* --- a hostile client ------------------------------------------------------
+ *
+ * The lock table is the client's to write: whatever it writes there, into
+ * slots of its allocations or slots it was never given, decides nothing
+ * for the broker but whether its own allocations may be claimed.  Every
+ * request below is followed by the fixture's consistency checks. */
+
+/* A Heartbeat from `rid` that says it is idle (Request.sleep_idle) without
+ * offering any bytes to pause. */
+static void idle(struct fx *f, const char *rid, uid_t uid, int flag) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.sleep_idle = flag;
+  req.sleep_idle_ms = flag ? 5000 : 0;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+}
+
+/* The bits written by the client into slots on the device and into slots
+ * it does not own: the broker neither claims what looks taken nor
+ * believes OFFLOADED where it offloaded nothing. */
+START_TEST(client_writes_state_bits) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("", ""), 1);
+  struct fx *f = &sc.f;
+  struct gmb__lt_slot *slots = gmb__lt_slots(sc.lt);
+  atomic_store(state_of(&sc, 0), GMB_LT_OFFLOADED);
+  atomic_store(state_of(&sc, 2), GMB_LT_MOVING | GMB_LT_WAITERS);
+  atomic_store(state_of(&sc, 4), GMB_LT_OFFLOADED | GMB_LT_WAITERS);
+  atomic_store(&slots[NA + 7].state, GMB_LT_OFFLOADED);
+  __atomic_store_n(&slots[NA + 7].id, sc.id[6], __ATOMIC_RELAXED);
+  /* What it wrote is not an offload: Lock says so, and nothing changes. */
+  struct wire_reply rep;
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[0], 0, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(rep.u.lock.held, 0);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, 0)), GMB_LT_OFFLOADED);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  offer(f, "a", 1001, 1, 5000); /* idle again after its Lock */
+  /* b's request: the segments of 0, 2 and 4 look claimed; only the one
+   * of 6 and 7 can be emptied (2 MiB), so 4 MiB cannot be made. */
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 2 * MIB);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, 6)), GMB_LT_OFFLOADED);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, 0)), GMB_LT_OFFLOADED);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, 2)),
+                    GMB_LT_MOVING | GMB_LT_WAITERS);
+  /* The slot it does not own stays its own scribble. */
+  ck_assert_uint_eq(atomic_load(&slots[NA + 7].state), GMB_LT_OFFLOADED);
+  /* Free of the one it marked: freed, the word reset. */
+  ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[0]), 0);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, 0)), 0);
+  ck_assert_uint_eq(slots[sc.slot[0]].id, 0);
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[0], 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  atomic_store(state_of(&sc, 2), 0);
+  atomic_store(state_of(&sc, 4), 0);
+  for (int i = 1; i < NA; i++)
+    if (atomic_load(state_of(&sc, i)) != GMB_LT_OFFLOADED)
+      assert_pattern(&sc, i);
+  scene_close(&sc);
+}
+END_TEST
+
+/* An offloaded slot the client rewrote (0, a hold of its own, MOVING,
+ * WAITERS): the broker's record decides, and a Lock brings the bytes back
+ * whole with the caller's hold; a Free frees the host copy. */
+START_TEST(client_rewrites_offloaded_slot) {
+  struct scene sc;
+  uint64_t big;
+  int away[NA];
+  scene_offloaded(&sc, &big, away);
+  struct fx *f = &sc.f;
+  atomic_store(state_of(&sc, away[0]), 0);
+  atomic_store(state_of(&sc, away[1]), 3); /* holds it never had */
+  atomic_store(state_of(&sc, away[2]), GMB_LT_MOVING | GMB_LT_WAITERS);
+  atomic_store(state_of(&sc, away[3]), GMB_LT_MOVING);
+  /* A second request: the four on the device are locked, and none of
+   * those the broker holds is offloaded twice. */
+  for (int i = 0; i < NA; i++)
+    if (i != away[0] && i != away[1] && i != away[2] && i != away[3])
+      atomic_store(state_of(&sc, i), 1);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 4 * MIB);
+  ck_assert_uint_eq(f->b.offload.offloads, 4);
+  for (int i = 0; i < NA; i++)
+    if (i != away[0] && i != away[1] && i != away[2] && i != away[3])
+      atomic_store(state_of(&sc, i), 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, big), 0);
+  struct wire_reply rep;
+  for (int k = 0; k < 3; k++) {
+    int i = away[k];
+    if (gmb__offload_resolve(sc.a, sc.id[i], &(uint64_t){0}, NULL) !=
+        GMB_OFFL_AWAY)
+      continue; /* came back with an earlier one */
+    ck_assert_int_eq(lock(f, "a", 1001, sc.id[i], 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "lock: %s", rep.message);
+    ck_assert_int_eq(rep.u.lock.held, 1);
+    ck_assert_uint_eq(atomic_load(state_of(&sc, i)), 1);
+    atomic_store(state_of(&sc, i), 0);
+  }
+  /* The last one: freed while offloaded (if it still is). */
+  uint64_t dummy;
+  if (gmb__offload_resolve(sc.a, sc.id[away[3]], &dummy, NULL) ==
+      GMB_OFFL_AWAY) {
+    ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[away[3]]), 0);
+    ck_assert_uint_eq(atomic_load(state_of(&sc, away[3])), 0);
+  }
+  for (int i = 0; i < NA; i++)
+    if (i != away[3]) assert_pattern(&sc, i);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  ck_assert_ptr_null(sc.a->paused);
+  scene_close(&sc);
+}
+END_TEST
+
+/* Lock of ids that are not this session's offloaded ones: another
+ * session's, a freed one, 0, one never given; and a flood of Locks while
+ * one waits: one waiter, whatever comes. */
+START_TEST(lock_of_foreign_freed_and_flooded_ids) {
+  struct scene sc;
+  uint64_t big;
+  int away[NA];
+  scene_offloaded(&sc, &big, away);
+  struct fx *f = &sc.f;
+  struct wire_reply rep;
+  /* b names a's offloaded allocation: not b's. */
+  ck_assert_int_eq(lock(f, "b", 1002, sc.id[away[0]], 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  ck_assert_int_eq(lock(f, "b", 1002, sc.id[away[0]], 1000, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  ck_assert_uint_eq(sc.b->restore_id, 0);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, away[0])), GMB_LT_OFFLOADED);
+  ck_assert_int_eq(fx_free(f, "b", 1002, sc.id[away[0]]), GMB_E_NOENT);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 4 * MIB);
+  /* a names b's allocation, 0, and an id never given. */
+  ck_assert_int_eq(lock(f, "a", 1001, big, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  ck_assert_int_eq(lock(f, "a", 1001, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  ck_assert_int_eq(lock(f, "a", 1001, UINT64_MAX, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  /* A freed one. */
+  ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[away[0]]), 0);
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[away[0]], 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOENT);
+  ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[away[0]]), GMB_E_NOENT);
+  /* One waits (no room: b is active and of higher priority); a hundred
+   * more, of the same and the other ids, are refused at once. */
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[away[1]], 5000, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  for (int k = 0; k < 100; k++) {
+    ck_assert_int_eq(lock(f, "a", 1001, sc.id[away[1 + k % 3]], 5000, &rep),
+                     1);
+    ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  }
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  ck_assert_uint_eq(sc.a->waiting, 1);
+  /* Free of the waiting one: the wait ends with no such allocation, and
+   * its host copy is gone. */
+  size_t before = f->n_sent;
+  ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[away[1]]), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 2 * MIB);
+  ck_assert_int_eq(fx_free(f, "b", 1002, big), 0);
+  int answered = 0;
+  for (size_t k = before; k < f->n_sent; k++)
+    if (strcmp(f->sent[k].rid, "a") == 0 &&
+        f->sent[k].rep.id != 0 && !answered) {
+      ck_assert_int_eq(f->sent[k].rep.status, GMB_E_NOENT);
+      answered = 1;
+    }
+  ck_assert_msg(answered, "the waiting Lock was not answered");
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(sc.a->restore_id, 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 2 * MIB);
+  scene_close(&sc);
+}
+END_TEST
+
+/* The session ends while its Lock waits: the waiter, the host copies,
+ * the records and the (movable) record all go. */
+START_TEST(end_while_lock_waits) {
+  struct scene sc;
+  uint64_t big;
+  int away[NA];
+  scene_offloaded(&sc, &big, away);
+  struct fx *f = &sc.f;
+  const int i = away[0];
+  struct wire_reply rep;
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[i], 5000, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  struct gmb_tenant *low = fx_tenant(f, "low");
+  fx_end(f, sc.a);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(low->waiting, 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.held, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  ck_assert_uint_eq(low->host_bytes, 0);
+  ck_assert_uint_eq(low->paused_bytes, 0);
+  ck_assert_uint_eq(low->paused_tags, 0);
+  ck_assert_uint_eq(low->used, 0);
+  scene_close(&sc);
+}
+END_TEST
+
+/* sleep_idle from a busy client makes only its own session a candidate:
+ * its tenant's other session, which says nothing, is never taken, a
+ * requester of lower priority takes nothing, and its tenant's
+ * reservation holds. */
+START_TEST(idle_flag_makes_only_itself_a_victim) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\n"
+              "[tenant:low]\nuids = 1001\npriority = 0\nreserve = 4MiB\n"
+              "[tenant:mid]\nuids = 1003\npriority = 5\n"
+              "[tenant:high]\nuids = 1002\npriority = 10\n");
+  fx_hello(&f, "a", 1001, "low");
+  fx_hello(&f, "c", 1001, "low");
+  fx_hello(&f, "m", 1003, "mid");
+  fx_hello(&f, "b", 1002, "high");
+  /* a: 4 MiB in two segments of its own; c: 2 MiB in one; m: 2 MiB
+   * movable; b: 8 MiB pinned.  Full. */
+  for (int i = 0; i < 4; i++) fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  for (int i = 0; i < 2; i++) fx_must_alloc(&f, "c", 1001, MIB, GMB_MOVABLE);
+  for (int i = 0; i < 2; i++) fx_must_alloc(&f, "m", 1003, MIB, GMB_MOVABLE);
+  fx_must_alloc(&f, "b", 1002, 8 * MIB, 0);
+  idle(&f, "a", 1001, 1);
+  idle(&f, "m", 1003, 1);
+  struct wire_reply rep;
+  /* c (low, priority 0) asks: m is of higher priority, a is its own
+   * tenant: nothing. */
+  ck_assert_int_eq(fx_alloc(&f, "c", 1001, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 0);
+  /* b asks for 6 MiB: a's two segments and m's one could make it, but low
+   * keeps its reservation (4 MiB: only a's 2 MiB above it), and c says
+   * nothing: m's 2 MiB and a's 2 MiB, not enough. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 6 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  struct gmb_tenant *low = fx_tenant(&f, "low");
+  ck_assert_uint_ge(low->used, 4 * MIB);
+  ck_assert_uint_le(low->host_bytes, 2 * MIB);
+  ck_assert_ptr_null(gmb__session_find(f.b.sessions, (const uint8_t *)"c", 1)
+                         ->offl);
+  fx_close(&f);
+}
+END_TEST
+
+/* Many idle sessions cost one pool walk: a tenant that opens sixteen idle
+ * sessions, each with a small movable allocation in a segment none of
+ * them can empty (a busy sibling holds one there too), comes first in the
+ * order (idle longest) and gives nothing; the request still walks the
+ * pool once, and is served from a's segments.  An operator's pause of a
+ * tenant walks it once too. */
+START_TEST(one_walk_however_many_idle_sessions) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\n"
+              "[tenant:low]\nuids = 1001\npriority = 0\n"
+              "[tenant:mid]\nuids = 1003\npriority = 0\n"
+              "[tenant:high]\nuids = 1002\npriority = 10\n");
+  fx_hello(&f, "a", 1001, "low");
+  for (int i = 0; i < NA; i++) fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_hello(&f, "m", 1003, "mid");
+  fx_must_alloc(&f, "m", 1003, 512, GMB_MOVABLE);
+  char rid[16];
+  for (int i = 0; i < 16; i++) {
+    snprintf(rid, sizeof rid, "m%d", i);
+    fx_hello(&f, rid, 1003, "mid");
+    fx_must_alloc(&f, rid, 1003, 512, GMB_MOVABLE);
+    struct wire_request req;
+    memset(&req, 0, sizeof req);
+    req.kind = WIRE_HEARTBEAT;
+    req.sleep_idle = 1;
+    req.sleep_idle_ms = 60000;
+    struct wire_reply rep;
+    ck_assert_int_eq(fx_request(&f, rid, 1003, &req, &rep), 0);
+  }
+  fx_hello(&f, "b", 1002, "high");
+  fx_must_alloc(&f, "b", 1002, 6 * MIB, 0);
+  offer(&f, "a", 1001, 1, 5000);
+  uint64_t walks = f.b.offload.walks;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(f.b.offload.walks - walks, 1);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 4 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "mid")->host_bytes, 0);
+  /* gmbctl pause mid: every movable allocation of its seventeen sessions,
+   * one walk. */
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_PAUSE;
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "mid");
+  struct gmb_peer p = fx_peer("ctl", geteuid());
+  walks = f.b.offload.walks;
+  ck_assert_int_eq(gmb__admin(&f.b, &p, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_uint_eq(rep.u.pause.movable, 17);
+  ck_assert_uint_eq(f.b.offload.walks - walks, 1);
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* A library's pause of tag "w" (its SleepNote, host bytes it copies) and
+ * the broker's offloads share the tenant's host_quota, whichever comes
+ * first; the (movable) record's name is the broker's. */
+static int note(struct fx *f, const char *rid, uid_t uid, const char *tag,
+                int paused, uint64_t host) {
+  return fx_sleep_note(f, rid, uid, tag, paused, host, host);
+}
+
+START_TEST(host_quota_shared_with_paused_tags) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("", "host_quota = 3MiB\n"), 1);
+  struct fx *f = &sc.f;
+  struct gmb_tenant *low = fx_tenant(f, "low");
+  fx_hello(f, "a2", 1001, "low");
+  /* The library's pause first: 2 MiB of the 3; a segment (2 MiB) of a's
+   * would pass the rest, so none is offloaded. */
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 1, 2 * MIB), 0);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 0);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
+  /* The (movable) record is the broker's: no library may name it. */
+  ck_assert_int_eq(note(f, "a2", 1001, GMB_SLEEP_MOVABLE_TAG, 1, 0),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(note(f, "a2", 1001, GMB_SLEEP_MOVABLE_TAG, 0, 0),
+                   GMB_E_INVAL);
+  /* The tag resumes: now the broker's offload takes 2 MiB, and the
+   * library's next pause of 2 MiB would pass the quota. */
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 0, 0), 0);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), 0);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 1, 2 * MIB), GMB_E_LIMIT);
+  ck_assert_int_eq(note(f, "a2", 1001, "w", 1, MIB), 0);
+  ck_assert_uint_eq(low->host_bytes, 3 * MIB);
+  /* Nothing more fits: another segment is refused whole. */
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_le(low->host_bytes, 3 * MIB);
+  scene_close(&sc);
+}
+END_TEST
+
+/* --- host memory and copies that fail ----------------------------------- */
+
+/* The host device's ops, with host allocations and copies that fail on
+ * demand: the n-th call from now (1: the next one), 0: never. */
+static const struct gmb_device_ops *real_ops;
+static struct gmb_device_ops faulty_ops;
+static int no_host_memory, fail_copy_out, fail_copy_in;
+
+static void *faulty_host_alloc(struct gmb_device *d, uint64_t len) {
+  if (no_host_memory) return NULL;
+  return real_ops->host_alloc(d, len);
+}
+
+static int faulty_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
+                            uint64_t off, void *p, uint64_t len,
+                            int to_host) {
+  int *n = to_host ? &fail_copy_out : &fail_copy_in;
+  if (*n && --*n == 0) return GMB_E_DEVICE;
+  return real_ops->copy_host(d, seg, off, p, len, to_host);
+}
+
+static void faulty_on(struct fx *f) {
+  real_ops = f->b.dev->ops;
+  faulty_ops = *real_ops;
+  faulty_ops.host_alloc = faulty_host_alloc;
+  faulty_ops.copy_host = faulty_copy_host;
+  f->b.dev->ops = &faulty_ops;
+  no_host_memory = fail_copy_out = fail_copy_in = 0;
+}
+
+static void faulty_off(struct fx *f) { f->b.dev->ops = real_ops; }
+
+/* No host memory, then a copy out that fails half-way through a segment,
+ * then a copy back that fails: each time nothing is lost, the slots say
+ * where the bytes are, and a later try succeeds. */
+START_TEST(host_memory_and_copies_fail) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("", ""), 1);
+  struct fx *f = &sc.f;
+  faulty_on(f);
+  /* No host memory at all: nothing offloaded, the request refused. */
+  no_host_memory = 1;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  for (int i = 0; i < NA; i++) {
+    ck_assert_uint_eq(atomic_load(state_of(&sc, i)), 0);
+    assert_pattern(&sc, i);
+  }
+  no_host_memory = 0;
+  /* The second copy of a segment fails: the first stays offloaded, the
+   * second on the device, unclaimed. */
+  fail_copy_out = 2;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 1);
+  ck_assert_uint_eq(f->b.offload.host_bytes, MIB);
+  int away = -1;
+  for (int i = 0; i < NA; i++) {
+    if (atomic_load(state_of(&sc, i)) == GMB_LT_OFFLOADED) {
+      away = i;
+      continue;
+    }
+    ck_assert_uint_eq(atomic_load(state_of(&sc, i)), 0);
+    assert_pattern(&sc, i);
+  }
+  /* Its copy back fails: GMB_E_DEVICE, still offloaded, bytes kept. */
+  struct wire_reply rep;
+  fail_copy_in = 1;
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[away], 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_DEVICE);
+  ck_assert_uint_eq(atomic_load(state_of(&sc, away)), GMB_LT_OFFLOADED);
+  ck_assert_uint_eq(f->b.offload.host_bytes, MIB);
+  ck_assert_uint_eq(fx_tenant(f, "low")->used, (NA - 1) * MIB);
+  /* Then it comes back whole. */
+  ck_assert_int_eq(lock(f, "a", 1001, sc.id[away], 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "lock: %s", rep.message);
+  ck_assert_int_eq(rep.u.lock.held, 1);
+  atomic_store(state_of(&sc, away), 0);
+  assert_pattern(&sc, away);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  faulty_off(f);
+  scene_close(&sc);
+}
+END_TEST
+
+/* offload_host_max 3 MiB: the chunk is cut to it; a segment that does not
+ * fit what is left of it is refused whole; copies freed out of order keep
+ * their chunk until its last one goes, and the bound holds throughout. */
+START_TEST(chunks_freed_out_of_order) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("offload_host_max = 3MiB\n", ""), 1);
+  struct fx *f = &sc.f;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 2 * MIB);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 3 * MIB);
+  int away[NA];
+  ck_assert_int_eq(offloaded_list(&sc, away), 2);
+  /* The consistency check sums the chunks the copies are in. */
+  ck_assert_int_eq(gmb__offload_check(&f->b), 0);
+  f->b.offload.chunk_bytes += 4096;
+  ck_assert_int_gt(gmb__offload_check(&f->b), 0);
+  f->b.offload.chunk_bytes -= 4096;
+  struct gmb_offl_chunk *cur = f->b.offload.chunk;
+  f->b.offload.chunk = (struct gmb_offl_chunk *)&sc; /* not one of theirs */
+  ck_assert_int_gt(gmb__offload_check(&f->b), 0);
+  f->b.offload.chunk = cur;
+  ck_assert_int_eq(gmb__offload_check(&f->b), 0);
+  /* Another segment: 1 MiB left in the chunk and none within the bound:
+   * refused whole, nothing of it offloaded. */
+  offer(f, "a", 1001, 1, 5000);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_le(f->b.offload.chunk_bytes, 3 * MIB);
+  /* The first copy freed: its chunk stays for the second, and its gap is
+   * not cut again. */
+  ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[away[0]]), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, MIB);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 3 * MIB);
+  offer(f, "a", 1001, 1, 5000); /* idle again after its Free */
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_eq(offloaded(&sc), 1);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 3 * MIB);
+  /* The second: the chunk goes, and a new one takes a segment again. */
+  ck_assert_int_eq(fx_free(f, "a", 1001, sc.id[away[1]]), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  ck_assert_ptr_null(f->b.offload.chunk);
+  ck_assert_ptr_null(sc.a->paused);
+  offer(f, "a", 1001, 1, 5000);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), 0);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 3 * MIB);
+  scene_close(&sc);
+}
+END_TEST
+
+/* --- a seeded random hostile mix -----------------------------------------
+ *
+ * Four sessions of three tenants send what a hostile client may, in a
+ * seeded random order (SEED, ITER: 1500 steps by default), with the
+ * consistency checks after every step; then they end and nothing stays
+ * counted. */
+
+#define ST_SESS 4 /* a, a2 (low), m (mid), b (high) */
+#define ST_IDS 64
+
+struct stress {
+  struct fx f;
+  const char *rid[ST_SESS];
+  uid_t uid[ST_SESS];
+  const char *tenant[ST_SESS];
+  uint64_t id[ST_SESS][ST_IDS]; /* what each was given (0: none) */
+  struct gmb__lt_header *lt[ST_SESS];
+};
+
+static uint64_t st_rand(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+
+static void st_hello(struct stress *st, int k) {
+  struct gmb_session *s =
+      fx_hello(&st->f, st->rid[k], st->uid[k], st->tenant[k]);
+  st->lt[k] = fx_map_locktab(s);
+  memset(st->id[k], 0, sizeof st->id[k]);
+}
+
+/* One random step of session k: the requests a hostile client may send
+ * (ids of its own, of others, freed or made up), words written into its
+ * lock table, idle claims, operators' pauses, time passing, its end. */
+static void st_step(struct stress *st, uint64_t *x) {
+  struct fx *f = &st->f;
+  const int k = (int)(st_rand(x) % ST_SESS);
+  const char *rid = st->rid[k];
+  const uid_t uid = st->uid[k];
+  uint64_t any = st->id[st_rand(x) % ST_SESS][st_rand(x) % ST_IDS];
+  if (st_rand(x) % 8 == 0) any = st_rand(x) % 4 ? any + 1 : st_rand(x);
+  struct wire_request req;
+  struct wire_reply rep;
+  memset(&req, 0, sizeof req);
+  switch (st_rand(x) % 11) {
+    case 0:
+    case 1: { /* alloc */
+      uint64_t size = 512 + st_rand(x) % (k == 3 ? 3 * MIB : MIB);
+      unsigned flags = k == 3 && st_rand(x) % 2 ? 0 : GMB_MOVABLE;
+      int wait = st_rand(x) % 4 == 0 ? 50 : 0;
+      if (fx_alloc(f, rid, uid, size, flags, wait, &rep) == 1 &&
+          rep.status == 0)
+        st->id[k][st_rand(x) % ST_IDS] = rep.u.alloc.id;
+      break;
+    }
+    case 2: /* free, any id */
+      req.kind = WIRE_FREE;
+      req.u.free.id = any;
+      fx_request(f, rid, uid, &req, &rep);
+      break;
+    case 3:
+    case 4: /* Lock, any id; a hold it got is given back at once */
+      if (lock(f, rid, uid, any, st_rand(x) % 3 ? 0 : 100, &rep) == 1 &&
+          rep.status == 0 && rep.u.lock.held) {
+        for (uint32_t i = 0; i < 256; i++) {
+          _Atomic uint32_t *w = &gmb__lt_slots(st->lt[k])[i].state;
+          if (gmb__lt_slots(st->lt[k])[i].id == any && atomic_load(w) == 1)
+            atomic_store(w, 0);
+        }
+      }
+      break;
+    case 5: { /* a word of its lock table */
+      static const uint32_t words[] = {
+          0, 1, 2, GMB_LT_MOVING, GMB_LT_MOVING | GMB_LT_WAITERS,
+          GMB_LT_OFFLOADED, GMB_LT_OFFLOADED | GMB_LT_WAITERS,
+          GMB_LT_MAX_HOLDERS, UINT32_MAX};
+      uint32_t slot = (uint32_t)(st_rand(x) % 96);
+      atomic_store(&gmb__lt_slots(st->lt[k])[slot].state,
+                   words[st_rand(x) % (sizeof words / sizeof *words)]);
+      break;
+    }
+    case 6: /* idle or not, offering bytes or not */
+      req.kind = WIRE_HEARTBEAT;
+      req.sleep_idle = (int)(st_rand(x) % 2);
+      req.sleep_pausable = st_rand(x) % 3 == 0 ? st_rand(x) % (4 * MIB) : 0;
+      req.sleep_idle_ms = st_rand(x) % 100000;
+      fx_request(f, rid, uid, &req, &rep);
+      break;
+    case 7: { /* an operator's pause or resume of low or mid */
+      memset(&req, 0, sizeof req);
+      req.kind = st_rand(x) % 2 ? WIRE_ADMIN_PAUSE : WIRE_ADMIN_RESUME;
+      snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant,
+               "%s", st_rand(x) % 2 ? "low" : "mid");
+      struct gmb_peer p = fx_peer("ctl", geteuid());
+      gmb__admin(&f->b, &p, &req, &rep);
+      ck_assert_int_eq(gmb__core_check(&f->b), 0);
+      break;
+    }
+    case 8: { /* time passes: compaction runs, waits and asks run out */
+      for (int n = 0; n < 8 && gmb__defrag_tick(&f->b, UINT64_MAX); n++)
+        ck_assert_int_eq(gmb__core_check(&f->b), 0);
+      uint64_t later = gmb__now_ns() + 20 * GMB_NS_PER_S;
+      gmb__waitq_expire(&f->b, later);
+      gmb__reclaim_expire(&f->b, later);
+      ck_assert_int_eq(gmb__core_check(&f->b), 0);
+      break;
+    }
+    case 9: /* a SleepNote of some tag */
+      note(f, rid, uid, st_rand(x) % 2 ? "w" : GMB_SLEEP_MOVABLE_TAG,
+           (int)(st_rand(x) % 2), st_rand(x) % (2 * MIB));
+      break;
+    default: /* the end of a session, and a new one in its place */
+      if (st_rand(x) % 4) break;
+      fx_unmap_locktab(st->lt[k]);
+      fx_end(f, gmb__session_find(f->b.sessions, (const uint8_t *)rid,
+                                  strlen(rid)));
+      st_hello(st, k);
+      break;
+  }
+  f->n_sent = 0;
+}
+
+static void stress_run(const char *compaction) {
+  struct stress st;
+  memset(&st, 0, sizeof st);
+  char ini[512];
+  snprintf(ini, sizeof ini,
+           "[broker]\ncompaction = %s\noffload_host_max = 12MiB\n"
+           "max_waiters_per_session = 4\n"
+           "[tenant:low]\nuids = 1001\npriority = 0\nreserve = 2MiB\n"
+           "host_quota = 6MiB\n"
+           "[tenant:mid]\nuids = 1003\npriority = 5\n"
+           "[tenant:high]\nuids = 1002\npriority = 10\n", compaction);
+  fx_open_ini(&st.f, "host:24MiB", ini);
+  const char *rids[ST_SESS] = {"a", "a2", "m", "b"};
+  const uid_t uids[ST_SESS] = {1001, 1001, 1003, 1002};
+  const char *tenants[ST_SESS] = {"low", "low", "mid", "high"};
+  for (int k = 0; k < ST_SESS; k++) {
+    st.rid[k] = rids[k];
+    st.uid[k] = uids[k];
+    st.tenant[k] = tenants[k];
+    st_hello(&st, k);
+  }
+  const char *e = getenv("ITER");
+  int iter = e ? atoi(e) : 1000;
+  e = getenv("SEED");
+  uint64_t x = e ? strtoull(e, NULL, 0) : UINT64_C(0x9e3779b97f4a7c15);
+  for (int i = 0; i < iter; i++) st_step(&st, &x);
+  /* The mix did what it is for (with any seed of some length). */
+  ck_assert_uint_gt(st.f.b.offload.offloads, 0);
+  ck_assert_uint_gt(st.f.b.offload.restores, 0);
+  /* Everyone ends: nothing stays counted. */
+  for (int k = 0; k < ST_SESS; k++) {
+    fx_unmap_locktab(st.lt[k]);
+    fx_end(&st.f, gmb__session_find(st.f.b.sessions,
+                                    (const uint8_t *)st.rid[k],
+                                    strlen(st.rid[k])));
+  }
+  ck_assert_uint_eq(st.f.b.offload.host_bytes, 0);
+  ck_assert_uint_eq(st.f.b.offload.chunk_bytes, 0);
+  ck_assert_uint_eq(st.f.b.offload.held, 0);
+  ck_assert_uint_eq(st.f.b.waitq.n, 0);
+  ck_assert_uint_eq(fx_tenant(&st.f, "low")->host_bytes, 0);
+  ck_assert_uint_eq(fx_tenant(&st.f, "mid")->host_bytes, 0);
+  fx_close(&st.f);
+}
+
+/* With compaction off, and on (its runs moving what the offloads leave,
+ * a step at a time). */
+START_TEST(hostile_mix_keeps_the_sums) {
+  stress_run("off");
+  stress_run("auto");
+}
+END_TEST
+
 static Suite *offload_suite(void) {
   Suite *s = suite_create("offload");
   TCase *tc = tcase_create("offload");
@@ -391,6 +1098,16 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, only_opted_in_for_higher);
   tcase_add_test(tc, lock_waits_for_room);
   tcase_add_test(tc, operator_pause_resume);
+  tcase_add_test(tc, client_writes_state_bits);
+  tcase_add_test(tc, client_rewrites_offloaded_slot);
+  tcase_add_test(tc, lock_of_foreign_freed_and_flooded_ids);
+  tcase_add_test(tc, end_while_lock_waits);
+  tcase_add_test(tc, idle_flag_makes_only_itself_a_victim);
+  tcase_add_test(tc, one_walk_however_many_idle_sessions);
+  tcase_add_test(tc, host_quota_shared_with_paused_tags);
+  tcase_add_test(tc, host_memory_and_copies_fail);
+  tcase_add_test(tc, chunks_freed_out_of_order);
+  tcase_add_test(tc, hostile_mix_keeps_the_sums);
   suite_add_tcase(s, tc);
   return s;
 }

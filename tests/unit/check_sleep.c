@@ -71,19 +71,6 @@ static const char *sleep_ask(const struct fx *f, size_t k, uint64_t *bytes) {
   return NULL;
 }
 
-static int note(struct fx *f, const char *rid, uid_t uid, const char *tag,
-                int paused, uint64_t host, uint64_t device) {
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_SLEEP_NOTE;
-  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "%s", tag);
-  req.u.sleep_note.paused = paused;
-  req.u.sleep_note.host_bytes = host;
-  req.u.sleep_note.device_bytes = device;
-  struct wire_reply rep;
-  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
-  return rep.status;
-}
 
 START_TEST(order_priority_idle_then_offer) {
   struct fx f;
@@ -224,20 +211,21 @@ START_TEST(note_account_and_host_quota) {
   fx_hello(&f, "b", 1001, "h");
   struct gmb_tenant *t = fx_tenant(&f, "h");
   ck_assert_uint_eq(t->host_quota, 6 * MIB);
-  ck_assert_int_eq(note(&f, "a", 1001, "w", 1, 4 * MIB, 4 * MIB), 0);
-  ck_assert_int_eq(note(&f, "b", 1001, "w", 1, 4 * MIB, 4 * MIB),
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "w", 1, 4 * MIB, 4 * MIB), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "b", 1001, "w", 1, 4 * MIB, 4 * MIB),
                    GMB_E_LIMIT);
-  ck_assert_int_eq(note(&f, "b", 1001, "w", 1, 0, 4 * MIB), 0); /* discard */
-  ck_assert_int_eq(note(&f, "a", 1001, "w", 1, 6 * MIB, 6 * MIB), 0);
-  ck_assert_int_eq(note(&f, "a", 1001, "w", 1, 7 * MIB, 6 * MIB),
+  /* A discard. */
+  ck_assert_int_eq(fx_sleep_note(&f, "b", 1001, "w", 1, 0, 4 * MIB), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "w", 1, 6 * MIB, 6 * MIB), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "w", 1, 7 * MIB, 6 * MIB),
                    GMB_E_LIMIT);
   ck_assert_uint_eq(t->host_bytes, 6 * MIB);
   ck_assert_uint_eq(t->paused_bytes, 10 * MIB);
   ck_assert_uint_eq(t->paused_tags, 2);
   ck_assert_uint_eq(t->pauses, 2);
-  ck_assert_int_eq(note(&f, "a", 1001, "never", 0, 0, 0), 0);
-  ck_assert_int_eq(note(&f, "a", 1001, "", 1, 0, 0), GMB_E_INVAL);
-  ck_assert_int_eq(note(&f, "a", 1001, "w", 0, 0, 0), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "never", 0, 0, 0), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "", 1, 0, 0), GMB_E_INVAL);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "w", 0, 0, 0), 0);
   ck_assert_uint_eq(t->resumes, 1);
   ck_assert_uint_eq(t->host_bytes, 0);
   /* b ends paused: its record goes, its time is kept. */
@@ -257,10 +245,12 @@ START_TEST(note_records_bounded) {
   char tag[16];
   for (int i = 0; i < GMB_SLEEP_TAGS_MAX; i++) {
     snprintf(tag, sizeof tag, "t%d", i);
-    ck_assert_int_eq(note(&f, "a", 1001, tag, 1, 0, 0), 0);
+    ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, tag, 1, 0, 0), 0);
   }
-  ck_assert_int_eq(note(&f, "a", 1001, "one-more", 1, 0, 0), GMB_E_LIMIT);
-  ck_assert_int_eq(note(&f, "a", 1001, "t3", 1, 0, 0), 0); /* an update */
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "one-more", 1, 0, 0),
+                   GMB_E_LIMIT);
+  /* An update. */
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "t3", 1, 0, 0), 0);
   fx_close(&f);
 }
 END_TEST
