@@ -619,7 +619,8 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
   offl_scan(b, &c);
   for (size_t g = 0; g < c.n_groups; g++)
     c.groups[g].rank = first[offl_tenant_at(&c, c.groups[g].t)];
-  qsort(c.groups, c.n_groups, sizeof *c.groups, offl_group_cmp);
+  if (c.n_groups) /* groups is NULL when the walk found none */
+    qsort(c.groups, c.n_groups, sizeof *c.groups, offl_group_cmp);
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   const uint64_t room0 = ps.room;
