@@ -47,10 +47,8 @@
 #include "waitq.h"
 
 int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid) {
-  if (uid == geteuid()) return 1;
-  for (size_t i = 0; i < b->cfg.n_admin_uids; i++)
-    if (b->cfg.admin_uids[i] == uid) return 1;
-  return 0;
+  return gmb__config_operator(b->cfg.admin_uids, b->cfg.n_admin_uids,
+                              gmb__config_overflow_uid(), uid);
 }
 
 /* --- quota and reserve ------------------------------------------------- */
@@ -277,6 +275,12 @@ static int admin_tenant_add(struct gmb_broker *b, const struct gmb_peer *peer,
                            "give a token hash or uids", a->tenant);
   if (a->n_uids > GMB_CONFIG_UIDS_MAX)
     return gmb__reply_fail(rep, GMB_E_INVAL, "too many uids");
+  for (uint32_t i = 0; i < a->n_uids; i++)
+    if (a->uids[i] == gmb__config_overflow_uid())
+      return gmb__reply_fail(rep, GMB_E_INVAL, "uid %u is the overflow uid: "
+                             "every peer without a uid in the broker's user "
+                             "namespace shows as it, so it names no one",
+                             (unsigned)a->uids[i]);
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
   gmb__size_format(a->quota, qs, sizeof qs);

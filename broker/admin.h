@@ -10,8 +10,9 @@
 #include "broker.h"
 #include "wire.h"
 
-/* 1 when uid is an operator: the broker's own uid or one of admin_uids
- * (checked on every admin request, whichever socket it came by). */
+/* 1 when uid is an operator: the broker's own uid or one of admin_uids,
+ * never the overflow uid (gmb__config_operator); checked on every admin
+ * request, whichever socket it came by. */
 int gmb__admin_allowed(const struct gmb_broker *b, uid_t uid);
 
 /* Handles one admin request.  Returns 1 when *rep is to be sent now, 0

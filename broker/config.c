@@ -31,6 +31,7 @@
 #include <math.h>
 #include <pwd.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +134,40 @@ static int cfg_uid_one(const char *s, uid_t *out) {
   return 1;
 }
 
+uid_t gmb__config_overflow_uid(void) {
+  static _Atomic long long cached = -1; /* the admin socket's threads */
+  long long v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return (uid_t)v;
+  unsigned long long x;
+  FILE *f = fopen("/proc/sys/kernel/overflowuid", "re");
+  v = 65534;
+  if (f && fscanf(f, "%llu", &x) == 1 && x < (unsigned long long)(uid_t)-1)
+    v = (long long)x;
+  if (f) fclose(f);
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return (uid_t)v;
+}
+
+int gmb__config_operator(const uid_t *admins, size_t n, uid_t overflow,
+                         uid_t uid) {
+  if (uid == overflow) return 0;
+  if (uid == geteuid()) return 1;
+  for (size_t i = 0; i < n; i++)
+    if (admins[i] == uid) return 1;
+  return 0;
+}
+
+/* A uid list may not name the overflow uid: every peer the broker cannot
+ * map would be that operator or that tenant's. */
+static int cfg_uid_overflow(struct cfg_parse *p, const char *key,
+                            const char *item, uid_t uid) {
+  if (uid != gmb__config_overflow_uid()) return 1;
+  return cfg_fail(p, p->line, "%s %s: uid %u ('%s') is the overflow uid "
+                  "(/proc/sys/kernel/overflowuid): every peer without a uid "
+                  "in the broker's user namespace shows as it, so it names "
+                  "no one", p->sec_label, key, (unsigned)uid, item);
+}
+
 /* "0, 1001,alice": an empty value is an empty list. */
 static int cfg_uids(struct cfg_parse *p, const char *key, const char *v,
                     uid_t *uids, size_t *n_out) {
@@ -161,6 +196,7 @@ static int cfg_uids(struct cfg_parse *p, const char *key, const char *v,
       return cfg_fail(p, p->line,
                       "%s %s: bad uid '%s' (not a uid number or a user name)",
                       p->sec_label, key, item);
+    if (!cfg_uid_overflow(p, key, item, uids[n])) return 0;
     n++;
     if (e == NULL) break;
     s = e + 1;

@@ -112,6 +112,23 @@ void gmb__config_free(struct gmb_config *c);
  * others out (0666). */
 mode_t gmb__config_admin_mode(const struct gmb_config *c);
 
+/*
+ * The kernel's overflow uid (/proc/sys/kernel/overflowuid; 65534, its
+ * default, when that cannot be read), read once.  SO_PEERCRED reports it
+ * for every peer whose uid has no mapping in the broker's user namespace,
+ * so it names no one in particular: admin_uids and a tenant's uids may not
+ * name it (the config is refused), and it is never an operator.
+ */
+uid_t gmb__config_overflow_uid(void);
+
+/* 1 when a peer whose SO_PEERCRED uid is `uid` is an operator: the
+ * broker's own uid or one of admins[0..n), and never `overflow` (the
+ * overflow uid: an unmapped peer's), even when the broker runs as it.
+ * The one operator rule: the admin socket's check and its connection
+ * caps both use it. */
+int gmb__config_operator(const uid_t *admins, size_t n, uid_t overflow,
+                         uid_t uid);
+
 /* offload_host_max's default: a quarter of the host's physical memory. */
 uint64_t gmb__config_offload_default(void);
 

@@ -40,6 +40,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "config.h"
+
 struct cg_uid {
   uid_t uid;
   uint32_t n;       /* connections to the client socket */
@@ -167,10 +169,8 @@ void gmb__connguard_stats(struct gmb_connguard_stats *out) {
 
 /* Under cg_mu: 1 when uid is an operator (gmb__connguard_admins). */
 static int cg_is_admin(uid_t uid) {
-  if (uid == geteuid()) return 1;
-  for (size_t i = 0; i < cg_nadmins; i++)
-    if (cg_admins[i] == uid) return 1;
-  return 0;
+  return gmb__config_operator(cg_admins, cg_nadmins,
+                              gmb__config_overflow_uid(), uid);
 }
 
 /* Under cg_mu. */

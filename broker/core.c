@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "connguard.h"
 #include "defrag.h"
@@ -179,6 +180,10 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
   else
     log_info("default_quota: %s for each uid's tenants made by first use",
              gmb__size_format(b->cfg.default_quota, dq, sizeof dq));
+  if (geteuid() == gmb__config_overflow_uid())
+    log_warn("the broker runs as uid %u, the overflow uid that every peer "
+             "without a uid in its user namespace shows as: its own uid is "
+             "no operator, so only admin_uids are", (unsigned)geteuid());
   b->dev->retire_note = core_retire_note;
   b->dev->retire_ctx = b;
   b->pool = gmb__pool_new(b->dev, core_retire, b);

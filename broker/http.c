@@ -1,6 +1,8 @@
 /*
- * http.c - the metrics endpoint: libmicrohttpd with its own polling thread
- * serving the text the loop last published.
+ * http.c - the metrics endpoint: libmicrohttpd run by a thread of its own
+ * (http_serve), serving the text the loop last published; and what both
+ * HTTP servers share (http.h): the uid counts, the replies, and each
+ * connection's absolute deadline.
  *
  * Invariants: the server thread reads nothing of the broker but `text`,
  * which it copies under `mu` into each response (libmicrohttpd's
@@ -17,7 +19,14 @@
  * uid past HTTP_PER_UID connections is refused at accept; peers not
  * found there (other hosts, other network namespaces) share one count of
  * HTTP_PER_UID * 2.  The count lives in `uids`, touched only on the
- * server thread (the accept policy and the connection notices).
+ * server thread (the accept policy and the connection notices).  Each
+ * connection is closed HTTP_TIMEOUT_S after its accept, idle or not
+ * (gmb__http_run): libmicrohttpd's timeout counts idle time only, and a
+ * peer trickling a byte every few seconds would otherwise keep its place
+ * under the caps for ever, so a few of them could refuse every scrape.
+ * The thread polls libmicrohttpd's epoll descriptor with the sooner of
+ * its timeout and the next deadline, so it wakes for each; the loop never
+ * waits on it (publishing takes `mu` for a pointer swap).
  */
 #include "http.h"
 
@@ -31,15 +40,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "gmb.h"
+#include "log.h"
+#include "util.h"
 
 #define HTTP_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 #define HTTP_CONNECTIONS 64 /* in all */
 #define HTTP_PER_UID 4
-#define HTTP_TIMEOUT_S 5   /* an idle connection is closed after it */
+#define HTTP_TIMEOUT_S 5   /* a connection is closed this long after its
+                              accept, idle or not */
 #define HTTP_UID_UNKNOWN ((uid_t)-1)
 
 struct gmb_http {
@@ -49,6 +63,9 @@ struct gmb_http {
   char *text; /* NULL until the first publish */
   size_t len;
   struct gmb_http_uids uids; /* uids with connections */
+  struct gmb_http_conns conns; /* every connection open now */
+  pthread_t thread;
+  int stop_fd; /* an eventfd: written once, by gmb__http_stop */
   uint64_t refused;         /* past a uid's cap (read with the server
                                stopped, or racy for a log line) */
 };
@@ -118,6 +135,59 @@ unsigned *gmb__http_uid_count(struct gmb_http_uids *t, uid_t uid, int make) {
   return NULL;
 }
 
+void gmb__http_conn_add(struct gmb_http_conns *l, struct gmb_http_conn *c,
+                        int fd, uid_t uid) {
+  *c = (struct gmb_http_conn){
+      .fd = fd, .uid = uid,
+      .end_ns = gmb__now_ns() + (uint64_t)l->timeout_s * GMB_NS_PER_S};
+  c->next = l->head;
+  if (c->next) c->next->prev = &c->next;
+  c->prev = &l->head;
+  l->head = c;
+}
+
+void gmb__http_conn_remove(struct gmb_http_conn *c) {
+  *c->prev = c->next;
+  if (c->next) c->next->prev = c->prev;
+}
+
+/* Nanoseconds until the next deadline of a connection not yet shut down
+ * (0: one has passed; UINT64_MAX: none); with `cut`, shuts down each
+ * connection past its deadline first. */
+static uint64_t http_deadline(struct gmb_http_conns *l, uint64_t now,
+                              int cut) {
+  uint64_t next = UINT64_MAX;
+  for (struct gmb_http_conn *c = l->head; c; c = c->next) {
+    if (c->cut) continue;
+    if (now < c->end_ns || !cut) {
+      uint64_t left = now < c->end_ns ? c->end_ns - now : 0;
+      if (left < next) next = left;
+      continue;
+    }
+    log_debug("%s: a connection of uid %ld closed %u s after it was "
+              "accepted", l->what,
+              c->uid == HTTP_UID_UNKNOWN ? -1L : (long)c->uid, l->timeout_s);
+    shutdown(c->fd, SHUT_RDWR);
+    c->cut = 1;
+  }
+  return next;
+}
+
+void gmb__http_run(struct MHD_Daemon *d, struct gmb_http_conns *l) {
+  http_deadline(l, gmb__now_ns(), 1);
+  MHD_run(d);
+}
+
+long gmb__http_timeout_ms(struct MHD_Daemon *d, struct gmb_http_conns *l) {
+  MHD_UNSIGNED_LONG_LONG ms;
+  uint64_t cut = http_deadline(l, gmb__now_ns(), 0);
+  if (MHD_get_timeout(d, &ms) != MHD_YES) ms = UINT64_MAX;
+  if (cut != UINT64_MAX && (cut + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS < ms)
+    ms = (cut + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS;
+  if (ms == UINT64_MAX) return -1;
+  return ms > 1000 ? 1000 : (long)ms;
+}
+
 static unsigned http_uid_cap(uid_t uid) {
   return uid == HTTP_UID_UNKNOWN ? 2 * HTTP_PER_UID : HTTP_PER_UID;
 }
@@ -136,22 +206,56 @@ static enum MHD_Result http_accept_ok(void *cls, const struct sockaddr *a,
   return MHD_YES;
 }
 
-/* Counts a connection in and out; its uid, plus one, is its context. */
+/* Counts a connection in (its uid's row, its deadline) and out; its
+ * gmb_http_conn is its context.  One that cannot be counted is shut down
+ * at once: libmicrohttpd reads its end and closes it, so nothing open
+ * escapes the caps or the deadline. */
 static void http_notify(void *cls, struct MHD_Connection *conn, void **ctx,
                         enum MHD_ConnectionNotificationCode code) {
   struct gmb_http *h = cls;
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-    const union MHD_ConnectionInfo *ci =
+    const union MHD_ConnectionInfo *ca =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    uid_t uid = ci ? http_peer_uid(ci->client_addr) : HTTP_UID_UNKNOWN;
-    unsigned *n = gmb__http_uid_count(&h->uids, uid, 1);
-    if (n) (*n)++;
-    *ctx = n ? (void *)((uintptr_t)uid + 1) : NULL;
-  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
-    unsigned *n =
-        gmb__http_uid_count(&h->uids, (uid_t)((uintptr_t)*ctx - 1), 0);
-    if (n) (*n)--;
+    const union MHD_ConnectionInfo *cf =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    uid_t uid = ca ? http_peer_uid(ca->client_addr) : HTTP_UID_UNKNOWN;
+    struct gmb_http_conn *c = NULL;
+    unsigned *n = NULL;
     *ctx = NULL;
+    if (cf == NULL) return; /* never: libmicrohttpd knows its socket */
+    /* A row made here and left at 0 is a free row again. */
+    if ((n = gmb__http_uid_count(&h->uids, uid, 1)) == NULL ||
+        (c = malloc(sizeof *c)) == NULL) {
+      shutdown(cf->connect_fd, SHUT_RDWR);
+      return;
+    }
+    (*n)++;
+    gmb__http_conn_add(&h->conns, c, cf->connect_fd, uid);
+    *ctx = c;
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
+    struct gmb_http_conn *c = *ctx;
+    unsigned *n = gmb__http_uid_count(&h->uids, c->uid, 0);
+    GMB_ASSERT(n && *n && "a connection counted in its uid's row");
+    (*n)--;
+    gmb__http_conn_remove(c);
+    free(c);
+    *ctx = NULL;
+  }
+}
+
+/* The server thread: libmicrohttpd's epoll descriptor, its timeouts and
+ * the connections' deadlines, until gmb__http_stop writes `stop_fd`. */
+static void *http_serve(void *arg) {
+  struct gmb_http *h = arg;
+  struct pollfd p[2] = {
+      {.fd = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd,
+       .events = POLLIN},
+      {.fd = h->stop_fd, .events = POLLIN}};
+  for (;;) {
+    p[1].revents = 0;
+    (void)poll(p, 2, (int)gmb__http_timeout_ms(h->d, &h->conns));
+    if (p[1].revents) return NULL;
+    gmb__http_run(h->d, &h->conns);
   }
 }
 
@@ -312,35 +416,48 @@ int gmb__http_start(const char *listen, struct gmb_http **out, char *err,
     return GMB_E_SYSTEM;
   }
   pthread_mutex_init(&h->mu, NULL);
+  h->conns = (struct gmb_http_conns){.what = "metrics_listen",
+                                     .timeout_s = HTTP_TIMEOUT_S};
+  h->stop_fd = -1;
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
     h->port = ntohs(ss.ss_family == AF_INET6
                         ? ((struct sockaddr_in6 *)&ss)->sin6_port
                         : ((struct sockaddr_in *)&ss)->sin_port);
-  /* The thread inherits this mask. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
   h->d = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-          (family == AF_INET6 ? MHD_USE_IPv6 : 0),
-      0, http_accept_ok, h, http_handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
+      MHD_USE_EPOLL | (family == AF_INET6 ? MHD_USE_IPv6 : 0), 0,
+      http_accept_ok, h, http_handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTIONS,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_TIMEOUT_S,
       MHD_OPTION_NOTIFY_CONNECTION, http_notify, h, MHD_OPTION_END);
+  const char *why = NULL;
   int saved = errno;
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (h->d == NULL) {
+  if (h->d == NULL)
     close(fd);
-    pthread_mutex_destroy(&h->mu);
-    free(h);
-    snprintf(err, cap, "metrics_listen '%s': the HTTP server did not start "
-             "(%s)", listen, strerror(saved));
-    return GMB_E_SYSTEM;
+  else if (MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD) == NULL)
+    why = "no epoll descriptor";
+  else if ((h->stop_fd = eventfd(0, EFD_CLOEXEC)) < 0)
+    saved = errno;
+  if (h->d && !why && h->stop_fd >= 0) {
+    /* The thread inherits this mask. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    saved = pthread_create(&h->thread, NULL, http_serve, h);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (saved == 0) {
+      *out = h;
+      return 0;
+    }
   }
-  *out = h;
-  return 0;
+  snprintf(err, cap, "metrics_listen '%s': the HTTP server did not start "
+           "(%s)", listen, why ? why : strerror(saved));
+  if (h->d) MHD_stop_daemon(h->d); /* closes the socket */
+  if (h->stop_fd >= 0) close(h->stop_fd);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+  return GMB_E_SYSTEM;
 }
 
 uint16_t gmb__http_port(const struct gmb_http *h) { return h->port; }
@@ -360,7 +477,12 @@ void gmb__http_publish(struct gmb_http *h, const char *text) {
 
 void gmb__http_stop(struct gmb_http *h) {
   if (h == NULL) return;
-  MHD_stop_daemon(h->d); /* joins the thread, closes the socket */
+  uint64_t one = 1;
+  if (write(h->stop_fd, &one, sizeof one) != sizeof one)
+    GMB_ASSERT(!"an eventfd takes a write");
+  pthread_join(h->thread, NULL);
+  MHD_stop_daemon(h->d); /* closes the socket and the connections */
+  close(h->stop_fd);
   pthread_mutex_destroy(&h->mu);
   free(h->text);
   free(h);

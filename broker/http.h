@@ -32,6 +32,46 @@ struct gmb_http_uids {
  * `make` is 0, or the table is full. */
 unsigned *gmb__http_uid_count(struct gmb_http_uids *t, uid_t uid, int make);
 
+/*
+ * A connection's absolute deadline.  libmicrohttpd's own timeout counts
+ * from the last byte that moved, so a peer that sends a byte every few
+ * seconds would hold its connection (and its place under the server's
+ * caps) for ever; each server therefore keeps its open connections in a
+ * gmb_http_conns and, before each MHD_run, shuts down the socket of every
+ * one accepted more than `timeout_s` ago, idle or not (libmicrohttpd then
+ * reads the end and closes it as any other).  A list is touched by one
+ * thread only: the one that runs its server.
+ */
+struct gmb_http_conn {
+  int fd;    /* its socket (libmicrohttpd's, closed by it) */
+  int cut;   /* shut down past end_ns: its end is on its way */
+  uid_t uid; /* for the log line */
+  uint64_t end_ns;
+  struct gmb_http_conn *next, **prev;
+};
+
+struct gmb_http_conns {
+  struct gmb_http_conn *head; /* every connection open now */
+  const char *what;           /* the endpoint, for the log line */
+  unsigned timeout_s;
+};
+
+/* Links c (fd, uid) into l with its deadline timeout_s from now. */
+void gmb__http_conn_add(struct gmb_http_conns *l, struct gmb_http_conn *c,
+                        int fd, uid_t uid);
+
+/* Unlinks c from its list (it is the caller's to free). */
+void gmb__http_conn_remove(struct gmb_http_conn *c);
+
+/* Shuts down every connection of l past its deadline, then runs d
+ * (MHD_run: never blocks). */
+void gmb__http_run(struct MHD_Daemon *d, struct gmb_http_conns *l);
+
+/* Milliseconds until d wants gmb__http_run again although nothing is
+ * readable: the sooner of libmicrohttpd's own timeout and the next
+ * deadline in l, at most 1000; -1 when there is neither. */
+long gmb__http_timeout_ms(struct MHD_Daemon *d, struct gmb_http_conns *l);
+
 /* Queues a response of `len` bytes of `body` (libmicrohttpd's memory
  * `mode`) with status `code`, Content-Type `type` and, unless NULL, an
  * Allow header.  libmicrohttpd's result (MHD_NO: close the connection). */

@@ -20,8 +20,9 @@
  * connection serves one request and is closed HA_TIMEOUT_S after it was
  * accepted, idle or not: libmicrohttpd's own timeout counts from the last
  * byte that moved, so a peer that sends a byte every few seconds would
- * hold its place for ever, and ha_deadline shuts its socket down instead
- * (libmicrohttpd then reads the end and closes it as any other).  A
+ * hold its place for ever, and gmb__http_run (http.c, shared with the
+ * metrics endpoint) shuts its socket down instead (libmicrohttpd then
+ * reads the end and closes it as any other).  A
  * request's line and headers fit in HA_MEMORY bytes or libmicrohttpd
  * answers it 414/431 itself; a body is never read (the response is queued
  * on the first call, before it, and the connection closes after it); a
@@ -79,21 +80,17 @@ struct gmb_http_admin {
   struct gmb_http_uids uids;
   unsigned others;  /* connections of uids that were no operator's */
   uint64_t refused; /* since the last gmb__http_admin_refused */
-  struct ha_conn *conns; /* every connection open now */
+  struct gmb_http_conns conns; /* every connection open now (ha_conn) */
 };
 
 /* A connection's peer, as its socket said when it connected, and when it
  * must be gone. */
 struct ha_conn {
-  uid_t uid;
+  struct gmb_http_conn hc; /* its uid, socket and deadline */
   gid_t gid;
   pid_t pid;
   int other; /* counted in `others` */
-  int fd;    /* its socket (libmicrohttpd's, closed by it) */
-  int cut;   /* shut down past end_ns: its end is on its way */
   int nul;   /* a %00 in the request's path or query (ha_unescape) */
-  uint64_t end_ns;
-  struct ha_conn *next, **prev;
 };
 
 static struct gmb_log_rl ha_rl_denied, ha_rl_emfile;
@@ -130,49 +127,21 @@ static void ha_notify(void *cls, struct MHD_Connection *conn, void **ctx,
       return;
     }
     (*n)++;
-    *c = (struct ha_conn){.uid = cred.uid, .gid = cred.gid, .pid = cred.pid,
-                          .other = !gmb__admin_allowed(h->b, cred.uid),
-                          .fd = ci->connect_fd,
-                          .end_ns = gmb__now_ns() +
-                                    (uint64_t)HA_TIMEOUT_S * GMB_NS_PER_S};
+    *c = (struct ha_conn){.gid = cred.gid, .pid = cred.pid,
+                          .other = !gmb__admin_allowed(h->b, cred.uid)};
+    gmb__http_conn_add(&h->conns, &c->hc, ci->connect_fd, cred.uid);
     h->others += (unsigned)c->other;
-    c->next = h->conns;
-    if (c->next) c->next->prev = &c->next;
-    c->prev = &h->conns;
-    h->conns = c;
     *ctx = c;
   } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
     struct ha_conn *c = *ctx;
-    unsigned *n = gmb__http_uid_count(&h->uids, c->uid, 0);
+    unsigned *n = gmb__http_uid_count(&h->uids, c->hc.uid, 0);
     GMB_ASSERT(n && *n && "a connection counted in its uid's row");
     (*n)--;
     h->others -= (unsigned)c->other;
-    *c->prev = c->next;
-    if (c->next) c->next->prev = c->prev;
+    gmb__http_conn_remove(&c->hc);
     free(c);
     *ctx = NULL;
   }
-}
-
-/* Nanoseconds until the next deadline of a connection not yet shut down
- * (0: one has passed; UINT64_MAX: none); with `cut`, shuts down each
- * connection past its deadline first. */
-static uint64_t ha_deadline(struct gmb_http_admin *h, uint64_t now, int cut) {
-  uint64_t next = UINT64_MAX;
-  for (struct ha_conn *c = h->conns; c; c = c->next) {
-    if (c->cut) continue;
-    if (now < c->end_ns || !cut) {
-      uint64_t left = now < c->end_ns ? c->end_ns - now : 0;
-      if (left < next) next = left;
-      continue;
-    }
-    log_debug("%s: a connection of uid %u closed %d s after it was "
-              "accepted", GMB_ADMIN_HTTP_SOCKET, (unsigned)c->uid,
-              HA_TIMEOUT_S);
-    shutdown(c->fd, SHUT_RDWR);
-    c->cut = 1;
-  }
-  return next;
 }
 
 void gmb__http_admin_accept(struct gmb_http_admin *h) {
@@ -480,13 +449,13 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
   if (what == 3 ? !get : !post)
     return ha_fail(conn, GMB_E_PROTO, what == 3 ? "GET, HEAD" : "POST",
                    "%s takes %s", url, what == 3 ? "GET" : "POST");
-  if (c == NULL || !gmb__admin_allowed(h->b, c->uid)) {
+  if (c == NULL || !gmb__admin_allowed(h->b, c->hc.uid)) {
     if (gmb__log_allow(&ha_rl_denied))
       log_warn("%s %s on %s from uid %ld refused: not an operator%s", method,
-               url, GMB_ADMIN_HTTP_SOCKET, c ? (long)c->uid : -1L,
+               url, GMB_ADMIN_HTTP_SOCKET, c ? (long)c->hc.uid : -1L,
                gmb__log_suppressed(&ha_rl_denied));
     return ha_fail(conn, GMB_E_AUTH, NULL, "uid %ld is not an operator of "
-                   "this broker (see admin_uids)", c ? (long)c->uid : -1L);
+                   "this broker (see admin_uids)", c ? (long)c->hc.uid : -1L);
   }
   struct ha_args a = {.path = url};
   MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, ha_arg, &a);
@@ -496,7 +465,7 @@ static enum MHD_Result ha_handle(void *cls, struct MHD_Connection *conn,
   if (!gmb__name_valid(a.tenant))
     return ha_fail(conn, GMB_E_INVAL, NULL, "bad tenant name '%.63s'",
                    a.tenant);
-  struct gmb_peer peer = {.uid = c->uid, .gid = c->gid, .pid = c->pid};
+  struct gmb_peer peer = {.uid = c->hc.uid, .gid = c->gid, .pid = c->pid};
   if (what == 3) return ha_is_sleeping(h, conn, &peer, &a);
   return ha_sleep(h, conn, &peer, &a, what == 2);
 }
@@ -515,6 +484,8 @@ int gmb__http_admin_start(struct gmb_broker *b, int listen_fd,
   }
   h->b = b;
   h->listen_fd = listen_fd;
+  h->conns = (struct gmb_http_conns){.what = GMB_ADMIN_HTTP_SOCKET,
+                                     .timeout_s = HA_TIMEOUT_S};
   h->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   h->d = MHD_start_daemon(
       MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL, ha_handle, h,
@@ -547,18 +518,11 @@ int gmb__http_admin_epoll_fd(const struct gmb_http_admin *h) {
 }
 
 void gmb__http_admin_run(struct gmb_http_admin *h) {
-  ha_deadline(h, gmb__now_ns(), 1);
-  MHD_run(h->d);
+  gmb__http_run(h->d, &h->conns);
 }
 
 long gmb__http_admin_timeout_ms(struct gmb_http_admin *h) {
-  MHD_UNSIGNED_LONG_LONG ms;
-  uint64_t cut = ha_deadline(h, gmb__now_ns(), 0);
-  if (MHD_get_timeout(h->d, &ms) != MHD_YES) ms = UINT64_MAX;
-  if (cut != UINT64_MAX && (cut + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS < ms)
-    ms = (cut + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS;
-  if (ms == UINT64_MAX) return -1;
-  return ms > 1000 ? 1000 : (long)ms;
+  return gmb__http_timeout_ms(h->d, &h->conns);
 }
 
 uint64_t gmb__http_admin_refused(struct gmb_http_admin *h) {

@@ -241,6 +241,9 @@ struct gmb_tenant *gmb__tenant_find(struct gmb_tenants *ts, const char *name) {
 }
 
 int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid) {
+  /* The config and tenant add refuse it; were it listed all the same,
+   * every unmapped peer would be the tenant's. */
+  if (uid == gmb__config_overflow_uid()) return 0;
   for (size_t i = 0; i < t->n_uids; i++)
     if (t->uids[i] == uid) return 1;
   return 0;

@@ -681,7 +681,7 @@ static int rv_mapping_of(const void *p, uint8_t **start, size_t *len) {
   return rc;
 }
 
-/* As uid 65534, one of tenant "shared"'s uids until a reload removes it:
+/* As uid 4242, one of tenant "shared"'s uids until a reload removes it:
  * allocates in the segment that holds the victim's bytes, keeps a mapping
  * of its own of the whole segment (mremap of size 0: the same pages, which
  * no unmapping by the library takes away), and after the revocation looks
@@ -689,7 +689,7 @@ static int rv_mapping_of(const void *p, uint8_t **start, size_t *len) {
  * that lost its membership but not its mappings would. */
 static int revokee_main(void *arg) {
   struct revokee *a = arg;
-  CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, 60, "setuid: %s",
+  CHILD_CHECK(setgid(4242) == 0 && setuid(4242) == 0, 60, "setuid: %s",
               strerror(errno));
   gmb_client *c = NULL;
   CHILD_CHECK(gmb_connect(a->endpoint, "shared", &c) == 0, 61, "connect: %s",
@@ -746,7 +746,7 @@ START_TEST(revoked_uid_cannot_reach_later_data) {
     return;
   }
   struct harness_broker b;
-  harness_broker_start(&b, "host:64MiB", "[tenant:shared]\nuids = 0,65534\n");
+  harness_broker_start(&b, "host:64MiB", "[tenant:shared]\nuids = 0,4242\n");
   gmb_client *c = harness_connect_ok(&b, "shared");
   gmb_id x = 0;
   ck_assert_int_eq(gmb_alloc(c, RV_SIZE, GMB_MOVABLE, &x), 0);

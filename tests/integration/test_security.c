@@ -452,6 +452,15 @@ static int tcp_connect(int port) {
 
 static char metrics_out[1 << 17];
 
+/* A broker serving metrics on a free loopback port; the port. */
+static int metrics_broker_start(struct harness_broker *b) {
+  int port = harness_free_port();
+  char cfg[128];
+  snprintf(cfg, sizeof cfg, "[broker]\nmetrics_listen = 127.0.0.1:%d\n", port);
+  harness_broker_start(b, "host:64MiB", cfg);
+  return port;
+}
+
 /*
  * The metrics port served any local user every tenant's name, usage and
  * sessions, and 64 idle connections (kept 10 s each) made everyone's
@@ -461,11 +470,8 @@ static char metrics_out[1 << 17];
  * connections leave root's scrape served.
  */
 START_TEST(metrics_port_bounded_and_private) {
-  int port = harness_free_port();
-  char cfg[128];
-  snprintf(cfg, sizeof cfg, "[broker]\nmetrics_listen = 127.0.0.1:%d\n", port);
   struct harness_broker b;
-  harness_broker_start(&b, "host:64MiB", cfg);
+  int port = metrics_broker_start(&b);
   gmb_client *c = harness_connect_ok(&b, "secret-project");
   gmb_id id = harness_alloc_ok(c, MIB);
   int code = 0;
@@ -497,6 +503,59 @@ START_TEST(metrics_port_bounded_and_private) {
   }
   ck_assert_int_eq(gmb_free(c, id), 0);
   gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/*
+ * libmicrohttpd's timeout counts idle time only, so a uid's 4 connections
+ * each sending a header byte every half second held its every place on
+ * the metrics port for ever (and 16 uids' together every scrape's).  Now
+ * each connection is closed 5 s after its accept, whatever it sends, and
+ * the same uid's scrape is served afterwards.
+ */
+START_TEST(metrics_trickling_request_closed) {
+  struct harness_broker b;
+  int port = metrics_broker_start(&b);
+  static const char head[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n"
+                             "X-Slow: ";
+  int fd[4], open = 0, sent = 0;
+  for (int i = 0; i < 4; i++) {
+    fd[i] = tcp_connect(port);
+    ck_assert_int_ge(fd[i], 0);
+    ck_assert_int_eq(write(fd[i], head, sizeof head - 1),
+                     (ssize_t)sizeof head - 1);
+    open++;
+  }
+  for (; sent < 40 && open; sent++) { /* 40 half seconds */
+    harness_sleep_ms(500);
+    for (int i = 0; i < 4; i++) {
+      if (fd[i] < 0) continue;
+      struct pollfd p = {fd[i], POLLIN, 0};
+      char c;
+      int closed = poll(&p, 1, 0) == 1 && read(fd[i], &c, 1) <= 0;
+      if (!closed && send(fd[i], "x", 1, MSG_NOSIGNAL) != 1)
+        closed = 1; /* EPIPE */
+      if (closed) {
+        close(fd[i]);
+        fd[i] = -1;
+        open--;
+      }
+    }
+  }
+  for (int i = 0; i < 4; i++)
+    if (fd[i] >= 0) close(fd[i]);
+  ck_assert_msg(open == 0, "%d of 4 connections that trickled a byte every "
+                "0.5 s were still open after %d bytes", open, sent);
+  printf("metrics_trickling_request_closed: closed after %d bytes\n", sent);
+  ck_assert_int_eq(harness_broker_alive(&b), 1);
+  int code = 0;
+  for (int i = 0; i < 100 && code != 200; i++) {
+    code = harness_http_get(port, "GET", "/metrics", metrics_out,
+                            sizeof metrics_out);
+    if (code != 200) harness_sleep_ms(50);
+  }
+  ck_assert_int_eq(code, 200);
   harness_broker_stop(&b);
 }
 END_TEST
@@ -551,5 +610,6 @@ int main(void) {
                                     fake_broker_in_foreign_run_dir_refused,
                                     admin_flood_capped,
                                     metrics_port_bounded_and_private,
+                                    metrics_trickling_request_closed,
                                     default_quota_auto_bounds_first_use_tenants));
 }

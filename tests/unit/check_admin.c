@@ -5,7 +5,8 @@
  *
  * Pinned down: a tenant added with a token hash admits that token only and
  * holds its quota; what add refuses (an existing name, one that proves no
- * one, a quota past the device, reservations past it, a non-admin uid);
+ * one, a quota past the device, reservations past it, a non-admin uid,
+ * the overflow uid among its uids); the overflow uid is no operator;
  * removal at once when idle, deferred while sessions remain (no new one is
  * admitted meanwhile) and done by the reaper when the last one ends, or
  * forced with evict; a configured tenant is not removed; an added tenant
@@ -47,8 +48,9 @@ static struct wire_reply admin(struct fx *f, uid_t uid,
   return rep;
 }
 
-static struct wire_reply add(struct fx *f, const char *name, uint64_t quota,
-                             uint64_t reserve, const char *token) {
+/* A tenant add of `name` (no uids; `token`'s hash unless NULL). */
+static struct wire_request add_req(const char *name, uint64_t quota,
+                                   uint64_t reserve, const char *token) {
   struct wire_request req;
   memset(&req, 0, sizeof req);
   req.kind = WIRE_ADMIN_TENANT_ADD;
@@ -60,6 +62,12 @@ static struct wire_reply add(struct fx *f, const char *name, uint64_t quota,
     req.u.admin_tenant_add.has_token = 1;
     sha256(token, req.u.admin_tenant_add.token_sha256);
   }
+  return req;
+}
+
+static struct wire_reply add(struct fx *f, const char *name, uint64_t quota,
+                             uint64_t reserve, const char *token) {
+  struct wire_request req = add_req(name, quota, reserve, token);
   return admin(f, geteuid(), &req);
 }
 
@@ -150,15 +158,58 @@ START_TEST(add_refusals) {
   ck_assert_ptr_nonnull(strstr(rep.message, "reservations"));
   ck_assert_int_eq(exists(&f, "u") + exists(&f, "-u") + exists(&f, "r2"), 0);
   /* Not an admin. */
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_ADMIN_TENANT_ADD;
-  snprintf(req.u.admin_tenant_add.tenant, sizeof req.u.admin_tenant_add.tenant,
-           "v");
-  req.u.admin_tenant_add.has_token = 1;
+  struct wire_request req = add_req("v", 0, 0, TOKEN);
   rep = admin(&f, geteuid() + 4242, &req);
   ck_assert_int_eq(rep.status, GMB_E_AUTH);
   ck_assert_int_eq(exists(&f, "v"), 0);
+  fx_close(&f);
+}
+END_TEST
+
+/*
+ * The overflow uid is what SO_PEERCRED says of every peer whose uid has no
+ * mapping in the broker's user namespace: never an operator, even when
+ * admin_uids names it (the config refuses that, so it is set here by hand)
+ * or the broker runs as it; never a run-time tenant's uid; never listed
+ * in a tenant's uids.
+ */
+START_TEST(overflow_uid_never_operator_or_tenant_uid) {
+  struct fx f;
+  fx_open(&f);
+  uid_t ov = gmb__config_overflow_uid();
+  f.b.cfg.admin_uids[f.b.cfg.n_admin_uids++] = ov;
+  f.b.cfg.admin_uids[f.b.cfg.n_admin_uids++] = 4242;
+  ck_assert_int_eq(gmb__admin_allowed(&f.b, ov), 0);
+  ck_assert_int_eq(gmb__admin_allowed(&f.b, 4242), 1);
+  ck_assert_int_eq(gmb__admin_allowed(&f.b, 4241), ov == 4241);
+  ck_assert_int_eq(gmb__admin_allowed(&f.b, geteuid()), geteuid() != ov);
+  /* A broker run as the overflow uid: its own uid is no operator. */
+  ck_assert_int_eq(gmb__config_operator(NULL, 0, geteuid(), geteuid()), 0);
+  ck_assert_int_eq(gmb__config_operator(NULL, 0, geteuid() + 1, geteuid()),
+                   1);
+  uid_t admins[] = {4242};
+  ck_assert_int_eq(gmb__config_operator(admins, 1, geteuid(), 4242), 1);
+  ck_assert_int_eq(gmb__config_operator(admins, 1, 4242, 4242), 0);
+  /* Its admin request is refused as any other uid's. */
+  struct wire_request req = add_req("v", 0, 0, TOKEN);
+  ck_assert_int_eq(admin(&f, ov, &req).status, GMB_E_AUTH);
+  ck_assert_int_eq(exists(&f, "v"), 0);
+  /* tenant add naming it: refused, nothing made. */
+  req.u.admin_tenant_add.n_uids = 2;
+  req.u.admin_tenant_add.uids[0] = 4242;
+  req.u.admin_tenant_add.uids[1] = ov;
+  struct wire_reply rep = admin(&f, geteuid(), &req);
+  ck_assert_int_eq(rep.status, GMB_E_INVAL);
+  ck_assert_msg(strstr(rep.message, "is the overflow uid"), "%s", rep.message);
+  ck_assert_int_eq(exists(&f, "v"), 0);
+  req.u.admin_tenant_add.n_uids = 1;
+  ck_assert_int_eq(admin(&f, geteuid(), &req).status, 0);
+  /* Listed all the same (by hand): not the tenant's. */
+  struct gmb_tenant *t = gmb__tenant_find(f.b.tenants, "v");
+  ck_assert_ptr_nonnull(t);
+  t->uids[t->n_uids++] = ov;
+  ck_assert_int_eq(gmb__tenant_uid_listed(t, 4242), 1);
+  ck_assert_int_eq(gmb__tenant_uid_listed(t, ov), 0);
   fx_close(&f);
 }
 END_TEST
@@ -355,6 +406,7 @@ static Suite *admin_suite(void) {
   TCase *tc = tcase_create("tenant_add");
   tcase_add_test(tc, add_token_quota);
   tcase_add_test(tc, add_refusals);
+  tcase_add_test(tc, overflow_uid_never_operator_or_tenant_uid);
   suite_add_tcase(s, tc);
   tc = tcase_create("tenant_remove");
   tcase_add_test(tc, remove_idle_at_once);

@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <pwd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -436,6 +437,44 @@ START_TEST(err_bad_uid) {
 }
 END_TEST
 
+/* The overflow uid, which every peer the broker cannot map shows as, may
+ * name neither an operator nor a tenant's uid: the config is refused, by
+ * number or by a user name that is it. */
+START_TEST(err_overflow_uid) {
+  uid_t ov = gmb__config_overflow_uid();
+  FILE *f = fopen("/proc/sys/kernel/overflowuid", "r");
+  unsigned long want = 65534;
+  if (f) {
+    ck_assert_int_eq(fscanf(f, "%lu", &want), 1);
+    fclose(f);
+  }
+  ck_assert_uint_eq(ov, want);
+  char text[256], what[64];
+  snprintf(text, sizeof text, "[broker]\nadmin_uids = 0, %u\n", (unsigned)ov);
+  snprintf(what, sizeof what, "admin_uids: uid %u ('%u') is the overflow uid",
+           (unsigned)ov, (unsigned)ov);
+  load_bad(text, 2, what);
+  teardown();
+  snprintf(text, sizeof text, "[tenant:a]\nquota = 1MiB\nuids = %u,1001\n",
+           (unsigned)ov);
+  load_bad(text, 3, "uids: uid");
+  teardown();
+  struct passwd *pw = getpwuid(ov);
+  if (pw) {
+    snprintf(text, sizeof text, "[broker]\nadmin_uids = %s\n", pw->pw_name);
+    load_bad(text, 2, "is the overflow uid");
+    teardown();
+  }
+  /* Its neighbours are uids as any. */
+  struct gmb_config c;
+  snprintf(text, sizeof text, "[broker]\nadmin_uids = %u\n",
+           (unsigned)ov - 1);
+  load_ok(text, &c);
+  ck_assert_uint_eq(c.n_admin_uids, 1);
+  gmb__config_free(&c);
+}
+END_TEST
+
 START_TEST(err_too_many_uids) {
   char text[1024];
   size_t n = (size_t)snprintf(text, sizeof text, "[tenant:a]\nuids = 1");
@@ -713,6 +752,7 @@ static Suite *config_suite(void) {
   tcase_add_test(tc, err_key_outside_section);
   tcase_add_test(tc, err_bad_size);
   tcase_add_test(tc, err_bad_uid);
+  tcase_add_test(tc, err_overflow_uid);
   tcase_add_test(tc, err_too_many_uids);
   tcase_add_test(tc, err_bad_token);
   tcase_add_test(tc, err_duplicate_tenant);
