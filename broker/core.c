@@ -179,6 +179,14 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
   else
     log_info("default_quota: %s for each uid's tenants made by first use",
              gmb__size_format(b->cfg.default_quota, dq, sizeof dq));
+  uint64_t dh = gmb__config_default_host_quota(&b->cfg);
+  if (dh == 0)
+    log_warn("default_host_quota is 0: one tenant the config does not name "
+             "may take all of offload_host_max, and no one else is "
+             "offloaded then");
+  else
+    log_info("default_host_quota: %s of host memory for each tenant the "
+             "config does not name", gmb__size_format(dh, dq, sizeof dq));
   b->dev->retire_note = core_retire_note;
   b->dev->retire_ctx = b;
   b->pool = gmb__pool_new(b->dev, core_retire, b);

@@ -728,6 +728,51 @@ START_TEST(one_walk_however_many_idle_sessions) {
 }
 END_TEST
 
+/* A tenant the config does not name (made by first use) has
+ * default_host_quota: offloaded, it stops there, and the broker's
+ * offload_host_max still has room for another tenant's segment, where
+ * without the default the first would have taken all of it.  Its pause of
+ * a tag is bound the same way. */
+START_TEST(default_host_quota_bounds_adhoc) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\noffload_host_max = 4MiB\n"
+              "default_host_quota = 2MiB\n"
+              "[tenant:low]\nuids = 1001\npriority = 0\n"
+              "[tenant:high]\nuids = 1002\npriority = 10\n");
+  fx_hello(&f, "x", 1003, "adhoc");
+  for (int i = 0; i < 4; i++) fx_must_alloc(&f, "x", 1003, MIB, GMB_MOVABLE);
+  fx_hello(&f, "a", 1001, "low");
+  for (int i = 0; i < 4; i++) fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_hello(&f, "b", 1002, "high");
+  fx_must_alloc(&f, "b", 1002, 8 * MIB, 0);
+  struct gmb_tenant *x = fx_tenant(&f, "adhoc"), *low = fx_tenant(&f, "low");
+  ck_assert_uint_eq(x->host_quota, 2 * MIB);
+  ck_assert_uint_eq(low->host_quota, 0); /* configured: its own, none */
+  /* The ad-hoc tenant idle longest: asked first. */
+  offer(&f, "x", 1003, 1, 60000);
+  offer(&f, "a", 1001, 1, 5000);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(x->host_bytes, 2 * MIB);
+  ck_assert_uint_eq(low->host_bytes, 0);
+  /* Its default reached: the next segment is low's. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(x->host_bytes, 2 * MIB);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 4 * MIB);
+  ck_assert_uint_ge(f.b.offload.refused, 1);
+  /* A tag of its own is refused past the default too. */
+  ck_assert_int_eq(fx_sleep_note(&f, "x", 1003, "w", 1, MIB, MIB),
+                   GMB_E_LIMIT);
+  ck_assert_uint_eq(x->host_bytes, 2 * MIB);
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* A library's pause of tag "w" (its SleepNote, host bytes it copies) and
  * the broker's offloads share the tenant's host_quota, whichever comes
  * first; the (movable) record's name is the broker's. */
@@ -1168,6 +1213,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, idle_flag_makes_only_itself_a_victim);
   tcase_add_test(tc, one_walk_however_many_idle_sessions);
   tcase_add_test(tc, host_quota_shared_with_paused_tags);
+  tcase_add_test(tc, default_host_quota_bounds_adhoc);
   tcase_add_test(tc, host_memory_and_copies_fail);
   tcase_add_test(tc, sleep_record_out_of_memory);
   tcase_add_test(tc, chunks_freed_out_of_order);
