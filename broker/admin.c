@@ -450,6 +450,7 @@ static int admin_apply_tenant(struct gmb_broker *b,
   gmb__tenant_set_reserve(b->tenants, t, tc->reserve);
   t->priority = tc->priority;
   t->host_quota = tc->host_quota;
+  t->host_quota_default = 0;
   memcpy(t->uids, tc->uids, tc->n_uids * sizeof tc->uids[0]);
   t->n_uids = tc->n_uids;
   t->has_token = tc->has_token;

@@ -286,6 +286,7 @@ enum {
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
   K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS, K_ADMIN_HTTP,
   K_OFFLOAD_HOST_MAX, K_RESTORE_WAIT_MS, K_CACHE_HOLES,
+  K_DEFAULT_HOST_QUOTA,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -296,6 +297,7 @@ static const char *const cfg_broker_keys[] = {
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
     "metrics_tenants", "sleep_wait_ms", "client_contexts", "admin_http",
     "offload_host_max", "restore_wait_ms", "cache_holes",
+    "default_host_quota",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY, K_HOST_QUOTA };
@@ -357,6 +359,12 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
       return cfg_fraction(p, key, v, &c->compaction_threshold);
     case K_CACHE_HOLES:
       return cfg_fraction(p, key, v, &c->cache_holes);
+    case K_DEFAULT_HOST_QUOTA:
+      if (strcmp(v, "auto") == 0) {
+        c->default_host_quota = GMB_DEFAULT_HOST_QUOTA_AUTO;
+        return 1;
+      }
+      return cfg_size(p, key, v, &c->default_host_quota);
     case K_METRICS_LISTEN: return cfg_listen(p, key, v);
     case K_LOG_LEVEL:
       if (gmb__log_level_parse(v, &c->log_level) != 0)
@@ -608,6 +616,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->compaction = 1;
   c->compaction_threshold = 0.3;
   c->cache_holes = GMB_CACHE_HOLES_DEFAULT;
+  c->default_host_quota = GMB_DEFAULT_HOST_QUOTA_AUTO;
   c->log_level = GMB_LOG_INFO;
   c->heartbeat_ms = 1000;
   c->shutdown_grace_ms = 2000;
@@ -705,6 +714,14 @@ uint64_t gmb__config_default_quota(const struct gmb_config *c,
   const uint64_t seg = UINT64_C(2) << 20; /* device.h's GMB_SEGMENT_ALIGN */
   uint64_t q = capacity / 4 & ~(seg - 1);
   return q ? q : seg;
+}
+
+uint64_t gmb__config_default_host_quota(const struct gmb_config *c) {
+  if (c->default_host_quota != GMB_DEFAULT_HOST_QUOTA_AUTO)
+    return c->default_host_quota;
+  uint64_t max = c->offload_host_max ? c->offload_host_max
+                                     : gmb__config_offload_default();
+  return max / 4 + (max % 4 != 0); /* never 0, which means no limit */
 }
 
 uint64_t gmb__config_offload_default(void) {

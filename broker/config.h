@@ -83,6 +83,11 @@ struct gmb_config {
                                tenants together (offload.c); 0: it never
                                offloads.  Default: a quarter of the host's
                                memory */
+  uint64_t default_host_quota; /* host_quota of the tenants the config
+                               does not name (made by first use or by
+                               tenant add); 0: no limit;
+                               GMB_DEFAULT_HOST_QUOTA_AUTO (the default):
+                               gmb__config_default_host_quota */
   uint32_t restore_wait_ms; /* how long a gmb_lock of an offloaded
                                allocation is held while the device has no
                                room to bring it back */
@@ -138,5 +143,12 @@ uint64_t gmb__config_offload_default(void);
 #define GMB_DEVICE_RESERVE_AUTO UINT64_MAX
 uint64_t gmb__config_default_quota(const struct gmb_config *c,
                                    uint64_t capacity);
+
+/* `default_host_quota = auto` (the default): a quarter of
+ * offload_host_max, rounded up (of its default when offload_host_max is 0,
+ * since paused tags' copies still count), so that no one tenant the config
+ * does not name can take all of the broker's host memory for offloads. */
+#define GMB_DEFAULT_HOST_QUOTA_AUTO UINT64_MAX
+uint64_t gmb__config_default_host_quota(const struct gmb_config *c);
 
 #endif /* GMB_CONFIG_H */

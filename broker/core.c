@@ -184,6 +184,14 @@ int gmb__core_open(struct gmb_broker *b, char *err, size_t errcap) {
     log_warn("the broker runs as uid %u, the overflow uid that every peer "
              "without a uid in its user namespace shows as: its own uid is "
              "no operator, so only admin_uids are", (unsigned)geteuid());
+  uint64_t dh = gmb__config_default_host_quota(&b->cfg);
+  if (dh == 0)
+    log_warn("default_host_quota is 0: one tenant the config does not name "
+             "may take all of offload_host_max, and no one else is "
+             "offloaded then");
+  else
+    log_info("default_host_quota: %s of host memory for each tenant the "
+             "config does not name", gmb__size_format(dh, dq, sizeof dq));
   b->dev->retire_note = core_retire_note;
   b->dev->retire_ctx = b;
   b->pool = gmb__pool_new(b->dev, core_retire, b);

@@ -335,19 +335,22 @@ static int cuda_check_support(struct cuda_device *cd, const char *name,
  * and after a throwaway context (made current by cuCtxCreate, then
  * destroyed; the broker's own context is current again after).  Another
  * process allocating meanwhile makes it read high or low: a start-up
- * estimate, logged.  0 when the driver refuses a step. */
-static uint64_t cuda_context_cost(struct cuda_device *cd) {
+ * estimate, logged; *cost 0 when the driver refuses a step of it.
+ * Returns what making the broker's context current again returned. */
+static gmb_cu_result cuda_context_cost(struct cuda_device *cd,
+                                       uint64_t *cost) {
   size_t f0 = 0, f1 = 0, total = 0;
   gmb_cu_ctx tmp = NULL;
-  uint64_t cost = 0;
+  *cost = 0;
   if (cd->drv.cuMemGetInfo(&f0, &total) == GMB_CU_SUCCESS &&
       cd->drv.cuCtxCreate(&tmp, 0, cd->dev) == GMB_CU_SUCCESS) {
     if (cd->drv.cuMemGetInfo(&f1, &total) == GMB_CU_SUCCESS && f0 > f1)
-      cost = (uint64_t)(f0 - f1);
+      *cost = (uint64_t)(f0 - f1);
     cd->drv.cuCtxDestroy(tmp);
   }
-  cd->drv.cuCtxSetCurrent(cd->ctx);
-  return cost;
+  /* Without its own context current again, the broker's every later call
+   * would run in none (or in one just destroyed): the open fails. */
+  return cd->drv.cuCtxSetCurrent(cd->ctx);
 }
 
 int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
@@ -447,7 +450,10 @@ int gmb__device_cuda_open(int index, uint64_t capacity, uint64_t reserve,
     goto cu_fail;
   if (reserve & GMB_DEVICE_RESERVE_CONTEXTS) {
     uint64_t n = reserve & ~GMB_DEVICE_RESERVE_CONTEXTS;
-    uint64_t one = cuda_context_cost(cd);
+    uint64_t one;
+    step = "cuCtxSetCurrent (the broker's context again, after measuring "
+           "what a context costs for device_reserve auto)";
+    if ((r = cuda_context_cost(cd, &one)) != GMB_CU_SUCCESS) goto cu_fail;
     reserve = n * one;
     char o[GMB_SIZE_BUFSZ], rs[GMB_SIZE_BUFSZ];
     log_info("cuda:%d: a CUDA context costs %s here (measured): "

@@ -181,10 +181,13 @@ static void *offl_host_get(struct gmb_broker *b, uint64_t size,
   return p;
 }
 
-/* r's bytes are in host memory now: the sums grow. */
-static void offl_add(struct gmb_broker *b, struct gmb_session *s,
-                     struct offl_rec *r, void *host,
-                     struct gmb_offl_chunk *chunk) {
+/* r's bytes are in host memory now: the sums grow.  0, or GMB_E_SYSTEM
+ * with nothing changed when there is no host memory for the session's
+ * (movable) sleep record. */
+static int offl_add(struct gmb_broker *b, struct gmb_session *s,
+                    struct offl_rec *r, void *host,
+                    struct gmb_offl_chunk *chunk) {
+  if (gmb__sleep_movable(s, (int64_t)r->size) != 0) return GMB_E_SYSTEM;
   r->host = host;
   r->chunk = chunk;
   r->pool_id = 0;
@@ -192,7 +195,7 @@ static void offl_add(struct gmb_broker *b, struct gmb_session *s,
   s->offl->bytes += r->size;
   b->offload.host_bytes += r->size;
   b->offload.held++;
-  gmb__sleep_movable(s, (int64_t)r->size);
+  return 0;
 }
 
 /* r's host copy goes (brought back, or freed): the sums shrink. */
@@ -207,7 +210,8 @@ static void offl_sub(struct gmb_broker *b, struct gmb_session *s,
   s->offl->bytes -= r->size;
   b->offload.host_bytes -= r->size;
   b->offload.held--;
-  gmb__sleep_movable(s, -(int64_t)r->size);
+  int rc = gmb__sleep_movable(s, -(int64_t)r->size);
+  GMB_ASSERT(rc == 0 && "fewer offloaded bytes needs no host memory");
 }
 
 static void offl_drop(struct gmb_broker *b, struct gmb_session *s,
@@ -367,6 +371,13 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
     log_error("offloading allocation %" PRIu64 " of session %" PRIu64
               ": no host memory for its copy; it stays on the device%s", id,
               o->id, gmb__log_suppressed(&offl_rl_copy));
+  /* The sums and the session's (movable) record, before anything is
+   * committed: a record there is no host memory for refuses the offload. */
+  if (rc == 0 && (rc = offl_add(b, o, r, host, chunk)) != 0 &&
+      gmb__log_allow(&offl_rl_copy))
+    log_error("offloading allocation %" PRIu64 " of session %" PRIu64
+              ": no host memory for its sleep record; it stays on the "
+              "device%s", id, o->id, gmb__log_suppressed(&offl_rl_copy));
   if (rc) {
     gmb__locktab_release(lt, slot);
     if (chunk) offl_chunk_put(b, chunk);
@@ -374,8 +385,8 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
     if (rc == GMB_E_LIMIT) offl_refused(b, o, info.size);
     return rc;
   }
-  /* Committed: the device range goes back as a Free's does, then the slot
-   * says where the bytes are. */
+  /* Committed (the sums count the copy already): the device range goes
+   * back as a Free's does, then the slot says where the bytes are. */
   if (b->compacting) gmb__compact_forget(b->compacting, id);
   rc = gmb__pool_free(b->pool, id, &info);
   GMB_ASSERT(rc == 0 && "an allocation found a moment ago cannot be freed");
@@ -383,7 +394,6 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
   gmb__tenant_uncharge(o->tenant, info.size);
   o->allocations--;
   o->used -= info.size;
-  offl_add(b, o, r, host, chunk);
   b->offload.offloads++;
   b->offload.bytes_out += info.size;
   gmb__locktab_offloaded(lt, slot);

@@ -162,15 +162,16 @@ int gmb__sleep_admin(struct gmb_broker *b, struct gmb_tenant *t,
   return 1;
 }
 
-void gmb__sleep_movable(struct gmb_session *s, int64_t delta) {
+int gmb__sleep_movable(struct gmb_session *s, int64_t delta) {
   struct gmb_tenant *t = s->tenant;
   uint64_t now = gmb__now_ns();
   struct gmb_sleep_tag **p = sleep_find(s, GMB_SLEEP_MOVABLE_TAG);
   struct gmb_sleep_tag *z = *p;
   if (z == NULL) {
     GMB_ASSERT(delta > 0 && "fewer offloaded bytes than none");
-    z = calloc(1, sizeof *z);
-    GMB_ASSERT(z && "out of host memory for a sleep record");
+    /* Out of host memory is the caller's refusal, not a bug: nothing has
+     * changed yet. */
+    if ((z = calloc(1, sizeof *z)) == NULL) return GMB_E_SYSTEM;
     snprintf(z->tag, sizeof z->tag, "%s", GMB_SLEEP_MOVABLE_TAG);
     z->since_ns = now;
     z->by = WIRE_BY_BROKER;
@@ -189,6 +190,7 @@ void gmb__sleep_movable(struct gmb_session *s, int64_t delta) {
   s->host_bytes += (uint64_t)delta;
   s->paused_bytes += (uint64_t)delta;
   if (z->host_bytes == 0) sleep_drop(s, p, now);
+  return 0;
 }
 
 void gmb__sleep_forget_session(struct gmb_session *s) {

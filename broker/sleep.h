@@ -82,8 +82,10 @@ int gmb__sleep_admin(struct gmb_broker *b, struct gmb_tenant *t,
  * its own host memory (delta < 0: fewer, brought back or freed): kept in
  * s's GMB_SLEEP_MOVABLE_TAG record (made at the first, dropped when it
  * holds nothing), whose host and device bytes are those bytes, so that
- * the tenant's sums, host_quota and status count them as paused tags. */
-void gmb__sleep_movable(struct gmb_session *s, int64_t delta);
+ * the tenant's sums, host_quota and status count them as paused tags.
+ * 0, or GMB_E_SYSTEM with nothing changed when the record is to be made
+ * and there is no host memory for it (only when delta > 0). */
+int gmb__sleep_movable(struct gmb_session *s, int64_t delta);
 
 /* Session s is ending: its records go, their time is added to the
  * tenant's totals. */

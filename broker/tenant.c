@@ -88,6 +88,7 @@ struct gmb_tenants {
   uint64_t reserve_short; /* sum of max(0, reserve - segment_bytes) */
   uint32_t max_per_uid;   /* tenants a uid may make by first use; 0: any */
   double holes_frac;      /* the config's cache_holes */
+  uint64_t default_host_quota; /* resolved (gmb__config_default_host_quota) */
   size_t reserving;       /* tenants with a reservation */
 };
 
@@ -164,6 +165,9 @@ static struct gmb_tenant *tenant_add(struct gmb_tenants *ts,
   if (n == NULL) return NULL;
   snprintf(n->t.name, sizeof n->t.name, "%s", name);
   n->t.holes_frac = ts->holes_frac;
+  /* Until the config names it (gmb__tenants_new, a reload). */
+  n->t.host_quota = ts->default_host_quota;
+  n->t.host_quota_default = 1;
   n->t.arena = gmb__pool_arena_new(ts->pool, &n->t);
   if (n->t.arena == NULL) {
     free(n);
@@ -184,6 +188,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
   ts->uid_budget = ts->default_quota;
   ts->max_per_uid = cfg->max_tenants_per_uid;
   ts->holes_frac = cfg->cache_holes;
+  ts->default_host_quota = gmb__config_default_host_quota(cfg);
   for (size_t i = 0; i < cfg->n_tenants; i++) {
     const struct gmb_tenant_conf *tc = &cfg->tenants[i];
     struct gmb_tenant *t = tenant_add(ts, tc->name);
@@ -196,6 +201,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
     gmb__tenant_set_reserve(ts, t, tc->reserve);
     t->priority = tc->priority;
     t->host_quota = tc->host_quota;
+    t->host_quota_default = 0;
     memcpy(t->uids, tc->uids, tc->n_uids * sizeof tc->uids[0]);
     t->n_uids = tc->n_uids;
     t->has_token = tc->has_token;
@@ -332,8 +338,14 @@ void gmb__tenants_set_limits(struct gmb_tenants *ts,
                              const struct gmb_config *cfg) {
   ts->max_per_uid = cfg->max_tenants_per_uid;
   ts->holes_frac = cfg->cache_holes;
+  ts->default_host_quota = gmb__config_default_host_quota(cfg);
   struct tenant_node *n;
-  RB_FOREACH(n, tenant_tree, &ts->tree) n->t.holes_frac = ts->holes_frac;
+  RB_FOREACH(n, tenant_tree, &ts->tree) {
+    n->t.holes_frac = ts->holes_frac;
+    /* Host bytes held above a lowered one stay; new pauses and offloads
+     * are refused until they fit (sleep.c, offload.c). */
+    if (n->t.host_quota_default) n->t.host_quota = ts->default_host_quota;
+  }
 }
 
 int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,

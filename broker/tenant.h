@@ -104,6 +104,9 @@ struct gmb_tenant {
    * (0: none), their sums over its sessions now, and totals since start
    * (paused_ns: of tags resumed or ended; sleep_asks: EVENT_SLEEP asks). */
   uint64_t host_quota;
+  int host_quota_default; /* host_quota is the config's default_host_quota
+                             (a tenant the config does not name), and
+                             follows it at reload */
   uint64_t host_bytes, paused_bytes, paused_tags;
   uint64_t pauses, resumes, paused_ns, sleep_asks;
   int configured;    /* named in the config */
@@ -278,7 +281,8 @@ void gmb__tenant_holes_heard(struct gmb_tenant *t, uint64_t *mine,
                              uint64_t reported, uint64_t held);
 
 /* Takes the limits a reload may change (max_tenants_per_uid,
- * cache_holes). */
+ * cache_holes, default_host_quota: the tenants that have it take the new
+ * one). */
 void gmb__tenants_set_limits(struct gmb_tenants *ts,
                              const struct gmb_config *cfg);
 

@@ -191,8 +191,10 @@ static void ctl_table(int ncols, const char *const *head, const char *align,
 #define CTL_COLS 9
 #define CTL_ZCOLS 9
 
-/* Tenants that paused tags or have a host_quota, and sessions that hold
- * paused tags: a second table, printed only when there are some. */
+/* Tenants that paused tags, hold host bytes, paused or were asked to
+ * (a host_quota alone does not count: every tenant the config does not
+ * name has default_host_quota's), and sessions that hold paused tags: a
+ * second table, printed only when there are some. */
 static void ctl_print_sleep(const struct wire_admin_status *st) {
   static const char *const head[CTL_ZCOLS] = {
       "NAME",   "PAUSED-TAGS", "HOST", "GIVEN-BACK", "HOST-QUOTA",
@@ -203,7 +205,7 @@ static void ctl_print_sleep(const struct wire_admin_status *st) {
   if (cell == NULL) return;
   for (size_t i = 0; i < st->n_tenants; i++) {
     const struct wire_tenant_row *t = &st->tenants[i];
-    if (!t->paused_tags && !t->host_quota && !t->pauses && !t->sleep_asks)
+    if (!t->paused_tags && !t->host_bytes && !t->pauses && !t->sleep_asks)
       continue;
     char(*c)[CTL_CELL] = &cell[n++ * CTL_ZCOLS];
     snprintf(c[0], sizeof c[0], "%s", t->name);

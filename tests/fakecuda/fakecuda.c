@@ -183,6 +183,11 @@
  *   process dies.  A real context costs hundreds of MiB (tests/gpu/run.sh
  *   measures it); a context that does not fit is CUDA_ERROR_OUT_OF_MEMORY.
  *
+ * - $FAKECUDA_FAIL_SET_CURRENT=N: the N-th cuCtxSetCurrent, counted from
+ *   the first call that sees the variable set (and again from zero once it
+ *   is unset), fails with CUDA_ERROR_INVALID_CONTEXT, as the real one does
+ *   when the context went away or the device fell off the bus under it.
+ *
  * - cuCtxSynchronize: while $FAKECUDA_CAPTURING is set it fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the real one does during a
  *   capture.  cuStreamIsCapturing answers ACTIVE for the streams named in
@@ -1641,6 +1646,11 @@ static CUresult fake_cuCtxDestroy(void *c) {
 static CUresult fake_cuCtxSetCurrent(void *c) {
   CUresult r = fake_ready();
   if (r) return r;
+  static _Atomic uint64_t set_calls; /* since FAKECUDA_FAIL_SET_CURRENT */
+  uint64_t fail_at = fake_env_size("FAKECUDA_FAIL_SET_CURRENT", 0);
+  if (fail_at == 0) atomic_store(&set_calls, 0);
+  else if (atomic_fetch_add(&set_calls, 1) + 1 == fail_at)
+    return CUDA_ERROR_INVALID_CONTEXT;
   if (c != NULL && !fake_ctx_valid(c)) return CUDA_ERROR_INVALID_CONTEXT;
   fake_cur = c;
   return CUDA_SUCCESS;

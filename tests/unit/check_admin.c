@@ -401,6 +401,52 @@ START_TEST(reload_rotated_token_revokes) {
 }
 END_TEST
 
+/* --- default_host_quota ------------------------------------------------- */
+
+/* Tenants the config does not name (made by first use, or by tenant add,
+ * which has no host quota of its own) take default_host_quota, and follow
+ * it at reload; a tenant section's host_quota (none: no limit) is the
+ * tenant's own, and a tenant that leaves the config keeps what it had. */
+START_TEST(default_host_quota_follows_reload) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB",
+              "[broker]\ndefault_host_quota = 4MiB\n"
+              "[tenant:cfg]\nuids = 1001\nhost_quota = 1MiB\n"
+              "[tenant:open]\nuids = 1003\n");
+  fx_hello(&f, "x", 1002, "adhoc");
+  ck_assert_int_eq(add(&f, "added", 0, 0, TOKEN).status, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "adhoc")->host_quota, 4 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "added")->host_quota, 4 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "cfg")->host_quota, MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "open")->host_quota, 0);
+  /* A new default: the tenants that have the default take it. */
+  struct wire_reply rep =
+      reload(&f, "[broker]\ndefault_host_quota = 2MiB\n"
+                 "[tenant:cfg]\nuids = 1001\nhost_quota = 1MiB\n"
+                 "[tenant:open]\nuids = 1003\n");
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(fx_tenant(&f, "adhoc")->host_quota, 2 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "added")->host_quota, 2 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "cfg")->host_quota, MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "open")->host_quota, 0);
+  /* Named, a tenant has its section's; named no more, it keeps it. */
+  rep = reload(&f, "[broker]\ndefault_host_quota = 2MiB\n"
+                   "[tenant:adhoc]\nhost_quota = 8MiB\n");
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(fx_tenant(&f, "adhoc")->host_quota, 8 * MIB);
+  rep = reload(&f, "[broker]\noffload_host_max = 12MiB\n");
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(fx_tenant(&f, "adhoc")->host_quota, 8 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "cfg")->host_quota, MIB);
+  /* auto: a quarter of offload_host_max. */
+  ck_assert_uint_eq(fx_tenant(&f, "added")->host_quota, 3 * MIB);
+  /* A tenant made after the reload has the new default too. */
+  fx_hello(&f, "y", 1004, "later");
+  ck_assert_uint_eq(fx_tenant(&f, "later")->host_quota, 3 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *admin_suite(void) {
   Suite *s = suite_create("admin");
   TCase *tc = tcase_create("tenant_add");
@@ -415,6 +461,7 @@ static Suite *admin_suite(void) {
   tcase_add_test(tc, configured_not_removed_added_not_reaped);
   tcase_add_test(tc, reload_revokes_sessions_that_ended_before);
   tcase_add_test(tc, reload_rotated_token_revokes);
+  tcase_add_test(tc, default_host_quota_follows_reload);
   suite_add_tcase(s, tc);
   return s;
 }

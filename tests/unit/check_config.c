@@ -245,6 +245,38 @@ START_TEST(every_other_value_parses) {
 }
 END_TEST
 
+/* default_host_quota: auto (the default) is a quarter of
+ * offload_host_max, rounded up so that it never reads as 0 (no limit),
+ * and of offload_host_max's default when the broker never offloads
+ * (paused tags still count); a size is taken as it is, 0 meaning none. */
+START_TEST(default_host_quota_auto_and_sizes) {
+  struct gmb_config c;
+  load_ok("[broker]\noffload_host_max = 8GiB\n", &c);
+  ck_assert_uint_eq(c.default_host_quota, GMB_DEFAULT_HOST_QUOTA_AUTO);
+  ck_assert_uint_eq(gmb__config_default_host_quota(&c), 2 * GMB_GIB);
+  gmb__config_free(&c);
+  teardown();
+  load_ok("[broker]\noffload_host_max = 3\ndefault_host_quota = auto\n", &c);
+  ck_assert_uint_eq(gmb__config_default_host_quota(&c), 1);
+  gmb__config_free(&c);
+  teardown();
+  load_ok("[broker]\noffload_host_max = 0\n", &c);
+  uint64_t off = gmb__config_offload_default();
+  ck_assert_uint_eq(gmb__config_default_host_quota(&c),
+                    off / 4 + (off % 4 != 0));
+  ck_assert_uint_gt(gmb__config_default_host_quota(&c), 0);
+  gmb__config_free(&c);
+  teardown();
+  load_ok("[broker]\ndefault_host_quota = 512MiB\ncache_holes = 0\n", &c);
+  ck_assert_uint_eq(gmb__config_default_host_quota(&c), 512 * GMB_MIB);
+  gmb__config_free(&c);
+  teardown();
+  load_ok("[broker]\ndefault_host_quota = 0\n", &c);
+  ck_assert_uint_eq(gmb__config_default_host_quota(&c), 0);
+  gmb__config_free(&c);
+}
+END_TEST
+
 /* device_reserve = auto keeps room for client_contexts contexts (the
  * broker measures one at start); an explicit size is taken as it is. */
 START_TEST(device_reserve_auto_and_client_contexts) {
@@ -278,6 +310,7 @@ START_TEST(defaults_right) {
   ck_assert_uint_eq(d.heartbeat_ms, 1000);
   ck_assert_uint_eq(d.restore_wait_ms, 3000);
   ck_assert_double_eq(d.cache_holes, 0.125); /* an eighth of the quota */
+  ck_assert_uint_eq(d.default_host_quota, GMB_DEFAULT_HOST_QUOTA_AUTO);
   /* A quarter of the host's memory: more than nothing, less than it. */
   ck_assert_uint_gt(d.offload_host_max, 0);
   ck_assert_uint_eq(d.offload_host_max, gmb__config_offload_default());
@@ -414,6 +447,15 @@ START_TEST(err_bad_size) {
   load_bad("[broker]\nclient_contexts = 5000\n", 2, "client_contexts");
   teardown();
   load_bad("[broker]\ndefault_quota =\n", 2, "default_quota: bad size ''");
+  teardown();
+  load_bad("[broker]\ndefault_host_quota = lots\n", 2,
+           "[broker] default_host_quota: bad size 'lots'");
+  teardown();
+  load_bad("[broker]\ndefault_host_quota = Auto\n", 2,
+           "default_host_quota: bad size 'Auto'");
+  teardown();
+  load_bad("[tenant:a]\ndefault_host_quota = 1GiB\n", 2,
+           "default_host_quota");
   teardown();
   load_bad("[tenant:a]\nreserve = 17179869184GiB\n", 2, "reserve: bad size");
 }
@@ -738,6 +780,7 @@ static Suite *config_suite(void) {
   tcase_add_test(tc, every_other_value_parses);
   tcase_add_test(tc, defaults_right);
   tcase_add_test(tc, device_reserve_auto_and_client_contexts);
+  tcase_add_test(tc, default_host_quota_auto_and_sizes);
   tcase_add_test(tc, inline_comment_quota);
   tcase_add_test(tc, tenant_name_63_not_cut);
   tcase_add_test(tc, empty_tenant_section_declares_tenant);

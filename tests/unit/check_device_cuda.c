@@ -278,6 +278,36 @@ START_TEST(open_capacity_is_free_minus_reserve) {
 }
 END_TEST
 
+/* The broker's context cannot be made current again after the throwaway
+ * one measured the cost (the stand-in fails the second cuCtxSetCurrent of
+ * the open, the first being the open's own): the open fails and says
+ * which step; without device_reserve auto there is no second call, and
+ * once the driver answers again the device opens. */
+START_TEST(open_fails_when_context_not_restored) {
+  setenv("FAKECUDA_CTX_COST", "4m", 1);
+  use_fake("64m");
+  setenv("FAKECUDA_FAIL_SET_CURRENT", "2", 1);
+  struct gmb_device *d = NULL;
+  char err[256] = "";
+  ck_assert_int_eq(gmb__device_open("cuda:0", 0,
+                                    GMB_DEVICE_RESERVE_CONTEXTS | 3, &d, err,
+                                    sizeof err),
+                   GMB_E_DEVICE);
+  ck_assert_ptr_null(d);
+  ck_assert_msg(strstr(err, "cuCtxSetCurrent (the broker's context again") &&
+                    strstr(err, "CUDA_ERROR_INVALID_CONTEXT"),
+                "%s", err);
+  unsetenv("FAKECUDA_FAIL_SET_CURRENT");
+  d = open_fake("64m", 0, GMB_DEVICE_RESERVE_CONTEXTS | 3);
+  gmb__device_close(d); /* its calls saw the variable unset: counted anew */
+  setenv("FAKECUDA_FAIL_SET_CURRENT", "2", 1);
+  d = open_fake("64m", 0, 8 * MIB);
+  gmb__device_close(d);
+  unsetenv("FAKECUDA_FAIL_SET_CURRENT");
+  unsetenv("FAKECUDA_CTX_COST");
+}
+END_TEST
+
 /* device_reserve auto: n client contexts of what one costs here, measured
  * at open ($FAKECUDA_CTX_COST on the stand-in); the throwaway context it
  * measured with is gone after, and the broker's own is current. */
@@ -698,6 +728,7 @@ static Suite *device_cuda_suite(void) {
   tcase_add_test(tc, open_capacity_is_free_minus_reserve);
   tcase_add_test(tc, open_capacity_capped_by_config);
   tcase_add_test(tc, open_reserve_counts_measured_contexts);
+  tcase_add_test(tc, open_fails_when_context_not_restored);
   tcase_add_test(tc, open_capacity_is_device_wide);
   tcase_add_test(tc, open_reserve_above_free);
   tcase_add_test(tc, open_no_such_gpu);

@@ -13,9 +13,9 @@
  * state bits written into its lock table (on the device, offloaded, in
  * slots it was never given), Locks of ids not its own, freed or flooded,
  * Free and the session's end while its Lock waits, sleep_idle from a busy
- * session; host memory and copies that fail, and chunks freed out of
- * order: a segment goes all or nothing, nothing is lost, and every sum
- * comes back to zero.  The fixture runs the
+ * session; host memory, copies and sleep records that fail, and chunks
+ * freed out of order: a segment goes all or nothing, nothing is lost, and
+ * every sum comes back to zero.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -728,6 +728,51 @@ START_TEST(one_walk_however_many_idle_sessions) {
 }
 END_TEST
 
+/* A tenant the config does not name (made by first use) has
+ * default_host_quota: offloaded, it stops there, and the broker's
+ * offload_host_max still has room for another tenant's segment, where
+ * without the default the first would have taken all of it.  Its pause of
+ * a tag is bound the same way. */
+START_TEST(default_host_quota_bounds_adhoc) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\noffload_host_max = 4MiB\n"
+              "default_host_quota = 2MiB\n"
+              "[tenant:low]\nuids = 1001\npriority = 0\n"
+              "[tenant:high]\nuids = 1002\npriority = 10\n");
+  fx_hello(&f, "x", 1003, "adhoc");
+  for (int i = 0; i < 4; i++) fx_must_alloc(&f, "x", 1003, MIB, GMB_MOVABLE);
+  fx_hello(&f, "a", 1001, "low");
+  for (int i = 0; i < 4; i++) fx_must_alloc(&f, "a", 1001, MIB, GMB_MOVABLE);
+  fx_hello(&f, "b", 1002, "high");
+  fx_must_alloc(&f, "b", 1002, 8 * MIB, 0);
+  struct gmb_tenant *x = fx_tenant(&f, "adhoc"), *low = fx_tenant(&f, "low");
+  ck_assert_uint_eq(x->host_quota, 2 * MIB);
+  ck_assert_uint_eq(low->host_quota, 0); /* configured: its own, none */
+  /* The ad-hoc tenant idle longest: asked first. */
+  offer(&f, "x", 1003, 1, 60000);
+  offer(&f, "a", 1001, 1, 5000);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(x->host_bytes, 2 * MIB);
+  ck_assert_uint_eq(low->host_bytes, 0);
+  /* Its default reached: the next segment is low's. */
+  ck_assert_int_eq(fx_alloc(&f, "b", 1002, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b refused: %s", rep.message);
+  ck_assert_uint_eq(x->host_bytes, 2 * MIB);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
+  ck_assert_uint_eq(f.b.offload.host_bytes, 4 * MIB);
+  ck_assert_uint_ge(f.b.offload.refused, 1);
+  /* A tag of its own is refused past the default too. */
+  ck_assert_int_eq(fx_sleep_note(&f, "x", 1003, "w", 1, MIB, MIB),
+                   GMB_E_LIMIT);
+  ck_assert_uint_eq(x->host_bytes, 2 * MIB);
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* A library's pause of tag "w" (its SleepNote, host bytes it copies) and
  * the broker's offloads share the tenant's host_quota, whichever comes
  * first; the (movable) record's name is the broker's. */
@@ -777,6 +822,22 @@ END_TEST
 static const struct gmb_device_ops *real_ops;
 static struct gmb_device_ops faulty_ops;
 static int no_host_memory, fail_copy_out, fail_copy_in;
+/* record_fails: the first calloc after each copy out fails (the broker's
+ * (movable) sleep record, made once the bytes are on the host); the
+ * suite links with --wrap=calloc, so every calloc of the broker's comes
+ * here. */
+static int record_fails, calloc_fail_next, callocs_failed;
+
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size) {
+  if (calloc_fail_next) {
+    calloc_fail_next = 0;
+    callocs_failed++;
+    return NULL;
+  }
+  return __real_calloc(n, size);
+}
 
 static void *faulty_host_alloc(struct gmb_device *d, uint64_t len) {
   if (no_host_memory) return NULL;
@@ -788,7 +849,9 @@ static int faulty_copy_host(struct gmb_device *d, struct gmb_dseg *seg,
                             int to_host) {
   int *n = to_host ? &fail_copy_out : &fail_copy_in;
   if (*n && --*n == 0) return GMB_E_DEVICE;
-  return real_ops->copy_host(d, seg, off, p, len, to_host);
+  int rc = real_ops->copy_host(d, seg, off, p, len, to_host);
+  if (rc == 0 && to_host && record_fails) calloc_fail_next = 1;
+  return rc;
 }
 
 static void faulty_on(struct fx *f) {
@@ -798,9 +861,13 @@ static void faulty_on(struct fx *f) {
   faulty_ops.copy_host = faulty_copy_host;
   f->b.dev->ops = &faulty_ops;
   no_host_memory = fail_copy_out = fail_copy_in = 0;
+  record_fails = calloc_fail_next = callocs_failed = 0;
 }
 
-static void faulty_off(struct fx *f) { f->b.dev->ops = real_ops; }
+static void faulty_off(struct fx *f) {
+  f->b.dev->ops = real_ops;
+  record_fails = calloc_fail_next = 0;
+}
 
 /* No host memory, then a copy out that fails half-way through a segment,
  * then a copy back that fails: each time nothing is lost, the slots say
@@ -852,6 +919,47 @@ START_TEST(host_memory_and_copies_fail) {
   assert_pattern(&sc, away);
   ck_assert_uint_eq(f->b.offload.host_bytes, 0);
   ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  faulty_off(f);
+  scene_close(&sc);
+}
+END_TEST
+
+/* No host memory for the session's (movable) sleep record, made with its
+ * first offloaded allocation: the offload is refused as when its copy
+ * fails (the segment stays whole on the device, nothing is held on the
+ * host, no record half made), and the broker serves on; with memory
+ * again, the same request offloads. */
+START_TEST(sleep_record_out_of_memory) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("", ""), 1);
+  struct fx *f = &sc.f;
+  struct gmb_tenant *low = fx_tenant(f, "low");
+  faulty_on(f);
+  record_fails = 1;
+  uint64_t refused = f->b.offload.refused;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), GMB_E_NOMEM);
+  ck_assert_int_ge(callocs_failed, 1);
+  ck_assert_int_eq(offloaded(&sc), 0);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.chunk_bytes, 0);
+  ck_assert_uint_eq(f->b.offload.held, 0);
+  ck_assert_uint_eq(f->b.offload.refused, refused); /* not the host bounds */
+  ck_assert_uint_eq(sc.a->n_paused, 0);
+  ck_assert_ptr_null(sc.a->paused);
+  ck_assert_uint_eq(low->paused_tags, 0);
+  ck_assert_uint_eq(low->host_bytes, 0);
+  ck_assert_uint_eq(low->paused_bytes, 0);
+  ck_assert_uint_eq(low->used, NA * MIB);
+  for (int i = 0; i < NA; i++) {
+    ck_assert_uint_eq(atomic_load(state_of(&sc, i)), 0);
+    assert_pattern(&sc, i);
+  }
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  record_fails = 0;
+  ck_assert_int_eq(ask(&sc, "b", 1002, 2 * MIB, NULL), 0);
+  ck_assert_int_eq(offloaded(&sc), 2);
+  ck_assert_uint_eq(low->paused_tags, 1);
+  ck_assert_uint_eq(low->host_bytes, 2 * MIB);
   faulty_off(f);
   scene_close(&sc);
 }
@@ -1105,7 +1213,9 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, idle_flag_makes_only_itself_a_victim);
   tcase_add_test(tc, one_walk_however_many_idle_sessions);
   tcase_add_test(tc, host_quota_shared_with_paused_tags);
+  tcase_add_test(tc, default_host_quota_bounds_adhoc);
   tcase_add_test(tc, host_memory_and_copies_fail);
+  tcase_add_test(tc, sleep_record_out_of_memory);
   tcase_add_test(tc, chunks_freed_out_of_order);
   tcase_add_test(tc, hostile_mix_keeps_the_sums);
   suite_add_tcase(s, tc);
