@@ -32,7 +32,8 @@
  * packs into few pages and the free memory between stays in whole pages
  * that can go back; it is cut from the start of that block (address
  * order: on the fragmentation traces this refused fewer requests than
- * cutting from the end that touches a block in use, docs/benchmarks.md).  A request no free block serves (a miss) takes the
+ * cutting from the end that touches a block in use, docs/benchmarks.md).
+ * A request no free block serves (a miss) takes the
  * range that needs the fewest new pages: a VIRT range with the free ends
  * of its neighbours; its pages come from the arena's idle pages (moved)
  * and only then from the broker.  So the cache never asks for a page
