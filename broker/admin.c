@@ -310,17 +310,28 @@ static int admin_tenant_add(struct gmb_broker *b, const struct gmb_peer *peer,
   gmb__tenant_set_quota(b->tenants, t, a->quota);
   gmb__tenant_set_reserve(b->tenants, t, a->reserve);
   t->priority = a->priority;
+  /* Given, it is the tenant's own as a config section's would be: no
+   * reload's default_host_quota replaces it. */
+  if (a->has_host_quota) {
+    t->host_quota = a->host_quota;
+    t->host_quota_default = 0;
+  }
   for (uint32_t i = 0; i < a->n_uids; i++) t->uids[i] = a->uids[i];
   t->n_uids = a->n_uids;
   t->has_token = a->has_token;
   memcpy(t->token_sha256, a->token_sha256, sizeof t->token_sha256);
   gmb__size_format(a->quota, qs, sizeof qs);
-  log_info("uid %u added tenant %s: quota %s, reserve %s, %s%u uids",
-           (unsigned)peer->uid, t->name, a->quota ? qs : "unlimited", rs,
-           a->has_token ? "a token, " : "", (unsigned)a->n_uids);
+  char hq[GMB_SIZE_BUFSZ + 16];
+  if (t->host_quota == 0) snprintf(hq, sizeof hq, "unlimited");
+  else gmb__size_format(t->host_quota, hq, sizeof hq);
+  if (t->host_quota_default) strcat(hq, " (default)");
+  log_info("uid %u added tenant %s: quota %s, reserve %s, host_quota %s, "
+           "%s%u uids", (unsigned)peer->uid, t->name,
+           a->quota ? qs : "unlimited", rs, hq, a->has_token ? "a token, " : "",
+           (unsigned)a->n_uids);
   admin_tenant_row(t, rep);
-  snprintf(rep->message, sizeof rep->message, "tenant %s added: quota %s",
-           t->name, a->quota ? qs : "unlimited");
+  snprintf(rep->message, sizeof rep->message, "tenant %s added: quota %s, "
+           "host_quota %s", t->name, a->quota ? qs : "unlimited", hq);
   return 1;
 }
 

@@ -195,7 +195,9 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       break;
     case WIRE_ADMIN_TENANT_ADD:
       if (!WIRE_FITS(req->u.admin_tenant_add.tenant) ||
-          req->u.admin_tenant_add.n_uids > WIRE_UIDS_MAX)
+          req->u.admin_tenant_add.n_uids > WIRE_UIDS_MAX ||
+          (!req->u.admin_tenant_add.has_host_quota &&
+           req->u.admin_tenant_add.host_quota != 0))
         return GMB_E_INVAL;
       ata.tenant = wire_name(req->u.admin_tenant_add.tenant);
       ata.quota = req->u.admin_tenant_add.quota;
@@ -207,6 +209,8 @@ int gmb__wire_request_encode(const struct wire_request *req, uint8_t **buf,
       ata.n_uids = req->u.admin_tenant_add.n_uids;
       ata.uids = (uint32_t *)req->u.admin_tenant_add.uids;
       ata.priority = req->u.admin_tenant_add.priority;
+      ata.has_host_quota = req->u.admin_tenant_add.has_host_quota != 0;
+      ata.host_quota = req->u.admin_tenant_add.host_quota;
       r.body_case = GMB__REQUEST__BODY_ADMIN_TENANT_ADD;
       r.admin_tenant_add = &ata;
       break;
@@ -378,6 +382,13 @@ int gmb__wire_request_decode(const uint8_t *buf, size_t len,
       out->u.admin_tenant_add.quota = a->quota;
       out->u.admin_tenant_add.reserve = a->reserve;
       out->u.admin_tenant_add.priority = a->priority;
+      out->u.admin_tenant_add.has_host_quota = a->has_host_quota;
+      out->u.admin_tenant_add.host_quota = a->host_quota;
+      /* A value without its flag: which one was meant is unknown. */
+      if (!a->has_host_quota && a->host_quota != 0) {
+        rc = GMB_E_PROTO;
+        break;
+      }
       rc = wire_name_copy(out->u.admin_tenant_add.tenant,
                           sizeof out->u.admin_tenant_add.tenant, a->tenant);
       /* A hash is exactly 32 bytes or absent; too many uids is refused

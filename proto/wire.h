@@ -85,6 +85,8 @@ struct wire_tenant_add {
   uint32_t n_uids;
   uint32_t uids[WIRE_UIDS_MAX];
   int32_t priority;
+  int has_host_quota;  /* host_quota is given; else the default applies */
+  uint64_t host_quota; /* bytes; 0: no limit */
 };
 
 struct wire_request {

@@ -60,7 +60,9 @@ int gmb__admin_rpc_call(struct admin_rpc *rpc, struct wire_request *req,
  * Tenants made and removed at run time, for the node components of
  * schedulers (the Slurm SPANK plugin, the Kubernetes device plugin) and
  * gmbctl.  gmb__admin_tenant_add creates `spec->tenant` with its quota,
- * reservation, token hash and uids; 0 with *row (may be NULL) filled, or
+ * reservation, token hash, uids and, when `spec->has_host_quota`, its
+ * host_quota (else the broker's default_host_quota, followed at reloads);
+ * 0 with *row (may be NULL) filled, or
  * the broker's refusal (GMB_E_INVAL: it exists, bad name, proves no one,
  * above the device; GMB_E_NOMEM: the reservations would pass the device;
  * GMB_E_LIMIT: too many tenants; GMB_E_AUTH: not an admin uid).

@@ -81,8 +81,8 @@ int gmb__ctl_pause(struct ctl *ctl, const struct ctl_verb *v, int argc,
                    char **argv);
 int gmb__ctl_reload(struct ctl *ctl, const struct ctl_verb *v, int argc,
                     char **argv);
-/* tenant add NAME [--quota S] [--reserve S] [--token-file F |
- * --token-sha256 HEX] [--uid N]... | tenant remove NAME [--evict] */
+/* tenant add NAME [--quota S] [--reserve S] [--host-quota S] [--token-file F
+ * | --token-sha256 HEX] [--uid N]... | tenant remove NAME [--evict] */
 int gmb__ctl_tenant(struct ctl *ctl, const struct ctl_verb *v, int argc,
                     char **argv);
 

@@ -278,6 +278,9 @@ static int ctl_tenant_add(struct ctl *ctl, const struct ctl_verb *v, int argc,
       rc = gmb__size_parse(val, &a->quota);
     } else if (strcmp(o, "--reserve") == 0) {
       rc = gmb__size_parse(val, &a->reserve);
+    } else if (strcmp(o, "--host-quota") == 0) {
+      rc = gmb__size_parse(val, &a->host_quota);
+      a->has_host_quota = 1;
     } else if (strcmp(o, "--token-file") == 0) {
       int r = ctl_token_file(v, val, a->token_sha256);
       if (r) return r;

@@ -517,10 +517,13 @@ static const struct ctl_verb ctl_verbs[] = {
      gmb__ctl_metrics},
     {"reload", "reload", "read the config file again", gmb__ctl_reload},
     {"tenant",
-     "tenant add NAME [--quota SIZE] [--reserve SIZE] [--token-file FILE | "
-     "--token-sha256 HEX] [--uid N]... | tenant remove NAME [--evict]",
+     "tenant add NAME [--quota SIZE] [--reserve SIZE] [--host-quota SIZE] "
+     "[--token-file FILE | --token-sha256 HEX] [--uid N]... | tenant remove "
+     "NAME [--evict]",
      "make a tenant at run time (not saved), or remove one once its "
-     "sessions end", gmb__ctl_tenant},
+     "sessions end; --host-quota bounds the host memory of its paused and "
+     "offloaded bytes (0: no limit; without it, default_host_quota)",
+     gmb__ctl_tenant},
 };
 #define CTL_NVERBS (sizeof ctl_verbs / sizeof ctl_verbs[0])
 

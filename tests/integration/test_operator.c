@@ -509,6 +509,23 @@ START_TEST(tenant_add_remove_at_run_time) {
   CTL_FAILS(2, "unknown subcommand 'del'", &b, "tenant", "del", "x");
   CTL_FAILS(2, "bad value 'lots' for --quota", &b, "tenant", "add", "x",
             "--quota", "lots");
+  /* --host-quota: the same sizes as --quota, and the tenant's own. */
+  CTL_FAILS(2, "bad value '-1' for --host-quota", &b, "tenant", "add", "x",
+            "--host-quota", "-1", "--uid", "4242");
+  CTL_FAILS(2, "bad value '99999999999999999999' for --host-quota", &b,
+            "tenant", "add", "x", "--host-quota", "99999999999999999999",
+            "--uid", "4242");
+  CTL_FAILS(2, "an option lacks its value", &b, "tenant", "add", "x",
+            "--uid", "4242", "--host-quota");
+  CTL_OK(&b, "tenant", "add", "hq", "--host-quota", "0.5GiB", "--uid",
+         "4242");
+  OUT_HAS("tenant hq added: quota unlimited, host_quota 512MiB");
+  ck_assert_uint_eq(row_of(&b, "hq").host_quota, 512 * MIB);
+  CTL_OK(&b, "--json", "tenants");
+  OUT_HAS("\"host_quota\": 536870912");
+  CTL_OK(&b, "tenant", "remove", "hq");
+  CTL_OK(&b, "tenant", "--help");
+  OUT_HAS("[--host-quota SIZE]");
   /* The token proves it; its quota holds. */
   setenv("GMB_TOKEN", "s3cret", 1);
   gmb_client *c = harness_connect_ok(&b, "slurm-9.0");

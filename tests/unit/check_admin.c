@@ -403,8 +403,8 @@ END_TEST
 
 /* --- default_host_quota ------------------------------------------------- */
 
-/* Tenants the config does not name (made by first use, or by tenant add,
- * which has no host quota of its own) take default_host_quota, and follow
+/* Tenants the config does not name (made by first use, or by tenant add
+ * without a host quota of its own) take default_host_quota, and follow
  * it at reload; a tenant section's host_quota (none: no limit) is the
  * tenant's own, and a tenant that leaves the config keeps what it had. */
 START_TEST(default_host_quota_follows_reload) {
@@ -447,6 +447,70 @@ START_TEST(default_host_quota_follows_reload) {
 }
 END_TEST
 
+/* A tenant added with a host_quota has it as its own, as a config
+ * section's: shown in its row and status, kept across reloads that change
+ * default_host_quota; 0 given is "no limit", not the default.  One added
+ * without follows the default, as above.  The broker's admin handler
+ * takes any size, as a config section does. */
+START_TEST(add_host_quota_kept_across_reload) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\ndefault_host_quota = 4MiB\n");
+  struct wire_request req = add_req("own", 8 * MIB, 0, TOKEN);
+  req.u.admin_tenant_add.has_host_quota = 1;
+  req.u.admin_tenant_add.host_quota = 6 * MIB;
+  struct wire_reply rep = admin(&f, geteuid(), &req);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(rep.u.tenant_row.host_quota, 6 * MIB);
+  ck_assert_ptr_nonnull(strstr(rep.message, "host_quota 6MiB"));
+  req = add_req("nolimit", 0, 0, TOKEN);
+  req.u.admin_tenant_add.has_host_quota = 1;
+  rep = admin(&f, geteuid(), &req);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(rep.u.tenant_row.host_quota, 0);
+  ck_assert_ptr_nonnull(strstr(rep.message, "host_quota unlimited"));
+  rep = add(&f, "dflt", 0, 0, TOKEN);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(rep.u.tenant_row.host_quota, 4 * MIB);
+  ck_assert_ptr_nonnull(strstr(rep.message, "host_quota 4MiB (default)"));
+  /* Status shows each one's. */
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_STATUS;
+  rep = admin(&f, geteuid(), &req);
+  ck_assert_int_eq(rep.status, 0);
+  const char *names[] = {"own", "nolimit", "dflt"};
+  const uint64_t want[] = {6 * MIB, 0, 4 * MIB};
+  int seen = 0;
+  for (size_t i = 0; i < rep.u.admin_status.n_tenants; i++) {
+    const struct wire_tenant_row *r = &rep.u.admin_status.tenants[i];
+    for (int k = 0; k < 3; k++) {
+      if (strcmp(r->name, names[k]) != 0) continue;
+      ck_assert_uint_eq(r->host_quota, want[k]);
+      seen++;
+    }
+  }
+  ck_assert_int_eq(seen, 3);
+  gmb__wire_reply_clear(&rep);
+  /* A new default: only the tenant without its own follows it. */
+  rep = reload(&f, "[broker]\ndefault_host_quota = 2MiB\n");
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(fx_tenant(&f, "own")->host_quota, 6 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "nolimit")->host_quota, 0);
+  ck_assert_uint_eq(fx_tenant(&f, "dflt")->host_quota, 2 * MIB);
+  rep = reload(&f, "[broker]\ndefault_host_quota = 0\n");
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(fx_tenant(&f, "own")->host_quota, 6 * MIB);
+  ck_assert_uint_eq(fx_tenant(&f, "dflt")->host_quota, 0);
+  /* Any size, as a config section's host_quota. */
+  req = add_req("huge", 0, 0, TOKEN);
+  req.u.admin_tenant_add.has_host_quota = 1;
+  req.u.admin_tenant_add.host_quota = UINT64_MAX;
+  rep = admin(&f, geteuid(), &req);
+  ck_assert_msg(rep.status == 0, "%s", rep.message);
+  ck_assert_uint_eq(fx_tenant(&f, "huge")->host_quota, UINT64_MAX);
+  fx_close(&f);
+}
+END_TEST
+
 static Suite *admin_suite(void) {
   Suite *s = suite_create("admin");
   TCase *tc = tcase_create("tenant_add");
@@ -462,6 +526,7 @@ static Suite *admin_suite(void) {
   tcase_add_test(tc, reload_revokes_sessions_that_ended_before);
   tcase_add_test(tc, reload_rotated_token_revokes);
   tcase_add_test(tc, default_host_quota_follows_reload);
+  tcase_add_test(tc, add_host_quota_kept_across_reload);
   suite_add_tcase(s, tc);
   return s;
 }

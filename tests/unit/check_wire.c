@@ -23,6 +23,8 @@
 #include "gmb.h"
 #include "wire.h"
 
+#define WIRE_TEST_MIB (UINT64_C(1) << 20)
+
 /* ---- a minimal protobuf writer for hand-made messages ------------------ */
 
 struct pb {
@@ -128,6 +130,55 @@ START_TEST(request_alloc_roundtrip) {
   ck_assert_uint_eq(out.u.alloc.flags, GMB_MOVABLE);
   ck_assert_int_eq(out.u.alloc.timeout_ms, -1);
   ck_assert_mem_eq(&out, &in, sizeof in);
+}
+END_TEST
+
+/* A run-time tenant's host_quota: given (0 included, which is "no limit")
+ * or not, which leaves the broker's default; both come back as sent. */
+START_TEST(request_tenant_add_host_quota_roundtrip) {
+  struct wire_request in, out;
+  memset(&in, 0, sizeof in);
+  in.id = 9;
+  in.kind = WIRE_ADMIN_TENANT_ADD;
+  snprintf(in.u.admin_tenant_add.tenant, sizeof in.u.admin_tenant_add.tenant,
+           "slurm-1.0");
+  in.u.admin_tenant_add.quota = 8 * WIRE_TEST_MIB;
+  in.u.admin_tenant_add.n_uids = 1;
+  in.u.admin_tenant_add.uids[0] = 1001;
+  in.u.admin_tenant_add.has_host_quota = 1;
+  in.u.admin_tenant_add.host_quota = UINT64_MAX;
+  req_roundtrip(&in, &out);
+  ck_assert_int_eq(out.u.admin_tenant_add.has_host_quota, 1);
+  ck_assert_uint_eq(out.u.admin_tenant_add.host_quota, UINT64_MAX);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+  in.u.admin_tenant_add.host_quota = 0; /* given: no limit */
+  req_roundtrip(&in, &out);
+  ck_assert_int_eq(out.u.admin_tenant_add.has_host_quota, 1);
+  ck_assert_uint_eq(out.u.admin_tenant_add.host_quota, 0);
+  in.u.admin_tenant_add.has_host_quota = 0; /* not given */
+  req_roundtrip(&in, &out);
+  ck_assert_int_eq(out.u.admin_tenant_add.has_host_quota, 0);
+  ck_assert_mem_eq(&out, &in, sizeof in);
+  /* A value without its flag is not sent... */
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  in.u.admin_tenant_add.host_quota = WIRE_TEST_MIB;
+  ck_assert_int_eq(gmb__wire_request_encode(&in, &buf, &len), GMB_E_INVAL);
+  ck_assert_ptr_null(buf);
+  /* ...nor taken: AdminTenantAdd.host_quota (7) without has_host_quota (8). */
+  struct pb add = {.n = 0}, p = {.n = 0};
+  pb_bytes(&add, 1, "x", 1);
+  pb_uint(&add, 7, WIRE_TEST_MIB);
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 28, &add);
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &out), GMB_E_PROTO);
+  pb_uint(&add, 8, 1);
+  p.n = 0;
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 28, &add);
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &out), 0);
+  ck_assert_int_eq(out.u.admin_tenant_add.has_host_quota, 1);
+  ck_assert_uint_eq(out.u.admin_tenant_add.host_quota, WIRE_TEST_MIB);
 }
 END_TEST
 
@@ -1326,6 +1377,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, request_hello_empty_fields);
   tcase_add_test(tc, request_alloc_roundtrip);
   tcase_add_test(tc, request_free_segment_closed_roundtrip);
+  tcase_add_test(tc, request_tenant_add_host_quota_roundtrip);
   tcase_add_test(tc, request_empty_bodies_roundtrip);
   tcase_add_test(tc, request_encode_refuses);
   tcase_add_test(tc, reply_status_only_every_code);
