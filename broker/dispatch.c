@@ -338,6 +338,7 @@ static int dispatch_free(struct gmb_broker *b, struct gmb_session *s,
     gmb__tenant_uncharge(s->tenant, info.size);
     s->allocations--;
     s->used -= info.size;
+    gmb__tenant_holes_held(s->tenant, &s->cached_holes, s->used);
   }
   rep->status = 0;
   gmb__waitq_serve(b);

@@ -394,6 +394,7 @@ static int offl_out(struct gmb_broker *b, struct gmb_session *o, uint64_t id,
   gmb__tenant_uncharge(o->tenant, info.size);
   o->allocations--;
   o->used -= info.size;
+  gmb__tenant_holes_held(o->tenant, &o->cached_holes, o->used);
   b->offload.offloads++;
   b->offload.bytes_out += info.size;
   gmb__locktab_offloaded(lt, slot);
@@ -696,6 +697,7 @@ static int offl_in(struct gmb_broker *b, struct gmb_session *s,
     gmb__tenant_uncharge(s->tenant, r->size);
     s->allocations--;
     s->used -= r->size;
+    gmb__tenant_holes_held(s->tenant, &s->cached_holes, s->used);
     gmb__locktab_unrestored(s->lt, r->slot);
     uint64_t rid = rep->id;
     memset(rep, 0, sizeof *rep);

@@ -573,6 +573,7 @@ static int reclaim_tenant_sum(void *ctx, struct gmb_tenant *t) {
   for (const struct gmb_session *o = t->sessions; o; o = o->tenant_next) {
     sum += o->ask_bytes;
     holes += o->cached_holes;
+    c->bad += o->cached_holes > o->used; /* what it holds bounds them */
   }
   c->bad += sum != t->cache_asked;
   c->bad += holes != t->cache_holes; /* the reports' holes (tenant.h) */

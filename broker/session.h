@@ -47,8 +47,9 @@ struct gmb_session {
   uint64_t used;        /* bytes of them (rounded), charged to its tenant */
   uint64_t cached_free; /* free in its cache, as its last request said */
   uint64_t cached_holes; /* free between blocks in its cache's pages, as
-                            its last request said, at most `used` then
-                            (in its tenant's cache_holes) */
+                            its last request said, at most `used` (kept
+                            so when used falls: gmb__tenant_holes_held;
+                            in its tenant's cache_holes) */
   /* Bytes its process made itself through the VMM API and reported
    * (WIRE_VMM), charged to its tenant (gmb_tenant.vmm) and the device
    * (external) until it reports less or ends: one counter, never above

@@ -525,7 +525,11 @@ static int tenant_budget_over(const struct gmb_tenant *t, uint64_t size) {
 /* The holes of t's caches not charged to its quota (tenant.h). */
 uint64_t gmb__tenant_holes_uncharged(const struct gmb_tenant *t) {
   if (t->quota == 0 || t->holes_frac <= 0.0) return 0;
-  uint64_t cap = (uint64_t)((double)t->quota * t->holes_frac);
+  /* A quota near UINT64_MAX (any size is taken) rounds up to 2^64 as a
+   * double, which no uint64_t holds: converting it is undefined (0 on
+   * x86-64, which would forgive nothing). */
+  double c = (double)t->quota * t->holes_frac;
+  uint64_t cap = c >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)c;
   return t->cache_holes < cap ? t->cache_holes : cap;
 }
 
@@ -541,6 +545,11 @@ void gmb__tenant_holes_heard(struct gmb_tenant *t, uint64_t *mine,
   GMB_ASSERT(*mine <= t->cache_holes && "tenant holes drifted");
   t->cache_holes = t->cache_holes - *mine + h;
   *mine = h;
+}
+
+void gmb__tenant_holes_held(struct gmb_tenant *t, uint64_t *mine,
+                            uint64_t held) {
+  if (*mine > held) gmb__tenant_holes_heard(t, mine, held, held);
 }
 
 static int tenant_quota_over(const struct gmb_tenant *t, uint64_t size) {

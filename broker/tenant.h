@@ -280,6 +280,13 @@ uint64_t gmb__tenant_holes_uncharged(const struct gmb_tenant *t);
 void gmb__tenant_holes_heard(struct gmb_tenant *t, uint64_t *mine,
                              uint64_t reported, uint64_t held);
 
+/* The session now holds `held` bytes, fewer than before (a Free, the
+ * broker's offload): its holes figure *mine stays at most that until its
+ * next report, and t's sum with it.  Holes a session no longer holds
+ * would be forgiven to its tenant's other sessions. */
+void gmb__tenant_holes_held(struct gmb_tenant *t, uint64_t *mine,
+                            uint64_t held);
+
 /* Takes the limits a reload may change (max_tenants_per_uid,
  * cache_holes, default_host_quota: the tenants that have it take the new
  * one). */

@@ -352,6 +352,67 @@ START_TEST(cached_free_beyond_used_not_believed) {
 }
 END_TEST
 
+/* A Heartbeat from `rid` reporting `holes` free between its cache's
+ * blocks (Request.cached_holes). */
+static void report_holes(struct fx *f, const char *rid, uid_t uid,
+                         uint64_t holes) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.cached_holes = holes;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+}
+
+/* A Free of `id` whose report claims `holes` (heard before the free). */
+static void free_holes(struct fx *f, const char *rid, uid_t uid, uint64_t id,
+                       uint64_t holes) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_FREE;
+  req.u.free.id = id;
+  req.cached_holes = holes;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+}
+
+/* A session's holes are at most what it holds, and stay so when it holds
+ * less (a Free, the broker's offload) before it reports again: a Free
+ * whose report claims every byte held before it (a liar, or a page freed
+ * just after the figure was taken) would otherwise leave those bytes
+ * uncharged for its tenant's other sessions, though no page holds them. */
+START_TEST(holes_follow_what_the_session_holds) {
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\ncompaction = off\ncache_holes = 1\n"
+              "[tenant:t]\nuids = 1001\nquota = 16MiB\n");
+  fx_hello(&f, "a", 1001, "t");
+  fx_hello(&f, "b", 1001, "t");
+  uint64_t p1 = hold(&f, "a", 1001, 2 * MIB);
+  uint64_t p2 = hold(&f, "a", 1001, 2 * MIB);
+  report_holes(&f, "a", 1001, UINT64_MAX);
+  struct gmb_tenant *t = fx_tenant(&f, "t");
+  ck_assert_uint_eq(sess(&f, "a")->cached_holes, 4 * MIB);
+  ck_assert_uint_eq(t->cache_holes, 4 * MIB);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 0);
+  /* One page freed, its report claiming all: 2 MiB left to claim. */
+  free_holes(&f, "a", 1001, p1, UINT64_MAX);
+  ck_assert_uint_eq(sess(&f, "a")->cached_holes, 2 * MIB);
+  ck_assert_uint_eq(t->cache_holes, 2 * MIB);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 0);
+  /* The second: nothing held, nothing forgiven.  b gets the quota, not
+   * the quota and a's old holes. */
+  free_holes(&f, "a", 1001, p2, UINT64_MAX);
+  ck_assert_uint_eq(sess(&f, "a")->cached_holes, 0);
+  ck_assert_uint_eq(t->cache_holes, 0);
+  hold(&f, "b", 1001, 16 * MIB);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "b", 1001, 2 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  fx_close(&f);
+}
+END_TEST
+
 /* A session that ignores the ask: the held request falls through after the
  * bound (here GMB_E_NOMEM: compaction is off), the session's trim_ignored
  * counts it, and it is not asked again before its pause ends; a second
@@ -1175,6 +1236,7 @@ static Suite *reclaim_suite(void) {
   tcase_add_test(tc, reservation_never_asked_below);
   tcase_add_test(tc, nothing_asked_when_caches_cannot_cover);
   tcase_add_test(tc, cached_free_beyond_used_not_believed);
+  tcase_add_test(tc, holes_follow_what_the_session_holds);
   tcase_add_test(tc, trim_wait_zero_never_asks);
   tcase_add_test(tc, falls_through_to_compaction);
   suite_add_tcase(s, tc);

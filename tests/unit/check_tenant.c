@@ -346,6 +346,55 @@ START_TEST(quota_holes_forgiven_up_to_a_part) {
 }
 END_TEST
 
+/* The edges of the holes rule: a quota whose part is past 2^64 as a
+ * double (any size is taken) forgives what is reported, not 0; a part of
+ * 1 forgives at most the quota and charges nothing below 0; a session
+ * that holds less keeps at most that as holes; reports on and on, of 0
+ * and of UINT64_MAX, leave the tenant's sum the sessions' own. */
+START_TEST(quota_holes_edges) {
+  struct gmb_tenant *t = NULL;
+  ck_assert_int_eq(admit("llm-a", 1001, &t), 0);
+  ck_assert_int_eq(gmb__tenant_charge(t, 4096), 0);
+  uint64_t s1 = 0, s2 = 0;
+  cfg.cache_holes = 1.0;
+  gmb__tenants_set_limits(ts, &cfg);
+  t->quota = UINT64_MAX; /* an operator's gmbctl quota set */
+  gmb__tenant_holes_heard(t, &s1, 1000, 4096);
+  ck_assert_uint_eq(gmb__tenant_holes_uncharged(t), 1000);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 4096 - 1000);
+  t->quota = UINT64_MAX - 1024; /* rounds to 2^64 too */
+  ck_assert_uint_eq(gmb__tenant_holes_uncharged(t), 1000);
+  t->quota = UINT64_C(1) << 63; /* exact: the part is the quota */
+  ck_assert_uint_eq(gmb__tenant_holes_uncharged(t), 1000);
+  /* All of it a hole, the part 1: nothing charged, never below 0. */
+  t->quota = 4096;
+  gmb__tenant_holes_heard(t, &s1, UINT64_MAX, 4096);
+  ck_assert_uint_eq(gmb__tenant_charged(t), 0);
+  ck_assert_int_eq(gmb__tenant_fits(t, 4096), 0);
+  ck_assert_int_eq(gmb__tenant_fits(t, 4097), GMB_E_QUOTA);
+  /* Held less: the figure follows it down, never up. */
+  gmb__tenant_holes_held(t, &s1, 100);
+  ck_assert_uint_eq(s1, 100);
+  ck_assert_uint_eq(t->cache_holes, 100);
+  gmb__tenant_holes_held(t, &s1, 4096);
+  ck_assert_uint_eq(s1, 100);
+  /* Many reports from two sessions: the sum is theirs. */
+  for (int i = 0; i < 1000; i++) {
+    gmb__tenant_holes_heard(t, &s1, i & 1 ? UINT64_MAX : 0, 2048);
+    gmb__tenant_holes_heard(t, &s2, (uint64_t)i, 2048);
+    ck_assert_uint_eq(t->cache_holes, s1 + s2);
+  }
+  ck_assert_uint_eq(t->cache_holes, 2048 + 999);
+  gmb__tenant_holes_heard(t, &s1, 0, 0);
+  gmb__tenant_holes_heard(t, &s2, 0, 0);
+  ck_assert_uint_eq(t->cache_holes, 0);
+  t->quota = 4096;
+  cfg.cache_holes = 0.125;
+  gmb__tenants_set_limits(ts, &cfg);
+  gmb__tenant_uncharge(t, 4096);
+}
+END_TEST
+
 START_TEST(default_quota_applies_to_new_tenants) {
   gmb__tenants_destroy(ts);
   gmb__pool_destroy(pool);
@@ -695,6 +744,7 @@ static Suite *tenant_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, configured_uid_admitted);
   tcase_add_test(tc, quota_holes_forgiven_up_to_a_part);
+  tcase_add_test(tc, quota_holes_edges);
   tcase_add_test(tc, configured_uid_refused);
   tcase_add_test(tc, token_right_admits_any_uid);
   tcase_add_test(tc, token_guessing_rate_limited_per_uid);
