@@ -290,6 +290,31 @@ START_TEST(host_quota_bounds) {
 }
 END_TEST
 
+/* A session that reported every byte it holds as holes, then had half of
+ * it offloaded by the broker before its next report: its holes follow
+ * what it holds down (the check after each request counts a session whose
+ * holes pass what it holds). */
+START_TEST(offload_brings_holes_down) {
+  struct scene sc;
+  scene_open(&sc, INI_LOW_HIGH("cache_holes = 1\n", "quota = 16MiB\n"), 0);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.sleep_pausable = 1;
+  req.sleep_idle_ms = 5000;
+  req.cached_holes = UINT64_MAX;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(&sc.f, "a", 1001, &req, &rep), 0);
+  ck_assert_uint_eq(sc.a->cached_holes, NA * MIB);
+  ck_assert_int_eq(ask(&sc, "b", 1002, 4 * MIB, NULL), 0);
+  ck_assert_int_eq(offloaded(&sc), 4);
+  ck_assert_uint_eq(sc.a->used, (NA - 4) * MIB);
+  ck_assert_uint_eq(sc.a->cached_holes, (NA - 4) * MIB);
+  ck_assert_uint_eq(fx_tenant(&sc.f, "low")->cache_holes, (NA - 4) * MIB);
+  scene_close(&sc);
+}
+END_TEST
+
 START_TEST(broker_bound) {
   struct scene sc;
   scene_open(&sc, INI_LOW_HIGH("offload_host_max = 2MiB\n", ""), 1);
@@ -1200,6 +1225,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, sessions_of_a_tenant_share_segments);
   tcase_add_test(tc, free_and_end_while_offloaded);
   tcase_add_test(tc, host_quota_bounds);
+  tcase_add_test(tc, offload_brings_holes_down);
   tcase_add_test(tc, broker_bound);
   tcase_add_test(tc, offload_off);
   tcase_add_test(tc, locked_stays);
