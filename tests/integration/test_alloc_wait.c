@@ -1,0 +1,222 @@
+/*
+ * test_alloc_wait.c - the threads of one process while one of them waits
+ * for memory (gmb_alloc_wait), against a real broker on the host device.
+ *
+ * A waiting request does not hold the client's connection while it waits:
+ * another thread's gmb_free (which may be what frees the memory waited
+ * for), a cache miss and a second wait all go through meanwhile, a broker
+ * that dies wakes every waiter with GMB_E_CONN, and the broker's
+ * max_waiters_per_session bounds how many wait at once.
+ *
+ * Ordering is asserted by state, never by time: a thread waits at the
+ * broker once the tenant's row counts it (`waiting`), and is still waiting
+ * while its `done` flag is clear.  The waits themselves are long
+ * (WAIT_MS), so that a thread served only when its wait runs out returns
+ * GMB_E_TIMEOUT, a different outcome, rather than a slower one.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "harness.h"
+
+#define MIB (UINT64_C(1) << 20)
+/* Long enough that no loaded machine reaches it, short enough that a
+ * regression (a free blocked behind the wait) fails within the suite's
+ * limit rather than hanging it. */
+#define WAIT_MS 20000
+
+static struct wire_tenant_row row_of(const struct harness_broker *b,
+                                     const char *tenant) {
+  struct wire_tenant_row r;
+  int rc = harness_tenant_row(b, tenant, &r);
+  ck_assert_msg(rc == 0, "tenant row of %s: %d", tenant, rc);
+  return r;
+}
+
+struct waits_n {
+  const struct harness_broker *b;
+  uint64_t n;
+};
+
+/* n requests of tenant "w" wait at the broker. */
+static int waiting_is(void *arg) {
+  struct waits_n *w = arg;
+  return row_of(w->b, "w").waiting == w->n;
+}
+
+static void wait_for_waiters(const struct harness_broker *b, uint64_t n) {
+  struct waits_n w = {b, n};
+  ck_assert_msg(harness_poll_until(waiting_is, &w, HARNESS_WAIT_MS),
+                "not %llu requests waiting at the broker (%llu)",
+                (unsigned long long)n,
+                (unsigned long long)row_of(b, "w").waiting);
+}
+
+/* A thread in gmb_alloc_wait. */
+struct waiter {
+  gmb_client *c;
+  size_t size;
+  int timeout_ms;
+  gmb_id id;
+  int rc;
+  char why[256];
+  atomic_int done;
+  pthread_t th;
+};
+
+static void *waiter_main(void *arg) {
+  struct waiter *w = arg;
+  w->rc = gmb_alloc_wait(w->c, w->size, 0, w->timeout_ms, &w->id);
+  snprintf(w->why, sizeof w->why, "%s", gmb_last_error(w->c));
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+static void waiter_start(struct waiter *w, gmb_client *c, size_t size) {
+  memset(w, 0, sizeof *w);
+  w->c = c;
+  w->size = size;
+  w->timeout_ms = WAIT_MS;
+  w->rc = -1;
+  ck_assert_int_eq(pthread_create(&w->th, NULL, waiter_main, w), 0);
+}
+
+static void waiter_join(struct waiter *w) {
+  ck_assert_int_eq(pthread_join(w->th, NULL), 0);
+}
+
+/* The allocation's bytes can be written and read back. */
+static void check_bytes(gmb_client *c, gmb_id id, size_t n, uint64_t seed) {
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, id, &p), 0);
+  harness_pattern_fill(p, n, seed);
+  ck_assert_int_lt(harness_pattern_check(p, n, seed), 0);
+  ck_assert_int_eq(gmb_unlock(c, id), 0);
+}
+
+/* The device is full with allocation X of this very process; thread A
+ * waits for room; the main thread frees X, which must go through while A
+ * waits (it once blocked behind A's wait, and A then timed out) and
+ * serve A. */
+START_TEST(free_on_another_thread_serves_the_wait) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_id x = harness_alloc_ok(c, 48 * MIB);
+  struct waiter a;
+  waiter_start(&a, c, 32 * MIB);
+  wait_for_waiters(&b, 1);
+  ck_assert_int_eq(gmb_free(c, x), 0);
+  waiter_join(&a);
+  ck_assert_msg(a.rc == 0, "the wait: %s", a.why);
+  check_bytes(c, a.id, 32 * MIB, 7);
+  ck_assert_int_eq(gmb_free(c, a.id), 0);
+  ck_assert_uint_eq(row_of(&b, "w").used, 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* While A waits, a cache miss on the main thread (a page from the broker)
+ * and a plain allocation complete, and A is still waiting after both;
+ * then the free serves it. */
+START_TEST(cache_miss_while_a_thread_waits) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_id x = harness_alloc_ok(c, 40 * MIB);
+  struct waiter a;
+  waiter_start(&a, c, 40 * MIB);
+  wait_for_waiters(&b, 1);
+  void *p;
+  ck_assert_msg(gmb_malloc_async(c, 4096, NULL, &p) == 0, "cache miss: %s",
+                gmb_last_error(c));
+  harness_pattern_fill(p, 4096, 3);
+  gmb_id y = harness_alloc_ok(c, 1 * MIB);
+  ck_assert_int_eq(atomic_load(&a.done), 0);
+  ck_assert_uint_eq(row_of(&b, "w").waiting, 1);
+  ck_assert_int_eq(gmb_free(c, y), 0);
+  ck_assert_int_eq(gmb_free(c, x), 0);
+  waiter_join(&a);
+  ck_assert_msg(a.rc == 0, "the wait: %s", a.why);
+  check_bytes(c, a.id, 40 * MIB, 8);
+  ck_assert_int_lt(harness_pattern_check(p, 4096, 3), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  ck_assert_int_eq(gmb_free(c, a.id), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* The broker dies (SIGKILL, no last word) while two threads wait: both
+ * return GMB_E_CONN, neither hangs, and the client stays dead. */
+START_TEST(broker_killed_while_two_threads_wait) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "w");
+  harness_alloc_ok(c, 48 * MIB);
+  struct waiter a, a2;
+  waiter_start(&a, c, 32 * MIB);
+  waiter_start(&a2, c, 24 * MIB);
+  wait_for_waiters(&b, 2);
+  harness_broker_kill(&b);
+  waiter_join(&a);
+  waiter_join(&a2);
+  ck_assert_msg(a.rc == GMB_E_CONN, "first: %s", a.why);
+  ck_assert_msg(a2.rc == GMB_E_CONN, "second: %s", a2.why);
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &id), GMB_E_CONN);
+  gmb_disconnect(c);
+}
+END_TEST
+
+/* max_waiters_per_session threads wait at once, each without holding the
+ * connection; one more is refused GMB_E_LIMIT, saying which limit, and
+ * the others are all served once room comes.  Nothing is left: no
+ * allocation, no waiter at the broker, and the client still serves a
+ * wait of its own afterwards. */
+#define LIMIT 6
+START_TEST(waiters_up_to_the_limit_and_one_more) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB",
+                       "[broker]\nmax_waiters_per_session = 6\n");
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_id x = harness_alloc_ok(c, 64 * MIB);
+  struct waiter w[LIMIT];
+  for (int i = 0; i < LIMIT; i++) waiter_start(&w[i], c, 8 * MIB);
+  wait_for_waiters(&b, LIMIT);
+  gmb_id id;
+  int rc = gmb_alloc_wait(c, 8 * MIB, 0, WAIT_MS, &id);
+  ck_assert_msg(rc == GMB_E_LIMIT, "one more: %s", gmb_last_error(c));
+  ck_assert_msg(strstr(gmb_last_error(c), "max_waiters_per_session"),
+                "%s", gmb_last_error(c));
+  for (int i = 0; i < LIMIT; i++) ck_assert_int_eq(atomic_load(&w[i].done), 0);
+  ck_assert_int_eq(gmb_free(c, x), 0);
+  for (int i = 0; i < LIMIT; i++) {
+    waiter_join(&w[i]);
+    ck_assert_msg(w[i].rc == 0, "waiter %d: %s", i, w[i].why);
+  }
+  for (int i = 0; i < LIMIT; i++) check_bytes(c, w[i].id, 8 * MIB, 20 + i);
+  for (int i = 0; i < LIMIT; i++) ck_assert_int_eq(gmb_free(c, w[i].id), 0);
+  struct wire_tenant_row r = row_of(&b, "w");
+  ck_assert_uint_eq(r.used, 0);
+  ck_assert_uint_eq(r.waiting, 0);
+  ck_assert_int_eq(gmb_alloc_wait(c, 64 * MIB, 0, WAIT_MS, &id), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+int main(void) {
+  return harness_main(HARNESS_SUITE(
+      "alloc_wait", "alloc_wait", 90, free_on_another_thread_serves_the_wait,
+      cache_miss_while_a_thread_waits, broker_killed_while_two_threads_wait,
+      waiters_up_to_the_limit_and_one_more));
+}
