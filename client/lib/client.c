@@ -17,8 +17,8 @@
  * sends can make the library abort: what does not decode or does not fit
  * the request is GMB_E_PROTO.
  *
- * Lock order: io, then the segment map's writer mutex (segmap.c), then
- * hb_mu.  gmb_lock and gmb_unlock take no lock (the segment map's readers
+ * Lock order: restore_mu, then io, then the segment map's writer mutex
+ * (segmap.c), then hb_mu.  gmb_lock and gmb_unlock take no lock (the segment map's readers
  * are lock-free), unless a segment has to be fetched again.
  *
  * Segments and the lock table come as descriptors over the descriptor
@@ -205,6 +205,10 @@ struct gmb_client {
   atomic_int reading;   /* the reader is in zmq_poll: wake it by evfd */
   atomic_int io_want;   /* threads blocked in client_io_lock */
   int evfd;             /* eventfd; -1: none (no waiting without io) */
+  /* The broker takes one Lock that brings an allocation back per session
+   * at a time (a second is refused): client_restore sends them one by
+   * one, holding this (taken before io) but not io while one waits. */
+  pthread_mutex_t restore_mu;
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -1004,6 +1008,7 @@ static void client_free(gmb_client *c) {
   gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
   pthread_mutex_destroy(&c->note_mu);
+  pthread_mutex_destroy(&c->restore_mu);
   pthread_cond_destroy(&c->io_cv);
   if (c->evfd >= 0) close(c->evfd);
   free(c);
@@ -1151,6 +1156,7 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
   pthread_mutex_init(&c->io, NULL);
   pthread_mutex_init(&c->note_mu, NULL);
+  pthread_mutex_init(&c->restore_mu, NULL);
   c->evfd = -1;
   c->fdsock = -1;
   pthread_condattr_t ca;
@@ -1747,9 +1753,11 @@ static int client_restore(gmb_client *c, gmb_id id) {
                     ? INT32_MAX
                     : c->lock_timeout_ms + c->request_timeout_ms;
   struct wire_reply rep;
+  pthread_mutex_lock(&c->restore_mu);
   client_io_lock(c);
   int rc = client_call_wait(c, &req, WIRE_LOCK, wait_ms, &rep);
   client_io_unlock(c);
+  pthread_mutex_unlock(&c->restore_mu);
   if (rc) return rc; /* explained by client_call */
   int held = rep.u.lock.held;
   gmb__wire_reply_clear(&rep);
