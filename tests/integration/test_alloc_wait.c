@@ -214,9 +214,116 @@ START_TEST(waiters_up_to_the_limit_and_one_more) {
 }
 END_TEST
 
+/* The client's own bound: 64 requests of one client wait at once (the
+ * broker's default max_waiters_per_session, raised here so that the
+ * client's is the one reached); a 65th is refused GMB_E_LIMIT before it
+ * is sent: the broker counts 64 waiting, and all 64 are served once room
+ * comes. */
+#define CLIENT_MAX 64
+START_TEST(client_waiter_table_full) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:128MiB",
+                       "[broker]\nmax_waiters_per_session = 100\n");
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_id x = harness_alloc_ok(c, 128 * MIB);
+  static struct waiter w[CLIENT_MAX];
+  for (int i = 0; i < CLIENT_MAX; i++) waiter_start(&w[i], c, 1 * MIB);
+  wait_for_waiters(&b, CLIENT_MAX);
+  gmb_id id;
+  int rc = gmb_alloc_wait(c, 1 * MIB, 0, WAIT_MS, &id);
+  ck_assert_msg(rc == GMB_E_LIMIT, "one more: %s", gmb_last_error(c));
+  ck_assert_msg(strstr(gmb_last_error(c), "wait for the broker already"),
+                "%s", gmb_last_error(c));
+  ck_assert_uint_eq(row_of(&b, "w").waiting, CLIENT_MAX);
+  ck_assert_int_eq(gmb_free(c, x), 0);
+  for (int i = 0; i < CLIENT_MAX; i++) {
+    waiter_join(&w[i]);
+    ck_assert_msg(w[i].rc == 0, "waiter %d: %s", i, w[i].why);
+    ck_assert_int_eq(gmb_free(c, w[i].id), 0);
+  }
+  ck_assert_uint_eq(row_of(&b, "w").used, 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* A thread in gmb_lock. */
+struct locker {
+  gmb_client *c;
+  gmb_id id;
+  void *p;
+  int rc;
+  char why[256];
+  pthread_t th;
+};
+
+static void *locker_main(void *arg) {
+  struct locker *l = arg;
+  l->rc = gmb_lock(l->c, l->id, &l->p);
+  snprintf(l->why, sizeof l->why, "%s", gmb_last_error(l->c));
+  return NULL;
+}
+
+/* Two movable allocations offloaded by an operator's pause, and no room
+ * on the device: thread A's gmb_lock waits at the broker to bring its
+ * allocation back, and thread B's gmb_lock of the other one waits behind
+ * it in the library (the broker takes one such Lock per session at a
+ * time and would refuse B's), without holding the connection: a free on
+ * the main thread goes through, and both are served, bytes intact. */
+#define FILL 80
+START_TEST(two_threads_lock_offloaded_allocations) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB",
+                       "[broker]\nsleep_wait_ms = 0\n"
+                       "restore_wait_ms = 20000\n");
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_id id[2];
+  for (int i = 0; i < 2; i++) {
+    void *p;
+    ck_assert_int_eq(gmb_alloc(c, 1 * MIB, GMB_MOVABLE, &id[i]), 0);
+    ck_assert_int_eq(gmb_lock(c, id[i], &p), 0);
+    harness_pattern_fill(p, 1 * MIB, 50 + i);
+    ck_assert_int_eq(gmb_unlock(c, id[i]), 0);
+  }
+  char out[4096];
+  int rc = harness_ctl(&b, out, sizeof out, "pause", "w", "--tag",
+                       "(movable)", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  ck_assert_uint_eq(row_of(&b, "w").host_bytes, 2 * MIB);
+  gmb_client *o = harness_connect_ok(&b, "other");
+  gmb_id fill[FILL];
+  int n = 0;
+  while (n < FILL && gmb_alloc(o, 1 * MIB, 0, &fill[n]) == 0) n++;
+  ck_assert_int_gt(n, 2);
+  ck_assert_int_lt(n, FILL);
+  struct locker l[2];
+  for (int i = 0; i < 2; i++)
+    l[i] = (struct locker){.c = c, .id = id[i], .rc = -1};
+  ck_assert_int_eq(pthread_create(&l[0].th, NULL, locker_main, &l[0]), 0);
+  wait_for_waiters(&b, 1);
+  ck_assert_int_eq(pthread_create(&l[1].th, NULL, locker_main, &l[1]), 0);
+  gmb_id y;
+  ck_assert_int_eq(gmb_alloc(c, 4096, 0, &y), GMB_E_NOMEM);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(gmb_free(o, fill[--n]), 0);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(pthread_join(l[i].th, NULL), 0);
+    ck_assert_msg(l[i].rc == 0, "lock %d: %s", i, l[i].why);
+    ck_assert_int_lt(harness_pattern_check(l[i].p, 1 * MIB, 50 + i), 0);
+    ck_assert_int_eq(gmb_unlock(c, id[i]), 0);
+    ck_assert_int_eq(gmb_free(c, id[i]), 0);
+  }
+  ck_assert_uint_eq(row_of(&b, "w").host_bytes, 0);
+  while (n > 0) ck_assert_int_eq(gmb_free(o, fill[--n]), 0);
+  gmb_disconnect(o);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "alloc_wait", "alloc_wait", 90, free_on_another_thread_serves_the_wait,
       cache_miss_while_a_thread_waits, broker_killed_while_two_threads_wait,
-      waiters_up_to_the_limit_and_one_more));
+      waiters_up_to_the_limit_and_one_more, client_waiter_table_full,
+      two_threads_lock_offloaded_allocations));
 }
