@@ -6,7 +6,10 @@
  * another thread's gmb_free (which may be what frees the memory waited
  * for), a cache miss and a second wait all go through meanwhile, a broker
  * that dies wakes every waiter with GMB_E_CONN, and the broker's
- * max_waiters_per_session bounds how many wait at once.
+ * max_waiters_per_session (and the library's own table, 64) bound how
+ * many wait at once.  The same holds for gmb_lock of an offloaded
+ * allocation that waits at the broker for room, where the library sends
+ * one such Lock at a time.
  *
  * Ordering is asserted by state, never by time: a thread waits at the
  * broker once the tenant's row counts it (`waiting`), and is still waiting
@@ -100,23 +103,37 @@ static void check_bytes(gmb_client *c, gmb_id id, size_t n, uint64_t seed) {
   ck_assert_int_eq(gmb_unlock(c, id), 0);
 }
 
+/* A broker on host:64MiB; client c of tenant "w" holds `held` bytes (*x)
+ * and thread a waits for `want` more, at the broker. */
+static gmb_client *one_waits(struct harness_broker *b, uint64_t held,
+                             size_t want, struct waiter *a, gmb_id *x) {
+  harness_broker_start(b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(b, "w");
+  *x = harness_alloc_ok(c, held);
+  waiter_start(a, c, want);
+  wait_for_waiters(b, 1);
+  return c;
+}
+
+/* Thread a was served: its allocation's bytes work; then freed. */
+static void served(gmb_client *c, struct waiter *a, uint64_t seed) {
+  waiter_join(a);
+  ck_assert_msg(a->rc == 0, "the wait: %s", a->why);
+  check_bytes(c, a->id, a->size, seed);
+  ck_assert_int_eq(gmb_free(c, a->id), 0);
+}
+
 /* The device is full with allocation X of this very process; thread A
  * waits for room; the main thread frees X, which must go through while A
  * waits (it once blocked behind A's wait, and A then timed out) and
  * serve A. */
 START_TEST(free_on_another_thread_serves_the_wait) {
   struct harness_broker b;
-  harness_broker_start(&b, "host:64MiB", NULL);
-  gmb_client *c = harness_connect_ok(&b, "w");
-  gmb_id x = harness_alloc_ok(c, 48 * MIB);
   struct waiter a;
-  waiter_start(&a, c, 32 * MIB);
-  wait_for_waiters(&b, 1);
+  gmb_id x;
+  gmb_client *c = one_waits(&b, 48 * MIB, 32 * MIB, &a, &x);
   ck_assert_int_eq(gmb_free(c, x), 0);
-  waiter_join(&a);
-  ck_assert_msg(a.rc == 0, "the wait: %s", a.why);
-  check_bytes(c, a.id, 32 * MIB, 7);
-  ck_assert_int_eq(gmb_free(c, a.id), 0);
+  served(c, &a, 7);
   ck_assert_uint_eq(row_of(&b, "w").used, 0);
   gmb_disconnect(c);
   harness_broker_stop(&b);
@@ -128,12 +145,9 @@ END_TEST
  * then the free serves it. */
 START_TEST(cache_miss_while_a_thread_waits) {
   struct harness_broker b;
-  harness_broker_start(&b, "host:64MiB", NULL);
-  gmb_client *c = harness_connect_ok(&b, "w");
-  gmb_id x = harness_alloc_ok(c, 40 * MIB);
   struct waiter a;
-  waiter_start(&a, c, 40 * MIB);
-  wait_for_waiters(&b, 1);
+  gmb_id x;
+  gmb_client *c = one_waits(&b, 40 * MIB, 40 * MIB, &a, &x);
   void *p;
   ck_assert_msg(gmb_malloc_async(c, 4096, NULL, &p) == 0, "cache miss: %s",
                 gmb_last_error(c));
@@ -143,12 +157,9 @@ START_TEST(cache_miss_while_a_thread_waits) {
   ck_assert_uint_eq(row_of(&b, "w").waiting, 1);
   ck_assert_int_eq(gmb_free(c, y), 0);
   ck_assert_int_eq(gmb_free(c, x), 0);
-  waiter_join(&a);
-  ck_assert_msg(a.rc == 0, "the wait: %s", a.why);
-  check_bytes(c, a.id, 40 * MIB, 8);
+  served(c, &a, 8);
   ck_assert_int_lt(harness_pattern_check(p, 4096, 3), 0);
   ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
-  ck_assert_int_eq(gmb_free(c, a.id), 0);
   gmb_disconnect(c);
   harness_broker_stop(&b);
 }
@@ -176,74 +187,55 @@ START_TEST(broker_killed_while_two_threads_wait) {
 }
 END_TEST
 
-/* max_waiters_per_session threads wait at once, each without holding the
- * connection; one more is refused GMB_E_LIMIT, saying which limit, and
- * the others are all served once room comes.  Nothing is left: no
- * allocation, no waiter at the broker, and the client still serves a
- * wait of its own afterwards. */
-#define LIMIT 6
-START_TEST(waiters_up_to_the_limit_and_one_more) {
+/* A device of `dev` bytes (config `ini`) full with X of client c; n
+ * threads of c wait for `each` bytes at once, none holding the
+ * connection; one more is refused GMB_E_LIMIT, explained with `why`, and
+ * the others, still waiting, are all served once X is freed.  Nothing is
+ * left: no allocation, no waiter at the broker, and the client still
+ * serves a wait of its own afterwards. */
+#define WAITERS_MAX 64
+static void past_the_limit(uint64_t dev, const char *ini, int n, size_t each,
+                           const char *why) {
   struct harness_broker b;
-  harness_broker_start(&b, "host:64MiB",
-                       "[broker]\nmax_waiters_per_session = 6\n");
+  char spec[64];
+  snprintf(spec, sizeof spec, "host:%lluMiB", (unsigned long long)(dev / MIB));
+  harness_broker_start(&b, spec, ini);
   gmb_client *c = harness_connect_ok(&b, "w");
-  gmb_id x = harness_alloc_ok(c, 64 * MIB);
-  struct waiter w[LIMIT];
-  for (int i = 0; i < LIMIT; i++) waiter_start(&w[i], c, 8 * MIB);
-  wait_for_waiters(&b, LIMIT);
+  gmb_id x = harness_alloc_ok(c, dev);
+  static struct waiter w[WAITERS_MAX];
+  ck_assert_int_le(n, WAITERS_MAX);
+  for (int i = 0; i < n; i++) waiter_start(&w[i], c, each);
+  wait_for_waiters(&b, (uint64_t)n);
   gmb_id id;
-  int rc = gmb_alloc_wait(c, 8 * MIB, 0, WAIT_MS, &id);
+  int rc = gmb_alloc_wait(c, each, 0, WAIT_MS, &id);
   ck_assert_msg(rc == GMB_E_LIMIT, "one more: %s", gmb_last_error(c));
-  ck_assert_msg(strstr(gmb_last_error(c), "max_waiters_per_session"),
-                "%s", gmb_last_error(c));
-  for (int i = 0; i < LIMIT; i++) ck_assert_int_eq(atomic_load(&w[i].done), 0);
+  ck_assert_msg(strstr(gmb_last_error(c), why), "%s", gmb_last_error(c));
+  for (int i = 0; i < n; i++) ck_assert_int_eq(atomic_load(&w[i].done), 0);
+  ck_assert_uint_eq(row_of(&b, "w").waiting, (uint64_t)n);
   ck_assert_int_eq(gmb_free(c, x), 0);
-  for (int i = 0; i < LIMIT; i++) {
-    waiter_join(&w[i]);
-    ck_assert_msg(w[i].rc == 0, "waiter %d: %s", i, w[i].why);
-  }
-  for (int i = 0; i < LIMIT; i++) check_bytes(c, w[i].id, 8 * MIB, 20 + i);
-  for (int i = 0; i < LIMIT; i++) ck_assert_int_eq(gmb_free(c, w[i].id), 0);
+  for (int i = 0; i < n; i++) served(c, &w[i], 20 + (uint64_t)i);
   struct wire_tenant_row r = row_of(&b, "w");
   ck_assert_uint_eq(r.used, 0);
   ck_assert_uint_eq(r.waiting, 0);
-  ck_assert_int_eq(gmb_alloc_wait(c, 64 * MIB, 0, WAIT_MS, &id), 0);
+  ck_assert_int_eq(gmb_alloc_wait(c, dev, 0, WAIT_MS, &id), 0);
   ck_assert_int_eq(gmb_free(c, id), 0);
   gmb_disconnect(c);
   harness_broker_stop(&b);
 }
+
+/* The broker's max_waiters_per_session (6 here). */
+START_TEST(waiters_up_to_the_limit_and_one_more) {
+  past_the_limit(64 * MIB, "[broker]\nmax_waiters_per_session = 6\n", 6,
+                 8 * MIB, "max_waiters_per_session");
+}
 END_TEST
 
-/* The client's own bound: 64 requests of one client wait at once (the
- * broker's default max_waiters_per_session, raised here so that the
- * client's is the one reached); a 65th is refused GMB_E_LIMIT before it
- * is sent: the broker counts 64 waiting, and all 64 are served once room
- * comes. */
-#define CLIENT_MAX 64
+/* The client's own bound, 64 (the broker's default
+ * max_waiters_per_session, raised here so that the client's is the one
+ * reached): the 65th is refused before it is sent. */
 START_TEST(client_waiter_table_full) {
-  struct harness_broker b;
-  harness_broker_start(&b, "host:128MiB",
-                       "[broker]\nmax_waiters_per_session = 100\n");
-  gmb_client *c = harness_connect_ok(&b, "w");
-  gmb_id x = harness_alloc_ok(c, 128 * MIB);
-  static struct waiter w[CLIENT_MAX];
-  for (int i = 0; i < CLIENT_MAX; i++) waiter_start(&w[i], c, 1 * MIB);
-  wait_for_waiters(&b, CLIENT_MAX);
-  gmb_id id;
-  int rc = gmb_alloc_wait(c, 1 * MIB, 0, WAIT_MS, &id);
-  ck_assert_msg(rc == GMB_E_LIMIT, "one more: %s", gmb_last_error(c));
-  ck_assert_msg(strstr(gmb_last_error(c), "wait for the broker already"),
-                "%s", gmb_last_error(c));
-  ck_assert_uint_eq(row_of(&b, "w").waiting, CLIENT_MAX);
-  ck_assert_int_eq(gmb_free(c, x), 0);
-  for (int i = 0; i < CLIENT_MAX; i++) {
-    waiter_join(&w[i]);
-    ck_assert_msg(w[i].rc == 0, "waiter %d: %s", i, w[i].why);
-    ck_assert_int_eq(gmb_free(c, w[i].id), 0);
-  }
-  ck_assert_uint_eq(row_of(&b, "w").used, 0);
-  gmb_disconnect(c);
-  harness_broker_stop(&b);
+  past_the_limit(128 * MIB, "[broker]\nmax_waiters_per_session = 100\n",
+                 WAITERS_MAX, 1 * MIB, "wait for the broker already");
 }
 END_TEST
 
