@@ -3,11 +3,15 @@
  * exchange, events, heartbeats, and the public calls built on them.
  *
  * One DEALER socket per client, in a ZeroMQ context of its own.  ZeroMQ
- * sockets are not thread-safe, so `io` guards the socket and every request
- * holds it from send to reply: exactly one request is in flight per client,
- * and a reply is matched to it by id (ids increase from 1; a reply with
- * another id is late for a request that already gave up, and is dropped).
- * Replies with id 0 are the broker's events, handled while waiting.
+ * sockets are not thread-safe, so `io` guards the socket: it is used only
+ * by the thread holding io.  An ordinary request holds io from send to
+ * reply, and a reply is matched to it by id (ids increase from 1).  A
+ * request that may wait at the broker for seconds (gmb_alloc_wait, a
+ * gmb_lock that brings an offloaded allocation back) releases io while
+ * it waits (client_call_wait): its reply is handed to it by whichever
+ * thread reads the socket, and a reply that belongs to no request is late
+ * for one that gave up, and is dropped.  Replies with id 0 are the
+ * broker's events, handled by whoever reads them.
  *
  * A client becomes dead, for good, when the broker says it is shutting
  * down or ended the session, when the connection drops (seen through a
@@ -18,8 +22,9 @@
  * the request is GMB_E_PROTO.
  *
  * Lock order: restore_mu, then io, then the segment map's writer mutex
- * (segmap.c), then hb_mu.  gmb_lock and gmb_unlock take no lock (the segment map's readers
- * are lock-free), unless a segment has to be fetched again.
+ * (segmap.c), then hb_mu.  gmb_lock and gmb_unlock take no lock (the
+ * segment map's readers are lock-free), unless a segment has to be
+ * fetched again.
  *
  * Segments and the lock table come as descriptors over the descriptor
  * channel (fdclient.c, beside the ZeroMQ socket), proved at connect with
@@ -525,9 +530,9 @@ static void client_route(gmb_client *c, struct wire_reply *rep) {
 
 /* Handles what arrived since the last call: events, waiters' replies
  * (client_route), and late replies to requests that gave up (dropped).
- * Queued messages count before a
- * dropped connection, so a broker that said "shutting down" and then
- * closed is reported as shutting down.  Holds io. */
+ * Queued messages count before a dropped connection, so a broker that
+ * said "shutting down" and then closed is reported as shutting down.
+ * Holds io. */
 static void client_drain(gmb_client *c) {
   struct wire_reply rep;
   int rc;
@@ -548,24 +553,6 @@ static void client_rcvtimeo(gmb_client *c, int ms) {
     c->rcvtimeo_ms = ms;
 }
 
-/*
- * Sends `req` and waits up to wait_ms (negative: for ever) for its reply,
- * which must have body `expect` when it succeeds.  Holds io.  Returns 0
- * with *rep filled (the caller clears it), or the failure, explained.
- *
- * The request path is a send and a blocking receive, as a bare ZeroMQ
- * round trip is: each libzmq call that finds no message costs a poll()
- * and a getpid() (its fork check), so nothing is read before the send
- * (events and late replies queued since the last call are read by the
- * receive, in order, before the reply), and the socket monitor is read
- * only when a receive times out.  A receive waits at most
- * CLIENT_WAIT_TICK_MS (or the heartbeat period, when shorter) before the
- * monitor is looked at: a broker that died without a word is noticed
- * within that, where a request it had been sent waited for its whole
- * timeout before.  A reply that says the session is gone (GMB_E_CONN)
- * also looks at the monitor, so a broker that restarted between calls
- * ends the client as one that closed the connection.
- */
 /* Sends a request whose reply is to be waited for; on success its id is
  * req->id.  Holds io.  0 or the failure, explained (the client is dead
  * after a send that failed). */
@@ -633,6 +620,25 @@ static long client_tick(const gmb_client *c, uint64_t deadline) {
   return timeout;
 }
 
+/*
+ * Sends `req` and waits up to wait_ms (negative: for ever) for its reply,
+ * which must have body `expect` when it succeeds.  Holds io.  Returns 0
+ * with *rep filled (the caller clears it), or the failure, explained.
+ *
+ * The request path is a send and a blocking receive, as a bare ZeroMQ
+ * round trip is: each libzmq call that finds no message costs a poll()
+ * and a getpid() (its fork check), so nothing is read before the send
+ * (events, waiting requests' replies and late replies queued since the
+ * last call are read by the receive, in order, before the reply; a
+ * waiting request's is handed over, client_route), and the monitor is read
+ * only when a receive times out.  A receive waits at most
+ * CLIENT_WAIT_TICK_MS (or the heartbeat period, when shorter) before the
+ * monitor is looked at: a broker that died without a word is noticed
+ * within that, where a request it had been sent waited for its whole
+ * timeout before.  A reply that says the session is gone (GMB_E_CONN)
+ * also looks at the monitor, so a broker that restarted between calls
+ * ends the client as one that closed the connection.
+ */
 static int client_call(gmb_client *c, struct wire_request *req,
                        enum wire_kind expect, int wait_ms,
                        struct wire_reply *rep) {
