@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -160,6 +161,36 @@ START_TEST(cache_miss_while_a_thread_waits) {
   served(c, &a, 8);
   ck_assert_int_lt(harness_pattern_check(p, 4096, 3), 0);
   ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* A session that lives on heartbeats (the broker in a PID namespace of
+ * its own cannot watch the client's pid; 3 missed periods of 100 ms end
+ * it) stays alive through a wait of many periods: heartbeats go out while
+ * the wait is pending, and the wait is then served. */
+START_TEST(heartbeats_go_on_during_a_wait) {
+  if (geteuid() != 0 || !harness_pidns_possible()) {
+    printf("heartbeats_go_on_during_a_wait: skipped: making a PID "
+           "namespace needs root\n");
+    return;
+  }
+  struct harness_broker b;
+  harness_broker_start_opts(&b, "host:64MiB", "[broker]\nheartbeat_ms = 100\n",
+                            HARNESS_PIDNS);
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_id x = harness_alloc_ok(c, 48 * MIB);
+  struct waiter a;
+  waiter_start(&a, c, 32 * MIB);
+  wait_for_waiters(&b, 1);
+  harness_sleep_ms(1000); /* pace only: ten periods of silence would end it */
+  ck_assert_uint_eq(row_of(&b, "w").waiting, 1);
+  ck_assert_int_eq(gmb_free(c, x), 0);
+  served(c, &a, 9);
+  char *log = harness_broker_log(&b);
+  ck_assert_msg(strstr(log, "heartbeats stopped") == NULL, "log:\n%s", log);
+  free(log);
   gmb_disconnect(c);
   harness_broker_stop(&b);
 }
@@ -315,7 +346,8 @@ END_TEST
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "alloc_wait", "alloc_wait", 90, free_on_another_thread_serves_the_wait,
-      cache_miss_while_a_thread_waits, broker_killed_while_two_threads_wait,
+      cache_miss_while_a_thread_waits, heartbeats_go_on_during_a_wait,
+      broker_killed_while_two_threads_wait,
       waiters_up_to_the_limit_and_one_more, client_waiter_table_full,
       two_threads_lock_offloaded_allocations));
 }
