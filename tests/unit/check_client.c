@@ -1262,6 +1262,9 @@ END_TEST
 
 /* --- many threads on one client -------------------------------------------- */
 
+/* Odd workers allocate with gmb_alloc_wait (answered at once by the
+ * fake): the waiting path, which releases the socket, reads for the
+ * others and is handed replies, runs beside the ordinary one. */
 struct worker {
   gmb_client *c;
   int n, tid;
@@ -1273,7 +1276,8 @@ static void *worker_main(void *arg) {
   struct worker *w = arg;
   for (int i = 0; i < w->n; i++) {
     void *p;
-    if (gmb_alloc(w->c, 512, 0, &w->ids[i]) != 0 ||
+    if (gmb_alloc_wait(w->c, 512, 0, w->tid % 2 ? 5000 : 0, &w->ids[i]) !=
+            0 ||
         gmb_lock(w->c, w->ids[i], &p) != 0) {
       w->failures++;
       continue;
