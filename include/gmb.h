@@ -153,7 +153,14 @@ GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
  * timeout_ms (negative: forever) for memory to be freed; GMB_E_TIMEOUT then.
  * A quota is waited on only as gmb_alloc does, while the tenant's other
  * sessions' caches give back the bytes it lacks (trim_wait_ms at most, or
- * timeout_ms when shorter): then GMB_E_QUOTA, never GMB_E_TIMEOUT. */
+ * timeout_ms when shorter): then GMB_E_QUOTA, never GMB_E_TIMEOUT.
+ *
+ * The waiting thread does not hold the client while it waits: other
+ * threads' calls on c go on meanwhile (a gmb_free that makes the room
+ * waited for serves the wait), and several threads may wait at once, up
+ * to the broker's max_waiters_per_session (GMB_E_LIMIT past it, or past
+ * 64 in one client, nothing sent).  A broker that dies ends every wait
+ * with GMB_E_CONN. */
 GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
                               int timeout_ms, gmb_id *out);
 

@@ -3,11 +3,15 @@
  * exchange, events, heartbeats, and the public calls built on them.
  *
  * One DEALER socket per client, in a ZeroMQ context of its own.  ZeroMQ
- * sockets are not thread-safe, so `io` guards the socket and every request
- * holds it from send to reply: exactly one request is in flight per client,
- * and a reply is matched to it by id (ids increase from 1; a reply with
- * another id is late for a request that already gave up, and is dropped).
- * Replies with id 0 are the broker's events, handled while waiting.
+ * sockets are not thread-safe, so `io` guards the socket: it is used only
+ * by the thread holding io.  An ordinary request holds io from send to
+ * reply, and a reply is matched to it by id (ids increase from 1).  A
+ * request that may wait at the broker for seconds (gmb_alloc_wait, a
+ * gmb_lock that brings an offloaded allocation back) releases io while
+ * it waits (client_call_wait): its reply is handed to it by whichever
+ * thread reads the socket, and a reply that belongs to no request is late
+ * for one that gave up, and is dropped.  Replies with id 0 are the
+ * broker's events, handled by whoever reads them.
  *
  * A client becomes dead, for good, when the broker says it is shutting
  * down or ended the session, when the connection drops (seen through a
@@ -17,9 +21,10 @@
  * sends can make the library abort: what does not decode or does not fit
  * the request is GMB_E_PROTO.
  *
- * Lock order: io, then the segment map's writer mutex (segmap.c), then
- * hb_mu.  gmb_lock and gmb_unlock take no lock (the segment map's readers
- * are lock-free), unless a segment has to be fetched again.
+ * Lock order: restore_mu, then io, then the segment map's writer mutex
+ * (segmap.c), then hb_mu.  gmb_lock and gmb_unlock take no lock (the
+ * segment map's readers are lock-free), unless a segment has to be
+ * fetched again.
  *
  * Segments and the lock table come as descriptors over the descriptor
  * channel (fdclient.c, beside the ZeroMQ socket), proved at connect with
@@ -60,6 +65,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -108,6 +114,11 @@
  * read (client_call): how late a broker that vanished without a word is
  * noticed by a request waiting for it. */
 #define CLIENT_WAIT_TICK_MS 100
+/* Requests of one client that may wait at the broker at once without
+ * holding io (client_call_wait): the broker's default
+ * max_waiters_per_session.  One more is refused with GMB_E_LIMIT before
+ * it is sent. */
+#define CLIENT_WAITERS_MAX 64
 
 struct gmb_client {
   pthread_mutex_t io; /* the socket, next_id, hb_last_ns, dead_why */
@@ -176,19 +187,33 @@ struct gmb_client {
   /* gmb_alloc, gmb_free and gmb_lock calls: with the tagged allocations'
    * uses, the sleep policy's sign of activity (client_sleep_activity). */
   atomic_uint_fast64_t alloc_calls;
-  /* The library thread's pauses and resumes (the broker's asks, an
-   * operator's) against long waits for memory (gmb_alloc_wait): such a
-   * wait holds io for as long as it waits, a pause needs io for each of
-   * its messages, and the memory waited for may be what the pause gives
-   * back.  So neither starts while the other runs: the thread puts its
-   * pauses off (declines the broker's ask) while `waits` > 0, and a wait
-   * that starts during one (`sleeping`) waits for it first, which is
-   * bounded (copies, and a request per page or allocation).  sleeping is
-   * under gate_mu, waits is raised under it. */
-  pthread_mutex_t gate_mu;
-  pthread_cond_t gate_cv;
-  atomic_int waits;
-  int sleeping;
+  /* Reply routing: requests that wait at the broker (gmb_alloc_wait, the
+   * Lock that brings an offloaded allocation back) do not hold io while
+   * they wait (client_call_wait).  Each registers here the id of its
+   * request and where its reply goes; whoever holds io and receives hands
+   * that reply over (client_route).  When nobody else holds io, one of
+   * the waiters reads the socket for all of them (`reader`), polling it
+   * with `evfd`, which a thread that wants io writes (client_io_lock):
+   * the reader then releases io at once.  Under io, except `reading` and
+   * `io_want`, which are atomics so that a thread can see without io
+   * whether it must wake the reader. */
+  struct client_waiter {
+    uint64_t id;            /* the request's id; 0: a free slot */
+    struct wire_reply *rep; /* where its reply goes */
+    int done;               /* the reply is in *rep */
+  } waiter[CLIENT_WAITERS_MAX];
+  unsigned n_waiters;   /* slots in use */
+  unsigned n_ready;     /* replies handed over and not taken yet */
+  unsigned io_sleepers; /* waiters in pthread_cond_wait on io_cv */
+  int reader;           /* a waiter reads the socket holding io */
+  pthread_cond_t io_cv; /* with io: a reply handed over, io released */
+  atomic_int reading;   /* the reader is in zmq_poll: wake it by evfd */
+  atomic_int io_want;   /* threads blocked in client_io_lock */
+  int evfd;             /* eventfd; -1: none (no waiting without io) */
+  /* The broker takes one Lock that brings an allocation back per session
+   * at a time (a second is refused): client_restore sends them one by
+   * one, holding this (taken before io) but not io while one waits. */
+  pthread_mutex_t restore_mu;
 
   uint32_t hb_ms; /* 0: no heartbeats */
   uint32_t tick_ms; /* the heartbeat thread's period; 0: no thread */
@@ -257,6 +282,33 @@ static void client_kill(gmb_client *c, const char *fmt, ...) {
   va_end(ap);
   if (c->dead_code == 0) c->dead_code = GMB_E_CONN;
   atomic_store(&c->dead, 1);
+  pthread_cond_broadcast(&c->io_cv); /* every waiter fails now */
+}
+
+/* Wakes the reader from zmq_poll.  Its failure (the counter full) still
+ * leaves evfd readable. */
+static void client_io_poke(gmb_client *c) {
+  uint64_t one = 1;
+  ssize_t n = write(c->evfd, &one, sizeof one);
+  (void)n;
+}
+
+/* Takes io for a request or the library thread's work. */
+static void client_io_lock(gmb_client *c) {
+  if (pthread_mutex_trylock(&c->io) == 0) return;
+  /* Sequentially consistent with the reader's store to `reading` and
+   * load of io_want: either it sees this thread, or this thread sees it
+   * polling and wakes it. */
+  atomic_fetch_add(&c->io_want, 1);
+  if (atomic_load(&c->reading)) client_io_poke(c);
+  pthread_mutex_lock(&c->io);
+  atomic_fetch_sub(&c->io_want, 1);
+}
+
+/* Releases io, waking the waiters that sleep for it. */
+static void client_io_unlock(gmb_client *c) {
+  if (c->io_sleepers) pthread_cond_broadcast(&c->io_cv);
+  pthread_mutex_unlock(&c->io);
 }
 
 static int client_dead_fail(gmb_client *c) {
@@ -457,17 +509,37 @@ static int client_recv(gmb_client *c, struct wire_reply *rep, int flags) {
   return rc;
 }
 
-/* Handles what arrived since the last call: events, and late replies to
- * requests that gave up (dropped).  Queued messages count before a
- * dropped connection, so a broker that said "shutting down" and then
- * closed is reported as shutting down.  Holds io. */
+/* A reply that is not the one the caller waits for: a waiter's
+ * (client_call_wait), handed over with what it owns, or late for a request
+ * that gave up (dropped).  *rep is left empty.  Holds io. */
+static void client_route(gmb_client *c, struct wire_reply *rep) {
+  for (unsigned i = 0; c->n_waiters && rep->id && i < CLIENT_WAITERS_MAX;
+       i++) {
+    struct client_waiter *w = &c->waiter[i];
+    if (w->id != rep->id || w->done) continue;
+    *w->rep = *rep;
+    w->done = 1;
+    c->n_ready++;
+    pthread_cond_broadcast(&c->io_cv);
+    memset(rep, 0, sizeof *rep);
+    return;
+  }
+  gmb__wire_reply_clear(rep);
+  memset(rep, 0, sizeof *rep);
+}
+
+/* Handles what arrived since the last call: events, waiters' replies
+ * (client_route), and late replies to requests that gave up (dropped).
+ * Queued messages count before a dropped connection, so a broker that
+ * said "shutting down" and then closed is reported as shutting down.
+ * Holds io. */
 static void client_drain(gmb_client *c) {
   struct wire_reply rep;
   int rc;
   if (c->mon) client_monitor(c);
   while ((rc = client_recv(c, &rep, ZMQ_DONTWAIT)) != 1) {
     if (rc == 0 && rep.id == 0 && rep.kind == WIRE_EVENT) client_event(c, &rep);
-    if (rc == 0) gmb__wire_reply_clear(&rep);
+    if (rc == 0) client_route(c, &rep);
   }
   client_lost_check(c);
 }
@@ -481,28 +553,10 @@ static void client_rcvtimeo(gmb_client *c, int ms) {
     c->rcvtimeo_ms = ms;
 }
 
-/*
- * Sends `req` and waits up to wait_ms (negative: for ever) for its reply,
- * which must have body `expect` when it succeeds.  Holds io.  Returns 0
- * with *rep filled (the caller clears it), or the failure, explained.
- *
- * The request path is a send and a blocking receive, as a bare ZeroMQ
- * round trip is: each libzmq call that finds no message costs a poll()
- * and a getpid() (its fork check), so nothing is read before the send
- * (events and late replies queued since the last call are read by the
- * receive, in order, before the reply), and the socket monitor is read
- * only when a receive times out.  A receive waits at most
- * CLIENT_WAIT_TICK_MS (or the heartbeat period, when shorter) before the
- * monitor is looked at: a broker that died without a word is noticed
- * within that, where a request it had been sent waited for its whole
- * timeout before.  A reply that says the session is gone (GMB_E_CONN)
- * also looks at the monitor, so a broker that restarted between calls
- * ends the client as one that closed the connection.
- */
-static int client_call(gmb_client *c, struct wire_request *req,
-                       enum wire_kind expect, int wait_ms,
-                       struct wire_reply *rep) {
-  memset(rep, 0, sizeof *rep);
+/* Sends a request whose reply is to be waited for; on success its id is
+ * req->id.  Holds io.  0 or the failure, explained (the client is dead
+ * after a send that failed). */
+static int client_call_send(gmb_client *c, struct wire_request *req) {
   if (atomic_load(&c->dead)) return client_dead_fail(c);
   int rc = client_send(c, req, 0);
   if (rc < 0) return rc; /* did not encode */
@@ -516,21 +570,87 @@ static int client_call(gmb_client *c, struct wire_request *req,
     return client_dead_fail(c);
   }
   if (c->hb_ms) c->hb_last_ns = gmb__now_ns();
-  uint64_t deadline = wait_ms < 0 ? UINT64_MAX
-                                  : gmb__now_ns() +
-                                        (uint64_t)wait_ms * GMB_NS_PER_MS;
+  return 0;
+}
+
+/* The reply to `req` arrived in *rep: 0 when it succeeded with body
+ * `expect`, else the failure, explained (*rep cleared).  Holds io. */
+static int client_reply_check(gmb_client *c, const struct wire_request *req,
+                              enum wire_kind expect, struct wire_reply *rep) {
+  if (rep->status != 0) {
+    int rc = rep->status;
+    if (rc == GMB_E_CONN && c->mon) {
+      /* "No session on this connection": a broker that restarted
+       * answers so on the connection libzmq made again. */
+      client_monitor(c);
+      if (c->lost) client_kill(c, "the broker closed the connection");
+    }
+    client_fail(rc, "%s", rep->message);
+    gmb__wire_reply_clear(rep);
+    if (atomic_load(&c->dead) && c->lost) return client_dead_fail(c);
+    return rc;
+  }
+  if (rep->kind != expect) {
+    client_fail(GMB_E_PROTO, "the broker answered a %s request with a %s "
+                "reply", gmb__wire_kind_name(req->kind),
+                gmb__wire_kind_name(rep->kind));
+    gmb__wire_reply_clear(rep);
+    return GMB_E_PROTO;
+  }
+  return 0;
+}
+
+/* The deadline of a request sent now that may wait wait_ms (negative: for
+ * ever), and the receive tick left before it: at most CLIENT_WAIT_TICK_MS
+ * or the heartbeat period.  0 when the deadline passed. */
+static uint64_t client_deadline(int wait_ms) {
+  return wait_ms < 0 ? UINT64_MAX
+                     : gmb__now_ns() + (uint64_t)wait_ms * GMB_NS_PER_MS;
+}
+
+static long client_tick(const gmb_client *c, uint64_t deadline) {
+  long timeout = CLIENT_WAIT_TICK_MS;
+  if (c->hb_ms && (long)c->hb_ms < timeout) timeout = c->hb_ms;
+  if (deadline != UINT64_MAX) {
+    uint64_t now = gmb__now_ns();
+    if (now >= deadline) return 0;
+    long left = (long)((deadline - now + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS);
+    if (left < timeout) timeout = left;
+  }
+  return timeout;
+}
+
+/*
+ * Sends `req` and waits up to wait_ms (negative: for ever) for its reply,
+ * which must have body `expect` when it succeeds.  Holds io.  Returns 0
+ * with *rep filled (the caller clears it), or the failure, explained.
+ *
+ * The request path is a send and a blocking receive, as a bare ZeroMQ
+ * round trip is: each libzmq call that finds no message costs a poll()
+ * and a getpid() (its fork check), so nothing is read before the send
+ * (events, waiting requests' replies and late replies queued since the
+ * last call are read by the receive, in order, before the reply; a
+ * waiting request's is handed over, client_route), and the monitor is read
+ * only when a receive times out.  A receive waits at most
+ * CLIENT_WAIT_TICK_MS (or the heartbeat period, when shorter) before the
+ * monitor is looked at: a broker that died without a word is noticed
+ * within that, where a request it had been sent waited for its whole
+ * timeout before.  A reply that says the session is gone (GMB_E_CONN)
+ * also looks at the monitor, so a broker that restarted between calls
+ * ends the client as one that closed the connection.
+ */
+static int client_call(gmb_client *c, struct wire_request *req,
+                       enum wire_kind expect, int wait_ms,
+                       struct wire_reply *rep) {
+  memset(rep, 0, sizeof *rep);
+  int rc = client_call_send(c, req);
+  if (rc) return rc;
+  uint64_t deadline = client_deadline(wait_ms);
   for (;;) {
-    long timeout = CLIENT_WAIT_TICK_MS;
-    if (c->hb_ms && (long)c->hb_ms < timeout) timeout = c->hb_ms;
-    if (deadline != UINT64_MAX) {
-      uint64_t now = gmb__now_ns();
-      if (now >= deadline) {
-        client_kill(c, "the broker did not answer within %d ms", wait_ms);
-        return client_dead_fail(c);
-      }
-      long left =
-          (long)((deadline - now + GMB_NS_PER_MS - 1) / GMB_NS_PER_MS);
-      if (left < timeout) timeout = left;
+    long timeout = client_tick(c, deadline);
+    if (timeout == 0) {
+      client_kill(c, "the broker did not answer within %d ms", wait_ms);
+      return client_dead_fail(c);
     }
     client_rcvtimeo(c, (int)timeout);
     rc = client_recv(c, rep, 0);
@@ -559,33 +679,114 @@ static int client_call(gmb_client *c, struct wire_request *req,
       if (atomic_load(&c->dead)) return client_dead_fail(c);
       continue;
     }
-    if (rep->id != req->id) { /* late answer to a request that gave up */
-      gmb__wire_reply_clear(rep);
-      memset(rep, 0, sizeof *rep);
+    if (rep->id != req->id) { /* a waiter's, or late */
+      client_route(c, rep);
       continue;
     }
-    if (rep->status != 0) {
-      rc = rep->status;
-      if (rc == GMB_E_CONN && c->mon) {
-        /* "No session on this connection": a broker that restarted
-         * answers so on the connection libzmq made again. */
-        client_monitor(c);
-        if (c->lost) client_kill(c, "the broker closed the connection");
-      }
-      client_fail(rc, "%s", rep->message);
-      gmb__wire_reply_clear(rep);
-      if (atomic_load(&c->dead) && c->lost) return client_dead_fail(c);
-      return rc;
-    }
-    if (rep->kind != expect) {
-      client_fail(GMB_E_PROTO, "the broker answered a %s request with a %s "
-                  "reply", gmb__wire_kind_name(req->kind),
-                  gmb__wire_kind_name(rep->kind));
-      gmb__wire_reply_clear(rep);
-      return GMB_E_PROTO;
-    }
-    return 0;
+    return client_reply_check(c, req, expect, rep);
   }
+}
+
+/* --- waiting without the socket -------------------------------------------
+ *
+ * A request that may wait at the broker for seconds (for room) must not
+ * keep io: the memory it waits for may be what another thread of the
+ * process frees, and the library thread needs io for its trims, pauses
+ * and heartbeats.  client_call_wait sends under io, registers the
+ * request (struct client_waiter), and then, while its reply has not been
+ * handed over, either sleeps on io_cv (io released) or, when nobody else
+ * needs io, reads the socket for every waiter (the leader of a
+ * leader/follower scheme).  The reader polls the socket and `evfd`; a
+ * thread that wants io while it polls writes evfd (client_io_lock), and
+ * the reader releases io at once.  Since pthread mutexes are not fair, a
+ * waiter does not take the reader's part again while a thread wants io
+ * (io_want) or a reply waits for its waiter (n_ready): it sleeps on
+ * io_cv, which every release of io wakes while it has sleepers
+ * (client_io_unlock).
+ *
+ * The ordinary request path does not change: client_io_lock is a
+ * trylock, and a write to evfd only happens while a waiter polls.
+ */
+
+/* The reader's part: waits up to timeout_ms for a message or for a thread
+ * that wants io, then reads what came (client_drain: replies handed to
+ * their waiters, events), sends a heartbeat when one is due, and notices
+ * a dropped connection.  Holds io, and keeps it. */
+static void client_wait_read(gmb_client *c, long timeout_ms) {
+  c->reader = 1;
+  atomic_store(&c->reading, 1);
+  if (atomic_load(&c->io_want) == 0) {
+    zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0},
+                            {NULL, c->evfd, ZMQ_POLLIN, 0}};
+    if (zmq_poll(it, 2, timeout_ms) > 0 && (it[1].revents & ZMQ_POLLIN)) {
+      uint64_t v; /* a wake meant for an earlier poll is taken too */
+      ssize_t n = read(c->evfd, &v, sizeof v);
+      (void)n;
+    }
+  }
+  atomic_store(&c->reading, 0);
+  c->reader = 0;
+  client_drain(c); /* and the monitor, and a dropped connection */
+  if (c->hb_ms) client_heartbeat_due(c);
+}
+
+/*
+ * client_call for a request that may wait at the broker: the same
+ * contract (called holding io, returns holding io, *rep filled on
+ * success), but io is released while the reply is awaited.  GMB_E_LIMIT
+ * when CLIENT_WAITERS_MAX requests of this client wait already (nothing
+ * sent).
+ */
+static int client_call_wait(gmb_client *c, struct wire_request *req,
+                            enum wire_kind expect, int wait_ms,
+                            struct wire_reply *rep) {
+  memset(rep, 0, sizeof *rep);
+  if (c->evfd < 0) return client_call(c, req, expect, wait_ms, rep);
+  if (atomic_load(&c->dead)) return client_dead_fail(c);
+  struct client_waiter *w = NULL;
+  for (unsigned i = 0; i < CLIENT_WAITERS_MAX && w == NULL; i++)
+    if (c->waiter[i].id == 0) w = &c->waiter[i];
+  if (w == NULL)
+    return client_fail(GMB_E_LIMIT, "%u requests of this process wait for "
+                       "the broker already", CLIENT_WAITERS_MAX);
+  int rc = client_call_send(c, req);
+  if (rc) return rc;
+  *w = (struct client_waiter){.id = req->id, .rep = rep};
+  c->n_waiters++;
+  uint64_t deadline = client_deadline(wait_ms);
+  for (;;) {
+    if (w->done) {
+      c->n_ready--;
+      rc = client_reply_check(c, req, expect, rep);
+      break;
+    }
+    if (atomic_load(&c->dead)) {
+      rc = client_dead_fail(c);
+      break;
+    }
+    long timeout = client_tick(c, deadline);
+    if (timeout == 0) {
+      client_kill(c, "the broker did not answer within %d ms", wait_ms);
+      rc = client_dead_fail(c);
+      break;
+    }
+    if (c->reader || c->n_ready || atomic_load(&c->io_want)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout * GMB_NS_PER_MS;
+      ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
+      ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
+      c->io_sleepers++;
+      pthread_cond_timedwait(&c->io_cv, &c->io, &ts);
+      c->io_sleepers--;
+      continue;
+    }
+    client_wait_read(c, timeout);
+  }
+  w->id = 0;
+  w->rep = NULL;
+  c->n_waiters--;
+  return rc;
 }
 
 static struct gmb_cache *client_cache_new(gmb_client *c);
@@ -645,11 +846,11 @@ static void client_trim_later(gmb_client *c) {
  * for the socket. */
 static void client_trim_answer(gmb_client *c) {
   struct wire_request req = {.kind = WIRE_HEARTBEAT, .trim_answered = 1};
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   if (!atomic_load(&c->dead) && client_send(c, &req, ZMQ_DONTWAIT) == 0 &&
       c->hb_ms)
     c->hb_last_ns = gmb__now_ns();
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
 }
 
 /* Answers a TRIM event: gives back up to the bytes asked of what the
@@ -671,37 +872,14 @@ static void client_trim_asked(gmb_client *c) {
   client_trim_answer(c);
 }
 
-/* A long wait for memory starts (client_alloc_raw with a timeout): after
- * the library thread's pause in progress, if any (gate_mu's comment). */
-static void client_wait_begin(gmb_client *c) {
-  pthread_mutex_lock(&c->gate_mu);
-  while (c->sleeping) pthread_cond_wait(&c->gate_cv, &c->gate_mu);
-  atomic_fetch_add(&c->waits, 1);
-  pthread_mutex_unlock(&c->gate_mu);
-}
-
-static void client_wait_end(gmb_client *c) {
-  atomic_fetch_sub(&c->waits, 1);
-}
-
 /* Carries out pauses and resumes asked of this session, and answers the
  * broker's ask to sleep as a trim's (after the pages' and allocations'
- * Frees).  Put off while a program thread waits for memory (gate_mu's
- * comment).  Holds nothing. */
+ * Frees).  A thread waiting for memory meanwhile does not hold io
+ * (client_call_wait), so a pause is not put off for it: its pages and
+ * copies may be what the wait needs.  Holds nothing. */
 static void client_sleep_asked(gmb_client *c) {
   if (!gmb__sleep_policy_pending(c->pol)) return;
-  pthread_mutex_lock(&c->gate_mu);
-  int busy = atomic_load(&c->waits) > 0;
-  if (!busy) c->sleeping = 1;
-  pthread_mutex_unlock(&c->gate_mu);
-  int answer = gmb__sleep_policy_run(c->pol, gmb__now_ns(), busy);
-  if (!busy) {
-    pthread_mutex_lock(&c->gate_mu);
-    c->sleeping = 0;
-    pthread_cond_broadcast(&c->gate_cv);
-    pthread_mutex_unlock(&c->gate_mu);
-  }
-  if (answer) client_trim_answer(c);
+  if (gmb__sleep_policy_run(c->pol, gmb__now_ns())) client_trim_answer(c);
 }
 
 /* --- heartbeats ------------------------------------------------------------- */
@@ -713,7 +891,7 @@ static void *client_heartbeat_main(void *arg) {
     /* A wake that came while the thread was busy is not lost: it is
      * looked at here, under hb_mu, before waiting. */
     if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending) &&
-        !(gmb__sleep_policy_pending(c->pol) && atomic_load(&c->waits) == 0)) {
+        !gmb__sleep_policy_pending(c->pol)) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
@@ -724,14 +902,14 @@ static void *client_heartbeat_main(void *arg) {
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_mu);
     gmb__sleep_policy_look(c->pol, gmb__now_ns());
-    pthread_mutex_lock(&c->io);
+    client_io_lock(c);
     client_drain(c); /* events that came between calls */
     client_heartbeat_due(c);
     /* Cleared before the report: a page that goes idle after it wakes
      * the thread again. */
     atomic_store_explicit(&c->wake_pending, 0, memory_order_release);
     client_report_due(c);
-    pthread_mutex_unlock(&c->io);
+    client_io_unlock(c);
     client_trim_asked(c);
     client_trim_later(c);
     client_sleep_asked(c);
@@ -836,8 +1014,9 @@ static void client_free(gmb_client *c) {
   gmb__sleep_policy_destroy(c->pol);
   pthread_mutex_destroy(&c->io);
   pthread_mutex_destroy(&c->note_mu);
-  pthread_mutex_destroy(&c->gate_mu);
-  pthread_cond_destroy(&c->gate_cv);
+  pthread_mutex_destroy(&c->restore_mu);
+  pthread_cond_destroy(&c->io_cv);
+  if (c->evfd >= 0) close(c->evfd);
   free(c);
 }
 
@@ -872,6 +1051,8 @@ static int client_open(gmb_client *c, int connect_ms) {
     }
     if (c->mon == NULL) zmq_socket_monitor(c->sock, NULL, 0);
   }
+  /* Without it a waiting request holds io as any other (client_call_wait). */
+  c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (zmq_connect(c->sock, c->endpoint) != 0)
     return client_fail(GMB_E_CONN, "cannot connect to %s: %s", c->endpoint,
                        zmq_strerror(errno));
@@ -981,9 +1162,14 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   if (c == NULL) return client_fail(GMB_E_SYSTEM, "out of memory");
   pthread_mutex_init(&c->io, NULL);
   pthread_mutex_init(&c->note_mu, NULL);
-  pthread_mutex_init(&c->gate_mu, NULL);
-  pthread_cond_init(&c->gate_cv, NULL);
+  pthread_mutex_init(&c->restore_mu, NULL);
+  c->evfd = -1;
   c->fdsock = -1;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->io_cv, &ca);
+  pthread_condattr_destroy(&ca);
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->request_timeout_ms = client_env_ms("GMB_REQUEST_TIMEOUT_MS", 10000);
   c->lock_timeout_ms = client_env_ms("GMB_LOCK_TIMEOUT_MS", 10000);
@@ -998,9 +1184,9 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   rc = client_open(c, connect_ms);
   struct wire_reply rep;
   if (rc == 0) {
-    pthread_mutex_lock(&c->io);
+    client_io_lock(c);
     rc = client_call(c, &hello, WIRE_HELLO, connect_ms, &rep);
-    pthread_mutex_unlock(&c->io);
+    client_io_unlock(c);
   }
   if (rc == 0 && rep.u.hello.version != WIRE_PROTOCOL_VERSION)
     rc = client_fail(GMB_E_PROTO, "the broker speaks protocol %u, libgmb %s "
@@ -1123,7 +1309,7 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c) {
    * stays what it was: this function cannot fail. */
   char saved[sizeof client_err];
   memcpy(saved, client_err, sizeof saved);
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   /* Imports are closed before Bye: once the session is over the broker
    * may free the segments, and freeing memory another process still has
    * open is undefined behaviour in CUDA. */
@@ -1136,7 +1322,7 @@ GMB_EXPORT void gmb_disconnect(gmb_client *c) {
     if (client_call(c, &bye, WIRE_NONE, bye_ms, &rep) == 0)
       gmb__wire_reply_clear(&rep);
   }
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   memcpy(client_err, saved, sizeof saved);
   client_free(c);
 }
@@ -1250,9 +1436,10 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
                     : timeout_ms + c->request_timeout_ms;
   struct wire_reply rep;
   char why[CLIENT_WHY_MAX];
-  if (timeout_ms != 0) client_wait_begin(c);
-  pthread_mutex_lock(&c->io);
-  int rc = client_call(c, &req, WIRE_ALLOC, wait_ms, &rep);
+  client_io_lock(c);
+  int rc = timeout_ms == 0
+               ? client_call(c, &req, WIRE_ALLOC, wait_ms, &rep)
+               : client_call_wait(c, &req, WIRE_ALLOC, wait_ms, &rep);
   if (rc) goto out;
   const uint64_t id = rep.u.alloc.id, asize = rep.u.alloc.size;
   uint64_t seg = rep.u.alloc.segment, off = rep.u.alloc.offset;
@@ -1300,8 +1487,7 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
 undo:
   client_undo_alloc(c, &id, 1);
 out:
-  pthread_mutex_unlock(&c->io);
-  if (timeout_ms != 0) client_wait_end(c);
+  client_io_unlock(c);
   return rc;
 }
 
@@ -1374,7 +1560,7 @@ static int client_free_id(gmb_client *c, gmb_id id, int sync) {
                          "could not be waited for (%s)",
                          (unsigned long long)id, why);
   }
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   /* A large allocation's view goes first: the broker may retire its
    * segments while it answers, and this session's SegmentClosed must not
    * leave a mapping of them behind (on a GPU, memory the broker counts as
@@ -1386,7 +1572,7 @@ static int client_free_id(gmb_client *c, gmb_id id, int sync) {
     gmb__segmap_remove(c->map, id);
   int rc = client_free_ids(c, &id, 1);
   if (rc == 0) gmb__segmap_remove(c->map, id);
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   return rc;
 }
 
@@ -1419,10 +1605,10 @@ static int client_lock_pinned(gmb_client *c, const struct gmb_segmap_entry *e,
   uint64_t seg = 0;
   int rc = gmb__segmap_lookup(c->map, id, ptr, &seg);
   if (rc == 1) { /* its segment was retired here: map it again */
-    pthread_mutex_lock(&c->io);
+    client_io_lock(c);
     rc = gmb__segmap_has_segment(c->map, seg) ? 0
                                                : client_fetch_segment(c, seg);
-    pthread_mutex_unlock(&c->io);
+    client_io_unlock(c);
     if (rc) return rc; /* explained by client_fetch_segment */
     rc = gmb__segmap_lookup(c->map, id, ptr, &seg);
     if (rc == 1)
@@ -1573,9 +1759,11 @@ static int client_restore(gmb_client *c, gmb_id id) {
                     ? INT32_MAX
                     : c->lock_timeout_ms + c->request_timeout_ms;
   struct wire_reply rep;
-  pthread_mutex_lock(&c->io);
-  int rc = client_call(c, &req, WIRE_LOCK, wait_ms, &rep);
-  pthread_mutex_unlock(&c->io);
+  pthread_mutex_lock(&c->restore_mu);
+  client_io_lock(c);
+  int rc = client_call_wait(c, &req, WIRE_LOCK, wait_ms, &rep);
+  client_io_unlock(c);
+  pthread_mutex_unlock(&c->restore_mu);
   if (rc) return rc; /* explained by client_call */
   int held = rep.u.lock.held;
   gmb__wire_reply_clear(&rep);
@@ -1639,10 +1827,10 @@ static int client_lock_movable(gmb_client *c, const struct gmb_segmap_entry *e,
                        (unsigned long long)seg, (unsigned long long)e->id);
       break;
     }
-    pthread_mutex_lock(&c->io);
+    client_io_lock(c);
     rc = gmb__segmap_has_segment(c->map, seg) ? 0
                                                : client_fetch_segment(c, seg);
-    pthread_mutex_unlock(&c->io);
+    client_io_unlock(c);
     if (rc) break; /* explained by client_fetch_segment */
   }
   client_unhold(s);
@@ -1780,9 +1968,9 @@ static int client_stats(gmb_client *c, const void *out,
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
   if (out == NULL) return client_fail(GMB_E_INVAL, "out is NULL");
   struct wire_request req = {.kind = WIRE_STATS};
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, rep);
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   return rc;
 }
 
@@ -1813,9 +2001,9 @@ GMB_EXPORT int gmb_vmm_report(gmb_client *c, uint64_t bytes, gmb_stats *out) {
   struct wire_request req = {.kind = WIRE_VMM};
   req.u.vmm.bytes = bytes;
   struct wire_reply rep;
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   int rc = client_call(c, &req, WIRE_STATS, c->request_timeout_ms, &rep);
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   if (rc) return rc;
   if (out) client_tenant_stats(c, &rep, out);
   gmb__wire_reply_clear(&rep);
@@ -2017,7 +2205,7 @@ static int client_page_map(void *ctx, uintptr_t addr, unsigned n,
   req.u.alloc.pages = n;
   req.u.alloc.ahead = ahead;
   struct wire_reply rep;
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   int rc = client_call(c, &req, WIRE_ALLOC, c->request_timeout_ms, &rep);
   if (rc) goto out;
   /* What the broker says it gave, checked before anything is mapped. */
@@ -2058,7 +2246,7 @@ static int client_page_map(void *ctx, uintptr_t addr, unsigned n,
 undo:
   if (got <= WIRE_PAGES_MAX) client_undo_alloc(c, rep.u.alloc.page_id, got);
 out:
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   return rc;
 }
 
@@ -2087,9 +2275,9 @@ static void client_page_free(void *ctx, const struct gmb_cache_page *pg,
   for (unsigned done = 0; done < n;) {
     unsigned k = n - done < WIRE_PAGES_MAX ? n - done : WIRE_PAGES_MAX;
     for (unsigned i = 0; i < k; i++) ids[i] = pg[done + i].id;
-    pthread_mutex_lock(&c->io);
+    client_io_lock(c);
     if (!atomic_load(&c->dead)) client_free_ids(c, ids, k);
-    pthread_mutex_unlock(&c->io);
+    client_io_unlock(c);
     done += k;
   }
   memcpy(client_err, saved, sizeof saved);
@@ -2163,10 +2351,10 @@ static int client_note_send(gmb_client *c, const char *tag, int paused,
   req.u.sleep_note.device_bytes = device;
   req.u.sleep_note.by = (uint32_t)by;
   struct wire_reply rep;
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   int rc = client_call(c, &req, WIRE_NONE, c->request_timeout_ms, &rep);
   if (rc == 0) gmb__wire_reply_clear(&rep);
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   client_note_refused = rc != 0;
   return rc; /* explained */
 }
@@ -2331,7 +2519,7 @@ static struct gmb_atags *client_atags_new(gmb_client *c) {
 static int client_cache_thread(gmb_client *c) {
   if (atomic_load_explicit(&c->cache_thread, memory_order_acquire)) return 0;
   int rc = 0;
-  pthread_mutex_lock(&c->io);
+  client_io_lock(c);
   if (!atomic_load(&c->cache_thread)) {
     if (c->hb_running) {
       pthread_mutex_lock(&c->hb_mu);
@@ -2344,7 +2532,7 @@ static int client_cache_thread(gmb_client *c) {
     if (rc == 0) atomic_store_explicit(&c->cache_thread, 1,
                                        memory_order_release);
   }
-  pthread_mutex_unlock(&c->io);
+  client_io_unlock(c);
   return rc;
 }
 
@@ -2379,11 +2567,12 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
 }
 
 /* Takes io when it is free within CLIENT_SYNC_REPORT_WAIT_NS: 1 taken, 0
- * not.  Never an unbounded wait: another thread may hold io for as long as
- * a request waits for memory (gmb_alloc_wait), which a free may be what
- * gives it. */
+ * not.  Never an unbounded wait: a free of the cache must not wait for
+ * another thread's round trip (a waiting request does not hold io, and
+ * releases it at once when it reads for the others). */
 #define CLIENT_SYNC_REPORT_WAIT_NS (2 * 1000 * 1000L)
 static int client_io_lock_briefly(gmb_client *c) {
+  if (pthread_mutex_trylock(&c->io) == 0) return 1;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   ts.tv_nsec += CLIENT_SYNC_REPORT_WAIT_NS;
@@ -2391,7 +2580,11 @@ static int client_io_lock_briefly(gmb_client *c) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
-  return pthread_mutex_timedlock(&c->io, &ts) == 0;
+  atomic_fetch_add(&c->io_want, 1); /* as client_io_lock */
+  if (atomic_load(&c->reading)) client_io_poke(c);
+  int rc = pthread_mutex_timedlock(&c->io, &ts);
+  atomic_fetch_sub(&c->io_want, 1);
+  return rc == 0;
 }
 
 GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
@@ -2429,12 +2622,12 @@ GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
     if (big && client_io_lock_briefly(c)) {
       atomic_store_explicit(&c->sync_report_ns, now, memory_order_relaxed);
       client_report_due(c);
-      pthread_mutex_unlock(&c->io);
+      client_io_unlock(c);
     } else if (now - last >= CLIENT_SYNC_REPORT_NS &&
         atomic_compare_exchange_strong(&c->sync_report_ns, &last, now) &&
         pthread_mutex_trylock(&c->io) == 0) {
       client_report_due(c);
-      pthread_mutex_unlock(&c->io);
+      client_io_unlock(c);
     } else if (!atomic_exchange_explicit(&c->wake_pending, 1,
                                          memory_order_acq_rel)) {
       pthread_mutex_lock(&c->hb_mu);

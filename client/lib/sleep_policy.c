@@ -242,23 +242,22 @@ static int policy_info_cmp(const void *x, const void *y) {
   return a->pausable > b->pausable ? -1 : a->pausable < b->pausable;
 }
 
-int gmb__sleep_policy_run(struct gmb_sleep_policy *p, uint64_t now, int busy) {
+int gmb__sleep_policy_run(struct gmb_sleep_policy *p, uint64_t now) {
   if (p == NULL || !atomic_exchange(&p->pending, 0)) return 0;
   uint64_t want = atomic_exchange(&p->ask, 0);
   struct policy_op op[POLICY_OPS];
   pthread_mutex_lock(&p->mu);
-  unsigned nop = busy ? 0 : p->n_op;
+  unsigned nop = p->n_op;
   memcpy(op, p->op, nop * sizeof op[0]);
-  if (!busy) p->n_op = 0;
-  else if (p->n_op) atomic_store(&p->pending, 1); /* for a later call */
+  p->n_op = 0;
   pthread_mutex_unlock(&p->mu);
   for (unsigned i = 0; i < nop; i++) policy_op_run(p, &op[i]);
   if (want == 0) return 0;
-  /* Active since it offered (the broker saw an old offer), or busy
-   * waiting for memory itself: it declines, and the broker counts an ask
-   * that gave nothing. */
+  /* Active since it offered (the broker saw an old offer; a thread that
+   * started to wait for memory is activity too): it declines, and the
+   * broker counts an ask that gave nothing. */
   uint64_t idle_ms;
-  if (busy || gmb__sleep_policy_offer(p, now, &idle_ms) == 0) return 1;
+  if (gmb__sleep_policy_offer(p, now, &idle_ms) == 0) return 1;
   pthread_mutex_lock(&p->mu);
   int idle = idle_ms >= p->idle_ms;
   pthread_mutex_unlock(&p->mu);

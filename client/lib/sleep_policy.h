@@ -110,12 +110,9 @@ int gmb__sleep_policy_pending(struct gmb_sleep_policy *p);
  * first, until the bytes asked are given (none when the session was
  * active within its idle time since it offered).  A tag whose pause is
  * refused (a locked allocation) is passed over: the ask is answered with
- * what the others gave.  With `busy` (a program thread waits for memory
- * holding the socket, which every pause needs) nothing is done: the
- * operators' asks stay queued for a later call and the broker's ask is
- * declined.  Returns 1 when the broker's ask must be answered (a
- * Heartbeat with trim_answered). */
-int gmb__sleep_policy_run(struct gmb_sleep_policy *p, uint64_t now, int busy);
+ * what the others gave.  Returns 1 when the broker's ask must be answered
+ * (a Heartbeat with trim_answered). */
+int gmb__sleep_policy_run(struct gmb_sleep_policy *p, uint64_t now);
 
 /* A paused tag was touched (an allocation with it current, a gmb_lock of
  * one of its allocations): resumes it when the broker or the policy

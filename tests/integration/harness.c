@@ -492,6 +492,17 @@ pid_t harness_broker_stop(struct harness_broker *b) {
 
 void harness_broker_rm_dir(struct harness_broker *b) { harness_rm_rf(b->dir); }
 
+void harness_broker_kill(struct harness_broker *b) {
+  ck_assert_msg(harness_broker_alive(b), "the broker died during the test");
+  pid_t pid = b->pid;
+  ck_assert_int_eq(kill(pid, SIGKILL), 0);
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  harness_unregister(pid);
+  b->pid = 0;
+  harness_rm_rf(b->dir);
+}
+
 pid_t harness_broker_stop_keep_dir(struct harness_broker *b) {
   ck_assert_msg(harness_broker_alive(b), "the broker died during the test "
                 "(a failed consistency check aborts it; see its log above)");

@@ -114,6 +114,9 @@ pid_t harness_broker_stop(struct harness_broker *b);
  * test to read; harness_broker_rm_dir removes it then. */
 pid_t harness_broker_stop_keep_dir(struct harness_broker *b);
 void harness_broker_rm_dir(struct harness_broker *b);
+/* SIGKILLs the broker (no last word to its clients: a crash), waits for
+ * it and removes its run dir; fails the test unless it was alive. */
+void harness_broker_kill(struct harness_broker *b);
 
 /* The broker's log so far, NUL-terminated; the caller frees it. */
 char *harness_broker_log(const struct harness_broker *b);

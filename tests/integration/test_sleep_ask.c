@@ -807,10 +807,12 @@ START_TEST(failed_pause_keeps_an_operators_pause) {
 END_TEST
 
 /* An operator's pause that comes while a thread of the process waits for
- * memory in gmb_alloc_wait (holding the connection): carried out once the
- * wait ends, neither blocking it nor lost.  The job holds 8 MiB in tag w;
- * on 'w' a thread waits for 30 MiB ('g' once started, then 's' when
- * served or 'x'); on 'c' it checks w's bytes ('k' or 'x'). */
+ * memory in gmb_alloc_wait: carried out while the wait is pending (the
+ * waiting thread does not hold the connection, which the pause needs),
+ * without serving or ending the wait, and the bytes are intact after the
+ * resume.  The job holds 8 MiB in tag w; on 'w' a thread waits for 30 MiB
+ * ('g' once started, then 's' when served or 'x'); on 'c' it checks w's
+ * bytes ('k' or 'x'). */
 struct waiter {
   gmb_client *c;
   gmb_id id;
@@ -844,6 +846,8 @@ static int waitjob_main(void *arg) {
   return job_finish(t, c, alloc_holds(c, w, 8 * MIB, 12));
 }
 
+static int wt_waits(void *arg) { return row_of(arg, "wt").waiting == 1; }
+
 START_TEST(operator_pause_while_alloc_waits) {
   struct harness_broker b;
   harness_broker_start(&b, "host:64MiB", NULL);
@@ -853,15 +857,20 @@ START_TEST(operator_pause_while_alloc_waits) {
   gmb_id big;
   ck_assert_int_eq(gmb_alloc(c, 40 * MIB, 0, &big), 0);
   ck_assert_int_eq(job_ask(&a, 'w'), 'g');
-  harness_sleep_ms(100); /* pace only: the pause may come before the wait */
+  ck_assert_msg(harness_poll_until(wt_waits, &b, HARNESS_WAIT_MS),
+                "the job's request does not wait at the broker");
   char out[16384];
   int rc = harness_ctl(&b, out, sizeof out, "pause", "wt", NULL);
   ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
-  harness_sleep_ms(100); /* pace only */
+  /* Paused with the wait still pending: w's 8 MiB went to the host, and
+   * the 24 MiB free are still short of the 30 MiB waited for. */
+  wait_tags(&b, "wt", 1, 0);
+  struct wire_tenant_row r = row_of(&b, "wt");
+  ck_assert_uint_eq(r.host_bytes, 8 * MIB);
+  ck_assert_uint_eq(r.waiting, 1);
   ck_assert_int_eq(gmb_free(c, big), 0);
   ck_assert_int_eq(harness_pipe_wait(a.from[0], HARNESS_WAIT_MS), 's');
   wait_tags(&b, "wt", 1, 30 * MIB);
-  ck_assert_uint_eq(row_of(&b, "wt").host_bytes, 8 * MIB);
   ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "wt", NULL),
                    0);
   wait_tags(&b, "wt", 0, 38 * MIB);

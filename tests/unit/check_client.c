@@ -1097,6 +1097,65 @@ START_TEST(heartbeats_continue_during_long_wait) {
 }
 END_TEST
 
+/* Holds a waiting alloc until a Stats request comes, then answers the
+ * alloc (twice: a hostile duplicate) and an id nobody sent, before the
+ * Stats itself: the reply of the waiting request is read by the other
+ * thread's call and must be handed over, the rest dropped. */
+static int hold_alloc_until_stats(struct fake *f,
+                                  const struct wire_request *req) {
+  if (req->kind == WIRE_ALLOC && req->u.alloc.timeout_ms != 0) {
+    held_alloc = *req;
+    held_pending = 1;
+    return 1;
+  }
+  if (req->kind == WIRE_STATS && held_pending) {
+    held_pending = 0;
+    fake_default(f, &held_alloc);
+    fake_default(f, &held_alloc);
+    struct wire_reply rep = {.id = held_alloc.id + 100, .kind = WIRE_ALLOC};
+    fake_reply(f, &rep);
+  }
+  return 0;
+}
+
+struct alloc_waiter {
+  gmb_client *c;
+  gmb_id id;
+  int rc;
+};
+
+static void *alloc_waiter_main(void *arg) {
+  struct alloc_waiter *a = arg;
+  a->rc = gmb_alloc_wait(a->c, 4096, 0, 5000, &a->id);
+  return NULL;
+}
+
+/* A thread waits in gmb_alloc_wait; another thread's call goes through
+ * meanwhile (the wait does not hold the socket) and hands the waiter the
+ * reply it read for it. */
+START_TEST(wait_reply_handed_over_by_another_call) {
+  F.handler = hold_alloc_until_stats;
+  fake_start();
+  gmb_client *c = connect_ok();
+  struct alloc_waiter a = {c, 0, -1};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, alloc_waiter_main, &a), 0);
+  while (atomic_load(&F.n_alloc) == 0) usleep(1000);
+  gmb_stats st;
+  int rc = gmb_tenant_stats(c, &st);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(c));
+  ck_assert_int_eq(pthread_join(th, NULL), 0);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_uint_ne(a.id, 0);
+  void *p;
+  ck_assert_int_eq(gmb_lock(c, a.id, &p), 0);
+  memset(p, 7, 4096);
+  ck_assert_int_eq(gmb_unlock(c, a.id), 0);
+  ck_assert_int_eq(gmb_free(c, a.id), 0);
+  gmb_disconnect(c);
+}
+END_TEST
+
 START_TEST(no_heartbeats_when_not_asked) {
   fake_start();
   gmb_client *c = connect_ok();
@@ -1203,6 +1262,9 @@ END_TEST
 
 /* --- many threads on one client -------------------------------------------- */
 
+/* Odd workers allocate with gmb_alloc_wait (answered at once by the
+ * fake): the waiting path, which releases the socket, reads for the
+ * others and is handed replies, runs beside the ordinary one. */
 struct worker {
   gmb_client *c;
   int n, tid;
@@ -1214,7 +1276,8 @@ static void *worker_main(void *arg) {
   struct worker *w = arg;
   for (int i = 0; i < w->n; i++) {
     void *p;
-    if (gmb_alloc(w->c, 512, 0, &w->ids[i]) != 0 ||
+    if (gmb_alloc_wait(w->c, 512, 0, w->tid % 2 ? 5000 : 0, &w->ids[i]) !=
+            0 ||
         gmb_lock(w->c, w->ids[i], &p) != 0) {
       w->failures++;
       continue;
@@ -2405,6 +2468,7 @@ static Suite *client_suite(void) {
   tcase_add_test(tc, alloc_wait_extends_reply_deadline);
   tcase_add_test(tc, heartbeats_sent_when_asked);
   tcase_add_test(tc, heartbeats_continue_during_long_wait);
+  tcase_add_test(tc, wait_reply_handed_over_by_another_call);
   tcase_add_test(tc, no_heartbeats_when_not_asked);
   tcase_add_test(tc, trim_event_answered_by_idle_client);
   suite_add_tcase(s, tc);

@@ -188,7 +188,7 @@ START_TEST(ask_pauses_largest_first_until_given) {
   gmb__sleep_policy_look(P, SEC);
   gmb__sleep_policy_event(P, 0, WIRE_SLEEP_ASK, "", 25);
   ck_assert(gmb__sleep_policy_pending(P));
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 0), 1);
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 1);
   ck_assert_str_eq(F.log, "P b 1 1;P a 0 1;");
   ck_assert(!gmb__sleep_policy_pending(P));
   uint64_t idle_ms;
@@ -206,7 +206,7 @@ START_TEST(ask_passes_over_a_refused_tag) {
   F.t[1].pause_rc = GMB_E_INVAL;
   gmb__sleep_policy_look(P, SEC);
   gmb__sleep_policy_event(P, 0, WIRE_SLEEP_ASK, "", 10);
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 0), 1);
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 1);
   ck_assert_str_eq(F.log, "P big 0 1;P small 0 1;");
   ck_assert(F.t[1].running);
   ck_assert(F.t[0].running);
@@ -220,25 +220,24 @@ START_TEST(active_session_declines) {
   F.act[1]++; /* a cache hit at 100 s */
   gmb__sleep_policy_look(P, 100 * SEC);
   gmb__sleep_policy_event(P, 0, WIRE_SLEEP_ASK, "", 10);
-  ck_assert_int_eq(gmb__sleep_policy_run(P, 100 * SEC, 0), 1);
+  ck_assert_int_eq(gmb__sleep_policy_run(P, 100 * SEC), 1);
   ck_assert_int_eq(F.pauses, 0);
 }
 END_TEST
 
-/* A program thread waits for memory holding the socket: the broker's ask
- * is declined at once, an operator's pause waits for a later call. */
-START_TEST(busy_declines_the_ask_and_keeps_operators) {
+/* An operator's pause and the broker's ask queued together: one call
+ * carries out both (nothing is put off any more: a thread waiting for
+ * memory does not hold the socket), the operator's first. */
+START_TEST(operator_pause_and_ask_in_one_run) {
   policy("idle=0");
   fake_tag("a", 10);
   gmb__sleep_policy_look(P, SEC);
   gmb__sleep_policy_event(P, 0, WIRE_SLEEP_ASK, "", 10);
   gmb__sleep_policy_event(P, 0, GMB_PAUSE_DISCARD, "a", 0);
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 1), 1);
-  ck_assert_int_eq(F.pauses, 0);
-  ck_assert(gmb__sleep_policy_pending(P));
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 0), 0); /* no ask now */
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 1);
   ck_assert_str_eq(F.log, "P a 1 2;");
   ck_assert(!gmb__sleep_policy_pending(P));
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 0); /* nothing left */
 }
 END_TEST
 
@@ -252,15 +251,15 @@ START_TEST(operator_pause_and_resume) {
   F.t[1] = (struct ftag){"app", 0, 1, GMB_CACHE_BY_APP, 0, 0};
   F.t[2] = (struct ftag){"brk", 0, 1, GMB_CACHE_BY_BROKER, 0, 0};
   gmb__sleep_policy_event(P, 0, GMB_PAUSE_OFFLOAD, "", 0);
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 0), 0);
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 0);
   ck_assert_str_eq(F.log, "P run 0 2;");
   F.log[0] = '\0';
   gmb__sleep_policy_event(P, 1, 0, "", 0);
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 0), 0);
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 0);
   ck_assert_str_eq(F.log, "R run;R brk;");
   F.log[0] = '\0';
   gmb__sleep_policy_event(P, 1, 0, "app", 0);
-  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC, 0), 0);
+  ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 0);
   ck_assert_str_eq(F.log, "R app;");
 }
 END_TEST
@@ -304,7 +303,7 @@ static Suite *sleep_policy_suite(void) {
   tcase_add_test(tc, ask_pauses_largest_first_until_given);
   tcase_add_test(tc, ask_passes_over_a_refused_tag);
   tcase_add_test(tc, active_session_declines);
-  tcase_add_test(tc, busy_declines_the_ask_and_keeps_operators);
+  tcase_add_test(tc, operator_pause_and_ask_in_one_run);
   tcase_add_test(tc, operator_pause_and_resume);
   tcase_add_test(tc, auto_resume_only_for_the_broker);
   suite_add_tcase(s, tc);
