@@ -53,7 +53,15 @@
  * accounting check compares the broker's bytes for each tenant with the
  * pages its cache holds.  A GMB_E_NOMEM while other tenants' caches hold
  * the free memory counts as a fragmentation failure: the free total
- * includes cached memory, which the broker can ask back.
+ * includes cached memory, which the broker can ask back.  The replay is
+ * reproducible: a child answers only after gmb_cache_report (the broker
+ * has its cache's figures, and any ask for pages sent to it is answered),
+ * and after an alloc that reached the broker every other child reports
+ * too (rp_child_cached), so no operation races a library thread's report
+ * or answer; the broker's trim_wait_ms is at its maximum, so that no hold
+ * runs out on a starved machine.  (Compaction off and auto still depend
+ * on the broker's own timers: its release of lingering empty segments,
+ * its background compaction.)
  *
  * Integrity.  Each allocation of 24 bytes or more gets three 8-byte stamps
  * (start, middle, end) written through gmb_lock when it is made; they are
