@@ -293,6 +293,19 @@ GMB_EXPORT int gmb_record_stream(gmb_client *c, void *ptr, void *stream);
  */
 GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes);
 
+/*
+ * Tells the broker the cache's figures now (its idle bytes, the holes
+ * between its blocks) and answers the broker's asks to give cached memory
+ * back that reached this session before the call: one round trip, plus a
+ * Free per page an ask takes.  When it returns, the broker knows the
+ * cache as it stands, and no ask made before the call waits on this
+ * session.  Programs need not call it: the library reports a change
+ * within milliseconds and answers asks from its own thread.  It is for
+ * tools that sequence several processes and must not race those moments
+ * (gmb-replay --cache).  0, or the request's failure (GMB_E_CONN).
+ */
+GMB_EXPORT int gmb_cache_report(gmb_client *c);
+
 typedef struct gmb_cache_stats { /* this session's cache (gmb_malloc_async) */
   uint64_t hits;        /* requests served from mapped pages: no message */
   uint64_t misses;      /* requests that needed pages mapped */

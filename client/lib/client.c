@@ -21,10 +21,10 @@
  * sends can make the library abort: what does not decode or does not fit
  * the request is GMB_E_PROTO.
  *
- * Lock order: restore_mu, then io, then the segment map's writer mutex
- * (segmap.c), then hb_mu.  gmb_lock and gmb_unlock take no lock (the
- * segment map's readers are lock-free), unless a segment has to be
- * fetched again.
+ * Lock order: restore_mu or trim_mu (never both), then io, then the
+ * segment map's writer mutex (segmap.c), then hb_mu.  gmb_lock and
+ * gmb_unlock take no lock (the segment map's readers are lock-free),
+ * unless a segment has to be fetched again.
  *
  * Segments and the lock table come as descriptors over the descriptor
  * channel (fdclient.c, beside the ZeroMQ socket), proved at connect with
@@ -156,6 +156,10 @@ struct gmb_client {
    * holding io, and giving pages back needs io, so the library thread
    * does it after (client_trim_asked). */
   _Atomic uint64_t trim_want;
+  /* Held while an ask is answered (client_trim_asked), from taking
+   * trim_want to the answer: gmb_cache_report waits on it for an answer
+   * the library thread has begun. */
+  pthread_mutex_t trim_mu;
   /* A trim that left idle pages while a CUDA graph capture was underway
    * (client_trim_settle): the bytes to keep, plus one (0: none).  The
    * library thread finishes it once no capture is seen. */
@@ -854,10 +858,15 @@ static void client_trim_answer(gmb_client *c) {
 }
 
 /* Answers a TRIM event: gives back up to the bytes asked of what the
- * cache holds free (idle pages).  Holds nothing. */
+ * cache holds free (idle pages).  Takes trim_mu (before io), so that
+ * gmb_cache_report returns only after an answer begun here. */
 static void client_trim_asked(gmb_client *c) {
+  pthread_mutex_lock(&c->trim_mu);
   uint64_t want = atomic_exchange(&c->trim_want, 0);
-  if (want == 0) return;
+  if (want == 0) {
+    pthread_mutex_unlock(&c->trim_mu);
+    return;
+  }
   if (c->cache) {
     uint64_t cached = gmb__cache_cached(c->cache);
     uint64_t keep = cached > want ? cached - want : 0;
@@ -870,6 +879,7 @@ static void client_trim_asked(gmb_client *c) {
    * request it holds meanwhile is then served or falls through at once,
    * not at the end of the broker's bound. */
   client_trim_answer(c);
+  pthread_mutex_unlock(&c->trim_mu);
 }
 
 /* Carries out pauses and resumes asked of this session, and answers the
@@ -1015,6 +1025,7 @@ static void client_free(gmb_client *c) {
   pthread_mutex_destroy(&c->io);
   pthread_mutex_destroy(&c->note_mu);
   pthread_mutex_destroy(&c->restore_mu);
+  pthread_mutex_destroy(&c->trim_mu);
   pthread_cond_destroy(&c->io_cv);
   if (c->evfd >= 0) close(c->evfd);
   free(c);
@@ -1163,6 +1174,7 @@ GMB_EXPORT int gmb_connect(const char *endpoint, const char *tenant,
   pthread_mutex_init(&c->io, NULL);
   pthread_mutex_init(&c->note_mu, NULL);
   pthread_mutex_init(&c->restore_mu, NULL);
+  pthread_mutex_init(&c->trim_mu, NULL);
   c->evfd = -1;
   c->fdsock = -1;
   pthread_condattr_t ca;
@@ -2660,6 +2672,22 @@ GMB_EXPORT int gmb_trim(gmb_client *c, size_t keep_bytes) {
   int rc = gmb__cache_trim(c->cache, keep_bytes, GMB_CACHE_TRIM_SYNC, NULL);
   if (rc == 0) client_trim_settle(c, keep_bytes);
   return rc;
+}
+
+GMB_EXPORT int gmb_cache_report(gmb_client *c) {
+  if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
+  /* A request with a reply carries the figures (client_send), and its
+   * receive reads the events the broker sent before the reply: an ask
+   * sent before this call is read by now, if the thread had not. */
+  gmb_stats st;
+  struct wire_reply rep;
+  int rc = client_stats(c, &st, &rep);
+  if (rc) return rc;
+  gmb__wire_reply_clear(&rep);
+  /* Answered here, or by the library thread, which holds trim_mu until
+   * its answer is sent. */
+  client_trim_asked(c);
+  return atomic_load(&c->dead) ? client_dead_fail(c) : 0;
 }
 
 GMB_EXPORT int gmb_cache_stats_get(gmb_client *c, gmb_cache_stats *out) {

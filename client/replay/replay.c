@@ -53,7 +53,15 @@
  * accounting check compares the broker's bytes for each tenant with the
  * pages its cache holds.  A GMB_E_NOMEM while other tenants' caches hold
  * the free memory counts as a fragmentation failure: the free total
- * includes cached memory, which the broker can ask back.
+ * includes cached memory, which the broker can ask back.  The replay is
+ * reproducible: a child answers only after gmb_cache_report (the broker
+ * has its cache's figures, and any ask for pages sent to it is answered),
+ * and after an alloc that reached the broker every other child reports
+ * too (rp_child_cached), so no operation races a library thread's report
+ * or answer; the broker's trim_wait_ms is at its maximum, so that no hold
+ * runs out on a starved machine.  (Compaction off and auto still depend
+ * on the broker's own timers: its release of lingering empty segments,
+ * its background compaction.)
  *
  * Integrity.  Each allocation of 24 bytes or more gets three 8-byte stamps
  * (start, middle, end) written through gmb_lock when it is made; they are
@@ -103,7 +111,8 @@ enum rp_kind {
   RP_UNLOCK,
   RP_VERIFY,
   RP_QUIT,
-  RP_STATS /* nothing but the answer's cache figures */
+  RP_STATS /* nothing but the answer's cache figures (--cache: after
+              gmb_cache_report) */
 };
 
 static const char *const rp_kind_names[] = {"", "alloc", "free", "lock",
@@ -125,6 +134,8 @@ struct rp_result {
   int32_t rc; /* 0, RP_SKIPPED, or a GMB_E_* code */
   uint32_t corrupt;
   gmb_cache_stats cache; /* --cache: its figures after the operation */
+  uint32_t asked; /* --cache: an alloc that reached the broker (a miss or a
+                     refusal), which may have asked the other caches */
   char msg[WIRE_MESSAGE_MAX];
 };
 
@@ -569,6 +580,8 @@ static void rp_child_cached(const struct rp_child *a, gmb_client *c,
                             void **ptrs, uint64_t *sizes,
                             const struct rp_op *op, struct rp_result *res) {
   uint32_t k = op->key;
+  gmb_cache_stats before;
+  gmb_cache_stats_get(c, &before);
   switch (op->kind) {
     case RP_ALLOC:
       res->rc = gmb_malloc_async(c, (size_t)op->size, NULL, &ptrs[k]);
@@ -608,7 +621,26 @@ static void rp_child_cached(const struct rp_child *a, gmb_client *c,
       res->rc = GMB_E_INVAL;
       snprintf(res->msg, sizeof res->msg, "unknown command %u", op->kind);
   }
+  /* The broker learns the cache's idle bytes and holes from the requests
+   * the session sends, and from the library thread shortly after a change
+   * that no request carried (a free that left a page idle, a hit); the
+   * thread also answers the broker's asks for idle pages, shortly after
+   * they came.  Shortly is a race with the parent's next operation: whether
+   * the broker knew of idle pages then, or had them back, would depend on
+   * the moment, and each run would count other refusals.  So the answer
+   * waits for gmb_cache_report (one round trip, counted nowhere, and the
+   * asks' Frees), and an alloc that reached the broker says so: the
+   * parent then has the other children report too (RP_STATS), since the
+   * broker may have asked their caches.  Every operation meets the caches
+   * as they stand after the one before, as if each report and answer
+   * arrived at once.  A failed report is not the operation's failure: a
+   * lost broker fails the next. */
+  if (op->kind == RP_ALLOC || op->kind == RP_STATS ||
+      (op->kind == RP_FREE && res->rc != RP_SKIPPED))
+    (void)gmb_cache_report(c);
   gmb_cache_stats_get(c, &res->cache);
+  res->asked = op->kind == RP_ALLOC &&
+               (res->rc != 0 || res->cache.misses != before.misses);
 }
 
 
@@ -751,8 +783,13 @@ static int rp_write_config(const struct rp_broker *b,
   if (f == NULL)
     return rp_fail(RP_EXIT_FAIL, "cannot write %s: %s", b->config,
                    strerror(errno));
+  /* trim_wait_ms at its maximum: an ask to a cache is answered by its
+   * library thread within a tick when the machine has a core for it, but
+   * the replay's figures must not depend on that (a held request that ran
+   * out would be refused).  Every child asked is idle, so the answer
+   * comes; the bound is only ever reached on a starved machine. */
   fprintf(f, "; written by gmb-replay\n[broker]\ncompaction = %s\n"
-          "log_level = warn\n", compaction);
+          "log_level = warn\ntrim_wait_ms = 5000\n", compaction);
   for (size_t i = 0; i < tr->n_tenants; i++)
     if (tr->tenants[i].has_quota)
       fprintf(f, "\n[tenant:%s]\nquota = %llu\n", tr->tenants[i].name,
@@ -1503,6 +1540,14 @@ static int rp_run(const struct rp_opts *o, struct rp_trace *tr) {
       if (rp_stop) break;
       rc = rp_fail(RP_EXIT_FAIL, "line %u: the client of tenant %s is gone",
                    op->line, tr->tenants[op->tenant].name);
+      goto out;
+    }
+    /* Whatever the broker asked of the other caches for it is given back
+     * and answered before the next operation (rp_child_cached). */
+    if (res.asked && rp_cache_refresh_but(tr, &fg, op->tenant) != 0) {
+      if (rp_stop) break;
+      rc = rp_fail(RP_EXIT_FAIL, "line %u: a client process is gone",
+                   op->line);
       goto out;
     }
     rp_count(o, tr, op, &res, &fg);

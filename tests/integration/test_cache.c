@@ -301,6 +301,48 @@ START_TEST(quota_held_by_other_cache_asked_back) {
 }
 END_TEST
 
+/* gmb_cache_report: a hit changes the cache's idle bytes without a
+ * message (the library thread reports it within its tick, 20 ms); after
+ * the call the broker knows the figure, without a wait.  An ask the
+ * broker made of the session is answered by the thread meanwhile, and a
+ * call after it finds nothing left to answer (nor waits on it). */
+START_TEST(cache_report_tells_the_broker_at_once) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:16MiB", "[broker]\ntrim_wait_ms = 5000\n");
+  gmb_client *a = harness_connect_ok(&b, "ra");
+  gmb_client *w = harness_connect_ok(&b, "ra");
+  void *p, *q;
+  ck_assert_int_eq(gmb_malloc_async(a, 12 * MIB, NULL, &p), 0);
+  ck_assert_int_eq(gmb_free_async(a, p, NULL), 0);
+  ck_assert_int_eq(gmb_cache_report(a), 0);
+  ck_assert_uint_eq(harness_stats_ok(w).cached, 12 * MIB);
+  ck_assert_int_eq(gmb_malloc_async(a, 4 * MIB, NULL, &q), 0);
+  ck_assert_int_eq(gmb_cache_report(a), 0);
+  gmb_cache_stats cs;
+  ck_assert_int_eq(gmb_cache_stats_get(a, &cs), 0);
+  ck_assert_uint_eq(cs.misses, 1); /* the 4 MiB were a hit */
+  ck_assert_uint_eq(cs.idle, 8 * MIB);
+  ck_assert_uint_eq(harness_stats_ok(w).cached, 8 * MIB);
+  /* Another tenant's 8 MiB on the full device: a's thread gives back the
+   * 4 MiB missing (two pages), then the report has nothing to wait for. */
+  gmb_client *o = harness_connect_ok(&b, "rb");
+  gmb_id id;
+  int rc = gmb_alloc(o, 8 * MIB, 0, &id);
+  ck_assert_msg(rc == 0, "%s", gmb_last_error(o));
+  ck_assert_int_eq(gmb_cache_report(a), 0);
+  ck_assert_int_eq(gmb_cache_stats_get(a, &cs), 0);
+  ck_assert_uint_eq(cs.slab_frees, 2);
+  ck_assert_uint_eq(harness_stats_ok(w).cached, 4 * MIB);
+  ck_assert_int_eq(gmb_cache_report(NULL), GMB_E_INVAL);
+  ck_assert_int_eq(gmb_free(o, id), 0);
+  ck_assert_int_eq(gmb_free_async(a, q, NULL), 0);
+  gmb_disconnect(o);
+  gmb_disconnect(a);
+  gmb_disconnect(w);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 struct killed_arg {
   const char *endpoint;
   int ready;
@@ -884,6 +926,7 @@ int main(void) {
       quota_with_cache, quota_holes_not_charged,
       cached_reported_to_the_broker,
       quota_held_by_other_cache_asked_back,
+      cache_report_tells_the_broker_at_once,
       page_wise_trim_across_tenants, page_wise_trim_within_a_tenant,
       killed_client_with_cache_reclaimed,
       cached_shown_per_tenant_and_session,
