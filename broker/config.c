@@ -286,7 +286,7 @@ enum {
   K_MAX_WAITERS_PER_TENANT, K_RUN_DIR_PER_GPU, K_TRIM_WAIT_MS,
   K_METRICS_TENANTS, K_SLEEP_WAIT_MS, K_CLIENT_CONTEXTS, K_ADMIN_HTTP,
   K_OFFLOAD_HOST_MAX, K_RESTORE_WAIT_MS, K_CACHE_HOLES,
-  K_DEFAULT_HOST_QUOTA,
+  K_DEFAULT_HOST_QUOTA, K_SEGMENT_LINGER_MS,
 };
 static const char *const cfg_broker_keys[] = {
     "device",        "capacity",   "device_reserve",       "run_dir",
@@ -297,7 +297,7 @@ static const char *const cfg_broker_keys[] = {
     "max_waiters_per_tenant", "run_dir_per_gpu", "trim_wait_ms",
     "metrics_tenants", "sleep_wait_ms", "client_contexts", "admin_http",
     "offload_host_max", "restore_wait_ms", "cache_holes",
-    "default_host_quota",
+    "default_host_quota", "segment_linger_ms",
 };
 
 enum { K_QUOTA, K_RESERVE, K_UIDS, K_TOKEN, K_PRIORITY, K_HOST_QUOTA };
@@ -406,6 +406,12 @@ static int cfg_broker_key(struct cfg_parse *p, int k, const char *key,
        * request timeout (GMB_REQUEST_TIMEOUT_MS, 10 s by default). */
       if (!cfg_int(p, key, v, 0, 5000, &x)) return 0;
       c->trim_wait_ms = (uint32_t)x;
+      return 1;
+    case K_SEGMENT_LINGER_MS:
+      /* An hour at most: a segment kept longer is memory the device's
+       * other users never see come back. */
+      if (!cfg_int(p, key, v, 0, 3600000, &x)) return 0;
+      c->segment_linger_ms = (uint32_t)x;
       return 1;
     case K_SLEEP_WAIT_MS:
       /* An offload takes longer than a trim, but the held request's reply
@@ -626,6 +632,7 @@ void gmb__config_defaults(struct gmb_config *c) {
   c->max_waiters_per_session = 64;
   c->max_waiters_per_tenant = 1024;
   c->trim_wait_ms = 100;
+  c->segment_linger_ms = 2000;
   c->sleep_wait_ms = 3000;
   c->offload_host_max = gmb__config_offload_default();
   c->restore_wait_ms = 3000;

@@ -71,6 +71,10 @@ struct gmb_config {
   uint32_t max_tenants_per_uid;   /* tenants a uid made by first use */
   uint32_t max_waiters_per_session; /* gmb_alloc_wait requests queued */
   uint32_t max_waiters_per_tenant;
+  uint32_t segment_linger_ms; /* how often the empty segments the pool
+                               keeps for reuse (one per size class) are
+                               released; 0: only when a request needs
+                               their room */
   uint32_t trim_wait_ms;    /* how long a request that found the device
                                full, or its tenant's quota held by its
                                other sessions' caches, is held while they

@@ -778,6 +778,8 @@ int gmb__loop_run(struct gmb_broker *b) {
   struct gmb_loop *l = b->loop;
   uint64_t hb_ns = b->cfg.heartbeat_ms * GMB_NS_PER_MS;
   uint64_t next_trim = gmb__now_ns() + LOOP_TRIM_NS;
+  uint64_t next_linger =
+      gmb__now_ns() + (uint64_t)b->cfg.segment_linger_ms * GMB_NS_PER_MS;
   uint64_t next_hb = gmb__now_ns() + hb_ns;
   uint64_t next_frag = gmb__now_ns() + LOOP_FRAG_NS;
   uint64_t trimmed_gen = 0;
@@ -814,6 +816,9 @@ int gmb__loop_run(struct gmb_broker *b) {
     if (ask_ns < wait_ns) wait_ns = ask_ns;
     if (next_trim - now < wait_ns) wait_ns = next_trim > now ? next_trim - now : 0;
     if (next_hb > now && next_hb - now < wait_ns) wait_ns = next_hb - now;
+    if (b->cfg.segment_linger_ms && next_linger > now &&
+        next_linger - now < wait_ns)
+      wait_ns = next_linger - now;
     long timeout_ms = (long)(wait_ns / GMB_NS_PER_MS) + 1;
     if (timeout_ms > 1000) timeout_ms = 1000;
     /* Expiring waiters may have ended nothing, but be safe: a stale set is
@@ -869,10 +874,20 @@ int gmb__loop_run(struct gmb_broker *b) {
       gmb__sessions_each(b->sessions, loop_check_heartbeat, &h);
       next_hb = now + hb_ns;
     }
-    if (now >= next_trim) {
+    /* Empty segments kept for reuse go back every segment_linger_ms (a
+     * reload applies at the next turn); 0 keeps them until a request
+     * needs their room, which makes runs that replay a trace independent
+     * of the machine's speed (gmb-replay sets it). */
+    uint64_t linger_ns = (uint64_t)b->cfg.segment_linger_ms * GMB_NS_PER_MS;
+    if (linger_ns && now >= next_linger) {
       uint64_t freed = gmb__pool_trim(b->pool);
       if (freed)
         log_debug("trim: %" PRIu64 " bytes of idle segments released", freed);
+      next_linger = now + linger_ns;
+    } else if (linger_ns == 0 || next_linger > now + linger_ns) {
+      next_linger = now + linger_ns; /* off, or shortened by a reload */
+    }
+    if (now >= next_trim) {
       /* Sessions came and went: give the heap's free pages back, so the
        * broker's RSS returns near its base after a burst of clients. */
       uint64_t gen = gmb__sessions_gen(b->sessions);

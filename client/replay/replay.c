@@ -59,9 +59,12 @@
  * and after an alloc that reached the broker every other child reports
  * too (rp_child_cached), so no operation races a library thread's report
  * or answer; the broker's trim_wait_ms is at its maximum, so that no hold
- * runs out on a starved machine.  (Compaction off and auto still depend
- * on the broker's own timers: its release of lingering empty segments,
- * its background compaction.)
+ * runs out on a starved machine.  The broker's release of emptied
+ * segments kept for reuse is off (segment_linger_ms = 0: they go back when
+ * a request needs their room), so where that timer fell between two
+ * operations no longer depends on the machine's speed: compaction off is
+ * reproducible too.  (auto still runs its background compaction on a
+ * timer.)
  *
  * Integrity.  Each allocation of 24 bytes or more gets three 8-byte stamps
  * (start, middle, end) written through gmb_lock when it is made; they are
@@ -787,9 +790,12 @@ static int rp_write_config(const struct rp_broker *b,
    * library thread within a tick when the machine has a core for it, but
    * the replay's figures must not depend on that (a held request that ran
    * out would be refused).  Every child asked is idle, so the answer
-   * comes; the bound is only ever reached on a starved machine. */
+   * comes; the bound is only ever reached on a starved machine.  No
+   * release of emptied segments on a timer: which operation it fell
+   * before would depend on the machine's speed. */
   fprintf(f, "; written by gmb-replay\n[broker]\ncompaction = %s\n"
-          "log_level = warn\ntrim_wait_ms = 5000\n", compaction);
+          "log_level = warn\ntrim_wait_ms = 5000\nsegment_linger_ms = 0\n",
+          compaction);
   for (size_t i = 0; i < tr->n_tenants; i++)
     if (tr->tenants[i].has_quota)
       fprintf(f, "\n[tenant:%s]\nquota = %llu\n", tr->tenants[i].name,

@@ -412,6 +412,41 @@ START_TEST(segments_returned) {
 }
 END_TEST
 
+/* --- segment_linger ---------------------------------------------------------- */
+
+/* segment_linger_ms = 0: an emptied small segment stays in the pool past
+ * the default period of the release timer, and still goes back the moment
+ * a request needs its room; a reload to a period releases it. */
+START_TEST(segment_linger_zero_keeps_until_needed) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:8MiB", "[broker]\nsegment_linger_ms = 0\n");
+  gmb_client *c = harness_connect_ok(&b, "linger");
+  gmb_id id = 0;
+  ck_assert_int_eq(gmb_alloc(c, 64 * 1024, 0, &id), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  /* Longer than the default period (2 s), in which it would have gone. */
+  harness_sleep_ms(2500);
+  gmb_stats st = harness_stats_ok(c);
+  ck_assert_msg(st.segments == 2 * MIB, "the emptied segment was released "
+                "by the timer (segments %llu)",
+                (unsigned long long)st.segments);
+  /* The whole device: only with the lingering segment's room. */
+  ck_assert_int_eq(gmb_alloc(c, 8 * MIB, 0, &id), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  ck_assert_int_eq(gmb_alloc(c, 64 * 1024, 0, &id), 0);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  ck_assert_uint_eq(harness_stats_ok(c).segments, 2 * MIB);
+
+  harness_write_file(b.config_path, "[broker]\nsegment_linger_ms = 50\n");
+  ck_assert_int_eq(kill(b.pid, SIGHUP), 0);
+  ck_assert_msg(harness_poll_until(k9_segments_zero, c, HARNESS_WAIT_MS),
+                "after a reload to 50 ms the segment still lingers (%llu)",
+                (unsigned long long)harness_stats_ok(c).segments);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "broker", "lifecycle", 60,
@@ -419,5 +454,6 @@ int main(void) {
       broker_stopped,
       kill9_reclaims,
       segments_returned,
+      segment_linger_zero_keeps_until_needed,
       heartbeat_silence_ends_session));
 }

@@ -116,6 +116,7 @@ START_TEST(design_example_parses) {
   ck_assert_int_eq(c.log_level, GMB_LOG_INFO);
   ck_assert_uint_eq(c.heartbeat_ms, 1000);
   ck_assert_uint_eq(c.trim_wait_ms, 100); /* not in the file: the default */
+  ck_assert_uint_eq(c.segment_linger_ms, 2000);
   ck_assert_int_eq(c.admin_http, 1);      /* the default: served */
   ck_assert_uint_eq(c.n_tenants, 1);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "llm-a");
@@ -192,6 +193,7 @@ START_TEST(every_other_value_parses) {
           "log_level = debug\n"
           "heartbeat_ms = 100\n"
           "trim_wait_ms = 0\n"
+          "segment_linger_ms = 0\n"
           "admin_http = no\n"
           "offload_host_max = 0\n"
           "restore_wait_ms = 0\n"
@@ -219,6 +221,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_int_eq(c.log_level, GMB_LOG_DEBUG);
   ck_assert_uint_eq(c.heartbeat_ms, 100);
   ck_assert_uint_eq(c.trim_wait_ms, 0); /* 0: caches are not asked */
+  ck_assert_uint_eq(c.segment_linger_ms, 0); /* 0: released under need only */
   ck_assert_int_eq(c.admin_http, 0);
   ck_assert_uint_eq(c.offload_host_max, 0); /* 0: the broker never offloads */
   ck_assert_uint_eq(c.restore_wait_ms, 0);
@@ -234,7 +237,7 @@ START_TEST(every_other_value_parses) {
   ck_assert_uint_eq(b->token_sha256[31], 0x08);
   ck_assert_uint_eq(b->n_uids, 1);
   ck_assert_uint_eq(b->uids[0], 0);
-  ck_assert_int_eq(b->line, 18);
+  ck_assert_int_eq(b->line, 19);
   const struct gmb_tenant_conf *t = gmb__config_tenant(&c, "c");
   ck_assert_ptr_nonnull(t);
   ck_assert_uint_eq(t->quota, 0);
@@ -648,6 +651,10 @@ START_TEST(err_bad_integers) {
            "'5001' (want an integer 0..5000)");
   teardown();
   load_bad("[broker]\ntrim_wait_ms = -1\n", 2, "trim_wait_ms: bad value");
+  load_bad("[broker]\nsegment_linger_ms = 3600001\n", 2,
+           "segment_linger_ms: bad value");
+  load_bad("[broker]\nsegment_linger_ms = soon\n", 2,
+           "segment_linger_ms: bad value");
   teardown();
   load_bad("[broker]\nrestore_wait_ms = 60001\n", 2, "restore_wait_ms: bad "
            "value '60001' (want an integer 0..60000)");
