@@ -255,6 +255,71 @@ START_TEST(note_records_bounded) {
 }
 END_TEST
 
+/* A SleepNote's figures are a client's word: a pause gives back at most
+ * what the device holds, so host or device bytes past its capacity are
+ * refused (GMB_E_INVAL) and the tenant's sums stay the sums of sane
+ * records.  Before, UINT64_MAX (with no host_quota to bound it) wrapped
+ * the tenant's sums, and the resume of that tag then tripped the broker's
+ * "sleep sums drifted" assertion: any tenant could abort the broker.
+ * Modes and `by` out of range are recorded as the defaults; a tag paused
+ * and resumed at a high rate only counts. */
+START_TEST(note_claims_bounded) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", "[tenant:h]\nuids = 1001\n");
+  fx_hello(&f, "a", 1001, "h");
+  fx_hello(&f, "b", 1001, "h");
+  struct gmb_tenant *t = fx_tenant(&f, "h");
+  ck_assert_uint_eq(t->host_quota, 0); /* named, no host_quota: no limit */
+  const uint64_t cap = f.b.dev->capacity;
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "x", 1, UINT64_MAX,
+                                 UINT64_MAX), GMB_E_INVAL);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "x", 1, cap + 1, cap),
+                   GMB_E_INVAL);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "x", 1, cap, cap + 1),
+                   GMB_E_INVAL);
+  ck_assert_uint_eq(t->paused_tags, 0);
+  /* The capacity itself is a figure a pause can give. */
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "x", 1, cap, cap), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "y", 1, 1, 1), 0);
+  ck_assert_int_eq(fx_sleep_note(&f, "b", 1001, "x", 1, cap, cap), 0);
+  /* An update of a paused tag past the bound keeps the old record. */
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "y", 1, UINT64_MAX, 1),
+                   GMB_E_INVAL);
+  ck_assert_uint_eq(t->host_bytes, 2 * cap + 1);
+  ck_assert_uint_eq(t->paused_bytes, 2 * cap + 1);
+  ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, "x", 0, 0, 0), 0);
+  ck_assert_uint_eq(t->host_bytes, cap + 1);
+  /* Out of range mode and by: an offload by the application. */
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_SLEEP_NOTE;
+  snprintf(req.u.sleep_note.tag, sizeof req.u.sleep_note.tag, "m");
+  req.u.sleep_note.paused = 1;
+  req.u.sleep_note.mode = UINT32_MAX;
+  req.u.sleep_note.by = UINT32_MAX;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  struct gmb_session *a = gmb__session_find(f.b.sessions,
+                                            (const uint8_t *)"a", 1);
+  struct gmb_sleep_tag *z = a->paused;
+  while (z && strcmp(z->tag, "m") != 0) z = z->next;
+  ck_assert_ptr_nonnull(z);
+  ck_assert_uint_eq(z->mode, 0);
+  ck_assert_uint_eq(z->by, WIRE_BY_APP);
+  /* Flip-flop: each note is counted, nothing else grows. */
+  for (int i = 0; i < 2000; i++) {
+    ck_assert_int_eq(fx_sleep_note(&f, "b", 1001, "f", 1, MIB, MIB), 0);
+    ck_assert_int_eq(fx_sleep_note(&f, "b", 1001, "f", 0, 0, 0), 0);
+  }
+  ck_assert_uint_eq(t->paused_tags, 3);
+  ck_assert_int_eq(gmb__sleep_check(&f.b), 0);
+  fx_end(&f, a);
+  ck_assert_uint_eq(t->host_bytes, cap);
+  fx_close(&f);
+}
+END_TEST
+
 /* AdminPause/admin_resume: every session of the tenant gets the event with
  * the tag and mode; an unknown tenant is refused. */
 START_TEST(admin_pause_tells_sessions) {
@@ -306,6 +371,7 @@ static Suite *sleep_suite(void) {
   tc = tcase_create("account");
   tcase_add_test(tc, note_account_and_host_quota);
   tcase_add_test(tc, note_records_bounded);
+  tcase_add_test(tc, note_claims_bounded);
   tcase_add_test(tc, admin_pause_tells_sessions);
   suite_add_tcase(s, tc);
   return s;
