@@ -181,10 +181,16 @@ static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
     struct gmb_session *o = v[i];
     size_t at = 0;
     while (at < p->n && p->v[at] != o) at++;
-    /* Its tenant's bytes not yet asked for, above its reservation. */
+    /* Its tenant's bytes not yet asked for, above its reservation, and
+     * never more than o holds: its offer is its library's word, and a
+     * session that offers its tenant's bytes it does not hold would be
+     * asked for what it cannot give while others wait their turn. */
     const struct gmb_tenant *t = o->tenant;
     uint64_t held = t->used > t->cache_asked ? t->used - t->cache_asked : 0;
     uint64_t allow = held > t->reserve ? held - t->reserve : 0;
+    uint64_t own = at < p->n ? bytes[at] : 0; /* asked of its cache */
+    uint64_t holds = o->used > own ? o->used - own : 0;
+    if (allow > holds) allow = holds;
     uint64_t x = o->sleep_pausable < allow ? o->sleep_pausable : allow;
     if (x > want - added) x = want - added;
     if (x == 0) continue;

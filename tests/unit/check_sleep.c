@@ -320,6 +320,36 @@ START_TEST(note_claims_bounded) {
 }
 END_TEST
 
+/* A session is asked to pause for at most what it holds: its offer is its
+ * library's word, its used bytes the broker's.  Tenant l's session "a2"
+ * holds nothing and offers 8 MiB, idle longest; before, it was asked the
+ * 4 MiB (its tenant's other session holds 8) and could give none, while
+ * "b", which holds its offer, waited its turn. */
+START_TEST(ask_capped_by_what_it_holds) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF
+              "[tenant:l]\nuids = 1001\n"
+              "[tenant:m]\nuids = 1002\n"
+              "[tenant:r]\nuids = 1003\n");
+  fx_hello(&f, "a1", 1001, "l");
+  fx_hello(&f, "a2", 1001, "l");
+  fx_hello(&f, "b", 1002, "m");
+  fx_hello(&f, "r", 1003, "r");
+  hold(&f, "a1", 1001, 8 * MIB);
+  hold(&f, "b", 1002, 4 * MIB);
+  offer(&f, "a2", 1001, 8 * MIB, 86400000, 0);
+  offer(&f, "b", 1002, 4 * MIB, 1000, 0);
+  /* 12 MiB held, 4 of room: 8 MiB lacks 4. */
+  held(&f, "r", 1003, 8 * MIB);
+  uint64_t bytes;
+  ck_assert_str_eq(sleep_ask(&f, 0, &bytes), "b");
+  ck_assert_uint_eq(bytes, 4 * MIB);
+  ck_assert_ptr_null(sleep_ask(&f, 1, NULL));
+  fx_close(&f);
+}
+END_TEST
+
 /* AdminPause/admin_resume: every session of the tenant gets the event with
  * the tag and mode; an unknown tenant is refused. */
 START_TEST(admin_pause_tells_sessions) {
@@ -367,6 +397,7 @@ static Suite *sleep_suite(void) {
   tcase_add_test(tc, reservation_never_asked_below);
   tcase_add_test(tc, nothing_asked_when_off_or_short);
   tcase_add_test(tc, unanswered_ask_bounded);
+  tcase_add_test(tc, ask_capped_by_what_it_holds);
   suite_add_tcase(s, tc);
   tc = tcase_create("account");
   tcase_add_test(tc, note_account_and_host_quota);
