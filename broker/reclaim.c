@@ -35,8 +35,9 @@
 
 static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
 
-static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
-                                 uint64_t asked, uint64_t now, int answered);
+static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
+                         uint64_t asked, uint64_t gave, uint64_t now,
+                         int answered);
 
 /* --- one ask --------------------------------------------------------------- */
 
@@ -423,12 +424,9 @@ int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
    * answer that freed nothing counts as an ask ignored, and the pause
    * before the next ask doubles with each. */
   uint64_t asked = s->ask_bytes;
-  int gave = s->used < s->ask_used;
+  uint64_t gave = s->used < s->ask_used ? s->ask_used - s->used : 0;
   reclaim_close(b, s);
-  if (gave)
-    s->ask_ignored_run = 0;
-  else
-    reclaim_gave_nothing(b, s, asked, gmb__now_ns(), 1);
+  reclaim_gave(b, s, asked, gave, gmb__now_ns(), 1);
   return 1;
 }
 
@@ -465,38 +463,56 @@ void gmb__reclaim_settle(struct gmb_broker *b) {
     reclaim_hold_over(b, gmb__now_ns(), GMB_HOLD_SETTLED);
 }
 
-/* o's ask ran out: counted and logged unless it holds less than when it
- * was asked (a library that gave back without saying so). */
+/* The pause after `run` asks in a row that fell short, the last
+ * `answered` or not. */
+static uint64_t reclaim_pause(uint32_t run, int answered) {
+  /* An answer that fell short ended its holds at once, and the first in
+   * a row is forgiven: a report may be one request old (a page the cache
+   * reported idle was taken since by its own next block), which looks the
+   * same.  An ask left unanswered held requests for the whole bound:
+   * paused from the first. */
+  uint32_t steps = run - (answered ? 1 : 0);
+  uint64_t pause = steps ? RECLAIM_PAUSE_NS : 0;
+  for (uint32_t i = 1; i < steps && pause < RECLAIM_PAUSE_MAX_NS; i++)
+    pause *= 2;
+  return pause > RECLAIM_PAUSE_MAX_NS ? RECLAIM_PAUSE_MAX_NS : pause;
+}
+
+/* o's ask ran out: counted and logged unless it gave what it was asked
+ * (a library that gave back without saying so). */
 static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
                             uint64_t now) {
   uint64_t asked = o->ask_bytes;
+  uint64_t gave = o->used < o->ask_used ? o->ask_used - o->used : 0;
   reclaim_close(b, o);
-  if (o->used < o->ask_used) {
+  reclaim_gave(b, o, asked, gave, now, 0);
+}
+
+/* o's ask of `asked` bytes ended having given `gave` (what o stopped
+ * holding; `answered`: o said so, else its ask ran out).  All of it: o's
+ * run of short asks ends.  Less: the ask counts in the run, and o is
+ * paused, the longer the more asks in a row fell short; one that gave
+ * nothing is also counted as ignored and logged.  A short ask is not
+ * forgiven for what it gave: a session that frees one small allocation
+ * for each ask (and takes it again between asks) would otherwise be asked
+ * first for every request, and the sessions after it never. */
+static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
+                         uint64_t asked, uint64_t gave, uint64_t now,
+                         int answered) {
+  if (gave >= asked) {
     o->ask_ignored_run = 0;
     return;
   }
-  reclaim_gave_nothing(b, o, asked, now, 0);
-}
-
-/* o's ask (of `asked` bytes) gave nothing back (`answered`: o said so;
- * else its ask ran out): counted, logged, and o paused, the longer the
- * more asks in a row gave nothing. */
-static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
-                                 uint64_t asked, uint64_t now, int answered) {
+  if (gave > 0) {
+    if (o->ask_ignored_run < 63) o->ask_ignored_run++;
+    o->ask_skip_ns = now + reclaim_pause(o->ask_ignored_run, answered);
+    return;
+  }
   const char *how = answered ? "answered, but freed" : "did not give back";
   o->trim_ignored++;
   b->reclaim.ignored_total++;
   if (o->ask_ignored_run < 63) o->ask_ignored_run++;
-  /* An answer that gave nothing ended its holds at once, and the first
-   * in a row is forgiven: a report may be one request old (a page the
-   * cache reported idle was taken since by its own next block), which
-   * looks the same.  An ask left unanswered held requests for the whole
-   * bound: paused from the first. */
-  uint32_t steps = o->ask_ignored_run - (answered ? 1 : 0);
-  uint64_t pause = steps ? RECLAIM_PAUSE_NS : 0;
-  for (uint32_t i = 1; i < steps && pause < RECLAIM_PAUSE_MAX_NS; i++)
-    pause *= 2;
-  if (pause > RECLAIM_PAUSE_MAX_NS) pause = RECLAIM_PAUSE_MAX_NS;
+  uint64_t pause = reclaim_pause(o->ask_ignored_run, answered);
   o->ask_skip_ns = now + pause;
   if (gmb__log_allow(&reclaim_rl_ignored)) {
     char a[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];

@@ -25,11 +25,13 @@
 
 #define MIB GMB_MIB
 
-/* `rid` holds `size` bytes (one pinned allocation). */
-static void hold(struct fx *f, const char *rid, uid_t uid, uint64_t size) {
+/* `rid` holds `size` bytes (one pinned allocation); returns its id. */
+static uint64_t hold(struct fx *f, const char *rid, uid_t uid,
+                     uint64_t size) {
   struct wire_reply rep;
   ck_assert_int_eq(fx_alloc(f, rid, uid, size, 0, 0, &rep), 1);
   ck_assert_msg(rep.status == 0, "hold %s: %s", rid, rep.message);
+  return rep.u.alloc.id;
 }
 
 /* A Heartbeat from `rid` offering `pausable` bytes, idle for `idle_ms`,
@@ -196,6 +198,51 @@ START_TEST(unanswered_ask_bounded) {
   ck_assert_int_eq(fx_alloc(&f, "b", 1002, 8 * MIB, 0, 0, &rep), 1);
   ck_assert_int_eq(rep.status, GMB_E_NOMEM);
   ck_assert_ptr_null(sleep_ask(&f, 1, NULL));
+  fx_close(&f);
+}
+END_TEST
+
+/* An ask answered short: "l" claims the longest idle and a large offer,
+ * and answers each ask by freeing one small allocation (taken again
+ * between asks), far less than it was asked.  Before, giving anything
+ * reset its run of asks that gave nothing, so it was asked first for every
+ * request and "m", which holds its offer, never was: the requester was
+ * refused each time.  A short answer now counts in the run (the first in
+ * a row forgiven, as for an answer that gave nothing), so the second
+ * pauses "l" and the next request asks "m". */
+START_TEST(short_answers_pause_the_session) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF "sleep_wait_ms = 500\n"
+              "[tenant:l]\nuids = 1001\n"
+              "[tenant:m]\nuids = 1002\n"
+              "[tenant:r]\nuids = 1003\n");
+  fx_hello(&f, "l", 1001, "l");
+  fx_hello(&f, "m", 1002, "m");
+  fx_hello(&f, "r", 1003, "r");
+  hold(&f, "l", 1001, 8 * MIB);
+  uint64_t small = hold(&f, "l", 1001, MIB);
+  hold(&f, "l", 1001, MIB);
+  hold(&f, "m", 1002, 4 * MIB);
+  struct gmb_session *l = gmb__session_find(f.b.sessions,
+                                            (const uint8_t *)"l", 1);
+  for (int round = 0; round < 2; round++) {
+    offer(&f, "l", 1001, 10 * MIB, 86400000, 0);
+    offer(&f, "m", 1002, 4 * MIB, 1000, 0);
+    held(&f, "r", 1003, 4 * MIB);
+    ck_assert_str_eq(sleep_ask(&f, (size_t)round, NULL), "l");
+    ck_assert_int_eq(fx_free(&f, "l", 1001, small), 0);
+    offer(&f, "l", 1001, 10 * MIB, 86400000, 1);
+    ck_assert_uint_eq(l->ask_bytes, 0);
+    small = hold(&f, "l", 1001, MIB);
+  }
+  ck_assert_uint_eq(l->ask_ignored_run, 2);
+  ck_assert_uint_gt(l->ask_skip_ns, gmb__now_ns());
+  offer(&f, "l", 1001, 10 * MIB, 86400000, 0);
+  offer(&f, "m", 1002, 4 * MIB, 1000, 0);
+  held(&f, "r", 1003, 4 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 2, NULL), "m");
+  ck_assert_int_eq(gmb__sleep_check(&f.b), 0);
   fx_close(&f);
 }
 END_TEST
@@ -398,6 +445,7 @@ static Suite *sleep_suite(void) {
   tcase_add_test(tc, nothing_asked_when_off_or_short);
   tcase_add_test(tc, unanswered_ask_bounded);
   tcase_add_test(tc, ask_capped_by_what_it_holds);
+  tcase_add_test(tc, short_answers_pause_the_session);
   suite_add_tcase(s, tc);
   tc = tcase_create("account");
   tcase_add_test(tc, note_account_and_host_quota);
