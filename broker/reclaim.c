@@ -82,14 +82,18 @@ static void reclaim_close(struct gmb_broker *b, struct gmb_session *o) {
   o->ask_sleep = 0;
 }
 
-/* May o be asked for the sake of session s (NULL: of nobody in
- * particular) now? */
+/* May o be asked for the sake of session s now?  Its tenant's pause
+ * (reclaim_gave) keeps it from other tenants' asks; for its own tenant's
+ * quota only its own pause counts, since a tenant's sessions that ignore
+ * each other harm none but it. */
 static int reclaim_askable(const struct gmb_session *o,
                            const struct gmb_session *s, uint64_t now) {
   /* A session with requests in the wait queue is blocked in that call,
    * holding its connection: its library could not answer. */
   return o != s && o->cached_free > 0 && o->ask_bytes == 0 &&
-         now >= o->ask_skip_ns && o->waiting == 0;
+         now >= o->ask_skip_ns &&
+         (o->tenant == s->tenant || now >= o->tenant->ask_skip_ns) &&
+         o->waiting == 0;
 }
 
 /* --- a full device ------------------------------------------------------- */
@@ -180,6 +184,10 @@ static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
   uint64_t added = 0;
   for (size_t i = 0; i < n && added < want; i++) {
     struct gmb_session *o = v[i];
+    /* Its tenant in a pause after asks that fell short (reclaim_gave):
+     * not asked, though the broker's own offload may still take its
+     * movable allocations (offload.c needs no answer). */
+    if (p->now < o->tenant->ask_skip_ns) continue;
     size_t at = 0;
     while (at < p->n && p->v[at] != o) at++;
     /* Its tenant's bytes not yet asked for, above its reservation, and
@@ -499,21 +507,26 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
 static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
                          uint64_t asked, uint64_t gave, uint64_t now,
                          int answered) {
+  struct gmb_tenant *t = o->tenant;
   if (gave >= asked) {
     o->ask_ignored_run = 0;
+    t->ask_short_run = 0;
     return;
   }
-  if (gave > 0) {
-    if (o->ask_ignored_run < 63) o->ask_ignored_run++;
-    o->ask_skip_ns = now + reclaim_pause(o->ask_ignored_run, answered);
-    return;
-  }
+  /* The session's run and its tenant's, whichever is longer: a tenant
+   * whose sessions fall short in turn is paused as one session would be,
+   * and the pause holds for all of them. */
+  if (o->ask_ignored_run < 63) o->ask_ignored_run++;
+  if (t->ask_short_run < 63) t->ask_short_run++;
+  uint32_t run = o->ask_ignored_run > t->ask_short_run ? o->ask_ignored_run
+                                                        : t->ask_short_run;
+  uint64_t pause = reclaim_pause(run, answered);
+  o->ask_skip_ns = now + pause;
+  if (t->ask_skip_ns < o->ask_skip_ns) t->ask_skip_ns = o->ask_skip_ns;
+  if (gave > 0) return;
   const char *how = answered ? "answered, but freed" : "did not give back";
   o->trim_ignored++;
   b->reclaim.ignored_total++;
-  if (o->ask_ignored_run < 63) o->ask_ignored_run++;
-  uint64_t pause = reclaim_pause(o->ask_ignored_run, answered);
-  o->ask_skip_ns = now + pause;
   if (gmb__log_allow(&reclaim_rl_ignored)) {
     char a[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
     log_warn("session %" PRIu64 " (tenant %s, uid %u, pid %d) %s no "

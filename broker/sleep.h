@@ -22,8 +22,10 @@
  * own offload of its movable allocations, offload.c, takes anything from
  * it; the asks pass it over), of another tenant whose priority is not
  * above the requester's, not asked already, not waiting itself, and not
- * in its pause after asks that gave nothing.  Order: lowest priority,
- * longest idle, largest offer (gmb__sleep_cmp).
+ * in its pause after asks that fell short.  Order: lowest priority,
+ * longest idle, largest offer (gmb__sleep_cmp).  The asks (reclaim.c)
+ * also pass over a session whose tenant is in such a pause (any of its
+ * sessions fell short), and ask a session for at most what it holds.
  *
  * Operators pause and resume a tenant's tags (gmbctl pause|resume): every
  * session of the tenant is sent EVENT_SLEEP with the tag and mode, or

@@ -247,6 +247,61 @@ START_TEST(short_answers_pause_the_session) {
 }
 END_TEST
 
+/* Many sessions of one tenant, each holding a little and offering it,
+ * claiming the longest idle, none answering.  The pause after an ask that
+ * gave nothing was the session's own: the next request asked the
+ * tenant's next session, which ignored it too, so with enough sessions
+ * every request waited out sleep_wait_ms and "m", which holds its offer,
+ * was never asked.  The pause now holds for the whole tenant, and its run
+ * doubles across its sessions. */
+START_TEST(many_sessions_of_a_tenant_share_its_pause) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF "sleep_wait_ms = 500\n"
+              "[tenant:l]\nuids = 1001\n"
+              "[tenant:m]\nuids = 1002\n"
+              "[tenant:r]\nuids = 1003\n");
+  const char *liars[] = {"l0", "l1", "l2", "l3"};
+  for (int i = 0; i < 4; i++) {
+    fx_hello(&f, liars[i], 1001, "l");
+    hold(&f, liars[i], 1001, 2 * MIB);
+    offer(&f, liars[i], 1001, 2 * MIB, 86400000, 0);
+  }
+  fx_hello(&f, "m", 1002, "m");
+  fx_hello(&f, "r", 1003, "r");
+  hold(&f, "m", 1002, 6 * MIB);
+  offer(&f, "m", 1002, 6 * MIB, 1000, 0);
+  /* 14 MiB held, 2 of room: 4 MiB lacks 2, which l0 is asked. */
+  held(&f, "r", 1003, 4 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 0, NULL), "l0");
+  ck_assert_ptr_null(sleep_ask(&f, 1, NULL));
+  gmb__reclaim_expire(&f.b, gmb__now_ns() + 600 * GMB_NS_PER_MS);
+  struct gmb_tenant *l = fx_tenant(&f, "l");
+  ck_assert_uint_gt(l->ask_skip_ns, gmb__now_ns());
+  /* The next request asks m, not l1. */
+  held(&f, "r", 1003, 4 * MIB);
+  ck_assert_str_eq(sleep_ask(&f, 1, NULL), "m");
+  ck_assert_ptr_null(sleep_ask(&f, 2, NULL));
+  /* After the pause, l1 is asked and ignores it too: the tenant's run is
+   * 2, so the pause is 2 s (l1's own first would be 1 s). */
+  offer(&f, "m", 1002, 4 * MIB, 1000, 1);
+  l->ask_skip_ns = 0;
+  for (int i = 0; i < 4; i++)
+    gmb__session_find(f.b.sessions, (const uint8_t *)liars[i], 2)
+        ->ask_skip_ns = 0;
+  held(&f, "r", 1003, 4 * MIB);
+  const char *who = sleep_ask(&f, 2, NULL);
+  ck_assert_ptr_nonnull(who);
+  ck_assert_msg(who[0] == 'l', "asked %s", who);
+  uint64_t t0 = gmb__now_ns();
+  gmb__reclaim_expire(&f.b, t0 + 600 * GMB_NS_PER_MS);
+  ck_assert_uint_ge(l->ask_skip_ns, t0 + 600 * GMB_NS_PER_MS +
+                                        2 * GMB_NS_PER_S);
+  ck_assert_int_eq(gmb__sleep_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* SleepNote: the account, host_quota over the tenant's sessions, a tag
  * paused twice (updated, not counted twice), a resume of a tag never
  * paused (nothing), the end of a paused session. */
@@ -446,6 +501,7 @@ static Suite *sleep_suite(void) {
   tcase_add_test(tc, unanswered_ask_bounded);
   tcase_add_test(tc, ask_capped_by_what_it_holds);
   tcase_add_test(tc, short_answers_pause_the_session);
+  tcase_add_test(tc, many_sessions_of_a_tenant_share_its_pause);
   suite_add_tcase(s, tc);
   tc = tcase_create("account");
   tcase_add_test(tc, note_account_and_host_quota);
