@@ -284,6 +284,33 @@ void gmb__sleep_session_paused(const struct gmb_session *s, char *buf,
   }
 }
 
+static int sleep_name_cmp(const void *x, const void *y) {
+  return strcmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+int gmb__sleep_tenant_tags(const struct gmb_tenant *t, const char **names,
+                           size_t max, const char *tag, int *found) {
+  size_t n = 0, k = 0;
+  if (found) *found = 0;
+  for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)
+    n += s->n_paused;
+  if (n == 0) return 0;
+  const char **v = malloc(n * sizeof *v);
+  if (v == NULL) return GMB_E_SYSTEM;
+  size_t i = 0;
+  for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)
+    for (const struct gmb_sleep_tag *z = s->paused; z && i < n; z = z->next)
+      v[i++] = z->tag;
+  qsort(v, i, sizeof *v, sleep_name_cmp);
+  for (size_t j = 0; j < i; j++) {
+    if (j > 0 && strcmp(v[j], v[j - 1]) == 0) continue;
+    if (tag && found && strcmp(v[j], tag) == 0) *found = 1;
+    if (k < max) names[k++] = v[j];
+  }
+  free(v);
+  return (int)k;
+}
+
 struct sleep_sums {
   int bad;
 };

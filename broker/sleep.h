@@ -118,6 +118,17 @@ double gmb__sleep_tenant_seconds(const struct gmb_tenant *t, uint64_t now);
 void gmb__sleep_session_paused(const struct gmb_session *s, char *buf,
                                size_t cap);
 
+/* The names of tenant t's paused tags (its sessions' records, the
+ * broker's own included), each once and in byte order, the first `max` of
+ * them in names[] (pointers into the records, valid until the next
+ * request); *found (when tag is not NULL): whether some record is named
+ * tag.  Sorting rather than searching the list for each record keeps the
+ * cost O(r log r) in the tenant's records: a tenant of 1,024 sessions with
+ * 64 paused tags each cannot make a status read search 256 names 65,536
+ * times.  The count listed, or GMB_E_SYSTEM (out of host memory). */
+int gmb__sleep_tenant_tags(const struct gmb_tenant *t, const char **names,
+                           size_t max, const char *tag, int *found);
+
 /* The number of broken invariants of the sums (above). */
 int gmb__sleep_check(struct gmb_broker *b);
 

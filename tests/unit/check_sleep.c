@@ -452,6 +452,37 @@ START_TEST(ask_capped_by_what_it_holds) {
 }
 END_TEST
 
+/* A tenant's paused tag names (/is_sleeping's list): each once over its
+ * sessions, in byte order, the first `max` listed, and a name past the
+ * listed ones still found. */
+START_TEST(tenant_tags_listed_once) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", "[tenant:h]\nuids = 1001\n");
+  fx_hello(&f, "a", 1001, "h");
+  fx_hello(&f, "b", 1001, "h");
+  const char *a_tags[] = {"w", "kv", "z9"}, *b_tags[] = {"kv", "aa", "w"};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(fx_sleep_note(&f, "a", 1001, a_tags[i], 1, 0, MIB), 0);
+    ck_assert_int_eq(fx_sleep_note(&f, "b", 1001, b_tags[i], 1, 0, MIB), 0);
+  }
+  struct gmb_tenant *t = fx_tenant(&f, "h");
+  const char *names[8];
+  int found = -1;
+  ck_assert_int_eq(gmb__sleep_tenant_tags(t, names, 8, "kv", &found), 4);
+  ck_assert_int_eq(found, 1);
+  const char *want[] = {"aa", "kv", "w", "z9"};
+  for (int i = 0; i < 4; i++) ck_assert_str_eq(names[i], want[i]);
+  /* Two listed; z9 is past them and still found. */
+  ck_assert_int_eq(gmb__sleep_tenant_tags(t, names, 2, "z9", &found), 2);
+  ck_assert_int_eq(found, 1);
+  ck_assert_str_eq(names[1], "kv");
+  ck_assert_int_eq(gmb__sleep_tenant_tags(t, names, 8, "nope", &found), 4);
+  ck_assert_int_eq(found, 0);
+  ck_assert_int_eq(gmb__sleep_tenant_tags(t, names, 8, NULL, NULL), 4);
+  fx_close(&f);
+}
+END_TEST
+
 /* AdminPause/admin_resume: every session of the tenant gets the event with
  * the tag and mode; an unknown tenant is refused. */
 START_TEST(admin_pause_tells_sessions) {
@@ -507,6 +538,7 @@ static Suite *sleep_suite(void) {
   tcase_add_test(tc, note_account_and_host_quota);
   tcase_add_test(tc, note_records_bounded);
   tcase_add_test(tc, note_claims_bounded);
+  tcase_add_test(tc, tenant_tags_listed_once);
   tcase_add_test(tc, admin_pause_tells_sessions);
   suite_add_tcase(s, tc);
   return s;
