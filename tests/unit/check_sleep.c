@@ -58,6 +58,25 @@ static uint64_t held(struct fx *f, const char *rid, uid_t uid,
   return f->next_req - 1;
 }
 
+/* Tenants l, m (the asked) and r (the requester), uids 1001 to 1003, on
+ * 16 MiB with sleep_wait_ms 500 and no other reclaim. */
+static void open_lmr(struct fx *f) {
+  fx_open_ini(f, "host:16MiB",
+              FX_INI_OFF "sleep_wait_ms = 500\n"
+              "[tenant:l]\nuids = 1001\n"
+              "[tenant:m]\nuids = 1002\n"
+              "[tenant:r]\nuids = 1003\n");
+}
+
+/* The session of client `rid`. */
+static struct gmb_session *sess(struct fx *f, const char *rid) {
+  struct gmb_session *s = gmb__session_find(f->b.sessions,
+                                            (const uint8_t *)rid,
+                                            strlen(rid));
+  ck_assert_ptr_nonnull(s);
+  return s;
+}
+
 /* The k-th EVENT_SLEEP sent (its rid and bytes), or NULL. */
 static const char *sleep_ask(const struct fx *f, size_t k, uint64_t *bytes) {
   for (size_t i = 0; i < f->n_sent; i++) {
@@ -189,8 +208,7 @@ START_TEST(unanswered_ask_bounded) {
   ck_assert_ptr_nonnull(last);
   ck_assert_uint_eq(last->rep.id, req);
   ck_assert_int_eq(last->rep.status, GMB_E_NOMEM);
-  struct gmb_session *a = gmb__session_find(f.b.sessions,
-                                            (const uint8_t *)"a", 1);
+  struct gmb_session *a = sess(&f, "a");
   ck_assert_uint_eq(a->trim_ignored, 1);
   ck_assert_uint_eq(a->ask_bytes, 0);
   /* In its pause: a second request asks nobody. */
@@ -212,11 +230,7 @@ END_TEST
  * pauses "l" and the next request asks "m". */
 START_TEST(short_answers_pause_the_session) {
   struct fx f;
-  fx_open_ini(&f, "host:16MiB",
-              FX_INI_OFF "sleep_wait_ms = 500\n"
-              "[tenant:l]\nuids = 1001\n"
-              "[tenant:m]\nuids = 1002\n"
-              "[tenant:r]\nuids = 1003\n");
+  open_lmr(&f);
   fx_hello(&f, "l", 1001, "l");
   fx_hello(&f, "m", 1002, "m");
   fx_hello(&f, "r", 1003, "r");
@@ -224,8 +238,7 @@ START_TEST(short_answers_pause_the_session) {
   uint64_t small = hold(&f, "l", 1001, MIB);
   hold(&f, "l", 1001, MIB);
   hold(&f, "m", 1002, 4 * MIB);
-  struct gmb_session *l = gmb__session_find(f.b.sessions,
-                                            (const uint8_t *)"l", 1);
+  struct gmb_session *l = sess(&f, "l");
   for (int round = 0; round < 2; round++) {
     offer(&f, "l", 1001, 10 * MIB, 86400000, 0);
     offer(&f, "m", 1002, 4 * MIB, 1000, 0);
@@ -256,11 +269,7 @@ END_TEST
  * doubles across its sessions. */
 START_TEST(many_sessions_of_a_tenant_share_its_pause) {
   struct fx f;
-  fx_open_ini(&f, "host:16MiB",
-              FX_INI_OFF "sleep_wait_ms = 500\n"
-              "[tenant:l]\nuids = 1001\n"
-              "[tenant:m]\nuids = 1002\n"
-              "[tenant:r]\nuids = 1003\n");
+  open_lmr(&f);
   const char *liars[] = {"l0", "l1", "l2", "l3"};
   for (int i = 0; i < 4; i++) {
     fx_hello(&f, liars[i], 1001, "l");
@@ -287,8 +296,7 @@ START_TEST(many_sessions_of_a_tenant_share_its_pause) {
   offer(&f, "m", 1002, 4 * MIB, 1000, 1);
   l->ask_skip_ns = 0;
   for (int i = 0; i < 4; i++)
-    gmb__session_find(f.b.sessions, (const uint8_t *)liars[i], 2)
-        ->ask_skip_ns = 0;
+    sess(&f, liars[i])->ask_skip_ns = 0;
   held(&f, "r", 1003, 4 * MIB);
   const char *who = sleep_ask(&f, 2, NULL);
   ck_assert_ptr_nonnull(who);
@@ -331,7 +339,7 @@ START_TEST(note_account_and_host_quota) {
   ck_assert_uint_eq(t->resumes, 1);
   ck_assert_uint_eq(t->host_bytes, 0);
   /* b ends paused: its record goes, its time is kept. */
-  fx_end(&f, gmb__session_find(f.b.sessions, (const uint8_t *)"b", 1));
+  fx_end(&f, sess(&f, "b"));
   ck_assert_uint_eq(t->paused_tags, 0);
   ck_assert_uint_eq(t->paused_bytes, 0);
   ck_assert(gmb__sleep_tenant_seconds(t, gmb__now_ns()) >= 0.0);
@@ -402,8 +410,7 @@ START_TEST(note_claims_bounded) {
   struct wire_reply rep;
   ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
-  struct gmb_session *a = gmb__session_find(f.b.sessions,
-                                            (const uint8_t *)"a", 1);
+  struct gmb_session *a = sess(&f, "a");
   struct gmb_sleep_tag *z = a->paused;
   while (z && strcmp(z->tag, "m") != 0) z = z->next;
   ck_assert_ptr_nonnull(z);
@@ -429,11 +436,7 @@ END_TEST
  * "b", which holds its offer, waited its turn. */
 START_TEST(ask_capped_by_what_it_holds) {
   struct fx f;
-  fx_open_ini(&f, "host:16MiB",
-              FX_INI_OFF
-              "[tenant:l]\nuids = 1001\n"
-              "[tenant:m]\nuids = 1002\n"
-              "[tenant:r]\nuids = 1003\n");
+  open_lmr(&f);
   fx_hello(&f, "a1", 1001, "l");
   fx_hello(&f, "a2", 1001, "l");
   fx_hello(&f, "b", 1002, "m");
