@@ -37,17 +37,20 @@ static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
 
 static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
                          uint64_t asked, uint64_t gave, uint64_t now,
-                         int answered);
+                         int answered, int other);
 
 /* --- one ask --------------------------------------------------------------- */
 
-/* An ask of `bytes` to o, answered by until_ns: EVENT_TRIM, or
- * EVENT_SLEEP when o->ask_sleep was set for it (the plan's). */
+/* An ask of `bytes` to o for session s's request, answered by until_ns:
+ * EVENT_TRIM, or EVENT_SLEEP when o->ask_sleep was set for it (the
+ * plan's). */
 static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
-                         uint64_t bytes, uint64_t until_ns) {
+                         const struct gmb_session *s, uint64_t bytes,
+                         uint64_t until_ns) {
   GMB_ASSERT(o->ask_bytes == 0 && bytes > 0 && "one ask per session");
   struct gmb_reclaim *r = &b->reclaim;
   o->ask_bytes = bytes;
+  o->ask_other = o->tenant != s->tenant;
   o->ask_until_ns = until_ns;
   o->ask_cached = o->cached_free;
   o->ask_used = o->used;
@@ -80,6 +83,7 @@ static void reclaim_close(struct gmb_broker *b, struct gmb_session *o) {
   o->ask_bytes = 0;
   o->ask_until_ns = 0;
   o->ask_sleep = 0;
+  o->ask_other = 0;
 }
 
 /* May o be asked for the sake of session s now?  Its tenant's pause
@@ -321,7 +325,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
     for (size_t i = 0; i < p.n; i++) {
       struct gmb_session *o = p.v[i];
       o->ask_sleep = sleep[i];
-      reclaim_open(b, o, bytes[i], until);
+      reclaim_open(b, o, s, bytes[i], until);
       if (gmb__log_allow(&reclaim_rl_ask))
         log_info("session %" PRIu64 " (tenant %s, priority %d) asked to %s "
                  "%s for session %" PRIu64 " (tenant %s): the device has no "
@@ -402,7 +406,7 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
     uint64_t x = reclaim_quota_allowance(o, s, now);
     if (x > want - asked) x = want - asked;
     if (x == 0) continue;
-    reclaim_open(b, o, x, until);
+    reclaim_open(b, o, s, x, until);
     asked += x;
     if (gmb__log_allow(&reclaim_rl_ask)) {
       char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
@@ -433,8 +437,9 @@ int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
    * before the next ask doubles with each. */
   uint64_t asked = s->ask_bytes;
   uint64_t gave = s->used < s->ask_used ? s->ask_used - s->used : 0;
+  int other = s->ask_other;
   reclaim_close(b, s);
-  reclaim_gave(b, s, asked, gave, gmb__now_ns(), 1);
+  reclaim_gave(b, s, asked, gave, gmb__now_ns(), 1, other);
   return 1;
 }
 
@@ -492,12 +497,14 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
                             uint64_t now) {
   uint64_t asked = o->ask_bytes;
   uint64_t gave = o->used < o->ask_used ? o->ask_used - o->used : 0;
+  int other = o->ask_other;
   reclaim_close(b, o);
-  reclaim_gave(b, o, asked, gave, now, 0);
+  reclaim_gave(b, o, asked, gave, now, 0, other);
 }
 
 /* o's ask of `asked` bytes ended having given `gave` (what o stopped
- * holding; `answered`: o said so, else its ask ran out).  All of it: o's
+ * holding; `answered`: o said so, else its ask ran out; `other`: it was
+ * for another tenant's request).  All of it: o's
  * run of short asks ends.  Less: the ask counts in the run, and o is
  * paused, the longer the more asks in a row fell short; one that gave
  * nothing is also counted as ignored and logged.  A short ask is not
@@ -506,23 +513,28 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
  * first for every request, and the sessions after it never. */
 static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
                          uint64_t asked, uint64_t gave, uint64_t now,
-                         int answered) {
+                         int answered, int other) {
   struct gmb_tenant *t = o->tenant;
+  /* The tenant's run counts only asks for other tenants' requests, which
+   * its pause is about: its sessions answering its own quota's asks (its
+   * own bytes, to itself) neither end nor lengthen it. */
   if (gave >= asked) {
     o->ask_ignored_run = 0;
-    t->ask_short_run = 0;
+    if (other) t->ask_short_run = 0;
     return;
   }
   /* The session's run and its tenant's, whichever is longer: a tenant
    * whose sessions fall short in turn is paused as one session would be,
    * and the pause holds for all of them. */
   if (o->ask_ignored_run < 63) o->ask_ignored_run++;
-  if (t->ask_short_run < 63) t->ask_short_run++;
-  uint32_t run = o->ask_ignored_run > t->ask_short_run ? o->ask_ignored_run
-                                                        : t->ask_short_run;
+  uint32_t run = o->ask_ignored_run;
+  if (other) {
+    if (t->ask_short_run < 63) t->ask_short_run++;
+    if (t->ask_short_run > run) run = t->ask_short_run;
+  }
   uint64_t pause = reclaim_pause(run, answered);
   o->ask_skip_ns = now + pause;
-  if (t->ask_skip_ns < o->ask_skip_ns) t->ask_skip_ns = o->ask_skip_ns;
+  if (other && t->ask_skip_ns < o->ask_skip_ns) t->ask_skip_ns = o->ask_skip_ns;
   if (gave > 0) return;
   const char *how = answered ? "answered, but freed" : "did not give back";
   o->trim_ignored++;

@@ -310,6 +310,51 @@ START_TEST(many_sessions_of_a_tenant_share_its_pause) {
 }
 END_TEST
 
+/* A tenant's run counts the asks for other tenants' requests only: its
+ * sessions serving one another (here l1's request, for which l0's cache
+ * gives back all it was asked) neither end nor lengthen it, so a tenant
+ * cannot clear the run its ignored asks built by feeding itself. */
+START_TEST(own_tenant_asks_leave_its_run) {
+  struct fx f;
+  open_lmr(&f);
+  fx_hello(&f, "l0", 1001, "l");
+  fx_hello(&f, "l1", 1001, "l");
+  fx_hello(&f, "m", 1002, "m");
+  fx_hello(&f, "r", 1003, "r");
+  uint64_t slab = hold(&f, "l0", 1001, 4 * MIB);
+  hold(&f, "l1", 1001, 2 * MIB);
+  hold(&f, "m", 1002, 6 * MIB);
+  struct wire_request hb;
+  memset(&hb, 0, sizeof hb);
+  hb.kind = WIRE_HEARTBEAT;
+  hb.cached_free = 4 * MIB;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(&f, "l0", 1001, &hb, &rep), 0);
+  /* 12 MiB held, 4 of room: r's 6 lacks 2; l0 is asked and ignores it. */
+  held(&f, "r", 1003, 6 * MIB);
+  ck_assert_uint_eq(sess(&f, "l0")->ask_bytes, 2 * MIB);
+  ck_assert_int_eq(sess(&f, "l0")->ask_other, 1);
+  gmb__reclaim_expire(&f.b, gmb__now_ns() + 600 * GMB_NS_PER_MS);
+  struct gmb_tenant *l = fx_tenant(&f, "l");
+  ck_assert_uint_eq(l->ask_short_run, 1);
+  /* The pauses over (as if they passed): l1's own request asks l0, which
+   * gives back all of it. */
+  l->ask_skip_ns = 0;
+  sess(&f, "l0")->ask_skip_ns = 0;
+  held(&f, "l1", 1001, 6 * MIB);
+  ck_assert_uint_eq(sess(&f, "l0")->ask_bytes, 2 * MIB);
+  ck_assert_int_eq(sess(&f, "l0")->ask_other, 0);
+  ck_assert_int_eq(fx_free(&f, "l0", 1001, slab), 0);
+  hb.cached_free = 0;
+  hb.trim_answered = 1;
+  ck_assert_int_eq(fx_request(&f, "l0", 1001, &hb, &rep), 0);
+  ck_assert_uint_eq(sess(&f, "l0")->ask_bytes, 0);
+  ck_assert_uint_eq(sess(&f, "l0")->ask_ignored_run, 0);
+  ck_assert_uint_eq(l->ask_short_run, 1);
+  fx_close(&f);
+}
+END_TEST
+
 /* SleepNote: the account, host_quota over the tenant's sessions, a tag
  * paused twice (updated, not counted twice), a resume of a tag never
  * paused (nothing), the end of a paused session. */
@@ -536,6 +581,7 @@ static Suite *sleep_suite(void) {
   tcase_add_test(tc, ask_capped_by_what_it_holds);
   tcase_add_test(tc, short_answers_pause_the_session);
   tcase_add_test(tc, many_sessions_of_a_tenant_share_its_pause);
+  tcase_add_test(tc, own_tenant_asks_leave_its_run);
   suite_add_tcase(s, tc);
   tc = tcase_create("account");
   tcase_add_test(tc, note_account_and_host_quota);
