@@ -504,10 +504,10 @@ static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
 
 /* o's ask of `asked` bytes ended having given `gave` (what o stopped
  * holding; `answered`: o said so, else its ask ran out; `other`: it was
- * for another tenant's request).  All of it: o's
- * run of short asks ends.  Less: the ask counts in the run, and o is
- * paused, the longer the more asks in a row fell short; one that gave
- * nothing is also counted as ignored and logged.  A short ask is not
+ * for another tenant's request).  All of it: o's run of short asks ends.
+ * Less: the ask counts in the run, and o is paused, the longer the more
+ * asks in a row fell short; one that gave nothing is also counted as
+ * ignored and logged.  A short ask is not
  * forgiven for what it gave: a session that frees one small allocation
  * for each ask (and takes it again between asks) would otherwise be asked
  * first for every request, and the sessions after it never. */
