@@ -392,18 +392,13 @@ static enum MHD_Result ha_is_sleeping(struct gmb_http_admin *h,
   gmb__wire_reply_clear(&rep);
   const struct gmb_tenant *t = gmb__tenant_find(h->b->tenants, a->tenant);
   GMB_ASSERT(t && "quota get found it");
-  json_t *names = json_array();
+  const char *listed[HA_NAMES_MAX];
   int tag_paused = 0;
-  for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)
-    for (const struct gmb_sleep_tag *z = s->paused; z; z = z->next) {
-      tag_paused |= a->n_tags && strcmp(z->tag, a->tags[0]) == 0;
-      size_t k = 0, nn = json_array_size(names);
-      while (k < nn &&
-             strcmp(json_string_value(json_array_get(names, k)), z->tag))
-        k++;
-      if (k == nn && nn < HA_NAMES_MAX)
-        json_array_append_new(names, ha_text(z->tag));
-    }
+  int n = gmb__sleep_tenant_tags(t, listed, HA_NAMES_MAX,
+                                 a->n_tags ? a->tags[0] : NULL, &tag_paused);
+  if (n < 0) return ha_fail(conn, n, NULL, "out of host memory");
+  json_t *names = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(names, ha_text(listed[i]));
   int sleeping = a->n_tags ? tag_paused : row.paused_tags > 0;
   json_t *j = json_pack(
       "{s:b, s:s, s:o, s:I, s:I, s:I, s:I}", "is_sleeping", sleeping,

@@ -35,18 +35,22 @@
 
 static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
 
-static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
-                                 uint64_t asked, uint64_t now, int answered);
+static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
+                         uint64_t asked, uint64_t gave, uint64_t now,
+                         int answered, int other);
 
 /* --- one ask --------------------------------------------------------------- */
 
-/* An ask of `bytes` to o, answered by until_ns: EVENT_TRIM, or
- * EVENT_SLEEP when o->ask_sleep was set for it (the plan's). */
+/* An ask of `bytes` to o for session s's request, answered by until_ns:
+ * EVENT_TRIM, or EVENT_SLEEP when o->ask_sleep was set for it (the
+ * plan's). */
 static void reclaim_open(struct gmb_broker *b, struct gmb_session *o,
-                         uint64_t bytes, uint64_t until_ns) {
+                         const struct gmb_session *s, uint64_t bytes,
+                         uint64_t until_ns) {
   GMB_ASSERT(o->ask_bytes == 0 && bytes > 0 && "one ask per session");
   struct gmb_reclaim *r = &b->reclaim;
   o->ask_bytes = bytes;
+  o->ask_other = o->tenant != s->tenant;
   o->ask_until_ns = until_ns;
   o->ask_cached = o->cached_free;
   o->ask_used = o->used;
@@ -79,16 +83,21 @@ static void reclaim_close(struct gmb_broker *b, struct gmb_session *o) {
   o->ask_bytes = 0;
   o->ask_until_ns = 0;
   o->ask_sleep = 0;
+  o->ask_other = 0;
 }
 
-/* May o be asked for the sake of session s (NULL: of nobody in
- * particular) now? */
+/* May o be asked for the sake of session s now?  Its tenant's pause
+ * (reclaim_gave) keeps it from other tenants' asks; for its own tenant's
+ * quota only its own pause counts, since a tenant's sessions that ignore
+ * each other harm none but it. */
 static int reclaim_askable(const struct gmb_session *o,
                            const struct gmb_session *s, uint64_t now) {
   /* A session with requests in the wait queue is blocked in that call,
    * holding its connection: its library could not answer. */
   return o != s && o->cached_free > 0 && o->ask_bytes == 0 &&
-         now >= o->ask_skip_ns && o->waiting == 0;
+         now >= o->ask_skip_ns &&
+         (o->tenant == s->tenant || now >= o->tenant->ask_skip_ns) &&
+         o->waiting == 0;
 }
 
 /* --- a full device ------------------------------------------------------- */
@@ -179,12 +188,22 @@ static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
   uint64_t added = 0;
   for (size_t i = 0; i < n && added < want; i++) {
     struct gmb_session *o = v[i];
+    /* Its tenant in a pause after asks that fell short (reclaim_gave):
+     * not asked, though the broker's own offload may still take its
+     * movable allocations (offload.c needs no answer). */
+    if (p->now < o->tenant->ask_skip_ns) continue;
     size_t at = 0;
     while (at < p->n && p->v[at] != o) at++;
-    /* Its tenant's bytes not yet asked for, above its reservation. */
+    /* Its tenant's bytes not yet asked for, above its reservation, and
+     * never more than o holds: its offer is its library's word, and a
+     * session that offers its tenant's bytes it does not hold would be
+     * asked for what it cannot give while others wait their turn. */
     const struct gmb_tenant *t = o->tenant;
     uint64_t held = t->used > t->cache_asked ? t->used - t->cache_asked : 0;
     uint64_t allow = held > t->reserve ? held - t->reserve : 0;
+    uint64_t own = at < p->n ? bytes[at] : 0; /* asked of its cache */
+    uint64_t holds = o->used > own ? o->used - own : 0;
+    if (allow > holds) allow = holds;
     uint64_t x = o->sleep_pausable < allow ? o->sleep_pausable : allow;
     if (x > want - added) x = want - added;
     if (x == 0) continue;
@@ -306,7 +325,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
     for (size_t i = 0; i < p.n; i++) {
       struct gmb_session *o = p.v[i];
       o->ask_sleep = sleep[i];
-      reclaim_open(b, o, bytes[i], until);
+      reclaim_open(b, o, s, bytes[i], until);
       if (gmb__log_allow(&reclaim_rl_ask))
         log_info("session %" PRIu64 " (tenant %s, priority %d) asked to %s "
                  "%s for session %" PRIu64 " (tenant %s): the device has no "
@@ -387,7 +406,7 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
     uint64_t x = reclaim_quota_allowance(o, s, now);
     if (x > want - asked) x = want - asked;
     if (x == 0) continue;
-    reclaim_open(b, o, x, until);
+    reclaim_open(b, o, s, x, until);
     asked += x;
     if (gmb__log_allow(&reclaim_rl_ask)) {
       char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
@@ -417,12 +436,10 @@ int gmb__reclaim_heard(struct gmb_broker *b, struct gmb_session *s,
    * answer that freed nothing counts as an ask ignored, and the pause
    * before the next ask doubles with each. */
   uint64_t asked = s->ask_bytes;
-  int gave = s->used < s->ask_used;
+  uint64_t gave = s->used < s->ask_used ? s->ask_used - s->used : 0;
+  int other = s->ask_other;
   reclaim_close(b, s);
-  if (gave)
-    s->ask_ignored_run = 0;
-  else
-    reclaim_gave_nothing(b, s, asked, gmb__now_ns(), 1);
+  reclaim_gave(b, s, asked, gave, gmb__now_ns(), 1, other);
   return 1;
 }
 
@@ -459,39 +476,69 @@ void gmb__reclaim_settle(struct gmb_broker *b) {
     reclaim_hold_over(b, gmb__now_ns(), GMB_HOLD_SETTLED);
 }
 
-/* o's ask ran out: counted and logged unless it holds less than when it
- * was asked (a library that gave back without saying so). */
-static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
-                            uint64_t now) {
-  uint64_t asked = o->ask_bytes;
-  reclaim_close(b, o);
-  if (o->used < o->ask_used) {
-    o->ask_ignored_run = 0;
-    return;
-  }
-  reclaim_gave_nothing(b, o, asked, now, 0);
-}
-
-/* o's ask (of `asked` bytes) gave nothing back (`answered`: o said so;
- * else its ask ran out): counted, logged, and o paused, the longer the
- * more asks in a row gave nothing. */
-static void reclaim_gave_nothing(struct gmb_broker *b, struct gmb_session *o,
-                                 uint64_t asked, uint64_t now, int answered) {
-  const char *how = answered ? "answered, but freed" : "did not give back";
-  o->trim_ignored++;
-  b->reclaim.ignored_total++;
-  if (o->ask_ignored_run < 63) o->ask_ignored_run++;
-  /* An answer that gave nothing ended its holds at once, and the first
-   * in a row is forgiven: a report may be one request old (a page the
-   * cache reported idle was taken since by its own next block), which
-   * looks the same.  An ask left unanswered held requests for the whole
-   * bound: paused from the first. */
-  uint32_t steps = o->ask_ignored_run - (answered ? 1 : 0);
+/* The pause after `run` asks in a row that fell short, the last
+ * `answered` or not. */
+static uint64_t reclaim_pause(uint32_t run, int answered) {
+  /* An answer that fell short ended its holds at once, and the first in
+   * a row is forgiven: a report may be one request old (a page the cache
+   * reported idle was taken since by its own next block), which looks the
+   * same.  An ask left unanswered held requests for the whole bound:
+   * paused from the first. */
+  uint32_t steps = run - (answered ? 1 : 0);
   uint64_t pause = steps ? RECLAIM_PAUSE_NS : 0;
   for (uint32_t i = 1; i < steps && pause < RECLAIM_PAUSE_MAX_NS; i++)
     pause *= 2;
-  if (pause > RECLAIM_PAUSE_MAX_NS) pause = RECLAIM_PAUSE_MAX_NS;
+  return pause > RECLAIM_PAUSE_MAX_NS ? RECLAIM_PAUSE_MAX_NS : pause;
+}
+
+/* o's ask ran out: counted and logged unless it gave what it was asked
+ * (a library that gave back without saying so). */
+static void reclaim_ran_out(struct gmb_broker *b, struct gmb_session *o,
+                            uint64_t now) {
+  uint64_t asked = o->ask_bytes;
+  uint64_t gave = o->used < o->ask_used ? o->ask_used - o->used : 0;
+  int other = o->ask_other;
+  reclaim_close(b, o);
+  reclaim_gave(b, o, asked, gave, now, 0, other);
+}
+
+/* o's ask of `asked` bytes ended having given `gave` (what o stopped
+ * holding; `answered`: o said so, else its ask ran out; `other`: it was
+ * for another tenant's request).  All of it: o's run of short asks ends.
+ * Less: the ask counts in the run, and o is paused, the longer the more
+ * asks in a row fell short; one that gave nothing is also counted as
+ * ignored and logged.  A short ask is not
+ * forgiven for what it gave: a session that frees one small allocation
+ * for each ask (and takes it again between asks) would otherwise be asked
+ * first for every request, and the sessions after it never. */
+static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
+                         uint64_t asked, uint64_t gave, uint64_t now,
+                         int answered, int other) {
+  struct gmb_tenant *t = o->tenant;
+  /* The tenant's run counts only asks for other tenants' requests, which
+   * its pause is about: its sessions answering its own quota's asks (its
+   * own bytes, to itself) neither end nor lengthen it. */
+  if (gave >= asked) {
+    o->ask_ignored_run = 0;
+    if (other) t->ask_short_run = 0;
+    return;
+  }
+  /* The session's run and its tenant's, whichever is longer: a tenant
+   * whose sessions fall short in turn is paused as one session would be,
+   * and the pause holds for all of them. */
+  if (o->ask_ignored_run < 63) o->ask_ignored_run++;
+  uint32_t run = o->ask_ignored_run;
+  if (other) {
+    if (t->ask_short_run < 63) t->ask_short_run++;
+    if (t->ask_short_run > run) run = t->ask_short_run;
+  }
+  uint64_t pause = reclaim_pause(run, answered);
   o->ask_skip_ns = now + pause;
+  if (other && t->ask_skip_ns < o->ask_skip_ns) t->ask_skip_ns = o->ask_skip_ns;
+  if (gave > 0) return;
+  const char *how = answered ? "answered, but freed" : "did not give back";
+  o->trim_ignored++;
+  b->reclaim.ignored_total++;
   if (gmb__log_allow(&reclaim_rl_ignored)) {
     char a[GMB_SIZE_BUFSZ], c[GMB_SIZE_BUFSZ];
     log_warn("session %" PRIu64 " (tenant %s, uid %u, pid %d) %s no "

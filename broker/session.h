@@ -80,6 +80,7 @@ struct gmb_session {
   uint64_t sleep_pausable, sleep_active_ns;
   int sleep_idle; /* its policy deems it idle: its movable may be offloaded */
   int ask_sleep;
+  int ask_other; /* the ask in flight is for another tenant's request */
   struct gmb_sleep_tag *paused;
   uint32_t n_paused;
   uint64_t host_bytes, paused_bytes;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "gmb.h"
 #include "log.h"
 #include "reply.h"
@@ -59,7 +60,6 @@ static void sleep_drop(struct gmb_session *s, struct gmb_sleep_tag **p,
 
 int gmb__sleep_note(struct gmb_broker *b, struct gmb_session *s,
                     const struct wire_request *req, struct wire_reply *rep) {
-  (void)b;
   const char *tag = req->u.sleep_note.tag;
   struct gmb_tenant *t = s->tenant;
   uint64_t now = gmb__now_ns();
@@ -80,6 +80,19 @@ int gmb__sleep_note(struct gmb_broker *b, struct gmb_session *s,
   }
   uint64_t host = req->u.sleep_note.host_bytes;
   uint64_t device = req->u.sleep_note.device_bytes;
+  /* A tag's pages were on the device at once, and its copy is at most
+   * their bytes: a figure past the capacity is a lie, and refused, so that
+   * no record (of at most GMB_SLEEP_TAGS_MAX + 1 per session) can wrap
+   * the sums that sleep_drop takes it from. */
+  uint64_t cap = b->dev->capacity;
+  if (host > cap || device > cap) {
+    char c[GMB_SIZE_BUFSZ];
+    return gmb__reply_fail(rep, GMB_E_INVAL, "a sleep note of tag %s claims "
+                           "%" PRIu64 " host and %" PRIu64 " device bytes; "
+                           "a pause gives back at most the device's %s",
+                           tag, host, device,
+                           gmb__size_format(cap, c, sizeof c));
+  }
   uint64_t old_host = *p ? (*p)->host_bytes : 0;
   /* Host bytes: the tenant's other paused tags plus this one's new copy. */
   uint64_t others = t->host_bytes - old_host;
@@ -269,6 +282,33 @@ void gmb__sleep_session_paused(const struct gmb_session *s, char *buf,
     }
     n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? "," : "", z->tag);
   }
+}
+
+static int sleep_name_cmp(const void *x, const void *y) {
+  return strcmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+int gmb__sleep_tenant_tags(const struct gmb_tenant *t, const char **names,
+                           size_t max, const char *tag, int *found) {
+  size_t n = 0, k = 0;
+  if (found) *found = 0;
+  for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)
+    n += s->n_paused;
+  if (n == 0) return 0;
+  const char **v = malloc(n * sizeof *v);
+  if (v == NULL) return GMB_E_SYSTEM;
+  size_t i = 0;
+  for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)
+    for (const struct gmb_sleep_tag *z = s->paused; z && i < n; z = z->next)
+      v[i++] = z->tag;
+  qsort(v, i, sizeof *v, sleep_name_cmp);
+  for (size_t j = 0; j < i; j++) {
+    if (j > 0 && strcmp(v[j], v[j - 1]) == 0) continue;
+    if (tag && found && strcmp(v[j], tag) == 0) *found = 1;
+    if (k < max) names[k++] = v[j];
+  }
+  free(v);
+  return (int)k;
 }
 
 struct sleep_sums {

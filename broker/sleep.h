@@ -22,8 +22,10 @@
  * own offload of its movable allocations, offload.c, takes anything from
  * it; the asks pass it over), of another tenant whose priority is not
  * above the requester's, not asked already, not waiting itself, and not
- * in its pause after asks that gave nothing.  Order: lowest priority,
- * longest idle, largest offer (gmb__sleep_cmp).
+ * in its pause after asks that fell short.  Order: lowest priority,
+ * longest idle, largest offer (gmb__sleep_cmp).  The asks (reclaim.c)
+ * also pass over a session whose tenant is in such a pause (any of its
+ * sessions fell short), and ask a session for at most what it holds.
  *
  * Operators pause and resume a tenant's tags (gmbctl pause|resume): every
  * session of the tenant is sent EVENT_SLEEP with the tag and mode, or
@@ -115,6 +117,17 @@ double gmb__sleep_tenant_seconds(const struct gmb_tenant *t, uint64_t now);
 /* s's paused tags, "a,b,c", cut to fit cap (ending "..." when cut). */
 void gmb__sleep_session_paused(const struct gmb_session *s, char *buf,
                                size_t cap);
+
+/* The names of tenant t's paused tags (its sessions' records, the
+ * broker's own included), each once and in byte order, the first `max` of
+ * them in names[] (pointers into the records, valid until the next
+ * request); *found (when tag is not NULL): whether some record is named
+ * tag.  Sorting rather than searching the list for each record keeps the
+ * cost O(r log r) in the tenant's records: a tenant of 1,024 sessions with
+ * 64 paused tags each cannot make a status read search 256 names 65,536
+ * times.  The count listed, or GMB_E_SYSTEM (out of host memory). */
+int gmb__sleep_tenant_tags(const struct gmb_tenant *t, const char **names,
+                           size_t max, const char *tag, int *found);
 
 /* The number of broken invariants of the sums (above). */
 int gmb__sleep_check(struct gmb_broker *b);

@@ -100,6 +100,12 @@ struct gmb_tenant {
   uint64_t cache_asked; /* bytes its sessions were asked to give back from
                            their caches and have not answered yet
                            (reclaim.c: the sum of their ask_bytes) */
+  /* Asks of its sessions that fell short in a row, whichever session
+   * (reclaim.c), and the moment before which none of its sessions is
+   * asked: a tenant's sessions are one party, and a pause of the session
+   * alone would let each of many sessions ignore an ask in turn. */
+  uint32_t ask_short_run;
+  uint64_t ask_skip_ns;
   /* Sleep and wake (sleep.h): the bound on host bytes of its paused tags
    * (0: none), their sums over its sessions now, and totals since start
    * (paused_ns: of tags resumed or ended; sleep_asks: EVENT_SLEEP asks). */

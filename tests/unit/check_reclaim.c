@@ -448,6 +448,7 @@ START_TEST(ignored_ask_falls_through_after_bound) {
   /* Once the pause is over (as if it passed), asked again; ignored again,
    * the pause doubles. */
   a->ask_skip_ns = 0;
+  a->tenant->ask_skip_ns = 0; /* its tenant's pause: the same */
   held(&f, "b", 1002, 4 * MIB, 0);
   ck_assert_uint_eq(a->trim_asks, 2);
   uint64_t now_ns = gmb__now_ns() + (f.b.cfg.trim_wait_ms + 1) * GMB_NS_PER_MS;
@@ -540,6 +541,7 @@ START_TEST(lying_answer_paused_and_doubling) {
   ck_assert_uint_eq(trims_to(&f, "a", NULL), 2);
   /* After the pause (as if it passed), asked again; it lies again. */
   a->ask_skip_ns = 0;
+  a->tenant->ask_skip_ns = 0; /* its tenant's pause: the same */
   held(&f, "b", 1002, 4 * MIB, 0);
   ck_assert_uint_eq(trims_to(&f, "a", NULL), 3);
   uint64_t t1 = gmb__now_ns();

@@ -1035,6 +1035,37 @@ START_TEST(decode_nul_in_names_refused) {
 }
 END_TEST
 
+/* A SleepNote's tag: 63 bytes decode, 64 bytes or a NUL inside do not
+ * (GMB_E_PROTO before the broker sees it); huge figures pass the codec as
+ * sent (the broker bounds them, check_sleep note_claims_bounded). */
+START_TEST(decode_sleep_note_tag_bounds) {
+  char *tag = str_of(WIRE_TAG_MAX + 1);
+  struct wire_request r;
+  for (size_t len = WIRE_TAG_MAX; len <= WIRE_TAG_MAX + 1; len++) {
+    struct pb sn = {.n = 0}, p = {.n = 0};
+    pb_bytes(&sn, 1, tag, len);
+    pb_uint(&sn, 2, 1);
+    pb_uint(&sn, 4, UINT64_MAX);
+    pb_uint(&p, 1, 1);
+    pb_sub(&p, 30, &sn);
+    int rc = gmb__wire_request_decode(p.b, p.n, &r);
+    if (len == WIRE_TAG_MAX) {
+      ck_assert_int_eq(rc, 0);
+      ck_assert_uint_eq(strlen(r.u.sleep_note.tag), WIRE_TAG_MAX);
+      ck_assert_uint_eq(r.u.sleep_note.host_bytes, UINT64_MAX);
+    } else {
+      ck_assert_int_eq(rc, GMB_E_PROTO);
+    }
+  }
+  free(tag);
+  struct pb sn = {.n = 0}, p = {.n = 0};
+  pb_bytes(&sn, 1, "w\0x", 3);
+  pb_uint(&p, 1, 1);
+  pb_sub(&p, 30, &sn);
+  ck_assert_int_eq(gmb__wire_request_decode(p.b, p.n, &r), GMB_E_PROTO);
+}
+END_TEST
+
 START_TEST(decode_token_257_refused) {
   struct wire_request r;
   ck_assert_int_eq(hello_with("t", WIRE_TOKEN_MAX, &r), 0);
@@ -1413,6 +1444,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, decode_request_without_body);
   tcase_add_test(tc, decode_tenant_name_64_refused);
   tcase_add_test(tc, decode_nul_in_names_refused);
+  tcase_add_test(tc, decode_sleep_note_tag_bounds);
   tcase_add_test(tc, decode_token_257_refused);
   tcase_add_test(tc, decode_secret_33_refused);
   tcase_add_test(tc, decode_version_1_messages);
