@@ -907,14 +907,29 @@ static uint64_t cache_fill_moved(struct gmb_cache *k, struct cache_arena *a,
   return moved;
 }
 
+/* The bytes of MAPPING block m on pages already mapped: what the miss
+ * takes out of the holes and idle pages (its pages not mapped yet are not
+ * held, so they are no holes to leave out).  Holds a's lock, or m is this
+ * thread's. */
+static uint64_t cache_mapping_held(const struct gmb_cache *k,
+                                   const struct cache_block *m) {
+  uint64_t bytes = m->size;
+  for (uintptr_t p = cache_pfloor(k, m->ptr); p < m->ptr + m->size;
+       p += k->page)
+    if (cache_pg(k, m->span, p)->pg.id == 0) bytes -= k->page;
+  return bytes;
+}
+
 /* Maps the pages of MAPPING block m that are not mapped yet, from the
  * broker, with no lock held (m is this thread's): each run of them in
  * requests of up to GMB_CACHE_BATCH pages, so that the broker sees one
  * request (its quota, its holds while caches give memory back) where the
- * miss needs many pages.  0, or the backend's code with the pages mapped
- * so far recorded. */
+ * miss needs many pages.  Each page mapped joins *mapping (k->mapping's
+ * share of m) as it joins the bytes held, so that the holes a request
+ * carries are the free bytes between blocks, none of m's.  0, or the
+ * backend's code with the pages mapped so far recorded. */
 static int cache_fill_mapped(struct gmb_cache *k, struct cache_arena *a,
-                             struct cache_block *m) {
+                             struct cache_block *m, uint64_t *mapping) {
   struct cache_span *s = m->span;
   const uintptr_t end = m->ptr + m->size;
   int rc = 0;
@@ -945,6 +960,8 @@ static int cache_fill_mapped(struct gmb_cache *k, struct cache_arena *a,
     a->mapped += n;
     a->page_maps += n;
     cache_totals(k, (int64_t)(n * k->page), 0, 0);
+    atomic_fetch_add(&k->mapping, n * k->page);
+    *mapping += n * k->page;
     pthread_mutex_unlock(&a->mu);
     p += n * k->page;
   }
@@ -980,11 +997,14 @@ static int cache_miss(struct gmb_cache *k, struct cache_arena *a,
   }
   cache_fill_moved(k, a, m);
   a->inflight++; /* a pause of a's tag waits for it */
-  const uint64_t mapping = m->size; /* gmb__cache_holes leaves it out */
+  /* gmb__cache_holes leaves out m's bytes on mapped pages; its pages
+   * still to map are not held (counting them would take the request's
+   * own size off the holes it carries). */
+  uint64_t mapping = cache_mapping_held(k, m);
   atomic_fetch_add(&k->mapping, mapping);
   pthread_mutex_unlock(&a->mu);
 
-  rc = cache_fill_mapped(k, a, m);
+  rc = cache_fill_mapped(k, a, m, &mapping);
 
   pthread_mutex_lock(&a->mu);
   a->inflight--;

@@ -144,8 +144,9 @@ struct gmb_cache {
    * of blocks handed out are only the arenas' (in_use_blocks): the
    * checker sums them, and the hot path spares an atomic add. */
   _Atomic uint64_t held, idle, in_use;
-  _Atomic uint64_t mapping; /* bytes of MAPPING blocks (misses in flight):
-                               neither holes nor in use yet */
+  _Atomic uint64_t mapping; /* bytes of MAPPING blocks (misses in flight)
+                               on mapped pages: neither holes nor in use
+                               yet */
   _Atomic uint64_t peak_in_use, peak_held;
 };
 

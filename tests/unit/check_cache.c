@@ -67,6 +67,8 @@ static struct {
   unsigned reserves, unreserves;
   int events_live;
   int bad; /* calls that broke the backend's contract */
+  struct gmb_cache *watch; /* when set: its holes at each page request */
+  uint64_t holes_seen;
 } be = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void be_misuse(const char *what, uint64_t id, uintptr_t addr) {
@@ -137,6 +139,7 @@ static int be_map(void *ctx, uintptr_t addr, unsigned n, uint64_t ahead,
   pthread_mutex_lock(&be.mu);
   if (be.requests < 8) be.ahead[be.requests] = ahead;
   be.requests++;
+  if (be.watch) be.holes_seen = gmb__cache_holes(be.watch);
   if (n == 0 || n > GMB_CACHE_BATCH) be_misuse("a batch of pages", n, addr);
   int rc = 0;
   unsigned i = 0;
@@ -271,6 +274,7 @@ static void be_reset(void) {
   be.requests = 0;
   be.syncs = be.reserves = be.unreserves = 0;
   be.bad = 0;
+  be.watch = NULL;
 }
 
 /* The cache's pages against the backend's table: every page the cache
@@ -702,6 +706,33 @@ START_TEST(many_pages_one_message_a_batch) {
   be.requests = 0;
   ck_assert_int_eq(gmb__cache_trim(k, 0, 0, &rel), 0);
   ck_assert_uint_eq(be.requests, 2);
+  done(k);
+}
+END_TEST
+
+/* The holes a miss's page request carries (the broker forgives them on
+ * the quota) are the free bytes between blocks on the pages held: the
+ * free end the miss takes is not one, nor are its pages still to map,
+ * which are not held.  Page 0: a free MiB, a block, a free half MiB; 4
+ * MiB then take that half MiB and two new pages. */
+START_TEST(miss_carries_the_holes_it_leaves) {
+  be_reset();
+  struct gmb_cache *k = gmb__cache_new(&host_ops, 1);
+  void *a, *b, *c;
+  ck_assert_int_eq(gmb__cache_alloc(k, MIB, NULL, &a), 0);
+  ck_assert_int_eq(gmb__cache_alloc(k, MIB / 2, NULL, &b), 0);
+  ck_assert_int_eq(gmb__cache_free(k, a, NULL), 0);
+  ck_assert_uint_eq(gmb__cache_holes(k), MIB + MIB / 2);
+  be.watch = k;
+  ck_assert_int_eq(gmb__cache_alloc(k, 4 * MIB, NULL, &c), 0);
+  ck_assert_uint_eq(be.maps, 3);
+  ck_assert_uint_eq((uintptr_t)c, (uintptr_t)b + MIB / 2);
+  ck_assert_uint_eq(be.holes_seen, MIB);
+  /* Afterwards: that MiB and the rest of the last new page. */
+  ck_assert_uint_eq(gmb__cache_holes(k), MIB + MIB / 2);
+  ck_assert_int_eq(gmb__cache_check(k), 0);
+  ck_assert_int_eq(gmb__cache_free(k, b, NULL), 0);
+  ck_assert_int_eq(gmb__cache_free(k, c, NULL), 0);
   done(k);
 }
 END_TEST
@@ -1900,6 +1931,7 @@ static Suite *suite(void) {
   tcase_add_test(t, larger_than_a_span);
   tcase_add_test(t, hit_makes_no_backend_call);
   tcase_add_test(t, many_pages_one_message_a_batch);
+  tcase_add_test(t, miss_carries_the_holes_it_leaves);
   tcase_add_test(t, same_stream_reuses_without_event);
   tcase_add_test(t, other_stream_records_when_it_wants);
   tcase_add_test(t, merge_across_streams_after_event);
