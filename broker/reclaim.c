@@ -92,8 +92,10 @@ static void reclaim_close(struct gmb_broker *b, struct gmb_session *o) {
  * each other harm none but it. */
 static int reclaim_askable(const struct gmb_session *o,
                            const struct gmb_session *s, uint64_t now) {
-  /* A session with requests in the wait queue is blocked in that call,
-   * holding its connection: its library could not answer. */
+  /* A session with requests in the wait queue is not asked: libraries
+   * before reply routing held their connection for the whole wait and
+   * could not answer (the ask would run out, and pause the session), and
+   * the broker cannot tell a library's age. */
   return o != s && o->cached_free > 0 && o->ask_bytes == 0 &&
          now >= o->ask_skip_ns &&
          (o->tenant == s->tenant || now >= o->tenant->ask_skip_ns) &&
