@@ -1017,7 +1017,13 @@ END_TEST
 START_TEST(preload_vmm_asks_other_process_cache) {
   struct harness_gpus g;
   struct harness_broker b;
-  static_gpus(&g, 1, &b);
+  /* The hold at its longest: the first process's library thread answers
+   * within a tick when it gets a core, which a loaded machine may not
+   * give it within the default 100 ms. */
+  harness_fake_gpus(&g, 1);
+  harness_broker_start_gpu(&b, g.base, "cuda:0", HARNESS_FAKE_UUID(0),
+                           "[broker]\ntrim_wait_ms = 5000\n"
+                           "[tenant:pre]\nquota = 8MiB\n");
   struct prog p1 = {0}, p2 = {0};
   static_start(&p1, NULL, 1);
   static_start(&p2, (const char *const[]){"GMB_PRELOAD_VERBOSE", "1", NULL},
