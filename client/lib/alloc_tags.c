@@ -95,6 +95,20 @@ uint64_t gmb__atags_destroy(struct gmb_atags *t) {
   return host;
 }
 
+static struct atag *atag_find(struct gmb_atags *t, uint64_t id) {
+  struct atag key = {.id = id};
+  return RB_FIND(atag_tree, &t->tree, &key);
+}
+
+/* 1 when a record of `tag` is not running: the tag's allocations are
+ * paused, or being paused or resumed.  Holds mu. */
+static int atag_paused_locked(struct gmb_atags *t, int tag) {
+  struct atag *r;
+  RB_FOREACH(r, atag_tree, &t->tree)
+    if (r->tag == tag && r->state != ATAG_RUNNING) return 1;
+  return 0;
+}
+
 int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
                    unsigned flags, int tag) {
   struct atag *r = calloc(1, sizeof *r);
@@ -102,6 +116,13 @@ int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
   *r = (struct atag){.id = id, .cur = id, .size = size, .flags = flags,
                      .tag = tag};
   pthread_mutex_lock(&t->mu);
+  /* Decided under mu, so that a pause either finds this record among the
+   * tag's (atag_take) or was already under way and refuses it. */
+  if (atag_paused_locked(t, tag)) {
+    pthread_mutex_unlock(&t->mu);
+    free(r);
+    return 1;
+  }
   struct atag *old = RB_INSERT(atag_tree, &t->tree, r);
   if (old == NULL) atomic_fetch_add(&t->n, 1);
   atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
@@ -110,10 +131,6 @@ int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
   return 0;
 }
 
-static struct atag *atag_find(struct gmb_atags *t, uint64_t id) {
-  struct atag key = {.id = id};
-  return RB_FIND(atag_tree, &t->tree, &key);
-}
 
 int gmb__atags_get(struct gmb_atags *t, uint64_t id, int hold, uint64_t *cur,
                    int *tag) {
@@ -354,14 +371,8 @@ int gmb__atags_resume(struct gmb_atags *t, int tag) {
 int gmb__atags_paused(struct gmb_atags *t, int tag) {
   if (t == NULL || atomic_load_explicit(&t->n, memory_order_acquire) == 0)
     return 0;
-  int paused = 0;
-  struct atag *r;
   pthread_mutex_lock(&t->mu);
-  RB_FOREACH(r, atag_tree, &t->tree)
-    if (r->tag == tag && r->state != ATAG_RUNNING) {
-      paused = 1;
-      break;
-    }
+  int paused = atag_paused_locked(t, tag);
   pthread_mutex_unlock(&t->mu);
   return paused;
 }

@@ -39,7 +39,9 @@ struct gmb_atags *gmb__atags_new(const struct gmb_atag_ops *ops);
 uint64_t gmb__atags_destroy(struct gmb_atags *t);
 
 /* Records allocation id (broker id = the program's id) of tag `tag`
- * (0..63).  0 or GMB_E_SYSTEM. */
+ * (0..63).  0, GMB_E_SYSTEM, or 1 when the tag's allocations are paused
+ * (or being paused or resumed): nothing recorded, and the caller gives
+ * the allocation back (it completed after the pause began). */
 int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
                    unsigned flags, int tag);
 
