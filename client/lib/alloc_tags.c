@@ -12,7 +12,9 @@
  *
  * States (under mu): RUNNING (cur is the broker's id); PAUSING and
  * RESUMING (the pauser owns the record: gets and frees of it fail);
- * PAUSED (cur 0, host the copy or NULL).  `holds` counts gmb_lock minus
+ * PAUSED (cur 0, host the copy or NULL); FREEING (a gmb_free owns it
+ * while the broker frees cur: a pause leaves it out, and it does not make
+ * its tag paused).  `holds` counts gmb_lock minus
  * gmb_unlock (and the library's own copies): a pause refuses a tag with
  * a held allocation, so no pointer the program holds goes stale.  `by`
  * says who paused a record (the application, the broker's ask, an
@@ -38,7 +40,7 @@
 #include "gmb.h"
 #include "hostbuf.h"
 
-enum { ATAG_RUNNING, ATAG_PAUSING, ATAG_PAUSED, ATAG_RESUMING };
+enum { ATAG_RUNNING, ATAG_PAUSING, ATAG_PAUSED, ATAG_RESUMING, ATAG_FREEING };
 
 struct atag {
   RB_ENTRY(atag) rb;
@@ -100,12 +102,17 @@ static struct atag *atag_find(struct gmb_atags *t, uint64_t id) {
   return RB_FIND(atag_tree, &t->tree, &key);
 }
 
-/* 1 when a record of `tag` is not running: the tag's allocations are
- * paused, or being paused or resumed.  Holds mu. */
+/* A record of a paused tag: paused, or being paused or resumed. */
+static int atag_away(const struct atag *r) {
+  return r->state != ATAG_RUNNING && r->state != ATAG_FREEING;
+}
+
+/* 1 when the allocations of `tag` are paused, or being paused or resumed.
+ * Holds mu. */
 static int atag_paused_locked(struct gmb_atags *t, int tag) {
   struct atag *r;
   RB_FOREACH(r, atag_tree, &t->tree)
-    if (r->tag == tag && r->state != ATAG_RUNNING) return 1;
+    if (r->tag == tag && atag_away(r)) return 1;
   return 0;
 }
 
@@ -172,7 +179,10 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
   int rc = r == NULL ? 0 : r->state == ATAG_RUNNING ? 1
                        : r->state == ATAG_PAUSED    ? 2
                                                     : GMB_E_INVAL;
-  if (rc == 1) *cur = r->cur;
+  if (rc == 1) {
+    *cur = r->cur;
+    r->state = ATAG_FREEING; /* a pause from now on leaves it out */
+  }
   if (r) atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
   struct atag gone = {0};
   if (rc == 2) {
@@ -192,11 +202,13 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
   return rc;
 }
 
-void gmb__atags_remove(struct gmb_atags *t, uint64_t id) {
+void gmb__atags_remove(struct gmb_atags *t, uint64_t id, int freed) {
   if (t == NULL) return;
   pthread_mutex_lock(&t->mu);
   struct atag *r = atag_find(t, id);
-  if (r) {
+  if (r && !freed && r->state == ATAG_FREEING) {
+    r->state = ATAG_RUNNING; /* the broker kept it: it runs on */
+  } else if (r) {
     RB_REMOVE(atag_tree, &t->tree, r);
     atomic_fetch_sub(&t->n, 1);
     gmb__hostbuf_free(r->host);
@@ -386,7 +398,7 @@ void gmb__atags_tags(struct gmb_atags *t, struct gmb_atags_tag *out) {
   RB_FOREACH(r, atag_tree, &t->tree) {
     if (r->tag < 0 || r->tag >= GMB_ATAGS_TAGS) continue;
     struct gmb_atags_tag *o = &out[r->tag];
-    if (r->state == ATAG_RUNNING) {
+    if (!atag_away(r)) {
       o->running += r->size;
       o->n_running++;
       if (r->holds > 0 && o->held == 0) o->held = r->id;
@@ -409,7 +421,7 @@ void gmb__atags_counts(struct gmb_atags *t, struct gmb_atags_counts *out) {
   pthread_mutex_lock(&t->mu);
   RB_FOREACH(r, atag_tree, &t->tree) {
     out->tagged++;
-    if (r->state == ATAG_RUNNING) continue;
+    if (!atag_away(r)) continue;
     out->paused++;
     out->device += r->size;
     out->host += r->host ? r->size : 0;

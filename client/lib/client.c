@@ -1428,6 +1428,14 @@ static void client_undo_alloc(gmb_client *c, const uint64_t *ids, unsigned n) {
 
 static int client_free_id(gmb_client *c, gmb_id id, int sync);
 
+/* 1 when the allocation of slot s is not in segment `seg` any more: being
+ * moved, offloaded, or moved elsewhere. */
+static int client_slot_left(struct gmb__lt_slot *s, uint64_t seg) {
+  uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+  return (st & GMB_LT_MOVING) ||
+         __atomic_load_n(&s->segment, __ATOMIC_RELAXED) != seg;
+}
+
 /* An allocation at the broker, with no tag. */
 static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
                             int timeout_ms, gmb_id *out) {
@@ -1466,13 +1474,6 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
   /* A segment this process has not mapped yet: its descriptor now (the
    * range is checked against the segment's size by gmb__segmap_add).  A
    * large allocation with a tail gets a view of its two segments. */
-  if (rep.u.alloc.tail_size) {
-    rc = client_map_large(c, &rep, &seg, &off);
-    if (rc) goto undo;
-  } else if (!gmb__segmap_has_segment(c->map, seg)) {
-    rc = client_fetch_segment(c, seg);
-    if (rc) goto undo;
-  }
   uint32_t slot = GMB_SEGMAP_NO_SLOT;
   if ((flags & GMB_MOVABLE) && c->lt) {
     slot = rep.u.alloc.slot;
@@ -1486,6 +1487,20 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
                                           : "is out of range");
       goto undo;
     }
+  }
+  if (rep.u.alloc.tail_size) {
+    rc = client_map_large(c, &rep, &seg, &off);
+    if (rc) goto undo;
+  } else if (!gmb__segmap_has_segment(c->map, seg)) {
+    rc = client_fetch_segment(c, seg);
+    /* A movable allocation may leave its segment between the reply and
+     * the descriptor's request (a compaction, an operator's pause that
+     * offloads it), and the segment, emptied, may be gone: its slot then
+     * says where it is, and gmb_lock maps that. */
+    if (rc == GMB_E_NOENT && slot != GMB_SEGMAP_NO_SLOT &&
+        client_slot_left(&c->lt_slot[slot], seg))
+      rc = 0;
+    if (rc) goto undo;
   }
   rc = gmb__segmap_add(c->map, id, seg, off, asize, flags, slot, why,
                        sizeof why);
@@ -1625,11 +1640,11 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   uint64_t cur, host;
   int rc = gmb__atags_free(c->atags, id, &cur, &host);
   if (rc == GMB_E_INVAL)
-    return client_fail(rc, "allocation %llu is being paused or resumed",
-                       (unsigned long long)id);
+    return client_fail(rc, "allocation %llu is being paused, resumed or "
+                       "freed", (unsigned long long)id);
   if (rc == 2) return 0; /* paused: its host copy went, nothing at the broker */
   int frc = client_free_id(c, cur, 1);
-  if (frc == 0 && rc == 1) gmb__atags_remove(c->atags, id);
+  if (rc == 1) gmb__atags_remove(c->atags, id, frc == 0);
   return frc;
 }
 
