@@ -319,7 +319,10 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
    * would not free (the connection lost) runs on, its copy dropped. */
   int frc = 0;
   uint64_t kept_host = 0, kept_dev = 0;
-  for (struct atag *r = list; r; r = r->work) {
+  for (struct atag *r = list, *next; r; r = next) {
+    /* Read first: once PAUSED or RUNNING again, a gmb_free of another
+     * thread may drop the record (gmb__atags_free). */
+    next = r->work;
     int e = t->ops.free(t->ops.ctx, r->cur);
     pthread_mutex_lock(&t->mu);
     if (e == 0) {
@@ -373,9 +376,10 @@ int gmb__atags_resume(struct gmb_atags *t, int tag) {
     host += r->host ? r->size : 0;
   }
   atag_drop_copies(list);
+  /* Read before they run: a gmb_free may drop a running record. */
+  const int by = list ? list->by : 0;
   atag_settle(t, list, ATAG_RUNNING);
-  if (device) (void)t->ops.admit(t->ops.ctx, tag, 0, 0, list->by, host,
-                                 device);
+  if (device) (void)t->ops.admit(t->ops.ctx, tag, 0, 0, by, host, device);
   pthread_mutex_unlock(&t->pause_mu);
   return 0;
 }
