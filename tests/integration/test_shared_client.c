@@ -352,11 +352,13 @@ static void pressure_step(const struct harness_broker *b, struct pressure *p,
   uint64_t r = harness_rnd(rng) % 10;
   if (r < 5 && p->n < 64) {
     gmb_id id;
-    /* NOMEM/QUOTA when the device is full: the pressure's point. */
-    int rc = gmb_alloc(p->o, (size_t)(1 * MIB + harness_rnd(rng) % (3 * MIB)),
-                       0, &id);
-    ck_assert_msg(rc == 0 || rc == GMB_E_NOMEM, "pressure alloc: %s",
-                  gmb_last_error(p->o));
+    /* A short wait when the device is full, the pressure's point: the
+     * broker asks "s" for its cache's idle pages meanwhile. */
+    int rc = gmb_alloc_wait(p->o,
+                            (size_t)(1 * MIB + harness_rnd(rng) % (15 * MIB)),
+                            0, 50, &id);
+    ck_assert_msg(rc == 0 || rc == GMB_E_NOMEM || rc == GMB_E_TIMEOUT,
+                  "pressure alloc: %s", gmb_last_error(p->o));
     if (rc == 0) p->id[p->n++] = id;
   } else if (r < 8 && p->n > 0) {
     int i = (int)(harness_rnd(rng) % (uint64_t)p->n);
