@@ -160,7 +160,9 @@ GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
  * waited for serves the wait), and several threads may wait at once, up
  * to the broker's max_waiters_per_session (GMB_E_LIMIT past it, or past
  * 64 in one client, nothing sent).  A broker that dies ends every wait
- * with GMB_E_CONN. */
+ * with GMB_E_CONN.  A tagged wait that is served after another thread or
+ * an operator paused its tag's allocations is answered as a call made
+ * after the pause: the memory goes back, GMB_E_INVAL. */
 GMB_EXPORT int gmb_alloc_wait(gmb_client *c, size_t size, unsigned flags,
                               int timeout_ms, gmb_id *out);
 

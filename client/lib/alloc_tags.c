@@ -12,7 +12,9 @@
  *
  * States (under mu): RUNNING (cur is the broker's id); PAUSING and
  * RESUMING (the pauser owns the record: gets and frees of it fail);
- * PAUSED (cur 0, host the copy or NULL).  `holds` counts gmb_lock minus
+ * PAUSED (cur 0, host the copy or NULL); FREEING (a gmb_free owns it
+ * while the broker frees cur: a pause leaves it out, and it does not make
+ * its tag paused).  `holds` counts gmb_lock minus
  * gmb_unlock (and the library's own copies): a pause refuses a tag with
  * a held allocation, so no pointer the program holds goes stale.  `by`
  * says who paused a record (the application, the broker's ask, an
@@ -38,7 +40,7 @@
 #include "gmb.h"
 #include "hostbuf.h"
 
-enum { ATAG_RUNNING, ATAG_PAUSING, ATAG_PAUSED, ATAG_RESUMING };
+enum { ATAG_RUNNING, ATAG_PAUSING, ATAG_PAUSED, ATAG_RESUMING, ATAG_FREEING };
 
 struct atag {
   RB_ENTRY(atag) rb;
@@ -95,6 +97,25 @@ uint64_t gmb__atags_destroy(struct gmb_atags *t) {
   return host;
 }
 
+static struct atag *atag_find(struct gmb_atags *t, uint64_t id) {
+  struct atag key = {.id = id};
+  return RB_FIND(atag_tree, &t->tree, &key);
+}
+
+/* A record of a paused tag: paused, or being paused or resumed. */
+static int atag_away(const struct atag *r) {
+  return r->state != ATAG_RUNNING && r->state != ATAG_FREEING;
+}
+
+/* 1 when the allocations of `tag` are paused, or being paused or resumed.
+ * Holds mu. */
+static int atag_paused_locked(struct gmb_atags *t, int tag) {
+  struct atag *r;
+  RB_FOREACH(r, atag_tree, &t->tree)
+    if (r->tag == tag && atag_away(r)) return 1;
+  return 0;
+}
+
 int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
                    unsigned flags, int tag) {
   struct atag *r = calloc(1, sizeof *r);
@@ -102,6 +123,13 @@ int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
   *r = (struct atag){.id = id, .cur = id, .size = size, .flags = flags,
                      .tag = tag};
   pthread_mutex_lock(&t->mu);
+  /* Decided under mu, so that a pause either finds this record among the
+   * tag's (atag_take) or was already under way and refuses it. */
+  if (atag_paused_locked(t, tag)) {
+    pthread_mutex_unlock(&t->mu);
+    free(r);
+    return 1;
+  }
   struct atag *old = RB_INSERT(atag_tree, &t->tree, r);
   if (old == NULL) atomic_fetch_add(&t->n, 1);
   atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
@@ -110,10 +138,6 @@ int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
   return 0;
 }
 
-static struct atag *atag_find(struct gmb_atags *t, uint64_t id) {
-  struct atag key = {.id = id};
-  return RB_FIND(atag_tree, &t->tree, &key);
-}
 
 int gmb__atags_get(struct gmb_atags *t, uint64_t id, int hold, uint64_t *cur,
                    int *tag) {
@@ -155,7 +179,10 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
   int rc = r == NULL ? 0 : r->state == ATAG_RUNNING ? 1
                        : r->state == ATAG_PAUSED    ? 2
                                                     : GMB_E_INVAL;
-  if (rc == 1) *cur = r->cur;
+  if (rc == 1) {
+    *cur = r->cur;
+    r->state = ATAG_FREEING; /* a pause from now on leaves it out */
+  }
   if (r) atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
   struct atag gone = {0};
   if (rc == 2) {
@@ -175,11 +202,13 @@ int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
   return rc;
 }
 
-void gmb__atags_remove(struct gmb_atags *t, uint64_t id) {
+void gmb__atags_remove(struct gmb_atags *t, uint64_t id, int freed) {
   if (t == NULL) return;
   pthread_mutex_lock(&t->mu);
   struct atag *r = atag_find(t, id);
-  if (r) {
+  if (r && !freed && r->state == ATAG_FREEING) {
+    r->state = ATAG_RUNNING; /* the broker kept it: it runs on */
+  } else if (r) {
     RB_REMOVE(atag_tree, &t->tree, r);
     atomic_fetch_sub(&t->n, 1);
     gmb__hostbuf_free(r->host);
@@ -290,7 +319,10 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
    * would not free (the connection lost) runs on, its copy dropped. */
   int frc = 0;
   uint64_t kept_host = 0, kept_dev = 0;
-  for (struct atag *r = list; r; r = r->work) {
+  for (struct atag *r = list, *next; r; r = next) {
+    /* Read first: once PAUSED or RUNNING again, a gmb_free of another
+     * thread may drop the record (gmb__atags_free). */
+    next = r->work;
     int e = t->ops.free(t->ops.ctx, r->cur);
     pthread_mutex_lock(&t->mu);
     if (e == 0) {
@@ -344,9 +376,10 @@ int gmb__atags_resume(struct gmb_atags *t, int tag) {
     host += r->host ? r->size : 0;
   }
   atag_drop_copies(list);
+  /* Read before they run: a gmb_free may drop a running record. */
+  const int by = list ? list->by : 0;
   atag_settle(t, list, ATAG_RUNNING);
-  if (device) (void)t->ops.admit(t->ops.ctx, tag, 0, 0, list->by, host,
-                                 device);
+  if (device) (void)t->ops.admit(t->ops.ctx, tag, 0, 0, by, host, device);
   pthread_mutex_unlock(&t->pause_mu);
   return 0;
 }
@@ -354,14 +387,8 @@ int gmb__atags_resume(struct gmb_atags *t, int tag) {
 int gmb__atags_paused(struct gmb_atags *t, int tag) {
   if (t == NULL || atomic_load_explicit(&t->n, memory_order_acquire) == 0)
     return 0;
-  int paused = 0;
-  struct atag *r;
   pthread_mutex_lock(&t->mu);
-  RB_FOREACH(r, atag_tree, &t->tree)
-    if (r->tag == tag && r->state != ATAG_RUNNING) {
-      paused = 1;
-      break;
-    }
+  int paused = atag_paused_locked(t, tag);
   pthread_mutex_unlock(&t->mu);
   return paused;
 }
@@ -375,7 +402,7 @@ void gmb__atags_tags(struct gmb_atags *t, struct gmb_atags_tag *out) {
   RB_FOREACH(r, atag_tree, &t->tree) {
     if (r->tag < 0 || r->tag >= GMB_ATAGS_TAGS) continue;
     struct gmb_atags_tag *o = &out[r->tag];
-    if (r->state == ATAG_RUNNING) {
+    if (!atag_away(r)) {
       o->running += r->size;
       o->n_running++;
       if (r->holds > 0 && o->held == 0) o->held = r->id;
@@ -398,7 +425,7 @@ void gmb__atags_counts(struct gmb_atags *t, struct gmb_atags_counts *out) {
   pthread_mutex_lock(&t->mu);
   RB_FOREACH(r, atag_tree, &t->tree) {
     out->tagged++;
-    if (r->state == ATAG_RUNNING) continue;
+    if (!atag_away(r)) continue;
     out->paused++;
     out->device += r->size;
     out->host += r->host ? r->size : 0;

@@ -39,7 +39,9 @@ struct gmb_atags *gmb__atags_new(const struct gmb_atag_ops *ops);
 uint64_t gmb__atags_destroy(struct gmb_atags *t);
 
 /* Records allocation id (broker id = the program's id) of tag `tag`
- * (0..63).  0 or GMB_E_SYSTEM. */
+ * (0..63).  0, GMB_E_SYSTEM, or 1 when the tag's allocations are paused
+ * (or being paused or resumed): nothing recorded, and the caller gives
+ * the allocation back (it completed after the pause began). */
 int gmb__atags_add(struct gmb_atags *t, uint64_t id, uint64_t size,
                    unsigned flags, int tag);
 
@@ -52,14 +54,17 @@ int gmb__atags_get(struct gmb_atags *t, uint64_t id, int hold, uint64_t *cur,
                    int *tag);
 void gmb__atags_unhold(struct gmb_atags *t, uint64_t id);
 
-/* Before a free: 1 and *cur when id is tagged and running (the caller
- * frees *cur, then gmb__atags_remove); 2 when it was paused (record and
- * host copy dropped here, the host bytes given back through admit's
- * accounting: *host their bytes, the caller has nothing to free); 0 for
- * an untagged id; GMB_E_INVAL while it is pausing or resuming. */
+/* Before a free: 1 and *cur when id is tagged and running, claimed for
+ * the free (a pause leaves it out until gmb__atags_remove: the caller
+ * frees *cur, then calls it); 2 when it was paused (record and host copy
+ * dropped here, the host bytes given back through admit's accounting:
+ * *host their bytes, the caller has nothing to free); 0 for an untagged
+ * id; GMB_E_INVAL while it is pausing, resuming or being freed. */
 int gmb__atags_free(struct gmb_atags *t, uint64_t id, uint64_t *cur,
                     uint64_t *host);
-void gmb__atags_remove(struct gmb_atags *t, uint64_t id);
+/* After gmb__atags_free's 1: the record goes when the broker `freed` the
+ * allocation, else it runs again. */
+void gmb__atags_remove(struct gmb_atags *t, uint64_t id, int freed);
 
 /* Pauses every running allocation of tag `tag` for `by` (who asked,
  * passed to admit and kept while paused): with mode 0 (offload) each

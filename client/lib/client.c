@@ -1428,6 +1428,14 @@ static void client_undo_alloc(gmb_client *c, const uint64_t *ids, unsigned n) {
 
 static int client_free_id(gmb_client *c, gmb_id id, int sync);
 
+/* 1 when the allocation of slot s is not in segment `seg` any more: being
+ * moved, offloaded, or moved elsewhere. */
+static int client_slot_left(struct gmb__lt_slot *s, uint64_t seg) {
+  uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+  return (st & GMB_LT_MOVING) ||
+         __atomic_load_n(&s->segment, __ATOMIC_RELAXED) != seg;
+}
+
 /* An allocation at the broker, with no tag. */
 static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
                             int timeout_ms, gmb_id *out) {
@@ -1466,13 +1474,6 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
   /* A segment this process has not mapped yet: its descriptor now (the
    * range is checked against the segment's size by gmb__segmap_add).  A
    * large allocation with a tail gets a view of its two segments. */
-  if (rep.u.alloc.tail_size) {
-    rc = client_map_large(c, &rep, &seg, &off);
-    if (rc) goto undo;
-  } else if (!gmb__segmap_has_segment(c->map, seg)) {
-    rc = client_fetch_segment(c, seg);
-    if (rc) goto undo;
-  }
   uint32_t slot = GMB_SEGMAP_NO_SLOT;
   if ((flags & GMB_MOVABLE) && c->lt) {
     slot = rep.u.alloc.slot;
@@ -1486,6 +1487,20 @@ static int client_alloc_raw(gmb_client *c, size_t size, unsigned flags,
                                           : "is out of range");
       goto undo;
     }
+  }
+  if (rep.u.alloc.tail_size) {
+    rc = client_map_large(c, &rep, &seg, &off);
+    if (rc) goto undo;
+  } else if (!gmb__segmap_has_segment(c->map, seg)) {
+    rc = client_fetch_segment(c, seg);
+    /* A movable allocation may leave its segment between the reply and
+     * the descriptor's request (a compaction, an operator's pause that
+     * offloads it), and the segment, emptied, may be gone: its slot then
+     * says where it is, and gmb_lock maps that. */
+    if (rc == GMB_E_NOENT && slot != GMB_SEGMAP_NO_SLOT &&
+        client_slot_left(&c->lt_slot[slot], seg))
+      rc = 0;
+    if (rc) goto undo;
   }
   rc = gmb__segmap_add(c->map, id, seg, off, asize, flags, slot, why,
                        sizeof why);
@@ -1507,9 +1522,35 @@ static int client_tag_wake(gmb_client *c, const char *tag, const char *what,
                            int *by);
 static int client_cache_thread(gmb_client *c);
 
+/* A tagged allocation's tries: each one that completes after its tag's
+ * allocations paused meanwhile is given back and asked again, once the
+ * tag resumed (client_alloc). */
+#define CLIENT_ALLOC_ROUNDS 8
+
+/* The thread's tag `tag` before an allocation into it: paused for another
+ * job, it resumes now; one whose allocations the application or an
+ * operator paused refuses it (explained). */
+static int client_tag_admits(gmb_client *c, int tag) {
+  int apaused = gmb__atags_paused(c->atags, tag);
+  if (!apaused && !gmb__cache_tag_paused(c->cache)) return 0;
+  char what[CLIENT_WHY_MAX];
+  snprintf(what, sizeof what, "the thread's tag \"%s\"",
+           gmb__cache_tag_name(c->cache, tag));
+  int by, wrc = client_tag_wake(c, gmb__cache_tag_name(c->cache, tag), what,
+                                &by);
+  /* Only the cache part paused by the application or an operator: an
+   * allocation of its own may still be made, as before any pause. */
+  return wrc && (apaused || by == GMB_CACHE_BY_BROKER) ? wrc : 0;
+}
+
 /* An allocation, recorded under the thread's current tag if it has one
  * (alloc_tags.c).  A tag paused for another job resumes first; one whose
- * allocations the application or an operator paused refuses it. */
+ * allocations the application or an operator paused refuses it.  An
+ * allocation that completes after its tag's allocations were paused
+ * meanwhile (a gmb_alloc_wait pending at the broker while another thread,
+ * an operator or the broker paused the tag) is treated as one asked after
+ * the pause: given back, and asked again as such (refused, or made once
+ * the tag resumed), so that a paused tag never holds device memory. */
 static int client_alloc(gmb_client *c, size_t size, unsigned flags,
                         int timeout_ms, gmb_id *out) {
   if (c == NULL) return client_fail(GMB_E_INVAL, "client is NULL");
@@ -1518,33 +1559,38 @@ static int client_alloc(gmb_client *c, size_t size, unsigned flags,
   atomic_fetch_add_explicit(&c->alloc_calls, 1, memory_order_relaxed);
   int tag = flags & GMB_UNTAGGED ? -1 : gmb__cache_tag_now(c->cache);
   flags &= ~GMB_UNTAGGED;
-  int apaused = tag >= 0 && gmb__atags_paused(c->atags, tag);
-  if (apaused || (tag >= 0 && gmb__cache_tag_paused(c->cache))) {
-    char what[CLIENT_WHY_MAX];
-    snprintf(what, sizeof what, "the thread's tag \"%s\"",
-             gmb__cache_tag_name(c->cache, tag));
-    int by, wrc = client_tag_wake(c, gmb__cache_tag_name(c->cache, tag),
-                                  what, &by);
-    /* Only the cache part paused by the application or an operator: an
-     * allocation of its own may still be made, as before any pause. */
-    if (wrc && (apaused || by == GMB_CACHE_BY_BROKER)) return wrc;
-  }
-  /* The library thread carries out what the broker or an operator asks of
-   * a tag (sleep_policy.c): it runs once the process tags memory. */
-  int rc = tag >= 0 ? client_cache_thread(c) : 0;
-  if (rc) return rc; /* explained */
-  rc = client_alloc_raw(c, size, flags, timeout_ms, out);
-  if (rc || tag < 0) return rc;
-  struct gmb_segmap_entry e;
-  uint64_t asize = gmb__segmap_get(c->map, *out, NULL, 0, &e) == 0 ? e.size
-                                                                   : size;
-  rc = gmb__atags_add(c->atags, *out, asize, flags, tag);
-  if (rc) {
-    client_free_id(c, *out, 0);
+  if (tag < 0) return client_alloc_raw(c, size, flags, timeout_ms, out);
+  const uint64_t deadline =
+      timeout_ms > 0 ? gmb__now_ns() + (uint64_t)timeout_ms * GMB_NS_PER_MS
+                     : 0;
+  for (int round = 0;; round++) {
+    int rc = client_tag_admits(c, tag);
+    /* The library thread carries out what the broker or an operator asks
+     * of a tag (sleep_policy.c): it runs once the process tags memory. */
+    if (rc == 0) rc = client_cache_thread(c);
+    if (rc == 0) rc = client_alloc_raw(c, size, flags, timeout_ms, out);
+    if (rc) return rc; /* explained */
+    struct gmb_segmap_entry e;
+    uint64_t asize = gmb__segmap_get(c->map, *out, NULL, 0, &e) == 0 ? e.size
+                                                                     : size;
+    rc = gmb__atags_add(c->atags, *out, asize, flags, tag);
+    if (rc == 0) return 0;
+    int frc = client_free_id(c, *out, 0);
     *out = 0;
-    return client_fail(rc, "out of host memory for a tagged allocation");
+    if (rc != 1)
+      return client_fail(rc, "out of host memory for a tagged allocation");
+    if (frc) return frc; /* explained: the session is lost */
+    if (round + 1 == CLIENT_ALLOC_ROUNDS)
+      return client_fail(GMB_E_INVAL, "the thread's tag \"%s\" was paused "
+                         "each time an allocation into it completed",
+                         gmb__cache_tag_name(c->cache, tag));
+    if (deadline) { /* the wait goes on with what is left of it */
+      uint64_t now = gmb__now_ns();
+      timeout_ms = now >= deadline ? 0
+                   : (int)((deadline - now + GMB_NS_PER_MS - 1) /
+                           GMB_NS_PER_MS);
+    }
   }
-  return 0;
 }
 
 GMB_EXPORT int gmb_alloc(gmb_client *c, size_t size, unsigned flags,
@@ -1594,11 +1640,11 @@ GMB_EXPORT int gmb_free(gmb_client *c, gmb_id id) {
   uint64_t cur, host;
   int rc = gmb__atags_free(c->atags, id, &cur, &host);
   if (rc == GMB_E_INVAL)
-    return client_fail(rc, "allocation %llu is being paused or resumed",
-                       (unsigned long long)id);
+    return client_fail(rc, "allocation %llu is being paused, resumed or "
+                       "freed", (unsigned long long)id);
   if (rc == 2) return 0; /* paused: its host copy went, nothing at the broker */
   int frc = client_free_id(c, cur, 1);
-  if (frc == 0 && rc == 1) gmb__atags_remove(c->atags, id);
+  if (rc == 1) gmb__atags_remove(c->atags, id, frc == 0);
   return frc;
 }
 

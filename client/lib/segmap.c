@@ -571,11 +571,12 @@ int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
   if (id == 0) {
     snprintf(why, cap, "the broker gave allocation id 0");
     rc = GMB_E_PROTO;
-  } else if (s == NULL) {
+  } else if (s == NULL && slot == GMB_SEGMAP_NO_SLOT) {
     snprintf(why, cap, "allocation %llu: segment %llu is not mapped",
              (unsigned long long)id, (unsigned long long)segment);
     rc = GMB_E_PROTO;
-  } else if (size == 0 || offset > ssize || size > ssize - offset) {
+  } else if (size == 0 ||
+             (s && (offset > ssize || size > ssize - offset))) {
     snprintf(why, cap,
              "allocation %llu: [%llu, +%llu) is outside segment %llu of "
              "%llu bytes",

@@ -84,7 +84,8 @@ size_t gmb__segmap_unmap_all(struct gmb_segmap *m);
  * Records allocation `id` at [offset, offset+size) of a mapped segment,
  * with its lock-table `slot` (GMB_SEGMAP_NO_SLOT: none).  GMB_E_PROTO when
  * the segment is not mapped, the range does not fit in it, or the id is 0
- * or already recorded.
+ * or already recorded.  An allocation with a slot may name a segment not
+ * mapped (it left it before it was mapped): its slot says where it is.
  */
 int gmb__segmap_add(struct gmb_segmap *m, uint64_t id, uint64_t segment,
                     uint64_t offset, uint64_t size, unsigned flags,

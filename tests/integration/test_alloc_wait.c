@@ -343,11 +343,113 @@ START_TEST(two_threads_lock_offloaded_allocations) {
 }
 END_TEST
 
+/* A thread in gmb_alloc_wait with tag "t" current. */
+static void *tagged_waiter_main(void *arg) {
+  struct waiter *w = arg;
+  if (gmb_cache_tag(w->c, "t") != 0) {
+    snprintf(w->why, sizeof w->why, "gmb_cache_tag: %s", gmb_last_error(w->c));
+    atomic_store(&w->done, 1);
+    return NULL;
+  }
+  return waiter_main(w);
+}
+
+/* Tag "t" of client c (tenant "w", on host:64MiB beside tenant "other"
+ * holding 40 MiB) holds 8 MiB of known bytes (*first), and thread *a waits
+ * at the broker for 30 MiB with "t" current; then the tag is paused with
+ * `pause` (the application's gmb_pause or an operator's) while the wait
+ * is pending, and the room comes: the wait completes after the pause.
+ * Treated as an allocation asked after the pause: given back, and the
+ * call fails as one made into the paused tag would (`why` in its
+ * message); nothing of it stays at the broker, and the tag's bytes come
+ * back whole at its resume. */
+static void wait_outlives_its_tags_pause(int by_operator, const char *why) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "w");
+  gmb_client *o = harness_connect_ok(&b, "other");
+  gmb_id big = harness_alloc_ok(o, 40 * MIB), first;
+  ck_assert_int_eq(gmb_cache_tag(c, "t"), 0);
+  ck_assert_int_eq(gmb_alloc(c, 8 * MIB, 0, &first), 0);
+  ck_assert_int_eq(gmb_cache_tag(c, NULL), 0);
+  check_bytes(c, first, 8 * MIB, 61);
+  struct waiter a;
+  memset(&a, 0, sizeof a);
+  a = (struct waiter){.c = c, .size = 30 * MIB, .timeout_ms = WAIT_MS,
+                      .rc = -1};
+  ck_assert_int_eq(pthread_create(&a.th, NULL, tagged_waiter_main, &a), 0);
+  wait_for_waiters(&b, 1);
+  if (by_operator) {
+    char out[4096];
+    int rc = harness_ctl(&b, out, sizeof out, "pause", "w", "--tag", "t",
+                         NULL);
+    ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+    struct wire_tenant_row r = row_of(&b, "w");
+    for (int i = 0; i < HARNESS_WAIT_MS / 5; i++) {
+      r = row_of(&b, "w");
+      if (r.host_bytes == 8 * MIB && r.used == 0) break;
+      harness_sleep_ms(5);
+    }
+    ck_assert_uint_eq(r.host_bytes, 8 * MIB);
+  } else {
+    ck_assert_msg(gmb_pause(c, "t", GMB_PAUSE_OFFLOAD) == 0, "pause: %s",
+                  gmb_last_error(c));
+  }
+  /* Paused with the wait still pending: 24 MiB free, 30 waited for. */
+  struct wire_tenant_row r = row_of(&b, "w");
+  ck_assert_uint_eq(r.used, 0);
+  ck_assert_uint_eq(r.waiting, 1);
+  ck_assert_int_eq(atomic_load(&a.done), 0);
+  ck_assert_int_eq(gmb_free(o, big), 0);
+  waiter_join(&a);
+  ck_assert_msg(a.rc == GMB_E_INVAL && strstr(a.why, why),
+                "the wait that completed after its tag paused: %s (%s)",
+                gmb_err_name(a.rc), a.why);
+  ck_assert_uint_eq(a.id, 0);
+  r = row_of(&b, "w");
+  ck_assert_uint_eq(r.used, 0);
+  ck_assert_uint_eq(r.waiting, 0);
+  ck_assert_uint_eq(r.host_bytes, 8 * MIB);
+  if (by_operator) {
+    char out[4096];
+    ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "w", NULL),
+                     0);
+  } else {
+    ck_assert_msg(gmb_resume(c, "t") == 0, "resume: %s", gmb_last_error(c));
+  }
+  void *p = NULL;
+  int rc = -1;
+  for (int i = 0; i < HARNESS_WAIT_MS / 5 && rc != 0; i++) {
+    rc = gmb_lock(c, first, &p);
+    if (rc) harness_sleep_ms(5);
+  }
+  ck_assert_msg(rc == 0, "lock after the resume: %s", gmb_last_error(c));
+  ck_assert_int_lt(harness_pattern_check(p, 8 * MIB, 61), 0);
+  ck_assert_int_eq(gmb_unlock(c, first), 0);
+  ck_assert_int_eq(gmb_free(c, first), 0);
+  ck_assert_uint_eq(row_of(&b, "w").used, 0);
+  gmb_disconnect(o);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+
+START_TEST(tagged_wait_completes_after_gmb_pause) {
+  wait_outlives_its_tags_pause(0, "gmb_resume it first");
+}
+END_TEST
+
+START_TEST(tagged_wait_completes_after_operator_pause) {
+  wait_outlives_its_tags_pause(1, "paused by an operator");
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "alloc_wait", "alloc_wait", 90, free_on_another_thread_serves_the_wait,
       cache_miss_while_a_thread_waits, heartbeats_go_on_during_a_wait,
       broker_killed_while_two_threads_wait,
       waiters_up_to_the_limit_and_one_more, client_waiter_table_full,
-      two_threads_lock_offloaded_allocations));
+      two_threads_lock_offloaded_allocations,
+      tagged_wait_completes_after_gmb_pause,
+      tagged_wait_completes_after_operator_pause));
 }

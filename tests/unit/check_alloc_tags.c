@@ -263,10 +263,42 @@ START_TEST(free_running_maps_to_the_current_id) {
   ck_assert_int_eq(gmb__atags_free(T, a, &cur, &host), 1);
   ck_assert_uint_ne(cur, a);
   ck_assert_int_eq(fake_free(NULL, cur), 0);
-  gmb__atags_remove(T, a);
+  gmb__atags_remove(T, a, 1);
   struct gmb_atags_counts n;
   gmb__atags_counts(T, &n);
   ck_assert_uint_eq(n.tagged, 0);
+}
+END_TEST
+
+/* A gmb_free claims its record before the broker frees it: a pause of
+ * the tag from another thread meanwhile leaves it out (it once took it,
+ * copied and freed it at the broker, and the program's free then failed
+ * GMB_E_NOENT with the record left paused), and the tag does not look
+ * paused.  A free the broker refused gives the record back to the tag. */
+START_TEST(free_in_flight_is_left_out_of_a_pause) {
+  uint64_t a = prog_alloc(512, 0, 1), b = prog_alloc(1024, 0, 2);
+  uint64_t cur, host, locked;
+  ck_assert_int_eq(gmb__atags_free(T, a, &cur, &host), 1);
+  ck_assert_uint_eq(cur, a);
+  ck_assert_int_eq(gmb__atags_paused(T, 0), 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD,
+                                    GMB_CACHE_BY_APP, &locked), 0);
+  ck_assert_uint_eq(F.device_paused, 1024); /* b only */
+  ck_assert_int_ge(fake_slot(a), 0);        /* a not freed by the pause */
+  ck_assert_int_eq(gmb__atags_free(T, a, &cur, &host), GMB_E_INVAL);
+  ck_assert_int_eq(fake_free(NULL, cur), 0);
+  gmb__atags_remove(T, a, 1);
+  ck_assert_int_eq(gmb__atags_resume(T, 0), 0);
+  /* Refused at the broker: it runs again, and the next pause takes it. */
+  ck_assert_int_eq(gmb__atags_free(T, b, &cur, &host), 1);
+  gmb__atags_remove(T, b, 0);
+  ck_assert_int_eq(gmb__atags_pause(T, 0, GMB_PAUSE_OFFLOAD,
+                                    GMB_CACHE_BY_APP, &locked), 0);
+  ck_assert_uint_eq(F.device_paused, 1024);
+  struct gmb_atags_counts n;
+  gmb__atags_counts(T, &n);
+  ck_assert_uint_eq(n.tagged, 1);
+  ck_assert_uint_eq(n.paused, 1);
 }
 END_TEST
 
@@ -338,6 +370,7 @@ static Suite *alloc_tags_suite(void) {
   tcase_add_test(tc, free_while_paused_drops_the_copy);
   tcase_add_test(tc, untagged_ids_pass_through);
   tcase_add_test(tc, free_running_maps_to_the_current_id);
+  tcase_add_test(tc, free_in_flight_is_left_out_of_a_pause);
   tcase_add_test(tc, tags_report_running_held_and_who_paused);
   tcase_add_test(tc, uses_move_with_activity);
   suite_add_tcase(s, tc);
