@@ -56,6 +56,10 @@
 # start no service (a policy-rc.d says so while apt-get runs, when the
 # machine has none).
 set -uo pipefail
+# has PATTERN...: grep for a pipeline's end.  grep -q stops at the first
+# match, and the writer's SIGPIPE then fails the pipeline (pipefail) when
+# its output was longer than a pipe takes at once: has reads it all.
+has() { grep "$@" >/dev/null; }
 
 B=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -273,7 +277,7 @@ if have systemd-analyze; then
     mkdir -p "$W/sysusers/etc" "$W/sysusers/usr/lib/sysusers.d"
     cp deploy/systemd/gmb.sysusers "$W/sysusers/usr/lib/sysusers.d/gmb.conf"
     if out=$(systemd-sysusers --dry-run --root="$W/sysusers" 2>&1) &&
-       echo "$out" | grep -q "Creating user 'gmb'"; then
+       grep -q "Creating user 'gmb'" <<<"$out"; then
       ok "systemd-sysusers deploy/systemd/gmb.sysusers"
     else
       bad "systemd-sysusers deploy/systemd/gmb.sysusers" "$out"
@@ -441,7 +445,7 @@ trap 'cleanup; pod_ns_stop' EXIT
 wait_log() {
   local i
   for ((i = 0; i < $3 * 10; i++)); do
-    "${P[@]}" logs "$1" 2>&1 | grep -q "$2" && return 0
+    "${P[@]}" logs "$1" 2>&1 | has "$2" && return 0
     sleep 0.1
   done
   return 1
@@ -460,12 +464,12 @@ else
     for ((i = 0; i < 50; i++)); do
       metrics=$(nsenter --target "$pod_ns" --net \
                   curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)
-      echo "$metrics" | grep -q '^gmb_build_info' && break
+      grep -q '^gmb_build_info' <<<"$metrics" && break
       sleep 0.2
     done
     status=$("${P[@]}" exec "$TAG-noconf" gmbctl status 2>&1)
-    if [ "$uid" = 10001 ] && echo "$metrics" | grep -q '^gmb_build_info' &&
-       echo "$status" | grep -q '^capacity'; then
+    if [ "$uid" = 10001 ] && grep -q '^gmb_build_info' <<<"$metrics" &&
+       grep -q '^capacity' <<<"$status"; then
       ok "docker run IMAGE (no arguments)" \
          "uid $uid, $(echo "$status" | sed -n 's/^device *//p'), metrics on port $port published in podman's namespace, read-only root"
     else
@@ -532,7 +536,7 @@ else
     rc=$?
     "${P[@]}" rm -f "$TAG-b" >/dev/null 2>&1
     if [ $rc -eq 3 ] && [ "$(echo "$out" | grep -c ' ok (touched)')" = 2 ] &&
-       echo "$out" | grep -q 'GMB_E_QUOTA'; then
+       grep -q 'GMB_E_QUOTA' <<<"$out"; then
       ok "job batch is refused at its quota" "$(echo "$out" | grep -o 'GMB_E_QUOTA: [^(]*')"
     else
       bad "job batch is refused at its quota" "exit status $rc: $out"
@@ -541,7 +545,7 @@ else
     out=$(job "$TAG-b" inference $C/secrets/batch.token 1MiB 2>&1)
     rc=$?
     "${P[@]}" rm -f "$TAG-b" >/dev/null 2>&1
-    if [ $rc -eq 1 ] && echo "$out" | grep -q 'GMB_E_AUTH'; then
+    if [ $rc -eq 1 ] && grep -q 'GMB_E_AUTH' <<<"$out"; then
       ok "a wrong token is refused" "GMB_E_AUTH"
     else
       bad "a wrong token is refused" "exit status $rc: $out"
@@ -573,7 +577,7 @@ else
       code=$("${P[@]}" inspect --format '{{.State.ExitCode}}' "$TAG-a")
       u=$(used inference)
       if [ "$code" = 0 ] && [ "$u" = 0 ] &&
-         "${P[@]}" logs "$TAG-a" 2>&1 | grep -q 'stopped by a signal'; then
+         "${P[@]}" logs "$TAG-a" 2>&1 | has 'stopped by a signal'; then
         ok "a holding job stops on SIGTERM (podman stop)" "exit status 0, its memory freed"
       else
         bad "a holding job stops on SIGTERM (podman stop)" \
@@ -585,7 +589,7 @@ else
     "${P[@]}" rm -f "$TAG-a" >/dev/null 2>&1
     "${P[@]}" stop -t 10 "$TAG-broker" >/dev/null 2>&1
     code=$("${P[@]}" inspect --format '{{.State.ExitCode}}' "$TAG-broker")
-    if [ "$code" = 0 ] && "${P[@]}" logs "$TAG-broker" 2>&1 | grep -q 'stopped$'; then
+    if [ "$code" = 0 ] && "${P[@]}" logs "$TAG-broker" 2>&1 | has 'stopped$'; then
       ok "broker container stops cleanly on SIGTERM" "exit status 0"
     else
       bad "broker container stops cleanly on SIGTERM" "exit status $code: $("${P[@]}" logs "$TAG-broker" 2>&1 | tail -n 3)"
@@ -722,7 +726,7 @@ else
       if "${D[@]}" run -d --name "$name" --network none --read-only \
            "${U[@]}" "gmb-check:$kit" >/dev/null 2>"$W/docker-$kit.err"; then
         for ((i = 0; i < 200; i++)); do
-          "${D[@]}" logs "$name" 2>&1 | grep -q " ready: " && break
+          "${D[@]}" logs "$name" 2>&1 | has " ready: " && break
           sleep 0.1
         done
         st=$("${D[@]}" exec "$name" gmbctl status 2>&1)
@@ -730,7 +734,7 @@ else
       else
         st=$(cat "$W/docker-$kit.err"); uid=""
       fi
-      if echo "$st" | grep -q '^capacity' && [ "$uid" = 10001 ]; then
+      if grep -q '^capacity' <<<"$st" && [ "$uid" = 10001 ]; then
         ok "docker $dver build ($kit builder) and run" \
            "$secs s; context ${ctx:-?}; image $((size / 1048576)) MiB; runs as uid $uid"
       else
@@ -776,7 +780,7 @@ else
       fi
       # job-batch: refused at its quota, exits 3 by itself.
       code=$(timeout 60 "${D[@]}" wait "$(cid job-batch)" 2>&1)
-      if [ "$code" = 3 ] && "${DC[@]}" logs job-batch 2>&1 | grep -q GMB_E_QUOTA; then
+      if [ "$code" = 3 ] && "${DC[@]}" logs job-batch 2>&1 | has GMB_E_QUOTA; then
         ok "docker-compose up: job-batch is refused at its quota" "exit status 3"
       else
         bad "docker-compose up: job-batch is refused at its quota" \

@@ -38,6 +38,10 @@
 # first allocation, scancel to the tenant's removal) are printed as
 # "check-slurm: figure: ...": they are measured, never asserted.
 set -uo pipefail
+# has PATTERN...: grep for a pipeline's end.  grep -q stops at the first
+# match, and the writer's SIGPIPE then fails the pipeline (pipefail) when
+# its output was longer than a pipe takes at once: has reads it all.
+has() { grep "$@" >/dev/null; }
 
 B=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -117,7 +121,7 @@ free_port() {
   local p
   while :; do
     p=$((20000 + RANDOM % 30000))
-    ss -ltnH "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return; }
+    ss -ltnH "sport = :$p" 2>/dev/null | has . || { echo "$p"; return; }
   done
 }
 
@@ -237,7 +241,7 @@ start_broker "$RUN/node" || skip_all "gmb-broker did not start"
 tenants() {
   "$CTL" --run-dir "$1" tenants 2>/dev/null | awk 'NR > 1 { print $1, $7, $3 }'
 }
-no_slurm_tenant() { ! tenants "$1" | grep -q "^slurm-"; }
+no_slurm_tenant() { ! tenants "$1" | has "^slurm-"; }
 # in_use DIR: the broker's bytes in use, as gmbctl status prints them.
 in_use() {
   "$CTL" --run-dir "$1" status 2>/dev/null | awk '$1 == "in" && $2 == "use" { print $3 }'
@@ -288,11 +292,11 @@ wait_for 10 no_slurm_tenant "$RUN/node" ||
 # scancel: a job that holds 32MiB until killed.
 jid=$(sbatch --parsable -o "$W/out/held.%j" --gpu-mem=64MiB \
   --wrap "srun $JOB --hold-ms -1 32MiB")
-holds() { tenants "$RUN/node" | grep -q "^slurm-$jid\.0 1 32MiB$"; }
+holds() { tenants "$RUN/node" | has "^slurm-$jid\.0 1 32MiB$"; }
 if [ -n "$jid" ] && wait_for 60 holds; then
   t0=$(date +%s%N)
   scancel "$jid"
-  gone() { ! tenants "$RUN/node" | grep -q "^slurm-$jid\." && [ "$(in_use "$RUN/node")" = 0B ]; }
+  gone() { ! tenants "$RUN/node" | has "^slurm-$jid\." && [ "$(in_use "$RUN/node")" = 0B ]; }
   if wait_for 60 gone; then
     scancel_ms=$(ms_since "$t0")
     ok scancel
