@@ -297,17 +297,33 @@ static void client_io_poke(gmb_client *c) {
   (void)n;
 }
 
-/* Takes io for a request or the library thread's work. */
-static void client_io_lock(gmb_client *c) {
-  if (pthread_mutex_trylock(&c->io) == 0) return;
+/* The time `ns` from now on `clock`, for the timed waits of pthreads. */
+static struct timespec client_ts_in(clockid_t clock, uint64_t ns) {
+  struct timespec ts;
+  clock_gettime(clock, &ts);
+  ns += (uint64_t)ts.tv_nsec;
+  ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
+  ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
+  return ts;
+}
+
+/* Takes io, by `until` (CLOCK_REALTIME) when not NULL: 0, or the
+ * failure of pthread_mutex_timedlock. */
+static int client_io_lock_until(gmb_client *c, const struct timespec *until) {
+  if (pthread_mutex_trylock(&c->io) == 0) return 0;
   /* Sequentially consistent with the reader's store to `reading` and
    * load of io_want: either it sees this thread, or this thread sees it
    * polling and wakes it. */
   atomic_fetch_add(&c->io_want, 1);
   if (atomic_load(&c->reading)) client_io_poke(c);
-  pthread_mutex_lock(&c->io);
+  int rc = until ? pthread_mutex_timedlock(&c->io, until)
+                 : pthread_mutex_lock(&c->io);
   atomic_fetch_sub(&c->io_want, 1);
+  return rc;
 }
+
+/* Takes io for a request or the library thread's work. */
+static void client_io_lock(gmb_client *c) { client_io_lock_until(c, NULL); }
 
 /* Releases io, waking the waiters that sleep for it. */
 static void client_io_unlock(gmb_client *c) {
@@ -775,11 +791,8 @@ static int client_call_wait(gmb_client *c, struct wire_request *req,
       break;
     }
     if (c->reader || c->n_ready || atomic_load(&c->io_want)) {
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout * GMB_NS_PER_MS;
-      ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
-      ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
+      struct timespec ts =
+          client_ts_in(CLOCK_MONOTONIC, (uint64_t)timeout * GMB_NS_PER_MS);
       c->io_sleepers++;
       pthread_cond_timedwait(&c->io_cv, &c->io, &ts);
       c->io_sleepers--;
@@ -902,11 +915,8 @@ static void *client_heartbeat_main(void *arg) {
      * looked at here, under hb_mu, before waiting. */
     if (atomic_load(&c->trim_want) == 0 && !atomic_load(&c->wake_pending) &&
         !gmb__sleep_policy_pending(c->pol)) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->tick_ms * GMB_NS_PER_MS;
-    ts.tv_sec += (time_t)(ns / GMB_NS_PER_S);
-    ts.tv_nsec = (long)(ns % GMB_NS_PER_S);
+    struct timespec ts =
+        client_ts_in(CLOCK_MONOTONIC, (uint64_t)c->tick_ms * GMB_NS_PER_MS);
     pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts);
     }
     if (c->hb_stop) break;
@@ -2630,19 +2640,9 @@ GMB_EXPORT int gmb_malloc_async(gmb_client *c, size_t size, void *stream,
  * releases it at once when it reads for the others). */
 #define CLIENT_SYNC_REPORT_WAIT_NS (2 * 1000 * 1000L)
 static int client_io_lock_briefly(gmb_client *c) {
-  if (pthread_mutex_trylock(&c->io) == 0) return 1;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_nsec += CLIENT_SYNC_REPORT_WAIT_NS;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  atomic_fetch_add(&c->io_want, 1); /* as client_io_lock */
-  if (atomic_load(&c->reading)) client_io_poke(c);
-  int rc = pthread_mutex_timedlock(&c->io, &ts);
-  atomic_fetch_sub(&c->io_want, 1);
-  return rc == 0;
+  struct timespec until =
+      client_ts_in(CLOCK_REALTIME, CLIENT_SYNC_REPORT_WAIT_NS);
+  return client_io_lock_until(c, &until) == 0;
 }
 
 GMB_EXPORT int gmb_free_async(gmb_client *c, void *ptr, void *stream) {
