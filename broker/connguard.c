@@ -22,7 +22,18 @@
  * (socket_base.cpp, add_out_pipe) when that number is one a peer chose
  * first, and the counter starts at the unseeded rand()'s value, the same
  * every start.  The handshake's state lives in a buffer of its own per
- * connection (cg_hs), made at accept() and freed at the READY or close().
+ * connection (cg_hs), made at accept() and freed at close().
+ *
+ * After READY the same reader follows the connection's frames, headers
+ * only (a frame's body is skipped by its size): ZMQ_MAXMSGSIZE bounds one
+ * frame, but libzmq keeps every part of a message until its last arrives,
+ * about 64 bytes of memory for each empty part of 2 bytes, so a peer that
+ * sends parts without end would hold the broker's memory without bound.
+ * A message of more than CG_PARTS_MAX parts gets ECONNRESET as a bad
+ * handshake does: libzmq drops the connection and the parts it kept.  A
+ * request is one frame; a message of a few parts still reaches the loop,
+ * which answers that it is not one.  The reader's buffer shrinks to its
+ * frame state at READY (cg_hs_frames).
  */
 #include "connguard.h"
 
@@ -53,14 +64,21 @@ struct cg_uid {
  * is about 30 bytes; a peer's metadata could make it longer). */
 #define CG_GREETING 64
 #define CG_READY_MAX 1024
+/* Parts of one message past which its connection is dropped. */
+#define CG_PARTS_MAX 4
 struct cg_hs {
-  uint32_t got; /* bytes of the stream seen */
-  unsigned char buf[CG_GREETING + 9 + CG_READY_MAX];
+  uint32_t got;    /* bytes of the handshake seen */
+  int framing;     /* READY passed: frames are followed, buf is gone */
+  uint32_t parts;  /* parts of the message being read that said MORE */
+  uint8_t head[9]; /* the frame header being read: flags, size */
+  uint8_t head_got;
+  uint64_t left;   /* bytes of the current frame's body still to come */
+  unsigned char buf[CG_GREETING + 9 + CG_READY_MAX]; /* until READY */
 };
 
 /* What a descriptor number's mark says (cg_counted). */
 #define CG_COUNTED 0x1u /* counted against its uid's and the total cap */
-#define CG_HS 0x2u      /* its handshake is being read (cg_hs) */
+#define CG_HS 0x2u      /* its stream is being read (cg_hs) */
 #define CG_ADMIN 0x4u   /* counted as a connection to the admin socket */
 #define CG_OTHER 0x8u   /* ... of a uid that was no operator's then */
 
@@ -89,7 +107,7 @@ static char cg_admin_path[sizeof cg_path];
 static atomic_int cg_on;
 static uint64_t cg_refused_total, cg_refused_uid, cg_refused_fds;
 static uint64_t cg_refused_admin;
-static atomic_uint_fast64_t cg_refused_hs;
+static atomic_uint_fast64_t cg_refused_hs, cg_refused_parts;
 
 static int cg_sys_accept4(int fd, struct sockaddr *addr, socklen_t *len,
                           int flags) {
@@ -165,6 +183,7 @@ void gmb__connguard_stats(struct gmb_connguard_stats *out) {
   out->admin_others = cg_admin_others;
   pthread_mutex_unlock(&cg_mu);
   out->refused_handshake = atomic_load(&cg_refused_hs);
+  out->refused_parts = atomic_load(&cg_refused_parts);
 }
 
 /* Under cg_mu: 1 when uid is an operator (gmb__connguard_admins). */
@@ -242,9 +261,8 @@ static int cg_count(int fd, uid_t uid, int admin) {
 
 /* Under cg_mu: starts reading fd's handshake; -1 when out of memory. */
 static int cg_watch(int fd) {
-  struct cg_hs *h = malloc(sizeof *h);
+  struct cg_hs *h = calloc(1, sizeof *h);
   if (!h) return -1;
-  h->got = 0;
   atomic_store(&cg_hs[fd], h);
   atomic_fetch_or_explicit(&cg_counted[fd], CG_HS, memory_order_relaxed);
   return 0;
@@ -277,13 +295,17 @@ static int cg_ready_ok(const unsigned char *p, size_t len) {
  * Feeds n more bytes of a connection's stream to its handshake's reader:
  * 0 while the READY command is not complete, 1 once it is and may pass,
  * -1 when the connection must go (not ZMTP 3 with the NULL mechanism, or
- * a routing id of its own).  Bytes after READY are not looked at.
+ * a routing id of its own).  *used: how many of the n were the
+ * handshake's (the rest are frames).
  */
-static int cg_hs_feed(struct cg_hs *h, const unsigned char *in, size_t n) {
+static int cg_hs_feed(struct cg_hs *h, const unsigned char *in, size_t n,
+                      size_t *used) {
   size_t room = sizeof h->buf - h->got;
   if (n > room) n = room;
   memcpy(h->buf + h->got, in, n);
+  uint32_t before = h->got;
   h->got += (uint32_t)n;
+  *used = n;
   const unsigned char *b = h->buf;
   /* Signature 0xff ... 0x7f (bit 0 of byte 9 set: else ZMTP 1.0, whose
    * first message is a routing id), major version 3 or later (2.0 sends
@@ -302,7 +324,50 @@ static int cg_hs_feed(struct cg_hs *h, const unsigned char *in, size_t n) {
   uint64_t size = cg_be(b + CG_GREETING + 1, (int)head - 1);
   if (size > CG_READY_MAX) return -1;
   if (h->got < CG_GREETING + head + size) return 0;
+  *used = CG_GREETING + head + (size_t)size - before;
   return cg_ready_ok(b + CG_GREETING + head, (size_t)size);
+}
+
+/*
+ * Feeds n more bytes of the frames after READY (ZMTP 3: flags, with MORE
+ * 0x1, LONG 0x2 and COMMAND 0x4, then a size of 1 or 8 bytes, then the
+ * body): 0 while they may pass, -1 when a message has more than
+ * CG_PARTS_MAX parts.  Commands (PING, PONG) are no parts.
+ */
+static int cg_frames_feed(struct cg_hs *h, const unsigned char *in,
+                          size_t n) {
+  while (n > 0) {
+    if (h->left > 0) {
+      size_t k = n < h->left ? n : (size_t)h->left;
+      in += k;
+      n -= k;
+      h->left -= k;
+      continue;
+    }
+    h->head[h->head_got++] = *in++;
+    n--;
+    unsigned flags = h->head[0];
+    size_t need = flags & 0x2 ? 9 : 2;
+    if (h->head_got < need) continue;
+    h->left = cg_be(h->head + 1, (int)need - 1);
+    h->head_got = 0;
+    if (flags & 0x4) continue;
+    if (!(flags & 0x1))
+      h->parts = 0;
+    else if (++h->parts >= CG_PARTS_MAX)
+      return -1;
+  }
+  return 0;
+}
+
+/* At READY: the handshake's buffer goes, the frame state stays.  The
+ * connection's reader, which may have moved. */
+static struct cg_hs *cg_hs_frames(int fd, struct cg_hs *h) {
+  h->framing = 1;
+  struct cg_hs *small = realloc(h, offsetof(struct cg_hs, buf));
+  if (small == NULL) return h; /* keeps its buffer, works as well */
+  atomic_store(&cg_hs[fd], small);
+  return small;
 }
 
 static int cg_accept(int lfd, struct sockaddr *addr, socklen_t *len,
@@ -372,22 +437,32 @@ CG_EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len) {
   return cg_accept(fd, addr, len, 0);
 }
 
-/* libzmq's read of a connection (tcp_read); a connection whose handshake
+/* libzmq's read of a connection (tcp_read); a connection whose stream
  * is being read gets ECONNRESET when it must go (see the top). */
 CG_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags) {
   ssize_t n = cg_sys_recv(fd, buf, len, flags);
-  if (n <= 0 || fd < 0 || (size_t)fd >= cg_nfd ||
+  if (n <= 0 || fd < 0 || (size_t)fd >= cg_nfd || (flags & MSG_PEEK) ||
       !(atomic_load_explicit(&cg_counted[fd], memory_order_relaxed) & CG_HS))
     return n;
   struct cg_hs *h = atomic_load(&cg_hs[fd]);
   if (!h) return n;
-  int ok = (flags & MSG_PEEK) ? 0 : cg_hs_feed(h, buf, (size_t)n);
-  if (ok == 0) return n;
+  const unsigned char *in = buf;
+  size_t used = 0;
+  int ok = 0;
+  if (!h->framing) {
+    ok = cg_hs_feed(h, in, (size_t)n, &used);
+    if (ok > 0) h = cg_hs_frames(fd, h);
+  }
+  if (ok < 0) {
+    atomic_fetch_add(&cg_refused_hs, 1);
+  } else if (h->framing && cg_frames_feed(h, in + used, (size_t)n - used)) {
+    atomic_fetch_add(&cg_refused_parts, 1);
+    ok = -1;
+  }
+  if (ok >= 0) return n;
   atomic_fetch_and_explicit(&cg_counted[fd], (unsigned char)~CG_HS,
                             memory_order_relaxed);
   free(atomic_exchange(&cg_hs[fd], NULL));
-  if (ok > 0) return n;
-  atomic_fetch_add(&cg_refused_hs, 1);
   errno = ECONNRESET;
   return -1;
 }

@@ -26,6 +26,9 @@
  * one that is not ZMTP 3 with the NULL mechanism, or whose READY names a
  * routing id of the peer's choosing, is dropped (libzmq 4.3 aborts when a
  * number it gives an anonymous peer is one a peer chose; connguard.c).
+ * After the handshake their frames' headers are read too: a message of
+ * more than 4 parts drops its connection (libzmq keeps a message's
+ * parts until its last, however many; ZMQ_MAXMSGSIZE bounds one part).
  *
  * A bare connection that never completes ZeroMQ's handshake is dropped by
  * libzmq after ZMQ_HANDSHAKE_IVL; one that completes it but never says
@@ -58,6 +61,7 @@ struct gmb_connguard_stats {
   uint64_t refused_uid;   /* past per_uid_max */
   uint64_t refused_fds;   /* accept() met EMFILE/ENFILE */
   uint64_t refused_handshake; /* chose a routing id, or not ZMTP 3 NULL */
+  uint64_t refused_parts; /* sent a message of too many parts */
   uint64_t refused_admin; /* past the admin socket's caps */
   uint32_t admin_others;  /* admin-socket connections of non-operators now */
 };

@@ -107,7 +107,8 @@ static void fdchan_drop_pending(struct gmb_fdchan *ch,
   ch->gen++;
 }
 
-static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth, fdchan_rl_full;
+static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth, fdchan_rl_full,
+    fdchan_rl_inflight;
 
 /* Pending connections of uid: a scan of the table, which is small. */
 static size_t fdchan_pending_of(const struct gmb_fdchan *ch, uid_t uid) {
@@ -208,6 +209,25 @@ static int fdchan_reply(int sock, uint32_t op, int status, uint64_t segment,
                       MSG_DONTWAIT);
 }
 
+/*
+ * The kernel refused a descriptor: the broker's user has more in flight
+ * (sent, not yet received by anyone) than its RLIMIT_NOFILE, and holds no
+ * CAP_SYS_RESOURCE.  Clients that do not read what they asked for put
+ * them there, and the broker cannot take them back; the asker is refused
+ * with a reason (on `sock`; 0 or -errno, as fdchan_reply) and its session
+ * lives, since the fault is not its own.
+ */
+static int fdchan_inflight_refusal(int sock, uint32_t op, uint64_t segment) {
+  if (gmb__log_allow(&fdchan_rl_inflight))
+    log_warn("descriptor channel: the kernel refuses to pass more "
+             "descriptors: too many the broker sent are still unread "
+             "(more than its RLIMIT_NOFILE; clients that ask and never "
+             "read)%s", gmb__log_suppressed(&fdchan_rl_inflight));
+  return fdchan_reply(sock, op, GMB_E_LIMIT, segment, 0, -1,
+                      "the broker has too many descriptors in flight to "
+                      "clients that do not read them; try again later");
+}
+
 /* Equal secrets, in time that does not depend on where they differ. */
 static int fdchan_secret_eq(const uint8_t *a, const uint8_t *b) {
   volatile uint8_t d = 0;
@@ -269,6 +289,11 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
   int rc = fdchan_reply(p->fd, GMB_FD_AUTH, 0, 0,
                         gmb__locktab_bytes(s->lt), gmb__locktab_fd(s->lt),
                         NULL);
+  if (rc == -ETOOMANYREFS) {
+    fdchan_inflight_refusal(p->fd, GMB_FD_AUTH, 0);
+    fdchan_drop_pending(ch, p);
+    return;
+  }
   if (rc) {
     log_info("session %" PRIu64 ": its descriptor channel closed before it "
              "got its lock table: %s", s->id, strerror(-rc));
@@ -290,7 +315,7 @@ static const char *fdchan_segment(struct gmb_broker *b, struct gmb_session *s,
   void *tag = NULL;
   const struct gmb_dseg *d = gmb__pool_segment(b->pool, id, &tag);
   char msg[GMB_FD_MESSAGE_MAX];
-  int status = 0;
+  int status = 0, seen = 1;
   if (d == NULL || tag != s->tenant) {
     status = GMB_E_NOENT;
     snprintf(msg, sizeof msg, "no segment %" PRIu64 " for tenant %s", id,
@@ -299,13 +324,19 @@ static const char *fdchan_segment(struct gmb_broker *b, struct gmb_session *s,
     status = GMB_E_DEVICE;
     snprintf(msg, sizeof msg, "segment %" PRIu64 " has no descriptor on "
              "device %s", id, b->dev->desc);
-  } else if (gmb__session_seg_seen(s, id) < 0) {
+  } else if ((seen = gmb__session_seg_seen(s, id)) < 0) {
     status = GMB_E_SYSTEM;
     snprintf(msg, sizeof msg, "out of host memory");
   }
   int rc = fdchan_reply(s->fdconn, GMB_FD_SEGMENT, status, id,
                         status ? 0 : d->size, status ? -1 : d->fd,
                         status ? msg : NULL);
+  if (rc == -ETOOMANYREFS) {
+    /* Not given after all: no retirement is announced to s for it, and
+     * on the GPU none waits for s to close it. */
+    if (seen == 0) gmb__session_seg_forget(s, id);
+    rc = fdchan_inflight_refusal(s->fdconn, GMB_FD_SEGMENT, id);
+  }
   if (rc == -EAGAIN || rc == -EWOULDBLOCK)
     return "it does not read its descriptor channel";
   if (rc) return "its descriptor channel closed";

@@ -771,6 +771,10 @@ static void loop_report_refused(struct gmb_connguard_stats *last) {
     log_warn("dropped %" PRIu64 " ZeroMQ connections in their handshake: a "
              "routing id of the peer's choosing, or not ZMTP 3 with the NULL "
              "mechanism (the broker numbers its peers itself)", hs);
+  uint64_t parts = st.refused_parts - last->refused_parts;
+  if (parts)
+    log_warn("dropped %" PRIu64 " ZeroMQ connections that sent a message "
+             "of more than 4 parts (a request is one)", parts);
   *last = st;
 }
 

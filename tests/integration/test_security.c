@@ -119,6 +119,18 @@ static int count_closed(const int *fds, int n, int timeout_ms) {
   return closed;
 }
 
+/* The broker serves after an attack: a client allocates and frees, and
+ * the operator's status is answered. */
+static void serves_after(struct harness_broker *b) {
+  gmb_client *c = harness_connect_ok(b, "after");
+  gmb_id id = harness_alloc_ok(c, MIB);
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  gmb_disconnect(c);
+  struct wire_reply st;
+  ck_assert_int_eq(harness_admin_status(b, &st), 0);
+  gmb__wire_reply_clear(&st);
+}
+
 /* --- row: routing ids chosen by peers ------------------------------------ */
 
 /* glibc's rand() as an unseeded process sees it, and libzmq 4.3's
@@ -184,15 +196,69 @@ START_TEST(peer_chosen_routing_ids_refused) {
   ck_assert_msg(count_closed(anon, ANON, 500) == 0,
                 "an anonymous peer was refused");
   ck_assert_int_eq(harness_broker_alive(&b), 1);
-  gmb_client *c = harness_connect_ok(&b, "after");
-  gmb_id id = harness_alloc_ok(c, MIB);
-  ck_assert_int_eq(gmb_free(c, id), 0);
-  gmb_disconnect(c);
-  struct wire_reply st;
-  ck_assert_int_eq(harness_admin_status(&b, &st), 0);
-  gmb__wire_reply_clear(&st);
+  serves_after(&b);
   for (int i = 0; i < ANON; i++) close(anon[i]);
   for (int i = 0; i < nfd; i++) close(fds[i]);
+  harness_broker_stop(&b);
+}
+END_TEST
+
+/* --- row: a message of endless parts ---------------------------------- */
+
+/* Sends n empty frames, each saying that more parts follow, on fd (raw
+ * ZMTP: flags MORE, size 0), until the peer stops taking them. */
+static void send_more_frames(int fd, int n) {
+  static unsigned char chunk[2 * 4096];
+  for (size_t i = 0; i < sizeof chunk; i += 2) chunk[i] = 0x01, chunk[i + 1] = 0;
+  for (int sent = 0; sent < n; sent += (int)sizeof chunk / 2) {
+    const unsigned char *p = chunk;
+    size_t left = sizeof chunk;
+    while (left > 0) {
+      ssize_t k = send(fd, p, left, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return; /* the broker closed it: enough */
+      p += k;
+      left -= (size_t)k;
+    }
+  }
+}
+
+/*
+ * ZMQ_MAXMSGSIZE bounds one frame, not a message: libzmq keeps every part
+ * of a message until its last arrives, about 64 bytes of the broker's
+ * memory for each 2-byte empty part, so one connection that sent parts and
+ * never the last made the broker hold memory without bound (26 MB sent
+ * took it from 10 MB to 770 MB).  Now a message of more parts than a
+ * request could ever need closes its connection on both sockets, and the
+ * broker serves on; a message of a few parts is still answered (bad_input
+ * in test_tenancy).
+ */
+START_TEST(endless_multipart_closed) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  const char *paths[2] = {b.sock_path, b.admin_path};
+  for (int s = 0; s < 2; s++) {
+    int fd = raw_connect(paths[s]);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(zmtp_hello(fd, NULL, 0), 0);
+    send_more_frames(fd, 100000);
+    ck_assert_msg(count_closed(&fd, 1, HARNESS_WAIT_MS) == 1,
+                  "the broker kept a connection sending endless parts (%s)",
+                  paths[s]);
+    close(fd);
+  }
+  ck_assert_int_eq(harness_broker_alive(&b), 1);
+  /* 4 parts, the most a connection may send in one message: answered. */
+  void *z = harness_raw_open(b.endpoint);
+  for (int i = 0; i < 4; i++)
+    ck_assert_int_eq(harness_raw_send(z, "x", 1, i < 3), 0);
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_raw_recv(z, HARNESS_WAIT_MS, &rep), 0);
+  ck_assert_int_eq(rep.status, GMB_E_PROTO);
+  ck_assert_ptr_nonnull(strstr(rep.message, "multi-part"));
+  gmb__wire_reply_clear(&rep);
+  harness_raw_close(z);
+  serves_after(&b);
   harness_broker_stop(&b);
 }
 END_TEST
@@ -607,6 +673,7 @@ END_TEST
 int main(void) {
   return harness_main(HARNESS_SUITE("security", "security", 60,
                                     peer_chosen_routing_ids_refused,
+                                    endless_multipart_closed,
                                     fake_broker_in_foreign_run_dir_refused,
                                     admin_flood_capped,
                                     metrics_port_bounded_and_private,

@@ -39,6 +39,9 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <grp.h>
@@ -1433,6 +1436,101 @@ START_TEST(short_first_message_echoes_nothing) {
 }
 END_TEST
 
+/* --- descriptors in flight -------------------------------------------- */
+
+/* The kernel counts the descriptors a user has sent and no one has
+ * received yet, and past its RLIMIT_NOFILE refuses that user's next
+ * SCM_RIGHTS with ETOOMANYREFS, unless it holds CAP_SYS_RESOURCE or
+ * CAP_SYS_ADMIN (the shipped units run the broker as gmb with none).
+ * Sets this process's effective capabilities to none (restore: 1, the
+ * permitted set back); 0, or -1 when it cannot. */
+struct caps {
+  struct __user_cap_header_struct h;
+  struct __user_cap_data_struct d[2];
+};
+
+static int caps_effective(struct caps *saved, int restore) {
+  if (!restore) {
+    saved->h.version = _LINUX_CAPABILITY_VERSION_3;
+    saved->h.pid = 0;
+    if (syscall(SYS_capget, &saved->h, saved->d) != 0) return -1;
+  }
+  struct caps c = *saved;
+  for (int i = 0; i < 2; i++) c.d[i].effective = restore ? saved->d[i].effective : 0;
+  return syscall(SYS_capset, &c.h, c.d) == 0 ? 0 : -1;
+}
+
+/* Sends descriptors on a pair nobody reads until the kernel refuses the
+ * next one; the pair's reading end (its queue holds them), or -1. */
+static int park_until_refused(void) {
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
+                   0);
+  char byte = 0;
+  int rc = 0;
+  for (int i = 0; i < 10000 && rc == 0; i++)
+    rc = gmb__fd_send(sv[0], &byte, 1, sv[0], MSG_DONTWAIT);
+  close(sv[0]);
+  if (rc == -ETOOMANYREFS) return sv[1];
+  close(sv[1]);
+  return -1;
+}
+
+/*
+ * A local user who leaves the descriptors it asked for unread (its lock
+ * table's, a segment's), and ends its sessions, parks them in flight on
+ * the broker's account; past the broker's RLIMIT_NOFILE every descriptor
+ * the broker sends fails with ETOOMANYREFS.  That ended every other
+ * tenant's session that asked for a segment then, freeing its memory, and
+ * told a new client only that the channel closed.  Now the asker is
+ * refused with GMB_E_LIMIT and a reason, its session lives, and once the
+ * descriptors are read or closed it is served again.
+ */
+START_TEST(inflight_exhausted_spares_sessions) {
+  struct chan c;
+  chan_open(&c);
+  struct gmb_session *s;
+  int sock = chan_session(&c, "a", "", &s, NULL);
+  uint64_t id = s->id;
+  uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
+  struct gmb_session *s2 = fx_hello(&c.f, "b", geteuid(), "");
+  int sock2 = cli_connect(&c);
+  accept_all(&c);
+  /* The limit the kernel compares with: a little above what is open. */
+  struct rlimit old, low;
+  ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+  low = old;
+  low.rlim_cur = (rlim_t)fx_count_fds() + 32;
+  ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+  struct caps caps;
+  int dropped = caps_effective(&caps, 0) == 0;
+  int parked = park_until_refused();
+  if (parked < 0) {
+    printf("inflight_exhausted_spares_sessions: the kernel did not refuse "
+           "descriptors in flight past RLIMIT_NOFILE; skipped\n");
+  } else {
+    cli_segment(sock, id, seg);
+    ck_assert_int_eq(serve_session(&c, id), 1);
+    struct gmb_fd_rep rep = cli_refused(sock, GMB_E_LIMIT);
+    ck_assert_ptr_nonnull(strstr(rep.message, "in flight"));
+    ck_assert_int_eq(recorded(s, seg), 0); /* never given */
+    cli_auth(sock2, s2);
+    serve_pending(&c);
+    cli_refused(sock2, GMB_E_LIMIT);
+    ck_assert_int_eq(cli_hung_up(sock2), 1);
+    ck_assert_int_eq(s2->fdconn, -1);
+    close(parked); /* what was in flight is released */
+    close(must_segment(&c, sock, s, seg, 2 * MIB));
+    ck_assert_int_eq(recorded(s, seg), 1);
+  }
+  if (dropped) ck_assert_int_eq(caps_effective(&caps, 1), 0);
+  ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+  close(sock2);
+  close(sock);
+  chan_close(&c);
+}
+END_TEST
+
 static Suite *fdchan_suite(void) {
   Suite *s = suite_create("fdchan");
   TCase *tc = tcase_create("auth");
@@ -1459,6 +1557,7 @@ static Suite *fdchan_suite(void) {
   tcase_add_test(tc, client_close_ends_session);
   tcase_add_test(tc, client_never_reads_ended);
   tcase_add_test(tc, batch_per_round);
+  tcase_add_test(tc, inflight_exhausted_spares_sessions);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("descriptors");
