@@ -188,6 +188,10 @@ static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
     rep->u.alloc.page_seg[i] = info.dseg->id;
   }
   gmb__tenant_segments_sync(b->tenants, t);
+  if (gmb__tenant_over(t, size)) { /* as in gmb__alloc_try */
+    alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
+    return gmb__alloc_quota(t, size, rep);
+  }
   if (t->segment_bytes > seg_before) {
     uint64_t room = b->dev->capacity > b->dev->in_use
                         ? b->dev->capacity - b->dev->in_use
@@ -240,6 +244,16 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
     else
       *why = GMB_NOMEM_NO_ROOM;
     return rc;
+  }
+  /* To make room the pool may have released lingering segments that
+   * processes still map: on a device that frees a segment only once its
+   * mappers closed it (cuda) they are parked, and count against their
+   * tenant's quota and uid budget from then on (tenant.h: retiring), t's
+   * among them.  So the quota is asked again before the charge. */
+  if (gmb__tenant_over(t, rounded)) {
+    gmb__pool_free(b->pool, info.id, NULL);
+    gmb__tenant_segments_sync(b->tenants, t);
+    return gmb__alloc_quota(t, rounded, rep);
   }
   if (t->segment_bytes > seg_before) {
     uint64_t room = b->dev->capacity > b->dev->in_use
@@ -333,8 +347,17 @@ int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
     return GMB_E_QUOTA;
   }
   /* Lingering empty segments take room a new segment would have found
-   * (gmb__alloc_try releases them before it gives up): released first. */
-  if (more > b->dev->capacity - b->dev->in_use) gmb__pool_trim(b->pool);
+   * (gmb__alloc_try releases them before it gives up): released first.
+   * Parked, they count against the quota (as in gmb__alloc_try): it is
+   * asked again. */
+  if (more > b->dev->capacity - b->dev->in_use) {
+    gmb__pool_trim(b->pool);
+    if (gmb__tenant_fits(t, more) != 0) {
+      gmb__tenant_quota_why(t, more, text, sizeof text);
+      gmb__reply_fail(rep, GMB_E_QUOTA, "%s (cuMemCreate)", text);
+      return GMB_E_QUOTA;
+    }
+  }
   const uint64_t room = b->dev->capacity - b->dev->in_use;
   if (more > room) {
     char rm[GMB_SIZE_BUFSZ];
