@@ -139,28 +139,32 @@ static void reclaim_collect(void *ctx, struct gmb_session *o) {
   if (p->n < p->cap && reclaim_askable(o, p->s, p->now)) p->v[p->n++] = o;
 }
 
-/* Lowest tenant priority first, then the largest cache; the session id
- * makes the order total. */
+/* Lowest tenant priority first, then the largest cache (as far as its
+ * session holds it: a report can be any number); the session id makes the
+ * order total. */
 static int reclaim_cmp(const void *x, const void *y) {
   const struct gmb_session *a = *(struct gmb_session *const *)x;
   const struct gmb_session *c = *(struct gmb_session *const *)y;
   if (a->tenant->priority != c->tenant->priority)
     return a->tenant->priority < c->tenant->priority ? -1 : 1;
-  if (a->cached_free != c->cached_free)
-    return a->cached_free > c->cached_free ? -1 : 1;
+  uint64_t ac = gmb__session_cached(a), cc = gmb__session_cached(c);
+  if (ac != cc) return ac > cc ? -1 : 1;
   return (a->id > c->id) - (a->id < c->id);
 }
 
-/* What may be asked of o now for session s: its cached bytes, within what
- * its tenant holds and has not been asked for, and for another tenant
- * never below that tenant's reservation. */
+/* What may be asked of o now for session s: its cached bytes as far as o
+ * holds them (a session that reports its tenant's other sessions' bytes
+ * would be asked for what it cannot give, and the caches that could were
+ * not asked), within what its tenant holds and has not been asked for,
+ * and for another tenant never below that tenant's reservation. */
 static uint64_t reclaim_allowance(const struct gmb_session *o,
                                   const struct gmb_session *s) {
   const struct gmb_tenant *t = o->tenant;
   uint64_t held = t->used > t->cache_asked ? t->used - t->cache_asked : 0;
   uint64_t floor = t == s->tenant ? 0 : t->reserve;
   uint64_t allow = held > floor ? held - floor : 0;
-  return o->cached_free < allow ? o->cached_free : allow;
+  uint64_t cached = gmb__session_cached(o);
+  return cached < allow ? cached : allow;
 }
 
 /* What of `ahead` (reclaim.h) tenant t could still use after a request

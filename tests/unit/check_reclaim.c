@@ -352,6 +352,37 @@ START_TEST(cached_free_beyond_used_not_believed) {
 }
 END_TEST
 
+/* A session's cache figure is believed only up to what that session
+ * holds, not its tenant: a, holding nothing while its tenant's other
+ * session c holds 4 MiB in use, reports an endless cache.  It used to be
+ * asked first (the largest cache) for all b lacked, so d's real cache was
+ * never asked and b's request came back GMB_E_NOMEM once a's answer gave
+ * nothing.  Now d is asked, and b is served. */
+START_TEST(cached_free_beyond_the_sessions_own_not_believed) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", FX_INI_OFF);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_hello(&f, "c", 1001, "");
+  fx_hello(&f, "d", 1003, "");
+  report(&f, "a", 1001, UINT64_MAX, 0);
+  hold(&f, "c", 1001, 4 * MIB);
+  uint64_t slab = cache(&f, "d", 1003, 2 * MIB);
+  /* 6 MiB held, 2 of room: 4 MiB lacks 2, which only d can give. */
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "d", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  check_sums(&f);
+  ck_assert_int_eq(fx_free(&f, "d", 1003, slab), 0);
+  assert_served(&f, "b", r, 4 * MIB);
+  report(&f, "d", 1003, 0, 1);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
 /* A Heartbeat from `rid` reporting `holes` free between its cache's
  * blocks (Request.cached_holes). */
 static void report_holes(struct fx *f, const char *rid, uid_t uid,
@@ -1238,6 +1269,7 @@ static Suite *reclaim_suite(void) {
   tcase_add_test(tc, reservation_never_asked_below);
   tcase_add_test(tc, nothing_asked_when_caches_cannot_cover);
   tcase_add_test(tc, cached_free_beyond_used_not_believed);
+  tcase_add_test(tc, cached_free_beyond_the_sessions_own_not_believed);
   tcase_add_test(tc, holes_follow_what_the_session_holds);
   tcase_add_test(tc, trim_wait_zero_never_asks);
   tcase_add_test(tc, falls_through_to_compaction);
