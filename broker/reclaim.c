@@ -167,14 +167,25 @@ static uint64_t reclaim_allowance(const struct gmb_session *o,
   return cached < allow ? cached : allow;
 }
 
-/* What of `ahead` (reclaim.h) tenant t could still use after a request
- * of `rounded` bytes: within the device and its quota. */
+/* What of `ahead` (reclaim.h) session s's tenant could still use after
+ * a request of `rounded` bytes: within the device, and within what its
+ * quota leaves beside what it holds, once its other sessions' caches gave
+ * back (asked, they free its quota too).  `ahead` is the client's word:
+ * unclipped, a tenant at its quota had every other cache asked for as
+ * much as its whole quota for one page it could barely hold. */
 static uint64_t reclaim_ahead(const struct gmb_broker *b,
-                              const struct gmb_tenant *t, uint64_t rounded,
+                              const struct gmb_session *s, uint64_t rounded,
                               uint64_t ahead) {
+  const struct gmb_tenant *t = s->tenant;
   uint64_t room = b->dev->capacity > rounded ? b->dev->capacity - rounded : 0;
   if (t->quota) {
-    uint64_t q = t->quota > rounded ? t->quota - rounded : 0;
+    uint64_t cached = gmb__tenant_cached(t), mine = gmb__session_cached(s);
+    uint64_t others = cached > mine ? cached - mine : 0;
+    uint64_t charged = gmb__tenant_charged(t);
+    uint64_t held = charged > others ? charged - others : 0;
+    uint64_t q = t->quota > held && t->quota - held > rounded
+                     ? t->quota - held - rounded
+                     : 0;
     if (q < room) room = q;
   }
   return ahead < room ? ahead : room;
@@ -249,7 +260,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   /* What the plan reaches for: this request's lack and the rest of its
    * miss; what it must reach to hold the request: the lack. */
   uint64_t want =
-      need ? need + reclaim_ahead(b, s->tenant, rounded, ahead) : 0;
+      need ? need + reclaim_ahead(b, s, rounded, ahead) : 0;
   uint64_t now = gmb__now_ns();
   struct reclaim_pick p = {.s = s, .now = now};
   uint64_t *bytes = NULL;
@@ -382,7 +393,7 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
    * well); s's own ask is not: it cannot answer while this request waits. */
   uint64_t coming = t->cache_asked - s->ask_bytes;
   uint64_t need = missing > coming ? missing - coming : 0;
-  uint64_t want = need ? need + reclaim_ahead(b, t, rounded, ahead) : 0;
+  uint64_t want = need ? need + reclaim_ahead(b, s, rounded, ahead) : 0;
   uint64_t now = gmb__now_ns();
   /* The plan first: nobody is asked, and nothing held, unless the cached
    * bytes of its other sessions can cover what is missing; bytes in use
