@@ -58,6 +58,9 @@ struct gmb_waitq {
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
   uint64_t next_unblock_ns; /* no waiter stops blocking others before
                                (waitq.c, WAITQ_BLOCK_MS; 0: look) */
+  uint64_t pass;  /* serving passes so far: names the tenants' memos of
+                     requests that found no room (gmb_tenant.wq_*) */
+  uint64_t tries; /* waiters tried against the pool, since start */
 };
 
 /* Cached memory asked back from the clients' caches (reclaim.c). */
