@@ -632,6 +632,34 @@ START_TEST(alloc_nomem_full_device) {
 }
 END_TEST
 
+/* Explaining a refusal for want of room walks the whole pool, every
+ * tenant's ranges, and a client can be refused so at will (a full device,
+ * or a request larger than the device): each refusal of a flood walked
+ * the pool again.  Now at most GMB_EXPLAIN_WALKS a second do; the others
+ * carry the last walk's figures and say how old they are. */
+START_TEST(alloc_nomem_explanations_walk_a_few_times_a_second) {
+  struct fx f;
+  fx_open_small(&f);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  const uint64_t walks = f.b.explain.walks;
+  struct wire_reply rep;
+  for (int i = 0; i < 200; i++) {
+    ck_assert_int_eq(fx_alloc(&f, "b", 1002, i % 2 ? MIB : 64 * MIB, 0, 0,
+                              &rep), 1);
+    ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+    ck_assert_uint_eq(rep.u.nomem.unmovable, 8 * MIB);
+    ck_assert_uint_eq(rep.u.nomem.n_holders, 1);
+    ck_assert_str_eq(rep.u.nomem.holders[0], "uid-1001");
+  }
+  ck_assert_uint_ge(f.b.explain.walks - walks, 1);
+  ck_assert_uint_lt(f.b.explain.walks - walks, 200);
+  ck_assert_msg(strstr(rep.message, "ms ago") != NULL, "%s", rep.message);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(alloc_nomem_fragmented) {
   struct fx f;
   fx_open_small(&f);
@@ -2079,6 +2107,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, alloc_movable_gets_slot);
   tcase_add_test(tc, alloc_movable_lock_table_full);
   tcase_add_test(tc, alloc_nomem_full_device);
+  tcase_add_test(tc, alloc_nomem_explanations_walk_a_few_times_a_second);
   tcase_add_test(tc, alloc_nomem_fragmented);
   tcase_add_test(tc, alloc_nomem_names_each_holder_once);
   tcase_add_test(tc, alloc_nomem_for_reservation);
