@@ -59,34 +59,67 @@ static int alloc_count_unmovable(void *ctx, const struct gmb_alloc_info *a,
   return 0;
 }
 
-void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
-                        uint64_t rounded, struct wire_reply *rep) {
-  uint64_t largest = 0, total = 0;
-  gmb__pool_fragmentation(b->pool, &largest, &total);
+/* Walks the pool for what cannot be moved (b->explain keeps it) and the
+ * free bytes in other tenants' segments than s's (returned). */
+static uint64_t alloc_explain_walk(struct gmb_broker *b,
+                                   const struct gmb_session *s, uint64_t now) {
   struct alloc_unmovable u;
   memset(&u, 0, sizeof u);
   u.me = s->tenant;
   gmb__pool_walk(b->pool, alloc_count_unmovable, &u);
+  struct gmb_explain *e = &b->explain;
+  e->at_ns = now;
+  e->in_window++;
+  e->walks++;
+  e->unmovable = u.bytes;
+  e->n = u.n;
+  for (size_t i = 0; i < u.n; i++) {
+    snprintf(e->holders[i], sizeof e->holders[i], "%s", u.by[i].t->name);
+    e->bytes[i] = u.by[i].bytes;
+  }
+  return u.others_free;
+}
+
+void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
+                        uint64_t rounded, struct wire_reply *rep) {
+  uint64_t largest = 0, total = 0;
+  gmb__pool_fragmentation(b->pool, &largest, &total);
+  /* The walk is O(every range): a few a second (broker.h); the refusals
+   * past them get the last walk's figures, and their age. */
+  struct gmb_explain *e = &b->explain;
+  const uint64_t now = gmb__now_ns();
+  if (now - e->window_ns >= GMB_NS_PER_S) {
+    e->window_ns = now;
+    e->in_window = 0;
+  }
+  const int walk = e->at_ns == 0 || e->in_window < GMB_EXPLAIN_WALKS;
+  const uint64_t others_free = walk ? alloc_explain_walk(b, s, now) : 0;
   char req_s[GMB_SIZE_BUFSZ], tot_s[GMB_SIZE_BUFSZ], big_s[GMB_SIZE_BUFSZ],
       stuck_s[GMB_SIZE_BUFSZ], one[GMB_SIZE_BUFSZ];
   char holders[256] = "";
   size_t off = 0;
-  for (size_t i = 0; i < u.n && off < sizeof holders; i++) {
+  for (size_t i = 0; i < e->n && off < sizeof holders; i++) {
     int n = snprintf(holders + off, sizeof holders - off, "%s%s %s",
-                     i ? ", " : "", u.by[i].t->name,
-                     gmb__size_format(u.by[i].bytes, one, sizeof one));
+                     i ? ", " : "", e->holders[i],
+                     gmb__size_format(e->bytes[i], one, sizeof one));
     if (n < 0) break;
     off += (size_t)n;
   }
+  char age[112] = "";
+  if (!walk)
+    snprintf(age, sizeof age, " (counted %llu ms ago: the pool is walked "
+             "for it at most %d times a second)",
+             (unsigned long long)((now - e->at_ns) / GMB_NS_PER_MS),
+             GMB_EXPLAIN_WALKS);
   /* cuda: retired segments still occupy the device until every client
    * that mapped them said it closed them; say so rather than leave a
    * "free" figure the device cannot honour. */
   /* Free bytes in other tenants' segments serve this tenant only once
    * compaction empties a whole segment of theirs back to the device. */
   char others[128] = "";
-  if (u.others_free)
+  if (others_free)
     snprintf(others, sizeof others, "; %s of the free bytes lie in other "
-             "tenants' segments", gmb__size_format(u.others_free, one,
+             "tenants' segments", gmb__size_format(others_free, one,
                                                    sizeof one));
   char retiring[96] = "";
   if (b->dev->retiring_bytes)
@@ -97,23 +130,23 @@ void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
   gmb__reply_fail(rep, GMB_E_NOMEM,
                   "no room for %s on %s (tenant %s): %s free in total, the "
                   "largest free range is %s; %s cannot be moved (pinned or "
-                  "locked)%s%s%s%s%s",
+                  "locked)%s%s%s%s%s%s",
                   gmb__size_format(rounded, req_s, sizeof req_s),
                   b->dev->desc, s->tenant->name,
                   gmb__size_format(total, tot_s, sizeof tot_s),
                   gmb__size_format(largest, big_s, sizeof big_s),
-                  gmb__size_format(u.bytes, stuck_s, sizeof stuck_s),
-                  u.n ? ", held by " : "", holders, others,
+                  gmb__size_format(e->unmovable, stuck_s, sizeof stuck_s),
+                  e->n ? ", held by " : "", holders, age, others,
                   b->cfg.compaction ? "" : "; compaction is off", retiring);
   rep->kind = WIRE_NOMEM;
   rep->u.nomem.request = rounded;
   rep->u.nomem.free_total = total;
   rep->u.nomem.largest_free = largest;
-  rep->u.nomem.unmovable = u.bytes;
-  rep->u.nomem.n_holders = u.n;
-  for (size_t i = 0; i < u.n; i++)
+  rep->u.nomem.unmovable = e->unmovable;
+  rep->u.nomem.n_holders = e->n;
+  for (size_t i = 0; i < e->n; i++)
     snprintf(rep->u.nomem.holders[i], sizeof rep->u.nomem.holders[i], "%s",
-             u.by[i].t->name);
+             e->holders[i]);
 }
 
 int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
@@ -188,6 +221,10 @@ static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
     rep->u.alloc.page_seg[i] = info.dseg->id;
   }
   gmb__tenant_segments_sync(b->tenants, t);
+  if (gmb__tenant_over(t, size)) { /* as in gmb__alloc_try */
+    alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
+    return gmb__alloc_quota(t, size, rep);
+  }
   if (t->segment_bytes > seg_before) {
     uint64_t room = b->dev->capacity > b->dev->in_use
                         ? b->dev->capacity - b->dev->in_use
@@ -240,6 +277,16 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
     else
       *why = GMB_NOMEM_NO_ROOM;
     return rc;
+  }
+  /* To make room the pool may have released lingering segments that
+   * processes still map: on a device that frees a segment only once its
+   * mappers closed it (cuda) they are parked, and count against their
+   * tenant's quota and uid budget from then on (tenant.h: retiring), t's
+   * among them.  So the quota is asked again before the charge. */
+  if (gmb__tenant_over(t, rounded)) {
+    gmb__pool_free(b->pool, info.id, NULL);
+    gmb__tenant_segments_sync(b->tenants, t);
+    return gmb__alloc_quota(t, rounded, rep);
   }
   if (t->segment_bytes > seg_before) {
     uint64_t room = b->dev->capacity > b->dev->in_use
@@ -333,8 +380,17 @@ int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
     return GMB_E_QUOTA;
   }
   /* Lingering empty segments take room a new segment would have found
-   * (gmb__alloc_try releases them before it gives up): released first. */
-  if (more > b->dev->capacity - b->dev->in_use) gmb__pool_trim(b->pool);
+   * (gmb__alloc_try releases them before it gives up): released first.
+   * Parked, they count against the quota (as in gmb__alloc_try): it is
+   * asked again. */
+  if (more > b->dev->capacity - b->dev->in_use) {
+    gmb__pool_trim(b->pool);
+    if (gmb__tenant_fits(t, more) != 0) {
+      gmb__tenant_quota_why(t, more, text, sizeof text);
+      gmb__reply_fail(rep, GMB_E_QUOTA, "%s (cuMemCreate)", text);
+      return GMB_E_QUOTA;
+    }
+  }
   const uint64_t room = b->dev->capacity - b->dev->in_use;
   if (more > room) {
     char rm[GMB_SIZE_BUFSZ];

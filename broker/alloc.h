@@ -106,7 +106,9 @@ void gmb__alloc_stats(struct gmb_broker *b, const struct gmb_session *s,
 
 /* Fills *rep with GMB_E_NOMEM and the broker's explanation for a request
  * of `rounded` bytes: free total, largest range, what cannot be moved and
- * which tenants hold it. */
+ * which tenants hold it.  The last two take a walk of the whole pool: at
+ * most GMB_EXPLAIN_WALKS a second (broker.h), past which a refusal gets
+ * the last walk's figures and their age. */
 void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
                         uint64_t rounded, struct wire_reply *rep);
 

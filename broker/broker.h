@@ -58,6 +58,26 @@ struct gmb_waitq {
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
   uint64_t next_unblock_ns; /* no waiter stops blocking others before
                                (waitq.c, WAITQ_BLOCK_MS; 0: look) */
+  uint64_t pass;  /* serving passes so far: names the tenants' memos of
+                     requests that found no room (gmb_tenant.wq_*) */
+  uint64_t tries; /* waiters tried against the pool, since start */
+};
+
+/* What cannot be moved, as the last walk of the pool for a refusal's
+ * explanation counted it (alloc.c, gmb__alloc_explain).  The walk visits
+ * every range of every tenant, and a client can be refused for want of
+ * room at will: at most GMB_EXPLAIN_WALKS walks a second, and the
+ * refusals past them reuse these figures, saying how old they are. */
+#define GMB_EXPLAIN_WALKS 16
+struct gmb_explain {
+  uint64_t window_ns;  /* start of the current second */
+  uint32_t in_window;  /* walks in it */
+  uint64_t walks;      /* since start */
+  uint64_t at_ns;      /* of the last walk; 0: none yet */
+  uint64_t unmovable;  /* bytes pinned, or movable and locked */
+  size_t n;            /* tenants holding the most of them */
+  char holders[WIRE_HOLDERS_MAX][WIRE_NAME_MAX + 1];
+  uint64_t bytes[WIRE_HOLDERS_MAX];
 };
 
 /* Cached memory asked back from the clients' caches (reclaim.c). */
@@ -110,6 +130,7 @@ struct gmb_broker {
   struct gmb_statefile *statefile; /* the overrides an operator set */
   struct gmb_waitq waitq;
   struct gmb_reclaim reclaim;
+  struct gmb_explain explain;
   struct gmb_offload offload;
   void *zctx, *client_sock, *admin_sock;
   gmb_reply_tap reply_tap;

@@ -139,38 +139,53 @@ static void reclaim_collect(void *ctx, struct gmb_session *o) {
   if (p->n < p->cap && reclaim_askable(o, p->s, p->now)) p->v[p->n++] = o;
 }
 
-/* Lowest tenant priority first, then the largest cache; the session id
- * makes the order total. */
+/* Lowest tenant priority first, then the largest cache (as far as its
+ * session holds it: a report can be any number); the session id makes the
+ * order total. */
 static int reclaim_cmp(const void *x, const void *y) {
   const struct gmb_session *a = *(struct gmb_session *const *)x;
   const struct gmb_session *c = *(struct gmb_session *const *)y;
   if (a->tenant->priority != c->tenant->priority)
     return a->tenant->priority < c->tenant->priority ? -1 : 1;
-  if (a->cached_free != c->cached_free)
-    return a->cached_free > c->cached_free ? -1 : 1;
+  uint64_t ac = gmb__session_cached(a), cc = gmb__session_cached(c);
+  if (ac != cc) return ac > cc ? -1 : 1;
   return (a->id > c->id) - (a->id < c->id);
 }
 
-/* What may be asked of o now for session s: its cached bytes, within what
- * its tenant holds and has not been asked for, and for another tenant
- * never below that tenant's reservation. */
+/* What may be asked of o now for session s: its cached bytes as far as o
+ * holds them (a session that reports its tenant's other sessions' bytes
+ * would be asked for what it cannot give, and the caches that could were
+ * not asked), within what its tenant holds and has not been asked for,
+ * and for another tenant never below that tenant's reservation. */
 static uint64_t reclaim_allowance(const struct gmb_session *o,
                                   const struct gmb_session *s) {
   const struct gmb_tenant *t = o->tenant;
   uint64_t held = t->used > t->cache_asked ? t->used - t->cache_asked : 0;
   uint64_t floor = t == s->tenant ? 0 : t->reserve;
   uint64_t allow = held > floor ? held - floor : 0;
-  return o->cached_free < allow ? o->cached_free : allow;
+  uint64_t cached = gmb__session_cached(o);
+  return cached < allow ? cached : allow;
 }
 
-/* What of `ahead` (reclaim.h) tenant t could still use after a request
- * of `rounded` bytes: within the device and its quota. */
+/* What of `ahead` (reclaim.h) session s's tenant could still use after
+ * a request of `rounded` bytes: within the device, and within what its
+ * quota leaves beside what it holds, once its other sessions' caches gave
+ * back (asked, they free its quota too).  `ahead` is the client's word:
+ * unclipped, a tenant at its quota had every other cache asked for as
+ * much as its whole quota for one page it could barely hold. */
 static uint64_t reclaim_ahead(const struct gmb_broker *b,
-                              const struct gmb_tenant *t, uint64_t rounded,
+                              const struct gmb_session *s, uint64_t rounded,
                               uint64_t ahead) {
+  const struct gmb_tenant *t = s->tenant;
   uint64_t room = b->dev->capacity > rounded ? b->dev->capacity - rounded : 0;
   if (t->quota) {
-    uint64_t q = t->quota > rounded ? t->quota - rounded : 0;
+    uint64_t cached = gmb__tenant_cached(t), mine = gmb__session_cached(s);
+    uint64_t others = cached > mine ? cached - mine : 0;
+    uint64_t charged = gmb__tenant_charged(t);
+    uint64_t held = charged > others ? charged - others : 0;
+    uint64_t q = t->quota > held && t->quota - held > rounded
+                     ? t->quota - held - rounded
+                     : 0;
     if (q < room) room = q;
   }
   return ahead < room ? ahead : room;
@@ -245,7 +260,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   /* What the plan reaches for: this request's lack and the rest of its
    * miss; what it must reach to hold the request: the lack. */
   uint64_t want =
-      need ? need + reclaim_ahead(b, s->tenant, rounded, ahead) : 0;
+      need ? need + reclaim_ahead(b, s, rounded, ahead) : 0;
   uint64_t now = gmb__now_ns();
   struct reclaim_pick p = {.s = s, .now = now};
   uint64_t *bytes = NULL;
@@ -378,7 +393,7 @@ int gmb__reclaim_quota_hold(struct gmb_broker *b, struct gmb_session *s,
    * well); s's own ask is not: it cannot answer while this request waits. */
   uint64_t coming = t->cache_asked - s->ask_bytes;
   uint64_t need = missing > coming ? missing - coming : 0;
-  uint64_t want = need ? need + reclaim_ahead(b, t, rounded, ahead) : 0;
+  uint64_t want = need ? need + reclaim_ahead(b, s, rounded, ahead) : 0;
   uint64_t now = gmb__now_ns();
   /* The plan first: nobody is asked, and nothing held, unless the cached
    * bytes of its other sessions can cover what is missing; bytes in use

@@ -92,7 +92,8 @@ void gmb__reclaim_settle(struct gmb_broker *b);
  * on as without.  `ahead`
  * (a cache's pages: Alloc.ahead, else 0): bytes the same miss asks for
  * next; as much more is asked for now where the caches have it (clipped
- * to the device and the tenant's quota), but the hold waits only for what
+ * to the device and to what the tenant's quota leaves beside what it
+ * holds), but the hold waits only for what
  * this request lacks.  Both holds below take it so. */
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,

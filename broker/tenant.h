@@ -92,6 +92,11 @@ struct gmb_tenant {
   uint64_t refusals_reserve; /* refused for another tenant's reservation */
   uint64_t segment_bytes; /* bytes of its arena's segments (a mirror) */
   uint64_t waiting;  /* its requests in the wait queue (dispatch.c) */
+  /* The wait queue's memo (waitq.c): in serving pass wq_pass, one of its
+   * allocations of wq_small bytes (at most GMB_POOL_SMALL_MAX; 0: none), or
+   * of wq_pages bytes of pages and a tail of wq_tail (wq_pages 0: none),
+   * found no room, and so would any as large in that pass. */
+  uint64_t wq_pass, wq_small, wq_pages, wq_tail;
   /* EVENT_TRIM asks its ended sessions were sent and left unanswered
    * (their gmb_session counters, folded in as each left the tenant's
    * list), so that per-tenant totals survive sessions

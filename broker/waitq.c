@@ -7,7 +7,9 @@
  * waiter there could still be served (a tenant has a reservation, or a
  * request waits for a compaction run); a request that joins tries the
  * head and itself only (gmb__waitq_joined); the earliest deadline is
- * cached, so the loop's timer does not walk the queue either.  Waiters
+ * cached, so the loop's timer does not walk the queue either.  A serving
+ * pass tries a tenant's waiters that cannot fit once, not each of them
+ * (the memo, below).  Waiters
  * are capped per session and per tenant (max_waiters_per_*).
  *
  * A request may also be held while other sessions' caches are asked to
@@ -111,6 +113,7 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
                          struct wire_reply *rep, enum gmb_nomem_why *why) {
   memset(rep, 0, sizeof *rep);
   rep->id = w->req_id;
+  b->waitq.tries++;
   if (w->flags & GMB__ALLOC_VMM)
     return gmb__alloc_vmm(b, w->session, w->size, rep, why);
   /* An allocation, or a Lock bringing an offloaded one back. */
@@ -118,6 +121,58 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
                                                         : 0;
   return gmb__offload_try(b, w->session, w->size, w->flags | queued, rep,
                           why);
+}
+
+/*
+ * The memo of a serving pass.  Within one pass of gmb__waitq_serve nothing
+ * is freed (waiters are only served or answered), so the device's room and
+ * the free ranges of a tenant's arena only shrink.  When a plain
+ * allocation of tenant t found no room in the pool, so does any later one
+ * of t in the same pass that is at least as large: a small one (whatever
+ * its class: with the device full the pool looks in both) needs a free
+ * range at least as large or a new small segment; a large one needs a new
+ * segment of its pages, then room for its tail; and no room for a small
+ * segment is no room for any segment.  Such waiters are counted as not
+ * fitting without a try, so that a tenant's many waiters that cannot fit
+ * cost one try a pass, not one each.  Not for a request its quota now
+ * refuses: that one is tried, and answered GMB_E_QUOTA.
+ */
+static int waitq_plain(const struct gmb_waiter *w) {
+  return !(w->flags & (GMB__ALLOC_VMM | GMB__ALLOC_RESTORE | GMB__ALLOC_PAGES));
+}
+
+/* 1 when w cannot fit in this pass, by its tenant's memo. */
+static int waitq_missed(const struct gmb_waitq *q, const struct gmb_waiter *w) {
+  const struct gmb_tenant *t = w->session->tenant;
+  if (t->wq_pass != q->pass || !waitq_plain(w)) return 0;
+  const uint64_t need = gmb__alloc_round(w->size);
+  const uint64_t pages = need & ~(GMB_SEGMENT_ALIGN - 1);
+  int miss = t->wq_small && (need > GMB_POOL_SMALL_MAX || need >= t->wq_small);
+  miss |= need > GMB_POOL_SMALL_MAX && t->wq_pages && pages >= t->wq_pages &&
+          need - pages >= t->wq_tail;
+  return miss && !gmb__tenant_over(t, need);
+}
+
+/* w found no room in the pool in this pass: its tenant's memo. */
+static void waitq_miss_note(const struct gmb_waitq *q,
+                            const struct gmb_waiter *w) {
+  struct gmb_tenant *t = w->session->tenant;
+  if (!waitq_plain(w)) return;
+  if (t->wq_pass != q->pass) {
+    t->wq_pass = q->pass;
+    t->wq_small = t->wq_pages = t->wq_tail = 0;
+  }
+  const uint64_t need = gmb__alloc_round(w->size);
+  if (need <= GMB_POOL_SMALL_MAX) {
+    if (t->wq_small == 0 || need < t->wq_small) t->wq_small = need;
+    return;
+  }
+  const uint64_t pages = need & ~(GMB_SEGMENT_ALIGN - 1);
+  if (t->wq_pages == 0 ||
+      (pages <= t->wq_pages && need - pages <= t->wq_tail)) {
+    t->wq_pages = pages;
+    t->wq_tail = need - pages;
+  }
 }
 
 /* A quota hold may end early: none of the bytes it waits for are on their
@@ -297,6 +352,8 @@ static void waitq_answer(struct gmb_broker *b, struct gmb_waiter *w,
 
 void gmb__waitq_serve(struct gmb_broker *b) {
   if (b->closing) return; /* the waiters are dropped with their sessions */
+  struct gmb_waitq *q = &b->waitq;
+  q->pass++; /* the tenants' memos of the last pass are stale now */
   int blocked = 0; /* a waiter ahead did not fit: hold back the rest */
   uint64_t now = 0;  /* read once, when a waiter that blocks is found */
   struct gmb_waiter *w = b->waitq.head, *next;
@@ -315,8 +372,12 @@ void gmb__waitq_serve(struct gmb_broker *b) {
         !gmb__tenant_within_reserve(t, gmb__alloc_round(w->size)))
       continue;
     struct wire_reply rep;
-    enum gmb_nomem_why why;
-    int rc = waitq_attempt(b, w, &rep, &why);
+    enum gmb_nomem_why why = GMB_NOMEM_NO_ROOM;
+    int rc = GMB_E_NOMEM;
+    if (!waitq_missed(q, w)) {
+      rc = waitq_attempt(b, w, &rep, &why);
+      if (rc == GMB_E_NOMEM && why == GMB_NOMEM_NO_ROOM) waitq_miss_note(q, w);
+    }
     if (rc == GMB_E_NOMEM) {
       if (!waitq_nonblocking(w)) {
         if (now == 0) now = gmb__now_ns();

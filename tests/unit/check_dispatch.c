@@ -632,6 +632,34 @@ START_TEST(alloc_nomem_full_device) {
 }
 END_TEST
 
+/* Explaining a refusal for want of room walks the whole pool, every
+ * tenant's ranges, and a client can be refused so at will (a full device,
+ * or a request larger than the device): each refusal of a flood walked
+ * the pool again.  Now at most GMB_EXPLAIN_WALKS a second do; the others
+ * carry the last walk's figures and say how old they are. */
+START_TEST(alloc_nomem_explanations_walk_a_few_times_a_second) {
+  struct fx f;
+  fx_open_small(&f);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  const uint64_t walks = f.b.explain.walks;
+  struct wire_reply rep;
+  for (int i = 0; i < 200; i++) {
+    ck_assert_int_eq(fx_alloc(&f, "b", 1002, i % 2 ? MIB : 64 * MIB, 0, 0,
+                              &rep), 1);
+    ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+    ck_assert_uint_eq(rep.u.nomem.unmovable, 8 * MIB);
+    ck_assert_uint_eq(rep.u.nomem.n_holders, 1);
+    ck_assert_str_eq(rep.u.nomem.holders[0], "uid-1001");
+  }
+  ck_assert_uint_ge(f.b.explain.walks - walks, 1);
+  ck_assert_uint_lt(f.b.explain.walks - walks, 200);
+  ck_assert_msg(strstr(rep.message, "ms ago") != NULL, "%s", rep.message);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(alloc_nomem_fragmented) {
   struct fx f;
   fx_open_small(&f);
@@ -1680,6 +1708,29 @@ START_TEST(evict_sets_word_and_retires_segments) {
 }
 END_TEST
 
+/* The host device made to free a segment only once every session that
+ * mapped it said it closed it, as the cuda device does; returns the ops
+ * to put back before fx_close. */
+static const struct gmb_device_ops *fx_waits_for_holders(struct fx *f) {
+  static struct gmb_device_ops waits;
+  const struct gmb_device_ops *host = f->b.dev->ops;
+  waits = *host;
+  waits.free_waits_for_holders = 1;
+  f->b.dev->ops = &waits;
+  return host;
+}
+
+/* Session rid says it closed retired segment `seg`. */
+static void fx_seg_closed(struct fx *f, const char *rid, uid_t uid,
+                          uint64_t seg) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_SEGMENT_CLOSED;
+  req.u.segment.segment = seg;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+}
+
 /* A process that never answers SegmentClosed for its tenant's retired
  * segments (cuda: the memory stays in use on the GPU while it maps them)
  * kept 512 MiB parked while its tenant used 0 of a 64 MiB quota, and
@@ -1691,11 +1742,7 @@ START_TEST(retiring_counts_against_quota) {
   fx_open_ini(&f, "host:64MiB",
               "[broker]\ncompaction = off\n"
               "[tenant:t]\nquota = 8MiB\nuids = 1001\n");
-  static struct gmb_device_ops waits;
-  const struct gmb_device_ops *host = f.b.dev->ops;
-  waits = *host;
-  waits.free_waits_for_holders = 1;
-  f.b.dev->ops = &waits;
+  const struct gmb_device_ops *host = fx_waits_for_holders(&f);
   struct gmb_session *s = fx_hello(&f, "a", 1001, "t");
   struct gmb_tenant *t = s->tenant;
   struct wire_reply r = fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
@@ -1711,14 +1758,107 @@ START_TEST(retiring_counts_against_quota) {
   ck_assert_int_eq(rep.status, GMB_E_QUOTA);
   ck_assert_ptr_nonnull(strstr(rep.message, "retired segments"));
   /* Closed: the bytes are the tenant's again. */
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_SEGMENT_CLOSED;
-  req.u.segment.segment = seg;
-  ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 0);
+  fx_seg_closed(&f, "a", 1001, seg);
   ck_assert_uint_eq(f.b.dev->retiring, 0);
   ck_assert_uint_eq(t->retiring, 0);
   fx_must_alloc(&f, "a", 1001, 8 * MIB, 0);
+  f.b.dev->ops = host;
+  fx_close(&f);
+}
+END_TEST
+
+/* On a 16 MiB device: the small segment of session `mapper` (client
+ * `rid`), mapped by its process, lingers empty; so does tenant u's (session "b", uid 1002),
+ * which nobody mapped; tenant w's session "c" (uid 1003) holds 10 MiB.
+ * 2 MiB of room are left, 4 once the lingering ones go.  Returns the
+ * mapped segment. */
+static uint64_t linger_mapped_and_unmapped(struct fx *f,
+                                           struct gmb_session *mapper,
+                                           const char *rid) {
+  struct wire_reply r = fx_must_alloc(f, rid, mapper->uid, MIB, 0);
+  uint64_t seg = r.u.alloc.segment;
+  ck_assert_int_eq(gmb__session_seg_seen(mapper, seg), 0);
+  ck_assert_int_eq(fx_free(f, rid, mapper->uid, r.u.alloc.id), 0);
+  r = fx_must_alloc(f, "b", 1002, MIB, 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, r.u.alloc.id), 0);
+  fx_must_alloc(f, "c", 1003, 10 * MIB, 0);
+  ck_assert_uint_eq(f->b.dev->in_use, 14 * MIB);
+  return seg;
+}
+
+#define LINGER_INI "[tenant:u]\nuids = 1002\n[tenant:w]\nuids = 1003\n"
+
+/* A large request that fits its tenant's quota found the device full;
+ * the pool made room by releasing every arena's lingering segment, its
+ * own tenant's among them, which a process of the tenant still maps (the
+ * cuda device parks it: retiring, charged to the quota from then on).
+ * The charge that followed passed the quota and the broker aborted on an
+ * assertion.  Now the quota is asked again and the request is refused
+ * GMB_E_QUOTA, nothing left allocated.  The pages of a cache's request
+ * meet the same, and so does a Vmm increase, which the trim before it
+ * used to grant past the quota. */
+START_TEST(retired_by_the_pools_room_making_refused_not_aborted) {
+  for (int kind = 0; kind < 3; kind++) { /* alloc, pages, vmm */
+    struct fx f;
+    fx_open_ini(&f, "host:16MiB",
+                "[broker]\ncompaction = off\n"
+                "[tenant:t]\nquota = 4MiB\nuids = 1001\n" LINGER_INI);
+    const struct gmb_device_ops *host = fx_waits_for_holders(&f);
+    struct gmb_session *s = fx_hello(&f, "a", 1001, "t");
+    struct gmb_tenant *t = s->tenant;
+    fx_hello(&f, "b", 1002, "u");
+    fx_hello(&f, "c", 1003, "w");
+    uint64_t seg = linger_mapped_and_unmapped(&f, s, "a");
+    struct wire_request req;
+    memset(&req, 0, sizeof req);
+    req.kind = kind == 2 ? WIRE_VMM : WIRE_ALLOC;
+    if (kind == 2) {
+      req.u.vmm.bytes = 4 * MIB;
+    } else {
+      req.u.alloc.size = 4 * MIB;
+      req.u.alloc.pages = kind == 1 ? 2 : 0;
+    }
+    struct wire_reply rep;
+    ck_assert_int_eq(fx_request(&f, "a", 1001, &req, &rep), 1);
+    ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+    ck_assert_ptr_nonnull(strstr(rep.message, "retired segments"));
+    ck_assert_uint_eq(t->used, 0);
+    ck_assert_uint_eq(t->vmm, 0);
+    ck_assert_uint_eq(t->retiring, 2 * MIB);
+    ck_assert_uint_eq(s->allocations, 0);
+    /* Closed: its quota is whole again, and the room is there. */
+    fx_seg_closed(&f, "a", 1001, seg);
+    ck_assert_uint_eq(t->retiring, 0);
+    fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
+    f.b.dev->ops = host;
+    fx_close(&f);
+  }
+}
+END_TEST
+
+/* The same through a uid's budget: the lingering segment released to
+ * make room is another of the uid's tenants made by first use, parked
+ * while its process maps it; the budget they share counts it, and the
+ * charge that followed passed the budget (the broker aborted).  Refused
+ * GMB_E_QUOTA now. */
+START_TEST(retired_sibling_passes_the_uid_budget_refused_not_aborted) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              "[broker]\ncompaction = off\ndefault_quota = 4MiB\n"
+              LINGER_INI);
+  const struct gmb_device_ops *host = fx_waits_for_holders(&f);
+  struct gmb_session *sib = fx_hello(&f, "s", 1001, "sibling");
+  struct gmb_tenant *t = fx_hello(&f, "a", 1001, "")->tenant;
+  fx_hello(&f, "b", 1002, "u");
+  fx_hello(&f, "c", 1003, "w");
+  uint64_t seg = linger_mapped_and_unmapped(&f, sib, "s");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "a", 1001, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_QUOTA);
+  ck_assert_uint_eq(t->used, 0);
+  ck_assert_uint_eq(sib->tenant->retiring, 2 * MIB);
+  fx_seg_closed(&f, "s", 1001, seg);
+  fx_must_alloc(&f, "a", 1001, 4 * MIB, 0);
   f.b.dev->ops = host;
   fx_close(&f);
 }
@@ -1967,6 +2107,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, alloc_movable_gets_slot);
   tcase_add_test(tc, alloc_movable_lock_table_full);
   tcase_add_test(tc, alloc_nomem_full_device);
+  tcase_add_test(tc, alloc_nomem_explanations_walk_a_few_times_a_second);
   tcase_add_test(tc, alloc_nomem_fragmented);
   tcase_add_test(tc, alloc_nomem_names_each_holder_once);
   tcase_add_test(tc, alloc_nomem_for_reservation);
@@ -2021,6 +2162,8 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, start_check_counts_state_file);
   tcase_add_test(tc, evict_sets_word_and_retires_segments);
   tcase_add_test(tc, retiring_counts_against_quota);
+  tcase_add_test(tc, retired_by_the_pools_room_making_refused_not_aborted);
+  tcase_add_test(tc, retired_sibling_passes_the_uid_budget_refused_not_aborted);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -206,6 +206,22 @@ START_TEST(full_device_asks_cache_and_serves_on_free) {
 }
 END_TEST
 
+/* A request for one page of a cache, with `ahead` bytes of its miss still
+ * to come, that is not answered at once; returns its request id. */
+static uint64_t held_page(struct fx *f, const char *rid, uid_t uid,
+                          uint64_t ahead) {
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ALLOC;
+  req.u.alloc.size = 2 * MIB;
+  req.u.alloc.pages = 1;
+  req.u.alloc.ahead = ahead;
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+  return f->next_req - 1;
+}
+
 /* A cache's miss of several requests of pages says what comes next
  * (Alloc.ahead): a, asked for the first request's lack, is asked for the
  * rest of the miss at once (within the device), so that the next requests
@@ -214,16 +230,7 @@ START_TEST(pages_ask_for_what_the_miss_asks_next) {
   struct fx f;
   open_two(&f);
   uint64_t slab = cache(&f, "a", 1001, 8 * MIB);
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_ALLOC;
-  req.u.alloc.size = 2 * MIB;
-  req.u.alloc.pages = 1;
-  req.u.alloc.ahead = 4 * MIB;
-  struct wire_reply rep;
-  memset(&rep, 0, sizeof rep);
-  ck_assert_int_eq(fx_request(&f, "b", 1002, &req, &rep), 0);
-  uint64_t r = f.next_req - 1;
+  uint64_t r = held_page(&f, "b", 1002, 4 * MIB);
   uint64_t bytes = 0;
   ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
   ck_assert_uint_eq(bytes, 6 * MIB);
@@ -233,6 +240,32 @@ START_TEST(pages_ask_for_what_the_miss_asks_next) {
   assert_served(&f, "b", r, 2 * MIB);
   report(&f, "a", 1001, 0, 1);
   ck_assert_uint_eq(f.b.reclaim.asks, 0);
+  check_sums(&f);
+  fx_close(&f);
+}
+END_TEST
+
+/* Alloc.ahead is the client's word: what the broker asks for it is
+ * clipped to what the tenant could still hold after the request.  q,
+ * 6 MiB of its 8 MiB quota in use, asks a page with an ahead of 64 MiB on
+ * a full device: a is asked for the page's 2 MiB only, not for the 6 MiB
+ * of quota q could never use once it holds the page. */
+START_TEST(pages_ahead_clipped_to_what_the_quota_leaves) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB",
+              FX_INI_OFF "[tenant:q]\nuids = 1002\nquota = 8MiB\n");
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "q");
+  uint64_t slab = cache(&f, "a", 1001, 10 * MIB);
+  hold(&f, "b", 1002, 6 * MIB);
+  uint64_t r = held_page(&f, "b", 1002, 64 * MIB);
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "a", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  check_sums(&f);
+  ck_assert_int_eq(fx_free(&f, "a", 1001, slab), 0);
+  assert_served(&f, "b", r, 2 * MIB);
+  report(&f, "a", 1001, 0, 1);
   check_sums(&f);
   fx_close(&f);
 }
@@ -348,6 +381,37 @@ START_TEST(cached_free_beyond_used_not_believed) {
   fx_hello(&f, "c", 1001, "");
   report(&f, "c", 1001, 1, 0);
   ck_assert_uint_eq(gmb__tenant_cached(fx_tenant(&f, "uid-1001")), 2 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* A session's cache figure is believed only up to what that session
+ * holds, not its tenant: a, holding nothing while its tenant's other
+ * session c holds 4 MiB in use, reports an endless cache.  It used to be
+ * asked first (the largest cache) for all b lacked, so d's real cache was
+ * never asked and b's request came back GMB_E_NOMEM once a's answer gave
+ * nothing.  Now d is asked, and b is served. */
+START_TEST(cached_free_beyond_the_sessions_own_not_believed) {
+  struct fx f;
+  fx_open_ini(&f, "host:8MiB", FX_INI_OFF);
+  fx_hello(&f, "a", 1001, "");
+  fx_hello(&f, "b", 1002, "");
+  fx_hello(&f, "c", 1001, "");
+  fx_hello(&f, "d", 1003, "");
+  report(&f, "a", 1001, UINT64_MAX, 0);
+  hold(&f, "c", 1001, 4 * MIB);
+  uint64_t slab = cache(&f, "d", 1003, 2 * MIB);
+  /* 6 MiB held, 2 of room: 4 MiB lacks 2, which only d can give. */
+  uint64_t r = held(&f, "b", 1002, 4 * MIB, 0);
+  ck_assert_uint_eq(trims_to(&f, "a", NULL), 0);
+  uint64_t bytes = 0;
+  ck_assert_uint_eq(trims_to(&f, "d", &bytes), 1);
+  ck_assert_uint_eq(bytes, 2 * MIB);
+  check_sums(&f);
+  ck_assert_int_eq(fx_free(&f, "d", 1003, slab), 0);
+  assert_served(&f, "b", r, 4 * MIB);
+  report(&f, "d", 1003, 0, 1);
+  check_sums(&f);
   fx_close(&f);
 }
 END_TEST
@@ -1234,10 +1298,12 @@ static Suite *reclaim_suite(void) {
   TCase *tc = tcase_create("device");
   tcase_add_test(tc, full_device_asks_cache_and_serves_on_free);
   tcase_add_test(tc, pages_ask_for_what_the_miss_asks_next);
+  tcase_add_test(tc, pages_ahead_clipped_to_what_the_quota_leaves);
   tcase_add_test(tc, order_lowest_priority_then_largest_cache);
   tcase_add_test(tc, reservation_never_asked_below);
   tcase_add_test(tc, nothing_asked_when_caches_cannot_cover);
   tcase_add_test(tc, cached_free_beyond_used_not_believed);
+  tcase_add_test(tc, cached_free_beyond_the_sessions_own_not_believed);
   tcase_add_test(tc, holes_follow_what_the_session_holds);
   tcase_add_test(tc, trim_wait_zero_never_asks);
   tcase_add_test(tc, falls_through_to_compaction);
