@@ -515,9 +515,8 @@ int gmb__dispatch(struct gmb_broker *b, const struct gmb_peer *peer,
                            "belongs to another process");
   }
   s->last_seen_ns = gmb__now_ns();
-  gmb__sleep_heard(s, req->sleep_pausable, req->sleep_idle,
-                   req->sleep_idle_ms,
-                   s->last_seen_ns);
+  gmb__sleep_heard(b, s, req->sleep_pausable, req->sleep_idle,
+                   req->sleep_idle_ms, s->last_seen_ns);
   /* Piggy-backed on every request; a Heartbeat may answer a trim (or an
    * ask to sleep). */
   int answered =

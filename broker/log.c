@@ -54,13 +54,7 @@ static size_t log_utf8_text(const unsigned char *p) {
   return n;
 }
 
-/* Copies `msg` to `out` (at most cap - 1 bytes, NUL-terminated) with every
- * control character, and every byte from 0x80 up that is not part of
- * printable UTF-8 (log_utf8_text), written as \xHH: a message carries text
- * that clients chose (a client name, a tenant name), and a newline or an
- * escape sequence in it must not forge a line or repaint the operator's
- * terminal.  Returns the bytes written. */
-static size_t log_escape(char *out, size_t cap, const char *msg) {
+size_t gmb__log_escape(char *out, size_t cap, const char *msg) {
   static const char hex[] = "0123456789abcdef";
   size_t o = 0;
   for (const unsigned char *p = (const unsigned char *)msg; *p;) {
@@ -96,7 +90,7 @@ static void log_vwrite(int level, const char *fmt, va_list ap) {
                    log_names[level]);
   if (n < 0) return;
   if (vsnprintf(msg, sizeof msg, fmt, ap) < 0) return;
-  size_t len = (size_t)n + log_escape(line + n, sizeof line - (size_t)n - 1,
+  size_t len = (size_t)n + gmb__log_escape(line + n, sizeof line - (size_t)n - 1,
                                       msg);
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);

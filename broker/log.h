@@ -7,6 +7,7 @@
 #ifndef GMB_LOG_H
 #define GMB_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum gmb_log_level {
@@ -20,6 +21,14 @@ void gmb__log_set_level(int level);
 int gmb__log_get_level(void);
 /* "error|warn|info|debug" to a level; 0 or GMB_E_INVAL. */
 int gmb__log_level_parse(const char *s, int *out);
+/* Copies `msg` to `out` (at most cap - 1 bytes, NUL-terminated, cut at a
+ * whole character) with every control character, and every byte from 0x80
+ * up that is not part of printable UTF-8, written as \xHH: text that
+ * clients chose (a client name, a tag) and that operators read, in the log
+ * or in gmbctl's status, must not forge a line, repaint a terminal, or be
+ * bytes a JSON encoder refuses.  Returns the bytes written. */
+size_t gmb__log_escape(char *out, size_t cap, const char *msg);
+
 void gmb__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /*

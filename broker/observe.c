@@ -117,7 +117,9 @@ static void observe_session_row(const struct gmb_session *s,
   snprintf(row->tenant, sizeof row->tenant, "%s", s->tenant->name);
   row->uid = (uint32_t)s->uid;
   row->pid = (int32_t)s->pid;
-  snprintf(row->client, sizeof row->client, "%s", s->client);
+  /* The client's own words, shown to operators: escaped (gmb__log_escape),
+   * so neither a terminal nor a JSON encoder meets its raw bytes. */
+  gmb__log_escape(row->client, sizeof row->client, s->client);
   row->allocations = s->allocations;
   row->used = s->used;
   row->cached = gmb__session_cached(s);
@@ -126,7 +128,9 @@ static void observe_session_row(const struct gmb_session *s,
   row->waiting = s->waiting;
   row->host_bytes = s->host_bytes;
   row->paused_bytes = s->paused_bytes;
-  gmb__sleep_session_paused(s, row->paused, sizeof row->paused);
+  char paused[sizeof row->paused];
+  gmb__sleep_session_paused(s, paused, sizeof paused);
+  gmb__log_escape(row->paused, sizeof row->paused, paused);
   row->sleep_pausable = s->sleep_pausable;
   uint64_t now = gmb__now_ns();
   row->sleep_idle_ms = (s->sleep_pausable || s->sleep_idle) &&

@@ -234,6 +234,7 @@ static struct gmb_session *session_new(struct gmb_broker *b,
   s->tenant = tenant;
   snprintf(s->client, sizeof s->client, "%s", client ? client : "");
   s->last_seen_ns = gmb__now_ns();
+  s->born_ns = s->last_seen_ns;
   /* Link into the tenant's list. */
   s->tenant_next = tenant->sessions;
   if (tenant->sessions) tenant->sessions->tenant_prev = s;

@@ -39,6 +39,7 @@ struct gmb_session {
   int fdconn;       /* its descriptor channel (fdchan.c); -1: none yet */
   uint8_t secret[GMB_FD_SECRET_LEN]; /* proves it on the channel */
   uint64_t last_seen_ns;
+  uint64_t born_ns; /* when its Hello made it: it has been idle no longer */
   struct gmb_tenant *tenant;
   struct gmb_session *tenant_next, *tenant_prev;
   uint64_t *segs;   /* segment ids whose handle it was given, sorted */

@@ -21,16 +21,34 @@
 #include "tenant.h"
 #include "util.h"
 
-static struct gmb_log_rl sleep_rl_note;
+static struct gmb_log_rl sleep_rl_note, sleep_rl_offer;
 
-void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable, int idle,
-                      uint64_t idle_ms, uint64_t now) {
+void gmb__sleep_heard(struct gmb_broker *b, struct gmb_session *s,
+                      uint64_t pausable, int idle, uint64_t idle_ms,
+                      uint64_t now) {
+  /* An offer is a pause's bytes, at most the device's capacity, as a
+   * SleepNote's are (gmb__sleep_note): a figure past it is a lie, refused
+   * as no offer at all rather than kept for status and the asks. */
+  uint64_t cap = b->dev->capacity;
+  if (pausable > cap) {
+    if (gmb__log_allow(&sleep_rl_offer))
+      log_warn("session %" PRIu64 " (tenant %s) offers to pause %" PRIu64
+               " bytes, past the device's %" PRIu64 ": offer refused%s",
+               s->id, s->tenant->name, pausable, cap,
+               gmb__log_suppressed(&sleep_rl_offer));
+    pausable = 0;
+  }
   s->sleep_pausable = pausable;
   s->sleep_idle = idle != 0;
-  /* A day at most: a figure past it says nothing more about the order. */
+  /* A day at most: a figure past it says nothing more about the order
+   * (and the product cannot wrap).  And idle no longer than the session
+   * has existed: a longer figure would move it ahead of sessions idle
+   * longer than it has been alive, and show in status as such.  So the
+   * moment it was last active is never before its Hello. */
   if (idle_ms > UINT64_C(86400000)) idle_ms = UINT64_C(86400000);
   uint64_t idle_ns = idle_ms * GMB_NS_PER_MS;
-  s->sleep_active_ns = now > idle_ns ? now - idle_ns : 0;
+  uint64_t active = now > idle_ns ? now - idle_ns : 0;
+  s->sleep_active_ns = active > s->born_ns ? active : s->born_ns;
 }
 
 static struct gmb_sleep_tag **sleep_find(struct gmb_session *s,

@@ -65,10 +65,13 @@ struct gmb_sleep_tag {
   uint8_t mode, by;
 };
 
-/* Every request carries the session's sleep offer: recorded (the idle time
- * becomes the moment it was last active, on the broker's clock). */
-void gmb__sleep_heard(struct gmb_session *s, uint64_t pausable, int idle,
-                      uint64_t idle_ms, uint64_t now);
+/* Every request carries the session's sleep offer: recorded (the idle time,
+ * at most the session's age, becomes the moment it was last active, on the
+ * broker's clock; an offer past the device's capacity is refused: no
+ * offer). */
+void gmb__sleep_heard(struct gmb_broker *b, struct gmb_session *s,
+                      uint64_t pausable, int idle, uint64_t idle_ms,
+                      uint64_t now);
 
 /* A SleepNote of session s: records or forgets the paused tag, checking
  * the tenant's host_quota for a pause.  Fills *rep; returns 1. */

@@ -41,6 +41,11 @@ struct state_entry {
   char name[WIRE_NAME_MAX + 1];
   int has[2];        /* by enum gmb_state_field */
   uint64_t value[2];
+  /* The uid a tenant made by first use belongs to: kept with its limits,
+   * so that a restart gives it back to that uid, not to whichever names
+   * it first (only beside a quota or reserve). */
+  int has_owner;
+  uid_t owner;
   int line;          /* where its section starts, for messages */
 };
 
@@ -193,13 +198,29 @@ static int state_parse(const char *path, FILE *f, struct state_table *out,
       seen_version = 1;
       continue;
     }
+    if (strcmp(key, "owner") == 0) {
+      char *end;
+      errno = 0;
+      unsigned long long u = strtoull(val, &end, 10);
+      if (cur->has_owner || !isdigit((unsigned char)val[0]) || *end ||
+          errno || u >= (uid_t)-1) {
+        rc = state_fail(err, errcap, path, line, "[tenant:%s] owner: %s",
+                        cur->name, cur->has_owner
+                                       ? "given twice"
+                                       : "not a uid (want 0 to 4294967294)");
+        break;
+      }
+      cur->has_owner = 1;
+      cur->owner = (uid_t)u;
+      continue;
+    }
     int field = strcmp(key, "quota") == 0     ? GMB_STATE_QUOTA
                 : strcmp(key, "reserve") == 0 ? GMB_STATE_RESERVE
                                               : -1;
     if (field < 0) {
       rc = state_fail(err, errcap, path, line,
-                      "[tenant:%s] unknown key (want quota or reserve)",
-                      cur->name);
+                      "[tenant:%s] unknown key (want quota, reserve or "
+                      "owner)", cur->name);
       break;
     }
     if (cur->has[field]) {
@@ -335,6 +356,12 @@ static int state_write(const char *path, const struct state_table *t,
     const struct state_entry *e = &t->e[i];
     if (!e->has[0] && !e->has[1]) continue;
     fprintf(f, "\n[tenant:%s]\n", e->name);
+    /* Before its values: a file cut short (it never is by the broker, which
+     * renames a whole one into place) inside this line leaves a section
+     * with no value, which makes nothing, rather than another uid's. */
+    if (e->has_owner)
+      fprintf(f, "owner = %u   # the uid that made it by first use\n",
+              (unsigned)e->owner);
     static const char *const keys[2] = {"quota", "reserve"};
     for (int k = 0; k < 2; k++) {
       char h[GMB_SIZE_BUFSZ];
@@ -429,6 +456,13 @@ int gmb__statefile_apply(struct gmb_broker *b) {
       gmb__tenant_set_quota(b->tenants, t, e->value[GMB_STATE_QUOTA]);
     if (e->has[GMB_STATE_RESERVE])
       gmb__tenant_set_reserve(b->tenants, t, e->value[GMB_STATE_RESERVE]);
+    /* Its first uid's again (a live tenant keeps whom it has; a default
+     * name, uid-N, is uid N's whatever a hand-edited file says). */
+    uid_t named;
+    if (e->has_owner && !t->configured && !t->has_owner && t->n_uids == 0 &&
+        !t->has_token &&
+        (!gmb__tenant_default_uid(t->name, &named) || named == e->owner))
+      gmb__tenant_set_owner(b->tenants, t, e->owner);
     char q[GMB_SIZE_BUFSZ], r[GMB_SIZE_BUFSZ];
     if (t->quota && t->reserve > t->quota)
       log_warn("tenant %s: reservation %s is above its quota %s (one comes "
@@ -509,6 +543,12 @@ int gmb__statefile_set(struct gmb_broker *b, const char *name,
     e->has[field] = 1;
     e->value[field] = value;
   }
+  /* A tenant proved by nothing but its first uid: that uid goes with its
+   * limits (gmb__statefile_apply gives it back after a restart). */
+  const struct gmb_tenant *t = gmb__tenant_find(b->tenants, name);
+  e->has_owner = t && !t->configured && t->has_owner && t->n_uids == 0 &&
+                 !t->has_token;
+  e->owner = e->has_owner ? t->owner_uid : 0;
   *persisted = 0;
   if (b->cfg.state[0]) {
     int rc = state_write(b->cfg.state, &next, err, errcap);

@@ -17,11 +17,16 @@
  *   # comment
  *   version = 1
  *   [tenant:llm-a]
+ *   owner = 1001            # a tenant made by first use: its first uid
  *   quota = 21474836480     # 20GiB
  *   reserve = 4294967296    # 4GiB
  *
  * Values are bytes or sizes ("20GiB"); a tenant section may hold either
- * key or both.  Anything else is an error that names FILE:LINE.
+ * key or both, and `owner` (a uid) for a tenant the config does not name
+ * and that proves no one but the uid that made it: so a restart gives it
+ * back to that uid with the operator's limits, rather than to whichever
+ * local uid names it first.  Anything else is an error that names
+ * FILE:LINE.
  */
 #ifndef GMB_STATEFILE_H
 #define GMB_STATEFILE_H
@@ -37,7 +42,8 @@ enum gmb_state_field { GMB_STATE_QUOTA = 0, GMB_STATE_RESERVE = 1 };
 /*
  * Reads b->cfg.state (a missing file is an empty state) and applies it on
  * top of the tenants the config made; a tenant named only in the state is
- * created, owned by nobody until first use.  Call once, right after
+ * created, owned by its `owner` when the file names one, else by nobody
+ * until first use.  Call once, right after
  * gmb__tenants_new.  0, or GMB_E_INVAL ("FILE:LINE: reason") /
  * GMB_E_SYSTEM ("FILE: reason") in err, in which case nothing was applied,
  * or GMB_E_LIMIT when a tenant it names cannot be created (the registry is

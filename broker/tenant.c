@@ -499,6 +499,15 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
   return 0;
 }
 
+void gmb__tenant_set_owner(struct gmb_tenants *ts, struct gmb_tenant *t,
+                           uid_t uid) {
+  GMB_ASSERT(!t->has_owner && t->n_uids == 0 && !t->has_token &&
+             "an owner for a tenant that proves no one yet");
+  t->has_owner = 1;
+  t->owner_uid = uid;
+  tenant_budget_join(ts, t);
+}
+
 uint64_t gmb__tenants_uid_budget(const struct gmb_tenants *ts) {
   return ts->uid_budget;
 }

@@ -184,6 +184,12 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap);
 
+/* Gives tenant t, which proves no one and has no owner yet (one the state
+ * file made), to `uid` as its first use would: from now on only that uid
+ * may act as it. */
+void gmb__tenant_set_owner(struct gmb_tenants *ts, struct gmb_tenant *t,
+                           uid_t uid);
+
 /* 1 when uid is one of t's configured uids. */
 int gmb__tenant_uid_listed(const struct gmb_tenant *t, uid_t uid);
 /* 1 with *uid set when `name` is a default tenant's name, "uid-N" (N in

@@ -43,6 +43,7 @@
 #include "session.h"
 #include "statefile.h"
 #include "tenant.h"
+#include "util.h"
 
 #define FX_MAX_SENT 256
 
@@ -166,6 +167,15 @@ static inline struct gmb_session *fx_hello(struct fx *f, const char *rid,
       gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid));
   ck_assert_ptr_nonnull(s);
   return s;
+}
+
+/* Makes session s at least `ms` milliseconds old (its Hello that long ago,
+ * or at the clock's start): the broker believes no idle time past a
+ * session's age, and the fixture makes its sessions at once. */
+static inline void fx_age(struct gmb_session *s, uint64_t ms) {
+  uint64_t now = gmb__now_ns(), ns = ms * GMB_NS_PER_MS;
+  uint64_t born = now > ns ? now - ns : 0;
+  if (s->born_ns > born) s->born_ns = born;
 }
 
 /* An Alloc request; returns gmb__dispatch's answer-now flag. */

@@ -14,6 +14,7 @@
  * never go down when a session ends.
  */
 #include <check.h>
+#include <jansson.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -363,6 +364,53 @@ END_TEST
 
 /* The consistency check sees a session whose bytes drifted from its
  * tenant's (what the broker runs after every request under checks). */
+/* 1 when s is text a terminal shows as it is: printable ASCII, or UTF-8
+ * that jansson takes, and no control byte (ESC, newline, DEL). */
+static int printable(const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) return 0;
+  json_t *j = json_string(s);
+  json_decref(j);
+  return j != NULL;
+}
+
+/* What a tenant's process names itself (Hello.client) and its tags are
+ * any bytes but NUL; the status shows them to operators (gmbctl status,
+ * its --json, snapshots).  Before, they went out as they came: an escape
+ * sequence or a newline in them reached the operator's terminal as
+ * gmbctl printed the table (forged rows, a repainted screen), and a
+ * client name that was not UTF-8 made gmbctl --json drop the whole
+ * session row, so a session could hide from the operator's tools.  Now
+ * the rows carry them escaped (\xHH), as the log does. */
+START_TEST(status_row_text_escaped) {
+  struct fx f;
+  fx_open_ini(&f, "host:16MiB", NULL);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HELLO;
+  req.u.hello.version = WIRE_PROTOCOL_VERSION;
+  snprintf(req.u.hello.client, sizeof req.u.hello.client,
+           "job\x1b[2J\n\xff\xfe");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(&f, "e", 1001, &req, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  struct gmb_session *s =
+      gmb__session_find(f.b.sessions, (const uint8_t *)"e", 1);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq(fx_sleep_note(&f, "e", 1001, "kv\r\x1b]0;x\x07", 1, 0, 0),
+                   0);
+  ck_assert_int_eq(fx_sleep_note(&f, "e", 1001, "w\xc3\xa9", 1, 0, 0), 0);
+  status(&f, &rep);
+  const struct wire_session_row *row = session_of(&rep.u.admin_status, s);
+  ck_assert_msg(printable(row->client), "client '%s'", row->client);
+  ck_assert_msg(printable(row->paused), "paused '%s'", row->paused);
+  ck_assert_str_eq(row->client, "job\\x1b[2J\\x0a\\xff\\xfe");
+  ck_assert_str_eq(row->paused, "kv\\x0d\\x1b]0;x\\x07,w\xc3\xa9");
+  gmb__wire_reply_clear(&rep);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(sessions_check_catches_drift) {
   struct scene s;
   scene_open(&s);
@@ -388,6 +436,7 @@ static Suite *observe_suite(void) {
   tcase_add_test(tc, trim_totals_survive_session_end);
   tcase_add_test(tc, snapshot_status_has_sessions_and_cached);
   tcase_add_test(tc, sessions_check_catches_drift);
+  tcase_add_test(tc, status_row_text_escaped);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("metrics");

@@ -52,9 +52,12 @@ static uint8_t *bytes_of(struct fx *f, uint64_t id) {
   return (uint8_t *)info.dseg->host + info.offset;
 }
 
-/* A Heartbeat from `rid` offering `pausable` bytes, idle for `idle_ms`. */
+/* A Heartbeat from `rid` offering `pausable` bytes, idle for `idle_ms`
+ * (its session made at least that long ago). */
 static void offer(struct fx *f, const char *rid, uid_t uid, uint64_t pausable,
                   uint64_t idle_ms) {
+  fx_age(gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid)),
+         idle_ms);
   struct wire_request req;
   memset(&req, 0, sizeof req);
   req.kind = WIRE_HEARTBEAT;

@@ -18,6 +18,7 @@
 #include "admin.h"
 #include "broker_fixture.h"
 #include "check_main.h"
+#include "observe.h"
 #include "reclaim.h"
 #include "sleep.h"
 #include "tenant.h"
@@ -35,9 +36,10 @@ static uint64_t hold(struct fx *f, const char *rid, uid_t uid,
 }
 
 /* A Heartbeat from `rid` offering `pausable` bytes, idle for `idle_ms`,
- * and answering the last ask when `answered`. */
-static void offer(struct fx *f, const char *rid, uid_t uid, uint64_t pausable,
-                  uint64_t idle_ms, int answered) {
+ * and answering the last ask when `answered`: the offer as sent (a
+ * client's word, as a hostile one would send it). */
+static void offer_raw(struct fx *f, const char *rid, uid_t uid,
+                      uint64_t pausable, uint64_t idle_ms, int answered) {
   struct wire_request req;
   memset(&req, 0, sizeof req);
   req.kind = WIRE_HEARTBEAT;
@@ -46,6 +48,15 @@ static void offer(struct fx *f, const char *rid, uid_t uid, uint64_t pausable,
   req.trim_answered = answered;
   struct wire_reply rep;
   ck_assert_int_eq(fx_request(f, rid, uid, &req, &rep), 0);
+}
+
+/* The same from an honest client: its session made at least `idle_ms`
+ * ago. */
+static void offer(struct fx *f, const char *rid, uid_t uid, uint64_t pausable,
+                  uint64_t idle_ms, int answered) {
+  fx_age(gmb__session_find(f->b.sessions, (const uint8_t *)rid, strlen(rid)),
+         idle_ms);
+  offer_raw(f, rid, uid, pausable, idle_ms, answered);
 }
 
 /* An Alloc held (not answered at once); returns its request id. */
@@ -500,6 +511,89 @@ START_TEST(ask_capped_by_what_it_holds) {
 }
 END_TEST
 
+/* Session s's row in the status (gmbctl status --json). */
+static struct wire_session_row status_row(struct fx *f,
+                                          const struct gmb_session *s) {
+  struct wire_reply rep;
+  memset(&rep, 0, sizeof rep);
+  gmb__observe_status(&f->b, &rep);
+  ck_assert_int_eq(rep.status, 0);
+  struct wire_session_row row;
+  memset(&row, 0, sizeof row);
+  size_t i = 0;
+  while (i < rep.u.admin_status.n_sessions &&
+         rep.u.admin_status.session_rows[i].id != s->id)
+    i++;
+  ck_assert_uint_lt(i, rep.u.admin_status.n_sessions);
+  row = rep.u.admin_status.session_rows[i];
+  gmb__wire_reply_clear(&rep);
+  return row;
+}
+
+/* A session has been idle no longer than it has existed.  "l" said Hello
+ * just now and claims to have been idle for ever (UINT64_MAX ms); "m" was
+ * made 5 s ago and has been idle since.  Before, l's claim was believed up
+ * to a day, so it went ahead of every honestly idle session (and status
+ * showed a day of idle for a session seconds old); now its idle time is
+ * cut to its age and m, idle longest, is asked first. */
+START_TEST(idle_claim_bounded_by_age) {
+  struct fx f;
+  open_lmr(&f);
+  fx_hello(&f, "m", 1002, "m");
+  fx_hello(&f, "l", 1001, "l");
+  fx_hello(&f, "r", 1003, "r");
+  hold(&f, "l", 1001, 6 * MIB);
+  hold(&f, "m", 1002, 6 * MIB);
+  offer(&f, "m", 1002, 6 * MIB, 5000, 0);
+  struct gmb_session *l = sess(&f, "l");
+  offer_raw(&f, "l", 1001, 6 * MIB, UINT64_MAX, 0);
+  ck_assert_uint_ge(l->sleep_active_ns, l->born_ns);
+  uint64_t age_ms = (gmb__now_ns() - l->born_ns) / GMB_NS_PER_MS;
+  ck_assert_uint_le(status_row(&f, l).sleep_idle_ms, age_ms);
+  offer_raw(&f, "l", 1001, 6 * MIB, 86400000, 0);
+  ck_assert_uint_ge(l->sleep_active_ns, l->born_ns);
+  /* 12 MiB held, 4 of room: 8 MiB lacks 4, asked of m alone. */
+  held(&f, "r", 1003, 8 * MIB);
+  uint64_t bytes;
+  ck_assert_str_eq(sleep_ask(&f, 0, &bytes), "m");
+  ck_assert_uint_eq(bytes, 4 * MIB);
+  ck_assert_ptr_null(sleep_ask(&f, 1, NULL));
+  fx_close(&f);
+}
+END_TEST
+
+/* An offer is a pause's bytes, at most the device's capacity, as a
+ * SleepNote's figures are (note_claims_bounded): past it the offer is
+ * refused (recorded as none, so status never shows it and the session is
+ * not asked for it), while the request it rode on is served.  Before, any
+ * figure was kept and shown. */
+START_TEST(offer_past_capacity_refused) {
+  struct fx f;
+  open_lmr(&f);
+  fx_hello(&f, "l", 1001, "l");
+  fx_hello(&f, "r", 1003, "r");
+  hold(&f, "l", 1001, 12 * MIB);
+  struct gmb_session *l = sess(&f, "l");
+  const uint64_t cap = f.b.dev->capacity;
+  fx_age(l, 1000);
+  offer_raw(&f, "l", 1001, cap, 1000, 0);
+  ck_assert_uint_eq(l->sleep_pausable, cap);
+  ck_assert_uint_eq(status_row(&f, l).sleep_pausable, cap);
+  offer_raw(&f, "l", 1001, cap + 1, 1000, 0);
+  ck_assert_uint_eq(l->sleep_pausable, 0);
+  ck_assert_uint_eq(status_row(&f, l).sleep_pausable, 0);
+  offer_raw(&f, "l", 1001, UINT64_MAX, 1000, 0);
+  ck_assert_uint_eq(status_row(&f, l).sleep_pausable, 0);
+  ck_assert_uint_eq(status_row(&f, l).sleep_idle_ms, 0);
+  /* No offer: nobody is asked, the request falls through. */
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(&f, "r", 1003, 8 * MIB, 0, 0, &rep), 1);
+  ck_assert_int_eq(rep.status, GMB_E_NOMEM);
+  ck_assert_ptr_null(sleep_ask(&f, 0, NULL));
+  fx_close(&f);
+}
+END_TEST
+
 /* A tenant's paused tag names (/is_sleeping's list): each once over its
  * sessions, in byte order, the first `max` listed, and a name past the
  * listed ones still found. */
@@ -579,6 +673,8 @@ static Suite *sleep_suite(void) {
   tcase_add_test(tc, nothing_asked_when_off_or_short);
   tcase_add_test(tc, unanswered_ask_bounded);
   tcase_add_test(tc, ask_capped_by_what_it_holds);
+  tcase_add_test(tc, idle_claim_bounded_by_age);
+  tcase_add_test(tc, offer_past_capacity_refused);
   tcase_add_test(tc, short_answers_pause_the_session);
   tcase_add_test(tc, many_sessions_of_a_tenant_share_its_pause);
   tcase_add_test(tc, own_tenant_asks_leave_its_run);

@@ -251,6 +251,75 @@ START_TEST(load_created_tenant_owned_by_first_uid) {
 }
 END_TEST
 
+/* A tenant made by first use belongs to its first uid; an operator's
+ * quota for it is kept in the state file, and so is that uid (`owner`).
+ * Before, the file kept the quota alone: after a restart the tenant came
+ * back owned by nobody, with the operator's quota, so whichever local uid
+ * named it first took it (and its larger quota) and its own uid was
+ * refused.  Now the owner comes back with it. */
+START_TEST(set_keeps_first_uid_across_restart) {
+  struct fx f;
+  open_state(&f);
+  fx_hello(&f, "a", 1005, "job");
+  int persisted;
+  set(&f, "job", GMB_STATE_QUOTA, 32 * MIB, &persisted);
+  ck_assert_int_eq(persisted, 1);
+  /* A configured tenant has no owner to keep. */
+  set(&f, "cfg", GMB_STATE_QUOTA, 4 * MIB, &persisted);
+  char *text = slurp(state_path(&f));
+  ck_assert_ptr_nonnull(text);
+  const char *own = strstr(text, "owner = 1005");
+  ck_assert_msg(own != NULL, "%s", text);
+  ck_assert_msg(strstr(text, "owner") == own &&
+                    strstr(own + 1, "owner") == NULL, "%s", text);
+  free(text);
+  fx_close(&f);
+  /* The restart: the file as the broker wrote it. */
+  open_state(&f);
+  put(&f, "version = 1\n[tenant:job]\nowner = 1005\nquota = 33554432\n");
+  char err[512];
+  ck_assert_msg(load(&f, err, sizeof err) == 0, "%s", err);
+  struct gmb_tenant *t = tenant(&f, "job");
+  ck_assert_ptr_nonnull(t);
+  ck_assert_int_eq(t->has_owner, 1);
+  ck_assert_uint_eq(t->owner_uid, 1005);
+  char why[256];
+  struct gmb_tenant *got;
+  ck_assert_int_eq(gmb__tenant_admit(f.b.tenants, "job", 1006, NULL, 0, &got,
+                                     why, sizeof why),
+                   GMB_E_AUTH);
+  struct gmb_session *s = fx_hello(&f, "a", 1005, "job");
+  ck_assert_ptr_eq(s->tenant, t);
+  ck_assert_uint_eq(t->quota, 32 * MIB);
+  fx_close(&f);
+}
+END_TEST
+
+/* `owner` is a uid: one given twice, outside a section, or not a number
+ * below 2^32 - 1 is refused with its line. */
+START_TEST(load_bad_owner_refused) {
+  static const char *const bad[] = {
+      "version = 1\n[tenant:j]\nquota = 1MiB\nowner = 1\nowner = 2\n",
+      "version = 1\n[tenant:j]\nquota = 1MiB\nowner = x\n",
+      "version = 1\n[tenant:j]\nquota = 1MiB\nowner = -1\n",
+      "version = 1\n[tenant:j]\nquota = 1MiB\nowner = 4294967295\n",
+      "version = 1\n[tenant:j]\nquota = 1MiB\nowner = 1MiB\n",
+      "version = 1\nowner = 5\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    struct fx f;
+    open_state(&f);
+    put(&f, bad[i]);
+    char err[512];
+    ck_assert_msg(load(&f, err, sizeof err) == GMB_E_INVAL, "case %zu", i);
+    ck_assert_msg(strstr(err, ":4:") || strstr(err, ":5:") ||
+                      strstr(err, ":2:"),
+                  "case %zu: %s", i, err);
+    fx_close(&f);
+  }
+}
+END_TEST
+
 START_TEST(load_longest_name) {
   struct fx f;
   open_state(&f);
@@ -315,9 +384,9 @@ static const struct bad_case bad_cases[] = {
     {"version_wrong", "# v2\nversion = 2\n", 0, 2,
      "version is not one this broker reads"},
     {"version_in_section", "version = 1\n[tenant:a]\nversion = 1\n", 0, 3,
-     "[tenant:a] unknown key (want quota or reserve)"},
+     "[tenant:a] unknown key (want quota, reserve or owner)"},
     {"unknown_key", "version = 1\n[tenant:a]\nquota = 1\nlimit = 3\n", 0, 4,
-     "[tenant:a] unknown key (want quota or reserve)"},
+     "[tenant:a] unknown key (want quota, reserve or owner)"},
     {"bad_size", "version = 1\n[tenant:a]\nquota = lots\n", 0, 3,
      "[tenant:a] quota: bad size"},
     {"negative_size", "version = 1\n[tenant:a]\nreserve = -1\n", 0, 3,
@@ -804,6 +873,7 @@ static Suite *statefile_suite(void) {
   tcase_add_test(tc, load_one_key_leaves_the_other);
   tcase_add_test(tc, load_quota_zero_is_unlimited);
   tcase_add_test(tc, load_created_tenant_owned_by_first_uid);
+  tcase_add_test(tc, load_bad_owner_refused);
   tcase_add_test(tc, load_longest_name);
   tcase_add_test(tc, load_too_many_tenants_is_limit);
   suite_add_tcase(s, tc);
@@ -826,6 +896,7 @@ static Suite *statefile_suite(void) {
 
   tc = tcase_create("set");
   tcase_add_test(tc, set_writes_file);
+  tcase_add_test(tc, set_keeps_first_uid_across_restart);
   tcase_add_test(tc, set_both_fields_one_section);
   tcase_add_test(tc, set_back_to_config_removes_override);
   tcase_add_test(tc, set_config_value_without_override);
