@@ -997,6 +997,41 @@ END_TEST
 
 /* --- stats ----------------------------------------------------------- */
 
+/* A client may send Stats as fast as it likes: its device figures come
+ * from the totals the pool keeps, not from a walk of every tenant (the
+ * pool counts its walks), and they are the walk's. */
+START_TEST(stats_walk_no_tenant) {
+  enum { TENANTS = 64, ASKS = 200 };
+  struct fx f;
+  fx_open_ini(&f, "host:256MiB", NULL); /* a small segment each */
+  char rid[TENANTS][16];
+  for (int i = 0; i < TENANTS; i++) {
+    snprintf(rid[i], sizeof rid[i], "t%d", i);
+    fx_hello(&f, rid[i], (uid_t)(2000 + i), "");
+    fx_must_alloc(&f, rid[i], (uid_t)(2000 + i), 4096u * (unsigned)(i + 1), 0);
+  }
+  const uint64_t walks = gmb__pool_stats_walks(f.b.pool);
+  struct wire_reply rep;
+  for (int i = 0; i < ASKS; i++) {
+    ck_assert_int_eq(fx_plain(&f, rid[i % TENANTS], (uid_t)(2000 + i % TENANTS),
+                              WIRE_STATS, &rep), 1);
+    ck_assert_int_eq(rep.status, 0);
+  }
+  ck_assert_uint_eq(gmb__pool_stats_walks(f.b.pool), walks);
+  struct gmb_pool_stats walked;
+  gmb__pool_stats_walk(f.b.pool, &walked);
+  ck_assert_uint_eq(rep.u.stats.device_used, walked.used);
+  ck_assert_uint_eq(rep.u.stats.device_segments,
+                    walked.segment_bytes + f.b.dev->external);
+  ck_assert_uint_eq(rep.u.stats.device_capacity, walked.capacity);
+  struct gmb_pool_stats kept;
+  gmb__pool_stats(f.b.pool, &kept);
+  ck_assert_uint_eq(kept.free_in_segments, walked.free_in_segments);
+  ck_assert_uint_eq(kept.largest_free, walked.largest_free);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(stats_used_peak_quota) {
   struct fx f;
   fx_open_ini(&f, "host:64MiB", "[tenant:q]\nquota = 16MiB\n");
@@ -2124,6 +2159,7 @@ static Suite *dispatch_suite(void) {
 
   tc = tcase_create("stats");
   tcase_add_test(tc, stats_used_peak_quota);
+  tcase_add_test(tc, stats_walk_no_tenant);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("vmm");
