@@ -72,6 +72,22 @@ struct gmb_waitq {
   uint64_t timer_visits; /* waiters the deadline timer looked at */
 };
 
+/* The walks of the tenant registry for idle tenants when a Hello finds
+ * it full (core.c, gmb__core_reap_full).  Each visits every tenant, and
+ * a client can send refused Hellos at will: a walk comes when a tenant
+ * may have gone idle since the last one (`hint`: a session ended, a
+ * reaped session's memory was freed, a revocation ended), else at most
+ * GMB_REAP_FULL_WALKS a second (for what changes no hint notes, an
+ * operator's quota set back to the default). */
+#define GMB_REAP_FULL_WALKS 4
+struct gmb_reap_full {
+  int hint;            /* a tenant may have gone idle since the last walk */
+  uint64_t window_ns;  /* start of the current second */
+  uint32_t in_window;  /* walks in it */
+  uint64_t walks;      /* since start */
+  uint64_t skipped;    /* full registries met without a walk */
+};
+
 /* What cannot be moved, as the last walk of the pool for a refusal's
  * explanation counted it (alloc.c, gmb__alloc_explain).  The walk visits
  * every range of every tenant, and a client can be refused for want of
@@ -174,6 +190,7 @@ struct gmb_broker {
    * room for (core.c; 0: not computed, no limit of its own). */
   uint32_t fd_sessions_max;
   int reap_pending; /* a session ended: idle tenants may go (core.c) */
+  struct gmb_reap_full reap_full;
   /* Ended sessions whose memory is freed in slices (core.c), oldest
    * first, through gmb_session.reap_next. */
   struct gmb_session *reap_head, *reap_tail;
