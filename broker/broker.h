@@ -45,22 +45,47 @@ struct gmb_peer {
   pid_t pid; /* 0 when the peer's pid is not visible from here */
 };
 
+/* The waiters with a deadline, by deadline (a red-black tree of
+ * sys/tree.h, whose functions waitq.c generates for this head). */
+struct gmb_waiter_tree {
+  struct gmb_waiter *rbh_root;
+};
+
 /* The allocations waiting for memory (waitq.c), in serving order. */
 struct gmb_waitq {
   struct gmb_waiter *head, *tail;
   size_t n;             /* all of them */
   size_t after_compact; /* of n, those held only until a compaction ends */
-  uint64_t next_deadline_ns; /* no waiter expires before (0: look) */
+  struct gmb_waiter_tree deadlines; /* those with one, soonest first */
   struct gmb_waiter *last_added; /* for gmb__waitq_joined; NULL: none */
   size_t held;          /* of n, those held while caches are asked back */
   size_t held_nowait;   /* of held, requests that did not ask to wait */
   size_t held_quota;    /* of held, requests held for their tenant's quota */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
-  uint64_t next_unblock_ns; /* no waiter stops blocking others before
-                               (waitq.c, WAITQ_BLOCK_MS; 0: look) */
+  /* The waiters that may still block others for WAITQ_BLOCK_MS
+   * (waitq.c), oldest first: the first is the next to stop. */
+  struct gmb_waiter *blockers_head, *blockers_tail;
+  uint64_t seq;   /* waiters queued so far: each one's arrival number */
   uint64_t pass;  /* serving passes so far: names the tenants' memos of
                      requests that found no room (gmb_tenant.wq_*) */
   uint64_t tries; /* waiters tried against the pool, since start */
+  uint64_t timer_visits; /* waiters the deadline timer looked at */
+};
+
+/* The walks of the tenant registry for idle tenants when a Hello finds
+ * it full (core.c, gmb__core_reap_full).  Each visits every tenant, and
+ * a client can send refused Hellos at will: a walk comes when a tenant
+ * may have gone idle since the last one (`hint`: a session ended, a
+ * reaped session's memory was freed, a revocation ended), else at most
+ * GMB_REAP_FULL_WALKS a second (for what changes no hint notes, an
+ * operator's quota set back to the default). */
+#define GMB_REAP_FULL_WALKS 4
+struct gmb_reap_full {
+  int hint;            /* a tenant may have gone idle since the last walk */
+  uint64_t window_ns;  /* start of the current second */
+  uint32_t in_window;  /* walks in it */
+  uint64_t walks;      /* since start */
+  uint64_t skipped;    /* full registries met without a walk */
 };
 
 /* What cannot be moved, as the last walk of the pool for a refusal's
@@ -165,6 +190,7 @@ struct gmb_broker {
    * room for (core.c; 0: not computed, no limit of its own). */
   uint32_t fd_sessions_max;
   int reap_pending; /* a session ended: idle tenants may go (core.c) */
+  struct gmb_reap_full reap_full;
   /* Ended sessions whose memory is freed in slices (core.c), oldest
    * first, through gmb_session.reap_next. */
   struct gmb_session *reap_head, *reap_tail;

@@ -153,6 +153,29 @@ size_t gmb__core_reap(struct gmb_broker *b, int named) {
   return n;
 }
 
+size_t gmb__core_reap_full(struct gmb_broker *b) {
+  if (b->closing || b->compacting || b->compact_reqs) return 0;
+  struct gmb_reap_full *r = &b->reap_full;
+  const uint64_t now = gmb__now_ns();
+  if (now - r->window_ns >= GMB_NS_PER_S) {
+    r->window_ns = now;
+    r->in_window = 0;
+  }
+  if (!r->hint && r->in_window >= GMB_REAP_FULL_WALKS) {
+    r->skipped++;
+    return 0;
+  }
+  r->hint = 0;
+  r->in_window++;
+  r->walks++;
+  return gmb__core_reap(b, 1);
+}
+
+void gmb__core_tenant_idled(struct gmb_broker *b, struct gmb_tenant *t) {
+  if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+  if (gmb__tenant_idle(b->tenants, t, 1)) b->reap_full.hint = 1;
+}
+
 int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap) {
   return gmb__tenants_check_reservations(b->tenants, b->dev->capacity, msg,
                                          cap);
@@ -271,7 +294,7 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
    * with it (or it closed them before Bye), so it holds them no longer. */
   int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
   gmb__session_free(b->sessions, s);
-  if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+  gmb__core_tenant_idled(b, t);
   if (freed || unparked) gmb__waitq_serve(b);
   /* Its ask was the last in flight: held requests need not wait on. */
   gmb__reclaim_settle(b);
@@ -357,7 +380,7 @@ static size_t core_reap_done(struct gmb_broker *b) {
     t->reaping--;
     if (t->reaping == 0) t->reap_cursor = 0;
     gmb__session_free(b->sessions, s);
-    if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+    gmb__core_tenant_idled(b, t);
     n++;
   }
   return n;

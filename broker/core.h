@@ -109,4 +109,14 @@ void gmb__core_fd_split(uint64_t have, uint64_t segs, uint32_t max_sessions,
  * run or an admin request may name a tenant.  Returns how many went. */
 size_t gmb__core_reap(struct gmb_broker *b, int named);
 
+/* The registry is full (a Hello would be refused): gmb__core_reap(b, 1)
+ * when a tenant may have gone idle since the last such walk, or while this
+ * second has had fewer than GMB_REAP_FULL_WALKS (broker.h); else nothing.
+ * Returns how many tenants went. */
+size_t gmb__core_reap_full(struct gmb_broker *b);
+
+/* Tenant t may have become idle (its last session ended, its memory was
+ * freed, a revocation ended): the reapers are told. */
+void gmb__core_tenant_idled(struct gmb_broker *b, struct gmb_tenant *t);
+
 #endif /* GMB_CORE_H */

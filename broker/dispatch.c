@@ -91,9 +91,11 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
                              req->u.hello.token, req->u.hello.token_len, &t,
                              why, sizeof why);
   /* The registry is full: idle tenants made by first use make room (their
-   * first uids lose their claim to the names), then one more try. */
+   * first uids lose their claim to the names), then one more try.  The
+   * walk for them is rate-limited (gmb__core_reap_full): refused Hellos
+   * come as fast as a client likes. */
   if (rc == GMB_E_LIMIT && gmb__tenants_full(b->tenants) &&
-      gmb__core_reap(b, 1) > 0)
+      gmb__core_reap_full(b) > 0)
     rc = gmb__tenant_admit(b->tenants, req->u.hello.tenant, peer->uid,
                            req->u.hello.token, req->u.hello.token_len, &t,
                            why, sizeof why);

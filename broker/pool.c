@@ -84,8 +84,16 @@ static int pool_seg_cmp(const struct gmb_segment *a,
   return a->dseg.id < b->dseg.id ? -1 : a->dseg.id > b->dseg.id;
 }
 
+/* Arenas by their largest free range in a small segment, then address. */
+static int pool_arena_cmp(const struct gmb_arena *a,
+                          const struct gmb_arena *b) {
+  if (a->largest != b->largest) return a->largest < b->largest ? -1 : 1;
+  return (uintptr_t)a < (uintptr_t)b ? -1 : (uintptr_t)a > (uintptr_t)b;
+}
+
 RB_GENERATE(pool_free_tree, pool_range, u.node, pool_free_cmp)
 RB_GENERATE(pool_seg_tree, gmb_segment, by_id, pool_seg_cmp)
+RB_GENERATE(pool_arena_tree, gmb_arena, by_largest, pool_arena_cmp)
 
 #ifdef GMB_DEBUG
 #define POOL_DEBUG_CHECK(p) \
@@ -247,17 +255,59 @@ uint64_t gmb__pool_range_id(const struct gmb_pool *p,
 
 /* ---- segments --------------------------------------------------------- */
 
+/* Arena a's largest free range in a small class may have changed: it is
+ * searched for when the pool's figures are next asked for. */
+static void pool_unsettle(struct gmb_arena *a) {
+  if (a->unsettled) return;
+  a->unsettled = 1;
+  LIST_INSERT_HEAD(&a->pool->unsettled, a, unsettled_link);
+}
+
+/* Arena a takes its place in the pool's tree by its largest free range. */
+static void pool_settle(struct gmb_pool *p, struct gmb_arena *a) {
+  uint64_t largest = gmb__pool_arena_largest(a);
+  if (largest != a->largest) {
+    if (a->largest) RB_REMOVE(pool_arena_tree, &p->by_largest, a);
+    a->largest = largest;
+    if (largest) RB_INSERT(pool_arena_tree, &p->by_largest, a);
+  }
+  a->unsettled = 0;
+  LIST_REMOVE(a, unsettled_link);
+}
+
+void gmb__pool_settle(struct gmb_pool *p) {
+  while (!LIST_EMPTY(&p->unsettled)) pool_settle(p, LIST_FIRST(&p->unsettled));
+}
+
+/* The free bytes in arena a's segments grow (shrink) by `bytes`, and the
+ * pool's sum with them. */
+static void pool_free_add(struct gmb_arena *a, uint64_t bytes) {
+  a->free_total += bytes;
+  a->pool->free_total += bytes;
+}
+
+static void pool_free_sub(struct gmb_arena *a, uint64_t bytes) {
+  GMB_ASSERT(a->free_total >= bytes && a->pool->free_total >= bytes &&
+             "free bytes counted");
+  a->free_total -= bytes;
+  a->pool->free_total -= bytes;
+}
+
 /* A sealed segment's free ranges stay out of the trees: no allocation,
- * tail or move target is ever placed there (gmb__pool_seal). */
+ * tail or move target is ever placed there (gmb__pool_seal).  A change
+ * of a small class's tree that may alter its arena's `largest` (a range
+ * larger comes, or one as large goes) unsettles the arena. */
 static void pool_tree_insert(struct gmb_arena *a, struct pool_range *r) {
   if (r->seg->sealed) return;
   struct pool_range *dup = RB_INSERT(pool_free_tree, &a->free[r->seg->cls], r);
   GMB_ASSERT(!dup && "free range keys are unique");
+  if (pool_cls_small(r->seg->cls) && r->size > a->largest) pool_unsettle(a);
 }
 
 static void pool_tree_remove(struct gmb_arena *a, struct pool_range *r) {
   if (r->seg->sealed) return;
   RB_REMOVE(pool_free_tree, &a->free[r->seg->cls], r);
+  if (pool_cls_small(r->seg->cls) && r->size >= a->largest) pool_unsettle(a);
 }
 
 /* Moves small segment s to class `cls` (its free ranges change trees):
@@ -334,7 +384,7 @@ static int pool_segment_new(struct gmb_pool *p, struct gmb_arena *a,
   pool_tree_insert(a, r);
   a->segment_bytes += size;
   a->segments++;
-  a->free_total += size;
+  pool_free_add(a, size);
   p->segment_bytes += size;
   p->segments++;
   *out = s;
@@ -365,7 +415,7 @@ static void pool_segment_drop(struct gmb_pool *p, struct gmb_segment *s,
     nx = r->next;
     if (r->flags & GMB_RANGE_FREE) {
       pool_tree_remove(a, r);
-      a->free_total -= r->size;
+      pool_free_sub(a, r->size);
     } else {
       /* A tail's slot is its allocation's, released with that range
        * (only a whole arena's end releases a segment with live ranges,
@@ -452,7 +502,7 @@ static struct pool_range *pool_take(struct gmb_pool *p, struct pool_range *r,
   struct gmb_segment *s = r->seg;
   struct gmb_arena *a = s->arena;
   pool_tree_remove(a, r);
-  a->free_total -= r->size;
+  pool_free_sub(a, r->size);
   if (at_end && r->size > need) {
     /* The free rest stays below, in r; the new range above it. */
     struct pool_range *top = pool_range_get(p);
@@ -465,7 +515,7 @@ static struct pool_range *pool_take(struct gmb_pool *p, struct pool_range *r,
     r->next = top;
     r->size -= need;
     pool_tree_insert(a, r);
-    a->free_total += r->size;
+    pool_free_add(a, r->size);
     r = top;
   } else if (r->size > need) {
     struct pool_range *rest = pool_range_get(p);
@@ -479,7 +529,7 @@ static struct pool_range *pool_take(struct gmb_pool *p, struct pool_range *r,
     r->next = rest;
     r->size = need;
     pool_tree_insert(a, rest);
-    a->free_total += rest->size;
+    pool_free_add(a, rest->size);
   }
   r->flags = flags;
   r->u.live.owner = owner;
@@ -710,7 +760,7 @@ static struct pool_range *pool_range_free(struct gmb_pool *p,
   if (!(r->flags & GMB_MOVABLE)) s->pinned--;
   s->used -= r->size;
   a->used -= r->size;
-  a->free_total += r->size;
+  pool_free_add(a, r->size);
   p->used -= r->size;
   struct pool_range *f = pool_coalesce(p, r);
   /* Its last pinned allocation gone, the segment is movable again (and
@@ -783,7 +833,7 @@ static void pool_move_drop(struct gmb_pool *p, struct pool_range *t,
   s->targets--;
   s->reserved -= t->size;
   a->moving -= t->size;
-  a->free_total += t->size;
+  pool_free_add(a, t->size);
   pool_coalesce(p, t);
   if (handle_empty && pool_seg_idle(s) && a->linger != s)
     pool_segment_emptied(p, s);
@@ -843,7 +893,7 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
 
   struct gmb_arena *a = t->arena;
   pool_tree_remove(a, fr);
-  a->free_total -= fr->size;
+  pool_free_sub(a, fr->size);
   if (lo > fr->offset) { /* the free piece below stays free */
     struct pool_range *below = pool_range_get(p);
     below->seg = t;
@@ -858,7 +908,7 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
       t->first = below;
     fr->prev = below;
     pool_tree_insert(a, below);
-    a->free_total += below->size;
+    pool_free_add(a, below->size);
   }
   if (hi < fr_end) { /* and so does the piece above */
     struct pool_range *above = pool_range_get(p);
@@ -871,7 +921,7 @@ int gmb__pool_move_begin_at(struct gmb_pool *p, uint64_t id,
     if (fr->next) fr->next->prev = above;
     fr->next = above;
     pool_tree_insert(a, above);
-    a->free_total += above->size;
+    pool_free_add(a, above->size);
   }
   fr->offset = lo;
   fr->size = hi - lo;
@@ -931,7 +981,7 @@ int gmb__pool_move_commit(struct gmb_pool *p, const struct gmb_pool_move *m,
     t->prev = r;
     r->offset -= shift;
     t->offset = r->offset + r->size;
-    a->free_total += shift;
+    pool_free_add(a, shift);
     pool_coalesce(p, t);
     now = r;
   } else {
@@ -948,7 +998,7 @@ int gmb__pool_move_commit(struct gmb_pool *p, const struct gmb_pool_move *m,
     s->live--;
     s->used -= r->size;
     if (!(r->flags & GMB_MOVABLE)) s->pinned--;
-    a->free_total += r->size;
+    pool_free_add(a, r->size);
     pool_coalesce(p, r);
     now = t;
     if (pool_seg_idle(s)) {
@@ -1137,6 +1187,8 @@ struct gmb_pool *gmb__pool_new(struct gmb_device *dev,
   p->ctx = ctx;
   LIST_INIT(&p->arenas);
   RB_INIT(&p->segs);
+  RB_INIT(&p->by_largest);
+  LIST_INIT(&p->unsettled);
   p->next_seg_id = 1;
   p->slot_free = POOL_SLOT_NONE;
   p->grouping = 1;
@@ -1162,6 +1214,7 @@ struct gmb_arena *gmb__pool_arena_new(struct gmb_pool *p, void *tag) {
   struct gmb_arena *a = calloc(1, sizeof *a);
   if (!a) return NULL;
   a->tag = tag;
+  a->pool = p;
   for (int c = 0; c < POOL_CLASSES; c++) RB_INIT(&a->free[c]);
   LIST_INIT(&a->segs);
   LIST_INSERT_HEAD(&p->arenas, a, link);
@@ -1173,6 +1226,10 @@ void gmb__pool_arena_destroy(struct gmb_pool *p, struct gmb_arena *a) {
   while (!LIST_EMPTY(&a->segs)) pool_segment_release(p, LIST_FIRST(&a->segs));
   GMB_ASSERT(a->used == 0 && a->allocations == 0 && a->segments == 0 &&
              "an arena with no segments holds nothing");
+  GMB_ASSERT(a->free_total == 0 &&
+             "an arena with no segments has no free range");
+  if (a->unsettled) pool_settle(p, a);
+  GMB_ASSERT(a->largest == 0 && "an arena with no free range is in no tree");
   LIST_REMOVE(a, link);
   free(a);
   POOL_DEBUG_CHECK(p);

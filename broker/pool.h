@@ -272,7 +272,17 @@ struct gmb_pool_stats {
    * size or less succeeds (placement rule 1). */
   uint64_t room;
 };
+/* O(log arenas): the pool keeps the sums and each arena's largest free
+ * range as they change, so that a client's Stats (or a refusal's
+ * explanation) costs the same however many tenants there are. */
 void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out);
+
+/* The same figures from a walk of every arena (O(arenas)), for the tests
+ * and checks that hold gmb__pool_stats to them; gmb__pool_stats_walks
+ * counts the calls. */
+void gmb__pool_stats_walk(const struct gmb_pool *p,
+                          struct gmb_pool_stats *out);
+uint64_t gmb__pool_stats_walks(const struct gmb_pool *p);
 
 /* 1 - largest / total, 0 when nothing is free. */
 double gmb__fragmentation(uint64_t largest_free, uint64_t total_free);

@@ -14,6 +14,19 @@
 #include "pool.h"
 #include "pool_impl.h"
 
+uint64_t gmb__pool_arena_largest(const struct gmb_arena *a) {
+  uint64_t largest = 0;
+  /* The slack above a large allocation serves nobody: only small free
+   * ranges count. */
+  for (int c = 0; c < POOL_CLASSES; c++) {
+    if (!pool_cls_small((uint32_t)c)) continue;
+    struct pool_range *m =
+        RB_MAX(pool_free_tree, (struct pool_free_tree *)&a->free[c]);
+    if (m && m->size > largest) largest = m->size;
+  }
+  return largest;
+}
+
 void gmb__pool_arena_stats(const struct gmb_arena *a,
                            struct gmb_arena_stats *out) {
   out->used = a->used;
@@ -23,33 +36,18 @@ void gmb__pool_arena_stats(const struct gmb_arena *a,
   out->free_total = a->free_total;
   out->moving = a->moving;
   out->held_segments = a->held;
-  out->largest_free = 0;
-  /* The slack above a large allocation serves nobody: only small free
-   * ranges count. */
-  for (int c = 0; c < POOL_CLASSES; c++) {
-    if (!pool_cls_small((uint32_t)c)) continue;
-    struct pool_range *m =
-        RB_MAX(pool_free_tree, (struct pool_free_tree *)&a->free[c]);
-    if (m && m->size > out->largest_free) out->largest_free = m->size;
-  }
+  out->largest_free = a->unsettled ? gmb__pool_arena_largest(a) : a->largest;
 }
 
-void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
+/* The figures every gmb_pool_stats has: the pool's own totals, and the
+ * room for new segments. */
+static void pool_stats_common(const struct gmb_pool *p,
+                              struct gmb_pool_stats *out) {
   out->capacity = p->dev->capacity;
   out->segment_bytes = p->segment_bytes;
   out->segments = p->segments;
   out->used = p->used;
   out->allocations = p->allocations;
-  out->free_in_segments = 0;
-  out->largest_free = 0;
-  const struct gmb_arena *a;
-  LIST_FOREACH(a, &p->arenas, link) {
-    struct gmb_arena_stats as;
-    gmb__pool_arena_stats(a, &as);
-    out->free_in_segments += as.free_total;
-    if (as.largest_free > out->largest_free)
-      out->largest_free = as.largest_free;
-  }
   /* Room for a new segment; lingering ones are released before an
    * allocation gives up, so their bytes count as room too.  The device's
    * count includes segments it still waits to free (cuda's retiring
@@ -60,7 +58,37 @@ void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
   if (p->dev->capacity > taken) room += p->dev->capacity - taken;
   room &= ~(GMB_SEGMENT_ALIGN - 1);
   out->room = room;
-  if (room > out->largest_free) out->largest_free = room;
+}
+
+void gmb__pool_stats(const struct gmb_pool *p, struct gmb_pool_stats *out) {
+  /* The arenas changed since the last figures take their places: what a
+   * reader sees is the same, so the figures keep taking a const pool. */
+  gmb__pool_settle((struct gmb_pool *)p);
+  pool_stats_common(p, out);
+  out->free_in_segments = p->free_total;
+  const struct gmb_arena *top =
+      RB_MAX(pool_arena_tree, (struct pool_arena_tree *)&p->by_largest);
+  out->largest_free = top ? top->largest : 0;
+  if (out->room > out->largest_free) out->largest_free = out->room;
+}
+
+void gmb__pool_stats_walk(const struct gmb_pool *p,
+                          struct gmb_pool_stats *out) {
+  ((struct gmb_pool *)p)->stats_walks++; /* a count, not the pool's state */
+  pool_stats_common(p, out);
+  out->free_in_segments = 0;
+  out->largest_free = 0;
+  const struct gmb_arena *a;
+  LIST_FOREACH(a, &p->arenas, link) {
+    out->free_in_segments += a->free_total;
+    uint64_t largest = gmb__pool_arena_largest(a);
+    if (largest > out->largest_free) out->largest_free = largest;
+  }
+  if (out->room > out->largest_free) out->largest_free = out->room;
+}
+
+uint64_t gmb__pool_stats_walks(const struct gmb_pool *p) {
+  return p->stats_walks;
 }
 
 double gmb__fragmentation(uint64_t largest_free, uint64_t total_free) {
@@ -298,6 +326,7 @@ static int pool_check_segment(const struct gmb_pool *p,
 int gmb__pool_check(const struct gmb_pool *p) {
   int bad = 0;
   uint64_t segs = 0, seg_bytes = 0, used = 0, allocs = 0, lingering = 0;
+  uint64_t all_free = 0, with_largest = 0, unsettled = 0;
   const struct gmb_arena *a;
   LIST_FOREACH(a, &p->arenas, link) {
     uint64_t nfree[POOL_CLASSES] = {0}, free_bytes = 0, moving = 0;
@@ -343,6 +372,18 @@ int gmb__pool_check(const struct gmb_pool *p) {
             "have %llu free",
             a->tag, c, (unsigned long long)n, (unsigned long long)nfree[c]);
     }
+    uint64_t largest = gmb__pool_arena_largest(a);
+    if ((!a->unsettled && largest != a->largest) ||
+        (a->largest != 0) !=
+            (RB_FIND(pool_arena_tree, (struct pool_arena_tree *)&p->by_largest,
+                     (struct gmb_arena *)a) == a))
+      POOL_BAD("pool check: arena %p keeps %llu as its largest free range, "
+               "its trees %llu (or the pool's tree of arenas disagrees)",
+               a->tag, (unsigned long long)a->largest,
+               (unsigned long long)largest);
+    all_free += a->free_total;
+    with_largest += a->largest != 0;
+    unsettled += a->unsettled != 0;
     if (a_held != a->held)
       POOL_BAD(
           "pool check: arena %p counts %llu segments with held locks, "
@@ -368,6 +409,20 @@ int gmb__pool_check(const struct gmb_pool *p) {
     used += a_used;
     allocs += a_allocs;
   }
+  uint64_t in_arena_tree = 0, listed = 0;
+  struct gmb_arena *ta;
+  RB_FOREACH(ta, pool_arena_tree, (struct pool_arena_tree *)&p->by_largest)
+    in_arena_tree++;
+  LIST_FOREACH(a, &p->unsettled, unsettled_link) listed++;
+  if (listed != unsettled)
+    POOL_BAD("pool check: %llu arenas on the unsettled list, %llu marked",
+             (unsigned long long)listed, (unsigned long long)unsettled);
+  if (all_free != p->free_total || in_arena_tree != with_largest)
+    POOL_BAD("pool check: the pool counts %llu free bytes in segments and "
+             "%llu arenas by largest free range; its arenas %llu and %llu",
+             (unsigned long long)p->free_total,
+             (unsigned long long)in_arena_tree, (unsigned long long)all_free,
+             (unsigned long long)with_largest);
   uint64_t in_tree = 0;
   struct gmb_segment *s;
   RB_FOREACH(s, pool_seg_tree, (struct pool_seg_tree *)&p->segs) in_tree++;

@@ -112,6 +112,7 @@ RB_HEAD(pool_seg_tree, gmb_segment);
 
 struct gmb_arena {
   void *tag;
+  struct gmb_pool *pool;
   struct pool_free_tree free[POOL_CLASSES];
   LIST_HEAD(, gmb_segment) segs;
   LIST_ENTRY(gmb_arena) link;
@@ -119,7 +120,18 @@ struct gmb_arena {
   uint64_t used, allocations, segment_bytes, segments, free_total;
   uint64_t moving; /* bytes of move targets in its segments */
   uint64_t held;   /* its segments whose `held` is not 0 */
+  /* The largest free range in its small classes' trees (0: none), its
+   * key in the pool's by_largest, which holds the arena while it is not
+   * 0: the device's largest free range is never a walk of the arenas.
+   * A change of the trees that may alter it only puts the arena on the
+   * pool's `unsettled` list (an allocation and a free cost no search);
+   * gmb__pool_stats settles the arenas listed, O(log) each. */
+  uint64_t largest;
+  RB_ENTRY(gmb_arena) by_largest;
+  int unsettled;
+  LIST_ENTRY(gmb_arena) unsettled_link;
 };
+RB_HEAD(pool_arena_tree, gmb_arena);
 
 /* A segment with neither live ranges nor move targets: it is released or
  * lingers. */
@@ -158,6 +170,10 @@ struct gmb_pool {
   uint64_t next_seg_id;
   uint64_t segment_bytes, segments, used, allocations;
   uint64_t lingering; /* arenas whose `linger` is set */
+  uint64_t free_total; /* the arenas' free_total, summed */
+  struct pool_arena_tree by_largest; /* arenas with a `largest`, by it */
+  LIST_HEAD(, gmb_arena) unsettled;  /* arenas whose `largest` may be stale */
+  uint64_t stats_walks; /* gmb__pool_stats_walk calls (tests count them) */
 
   struct pool_slot *slots;
   uint32_t nslots, slot_cap, slot_free;
@@ -175,6 +191,7 @@ struct gmb_pool {
 
 RB_PROTOTYPE(pool_free_tree, pool_range, u.node, pool_free_cmp)
 RB_PROTOTYPE(pool_seg_tree, gmb_segment, by_id, pool_seg_cmp)
+RB_PROTOTYPE(pool_arena_tree, gmb_arena, by_largest, pool_arena_cmp)
 
 static inline int pool_slot_live(const struct gmb_pool *p, uint32_t i) {
   return i < p->nslots && p->slots[i].r != NULL;
@@ -184,6 +201,14 @@ static inline int pool_slot_live(const struct gmb_pool *p, uint32_t i) {
  * target reports id 0, a free range is_free). */
 void gmb__pool_info(const struct gmb_pool *p, const struct pool_range *r,
                     struct gmb_alloc_info *out);
+
+/* The largest free range in arena a's small classes' trees, searched
+ * (a->largest keeps it once the arena is settled). */
+uint64_t gmb__pool_arena_largest(const struct gmb_arena *a);
+
+/* Settles every arena whose largest free range may have changed since
+ * (struct gmb_arena, `unsettled`): O(log) each. */
+void gmb__pool_settle(struct gmb_pool *p);
 
 /* The device the pool's segments come from. */
 struct gmb_device *gmb__pool_device(const struct gmb_pool *p);

@@ -390,6 +390,13 @@ size_t gmb__tenants_reap(struct gmb_tenants *ts, int named) {
   return n;
 }
 
+/* The refusal of a new tenant when the registry is full. */
+static int tenant_full(const char *name, char *why, size_t whycap) {
+  snprintf(why, whycap, "cannot create tenant %s: the broker holds %d "
+           "tenants, its limit", name, TENANTS_MAX);
+  return GMB_E_LIMIT;
+}
+
 int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap) {
@@ -416,6 +423,10 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     return GMB_E_AUTH;
   }
   if (t == NULL) {
+    /* A full registry refuses before the uid's tenants are counted (a walk
+     * of every tenant): the caller makes room and asks again, at most a
+     * few times a second (core.c, gmb__core_reap_full). */
+    if (gmb__tenants_full(ts)) return tenant_full(name, why, whycap);
     /* A uid's own default name never counts: it can always connect. */
     if (ts->max_per_uid && !gmb__tenant_default_uid(name, &named) &&
         tenant_made_by(ts, uid) >= ts->max_per_uid) {
@@ -426,11 +437,7 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
       return GMB_E_LIMIT;
     }
     t = tenant_add(ts, name);
-    if (t == NULL) {
-      snprintf(why, whycap, "cannot create tenant %s: the broker holds %d "
-               "tenants, its limit", name, TENANTS_MAX);
-      return GMB_E_LIMIT;
-    }
+    if (t == NULL) return tenant_full(name, why, whycap);
     t->quota = ts->default_quota;
     t->has_owner = 1;
     t->owner_uid = uid;

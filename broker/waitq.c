@@ -6,8 +6,12 @@
  * O(1).  Serving walks the list behind a blocked waiter only while a
  * waiter there could still be served (a tenant has a reservation, or a
  * request waits for a compaction run); a request that joins tries the
- * head and itself only (gmb__waitq_joined); the earliest deadline is
- * cached, so the loop's timer does not walk the queue either.  A serving
+ * head and itself only (gmb__waitq_joined).  The loop's timer does not
+ * walk the queue either: the waiters with a deadline are also in a
+ * red-black tree by (deadline, arrival), and the ones that may still block
+ * others in a list by arrival (when each stops blocking: it came
+ * WAITQ_BLOCK_MS before), so finding the next time costs O(log n) and
+ * expiring O(log n) per waiter due, however many wait.  A serving
  * pass tries a tenant's waiters that cannot fit once, not each of them
  * (the memo, below).  Waiters
  * are capped per session and per tenant (max_waiters_per_*).
@@ -32,9 +36,16 @@
  *
  * A blocking waiter blocks for WAITQ_BLOCK_MS after it came (waitq.h), then
  * it is `unblocked` for good.  The flag is set when a serve or the
- * deadline timer finds it past that age; next_unblock_ns, an early bound
- * like next_deadline_ns, makes the timer come when the first one is due
- * (only while someone waits behind it: a lone waiter holds no one back).
+ * deadline timer finds it past that age; the blockers list (broker.h)
+ * makes the timer come when the first one is due (only while someone
+ * waits behind it: a lone waiter holds no one back).
+ * Invariants: the blockers list holds, in arrival order, every waiter
+ * neither `after_compact` nor `unblocked`, except a held one that does not
+ * block (nowait or quota) whose time came while it was held: the timer
+ * takes it off, and the end of its hold puts it back first (it is older
+ * than all there).  `timed` says which tree a waiter is in: the queue's
+ * deadlines (every waiter with a deadline but those being expired), or
+ * the timer's own list of those due.
  */
 #include "waitq.h"
 
@@ -47,6 +58,7 @@
 #include "gmb.h"
 #include "log.h"
 #include "offload.h"
+#include "rbtree.h"
 #include "observe.h"
 #include "reply.h"
 #include "util.h"
@@ -57,6 +69,12 @@
 
 struct gmb_waiter {
   struct gmb_waiter *next, *prev;
+  RB_ENTRY(gmb_waiter) tlink; /* in the deadlines, or those due */
+  struct gmb_waiter *bnext, *bprev; /* in the blockers list */
+  uint64_t seq;         /* arrival number: the queue's order is (priority
+                           descending, seq) */
+  int timed;            /* WAITQ_IN_* */
+  int blocker;          /* in the blockers list */
   struct gmb_session *session;
   uint64_t req_id;
   uint64_t size;
@@ -87,12 +105,77 @@ static uint64_t waitq_block_end(const struct gmb_waiter *w) {
   return w->queued_ns + WAITQ_BLOCK_NS;
 }
 
+/* Which of the timer's trees a waiter is in. */
+enum { WAITQ_IN_NONE = 0, WAITQ_IN_DEADLINES, WAITQ_IN_DUE };
+
+/* The deadlines: by deadline, then arrival. */
+static int waitq_deadline_cmp(const struct gmb_waiter *a,
+                              const struct gmb_waiter *b) {
+  if (a->deadline_ns != b->deadline_ns)
+    return a->deadline_ns < b->deadline_ns ? -1 : 1;
+  return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+RB_GENERATE_STATIC(gmb_waiter_tree, gmb_waiter, tlink, waitq_deadline_cmp)
+
+/* Those due at one expiry, in the queue's order, so that they are tried
+ * and answered as a walk of the queue would. */
+RB_HEAD(waitq_due_tree, gmb_waiter);
+static int waitq_order_cmp(const struct gmb_waiter *a,
+                           const struct gmb_waiter *b) {
+  if (a->priority != b->priority) return a->priority > b->priority ? -1 : 1;
+  return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+RB_GENERATE_STATIC(waitq_due_tree, gmb_waiter, tlink, waitq_order_cmp)
+
 /* w may block others (now, or once its hold ends): the timer must come
- * when it stops. */
-static void waitq_note_blocker(struct gmb_waitq *q,
-                               const struct gmb_waiter *w) {
-  if (waitq_block_end(w) < q->next_unblock_ns)
-    q->next_unblock_ns = waitq_block_end(w);
+ * when it stops.  At the tail: it is the youngest. */
+static void waitq_blocker_add(struct gmb_waitq *q, struct gmb_waiter *w) {
+  w->blocker = 1;
+  w->bnext = NULL;
+  w->bprev = q->blockers_tail;
+  if (q->blockers_tail)
+    q->blockers_tail->bnext = w;
+  else
+    q->blockers_head = w;
+  q->blockers_tail = w;
+}
+
+/* w blocks no one any more (unblocked, or a compaction run's, or gone). */
+static void waitq_blocker_drop(struct gmb_waitq *q, struct gmb_waiter *w) {
+  if (!w->blocker) return;
+  if (w->bprev)
+    w->bprev->bnext = w->bnext;
+  else
+    q->blockers_head = w->bnext;
+  if (w->bnext)
+    w->bnext->bprev = w->bprev;
+  else
+    q->blockers_tail = w->bprev;
+  w->blocker = 0;
+  w->bnext = w->bprev = NULL;
+}
+
+/* w's hold ended after its time to block did: it may block now, and is
+ * due at once.  At the head: it came before every waiter there. */
+static void waitq_blocker_again(struct gmb_waitq *q, struct gmb_waiter *w) {
+  if (w->blocker || w->after_compact || w->unblocked) return;
+  GMB_ASSERT((q->blockers_head == NULL ||
+              q->blockers_head->queued_ns >= w->queued_ns) &&
+             "the blockers list is in arrival order");
+  w->blocker = 1;
+  w->bprev = NULL;
+  w->bnext = q->blockers_head;
+  if (q->blockers_head)
+    q->blockers_head->bprev = w;
+  else
+    q->blockers_tail = w;
+  q->blockers_head = w;
+}
+
+/* w stops blocking others for good. */
+static void waitq_unblock(struct gmb_waitq *q, struct gmb_waiter *w) {
+  w->unblocked = 1;
+  waitq_blocker_drop(q, w);
 }
 
 /* The bytes w asks of its quota: a Vmm increase's are exact. */
@@ -224,6 +307,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
                        ? UINT64_MAX
                        : w->queued_ns + (uint64_t)timeout_ms * GMB_NS_PER_MS;
   w->priority = s->tenant->priority;
+  w->seq = ++q->seq;
   if (hold_until_ns) {
     w->held = 1;
     w->nowait = timeout_ms == 0;
@@ -252,9 +336,11 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
   q->last_added = w;
   s->tenant->waiting++;
   s->waiting++;
-  if (w->deadline_ns < q->next_deadline_ns)
-    q->next_deadline_ns = w->deadline_ns;
-  if (!after_compact) waitq_note_blocker(q, w);
+  if (w->deadline_ns != UINT64_MAX) {
+    RB_INSERT(gmb_waiter_tree, &q->deadlines, w);
+    w->timed = WAITQ_IN_DEADLINES;
+  }
+  if (!after_compact) waitq_blocker_add(q, w);
   if (after_compact) {
     q->after_compact++;
     log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for a "
@@ -311,6 +397,8 @@ static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   q->held_nowait -= (size_t)w->nowait;
   q->held_quota -= (size_t)w->quota;
   w->held = 0;
+  /* Taken off the blockers while held (gmb__waitq_expire)? */
+  waitq_blocker_again(q, w);
 }
 
 static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
@@ -320,6 +408,10 @@ static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
   if (q->last_added == w) q->last_added = NULL;
   if (w->flags & GMB__ALLOC_VMM) w->session->vmm_held = 0;
   if (w->flags & GMB__ALLOC_RESTORE) w->session->restore_id = 0;
+  waitq_blocker_drop(q, w);
+  GMB_ASSERT(w->timed != WAITQ_IN_DUE && "the timer answers those due");
+  if (w->timed == WAITQ_IN_DEADLINES)
+    RB_REMOVE(gmb_waiter_tree, &q->deadlines, w);
   GMB_ASSERT(w->session->tenant->waiting > 0 && w->session->waiting > 0 &&
              "waiting count drifted");
   w->session->tenant->waiting--;
@@ -382,7 +474,7 @@ void gmb__waitq_serve(struct gmb_broker *b) {
       if (!waitq_nonblocking(w)) {
         if (now == 0) now = gmb__now_ns();
         if (waitq_block_end(w) <= now)
-          w->unblocked = 1; /* it has held the others back long enough */
+          waitq_unblock(q, w); /* it has held the others back long enough */
         else
           blocked = 1;
       }
@@ -470,30 +562,55 @@ void gmb__waitq_compaction_over(struct gmb_broker *b, uint64_t done,
   }
 }
 
-uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
-  /* The loop asks at every round: before the earliest deadline there is
-   * nothing to do and no need to walk the queue.  The cached deadline may
-   * be early (its waiter was served meanwhile): then one walk finds the
-   * true one. */
-  struct gmb_waitq *q = &b->waitq;
+/* When the timer must come next: the earliest deadline, or the first
+ * blocker's end when someone waits behind it (UINT64_MAX: never). */
+static uint64_t waitq_due(struct gmb_waitq *q) {
+  struct gmb_waiter *w = RB_MIN(gmb_waiter_tree, &q->deadlines);
+  uint64_t due = w ? w->deadline_ns : UINT64_MAX;
   /* A blocker's time is up only for those behind it: none behind, no
    * reason to wake. */
-  uint64_t due = q->next_deadline_ns;
-  if (q->n >= 2 && q->next_unblock_ns < due) due = q->next_unblock_ns;
+  if (q->n >= 2 && q->blockers_head &&
+      waitq_block_end(q->blockers_head) < due)
+    due = waitq_block_end(q->blockers_head);
+  return due;
+}
+
+uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
+  /* The loop asks at every round: before the first time due there is
+   * nothing to do, and what is due is at the front of the deadlines and
+   * of the blockers. */
+  struct gmb_waitq *q = &b->waitq;
+  uint64_t due = waitq_due(q);
   if (due > now) return due == UINT64_MAX ? UINT64_MAX : due - now;
   int expired = 0;
-  struct gmb_waiter *w, *next;
-  for (w = q->head; w; w = w->next)
-    if (!waitq_nonblocking(w) && waitq_block_end(w) <= now) {
-      w->unblocked = 1;
-      expired++;
+  struct gmb_waiter *w;
+  while ((w = q->blockers_head) != NULL && waitq_block_end(w) <= now) {
+    q->timer_visits++;
+    /* Held, it blocks no one now: it comes back at the head of the list
+     * when its hold ends (waitq_unhold), due at once. */
+    if (waitq_nonblocking(w)) {
+      waitq_blocker_drop(q, w);
+      continue;
     }
-  for (w = q->head; w; w = next) {
-    next = w->next;
-    if (w->deadline_ns > now) continue;
+    waitq_unblock(q, w);
+    expired++;
+  }
+  /* Those past their deadline, taken out to be answered in the queue's
+   * order. */
+  struct waitq_due_tree due_now = RB_INITIALIZER(&due_now);
+  while ((w = RB_MIN(gmb_waiter_tree, &q->deadlines)) != NULL &&
+         w->deadline_ns <= now) {
+    q->timer_visits++;
+    RB_REMOVE(gmb_waiter_tree, &q->deadlines, w);
+    RB_INSERT(waitq_due_tree, &due_now, w);
+    w->timed = WAITQ_IN_DUE;
+  }
+  while ((w = RB_MIN(waitq_due_tree, &due_now)) != NULL) {
+    RB_REMOVE(waitq_due_tree, &due_now, w);
+    w->timed = WAITQ_IN_NONE;
     /* One more try first: a younger blocker may have held it back while
      * there was room for it.  (A waiter served here frees nothing, so
-     * `next` stays valid.) */
+     * the others due stay queued.) */
     int blocking = !waitq_nonblocking(w);
     if (waitq_try(b, w)) {
       expired += blocking;
@@ -518,20 +635,9 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
   /* A waiter that gave up, or stopped blocking, may have been holding
    * back smaller ones. */
   if (expired) gmb__waitq_serve(b);
-  /* The next deadline among those still waiting (none: no deadline), and
-   * the next blocker to stop blocking. */
-  uint64_t next_at = UINT64_MAX, unblock_at = UINT64_MAX;
-  for (w = q->head; w; w = w->next) {
-    if (w->deadline_ns < next_at) next_at = w->deadline_ns;
-    if (!w->after_compact && !w->unblocked &&
-        waitq_block_end(w) < unblock_at)
-      unblock_at = waitq_block_end(w);
-  }
-  q->next_deadline_ns = next_at;
-  q->next_unblock_ns = unblock_at;
-  due = next_at;
-  if (q->n >= 2 && unblock_at < due) due = unblock_at;
-  return due == UINT64_MAX ? UINT64_MAX : due - now;
+  due = waitq_due(q);
+  if (due == UINT64_MAX) return UINT64_MAX;
+  return due > now ? due - now : 0;
 }
 
 void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {
@@ -598,6 +704,7 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
     if (may_compact) {
       w->after_compact = 1;
       q->after_compact++;
+      waitq_blocker_drop(q, w);
       w->run = compact(ctx, rounded, w->session->tenant);
       continue;
     }

@@ -997,6 +997,41 @@ END_TEST
 
 /* --- stats ----------------------------------------------------------- */
 
+/* A client may send Stats as fast as it likes: its device figures come
+ * from the totals the pool keeps, not from a walk of every tenant (the
+ * pool counts its walks), and they are the walk's. */
+START_TEST(stats_walk_no_tenant) {
+  enum { TENANTS = 64, ASKS = 200 };
+  struct fx f;
+  fx_open_ini(&f, "host:256MiB", NULL); /* a small segment each */
+  char rid[TENANTS][16];
+  for (int i = 0; i < TENANTS; i++) {
+    snprintf(rid[i], sizeof rid[i], "t%d", i);
+    fx_hello(&f, rid[i], (uid_t)(2000 + i), "");
+    fx_must_alloc(&f, rid[i], (uid_t)(2000 + i), 4096u * (unsigned)(i + 1), 0);
+  }
+  const uint64_t walks = gmb__pool_stats_walks(f.b.pool);
+  struct wire_reply rep;
+  for (int i = 0; i < ASKS; i++) {
+    ck_assert_int_eq(fx_plain(&f, rid[i % TENANTS], (uid_t)(2000 + i % TENANTS),
+                              WIRE_STATS, &rep), 1);
+    ck_assert_int_eq(rep.status, 0);
+  }
+  ck_assert_uint_eq(gmb__pool_stats_walks(f.b.pool), walks);
+  struct gmb_pool_stats walked;
+  gmb__pool_stats_walk(f.b.pool, &walked);
+  ck_assert_uint_eq(rep.u.stats.device_used, walked.used);
+  ck_assert_uint_eq(rep.u.stats.device_segments,
+                    walked.segment_bytes + f.b.dev->external);
+  ck_assert_uint_eq(rep.u.stats.device_capacity, walked.capacity);
+  struct gmb_pool_stats kept;
+  gmb__pool_stats(f.b.pool, &kept);
+  ck_assert_uint_eq(kept.free_in_segments, walked.free_in_segments);
+  ck_assert_uint_eq(kept.largest_free, walked.largest_free);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(stats_used_peak_quota) {
   struct fx f;
   fx_open_ini(&f, "host:64MiB", "[tenant:q]\nquota = 16MiB\n");
@@ -1579,6 +1614,62 @@ START_TEST(registry_full_idle_make_room) {
 }
 END_TEST
 
+/* A Hello that finds the registry full walks every tenant for idle ones,
+ * and refused Hellos come as fast as a client likes: a walk comes only
+ * when a tenant may have gone idle since the last one, or a few times a
+ * second (GMB_REAP_FULL_WALKS); the refusals between walk nothing. */
+START_TEST(registry_full_refusals_walk_a_few_times_a_second) {
+  enum { HELLOS = 300 };
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", NULL);
+  struct wire_reply rep;
+  fx_hello(&f, "mine", 1003, "mine"); /* made by first use, held */
+  f.b.checks = 0;
+  /* The operator's tenants fill the rest: none of them is idle. */
+  struct gmb_peer ctl = fx_peer("ctl", geteuid());
+  for (int i = 0; !gmb__tenants_full(f.b.tenants); i++) {
+    ck_assert_int_le(i, 5000);
+    struct wire_request req;
+    memset(&req, 0, sizeof req);
+    req.kind = WIRE_ADMIN_TENANT_ADD;
+    snprintf(req.u.admin_tenant_add.tenant,
+             sizeof req.u.admin_tenant_add.tenant, "op%d", i);
+    req.u.admin_tenant_add.n_uids = 1;
+    req.u.admin_tenant_add.uids[0] = 50000;
+    req.id = (uint64_t)i + 1;
+    ck_assert_int_eq(gmb__admin(&f.b, &ctl, &req, &rep), 1);
+    ck_assert_msg(rep.status == 0, "%s", rep.message);
+  }
+  f.b.checks = 1;
+  const struct gmb_reap_full before = f.b.reap_full;
+  const uint64_t t0 = gmb__now_ns();
+  for (int i = 0; i < HELLOS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "new%d", i);
+    ck_assert_int_eq(fx_hello_as(&f, "x", 1002, name, WIRE_PROTOCOL_VERSION,
+                                 &rep), 1);
+    ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+  }
+  const uint64_t seconds = (gmb__now_ns() - t0) / GMB_NS_PER_S + 1;
+  const uint64_t walks = f.b.reap_full.walks - before.walks;
+  ck_assert_uint_ge(walks, 1);
+  ck_assert_uint_le(walks, GMB_REAP_FULL_WALKS * (seconds + 1));
+  ck_assert_uint_eq(f.b.reap_full.skipped - before.skipped, HELLOS - walks);
+  /* A tenant goes idle: the next Hello walks at once, whatever this
+   * second's count, and gets its room. */
+  f.b.reap_full.in_window = GMB_REAP_FULL_WALKS;
+  f.b.reap_full.window_ns = gmb__now_ns();
+  ck_assert_int_eq(fx_plain(&f, "mine", 1003, WIRE_BYE, &rep), 1);
+  ck_assert_int_eq(f.b.reap_full.hint, 1);
+  fx_hello(&f, "x", 1002, "late");
+  ck_assert(!tenant_exists(&f, "mine"));
+  ck_assert(tenant_exists(&f, "late"));
+  ck_assert_uint_eq(f.b.reap_full.walks - before.walks, walks + 1);
+  ck_assert_int_eq(f.b.reap_full.hint, 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* 177,000 queued requests in 90 s.  Waiters are capped
  * per session and per tenant: the excess is refused at once, GMB_E_LIMIT,
  * and those queued are served as before. */
@@ -2124,6 +2215,7 @@ static Suite *dispatch_suite(void) {
 
   tc = tcase_create("stats");
   tcase_add_test(tc, stats_used_peak_quota);
+  tcase_add_test(tc, stats_walk_no_tenant);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("vmm");
@@ -2157,6 +2249,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, fd_limit_1024_admits_many_sessions);
   tcase_add_test(tc, default_tenants_reaped_and_capped);
   tcase_add_test(tc, registry_full_idle_make_room);
+  tcase_add_test(tc, registry_full_refusals_walk_a_few_times_a_second);
   tcase_add_test(tc, waiters_capped_per_session_and_tenant);
   tcase_add_test(tc, reload_reservations_over_device_refused);
   tcase_add_test(tc, start_check_counts_state_file);

@@ -1153,6 +1153,118 @@ START_TEST(random_stress) {
 }
 END_TEST
 
+/* The figures gmb__pool_stats keeps as the pool changes (the free bytes
+ * in segments, the largest free range) against a walk of every arena,
+ * after each step of a seeded mix of allocations, frees, moves begun,
+ * committed and aborted, an owner's frees and trims: a client's Stats
+ * costs no walk of the tenants, and must not drift from one. */
+struct stats_dst {
+  void *tag;
+  uint64_t need, not_seg, seg, offset;
+};
+
+static int stats_find_dst(void *ctx, const struct gmb_alloc_info *info,
+                          int is_free) {
+  struct stats_dst *d = ctx;
+  if (!is_free || info->size < d->need || info->dseg->id == d->not_seg)
+    return 0;
+  struct gmb_segment_view v;
+  gmb__pool_segment_view(info->segment, &v);
+  if (!v.small || v.arena_tag != d->tag) return 0;
+  d->seg = info->dseg->id;
+  d->offset = info->offset;
+  return 1;
+}
+
+static void stats_same_as_walk(unsigned seed, unsigned step) {
+  struct gmb_pool_stats kept, walked;
+  gmb__pool_stats(pool, &kept);
+  gmb__pool_stats_walk(pool, &walked);
+  ck_assert_msg(kept.free_in_segments == walked.free_in_segments &&
+                    kept.largest_free == walked.largest_free &&
+                    kept.room == walked.room && kept.used == walked.used &&
+                    kept.segment_bytes == walked.segment_bytes,
+                "seed %u step %u: kept free %llu largest %llu, walked %llu "
+                "%llu", seed, step, (unsigned long long)kept.free_in_segments,
+                (unsigned long long)kept.largest_free,
+                (unsigned long long)walked.free_in_segments,
+                (unsigned long long)walked.largest_free);
+}
+
+START_TEST(stats_kept_equal_to_a_walk) {
+  unsigned scale = env_uint("SCALE", 1), iter = env_uint("ITER", 3000) * scale;
+  unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns());
+  rng_state = seed;
+  printf("pool stats_kept_equal_to_a_walk: SEED=%u ITER=%u\n", seed, iter);
+  fflush(stdout);
+  enum { NA = 6 };
+  struct gmb_arena *ar[NA];
+  int tags[NA];
+  for (int i = 0; i < NA; i++) ar[i] = gmb__pool_arena_new(pool, &tags[i]);
+  size_t cap = 1024 * scale, n = 0;
+  struct shadow *live = malloc(cap * sizeof *live);
+  unsigned moves = 0, committed = 0;
+  for (unsigned step = 0; step < iter; step++) {
+    uint64_t op = rng() % 100;
+    if (op < 50 && n < cap) {
+      int ai = (int)(rng() % NA);
+      uint64_t size = random_size();
+      uint32_t flags = rng() % 4 ? GMB_MOVABLE : 0;
+      struct gmb_alloc_info info;
+      int rc = gmb__pool_alloc(pool, ar[ai], size, flags, &tags[ai], &info);
+      ck_assert_msg(rc == 0 || rc == GMB_E_NOMEM, "seed %u step %u: %s",
+                    seed, step, gmb_err_name(rc));
+      if (rc == 0) live[n++] = (struct shadow){info.id, info.size, ai, 0};
+    } else if (op < 80 && n > 0) {
+      size_t k = rng() % n;
+      ck_assert_int_eq(gmb__pool_free(pool, live[k].id, NULL), 0);
+      live[k] = live[--n];
+    } else if (op < 96 && n > 0) {
+      /* A move of a movable small allocation to another segment of its
+       * arena, committed or aborted, the figures checked in flight. */
+      size_t k = rng() % n;
+      struct gmb_alloc_info info;
+      ck_assert_int_eq(gmb__pool_find(pool, live[k].id, &info), 0);
+      if (!(info.flags & GMB_MOVABLE) || info.size > GMB_POOL_SMALL_MAX)
+        continue;
+      struct stats_dst d = {&tags[live[k].arena], info.size, info.dseg->id,
+                            0, 0};
+      if (!gmb__pool_walk(pool, stats_find_dst, &d)) continue;
+      struct gmb_pool_move m;
+      ck_assert_int_eq(gmb__pool_move_begin(pool, info.id, d.seg, d.offset,
+                                            &m), 0);
+      moves++;
+      stats_same_as_walk(seed, step);
+      ck_assert_int_eq(gmb__pool_check(pool), 0);
+      if (rng() % 2) {
+        ck_assert_int_eq(gmb__pool_move_commit(pool, &m, NULL, NULL), 0);
+        committed++;
+      } else {
+        ck_assert_int_eq(gmb__pool_move_abort(pool, &m), 0);
+      }
+    } else if (op < 98) {
+      int ai = (int)(rng() % NA);
+      for (size_t k = 0; k < n;)
+        if (live[k].arena == ai)
+          live[k] = live[--n];
+        else
+          k++;
+      gmb__pool_free_owner(pool, ar[ai], &tags[ai]);
+    } else {
+      gmb__pool_trim(pool);
+    }
+    ck_assert_msg(gmb__pool_check(pool) == 0, "seed %u step %u: check", seed,
+                  step);
+    stats_same_as_walk(seed, step);
+  }
+  ck_assert_uint_gt(moves, 0);
+  ck_assert_uint_gt(committed, 0);
+  printf("pool stats_kept_equal_to_a_walk: %u steps, %u moves (%u "
+         "committed), %zu live at end\n", iter, moves, committed, n);
+  free(live);
+}
+END_TEST
+
 START_TEST(oom_loop_only_nomem) {
   unsigned scale = env_uint("SCALE", 1);
   unsigned seed = env_uint("SEED", (unsigned)gmb__now_ns()) + 1;
@@ -1233,6 +1345,7 @@ static Suite *pool_suite(void) {
   tcase_add_test(tc, tag_set_and_found);
   tcase_add_test(tc, device_free_figures);
   tcase_add_test(tc, random_stress);
+  tcase_add_test(tc, stats_kept_equal_to_a_walk);
   tcase_add_test(tc, oom_loop_only_nomem);
   suite_add_tcase(s, tc);
   return s;

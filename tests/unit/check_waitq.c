@@ -888,6 +888,80 @@ START_TEST(unblocked_waiters_that_cannot_fit_tried_once_a_pass) {
 }
 END_TEST
 
+/* Waiters due at one expiry are tried in the queue's order (priority,
+ * then arrival), not in their deadlines': with room for one, the higher
+ * priority gets it though the lower one's deadline came first. */
+START_TEST(expire_due_together_tried_in_queue_order) {
+  struct fx f;
+  fx_open_ini(&f, DEV, PRIO_INI);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  for (int i = 0; i < 3; i++) hold(&f, "a", 1001, 2 * MIB);
+  /* Queued without a serve: both could have had the 2 MiB left. */
+  ck_assert_int_eq(gmb__waitq_add(&f.b, lo, 81, 2 * MIB, 0, 100, 0), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, hi, 82, 2 * MIB, 0, 200, 0), 0);
+  gmb__waitq_expire(&f.b, gmb__now_ns() + 300 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_served_at(&f, 0, "hi", 82, 2 * MIB);
+  assert_failed_at(&f, 1, "lo", 81, GMB_E_TIMEOUT);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
+/* The loop's timer looks only at what is due: many waiters whose
+ * deadlines come one after another cost one visit each as each expires,
+ * not a walk of the queue at every deadline (which took n^2/2 visits). */
+START_TEST(expire_visits_only_waiters_due) {
+  enum { N = 256, SESSIONS = 4, STEP_MS = 10, FIRST_MS = 2000 };
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *s[SESSIONS];
+  char rid[SESSIONS][8];
+  for (int i = 0; i < SESSIONS; i++) {
+    snprintf(rid[i], sizeof rid[i], "w%d", i);
+    s[i] = fx_hello(&f, rid[i], 1002, "");
+  }
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t t0 = gmb__now_ns();
+  for (int i = 0; i < N; i++)
+    ck_assert_int_eq(gmb__waitq_add(&f.b, s[i % SESSIONS], 1000 + i, 2 * MIB,
+                                    0, FIRST_MS + i * STEP_MS, 0), 0);
+  uint64_t t1 = gmb__now_ns();
+  ck_assert_uint_eq(f.b.waitq.n, N);
+  /* Their second of blocking ends: each is looked at once. */
+  uint64_t visits = f.b.waitq.timer_visits;
+  uint64_t next = gmb__waitq_expire(&f.b, t1 + 1100 * GMB_NS_PER_MS);
+  ck_assert_uint_eq(f.b.waitq.timer_visits - visits, N);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_le(next, (FIRST_MS - 1100) * GMB_NS_PER_MS);
+  /* Then a deadline every STEP_MS: the timer comes for each. */
+  visits = f.b.waitq.timer_visits;
+  uint64_t now = t1 + FIRST_MS * GMB_NS_PER_MS;
+  int calls = 0;
+  while (f.b.waitq.n > 0) {
+    next = gmb__waitq_expire(&f.b, now);
+    calls++;
+    ck_assert_int_le(calls, N);
+    if (f.b.waitq.n > 0) {
+      ck_assert_uint_ne(next, UINT64_MAX);
+      ck_assert_uint_le(next, STEP_MS * GMB_NS_PER_MS + (t1 - t0));
+      now += next;
+    }
+  }
+  ck_assert_uint_eq(next, UINT64_MAX);
+  ck_assert_uint_eq(f.b.waitq.timer_visits - visits, N);
+  ck_assert_uint_eq(n_answers(&f), N);
+  for (int i = 0; i < N; i++)
+    assert_failed_at(&f, (size_t)i, rid[i % SESSIONS], 1000 + (uint64_t)i,
+                     GMB_E_TIMEOUT);
+  fx_close(&f);
+}
+END_TEST
+
 /* ---- sessions that end --------------------------------------------------- */
 
 START_TEST(drop_session_only_its_waiters) {
@@ -1348,6 +1422,8 @@ static Suite *waitq_suite(void) {
   tcase_add_test(tc, expire_next_deadline_of_served_waiter);
   tcase_add_test(tc, expire_blocking_waiter_serves_behind);
   tcase_add_test(tc, expire_after_compact_waiter);
+  tcase_add_test(tc, expire_due_together_tried_in_queue_order);
+  tcase_add_test(tc, expire_visits_only_waiters_due);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("sessions");
