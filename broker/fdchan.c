@@ -177,7 +177,8 @@ static void fdchan_drop_pending(struct gmb_fdchan *ch,
 }
 
 static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth, fdchan_rl_full,
-    fdchan_rl_inflight, fdchan_rl_unread, fdchan_rl_evict;
+    fdchan_rl_inflight, fdchan_rl_unread, fdchan_rl_evict, fdchan_rl_live,
+    fdchan_rl_refuse;
 
 /* --- unread channels ------------------------------------------------------ */
 
@@ -278,6 +279,8 @@ static void fdchan_session_gone(struct gmb_broker *b, struct gmb_session *s) {
   if (fdchan_outq(s->fdconn) <= 0) return;
   uint32_t w = fdchan_min(s->fd_sent, ch->unread_max);
   fdchan_unread_room(ch, w);
+  GMB_ASSERT(ch->n_unread < ch->unread_max &&
+             "each unread channel weighs at least one descriptor");
   struct fdchan_unread *e = &ch->unread[ch->n_unread++];
   e->fd = s->fdconn;
   e->uid = s->uid;
@@ -524,6 +527,9 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
   char why[GMB_FD_MESSAGE_MAX];
   if (gmb__fdchan_unread_admit(b, s->uid, s->tenant->name, why,
                                sizeof why) != 0) {
+    if (gmb__log_allow(&fdchan_rl_refuse))
+      log_warn("session %" PRIu64 ": its descriptor channel refused: %s%s",
+               s->id, why, gmb__log_suppressed(&fdchan_rl_refuse));
     fdchan_reply(p->fd, GMB_FD_AUTH, GMB_E_LIMIT, 0, 0, -1, why);
     fdchan_drop_pending(ch, p);
     return;
@@ -578,6 +584,11 @@ static const char *fdchan_segment(struct gmb_broker *b, struct gmb_session *s,
     snprintf(msg, sizeof msg, "segment %" PRIu64 " has no descriptor on "
              "device %s", id, b->dev->desc);
   } else if (fdchan_unread_full(s)) {
+    if (gmb__log_allow(&fdchan_rl_live))
+      log_info("session %" PRIu64 " (tenant %s, uid %u): a segment refused: "
+               "the %u descriptors sent before are unread%s", s->id,
+               s->tenant->name, (unsigned)s->uid, s->fd_sent,
+               gmb__log_suppressed(&fdchan_rl_live));
     status = GMB_E_LIMIT;
     snprintf(msg, sizeof msg, "descriptors sent earlier are still unread: "
              "read the answers before asking again (at most %d at once)",
