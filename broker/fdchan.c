@@ -549,7 +549,7 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
     return;
   }
   /* The connection is the session's now (closed when it ends, or kept
-   * while its table is unread: gmb__fdchan_session_gone). */
+   * while what it was sent is unread: fdchan_session_gone). */
   gmb__session_set_fdconn(b->sessions, s, p->fd);
   s->fd_sent = 1;
   p->fd = -1;
