@@ -162,6 +162,10 @@ struct gmb_broker {
   void *reply_tap_ctx;
   struct gmb_loop *loop; /* the poll set and timers (loop.c) */
   struct gmb_fdchan *fdchan; /* descriptor channel connections (fdchan.c) */
+  /* Called as a session ends, before its descriptor channel would be
+   * closed: fdchan.c keeps a channel whose peer left descriptors unread
+   * (it sets this while open; NULL: none). */
+  void (*fdconn_gone)(struct gmb_broker *b, struct gmb_session *s);
   volatile int stopping;
   int closing; /* core.c is tearing down: nothing is sent any more */
   uint64_t next_session_id;

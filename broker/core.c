@@ -269,6 +269,12 @@ static uint64_t core_session_vmm_gone(struct gmb_broker *b,
   return vmm;
 }
 
+/* Before its descriptor channel is closed: the channel's handler may keep
+ * it while the peer has descriptors unread (fdchan.h). */
+static void core_fdconn_gone(struct gmb_broker *b, struct gmb_session *s) {
+  if (b->fdconn_gone && s->fdconn >= 0) b->fdconn_gone(b, s);
+}
+
 void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
                            const char *why) {
   struct gmb_tenant *t = s->tenant;
@@ -293,6 +299,7 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
   /* Retired cuda segments it had yet to close: its process's mappings died
    * with it (or it closed them before Bye), so it holds them no longer. */
   int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
+  core_fdconn_gone(b, s);
   gmb__session_free(b->sessions, s);
   gmb__core_tenant_idled(b, t);
   if (freed || unparked) gmb__waitq_serve(b);
@@ -325,6 +332,7 @@ void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
    * move starts: the broker claims through this table (defrag.c). */
   gmb__locktab_destroy(s->lt);
   s->lt = NULL;
+  core_fdconn_gone(b, s);
   gmb__session_unlink(b->sessions, s);
   s->reaping = 1;
   s->reap_next = NULL;

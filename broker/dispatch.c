@@ -30,6 +30,7 @@
 #include "alloc.h"
 #include "core.h"
 #include "defrag.h"
+#include "fdchan.h"
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
@@ -99,6 +100,13 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
     rc = gmb__tenant_admit(b->tenants, req->u.hello.tenant, peer->uid,
                            req->u.hello.token, req->u.hello.token_len, &t,
                            why, sizeof why);
+  /* Its tenant or uid left descriptors unread in ended sessions: no
+   * more sessions for it until they are read or closed (fdchan.h). */
+  if (rc == 0 &&
+      (rc = gmb__fdchan_unread_admit(b, peer->uid, t->name, why,
+                                     sizeof why)) != 0 &&
+      gmb__tenant_idle(b->tenants, t, 0))
+    b->reap_pending = 1;
   if (rc) {
     if (gmb__log_allow(&dispatch_rl_hello))
       log_warn("hello from uid %u pid %d refused: %s%s", (unsigned)peer->uid,

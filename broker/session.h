@@ -37,6 +37,9 @@ struct gmb_session {
   pid_t pid;        /* in the broker's pid namespace; 0: unknown */
   int pidfd;        /* -1: heartbeat mode (unless fdconn watches it) */
   int fdconn;       /* its descriptor channel (fdchan.c); -1: none yet */
+  uint32_t fd_sent; /* descriptors sent on it since it was last seen read
+                       to the end (SIOCOUTQ 0): at least those it left
+                       unread (fdchan.c) */
   uint8_t secret[GMB_FD_SECRET_LEN]; /* proves it on the channel */
   uint64_t last_seen_ns;
   uint64_t born_ns; /* when its Hello made it: it has been idle no longer */

@@ -66,7 +66,11 @@ struct chan {
   struct fx f;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   int idle_fds; /* the process's descriptors with the channel open, idle */
+  uint64_t clock; /* sweep_unread's time (0: not started) */
 };
+
+/* RLIMIT_NOFILE while the channel opens (0: as it is). */
+static rlim_t chan_nofile;
 
 /* A broker with its descriptor channel listening at DIR/fd.sock. */
 static void chan_open_ini(struct chan *c, const char *device,
@@ -83,9 +87,17 @@ static void chan_open_ini(struct chan *c, const char *device,
   ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
   ck_assert_int_eq(chmod(c->path, 0666), 0);
   ck_assert_int_eq(listen(fd, GMB_FDCHAN_PENDING), 0);
+  /* The channel's bounds follow RLIMIT_NOFILE at its start. */
+  struct rlimit old, low;
+  ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+  low = old;
+  if (chan_nofile) low.rlim_cur = chan_nofile;
+  ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
   ck_assert_int_eq(gmb__fdchan_open(&c->f.b, fd), 0);
+  ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
   ck_assert_int_eq(gmb__fdchan_listener(&c->f.b), fd);
   c->idle_fds = fx_count_fds();
+  c->clock = 0;
 }
 
 static void chan_open(struct chan *c) {
@@ -310,6 +322,24 @@ static int recorded(const struct gmb_session *s, uint64_t seg) {
   for (size_t i = 0; i < s->n_segs; i++)
     if (s->segs[i] == seg) return 1;
   return 0;
+}
+
+/* The loop's ticks, as many as it takes to look at every unread channel
+ * (each tick looks at a bounded number), on the test's own clock, ahead
+ * of the real one: pending connections expire meanwhile.  Returns the
+ * unread channels left. */
+static size_t sweep_unread(struct chan *c) {
+  if (c->clock == 0) c->clock = gmb__now_ns();
+  uint32_t all, per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c->f.b, &all, &per_uid, &per_tenant);
+  for (uint32_t i = 0; i <= all / GMB_FDCHAN_UNREAD_SWEEP + 1; i++) {
+    c->clock += (uint64_t)GMB_FDCHAN_UNREAD_TICK_MS * GMB_NS_PER_MS;
+    gmb__fdchan_expire(&c->f.b, c->clock);
+  }
+  size_t chans;
+  uint64_t descs, evicted;
+  gmb__fdchan_unread_stats(&c->f.b, &chans, &descs, &evicted);
+  return chans;
 }
 
 /* --- AUTH ----------------------------------------------------------------- */
@@ -1075,24 +1105,43 @@ START_TEST(client_never_reads_ended) {
   ck_assert_ptr_nonnull(strstr(log, "does not read its descriptor channel"));
   ck_assert_uint_eq(t->used, 0);
   ck_assert_uint_lt(took, 2 * SEC);
-  /* What did reach the client are whole replies with a descriptor each;
-   * then the hang-up. */
-  int got = 0;
+  /* What did reach the client are whole replies: a descriptor each for
+   * as many as a channel may leave unread, then refusals without one.
+   * No hang-up yet: the broker keeps its end while they are unread. */
+  int got = 0, with_fd = 0;
   for (;;) {
     int fd = -1;
     struct gmb_fd_rep rep;
     ssize_t n = gmb__fd_recv(sock, &rep, sizeof rep, &fd, MSG_DONTWAIT);
     if (n != (ssize_t)sizeof rep) {
-      ck_assert(n == 0 || n == -ECONNRESET);
+      ck_assert(n == -EAGAIN || n == -EWOULDBLOCK);
       break;
     }
-    ck_assert_int_eq(rep.status, 0);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
+    if (got < GMB_FDCHAN_UNREAD_ANSWERS) {
+      ck_assert_int_eq(rep.status, 0);
+      ck_assert_int_ge(fd, 0);
+      close(fd);
+      with_fd++;
+    } else {
+      ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+      ck_assert_int_eq(fd, -1);
+      ck_assert_ptr_nonnull(strstr(rep.message, "still unread"));
+    }
     got++;
   }
-  ck_assert_int_gt(got, 0);
+  ck_assert_int_eq(with_fd, GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_int_gt(got, with_fd);
   ck_assert_int_le(got, sent);
+  /* It ended with them unread: the broker kept its end, weighed by what
+   * it sent since the channel was last read to the end. */
+  size_t chans;
+  uint64_t descs, evicted;
+  gmb__fdchan_unread_stats(&c.f.b, &chans, &descs, &evicted);
+  ck_assert_uint_eq(chans, 1);
+  ck_assert_uint_eq(descs, GMB_FDCHAN_UNREAD_ANSWERS);
+  /* All read now: the broker closes its end at its next ticks. */
+  ck_assert_uint_eq(sweep_unread(&c), 0);
+  ck_assert_int_eq(cli_hung_up(sock), 1);
   close(sock);
   ck_assert_int_eq(gmb__pool_trim(c.f.b.pool) > 0, 1);
   ck_assert_int_eq(fx_count_fds(), c.idle_fds);
@@ -1531,6 +1580,235 @@ START_TEST(inflight_exhausted_spares_sessions) {
 }
 END_TEST
 
+/* --- descriptors left unread ---------------------------------------------- */
+
+/* Hello of client `rid` as this process's uid in `tenant`: its status,
+ * the reason in *why. */
+static int try_hello(struct chan *c, const char *rid, const char *tenant,
+                     char *why, size_t cap) {
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_hello_as(&c->f, rid, geteuid(), tenant,
+                               WIRE_PROTOCOL_VERSION, &rep), 1);
+  snprintf(why, cap, "%s", rep.message);
+  return rep.status;
+}
+
+/* A hostile client's round: Hello in `tenant`, AUTH, never read the lock
+ * table, Bye; its socket stays open and is returned. */
+static int leave_unread(struct chan *c, const char *rid, const char *tenant) {
+  struct gmb_session *s = fx_hello(&c->f, rid, geteuid(), tenant);
+  int sock = cli_connect(c);
+  accept_all(c);
+  cli_auth(sock, s);
+  serve_pending(c);
+  ck_assert_int_ge(s->fdconn, 0); /* served: the table waits unread */
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_plain(&c->f, rid, geteuid(), WIRE_BYE, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_ptr_null(gmb__session_find(c->f.b.sessions, (const uint8_t *)rid,
+                                       strlen(rid)));
+  return sock;
+}
+
+static size_t unread_channels(struct chan *c, uint64_t *descs) {
+  size_t chans;
+  uint64_t d, evicted;
+  gmb__fdchan_unread_stats(&c->f.b, &chans, &d, &evicted);
+  if (descs) *descs = d;
+  return chans;
+}
+
+/*
+ * A client that leaves its lock table unread and ends, keeping its end of
+ * the channel open, leaves that descriptor in flight on the broker's
+ * account.  Its tenant may do so a bounded number of times: then its next
+ * Hello is refused with the reason, and so is the AUTH of a session that
+ * said Hello before; another tenant is served, sessions and segments.
+ * Once the hostile sockets close, the broker closes its ends at its next
+ * ticks and the tenant is served again.  A session that read everything
+ * leaves nothing behind.
+ */
+START_TEST(unread_channels_bound_tenant) {
+  struct chan c;
+  chan_open(&c);
+  uint32_t all, per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &all, &per_uid, &per_tenant);
+  ck_assert_uint_gt(per_tenant, 0);
+  ck_assert_uint_le(per_tenant, GMB_FDCHAN_UNREAD_PER_TENANT);
+  ck_assert_uint_lt(per_tenant, per_uid); /* the other tenant is not held */
+  ck_assert_uint_le(per_uid, all);
+  /* A session of the tenant that said Hello before its bound was met. */
+  struct gmb_session *late = fx_hello(&c.f, "late", geteuid(), "bad");
+  int hostile[GMB_FDCHAN_UNREAD_PER_TENANT];
+  char rid[32], why[WIRE_MESSAGE_MAX];
+  for (uint32_t i = 0; i < per_tenant; i++) {
+    snprintf(rid, sizeof rid, "bad%u", i);
+    ck_assert_int_eq(try_hello(&c, "probe", "bad", why, sizeof why), 0);
+    struct wire_reply rep;
+    ck_assert_int_eq(fx_plain(&c.f, "probe", geteuid(), WIRE_BYE, &rep), 1);
+    hostile[i] = leave_unread(&c, rid, "bad");
+  }
+  uint64_t descs;
+  ck_assert_uint_eq(unread_channels(&c, &descs), per_tenant);
+  ck_assert_uint_eq(descs, per_tenant); /* a lock table each */
+  ck_assert_int_eq(try_hello(&c, "next", "bad", why, sizeof why),
+                   GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(why, "unread"));
+  ck_assert_ptr_nonnull(strstr(why, "close those sockets"));
+  ck_assert_ptr_null(gmb__session_find(c.f.b.sessions,
+                                       (const uint8_t *)"next", 4));
+  int lsock = cli_connect(&c);
+  accept_all(&c);
+  cli_auth(lsock, late);
+  serve_pending(&c);
+  struct gmb_fd_rep rep = cli_refused(lsock, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "unread"));
+  ck_assert_int_eq(cli_hung_up(lsock), 1);
+  ck_assert_int_eq(late->fdconn, -1);
+  close(lsock);
+  /* Another tenant of the same uid: a session, a segment. */
+  struct gmb_session *g;
+  int gsock = chan_session(&c, "good", "good", &g, NULL);
+  uint64_t seg = fx_must_alloc(&c.f, "good", geteuid(), MIB, 0)
+                     .u.alloc.segment;
+  close(must_segment(&c, gsock, g, seg, 2 * MIB));
+  /* The ticks keep what is still unread. */
+  ck_assert_uint_eq(sweep_unread(&c), per_tenant);
+  /* The hostile sockets close: the broker's ends follow, a tick later. */
+  for (uint32_t i = 0; i < per_tenant; i++) close(hostile[i]);
+  ck_assert_uint_eq(sweep_unread(&c), 0);
+  ck_assert_int_eq(try_hello(&c, "next", "bad", why, sizeof why), 0);
+  struct gmb_session *again;
+  int asock = chan_session(&c, "again", "bad", &again, NULL);
+  /* Sessions that read everything leave nothing behind. */
+  fx_end(&c.f, again);
+  fx_end(&c.f, g);
+  ck_assert_uint_eq(unread_channels(&c, NULL), 0);
+  close(asock);
+  close(gsock);
+  chan_close(&c);
+}
+END_TEST
+
+/*
+ * A live session may leave at most GMB_FDCHAN_UNREAD_ANSWERS descriptors
+ * unread (libgmb asks for that many before it reads): its next request is
+ * refused with GMB_E_LIMIT and the reason, the segment is not recorded as
+ * given, and the session lives; once it read them it is served again.
+ */
+START_TEST(live_unread_refused_session_lives) {
+  struct chan c;
+  chan_open(&c);
+  struct gmb_session *s;
+  int lt_fd = -1;
+  /* Its lock table is read here; a second session leaves its own unread
+   * and may then take one descriptor less. */
+  int sock = chan_session(&c, "a", "", &s, &lt_fd);
+  close(lt_fd);
+  uint64_t id = s->id;
+  uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
+  ck_assert_int_eq(gmb__session_seg_forget(s, seg), 0);
+  for (int i = 0; i <= GMB_FDCHAN_UNREAD_ANSWERS; i++) cli_segment(sock, id, seg);
+  for (int i = 0; i <= GMB_FDCHAN_UNREAD_ANSWERS / GMB_FDCHAN_BATCH; i++)
+    ck_assert_int_eq(serve_session(&c, id), 1);
+  for (int i = 0; i < GMB_FDCHAN_UNREAD_ANSWERS; i++) {
+    int fd = -1;
+    struct gmb_fd_rep rep = cli_reply(sock, &fd);
+    ck_assert_int_eq(rep.status, 0);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+  }
+  struct gmb_fd_rep rep = cli_refused(sock, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "still unread"));
+  ck_assert_int_eq(cli_quiet(sock), 1);
+  ck_assert_int_eq(recorded(s, seg), 1); /* the ones given */
+  /* Read now: served again. */
+  close(must_segment(&c, sock, s, seg, 2 * MIB));
+  /* Its lock table unread: one descriptor less before the refusal. */
+  struct gmb_session *s2 = fx_hello(&c.f, "b", geteuid(), "");
+  int sock2 = cli_connect(&c);
+  accept_all(&c);
+  cli_auth(sock2, s2);
+  serve_pending(&c);
+  for (int i = 0; i < GMB_FDCHAN_UNREAD_ANSWERS; i++)
+    cli_segment(sock2, s2->id, seg);
+  for (int i = 0; i <= GMB_FDCHAN_UNREAD_ANSWERS / GMB_FDCHAN_BATCH; i++)
+    ck_assert_int_eq(serve_session(&c, s2->id), 1);
+  for (int i = 0; i < GMB_FDCHAN_UNREAD_ANSWERS; i++) {
+    int fd = -1;
+    rep = cli_reply(sock2, &fd);
+    ck_assert_int_eq(rep.status, 0);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+  }
+  cli_refused(sock2, GMB_E_LIMIT);
+  ck_assert_int_eq(cli_quiet(sock2), 1);
+  /* Both read to the end: neither leaves a channel behind. */
+  fx_end(&c.f, s2);
+  fx_end(&c.f, s);
+  ck_assert_uint_eq(unread_channels(&c, NULL), 0);
+  ck_assert_int_eq(cli_hung_up(sock), 1);
+  close(sock2);
+  close(sock);
+  chan_close(&c);
+}
+END_TEST
+
+/*
+ * The unread channels weigh at most their bound in all, whatever ends at
+ * once: sessions that all proved their channel before any ended (no
+ * Hello was refused) end together, and past the bound the oldest channels
+ * of the heaviest uid are closed, so the list and the broker's
+ * descriptors stay bounded.  Under a low RLIMIT_NOFILE the bounds are
+ * lower.
+ */
+START_TEST(unread_channels_bounded_in_all) {
+  struct chan c;
+  chan_nofile = 512;
+  chan_open(&c);
+  chan_nofile = 0;
+  uint32_t all, per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &all, &per_uid, &per_tenant);
+  ck_assert_uint_eq(all, 512 / 32);
+  ck_assert_uint_eq(per_uid, all / 4);
+  ck_assert_uint_eq(per_tenant, all / 8);
+  enum { N = 20 };
+  ck_assert_uint_gt(N, all);
+  struct gmb_session *s[N];
+  int sock[N];
+  char rid[16];
+  for (int i = 0; i < N; i++) {
+    snprintf(rid, sizeof rid, "s%d", i);
+    s[i] = fx_hello(&c.f, rid, geteuid(), i % 2 ? "t1" : "t2");
+    sock[i] = cli_connect(&c);
+    accept_all(&c);
+    cli_auth(sock[i], s[i]);
+    serve_pending(&c);
+    ck_assert_int_ge(s[i]->fdconn, 0);
+  }
+  for (int i = 0; i < N; i++) fx_end(&c.f, s[i]);
+  size_t chans;
+  uint64_t descs, evicted;
+  gmb__fdchan_unread_stats(&c.f.b, &chans, &descs, &evicted);
+  ck_assert_uint_eq(chans, all);
+  ck_assert_uint_eq(descs, all);
+  ck_assert_uint_eq(evicted, N - all);
+  /* The oldest went: their clients see the table, then the hang-up. */
+  for (int i = 0; i < N; i++) {
+    int fd = -1;
+    struct gmb_fd_rep rep = cli_reply(sock[i], &fd);
+    ck_assert_int_eq(rep.status, 0);
+    close(fd);
+    ck_assert_int_eq(cli_hung_up(sock[i]), i < (int)(N - all));
+  }
+  /* Read to the end: the broker's ends go at its next ticks. */
+  ck_assert_uint_eq(sweep_unread(&c), 0);
+  for (int i = 0; i < N; i++) close(sock[i]);
+  ck_assert_int_eq(fx_count_fds(), c.idle_fds);
+  chan_close(&c);
+}
+END_TEST
+
 static Suite *fdchan_suite(void) {
   Suite *s = suite_create("fdchan");
   TCase *tc = tcase_create("auth");
@@ -1558,6 +1836,12 @@ static Suite *fdchan_suite(void) {
   tcase_add_test(tc, client_never_reads_ended);
   tcase_add_test(tc, batch_per_round);
   tcase_add_test(tc, inflight_exhausted_spares_sessions);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("unread");
+  tcase_add_test(tc, unread_channels_bound_tenant);
+  tcase_add_test(tc, live_unread_refused_session_lives);
+  tcase_add_test(tc, unread_channels_bounded_in_all);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("descriptors");
