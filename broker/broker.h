@@ -80,6 +80,7 @@ struct gmb_waitq {
   uint64_t tries; /* waiters tried against the pool, since start */
   uint64_t timer_visits; /* waiters the deadline timer looked at */
   uint64_t head_visits;  /* waiters gmb__waitq_ahead and _joined looked at */
+  uint64_t drop_visits;  /* waiters gmb__waitq_drop_session looked at */
 };
 
 /* The walks of the tenant registry for idle tenants when a Hello finds

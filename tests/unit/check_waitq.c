@@ -1004,6 +1004,43 @@ START_TEST(drop_session_only_its_waiters) {
 }
 END_TEST
 
+/* A session's end drops its waiters, and sessions end at will: each end
+ * used to walk the whole queue (another tenant's 1,000 waiters here).
+ * Each session links its own, so the end looks at those only. */
+START_TEST(drop_session_visits_only_its_waiters) {
+  enum { N = 1000 };
+  struct fx f;
+  fx_open_ini(&f, DEV, "[broker]\ncompaction = off\n"
+                       "max_waiters_per_session = 2048\n"
+                       "max_waiters_per_tenant = 2048\n");
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *big = fx_hello(&f, "big", 1002, "");
+  struct gmb_session *x = fx_hello(&f, "x", 1003, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  for (int i = 0; i < N; i++)
+    ck_assert_int_eq(gmb__waitq_add(&f.b, big, 1000 + (uint64_t)i, 2 * MIB,
+                                    0, 0, 0), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 1, 2 * MIB, 0, 0, 0), 0);
+  ck_assert_int_eq(gmb__waitq_add(&f.b, x, 2, 2 * MIB, 0, 0, 1), 0);
+  uint64_t visits = f.b.waitq.drop_visits;
+  gmb__waitq_drop_session(&f.b, x);
+  ck_assert_uint_eq(f.b.waitq.drop_visits - visits, 2);
+  ck_assert_uint_eq(f.b.waitq.n, N);
+  ck_assert_uint_eq(x->waiting, 0);
+  ck_assert_ptr_null(x->waiters);
+  gmb__waitq_drop_session(&f.b, x);
+  ck_assert_uint_eq(f.b.waitq.drop_visits - visits, 2);
+  /* The other session's are still served in order. */
+  free_ok(&f, "a", 1001, ids[0]);
+  assert_served_at(&f, 0, "big", 1000, 2 * MIB);
+  gmb__waitq_drop_session(&f.b, big);
+  ck_assert_uint_eq(f.b.waitq.drop_visits - visits, 2 + N - 1);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(drop_session_without_waiters) {
   struct fx f;
   fx_open_ini(&f, DEV, NO_COMPACT);
@@ -1480,6 +1517,7 @@ static Suite *waitq_suite(void) {
 
   tc = tcase_create("sessions");
   tcase_add_test(tc, drop_session_only_its_waiters);
+  tcase_add_test(tc, drop_session_visits_only_its_waiters);
   tcase_add_test(tc, drop_session_without_waiters);
   tcase_add_test(tc, drop_session_blocking_serves_behind);
   tcase_add_test(tc, session_end_frees_and_serves);
