@@ -56,6 +56,12 @@ struct gmb_waiter_order {
   struct gmb_waiter *rbh_root;
 };
 
+/* The waiters held while caches are asked back, in serving order
+ * (likewise, with links of their own). */
+struct gmb_waiter_holds {
+  struct gmb_waiter *rbh_root;
+};
+
 /* The allocations waiting for memory (waitq.c), in serving order. */
 struct gmb_waitq {
   struct gmb_waiter *head, *tail;
@@ -66,6 +72,7 @@ struct gmb_waitq {
    * waitq_nonblocking false), in serving order: the first is the head a
    * joining request tries, and gmb__waitq_ahead reads its priority. */
   struct gmb_waiter_order blocking;
+  struct gmb_waiter_holds holds; /* the held ones, in serving order */
   struct gmb_waiter *last_added; /* for gmb__waitq_joined; NULL: none */
   size_t held;          /* of n, those held while caches are asked back */
   size_t held_nowait;   /* of held, requests that did not ask to wait */
@@ -81,6 +88,7 @@ struct gmb_waitq {
   uint64_t timer_visits; /* waiters the deadline timer looked at */
   uint64_t head_visits;  /* waiters gmb__waitq_ahead and _joined looked at */
   uint64_t drop_visits;  /* waiters gmb__waitq_drop_session looked at */
+  uint64_t hold_visits;  /* waiters gmb__waitq_hold_over looked at */
 };
 
 /* The walks of the tenant registry for idle tenants when a Hello finds

@@ -49,7 +49,9 @@
  * than all there).  `timed` says which tree a waiter is in: the queue's
  * deadlines (every waiter with a deadline but those being expired), or
  * the timer's own list of those due.  Each session links its own waiters
- * (s->waiters), so that its end drops them without a walk of the queue.
+ * (s->waiters), so that its end drops them without a walk of the queue,
+ * and the held waiters are in a tree of their own in the queue's order
+ * (q->holds), so that a hold's end looks at those only.
  */
 #include "waitq.h"
 
@@ -75,6 +77,7 @@ struct gmb_waiter {
   struct gmb_waiter *next, *prev;
   RB_ENTRY(gmb_waiter) tlink; /* in the deadlines, or those due */
   RB_ENTRY(gmb_waiter) hlink; /* in q->blocking */
+  RB_ENTRY(gmb_waiter) olink; /* in q->holds, while held */
   int in_blocking;            /* in q->blocking */
   struct gmb_waiter *bnext, *bprev; /* in the blockers list */
   struct gmb_waiter *snext, *sprev; /* in its session's (s->waiters) */
@@ -136,6 +139,9 @@ RB_GENERATE_STATIC(waitq_due_tree, gmb_waiter, tlink, waitq_order_cmp)
 
 /* The waiters that block now, in the queue's order (q->blocking). */
 RB_GENERATE_STATIC(gmb_waiter_order, gmb_waiter, hlink, waitq_order_cmp)
+
+/* The held waiters, in the queue's order (q->holds). */
+RB_GENERATE_STATIC(gmb_waiter_holds, gmb_waiter, olink, waitq_order_cmp)
 
 /* Puts w in q->blocking or takes it out, as waitq_nonblocking(w) now says:
  * called wherever a field it reads changes, and as w leaves. */
@@ -346,6 +352,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     q->held_nowait += (size_t)w->nowait;
     q->held_quota += (size_t)w->quota;
     if (hold_until_ns < q->next_hold_ns) q->next_hold_ns = hold_until_ns;
+    RB_INSERT(gmb_waiter_holds, &q->holds, w);
   }
   /* After the last waiter of equal or higher priority: priority first,
    * then arrival. */
@@ -430,6 +437,7 @@ static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   q->held_nowait -= (size_t)w->nowait;
   q->held_quota -= (size_t)w->quota;
   w->held = 0;
+  RB_REMOVE(gmb_waiter_holds, &q->holds, w);
   /* Taken off the blockers while held (gmb__waitq_expire)? */
   waitq_blocker_again(q, w);
   waitq_blocking_sync(q, w, 0);
@@ -704,10 +712,12 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
     return q->next_hold_ns - now;
   uint64_t total = 0, next_at = UINT64_MAX;
   gmb__pool_fragmentation(b->pool, NULL, &total);
-  struct gmb_waiter *w = q->head, *next;
+  /* The held ones only, in the queue's order, not the whole queue. */
+  struct gmb_waiter *w = RB_MIN(gmb_waiter_holds, &q->holds), *next;
   for (; w; w = next) {
-    next = w->next;
-    if (!w->held) continue;
+    next = RB_NEXT(gmb_waiter_holds, &q->holds, w);
+    q->hold_visits++;
+    GMB_ASSERT(w->held && "an unheld waiter among the holds");
     int settled = how == GMB_HOLD_SETTLED && waitq_quota_settled(w);
     if (how != GMB_HOLD_ALL && !settled && w->hold_until_ns > now) {
       if (w->hold_until_ns < next_at) next_at = w->hold_until_ns;

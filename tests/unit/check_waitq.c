@@ -1318,6 +1318,55 @@ static void quota_open(struct quota_fx *x) {
  * asked to wait: another tenant's waiter behind it is served past it by
  * the device's memory; while its quota refuses it no refusal is counted;
  * its own tenant's free serves it. */
+/* The end of a hold used to walk the whole queue for the held waiters
+ * (1,000 unheld ones here, at every hold's end).  The held ones are kept
+ * apart in the queue's order: the end looks at those only, and answers
+ * them in that order. */
+START_TEST(hold_over_visits_only_held_waiters) {
+  enum { N = 1000 };
+  struct fx f;
+  fx_open_ini(&f, DEV, "[broker]\ncompaction = off\n"
+                       "max_waiters_per_session = 2048\n"
+                       "max_waiters_per_tenant = 2048\n"
+                       "[tenant:lo]\nuids = 1002\n"
+                       "[tenant:hi]\nuids = 1003\npriority = 10\n");
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
+  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  for (int i = 0; i < N; i++)
+    ck_assert_int_eq(gmb__waitq_add(&f.b, lo, 1000 + (uint64_t)i, 2 * MIB,
+                                    0, 0, 0), 0);
+  uint64_t until = gmb__now_ns() + LONG_MS * GMB_NS_PER_MS;
+  /* Held without waiting: lo's first, then hi's, which is ahead of it. */
+  ck_assert_int_eq(gmb__waitq_hold(&f.b, lo, 301, 6 * MIB, 0, 0, until), 0);
+  ck_assert_int_eq(gmb__waitq_hold(&f.b, hi, 302, 6 * MIB, 0, 0, until), 0);
+  /* None due: the held ones are looked at once for the next time, not
+   * the queue; then nothing until that time. */
+  uint64_t visits = f.b.waitq.hold_visits;
+  gmb__waitq_hold_over(&f.b, gmb__now_ns(), GMB_HOLD_DUE, no_compaction,
+                       NULL);
+  ck_assert_uint_le(f.b.waitq.hold_visits - visits, 2);
+  visits = f.b.waitq.hold_visits;
+  gmb__waitq_hold_over(&f.b, gmb__now_ns(), GMB_HOLD_DUE, no_compaction,
+                       NULL);
+  ck_assert_uint_eq(f.b.waitq.hold_visits - visits, 0);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_eq(gmb__waitq_hold_over(&f.b, gmb__now_ns(), GMB_HOLD_ALL,
+                                         no_compaction, NULL), UINT64_MAX);
+  ck_assert_uint_eq(f.b.waitq.hold_visits - visits, 2);
+  /* Both refused for room, in the queue's order: hi, then lo. */
+  ck_assert_uint_eq(n_answers(&f), 2);
+  assert_failed_at(&f, 0, "hi", 302, GMB_E_NOMEM);
+  assert_failed_at(&f, 1, "lo", 301, GMB_E_NOMEM);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  ck_assert_uint_eq(f.b.waitq.n, N);
+  gmb__waitq_drop_session(&f.b, lo);
+  fx_close(&f);
+}
+END_TEST
+
 START_TEST(held_quota_never_blocks) {
   struct quota_fx x;
   quota_open(&x);
@@ -1532,6 +1581,7 @@ static Suite *waitq_suite(void) {
 
   tc = tcase_create("held");
   tcase_add_test(tc, held_nowait_never_blocks);
+  tcase_add_test(tc, hold_over_visits_only_held_waiters);
   tcase_add_test(tc, hold_over_falls_through);
   suite_add_tcase(s, tc);
 
