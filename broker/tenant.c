@@ -115,6 +115,8 @@ struct gmb_tenants {
   uint64_t default_host_quota; /* resolved (gmb__config_default_host_quota) */
   size_t reserving;       /* tenants with a reservation */
   uint64_t made_lookups;  /* lookups of a uid's count (tenant_made_of) */
+  struct gmb_tenant *idle_head; /* gmb__tenant_may_idle's list */
+  uint64_t reap_visits;   /* tenants gmb__tenants_reap_listed looked at */
 };
 
 static uint64_t tenant_short(const struct gmb_tenant *t) {
@@ -399,6 +401,7 @@ static int tenant_made_sync(struct gmb_tenants *ts, struct gmb_tenant *t,
 
 void gmb__tenant_owner_sync(struct gmb_tenants *ts, struct gmb_tenant *t) {
   tenant_made_sync(ts, t, 0);
+  gmb__tenant_may_idle(ts, t); /* configured no more, say */
 }
 
 /* Tenants made by uid's first use and not configured since, its own
@@ -435,6 +438,47 @@ int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
          t->quota == ts->default_quota;
 }
 
+static void tenant_idle_unlist(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  if (!t->idle_listed) return;
+  if (t->idle_prev)
+    t->idle_prev->idle_next = t->idle_next;
+  else
+    ts->idle_head = t->idle_next;
+  if (t->idle_next) t->idle_next->idle_prev = t->idle_prev;
+  t->idle_next = t->idle_prev = NULL;
+  t->idle_listed = 0;
+}
+
+void gmb__tenant_may_idle(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  if (t->idle_listed) return;
+  t->idle_listed = 1;
+  t->idle_prev = NULL;
+  t->idle_next = ts->idle_head;
+  if (ts->idle_head) ts->idle_head->idle_prev = t;
+  ts->idle_head = t;
+}
+
+int gmb__tenants_may_idle_any(const struct gmb_tenants *ts) {
+  return ts->idle_head != NULL;
+}
+
+size_t gmb__tenants_reap_listed(struct gmb_tenants *ts) {
+  size_t n = 0;
+  struct gmb_tenant *t;
+  while ((t = ts->idle_head) != NULL) {
+    ts->reap_visits++;
+    tenant_idle_unlist(ts, t);
+    if (!gmb__tenant_idle(ts, t, 0)) continue;
+    gmb__tenant_remove(ts, t);
+    n++;
+  }
+  return n;
+}
+
+uint64_t gmb__tenants_reap_visits(const struct gmb_tenants *ts) {
+  return ts->reap_visits;
+}
+
 void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
   GMB_ASSERT(t->n_sessions == 0 && t->sessions == NULL && t->used == 0 &&
              t->waiting == 0 && "a tenant removed while it holds something");
@@ -449,6 +493,7 @@ void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
   GMB_ASSERT(tenant_short(t) == 0 && "an idle tenant has no reservation");
   tenant_budget_leave(ts, t);
   tenant_made_sync(ts, t, 1);
+  tenant_idle_unlist(ts, t);
   RB_REMOVE(tenant_tree, &ts->tree, n);
   ts->count--;
   free(n);
@@ -758,8 +803,8 @@ void gmb__tenant_uncharge(struct gmb_tenant *t, uint64_t size) {
 
 void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
                            uint64_t quota) {
-  (void)ts;
   t->quota = quota;
+  gmb__tenant_may_idle(ts, t); /* set back to the default, say */
   /* An operator's quota is the tenant's whole rule from now on. */
   if (!t->configured) t->quota_set = 1;
 }
@@ -767,6 +812,7 @@ void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
 void gmb__tenant_set_reserve(struct gmb_tenants *ts, struct gmb_tenant *t,
                              uint64_t reserve) {
   tenant_short_update(ts, t, reserve, t->segment_bytes);
+  gmb__tenant_may_idle(ts, t);
 }
 
 void gmb__tenant_segments_sync(struct gmb_tenants *ts, struct gmb_tenant *t) {

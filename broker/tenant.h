@@ -130,6 +130,10 @@ struct gmb_tenant {
   int made_counted;  /* counted as made by owner_uid's first use
                         (max_tenants_per_uid): gmb__tenant_owner_sync */
   uid_t made_uid;    /* the uid it is counted for */
+  /* In the registry's list of tenants that may have gone idle since the
+   * last reap (gmb__tenant_may_idle). */
+  struct gmb_tenant *idle_next, *idle_prev;
+  int idle_listed;
   int quota_set;     /* an operator set its quota (not the default) */
   int added;         /* made at run time by the admin socket (tenant add):
                         kept, idle or not, until removed */
@@ -335,6 +339,23 @@ void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t);
 /* Removes every idle tenant (gmb__tenant_idle with `named`); returns how
  * many.  O(tenants). */
 size_t gmb__tenants_reap(struct gmb_tenants *ts, int named);
+
+/* t may have gone idle (a session ended, its memory freed, an operator's
+ * limit set back): the next gmb__tenants_reap_listed looks at it.  The
+ * registry lists t itself when its quota, reservation or `configured`
+ * changes through it. */
+void gmb__tenant_may_idle(struct gmb_tenants *ts, struct gmb_tenant *t);
+
+/* 1 when a tenant is listed by gmb__tenant_may_idle. */
+int gmb__tenants_may_idle_any(const struct gmb_tenants *ts);
+
+/* Removes the listed tenants that are idle (gmb__tenant_idle, not named)
+ * and empties the list; returns how many went.  O(listed), not
+ * O(tenants): this runs after every session's end. */
+size_t gmb__tenants_reap_listed(struct gmb_tenants *ts);
+
+/* Tenants gmb__tenants_reap_listed looked at, since start. */
+uint64_t gmb__tenants_reap_visits(const struct gmb_tenants *ts);
 
 /* Visits the tenants in name order; stops when fn returns non-zero. */
 int gmb__tenants_each(struct gmb_tenants *ts,
