@@ -124,6 +124,28 @@ static void free_ok(struct fx *f, const char *rid, uid_t uid, uint64_t id) {
   ck_assert_int_eq(fx_free(f, rid, uid, id), 0);
 }
 
+/* A broker on DEV with lo and hi (PRIO_INI's), room for many waiters a
+ * session, and the device filled by "a" (ids). */
+static void open_many(struct fx *f, struct gmb_session **lo,
+                      struct gmb_session **hi, uint64_t ids[4]) {
+  fx_open_ini(f, DEV, "[broker]\ncompaction = off\n"
+                      "max_waiters_per_session = 2048\n"
+                      "max_waiters_per_tenant = 2048\n"
+                      "[tenant:lo]\nuids = 1002\n"
+                      "[tenant:hi]\nuids = 1003\npriority = 10\n");
+  fx_hello(f, "a", 1001, "");
+  *lo = fx_hello(f, "lo", 1002, "lo");
+  *hi = fx_hello(f, "hi", 1003, "hi");
+  fill(f, "a", 1001, ids);
+}
+
+/* n waiters of session s for 2 MiB, requests 1000 on. */
+static void queue_many(struct fx *f, struct gmb_session *s, int n) {
+  for (int i = 0; i < n; i++)
+    ck_assert_int_eq(gmb__waitq_add(&f->b, s, 1000 + (uint64_t)i, 2 * MIB,
+                                    0, 0, 0), 0);
+}
+
 /* ---- order -------------------------------------------------------------- */
 
 START_TEST(fifo_within_priority) {
@@ -1010,17 +1032,10 @@ END_TEST
 START_TEST(drop_session_visits_only_its_waiters) {
   enum { N = 1000 };
   struct fx f;
-  fx_open_ini(&f, DEV, "[broker]\ncompaction = off\n"
-                       "max_waiters_per_session = 2048\n"
-                       "max_waiters_per_tenant = 2048\n");
-  fx_hello(&f, "a", 1001, "");
-  struct gmb_session *big = fx_hello(&f, "big", 1002, "");
-  struct gmb_session *x = fx_hello(&f, "x", 1003, "");
+  struct gmb_session *big, *x;
   uint64_t ids[4];
-  fill(&f, "a", 1001, ids);
-  for (int i = 0; i < N; i++)
-    ck_assert_int_eq(gmb__waitq_add(&f.b, big, 1000 + (uint64_t)i, 2 * MIB,
-                                    0, 0, 0), 0);
+  open_many(&f, &big, &x, ids);
+  queue_many(&f, big, N);
   ck_assert_int_eq(gmb__waitq_add(&f.b, x, 1, 2 * MIB, 0, 0, 0), 0);
   ck_assert_int_eq(gmb__waitq_add(&f.b, x, 2, 2 * MIB, 0, 0, 1), 0);
   uint64_t visits = f.b.waitq.drop_visits;
@@ -1033,7 +1048,7 @@ START_TEST(drop_session_visits_only_its_waiters) {
   ck_assert_uint_eq(f.b.waitq.drop_visits - visits, 2);
   /* The other session's are still served in order. */
   free_ok(&f, "a", 1001, ids[0]);
-  assert_served_at(&f, 0, "big", 1000, 2 * MIB);
+  assert_served_at(&f, 0, "lo", 1000, 2 * MIB);
   gmb__waitq_drop_session(&f.b, big);
   ck_assert_uint_eq(f.b.waitq.drop_visits - visits, 2 + N - 1);
   ck_assert_uint_eq(f.b.waitq.n, 0);
@@ -1167,19 +1182,10 @@ END_TEST
 START_TEST(ahead_and_joined_skip_unblocked_without_a_walk) {
   enum { N = 1024 };
   struct fx f;
-  fx_open_ini(&f, DEV, "[broker]\ncompaction = off\n"
-                       "max_waiters_per_session = 2048\n"
-                       "max_waiters_per_tenant = 2048\n"
-                       "[tenant:lo]\nuids = 1002\n"
-                       "[tenant:hi]\nuids = 1003\npriority = 10\n");
-  fx_hello(&f, "a", 1001, "");
-  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
-  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  struct gmb_session *lo, *hi;
   uint64_t ids[4];
-  fill(&f, "a", 1001, ids);
-  for (int i = 0; i < N; i++)
-    ck_assert_int_eq(gmb__waitq_add(&f.b, hi, 1000 + (uint64_t)i, 2 * MIB, 0,
-                                    0, 0), 0);
+  open_many(&f, &lo, &hi, ids);
+  queue_many(&f, hi, N);
   ck_assert_int_eq(gmb__waitq_ahead(&f.b, 10), 1);
   /* Their second is up: none blocks, none is ahead of anyone. */
   gmb__waitq_expire(&f.b, gmb__now_ns() + 1100 * GMB_NS_PER_MS);
@@ -1325,19 +1331,10 @@ static void quota_open(struct quota_fx *x) {
 START_TEST(hold_over_visits_only_held_waiters) {
   enum { N = 1000 };
   struct fx f;
-  fx_open_ini(&f, DEV, "[broker]\ncompaction = off\n"
-                       "max_waiters_per_session = 2048\n"
-                       "max_waiters_per_tenant = 2048\n"
-                       "[tenant:lo]\nuids = 1002\n"
-                       "[tenant:hi]\nuids = 1003\npriority = 10\n");
-  fx_hello(&f, "a", 1001, "");
-  struct gmb_session *lo = fx_hello(&f, "lo", 1002, "lo");
-  struct gmb_session *hi = fx_hello(&f, "hi", 1003, "hi");
+  struct gmb_session *lo, *hi;
   uint64_t ids[4];
-  fill(&f, "a", 1001, ids);
-  for (int i = 0; i < N; i++)
-    ck_assert_int_eq(gmb__waitq_add(&f.b, lo, 1000 + (uint64_t)i, 2 * MIB,
-                                    0, 0, 0), 0);
+  open_many(&f, &lo, &hi, ids);
+  queue_many(&f, lo, N);
   uint64_t until = gmb__now_ns() + LONG_MS * GMB_NS_PER_MS;
   /* Held without waiting: lo's first, then hi's, which is ahead of it. */
   ck_assert_int_eq(gmb__waitq_hold(&f.b, lo, 301, 6 * MIB, 0, 0, until), 0);
