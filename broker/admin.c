@@ -458,6 +458,7 @@ static int admin_apply_tenant(struct gmb_broker *b,
                                           sizeof t->token_sha256) != 0;
   }
   t->configured = 1;
+  gmb__tenant_owner_sync(b->tenants, t); /* no longer its owner's to count */
   gmb__tenant_set_quota(b->tenants, t, tc->quota);
   gmb__tenant_set_reserve(b->tenants, t, tc->reserve);
   t->priority = tc->priority;
@@ -640,6 +641,7 @@ int gmb__admin_reload(struct gmb_broker *b, char *err, size_t errcap) {
     struct gmb_tenant *t = gmb__tenant_find(b->tenants, oc->tenants[i].name);
     if (t == NULL) continue;
     t->configured = 0;
+    gmb__tenant_owner_sync(b->tenants, t); /* its first user's again */
     kept++;
     log_info("reload: tenant %s is no longer in the config; it keeps running "
              "with its current limits and uids", t->name);

@@ -51,12 +51,28 @@ struct gmb_waiter_tree {
   struct gmb_waiter *rbh_root;
 };
 
+/* The waiters that block now, in serving order (likewise). */
+struct gmb_waiter_order {
+  struct gmb_waiter *rbh_root;
+};
+
+/* The waiters held while caches are asked back, in serving order
+ * (likewise, with links of their own). */
+struct gmb_waiter_holds {
+  struct gmb_waiter *rbh_root;
+};
+
 /* The allocations waiting for memory (waitq.c), in serving order. */
 struct gmb_waitq {
   struct gmb_waiter *head, *tail;
   size_t n;             /* all of them */
   size_t after_compact; /* of n, those held only until a compaction ends */
   struct gmb_waiter_tree deadlines; /* those with one, soonest first */
+  /* The waiters that hold back those behind them now (waitq.c,
+   * waitq_nonblocking false), in serving order: the first is the head a
+   * joining request tries, and gmb__waitq_ahead reads its priority. */
+  struct gmb_waiter_order blocking;
+  struct gmb_waiter_holds holds; /* the held ones, in serving order */
   struct gmb_waiter *last_added; /* for gmb__waitq_joined; NULL: none */
   size_t held;          /* of n, those held while caches are asked back */
   size_t held_nowait;   /* of held, requests that did not ask to wait */
@@ -70,6 +86,9 @@ struct gmb_waitq {
                      requests that found no room (gmb_tenant.wq_*) */
   uint64_t tries; /* waiters tried against the pool, since start */
   uint64_t timer_visits; /* waiters the deadline timer looked at */
+  uint64_t head_visits;  /* waiters gmb__waitq_ahead and _joined looked at */
+  uint64_t drop_visits;  /* waiters gmb__waitq_drop_session looked at */
+  uint64_t hold_visits;  /* waiters gmb__waitq_hold_over looked at */
 };
 
 /* The walks of the tenant registry for idle tenants when a Hello finds

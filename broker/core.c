@@ -148,7 +148,10 @@ size_t gmb__core_reap(struct gmb_broker *b, int named) {
   /* A compaction run or an admin request may name a tenant: wait. */
   if (b->compacting || b->compact_reqs) return 0;
   b->reap_pending = 0;
-  size_t n = gmb__tenants_reap(b->tenants, named);
+  /* Unnamed, only the tenants that may have gone idle since the last
+   * reap: this comes after every session's end. */
+  size_t n = named ? gmb__tenants_reap(b->tenants, named)
+                   : gmb__tenants_reap_listed(b->tenants);
   if (n) log_debug("%zu idle tenants made by first use went away", n);
   return n;
 }
@@ -172,7 +175,10 @@ size_t gmb__core_reap_full(struct gmb_broker *b) {
 }
 
 void gmb__core_tenant_idled(struct gmb_broker *b, struct gmb_tenant *t) {
-  if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+  if (gmb__tenant_idle(b->tenants, t, 0)) {
+    b->reap_pending = 1;
+    gmb__tenant_may_idle(b->tenants, t);
+  }
   if (gmb__tenant_idle(b->tenants, t, 1)) b->reap_full.hint = 1;
 }
 

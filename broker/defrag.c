@@ -288,7 +288,10 @@ static void defrag_revoke_end(struct gmb_broker *b, struct gmb_tenant *t,
   b->revoking--;
   gmb__tenant_segments_sync(b->tenants, t);
   /* As gmb__core_tenant_idled (core.c, above this module). */
-  if (gmb__tenant_idle(b->tenants, t, 0)) b->reap_pending = 1;
+  if (gmb__tenant_idle(b->tenants, t, 0)) {
+    b->reap_pending = 1;
+    gmb__tenant_may_idle(b->tenants, t);
+  }
   if (gmb__tenant_idle(b->tenants, t, 1)) b->reap_full.hint = 1;
 }
 

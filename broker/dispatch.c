@@ -105,8 +105,10 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
   if (rc == 0 &&
       (rc = gmb__fdchan_unread_admit(b, peer->uid, t->name, why,
                                      sizeof why)) != 0 &&
-      gmb__tenant_idle(b->tenants, t, 0))
+      gmb__tenant_idle(b->tenants, t, 0)) {
     b->reap_pending = 1;
+    gmb__tenant_may_idle(b->tenants, t);
+  }
   if (rc) {
     if (gmb__log_allow(&dispatch_rl_hello))
       log_warn("hello from uid %u pid %d refused: %s%s", (unsigned)peer->uid,

@@ -28,6 +28,8 @@
 struct gmb_locktab;
 struct gmb_sleep_tag;
 
+struct gmb_waiter;
+
 struct gmb_session {
   uint64_t id;
   uint8_t *rid;
@@ -77,6 +79,7 @@ struct gmb_session {
   uint64_t ask_bytes, ask_until_ns, ask_cached, ask_used, ask_skip_ns;
   uint32_t ask_ignored_run;
   uint32_t waiting; /* its requests in the wait queue (waitq.c) */
+  struct gmb_waiter *waiters; /* those requests, linked (waitq.c) */
   /* Sleep and wake (sleep.h): its policy's offer and when it was last
    * active, as its last request said; whether the ask in flight is an
    * EVENT_SLEEP; its paused tags as its library reported them, and their

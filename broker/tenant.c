@@ -23,6 +23,13 @@
  * leaves it when it is configured or an operator sets its quota; bytes it
  * charged while a member stay charged to the budget until freed, so the
  * budget's sum never drifts.
+ *
+ * The tenants each uid made by first use (max_tenants_per_uid) are counted
+ * per uid in a small tree, kept as a tenant's owner or `configured`
+ * changes (gmb__tenant_owner_sync) and as it goes, so that a Hello that
+ * would make one more reads a count rather than walking every tenant: a
+ * uid at its limit can send such Hellos at will.  gmb__tenant_check
+ * recounts them.
  */
 #include "tenant.h"
 
@@ -77,8 +84,25 @@ struct tenant_guess {
   uint64_t at_ns; /* when the bucket last drained one */
 };
 
+/* How many tenants one uid made by first use (tenant_made_now). */
+struct tenant_made {
+  RB_ENTRY(tenant_made) link;
+  uid_t uid;
+  uint32_t n;
+  uint32_t seen; /* gmb__tenant_check's recount */
+};
+
+static int tenant_made_cmp(const struct tenant_made *a,
+                           const struct tenant_made *b) {
+  return a->uid < b->uid ? -1 : a->uid > b->uid;
+}
+
+RB_HEAD(tenant_made_tree, tenant_made);
+RB_GENERATE_STATIC(tenant_made_tree, tenant_made, link, tenant_made_cmp)
+
 struct gmb_tenants {
   struct tenant_tree tree;
+  struct tenant_made_tree made; /* uids with a tenant made by first use */
   struct tenant_guess guesses[TENANT_GUESS_UIDS];
   size_t count;
   struct gmb_pool *pool;
@@ -90,6 +114,9 @@ struct gmb_tenants {
   double holes_frac;      /* the config's cache_holes */
   uint64_t default_host_quota; /* resolved (gmb__config_default_host_quota) */
   size_t reserving;       /* tenants with a reservation */
+  uint64_t made_lookups;  /* lookups of a uid's count (tenant_made_of) */
+  struct gmb_tenant *idle_head; /* gmb__tenant_may_idle's list */
+  uint64_t reap_visits;   /* tenants gmb__tenants_reap_listed looked at */
 };
 
 static uint64_t tenant_short(const struct gmb_tenant *t) {
@@ -183,6 +210,7 @@ struct gmb_tenants *gmb__tenants_new(struct gmb_pool *pool,
   struct gmb_tenants *ts = calloc(1, sizeof *ts);
   if (ts == NULL) return NULL;
   RB_INIT(&ts->tree);
+  RB_INIT(&ts->made);
   ts->pool = pool;
   ts->default_quota = cfg->default_quota;
   ts->uid_budget = ts->default_quota;
@@ -220,6 +248,11 @@ void gmb__tenants_destroy(struct gmb_tenants *ts) {
     RB_REMOVE(tenant_tree, &ts->tree, n);
     gmb__pool_arena_destroy(ts->pool, n->t.arena);
     free(n);
+  }
+  struct tenant_made *m, *mnext;
+  RB_FOREACH_SAFE(m, tenant_made_tree, &ts->made, mnext) {
+    RB_REMOVE(tenant_made_tree, &ts->made, m);
+    free(m);
   }
   while (ts->budgets) {
     struct gmb_uid_budget *bu = ts->budgets;
@@ -319,19 +352,63 @@ static int tenant_token_proves(const struct gmb_tenant *t,
   return same;
 }
 
-/* Tenants made by uid's first use and not configured since, its own
- * default name aside.  O(tenants): asked only when a tenant is made. */
-static uint32_t tenant_made_by(struct gmb_tenants *ts, uid_t uid) {
-  uint32_t n = 0;
+/* 1 when t counts among the tenants its owner made by first use: made
+ * by it and not configured since, its own default name aside. */
+static int tenant_made_now(const struct gmb_tenant *t) {
   uid_t named;
-  struct tenant_node *nd;
-  RB_FOREACH(nd, tenant_tree, &ts->tree) {
-    const struct gmb_tenant *t = &nd->t;
-    if (t->configured || !t->has_owner || t->owner_uid != uid) continue;
-    if (gmb__tenant_default_uid(t->name, &named)) continue;
-    n++;
+  return !t->configured && t->has_owner &&
+         !gmb__tenant_default_uid(t->name, &named);
+}
+
+static struct tenant_made *tenant_made_of(struct gmb_tenants *ts, uid_t uid) {
+  struct tenant_made key;
+  key.uid = uid;
+  ts->made_lookups++;
+  return RB_FIND(tenant_made_tree, &ts->made, &key);
+}
+
+/* Counts t (gone: not any more) as tenant_made_now says.  0, or -1 out of
+ * host memory (then t is not counted, and its uid may make one more). */
+static int tenant_made_sync(struct gmb_tenants *ts, struct gmb_tenant *t,
+                            int gone) {
+  int want = !gone && tenant_made_now(t);
+  if (t->made_counted && (!want || t->made_uid != t->owner_uid)) {
+    struct tenant_made *m = tenant_made_of(ts, t->made_uid);
+    GMB_ASSERT(m && m->n > 0 && "a uid's count of tenants drifted");
+    t->made_counted = 0;
+    if (--m->n == 0) {
+      RB_REMOVE(tenant_made_tree, &ts->made, m);
+      free(m);
+    }
   }
-  return n;
+  if (!want || t->made_counted) return 0;
+  struct tenant_made *m = tenant_made_of(ts, t->owner_uid);
+  if (m == NULL) {
+    m = calloc(1, sizeof *m);
+    if (m == NULL) {
+      log_error("tenant %s: out of host memory to count it as uid %u's",
+                t->name, (unsigned)t->owner_uid);
+      return -1;
+    }
+    m->uid = t->owner_uid;
+    RB_INSERT(tenant_made_tree, &ts->made, m);
+  }
+  m->n++;
+  t->made_counted = 1;
+  t->made_uid = t->owner_uid;
+  return 0;
+}
+
+void gmb__tenant_owner_sync(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  tenant_made_sync(ts, t, 0);
+  gmb__tenant_may_idle(ts, t); /* configured no more, say */
+}
+
+/* Tenants made by uid's first use and not configured since, its own
+ * default name aside.  O(log uids). */
+static uint32_t tenant_made_by(struct gmb_tenants *ts, uid_t uid) {
+  const struct tenant_made *m = tenant_made_of(ts, uid);
+  return m ? m->n : 0;
 }
 
 void gmb__tenants_set_limits(struct gmb_tenants *ts,
@@ -361,6 +438,47 @@ int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
          t->quota == ts->default_quota;
 }
 
+static void tenant_idle_unlist(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  if (!t->idle_listed) return;
+  if (t->idle_prev)
+    t->idle_prev->idle_next = t->idle_next;
+  else
+    ts->idle_head = t->idle_next;
+  if (t->idle_next) t->idle_next->idle_prev = t->idle_prev;
+  t->idle_next = t->idle_prev = NULL;
+  t->idle_listed = 0;
+}
+
+void gmb__tenant_may_idle(struct gmb_tenants *ts, struct gmb_tenant *t) {
+  if (t->idle_listed) return;
+  t->idle_listed = 1;
+  t->idle_prev = NULL;
+  t->idle_next = ts->idle_head;
+  if (ts->idle_head) ts->idle_head->idle_prev = t;
+  ts->idle_head = t;
+}
+
+int gmb__tenants_may_idle_any(const struct gmb_tenants *ts) {
+  return ts->idle_head != NULL;
+}
+
+size_t gmb__tenants_reap_listed(struct gmb_tenants *ts) {
+  size_t n = 0;
+  struct gmb_tenant *t;
+  while ((t = ts->idle_head) != NULL) {
+    ts->reap_visits++;
+    tenant_idle_unlist(ts, t);
+    if (!gmb__tenant_idle(ts, t, 0)) continue;
+    gmb__tenant_remove(ts, t);
+    n++;
+  }
+  return n;
+}
+
+uint64_t gmb__tenants_reap_visits(const struct gmb_tenants *ts) {
+  return ts->reap_visits;
+}
+
 void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
   GMB_ASSERT(t->n_sessions == 0 && t->sessions == NULL && t->used == 0 &&
              t->waiting == 0 && "a tenant removed while it holds something");
@@ -374,6 +492,8 @@ void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
   t->arena = NULL;
   GMB_ASSERT(tenant_short(t) == 0 && "an idle tenant has no reservation");
   tenant_budget_leave(ts, t);
+  tenant_made_sync(ts, t, 1);
+  tenant_idle_unlist(ts, t);
   RB_REMOVE(tenant_tree, &ts->tree, n);
   ts->count--;
   free(n);
@@ -441,6 +561,12 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
     t->quota = ts->default_quota;
     t->has_owner = 1;
     t->owner_uid = uid;
+    if (tenant_made_sync(ts, t, 0) != 0) {
+      gmb__tenant_remove(ts, t);
+      snprintf(why, whycap, "cannot create tenant %s: out of host memory",
+               name);
+      return GMB_E_SYSTEM;
+    }
     tenant_budget_join(ts, t);
     log_info("tenant %s created on first use, owned by uid %u, quota %llu",
              t->name, (unsigned)uid, (unsigned long long)t->quota);
@@ -495,6 +621,7 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
   if (!t->has_owner) {
     t->has_owner = 1;
     t->owner_uid = uid;
+    tenant_made_sync(ts, t, 0);
     tenant_budget_join(ts, t);
   } else if (t->owner_uid != uid) {
     snprintf(why, whycap, "uid %u may not act as tenant %s: it belongs to "
@@ -512,6 +639,7 @@ void gmb__tenant_set_owner(struct gmb_tenants *ts, struct gmb_tenant *t,
              "an owner for a tenant that proves no one yet");
   t->has_owner = 1;
   t->owner_uid = uid;
+  tenant_made_sync(ts, t, 0);
   tenant_budget_join(ts, t);
 }
 
@@ -675,8 +803,8 @@ void gmb__tenant_uncharge(struct gmb_tenant *t, uint64_t size) {
 
 void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
                            uint64_t quota) {
-  (void)ts;
   t->quota = quota;
+  gmb__tenant_may_idle(ts, t); /* set back to the default, say */
   /* An operator's quota is the tenant's whole rule from now on. */
   if (!t->configured) t->quota_set = 1;
 }
@@ -684,6 +812,7 @@ void gmb__tenant_set_quota(struct gmb_tenants *ts, struct gmb_tenant *t,
 void gmb__tenant_set_reserve(struct gmb_tenants *ts, struct gmb_tenant *t,
                              uint64_t reserve) {
   tenant_short_update(ts, t, reserve, t->segment_bytes);
+  gmb__tenant_may_idle(ts, t);
 }
 
 void gmb__tenant_segments_sync(struct gmb_tenants *ts, struct gmb_tenant *t) {
@@ -789,6 +918,10 @@ int gmb__tenants_each(struct gmb_tenants *ts,
 
 size_t gmb__tenants_count(const struct gmb_tenants *ts) { return ts->count; }
 
+uint64_t gmb__tenants_made_lookups(const struct gmb_tenants *ts) {
+  return ts->made_lookups;
+}
+
 int gmb__tenants_full(const struct gmb_tenants *ts) {
   return ts->count >= TENANTS_MAX;
 }
@@ -844,6 +977,31 @@ int gmb__tenant_check(struct gmb_tenants *ts) {
                 (unsigned long long)n->t.used);
       bad++;
     }
+  }
+  /* The uids' counts of tenants made by first use, recounted. */
+  struct tenant_made *m;
+  RB_FOREACH(m, tenant_made_tree, &ts->made) m->seen = 0;
+  RB_FOREACH(n, tenant_tree, &ts->tree) {
+    const struct gmb_tenant *t = &n->t;
+    if (t->made_counted != tenant_made_now(t) ||
+        (t->made_counted && t->made_uid != t->owner_uid)) {
+      log_error("check: tenant %s is %scounted as made by uid %u's first "
+                "use", t->name, t->made_counted ? "" : "not ",
+                (unsigned)t->owner_uid);
+      bad++;
+    }
+    if (!t->made_counted) continue;
+    struct tenant_made key;
+    key.uid = t->made_uid;
+    m = RB_FIND(tenant_made_tree, &ts->made, &key);
+    if (m) m->seen++;
+    else bad++;
+  }
+  RB_FOREACH(m, tenant_made_tree, &ts->made) {
+    if (m->seen == m->n && m->n > 0) continue;
+    log_error("check: uid %u counts %u tenants made by first use; they are "
+              "%u", (unsigned)m->uid, m->n, m->seen);
+    bad++;
   }
   if (short_sum != ts->reserve_short) {
     log_error("check: unbacked reservations add up to %llu, the registry "

@@ -127,6 +127,13 @@ struct gmb_tenant {
   uint8_t token_sha256[32]; /* only the hash: the token is never kept */
   int has_owner;
   uid_t owner_uid;   /* the first uid that connected, for unbound tenants */
+  int made_counted;  /* counted as made by owner_uid's first use
+                        (max_tenants_per_uid): gmb__tenant_owner_sync */
+  uid_t made_uid;    /* the uid it is counted for */
+  /* In the registry's list of tenants that may have gone idle since the
+   * last reap (gmb__tenant_may_idle). */
+  struct gmb_tenant *idle_next, *idle_prev;
+  int idle_listed;
   int quota_set;     /* an operator set its quota (not the default) */
   int added;         /* made at run time by the admin socket (tenant add):
                         kept, idle or not, until removed */
@@ -187,6 +194,11 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
 /* Gives tenant t, which proves no one and has no owner yet (one the state
  * file made), to `uid` as its first use would: from now on only that uid
  * may act as it. */
+/* t's `configured` or owner changed outside this module (a reload):
+ * counts it again among the tenants its owner made by first use, which a
+ * Hello reads in O(log uids) instead of walking every tenant. */
+void gmb__tenant_owner_sync(struct gmb_tenants *ts, struct gmb_tenant *t);
+
 void gmb__tenant_set_owner(struct gmb_tenants *ts, struct gmb_tenant *t,
                            uid_t uid);
 
@@ -328,10 +340,31 @@ void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t);
  * many.  O(tenants). */
 size_t gmb__tenants_reap(struct gmb_tenants *ts, int named);
 
+/* t may have gone idle (a session ended, its memory freed, an operator's
+ * limit set back): the next gmb__tenants_reap_listed looks at it.  The
+ * registry lists t itself when its quota, reservation or `configured`
+ * changes through it. */
+void gmb__tenant_may_idle(struct gmb_tenants *ts, struct gmb_tenant *t);
+
+/* 1 when a tenant is listed by gmb__tenant_may_idle. */
+int gmb__tenants_may_idle_any(const struct gmb_tenants *ts);
+
+/* Removes the listed tenants that are idle (gmb__tenant_idle, not named)
+ * and empties the list; returns how many went.  O(listed), not
+ * O(tenants): this runs after every session's end. */
+size_t gmb__tenants_reap_listed(struct gmb_tenants *ts);
+
+/* Tenants gmb__tenants_reap_listed looked at, since start. */
+uint64_t gmb__tenants_reap_visits(const struct gmb_tenants *ts);
+
 /* Visits the tenants in name order; stops when fn returns non-zero. */
 int gmb__tenants_each(struct gmb_tenants *ts,
                       int (*fn)(void *ctx, struct gmb_tenant *t), void *ctx);
 size_t gmb__tenants_count(const struct gmb_tenants *ts);
+
+/* Lookups of a uid's count of tenants made by first use, since start
+ * (a Hello that would make a tenant does one). */
+uint64_t gmb__tenants_made_lookups(const struct gmb_tenants *ts);
 /* 1 when the registry holds as many tenants as it may (4096). */
 int gmb__tenants_full(const struct gmb_tenants *ts);
 

@@ -11,7 +11,10 @@
  * red-black tree by (deadline, arrival), and the ones that may still block
  * others in a list by arrival (when each stops blocking: it came
  * WAITQ_BLOCK_MS before), so finding the next time costs O(log n) and
- * expiring O(log n) per waiter due, however many wait.  A serving
+ * expiring O(log n) per waiter due, however many wait.  The waiters that
+ * block now are in a third tree, in the queue's order (q->blocking), so
+ * that a request finds the first of them (gmb__waitq_ahead, _joined) in
+ * O(log n) however many unblocked ones are ahead.  A serving
  * pass tries a tenant's waiters that cannot fit once, not each of them
  * (the memo, below).  Waiters
  * are capped per session and per tenant (max_waiters_per_*).
@@ -45,7 +48,10 @@
  * takes it off, and the end of its hold puts it back first (it is older
  * than all there).  `timed` says which tree a waiter is in: the queue's
  * deadlines (every waiter with a deadline but those being expired), or
- * the timer's own list of those due.
+ * the timer's own list of those due.  Each session links its own waiters
+ * (s->waiters), so that its end drops them without a walk of the queue,
+ * and the held waiters are in a tree of their own in the queue's order
+ * (q->holds), so that a hold's end looks at those only.
  */
 #include "waitq.h"
 
@@ -70,7 +76,11 @@
 struct gmb_waiter {
   struct gmb_waiter *next, *prev;
   RB_ENTRY(gmb_waiter) tlink; /* in the deadlines, or those due */
+  RB_ENTRY(gmb_waiter) hlink; /* in q->blocking */
+  RB_ENTRY(gmb_waiter) olink; /* in q->holds, while held */
+  int in_blocking;            /* in q->blocking */
   struct gmb_waiter *bnext, *bprev; /* in the blockers list */
+  struct gmb_waiter *snext, *sprev; /* in its session's (s->waiters) */
   uint64_t seq;         /* arrival number: the queue's order is (priority
                            descending, seq) */
   int timed;            /* WAITQ_IN_* */
@@ -127,6 +137,30 @@ static int waitq_order_cmp(const struct gmb_waiter *a,
 }
 RB_GENERATE_STATIC(waitq_due_tree, gmb_waiter, tlink, waitq_order_cmp)
 
+/* The waiters that block now, in the queue's order (q->blocking). */
+RB_GENERATE_STATIC(gmb_waiter_order, gmb_waiter, hlink, waitq_order_cmp)
+
+/* The held waiters, in the queue's order (q->holds). */
+RB_GENERATE_STATIC(gmb_waiter_holds, gmb_waiter, olink, waitq_order_cmp)
+
+/* Puts w in q->blocking or takes it out, as waitq_nonblocking(w) now says:
+ * called wherever a field it reads changes, and as w leaves. */
+static void waitq_blocking_sync(struct gmb_waitq *q, struct gmb_waiter *w,
+                                int gone) {
+  int want = !gone && !waitq_nonblocking(w);
+  if (want == w->in_blocking) return;
+  if (want)
+    RB_INSERT(gmb_waiter_order, &q->blocking, w);
+  else
+    RB_REMOVE(gmb_waiter_order, &q->blocking, w);
+  w->in_blocking = want;
+}
+
+/* The first waiter in the queue that blocks now; NULL: none. */
+static struct gmb_waiter *waitq_first_blocking(struct gmb_waitq *q) {
+  return RB_MIN(gmb_waiter_order, &q->blocking);
+}
+
 /* w may block others (now, or once its hold ends): the timer must come
  * when it stops.  At the tail: it is the youngest. */
 static void waitq_blocker_add(struct gmb_waitq *q, struct gmb_waiter *w) {
@@ -176,6 +210,7 @@ static void waitq_blocker_again(struct gmb_waitq *q, struct gmb_waiter *w) {
 static void waitq_unblock(struct gmb_waitq *q, struct gmb_waiter *w) {
   w->unblocked = 1;
   waitq_blocker_drop(q, w);
+  waitq_blocking_sync(q, w, 0);
 }
 
 /* The bytes w asks of its quota: a Vmm increase's are exact. */
@@ -317,6 +352,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     q->held_nowait += (size_t)w->nowait;
     q->held_quota += (size_t)w->quota;
     if (hold_until_ns < q->next_hold_ns) q->next_hold_ns = hold_until_ns;
+    RB_INSERT(gmb_waiter_holds, &q->holds, w);
   }
   /* After the last waiter of equal or higher priority: priority first,
    * then arrival. */
@@ -334,6 +370,9 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     q->head = w;
   q->n++;
   q->last_added = w;
+  w->snext = s->waiters;
+  if (s->waiters) s->waiters->sprev = w;
+  s->waiters = w;
   s->tenant->waiting++;
   s->waiting++;
   if (w->deadline_ns != UINT64_MAX) {
@@ -341,6 +380,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     w->timed = WAITQ_IN_DEADLINES;
   }
   if (!after_compact) waitq_blocker_add(q, w);
+  waitq_blocking_sync(q, w, 0);
   if (after_compact) {
     q->after_compact++;
     log_debug("session %" PRIu64 ": %" PRIu64 " bytes wait for a "
@@ -381,11 +421,11 @@ int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 1);
 }
 
-int gmb__waitq_ahead(const struct gmb_broker *b, int priority) {
-  for (const struct gmb_waiter *w = b->waitq.head;
-       w && w->priority >= priority; w = w->next)
-    if (!waitq_nonblocking(w)) return 1;
-  return 0;
+int gmb__waitq_ahead(struct gmb_broker *b, int priority) {
+  /* The first waiter that blocks has the highest priority of them. */
+  struct gmb_waiter *w = waitq_first_blocking(&b->waitq);
+  b->waitq.head_visits += w != NULL;
+  return w && w->priority >= priority;
 }
 
 /* w's hold is over (it stays queued, or is about to be answered). */
@@ -397,8 +437,10 @@ static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   q->held_nowait -= (size_t)w->nowait;
   q->held_quota -= (size_t)w->quota;
   w->held = 0;
+  RB_REMOVE(gmb_waiter_holds, &q->holds, w);
   /* Taken off the blockers while held (gmb__waitq_expire)? */
   waitq_blocker_again(q, w);
+  waitq_blocking_sync(q, w, 0);
 }
 
 static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
@@ -409,6 +451,7 @@ static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
   if (w->flags & GMB__ALLOC_VMM) w->session->vmm_held = 0;
   if (w->flags & GMB__ALLOC_RESTORE) w->session->restore_id = 0;
   waitq_blocker_drop(q, w);
+  waitq_blocking_sync(q, w, 1);
   GMB_ASSERT(w->timed != WAITQ_IN_DUE && "the timer answers those due");
   if (w->timed == WAITQ_IN_DEADLINES)
     RB_REMOVE(gmb_waiter_tree, &q->deadlines, w);
@@ -416,6 +459,11 @@ static void waitq_remove(struct gmb_broker *b, struct gmb_waiter *w) {
              "waiting count drifted");
   w->session->tenant->waiting--;
   w->session->waiting--;
+  if (w->sprev)
+    w->sprev->snext = w->snext;
+  else
+    w->session->waiters = w->snext;
+  if (w->snext) w->snext->sprev = w->sprev;
   if (w->prev)
     w->prev->next = w->next;
   else
@@ -509,9 +557,9 @@ void gmb__waitq_joined(struct gmb_broker *b) {
    * but w's arrival: unless the head fits now (then serve everyone), only
    * w may be served, and only within its own reservation, as
    * gmb__waitq_serve would do.  O(1) rather than a walk per request. */
-  struct gmb_waiter *head = q->head;
-  while (head && waitq_nonblocking(head)) head = head->next;
+  struct gmb_waiter *head = waitq_first_blocking(q);
   if (head == NULL) return;
+  q->head_visits++;
   if (head == w) {
     waitq_try(b, w);
     return;
@@ -641,14 +689,15 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
 }
 
 void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {
+  /* Its own waiters only, not the queue's: they are answered to no one,
+   * so their order does not matter. */
   int dropped = 0;
-  struct gmb_waiter *w = b->waitq.head, *next;
-  for (; w; w = next) {
-    next = w->next;
-    if (w->session == s) {
-      dropped += !waitq_nonblocking(w);
-      waitq_remove(b, w);
-    }
+  struct gmb_waiter *w;
+  while ((w = s->waiters) != NULL) {
+    GMB_ASSERT(w->session == s && "a waiter in another session's list");
+    b->waitq.drop_visits++;
+    dropped += !waitq_nonblocking(w);
+    waitq_remove(b, w);
   }
   /* Its requests may have been holding back others'. */
   if (dropped) gmb__waitq_serve(b);
@@ -663,10 +712,12 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
     return q->next_hold_ns - now;
   uint64_t total = 0, next_at = UINT64_MAX;
   gmb__pool_fragmentation(b->pool, NULL, &total);
-  struct gmb_waiter *w = q->head, *next;
+  /* The held ones only, in the queue's order, not the whole queue. */
+  struct gmb_waiter *w = RB_MIN(gmb_waiter_holds, &q->holds), *next;
   for (; w; w = next) {
-    next = w->next;
-    if (!w->held) continue;
+    next = RB_NEXT(gmb_waiter_holds, &q->holds, w);
+    q->hold_visits++;
+    GMB_ASSERT(w->held && "an unheld waiter among the holds");
     int settled = how == GMB_HOLD_SETTLED && waitq_quota_settled(w);
     if (how != GMB_HOLD_ALL && !settled && w->hold_until_ns > now) {
       if (w->hold_until_ns < next_at) next_at = w->hold_until_ns;
@@ -705,6 +756,7 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
       w->after_compact = 1;
       q->after_compact++;
       waitq_blocker_drop(q, w);
+      waitq_blocking_sync(q, w, 0);
       w->run = compact(ctx, rounded, w->session->tenant);
       continue;
     }

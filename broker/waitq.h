@@ -112,8 +112,9 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
 
 /* 1 when a request that asked to wait (not one held only for a compaction
  * run or, without waiting, for cache asks, nor one held for its quota) of
- * priority >= `priority` is queued. */
-int gmb__waitq_ahead(const struct gmb_broker *b, int priority);
+ * priority >= `priority` is queued, and holds back those behind it.
+ * O(log n). */
+int gmb__waitq_ahead(struct gmb_broker *b, int priority);
 
 /* A request just queued (gmb__waitq_add) behind others of equal or
  * higher priority: serves it if the rules allow now, without walking the

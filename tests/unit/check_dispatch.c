@@ -1592,6 +1592,42 @@ START_TEST(default_tenants_reaped_and_capped) {
 }
 END_TEST
 
+/* After a session's end that leaves a default tenant idle, the loop
+ * reaps: that used to walk every tenant (1,000 named ones here) after
+ * every such end.  The tenants that may have gone idle are listed as they
+ * do, and only those are looked at. */
+START_TEST(default_tenant_reap_visits_only_listed) {
+  enum { N = 1000 };
+  struct fx f;
+  fx_open_ini(&f, "host:64MiB", "[broker]\nmax_tenants_per_uid = 4096\n");
+  struct wire_reply rep;
+  f.b.checks = 0;
+  for (int i = 0; i < N; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "n%d", i);
+    fx_hello(&f, "n", 1001, name);
+    ck_assert_int_eq(fx_plain(&f, "n", 1001, WIRE_BYE, &rep), 1);
+  }
+  gmb__core_reap(&f.b, 0);
+  f.b.checks = 1;
+  size_t before = gmb__tenants_count(f.b.tenants);
+  ck_assert_uint_ge(before, N);
+  for (uid_t u = 3000; u < 3010; u++) {
+    fx_hello(&f, "u", u, "");
+    fx_must_alloc(&f, "u", u, 3 * MIB, GMB_MOVABLE);
+    uint64_t visits = gmb__tenants_reap_visits(f.b.tenants);
+    ck_assert_int_eq(fx_plain(&f, "u", u, WIRE_BYE, &rep), 1);
+    gmb__core_reap(&f.b, 0);
+    ck_assert_uint_le(gmb__tenants_reap_visits(f.b.tenants) - visits, 2);
+    ck_assert_uint_eq(gmb__tenants_count(f.b.tenants), before);
+  }
+  /* A named tenant stays, as it did. */
+  ck_assert(tenant_exists(&f, "n0"));
+  ck_assert_int_eq(gmb__core_check(&f.b), 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* The registry full of idle named tenants (one uid's, made one by one):
  * a new uid still gets its tenant, idle ones make room. */
 START_TEST(registry_full_idle_make_room) {
@@ -2248,6 +2284,7 @@ static Suite *dispatch_suite(void) {
   tcase_add_test(tc, fd_split_shares_out_the_limit);
   tcase_add_test(tc, fd_limit_1024_admits_many_sessions);
   tcase_add_test(tc, default_tenants_reaped_and_capped);
+  tcase_add_test(tc, default_tenant_reap_visits_only_listed);
   tcase_add_test(tc, registry_full_idle_make_room);
   tcase_add_test(tc, registry_full_refusals_walk_a_few_times_a_second);
   tcase_add_test(tc, waiters_capped_per_session_and_tenant);
