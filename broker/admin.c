@@ -373,7 +373,7 @@ static int admin_tenant_remove(struct gmb_broker *b,
     return 1;
   }
   b->reap_pending = 1;
-  gmb__core_tenant_idled(b, t); /* idle once a compaction run is over */
+  gmb__broker_tenant_idled(b, t); /* idle once a compaction run is over */
   rep->u.tenant_remove.sessions = t->n_sessions;
   log_info("uid %u asked to remove tenant %s: it goes when its %u sessions "
            "end", (unsigned)peer->uid, name, t->n_sessions);

@@ -233,4 +233,18 @@ enum {
   GMB_DEFRAG_BACKGROUND, /* fragmentation stayed above the threshold */
 };
 
+/* Tenant t may have become idle (its last session ended, its memory was
+ * freed, a revocation or a compaction run that named it ended): the
+ * reapers are told, the loop's (reap_pending, and t listed for it) and a
+ * full registry's walk (reap_full.hint).  Here rather than in core.c so
+ * that defrag.c, a layer below, tells them the same way. */
+static inline void gmb__broker_tenant_idled(struct gmb_broker *b,
+                                            struct gmb_tenant *t) {
+  if (gmb__tenant_idle(b->tenants, t, 0)) {
+    b->reap_pending = 1;
+    gmb__tenant_may_idle(b->tenants, t);
+  }
+  if (gmb__tenant_idle(b->tenants, t, 1)) b->reap_full.hint = 1;
+}
+
 #endif /* GMB_BROKER_H */

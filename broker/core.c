@@ -174,14 +174,6 @@ size_t gmb__core_reap_full(struct gmb_broker *b) {
   return gmb__core_reap(b, 1);
 }
 
-void gmb__core_tenant_idled(struct gmb_broker *b, struct gmb_tenant *t) {
-  if (gmb__tenant_idle(b->tenants, t, 0)) {
-    b->reap_pending = 1;
-    gmb__tenant_may_idle(b->tenants, t);
-  }
-  if (gmb__tenant_idle(b->tenants, t, 1)) b->reap_full.hint = 1;
-}
-
 int gmb__core_reservations(struct gmb_broker *b, char *msg, size_t cap) {
   return gmb__tenants_check_reservations(b->tenants, b->dev->capacity, msg,
                                          cap);
@@ -307,7 +299,7 @@ void gmb__core_session_end(struct gmb_broker *b, struct gmb_session *s,
   int unparked = b->dev ? gmb__device_holder_gone(b->dev, s->id) : 0;
   core_fdconn_gone(b, s);
   gmb__session_free(b->sessions, s);
-  gmb__core_tenant_idled(b, t);
+  gmb__broker_tenant_idled(b, t);
   if (freed || unparked) gmb__waitq_serve(b);
   /* Its ask was the last in flight: held requests need not wait on. */
   gmb__reclaim_settle(b);
@@ -394,7 +386,7 @@ static size_t core_reap_done(struct gmb_broker *b) {
     t->reaping--;
     if (t->reaping == 0) t->reap_cursor = 0;
     gmb__session_free(b->sessions, s);
-    gmb__core_tenant_idled(b, t);
+    gmb__broker_tenant_idled(b, t);
     n++;
   }
   return n;

@@ -115,8 +115,4 @@ size_t gmb__core_reap(struct gmb_broker *b, int named);
  * Returns how many tenants went. */
 size_t gmb__core_reap_full(struct gmb_broker *b);
 
-/* Tenant t may have become idle (its last session ended, its memory was
- * freed, a revocation ended): the reapers are told. */
-void gmb__core_tenant_idled(struct gmb_broker *b, struct gmb_tenant *t);
-
 #endif /* GMB_CORE_H */

@@ -287,12 +287,7 @@ static void defrag_revoke_end(struct gmb_broker *b, struct gmb_tenant *t,
   t->revoke_wait = 0;
   b->revoking--;
   gmb__tenant_segments_sync(b->tenants, t);
-  /* As gmb__core_tenant_idled (core.c, above this module). */
-  if (gmb__tenant_idle(b->tenants, t, 0)) {
-    b->reap_pending = 1;
-    gmb__tenant_may_idle(b->tenants, t);
-  }
-  if (gmb__tenant_idle(b->tenants, t, 1)) b->reap_full.hint = 1;
+  gmb__broker_tenant_idled(b, t);
 }
 
 struct defrag_revoke_ctx {

@@ -50,8 +50,8 @@
 #define GMB_FDCHAN_UNREAD_ANSWERS 64
 /* Ended sessions' channels, weighed in descriptors (each weighs at least
  * 1, and holds one of the broker's descriptors): in all at most this, and
- * at most a 32nd of the broker's RLIMIT_NOFILE (65,536 in the shipped
- * unit: 1,024 of 65,536 kept free of them); one uid a quarter of that,
+ * at most a 32nd of the broker's RLIMIT_NOFILE (the shipped units'
+ * 1,048,576 leave the 1,024 the bound); one uid a quarter of that,
  * one tenant an eighth and at most one live channel's worth. */
 #define GMB_FDCHAN_UNREAD 1024
 #define GMB_FDCHAN_UNREAD_PER_UID 256

@@ -458,10 +458,6 @@ void gmb__tenant_may_idle(struct gmb_tenants *ts, struct gmb_tenant *t) {
   ts->idle_head = t;
 }
 
-int gmb__tenants_may_idle_any(const struct gmb_tenants *ts) {
-  return ts->idle_head != NULL;
-}
-
 size_t gmb__tenants_reap_listed(struct gmb_tenants *ts) {
   size_t n = 0;
   struct gmb_tenant *t;

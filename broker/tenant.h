@@ -191,14 +191,14 @@ int gmb__tenant_admit(struct gmb_tenants *ts, const char *name, uid_t uid,
                       const uint8_t *token, size_t token_len,
                       struct gmb_tenant **out, char *why, size_t whycap);
 
-/* Gives tenant t, which proves no one and has no owner yet (one the state
- * file made), to `uid` as its first use would: from now on only that uid
- * may act as it. */
 /* t's `configured` or owner changed outside this module (a reload):
  * counts it again among the tenants its owner made by first use, which a
  * Hello reads in O(log uids) instead of walking every tenant. */
 void gmb__tenant_owner_sync(struct gmb_tenants *ts, struct gmb_tenant *t);
 
+/* Gives tenant t, which proves no one and has no owner yet (one the state
+ * file made), to `uid` as its first use would: from now on only that uid
+ * may act as it. */
 void gmb__tenant_set_owner(struct gmb_tenants *ts, struct gmb_tenant *t,
                            uid_t uid);
 
@@ -345,9 +345,6 @@ size_t gmb__tenants_reap(struct gmb_tenants *ts, int named);
  * registry lists t itself when its quota, reservation or `configured`
  * changes through it. */
 void gmb__tenant_may_idle(struct gmb_tenants *ts, struct gmb_tenant *t);
-
-/* 1 when a tenant is listed by gmb__tenant_may_idle. */
-int gmb__tenants_may_idle_any(const struct gmb_tenants *ts);
 
 /* Removes the listed tenants that are idle (gmb__tenant_idle, not named)
  * and empties the list; returns how many went.  O(listed), not
