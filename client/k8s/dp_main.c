@@ -285,7 +285,8 @@ int main(int argc, char **argv) {
     dp_log("cannot make %s: %s", dp.conf.state_dir, strerror(errno));
     return 1;
   }
-  if (dp_state_load(&dp, why, sizeof why) != 0) {
+  if (dp_state_dir_check(&dp, why, sizeof why) != 0 ||
+      dp_state_load(&dp, why, sizeof why) != 0) {
     dp_log("%s", why);
     return 1;
   }

@@ -298,13 +298,13 @@ struct dp_made {
 static void dp_unmake(struct dp *dp, size_t i) {
   struct dp_alloc *a = &dp->allocs[i];
   struct dp_gpu *gp = &dp->gpu[a->gpu];
-  char why[ADMIN_RPC_WHY_MAX], path[DP_PATH_MAX + 96];
+  char why[ADMIN_RPC_WHY_MAX];
   if (gp->rpc) {
     int rc = dp_tenant_remove(gp->rpc, a->tenant, why, sizeof why);
     if (rc && rc != GMB_E_NOENT)
       dp_log("tenant %s of a failed Allocate not removed: %s", a->tenant, why);
   }
-  unlink(dp_token_path(dp, a->tenant, path, sizeof path));
+  dp_token_unlink(dp, a);
   dp_alloc_drop(dp, i);
 }
 
@@ -318,16 +318,17 @@ static int dp_failf(char *why, size_t cap, int code, const char *fmt, ...) {
   return code;
 }
 
-/* Writes the token file, mode 0644 in a directory only root may list:
- * the pod's container reads it whatever uid it runs as. */
-static int dp_token_write(const struct dp *dp, const char *tenant,
+/* Writes the token file, mode 0644 under a secret name in a directory only
+ * root may list (dp_state.c): the pod's container reads it whatever uid it
+ * runs as. */
+static int dp_token_write(const struct dp *dp, const uint8_t sha256[32],
                           const char *token, char *why, size_t cap) {
   char dir[DP_PATH_MAX + 16], path[DP_PATH_MAX + 96];
   snprintf(dir, sizeof dir, "%s/tokens", dp->conf.state_dir);
   if (mkdir(dir, 0711) != 0 && errno != EEXIST)
     return dp_failf(why, cap, DPG_INTERNAL, "mkdir %s: %s", dir,
                     strerror(errno));
-  dp_token_path(dp, tenant, path, sizeof path);
+  dp_token_path(dp, sha256, path, sizeof path);
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                 0644);
   if (fd < 0)
@@ -418,7 +419,7 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
   a.made = time(NULL);
   a.units = units;
   a.n_units = (uint32_t)n;
-  int rc = dp_token_write(dp, a.tenant, m->token, why, cap);
+  int rc = dp_token_write(dp, a.sha256, m->token, why, cap);
   if (rc) {
     free(units);
     return rc;
@@ -426,8 +427,7 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
   char bwhy[ADMIN_RPC_WHY_MAX];
   int brc = dp_tenant_add(gp->rpc, &a, bwhy, sizeof bwhy);
   if (brc) {
-    char path[DP_PATH_MAX + 96];
-    unlink(dp_token_path(dp, a.tenant, path, sizeof path));
+    dp_token_unlink(dp, &a);
     free(units);
     if (brc == GMB_E_CONN || brc == GMB_E_TIMEOUT) {
       /* It may have been made before the answer was lost. */
@@ -511,7 +511,7 @@ static void dp_made_answer(const struct dp *dp, struct dp_made *m) {
   if (c->token_env) {
     dp_env(m, &ne, "GMB_TOKEN", m->token);
   } else {
-    dp_token_path(dp, a->tenant, m->token_file, sizeof m->token_file);
+    dp_token_path(dp, a->sha256, m->token_file, sizeof m->token_file);
     dp_env(m, &ne, "GMB_TOKEN_FILE", DP_TOKEN_IN_CONTAINER);
     dp_mount(m, &nm, m->token_file, DP_TOKEN_IN_CONTAINER);
   }
@@ -806,8 +806,7 @@ void dp_collect(struct dp *dp, struct dpg *g) {
       dp_log("tenant %s: not removed yet: %s", a->tenant, why);
       continue;
     }
-    char path[DP_PATH_MAX + 96];
-    unlink(dp_token_path(dp, a->tenant, path, sizeof path));
+    dp_token_unlink(dp, a);
     dp_log("tenant %s removed from GPU %s", a->tenant, gp->key);
     dp_alloc_drop(dp, i);
     changed = 1;
