@@ -109,9 +109,10 @@ int dp_list_encode(const struct dp *dp, uint8_t **buf, size_t *len);
  * its tenants again; list_changed is set when a health or a count
  * changed. */
 void dp_brokers_poll(struct dp *dp);
-/* Answers one call of the kubelet's (method: enum dpg_method). */
-void dp_handle(struct dp *dp, struct dpg_call *call, int method,
-               const uint8_t *req, size_t len);
+/* Answers one call of the kubelet's (method: enum dpg_method); `g` asks
+ * pod-resources when an Allocate names units an allocation still holds. */
+void dp_handle(struct dp *dp, struct dpg *g, struct dpg_call *call,
+               int method, const uint8_t *req, size_t len);
 /* Asks the kubelet's pod-resources List which units are still held, marks
  * the allocations of pods that are gone, and removes their tenants once
  * their sessions ended. */

@@ -355,7 +355,7 @@ int main(int argc, char **argv) {
     /* A bounded number of calls a round, so that the polls go on. */
     for (int k = 0; k < 64 && dpg_next(g, (int)wait, &call, &m, &req, &len);
          k++) {
-      dp_handle(&dp, call, (int)m, req, len);
+      dp_handle(&dp, g, call, (int)m, req, len);
       wait = 0;
     }
   }

@@ -586,6 +586,46 @@ def flow(node):
     node.plugin_stop()
 
 
+def reuse_flow():
+    """A pod that ends within grace_s of its Allocate: the kubelet frees its
+    units at once and may give them to the next pod (GetPreferredAllocation
+    picks the same ones first).  The plugin, which keeps young allocations,
+    must not refuse that pod: pod-resources no longer lists the units, so
+    the earlier allocation is over.  Units a pod that pod-resources lists
+    still holds stay refused."""
+    node = Node(1, "512m", ["--unit", "64MiB"], extra_conf="grace_s = 3600\n")
+    try:
+        k = node.kubelet
+        node.broker_start(0)
+        k.start()
+        node.plugin_start()
+        k.registrations.get(timeout=WAIT)
+        k.latest(lambda r: len(health(r).get(UUID[0], {})) > 0)
+        ids = ["%s_%d" % (UUID[0], u) for u in range(4)]
+        a = k.allocate(ids[0:2]).container_responses[0]
+        ta = dict(a.envs)["GMB_TENANT"]
+        k.pods["pod-short"] = ids[0:2]
+        time.sleep(0.5)  # collections with the pod listed
+        expect_error(grpc.StatusCode.FAILED_PRECONDITION, "allocated already",
+                     lambda: k.allocate(ids[1:3]))
+        del k.pods["pod-short"]
+        b = k.allocate(ids[0:2]).container_responses[0]
+        tb = dict(b.envs)["GMB_TENANT"]
+        k.pods["pod-next"] = ids[0:2]
+        assert tb != ta
+        assert node.tenant_exists(0, tb)["quota"] == 2 * UNIT
+        wait_for("the short pod's tenant removed",
+                 lambda: node.tenant_exists(0, ta) is None)
+        ok("units of a pod that ended within grace_s go to the next pod at "
+           "once; the ended pod's tenant is removed")
+        node.plugin_stop()
+    except BaseException:
+        node.dump_logs()
+        raise
+    finally:
+        node.close()
+
+
 def state_dir_flow():
     """A state directory, or tokens/ in it, that another uid owns or could
     write, or a symbolic link: the plugin would write tokens where that uid
@@ -673,6 +713,7 @@ def sizes_flow():
 
 if __name__ == "__main__":
     main_flow()
+    reuse_flow()
     state_dir_flow()
     sizes_flow()
     print("test_device_plugin: all passed")
