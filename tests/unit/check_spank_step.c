@@ -91,7 +91,9 @@ START_TEST(mem_sizes) {
   ck_assert_int_eq(gmb__step_mem_parse("1.5GiB", &v, why, sizeof why), 0);
   ck_assert_uint_eq(v, 3 * GiB / 2);
   const char *bad[] = {"", "0", "-1GiB", "GiB", "8 apples", "1e9",
-                       "99999999999999999999GiB", NULL};
+                       "99999999999999999999GiB", "18446744073709551615G",
+                       "17179869184GiB", "16777216TiB", "0.00000000001GiB",
+                       NULL};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     why[0] = '\0';
     ck_assert_int_eq(gmb__step_mem_parse(bad[i], &v, why, sizeof why),
