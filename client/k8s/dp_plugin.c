@@ -468,6 +468,18 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
     return dp_failf(why, cap, DPG_UNAVAILABLE, "the broker of GPU %s is "
                     "down (no answer at %s/admin.sock)", gp->key, gp->dir);
   }
+  /* Room for the record before anything is made, so that running out of
+   * memory leaves no tenant or token file behind. */
+  if (dp->n_allocs == dp->cap_allocs) {
+    size_t nc = dp->cap_allocs ? 2 * dp->cap_allocs : 16;
+    struct dp_alloc *na = realloc(dp->allocs, nc * sizeof *na);
+    if (na == NULL) {
+      free(units);
+      return dp_failf(why, cap, DPG_INTERNAL, "out of memory");
+    }
+    dp->allocs = na;
+    dp->cap_allocs = nc;
+  }
   struct dp_alloc a = {0};
   char name_rand[2 * ADMIN_TOKEN_BYTES + 1];
   if (gmb__admin_token_new(name_rand) || gmb__admin_token_new(m->token) ||
@@ -508,18 +520,6 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
                                        : DPG_FAILED_PRECONDITION,
                     "the broker of GPU %s refused tenant %s: %s", gp->key,
                     a.tenant, bwhy);
-  }
-  if (dp->n_allocs == dp->cap_allocs) {
-    size_t nc = dp->cap_allocs ? 2 * dp->cap_allocs : 16;
-    struct dp_alloc *na = realloc(dp->allocs, nc * sizeof *na);
-    if (na == NULL) {
-      dp->allocs = realloc(dp->allocs, dp->cap_allocs * sizeof *na);
-      dp->allocs[dp->n_allocs++] = a;
-      dp_unmake(dp, dp->n_allocs - 1);
-      return dp_failf(why, cap, DPG_INTERNAL, "out of memory");
-    }
-    dp->allocs = na;
-    dp->cap_allocs = nc;
   }
   m->alloc = dp->n_allocs;
   dp->allocs[dp->n_allocs++] = a;
