@@ -81,9 +81,18 @@ struct dp {
  * allocations. */
 int dp_state_save(const struct dp *dp, char *why, size_t cap);
 int dp_state_load(struct dp *dp, char *why, size_t cap);
-/* STATE_DIR/tokens/TENANT into buf. */
-char *dp_token_path(const struct dp *dp, const char *tenant, char *buf,
+/* STATE_DIR/tokens/NAME into buf: the file of the token whose SHA-256 is
+ * `sha256`, NAME a secret derived from it (dp_state.c). */
+char *dp_token_path(const struct dp *dp, const uint8_t sha256[32], char *buf,
                     size_t cap);
+/* Removes allocation a's token file (and one an earlier version named after
+ * its tenant). */
+void dp_token_unlink(const struct dp *dp, const struct dp_alloc *a);
+/* The state directory and STATE_DIR/tokens (made when missing) are
+ * directories of this uid or root that no one else may write, and tokens/
+ * one no one else may list (chmod 0711 when it could be).  0, or -1 with
+ * why: the plugin does not start. */
+int dp_state_dir_check(const struct dp *dp, char *why, size_t cap);
 
 /* dp_plugin.c */
 /* The GPU with this key, added when new (its run dir from the layout);
@@ -100,9 +109,10 @@ int dp_list_encode(const struct dp *dp, uint8_t **buf, size_t *len);
  * its tenants again; list_changed is set when a health or a count
  * changed. */
 void dp_brokers_poll(struct dp *dp);
-/* Answers one call of the kubelet's (method: enum dpg_method). */
-void dp_handle(struct dp *dp, struct dpg_call *call, int method,
-               const uint8_t *req, size_t len);
+/* Answers one call of the kubelet's (method: enum dpg_method); `g` asks
+ * pod-resources when an Allocate names units an allocation still holds. */
+void dp_handle(struct dp *dp, struct dpg *g, struct dpg_call *call,
+               int method, const uint8_t *req, size_t len);
 /* Asks the kubelet's pod-resources List which units are still held, marks
  * the allocations of pods that are gone, and removes their tenants once
  * their sessions ended. */

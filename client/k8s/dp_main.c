@@ -285,7 +285,8 @@ int main(int argc, char **argv) {
     dp_log("cannot make %s: %s", dp.conf.state_dir, strerror(errno));
     return 1;
   }
-  if (dp_state_load(&dp, why, sizeof why) != 0) {
+  if (dp_state_dir_check(&dp, why, sizeof why) != 0 ||
+      dp_state_load(&dp, why, sizeof why) != 0) {
     dp_log("%s", why);
     return 1;
   }
@@ -354,7 +355,7 @@ int main(int argc, char **argv) {
     /* A bounded number of calls a round, so that the polls go on. */
     for (int k = 0; k < 64 && dpg_next(g, (int)wait, &call, &m, &req, &len);
          k++) {
-      dp_handle(&dp, call, (int)m, req, len);
+      dp_handle(&dp, g, call, (int)m, req, len);
       wait = 0;
     }
   }

@@ -277,6 +277,70 @@ int dp_list_encode(const struct dp *dp, uint8_t **buf, size_t *len) {
   return rc;
 }
 
+/* --- what pod-resources says ------------------------------------------- */
+
+/* The units pod-resources' List says pods hold, GPU by GPU: held[g] is a
+ * bitmap of DP_UNITS_MAX bits, NULL when GPU g has none held.  0, or -1
+ * with why when it did not answer, its reply did not decode, or memory
+ * ran out: then nothing may be concluded from it.  The caller frees. */
+static int dp_held(struct dp *dp, struct dpg *g, uint8_t *held[DP_GPUS_MAX],
+                   char *why, size_t cap) {
+  uint8_t *resp = NULL;
+  size_t rlen = 0;
+  memset(held, 0, DP_GPUS_MAX * sizeof *held);
+  if (dpg_unary(g, dp->conf.pod_resources, "/v1.PodResourcesLister/List",
+                (const uint8_t *)"", 0, DP_POD_RESOURCES_TIMEOUT_MS, &resp,
+                &rlen, why, cap) != 0)
+    return -1;
+  V1__ListPodResourcesResponse *r =
+      v1__list_pod_resources_response__unpack(NULL, rlen, resp);
+  free(resp);
+  if (r == NULL) {
+    snprintf(why, cap, "the List reply does not decode");
+    return -1;
+  }
+  int oom = 0;
+  for (size_t p = 0; p < r->n_pod_resources; p++) {
+    const V1__PodResources *pr = r->pod_resources[p];
+    for (size_t c = 0; c < pr->n_containers; c++) {
+      const V1__ContainerResources *cr = pr->containers[c];
+      for (size_t d = 0; d < cr->n_devices; d++) {
+        const V1__ContainerDevices *cd = cr->devices[d];
+        if (cd->resource_name == NULL ||
+            strcmp(cd->resource_name, dp->conf.resource) != 0)
+          continue;
+        for (size_t k = 0; k < cd->n_device_ids; k++) {
+          int gi;
+          uint32_t u;
+          if (dp_id_parse(dp, cd->device_ids[k], &gi, &u) != 0) continue;
+          if (held[gi] == NULL) held[gi] = calloc(DP_UNITS_MAX / 8, 1);
+          if (held[gi] == NULL) {
+            oom = 1;
+            continue;
+          }
+          held[gi][u / 8] |= (uint8_t)(1u << (u % 8));
+        }
+      }
+    }
+  }
+  v1__list_pod_resources_response__free_unpacked(r, NULL);
+  if (oom) {
+    for (size_t gi = 0; gi < DP_GPUS_MAX; gi++) free(held[gi]);
+    memset(held, 0, DP_GPUS_MAX * sizeof *held);
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
+/* Whether a pod holds any of allocation a's units, by dp_held's map. */
+static int dp_alloc_held(const struct dp_alloc *a,
+                         uint8_t *const held[DP_GPUS_MAX]) {
+  for (uint32_t k = 0; k < a->n_units && held[a->gpu]; k++)
+    if ((held[a->gpu][a->units[k] / 8] >> (a->units[k] % 8)) & 1) return 1;
+  return 0;
+}
+
 /* --- Allocate ------------------------------------------------------------ */
 
 /* What one container's answer needs to outlive its building. */
@@ -298,13 +362,13 @@ struct dp_made {
 static void dp_unmake(struct dp *dp, size_t i) {
   struct dp_alloc *a = &dp->allocs[i];
   struct dp_gpu *gp = &dp->gpu[a->gpu];
-  char why[ADMIN_RPC_WHY_MAX], path[DP_PATH_MAX + 96];
+  char why[ADMIN_RPC_WHY_MAX];
   if (gp->rpc) {
     int rc = dp_tenant_remove(gp->rpc, a->tenant, why, sizeof why);
     if (rc && rc != GMB_E_NOENT)
       dp_log("tenant %s of a failed Allocate not removed: %s", a->tenant, why);
   }
-  unlink(dp_token_path(dp, a->tenant, path, sizeof path));
+  dp_token_unlink(dp, a);
   dp_alloc_drop(dp, i);
 }
 
@@ -318,16 +382,17 @@ static int dp_failf(char *why, size_t cap, int code, const char *fmt, ...) {
   return code;
 }
 
-/* Writes the token file, mode 0644 in a directory only root may list:
- * the pod's container reads it whatever uid it runs as. */
-static int dp_token_write(const struct dp *dp, const char *tenant,
+/* Writes the token file, mode 0644 under a secret name in a directory only
+ * root may list (dp_state.c): the pod's container reads it whatever uid it
+ * runs as. */
+static int dp_token_write(const struct dp *dp, const uint8_t sha256[32],
                           const char *token, char *why, size_t cap) {
   char dir[DP_PATH_MAX + 16], path[DP_PATH_MAX + 96];
   snprintf(dir, sizeof dir, "%s/tokens", dp->conf.state_dir);
   if (mkdir(dir, 0711) != 0 && errno != EEXIST)
     return dp_failf(why, cap, DPG_INTERNAL, "mkdir %s: %s", dir,
                     strerror(errno));
-  dp_token_path(dp, tenant, path, sizeof path);
+  dp_token_path(dp, sha256, path, sizeof path);
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                 0644);
   if (fd < 0)
@@ -403,6 +468,18 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
     return dp_failf(why, cap, DPG_UNAVAILABLE, "the broker of GPU %s is "
                     "down (no answer at %s/admin.sock)", gp->key, gp->dir);
   }
+  /* Room for the record before anything is made, so that running out of
+   * memory leaves no tenant or token file behind. */
+  if (dp->n_allocs == dp->cap_allocs) {
+    size_t nc = dp->cap_allocs ? 2 * dp->cap_allocs : 16;
+    struct dp_alloc *na = realloc(dp->allocs, nc * sizeof *na);
+    if (na == NULL) {
+      free(units);
+      return dp_failf(why, cap, DPG_INTERNAL, "out of memory");
+    }
+    dp->allocs = na;
+    dp->cap_allocs = nc;
+  }
   struct dp_alloc a = {0};
   char name_rand[2 * ADMIN_TOKEN_BYTES + 1];
   if (gmb__admin_token_new(name_rand) || gmb__admin_token_new(m->token) ||
@@ -418,7 +495,7 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
   a.made = time(NULL);
   a.units = units;
   a.n_units = (uint32_t)n;
-  int rc = dp_token_write(dp, a.tenant, m->token, why, cap);
+  int rc = dp_token_write(dp, a.sha256, m->token, why, cap);
   if (rc) {
     free(units);
     return rc;
@@ -426,8 +503,7 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
   char bwhy[ADMIN_RPC_WHY_MAX];
   int brc = dp_tenant_add(gp->rpc, &a, bwhy, sizeof bwhy);
   if (brc) {
-    char path[DP_PATH_MAX + 96];
-    unlink(dp_token_path(dp, a.tenant, path, sizeof path));
+    dp_token_unlink(dp, &a);
     free(units);
     if (brc == GMB_E_CONN || brc == GMB_E_TIMEOUT) {
       /* It may have been made before the answer was lost. */
@@ -444,18 +520,6 @@ static int dp_make(struct dp *dp, const V1beta1__ContainerAllocateRequest *cr,
                                        : DPG_FAILED_PRECONDITION,
                     "the broker of GPU %s refused tenant %s: %s", gp->key,
                     a.tenant, bwhy);
-  }
-  if (dp->n_allocs == dp->cap_allocs) {
-    size_t nc = dp->cap_allocs ? 2 * dp->cap_allocs : 16;
-    struct dp_alloc *na = realloc(dp->allocs, nc * sizeof *na);
-    if (na == NULL) {
-      dp->allocs = realloc(dp->allocs, dp->cap_allocs * sizeof *na);
-      dp->allocs[dp->n_allocs++] = a;
-      dp_unmake(dp, dp->n_allocs - 1);
-      return dp_failf(why, cap, DPG_INTERNAL, "out of memory");
-    }
-    dp->allocs = na;
-    dp->cap_allocs = nc;
   }
   m->alloc = dp->n_allocs;
   dp->allocs[dp->n_allocs++] = a;
@@ -511,7 +575,7 @@ static void dp_made_answer(const struct dp *dp, struct dp_made *m) {
   if (c->token_env) {
     dp_env(m, &ne, "GMB_TOKEN", m->token);
   } else {
-    dp_token_path(dp, a->tenant, m->token_file, sizeof m->token_file);
+    dp_token_path(dp, a->sha256, m->token_file, sizeof m->token_file);
     dp_env(m, &ne, "GMB_TOKEN_FILE", DP_TOKEN_IN_CONTAINER);
     dp_mount(m, &nm, m->token_file, DP_TOKEN_IN_CONTAINER);
   }
@@ -525,7 +589,61 @@ static void dp_made_answer(const struct dp *dp, struct dp_made *m) {
   m->resp.mounts = m->mountp;
 }
 
-static void dp_allocate(struct dp *dp, struct dpg_call *call,
+/*
+ * Units the kubelet asks for that an allocation of ours still holds.  The
+ * kubelet offers only units no active pod holds, so normally that
+ * allocation's pod is over: it ended within grace_s of its Allocate (the
+ * collection keeps allocations that young), or before the last
+ * collection saw it go; the kubelet frees its units at once and its
+ * preferred allocation picks the same ones first.  Refusing would fail the
+ * next pod's admission for as long as grace_s, and a user who starts and
+ * ends short pods could keep others' pods off the node that way.  So the
+ * holders are asked about once, here: an allocation none of whose units
+ * pod-resources lists is marked gone (its tenant is removed at the next
+ * collection, once its sessions end); one a listed pod still holds keeps
+ * its units, and dp_make refuses them.  1 when an allocation was marked.
+ */
+static int dp_settle_conflicts(struct dp *dp, struct dpg *g,
+                               const V1beta1__AllocateRequest *r) {
+  int conflict = 0;
+  for (size_t c = 0; c < r->n_container_requests && !conflict; c++) {
+    const V1beta1__ContainerAllocateRequest *cr = r->container_requests[c];
+    for (size_t i = 0; i < cr->n_devices_ids && !conflict; i++) {
+      int gi;
+      uint32_t u;
+      conflict = dp_id_parse(dp, cr->devices_ids[i], &gi, &u) == 0 &&
+                 dp_unit_owner(dp, gi, u) >= 0;
+    }
+  }
+  if (!conflict) return 0;
+  char why[1024];
+  uint8_t *held[DP_GPUS_MAX];
+  if (dp_held(dp, g, held, why, sizeof why) != 0) {
+    dp_log("pod-resources: %s: units asked again are kept by their "
+           "allocations", why);
+    return 0;
+  }
+  int marked = 0;
+  for (size_t c = 0; c < r->n_container_requests; c++) {
+    const V1beta1__ContainerAllocateRequest *cr = r->container_requests[c];
+    for (size_t i = 0; i < cr->n_devices_ids; i++) {
+      int gi;
+      uint32_t u;
+      if (dp_id_parse(dp, cr->devices_ids[i], &gi, &u) != 0) continue;
+      long o = dp_unit_owner(dp, gi, u);
+      if (o < 0 || dp_alloc_held(&dp->allocs[o], held)) continue;
+      dp->allocs[o].gone = 1;
+      marked = 1;
+      dp_log("tenant %s: the kubelet gives its units to another pod and "
+             "no pod holds them: removed once its sessions end",
+             dp->allocs[o].tenant);
+    }
+  }
+  for (size_t gi = 0; gi < DP_GPUS_MAX; gi++) free(held[gi]);
+  return marked;
+}
+
+static void dp_allocate(struct dp *dp, struct dpg *g, struct dpg_call *call,
                         const uint8_t *req, size_t len) {
   V1beta1__AllocateRequest *r = v1beta1__allocate_request__unpack(NULL, len,
                                                                  req);
@@ -541,6 +659,7 @@ static void dp_allocate(struct dp *dp, struct dpg_call *call,
   V1beta1__ContainerAllocateResponse **resps =
       n ? calloc(n, sizeof *resps) : NULL;
   size_t done = 0; /* containers made */
+  int settled = n ? dp_settle_conflicts(dp, g, r) : 0;
   if (n == 0) code = dp_failf(why, sizeof why, DPG_INVALID_ARGUMENT,
                               "the AllocateRequest names no container");
   else if (made == NULL || resps == NULL)
@@ -556,7 +675,7 @@ static void dp_allocate(struct dp *dp, struct dpg_call *call,
     /* Nothing half-made: undo the containers made before the failure
      * (their records are the last ones, in order). */
     for (size_t k = done; k-- > 0;) dp_unmake(dp, made[k].alloc);
-    if (done) {
+    if (done || settled) {
       char w2[512];
       if (dp_state_save(dp, w2, sizeof w2)) dp_log("%s", w2);
     }
@@ -683,8 +802,8 @@ static void dp_preferred(struct dp *dp, struct dpg_call *call,
 
 /* --- the other calls ------------------------------------------------------ */
 
-void dp_handle(struct dp *dp, struct dpg_call *call, int method,
-               const uint8_t *req, size_t len) {
+void dp_handle(struct dp *dp, struct dpg *g, struct dpg_call *call,
+               int method, const uint8_t *req, size_t len) {
   switch (method) {
     case DPG_OPTIONS: {
       V1beta1__DevicePluginOptions o = V1BETA1__DEVICE_PLUGIN_OPTIONS__INIT;
@@ -709,7 +828,7 @@ void dp_handle(struct dp *dp, struct dpg_call *call, int method,
       dp_preferred(dp, call, req, len);
       return;
     case DPG_ALLOCATE:
-      dp_allocate(dp, call, req, len);
+      dp_allocate(dp, g, call, req, len);
       return;
     case DPG_PRESTART: {
       /* Not asked for (pre_start_required is false); an empty answer. */
@@ -733,63 +852,23 @@ void dp_handle(struct dp *dp, struct dpg_call *call, int method,
 
 void dp_collect(struct dp *dp, struct dpg *g) {
   static int warned;
-  uint8_t *resp = NULL;
-  size_t rlen = 0;
   char why[1024];
-  if (dpg_unary(g, dp->conf.pod_resources, "/v1.PodResourcesLister/List",
-                (const uint8_t *)"", 0, DP_POD_RESOURCES_TIMEOUT_MS, &resp,
-                &rlen, why, sizeof why) != 0) {
+  uint8_t *held[DP_GPUS_MAX];
+  if (dp_held(dp, g, held, why, sizeof why) != 0) {
     /* No answer is no news: nothing is removed while the kubelet is away. */
     if (!warned++) dp_log("pod-resources: %s (tenants of gone pods are "
                           "removed once it answers)", why);
     return;
   }
   warned = 0;
-  V1__ListPodResourcesResponse *r =
-      v1__list_pod_resources_response__unpack(NULL, rlen, resp);
-  free(resp);
-  if (r == NULL) {
-    dp_log("pod-resources: the List reply does not decode: nothing removed");
-    return;
-  }
-  /* Which units the kubelet says are held, GPU by GPU. */
-  uint8_t *held[DP_GPUS_MAX] = {0};
-  int oom = 0;
-  for (size_t p = 0; p < r->n_pod_resources; p++) {
-    const V1__PodResources *pr = r->pod_resources[p];
-    for (size_t c = 0; c < pr->n_containers; c++) {
-      const V1__ContainerResources *cr = pr->containers[c];
-      for (size_t d = 0; d < cr->n_devices; d++) {
-        const V1__ContainerDevices *cd = cr->devices[d];
-        if (cd->resource_name == NULL ||
-            strcmp(cd->resource_name, dp->conf.resource) != 0)
-          continue;
-        for (size_t k = 0; k < cd->n_device_ids; k++) {
-          int gi;
-          uint32_t u;
-          if (dp_id_parse(dp, cd->device_ids[k], &gi, &u) != 0) continue;
-          if (held[gi] == NULL) held[gi] = calloc(DP_UNITS_MAX / 8, 1);
-          if (held[gi] == NULL) {
-            oom = 1;
-            continue;
-          }
-          held[gi][u / 8] |= (uint8_t)(1u << (u % 8));
-        }
-      }
-    }
-  }
-  v1__list_pod_resources_response__free_unpacked(r, NULL);
   int changed = 0;
   time_t now = time(NULL);
-  for (size_t i = 0; !oom && i < dp->n_allocs; i++) {
+  for (size_t i = 0; i < dp->n_allocs; i++) {
     struct dp_alloc *a = &dp->allocs[i];
     /* time() counts whole seconds: more than grace_s of them have passed
      * when the difference is above it. */
     if (a->gone || now - a->made <= dp->conf.grace_s) continue;
-    int any = 0;
-    for (uint32_t k = 0; k < a->n_units && !any && held[a->gpu]; k++)
-      any = (held[a->gpu][a->units[k] / 8] >> (a->units[k] % 8)) & 1;
-    if (any) continue;
+    if (dp_alloc_held(a, held)) continue;
     a->gone = 1;
     changed = 1;
     dp_log("tenant %s: its pod holds its units no more: removed once its "
@@ -806,8 +885,7 @@ void dp_collect(struct dp *dp, struct dpg *g) {
       dp_log("tenant %s: not removed yet: %s", a->tenant, why);
       continue;
     }
-    char path[DP_PATH_MAX + 96];
-    unlink(dp_token_path(dp, a->tenant, path, sizeof path));
+    dp_token_unlink(dp, a);
     dp_log("tenant %s removed from GPU %s", a->tenant, gp->key);
     dp_alloc_drop(dp, i);
     changed = 1;

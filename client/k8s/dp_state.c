@@ -4,7 +4,17 @@
  * broker that is down at the plugin's start is still listed, unhealthy)
  * and every allocation whose tenant it made and has not removed yet.  The
  * token itself is never in it, only its SHA-256: the token lives in
- * STATE_DIR/tokens/TENANT, the file the pod's container mounts.
+ * STATE_DIR/tokens/NAME, the file the pod's container mounts.
+ *
+ * A token file is readable by every uid (the container's uid may be any),
+ * so what keeps it is that tokens/ cannot be listed (0711) and that NAME is
+ * a secret: the SHA-256 of the token's SHA-256, which only the state file
+ * and the broker's memory hold.  It used to be the tenant's name, which
+ * `gmbctl tenants`, the broker's metrics (a label) and log, and the pod's
+ * environment all show: anyone on the node could read any pod's token.
+ * The state directory and tokens/ must be this uid's or root's and
+ * writable by no one else, or the plugin does not start: whoever could
+ * write there could plant tokens/ and read every token put in it.
  *
  * The file is text, one record a line:
  *   gpu KEY CAPACITY
@@ -25,10 +35,70 @@
 #include "dp.h"
 #include "util.h"
 
-char *dp_token_path(const struct dp *dp, const char *tenant, char *buf,
+char *dp_token_path(const struct dp *dp, const uint8_t sha256[32], char *buf,
                     size_t cap) {
-  snprintf(buf, cap, "%s/tokens/%s", dp->conf.state_dir, tenant);
+  static const char tag[] = "gmb-device-plugin token file\n";
+  char in[sizeof tag - 1 + 32];
+  uint8_t name[32];
+  memcpy(in, tag, sizeof tag - 1);
+  memcpy(in + sizeof tag - 1, sha256, 32);
+  char hex[65];
+  if (gmb__admin_token_sha256(in, sizeof in, name) != 0) {
+    /* No digest: a name no file has, so nothing is written or mounted. */
+    snprintf(buf, cap, "%s/tokens/.no-digest", dp->conf.state_dir);
+    return buf;
+  }
+  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", name[i]);
+  snprintf(buf, cap, "%s/tokens/%s", dp->conf.state_dir, hex);
   return buf;
+}
+
+void dp_token_unlink(const struct dp *dp, const struct dp_alloc *a) {
+  char path[DP_PATH_MAX + 96];
+  unlink(dp_token_path(dp, a->sha256, path, sizeof path));
+  /* An earlier version's file, named after the tenant. */
+  snprintf(path, sizeof path, "%s/tokens/%s", dp->conf.state_dir, a->tenant);
+  unlink(path);
+}
+
+/* `path` is a directory (not a link) of this uid or root that no one else
+ * may write; with `private`, one no one else may list either, made so when
+ * only its read bits are wrong.  0, or -1 with why. */
+static int dp_dir_own(const char *path, int private, char *why, size_t cap) {
+  struct stat st;
+  if (lstat(path, &st) != 0) {
+    snprintf(why, cap, "cannot read %s: %s", path, strerror(errno));
+    return -1;
+  }
+  if (!S_ISDIR(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0) ||
+      (st.st_mode & 022)) {
+    snprintf(why, cap, "%s: not a directory of this uid or root, writable "
+             "by no one else (%s, owner uid %u, mode %04o)", path,
+             S_ISLNK(st.st_mode) ? "a symbolic link" :
+             S_ISDIR(st.st_mode) ? "a directory" : "not a directory",
+             (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+    return -1;
+  }
+  if (private && (st.st_mode & 044)) {
+    if (chmod(path, 0711) != 0) {
+      snprintf(why, cap, "chmod 0711 %s: %s", path, strerror(errno));
+      return -1;
+    }
+    dp_log("%s could be listed by other uids (mode %04o): now 0711", path,
+           (unsigned)(st.st_mode & 07777));
+  }
+  return 0;
+}
+
+int dp_state_dir_check(const struct dp *dp, char *why, size_t cap) {
+  char tokens[DP_PATH_MAX + 16];
+  snprintf(tokens, sizeof tokens, "%s/tokens", dp->conf.state_dir);
+  if (dp_dir_own(dp->conf.state_dir, 0, why, cap) != 0) return -1;
+  if (mkdir(tokens, 0711) != 0 && errno != EEXIST) {
+    snprintf(why, cap, "mkdir %s: %s", tokens, strerror(errno));
+    return -1;
+  }
+  return dp_dir_own(tokens, 1, why, cap);
 }
 
 int dp_state_save(const struct dp *dp, char *why, size_t cap) {

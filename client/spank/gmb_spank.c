@@ -9,8 +9,8 @@
  *   remote (slurmstepd, root, before the tasks): init_post_opt makes the
  *       tenant over the broker's admin socket, with a fresh token, and puts
  *       GMB_TENANT, GMB_TOKEN, GMB_RUN_DIR (and LD_PRELOAD) in the step's
- *       environment; slurm_spank_exit removes it (at once, or when its
- *       last session ends).
+ *       environment; slurm_spank_exit removes it, ending the sessions of
+ *       processes that outlived the step's tasks.
  *
  * A failure fails the step with the reason (slurm_error: the slurmd log,
  * and the user's srun output), after undoing what was made: no tenant is
@@ -159,7 +159,17 @@ static void spank_getenv_or_empty(spank_t sp, const char *name, char *buf,
   if (spank_getenv(sp, name, buf, cap) != ESPANK_SUCCESS) buf[0] = '\0';
 }
 
-/* Removes this step's tenant; `why` names the occasion in the log. */
+/*
+ * Removes this step's tenant, ending the sessions that still hold it:
+ * `occasion` names the moment in the log.  By the step's end slurmstepd
+ * has waited for its tasks and killed what its process tracking still
+ * finds, so a session left is a process that got out of the step (with
+ * proctrack/linuxproc, any child that setsid()s and outlives its parent);
+ * left to end by itself, it would keep the tenant, its quota and the memory
+ * it holds for as long as it likes, while Slurm gives the step's gmbmem to
+ * the next job.  Its session ends, its memory goes back, and the removal is
+ * logged with what it ended.
+ */
 static void spank_remove(const char *occasion) {
   if (spank_tenant[0] == '\0') return;
   char why[ADMIN_RPC_WHY_MAX];
@@ -168,14 +178,21 @@ static void spank_remove(const char *occasion) {
   int rc = gmb__admin_rpc_open(spank_endpoint, SPANK_ADMIN_TIMEOUT_MS, NULL,
                                &rpc, why, sizeof why);
   if (rc == 0)
-    rc = gmb__admin_tenant_remove(rpc, spank_tenant, 0, &out, why, sizeof why);
+    rc = gmb__admin_tenant_remove(rpc, spank_tenant, 1, &out, why, sizeof why);
   gmb__admin_rpc_close(rpc);
-  if (rc)
+  if (rc) {
     slurm_error("gmb: %s: cannot remove tenant %s at %s: %s", occasion,
                 spank_tenant, spank_endpoint, why);
-  else if (!out.removed)
+  } else if (out.evicted) {
+    char fs[GMB_SIZE_BUFSZ];
+    slurm_info("gmb: %s: tenant %s removed, ending %u sessions that "
+               "outlived the step's tasks (%s freed)", occasion,
+               spank_tenant, out.evicted,
+               gmb__size_format(out.bytes_freed, fs, sizeof fs));
+  } else if (!out.removed) {
     slurm_info("gmb: tenant %s goes when its %u sessions end", spank_tenant,
                out.sessions);
+  }
   spank_tenant[0] = '\0';
 }
 
@@ -198,10 +215,13 @@ static int spank_step_begin(spank_t sp, const struct step_conf *conf) {
   }
   if (quota == 0) return 0; /* the step asked for no GPU memory */
 
-  char sgpus[256], cvd[256], gpu[80], run_dir[STEP_PATH_MAX];
+  /* Only what slurmstepd set for this step names its GPU (step.h): the
+   * rest of the environment is the user's. */
+  char sgpus[1024], jgpus[1024], gpu[80], run_dir[STEP_PATH_MAX];
   spank_getenv_or_empty(sp, "SLURM_STEP_GPUS", sgpus, sizeof sgpus);
-  spank_getenv_or_empty(sp, "CUDA_VISIBLE_DEVICES", cvd, sizeof cvd);
-  if (gmb__step_gpu(sgpus, cvd, gpu, sizeof gpu, why, sizeof why) != 0 ||
+  spank_getenv_or_empty(sp, "SLURM_JOB_GPUS", jgpus, sizeof jgpus);
+  if (gmb__step_gpu(step, sgpus, jgpus, gpu, sizeof gpu, why,
+                    sizeof why) != 0 ||
       gmb__step_run_dir(conf, gpu, run_dir, sizeof run_dir, why,
                         sizeof why) != 0) {
     return spank_fail("gmb: step %u.%u: %s", job, step, why);

@@ -136,7 +136,10 @@ int gmb__step_gres_count(const char *tres, const char *name, uint64_t *count,
       const char *last = p + len;
       while (last > p && last[-1] != ':') last--;
       uint64_t v;
-      if (step_count_parse(last, (size_t)(p + len - last), &v) != 0)
+      /* Two entries of the resource are added, never wrapped: a sum that
+       * wrapped would be a small quota, or none. */
+      if (step_count_parse(last, (size_t)(p + len - last), &v) != 0 ||
+          v > UINT64_MAX - *count)
         return step_fail(why, cap, "cannot read the count of %s in Slurm's "
                          "'%.*s'", name, (int)(len > 80 ? 80 : len), p);
       *count += v;
@@ -193,11 +196,11 @@ int gmb__step_tenant_name(uint32_t job, uint32_t step, char *buf, size_t cap) {
   return n < 0 || (size_t)n >= cap ? GMB_E_INVAL : 0;
 }
 
-int gmb__step_gpu(const char *step_gpus, const char *cuda_visible, char *gpu,
-                  size_t gcap, char *why, size_t cap) {
-  const char *src = step_gpus && *step_gpus ? step_gpus : cuda_visible;
-  const char *what = src == step_gpus ? "SLURM_STEP_GPUS" :
-                                        "CUDA_VISIBLE_DEVICES";
+int gmb__step_gpu(uint32_t step, const char *step_gpus, const char *job_gpus,
+                  char *gpu, size_t gcap, char *why, size_t cap) {
+  int whole_job = step == STEP_ID_BATCH || step == STEP_ID_INTERACTIVE;
+  const char *src = whole_job ? job_gpus : step_gpus;
+  const char *what = whole_job ? "SLURM_JOB_GPUS" : "SLURM_STEP_GPUS";
   gpu[0] = '\0';
   if (src == NULL || *src == '\0') return 0;
   if (strchr(src, ',') != NULL)

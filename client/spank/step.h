@@ -73,13 +73,19 @@ int gmb__step_quota(uint64_t mem, uint64_t count, uint64_t unit,
 int gmb__step_tenant_name(uint32_t job, uint32_t step, char *buf, size_t cap);
 
 /*
- * The GPU the step is bound to, from Slurm's SLURM_STEP_GPUS (the gres
- * indices of its GPUs) or else CUDA_VISIBLE_DEVICES: one entry, a UUID
- * ("GPU-...") or an index; "" in *gpu when neither is set.  More than one
- * GPU is refused: a step's tenant lives on one broker.
+ * The GPU step `step` is bound to, from what slurmstepd set for it: a
+ * job step's SLURM_STEP_GPUS, the batch or interactive step's
+ * SLURM_JOB_GPUS (Slurm's gres/gpu sets each to the GPUs it allocated, or
+ * unsets it, before the plugin runs).  One entry, a UUID ("GPU-...") or
+ * an index; "" in *gpu when the variable is unset.  Never the other
+ * variable, nor CUDA_VISIBLE_DEVICES: Slurm leaves those as the job's
+ * user exported them (sbatch passes the user's environment to the batch
+ * step), and CUDA_VISIBLE_DEVICES is renumbered from 0 when Slurm
+ * constrains devices, so either would let a step name another job's GPU.
+ * More than one GPU is refused: a step's tenant lives on one broker.
  */
-int gmb__step_gpu(const char *step_gpus, const char *cuda_visible, char *gpu,
-                  size_t gcap, char *why, size_t cap);
+int gmb__step_gpu(uint32_t step, const char *step_gpus, const char *job_gpus,
+                  char *gpu, size_t gcap, char *why, size_t cap);
 
 /*
  * The UUID of the GPU whose device minor (/dev/nvidiaN) is `minor`, from

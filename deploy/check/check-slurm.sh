@@ -24,12 +24,18 @@
 #               and a quota the broker refuses: each step fails with the
 #               reason in its output, leaves no tenant, and slurmd serves
 #               the next job
+#     escaped   a process that leaves its step (setsid: proctrack/linuxproc
+#               loses it) loses its session and memory at the step's end,
+#               and the tenant goes with the step
 #   phase 2, one broker per GPU (run_dir_per_gpu gpu_info=DIR), slurmd
 #   started again; a broker for GPU 0 only:
 #     per-gpu   --gres=gpu:1: the step's GPU (SLURM_STEP_GPUS 0, device
 #               minor 0) is mapped to its UUID and the broker in RUN/UUID
 #     no-broker a step bound to GPU 1, which has no broker, fails with the
 #               reason; so does a step of two GPUs
+#     batch-env a batch job's broker is its GPU's (SLURM_JOB_GPUS), never
+#               the one SLURM_STEP_GPUS or CUDA_VISIBLE_DEVICES exported by
+#               the submitting user names (sbatch passes them on)
 #   cleanup   every process it started is gone at the end
 #
 # Each check prints "check-slurm: NAME: ok", "... FAILED: why" or "...
@@ -57,7 +63,7 @@ summary() {
   [ "$failed" -eq 0 ]
   exit
 }
-ALL="held two scancel queue refused bad per-gpu no-broker cleanup"
+ALL="held two scancel queue refused bad escaped per-gpu no-broker batch-env cleanup"
 skip_all() {
   local c
   for c in $ALL; do skip "$c" "$1"; done
@@ -371,6 +377,32 @@ if ! grep -q "alloc 1MiB -> id=[0-9]* ok" <<<"$out"; then
 fi
 [ "$bad_ok" = 1 ] && ok bad
 
+# escaped: the step's task starts a process in a session of its own, which
+# allocates and holds 16MiB, and exits.  slurmstepd's process tracking
+# (proctrack/linuxproc: the descendants of slurmstepd) no longer finds it
+# once it is init's, so it outlives the step; its session must not keep
+# the step's tenant, its quota and its memory after Slurm gave the step's
+# gmbmem back.
+esc=$W/out/escaped
+out=$(timeout 120 srun --gpu-mem=64MiB bash -c \
+  "setsid bash -c 'echo \$\$ >$esc.pid; exec $JOB --hold-ms -1 16MiB' >$esc 2>&1 </dev/null &
+   for i in \$(seq 200); do grep -q 'alloc 16MiB -> id=[0-9]* ok' $esc && break; sleep 0.1; done
+   echo tenant=\$GMB_TENANT" 2>&1)
+esc_pid=$(cat "$esc.pid" 2>/dev/null)
+[ -n "$esc_pid" ] && PIDS+=("$esc_pid")
+tn=$(sed -n 's/^tenant=\(slurm-[0-9]*\.0\)$/\1/p' <<<"$out")
+esc_gone() { ! tenants "$RUN/node" | has "^$tn " && [ "$(in_use "$RUN/node")" = 0B ]; }
+if [ -z "$tn" ] || ! grep -q 'alloc 16MiB -> id=[0-9]* ok' "$esc" 2>/dev/null; then
+  fail escaped "the escaped process never allocated: $(tr '\n' '|' <<<"$out" | cut -c1-200) / $(tr '\n' '|' <"$esc" 2>/dev/null | cut -c1-200)"
+elif ! kill -0 "$esc_pid" 2>/dev/null; then
+  fail escaped "the escaped process $esc_pid did not outlive its step"
+elif wait_for 10 esc_gone; then
+  ok escaped
+else
+  fail escaped "after its step ended, with process $esc_pid still running: $(tenants "$RUN/node" | tr '\n' '|') in use $(in_use "$RUN/node")"
+fi
+[ -n "$esc_pid" ] && kill "$esc_pid" 2>/dev/null
+
 # --- phase 2: one broker per GPU -----------------------------------------
 
 if [ "$gpus_made" = 1 ]; then
@@ -381,9 +413,11 @@ if [ "$gpus_made" = 1 ]; then
   if ! start_slurmd; then
     fail per-gpu "slurmd did not come up again"
     fail no-broker "slurmd did not come up again"
+    fail batch-env "slurmd did not come up again"
   elif ! start_broker "$RUN/$UUID0"; then
     fail per-gpu "the broker of $UUID0 did not start"
     fail no-broker "the broker of $UUID0 did not start"
+    fail batch-env "the broker of $UUID0 did not start"
   else
     out=$(timeout 120 srun --gres=gpu:1 --gpu-mem=64MiB bash -c \
       "echo gpus=\$SLURM_STEP_GPUS run_dir=\$GMB_RUN_DIR; $JOB 16MiB" 2>&1)
@@ -413,10 +447,34 @@ if [ "$gpus_made" = 1 ]; then
     else
       fail no-broker "GPU 1 (rc $rc): $(tr '\n' '|' <<<"$out" | cut -c1-300); two GPUs (rc $rc2): $(tr '\n' '|' <<<"$out2" | cut -c1-200)"
     fi
+
+    # batch-env: the user exports another GPU's number (or UUID) in the
+    # variables the plugin used to read.  The first job is given GPU 0
+    # (free again) and must reach GPU 0's broker; the second has no GPU
+    # and must be refused, not placed on the GPU the user named.
+    jb1=$(SLURM_STEP_GPUS=1 CUDA_VISIBLE_DEVICES=1 sbatch --parsable \
+      -o "$W/out/benv1.%j" --gres=gpu:1 --gpu-mem=64MiB \
+      --wrap 'echo job_gpus=$SLURM_JOB_GPUS run_dir=$GMB_RUN_DIR' 2>&1)
+    jb2=$(SLURM_STEP_GPUS=0 CUDA_VISIBLE_DEVICES=$UUID0 sbatch --parsable \
+      -o "$W/out/benv2.%j" --gpu-mem=64MiB \
+      --wrap 'echo run_dir=$GMB_RUN_DIR' 2>&1)
+    ended() { [ -z "$(squeue -h -j "$1" -o %T 2>/dev/null)" ]; }
+    wait_for 60 ended "$jb1"
+    wait_for 60 ended "$jb2"
+    o1=$(cat "$W/out/benv1.$jb1" 2>/dev/null)
+    o2=$(cat "$W/out/benv2.$jb2" 2>/dev/null)
+    if grep -q "^job_gpus=0 run_dir=$RUN/$UUID0\$" <<<"$o1" &&
+       grep -q "bound to no GPU" <<<"$o2" && ! grep -q "run_dir=" <<<"$o2" &&
+       no_slurm_tenant "$RUN/$UUID0"; then
+      ok batch-env
+    else
+      fail batch-env "GPU 0's job: $(tr '\n' '|' <<<"$o1" | cut -c1-300); no GPU's: $(tr '\n' '|' <<<"$o2" | cut -c1-300)"
+    fi
   fi
 else
   skip per-gpu "mknod is not allowed here: Slurm needs a character device per GPU"
   skip no-broker "mknod is not allowed here: Slurm needs a character device per GPU"
+  skip batch-env "mknod is not allowed here: Slurm needs a character device per GPU"
 fi
 
 [ -n "$first_alloc_ms" ] &&

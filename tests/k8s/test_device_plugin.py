@@ -350,6 +350,12 @@ def flow(node):
     node.broker_start(0)
     node.broker_start(1)
     k.start()
+    # The state directory as a hostPath DirectoryOrCreate leaves it (0755),
+    # and a tokens/ directory that anyone may list.
+    tokdir = os.path.join(node.state, "tokens")
+    os.makedirs(tokdir)
+    os.chmod(node.state, 0o755)
+    os.chmod(tokdir, 0o755)
     node.plugin_start()
 
     # --- registration and the device list
@@ -420,8 +426,19 @@ def flow(node):
     assert mounts["/run/gmb/fd.sock"] == (d0 + "/fd.sock", True), mounts
     assert len(mounts) == 3, mounts  # never the admin socket
     tok_host = mounts["/run/secrets/gmb/token"][0]
-    assert tok_host == os.path.join(node.state, "tokens", tenant)
     assert oct(os.stat(tok_host).st_mode & 0o777) == "0o644"
+    # The token file is readable by any uid (the container's may be any),
+    # so its name must be a secret: the tenant's name is not one (gmbctl
+    # tenants, the broker's metrics and log, the pod's environment show
+    # it), and tokens/ must not be listable.
+    assert os.path.dirname(tok_host) == tokdir, tok_host
+    name = os.path.basename(tok_host)
+    assert tenant not in name, name
+    assert len(name) == 64 and all(c in "0123456789abcdef" for c in name), name
+    assert not os.path.exists(os.path.join(tokdir, tenant))
+    assert oct(os.stat(tokdir).st_mode & 0o777) == "0o711"
+    ok("the token file's name is no tenant's name, in a tokens/ only root "
+       "may list (made so when it was not)")
     row = node.tenant_exists(0, tenant)
     assert row and row["quota"] == 2 * UNIT and row["reserve"] == 0, row
     ok("Allocate of 2 units: tenant %s with quota 2 x unit, the broker's "
@@ -508,6 +525,10 @@ def flow(node):
     # --- the plugin restarts: its allocations are kept
     node.plugin_stop()
     assert node.tenant_exists(1, tb)
+    # A token file an earlier version wrote, named after its tenant.
+    legacy = os.path.join(tokdir, tb)
+    with open(legacy, "w") as f:
+        f.write("0" * 64)
     n_lists = len(k.lists)
     node.plugin_start()
     k.registrations.get(timeout=WAIT)
@@ -517,6 +538,8 @@ def flow(node):
     del k.pods["pod-b"]
     wait_for("tenant removal after the restart",
              lambda: node.tenant_exists(1, tb) is None)
+    wait_for("the earlier version's token file removed",
+             lambda: not os.path.exists(legacy))
     ok("a plugin restart keeps its allocations (state file) and still "
        "removes the tenants of pods that go")
 
@@ -563,6 +586,90 @@ def flow(node):
     node.plugin_stop()
 
 
+def reuse_flow():
+    """A pod that ends within grace_s of its Allocate: the kubelet frees its
+    units at once and may give them to the next pod (GetPreferredAllocation
+    picks the same ones first).  The plugin, which keeps young allocations,
+    must not refuse that pod: pod-resources no longer lists the units, so
+    the earlier allocation is over.  Units a pod that pod-resources lists
+    still holds stay refused."""
+    node = Node(1, "512m", ["--unit", "64MiB"], extra_conf="grace_s = 3600\n")
+    try:
+        k = node.kubelet
+        node.broker_start(0)
+        k.start()
+        node.plugin_start()
+        k.registrations.get(timeout=WAIT)
+        k.latest(lambda r: len(health(r).get(UUID[0], {})) > 0)
+        ids = ["%s_%d" % (UUID[0], u) for u in range(4)]
+        a = k.allocate(ids[0:2]).container_responses[0]
+        ta = dict(a.envs)["GMB_TENANT"]
+        k.pods["pod-short"] = ids[0:2]
+        time.sleep(0.5)  # collections with the pod listed
+        expect_error(grpc.StatusCode.FAILED_PRECONDITION, "allocated already",
+                     lambda: k.allocate(ids[1:3]))
+        del k.pods["pod-short"]
+        b = k.allocate(ids[0:2]).container_responses[0]
+        tb = dict(b.envs)["GMB_TENANT"]
+        k.pods["pod-next"] = ids[0:2]
+        assert tb != ta
+        assert node.tenant_exists(0, tb)["quota"] == 2 * UNIT
+        wait_for("the short pod's tenant removed",
+                 lambda: node.tenant_exists(0, ta) is None)
+        ok("units of a pod that ended within grace_s go to the next pod at "
+           "once; the ended pod's tenant is removed")
+        node.plugin_stop()
+    except BaseException:
+        node.dump_logs()
+        raise
+    finally:
+        node.close()
+
+
+def state_dir_flow():
+    """A state directory, or tokens/ in it, that another uid owns or could
+    write, or a symbolic link: the plugin would write tokens where that uid
+    reads them, or replace files it chose.  It refuses to start."""
+    if os.geteuid() != 0:
+        print("ok - # SKIP the state directory's owner: needs root")
+        return
+    node = Node(1, "512m", ["--unit", "64MiB"])
+    try:
+        tokdir = os.path.join(node.state, "tokens")
+        other = os.path.join(node.tmp, "elsewhere")
+        os.mkdir(other, 0o711)
+        cases = [
+            ("state_dir owned by uid 65534",
+             lambda: (os.mkdir(node.state, 0o755),
+                      os.chown(node.state, 65534, 65534))),
+            ("state_dir writable by others",
+             lambda: (os.mkdir(node.state), os.chmod(node.state, 0o777))),
+            ("tokens/ owned by uid 65534",
+             lambda: (os.mkdir(node.state, 0o755), os.mkdir(tokdir, 0o711),
+                      os.chown(tokdir, 65534, 65534))),
+            ("tokens/ a symbolic link",
+             lambda: (os.mkdir(node.state, 0o755), os.symlink(other, tokdir))),
+        ]
+        for what, make in cases:
+            shutil.rmtree(node.state, ignore_errors=True)
+            make()
+            node.plugin_start()
+            rc = node.plugin.wait(timeout=WAIT)
+            node.plugin = None
+            assert rc != 0, "%s: the plugin started" % what
+            with open(os.path.join(node.tmp, "plugin.log")) as f:
+                log = f.read()
+            assert "writable by no one else" in log.splitlines()[-1], log
+        assert os.listdir(other) == []
+        ok("a state directory or tokens/ of another uid, writable by others "
+           "or a symbolic link: the plugin refuses to start")
+    except BaseException:
+        node.dump_logs()
+        raise
+    finally:
+        node.close()
+
+
 def sizes_flow():
     """A full 8-GPU node (141 GiB each) at the default unit, and a
     reservation of half the quota configured."""
@@ -606,5 +713,7 @@ def sizes_flow():
 
 if __name__ == "__main__":
     main_flow()
+    reuse_flow()
+    state_dir_flow()
     sizes_flow()
     print("test_device_plugin: all passed")

@@ -91,7 +91,9 @@ START_TEST(mem_sizes) {
   ck_assert_int_eq(gmb__step_mem_parse("1.5GiB", &v, why, sizeof why), 0);
   ck_assert_uint_eq(v, 3 * GiB / 2);
   const char *bad[] = {"", "0", "-1GiB", "GiB", "8 apples", "1e9",
-                       "99999999999999999999GiB", NULL};
+                       "99999999999999999999GiB", "18446744073709551615G",
+                       "17179869184GiB", "16777216TiB", "0.00000000001GiB",
+                       NULL};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     why[0] = '\0';
     ck_assert_int_eq(gmb__step_mem_parse(bad[i], &v, why, sizeof why),
@@ -114,6 +116,7 @@ START_TEST(gres_counts) {
   ck_assert_uint_eq(count_of("gres:gpu:1"), 0);
   ck_assert_uint_eq(count_of("gres:gmbmem:8"), 8);
   ck_assert_uint_eq(count_of("gres:gpu:1,gres:gmbmem:3"), 3);
+  ck_assert_uint_eq(count_of("gres:gmbmem:2,gres:gmbmem:3"), 5);
   ck_assert_uint_eq(count_of("gres/gmbmem:4,gres/gpu:2"), 4);
   ck_assert_uint_eq(count_of("gres:gmbmem:a100:6"), 6);
   ck_assert_uint_eq(count_of("gres:gmbmem:2K"), 2048);
@@ -125,7 +128,10 @@ END_TEST
 START_TEST(gres_count_malformed) {
   uint64_t n;
   const char *bad[] = {"gres:gmbmem:", "gres:gmbmem:x", "gres:gmbmem:4Q",
-                       "gres:gmbmem:99999999999999999999"};
+                       "gres:gmbmem:99999999999999999999",
+                       /* each fits, their sum does not */
+                       "gres:gmbmem:18446744073709551615,gres:gmbmem:1",
+                       "gres:gmbmem:8589934592G,gres:gmbmem:8589934592G"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     ck_assert_int_eq(gmb__step_gres_count(bad[i], "gmbmem", &n, why,
                                           sizeof why),
@@ -189,22 +195,47 @@ END_TEST
 
 START_TEST(gpu_from_env) {
   char g[80];
-  ck_assert_int_eq(gmb__step_gpu(NULL, NULL, g, sizeof g, why, sizeof why), 0);
+  ck_assert_int_eq(gmb__step_gpu(3, NULL, NULL, g, sizeof g, why, sizeof why),
+                   0);
   ck_assert_str_eq(g, "");
-  ck_assert_int_eq(gmb__step_gpu("", "3", g, sizeof g, why, sizeof why), 0);
-  ck_assert_str_eq(g, "3");
-  /* Slurm's own list wins: CUDA_VISIBLE_DEVICES may be renumbered. */
-  ck_assert_int_eq(gmb__step_gpu("1", "0", g, sizeof g, why, sizeof why), 0);
+  ck_assert_int_eq(gmb__step_gpu(3, "1", NULL, g, sizeof g, why, sizeof why),
+                   0);
   ck_assert_str_eq(g, "1");
-  ck_assert_int_eq(gmb__step_gpu(NULL, "GPU-0a1b2c3d-0000-1111-2222-333344445555",
-                                 g, sizeof g, why, sizeof why), 0);
+  ck_assert_int_eq(gmb__step_gpu(3, "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+                                 NULL, g, sizeof g, why, sizeof why), 0);
   ck_assert_str_eq(g, "GPU-0a1b2c3d-0000-1111-2222-333344445555");
-  ck_assert_int_eq(gmb__step_gpu("0,1", NULL, g, sizeof g, why, sizeof why),
+  /* The batch and interactive steps are bound to the job's GPUs. */
+  ck_assert_int_eq(gmb__step_gpu(STEP_ID_BATCH, NULL, "1", g, sizeof g, why,
+                                 sizeof why), 0);
+  ck_assert_str_eq(g, "1");
+  ck_assert_int_eq(gmb__step_gpu(STEP_ID_INTERACTIVE, NULL, "0", g, sizeof g,
+                                 why, sizeof why), 0);
+  ck_assert_str_eq(g, "0");
+  ck_assert_int_eq(gmb__step_gpu(3, "0,1", NULL, g, sizeof g, why, sizeof why),
                    GMB_E_INVAL);
   ck_assert_msg(strstr(why, "several GPUs (SLURM_STEP_GPUS=0,1)"), "%s", why);
-  ck_assert_int_eq(gmb__step_gpu(NULL, "../x", g, sizeof g, why, sizeof why),
-                   GMB_E_INVAL);
-  ck_assert_msg(strstr(why, "CUDA_VISIBLE_DEVICES=../x"), "%s", why);
+  ck_assert_int_eq(gmb__step_gpu(STEP_ID_BATCH, NULL, "../x", g, sizeof g, why,
+                                 sizeof why), GMB_E_INVAL);
+  ck_assert_msg(strstr(why, "SLURM_JOB_GPUS=../x"), "%s", why);
+}
+END_TEST
+
+/* slurmstepd sets (or unsets) SLURM_STEP_GPUS for a job step and
+ * SLURM_JOB_GPUS for the batch step; the other one, like
+ * CUDA_VISIBLE_DEVICES, is whatever the job's user exported: sbatch
+ * passes SLURM_STEP_GPUS=1 from the submitting shell to the batch step as
+ * it is.  It must not choose the broker. */
+START_TEST(gpu_not_from_user_env) {
+  char g[80];
+  ck_assert_int_eq(gmb__step_gpu(STEP_ID_BATCH, "1", "0", g, sizeof g, why,
+                                 sizeof why), 0);
+  ck_assert_str_eq(g, "0");
+  ck_assert_int_eq(gmb__step_gpu(STEP_ID_BATCH, "1", NULL, g, sizeof g, why,
+                                 sizeof why), 0);
+  ck_assert_str_eq(g, ""); /* bound to no GPU, whatever the user says */
+  ck_assert_int_eq(gmb__step_gpu(0, NULL, "1", g, sizeof g, why, sizeof why),
+                   0);
+  ck_assert_str_eq(g, "");
 }
 END_TEST
 
@@ -340,6 +371,7 @@ static Suite *step_suite(void) {
   tcase_add_checked_fixture(tc, gpus_setup, gpus_teardown);
   tcase_add_test(tc, tenant_names);
   tcase_add_test(tc, gpu_from_env);
+  tcase_add_test(tc, gpu_not_from_user_env);
   tcase_add_test(tc, uuid_of_minor);
   tcase_add_test(tc, run_dirs);
   tcase_add_test(tc, env_plain_and_preload);
