@@ -305,14 +305,16 @@ static int reclaim_offload(struct gmb_broker *b, struct gmb_session *s,
 struct reclaim_job_sum {
   struct gmb_broker *b;
   uint64_t want, kept;     /* what they take; the most reservations keep */
+  uint64_t asked;          /* what the caches were asked for them */
   struct gmb_waiter *first; /* the first of them */
   struct gmb_session *first_s;
 };
 
 static int reclaim_job_add(void *ctx, struct gmb_waiter *w,
                            struct gmb_session *s, uint64_t size,
-                           uint32_t flags) {
+                           uint32_t flags, uint64_t asked) {
   struct reclaim_job_sum *j = ctx;
+  j->asked += asked;
   const int vmm = (flags & GMB__ALLOC_VMM) != 0;
   uint64_t kept;
   j->want += reclaim_want(j->b, s->tenant, vmm ? size : gmb__alloc_round(size),
@@ -330,7 +332,11 @@ int gmb__reclaim_offload_step(struct gmb_broker *b) {
   uint64_t now = gmb__now_ns();
   struct reclaim_job_sum j = {.b = b};
   gmb__waitq_jobs(b, reclaim_job_add, &j);
-  uint64_t have = reclaim_room(b) + b->reclaim.ask_bytes;
+  /* The caches' bytes on their way count as far as they were asked for
+   * the job's requests: asks for other requests are theirs. */
+  uint64_t coming = b->reclaim.ask_bytes < j.asked ? b->reclaim.ask_bytes
+                                                   : j.asked;
+  uint64_t have = reclaim_room(b) + coming;
   uint64_t lack = j.want + j.kept > have ? j.want + j.kept - have : 0;
   int more = 0;
   uint64_t made = 0;
@@ -371,8 +377,14 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint64_t missing = reclaim_missing(b, s->tenant, rounded, vmm);
   if (missing == 0) return 0; /* not for want of room: nothing to ask */
   /* Bytes asked already and not answered yet are on their way, except
-   * what s itself was asked: it cannot answer while this request waits. */
+   * what s itself was asked: it cannot answer while this request waits,
+   * and what was asked for the requests the offload job holds: theirs. */
   uint64_t coming = r->ask_bytes - s->ask_bytes;
+  if (b->waitq.held_job > 0) {
+    struct reclaim_job_sum j = {.b = b};
+    gmb__waitq_jobs(b, reclaim_job_add, &j);
+    coming = coming > j.asked ? coming - j.asked : 0;
+  }
   uint64_t need = missing > coming ? missing - coming : 0;
   /* What the plan reaches for: this request's lack and the rest of its
    * miss; what it must reach to hold the request: the lack. */
@@ -450,7 +462,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   int held;
   if (job)
     held = gmb__waitq_hold_job(b, s, req_id, size, flags, timeout_ms, until,
-                               now + RECLAIM_JOB_HOLD_NS) == 0;
+                               now + RECLAIM_JOB_HOLD_NS, planned) == 0;
   else
     held = planned >= need && (need > 0 || coming > 0) &&
            gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;

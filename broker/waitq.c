@@ -102,6 +102,7 @@ struct gmb_waiter {
                            its hold ends when the job lets it go, or at
                            hold_until_ns, not when the asks settle */
   uint64_t plain_until_ns; /* job: the hold's bound without the job */
+  uint64_t job_asked;   /* job: bytes the caches were asked for it */
   int priority;         /* its tenant's, when it came */
   int unblocked;        /* blocked others for WAITQ_BLOCK_MS: no longer */
 };
@@ -324,7 +325,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, int after_compact,
                         uint64_t hold_until_ns, int hold_quota,
-                        uint64_t job_until_ns) {
+                        uint64_t job_until_ns, uint64_t job_asked) {
   struct gmb_waitq *q = &b->waitq;
   if (s->waiting >= b->cfg.max_waiters_per_session ||
       s->tenant->waiting >= b->cfg.max_waiters_per_tenant) {
@@ -356,6 +357,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     if (job_until_ns) {
       w->job = 1;
       w->plain_until_ns = hold_until_ns;
+      w->job_asked = job_asked;
       if (job_until_ns > hold_until_ns) w->hold_until_ns = job_until_ns;
       q->held_job++;
     }
@@ -415,7 +417,7 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact) {
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, after_compact,
-                      0, 0, 0);
+                      0, 0, 0, 0);
 }
 
 int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
@@ -423,16 +425,16 @@ int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
                     int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0,
-                      0);
+                      0, 0);
 }
 
 int gmb__waitq_hold_job(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, uint64_t until_ns,
-                        uint64_t job_until_ns) {
+                        uint64_t job_until_ns, uint64_t asked) {
   GMB_ASSERT(until_ns != 0 && job_until_ns != 0 && "a hold ends some time");
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0,
-                      job_until_ns);
+                      job_until_ns, asked);
 }
 
 void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx) {
@@ -441,7 +443,8 @@ void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx) {
   struct gmb_waiter *w = RB_MIN(gmb_waiter_holds, &q->holds);
   for (; w; w = RB_NEXT(gmb_waiter_holds, &q->holds, w)) {
     q->hold_visits++;
-    if (w->job && fn(ctx, w, w->session, w->size, w->flags)) return;
+    if (w->job && fn(ctx, w, w->session, w->size, w->flags, w->job_asked))
+      return;
   }
 }
 
@@ -473,7 +476,7 @@ int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
                           int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 1,
-                      0);
+                      0, 0);
 }
 
 int gmb__waitq_ahead(struct gmb_broker *b, int priority) {

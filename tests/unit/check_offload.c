@@ -30,6 +30,7 @@
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "defrag.h"
+#include "observe.h"
 #include "offload.h"
 #include "sleep.h"
 #include "tenant.h"
@@ -1343,6 +1344,14 @@ START_TEST(job_slices_and_others_served_between) {
   ck_assert_uint_eq(f->b.waitq.held_job, 1);
   ck_assert_uint_eq(f->b.offload.slices, 1);
   ck_assert_uint_eq(f->b.offload.jobs, 1);
+  /* Status shows it. */
+  struct wire_reply st;
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&f->b, &st);
+  ck_assert_uint_eq(st.u.admin_status.offload_job_requests, 1);
+  ck_assert_uint_eq(st.u.admin_status.offload_slices, 1);
+  ck_assert_uint_eq(st.u.admin_status.offload_jobs, 1);
+  gmb__wire_reply_clear(&st);
   /* A slice copies 64 MiB, whole segments. */
   ck_assert_int_eq(big_offloaded(&g), (int)(GMB_OFFLOAD_SLICE / MIB));
   ck_assert_ptr_null(big_answer(&g, "b"));
