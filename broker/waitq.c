@@ -35,7 +35,8 @@
  * gmb__alloc_vmm instead of the pool, and answered (served or refused
  * with the reason) when its hold ends.
  * Invariants: held counts the waiters with `held` set, held_nowait those of
- * them with `nowait`, held_quota those with `quota`.
+ * them with `nowait`, held_quota those with `quota`, held_job those with
+ * `job` (only a held waiter has it: its hold's end clears it).
  *
  * A blocking waiter blocks for WAITQ_BLOCK_MS after it came (waitq.h), then
  * it is `unblocked` for good.  The flag is set when a serve or the

@@ -36,6 +36,9 @@
  * them and answered GMB_E_QUOTA when their hold ends without the bytes.
  * A held Vmm increase (alloc.h, GMB__ALLOC_VMM) is served or refused like
  * the others, through gmb__alloc_vmm, and answered when its hold ends.
+ * Requests held for the broker's offload job (gmb__waitq_hold_job,
+ * reclaim.h) are held requests too, whose hold the asks settling does not
+ * end: the job lets them go, or their bound comes.
  * A waiter's answer leaves through the sender (reply.c) and is counted in
  * the metrics with its time in the queue.
  *

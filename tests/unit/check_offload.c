@@ -15,7 +15,11 @@
  * Free and the session's end while its Lock waits, sleep_idle from a busy
  * session; host memory, copies and sleep records that fail, and chunks
  * freed out of order: a segment goes all or nothing, nothing is lost, and
- * every sum comes back to zero.  The fixture runs the
+ * every sum comes back to zero.  The offload job (a request lacking more
+ * than a slice, GMB_OFFLOAD_SLICE, is held while the loop's turns make
+ * the rest; the tests drive the turns): other tenants' requests answered
+ * between slices, two requesters both served, a lock mid-job honoured,
+ * the requester's end, a job that cannot finish.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
