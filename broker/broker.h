@@ -77,6 +77,8 @@ struct gmb_waitq {
   size_t held;          /* of n, those held while caches are asked back */
   size_t held_nowait;   /* of held, requests that did not ask to wait */
   size_t held_quota;    /* of held, requests held for their tenant's quota */
+  size_t held_job;      /* of held, requests held for the broker's offload
+                           job (reclaim.c): the job runs while there is one */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
   /* The waiters that may still block others for WAITQ_BLOCK_MS
    * (waitq.c), oldest first: the first is the next to stop. */
@@ -146,7 +148,11 @@ struct gmb_offload {
   uint64_t bytes_out, bytes_in;        /* bytes copied to / from host */
   uint64_t refused;                    /* offloads host bounds refused */
   uint64_t walks;                      /* pool walks made to choose what
-                                          goes: one per request or pause */
+                                          goes: one per slice or pause */
+  uint64_t slices;                     /* slices run (gmb__offload_for) */
+  uint64_t jobs;                       /* offload jobs begun (reclaim.c):
+                                          requests held for more than one
+                                          slice, since start */
 };
 
 /* Which socket a reply leaves by (reply.c). */

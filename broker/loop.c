@@ -795,6 +795,9 @@ int gmb__loop_run(struct gmb_broker *b) {
   int read_client = 1, read_admin = 1;
   uint64_t mark_client = 0, mark_admin = 0;
   while (!b->stopping) {
+    /* A request that ran an offload slice in this turn (reclaim.h) is the
+     * turn's slice: the job's next one waits for the next turn. */
+    const uint64_t slices = b->offload.slices;
     if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
       return 1;
@@ -832,8 +835,9 @@ int gmb__loop_run(struct gmb_broker *b) {
      * alternates between a slice of compaction and the messages that
      * arrived meanwhile. */
     if (gmb__defrag_busy(b)) timeout_ms = 0;
-    /* The same while ended sessions' memory is freed in slices. */
-    if (b->reap_head) timeout_ms = 0;
+    /* The same while ended sessions' memory is freed in slices, and
+     * while the broker's offload job copies (a slice a turn). */
+    if (b->reap_head || b->waitq.held_job) timeout_ms = 0;
     /* A batch cut short, or a send on a socket since it was read to the
      * end (the admin handlers send on the client socket too, and the
      * timers above on both): read them again before sleeping. */
@@ -866,6 +870,10 @@ int gmb__loop_run(struct gmb_broker *b) {
     }
     if (gmb__defrag_busy(b)) {
       gmb__defrag_tick(b, now + LOOP_COMPACT_NS);
+      now = gmb__now_ns();
+    }
+    if (b->waitq.held_job && b->offload.slices == slices) {
+      gmb__reclaim_offload_step(b);
       now = gmb__now_ns();
     }
     if (now >= next_frag) {

@@ -199,6 +199,9 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
     rep->u.admin_status.paused_bytes += r.rows[i].paused_bytes;
   }
   rep->u.admin_status.cached = cached;
+  rep->u.admin_status.offload_job_requests = (uint32_t)b->waitq.held_job;
+  rep->u.admin_status.offload_slices = b->offload.slices;
+  rep->u.admin_status.offload_jobs = b->offload.jobs;
   /* Freed by gmb__wire_reply_clear. */
   rep->u.admin_status.tenants = r.rows;
   rep->u.admin_status.n_tenants = r.n;
@@ -702,6 +705,15 @@ char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {
   observe_u64(f, "gmb_offload_refused_total", "counter",
               "Offloads refused by host_quota or offload_host_max.",
               ol->refused);
+  observe_u64(f, "gmb_offload_slices_total", "counter",
+              "Slices of the broker's offloads (at most 64 MiB copied "
+              "each, one a loop turn).", ol->slices);
+  observe_u64(f, "gmb_offload_jobs_total", "counter",
+              "Offload jobs begun: requests whose room took more than "
+              "one slice.", ol->jobs);
+  observe_u64(f, "gmb_offload_job_requests", "gauge",
+              "Requests held now while the offload job makes their room.",
+              (uint64_t)b->waitq.held_job);
   observe_dbl(f, "gmb_uptime_seconds", "gauge",
               "Seconds since the broker started.",
               b->start_ns ? (double)(gmb__now_ns() - b->start_ns) / 1e9 : 0);

@@ -63,7 +63,7 @@ struct gmb_offload_set {
   uint64_t bytes;            /* host bytes of the offloaded ones */
 };
 
-static struct gmb_log_rl offl_rl_refused, offl_rl_copy;
+static struct gmb_log_rl offl_rl_refused, offl_rl_copy, offl_rl_made;
 
 /* --- records -------------------------------------------------------------- */
 
@@ -604,18 +604,21 @@ static int offl_group_cmp(const void *x, const void *y) {
 }
 
 uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
-                          uint64_t want) {
-  if (want == 0 || b->cfg.offload_host_max == 0 || b->closing) return 0;
+                          uint64_t want, uint64_t max, int *more) {
+  *more = 0;
+  if (want == 0 || max == 0 || b->cfg.offload_host_max == 0 || b->closing)
+    return 0;
   /* Whom the asks to sleep would pick, in their order (sleep.h). */
   size_t n_cand;
   struct gmb_session **cand = gmb__sleep_candidates(b, s, &n_cand);
   if (cand == NULL) return 0;
+  b->offload.slices++;
   struct offl_scan c = {.for_s = s, .now = gmb__now_ns()};
   /* Their tenants, each once, for the walk's look-ups; then each tenant's
    * rank is the place of its first candidate. */
   size_t *first = malloc(n_cand * sizeof *first);
   c.tenants = malloc(n_cand * sizeof *c.tenants);
-  uint64_t made = 0;
+  uint64_t made = 0, copied = 0;
   if (first == NULL || c.tenants == NULL) goto out;
   for (size_t i = 0; i < n_cand; i++) c.tenants[i] = cand[i]->tenant;
   qsort(c.tenants, n_cand, sizeof *c.tenants, offl_ptr_cmp);
@@ -636,8 +639,9 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
   gmb__pool_stats(b->pool, &ps);
   const uint64_t room0 = ps.room;
   /* Tenant by tenant: each never below its reservation; one the host
-   * bounds refuse (or whose copies fail) gives no more. */
-  for (size_t g = 0; g < c.n_groups && made < want;) {
+   * bounds refuse (or whose copies fail) gives no more.  A segment goes
+   * whole, so a slice copies at most `max` and the last segment begun. */
+  for (size_t g = 0; g < c.n_groups && made < want && copied < max;) {
     struct gmb_session *o = cand[c.groups[g].rank];
     const struct gmb_tenant *t = c.groups[g].t;
     uint32_t n = 0;
@@ -645,21 +649,28 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
     int rc = 0;
     for (; g < c.n_groups && c.groups[g].t == t; g++) {
       if (rc || made >= want) continue;
+      if (copied + bytes >= max) {
+        *more = 1; /* candidates left for the next slice */
+        continue;
+      }
       rc = offl_segment(b, o, c.ids + c.groups[g].start,
                         c.groups[g].end - c.groups[g].start, t->reserve, &n,
                         &bytes);
       gmb__pool_stats(b->pool, &ps);
       made = ps.room > room0 ? ps.room - room0 : 0;
     }
-    if (n) {
+    copied += bytes;
+    if (made < want && copied >= max && g < c.n_groups) *more = 1;
+    if (n && gmb__log_allow(&offl_rl_made)) {
       char sz[GMB_SIZE_BUFSZ], rm[GMB_SIZE_BUFSZ];
       log_info("session %" PRIu64 " (tenant %s, priority %d; with its "
                "tenant's other idle sessions): %u movable allocations (%s) "
                "offloaded to the broker's host memory for session %" PRIu64
-               " (tenant %s); %s of device room made",
+               " (tenant %s); %s of device room made%s",
                o->id, t->name, t->priority, n,
                gmb__size_format(bytes, sz, sizeof sz), s->id, s->tenant->name,
-               gmb__size_format(made, rm, sizeof rm));
+               gmb__size_format(made, rm, sizeof rm),
+               gmb__log_suppressed(&offl_rl_made));
     }
   }
 out:

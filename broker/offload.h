@@ -28,8 +28,11 @@
  * and the broker's host bytes for all tenants against offload_host_max
  * (0: it never offloads).  A session has at most as many records as its
  * lock table has slots.  Choosing what goes is one pool walk per request
- * or operator's pause, however many sessions are idle.  The copies run on the loop thread, one allocation
- * (at most 1 MiB: larger ones are pinned) at a time.
+ * slice or operator's pause, however many sessions are idle.  The copies
+ * run on the loop thread, one allocation (at most 1 MiB: larger ones are
+ * pinned) at a time, at most a slice (GMB_OFFLOAD_SLICE) per request or
+ * loop turn: a request that needs more is held while an offload job
+ * (reclaim.h) makes its room over the following turns.
  *
  * Invariants (gmb__offload_check): each session's records sum to its
  * set's figures and its "(movable)" sleep record; the sessions' sums to
@@ -56,12 +59,22 @@ enum {
   GMB_OFFL_AWAY = 2,  /* offloaded: its bytes are in host memory */
 };
 
+/* What one slice of the broker's offload copies at most (the last
+ * segment it begins goes whole, so a slice may pass it by one small
+ * segment): the copies of an offload job are spread over the loop's
+ * turns, a slice a turn (reclaim.c), so that other requests, frees and
+ * heartbeats are served between them. */
+#define GMB_OFFLOAD_SLICE (UINT64_C(64) << 20)
+
 /* Makes up to `want` bytes of device room for session s's request that
  * found the device full, by offloading other sessions' movable
- * allocations (above).  Returns the room made, in bytes (the pool's room
- * after less before; 0 when nothing could be taken). */
+ * allocations (above), copying about `max` bytes at most (a slice: see
+ * GMB_OFFLOAD_SLICE).  One walk of the pool chooses what goes, now, so
+ * everything above is checked again at each slice.  Returns the room made,
+ * in bytes (the pool's room after less before; 0 when nothing could be
+ * taken); *more is 1 when it stopped at `max` with candidates left. */
 uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
-                          uint64_t want);
+                          uint64_t want, uint64_t max, int *more);
 
 /* Operators (gmbctl pause|resume TENANT): offloads every unlocked movable
  * allocation of tenant t's sessions within the host bounds (pause), or

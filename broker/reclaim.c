@@ -38,6 +38,8 @@ static struct gmb_log_rl reclaim_rl_ask, reclaim_rl_ignored;
 static void reclaim_gave(struct gmb_broker *b, struct gmb_session *o,
                          uint64_t asked, uint64_t gave, uint64_t now,
                          int answered, int other);
+static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
+                                  enum gmb_hold_end how);
 
 /* --- one ask --------------------------------------------------------------- */
 
@@ -104,27 +106,42 @@ static int reclaim_askable(const struct gmb_session *o,
 
 /* --- a full device ------------------------------------------------------- */
 
-/* The device room that session s's request of `rounded` bytes lacks: the
- * segment it needs (a Vmm increase, `vmm`: its bytes, which take the room
- * as a segment does), plus what the other tenants' reservations keep
- * (unless s stays within its own), less the room for new segments now. */
-static uint64_t reclaim_missing(struct gmb_broker *b,
-                                const struct gmb_tenant *t, uint64_t rounded,
-                                int vmm) {
+/* The device room that a request of tenant t of `rounded` bytes takes:
+ * the segment it needs (a Vmm increase, `vmm`: its bytes, which take the
+ * room as a segment does); *kept: what the other tenants' reservations
+ * keep beside it (0 when t stays within its own). */
+static uint64_t reclaim_want(struct gmb_broker *b, const struct gmb_tenant *t,
+                             uint64_t rounded, int vmm, uint64_t *kept) {
   uint64_t want = GMB_POOL_SMALL_SEGMENT;
   if (vmm)
     want = rounded;
   else if (rounded > GMB_POOL_SMALL_MAX)
     want = (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+  *kept = 0;
   if (!gmb__tenant_within_reserve(t, rounded)) {
     uint64_t all = gmb__tenants_reserve_short(b->tenants);
     uint64_t own = t->reserve > t->segment_bytes ? t->reserve - t->segment_bytes
                                                  : 0;
-    want += all > own ? all - own : 0;
+    *kept = all > own ? all - own : 0;
   }
+  return want;
+}
+
+static uint64_t reclaim_room(struct gmb_broker *b) {
   struct gmb_pool_stats ps;
   gmb__pool_stats(b->pool, &ps);
-  return want > ps.room ? want - ps.room : 0;
+  return ps.room;
+}
+
+/* The device room that session s's request of `rounded` bytes lacks:
+ * what it takes (reclaim_want) less the room for new segments now. */
+static uint64_t reclaim_missing(struct gmb_broker *b,
+                                const struct gmb_tenant *t, uint64_t rounded,
+                                int vmm) {
+  uint64_t kept, want = reclaim_want(b, t, rounded, vmm, &kept);
+  want += kept;
+  uint64_t room = reclaim_room(b);
+  return want > room ? want - room : 0;
 }
 
 struct reclaim_pick {
@@ -239,6 +256,112 @@ static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
   return added;
 }
 
+/* --- the offload job --------------------------------------------------- */
+
+/*
+ * The broker's own offloads (offload.h) copy a slice at a time.  A request
+ * whose lack the first slice (run at once, in its own turn) does not
+ * cover, while candidates are left, is held for the job
+ * (gmb__waitq_hold_job); the loop then runs one slice a turn
+ * (gmb__reclaim_offload_step) and serves the queue after each.  The job
+ * is the set of requests held for it, so that nothing else has to be
+ * kept in step: each slice makes the room they lack together (what each
+ * takes, less the room there now and the bytes asked of caches and on
+ * their way), chosen for the first of them in the queue's order, from
+ * what one walk of the pool finds now (so a segment locked, taken or no
+ * longer idle since is left).  A request that comes while the job runs
+ * and lacks room joins it (its want adds to the sum) when it has
+ * candidates of its own, rather than counting on room the job makes for
+ * the others; the room is not fenced, so a request served meanwhile may
+ * take some, and the job goes on for what its requests still lack.  When
+ * a slice can make nothing more for the first of them (no candidate left
+ * for it, locked, or the host bounds), that request is let go, its hold
+ * an ordinary one that ends as it would have (a compaction run, or
+ * GMB_E_NOMEM explained), and the next slice works for the next.  A
+ * requester that ends takes its held request with it; a held request
+ * lets go at RECLAIM_JOB_HOLD_NS at the latest.
+ */
+#define RECLAIM_JOB_HOLD_NS (10 * GMB_NS_PER_S)
+
+/* Offloads for session s's request, which lacks `lack` bytes beyond what
+ * the caches were asked: a first slice now, unless a job runs (then s
+ * joins it when it has candidates).  *made: the room made now.  Returns 1
+ * when the request is to be held for the job. */
+static int reclaim_offload(struct gmb_broker *b, struct gmb_session *s,
+                           uint64_t lack, uint64_t *made) {
+  *made = 0;
+  if (b->cfg.offload_host_max == 0 || b->closing) return 0;
+  if (b->waitq.held_job > 0) {
+    size_t n = 0;
+    struct gmb_session **v = gmb__sleep_candidates(b, s, &n);
+    free(v);
+    return n > 0;
+  }
+  int more = 0;
+  *made = gmb__offload_for(b, s, lack, GMB_OFFLOAD_SLICE, &more);
+  return *made < lack && more;
+}
+
+struct reclaim_job_sum {
+  struct gmb_broker *b;
+  uint64_t want, kept;     /* what they take; the most reservations keep */
+  uint64_t asked;          /* what the caches were asked for them */
+  struct gmb_waiter *first; /* the first of them */
+  struct gmb_session *first_s;
+};
+
+static int reclaim_job_add(void *ctx, struct gmb_waiter *w,
+                           struct gmb_session *s, uint64_t size,
+                           uint32_t flags, uint64_t asked) {
+  struct reclaim_job_sum *j = ctx;
+  j->asked += asked;
+  const int vmm = (flags & GMB__ALLOC_VMM) != 0;
+  uint64_t kept;
+  j->want += reclaim_want(j->b, s->tenant, vmm ? size : gmb__alloc_round(size),
+                          vmm, &kept);
+  if (kept > j->kept) j->kept = kept;
+  if (j->first == NULL) {
+    j->first = w;
+    j->first_s = s;
+  }
+  return 0;
+}
+
+int gmb__reclaim_offload_step(struct gmb_broker *b) {
+  if (b->waitq.held_job == 0) return 0;
+  uint64_t now = gmb__now_ns();
+  struct reclaim_job_sum j = {.b = b};
+  gmb__waitq_jobs(b, reclaim_job_add, &j);
+  /* The caches' bytes on their way count as far as they were asked for
+   * the job's requests: asks for other requests are theirs. */
+  uint64_t coming = b->reclaim.ask_bytes < j.asked ? b->reclaim.ask_bytes
+                                                   : j.asked;
+  uint64_t have = reclaim_room(b) + coming;
+  uint64_t lack = j.want + j.kept > have ? j.want + j.kept - have : 0;
+  int more = 0;
+  uint64_t made = 0;
+  if (lack > 0 && !b->closing)
+    made = gmb__offload_for(b, j.first_s, lack, GMB_OFFLOAD_SLICE, &more);
+  if (lack == 0) {
+    /* The room they lack is there, or on its way from the caches: the
+     * job has nothing left to do for them. */
+    gmb__waitq_job_release(b, NULL, now);
+  } else if (made == 0 && !more) {
+    /* Nothing more for the first of them: it is let go (w is still
+     * queued: nothing was served since the walk above). */
+    gmb__waitq_job_release(b, j.first, now);
+  }
+  if (made) gmb__waitq_serve(b);
+  if (b->waitq.held_job == 0)
+    log_info("offload job done: %" PRIu64 " slices since start; the broker "
+             "holds %" PRIu64 " bytes offloaded", b->offload.slices,
+             b->offload.host_bytes);
+  /* Those let go end now, unless asks they wait for are still out. */
+  gmb__reclaim_settle(b);
+  reclaim_hold_over(b, now, GMB_HOLD_DUE);
+  return b->waitq.held_job > 0;
+}
+
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
                       int timeout_ms, uint64_t ahead) {
@@ -254,8 +377,14 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint64_t missing = reclaim_missing(b, s->tenant, rounded, vmm);
   if (missing == 0) return 0; /* not for want of room: nothing to ask */
   /* Bytes asked already and not answered yet are on their way, except
-   * what s itself was asked: it cannot answer while this request waits. */
+   * what s itself was asked: it cannot answer while this request waits,
+   * and what was asked for the requests the offload job holds: theirs. */
   uint64_t coming = r->ask_bytes - s->ask_bytes;
+  if (b->waitq.held_job > 0) {
+    struct reclaim_job_sum j = {.b = b};
+    gmb__waitq_jobs(b, reclaim_job_add, &j);
+    coming = coming > j.asked ? coming - j.asked : 0;
+  }
   uint64_t need = missing > coming ? missing - coming : 0;
   /* What the plan reaches for: this request's lack and the rest of its
    * miss; what it must reach to hold the request: the lack. */
@@ -268,6 +397,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint64_t planned = 0;
   int sleeping = 0;
   uint64_t offloaded = 0;
+  int job = 0; /* held for the offload job (below) */
   if (need > 0) {
     if (r->caching == 0 && b->cfg.sleep_wait_ms == 0 &&
         b->cfg.offload_host_max == 0)
@@ -305,12 +435,13 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
      * room now, without their help; then those sessions are asked to
      * pause tags (sleep.h: who, in which order), each never below its
      * tenant's reservation. */
-    if (planned < need) {
-      offloaded = gmb__offload_for(b, s, need - planned);
-      need = offloaded < need ? need - offloaded : 0;
-      want = offloaded < want ? want - offloaded : 0;
-    }
-    if (planned < need && b->cfg.sleep_wait_ms > 0)
+    if (planned < need)
+      job = reclaim_offload(b, s, need - planned, &offloaded);
+    need = offloaded < need ? need - offloaded : 0;
+    want = offloaded < want ? want - offloaded : 0;
+    /* The job offloads those very sessions' allocations: they are not
+     * asked to sleep meanwhile. */
+    if (!job && planned < need && b->cfg.sleep_wait_ms > 0)
       planned += reclaim_plan_sleep(b, &p, bytes, sleep, want - planned);
     for (size_t i = 0; i < p.n; i++) {
       p.v[i]->tenant->cache_asked -= bytes[i];
@@ -328,8 +459,22 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   /* Nothing is asked, and nobody disturbed, unless the caches can cover
    * what is missing; nor when the request cannot be held (its session's
    * or tenant's waiters are at their limit). */
-  int held = planned >= need && (need > 0 || coming > 0) &&
-             gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;
+  int held;
+  if (job)
+    held = gmb__waitq_hold_job(b, s, req_id, size, flags, timeout_ms, until,
+                               now + RECLAIM_JOB_HOLD_NS, planned) == 0;
+  else
+    held = planned >= need && (need > 0 || coming > 0) &&
+           gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;
+  if (job && held && b->waitq.held_job == 1) {
+    b->offload.jobs++;
+    char sz[GMB_SIZE_BUFSZ];
+    log_info("offload job for session %" PRIu64 " (tenant %s): %s of device "
+             "room still lacking after its first slice; the rest a slice "
+             "(%u MiB) a loop turn", s->id, s->tenant->name,
+             gmb__size_format(need, sz, sizeof sz),
+             (unsigned)(GMB_OFFLOAD_SLICE >> 20));
+  }
   /* The offloads made all the room it lacked: try it again now. */
   if (!held && offloaded > 0 && need == 0) {
     free(p.v);

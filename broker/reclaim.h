@@ -85,8 +85,11 @@ void gmb__reclaim_settle(struct gmb_broker *b);
  * device (GMB_NOMEM_NO_ROOM).  Asks other sessions' caches for what is
  * missing and holds the request (gmb__waitq_hold) for trim_wait_ms at
  * most.  When the caches cannot cover it, the broker first offloads idle
- * sessions' movable allocations itself (offload.h), then asks idle
- * sessions to sleep.  Returns 1 when it is held (answered later), 2 when
+ * sessions' movable allocations itself (offload.h: a slice now; when more
+ * is needed and candidates are left, the request is held for the offload
+ * job instead, below, which makes the rest a slice a loop turn; a request
+ * that comes while a job runs joins it), then asks idle sessions to
+ * sleep.  Returns 1 when it is held (answered later), 2 when
  * the offloads made all the room it lacked (the caller tries it again
  * now), 0 when nothing was asked or it could not be held: the caller goes
  * on as without.  `ahead`
@@ -98,6 +101,14 @@ void gmb__reclaim_settle(struct gmb_broker *b);
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
                       int timeout_ms, uint64_t ahead);
+
+/* One slice of the broker's offload job (reclaim.c has how it runs):
+ * for the requests held for it (gmb__waitq_hold_job), offloads up to
+ * GMB_OFFLOAD_SLICE of idle sessions' movable allocations, serves the
+ * queue, and lets go the requests it can do nothing more for (they fall
+ * through as without the job).  The loop calls it once a turn while
+ * b->waitq.held_job is not 0.  Returns 1 while the job goes on. */
+int gmb__reclaim_offload_step(struct gmb_broker *b);
 
 /* Session s's request `req_id` of `size` bytes: when it would pass its
  * tenant's quota and the tenant's other sessions' caches can cover what

@@ -35,7 +35,8 @@
  * gmb__alloc_vmm instead of the pool, and answered (served or refused
  * with the reason) when its hold ends.
  * Invariants: held counts the waiters with `held` set, held_nowait those of
- * them with `nowait`, held_quota those with `quota`.
+ * them with `nowait`, held_quota those with `quota`, held_job those with
+ * `job` (only a held waiter has it: its hold's end clears it).
  *
  * A blocking waiter blocks for WAITQ_BLOCK_MS after it came (waitq.h), then
  * it is `unblocked` for good.  The flag is set when a serve or the
@@ -98,6 +99,11 @@ struct gmb_waiter {
   int quota;            /* held (or was) for its tenant's quota, not for
                            the device's room */
   uint64_t hold_until_ns; /* held: the hold ends then at the latest */
+  int job;              /* held for the broker's offload job (reclaim.c):
+                           its hold ends when the job lets it go, or at
+                           hold_until_ns, not when the asks settle */
+  uint64_t plain_until_ns; /* job: the hold's bound without the job */
+  uint64_t job_asked;   /* job: bytes the caches were asked for it */
   int priority;         /* its tenant's, when it came */
   int unblocked;        /* blocked others for WAITQ_BLOCK_MS: no longer */
 };
@@ -319,7 +325,8 @@ static struct gmb_log_rl waitq_rl_add, waitq_rl_limit;
 static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, int after_compact,
-                        uint64_t hold_until_ns, int hold_quota) {
+                        uint64_t hold_until_ns, int hold_quota,
+                        uint64_t job_until_ns, uint64_t job_asked) {
   struct gmb_waitq *q = &b->waitq;
   if (s->waiting >= b->cfg.max_waiters_per_session ||
       s->tenant->waiting >= b->cfg.max_waiters_per_tenant) {
@@ -348,10 +355,17 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     w->nowait = timeout_ms == 0;
     w->quota = hold_quota;
     w->hold_until_ns = hold_until_ns;
+    if (job_until_ns) {
+      w->job = 1;
+      w->plain_until_ns = hold_until_ns;
+      w->job_asked = job_asked;
+      if (job_until_ns > hold_until_ns) w->hold_until_ns = job_until_ns;
+      q->held_job++;
+    }
     q->held++;
     q->held_nowait += (size_t)w->nowait;
     q->held_quota += (size_t)w->quota;
-    if (hold_until_ns < q->next_hold_ns) q->next_hold_ns = hold_until_ns;
+    if (w->hold_until_ns < q->next_hold_ns) q->next_hold_ns = w->hold_until_ns;
     RB_INSERT(gmb_waiter_holds, &q->holds, w);
   }
   /* After the last waiter of equal or higher priority: priority first,
@@ -404,21 +418,66 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact) {
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, after_compact,
-                      0, 0);
+                      0, 0, 0, 0);
 }
 
 int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
                     uint64_t req_id, uint64_t size, uint32_t flags,
                     int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
-  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0);
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0,
+                      0, 0);
+}
+
+int gmb__waitq_hold_job(struct gmb_broker *b, struct gmb_session *s,
+                        uint64_t req_id, uint64_t size, uint32_t flags,
+                        int timeout_ms, uint64_t until_ns,
+                        uint64_t job_until_ns, uint64_t asked) {
+  GMB_ASSERT(until_ns != 0 && job_until_ns != 0 && "a hold ends some time");
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0,
+                      job_until_ns, asked);
+}
+
+void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx) {
+  struct gmb_waitq *q = &b->waitq;
+  if (q->held_job == 0) return;
+  struct gmb_waiter *w = RB_MIN(gmb_waiter_holds, &q->holds);
+  for (; w; w = RB_NEXT(gmb_waiter_holds, &q->holds, w)) {
+    q->hold_visits++;
+    if (w->job && fn(ctx, w, w->session, w->size, w->flags, w->job_asked))
+      return;
+  }
+}
+
+/* w is no longer held for the job: an ordinary hold, to its own bound. */
+static void waitq_job_unmark(struct gmb_waitq *q, struct gmb_waiter *w,
+                             uint64_t now) {
+  GMB_ASSERT(w->job && w->held && q->held_job > 0 && "job counts drifted");
+  w->job = 0;
+  q->held_job--;
+  w->hold_until_ns = w->plain_until_ns > now ? w->plain_until_ns : now;
+  q->next_hold_ns = 0; /* look again */
+}
+
+void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
+                            uint64_t now) {
+  struct gmb_waitq *q = &b->waitq;
+  if (w) {
+    waitq_job_unmark(q, w, now);
+    return;
+  }
+  if (q->held_job == 0) return;
+  for (w = RB_MIN(gmb_waiter_holds, &q->holds); w;
+       w = RB_NEXT(gmb_waiter_holds, &q->holds, w))
+    if (w->job) waitq_job_unmark(q, w, now);
 }
 
 int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
                           uint64_t req_id, uint64_t size, uint32_t flags,
                           int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
-  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 1);
+  return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 1,
+                      0, 0);
 }
 
 int gmb__waitq_ahead(struct gmb_broker *b, int priority) {
@@ -436,6 +495,11 @@ static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   q->held--;
   q->held_nowait -= (size_t)w->nowait;
   q->held_quota -= (size_t)w->quota;
+  if (w->job) {
+    GMB_ASSERT(q->held_job > 0 && "job counts drifted");
+    q->held_job--;
+    w->job = 0;
+  }
   w->held = 0;
   RB_REMOVE(gmb_waiter_holds, &q->holds, w);
   /* Taken off the blockers while held (gmb__waitq_expire)? */
@@ -719,6 +783,12 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
     q->hold_visits++;
     GMB_ASSERT(w->held && "an unheld waiter among the holds");
     int settled = how == GMB_HOLD_SETTLED && waitq_quota_settled(w);
+    /* Held for the offload job: the asks settling do not end it; the job
+     * lets it go, or its bound comes. */
+    if (w->job && w->hold_until_ns > now) {
+      if (w->hold_until_ns < next_at) next_at = w->hold_until_ns;
+      continue;
+    }
     if (how != GMB_HOLD_ALL && !settled && w->hold_until_ns > now) {
       if (w->hold_until_ns < next_at) next_at = w->hold_until_ns;
       continue;

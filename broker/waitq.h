@@ -36,6 +36,9 @@
  * them and answered GMB_E_QUOTA when their hold ends without the bytes.
  * A held Vmm increase (alloc.h, GMB__ALLOC_VMM) is served or refused like
  * the others, through gmb__alloc_vmm, and answered when its hold ends.
+ * Requests held for the broker's offload job (gmb__waitq_hold_job,
+ * reclaim.h) are held requests too, whose hold the asks settling does not
+ * end: the job lets them go, or their bound comes.
  * A waiter's answer leaves through the sender (reply.c) and is counted in
  * the metrics with its time in the queue.
  *
@@ -81,6 +84,31 @@ int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
 int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
                           uint64_t req_id, uint64_t size, uint32_t flags,
                           int timeout_ms, uint64_t until_ns);
+
+/* As gmb__waitq_hold, for a request whose room the broker's offload job
+ * makes over the loop's turns (reclaim.h): served as memory comes back
+ * like any held request, but its hold does not end when the asks settle,
+ * only when the job lets it go (gmb__waitq_job_release: then it is an
+ * ordinary hold, to until_ns) or at job_until_ns.  `asked`: the bytes
+ * the caches were asked for it (the job counts them as on their way).
+ * 0, GMB_E_LIMIT or GMB_E_SYSTEM as gmb__waitq_add. */
+int gmb__waitq_hold_job(struct gmb_broker *b, struct gmb_session *s,
+                        uint64_t req_id, uint64_t size, uint32_t flags,
+                        int timeout_ms, uint64_t until_ns,
+                        uint64_t job_until_ns, uint64_t asked);
+
+/* Visits the requests held for the offload job in the queue's order:
+ * fn(ctx, w, its session, size, flags, asked) returns 1 to stop.  fn
+ * must not change the queue. */
+typedef int (*gmb_waitq_job_fn)(void *ctx, struct gmb_waiter *w,
+                                struct gmb_session *s, uint64_t size,
+                                uint32_t flags, uint64_t asked);
+void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx);
+
+/* The offload job lets w go (NULL: every one it holds): its hold is an
+ * ordinary one again, ending at its own bound (now at the earliest). */
+void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
+                            uint64_t now);
 
 /* Which holds gmb__waitq_hold_over ends. */
 enum gmb_hold_end {

@@ -640,6 +640,9 @@ static int wire_status_out(const struct wire_admin_status *st,
   as->retiring = st->retiring;
   as->host_bytes = st->host_bytes;
   as->paused_bytes = st->paused_bytes;
+  as->offload_job_requests = st->offload_job_requests;
+  as->offload_slices = st->offload_slices;
+  as->offload_jobs = st->offload_jobs;
   wire_compact_out(&st->compaction, cs);
   as->compaction = cs;
   return 0;
@@ -927,6 +930,9 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
   st->cached = as->cached;
   st->host_bytes = as->host_bytes;
   st->paused_bytes = as->paused_bytes;
+  st->offload_job_requests = as->offload_job_requests;
+  st->offload_slices = as->offload_slices;
+  st->offload_jobs = as->offload_jobs;
   wire_compact_in(as->compaction, &st->compaction);
   if (as->n_tenants) {
     st->tenants = calloc(as->n_tenants, sizeof *st->tenants);

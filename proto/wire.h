@@ -217,6 +217,8 @@ struct wire_admin_status {
   size_t n_sessions;
   struct wire_session_row *session_rows; /* owned; wire_reply_clear frees */
   uint64_t host_bytes, paused_bytes; /* of paused tags, all tenants */
+  uint32_t offload_job_requests;     /* held for the broker's offload job */
+  uint64_t offload_slices, offload_jobs; /* since start */
 };
 
 struct wire_range_info {

@@ -149,6 +149,12 @@ json_t *gmb__ctl_json_status(const struct wire_admin_status *st) {
                       json_integer((json_int_t)st->host_bytes));
   json_object_set_new(j, "paused_bytes",
                       json_integer((json_int_t)st->paused_bytes));
+  json_object_set_new(j, "offload_job_requests",
+                      json_integer((json_int_t)st->offload_job_requests));
+  json_object_set_new(j, "offload_slices",
+                      json_integer((json_int_t)st->offload_slices));
+  json_object_set_new(j, "offload_jobs",
+                      json_integer((json_int_t)st->offload_jobs));
   json_object_set_new(j, "compaction", gmb__ctl_json_compact(&st->compaction));
   json_t *rows = json_array();
   for (size_t i = 0; i < st->n_sessions; i++)
@@ -357,9 +363,16 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
   printf("largest free %s (fragmentation %.2f)\n",
          gmb__size_format(st->largest_free, a, sizeof a), st->fragmentation);
   const struct wire_compact_stats *cs = &st->compaction;
-  printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n\n",
+  printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n",
          (unsigned long long)cs->runs, (unsigned long long)cs->moves,
          gmb__size_format(cs->bytes_moved, b, sizeof b), cs->seconds);
+  if (st->offload_job_requests)
+    printf("offload job  %u requests held while idle sessions' movable "
+           "memory is offloaded, a slice a turn (%llu slices, %llu jobs "
+           "since start)\n", st->offload_job_requests,
+           (unsigned long long)st->offload_slices,
+           (unsigned long long)st->offload_jobs);
+  printf("\n");
   ctl_print_tenants(st);
   gmb__wire_reply_clear(&rep);
   return 0;

@@ -10,7 +10,8 @@
  * byte for byte once the other job frees; a job killed while offloaded
  * leaves no host bytes counted, and so does one killed while its lock
  * waits at the broker for room; gmbctl pause and resume offload and bring
- * back a tenant's movable allocations.
+ * back a tenant's movable allocations; two requests that together lack
+ * more than a slice of the broker's offload (64 MiB) are both served.
  */
 #include <check.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 
 #define MIB (UINT64_C(1) << 20)
 #define NM 24 /* the idle job's movable allocations, 1 MiB each */
+#define NM_MAX 160 /* ... when a test asks for more (job.n) */
 
 /* What a job needs: where, as whom, its sleep policy, its pipes. */
 struct job {
@@ -33,13 +35,14 @@ struct job {
   int in, out;
   int untagged; /* no cache block: its movable allocations only */
   int tag_all;  /* its allocations in tag "w" too, and a pinned one there */
+  int n;        /* its movable allocations; 0: NM */
 };
 
 /* Locks every allocation, checks its pattern, unlocks: 'k', 'x' when a
  * byte differs, 't' / 'n' / 'e' when a lock failed with GMB_E_TIMEOUT /
  * GMB_E_NOMEM / another code. */
-static char job_check_all(gmb_client *c, const gmb_id *id) {
-  for (int i = 0; i < NM; i++) {
+static char job_check_all(gmb_client *c, const gmb_id *id, int n) {
+  for (int i = 0; i < n; i++) {
     void *p;
     int rc = gmb_lock(c, id[i], &p);
     if (rc == GMB_E_TIMEOUT) return 't';
@@ -71,8 +74,10 @@ static int job_main(void *arg) {
     HARNESS_JOB_CHECK(gmb_cache_tag(c, NULL) == 0);
   }
   if (j->tag_all) HARNESS_JOB_CHECK(gmb_cache_tag(c, "w") == 0);
-  gmb_id id[NM], pin = 0;
-  for (int i = 0; i < NM; i++) {
+  const int n = j->n ? j->n : NM;
+  gmb_id id[NM_MAX], pin = 0;
+  HARNESS_JOB_CHECK(n <= NM_MAX);
+  for (int i = 0; i < n; i++) {
     void *p;
     HARNESS_JOB_CHECK(gmb_alloc(c, MIB, GMB_MOVABLE, &id[i]) == 0);
     HARNESS_JOB_CHECK(gmb_lock(c, id[i], &p) == 0);
@@ -91,7 +96,7 @@ static int job_main(void *arg) {
   for (;;) {
     int cmd = harness_pipe_wait(j->in, 60000);
     if (cmd != 'l') break;
-    char got = job_check_all(c, id);
+    char got = job_check_all(c, id, n);
     void *p;
     if (got == 'k' && pin) {
       if (gmb_lock(c, pin, &p) != 0) {
@@ -103,7 +108,7 @@ static int job_main(void *arg) {
     }
     harness_pipe_send(j->out, got);
   }
-  for (int i = 0; i < NM; i++) HARNESS_JOB_CHECK(gmb_free(c, id[i]) == 0);
+  for (int i = 0; i < n; i++) HARNESS_JOB_CHECK(gmb_free(c, id[i]) == 0);
   if (pin) HARNESS_JOB_CHECK(gmb_free(c, pin) == 0);
   if (w) gmb_free_async(c, w, NULL);
   gmb_disconnect(c);
@@ -123,13 +128,19 @@ struct jobrun {
   struct harness_job h;
 };
 
+static void job_start_n(struct jobrun *r, const struct harness_broker *b,
+                        const char *tenant, const char *policy, int untagged,
+                        int tag_all, int n) {
+  harness_job_open(&r->h);
+  r->j = (struct job){tenant,   policy,   b->endpoint, harness_job_in(&r->h),
+                      harness_job_out(&r->h), untagged, tag_all, n};
+  harness_job_start(&r->h, job_main, &r->j);
+}
+
 static void job_start_as(struct jobrun *r, const struct harness_broker *b,
                          const char *tenant, const char *policy,
                          int untagged, int tag_all) {
-  harness_job_open(&r->h);
-  r->j = (struct job){tenant,   policy,   b->endpoint, harness_job_in(&r->h),
-                      harness_job_out(&r->h), untagged, tag_all};
-  harness_job_start(&r->h, job_main, &r->j);
+  job_start_n(r, b, tenant, policy, untagged, tag_all, 0);
 }
 
 static void job_start(struct jobrun *r, const struct harness_broker *b,
@@ -441,11 +452,120 @@ START_TEST(killed_while_its_lock_waits) {
 }
 END_TEST
 
+/* --- the offload job: more than a slice -------------------------------- */
+
+/* A requester: connects as `tenant`, says 'r'; 'a': gmb_alloc of `size`
+ * pinned bytes, which it fills and checks: 'k', or 'n' when refused;
+ * 'q': frees, exits. */
+struct asker {
+  const char *tenant, *endpoint;
+  uint64_t size;
+  int in, out;
+};
+
+static int asker_main(void *arg) {
+  struct asker *k = arg;
+  gmb_client *c;
+  HARNESS_JOB_CHECK(gmb_connect(k->endpoint, k->tenant, &c) == 0);
+  harness_pipe_send(k->out, 'r');
+  gmb_id id = 0;
+  for (;;) {
+    int cmd = harness_pipe_wait(k->in, 60000);
+    if (cmd != 'a') break;
+    void *p;
+    char got = 'k';
+    if (gmb_alloc(c, k->size, 0, &id) != 0) {
+      fprintf(stderr, "asker %s: %s\n", k->tenant, gmb_last_error(c));
+      got = 'n';
+      id = 0;
+    } else if (gmb_lock(c, id, &p) != 0) {
+      got = 'e';
+    } else {
+      harness_pattern_fill(p, k->size, 5);
+      if (harness_pattern_check(p, k->size, 5) >= 0) got = 'x';
+      gmb_unlock(c, id);
+    }
+    harness_pipe_send(k->out, got);
+  }
+  if (id) HARNESS_JOB_CHECK(gmb_free(c, id) == 0);
+  gmb_disconnect(c);
+  return 0;
+}
+
+struct askrun {
+  struct asker k;
+  struct harness_job h;
+};
+
+static void asker_start(struct askrun *r, const struct harness_broker *b,
+                        const char *tenant, uint64_t size) {
+  harness_job_open(&r->h);
+  r->k = (struct asker){tenant, b->endpoint, size, harness_job_in(&r->h),
+                        harness_job_out(&r->h)};
+  harness_job_start(&r->h, asker_main, &r->k);
+}
+
+/* A counter of the broker's metrics, or UINT64_MAX when not there. */
+static uint64_t metric_of(const struct harness_broker *b, const char *name) {
+  static char out[1 << 16];
+  ck_assert_int_eq(harness_ctl(b, out, sizeof out, "metrics", NULL), 0);
+  char key[128];
+  snprintf(key, sizeof key, "\n%s ", name);
+  const char *at = strstr(out, key);
+  return at ? strtoull(at + strlen(key), NULL, 10) : UINT64_MAX;
+}
+
+/* An idle job holds 160 movable MiB of a 256 MiB device; two jobs of
+ * higher priority, of two tenants, ask at once for 160 and 64 MiB, more
+ * together than is free: whichever comes first, the broker's offload
+ * makes the room over more than one slice (64 MiB each), and both are
+ * served, neither counting on room made for the other; the idle job
+ * then gets every byte back. */
+static const char *const job_tenants =
+    "[broker]\n"
+    "sleep_wait_ms = 0\n"
+    "restore_wait_ms = 3000\n"
+    "[tenant:idle]\n"
+    "priority = 0\n"
+    "[tenant:busy]\n"
+    "priority = 10\n"
+    "[tenant:busy2]\n"
+    "priority = 10\n";
+
+START_TEST(two_requesters_served_over_slices) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", job_tenants);
+  struct jobrun a;
+  job_start_n(&a, &b, "idle", "idle=0,w", 0, 0, NM_MAX);
+  struct offer_wait o = {&b, "idle"};
+  ck_assert_msg(harness_poll_until(offer_seen, &o, HARNESS_WAIT_MS),
+                "the idle job never offered to sleep");
+  struct askrun x, y;
+  asker_start(&x, &b, "busy", 160 * MIB);
+  asker_start(&y, &b, "busy2", 64 * MIB);
+  harness_pipe_send(x.h.to[1], 'a');
+  harness_pipe_send(y.h.to[1], 'a');
+  ck_assert_int_eq(harness_pipe_wait(x.h.from[0], HARNESS_WAIT_MS), 'k');
+  ck_assert_int_eq(harness_pipe_wait(y.h.from[0], HARNESS_WAIT_MS), 'k');
+  ck_assert_uint_ge(metric_of(&b, "gmb_offload_slices_total"), 2);
+  ck_assert_uint_ge(metric_of(&b, "gmb_offload_jobs_total"), 1);
+  ck_assert_uint_eq(metric_of(&b, "gmb_offload_job_requests"), 0);
+  ck_assert_uint_ge(row_of(&b, "idle").host_bytes, 128 * MIB);
+  harness_job_end(&x.h);
+  harness_job_end(&y.h);
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
+  ck_assert_uint_eq(row_of(&b, "idle").host_bytes, 0);
+  harness_job_end(&a.h);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("offload", "offload", 90,
                                     broker_offloads_and_lock_brings_back,
                                     operator_pause_offloads_movable,
                                     untagged_movable_job_offloaded,
                                     operator_pause_leaves_offloaded_to_the_broker,
-                                    killed_while_its_lock_waits));
+                                    killed_while_its_lock_waits,
+                                    two_requesters_served_over_slices));
 }

@@ -15,7 +15,11 @@
  * Free and the session's end while its Lock waits, sleep_idle from a busy
  * session; host memory, copies and sleep records that fail, and chunks
  * freed out of order: a segment goes all or nothing, nothing is lost, and
- * every sum comes back to zero.  The fixture runs the
+ * every sum comes back to zero.  The offload job (a request lacking more
+ * than a slice, GMB_OFFLOAD_SLICE, is held while the loop's turns make
+ * the rest; the tests drive the turns): other tenants' requests answered
+ * between slices, two requesters both served, a lock mid-job honoured,
+ * the requester's end, a job that cannot finish.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -30,6 +34,7 @@
 #include "broker_fixture.h"
 #include "check_main.h"
 #include "defrag.h"
+#include "observe.h"
 #include "offload.h"
 #include "sleep.h"
 #include "tenant.h"
@@ -1221,6 +1226,320 @@ START_TEST(hostile_mix_keeps_the_sums) {
 }
 END_TEST
 
+/* --- the offload job: slices over the loop's turns --------------------- */
+
+/* A device where one request lacks more than a slice: "a" (tenant low)
+ * holds n movable MiB with a pattern and offers to sleep; "b" (high,
+ * priority 10) and "d" (mid, priority 10) ask for room; "c" (other) is a
+ * bystander whose requests must be answered between slices. */
+#define NB_MAX 288
+#define INI_JOB                                                     \
+  "[broker]\ncompaction = off\n"                                    \
+  "[tenant:low]\nuids = 1001\npriority = 0\n"                       \
+  "[tenant:high]\nuids = 1002\npriority = 10\n"                     \
+  "[tenant:mid]\nuids = 1003\npriority = 10\n"                      \
+  "[tenant:other]\nuids = 1004\npriority = 0\n"
+
+struct big {
+  struct fx f;
+  struct gmb_session *a, *b;
+  struct gmb__lt_header *lt;
+  int n;
+  uint64_t id[NB_MAX];
+  uint32_t slot[NB_MAX];
+};
+
+static uint8_t big_byte(int i) { return (uint8_t)(i * 7 + 1); }
+
+static void big_open(struct big *g, const char *device, int n) {
+  memset(g, 0, sizeof *g);
+  ck_assert_int_le(n, NB_MAX);
+  fx_open_ini(&g->f, device, INI_JOB);
+  g->a = fx_hello(&g->f, "a", 1001, "low");
+  g->b = fx_hello(&g->f, "b", 1002, "high");
+  fx_hello(&g->f, "c", 1004, "other");
+  fx_hello(&g->f, "d", 1003, "mid");
+  g->n = n;
+  for (int i = 0; i < n; i++) {
+    struct wire_reply rep = fx_must_alloc(&g->f, "a", 1001, MIB, GMB_MOVABLE);
+    g->id[i] = rep.u.alloc.id;
+    g->slot[i] = rep.u.alloc.slot;
+    memset(bytes_of(&g->f, g->id[i]), big_byte(i), MIB);
+  }
+  g->lt = fx_map_locktab(g->a);
+  offer(&g->f, "a", 1001, 1, 5000);
+}
+
+static _Atomic uint32_t *big_state(struct big *g, int i) {
+  return &gmb__lt_slots(g->lt)[g->slot[i]].state;
+}
+
+static int big_offloaded(struct big *g) {
+  int k = 0;
+  for (int i = 0; i < g->n; i++)
+    k += atomic_load(big_state(g, i)) == GMB_LT_OFFLOADED;
+  return k;
+}
+
+/* a's allocation i is on the device with its pattern. */
+static void big_assert_pattern(struct big *g, int i) {
+  uint64_t now;
+  ck_assert_int_ne(gmb__offload_resolve(g->a, g->id[i], &now, NULL),
+                   GMB_OFFL_AWAY);
+  const uint8_t *p = bytes_of(&g->f, now);
+  for (size_t k = 0; k < MIB; k++)
+    if (p[k] != big_byte(i))
+      ck_abort_msg("allocation %d byte %zu is %#x", i, k, p[k]);
+}
+
+/* One turn's slice, then the consistency checks; returns the step's
+ * answer (1: the job goes on). */
+static int big_step(struct big *g) {
+  int more = gmb__reclaim_offload_step(&g->f.b);
+  ck_assert_int_eq(gmb__core_check(&g->f.b), 0);
+  ck_assert_int_eq(gmb__offload_check(&g->f.b), 0);
+  return more;
+}
+
+/* The last answer the tap recorded for `rid` (a held request's: nothing
+ * else is sent to the requesters here), or NULL. */
+static const struct wire_reply *big_answer(struct big *g, const char *rid) {
+  const struct fx_sent *x = fx_last_to(&g->f, rid);
+  return x ? &x->rep : NULL;
+}
+
+/* Everything comes back, byte for byte, after b (and d) gave back: each
+ * offloaded allocation is locked back (the others with it), then all is
+ * freed, and no host byte stays counted. */
+static void big_restore_all(struct big *g) {
+  for (int i = 0; i < g->n; i++) {
+    if (atomic_load(big_state(g, i)) != GMB_LT_OFFLOADED) continue;
+    struct wire_reply rep;
+    ck_assert_int_eq(lock(&g->f, "a", 1001, g->id[i], 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "lock %d: %s", i, rep.message);
+    atomic_store(big_state(g, i), 0); /* its gmb_unlock */
+  }
+  for (int i = 0; i < g->n; i++) big_assert_pattern(g, i);
+  for (int i = 0; i < g->n; i++)
+    ck_assert_int_eq(fx_free(&g->f, "a", 1001, g->id[i]), 0);
+  ck_assert_uint_eq(g->f.b.offload.host_bytes, 0);
+  ck_assert_uint_eq(g->f.b.offload.chunk_bytes, 0);
+  ck_assert_uint_eq(g->f.b.offload.held, 0);
+  ck_assert_uint_eq(fx_tenant(&g->f, "low")->host_bytes, 0);
+}
+
+static void big_close(struct big *g) {
+  ck_assert_uint_eq(g->f.b.waitq.held_job, 0);
+  fx_unmap_locktab(g->lt);
+  fx_close(&g->f);
+}
+
+/* 320 MiB: a holds 256 (room 64); b asks 192, which lacks 128: the first
+ * slice (64 MiB) runs in b's request, which is held; c's Stats, Alloc and
+ * Heartbeat are answered while the job runs, between its slices; the
+ * job makes the rest over the next turns, b is served and a's bytes all
+ * come back intact. */
+START_TEST(job_slices_and_others_served_between) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_uint_eq(f->b.offload.slices, 1);
+  ck_assert_uint_eq(f->b.offload.jobs, 1);
+  /* Status shows it. */
+  struct wire_reply st;
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&f->b, &st);
+  ck_assert_uint_eq(st.u.admin_status.offload_job_requests, 1);
+  ck_assert_uint_eq(st.u.admin_status.offload_slices, 1);
+  ck_assert_uint_eq(st.u.admin_status.offload_jobs, 1);
+  gmb__wire_reply_clear(&st);
+  /* A slice copies 64 MiB, whole segments. */
+  ck_assert_int_eq(big_offloaded(&g), (int)(GMB_OFFLOAD_SLICE / MIB));
+  ck_assert_ptr_null(big_answer(&g, "b"));
+  /* Between slices: another tenant's Stats, Alloc and Heartbeat. */
+  ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_STATS, &rep), 1);
+  ck_assert_int_eq(rep.status, 0);
+  ck_assert_int_eq(fx_alloc(f, "c", 1004, MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "c refused: %s", rep.message);
+  const uint64_t c_id = rep.u.alloc.id;
+  uint64_t seen = g.a->last_seen_ns;
+  ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_HEARTBEAT, &rep), 0);
+  ck_assert_uint_eq(g.a->last_seen_ns, seen); /* c's, not a's */
+  /* Still the first slice only, and b still held. */
+  ck_assert_uint_eq(f->b.offload.slices, 1);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_ptr_null(big_answer(&g, "b"));
+  /* The turns: one slice each, until b is served. */
+  int turns = 0;
+  while (big_step(&g)) {
+    ck_assert_int_lt(++turns, 16);
+    /* Between two of them, c again. */
+    ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_STATS, &rep), 1);
+    ck_assert_int_eq(rep.status, 0);
+  }
+  /* 128 MiB lacking after the first slice, 2 MiB of it taken by c: two
+   * more slices at least, and a third for the 2 MiB past the slice. */
+  ck_assert_uint_ge(f->b.offload.slices, 3);
+  ck_assert_uint_le(f->b.offload.slices, 4);
+  const struct wire_reply *a = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(a);
+  ck_assert_msg(a->status == 0, "b refused: %s", a->message);
+  /* It took no more than it lacked: (192 - 64 + 2) MiB, a segment's
+   * slack. */
+  ck_assert_uint_ge(f->b.offload.host_bytes, 130 * MIB);
+  ck_assert_uint_le(f->b.offload.host_bytes, 132 * MIB);
+  ck_assert_int_eq(fx_free(f, "b", 1002, a->u.alloc.id), 0);
+  ck_assert_int_eq(fx_free(f, "c", 1004, c_id), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+/* Two requesters while a job runs: b (128 MiB) starts it and is held
+ * after its first slice; d (128 MiB) comes while the room made so far
+ * (96 MiB) is b's and does not fit it: d joins the job rather than count
+ * on b's room.  Both are served, in turn, from a's 288 idle MiB. */
+START_TEST(job_two_requesters_both_served) {
+  struct big g;
+  big_open(&g, "host:320MiB", 288);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_uint_eq(f->b.offload.slices, 1);
+  ck_assert_int_eq(fx_alloc(f, "d", 1003, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 2);
+  ck_assert_uint_eq(f->b.offload.slices, 1); /* it ran no slice of its own */
+  ck_assert_uint_eq(f->b.offload.jobs, 1);   /* it joined the one running */
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 16);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  const struct wire_reply *rd = big_answer(&g, "d");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_ptr_nonnull(rd);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_msg(rd->status == 0, "d refused: %s", rd->message);
+  /* 224 MiB made for 256 MiB asked, 32 MiB free to start with. */
+  ck_assert_uint_le(f->b.offload.host_bytes, 226 * MIB);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  ck_assert_int_eq(fx_free(f, "d", 1003, rd->u.alloc.id), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+/* The owner of a's allocations locks mid-job: one not yet offloaded
+ * through its lock table (gmb_lock's fast path), which every later slice
+ * leaves where it is, bytes intact; one offloaded already through a Lock
+ * request (still offering to sleep, as its library reports), which gets
+ * its bytes back at once, held.  The job goes on with the rest and b is
+ * served. */
+START_TEST(job_honours_a_lock_mid_job) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  int away = -1, kept = -1;
+  for (int i = 0; i < g.n; i++) {
+    uint32_t st = atomic_load(big_state(&g, i));
+    if (st == GMB_LT_OFFLOADED && away < 0) away = i;
+    if (st == 0 && kept < 0) kept = i; /* the next slice's first */
+  }
+  ck_assert_int_ge(away, 0);
+  ck_assert_int_ge(kept, 0);
+  uint32_t zero = 0;
+  ck_assert(atomic_compare_exchange_strong(big_state(&g, kept), &zero, 1));
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_LOCK;
+  req.u.lock.id = g.id[away];
+  req.sleep_pausable = 1;
+  req.sleep_idle_ms = 5000;
+  ck_assert_int_eq(fx_request(f, "a", 1001, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "lock: %s", rep.message);
+  ck_assert_int_eq(rep.u.lock.held, 1);
+  ck_assert_uint_eq(atomic_load(big_state(&g, away)), 1);
+  big_assert_pattern(&g, away);
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 16);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  /* Both locked ones stayed on the device, held, their bytes intact. */
+  ck_assert_uint_eq(atomic_load(big_state(&g, kept)), 1);
+  ck_assert_uint_eq(atomic_load(big_state(&g, away)), 1);
+  big_assert_pattern(&g, kept);
+  big_assert_pattern(&g, away);
+  atomic_store(big_state(&g, kept), 0);
+  atomic_store(big_state(&g, away), 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+/* The requester ends mid-job: its held request goes with it, the job
+ * ends at the next turn without a slice, and what was offloaded for it
+ * comes back whole, no host byte left counted. */
+START_TEST(job_requester_ends_mid_job) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  const uint64_t slices = f->b.offload.slices;
+  fx_end(f, g.b);
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_int_eq(big_step(&g), 0);
+  ck_assert_uint_eq(f->b.offload.slices, slices);
+  ck_assert_uint_eq(f->b.offload.host_bytes, GMB_OFFLOAD_SLICE);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+/* A job that cannot finish lets its request go with a refusal: here
+ * every candidate left is locked after the first slice (a gmb_lock of
+ * each, as a busy owner would), so the next slice makes nothing, and b
+ * is answered GMB_E_NOMEM (explained) at once rather than at its bound;
+ * a job that outlives its bound (10 s) does too. */
+START_TEST(job_that_cannot_finish_refuses) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  for (int i = 0; i < g.n; i++)
+    if (atomic_load(big_state(&g, i)) == 0) atomic_store(big_state(&g, i), 1);
+  ck_assert_int_eq(big_step(&g), 0);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_int_eq(rb->status, GMB_E_NOMEM);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  for (int i = 0; i < g.n; i++)
+    if (atomic_load(big_state(&g, i)) == 1) atomic_store(big_state(&g, i), 0);
+  /* Its bound: the hold ends when the timer finds it past 10 s. */
+  ck_assert_int_eq(fx_alloc(f, "d", 1003, 240 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  gmb__reclaim_expire(&f->b, gmb__now_ns() + 11 * GMB_NS_PER_S);
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  const struct wire_reply *rd = big_answer(&g, "d");
+  ck_assert_ptr_nonnull(rd);
+  ck_assert_int_eq(rd->status, GMB_E_NOMEM);
+  ck_assert_int_eq(big_step(&g), 0);
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
 static Suite *offload_suite(void) {
   Suite *s = suite_create("offload");
   TCase *tc = tcase_create("offload");
@@ -1248,6 +1567,13 @@ static Suite *offload_suite(void) {
   tcase_add_test(tc, chunks_freed_out_of_order);
   tcase_add_test(tc, hostile_mix_keeps_the_sums);
   suite_add_tcase(s, tc);
+  TCase *job = tcase_create("job");
+  tcase_add_test(job, job_slices_and_others_served_between);
+  tcase_add_test(job, job_two_requesters_both_served);
+  tcase_add_test(job, job_honours_a_lock_mid_job);
+  tcase_add_test(job, job_requester_ends_mid_job);
+  tcase_add_test(job, job_that_cannot_finish_refuses);
+  suite_add_tcase(s, job);
   return s;
 }
 

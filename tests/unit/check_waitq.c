@@ -1294,6 +1294,56 @@ START_TEST(hold_over_falls_through) {
 }
 END_TEST
 
+/* gmb__waitq_jobs' visitor: the first one. */
+static int first_job(void *ctx, struct gmb_waiter *w, struct gmb_session *s,
+                     uint64_t size, uint32_t flags, uint64_t asked) {
+  (void)s, (void)size, (void)flags, (void)asked;
+  *(struct gmb_waiter **)ctx = w;
+  return 1;
+}
+
+/* Held for the offload job (gmb__waitq_hold_job): a hold that neither
+ * `all` nor its own plain bound ends while the job holds it; let go, it
+ * is an ordinary hold again and ends as one; and the job's bound ends
+ * another without a release.  The counts follow. */
+START_TEST(hold_job_ends_only_when_let_go) {
+  struct fx f;
+  fx_open_ini(&f, DEV, NO_COMPACT);
+  fx_hello(&f, "a", 1001, "");
+  struct gmb_session *b = fx_hello(&f, "b", 1002, "");
+  uint64_t ids[4];
+  fill(&f, "a", 1001, ids);
+  uint64_t now = gmb__now_ns();
+  ck_assert_int_eq(
+      gmb__waitq_hold_job(&f.b, b, 401, 2 * MIB, 0, 0, now + 10, now + 5000, 0),
+      0);
+  ck_assert_int_eq(
+      gmb__waitq_hold_job(&f.b, b, 402, 2 * MIB, 0, 0, now + 10, now + 9000, 0),
+      0);
+  ck_assert_uint_eq(f.b.waitq.held_job, 2);
+  ck_assert_uint_eq(
+      gmb__waitq_hold_over(&f.b, now + 100, GMB_HOLD_ALL, no_compaction, &f),
+      4900);
+  ck_assert_uint_eq(n_answers(&f), 0);
+  ck_assert_uint_eq(f.b.waitq.held_job, 2);
+  /* The job lets 401 go (the first in the queue's order). */
+  struct gmb_waiter *first = NULL;
+  gmb__waitq_jobs(&f.b, first_job, &first);
+  ck_assert_ptr_nonnull(first);
+  gmb__waitq_job_release(&f.b, first, now + 100);
+  ck_assert_uint_eq(f.b.waitq.held_job, 1);
+  gmb__waitq_hold_over(&f.b, now + 100, GMB_HOLD_DUE, no_compaction, &f);
+  assert_failed_at(&f, 0, "b", 401, GMB_E_NOMEM);
+  /* 402 at its job's bound. */
+  gmb__waitq_hold_over(&f.b, now + 9000, GMB_HOLD_DUE, no_compaction, &f);
+  assert_failed_at(&f, 1, "b", 402, GMB_E_NOMEM);
+  ck_assert_uint_eq(f.b.waitq.held_job, 0);
+  ck_assert_uint_eq(f.b.waitq.held, 0);
+  ck_assert_uint_eq(f.b.waitq.n, 0);
+  fx_close(&f);
+}
+END_TEST
+
 /* ---- held for a quota (gmb__waitq_hold_quota) ---------------------------- */
 
 /* Tenant q (uid 1002, quota 4 MiB) with two sessions: q1 holds the whole
@@ -1580,6 +1630,7 @@ static Suite *waitq_suite(void) {
   tcase_add_test(tc, held_nowait_never_blocks);
   tcase_add_test(tc, hold_over_visits_only_held_waiters);
   tcase_add_test(tc, hold_over_falls_through);
+  tcase_add_test(tc, hold_job_ends_only_when_let_go);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("held_quota");
