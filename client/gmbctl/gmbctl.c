@@ -406,8 +406,9 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
            gmb__size_format(st->retiring, c, sizeof c));
   printf("largest free %s (fragmentation %.2f)\n",
          gmb__size_format(st->largest_free, a, sizeof a), st->fragmentation);
-  printf("descriptors  %llu sent and not seen read, %u channels kept for "
-         "ended sessions, %llu requests refused\n",
+  printf("descriptors  unread %llu, kept channels %u, refused %llu (sent "
+         "and not seen read; channels of ended sessions kept open; requests "
+         "refused at a bound)\n",
          (unsigned long long)st->fd_unread, st->fd_kept,
          (unsigned long long)st->fd_refused);
   const struct wire_compact_stats *cs = &st->compaction;
