@@ -46,7 +46,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/sockios.h>
-#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -324,14 +323,14 @@ static void fdchan_hold_free(struct gmb_broker *b, struct gmb_fdhold *h,
   if (tidy) fdchan_uid_tidy(ch, u);
 }
 
-/* 1 when h's channel holds nothing unread any more: its peer read it to
- * the end (SIOCOUTQ 0), or closed its end (a peer that is gone had its
- * queue freed too). */
+/* 1 when h's channel holds nothing unread any more: nothing the broker
+ * sent waits in its peer's queue (SIOCOUTQ 0), whether the peer read it
+ * or closed its socket (the kernel frees the queue then).  A hang-up the
+ * broker's end sees proves nothing: a peer that shuts its socket down
+ * (shutdown(2)) keeps its queue, and the descriptors in it, for as long
+ * as it keeps the socket open. */
 static int fdchan_hold_read(const struct gmb_fdhold *h) {
-  if (fdchan_outq(h->fd) <= 0) return 1;
-  struct pollfd p = {.fd = h->fd, .events = POLLIN | POLLRDHUP};
-  return poll(&p, 1, 0) > 0 &&
-         (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+  return fdchan_outq(h->fd) <= 0;
 }
 
 /* Looks at up to GMB_FDCHAN_UNREAD_LOOK channels of list l (k: which

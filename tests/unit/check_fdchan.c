@@ -2056,6 +2056,45 @@ START_TEST(live_unread_refused_session_lives) {
 }
 END_TEST
 
+/*
+ * A client that shuts its socket down (shutdown(2)) instead of closing it
+ * keeps its queue, and the descriptors in it, while the broker's end sees
+ * a hang-up: its session ends, but its channel is kept and counted, at
+ * the end and at every tick, until the client reads them or closes the
+ * socket.  Taken for gone at the hang-up, it would leave them in flight
+ * uncounted, and could start again.
+ */
+START_TEST(shutdown_keeps_count) {
+  struct chan c;
+  chan_open(&c);
+  struct gmb_session *s;
+  int sock = chan_session(&c, "a", "", &s, NULL);
+  uint64_t id = s->id;
+  struct gmb_tenant *t = s->tenant;
+  uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
+  ask_segments(&c, sock, s, seg, 8);
+  ck_assert_uint_eq(s->fd_sent, 8);
+  ck_assert_int_eq(shutdown(sock, SHUT_WR), 0);
+  ck_assert_int_eq(serve_session(&c, id), 0); /* the end of its stream */
+  ck_assert_uint_eq(unread_channels(&c, NULL), 1);
+  ck_assert_uint_eq(t->fd_unread, 8);
+  ck_assert_uint_eq(sweep_unread(&c), 1);
+  ck_assert_uint_eq(t->fd_unread, 8);
+  ck_assert_uint_eq(gmb__fdchan_unread_of_uid(&c.f.b, geteuid(), NULL), 8);
+  /* They were still there, all of them. */
+  int given, refused;
+  char why[GMB_FD_MESSAGE_MAX];
+  read_answers(sock, &given, &refused, why, sizeof why);
+  ck_assert_int_eq(given, 8);
+  ck_assert_uint_eq(sweep_unread(&c), 0);
+  ck_assert_uint_eq(c.f.b.fd_unread, 0);
+  close(sock);
+  ck_assert_int_eq(gmb__pool_trim(c.f.b.pool) > 0, 1);
+  ck_assert_int_eq(fx_count_fds(), c.idle_fds);
+  chan_close(&c);
+}
+END_TEST
+
 static Suite *fdchan_suite(void) {
   Suite *s = suite_create("fdchan");
   TCase *tc = tcase_create("auth");
@@ -2091,6 +2130,7 @@ static Suite *fdchan_suite(void) {
   tcase_add_test(tc, live_unread_bound_per_tenant);
   tcase_add_test(tc, auth_burst_counted_at_send);
   tcase_add_test(tc, kept_channels_hold_places);
+  tcase_add_test(tc, shutdown_keeps_count);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("descriptors");
