@@ -541,8 +541,9 @@ int gmb__fdchan_check(struct gmb_broker *b) {
                 "disagrees", h->weight);
       bad++;
     }
-    bad += fdchan_check_list(&h->t->fd_holds, FDL_TENANT, h->t->fd_unread,
-                             h->t->fd_kept, h->t->name);
+    if (h->t->fd_holds.first == h) /* each tenant's list once */
+      bad += fdchan_check_list(&h->t->fd_holds, FDL_TENANT, h->t->fd_unread,
+                               h->t->fd_kept, h->t->name);
   }
   struct fdchan_uid *u;
   RB_FOREACH(u, fdchan_uids, &ch->uids) {

@@ -61,9 +61,8 @@
  * tenant, share uid 0).  Under a low RLIMIT_NOFILE a uid gets at most a
  * 16th of it, and a tenant half of that, never less than one live
  * channel's worth.  So one uid holds at most 2,048 of the broker's
- * descriptors in flight: 2% of an H200's budget (about 89,000), 0.2% of
- * the shipped units' 1,048,576, 6% of a host device's under the default
- * max_sessions (16,929). */
+ * descriptors in flight, and at most a 16th of its limit: 2% of an
+ * H200's budget (about 89,000), 0.2% of the shipped units' 1,048,576. */
 #define GMB_FDCHAN_UNREAD_PER_TENANT 512
 #define GMB_FDCHAN_UNREAD_PER_UID 2048
 #define GMB_FDCHAN_UNREAD_NOFILE_SHARE 16 /* a uid's share of the limit */
@@ -75,8 +74,8 @@ struct gmb_fdchan;
 
 /* Takes the listening socket (SOCK_SEQPACKET, non-blocking, bound and
  * listening; the loop made it) into b->fdchan, and sets b->fdconn_gone:
- * a session that ends with descriptors unread leaves its channel to the
- * unread list.  0 or GMB_E_SYSTEM. */
+ * a session that ends with descriptors unread leaves its channel kept.
+ * 0 or GMB_E_SYSTEM. */
 int gmb__fdchan_open(struct gmb_broker *b, int listen_fd);
 /* Closes the listener and the pending connections (sessions close their
  * own).  Accepts a broker without a channel. */
@@ -122,7 +121,8 @@ uint64_t gmb__fdchan_unread_of_uid(const struct gmb_broker *b, uid_t uid,
                                    uint32_t *kept);
 /* Checks the channels' records against every sum they make (the
  * broker's, each uid's and tenant's, each session's fd_sent); returns the
- * number of violations, each logged.  For tests. */
+ * number of violations, each logged.  The loop runs it after each
+ * request and each channel's messages under GMB_BROKER_CHECKS. */
 int gmb__fdchan_check(struct gmb_broker *b);
 
 #endif /* GMB_FDCHAN_H */
