@@ -2057,6 +2057,56 @@ START_TEST(live_unread_refused_session_lives) {
 END_TEST
 
 /*
+ * What the tenant's bound is for: as many sessions of one tenant as it
+ * holds full batches (eight at the shipped bound) may each have asked for
+ * a whole batch of pages and read none of it, at the same moment, and all
+ * are served; only then is the tenant at its bound.  Once they read their
+ * answers the next session of the tenant is served.
+ */
+START_TEST(tenant_sessions_full_batches_served) {
+  struct chan c;
+  chan_open(&c);
+  uint32_t per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &per_uid, &per_tenant);
+  ck_assert_uint_ge(per_tenant, GMB_FDCHAN_UNREAD_ANSWERS);
+  enum { MAXN = GMB_FDCHAN_UNREAD_PER_TENANT / GMB_FDCHAN_UNREAD_ANSWERS };
+  unsigned n = per_tenant / GMB_FDCHAN_UNREAD_ANSWERS;
+  ck_assert_uint_le(n, MAXN);
+  struct gmb_session *s[MAXN];
+  int sock[MAXN];
+  char rid[16], why[WIRE_MESSAGE_MAX];
+  for (unsigned i = 0; i < n; i++) {
+    snprintf(rid, sizeof rid, "s%u", i);
+    sock[i] = chan_session(&c, rid, "t", &s[i], NULL);
+  }
+  uint64_t seg =
+      fx_must_alloc(&c.f, "s0", geteuid(), MIB, 0).u.alloc.segment;
+  for (unsigned i = 0; i < n; i++)
+    ask_segments(&c, sock[i], s[i], seg, GMB_FDCHAN_UNREAD_ANSWERS);
+  for (unsigned i = 0; i < n; i++) {
+    ck_assert_uint_eq(s[i]->fd_sent, GMB_FDCHAN_UNREAD_ANSWERS);
+    ck_assert_uint_eq(s[i]->fd_refused, 0);
+  }
+  ck_assert_uint_eq(s[0]->tenant->fd_unread, n * GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_int_eq(try_hello(&c, "more", "t", why, sizeof why), GMB_E_LIMIT);
+  int given, refused;
+  for (unsigned i = 0; i < n; i++) {
+    read_answers(sock[i], &given, &refused, why, sizeof why);
+    ck_assert_int_eq(given, GMB_FDCHAN_UNREAD_ANSWERS);
+    ck_assert_int_eq(refused, 0);
+  }
+  struct gmb_session *m;
+  int ms = chan_session(&c, "more", "t", &m, NULL);
+  fx_end(&c.f, m);
+  for (unsigned i = 0; i < n; i++) fx_end(&c.f, s[i]);
+  ck_assert_uint_eq(unread_channels(&c, NULL), 0);
+  close(ms);
+  for (unsigned i = 0; i < n; i++) close(sock[i]);
+  chan_close(&c);
+}
+END_TEST
+
+/*
  * A client that shuts its socket down (shutdown(2)) instead of closing it
  * keeps its queue, and the descriptors in it, while the broker's end sees
  * a hang-up: its session ends, but its channel is kept and counted, at
@@ -2131,6 +2181,7 @@ static Suite *fdchan_suite(void) {
   tcase_add_test(tc, auth_burst_counted_at_send);
   tcase_add_test(tc, kept_channels_hold_places);
   tcase_add_test(tc, shutdown_keeps_count);
+  tcase_add_test(tc, tenant_sessions_full_batches_served);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("descriptors");
