@@ -191,6 +191,14 @@ struct gmb_broker {
    * closed: fdchan.c keeps a channel whose peer left descriptors unread
    * (it sets this while open; NULL: none). */
   void (*fdconn_gone)(struct gmb_broker *b, struct gmb_session *s);
+  /* What the broker's descriptors in flight look like (fdchan.c keeps
+   * them; status and metrics show them): descriptors sent on every
+   * channel and not seen read (live sessions' and kept channels'), the
+   * channels kept for ended sessions, the sends refused at a bound since
+   * start, and the bounds in force (descriptors per live channel, per uid
+   * and per tenant, all their channels together; 0: no channel). */
+  uint64_t fd_unread, fd_refused;
+  uint32_t fd_kept, fd_bound_channel, fd_bound_uid, fd_bound_tenant;
   volatile int stopping;
   int closing; /* core.c is tearing down: nothing is sent any more */
   uint64_t next_session_id;

@@ -100,10 +100,11 @@ static int dispatch_hello(struct gmb_broker *b, struct gmb_session *s,
     rc = gmb__tenant_admit(b->tenants, req->u.hello.tenant, peer->uid,
                            req->u.hello.token, req->u.hello.token_len, &t,
                            why, sizeof why);
-  /* Its tenant or uid left descriptors unread in ended sessions: no
-   * more sessions for it until they are read or closed (fdchan.h). */
+  /* Its tenant or uid holds its bound of descriptors unread, or its
+   * sessions and kept channels fill its places: no more sessions for it
+   * until they are read or closed (fdchan.h). */
   if (rc == 0 &&
-      (rc = gmb__fdchan_unread_admit(b, peer->uid, t->name, why,
+      (rc = gmb__fdchan_unread_admit(b, peer->uid, t, why,
                                      sizeof why)) != 0 &&
       gmb__tenant_idle(b->tenants, t, 0)) {
     b->reap_pending = 1;

@@ -24,13 +24,18 @@
  * A session that sends one has broken the protocol: it ends.
  *
  * Unread descriptors (fdchan.h).  SIOCOUTQ on the broker's end of a
- * channel is what the peer has not consumed yet; a session counts the
- * descriptors sent since it last read to the end (fd_sent), an upper
- * bound of those it holds unread.  The unread channels of ended sessions
- * live in a table of at most unread_max entries (each weighs at least
- * one descriptor): n_unread entries, unread_weight their sum, never more
- * than unread_max; an entry goes when its channel's queue is empty or its
- * peer hung up, or is evicted (closed) to make room.
+ * channel is what the peer has not consumed yet; a channel that holds
+ * descriptors sent since it was last read to the end has a record
+ * (struct gmb_fdhold) weighing them, on three lists: every channel's,
+ * its uid's account and its tenant's (t->fd_holds).  Invariants
+ * (gmb__fdchan_check): a record weighs at least 1 (but between its
+ * making and its first send); a live session's record is its fd_hold and
+ * weighs its fd_sent; each account's sum (uid, tenant, b->fd_unread) is
+ * the weight of its list, and its kept count the records of that list
+ * with no session; a uid's account exists while its list is not empty.
+ * A record goes when its channel is seen read to the end (at the
+ * session's next request, a look before a refusal, the timer's sweep) or
+ * its peer hung up, and only then is a kept channel closed.
  */
 #include "fdchan.h"
 
@@ -41,7 +46,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/sockios.h>
-#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -52,6 +56,8 @@
 #include "gmb.h"
 #include "locktab.h"
 #include "log.h"
+#include "rbtree.h"
+#include "tenant.h"
 #include "util.h"
 
 #define FDCHAN_AUTH_NS ((uint64_t)GMB_FDCHAN_AUTH_MS * GMB_NS_PER_MS)
@@ -63,20 +69,43 @@ struct fdchan_pending {
   uint64_t deadline_ns; /* closed when not authenticated by then */
 };
 
-/* An ended session's channel whose peer has not read what it was sent. */
-struct fdchan_unread {
-  int fd;
+/* The lists a channel's record is on: every channel's (the timer's
+ * sweep), its uid's and its tenant's (the looks at a bound). */
+enum { FDL_ALL, FDL_UID, FDL_TENANT, FDL_N };
+
+/* A uid's account: the descriptors its channels may hold unread, how
+ * many of them are kept for ended sessions, and those channels. */
+struct fdchan_uid {
   uid_t uid;
-  uint32_t weight; /* descriptors it may still hold (>= 1) */
-  uint64_t seq;    /* order of arrival: the oldest has the least */
-  char tenant[sizeof(((struct gmb_tenant *)0)->name)];
+  uint64_t unread;
+  uint32_t kept;
+  struct gmb_fdlist holds;
+  RB_ENTRY(fdchan_uid) node;
 };
 
-/* A uid's weight, to find the heaviest when the table is full. */
-struct fdchan_uid_weight {
-  uid_t uid;
-  uint64_t weight;
+/* A channel holding descriptors the broker sent and has not seen read:
+ * a live session's (s; fd is its s->fdconn, the session's to close) or
+ * one kept for an ended session (s NULL; fd is the broker's end, this
+ * module's to close).  It exists while weight >= 1, but for the moment
+ * between its making and the first send. */
+struct gmb_fdhold {
+  int fd;
+  struct gmb_session *s;
+  struct gmb_tenant *t; /* kept: not idle while the channel is (tenant.c) */
+  struct fdchan_uid *u;
+  uint32_t weight;      /* descriptors it may hold unread (= s->fd_sent) */
+  struct {
+    struct gmb_fdhold *prev, *next;
+  } link[FDL_N];
 };
+
+static int fdchan_uid_cmp(const struct fdchan_uid *a,
+                          const struct fdchan_uid *b) {
+  return a->uid < b->uid ? -1 : a->uid > b->uid;
+}
+
+RB_HEAD(fdchan_uids, fdchan_uid);
+RB_GENERATE_STATIC(fdchan_uids, fdchan_uid, node, fdchan_uid_cmp)
 
 struct gmb_fdchan {
   int listen_fd;
@@ -84,12 +113,12 @@ struct gmb_fdchan {
   uint64_t gen;
   size_t n_pending;
   struct fdchan_pending pending[GMB_FDCHAN_PENDING];
-  /* Unread channels: unread_max entries each, in no order. */
-  struct fdchan_unread *unread;
-  struct fdchan_uid_weight *scratch;
-  size_t n_unread, cursor; /* cursor: where the next tick starts */
-  uint64_t unread_weight, seq, evicted, next_sweep_ns;
-  uint32_t unread_max, unread_per_uid, unread_per_tenant;
+  /* Channels holding descriptors unread: all of them (swept from the
+   * head, those still holding go to the tail), and the uids' accounts. */
+  struct gmb_fdlist holds;
+  struct fdchan_uids uids;
+  uint64_t next_sweep_ns;
+  uint32_t per_uid, per_tenant; /* the bounds in force (fdchan.h) */
 };
 
 static void fdchan_session_gone(struct gmb_broker *b, struct gmb_session *s);
@@ -98,18 +127,19 @@ static uint32_t fdchan_min(uint64_t a, uint64_t b) {
   return (uint32_t)(a < b ? a : b);
 }
 
-/* The bounds of unread channels under RLIMIT_NOFILE now (fdchan.h). */
+/* The bounds of unread descriptors under RLIMIT_NOFILE now (fdchan.h). */
 static void fdchan_unread_limits(struct gmb_fdchan *ch) {
   struct rlimit rl;
   uint64_t have = UINT64_MAX;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     have = rl.rlim_cur;
-  ch->unread_max = fdchan_min(GMB_FDCHAN_UNREAD, have / 32);
-  if (ch->unread_max < 8) ch->unread_max = 8;
-  ch->unread_per_uid = fdchan_min(GMB_FDCHAN_UNREAD_PER_UID,
-                                  ch->unread_max / 4);
-  ch->unread_per_tenant = fdchan_min(GMB_FDCHAN_UNREAD_PER_TENANT,
-                                     ch->unread_max / 8);
+  ch->per_uid = fdchan_min(GMB_FDCHAN_UNREAD_PER_UID,
+                           have / GMB_FDCHAN_UNREAD_NOFILE_SHARE);
+  if (ch->per_uid < GMB_FDCHAN_UNREAD_ANSWERS)
+    ch->per_uid = GMB_FDCHAN_UNREAD_ANSWERS;
+  ch->per_tenant = fdchan_min(GMB_FDCHAN_UNREAD_PER_TENANT, ch->per_uid / 2);
+  if (ch->per_tenant < GMB_FDCHAN_UNREAD_ANSWERS)
+    ch->per_tenant = GMB_FDCHAN_UNREAD_ANSWERS;
 }
 
 int gmb__fdchan_open(struct gmb_broker *b, int listen_fd) {
@@ -120,37 +150,37 @@ int gmb__fdchan_open(struct gmb_broker *b, int listen_fd) {
     log_info("descriptor channel: this kernel cannot refuse descriptors "
              "(SO_PASSRIGHTS); any a client sends are closed off the loop");
   fdchan_unread_limits(ch);
-  ch->unread = calloc(ch->unread_max, sizeof *ch->unread);
-  ch->scratch = calloc(ch->unread_max, sizeof *ch->scratch);
-  if (ch->unread == NULL || ch->scratch == NULL) {
-    free(ch->unread);
-    free(ch->scratch);
-    free(ch);
-    return GMB_E_SYSTEM;
-  }
+  RB_INIT(&ch->uids);
   ch->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++) ch->pending[i].fd = -1;
   b->fdchan = ch;
   b->fdconn_gone = fdchan_session_gone;
+  b->fd_bound_channel = GMB_FDCHAN_UNREAD_ANSWERS;
+  b->fd_bound_uid = ch->per_uid;
+  b->fd_bound_tenant = ch->per_tenant;
   return 0;
 }
+
+static void fdchan_hold_free(struct gmb_broker *b, struct gmb_fdhold *h,
+                             int tidy);
 
 void gmb__fdchan_close(struct gmb_broker *b) {
   struct gmb_fdchan *ch = b->fdchan;
   if (ch == NULL) return;
   for (size_t i = 0; i < GMB_FDCHAN_PENDING; i++)
     if (ch->pending[i].fd >= 0) gmb__fd_release(ch->pending[i].fd);
-  for (size_t i = 0; i < ch->n_unread; i++)
-    gmb__fd_release(ch->unread[i].fd);
+  /* The broker stops: kept channels close, live ones stay their
+   * sessions' (nothing is sent any more). */
+  b->closing++;
+  while (ch->holds.first) fdchan_hold_free(b, ch->holds.first, 1);
+  b->closing--;
   gmb__fd_release(ch->listen_fd); /* its backlog may hold connections */
   if (ch->spare_fd >= 0) close(ch->spare_fd);
-  free(ch->unread);
-  free(ch->scratch);
   free(ch);
   b->fdchan = NULL;
   b->fdconn_gone = NULL;
+  b->fd_bound_channel = b->fd_bound_uid = b->fd_bound_tenant = 0;
 }
-
 int gmb__fdchan_listener(const struct gmb_broker *b) {
   return b->fdchan ? b->fdchan->listen_fd : -1;
 }
@@ -177,10 +207,9 @@ static void fdchan_drop_pending(struct gmb_fdchan *ch,
 }
 
 static struct gmb_log_rl fdchan_rl_emfile, fdchan_rl_auth, fdchan_rl_full,
-    fdchan_rl_inflight, fdchan_rl_unread, fdchan_rl_evict, fdchan_rl_live,
-    fdchan_rl_refuse;
+    fdchan_rl_inflight, fdchan_rl_unread, fdchan_rl_live, fdchan_rl_refuse;
 
-/* --- unread channels ------------------------------------------------------ */
+/* --- descriptors unread --------------------------------------------------- */
 
 /* Bytes the peer of `sock` has not consumed yet (SIOCOUTQ), or -1. */
 static int fdchan_outq(int sock) {
@@ -188,153 +217,340 @@ static int fdchan_outq(int sock) {
   return ioctl(sock, SIOCOUTQ, &n) == 0 ? n : -1;
 }
 
-/* Closes unread channel i (the last entry takes its place). */
-static void fdchan_unread_drop(struct gmb_fdchan *ch, size_t i) {
-  gmb__fd_release(ch->unread[i].fd);
-  ch->unread_weight -= ch->unread[i].weight;
-  ch->unread[i] = ch->unread[--ch->n_unread];
-}
-
-/* 1 when unread channel `fd` has nothing unread any more, or its peer
- * closed its end (a peer that is gone had its queue freed too). */
-static int fdchan_unread_done(int fd) {
-  if (fdchan_outq(fd) <= 0) return 1;
-  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-  return poll(&p, 1, 0) > 0 &&
-         (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-/* Checks up to GMB_FDCHAN_UNREAD_SWEEP unread channels, from where the
- * last tick stopped, and closes those that are done. */
-static void fdchan_unread_sweep(struct gmb_fdchan *ch) {
-  for (int k = 0; k < GMB_FDCHAN_UNREAD_SWEEP && ch->n_unread > 0; k++) {
-    if (ch->cursor >= ch->n_unread) ch->cursor = 0;
-    if (fdchan_unread_done(ch->unread[ch->cursor].fd))
-      fdchan_unread_drop(ch, ch->cursor); /* the moved one is next */
-    else
-      ch->cursor++;
-  }
-}
-
-static int fdchan_uid_cmp(const void *a, const void *b) {
-  uid_t x = ((const struct fdchan_uid_weight *)a)->uid;
-  uid_t y = ((const struct fdchan_uid_weight *)b)->uid;
-  return x < y ? -1 : x > y;
-}
-
-/* The uid whose unread channels weigh the most (n_unread > 0). */
-static uid_t fdchan_unread_heaviest(struct gmb_fdchan *ch) {
-  for (size_t i = 0; i < ch->n_unread; i++) {
-    ch->scratch[i].uid = ch->unread[i].uid;
-    ch->scratch[i].weight = ch->unread[i].weight;
-  }
-  qsort(ch->scratch, ch->n_unread, sizeof *ch->scratch, fdchan_uid_cmp);
-  uid_t top = ch->scratch[0].uid;
-  uint64_t best = 0;
-  for (size_t i = 0; i < ch->n_unread;) {
-    uint64_t w = 0;
-    size_t j = i;
-    for (; j < ch->n_unread && ch->scratch[j].uid == ch->scratch[i].uid; j++)
-      w += ch->scratch[j].weight;
-    if (w > best) {
-      best = w;
-      top = ch->scratch[i].uid;
-    }
-    i = j;
-  }
-  return top;
-}
-
-/* Makes room for `weight` in the table: while it would weigh more than
- * unread_max, the oldest channel of the heaviest uid is closed.  What its
- * peer holds stays in flight, but the table stays bounded. */
-static void fdchan_unread_room(struct gmb_fdchan *ch, uint32_t weight) {
-  while (ch->n_unread > 0 &&
-         ch->unread_weight + weight > ch->unread_max) {
-    uid_t top = fdchan_unread_heaviest(ch);
-    size_t old = ch->n_unread;
-    for (size_t i = 0; i < ch->n_unread; i++)
-      if (ch->unread[i].uid == top &&
-          (old == ch->n_unread || ch->unread[i].seq < ch->unread[old].seq))
-        old = i;
-    if (gmb__log_allow(&fdchan_rl_evict))
-      log_warn("descriptor channel: %" PRIu64 " descriptors sent to ended "
-               "sessions are unread, the most kept (%u): the oldest channel "
-               "of uid %ld (tenant %s) closed; what it holds stays counted "
-               "against the broker's RLIMIT_NOFILE%s", ch->unread_weight,
-               ch->unread_max, (long)top, ch->unread[old].tenant,
-               gmb__log_suppressed(&fdchan_rl_evict));
-    fdchan_unread_drop(ch, old);
-    ch->evicted++;
-  }
-}
-
-/* b->fdconn_gone: session s ends; its channel still holds descriptors the
- * broker sent: kept as an unread channel of its uid and tenant
- * (s->fdconn becomes -1).  Nothing while the broker stops. */
-static void fdchan_session_gone(struct gmb_broker *b, struct gmb_session *s) {
-  struct gmb_fdchan *ch = b->fdchan;
-  if (ch == NULL || b->closing || s->fdconn < 0 || s->fd_sent == 0) return;
-  /* Only refusals unread (no descriptor), or all read: closed as usual. */
-  if (fdchan_outq(s->fdconn) <= 0) return;
-  uint32_t w = fdchan_min(s->fd_sent, ch->unread_max);
-  fdchan_unread_room(ch, w);
-  GMB_ASSERT(ch->n_unread < ch->unread_max &&
-             "each unread channel weighs at least one descriptor");
-  struct fdchan_unread *e = &ch->unread[ch->n_unread++];
-  e->fd = s->fdconn;
-  e->uid = s->uid;
-  e->weight = w;
-  e->seq = ++ch->seq;
-  snprintf(e->tenant, sizeof e->tenant, "%s", s->tenant->name);
-  ch->unread_weight += w;
-  s->fdconn = -1;
-  if (gmb__log_allow(&fdchan_rl_unread))
-    log_info("session %" PRIu64 " (tenant %s, uid %u) ended with up to %u "
-             "descriptors unread: its channel stays open until they are "
-             "read or its peer closes it (%zu such channels, %" PRIu64
-             " descriptors)%s", s->id, e->tenant, (unsigned)s->uid, w,
-             ch->n_unread, ch->unread_weight,
-             gmb__log_suppressed(&fdchan_rl_unread));
-}
-
-int gmb__fdchan_unread_admit(const struct gmb_broker *b, uid_t uid,
-                             const char *tenant, char *why, size_t cap) {
-  const struct gmb_fdchan *ch = b->fdchan;
-  if (ch == NULL || ch->n_unread == 0) return 0;
-  uint64_t by_uid = 0, by_tenant = 0;
-  for (size_t i = 0; i < ch->n_unread; i++) {
-    if (ch->unread[i].uid == uid) by_uid += ch->unread[i].weight;
-    if (strcmp(ch->unread[i].tenant, tenant) == 0)
-      by_tenant += ch->unread[i].weight;
-  }
-  if (by_tenant >= ch->unread_per_tenant)
-    snprintf(why, cap, "tenant %s left %" PRIu64 " descriptors unread in "
-             "ended sessions (limit %u): close those sockets or end their "
-             "processes", tenant, by_tenant, ch->unread_per_tenant);
-  else if (by_uid >= ch->unread_per_uid)
-    snprintf(why, cap, "uid %ld left %" PRIu64 " descriptors unread in "
-             "ended sessions (limit %u): close those sockets or end their "
-             "processes", (long)uid, by_uid, ch->unread_per_uid);
+static void fdl_push(struct gmb_fdlist *l, struct gmb_fdhold *h, int k) {
+  h->link[k].next = NULL;
+  h->link[k].prev = l->last;
+  if (l->last)
+    l->last->link[k].next = h;
   else
+    l->first = h;
+  l->last = h;
+  l->n++;
+}
+
+static void fdl_remove(struct gmb_fdlist *l, struct gmb_fdhold *h, int k) {
+  if (h->link[k].prev)
+    h->link[k].prev->link[k].next = h->link[k].next;
+  else
+    l->first = h->link[k].next;
+  if (h->link[k].next)
+    h->link[k].next->link[k].prev = h->link[k].prev;
+  else
+    l->last = h->link[k].prev;
+  h->link[k].prev = h->link[k].next = NULL;
+  l->n--;
+}
+
+static struct fdchan_uid *fdchan_uid_find(struct gmb_fdchan *ch, uid_t uid) {
+  struct fdchan_uid key = {.uid = uid};
+  return RB_FIND(fdchan_uids, &ch->uids, &key);
+}
+
+/* Frees uid account u once no channel of it holds anything; NULL then,
+ * else u. */
+static struct fdchan_uid *fdchan_uid_tidy(struct gmb_fdchan *ch,
+                                          struct fdchan_uid *u) {
+  if (u == NULL || u->holds.n > 0) return u;
+  GMB_ASSERT(u->unread == 0 && u->kept == 0 &&
+             "a uid's account adds up to its channels");
+  RB_REMOVE(fdchan_uids, &ch->uids, u);
+  free(u);
+  return NULL;
+}
+
+/* Sets what h's channel may hold unread, and every sum it is part of. */
+static void fdchan_weigh(struct gmb_broker *b, struct gmb_fdhold *h,
+                         uint32_t w) {
+  h->u->unread = h->u->unread - h->weight + w;
+  h->t->fd_unread = h->t->fd_unread - h->weight + w;
+  b->fd_unread = b->fd_unread - h->weight + w;
+  h->weight = w;
+  if (h->s) h->s->fd_sent = w;
+}
+
+/* Session s's record (made, weighing 0, when it has none), or NULL when
+ * out of memory. */
+static struct gmb_fdhold *fdchan_hold_of(struct gmb_broker *b,
+                                         struct gmb_session *s, int fd) {
+  struct gmb_fdchan *ch = b->fdchan;
+  if (s->fd_hold) return s->fd_hold;
+  struct fdchan_uid *u = fdchan_uid_find(ch, s->uid);
+  if (u == NULL) {
+    if ((u = calloc(1, sizeof *u)) == NULL) return NULL;
+    u->uid = s->uid;
+    RB_INSERT(fdchan_uids, &ch->uids, u);
+  }
+  struct gmb_fdhold *h = calloc(1, sizeof *h);
+  if (h == NULL) {
+    fdchan_uid_tidy(ch, u);
+    return NULL;
+  }
+  h->fd = fd;
+  h->s = s;
+  h->t = s->tenant;
+  h->u = u;
+  fdl_push(&ch->holds, h, FDL_ALL);
+  fdl_push(&u->holds, h, FDL_UID);
+  fdl_push(&h->t->fd_holds, h, FDL_TENANT);
+  s->fd_hold = h;
+  return h;
+}
+
+/* Forgets h: its channel holds nothing unread any more (or the broker
+ * stops).  A kept channel is closed, and its tenant may have gone idle;
+ * a live one stays its session's.  With `tidy`, h's uid account goes
+ * with its last channel (a look along that account's list passes 0 and
+ * tidies after). */
+static void fdchan_hold_free(struct gmb_broker *b, struct gmb_fdhold *h,
+                             int tidy) {
+  struct gmb_fdchan *ch = b->fdchan;
+  struct fdchan_uid *u = h->u;
+  struct gmb_tenant *t = h->t;
+  fdchan_weigh(b, h, 0);
+  fdl_remove(&ch->holds, h, FDL_ALL);
+  fdl_remove(&u->holds, h, FDL_UID);
+  fdl_remove(&t->fd_holds, h, FDL_TENANT);
+  if (h->s) {
+    h->s->fd_hold = NULL;
+  } else {
+    gmb__fd_release(h->fd);
+    u->kept--;
+    t->fd_kept--;
+    b->fd_kept--;
+    if (!b->closing) gmb__broker_tenant_idled(b, t);
+  }
+  free(h);
+  if (tidy) fdchan_uid_tidy(ch, u);
+}
+
+/* 1 when h's channel holds nothing unread any more: nothing the broker
+ * sent waits in its peer's queue (SIOCOUTQ 0), whether the peer read it
+ * or closed its socket (the kernel frees the queue then).  A hang-up the
+ * broker's end sees proves nothing: a peer that shuts its socket down
+ * (shutdown(2)) keeps its queue, and the descriptors in it, for as long
+ * as it keeps the socket open. */
+static int fdchan_hold_read(const struct gmb_fdhold *h) {
+  return fdchan_outq(h->fd) <= 0;
+}
+
+/* Looks at up to GMB_FDCHAN_UNREAD_LOOK channels of list l (k: which
+ * list), from its head: those read to the end are forgotten, the others
+ * go to the tail, so that the next look sees others.  Bounded, since a
+ * client may ask at its bound as often as it likes.  Along a uid's own
+ * list its account stays, for the caller to tidy. */
+static void fdchan_look(struct gmb_broker *b, struct gmb_fdlist *l, int k,
+                        size_t most) {
+  int tidy = k != FDL_UID; /* not the account whose list this is */
+  size_t n = l->n < most ? l->n : most;
+  for (size_t i = 0; i < n && l->first; i++) {
+    struct gmb_fdhold *h = l->first;
+    if (fdchan_hold_read(h)) {
+      fdchan_hold_free(b, h, tidy);
+    } else {
+      fdl_remove(l, h, k);
+      fdl_push(l, h, k);
+    }
+  }
+}
+
+/* The timer's sweep: GMB_FDCHAN_UNREAD_SWEEP channels of all, from where
+ * the last one stopped; uid accounts left empty go. */
+static void fdchan_unread_sweep(struct gmb_broker *b) {
+  struct gmb_fdchan *ch = b->fdchan;
+  size_t n = ch->holds.n < GMB_FDCHAN_UNREAD_SWEEP ? ch->holds.n
+                                                   : GMB_FDCHAN_UNREAD_SWEEP;
+  for (size_t i = 0; i < n && ch->holds.first; i++) {
+    struct gmb_fdhold *h = ch->holds.first;
+    if (fdchan_hold_read(h)) {
+      fdchan_hold_free(b, h, 1);
+    } else {
+      fdl_remove(&ch->holds, h, FDL_ALL);
+      fdl_push(&ch->holds, h, FDL_ALL);
+    }
+  }
+}
+
+/* What uid `uid` and tenant t may hold unread now: after a look at their
+ * channels when `more` more would pass a bound.  Sets *by_uid and
+ * *by_tenant. */
+static void fdchan_unread_now(struct gmb_broker *b, uid_t uid,
+                              struct gmb_tenant *t, uint64_t more,
+                              uint64_t *by_uid, uint64_t *by_tenant) {
+  struct gmb_fdchan *ch = b->fdchan;
+  struct fdchan_uid *u = fdchan_uid_find(ch, uid);
+  if (u && u->unread + more > ch->per_uid) {
+    fdchan_look(b, &u->holds, FDL_UID, GMB_FDCHAN_UNREAD_LOOK);
+    u = fdchan_uid_tidy(ch, u);
+  }
+  if (t->fd_unread + more > ch->per_tenant) {
+    fdchan_look(b, &t->fd_holds, FDL_TENANT, GMB_FDCHAN_UNREAD_LOOK);
+    u = fdchan_uid_find(ch, uid); /* it may have gone with its last one */
+  }
+  *by_uid = u ? u->unread : 0;
+  *by_tenant = t->fd_unread;
+}
+
+/* 1, with the reason in why, when uid `uid` or tenant t would hold more
+ * than its bound with by_uid and by_tenant descriptors unread. */
+static int fdchan_bound_why(const struct gmb_fdchan *ch, uid_t uid,
+                            const struct gmb_tenant *t, uint64_t by_uid,
+                            uint64_t by_tenant, char *why, size_t cap) {
+  /* Cut short rather than not said: a tenant's name may be long. */
+  int n = 0;
+  if (by_tenant > ch->per_tenant)
+    n = snprintf(why, cap, "tenant %s's channels hold %" PRIu64 " "
+                 "descriptors unread, its limit (%u): read them, or close "
+                 "ended sessions' sockets", t->name, by_tenant - 1,
+                 ch->per_tenant);
+  else if (by_uid > ch->per_uid)
+    n = snprintf(why, cap, "uid %ld's channels hold %" PRIu64 " "
+                 "descriptors unread, its limit (%u): read them, or close "
+                 "ended sessions' sockets", (long)uid, by_uid - 1,
+                 ch->per_uid);
+  return n > 0;
+}
+
+/* Why one more descriptor for session s would pass a bound: 0, or
+ * GMB_E_LIMIT with the reason in why (counted as a refusal). */
+static int fdchan_may_send(struct gmb_broker *b, struct gmb_session *s,
+                           char *why, size_t cap) {
+  struct gmb_fdchan *ch = b->fdchan;
+  uint64_t by_uid, by_tenant;
+  fdchan_unread_now(b, s->uid, s->tenant, 1, &by_uid, &by_tenant);
+  if (!fdchan_bound_why(ch, s->uid, s->tenant, by_uid + 1, by_tenant + 1,
+                        why, cap))
     return 0;
+  s->fd_refused++;
+  s->tenant->fd_refused++;
+  b->fd_refused++;
+  if (gmb__log_allow(&fdchan_rl_refuse))
+    log_warn("session %" PRIu64 ": a descriptor refused: %s%s", s->id, why,
+             gmb__log_suppressed(&fdchan_rl_refuse));
   return GMB_E_LIMIT;
 }
 
-void gmb__fdchan_unread_stats(const struct gmb_broker *b, size_t *channels,
-                              uint64_t *descriptors, uint64_t *evicted) {
-  const struct gmb_fdchan *ch = b->fdchan;
-  *channels = ch ? ch->n_unread : 0;
-  *descriptors = ch ? ch->unread_weight : 0;
-  *evicted = ch ? ch->evicted : 0;
+/* b->fdconn_gone: session s ends; its channel still holds descriptors the
+ * broker sent: kept, counted as before against its uid and tenant, until
+ * they are read or its peer closes its end (s->fdconn becomes -1).
+ * Nothing kept while the broker stops. */
+static void fdchan_session_gone(struct gmb_broker *b, struct gmb_session *s) {
+  struct gmb_fdhold *h = s->fd_hold;
+  if (h == NULL) return;
+  /* Only refusals unread (no descriptor), or all read: closed as usual. */
+  if (b->closing || fdchan_hold_read(h)) {
+    fdchan_hold_free(b, h, 1);
+    return;
+  }
+  s->fd_hold = NULL;
+  s->fdconn = -1;
+  h->s = NULL;
+  h->u->kept++;
+  h->t->fd_kept++;
+  b->fd_kept++;
+  if (gmb__log_allow(&fdchan_rl_unread))
+    log_info("session %" PRIu64 " (tenant %s, uid %u) ended with up to %u "
+             "descriptors unread: its channel stays open, counted, until "
+             "they are read or its peer closes it (%u such channels, %"
+             PRIu64 " descriptors unread on all channels)%s", s->id,
+             h->t->name, (unsigned)s->uid, h->weight, b->fd_kept,
+             b->fd_unread, gmb__log_suppressed(&fdchan_rl_unread));
 }
 
-void gmb__fdchan_unread_bounds(const struct gmb_broker *b, uint32_t *all,
-                               uint32_t *per_uid, uint32_t *per_tenant) {
+int gmb__fdchan_unread_admit(struct gmb_broker *b, uid_t uid,
+                             struct gmb_tenant *t, char *why, size_t cap) {
+  struct gmb_fdchan *ch = b->fdchan;
+  if (ch == NULL || ch->holds.n == 0) return 0;
+  /* A kept channel holds a session's place: the broker's descriptors and
+   * its uid's share stay bounded by max_sessions and max_sessions_per_uid
+   * (and no kept channel ever has to be closed to make room). */
+  struct fdchan_uid *u = fdchan_uid_find(ch, uid);
+  uint32_t kept = u ? u->kept : 0;
+  uint32_t mine = gmb__sessions_of_uid(b->sessions, uid);
+  size_t all = gmb__sessions_count(b->sessions);
+  uint32_t max = gmb__core_max_sessions(b);
+  if (kept && mine + kept >= b->cfg.max_sessions_per_uid) {
+    snprintf(why, cap, "uid %ld holds %u sessions and %u channels of ended "
+             "sessions whose descriptors are unread, its limit "
+             "(max_sessions_per_uid %u): close those sockets or end their "
+             "processes", (long)uid, mine, kept, b->cfg.max_sessions_per_uid);
+    return GMB_E_LIMIT;
+  }
+  if (b->fd_kept && all + b->fd_kept >= max) {
+    snprintf(why, cap, "the broker holds %zu sessions and %u channels of "
+             "ended sessions whose descriptors are unread, its limit "
+             "(max_sessions)", all, b->fd_kept);
+    return GMB_E_LIMIT;
+  }
+  uint64_t by_uid, by_tenant;
+  fdchan_unread_now(b, uid, t, 1, &by_uid, &by_tenant);
+  return fdchan_bound_why(ch, uid, t, by_uid + 1, by_tenant + 1, why, cap)
+             ? GMB_E_LIMIT
+             : 0;
+}
+
+void gmb__fdchan_unread_bounds(const struct gmb_broker *b, uint32_t *per_uid,
+                               uint32_t *per_tenant) {
   const struct gmb_fdchan *ch = b->fdchan;
-  *all = ch ? ch->unread_max : 0;
-  *per_uid = ch ? ch->unread_per_uid : 0;
-  *per_tenant = ch ? ch->unread_per_tenant : 0;
+  *per_uid = ch ? ch->per_uid : 0;
+  *per_tenant = ch ? ch->per_tenant : 0;
+}
+
+uint64_t gmb__fdchan_unread_of_uid(const struct gmb_broker *b, uid_t uid,
+                                   uint32_t *kept) {
+  struct fdchan_uid *u =
+      b->fdchan ? fdchan_uid_find(b->fdchan, uid) : NULL;
+  if (kept) *kept = u ? u->kept : 0;
+  return u ? u->unread : 0;
+}
+
+/* One list's records against the sums they make. */
+static int fdchan_check_list(const struct gmb_fdlist *l, int k,
+                             uint64_t unread, uint64_t kept,
+                             const char *what) {
+  uint64_t w = 0, n = 0, nk = 0;
+  const struct gmb_fdhold *prev = NULL;
+  for (const struct gmb_fdhold *h = l->first; h; h = h->link[k].next) {
+    if (h->link[k].prev != prev || n > l->n) break;
+    w += h->weight;
+    nk += h->s == NULL;
+    n++;
+    prev = h;
+  }
+  if (n != l->n || prev != l->last || w != unread || nk != kept) {
+    log_error("fdchan check: %s lists %" PRIu64 " channels (%zu counted) "
+              "weighing %" PRIu64 " (%" PRIu64 " counted), %" PRIu64
+              " kept (%" PRIu64 " counted)", what, n, l->n, w, unread, nk,
+              kept);
+    return 1;
+  }
+  return 0;
+}
+
+int gmb__fdchan_check(struct gmb_broker *b) {
+  struct gmb_fdchan *ch = b->fdchan;
+  if (ch == NULL)
+    return b->fd_unread != 0 || b->fd_kept != 0;
+  int bad = fdchan_check_list(&ch->holds, FDL_ALL, b->fd_unread, b->fd_kept,
+                              "the broker");
+  for (const struct gmb_fdhold *h = ch->holds.first; h && !bad;
+       h = h->link[FDL_ALL].next) {
+    if (h->weight == 0 || (h->s && (h->s->fd_hold != h ||
+                                    h->s->fd_sent != h->weight ||
+                                    h->s->fdconn != h->fd))) {
+      log_error("fdchan check: a channel weighs %u, its session's record "
+                "disagrees", h->weight);
+      bad++;
+    }
+    if (h->t->fd_holds.first == h) /* each tenant's list once */
+      bad += fdchan_check_list(&h->t->fd_holds, FDL_TENANT, h->t->fd_unread,
+                               h->t->fd_kept, h->t->name);
+  }
+  struct fdchan_uid *u;
+  RB_FOREACH(u, fdchan_uids, &ch->uids) {
+    bad += fdchan_check_list(&u->holds, FDL_UID, u->unread, u->kept, "a uid");
+    if (u->holds.n == 0) bad++;
+  }
+  return bad;
 }
 
 /* --- connections ---------------------------------------------------------- */
@@ -419,13 +635,13 @@ uint64_t gmb__fdchan_expire(struct gmb_broker *b, uint64_t now) {
       next = p->deadline_ns - now;
     }
   }
-  if (ch->n_unread == 0) return next;
+  if (ch->holds.n == 0) return next;
   if (now >= ch->next_sweep_ns) {
-    fdchan_unread_sweep(ch);
+    fdchan_unread_sweep(b);
     ch->next_sweep_ns =
         now + (uint64_t)GMB_FDCHAN_UNREAD_TICK_MS * GMB_NS_PER_MS;
   }
-  if (ch->n_unread > 0 && ch->next_sweep_ns - now < next)
+  if (ch->holds.n > 0 && ch->next_sweep_ns - now < next)
     next = ch->next_sweep_ns - now;
   return next;
 }
@@ -523,20 +739,24 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
     fdchan_drop_pending(ch, p);
     return;
   }
-  /* Its tenant or uid left too much unread since its Hello. */
+  /* Its lock table's descriptor would pass its tenant's or uid's bound
+   * of descriptors unread (fdchan.h). */
   char why[GMB_FD_MESSAGE_MAX];
-  if (gmb__fdchan_unread_admit(b, s->uid, s->tenant->name, why,
-                               sizeof why) != 0) {
-    if (gmb__log_allow(&fdchan_rl_refuse))
-      log_warn("session %" PRIu64 ": its descriptor channel refused: %s%s",
-               s->id, why, gmb__log_suppressed(&fdchan_rl_refuse));
-    fdchan_reply(p->fd, GMB_FD_AUTH, GMB_E_LIMIT, 0, 0, -1, why);
+  struct gmb_fdhold *h = NULL;
+  int st = fdchan_may_send(b, s, why, sizeof why);
+  if (st == 0 && (h = fdchan_hold_of(b, s, p->fd)) == NULL) {
+    st = GMB_E_SYSTEM;
+    snprintf(why, sizeof why, "out of host memory");
+  }
+  if (st) {
+    fdchan_reply(p->fd, GMB_FD_AUTH, st, 0, 0, -1, why);
     fdchan_drop_pending(ch, p);
     return;
   }
   int rc = fdchan_reply(p->fd, GMB_FD_AUTH, 0, 0,
                         gmb__locktab_bytes(s->lt), gmb__locktab_fd(s->lt),
                         NULL);
+  if (rc) fdchan_hold_free(b, h, 1); /* nothing was sent */
   if (rc == -ETOOMANYREFS) {
     fdchan_inflight_refusal(p->fd, GMB_FD_AUTH, 0);
     fdchan_drop_pending(ch, p);
@@ -551,7 +771,7 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
   /* The connection is the session's now (closed when it ends, or kept
    * while what it was sent is unread: fdchan_session_gone). */
   gmb__session_set_fdconn(b->sessions, s, p->fd);
-  s->fd_sent = 1;
+  fdchan_weigh(b, h, 1);
   p->fd = -1;
   ch->n_pending--;
   ch->gen++;
@@ -561,9 +781,9 @@ void gmb__fdchan_pending_ready(struct gmb_broker *b, void *conn) {
 /* 1 when session s's channel holds GMB_FDCHAN_UNREAD_ANSWERS descriptors
  * it has not read: no more are sent until it reads.  A channel read to
  * the end starts the count again. */
-static int fdchan_unread_full(struct gmb_session *s) {
+static int fdchan_unread_full(struct gmb_broker *b, struct gmb_session *s) {
   int out = fdchan_outq(s->fdconn);
-  if (out == 0) s->fd_sent = 0;
+  if (out == 0 && s->fd_hold) fdchan_hold_free(b, s->fd_hold, 1);
   return out > 0 && s->fd_sent >= GMB_FDCHAN_UNREAD_ANSWERS;
 }
 
@@ -575,6 +795,7 @@ static const char *fdchan_segment(struct gmb_broker *b, struct gmb_session *s,
   const struct gmb_dseg *d = gmb__pool_segment(b->pool, id, &tag);
   char msg[GMB_FD_MESSAGE_MAX];
   int status = 0, seen = 1;
+  struct gmb_fdhold *h = NULL;
   if (d == NULL || tag != s->tenant) {
     status = GMB_E_NOENT;
     snprintf(msg, sizeof msg, "no segment %" PRIu64 " for tenant %s", id,
@@ -583,24 +804,31 @@ static const char *fdchan_segment(struct gmb_broker *b, struct gmb_session *s,
     status = GMB_E_DEVICE;
     snprintf(msg, sizeof msg, "segment %" PRIu64 " has no descriptor on "
              "device %s", id, b->dev->desc);
-  } else if (fdchan_unread_full(s)) {
+  } else if (fdchan_unread_full(b, s)) {
     if (gmb__log_allow(&fdchan_rl_live))
       log_info("session %" PRIu64 " (tenant %s, uid %u): a segment refused: "
                "the %u descriptors sent before are unread%s", s->id,
                s->tenant->name, (unsigned)s->uid, s->fd_sent,
                gmb__log_suppressed(&fdchan_rl_live));
+    s->fd_refused++;
+    s->tenant->fd_refused++;
+    b->fd_refused++;
     status = GMB_E_LIMIT;
     snprintf(msg, sizeof msg, "descriptors sent earlier are still unread: "
              "read the answers before asking again (at most %d at once)",
              GMB_FDCHAN_UNREAD_ANSWERS);
-  } else if ((seen = gmb__session_seg_seen(s, id)) < 0) {
+  } else if ((status = fdchan_may_send(b, s, msg, sizeof msg)) != 0) {
+    /* its tenant's or uid's channels hold their bound */
+  } else if ((h = fdchan_hold_of(b, s, s->fdconn)) == NULL ||
+             (seen = gmb__session_seg_seen(s, id)) < 0) {
     status = GMB_E_SYSTEM;
     snprintf(msg, sizeof msg, "out of host memory");
   }
   int rc = fdchan_reply(s->fdconn, GMB_FD_SEGMENT, status, id,
                         status ? 0 : d->size, status ? -1 : d->fd,
                         status ? msg : NULL);
-  if (rc == 0 && status == 0) s->fd_sent++;
+  if (rc == 0 && status == 0) fdchan_weigh(b, h, h->weight + 1);
+  if (h && h->weight == 0) fdchan_hold_free(b, h, 1); /* nothing sent */
   if (rc == -ETOOMANYREFS) {
     /* Not given after all: no retirement is announced to s for it, and
      * on the GPU none waits for s to close it. */

@@ -18,19 +18,25 @@
  * Descriptors the broker sent that nobody received yet count against the
  * broker's user, and past its RLIMIT_NOFILE the kernel refuses every
  * further one (ETOOMANYREFS), for every tenant; a sent descriptor cannot
- * be taken back.  So what one party can leave unread is bounded.  A live
- * session's channel holds at most GMB_FDCHAN_UNREAD_ANSWERS descriptors
- * sent since it was last seen read to the end (SIOCOUTQ 0); past that its
- * requests are refused (GMB_E_LIMIT) and it lives.  A session that ends
- * with descriptors unread leaves its channel "unread": the broker keeps
- * its end open, weighed by the descriptors it may still hold, until the
- * peer reads them or closes its end (checked on the loop's timer,
- * GMB_FDCHAN_UNREAD_SWEEP channels a tick).  A Hello or AUTH of a tenant
- * or uid whose unread channels weigh GMB_FDCHAN_UNREAD_PER_TENANT or
- * GMB_FDCHAN_UNREAD_PER_UID is refused, and the list weighs at most
- * GMB_FDCHAN_UNREAD in all: past that, the oldest channel of the uid that
- * weighs most is closed (its descriptors stay in flight, untracked).
- * Under a low RLIMIT_NOFILE the three are lowered with it (fdchan_open).
+ * be taken back.  So what one party can leave unread is bounded, counted
+ * as each descriptor is sent.  A channel "holds" the descriptors sent on
+ * it since it was last seen read to the end (SIOCOUTQ 0 on the broker's
+ * end), an upper bound of those its peer has not received.  A live
+ * session's channel holds at most GMB_FDCHAN_UNREAD_ANSWERS; all the
+ * channels of one uid together at most GMB_FDCHAN_UNREAD_PER_UID, of one
+ * tenant GMB_FDCHAN_UNREAD_PER_TENANT (lowered under a low RLIMIT_NOFILE,
+ * fdchan_open).  A send past a bound is refused (GMB_E_LIMIT, with the
+ * reason) and the session lives; before it refuses, the broker looks
+ * again at a bounded number of that uid's or tenant's channels
+ * (GMB_FDCHAN_UNREAD_LOOK), forgetting those read since.  A session that
+ * ends with descriptors unread leaves its channel "kept": the broker
+ * keeps its end open, still counted against its uid and tenant, until
+ * the peer reads it or closes its end (the loop's timer looks at
+ * GMB_FDCHAN_UNREAD_SWEEP channels a tick).  A kept channel also holds a
+ * session's place (max_sessions, max_sessions_per_uid): none is ever
+ * closed to make room, so what it holds never leaves the count.  A Hello
+ * of a uid or tenant at a bound, or whose sessions and kept channels
+ * fill its places, is refused (gmb__fdchan_unread_admit).
  */
 #ifndef GMB_FDCHAN_H
 #define GMB_FDCHAN_H
@@ -48,14 +54,19 @@
  * up to 64 segments before it reads the first answer (GMB_FDCLIENT_BATCH,
  * its pages' batch), so fewer would refuse a well-behaved client. */
 #define GMB_FDCHAN_UNREAD_ANSWERS 64
-/* Ended sessions' channels, weighed in descriptors (each weighs at least
- * 1, and holds one of the broker's descriptors): in all at most this, and
- * at most a 32nd of the broker's RLIMIT_NOFILE (the shipped units'
- * 1,048,576 leave the 1,024 the bound); one uid a quarter of that,
- * one tenant an eighth and at most one live channel's worth. */
-#define GMB_FDCHAN_UNREAD 1024
-#define GMB_FDCHAN_UNREAD_PER_UID 256
-#define GMB_FDCHAN_UNREAD_PER_TENANT 64
+/* All the channels of one tenant, live and kept: eight sessions each in
+ * the middle of a full batch at the same moment (the library never asks
+ * for more before it reads, and a session that read its answers holds
+ * none).  One uid: four tenants at their bound (root containers, each a
+ * tenant, share uid 0).  Under a low RLIMIT_NOFILE a uid gets at most a
+ * 16th of it, and a tenant half of that, never less than one live
+ * channel's worth.  So one uid holds at most 2,048 of the broker's
+ * descriptors in flight, and at most a 16th of its limit: 2% of an
+ * H200's budget (about 89,000), 0.2% of the shipped units' 1,048,576. */
+#define GMB_FDCHAN_UNREAD_PER_TENANT 512
+#define GMB_FDCHAN_UNREAD_PER_UID 2048
+#define GMB_FDCHAN_UNREAD_NOFILE_SHARE 16 /* a uid's share of the limit */
+#define GMB_FDCHAN_UNREAD_LOOK 16    /* channels looked at before a refusal */
 #define GMB_FDCHAN_UNREAD_SWEEP 64   /* channels checked per tick */
 #define GMB_FDCHAN_UNREAD_TICK_MS 100
 
@@ -63,8 +74,8 @@ struct gmb_fdchan;
 
 /* Takes the listening socket (SOCK_SEQPACKET, non-blocking, bound and
  * listening; the loop made it) into b->fdchan, and sets b->fdconn_gone:
- * a session that ends with descriptors unread leaves its channel to the
- * unread list.  0 or GMB_E_SYSTEM. */
+ * a session that ends with descriptors unread leaves its channel kept.
+ * 0 or GMB_E_SYSTEM. */
 int gmb__fdchan_open(struct gmb_broker *b, int listen_fd);
 /* Closes the listener and the pending connections (sessions close their
  * own).  Accepts a broker without a channel. */
@@ -93,16 +104,25 @@ void gmb__fdchan_session_ready(struct gmb_broker *b, struct gmb_session *s);
  * the nanoseconds to the next deadline or tick (UINT64_MAX: none). */
 uint64_t gmb__fdchan_expire(struct gmb_broker *b, uint64_t now);
 
-/* 0 when uid `uid` and tenant `tenant` may open a session (Hello) or its
- * channel (AUTH); else GMB_E_LIMIT with the reason in why. */
-int gmb__fdchan_unread_admit(const struct gmb_broker *b, uid_t uid,
-                             const char *tenant, char *why, size_t cap);
-/* The unread channels now and the descriptors they may hold; the bounds
- * in force (descriptors: in all, per uid, per tenant).  For tests and
- * logs. */
-void gmb__fdchan_unread_stats(const struct gmb_broker *b, size_t *channels,
-                              uint64_t *descriptors, uint64_t *evicted);
-void gmb__fdchan_unread_bounds(const struct gmb_broker *b, uint32_t *all,
-                               uint32_t *per_uid, uint32_t *per_tenant);
+/* 0 when uid `uid` may open a session of tenant t (Hello): neither is
+ * at its bound of descriptors unread, and the uid's sessions and kept
+ * channels, and all of them, leave a session's place; else GMB_E_LIMIT
+ * with the reason in why.  May close kept channels found read. */
+int gmb__fdchan_unread_admit(struct gmb_broker *b, uid_t uid,
+                             struct gmb_tenant *t, char *why, size_t cap);
+/* The bounds in force: descriptors unread per uid and per tenant. */
+void gmb__fdchan_unread_bounds(const struct gmb_broker *b, uint32_t *per_uid,
+                               uint32_t *per_tenant);
+/* Descriptors uid `uid`'s channels hold unread, and (kept, when not NULL)
+ * how many of its channels are kept for ended sessions.  The broker's
+ * totals are b->fd_unread and b->fd_kept, a tenant's t->fd_unread and
+ * t->fd_kept. */
+uint64_t gmb__fdchan_unread_of_uid(const struct gmb_broker *b, uid_t uid,
+                                   uint32_t *kept);
+/* Checks the channels' records against every sum they make (the
+ * broker's, each uid's and tenant's, each session's fd_sent); returns the
+ * number of violations, each logged.  The loop runs it after each
+ * request and each channel's messages under GMB_BROKER_CHECKS. */
+int gmb__fdchan_check(struct gmb_broker *b);
 
 #endif /* GMB_FDCHAN_H */

@@ -475,7 +475,7 @@ static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
                            gmb__now_ns() - t0);
     }
     gmb__wire_reply_clear(&rep);
-    if (b->checks && gmb__core_check(b) != 0)
+    if (b->checks && (gmb__core_check(b) != 0 || gmb__fdchan_check(b) != 0))
       GMB_ASSERT(!"consistency check failed after a request");
   }
   zmq_msg_close(&body);
@@ -636,6 +636,9 @@ static void loop_watched(struct gmb_broker *b, uint64_t now) {
         gmb__fdchan_pending_ready(b, l->watch[i].ptr);
         break;
     }
+    if (b->checks && l->watch[i].what != LOOP_PIDFD &&
+        gmb__fdchan_check(b) != 0)
+      GMB_ASSERT(!"descriptor channel check failed after its messages");
   }
 }
 

@@ -101,6 +101,9 @@ void gmb__observe_tenant_row(struct gmb_tenant *t,
   row->resumes = t->resumes;
   row->paused_seconds = gmb__sleep_tenant_seconds(t, gmb__now_ns());
   row->sleep_asks = t->sleep_asks;
+  row->fd_unread = t->fd_unread;
+  row->fd_kept = t->fd_kept;
+  row->fd_refused = t->fd_refused;
 }
 
 struct observe_rows {
@@ -126,6 +129,8 @@ static void observe_session_row(const struct gmb_session *s,
   row->trim_asks = s->trim_asks;
   row->trim_ignored = s->trim_ignored;
   row->waiting = s->waiting;
+  row->fd_unread = s->fd_sent;
+  row->fd_refused = s->fd_refused;
   row->host_bytes = s->host_bytes;
   row->paused_bytes = s->paused_bytes;
   char paused[sizeof row->paused];
@@ -202,6 +207,9 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
   rep->u.admin_status.offload_job_requests = (uint32_t)b->waitq.held_job;
   rep->u.admin_status.offload_slices = b->offload.slices;
   rep->u.admin_status.offload_jobs = b->offload.jobs;
+  rep->u.admin_status.fd_unread = b->fd_unread;
+  rep->u.admin_status.fd_kept = b->fd_kept;
+  rep->u.admin_status.fd_refused = b->fd_refused;
   /* Freed by gmb__wire_reply_clear. */
   rep->u.admin_status.tenants = r.rows;
   rep->u.admin_status.n_tenants = r.n;
@@ -389,7 +397,8 @@ struct observe_tenant {
   const char *name;
   uint64_t used, vmm, quota, reserve, peak, segment_bytes, held_segments,
       allocations,
-      refusals_quota, cached, trim_asks, trim_ignored;
+      refusals_quota, cached, trim_asks, trim_ignored, fd_unread, fd_kept,
+      fd_refused;
   uint64_t host_bytes, paused_bytes, host_quota, pauses, resumes, sleep_asks;
   uint64_t holes_free; /* of its caches' holes, those not charged */
   double paused_seconds;
@@ -442,6 +451,9 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
       .resumes = t->resumes,
       .sleep_asks = t->sleep_asks,
       .holes_free = gmb__tenant_holes_uncharged(t),
+      .fd_unread = t->fd_unread,
+      .fd_kept = t->fd_kept,
+      .fd_refused = t->fd_refused,
       .paused_seconds = gmb__sleep_tenant_seconds(t, gmb__now_ns())};
   struct observe_tenant *o = &r->t[r->n - 1];
   gmb__tenant_trim_totals(t, &o->trim_asks, &o->trim_ignored);
@@ -450,7 +462,7 @@ static int observe_tenant_row(void *ctx, struct gmb_tenant *t) {
 
 enum { OT_USED, OT_VMM, OT_CACHED, OT_QUOTA, OT_RESERVE, OT_PEAK, OT_SEGMENTS,
        OT_HELD, OT_ALLOCS, OT_SESSIONS, OT_FRAG, OT_HOST, OT_PAUSED,
-       OT_HOST_QUOTA, OT_HOLES };
+       OT_HOST_QUOTA, OT_HOLES, OT_FD_UNREAD, OT_FD_KEPT };
 
 static const struct {
   const char *name, *help;
@@ -498,10 +510,18 @@ static const struct {
                   "Of the tenant's used bytes, the free bytes between "
                   "blocks in its caches' pages that its quota does not "
                   "charge (at most cache_holes of the quota)."},
+    [OT_FD_UNREAD] = {"gmb_tenant_fd_unread",
+                      "Descriptors the broker sent on the tenant's descriptor "
+                      "channels (its sessions' and those kept for its ended "
+                      "sessions) that it has not seen read yet (at most "
+                      "gmb_fd_unread_limit{scope=\"tenant\"})."},
+    [OT_FD_KEPT] = {"gmb_tenant_fd_kept_channels",
+                    "Channels of the tenant's ended sessions the broker keeps "
+                    "open while they hold descriptors unread."},
 };
 
 static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
-  for (int k = OT_USED; k <= OT_HOLES; k++) {
+  for (int k = OT_USED; k <= OT_FD_KEPT; k++) {
     observe_head(f, observe_tenant_family[k].name, "gauge",
                  observe_tenant_family[k].help);
     for (size_t i = 0; i < r->n; i++) {
@@ -524,10 +544,17 @@ static void observe_tenant_metrics(FILE *f, const struct observe_tenants *r) {
         case OT_PAUSED: fprintf(f, "%" PRIu64 "\n", t->paused_bytes); break;
         case OT_HOST_QUOTA: fprintf(f, "%" PRIu64 "\n", t->host_quota); break;
         case OT_HOLES: fprintf(f, "%" PRIu64 "\n", t->holes_free); break;
+        case OT_FD_UNREAD: fprintf(f, "%" PRIu64 "\n", t->fd_unread); break;
+        case OT_FD_KEPT: fprintf(f, "%" PRIu64 "\n", t->fd_kept); break;
         default: fprintf(f, "%.9g\n", t->frag); break;
       }
     }
   }
+  observe_tenant_counter(f, r, "gmb_tenant_fd_refused_total",
+                         "Descriptor requests of the tenant's sessions "
+                         "refused at a bound of unread descriptors (the "
+                         "channel's, its uid's or its own).",
+                         offsetof(struct observe_tenant, fd_refused));
   observe_tenant_counter(f, r, "gmb_tenant_quota_refusals_total",
                          "Allocation requests of the tenant refused by its "
                          "quota.",
@@ -662,6 +689,26 @@ char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {
   observe_u64(f, "gmb_tenants", "gauge", "Tenants the broker knows.",
               (uint64_t)r.n);
   if (tenants) observe_tenant_metrics(f, &r);
+  observe_u64(f, "gmb_fd_unread", "gauge",
+              "Descriptors the broker sent on descriptor channels (live "
+              "sessions' and those kept for ended sessions) that it has not "
+              "seen read yet; the kernel refuses the broker more past its "
+              "RLIMIT_NOFILE.", b->fd_unread);
+  observe_u64(f, "gmb_fd_kept_channels", "gauge",
+              "Channels of ended sessions kept open while they hold "
+              "descriptors unread (each holds a session's place).",
+              b->fd_kept);
+  observe_u64(f, "gmb_fd_refused_total", "counter",
+              "Descriptor requests refused at a bound of unread "
+              "descriptors.", b->fd_refused);
+  observe_head(f, "gmb_fd_unread_limit", "gauge",
+               "The bounds of unread descriptors: one channel's, all the "
+               "channels of one uid's, of one tenant's (0: no channel).");
+  fprintf(f, "gmb_fd_unread_limit{scope=\"channel\"} %u\n",
+          b->fd_bound_channel);
+  fprintf(f, "gmb_fd_unread_limit{scope=\"uid\"} %u\n", b->fd_bound_uid);
+  fprintf(f, "gmb_fd_unread_limit{scope=\"tenant\"} %u\n",
+          b->fd_bound_tenant);
   observe_u64(f, "gmb_wait_queue_length", "gauge",
               "Allocation requests waiting for memory.",
               (uint64_t)b->waitq.n);

@@ -287,6 +287,8 @@ void gmb__session_set_fdconn(struct gmb_sessions *ss, struct gmb_session *s,
 
 void gmb__session_unlink(struct gmb_sessions *ss, struct gmb_session *s) {
   if (s->unlinked) return;
+  GMB_ASSERT(s->fd_hold == NULL &&
+             "the descriptor channel's record goes first (fdchan.c)");
   gmb__session_detach(s);
   RB_REMOVE(session_tree, &ss->tree, s);
   session_uid_drop(ss, s->uid);

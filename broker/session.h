@@ -26,6 +26,7 @@
 #include "rbtree.h"
 
 struct gmb_locktab;
+struct gmb_fdhold;
 struct gmb_sleep_tag;
 
 struct gmb_waiter;
@@ -42,6 +43,9 @@ struct gmb_session {
   uint32_t fd_sent; /* descriptors sent on it since it was last seen read
                        to the end (SIOCOUTQ 0): at least those it left
                        unread (fdchan.c) */
+  struct gmb_fdhold *fd_hold; /* fdchan.c's record of them (NULL: none) */
+  uint64_t fd_refused; /* its descriptor requests refused at a bound of
+                          unread descriptors (fdchan.c) */
   uint8_t secret[GMB_FD_SECRET_LEN]; /* proves it on the channel */
   uint64_t last_seen_ns;
   uint64_t born_ns; /* when its Hello made it: it has been idle no longer */

@@ -429,6 +429,7 @@ int gmb__tenant_idle(const struct gmb_tenants *ts, const struct gmb_tenant *t,
                      int named) {
   uid_t u;
   if (t->n_sessions != 0 || t->used != 0 || t->waiting != 0) return 0;
+  if (t->fd_kept != 0) return 0; /* a kept channel names it (fdchan.c) */
   if (t->revoking || t->reaping) return 0; /* still counted elsewhere */
   if (t->removing) return 1;
   if (t->added) return 0;
@@ -477,7 +478,8 @@ uint64_t gmb__tenants_reap_visits(const struct gmb_tenants *ts) {
 
 void gmb__tenant_remove(struct gmb_tenants *ts, struct gmb_tenant *t) {
   GMB_ASSERT(t->n_sessions == 0 && t->sessions == NULL && t->used == 0 &&
-             t->waiting == 0 && "a tenant removed while it holds something");
+             t->waiting == 0 && t->fd_kept == 0 && t->fd_holds.first == NULL &&
+             "a tenant removed while it holds something");
   struct tenant_node *n =
       (struct tenant_node *)((char *)t - offsetof(struct tenant_node, t));
   /* A removed tenant's reservation (tenant add) is no one's any more. */

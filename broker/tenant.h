@@ -65,6 +65,14 @@
 
 struct gmb_session;
 struct gmb_uid_budget;
+struct gmb_fdhold;
+
+/* A list of fdchan.c's records of channels holding descriptors unread
+ * (opaque here; all zero is empty). */
+struct gmb_fdlist {
+  struct gmb_fdhold *first, *last;
+  size_t n;
+};
 
 struct gmb_tenant {
   char name[64];
@@ -158,6 +166,15 @@ struct gmb_tenant {
   struct gmb_arena *arena;
   unsigned n_sessions;
   struct gmb_session *sessions; /* list through gmb_session.tenant_next */
+  /* The descriptor channel's account of it (fdchan.c): descriptors sent
+   * on its sessions' channels and on the channels kept for its ended
+   * sessions and not seen read, how many channels are kept (each names
+   * the tenant: it is not idle while one is), the sends refused at its
+   * bound since start, and the channels that hold some (fdchan.c's list;
+   * all zero is an empty list). */
+  uint64_t fd_unread, fd_refused;
+  unsigned fd_kept;
+  struct gmb_fdlist fd_holds;
 };
 
 struct gmb_tenants;

@@ -503,6 +503,9 @@ static void wire_row_out(const struct wire_tenant_row *t, Gmb__TenantRow *r) {
   r->paused_seconds = t->paused_seconds;
   r->sleep_asks = t->sleep_asks;
   r->vmm = t->vmm;
+  r->fd_unread = t->fd_unread;
+  r->fd_kept = t->fd_kept;
+  r->fd_refused = t->fd_refused;
 }
 
 static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
@@ -531,6 +534,9 @@ static int wire_row_in(const Gmb__TenantRow *r, struct wire_tenant_row *t) {
   t->paused_seconds = r->paused_seconds;
   t->sleep_asks = r->sleep_asks;
   t->vmm = r->vmm;
+  t->fd_unread = r->fd_unread;
+  t->fd_kept = r->fd_kept;
+  t->fd_refused = r->fd_refused;
   return rc;
 }
 
@@ -553,6 +559,8 @@ static void wire_session_out(const struct wire_session_row *w,
   r->paused = (char *)w->paused;
   r->sleep_pausable = w->sleep_pausable;
   r->sleep_idle_ms = w->sleep_idle_ms;
+  r->fd_unread = w->fd_unread;
+  r->fd_refused = w->fd_refused;
 }
 
 static int wire_session_in(const Gmb__SessionRow *r,
@@ -573,6 +581,8 @@ static int wire_session_in(const Gmb__SessionRow *r,
   w->trim_asks = r->trim_asks;
   w->trim_ignored = r->trim_ignored;
   w->waiting = r->waiting;
+  w->fd_unread = r->fd_unread;
+  w->fd_refused = r->fd_refused;
   return rc;
 }
 
@@ -643,6 +653,9 @@ static int wire_status_out(const struct wire_admin_status *st,
   as->offload_job_requests = st->offload_job_requests;
   as->offload_slices = st->offload_slices;
   as->offload_jobs = st->offload_jobs;
+  as->fd_unread = st->fd_unread;
+  as->fd_kept = st->fd_kept;
+  as->fd_refused = st->fd_refused;
   wire_compact_out(&st->compaction, cs);
   as->compaction = cs;
   return 0;
@@ -933,6 +946,9 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
   st->offload_job_requests = as->offload_job_requests;
   st->offload_slices = as->offload_slices;
   st->offload_jobs = as->offload_jobs;
+  st->fd_unread = as->fd_unread;
+  st->fd_kept = as->fd_kept;
+  st->fd_refused = as->fd_refused;
   wire_compact_in(as->compaction, &st->compaction);
   if (as->n_tenants) {
     st->tenants = calloc(as->n_tenants, sizeof *st->tenants);

@@ -179,6 +179,11 @@ struct wire_tenant_row {
   uint64_t pauses, resumes, sleep_asks;
   double paused_seconds;
   uint64_t vmm;    /* of used: its processes' own VMM memory */
+  /* The descriptor channel: descriptors not seen read on its channels
+   * (live and kept), channels kept for its ended sessions, requests
+   * refused at a bound since start. */
+  uint64_t fd_unread, fd_refused;
+  uint32_t fd_kept;
 };
 
 /* One session in the admin status. */
@@ -195,6 +200,8 @@ struct wire_session_row {
   uint64_t host_bytes, paused_bytes;
   char paused[WIRE_PAUSED_MAX]; /* its paused tags, comma-separated */
   uint64_t sleep_pausable, sleep_idle_ms;
+  uint32_t fd_unread;  /* descriptors on its channel not seen read */
+  uint64_t fd_refused; /* its descriptor requests refused at a bound */
 };
 
 struct wire_compact_stats {
@@ -219,6 +226,10 @@ struct wire_admin_status {
   uint64_t host_bytes, paused_bytes; /* of paused tags, all tenants */
   uint32_t offload_job_requests;     /* held for the broker's offload job */
   uint64_t offload_slices, offload_jobs; /* since start */
+  /* The descriptor channel: descriptors not seen read on every channel,
+   * channels kept for ended sessions, requests refused at a bound. */
+  uint64_t fd_unread, fd_refused;
+  uint32_t fd_kept;
 };
 
 struct wire_range_info {

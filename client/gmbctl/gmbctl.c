@@ -109,6 +109,11 @@ json_t *gmb__ctl_json_tenants(const struct wire_admin_status *st) {
                         json_integer((json_int_t)t->trim_ignored));
     json_object_set_new(row, "sleep", ctl_json_sleep(t));
     json_object_set_new(row, "vmm", json_integer((json_int_t)t->vmm));
+    json_object_set_new(row, "fd_unread",
+                        json_integer((json_int_t)t->fd_unread));
+    json_object_set_new(row, "fd_kept", json_integer((json_int_t)t->fd_kept));
+    json_object_set_new(row, "fd_refused",
+                        json_integer((json_int_t)t->fd_refused));
   }
   return arr;
 }
@@ -132,6 +137,9 @@ json_t *gmb__ctl_json_session(const struct wire_session_row *r) {
                       json_integer((json_int_t)r->sleep_pausable));
   json_object_set_new(j, "sleep_idle_ms",
                       json_integer((json_int_t)r->sleep_idle_ms));
+  json_object_set_new(j, "fd_unread", json_integer((json_int_t)r->fd_unread));
+  json_object_set_new(j, "fd_refused",
+                      json_integer((json_int_t)r->fd_refused));
   return j;
 }
 
@@ -156,6 +164,10 @@ json_t *gmb__ctl_json_status(const struct wire_admin_status *st) {
   json_object_set_new(j, "offload_jobs",
                       json_integer((json_int_t)st->offload_jobs));
   json_object_set_new(j, "compaction", gmb__ctl_json_compact(&st->compaction));
+  json_object_set_new(j, "fd_unread", json_integer((json_int_t)st->fd_unread));
+  json_object_set_new(j, "fd_kept", json_integer((json_int_t)st->fd_kept));
+  json_object_set_new(j, "fd_refused",
+                      json_integer((json_int_t)st->fd_refused));
   json_t *rows = json_array();
   for (size_t i = 0; i < st->n_sessions; i++)
     json_array_append_new(rows, gmb__ctl_json_session(&st->session_rows[i]));
@@ -240,6 +252,43 @@ static void ctl_print_sleep(const struct wire_admin_status *st) {
              st->session_rows[i].tenant, st->session_rows[i].paused);
 }
 
+#define CTL_FCOLS 4
+
+/* Tenants whose descriptor channels hold descriptors unread, keep
+ * channels of ended sessions or were refused some, and sessions that
+ * hold some: a table and lines printed only when there are some. */
+static void ctl_print_fds(const struct wire_admin_status *st) {
+  static const char *const head[CTL_FCOLS] = {"NAME", "UNREAD", "KEPT",
+                                              "REFUSED"};
+  size_t n = 0;
+  char(*cell)[CTL_CELL] =
+      calloc((st->n_tenants ? st->n_tenants : 1) * CTL_FCOLS, sizeof *cell);
+  if (cell == NULL) return;
+  for (size_t i = 0; i < st->n_tenants; i++) {
+    const struct wire_tenant_row *t = &st->tenants[i];
+    if (!t->fd_unread && !t->fd_kept && !t->fd_refused) continue;
+    char(*c)[CTL_CELL] = &cell[n++ * CTL_FCOLS];
+    snprintf(c[0], sizeof c[0], "%s", t->name);
+    snprintf(c[1], sizeof c[1], "%llu", (unsigned long long)t->fd_unread);
+    snprintf(c[2], sizeof c[2], "%u", t->fd_kept);
+    snprintf(c[3], sizeof c[3], "%llu", (unsigned long long)t->fd_refused);
+  }
+  if (n) {
+    printf("\ndescriptor channels (descriptors sent and not seen read, "
+           "channels kept for ended sessions, requests refused at a "
+           "bound):\n");
+    ctl_table(CTL_FCOLS, head, "lrrr", cell, n);
+  }
+  free(cell);
+  for (size_t i = 0; i < st->n_sessions; i++) {
+    const struct wire_session_row *r = &st->session_rows[i];
+    if (r->fd_unread || r->fd_refused)
+      printf("  session %llu (tenant %s): %u descriptors unread, %llu "
+             "refused\n", (unsigned long long)r->id, r->tenant, r->fd_unread,
+             (unsigned long long)r->fd_refused);
+  }
+}
+
 /* The tenants of an admin status, as a table. */
 static void ctl_print_tenants(const struct wire_admin_status *st) {
   static const char *const head[CTL_COLS] = {
@@ -269,6 +318,7 @@ static void ctl_print_tenants(const struct wire_admin_status *st) {
   ctl_table(CTL_COLS, head, "lrrrrrrrr", cell, n);
   free(cell);
   ctl_print_sleep(st);
+  ctl_print_fds(st);
 }
 
 #define CTL_SCOLS 10
@@ -362,6 +412,11 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
            gmb__size_format(st->retiring, c, sizeof c));
   printf("largest free %s (fragmentation %.2f)\n",
          gmb__size_format(st->largest_free, a, sizeof a), st->fragmentation);
+  printf("descriptors  unread %llu, kept channels %u, refused %llu (sent "
+         "and not seen read; channels of ended sessions kept open; requests "
+         "refused at a bound)\n",
+         (unsigned long long)st->fd_unread, st->fd_kept,
+         (unsigned long long)st->fd_refused);
   const struct wire_compact_stats *cs = &st->compaction;
   printf("compaction   %llu runs, %llu moves, %s moved, %.3f s\n",
          (unsigned long long)cs->runs, (unsigned long long)cs->moves,

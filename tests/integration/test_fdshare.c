@@ -17,6 +17,7 @@
  * none of the tenant's later data there.
  */
 #include <check.h>
+#include <jansson.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -808,6 +809,140 @@ START_TEST(revoked_uid_cannot_reach_later_data) {
 }
 END_TEST
 
+/* --- unread_descriptors_shown ----------------------------------------------- */
+
+/* The admin status's figures of the descriptor channel, for polling. */
+struct fd_figures {
+  const struct harness_broker *b;
+  uint64_t unread, refused;
+  uint32_t kept;
+  uint64_t want_unread;
+  uint32_t want_kept;
+};
+
+static int fd_figures_are(void *arg) {
+  struct fd_figures *f = arg;
+  struct wire_reply rep;
+  if (harness_admin_status(f->b, &rep) != 0) return 0;
+  f->unread = rep.u.admin_status.fd_unread;
+  f->kept = rep.u.admin_status.fd_kept;
+  f->refused = rep.u.admin_status.fd_refused;
+  gmb__wire_reply_clear(&rep);
+  return f->unread == f->want_unread && f->kept == f->want_kept;
+}
+
+static json_int_t fd_jint(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  ck_assert_msg(json_is_integer(v), "\"%s\" is not an integer", key);
+  return json_integer_value(v);
+}
+
+/*
+ * A hostile client asks for its lock table and three segments, reads
+ * none, and says Bye with its channel open: gmbctl status (text and
+ * JSON) and the metrics show the four descriptors unread, per session
+ * while it lives, then per tenant and in all with the channel kept for
+ * its ended session; once it closes the socket, the broker closes its end
+ * and the figures go back to nothing.
+ */
+START_TEST(unread_descriptors_shown) {
+  static char out[1 << 16];
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  struct raw r;
+  raw_hello(&r, &b, "hoarder");
+  uint64_t seg = raw_alloc(&r, 4 * MIB);
+  int s = fd_connect(&b);
+  struct gmb_fd_req req;
+  memset(&req, 0, sizeof req);
+  req.magic = GMB_FD_MAGIC;
+  req.op = GMB_FD_AUTH;
+  req.session = r.session;
+  memcpy(req.secret, r.secret, GMB_FD_SECRET_LEN);
+  ck_assert_int_eq(gmb__fd_send(s, &req, sizeof req, -1, 0), 0);
+  req.op = GMB_FD_SEGMENT;
+  req.segment = seg;
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(gmb__fd_send(s, &req, sizeof req, -1, 0), 0);
+  struct fd_figures f = {.b = &b, .want_unread = 4, .want_kept = 0};
+  ck_assert_msg(harness_poll_until(fd_figures_are, &f, HARNESS_WAIT_MS),
+                "status: %llu unread, %u kept", (unsigned long long)f.unread,
+                f.kept);
+  /* Per session, while it lives. */
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "--json", "status", NULL),
+                   0);
+  json_error_t err;
+  json_t *j = json_loads(out, 0, &err);
+  ck_assert_msg(j != NULL, "not JSON (%s): %s", err.text, out);
+  json_t *rows = json_object_get(j, "session_rows");
+  int seen = 0;
+  for (size_t i = 0; i < json_array_size(rows); i++) {
+    json_t *row = json_array_get(rows, i);
+    if (strcmp(json_string_value(json_object_get(row, "tenant")),
+               "hoarder") != 0)
+      continue;
+    ck_assert_int_eq(fd_jint(row, "fd_unread"), 4);
+    ck_assert_int_eq(fd_jint(row, "fd_refused"), 0);
+    seen++;
+  }
+  ck_assert_int_eq(seen, 1);
+  json_decref(j);
+  /* It ends with them unread: the channel is kept, and counted. */
+  struct wire_request bye;
+  memset(&bye, 0, sizeof bye);
+  bye.id = ++r.next_id;
+  bye.kind = WIRE_BYE;
+  struct wire_reply rep;
+  ck_assert_int_eq(harness_raw_call(r.sock, &bye, &rep), 0);
+  gmb__wire_reply_clear(&rep);
+  f.want_kept = 1;
+  ck_assert_msg(harness_poll_until(fd_figures_are, &f, HARNESS_WAIT_MS),
+                "status: %llu unread, %u kept", (unsigned long long)f.unread,
+                f.kept);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "--json", "status", NULL),
+                   0);
+  j = json_loads(out, 0, &err);
+  ck_assert_msg(j != NULL, "not JSON (%s): %s", err.text, out);
+  ck_assert_int_eq(fd_jint(j, "fd_unread"), 4);
+  ck_assert_int_eq(fd_jint(j, "fd_kept"), 1);
+  ck_assert_int_eq(fd_jint(j, "fd_refused"), 0);
+  json_t *tenants = json_object_get(j, "tenants");
+  seen = 0;
+  for (size_t i = 0; i < json_array_size(tenants); i++) {
+    json_t *row = json_array_get(tenants, i);
+    if (strcmp(json_string_value(json_object_get(row, "name")), "hoarder"))
+      continue;
+    ck_assert_int_eq(fd_jint(row, "fd_unread"), 4);
+    ck_assert_int_eq(fd_jint(row, "fd_kept"), 1);
+    seen++;
+  }
+  ck_assert_int_eq(seen, 1);
+  json_decref(j);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "status", NULL), 0);
+  ck_assert_msg(strstr(out, "unread 4, kept channels 1, refused 0"),
+                "%s", out);
+  ck_assert_msg(strstr(out, "descriptor channels"), "%s", out);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "metrics", NULL), 0);
+  ck_assert_msg(strstr(out, "\ngmb_fd_kept_channels 1\n"), "%s", out);
+  ck_assert_msg(strstr(out, "\ngmb_fd_unread 4\n"), "%s", out);
+  ck_assert_msg(strstr(out, "gmb_tenant_fd_unread{tenant=\"hoarder\"} 4\n"),
+                "%s", out);
+  ck_assert_msg(strstr(out, "gmb_tenant_fd_kept_channels{tenant=\"hoarder\"} "
+                            "1\n"), "%s", out);
+  ck_assert_msg(strstr(out, "gmb_fd_unread_limit{scope=\"tenant\"} "), "%s",
+                out);
+  /* Its socket closes: the broker's end follows, the figures go. */
+  close(s);
+  f.want_unread = 0;
+  f.want_kept = 0;
+  ck_assert_msg(harness_poll_until(fd_figures_are, &f, HARNESS_WAIT_MS),
+                "status: %llu unread, %u kept", (unsigned long long)f.unread,
+                f.kept);
+  harness_raw_close(r.sock);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE(
       "fdshare", "descriptors", 60, nothing_in_dev_shm,
@@ -815,5 +950,5 @@ int main(void) {
       other_uid_gets_nothing, client_in_another_pid_namespace,
       broker_kill9_restart_same_pid, evicted_process_keeps_its_bytes,
       evicted_writer_spares_next_session,
-      revoked_uid_cannot_reach_later_data));
+      revoked_uid_cannot_reach_later_data, unread_descriptors_shown));
 }

@@ -494,7 +494,10 @@ static const char *metric_names[] = {
     "gmb_alloc_duration_seconds",    "gmb_requests_total",
     "gmb_refusals_total",            "gmb_compaction_moved_bytes_total",
     "gmb_compaction_seconds_total",  "gmb_compaction_runs_total",
-    "gmb_wait_queue_length"};
+    "gmb_wait_queue_length",         "gmb_fd_unread",
+    "gmb_fd_kept_channels",          "gmb_fd_refused_total",
+    "gmb_fd_unread_limit",           "gmb_tenant_fd_unread",
+    "gmb_tenant_fd_kept_channels",   "gmb_tenant_fd_refused_total"};
 
 /* Every documented family is typed and has samples; the values agree
  * with the admin status `st` and what scene `sc` did. */
@@ -533,6 +536,18 @@ static void check_metrics(char *text, const struct scene *sc,
                  as->fragmentation) < 1e-6);
   ck_assert_uint_eq((uint64_t)must(&m, "gmb_sessions", NULL), as->sessions);
   ck_assert_uint_eq((uint64_t)must(&m, "gmb_wait_queue_length", NULL), 0);
+  /* Clients that read their answers: no channel kept, nothing refused
+   * (what is unread is seen read at the next look, a count that moves). */
+  ck_assert_uint_eq((uint64_t)must(&m, "gmb_fd_kept_channels", NULL),
+                    as->fd_kept);
+  ck_assert_uint_eq(as->fd_kept, 0);
+  ck_assert_uint_eq((uint64_t)must(&m, "gmb_fd_refused_total", NULL),
+                    as->fd_refused);
+  ck_assert_uint_eq(as->fd_refused, 0);
+  ck_assert_uint_eq(
+      (uint64_t)must(&m, "gmb_fd_unread_limit", "scope=\"channel\""), 64);
+  ck_assert_uint_ge(
+      (uint64_t)must(&m, "gmb_fd_unread_limit", "scope=\"uid\""), 64);
   for (int t = 0; t < 3; t++) {
     const struct wire_tenant_row *row = row_of(st, tenant_names[t]);
     char l[96];

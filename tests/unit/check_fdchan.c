@@ -54,6 +54,7 @@
 #include "fdchan.h"
 #include "fdpass.h"
 #include "locktab.h"
+#include "observe.h"
 #include "pool.h"
 #include "util.h"
 
@@ -157,6 +158,7 @@ static int serve_session(struct chan *c, uint64_t id) {
   ck_assert_int_ge(s->fdconn, 0);
   gmb__fdchan_session_ready(&c->f.b, s);
   ck_assert_int_eq(gmb__core_check(&c->f.b), 0);
+  ck_assert_int_eq(gmb__fdchan_check(&c->f.b), 0);
   return gmb__session_by_id(c->f.b.sessions, id) != NULL;
 }
 
@@ -324,22 +326,19 @@ static int recorded(const struct gmb_session *s, uint64_t seg) {
   return 0;
 }
 
-/* The loop's ticks, as many as it takes to look at every unread channel
- * (each tick looks at a bounded number), on the test's own clock, ahead
- * of the real one: pending connections expire meanwhile.  Returns the
- * unread channels left. */
+/* The loop's ticks, as many as it takes to look at every channel holding
+ * descriptors (each tick looks at a bounded number), on the test's own
+ * clock, ahead of the real one: pending connections expire meanwhile.
+ * Returns the channels kept for ended sessions that are left. */
 static size_t sweep_unread(struct chan *c) {
   if (c->clock == 0) c->clock = gmb__now_ns();
-  uint32_t all, per_uid, per_tenant;
-  gmb__fdchan_unread_bounds(&c->f.b, &all, &per_uid, &per_tenant);
-  for (uint32_t i = 0; i <= all / GMB_FDCHAN_UNREAD_SWEEP + 1; i++) {
+  size_t n = gmb__sessions_count(c->f.b.sessions) + c->f.b.fd_kept;
+  for (size_t i = 0; i <= n / GMB_FDCHAN_UNREAD_SWEEP + 1; i++) {
     c->clock += (uint64_t)GMB_FDCHAN_UNREAD_TICK_MS * GMB_NS_PER_MS;
     gmb__fdchan_expire(&c->f.b, c->clock);
   }
-  size_t chans;
-  uint64_t descs, evicted;
-  gmb__fdchan_unread_stats(&c->f.b, &chans, &descs, &evicted);
-  return chans;
+  ck_assert_int_eq(gmb__fdchan_check(&c->f.b), 0);
+  return c->f.b.fd_kept;
 }
 
 /* --- AUTH ----------------------------------------------------------------- */
@@ -1134,11 +1133,11 @@ START_TEST(client_never_reads_ended) {
   ck_assert_int_le(got, sent);
   /* It ended with them unread: the broker kept its end, weighed by what
    * it sent since the channel was last read to the end. */
-  size_t chans;
-  uint64_t descs, evicted;
-  gmb__fdchan_unread_stats(&c.f.b, &chans, &descs, &evicted);
-  ck_assert_uint_eq(chans, 1);
-  ck_assert_uint_eq(descs, GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_uint_eq(c.f.b.fd_kept, 1);
+  ck_assert_uint_eq(c.f.b.fd_unread, GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_uint_eq(t->fd_kept, 1);
+  ck_assert_uint_eq(t->fd_unread, GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_int_eq(gmb__fdchan_check(&c.f.b), 0);
   /* All read now: the broker closes its end at its next ticks. */
   ck_assert_uint_eq(sweep_unread(&c), 0);
   ck_assert_int_eq(cli_hung_up(sock), 1);
@@ -1593,15 +1592,26 @@ static int try_hello(struct chan *c, const char *rid, const char *tenant,
   return rep.status;
 }
 
-/* A hostile client's round: Hello in `tenant`, AUTH, never read the lock
- * table, Bye; its socket stays open and is returned. */
-static int leave_unread(struct chan *c, const char *rid, const char *tenant) {
+/* Hello, AUTH, and the lock table left unread: a session of this
+ * process's uid in `tenant` whose channel holds one descriptor; its
+ * socket is returned. */
+static int open_unread(struct chan *c, const char *rid, const char *tenant,
+                       struct gmb_session **out) {
   struct gmb_session *s = fx_hello(&c->f, rid, geteuid(), tenant);
   int sock = cli_connect(c);
   accept_all(c);
   cli_auth(sock, s);
   serve_pending(c);
   ck_assert_int_ge(s->fdconn, 0); /* served: the table waits unread */
+  ck_assert_uint_eq(s->fd_sent, 1);
+  if (out) *out = s;
+  return sock;
+}
+
+/* A hostile client's round: Hello in `tenant`, AUTH, never read the lock
+ * table, Bye; its socket stays open and is returned. */
+static int leave_unread(struct chan *c, const char *rid, const char *tenant) {
+  int sock = open_unread(c, rid, tenant, NULL);
   struct wire_reply rep;
   ck_assert_int_eq(fx_plain(&c->f, rid, geteuid(), WIRE_BYE, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
@@ -1610,13 +1620,245 @@ static int leave_unread(struct chan *c, const char *rid, const char *tenant) {
   return sock;
 }
 
+/* The channels kept for ended sessions; *descs: what every channel holds
+ * unread (kept and live). */
 static size_t unread_channels(struct chan *c, uint64_t *descs) {
-  size_t chans;
-  uint64_t d, evicted;
-  gmb__fdchan_unread_stats(&c->f.b, &chans, &d, &evicted);
-  if (descs) *descs = d;
-  return chans;
+  ck_assert_int_eq(gmb__fdchan_check(&c->f.b), 0);
+  if (descs) *descs = c->f.b.fd_unread;
+  return c->f.b.fd_kept;
 }
+
+/* Session s asks for segment `seg` n times and the broker reads them all;
+ * the answers wait unread.  The session lives. */
+static void ask_segments(struct chan *c, int sock, struct gmb_session *s,
+                         uint64_t seg, int n) {
+  for (int i = 0; i < n; i++) cli_segment(sock, s->id, seg);
+  for (int i = 0; i <= n / GMB_FDCHAN_BATCH; i++)
+    ck_assert_int_eq(serve_session(c, s->id), 1);
+}
+
+/* Reads every answer waiting on sock: *given those with a descriptor
+ * (closed), *refused the GMB_E_LIMIT ones (the last reason in why). */
+static void read_answers(int sock, int *given, int *refused, char *why,
+                         size_t cap) {
+  *given = *refused = 0;
+  for (;;) {
+    int fd = -1;
+    struct gmb_fd_rep rep;
+    ssize_t n = gmb__fd_recv(sock, &rep, sizeof rep, &fd, MSG_DONTWAIT);
+    if (n != (ssize_t)sizeof rep) {
+      ck_assert(n == -EAGAIN || n == -EWOULDBLOCK);
+      return;
+    }
+    if (rep.status == 0) {
+      ck_assert_int_ge(fd, 0);
+      close(fd);
+      ++*given;
+    } else {
+      ck_assert_int_eq(rep.status, GMB_E_LIMIT);
+      ck_assert_int_eq(fd, -1);
+      snprintf(why, cap, "%s", rep.message);
+      ++*refused;
+    }
+  }
+}
+
+/* RLIMIT_NOFILE 2,048 at the channel's start: a uid 128, a tenant 64. */
+#define LOW_NOFILE 2048
+
+/*
+ * Live sessions of one tenant together hold at most its bound: each may
+ * hold GMB_FDCHAN_UNREAD_ANSWERS, but while one holds 40 another gets
+ * only what is left of the tenant's 64, the rest refused with the reason,
+ * and both live.  Before it refuses, the broker looks again at the
+ * tenant's channels: once the first read its answers, the second is
+ * served again.  The refusals are counted for the session, the tenant
+ * and the broker, as status shows them.
+ */
+START_TEST(live_unread_bound_per_tenant) {
+  struct chan c;
+  chan_nofile = LOW_NOFILE;
+  chan_open(&c);
+  chan_nofile = 0;
+  uint32_t per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &per_uid, &per_tenant);
+  ck_assert_uint_eq(per_uid, LOW_NOFILE / GMB_FDCHAN_UNREAD_NOFILE_SHARE);
+  ck_assert_uint_eq(per_tenant, GMB_FDCHAN_UNREAD_ANSWERS);
+  struct gmb_session *a, *b;
+  int sa = chan_session(&c, "a", "t", &a, NULL);
+  int sb = chan_session(&c, "b", "t", &b, NULL);
+  struct gmb_tenant *t = a->tenant;
+  uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
+  ask_segments(&c, sa, a, seg, 40);
+  ck_assert_uint_eq(a->fd_sent, 40);
+  ask_segments(&c, sb, b, seg, 40);
+  ck_assert_uint_eq(b->fd_sent, 24);
+  ck_assert_uint_eq(t->fd_unread, 64);
+  ck_assert_uint_eq(c.f.b.fd_unread, 64);
+  ck_assert_uint_eq(b->fd_refused, 16);
+  ck_assert_uint_eq(a->fd_refused, 0);
+  ck_assert_uint_eq(t->fd_refused, 16);
+  ck_assert_uint_eq(c.f.b.fd_refused, 16);
+  int given, refused;
+  char why[GMB_FD_MESSAGE_MAX];
+  read_answers(sb, &given, &refused, why, sizeof why);
+  ck_assert_int_eq(given, 24);
+  ck_assert_int_eq(refused, 16);
+  ck_assert_ptr_nonnull(strstr(why, "tenant t's channels hold 64 "
+                                    "descriptors unread"));
+  /* The status shows it, per session and tenant and in all. */
+  struct wire_reply st;
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&c.f.b, &st);
+  ck_assert_uint_eq(st.u.admin_status.fd_unread, 64);
+  ck_assert_uint_eq(st.u.admin_status.fd_kept, 0);
+  ck_assert_uint_eq(st.u.admin_status.fd_refused, 16);
+  int rows = 0;
+  for (size_t i = 0; i < st.u.admin_status.n_tenants; i++)
+    if (strcmp(st.u.admin_status.tenants[i].name, "t") == 0) {
+      ck_assert_uint_eq(st.u.admin_status.tenants[i].fd_unread, 64);
+      ck_assert_uint_eq(st.u.admin_status.tenants[i].fd_refused, 16);
+      rows++;
+    }
+  for (size_t i = 0; i < st.u.admin_status.n_sessions; i++) {
+    const struct wire_session_row *r = &st.u.admin_status.session_rows[i];
+    ck_assert_uint_eq(r->fd_unread, r->id == a->id ? 40 : 24);
+    ck_assert_uint_eq(r->fd_refused, r->id == a->id ? 0 : 16);
+    rows++;
+  }
+  ck_assert_int_eq(rows, 3);
+  gmb__wire_reply_clear(&st);
+  /* b read its answers, a did not: b gets what a leaves of the bound
+   * again, no more. */
+  ask_segments(&c, sb, b, seg, 25);
+  ck_assert_uint_eq(b->fd_sent, 24);
+  ck_assert_uint_eq(b->fd_refused, 17);
+  /* a reads its 40; b, its 24 unread, asks again: the broker finds a's
+   * read before it would refuse, and serves b. */
+  read_answers(sa, &given, &refused, why, sizeof why);
+  ck_assert_int_eq(given, 40);
+  ck_assert_uint_eq(t->fd_unread, 64); /* not seen yet */
+  ask_segments(&c, sb, b, seg, 1);
+  ck_assert_uint_eq(b->fd_sent, 25);
+  ck_assert_uint_eq(b->fd_refused, 17);
+  ck_assert_uint_eq(t->fd_unread, 25);
+  read_answers(sb, &given, &refused, why, sizeof why);
+  ck_assert_int_eq(given, 25);
+  ck_assert_int_eq(refused, 1);
+  /* Another tenant of the same uid was never held by t's bound. */
+  struct gmb_session *o;
+  int so = chan_session(&c, "o", "other", &o, NULL);
+  ask_segments(&c, so, o, fx_must_alloc(&c.f, "o", geteuid(), MIB, 0)
+                              .u.alloc.segment,
+               GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_uint_eq(o->fd_sent, GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_uint_eq(o->fd_refused, 0);
+  read_answers(so, &given, &refused, why, sizeof why);
+  ck_assert_int_eq(given, GMB_FDCHAN_UNREAD_ANSWERS);
+  /* Read to the end: the sweep forgets them, and nothing is kept. */
+  sweep_unread(&c);
+  ck_assert_uint_eq(c.f.b.fd_unread, 0);
+  fx_end(&c.f, o);
+  fx_end(&c.f, b);
+  fx_end(&c.f, a);
+  ck_assert_uint_eq(unread_channels(&c, NULL), 0);
+  close(so);
+  close(sb);
+  close(sa);
+  chan_close(&c);
+}
+END_TEST
+
+/*
+ * Descriptors are counted as they are sent, so a burst of sessions that
+ * all prove their channel before any of them ends cannot pass a bound
+ * together: the lock table of the session past its tenant's bound is
+ * refused, and so is one past its uid's (another tenant of the uid), and
+ * Hellos too.  When they all end, their channels are kept and counted as
+ * before (never closed to make room); once their clients close the
+ * sockets, the uid is served again.
+ */
+START_TEST(auth_burst_counted_at_send) {
+  struct chan c;
+  chan_nofile = LOW_NOFILE;
+  chan_open(&c);
+  chan_nofile = 0;
+  uint32_t per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &per_uid, &per_tenant);
+  ck_assert_uint_eq(per_uid, 2 * per_tenant);
+  enum { N = 2 * GMB_FDCHAN_UNREAD_ANSWERS };
+  ck_assert_uint_eq(per_uid, N);
+  /* Sessions that said Hello before the bounds were met. */
+  struct gmb_session *late = fx_hello(&c.f, "late", geteuid(), "t1");
+  struct gmb_session *late3 = fx_hello(&c.f, "late3", geteuid(), "t3");
+  struct gmb_session *s[N];
+  int sock[N];
+  char rid[32], why[WIRE_MESSAGE_MAX];
+  for (int i = 0; i < N; i++) {
+    snprintf(rid, sizeof rid, "s%d", i);
+    sock[i] = open_unread(&c, rid, i < N / 2 ? "t1" : "t2", &s[i]);
+    if (i == N / 2 - 1) {
+      /* t1 at its bound: its Hello and its late AUTH are refused. */
+      ck_assert_int_eq(try_hello(&c, "next", "t1", why, sizeof why),
+                       GMB_E_LIMIT);
+      ck_assert_ptr_nonnull(strstr(why, "tenant t1's channels hold"));
+      int l = cli_connect(&c);
+      accept_all(&c);
+      cli_auth(l, late);
+      serve_pending(&c);
+      struct gmb_fd_rep rep = cli_refused(l, GMB_E_LIMIT);
+      ck_assert_ptr_nonnull(strstr(rep.message, "unread"));
+      ck_assert_int_eq(cli_hung_up(l), 1);
+      ck_assert_int_eq(late->fdconn, -1);
+      close(l);
+    }
+  }
+  struct gmb_tenant *t1 = s[0]->tenant, *t2 = s[N - 1]->tenant;
+  ck_assert_uint_eq(t1->fd_unread, per_tenant);
+  ck_assert_uint_eq(t2->fd_unread, per_tenant);
+  ck_assert_uint_eq(gmb__fdchan_unread_of_uid(&c.f.b, geteuid(), NULL), N);
+  /* The uid at its bound: a third tenant's late AUTH and Hello. */
+  int l = cli_connect(&c);
+  accept_all(&c);
+  cli_auth(l, late3);
+  serve_pending(&c);
+  struct gmb_fd_rep rep = cli_refused(l, GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(rep.message, "'s channels hold 128"));
+  ck_assert_ptr_nonnull(strstr(rep.message, "uid "));
+  close(l);
+  ck_assert_int_eq(try_hello(&c, "next3", "t3", why, sizeof why),
+                   GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(why, "uid "));
+  /* They all end: every channel kept and counted, none closed. */
+  for (int i = 0; i < N; i++) fx_end(&c.f, s[i]);
+  uint64_t descs;
+  ck_assert_uint_eq(unread_channels(&c, &descs), N);
+  ck_assert_uint_eq(descs, N);
+  ck_assert_uint_eq(t1->fd_kept, N / 2);
+  uint32_t kept;
+  ck_assert_uint_eq(gmb__fdchan_unread_of_uid(&c.f.b, geteuid(), &kept), N);
+  ck_assert_uint_eq(kept, N);
+  ck_assert_uint_eq(sweep_unread(&c), N);
+  ck_assert_int_eq(try_hello(&c, "next3", "t3", why, sizeof why),
+                   GMB_E_LIMIT);
+  /* t1's clients close their sockets: the uid has room again. */
+  for (int i = 0; i < N / 2; i++) close(sock[i]);
+  ck_assert_uint_eq(sweep_unread(&c), N / 2);
+  ck_assert_uint_eq(t1->fd_kept, 0);
+  ck_assert_uint_eq(c.f.b.fd_unread, N / 2);
+  struct gmb_session *n3;
+  int s3 = chan_session(&c, "n3", "t3", &n3, NULL);
+  for (int i = N / 2; i < N; i++) close(sock[i]);
+  ck_assert_uint_eq(sweep_unread(&c), 0);
+  fx_end(&c.f, n3);
+  fx_end(&c.f, late3);
+  fx_end(&c.f, late);
+  ck_assert_uint_eq(unread_channels(&c, NULL), 0);
+  close(s3);
+  ck_assert_int_eq(fx_count_fds(), c.idle_fds);
+  chan_close(&c);
+}
+END_TEST
 
 /*
  * A client that leaves its lock table unread and ends, keeping its end of
@@ -1630,13 +1872,14 @@ static size_t unread_channels(struct chan *c, uint64_t *descs) {
  */
 START_TEST(unread_channels_bound_tenant) {
   struct chan c;
+  chan_nofile = LOW_NOFILE;
   chan_open(&c);
-  uint32_t all, per_uid, per_tenant;
-  gmb__fdchan_unread_bounds(&c.f.b, &all, &per_uid, &per_tenant);
+  chan_nofile = 0;
+  uint32_t per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &per_uid, &per_tenant);
   ck_assert_uint_gt(per_tenant, 0);
   ck_assert_uint_le(per_tenant, GMB_FDCHAN_UNREAD_PER_TENANT);
   ck_assert_uint_lt(per_tenant, per_uid); /* the other tenant is not held */
-  ck_assert_uint_le(per_uid, all);
   /* A session of the tenant that said Hello before its bound was met. */
   struct gmb_session *late = fx_hello(&c.f, "late", geteuid(), "bad");
   int hostile[GMB_FDCHAN_UNREAD_PER_TENANT];
@@ -1654,7 +1897,7 @@ START_TEST(unread_channels_bound_tenant) {
   ck_assert_int_eq(try_hello(&c, "next", "bad", why, sizeof why),
                    GMB_E_LIMIT);
   ck_assert_ptr_nonnull(strstr(why, "unread"));
-  ck_assert_ptr_nonnull(strstr(why, "close those sockets"));
+  ck_assert_ptr_nonnull(strstr(why, "close ended sessions' sockets"));
   ck_assert_ptr_null(gmb__session_find(c.f.b.sessions,
                                        (const uint8_t *)"next", 4));
   int lsock = cli_connect(&c);
@@ -1686,6 +1929,65 @@ START_TEST(unread_channels_bound_tenant) {
   ck_assert_uint_eq(unread_channels(&c, NULL), 0);
   close(asock);
   close(gsock);
+  chan_close(&c);
+}
+END_TEST
+
+/*
+ * Channels kept for ended sessions are never closed to make room: what
+ * they hold stays counted until their clients read it or close their
+ * ends.  Each holds a session's place instead, so that the broker's
+ * descriptors they take stay within max_sessions_per_uid (and
+ * max_sessions): past it a Hello is refused with the reason.  Under a low
+ * RLIMIT_NOFILE the bounds are lower, never below one live channel's.
+ */
+START_TEST(kept_channels_hold_places) {
+  struct chan c;
+  chan_nofile = 512;
+  chan_open_ini(&c, "host:64MiB", "[broker]\nmax_sessions_per_uid = 24\n");
+  chan_nofile = 0;
+  uint32_t per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &per_uid, &per_tenant);
+  ck_assert_uint_eq(per_uid, GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_uint_eq(per_tenant, GMB_FDCHAN_UNREAD_ANSWERS);
+  enum { N = 20, PLACES = 24 };
+  struct gmb_session *s[N];
+  int sock[N];
+  char rid[16], why[WIRE_MESSAGE_MAX];
+  for (int i = 0; i < N; i++) {
+    snprintf(rid, sizeof rid, "s%d", i);
+    sock[i] = open_unread(&c, rid, i % 2 ? "t1" : "t2", &s[i]);
+  }
+  for (int i = 0; i < N; i++) fx_end(&c.f, s[i]);
+  uint64_t descs;
+  ck_assert_uint_eq(unread_channels(&c, &descs), N);
+  ck_assert_uint_eq(descs, N);
+  ck_assert_uint_eq(sweep_unread(&c), N);
+  /* Their places: the uid opens the rest, and no more. */
+  for (int i = 0; i < PLACES - N; i++) {
+    snprintf(rid, sizeof rid, "p%d", i);
+    ck_assert_int_eq(try_hello(&c, rid, "t1", why, sizeof why), 0);
+  }
+  ck_assert_int_eq(try_hello(&c, "over", "t1", why, sizeof why),
+                   GMB_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(why, "20 channels of ended sessions"));
+  ck_assert_ptr_nonnull(strstr(why, "max_sessions_per_uid"));
+  /* None was closed: every client reads its table, and no hang-up. */
+  for (int i = 0; i < N; i++) {
+    int fd = -1;
+    struct gmb_fd_rep rep = cli_reply(sock[i], &fd);
+    ck_assert_int_eq(rep.status, 0);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(cli_quiet(sock[i]), 1);
+  }
+  /* Read to the end: the broker's ends go at its next ticks, and with
+   * them the places. */
+  ck_assert_uint_eq(sweep_unread(&c), 0);
+  ck_assert_uint_eq(c.f.b.fd_unread, 0);
+  for (int i = 0; i < N; i++) ck_assert_int_eq(cli_hung_up(sock[i]), 1);
+  ck_assert_int_eq(try_hello(&c, "over", "t1", why, sizeof why), 0);
+  for (int i = 0; i < N; i++) close(sock[i]);
   chan_close(&c);
 }
 END_TEST
@@ -1755,55 +2057,89 @@ START_TEST(live_unread_refused_session_lives) {
 END_TEST
 
 /*
- * The unread channels weigh at most their bound in all, whatever ends at
- * once: sessions that all proved their channel before any ended (no
- * Hello was refused) end together, and past the bound the oldest channels
- * of the heaviest uid are closed, so the list and the broker's
- * descriptors stay bounded.  Under a low RLIMIT_NOFILE the bounds are
- * lower.
+ * What the tenant's bound is for: as many sessions of one tenant as it
+ * holds full batches (eight at the shipped bound) may each have asked for
+ * a whole batch of pages and read none of it, at the same moment, and all
+ * are served; only then is the tenant at its bound.  Once they read their
+ * answers the next session of the tenant is served.
  */
-START_TEST(unread_channels_bounded_in_all) {
+START_TEST(tenant_sessions_full_batches_served) {
   struct chan c;
-  chan_nofile = 512;
   chan_open(&c);
-  chan_nofile = 0;
-  uint32_t all, per_uid, per_tenant;
-  gmb__fdchan_unread_bounds(&c.f.b, &all, &per_uid, &per_tenant);
-  ck_assert_uint_eq(all, 512 / 32);
-  ck_assert_uint_eq(per_uid, all / 4);
-  ck_assert_uint_eq(per_tenant, all / 8);
-  enum { N = 20 };
-  ck_assert_uint_gt(N, all);
-  struct gmb_session *s[N];
-  int sock[N];
-  char rid[16];
-  for (int i = 0; i < N; i++) {
-    snprintf(rid, sizeof rid, "s%d", i);
-    s[i] = fx_hello(&c.f, rid, geteuid(), i % 2 ? "t1" : "t2");
-    sock[i] = cli_connect(&c);
-    accept_all(&c);
-    cli_auth(sock[i], s[i]);
-    serve_pending(&c);
-    ck_assert_int_ge(s[i]->fdconn, 0);
+  uint32_t per_uid, per_tenant;
+  gmb__fdchan_unread_bounds(&c.f.b, &per_uid, &per_tenant);
+  ck_assert_uint_ge(per_tenant, GMB_FDCHAN_UNREAD_ANSWERS);
+  enum { MAXN = GMB_FDCHAN_UNREAD_PER_TENANT / GMB_FDCHAN_UNREAD_ANSWERS };
+  unsigned n = per_tenant / GMB_FDCHAN_UNREAD_ANSWERS;
+  ck_assert_uint_le(n, MAXN);
+  struct gmb_session *s[MAXN];
+  int sock[MAXN];
+  char rid[16], why[WIRE_MESSAGE_MAX];
+  for (unsigned i = 0; i < n; i++) {
+    snprintf(rid, sizeof rid, "s%u", i);
+    sock[i] = chan_session(&c, rid, "t", &s[i], NULL);
   }
-  for (int i = 0; i < N; i++) fx_end(&c.f, s[i]);
-  size_t chans;
-  uint64_t descs, evicted;
-  gmb__fdchan_unread_stats(&c.f.b, &chans, &descs, &evicted);
-  ck_assert_uint_eq(chans, all);
-  ck_assert_uint_eq(descs, all);
-  ck_assert_uint_eq(evicted, N - all);
-  /* The oldest went: their clients see the table, then the hang-up. */
-  for (int i = 0; i < N; i++) {
-    int fd = -1;
-    struct gmb_fd_rep rep = cli_reply(sock[i], &fd);
-    ck_assert_int_eq(rep.status, 0);
-    close(fd);
-    ck_assert_int_eq(cli_hung_up(sock[i]), i < (int)(N - all));
+  uint64_t seg =
+      fx_must_alloc(&c.f, "s0", geteuid(), MIB, 0).u.alloc.segment;
+  for (unsigned i = 0; i < n; i++)
+    ask_segments(&c, sock[i], s[i], seg, GMB_FDCHAN_UNREAD_ANSWERS);
+  for (unsigned i = 0; i < n; i++) {
+    ck_assert_uint_eq(s[i]->fd_sent, GMB_FDCHAN_UNREAD_ANSWERS);
+    ck_assert_uint_eq(s[i]->fd_refused, 0);
   }
-  /* Read to the end: the broker's ends go at its next ticks. */
+  ck_assert_uint_eq(s[0]->tenant->fd_unread, n * GMB_FDCHAN_UNREAD_ANSWERS);
+  ck_assert_int_eq(try_hello(&c, "more", "t", why, sizeof why), GMB_E_LIMIT);
+  int given, refused;
+  for (unsigned i = 0; i < n; i++) {
+    read_answers(sock[i], &given, &refused, why, sizeof why);
+    ck_assert_int_eq(given, GMB_FDCHAN_UNREAD_ANSWERS);
+    ck_assert_int_eq(refused, 0);
+  }
+  struct gmb_session *m;
+  int ms = chan_session(&c, "more", "t", &m, NULL);
+  fx_end(&c.f, m);
+  for (unsigned i = 0; i < n; i++) fx_end(&c.f, s[i]);
+  ck_assert_uint_eq(unread_channels(&c, NULL), 0);
+  close(ms);
+  for (unsigned i = 0; i < n; i++) close(sock[i]);
+  chan_close(&c);
+}
+END_TEST
+
+/*
+ * A client that shuts its socket down (shutdown(2)) instead of closing it
+ * keeps its queue, and the descriptors in it, while the broker's end sees
+ * a hang-up: its session ends, but its channel is kept and counted, at
+ * the end and at every tick, until the client reads them or closes the
+ * socket.  Taken for gone at the hang-up, it would leave them in flight
+ * uncounted, and could start again.
+ */
+START_TEST(shutdown_keeps_count) {
+  struct chan c;
+  chan_open(&c);
+  struct gmb_session *s;
+  int sock = chan_session(&c, "a", "", &s, NULL);
+  uint64_t id = s->id;
+  struct gmb_tenant *t = s->tenant;
+  uint64_t seg = fx_must_alloc(&c.f, "a", geteuid(), MIB, 0).u.alloc.segment;
+  ask_segments(&c, sock, s, seg, 8);
+  ck_assert_uint_eq(s->fd_sent, 8);
+  ck_assert_int_eq(shutdown(sock, SHUT_WR), 0);
+  ck_assert_int_eq(serve_session(&c, id), 0); /* the end of its stream */
+  ck_assert_uint_eq(unread_channels(&c, NULL), 1);
+  ck_assert_uint_eq(t->fd_unread, 8);
+  ck_assert_uint_eq(sweep_unread(&c), 1);
+  ck_assert_uint_eq(t->fd_unread, 8);
+  ck_assert_uint_eq(gmb__fdchan_unread_of_uid(&c.f.b, geteuid(), NULL), 8);
+  /* They were still there, all of them. */
+  int given, refused;
+  char why[GMB_FD_MESSAGE_MAX];
+  read_answers(sock, &given, &refused, why, sizeof why);
+  ck_assert_int_eq(given, 8);
   ck_assert_uint_eq(sweep_unread(&c), 0);
-  for (int i = 0; i < N; i++) close(sock[i]);
+  ck_assert_uint_eq(c.f.b.fd_unread, 0);
+  close(sock);
+  ck_assert_int_eq(gmb__pool_trim(c.f.b.pool) > 0, 1);
   ck_assert_int_eq(fx_count_fds(), c.idle_fds);
   chan_close(&c);
 }
@@ -1841,7 +2177,11 @@ static Suite *fdchan_suite(void) {
   tc = tcase_create("unread");
   tcase_add_test(tc, unread_channels_bound_tenant);
   tcase_add_test(tc, live_unread_refused_session_lives);
-  tcase_add_test(tc, unread_channels_bounded_in_all);
+  tcase_add_test(tc, live_unread_bound_per_tenant);
+  tcase_add_test(tc, auth_burst_counted_at_send);
+  tcase_add_test(tc, kept_channels_hold_places);
+  tcase_add_test(tc, shutdown_keeps_count);
+  tcase_add_test(tc, tenant_sessions_full_batches_served);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("descriptors");

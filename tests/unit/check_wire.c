@@ -728,6 +728,8 @@ static void fill_sessions(struct wire_session_row *srows, size_t n) {
     srows[i].trim_asks = i * 7 + 2;
     srows[i].trim_ignored = i;
     srows[i].waiting = i + 3;
+    srows[i].fd_unread = 64 - i; /* the descriptor channel's figures */
+    srows[i].fd_refused = UINT64_MAX - i;
   }
   memset(srows[n - 1].client, 'c', WIRE_DEVICE_MAX - 1); /* the longest */
 }
@@ -742,6 +744,9 @@ START_TEST(reply_admin_status_sessions_roundtrip) {
     rows[i].cached = (i + 1) * (UINT64_C(1) << 31);
     rows[i].trim_asks = UINT64_MAX - i;
     rows[i].trim_ignored = i + 1;
+    rows[i].fd_unread = UINT64_MAX - i;
+    rows[i].fd_kept = UINT32_MAX - i;
+    rows[i].fd_refused = i + 5;
   }
   fill_sessions(srows, 3);
   struct wire_reply in, out;
@@ -754,8 +759,14 @@ START_TEST(reply_admin_status_sessions_roundtrip) {
   in.u.admin_status.tenants = rows;
   in.u.admin_status.n_sessions = 3;
   in.u.admin_status.session_rows = srows;
+  in.u.admin_status.fd_unread = UINT64_MAX;
+  in.u.admin_status.fd_kept = UINT32_MAX;
+  in.u.admin_status.fd_refused = UINT64_MAX - 1;
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.admin_status.cached, UINT64_C(3) << 31);
+  ck_assert_uint_eq(out.u.admin_status.fd_unread, UINT64_MAX);
+  ck_assert_uint_eq(out.u.admin_status.fd_kept, UINT32_MAX);
+  ck_assert_uint_eq(out.u.admin_status.fd_refused, UINT64_MAX - 1);
   ck_assert_uint_eq(out.u.admin_status.n_tenants, 2);
   ck_assert_mem_eq(out.u.admin_status.tenants, rows, sizeof rows);
   ck_assert_uint_eq(out.u.admin_status.n_sessions, 3);
@@ -770,6 +781,14 @@ START_TEST(reply_admin_status_sessions_roundtrip) {
     ck_assert_uint_eq(r->cached, srows[i].cached);
     ck_assert_uint_eq(r->trim_asks, srows[i].trim_asks);
     ck_assert_uint_eq(r->trim_ignored, srows[i].trim_ignored);
+    ck_assert_uint_eq(r->fd_unread, srows[i].fd_unread);
+    ck_assert_uint_eq(r->fd_refused, srows[i].fd_refused);
+  }
+  for (unsigned i = 0; i < 2; i++) {
+    const struct wire_tenant_row *r = &out.u.admin_status.tenants[i];
+    ck_assert_uint_eq(r->fd_unread, rows[i].fd_unread);
+    ck_assert_uint_eq(r->fd_kept, rows[i].fd_kept);
+    ck_assert_uint_eq(r->fd_refused, rows[i].fd_refused);
   }
   ck_assert_mem_eq(out.u.admin_status.session_rows, srows, sizeof srows);
   gmb__wire_reply_clear(&out);
