@@ -435,6 +435,13 @@ int gmb__reclaim_offload_step(struct gmb_broker *b) {
   return b->waitq.held_job > 0;
 }
 
+int gmb__reclaim_pause_step(struct gmb_broker *b) {
+  uint32_t made = 0;
+  int more = gmb__offload_pause_step(b, &made);
+  if (made) gmb__waitq_serve(b);
+  return more;
+}
+
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
                       uint64_t req_id, uint64_t size, uint32_t flags,
                       int timeout_ms, uint64_t ahead) {

@@ -111,6 +111,12 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
  * b->waitq.held_job is not 0.  Returns 1 while the job goes on. */
 int gmb__reclaim_offload_step(struct gmb_broker *b);
 
+/* One slice of an operator's pause still running (gmb__offload_pause_step),
+ * then the queue is served when it made room.  The loop calls it once a
+ * turn, in a turn that ran no other slice, while b->offload.pausing is not
+ * 0.  Returns 1 while a pause goes on. */
+int gmb__reclaim_pause_step(struct gmb_broker *b);
+
 /* Session s's request `req_id` of `size` bytes: when it would pass its
  * tenant's quota and the tenant's other sessions' caches can cover what
  * it lacks, asks them and holds the request (gmb__waitq_hold_quota) for

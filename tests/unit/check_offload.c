@@ -20,7 +20,8 @@
  * the rest; the tests drive the turns): other tenants' requests answered
  * between slices, two requesters both served, a lock mid-job honoured,
  * the requester's end, a job that cannot finish, and one that lets its
- * request go on to asks to pause tags.  The fixture runs the
+ * request go on to asks to pause tags; an operator's pause in slices,
+ * others answered between them.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -1623,6 +1624,86 @@ START_TEST(job_let_go_asks_to_pause) {
 }
 END_TEST
 
+/* An operator's pause of a tenant holding four slices' worth of movable
+ * memory (a's 256 MiB) copies a slice in its command and the rest a
+ * slice a loop turn (the tests drive the turns): the reply counts the
+ * first slice and says the rest is under way, status shows the pause
+ * running, and another tenant's Alloc and Stats are answered between two
+ * slices; a resume mid-way ends it and brings everything back. */
+START_TEST(operator_pause_in_slices) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  const int per = (int)(GMB_OFFLOAD_SLICE / MIB);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_PAUSE;
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "low");
+  struct gmb_peer p = fx_peer("ctl", geteuid());
+  struct wire_reply rep;
+  const uint64_t slices0 = f->b.offload.slices;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "pause: %s", rep.message);
+  ck_assert_uint_eq(rep.u.pause.movable, (uint32_t)per);
+  ck_assert_uint_eq(rep.u.pause.movable_bytes, GMB_OFFLOAD_SLICE);
+  ck_assert_ptr_nonnull(strstr(rep.message, "the rest a slice a loop turn"));
+  ck_assert_uint_eq(f->b.offload.slices, slices0 + 1);
+  ck_assert_int_eq(big_offloaded(&g), per);
+  struct wire_reply st;
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&f->b, &st);
+  ck_assert_uint_eq(st.u.admin_status.offload_pauses, 1);
+  gmb__wire_reply_clear(&st);
+  /* The turns: between two slices, c's Alloc and Stats are answered, and
+   * each slice adds one slice's worth. */
+  uint64_t c_ids[8];
+  int steps = 0, more;
+  do {
+    ck_assert_int_lt(steps, 8);
+    ck_assert_int_eq(fx_alloc(f, "c", 1004, MIB, 0, 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "c refused: %s", rep.message);
+    c_ids[steps] = rep.u.alloc.id;
+    ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_STATS, &rep), 1);
+    ck_assert_int_eq(rep.status, 0);
+    ck_assert_int_eq(big_offloaded(&g), per * (steps + 1));
+    more = gmb__reclaim_pause_step(&f->b);
+    steps++;
+    ck_assert_int_eq(gmb__core_check(&f->b), 0);
+    ck_assert_int_eq(gmb__offload_check(&f->b), 0);
+  } while (more);
+  /* Four slices in all: the command's and three turns'. */
+  ck_assert_int_eq(steps, 3);
+  ck_assert_uint_eq(f->b.offload.slices, slices0 + 4);
+  ck_assert_int_eq(big_offloaded(&g), 256);
+  ck_assert_uint_eq(f->b.offload.pausing, 0);
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&f->b, &st);
+  ck_assert_uint_eq(st.u.admin_status.offload_pauses, 0);
+  gmb__wire_reply_clear(&st);
+  ck_assert_int_eq(gmb__reclaim_pause_step(&f->b), 0);
+  ck_assert_uint_eq(f->b.offload.slices, slices0 + 4);
+  for (int i = 0; i < steps; i++)
+    ck_assert_int_eq(fx_free(f, "c", 1004, c_ids[i]), 0);
+  /* A resume mid-way ends the pause: everything back, no slice more. */
+  req.kind = WIRE_ADMIN_RESUME;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_int_eq(big_offloaded(&g), 0);
+  req.kind = WIRE_ADMIN_PAUSE;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_int_eq(big_offloaded(&g), per);
+  ck_assert_uint_eq(f->b.offload.pausing, 1);
+  req.kind = WIRE_ADMIN_RESUME;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_uint_eq(f->b.offload.pausing, 0);
+  ck_assert_int_eq(big_offloaded(&g), 0);
+  const uint64_t slices1 = f->b.offload.slices;
+  ck_assert_int_eq(gmb__reclaim_pause_step(&f->b), 0);
+  ck_assert_uint_eq(f->b.offload.slices, slices1);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
 static Suite *offload_suite(void) {
   Suite *s = suite_create("offload");
   TCase *tc = tcase_create("offload");
@@ -1657,6 +1738,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(job, job_requester_ends_mid_job);
   tcase_add_test(job, job_that_cannot_finish_refuses);
   tcase_add_test(job, job_let_go_asks_to_pause);
+  tcase_add_test(job, operator_pause_in_slices);
   suite_add_tcase(s, job);
   return s;
 }
