@@ -233,17 +233,23 @@ static int admin_pause(struct gmb_broker *b, const struct gmb_peer *peer,
   const char *tag = req->u.admin_pause.tag;
   if (tag[0] == '\0' || strcmp(tag, GMB_SLEEP_MOVABLE_TAG) == 0) {
     int pause = req->kind == WIRE_ADMIN_PAUSE;
-    gmb__offload_tenant(b, t, pause, &rep->u.pause.movable,
-                        &rep->u.pause.movable_bytes);
+    /* A pause copies a slice now and the rest a slice a loop turn: the
+     * reply says what went now, and that the rest is under way (gmbctl
+     * status shows it until done). */
+    int more = gmb__offload_tenant(b, t, pause, &rep->u.pause.movable,
+                                   &rep->u.pause.movable_bytes);
     if (rep->u.pause.movable) {
       char sz[GMB_SIZE_BUFSZ];
       size_t n = strlen(rep->message);
       snprintf(rep->message + n, sizeof rep->message - n, "; %u movable "
-               "allocation%s (%s) %s", rep->u.pause.movable,
+               "allocation%s (%s) %s%s", rep->u.pause.movable,
                rep->u.pause.movable == 1 ? "" : "s",
                gmb__size_format(rep->u.pause.movable_bytes, sz, sizeof sz),
                pause ? "offloaded to the broker's host memory"
-                     : "brought back");
+                     : "brought back",
+               more ? ", the rest a slice a loop turn (gmbctl status: "
+                      "offload pause)"
+                    : "");
       if (pause) gmb__waitq_serve(b);
     }
   }

@@ -153,6 +153,9 @@ struct gmb_offload {
   uint64_t jobs;                       /* offload jobs begun (reclaim.c):
                                           requests held for more than one
                                           slice, since start */
+  uint32_t pausing;                    /* tenants whose operator's pause
+                                          still offloads, a slice a turn
+                                          (gmb_tenant.offl_pausing) */
 };
 
 /* Which socket a reply leaves by (reply.c). */

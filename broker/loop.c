@@ -839,8 +839,10 @@ int gmb__loop_run(struct gmb_broker *b) {
      * arrived meanwhile. */
     if (gmb__defrag_busy(b)) timeout_ms = 0;
     /* The same while ended sessions' memory is freed in slices, and
-     * while the broker's offload job copies (a slice a turn). */
-    if (b->reap_head || b->waitq.held_job) timeout_ms = 0;
+     * while the broker's offload job or an operator's pause copies (a
+     * slice a turn). */
+    if (b->reap_head || b->waitq.held_job || b->offload.pausing)
+      timeout_ms = 0;
     /* A batch cut short, or a send on a socket since it was read to the
      * end (the admin handlers send on the client socket too, and the
      * timers above on both): read them again before sleeping. */
@@ -877,6 +879,12 @@ int gmb__loop_run(struct gmb_broker *b) {
     }
     if (b->waitq.held_job && b->offload.slices == slices) {
       gmb__reclaim_offload_step(b);
+      now = gmb__now_ns();
+    }
+    /* An operator's pause goes on in a turn that ran no other slice:
+     * requests held for room come first. */
+    if (b->offload.pausing && b->offload.slices == slices) {
+      gmb__reclaim_pause_step(b);
       now = gmb__now_ns();
     }
     if (now >= next_frag) {

@@ -207,6 +207,7 @@ void gmb__observe_status(struct gmb_broker *b, struct wire_reply *rep) {
   rep->u.admin_status.offload_job_requests = (uint32_t)b->waitq.held_job;
   rep->u.admin_status.offload_slices = b->offload.slices;
   rep->u.admin_status.offload_jobs = b->offload.jobs;
+  rep->u.admin_status.offload_pauses = b->offload.pausing;
   rep->u.admin_status.fd_unread = b->fd_unread;
   rep->u.admin_status.fd_kept = b->fd_kept;
   rep->u.admin_status.fd_refused = b->fd_refused;

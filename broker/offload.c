@@ -785,30 +785,101 @@ int gmb__offload_try(struct gmb_broker *b, struct gmb_session *s,
 
 /* --- operators ------------------------------------------------------------- */
 
-void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
-                         int pause, uint32_t *n, uint64_t *bytes) {
+/* One slice of an operator's pause of t: its unlocked movable
+ * allocations offloaded one by one, GMB_OFFLOAD_SLICE of copies at most
+ * (the last allocation begun goes whole); *n and *bytes grow by what
+ * went.  Returns 1 when it stopped at the slice with allocations left. */
+static int offl_pause_slice(struct gmb_broker *b, struct gmb_tenant *t,
+                            uint32_t *n, uint64_t *bytes) {
+  if (b->cfg.offload_host_max == 0 || t->sessions == NULL || b->closing)
+    return 0;
+  b->offload.slices++;
+  struct offl_scan c = {.t = t, .now = gmb__now_ns()};
+  offl_scan(b, &c);
+  uint64_t copied = 0;
+  int more = 0;
+  for (size_t i = 0; i < c.n; i++) {
+    if (copied >= GMB_OFFLOAD_SLICE) {
+      more = 1; /* the rest at the next turn, chosen anew */
+      break;
+    }
+    struct gmb_session *owner;
+    struct gmb_locktab *lt;
+    uint32_t slot;
+    struct gmb_alloc_info info;
+    if (gmb__pool_find(b->pool, c.ids[i], &info) != 0 ||
+        !offl_claim(b, c.ids[i], &owner, &lt, &slot))
+      continue; /* locked */
+    if (offl_out(b, owner, c.ids[i], lt, slot) != 0)
+      break; /* the host bounds, or host memory: nothing more fits */
+    (*n)++;
+    *bytes += info.size;
+    copied += info.size;
+  }
+  free(c.ids);
+  return more;
+}
+
+/* The tenants whose operator's pause still runs, counted anew (a tenant
+ * removed meanwhile is no longer among them). */
+static int offl_count_pausing(void *ctx, struct gmb_tenant *t) {
+  *(uint32_t *)ctx += t->offl_pausing != 0;
+  return 0;
+}
+
+static void offl_pausing_sync(struct gmb_broker *b) {
+  uint32_t n = 0;
+  if (b->tenants) gmb__tenants_each(b->tenants, offl_count_pausing, &n);
+  b->offload.pausing = n;
+}
+
+static int offl_first_pausing(void *ctx, struct gmb_tenant *t) {
+  if (!t->offl_pausing) return 0;
+  *(struct gmb_tenant **)ctx = t;
+  return 1;
+}
+
+int gmb__offload_pause_step(struct gmb_broker *b, uint32_t *made) {
+  *made = 0;
+  if (b->offload.pausing == 0) return 0;
+  struct gmb_tenant *t = NULL;
+  if (b->tenants) gmb__tenants_each(b->tenants, offl_first_pausing, &t);
+  if (t != NULL) {
+    uint32_t n = 0;
+    uint64_t bytes = 0;
+    t->offl_pausing = offl_pause_slice(b, t, &n, &bytes);
+    t->offl_pause_n += n;
+    t->offl_pause_bytes += bytes;
+    if (!t->offl_pausing) {
+      char sz[GMB_SIZE_BUFSZ];
+      log_info("operator's pause of tenant %s: %u movable allocations (%s) "
+               "offloaded to the broker's host memory in all, a slice a "
+               "turn", t->name, t->offl_pause_n,
+               gmb__size_format(t->offl_pause_bytes, sz, sizeof sz));
+    }
+    *made = n;
+  }
+  offl_pausing_sync(b);
+  return b->offload.pausing > 0;
+}
+
+int gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
+                        int pause, uint32_t *n, uint64_t *bytes) {
   *n = 0;
   *bytes = 0;
+  /* A pause running, or done: this command starts over (a resume ends
+   * it). */
+  t->offl_pausing = 0;
+  t->offl_pause_n = 0;
+  t->offl_pause_bytes = 0;
   if (pause) {
-    if (b->cfg.offload_host_max == 0 || t->sessions == NULL) return;
-    struct offl_scan c = {.t = t, .now = gmb__now_ns()};
-    offl_scan(b, &c);
-    for (size_t i = 0; i < c.n; i++) {
-      struct gmb_session *owner;
-      struct gmb_locktab *lt;
-      uint32_t slot;
-      struct gmb_alloc_info info;
-      if (gmb__pool_find(b->pool, c.ids[i], &info) != 0 ||
-          !offl_claim(b, c.ids[i], &owner, &lt, &slot))
-        continue; /* locked */
-      if (offl_out(b, owner, c.ids[i], lt, slot) != 0)
-        break; /* the host bounds, or host memory: nothing more fits */
-      (*n)++;
-      *bytes += info.size;
-    }
-    free(c.ids);
-    return;
+    t->offl_pausing = offl_pause_slice(b, t, n, bytes);
+    t->offl_pause_n = *n;
+    t->offl_pause_bytes = *bytes;
+    offl_pausing_sync(b);
+    return t->offl_pausing;
   }
+  offl_pausing_sync(b);
   for (struct gmb_session *s = t->sessions; s; s = s->tenant_next) {
     if (s->offl == NULL || s->offl->away == 0) continue;
     struct offl_rec *r, *next;
@@ -823,6 +894,7 @@ void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
       *bytes += size;
     }
   }
+  return 0;
 }
 
 /* --- the consistency check ------------------------------------------------ */

@@ -77,11 +77,20 @@ uint64_t gmb__offload_for(struct gmb_broker *b, struct gmb_session *s,
                           uint64_t want, uint64_t max, int *more);
 
 /* Operators (gmbctl pause|resume TENANT): offloads every unlocked movable
- * allocation of tenant t's sessions within the host bounds (pause), or
- * brings back those that fit now, unlocked (resume; the others come back
- * at their next gmb_lock).  *n and *bytes: how many and their bytes. */
-void gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
-                         int pause, uint32_t *n, uint64_t *bytes);
+ * allocation of tenant t's sessions within the host bounds (pause), a
+ * slice (GMB_OFFLOAD_SLICE) now and the rest a slice a loop turn
+ * (gmb__offload_pause_step), or brings back those that fit now, unlocked
+ * (resume, which also ends a pause still running; the others come back
+ * at their next gmb_lock).  *n and *bytes: how many and their bytes, now.
+ * Returns 1 when the pause goes on over the next turns. */
+int gmb__offload_tenant(struct gmb_broker *b, struct gmb_tenant *t,
+                        int pause, uint32_t *n, uint64_t *bytes);
+
+/* One slice of an operator's pause still running (b->offload.pausing
+ * tenants; the first of them in the tenants' order); *made: the
+ * allocations it offloaded (the caller serves the queue then:
+ * gmb__reclaim_pause_step).  Returns 1 while a pause goes on. */
+int gmb__offload_pause_step(struct gmb_broker *b, uint32_t *made);
 
 /* What id means for session s (GMB_OFFL_*); *pool_id is the pool's id
  * for NONE (id itself) and ALIAS, 0 for AWAY.  *size (may be NULL): the

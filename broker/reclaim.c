@@ -276,8 +276,12 @@ static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
  * take some, and the job goes on for what its requests still lack.  When
  * a slice can make nothing more for the first of them (no candidate left
  * for it, locked, or the host bounds), that request is let go, its hold
- * an ordinary one that ends as it would have (a compaction run, or
- * GMB_E_NOMEM explained), and the next slice works for the next.  A
+ * an ordinary one, and it goes on to the remedy that follows the
+ * broker's offload, as a request that never went through a job does: the
+ * idle sessions that opted in are asked to pause tags for it
+ * (reclaim_job_let_go), and it is held within the asks' bound; else, or
+ * when they give too little, it ends as it would have (a compaction run,
+ * or GMB_E_NOMEM explained).  The next slice works for the next.  A
  * requester that ends takes its held request with it; a held request
  * lets go at RECLAIM_JOB_HOLD_NS at the latest.
  */
@@ -308,6 +312,8 @@ struct reclaim_job_sum {
   uint64_t asked;          /* what the caches were asked for them */
   struct gmb_waiter *first; /* the first of them */
   struct gmb_session *first_s;
+  uint64_t first_size, first_asked;
+  uint32_t first_flags;
 };
 
 static int reclaim_job_add(void *ctx, struct gmb_waiter *w,
@@ -323,8 +329,73 @@ static int reclaim_job_add(void *ctx, struct gmb_waiter *w,
   if (j->first == NULL) {
     j->first = w;
     j->first_s = s;
+    j->first_size = size;
+    j->first_flags = flags;
+    j->first_asked = asked;
   }
   return 0;
+}
+
+/* The job lets go the first of its requests (j->first), for which a
+ * slice can make nothing more: the remedy after the broker's offload is
+ * tried for it, as for a request that never went through a job
+ * (gmb__reclaim_hold): the idle sessions that opted in are asked to pause
+ * tags (sleep.h: who, in which order, never below their tenants'
+ * reservations) when they can cover what it still lacks, and the request
+ * is held, an ordinary hold, within the asks' bound.  Else nobody is asked
+ * and it ends as it would have without the asks.  Returns the bound of
+ * the asks made (0: none). */
+static uint64_t reclaim_job_let_go(struct gmb_broker *b,
+                                   const struct reclaim_job_sum *j,
+                                   uint64_t now) {
+  struct gmb_session *s = j->first_s;
+  if (b->cfg.sleep_wait_ms == 0 || b->closing) return 0;
+  const int vmm = (j->first_flags & GMB__ALLOC_VMM) != 0;
+  uint64_t rounded = vmm ? j->first_size : gmb__alloc_round(j->first_size);
+  uint64_t missing = reclaim_missing(b, s->tenant, rounded, vmm);
+  /* Bytes on their way count for it, except s's own ask and what was
+   * asked for the requests the job still holds. */
+  uint64_t coming = b->reclaim.ask_bytes - s->ask_bytes;
+  uint64_t theirs = j->asked - j->first_asked;
+  coming = coming > theirs ? coming - theirs : 0;
+  uint64_t need = missing > coming ? missing - coming : 0;
+  if (need == 0) return 0;
+  struct reclaim_pick p = {.s = s, .now = now};
+  p.cap = gmb__sessions_count(b->sessions);
+  p.v = malloc(p.cap * sizeof *p.v);
+  uint64_t *bytes = malloc(p.cap * sizeof *bytes);
+  uint8_t *sleep = calloc(p.cap, 1);
+  uint64_t until = 0;
+  if (p.v && bytes && sleep) {
+    uint64_t planned = reclaim_plan_sleep(b, &p, bytes, sleep, need);
+    for (size_t i = 0; i < p.n; i++) p.v[i]->tenant->cache_asked -= bytes[i];
+    if (planned >= need) {
+      until = now + (uint64_t)(b->cfg.sleep_wait_ms > b->cfg.trim_wait_ms
+                                   ? b->cfg.sleep_wait_ms
+                                   : b->cfg.trim_wait_ms) *
+                        GMB_NS_PER_MS;
+      char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
+      for (size_t i = 0; i < p.n; i++) {
+        struct gmb_session *o = p.v[i];
+        o->ask_sleep = 1;
+        reclaim_open(b, o, s, bytes[i], until);
+        if (gmb__log_allow(&reclaim_rl_ask))
+          log_info("session %" PRIu64 " (tenant %s, priority %d) asked to "
+                   "pause tags and give back %s for session %" PRIu64
+                   " (tenant %s), which the offload job could make no more "
+                   "room for: the device has no room for %s%s", o->id,
+                   o->tenant->name, o->tenant->priority,
+                   gmb__size_format(bytes[i], sz, sizeof sz), s->id,
+                   s->tenant->name,
+                   gmb__size_format(rounded, req_sz, sizeof req_sz),
+                   gmb__log_suppressed(&reclaim_rl_ask));
+      }
+    }
+  }
+  free(p.v);
+  free(bytes);
+  free(sleep);
+  return until;
 }
 
 int gmb__reclaim_offload_step(struct gmb_broker *b) {
@@ -345,11 +416,13 @@ int gmb__reclaim_offload_step(struct gmb_broker *b) {
   if (lack == 0) {
     /* The room they lack is there, or on its way from the caches: the
      * job has nothing left to do for them. */
-    gmb__waitq_job_release(b, NULL, now);
+    gmb__waitq_job_release(b, NULL, now, 0);
   } else if (made == 0 && !more) {
     /* Nothing more for the first of them: it is let go (w is still
-     * queued: nothing was served since the walk above). */
-    gmb__waitq_job_release(b, j.first, now);
+     * queued: nothing was served since the walk above), the sessions
+     * that opted in asked to pause tags for it where they can cover
+     * its lack. */
+    gmb__waitq_job_release(b, j.first, now, reclaim_job_let_go(b, &j, now));
   }
   if (made) gmb__waitq_serve(b);
   if (b->waitq.held_job == 0)
@@ -360,6 +433,13 @@ int gmb__reclaim_offload_step(struct gmb_broker *b) {
   gmb__reclaim_settle(b);
   reclaim_hold_over(b, now, GMB_HOLD_DUE);
   return b->waitq.held_job > 0;
+}
+
+int gmb__reclaim_pause_step(struct gmb_broker *b) {
+  uint32_t made = 0;
+  int more = gmb__offload_pause_step(b, &made);
+  if (made) gmb__waitq_serve(b);
+  return more;
 }
 
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
@@ -440,7 +520,8 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
     need = offloaded < need ? need - offloaded : 0;
     want = offloaded < want ? want - offloaded : 0;
     /* The job offloads those very sessions' allocations: they are not
-     * asked to sleep meanwhile. */
+     * asked to sleep meanwhile (they are when it lets this request go,
+     * reclaim_job_let_go). */
     if (!job && planned < need && b->cfg.sleep_wait_ms > 0)
       planned += reclaim_plan_sleep(b, &p, bytes, sleep, want - planned);
     for (size_t i = 0; i < p.n; i++) {

@@ -105,10 +105,17 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
 /* One slice of the broker's offload job (reclaim.c has how it runs):
  * for the requests held for it (gmb__waitq_hold_job), offloads up to
  * GMB_OFFLOAD_SLICE of idle sessions' movable allocations, serves the
- * queue, and lets go the requests it can do nothing more for (they fall
- * through as without the job).  The loop calls it once a turn while
+ * queue, and lets go the requests it can do nothing more for (the
+ * sessions that opted in are asked to pause tags for them, as without
+ * the job, or they fall through).  The loop calls it once a turn while
  * b->waitq.held_job is not 0.  Returns 1 while the job goes on. */
 int gmb__reclaim_offload_step(struct gmb_broker *b);
+
+/* One slice of an operator's pause still running (gmb__offload_pause_step),
+ * then the queue is served when it made room.  The loop calls it once a
+ * turn, in a turn that ran no other slice, while b->offload.pausing is not
+ * 0.  Returns 1 while a pause goes on. */
+int gmb__reclaim_pause_step(struct gmb_broker *b);
 
 /* Session s's request `req_id` of `size` bytes: when it would pass its
  * tenant's quota and the tenant's other sessions' caches can cover what

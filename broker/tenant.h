@@ -128,6 +128,11 @@ struct gmb_tenant {
                              follows it at reload */
   uint64_t host_bytes, paused_bytes, paused_tags;
   uint64_t pauses, resumes, paused_ns, sleep_asks;
+  /* An operator's pause of its movable allocations still running, a
+   * slice a loop turn (offload.h), and what it offloaded so far. */
+  int offl_pausing;
+  uint32_t offl_pause_n;
+  uint64_t offl_pause_bytes;
   int configured;    /* named in the config */
   uid_t uids[GMB_CONFIG_UIDS_MAX];
   size_t n_uids;     /* 0 and !has_token: bound to owner_uid on first use */

@@ -449,27 +449,29 @@ void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx) {
   }
 }
 
-/* w is no longer held for the job: an ordinary hold, to its own bound. */
+/* w is no longer held for the job: an ordinary hold, to its own bound or
+ * until_ns, the later. */
 static void waitq_job_unmark(struct gmb_waitq *q, struct gmb_waiter *w,
-                             uint64_t now) {
+                             uint64_t now, uint64_t until_ns) {
   GMB_ASSERT(w->job && w->held && q->held_job > 0 && "job counts drifted");
   w->job = 0;
   q->held_job--;
-  w->hold_until_ns = w->plain_until_ns > now ? w->plain_until_ns : now;
+  uint64_t until = w->plain_until_ns > until_ns ? w->plain_until_ns : until_ns;
+  w->hold_until_ns = until > now ? until : now;
   q->next_hold_ns = 0; /* look again */
 }
 
 void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
-                            uint64_t now) {
+                            uint64_t now, uint64_t until_ns) {
   struct gmb_waitq *q = &b->waitq;
   if (w) {
-    waitq_job_unmark(q, w, now);
+    waitq_job_unmark(q, w, now, until_ns);
     return;
   }
   if (q->held_job == 0) return;
   for (w = RB_MIN(gmb_waiter_holds, &q->holds); w;
        w = RB_NEXT(gmb_waiter_holds, &q->holds, w))
-    if (w->job) waitq_job_unmark(q, w, now);
+    if (w->job) waitq_job_unmark(q, w, now, until_ns);
 }
 
 int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,

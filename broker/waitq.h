@@ -106,9 +106,11 @@ typedef int (*gmb_waitq_job_fn)(void *ctx, struct gmb_waiter *w,
 void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx);
 
 /* The offload job lets w go (NULL: every one it holds): its hold is an
- * ordinary one again, ending at its own bound (now at the earliest). */
+ * ordinary one again, ending at its own bound (now at the earliest), or
+ * at until_ns when later (the bound of asks made for w as it is let go;
+ * 0: none). */
 void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
-                            uint64_t now);
+                            uint64_t now, uint64_t until_ns);
 
 /* Which holds gmb__waitq_hold_over ends. */
 enum gmb_hold_end {

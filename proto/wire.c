@@ -653,6 +653,7 @@ static int wire_status_out(const struct wire_admin_status *st,
   as->offload_job_requests = st->offload_job_requests;
   as->offload_slices = st->offload_slices;
   as->offload_jobs = st->offload_jobs;
+  as->offload_pauses = st->offload_pauses;
   as->fd_unread = st->fd_unread;
   as->fd_kept = st->fd_kept;
   as->fd_refused = st->fd_refused;
@@ -946,6 +947,7 @@ static int wire_status_in(const Gmb__AdminStatusReply *as,
   st->offload_job_requests = as->offload_job_requests;
   st->offload_slices = as->offload_slices;
   st->offload_jobs = as->offload_jobs;
+  st->offload_pauses = as->offload_pauses;
   st->fd_unread = as->fd_unread;
   st->fd_kept = as->fd_kept;
   st->fd_refused = as->fd_refused;

@@ -226,6 +226,7 @@ struct wire_admin_status {
   uint64_t host_bytes, paused_bytes; /* of paused tags, all tenants */
   uint32_t offload_job_requests;     /* held for the broker's offload job */
   uint64_t offload_slices, offload_jobs; /* since start */
+  uint32_t offload_pauses; /* tenants an operator's pause still offloads */
   /* The descriptor channel: descriptors not seen read on every channel,
    * channels kept for ended sessions, requests refused at a bound. */
   uint64_t fd_unread, fd_refused;

@@ -163,6 +163,8 @@ json_t *gmb__ctl_json_status(const struct wire_admin_status *st) {
                       json_integer((json_int_t)st->offload_slices));
   json_object_set_new(j, "offload_jobs",
                       json_integer((json_int_t)st->offload_jobs));
+  json_object_set_new(j, "offload_pauses",
+                      json_integer((json_int_t)st->offload_pauses));
   json_object_set_new(j, "compaction", gmb__ctl_json_compact(&st->compaction));
   json_object_set_new(j, "fd_unread", json_integer((json_int_t)st->fd_unread));
   json_object_set_new(j, "fd_kept", json_integer((json_int_t)st->fd_kept));
@@ -427,6 +429,10 @@ static int ctl_status(struct ctl *ctl, const struct ctl_verb *v, int argc,
            "since start)\n", st->offload_job_requests,
            (unsigned long long)st->offload_slices,
            (unsigned long long)st->offload_jobs);
+  if (st->offload_pauses)
+    printf("offload pause %u tenant%s' movable memory still offloaded for "
+           "an operator's pause, a slice a turn\n", st->offload_pauses,
+           st->offload_pauses == 1 ? "" : "s");
   printf("\n");
   ctl_print_tenants(st);
   gmb__wire_reply_clear(&rep);

@@ -560,6 +560,52 @@ START_TEST(two_requesters_served_over_slices) {
 }
 END_TEST
 
+/* 1 when the broker holds `bytes` of offloaded copies (the metric). */
+struct metric_wait {
+  const struct harness_broker *b;
+  const char *name;
+  uint64_t value;
+};
+
+static int metric_seen(void *arg) {
+  const struct metric_wait *m = arg;
+  return metric_of(m->b, m->name) == m->value;
+}
+
+/* gmbctl pause of a tenant holding more than two slices' worth of movable
+ * memory (160 MiB): the command copies one slice and answers, the
+ * broker's loop copies the rest a slice a turn, and status says so until
+ * it is done; resume brings every byte back. */
+START_TEST(operator_pause_runs_in_slices) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:256MiB", job_tenants);
+  struct jobrun a;
+  job_start_n(&a, &b, "idle", NULL, 0, 0, NM_MAX);
+  const uint64_t slices0 = metric_of(&b, "gmb_offload_slices_total");
+  static char out[1 << 16];
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "pause", "idle", NULL), 0);
+  ck_assert_msg(strstr(out, "64 movable allocations (64MiB)") != NULL, "%s",
+                out);
+  ck_assert_msg(strstr(out, "the rest a slice a loop turn") != NULL, "%s",
+                out);
+  struct metric_wait m = {&b, "gmb_offload_host_bytes", NM_MAX * MIB};
+  ck_assert_msg(harness_poll_until(metric_seen, &m, HARNESS_WAIT_MS),
+                "the pause never offloaded all 160 MiB");
+  /* The command's slice and two turns' at least (64 + 64 + 32 MiB). */
+  ck_assert_uint_ge(metric_of(&b, "gmb_offload_slices_total"), slices0 + 3);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "status", NULL), 0);
+  ck_assert_msg(strstr(out, "offload pause") == NULL, "%s", out);
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "idle", NULL),
+                   0);
+  struct host_wait h = {&b, "idle", 0};
+  ck_assert_msg(harness_poll_until(host_seen, &h, HARNESS_WAIT_MS),
+                "tenant idle still holds host bytes after resume");
+  ck_assert_int_eq(harness_job_ask(&a.h, 'l'), 'k');
+  harness_job_end(&a.h);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 int main(void) {
   return harness_main(HARNESS_SUITE("offload", "offload", 90,
                                     broker_offloads_and_lock_brings_back,
@@ -567,5 +613,6 @@ int main(void) {
                                     untagged_movable_job_offloaded,
                                     operator_pause_leaves_offloaded_to_the_broker,
                                     killed_while_its_lock_waits,
-                                    two_requesters_served_over_slices));
+                                    two_requesters_served_over_slices,
+                                    operator_pause_runs_in_slices));
 }

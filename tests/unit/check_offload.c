@@ -19,7 +19,9 @@
  * than a slice, GMB_OFFLOAD_SLICE, is held while the loop's turns make
  * the rest; the tests drive the turns): other tenants' requests answered
  * between slices, two requesters both served, a lock mid-job honoured,
- * the requester's end, a job that cannot finish.  The fixture runs the
+ * the requester's end, a job that cannot finish, and one that lets its
+ * request go on to asks to pause tags; an operator's pause in slices,
+ * others answered between them.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -1251,10 +1253,11 @@ struct big {
 
 static uint8_t big_byte(int i) { return (uint8_t)(i * 7 + 1); }
 
-static void big_open(struct big *g, const char *device, int n) {
+static void big_open_ini(struct big *g, const char *device, const char *ini,
+                         int n) {
   memset(g, 0, sizeof *g);
   ck_assert_int_le(n, NB_MAX);
-  fx_open_ini(&g->f, device, INI_JOB);
+  fx_open_ini(&g->f, device, ini);
   g->a = fx_hello(&g->f, "a", 1001, "low");
   g->b = fx_hello(&g->f, "b", 1002, "high");
   fx_hello(&g->f, "c", 1004, "other");
@@ -1268,6 +1271,10 @@ static void big_open(struct big *g, const char *device, int n) {
   }
   g->lt = fx_map_locktab(g->a);
   offer(&g->f, "a", 1001, 1, 5000);
+}
+
+static void big_open(struct big *g, const char *device, int n) {
+  big_open_ini(g, device, INI_JOB, n);
 }
 
 static _Atomic uint32_t *big_state(struct big *g, int i) {
@@ -1540,6 +1547,163 @@ START_TEST(job_that_cannot_finish_refuses) {
 }
 END_TEST
 
+/* A request the job lets go goes on to the remedy that follows the
+ * broker's offload, as one that never went through a job would: the
+ * sessions that opted in are asked to pause tags.  Here the broker's
+ * bound (offload_host_max 96 MiB) stops the job short of b's lack (128
+ * MiB after the 64 free): the next slice can make nothing more, and a,
+ * which offers 64 MiB of tags, is asked to pause them for the 32 MiB b
+ * still lacks; b is held meanwhile, and served once a gave them back and
+ * answered. */
+START_TEST(job_let_go_asks_to_pause) {
+  struct big g;
+  big_open_ini(&g, "host:320MiB",
+               "[broker]\ncompaction = off\noffload_host_max = 96MiB\n"
+               "sleep_wait_ms = 500\n"
+               "[tenant:low]\nuids = 1001\npriority = 0\n"
+               "[tenant:high]\nuids = 1002\npriority = 10\n"
+               "[tenant:mid]\nuids = 1003\npriority = 10\n"
+               "[tenant:other]\nuids = 1004\npriority = 0\n",
+               256);
+  struct fx *f = &g.f;
+  offer(f, "a", 1001, 64 * MIB, 5000);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 16);
+  ck_assert_uint_eq(f->b.offload.host_bytes, 96 * MIB);
+  /* Let go by the job, still held: a was asked to pause 32 MiB. */
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  ck_assert_ptr_null(big_answer(&g, "b"));
+  const struct fx_sent *ev = fx_last_to(f, "a");
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(ev->rep.kind, WIRE_EVENT);
+  ck_assert_int_eq(ev->rep.u.event.kind, WIRE_EVENT_SLEEP);
+  ck_assert_int_eq(ev->rep.u.event.mode, WIRE_SLEEP_ASK);
+  ck_assert_uint_eq(ev->rep.u.event.bytes, 32 * MIB);
+  ck_assert_uint_eq(g.a->ask_bytes, 32 * MIB);
+  /* a pauses its tags: its library frees 32 MiB on the device (whole
+   * segments), then answers. */
+  int freed[NB_MAX] = {0}, gone = 0;
+  for (int i = 0; i < g.n && gone < 32; i++)
+    if (atomic_load(big_state(&g, i)) == 0) {
+      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
+      freed[i] = 1;
+      gone++;
+    }
+  ck_assert_int_eq(gone, 32);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.sleep_pausable = 32 * MIB;
+  req.sleep_idle_ms = 5000;
+  req.trim_answered = 1;
+  ck_assert_int_eq(fx_request(f, "a", 1001, &req, &rep), 0);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(g.a->ask_bytes, 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  /* The rest back and freed, no host byte left counted. */
+  for (int i = 0; i < g.n; i++) {
+    if (atomic_load(big_state(&g, i)) != GMB_LT_OFFLOADED) continue;
+    ck_assert_int_eq(lock(f, "a", 1001, g.id[i], 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "lock %d: %s", i, rep.message);
+    atomic_store(big_state(&g, i), 0);
+  }
+  for (int i = 0; i < g.n; i++)
+    if (!freed[i]) {
+      big_assert_pattern(&g, i);
+      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
+    }
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  big_close(&g);
+}
+END_TEST
+
+/* An operator's pause of a tenant holding four slices' worth of movable
+ * memory (a's 256 MiB) copies a slice in its command and the rest a
+ * slice a loop turn (the tests drive the turns): the reply counts the
+ * first slice and says the rest is under way, status shows the pause
+ * running, and another tenant's Alloc and Stats are answered between two
+ * slices; a resume mid-way ends it and brings everything back. */
+START_TEST(operator_pause_in_slices) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  const int per = (int)(GMB_OFFLOAD_SLICE / MIB);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_PAUSE;
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant, "low");
+  struct gmb_peer p = fx_peer("ctl", geteuid());
+  struct wire_reply rep;
+  const uint64_t slices0 = f->b.offload.slices;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "pause: %s", rep.message);
+  ck_assert_uint_eq(rep.u.pause.movable, (uint32_t)per);
+  ck_assert_uint_eq(rep.u.pause.movable_bytes, GMB_OFFLOAD_SLICE);
+  ck_assert_ptr_nonnull(strstr(rep.message, "the rest a slice a loop turn"));
+  ck_assert_uint_eq(f->b.offload.slices, slices0 + 1);
+  ck_assert_int_eq(big_offloaded(&g), per);
+  struct wire_reply st;
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&f->b, &st);
+  ck_assert_uint_eq(st.u.admin_status.offload_pauses, 1);
+  gmb__wire_reply_clear(&st);
+  /* The turns: between two slices, c's Alloc and Stats are answered, and
+   * each slice adds one slice's worth. */
+  uint64_t c_ids[8];
+  int steps = 0, more;
+  do {
+    ck_assert_int_lt(steps, 8);
+    ck_assert_int_eq(fx_alloc(f, "c", 1004, MIB, 0, 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "c refused: %s", rep.message);
+    c_ids[steps] = rep.u.alloc.id;
+    ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_STATS, &rep), 1);
+    ck_assert_int_eq(rep.status, 0);
+    ck_assert_int_eq(big_offloaded(&g), per * (steps + 1));
+    more = gmb__reclaim_pause_step(&f->b);
+    steps++;
+    ck_assert_int_eq(gmb__core_check(&f->b), 0);
+    ck_assert_int_eq(gmb__offload_check(&f->b), 0);
+  } while (more);
+  /* Four slices in all: the command's and three turns'. */
+  ck_assert_int_eq(steps, 3);
+  ck_assert_uint_eq(f->b.offload.slices, slices0 + 4);
+  ck_assert_int_eq(big_offloaded(&g), 256);
+  ck_assert_uint_eq(f->b.offload.pausing, 0);
+  memset(&st, 0, sizeof st);
+  gmb__observe_status(&f->b, &st);
+  ck_assert_uint_eq(st.u.admin_status.offload_pauses, 0);
+  gmb__wire_reply_clear(&st);
+  ck_assert_int_eq(gmb__reclaim_pause_step(&f->b), 0);
+  ck_assert_uint_eq(f->b.offload.slices, slices0 + 4);
+  for (int i = 0; i < steps; i++)
+    ck_assert_int_eq(fx_free(f, "c", 1004, c_ids[i]), 0);
+  /* A resume mid-way ends the pause: everything back, no slice more. */
+  req.kind = WIRE_ADMIN_RESUME;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_int_eq(big_offloaded(&g), 0);
+  req.kind = WIRE_ADMIN_PAUSE;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_int_eq(big_offloaded(&g), per);
+  ck_assert_uint_eq(f->b.offload.pausing, 1);
+  req.kind = WIRE_ADMIN_RESUME;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_uint_eq(f->b.offload.pausing, 0);
+  ck_assert_int_eq(big_offloaded(&g), 0);
+  const uint64_t slices1 = f->b.offload.slices;
+  ck_assert_int_eq(gmb__reclaim_pause_step(&f->b), 0);
+  ck_assert_uint_eq(f->b.offload.slices, slices1);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
 static Suite *offload_suite(void) {
   Suite *s = suite_create("offload");
   TCase *tc = tcase_create("offload");
@@ -1573,6 +1737,8 @@ static Suite *offload_suite(void) {
   tcase_add_test(job, job_honours_a_lock_mid_job);
   tcase_add_test(job, job_requester_ends_mid_job);
   tcase_add_test(job, job_that_cannot_finish_refuses);
+  tcase_add_test(job, job_let_go_asks_to_pause);
+  tcase_add_test(job, operator_pause_in_slices);
   suite_add_tcase(s, job);
   return s;
 }

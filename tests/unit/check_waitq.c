@@ -1330,7 +1330,7 @@ START_TEST(hold_job_ends_only_when_let_go) {
   struct gmb_waiter *first = NULL;
   gmb__waitq_jobs(&f.b, first_job, &first);
   ck_assert_ptr_nonnull(first);
-  gmb__waitq_job_release(&f.b, first, now + 100);
+  gmb__waitq_job_release(&f.b, first, now + 100, 0);
   ck_assert_uint_eq(f.b.waitq.held_job, 1);
   gmb__waitq_hold_over(&f.b, now + 100, GMB_HOLD_DUE, no_compaction, &f);
   assert_failed_at(&f, 0, "b", 401, GMB_E_NOMEM);

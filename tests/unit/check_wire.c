@@ -566,10 +566,12 @@ START_TEST(reply_admin_status_rows_roundtrip) {
   in.u.admin_status.offload_job_requests = UINT32_MAX;
   in.u.admin_status.offload_slices = UINT64_MAX;
   in.u.admin_status.offload_jobs = UINT64_MAX - 1;
+  in.u.admin_status.offload_pauses = UINT32_MAX - 2;
   rep_roundtrip(&in, &out);
   ck_assert_uint_eq(out.u.admin_status.offload_job_requests, UINT32_MAX);
   ck_assert_uint_eq(out.u.admin_status.offload_slices, UINT64_MAX);
   ck_assert_uint_eq(out.u.admin_status.offload_jobs, UINT64_MAX - 1);
+  ck_assert_uint_eq(out.u.admin_status.offload_pauses, UINT32_MAX - 2);
   ck_assert_str_eq(out.u.admin_status.device, "host:1GiB");
   ck_assert_uint_eq(out.u.admin_status.capacity, UINT64_C(1) << 30);
   ck_assert_uint_eq(out.u.admin_status.in_segments, 6 << 20);
