@@ -79,6 +79,7 @@ struct gmb_waitq {
   size_t held_quota;    /* of held, requests held for their tenant's quota */
   size_t held_job;      /* of held, requests held for the broker's offload
                            job (reclaim.c): the job runs while there is one */
+  uint64_t job_asked;   /* what the caches were asked for those, summed */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
   /* The waiters that may still block others for WAITQ_BLOCK_MS
    * (waitq.c), oldest first: the first is the next to stop. */

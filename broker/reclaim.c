@@ -460,11 +460,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
    * what s itself was asked: it cannot answer while this request waits,
    * and what was asked for the requests the offload job holds: theirs. */
   uint64_t coming = r->ask_bytes - s->ask_bytes;
-  if (b->waitq.held_job > 0) {
-    struct reclaim_job_sum j = {.b = b};
-    gmb__waitq_jobs(b, reclaim_job_add, &j);
-    coming = coming > j.asked ? coming - j.asked : 0;
-  }
+  coming = coming > b->waitq.job_asked ? coming - b->waitq.job_asked : 0;
   uint64_t need = missing > coming ? missing - coming : 0;
   /* What the plan reaches for: this request's lack and the rest of its
    * miss; what it must reach to hold the request: the lack. */

@@ -361,6 +361,7 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
       w->job_asked = job_asked;
       if (job_until_ns > hold_until_ns) w->hold_until_ns = job_until_ns;
       q->held_job++;
+      q->job_asked += job_asked;
     }
     q->held++;
     q->held_nowait += (size_t)w->nowait;
@@ -453,9 +454,11 @@ void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx) {
  * until_ns, the later. */
 static void waitq_job_unmark(struct gmb_waitq *q, struct gmb_waiter *w,
                              uint64_t now, uint64_t until_ns) {
-  GMB_ASSERT(w->job && w->held && q->held_job > 0 && "job counts drifted");
+  GMB_ASSERT(w->job && w->held && q->held_job > 0 &&
+             q->job_asked >= w->job_asked && "job counts drifted");
   w->job = 0;
   q->held_job--;
+  q->job_asked -= w->job_asked;
   uint64_t until = w->plain_until_ns > until_ns ? w->plain_until_ns : until_ns;
   w->hold_until_ns = until > now ? until : now;
   q->next_hold_ns = 0; /* look again */
@@ -498,8 +501,10 @@ static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   q->held_nowait -= (size_t)w->nowait;
   q->held_quota -= (size_t)w->quota;
   if (w->job) {
-    GMB_ASSERT(q->held_job > 0 && "job counts drifted");
+    GMB_ASSERT(q->held_job > 0 && q->job_asked >= w->job_asked &&
+               "job counts drifted");
     q->held_job--;
+    q->job_asked -= w->job_asked;
     w->job = 0;
   }
   w->held = 0;

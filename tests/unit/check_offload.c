@@ -25,6 +25,7 @@
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
+#include <inttypes.h>
 #include <check.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -1438,6 +1439,39 @@ START_TEST(job_two_requesters_both_served) {
 }
 END_TEST
 
+/* Requests that join a running job cost the loop no walk of the requests
+ * held for it: what the caches were asked for the job's requests is kept
+ * as a sum.  32 requests of d join b's job; the holds are looked at a
+ * few times for each (its own hold's insertion), not once per held
+ * request, which made a flood of joins cost the square of its length. */
+START_TEST(job_joins_walk_no_held_requests) {
+  struct big g;
+  big_open(&g, "host:320MiB", 288);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  const uint64_t visits = f->b.waitq.hold_visits;
+  enum { JOINS = 32 };
+  for (uint64_t i = 0; i < JOINS; i++)
+    ck_assert_int_eq(fx_alloc(f, "d", 1003, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1 + JOINS);
+  ck_assert_msg(f->b.waitq.hold_visits - visits <= 2 * JOINS,
+                "%" PRIu64 " held requests looked at for %d joins",
+                f->b.waitq.hold_visits - visits, JOINS);
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 256);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  /* The job let every one of d's go (served or refused: the device holds
+   * one of them), its sums back to nothing. */
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  ck_assert_uint_eq(f->b.waitq.job_asked, 0);
+  big_close(&g);
+}
+END_TEST
+
 /* The owner of a's allocations locks mid-job: one not yet offloaded
  * through its lock table (gmb_lock's fast path), which every later slice
  * leaves where it is, bytes intact; one offloaded already through a Lock
@@ -1734,6 +1768,7 @@ static Suite *offload_suite(void) {
   TCase *job = tcase_create("job");
   tcase_add_test(job, job_slices_and_others_served_between);
   tcase_add_test(job, job_two_requesters_both_served);
+  tcase_add_test(job, job_joins_walk_no_held_requests);
   tcase_add_test(job, job_honours_a_lock_mid_job);
   tcase_add_test(job, job_requester_ends_mid_job);
   tcase_add_test(job, job_that_cannot_finish_refuses);
