@@ -256,6 +256,32 @@ static uint64_t reclaim_plan_sleep(struct gmb_broker *b,
   return added;
 }
 
+/* Sends the plan p's asks for session p->s's request of `rounded` bytes:
+ * each session o of it to give back bytes[] by `until`, of its cache or,
+ * with sleep[], by pausing tags.  `because` ends the log line's account
+ * of the requester. */
+static void reclaim_ask(struct gmb_broker *b, const struct reclaim_pick *p,
+                        const uint64_t *bytes, const uint8_t *sleep,
+                        uint64_t rounded, uint64_t until,
+                        const char *because) {
+  const struct gmb_session *s = p->s;
+  char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
+  for (size_t i = 0; i < p->n; i++) {
+    struct gmb_session *o = p->v[i];
+    o->ask_sleep = sleep[i];
+    reclaim_open(b, o, s, bytes[i], until);
+    if (gmb__log_allow(&reclaim_rl_ask))
+      log_info("session %" PRIu64 " (tenant %s, priority %d) asked to %s "
+               "%s for session %" PRIu64 " (tenant %s)%s: the device has no "
+               "room for %s%s", o->id, o->tenant->name, o->tenant->priority,
+               sleep[i] ? "pause tags and give back" : "give back of its cache",
+               gmb__size_format(bytes[i], sz, sizeof sz), s->id,
+               s->tenant->name, because,
+               gmb__size_format(rounded, req_sz, sizeof req_sz),
+               gmb__log_suppressed(&reclaim_rl_ask));
+  }
+}
+
 /* --- the offload job --------------------------------------------------- */
 
 /*
@@ -374,22 +400,8 @@ static uint64_t reclaim_job_let_go(struct gmb_broker *b,
                                    ? b->cfg.sleep_wait_ms
                                    : b->cfg.trim_wait_ms) *
                         GMB_NS_PER_MS;
-      char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
-      for (size_t i = 0; i < p.n; i++) {
-        struct gmb_session *o = p.v[i];
-        o->ask_sleep = 1;
-        reclaim_open(b, o, s, bytes[i], until);
-        if (gmb__log_allow(&reclaim_rl_ask))
-          log_info("session %" PRIu64 " (tenant %s, priority %d) asked to "
-                   "pause tags and give back %s for session %" PRIu64
-                   " (tenant %s), which the offload job could make no more "
-                   "room for: the device has no room for %s%s", o->id,
-                   o->tenant->name, o->tenant->priority,
-                   gmb__size_format(bytes[i], sz, sizeof sz), s->id,
-                   s->tenant->name,
-                   gmb__size_format(rounded, req_sz, sizeof req_sz),
-                   gmb__log_suppressed(&reclaim_rl_ask));
-      }
+      reclaim_ask(b, &p, bytes, sleep, rounded, until,
+                  ", which the offload job could make no more room for");
     }
   }
   free(p.v);
@@ -559,25 +571,7 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
     free(sleep);
     return 2;
   }
-  if (held) {
-    char sz[GMB_SIZE_BUFSZ], req_sz[GMB_SIZE_BUFSZ];
-    for (size_t i = 0; i < p.n; i++) {
-      struct gmb_session *o = p.v[i];
-      o->ask_sleep = sleep[i];
-      reclaim_open(b, o, s, bytes[i], until);
-      if (gmb__log_allow(&reclaim_rl_ask))
-        log_info("session %" PRIu64 " (tenant %s, priority %d) asked to %s "
-                 "%s for session %" PRIu64 " (tenant %s): the device has no "
-                 "room for %s%s", o->id, o->tenant->name,
-                 o->tenant->priority,
-                 sleep[i] ? "pause tags and give back"
-                          : "give back of its cache",
-                 gmb__size_format(bytes[i], sz, sizeof sz), s->id,
-                 s->tenant->name,
-                 gmb__size_format(rounded, req_sz, sizeof req_sz),
-                 gmb__log_suppressed(&reclaim_rl_ask));
-    }
-  }
+  if (held) reclaim_ask(b, &p, bytes, sleep, rounded, until, "");
   free(p.v);
   free(bytes);
   free(sleep);
