@@ -57,7 +57,11 @@ void gmb__core_session_end_sliced(struct gmb_broker *b, struct gmb_session *s,
  * GMB_CORE_REAP_RANGES ranges), oldest first, and frees the sessions that
  * hold nothing any more; serves the wait queue when memory came back.
  * Returns 1 while ended sessions still hold memory. */
+#ifndef GMB_CORE_REAP_RANGES
+/* A fuzz build makes it 8 (mk/fuzz.mk), so that its inputs' sessions
+ * reach the slices. */
 #define GMB_CORE_REAP_RANGES 4096u
+#endif
 int gmb__core_reap_step(struct gmb_broker *b, uint64_t deadline_ns);
 /* Frees at once everything tenant t's ended sessions still hold (an
  * eviction, a revocation, the broker's stop). */

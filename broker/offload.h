@@ -64,7 +64,11 @@ enum {
  * segment): the copies of an offload job are spread over the loop's
  * turns, a slice a turn (reclaim.c), so that other requests, frees and
  * heartbeats are served between them. */
+#ifndef GMB_OFFLOAD_SLICE
+/* A fuzz build makes it 2 MiB (mk/fuzz.mk), so that inputs on its 16 MiB
+ * device reach the offload job. */
 #define GMB_OFFLOAD_SLICE (UINT64_C(64) << 20)
+#endif
 
 /* Makes up to `want` bytes of device room for session s's request that
  * found the device full, by offloading other sessions' movable

@@ -20,7 +20,13 @@ FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -DGMB_BUILDING -O1 -g -Wall -Wextra \
   -Wno-unused-parameter $(FUZZ_SAN) -fsanitize=fuzzer-no-link \
   -fsanitize-coverage-ignorelist=tests/fuzz/coverage-ignore.txt $(FZ_INC) \
-  $(PKG_CFLAGS)
+  $(PKG_CFLAGS) $(FUZZ_SLICE)
+# The broker's slices made small enough for the dispatch target's inputs
+# (a 16 MiB device, a few dozen allocations) to reach them: the offload
+# job's (broker/offload.h) and ended sessions' (broker/core.h).  Changing
+# these needs build/fuzz/obj removed (objects do not depend on flags).
+FUZZ_SLICE := '-DGMB_OFFLOAD_SLICE=(UINT64_C(2) << 20)' \
+  -DGMB_CORE_REAP_RANGES=8u
 
 FZ_COMMON_OBJ := $(patsubst %.c,$(FZ)/obj/%.o,$(COMMON_SRC)) \
   $(FZ)/obj/gen/gmb.pb-c.o

@@ -17,9 +17,11 @@
 #include "fuzz.h"
 #include "log.h"
 
-/* Writes `text` to gmb.ini in a new scratch dir; its path in `path`. */
+/* Writes `text` to gmb.ini in a new scratch dir; its path in `path`.
+ * The broker logs errors only, or everything with FZLOG set in the
+ * environment (to follow one input: FZLOG=1 build/fuzz/fuzz_TARGET FILE). */
 static inline void fz_broker_ini(const char *text, char *path, size_t cap) {
-  gmb__log_set_level(GMB_LOG_ERROR);
+  gmb__log_set_level(getenv("FZLOG") ? GMB_LOG_DEBUG : GMB_LOG_ERROR);
   char dir[64] = "/tmp/gmb-fuzz-XXXXXX";
   FZ_ASSERT(mkdtemp(dir) != NULL);
   snprintf(path, cap, "%s/gmb.ini", dir);

@@ -4,7 +4,10 @@
  * in this process (broker/dispatch.c, broker/admin.c and everything below
  * them), the way the loop does it (loop.c, loop_take) but without sockets:
  * the sender is tapped, as in tests/unit/broker_fixture.h.  Between two
- * messages one slice of a compaction in progress runs, as in the loop.
+ * messages the loop's work in slices runs one step each, as in the loop's
+ * turn: the freeing of ended sessions, a compaction in progress, the
+ * broker's offload job for held requests and an operator's pause (the
+ * last two only in a turn that ran no other offload slice).
  *
  * An input is a sequence of records, each one message:
  *
@@ -92,11 +95,36 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* Runs a compaction in progress to its end, as the loop's ticks would. */
+/* 1 while the loop would have work in slices. */
+static int fz_busy(const struct gmb_broker *b) {
+  return b->reap_head || gmb__defrag_busy(b) || b->waitq.held_job ||
+         b->offload.pausing;
+}
+
+/* One turn's steps, as loop.c's gmb__loop_run takes them after its reads
+ * (`slices`: the offload slices counted before the turn's messages). */
+static void fz_steps(struct gmb_broker *b, uint64_t slices) {
+  if (b->reap_head) gmb__core_reap_step(b, gmb__now_ns() + 1000000);
+  if (gmb__defrag_busy(b)) gmb__defrag_tick(b, gmb__now_ns() + 1000000);
+  if (b->waitq.held_job && b->offload.slices == slices)
+    gmb__reclaim_offload_step(b);
+  if (b->offload.pausing && b->offload.slices == slices)
+    gmb__reclaim_pause_step(b);
+  FZ_ASSERT(gmb__core_check(b) == 0);
+}
+
+/* Runs the work in slices to its end, as the loop's turns would (a held
+ * request's bound may have to come first: time passes once). */
 static void fz_settle(struct gmb_broker *b) {
-  for (int i = 0; i < 100000 && gmb__defrag_busy(b); i++)
-    gmb__defrag_tick(b, gmb__now_ns() + 1000000);
-  FZ_ASSERT(!gmb__defrag_busy(b));
+  for (int i = 0; i < 100000 && fz_busy(b); i++) {
+    if (i == 50000) {
+      uint64_t later = gmb__now_ns() + UINT64_C(3600) * 1000000000u;
+      gmb__waitq_expire(b, later);
+      gmb__reclaim_expire(b, later);
+    }
+    fz_steps(b, b->offload.slices);
+  }
+  FZ_ASSERT(!fz_busy(b));
   FZ_ASSERT(gmb__core_check(b) == 0);
 }
 
@@ -132,6 +160,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
     if (gmb__wire_request_decode(frame, n, &req) != 0) continue;
     struct wire_reply rep;
     memset(&rep, 0, sizeof rep);
+    const uint64_t slices = b->offload.slices;
     int now;
     if (who & 4u) {
       now = gmb__admin(b, &peer, &req, &rep);
@@ -142,12 +171,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
                     peer.rid, peer.rid_len, &rep);
     gmb__wire_reply_clear(&rep);
     FZ_ASSERT(gmb__core_check(b) == 0);
-    /* The loop runs one slice of a compaction in progress between
-     * messages, so requests arrive while allocations are moving. */
-    if (gmb__defrag_busy(b)) {
-      gmb__defrag_tick(b, gmb__now_ns() + 1000000);
-      FZ_ASSERT(gmb__core_check(b) == 0);
-    }
+    /* The loop's turn goes on with its slices, so requests arrive while
+     * allocations are moving, sessions being freed and the offload job
+     * copying. */
+    fz_steps(b, slices);
   }
   fz_settle(b);
   gmb__defrag_shutdown(b);

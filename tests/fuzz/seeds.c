@@ -273,5 +273,44 @@ int main(int argc, char **argv) {
   snprintf(r.u.sleep_note.tag, sizeof r.u.sleep_note.tag, "weights");
   rec(A, &r);
   fclose(out);
+
+  /* The broker's own offload: A's movable allocations, A idle by its
+   * policy, C asks for more than the free room and one slice (a fuzz
+   * build's slice is 2 MiB), B joins the job, the operator pauses and
+   * resumes A in slices, A locks an offloaded allocation (brought back),
+   * then says Bye with allocations left (freed in slices). */
+  open_seed(dir, "offload_job");
+  hello(A, "llm-b", NULL);
+  hello(B, "llm-a", NULL);
+  hello(C, "", NULL);
+  for (int i = 0; i < 24; i++) alloc(A, 512 << 10, GMB_MOVABLE, 0);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_HEARTBEAT;
+  r.sleep_pausable = 12 << 20;
+  r.sleep_idle_ms = 60000;
+  r.sleep_idle = 1;
+  rec(A, &r);
+  alloc(C, 10 << 20, 0, 2000);
+  alloc(B, 2 << 20, 0, 2000);
+  plain(C, WIRE_HEARTBEAT);
+  plain(B, WIRE_STATS);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_ADMIN_PAUSE;
+  snprintf(r.u.admin_pause.tenant, sizeof r.u.admin_pause.tenant, "llm-b");
+  rec(D | ADMIN, &r);
+  plain(A, WIRE_STATS);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_LOCK;
+  r.u.lock.id = 2;
+  r.u.lock.timeout_ms = 1000;
+  rec(A, &r);
+  memset(&r, 0, sizeof r);
+  r.kind = WIRE_ADMIN_RESUME;
+  snprintf(r.u.admin_pause.tenant, sizeof r.u.admin_pause.tenant, "llm-b");
+  rec(D | ADMIN, &r);
+  tick();
+  plain(A, WIRE_BYE);
+  plain(C, WIRE_STATS);
+  fclose(out);
   return 0;
 }
