@@ -174,6 +174,36 @@ void gmb__alloc_asked_back(const struct gmb_session *s,
            gmb__size_format(coming, sz, sizeof sz));
 }
 
+
+uint64_t gmb__alloc_fence(const struct gmb_broker *b,
+                          const struct gmb_session *s) {
+  const struct gmb_waitq *q = &b->waitq;
+  if (q->held_job == 0 || (q->trying && q->trying_job)) return 0;
+  const int priority = q->trying ? q->trying_priority : s->tenant->priority;
+  if (priority > q->job_priority) return 0;
+  /* What the job's requests take, with what the reservations keep beside
+   * them, less what the caches were asked for them: that much of the
+   * room is theirs (reclaim.c reckons the job's lack the same way). */
+  const uint64_t need = q->job_want + q->job_kept;
+  const uint64_t coming = b->reclaim.ask_bytes < q->job_asked
+                              ? b->reclaim.ask_bytes
+                              : q->job_asked;
+  return need > coming ? need - coming : 0;
+}
+
+/* A new segment was just made for session s's request: 1 when the room
+ * left eats into what is fenced for the offload job (counted), and the
+ * caller undoes it and answers GMB_NOMEM_NO_ROOM. */
+static int alloc_fenced(struct gmb_broker *b, const struct gmb_session *s) {
+  const uint64_t fence = gmb__alloc_fence(b, s);
+  if (fence == 0) return 0;
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  if (ps.room >= fence) return 0;
+  b->waitq.fenced++;
+  return 1;
+}
+
 /* Gives back the `n` page allocations made so far for a refused pages
  * request. */
 static void alloc_pages_undo(struct gmb_broker *b, struct gmb_tenant *t,
@@ -237,6 +267,12 @@ static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
       gmb__reply_fail(rep, rc, "%s", msg);
       *why = GMB_NOMEM_RESERVED;
       return rc;
+    }
+    if (alloc_fenced(b, s)) {
+      alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
+      memset(&rep->u.alloc, 0, sizeof rep->u.alloc);
+      *why = GMB_NOMEM_NO_ROOM;
+      return GMB_E_NOMEM;
     }
   }
   int rc = gmb__tenant_charge(t, size);
@@ -304,6 +340,15 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
       gmb__reply_fail(rep, rc, "%s", msg);
       *why = GMB_NOMEM_RESERVED;
       return rc;
+    }
+    if (alloc_fenced(b, s)) {
+      /* The room left is the offload job's (gmb__alloc_fence): this
+       * request lacks room as much as if there were none. */
+      gmb__pool_free(b->pool, info.id, NULL);
+      gmb__pool_trim(b->pool);
+      gmb__tenant_segments_sync(b->tenants, t);
+      *why = GMB_NOMEM_NO_ROOM;
+      return GMB_E_NOMEM;
     }
   }
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
@@ -397,6 +442,20 @@ int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
     *why = GMB_NOMEM_NO_ROOM;
     gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s more, not "
                     "%s (cuMemCreate)", gmb__size_format(room, rm, sizeof rm),
+                    gmb__size_format(more, sz, sizeof sz));
+    return GMB_E_NOMEM;
+  }
+  /* The room the offload job makes is its requests' (gmb__alloc_fence). */
+  const uint64_t fence = gmb__alloc_fence(b, s);
+  if (fence > room - more) {
+    char rm[GMB_SIZE_BUFSZ], fc[GMB_SIZE_BUFSZ];
+    b->waitq.fenced++;
+    *why = GMB_NOMEM_NO_ROOM;
+    gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s more, of "
+                    "which %s is kept for the requests the broker's offload "
+                    "job holds; not %s (cuMemCreate)",
+                    gmb__size_format(room, rm, sizeof rm),
+                    gmb__size_format(fence, fc, sizeof fc),
                     gmb__size_format(more, sz, sizeof sz));
     return GMB_E_NOMEM;
   }
