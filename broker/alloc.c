@@ -127,17 +127,25 @@ void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
              "; %s in %llu retired segment(s) waits for clients to close it",
              gmb__size_format(b->dev->retiring_bytes, one, sizeof one),
              (unsigned long long)b->dev->retiring);
+  /* The room the offload job makes is its requests' (gmb__alloc_fence). */
+  char fenced[128] = "";
+  const uint64_t fence = gmb__alloc_fence(b, s);
+  if (fence)
+    snprintf(fenced, sizeof fenced, "; %s of the room is kept for the %zu "
+             "request(s) the broker's offload job holds",
+             gmb__size_format(fence, one, sizeof one), b->waitq.held_job);
   gmb__reply_fail(rep, GMB_E_NOMEM,
                   "no room for %s on %s (tenant %s): %s free in total, the "
                   "largest free range is %s; %s cannot be moved (pinned or "
-                  "locked)%s%s%s%s%s%s",
+                  "locked)%s%s%s%s%s%s%s",
                   gmb__size_format(rounded, req_s, sizeof req_s),
                   b->dev->desc, s->tenant->name,
                   gmb__size_format(total, tot_s, sizeof tot_s),
                   gmb__size_format(largest, big_s, sizeof big_s),
                   gmb__size_format(e->unmovable, stuck_s, sizeof stuck_s),
                   e->n ? ", held by " : "", holders, age, others,
-                  b->cfg.compaction ? "" : "; compaction is off", retiring);
+                  b->cfg.compaction ? "" : "; compaction is off", retiring,
+                  fenced);
   rep->kind = WIRE_NOMEM;
   rep->u.nomem.request = rounded;
   rep->u.nomem.free_total = total;
@@ -178,9 +186,12 @@ void gmb__alloc_asked_back(const struct gmb_session *s,
 uint64_t gmb__alloc_fence(const struct gmb_broker *b,
                           const struct gmb_session *s) {
   const struct gmb_waitq *q = &b->waitq;
-  if (q->held_job == 0 || (q->trying && q->trying_job)) return 0;
-  const int priority = q->trying ? q->trying_priority : s->tenant->priority;
-  if (priority > q->job_priority) return 0;
+  if (q->held_job == 0) return 0;
+  /* A waiter: the job's own, or one ahead of its first in the queue,
+   * passes; a new request comes after every waiter of its priority, so
+   * only a higher one passes. */
+  if (q->trying ? q->trying_passes : s->tenant->priority > q->job_priority)
+    return 0;
   /* What the job's requests take, with what the reservations keep beside
    * them, less what the caches were asked for them: that much of the
    * room is theirs (reclaim.c reckons the job's lack the same way). */

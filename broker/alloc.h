@@ -83,9 +83,9 @@ void gmb__alloc_asked_back(const struct gmb_session *s,
  * tenants' reservations keep beside them, less what the caches were asked
  * for them) is theirs: a request that is not one of them may make a new
  * segment only in the room beyond it, unless its priority is higher than
- * the job's first request's.  The request being tried from the wait queue
- * (b->waitq.trying) is read with its own priority, as it came, and passes
- * when it is the job's.  O(1). */
+ * the job's first request's.  A waiter being tried from the queue
+ * (b->waitq.trying) passes when it is the job's, or ahead of the job's
+ * first in the queue's order (it is served first anyway).  O(1). */
 uint64_t gmb__alloc_fence(const struct gmb_broker *b,
                           const struct gmb_session *s);
 

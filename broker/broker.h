@@ -107,11 +107,11 @@ struct gmb_waitq {
    * may raise it): it depends on the tenants' use, which changes without
    * the queue hearing of it, so it is a figure of the turn, not a sum. */
   uint64_t job_kept;
-  /* The waiter being tried now (waitq.c, around each try), so that the
-   * room fenced for the job (gmb__alloc_fence) lets the job's own requests
-   * through and reads a waiter's priority as it came; trying 0: the
-   * request being handled is a new one. */
-  int trying, trying_job, trying_priority;
+  /* A waiter is being tried now (waitq.c, around each try), and whether
+   * it passes the room fenced for the job (gmb__alloc_fence): it is one of
+   * the job's requests, or ahead of the first of them in the queue's
+   * order.  trying 0: the request being handled is a new one. */
+  int trying, trying_passes;
   uint64_t fenced; /* new segments refused by the job's fence, since start */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
   /* The waiters that may still block others for WAITQ_BLOCK_MS

@@ -302,27 +302,42 @@ static void reclaim_ask(struct gmb_broker *b, const struct reclaim_pick *p,
  * whose lack the first slice (run at once, in its own turn) does not
  * cover, while candidates are left, is held for the job
  * (gmb__waitq_hold_job); the loop then runs one slice a turn
- * (gmb__reclaim_offload_step) and serves the queue after each.  The job
- * is the set of requests held for it, so that nothing else has to be
- * kept in step: each slice makes the room they lack together (what each
- * takes, less the room there now and the bytes asked of caches and on
+ * (gmb__reclaim_slice, taking turns with an operator's pause when both
+ * have work) and serves the queue after each.  The job is the set of
+ * requests held for it: each slice makes the room they lack together
+ * (what each takes, with what the other tenants' reservations keep beside
+ * them, less the room there now and the bytes asked of caches and on
  * their way), chosen for the first of them in the queue's order, from
  * what one walk of the pool finds now (so a segment locked, taken or no
- * longer idle since is left).  A request that comes while the job runs
- * and lacks room joins it (its want adds to the sum) when it has
- * candidates of its own, rather than counting on room the job makes for
- * the others; the room is not fenced, so a request served meanwhile may
- * take some, and the job goes on for what its requests still lack.  When
- * a slice can make nothing more for the first of them (no candidate left
- * for it, locked, or the host bounds), that request is let go, its hold
- * an ordinary one, and it goes on to the remedy that follows the
- * broker's offload, as a request that never went through a job does: the
- * idle sessions that opted in are asked to pause tags for it
- * (reclaim_job_let_go), and it is held within the asks' bound; else, or
- * when they give too little, it ends as it would have (a compaction run,
- * or GMB_E_NOMEM explained).  The next slice works for the next.  A
- * requester that ends takes its held request with it; a held request
- * lets go at RECLAIM_JOB_HOLD_NS at the latest.
+ * longer idle since is left).  The wait queue keeps the sums as requests
+ * are held and let go (broker.h: job_want, job_asked, job_first, and per
+ * tenant job_n and job_bytes), so a turn costs the first request and one
+ * look per tenant with requests held, not a walk of them; what the
+ * reservations keep reads the tenants' use, which the queue does not hear
+ * of, so it is reckoned each turn from each tenant's bytes together
+ * (job_kept).
+ *
+ * The room the job makes is fenced for its requests (gmb__alloc_fence): a
+ * request that is not one of them, of no higher priority than the first,
+ * makes a new segment only in the room beyond what they still want, so a
+ * stream of small requests cannot keep a held one waiting to its bound.
+ * A request that comes while the job runs and lacks room (the fenced room
+ * counts as none for it, reclaim_missing) joins it (its want adds to the
+ * sums) when it has candidates of its own, else goes on as without room.
+ * The fence lifts as requests are let go and when the job ends, and the
+ * queue is served then.
+ *
+ * When a slice can make nothing more for the first of them (no candidate
+ * left for it, locked, or the host bounds), or when any of them reaches
+ * its bound (RECLAIM_JOB_HOLD_NS after it was held: reclaim_job_due, from
+ * the timer and each turn), that request is let go, its hold an ordinary
+ * one, and it goes on to the remedy that follows the broker's offload, as
+ * a request that never went through a job does: the idle sessions that
+ * opted in are asked to pause tags for it (reclaim_job_let_go), and it is
+ * held within the asks' bound; else, or when they give too little, it
+ * ends as it would have (a compaction run, or GMB_E_NOMEM explained).
+ * The next slice works for the next.  A requester that ends takes its
+ * held request with it.
  */
 #define RECLAIM_JOB_HOLD_NS (10 * GMB_NS_PER_S)
 

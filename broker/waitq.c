@@ -36,7 +36,14 @@
  * with the reason) when its hold ends.
  * Invariants: held counts the waiters with `held` set, held_nowait those of
  * them with `nowait`, held_quota those with `quota`, held_job those with
- * `job` (only a held waiter has it: its hold's end clears it).
+ * `job` (only a held waiter has it: its hold's end clears it); the job's
+ * waiters are in q->jobs (the queue's order: job_first is its first, and
+ * job_priority its priority) and in the list from job_oldest (arrival,
+ * which is the order of their job bounds), job_asked and job_want are
+ * their sums, and each tenant's job_n and job_bytes count its own, the
+ * tenants with any linked from job_tenants (gmb__waitq_check recounts
+ * them all).  Each try of a waiter sets q->trying for the fence
+ * (gmb__alloc_fence); a try the fence refused is no memo (below).
  *
  * A blocking waiter blocks for WAITQ_BLOCK_MS after it came (waitq.h), then
  * it is `unblocked` for good.  The flag is set when a serve or the
@@ -318,10 +325,12 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
   rep->id = w->req_id;
   q->tries++;
   /* The room fenced for the job (gmb__alloc_fence) lets its own requests
-   * through, and reads w's priority as it came. */
+   * through, and those ahead of its first in the queue's order (a higher
+   * priority, or one that came first at its priority): the queue serves
+   * them first anyway. */
   q->trying = 1;
-  q->trying_job = w->job;
-  q->trying_priority = w->priority;
+  q->trying_passes =
+      w->job || (q->job_first && waitq_order_cmp(w, q->job_first) < 0);
   int rc;
   if (w->flags & GMB__ALLOC_VMM) {
     rc = gmb__alloc_vmm(b, w->session, w->size, rep, why);
@@ -332,7 +341,7 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
     rc = gmb__offload_try(b, w->session, w->size, w->flags | queued, rep,
                           why);
   }
-  q->trying = q->trying_job = q->trying_priority = 0;
+  q->trying = q->trying_passes = 0;
   return rc;
 }
 

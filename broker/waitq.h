@@ -38,7 +38,13 @@
  * the others, through gmb__alloc_vmm, and answered when its hold ends.
  * Requests held for the broker's offload job (gmb__waitq_hold_job,
  * reclaim.h) are held requests too, whose hold the asks settling does not
- * end: the job lets them go, or their bound comes.
+ * end: the job lets them go (reclaim.c, at their job bound at the
+ * latest).  The queue keeps the job's sums (broker.h) as they come and
+ * go.  While there are any, the room they want is fenced for them
+ * (alloc.h, gmb__alloc_fence): a waiter tried here that is not one of
+ * them, of no higher priority than the first, finds no room in it, and a
+ * waiter that goes (answered, expired, dropped with its session) gives
+ * up its part of the fence, so the queue is served.
  * A waiter's answer leaves through the sender (reply.c) and is counted in
  * the metrics with its time in the queue.
  *

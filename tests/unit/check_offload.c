@@ -20,8 +20,12 @@
  * the rest; the tests drive the turns): other tenants' requests answered
  * between slices, two requesters both served, a lock mid-job honoured,
  * the requester's end, a job that cannot finish, and one that lets its
- * request go on to asks to pause tags; an operator's pause in slices,
- * others answered between them.  The fixture runs the
+ * request go on to asks to pause tags, at a slice that can make nothing
+ * more or at its bound; the room the job makes fenced from a stream of
+ * other requests, passed by a higher priority and lifted when the job
+ * lets go; a turn that reads the job's sums rather than walk its
+ * requests; an operator's pause in slices, others answered between them,
+ * taking turns with a job.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -1771,6 +1775,46 @@ START_TEST(job_fence_passes_higher_and_lifts) {
 }
 END_TEST
 
+/* A waiter ahead of the job's first request in the queue's order passes
+ * the fence: the queue serves it first anyway.  d (priority 10, as b's)
+ * waits for 8 MiB while every candidate is locked (no job can start for
+ * it); then b starts a job behind it, and d is served at the job's next
+ * slice from the room made, b after it. */
+START_TEST(job_fence_passes_waiters_ahead) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 64 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b's first: %s", rep.message);
+  const uint64_t b_first = rep.u.alloc.id;
+  for (int i = 0; i < g.n; i++) atomic_store(big_state(&g, i), 1);
+  ck_assert_int_eq(fx_alloc(f, "d", 1003, 8 * MIB, 0, 60000, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  for (int i = 0; i < g.n; i++) atomic_store(big_state(&g, i), 0);
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_ptr_null(big_answer(&g, "d"));
+  const uint64_t fenced = f->b.waitq.fenced;
+  big_step(&g);
+  const struct wire_reply *rd = big_answer(&g, "d");
+  ck_assert_ptr_nonnull(rd);
+  ck_assert_msg(rd->status == 0, "d refused: %s", rd->message);
+  ck_assert_uint_eq(f->b.waitq.fenced, fenced);
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 16);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, b_first), 0);
+  ck_assert_int_eq(fx_free(f, "d", 1003, rd->u.alloc.id), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
 /* A request whose job bound (10 s) comes goes the way of one a slice can
  * make nothing more for: the sessions that opted in are asked to pause
  * tags for what it still lacks, and it is held within the asks' bound
@@ -2043,6 +2087,7 @@ static Suite *offload_suite(void) {
   tcase_add_test(job, operator_pause_in_slices);
   tcase_add_test(job, job_room_fenced_from_a_stream);
   tcase_add_test(job, job_fence_passes_higher_and_lifts);
+  tcase_add_test(job, job_fence_passes_waiters_ahead);
   tcase_add_test(job, job_bound_lets_go_to_asks);
   tcase_add_test(job, job_step_walks_no_held_requests);
   tcase_add_test(job, job_and_pause_take_turns);
