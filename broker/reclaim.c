@@ -145,14 +145,15 @@ static uint64_t reclaim_room(struct gmb_broker *b) {
 }
 
 /* The device room that session s's request of `rounded` bytes lacks:
- * what it takes (reclaim_want) less the room for new segments now that
- * is not fenced for the offload job's requests (gmb__alloc_fence). */
+ * what it takes (reclaim_want) less the room for new segments now beyond
+ * `fence`, the room fenced for the offload job's requests against it
+ * (gmb__alloc_fence; 0 for one that passes). */
 static uint64_t reclaim_missing(struct gmb_broker *b,
                                 const struct gmb_session *s, uint64_t rounded,
-                                int vmm) {
+                                int vmm, uint64_t fence) {
   uint64_t kept, want = reclaim_want(b, s->tenant, rounded, vmm, &kept);
   want += kept;
-  uint64_t room = reclaim_room(b), fence = gmb__alloc_fence(b, s);
+  uint64_t room = reclaim_room(b);
   room = room > fence ? room - fence : 0;
   return want > room ? want - room : 0;
 }
@@ -378,7 +379,11 @@ static void reclaim_job_let_go(struct gmb_broker *b,
   if (b->cfg.sleep_wait_ms == 0 || b->closing) return;
   const int vmm = (j->flags & GMB__ALLOC_VMM) != 0;
   uint64_t rounded = vmm ? j->size : gmb__alloc_round(j->size);
-  uint64_t missing = reclaim_missing(b, s, rounded, vmm);
+  /* The fence of the requests the job still holds, as the queue will
+   * read it when it tries this one. */
+  uint64_t fence =
+      gmb__waitq_passes_fence(b, j->w) ? 0 : gmb__alloc_fence(b, s);
+  uint64_t missing = reclaim_missing(b, s, rounded, vmm, fence);
   /* Bytes on their way count for it, except s's own ask and what was
    * asked for the requests the job still holds. */
   uint64_t coming = b->reclaim.ask_bytes - s->ask_bytes;
@@ -516,7 +521,8 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint64_t rounded = vmm ? size : gmb__alloc_round(size);
   /* More than the whole device: no cache can make room for it. */
   if (rounded > b->dev->capacity) return 0;
-  uint64_t missing = reclaim_missing(b, s, rounded, vmm);
+  uint64_t missing =
+      reclaim_missing(b, s, rounded, vmm, gmb__alloc_fence(b, s));
   if (missing == 0) return 0; /* not for want of room: nothing to ask */
   /* Bytes asked already and not answered yet are on their way, except
    * what s itself was asked: it cannot answer while this request waits,

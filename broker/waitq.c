@@ -329,8 +329,7 @@ static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
    * priority, or one that came first at its priority): the queue serves
    * them first anyway. */
   q->trying = 1;
-  q->trying_passes =
-      w->job || (q->job_first && waitq_order_cmp(w, q->job_first) < 0);
+  q->trying_passes = gmb__waitq_passes_fence(b, w);
   int rc;
   if (w->flags & GMB__ALLOC_VMM) {
     rc = gmb__alloc_vmm(b, w->session, w->size, rep, why);
@@ -587,6 +586,12 @@ void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
   }
   /* The job's own list: not the other holds. */
   while ((w = q->job_oldest) != NULL) waitq_job_unmark(q, w, now, until_ns);
+}
+
+int gmb__waitq_passes_fence(const struct gmb_broker *b,
+                            const struct gmb_waiter *w) {
+  const struct gmb_waiter *first = b->waitq.job_first;
+  return w->job || (first && waitq_order_cmp(w, first) < 0);
 }
 
 void gmb__waitq_hold_until(struct gmb_broker *b, struct gmb_waiter *w,

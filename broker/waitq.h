@@ -133,6 +133,12 @@ int gmb__waitq_job_due(struct gmb_broker *b, uint64_t now,
 void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
                             uint64_t now, uint64_t until_ns);
 
+/* 1 when waiter w passes the room fenced for the offload job (alloc.h,
+ * gmb__alloc_fence): it is one of the job's requests, or ahead of the
+ * first of them in the queue's order.  O(1). */
+int gmb__waitq_passes_fence(const struct gmb_broker *b,
+                            const struct gmb_waiter *w);
+
 /* w's ordinary hold lasts to until_ns at least (asks made for it). */
 void gmb__waitq_hold_until(struct gmb_broker *b, struct gmb_waiter *w,
                            uint64_t until_ns);

@@ -1297,7 +1297,8 @@ END_TEST
 /* Held for the offload job (gmb__waitq_hold_job): a hold that neither
  * `all` nor its own plain bound ends while the job holds it; let go, it
  * is an ordinary hold again and ends as one; and the job's bound ends
- * another without a release.  The counts follow. */
+ * another without a release.  The counts and the job's sums follow, and
+ * the check (gmb__waitq_check) sees a sum that drifts. */
 START_TEST(hold_job_ends_only_when_let_go) {
   struct fx f;
   fx_open_ini(&f, DEV, NO_COMPACT);
@@ -1326,8 +1327,19 @@ START_TEST(hold_job_ends_only_when_let_go) {
   ck_assert_uint_eq(first.size, 2 * MIB);
   ck_assert_uint_eq(f.b.waitq.job_want, 4 * MIB);
   ck_assert_int_eq(gmb__waitq_check(&f.b), 0);
+  /* The check sees a sum drift: the room wanted, a tenant's bytes. */
+  f.b.waitq.job_want++;
+  ck_assert_int_gt(gmb__waitq_check(&f.b), 0);
+  f.b.waitq.job_want--;
+  ck_assert_ptr_eq(f.b.waitq.job_tenants, b->tenant);
+  ck_assert_uint_eq(b->tenant->job_n, 2);
+  b->tenant->job_bytes += MIB;
+  ck_assert_int_gt(gmb__waitq_check(&f.b), 0);
+  b->tenant->job_bytes -= MIB;
+  ck_assert_int_eq(gmb__waitq_check(&f.b), 0);
   gmb__waitq_job_release(&f.b, first.w, now + 100, 0);
   ck_assert_uint_eq(f.b.waitq.job_want, 2 * MIB);
+  ck_assert_uint_eq(b->tenant->job_n, 1);
   ck_assert_int_eq(gmb__waitq_check(&f.b), 0);
   ck_assert_uint_eq(f.b.waitq.held_job, 1);
   gmb__waitq_hold_over(&f.b, now + 100, GMB_HOLD_DUE, no_compaction, &f);
@@ -1338,6 +1350,10 @@ START_TEST(hold_job_ends_only_when_let_go) {
   ck_assert_uint_eq(f.b.waitq.held_job, 0);
   ck_assert_uint_eq(f.b.waitq.held, 0);
   ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.job_want, 0);
+  ck_assert_ptr_null(f.b.waitq.job_tenants);
+  ck_assert_uint_eq(b->tenant->job_n, 0);
+  ck_assert_uint_eq(b->tenant->job_bytes, 0);
   fx_close(&f);
 }
 END_TEST
