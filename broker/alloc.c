@@ -127,17 +127,25 @@ void gmb__alloc_explain(struct gmb_broker *b, const struct gmb_session *s,
              "; %s in %llu retired segment(s) waits for clients to close it",
              gmb__size_format(b->dev->retiring_bytes, one, sizeof one),
              (unsigned long long)b->dev->retiring);
+  /* The room the offload job makes is its requests' (gmb__alloc_fence). */
+  char fenced[128] = "";
+  const uint64_t fence = gmb__alloc_fence(b, s);
+  if (fence)
+    snprintf(fenced, sizeof fenced, "; %s of the room is kept for the %zu "
+             "request(s) the broker's offload job holds",
+             gmb__size_format(fence, one, sizeof one), b->waitq.held_job);
   gmb__reply_fail(rep, GMB_E_NOMEM,
                   "no room for %s on %s (tenant %s): %s free in total, the "
                   "largest free range is %s; %s cannot be moved (pinned or "
-                  "locked)%s%s%s%s%s%s",
+                  "locked)%s%s%s%s%s%s%s",
                   gmb__size_format(rounded, req_s, sizeof req_s),
                   b->dev->desc, s->tenant->name,
                   gmb__size_format(total, tot_s, sizeof tot_s),
                   gmb__size_format(largest, big_s, sizeof big_s),
                   gmb__size_format(e->unmovable, stuck_s, sizeof stuck_s),
                   e->n ? ", held by " : "", holders, age, others,
-                  b->cfg.compaction ? "" : "; compaction is off", retiring);
+                  b->cfg.compaction ? "" : "; compaction is off", retiring,
+                  fenced);
   rep->kind = WIRE_NOMEM;
   rep->u.nomem.request = rounded;
   rep->u.nomem.free_total = total;
@@ -172,6 +180,39 @@ void gmb__alloc_asked_back(const struct gmb_session *s,
   snprintf(rep->message + n, sizeof rep->message - n, "; %s of cached memory "
            "asked back from the tenant's other sessions is still on its way",
            gmb__size_format(coming, sz, sizeof sz));
+}
+
+
+uint64_t gmb__alloc_fence(const struct gmb_broker *b,
+                          const struct gmb_session *s) {
+  const struct gmb_waitq *q = &b->waitq;
+  if (q->held_job == 0) return 0;
+  /* A waiter: the job's own, or one ahead of its first in the queue,
+   * passes; a new request comes after every waiter of its priority, so
+   * only a higher one passes. */
+  if (q->trying ? q->trying_passes : s->tenant->priority > q->job_priority)
+    return 0;
+  /* What the job's requests take, with what the reservations keep beside
+   * them, less what the caches were asked for them: that much of the
+   * room is theirs (reclaim.c reckons the job's lack the same way). */
+  const uint64_t need = q->job_want + q->job_kept;
+  const uint64_t coming = b->reclaim.ask_bytes < q->job_asked
+                              ? b->reclaim.ask_bytes
+                              : q->job_asked;
+  return need > coming ? need - coming : 0;
+}
+
+/* A new segment was just made for session s's request: 1 when the room
+ * left eats into what is fenced for the offload job (counted), and the
+ * caller undoes it and answers GMB_NOMEM_NO_ROOM. */
+static int alloc_fenced(struct gmb_broker *b, const struct gmb_session *s) {
+  const uint64_t fence = gmb__alloc_fence(b, s);
+  if (fence == 0) return 0;
+  struct gmb_pool_stats ps;
+  gmb__pool_stats(b->pool, &ps);
+  if (ps.room >= fence) return 0;
+  b->waitq.fenced++;
+  return 1;
 }
 
 /* Gives back the `n` page allocations made so far for a refused pages
@@ -237,6 +278,12 @@ static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
       gmb__reply_fail(rep, rc, "%s", msg);
       *why = GMB_NOMEM_RESERVED;
       return rc;
+    }
+    if (alloc_fenced(b, s)) {
+      alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
+      memset(&rep->u.alloc, 0, sizeof rep->u.alloc);
+      *why = GMB_NOMEM_NO_ROOM;
+      return GMB_E_NOMEM;
     }
   }
   int rc = gmb__tenant_charge(t, size);
@@ -304,6 +351,15 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
       gmb__reply_fail(rep, rc, "%s", msg);
       *why = GMB_NOMEM_RESERVED;
       return rc;
+    }
+    if (alloc_fenced(b, s)) {
+      /* The room left is the offload job's (gmb__alloc_fence): this
+       * request lacks room as much as if there were none. */
+      gmb__pool_free(b->pool, info.id, NULL);
+      gmb__pool_trim(b->pool);
+      gmb__tenant_segments_sync(b->tenants, t);
+      *why = GMB_NOMEM_NO_ROOM;
+      return GMB_E_NOMEM;
     }
   }
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
@@ -397,6 +453,20 @@ int gmb__alloc_vmm(struct gmb_broker *b, struct gmb_session *s, uint64_t more,
     *why = GMB_NOMEM_NO_ROOM;
     gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s more, not "
                     "%s (cuMemCreate)", gmb__size_format(room, rm, sizeof rm),
+                    gmb__size_format(more, sz, sizeof sz));
+    return GMB_E_NOMEM;
+  }
+  /* The room the offload job makes is its requests' (gmb__alloc_fence). */
+  const uint64_t fence = gmb__alloc_fence(b, s);
+  if (fence > room - more) {
+    char rm[GMB_SIZE_BUFSZ], fc[GMB_SIZE_BUFSZ];
+    b->waitq.fenced++;
+    *why = GMB_NOMEM_NO_ROOM;
+    gmb__reply_fail(rep, GMB_E_NOMEM, "the device has room for %s more, of "
+                    "which %s is kept for the requests the broker's offload "
+                    "job holds; not %s (cuMemCreate)",
+                    gmb__size_format(room, rm, sizeof rm),
+                    gmb__size_format(fence, fc, sizeof fc),
                     gmb__size_format(more, sz, sizeof sz));
     return GMB_E_NOMEM;
   }

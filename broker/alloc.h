@@ -77,12 +77,26 @@ int gmb__alloc_quota(struct gmb_tenant *t, uint64_t rounded,
 void gmb__alloc_asked_back(const struct gmb_session *s,
                            struct wire_reply *rep);
 
+/* The device room fenced for the broker's offload job against session
+ * s's request (0: none): while the job holds requests (reclaim.c), the
+ * room they still want (each the segment it needs, with what the other
+ * tenants' reservations keep beside them, less what the caches were asked
+ * for them) is theirs: a request that is not one of them may make a new
+ * segment only in the room beyond it, unless its priority is higher than
+ * the job's first request's.  A waiter being tried from the queue
+ * (b->waitq.trying) passes when it is the job's, or ahead of the job's
+ * first in the queue's order (it is served first anyway).  O(1). */
+uint64_t gmb__alloc_fence(const struct gmb_broker *b,
+                          const struct gmb_session *s);
+
 /*
  * Tries to allocate `size` bytes with `flags` for session s.  Returns 0 with
  * *rep the Alloc reply, or the refusal in *rep.  GMB_E_NOMEM comes with *why:
  * GMB_NOMEM_NO_ROOM leaves *rep's message alone so the caller may queue the
  * request or explain with gmb__alloc_explain(); GMB_NOMEM_RESERVED has the
- * message set.
+ * message set.  A new segment that would eat into the room fenced for the
+ * offload job (gmb__alloc_fence) is refused GMB_NOMEM_NO_ROOM, counted in
+ * b->waitq.fenced.
  */
 int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
                    uint32_t flags, struct wire_reply *rep,

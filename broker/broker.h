@@ -62,6 +62,12 @@ struct gmb_waiter_holds {
   struct gmb_waiter *rbh_root;
 };
 
+/* The waiters held for the broker's offload job, in serving order
+ * (likewise, with links of their own). */
+struct gmb_waiter_jobs {
+  struct gmb_waiter *rbh_root;
+};
+
 /* The allocations waiting for memory (waitq.c), in serving order. */
 struct gmb_waitq {
   struct gmb_waiter *head, *tail;
@@ -80,6 +86,33 @@ struct gmb_waitq {
   size_t held_job;      /* of held, requests held for the broker's offload
                            job (reclaim.c): the job runs while there is one */
   uint64_t job_asked;   /* what the caches were asked for those, summed */
+  /* The job's other sums (waitq.c keeps them as its requests come and go,
+   * so that neither the job's step nor a request that meets its fence
+   * walks the requests it holds): the device room they take (each the
+   * segment it needs, which its size alone decides), summed; the first of
+   * them in serving order and its priority; and the tenants they belong
+   * to, linked through gmb_tenant.job_next, each with the count and the
+   * bytes (rounded) of its requests held for the job. */
+  struct gmb_waiter_jobs jobs;
+  uint64_t job_want;
+  struct gmb_waiter *job_first;
+  int job_priority;
+  struct gmb_tenant *job_tenants;
+  /* The same waiters by arrival, which is the order their job bounds
+   * come in (each is held for the same time from its arrival): the
+   * oldest's is the next (reclaim.c lets it go then). */
+  struct gmb_waiter *job_oldest, *job_youngest;
+  /* What the other tenants' reservations keep beside the job's requests,
+   * as the job's step last reckoned it (reclaim.c; a request that joins
+   * may raise it): it depends on the tenants' use, which changes without
+   * the queue hearing of it, so it is a figure of the turn, not a sum. */
+  uint64_t job_kept;
+  /* A waiter is being tried now (waitq.c, around each try), and whether
+   * it passes the room fenced for the job (gmb__alloc_fence): it is one of
+   * the job's requests, or ahead of the first of them in the queue's
+   * order.  trying 0: the request being handled is a new one. */
+  int trying, trying_passes;
+  uint64_t fenced; /* new segments refused by the job's fence, since start */
   uint64_t next_hold_ns; /* no hold ends before (0: look) */
   /* The waiters that may still block others for WAITQ_BLOCK_MS
    * (waitq.c), oldest first: the first is the next to stop. */
@@ -157,6 +190,10 @@ struct gmb_offload {
   uint32_t pausing;                    /* tenants whose operator's pause
                                           still offloads, a slice a turn
                                           (gmb_tenant.offl_pausing) */
+  int job_last;                        /* the last turn's slice was the
+                                          job's, not a pause's (reclaim.c,
+                                          gmb__reclaim_slice: they take
+                                          turns) */
 };
 
 /* Which socket a reply leaves by (reply.c). */

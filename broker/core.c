@@ -472,8 +472,8 @@ static int core_sum_vmm(void *ctx, struct gmb_tenant *t) {
 
 int gmb__core_check(struct gmb_broker *b) {
   int bad = gmb__pool_check(b->pool) + gmb__tenant_check(b->tenants) +
-            gmb__reclaim_check(b) + gmb__sleep_check(b) +
-            gmb__offload_check(b);
+            gmb__reclaim_check(b) + gmb__waitq_check(b) +
+            gmb__sleep_check(b) + gmb__offload_check(b);
   gmb__tenants_each(b->tenants, core_check_sessions, &bad);
   /* The ended sessions being freed hold what their tenants count. */
   uint64_t reaping = 0, counted = 0;

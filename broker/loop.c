@@ -877,14 +877,11 @@ int gmb__loop_run(struct gmb_broker *b) {
       gmb__defrag_tick(b, now + LOOP_COMPACT_NS);
       now = gmb__now_ns();
     }
-    if (b->waitq.held_job && b->offload.slices == slices) {
-      gmb__reclaim_offload_step(b);
-      now = gmb__now_ns();
-    }
-    /* An operator's pause goes on in a turn that ran no other slice:
-     * requests held for room come first. */
-    if (b->offload.pausing && b->offload.slices == slices) {
-      gmb__reclaim_pause_step(b);
+    /* One slice a turn, when a request's own did not run: the offload
+     * job's or an operator's pause's, taking turns when both have work. */
+    if ((b->waitq.held_job || b->offload.pausing) &&
+        b->offload.slices == slices) {
+      gmb__reclaim_slice(b);
       now = gmb__now_ns();
     }
     if (now >= next_frag) {

@@ -106,25 +106,36 @@ static int reclaim_askable(const struct gmb_session *o,
 
 /* --- a full device ------------------------------------------------------- */
 
-/* The device room that a request of tenant t of `rounded` bytes takes:
- * the segment it needs (a Vmm increase, `vmm`: its bytes, which take the
- * room as a segment does); *kept: what the other tenants' reservations
- * keep beside it (0 when t stays within its own). */
+/* The device room that a request of `rounded` bytes takes: the segment
+ * it needs (a Vmm increase, `vmm`: its bytes, which take the room as a
+ * segment does).  Its size alone decides it, so the wait queue keeps the
+ * offload job's sum of it exact (b->waitq.job_want). */
+static uint64_t reclaim_segment(uint64_t rounded, int vmm) {
+  if (vmm) return rounded;
+  if (rounded > GMB_POOL_SMALL_MAX)
+    return (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
+  return GMB_POOL_SMALL_SEGMENT;
+}
+
+/* What the other tenants' reservations keep beside `rounded` more bytes
+ * of tenant t (0 when t stays within its own).  It reads t's use and the
+ * reservations now, which change without the wait queue hearing of it:
+ * the offload job reckons it anew each turn, for the bytes each tenant's
+ * held requests take together (gmb_tenant.job_bytes). */
+static uint64_t reclaim_kept(struct gmb_broker *b, const struct gmb_tenant *t,
+                             uint64_t rounded) {
+  if (gmb__tenant_within_reserve(t, rounded)) return 0;
+  uint64_t all = gmb__tenants_reserve_short(b->tenants);
+  uint64_t own = t->reserve > t->segment_bytes ? t->reserve - t->segment_bytes
+                                               : 0;
+  return all > own ? all - own : 0;
+}
+
+/* reclaim_segment, and *kept: reclaim_kept. */
 static uint64_t reclaim_want(struct gmb_broker *b, const struct gmb_tenant *t,
                              uint64_t rounded, int vmm, uint64_t *kept) {
-  uint64_t want = GMB_POOL_SMALL_SEGMENT;
-  if (vmm)
-    want = rounded;
-  else if (rounded > GMB_POOL_SMALL_MAX)
-    want = (rounded + GMB_SEGMENT_ALIGN - 1) & ~(GMB_SEGMENT_ALIGN - 1);
-  *kept = 0;
-  if (!gmb__tenant_within_reserve(t, rounded)) {
-    uint64_t all = gmb__tenants_reserve_short(b->tenants);
-    uint64_t own = t->reserve > t->segment_bytes ? t->reserve - t->segment_bytes
-                                                 : 0;
-    *kept = all > own ? all - own : 0;
-  }
-  return want;
+  *kept = reclaim_kept(b, t, rounded);
+  return reclaim_segment(rounded, vmm);
 }
 
 static uint64_t reclaim_room(struct gmb_broker *b) {
@@ -134,13 +145,16 @@ static uint64_t reclaim_room(struct gmb_broker *b) {
 }
 
 /* The device room that session s's request of `rounded` bytes lacks:
- * what it takes (reclaim_want) less the room for new segments now. */
+ * what it takes (reclaim_want) less the room for new segments now beyond
+ * `fence`, the room fenced for the offload job's requests against it
+ * (gmb__alloc_fence; 0 for one that passes). */
 static uint64_t reclaim_missing(struct gmb_broker *b,
-                                const struct gmb_tenant *t, uint64_t rounded,
-                                int vmm) {
-  uint64_t kept, want = reclaim_want(b, t, rounded, vmm, &kept);
+                                const struct gmb_session *s, uint64_t rounded,
+                                int vmm, uint64_t fence) {
+  uint64_t kept, want = reclaim_want(b, s->tenant, rounded, vmm, &kept);
   want += kept;
   uint64_t room = reclaim_room(b);
+  room = room > fence ? room - fence : 0;
   return want > room ? want - room : 0;
 }
 
@@ -289,27 +303,42 @@ static void reclaim_ask(struct gmb_broker *b, const struct reclaim_pick *p,
  * whose lack the first slice (run at once, in its own turn) does not
  * cover, while candidates are left, is held for the job
  * (gmb__waitq_hold_job); the loop then runs one slice a turn
- * (gmb__reclaim_offload_step) and serves the queue after each.  The job
- * is the set of requests held for it, so that nothing else has to be
- * kept in step: each slice makes the room they lack together (what each
- * takes, less the room there now and the bytes asked of caches and on
+ * (gmb__reclaim_slice, taking turns with an operator's pause when both
+ * have work) and serves the queue after each.  The job is the set of
+ * requests held for it: each slice makes the room they lack together
+ * (what each takes, with what the other tenants' reservations keep beside
+ * them, less the room there now and the bytes asked of caches and on
  * their way), chosen for the first of them in the queue's order, from
  * what one walk of the pool finds now (so a segment locked, taken or no
- * longer idle since is left).  A request that comes while the job runs
- * and lacks room joins it (its want adds to the sum) when it has
- * candidates of its own, rather than counting on room the job makes for
- * the others; the room is not fenced, so a request served meanwhile may
- * take some, and the job goes on for what its requests still lack.  When
- * a slice can make nothing more for the first of them (no candidate left
- * for it, locked, or the host bounds), that request is let go, its hold
- * an ordinary one, and it goes on to the remedy that follows the
- * broker's offload, as a request that never went through a job does: the
- * idle sessions that opted in are asked to pause tags for it
- * (reclaim_job_let_go), and it is held within the asks' bound; else, or
- * when they give too little, it ends as it would have (a compaction run,
- * or GMB_E_NOMEM explained).  The next slice works for the next.  A
- * requester that ends takes its held request with it; a held request
- * lets go at RECLAIM_JOB_HOLD_NS at the latest.
+ * longer idle since is left).  The wait queue keeps the sums as requests
+ * are held and let go (broker.h: job_want, job_asked, job_first, and per
+ * tenant job_n and job_bytes), so a turn costs the first request and one
+ * look per tenant with requests held, not a walk of them; what the
+ * reservations keep reads the tenants' use, which the queue does not hear
+ * of, so it is reckoned each turn from each tenant's bytes together
+ * (job_kept).
+ *
+ * The room the job makes is fenced for its requests (gmb__alloc_fence): a
+ * request that is not one of them, of no higher priority than the first,
+ * makes a new segment only in the room beyond what they still want, so a
+ * stream of small requests cannot keep a held one waiting to its bound.
+ * A request that comes while the job runs and lacks room (the fenced room
+ * counts as none for it, reclaim_missing) joins it (its want adds to the
+ * sums) when it has candidates of its own, else goes on as without room.
+ * The fence lifts as requests are let go and when the job ends, and the
+ * queue is served then.
+ *
+ * When a slice can make nothing more for the first of them (no candidate
+ * left for it, locked, or the host bounds), or when any of them reaches
+ * its bound (RECLAIM_JOB_HOLD_NS after it was held: reclaim_job_due, from
+ * the timer and each turn), that request is let go, its hold an ordinary
+ * one, and it goes on to the remedy that follows the broker's offload, as
+ * a request that never went through a job does: the idle sessions that
+ * opted in are asked to pause tags for it (reclaim_job_let_go), and it is
+ * held within the asks' bound; else, or when they give too little, it
+ * ends as it would have (a compaction run, or GMB_E_NOMEM explained).
+ * The next slice works for the next.  A requester that ends takes its
+ * held request with it.
  */
 #define RECLAIM_JOB_HOLD_NS (10 * GMB_NS_PER_S)
 
@@ -332,119 +361,130 @@ static int reclaim_offload(struct gmb_broker *b, struct gmb_session *s,
   return *made < lack && more;
 }
 
-struct reclaim_job_sum {
-  struct gmb_broker *b;
-  uint64_t want, kept;     /* what they take; the most reservations keep */
-  uint64_t asked;          /* what the caches were asked for them */
-  struct gmb_waiter *first; /* the first of them */
-  struct gmb_session *first_s;
-  uint64_t first_size, first_asked;
-  uint32_t first_flags;
-};
-
-static int reclaim_job_add(void *ctx, struct gmb_waiter *w,
-                           struct gmb_session *s, uint64_t size,
-                           uint32_t flags, uint64_t asked) {
-  struct reclaim_job_sum *j = ctx;
-  j->asked += asked;
-  const int vmm = (flags & GMB__ALLOC_VMM) != 0;
-  uint64_t kept;
-  j->want += reclaim_want(j->b, s->tenant, vmm ? size : gmb__alloc_round(size),
-                          vmm, &kept);
-  if (kept > j->kept) j->kept = kept;
-  if (j->first == NULL) {
-    j->first = w;
-    j->first_s = s;
-    j->first_size = size;
-    j->first_flags = flags;
-    j->first_asked = asked;
-  }
-  return 0;
-}
-
-/* The job lets go the first of its requests (j->first), for which a
- * slice can make nothing more: the remedy after the broker's offload is
- * tried for it, as for a request that never went through a job
- * (gmb__reclaim_hold): the idle sessions that opted in are asked to pause
- * tags (sleep.h: who, in which order, never below their tenants'
- * reservations) when they can cover what it still lacks, and the request
- * is held, an ordinary hold, within the asks' bound.  Else nobody is asked
- * and it ends as it would have without the asks.  Returns the bound of
- * the asks made (0: none). */
-static uint64_t reclaim_job_let_go(struct gmb_broker *b,
-                                   const struct reclaim_job_sum *j,
-                                   uint64_t now) {
-  struct gmb_session *s = j->first_s;
-  if (b->cfg.sleep_wait_ms == 0 || b->closing) return 0;
-  const int vmm = (j->first_flags & GMB__ALLOC_VMM) != 0;
-  uint64_t rounded = vmm ? j->first_size : gmb__alloc_round(j->first_size);
-  uint64_t missing = reclaim_missing(b, s->tenant, rounded, vmm);
+/* The offload job lets go request j (its step can make nothing more
+ * for it, or its job bound came): its hold is an ordinary one from now,
+ * and the remedy after the broker's offload is tried for it, as for a
+ * request that never went through a job (gmb__reclaim_hold): the idle
+ * sessions that opted in are asked to pause tags (sleep.h: who, in which
+ * order, never below their tenants' reservations) when they can cover
+ * what it still lacks, and the request is held within the asks' bound.
+ * Else nobody is asked and it ends as it would have without the asks (a
+ * compaction run, or GMB_E_NOMEM explained).  `because` ends the asks'
+ * log line.  The request is still queued when it returns. */
+static void reclaim_job_let_go(struct gmb_broker *b,
+                               const struct gmb_waitq_job *j, uint64_t now,
+                               const char *because) {
+  gmb__waitq_job_release(b, j->w, now, 0);
+  struct gmb_session *s = j->s;
+  if (b->cfg.sleep_wait_ms == 0 || b->closing) return;
+  const int vmm = (j->flags & GMB__ALLOC_VMM) != 0;
+  uint64_t rounded = vmm ? j->size : gmb__alloc_round(j->size);
+  /* The fence of the requests the job still holds, as the queue will
+   * read it when it tries this one. */
+  uint64_t fence =
+      gmb__waitq_passes_fence(b, j->w) ? 0 : gmb__alloc_fence(b, s);
+  uint64_t missing = reclaim_missing(b, s, rounded, vmm, fence);
   /* Bytes on their way count for it, except s's own ask and what was
    * asked for the requests the job still holds. */
   uint64_t coming = b->reclaim.ask_bytes - s->ask_bytes;
-  uint64_t theirs = j->asked - j->first_asked;
-  coming = coming > theirs ? coming - theirs : 0;
+  coming = coming > b->waitq.job_asked ? coming - b->waitq.job_asked : 0;
   uint64_t need = missing > coming ? missing - coming : 0;
-  if (need == 0) return 0;
+  if (need == 0) return;
   struct reclaim_pick p = {.s = s, .now = now};
   p.cap = gmb__sessions_count(b->sessions);
   p.v = malloc(p.cap * sizeof *p.v);
   uint64_t *bytes = malloc(p.cap * sizeof *bytes);
   uint8_t *sleep = calloc(p.cap, 1);
-  uint64_t until = 0;
   if (p.v && bytes && sleep) {
     uint64_t planned = reclaim_plan_sleep(b, &p, bytes, sleep, need);
     for (size_t i = 0; i < p.n; i++) p.v[i]->tenant->cache_asked -= bytes[i];
     if (planned >= need) {
-      until = now + (uint64_t)(b->cfg.sleep_wait_ms > b->cfg.trim_wait_ms
-                                   ? b->cfg.sleep_wait_ms
-                                   : b->cfg.trim_wait_ms) *
-                        GMB_NS_PER_MS;
-      reclaim_ask(b, &p, bytes, sleep, rounded, until,
-                  ", which the offload job could make no more room for");
+      uint64_t until =
+          now + (uint64_t)(b->cfg.sleep_wait_ms > b->cfg.trim_wait_ms
+                               ? b->cfg.sleep_wait_ms
+                               : b->cfg.trim_wait_ms) *
+                    GMB_NS_PER_MS;
+      reclaim_ask(b, &p, bytes, sleep, rounded, until, because);
+      gmb__waitq_hold_until(b, j->w, until);
     }
   }
   free(p.v);
   free(bytes);
   free(sleep);
-  return until;
+}
+
+/* The job lets go the requests whose job bound (RECLAIM_JOB_HOLD_NS) came
+ * by `now`, as a slice that can make nothing more does.  Returns how
+ * many. */
+static int reclaim_job_due(struct gmb_broker *b, uint64_t now) {
+  struct gmb_waitq_job j;
+  int n = 0;
+  while (gmb__waitq_job_due(b, now, &j)) {
+    reclaim_job_let_go(b, &j, now, ", held for the offload job for as "
+                       "long as it may (10 s)");
+    n++;
+  }
+  return n;
+}
+
+/* What the other tenants' reservations keep beside the job's requests:
+ * the most that any of their tenants' requests, together, keep.  O(the
+ * tenants with requests held for the job); the figure of this turn
+ * (b->waitq.job_kept), which the fence reads too. */
+static uint64_t reclaim_job_kept(struct gmb_broker *b) {
+  struct gmb_waitq *q = &b->waitq;
+  uint64_t kept = 0;
+  for (const struct gmb_tenant *t = q->job_tenants; t; t = t->job_next) {
+    q->hold_visits++;
+    uint64_t k = reclaim_kept(b, t, t->job_bytes);
+    if (k > kept) kept = k;
+  }
+  q->job_kept = kept;
+  return kept;
 }
 
 int gmb__reclaim_offload_step(struct gmb_broker *b) {
-  if (b->waitq.held_job == 0) return 0;
+  struct gmb_waitq *q = &b->waitq;
+  if (q->held_job == 0) return 0;
   uint64_t now = gmb__now_ns();
-  struct reclaim_job_sum j = {.b = b};
-  gmb__waitq_jobs(b, reclaim_job_add, &j);
+  /* The job's sums, kept by the queue: no walk of its requests. */
+  struct gmb_waitq_job first;
+  gmb__waitq_job_first(b, &first);
+  uint64_t want = q->job_want + reclaim_job_kept(b);
   /* The caches' bytes on their way count as far as they were asked for
    * the job's requests: asks for other requests are theirs. */
-  uint64_t coming = b->reclaim.ask_bytes < j.asked ? b->reclaim.ask_bytes
-                                                   : j.asked;
+  uint64_t coming = b->reclaim.ask_bytes < q->job_asked ? b->reclaim.ask_bytes
+                                                        : q->job_asked;
   uint64_t have = reclaim_room(b) + coming;
-  uint64_t lack = j.want + j.kept > have ? j.want + j.kept - have : 0;
-  int more = 0;
+  uint64_t lack = want > have ? want - have : 0;
+  int more = 0, let_go = 0;
   uint64_t made = 0;
   if (lack > 0 && !b->closing)
-    made = gmb__offload_for(b, j.first_s, lack, GMB_OFFLOAD_SLICE, &more);
+    made = gmb__offload_for(b, first.s, lack, GMB_OFFLOAD_SLICE, &more);
   if (lack == 0) {
     /* The room they lack is there, or on its way from the caches: the
      * job has nothing left to do for them. */
     gmb__waitq_job_release(b, NULL, now, 0);
   } else if (made == 0 && !more) {
-    /* Nothing more for the first of them: it is let go (w is still
-     * queued: nothing was served since the walk above), the sessions
-     * that opted in asked to pause tags for it where they can cover
-     * its lack. */
-    gmb__waitq_job_release(b, j.first, now, reclaim_job_let_go(b, &j, now));
+    /* Nothing more for the first of them: it is let go (still queued:
+     * nothing was served since it was read), the sessions that opted in
+     * asked to pause tags for it where they can cover its lack. */
+    reclaim_job_let_go(b, &first, now,
+                       ", which the offload job could make no more room for");
+    let_go = 1;
   }
-  if (made) gmb__waitq_serve(b);
-  if (b->waitq.held_job == 0)
+  /* Room made, or the room fenced for the job's requests given up (the
+   * job over, or one let go): the queue is served. */
+  if (made || let_go || q->held_job == 0) gmb__waitq_serve(b);
+  if (q->held_job == 0)
     log_info("offload job done: %" PRIu64 " slices since start; the broker "
              "holds %" PRIu64 " bytes offloaded", b->offload.slices,
              b->offload.host_bytes);
-  /* Those let go end now, unless asks they wait for are still out. */
-  gmb__reclaim_settle(b);
+  /* Those let go end now, unless asks they wait for are still out (a
+   * look at the holds, only when the job let some go). */
+  if (lack == 0 || let_go) gmb__reclaim_settle(b);
   reclaim_hold_over(b, now, GMB_HOLD_DUE);
-  return b->waitq.held_job > 0;
+  return q->held_job > 0;
 }
 
 int gmb__reclaim_pause_step(struct gmb_broker *b) {
@@ -452,6 +492,21 @@ int gmb__reclaim_pause_step(struct gmb_broker *b) {
   int more = gmb__offload_pause_step(b, &made);
   if (made) gmb__waitq_serve(b);
   return more;
+}
+
+int gmb__reclaim_slice(struct gmb_broker *b) {
+  const int job = b->waitq.held_job > 0, pause = b->offload.pausing > 0;
+  if (!job && !pause) return 0;
+  /* Both have work: they take turns, the job's first, so that neither
+   * waits for the other to end (a job up to its requests' 10 s, a pause
+   * for a tenant's gigabytes). */
+  const int run_job = job && (!pause || !b->offload.job_last);
+  b->offload.job_last = run_job;
+  if (run_job)
+    gmb__reclaim_offload_step(b);
+  else
+    gmb__reclaim_pause_step(b);
+  return b->waitq.held_job > 0 || b->offload.pausing > 0;
 }
 
 int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
@@ -466,7 +521,8 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   uint64_t rounded = vmm ? size : gmb__alloc_round(size);
   /* More than the whole device: no cache can make room for it. */
   if (rounded > b->dev->capacity) return 0;
-  uint64_t missing = reclaim_missing(b, s->tenant, rounded, vmm);
+  uint64_t missing =
+      reclaim_missing(b, s, rounded, vmm, gmb__alloc_fence(b, s));
   if (missing == 0) return 0; /* not for want of room: nothing to ask */
   /* Bytes asked already and not answered yet are on their way, except
    * what s itself was asked: it cannot answer while this request waits,
@@ -551,10 +607,17 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
   int held;
   if (job)
     held = gmb__waitq_hold_job(b, s, req_id, size, flags, timeout_ms, until,
-                               now + RECLAIM_JOB_HOLD_NS, planned) == 0;
+                               now + RECLAIM_JOB_HOLD_NS, planned,
+                               reclaim_segment(rounded, vmm)) == 0;
   else
     held = planned >= need && (need > 0 || coming > 0) &&
            gmb__waitq_hold(b, s, req_id, size, flags, timeout_ms, until) == 0;
+  if (job && held) {
+    /* The reservations kept beside its tenant's held requests, as the
+     * fence reads them until the job's next turn. */
+    uint64_t kept = reclaim_kept(b, s->tenant, s->tenant->job_bytes);
+    if (kept > b->waitq.job_kept) b->waitq.job_kept = kept;
+  }
   if (job && held && b->waitq.held_job == 1) {
     b->offload.jobs++;
     char sz[GMB_SIZE_BUFSZ];
@@ -691,6 +754,13 @@ static uint64_t reclaim_compact(void *ctx, uint64_t rounded,
 
 static uint64_t reclaim_hold_over(struct gmb_broker *b, uint64_t now,
                                   enum gmb_hold_end how) {
+  /* Requests whose job bound came go the way of those a slice can make
+   * nothing more for; the room fenced for them is given up. */
+  if (reclaim_job_due(b, now)) {
+    gmb__waitq_serve(b);
+    /* Asks made for them are in flight now: not every hold ends. */
+    if (how == GMB_HOLD_ALL && b->reclaim.asks > 0) how = GMB_HOLD_SETTLED;
+  }
   struct reclaim_runs c = {b, 0};
   uint64_t next = gmb__waitq_hold_over(b, now, how, reclaim_compact, &c);
   /* No run could start: answer now rather than never (as dispatch.c). */

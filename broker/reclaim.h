@@ -107,15 +107,24 @@ int gmb__reclaim_hold(struct gmb_broker *b, struct gmb_session *s,
  * GMB_OFFLOAD_SLICE of idle sessions' movable allocations, serves the
  * queue, and lets go the requests it can do nothing more for (the
  * sessions that opted in are asked to pause tags for them, as without
- * the job, or they fall through).  The loop calls it once a turn while
- * b->waitq.held_job is not 0.  Returns 1 while the job goes on. */
+ * the job, or they fall through).  The loop runs it through
+ * gmb__reclaim_slice while b->waitq.held_job is not 0.  Returns 1 while
+ * the job goes on. */
 int gmb__reclaim_offload_step(struct gmb_broker *b);
 
 /* One slice of an operator's pause still running (gmb__offload_pause_step),
- * then the queue is served when it made room.  The loop calls it once a
- * turn, in a turn that ran no other slice, while b->offload.pausing is not
- * 0.  Returns 1 while a pause goes on. */
+ * then the queue is served when it made room.  Returns 1 while a pause
+ * goes on. */
 int gmb__reclaim_pause_step(struct gmb_broker *b);
+
+/* The turn's offload slice: the job's (gmb__reclaim_offload_step) or an
+ * operator's pause's (gmb__reclaim_pause_step).  When both have work they
+ * take turns, the job's first (b->offload.job_last), so that neither
+ * waits for the other to end.  The loop calls it once a turn, in a turn
+ * that ran no other slice (a request's own first slice), while
+ * b->waitq.held_job or b->offload.pausing is not 0.  Returns 1 while
+ * either goes on. */
+int gmb__reclaim_slice(struct gmb_broker *b);
 
 /* Session s's request `req_id` of `size` bytes: when it would pass its
  * tenant's quota and the tenant's other sessions' caches can cover what

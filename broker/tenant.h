@@ -105,6 +105,12 @@ struct gmb_tenant {
    * of wq_pages bytes of pages and a tail of wq_tail (wq_pages 0: none),
    * found no room, and so would any as large in that pass. */
   uint64_t wq_pass, wq_small, wq_pages, wq_tail;
+  /* Its requests held for the broker's offload job (waitq.c): how many,
+   * their bytes (rounded, as the quota counts them), and its links in
+   * b->waitq.job_tenants while there are any. */
+  size_t job_n;
+  uint64_t job_bytes;
+  struct gmb_tenant *job_next, *job_prev;
   /* EVENT_TRIM asks its ended sessions were sent and left unanswered
    * (their gmb_session counters, folded in as each left the tenant's
    * list), so that per-tenant totals survive sessions

@@ -36,7 +36,14 @@
  * with the reason) when its hold ends.
  * Invariants: held counts the waiters with `held` set, held_nowait those of
  * them with `nowait`, held_quota those with `quota`, held_job those with
- * `job` (only a held waiter has it: its hold's end clears it).
+ * `job` (only a held waiter has it: its hold's end clears it); the job's
+ * waiters are in q->jobs (the queue's order: job_first is its first, and
+ * job_priority its priority) and in the list from job_oldest (arrival,
+ * which is the order of their job bounds), job_asked and job_want are
+ * their sums, and each tenant's job_n and job_bytes count its own, the
+ * tenants with any linked from job_tenants (gmb__waitq_check recounts
+ * them all).  Each try of a waiter sets q->trying for the fence
+ * (gmb__alloc_fence); a try the fence refused is no memo (below).
  *
  * A blocking waiter blocks for WAITQ_BLOCK_MS after it came (waitq.h), then
  * it is `unblocked` for good.  The flag is set when a serve or the
@@ -79,6 +86,8 @@ struct gmb_waiter {
   RB_ENTRY(gmb_waiter) tlink; /* in the deadlines, or those due */
   RB_ENTRY(gmb_waiter) hlink; /* in q->blocking */
   RB_ENTRY(gmb_waiter) olink; /* in q->holds, while held */
+  RB_ENTRY(gmb_waiter) jlink; /* in q->jobs, while job */
+  struct gmb_waiter *jnext, *jprev; /* q->job_oldest's list, while job */
   int in_blocking;            /* in q->blocking */
   struct gmb_waiter *bnext, *bprev; /* in the blockers list */
   struct gmb_waiter *snext, *sprev; /* in its session's (s->waiters) */
@@ -104,6 +113,8 @@ struct gmb_waiter {
                            hold_until_ns, not when the asks settle */
   uint64_t plain_until_ns; /* job: the hold's bound without the job */
   uint64_t job_asked;   /* job: bytes the caches were asked for it */
+  uint64_t job_want;    /* job: the device room it takes (q->job_want) */
+  uint64_t job_until_ns; /* job: the job lets it go then at the latest */
   int priority;         /* its tenant's, when it came */
   int unblocked;        /* blocked others for WAITQ_BLOCK_MS: no longer */
 };
@@ -148,6 +159,9 @@ RB_GENERATE_STATIC(gmb_waiter_order, gmb_waiter, hlink, waitq_order_cmp)
 
 /* The held waiters, in the queue's order (q->holds). */
 RB_GENERATE_STATIC(gmb_waiter_holds, gmb_waiter, olink, waitq_order_cmp)
+
+/* Those held for the offload job, in the queue's order (q->jobs). */
+RB_GENERATE_STATIC(gmb_waiter_jobs, gmb_waiter, jlink, waitq_order_cmp)
 
 /* Puts w in q->blocking or takes it out, as waitq_nonblocking(w) now says:
  * called wherever a field it reads changes, and as w leaves. */
@@ -224,6 +238,77 @@ static uint64_t waitq_bytes(const struct gmb_waiter *w) {
   return w->flags & GMB__ALLOC_VMM ? w->size : gmb__alloc_round(w->size);
 }
 
+/* --- the offload job's sums ---------------------------------------------- */
+
+/* w is held for the job from now: it joins the job's sums (q's and its
+ * tenant's), the job's tree and its list by arrival. */
+static void waitq_job_mark(struct gmb_waitq *q, struct gmb_waiter *w) {
+  struct gmb_tenant *t = w->session->tenant;
+  GMB_ASSERT((q->job_youngest == NULL ||
+              q->job_youngest->job_until_ns <= w->job_until_ns) &&
+             "the job's bounds come in arrival order");
+  w->job = 1;
+  q->held_job++;
+  q->job_asked += w->job_asked;
+  q->job_want += w->job_want;
+  if (t->job_n++ == 0) {
+    t->job_prev = NULL;
+    t->job_next = q->job_tenants;
+    if (q->job_tenants) q->job_tenants->job_prev = t;
+    q->job_tenants = t;
+  }
+  t->job_bytes += waitq_bytes(w);
+  RB_INSERT(gmb_waiter_jobs, &q->jobs, w);
+  if (q->job_first == NULL || waitq_order_cmp(w, q->job_first) < 0) {
+    q->job_first = w;
+    q->job_priority = w->priority;
+  }
+  w->jnext = NULL;
+  w->jprev = q->job_youngest;
+  if (q->job_youngest)
+    q->job_youngest->jnext = w;
+  else
+    q->job_oldest = w;
+  q->job_youngest = w;
+}
+
+/* w leaves the job's sums (let go, its hold over, or gone). */
+static void waitq_job_drop(struct gmb_waitq *q, struct gmb_waiter *w) {
+  struct gmb_tenant *t = w->session->tenant;
+  const uint64_t bytes = waitq_bytes(w);
+  GMB_ASSERT(w->job && q->held_job > 0 && q->job_asked >= w->job_asked &&
+             q->job_want >= w->job_want && t->job_n > 0 &&
+             t->job_bytes >= bytes && "job sums drifted");
+  if (q->job_first == w) {
+    q->job_first = RB_NEXT(gmb_waiter_jobs, &q->jobs, w);
+    q->job_priority = q->job_first ? q->job_first->priority : 0;
+  }
+  RB_REMOVE(gmb_waiter_jobs, &q->jobs, w);
+  if (w->jprev)
+    w->jprev->jnext = w->jnext;
+  else
+    q->job_oldest = w->jnext;
+  if (w->jnext)
+    w->jnext->jprev = w->jprev;
+  else
+    q->job_youngest = w->jprev;
+  w->jnext = w->jprev = NULL;
+  q->held_job--;
+  q->job_asked -= w->job_asked;
+  q->job_want -= w->job_want;
+  t->job_bytes -= bytes;
+  if (--t->job_n == 0) {
+    if (t->job_prev)
+      t->job_prev->job_next = t->job_next;
+    else
+      q->job_tenants = t->job_next;
+    if (t->job_next) t->job_next->job_prev = t->job_prev;
+    t->job_next = t->job_prev = NULL;
+  }
+  if (q->held_job == 0) q->job_kept = 0; /* the fence is down */
+  w->job = 0;
+}
+
 /* A request held for its quota that its quota still refuses: nothing to
  * try (and no refusal to count) until its tenant's memory comes back. */
 static int waitq_quota_blocked(const struct gmb_waiter *w) {
@@ -235,16 +320,28 @@ static int waitq_quota_blocked(const struct gmb_waiter *w) {
  * (gmb__alloc_vmm, whose refusals come with their message). */
 static int waitq_attempt(struct gmb_broker *b, struct gmb_waiter *w,
                          struct wire_reply *rep, enum gmb_nomem_why *why) {
+  struct gmb_waitq *q = &b->waitq;
   memset(rep, 0, sizeof *rep);
   rep->id = w->req_id;
-  b->waitq.tries++;
-  if (w->flags & GMB__ALLOC_VMM)
-    return gmb__alloc_vmm(b, w->session, w->size, rep, why);
-  /* An allocation, or a Lock bringing an offloaded one back. */
-  const uint32_t queued = w->flags & GMB__ALLOC_RESTORE ? GMB__ALLOC_QUEUED
-                                                        : 0;
-  return gmb__offload_try(b, w->session, w->size, w->flags | queued, rep,
+  q->tries++;
+  /* The room fenced for the job (gmb__alloc_fence) lets its own requests
+   * through, and those ahead of its first in the queue's order (a higher
+   * priority, or one that came first at its priority): the queue serves
+   * them first anyway. */
+  q->trying = 1;
+  q->trying_passes = gmb__waitq_passes_fence(b, w);
+  int rc;
+  if (w->flags & GMB__ALLOC_VMM) {
+    rc = gmb__alloc_vmm(b, w->session, w->size, rep, why);
+  } else {
+    /* An allocation, or a Lock bringing an offloaded one back. */
+    const uint32_t queued =
+        w->flags & GMB__ALLOC_RESTORE ? GMB__ALLOC_QUEUED : 0;
+    rc = gmb__offload_try(b, w->session, w->size, w->flags | queued, rep,
                           why);
+  }
+  q->trying = q->trying_passes = 0;
+  return rc;
 }
 
 /*
@@ -326,7 +423,8 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, int after_compact,
                         uint64_t hold_until_ns, int hold_quota,
-                        uint64_t job_until_ns, uint64_t job_asked) {
+                        uint64_t job_until_ns, uint64_t job_asked,
+                        uint64_t job_want) {
   struct gmb_waitq *q = &b->waitq;
   if (s->waiting >= b->cfg.max_waiters_per_session ||
       s->tenant->waiting >= b->cfg.max_waiters_per_tenant) {
@@ -356,17 +454,19 @@ static int waitq_insert(struct gmb_broker *b, struct gmb_session *s,
     w->quota = hold_quota;
     w->hold_until_ns = hold_until_ns;
     if (job_until_ns) {
-      w->job = 1;
       w->plain_until_ns = hold_until_ns;
       w->job_asked = job_asked;
+      w->job_want = job_want;
+      w->job_until_ns = job_until_ns;
       if (job_until_ns > hold_until_ns) w->hold_until_ns = job_until_ns;
-      q->held_job++;
-      q->job_asked += job_asked;
+      waitq_job_mark(q, w);
     }
+    /* The first hold: no other's end can come before its. */
+    if (q->held == 0 || w->hold_until_ns < q->next_hold_ns)
+      q->next_hold_ns = w->hold_until_ns;
     q->held++;
     q->held_nowait += (size_t)w->nowait;
     q->held_quota += (size_t)w->quota;
-    if (w->hold_until_ns < q->next_hold_ns) q->next_hold_ns = w->hold_until_ns;
     RB_INSERT(gmb_waiter_holds, &q->holds, w);
   }
   /* After the last waiter of equal or higher priority: priority first,
@@ -419,7 +519,7 @@ int gmb__waitq_add(struct gmb_broker *b, struct gmb_session *s,
                    uint64_t req_id, uint64_t size, uint32_t flags,
                    int timeout_ms, int after_compact) {
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, after_compact,
-                      0, 0, 0, 0);
+                      0, 0, 0, 0, 0);
 }
 
 int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
@@ -427,41 +527,54 @@ int gmb__waitq_hold(struct gmb_broker *b, struct gmb_session *s,
                     int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0,
-                      0, 0);
+                      0, 0, 0);
 }
 
 int gmb__waitq_hold_job(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, uint64_t until_ns,
-                        uint64_t job_until_ns, uint64_t asked) {
+                        uint64_t job_until_ns, uint64_t asked,
+                        uint64_t want) {
   GMB_ASSERT(until_ns != 0 && job_until_ns != 0 && "a hold ends some time");
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 0,
-                      job_until_ns, asked);
+                      job_until_ns, asked, want);
 }
 
-void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx) {
-  struct gmb_waitq *q = &b->waitq;
-  if (q->held_job == 0) return;
-  struct gmb_waiter *w = RB_MIN(gmb_waiter_holds, &q->holds);
-  for (; w; w = RB_NEXT(gmb_waiter_holds, &q->holds, w)) {
-    q->hold_visits++;
-    if (w->job && fn(ctx, w, w->session, w->size, w->flags, w->job_asked))
-      return;
-  }
+/* What the job's step and its let-go read of w. */
+static int waitq_job_out(struct gmb_waiter *w, struct gmb_waitq_job *out) {
+  memset(out, 0, sizeof *out);
+  if (w == NULL) return 0;
+  out->w = w;
+  out->s = w->session;
+  out->size = w->size;
+  out->flags = w->flags;
+  out->asked = w->job_asked;
+  return 1;
+}
+
+int gmb__waitq_job_first(struct gmb_broker *b, struct gmb_waitq_job *out) {
+  b->waitq.hold_visits += b->waitq.job_first != NULL;
+  return waitq_job_out(b->waitq.job_first, out);
+}
+
+int gmb__waitq_job_due(struct gmb_broker *b, uint64_t now,
+                       struct gmb_waitq_job *out) {
+  struct gmb_waiter *w = b->waitq.job_oldest;
+  if (w == NULL || w->job_until_ns > now) return 0;
+  b->waitq.hold_visits++;
+  return waitq_job_out(w, out);
 }
 
 /* w is no longer held for the job: an ordinary hold, to its own bound or
  * until_ns, the later. */
 static void waitq_job_unmark(struct gmb_waitq *q, struct gmb_waiter *w,
                              uint64_t now, uint64_t until_ns) {
-  GMB_ASSERT(w->job && w->held && q->held_job > 0 &&
-             q->job_asked >= w->job_asked && "job counts drifted");
-  w->job = 0;
-  q->held_job--;
-  q->job_asked -= w->job_asked;
+  GMB_ASSERT(w->job && w->held && "let go while not held for the job");
+  waitq_job_drop(q, w);
   uint64_t until = w->plain_until_ns > until_ns ? w->plain_until_ns : until_ns;
   w->hold_until_ns = until > now ? until : now;
-  q->next_hold_ns = 0; /* look again */
+  /* Sooner than its job's bound: the next end may be its. */
+  if (w->hold_until_ns < q->next_hold_ns) q->next_hold_ns = w->hold_until_ns;
 }
 
 void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
@@ -471,10 +584,22 @@ void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
     waitq_job_unmark(q, w, now, until_ns);
     return;
   }
-  if (q->held_job == 0) return;
-  for (w = RB_MIN(gmb_waiter_holds, &q->holds); w;
-       w = RB_NEXT(gmb_waiter_holds, &q->holds, w))
-    if (w->job) waitq_job_unmark(q, w, now, until_ns);
+  /* The job's own list: not the other holds. */
+  while ((w = q->job_oldest) != NULL) waitq_job_unmark(q, w, now, until_ns);
+}
+
+int gmb__waitq_passes_fence(const struct gmb_broker *b,
+                            const struct gmb_waiter *w) {
+  const struct gmb_waiter *first = b->waitq.job_first;
+  return w->job || (first && waitq_order_cmp(w, first) < 0);
+}
+
+void gmb__waitq_hold_until(struct gmb_broker *b, struct gmb_waiter *w,
+                           uint64_t until_ns) {
+  (void)b;
+  GMB_ASSERT(w->held && !w->job && "an ordinary hold");
+  /* Later: next_hold_ns may be early now, which costs a look, no more. */
+  if (until_ns > w->hold_until_ns) w->hold_until_ns = until_ns;
 }
 
 int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
@@ -482,7 +607,7 @@ int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
                           int timeout_ms, uint64_t until_ns) {
   GMB_ASSERT(until_ns != 0 && "a hold ends some time");
   return waitq_insert(b, s, req_id, size, flags, timeout_ms, 0, until_ns, 1,
-                      0, 0);
+                      0, 0, 0);
 }
 
 int gmb__waitq_ahead(struct gmb_broker *b, int priority) {
@@ -500,13 +625,7 @@ static void waitq_unhold(struct gmb_waitq *q, struct gmb_waiter *w) {
   q->held--;
   q->held_nowait -= (size_t)w->nowait;
   q->held_quota -= (size_t)w->quota;
-  if (w->job) {
-    GMB_ASSERT(q->held_job > 0 && q->job_asked >= w->job_asked &&
-               "job counts drifted");
-    q->held_job--;
-    q->job_asked -= w->job_asked;
-    w->job = 0;
-  }
+  if (w->job) waitq_job_drop(q, w);
   w->held = 0;
   RB_REMOVE(gmb_waiter_holds, &q->holds, w);
   /* Taken off the blockers while held (gmb__waitq_expire)? */
@@ -586,8 +705,12 @@ void gmb__waitq_serve(struct gmb_broker *b) {
     enum gmb_nomem_why why = GMB_NOMEM_NO_ROOM;
     int rc = GMB_E_NOMEM;
     if (!waitq_missed(q, w)) {
+      /* A refusal by the job's fence (gmb__alloc_fence) is no memo for
+       * the tenant's other waiters: the job's own requests pass it. */
+      const uint64_t fenced = q->fenced;
       rc = waitq_attempt(b, w, &rep, &why);
-      if (rc == GMB_E_NOMEM && why == GMB_NOMEM_NO_ROOM) waitq_miss_note(q, w);
+      if (rc == GMB_E_NOMEM && why == GMB_NOMEM_NO_ROOM && q->fenced == fenced)
+        waitq_miss_note(q, w);
     }
     if (rc == GMB_E_NOMEM) {
       if (!waitq_nonblocking(w)) {
@@ -730,7 +853,9 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
     /* One more try first: a younger blocker may have held it back while
      * there was room for it.  (A waiter served here frees nothing, so
      * the others due stay queued.) */
-    int blocking = !waitq_nonblocking(w);
+    /* One held for the offload job fenced room for itself: gone, it may
+     * have held back others too. */
+    int blocking = !waitq_nonblocking(w) || w->job;
     if (waitq_try(b, w)) {
       expired += blocking;
       continue;
@@ -748,7 +873,7 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now) {
       gmb__reply_fail(&rep, GMB_E_TIMEOUT, "no room for %s was freed in time",
                       gmb__size_format(w->size, sz, sizeof sz));
     }
-    expired += !waitq_nonblocking(w);
+    expired += blocking;
     waitq_answer(b, w, &rep);
   }
   /* A waiter that gave up, or stopped blocking, may have been holding
@@ -767,7 +892,7 @@ void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s) {
   while ((w = s->waiters) != NULL) {
     GMB_ASSERT(w->session == s && "a waiter in another session's list");
     b->waitq.drop_visits++;
-    dropped += !waitq_nonblocking(w);
+    dropped += !waitq_nonblocking(w) || w->job; /* or fenced room */
     waitq_remove(b, w);
   }
   /* Its requests may have been holding back others'. */
@@ -845,4 +970,61 @@ uint64_t gmb__waitq_hold_over(struct gmb_broker *b, uint64_t now,
   }
   q->next_hold_ns = next_at;
   return next_at == UINT64_MAX ? UINT64_MAX : next_at - now;
+}
+
+/* --- the consistency check ---------------------------------------------- */
+
+int gmb__waitq_check(struct gmb_broker *b) {
+  const struct gmb_waitq *q = &b->waitq;
+  size_t n = 0, held = 0, nowait = 0, quota = 0, job = 0;
+  uint64_t asked = 0, want = 0;
+  const struct gmb_waiter *first = NULL;
+  int bad = 0;
+  for (const struct gmb_waiter *w = q->head; w; w = w->next) {
+    n++;
+    held += (size_t)w->held;
+    nowait += (size_t)(w->held && w->nowait);
+    quota += (size_t)(w->held && w->quota);
+    bad += w->job && !w->held; /* only a held waiter is the job's */
+    if (!w->job) continue;
+    job++;
+    asked += w->job_asked;
+    want += w->job_want;
+    if (first == NULL || waitq_order_cmp(w, first) < 0) first = w;
+  }
+  bad += n != q->n;
+  bad += held != q->held || nowait != q->held_nowait ||
+         quota != q->held_quota;
+  bad += job != q->held_job || asked != q->job_asked || want != q->job_want;
+  bad += first != q->job_first;
+  bad += first != NULL && first->priority != q->job_priority;
+  bad += job == 0 && q->job_kept != 0;
+  /* The list by arrival holds them all, their bounds in order. */
+  size_t listed = 0;
+  for (const struct gmb_waiter *w = q->job_oldest; w; w = w->jnext) {
+    listed++;
+    bad += !w->job;
+    bad += w->jnext != NULL && w->jnext->job_until_ns < w->job_until_ns;
+  }
+  bad += listed != job;
+  /* Each tenant's count and bytes, recounted from its sessions' waiters;
+   * every tenant with such a request is in the list. */
+  size_t tenants_n = 0;
+  for (const struct gmb_tenant *t = q->job_tenants; t; t = t->job_next) {
+    size_t tn = 0;
+    uint64_t tb = 0;
+    for (const struct gmb_session *s = t->sessions; s; s = s->tenant_next)
+      for (const struct gmb_waiter *w = s->waiters; w; w = w->snext)
+        if (w->job) {
+          tn++;
+          tb += waitq_bytes(w);
+        }
+    bad += tn == 0 || tn != t->job_n || tb != t->job_bytes;
+    tenants_n += t->job_n;
+  }
+  bad += tenants_n != job;
+  if (bad)
+    log_error("waitq: %d violations of the held counts and the offload "
+              "job's sums", bad);
+  return bad;
 }

@@ -38,7 +38,13 @@
  * the others, through gmb__alloc_vmm, and answered when its hold ends.
  * Requests held for the broker's offload job (gmb__waitq_hold_job,
  * reclaim.h) are held requests too, whose hold the asks settling does not
- * end: the job lets them go, or their bound comes.
+ * end: the job lets them go (reclaim.c, at their job bound at the
+ * latest).  The queue keeps the job's sums (broker.h) as they come and
+ * go.  While there are any, the room they want is fenced for them
+ * (alloc.h, gmb__alloc_fence): a waiter tried here that is not one of
+ * them, of no higher priority than the first, finds no room in it, and a
+ * waiter that goes (answered, expired, dropped with its session) gives
+ * up its part of the fence, so the queue is served.
  * A waiter's answer leaves through the sender (reply.c) and is counted in
  * the metrics with its time in the queue.
  *
@@ -89,28 +95,53 @@ int gmb__waitq_hold_quota(struct gmb_broker *b, struct gmb_session *s,
  * makes over the loop's turns (reclaim.h): served as memory comes back
  * like any held request, but its hold does not end when the asks settle,
  * only when the job lets it go (gmb__waitq_job_release: then it is an
- * ordinary hold, to until_ns) or at job_until_ns.  `asked`: the bytes
- * the caches were asked for it (the job counts them as on their way).
- * 0, GMB_E_LIMIT or GMB_E_SYSTEM as gmb__waitq_add. */
+ * ordinary hold, to until_ns), which reclaim.c does at job_until_ns at
+ * the latest (gmb__waitq_job_due).  `asked`: the bytes the caches were
+ * asked for it (the job counts them as on their way); `want`: the device
+ * room it takes (the segment it needs; the job's sums add it up).  Each
+ * request's job_until_ns is no earlier than the one held before it.  0,
+ * GMB_E_LIMIT or GMB_E_SYSTEM as gmb__waitq_add. */
 int gmb__waitq_hold_job(struct gmb_broker *b, struct gmb_session *s,
                         uint64_t req_id, uint64_t size, uint32_t flags,
                         int timeout_ms, uint64_t until_ns,
-                        uint64_t job_until_ns, uint64_t asked);
+                        uint64_t job_until_ns, uint64_t asked,
+                        uint64_t want);
 
-/* Visits the requests held for the offload job in the queue's order:
- * fn(ctx, w, its session, size, flags, asked) returns 1 to stop.  fn
- * must not change the queue. */
-typedef int (*gmb_waitq_job_fn)(void *ctx, struct gmb_waiter *w,
-                                struct gmb_session *s, uint64_t size,
-                                uint32_t flags, uint64_t asked);
-void gmb__waitq_jobs(struct gmb_broker *b, gmb_waitq_job_fn fn, void *ctx);
+/* A request held for the offload job, as its step and its let-go read it. */
+struct gmb_waitq_job {
+  struct gmb_waiter *w;
+  struct gmb_session *s;
+  uint64_t size;
+  uint32_t flags;
+  uint64_t asked; /* what the caches were asked for it */
+};
+
+/* The first request held for the job in the queue's order, in *out:
+ * returns 0 when there is none.  O(1): the queue keeps it, with the
+ * job's sums (broker.h: held_job, job_asked, job_want, job_tenants). */
+int gmb__waitq_job_first(struct gmb_broker *b, struct gmb_waitq_job *out);
+
+/* The oldest request held for the job when its job bound is past at
+ * `now`, in *out; 0 when none is due.  O(1). */
+int gmb__waitq_job_due(struct gmb_broker *b, uint64_t now,
+                       struct gmb_waitq_job *out);
 
 /* The offload job lets w go (NULL: every one it holds): its hold is an
  * ordinary one again, ending at its own bound (now at the earliest), or
  * at until_ns when later (the bound of asks made for w as it is let go;
- * 0: none). */
+ * 0: none).  O(log n) a request. */
 void gmb__waitq_job_release(struct gmb_broker *b, struct gmb_waiter *w,
                             uint64_t now, uint64_t until_ns);
+
+/* 1 when waiter w passes the room fenced for the offload job (alloc.h,
+ * gmb__alloc_fence): it is one of the job's requests, or ahead of the
+ * first of them in the queue's order.  O(1). */
+int gmb__waitq_passes_fence(const struct gmb_broker *b,
+                            const struct gmb_waiter *w);
+
+/* w's ordinary hold lasts to until_ns at least (asks made for it). */
+void gmb__waitq_hold_until(struct gmb_broker *b, struct gmb_waiter *w,
+                           uint64_t until_ns);
 
 /* Which holds gmb__waitq_hold_over ends. */
 enum gmb_hold_end {
@@ -173,5 +204,11 @@ uint64_t gmb__waitq_expire(struct gmb_broker *b, uint64_t now);
 
 /* Drops the waiters of a session that is ending (no reply: it is gone). */
 void gmb__waitq_drop_session(struct gmb_broker *b, struct gmb_session *s);
+
+/* The number of broken invariants: the held counts, and the offload job's
+ * sums (what was asked, the room wanted, the first request, the tenants'
+ * counts and bytes, the list by arrival) against a recount from the
+ * waiters.  O(waiters). */
+int gmb__waitq_check(struct gmb_broker *b);
 
 #endif /* GMB_WAITQ_H */

@@ -20,8 +20,12 @@
  * the rest; the tests drive the turns): other tenants' requests answered
  * between slices, two requesters both served, a lock mid-job honoured,
  * the requester's end, a job that cannot finish, and one that lets its
- * request go on to asks to pause tags; an operator's pause in slices,
- * others answered between them.  The fixture runs the
+ * request go on to asks to pause tags, at a slice that can make nothing
+ * more or at its bound; the room the job makes fenced from a stream of
+ * other requests, passed by a higher priority and lifted when the job
+ * lets go; a turn that reads the job's sums rather than walk its
+ * requests; an operator's pause in slices, others answered between them,
+ * taking turns with a job.  The fixture runs the
  * consistency checks (gmb__offload_check and the pool's among them) after
  * every request.
  */
@@ -1343,10 +1347,11 @@ static void big_close(struct big *g) {
 }
 
 /* 320 MiB: a holds 256 (room 64); b asks 192, which lacks 128: the first
- * slice (64 MiB) runs in b's request, which is held; c's Stats, Alloc and
- * Heartbeat are answered while the job runs, between its slices; the
- * job makes the rest over the next turns, b is served and a's bytes all
- * come back intact. */
+ * slice (64 MiB) runs in b's request, which is held; c's Stats and
+ * Heartbeat are answered while the job runs, between its slices, and its
+ * Alloc (of a lower priority than b's) finds the room made so far fenced
+ * for b: it joins the job, held.  The job makes the rest over the next
+ * turns, b is served, then c, and a's bytes all come back intact. */
 START_TEST(job_slices_and_others_served_between) {
   struct big g;
   big_open(&g, "host:320MiB", 256);
@@ -1370,15 +1375,16 @@ START_TEST(job_slices_and_others_served_between) {
   /* Between slices: another tenant's Stats, Alloc and Heartbeat. */
   ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_STATS, &rep), 1);
   ck_assert_int_eq(rep.status, 0);
-  ck_assert_int_eq(fx_alloc(f, "c", 1004, MIB, 0, 0, &rep), 1);
-  ck_assert_msg(rep.status == 0, "c refused: %s", rep.message);
-  const uint64_t c_id = rep.u.alloc.id;
+  const uint64_t fenced = f->b.waitq.fenced;
+  ck_assert_int_eq(fx_alloc(f, "c", 1004, MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.fenced, fenced + 1);
+  ck_assert_uint_eq(f->b.waitq.held_job, 2);
   uint64_t seen = g.a->last_seen_ns;
   ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_HEARTBEAT, &rep), 0);
   ck_assert_uint_eq(g.a->last_seen_ns, seen); /* c's, not a's */
   /* Still the first slice only, and b still held. */
   ck_assert_uint_eq(f->b.offload.slices, 1);
-  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_uint_eq(f->b.waitq.held_job, 2);
   ck_assert_ptr_null(big_answer(&g, "b"));
   /* The turns: one slice each, until b is served. */
   int turns = 0;
@@ -1388,13 +1394,16 @@ START_TEST(job_slices_and_others_served_between) {
     ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_STATS, &rep), 1);
     ck_assert_int_eq(rep.status, 0);
   }
-  /* 128 MiB lacking after the first slice, 2 MiB of it taken by c: two
-   * more slices at least, and a third for the 2 MiB past the slice. */
-  ck_assert_uint_ge(f->b.offload.slices, 3);
-  ck_assert_uint_le(f->b.offload.slices, 4);
+  /* 128 MiB lacking after the first slice and 2 MiB for c's segment: a
+   * second slice makes b's room, a third c's 2 MiB past it. */
+  ck_assert_uint_eq(f->b.offload.slices, 3);
   const struct wire_reply *a = big_answer(&g, "b");
   ck_assert_ptr_nonnull(a);
   ck_assert_msg(a->status == 0, "b refused: %s", a->message);
+  const struct wire_reply *ac = big_answer(&g, "c");
+  ck_assert_ptr_nonnull(ac);
+  ck_assert_msg(ac->status == 0, "c refused: %s", ac->message);
+  const uint64_t c_id = ac->u.alloc.id;
   /* It took no more than it lacked: (192 - 64 + 2) MiB, a segment's
    * slack. */
   ck_assert_uint_ge(f->b.offload.host_bytes, 130 * MIB);
@@ -1658,6 +1667,308 @@ START_TEST(job_let_go_asks_to_pause) {
 }
 END_TEST
 
+/* c's answered allocations: their ids in ids[] (up to cap); returns how
+ * many the tap recorded. */
+static int big_served(struct big *g, const char *rid, uint64_t *ids, int cap) {
+  int n = 0;
+  for (size_t i = 0; i < g->f.n_sent; i++) {
+    const struct fx_sent *x = &g->f.sent[i];
+    if (strcmp(x->rid, rid) != 0 || x->rep.kind != WIRE_ALLOC ||
+        x->rep.status != 0)
+      continue;
+    if (n < cap) ids[n] = x->rep.u.alloc.id;
+    n++;
+  }
+  return n;
+}
+
+/* The room the job makes is its requests': a stream of c's requests (of
+ * a lower priority than b's, 4 MiB each, four a turn) between slices
+ * does not take it.  b is served at the slice that makes its room (the
+ * second: 64 MiB free, two slices of 64), not later; c's requests meet
+ * the fence, lack room, and join the job, which makes theirs after b's. */
+START_TEST(job_room_fenced_from_a_stream) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.offload.slices, 1);
+  enum { PER_TURN = 4 };
+  int turns = 0, more = 1, sent = 0;
+  while (big_answer(&g, "b") == NULL) {
+    ck_assert_int_lt(++turns, 8);
+    for (int i = 0; i < PER_TURN; i++, sent++)
+      (void)fx_alloc(f, "c", 1004, 4 * MIB, 0, 0, &rep);
+    more = big_step(&g);
+  }
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_msg(f->b.offload.slices == 2,
+                "b served at slice %" PRIu64 " (a stream took its room)",
+                f->b.offload.slices);
+  ck_assert_uint_ge(f->b.waitq.fenced, PER_TURN);
+  const uint64_t b_id = rb->u.alloc.id;
+  /* c's requests, held for the job, are served after b's. */
+  while (more) {
+    ck_assert_int_lt(++turns, 32);
+    more = big_step(&g);
+  }
+  uint64_t c_ids[PER_TURN * 8];
+  const int served = big_served(&g, "c", c_ids, PER_TURN * 8);
+  ck_assert_int_eq(served, sent);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, b_id), 0);
+  for (int i = 0; i < served; i++)
+    ck_assert_int_eq(fx_free(f, "c", 1004, c_ids[i]), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+#define INI_FENCE                                                   \
+  INI_JOB "[tenant:top]\nuids = 1005\npriority = 20\n"              \
+          "[tenant:under]\nuids = 1006\npriority = -5\n"
+
+/* The fence lets through a request of a higher priority than the job's
+ * first: e (priority 20, above b's 10) is served at once from the room
+ * made for b.  It holds back one of a lower priority that has no idle
+ * session of its own to take from: u's gmb_alloc_wait waits in the
+ * queue, and is served as soon as the job lets b go (its candidates all
+ * locked), the fence lifted with it: no request waits on a job that is
+ * over. */
+START_TEST(job_fence_passes_higher_and_lifts) {
+  struct big g;
+  big_open_ini(&g, "host:320MiB", INI_FENCE, 256);
+  struct fx *f = &g.f;
+  fx_hello(f, "e", 1005, "top");
+  fx_hello(f, "u", 1006, "under");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  const uint64_t fenced = f->b.waitq.fenced;
+  ck_assert_int_eq(fx_alloc(f, "e", 1005, 4 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "e refused: %s", rep.message);
+  const uint64_t e_id = rep.u.alloc.id;
+  ck_assert_uint_eq(f->b.waitq.fenced, fenced);
+  ck_assert_int_eq(fx_alloc(f, "u", 1006, 4 * MIB, 0, 60000, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.fenced, fenced + 1);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1); /* u did not join */
+  ck_assert_uint_eq(f->b.waitq.n, 2);
+  ck_assert_ptr_null(big_answer(&g, "u"));
+  for (int i = 0; i < g.n; i++)
+    if (atomic_load(big_state(&g, i)) == 0) atomic_store(big_state(&g, i), 1);
+  ck_assert_int_eq(big_step(&g), 0);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_int_eq(rb->status, GMB_E_NOMEM);
+  const struct wire_reply *ru = big_answer(&g, "u");
+  ck_assert_ptr_nonnull(ru);
+  ck_assert_msg(ru->status == 0, "u refused: %s", ru->message);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  for (int i = 0; i < g.n; i++)
+    if (atomic_load(big_state(&g, i)) == 1) atomic_store(big_state(&g, i), 0);
+  ck_assert_int_eq(fx_free(f, "u", 1006, ru->u.alloc.id), 0);
+  ck_assert_int_eq(fx_free(f, "e", 1005, e_id), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+/* A waiter ahead of the job's first request in the queue's order passes
+ * the fence: the queue serves it first anyway.  d (priority 10, as b's)
+ * waits for 8 MiB while every candidate is locked (no job can start for
+ * it); then b starts a job behind it, and d is served at the job's next
+ * slice from the room made, b after it. */
+START_TEST(job_fence_passes_waiters_ahead) {
+  struct big g;
+  big_open(&g, "host:320MiB", 256);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 64 * MIB, 0, 0, &rep), 1);
+  ck_assert_msg(rep.status == 0, "b's first: %s", rep.message);
+  const uint64_t b_first = rep.u.alloc.id;
+  for (int i = 0; i < g.n; i++) atomic_store(big_state(&g, i), 1);
+  ck_assert_int_eq(fx_alloc(f, "d", 1003, 8 * MIB, 0, 60000, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  for (int i = 0; i < g.n; i++) atomic_store(big_state(&g, i), 0);
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_ptr_null(big_answer(&g, "d"));
+  const uint64_t fenced = f->b.waitq.fenced;
+  big_step(&g);
+  const struct wire_reply *rd = big_answer(&g, "d");
+  ck_assert_ptr_nonnull(rd);
+  ck_assert_msg(rd->status == 0, "d refused: %s", rd->message);
+  ck_assert_uint_eq(f->b.waitq.fenced, fenced);
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 16);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, b_first), 0);
+  ck_assert_int_eq(fx_free(f, "d", 1003, rd->u.alloc.id), 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
+/* A request whose job bound (10 s) comes goes the way of one a slice can
+ * make nothing more for: the sessions that opted in are asked to pause
+ * tags for what it still lacks, and it is held within the asks' bound
+ * rather than refused at once.  b lacks 64 MiB after its first slice; at
+ * its bound a, which offers 64 MiB of tags, is asked to pause them; b is
+ * served once a gave them back and answered. */
+START_TEST(job_bound_lets_go_to_asks) {
+  struct big g;
+  big_open_ini(&g, "host:320MiB",
+               "[broker]\ncompaction = off\nsleep_wait_ms = 500\n"
+               "[tenant:low]\nuids = 1001\npriority = 0\n"
+               "[tenant:high]\nuids = 1002\npriority = 10\n"
+               "[tenant:mid]\nuids = 1003\npriority = 10\n"
+               "[tenant:other]\nuids = 1004\npriority = 0\n",
+               256);
+  struct fx *f = &g.f;
+  offer(f, "a", 1001, 64 * MIB, 5000);
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 192 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_uint_eq(f->b.offload.host_bytes, GMB_OFFLOAD_SLICE);
+  /* No turn runs; the loop's timer finds b past its bound. */
+  gmb__reclaim_expire(&f->b, gmb__now_ns() + 11 * GMB_NS_PER_S);
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  ck_assert_uint_eq(f->b.waitq.n, 1);
+  ck_assert_ptr_null(big_answer(&g, "b"));
+  const struct fx_sent *ev = fx_last_to(f, "a");
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(ev->rep.kind, WIRE_EVENT);
+  ck_assert_int_eq(ev->rep.u.event.kind, WIRE_EVENT_SLEEP);
+  ck_assert_uint_eq(ev->rep.u.event.bytes, 64 * MIB);
+  ck_assert_uint_eq(g.a->ask_bytes, 64 * MIB);
+  /* a pauses its tags: its library frees 64 MiB, then answers. */
+  int freed[NB_MAX] = {0}, gone = 0;
+  for (int i = 0; i < g.n && gone < 64; i++)
+    if (atomic_load(big_state(&g, i)) == 0) {
+      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
+      freed[i] = 1;
+      gone++;
+    }
+  ck_assert_int_eq(gone, 64);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.sleep_pausable = 1;
+  req.sleep_idle_ms = 5000;
+  req.trim_answered = 1;
+  ck_assert_int_eq(fx_request(f, "a", 1001, &req, &rep), 0);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  for (int i = 0; i < g.n; i++) {
+    if (atomic_load(big_state(&g, i)) != GMB_LT_OFFLOADED) continue;
+    ck_assert_int_eq(lock(f, "a", 1001, g.id[i], 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "lock %d: %s", i, rep.message);
+    atomic_store(big_state(&g, i), 0);
+  }
+  for (int i = 0; i < g.n; i++)
+    if (!freed[i]) {
+      big_assert_pattern(&g, i);
+      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
+    }
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  big_close(&g);
+}
+END_TEST
+
+/* The job's step reads the sums the queue keeps (what its requests take
+ * and were asked, the first of them) and looks at each tenant with
+ * requests held, not at every held request: with b's and 32 of d's
+ * requests held, a turn looks at 3 (the first, and tenants high and
+ * mid), however many are held. */
+START_TEST(job_step_walks_no_held_requests) {
+  struct big g;
+  big_open(&g, "host:320MiB", 288);
+  struct fx *f = &g.f;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 128 * MIB, 0, 0, &rep), 0);
+  enum { JOINS = 32 };
+  for (uint64_t i = 0; i < JOINS; i++)
+    ck_assert_int_eq(fx_alloc(f, "d", 1003, 128 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1 + JOINS);
+  const uint64_t visits = f->b.waitq.hold_visits;
+  ck_assert_int_eq(big_step(&g), 1);
+  ck_assert_msg(f->b.waitq.hold_visits - visits <= 3,
+                "%" PRIu64 " looked at in one turn with %d requests held",
+                f->b.waitq.hold_visits - visits, 1 + JOINS);
+  int turns = 0;
+  while (big_step(&g)) ck_assert_int_lt(++turns, 256);
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_uint_eq(f->b.waitq.held_job, 0);
+  ck_assert_uint_eq(f->b.waitq.job_want, 0);
+  ck_assert_ptr_null(f->b.waitq.job_tenants);
+  big_close(&g);
+}
+END_TEST
+
+/* A request's offload job and an operator's pause that both have work
+ * take the loop's turns in turn (gmb__reclaim_slice, the job's first),
+ * rather than the pause waiting for the job to end.  a (128 MiB, idle)
+ * is what the job takes for b; c (128 MiB movable, tenant other) is what
+ * the operator pauses.  After the first slice of each, the next turn is
+ * the job's and the one after the pause's. */
+START_TEST(job_and_pause_take_turns) {
+  struct big g;
+  big_open(&g, "host:320MiB", 128);
+  struct fx *f = &g.f;
+  for (int i = 0; i < 128; i++)
+    fx_must_alloc(f, "c", 1004, MIB, GMB_MOVABLE);
+  struct gmb_tenant *low = fx_tenant(f, "low"), *other = fx_tenant(f, "other");
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_alloc(f, "b", 1002, 300 * MIB, 0, 0, &rep), 0);
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  ck_assert_uint_eq(low->host_bytes, GMB_OFFLOAD_SLICE);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_ADMIN_PAUSE;
+  snprintf(req.u.admin_pause.tenant, sizeof req.u.admin_pause.tenant,
+           "other");
+  struct gmb_peer p = fx_peer("ctl", geteuid());
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_msg(rep.status == 0, "pause: %s", rep.message);
+  ck_assert_uint_eq(f->b.offload.pausing, 1);
+  ck_assert_uint_eq(other->host_bytes, GMB_OFFLOAD_SLICE);
+  /* The job's turn. */
+  ck_assert_int_eq(gmb__reclaim_slice(&f->b), 1);
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  ck_assert_uint_eq(low->host_bytes, 2 * GMB_OFFLOAD_SLICE);
+  ck_assert_uint_eq(other->host_bytes, GMB_OFFLOAD_SLICE);
+  /* The pause's, though the job still holds b. */
+  ck_assert_uint_eq(f->b.waitq.held_job, 1);
+  gmb__reclaim_slice(&f->b);
+  ck_assert_int_eq(gmb__core_check(&f->b), 0);
+  ck_assert_uint_eq(other->host_bytes, 2 * GMB_OFFLOAD_SLICE);
+  ck_assert_uint_eq(low->host_bytes, 2 * GMB_OFFLOAD_SLICE);
+  /* Both made room: b (300 MiB of 320) is served. */
+  const struct wire_reply *rb = big_answer(&g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_int_eq(gmb__reclaim_slice(&f->b), 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  req.kind = WIRE_ADMIN_RESUME;
+  ck_assert_int_eq(gmb__admin(&f->b, &p, &req, &rep), 1);
+  ck_assert_uint_eq(other->host_bytes, 0);
+  big_restore_all(&g);
+  big_close(&g);
+}
+END_TEST
+
 /* An operator's pause of a tenant holding four slices' worth of movable
  * memory (a's 256 MiB) copies a slice in its command and the rest a
  * slice a loop turn (the tests drive the turns): the reply counts the
@@ -1774,6 +2085,12 @@ static Suite *offload_suite(void) {
   tcase_add_test(job, job_that_cannot_finish_refuses);
   tcase_add_test(job, job_let_go_asks_to_pause);
   tcase_add_test(job, operator_pause_in_slices);
+  tcase_add_test(job, job_room_fenced_from_a_stream);
+  tcase_add_test(job, job_fence_passes_higher_and_lifts);
+  tcase_add_test(job, job_fence_passes_waiters_ahead);
+  tcase_add_test(job, job_bound_lets_go_to_asks);
+  tcase_add_test(job, job_step_walks_no_held_requests);
+  tcase_add_test(job, job_and_pause_take_turns);
   suite_add_tcase(s, job);
   return s;
 }

@@ -1294,18 +1294,11 @@ START_TEST(hold_over_falls_through) {
 }
 END_TEST
 
-/* gmb__waitq_jobs' visitor: the first one. */
-static int first_job(void *ctx, struct gmb_waiter *w, struct gmb_session *s,
-                     uint64_t size, uint32_t flags, uint64_t asked) {
-  (void)s, (void)size, (void)flags, (void)asked;
-  *(struct gmb_waiter **)ctx = w;
-  return 1;
-}
-
 /* Held for the offload job (gmb__waitq_hold_job): a hold that neither
  * `all` nor its own plain bound ends while the job holds it; let go, it
  * is an ordinary hold again and ends as one; and the job's bound ends
- * another without a release.  The counts follow. */
+ * another without a release.  The counts and the job's sums follow, and
+ * the check (gmb__waitq_check) sees a sum that drifts. */
 START_TEST(hold_job_ends_only_when_let_go) {
   struct fx f;
   fx_open_ini(&f, DEV, NO_COMPACT);
@@ -1315,10 +1308,12 @@ START_TEST(hold_job_ends_only_when_let_go) {
   fill(&f, "a", 1001, ids);
   uint64_t now = gmb__now_ns();
   ck_assert_int_eq(
-      gmb__waitq_hold_job(&f.b, b, 401, 2 * MIB, 0, 0, now + 10, now + 5000, 0),
+      gmb__waitq_hold_job(&f.b, b, 401, 2 * MIB, 0, 0, now + 10, now + 5000, 0,
+                          2 * MIB),
       0);
   ck_assert_int_eq(
-      gmb__waitq_hold_job(&f.b, b, 402, 2 * MIB, 0, 0, now + 10, now + 9000, 0),
+      gmb__waitq_hold_job(&f.b, b, 402, 2 * MIB, 0, 0, now + 10, now + 9000, 0,
+                          2 * MIB),
       0);
   ck_assert_uint_eq(f.b.waitq.held_job, 2);
   ck_assert_uint_eq(
@@ -1327,10 +1322,25 @@ START_TEST(hold_job_ends_only_when_let_go) {
   ck_assert_uint_eq(n_answers(&f), 0);
   ck_assert_uint_eq(f.b.waitq.held_job, 2);
   /* The job lets 401 go (the first in the queue's order). */
-  struct gmb_waiter *first = NULL;
-  gmb__waitq_jobs(&f.b, first_job, &first);
-  ck_assert_ptr_nonnull(first);
-  gmb__waitq_job_release(&f.b, first, now + 100, 0);
+  struct gmb_waitq_job first;
+  ck_assert_int_eq(gmb__waitq_job_first(&f.b, &first), 1);
+  ck_assert_uint_eq(first.size, 2 * MIB);
+  ck_assert_uint_eq(f.b.waitq.job_want, 4 * MIB);
+  ck_assert_int_eq(gmb__waitq_check(&f.b), 0);
+  /* The check sees a sum drift: the room wanted, a tenant's bytes. */
+  f.b.waitq.job_want++;
+  ck_assert_int_gt(gmb__waitq_check(&f.b), 0);
+  f.b.waitq.job_want--;
+  ck_assert_ptr_eq(f.b.waitq.job_tenants, b->tenant);
+  ck_assert_uint_eq(b->tenant->job_n, 2);
+  b->tenant->job_bytes += MIB;
+  ck_assert_int_gt(gmb__waitq_check(&f.b), 0);
+  b->tenant->job_bytes -= MIB;
+  ck_assert_int_eq(gmb__waitq_check(&f.b), 0);
+  gmb__waitq_job_release(&f.b, first.w, now + 100, 0);
+  ck_assert_uint_eq(f.b.waitq.job_want, 2 * MIB);
+  ck_assert_uint_eq(b->tenant->job_n, 1);
+  ck_assert_int_eq(gmb__waitq_check(&f.b), 0);
   ck_assert_uint_eq(f.b.waitq.held_job, 1);
   gmb__waitq_hold_over(&f.b, now + 100, GMB_HOLD_DUE, no_compaction, &f);
   assert_failed_at(&f, 0, "b", 401, GMB_E_NOMEM);
@@ -1340,6 +1350,10 @@ START_TEST(hold_job_ends_only_when_let_go) {
   ck_assert_uint_eq(f.b.waitq.held_job, 0);
   ck_assert_uint_eq(f.b.waitq.held, 0);
   ck_assert_uint_eq(f.b.waitq.n, 0);
+  ck_assert_uint_eq(f.b.waitq.job_want, 0);
+  ck_assert_ptr_null(f.b.waitq.job_tenants);
+  ck_assert_uint_eq(b->tenant->job_n, 0);
+  ck_assert_uint_eq(b->tenant->job_bytes, 0);
   fx_close(&f);
 }
 END_TEST
