@@ -5,9 +5,9 @@
  * them), the way the loop does it (loop.c, loop_take) but without sockets:
  * the sender is tapped, as in tests/unit/broker_fixture.h.  Between two
  * messages the loop's work in slices runs one step each, as in the loop's
- * turn: the freeing of ended sessions, a compaction in progress, the
- * broker's offload job for held requests and an operator's pause (the
- * last two only in a turn that ran no other offload slice).
+ * turn: the freeing of ended sessions, a compaction in progress, and a
+ * slice of the broker's offload job for held requests or of an operator's
+ * pause (taking turns; only in a turn whose messages ran no slice).
  *
  * An input is a sequence of records, each one message:
  *
@@ -106,10 +106,9 @@ static int fz_busy(const struct gmb_broker *b) {
 static void fz_steps(struct gmb_broker *b, uint64_t slices) {
   if (b->reap_head) gmb__core_reap_step(b, gmb__now_ns() + 1000000);
   if (gmb__defrag_busy(b)) gmb__defrag_tick(b, gmb__now_ns() + 1000000);
-  if (b->waitq.held_job && b->offload.slices == slices)
-    gmb__reclaim_offload_step(b);
-  if (b->offload.pausing && b->offload.slices == slices)
-    gmb__reclaim_pause_step(b);
+  if ((b->waitq.held_job || b->offload.pausing) &&
+      b->offload.slices == slices)
+    gmb__reclaim_slice(b);
   FZ_ASSERT(gmb__core_check(b) == 0);
 }
 
