@@ -14,24 +14,59 @@
  * counts it, forgets its allocations and connects again, to the broker's
  * current endpoint.
  *
+ * Sleep and wake (docs/sleep.md) run under the same faults.  A third of
+ * the allocations are made with the thread's tag "w" current (sized to a
+ * multiple of 512, so that a pause gives back what the broker charged).
+ * Now and then a client pauses the tag itself (gmb_pause, offloaded, or
+ * one time in four discarded) and later resumes it: then every allocation
+ * of the tag is locked and checked (gmb_alloc allocations keep their
+ * gmb_id, not their address, so only bytes are compared), and after a
+ * discard written anew, as gmb.h says discarded bytes are whatever the
+ * new pages hold.  While its own pause holds, a lock of the tag's
+ * allocations must be refused GMB_E_INVAL or, where the pause did not take
+ * the allocation (one the broker had offloaded; a tag an operator had
+ * paused already), give intact bytes.  Every client opts in with a sleep
+ * policy (50 ms idle, the tag offloaded) and naps now and then; the
+ * device (56 MiB) is smaller than the quotas together, so requests find
+ * it full and the broker offloads idle clients' movable allocations and
+ * asks them to pause their tag: the next lock brings an allocation back,
+ * or resumes its tag, with its bytes intact, or is refused for room
+ * (GMB_E_NOMEM, GMB_E_QUOTA, GMB_E_TIMEOUT) with nothing lost.  A tagged
+ * lock or allocation refused as "paused by an operator" (an operator's
+ * pause does not end by itself) is followed by the client's gmb_resume,
+ * which must end it; any other GMB_E_INVAL of a tag is a violation
+ * (except one caught while the library's thread pauses or resumes it).
+ *
  * The faults, at random every few hundred milliseconds: kill -9 of a
  * client (a new one takes its place), SIGSTOP of a client (SIGCONT some
  * time later), `gmbctl evict` of a tenant, `gmbctl reload` of a config
- * whose quota changed, `gmbctl compact`, and now and then a broker
- * restart (SIGTERM, which must exit 0, or kill -9), except in the last
- * third, so that the last broker carries load before the final checks.
+ * whose quota changed, `gmbctl compact`, `gmbctl pause` of a tenant
+ * (every tag of its sessions, and the broker's offload of its movable
+ * allocations) and `gmbctl resume`, and now and then a broker restart
+ * (SIGTERM, which must exit 0, or kill -9), except in the last third, so
+ * that the last broker carries load before the final checks.
  *
  * Checkpoints (every SOAK_SECONDS/6, at least 5 s, and at the end): every
- * stopped client continued, every client paused between two operations
- * after verifying all it holds and asking the broker whether its session
- * still stands; then the admin status's `used` of each tenant must equal
- * the sum its clients believe they hold (polled: killed clients' sessions
- * end as the broker notices), and no byte may be corrupted.  At the end
+ * stopped client continued, `gmbctl resume` of every tenant (an
+ * operator's pause still offloading ends), every client paused between
+ * two operations after resuming its own pause, verifying all it holds and
+ * asking the broker whether its session still stands; then the admin
+ * status's `used` plus `paused_bytes` of each tenant (a paused tag's and
+ * the broker's offloads are off the device, and no resume can be required
+ * to succeed under a quota the faults lowered) must equal the sum its
+ * clients believe they hold (polled: killed clients' sessions end as the
+ * broker notices); no session of a tenant whose clients all say their tag
+ * runs with nothing on the host (the library's figures) may have the tag
+ * paused at the broker, and at the end, every client gone, no tenant may
+ * hold host or paused bytes; and no byte may be corrupted.  At the end
  * the clients disconnect and exit, and the broker's descriptors
  * (/proc/PID/fd) must come back to at most its idle count plus 2, and its
  * RSS to at most its idle RSS plus 16 MiB (the trim timer gives heap
- * back), within HARNESS_WAIT_MS.  It prints operations and faults per
- * kind, and fails on any violation.  No check is on a duration.
+ * back), within HARNESS_WAIT_MS.  It prints operations, faults and
+ * sleep and wake per kind (the broker's offloads, restores and asks read
+ * from each broker before it goes), and fails on any violation; over
+ * 20 s or more, a kind of pause or resume that never happened is one.
+ * No check is on a duration.
  *
  * An attacker runs beside them when the soak runs as root (as uid 65534,
  * nobody; else it says it was skipped): connections that choose a
@@ -800,6 +835,7 @@ static int soak_accounting_exact(void *arg) {
 struct soak_tags {
   struct soak *s;
   int quit;
+  int n_back; /* tenants whose clients all said their tag runs */
   char why[512];
 };
 
@@ -813,6 +849,8 @@ static int soak_tags_back(void *arg) {
   for (int t = 0; t < g->s->tenants; t++) back[t] = 1;
   for (int i = 0; i < sh->n_slots; i++)
     if (!atomic_load(&sh->slot[i].tags_back)) back[sh->slot[i].tenant] = 0;
+  g->n_back = 0;
+  for (int t = 0; t < g->s->tenants; t++) g->n_back += back[t];
   struct wire_reply rep;
   if (harness_admin_status(&g->s->b, &rep) != 0) {
     snprintf(g->why, sizeof g->why, "no status");
@@ -897,8 +935,9 @@ static void soak_checkpoint(struct soak *s, int quit) {
   s->checkpoints++;
   int exact = soak_accounting_exact(&a);
   printf("soak: checkpoint %" PRIu64 ": accounting %s (%" PRIu64 " bytes "
-         "of it paused or offloaded), %" PRIu64 " corrupted bytes\n",
-         s->checkpoints, exact ? "exact" : "WRONG", a.paused, bad);
+         "of it paused or offloaded), tag back at the broker for %d of %d "
+         "tenants, %" PRIu64 " corrupted bytes\n", s->checkpoints,
+         exact ? "exact" : "WRONG", a.paused, g.n_back, s->tenants, bad);
   fflush(stdout);
   if (!quit)
     for (int i = 0; i < sh->n_slots; i++) atomic_store(&sh->slot[i].pause, 0);
@@ -972,7 +1011,7 @@ static void soak_fault(struct soak *s, double now, double end, double start,
      * broker's offload of its movable allocations), or its resume; never
      * a discard, which the clients would not know of. */
     int t = (int)(harness_rnd(&s->rng) % (uint64_t)s->tenants);
-    int pause = what < 73;
+    int pause = what < 76; /* resumed less often: paused for a while */
     int rc = harness_ctl(&s->b, out, sizeof out, pause ? "pause" : "resume",
                          soak_tenant_name(t, name, sizeof name), NULL);
     if (rc != 0 && strstr(out, "no tenant") == NULL &&
