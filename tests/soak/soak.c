@@ -420,12 +420,11 @@ static void soak_op(struct soak_client *k) {
     atomic_fetch_sub(&k->me->held, k->a[i].rounded);
     atomic_fetch_add(&k->me->frees, 1);
     k->a[i] = k->a[--k->n];
-  } else if (what < 78 && k->tagged) {
-    if (k->own_pause)
-      soak_resume(k);
-    else
-      soak_pause(k);
-  } else if (what < 80) {
+  } else if (what < 77 && k->tagged && !k->own_pause) {
+    soak_pause(k);
+  } else if (what < 87 && k->own_pause) {
+    soak_resume(k); /* soon: the tag runs most of the time */
+  } else if (what < 79) {
     /* A nap: the library's thread offers the process to the broker,
      * which may offload its movable allocations or ask it to pause its
      * tag for another tenant's request. */
@@ -744,8 +743,13 @@ static void soak_write_config(struct soak *s) {
                    "restore_wait_ms = 500\n");
   for (int t = 0; t < s->tenants; t++) {
     int last = t == s->tenants - 1;
-    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n", t,
-                  last && s->quota_toggle ? "12MiB" : "24MiB");
+    /* The soak's uid named: a tenant claimed by its first uid would be
+     * the attacker's whenever its Hello came first after a restart (while
+     * the tenant's clients nap, or are stopped). */
+    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n"
+                  "uids = %u\n", t, last && s->quota_toggle ? "12MiB"
+                                                            : "24MiB",
+                  (unsigned)geteuid());
   }
 }
 
