@@ -743,13 +743,13 @@ static void soak_write_config(struct soak *s) {
                    "restore_wait_ms = 500\n");
   for (int t = 0; t < s->tenants; t++) {
     int last = t == s->tenants - 1;
-    /* The soak's uid named: a tenant claimed by its first uid would be
-     * the attacker's whenever its Hello came first after a restart (while
-     * the tenant's clients nap, or are stopped). */
-    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n"
-                  "uids = %u\n", t, last && s->quota_toggle ? "12MiB"
-                                                            : "24MiB",
-                  (unsigned)geteuid());
+    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n",
+                  t, last && s->quota_toggle ? "12MiB" : "24MiB");
+    /* With the attacker (root only), root is named: a tenant claimed by
+     * its first uid would be the attacker's whenever its Hello came first
+     * after a restart (while the tenant's clients nap, or are stopped). */
+    if (geteuid() == 0)
+      n += snprintf(p + n, cap - (size_t)n, "uids = 0\n");
   }
 }
 
