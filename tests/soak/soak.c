@@ -976,6 +976,12 @@ static void soak_fault(struct soak *s, double now, double end, double start,
   char out[4096], name[32];
   int what = (int)(harness_rnd(&s->rng) % 100);
   double span = end - start;
+  /* An operator's pause and resume happen in every run, whatever the
+   * draw: the soak requires them over 20 s. */
+  if (s->faults[F_PAUSE] == 0 && now > start + span / 4)
+    what = 64;
+  else if (s->faults[F_RESUME] == 0 && now > start + span / 2)
+    what = 79;
   if (what < 15) {
     if (m->stopped) kill(m->pid, SIGCONT);
     kill(m->pid, SIGKILL);
@@ -1015,7 +1021,7 @@ static void soak_fault(struct soak *s, double now, double end, double start,
      * broker's offload of its movable allocations), or its resume; never
      * a discard, which the clients would not know of. */
     int t = (int)(harness_rnd(&s->rng) % (uint64_t)s->tenants);
-    int pause = what < 76; /* resumed less often: paused for a while */
+    int pause = what < 75; /* resumed less often: paused for a while */
     int rc = harness_ctl(&s->b, out, sizeof out, pause ? "pause" : "resume",
                          soak_tenant_name(t, name, sizeof name), NULL);
     if (rc != 0 && strstr(out, "no tenant") == NULL &&
