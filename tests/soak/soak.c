@@ -180,6 +180,10 @@ struct soak_client {
   int n;
   int own_pause; /* 0, or 1 + the mode of the client's own gmb_pause */
   int tagged;    /* a tagged allocation was made in this session */
+  /* In a checkpoint, set at the first lock or resume refused for room:
+   * the others that may need room are not tried (each would wait
+   * restore_wait_ms or GMB_RESUME_WAIT_MS for room nobody frees then). */
+  int in_checkpoint, no_room;
   uint64_t rng;
 };
 
@@ -246,6 +250,7 @@ static int soak_paused_refusal(struct soak_client *k, const char *what) {
   }
   if (rc == GMB_E_NOMEM || rc == GMB_E_QUOTA) {
     atomic_fetch_add(&k->me->sc[S_ROOM_REFUSED], 1);
+    k->no_room = k->in_checkpoint;
     return 0;
   }
   soak_lose(k);
@@ -265,6 +270,7 @@ static int soak_paused_refusal(struct soak_client *k, const char *what) {
  * bytes must be intact, and are checked. */
 static int soak_verify(struct soak_client *k, int i) {
   struct soak_alloc *a = &k->a[i];
+  if (k->no_room && ((a->flags & GMB_MOVABLE) || a->tagged)) return 0;
   void *p;
   int rc = gmb_lock(k->c, a->id, &p);
   if (rc == GMB_E_INVAL && a->tagged && k->own_pause) return 0;
@@ -280,6 +286,7 @@ static int soak_verify(struct soak_client *k, int i) {
   if ((rc == GMB_E_NOMEM || rc == GMB_E_QUOTA || rc == GMB_E_TIMEOUT) &&
       ((a->flags & GMB_MOVABLE) || a->tagged)) {
     atomic_fetch_add(&k->me->sc[S_ROOM_REFUSED], 1);
+    k->no_room = k->in_checkpoint;
     return 0;
   }
   if (rc != 0) {
@@ -343,6 +350,7 @@ static void soak_resume(struct soak_client *k) {
   int rc = gmb_resume(k->c, SOAK_TAG);
   if (rc == GMB_E_NOMEM || rc == GMB_E_QUOTA) {
     atomic_fetch_add(&k->me->sc[S_ROOM_REFUSED], 1);
+    k->no_room = k->in_checkpoint;
     return;
   }
   if (rc != 0) {
@@ -447,11 +455,14 @@ static int soak_client_main(void *arg) {
     if (atomic_load(&k.me->pause)) {
       /* A checkpoint: resume its own pause, verify everything (which
        * brings back what the broker offloaded, where there is room, and
-       * resumes what an operator paused), and make sure the session still
-       * stands (an eviction is seen here at the latest). */
+       * resumes what an operator paused; after one refusal for room, what
+       * may need room waits for a later operation), and make sure the
+       * session still stands (an eviction is seen here at the latest). */
+      k.in_checkpoint = 1;
       if (k.c && k.own_pause) soak_resume(&k);
       for (int i = k.n - 1; k.c && i >= 0; i--)
         if (soak_verify(&k, i) != 0) break;
+      k.in_checkpoint = k.no_room = 0;
       gmb_stats st;
       if (k.c && gmb_tenant_stats(k.c, &st) != 0) soak_lose(&k);
       if (atomic_load(&k.me->quit)) {
