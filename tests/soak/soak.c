@@ -44,7 +44,9 @@
  * (every tag of its sessions, and the broker's offload of its movable
  * allocations) and `gmbctl resume`, and now and then a broker restart
  * (SIGTERM, which must exit 0, or kill -9), except in the last third, so
- * that the last broker carries load before the final checks.
+ * that the last broker carries load before the final checks.  An
+ * operator's pause and resume that the draw did not give by a quarter and
+ * half of the run are made then.
  *
  * Checkpoints (every SOAK_SECONDS/6, at least 5 s, and at the end): every
  * stopped client continued, `gmbctl resume` of every tenant (an
