@@ -1,8 +1,10 @@
 # mk/soak.mk - `make soak SOAK_SECONDS=N` (default 60): the soak with
 # faults (tests/soak/soak.c), a real broker and client processes on the
-# host device with kill -9, SIGSTOP, evictions, reloads and broker
-# restarts; it prints operations and faults per kind and fails on any
-# violation.  Not part of `all` or `check`; CI runs a short round.
+# host device with kill -9, SIGSTOP, evictions, reloads, operators'
+# pauses and resumes and broker restarts, while the clients pause and
+# resume a tag and the broker offloads idle ones; it prints operations,
+# faults and pauses per kind and fails on any violation.  Not part of
+# `all` or `check`; CI runs a short round.
 
 SOAK_SECONDS ?= 60
 SOAK_BIN := $(B)/soak/soak

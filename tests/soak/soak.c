@@ -14,24 +14,61 @@
  * counts it, forgets its allocations and connects again, to the broker's
  * current endpoint.
  *
+ * Sleep and wake (docs/sleep.md) run under the same faults.  A third of
+ * the allocations are made with the thread's tag "w" current (sized to a
+ * multiple of 512, so that a pause gives back what the broker charged).
+ * Now and then a client pauses the tag itself (gmb_pause, offloaded, or
+ * one time in four discarded) and later resumes it: then every allocation
+ * of the tag is locked and checked (gmb_alloc allocations keep their
+ * gmb_id, not their address, so only bytes are compared), and after a
+ * discard written anew, as gmb.h says discarded bytes are whatever the
+ * new pages hold.  While its own pause holds, a lock of the tag's
+ * allocations must be refused GMB_E_INVAL or, where the pause did not take
+ * the allocation (one the broker had offloaded; a tag an operator had
+ * paused already), give intact bytes.  Every client opts in with a sleep
+ * policy (50 ms idle, the tag offloaded) and naps now and then; the
+ * device (56 MiB) is smaller than the quotas together, so requests find
+ * it full and the broker offloads idle clients' movable allocations and
+ * asks them to pause their tag: the next lock brings an allocation back,
+ * or resumes its tag, with its bytes intact, or is refused for room
+ * (GMB_E_NOMEM, GMB_E_QUOTA, GMB_E_TIMEOUT) with nothing lost.  A tagged
+ * lock or allocation refused as "paused by an operator" (an operator's
+ * pause does not end by itself) is followed by the client's gmb_resume,
+ * which must end it; any other GMB_E_INVAL of a tag is a violation
+ * (except one caught while the library's thread pauses or resumes it).
+ *
  * The faults, at random every few hundred milliseconds: kill -9 of a
  * client (a new one takes its place), SIGSTOP of a client (SIGCONT some
  * time later), `gmbctl evict` of a tenant, `gmbctl reload` of a config
- * whose quota changed, `gmbctl compact`, and now and then a broker
- * restart (SIGTERM, which must exit 0, or kill -9), except in the last
- * third, so that the last broker carries load before the final checks.
+ * whose quota changed, `gmbctl compact`, `gmbctl pause` of a tenant
+ * (every tag of its sessions, and the broker's offload of its movable
+ * allocations) and `gmbctl resume`, and now and then a broker restart
+ * (SIGTERM, which must exit 0, or kill -9), except in the last third, so
+ * that the last broker carries load before the final checks.  An
+ * operator's pause and resume that the draw did not give by a quarter and
+ * half of the run are made then.
  *
  * Checkpoints (every SOAK_SECONDS/6, at least 5 s, and at the end): every
- * stopped client continued, every client paused between two operations
- * after verifying all it holds and asking the broker whether its session
- * still stands; then the admin status's `used` of each tenant must equal
- * the sum its clients believe they hold (polled: killed clients' sessions
- * end as the broker notices), and no byte may be corrupted.  At the end
+ * stopped client continued, `gmbctl resume` of every tenant (an
+ * operator's pause still offloading ends), every client paused between
+ * two operations after resuming its own pause, verifying all it holds and
+ * asking the broker whether its session still stands; then the admin
+ * status's `used` plus `paused_bytes` of each tenant (a paused tag's and
+ * the broker's offloads are off the device, and no resume can be required
+ * to succeed under a quota the faults lowered) must equal the sum its
+ * clients believe they hold (polled: killed clients' sessions end as the
+ * broker notices); no session of a tenant whose clients all say their tag
+ * runs with nothing on the host (the library's figures) may have the tag
+ * paused at the broker, and at the end, every client gone, no tenant may
+ * hold host or paused bytes; and no byte may be corrupted.  At the end
  * the clients disconnect and exit, and the broker's descriptors
  * (/proc/PID/fd) must come back to at most its idle count plus 2, and its
  * RSS to at most its idle RSS plus 16 MiB (the trim timer gives heap
- * back), within HARNESS_WAIT_MS.  It prints operations and faults per
- * kind, and fails on any violation.  No check is on a duration.
+ * back), within HARNESS_WAIT_MS.  It prints operations, faults and
+ * sleep and wake per kind (the broker's offloads, restores and asks read
+ * from each broker before it goes), and fails on any violation; over
+ * 20 s or more, a kind of pause or resume that never happened is one.
+ * No check is on a duration.
  *
  * An attacker runs beside them when the soak runs as root (as uid 65534,
  * nobody; else it says it was skipped): connections that choose a
@@ -72,11 +109,30 @@
 #define SOAK_MAX_CLIENTS 32
 #define SOAK_MAX_HELD 48 /* allocations per client */
 #define SOAK_ALIGN 512u
+#define SOAK_DEVICE "host:56MiB" /* below the quotas' sum (72 MiB) */
+
+/* A client's counts of sleep and wake: its own pauses (offload, discard)
+ * and resumes, tagged calls refused as "paused by an operator" (then
+ * resumed by its gmb_resume), locks and resumes refused for room (nothing
+ * lost), naps long enough to be offered to the broker, and answers the
+ * API does not give (each a violation). */
+enum soak_scount {
+  S_PAUSES, S_DISCARDS, S_RESUMES, S_OP_SEEN, S_ROOM_REFUSED, S_NAPS,
+  S_WRONG, S_COUNT
+};
+static const char *const soak_scount_names[S_COUNT] = {
+    "pauses (offload)", "pauses (discard)", "resumes",
+    "calls refused as paused by an operator",
+    "locks/resumes refused for room", "naps", "wrong answers"};
 
 struct soak_slot {
   atomic_int pause, paused, quit;
-  atomic_uint_fast64_t held; /* rounded bytes the client believes it holds */
+  atomic_int tags_back; /* while paused: its tag runs, nothing of it on the
+                           host (the library's own figures) */
+  atomic_uint_fast64_t held; /* rounded bytes the client believes it holds,
+                                on the device, paused or offloaded */
   atomic_uint_fast64_t ops, allocs, frees, locks, refusals, lost, corrupt;
+  atomic_uint_fast64_t sc[S_COUNT]; /* sleep and wake: enum soak_scount */
   pid_t pid;
   int tenant;
   int stopped; /* parent: SIGSTOPped, not yet continued */
@@ -112,6 +168,10 @@ static const char *soak_tenant_name(int t, char *buf, size_t cap) {
 struct soak_alloc {
   gmb_id id;
   uint64_t size, rounded, seed;
+  unsigned flags;
+  int tagged;    /* made with SOAK_TAG current */
+  int undefined; /* its bytes are not its pattern (a discard, or no fill
+                    yet): written, not checked, at its next lock */
 };
 
 struct soak_client {
@@ -120,8 +180,32 @@ struct soak_client {
   gmb_client *c;
   struct soak_alloc a[SOAK_MAX_HELD];
   int n;
+  int own_pause; /* 0, or 1 + the mode of the client's own gmb_pause */
+  int tagged;    /* a tagged allocation was made in this session */
+  /* In a checkpoint, set at the first lock or resume refused for room:
+   * the others that may need room are not tried (each would wait
+   * restore_wait_ms or GMB_RESUME_WAIT_MS for room nobody frees then). */
+  int in_checkpoint, no_room;
   uint64_t rng;
 };
+
+/* The tag of the clients' tagged allocations, and their sleep policy:
+ * offered to the broker (offloaded, never discarded: the client would not
+ * know its bytes went) after 50 ms without a call. */
+#define SOAK_TAG "w"
+#define SOAK_POLICY "idle=0.05," SOAK_TAG ":offload"
+
+static void soak_wrong(struct soak_client *k, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void soak_wrong(struct soak_client *k, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "soak: client %d: ", k->idx);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, " (%s)\n", gmb_last_error(k->c));
+  va_end(ap);
+  atomic_fetch_add(&k->me->sc[S_WRONG], 1);
+}
 
 static void soak_endpoint(char *buf, size_t cap) {
   for (;;) {
@@ -141,39 +225,148 @@ static void soak_lose(struct soak_client *k) {
   atomic_fetch_add(&k->me->lost, 1);
   atomic_store(&k->me->held, 0);
   k->n = 0;
+  k->own_pause = 0;
+  k->tagged = 0;
   gmb_disconnect(k->c);
   k->c = NULL;
 }
 
-/* Locks allocation i, checks its pattern, unlocks.  0, or -1 when the
- * session is lost (then forgotten). */
+/* The tag's allocations were refused as paused (GMB_E_INVAL): by an
+ * operator, whose pause does not end by itself and which the
+ * application's gmb_resume ends (sleep.md), or caught while the library's
+ * thread pauses or resumes the tag.  Anything else is a wrong answer.
+ * Returns 1 when the tag was resumed here (try again), 0 when not (the
+ * refusal stands), -1 when the session is lost (then forgotten). */
+static int soak_paused_refusal(struct soak_client *k, const char *what) {
+  const char *why = gmb_last_error(k->c);
+  if (strstr(why, "paused by an operator") == NULL) {
+    if (strstr(why, "being paused") == NULL)
+      soak_wrong(k, "%s: GMB_E_INVAL, not as a paused tag", what);
+    return 0;
+  }
+  atomic_fetch_add(&k->me->sc[S_OP_SEEN], 1);
+  int rc = gmb_resume(k->c, SOAK_TAG);
+  if (rc == 0) {
+    atomic_fetch_add(&k->me->sc[S_RESUMES], 1);
+    return 1;
+  }
+  if (rc == GMB_E_NOMEM || rc == GMB_E_QUOTA) {
+    atomic_fetch_add(&k->me->sc[S_ROOM_REFUSED], 1);
+    k->no_room = k->in_checkpoint;
+    return 0;
+  }
+  soak_lose(k);
+  return -1;
+}
+
+/* Locks allocation i, checks its pattern (writes it, when a discard left
+ * its bytes undefined), unlocks.  0, also when the lock was refused with
+ * nothing lost: its tag paused, or no room to bring it back; -1 when the
+ * session is lost (then forgotten).
+ *
+ * While the client's own pause holds, a lock of the tag's allocations is
+ * refused GMB_E_INVAL, except where the pause did not take it: a movable
+ * one the broker had offloaded stays the broker's and comes back at its
+ * lock (sleep.md), and a pause of a tag already paused (by an operator,
+ * whose gmbctl resume then resumes it) changes nothing.  Either way the
+ * bytes must be intact, and are checked. */
 static int soak_verify(struct soak_client *k, int i) {
+  struct soak_alloc *a = &k->a[i];
+  if (k->no_room && ((a->flags & GMB_MOVABLE) || a->tagged)) return 0;
   void *p;
-  int rc = gmb_lock(k->c, k->a[i].id, &p);
+  int rc = gmb_lock(k->c, a->id, &p);
+  if (rc == GMB_E_INVAL && a->tagged && k->own_pause) return 0;
+  if (rc == GMB_E_INVAL && a->tagged) {
+    int again = soak_paused_refusal(k, "a lock");
+    if (again <= 0) return again;
+    rc = gmb_lock(k->c, a->id, &p);
+    if (rc == GMB_E_INVAL && strstr(gmb_last_error(k->c), "being paused"))
+      return 0; /* the library's thread paused it again meanwhile */
+  }
+  /* An allocation the broker offloaded, or a tag it paused, comes back at
+   * the lock when there is room; else nothing is lost. */
+  if ((rc == GMB_E_NOMEM || rc == GMB_E_QUOTA || rc == GMB_E_TIMEOUT) &&
+      ((a->flags & GMB_MOVABLE) || a->tagged)) {
+    atomic_fetch_add(&k->me->sc[S_ROOM_REFUSED], 1);
+    k->no_room = k->in_checkpoint;
+    return 0;
+  }
   if (rc != 0) {
     soak_lose(k);
     return -1;
   }
   atomic_fetch_add(&k->me->locks, 1);
-  long bad = harness_pattern_check(p, k->a[i].size, k->a[i].seed);
+  if (a->undefined) {
+    harness_pattern_fill(p, a->size, a->seed);
+    a->undefined = 0;
+    gmb_unlock(k->c, a->id);
+    return 0;
+  }
+  long bad = harness_pattern_check(p, a->size, a->seed);
   if (bad >= 0) {
     const uint8_t *b = p;
     uint64_t n = 0;
-    uint8_t *exp = malloc(k->a[i].size);
+    uint8_t *exp = malloc(a->size);
     if (exp) {
-      harness_pattern_fill(exp, k->a[i].size, k->a[i].seed);
-      for (uint64_t j = 0; j < k->a[i].size; j++) n += b[j] != exp[j];
+      harness_pattern_fill(exp, a->size, a->seed);
+      for (uint64_t j = 0; j < a->size; j++) n += b[j] != exp[j];
       free(exp);
     } else {
       n = 1;
     }
     fprintf(stderr, "soak: client %d: allocation %" PRIu64 " (%" PRIu64
-            " bytes): %" PRIu64 " corrupted bytes, first at %ld\n", k->idx,
-            (uint64_t)k->a[i].id, k->a[i].size, n, bad);
+            " bytes%s%s): %" PRIu64 " corrupted bytes, first at %ld\n",
+            k->idx, (uint64_t)a->id, a->size,
+            a->flags & GMB_MOVABLE ? ", movable" : "",
+            a->tagged ? ", tagged" : "", n, bad);
     atomic_fetch_add(&k->me->corrupt, n);
   }
-  gmb_unlock(k->c, k->a[i].id);
+  gmb_unlock(k->c, a->id);
   return 0;
+}
+
+/* The client's own pause of its tag: offloaded, or now and then
+ * discarded, after which the tag's bytes are undefined (gmb.h: "discarded
+ * ones read as whatever the new pages hold") and are written anew at
+ * their next lock. */
+static void soak_pause(struct soak_client *k) {
+  int mode = harness_rnd(&k->rng) % 4 == 0 ? GMB_PAUSE_DISCARD
+                                           : GMB_PAUSE_OFFLOAD;
+  int rc = gmb_pause(k->c, SOAK_TAG, mode);
+  if (rc == GMB_E_LIMIT || rc == GMB_E_SYSTEM || rc == GMB_E_INVAL) {
+    atomic_fetch_add(&k->me->refusals, 1);
+    return;
+  }
+  if (rc != 0) {
+    soak_lose(k);
+    return;
+  }
+  k->own_pause = 1 + mode;
+  atomic_fetch_add(&k->me->sc[mode == GMB_PAUSE_DISCARD ? S_DISCARDS
+                                                       : S_PAUSES], 1);
+}
+
+/* Its resume: then every allocation of the tag is locked and checked (a
+ * discarded one written anew). */
+static void soak_resume(struct soak_client *k) {
+  int rc = gmb_resume(k->c, SOAK_TAG);
+  if (rc == GMB_E_NOMEM || rc == GMB_E_QUOTA) {
+    atomic_fetch_add(&k->me->sc[S_ROOM_REFUSED], 1);
+    k->no_room = k->in_checkpoint;
+    return;
+  }
+  if (rc != 0) {
+    soak_lose(k);
+    return;
+  }
+  int discarded = k->own_pause == 1 + GMB_PAUSE_DISCARD;
+  k->own_pause = 0;
+  atomic_fetch_add(&k->me->sc[S_RESUMES], 1);
+  for (int i = k->n - 1; k->c && i >= 0; i--)
+    if (k->a[i].tagged) {
+      if (discarded) k->a[i].undefined = 1;
+      if (soak_verify(k, i) != 0) return;
+    }
 }
 
 static void soak_op(struct soak_client *k) {
@@ -184,8 +377,24 @@ static void soak_op(struct soak_client *k) {
                         ? (UINT64_C(2) << 20)
                         : 512 + harness_rnd(&k->rng) % (UINT64_C(1) << 20);
     unsigned flags = (r >> 8) & 1 ? GMB_MOVABLE : 0;
+    /* A third of them in the tag, sized to a multiple of 512 so that what
+     * a pause gives back (their sizes, as the broker counts a SleepNote)
+     * is what the broker had charged for them. */
+    int tagged = (r >> 9) % 3 == 0 && !k->own_pause;
+    if (tagged) {
+      size = (size + SOAK_ALIGN - 1) & ~(uint64_t)(SOAK_ALIGN - 1);
+      gmb_cache_tag(k->c, SOAK_TAG);
+    }
     gmb_id id;
     int rc = gmb_alloc(k->c, size, flags, &id);
+    if (tagged) {
+      gmb_cache_tag(k->c, NULL);
+      k->tagged = 1;
+    }
+    if (rc == GMB_E_INVAL && tagged) {
+      soak_paused_refusal(k, "a tagged allocation");
+      return;
+    }
     if (rc == GMB_E_QUOTA || rc == GMB_E_NOMEM || rc == GMB_E_LIMIT) {
       atomic_fetch_add(&k->me->refusals, 1);
       return;
@@ -199,19 +408,21 @@ static void soak_op(struct soak_client *k) {
     a->size = size;
     a->rounded = (size + SOAK_ALIGN - 1) & ~(uint64_t)(SOAK_ALIGN - 1);
     a->seed = harness_rnd(&k->rng);
+    a->flags = flags;
+    a->tagged = tagged;
+    a->undefined = 1; /* until the lock below writes it */
     atomic_fetch_add(&k->me->held, a->rounded);
     atomic_fetch_add(&k->me->allocs, 1);
-    void *p;
-    if (gmb_lock(k->c, id, &p) != 0) {
-      soak_lose(k);
-      return;
-    }
-    harness_pattern_fill(p, size, a->seed);
-    gmb_unlock(k->c, id);
+    soak_verify(k, k->n - 1);
   } else if (what < 75 && k->n > 0) {
     int i = (int)(harness_rnd(&k->rng) % (uint64_t)k->n);
     if (soak_verify(k, i) != 0) return;
     int rc = gmb_free(k->c, k->a[i].id);
+    if (rc == GMB_E_INVAL && k->a[i].tagged &&
+        strstr(gmb_last_error(k->c), "being paused")) {
+      atomic_fetch_add(&k->me->refusals, 1); /* a later free drops it */
+      return;
+    }
     if (rc != 0) {
       soak_lose(k);
       return;
@@ -219,6 +430,16 @@ static void soak_op(struct soak_client *k) {
     atomic_fetch_sub(&k->me->held, k->a[i].rounded);
     atomic_fetch_add(&k->me->frees, 1);
     k->a[i] = k->a[--k->n];
+  } else if (what < 77 && k->tagged && !k->own_pause) {
+    soak_pause(k);
+  } else if (what < 87 && k->own_pause) {
+    soak_resume(k); /* soon: the tag runs most of the time */
+  } else if (what < 79) {
+    /* A nap: the library's thread offers the process to the broker,
+     * which may offload its movable allocations or ask it to pause its
+     * tag for another tenant's request. */
+    atomic_fetch_add(&k->me->sc[S_NAPS], 1);
+    harness_sleep_ms(100 + (int)(harness_rnd(&k->rng) % 300));
   } else if (k->n > 0) {
     soak_verify(k, (int)(harness_rnd(&k->rng) % (uint64_t)k->n));
   }
@@ -234,20 +455,37 @@ static int soak_client_main(void *arg) {
   soak_tenant_name(k.me->tenant, tenant, sizeof tenant);
   for (;;) {
     if (atomic_load(&k.me->pause)) {
-      /* A checkpoint: verify everything, and make sure the session still
-       * stands (an eviction is seen here at the latest). */
+      /* A checkpoint: resume its own pause, verify everything (which
+       * brings back what the broker offloaded, where there is room, and
+       * resumes what an operator paused; after one refusal for room, what
+       * may need room waits for a later operation), and make sure the
+       * session still stands (an eviction is seen here at the latest). */
+      k.in_checkpoint = 1;
+      if (k.c && k.own_pause) soak_resume(&k);
       for (int i = k.n - 1; k.c && i >= 0; i--)
         if (soak_verify(&k, i) != 0) break;
+      k.in_checkpoint = k.no_room = 0;
       gmb_stats st;
       if (k.c && gmb_tenant_stats(k.c, &st) != 0) soak_lose(&k);
       if (atomic_load(&k.me->quit)) {
         if (k.c) gmb_disconnect(k.c);
         atomic_store(&k.me->held, 0);
+        atomic_store(&k.me->tags_back, 1);
         atomic_store(&k.me->paused, 1);
         return 0;
       }
       atomic_store(&k.me->paused, 1);
-      while (atomic_load(&k.me->pause)) harness_sleep_ms(1);
+      while (atomic_load(&k.me->pause)) {
+        /* The library's thread may still pause or resume the tag (an
+         * operator's event sent before the checkpoint): say what it has
+         * now, for the check that the broker's record follows it. */
+        gmb_cache_stats cs = {0};
+        int back = k.c == NULL ||
+                   (gmb_cache_stats_get(k.c, &cs) == 0 && cs.host == 0 &&
+                    cs.paused == 0 && !k.own_pause);
+        atomic_store(&k.me->tags_back, back);
+        harness_sleep_ms(1);
+      }
       atomic_store(&k.me->paused, 0);
       continue;
     }
@@ -258,6 +496,8 @@ static int soak_client_main(void *arg) {
         harness_sleep_ms(20);
         continue;
       }
+      if (gmb_sleep_policy_set(k.c, SOAK_POLICY) != 0)
+        soak_wrong(&k, "sleep policy \"%s\" refused", SOAK_POLICY);
     }
     soak_op(&k);
     atomic_fetch_add(&k.me->ops, 1);
@@ -418,12 +658,20 @@ static int soak_attacker_main(void *arg) {
 /* --- the operator -------------------------------------------------------- */
 
 enum soak_fault {
-  F_KILL, F_STOP, F_EVICT, F_RELOAD, F_COMPACT, F_RESTART_TERM,
-  F_RESTART_KILL, F_COUNT
+  F_KILL, F_STOP, F_EVICT, F_RELOAD, F_COMPACT, F_PAUSE, F_RESUME,
+  F_RESTART_TERM, F_RESTART_KILL, F_COUNT
 };
 static const char *const soak_fault_names[F_COUNT] = {
     "kill -9 client", "SIGSTOP client", "gmbctl evict", "gmbctl reload",
-    "gmbctl compact", "broker restart (SIGTERM)", "broker restart (kill -9)"};
+    "gmbctl compact", "gmbctl pause", "gmbctl resume",
+    "broker restart (SIGTERM)", "broker restart (kill -9)"};
+
+/* The broker's own counts of its offloads, what came back, and its asks
+ * to pause, summed over the brokers of the run (each read before it
+ * goes). */
+enum soak_bcount { B_OFFLOADS, B_RESTORES, B_ASKS, B_COUNT };
+static const char *const soak_bcount_names[B_COUNT] = {
+    "broker offloads", "restores of broker offloads", "broker asks to pause"};
 
 struct soak {
   struct harness_broker b;
@@ -438,6 +686,8 @@ struct soak {
   /* Figures of clients that were killed (their slots are reused). */
   uint64_t dead_ops, dead_allocs, dead_frees, dead_locks, dead_refusals,
       dead_lost, dead_corrupt;
+  uint64_t dead_sc[S_COUNT];
+  uint64_t bcount[B_COUNT], bcount_past[B_COUNT];
 };
 
 static int soak_count_fds(pid_t pid) {
@@ -465,15 +715,54 @@ static long soak_rss_kib(pid_t pid) {
   return kib;
 }
 
+/* A counter of the broker's metrics, or 0 when it cannot be read. */
+static uint64_t soak_metric(struct soak *s, const char *name) {
+  static char out[1 << 16];
+  if (harness_ctl(&s->b, out, sizeof out, "metrics", NULL) != 0) return 0;
+  char key[128];
+  snprintf(key, sizeof key, "\n%s ", name);
+  const char *at = strstr(out, key);
+  return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
+
+/* Reads the running broker's counts (soak_bcount); `gone`: it is about to
+ * go, so they join the past brokers'. */
+static void soak_bcount_read(struct soak *s, int gone) {
+  s->bcount[B_OFFLOADS] = soak_metric(s, "gmb_offloads_total");
+  s->bcount[B_RESTORES] = soak_metric(s, "gmb_offload_restores_total");
+  struct wire_reply rep;
+  if (harness_admin_status(&s->b, &rep) == 0) {
+    uint64_t asks = 0;
+    for (size_t i = 0; i < rep.u.admin_status.n_tenants; i++)
+      asks += rep.u.admin_status.tenants[i].sleep_asks;
+    s->bcount[B_ASKS] = asks;
+    gmb__wire_reply_clear(&rep);
+  }
+  if (gone)
+    for (int b = 0; b < B_COUNT; b++) {
+      s->bcount_past[b] += s->bcount[b];
+      s->bcount[b] = 0;
+    }
+}
+
+/* The device is smaller than the tenants' quotas together, so that
+ * requests find it full: then the broker offloads the movable allocations
+ * of idle clients (their sleep policy) and asks them to pause their tag. */
 static void soak_write_config(struct soak *s) {
   char *p = s->config;
   size_t cap = sizeof s->config;
   int n = snprintf(p, cap, "[broker]\ncompaction = auto\n"
-                   "compaction_threshold = 0.2\n");
+                   "compaction_threshold = 0.2\nsleep_wait_ms = 500\n"
+                   "restore_wait_ms = 500\n");
   for (int t = 0; t < s->tenants; t++) {
     int last = t == s->tenants - 1;
-    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n", t,
-                  last && s->quota_toggle ? "12MiB" : "24MiB");
+    n += snprintf(p + n, cap - (size_t)n, "[tenant:soak%d]\nquota = %s\n",
+                  t, last && s->quota_toggle ? "12MiB" : "24MiB");
+    /* With the attacker (root only), root is named: a tenant claimed by
+     * its first uid would be the attacker's whenever its Hello came first
+     * after a restart (while the tenant's clients nap, or are stopped). */
+    if (geteuid() == 0)
+      n += snprintf(p + n, cap - (size_t)n, "uids = 0\n");
   }
 }
 
@@ -485,7 +774,7 @@ static void soak_publish(const char *endpoint) {
 
 static void soak_broker_start(struct soak *s) {
   soak_write_config(s);
-  harness_broker_start(&s->b, "host:160MiB", s->config);
+  harness_broker_start(&s->b, SOAK_DEVICE, s->config);
   soak_publish(s->b.endpoint);
   s->base_fds = soak_count_fds(s->b.pid);
   s->base_rss_kib = soak_rss_kib(s->b.pid);
@@ -497,6 +786,7 @@ static void soak_spawn(struct soak *s, int i) {
   atomic_store(&m->paused, 0);
   atomic_store(&m->quit, 0);
   atomic_store(&m->held, 0);
+  atomic_store(&m->tags_back, 1);
   m->stopped = 0;
   m->tenant = i % s->tenants;
   m->pid = harness_fork(soak_client_main, (void *)(intptr_t)i);
@@ -532,10 +822,12 @@ static int soak_all_paused(void *arg) {
 struct soak_acct {
   struct soak *s;
   uint64_t used[SOAK_MAX_TENANTS], want[SOAK_MAX_TENANTS];
+  uint64_t paused; /* of used: the tenants' paused_bytes */
 };
 
 static int soak_accounting_exact(void *arg) {
   struct soak_acct *a = arg;
+  a->paused = 0;
   for (int t = 0; t < a->s->tenants; t++) {
     char name[32];
     struct wire_tenant_row row;
@@ -544,12 +836,71 @@ static int soak_accounting_exact(void *arg) {
       if (sh->slot[i].tenant == t) a->want[t] += atomic_load(&sh->slot[i].held);
     int rc = harness_tenant_row(&a->s->b, soak_tenant_name(t, name,
                                                            sizeof name), &row);
-    /* A tenant nobody used since the last restart may not be listed. */
-    a->used[t] = rc == 0 ? row.used : rc == GMB_E_NOENT ? 0 : UINT64_MAX;
+    /* A tenant nobody used since the last restart may not be listed.
+     * What its clients hold is on the device (used) or given back by a
+     * paused tag or the broker's offload (paused_bytes: their sizes, which
+     * the clients made multiples of 512 for tagged allocations). */
+    a->used[t] = rc == 0 ? row.used + row.paused_bytes
+                 : rc == GMB_E_NOENT ? 0 : UINT64_MAX;
+    a->paused += rc == 0 ? row.paused_bytes : 0;
   }
   for (int t = 0; t < a->s->tenants; t++)
     if (a->used[t] != a->want[t]) return 0;
   return 1;
+}
+
+struct soak_tags {
+  struct soak *s;
+  int quit;
+  int n_back; /* tenants whose clients all said their tag runs */
+  char why[512];
+};
+
+/* A tenant whose clients all have their tag running, nothing of it on the
+ * host (or all exited), has no session with the tag paused at the broker;
+ * after the last checkpoint (every client gone) no tenant holds host or
+ * paused bytes at all. */
+static int soak_tags_back(void *arg) {
+  struct soak_tags *g = arg;
+  int back[SOAK_MAX_TENANTS];
+  for (int t = 0; t < g->s->tenants; t++) back[t] = 1;
+  for (int i = 0; i < sh->n_slots; i++)
+    if (!atomic_load(&sh->slot[i].tags_back)) back[sh->slot[i].tenant] = 0;
+  g->n_back = 0;
+  for (int t = 0; t < g->s->tenants; t++) g->n_back += back[t];
+  struct wire_reply rep;
+  if (harness_admin_status(&g->s->b, &rep) != 0) {
+    snprintf(g->why, sizeof g->why, "no status");
+    return 0;
+  }
+  int ok = 1;
+  const struct wire_admin_status *st = &rep.u.admin_status;
+  for (size_t i = 0; ok && i < st->n_sessions; i++) {
+    const struct wire_session_row *r = &st->session_rows[i];
+    int t = -1;
+    if (sscanf(r->tenant, "soak%d", &t) != 1 || t < 0 || t >= g->s->tenants ||
+        !back[t])
+      continue;
+    char list[sizeof r->paused + 2];
+    snprintf(list, sizeof list, ",%s,", r->paused);
+    if (strstr(list, "," SOAK_TAG ",")) {
+      snprintf(g->why, sizeof g->why, "session %" PRIu64 " of tenant %s "
+               "has tag " SOAK_TAG " paused (%s)", r->id, r->tenant,
+               r->paused);
+      ok = 0;
+    }
+  }
+  for (size_t i = 0; ok && g->quit && i < st->n_tenants; i++) {
+    const struct wire_tenant_row *r = &st->tenants[i];
+    if (strncmp(r->name, "soak", 4) == 0 && (r->host_bytes || r->paused_bytes)) {
+      snprintf(g->why, sizeof g->why, "tenant %s holds %" PRIu64 " host and %"
+               PRIu64 " paused bytes with no client left", r->name,
+               r->host_bytes, r->paused_bytes);
+      ok = 0;
+    }
+  }
+  gmb__wire_reply_clear(&rep);
+  return ok;
 }
 
 static uint64_t soak_corrupt(struct soak *s) {
@@ -558,9 +909,23 @@ static uint64_t soak_corrupt(struct soak *s) {
   return n;
 }
 
+/* Resumes every tenant (`gmbctl resume`): an operator's pause still
+ * offloading a slice a loop turn ends, and its tags come back. */
+static void soak_resume_all(struct soak *s) {
+  char out[4096], name[32];
+  for (int t = 0; t < s->tenants; t++) {
+    int rc = harness_ctl(&s->b, out, sizeof out, "resume",
+                         soak_tenant_name(t, name, sizeof name), NULL);
+    if (rc != 0 && strstr(out, "no tenant") == NULL &&
+        strstr(out, "GMB_E_NOENT") == NULL)
+      soak_violation(s, "gmbctl resume exited %d: %s", rc, out);
+  }
+}
+
 /* Pauses every client (continued first), checks, resumes unless `quit`. */
 static void soak_checkpoint(struct soak *s, int quit) {
   soak_continue_all();
+  soak_resume_all(s);
   for (int i = 0; i < sh->n_slots; i++) {
     atomic_store(&sh->slot[i].quit, quit);
     atomic_store(&sh->slot[i].pause, 1);
@@ -573,16 +938,23 @@ static void soak_checkpoint(struct soak *s, int quit) {
     for (int t = 0; t < s->tenants; t++)
       if (a.used[t] != a.want[t])
         soak_violation(s, "checkpoint %" PRIu64 ": tenant soak%d: the broker "
-                       "counts %" PRIu64 " bytes used, its clients hold %"
-                       PRIu64, s->checkpoints, t, a.used[t], a.want[t]);
+                       "counts %" PRIu64 " bytes used or paused, its "
+                       "clients hold %" PRIu64, s->checkpoints, t, a.used[t],
+                       a.want[t]);
+  struct soak_tags g = {.s = s, .quit = quit};
+  if (!harness_poll_until(soak_tags_back, &g, HARNESS_WAIT_MS))
+    soak_violation(s, "checkpoint %" PRIu64 ": %s", s->checkpoints, g.why);
+  soak_bcount_read(s, 0);
   uint64_t bad = soak_corrupt(s);
   if (bad)
     soak_violation(s, "checkpoint %" PRIu64 ": %" PRIu64 " corrupted bytes "
                    "so far", s->checkpoints, bad);
   s->checkpoints++;
-  printf("soak: checkpoint %" PRIu64 ": accounting %s, %" PRIu64
-         " corrupted bytes\n", s->checkpoints,
-         soak_accounting_exact(&a) ? "exact" : "WRONG", bad);
+  int exact = soak_accounting_exact(&a);
+  printf("soak: checkpoint %" PRIu64 ": accounting %s (%" PRIu64 " bytes "
+         "of it paused or offloaded), tag back at the broker for %d of %d "
+         "tenants, %" PRIu64 " corrupted bytes\n", s->checkpoints,
+         exact ? "exact" : "WRONG", a.paused, g.n_back, s->tenants, bad);
   fflush(stdout);
   if (!quit)
     for (int i = 0; i < sh->n_slots; i++) atomic_store(&sh->slot[i].pause, 0);
@@ -604,6 +976,10 @@ static void soak_reap_dead(struct soak *s, int i) {
   atomic_store(&m->refusals, 0);
   atomic_store(&m->lost, 0);
   atomic_store(&m->corrupt, 0);
+  for (int c = 0; c < S_COUNT; c++) {
+    s->dead_sc[c] += atomic_load(&m->sc[c]);
+    atomic_store(&m->sc[c], 0);
+  }
 }
 
 static void soak_fault(struct soak *s, double now, double end, double start,
@@ -613,21 +989,27 @@ static void soak_fault(struct soak *s, double now, double end, double start,
   char out[4096], name[32];
   int what = (int)(harness_rnd(&s->rng) % 100);
   double span = end - start;
-  if (what < 18) {
+  /* An operator's pause and resume happen in every run, whatever the
+   * draw: the soak requires them over 20 s. */
+  if (s->faults[F_PAUSE] == 0 && now > start + span / 4)
+    what = 64;
+  else if (s->faults[F_RESUME] == 0 && now > start + span / 2)
+    what = 79;
+  if (what < 15) {
     if (m->stopped) kill(m->pid, SIGCONT);
     kill(m->pid, SIGKILL);
     harness_wait(m->pid);
     soak_reap_dead(s, i);
     soak_spawn(s, i);
     s->faults[F_KILL]++;
-  } else if (what < 36) {
+  } else if (what < 30) {
     if (!m->stopped) {
       kill(m->pid, SIGSTOP);
       m->stopped = 1;
       m->cont_at = now + 50 + (double)(harness_rnd(&s->rng) % 1000);
       s->faults[F_STOP]++;
     }
-  } else if (what < 50) {
+  } else if (what < 42) {
     int t = (int)(harness_rnd(&s->rng) % (uint64_t)s->tenants);
     int rc = harness_ctl(&s->b, out, sizeof out, "evict",
                          soak_tenant_name(t, name, sizeof name), NULL);
@@ -636,20 +1018,34 @@ static void soak_fault(struct soak *s, double now, double end, double start,
         strstr(out, "GMB_E_NOENT") == NULL)
       soak_violation(s, "gmbctl evict exited %d: %s", rc, out);
     s->faults[F_EVICT]++;
-  } else if (what < 64) {
+  } else if (what < 54) {
     s->quota_toggle = !s->quota_toggle;
     soak_write_config(s);
     harness_write_file(s->b.config_path, s->config);
     int rc = harness_ctl(&s->b, out, sizeof out, "reload", NULL);
     if (rc != 0) soak_violation(s, "gmbctl reload exited %d: %s", rc, out);
     s->faults[F_RELOAD]++;
-  } else if (what < 76) {
+  } else if (what < 64) {
     int rc = harness_ctl(&s->b, out, sizeof out, "compact", NULL);
     if (rc != 0) soak_violation(s, "gmbctl compact exited %d: %s", rc, out);
     s->faults[F_COMPACT]++;
-  } else if (what < 80 && now - *last_restart > span / 5 &&
+  } else if (what < 80) {
+    /* An operator's pause of every tag of the tenant's sessions (and the
+     * broker's offload of its movable allocations), or its resume; never
+     * a discard, which the clients would not know of. */
+    int t = (int)(harness_rnd(&s->rng) % (uint64_t)s->tenants);
+    int pause = what < 75; /* resumed less often: paused for a while */
+    int rc = harness_ctl(&s->b, out, sizeof out, pause ? "pause" : "resume",
+                         soak_tenant_name(t, name, sizeof name), NULL);
+    if (rc != 0 && strstr(out, "no tenant") == NULL &&
+        strstr(out, "GMB_E_NOENT") == NULL)
+      soak_violation(s, "gmbctl %s exited %d: %s", pause ? "pause" : "resume",
+                     rc, out);
+    s->faults[pause ? F_PAUSE : F_RESUME]++;
+  } else if (what < 84 && now - *last_restart > span / 5 &&
              now < start + span * 2 / 3) {
     *last_restart = now;
+    soak_bcount_read(s, 1);
     if (harness_rnd(&s->rng) & 1) {
       harness_broker_stop(&s->b); /* fails the test unless it exits 0 */
       s->faults[F_RESTART_TERM]++;
@@ -678,6 +1074,8 @@ START_TEST(soak_with_faults) {
   /* A client waits for a broker that is gone for at most this long. */
   setenv("GMB_CONNECT_TIMEOUT_MS", "2000", 1);
   setenv("GMB_REQUEST_TIMEOUT_MS", "3000", 1);
+  /* A tag the broker paused resumes at the next touch within this. */
+  setenv("GMB_RESUME_WAIT_MS", "1000", 1);
   sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ck_assert_ptr_ne(sh, MAP_FAILED);
@@ -763,6 +1161,31 @@ START_TEST(soak_with_faults) {
     printf("soak: fault %-26s %" PRIu64 "\n", soak_fault_names[f],
            s.faults[f]);
     nfaults += s.faults[f];
+  }
+  uint64_t sc[S_COUNT];
+  for (int c = 0; c < S_COUNT; c++) {
+    sc[c] = s.dead_sc[c];
+    for (int i = 0; i < sh->n_slots; i++) sc[c] += atomic_load(&sh->slot[i].sc[c]);
+    printf("soak: sleep %-40s %" PRIu64 "\n", soak_scount_names[c], sc[c]);
+  }
+  for (int b = 0; b < B_COUNT; b++)
+    printf("soak: sleep %-40s %" PRIu64 "\n", soak_bcount_names[b],
+           s.bcount_past[b] + s.bcount[b]);
+  if (sc[S_WRONG])
+    soak_violation(&s, "%" PRIu64 " answers of sleep and wake the API does "
+                   "not give", sc[S_WRONG]);
+  /* Over 20 s each path of sleep and wake runs, so that none of them can
+   * silently stop being exercised. */
+  if (secs >= 20) {
+    static const int need[] = {S_PAUSES, S_DISCARDS, S_RESUMES, S_OP_SEEN};
+    for (size_t n = 0; n < sizeof need / sizeof need[0]; n++)
+      if (sc[need[n]] == 0)
+        soak_violation(&s, "no %s in %ld s", soak_scount_names[need[n]],
+                       secs);
+    if (s.faults[F_PAUSE] == 0 || s.faults[F_RESUME] == 0)
+      soak_violation(&s, "no gmbctl pause or resume in %ld s", secs);
+    if (s.bcount_past[B_RESTORES] + s.bcount[B_RESTORES] == 0)
+      soak_violation(&s, "no restore of a broker offload in %ld s", secs);
   }
   printf("soak: %" PRIu64 " faults, %" PRIu64 " checkpoints, %" PRIu64
          " corrupted bytes, broker at the end: %d descriptors (idle %d), "
