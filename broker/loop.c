@@ -82,6 +82,8 @@
 #define LOOP_COMPACT_NS GMB_NS_PER_MS          /* compaction slice: 1 ms */
 #define LOOP_REAP_NS GMB_NS_PER_MS /* freeing ended sessions: 1 ms a turn */
 #define LOOP_PUBLISH_NS (1000 * GMB_NS_PER_MS) /* metrics to HTTP */
+/* A turn that works this long is logged: every client waits for it. */
+#define LOOP_SLOW_TURN_NS (500 * GMB_NS_PER_MS)
 
 /* The poll set's fixed slots; then per session its pidfd and its
  * descriptor channel, then the connections that have not authenticated. */
@@ -116,6 +118,7 @@ struct gmb_loop {
   struct gmb_http_admin *http_admin; /* admin-http.sock, or NULL */
   uint64_t next_http_admin_ns; /* its server wants to run by then */
   uint64_t next_publish_ns;
+  uint64_t taken; /* messages read off both sockets, since start */
 };
 
 /* The poll set is stale when sessions came or went since it was built. */
@@ -429,6 +432,7 @@ static int loop_take(struct gmb_broker *b, enum gmb_socket which) {
     zmq_msg_close(&rid);
     return -1;
   }
+  b->loop->taken++;
   if (!zmq_msg_more(&rid)) { /* a ROUTER always gives the routing id first */
     zmq_msg_close(&rid);
     return 0;
@@ -781,6 +785,29 @@ static void loop_report_refused(struct gmb_connguard_stats *last) {
   *last = st;
 }
 
+/* What one turn did, for gmb_loop_turn_seconds and, when it was long,
+ * the log: while it worked nobody was answered.  `work` leaves out the
+ * wait for events; the clock is the wall's, so time the broker was not
+ * run (a loaded machine) counts, as it does for its clients. */
+struct loop_turn {
+  uint64_t work, taken, slices;
+  int reaping, compacting;
+};
+
+static void loop_turn_done(struct gmb_broker *b, const struct loop_turn *t) {
+  static struct gmb_log_rl rl;
+  double longest = gmb__observe_turn(b->observe, t->work);
+  if (t->work < LOOP_SLOW_TURN_NS || !gmb__log_allow(&rl)) return;
+  log_warn("a turn of the loop took %" PRIu64 " ms, in which no other "
+           "request was answered: %" PRIu64 " messages, %" PRIu64
+           " offload slices%s%s (the longest before: %.0f ms; "
+           "gmb_loop_turn_seconds)%s",
+           t->work / GMB_NS_PER_MS, t->taken, t->slices,
+           t->reaping ? ", ended sessions being freed" : "",
+           t->compacting ? ", compaction running" : "", longest * 1e3,
+           gmb__log_suppressed(&rl));
+}
+
 int gmb__loop_run(struct gmb_broker *b) {
   struct gmb_loop *l = b->loop;
   uint64_t hb_ns = b->cfg.heartbeat_ms * GMB_NS_PER_MS;
@@ -801,6 +828,10 @@ int gmb__loop_run(struct gmb_broker *b) {
     /* A request that ran an offload slice in this turn (reclaim.h) is the
      * turn's slice: the job's next one waits for the next turn. */
     const uint64_t slices = b->offload.slices;
+    const uint64_t turn_at = gmb__now_ns();
+    struct loop_turn turn = {.taken = l->taken,
+                             .reaping = b->reap_head != NULL,
+                             .compacting = gmb__defrag_busy(b)};
     if (loop_stale(b) && loop_rebuild(b) != 0) {
       log_error("out of host memory building the poll set");
       return 1;
@@ -855,7 +886,9 @@ int gmb__loop_run(struct gmb_broker *b) {
       l->next_http_admin_ns =
           t >= 0 ? now + (uint64_t)t * GMB_NS_PER_MS : UINT64_MAX;
     }
+    turn.work = gmb__now_ns() - turn_at;
     int rc = loop_wait(l, timeout_ms);
+    const uint64_t woke_at = gmb__now_ns();
     if (rc < 0) {
       if (errno == EINTR) continue;
       log_error("epoll_wait: %s", strerror(errno));
@@ -923,6 +956,12 @@ int gmb__loop_run(struct gmb_broker *b) {
                  "in all)", hr, GMB_ADMIN_HTTP_SOCKET);
       next_trim = now + LOOP_TRIM_NS;
     }
+    turn.work += gmb__now_ns() - woke_at;
+    turn.taken = l->taken - turn.taken;
+    turn.slices = b->offload.slices - slices;
+    turn.reaping |= b->reap_head != NULL;
+    turn.compacting |= gmb__defrag_busy(b);
+    loop_turn_done(b, &turn);
   }
   gmb__defrag_shutdown(b);
   /* Operators' HTTP ends here: the drain below does not serve it, and a

@@ -42,13 +42,28 @@ static const double observe_le[] = {
     2.5,     5,        10};
 #define OBSERVE_NLE (sizeof observe_le / sizeof observe_le[0])
 
+/* A histogram over observe_le. */
+struct observe_hist {
+  uint64_t bucket[OBSERVE_NLE + 1]; /* not cumulative; last: +Inf */
+  uint64_t count;
+  double seconds;
+};
+
 struct gmb_observe {
   uint64_t requests[OBSERVE_KINDS];
   uint64_t refusals[OBSERVE_CODES]; /* by -status */
-  uint64_t alloc_bucket[OBSERVE_NLE + 1]; /* not cumulative; last: +Inf */
-  uint64_t alloc_count;
-  double alloc_seconds;
+  struct observe_hist alloc; /* allocation requests, waits included */
+  struct observe_hist turn;  /* the loop's turns, their work (no wait) */
+  double turn_max;           /* the longest turn's work, in seconds */
 };
+
+static void observe_hist_add(struct observe_hist *h, double s) {
+  size_t i = 0;
+  while (i < OBSERVE_NLE && s > observe_le[i]) i++;
+  h->bucket[i]++;
+  h->count++;
+  h->seconds += s;
+}
 
 struct gmb_observe *gmb__observe_new(void) {
   return calloc(1, sizeof(struct gmb_observe));
@@ -62,12 +77,16 @@ void gmb__observe_request(struct gmb_observe *o, enum wire_kind kind,
   if ((unsigned)kind < OBSERVE_KINDS) o->requests[kind]++;
   if (status < 0 && -status < OBSERVE_CODES) o->refusals[-status]++;
   if (kind != WIRE_ALLOC) return;
+  observe_hist_add(&o->alloc, (double)ns / 1e9);
+}
+
+double gmb__observe_turn(struct gmb_observe *o, uint64_t ns) {
+  if (o == NULL) return 0;
   double s = (double)ns / 1e9;
-  size_t i = 0;
-  while (i < OBSERVE_NLE && s > observe_le[i]) i++;
-  o->alloc_bucket[i]++;
-  o->alloc_count++;
-  o->alloc_seconds += s;
+  observe_hist_add(&o->turn, s);
+  double before = o->turn_max;
+  if (s > o->turn_max) o->turn_max = s;
+  return before;
 }
 
 /* --- status ------------------------------------------------------------- */
@@ -380,6 +399,22 @@ static void observe_head(FILE *f, const char *name, const char *type,
   fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A histogram's lines, its buckets cumulative as Prometheus reads them. */
+static void observe_hist(FILE *f, const char *name, const char *help,
+                         const struct observe_hist *h) {
+  observe_head(f, name, "histogram", help);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < OBSERVE_NLE; i++) {
+    cum += h->bucket[i];
+    fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, observe_le[i],
+            cum);
+  }
+  cum += h->bucket[OBSERVE_NLE];
+  fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+  fprintf(f, "%s_sum %.9g\n", name, h->seconds);
+  fprintf(f, "%s_count %" PRIu64 "\n", name, h->count);
+}
+
 static void observe_u64(FILE *f, const char *name, const char *type,
                         const char *help, uint64_t v) {
   observe_head(f, name, type, help);
@@ -622,21 +657,16 @@ static void observe_request_metrics(FILE *f, const struct gmb_observe *o) {
       fputc(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c, f);
     fprintf(f, "\"} %" PRIu64 "\n", o->refusals[codes[i].code]);
   }
-  observe_head(f, "gmb_alloc_duration_seconds", "histogram",
+  observe_hist(f, "gmb_alloc_duration_seconds",
                "Time from receiving an allocation request to answering it, "
-               "waits included.");
-  uint64_t cum = 0;
-  for (size_t i = 0; i < OBSERVE_NLE; i++) {
-    cum += o->alloc_bucket[i];
-    fprintf(f, "gmb_alloc_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
-            observe_le[i], cum);
-  }
-  cum += o->alloc_bucket[OBSERVE_NLE];
-  fprintf(f, "gmb_alloc_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
-          cum);
-  fprintf(f, "gmb_alloc_duration_seconds_sum %.9g\n", o->alloc_seconds);
-  fprintf(f, "gmb_alloc_duration_seconds_count %" PRIu64 "\n",
-          o->alloc_count);
+               "waits included.", &o->alloc);
+  observe_hist(f, "gmb_loop_turn_seconds",
+               "Work of one turn of the broker's loop (its messages, timers "
+               "and slices; not its wait for events): nothing else is served "
+               "meanwhile.", &o->turn);
+  observe_head(f, "gmb_loop_turn_max_seconds", "gauge",
+               "The longest turn of the loop since start, its work.");
+  fprintf(f, "gmb_loop_turn_max_seconds %.9g\n", o->turn_max);
 }
 
 char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {

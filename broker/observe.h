@@ -27,6 +27,10 @@ void gmb__observe_destroy(struct gmb_observe *o); /* accepts NULL */
 void gmb__observe_request(struct gmb_observe *o, enum wire_kind kind,
                           int status, uint64_t ns);
 
+/* Counts a turn of the loop that worked `ns` (gmb_loop_turn_seconds);
+ * returns the longest turn before it, in seconds. */
+double gmb__observe_turn(struct gmb_observe *o, uint64_t ns);
+
 /* Fills *rep (kind WIRE_ADMIN_STATUS): the device, the totals, one row
  * per tenant and one per session (by tenant, then id: every session, at
  * most max_sessions); on failure a status and a message. */

@@ -497,7 +497,8 @@ static const char *metric_names[] = {
     "gmb_wait_queue_length",         "gmb_fd_unread",
     "gmb_fd_kept_channels",          "gmb_fd_refused_total",
     "gmb_fd_unread_limit",           "gmb_tenant_fd_unread",
-    "gmb_tenant_fd_kept_channels",   "gmb_tenant_fd_refused_total"};
+    "gmb_tenant_fd_kept_channels",   "gmb_tenant_fd_refused_total",
+    "gmb_loop_turn_seconds",         "gmb_loop_turn_max_seconds"};
 
 /* Every documented family is typed and has samples; the values agree
  * with the admin status `st` and what scene `sc` did. */
@@ -587,6 +588,21 @@ static void check_metrics(char *text, const struct scene *sc,
   ck_assert(must(&m, "gmb_alloc_duration_seconds_bucket", "le=\"+Inf\"") ==
             allocs);
   ck_assert_int_eq((int)must(&m, "gmb_compaction_runs_total", NULL), 0);
+  /* The loop's turns: at least one for each request answered (a turn
+   * reads what arrived and answers it), the longest no shorter than the
+   * sum over the turns divided by their count, and no longer than that
+   * sum. */
+  double turns = must(&m, "gmb_loop_turn_seconds_count", NULL);
+  double turn_sum = must(&m, "gmb_loop_turn_seconds_sum", NULL);
+  double turn_max = must(&m, "gmb_loop_turn_max_seconds", NULL);
+  ck_assert_msg(turns >= 1 && turn_sum > 0, "%g turns, %g s", turns,
+                turn_sum);
+  ck_assert_msg(turn_max > 0 && turn_max <= turn_sum &&
+                    turn_max >= turn_sum / turns,
+                "longest turn %g s of %g turns, %g s", turn_max, turns,
+                turn_sum);
+  ck_assert(must(&m, "gmb_loop_turn_seconds_bucket", "le=\"+Inf\"") ==
+            turns);
 }
 
 START_TEST(metrics_text_parses_and_agrees_with_status) {
