@@ -688,6 +688,10 @@ struct soak {
       dead_lost, dead_corrupt;
   uint64_t dead_sc[S_COUNT];
   uint64_t bcount[B_COUNT], bcount_past[B_COUNT];
+  /* The brokers' loops: the longest turn's work (s), and the turns of
+   * 500 ms or more (gmb_loop_turn_seconds), for the report only. */
+  double turn_max;
+  uint64_t slow_turns, slow_turns_past;
 };
 
 static int soak_count_fds(pid_t pid) {
@@ -715,14 +719,20 @@ static long soak_rss_kib(pid_t pid) {
   return kib;
 }
 
-/* A counter of the broker's metrics, or 0 when it cannot be read. */
-static uint64_t soak_metric(struct soak *s, const char *name) {
+/* A sample of the broker's metrics (`name` with its labels), or 0 when
+ * it cannot be read. */
+static double soak_metric_f(struct soak *s, const char *name) {
   static char out[1 << 16];
   if (harness_ctl(&s->b, out, sizeof out, "metrics", NULL) != 0) return 0;
   char key[128];
   snprintf(key, sizeof key, "\n%s ", name);
   const char *at = strstr(out, key);
-  return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+  return at ? strtod(at + strlen(key), NULL) : 0;
+}
+
+/* A counter of the broker's metrics, or 0 when it cannot be read. */
+static uint64_t soak_metric(struct soak *s, const char *name) {
+  return (uint64_t)soak_metric_f(s, name);
 }
 
 /* Reads the running broker's counts (soak_bcount); `gone`: it is about to
@@ -730,6 +740,11 @@ static uint64_t soak_metric(struct soak *s, const char *name) {
 static void soak_bcount_read(struct soak *s, int gone) {
   s->bcount[B_OFFLOADS] = soak_metric(s, "gmb_offloads_total");
   s->bcount[B_RESTORES] = soak_metric(s, "gmb_offload_restores_total");
+  double longest = soak_metric_f(s, "gmb_loop_turn_max_seconds");
+  if (longest > s->turn_max) s->turn_max = longest;
+  uint64_t turns = soak_metric(s, "gmb_loop_turn_seconds_count");
+  uint64_t quick = soak_metric(s, "gmb_loop_turn_seconds_bucket{le=\"0.25\"}");
+  if (turns >= quick) s->slow_turns = turns - quick;
   struct wire_reply rep;
   if (harness_admin_status(&s->b, &rep) == 0) {
     uint64_t asks = 0;
@@ -743,6 +758,10 @@ static void soak_bcount_read(struct soak *s, int gone) {
       s->bcount_past[b] += s->bcount[b];
       s->bcount[b] = 0;
     }
+  if (gone) {
+    s->slow_turns_past += s->slow_turns;
+    s->slow_turns = 0;
+  }
 }
 
 /* The device is smaller than the tenants' quotas together, so that
@@ -1171,6 +1190,9 @@ START_TEST(soak_with_faults) {
   for (int b = 0; b < B_COUNT; b++)
     printf("soak: sleep %-40s %" PRIu64 "\n", soak_bcount_names[b],
            s.bcount_past[b] + s.bcount[b]);
+  printf("soak: broker loop: longest turn %.0f ms, %" PRIu64 " turns over "
+         "250 ms (not checked: a loaded machine makes them too)\n",
+         s.turn_max * 1e3, s.slow_turns_past + s.slow_turns);
   if (sc[S_WRONG])
     soak_violation(&s, "%" PRIu64 " answers of sleep and wake the API does "
                    "not give", sc[S_WRONG]);
