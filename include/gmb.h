@@ -378,7 +378,10 @@ GMB_EXPORT int gmb_cache_visit(gmb_client *c, gmb_cache_visit_fn fn,
  * block still used on a stream is copied once that work finished) and
  * for allocations of the tag in progress.  While paused the tag's blocks
  * may be freed (gmb_free_async); allocating with the tag current fails
- * with GMB_E_INVAL.  0, also for a tag already paused (nothing changes);
+ * with GMB_E_INVAL.  0, also for a tag already paused: nothing of its
+ * memory changes, but a pause an operator or the broker made is the
+ * application's from then on (gmbctl resume of every tag leaves it, and
+ * its allocations refuse a lock rather than resume themselves);
  * GMB_E_NOENT for a tag never set; GMB_E_LIMIT when the copy would pass
  * $GMB_HOST_QUOTA (a size, such as 16GiB; unset: no limit beyond what
  * malloc gives), GMB_E_SYSTEM out of host memory, GMB_E_DEVICE when the

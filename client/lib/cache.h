@@ -265,6 +265,19 @@ int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode);
 int gmb__cache_pause_by(struct gmb_cache *k, const char *tag, int mode,
                         int by, int *paused_now);
 
+/* Who keeps a paused tag paused, as a rank: the application (2), whose
+ * pause only its gmb_resume ends, over an operator (1), whose pause
+ * gmbctl resume ends, over the broker's ask (0), which resumes by itself
+ * at the tag's next use. */
+int gmb__cache_by_rank(int by);
+
+/* Tag `tag` is paused and a pause by `by` was asked again: when `by`
+ * ranks higher than who paused it (gmb__cache_by_rank), the pause is
+ * `by`'s from now on (ops.note tells the broker), nothing else changes.
+ * A tag running, pausing or resuming is left alone.  0, or GMB_E_NOENT
+ * for a tag never set. */
+int gmb__cache_claim(struct gmb_cache *k, const char *tag, int by);
+
 /* One tag as gmb__cache_tag_info sees it. */
 struct gmb_cache_tag_info {
   char tag[GMB_CACHE_TAG_MAX + 1];

@@ -334,6 +334,31 @@ static int sleep_enter(struct gmb_cache *k, const char *tag, int from, int to,
   return moved;
 }
 
+int gmb__cache_by_rank(int by) {
+  return by == GMB_CACHE_BY_APP ? 2 : by == GMB_CACHE_BY_OPERATOR ? 1 : 0;
+}
+
+int gmb__cache_claim(struct gmb_cache *k, const char *tag, int by) {
+  unsigned idx;
+  int rc;
+  struct cache_arena *a = sleep_tag(k, tag, 0, &idx, &rc);
+  if (a == NULL) return rc;
+  /* sleep_mu: no pause or resume of it meanwhile, so its record stays. */
+  pthread_mutex_lock(&k->sleep_mu);
+  pthread_mutex_lock(&a->mu);
+  const struct cache_sleep *z = a->sleep;
+  int claim = a->state == CACHE_PAUSED && z &&
+              gmb__cache_by_rank(by) > gmb__cache_by_rank(a->paused_by);
+  if (claim) a->paused_by = (uint8_t)by;
+  pthread_mutex_unlock(&a->mu);
+  /* The same bytes as the pause's note, with who keeps it now. */
+  if (claim)
+    (void)sleep_note(k, a, 1, z->host ? GMB_CACHE_OFFLOAD : GMB_CACHE_DISCARD,
+                     z->host, z->n * k->page, by);
+  pthread_mutex_unlock(&k->sleep_mu);
+  return 0;
+}
+
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {
   return gmb__cache_pause_by(k, tag, mode, GMB_CACHE_BY_APP, NULL);
 }

@@ -2808,6 +2808,14 @@ static int client_tag_pause(void *ctx, const char *tag, int mode, int by) {
       client_note_refused = refused;
     }
   }
+  /* Paused before by someone this caller outranks (the application over
+   * an operator over the broker): the pause is the caller's now, so that
+   * gmbctl resume of every tag leaves one the application paused, and
+   * the broker's auto-resume one an operator paused. */
+  if (rc == 0) {
+    (void)gmb__cache_claim(c->cache, tag, by);
+    if (ord >= 0) gmb__atags_claim(c->atags, ord, by);
+  }
   if (rc == GMB_E_INVAL && locked)
     return client_fail(rc, "tag \"%s\" not paused: its allocation %llu "
                        "is locked (gmb_unlock it first)", tag,

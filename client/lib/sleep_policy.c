@@ -231,7 +231,10 @@ static void policy_op_run(struct gmb_sleep_policy *p,
     if (op->wake && info[i].paused &&
         (op->tag[0] || info[i].by != GMB_CACHE_BY_APP))
       (void)p->ops.resume(p->ops.ctx, info[i].name); /* no room: paused */
-    else if (!op->wake && info[i].running)
+    else if (!op->wake &&
+             (info[i].running || info[i].by == GMB_CACHE_BY_BROKER))
+      /* Paused by the broker's ask, it becomes the operator's pause: it
+       * no longer resumes by itself at its next use. */
       (void)p->ops.pause(p->ops.ctx, info[i].name, op->mode,
                          GMB_CACHE_BY_OPERATOR);
   }

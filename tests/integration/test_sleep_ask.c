@@ -817,6 +817,56 @@ START_TEST(failed_pause_keeps_an_operators_pause) {
 }
 END_TEST
 
+/* The application pauses a tag an operator paused first: gmb_pause
+ * answers 0, and the pause is the application's from then on, so gmbctl
+ * resume of every tag leaves it (a lock of its allocation is refused
+ * naming gmb_resume, not the operator) until the application's own
+ * gmb_resume, which brings every byte back. */
+START_TEST(app_pause_claims_an_operators_pause) {
+  struct harness_broker b;
+  harness_broker_start(&b, "host:64MiB", NULL);
+  gmb_client *c = harness_connect_ok(&b, "q");
+  void *p, *zp;
+  ck_assert_int_eq(gmb_cache_tag(c, "z"), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 512, NULL, &zp), 0);
+  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 1 * MIB, NULL, &p), 0);
+  harness_pattern_fill(p, 1 * MIB, 8);
+  gmb_id id;
+  ck_assert_int_eq(gmb_alloc(c, 4 * MIB, 0, &id), 0);
+  ck_assert_int_eq(alloc_fill(c, id, 4 * MIB, 9), 0);
+  char out[16384];
+  int rc = harness_ctl(&b, out, sizeof out, "pause", "q", "--tag", "w", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  /* w's page and allocation are off the device; z's page stays. */
+  wait_tags(&b, "q", 1, 2 * MIB);
+  rc = gmb_pause(c, "w", GMB_PAUSE_OFFLOAD);
+  ck_assert_msg(rc == 0, "pause of a paused tag: %s", gmb_last_error(c));
+
+  /* Every tag resumed, then z paused: the library carries out the
+   * operator's asks in order, so once the broker sees z paused the resume
+   * was carried out, and w, the application's now, is still paused. */
+  ck_assert_int_eq(harness_ctl(&b, out, sizeof out, "resume", "q", NULL), 0);
+  rc = harness_ctl(&b, out, sizeof out, "pause", "q", "--tag", "z",
+                   "--discard", NULL);
+  ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
+  wait_tags(&b, "q", 2, 0);
+  void *x;
+  ck_assert_int_eq(gmb_lock(c, id, &x), GMB_E_INVAL);
+  ck_assert_msg(strstr(gmb_last_error(c), "gmb_resume") != NULL &&
+                    strstr(gmb_last_error(c), "operator") == NULL,
+                "%s", gmb_last_error(c));
+
+  ck_assert_int_eq(gmb_resume(c, "w"), 0);
+  ck_assert_int_lt(harness_pattern_check(p, 1 * MIB, 8), 0);
+  ck_assert(alloc_holds(c, id, 4 * MIB, 9));
+  ck_assert_int_eq(gmb_free(c, id), 0);
+  ck_assert_int_eq(gmb_free_async(c, p, NULL), 0);
+  gmb_disconnect(c);
+  harness_broker_stop(&b);
+}
+END_TEST
+
 /* An operator's pause that comes while a thread of the process waits for
  * memory in gmb_alloc_wait: carried out while the wait is pending (the
  * waiting thread does not hold the connection, which the pause needs),
@@ -901,5 +951,5 @@ int main(void) {
       broker_asks_job_of_tagged_allocations, locked_allocation_during_ask,
       operator_pauses_tagged_allocations,
       failed_pause_keeps_an_operators_pause,
-      operator_pause_while_alloc_waits));
+      app_pause_claims_an_operators_pause, operator_pause_while_alloc_waits));
 }

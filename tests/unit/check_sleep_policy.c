@@ -241,8 +241,10 @@ START_TEST(operator_pause_and_ask_in_one_run) {
 }
 END_TEST
 
-/* An operator's pause of every tag pauses those with something running;
- * a resume of every tag leaves those the application paused, one naming
+/* An operator's pause of every tag pauses those with something running,
+ * and asks for those the broker paused too, so that they become the
+ * operator's (the cache then keeps them paused past their next use); a
+ * resume of every tag leaves those the application paused, one naming
  * the tag resumes it whoever paused it. */
 START_TEST(operator_pause_and_resume) {
   fake_tag("run", 10);
@@ -252,7 +254,8 @@ START_TEST(operator_pause_and_resume) {
   F.t[2] = (struct ftag){"brk", 0, 1, GMB_CACHE_BY_BROKER, 0, 0};
   gmb__sleep_policy_event(P, 0, GMB_PAUSE_OFFLOAD, "", 0);
   ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 0);
-  ck_assert_str_eq(F.log, "P run 0 2;");
+  ck_assert_str_eq(F.log, "P run 0 2;P brk 0 2;");
+  ck_assert_int_eq(F.t[2].by, GMB_CACHE_BY_OPERATOR);
   F.log[0] = '\0';
   gmb__sleep_policy_event(P, 1, 0, "", 0);
   ck_assert_int_eq(gmb__sleep_policy_run(P, SEC), 0);
