@@ -792,6 +792,9 @@ char *gmb__observe_metrics(struct gmb_broker *b, int tenants) {
   observe_u64(f, "gmb_offload_job_requests", "gauge",
               "Requests held now while the offload job makes their room.",
               (uint64_t)b->waitq.held_job);
+  observe_u64(f, "gmb_offload_job_fenced_total", "counter",
+              "New segments refused because the room left was the offload "
+              "job's, kept for the requests it holds.", b->waitq.fenced);
   observe_dbl(f, "gmb_uptime_seconds", "gauge",
               "Seconds since the broker started.",
               b->start_ns ? (double)(gmb__now_ns() - b->start_ns) / 1e9 : 0);

@@ -1379,6 +1379,12 @@ START_TEST(job_slices_and_others_served_between) {
   ck_assert_int_eq(fx_alloc(f, "c", 1004, MIB, 0, 0, &rep), 0);
   ck_assert_uint_eq(f->b.waitq.fenced, fenced + 1);
   ck_assert_uint_eq(f->b.waitq.held_job, 2);
+  char *m = gmb__observe_metrics(&f->b, 0), line[64];
+  ck_assert_ptr_nonnull(m);
+  snprintf(line, sizeof line, "\ngmb_offload_job_fenced_total %" PRIu64 "\n",
+           fenced + 1);
+  ck_assert_msg(strstr(m, line) != NULL, "no %s", line + 1);
+  free(m);
   uint64_t seen = g.a->last_seen_ns;
   ck_assert_int_eq(fx_plain(f, "c", 1004, WIRE_HEARTBEAT, &rep), 0);
   ck_assert_uint_eq(g.a->last_seen_ns, seen); /* c's, not a's */
