@@ -113,6 +113,10 @@ LIB_OBJ := $(call obj,$(LIB_SRC))
 HARNESS_OBJ := $(call obj,$(HARNESS_SRC))
 
 BROKER_BIN := $(B)/gmb-broker
+# Named here, not in mk/tools.mk which builds it: mk/*.mk are read in
+# name order, and a rule in an earlier one (mk/soak.mk) names it as a
+# prerequisite, which make expands as it reads the rule.
+CTL_BIN := $(B)/gmbctl
 TRACEGEN_BIN := $(B)/bench/tracegen
 COMMON_A := $(B)/libgmb-common.a
 BROKER_A := $(B)/libgmb-broker.a

@@ -20,7 +20,6 @@ $(B)/obj/client/replay/%.o: INC = -Iinclude -Iproto -Iclient/admin \
   -Iclient/replay
 $(B)/obj/client/examples/%.o: INC = -Iinclude
 
-CTL_BIN := $(B)/gmbctl
 REPLAY_BIN := $(B)/gmb-replay
 EXAMPLE_BIN := $(patsubst client/examples/%.c,$(B)/examples/%,$(EXAMPLE_SRC))
 

@@ -109,6 +109,13 @@
 #define SOAK_MAX_CLIENTS 32
 #define SOAK_MAX_HELD 48 /* allocations per client */
 #define SOAK_ALIGN 512u
+/* The broker's RSS after load is checked, except under AddressSanitizer
+ * (its quarantine keeps freed memory; see the end of the soak). */
+#ifdef __SANITIZE_ADDRESS__
+#define SOAK_RSS_CHECKED 0
+#else
+#define SOAK_RSS_CHECKED 1
+#endif
 #define SOAK_DEVICE "host:56MiB" /* below the quotas' sum (72 MiB) */
 
 /* A client's counts of sleep and wake: its own pauses (offload, discard)
@@ -1148,7 +1155,8 @@ START_TEST(soak_with_faults) {
   for (;;) {
     fds = soak_count_fds(bp);
     rss = soak_rss_kib(bp);
-    if ((fds <= s.base_fds + 2 && rss <= s.base_rss_kib + 16 * 1024) ||
+    if ((fds <= s.base_fds + 2 &&
+         (!SOAK_RSS_CHECKED || rss <= s.base_rss_kib + 16 * 1024)) ||
         harness_now_ms() > deadline)
       break;
     harness_sleep_ms(50);
@@ -1156,9 +1164,18 @@ START_TEST(soak_with_faults) {
   if (fds > s.base_fds + 2)
     soak_violation(&s, "broker descriptors: %d after the clients ended, %d "
                    "when idle", fds, s.base_fds);
+#ifdef __SANITIZE_ADDRESS__
+  /* Built with SAN=1 (the broker too): AddressSanitizer keeps freed memory
+   * in its quarantine (256 MiB by default), so RSS says nothing here; a
+   * leak is LeakSanitizer's to find when the broker exits, which then
+   * fails its stop (harness_broker_stop wants status 0). */
+  printf("soak: broker RSS %ld KiB after load (idle %ld KiB): not checked "
+         "under AddressSanitizer\n", rss, s.base_rss_kib);
+#else
   if (rss > s.base_rss_kib + 16 * 1024)
     soak_violation(&s, "broker RSS: %ld KiB after load, %ld KiB when idle",
                    rss, s.base_rss_kib);
+#endif
 
   uint64_t ops = s.dead_ops, allocs = s.dead_allocs, frees = s.dead_frees,
            locks = s.dead_locks, refusals = s.dead_refusals,
