@@ -1346,6 +1346,51 @@ static void big_close(struct big *g) {
   fx_close(&g->f);
 }
 
+/* Session a, asked to pause its tags, answers as its library would: it
+ * frees `segments` of its allocations still on the device (1 MiB each),
+ * then says so in a Heartbeat offering `pausable` more.  b's held request
+ * is then served (and freed), nothing waits, a has no ask left; a's
+ * offloaded allocations come back by Lock with every byte, all of a's
+ * are freed, and no host byte stays counted.  Closes g. */
+static void big_ask_answered(struct big *g, int segments, uint64_t pausable) {
+  struct fx *f = &g->f;
+  int freed[NB_MAX] = {0}, gone = 0;
+  for (int i = 0; i < g->n && gone < segments; i++)
+    if (atomic_load(big_state(g, i)) == 0) {
+      ck_assert_int_eq(fx_free(f, "a", 1001, g->id[i]), 0);
+      freed[i] = 1;
+      gone++;
+    }
+  ck_assert_int_eq(gone, segments);
+  struct wire_request req;
+  memset(&req, 0, sizeof req);
+  req.kind = WIRE_HEARTBEAT;
+  req.sleep_pausable = pausable;
+  req.sleep_idle_ms = 5000;
+  req.trim_answered = 1;
+  struct wire_reply rep;
+  ck_assert_int_eq(fx_request(f, "a", 1001, &req, &rep), 0);
+  const struct wire_reply *rb = big_answer(g, "b");
+  ck_assert_ptr_nonnull(rb);
+  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
+  ck_assert_uint_eq(f->b.waitq.n, 0);
+  ck_assert_uint_eq(g->a->ask_bytes, 0);
+  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
+  for (int i = 0; i < g->n; i++) {
+    if (atomic_load(big_state(g, i)) != GMB_LT_OFFLOADED) continue;
+    ck_assert_int_eq(lock(f, "a", 1001, g->id[i], 0, &rep), 1);
+    ck_assert_msg(rep.status == 0, "lock %d: %s", i, rep.message);
+    atomic_store(big_state(g, i), 0);
+  }
+  for (int i = 0; i < g->n; i++)
+    if (!freed[i]) {
+      big_assert_pattern(g, i);
+      ck_assert_int_eq(fx_free(f, "a", 1001, g->id[i]), 0);
+    }
+  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
+  big_close(g);
+}
+
 /* 320 MiB: a holds 256 (room 64); b asks 192, which lacks 128: the first
  * slice (64 MiB) runs in b's request, which is held; c's Stats and
  * Heartbeat are answered while the job runs, between its slices, and its
@@ -1634,42 +1679,8 @@ START_TEST(job_let_go_asks_to_pause) {
   ck_assert_uint_eq(ev->rep.u.event.bytes, 32 * MIB);
   ck_assert_uint_eq(g.a->ask_bytes, 32 * MIB);
   /* a pauses its tags: its library frees 32 MiB on the device (whole
-   * segments), then answers. */
-  int freed[NB_MAX] = {0}, gone = 0;
-  for (int i = 0; i < g.n && gone < 32; i++)
-    if (atomic_load(big_state(&g, i)) == 0) {
-      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
-      freed[i] = 1;
-      gone++;
-    }
-  ck_assert_int_eq(gone, 32);
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_HEARTBEAT;
-  req.sleep_pausable = 32 * MIB;
-  req.sleep_idle_ms = 5000;
-  req.trim_answered = 1;
-  ck_assert_int_eq(fx_request(f, "a", 1001, &req, &rep), 0);
-  const struct wire_reply *rb = big_answer(&g, "b");
-  ck_assert_ptr_nonnull(rb);
-  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
-  ck_assert_uint_eq(f->b.waitq.n, 0);
-  ck_assert_uint_eq(g.a->ask_bytes, 0);
-  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
-  /* The rest back and freed, no host byte left counted. */
-  for (int i = 0; i < g.n; i++) {
-    if (atomic_load(big_state(&g, i)) != GMB_LT_OFFLOADED) continue;
-    ck_assert_int_eq(lock(f, "a", 1001, g.id[i], 0, &rep), 1);
-    ck_assert_msg(rep.status == 0, "lock %d: %s", i, rep.message);
-    atomic_store(big_state(&g, i), 0);
-  }
-  for (int i = 0; i < g.n; i++)
-    if (!freed[i]) {
-      big_assert_pattern(&g, i);
-      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
-    }
-  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
-  big_close(&g);
+   * segments), then answers; b is served; the rest comes back. */
+  big_ask_answered(&g, 32, 32 * MIB);
 }
 END_TEST
 
@@ -1854,40 +1865,9 @@ START_TEST(job_bound_lets_go_to_asks) {
   ck_assert_int_eq(ev->rep.u.event.kind, WIRE_EVENT_SLEEP);
   ck_assert_uint_eq(ev->rep.u.event.bytes, 64 * MIB);
   ck_assert_uint_eq(g.a->ask_bytes, 64 * MIB);
-  /* a pauses its tags: its library frees 64 MiB, then answers. */
-  int freed[NB_MAX] = {0}, gone = 0;
-  for (int i = 0; i < g.n && gone < 64; i++)
-    if (atomic_load(big_state(&g, i)) == 0) {
-      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
-      freed[i] = 1;
-      gone++;
-    }
-  ck_assert_int_eq(gone, 64);
-  struct wire_request req;
-  memset(&req, 0, sizeof req);
-  req.kind = WIRE_HEARTBEAT;
-  req.sleep_pausable = 1;
-  req.sleep_idle_ms = 5000;
-  req.trim_answered = 1;
-  ck_assert_int_eq(fx_request(f, "a", 1001, &req, &rep), 0);
-  const struct wire_reply *rb = big_answer(&g, "b");
-  ck_assert_ptr_nonnull(rb);
-  ck_assert_msg(rb->status == 0, "b refused: %s", rb->message);
-  ck_assert_uint_eq(f->b.waitq.n, 0);
-  ck_assert_int_eq(fx_free(f, "b", 1002, rb->u.alloc.id), 0);
-  for (int i = 0; i < g.n; i++) {
-    if (atomic_load(big_state(&g, i)) != GMB_LT_OFFLOADED) continue;
-    ck_assert_int_eq(lock(f, "a", 1001, g.id[i], 0, &rep), 1);
-    ck_assert_msg(rep.status == 0, "lock %d: %s", i, rep.message);
-    atomic_store(big_state(&g, i), 0);
-  }
-  for (int i = 0; i < g.n; i++)
-    if (!freed[i]) {
-      big_assert_pattern(&g, i);
-      ck_assert_int_eq(fx_free(f, "a", 1001, g.id[i]), 0);
-    }
-  ck_assert_uint_eq(f->b.offload.host_bytes, 0);
-  big_close(&g);
+  /* a pauses its tags: its library frees 64 MiB, then answers; b is
+   * served; the rest comes back. */
+  big_ask_answered(&g, 64, 1);
 }
 END_TEST
 
