@@ -203,8 +203,7 @@ uint64_t gmb__alloc_fence(const struct gmb_broker *b,
 }
 
 /* A new segment was just made for session s's request: 1 when the room
- * left eats into what is fenced for the offload job (counted), and the
- * caller undoes it and answers GMB_NOMEM_NO_ROOM. */
+ * left eats into what is fenced for the offload job (counted). */
 static int alloc_fenced(struct gmb_broker *b, const struct gmb_session *s) {
   const uint64_t fence = gmb__alloc_fence(b, s);
   if (fence == 0) return 0;
@@ -213,6 +212,31 @@ static int alloc_fenced(struct gmb_broker *b, const struct gmb_session *s) {
   if (ps.room >= fence) return 0;
   b->waitq.fenced++;
   return 1;
+}
+
+/* New segments were just made for session s's request of `size` bytes:
+ * 0 when they may stay, else the refusal, and the caller undoes them:
+ * the other tenants' reservations (GMB_NOMEM_RESERVED, the reason in
+ * msg), or the room left being the offload job's (GMB_NOMEM_NO_ROOM,
+ * alloc_fenced). */
+static int alloc_segments_refused(struct gmb_broker *b,
+                                  const struct gmb_session *s, uint64_t size,
+                                  char *msg, size_t cap,
+                                  enum gmb_nomem_why *why) {
+  uint64_t room = b->dev->capacity > b->dev->in_use
+                      ? b->dev->capacity - b->dev->in_use
+                      : 0;
+  int rc = gmb__tenant_reserve_allows(b->tenants, s->tenant, size, room, msg,
+                                      cap);
+  if (rc) {
+    *why = GMB_NOMEM_RESERVED;
+    return rc;
+  }
+  if (alloc_fenced(b, s)) {
+    *why = GMB_NOMEM_NO_ROOM;
+    return GMB_E_NOMEM;
+  }
+  return 0;
 }
 
 /* Gives back the `n` page allocations made so far for a refused pages
@@ -267,23 +291,15 @@ static int alloc_pages(struct gmb_broker *b, struct gmb_session *s,
     return gmb__alloc_quota(t, size, rep);
   }
   if (t->segment_bytes > seg_before) {
-    uint64_t room = b->dev->capacity > b->dev->in_use
-                        ? b->dev->capacity - b->dev->in_use
-                        : 0;
     char msg[WIRE_MESSAGE_MAX];
-    int rc = gmb__tenant_reserve_allows(b->tenants, t, size, room, msg,
-                                        sizeof msg);
+    int rc = alloc_segments_refused(b, s, size, msg, sizeof msg, why);
     if (rc) {
       alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
-      gmb__reply_fail(rep, rc, "%s", msg);
-      *why = GMB_NOMEM_RESERVED;
+      if (*why == GMB_NOMEM_RESERVED)
+        gmb__reply_fail(rep, rc, "%s", msg);
+      else
+        memset(&rep->u.alloc, 0, sizeof rep->u.alloc);
       return rc;
-    }
-    if (alloc_fenced(b, s)) {
-      alloc_pages_undo(b, t, rep->u.alloc.page_id, n);
-      memset(&rep->u.alloc, 0, sizeof rep->u.alloc);
-      *why = GMB_NOMEM_NO_ROOM;
-      return GMB_E_NOMEM;
     }
   }
   int rc = gmb__tenant_charge(t, size);
@@ -336,30 +352,18 @@ int gmb__alloc_try(struct gmb_broker *b, struct gmb_session *s, uint64_t size,
     return gmb__alloc_quota(t, rounded, rep);
   }
   if (t->segment_bytes > seg_before) {
-    uint64_t room = b->dev->capacity > b->dev->in_use
-                        ? b->dev->capacity - b->dev->in_use
-                        : 0;
     char msg[WIRE_MESSAGE_MAX];
-    rc = gmb__tenant_reserve_allows(b->tenants, t, rounded, room, msg,
-                                    sizeof msg);
+    rc = alloc_segments_refused(b, s, rounded, msg, sizeof msg, why);
     if (rc) {
       gmb__pool_free(b->pool, info.id, NULL);
       /* A small segment made for it would linger, counted as t's and
-       * taking room from the reservations: give it back now. */
+       * taking room from the reservations or the offload job's: give it
+       * back now.  Fenced from the job's room, the request lacks room as
+       * much as if there were none. */
       gmb__pool_trim(b->pool);
       gmb__tenant_segments_sync(b->tenants, t);
-      gmb__reply_fail(rep, rc, "%s", msg);
-      *why = GMB_NOMEM_RESERVED;
+      if (*why == GMB_NOMEM_RESERVED) gmb__reply_fail(rep, rc, "%s", msg);
       return rc;
-    }
-    if (alloc_fenced(b, s)) {
-      /* The room left is the offload job's (gmb__alloc_fence): this
-       * request lacks room as much as if there were none. */
-      gmb__pool_free(b->pool, info.id, NULL);
-      gmb__pool_trim(b->pool);
-      gmb__tenant_segments_sync(b->tenants, t);
-      *why = GMB_NOMEM_NO_ROOM;
-      return GMB_E_NOMEM;
     }
   }
   GMB_ASSERT(info.size == rounded && "pool and broker round differently");
