@@ -345,21 +345,18 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
   return frc;
 }
 
-void gmb__atags_claim(struct gmb_atags *t, int tag, int by) {
-  pthread_mutex_lock(&t->pause_mu);
-  pthread_mutex_lock(&t->mu);
-  int claimed = 0, mode = GMB_PAUSE_DISCARD;
+int gmb__atags_claim(struct gmb_atags *t, int tag, int by) {
+  int claimed = 0;
   struct atag *r;
+  pthread_mutex_lock(&t->mu);
   RB_FOREACH(r, atag_tree, &t->tree)
     if (r->tag == tag && r->state == ATAG_PAUSED &&
         gmb__cache_by_rank(by) > gmb__cache_by_rank(r->by)) {
       r->by = (uint8_t)by;
       claimed = 1;
-      if (r->host) mode = GMB_PAUSE_OFFLOAD;
     }
   pthread_mutex_unlock(&t->mu);
-  if (claimed) (void)t->ops.admit(t->ops.ctx, tag, 1, mode, by, 0, 0);
-  pthread_mutex_unlock(&t->pause_mu);
+  return claimed;
 }
 
 int gmb__atags_resume(struct gmb_atags *t, int tag) {

@@ -76,9 +76,9 @@ int gmb__atags_pause(struct gmb_atags *t, int tag, int mode, int by,
                      uint64_t *locked);
 
 /* The paused allocations of tag `tag` that `by` outranks
- * (gmb__cache_by_rank) are `by`'s pause from now on (admit tells the
- * broker, with no bytes added); nothing else changes. */
-void gmb__atags_claim(struct gmb_atags *t, int tag, int by);
+ * (gmb__cache_by_rank) are `by`'s pause from now on; nothing else changes
+ * (the caller tells the broker).  1 when there was one. */
+int gmb__atags_claim(struct gmb_atags *t, int tag, int by);
 
 /* Resumes the paused allocations of tag `tag`: each allocated anew (the
  * same size and flags) and its host copy written back; the program's id

@@ -273,9 +273,9 @@ int gmb__cache_by_rank(int by);
 
 /* Tag `tag` is paused and a pause by `by` was asked again: when `by`
  * ranks higher than who paused it (gmb__cache_by_rank), the pause is
- * `by`'s from now on (ops.note tells the broker), nothing else changes.
- * A tag running, pausing or resuming is left alone.  0, or GMB_E_NOENT
- * for a tag never set. */
+ * `by`'s from now on, nothing else changes (the caller tells the broker).
+ * A tag running, pausing or resuming is left alone.  1 when it was
+ * claimed, 0 when not, GMB_E_NOENT for a tag never set. */
 int gmb__cache_claim(struct gmb_cache *k, const char *tag, int by);
 
 /* One tag as gmb__cache_tag_info sees it. */

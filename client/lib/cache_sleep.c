@@ -343,20 +343,14 @@ int gmb__cache_claim(struct gmb_cache *k, const char *tag, int by) {
   int rc;
   struct cache_arena *a = sleep_tag(k, tag, 0, &idx, &rc);
   if (a == NULL) return rc;
-  /* sleep_mu: no pause or resume of it meanwhile, so its record stays. */
-  pthread_mutex_lock(&k->sleep_mu);
+  /* state and paused_by are a->mu's: a resume under way has made the
+   * arena RESUMING, and is left alone. */
   pthread_mutex_lock(&a->mu);
-  const struct cache_sleep *z = a->sleep;
-  int claim = a->state == CACHE_PAUSED && z &&
+  int claim = a->state == CACHE_PAUSED &&
               gmb__cache_by_rank(by) > gmb__cache_by_rank(a->paused_by);
   if (claim) a->paused_by = (uint8_t)by;
   pthread_mutex_unlock(&a->mu);
-  /* The same bytes as the pause's note, with who keeps it now. */
-  if (claim)
-    (void)sleep_note(k, a, 1, z->host ? GMB_CACHE_OFFLOAD : GMB_CACHE_DISCARD,
-                     z->host, z->n * k->page, by);
-  pthread_mutex_unlock(&k->sleep_mu);
-  return 0;
+  return claim;
 }
 
 int gmb__cache_pause(struct gmb_cache *k, const char *tag, int mode) {

@@ -2460,6 +2460,26 @@ static int client_note(void *ctx, const char *tag, int paused, int mode,
   return rc;
 }
 
+/* Tag `ord`'s paused parts that `by` outranks were claimed by `by`
+ * (gmb__cache_claim, gmb__atags_claim): the broker hears who keeps the
+ * tag paused now in one SleepNote, with the same bytes. */
+static void client_note_claim(gmb_client *c, int ord, int by) {
+  pthread_mutex_lock(&c->note_mu);
+  int part = -1;
+  for (int i = 0; i < 2; i++) {
+    struct client_tag_part *p = &c->tag_part[i][ord];
+    if (p->paused && gmb__cache_by_rank(by) > gmb__cache_by_rank(p->by)) {
+      p->by = by;
+      part = i;
+    }
+  }
+  if (part >= 0) {
+    struct client_tag_part p = c->tag_part[part][ord];
+    (void)client_note_part(c, ord, part, &p);
+  }
+  pthread_mutex_unlock(&c->note_mu);
+}
+
 static int client_sync(void *ctx) {
   gmb_client *c = ctx;
   char why[256];
@@ -2813,8 +2833,9 @@ static int client_tag_pause(void *ctx, const char *tag, int mode, int by) {
    * gmbctl resume of every tag leaves one the application paused, and
    * the broker's auto-resume one an operator paused. */
   if (rc == 0) {
-    (void)gmb__cache_claim(c->cache, tag, by);
-    if (ord >= 0) gmb__atags_claim(c->atags, ord, by);
+    int claimed = gmb__cache_claim(c->cache, tag, by) > 0;
+    if (ord >= 0) claimed |= gmb__atags_claim(c->atags, ord, by);
+    if (claimed && ord >= 0 && ord < 64) client_note_claim(c, ord, by);
   }
   if (rc == GMB_E_INVAL && locked)
     return client_fail(rc, "tag \"%s\" not paused: its allocation %llu "
