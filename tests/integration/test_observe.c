@@ -588,17 +588,18 @@ static void check_metrics(char *text, const struct scene *sc,
   ck_assert(must(&m, "gmb_alloc_duration_seconds_bucket", "le=\"+Inf\"") ==
             allocs);
   ck_assert_int_eq((int)must(&m, "gmb_compaction_runs_total", NULL), 0);
-  /* The loop's turns: at least one for each request answered (a turn
-   * reads what arrived and answers it), the longest no shorter than the
-   * sum over the turns divided by their count, and no longer than that
-   * sum. */
+  /* The loop's turns: some were counted (the scene's requests were read
+   * and answered in turns), and the figures agree with each other, the
+   * longest no shorter than the mean and no longer than the sum; what
+   * the turns took is not checked (no test asserts a time). */
   double turns = must(&m, "gmb_loop_turn_seconds_count", NULL);
   double turn_sum = must(&m, "gmb_loop_turn_seconds_sum", NULL);
   double turn_max = must(&m, "gmb_loop_turn_max_seconds", NULL);
-  ck_assert_msg(turns >= 1 && turn_sum > 0, "%g turns, %g s", turns,
-                turn_sum);
-  ck_assert_msg(turn_max > 0 && turn_max <= turn_sum &&
-                    turn_max >= turn_sum / turns,
+  ck_assert_msg(turns >= 1, "%g turns", turns);
+  /* (The text gives 9 significant digits: equal figures may differ in the
+   * last.) */
+  ck_assert_msg(turn_max <= turn_sum * (1 + 1e-8) &&
+                    turn_max * turns >= turn_sum * (1 - 1e-8),
                 "longest turn %g s of %g turns, %g s", turn_max, turns,
                 turn_sum);
   ck_assert(must(&m, "gmb_loop_turn_seconds_bucket", "le=\"+Inf\"") ==
