@@ -761,6 +761,17 @@ START_TEST(operator_pauses_tagged_allocations) {
 }
 END_TEST
 
+/* Two tags of c's cache: z with a block of 512 bytes (*zp), then w, left
+ * current, with a block of 1 MiB (*p) holding pattern 8.  Each has a page,
+ * and c's library thread runs (it carries out an operator's asks). */
+static void tags_z_and_w(gmb_client *c, void **zp, void **p) {
+  ck_assert_int_eq(gmb_cache_tag(c, "z"), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 512, NULL, zp), 0);
+  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
+  ck_assert_int_eq(gmb_malloc_async(c, 1 * MIB, NULL, p), 0);
+  harness_pattern_fill(*p, 1 * MIB, 8);
+}
+
 /* An operator paused tag w's cache part; the application then allocated
  * in w with gmb_alloc and paused w itself, which host_quota refuses for
  * the allocations: undoing its own pause must leave the operator's alone
@@ -770,11 +781,7 @@ START_TEST(failed_pause_keeps_an_operators_pause) {
   harness_broker_start(&b, "host:64MiB", "[tenant:q]\nhost_quota = 4MiB\n");
   gmb_client *c = harness_connect_ok(&b, "q");
   void *p, *zp;
-  ck_assert_int_eq(gmb_cache_tag(c, "z"), 0);
-  ck_assert_int_eq(gmb_malloc_async(c, 512, NULL, &zp), 0);
-  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
-  ck_assert_int_eq(gmb_malloc_async(c, 1 * MIB, NULL, &p), 0);
-  harness_pattern_fill(p, 1 * MIB, 8);
+  tags_z_and_w(c, &zp, &p);
   char out[16384];
   int rc = harness_ctl(&b, out, sizeof out, "pause", "q", "--tag", "w", NULL);
   ck_assert_msg(rc == 0, "gmbctl pause: %s", out);
@@ -827,11 +834,7 @@ START_TEST(app_pause_claims_an_operators_pause) {
   harness_broker_start(&b, "host:64MiB", NULL);
   gmb_client *c = harness_connect_ok(&b, "q");
   void *p, *zp;
-  ck_assert_int_eq(gmb_cache_tag(c, "z"), 0);
-  ck_assert_int_eq(gmb_malloc_async(c, 512, NULL, &zp), 0);
-  ck_assert_int_eq(gmb_cache_tag(c, "w"), 0);
-  ck_assert_int_eq(gmb_malloc_async(c, 1 * MIB, NULL, &p), 0);
-  harness_pattern_fill(p, 1 * MIB, 8);
+  tags_z_and_w(c, &zp, &p);
   gmb_id id;
   ck_assert_int_eq(gmb_alloc(c, 4 * MIB, 0, &id), 0);
   ck_assert_int_eq(alloc_fill(c, id, 4 * MIB, 9), 0);
